@@ -1,0 +1,45 @@
+"""The ``vmquota`` command line: a thin dispatcher over the services and the pure core.
+
+Each sub-command lives in its own module exposing ``add_arguments(parser)`` and ``run(args) -> int``; it is
+imported only when used, so ``vmquota render`` never loads the NATS or Kubernetes clients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# sub-command -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "render": ("services.cli_render", "render the launcher pods KubeVirt would create for VMIs/VMs"),
+    "usage": ("services.cli_usage", "compute per-namespace usage of VMIs, migrations and pods in a mode"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vmquota", description="VM-aware, migration-safe ResourceQuotas for KubeVirt")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        mod = importlib.import_module(module)
+        mod.add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    mod = importlib.import_module(args._module)
+    try:
+        code: int = mod.run(args)
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

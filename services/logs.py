@@ -1,0 +1,33 @@
+"""structlog JSON logging for every service: one JSON object per line on stderr, context bound per message."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import structlog
+
+
+def configure(level: str = "info", *, stream: Any = None) -> None:
+    """Configure structlog for production-style JSON lines. Safe to call more than once."""
+    lvl = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+    out = stream if stream is not None else sys.stderr
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.dict_tracebacks,
+            structlog.processors.JSONRenderer(),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(lvl),
+        logger_factory=structlog.PrintLoggerFactory(file=out),
+        cache_logger_on_first_use=True,
+    )
+    # Libraries that log through stdlib logging (nats-py, aiohttp) go to the same stream as plain lines.
+    logging.basicConfig(level=max(lvl, logging.WARNING), stream=out, format="%(message)s", force=True)
+
+
+def get_logger(**context: Any) -> Any:
+    return structlog.get_logger().bind(**context)

@@ -1,0 +1,74 @@
+"""Interface types of the KubeVirt launcher-pod renderer (shared by the renderer, the modes and the simulator)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.quantity import Quantity
+from shared.resources import ResourceList, format_resource_list
+
+COMPUTE = "compute"
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerResources:
+    name: str
+    requests: ResourceList
+    limits: ResourceList
+    init: bool = False
+    """An init container (plain unless ``restartable``)."""
+    restartable: bool = False
+    """An init container with ``restartPolicy: Always`` (a sidecar): counted with the containers."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The container as it appears in a pod spec (name, resources, restartPolicy for sidecars)."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "resources": {
+                k: format_resource_list(v) for k, v in (("requests", self.requests), ("limits", self.limits)) if v
+            },
+        }
+        if self.restartable:
+            out["restartPolicy"] = "Always"
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceFacts:
+    """What the renderer needs to know about the VMI's namespace."""
+
+    labels: Mapping[str, str] = field(default_factory=dict)
+    quota_has_limits_cpu: bool = False
+    """Some ResourceQuota in the namespace has ``limits.cpu`` in ``spec.hard``."""
+    quota_has_limits_memory: bool = False
+    """Some ResourceQuota in the namespace has ``limits.memory`` in ``spec.hard``."""
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedPod:
+    """The launcher pod KubeVirt would create for a VMI: containers and the totals the quota evaluator charges."""
+
+    containers: tuple[ContainerResources, ...]
+    """Every container, init containers included (see ``ContainerResources.init``)."""
+    requests: ResourceList
+    """Pod totals by the Kubernetes pod-usage rules, in container resource names (``cpu``, ``memory`` ...)."""
+    limits: ResourceList
+    memory_overhead: Quantity
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    """Annotations KubeVirt puts on the pod (e.g. ``kubevirt.io/memory-overhead-bytes``)."""
+
+    def container(self, name: str) -> ContainerResources:
+        for c in self.containers:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def pod_spec(self) -> dict[str, Any]:
+        """``containers`` and ``initContainers`` of a pod spec carrying these resources."""
+        spec: dict[str, Any] = {"containers": [c.to_json() for c in self.containers if not c.init]}
+        inits = [c.to_json() for c in self.containers if c.init]
+        if inits:
+            spec["initContainers"] = inits
+        return spec

@@ -1,0 +1,240 @@
+"""Kubernetes resource quantities, exact.
+
+A :class:`Quantity` holds its value as an integer number of nano-units (so ``100m`` CPU is ``100_000_000``) and
+the format it was written in, exactly like ``k8s.io/apimachinery/pkg/api/resource.Quantity``:
+
+* parsing accepts ``<signed number><suffix>`` where the suffix is binary SI (``Ki Mi Gi Ti Pi Ei``), decimal SI
+  (``n u m "" k M G T P E``) or a decimal exponent (``e3``, ``E-2``); precision finer than nano is rounded up;
+* :meth:`Quantity.canonical` prints what the API server prints (``1024Mi`` → ``1Gi``, ``0.5`` → ``500m``,
+  ``1.5Gi`` → ``1536Mi``, a binary value under 1024 or with a fraction falls back to decimal SI);
+* arithmetic never uses floats.
+
+Values are limited to what Kubernetes can hold in an int64 of base units (about 9.2e18); larger input is
+refused with :class:`~shared.errors.InvalidQuantity`, as is a negative value unless explicitly allowed.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+from fractions import Fraction
+from functools import total_ordering
+from typing import Final
+
+from shared.errors import InvalidQuantity
+
+NANO: Final = 1_000_000_000
+MAX_BASE_UNITS: Final = 2**63 - 1
+_MAX_NANOS: Final = MAX_BASE_UNITS * NANO
+
+
+class Format(Enum):
+    BINARY_SI = "BinarySI"
+    DECIMAL_SI = "DecimalSI"
+    DECIMAL_EXPONENT = "DecimalExponent"
+
+
+_BINARY: Final = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_DECIMAL: Final = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_DECIMAL_BY_EXP: Final = {v: k for k, v in _DECIMAL.items()}
+_BINARY_BY_EXP: Final = {v: k for k, v in _BINARY.items()}
+
+_RE: Final = re.compile(r"^([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([A-Za-z]*)((?<=[eE])[+-]?[0-9]+)?$")
+_EXP_RE: Final = re.compile(r"^[eE]([+-]?[0-9]+)$")
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -((-a) // b)
+
+
+@total_ordering
+class Quantity:
+    """An exact Kubernetes quantity. Immutable and hashable; equality and order compare values only."""
+
+    __slots__ = ("_canonical", "format", "nanos")
+
+    nanos: int
+    format: Format
+    _canonical: str | None
+
+    def __init__(self, nanos: int, fmt: Format = Format.DECIMAL_SI) -> None:
+        if abs(nanos) > _MAX_NANOS:
+            raise InvalidQuantity(f"{Fraction(nanos, NANO)} is larger than Kubernetes can represent")
+        object.__setattr__(self, "nanos", nanos)
+        object.__setattr__(self, "format", fmt)
+        object.__setattr__(self, "_canonical", None)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("Quantity is immutable")
+
+    # ---- construction -------------------------------------------------------------------------------------
+    @classmethod
+    def parse(cls, text: object, *, allow_negative: bool = False) -> Quantity:
+        """Parse a quantity as Kubernetes does. Integers are accepted as plain numbers (JSON ``"cpu": 2``)."""
+        if isinstance(text, Quantity):
+            q = text
+        elif isinstance(text, bool) or not isinstance(text, (str, int, float)):
+            raise InvalidQuantity(f"expected a quantity string, got {type(text).__name__} {text!r}")
+        else:
+            if isinstance(text, float):
+                if text != text or text in (float("inf"), float("-inf")):
+                    raise InvalidQuantity(f"invalid quantity {text!r}")
+                text = repr(text)
+            q = cls._parse_str(str(text).strip())
+        if q.nanos < 0 and not allow_negative:
+            raise InvalidQuantity(f"quantity {text!r} must not be negative")
+        return q
+
+    @classmethod
+    def _parse_str(cls, s: str) -> Quantity:
+        if not s or len(s) > 64:
+            raise InvalidQuantity(f"invalid quantity {s!r}" if s else "empty quantity")
+        m = _RE.match(s)
+        if m is None:
+            raise InvalidQuantity(f"invalid quantity {s!r}")
+        sign, number, suffix, exp_digits = m.groups()
+        fmt: Format
+        if exp_digits is not None or _EXP_RE.match(suffix or ""):
+            full = (suffix or "") + (exp_digits or "")
+            em = _EXP_RE.match(full)
+            if em is None:
+                raise InvalidQuantity(f"invalid quantity {s!r}: bad exponent {full!r}")
+            exponent = int(em.group(1))
+            if abs(exponent) > 40:
+                raise InvalidQuantity(f"quantity {s!r} is out of range")
+            factor = Fraction(10) ** exponent
+            fmt = Format.DECIMAL_EXPONENT
+        elif suffix in _BINARY:
+            factor = Fraction(2 ** _BINARY[suffix])
+            fmt = Format.BINARY_SI
+        elif suffix in _DECIMAL:
+            factor = Fraction(10) ** _DECIMAL[suffix]
+            fmt = Format.DECIMAL_SI
+        else:
+            raise InvalidQuantity(f"invalid quantity {s!r}: unknown suffix {suffix!r}")
+        if "." in number:
+            whole, _, frac = number.partition(".")
+            mantissa = Fraction(int(whole or "0") * 10 ** len(frac) + int(frac or "0"), 10 ** len(frac))
+        else:
+            mantissa = Fraction(int(number))
+        value = mantissa * factor * NANO
+        nanos = _ceil_div(value.numerator, value.denominator)  # precision finer than nano rounds up
+        if sign == "-":
+            nanos = -nanos
+        if abs(nanos) > _MAX_NANOS:
+            raise InvalidQuantity(f"quantity {s!r} is larger than Kubernetes can represent")
+        return cls(nanos, fmt)
+
+    @classmethod
+    def from_int(cls, value: int, fmt: Format = Format.DECIMAL_SI) -> Quantity:
+        return cls(value * NANO, fmt)
+
+    @classmethod
+    def from_milli(cls, milli: int) -> Quantity:
+        return cls(milli * 1_000_000, Format.DECIMAL_SI)
+
+    @classmethod
+    def from_fraction(cls, value: Fraction, fmt: Format = Format.DECIMAL_SI) -> Quantity:
+        """Exact value rounded up to nano precision."""
+        v = value * NANO
+        return cls(_ceil_div(v.numerator, v.denominator), fmt)
+
+    # ---- views ---------------------------------------------------------------------------------------------
+    @property
+    def value(self) -> Fraction:
+        return Fraction(self.nanos, NANO)
+
+    def ceil(self) -> int:
+        """The value in base units, rounded up (``Quantity.Value()``)."""
+        return _ceil_div(self.nanos, NANO)
+
+    def milli_ceil(self) -> int:
+        """The value in milli-units, rounded up (``Quantity.MilliValue()``)."""
+        return _ceil_div(self.nanos, 1_000_000)
+
+    def is_zero(self) -> bool:
+        return self.nanos == 0
+
+    def canonical(self) -> str:
+        c = self._canonical
+        if c is None:
+            c = _format(self.nanos, self.format)
+            object.__setattr__(self, "_canonical", c)
+        return c
+
+    def with_format(self, fmt: Format) -> Quantity:
+        return self if fmt is self.format else Quantity(self.nanos, fmt)
+
+    # ---- arithmetic (the left operand's format wins, unless it is zero: as Kubernetes' Add) ---------------
+    def _fmt_with(self, other: Quantity) -> Format:
+        return other.format if self.nanos == 0 else self.format
+
+    def __add__(self, other: Quantity) -> Quantity:
+        return Quantity(self.nanos + other.nanos, self._fmt_with(other))
+
+    def __sub__(self, other: Quantity) -> Quantity:
+        return Quantity(self.nanos - other.nanos, self._fmt_with(other))
+
+    def __neg__(self) -> Quantity:
+        return Quantity(-self.nanos, self.format)
+
+    def scale(self, factor: Fraction | int) -> Quantity:
+        """Multiply by an exact factor, rounding up to nano precision."""
+        return Quantity.from_fraction(Fraction(self.nanos, NANO) * factor, self.format)
+
+    def clamp0(self) -> Quantity:
+        return self if self.nanos >= 0 else Quantity(0, self.format)
+
+    # ---- comparison ----------------------------------------------------------------------------------------
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Quantity):
+            return self.nanos == other.nanos
+        return NotImplemented
+
+    def __lt__(self, other: Quantity) -> bool:
+        return self.nanos < other.nanos
+
+    def __hash__(self) -> int:
+        return hash(self.nanos)
+
+    def __str__(self) -> str:
+        return self.canonical()
+
+    def __repr__(self) -> str:
+        return f"Quantity({self.canonical()!r})"
+
+
+ZERO: Final = Quantity(0)
+
+
+def parse_quantity(text: object, *, allow_negative: bool = False) -> Quantity:
+    return Quantity.parse(text, allow_negative=allow_negative)
+
+
+def _format(nanos: int, fmt: Format) -> str:
+    if nanos == 0:
+        return "0"
+    sign = "-" if nanos < 0 else ""
+    mag = abs(nanos)
+    if fmt is Format.BINARY_SI and mag >= 1024 * NANO and mag % NANO == 0:
+        units = mag // NANO
+        exp = 0
+        while units % 1024 == 0 and exp < 60:
+            units //= 1024
+            exp += 10
+        return f"{sign}{units}{_BINARY_BY_EXP.get(exp, '')}"
+    # decimal: strip factors of ten, then make the exponent a multiple of three
+    mantissa, exp = mag, -9
+    while mantissa % 10 == 0:
+        mantissa //= 10
+        exp += 1
+    rem = exp % 3
+    if rem:
+        mantissa *= 10**rem
+        exp -= rem
+    if fmt is Format.DECIMAL_EXPONENT:
+        return f"{sign}{mantissa}" + (f"e{exp}" if exp else "")
+    if exp > 18:
+        mantissa *= 10 ** (exp - 18)
+        exp = 18
+    return f"{sign}{mantissa}{_DECIMAL_BY_EXP[exp]}"

@@ -1,0 +1,122 @@
+"""Resource lists: ``{resource name: Quantity}``, with the few operations accounting needs.
+
+Functions return new dicts; inputs are never mutated. A resource that is absent counts as zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from shared.errors import InvalidInput
+from shared.quantity import ZERO, Format, Quantity
+
+ResourceList = dict[str, Quantity]
+
+# Resource names whose natural display is binary (bytes).
+_BYTE_SUFFIXES = ("memory", "ephemeral-storage", "storage")
+
+
+def is_byte_resource(name: str) -> bool:
+    base = name.split("/", 1)[0]
+    return base.endswith(_BYTE_SUFFIXES) or base.startswith(("hugepages-", "requests.hugepages-")) or (
+        "/" in name and name.split("/", 1)[1].startswith("memory")
+    )
+
+
+def natural_format(name: str) -> Format:
+    return Format.BINARY_SI if is_byte_resource(name) else Format.DECIMAL_SI
+
+
+def parse_resource_list(obj: object, where: str = "", *, allow_negative: bool = False) -> ResourceList:
+    """Parse a JSON/YAML mapping of resource names to quantities; errors name the offending key."""
+    if obj is None:
+        return {}
+    if not isinstance(obj, Mapping):
+        raise InvalidInput(f"expected a map of resource names to quantities, got {type(obj).__name__}", where)
+    out: ResourceList = {}
+    for key, raw in obj.items():
+        if not isinstance(key, str) or not key:
+            raise InvalidInput(f"invalid resource name {key!r}", where)
+        try:
+            out[key] = Quantity.parse(raw, allow_negative=allow_negative)
+        except InvalidInput as e:
+            raise e.at(f"{where}.{key}" if where else key) from None
+    return out
+
+
+def format_resource_list(rl: Mapping[str, Quantity]) -> dict[str, str]:
+    """Canonical strings, sorted by resource name (stable output for JSON and patches)."""
+    return {k: rl[k].canonical() for k in sorted(rl)}
+
+
+def add(a: Mapping[str, Quantity], b: Mapping[str, Quantity]) -> ResourceList:
+    out = dict(a)
+    for k, v in b.items():
+        cur = out.get(k)
+        out[k] = v if cur is None else cur + v
+    return out
+
+
+def add_all(lists: Iterable[Mapping[str, Quantity]]) -> ResourceList:
+    out: ResourceList = {}
+    for rl in lists:
+        for k, v in rl.items():
+            cur = out.get(k)
+            out[k] = v if cur is None else cur + v
+    return out
+
+
+def sub(a: Mapping[str, Quantity], b: Mapping[str, Quantity]) -> ResourceList:
+    """``a - b`` per resource over the union of keys (may go negative)."""
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, ZERO) - v
+    return out
+
+
+def maximum(a: Mapping[str, Quantity], b: Mapping[str, Quantity]) -> ResourceList:
+    out = dict(a)
+    for k, v in b.items():
+        cur = out.get(k)
+        if cur is None or v > cur:
+            out[k] = v
+    return out
+
+
+def positive_part(a: Mapping[str, Quantity]) -> ResourceList:
+    """``max(a[r], 0)`` for every key."""
+    return {k: v.clamp0() for k, v in a.items()}
+
+
+def growth(target: Mapping[str, Quantity], source: Mapping[str, Quantity]) -> ResourceList:
+    """``max(0, target - source)`` per resource of ``target`` (hotplug growth); zero entries are dropped."""
+    out: ResourceList = {}
+    for k, v in target.items():
+        d = v - source.get(k, ZERO)
+        if d.nanos > 0:
+            out[k] = d
+    return out
+
+
+def fits(request: Mapping[str, Quantity], used: Mapping[str, Quantity], hard: Mapping[str, Quantity]) -> list[str]:
+    """Resources of ``hard`` that ``used + request`` would exceed (empty: it fits)."""
+    return [r for r, limit in hard.items() if r in request and used.get(r, ZERO) + request[r] > limit]
+
+
+def only(rl: Mapping[str, Quantity], names: Iterable[str]) -> ResourceList:
+    keep = set(names)
+    return {k: v for k, v in rl.items() if k in keep}
+
+
+def nonzero(rl: Mapping[str, Quantity]) -> ResourceList:
+    return {k: v for k, v in rl.items() if v.nanos != 0}
+
+
+def equal(a: Mapping[str, Quantity], b: Mapping[str, Quantity]) -> bool:
+    """Equal as resource lists: a missing key equals zero."""
+    return all(a.get(k, ZERO) == b.get(k, ZERO) for k in set(a) | set(b))
+
+
+def to_json(rl: Mapping[str, Quantity]) -> dict[str, Any]:
+    return dict(format_resource_list(rl))

@@ -1,0 +1,235 @@
+"""Facts about a VirtualMachineInstance that every part of accounting needs: its size after KubeVirt's admission
+defaults (vCPUs, guest memory), its explicit resources, and the sizes reported in its status after hotplug.
+
+Input is the plain JSON/YAML object (``dict``) of a VMI, or of a VM (whose ``spec.template`` is used). Errors
+raise :class:`~shared.errors.InvalidInput` naming the object and field.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shared.errors import InvalidInput
+from shared.quantity import Format, Quantity
+from shared.resources import ResourceList, parse_resource_list
+
+KUBEVIRT_GROUP = "kubevirt.io"
+VMI_KIND = "VirtualMachineInstance"
+VM_KIND = "VirtualMachine"
+VMIM_KIND = "VirtualMachineInstanceMigration"
+
+_MAX_VCPUS = 4096
+_MAX_GUEST = Quantity.parse("64Ti")
+
+
+def object_ref(obj: Mapping[str, Any]) -> str:
+    """``Kind namespace/name`` for error messages."""
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    assert isinstance(meta, Mapping)
+    kind = obj.get("kind") or "object"
+    ns, name = meta.get("namespace"), meta.get("name") or "<unnamed>"
+    return f"{kind} {ns}/{name}" if ns else f"{kind} {name}"
+
+
+def _map(obj: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
+    v = obj.get(key)
+    if v is None:
+        return {}
+    if not isinstance(v, Mapping):
+        raise InvalidInput(f"expected an object, got {type(v).__name__}", f"{where}.{key}" if where else key)
+    return v
+
+
+def _count(obj: Mapping[str, Any], key: str, where: str) -> int:
+    v = obj.get(key, 0)
+    if v is None:
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise InvalidInput(f"expected a whole number, got {v!r}", f"{where}.{key}")
+    if v < 0 or v > _MAX_VCPUS:
+        raise InvalidInput(f"{v} is out of range (0..{_MAX_VCPUS})", f"{where}.{key}")
+    return v
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    sockets: int
+    cores: int
+    threads: int
+
+    @property
+    def vcpus(self) -> int:
+        n = 1
+        for f in (self.sockets, self.cores, self.threads):
+            if f:
+                n *= f
+        return n
+
+
+@dataclass(frozen=True, slots=True)
+class VmiSpec:
+    """The parts of a VMI spec (or VM template spec) that sizing depends on, with admission defaults applied."""
+
+    namespace: str
+    name: str
+    uid: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    domain: Mapping[str, Any]
+    spec: Mapping[str, Any]
+    topology: Topology
+    has_cpu_struct: bool
+    vcpus: int
+    """vCPUs for sizing: topology product, plus the supplemental IO thread pool when that policy is set."""
+    guest_memory: Quantity | None
+    """Guest memory after defaults; None only for a hugepages VM with nothing else set (not possible after defaults)."""
+    requests: ResourceList
+    limits: ResourceList
+    dedicated_cpus: bool
+    isolate_emulator_thread: bool
+    hugepage_size: Quantity | None
+
+
+def vmi_spec(obj: Mapping[str, Any]) -> VmiSpec:
+    """Read a VMI or VM object; apply KubeVirt's admission defaults for CPU topology and guest memory."""
+    if not isinstance(obj, Mapping):
+        raise InvalidInput(f"expected an object, got {type(obj).__name__}")
+    ref = object_ref(obj)
+    try:
+        return _vmi_spec(obj)
+    except InvalidInput as e:
+        raise e.at(ref) from None
+
+
+def _vmi_spec(obj: Mapping[str, Any]) -> VmiSpec:
+    meta = _map(obj, "metadata", "")
+    kind = obj.get("kind", VMI_KIND)
+    spec = _map(obj, "spec", "")
+    where = "spec"
+    if kind == VM_KIND:
+        tmpl = _map(spec, "template", "spec")
+        spec = _map(tmpl, "spec", "spec.template")
+        where = "spec.template.spec"
+        tmeta = _map(tmpl, "metadata", "spec.template")
+        labels = dict(_str_map(tmeta, "labels", "spec.template.metadata"))
+        annotations = dict(_str_map(tmeta, "annotations", "spec.template.metadata"))
+    else:
+        labels = dict(_str_map(meta, "labels", "metadata"))
+        annotations = dict(_str_map(meta, "annotations", "metadata"))
+    domain = _map(spec, "domain", where)
+    dwhere = f"{where}.domain"
+    res = _map(domain, "resources", dwhere)
+    requests = parse_resource_list(res.get("requests"), f"{dwhere}.resources.requests")
+    limits = parse_resource_list(res.get("limits"), f"{dwhere}.resources.limits")
+
+    # CPU (pkg/defaults: topology all zero -> cores=1, threads=1, sockets from limits/requests, else 1)
+    has_cpu = "cpu" in domain and domain.get("cpu") is not None
+    cpu = _map(domain, "cpu", dwhere)
+    cwhere = f"{dwhere}.cpu"
+    sockets, cores, threads = (_count(cpu, k, cwhere) for k in ("sockets", "cores", "threads"))
+    if sockets == 0 and cores == 0 and threads == 0:
+        if "cpu" in limits:
+            sockets = max(1, limits["cpu"].ceil())
+        elif "cpu" in requests:
+            sockets = max(1, requests["cpu"].ceil())
+        else:
+            sockets = 1
+        cores, threads = 1, 1
+    topo = Topology(sockets, cores, threads)
+    vcpus = topo.vcpus
+    if vcpus > _MAX_VCPUS:
+        raise InvalidInput(f"{vcpus} vCPUs is out of range (at most {_MAX_VCPUS})", cwhere)
+    if domain.get("ioThreadsPolicy") == "supplementalPool":
+        io = _map(domain, "ioThreads", dwhere)
+        vcpus += _count(io, "supplementalPoolThreadCount", f"{dwhere}.ioThreads")
+    dedicated = bool(cpu.get("dedicatedCpuPlacement", False))
+    isolate = bool(cpu.get("isolateEmulatorThread", False))
+
+    # Memory (guest <- requests.memory <- limits.memory <- hugepage size; never the reverse)
+    mem = _map(domain, "memory", dwhere)
+    mwhere = f"{dwhere}.memory"
+    hp = _map(mem, "hugepages", mwhere)
+    hugepage_size: Quantity | None = None
+    if hp.get("pageSize") is not None:
+        hugepage_size = _quantity(hp.get("pageSize"), f"{mwhere}.hugepages.pageSize")
+    guest: Quantity | None
+    if mem.get("guest") is not None:
+        guest = _quantity(mem.get("guest"), f"{mwhere}.guest")
+    elif "memory" in requests:
+        guest = requests["memory"]
+    elif "memory" in limits:
+        guest = limits["memory"]
+    else:
+        guest = hugepage_size
+    if guest is not None and guest > _MAX_GUEST:
+        raise InvalidInput(f"guest memory {guest} is out of range (at most {_MAX_GUEST})", f"{mwhere}.guest")
+    if guest is not None:
+        guest = guest.with_format(Format.BINARY_SI)
+    return VmiSpec(
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
+        labels=labels,
+        annotations=annotations,
+        domain=domain,
+        spec=spec,
+        topology=topo,
+        has_cpu_struct=has_cpu,
+        vcpus=vcpus,
+        guest_memory=guest,
+        requests=requests,
+        limits=limits,
+        dedicated_cpus=dedicated,
+        isolate_emulator_thread=isolate,
+        hugepage_size=hugepage_size,
+    )
+
+
+def _quantity(raw: object, where: str) -> Quantity:
+    try:
+        return Quantity.parse(raw)
+    except InvalidInput as e:
+        raise e.at(where) from None
+
+
+def _str_map(obj: Mapping[str, Any], key: str, where: str) -> Mapping[str, str]:
+    m = _map(obj, key, where)
+    for k, v in m.items():
+        if not isinstance(v, str):
+            raise InvalidInput(f"expected a string value, got {type(v).__name__}", f"{where}.{key}.{k}")
+    return m
+
+
+@dataclass(frozen=True, slots=True)
+class StatusSize:
+    """Sizes a running VMI reports after hotplug (None where the status does not say)."""
+
+    vcpus: int | None
+    guest_memory: Quantity | None
+
+
+def status_size(obj: Mapping[str, Any]) -> StatusSize:
+    """``status.currentCPUTopology`` and ``status.memory.guestCurrent``/``guestRequested`` of a VMI."""
+    status = obj.get("status")
+    if not isinstance(status, Mapping):
+        return StatusSize(None, None)
+    vcpus: int | None = None
+    topo = status.get("currentCPUTopology")
+    if isinstance(topo, Mapping):
+        t = Topology(*(_count(topo, k, "status.currentCPUTopology") for k in ("sockets", "cores", "threads")))
+        vcpus = t.vcpus
+    guest: Quantity | None = None
+    memst = status.get("memory")
+    if isinstance(memst, Mapping):
+        for key in ("guestRequested", "guestCurrent"):
+            if memst.get(key) is not None:
+                q = _quantity(memst.get(key), f"status.memory.{key}")
+                guest = q if guest is None or q > guest else guest
+    return StatusSize(vcpus, guest)
+
+
+def ceil_cpu(q: Quantity) -> int:
+    return math.ceil(q.value)

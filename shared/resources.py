@@ -19,8 +19,10 @@ _BYTE_SUFFIXES = ("memory", "ephemeral-storage", "storage")
 
 def is_byte_resource(name: str) -> bool:
     base = name.split("/", 1)[0]
-    return base.endswith(_BYTE_SUFFIXES) or base.startswith(("hugepages-", "requests.hugepages-")) or (
-        "/" in name and name.split("/", 1)[1].startswith("memory")
+    return (
+        base.endswith(_BYTE_SUFFIXES)
+        or base.startswith(("hugepages-", "requests.hugepages-"))
+        or ("/" in name and name.split("/", 1)[1].startswith("memory"))
     )
 
 
@@ -99,7 +101,9 @@ def growth(target: Mapping[str, Quantity], source: Mapping[str, Quantity]) -> Re
     return out
 
 
-def fits(request: Mapping[str, Quantity], used: Mapping[str, Quantity], hard: Mapping[str, Quantity]) -> list[str]:
+def fits(
+    request: Mapping[str, Quantity], used: Mapping[str, Quantity], hard: Mapping[str, Quantity]
+) -> list[str]:
     """Resources of ``hard`` that ``used + request`` would exceed (empty: it fits)."""
     return [r for r, limit in hard.items() if r in request and used.get(r, ZERO) + request[r] > limit]
 

@@ -41,10 +41,14 @@ class Resource:
 class ApiError(Exception):
     """An error the API server returns, rendered as a ``Status`` object with this code, reason and message."""
 
-    def __init__(self, code: int, reason: str, message: str, details: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, code: int, reason: str, message: str, details: Mapping[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
-        self.reason = reason  # NotFound, AlreadyExists, Conflict, Forbidden, Invalid, Gone, TooManyRequests, ...
+        self.reason = (
+            reason  # NotFound, AlreadyExists, Conflict, Forbidden, Invalid, Gone, TooManyRequests, ...
+        )
         self.message = message
         self.details = dict(details or {})
 
@@ -124,7 +128,13 @@ class StoreAPI(Protocol):
         ...
 
     async def mutate(
-        self, res: Resource, namespace: str | None, name: str, fn: Callable[[Obj], Obj | None], *, status: bool = False
+        self,
+        res: Resource,
+        namespace: str | None,
+        name: str,
+        fn: Callable[[Obj], Obj | None],
+        *,
+        status: bool = False,
     ) -> Obj:
         """Read-modify-write under the store lock (for controllers): ``fn`` gets a copy and returns the new
         object (or None: no change). Runs admission like an update. Never 409s."""

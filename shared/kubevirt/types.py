@@ -6,33 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.podusage import ContainerSpec
 from shared.quantity import Quantity
-from shared.resources import ResourceList, format_resource_list
+from shared.resources import ResourceList
 
 COMPUTE = "compute"
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerResources:
-    name: str
-    requests: ResourceList
-    limits: ResourceList
-    init: bool = False
-    """An init container (plain unless ``restartable``)."""
-    restartable: bool = False
-    """An init container with ``restartPolicy: Always`` (a sidecar): counted with the containers."""
-
-    def to_json(self) -> dict[str, Any]:
-        """The container as it appears in a pod spec (name, resources, restartPolicy for sidecars)."""
-        out: dict[str, Any] = {
-            "name": self.name,
-            "resources": {
-                k: format_resource_list(v) for k, v in (("requests", self.requests), ("limits", self.limits)) if v
-            },
-        }
-        if self.restartable:
-            out["restartPolicy"] = "Always"
-        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +28,8 @@ class NamespaceFacts:
 class RenderedPod:
     """The launcher pod KubeVirt would create for a VMI: containers and the totals the quota evaluator charges."""
 
-    containers: tuple[ContainerResources, ...]
-    """Every container, init containers included (see ``ContainerResources.init``)."""
+    containers: tuple[ContainerSpec, ...]
+    """Every container, init containers included (see ``ContainerSpec.init``)."""
     requests: ResourceList
     """Pod totals by the Kubernetes pod-usage rules, in container resource names (``cpu``, ``memory`` ...)."""
     limits: ResourceList
@@ -59,7 +37,7 @@ class RenderedPod:
     annotations: Mapping[str, str] = field(default_factory=dict)
     """Annotations KubeVirt puts on the pod (e.g. ``kubevirt.io/memory-overhead-bytes``)."""
 
-    def container(self, name: str) -> ContainerResources:
+    def container(self, name: str) -> ContainerSpec:
         for c in self.containers:
             if c.name == name:
                 return c

@@ -19,9 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="vmquota", description="VM-aware, migration-safe ResourceQuotas for KubeVirt"
-    )
+    parser = argparse.ArgumentParser(prog="vmquota", description="VM-aware, migration-safe ResourceQuotas for KubeVirt")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (module, help_text) in COMMANDS.items():

@@ -29,9 +29,7 @@ class ContainerSpec:
 
     def to_json(self) -> dict[str, Any]:
         """The container as it appears in a pod spec (name, resources, restartPolicy for sidecars)."""
-        res = {
-            k: format_resource_list(v) for k, v in (("requests", self.requests), ("limits", self.limits)) if v
-        }
+        res = {k: format_resource_list(v) for k, v in (("requests", self.requests), ("limits", self.limits)) if v}
         out: dict[str, Any] = {"name": self.name, "resources": res}
         if self.restartable:
             out["restartPolicy"] = "Always"

@@ -101,9 +101,7 @@ def growth(target: Mapping[str, Quantity], source: Mapping[str, Quantity]) -> Re
     return out
 
 
-def fits(
-    request: Mapping[str, Quantity], used: Mapping[str, Quantity], hard: Mapping[str, Quantity]
-) -> list[str]:
+def fits(request: Mapping[str, Quantity], used: Mapping[str, Quantity], hard: Mapping[str, Quantity]) -> list[str]:
     """Resources of ``hard`` that ``used + request`` would exceed (empty: it fits)."""
     return [r for r, limit in hard.items() if r in request and used.get(r, ZERO) + request[r] > limit]
 

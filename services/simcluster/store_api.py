@@ -41,14 +41,10 @@ class Resource:
 class ApiError(Exception):
     """An error the API server returns, rendered as a ``Status`` object with this code, reason and message."""
 
-    def __init__(
-        self, code: int, reason: str, message: str, details: Mapping[str, Any] | None = None
-    ) -> None:
+    def __init__(self, code: int, reason: str, message: str, details: Mapping[str, Any] | None = None) -> None:
         super().__init__(message)
         self.code = code
-        self.reason = (
-            reason  # NotFound, AlreadyExists, Conflict, Forbidden, Invalid, Gone, TooManyRequests, ...
-        )
+        self.reason = reason  # NotFound, AlreadyExists, Conflict, Forbidden, Invalid, Gone, TooManyRequests, ...
         self.message = message
         self.details = dict(details or {})
 

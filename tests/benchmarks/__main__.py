@@ -25,10 +25,7 @@ def main() -> int:
             continue
         mod = importlib.import_module(f"tests.benchmarks.{info.name}")
         t0 = time.perf_counter()
-        if hasattr(mod, "run_async"):
-            res = asyncio.run(mod.run_async())
-        else:
-            res = mod.run()
+        res = asyncio.run(mod.run_async()) if hasattr(mod, "run_async") else mod.run()
         print(f"# {info.name}: {time.perf_counter() - t0:.1f}s", flush=True)
         for r in res:
             print(r.line(), flush=True)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from shared.errors import InvalidInput
 from shared.quantity import Quantity
-from shared.resources import ResourceList, add, format_resource_list, maximum
+from shared.resources import ResourceList, add, format_resource_list, maximum, parse_resource_list
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,3 +68,103 @@ def pod_totals(
         requests = add(requests, overhead)
         limits = {k: (v + overhead[k] if k in overhead else v) for k, v in limits.items()}
     return requests, limits
+
+
+# ---- a pod object as the ResourceQuota evaluator charges it ----------------------------------------------------
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+_REQUEST_STANDARD = ("cpu", "memory", "ephemeral-storage")
+_LIMIT_STANDARD = ("cpu", "memory", "ephemeral-storage")
+
+
+def _parse_time(value: object) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def pod_counts_for_compute(pod: Mapping[str, Any], now: datetime | None = None) -> bool:
+    """False for pods the quota evaluator charges only ``count/pods``: phase Succeeded/Failed, or terminating
+    past ``deletionTimestamp + deletionGracePeriodSeconds`` (``now`` defaults to the current UTC time)."""
+    status = pod.get("status")
+    phase = status.get("phase") if isinstance(status, Mapping) else None
+    if phase in TERMINAL_PHASES:
+        return False
+    meta = pod.get("metadata")
+    if isinstance(meta, Mapping):
+        deleted = _parse_time(meta.get("deletionTimestamp"))
+        grace = meta.get("deletionGracePeriodSeconds")
+        if deleted is not None and isinstance(grace, int):
+            current = now or datetime.now(UTC)
+            if current > deleted + timedelta(seconds=grace):
+                return False
+    return True
+
+
+def pod_containers(pod: Mapping[str, Any]) -> list[ContainerSpec]:
+    """The containers of a pod object (init containers first), with parsed resources; InvalidInput on bad input."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        raise InvalidInput("pod has no spec", "spec")
+    out: list[ContainerSpec] = []
+    for field, init in (("initContainers", True), ("containers", False)):
+        items = spec.get(field) or []
+        if not isinstance(items, list):
+            raise InvalidInput("expected a list", f"spec.{field}")
+        for i, c in enumerate(items):
+            where = f"spec.{field}[{i}]"
+            if not isinstance(c, Mapping):
+                raise InvalidInput("expected a container object", where)
+            res = c.get("resources") or {}
+            if not isinstance(res, Mapping):
+                raise InvalidInput("expected an object", f"{where}.resources")
+            out.append(
+                ContainerSpec(
+                    name=str(c.get("name") or ""),
+                    requests=parse_resource_list(res.get("requests"), f"{where}.resources.requests"),
+                    limits=parse_resource_list(res.get("limits"), f"{where}.resources.limits"),
+                    init=init,
+                    restartable=init and c.get("restartPolicy") == "Always",
+                )
+            )
+    return out
+
+
+def pod_resources(pod: Mapping[str, Any]) -> tuple[ResourceList, ResourceList]:
+    """Effective (requests, limits) of a pod object, ``spec.overhead`` included."""
+    spec = pod.get("spec")
+    overhead = parse_resource_list(spec.get("overhead"), "spec.overhead") if isinstance(spec, Mapping) else {}
+    return pod_totals(pod_containers(pod), overhead)
+
+
+def quota_usage_of(requests: Mapping[str, Quantity], limits: Mapping[str, Quantity]) -> ResourceList:
+    """Map effective pod requests/limits to the resource names a ResourceQuota uses (non-terminal pod):
+    ``pods``/``count/pods`` = 1; ``cpu``/``requests.cpu`` etc.; ``limits.*``; ``hugepages-*`` and
+    ``requests.hugepages-*``; extended resources as ``requests.<name>``."""
+    one = Quantity.from_int(1)
+    out: ResourceList = {"pods": one, "count/pods": one}
+    for name in _REQUEST_STANDARD:
+        if name in requests:
+            out[name] = requests[name]
+            out[f"requests.{name}"] = requests[name]
+    for name in _LIMIT_STANDARD:
+        if name in limits:
+            out[f"limits.{name}"] = limits[name]
+    for name, q in requests.items():
+        if name.startswith("hugepages-"):
+            out[name] = q
+            out[f"requests.{name}"] = q
+        elif "/" in name and not name.startswith("kubernetes.io/") and not name.startswith("requests."):
+            out[f"requests.{name}"] = q
+    return out
+
+
+def pod_quota_usage(pod: Mapping[str, Any], now: datetime | None = None) -> ResourceList:
+    """What the ResourceQuota evaluator charges for a pod object (terminal pods: only ``count/pods``)."""
+    if not pod_counts_for_compute(pod, now):
+        return {"count/pods": Quantity.from_int(1)}
+    requests, limits = pod_resources(pod)
+    return quota_usage_of(requests, limits)

@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest bench clean
+.PHONY: demo test lint typecheck pytest bench clean image
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,13 @@ pytest: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks
+
+# The container image of every service (see Dockerfile); needs a Docker engine.
+IMAGE ?= vmquota:dev
+image:
+	@command -v docker >/dev/null 2>&1 || { echo "make image: docker is not installed; building the image needs a Docker engine" >&2; exit 1; }
+	@docker info >/dev/null 2>&1 || { echo "make image: no Docker engine is reachable (docker info failed)" >&2; exit 1; }
+	docker build -t $(IMAGE) .
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

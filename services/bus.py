@@ -1,0 +1,432 @@
+"""Async NATS JetStream helpers shared by the services: connect, streams, publish, pull consumers, dead letters.
+
+* :func:`connect` reconnects forever (nats-py gives up after about two minutes by default) and reports
+  disconnects, reconnects and errors through structlog and a callback instead of stdlib tracebacks.
+* :meth:`Bus.ensure_streams` creates or updates the streams of ``shared.bus.streams()`` idempotently.
+* :meth:`Bus.publish` sets ``Nats-Msg-Id`` and retries while JetStream is unavailable (a retry is safe: the server
+  drops the repeat within the duplicate window). :meth:`Bus.publish_many` keeps a window of acks in flight.
+* :class:`PullConsumer` reads a stream in order from a start sequence. It uses a durable pull consumer with
+  ``AckPolicy.NONE`` (the reader keeps its own position, in its checkpoints) and re-creates it from the next
+  sequence it needs after a reconnect, a gap in the consumer sequence, an API error, or when the consumer has
+  vanished (nats-py pull subscriptions do not always resume after a server restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import nats
+import nats.errors
+import nats.js.errors
+import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    KeyValueConfig,
+    PubAck,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.kv import KeyValue
+
+from shared import bus as contract
+
+log = structlog.get_logger("vmquota.bus")
+T = TypeVar("T")
+
+# Errors after which a publish or fetch is worth retrying (the server restarts, JetStream is not yet ready).
+TRANSIENT = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.StaleConnectionError,
+    nats.errors.OutboundBufferLimitError,
+    nats.js.errors.NoStreamResponseError,
+    nats.js.errors.ServiceUnavailableError,
+    nats.js.errors.ServerError,
+    TimeoutError,
+    ConnectionError,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class NatsOptions:
+    url: str = "nats://127.0.0.1:4222"
+    creds: str | None = None
+    """Path to a ``.creds`` file (JWT + nkey)."""
+    user: str | None = None
+    password: str | None = None
+    name: str = "vmquota"
+
+
+class Bus:
+    """A connection to NATS with JetStream, counting reconnects (``epoch``) so consumers can re-create themselves."""
+
+    def __init__(self, nc: NATS, on_reconnect: Callable[[], None] | None = None) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self.epoch = 0
+        """Incremented on every reconnect."""
+        self._on_reconnect = on_reconnect
+
+    # ---- connection --------------------------------------------------------------------------------------------
+    @classmethod
+    async def connect(
+        cls,
+        opts: NatsOptions,
+        *,
+        on_reconnect: Callable[[], None] | None = None,
+        connect_timeout: float = 0.0,
+    ) -> Bus:
+        """Connect, retrying the first connection for ``connect_timeout`` seconds (0: forever, with backoff)."""
+        holder: list[Bus] = []
+
+        async def error_cb(e: Exception) -> None:
+            log.warning("nats error", error=str(e) or type(e).__name__)
+
+        async def disconnected_cb() -> None:
+            log.warning("nats disconnected")
+
+        async def reconnected_cb() -> None:
+            if holder:
+                holder[0]._reconnected()
+            log.info("nats reconnected", url=str(nc.connected_url.geturl() if nc.connected_url else ""))
+
+        async def closed_cb() -> None:
+            log.info("nats connection closed")
+
+        kwargs: dict[str, Any] = {
+            "servers": [opts.url],
+            "name": opts.name,
+            "allow_reconnect": True,
+            "max_reconnect_attempts": -1,
+            "reconnect_time_wait": 0.5,
+            "connect_timeout": 5,
+            "ping_interval": 10,
+            "max_outstanding_pings": 3,
+            "error_cb": error_cb,
+            "disconnected_cb": disconnected_cb,
+            "reconnected_cb": reconnected_cb,
+            "closed_cb": closed_cb,
+        }
+        if opts.creds:
+            kwargs["user_credentials"] = opts.creds
+        if opts.user:
+            kwargs["user"] = opts.user
+            kwargs["password"] = opts.password or ""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + connect_timeout if connect_timeout > 0 else None
+        delay = 0.2
+        while True:
+            nc = NATS()
+            try:
+                await nc.connect(**kwargs)
+                break
+            except (TimeoutError, nats.errors.NoServersError, OSError) as e:
+                if deadline is not None and loop.time() + delay > deadline:
+                    raise
+                log.warning("nats not reachable, retrying", url=opts.url, error=str(e) or type(e).__name__)
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, 5.0)
+        bus = cls(nc, on_reconnect)
+        holder.append(bus)
+        return bus
+
+    def _reconnected(self) -> None:
+        self.epoch += 1
+        if self._on_reconnect is not None:
+            self._on_reconnect()
+
+    async def close(self) -> None:
+        if not self.nc.is_closed:
+            try:
+                await self.nc.drain()
+            except Exception:  # draining a broken connection: closing is all that is left
+                await self.nc.close()
+
+    # ---- streams and buckets -----------------------------------------------------------------------------------
+    async def ensure_streams(self, specs: Iterable[contract.StreamSpec]) -> None:
+        """Create each stream, or update it to the given limits when it exists (idempotent)."""
+        for spec in specs:
+            cfg = StreamConfig(
+                name=spec.name,
+                subjects=list(spec.subjects),
+                retention=RetentionPolicy.LIMITS,
+                storage=StorageType.FILE,
+                max_age=spec.max_age,
+                max_msgs_per_subject=spec.max_msgs_per_subject,
+                duplicate_window=spec.duplicate_window,
+            )
+            await _retry(functools.partial(self._ensure_stream, cfg), what=f"stream {spec.name}")
+
+    async def _ensure_stream(self, cfg: StreamConfig) -> None:
+        assert cfg.name is not None
+        try:
+            info = await self.js.stream_info(cfg.name)
+        except nats.js.errors.NotFoundError:
+            await self.js.add_stream(cfg)
+            log.info("stream created", stream=cfg.name)
+            return
+        have = info.config
+        if (
+            list(have.subjects or []) != cfg.subjects
+            or float(have.max_age or 0) != float(cfg.max_age or 0)
+            or have.max_msgs_per_subject != cfg.max_msgs_per_subject
+            or float(have.duplicate_window or 0) != float(cfg.duplicate_window)
+        ):
+            await self.js.update_stream(cfg)
+            log.info("stream updated", stream=cfg.name)
+
+    async def ensure_kv(self, bucket: str, *, history: int = 1) -> KeyValue:
+        """Open the key-value bucket, creating it when missing."""
+
+        async def once() -> KeyValue:
+            try:
+                return await self.js.key_value(bucket)
+            except nats.js.errors.BucketNotFoundError:
+                return await self.js.create_key_value(KeyValueConfig(bucket=bucket, history=history))
+
+        return await _retry(once, what=f"bucket {bucket}")
+
+    # ---- publishing --------------------------------------------------------------------------------------------
+    async def publish(
+        self,
+        subject: str,
+        data: bytes,
+        *,
+        msg_id: str | None = None,
+        headers: dict[str, str] | None = None,
+        ack_timeout: float = 5.0,
+        deadline: float = 60.0,
+    ) -> PubAck:
+        """Publish to JetStream and wait for the ack, retrying transient failures for up to ``deadline`` s."""
+        hdrs = dict(headers or {})
+        if msg_id is not None:
+            hdrs["Nats-Msg-Id"] = msg_id
+        return await _retry(
+            lambda: self.js.publish(subject, data, timeout=ack_timeout, headers=hdrs or None),
+            what=f"publish {subject}",
+            deadline=deadline,
+        )
+
+    async def publish_many(
+        self, items: Iterable[tuple[str, bytes, str | None]], *, window: int = 1000
+    ) -> tuple[int, int]:
+        """Publish ``(subject, data, msg_id)`` items with up to ``window`` acks in flight. A message whose ack
+        fails is published again on its own (the msg-id makes that safe). Returns (stored, duplicates)."""
+        pending: list[tuple[asyncio.Future[PubAck], tuple[str, bytes, str | None]]] = []
+        stored = dups = 0
+
+        async def settle(batch: Sequence[tuple[asyncio.Future[PubAck], tuple[str, bytes, str | None]]]) -> None:
+            nonlocal stored, dups
+            for fut, item in batch:
+                try:
+                    ack = await fut
+                except (*TRANSIENT, nats.js.errors.APIError):
+                    ack = await self.publish(item[0], item[1], msg_id=item[2])
+                if ack.duplicate:
+                    dups += 1
+                else:
+                    stored += 1
+
+        for item in items:
+            subject, data, mid = item
+            hdrs = {"Nats-Msg-Id": mid} if mid is not None else None
+            try:
+                fut = await self.js.publish_async(subject, data, headers=hdrs, wait_stall=30.0)
+            except (*TRANSIENT, nats.js.errors.TooManyStalledMsgsError):
+                await settle(pending)
+                pending = []
+                ack = await self.publish(subject, data, msg_id=mid)
+                dups += int(bool(ack.duplicate))
+                stored += int(not ack.duplicate)
+                continue
+            pending.append((fut, item))
+            if len(pending) >= window:
+                half = window // 2
+                await settle(pending[:half])
+                pending = pending[half:]
+        await settle(pending)
+        return stored, dups
+
+    async def publish_dead_letter(
+        self,
+        service: str,
+        reason: str,
+        *,
+        cluster: str = "",
+        original_subject: str = "",
+        stream: str = "",
+        stream_seq: int = 0,
+        payload: bytes = b"",
+    ) -> None:
+        """Publish a :class:`shared.bus.DeadLetter` on ``vmquota.dlq.<service>`` (deduplicated per original
+        stream sequence, so a replay after a restart does not repeat it)."""
+        mid = f"dlq/{service}/{stream}/{stream_seq}" if stream_seq else None
+        letter = contract.DeadLetter(
+            id=mid or f"dlq/{service}/{contract.now_rfc3339()}",
+            source=contract.source(service, cluster or "-"),
+            subject=original_subject,
+            time=contract.now_rfc3339(),
+            cluster=cluster,
+            service=service,
+            reason=reason,
+            original_subject=original_subject,
+            stream=stream,
+            stream_seq=stream_seq,
+            payload=payload,
+        )
+        headers = {"Vmquota-Reason": reason[:512].replace("\r", " ").replace("\n", " ")}
+        await self.publish(contract.dlq_subject(service), contract.encode(letter), msg_id=mid, headers=headers)
+
+
+async def _retry(fn: Callable[[], Awaitable[T]], *, what: str, deadline: float = 60.0) -> T:
+    """Await ``fn()`` until it succeeds, retrying TRANSIENT errors with jittered backoff for ``deadline`` s."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline
+    delay = 0.1
+    while True:
+        try:
+            return await fn()
+        except TRANSIENT as e:
+            if loop.time() + delay > end:
+                raise
+            log.warning("nats call failed, retrying", what=what, error=str(e) or type(e).__name__)
+            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+            delay = min(delay * 2, 2.0)
+
+
+class PullConsumer:
+    """Read ``stream`` in stream order from ``start_seq``, through a durable pull consumer named ``durable``.
+
+    ``batches()`` yields lists of messages (an empty list when nothing arrived within ``idle`` seconds, so the
+    reader can run its timers). After yielding a batch the consumer takes it as applied: ``next_seq`` is the
+    stream sequence it asks for when it has to re-create itself.
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        stream: str,
+        durable: str,
+        filter_subjects: Sequence[str],
+        start_seq: int = 1,
+        batch: int = 500,
+        idle: float = 1.0,
+        on_recreate: Callable[[str], None] | None = None,
+    ) -> None:
+        self.bus = bus
+        self.stream = stream
+        self.durable = durable
+        self.filter_subjects = list(filter_subjects)
+        self.next_seq = max(1, start_seq)
+        self.batch = batch
+        self.idle = idle
+        self.pending = 0
+        """Messages left in the stream for this consumer after the last batch (the lag)."""
+        self.recreations = 0
+        self._on_recreate = on_recreate
+        self._sub: JetStreamContext.PullSubscription | None = None
+        self._epoch = -1
+        self._expected_cseq = 1
+        self._idle_fetches = 0
+
+    async def _recreate(self, why: str) -> None:
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception as e:  # the old inbox may already be gone with the connection
+                log.debug("unsubscribe failed", error=str(e))
+            self._sub = None
+        self._epoch = self.bus.epoch
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await self.bus.js.delete_consumer(self.stream, self.durable)
+        cfg = ConsumerConfig(
+            durable_name=self.durable,
+            name=self.durable,
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=self.next_seq,
+            ack_policy=AckPolicy.NONE,
+            filter_subjects=self.filter_subjects if len(self.filter_subjects) > 1 else None,
+            filter_subject=self.filter_subjects[0] if len(self.filter_subjects) == 1 else None,
+            max_waiting=16,
+            inactive_threshold=3600.0,
+        )
+        await self.bus.js.add_consumer(self.stream, cfg)
+        self._sub = await self.bus.js.pull_subscribe_bind(self.durable, stream=self.stream)
+        self._expected_cseq = 1
+        self._idle_fetches = 0
+        self.recreations += 1
+        log.info("consumer created", stream=self.stream, consumer=self.durable, start_seq=self.next_seq, why=why)
+        if self._on_recreate is not None:
+            self._on_recreate(why)
+
+    async def _consumer_exists(self) -> bool:
+        try:
+            await self.bus.js.consumer_info(self.stream, self.durable)
+        except nats.js.errors.NotFoundError:
+            return False
+        return True
+
+    async def batches(self) -> AsyncIterator[list[Msg]]:
+        why = "start"
+        delay = 0.1
+        while True:
+            try:
+                if why:
+                    await self._recreate(why)
+                    why = ""
+                if self.bus.epoch != self._epoch:
+                    why = "reconnected"
+                    continue
+                assert self._sub is not None
+                try:
+                    msgs = await self._sub.fetch(self.batch, timeout=self.idle)
+                except nats.errors.TimeoutError:
+                    self._idle_fetches += 1
+                    if self._idle_fetches % 5 == 0 and not await self._consumer_exists():
+                        why = "consumer vanished"
+                        continue
+                    yield []
+                    continue
+            except (*TRANSIENT, nats.js.errors.APIError) as e:
+                log.warning("consumer error, re-creating", consumer=self.durable, error=str(e) or type(e).__name__)
+                why = f"error: {type(e).__name__}"
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, 2.0)
+                continue
+            delay = 0.1
+            self._idle_fetches = 0
+            good: list[Msg] = []
+            for m in msgs:
+                md = m.metadata
+                if md.sequence.consumer != self._expected_cseq or md.sequence.stream < self.next_seq:
+                    why = f"gap: consumer sequence {md.sequence.consumer}, expected {self._expected_cseq}"
+                    break
+                self._expected_cseq += 1
+                self.next_seq = md.sequence.stream + 1
+                self.pending = md.num_pending
+                good.append(m)
+            if good:
+                yield good
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception as e:  # closing after the connection went away
+                log.debug("unsubscribe failed", error=str(e))
+            self._sub = None

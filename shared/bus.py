@@ -1,0 +1,504 @@
+"""The bus contract: subjects, stream definitions, message Structs and message ids. Pure: no I/O.
+
+Every message on the bus is JSON encoded from one of the msgspec Structs below. Each carries ``schema`` (the
+version of this contract), CloudEvents-style attributes (``id``, ``source``, ``type``, ``subject``, ``time``) and
+the cluster it is about. Decoders allow unknown fields, so a newer producer can add fields during a rolling
+upgrade; a message with a newer ``schema`` than this module knows is refused (it goes to the dead-letter subject).
+
+Subjects (``docs/events.md`` documents every field with an example):
+
+* ``vmquota.ev.<cluster>.<namespace>.<kind>`` — object events (:class:`Upserted`, :class:`Deleted`,
+  :class:`Sync`); cluster-scoped objects (Namespace, the KubeVirt CR) use the namespace token ``_cluster``;
+* ``vmquota.usage.<cluster>.<namespace>`` — the ledger's :class:`UsageSnapshot` of a namespace;
+* ``vmquota.quota.<cluster>.<namespace>`` — the enforcer's :class:`Decision` on a quota;
+* ``vmquota.dlq.<service>`` — :class:`DeadLetter`: what a service could not use, with the reason.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final, Literal
+
+import msgspec
+
+from shared.errors import InvalidInput
+
+SCHEMA: Final = 1
+"""Version of this contract. Raised only for an incompatible change; additive fields keep it."""
+
+PREFIX: Final = "vmquota"
+CLUSTER_TOKEN: Final = "_cluster"
+"""Namespace token of cluster-scoped objects in event subjects."""
+
+# ---- kinds ------------------------------------------------------------------------------------------------------
+
+KIND_TOKENS: Final[dict[str, str]] = {
+    "VirtualMachineInstance": "vmi",
+    "VirtualMachine": "vm",
+    "VirtualMachineInstanceMigration": "vmim",
+    "Pod": "pod",
+    "ResourceQuota": "resourcequota",
+    "Namespace": "namespace",
+    "KubeVirt": "kubevirt",
+    "Event": "event",
+}
+"""Kubernetes kind → subject token of every object kind published on the bus."""
+
+TOKEN_KINDS: Final[dict[str, str]] = {v: k for k, v in KIND_TOKENS.items()}
+
+CLUSTER_SCOPED_KINDS: Final = frozenset({"Namespace", "KubeVirt"})
+"""Kinds published under the ``_cluster`` namespace token. The KubeVirt CR is namespaced in Kubernetes, but it
+configures the whole cluster (``cpuAllocationRatio``), so every ledger instance needs it."""
+
+# ---- event types ------------------------------------------------------------------------------------------------
+
+UPSERTED: Final = "io.vmquota.event.upserted"
+DELETED: Final = "io.vmquota.event.deleted"
+SYNC: Final = "io.vmquota.event.sync"
+USAGE: Final = "io.vmquota.usage"
+DECISION: Final = "io.vmquota.decision"
+DEAD_LETTER: Final = "io.vmquota.deadletter"
+
+_SHORT_TYPE: Final = {UPSERTED: "upserted", DELETED: "deleted", SYNC: "sync"}
+
+# ---- names and validation ---------------------------------------------------------------------------------------
+
+_DNS_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_RV: Final = re.compile(r"^[0-9]{1,19}$")
+
+
+def check_cluster(cluster: object) -> str:
+    """A cluster id must be a DNS label (it is a subject token and part of every message id)."""
+    if not isinstance(cluster, str) or not _DNS_LABEL.match(cluster):
+        raise InvalidInput(
+            f"cluster id {cluster!r} is not a DNS label (lower-case letters, digits and '-', 1-63 characters, "
+            "starting and ending with a letter or digit)",
+            "cluster",
+        )
+    return cluster
+
+
+def check_namespace(namespace: object, where: str = "namespace") -> str:
+    """A namespace name (a DNS label, so it is safe as a subject token)."""
+    if not isinstance(namespace, str) or not _DNS_LABEL.match(namespace):
+        raise InvalidInput(f"namespace {namespace!r} is not a DNS label", where)
+    return namespace
+
+
+def check_kind(kind: object) -> str:
+    if not isinstance(kind, str) or kind not in KIND_TOKENS:
+        raise InvalidInput(f"unknown kind {kind!r} (known: {', '.join(sorted(KIND_TOKENS))})", "kind")
+    return kind
+
+
+def resource_version(rv: object, where: str = "resourceVersion") -> int:
+    """The resourceVersion as an integer for ordering (Kubernetes and the simulated cluster use etcd revisions)."""
+    if not isinstance(rv, str) or not _RV.match(rv):
+        raise InvalidInput(f"resourceVersion {rv!r} is not a decimal number", where)
+    return int(rv)
+
+
+def namespace_token(kind: str, namespace: str) -> str:
+    """The namespace token of an object's event subject: ``_cluster`` for cluster-scoped kinds."""
+    return CLUSTER_TOKEN if kind in CLUSTER_SCOPED_KINDS else namespace
+
+
+def event_subject(cluster: str, kind: str, namespace: str) -> str:
+    """``vmquota.ev.<cluster>.<namespace or _cluster>.<kind token>``."""
+    check_cluster(cluster)
+    check_kind(kind)
+    token = namespace_token(kind, namespace)
+    if token != CLUSTER_TOKEN:
+        check_namespace(namespace)
+    return f"{PREFIX}.ev.{cluster}.{token}.{KIND_TOKENS[kind]}"
+
+
+def events_filter(cluster: str | None = None) -> str:
+    """Subject filter of every event (of one cluster, or of all clusters)."""
+    return f"{PREFIX}.ev.{check_cluster(cluster)}.>" if cluster is not None else f"{PREFIX}.ev.>"
+
+
+def usage_subject(cluster: str, namespace: str) -> str:
+    return f"{PREFIX}.usage.{check_cluster(cluster)}.{check_namespace(namespace)}"
+
+
+def decision_subject(cluster: str, namespace: str) -> str:
+    return f"{PREFIX}.quota.{check_cluster(cluster)}.{check_namespace(namespace)}"
+
+
+def dlq_subject(service: str) -> str:
+    if not _DNS_LABEL.match(service):
+        raise InvalidInput(f"service name {service!r} is not a DNS label", "service")
+    return f"{PREFIX}.dlq.{service}"
+
+
+@dataclass(frozen=True, slots=True)
+class EventSubject:
+    cluster: str
+    namespace: str
+    """A namespace name, or ``_cluster``."""
+    kind: str
+
+
+def parse_event_subject(subject: str) -> EventSubject:
+    """Split and validate ``vmquota.ev.<cluster>.<namespace>.<kind token>``."""
+    parts = subject.split(".")
+    if len(parts) != 5 or parts[0] != PREFIX or parts[1] != "ev":
+        raise InvalidInput(f"{subject!r} is not an event subject (vmquota.ev.<cluster>.<namespace>.<kind>)", "subject")
+    cluster = check_cluster(parts[2])
+    kind = TOKEN_KINDS.get(parts[4])
+    if kind is None:
+        raise InvalidInput(f"unknown kind token {parts[4]!r}", "subject")
+    if parts[3] != CLUSTER_TOKEN:
+        check_namespace(parts[3], "subject")
+    return EventSubject(cluster, parts[3], kind)
+
+
+# ---- message ids ------------------------------------------------------------------------------------------------
+
+
+def msg_id(cluster: str, kind: str, uid: str, rv: str, type_: str) -> str:
+    """``Nats-Msg-Id`` of an object event: ``cluster/kind/uid/resourceVersion/type`` (type: upserted, deleted,
+    sync). The server drops a repeat within the stream's duplicate window, so relists and a second watcher during
+    a leader hand-over do not store the same version twice."""
+    return f"{cluster}/{kind}/{uid}/{rv}/{_SHORT_TYPE.get(type_, type_)}"
+
+
+def sync_uid(namespace: str) -> str:
+    """The ``uid`` slot of a sync marker's message id: ``ns=<namespace or _cluster>`` (never a real UID)."""
+    return f"ns={namespace}"
+
+
+# ---- streams ----------------------------------------------------------------------------------------------------
+
+DAY: Final = 86_400.0
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSpec:
+    """A JetStream stream this project uses (services/bus.py turns it into a server config)."""
+
+    name: str
+    subjects: tuple[str, ...]
+    max_age: float = 0.0
+    """Seconds; 0 keeps messages forever."""
+    max_msgs_per_subject: int = -1
+    """1 keeps only the last message of each subject."""
+    duplicate_window: float = 120.0
+    """Seconds during which a repeated ``Nats-Msg-Id`` is dropped."""
+
+
+EVENTS_STREAM: Final = "VMQUOTA_EVENTS"
+USAGE_STREAM: Final = "VMQUOTA_USAGE"
+DECISIONS_STREAM: Final = "VMQUOTA_DECISIONS"
+DLQ_STREAM: Final = "VMQUOTA_DLQ"
+LEDGER_BUCKET: Final = "VMQUOTA_LEDGER"
+"""Key-value bucket of the ledger's checkpoints."""
+
+
+def streams(events_max_age: float = 30 * DAY, duplicate_window: float = 600.0) -> tuple[StreamSpec, ...]:
+    """Every stream, with the events stream kept ``events_max_age`` seconds (operators replay it)."""
+    if events_max_age < 0 or duplicate_window <= 0:
+        raise InvalidInput("stream ages must be positive", "events-max-age")
+    if events_max_age and duplicate_window > events_max_age:
+        duplicate_window = events_max_age
+    return (
+        StreamSpec(EVENTS_STREAM, (f"{PREFIX}.ev.>",), max_age=events_max_age, duplicate_window=duplicate_window),
+        StreamSpec(USAGE_STREAM, (f"{PREFIX}.usage.>",), max_msgs_per_subject=1),
+        StreamSpec(DECISIONS_STREAM, (f"{PREFIX}.quota.>",), max_age=events_max_age),
+        StreamSpec(DLQ_STREAM, (f"{PREFIX}.dlq.>",), max_age=events_max_age),
+    )
+
+
+_DURATION: Final = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d|w)")
+_UNIT_SECONDS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": DAY, "w": 7 * DAY}
+
+
+def parse_duration(text: str, where: str = "duration") -> float:
+    """``30d``, ``12h``, ``1h30m``, ``90s``, ``500ms`` or a plain number of seconds → seconds."""
+    s = text.strip()
+    try:
+        value = float(s)
+    except ValueError:
+        pos, total = 0, 0.0
+        for m in _DURATION.finditer(s):
+            if m.start() != pos:
+                break
+            total += float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+            pos = m.end()
+        if pos != len(s) or not s:
+            raise InvalidInput(f"{text!r} is not a duration (e.g. 30d, 12h, 1h30m, 90s)", where) from None
+        return total
+    if value < 0 or value != value:
+        raise InvalidInput(f"{text!r} is not a duration (e.g. 30d, 12h, 1h30m, 90s)", where)
+    return value
+
+
+# ---- messages ---------------------------------------------------------------------------------------------------
+
+Snapshot = dict[str, Any]
+"""The compact snapshot of an object (``shared/snapshot.py``)."""
+
+
+class _Message(msgspec.Struct, frozen=True, kw_only=True, rename="camel", tag_field="type"):
+    schema: int = SCHEMA
+    id: str
+    """Unique id; for object events the message id (``cluster/kind/uid/resourceVersion/type``)."""
+    source: str
+    """Who produced it: ``vmquota/<service>/<cluster>``."""
+    subject: str
+    """What it is about: ``<namespace>/<name>`` of the object (``<name>`` when cluster-scoped)."""
+    time: str
+    """RFC 3339 UTC time of publication."""
+    cluster: str
+
+
+class _ObjectEvent(_Message, frozen=True, kw_only=True):
+    kind: str
+    namespace: str = ""
+    """The object's namespace; empty for cluster-scoped objects."""
+    name: str = ""
+    uid: str
+    resource_version: str
+
+
+class Upserted(_ObjectEvent, frozen=True, kw_only=True, tag=UPSERTED):
+    """The object exists at this resourceVersion; ``snapshot`` is its full compact state (never a diff)."""
+
+    snapshot: Snapshot
+
+
+class Deleted(_ObjectEvent, frozen=True, kw_only=True, tag=DELETED):
+    """The object is gone; ``resourceVersion`` is the deletion's (or, after a relist, the last one seen)."""
+
+    snapshot: Snapshot | None = None
+    """The last known state, when the producer has it."""
+
+
+class Sync(_Message, frozen=True, kw_only=True, tag=SYNC):
+    """After a (re)list: the objects of ``kind`` in ``namespace`` (``_cluster`` for cluster-scoped kinds) of this
+    cluster are exactly ``present`` as of ``resourceVersion``. A consumer drops every object it holds of that kind
+    and namespace whose uid is not in ``present`` and whose resourceVersion is not newer than the sync's."""
+
+    kind: str
+    namespace: str
+    resource_version: str
+    present: list[str]
+    """UIDs of the objects that exist."""
+
+
+ObjectEvent = Upserted | Deleted | Sync
+
+
+class ModeUsage(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """The terms of the quota equation in one accounting mode; quantities as canonical strings."""
+
+    used: dict[str, str] = {}
+    """``U``: each admitted VM once in the mode's terms, plus every non-VM pod at its pod usage."""
+    pods: dict[str, str] = {}
+    """``P``: what Kubernetes charges for the namespace's non-terminal pods."""
+    reserved: dict[str, str] = {}
+    """``S``: admitted pods that do not exist yet (new VMs' launcher pods, pending migration targets)."""
+
+
+class VmState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    name: str
+    uid: str = ""
+    admitted: bool
+    reason: str = ""
+    """Why it was refused (or, for an admitted VM, how it is counted)."""
+    usage: dict[str, dict[str, str]] = {}
+    """Its usage per mode in use."""
+
+
+class MigrationState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    name: str
+    uid: str = ""
+    vmi: str
+    phase: str = ""
+    reason: str = ""
+    """Why it waits or what it reserves."""
+    reserved: dict[str, str] = {}
+
+
+class UsageSnapshot(_Message, frozen=True, kw_only=True, tag=USAGE):
+    """The ledger's view of one namespace after applying the events stream up to ``seq``."""
+
+    namespace: str
+    seq: int
+    """The events stream sequence this reflects."""
+    modes: dict[str, ModeUsage] = {}
+    """Accounting mode → U, P, S (every mode used by a managed quota in the namespace)."""
+    vms: list[VmState] = []
+    migrations: list[MigrationState] = []
+    """In-flight migrations."""
+    details: dict[str, Any] = {}
+    """Further accounting facts (budgets seen, estimates used); open-ended."""
+
+
+class Decision(_Message, frozen=True, kw_only=True, tag=DECISION):
+    """What the enforcer did (or, dry-run, would do) to one quota's ``spec.hard``."""
+
+    namespace: str
+    quota: str
+    mode: str
+    budget: dict[str, str] = {}
+    hard_before: dict[str, str] = {}
+    hard_after: dict[str, str] = {}
+    reason: str = ""
+    usage_seq: int = 0
+    """``seq`` of the usage snapshot it was computed from."""
+    dry_run: bool = False
+
+
+class DeadLetter(_Message, frozen=True, kw_only=True, tag=DEAD_LETTER):
+    """A message a service could not use: the original, where it came from, and why."""
+
+    service: str
+    reason: str
+    original_subject: str = ""
+    stream: str = ""
+    stream_seq: int = 0
+    payload: bytes = b""
+    """The original payload (base64 in JSON)."""
+
+
+# ---- encoding ---------------------------------------------------------------------------------------------------
+
+_ENCODER: Final = msgspec.json.Encoder()
+_EVENT_DECODER: Final = msgspec.json.Decoder(ObjectEvent)
+_USAGE_DECODER: Final = msgspec.json.Decoder(UsageSnapshot)
+_DECISION_DECODER: Final = msgspec.json.Decoder(Decision)
+_DLQ_DECODER: Final = msgspec.json.Decoder(DeadLetter)
+
+
+def encode(msg: msgspec.Struct) -> bytes:
+    return _ENCODER.encode(msg)
+
+
+def _check_schema(schema: int) -> None:
+    if schema > SCHEMA or schema < 1:
+        raise InvalidInput(f"schema version {schema} is not supported (this build reads 1..{SCHEMA})", "schema")
+
+
+def decode_event(data: bytes) -> Upserted | Deleted | Sync:
+    """Decode and validate an object event; :class:`InvalidInput` says what is wrong and where."""
+    try:
+        ev = _EVENT_DECODER.decode(data)
+    except msgspec.ValidationError as e:
+        raise InvalidInput(f"invalid event: {e}", "event") from None
+    except msgspec.DecodeError as e:
+        raise InvalidInput(f"not a JSON event: {e}", "event") from None
+    _check_schema(ev.schema)
+    check_cluster(ev.cluster)
+    check_kind(ev.kind)
+    resource_version(ev.resource_version)
+    if isinstance(ev, Sync):
+        if ev.namespace != CLUSTER_TOKEN:
+            check_namespace(ev.namespace)
+        return ev
+    where = f"{ev.kind} {ev.namespace + '/' if ev.namespace else ''}{ev.name or ev.uid}"
+    if not ev.uid:
+        raise InvalidInput("empty uid", f"{where}: uid")
+    if ev.kind not in CLUSTER_SCOPED_KINDS:
+        check_namespace(ev.namespace, f"{where}: namespace")
+    elif ev.kind == "Namespace":
+        check_namespace(ev.name, f"{where}: name")
+    return ev
+
+
+def decode_usage(data: bytes) -> UsageSnapshot:
+    try:
+        msg = _USAGE_DECODER.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+        raise InvalidInput(f"invalid usage snapshot: {e}", "usage") from None
+    _check_schema(msg.schema)
+    return msg
+
+
+def decode_decision(data: bytes) -> Decision:
+    try:
+        msg = _DECISION_DECODER.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+        raise InvalidInput(f"invalid decision: {e}", "decision") from None
+    _check_schema(msg.schema)
+    return msg
+
+
+def decode_dead_letter(data: bytes) -> DeadLetter:
+    try:
+        msg = _DLQ_DECODER.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+        raise InvalidInput(f"invalid dead letter: {e}", "deadletter") from None
+    _check_schema(msg.schema)
+    return msg
+
+
+def now_rfc3339(now: datetime | None = None) -> str:
+    t = now or datetime.now(UTC)
+    return t.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def source(service: str, cluster: str) -> str:
+    return f"{PREFIX}/{service}/{cluster}"
+
+
+def object_event(
+    type_: Literal["upserted", "deleted"],
+    *,
+    cluster: str,
+    kind: str,
+    namespace: str,
+    name: str,
+    uid: str,
+    rv: str,
+    snapshot: Snapshot | None,
+    producer: str = "watcher",
+    time: str | None = None,
+) -> Upserted | Deleted:
+    """Build an object event with its id, source, subject and time filled in (for producers and tests)."""
+    full = UPSERTED if type_ == "upserted" else DELETED
+    common: dict[str, Any] = {
+        "id": msg_id(cluster, kind, uid, rv, full),
+        "source": source(producer, cluster),
+        "subject": f"{namespace}/{name}" if namespace else name,
+        "time": time or now_rfc3339(),
+        "cluster": cluster,
+        "kind": kind,
+        "namespace": "" if kind == "Namespace" else namespace,
+        "name": name,
+        "uid": uid,
+        "resource_version": rv,
+    }
+    if type_ == "upserted":
+        if snapshot is None:
+            raise InvalidInput("an upserted event needs a snapshot", f"{kind} {name}")
+        return Upserted(snapshot=snapshot, **common)
+    return Deleted(snapshot=snapshot, **common)
+
+
+def sync_event(
+    *,
+    cluster: str,
+    kind: str,
+    namespace: str,
+    rv: str,
+    present: list[str],
+    producer: str = "watcher",
+    time: str | None = None,
+) -> Sync:
+    """A sync marker for ``kind`` in ``namespace`` (ignored for cluster-scoped kinds: ``_cluster``)."""
+    token = namespace_token(kind, namespace)
+    return Sync(
+        id=msg_id(cluster, kind, sync_uid(token), rv, SYNC),
+        source=source(producer, cluster),
+        subject=token,
+        time=time or now_rfc3339(),
+        cluster=cluster,
+        kind=kind,
+        namespace=token,
+        resource_version=rv,
+        present=sorted(present),
+    )

@@ -1,0 +1,169 @@
+"""The bus helpers against a real nats-server: streams, dedupe, the consumer across a server restart, DLQ."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.bus import Bus, NatsOptions, PullConsumer
+from shared import bus as contract
+from tests.conftest import NatsServer
+
+pytestmark = pytest.mark.integration
+
+
+async def _connect(url: str) -> Bus:
+    return await Bus.connect(NatsOptions(url=url, name="test"), connect_timeout=10)
+
+
+async def test_ensure_streams_is_idempotent_and_updates_limits(nats_url: str) -> None:
+    b = await _connect(nats_url)
+    try:
+        await b.ensure_streams(contract.streams(events_max_age=3600.0))
+        first = await b.js.stream_info(contract.EVENTS_STREAM)
+        await b.ensure_streams(contract.streams(events_max_age=3600.0))
+        again = await b.js.stream_info(contract.EVENTS_STREAM)
+        assert again.state.messages == first.state.messages
+        assert again.config.max_age == first.config.max_age == 3600.0
+        await b.js.publish("vmquota.ev.c1.ns.pod", b"{}")
+        await b.ensure_streams(contract.streams(events_max_age=7200.0))
+        updated = await b.js.stream_info(contract.EVENTS_STREAM)
+        assert updated.config.max_age == 7200.0
+        assert updated.state.messages == 1, "updating limits keeps what is stored"
+        names = {s.config.name for s in await b.js.streams_info()}
+        assert {contract.EVENTS_STREAM, contract.USAGE_STREAM, contract.DECISIONS_STREAM, contract.DLQ_STREAM} <= names
+        usage = await b.js.stream_info(contract.USAGE_STREAM)
+        assert usage.config.max_msgs_per_subject == 1
+        kv1 = await b.ensure_kv(contract.LEDGER_BUCKET)
+        await kv1.put("k", b"v")
+        kv2 = await b.ensure_kv(contract.LEDGER_BUCKET)
+        assert (await kv2.get("k")).value == b"v"
+    finally:
+        await b.close()
+
+
+async def test_publish_with_msg_id_is_deduplicated_by_the_server(nats_url: str) -> None:
+    b = await _connect(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        ev = contract.object_event(
+            "upserted", cluster="c1", kind="Pod", namespace="ns", name="p", uid="u1", rv="5", snapshot={"kind": "Pod"}
+        )
+        subject = contract.event_subject("c1", "Pod", "ns")
+        a1 = await b.publish(subject, contract.encode(ev), msg_id=ev.id)
+        a2 = await b.publish(subject, contract.encode(ev), msg_id=ev.id)
+        assert not a1.duplicate and a2.duplicate and a2.seq == a1.seq
+        items = [(subject, b"x", f"id-{i % 50}") for i in range(200)]
+        stored, dups = await b.publish_many(items, window=64)
+        assert (stored, dups) == (50, 150)
+        info = await b.js.stream_info(contract.EVENTS_STREAM)
+        assert info.state.messages == 51
+    finally:
+        await b.close()
+
+
+async def _collect(consumer: PullConsumer, want: int, out: list[int], deadline: float = 20.0) -> None:
+    async def run() -> None:
+        async for batch in consumer.batches():
+            out.extend(m.metadata.sequence.stream for m in batch)
+            if len(out) >= want:
+                return
+
+    await asyncio.wait_for(run(), deadline)
+
+
+async def test_consumer_reads_in_order_from_start_seq_with_filters(nats_url: str) -> None:
+    b = await _connect(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        await b.publish_many((f"vmquota.ev.c{i % 3}.ns.pod", b"x", None) for i in range(300))
+        c = PullConsumer(
+            b,
+            stream=contract.EVENTS_STREAM,
+            durable="t1",
+            filter_subjects=["vmquota.ev.c0.>", "vmquota.ev.c1.>"],
+            start_seq=31,
+            batch=50,
+            idle=0.2,
+        )
+        seen: list[int] = []
+        await _collect(c, 180, seen)
+        expected = [s for s in range(31, 301) if (s - 1) % 3 != 2]
+        assert seen == expected
+        assert c.next_seq == 300 and c.pending == 0
+        await c.close()
+    finally:
+        await b.close()
+
+
+async def test_consumer_survives_a_server_restart(nats_server: NatsServer) -> None:
+    b = await _connect(nats_server.url)
+    try:
+        await b.ensure_streams(contract.streams())
+        await b.publish_many(("vmquota.ev.c1.ns.pod", b"x", f"a{i}") for i in range(100))
+        c = PullConsumer(
+            b, stream=contract.EVENTS_STREAM, durable="t2", filter_subjects=["vmquota.ev.>"], batch=40, idle=0.2
+        )
+        seen: list[int] = []
+        await _collect(c, 40, seen)
+        assert seen == list(range(1, 41))
+
+        await asyncio.to_thread(nats_server.restart)
+        # After the restart the client reconnects by itself; messages published now must reach the consumer.
+        await b.publish_many(("vmquota.ev.c1.ns.pod", b"x", f"b{i}") for i in range(100))
+        await _collect(c, 200, seen, deadline=30.0)
+        assert seen == list(range(1, 201)), "every message once, in order, across the restart"
+        assert b.epoch >= 1
+        assert c.recreations >= 2
+        await c.close()
+    finally:
+        await b.close()
+
+
+async def test_consumer_recreates_itself_when_deleted(nats_url: str) -> None:
+    b = await _connect(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        await b.publish_many(("vmquota.ev.c1.ns.pod", b"x", None) for _ in range(10))
+        c = PullConsumer(
+            b, stream=contract.EVENTS_STREAM, durable="t3", filter_subjects=["vmquota.ev.>"], batch=10, idle=0.1
+        )
+        seen: list[int] = []
+        await _collect(c, 10, seen)
+        await b.js.delete_consumer(contract.EVENTS_STREAM, "t3")
+        await b.publish_many(("vmquota.ev.c1.ns.pod", b"x", None) for _ in range(5))
+        await _collect(c, 15, seen)
+        assert seen == list(range(1, 16))
+        await c.close()
+    finally:
+        await b.close()
+
+
+async def test_dead_letter_carries_the_original(nats_url: str) -> None:
+    b = await _connect(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        for _ in range(2):  # the same original twice (a replay) is stored once
+            await b.publish_dead_letter(
+                "ledger",
+                "not a JSON event",
+                cluster="c1",
+                original_subject="vmquota.ev.c1.ns.pod",
+                stream=contract.EVENTS_STREAM,
+                stream_seq=7,
+                payload=b"\x00garbage",
+            )
+        info = await b.js.stream_info(contract.DLQ_STREAM)
+        assert info.state.messages == 1
+        msg = await b.js.get_msg(contract.DLQ_STREAM, subject="vmquota.dlq.ledger", seq=None, direct=False)
+        letter = contract.decode_dead_letter(msg.data or b"")
+        assert letter.reason == "not a JSON event"
+        assert (letter.original_subject, letter.stream_seq, letter.payload) == (
+            "vmquota.ev.c1.ns.pod",
+            7,
+            b"\x00garbage",
+        )
+        assert msg.headers is not None and msg.headers["Vmquota-Reason"] == "not a JSON event"
+    finally:
+        await b.close()

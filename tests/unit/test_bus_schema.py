@@ -1,0 +1,188 @@
+"""The bus contract: round-trips, message ids, subjects and validation."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared import bus
+from shared.errors import InvalidInput
+
+labels = st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?\Z", fullmatch=True)
+kinds = st.sampled_from(sorted(bus.KIND_TOKENS))
+rvs = st.integers(min_value=0, max_value=2**62).map(str)
+uids = st.uuids().map(str)
+
+
+def _pod_event(**kw: object) -> bus.Upserted | bus.Deleted:
+    args: dict[str, object] = {
+        "cluster": "east-1",
+        "kind": "Pod",
+        "namespace": "tenant-a",
+        "name": "virt-launcher-vm1-abcde",
+        "uid": "7d3f1a0e-0000-4000-8000-000000000001",
+        "rv": "1042",
+        "snapshot": {"kind": "Pod", "phase": "Running"},
+    }
+    args.update(kw)
+    return bus.object_event("upserted", **args)  # type: ignore[arg-type]
+
+
+@given(cluster=labels, ns=labels, kind=kinds, uid=uids, rv=rvs, deleted=st.booleans())
+def test_object_event_round_trip(cluster: str, ns: str, kind: str, uid: str, rv: str, deleted: bool) -> None:
+    name = ns if kind == "Namespace" else "obj"
+    ev = bus.object_event(
+        "deleted" if deleted else "upserted",
+        cluster=cluster,
+        kind=kind,
+        namespace=ns,
+        name=name,
+        uid=uid,
+        rv=rv,
+        snapshot={"kind": kind, "n": 1},
+        time="2026-01-01T00:00:00.000Z",
+    )
+    back = bus.decode_event(bus.encode(ev))
+    assert back == ev
+    assert type(back) is (bus.Deleted if deleted else bus.Upserted)
+    assert back.id == f"{cluster}/{kind}/{uid}/{rv}/{'deleted' if deleted else 'upserted'}"
+    subject = bus.event_subject(cluster, kind, ns)
+    parsed = bus.parse_event_subject(subject)
+    assert parsed.cluster == cluster and parsed.kind == kind
+    assert parsed.namespace == (bus.CLUSTER_TOKEN if kind in bus.CLUSTER_SCOPED_KINDS else ns)
+
+
+@given(cluster=labels, ns=labels, kind=kinds, rv=rvs, present=st.lists(uids, max_size=5))
+def test_sync_round_trip(cluster: str, ns: str, kind: str, rv: str, present: list[str]) -> None:
+    ev = bus.sync_event(cluster=cluster, kind=kind, namespace=ns, rv=rv, present=present)
+    back = bus.decode_event(bus.encode(ev))
+    assert isinstance(back, bus.Sync) and back == ev
+    assert back.present == sorted(present)
+    token = bus.CLUSTER_TOKEN if kind in bus.CLUSTER_SCOPED_KINDS else ns
+    assert back.namespace == token
+    assert back.id == f"{cluster}/{kind}/ns={token}/{rv}/sync"
+
+
+def test_wire_names_are_camel_case_and_tagged_by_type() -> None:
+    doc = json.loads(bus.encode(_pod_event()))
+    assert doc["type"] == "io.vmquota.event.upserted"
+    assert doc["resourceVersion"] == "1042"
+    assert doc["schema"] == bus.SCHEMA
+    assert "resource_version" not in doc
+
+
+def test_unknown_fields_are_allowed() -> None:
+    doc = json.loads(bus.encode(_pod_event()))
+    doc["addedLater"] = {"x": 1}
+    back = bus.decode_event(json.dumps(doc).encode())
+    assert isinstance(back, bus.Upserted) and back.uid == "7d3f1a0e-0000-4000-8000-000000000001"
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"schema": bus.SCHEMA + 1}, "schema version"),
+        ({"cluster": "East_1"}, "cluster id"),
+        ({"kind": "Secret"}, "unknown kind"),
+        ({"resourceVersion": "abc"}, "resourceVersion"),
+        ({"uid": ""}, "empty uid"),
+        ({"namespace": "Not A Label"}, "namespace"),
+        ({"type": "io.vmquota.event.renamed"}, "type"),
+        ({"snapshot": None}, "snapshot"),
+    ],
+)
+def test_invalid_events_name_the_field(change: dict[str, object], needle: str) -> None:
+    doc = json.loads(bus.encode(_pod_event()))
+    doc.update(change)
+    with pytest.raises(InvalidInput) as e:
+        bus.decode_event(json.dumps(doc).encode())
+    assert needle in str(e.value)
+
+
+def test_not_json_is_invalid_input() -> None:
+    with pytest.raises(InvalidInput, match="not a JSON event"):
+        bus.decode_event(b"\x00garbage")
+
+
+@pytest.mark.parametrize("cluster", ["", "A", "-a", "a-", "a.b", "a" * 64, "a_b", 7])
+def test_cluster_ids_must_be_dns_labels(cluster: object) -> None:
+    with pytest.raises(InvalidInput) as e:
+        bus.check_cluster(cluster)
+    assert e.value.where == "cluster"
+    assert "DNS label" in str(e.value)
+
+
+def test_subjects() -> None:
+    assert bus.event_subject("c1", "VirtualMachineInstance", "ns") == "vmquota.ev.c1.ns.vmi"
+    assert bus.event_subject("c1", "Namespace", "ns") == "vmquota.ev.c1._cluster.namespace"
+    assert bus.event_subject("c1", "KubeVirt", "kubevirt") == "vmquota.ev.c1._cluster.kubevirt"
+    assert bus.usage_subject("c1", "ns") == "vmquota.usage.c1.ns"
+    assert bus.decision_subject("c1", "ns") == "vmquota.quota.c1.ns"
+    assert bus.dlq_subject("ledger") == "vmquota.dlq.ledger"
+    assert bus.events_filter("c1") == "vmquota.ev.c1.>"
+    with pytest.raises(InvalidInput):
+        bus.usage_subject("c1", "a.b")
+    with pytest.raises(InvalidInput):
+        bus.parse_event_subject("vmquota.ev.c1.ns.secret")
+
+
+def test_every_stream_owns_its_subjects() -> None:
+    specs = bus.streams(events_max_age=3600.0)
+    subjects = [s for spec in specs for s in spec.subjects]
+    assert len(subjects) == len(set(subjects))
+    by_name = {s.name: s for s in specs}
+    assert by_name[bus.EVENTS_STREAM].max_age == 3600.0
+    assert by_name[bus.EVENTS_STREAM].duplicate_window <= 3600.0
+    assert by_name[bus.USAGE_STREAM].max_msgs_per_subject == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("30d", 30 * 86400.0), ("1h30m", 5400.0), ("500ms", 0.5), ("90", 90.0), ("2w", 1209600.0)]
+)
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert bus.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "x", "10y", "-5", "5d3", "d"])
+def test_parse_duration_rejects(text: str) -> None:
+    with pytest.raises(InvalidInput):
+        bus.parse_duration(text)
+
+
+def test_usage_decision_and_dead_letter_round_trip() -> None:
+    usage = bus.UsageSnapshot(
+        id="u",
+        source="vmquota/ledger/c1",
+        subject="ns",
+        time="t",
+        cluster="c1",
+        namespace="ns",
+        seq=42,
+        modes={"VirtualResources": bus.ModeUsage(used={"requests.memory": "16Gi"}, pods={}, reserved={"pods": "1"})},
+        vms=[bus.VmState(name="vm1", admitted=False, reason="requests.memory exceeds budget")],
+        migrations=[bus.MigrationState(name="mig", vmi="vm1", phase="Scheduling", reserved={"pods": "1"})],
+    )
+    assert bus.decode_usage(bus.encode(usage)) == usage
+    decision = bus.Decision(
+        id="d", source="s", subject="ns/q", time="t", cluster="c1", namespace="ns", quota="q", mode="VmiPodUsage"
+    )
+    assert bus.decode_decision(bus.encode(decision)) == decision
+    letter = bus.DeadLetter(
+        id="x", source="s", subject="s", time="t", cluster="c1", service="ledger", reason="r", payload=b"\xff\x00"
+    )
+    raw = bus.encode(letter)
+    assert json.loads(raw)["payload"] == "/wA="  # base64 on the wire: any payload survives
+    assert bus.decode_dead_letter(raw) == letter
+    with pytest.raises(InvalidInput):
+        bus.decode_usage(b"{}")
+
+
+def test_structs_are_immutable() -> None:
+    ev = _pod_event()
+    with pytest.raises((AttributeError, TypeError)):
+        ev.uid = "other"  # type: ignore[misc]
+    assert isinstance(ev, msgspec.Struct)

@@ -91,6 +91,16 @@ class VmiSpec:
     dedicated_cpus: bool
     isolate_emulator_thread: bool
     hugepage_size: Quantity | None
+    kind: str = VMI_KIND
+    """``VirtualMachineInstance`` or ``VirtualMachine`` (the object the spec was read from)."""
+    spec_path: str = "spec"
+    """Where the VMI spec sits in that object (``spec.template.spec`` for a VM), for error messages."""
+
+    @property
+    def ref(self) -> str:
+        """``Kind namespace/name`` for error messages."""
+        name = self.name or "<unnamed>"
+        return f"{self.kind} {self.namespace}/{name}" if self.namespace else f"{self.kind} {name}"
 
 
 def vmi_spec(obj: Mapping[str, Any]) -> VmiSpec:
@@ -185,6 +195,8 @@ def _vmi_spec(obj: Mapping[str, Any]) -> VmiSpec:
         dedicated_cpus=dedicated,
         isolate_emulator_thread=isolate,
         hugepage_size=hugepage_size,
+        kind=VM_KIND if kind == VM_KIND else VMI_KIND,
+        spec_path=where,
     )
 
 

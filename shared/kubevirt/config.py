@@ -1,0 +1,371 @@
+"""KubeVirt cluster configuration as the launcher-pod renderer needs it, and the constants of each version family.
+
+:class:`KubeVirtConfig` is built from the KubeVirt CR (:meth:`KubeVirtConfig.from_cr`) or directly; it validates
+its values on construction (``InvalidInput``) and pre-computes what every render would otherwise recompute
+(the version profile, byte constants, parsed support-container resources), so rendering stays cheap.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import lru_cache
+from typing import Any, Final
+
+from shared.errors import InvalidInput
+from shared.quantity import Quantity
+from shared.resources import ResourceList, parse_resource_list
+
+MI: Final = 1024 * 1024
+
+DEFAULT_VERSION: Final = "v1.9"
+AUTO_RESOURCE_LIMITS_GATE: Final = "AutoResourceLimitsGate"
+IMAGE_VOLUME_GATE: Final = "ImageVolume"
+
+# supportContainerResources types (``v1.SupportContainerType``)
+CONTAINER_DISK: Final = "containerDisk"
+VIRTIOFS: Final = "virtiofs"
+GUEST_CONSOLE_LOG: Final = "guest-console-log"
+HOTPLUG_ATTACHMENT: Final = "hotplug-attachment"
+SIDECAR: Final = "sidecar"
+VMEXPORT: Final = "vmexport"
+SUPPORT_CONTAINER_TYPES: Final = frozenset(
+    {CONTAINER_DISK, VIRTIOFS, GUEST_CONSOLE_LOG, HOTPLUG_ATTACHMENT, SIDECAR, VMEXPORT}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class VersionProfile:
+    """What differs between KubeVirt version families, as far as launcher-pod resources go."""
+
+    name: str
+    """``v1.0-v1.4``, ``v1.5``, ``v1.6-v1.9`` or ``main``."""
+    minor: int
+    """The minor version (``main`` counts as 99)."""
+    fixed_overhead: int
+    """virt-launcher-monitor + virt-launcher + virtlogd + virtqemud + qemu, in bytes."""
+    video_overhead: int
+    """Video RAM, in bytes (unless ``autoattachGraphicsDevice: false``)."""
+    reserved_overhead: bool
+    """``spec.domain.memory.reservedOverhead.addedOverhead`` is added (v1.8+)."""
+    memory_request_at_admission: bool
+    """The VMI admission webhook writes ``requests.memory`` (from ``limits.memory``, else guest x 100 /
+    memoryOvercommit) into the VMI, so the page-table term and the Guaranteed-QoS test see it (v1.0-v1.5).
+    Later the launcher renderer derives it and the VMI keeps no memory request."""
+    auto_limits: str
+    """When a ResourceQuota with ``limits.*`` triggers automatic limits: ``never`` (v1.0), ``gate``
+    (AutoResourceLimitsGate, v1.1-v1.4) or ``always`` (v1.5+)."""
+    serial_console_log: bool
+    """The ``guest-console-log`` container exists (v1.1+)."""
+
+
+_MAJOR_MINOR_RE: Final = re.compile(r"^v?1\.(\d+)(?:\.\d+(?:[-+][0-9A-Za-z.+-]*)?)?$")
+
+
+def _family(minor: int) -> VersionProfile:
+    if minor <= 4:
+        return VersionProfile(
+            name="v1.0-v1.4",
+            minor=minor,
+            fixed_overhead=(25 + 100 + 20 + 35 + 30) * MI,
+            video_overhead=16 * MI,
+            reserved_overhead=False,
+            memory_request_at_admission=True,
+            auto_limits="never" if minor == 0 else "gate",
+            serial_console_log=minor >= 1,
+        )
+    if minor == 5:
+        return VersionProfile("v1.5", 5, (25 + 100 + 25 + 40 + 30) * MI, 16 * MI, False, True, "always", True)
+    return VersionProfile(
+        name="v1.6-v1.9" if minor <= 9 else "main",
+        minor=minor,
+        fixed_overhead=(25 + 100 + 25 + 40 + (30 if minor <= 9 else 50)) * MI,
+        video_overhead=32 * MI,
+        reserved_overhead=minor >= 8,
+        memory_request_at_admission=False,
+        auto_limits="always",
+        serial_console_log=True,
+    )
+
+
+@lru_cache(maxsize=64)
+def profile(version: str) -> VersionProfile:
+    """The profile of a KubeVirt version: ``v1.0`` .. ``v1.9`` (also ``1.3``, ``v1.9.2``, ``v1.6.0-rc.1``) or
+    ``main``. Anything else is :class:`InvalidInput`."""
+    if not isinstance(version, str):
+        raise InvalidInput(f"expected a version string, got {type(version).__name__}", "version")
+    v = version.strip()
+    if v == "main":
+        return _family(99)
+    m = _MAJOR_MINOR_RE.match(v)
+    if m is None or int(m.group(1)) > 9:
+        raise InvalidInput(f"unsupported KubeVirt version {version!r} (expected v1.0 .. v1.9 or main)", "version")
+    return _family(int(m.group(1)))
+
+
+# ---- label selectors (metav1.LabelSelector) --------------------------------------------------------------------
+
+_SELECTOR_OPS: Final = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
+
+
+def validate_label_selector(sel: object, where: str) -> Mapping[str, Any]:
+    if not isinstance(sel, Mapping):
+        raise InvalidInput(f"expected a label selector object, got {type(sel).__name__}", where)
+    ml = sel.get("matchLabels") or {}
+    if not isinstance(ml, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in ml.items()):
+        raise InvalidInput("expected a map of strings", f"{where}.matchLabels")
+    exprs = sel.get("matchExpressions") or []
+    if not isinstance(exprs, list):
+        raise InvalidInput("expected a list", f"{where}.matchExpressions")
+    for i, e in enumerate(exprs):
+        ew = f"{where}.matchExpressions[{i}]"
+        if not isinstance(e, Mapping) or not isinstance(e.get("key"), str):
+            raise InvalidInput("expected {key, operator, values}", ew)
+        op = e.get("operator")
+        if op not in _SELECTOR_OPS:
+            raise InvalidInput(f"unknown operator {op!r} (expected In, NotIn, Exists, DoesNotExist)", f"{ew}.operator")
+        values = e.get("values") or []
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise InvalidInput("expected a list of strings", f"{ew}.values")
+        if op in ("In", "NotIn") and not values:
+            raise InvalidInput(f"operator {op} needs values", f"{ew}.values")
+        if op in ("Exists", "DoesNotExist") and values:
+            raise InvalidInput(f"operator {op} takes no values", f"{ew}.values")
+    return sel
+
+
+def selector_matches(sel: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """Whether ``labels`` match a (validated) label selector; an empty selector matches everything."""
+    for k, v in (sel.get("matchLabels") or {}).items():
+        if labels.get(k) != v:
+            return False
+    for e in sel.get("matchExpressions") or []:
+        key, op, values = e["key"], e["operator"], e.get("values") or []
+        present = key in labels
+        if op == "In" and (not present or labels[key] not in values):
+            return False
+        if op == "NotIn" and present and labels[key] in values:
+            return False
+        if op == "Exists" and not present:
+            return False
+        if op == "DoesNotExist" and present:
+            return False
+    return True
+
+
+# ---- numbers as Go parses them ---------------------------------------------------------------------------------
+
+_GO_FLOAT_RE: Final = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$")
+
+
+def parse_go_float(text: object) -> float | None:
+    """A finite decimal float as ``strconv.ParseFloat`` reads it, or None (no spaces, underscores, inf or nan)."""
+    if not isinstance(text, str) or not _GO_FLOAT_RE.match(text):
+        return None
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+def _overhead_ratio(raw: object, where: str) -> str | None:
+    if raw is None or raw == "":
+        return None
+    if not isinstance(raw, str):
+        raise InvalidInput(f'expected a string such as "1.5", got {raw!r}', where)
+    value = parse_go_float(raw)
+    if value is None or value < 1.0:
+        raise InvalidInput(f"{raw!r} is not a number >= 1.0", where)
+    return raw
+
+
+def _positive_ratio(raw: object, where: str) -> Fraction:
+    if isinstance(raw, bool):
+        raise InvalidInput(f"expected a number, got {raw!r}", where)
+    try:
+        if isinstance(raw, (int, Fraction)):
+            value = Fraction(raw)
+        elif isinstance(raw, (float, str)):
+            value = Fraction(str(raw).strip())
+        else:
+            raise ValueError
+    except (ValueError, ZeroDivisionError):
+        raise InvalidInput(f"expected a number, got {raw!r}", where) from None
+    if value <= 0:
+        raise InvalidInput(f"must be greater than 0, got {raw!r}", where)
+    return value
+
+
+def _overcommit(raw: object, where: str) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise InvalidInput(f"expected a whole percentage, got {raw!r}", where)
+    if raw <= 0:
+        raise InvalidInput(f"must be greater than 0, got {raw}", where)
+    return raw
+
+
+# ---- the configuration ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KubeVirtConfig:
+    """The KubeVirt CR settings that shape launcher pods. Validated on construction."""
+
+    version: str = DEFAULT_VERSION
+    arch: str = "amd64"
+    cpu_allocation_ratio: Fraction = Fraction(10)
+    memory_overcommit: int = 100
+    additional_guest_memory_overhead_ratio: str | None = None
+    auto_cpu_limit_namespace_label_selector: Mapping[str, Any] | None = None
+    feature_gates: frozenset[str] = frozenset()
+    support_container_resources: Mapping[str, tuple[ResourceList, ResourceList]] = field(default_factory=dict)
+    """``supportContainerResources`` by type: (requests, limits) that replace the defaults per resource."""
+    network_binding_memory: Mapping[str, Quantity] = field(default_factory=dict)
+    """``network.binding.<plugin>.computeResourceOverhead.requests.memory`` of each registered plugin."""
+    network_binding_sidecars: frozenset[str] = frozenset()
+    """Registered binding plugins that run a sidecar (``sidecarImage`` set)."""
+    cpu_request: Quantity | None = None
+    """``spec.configuration.cpuRequest``: default CPU request of VMIs when it is not the built-in 100m."""
+    disable_serial_console_log: bool = False
+    """``virtualMachineOptions.disableSerialConsoleLog`` is set."""
+
+    # derived once, per config (not part of equality)
+    profile: VersionProfile = field(init=False, compare=False, repr=False)
+    overhead_ratio: float | None = field(init=False, compare=False, repr=False)
+    auto_limits_from_quota: bool = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        setattr_ = object.__setattr__
+        setattr_(self, "profile", profile(self.version))
+        if self.arch not in ("amd64", "arm64", "s390x", "ppc64le"):
+            raise InvalidInput(f"unsupported architecture {self.arch!r} (expected amd64 or arm64)", "arch")
+        setattr_(self, "cpu_allocation_ratio", _positive_ratio(self.cpu_allocation_ratio, "cpuAllocationRatio"))
+        _overcommit(self.memory_overcommit, "memoryOvercommit")
+        ratio = _overhead_ratio(self.additional_guest_memory_overhead_ratio, "additionalGuestMemoryOverheadRatio")
+        setattr_(self, "overhead_ratio", None if ratio is None else float(ratio))
+        if self.auto_cpu_limit_namespace_label_selector is not None:
+            validate_label_selector(self.auto_cpu_limit_namespace_label_selector, "autoCPULimitNamespaceLabelSelector")
+        setattr_(self, "feature_gates", frozenset(self.feature_gates))
+        mode = self.profile.auto_limits
+        setattr_(
+            self,
+            "auto_limits_from_quota",
+            mode == "always" or (mode == "gate" and AUTO_RESOURCE_LIMITS_GATE in self.feature_gates),
+        )
+
+    @property
+    def image_volume(self) -> bool:
+        """containerDisks are mounted as image volumes (no ``volume<name>`` containers)."""
+        return IMAGE_VOLUME_GATE in self.feature_gates and self.profile.minor >= 6
+
+    @classmethod
+    def from_cr(cls, kubevirt_cr: Mapping[str, Any], *, version: str | None = None) -> KubeVirtConfig:
+        """Read a KubeVirt CR. ``version`` wins over ``status.observedKubeVirtVersion`` (default v1.9)."""
+        if not isinstance(kubevirt_cr, Mapping):
+            raise InvalidInput(f"expected a KubeVirt object, got {type(kubevirt_cr).__name__}")
+        try:
+            return cls(**config_fields_from_cr(kubevirt_cr, version=version))
+        except InvalidInput as e:
+            meta = kubevirt_cr.get("metadata")
+            name = meta.get("name") if isinstance(meta, Mapping) else None
+            raise e.at(f"KubeVirt {name or '<unnamed>'}") from None
+
+
+def _obj(parent: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
+    v = parent.get(key)
+    if v is None:
+        return {}
+    if not isinstance(v, Mapping):
+        raise InvalidInput(f"expected an object, got {type(v).__name__}", f"{where}.{key}")
+    return v
+
+
+def config_fields_from_cr(kubevirt_cr: Mapping[str, Any], *, version: str | None = None) -> dict[str, Any]:
+    """The keyword arguments of :class:`KubeVirtConfig` that a KubeVirt CR sets (for callers that override some)."""
+    out: dict[str, Any] = {}
+    status = _obj(kubevirt_cr, "status", "")
+    observed = status.get("observedKubeVirtVersion")
+    if version is not None:
+        out["version"] = version
+    elif observed:
+        if not isinstance(observed, str):
+            raise InvalidInput(f"expected a string, got {observed!r}", "status.observedKubeVirtVersion")
+        try:
+            profile(observed)
+        except InvalidInput as e:
+            raise InvalidInput(e.message, "status.observedKubeVirtVersion") from None
+        out["version"] = observed
+    spec = _obj(kubevirt_cr, "spec", "")
+    conf = _obj(spec, "configuration", "spec")
+    cw = "spec.configuration"
+    dev = _obj(conf, "developerConfiguration", cw)
+    dw = f"{cw}.developerConfiguration"
+    if dev.get("cpuAllocationRatio") is not None:
+        out["cpu_allocation_ratio"] = _positive_ratio(dev["cpuAllocationRatio"], f"{dw}.cpuAllocationRatio")
+    if dev.get("memoryOvercommit") is not None:
+        out["memory_overcommit"] = _overcommit(dev["memoryOvercommit"], f"{dw}.memoryOvercommit")
+    gates = dev.get("featureGates")
+    if gates is not None:
+        if not isinstance(gates, list) or not all(isinstance(g, str) for g in gates):
+            raise InvalidInput("expected a list of strings", f"{dw}.featureGates")
+        out["feature_gates"] = frozenset(gates)
+    if conf.get("additionalGuestMemoryOverheadRatio") is not None:
+        raw = conf["additionalGuestMemoryOverheadRatio"]
+        out["additional_guest_memory_overhead_ratio"] = _overhead_ratio(raw, f"{cw}.additionalGuestMemoryOverheadRatio")
+    if conf.get("autoCPULimitNamespaceLabelSelector") is not None:
+        sel = conf["autoCPULimitNamespaceLabelSelector"]
+        out["auto_cpu_limit_namespace_label_selector"] = validate_label_selector(
+            sel, f"{cw}.autoCPULimitNamespaceLabelSelector"
+        )
+    if conf.get("cpuRequest") is not None:
+        try:
+            out["cpu_request"] = Quantity.parse(conf["cpuRequest"])
+        except InvalidInput as e:
+            raise e.at(f"{cw}.cpuRequest") from None
+    vmo = _obj(conf, "virtualMachineOptions", cw)
+    if vmo.get("disableSerialConsoleLog") is not None:
+        out["disable_serial_console_log"] = True
+    arch = conf.get("architectureConfiguration")
+    if isinstance(arch, Mapping) and isinstance(arch.get("defaultArchitecture"), str):
+        out["arch"] = arch["defaultArchitecture"]
+    out.update(_support_containers(conf.get("supportContainerResources"), f"{cw}.supportContainerResources"))
+    out.update(_bindings(_obj(_obj(conf, "network", cw), "binding", f"{cw}.network"), f"{cw}.network.binding"))
+    return out
+
+
+def _support_containers(raw: object, where: str) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, list):
+        raise InvalidInput("expected a list", where)
+    table: dict[str, tuple[ResourceList, ResourceList]] = {}
+    for i, item in enumerate(raw):
+        iw = f"{where}[{i}]"
+        if not isinstance(item, Mapping):
+            raise InvalidInput("expected {type, resources}", iw)
+        kind = item.get("type")
+        if kind not in SUPPORT_CONTAINER_TYPES:
+            raise InvalidInput(f"unknown support container type {kind!r}", f"{iw}.type")
+        res = _obj(item, "resources", iw)
+        table[kind] = (
+            parse_resource_list(res.get("requests"), f"{iw}.resources.requests"),
+            parse_resource_list(res.get("limits"), f"{iw}.resources.limits"),
+        )
+    return {"support_container_resources": table}
+
+
+def _bindings(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
+    memory: dict[str, Quantity] = {}
+    sidecars: set[str] = set()
+    for name, plugin in raw.items():
+        pw = f"{where}.{name}"
+        if not isinstance(plugin, Mapping):
+            raise InvalidInput("expected an object", pw)
+        if plugin.get("sidecarImage"):
+            sidecars.add(str(name))
+        overhead = _obj(plugin, "computeResourceOverhead", pw)
+        requests = parse_resource_list(overhead.get("requests"), f"{pw}.computeResourceOverhead.requests")
+        if "memory" in requests:
+            memory[str(name)] = requests["memory"]
+    return {"network_binding_memory": memory, "network_binding_sidecars": frozenset(sidecars)} if raw else {}

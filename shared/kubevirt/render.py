@@ -1,0 +1,431 @@
+"""The launcher pod KubeVirt's virt-controller would create for a VMI: per-container requests/limits, pod totals
+(by :func:`shared.podusage.pod_totals`) and the memory overhead.
+
+Model (``pkg/virt-controller/services/renderresources.go`` and ``template.go``): the compute container starts from
+the VMI's own ``resources`` (after admission defaults) and computed values; the VMI's explicit values win over
+computed ones; memory overhead is added to the memory request (unless ``overcommitGuestOverhead``) and to any
+memory limit. Support containers (containerDisks, guest-console-log, virtiofs, hook sidecars) have fixed sizes,
+changed by ``supportContainerResources`` and raised to their limits under dedicated CPUs / Guaranteed QoS.
+Version differences live in :class:`~shared.kubevirt.config.VersionProfile`. ``docs/rendering.md`` has the
+decisions where the reference leaves room.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from fractions import Fraction
+from functools import lru_cache
+from typing import Any, Final
+
+from shared.errors import InvalidInput
+from shared.kubevirt.config import (
+    CONTAINER_DISK,
+    GUEST_CONSOLE_LOG,
+    SIDECAR,
+    VIRTIOFS,
+    KubeVirtConfig,
+    parse_go_float,
+    selector_matches,
+)
+from shared.kubevirt.overhead import (
+    admitted_requests,
+    bool_at,
+    devices_of,
+    items_at,
+    memory_of,
+    obj_at,
+    overhead_nanos,
+    wants_guaranteed_qos,
+)
+from shared.kubevirt.types import COMPUTE, NamespaceFacts, RenderedPod
+from shared.podusage import ContainerSpec, pod_totals
+from shared.quantity import ZERO, Format, Quantity
+from shared.resources import ResourceList
+from shared.vmi import VmiSpec, vmi_spec
+
+MEMORY_OVERHEAD_ANNOTATION: Final = "kubevirt.io/memory-overhead-bytes"
+AUTO_MEMORY_LIMITS_RATIO_LABEL: Final = "alpha.kubevirt.io/auto-memory-limits-ratio"
+EMULATOR_THREAD_EVEN_PARITY_ANNOTATION: Final = "alpha.kubevirt.io/EmulatorThreadCompleteToEvenParity"
+HOOK_SIDECARS_ANNOTATION: Final = "hooks.kubevirt.io/hookSidecars"
+DEFAULT_MEMORY_LIMITS_RATIO: Final = 2.0
+
+_Q = Quantity.parse
+_EPHEMERAL: Final = _Q("50M")
+_ONE: Final = _Q("1")
+
+# (requests, limits) of the support containers; "guaranteed" is the variant under dedicated CPUs / Guaranteed QoS
+_DISK_REQ: Final = {"cpu": _Q("1m"), "memory": _Q("1M")}
+_DISK_LIM: Final = {"cpu": _Q("10m"), "memory": _Q("40M")}
+_BINARY_REQ: Final = {"cpu": _Q("10m"), "memory": _Q("1M")}
+_BINARY_LIM: Final = {"cpu": _Q("100m"), "memory": _Q("40M")}
+_BINARY_GUARANTEED: Final = {"cpu": _Q("10m"), "memory": _Q("40M")}
+_CONSOLE_REQ: Final = {"cpu": _Q("5m"), "memory": _Q("35M")}
+_CONSOLE_LIM: Final = {"cpu": _Q("15m"), "memory": _Q("60M")}
+_VIRTIOFS_REQ: Final = {"cpu": _Q("10m"), "memory": _Q("1M")}
+_VIRTIOFS_LIM: Final = {"cpu": _Q("100m"), "memory": _Q("80M")}
+_SIDECAR_GUARANTEED: Final = {"cpu": _Q("200m"), "memory": _Q("64M")}
+_CPU_MEM: Final = ("cpu", "memory")
+
+
+def _over(base: Mapping[str, Quantity], override: Mapping[str, Quantity]) -> ResourceList:
+    """``base`` with cpu/memory replaced by ``override`` (``supportContainerResources`` sets only those two)."""
+    out = dict(base)
+    for k in _CPU_MEM:
+        if k in override:
+            out[k] = override[k]
+    return out
+
+
+def _container(
+    name: str, requests: ResourceList, limits: ResourceList, *, init: bool = False, restartable: bool = False
+) -> ContainerSpec:
+    # API-server defaulting: a resource with a limit and no request is requested at its limit
+    for k, v in limits.items():
+        if k not in requests:
+            requests[k] = v
+    return ContainerSpec(name=name, requests=requests, limits=limits, init=init, restartable=restartable)
+
+
+# ---- CPU ---------------------------------------------------------------------------------------------------------
+
+
+def _go_g(x: float) -> str | None:
+    r = repr(x)
+    return None if ("e" in r or "n" in r) else r
+
+
+@lru_cache(maxsize=1024)
+def cpu_request(vcpus: int, ratio: Fraction) -> Quantity:
+    """``vCPUs / cpuAllocationRatio`` as virt-controller writes it: float64 division printed with ``%g``, in
+    millicores below one core (``fmt.Sprintf("%gm", val*1000)``), then parsed as a quantity."""
+    val = vcpus / float(ratio)
+    text = _go_g(val * 1000) if val < 1 else _go_g(val)
+    if text is None:  # exponent notation: not reachable with real sizes; fall back to the exact value
+        return Quantity.from_fraction(Fraction(vcpus) / ratio)
+    return Quantity.parse(text + "m" if val < 1 else text)
+
+
+@lru_cache(maxsize=1024)
+def _cpus(n: int, fmt: Format = Format.DECIMAL_SI) -> Quantity:
+    return Quantity.from_int(n, fmt)
+
+
+def _auto_cpu_limits(vmi: VmiSpec, config: KubeVirtConfig, ns: NamespaceFacts) -> bool:
+    if "cpu" in vmi.limits:
+        return False
+    if config.auto_limits_from_quota and ns.quota_has_limits_cpu:
+        return True
+    sel = config.auto_cpu_limit_namespace_label_selector
+    return sel is not None and selector_matches(sel, ns.labels)
+
+
+def memory_limits_ratio(labels: Mapping[str, str]) -> float:
+    """The namespace's ``alpha.kubevirt.io/auto-memory-limits-ratio`` (a float >= 1), else 2.0."""
+    raw = labels.get(AUTO_MEMORY_LIMITS_RATIO_LABEL)
+    if raw is None:
+        return DEFAULT_MEMORY_LIMITS_RATIO
+    value = parse_go_float(raw)
+    return value if value is not None and value >= 1.0 else DEFAULT_MEMORY_LIMITS_RATIO
+
+
+# ---- the compute container -----------------------------------------------------------------------------------------
+
+
+def _compute(
+    vmi: VmiSpec,
+    config: KubeVirtConfig,
+    ns: NamespaceFacts,
+    vm_req: ResourceList,
+    overhead: Quantity,
+) -> ContainerSpec:
+    vm_lim: ResourceList = dict(vmi.limits)
+    calc_req: ResourceList = {}
+    calc_lim: ResourceList = {}
+
+    # ephemeral storage for KubeVirt's own files
+    vm_req["ephemeral-storage"] = vm_req.get("ephemeral-storage", ZERO) + _EPHEMERAL
+    if "ephemeral-storage" in vm_lim:
+        vm_lim["ephemeral-storage"] = vm_lim["ephemeral-storage"] + _EPHEMERAL
+
+    # memory request from limit / guest / hugepage size (v1.6+: here; before: the admission webhook did it)
+    mem_req = vm_req.get("memory")
+    hugepages = vmi.hugepage_size is not None
+    if mem_req is None or mem_req.nanos == 0:
+        lim = vm_lim.get("memory")
+        if lim is not None and lim.nanos != 0:
+            vm_req["memory"] = lim
+        elif mem_req is None and vmi.guest_memory is not None and vmi.guest_memory.nanos > 0:
+            guest = vmi.guest_memory
+            oc = config.memory_overcommit
+            if oc == 100 or hugepages or vmi.dedicated_cpus:
+                vm_req["memory"] = guest
+            else:
+                vm_req["memory"] = Quantity.from_int(guest.ceil() * 100 // oc, guest.format)
+
+    # CPU
+    if vmi.dedicated_cpus:
+        total = vmi.vcpus
+        vm_lim["cpu"] = vm_req["cpu"] = _cpus(total, Format.BINARY_SI)
+        if vmi.isolate_emulator_thread:
+            extra = 1
+            if (
+                EMULATOR_THREAD_EVEN_PARITY_ANNOTATION in vmi.annotations
+                and (total + vmi.vcpus - vmi.topology.vcpus) % 2 == 0
+            ):
+                extra = 2
+            vm_lim["cpu"] = vm_req["cpu"] = _cpus(total + extra, Format.BINARY_SI)
+        if "memory" in vm_req:
+            vm_lim["memory"] = vm_req["memory"]
+    else:
+        calc_req["cpu"] = cpu_request(vmi.vcpus, config.cpu_allocation_ratio)
+        if _auto_cpu_limits(vmi, config, ns):
+            calc_lim["cpu"] = _cpus(vmi.vcpus)
+
+    # memory: hugepages carry the guest RAM, the memory request only the overhead (and any request above guest)
+    if hugepages:
+        page_size = memory_of(vmi).get("hugepages", {}).get("pageSize")
+        name = f"hugepages-{page_size}"
+        hp_guest = vmi.guest_memory  # memory.guest after the admission default
+        hp_req = vm_req.get("memory", ZERO)
+        calc_req[name] = calc_lim[name] = hp_guest if hp_guest is not None and hp_req > hp_guest else hp_req
+        req_diff = Quantity(0, Format.DECIMAL_SI)
+        lim_diff = Quantity(0, Format.DECIMAL_SI)
+        if hp_guest is not None:
+            if hp_req > hp_guest:
+                req_diff = req_diff + hp_req - hp_guest
+            hp_lim = vm_lim.get("memory", ZERO)
+            if hp_lim > hp_guest:
+                lim_diff = lim_diff + hp_lim - hp_guest
+        vm_req["memory"] = req_diff + overhead
+        if "memory" in vm_lim:
+            vm_lim["memory"] = lim_diff + overhead
+    else:
+        if not _overcommit_guest_overhead(vmi):
+            vm_req["memory"] = vm_req.get("memory", ZERO) + overhead
+        else:
+            vm_req["memory"] = vm_req.get("memory", ZERO)
+        if "memory" in vm_lim:
+            vm_lim["memory"] = vm_lim["memory"] + overhead
+
+    # automatic memory limit: some quota has limits.memory and the VMI sets no memory limit
+    if config.auto_limits_from_quota and ns.quota_has_limits_memory and "memory" not in vmi.limits:
+        req = vm_req.get("memory", ZERO)
+        value = int(float(req.ceil()) * memory_limits_ratio(ns.labels))
+        calc_lim["memory"] = Quantity.from_int(value, req.format)
+
+    # device-plugin resources: one per GPU / host device with a deviceName
+    devices = devices_of(vmi)
+    dw = f"{vmi.spec_path}.domain.devices"
+    for key in ("gpus", "hostDevices"):
+        for dev in items_at(devices, key, dw):
+            dname = dev.get("deviceName")
+            if isinstance(dname, str) and dname and dev.get("claimRequest") is None:
+                calc_req[dname] = calc_req.get(dname, ZERO) + _ONE
+                calc_lim[dname] = calc_lim.get(dname, ZERO) + _ONE
+
+    calc_req.update(vm_req)
+    calc_lim.update(vm_lim)
+    return _container(COMPUTE, calc_req, calc_lim)
+
+
+def _overcommit_guest_overhead(vmi: VmiSpec) -> bool:
+    res = obj_at(vmi.domain, "resources", f"{vmi.spec_path}.domain")
+    return bool_at(res, "overcommitGuestOverhead", f"{vmi.spec_path}.domain.resources") is True
+
+
+# ---- support containers -----------------------------------------------------------------------------------------
+
+
+def _support(config: KubeVirtConfig, kind: str) -> tuple[Mapping[str, Quantity], Mapping[str, Quantity]]:
+    return config.support_container_resources.get(kind, ({}, {}))
+
+
+def _support_containers(
+    vmi: VmiSpec, config: KubeVirtConfig, guaranteed: bool
+) -> tuple[list[ContainerSpec], list[ContainerSpec]]:
+    """(init containers, containers) besides ``compute``, in pod order."""
+    inits: list[ContainerSpec] = []
+    containers: list[ContainerSpec] = []
+    sw = vmi.spec_path
+    devices = devices_of(vmi)
+    dw = f"{sw}.domain.devices"
+
+    # guest-console-log: a restartable init container (sidecar)
+    if config.profile.serial_console_log and _serial_console_log(vmi, devices, config, dw):
+        o_req, o_lim = _support(config, GUEST_CONSOLE_LOG)
+        lim = _over(_CONSOLE_LIM, o_lim)
+        req = dict(lim) if guaranteed else _over(_CONSOLE_REQ, o_req)
+        inits.append(_container("guest-console-log", req, lim, init=True, restartable=True))
+
+    # containerDisks: one container per volume (+ a pre-pull init container), and the container-disk binary copier
+    disk_volumes = [
+        _volume_name(v, i, sw)
+        for i, v in enumerate(items_at(vmi.spec, "volumes", sw))
+        if v.get("containerDisk") is not None
+    ]
+    kernel_boot = _kernel_boot_image(vmi)
+    if kernel_boot:
+        disk_volumes.append("kernel-boot-volume")
+    if disk_volumes and not config.image_volume:
+        o_req, o_lim = _support(config, CONTAINER_DISK)
+        disk_lim = _over(_DISK_LIM, o_lim)
+        disk_req = _over(_DISK_REQ, o_req)
+        if guaranteed:
+            disk_req = _over(disk_req, disk_lim)
+        disk_req["ephemeral-storage"] = _EPHEMERAL
+        if guaranteed:
+            b = _over(_BINARY_GUARANTEED, o_lim)
+            inits.append(_container("container-disk-binary", dict(b), dict(b), init=True))
+        else:
+            inits.append(
+                _container("container-disk-binary", _over(_BINARY_REQ, o_req), _over(_BINARY_LIM, o_lim), init=True)
+            )
+        for vol in disk_volumes:
+            inits.append(_container(f"volume{vol}-init", dict(disk_req), dict(disk_lim), init=True))
+        for vol in disk_volumes:
+            containers.append(_container(f"volume{vol}", dict(disk_req), dict(disk_lim)))
+
+    # virtiofs: one container per volume shared as a filesystem
+    fs_names = {f.get("name") for f in items_at(devices, "filesystems", dw)}
+    if fs_names:
+        o_req, o_lim = _support(config, VIRTIOFS)
+        lim = _over(_VIRTIOFS_LIM, o_lim)
+        req = _over(_VIRTIOFS_REQ, o_req)
+        if vmi.dedicated_cpus or guaranteed:
+            req["cpu"] = lim["cpu"]
+            req["memory"] = lim["memory"]
+        for v in items_at(vmi.spec, "volumes", sw):
+            if v.get("name") in fs_names:
+                containers.append(_container(f"virtiofs-{v['name']}", dict(req), dict(lim)))
+
+    # hook sidecars (annotation) and network binding plugins that run a sidecar
+    n_sidecars = _hook_sidecar_count(vmi) + _binding_sidecar_count(vmi, devices, config, dw)
+    if n_sidecars:
+        o_req, o_lim = _support(config, SIDECAR)
+        if guaranteed:
+            lim = _over(_SIDECAR_GUARANTEED, o_lim)
+            req = dict(lim)
+        else:
+            lim = _over({}, o_lim)
+            req = _over({}, o_req)
+        for i in range(n_sidecars):
+            containers.append(_container(f"hook-sidecar-{i}", dict(req), dict(lim)))
+    return inits, containers
+
+
+def _volume_name(volume: Mapping[str, Any], index: int, where: str) -> str:
+    name = volume.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidInput("a volume needs a name", f"{where}.volumes[{index}].name")
+    return name
+
+
+def _serial_console_log(vmi: VmiSpec, devices: Mapping[str, Any], config: KubeVirtConfig, dw: str) -> bool:
+    if bool_at(devices, "autoattachSerialConsole", dw) is False:
+        return False
+    explicit = bool_at(devices, "logSerialConsole", dw)
+    if explicit is not None:
+        return explicit
+    return not config.disable_serial_console_log
+
+
+def _kernel_boot_image(vmi: VmiSpec) -> bool:
+    fw = obj_at(vmi.domain, "firmware", f"{vmi.spec_path}.domain")
+    kb = obj_at(fw, "kernelBoot", f"{vmi.spec_path}.domain.firmware")
+    ct = obj_at(kb, "container", f"{vmi.spec_path}.domain.firmware.kernelBoot")
+    return bool(ct.get("image"))
+
+
+def _hook_sidecar_count(vmi: VmiSpec) -> int:
+    raw = vmi.annotations.get(HOOK_SIDECARS_ANNOTATION)
+    if not raw:
+        return 0
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise InvalidInput("is not valid JSON", f"metadata.annotations.{HOOK_SIDECARS_ANNOTATION}") from None
+    if not isinstance(value, list):
+        raise InvalidInput("expected a JSON list of sidecars", f"metadata.annotations.{HOOK_SIDECARS_ANNOTATION}")
+    return len(value)
+
+
+def _binding_sidecar_count(vmi: VmiSpec, devices: Mapping[str, Any], config: KubeVirtConfig, dw: str) -> int:
+    if not config.network_binding_sidecars:
+        return 0
+    used: set[str] = set()
+    for i, iface in enumerate(items_at(devices, "interfaces", dw)):
+        name = obj_at(iface, "binding", f"{dw}.interfaces[{i}]").get("name")
+        if name in config.network_binding_sidecars:
+            used.add(name)
+    return len(used)
+
+
+# ---- the pod -----------------------------------------------------------------------------------------------------
+
+
+def published_overhead(obj: Mapping[str, Any]) -> Quantity | None:
+    """``status.memory.memoryOverhead`` of a VMI, when KubeVirt published it."""
+    status = obj.get("status")
+    if not isinstance(status, Mapping):
+        return None
+    mem = status.get("memory")
+    if not isinstance(mem, Mapping) or mem.get("memoryOverhead") is None:
+        return None
+    try:
+        return Quantity.parse(mem["memoryOverhead"])
+    except InvalidInput as e:
+        raise e.at("status.memory.memoryOverhead") from None
+
+
+def render_launcher_pod(
+    vmi: Mapping[str, Any] | VmiSpec, config: KubeVirtConfig, namespace: NamespaceFacts
+) -> RenderedPod:
+    """The launcher pod of a VMI (or of a VM's template). Raises :class:`InvalidInput` naming the object and field.
+
+    When the VMI object carries ``status.memory.memoryOverhead`` (KubeVirt published the exact figure), that
+    overhead is used instead of the computed one."""
+    published: Quantity | None = None
+    if isinstance(vmi, VmiSpec):
+        spec = vmi
+    else:
+        spec = vmi_spec(vmi)
+        if spec.kind != "VirtualMachine":
+            try:
+                published = published_overhead(vmi)
+            except InvalidInput as e:
+                raise e.at(spec.ref) from None
+    try:
+        return _render(spec, config, namespace, published)
+    except InvalidInput as e:
+        raise e.at(spec.ref) from None
+
+
+def _render(vmi: VmiSpec, config: KubeVirtConfig, ns: NamespaceFacts, published: Quantity | None) -> RenderedPod:
+    if vmi.guest_memory is None and "memory" not in vmi.requests and "memory" not in vmi.limits:
+        raise InvalidInput(
+            "no memory size: set memory.guest, resources.requests.memory or resources.limits.memory",
+            f"{vmi.spec_path}.domain.memory.guest",
+        )
+    if vmi.hugepage_size is not None and not isinstance(memory_of(vmi).get("hugepages", {}).get("pageSize"), str):
+        raise InvalidInput(
+            "expected a page size such as 2Mi or 1Gi", f"{vmi.spec_path}.domain.memory.hugepages.pageSize"
+        )
+    vm_req = admitted_requests(vmi, config)
+    guaranteed = wants_guaranteed_qos(vm_req, vmi.limits)
+    if published is not None:
+        overhead = published
+    else:
+        nanos, fmt = overhead_nanos(vmi, config, vm_req.get("memory"), guaranteed)
+        overhead = Quantity(nanos, fmt)
+    compute = _compute(vmi, config, ns, vm_req, overhead)
+    inits, others = _support_containers(vmi, config, vmi.dedicated_cpus or guaranteed)
+    containers = (*inits, compute, *others)
+    requests, limits = pod_totals(containers)
+    return RenderedPod(
+        containers=containers,
+        requests=requests,
+        limits=limits,
+        memory_overhead=overhead,
+        annotations={MEMORY_OVERHEAD_ANNOTATION: str(overhead.ceil())},
+    )

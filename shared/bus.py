@@ -212,6 +212,21 @@ def streams(events_max_age: float = 30 * DAY, duplicate_window: float = 600.0) -
     )
 
 
+STREAM_OWNERS: Final[dict[str, frozenset[str]]] = {
+    "watcher": frozenset({EVENTS_STREAM, DLQ_STREAM}),
+    "ledger": frozenset({USAGE_STREAM, DLQ_STREAM}),
+    "enforcer": frozenset({DECISIONS_STREAM, DLQ_STREAM}),
+}
+"""Which streams each service creates and updates at start-up (it writes them); the streams it only reads it
+waits for. Every service may write its rejects to the DLQ stream."""
+
+
+def streams_for(service: str, events_max_age: float = 30 * DAY) -> tuple[StreamSpec, ...]:
+    """The streams ``service`` owns (all of them for an unknown service name, e.g. ``all`` or a test)."""
+    owned = STREAM_OWNERS.get(service)
+    return tuple(s for s in streams(events_max_age) if owned is None or s.name in owned)
+
+
 _DURATION: Final = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d|w)")
 _UNIT_SECONDS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": DAY, "w": 7 * DAY}
 
@@ -396,7 +411,10 @@ def decode_event(data: bytes) -> Upserted | Deleted | Sync:
     check_kind(ev.kind)
     resource_version(ev.resource_version)
     if isinstance(ev, Sync):
-        if ev.namespace != CLUSTER_TOKEN:
+        if ev.kind in CLUSTER_SCOPED_KINDS:
+            if ev.namespace != CLUSTER_TOKEN:
+                raise InvalidInput(f"a sync of {ev.kind} must have namespace {CLUSTER_TOKEN!r}", "namespace")
+        else:
             check_namespace(ev.namespace)
         return ev
     where = f"{ev.kind} {ev.namespace + '/' if ev.namespace else ''}{ev.name or ev.uid}"

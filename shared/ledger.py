@@ -1,0 +1,364 @@
+"""The ledger's fold, pure: the latest snapshot of every object, per namespace, from the events stream.
+
+:class:`Ledger` applies object events (``shared.bus``) in stream order. Each namespace has a
+:class:`NamespaceState`: for every object (kind, uid) the newest version seen, by resourceVersion. An older version
+or a repeat is ignored; a deletion leaves a tombstone with its resourceVersion, so a late older upsert cannot bring
+the object back. A sync marker (after a relist) drops the objects the producer no longer lists, and prunes the
+tombstones it covers (its resourceVersion then guards against resurrection instead).
+
+Routing: namespaced objects belong to their namespace; a ``Namespace`` object to the namespace it names; the
+KubeVirt CR to the cluster-wide state (key ``_cluster``), which every namespace of the cluster reads.
+
+Checkpoints: each state carries ``seq``, the last stream sequence applied to it. An event at or below a state's
+``seq`` is skipped for that state, so after loading checkpoints a reader may replay the stream from the lowest
+sequence any of them needs and reach the same state as one that never stopped. :meth:`NamespaceState.checkpoint`
+is deterministic: the same state gives the same bytes.
+
+Partitions: a namespace belongs to partition ``crc32("<cluster>/<namespace>") % total``. A ledger instance owns a
+:class:`PartitionSet` and skips the namespaces of other partitions; cluster-wide objects are folded by all.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from enum import Enum
+from typing import Final
+
+import msgspec
+
+from shared import bus
+from shared.bus import Deleted, Snapshot, Sync, Upserted
+from shared.errors import InvalidInput
+
+CLUSTER_WIDE: Final = bus.CLUSTER_TOKEN
+"""The namespace key of a cluster's cluster-wide state."""
+
+CLUSTER_WIDE_KINDS: Final = frozenset({"KubeVirt"})
+"""Kinds folded into the cluster-wide state (the others into a namespace)."""
+
+CHECKPOINT_SCHEMA: Final = 1
+
+
+# ---- partitions -------------------------------------------------------------------------------------------------
+
+
+def partition_of(cluster: str, namespace: str, total: int) -> int:
+    """Stable partition of a namespace: ``crc32("<cluster>/<namespace>") % total``."""
+    return zlib.crc32(f"{cluster}/{namespace}".encode()) % total
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionSet:
+    """The partitions a ledger instance owns out of ``total``."""
+
+    total: int
+    owned: frozenset[int]
+
+    @classmethod
+    def all(cls, total: int) -> PartitionSet:
+        return cls.parse("all", total)
+
+    @classmethod
+    def parse(cls, spec: str, total: int) -> PartitionSet:
+        """``all`` (or empty), or a list of numbers and ranges: ``0-7``, ``0,3,8-11``."""
+        if not isinstance(total, int) or total < 1 or total > 4096:
+            raise InvalidInput(f"partition count {total!r} must be between 1 and 4096", "partitions")
+        text = spec.strip()
+        if text in ("", "all"):
+            return cls(total, frozenset(range(total)))
+        owned: set[int] = set()
+        for part in text.split(","):
+            lo_s, sep, hi_s = part.strip().partition("-")
+            try:
+                lo = int(lo_s)
+                hi = int(hi_s) if sep else lo
+            except ValueError:
+                raise InvalidInput(
+                    f"{part.strip()!r} is not a partition number or range (e.g. 0-7)", "owned-partitions"
+                ) from None
+            if lo < 0 or hi >= total or lo > hi:
+                raise InvalidInput(f"partition range {part.strip()!r} is outside 0-{total - 1}", "owned-partitions")
+            owned.update(range(lo, hi + 1))
+        return cls(total, frozenset(owned))
+
+    def owns(self, cluster: str, namespace: str) -> bool:
+        return namespace == CLUSTER_WIDE or partition_of(cluster, namespace, self.total) in self.owned
+
+    def token(self) -> str:
+        """A name-safe token of this set: ``n16_0-7``, ``n16_0-3_9`` (consumer and checkpoint key names)."""
+        ranges: list[str] = []
+        nums = sorted(self.owned)
+        i = 0
+        while i < len(nums):
+            j = i
+            while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+                j += 1
+            ranges.append(f"{nums[i]}-{nums[j]}" if j > i else str(nums[i]))
+            i = j + 1
+        return "_".join([f"n{self.total}", *ranges])
+
+
+# ---- state ------------------------------------------------------------------------------------------------------
+
+
+class Outcome(Enum):
+    APPLIED = "applied"
+    """The state changed (an object appeared, changed, was deleted, or a sync dropped some)."""
+    STALE = "stale"
+    """An older version or a repeat of what the state holds: ignored."""
+    CHECKPOINTED = "checkpointed"
+    """At or below the state's checkpointed sequence: already applied before a restart."""
+    FOREIGN = "foreign"
+    """A namespace of a partition this instance does not own."""
+
+
+class Record:
+    """The newest version of one object: a snapshot, or a tombstone (``snapshot is None``)."""
+
+    __slots__ = ("rv", "seq", "snapshot")
+
+    def __init__(self, rv: int, seq: int, snapshot: Snapshot | None) -> None:
+        self.rv = rv
+        self.seq = seq
+        self.snapshot = snapshot
+
+
+class _CkRecord(msgspec.Struct, array_like=True):
+    kind: str
+    uid: str
+    rv: int
+    seq: int
+    snapshot: Snapshot | None
+
+
+class Checkpoint(msgspec.Struct, kw_only=True, rename="camel"):
+    """The serialised form of a :class:`NamespaceState` (JSON, objects sorted by kind and uid)."""
+
+    schema: int = CHECKPOINT_SCHEMA
+    cluster: str
+    namespace: str
+    seq: int
+    usage_digest: str = ""
+    floors: dict[str, int] = {}
+    objects: list[_CkRecord] = []
+
+
+_CK_ENCODER: Final = msgspec.json.Encoder(order="deterministic")
+_CK_DECODER: Final = msgspec.json.Decoder(Checkpoint)
+
+
+class NamespaceState:
+    """One namespace's objects (or a cluster's cluster-wide objects when ``namespace == "_cluster"``)."""
+
+    __slots__ = ("cluster", "floors", "namespace", "objects", "seq", "usage_digest")
+
+    def __init__(self, cluster: str, namespace: str) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.seq = 0
+        """The last stream sequence applied."""
+        self.objects: dict[str, dict[str, Record]] = {}
+        """kind → uid → newest record."""
+        self.floors: dict[str, int] = {}
+        """kind → resourceVersion of the last sync: an unknown object at or below it is not resurrected."""
+        self.usage_digest = ""
+        """Digest of the last usage snapshot published for this namespace (kept by the service)."""
+
+    # ---- reading ----------------------------------------------------------------------------------------------
+    def live(self, kind: str) -> list[Snapshot]:
+        """Snapshots of the existing objects of ``kind``, ordered by uid."""
+        recs = self.objects.get(kind)
+        if not recs:
+            return []
+        snaps = (recs[u].snapshot for u in sorted(recs))
+        return [s for s in snaps if s is not None]
+
+    def live_objects(self) -> dict[str, list[Snapshot]]:
+        """kind → existing snapshots (ordered by uid), for every kind with at least one."""
+        out = {k: self.live(k) for k in sorted(self.objects)}
+        return {k: v for k, v in out.items() if v}
+
+    def get(self, kind: str, uid: str) -> Record | None:
+        return self.objects.get(kind, {}).get(uid)
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self.objects.values())
+
+    # ---- folding ----------------------------------------------------------------------------------------------
+    def apply(self, ev: Upserted | Deleted, seq: int) -> Outcome:
+        """Apply an upsert or a deletion found at stream sequence ``seq``."""
+        if seq <= self.seq:
+            return Outcome.CHECKPOINTED
+        self.seq = seq
+        rv = int(ev.resource_version)
+        recs = self.objects.get(ev.kind)
+        if recs is None:
+            recs = self.objects[ev.kind] = {}
+        rec = recs.get(ev.uid)
+        if type(ev) is Upserted:
+            if rec is not None:
+                if rv <= rec.rv:  # a repeat, an older version, or the version a deletion already covers
+                    return Outcome.STALE
+            elif rv <= self.floors.get(ev.kind, -1):
+                return Outcome.STALE  # absent at the last sync, which is newer: a stale producer
+            recs[ev.uid] = Record(rv, seq, ev.snapshot)
+            return Outcome.APPLIED
+        if rec is not None and (rv < rec.rv or (rv == rec.rv and rec.snapshot is None)):
+            return Outcome.STALE
+        if rec is None and rv <= self.floors.get(ev.kind, -1):
+            return Outcome.STALE
+        recs[ev.uid] = Record(rv, seq, None)
+        return Outcome.APPLIED
+
+    def apply_sync(self, ev: Sync, seq: int) -> Outcome:
+        """Drop the objects of ``ev.kind`` not in ``ev.present`` and not newer than the sync."""
+        if seq <= self.seq:
+            return Outcome.CHECKPOINTED
+        self.seq = seq
+        rv = int(ev.resource_version)
+        changed = rv > self.floors.get(ev.kind, -1)
+        if changed:
+            self.floors[ev.kind] = rv
+        recs = self.objects.get(ev.kind)
+        if recs:
+            present = set(ev.present)
+            for uid in [u for u, r in recs.items() if r.rv <= rv and u not in present]:
+                if recs[uid].snapshot is None:
+                    del recs[uid]  # a tombstone the floor now covers
+                else:
+                    recs[uid] = Record(recs[uid].rv, seq, None)
+                changed = True
+        return Outcome.APPLIED if changed else Outcome.STALE
+
+    # ---- checkpoints ------------------------------------------------------------------------------------------
+    def checkpoint(self) -> bytes:
+        """Deterministic JSON of this state."""
+        objects = [
+            _CkRecord(kind, uid, r.rv, r.seq, r.snapshot)
+            for kind in sorted(self.objects)
+            for uid, r in sorted(self.objects[kind].items())
+        ]
+        ck = Checkpoint(
+            cluster=self.cluster,
+            namespace=self.namespace,
+            seq=self.seq,
+            usage_digest=self.usage_digest,
+            floors=dict(sorted(self.floors.items())),
+            objects=objects,
+        )
+        return _CK_ENCODER.encode(ck)
+
+    @classmethod
+    def from_checkpoint(cls, data: bytes) -> NamespaceState:
+        try:
+            ck = _CK_DECODER.decode(data)
+        except (msgspec.ValidationError, msgspec.DecodeError) as e:
+            raise InvalidInput(f"invalid checkpoint: {e}", "checkpoint") from None
+        if ck.schema != CHECKPOINT_SCHEMA:
+            raise InvalidInput(f"checkpoint schema {ck.schema} is not supported", "checkpoint")
+        st = cls(ck.cluster, ck.namespace)
+        st.seq = ck.seq
+        st.usage_digest = ck.usage_digest
+        st.floors = dict(ck.floors)
+        for r in ck.objects:
+            st.objects.setdefault(r.kind, {})[r.uid] = Record(r.rv, r.seq, r.snapshot)
+        return st
+
+
+def state_key(ev: Upserted | Deleted) -> tuple[str, str]:
+    """(cluster, namespace key) of the state an object event belongs to."""
+    if ev.kind in CLUSTER_WIDE_KINDS:
+        return ev.cluster, CLUSTER_WIDE
+    if ev.kind == "Namespace":
+        return ev.cluster, ev.name
+    return ev.cluster, ev.namespace
+
+
+def checkpoint_key(cluster: str, namespace: str) -> str:
+    """Key of a state's checkpoint in the ledger's KV bucket: ``ns.<cluster>.<namespace>``, ``cl.<cluster>``."""
+    return f"cl.{cluster}" if namespace == CLUSTER_WIDE else f"ns.{cluster}.{namespace}"
+
+
+class Ledger:
+    """Every state this instance folds, and which of them changed since the caller last looked."""
+
+    def __init__(self, partitions: PartitionSet | None = None) -> None:
+        self.partitions = partitions or PartitionSet.all(1)
+        self.states: dict[tuple[str, str], NamespaceState] = {}
+        self.changed: set[tuple[str, str]] = set()
+        """Namespaces whose live objects (or whose cluster-wide objects) changed: recompute their usage."""
+        self.unsaved: set[tuple[str, str]] = set()
+        """States changed since their last checkpoint."""
+
+    def state(self, cluster: str, namespace: str) -> NamespaceState | None:
+        return self.states.get((cluster, namespace))
+
+    def cluster_state(self, cluster: str) -> NamespaceState | None:
+        return self.states.get((cluster, CLUSTER_WIDE))
+
+    def _state(self, key: tuple[str, str]) -> NamespaceState:
+        st = self.states.get(key)
+        if st is None:
+            st = self.states[key] = NamespaceState(*key)
+            self.unsaved.add(key)  # even an empty state records the sequence it has seen
+        return st
+
+    def namespaces(self, cluster: str | None = None) -> Iterator[tuple[str, str]]:
+        """Keys of the namespace states (not the cluster-wide ones), sorted."""
+        for key in sorted(self.states):
+            if key[1] != CLUSTER_WIDE and (cluster is None or key[0] == cluster):
+                yield key
+
+    def _mark(self, key: tuple[str, str]) -> None:
+        self.unsaved.add(key)
+        if key[1] == CLUSTER_WIDE:
+            self.changed.update(self.namespaces(key[0]))
+        else:
+            self.changed.add(key)
+
+    def apply(self, ev: Upserted | Deleted | Sync, seq: int) -> Outcome:
+        """Fold one decoded event found at stream sequence ``seq``."""
+        if isinstance(ev, Sync):
+            return self._apply_sync(ev, seq)
+        key = state_key(ev)
+        if not self.partitions.owns(*key):
+            return Outcome.FOREIGN
+        outcome = self._state(key).apply(ev, seq)
+        if outcome is Outcome.APPLIED:
+            self._mark(key)
+        return outcome
+
+    def _apply_sync(self, ev: Sync, seq: int) -> Outcome:
+        if ev.kind in CLUSTER_WIDE_KINDS:
+            keys: Iterable[tuple[str, str]] = [(ev.cluster, CLUSTER_WIDE)]
+        elif ev.kind == "Namespace":
+            keys = list(self.namespaces(ev.cluster))
+        elif self.partitions.owns(ev.cluster, ev.namespace):
+            keys = [(ev.cluster, ev.namespace)]
+        else:
+            return Outcome.FOREIGN
+        result = Outcome.STALE
+        for key in keys:
+            outcome = self._state(key).apply_sync(ev, seq)
+            if outcome is Outcome.APPLIED:
+                self._mark(key)
+                result = outcome
+            elif outcome is Outcome.CHECKPOINTED and result is Outcome.STALE:
+                result = outcome
+        return result
+
+    def apply_bytes(self, data: bytes, seq: int) -> Outcome:
+        """Decode and fold; :class:`InvalidInput` for a malformed or unknown event."""
+        return self.apply(bus.decode_event(data), seq)
+
+    def load(self, data: bytes) -> NamespaceState:
+        """Load a checkpoint (replacing the state it is for)."""
+        st = NamespaceState.from_checkpoint(data)
+        self.states[(st.cluster, st.namespace)] = st
+        return st
+
+    def fingerprint(self) -> dict[tuple[str, str], bytes]:
+        """Every state's checkpoint bytes (tests compare ledgers with it)."""
+        return {k: self.states[k].checkpoint() for k in sorted(self.states)}

@@ -1,0 +1,289 @@
+"""The ledger's pure fold: version ordering, dedupe, tombstones, sync, checkpoints, partitions."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared import bus
+from shared.bus import Deleted, Sync, Upserted
+from shared.errors import InvalidInput
+from shared.ledger import CLUSTER_WIDE, Ledger, NamespaceState, Outcome, PartitionSet, partition_of
+
+Event = Upserted | Deleted | Sync
+
+
+def up(uid: str, rv: int, ns: str = "a", kind: str = "Pod", cluster: str = "c1", **snap: object) -> Upserted:
+    name = ns if kind == "Namespace" else f"{kind.lower()}-{uid}"
+    ev = bus.object_event(
+        "upserted",
+        cluster=cluster,
+        kind=kind,
+        namespace=ns,
+        name=name,
+        uid=uid,
+        rv=str(rv),
+        snapshot={"kind": kind, "uid": uid, "rv": rv, **snap},
+        time="t",
+    )
+    assert isinstance(ev, Upserted)
+    return ev
+
+
+def down(uid: str, rv: int, ns: str = "a", kind: str = "Pod", cluster: str = "c1") -> Deleted:
+    name = ns if kind == "Namespace" else f"{kind.lower()}-{uid}"
+    ev = bus.object_event(
+        "deleted", cluster=cluster, kind=kind, namespace=ns, name=name, uid=uid, rv=str(rv), snapshot=None, time="t"
+    )
+    assert isinstance(ev, Deleted)
+    return ev
+
+
+def sync(present: list[str], rv: int, ns: str = "a", kind: str = "Pod", cluster: str = "c1") -> Sync:
+    return bus.sync_event(cluster=cluster, kind=kind, namespace=ns, rv=str(rv), present=present, time="t")
+
+
+def fold(events: list[Event], ledger: Ledger | None = None, start: int = 1) -> Ledger:
+    led = ledger or Ledger()
+    for i, ev in enumerate(events):
+        led.apply(ev, start + i)
+    return led
+
+
+def live_uids(led: Ledger, ns: str = "a", kind: str = "Pod", cluster: str = "c1") -> dict[str, int]:
+    state = led.state(cluster, ns)
+    return {} if state is None else {s["uid"]: s["rv"] for s in state.live(kind)}
+
+
+# ---- version ordering -------------------------------------------------------------------------------------------
+
+
+def test_newer_versions_win_and_older_ones_are_ignored() -> None:
+    led = Ledger()
+    assert led.apply(up("u1", 5), 1) is Outcome.APPLIED
+    assert led.apply(up("u1", 3), 2) is Outcome.STALE
+    assert led.apply(up("u1", 5), 3) is Outcome.STALE, "a repeat of the same version"
+    assert led.apply(up("u1", 9), 4) is Outcome.APPLIED
+    assert live_uids(led) == {"u1": 9}
+
+
+def test_a_deletion_is_a_tombstone_that_older_upserts_cannot_resurrect() -> None:
+    led = fold([up("u1", 5), down("u1", 7), up("u1", 6), up("u1", 7)])
+    assert live_uids(led) == {}
+    state = led.state("c1", "a")
+    assert state is not None
+    rec = state.get("Pod", "u1")
+    assert rec is not None and rec.snapshot is None and rec.rv == 7
+
+
+def test_a_deletion_at_the_held_version_applies_once() -> None:
+    # A relist diff deletes with the last version it saw: the same resourceVersion as the held upsert.
+    led = Ledger()
+    led.apply(up("u1", 5), 1)
+    assert led.apply(down("u1", 5), 2) is Outcome.APPLIED
+    assert led.apply(down("u1", 5), 3) is Outcome.STALE
+    assert live_uids(led) == {}
+
+
+def test_events_at_or_below_a_states_sequence_are_skipped() -> None:
+    led = Ledger()
+    led.apply(up("u1", 5), 10)
+    assert led.apply(up("u2", 6), 10) is Outcome.CHECKPOINTED
+    assert led.apply(up("u2", 6), 11) is Outcome.APPLIED
+
+
+# ---- sync -------------------------------------------------------------------------------------------------------
+
+
+def test_sync_drops_vanished_objects_but_not_newer_ones() -> None:
+    led = fold([up("u1", 1), up("u2", 2), up("u3", 12), sync(["u1"], 10)])
+    assert live_uids(led) == {"u1": 1, "u3": 12}, "u2 vanished; u3 is newer than the list"
+
+
+def test_sync_prunes_tombstones_and_its_version_guards_instead() -> None:
+    led = fold([up("u1", 1), down("u1", 4), sync([], 10)])
+    state = led.state("c1", "a")
+    assert state is not None and state.get("Pod", "u1") is None, "tombstone pruned"
+    assert led.apply(up("u1", 3), 100) is Outcome.STALE, "a stale producer cannot resurrect it"
+    assert led.apply(up("u9", 11), 101) is Outcome.APPLIED, "a new object after the list is kept"
+
+
+def test_namespace_sync_applies_to_every_namespace_state_of_the_cluster() -> None:
+    led = fold(
+        [
+            up("n-a", 1, ns="a", kind="Namespace"),
+            up("n-b", 2, ns="b", kind="Namespace"),
+            up("p", 3, ns="b"),
+            sync(["n-a"], 5, ns="ignored", kind="Namespace"),
+        ]
+    )
+    assert live_uids(led, "a", "Namespace") == {"n-a": 1}
+    assert live_uids(led, "b", "Namespace") == {}
+    assert live_uids(led, "b") == {"p": 3}
+
+
+# ---- routing and change tracking --------------------------------------------------------------------------------
+
+
+def test_routing_of_cluster_scoped_objects_and_change_tracking() -> None:
+    led = fold([up("p1", 1, ns="a"), up("p2", 2, ns="b"), up("ns-a", 3, ns="a", kind="Namespace")])
+    assert live_uids(led, "a", "Namespace") == {"ns-a": 3}
+    assert led.changed == {("c1", "a"), ("c1", "b")}
+    led.changed.clear()
+    led.apply(up("kv", 4, ns="kubevirt", kind="KubeVirt"), 4)
+    assert led.cluster_state("c1") is not None
+    assert led.state("c1", "kubevirt") is None, "the KubeVirt CR is cluster-wide, not in its namespace"
+    assert led.changed == {("c1", "a"), ("c1", "b")}, "a KubeVirt change affects every namespace of the cluster"
+    led.changed.clear()
+    led.apply(up("p1", 1, ns="a"), 5)
+    assert led.changed == set(), "a stale event changes nothing"
+
+
+def test_malformed_bytes_raise_invalid_input() -> None:
+    with pytest.raises(InvalidInput):
+        Ledger().apply_bytes(b'{"type":"io.vmquota.event.upserted"}', 1)
+
+
+# ---- checkpoints ------------------------------------------------------------------------------------------------
+
+
+def test_checkpoint_round_trip_is_byte_identical() -> None:
+    led = fold([up("u2", 2), up("u1", 1, extra={"b": 1, "a": 2}), down("u3", 4), sync(["u1", "u2"], 3)])
+    state = led.state("c1", "a")
+    assert state is not None
+    state.usage_digest = "abc"
+    data = state.checkpoint()
+    again = NamespaceState.from_checkpoint(data)
+    assert again.checkpoint() == data
+    assert again.live("Pod") == state.live("Pod")
+    with pytest.raises(InvalidInput, match="checkpoint"):
+        NamespaceState.from_checkpoint(b"{}")
+
+
+# ---- partitions -------------------------------------------------------------------------------------------------
+
+
+def test_partition_set_parsing() -> None:
+    p = PartitionSet.parse("0-3,7, 9", 16)
+    assert p.owned == frozenset({0, 1, 2, 3, 7, 9})
+    assert p.token() == "n16_0-3_7_9"
+    assert PartitionSet.parse("all", 4).owned == frozenset(range(4))
+    assert PartitionSet.parse("", 4).token() == "n4_0-3"
+    for bad in ("0-16", "x", "3-1", "-1"):
+        with pytest.raises(InvalidInput):
+            PartitionSet.parse(bad, 16)
+    with pytest.raises(InvalidInput):
+        PartitionSet.parse("all", 0)
+
+
+def test_partition_of_is_stable() -> None:
+    # crc32 is part of the contract: instances of different versions must agree on who owns a namespace.
+    import zlib
+
+    assert partition_of("c1", "tenant-a", 16) == zlib.crc32(b"c1/tenant-a") % 16
+    assert {partition_of("c1", f"ns{i}", 4) for i in range(100)} == {0, 1, 2, 3}
+
+
+# ---- properties over random event sequences ---------------------------------------------------------------------
+
+NAMESPACES = ["a", "b", "c", "d"]
+UIDS = ["u1", "u2", "u3"]
+
+
+@st.composite
+def event_sequences(draw: st.DrawFn, with_syncs: bool = True) -> list[Event]:
+    n = draw(st.integers(min_value=0, max_value=40))
+    out: list[Event] = []
+    for _ in range(n):
+        ns = draw(st.sampled_from(NAMESPACES))
+        uid = draw(st.sampled_from(UIDS))
+        rv = draw(st.integers(min_value=1, max_value=30))
+        choice = draw(st.integers(min_value=0, max_value=9 if with_syncs else 8))
+        if choice <= 4:
+            out.append(up(uid, rv, ns=ns, color=draw(st.sampled_from(["red", "blue"]))))
+        elif choice <= 6:
+            out.append(down(uid, rv, ns=ns))
+        elif choice == 7:
+            out.append(up(f"ns-{ns}", rv, ns=ns, kind="Namespace"))
+        elif choice == 8:
+            out.append(up("kv", rv, ns="kubevirt", kind="KubeVirt", ratio=draw(st.integers(1, 10))))
+        else:
+            present = draw(st.lists(st.sampled_from(UIDS), unique=True))
+            out.append(sync(present, rv, ns=ns))
+    return out
+
+
+def live_view(led: Ledger) -> dict[tuple[str, str], dict[str, list[Any]]]:
+    return {k: st.live_objects() for k, st in sorted(led.states.items()) if st.live_objects()}
+
+
+@settings(max_examples=150, deadline=None)
+@given(events=event_sequences(with_syncs=False), seed=st.integers(0, 2**32 - 1))
+def test_order_and_duplicates_do_not_matter_without_syncs(events: list[Event], seed: int) -> None:
+    rnd = random.Random(seed)
+    shuffled = list(events)
+    rnd.shuffle(shuffled)
+    with_dups = shuffled + [rnd.choice(events) for _ in range(len(events) // 2)] if events else []
+    rnd.shuffle(with_dups)
+    assert live_view(fold(with_dups)) == live_view(fold(events))
+
+
+@settings(max_examples=150, deadline=None)
+@given(events=event_sequences(), seed=st.integers(0, 2**32 - 1))
+def test_replayed_duplicates_are_harmless(events: list[Event], seed: int) -> None:
+    # A relist or a second watcher republishes versions already seen: later in the stream, same content.
+    rnd = random.Random(seed)
+    repeats: list[Event] = [e for e in events if not isinstance(e, Sync) and rnd.random() < 0.5]
+    once = fold(events)
+    twice = fold(repeats, fold(events), start=len(events) + 1)
+    assert live_view(twice) == live_view(once)
+
+
+@settings(max_examples=150, deadline=None)
+@given(events=event_sequences(), data=st.data())
+def test_restart_from_checkpoints_at_any_point_gives_the_same_state(events: list[Event], data: st.DataObject) -> None:
+    reference = fold(events)
+    # Crash after `cut` events; before that, each state was checkpointed at some earlier moment of its own.
+    cut = data.draw(st.integers(0, len(events)))
+    running = Ledger()
+    saved: dict[tuple[str, str], bytes] = {}
+    for i, ev in enumerate(events[:cut]):
+        running.apply(ev, i + 1)
+        for key in sorted(running.unsaved):
+            if data.draw(st.booleans()):
+                saved[key] = running.states[key].checkpoint()
+                running.unsaved.discard(key)
+    restarted = Ledger()
+    for blob in saved.values():
+        restarted.load(blob)
+    # Replay from the start of the stream (always safe); events a state already holds are skipped for it.
+    for i, ev in enumerate(events):
+        restarted.apply(ev, i + 1)
+    assert restarted.fingerprint() == reference.fingerprint()
+
+
+@settings(max_examples=100, deadline=None)
+@given(events=event_sequences(), total=st.integers(1, 6), data=st.data())
+def test_disjoint_partitions_fold_disjoint_namespaces(events: list[Event], total: int, data: st.DataObject) -> None:
+    owned = data.draw(st.sets(st.integers(0, total - 1)))
+    mine = PartitionSet(total, frozenset(owned))
+    theirs = PartitionSet(total, frozenset(range(total)) - frozenset(owned))
+    whole, one, two = fold(events), fold(events, Ledger(mine)), fold(events, Ledger(theirs))
+    ns_one = set(one.namespaces())
+    ns_two = set(two.namespaces())
+    assert not ns_one & ns_two, "two instances never fold the same namespace"
+    for key in ns_one | ns_two:
+        part = partition_of(key[0], key[1], total)
+        assert (part in owned) == (key in ns_one)
+    for key in ns_one:
+        assert one.states[key].checkpoint() == whole.states[key].checkpoint()
+    for key in ns_two:
+        assert two.states[key].checkpoint() == whole.states[key].checkpoint()
+    assert set(whole.namespaces()) == ns_one | ns_two
+    if whole.cluster_state("c1") is not None:
+        cw = whole.states[("c1", CLUSTER_WIDE)].checkpoint()
+        assert one.states[("c1", CLUSTER_WIDE)].checkpoint() == cw == two.states[("c1", CLUSTER_WIDE)].checkpoint()

@@ -86,22 +86,30 @@ def _parse_time(value: object) -> datetime | None:
         return None
 
 
-def pod_counts_for_compute(pod: Mapping[str, Any], now: datetime | None = None) -> bool:
+def counts_for_compute(
+    phase: object, deletion_timestamp: datetime | None, grace_seconds: object, now: datetime | None = None
+) -> bool:
     """False for pods the quota evaluator charges only ``count/pods``: phase Succeeded/Failed, or terminating
     past ``deletionTimestamp + deletionGracePeriodSeconds`` (``now`` defaults to the current UTC time)."""
-    status = pod.get("status")
-    phase = status.get("phase") if isinstance(status, Mapping) else None
     if phase in TERMINAL_PHASES:
         return False
-    meta = pod.get("metadata")
-    if isinstance(meta, Mapping):
-        deleted = _parse_time(meta.get("deletionTimestamp"))
-        grace = meta.get("deletionGracePeriodSeconds")
-        if deleted is not None and isinstance(grace, int):
-            current = now or datetime.now(UTC)
-            if current > deleted + timedelta(seconds=grace):
-                return False
+    if deletion_timestamp is not None and isinstance(grace_seconds, int) and not isinstance(grace_seconds, bool):
+        current = now or datetime.now(UTC)
+        if current > deletion_timestamp + timedelta(seconds=grace_seconds):
+            return False
     return True
+
+
+def pod_counts_for_compute(pod: Mapping[str, Any], now: datetime | None = None) -> bool:
+    """:func:`counts_for_compute` of a pod object."""
+    status = pod.get("status")
+    phase = status.get("phase") if isinstance(status, Mapping) else None
+    meta = pod.get("metadata")
+    if not isinstance(meta, Mapping):
+        return counts_for_compute(phase, None, None, now)
+    return counts_for_compute(
+        phase, _parse_time(meta.get("deletionTimestamp")), meta.get("deletionGracePeriodSeconds"), now
+    )
 
 
 def pod_containers(pod: Mapping[str, Any]) -> list[ContainerSpec]:
@@ -157,7 +165,7 @@ def quota_usage_of(requests: Mapping[str, Quantity], limits: Mapping[str, Quanti
         if name.startswith("hugepages-"):
             out[name] = q
             out[f"requests.{name}"] = q
-        elif "/" in name and not name.startswith("kubernetes.io/") and not name.startswith("requests."):
+        elif "/" in name and "kubernetes.io/" not in name and not name.startswith("requests."):
             out[f"requests.{name}"] = q
     return out
 

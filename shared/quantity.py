@@ -80,7 +80,7 @@ class Quantity:
                 if text != text or text in (float("inf"), float("-inf")):
                     raise InvalidQuantity(f"invalid quantity {text!r}")
                 text = repr(text)
-            q = cls._parse_str(str(text).strip())
+            q = cls._parse_str(str(text))  # no trimming: the API server refuses " 1Gi" too
         if q.nanos < 0 and not allow_negative:
             raise InvalidQuantity(f"quantity {text!r} must not be negative")
         return q

@@ -1,0 +1,255 @@
+"""Accounting modes: what one VM counts against a managed ResourceQuota, in ResourceQuota resource names.
+
+The four mode names are public API (the first three follow KubeVirt AAQ's names and meanings):
+
+* ``VmiPodUsage`` — a VM counts as its launcher pod's usage, overhead included (the same numbers the native
+  quota evaluator charges);
+* ``VirtualResources`` — ``cpu``/``requests.cpu``/``limits.cpu`` = vCPUs, ``memory``/``requests.memory``/
+  ``limits.memory`` = guest memory, ``pods``/``count/pods`` = 1;
+* ``DedicatedVirtualResources`` — ``instances/vmi``, ``cpu/vmi``, ``memory/vmi`` and their ``requests.`` forms
+  (1, vCPUs, guest memory); reported, never charged by the native evaluator;
+* ``VirtualResourcesWithCPUAllocationRatio`` — as ``VirtualResources`` but ``cpu``/``requests.cpu`` = vCPUs /
+  ratio, written exactly as virt-controller writes the launcher's CPU request for that ratio.
+
+Resources a VM-term mode does not define (hugepages, ephemeral storage, extended resources such as GPUs, and
+anything else the launcher pod is charged) count at the launcher pod's usage, so a VM-term quota can still
+budget them (AAQ drops them). A VM counts at the larger of its spec and status sizes (hotplug).
+
+Also here: how a managed ResourceQuota states its mode (:class:`QuotaPolicy`, read from the quota's label and
+annotations) and, per mode and resource, the least ratio between what the launcher pod is charged and what the
+mode counts (:func:`pod_factor`), which the quota equation uses to express mode headroom in pod terms.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from fractions import Fraction
+from typing import Final
+
+from shared.errors import InvalidInput
+from shared.kubevirt.render import cpu_request as kubevirt_cpu_request
+from shared.quantity import Format, Quantity
+from shared.resources import ResourceList, parse_resource_list
+
+
+class Mode(StrEnum):
+    VMI_POD_USAGE = "VmiPodUsage"
+    VIRTUAL_RESOURCES = "VirtualResources"
+    DEDICATED_VIRTUAL_RESOURCES = "DedicatedVirtualResources"
+    VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO = "VirtualResourcesWithCPUAllocationRatio"
+
+
+MODE_NAMES: Final = tuple(m.value for m in Mode)
+DEFAULT_MODE: Final = Mode.VMI_POD_USAGE
+
+
+def parse_mode(text: object, where: str = "mode") -> Mode:
+    """A mode by its exact public name; InvalidInput listing the valid names otherwise."""
+    if isinstance(text, str):
+        try:
+            return Mode(text.strip())
+        except ValueError:
+            pass
+    raise InvalidInput(f"unknown accounting mode {text!r} (expected one of {', '.join(MODE_NAMES)})", where)
+
+
+# ---- resource names --------------------------------------------------------------------------------------------
+
+CPU_REQUEST_NAMES: Final = frozenset({"cpu", "requests.cpu"})
+CPU_LIMIT_NAMES: Final = frozenset({"limits.cpu"})
+MEMORY_NAMES: Final = frozenset({"memory", "requests.memory", "limits.memory"})
+POD_COUNT_NAMES: Final = frozenset({"pods", "count/pods"})
+VMI_INSTANCE_NAMES: Final = frozenset({"instances/vmi", "requests.instances/vmi"})
+VMI_CPU_NAMES: Final = frozenset({"cpu/vmi", "requests.cpu/vmi"})
+VMI_MEMORY_NAMES: Final = frozenset({"memory/vmi", "requests.memory/vmi"})
+VMI_NAMES: Final = VMI_INSTANCE_NAMES | VMI_CPU_NAMES | VMI_MEMORY_NAMES
+"""Resource names only DedicatedVirtualResources counts; the native pod evaluator never charges them."""
+
+_VIRTUAL: Final = CPU_REQUEST_NAMES | CPU_LIMIT_NAMES | MEMORY_NAMES | POD_COUNT_NAMES
+
+DEFINED_RESOURCES: Final[Mapping[Mode, frozenset[str]]] = {
+    Mode.VMI_POD_USAGE: frozenset(),
+    Mode.VIRTUAL_RESOURCES: _VIRTUAL,
+    Mode.DEDICATED_VIRTUAL_RESOURCES: VMI_NAMES,
+    Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO: _VIRTUAL,
+}
+"""Per mode, the resource names it defines in VM terms; every other name counts at the launcher pod's usage."""
+
+
+def is_report_only(resource: str) -> bool:
+    """A resource no pod is ever charged for by the native quota evaluator (the ``/vmi`` names)."""
+    return resource in VMI_NAMES
+
+
+# ---- the size of a VM ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class VmSize:
+    """vCPUs and guest memory a VM counts at: the larger of its spec and its status (after hotplug)."""
+
+    vcpus: int
+    guest_memory: Quantity
+
+    @classmethod
+    def of(
+        cls, spec_vcpus: int, spec_guest: Quantity | None, status_vcpus: int | None, status_guest: Quantity | None
+    ) -> VmSize:
+        vcpus = max(spec_vcpus, status_vcpus or 0)
+        guest = spec_guest if spec_guest is not None else Quantity(0, Format.BINARY_SI)
+        if status_guest is not None and status_guest > guest:
+            guest = status_guest
+        return cls(vcpus, guest.with_format(Format.BINARY_SI))
+
+
+def mode_usage(mode: Mode, size: VmSize, pod: Mapping[str, Quantity], cpu_allocation_ratio: Fraction) -> ResourceList:
+    """What one VM counts in ``mode``'s terms.
+
+    ``pod`` is the launcher pod's quota usage (the real pod's, or the estimate while it does not exist yet; during a
+    migration the per-resource maximum of source and target); resources the mode does not define are taken from
+    it. ``cpu_allocation_ratio`` matters only for ``VirtualResourcesWithCPUAllocationRatio``.
+    """
+    defined = DEFINED_RESOURCES[mode]
+    out: ResourceList = {k: v for k, v in pod.items() if k not in defined}
+    if mode is Mode.VMI_POD_USAGE:
+        return out
+    vcpus = Quantity.from_int(size.vcpus)
+    one = Quantity.from_int(1)
+    if mode is Mode.DEDICATED_VIRTUAL_RESOURCES:
+        for name in VMI_INSTANCE_NAMES:
+            out[name] = one
+        for name in VMI_CPU_NAMES:
+            out[name] = vcpus
+        for name in VMI_MEMORY_NAMES:
+            out[name] = size.guest_memory
+        return out
+    cpu_request = vcpus
+    if mode is Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO:
+        cpu_request = kubevirt_cpu_request(size.vcpus, cpu_allocation_ratio)
+    for name in CPU_REQUEST_NAMES:
+        out[name] = cpu_request
+    out["limits.cpu"] = vcpus
+    for name in MEMORY_NAMES:
+        out[name] = size.guest_memory
+    for name in POD_COUNT_NAMES:
+        out[name] = one
+    return out
+
+
+def pod_factor(
+    mode: Mode, resource: str, *, kubevirt_ratio: Fraction, memory_overcommit: int, mode_ratio: Fraction
+) -> Fraction | None:
+    """The least ``pod charge / mode usage`` of ``resource`` for a VM rendered by KubeVirt, capped at 1.
+
+    ``None`` for a resource no pod is charged for (report only). A factor below 1 means the mode counts more than
+    the native evaluator charges the launcher pod (``VirtualResources`` counts vCPUs while the pod requests
+    vCPUs / ``kubevirt_ratio``; guest memory while the pod requests guest x 100 / ``memory_overcommit`` plus
+    overhead; a quota ratio below KubeVirt's); the equation then scales the mode headroom by it, so that a VM
+    refused in mode terms is refused by native admission too (see ``docs/accounting.md``).
+    """
+    if is_report_only(resource):
+        return None
+    if resource not in DEFINED_RESOURCES[mode]:
+        return Fraction(1)
+    if resource in CPU_REQUEST_NAMES:
+        counted = Fraction(1) if mode is Mode.VIRTUAL_RESOURCES else 1 / mode_ratio
+        return min(Fraction(1), (1 / kubevirt_ratio) / counted)
+    if resource in MEMORY_NAMES:
+        return min(Fraction(1), Fraction(100, memory_overcommit))
+    return Fraction(1)
+
+
+# ---- a managed quota's policy ----------------------------------------------------------------------------------
+
+MANAGED_LABEL: Final = "vmquota.io/managed"
+"""Label that opts a ResourceQuota in (value ``"true"``)."""
+MODE_ANNOTATION: Final = "vmquota.io/mode"
+"""Annotation naming the accounting mode (default ``VmiPodUsage``)."""
+RATIO_ANNOTATION: Final = "vmquota.io/cpu-allocation-ratio"
+"""Annotation: the quota's own CPU allocation ratio for ``VirtualResourcesWithCPUAllocationRatio``."""
+BUDGET_ANNOTATION: Final = "vmquota.io/budget"
+"""Annotation holding the budget ``B`` as a JSON map of resource names to quantities."""
+
+SUPPORTED_SCOPES: Final = frozenset({"Terminating", "NotTerminating", "BestEffort", "NotBestEffort", "PriorityClass"})
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeRequirement:
+    """One ``spec.scopeSelector.matchExpressions`` entry (or a plain ``spec.scopes`` entry: operator Exists)."""
+
+    scope: str
+    operator: str = "Exists"
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaPolicy:
+    """How one managed ResourceQuota accounts: its mode, its budget ``B``, its own CPU allocation ratio (None: the
+    KubeVirt CR's) and the pod scopes it covers."""
+
+    name: str
+    mode: Mode
+    budget: ResourceList = field(default_factory=dict)
+    cpu_allocation_ratio: Fraction | None = None
+    scopes: tuple[ScopeRequirement, ...] = ()
+
+    def ratio(self, kubevirt_ratio: Fraction) -> Fraction:
+        return self.cpu_allocation_ratio if self.cpu_allocation_ratio is not None else kubevirt_ratio
+
+
+def parse_ratio(raw: object, where: str) -> Fraction:
+    """A positive CPU allocation ratio (``"4"``, ``"2.5"``, ``4``)."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, str, Fraction)):
+        raise InvalidInput(f"expected a positive number, got {raw!r}", where)
+    try:
+        value = Fraction(str(raw).strip())
+    except (ValueError, ZeroDivisionError):
+        raise InvalidInput(f"expected a positive number, got {raw!r}", where) from None
+    if value <= 0 or value > 1000:
+        raise InvalidInput(f"must be greater than 0 and at most 1000, got {raw!r}", where)
+    return value
+
+
+def parse_budget(raw: str, where: str) -> ResourceList:
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise InvalidInput("expected a JSON object of resource names to quantities", where) from None
+    return parse_resource_list(data, where)
+
+
+def is_managed(labels: Mapping[str, str]) -> bool:
+    return labels.get(MANAGED_LABEL, "").strip().lower() == "true"
+
+
+def quota_policy(
+    name: str,
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    spec_hard: Mapping[str, Quantity],
+    scopes: tuple[ScopeRequirement, ...] = (),
+) -> QuotaPolicy | None:
+    """The policy of a ResourceQuota, or None when it is not opted in. The budget is the annotation when present,
+    else ``spec.hard`` as the administrator wrote it. InvalidInput names the quota and the annotation."""
+    if not is_managed(labels):
+        return None
+    where = f"ResourceQuota {name}: metadata.annotations"
+    mode = parse_mode(annotations.get(MODE_ANNOTATION, DEFAULT_MODE.value), f"{where}.{MODE_ANNOTATION}")
+    ratio: Fraction | None = None
+    if annotations.get(RATIO_ANNOTATION) is not None:
+        ratio = parse_ratio(annotations[RATIO_ANNOTATION], f"{where}.{RATIO_ANNOTATION}")
+    if annotations.get(BUDGET_ANNOTATION) is not None:
+        budget = parse_budget(annotations[BUDGET_ANNOTATION], f"{where}.{BUDGET_ANNOTATION}")
+    else:
+        budget = dict(spec_hard)
+    for s in scopes:
+        if s.scope not in SUPPORTED_SCOPES:
+            raise InvalidInput(
+                f"scope {s.scope!r} is not supported for a managed quota "
+                f"(supported: {', '.join(sorted(SUPPORTED_SCOPES))})",
+                f"ResourceQuota {name}: spec.scopes",
+            )
+    return QuotaPolicy(name=name, mode=mode, budget=budget, cpu_allocation_ratio=ratio, scopes=scopes)

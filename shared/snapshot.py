@@ -1,0 +1,750 @@
+"""Compact, versioned snapshots of the Kubernetes objects accounting needs, and nothing else.
+
+Each snapshot is a frozen msgspec Struct tagged by the Kubernetes ``kind``; field names are camelCase on the wire
+(JSON) and snake_case in Python; unknown fields are ignored on decode, so an older reader accepts a newer writer
+(rolling upgrades); ``schema`` is the snapshot schema version.
+
+Quantities are :class:`~shared.quantity.Quantity` objects in Python and canonical strings on the wire: encode and
+decode with :data:`enc_hook` / :data:`dec_hook` (or :func:`encode` / :func:`decode`), also when a snapshot is
+embedded in another Struct.
+
+:func:`normalize` turns a raw Kubernetes object (JSON/YAML dict) into its snapshot; malformed input raises
+:class:`~shared.errors.InvalidInput` naming the object and the field.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from fractions import Fraction
+from functools import lru_cache
+from typing import Any, Final
+
+import msgspec
+
+from shared.errors import InvalidInput
+from shared.kubevirt.render import MEMORY_OVERHEAD_ANNOTATION
+from shared.podusage import pod_resources, quota_usage_of
+from shared.quantity import Quantity
+from shared.resources import ResourceList, parse_resource_list
+from shared.vmi import VM_KIND, VMI_KIND, VMIM_KIND, object_ref, status_size, vmi_spec
+
+SCHEMA: Final = 1
+
+POD_KIND: Final = "Pod"
+QUOTA_KIND: Final = "ResourceQuota"
+NAMESPACE_KIND: Final = "Namespace"
+KUBEVIRT_KIND: Final = "KubeVirt"
+EVENT_KIND: Final = "Event"
+
+# Labels and annotations KubeVirt puts on launcher pods and migrations.
+LAUNCHER_LABEL: Final = "kubevirt.io"
+LAUNCHER_VALUE: Final = "virt-launcher"
+CREATED_BY_LABEL: Final = "kubevirt.io/created-by"
+VM_NAME_LABEL: Final = "vm.kubevirt.io/name"
+MIGRATION_JOB_LABEL: Final = "kubevirt.io/migrationJobUID"
+VMI_NAME_LABEL: Final = "kubevirt.io/vmi-name"
+EVACUATION_ANNOTATION: Final = "kubevirt.io/evacuationMigration"
+WORKLOAD_UPDATE_ANNOTATION: Final = "kubevirt.io/workloadUpdateMigration"
+REJECTED_BY_QUOTA: Final = "migrationRejectedByResourceQuota"
+POD_LABELS_KEPT: Final = (LAUNCHER_LABEL, CREATED_BY_LABEL, VM_NAME_LABEL, MIGRATION_JOB_LABEL)
+_DROPPED_ANNOTATIONS: Final = frozenset({"kubectl.kubernetes.io/last-applied-configuration"})
+_KUBEVIRT_CONFIG_KEYS: Final = (
+    "developerConfiguration",
+    "additionalGuestMemoryOverheadRatio",
+    "autoCPULimitNamespaceLabelSelector",
+    "cpuRequest",
+    "virtualMachineOptions",
+    "architectureConfiguration",
+    "supportContainerResources",
+    "network",
+)
+VMIM_ACTIVE_PHASES: Final = frozenset(
+    {"", "Pending", "Scheduling", "Scheduled", "PreparingTarget", "TargetReady", "Running"}
+)
+VMIM_PRE_TARGET_PHASES: Final = frozenset({"", "Pending"})
+VMI_FINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
+
+
+# ---- Struct base and parts -------------------------------------------------------------------------------------
+
+
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="kind", rename="camel"):
+    """Common identity of every snapshot."""
+
+    schema: int = SCHEMA
+    uid: str = ""
+    namespace: str = ""
+    name: str
+    resource_version: str = ""
+    creation_timestamp: datetime | None = None
+
+    @property
+    def ref(self) -> str:
+        kind = type(self).__struct_config__.tag
+        return f"{kind} {self.namespace}/{self.name}" if self.namespace else f"{kind} {self.name}"
+
+
+class Part(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, rename="camel"):
+    """Base of nested snapshot parts (not tagged)."""
+
+
+class MigrationState(Part, frozen=True, kw_only=True):
+    """The essentials of a VMI's ``status.migrationState`` (written at hand-off; may describe a past migration)."""
+
+    migration_uid: str = ""
+    source_node: str = ""
+    target_node: str = ""
+    target_pod: str = ""
+    completed: bool = False
+    failed: bool = False
+    target_memory_overhead: Quantity | None = None
+
+
+class Condition(Part, frozen=True, kw_only=True):
+    type: str
+    status: str = ""
+    reason: str = ""
+    message: str = ""
+
+
+class ScopeSelector(Part, frozen=True, kw_only=True):
+    scope_name: str
+    operator: str = "Exists"
+    values: list[str] = []
+
+
+# ---- snapshots -------------------------------------------------------------------------------------------------
+
+
+class VmiSnapshot(Snapshot, tag=VMI_KIND, frozen=True, kw_only=True):
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    """Annotations except kubectl's last-applied configuration (the renderer may read KubeVirt's)."""
+    deletion_timestamp: datetime | None = None
+    phase: str = ""
+    node_name: str = ""
+    vcpus: int = 1
+    """vCPUs of the spec, after KubeVirt's admission defaults."""
+    guest_memory: Quantity | None = None
+    """Guest memory of the spec, after KubeVirt's admission defaults."""
+    status_vcpus: int | None = None
+    """``status.currentCPUTopology`` as a vCPU count (hotplug), when reported."""
+    status_guest_memory: Quantity | None = None
+    """The larger of ``status.memory.guestCurrent`` and ``guestRequested``, when reported."""
+    requests: dict[str, Quantity] = {}
+    """Explicit ``spec.domain.resources.requests``."""
+    limits: dict[str, Quantity] = {}
+    """Explicit ``spec.domain.resources.limits``."""
+    memory_overhead: Quantity | None = None
+    """``status.memory.memoryOverhead``: the overhead KubeVirt published, when it did."""
+    migration: MigrationState | None = None
+    priority_class_name: str = ""
+    spec: dict[str, Any] = {}
+    """The raw VMI spec, to re-render the launcher pod."""
+
+    def as_object(self) -> dict[str, Any]:
+        """A VMI object with what the renderer reads (metadata, spec, the published overhead)."""
+        obj: dict[str, Any] = {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": VMI_KIND,
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "uid": self.uid,
+                "labels": dict(self.labels),
+                "annotations": dict(self.annotations),
+            },
+            "spec": self.spec,
+        }
+        if self.memory_overhead is not None:
+            obj["status"] = {"memory": {"memoryOverhead": self.memory_overhead.canonical()}}
+        return obj
+
+
+class VmSnapshot(Snapshot, tag=VM_KIND, frozen=True, kw_only=True):
+    labels: dict[str, str] = {}
+    run_strategy: str = ""
+    """``spec.runStrategy``, or ``Always``/``Halted`` from ``spec.running``."""
+    printable_status: str = ""
+    vcpus: int = 1
+    """vCPUs of the template, after admission defaults."""
+    guest_memory: Quantity | None = None
+
+
+class VmimSnapshot(Snapshot, tag=VMIM_KIND, frozen=True, kw_only=True):
+    vmi_name: str
+    phase: str = ""
+    deletion_timestamp: datetime | None = None
+    conditions: list[Condition] = []
+    rejected_by_quota: bool = False
+    """Condition ``migrationRejectedByResourceQuota`` is True."""
+    trigger: str = ""
+    """``evacuation`` (node drain), ``workload-update`` (hotplug, upgrade) or empty (requested)."""
+
+    @property
+    def active(self) -> bool:
+        return self.phase in VMIM_ACTIVE_PHASES and self.deletion_timestamp is None
+
+
+class PodSnapshot(Snapshot, tag=POD_KIND, frozen=True, kw_only=True):
+    labels: dict[str, str] = {}
+    """Only the labels accounting reads (:data:`POD_LABELS_KEPT`)."""
+    phase: str = ""
+    node_name: str = ""
+    deletion_timestamp: datetime | None = None
+    deletion_grace_period_seconds: int | None = None
+    owner_vmi_name: str = ""
+    owner_vmi_uid: str = ""
+    requests: dict[str, Quantity] = {}
+    """Effective pod requests (``shared.podusage``), overhead included."""
+    limits: dict[str, Quantity] = {}
+    usage: dict[str, Quantity] = {}
+    """What the quota evaluator charges while the pod is not terminal, in ResourceQuota names."""
+    memory_overhead: Quantity | None = None
+    """The ``kubevirt.io/memory-overhead-bytes`` annotation, when present."""
+    terminating_scope: bool = False
+    """``spec.activeDeadlineSeconds`` is set (the ``Terminating`` quota scope)."""
+    best_effort: bool = False
+    """BestEffort QoS: no container requests or limits CPU or memory."""
+    priority_class_name: str = ""
+
+    @property
+    def is_launcher(self) -> bool:
+        return self.labels.get(LAUNCHER_LABEL) == LAUNCHER_VALUE
+
+    @property
+    def vmi_uid(self) -> str:
+        """The VMI this launcher pod belongs to (``kubevirt.io/created-by``, else the owner reference)."""
+        return self.labels.get(CREATED_BY_LABEL) or self.owner_vmi_uid
+
+    @property
+    def migration_job_uid(self) -> str:
+        return self.labels.get(MIGRATION_JOB_LABEL, "")
+
+
+class QuotaSnapshot(Snapshot, tag=QUOTA_KIND, frozen=True, kw_only=True):
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    spec_hard: dict[str, Quantity] = {}
+    scopes: list[str] = []
+    scope_selector: list[ScopeSelector] = []
+    status_hard: dict[str, Quantity] = {}
+    status_used: dict[str, Quantity] = {}
+
+
+class NamespaceSnapshot(Snapshot, tag=NAMESPACE_KIND, frozen=True, kw_only=True):
+    labels: dict[str, str] = {}
+    phase: str = ""
+
+
+class KubeVirtSnapshot(Snapshot, tag=KUBEVIRT_KIND, frozen=True, kw_only=True):
+    version: str = ""
+    """``status.observedKubeVirtVersion`` (empty: unknown, the renderer's default applies)."""
+    cpu_allocation_ratio: str = "10"
+    memory_overcommit: int = 100
+    configuration: dict[str, Any] = {}
+    """The parts of ``spec.configuration`` that shape launcher pods, verbatim."""
+
+    def as_object(self) -> dict[str, Any]:
+        obj: dict[str, Any] = {
+            "kind": KUBEVIRT_KIND,
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": {"configuration": self.configuration},
+        }
+        if self.version:
+            obj["status"] = {"observedKubeVirtVersion": self.version}
+        return obj
+
+
+class EventSnapshot(Snapshot, tag=EVENT_KIND, frozen=True, kw_only=True):
+    """A ``FailedCreate`` event on a VMI (KubeVirt could not create a launcher pod)."""
+
+    reason: str = ""
+    type: str = ""
+    involved_kind: str = ""
+    involved_name: str = ""
+    involved_uid: str = ""
+    message: str = ""
+    quota_name: str = ""
+    """The ResourceQuota that refused the pod (``exceeded quota: <name>``), if the message says."""
+    requested: dict[str, Quantity] = {}
+    """The ``requested:`` amounts of the refusal: exactly what the pod is charged for those resources."""
+    count: int = 1
+    last_timestamp: datetime | None = None
+
+    @property
+    def quota_refusal(self) -> bool:
+        return bool(self.quota_name)
+
+
+AnySnapshot = (
+    VmiSnapshot
+    | VmSnapshot
+    | VmimSnapshot
+    | PodSnapshot
+    | QuotaSnapshot
+    | NamespaceSnapshot
+    | KubeVirtSnapshot
+    | EventSnapshot
+)
+SNAPSHOT_TYPES: Final[Mapping[str, type[Snapshot]]] = {
+    t.__struct_config__.tag: t  # type: ignore[misc]
+    for t in (
+        VmiSnapshot,
+        VmSnapshot,
+        VmimSnapshot,
+        PodSnapshot,
+        QuotaSnapshot,
+        NamespaceSnapshot,
+        KubeVirtSnapshot,
+        EventSnapshot,
+    )
+}
+SUPPORTED_KINDS: Final = frozenset(SNAPSHOT_TYPES)
+
+
+# ---- wire format -----------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=8192)
+def _parse_cached(text: str) -> Quantity:
+    return Quantity.parse(text)
+
+
+def enc_hook(obj: Any) -> Any:
+    """msgspec ``enc_hook``: quantities as canonical strings, fractions as decimal strings."""
+    if isinstance(obj, Quantity):
+        return obj.canonical()
+    if isinstance(obj, Fraction):
+        return str(obj)
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+def dec_hook(tp: type, obj: Any) -> Any:
+    """msgspec ``dec_hook``: quantities from strings (or JSON numbers)."""
+    if tp is Quantity:
+        if isinstance(obj, str):
+            return _parse_cached(obj)
+        return Quantity.parse(obj)
+    raise NotImplementedError(f"cannot decode {tp}")
+
+
+_ENCODER: Final = msgspec.json.Encoder(enc_hook=enc_hook)
+_DECODER: Final = msgspec.json.Decoder(AnySnapshot, dec_hook=dec_hook)
+
+
+def encode(snapshot: Snapshot) -> bytes:
+    return _ENCODER.encode(snapshot)
+
+
+def decode(data: bytes | str) -> AnySnapshot:
+    """Decode any snapshot; msgspec.ValidationError (a ValueError) on a malformed one."""
+    return _DECODER.decode(data)
+
+
+def to_builtins(snapshot: Snapshot) -> Any:
+    return msgspec.to_builtins(snapshot, enc_hook=enc_hook)
+
+
+def from_builtins(obj: Any) -> AnySnapshot:
+    snap: AnySnapshot = msgspec.convert(obj, AnySnapshot, dec_hook=dec_hook)
+    return snap
+
+
+# ---- normalisation: raw Kubernetes object -> snapshot -----------------------------------------------------------
+
+
+def _map(obj: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
+    v = obj.get(key)
+    if v is None:
+        return {}
+    if not isinstance(v, Mapping):
+        raise InvalidInput(f"expected an object, got {type(v).__name__}", f"{where}.{key}" if where else key)
+    return v
+
+
+def _str(obj: Mapping[str, Any], key: str, where: str) -> str:
+    v = obj.get(key)
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise InvalidInput(f"expected a string, got {type(v).__name__}", f"{where}.{key}" if where else key)
+    return v
+
+
+def _str_map(obj: Mapping[str, Any], key: str, where: str) -> dict[str, str]:
+    m = _map(obj, key, where)
+    for k, v in m.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InvalidInput(f"expected a string value, got {type(v).__name__}", f"{where}.{key}.{k}")
+    return dict(m)
+
+
+def _time(obj: Mapping[str, Any], key: str, where: str) -> datetime | None:
+    v = obj.get(key)
+    if v is None or v == "":
+        return None
+    if isinstance(v, datetime):
+        return v
+    if not isinstance(v, str):
+        raise InvalidInput(f"expected an RFC 3339 time, got {v!r}", f"{where}.{key}")
+    try:
+        t = datetime.fromisoformat(v.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidInput(f"expected an RFC 3339 time, got {v!r}", f"{where}.{key}") from None
+    if t.tzinfo is None:
+        raise InvalidInput(f"time {v!r} has no time zone", f"{where}.{key}")
+    return t
+
+
+def _int(obj: Mapping[str, Any], key: str, where: str, default: int | None = None) -> int | None:
+    v = obj.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise InvalidInput(f"expected a whole number, got {v!r}", f"{where}.{key}")
+    return v
+
+
+def _quantity(raw: object, where: str) -> Quantity:
+    try:
+        return Quantity.parse(raw)
+    except InvalidInput as e:
+        raise e.at(where) from None
+
+
+def _identity(obj: Mapping[str, Any], *, namespaced: bool = True) -> dict[str, Any]:
+    meta = _map(obj, "metadata", "")
+    name = _str(meta, "name", "metadata")
+    if not name:
+        raise InvalidInput("missing", "metadata.name")
+    namespace = _str(meta, "namespace", "metadata")
+    if namespaced and not namespace:
+        raise InvalidInput("missing", "metadata.namespace")
+    return {
+        "uid": _str(meta, "uid", "metadata"),
+        "namespace": namespace,
+        "name": name,
+        "resource_version": _str(meta, "resourceVersion", "metadata"),
+        "creation_timestamp": _time(meta, "creationTimestamp", "metadata"),
+    }
+
+
+def _annotations(meta: Mapping[str, Any]) -> dict[str, str]:
+    return {k: v for k, v in _str_map(meta, "annotations", "metadata").items() if k not in _DROPPED_ANNOTATIONS}
+
+
+def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
+    ident = _identity(obj)
+    meta = _map(obj, "metadata", "")
+    vs = vmi_spec(obj)
+    size = status_size(obj)
+    status = _map(obj, "status", "")
+    memst = _map(status, "memory", "status")
+    overhead = None
+    if memst.get("memoryOverhead") is not None:
+        overhead = _quantity(memst["memoryOverhead"], "status.memory.memoryOverhead")
+    mig = None
+    ms = _map(status, "migrationState", "status")
+    if ms:
+        w = "status.migrationState"
+        tmo = None
+        if ms.get("targetMemoryOverhead") is not None:
+            tmo = _quantity(ms["targetMemoryOverhead"], f"{w}.targetMemoryOverhead")
+        mig = MigrationState(
+            migration_uid=_str(ms, "migrationUid", w),
+            source_node=_str(ms, "sourceNode", w),
+            target_node=_str(ms, "targetNode", w),
+            target_pod=_str(ms, "targetPod", w),
+            completed=bool(ms.get("completed", False)),
+            failed=bool(ms.get("failed", False)),
+            target_memory_overhead=tmo,
+        )
+    spec = _map(obj, "spec", "")
+    return VmiSnapshot(
+        **ident,
+        labels=_str_map(meta, "labels", "metadata"),
+        annotations=_annotations(meta),
+        deletion_timestamp=_time(meta, "deletionTimestamp", "metadata"),
+        phase=_str(status, "phase", "status"),
+        node_name=_str(status, "nodeName", "status"),
+        vcpus=vs.vcpus,
+        guest_memory=vs.guest_memory,
+        status_vcpus=size.vcpus,
+        status_guest_memory=size.guest_memory,
+        requests=dict(vs.requests),
+        limits=dict(vs.limits),
+        memory_overhead=overhead,
+        migration=mig,
+        priority_class_name=_str(spec, "priorityClassName", "spec"),
+        spec=dict(spec),
+    )
+
+
+def _vm(obj: Mapping[str, Any]) -> VmSnapshot:
+    ident = _identity(obj)
+    meta = _map(obj, "metadata", "")
+    spec = _map(obj, "spec", "")
+    strategy = _str(spec, "runStrategy", "spec")
+    running = spec.get("running")
+    if running is not None:
+        if not isinstance(running, bool):
+            raise InvalidInput(f"expected true or false, got {running!r}", "spec.running")
+        if strategy:
+            raise InvalidInput("spec.running and spec.runStrategy are mutually exclusive", "spec.running")
+        strategy = "Always" if running else "Halted"
+    vs = vmi_spec(obj)
+    status = _map(obj, "status", "")
+    return VmSnapshot(
+        **ident,
+        labels=_str_map(meta, "labels", "metadata"),
+        run_strategy=strategy,
+        printable_status=_str(status, "printableStatus", "status"),
+        vcpus=vs.vcpus,
+        guest_memory=vs.guest_memory,
+    )
+
+
+def _vmim(obj: Mapping[str, Any]) -> VmimSnapshot:
+    ident = _identity(obj)
+    meta = _map(obj, "metadata", "")
+    spec = _map(obj, "spec", "")
+    vmi_name = _str(spec, "vmiName", "spec")
+    if not vmi_name:
+        raise InvalidInput("missing", "spec.vmiName")
+    status = _map(obj, "status", "")
+    raw_conds = status.get("conditions") or []
+    if not isinstance(raw_conds, list):
+        raise InvalidInput("expected a list", "status.conditions")
+    conds: list[Condition] = []
+    for i, c in enumerate(raw_conds):
+        w = f"status.conditions[{i}]"
+        if not isinstance(c, Mapping):
+            raise InvalidInput("expected an object", w)
+        ctype = _str(c, "type", w)
+        if not ctype:
+            raise InvalidInput("missing", f"{w}.type")
+        conds.append(
+            Condition(
+                type=ctype, status=_str(c, "status", w), reason=_str(c, "reason", w), message=_str(c, "message", w)
+            )
+        )
+    ann = _str_map(meta, "annotations", "metadata")
+    trigger = ""
+    if EVACUATION_ANNOTATION in ann:
+        trigger = "evacuation"
+    elif WORKLOAD_UPDATE_ANNOTATION in ann:
+        trigger = "workload-update"
+    return VmimSnapshot(
+        **ident,
+        vmi_name=vmi_name,
+        phase=_str(status, "phase", "status"),
+        deletion_timestamp=_time(meta, "deletionTimestamp", "metadata"),
+        conditions=conds,
+        rejected_by_quota=any(c.type == REJECTED_BY_QUOTA and c.status == "True" for c in conds),
+        trigger=trigger,
+    )
+
+
+_QOS_RESOURCES: Final = ("cpu", "memory")
+
+
+def _pod(obj: Mapping[str, Any]) -> PodSnapshot:
+    ident = _identity(obj)
+    meta = _map(obj, "metadata", "")
+    labels = _str_map(meta, "labels", "metadata")
+    ann = _str_map(meta, "annotations", "metadata")
+    spec = _map(obj, "spec", "")
+    if not spec:
+        raise InvalidInput("missing", "spec")
+    status = _map(obj, "status", "")
+    requests, limits = pod_resources(obj)
+    owners = meta.get("ownerReferences") or []
+    if not isinstance(owners, list):
+        raise InvalidInput("expected a list", "metadata.ownerReferences")
+    owner_name = owner_uid = ""
+    for i, o in enumerate(owners):
+        if not isinstance(o, Mapping):
+            raise InvalidInput("expected an object", f"metadata.ownerReferences[{i}]")
+        if o.get("kind") == VMI_KIND:
+            owner_name = _str(o, "name", f"metadata.ownerReferences[{i}]")
+            owner_uid = _str(o, "uid", f"metadata.ownerReferences[{i}]")
+            break
+    overhead = None
+    if ann.get(MEMORY_OVERHEAD_ANNOTATION) is not None:
+        overhead = _quantity(ann[MEMORY_OVERHEAD_ANNOTATION], f"metadata.annotations.{MEMORY_OVERHEAD_ANNOTATION}")
+    deadline = _int(spec, "activeDeadlineSeconds", "spec")
+    best_effort = not any(rl[r].nanos > 0 for rl in (requests, limits) for r in _QOS_RESOURCES if r in rl)
+    return PodSnapshot(
+        **ident,
+        labels={k: labels[k] for k in POD_LABELS_KEPT if k in labels},
+        phase=_str(status, "phase", "status"),
+        node_name=_str(spec, "nodeName", "spec"),
+        deletion_timestamp=_time(meta, "deletionTimestamp", "metadata"),
+        deletion_grace_period_seconds=_int(meta, "deletionGracePeriodSeconds", "metadata"),
+        owner_vmi_name=owner_name,
+        owner_vmi_uid=owner_uid,
+        requests=requests,
+        limits=limits,
+        usage=quota_usage_of(requests, limits),
+        memory_overhead=overhead,
+        terminating_scope=deadline is not None and deadline >= 0,
+        best_effort=best_effort,
+        priority_class_name=_str(spec, "priorityClassName", "spec"),
+    )
+
+
+def _quota(obj: Mapping[str, Any]) -> QuotaSnapshot:
+    ident = _identity(obj)
+    meta = _map(obj, "metadata", "")
+    spec = _map(obj, "spec", "")
+    status = _map(obj, "status", "")
+    scopes = spec.get("scopes") or []
+    if not isinstance(scopes, list) or not all(isinstance(s, str) for s in scopes):
+        raise InvalidInput("expected a list of scope names", "spec.scopes")
+    sel = _map(spec, "scopeSelector", "spec")
+    exprs = sel.get("matchExpressions") or []
+    if not isinstance(exprs, list):
+        raise InvalidInput("expected a list", "spec.scopeSelector.matchExpressions")
+    selectors: list[ScopeSelector] = []
+    for i, e in enumerate(exprs):
+        w = f"spec.scopeSelector.matchExpressions[{i}]"
+        if not isinstance(e, Mapping):
+            raise InvalidInput("expected an object", w)
+        values = e.get("values") or []
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise InvalidInput("expected a list of strings", f"{w}.values")
+        op = _str(e, "operator", w)
+        if op not in ("In", "NotIn", "Exists", "DoesNotExist"):
+            raise InvalidInput(f"unknown operator {op!r}", f"{w}.operator")
+        selectors.append(ScopeSelector(scope_name=_str(e, "scopeName", w), operator=op, values=list(values)))
+    return QuotaSnapshot(
+        **ident,
+        labels=_str_map(meta, "labels", "metadata"),
+        annotations=_annotations(meta),
+        spec_hard=parse_resource_list(spec.get("hard"), "spec.hard"),
+        scopes=list(scopes),
+        scope_selector=selectors,
+        status_hard=parse_resource_list(status.get("hard"), "status.hard"),
+        status_used=parse_resource_list(status.get("used"), "status.used"),
+    )
+
+
+def _namespace(obj: Mapping[str, Any]) -> NamespaceSnapshot:
+    ident = _identity(obj, namespaced=False)
+    meta = _map(obj, "metadata", "")
+    status = _map(obj, "status", "")
+    return NamespaceSnapshot(
+        **ident, labels=_str_map(meta, "labels", "metadata"), phase=_str(status, "phase", "status")
+    )
+
+
+def _kubevirt(obj: Mapping[str, Any]) -> KubeVirtSnapshot:
+    from shared.kubevirt.config import (
+        KubeVirtConfig,
+        config_fields_from_cr,
+    )  # validates the CR as the renderer reads it
+
+    ident = _identity(obj, namespaced=False)
+    config = KubeVirtConfig(**config_fields_from_cr(obj))
+    conf = _map(_map(obj, "spec", ""), "configuration", "spec")
+    status = _map(obj, "status", "")
+    return KubeVirtSnapshot(
+        **ident,
+        version=_str(status, "observedKubeVirtVersion", "status"),
+        cpu_allocation_ratio=str(config.cpu_allocation_ratio),
+        memory_overcommit=config.memory_overcommit,
+        configuration={k: conf[k] for k in _KUBEVIRT_CONFIG_KEYS if k in conf},
+    )
+
+
+_EXCEEDED_RE: Final = re.compile(r"exceeded quota: ([^,]+), requested: (.*?), used: ")
+
+
+def parse_refusal(message: str, where: str = "message") -> tuple[str, ResourceList]:
+    """The quota name and ``requested:`` amounts of a quota refusal message; ``("", {})`` for other messages."""
+    m = _EXCEEDED_RE.search(message)
+    if m is None:
+        return "", {}
+    quota, items = m.group(1).strip(), m.group(2)
+    out: ResourceList = {}
+    for item in items.split(","):
+        name, sep, value = item.strip().partition("=")
+        if not sep or not name:
+            raise InvalidInput(f"cannot read requested amount {item.strip()!r}", where)
+        out[name] = _quantity(value, f"{where} (requested {name})")
+    return quota, out
+
+
+def _event(obj: Mapping[str, Any]) -> EventSnapshot:
+    ident = _identity(obj)
+    inv = _map(obj, "involvedObject", "") or _map(obj, "regarding", "")
+    kind = _str(inv, "kind", "involvedObject")
+    reason = _str(obj, "reason", "")
+    if kind != VMI_KIND or reason != "FailedCreate":
+        raise InvalidInput(
+            f"only FailedCreate events on a {VMI_KIND} are tracked "
+            f"(got {reason or 'no reason'} on {kind or 'nothing'})",
+            "reason",
+        )
+    message = _str(obj, "message", "") or _str(obj, "note", "")
+    quota, requested = parse_refusal(message)
+    series = _map(obj, "series", "")
+    last = (
+        _time(obj, "lastTimestamp", "")
+        or _time(series, "lastObservedTime", "series")
+        or _time(obj, "eventTime", "")
+        or _time(obj, "firstTimestamp", "")
+        or ident["creation_timestamp"]
+    )
+    count = _int(obj, "count", "", None)
+    if count is None:
+        count = _int(series, "count", "series", 1)
+    return EventSnapshot(
+        **ident,
+        reason=reason,
+        type=_str(obj, "type", ""),
+        involved_kind=kind,
+        involved_name=_str(inv, "name", "involvedObject"),
+        involved_uid=_str(inv, "uid", "involvedObject"),
+        message=message[:2048],
+        quota_name=quota,
+        requested=requested,
+        count=count or 1,
+        last_timestamp=last,
+    )
+
+
+_NORMALIZERS: Final[Mapping[str, Callable[[Mapping[str, Any]], Snapshot]]] = {
+    VMI_KIND: _vmi,
+    VM_KIND: _vm,
+    VMIM_KIND: _vmim,
+    POD_KIND: _pod,
+    QUOTA_KIND: _quota,
+    NAMESPACE_KIND: _namespace,
+    KUBEVIRT_KIND: _kubevirt,
+    EVENT_KIND: _event,
+}
+
+
+def normalize(obj: Mapping[str, Any]) -> AnySnapshot:
+    """The snapshot of a raw Kubernetes object. InvalidInput names the object and the field on malformed input
+    (absurd quantities included) and on a kind accounting does not track."""
+    if not isinstance(obj, Mapping):
+        raise InvalidInput(f"expected a Kubernetes object, got {type(obj).__name__}")
+    kind = obj.get("kind")
+    fn = _NORMALIZERS.get(kind) if isinstance(kind, str) else None
+    if fn is None:
+        raise InvalidInput(
+            f"kind {kind!r} is not tracked (expected one of {', '.join(sorted(_NORMALIZERS))})",
+            f"{object_ref(obj)}: kind",
+        )
+    try:
+        return fn(obj)  # type: ignore[return-value]
+    except InvalidInput as e:
+        ref = object_ref(obj)
+        if e.where.startswith(ref):
+            raise
+        raise e.at(ref) from None

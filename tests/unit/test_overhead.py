@@ -1,0 +1,261 @@
+"""Memory overhead: KubeVirt's own test figures (main, and v1.6-v1.9 = 20 Mi less), per-version constants, each term."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any
+
+import pytest
+
+from shared.errors import InvalidInput
+from shared.kubevirt import DEFAULT_VERSION, KubeVirtConfig, memory_overhead, profile
+from shared.quantity import Format, Quantity
+from shared.vmi import vmi_spec
+
+MI = 1024 * 1024
+
+
+def vmi(domain: dict[str, Any] | None = None, spec: dict[str, Any] | None = None, memory: str | None = "1Gi"):
+    d: dict[str, Any] = {"resources": {"requests": {"memory": memory}} if memory else {}}
+    d.update(domain or {})
+    s: dict[str, Any] = {"domain": d}
+    s.update(spec or {})
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": "vm", "namespace": "ns"},
+        "spec": s,
+    }
+
+
+def overhead(obj, version: str = "main", **cfg) -> int:
+    return memory_overhead(vmi_spec(obj), KubeVirtConfig(version=version, **cfg)).ceil()
+
+
+# KubeVirt's figures (pkg/hypervisor/kvm/hypervisorbackend_test.go): requests.memory 1Gi, amd64, main constants
+CHECKS: list[tuple[str, dict[str, Any], dict[str, Any], dict[str, Any], int]] = [
+    ("default 1 vCPU", {}, {}, {}, 290),
+    ("2x2x2 topology", {"cpu": {"sockets": 2, "cores": 2, "threads": 2}}, {}, {}, 346),
+    (
+        "no topology, cpu request 3 / limit 5",
+        {"resources": {"requests": {"memory": "1Gi", "cpu": "3"}, "limits": {"cpu": "5"}}},
+        {},
+        {},
+        322,
+    ),
+    ("cpu request 3 only", {"resources": {"requests": {"memory": "1Gi", "cpu": "3"}}}, {}, {}, 306),
+    ("no graphics", {"devices": {"autoattachGraphicsDevice": False}}, {}, {}, 258),
+    ("arm64", {}, {}, {"arch": "arm64"}, 418),
+    ("VFIO host device", {"devices": {"hostDevices": [{"name": "h", "deviceName": "vendor/dev"}]}}, {}, {}, 1314),
+    ("VFIO GPU", {"devices": {"gpus": [{"name": "g", "deviceName": "nvidia.com/A10"}]}}, {}, {}, 1314),
+    ("VFIO SR-IOV", {"devices": {"interfaces": [{"name": "s", "sriov": {}}]}}, {}, {}, 1314),
+    ("downwardMetrics", {}, {"volumes": [{"name": "m", "downwardMetrics": {}}]}, {}, 291),
+    ("one exec probe", {}, {"readinessProbe": {"exec": {"command": ["x"]}}}, {}, 400),
+    (
+        "both exec probes",
+        {},
+        {"readinessProbe": {"exec": {"command": ["x"]}}, "livenessProbe": {"exec": {"command": ["x"]}}},
+        {},
+        410,
+    ),
+    ("SEV", {"launchSecurity": {"sev": {}}}, {}, {}, 546),
+    ("SEV-SNP", {"launchSecurity": {"snp": {}}}, {}, {}, 546),
+    ("TPM", {"devices": {"tpm": {}}}, {}, {}, 343),
+    ("dedicated CPUs", {"cpu": {"dedicatedCpuPlacement": True}}, {}, {}, 390),
+]
+
+
+@pytest.mark.parametrize(("name", "domain", "spec", "cfg", "mib"), CHECKS, ids=[c[0] for c in CHECKS])
+def test_kubevirt_figures_main(name, domain, spec, cfg, mib):
+    assert overhead(vmi(domain, spec), "main", **cfg) == mib * MI
+
+
+@pytest.mark.parametrize(("name", "domain", "spec", "cfg", "mib"), CHECKS, ids=[c[0] for c in CHECKS])
+@pytest.mark.parametrize("version", ["v1.6", "v1.7", "v1.8", "v1.9"])
+def test_kubevirt_figures_v16_v19_are_20mi_less(name, domain, spec, cfg, mib, version):
+    assert overhead(vmi(domain, spec), version, **cfg) == (mib - 20) * MI
+
+
+def test_default_figure_in_bytes():
+    assert overhead(vmi()) == 304087040
+
+
+@pytest.mark.parametrize(("ratio", "expected"), [("3.2", 973080040), ("2.332", 709132040), ("1.234", 375243040)])
+def test_additional_guest_memory_overhead_ratio(ratio, expected):
+    assert overhead(vmi(), additional_guest_memory_overhead_ratio=ratio) == expected
+
+
+def test_ratio_one_changes_nothing():
+    assert overhead(vmi(), additional_guest_memory_overhead_ratio="1.0") == 290 * MI
+
+
+@pytest.mark.parametrize(
+    ("version", "fixed_mib", "video_mib"),
+    [("v1.0", 210, 16), ("v1.4", 210, 16), ("v1.5", 220, 16), ("v1.6", 220, 32), ("v1.9", 220, 32), ("main", 240, 32)],
+)
+def test_version_constants(version, fixed_mib, video_mib):
+    p = profile(version)
+    assert p.fixed_overhead == fixed_mib * MI
+    assert p.video_overhead == video_mib * MI
+    # pagetables 2 Mi + fixed + 8 per vCPU + 8 IOThread + video
+    assert overhead(vmi(), version) == (2 + fixed_mib + 8 + 8 + video_mib) * MI
+    assert overhead(vmi({"devices": {"autoattachGraphicsDevice": False}}), version) == (2 + fixed_mib + 16) * MI
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        ("v1.0", "v1.0-v1.4"),
+        ("1.3", "v1.0-v1.4"),
+        ("v1.5.2", "v1.5"),
+        ("v1.6.0-rc.1", "v1.6-v1.9"),
+        ("v1.9.2", "v1.6-v1.9"),
+        ("main", "main"),
+    ],
+)
+def test_profile_parsing(text, name):
+    assert profile(text).name == name
+
+
+@pytest.mark.parametrize("text", ["v2.0", "v1.10", "v0.59", "latest", "", "1", "v1.x"])
+def test_profile_rejects_unknown_versions(text):
+    with pytest.raises(InvalidInput):
+        profile(text)
+
+
+def test_default_version_is_v19():
+    assert DEFAULT_VERSION == "v1.9"
+    assert KubeVirtConfig().profile.name == "v1.6-v1.9"
+
+
+def test_pagetables_use_the_explicit_request_only():
+    # v1.6+: the VMI keeps no memory request when only memory.guest is set -> no page-table term
+    guest_only = vmi({"memory": {"guest": "1Gi"}}, memory=None)
+    assert overhead(guest_only, "v1.9") == 268 * MI
+    # v1.0-v1.5: the admission webhook wrote requests.memory = guest, so page tables count
+    assert overhead(guest_only, "v1.5") == 254 * MI
+    # pagetables on 64Gi: ceil(bytes/1000)*1000 // 512
+    big = vmi(memory="64Gi")
+    assert overhead(big, "v1.9") == (-(-(64 * 1024**3) // 1000) * 1000) // 512 + 268 * MI
+
+
+def test_old_admission_applies_memory_overcommit_to_the_pagetable_request():
+    guest_only = vmi({"memory": {"guest": "2Gi"}}, memory=None)
+    request = 2 * 1024**3 * 100 // 150
+    expected = (-(-request // 1000) * 1000) // 512 + 252 * MI
+    assert overhead(guest_only, "v1.5", memory_overcommit=150) == expected
+
+
+def test_vcpus_count_topology_not_the_supplemental_pool():
+    obj = vmi(
+        {"cpu": {"sockets": 2}, "ioThreadsPolicy": "supplementalPool", "ioThreads": {"supplementalPoolThreadCount": 4}}
+    )
+    assert overhead(obj) == 298 * MI
+
+
+def test_no_cpu_struct_uses_ceil_of_limit():
+    obj = vmi({"resources": {"requests": {"memory": "1Gi"}, "limits": {"cpu": "1500m"}}})
+    assert overhead(obj) == 298 * MI
+
+
+def test_tpm_disabled_adds_nothing():
+    assert overhead(vmi({"devices": {"tpm": {"enabled": False}}})) == 290 * MI
+
+
+def test_guaranteed_qos_adds_100mi():
+    obj = vmi({"resources": {"requests": {"memory": "1Gi", "cpu": "2"}, "limits": {"memory": "1Gi", "cpu": "2"}}})
+    assert overhead(obj) == (290 + 8 + 100) * MI
+
+
+def test_guaranteed_qos_from_cpu_limit_default():
+    # admission copies limits.cpu into requests.cpu, so memory/cpu limits alone ask for Guaranteed QoS
+    obj = vmi({"resources": {"requests": {"memory": "1Gi"}, "limits": {"memory": "1Gi", "cpu": "1"}}})
+    assert overhead(obj) == 390 * MI
+
+
+def test_limit_only_memory_is_guaranteed_before_v16_only():
+    obj = vmi({"resources": {"limits": {"memory": "1Gi", "cpu": "1"}}}, memory=None)
+    # v1.5: the webhook wrote requests.memory = limits.memory -> pagetables + Guaranteed
+    assert overhead(obj, "v1.5") == (254 + 100) * MI
+    # v1.9: no memory request on the VMI -> neither
+    assert overhead(obj, "v1.9") == 268 * MI
+
+
+def test_reserved_overhead_v18_and_later():
+    obj = vmi({"memory": {"reservedOverhead": {"addedOverhead": "100Mi"}}})
+    assert overhead(obj, "v1.8") == 370 * MI
+    assert overhead(obj, "main") == 390 * MI
+    assert overhead(obj, "v1.7") == 270 * MI
+
+
+def test_passt_and_binding_plugins_after_the_ratio():
+    passt = vmi({"devices": {"interfaces": [{"name": "default", "passtBinding": {}}]}})
+    assert overhead(passt) == 540 * MI
+    # the ratio does not scale the passt term
+    assert (
+        overhead(passt, additional_guest_memory_overhead_ratio="2")
+        - overhead(vmi(), additional_guest_memory_overhead_ratio="2")
+        == 250 * MI
+    )
+    plugin = vmi(
+        {"devices": {"interfaces": [{"name": "a", "binding": {"name": "x"}}, {"name": "b", "binding": {"name": "x"}}]}}
+    )
+    assert overhead(plugin, network_binding_memory={"x": Quantity.parse("100Mi")}) == 390 * MI  # each plugin counted once
+    assert overhead(plugin) == 290 * MI  # unregistered plugin: nothing
+
+
+def test_architecture_of_the_vmi_wins():
+    assert overhead(vmi(spec={"architecture": "arm64"})) == 418 * MI
+    assert overhead(vmi(spec={"architecture": "amd64"}), arch="arm64") == 290 * MI
+
+
+def test_format_follows_kubernetes_addition():
+    q = memory_overhead(vmi_spec(vmi()), KubeVirtConfig(version="main"))
+    assert q.format is Format.DECIMAL_SI and q.canonical() == "304087040"
+    q = memory_overhead(vmi_spec(vmi({"memory": {"guest": "1Gi"}}, memory=None)), KubeVirtConfig(version="main"))
+    assert q.format is Format.BINARY_SI and q.canonical() == "288Mi"
+
+
+@pytest.mark.parametrize(
+    ("domain", "field"),
+    [
+        ({"devices": []}, "spec.domain.devices"),
+        ({"devices": {"gpus": {}}}, "spec.domain.devices.gpus"),
+        ({"devices": {"interfaces": ["x"]}}, "spec.domain.devices.interfaces[0]"),
+        ({"devices": {"autoattachGraphicsDevice": "no"}}, "spec.domain.devices.autoattachGraphicsDevice"),
+        (
+            {"memory": {"reservedOverhead": {"addedOverhead": "lots"}}},
+            "spec.domain.memory.reservedOverhead.addedOverhead",
+        ),
+    ],
+)
+def test_malformed_fields_are_named(domain, field):
+    with pytest.raises(InvalidInput) as e:
+        overhead(vmi(domain))
+    assert e.value.where == f"VirtualMachineInstance ns/vm: {field}"
+
+
+def test_vm_template_fields_are_named_with_their_path():
+    vm = {
+        "kind": "VirtualMachine",
+        "metadata": {"name": "v", "namespace": "ns"},
+        "spec": {"template": {"spec": {"domain": {"devices": []}}}},
+    }
+    with pytest.raises(InvalidInput) as e:
+        memory_overhead(vmi_spec(vm), KubeVirtConfig())
+    assert e.value.where == "VirtualMachine ns/v: spec.template.spec.domain.devices"
+
+
+def test_config_validation():
+    with pytest.raises(InvalidInput):
+        KubeVirtConfig(additional_guest_memory_overhead_ratio="0.5")
+    with pytest.raises(InvalidInput):
+        KubeVirtConfig(additional_guest_memory_overhead_ratio="abc")
+    with pytest.raises(InvalidInput):
+        KubeVirtConfig(cpu_allocation_ratio=Fraction(0))
+    with pytest.raises(InvalidInput):
+        KubeVirtConfig(memory_overcommit=0)
+    with pytest.raises(InvalidInput):
+        KubeVirtConfig(version="v3")
+    with pytest.raises(InvalidInput):
+        KubeVirtConfig(arch="mips")

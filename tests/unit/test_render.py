@@ -1,0 +1,575 @@
+"""The launcher pod: compute container rules, support containers, automatic limits, version differences."""
+
+from __future__ import annotations
+
+import copy
+from fractions import Fraction
+from typing import Any
+
+import pytest
+
+from shared.errors import InvalidInput
+from shared.kubevirt import (
+    AUTO_MEMORY_LIMITS_RATIO_LABEL,
+    MEMORY_OVERHEAD_ANNOTATION,
+    KubeVirtConfig,
+    NamespaceFacts,
+    cpu_request,
+    render_launcher_pod,
+)
+from shared.podusage import pod_totals
+from shared.quantity import Quantity
+from shared.vmi import vmi_spec
+
+MI = 1024 * 1024
+Q = Quantity.parse
+NO_QUOTA = NamespaceFacts()
+LIMITS_QUOTA = NamespaceFacts(quota_has_limits_cpu=True, quota_has_limits_memory=True)
+
+
+def vmi(domain: dict[str, Any] | None = None, spec: dict[str, Any] | None = None, **meta: Any) -> dict[str, Any]:
+    d: dict[str, Any] = {"resources": {"requests": {"memory": "1Gi"}}}
+    d.update(domain or {})
+    s: dict[str, Any] = {"domain": d}
+    s.update(spec or {})
+    m = {"name": "vm1", "namespace": "ns", **meta}
+    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": m, "spec": s}
+
+
+def render(obj, version: str = "v1.9", ns: NamespaceFacts = NO_QUOTA, **cfg):
+    return render_launcher_pod(obj, KubeVirtConfig(version=version, **cfg), ns)
+
+
+def res(rl) -> dict[str, str]:
+    return {k: v.canonical() for k, v in rl.items()}
+
+
+def values(rl) -> dict[str, int]:
+    return {k: v.ceil() if k != "cpu" else v.milli_ceil() for k, v in rl.items()}
+
+
+# ---- the default pod ----------------------------------------------------------------------------------------------
+
+
+def test_default_pod():
+    pod = render(vmi())
+    compute = pod.container("compute")
+    assert res(compute.requests) == {"cpu": "100m", "memory": "1294Mi", "ephemeral-storage": "50M"}
+    assert compute.limits == {}
+    console = pod.container("guest-console-log")
+    assert console.init and console.restartable
+    assert res(console.requests) == {"cpu": "5m", "memory": "35M"}
+    assert res(console.limits) == {"cpu": "15m", "memory": "60M"}
+    assert [c.name for c in pod.containers] == ["guest-console-log", "compute"]
+    assert pod.memory_overhead.ceil() == 270 * MI
+    assert pod.annotations == {MEMORY_OVERHEAD_ANNOTATION: str(270 * MI)}
+    assert (pod.requests, pod.limits) == pod_totals(pod.containers)
+    assert values(pod.requests) == {"cpu": 105, "memory": 1294 * MI + 35_000_000, "ephemeral-storage": 50_000_000}
+
+
+def test_pod_spec_shape():
+    spec = render(vmi()).pod_spec()
+    assert spec["containers"][0]["name"] == "compute"
+    assert spec["initContainers"][0]["restartPolicy"] == "Always"
+
+
+def test_vm_template_renders_like_its_vmi():
+    vm = {
+        "kind": "VirtualMachine",
+        "metadata": {"name": "vm1", "namespace": "ns"},
+        "spec": {"runStrategy": "Always", "template": {"spec": vmi()["spec"]}},
+    }
+    assert render(vm).requests == render(vmi()).requests
+
+
+def test_accepts_a_vmi_spec():
+    assert render_launcher_pod(vmi_spec(vmi()), KubeVirtConfig(), NO_QUOTA).requests == render(vmi()).requests
+
+
+# ---- CPU ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("vcpus", "ratio", "expected"),
+    [
+        (1, 10, "100m"),
+        (4, 10, "400m"),
+        (10, 10, "1"),
+        (12, 10, "1200m"),
+        (16, 10, "1600m"),
+        (3, 1, "3"),
+        (1, 3, "333333334n"),
+        (2, 4, "500m"),
+    ],
+)
+def test_cpu_request_is_vcpus_over_ratio(vcpus, ratio, expected):
+    assert cpu_request(vcpus, Fraction(ratio)).canonical() == expected
+    obj = vmi({"cpu": {"sockets": vcpus}})
+    assert (
+        render(obj, cpu_allocation_ratio=Fraction(ratio)).container("compute").requests["cpu"].canonical() == expected
+    )
+
+
+def test_topology_and_supplemental_pool_size_the_cpu_request():
+    obj = vmi({"cpu": {"sockets": 2, "cores": 2, "threads": 2}})
+    assert render(obj).container("compute").requests["cpu"] == Q("800m")
+    pool = vmi(
+        {"cpu": {"sockets": 2}, "ioThreadsPolicy": "supplementalPool", "ioThreads": {"supplementalPoolThreadCount": 2}}
+    )
+    assert render(pool).container("compute").requests["cpu"] == Q("400m")
+
+
+def test_explicit_cpu_request_and_limit_win():
+    obj = vmi({"resources": {"requests": {"memory": "1Gi", "cpu": "250m"}, "limits": {"cpu": "3"}}})
+    c = render(obj, ns=LIMITS_QUOTA).container("compute")
+    assert c.requests["cpu"] == Q("250m")
+    assert c.limits["cpu"] == Q("3")
+
+
+def test_cpu_limit_alone_becomes_the_request():
+    obj = vmi({"resources": {"requests": {"memory": "1Gi"}, "limits": {"cpu": "2"}}})
+    c = render(obj).container("compute")
+    assert c.requests["cpu"] == Q("2") and c.limits["cpu"] == Q("2")
+
+
+def test_cluster_cpu_request_default():
+    c = render(vmi(), cpu_request=Q("250m")).container("compute")
+    assert c.requests["cpu"] == Q("250m")
+    c = render(vmi(), cpu_request=Q("100m")).container("compute")  # the built-in default: vCPUs / ratio
+    assert c.requests["cpu"] == Q("100m")
+
+
+# ---- automatic limits -------------------------------------------------------------------------------------
+
+
+def test_quota_with_limits_adds_cpu_and_memory_limits():
+    c = render(vmi({"cpu": {"sockets": 4}}), ns=LIMITS_QUOTA).container("compute")
+    assert c.limits["cpu"] == Q("4")
+    assert c.requests["memory"].ceil() == 1024 * MI + 294 * MI
+    assert c.limits["memory"].ceil() == 2 * (1024 + 294) * MI
+
+
+def test_quota_with_requests_only_sets_no_limits():
+    c = render(vmi(), ns=NamespaceFacts()).container("compute")
+    assert "cpu" not in c.limits and "memory" not in c.limits
+
+
+def test_only_the_quota_resource_that_has_a_limit_triggers():
+    c = render(vmi(), ns=NamespaceFacts(quota_has_limits_memory=True)).container("compute")
+    assert "cpu" not in c.limits and "memory" in c.limits
+    c = render(vmi(), ns=NamespaceFacts(quota_has_limits_cpu=True)).container("compute")
+    assert "cpu" in c.limits and "memory" not in c.limits
+
+
+@pytest.mark.parametrize(
+    ("label", "ratio"),
+    [("3", 3.0), ("1.5", 1.5), ("1", 1.0), ("0.5", 2.0), ("abc", 2.0), ("", 2.0), (" 3", 2.0), ("inf", 2.0)],
+)
+def test_namespace_memory_limits_ratio(label, ratio):
+    ns = NamespaceFacts(labels={AUTO_MEMORY_LIMITS_RATIO_LABEL: label}, quota_has_limits_memory=True)
+    c = render(vmi(), ns=ns).container("compute")
+    assert c.limits["memory"].ceil() == int(float(1294 * MI) * ratio)
+
+
+def test_explicit_memory_limit_is_kept_plus_overhead():
+    obj = vmi({"resources": {"requests": {"memory": "1Gi"}, "limits": {"memory": "2Gi"}}})
+    c = render(obj, ns=LIMITS_QUOTA).container("compute")
+    assert c.limits["memory"].ceil() == (2048 + 270) * MI
+    assert c.requests["memory"].ceil() == (1024 + 270) * MI
+
+
+@pytest.mark.parametrize(
+    ("version", "gate", "limited"),
+    [
+        ("v1.0", True, False),
+        ("v1.1", False, False),
+        ("v1.4", True, True),
+        ("v1.4", False, False),
+        ("v1.5", False, True),
+        ("main", False, True),
+    ],
+)
+def test_auto_limits_by_version(version, gate, limited):
+    gates = frozenset({"AutoResourceLimitsGate"}) if gate else frozenset()
+    c = render(vmi(), version, ns=LIMITS_QUOTA, feature_gates=gates).container("compute")
+    assert ("cpu" in c.limits) is limited
+    assert ("memory" in c.limits) is limited
+
+
+def test_auto_cpu_limit_namespace_label_selector():
+    sel = {"matchLabels": {"tier": "gold"}, "matchExpressions": [{"key": "env", "operator": "In", "values": ["prod"]}]}
+    ns = NamespaceFacts(labels={"tier": "gold", "env": "prod"})
+    c = render(vmi({"cpu": {"sockets": 2}}), ns=ns, auto_cpu_limit_namespace_label_selector=sel).container("compute")
+    assert c.limits["cpu"] == Q("2") and "memory" not in c.limits
+    other = NamespaceFacts(labels={"tier": "gold", "env": "dev"})
+    c = render(vmi(), ns=other, auto_cpu_limit_namespace_label_selector=sel).container("compute")
+    assert "cpu" not in c.limits
+    # v1.0 has the selector even without quota-triggered limits
+    c = render(vmi(), "v1.0", ns=ns, auto_cpu_limit_namespace_label_selector=sel).container("compute")
+    assert c.limits["cpu"] == Q("1")
+
+
+# ---- dedicated CPUs / Guaranteed QoS ---------------------------------------------------------------------------
+
+
+def test_dedicated_cpus():
+    obj = vmi({"cpu": {"sockets": 2, "cores": 2, "dedicatedCpuPlacement": True}})
+    c = render(obj).container("compute")
+    assert c.requests["cpu"] == c.limits["cpu"] == Q("4")
+    assert c.requests["memory"] == c.limits["memory"]
+    assert c.requests["memory"].ceil() == (1024 + 270 + 24 + 100) * MI
+
+
+def test_dedicated_cpus_override_explicit_cpu_values():
+    obj = vmi(
+        {
+            "cpu": {"sockets": 2, "dedicatedCpuPlacement": True, "isolateEmulatorThread": True},
+            "resources": {"requests": {"memory": "1Gi", "cpu": "500m"}, "limits": {"cpu": "8"}},
+        }
+    )
+    c = render(obj).container("compute")
+    assert c.requests["cpu"] == c.limits["cpu"] == Q("3")
+
+
+def test_isolate_emulator_thread_even_parity_annotation():
+    domain = {"cpu": {"sockets": 3, "dedicatedCpuPlacement": True, "isolateEmulatorThread": True}}
+    obj = vmi(domain, annotations={"alpha.kubevirt.io/EmulatorThreadCompleteToEvenParity": ""})
+    assert render(obj).container("compute").limits["cpu"] == Q("4")
+    domain["cpu"]["sockets"] = 4
+    assert render(vmi(domain, annotations={"alpha.kubevirt.io/EmulatorThreadCompleteToEvenParity": ""})).container(
+        "compute"
+    ).limits["cpu"] == Q("6")
+
+
+def test_guaranteed_qos_support_containers():
+    obj = vmi(
+        {"resources": {"requests": {"memory": "1Gi", "cpu": "1"}, "limits": {"memory": "1Gi", "cpu": "1"}}},
+        {"volumes": [{"name": "root", "containerDisk": {"image": "quay.io/x:1"}}]},
+    )
+    pod = render(obj)
+    for name in ("guest-console-log", "volumeroot", "volumeroot-init"):
+        c = pod.container(name)
+        assert {k: c.requests[k] for k in ("cpu", "memory")} == {k: c.limits[k] for k in ("cpu", "memory")}, name
+    assert res(pod.container("container-disk-binary").requests) == {"cpu": "10m", "memory": "40M"}
+    compute = pod.container("compute")
+    assert compute.requests["memory"] == compute.limits["memory"]
+    assert compute.requests["memory"].ceil() == (1024 + 370) * MI
+
+
+# ---- memory ---------------------------------------------------------------------------------------------------
+
+
+def test_guest_only_memory_request():
+    obj = vmi({"memory": {"guest": "2Gi"}, "resources": {}})
+    c = render(obj).container("compute")
+    assert c.requests["memory"].ceil() == (2048 + 268) * MI
+
+
+def test_limit_only_memory_request():
+    obj = vmi({"resources": {"limits": {"memory": "2Gi"}}})
+    c = render(obj).container("compute")
+    assert c.requests["memory"] == c.limits["memory"]
+    assert c.requests["memory"].ceil() == (2048 + 268) * MI
+
+
+def test_memory_overcommit():
+    obj = vmi({"memory": {"guest": "3000Mi"}, "resources": {}})
+    c = render(obj, memory_overcommit=150).container("compute")
+    assert c.requests["memory"].ceil() == 3000 * MI * 100 // 150 + 268 * MI
+    # an explicit request is never overcommitted
+    c = render(vmi({"memory": {"guest": "3000Mi"}}), memory_overcommit=150).container("compute")
+    assert c.requests["memory"].ceil() == (1024 + 270) * MI
+    # dedicated CPUs are not overcommitted (v1.6+)
+    ded = vmi({"memory": {"guest": "3000Mi"}, "resources": {}, "cpu": {"dedicatedCpuPlacement": True}})
+    assert render(ded, memory_overcommit=150).container("compute").requests["memory"].ceil() == (3000 + 368) * MI
+
+
+def test_overcommit_guest_overhead():
+    obj = vmi(
+        {"resources": {"requests": {"memory": "1Gi"}, "limits": {"memory": "2Gi"}, "overcommitGuestOverhead": True}}
+    )
+    c = render(obj).container("compute")
+    assert c.requests["memory"] == Q("1Gi")
+    assert c.limits["memory"].ceil() == (2048 + 270) * MI
+
+
+def test_hugepages():
+    obj = vmi({"memory": {"guest": "4Gi", "hugepages": {"pageSize": "2Mi"}}, "resources": {}})
+    c = render(obj).container("compute")
+    assert c.requests["hugepages-2Mi"] == c.limits["hugepages-2Mi"] == Q("4Gi")
+    assert c.requests["memory"].ceil() == 268 * MI
+    assert "memory" not in c.limits
+
+
+def test_hugepages_request_above_guest_and_limit():
+    obj = vmi(
+        {
+            "memory": {"guest": "1Gi", "hugepages": {"pageSize": "1Gi"}},
+            "resources": {"requests": {"memory": "2Gi"}, "limits": {"memory": "3Gi"}},
+        }
+    )
+    c = render(obj).container("compute")
+    assert c.requests["hugepages-1Gi"] == Q("1Gi")
+    assert c.requests["memory"].ceil() == (1024 + 272) * MI  # request above guest + overhead (4 Mi page tables)
+    assert c.limits["memory"].ceil() == (2048 + 272) * MI
+
+
+def test_hugepages_without_guest_use_the_page_size():
+    obj = vmi({"memory": {"hugepages": {"pageSize": "1Gi"}}, "resources": {}})
+    c = render(obj).container("compute")
+    assert c.requests["hugepages-1Gi"] == Q("1Gi")
+
+
+def test_no_memory_at_all_is_refused():
+    with pytest.raises(InvalidInput) as e:
+        render(vmi({"resources": {}}))
+    assert e.value.where == "VirtualMachineInstance ns/vm1: spec.domain.memory.guest"
+
+
+def test_ephemeral_storage():
+    c = render(vmi()).container("compute")
+    assert c.requests["ephemeral-storage"] == Q("50M")
+    obj = vmi(
+        {"resources": {"requests": {"memory": "1Gi", "ephemeral-storage": "1G"}, "limits": {"ephemeral-storage": "2G"}}}
+    )
+    c = render(obj).container("compute")
+    assert c.requests["ephemeral-storage"] == Q("1050M")
+    assert c.limits["ephemeral-storage"] == Q("2050M")
+
+
+def test_published_overhead_is_preferred():
+    obj = vmi()
+    obj["status"] = {"memory": {"memoryOverhead": "300Mi"}}
+    pod = render(obj)
+    assert pod.memory_overhead == Q("300Mi")
+    assert pod.container("compute").requests["memory"] == Q("1324Mi")
+    assert pod.annotations[MEMORY_OVERHEAD_ANNOTATION] == str(300 * MI)
+    obj["status"] = {"memory": {"memoryOverhead": "lots"}}
+    with pytest.raises(InvalidInput) as e:
+        render(obj)
+    assert e.value.where == "VirtualMachineInstance ns/vm1: status.memory.memoryOverhead"
+
+
+# ---- support containers ---------------------------------------------------------------------------------------
+
+
+def test_container_disks():
+    obj = vmi(
+        spec={
+            "volumes": [
+                {"name": "root", "containerDisk": {"image": "a"}},
+                {"name": "data", "containerDisk": {"image": "b"}},
+                {"name": "ci", "cloudInitNoCloud": {}},
+            ]
+        }
+    )
+    pod = render(obj)
+    names = [c.name for c in pod.containers]
+    assert names == [
+        "guest-console-log",
+        "container-disk-binary",
+        "volumeroot-init",
+        "volumedata-init",
+        "compute",
+        "volumeroot",
+        "volumedata",
+    ]
+    disk = pod.container("volumeroot")
+    assert res(disk.requests) == {"cpu": "1m", "memory": "1M", "ephemeral-storage": "50M"}
+    assert res(disk.limits) == {"cpu": "10m", "memory": "40M"}
+    binary = pod.container("container-disk-binary")
+    assert binary.init and not binary.restartable
+    assert res(binary.requests) == {"cpu": "10m", "memory": "1M"}
+    assert res(binary.limits) == {"cpu": "100m", "memory": "40M"}
+    assert values(pod.requests)["cpu"] == 100 + 5 + 2
+    assert pod.requests["ephemeral-storage"] == Q("150M")
+
+
+def test_container_disks_are_image_volumes_with_the_gate():
+    obj = vmi(spec={"volumes": [{"name": "root", "containerDisk": {"image": "a"}}]})
+    pod = render(obj, feature_gates=frozenset({"ImageVolume"}))
+    assert [c.name for c in pod.containers] == ["guest-console-log", "compute"]
+
+
+def test_kernel_boot_container():
+    obj = vmi({"firmware": {"kernelBoot": {"container": {"image": "k"}}}})
+    names = [c.name for c in render(obj).containers]
+    assert "volumekernel-boot-volume" in names and "container-disk-binary" in names
+
+
+@pytest.mark.parametrize(
+    ("devices", "cfg", "version", "present"),
+    [
+        ({}, {}, "v1.9", True),
+        ({"logSerialConsole": False}, {}, "v1.9", False),
+        ({"autoattachSerialConsole": False}, {}, "v1.9", False),
+        ({}, {"disable_serial_console_log": True}, "v1.9", False),
+        ({"logSerialConsole": True}, {"disable_serial_console_log": True}, "v1.9", True),
+        ({}, {}, "v1.0", False),
+    ],
+)
+def test_guest_console_log(devices, cfg, version, present):
+    names = [c.name for c in render(vmi({"devices": devices}), version, **cfg).containers]
+    assert ("guest-console-log" in names) is present
+
+
+def test_virtiofs():
+    obj = vmi(
+        {"devices": {"filesystems": [{"name": "share", "virtiofs": {}}]}},
+        {"volumes": [{"name": "share", "persistentVolumeClaim": {"claimName": "c"}}]},
+    )
+    c = render(obj).container("virtiofs-share")
+    assert res(c.requests) == {"cpu": "10m", "memory": "1M"}
+    assert res(c.limits) == {"cpu": "100m", "memory": "80M"}
+    ded = copy.deepcopy(obj)
+    ded["spec"]["domain"]["cpu"] = {"dedicatedCpuPlacement": True}
+    c = render(ded).container("virtiofs-share")
+    assert res(c.requests) == {"cpu": "100m", "memory": "80M"}
+
+
+def test_support_container_resources_config():
+    table = {
+        "guest-console-log": ({"cpu": Q("50m")}, {"memory": Q("100M")}),
+        "containerDisk": ({"memory": Q("2M")}, {"cpu": Q("20m")}),
+    }
+    obj = vmi(spec={"volumes": [{"name": "root", "containerDisk": {"image": "a"}}]})
+    pod = render(obj, support_container_resources=table)
+    assert res(pod.container("guest-console-log").requests) == {"cpu": "50m", "memory": "35M"}
+    assert res(pod.container("guest-console-log").limits) == {"cpu": "15m", "memory": "100M"}
+    assert res(pod.container("volumeroot").requests) == {"cpu": "1m", "memory": "2M", "ephemeral-storage": "50M"}
+    assert res(pod.container("volumeroot").limits) == {"cpu": "20m", "memory": "40M"}
+
+
+def test_hook_sidecars():
+    ann = {"hooks.kubevirt.io/hookSidecars": '[{"image": "a"}, {"image": "b"}]'}
+    pod = render(vmi(annotations=ann))
+    assert [c.name for c in pod.containers][-2:] == ["hook-sidecar-0", "hook-sidecar-1"]
+    assert pod.container("hook-sidecar-0").requests == {}
+    ded = vmi({"cpu": {"dedicatedCpuPlacement": True}}, annotations=ann)
+    assert res(render(ded).container("hook-sidecar-1").requests) == {"cpu": "200m", "memory": "64M"}
+    with pytest.raises(InvalidInput) as e:
+        render(vmi(annotations={"hooks.kubevirt.io/hookSidecars": "[oops"}))
+    assert "hookSidecars" in str(e.value)
+
+
+def test_gpu_device_plugin_resources():
+    obj = vmi(
+        {
+            "devices": {
+                "gpus": [{"name": "g1", "deviceName": "nvidia.com/A10"}, {"name": "g2", "deviceName": "nvidia.com/A10"}]
+            }
+        }
+    )
+    pod = render(obj)
+    assert pod.requests["nvidia.com/A10"] == pod.limits["nvidia.com/A10"] == Q("2")
+
+
+# ---- configuration from the KubeVirt CR ----------------------------------------------------------------------------
+
+
+def test_from_cr():
+    cr = {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "KubeVirt",
+        "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+        "spec": {
+            "configuration": {
+                "developerConfiguration": {
+                    "cpuAllocationRatio": 4,
+                    "memoryOvercommit": 150,
+                    "featureGates": ["ImageVolume"],
+                },
+                "additionalGuestMemoryOverheadRatio": "1.5",
+                "autoCPULimitNamespaceLabelSelector": {"matchLabels": {"a": "b"}},
+                "supportContainerResources": [{"type": "virtiofs", "resources": {"limits": {"memory": "100M"}}}],
+                "network": {
+                    "binding": {
+                        "passt": {"sidecarImage": "x", "computeResourceOverhead": {"requests": {"memory": "250Mi"}}}
+                    }
+                },
+                "virtualMachineOptions": {"disableSerialConsoleLog": {}},
+            }
+        },
+        "status": {"observedKubeVirtVersion": "v1.4.1"},
+    }
+    cfg = KubeVirtConfig.from_cr(cr)
+    assert cfg.version == "v1.4.1" and cfg.profile.name == "v1.0-v1.4"
+    assert cfg.cpu_allocation_ratio == 4 and cfg.memory_overcommit == 150
+    assert cfg.feature_gates == {"ImageVolume"}
+    assert cfg.overhead_ratio == 1.5
+    assert cfg.auto_cpu_limit_namespace_label_selector == {"matchLabels": {"a": "b"}}
+    assert cfg.support_container_resources["virtiofs"] == ({}, {"memory": Q("100M")})
+    assert cfg.network_binding_memory == {"passt": Q("250Mi")}
+    assert cfg.network_binding_sidecars == {"passt"}
+    assert cfg.disable_serial_console_log
+    assert KubeVirtConfig.from_cr(cr, version="main").profile.name == "main"
+    assert KubeVirtConfig.from_cr({}).version == "v1.9"
+
+
+@pytest.mark.parametrize(
+    ("conf", "field"),
+    [
+        (
+            {"developerConfiguration": {"cpuAllocationRatio": 0}},
+            "spec.configuration.developerConfiguration.cpuAllocationRatio",
+        ),
+        (
+            {"developerConfiguration": {"memoryOvercommit": "a"}},
+            "spec.configuration.developerConfiguration.memoryOvercommit",
+        ),
+        ({"developerConfiguration": {"featureGates": "x"}}, "spec.configuration.developerConfiguration.featureGates"),
+        ({"additionalGuestMemoryOverheadRatio": "0.9"}, "spec.configuration.additionalGuestMemoryOverheadRatio"),
+        (
+            {"autoCPULimitNamespaceLabelSelector": {"matchExpressions": [{"key": "a", "operator": "Near"}]}},
+            "spec.configuration.autoCPULimitNamespaceLabelSelector.matchExpressions[0].operator",
+        ),
+        ({"supportContainerResources": [{"type": "nope"}]}, "spec.configuration.supportContainerResources[0].type"),
+        ({"cpuRequest": "x"}, "spec.configuration.cpuRequest"),
+    ],
+)
+def test_from_cr_errors_name_the_field(conf, field):
+    cr = {"kind": "KubeVirt", "metadata": {"name": "kv"}, "spec": {"configuration": conf}}
+    with pytest.raises(InvalidInput) as e:
+        KubeVirtConfig.from_cr(cr)
+    assert e.value.where == f"KubeVirt kv: {field}"
+
+
+def test_from_cr_bad_observed_version():
+    with pytest.raises(InvalidInput) as e:
+        KubeVirtConfig.from_cr(
+            {"kind": "KubeVirt", "metadata": {"name": "kv"}, "status": {"observedKubeVirtVersion": "v0.58.0"}}
+        )
+    assert e.value.where == "KubeVirt kv: status.observedKubeVirtVersion"
+
+
+# ---- versions ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("version", "overhead_mib"), [("v1.0", 244), ("v1.5", 254), ("v1.9", 270), ("main", 290)])
+def test_compute_memory_by_version(version, overhead_mib):
+    c = render(vmi(), version).container("compute")
+    assert c.requests["memory"].ceil() == (1024 + overhead_mib) * MI
+
+
+# ---- malformed input ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("obj", "field"),
+    [
+        (vmi({"resources": {"requests": {"memory": "one gig"}}}), "spec.domain.resources.requests.memory"),
+        (vmi({"cpu": {"sockets": -1}}), "spec.domain.cpu.sockets"),
+        (vmi(spec={"volumes": [{"containerDisk": {}}]}), "spec.volumes[0].name"),
+        (vmi(spec={"volumes": "x"}), "spec.volumes"),
+        (vmi({"memory": {"guest": "1Gi", "hugepages": {"pageSize": 2}}}), "spec.domain.memory.hugepages.pageSize"),
+        (
+            vmi({"resources": {"requests": {"memory": "1Gi"}, "overcommitGuestOverhead": "yes"}}),
+            "spec.domain.resources.overcommitGuestOverhead",
+        ),
+        (vmi({"devices": {"logSerialConsole": 1}}), "spec.domain.devices.logSerialConsole"),
+    ],
+)
+def test_malformed_input_names_object_and_field(obj, field):
+    with pytest.raises(InvalidInput) as e:
+        render(obj)
+    assert e.value.where == f"VirtualMachineInstance ns/vm1: {field}"

@@ -1,0 +1,153 @@
+"""shared.vmi: VMI sizing facts after KubeVirt's admission defaults."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shared.errors import InvalidInput
+from shared.quantity import Format, Quantity
+from shared.vmi import Topology, status_size, vmi_spec
+
+Q = Quantity.parse
+
+
+def vmi(domain: dict[str, Any], spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": "a", "namespace": "ns", "uid": "u1", "labels": {"x": "y"}},
+        "spec": {"domain": domain, **(spec or {})},
+    }
+
+
+@pytest.mark.parametrize(
+    ("domain", "topology", "vcpus"),
+    [
+        ({}, (1, 1, 1), 1),
+        ({"cpu": {"sockets": 2, "cores": 2, "threads": 2}}, (2, 2, 2), 8),
+        ({"cpu": {"cores": 4}}, (0, 4, 0), 4),
+        ({"resources": {"limits": {"cpu": "5"}, "requests": {"cpu": "3"}}}, (5, 1, 1), 5),
+        ({"resources": {"requests": {"cpu": "2500m"}}}, (3, 1, 1), 3),
+        ({"cpu": {"dedicatedCpuPlacement": True}, "resources": {"limits": {"cpu": "4"}}}, (4, 1, 1), 4),
+        ({"resources": {"requests": {"cpu": "100m"}}}, (1, 1, 1), 1),
+    ],
+)
+def test_cpu_topology_defaults(domain, topology, vcpus):
+    s = vmi_spec(vmi(domain))
+    assert (s.topology.sockets, s.topology.cores, s.topology.threads) == topology
+    assert s.vcpus == vcpus
+
+
+def test_supplemental_pool_adds_to_vcpus_not_topology():
+    s = vmi_spec(
+        vmi(
+            {
+                "cpu": {"sockets": 2},
+                "ioThreadsPolicy": "supplementalPool",
+                "ioThreads": {"supplementalPoolThreadCount": 3},
+            }
+        )
+    )
+    assert s.topology.vcpus == 2 and s.vcpus == 5
+    s = vmi_spec(
+        vmi({"cpu": {"sockets": 2}, "ioThreadsPolicy": "auto", "ioThreads": {"supplementalPoolThreadCount": 3}})
+    )
+    assert s.vcpus == 2
+
+
+@pytest.mark.parametrize(
+    ("domain", "guest"),
+    [
+        ({"memory": {"guest": "2Gi"}, "resources": {"requests": {"memory": "1Gi"}}}, "2Gi"),
+        ({"resources": {"requests": {"memory": "1Gi"}, "limits": {"memory": "2Gi"}}}, "1Gi"),
+        ({"resources": {"limits": {"memory": "2Gi"}}}, "2Gi"),
+        ({"memory": {"hugepages": {"pageSize": "1Gi"}}}, "1Gi"),
+        ({}, None),
+    ],
+)
+def test_guest_memory_defaults(domain, guest):
+    s = vmi_spec(vmi(domain))
+    assert s.guest_memory == (Q(guest) if guest else None)
+    if guest:
+        assert s.guest_memory is not None and s.guest_memory.format is Format.BINARY_SI
+
+
+def test_flags_and_metadata():
+    s = vmi_spec(vmi({"cpu": {"dedicatedCpuPlacement": True, "isolateEmulatorThread": True}}))
+    assert s.dedicated_cpus and s.isolate_emulator_thread
+    assert (s.namespace, s.name, s.uid, dict(s.labels)) == ("ns", "a", "u1", {"x": "y"})
+    assert s.kind == "VirtualMachineInstance" and s.spec_path == "spec"
+    assert s.ref == "VirtualMachineInstance ns/a"
+
+
+def test_vm_uses_its_template():
+    vm = {
+        "kind": "VirtualMachine",
+        "metadata": {"name": "v", "namespace": "ns", "labels": {"vm": "label"}},
+        "spec": {
+            "template": {
+                "metadata": {"labels": {"tmpl": "label"}},
+                "spec": {"domain": {"cpu": {"sockets": 3}, "memory": {"guest": "1Gi"}}},
+            }
+        },
+    }
+    s = vmi_spec(vm)
+    assert s.vcpus == 3 and s.guest_memory == Q("1Gi")
+    assert dict(s.labels) == {"tmpl": "label"}
+    assert s.kind == "VirtualMachine" and s.spec_path == "spec.template.spec"
+    assert s.ref == "VirtualMachine ns/v"
+
+
+@pytest.mark.parametrize(
+    ("obj", "where"),
+    [
+        (vmi({"cpu": {"sockets": "two"}}), "VirtualMachineInstance ns/a: spec.domain.cpu.sockets"),
+        (vmi({"cpu": {"sockets": 5000}}), "VirtualMachineInstance ns/a: spec.domain.cpu.sockets"),
+        (vmi({"cpu": {"sockets": 64, "cores": 64, "threads": 2}}), "VirtualMachineInstance ns/a: spec.domain.cpu"),
+        (vmi({"memory": {"guest": "128Ti"}}), "VirtualMachineInstance ns/a: spec.domain.memory.guest"),
+        (vmi({"memory": {"guest": "lots"}}), "VirtualMachineInstance ns/a: spec.domain.memory.guest"),
+        (
+            vmi({"resources": {"limits": {"memory": "-1Gi"}}}),
+            "VirtualMachineInstance ns/a: spec.domain.resources.limits.memory",
+        ),
+        (vmi({"resources": []}), "VirtualMachineInstance ns/a: spec.domain.resources"),
+        (vmi([]), "VirtualMachineInstance ns/a: spec.domain"),  # type: ignore[arg-type]
+        (
+            {
+                "kind": "VirtualMachine",
+                "metadata": {"name": "v"},
+                "spec": {"template": {"spec": {"domain": {"memory": {"guest": 1.5}}}}},
+            },
+            None,
+        ),
+    ],
+)
+def test_errors_name_object_and_field(obj, where):
+    if where is None:  # a float guest memory is a plain number of bytes: accepted
+        assert vmi_spec(obj).guest_memory is not None
+        return
+    with pytest.raises(InvalidInput) as e:
+        vmi_spec(obj)
+    assert e.value.where == where
+
+
+def test_not_an_object():
+    with pytest.raises(InvalidInput):
+        vmi_spec([])  # type: ignore[arg-type]
+
+
+def test_topology_vcpus_skips_zero_factors():
+    assert Topology(0, 4, 0).vcpus == 4
+    assert Topology(0, 0, 0).vcpus == 1
+
+
+def test_status_size():
+    obj = vmi({})
+    assert status_size(obj).vcpus is None and status_size(obj).guest_memory is None
+    obj["status"] = {
+        "currentCPUTopology": {"sockets": 4, "cores": 1, "threads": 1},
+        "memory": {"guestCurrent": "2Gi", "guestRequested": "3Gi"},
+    }
+    s = status_size(obj)
+    assert s.vcpus == 4 and s.guest_memory == Q("3Gi")

@@ -24,7 +24,9 @@ from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy, StreamConfig
 from nats.js.client import JetStreamContext
 
+from services.bus import Bus, NatsOptions, PullConsumer
 from shared import bus
+from shared.snapshot import VmiSnapshot
 
 pytestmark = pytest.mark.integration
 
@@ -176,7 +178,7 @@ def event(uid: str, rv: str, namespace: str = "tenant-a") -> tuple[str, bytes, d
         name=f"vm-{uid}",
         uid=uid,
         rv=rv,
-        snapshot={"spec": {}},
+        snapshot=VmiSnapshot(uid=uid, namespace=namespace, name=f"vm-{uid}", resource_version=rv),
     )
     return bus.event_subject("c1", ev.kind, namespace), bus.encode(ev), {"Nats-Msg-Id": ev.id}
 
@@ -350,6 +352,12 @@ def test_config_users_streams_and_env_match_the_bus_contract() -> None:
     names = set(re.findall(r"\b(?:KV_)?VMQUOTA_[A-Z]+\b", text)) - set(password_env(dict.fromkeys(USERS, "")))
     known = {s.name for s in bus.streams()} | {bus.LEDGER_BUCKET, f"KV_{bus.LEDGER_BUCKET}"}
     assert names <= known, f"streams in the NATS config unknown to shared/bus.py: {names - known}"
+    # each service may create exactly the streams the code has it create (shared.bus.STREAM_OWNERS)
+    blocks = re.split(r"^\s*user:\s*", text, flags=re.MULTILINE)[1:]
+    for block in blocks:
+        user = block.split()[0]
+        created = set(re.findall(r"\$JS\.API\.STREAM\.CREATE\.(VMQUOTA_\w+)", block))
+        assert created == set(bus.STREAM_OWNERS.get(user, frozenset())), user
     # the file is valid for the server itself, and refuses to load without the passwords
     env = {k: v for k, v in os.environ.items() if not k.startswith("VMQUOTA_NATS_")}
     missing = subprocess.run([nats_server_binary(), "-c", str(CONFIG), "-t"], env=env, capture_output=True, timeout=30)
@@ -361,3 +369,63 @@ def test_config_users_streams_and_env_match_the_bus_contract() -> None:
         timeout=30,
     )
     assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+async def test_the_services_bus_helpers_work_with_their_users(server: SecuredServer) -> None:
+    """The code paths the services use (services/bus.py) under each service's own user: streams each one owns,
+    publishing, the ledger's checkpoint bucket, durable pull consumers and dead letters."""
+
+    async def as_user(user: str) -> Bus:
+        opts = NatsOptions(url=server.url, user=user, password=server.passwords[user], name=f"test-{user}")
+        return await Bus.connect(opts, connect_timeout=5)
+
+    async def first_batch(consumer: PullConsumer) -> list[bytes]:
+        async for batch in consumer.batches():
+            if batch:
+                return [m.data for m in batch]
+        raise AssertionError("consumer ended")
+
+    buses: list[Bus] = []
+    try:
+        async with asyncio.timeout(30):  # a refused request would retry for a minute: fail sooner
+            watcher = await as_user("watcher")
+            ledger = await as_user("ledger")
+            enforcer = await as_user("enforcer")
+            buses += [watcher, ledger, enforcer]
+            for service, b in (("watcher", watcher), ("ledger", ledger), ("enforcer", enforcer)):
+                await b.ensure_streams(bus.streams_for(service))
+            items = [event(f"u{i}", str(i + 1)) for i in range(3)]
+            stored, dups = await watcher.publish_many((s, d, h["Nats-Msg-Id"]) for s, d, h in items)
+            assert (stored, dups) == (3, 0)
+
+            events = PullConsumer(
+                ledger, stream=bus.EVENTS_STREAM, durable="ledger-p0", filter_subjects=["vmquota.ev.>"]
+            )
+            assert [uid_of(d) for d in await first_batch(events)] == ["u0", "u1", "u2"]
+            await events.close()
+            kv = await ledger.ensure_kv(bus.LEDGER_BUCKET)
+            await kv.put("p0", b"3")
+            await ledger.publish(bus.usage_subject("c1", "tenant-a"), b'{"seq": 3}')
+            await ledger.publish_dead_letter("ledger", "test", stream=bus.EVENTS_STREAM, stream_seq=2)
+
+            usage = PullConsumer(
+                enforcer,
+                stream=bus.USAGE_STREAM,
+                durable="enforcer-c1",
+                filter_subjects=["vmquota.usage.c1.>"],
+            )
+            assert await first_batch(usage) == [b'{"seq": 3}']
+            await usage.close()
+            quotas = PullConsumer(
+                enforcer,
+                stream=bus.EVENTS_STREAM,
+                durable="enforcer-c1-quotas",
+                filter_subjects=["vmquota.ev.c1.*.resourcequota", "vmquota.ev.c1.*.vmi"],
+            )
+            assert len(await first_batch(quotas)) == 3
+            await quotas.close()
+            await enforcer.publish(bus.decision_subject("c1", "tenant-a"), b"{}")
+            await enforcer.publish_dead_letter("enforcer", "test")
+    finally:
+        for b in buses:
+            await b.close()

@@ -24,6 +24,7 @@ from typing import Any, Final, Literal
 import msgspec
 
 from shared.errors import InvalidInput
+from shared.snapshot import AnySnapshot, dec_hook, enc_hook
 
 SCHEMA: Final = 1
 """Version of this contract. Raised only for an incompatible change; additive fields keep it."""
@@ -253,8 +254,8 @@ def parse_duration(text: str, where: str = "duration") -> float:
 
 # ---- messages ---------------------------------------------------------------------------------------------------
 
-Snapshot = dict[str, Any]
-"""The compact snapshot of an object (``shared/snapshot.py``)."""
+Snapshot = AnySnapshot
+"""The compact snapshot of an object (``shared/snapshot.py``), tagged by its ``kind``."""
 
 
 class _Message(msgspec.Struct, frozen=True, kw_only=True, rename="camel", tag_field="type"):
@@ -382,8 +383,8 @@ class DeadLetter(_Message, frozen=True, kw_only=True, tag=DEAD_LETTER):
 
 # ---- encoding ---------------------------------------------------------------------------------------------------
 
-_ENCODER: Final = msgspec.json.Encoder()
-_EVENT_DECODER: Final = msgspec.json.Decoder(ObjectEvent)
+_ENCODER: Final = msgspec.json.Encoder(enc_hook=enc_hook)
+_EVENT_DECODER: Final = msgspec.json.Decoder(ObjectEvent, dec_hook=dec_hook)
 _USAGE_DECODER: Final = msgspec.json.Decoder(UsageSnapshot)
 _DECISION_DECODER: Final = msgspec.json.Decoder(Decision)
 _DLQ_DECODER: Final = msgspec.json.Decoder(DeadLetter)
@@ -420,6 +421,13 @@ def decode_event(data: bytes) -> Upserted | Deleted | Sync:
     where = f"{ev.kind} {ev.namespace + '/' if ev.namespace else ''}{ev.name or ev.uid}"
     if not ev.uid:
         raise InvalidInput("empty uid", f"{where}: uid")
+    snap = ev.snapshot
+    if snap is not None:
+        snap_kind = type(snap).__struct_config__.tag
+        if snap_kind != ev.kind:
+            raise InvalidInput(f"snapshot of kind {snap_kind!r} in an event of kind {ev.kind!r}", f"{where}: snapshot")
+        if snap.uid and snap.uid != ev.uid:
+            raise InvalidInput(f"snapshot uid {snap.uid!r} differs from the event's", f"{where}: snapshot.uid")
     if ev.kind not in CLUSTER_SCOPED_KINDS:
         check_namespace(ev.namespace, f"{where}: namespace")
     elif ev.kind == "Namespace":

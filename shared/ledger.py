@@ -31,6 +31,7 @@ import msgspec
 from shared import bus
 from shared.bus import Deleted, Snapshot, Sync, Upserted
 from shared.errors import InvalidInput
+from shared.snapshot import dec_hook, enc_hook
 
 CLUSTER_WIDE: Final = bus.CLUSTER_TOKEN
 """The namespace key of a cluster's cluster-wide state."""
@@ -145,8 +146,8 @@ class Checkpoint(msgspec.Struct, kw_only=True, rename="camel"):
     objects: list[_CkRecord] = []
 
 
-_CK_ENCODER: Final = msgspec.json.Encoder(order="deterministic")
-_CK_DECODER: Final = msgspec.json.Decoder(Checkpoint)
+_CK_ENCODER: Final = msgspec.json.Encoder(order="deterministic", enc_hook=enc_hook)
+_CK_DECODER: Final = msgspec.json.Decoder(Checkpoint, dec_hook=dec_hook)
 
 
 class NamespaceState:

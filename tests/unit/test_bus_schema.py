@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import msgspec
 import pytest
@@ -11,11 +12,19 @@ from hypothesis import strategies as st
 
 from shared import bus
 from shared.errors import InvalidInput
+from shared.quantity import Quantity
+from shared.snapshot import SNAPSHOT_TYPES, PodSnapshot
 
 labels = st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?\Z", fullmatch=True)
 kinds = st.sampled_from(sorted(bus.KIND_TOKENS))
 rvs = st.integers(min_value=0, max_value=2**62).map(str)
 uids = st.uuids().map(str)
+
+
+def _snapshot(kind: str, name: str, ns: str) -> bus.Snapshot:
+    extra: dict[str, Any] = {"vmi_name": "vm"} if kind == "VirtualMachineInstanceMigration" else {}
+    snap = SNAPSHOT_TYPES[kind](name=name, namespace="" if kind == "Namespace" else ns, **extra)
+    return snap  # type: ignore[return-value]
 
 
 def _pod_event(**kw: object) -> bus.Upserted | bus.Deleted:
@@ -26,7 +35,7 @@ def _pod_event(**kw: object) -> bus.Upserted | bus.Deleted:
         "name": "virt-launcher-vm1-abcde",
         "uid": "7d3f1a0e-0000-4000-8000-000000000001",
         "rv": "1042",
-        "snapshot": {"kind": "Pod", "phase": "Running"},
+        "snapshot": PodSnapshot(name="virt-launcher-vm1-abcde", namespace="tenant-a", phase="Running"),
     }
     args.update(kw)
     return bus.object_event("upserted", **args)  # type: ignore[arg-type]
@@ -43,7 +52,7 @@ def test_object_event_round_trip(cluster: str, ns: str, kind: str, uid: str, rv:
         name=name,
         uid=uid,
         rv=rv,
-        snapshot={"kind": kind, "n": 1},
+        snapshot=_snapshot(kind, name, ns),
         time="2026-01-01T00:00:00.000Z",
     )
     back = bus.decode_event(bus.encode(ev))
@@ -75,6 +84,16 @@ def test_wire_names_are_camel_case_and_tagged_by_type() -> None:
     assert "resource_version" not in doc
 
 
+def test_snapshot_quantities_travel_as_canonical_strings() -> None:
+    snap = PodSnapshot(name="p", namespace="tenant-a", requests={"memory": Quantity.parse("1024Mi")})
+    ev = _pod_event(snapshot=snap)
+    raw = bus.encode(ev)
+    assert json.loads(raw)["snapshot"]["requests"] == {"memory": "1Gi"}
+    back = bus.decode_event(raw)
+    assert isinstance(back, bus.Upserted) and back.snapshot == snap
+    assert isinstance(back.snapshot, PodSnapshot) and back.snapshot.requests["memory"] == Quantity.parse("1Gi")
+
+
 def test_unknown_fields_are_allowed() -> None:
     doc = json.loads(bus.encode(_pod_event()))
     doc["addedLater"] = {"x": 1}
@@ -93,6 +112,9 @@ def test_unknown_fields_are_allowed() -> None:
         ({"namespace": "Not A Label"}, "namespace"),
         ({"type": "io.vmquota.event.renamed"}, "type"),
         ({"snapshot": None}, "snapshot"),
+        ({"snapshot": {"kind": "ResourceQuota", "name": "q"}}, "snapshot of kind 'ResourceQuota'"),
+        ({"snapshot": {"kind": "Pod", "name": "p", "uid": "other"}}, "snapshot.uid"),
+        ({"snapshot": {"kind": "Pod", "name": "p", "requests": {"cpu": "lots"}}}, "snapshot"),
     ],
 )
 def test_invalid_events_name_the_field(change: dict[str, object], needle: str) -> None:

@@ -13,11 +13,20 @@ from shared import bus
 from shared.bus import Deleted, Sync, Upserted
 from shared.errors import InvalidInput
 from shared.ledger import CLUSTER_WIDE, Ledger, NamespaceState, Outcome, PartitionSet, partition_of
+from shared.quantity import Quantity
+from shared.snapshot import SNAPSHOT_TYPES
 
 Event = Upserted | Deleted | Sync
 
 
-def up(uid: str, rv: int, ns: str = "a", kind: str = "Pod", cluster: str = "c1", **snap: object) -> Upserted:
+def make_snapshot(kind: str, uid: str, rv: int, ns: str, name: str, **fields: Any) -> bus.Snapshot:
+    extra: dict[str, Any] = {"vmi_name": "vm"} if kind == "VirtualMachineInstanceMigration" else {}
+    namespace = "" if kind == "Namespace" else ns
+    snap = SNAPSHOT_TYPES[kind](name=name, namespace=namespace, uid=uid, resource_version=str(rv), **extra, **fields)
+    return snap  # type: ignore[return-value]
+
+
+def up(uid: str, rv: int, ns: str = "a", kind: str = "Pod", cluster: str = "c1", **fields: Any) -> Upserted:
     name = ns if kind == "Namespace" else f"{kind.lower()}-{uid}"
     ev = bus.object_event(
         "upserted",
@@ -27,7 +36,7 @@ def up(uid: str, rv: int, ns: str = "a", kind: str = "Pod", cluster: str = "c1",
         name=name,
         uid=uid,
         rv=str(rv),
-        snapshot={"kind": kind, "uid": uid, "rv": rv, **snap},
+        snapshot=make_snapshot(kind, uid, rv, ns, name, **fields),
         time="t",
     )
     assert isinstance(ev, Upserted)
@@ -56,7 +65,7 @@ def fold(events: list[Event], ledger: Ledger | None = None, start: int = 1) -> L
 
 def live_uids(led: Ledger, ns: str = "a", kind: str = "Pod", cluster: str = "c1") -> dict[str, int]:
     state = led.state(cluster, ns)
-    return {} if state is None else {s["uid"]: s["rv"] for s in state.live(kind)}
+    return {} if state is None else {s.uid: int(s.resource_version) for s in state.live(kind)}
 
 
 # ---- version ordering -------------------------------------------------------------------------------------------
@@ -152,7 +161,8 @@ def test_malformed_bytes_raise_invalid_input() -> None:
 
 
 def test_checkpoint_round_trip_is_byte_identical() -> None:
-    led = fold([up("u2", 2), up("u1", 1, extra={"b": 1, "a": 2}), down("u3", 4), sync(["u1", "u2"], 3)])
+    requests = {"memory": Quantity.parse("1Gi"), "cpu": Quantity.parse("500m")}
+    led = fold([up("u2", 2), up("u1", 1, requests=requests), down("u3", 4), sync(["u1", "u2"], 3)])
     state = led.state("c1", "a")
     assert state is not None
     state.usage_digest = "abc"
@@ -204,13 +214,14 @@ def event_sequences(draw: st.DrawFn, with_syncs: bool = True) -> list[Event]:
         rv = draw(st.integers(min_value=1, max_value=30))
         choice = draw(st.integers(min_value=0, max_value=9 if with_syncs else 8))
         if choice <= 4:
-            out.append(up(uid, rv, ns=ns, color=draw(st.sampled_from(["red", "blue"]))))
+            # One resourceVersion is one content (as in Kubernetes): derive the content from it.
+            out.append(up(uid, rv, ns=ns, phase="Running" if rv % 2 else "Pending"))
         elif choice <= 6:
             out.append(down(uid, rv, ns=ns))
         elif choice == 7:
             out.append(up(f"ns-{ns}", rv, ns=ns, kind="Namespace"))
         elif choice == 8:
-            out.append(up("kv", rv, ns="kubevirt", kind="KubeVirt", ratio=draw(st.integers(1, 10))))
+            out.append(up("kv", rv, ns="kubevirt", kind="KubeVirt", cpu_allocation_ratio=str(rv % 10 + 1)))
         else:
             present = draw(st.lists(st.sampled_from(UIDS), unique=True))
             out.append(sync(present, rv, ns=ns))

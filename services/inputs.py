@@ -1,0 +1,105 @@
+"""Reading Kubernetes objects from files for the command line (``vmquota render``, ``vmquota usage``).
+
+:func:`load_objects` reads YAML or JSON from a file or ``-`` (stdin): several YAML documents, a ``kind: List``
+(or any ``*List`` with ``items``, as ``kubectl get -o yaml`` prints), a JSON array, or a single object. Empty
+documents are skipped. Timestamps stay strings (as Kubernetes' YAML-to-JSON conversion keeps them). Malformed input
+raises :class:`~shared.errors.InvalidInput` naming the file and the document (1-based).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import yaml
+
+from shared.errors import InvalidInput
+
+_Base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Loader(_Base):  # type: ignore[misc]
+    """SafeLoader (libyaml when available) without the timestamp resolver: dates stay strings, as in JSON."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def read_text(path: str) -> tuple[str, str]:
+    """(display name, text) of a file or ``-`` (stdin)."""
+    if path == "-":
+        return "<stdin>", sys.stdin.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            return path, f.read()
+    except FileNotFoundError:
+        raise InvalidInput("no such file", path) from None
+    except IsADirectoryError:
+        raise InvalidInput("is a directory, not a file", path) from None
+    except UnicodeDecodeError:
+        raise InvalidInput("is not UTF-8 text", path) from None
+    except OSError as e:
+        raise InvalidInput(e.strerror or str(e), path) from None
+
+
+def _documents(name: str, text: str) -> Iterator[tuple[int, object]]:
+    stripped = text.lstrip()
+    if stripped[:1] in ("{", "["):
+        try:
+            yield 1, json.loads(text)
+            return
+        except ValueError as e:
+            json_error = e
+        try:  # flow-style YAML also starts with a brace
+            docs = list(yaml.load_all(text, Loader=_Loader))
+        except yaml.YAMLError:
+            raise InvalidInput(f"invalid JSON: {json_error}", f"{name}: document 1") from None
+        yield from enumerate(docs, 1)
+        return
+    index = 0
+    try:
+        for index, doc in enumerate(yaml.load_all(text, Loader=_Loader), 1):
+            yield index, doc
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise InvalidInput(f"invalid YAML{where}: {problem}", f"{name}: document {index + 1}") from None
+
+
+def parse_objects(name: str, text: str) -> list[dict[str, Any]]:
+    """The objects in ``text`` (see the module docstring); ``name`` is used in error messages."""
+    out: list[dict[str, Any]] = []
+    for index, doc in _documents(name, text):
+        where = f"{name}: document {index}"
+        if doc is None:
+            continue
+        if isinstance(doc, list):
+            items, prefix = doc, ""
+        elif isinstance(doc, dict):
+            kind = doc.get("kind")
+            if isinstance(kind, str) and kind.endswith("List") and "items" in doc:
+                items, prefix = doc.get("items") or [], "items"
+                if not isinstance(items, list):
+                    raise InvalidInput("expected a list", f"{where}: items")
+            else:
+                out.append(doc)
+                continue
+        else:
+            raise InvalidInput(f"expected an object, got {type(doc).__name__} {doc!r:.40}", where)
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise InvalidInput(f"expected an object, got {type(item).__name__}", f"{where}: {prefix}[{i}]")
+            out.append(item)
+    return out
+
+
+def load_objects(path: str) -> list[dict[str, Any]]:
+    """Read the Kubernetes objects of a YAML/JSON file, or of stdin when ``path`` is ``-``."""
+    name, text = read_text(path)
+    return parse_objects(name, text)

@@ -1,0 +1,520 @@
+"""Kubernetes ResourceQuota in the simulated cluster: the admission plugin and the quota controller.
+
+Admission (``plugin/pkg/admission/resourcequota`` in kube-apiserver) checks every pod create against the
+``status.hard`` and ``status.used`` of each matching quota in the namespace — not ``spec.hard``, which takes effect
+only when the controller has copied it — refuses with the real 403 messages (``exceeded quota: …``, ``failed quota:
+…: must specify …``, ``status unknown for quota: …``) and, on success, writes the new ``status.used`` itself, so the
+quota's resourceVersion changes with every admitted pod that it charges.
+
+The controller (``pkg/controller/resourcequota``) copies ``spec.hard`` to ``status.hard`` and recomputes
+``status.used`` from the pods of the namespace: when ``spec.hard`` changes (its own, prioritised queue), when a pod
+is deleted or turns terminal (replenishment), and periodically. Every sync waits ``sync_delay`` first.
+
+The pure rules (scope matching, constraints, admission arithmetic, usage) are module functions; the
+:class:`ResourceQuotaSystem` wires them to the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from services.logs import get_logger
+from services.simcluster.store_api import ApiError, Obj, Operation, Resource, StoreAPI, WatchType
+from services.simcluster.workqueue import Cache, Key, WorkQueue, key_of
+from shared.errors import InvalidInput
+from shared.podusage import pod_counts_for_compute, pod_quota_usage
+from shared.quantity import Format, Quantity
+from shared.resources import ResourceList, add, format_resource_list, parse_resource_list
+
+# ---- the pod evaluator's resources and scopes ------------------------------------------------------------------
+
+POD_RESOURCES: Final = frozenset(
+    {
+        "pods",
+        "count/pods",
+        "cpu",
+        "memory",
+        "ephemeral-storage",
+        "requests.cpu",
+        "requests.memory",
+        "requests.ephemeral-storage",
+        "limits.cpu",
+        "limits.memory",
+        "limits.ephemeral-storage",
+    }
+)
+# BACKWARD COMPATIBILITY in Kubernetes: quota on these makes every container specify them.
+VALIDATION_SET: Final = frozenset({"cpu", "memory", "requests.cpu", "requests.memory", "limits.cpu", "limits.memory"})
+POD_SCOPES: Final = ("Terminating", "NotTerminating", "BestEffort", "NotBestEffort", "PriorityClass")
+UNSUPPORTED_SCOPES: Final = ("CrossNamespacePodAffinity", "VolumeAttributesClass")
+SCOPE_OPERATORS: Final = ("In", "NotIn", "Exists", "DoesNotExist")
+_ZERO: Final = Quantity(0, Format.DECIMAL_SI)
+
+
+def is_pod_resource(name: str) -> bool:
+    """``podEvaluator.MatchingResources`` for one name: compute resources, hugepages, extended ``requests.*``."""
+    if name in POD_RESOURCES:
+        return True
+    if name.startswith(("hugepages-", "requests.hugepages-")):
+        return True
+    if name.startswith("requests.") and "/" in name:
+        ext = name[len("requests.") :]
+        return not ext.startswith(("kubernetes.io/", "requests."))
+    return False
+
+
+def matching_resources(names: Iterable[str]) -> list[str]:
+    return sorted(n for n in names if is_pod_resource(n))
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeSelector:
+    scope: str
+    operator: str = "Exists"
+    values: tuple[str, ...] = ()
+
+
+def quota_selectors(quota: Mapping[str, Any]) -> list[ScopeSelector]:
+    """``spec.scopes`` (as Exists) and ``spec.scopeSelector.matchExpressions``; InvalidInput when malformed."""
+    spec = quota.get("spec") or {}
+    if not isinstance(spec, Mapping):
+        raise InvalidInput("expected an object", "spec")
+    out: list[ScopeSelector] = []
+    scopes = spec.get("scopes") or []
+    if not isinstance(scopes, list):
+        raise InvalidInput("expected a list of scope names", "spec.scopes")
+    for i, s in enumerate(scopes):
+        out.append(ScopeSelector(_scope_name(s, f"spec.scopes[{i}]")))
+    sel = spec.get("scopeSelector") or {}
+    if not isinstance(sel, Mapping):
+        raise InvalidInput("expected an object", "spec.scopeSelector")
+    exprs = sel.get("matchExpressions") or []
+    if not isinstance(exprs, list):
+        raise InvalidInput("expected a list", "spec.scopeSelector.matchExpressions")
+    for i, e in enumerate(exprs):
+        where = f"spec.scopeSelector.matchExpressions[{i}]"
+        if not isinstance(e, Mapping):
+            raise InvalidInput("expected an object", where)
+        name = _scope_name(e.get("scopeName"), f"{where}.scopeName")
+        op = e.get("operator")
+        if op not in SCOPE_OPERATORS:
+            raise InvalidInput(f"Unsupported value: {op!r}: supported values: {_quoted(SCOPE_OPERATORS)}", where)
+        values = e.get("values") or []
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise InvalidInput("expected a list of strings", f"{where}.values")
+        if name != "PriorityClass" and op != "Exists":
+            raise InvalidInput(
+                f"must be 'Exists' when scope is any of ResourceQuotaScopeTerminating, ...: {name}", where
+            )
+        if op in ("In", "NotIn") and not values:
+            raise InvalidInput(
+                "must be at least one value when `operator` is 'In' or 'NotIn' for scope selector", where
+            )
+        out.append(ScopeSelector(name, str(op), tuple(values)))
+    return out
+
+
+def _quoted(values: Iterable[str]) -> str:
+    return ", ".join(f'"{v}"' for v in values)
+
+
+def _scope_name(raw: object, where: str) -> str:
+    if raw in UNSUPPORTED_SCOPES:
+        raise InvalidInput(f"scope {raw} is not supported by the simulated cluster", where)
+    if raw not in POD_SCOPES:
+        raise InvalidInput(f"Unsupported value: {raw!r}: supported values: {_quoted(POD_SCOPES)}", where)
+    return str(raw)
+
+
+def _containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    spec = pod.get("spec") or {}
+    out: list[Mapping[str, Any]] = []
+    for field in ("initContainers", "containers"):
+        out.extend(c for c in spec.get(field) or [] if isinstance(c, Mapping))
+    return out
+
+
+def is_best_effort(pod: Mapping[str, Any]) -> bool:
+    """QoS class BestEffort: no container asks for or limits cpu or memory."""
+    for c in _containers(pod):
+        res = c.get("resources") or {}
+        for part in ("requests", "limits"):
+            rl = res.get(part) or {}
+            if any(k in rl for k in ("cpu", "memory")):
+                return False
+    return True
+
+
+def qos_class(pod: Mapping[str, Any]) -> str:
+    """Kubernetes' pod QoS class (``qos.GetPodQOS``) from cpu and memory requests/limits."""
+    if is_best_effort(pod):
+        return "BestEffort"
+    guaranteed = True
+    for c in _containers(pod):
+        res = c.get("resources") or {}
+        req, lim = res.get("requests") or {}, res.get("limits") or {}
+        for r in ("cpu", "memory"):
+            if r not in lim or (r in req and Quantity.parse(req[r]) != Quantity.parse(lim[r])):
+                guaranteed = False
+    return "Guaranteed" if guaranteed else "Burstable"
+
+
+def pod_matches_scope(sel: ScopeSelector, pod: Mapping[str, Any]) -> bool:
+    spec = pod.get("spec") or {}
+    deadline = spec.get("activeDeadlineSeconds")
+    terminating = isinstance(deadline, int) and not isinstance(deadline, bool) and deadline >= 0
+    if sel.scope == "Terminating":
+        return terminating
+    if sel.scope == "NotTerminating":
+        return not terminating
+    if sel.scope == "BestEffort":
+        return is_best_effort(pod)
+    if sel.scope == "NotBestEffort":
+        return not is_best_effort(pod)
+    if sel.scope == "PriorityClass":
+        pc = str(spec.get("priorityClassName") or "")
+        if sel.operator == "Exists":
+            return pc != ""
+        if sel.operator == "DoesNotExist":
+            return False  # the selector always sees the key (possibly empty), as Kubernetes' label set does
+        if sel.operator == "In":
+            return pc in sel.values
+        return pc not in sel.values
+    return False
+
+
+def pod_matches_quota(quota: Mapping[str, Any], pod: Mapping[str, Any], hard_names: Iterable[str]) -> bool:
+    """``generic.Matches``: the quota tracks some pod resource and every scope selector matches the pod."""
+    if not matching_resources(hard_names):
+        return False
+    return all(pod_matches_scope(s, pod) for s in quota_selectors(quota))
+
+
+def _container_usage_names(container: Mapping[str, Any]) -> set[str]:
+    res = container.get("resources") or {}
+    req, lim = res.get("requests") or {}, res.get("limits") or {}
+    names: set[str] = set()
+    for r in ("cpu", "memory"):
+        if r in req:
+            names |= {r, f"requests.{r}"}
+        if r in lim:
+            names.add(f"limits.{r}")
+    return names
+
+
+def missing_constraints(pod: Mapping[str, Any], required: Iterable[str]) -> str | None:
+    """``podEvaluator.Constraints``: ``must specify limits.cpu for: compute; …`` or None when satisfied."""
+    req = set(required) & VALIDATION_SET
+    if not req:
+        return None
+    missing: dict[str, set[str]] = {}
+    for c in _containers(pod):
+        for r in req - _container_usage_names(c):
+            missing.setdefault(r, set()).add(str(c.get("name") or ""))
+    if not missing:
+        return None
+    parts = [f"{r} for: {','.join(sorted(missing[r]))}" for r in sorted(missing)]
+    return "must specify " + "; ".join(parts)
+
+
+def pretty(rl: Mapping[str, Quantity]) -> str:
+    """Kubernetes' ``prettyPrint``: ``name=value`` sorted by name, joined by commas."""
+    return ",".join(f"{k}={rl[k].canonical()}" for k in sorted(rl))
+
+
+def _mask(rl: Mapping[str, Quantity], names: Iterable[str]) -> ResourceList:
+    keep = set(names)
+    return {k: v for k, v in rl.items() if k in keep}
+
+
+def _status_lists(quota: Mapping[str, Any]) -> tuple[ResourceList, ResourceList]:
+    status = quota.get("status") or {}
+    return (
+        parse_resource_list(status.get("hard"), "status.hard"),
+        parse_resource_list(status.get("used"), "status.used"),
+    )
+
+
+def forbidden(pod_name: str, message: str) -> ApiError:
+    return ApiError(
+        403,
+        "Forbidden",
+        f'pods "{pod_name}" is forbidden: {message}',
+        {"name": pod_name, "kind": "pods"},
+    )
+
+
+def admit_pod(
+    pod: Mapping[str, Any], quotas: Iterable[Mapping[str, Any]], *, now: datetime | None = None
+) -> dict[str, ResourceList]:
+    """The resource quota admission check of one pod create.
+
+    Returns the new ``status.used`` of every quota whose usage changes (by quota name); raises :class:`ApiError`
+    403 with the real message when a quota refuses the pod.
+    """
+    meta = pod.get("metadata") or {}
+    pod_name = str(meta.get("name") or meta.get("generateName") or "")
+    interesting: list[tuple[Mapping[str, Any], str, ResourceList, ResourceList]] = []
+    for quota in sorted(quotas, key=lambda q: str((q.get("metadata") or {}).get("name") or "")):
+        name = str((quota.get("metadata") or {}).get("name") or "")
+        try:
+            hard, used = _status_lists(quota)
+            if not pod_matches_quota(quota, pod, hard):
+                continue
+        except InvalidInput as e:
+            raise ApiError(500, "InternalError", f"quota {name} is malformed: {e}") from None
+        restricted = matching_resources(hard)
+        problem = missing_constraints(pod, restricted)
+        if problem is not None:
+            raise forbidden(pod_name, f"failed quota: {name}: {problem}")
+        unknown = [r for r in restricted if r not in used]
+        if unknown:
+            raise forbidden(pod_name, f"status unknown for quota: {name}, resources: {','.join(unknown)}")
+        interesting.append((quota, name, hard, used))
+    if not interesting:
+        return {}
+    delta = pod_quota_usage(pod, now)
+    out: dict[str, ResourceList] = {}
+    for _quota, name, hard, used in interesting:
+        requested = _mask(delta, hard)
+        new_used = add(used, requested)
+        masked = _mask(new_used, requested)
+        exceeded = sorted(r for r, q in masked.items() if r in hard and q > hard[r])
+        if exceeded:
+            raise forbidden(
+                pod_name,
+                f"exceeded quota: {name}, requested: {pretty(_mask(requested, exceeded))}, "
+                f"used: {pretty(_mask(used, exceeded))}, limited: {pretty(_mask(hard, exceeded))}",
+            )
+        if format_resource_list(new_used) != format_resource_list(used):
+            out[name] = new_used
+    return out
+
+
+def compute_usage(
+    quota: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], *, now: datetime | None = None
+) -> tuple[ResourceList, ResourceList]:
+    """What the quota controller writes: ``(status.hard, status.used)`` from ``spec.hard`` and the pods.
+
+    Pods that cannot be evaluated (malformed resources) are skipped, as they could never have been admitted.
+    """
+    spec = quota.get("spec") or {}
+    hard = parse_resource_list(spec.get("hard"), "spec.hard")
+    selectors = quota_selectors(quota)
+    _, old_used = _status_lists(quota)
+    matched = matching_resources(hard)
+    usage: ResourceList = {}
+    if matched:
+        usage = dict.fromkeys(matched, _ZERO)
+        for pod in pods:
+            if not all(pod_matches_scope(s, pod) for s in selectors):
+                continue
+            try:
+                usage = add(usage, pod_quota_usage(pod, now))
+            except InvalidInput:
+                continue
+        usage = _mask(usage, matched)
+    used = {**old_used, **usage}
+    return hard, _mask(used, hard)
+
+
+def default_pod(pod: Obj) -> Obj:
+    """API-server defaulting the quota check depends on: a container's missing request defaults to its limit;
+    ``status.phase`` starts Pending with the pod's QoS class."""
+    for c in _containers(pod):
+        res = c.get("resources")
+        if not isinstance(res, dict):
+            continue
+        lim = res.get("limits")
+        if isinstance(lim, Mapping) and lim:
+            req = res.get("requests")
+            if not isinstance(req, dict):
+                req = res["requests"] = {}
+            for k, v in lim.items():
+                req.setdefault(k, v)
+    status = pod.get("status")
+    if not isinstance(status, dict):
+        status = pod["status"] = {}
+    status.setdefault("phase", "Pending")
+    status["qosClass"] = qos_class(pod)
+    return pod
+
+
+def _validate_pod_resources(pod: Mapping[str, Any]) -> None:
+    meta = pod.get("metadata") or {}
+    name = meta.get("name") or meta.get("generateName") or ""
+    try:
+        pod_quota_usage({**pod, "status": {}})
+    except InvalidInput as e:
+        raise ApiError(422, "Invalid", f'Pod "{name}" is invalid: {e}') from None
+
+
+def _validate_quota(quota: Mapping[str, Any]) -> None:
+    meta = quota.get("metadata") or {}
+    name = meta.get("name") or ""
+    try:
+        parse_resource_list((quota.get("spec") or {}).get("hard"), "spec.hard")
+        quota_selectors(quota)
+    except InvalidInput as e:
+        raise ApiError(422, "Invalid", f'ResourceQuota "{name}" is invalid: {e}') from None
+
+
+# ---- wiring to the store ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaTiming:
+    """Delays of the quota controller in seconds (all multiplied by ``speed``)."""
+
+    speed: float = 1.0
+    sync_delay: float = 0.05
+    """Wait before each sync (the controller is fast but asynchronous)."""
+    resync_period: float = 300.0
+    """Full recomputation of every quota (kube-controller-manager's default is 5 minutes)."""
+
+    def __call__(self, seconds: float) -> float:
+        return seconds * self.speed
+
+
+class ResourceQuotaSystem:
+    """Quota admission and the quota controller on a store. ``install()`` before the store serves writes."""
+
+    def __init__(self, store: StoreAPI, cache: Cache, timing: QuotaTiming | None = None) -> None:
+        self.store = store
+        self.cache = cache
+        self.timing = timing or QuotaTiming()
+        self._pods = store.resource("pods")
+        self._quotas = store.resource("resourcequotas")
+        self._priority = WorkQueue("quota-priority", self._sync)
+        self._queue = WorkQueue("quota", self._sync)
+        self._resync_task: asyncio.Task[None] | None = None
+        self._log = get_logger(component="simcluster-quota")
+        self.admitted = 0
+        self.refused = 0
+        cache.subscribe("resourcequotas", self._on_quota)
+        cache.subscribe("pods", self._on_pod)
+
+    def install(self) -> None:
+        self.store.add_admission(self._pods, self._admit_pod)
+        self.store.add_admission(self._quotas, self._admit_quota)
+
+    async def start(self) -> None:
+        self._priority.start()
+        self._queue.start()
+        for quota in self.cache.list("resourcequotas"):
+            self._priority.add_after(key_of(quota), self.timing(self.timing.sync_delay))
+        if self._resync_task is None:
+            self._resync_task = asyncio.create_task(self._resync_loop(), name="quota-resync")
+
+    async def stop(self) -> None:
+        if self._resync_task is not None:
+            self._resync_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._resync_task
+            self._resync_task = None
+        await self._priority.stop()
+        await self._queue.stop()
+
+    def idle(self) -> bool:
+        return self._priority.idle() and self._queue.idle()
+
+    @property
+    def queues(self) -> tuple[WorkQueue, ...]:
+        return (self._priority, self._queue)
+
+    # ---- admission ----------------------------------------------------------------------------------------
+    async def _admit_quota(self, op: Operation, res: Resource, new: Obj | None, old: Obj | None) -> Obj | None:
+        if op != "DELETE" and new is not None:
+            _validate_quota(new)
+        return None
+
+    async def _admit_pod(self, op: Operation, res: Resource, new: Obj | None, old: Obj | None) -> Obj | None:
+        if op != "CREATE" or new is None:
+            return None
+        _validate_pod_resources(new)
+        pod = default_pod(new)
+        ns = str((pod.get("metadata") or {}).get("namespace") or "")
+        quotas = self.cache.list("resourcequotas", ns)
+        try:
+            charges = admit_pod(pod, quotas)
+        except ApiError as e:
+            self.refused += 1
+            self._log.info("pod refused by quota", namespace=ns, message=e.message)
+            raise
+        for name, used in charges.items():
+            await self._write_used(ns, name, used)
+        self.admitted += 1
+        return pod
+
+    async def _write_used(self, ns: str, name: str, used: ResourceList) -> None:
+        text = format_resource_list(used)
+
+        def fn(obj: Obj) -> Obj | None:
+            status = obj.setdefault("status", {})
+            if status.get("used") == text:
+                return None
+            status["used"] = dict(text)
+            return obj
+
+        await self.store.mutate(self._quotas, ns, name, fn, status=True)
+
+    # ---- controller ---------------------------------------------------------------------------------------
+    def _on_quota(self, type_: WatchType, obj: Obj, old: Obj | None) -> None:
+        if type_ == "DELETED":
+            return
+        spec_hard = (obj.get("spec") or {}).get("hard") or {}
+        status_hard = (obj.get("status") or {}).get("hard")
+        old_hard = ((old or {}).get("spec") or {}).get("hard")
+        if old is None or old_hard != spec_hard or status_hard != spec_hard:
+            self._priority.add_after(key_of(obj), self.timing(self.timing.sync_delay))
+
+    def _on_pod(self, type_: WatchType, obj: Obj, old: Obj | None) -> None:
+        replenish = False
+        if type_ == "DELETED":
+            replenish = True
+        elif type_ == "MODIFIED" and old is not None:
+            replenish = pod_counts_for_compute(old) and not pod_counts_for_compute(obj)
+        if replenish:
+            ns = key_of(obj)[0]
+            for quota in self.cache.list("resourcequotas", ns):
+                self._queue.add_after(key_of(quota), self.timing(self.timing.sync_delay))
+
+    def enqueue_all(self) -> None:
+        for quota in self.cache.list("resourcequotas"):
+            self._queue.add(key_of(quota))
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.timing(self.timing.resync_period))
+            self.enqueue_all()
+
+    async def _sync(self, key: Key) -> None:
+        ns, name = key
+        if self.cache.get("resourcequotas", ns, name) is None:
+            return
+        now = datetime.now(UTC)
+
+        def fn(obj: Obj) -> Obj | None:
+            # Runs under the store's write lock: the pod cache is exactly the committed state.
+            try:
+                hard, used = compute_usage(obj, self.cache.list("pods", ns), now=now)
+            except InvalidInput as e:
+                self._log.warning("quota cannot be synced", namespace=ns, quota=name, error=str(e))
+                return None
+            status = {"hard": format_resource_list(hard), "used": format_resource_list(used)}
+            old = obj.get("status") or {}
+            if old.get("hard") == status["hard"] and old.get("used") == status["used"]:
+                return None
+            obj["status"] = {**old, **status}
+            return obj
+
+        try:
+            await self.store.mutate(self._quotas, ns, name, fn, status=True)
+        except ApiError as e:
+            if e.code != 404:
+                raise

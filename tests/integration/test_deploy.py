@@ -1,0 +1,457 @@
+"""The deploy manifests (deploy/, kustomize) and the image (Dockerfile) against Kubernetes' schemas, the RBAC the
+services need and nothing more, the pod security the namespace enforces, and the CLI the containers run."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+import subprocess
+import tomllib
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+
+from services import runner
+from services.cli import build_parser
+from shared import bus, modes
+from shared.ledger import PartitionSet
+from shared.quantity import Quantity
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+NATS_CONFIG = DEPLOY / "components" / "nats" / "nats-server.conf"
+KUBE_VERSIONS = ("1.28", "1.32")
+"""Kubernetes versions whose schemas every rendered object must satisfy (oldest supported, kubectl's here)."""
+
+Obj = dict[str, Any]
+
+# ---- least privilege: exactly what each service does in Kubernetes ---------------------------------------------
+
+KUBEVIRT_READ = {
+    ("kubevirt.io", r, v)
+    for r in ("virtualmachineinstances", "virtualmachineinstancemigrations", "virtualmachines", "kubevirts")
+    for v in ("get", "list", "watch")
+}
+LEASES = {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
+CLUSTER_RULES: dict[str, set[tuple[str, str, str]]] = {
+    "watcher": KUBEVIRT_READ
+    | {("", r, v) for r in ("pods", "resourcequotas", "namespaces", "events") for v in ("get", "list", "watch")},
+    "enforcer": {("", "resourcequotas", v) for v in ("get", "list", "watch", "patch", "update")}
+    | {("", "events", v) for v in ("create", "patch")}
+    | {("", "namespaces", v) for v in ("get", "list", "watch")},
+    "ledger": set(),
+}
+NAMESPACED_RULES: dict[str, set[tuple[str, str, str]]] = {"watcher": LEASES, "enforcer": LEASES, "ledger": set()}
+
+
+# ---- rendering --------------------------------------------------------------------------------------------------
+
+
+def kustomizations() -> list[Path]:
+    """Every kustomization that renders on its own (components only render inside an overlay)."""
+    found = []
+    for k in sorted(DEPLOY.rglob("kustomization.yaml")):
+        if yaml.safe_load(k.read_text()).get("kind") != "Component":
+            found.append(k.parent)
+    return found
+
+
+OVERLAYS = [p for p in kustomizations() if "overlays" in p.parts]
+TWO_CLUSTERS = DEPLOY / "overlays" / "two-clusters"
+
+
+def kubectl() -> str:
+    found = shutil.which("kubectl")
+    if found is None:
+        pytest.skip("kubectl is not installed (needed for `kubectl kustomize`)")
+    return found
+
+
+@cache
+def render(path: Path) -> tuple[Obj, ...]:
+    out = subprocess.run([kubectl(), "kustomize", str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, f"kubectl kustomize {path.relative_to(ROOT)}: {out.stderr}"
+    return tuple(o for o in yaml.safe_load_all(out.stdout) if o)
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def of_kind(objs: tuple[Obj, ...], kind: str) -> list[Obj]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def by_name(objs: tuple[Obj, ...], kind: str, name: str) -> Obj:
+    """A generated object (ConfigMap, Secret) by its name before kustomize's hash suffix, or any object by name."""
+    hits = [
+        o for o in of_kind(objs, kind) if re.fullmatch(rf"{re.escape(name)}(-[a-z0-9]{{10}})?", o["metadata"]["name"])
+    ]
+    assert len(hits) == 1, f"{kind} {name}: {len(hits)} found"
+    return hits[0]
+
+
+def workloads(objs: tuple[Obj, ...]) -> list[Obj]:
+    return [o for o in objs if o["kind"] in ("Deployment", "StatefulSet")]
+
+
+def vmquota_deployments(objs: tuple[Obj, ...]) -> Iterator[tuple[Obj, str, Obj]]:
+    """(Deployment, service, container) of every vmquota service."""
+    for d in of_kind(objs, "Deployment"):
+        service = d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+        [container] = d["spec"]["template"]["spec"]["containers"]
+        yield d, service, container
+
+
+def container_env(objs: tuple[Obj, ...], container: Obj) -> dict[str, str | None]:
+    """The environment a container gets: envFrom ConfigMaps (their data), then env (literal values; None for
+    values from a Secret or the downward API)."""
+    env: dict[str, str | None] = {}
+    for source in container.get("envFrom", []):
+        ref = source.get("configMapRef")
+        assert ref is not None, f"only ConfigMaps feed envFrom of vmquota containers: {source}"
+        env.update(next(o for o in of_kind(objs, "ConfigMap") if o["metadata"]["name"] == ref["name"])["data"])
+    for e in container.get("env", []):
+        env[e["name"]] = e.get("value")
+    return env
+
+
+def runner_env_vars() -> set[str]:
+    """Environment variables `vmquota run` reads (from the runner's source: every _env/_env_bool call)."""
+    source = Path(runner.__file__).read_text()
+    found = set(re.findall(r'_env(?:_bool)?\(\s*"(VMQUOTA_[A-Z_]+)"', source))
+    assert {"VMQUOTA_NATS", "VMQUOTA_CLUSTER"} <= found, "the runner no longer reads its flags this way"
+    return found
+
+
+# ---- tests: rendering and schemas -------------------------------------------------------------------------------
+
+
+def test_the_tree_has_the_documented_layout() -> None:
+    names = {rel(p) for p in kustomizations()}
+    assert {
+        "deploy/base",
+        "deploy/overlays/single-cluster",
+        "deploy/overlays/two-clusters/central",
+        "deploy/overlays/two-clusters/cluster-a",
+        "deploy/overlays/two-clusters/cluster-b",
+    } <= names
+    assert (DEPLOY / "components" / "nats" / "kustomization.yaml").exists()
+
+
+@pytest.mark.parametrize("path", kustomizations(), ids=rel)
+def test_renders_and_validates_against_kubernetes_schemas(path: Path) -> None:
+    objs = render(path)
+    assert objs
+    for obj in objs:
+        for version in KUBE_VERSIONS:
+            try:
+                kubernetes_validate.validate(obj, version, strict=True)
+            except kubernetes_validate.ValidationError as e:
+                where = ".".join(str(p) for p in e.path)
+                pytest.fail(
+                    f"{rel(path)}: {obj['kind']} {obj['metadata']['name']} (Kubernetes {version}): {where}: {e.message}"
+                )
+        assert obj["kind"] in ("Namespace", "ClusterRole", "ClusterRoleBinding") or obj["metadata"].get("namespace")
+
+
+def test_the_validator_catches_a_bad_manifest() -> None:
+    """The schema check above can fail: a misspelt field and a wrong type are refused."""
+    [deploy, *_] = of_kind(render(DEPLOY / "base"), "Deployment")
+    bad = json.loads(json.dumps(deploy))
+    bad["spec"]["template"]["spec"]["containers"][0]["imagePullPolicey"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, KUBE_VERSIONS[-1], strict=True)
+    bad = json.loads(json.dumps(deploy))
+    bad["spec"]["replicas"] = "two"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, KUBE_VERSIONS[-1], strict=True)
+
+
+# ---- tests: RBAC ------------------------------------------------------------------------------------------------
+
+
+def granted(objs: tuple[Obj, ...], service_account: str) -> tuple[set[tuple[str, str, str]], set[tuple[str, str, str]]]:
+    """(cluster-wide, namespaced) (group, resource, verb) triples bound to a service account. Wildcards, resource
+    names and non-resource URLs are refused outright: least privilege is spelled out."""
+    roles = {(o["kind"], o["metadata"]["name"]): o for o in objs if o["kind"] in ("ClusterRole", "Role")}
+    cluster: set[tuple[str, str, str]] = set()
+    namespaced: set[tuple[str, str, str]] = set()
+    for b in objs:
+        if b["kind"] not in ("ClusterRoleBinding", "RoleBinding"):
+            continue
+        if not any(s["kind"] == "ServiceAccount" and s["name"] == service_account for s in b.get("subjects", [])):
+            continue
+        for s in b["subjects"]:
+            assert s["kind"] == "ServiceAccount" and s["namespace"] == b["metadata"].get("namespace", s["namespace"])
+        role = roles[(b["roleRef"]["kind"], b["roleRef"]["name"])]
+        target = cluster if b["kind"] == "ClusterRoleBinding" else namespaced
+        for rule in role["rules"]:
+            assert "nonResourceURLs" not in rule and "resourceNames" not in rule, rule
+            for g in rule["apiGroups"]:
+                for r in rule["resources"]:
+                    for v in rule["verbs"]:
+                        assert "*" not in (g, r, v), f"wildcard in {role['metadata']['name']}: {rule}"
+                        target.add((g, r, v))
+    return cluster, namespaced
+
+
+@pytest.mark.parametrize("path", OVERLAYS, ids=rel)
+def test_rbac_is_exactly_least_privilege(path: Path) -> None:
+    objs = render(path)
+    services = {service for _, service, _ in vmquota_deployments(objs)}
+    assert services
+    for service in services:
+        sa = f"vmquota-{service}"
+        cluster, namespaced = granted(objs, sa)
+        assert cluster == CLUSTER_RULES[service], (
+            f"{sa}: extra {cluster - CLUSTER_RULES[service]}, missing {CLUSTER_RULES[service] - cluster}"
+        )
+        assert namespaced == NAMESPACED_RULES[service], f"{sa}: namespaced {namespaced}"
+        for d, s, _ in vmquota_deployments(objs):
+            if s == service:
+                assert d["spec"]["template"]["spec"]["serviceAccountName"] == sa
+    # the namespaced Role (leases) lives where the pods look for their Lease: their own namespace
+    for rb in of_kind(objs, "RoleBinding"):
+        assert rb["metadata"]["namespace"] == rb["subjects"][0]["namespace"]
+    # the ledger has no API access at all, not even a token
+    ledger_sa = [o for o in of_kind(objs, "ServiceAccount") if o["metadata"]["name"] == "vmquota-ledger"]
+    for sa_obj in ledger_sa:
+        assert sa_obj["automountServiceAccountToken"] is False
+
+
+def test_the_rbac_check_fails_on_an_extra_verb() -> None:
+    objs = render(DEPLOY / "overlays" / "single-cluster")
+    widened = json.loads(json.dumps(objs))
+    role = next(o for o in widened if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "vmquota-watcher")
+    role["rules"][1]["verbs"].append("delete")
+    cluster, _ = granted(tuple(widened), "vmquota-watcher")
+    assert cluster != CLUSTER_RULES["watcher"]
+    assert ("", "pods", "delete") in cluster
+
+
+# ---- tests: pods ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", OVERLAYS, ids=rel)
+def test_pods_are_restricted_probed_and_sized(path: Path) -> None:
+    objs = render(path)
+    for w in workloads(objs):
+        name = f"{w['kind']} {w['metadata']['name']}"
+        pod = w["spec"]["template"]["spec"]
+        psc = pod["securityContext"]
+        assert psc["runAsNonRoot"] is True and psc["seccompProfile"]["type"] == "RuntimeDefault", name
+        assert psc.get("runAsUser", 1) != 0, name
+        for c in pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True, name
+            assert sc["allowPrivilegeEscalation"] is False, name
+            assert sc["capabilities"]["drop"] == ["ALL"] and "add" not in sc["capabilities"], name
+            assert {"cpu", "memory"} <= set(c["resources"]["requests"]), name
+            assert "memory" in c["resources"]["limits"], name
+            ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+            for probe in ("livenessProbe", "readinessProbe"):
+                get = c[probe]["httpGet"]
+                assert get["port"] in ports or get["port"] in ports.values(), f"{name}: {probe} on an unknown port"
+    for d, _service, c in vmquota_deployments(objs):
+        env = container_env(objs, c)
+        port = int(env.get("VMQUOTA_HTTP_PORT") or 8080)
+        assert {p["name"]: p["containerPort"] for p in c["ports"]}["http"] == port, d["metadata"]["name"]
+        assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        # a read-only root filesystem: the only writable path is an emptyDir on /tmp
+        mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+        vols = {v["name"]: v for v in d["spec"]["template"]["spec"].get("volumes", [])}
+        assert "emptyDir" in vols[mounts["/tmp"]]
+    for ns in of_kind(objs, "Namespace"):
+        assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+@pytest.mark.parametrize("path", OVERLAYS, ids=rel)
+def test_replicas_leader_election_pdbs_and_ledger_partitions(path: Path) -> None:
+    objs = render(path)
+    pdbs = of_kind(objs, "PodDisruptionBudget")
+    owned: list[PartitionSet] = []
+    for d, service, c in vmquota_deployments(objs):
+        env = container_env(objs, c)
+        labels = d["spec"]["template"]["metadata"]["labels"]
+        covering = [p for p in pdbs if p["spec"]["selector"]["matchLabels"].items() <= labels.items()]
+        if service in ("watcher", "enforcer"):
+            assert d["spec"]["replicas"] == 2, d["metadata"]["name"]
+            assert env.get("VMQUOTA_LEADER_ELECTION") in (None, "true"), "leader election must stay on"
+            assert len(covering) == 1 and covering[0]["spec"]["minAvailable"] == 1
+            lease_ns = next(e for e in c["env"] if e["name"] == "VMQUOTA_LEASE_NAMESPACE")
+            assert lease_ns["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+        else:
+            assert service == "ledger"
+            assert d["spec"]["replicas"] == 1 and d["spec"]["strategy"]["type"] == "Recreate"
+            assert not covering, "a single-replica ledger with a PDB would block node drains"
+            total = int(env.get("VMQUOTA_PARTITIONS") or 16)
+            owned.append(PartitionSet.parse(env.get("VMQUOTA_OWNED_PARTITIONS") or "all", total))
+    if owned:
+        assert len(owned) == 2
+        assert len({p.total for p in owned}) == 1
+        union = [n for p in owned for n in p.owned]
+        assert sorted(union) == list(range(owned[0].total)), "every partition owned by exactly one ledger"
+
+
+# ---- tests: image, commands, flags, env ---------------------------------------------------------------------------
+
+
+def vmquota_parser() -> Any:
+    return build_parser()
+
+
+@pytest.mark.parametrize("path", OVERLAYS, ids=rel)
+def test_containers_run_the_cli_with_flags_and_env_it_reads(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    objs = render(path)
+    parser = vmquota_parser()
+    known_env = runner_env_vars()
+    images = set()
+    for d, service, c in vmquota_deployments(objs):
+        images.add(c["image"])
+        assert "command" not in c, "the image's ENTRYPOINT (vmquota) runs; args choose the command"
+        args = parser.parse_args(c["args"])
+        assert (args.command, args.service) == ("run", service)
+        env = container_env(objs, c)
+        assert set(env) <= known_env, f"{d['metadata']['name']}: env the runner does not read: {set(env) - known_env}"
+        # the flags' validation accepts the manifest's values (secrets and downward API values stand in)
+        filled = {k: v if v is not None else "x" for k, v in env.items()}
+        if service in ("watcher", "enforcer"):
+            assert filled.get("VMQUOTA_CLUSTER"), f"{d['metadata']['name']}: no cluster id"
+        for key in ("VMQUOTA_CLUSTER",):
+            if key in filled:
+                bus.check_cluster(filled[key])
+        if "VMQUOTA_EVENTS_MAX_AGE" in filled:
+            bus.parse_duration(filled["VMQUOTA_EVENTS_MAX_AGE"])
+        assert (env.get("VMQUOTA_NATS") or "").startswith(("nats://", "tls://"))
+        if service in runner.SERVICES:  # the runner's own validation accepts the pod's configuration
+            with monkeypatch.context() as m:
+                for k, v in filled.items():
+                    m.setenv(k, v)
+                config = runner.config_from_args(vmquota_parser().parse_args(c["args"]))
+            assert config.service == service and config.nats.user == "x" and config.identity == "x"
+            if service == "ledger":
+                assert config.partitions.owned, "a ledger that owns no partition"
+        secret_refs = {
+            e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "secretKeyRef" in e.get("valueFrom", {})
+        }
+        assert set(secret_refs) == {"VMQUOTA_NATS_USER", "VMQUOTA_NATS_PASSWORD"}
+        for ref in secret_refs.values():
+            secret = next(s for s in of_kind(objs, "Secret") if s["metadata"]["name"] == ref["name"])
+            assert ref["key"] in secret["data"]
+        user = base64.b64decode(secret["data"]["user"]).decode()
+        assert user == service, "each service connects as its own NATS user"
+    assert len(images) == 1, images
+
+
+def test_dockerfile_entrypoint_and_command_are_the_cli() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    lines = [ln for ln in re.sub(r"\\\n", " ", text).splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    stages = [i for i, ln in enumerate(lines) if ln.upper().startswith("FROM ")]
+    assert len(stages) >= 2, "multi-stage: build, then a final stage without build tools"
+    final = lines[stages[-1] :]
+    assert re.match(r"FROM \$\{PYTHON_IMAGE\}\s*$|FROM python:3\.11-slim", final[0]), final[0]
+    assert re.search(r"ARG PYTHON_IMAGE=python:3\.11-slim", text)
+
+    def instruction(name: str) -> list[str]:
+        found = [ln for ln in final if ln.upper().startswith(name + " ")]
+        assert found, f"no {name} in the final stage"
+        value: list[str] = json.loads(found[-1][len(name) :].strip())  # exec form only
+        return value
+
+    entrypoint, cmd = instruction("ENTRYPOINT"), instruction("CMD")
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert entrypoint == ["vmquota"] and "vmquota" in scripts
+    args = vmquota_parser().parse_args(cmd)
+    assert args.command == "run" and args.service in ("all", *runner.PLANNED)
+    user = next(ln for ln in reversed(final) if ln.upper().startswith("USER "))
+    uid = user.split()[1].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, "numeric non-root user, so runAsNonRoot can verify it"
+    for d in of_kind(render(DEPLOY / "base"), "Deployment"):
+        assert d["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == int(uid)
+    body = "\n".join(final)
+    for tool in ("gcc", "build-essential", "apt-get install", "pip install"):
+        assert tool not in body, f"{tool} in the final stage"
+    assert "readOnlyRootFilesystem" not in body  # nothing to check in Docker; the flag is the manifests'
+    assert "PYTHONDONTWRITEBYTECODE=1" in body
+    exposed = next(ln for ln in final if ln.upper().startswith("EXPOSE "))
+    assert exposed.split()[1] == str(vmquota_parser().parse_args(["run", "ledger"]).http_port)
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".venv", ".git", "tests"} <= set(ignored)
+
+
+# ---- tests: NATS component and the two-cluster layout --------------------------------------------------------------
+
+
+def test_nats_component_serves_the_tested_config_and_matching_credentials() -> None:
+    objs = render(TWO_CLUSTERS / "central")
+    conf = by_name(objs, "ConfigMap", "vmquota-nats-config")
+    assert conf["data"]["nats-server.conf"] == NATS_CONFIG.read_text()
+    users = by_name(objs, "Secret", "vmquota-nats-users")["data"]
+    wanted = set(re.findall(r"\$(VMQUOTA_NATS_[A-Z]+_PASSWORD)", NATS_CONFIG.read_text()))
+    assert set(users) == wanted, "the server's Secret provides every password its config reads"
+    [sts] = of_kind(objs, "StatefulSet")
+    [c] = sts["spec"]["template"]["spec"]["containers"]
+    assert c["envFrom"] == [{"secretRef": {"name": by_name(objs, "Secret", "vmquota-nats-users")["metadata"]["name"]}}]
+    assert "-sd" in c["args"] and sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+    assert any(m["mountPath"] == c["args"][c["args"].index("-sd") + 1] for m in c["volumeMounts"])
+    version = re.search(r":(\d+)\.(\d+)", c["image"])
+    assert version and (int(version[1]), int(version[2])) >= (2, 11), "nats-server >= 2.11 (DESIGN section 4)"
+    # each service's own Secret carries the same password as the server's user (placeholders stay consistent)
+    for d, service, cont in vmquota_deployments(objs):
+        ref = next(e for e in cont["env"] if e["name"] == "VMQUOTA_NATS_PASSWORD")["valueFrom"]["secretKeyRef"]
+        secret = next(s for s in of_kind(objs, "Secret") if s["metadata"]["name"] == ref["name"])
+        assert secret["data"]["password"] == users[f"VMQUOTA_NATS_{service.upper()}_PASSWORD"], d["metadata"]["name"]
+        assert container_env(objs, cont)["VMQUOTA_NATS"] == "nats://vmquota-nats:4222"
+
+
+def test_two_clusters_share_one_ledger_and_one_nats() -> None:
+    parts = {p.name: render(TWO_CLUSTERS / p.name) for p in sorted(TWO_CLUSTERS.iterdir()) if p.is_dir()}
+    assert set(parts) == {"central", "cluster-a", "cluster-b"}
+    services = {name: sorted(s for _, s, _ in vmquota_deployments(objs)) for name, objs in parts.items()}
+    assert services == {
+        "central": ["ledger", "ledger"],
+        "cluster-a": ["enforcer", "watcher"],
+        "cluster-b": ["enforcer", "watcher"],
+    }
+    assert [len(of_kind(objs, "StatefulSet")) for objs in parts.values()] == [1, 0, 0]
+    clusters = {}
+    for name in ("cluster-a", "cluster-b"):
+        ids = {container_env(parts[name], c)["VMQUOTA_CLUSTER"] for _, _, c in vmquota_deployments(parts[name])}
+        [clusters[name]] = ids
+    assert clusters == {"cluster-a": "cluster-a", "cluster-b": "cluster-b"}
+    # the per-cluster parts hold no credentials of services they do not run
+    for name in ("cluster-a", "cluster-b"):
+        secrets_ = {re.sub(r"-[a-z0-9]{10}$", "", s["metadata"]["name"]) for s in of_kind(parts[name], "Secret")}
+        assert secrets_ == {"vmquota-nats-watcher", "vmquota-nats-enforcer"}
+    assert (TWO_CLUSTERS / "README.md").read_text().count("cluster-c") >= 2, "README shows how to add a cluster"
+
+
+# ---- tests: example quotas ----------------------------------------------------------------------------------------
+
+
+def test_examples_cover_every_mode_and_parse_as_managed_quotas() -> None:
+    found = {}
+    for f in sorted((DEPLOY / "examples").glob("*.yaml")):
+        [quota] = [o for o in yaml.safe_load_all(f.read_text()) if o]
+        assert quota["kind"] == "ResourceQuota"
+        kubernetes_validate.validate(quota, KUBE_VERSIONS[-1], strict=True)
+        hard = {k: Quantity.parse(str(v)) for k, v in quota["spec"]["hard"].items()}
+        policy = modes.quota_policy(
+            quota["metadata"]["name"], quota["metadata"]["labels"], quota["metadata"]["annotations"], hard
+        )
+        assert policy is not None, f"{f.name} is not opted in"
+        assert policy.budget == hard
+        found[policy.mode.value] = f.name
+        assert "vmquota.io/mode" in f.read_text() and f.read_text().startswith("#"), "commented for tenants"
+    assert set(found) == set(modes.MODE_NAMES)
+    ratio = yaml.safe_load((DEPLOY / "examples" / found["VirtualResourcesWithCPUAllocationRatio"]).read_text())
+    assert modes.RATIO_ANNOTATION in ratio["metadata"]["annotations"]

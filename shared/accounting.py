@@ -1,0 +1,689 @@
+"""A namespace's usage as a pure function of the objects in it.
+
+:func:`account_namespace` takes the snapshots of one namespace (VMIs, migrations, pods, ResourceQuotas, the
+Namespace, FailedCreate events; VMs are accepted and ignored) and returns, for every managed quota:
+
+* ``U`` — accounted usage: each VM counted once in the quota's mode (running VMs always; pending VMs only when
+  admitted), every non-VM pod at its pod usage, and the hotplug growth of pending migrations;
+* ``P`` — pod usage: what the native evaluator charges the pods in the quota's scope (``shared.podusage``);
+* ``S`` — reservations, in pod terms: the launcher pod of each admitted VM whose pod does not exist yet, and the
+  target pod of each pending migration;
+* ``hard`` — the equation (``shared.equation``) applied to them;
+
+plus every VM (running, admitted, refused, stopped), pod and migration with what it counts and why.
+
+Rules (``docs/accounting.md`` explains them):
+
+* a VM is *running* while it has a non-terminal launcher pod; running VMs always count, at the per-resource
+  maximum of their launcher pods (source and target during a migration) and any pending target estimate;
+* pending VMs are admitted in creation order (then name, uid): admitted iff ``U + u <= B`` for every natively
+  enforced resource of every managed quota whose scope covers the VM; an admitted VM adds ``u`` to ``U`` and its
+  launcher pod estimate to ``S``;
+* estimates: the renderer's launcher pod for the VMI (the published overhead when KubeVirt published it), with the
+  ``requested:`` amounts of the VMI's latest quota refusals (FailedCreate events) replacing the estimated ones;
+  a migration target: the source pod's usage plus the hotplug growth, at least the rendering of the current spec,
+  refusal amounts again replacing the estimate;
+* only the oldest active migration of a VMI reserves a target; the others queue behind it (KubeVirt runs one at
+  a time per VMI);
+* launcher pods of a VMI that is not in the set count as non-VM pods (their resources are in use);
+* the result does not depend on the order of the input: objects are sorted, duplicates keep the newest version.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from fractions import Fraction
+from typing import Any, Final
+
+from shared.equation import desired_hard
+from shared.errors import InvalidInput
+from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
+from shared.modes import (
+    QuotaPolicy,
+    ScopeRequirement,
+    VmSize,
+    mode_usage,
+    pod_factor,
+    quota_policy,
+)
+from shared.podusage import counts_for_compute, quota_usage_of
+from shared.quantity import ZERO, Quantity
+from shared.resources import ResourceList, add, growth, maximum, nonzero
+from shared.snapshot import (
+    VMI_FINAL_PHASES,
+    EventSnapshot,
+    KubeVirtSnapshot,
+    NamespaceSnapshot,
+    PodSnapshot,
+    QuotaSnapshot,
+    Snapshot,
+    VmimSnapshot,
+    VmiSnapshot,
+    VmSnapshot,
+)
+
+_ONE: Final = Quantity.from_int(1)
+
+# VM states
+RUNNING: Final = "running"
+ADMITTED: Final = "admitted"
+REFUSED: Final = "refused"
+STOPPED: Final = "stopped"
+
+# pod roles
+LAUNCHER: Final = "launcher"
+MIGRATION_TARGET: Final = "migration-target"
+NON_VM: Final = "non-vm"
+ORPHAN_LAUNCHER: Final = "orphan-launcher"
+
+# migration states
+PENDING: Final = "pending"
+TARGET_CREATED: Final = "target-created"
+QUEUED: Final = "queued"
+WAITING: Final = "waiting"
+
+
+# ---- results ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class VmEntry:
+    name: str
+    uid: str
+    phase: str
+    state: str
+    """``running``, ``admitted`` (pending, pod reserved), ``refused`` (pending, does not fit) or ``stopped``."""
+    reason: str
+    size: VmSize
+    pod_usage: ResourceList
+    """The launcher pod usage the VM counts at (real pods, else the estimate)."""
+    counts: Mapping[str, ResourceList]
+    """Per quota: what the VM adds to ``U`` (empty for a refused or stopped VM)."""
+    reserved: ResourceList = field(default_factory=dict)
+    """The launcher pod reservation (admitted VMs only)."""
+    refused_by: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Per quota: the resources the VM does not fit."""
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationEntry:
+    name: str
+    uid: str
+    vmi: str
+    phase: str
+    state: str
+    """``pending`` (target reserved), ``target-created``, ``queued`` (behind another migration of the VMI) or
+    ``waiting`` (the VMI has no running launcher pod)."""
+    reason: str
+    reserved: ResourceList = field(default_factory=dict)
+    growth: ResourceList = field(default_factory=dict)
+    """Target minus source, in pod terms (hotplug)."""
+    rejected_by_quota: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PodEntry:
+    name: str
+    uid: str
+    role: str
+    """``launcher`` (of a VM in the set), ``migration-target``, ``non-vm`` or ``orphan-launcher``."""
+    vmi: str
+    active: bool
+    """Charged for compute (not terminal, not past its deletion grace period)."""
+    charged: ResourceList
+    """What the native evaluator charges (its share of ``P``)."""
+    accounted: ResourceList
+    """What the pod adds to ``U`` itself (launcher pods: nothing, their VM counts)."""
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaUsage:
+    policy: QuotaPolicy
+    accounted: ResourceList
+    """``U``."""
+    pod_usage: ResourceList
+    """``P``."""
+    reserved: ResourceList
+    """``S``."""
+    factors: Mapping[str, Fraction | None]
+    """``k`` per budget resource (see ``shared.equation``)."""
+    hard: ResourceList
+    over_budget: tuple[str, ...]
+    """Budget resources where ``U > B``."""
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceUsage:
+    namespace: str
+    quotas: Mapping[str, QuotaUsage]
+    vms: tuple[VmEntry, ...]
+    migrations: tuple[MigrationEntry, ...]
+    pods: tuple[PodEntry, ...]
+    errors: tuple[str, ...] = ()
+    """Problems that did not stop accounting (an invalid managed quota, a VMI the renderer cannot read)."""
+
+
+# ---- scopes ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeFacts:
+    terminating: bool
+    best_effort: bool
+    priority_class: str
+
+
+def scope_matches(scopes: Sequence[ScopeRequirement], facts: ScopeFacts) -> bool:
+    """Whether a quota with these scopes charges a pod with these facts (all requirements must hold)."""
+    for s in scopes:
+        if s.scope == "Terminating":
+            ok = facts.terminating
+        elif s.scope == "NotTerminating":
+            ok = not facts.terminating
+        elif s.scope == "BestEffort":
+            ok = facts.best_effort
+        elif s.scope == "NotBestEffort":
+            ok = not facts.best_effort
+        elif s.scope == "PriorityClass":
+            if s.operator == "In":
+                ok = facts.priority_class in s.values
+            elif s.operator == "NotIn":
+                ok = facts.priority_class not in s.values
+            elif s.operator == "Exists":
+                ok = facts.priority_class != ""
+            else:
+                ok = facts.priority_class == ""
+        else:
+            ok = False
+        if not ok:
+            return False
+    return True
+
+
+def quota_scopes(q: QuotaSnapshot) -> tuple[ScopeRequirement, ...]:
+    out = [ScopeRequirement(s) for s in q.scopes]
+    out += [ScopeRequirement(s.scope_name, s.operator, tuple(s.values)) for s in q.scope_selector]
+    return tuple(out)
+
+
+def policy_of(q: QuotaSnapshot) -> QuotaPolicy | None:
+    """The policy of a managed quota snapshot (None when not opted in); InvalidInput on bad annotations."""
+    return quota_policy(q.name, q.labels, q.annotations, q.spec_hard, quota_scopes(q))
+
+
+# ---- helpers ---------------------------------------------------------------------------------------------------
+
+
+def _rv_key(s: Snapshot) -> tuple[int, str]:
+    rv = s.resource_version
+    return (int(rv), rv) if rv.isdigit() else (-1, rv)
+
+
+def _latest(objs: Iterable[Snapshot]) -> list[Snapshot]:
+    """One snapshot per object (kind, uid or name): the newest resourceVersion; ties broken by the encoded form."""
+    best: dict[tuple[str, str], Snapshot] = {}
+    for s in objs:
+        key = (type(s).__name__, s.uid or f"name:{s.name}")
+        cur = best.get(key)
+        if cur is None or (_rv_key(s), repr(s)) > (_rv_key(cur), repr(cur)):
+            best[key] = s
+    return list(best.values())
+
+
+def _created_key(s: Snapshot) -> tuple[bool, datetime, str, str]:
+    """Creation order; objects without a creation time last, then by name and uid."""
+    ts = s.creation_timestamp
+    return (ts is None, ts or datetime.min, s.name, s.uid)
+
+
+def _order(objs: Iterable[Snapshot]) -> list[Any]:
+    return sorted(objs, key=_created_key)
+
+
+def _with_refusals(estimate: Mapping[str, Quantity], refused: Mapping[str, Quantity]) -> ResourceList:
+    out = dict(estimate)
+    out.update(refused)
+    return out
+
+
+def _fmt(rl: Mapping[str, Quantity]) -> str:
+    return ", ".join(f"{k}={rl[k]}" for k in sorted(rl)) or "nothing"
+
+
+class _Renderer:
+    """Renders launcher pods of VMI snapshots for one namespace; remembers failures as errors."""
+
+    def __init__(self, config: KubeVirtConfig, facts: NamespaceFacts) -> None:
+        self.config = config
+        self.facts = facts
+        self.errors: list[str] = []
+
+    def usage(self, vmi: Mapping[str, Any], ref: str) -> ResourceList | None:
+        try:
+            pod = render_launcher_pod(vmi, self.config, self.facts)
+        except InvalidInput as e:
+            self.errors.append(f"{ref}: cannot estimate its launcher pod: {e}")
+            return None
+        return quota_usage_of(pod.requests, pod.limits)
+
+    def hotplug_growth(self, v: VmiSnapshot) -> ResourceList:
+        """Pod-terms growth of a VMI whose spec is larger than its status (hotplug awaiting a migration)."""
+        grow_cpu = v.status_vcpus is not None and v.status_vcpus < v.vcpus
+        grow_mem = (
+            v.status_guest_memory is not None and v.guest_memory is not None and v.status_guest_memory < v.guest_memory
+        )
+        if not (grow_cpu or grow_mem):
+            return {}
+        target = v.as_object()
+        target.pop("status", None)  # the published overhead is the source's; compute both sides alike
+        source = copy.deepcopy(target)
+        domain = source["spec"].setdefault("domain", {})
+        if grow_cpu and v.status_vcpus is not None:
+            cpu = dict(domain.get("cpu") or {})
+            per_socket = max(1, int(cpu.get("cores") or 1) * int(cpu.get("threads") or 1))
+            cpu["sockets"] = max(1, v.status_vcpus // per_socket)
+            domain["cpu"] = cpu
+        if grow_mem and v.status_guest_memory is not None:
+            memory = dict(domain.get("memory") or {})
+            memory["guest"] = v.status_guest_memory.canonical()
+            domain["memory"] = memory
+        after = self.usage(target, v.ref)
+        before = self.usage(source, v.ref)
+        if after is None or before is None:
+            return {}
+        return growth(after, before)
+
+
+@dataclass
+class _Quota:
+    policy: QuotaPolicy
+    factors: dict[str, Fraction | None]
+    ratio: Fraction
+    accounted: ResourceList = field(default_factory=dict)
+    pod_usage: ResourceList = field(default_factory=dict)
+    reserved: ResourceList = field(default_factory=dict)
+
+    def covers(self, facts: ScopeFacts) -> bool:
+        return scope_matches(self.policy.scopes, facts)
+
+    def misfits(self, u: Mapping[str, Quantity]) -> tuple[str, ...]:
+        """Natively enforced budget resources that ``U + u`` would exceed."""
+        return tuple(
+            sorted(
+                r
+                for r, b in self.policy.budget.items()
+                if self.factors.get(r, Fraction(1)) is not None and r in u and self.accounted.get(r, ZERO) + u[r] > b
+            )
+        )
+
+
+# ---- the function ----------------------------------------------------------------------------------------------
+
+
+def account_namespace(
+    objects: Iterable[Snapshot],
+    *,
+    now: datetime,
+    config: KubeVirtConfig | None = None,
+    policies: Sequence[QuotaPolicy] | None = None,
+    namespace: str | None = None,
+) -> NamespaceUsage:
+    """Account one namespace.
+
+    ``objects``: the namespace's snapshots in any order (objects of other namespaces are ignored when
+    ``namespace`` is given, else they are an error). ``now`` decides which terminating pods are past their grace
+    period. ``config``: the cluster's KubeVirt configuration (default: a KubeVirt snapshot among ``objects``, else
+    KubeVirt's defaults). ``policies``: the quotas to account for (default: the managed ResourceQuotas among
+    ``objects``; a managed quota with invalid annotations is skipped and reported in ``errors``).
+    """
+    return _Accounting(objects, now=now, config=config, policies=policies, namespace=namespace).run()
+
+
+def _vm_key(v: VmiSnapshot) -> str:
+    return v.uid or f"name:{v.name}"
+
+
+def _vm_facts(v: VmiSnapshot) -> ScopeFacts:
+    """Scope facts of a VM's launcher pod: never terminating (no deadline), never BestEffort (it has requests)."""
+    return ScopeFacts(False, False, v.priority_class_name)
+
+
+def _pick_source(sources: list[tuple[PodSnapshot, ResourceList]], v: VmiSnapshot) -> tuple[PodSnapshot, ResourceList]:
+    """The migration source: the VMI's newest pod on its node, else its newest pod."""
+    on_node = [pc for pc in sources if v.node_name and pc[0].node_name == v.node_name]
+    pool = on_node or sources
+    return max(
+        pool,
+        key=lambda pc: (pc[0].creation_timestamp is not None, pc[0].creation_timestamp or datetime.min, pc[0].name),
+    )
+
+
+class _Accounting:
+    """One run of :func:`account_namespace` (a builder; not reused)."""
+
+    def __init__(
+        self,
+        objects: Iterable[Snapshot],
+        *,
+        now: datetime,
+        config: KubeVirtConfig | None,
+        policies: Sequence[QuotaPolicy] | None,
+        namespace: str | None,
+    ) -> None:
+        self.now = now
+        self.errors: list[str] = []
+        objs = _latest(objects)
+        if namespace is None:
+            names = {
+                s.namespace for s in objs if s.namespace and not isinstance(s, (NamespaceSnapshot, KubeVirtSnapshot))
+            }
+            if len(names) > 1:
+                raise InvalidInput(f"objects of several namespaces given: {', '.join(sorted(names))}", "namespace")
+            namespace = names.pop() if names else ""
+        self.namespace = namespace
+        self._sort(objs)
+        if config is None:
+            config = KubeVirtConfig.from_cr(self.kv_obj.as_object()) if self.kv_obj is not None else KubeVirtConfig()
+        self.config = config
+        self.quotas = self._policies(policies)
+        hard_keys = {r for q in self.quota_objs for r in q.spec_hard} | {
+            r for q in self.quotas for r in q.policy.budget
+        }
+        facts = NamespaceFacts(
+            labels=dict(self.ns_obj.labels) if self.ns_obj is not None else {},
+            quota_has_limits_cpu="limits.cpu" in hard_keys,
+            quota_has_limits_memory="limits.memory" in hard_keys,
+        )
+        self.renderer = _Renderer(config, facts)
+        self.vmi_by_uid = {v.uid: v for v in self.vmis if v.uid}
+        self.vmi_by_name = {v.name: v for v in self.vmis}
+        self.vmim_by_uid = {m.uid: m for m in self.vmims if m.uid}
+        self.launchers: dict[str, list[tuple[PodSnapshot, ResourceList]]] = {}
+        self.pod_entries: list[PodEntry] = []
+        self.mig_entries: list[MigrationEntry] = []
+        self.target_estimates: dict[str, ResourceList] = {}
+        self.vm_entries: dict[str, VmEntry] = {}
+        self.pending: list[VmiSnapshot] = []
+
+    # ---- input
+    def _sort(self, objs: list[Snapshot]) -> None:
+        vmis: list[VmiSnapshot] = []
+        vmims: list[VmimSnapshot] = []
+        pods: list[PodSnapshot] = []
+        quotas: list[QuotaSnapshot] = []
+        events: list[EventSnapshot] = []
+        self.ns_obj: NamespaceSnapshot | None = None
+        self.kv_obj: KubeVirtSnapshot | None = None
+        for s in objs:
+            if isinstance(s, NamespaceSnapshot):
+                if s.name == self.namespace:
+                    self.ns_obj = s
+            elif isinstance(s, KubeVirtSnapshot):
+                if self.kv_obj is None or (s.namespace, s.name) < (self.kv_obj.namespace, self.kv_obj.name):
+                    self.kv_obj = s
+            elif s.namespace != self.namespace or isinstance(s, VmSnapshot):
+                continue
+            elif isinstance(s, VmiSnapshot):
+                vmis.append(s)
+            elif isinstance(s, VmimSnapshot):
+                vmims.append(s)
+            elif isinstance(s, PodSnapshot):
+                pods.append(s)
+            elif isinstance(s, QuotaSnapshot):
+                quotas.append(s)
+            elif isinstance(s, EventSnapshot):
+                events.append(s)
+            else:
+                raise InvalidInput(f"unexpected snapshot type {type(s).__name__}", s.ref)
+        self.vmis: list[VmiSnapshot] = _order(vmis)
+        self.vmims: list[VmimSnapshot] = _order(vmims)
+        self.pods: list[PodSnapshot] = _order(pods)
+        self.quota_objs = sorted(quotas, key=lambda q: q.name)
+        self.events = sorted(
+            events, key=lambda e: (e.last_timestamp is not None, e.last_timestamp or datetime.min, e.name)
+        )
+
+    def _policies(self, policies: Sequence[QuotaPolicy] | None) -> list[_Quota]:
+        if policies is None:
+            found: list[QuotaPolicy] = []
+            for qo in self.quota_objs:
+                try:
+                    pol = policy_of(qo)
+                except InvalidInput as err:
+                    self.errors.append(f"{qo.ref}: not managed: {err}")
+                    continue
+                if pol is not None:
+                    found.append(pol)
+            policies = found
+        out: list[_Quota] = []
+        kv_ratio = self.config.cpu_allocation_ratio
+        for pol in sorted(policies, key=lambda p: p.name):
+            ratio = pol.ratio(kv_ratio)
+            factors = {
+                r: pod_factor(
+                    pol.mode,
+                    r,
+                    kubevirt_ratio=kv_ratio,
+                    memory_overcommit=self.config.memory_overcommit,
+                    mode_ratio=ratio,
+                )
+                for r in pol.budget
+            }
+            out.append(_Quota(policy=pol, factors=factors, ratio=ratio))
+        return out
+
+    def run(self) -> NamespaceUsage:
+        self._pods()
+        self._migrations()
+        self._running_vms()
+        self._reserve_targets()
+        for v in self.pending:
+            self._admit(v)
+        results: dict[str, QuotaUsage] = {}
+        for q in self.quotas:
+            b = q.policy.budget
+            results[q.policy.name] = QuotaUsage(
+                policy=q.policy,
+                accounted=q.accounted,
+                pod_usage=q.pod_usage,
+                reserved=q.reserved,
+                factors=q.factors,
+                hard=desired_hard(b, q.accounted, q.pod_usage, q.reserved, q.factors),
+                over_budget=tuple(sorted(r for r in b if q.accounted.get(r, ZERO) > b[r])),
+            )
+        return NamespaceUsage(
+            namespace=self.namespace,
+            quotas=results,
+            vms=tuple(self.vm_entries[_vm_key(v)] for v in self.vmis),
+            migrations=tuple(self.mig_entries),
+            pods=tuple(self.pod_entries),
+            errors=tuple(self.errors + self.renderer.errors),
+        )
+
+    # ---- pods: what each is charged, and whose it is
+    def _owner(self, p: PodSnapshot) -> VmiSnapshot | None:
+        if not p.is_launcher:
+            return None
+        uid = p.vmi_uid
+        if uid and uid in self.vmi_by_uid:
+            return self.vmi_by_uid[uid]
+        v = self.vmi_by_name.get(p.owner_vmi_name) if p.owner_vmi_name else None
+        if v is not None and (not uid or not v.uid):
+            return v
+        return None
+
+    def _pods(self) -> None:
+        for p in self.pods:
+            active = counts_for_compute(p.phase, p.deletion_timestamp, p.deletion_grace_period_seconds, self.now)
+            charged = dict(p.usage) if active else {"count/pods": _ONE}
+            facts = ScopeFacts(p.terminating_scope, p.best_effort, p.priority_class_name)
+            covering = [q for q in self.quotas if q.covers(facts)]
+            for q in covering:
+                q.pod_usage = add(q.pod_usage, charged)
+            v = self._owner(p)
+            if v is None:
+                role = ORPHAN_LAUNCHER if p.is_launcher else NON_VM
+                reason = "launcher pod of a VMI that is not in the namespace" if p.is_launcher else "pod usage"
+                if not active:
+                    reason += "; terminal or past its grace period: count/pods only"
+                for q in covering:
+                    q.accounted = add(q.accounted, charged)
+                self.pod_entries.append(PodEntry(p.name, p.uid, role, "", active, charged, charged, reason))
+                continue
+            mig = self.vmim_by_uid.get(p.migration_job_uid) if p.migration_job_uid else None
+            role = MIGRATION_TARGET if p.migration_job_uid else LAUNCHER
+            if not active:
+                reason = "terminal: count/pods only, not counted against the budget"
+            elif role == MIGRATION_TARGET:
+                reason = f"target of migration {mig.name if mig else p.migration_job_uid}: counted with VM {v.name}"
+            else:
+                reason = f"counted with VM {v.name}"
+            self.pod_entries.append(PodEntry(p.name, p.uid, role, v.name, active, charged, {}, reason))
+            if active:
+                self.launchers.setdefault(_vm_key(v), []).append((p, charged))
+
+    # ---- FailedCreate events
+    def _refusals(self, v: VmiSnapshot, since: datetime | None) -> ResourceList:
+        """Merged ``requested:`` amounts of the VMI's quota refusals at or after ``since`` (later events win)."""
+        out: ResourceList = {}
+        for e in self.events:
+            if not e.quota_refusal:
+                continue
+            if e.involved_uid and v.uid:
+                if e.involved_uid != v.uid:
+                    continue
+            elif e.involved_name != v.name:
+                continue
+            if since is not None and e.last_timestamp is not None and e.last_timestamp < since:
+                continue
+            out.update(e.requested)
+        return out
+
+    # ---- migrations: the oldest active one per VMI reserves its target
+    def _migrations(self) -> None:
+        seen: set[str] = set()
+        for m in self.vmims:
+            if not m.active:
+                continue
+            entry = self._migration(m, seen)
+            self.mig_entries.append(entry)
+
+    def _migration(self, m: VmimSnapshot, seen: set[str]) -> MigrationEntry:
+        def entry(
+            state: str, reason: str, reserved: ResourceList | None = None, grow: ResourceList | None = None
+        ) -> MigrationEntry:
+            return MigrationEntry(
+                m.name, m.uid, m.vmi_name, m.phase, state, reason, reserved or {}, grow or {}, m.rejected_by_quota
+            )
+
+        v = self.vmi_by_name.get(m.vmi_name)
+        if v is None:
+            return entry(WAITING, "VMI not found")
+        key = _vm_key(v)
+        if key in seen:
+            return entry(QUEUED, "queued behind an older migration of the same VMI")
+        seen.add(key)
+        vm_pods = self.launchers.get(key, [])
+        targets = [pc for pc in vm_pods if m.uid and pc[0].migration_job_uid == m.uid]
+        sources = [pc for pc in vm_pods if not (m.uid and pc[0].migration_job_uid == m.uid)]
+        if targets:
+            grow = growth(targets[0][1], sources[0][1]) if sources else {}
+            return entry(TARGET_CREATED, f"target pod {targets[0][0].name} exists: charged in P", None, grow)
+        if not sources:
+            return entry(WAITING, "the VMI has no running launcher pod")
+        source_pod, source_usage = _pick_source(sources, v)
+        grow = self.renderer.hotplug_growth(v)
+        estimate = add(source_usage, grow)
+        rendered = self.renderer.usage(v.as_object(), v.ref)
+        if rendered is not None:
+            estimate = maximum(estimate, rendered)
+        refused = self._refusals(v, m.creation_timestamp)
+        reserved = nonzero(_with_refusals(estimate, refused))
+        why = [f"target reserved, estimated from source pod {source_pod.name}"]
+        if grow:
+            why.append(f"hotplug growth {_fmt(grow)}")
+        if refused:
+            why.append(f"exact amounts from a quota refusal: {_fmt(refused)}")
+        if m.rejected_by_quota:
+            why.append("KubeVirt reported migrationRejectedByResourceQuota and retries when the quota is updated")
+        self.target_estimates[key] = reserved
+        return entry(PENDING, "; ".join(why), reserved, grow)
+
+    def _reserve_targets(self) -> None:
+        for m in self.mig_entries:
+            if m.state != PENDING:
+                continue
+            facts = _vm_facts(self.vmi_by_name[m.vmi])
+            for q in self.quotas:
+                if q.covers(facts):
+                    q.reserved = add(q.reserved, m.reserved)
+
+    # ---- VMs
+    def _running_vms(self) -> None:
+        """Running VMs always count; the others are stopped or wait for admission."""
+        for v in self.vmis:
+            key = _vm_key(v)
+            size = VmSize.of(v.vcpus, v.guest_memory, v.status_vcpus, v.status_guest_memory)
+            vm_pods = self.launchers.get(key, [])
+            if not vm_pods:
+                if v.phase in VMI_FINAL_PHASES or v.deletion_timestamp is not None:
+                    what = f"phase {v.phase}" if v.phase in VMI_FINAL_PHASES else "being deleted"
+                    reason = f"{what}, no running launcher pod: counts nothing"
+                    self.vm_entries[key] = VmEntry(v.name, v.uid, v.phase, STOPPED, reason, size, {}, {})
+                else:
+                    self.pending.append(v)
+                continue
+            pod_max: ResourceList = {}
+            for _, charged in vm_pods:
+                pod_max = maximum(pod_max, charged)
+            if key in self.target_estimates:
+                pod_max = maximum(pod_max, self.target_estimates[key])
+            counts: dict[str, ResourceList] = {}
+            for q in self.quotas:
+                if q.covers(_vm_facts(v)):
+                    u = mode_usage(q.policy.mode, size, pod_max, q.ratio)
+                    q.accounted = add(q.accounted, u)
+                    counts[q.policy.name] = u
+            reason = "running: always counts"
+            if len(vm_pods) > 1:
+                reason += f" (at the larger of its {len(vm_pods)} launcher pods per resource)"
+            self.vm_entries[key] = VmEntry(v.name, v.uid, v.phase, RUNNING, reason, size, pod_max, counts)
+
+    def _admit(self, v: VmiSnapshot) -> None:
+        """A pending VM (no launcher pod yet), in creation order: admitted iff it fits every covering quota."""
+        key = _vm_key(v)
+        size = VmSize.of(v.vcpus, v.guest_memory, v.status_vcpus, v.status_guest_memory)
+        estimate = self.renderer.usage(v.as_object(), v.ref) or {}
+        refused = self._refusals(v, v.creation_timestamp)
+        pod_est = nonzero(_with_refusals(estimate, refused))
+        covering = [q for q in self.quotas if q.covers(_vm_facts(v))]
+        usages = {q.policy.name: mode_usage(q.policy.mode, size, pod_est, q.ratio) for q in covering}
+        misfit: dict[str, tuple[str, ...]] = {}
+        parts: list[str] = []
+        for q in covering:
+            u = usages[q.policy.name]
+            rs = q.misfits(u)
+            if not rs:
+                continue
+            misfit[q.policy.name] = rs
+            detail = ", ".join(
+                f"{r} needs {u[r]} but {(q.policy.budget[r] - q.accounted.get(r, ZERO)).clamp0()} is left" for r in rs
+            )
+            parts.append(f"quota {q.policy.name}: {detail}" if q.policy.name else detail)
+        if misfit:
+            reason = "pending, does not fit: " + "; ".join(parts)
+            self.vm_entries[key] = VmEntry(v.name, v.uid, v.phase, REFUSED, reason, size, pod_est, {}, {}, misfit)
+            return
+        for q in covering:
+            q.accounted = add(q.accounted, usages[q.policy.name])
+            q.reserved = add(q.reserved, pod_est)
+        reason = "pending, admitted in creation order: launcher pod reserved"
+        if refused:
+            reason += f" (exact amounts from a quota refusal: {_fmt(refused)})"
+        if not estimate:
+            reason += "; its launcher pod could not be estimated (see errors)"
+        self.vm_entries[key] = VmEntry(v.name, v.uid, v.phase, ADMITTED, reason, size, pod_est, usages, pod_est)

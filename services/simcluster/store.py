@@ -572,6 +572,10 @@ class Store:
 
     # --- writes -------------------------------------------------------------------------------------------------
 
+    def now(self) -> float:
+        """The store's clock (epoch seconds): timestamps and ages use it."""
+        return self._clock()
+
     def _now(self) -> str:
         return format_time(self._clock())
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 COMMANDS: dict[str, tuple[str, str]] = {
     "render": ("services.cli_render", "render the launcher pods KubeVirt would create for VMIs/VMs"),
     "usage": ("services.cli_usage", "compute per-namespace usage of VMIs, migrations and pods in a mode"),
+    "simulate": ("services.cli_simulate", "run a simulated KubeVirt cluster until interrupted"),
 }
 
 

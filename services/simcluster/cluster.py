@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import inspect
 import secrets
+import ssl
 import tempfile
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
@@ -29,7 +30,6 @@ import yaml
 
 from services.logs import get_logger
 from services.simcluster.faults import Faults
-from services.simcluster.kubeconfig import write_kubeconfig
 from services.simcluster.kubevirt import (
     API_VERSION,
     FAIL_START_ANNOTATION,
@@ -74,6 +74,7 @@ class SimCluster:
         token: str | None = None,
         kubeconfig_path: str | Path | None = None,
         serve_http: bool = True,
+        tls: bool = True,
         kubevirt_version: str = DEFAULT_KUBEVIRT_VERSION,
         developer_configuration: Mapping[str, Any] | None = None,
         kubevirt_configuration: Mapping[str, Any] | None = None,
@@ -90,6 +91,7 @@ class SimCluster:
         self.port = port
         self.token = token or secrets.token_urlsafe(24)
         self.serve_http = serve_http
+        self.tls = tls
         self.kubevirt_version = kubevirt_version
         self.store = store or Store(seed=seed)
         self.faults = Faults(self.store, seed=seed)
@@ -137,7 +139,7 @@ class SimCluster:
 
     async def _start_http(self) -> None:
         self._server = await start_server(
-            self.store, host=self.host, port=self.port, token=self.token, faults=self.faults
+            self.store, host=self.host, port=self.port, token=self.token, faults=self.faults, tls=self.tls
         )
         self.url = self._server.url
         if self._kubeconfig_arg is None:
@@ -145,7 +147,16 @@ class SimCluster:
             path = Path(self._tmpdir.name) / "kubeconfig"
         else:
             path = self._kubeconfig_arg
-        self.kubeconfig_path = write_kubeconfig(path, self.url, self.token)
+        self.kubeconfig_path = self._server.write_kubeconfig(path)
+
+    @property
+    def ca_pem(self) -> bytes | None:
+        """The certificate clients must trust (HTTPS), None for plain HTTP or when not serving."""
+        return self._server.ca_pem if self._server is not None else None
+
+    def client_ssl(self) -> ssl.SSLContext | None:
+        """An SSL context trusting the server, for aiohttp clients."""
+        return self._server.client_ssl() if self._server is not None else None
 
     async def stop(self) -> None:
         if not self._started:

@@ -1,0 +1,174 @@
+"""Quantities parse and print as the Kubernetes API server does (k8s.io/apimachinery resource.Quantity)."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared.errors import InvalidQuantity
+from shared.quantity import MAX_BASE_UNITS, NANO, Format, Quantity
+
+# input -> what the API server stores and prints
+CANONICAL = [
+    ("1024Mi", "1Gi"),
+    ("1.5Gi", "1536Mi"),
+    ("0.5Gi", "512Mi"),
+    ("1Ki", "1Ki"),
+    ("1024Ki", "1Mi"),
+    ("1.5Ki", "1536"),  # binary with no exact suffix falls back to a plain number
+    ("1023Mi", "1023Mi"),
+    ("0.1Gi", "107374182400m"),  # a binary value with a fraction prints as decimal SI
+    ("0.5", "500m"),
+    ("1.5", "1500m"),
+    ("100m", "100m"),
+    ("1000m", "1"),
+    ("2000", "2k"),
+    ("1500", "1500"),
+    ("1023", "1023"),
+    ("1000000k", "1G"),
+    ("1.5m", "1500u"),
+    ("123456789n", "123456789n"),
+    ("0.0000000001", "1n"),  # precision below nano rounds up
+    ("1.0000000001", "1000000001n"),
+    ("1e3", "1e3"),
+    ("1E3", "1e3"),
+    ("12e2", "1200"),
+    ("100e-2", "1"),
+    ("1e-3", "1e-3"),
+    ("1e18", "1e18"),
+    ("1E", "1E"),
+    ("0", "0"),
+    ("0Mi", "0"),
+    ("+1", "1"),
+    (".5", "500m"),
+    ("1.", "1"),
+    ("7Ei", "7Ei"),
+]
+
+
+@pytest.mark.parametrize(("text", "canonical"), CANONICAL)
+def test_canonical_form_matches_the_api_server(text: str, canonical: str) -> None:
+    q = Quantity.parse(text)
+    assert q.canonical() == canonical
+    assert Quantity.parse(canonical) == q
+
+
+@pytest.mark.parametrize(
+    ("text", "nanos"),
+    [("100m", 100_000_000), ("1Ki", 1024 * NANO), ("1e-9", 1), ("1.5", 1_500_000_000), ("0.0000000001", 1)],
+)
+def test_values_are_exact_nanos(text: str, nanos: int) -> None:
+    assert Quantity.parse(text).nanos == nanos
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "1K",
+        "abc",
+        "10Ei",
+        "-1",
+        "-100m",
+        "",
+        " 1Gi",
+        "1Gi ",
+        "1 Gi",
+        "Gi",
+        "1.2.3",
+        "0x10",
+        "1e100",
+        "1e",
+        "inf",
+        "NaN",
+    ],
+)
+def test_invalid_quantities_are_refused(text: str) -> None:
+    with pytest.raises(InvalidQuantity):
+        Quantity.parse(text)
+
+
+def test_negative_only_when_allowed() -> None:
+    assert Quantity.parse("-1", allow_negative=True).nanos == -NANO
+    assert Quantity.parse("-1.5Gi", allow_negative=True).canonical() == "-1536Mi"
+
+
+def test_json_numbers_and_non_strings() -> None:
+    assert Quantity.parse(2) == Quantity.parse("2")
+    assert Quantity.parse(0.25).canonical() == "250m"
+    for bad in (True, None, [1], {"a": 1}, float("nan")):
+        with pytest.raises(InvalidQuantity):
+            Quantity.parse(bad)
+
+
+def test_limit_is_int64_base_units() -> None:
+    assert Quantity.parse(str(MAX_BASE_UNITS)).ceil() == MAX_BASE_UNITS
+    with pytest.raises(InvalidQuantity):
+        Quantity.parse(str(MAX_BASE_UNITS + 1))
+    with pytest.raises(InvalidQuantity):
+        Quantity.parse("8Ei")
+
+
+def test_arithmetic_keeps_the_left_format_unless_zero() -> None:
+    a, b = Quantity.parse("1Gi"), Quantity.parse("512Mi")
+    assert (a + b).canonical() == "1536Mi"
+    assert (a - b).canonical() == "512Mi"
+    assert (Quantity(0) + b).format is Format.BINARY_SI
+    assert (b - a).nanos < 0 and (b - a).clamp0().is_zero()
+
+
+def test_rounding_helpers() -> None:
+    q = Quantity.parse("1500m")
+    assert q.ceil() == 2
+    assert q.milli_ceil() == 1500
+    assert Quantity.parse("1n").milli_ceil() == 1
+    assert Quantity.parse("3").scale(Fraction(1, 3)).canonical() == "1"
+    assert Quantity.parse("1").scale(Fraction(1, 3)).nanos == 333_333_334  # rounded up to nano
+
+
+def test_equality_and_order_ignore_format() -> None:
+    assert Quantity.parse("1Ki") == Quantity.parse("1024")
+    assert hash(Quantity.parse("1Ki")) == hash(Quantity.parse("1024"))
+    assert Quantity.parse("999m") < Quantity.parse("1")
+
+
+def test_immutable() -> None:
+    q = Quantity.parse("1")
+    with pytest.raises(AttributeError):
+        setattr(q, "nanos", 5)  # noqa: B010
+
+
+_FORMATS = st.sampled_from(list(Format))
+
+
+@given(st.integers(min_value=0, max_value=MAX_BASE_UNITS * NANO), _FORMATS)
+def test_canonical_round_trips(nanos: int, fmt: Format) -> None:
+    q = Quantity(nanos, fmt)
+    text = q.canonical()
+    back = Quantity.parse(text)
+    assert back == q
+    assert back.canonical() == text  # canonical is a fixed point
+
+
+@given(
+    st.integers(min_value=0, max_value=10**6),
+    st.sampled_from(["", "m", "k", "M", "G", "Ki", "Mi", "Gi", "e3", "e-3", "u", "n"]),
+)
+def test_parse_agrees_with_exact_arithmetic(number: int, suffix: str) -> None:
+    factor = {
+        "": Fraction(1),
+        "m": Fraction(1, 1000),
+        "k": Fraction(1000),
+        "M": Fraction(10**6),
+        "G": Fraction(10**9),
+        "Ki": Fraction(1024),
+        "Mi": Fraction(1024**2),
+        "Gi": Fraction(1024**3),
+        "e3": Fraction(1000),
+        "e-3": Fraction(1, 1000),
+        "u": Fraction(1, 10**6),
+        "n": Fraction(1, 10**9),
+    }[suffix]
+    assert Quantity.parse(f"{number}{suffix}").value == number * factor

@@ -1365,7 +1365,13 @@ class KubeVirtSimulator:
         if uid in self._source_done and p not in POD_TERMINAL:
             if self._pod_steps.elapsed(uid, "shutdown", self.timing(self.timing.source_shutdown_delay), key):
                 self._source_done.discard(uid)
-                await self._update_status(self.r_pods, key, lambda o: _terminate(o["status"], "Completed", 0))
+                await self._update_status(
+                    self.r_pods,
+                    key,
+                    lambda o: (
+                        None if o["status"].get("phase") in POD_TERMINAL else _terminate(o["status"], "Completed", 0)
+                    ),
+                )
             return
         if p != "Pending":
             return
@@ -1404,6 +1410,8 @@ class KubeVirtSimulator:
 
         def start(obj: Obj) -> None:
             st = obj["status"]
+            if st.get("phase", "Pending") != "Pending":
+                return  # someone else moved it on meanwhile
             spec = obj.get("spec") or {}
             now = now_rfc3339()
             st["hostIP"] = f"192.168.0.{(self.config.nodes.index(node) if node in self.config.nodes else 0) + 10}"

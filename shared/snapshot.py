@@ -70,7 +70,7 @@ VMI_FINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
 # ---- Struct base and parts -------------------------------------------------------------------------------------
 
 
-class Snapshot(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="kind", rename="camel"):
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", rename="camel"):
     """Common identity of every snapshot."""
 
     schema: int = SCHEMA
@@ -86,7 +86,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, ta
         return f"{kind} {self.namespace}/{self.name}" if self.namespace else f"{kind} {self.name}"
 
 
-class Part(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, rename="camel"):
+class Part(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """Base of nested snapshot parts (not tagged)."""
 
 

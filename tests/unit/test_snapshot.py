@@ -1,0 +1,414 @@
+"""Snapshots: raw Kubernetes objects -> compact msgspec Structs, the wire form, and errors naming object and field."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared.errors import InvalidInput
+from shared.podusage import pod_quota_usage
+from shared.quantity import Quantity
+from shared.resources import format_resource_list
+from shared.snapshot import (
+    SCHEMA,
+    SUPPORTED_KINDS,
+    EventSnapshot,
+    KubeVirtSnapshot,
+    NamespaceSnapshot,
+    PodSnapshot,
+    QuotaSnapshot,
+    VmimSnapshot,
+    VmiSnapshot,
+    VmSnapshot,
+    dec_hook,
+    decode,
+    enc_hook,
+    encode,
+    from_builtins,
+    normalize,
+    parse_refusal,
+    to_builtins,
+)
+
+META = {"namespace": "tenant", "uid": "u-1", "resourceVersion": "42", "creationTimestamp": "2025-01-01T00:00:00Z"}
+
+VMI: dict[str, Any] = {
+    "apiVersion": "kubevirt.io/v1",
+    "kind": "VirtualMachineInstance",
+    "metadata": {
+        "name": "vm1",
+        **META,
+        "labels": {"app": "db"},
+        "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{...}", "kubevirt.io/x": "y"},
+    },
+    "spec": {
+        "priorityClassName": "high",
+        "domain": {
+            "cpu": {"sockets": 4, "cores": 1, "threads": 1},
+            "memory": {"guest": "8Gi"},
+            "resources": {"limits": {"memory": "8Gi"}},
+            "devices": {},
+        },
+    },
+    "status": {
+        "phase": "Running",
+        "nodeName": "node-a",
+        "currentCPUTopology": {"sockets": 2, "cores": 1, "threads": 1},
+        "memory": {"guestCurrent": "4Gi", "guestRequested": "8Gi", "memoryOverhead": "300Mi"},
+        "migrationState": {"migrationUid": "m-0", "sourceNode": "node-b", "targetNode": "node-a", "completed": True},
+    },
+}
+
+POD: dict[str, Any] = {
+    "kind": "Pod",
+    "metadata": {
+        "name": "virt-launcher-vm1-abcde",
+        **META,
+        "labels": {
+            "kubevirt.io": "virt-launcher",
+            "kubevirt.io/created-by": "u-1",
+            "vm.kubevirt.io/name": "vm1",
+            "kubevirt.io/migrationJobUID": "m-1",
+            "pod-template-hash": "x",
+        },
+        "annotations": {"kubevirt.io/memory-overhead-bytes": "314572800"},
+        "ownerReferences": [{"kind": "VirtualMachineInstance", "name": "vm1", "uid": "u-1", "controller": True}],
+        "deletionTimestamp": "2025-01-01T01:00:00Z",
+        "deletionGracePeriodSeconds": 30,
+    },
+    "spec": {
+        "nodeName": "node-b",
+        "priorityClassName": "high",
+        "containers": [
+            {
+                "name": "compute",
+                "resources": {"requests": {"cpu": "400m", "memory": "8492Mi"}, "limits": {"memory": "8492Mi"}},
+            }
+        ],
+        "initContainers": [
+            {
+                "name": "guest-console-log",
+                "restartPolicy": "Always",
+                "resources": {"requests": {"cpu": "5m", "memory": "35M"}, "limits": {"cpu": "15m", "memory": "60M"}},
+            }
+        ],
+    },
+    "status": {"phase": "Running"},
+}
+
+VMIM: dict[str, Any] = {
+    "kind": "VirtualMachineInstanceMigration",
+    "metadata": {"name": "kubevirt-evacuation-abc", **META, "annotations": {"kubevirt.io/evacuationMigration": "n"}},
+    "spec": {"vmiName": "vm1"},
+    "status": {
+        "phase": "Pending",
+        "conditions": [{"type": "migrationRejectedByResourceQuota", "status": "True", "reason": "x", "message": "m"}],
+    },
+}
+
+QUOTA: dict[str, Any] = {
+    "kind": "ResourceQuota",
+    "metadata": {
+        "name": "rq",
+        **META,
+        "labels": {"vmquota.io/managed": "true"},
+        "annotations": {"vmquota.io/mode": "x"},
+    },
+    "spec": {
+        "hard": {"limits.memory": "64Gi", "requests.cpu": "4"},
+        "scopes": ["NotTerminating"],
+        "scopeSelector": {"matchExpressions": [{"scopeName": "PriorityClass", "operator": "In", "values": ["high"]}]},
+    },
+    "status": {"hard": {"limits.memory": "64Gi"}, "used": {"limits.memory": "1024Mi"}},
+}
+
+MESSAGE = (
+    'Error creating pod: pods "virt-launcher-vm1-x" is forbidden: exceeded quota: rq, requested: '
+    "limits.memory=17405661185,requests.cpu=100m, used: limits.memory=48Gi, limited: limits.memory=64Gi"
+)
+EVENT: dict[str, Any] = {
+    "kind": "Event",
+    "metadata": {"name": "vm1.17a", **META},
+    "involvedObject": {"kind": "VirtualMachineInstance", "name": "vm1", "uid": "u-1"},
+    "reason": "FailedCreate",
+    "type": "Warning",
+    "message": MESSAGE,
+    "count": 7,
+    "lastTimestamp": "2025-01-01T00:05:00Z",
+}
+
+KUBEVIRT: dict[str, Any] = {
+    "kind": "KubeVirt",
+    "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+    "spec": {
+        "configuration": {
+            "developerConfiguration": {"cpuAllocationRatio": 4, "memoryOvercommit": 150},
+            "network": {},
+            "imagePullPolicy": "IfNotPresent",
+        }
+    },
+    "status": {"observedKubeVirtVersion": "v1.7.1"},
+}
+
+VM: dict[str, Any] = {
+    "kind": "VirtualMachine",
+    "metadata": {"name": "vm1", **META},
+    "spec": {
+        "running": True,
+        "template": {"spec": {"domain": {"cpu": {"cores": 2}, "memory": {"guest": "2Gi"}}}},
+    },
+    "status": {"printableStatus": "Running"},
+}
+
+NAMESPACE: dict[str, Any] = {"kind": "Namespace", "metadata": {"name": "tenant", "labels": {"team": "a"}}}
+
+ALL = [VMI, POD, VMIM, QUOTA, EVENT, KUBEVIRT, VM, NAMESPACE]
+
+
+def test_every_kind_is_supported() -> None:
+    assert {o["kind"] for o in ALL} == set(SUPPORTED_KINDS)
+
+
+def test_vmi() -> None:
+    s = normalize(VMI)
+    assert isinstance(s, VmiSnapshot)
+    assert (s.namespace, s.name, s.uid, s.resource_version) == ("tenant", "vm1", "u-1", "42")
+    assert s.creation_timestamp == datetime(2025, 1, 1, tzinfo=UTC)
+    assert s.vcpus == 4 and s.guest_memory == Quantity.parse("8Gi")
+    assert s.status_vcpus == 2 and s.status_guest_memory == Quantity.parse("8Gi")
+    assert s.memory_overhead == Quantity.parse("300Mi")
+    assert format_resource_list(s.limits) == {"memory": "8Gi"}
+    assert s.migration is not None and s.migration.completed and s.migration.source_node == "node-b"
+    assert s.annotations == {"kubevirt.io/x": "y"}  # last-applied dropped
+    assert s.priority_class_name == "high" and s.phase == "Running" and s.node_name == "node-a"
+    obj = s.as_object()
+    assert obj["spec"] == VMI["spec"] and obj["status"]["memory"]["memoryOverhead"] == "300Mi"
+
+
+def test_pod() -> None:
+    s = normalize(POD)
+    assert isinstance(s, PodSnapshot)
+    assert s.is_launcher and s.vmi_uid == "u-1" and s.migration_job_uid == "m-1"
+    assert "pod-template-hash" not in s.labels
+    assert (s.owner_vmi_name, s.owner_vmi_uid) == ("vm1", "u-1")
+    assert s.memory_overhead == Quantity.parse("314572800")
+    assert s.deletion_grace_period_seconds == 30 and s.node_name == "node-b"
+    assert s.usage == pod_quota_usage(POD, datetime(2025, 1, 1, tzinfo=UTC))
+    assert s.requests == {"cpu": Quantity.parse("405m"), "memory": Quantity.parse("8492Mi") + Quantity.parse("35M")}
+    assert not s.best_effort and not s.terminating_scope
+
+
+def test_pod_scope_facts() -> None:
+    p = copy.deepcopy(POD)
+    p["spec"]["containers"][0]["resources"] = {}
+    p["spec"]["initContainers"] = []
+    p["spec"]["activeDeadlineSeconds"] = 60
+    s = normalize(p)
+    assert isinstance(s, PodSnapshot) and s.best_effort and s.terminating_scope
+
+
+def test_vmim() -> None:
+    s = normalize(VMIM)
+    assert isinstance(s, VmimSnapshot)
+    assert s.vmi_name == "vm1" and s.phase == "Pending" and s.active
+    assert s.rejected_by_quota and s.trigger == "evacuation"
+
+
+def test_quota() -> None:
+    s = normalize(QUOTA)
+    assert isinstance(s, QuotaSnapshot)
+    assert format_resource_list(s.spec_hard) == {"limits.memory": "64Gi", "requests.cpu": "4"}
+    assert s.scopes == ["NotTerminating"]
+    assert s.scope_selector[0].scope_name == "PriorityClass" and s.scope_selector[0].values == ["high"]
+    assert format_resource_list(s.status_used) == {"limits.memory": "1Gi"}
+
+
+def test_event_parses_the_refusal() -> None:
+    s = normalize(EVENT)
+    assert isinstance(s, EventSnapshot)
+    assert s.quota_name == "rq" and s.quota_refusal
+    assert format_resource_list(s.requested) == {"limits.memory": "17405661185", "requests.cpu": "100m"}
+    assert s.count == 7 and s.last_timestamp == datetime(2025, 1, 1, 0, 5, tzinfo=UTC)
+    assert (s.involved_name, s.involved_uid) == ("vm1", "u-1")
+
+
+def test_event_without_a_quota_refusal() -> None:
+    e = copy.deepcopy(EVENT)
+    e["message"] = "Error creating pod: admission webhook denied the request"
+    s = normalize(e)
+    assert isinstance(s, EventSnapshot) and not s.quota_refusal and s.requested == {}
+    assert parse_refusal("nothing here") == ("", {})
+
+
+def test_kubevirt_cr() -> None:
+    s = normalize(KUBEVIRT)
+    assert isinstance(s, KubeVirtSnapshot)
+    assert s.cpu_allocation_ratio == "4" and s.memory_overcommit == 150 and s.version == "v1.7.1"
+    assert "imagePullPolicy" not in s.configuration and "developerConfiguration" in s.configuration
+
+
+def test_vm_and_namespace() -> None:
+    vm = normalize(VM)
+    assert isinstance(vm, VmSnapshot) and vm.run_strategy == "Always" and vm.vcpus == 2
+    assert vm.guest_memory == Quantity.parse("2Gi") and vm.printable_status == "Running"
+    ns = normalize(NAMESPACE)
+    assert isinstance(ns, NamespaceSnapshot) and ns.labels == {"team": "a"} and ns.namespace == ""
+
+
+@pytest.mark.parametrize("obj", ALL, ids=lambda o: o["kind"])
+def test_wire_round_trip(obj: dict[str, Any]) -> None:
+    s = normalize(obj)
+    data = encode(s)
+    wire = json.loads(data)
+    assert wire["kind"] == obj["kind"] and wire["schema"] == SCHEMA
+    assert all("_" not in k for k in wire)  # camelCase on the wire
+    assert decode(data) == s
+    assert from_builtins(to_builtins(s)) == s
+
+
+def test_unknown_fields_are_ignored_on_decode() -> None:
+    wire = json.loads(encode(normalize(POD)))
+    wire["addedInSchema7"] = {"x": 1}
+    wire["schema"] = 7
+    s = decode(json.dumps(wire))
+    assert isinstance(s, PodSnapshot) and s.schema == 7 and s.name == POD["metadata"]["name"]
+
+
+def test_bad_wire_quantity_is_a_validation_error() -> None:
+    wire = json.loads(encode(normalize(POD)))
+    wire["usage"]["cpu"] = "lots"
+    with pytest.raises(msgspec.ValidationError):
+        decode(json.dumps(wire))
+
+
+def test_hooks_refuse_other_types() -> None:
+    with pytest.raises(NotImplementedError):
+        enc_hook(object())
+    with pytest.raises(NotImplementedError):
+        dec_hook(int, 1)
+
+
+def _with(obj: dict[str, Any], path: str | tuple[str, ...], value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(obj)
+    cur: Any = out
+    keys = path.split(".") if isinstance(path, str) else path
+    for k in keys[:-1]:
+        cur = cur[int(k)] if k.isdigit() else cur.setdefault(k, {})
+    cur[keys[-1]] = value
+    return out
+
+
+@pytest.mark.parametrize(
+    ("obj", "path", "value", "where"),
+    [
+        (VMI, "spec.domain.memory.guest", "lots", "VirtualMachineInstance tenant/vm1: spec.domain.memory.guest"),
+        (VMI, "spec.domain.memory.guest", "10Ei", "VirtualMachineInstance tenant/vm1: spec.domain.memory.guest"),
+        (VMI, "spec.domain.cpu.sockets", -1, "VirtualMachineInstance tenant/vm1: spec.domain.cpu.sockets"),
+        (VMI, "status.memory.memoryOverhead", "x", "VirtualMachineInstance tenant/vm1: status.memory.memoryOverhead"),
+        (
+            VMI,
+            "metadata.creationTimestamp",
+            "yesterday",
+            "VirtualMachineInstance tenant/vm1: metadata.creationTimestamp",
+        ),
+        (VMI, "metadata.labels", {"a": 1}, "VirtualMachineInstance tenant/vm1: metadata.labels.a"),
+        (
+            POD,
+            "spec.containers.0.resources.requests.cpu",
+            "1e100",
+            "Pod tenant/virt-launcher-vm1-abcde: spec.containers[0].resources.requests.cpu",
+        ),
+        (
+            POD,
+            ("metadata", "annotations", "kubevirt.io/memory-overhead-bytes"),
+            "x",
+            "Pod tenant/virt-launcher-vm1-abcde: metadata.annotations.kubevirt.io/memory-overhead-bytes",
+        ),
+        (
+            POD,
+            "metadata.deletionGracePeriodSeconds",
+            "30",
+            "Pod tenant/virt-launcher-vm1-abcde: metadata.deletionGracePeriodSeconds",
+        ),
+        (QUOTA, "spec.hard", {"limits.memory": "-1Gi"}, "ResourceQuota tenant/rq: spec.hard.limits.memory"),
+        (QUOTA, "spec.scopes", "NotTerminating", "ResourceQuota tenant/rq: spec.scopes"),
+        (VMIM, "spec.vmiName", "", "VirtualMachineInstanceMigration tenant/kubevirt-evacuation-abc: spec.vmiName"),
+        (
+            VMIM,
+            "status.conditions",
+            "x",
+            "VirtualMachineInstanceMigration tenant/kubevirt-evacuation-abc: status.conditions",
+        ),
+        (EVENT, "reason", "Created", "Event tenant/vm1.17a: reason"),
+        (
+            EVENT,
+            "message",
+            "exceeded quota: rq, requested: cpu=x, used: ",
+            "Event tenant/vm1.17a: message (requested cpu)",
+        ),
+        (VM, "spec.runStrategy", "Always", "VirtualMachine tenant/vm1: spec.running"),
+        (KUBEVIRT, "spec.configuration.developerConfiguration.cpuAllocationRatio", 0, "KubeVirt kubevirt/kubevirt"),
+    ],
+)
+def test_errors_name_object_and_field(obj: dict[str, Any], path: str | tuple[str, ...], value: Any, where: str) -> None:
+    with pytest.raises(InvalidInput) as err:
+        normalize(_with(obj, path, value))
+    assert err.value.where.startswith(where), err.value.where
+
+
+@pytest.mark.parametrize(
+    ("obj", "where"),
+    [
+        ({"kind": "ConfigMap", "metadata": {"name": "x", "namespace": "t"}}, "ConfigMap t/x: kind"),
+        ({"kind": "Pod", "metadata": {"namespace": "t"}, "spec": {}}, "Pod t/<unnamed>: metadata.name"),
+        ({"kind": "Pod", "metadata": {"name": "x"}, "spec": {}}, "Pod x: metadata.namespace"),
+        ({"kind": "Pod", "metadata": {"name": "x", "namespace": "t"}}, "Pod t/x: spec"),
+    ],
+)
+def test_unusable_objects(obj: dict[str, Any], where: str) -> None:
+    with pytest.raises(InvalidInput) as err:
+        normalize(obj)
+    assert err.value.where == where
+
+
+def test_not_a_mapping() -> None:
+    with pytest.raises(InvalidInput):
+        normalize([])  # type: ignore[arg-type]
+
+
+_QTY = st.integers(min_value=0, max_value=2**40).map(lambda n: f"{n}m") | st.integers(min_value=0, max_value=2**20).map(
+    lambda n: f"{n}Mi"
+)
+
+
+@given(st.lists(st.tuples(_QTY, _QTY, st.booleans()), min_size=1, max_size=4))
+def test_pod_usage_is_the_evaluators_and_survives_the_wire(containers: list[tuple[str, str, bool]]) -> None:
+    pod = {
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "t"},
+        "spec": {
+            "containers": [
+                {"name": f"c{i}", "resources": {"requests": {"cpu": cpu, "memory": mem}, "limits": {"memory": mem}}}
+                for i, (cpu, mem, _) in enumerate(containers)
+            ],
+            "initContainers": [
+                {
+                    "name": f"i{i}",
+                    "restartPolicy": "Always" if side else "Never",
+                    "resources": {"requests": {"cpu": cpu}},
+                }
+                for i, (cpu, _, side) in enumerate(containers)
+            ],
+        },
+    }
+    s = normalize(pod)
+    assert isinstance(s, PodSnapshot)
+    assert s.usage == pod_quota_usage(pod)
+    assert decode(encode(s)) == s

@@ -116,7 +116,7 @@ class ApiServer:
         self.store = store
         self.registry = store.registry
         self.token = token
-        self.faults = faults or Faults(store)
+        self.faults = faults if faults is not None else Faults(store)
         self._auth = f"Bearer {token}"
         self._watchers: set[Watcher] = set()
         self._log = get_logger(component="simcluster.server")
@@ -766,7 +766,7 @@ async def start_server(
     more routes or middlewares added), on ``host:port`` (0: a free port); HTTPS with a fresh self-signed
     certificate unless ``tls=False``."""
     if app is None:
-        store = store or Store()
+        store = store if store is not None else Store()
         api = ApiServer(store, token=token or secrets.token_urlsafe(24), faults=faults)
         app = api.make_app()
     else:
@@ -782,7 +782,7 @@ async def start_server(
     if tls:
         ca_pem, key_pem = self_signed_certificate(host)
         ssl_context = _server_ssl_context(ca_pem, key_pem)
-    site = web.SockSite(runner, sock, shutdown_timeout=2.0, ssl_context=ssl_context)
+    site = web.SockSite(runner, sock, ssl_context=ssl_context)
     await site.start()
     bound = sock.getsockname()[1]
     scheme = "https" if tls else "http"

@@ -474,7 +474,8 @@ class Store:
         """The oldest resourceVersion a watch may still start from (older ones get 410)."""
         return self._floor
 
-    def __len__(self) -> int:
+    def object_count(self) -> int:
+        """How many objects the store holds. (Deliberately not ``__len__``: an empty store must stay truthy.)"""
         return sum(len(names) for table in self._objects.values() for names in table.values())
 
     def watcher_count(self, res: Resource | None = None) -> int:

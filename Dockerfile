@@ -10,9 +10,13 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY services ./services
+# `vmquota simulate` (the demo cluster of compose.yaml) serves HTTPS with a self-signed certificate, which needs
+# cryptography; build with --build-arg SIMULATOR=false for an image without it.
+ARG SIMULATOR=true
 RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
  && python -m venv /opt/vmquota \
  && /opt/vmquota/bin/pip install /wheels/vmquota-*.whl \
+ && if [ "$SIMULATOR" = "true" ]; then /opt/vmquota/bin/pip install "cryptography>=44"; fi \
  && /opt/vmquota/bin/pip uninstall --yes pip \
  && /opt/vmquota/bin/python -m compileall -q /opt/vmquota
 
@@ -24,6 +28,9 @@ LABEL org.opencontainers.image.title="vmquota" \
 RUN groupadd --system --gid 10001 vmquota \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin vmquota
 COPY --from=build /opt/vmquota /opt/vmquota
+# State directory for `vmquota simulate --kubeconfig-out` (compose.yaml shares it as a volume); owned by the service
+# user so a fresh named volume mounted here is writable.
+RUN install -d -o 10001 -g 10001 -m 0750 /var/lib/vmquota
 # Read-only root filesystem friendly: bytecode is compiled at build time and never written at run time; the only
 # writable path a service may use is /tmp (mount an emptyDir there in Kubernetes).
 ENV PATH=/opt/vmquota/bin:$PATH \

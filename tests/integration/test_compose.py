@@ -1,0 +1,285 @@
+"""compose.yaml: every service's command is a `vmquota` command line the CLI accepts, with environment variables
+the runner reads and NATS credentials the NATS configuration knows; and the same stack, started as local processes
+against a local nats-server (no Docker engine here), comes up healthy."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+import yaml
+
+from services import runner
+from services.bus import Bus, NatsOptions
+from services.cli import build_parser
+from shared import bus
+from tests.integration.test_deploy import runner_env_vars
+from tests.integration.test_nats_permissions import nats_server_binary
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "compose.yaml"
+NATS_CONFIG = ROOT / "deploy" / "components" / "nats" / "nats-server.conf"
+_DEFAULTED = re.compile(r"^\$\{(?P<var>[A-Z0-9_]+):-(?P<default>[^}]*)\}$")
+
+Service = dict[str, Any]
+
+
+def compose() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
+    return data
+
+
+def interpolate(value: object) -> str:
+    """A compose value with ``${VAR:-default}`` resolved as compose would with VAR unset."""
+    text = str(value)
+    m = _DEFAULTED.match(text)
+    if m:
+        return m["default"]
+    assert "${" not in text, f"only ${{VAR:-default}} interpolation is used: {text}"
+    return text
+
+
+def env_of(service: Service) -> dict[str, str]:
+    env = service.get("environment") or {}
+    assert isinstance(env, dict), "environment as a mapping"
+    return {k: interpolate(v) for k, v in env.items()}
+
+
+def vmquota_services() -> dict[str, Service]:
+    return {name: s for name, s in compose()["services"].items() if s.get("image") == "vmquota:dev"}
+
+
+def test_services_and_image() -> None:
+    services = compose()["services"]
+    assert set(services) == {"nats", "simcluster", "watcher", "ledger", "enforcer"}
+    for name, s in vmquota_services().items():
+        assert s["build"] == ".", name
+        assert s["read_only"] is True and "/tmp" in s["tmpfs"], name
+        uid = s["user"].split(":")[0]
+        dockerfile_user = next(ln for ln in (ROOT / "Dockerfile").read_text().splitlines() if ln.startswith("USER "))
+        assert dockerfile_user.split()[1].split(":")[0] == uid
+    assert set(vmquota_services()) == {"simcluster", "watcher", "ledger", "enforcer"}
+
+
+def test_commands_parse_with_the_cli_and_env_is_what_the_runner_reads() -> None:
+    parser = build_parser()
+    known = runner_env_vars()
+    for name, s in vmquota_services().items():
+        args = parser.parse_args(s["command"])
+        env = env_of(s)
+        if name == "simcluster":
+            assert args.command == "simulate"
+            assert args.kubeconfig_out.startswith("/var/lib/vmquota/")
+            assert not env
+            continue
+        assert (args.command, args.service) == ("run", name)
+        assert set(env) <= known, f"{name}: variables the runner does not read: {set(env) - known}"
+        if name in ("watcher", "enforcer"):
+            bus.check_cluster(env["VMQUOTA_CLUSTER"])
+            kubeconfig = env["VMQUOTA_KUBECONFIG"]
+            assert kubeconfig == vmquota_services()["simcluster"]["command"][-1], "the simulator's kubeconfig"
+            assert s["network_mode"] == "service:simcluster", "the kubeconfig says https://127.0.0.1:<port>"
+        assert env["VMQUOTA_NATS"] == "nats://nats:4222"
+
+
+def test_nats_users_passwords_and_health_checks_line_up() -> None:
+    services = compose()["services"]
+    nats_env = env_of(services["nats"])
+    wanted = set(re.findall(r"\$(VMQUOTA_NATS_[A-Z]+_PASSWORD)", NATS_CONFIG.read_text()))
+    assert set(nats_env) == wanted, "the server gets every password its configuration reads"
+    assert "./deploy/components/nats/nats-server.conf:/etc/nats/nats-server.conf:ro" in services["nats"]["volumes"]
+    assert services["nats"]["command"][:2] == ["-c", "/etc/nats/nats-server.conf"]
+    published = {p.split(":")[0] for s in services.values() for p in s.get("ports", [])}
+    http_ports = set()
+    for name, s in vmquota_services().items():
+        if name == "simcluster":
+            continue
+        env = env_of(s)
+        assert env["VMQUOTA_NATS_USER"] == name
+        assert env["VMQUOTA_NATS_PASSWORD"] == nats_env[f"VMQUOTA_NATS_{name.upper()}_PASSWORD"], name
+        port = env["VMQUOTA_HTTP_PORT"]
+        http_ports.add(port)
+        assert f"http://127.0.0.1:{port}/healthz" in " ".join(s["healthcheck"]["test"]), name
+        assert port in published, f"{name}'s health port is published"
+        for dep in s["depends_on"]:
+            assert s["depends_on"][dep]["condition"] == "service_healthy"
+    assert len(http_ports) == 3, "services sharing a network namespace need distinct ports"
+
+
+# ---- the stack as local processes ---------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Stack:
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.stopped: dict[str, int] = {}
+
+    def start(self, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        log = (self.workdir / f"{name}.log").open("wb")
+        proc = subprocess.Popen(
+            cmd, env={**os.environ, **env}, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, start_new_session=True
+        )
+        log.close()
+        self.procs[name] = proc
+        return proc
+
+    def log(self, name: str) -> str:
+        return (self.workdir / f"{name}.log").read_text(errors="replace")[-3000:]
+
+    def stop(self) -> None:
+        """SIGTERM in reverse start order (services before the bus they drain to), as compose stops them."""
+        for name, proc in reversed(self.procs.items()):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            self.stopped[name] = proc.returncode
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    s = Stack(tmp_path)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def wait_for(what: str, check: Any, procs: list[subprocess.Popen[bytes]], stack: Stack, timeout: float = 30) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        for name, p in stack.procs.items():
+            if p in procs and p.poll() is not None:
+                pytest.fail(f"{name} exited with {p.returncode} while waiting for {what}:\n{stack.log(name)}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def http_ok(url: str) -> bytes | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            body: bytes = resp.read()
+            return body if resp.status == 200 else None
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None
+
+
+async def create_streams(url: str, user: str, password: str) -> None:
+    b = await Bus.connect(NatsOptions(url=url, user=user, password=password), connect_timeout=10)
+    try:
+        await b.ensure_streams(bus.streams_for(user))
+    finally:
+        await b.close()
+
+
+def test_the_compose_stack_starts_as_local_processes(stack: Stack, tmp_path: Path) -> None:
+    """Each compose service as a local process with the compose command and environment; only addresses and paths
+    are mapped (NATS URL, kubeconfig path, health ports), as the containers' network and volumes would."""
+    services = compose()["services"]
+    missing = [n for n in runner.PLANNED if n not in runner.SERVICES]
+
+    # nats: the same configuration file and passwords
+    ports_dir = tmp_path / "ports"
+    ports_dir.mkdir()
+    nats_env = env_of(services["nats"])
+    nats_cmd = [
+        nats_server_binary(),
+        "-c",
+        str(NATS_CONFIG),
+        "-a",
+        "127.0.0.1",
+        "-p",
+        "-1",
+        "-sd",
+        str(tmp_path / "js"),
+    ]
+    nats_proc = stack.start("nats", [*nats_cmd, "--ports_file_dir", str(ports_dir)], nats_env)
+    ports_file = ports_dir / f"nats-server_{nats_proc.pid}.ports"
+
+    def nats_url() -> str | None:
+        try:
+            url: str = json.loads(ports_file.read_text())["nats"][0]
+            return url
+        except (OSError, json.JSONDecodeError, KeyError, IndexError):
+            return None
+
+    url = wait_for("nats-server", nats_url, [nats_proc], stack)
+
+    # simcluster: the compose command, with a free port and a local path for the kubeconfig
+    cli = [sys.executable, "-m", "services.cli"]
+    sim_cmd = list(services["simcluster"]["command"])
+    kubeconfig = tmp_path / "state" / "kubeconfig"
+    sim_cmd[sim_cmd.index("--port") + 1] = "0"
+    sim_cmd[sim_cmd.index("--kubeconfig-out") + 1] = str(kubeconfig)
+    sim = stack.start("simcluster", [*cli, *sim_cmd, "--log-level", "warning"], {})
+    assert sim.stdout is not None
+    line = sim.stdout.readline()  # the simulator prints one JSON line when it serves
+    assert line, f"simcluster printed nothing:\n{stack.log('simcluster')}"
+    assert json.loads(line)["kubeconfig"] == str(kubeconfig) and kubeconfig.stat().st_size > 0
+
+    if "watcher" in missing:  # the events stream is the watcher's (STREAM_OWNERS); stand in for it until it lands
+        asyncio.run(create_streams(url, "watcher", nats_env["VMQUOTA_NATS_WATCHER_PASSWORD"]))
+
+    started: dict[str, int] = {}
+    for name in ("watcher", "ledger", "enforcer"):
+        if name in missing:
+            continue
+        env = env_of(services[name])
+        env["VMQUOTA_NATS"] = url
+        if "VMQUOTA_KUBECONFIG" in env:
+            env["VMQUOTA_KUBECONFIG"] = str(kubeconfig)
+        started[name] = free_port()
+        env["VMQUOTA_HTTP_PORT"] = str(started[name])
+        stack.start(name, [*cli, *services[name]["command"]], env)
+
+    procs = list(stack.procs.values())
+    for name, port in started.items():
+        wait_for(f"{name} /healthz", lambda p=port: http_ok(f"http://127.0.0.1:{p}/healthz"), procs, stack)
+        wait_for(f"{name} /readyz", lambda p=port: http_ok(f"http://127.0.0.1:{p}/readyz"), procs, stack)
+        metrics = wait_for(f"{name} /metrics", lambda p=port: http_ok(f"http://127.0.0.1:{p}/metrics"), procs, stack)
+        assert b"vmquota_" in metrics
+
+    async def streams_present() -> set[str]:
+        nc = await nats.connect(url, user="replay", password=nats_env["VMQUOTA_NATS_REPLAY_PASSWORD"])
+        try:
+            return {str(info.config.name) for info in await nc.jetstream().streams_info()}
+        finally:
+            await nc.close()
+
+    # every started service connected as its own user and created the streams it owns
+    want = set().union(*(bus.STREAM_OWNERS[n] for n in started))
+    wait_for("streams", lambda: want <= asyncio.run(streams_present()), procs, stack)
+    assert all(p.poll() is None for p in procs), "every process still runs"
+    if missing:
+        pytest.skip(f"started nats, simcluster and {', '.join(started)}; not yet in the runner: {', '.join(missing)}")

@@ -1,0 +1,622 @@
+"""Per-namespace accounting: U, P, S, admissions and migrations, on DESIGN's seed scenarios and edge cases.
+
+The object builders at the top are shared with ``test_equation.py`` (property tests) and ``test_cli_usage.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from fractions import Fraction
+from typing import Any
+
+import pytest
+
+from shared.accounting import (
+    ADMITTED,
+    LAUNCHER,
+    MIGRATION_TARGET,
+    NON_VM,
+    ORPHAN_LAUNCHER,
+    PENDING,
+    QUEUED,
+    REFUSED,
+    RUNNING,
+    STOPPED,
+    TARGET_CREATED,
+    WAITING,
+    NamespaceUsage,
+    account_namespace,
+)
+from shared.errors import InvalidInput
+from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
+from shared.modes import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION, RATIO_ANNOTATION, Mode, QuotaPolicy
+from shared.podusage import quota_usage_of
+from shared.quantity import Quantity
+from shared.resources import ResourceList, fits, format_resource_list, parse_resource_list
+from shared.snapshot import AnySnapshot, PodSnapshot, normalize
+
+NS = "tenant"
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
+NOW = T0 + timedelta(days=1)
+Q = Quantity.parse
+
+
+def ts(seconds: float) -> str:
+    return (T0 + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
+
+
+# ---- builders ----------------------------------------------------------------------------------------------------
+
+
+def vmi_obj(
+    name: str,
+    *,
+    vcpus: int = 1,
+    guest: str = "1Gi",
+    t: float = 0,
+    phase: str = "Running",
+    node: str = "n1",
+    limits: Mapping[str, str] | None = None,
+    requests: Mapping[str, str] | None = None,
+    status_vcpus: int | None = None,
+    status_guest: str | None = None,
+    priority: str | None = None,
+    namespace: str = NS,
+) -> dict[str, Any]:
+    domain: dict[str, Any] = {"cpu": {"sockets": vcpus, "cores": 1, "threads": 1}, "memory": {"guest": guest}}
+    res: dict[str, Any] = {}
+    if limits:
+        res["limits"] = dict(limits)
+    if requests:
+        res["requests"] = dict(requests)
+    if res:
+        domain["resources"] = res
+    status: dict[str, Any] = {"phase": phase}
+    if node and phase != "Pending":
+        status["nodeName"] = node
+    if status_vcpus is not None:
+        status["currentCPUTopology"] = {"sockets": status_vcpus, "cores": 1, "threads": 1}
+    if status_guest is not None:
+        status["memory"] = {"guestCurrent": status_guest}
+    spec: dict[str, Any] = {"domain": domain}
+    if priority:
+        spec["priorityClassName"] = priority
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "creationTimestamp": ts(t)},
+        "spec": spec,
+        "status": status,
+    }
+
+
+def facts_for(budget_keys: Iterable[str]) -> NamespaceFacts:
+    keys = set(budget_keys)
+    return NamespaceFacts(quota_has_limits_cpu="limits.cpu" in keys, quota_has_limits_memory="limits.memory" in keys)
+
+
+def launcher_obj(
+    vmi: Mapping[str, Any],
+    *,
+    config: KubeVirtConfig | None = None,
+    facts: NamespaceFacts | None = None,
+    migration_uid: str | None = None,
+    node: str = "n1",
+    t: float = 1,
+    phase: str = "Running",
+    suffix: str = "",
+) -> dict[str, Any]:
+    """The launcher pod KubeVirt creates for ``vmi`` (rendered), as the API server would return it."""
+    rendered = render_launcher_pod(vmi, config or KubeVirtConfig(), facts or NamespaceFacts())
+    meta = vmi["metadata"]
+    labels = {
+        "kubevirt.io": "virt-launcher",
+        "kubevirt.io/created-by": meta["uid"],
+        "vm.kubevirt.io/name": meta["name"],
+    }
+    if migration_uid:
+        labels["kubevirt.io/migrationJobUID"] = migration_uid
+    name = f"virt-launcher-{meta['name']}-{suffix or ('t' + migration_uid if migration_uid else 's')}"
+    return {
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": meta["namespace"],
+            "uid": f"pod-{name}",
+            "creationTimestamp": ts(t),
+            "labels": labels,
+            "ownerReferences": [{"kind": "VirtualMachineInstance", "name": meta["name"], "uid": meta["uid"]}],
+        },
+        "spec": {**rendered.pod_spec(), "nodeName": node},
+        "status": {"phase": phase},
+    }
+
+
+def pod_obj(
+    name: str,
+    requests: Mapping[str, str],
+    limits: Mapping[str, str] | None = None,
+    *,
+    phase: str = "Running",
+    t: float = 0,
+    priority: str | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "containers": [{"name": "main", "resources": {"requests": dict(requests), "limits": dict(limits or {})}}]
+    }
+    if priority:
+        spec["priorityClassName"] = priority
+    return {
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "uid": f"pod-{name}", "creationTimestamp": ts(t)},
+        "spec": spec,
+        "status": {"phase": phase},
+    }
+
+
+def quota_obj(
+    name: str,
+    hard: Mapping[str, str],
+    mode: Mode | str = Mode.VMI_POD_USAGE,
+    *,
+    ratio: str | None = None,
+    budget: Mapping[str, str] | None = None,
+    scope_selector: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    ann = {MODE_ANNOTATION: str(mode)}
+    if ratio is not None:
+        ann[RATIO_ANNOTATION] = ratio
+    if budget is not None:
+        ann[BUDGET_ANNOTATION] = json.dumps(dict(budget))
+    spec: dict[str, Any] = {"hard": dict(hard)}
+    if scope_selector:
+        spec["scopeSelector"] = {"matchExpressions": scope_selector}
+    return {
+        "kind": "ResourceQuota",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": f"rq-{name}",
+            "labels": {MANAGED_LABEL: "true"},
+            "annotations": ann,
+        },
+        "spec": spec,
+    }
+
+
+def vmim_obj(name: str, vmi: str, *, t: float = 100, phase: str = "Pending") -> dict[str, Any]:
+    return {
+        "kind": "VirtualMachineInstanceMigration",
+        "metadata": {"name": name, "namespace": NS, "uid": f"mig-{name}", "creationTimestamp": ts(t)},
+        "spec": {"vmiName": vmi},
+        "status": {"phase": phase},
+    }
+
+
+def refusal_event(vmi: str, requested: Mapping[str, str], *, t: float, quota: str = "rq") -> dict[str, Any]:
+    req = ",".join(f"{k}={v}" for k, v in requested.items())
+    return {
+        "kind": "Event",
+        "metadata": {"name": f"{vmi}.{int(t)}", "namespace": NS, "uid": f"ev-{vmi}-{t}", "creationTimestamp": ts(t)},
+        "involvedObject": {"kind": "VirtualMachineInstance", "name": vmi, "uid": f"uid-{vmi}"},
+        "reason": "FailedCreate",
+        "type": "Warning",
+        "message": f'Error creating pod: pods "virt-launcher-{vmi}-x" is forbidden: exceeded quota: {quota}, '
+        f"requested: {req}, used: cpu=0, limited: cpu=0",
+        "count": 1,
+        "lastTimestamp": ts(t),
+    }
+
+
+def snaps(objs: Iterable[Mapping[str, Any]]) -> list[AnySnapshot]:
+    return [normalize(o) for o in objs]
+
+
+def account(objs: Iterable[Mapping[str, Any]], **kw: Any) -> NamespaceUsage:
+    return account_namespace(snaps(objs), now=NOW, **kw)
+
+
+def usage_of(pod: Mapping[str, Any]) -> ResourceList:
+    s = normalize(pod)
+    assert isinstance(s, PodSnapshot)
+    return dict(s.usage)
+
+
+def rendered_usage(vmi: Mapping[str, Any], config: KubeVirtConfig, facts: NamespaceFacts) -> ResourceList:
+    r = render_launcher_pod(vmi, config, facts)
+    return quota_usage_of(r.requests, r.limits)
+
+
+def hard_of(u: NamespaceUsage, quota: str = "rq") -> dict[str, str]:
+    return format_resource_list(u.quotas[quota].hard)
+
+
+def vm(u: NamespaceUsage, name: str) -> Any:
+    return next(e for e in u.vms if e.name == name)
+
+
+def mig(u: NamespaceUsage, name: str) -> Any:
+    return next(e for e in u.migrations if e.name == name)
+
+
+# ---- DESIGN seed scenario 1: Harvester's 64Gi limits.memory, three 16Gi VMs, one migrates -----------------------
+
+
+def test_seed_1_migration_at_full_use_succeeds_and_hard_comes_back() -> None:
+    quota = quota_obj("rq", {"limits.memory": "64Gi"})
+    facts = facts_for(["limits.memory"])
+    vmis = [vmi_obj(f"vm{i}", guest="16Gi", limits={"memory": "16Gi"}, t=i) for i in range(3)]
+    pods = [launcher_obj(v, facts=facts) for v in vmis]
+    before = account([quota, *vmis, *pods])
+    assert hard_of(before) == {"limits.memory": "64Gi"}  # B - U + P with U == P: nothing to change
+    assert [vm(before, f"vm{i}").state for i in range(3)] == [RUNNING] * 3
+
+    migration = vmim_obj("m1", "vm0")
+    target = launcher_obj(vmis[0], facts=facts, migration_uid="mig-m1", node="n2", t=200)
+    p = usage_of(target)
+    # without vmquota the target is refused (the published failure: requested limits.memory=17...)
+    assert fits(p, before.quotas["rq"].pod_usage, {"limits.memory": Q("64Gi")}) == ["limits.memory"]
+
+    pending = account([quota, *vmis, *pods, migration])
+    m = mig(pending, "m1")
+    assert m.state == PENDING and m.reserved == usage_of(pods[0])
+    q = pending.quotas["rq"]
+    assert q.reserved == m.reserved and q.accounted == before.quotas["rq"].accounted
+    assert fits(p, q.pod_usage, q.hard) == []  # the target gets in
+
+    running = account([quota, *vmis, *pods, migration, target])
+    assert mig(running, "m1").state == TARGET_CREATED
+    assert running.quotas["rq"].reserved == {}
+    assert {e.name: e.role for e in running.pods}[target["metadata"]["name"]] == MIGRATION_TARGET
+
+    # migration done: the VMI moved, the source pod finished and was deleted
+    vmis_after = [vmi_obj("vm0", guest="16Gi", limits={"memory": "16Gi"}, node="n2"), *vmis[1:]]
+    done_migration = vmim_obj("m1", "vm0", phase="Succeeded")
+    source_done = dict(pods[0], status={"phase": "Succeeded"})
+    finishing = account([quota, *vmis_after, source_done, *pods[1:], done_migration, target])
+    assert hard_of(finishing)["limits.memory"] == hard_of(before)["limits.memory"]
+    after = account([quota, *vmis_after, *pods[1:], done_migration, target])
+    assert hard_of(after) == hard_of(before)
+
+    # and a fourth VM is refused, by the ledger and by native admission alike
+    vm4 = vmi_obj("vm4", guest="16Gi", limits={"memory": "16Gi"}, t=500, phase="Pending")
+    with4 = account([quota, *vmis, *pods, vm4])
+    assert vm(with4, "vm4").state == REFUSED and "limits.memory" in vm(with4, "vm4").reason
+    q4 = with4.quotas["rq"]
+    assert fits(usage_of(launcher_obj(vm4, facts=facts)), q4.pod_usage, q4.hard) == ["limits.memory"]
+
+
+# ---- DESIGN seed scenario 2: 3000m / 4000Mi limits, two small VMs migrate at once -------------------------------
+
+
+def test_seed_2_two_concurrent_migrations_succeed_and_quota_is_restored() -> None:
+    hard = {"limits.cpu": "3000m", "limits.memory": "4000Mi"}
+    quota = quota_obj("rq", hard)
+    facts = facts_for(hard)
+    vm1 = vmi_obj("vm1", guest="1Gi", limits={"cpu": "1", "memory": "1Gi"})
+    vm2 = vmi_obj("vm2", guest="2Gi", limits={"cpu": "1", "memory": "2Gi"}, t=1)
+    p1, p2 = launcher_obj(vm1, facts=facts), launcher_obj(vm2, facts=facts)
+    base = [quota, vm1, vm2, p1, p2]
+    before = account(base)
+    assert hard_of(before) == format_resource_list(parse_resource_list(hard))
+
+    m1, m2 = vmim_obj("m1", "vm1"), vmim_obj("m2", "vm2", t=101)
+    t1 = launcher_obj(vm1, facts=facts, migration_uid="mig-m1", node="n2", t=200)
+    t2 = launcher_obj(vm2, facts=facts, migration_uid="mig-m2", node="n2", t=201)
+    both = account([*base, m1, m2])
+    q = both.quotas["rq"]
+    assert fits(usage_of(t1), q.pod_usage, q.hard) == [] and fits(usage_of(t2), q.pod_usage, q.hard) == []
+    one = account([*base, m1, m2, t1])  # the first target exists; the second must still fit
+    q = one.quotas["rq"]
+    assert fits(usage_of(t2), q.pod_usage, q.hard) == []
+    assert fits(usage_of(t2), q.pod_usage, parse_resource_list(hard)) != []  # it would not without vmquota
+
+    vm1b, vm2b = (
+        vmi_obj(v["metadata"]["name"], guest=g, limits=lim, node="n2", t=i)
+        for i, (v, g, lim) in enumerate(
+            [(vm1, "1Gi", {"cpu": "1", "memory": "1Gi"}), (vm2, "2Gi", {"cpu": "1", "memory": "2Gi"})]
+        )
+    )
+    after = account(
+        [quota, vm1b, vm2b, t1, t2, vmim_obj("m1", "vm1", phase="Succeeded"), vmim_obj("m2", "vm2", phase="Succeeded")]
+    )
+    assert hard_of(after) == hard_of(before)
+
+
+# ---- DESIGN seed scenario 3: ratio mode, tenants size by sockets and guest memory only ---------------------------
+
+
+@pytest.mark.parametrize("kubevirt_ratio", [4, 10])
+def test_seed_3_ratio_mode_admits_by_vm_size_and_migrates_at_full_use(kubevirt_ratio: int) -> None:
+    budget = {"requests.cpu": "2", "limits.cpu": "8", "requests.memory": "8Gi", "limits.memory": "8Gi"}
+    quota = quota_obj("rq", budget, Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO, ratio="4")
+    config = KubeVirtConfig(cpu_allocation_ratio=Fraction(kubevirt_ratio))
+    facts = facts_for(budget)
+    vms = [vmi_obj(f"vm{i}", vcpus=4, guest="4Gi", t=i) for i in range(2)]
+    pods = [launcher_obj(v, config=config, facts=facts) for v in vms]
+    full = account([quota, *vms, *pods], config=config)
+    q = full.quotas["rq"]
+    assert format_resource_list(q.accounted)["requests.cpu"] == "2"  # 2 x 4 vCPUs / 4
+    assert format_resource_list(q.accounted)["requests.memory"] == "8Gi"  # guest memory, overhead notwithstanding
+    assert q.over_budget == ()
+    assert q.factors["requests.cpu"] == min(Fraction(1), Fraction(4, kubevirt_ratio))
+
+    vm3 = vmi_obj("vm3", vcpus=1, guest="1Gi", t=10, phase="Pending")
+    with3 = account([quota, *vms, *pods, vm3], config=config)
+    assert vm(with3, "vm3").state == REFUSED
+    q3 = with3.quotas["rq"]
+    assert fits(usage_of(launcher_obj(vm3, config=config, facts=facts)), q3.pod_usage, q3.hard) != []
+
+    target = launcher_obj(vms[1], config=config, facts=facts, migration_uid="mig-m", node="n2", t=50)
+    migrating = account([quota, *vms, *pods, vmim_obj("m", "vm1")], config=config)
+    qm = migrating.quotas["rq"]
+    assert fits(usage_of(target), qm.pod_usage, qm.hard) == []
+
+
+def test_ratio_mode_small_vm_fits_in_a_half_used_budget() -> None:
+    budget = {"requests.cpu": "2", "requests.memory": "8Gi"}
+    quota = quota_obj("rq", budget, Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO, ratio="4")
+    running = vmi_obj("vm0", vcpus=4, guest="4Gi")
+    small = vmi_obj("vm1", vcpus=4, guest="4Gi", t=5, phase="Pending")
+    u = account([quota, running, launcher_obj(running), small])
+    assert vm(u, "vm1").state == ADMITTED
+    q = u.quotas["rq"]
+    assert format_resource_list(q.accounted)["requests.cpu"] == "2"
+    assert q.reserved == rendered_usage(small, KubeVirtConfig(), NamespaceFacts())
+    # its pod (still to be created) fits natively: the reservation is in hard
+    assert fits(usage_of(launcher_obj(small)), q.pod_usage, q.hard) == []
+
+
+# ---- admission order, reservations, refusal amounts ---------------------------------------------------------------
+
+
+def test_pending_vms_are_admitted_in_creation_order_regardless_of_input_order() -> None:
+    quota = quota_obj("rq", {"requests.cpu": "3", "requests.memory": "100Gi"}, Mode.VIRTUAL_RESOURCES)
+    a = vmi_obj("a", vcpus=2, t=10, phase="Pending")
+    b = vmi_obj("b", vcpus=2, t=20, phase="Pending")
+    c = vmi_obj("c", vcpus=1, t=30, phase="Pending")
+    objs = [quota, a, b, c]
+    for seed in range(5):
+        shuffled = objs[:]
+        random.Random(seed).shuffle(shuffled)
+        u = account(shuffled)
+        assert [(e.name, e.state) for e in u.vms] == [("a", ADMITTED), ("b", REFUSED), ("c", ADMITTED)]
+        assert "requests.cpu needs 2 but 1 is left" in vm(u, "b").reason
+    b_first = account([quota, a | {"metadata": {**a["metadata"], "creationTimestamp": ts(40)}}, b, c])
+    assert [e.state for e in b_first.vms] == [ADMITTED, ADMITTED, REFUSED]  # order: b, c, a
+
+
+def test_refusal_amounts_replace_the_estimate_for_a_pending_vm() -> None:
+    quota = quota_obj("rq", {"limits.memory": "64Gi"})
+    v = vmi_obj("v", guest="4Gi", t=10, phase="Pending")
+    est = rendered_usage(v, KubeVirtConfig(), facts_for(["limits.memory"]))
+    old = refusal_event("v", {"limits.memory": "1"}, t=5)  # before the VMI existed: another incarnation
+    exact = refusal_event("v", {"limits.memory": "9000000000"}, t=20)
+    u = account([quota, v, old, exact])
+    assert vm(u, "v").state == ADMITTED
+    r = u.quotas["rq"].reserved
+    assert r["limits.memory"] == Q("9000000000")
+    assert r["requests.memory"] == est["requests.memory"]
+    assert "quota refusal" in vm(u, "v").reason
+
+
+def test_refusal_amounts_after_the_migration_correct_its_target_estimate() -> None:
+    quota = quota_obj("rq", {"limits.memory": "64Gi"})
+    facts = facts_for(["limits.memory"])
+    v = vmi_obj("v", guest="4Gi")
+    pod = launcher_obj(v, facts=facts)
+    before_migration = refusal_event("v", {"limits.memory": "1"}, t=50)
+    during = refusal_event("v", {"limits.memory": "12884901888"}, t=150)
+    u = account([quota, v, pod, vmim_obj("m", "v", t=100), before_migration, during])
+    m = mig(u, "m")
+    assert m.state == PENDING and m.reserved["limits.memory"] == Q("12Gi")
+    assert m.reserved["requests.memory"] == usage_of(pod)["requests.memory"]
+    # the VM counts at the larger of its pod and the pending target: the growth shows in U
+    assert u.quotas["rq"].accounted["limits.memory"] == Q("12Gi")
+
+
+def test_only_the_oldest_active_migration_of_a_vmi_reserves() -> None:
+    quota = quota_obj("rq", {"requests.memory": "64Gi"})
+    v = vmi_obj("v")
+    objs = [quota, v, launcher_obj(v), vmim_obj("later", "v", t=300), vmim_obj("first", "v", t=200)]
+    u = account(objs)
+    assert mig(u, "first").state == PENDING and mig(u, "later").state == QUEUED
+    assert u.quotas["rq"].reserved == mig(u, "first").reserved
+    finished = account([quota, v, launcher_obj(v), vmim_obj("done", "v", t=100, phase="Failed")])
+    assert finished.migrations == () and finished.quotas["rq"].reserved == {}
+
+
+def test_migration_of_a_vmi_without_a_pod_waits() -> None:
+    quota = quota_obj("rq", {"requests.memory": "64Gi"})
+    u = account([quota, vmi_obj("v", phase="Pending"), vmim_obj("m", "v"), vmim_obj("ghost", "nope")])
+    assert mig(u, "m").state == WAITING and mig(u, "ghost").state == WAITING
+    assert vm(u, "v").state == ADMITTED  # its own launcher pod is reserved, no migration target
+    assert u.quotas["rq"].reserved == vm(u, "v").reserved
+
+
+def test_hotplug_growth_counts_and_is_reserved_for_the_target() -> None:
+    quota = quota_obj("rq", {"requests.cpu": "100", "requests.memory": "100Gi"}, Mode.VIRTUAL_RESOURCES)
+    grown = vmi_obj("v", vcpus=4, guest="4Gi", status_vcpus=2, status_guest="2Gi")
+    source = launcher_obj(vmi_obj("v", vcpus=2, guest="2Gi"))
+    idle = account([quota, grown, source])
+    q = idle.quotas["rq"]
+    assert format_resource_list(q.accounted)["requests.cpu"] == "4"  # the larger of spec and status
+    assert format_resource_list(q.accounted)["requests.memory"] == "4Gi"
+    migrating = account([quota, grown, source, vmim_obj("m", "v")])
+    m = mig(migrating, "m")
+    assert m.growth["requests.memory"] >= Q("2Gi") and m.growth["requests.cpu"] > Q("0")
+    target = launcher_obj(grown, migration_uid="mig-m", node="n2")
+    assert fits(usage_of(target), migrating.quotas["rq"].pod_usage, migrating.quotas["rq"].hard) == []
+    for r, v in usage_of(target).items():
+        assert m.reserved[r] >= v, r
+
+
+# ---- pods ----------------------------------------------------------------------------------------------------------
+
+
+def test_non_vm_terminal_and_orphan_pods() -> None:
+    quota = quota_obj("rq", {"requests.cpu": "10", "count/pods": "10"})
+    web = pod_obj("web", {"cpu": "500m"})
+    done = pod_obj("job", {"cpu": "2"}, phase="Succeeded")
+    deleting = pod_obj("old", {"cpu": "1"}) | {
+        "metadata": {"name": "old", "namespace": NS, "deletionTimestamp": ts(0), "deletionGracePeriodSeconds": 30}
+    }
+    orphan = launcher_obj(vmi_obj("gone"))
+    stopped = vmi_obj("stopped", phase="Succeeded")
+    stopped_pod = launcher_obj(stopped, phase="Succeeded")
+    u = account([quota, web, done, deleting, orphan, stopped, stopped_pod])
+    roles = {e.name: e.role for e in u.pods}
+    assert roles["web"] == NON_VM and roles[orphan["metadata"]["name"]] == ORPHAN_LAUNCHER
+    assert roles[stopped_pod["metadata"]["name"]] == LAUNCHER
+    assert vm(u, "stopped").state == STOPPED and vm(u, "stopped").counts == {}
+    q = u.quotas["rq"]
+    orphan_cpu = usage_of(orphan)["requests.cpu"]
+    assert q.pod_usage["requests.cpu"] == Q("500m") + orphan_cpu
+    assert q.accounted["requests.cpu"] == Q("500m") + orphan_cpu
+    # terminal pods: count/pods only; the stopped VM's terminal launcher pod is not counted against the budget
+    assert q.pod_usage["count/pods"] == Q("5") and q.accounted["count/pods"] == Q("4")
+    assert hard_of(u)["count/pods"] == "11"
+    assert hard_of(u)["requests.cpu"] == "10"
+
+
+def test_launcher_pods_match_their_vmi_by_uid_then_by_owner_name() -> None:
+    quota = quota_obj("rq", {"requests.cpu": "10"})
+    v = vmi_obj("v")
+    pod = launcher_obj(v)
+    no_uid_vmi = dict(v, metadata={k: val for k, val in v["metadata"].items() if k != "uid"})
+    pod_by_name = json.loads(json.dumps(pod))
+    del pod_by_name["metadata"]["labels"]["kubevirt.io/created-by"]
+    for objs in ([v, pod], [no_uid_vmi, pod], [v, pod_by_name]):
+        u = account([quota, *objs])
+        assert vm(u, "v").state == RUNNING, objs
+    other = json.loads(json.dumps(pod))
+    other["metadata"]["labels"]["kubevirt.io/created-by"] = "uid-of-an-older-incarnation"
+    other["metadata"]["ownerReferences"][0]["uid"] = "uid-of-an-older-incarnation"
+    u = account([quota, v, other])
+    assert vm(u, "v").state == ADMITTED and u.pods[0].role == ORPHAN_LAUNCHER
+
+
+def test_two_launcher_pods_count_once_at_their_maximum() -> None:
+    quota = quota_obj("rq", {"requests.memory": "100Gi"})
+    v = vmi_obj("v", guest="2Gi")
+    small = launcher_obj(vmi_obj("v", guest="1Gi"), suffix="a")
+    big = launcher_obj(v, suffix="b", t=5)
+    u = account([quota, v, small, big])
+    q = u.quotas["rq"]
+    assert q.accounted["requests.memory"] == usage_of(big)["requests.memory"]
+    assert q.pod_usage["requests.memory"] == usage_of(big)["requests.memory"] + usage_of(small)["requests.memory"]
+
+
+# ---- quotas ----------------------------------------------------------------------------------------------------------
+
+
+def test_scopes_limit_what_a_quota_sees() -> None:
+    sel = [{"scopeName": "PriorityClass", "operator": "In", "values": ["high"]}]
+    quota = quota_obj("rq", {"requests.cpu": "10"}, Mode.VIRTUAL_RESOURCES, scope_selector=sel)
+    hi = vmi_obj("hi", vcpus=2, priority="high")
+    lo = vmi_obj("lo", vcpus=3)
+    u = account([quota, hi, launcher_obj(hi), lo, launcher_obj(lo), pod_obj("p", {"cpu": "1"}, priority="high")])
+    q = u.quotas["rq"]
+    assert q.accounted["requests.cpu"] == Q("3")  # hi (2 vCPUs) + the high-priority pod
+    assert vm(u, "lo").counts == {} and set(vm(u, "hi").counts) == {"rq"}
+
+
+def test_several_quotas_admit_jointly() -> None:
+    cpu = quota_obj("cpu", {"requests.cpu": "4"}, Mode.VIRTUAL_RESOURCES)
+    mem = quota_obj("mem", {"requests.memory": "2Gi"}, Mode.VIRTUAL_RESOURCES)
+    v = vmi_obj("v", vcpus=2, guest="4Gi", phase="Pending")
+    u = account([cpu, mem, v])
+    e = vm(u, "v")
+    assert e.state == REFUSED and set(e.refused_by) == {"mem"}
+    assert u.quotas["cpu"].reserved == {} and u.quotas["cpu"].accounted == {}
+
+
+def test_dedicated_mode_reports_but_does_not_enforce_vmi_names() -> None:
+    budget = {"requests.instances/vmi": "1", "requests.cpu/vmi": "2", "requests.memory/vmi": "1Gi"}
+    quota = quota_obj("rq", budget, Mode.DEDICATED_VIRTUAL_RESOURCES)
+    a, b = vmi_obj("a", vcpus=2), vmi_obj("b", vcpus=2, t=5, phase="Pending")
+    u = account([quota, a, launcher_obj(a), b])
+    assert vm(u, "b").state == ADMITTED  # report-only resources never refuse
+    q = u.quotas["rq"]
+    assert format_resource_list(q.hard) == format_resource_list(parse_resource_list(budget))
+    assert q.over_budget == ("requests.cpu/vmi", "requests.instances/vmi", "requests.memory/vmi")
+    assert all(k is None for k in q.factors.values())
+
+
+def test_budget_annotation_wins_over_spec_hard() -> None:
+    quota = quota_obj("rq", {"requests.cpu": "999"}, budget={"requests.cpu": "2"})
+    u = account([quota, pod_obj("p", {"cpu": "500m"})])
+    assert u.quotas["rq"].policy.budget == {"requests.cpu": Q("2")}
+    assert hard_of(u) == {"requests.cpu": "2"}
+
+
+def test_invalid_managed_quota_is_reported_and_skipped() -> None:
+    good = quota_obj("good", {"requests.cpu": "2"})
+    bad = quota_obj("bad", {"requests.cpu": "2"}, "NoSuchMode")
+    unmanaged = quota_obj("plain", {"requests.cpu": "2"})
+    unmanaged["metadata"]["labels"] = {}
+    u = account([good, bad, unmanaged])
+    assert set(u.quotas) == {"good"}
+    assert len(u.errors) == 1 and "ResourceQuota tenant/bad" in u.errors[0] and "NoSuchMode" in u.errors[0]
+
+
+def test_explicit_policies_and_config_from_a_kubevirt_snapshot() -> None:
+    kv = {
+        "kind": "KubeVirt",
+        "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+        "spec": {"configuration": {"developerConfiguration": {"cpuAllocationRatio": 4}}},
+    }
+    v = vmi_obj("v", vcpus=4, phase="Pending")
+    pol = QuotaPolicy(name="", mode=Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO)
+    u = account([kv, v], policies=[pol])
+    e = vm(u, "v")
+    assert e.state == ADMITTED and e.counts[""]["requests.cpu"] == Q("1")  # the CR's ratio, 4
+    assert e.reserved["requests.cpu"] >= Q("1")  # rendered with the CR's ratio too
+
+
+def test_unrenderable_vmi_is_reported_not_fatal() -> None:
+    quota = quota_obj("rq", {"requests.cpu": "2"})
+    v = vmi_obj("v", phase="Pending")
+    del v["spec"]["domain"]["memory"]
+    u = account([quota, v])
+    assert vm(u, "v").state == ADMITTED and any("VirtualMachineInstance tenant/v" in e for e in u.errors)
+
+
+# ---- input handling --------------------------------------------------------------------------------------------------
+
+
+def test_objects_of_several_namespaces() -> None:
+    a = vmi_obj("a")
+    b = vmi_obj("b", namespace="other")
+    with pytest.raises(InvalidInput, match="several namespaces"):
+        account([a, b])
+    u = account([a, b], namespace="other")
+    assert [e.name for e in u.vms] == ["b"] and u.namespace == "other"
+
+
+def test_newest_version_of_an_object_wins_whatever_the_order() -> None:
+    quota = quota_obj("rq", {"requests.cpu": "10"})
+    old = pod_obj("p", {"cpu": "1"})
+    old["metadata"]["resourceVersion"] = "5"
+    new = pod_obj("p", {"cpu": "2"})
+    new["metadata"]["resourceVersion"] = "12"
+    for objs in ([quota, old, new], [quota, new, old], [new, quota, old, new]):
+        assert account(objs).quotas["rq"].accounted["requests.cpu"] == Q("2")
+
+
+def test_result_is_independent_of_input_order() -> None:
+    quota = quota_obj("rq", {"requests.cpu": "6", "limits.memory": "64Gi"})
+    facts = facts_for(["limits.memory"])
+    vs = [vmi_obj(f"v{i}", vcpus=1 + i % 2, t=i) for i in range(4)]
+    objs: list[dict[str, Any]] = [quota, *vs, launcher_obj(vs[0], facts=facts), launcher_obj(vs[1], facts=facts)]
+    objs += [vmim_obj("m", "v0"), pod_obj("p", {"cpu": "300m"}), refusal_event("v3", {"limits.memory": "3Gi"}, t=10)]
+    objs[3] = dict(objs[3], status={"phase": "Pending"})
+    objs[4] = dict(objs[4], status={"phase": "Pending"})
+    ref = account(objs)
+    for seed in range(6):
+        shuffled = objs[:]
+        random.Random(seed).shuffle(shuffled)
+        assert account(shuffled) == ref

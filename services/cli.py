@@ -16,6 +16,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "render": ("services.cli_render", "render the launcher pods KubeVirt would create for VMIs/VMs"),
     "usage": ("services.cli_usage", "compute per-namespace usage of VMIs, migrations and pods in a mode"),
     "simulate": ("services.cli_simulate", "run a simulated KubeVirt cluster until interrupted"),
+    "run": ("services.runner", "run a service: watcher, ledger, enforcer or all"),
+    "demo": ("services.demo.cli", "play the seed scenarios (or a scenario file) without and with vmquota"),
 }
 
 

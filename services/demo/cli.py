@@ -1,0 +1,112 @@
+"""``vmquota demo [--scenario-file FILE] [--without-vmquota] [--json]``: play scenarios and print what happened."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import TextIO
+
+from services.demo.play import RunResult, play
+from services.demo.scenario import Scenario, builtin_scenarios, load_scenario
+from shared.errors import InvalidInput
+from shared.resources import format_resource_list
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scenario-file", metavar="FILE", help="play this scenario file instead of the built-in ones")
+    p.add_argument(
+        "--without-vmquota", action="store_true", help="only the plain-Kubernetes run (expectations apply to it)"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object (a list for several scenarios)")
+    p.add_argument(
+        "--speed",
+        type=float,
+        default=0.05,
+        help="simulated-cluster delay factor (smaller is faster; 1.0 is real KubeVirt timing) [0.05]",
+    )
+    p.add_argument(
+        "--log-level", default="error", help="log level of the embedded services (their logs go to stderr) [error]"
+    )
+
+
+def _fmt_hard(hard: dict[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in hard.items()) or "(none)"
+
+
+def _print_run(r: RunResult, out: TextIO) -> None:
+    label = "with vmquota" if r.with_vmquota else "without vmquota (plain ResourceQuota)"
+    print(f"  {label}:", file=out)
+    for s in r.steps:
+        print(f"    - {s}", file=out)
+    for vm, m in sorted(r.migrations.items()):
+        unblock = f", target pod admitted after {m.unblock_ms:.0f} ms" if m.unblock_ms is not None else ""
+        refusals = f", {m.quota_refusals} quota refusal(s) of its target pod" if m.quota_refusals else ""
+        print(f"    migration of {vm}: {m.phase or 'Pending'}{unblock}{refusals}", file=out)
+    states = ", ".join(f"{vm} {st}" for vm, st in sorted(r.vms.items()))
+    print(f"    VMs: {states}", file=out)
+    if r.refusals:
+        first = r.refusals[0]
+        msg = first.split("forbidden: ", 1)[-1]
+        print(f"    Kubernetes refused {len(r.refusals)} pod creation(s), e.g.: {msg}", file=out)
+    for key, q in sorted(r.quotas.items()):
+        print(f"    quota {key}: budget {_fmt_hard(format_resource_list(q.budget))}", file=out)
+        print(f"      spec.hard before the steps: {_fmt_hard(format_resource_list(q.hard_before))}", file=out)
+        if q.hard_max != q.hard_before:
+            print(f"      highest during the steps:   {_fmt_hard(format_resource_list(q.hard_max))}", file=out)
+        print(f"      after the steps:            {_fmt_hard(format_resource_list(q.hard_after))}", file=out)
+        changes = [(t, h) for t, h in q.timeline]
+        if r.with_vmquota and len(changes) > 1:
+            shown = "; ".join(f"{t:.2f}s {_fmt_hard(format_resource_list(h))}" for t, h in changes[-6:])
+            print(f"      spec.hard over time: {shown}", file=out)
+    verdict = "all expectations held" if r.passed else "FAILED: " + "; ".join(r.failures)
+    print(f"    => {verdict}", file=out)
+
+
+def print_summary(scenario: Scenario, runs: list[RunResult], out: TextIO) -> None:
+    print(f"== {scenario.name}", file=out)
+    if scenario.description:
+        print(f"  {scenario.description}", file=out)
+    for r in runs:
+        _print_run(r, out)
+    print(file=out)
+
+
+async def _play_all(scenarios: list[Scenario], args: argparse.Namespace) -> list[tuple[Scenario, list[RunResult]]]:
+    out: list[tuple[Scenario, list[RunResult]]] = []
+    for sc in scenarios:
+        runs: list[RunResult] = []
+        plain = await play(sc, with_vmquota=False, speed=args.speed)
+        if args.without_vmquota:
+            runs.append(plain)
+        else:
+            plain.failures.clear()  # expectations describe the run with vmquota; the plain run is for comparison
+            plain.passed = True
+            runs.append(plain)
+            runs.append(await play(sc, with_vmquota=True, speed=args.speed))
+        if not args.json:
+            print_summary(sc, runs, sys.stdout)
+            sys.stdout.flush()
+        out.append((sc, runs))
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from services import logs
+
+    logs.configure(args.log_level)
+    try:
+        scenarios = [load_scenario(args.scenario_file)] if args.scenario_file else builtin_scenarios()
+    except InvalidInput as e:
+        print(f"vmquota demo: {e}", file=sys.stderr)
+        return 2
+    results = asyncio.run(_play_all(scenarios, args))
+    judged = [runs[-1] for _, runs in results]
+    if args.json:
+        payload = [r.to_json() for r in judged]
+        print(json.dumps(payload[0] if len(payload) == 1 else payload, indent=2))
+    else:
+        passed = sum(1 for r in judged if r.passed)
+        print(f"{passed} of {len(judged)} scenario(s) passed")
+    return 0 if all(r.passed for r in judged) else 1

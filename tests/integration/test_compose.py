@@ -27,8 +27,8 @@ from services import runner
 from services.bus import Bus, NatsOptions
 from services.cli import build_parser
 from shared import bus
+from tests.conftest import nats_server_binary
 from tests.integration.test_deploy import runner_env_vars
-from tests.integration.test_nats_permissions import nats_server_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose.yaml"

@@ -3,6 +3,7 @@ services need and nothing more, the pod security the namespace enforces, and the
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import re
@@ -455,3 +456,18 @@ def test_examples_cover_every_mode_and_parse_as_managed_quotas() -> None:
     assert set(found) == set(modes.MODE_NAMES)
     ratio = yaml.safe_load((DEPLOY / "examples" / found["VirtualResourcesWithCPUAllocationRatio"]).read_text())
     assert modes.RATIO_ANNOTATION in ratio["metadata"]["annotations"]
+
+
+def test_operations_guide_documents_every_flag_and_variable() -> None:
+    """docs/operations.md lists every `vmquota run` flag and every environment variable the runner reads."""
+    doc = (ROOT / "docs" / "operations.md").read_text()
+    p = argparse.ArgumentParser()
+    runner.add_arguments(p)
+    flags = {o for a in p._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
+    assert "--cluster" in flags
+    undocumented = {f for f in flags if f"`{f}`" not in doc and f"`{f} " not in doc and f" {f}`" not in doc}
+    assert not undocumented, f"flags missing from docs/operations.md: {sorted(undocumented)}"
+    missing_env = {v for v in runner_env_vars() if f"`{v}`" not in doc}
+    assert not missing_env, f"environment variables missing from docs/operations.md: {sorted(missing_env)}"
+    for service in ("watcher", "ledger", "enforcer", "subscriber", "replay"):
+        assert f"`{service}`" in doc

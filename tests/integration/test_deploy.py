@@ -471,3 +471,24 @@ def test_operations_guide_documents_every_flag_and_variable() -> None:
     assert not missing_env, f"environment variables missing from docs/operations.md: {sorted(missing_env)}"
     for service in ("watcher", "ledger", "enforcer", "subscriber", "replay"):
         assert f"`{service}`" in doc
+
+
+def test_single_cluster_with_the_nats_component_uncommented(tmp_path: Path) -> None:
+    """The documented switch to in-cluster NATS: uncommenting the component in the single-cluster overlay."""
+    copy = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, copy)
+    overlay = copy / "overlays" / "single-cluster" / "kustomization.yaml"
+    text = overlay.read_text()
+    switched = text.replace("# components:\n#   - ../../components/nats\n", "components:\n  - ../../components/nats\n")
+    assert switched != text, "the overlay no longer carries the commented component lines"
+    overlay.write_text(switched)
+    objs = render(copy / "overlays" / "single-cluster")
+    assert len(of_kind(objs, "StatefulSet")) == 1
+    users = by_name(objs, "Secret", "vmquota-nats-users")["data"]
+    for d, service, c in vmquota_deployments(objs):
+        assert container_env(objs, c)["VMQUOTA_NATS"] == "nats://vmquota-nats:4222"
+        ref = next(e for e in c["env"] if e["name"] == "VMQUOTA_NATS_PASSWORD")["valueFrom"]["secretKeyRef"]
+        secret = next(s for s in of_kind(objs, "Secret") if s["metadata"]["name"] == ref["name"])
+        assert secret["data"]["password"] == users[f"VMQUOTA_NATS_{service.upper()}_PASSWORD"], d["metadata"]["name"]
+    for obj in objs:
+        kubernetes_validate.validate(obj, KUBE_VERSIONS[-1], strict=True)

@@ -1,0 +1,563 @@
+"""What the enforcer does to one ResourceQuota, as a pure function of the quota and the ledger's usage.
+
+A quota is *managed* while it carries the label ``vmquota.io/managed: "true"``. The enforcer then owns its
+``spec.hard`` and keeps three annotations of its own on it (``docs/quota.md`` is the user's guide):
+
+* ``vmquota.io/budget`` — the budget ``B`` (JSON map of resource names to canonical quantities). Written at
+  adoption from the administrator's ``spec.hard``; the administrator changes the budget by editing it;
+* ``vmquota.io/last-hard`` — the ``spec.hard`` the enforcer last wrote. A ``spec.hard`` that differs from it was
+  written by someone else (a person, a GitOps tool, Rancher's agent): it is taken as the new budget and reported;
+* ``vmquota.io/status`` — one line: ``Enforcing (<mode>)``, ``Waiting for usage (<mode>)`` or ``Refused: <why>``.
+
+:func:`plan` decides, from the quota (a :class:`~shared.snapshot.QuotaSnapshot` at some resourceVersion) and the
+namespace's latest :class:`~shared.bus.UsageSnapshot`, one of:
+
+* nothing (the quota already carries what it should);
+* *adopt* / *adjust*: write ``spec.hard`` and our annotations. ``spec.hard`` is the quota equation's result for
+  this quota as the ledger evaluated it (``QuotaTerms.hard``, from ``shared.equation.desired_hard``), taken only
+  when the ledger evaluated it with the budget and mode the quota states now; otherwise the enforcer records the
+  budget and waits for the ledger's next usage snapshot (its own annotation write triggers one);
+* *refuse*: a scoped quota, an unknown mode, an unreadable annotation: a status annotation and a Warning Event;
+  a quota that was already adopted falls back to native quota with its budget as ``spec.hard``;
+* *release*: the label is gone but our annotations are still there: ``spec.hard`` = budget, our annotations
+  removed.
+
+:func:`patch_body` turns a plan into the JSON merge patch (with ``metadata.resourceVersion``, so a stale plan
+409s), and every plan carries the one-line human reason of the change.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from fractions import Fraction
+from typing import Any, Final
+
+from shared.bus import Decision, MigrationState, QuotaTerms, UsageSnapshot, check_namespace, now_rfc3339, source
+from shared.errors import InvalidInput
+from shared.modes import (
+    BUDGET_ANNOTATION,
+    DEFAULT_MODE,
+    MANAGED_LABEL,
+    MODE_ANNOTATION,
+    RATIO_ANNOTATION,
+    Mode,
+    is_managed,
+    parse_budget,
+    parse_mode,
+    parse_ratio,
+)
+from shared.quantity import NANO, ZERO, Quantity
+from shared.resources import ResourceList, format_resource_list, is_byte_resource, parse_resource_list
+from shared.snapshot import QuotaSnapshot
+
+__all__ = [
+    "BUDGET_ANNOTATION",
+    "LAST_HARD_ANNOTATION",
+    "MANAGED_LABEL",
+    "MODE_ANNOTATION",
+    "OWN_ANNOTATIONS",
+    "RATIO_ANNOTATION",
+    "STATUS_ANNOTATION",
+    "Action",
+    "Budget",
+    "Plan",
+    "check_usage",
+    "decision",
+    "event_body",
+    "human_quantity",
+    "patch_body",
+    "plan",
+    "resolve_budget",
+]
+
+LAST_HARD_ANNOTATION: Final = "vmquota.io/last-hard"
+"""The ``spec.hard`` the enforcer last wrote (JSON, canonical quantities)."""
+STATUS_ANNOTATION: Final = "vmquota.io/status"
+"""One line saying what the enforcer does with the quota."""
+OWN_ANNOTATIONS: Final = (BUDGET_ANNOTATION, LAST_HARD_ANNOTATION, STATUS_ANNOTATION)
+"""The annotations the enforcer writes (and removes when it hands a quota back). The mode and ratio annotations
+belong to the administrator and are never written."""
+
+# Kubernetes Event reasons
+ADOPTED: Final = "QuotaAdopted"
+ADJUSTED: Final = "QuotaAdjusted"
+BUDGET_CHANGED: Final = "BudgetChanged"
+RELEASED: Final = "QuotaReleased"
+REFUSED: Final = "QuotaRefused"
+
+NORMAL: Final = "Normal"
+WARNING: Final = "Warning"
+
+
+class Action(StrEnum):
+    NONE = "none"
+    ADOPT = "adopt"
+    ADJUST = "adjust"
+    REFUSE = "refuse"
+    RELEASE = "release"
+
+
+# ---- formatting --------------------------------------------------------------------------------------------------
+
+_BINARY_UNITS: Final = (("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10))
+
+
+def human_quantity(q: Quantity, resource: str) -> str:
+    """A short, readable amount for a reason line: bytes in the largest binary unit with at most one decimal
+    (``17405661185`` → ``16.2Gi``), everything else canonical (``1500m``, ``2``)."""
+    if not is_byte_resource(resource):
+        return q.canonical()
+    value = Fraction(abs(q.nanos), NANO)
+    sign = "-" if q.nanos < 0 else ""
+    for suffix, exp in _BINARY_UNITS:
+        unit = 2**exp
+        if value >= unit:
+            tenths = round(value * 10 / unit)
+            whole, frac = divmod(tenths, 10)
+            return f"{sign}{whole}{'.' + str(frac) if frac else ''}{suffix}"
+    return q.canonical()
+
+
+def rl_json(rl: Mapping[str, Quantity]) -> str:
+    """A resource list as the annotations hold it: compact JSON, sorted keys, canonical quantities."""
+    return json.dumps(format_resource_list(rl), separators=(",", ":"), sort_keys=True)
+
+
+def _items(rl: Mapping[str, Quantity], resources: Sequence[str] | None = None) -> str:
+    keys = sorted(rl) if resources is None else [r for r in resources if r in rl]
+    return ", ".join(f"{r}={rl[r].canonical()}" for r in keys) or "nothing"
+
+
+def same(a: Mapping[str, Quantity], b: Mapping[str, Quantity]) -> bool:
+    """Equal as ``spec.hard`` values: the same resource names with the same amounts."""
+    return a.keys() == b.keys() and all(a[k] == b[k] for k in a)
+
+
+# ---- the budget --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """The budget a managed quota states now, and where it came from."""
+
+    budget: ResourceList
+    adopting: bool
+    """No budget annotation yet: the budget is the administrator's ``spec.hard``."""
+    foreign: ResourceList | None = None
+    """``spec.hard`` as someone else wrote it (it differs from ``vmquota.io/last-hard``): the new budget."""
+    previous: ResourceList | None = None
+    """The budget annotation a foreign write replaces."""
+    note: str = ""
+    """Something the reason line should mention (an unreadable last-hard annotation)."""
+
+
+def _annotation_list(q: QuotaSnapshot, key: str) -> ResourceList | None:
+    raw = q.annotations.get(key)
+    return None if raw is None else parse_budget(raw, f"{q.ref}: metadata.annotations.{key}")
+
+
+def resolve_budget(q: QuotaSnapshot) -> Budget:
+    """The budget of a quota (managed or being released). InvalidInput names the quota and annotation when the
+    budget annotation is unreadable, or when it was removed while the enforcer still owns ``spec.hard``."""
+    budget = _annotation_list(q, BUDGET_ANNOTATION)
+    note = ""
+    try:
+        last = _annotation_list(q, LAST_HARD_ANNOTATION)
+    except InvalidInput:
+        last, note = None, f"annotation {LAST_HARD_ANNOTATION} was unreadable and is rewritten"
+    if last is not None and not same(q.spec_hard, last):
+        return Budget(dict(q.spec_hard), adopting=budget is None, foreign=dict(q.spec_hard), previous=budget)
+    if budget is not None:
+        return Budget(budget, adopting=False, note=note)
+    if last is not None:
+        raise InvalidInput(
+            f"annotation {BUDGET_ANNOTATION} was removed while vmquota owns spec.hard: write the budget back "
+            f"(e.g. {rl_json(last)} as it was last enforced), or set spec.hard to the new budget",
+            f"{q.ref}: metadata.annotations.{BUDGET_ANNOTATION}",
+        )
+    return Budget(dict(q.spec_hard), adopting=True, note=note)
+
+
+def check_manageable(q: QuotaSnapshot) -> tuple[Mode, Fraction | None]:
+    """The mode and own CPU allocation ratio of a managed quota; InvalidInput when the enforcer must refuse it."""
+    if q.scopes or q.scope_selector:
+        scopes = list(q.scopes) + [s.scope_name for s in q.scope_selector]
+        raise InvalidInput(
+            f"scoped quotas are not managed (scopes: {', '.join(scopes)}); use an unscoped quota for VMs",
+            f"{q.ref}: spec.scopes" if q.scopes else f"{q.ref}: spec.scopeSelector",
+        )
+    where = f"{q.ref}: metadata.annotations"
+    mode = parse_mode(q.annotations.get(MODE_ANNOTATION, DEFAULT_MODE.value), f"{where}.{MODE_ANNOTATION}")
+    ratio = None
+    if q.annotations.get(RATIO_ANNOTATION) is not None:
+        ratio = parse_ratio(q.annotations[RATIO_ANNOTATION], f"{where}.{RATIO_ANNOTATION}")
+    return mode, ratio
+
+
+def check_usage(u: UsageSnapshot) -> None:
+    """Validate what the enforcer reads of a usage snapshot (namespace, every quota's mode and quantities), so that
+    a malformed one is refused as a whole instead of half-applied. InvalidInput names the quota and field."""
+    check_namespace(u.namespace, "usage: namespace")
+    for name, t in u.quotas.items():
+        where = f"usage {u.namespace}: quotas.{name}"
+        parse_mode(t.mode, f"{where}.mode")
+        for field_name in ("budget", "used", "pods", "reserved", "hard"):
+            parse_resource_list(getattr(t, field_name), f"{where}.{field_name}")
+
+
+# ---- the plan ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What to write to one quota, and why. ``hard_after`` equals ``hard_before`` when ``spec.hard`` stays."""
+
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+    """The version of the quota the plan was made from (the patch's precondition)."""
+    action: Action
+    mode: str = ""
+    budget: ResourceList = field(default_factory=dict)
+    hard_before: ResourceList = field(default_factory=dict)
+    hard_after: ResourceList = field(default_factory=dict)
+    set_hard: bool = False
+    annotations: Mapping[str, str | None] = field(default_factory=dict)
+    """Our annotations to set (None: remove), only those that change."""
+    event_type: str = NORMAL
+    event_reason: str = ""
+    reason: str = ""
+    """One line: what changes and why."""
+    usage_seq: int = 0
+
+    @property
+    def changes(self) -> bool:
+        return self.set_hard or bool(self.annotations)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+
+def _changed_annotations(q: QuotaSnapshot, want: Mapping[str, str | None]) -> dict[str, str | None]:
+    """The subset of ``want`` that differs from the quota. Our JSON annotations compare by value, so an
+    administrator's spelling of the same budget is left alone."""
+    out: dict[str, str | None] = {}
+    for key, value in want.items():
+        have = q.annotations.get(key)
+        if value is None:
+            if have is not None:
+                out[key] = None
+            continue
+        if have == value:
+            continue
+        if have is not None and key in (BUDGET_ANNOTATION, LAST_HARD_ANNOTATION):
+            try:
+                if same(parse_resource_list(json.loads(have)), parse_resource_list(json.loads(value))):
+                    continue
+            except (ValueError, InvalidInput):
+                pass
+        out[key] = value
+    return out
+
+
+def _base(q: QuotaSnapshot, action: Action, *, hard_after: ResourceList | None = None, **kw: Any) -> Plan:
+    return Plan(
+        namespace=q.namespace,
+        name=q.name,
+        uid=q.uid,
+        resource_version=q.resource_version,
+        action=action,
+        hard_before=dict(q.spec_hard),
+        hard_after=dict(q.spec_hard) if hard_after is None else hard_after,
+        **kw,
+    )
+
+
+def _terms(usage: UsageSnapshot | None, name: str) -> QuotaTerms | None:
+    return None if usage is None else usage.quotas.get(name)
+
+
+def plan(q: QuotaSnapshot, usage: UsageSnapshot | None, previous: UsageSnapshot | None = None) -> Plan:
+    """What the enforcer does to quota ``q`` given the namespace's latest usage snapshot. ``previous`` (the usage
+    snapshot the enforcer acted on before, if it remembers one) only sharpens the reason line."""
+    seq = usage.seq if usage is not None else 0
+    if not is_managed(q.labels):
+        return _release(q, seq)
+    try:
+        mode, _ = check_manageable(q)
+        b = resolve_budget(q)
+    except InvalidInput as e:
+        return _refuse(q, str(e), seq)
+
+    terms = _terms(usage, q.name)
+    status = f"Enforcing ({mode.value})" if terms is not None else f"Waiting for usage ({mode.value})"
+    hard = dict(q.spec_hard)
+    agreed = False
+    if terms is not None and terms.mode == mode.value:
+        try:
+            ledger_budget = parse_resource_list(terms.budget, "budget")
+            agreed = same(ledger_budget, b.budget)
+            if agreed:
+                hard = parse_resource_list(terms.hard, "hard")
+        except InvalidInput:
+            agreed = False  # a malformed snapshot is refused before it gets here; wait for the next one
+    want = {BUDGET_ANNOTATION: rl_json(b.budget), LAST_HARD_ANNOTATION: rl_json(hard), STATUS_ANNOTATION: status}
+    annotations = _changed_annotations(q, want)
+    set_hard = not same(hard, q.spec_hard)
+    if not set_hard and not annotations:
+        return _base(q, Action.NONE, mode=mode.value, budget=b.budget, usage_seq=seq)
+
+    parts: list[str] = []
+    event_reason = ADJUSTED
+    if b.foreign is not None:
+        event_reason = BUDGET_CHANGED
+        before = f" (was {_items(b.previous)})" if b.previous is not None else ""
+        parts.append(f"spec.hard was changed outside vmquota to {_items(b.foreign)}: taken as the new budget{before}")
+    elif b.adopting:
+        event_reason = ADOPTED
+        parts.append(f"adopted in mode {mode.value} with budget {_items(b.budget)}")
+    old = _terms(previous, q.name)
+    budget_moved = old is not None and terms is not None and old.budget != terms.budget
+    if set_hard:
+        parts.append(_hard_change(q.spec_hard, hard, b.budget, terms, usage, previous, budget_moved=budget_moved))
+    elif terms is not None and not agreed and (b.foreign is not None or b.adopting):
+        parts.append("spec.hard follows once usage is accounted with this budget")
+    elif not parts and STATUS_ANNOTATION in annotations:
+        parts.append(f"status: {status}")
+    elif not parts:
+        parts.append(f"recorded budget {_items(b.budget)} and the enforced spec.hard")
+    if b.note:
+        parts.append(b.note)
+    if event_reason == ADJUSTED and budget_moved:
+        event_reason = BUDGET_CHANGED
+    return _base(
+        q,
+        Action.ADOPT if b.adopting else Action.ADJUST,
+        mode=mode.value,
+        budget=b.budget,
+        hard_after=hard,
+        set_hard=set_hard,
+        annotations=annotations,
+        event_type=WARNING if b.foreign is not None else NORMAL,
+        event_reason=event_reason,
+        reason="; ".join(parts),
+        usage_seq=seq,
+    )
+
+
+def _refuse(q: QuotaSnapshot, why: str, seq: int) -> Plan:
+    """Refused: report it; an adopted quota falls back to native quota with its budget."""
+    status = f"Refused: {why}"
+    want: dict[str, str | None] = {STATUS_ANNOTATION: status}
+    hard = dict(q.spec_hard)
+    budget: ResourceList = {}
+    try:
+        b = resolve_budget(q)
+    except InvalidInput:
+        b = None
+    if b is not None and not b.adopting:
+        budget = hard = b.budget
+        want[BUDGET_ANNOTATION] = rl_json(b.budget)
+        want[LAST_HARD_ANNOTATION] = rl_json(hard)
+    annotations = _changed_annotations(q, want)
+    set_hard = not same(hard, q.spec_hard)
+    if not set_hard and not annotations:
+        return _base(q, Action.NONE, budget=budget, usage_seq=seq)
+    reason = f"not managed: {why}"
+    if set_hard:
+        reason += f"; spec.hard set back to the budget {_items(budget)} (native quota)"
+    return _base(
+        q,
+        Action.REFUSE,
+        budget=budget,
+        hard_after=hard,
+        set_hard=set_hard,
+        annotations=annotations,
+        event_type=WARNING,
+        event_reason=REFUSED,
+        reason=reason,
+        usage_seq=seq,
+    )
+
+
+def _release(q: QuotaSnapshot, seq: int) -> Plan:
+    """The label is gone: hand the quota back with ``spec.hard`` = budget and our annotations removed."""
+    if not any(k in q.annotations for k in OWN_ANNOTATIONS):
+        return _base(q, Action.NONE, usage_seq=seq)
+    annotations: dict[str, str | None] = {k: None for k in OWN_ANNOTATIONS if k in q.annotations}
+    hard = dict(q.spec_hard)
+    try:
+        b: Budget | None = resolve_budget(q)
+    except InvalidInput:
+        b = None
+    if b is not None and not b.adopting:
+        hard = b.budget
+    set_hard = not same(hard, q.spec_hard)
+    if set_hard:
+        reason = f"released to native quota: spec.hard set back to the budget {_items(hard)}"
+    elif b is None:
+        reason = "released to native quota: the budget annotation is unreadable, spec.hard left as it is"
+    elif b.adopting:
+        reason = "released to native quota: spec.hard left as it is"
+    else:
+        reason = "released to native quota: spec.hard already equals the budget"
+    return _base(
+        q,
+        Action.RELEASE,
+        budget=hard,
+        hard_after=hard,
+        set_hard=set_hard,
+        annotations=annotations,
+        event_reason=RELEASED,
+        reason=reason,
+        usage_seq=seq,
+    )
+
+
+# ---- the reason line ---------------------------------------------------------------------------------------------
+
+
+def _vmis(migrations: Sequence[MigrationState], *, reserving: bool) -> list[str]:
+    return sorted({m.vmi for m in migrations if not reserving or any(v not in ("", "0") for v in m.reserved.values())})
+
+
+def _names(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _hard_change(
+    before: Mapping[str, Quantity],
+    after: Mapping[str, Quantity],
+    budget: Mapping[str, Quantity],
+    terms: QuotaTerms | None,
+    usage: UsageSnapshot | None,
+    previous: UsageSnapshot | None,
+    *,
+    budget_moved: bool,
+) -> str:
+    """``raised limits.memory by 16.2Gi for the migration of vm1`` and the like."""
+    raised: list[str] = []
+    lowered: list[str] = []
+    changes: list[str] = []
+    for r in sorted(set(before) | set(after)):
+        if r not in after:
+            changes.append(f"removed {r}")
+            continue
+        if r not in before:
+            changes.append(f"set {r} to {after[r].canonical()}")
+            continue
+        delta = after[r] - before[r]
+        if delta.nanos > 0:
+            raised.append(r)
+            changes.append(f"raised {r} by {human_quantity(delta, r)}")
+        elif delta.nanos < 0:
+            lowered.append(r)
+            changes.append(f"lowered {r} by {human_quantity(-delta, r)}")
+    text = ", ".join(changes)
+    now_m = _vmis(usage.migrations, reserving=True) if usage is not None else []
+    was_m = _vmis(previous.migrations, reserving=False) if previous is not None else []
+    ended = sorted(set(was_m) - set(_vmis(usage.migrations, reserving=False) if usage is not None else []))
+    if budget_moved:
+        return f"{text} for the new budget {_items(budget)}"
+    if raised and not lowered and now_m:
+        plural = "migrations" if len(now_m) > 1 else "migration"
+        return f"{text} for the {plural} of {_names(now_m)}"
+    if lowered and not raised and ended:
+        plural = "migrations" if len(ended) > 1 else "migration"
+        return f"{text}: the {plural} of {_names(ended)} ended"
+    if terms is None:
+        return text
+    used = parse_resource_list(terms.used, "used")
+    pods = parse_resource_list(terms.pods, "pods")
+    reserved = parse_resource_list(terms.reserved, "reserved")
+    detail = "; ".join(
+        f"{r}: budget {human_quantity(budget.get(r, ZERO), r)}, accounted {human_quantity(used.get(r, ZERO), r)}, "
+        f"pods {human_quantity(pods.get(r, ZERO), r)}, reserved {human_quantity(reserved.get(r, ZERO), r)}"
+        for r in (raised + lowered)[:3]
+    )
+    return f"{text} ({detail})" if detail else text
+
+
+# ---- the patch ---------------------------------------------------------------------------------------------------
+
+
+def patch_body(p: Plan) -> dict[str, Any]:
+    """The JSON merge patch of a plan: ``metadata.resourceVersion`` (the precondition), the annotations that
+    change (null removes), and ``spec.hard`` in full when it changes, with null for every resource it drops (a
+    merge patch merges maps). Nothing else: never ``status``, never another annotation or label."""
+    meta: dict[str, Any] = {"resourceVersion": p.resource_version}
+    body: dict[str, Any] = {"metadata": meta}
+    if p.annotations:
+        meta["annotations"] = dict(sorted(p.annotations.items()))
+    if p.set_hard:
+        hard: dict[str, str | None] = {r: None for r in sorted(p.hard_before) if r not in p.hard_after}
+        hard.update(format_resource_list(p.hard_after))
+        body["spec"] = {"hard": hard}
+    return body
+
+
+# ---- reports -----------------------------------------------------------------------------------------------------
+
+EVENT_COMPONENT: Final = "vmquota-enforcer"
+EVENT_MESSAGE_MAX: Final = 1024
+
+
+def event_body(p: Plan, *, identity: str, now: datetime) -> dict[str, Any]:
+    """The core/v1 Event recording a change on the quota (``kubectl describe quota`` shows it)."""
+    stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    message = p.reason if len(p.reason) <= EVENT_MESSAGE_MAX else p.reason[: EVENT_MESSAGE_MAX - 3] + "..."
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{p.name}.{int(now.timestamp() * 1e9):x}", "namespace": p.namespace},
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "namespace": p.namespace,
+            "name": p.name,
+            "uid": p.uid,
+        },
+        "reason": p.event_reason,
+        "message": message,
+        "type": p.event_type,
+        "action": p.action.value,
+        "source": {"component": EVENT_COMPONENT},
+        "reportingComponent": EVENT_COMPONENT,
+        "reportingInstance": identity,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+
+
+def decision(p: Plan, *, cluster: str, dry_run: bool, resource_version: str = "", time: str | None = None) -> Decision:
+    """The bus record of a change: written (``resource_version`` is the quota's version after the patch), or
+    what a dry run would write. Its id is the message id: a write is recorded once per quota version."""
+    if dry_run:
+        digest = zlib.crc32(json.dumps(patch_body(p), sort_keys=True).encode())
+        mid = f"{cluster}/decision/{p.uid or p.namespace + '/' + p.name}/{p.resource_version}/dry-run-{digest:08x}"
+    else:
+        mid = f"{cluster}/decision/{p.uid or p.namespace + '/' + p.name}/{resource_version}"
+    return Decision(
+        id=mid,
+        source=source("enforcer", cluster),
+        subject=f"{p.namespace}/{p.name}",
+        time=time or now_rfc3339(),
+        cluster=cluster,
+        namespace=p.namespace,
+        quota=p.name,
+        mode=p.mode,
+        budget=format_resource_list(p.budget),
+        hard_before=format_resource_list(p.hard_before),
+        hard_after=format_resource_list(p.hard_after),
+        reason=p.reason,
+        usage_seq=p.usage_seq,
+        dry_run=dry_run,
+    )

@@ -1,0 +1,448 @@
+"""The enforcer's policy, pure: adoption, budget edits, foreign writes, hand-back, refusals, patch bodies, reasons."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.simcluster.patch import merge_patch
+from shared import bus
+from shared import enforcement as enf
+from shared.enforcement import (
+    BUDGET_ANNOTATION,
+    LAST_HARD_ANNOTATION,
+    MANAGED_LABEL,
+    MODE_ANNOTATION,
+    STATUS_ANNOTATION,
+    Action,
+)
+from shared.errors import InvalidInput
+from shared.quantity import Quantity
+from shared.snapshot import QuotaSnapshot, normalize
+
+NS = "tenant-a"
+MANAGED = {MANAGED_LABEL: "true"}
+
+
+def raw_quota(
+    hard: dict[str, str],
+    *,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    rv: str = "10",
+    spec_extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {
+            "name": "compute",
+            "namespace": NS,
+            "uid": "q-uid-1",
+            "resourceVersion": rv,
+            "labels": dict(MANAGED if labels is None else labels),
+            "annotations": dict(annotations or {}),
+        },
+        "spec": {"hard": dict(hard), **(spec_extra or {})},
+        "status": {"hard": dict(hard), "used": {"limits.memory": "1Gi"}},
+    }
+
+
+def snap(raw: dict[str, Any]) -> QuotaSnapshot:
+    s = normalize(raw)
+    assert isinstance(s, QuotaSnapshot)
+    return s
+
+
+def terms(budget: dict[str, str], hard: dict[str, str], mode: str = "VmiPodUsage", **kw: Any) -> bus.QuotaTerms:
+    return bus.QuotaTerms(mode=mode, budget=budget, hard=hard, **kw)
+
+
+def usage(
+    quotas: dict[str, bus.QuotaTerms] | None = None,
+    migrations: list[bus.MigrationState] | None = None,
+    seq: int = 7,
+) -> bus.UsageSnapshot:
+    return bus.UsageSnapshot(
+        id=f"c1/usage/{NS}/{seq}",
+        source="vmquota/ledger/c1",
+        subject=NS,
+        time="2026-01-01T00:00:00.000Z",
+        cluster="c1",
+        namespace=NS,
+        seq=seq,
+        quotas=quotas or {},
+        migrations=migrations or [],
+    )
+
+
+def apply(raw: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    """What the API server does with our merge patch (precondition checked, resourceVersion bumped)."""
+    assert body["metadata"]["resourceVersion"] == raw["metadata"]["resourceVersion"]
+    out: dict[str, Any] = merge_patch(copy.deepcopy(raw), body)
+    out["metadata"]["resourceVersion"] = str(int(raw["metadata"]["resourceVersion"]) + 1)
+    return out
+
+
+def adopted(budget: dict[str, str], hard: dict[str, str], **kw: Any) -> dict[str, Any]:
+    ann = {
+        BUDGET_ANNOTATION: enf.rl_json({k: Quantity.parse(v) for k, v in budget.items()}),
+        LAST_HARD_ANNOTATION: enf.rl_json({k: Quantity.parse(v) for k, v in hard.items()}),
+        STATUS_ANNOTATION: "Enforcing (VmiPodUsage)",
+        **kw.pop("annotations", {}),
+    }
+    return raw_quota(hard, annotations=ann, **kw)
+
+
+MIGRATING = [bus.MigrationState(name="mig-1", vmi="vm1", state="pending", reserved={"limits.memory": "17405661185"})]
+
+
+# ---- adoption --------------------------------------------------------------------------------------------------
+
+
+def test_adoption_without_usage_records_the_budget_and_waits() -> None:
+    q = snap(raw_quota({"limits.memory": "64Gi", "pods": "10"}))
+    p = enf.plan(q, None)
+    assert p.action is Action.ADOPT and p.event_reason == enf.ADOPTED and p.event_type == enf.NORMAL
+    assert not p.set_hard
+    assert json.loads(p.annotations[BUDGET_ANNOTATION] or "") == {"limits.memory": "64Gi", "pods": "10"}
+    assert p.annotations[LAST_HARD_ANNOTATION] == p.annotations[BUDGET_ANNOTATION]
+    assert p.annotations[STATUS_ANNOTATION] == "Waiting for usage (VmiPodUsage)"
+    assert p.reason == "adopted in mode VmiPodUsage with budget limits.memory=64Gi, pods=10"
+    body = enf.patch_body(p)
+    assert body == {"metadata": {"resourceVersion": "10", "annotations": dict(sorted(p.annotations.items()))}}
+
+
+def test_adoption_with_usage_writes_hard_and_is_then_a_fixed_point() -> None:
+    raw = raw_quota({"limits.memory": "64Gi"})
+    u = usage({"compute": terms({"limits.memory": "64Gi"}, {"limits.memory": "81Gi"})}, MIGRATING)
+    p = enf.plan(snap(raw), u)
+    assert p.action is Action.ADOPT and p.set_hard
+    assert p.hard_after == {"limits.memory": Quantity.parse("81Gi")}
+    assert p.reason == (
+        "adopted in mode VmiPodUsage with budget limits.memory=64Gi; "
+        "raised limits.memory by 17Gi for the migration of vm1"
+    )
+    assert p.annotations[STATUS_ANNOTATION] == "Enforcing (VmiPodUsage)"
+    after = apply(raw, enf.patch_body(p))
+    assert after["spec"]["hard"] == {"limits.memory": "81Gi"}
+    assert json.loads(after["metadata"]["annotations"][BUDGET_ANNOTATION]) == {"limits.memory": "64Gi"}
+    assert json.loads(after["metadata"]["annotations"][LAST_HARD_ANNOTATION]) == {"limits.memory": "81Gi"}
+    again = enf.plan(snap(after), u)
+    assert again.action is Action.NONE and not again.changes
+
+
+def test_hard_follows_usage_and_drops_back_when_the_migration_ends() -> None:
+    raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "64Gi"})
+    during = usage({"compute": terms({"limits.memory": "64Gi"}, {"limits.memory": "80.2Gi"})}, MIGRATING, seq=8)
+    p = enf.plan(snap(raw), during)
+    assert p.action is Action.ADJUST and p.event_reason == enf.ADJUSTED
+    assert p.reason == "raised limits.memory by 16.2Gi for the migration of vm1"
+    raw = apply(raw, enf.patch_body(p))
+    done = usage({"compute": terms({"limits.memory": "64Gi"}, {"limits.memory": "64Gi"})}, seq=9)
+    back = enf.plan(snap(raw), done, previous=during)
+    assert back.hard_after == {"limits.memory": Quantity.parse("64Gi")}
+    assert back.reason == "lowered limits.memory by 16.2Gi: the migration of vm1 ended"
+    without_memory = enf.plan(snap(raw), done)
+    assert without_memory.hard_after == back.hard_after and without_memory.annotations == back.annotations
+    assert without_memory.reason.startswith("lowered limits.memory by 16.2Gi (limits.memory: budget 64Gi")
+
+
+def test_usage_in_another_mode_or_budget_is_not_applied() -> None:
+    raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "64Gi"})
+    other_mode = usage({"compute": terms({"limits.memory": "64Gi"}, {"limits.memory": "99Gi"}, mode="VirtualResources")})
+    assert not enf.plan(snap(raw), other_mode).changes
+    other_budget = usage({"compute": terms({"limits.memory": "50Gi"}, {"limits.memory": "99Gi"})})
+    assert not enf.plan(snap(raw), other_budget).changes
+
+
+# ---- budget --------------------------------------------------------------------------------------------------
+
+
+def test_budget_annotation_edit_takes_effect_through_the_ledger() -> None:
+    raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "64Gi"})
+    raw["metadata"]["annotations"][BUDGET_ANNOTATION] = '{"limits.memory": "80Gi"}'
+    old = usage({"compute": terms({"limits.memory": "64Gi"}, {"limits.memory": "64Gi"})}, seq=3)
+    assert not enf.plan(snap(raw), old).changes, "the ledger has not accounted with the new budget yet"
+    new = usage({"compute": terms({"limits.memory": "80Gi"}, {"limits.memory": "80Gi"})}, seq=4)
+    p = enf.plan(snap(raw), new, previous=old)
+    assert p.set_hard and p.hard_after == {"limits.memory": Quantity.parse("80Gi")}
+    assert p.event_reason == enf.BUDGET_CHANGED
+    assert p.reason == "raised limits.memory by 16Gi for the new budget limits.memory=80Gi"
+    assert BUDGET_ANNOTATION not in p.annotations, "the administrator's spelling of the same budget is kept"
+    assert json.loads(p.annotations[LAST_HARD_ANNOTATION] or "") == {"limits.memory": "80Gi"}
+
+
+def test_foreign_write_to_spec_hard_becomes_the_budget_and_is_reported() -> None:
+    raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "80Gi"})
+    raw["spec"]["hard"] = {"limits.memory": "100Gi", "limits.cpu": "8"}
+    u = usage({"compute": terms({"limits.memory": "64Gi"}, {"limits.memory": "80Gi"})}, MIGRATING)
+    q = snap(raw)
+    b = enf.resolve_budget(q)
+    assert b.foreign == b.budget == {"limits.memory": Quantity.parse("100Gi"), "limits.cpu": Quantity.parse("8")}
+    assert b.previous == {"limits.memory": Quantity.parse("64Gi")}
+    p = enf.plan(q, u)
+    assert p.event_reason == enf.BUDGET_CHANGED and p.event_type == enf.WARNING
+    assert not p.set_hard, "hard waits until the ledger accounts with the new budget"
+    assert json.loads(p.annotations[BUDGET_ANNOTATION] or "") == {"limits.cpu": "8", "limits.memory": "100Gi"}
+    assert json.loads(p.annotations[LAST_HARD_ANNOTATION] or "") == {"limits.cpu": "8", "limits.memory": "100Gi"}
+    assert p.reason.startswith(
+        "spec.hard was changed outside vmquota to limits.cpu=8, limits.memory=100Gi: taken as the new budget "
+        "(was limits.memory=64Gi)"
+    )
+    raw = apply(raw, enf.patch_body(p))
+    assert not enf.plan(snap(raw), u).changes
+    agreed = usage({"compute": terms({"limits.memory": "100Gi", "limits.cpu": "8"}, {"limits.memory": "116Gi"})})
+    p2 = enf.plan(snap(raw), agreed)
+    assert p2.set_hard and enf.patch_body(p2)["spec"]["hard"] == {"limits.cpu": None, "limits.memory": "116Gi"}
+
+
+def test_rewriting_the_value_we_wrote_is_not_a_foreign_write() -> None:
+    raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "80Gi"})
+    raw["spec"]["hard"] = {"limits.memory": "81920Mi"}  # the same amount, spelled differently
+    b = enf.resolve_budget(snap(raw))
+    assert b.foreign is None and b.budget == {"limits.memory": Quantity.parse("64Gi")}
+
+
+def test_removing_the_budget_annotation_is_refused_instead_of_adopting_a_raised_hard() -> None:
+    raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "80Gi"})
+    del raw["metadata"]["annotations"][BUDGET_ANNOTATION]
+    with pytest.raises(InvalidInput, match="was removed while vmquota owns spec.hard"):
+        enf.resolve_budget(snap(raw))
+    p = enf.plan(snap(raw), None)
+    assert p.action is Action.REFUSE and not p.set_hard
+    assert (p.annotations[STATUS_ANNOTATION] or "").startswith("Refused: ResourceQuota tenant-a/compute: metadata.")
+
+
+def test_unreadable_last_hard_is_rewritten() -> None:
+    raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "64Gi"})
+    raw["metadata"]["annotations"][LAST_HARD_ANNOTATION] = "{not json"
+    p = enf.plan(snap(raw), None)
+    assert p.annotations[LAST_HARD_ANNOTATION] == '{"limits.memory":"64Gi"}'
+    assert "unreadable and is rewritten" in p.reason
+
+
+# ---- refusals ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec_extra", "field"),
+    [
+        ({"scopes": ["NotTerminating"]}, "spec.scopes"),
+        ({"scopeSelector": {"matchExpressions": [{"scopeName": "PriorityClass", "operator": "Exists"}]}}, "spec.scopeS"),
+    ],
+)
+def test_scoped_quota_is_refused(spec_extra: dict[str, Any], field: str) -> None:
+    raw = raw_quota({"limits.memory": "64Gi"}, spec_extra=spec_extra)
+    p = enf.plan(snap(raw), usage({"compute": terms({"limits.memory": "64Gi"}, {"limits.memory": "90Gi"})}))
+    assert p.action is Action.REFUSE and p.event_type == enf.WARNING and p.event_reason == enf.REFUSED
+    assert not p.set_hard and set(p.annotations) == {STATUS_ANNOTATION}
+    status = p.annotations[STATUS_ANNOTATION] or ""
+    assert status.startswith(f"Refused: ResourceQuota tenant-a/compute: {field}") and "scoped quotas" in status
+    assert not enf.plan(snap(apply(raw, enf.patch_body(p))), None).changes, "reported once"
+
+
+def test_unknown_mode_is_refused_and_an_adopted_quota_falls_back_to_its_budget() -> None:
+    raw = raw_quota({"limits.memory": "64Gi"}, annotations={MODE_ANNOTATION: "VmPodUsage"})
+    p = enf.plan(snap(raw), None)
+    assert p.action is Action.REFUSE and not p.set_hard
+    assert "unknown accounting mode 'VmPodUsage'" in (p.annotations[STATUS_ANNOTATION] or "")
+    assert "VirtualResourcesWithCPUAllocationRatio" in p.reason
+
+    was = adopted({"limits.memory": "64Gi"}, {"limits.memory": "80Gi"}, annotations={MODE_ANNOTATION: "Bogus"})
+    p = enf.plan(snap(was), None)
+    assert p.action is Action.REFUSE and p.set_hard and p.hard_after == {"limits.memory": Quantity.parse("64Gi")}
+    assert p.reason.endswith("spec.hard set back to the budget limits.memory=64Gi (native quota)")
+    fixed = apply(was, enf.patch_body(p))
+    fixed["metadata"]["annotations"][MODE_ANNOTATION] = "VirtualResources"
+    u = usage({"compute": terms({"limits.memory": "64Gi"}, {"limits.memory": "70Gi"}, mode="VirtualResources")})
+    p = enf.plan(snap(fixed), u)
+    assert p.action is Action.ADJUST and p.annotations[STATUS_ANNOTATION] == "Enforcing (VirtualResources)"
+
+
+def test_bad_ratio_annotation_is_refused() -> None:
+    raw = raw_quota({"requests.cpu": "8"}, annotations={enf.RATIO_ANNOTATION: "0"})
+    p = enf.plan(snap(raw), None)
+    assert p.action is Action.REFUSE and "cpu-allocation-ratio" in (p.annotations[STATUS_ANNOTATION] or "")
+
+
+# ---- hand-back -----------------------------------------------------------------------------------------------
+
+
+def test_unlabelling_hands_the_quota_back_with_the_budget() -> None:
+    raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "80Gi"}, labels={})
+    raw["metadata"]["annotations"]["team"] = "a"
+    p = enf.plan(snap(raw), usage({}))
+    assert p.action is Action.RELEASE and p.event_reason == enf.RELEASED
+    assert p.reason == "released to native quota: spec.hard set back to the budget limits.memory=64Gi"
+    body = enf.patch_body(p)
+    assert body == {
+        "metadata": {
+            "resourceVersion": "10",
+            "annotations": {BUDGET_ANNOTATION: None, LAST_HARD_ANNOTATION: None, STATUS_ANNOTATION: None},
+        },
+        "spec": {"hard": {"limits.memory": "64Gi"}},
+    }
+    after = apply(raw, body)
+    assert after["metadata"]["annotations"] == {"team": "a"}
+    assert not enf.plan(snap(after), None).changes
+
+
+def test_unlabelling_after_a_foreign_write_keeps_the_foreign_value() -> None:
+    raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "80Gi"}, labels={MANAGED_LABEL: "false"})
+    raw["spec"]["hard"] = {"limits.memory": "32Gi"}
+    p = enf.plan(snap(raw), None)
+    assert p.action is Action.RELEASE and not p.set_hard
+    assert p.reason == "released to native quota: spec.hard already equals the budget"
+
+
+def test_a_quota_that_was_never_ours_is_left_alone() -> None:
+    raw = raw_quota({"limits.memory": "64Gi"}, labels={}, annotations={"other/annotation": "x"})
+    p = enf.plan(snap(raw), usage({"compute": terms({"limits.memory": "64Gi"}, {"limits.memory": "90Gi"})}))
+    assert p.action is Action.NONE and not p.changes
+
+
+# ---- reports -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("amount", "resource", "text"),
+    [
+        ("17405661185", "limits.memory", "16.2Gi"),
+        ("16Gi", "limits.memory", "16Gi"),
+        ("1536Mi", "requests.memory", "1.5Gi"),
+        ("100", "limits.memory", "100"),
+        ("1500m", "limits.cpu", "1500m"),
+        ("3", "pods", "3"),
+        ("2Ti", "requests.storage", "2Ti"),
+    ],
+)
+def test_human_quantity(amount: str, resource: str, text: str) -> None:
+    assert enf.human_quantity(Quantity.parse(amount), resource) == text
+
+
+def test_reason_names_several_migrations_and_resources() -> None:
+    raw = adopted({"limits.memory": "4000Mi", "limits.cpu": "3"}, {"limits.memory": "4000Mi", "limits.cpu": "3"})
+    migs = [
+        bus.MigrationState(name="m2", vmi="vm2", state="pending", reserved={"limits.cpu": "1"}),
+        bus.MigrationState(name="m1", vmi="vm1", state="pending", reserved={"limits.cpu": "1"}),
+        bus.MigrationState(name="m3", vmi="vm3", state="queued"),
+    ]
+    u = usage(
+        {
+            "compute": terms(
+                {"limits.memory": "4000Mi", "limits.cpu": "3"}, {"limits.memory": "7146Mi", "limits.cpu": "5"}
+            )
+        },
+        migs,
+    )
+    p = enf.plan(snap(raw), u)
+    assert p.reason == (
+        "raised limits.cpu by 2, raised limits.memory by 3.1Gi for the migrations of vm1 and vm2"
+    )
+
+
+def test_event_and_decision_bodies() -> None:
+    raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "64Gi"})
+    u = usage({"compute": terms({"limits.memory": "64Gi"}, {"limits.memory": "80.5Gi"})}, MIGRATING, seq=42)
+    p = enf.plan(snap(raw), u)
+    now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    ev = enf.event_body(p, identity="pod-1", now=now)
+    assert ev["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "namespace": NS,
+        "name": "compute",
+        "uid": "q-uid-1",
+    }
+    assert (ev["reason"], ev["type"], ev["message"]) == ("QuotaAdjusted", "Normal", p.reason)
+    assert ev["lastTimestamp"] == "2026-01-02T03:04:05Z" and ev["metadata"]["name"].startswith("compute.")
+    d = enf.decision(p, cluster="c1", dry_run=False, resource_version="11")
+    assert d.id == "c1/decision/q-uid-1/11" and d.usage_seq == 42 and not d.dry_run
+    assert (d.hard_before, d.hard_after, d.budget) == (
+        {"limits.memory": "64Gi"},
+        {"limits.memory": "82432Mi"},
+        {"limits.memory": "64Gi"},
+    )
+    assert bus.decode_decision(bus.encode(d)) == d
+    dry = enf.decision(p, cluster="c1", dry_run=True)
+    assert dry.dry_run and dry.id.startswith("c1/decision/q-uid-1/10/dry-run-")
+
+
+def test_check_usage_refuses_malformed_terms() -> None:
+    enf.check_usage(usage({"compute": terms({"limits.memory": "64Gi"}, {"limits.memory": "64Gi"})}))
+    with pytest.raises(InvalidInput, match=r"usage tenant-a: quotas.compute.hard.limits.memory"):
+        enf.check_usage(usage({"compute": terms({"limits.memory": "64Gi"}, {"limits.memory": "lots"})}))
+    with pytest.raises(InvalidInput, match="unknown accounting mode"):
+        enf.check_usage(usage({"compute": terms({}, {}, mode="Nope")}))
+
+
+# ---- properties ----------------------------------------------------------------------------------------------
+
+RESOURCES = ["limits.memory", "requests.cpu", "pods", "limits.cpu"]
+amounts = st.sampled_from(["0", "1", "500m", "2", "1Gi", "1536Mi", "16Gi", "17405661185", "64Gi"])
+lists = st.dictionaries(st.sampled_from(RESOURCES), amounts, max_size=4)
+
+
+@st.composite
+def quota_states(draw: st.DrawFn) -> tuple[dict[str, Any], bus.UsageSnapshot | None]:
+    """Any state a quota can be in: labelled or not, adopted or not, foreign-written or not, any usage."""
+    hard = draw(lists)
+    labels = draw(st.sampled_from([MANAGED, {}, {MANAGED_LABEL: "false"}]))
+    ann: dict[str, str] = {}
+    if draw(st.booleans()):
+        ann[BUDGET_ANNOTATION] = json.dumps(draw(lists))
+    if draw(st.booleans()):
+        ann[LAST_HARD_ANNOTATION] = json.dumps(draw(st.one_of(st.just(hard), lists)))
+    if draw(st.booleans()):
+        ann[STATUS_ANNOTATION] = draw(st.sampled_from(["Enforcing (VmiPodUsage)", "Refused: x"]))
+    if draw(st.booleans()):
+        ann[MODE_ANNOTATION] = draw(st.sampled_from(["VmiPodUsage", "VirtualResources", "Bogus"]))
+    spec_extra = {"scopes": ["NotTerminating"]} if draw(st.integers(0, 9)) == 0 else None
+    raw = raw_quota(hard, labels=labels, annotations=ann, spec_extra=spec_extra)
+    u = None
+    if draw(st.booleans()):
+        mode = ann.get(MODE_ANNOTATION, "VmiPodUsage")
+        budget = draw(st.one_of(lists, st.just(json.loads(ann.get(BUDGET_ANNOTATION, json.dumps(hard))))))
+        u = usage({"compute": terms(budget, draw(lists), mode=mode if mode != "Bogus" else "VmiPodUsage")})
+    return raw, u
+
+
+@settings(max_examples=300, deadline=None)
+@given(quota_states())
+def test_plan_reaches_a_fixed_point_in_one_write(state: tuple[dict[str, Any], bus.UsageSnapshot | None]) -> None:
+    raw, u = state
+    p = enf.plan(snap(raw), u)
+    if not p.changes:
+        return
+    body = enf.patch_body(p)
+    assert set(body) <= {"metadata", "spec"} and set(body["metadata"]) <= {"resourceVersion", "annotations"}
+    assert set(body.get("spec", {})) <= {"hard"}, "never anything but spec.hard"
+    assert set(body["metadata"].get("annotations", {})) <= set(enf.OWN_ANNOTATIONS)
+    after = apply(raw, body)
+    assert after["status"] == raw["status"] and after["metadata"]["labels"] == raw["metadata"]["labels"]
+    again = enf.plan(snap(after), u)
+    assert not again.changes, (p, again)
+
+
+@settings(max_examples=200, deadline=None)
+@given(quota_states(), st.booleans())
+def test_what_is_written_does_not_depend_on_memory_of_the_past(
+    state: tuple[dict[str, Any], bus.UsageSnapshot | None], remember: bool
+) -> None:
+    """A restarted enforcer (no previous usage) writes exactly what a running one writes; only the words differ."""
+    raw, u = state
+    previous = usage({"compute": terms({"limits.memory": "1Gi"}, {})}, MIGRATING, seq=1) if remember else None
+    a, b = enf.plan(snap(raw), u, previous), enf.plan(snap(raw), u)
+    assert (a.action, a.set_hard, a.hard_after, dict(a.annotations)) == (
+        b.action,
+        b.set_hard,
+        b.hard_after,
+        dict(b.annotations),
+    )

@@ -323,33 +323,37 @@ def test_containers_run_the_cli_with_flags_and_env_it_reads(path: Path, monkeypa
         assert (args.command, args.service) == ("run", service)
         env = container_env(objs, c)
         assert set(env) <= known_env, f"{d['metadata']['name']}: env the runner does not read: {set(env) - known_env}"
-        # the flags' validation accepts the manifest's values (secrets and downward API values stand in)
-        filled = {k: v if v is not None else "x" for k, v in env.items()}
+        secret_refs = {
+            e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "secretKeyRef" in e.get("valueFrom", {})
+        }
+        assert set(secret_refs) == {"VMQUOTA_NATS_USER", "VMQUOTA_NATS_PASSWORD"}
+        # the values the pod gets: Secrets decoded, downward API fields as the kubelet fills them
+        filled = {k: v for k, v in env.items() if v is not None}
+        for name, ref in secret_refs.items():
+            secret = next(s for s in of_kind(objs, "Secret") if s["metadata"]["name"] == ref["name"])
+            filled[name] = base64.b64decode(secret["data"][ref["key"]]).decode()
+        fields = {"metadata.name": f"{d['metadata']['name']}-abc12", "metadata.namespace": d["metadata"]["namespace"]}
+        for e in c["env"]:
+            if "fieldRef" in e.get("valueFrom", {}):
+                filled[e["name"]] = fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
+        assert filled["VMQUOTA_NATS_USER"] == service, "each service connects as its own NATS user"
         if service in ("watcher", "enforcer"):
             assert filled.get("VMQUOTA_CLUSTER"), f"{d['metadata']['name']}: no cluster id"
-        for key in ("VMQUOTA_CLUSTER",):
-            if key in filled:
-                bus.check_cluster(filled[key])
+            assert filled["VMQUOTA_LEASE_NAMESPACE"] == d["metadata"]["namespace"]
+        if "VMQUOTA_CLUSTER" in filled:
+            bus.check_cluster(filled["VMQUOTA_CLUSTER"])
         if "VMQUOTA_EVENTS_MAX_AGE" in filled:
             bus.parse_duration(filled["VMQUOTA_EVENTS_MAX_AGE"])
-        assert (env.get("VMQUOTA_NATS") or "").startswith(("nats://", "tls://"))
+        assert filled["VMQUOTA_NATS"].startswith(("nats://", "tls://"))
         if service in runner.SERVICES:  # the runner's own validation accepts the pod's configuration
             with monkeypatch.context() as m:
                 for k, v in filled.items():
                     m.setenv(k, v)
                 config = runner.config_from_args(vmquota_parser().parse_args(c["args"]))
-            assert config.service == service and config.nats.user == "x" and config.identity == "x"
+            assert config.service == service and config.nats.user == service
+            assert config.identity == fields["metadata.name"] and config.nats.url == filled["VMQUOTA_NATS"]
             if service == "ledger":
                 assert config.partitions.owned, "a ledger that owns no partition"
-        secret_refs = {
-            e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "secretKeyRef" in e.get("valueFrom", {})
-        }
-        assert set(secret_refs) == {"VMQUOTA_NATS_USER", "VMQUOTA_NATS_PASSWORD"}
-        for ref in secret_refs.values():
-            secret = next(s for s in of_kind(objs, "Secret") if s["metadata"]["name"] == ref["name"])
-            assert ref["key"] in secret["data"]
-        user = base64.b64decode(secret["data"]["user"]).decode()
-        assert user == service, "each service connects as its own NATS user"
     assert len(images) == 1, images
 
 
@@ -381,7 +385,6 @@ def test_dockerfile_entrypoint_and_command_are_the_cli() -> None:
     body = "\n".join(final)
     for tool in ("gcc", "build-essential", "apt-get install", "pip install"):
         assert tool not in body, f"{tool} in the final stage"
-    assert "readOnlyRootFilesystem" not in body  # nothing to check in Docker; the flag is the manifests'
     assert "PYTHONDONTWRITEBYTECODE=1" in body
     exposed = next(ln for ln in final if ln.upper().startswith("EXPOSE "))
     assert exposed.split()[1] == str(vmquota_parser().parse_args(["run", "ledger"]).http_port)

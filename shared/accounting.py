@@ -25,7 +25,8 @@ Rules (``docs/accounting.md`` explains them):
   refusal amounts again replacing the estimate;
 * only the oldest active migration of a VMI reserves a target; the others queue behind it (KubeVirt runs one at
   a time per VMI);
-* launcher pods of a VMI that is not in the set count as non-VM pods (their resources are in use);
+* launcher pods of a VMI that is not in the set count as non-VM pods (their resources are in use); terminal
+  launcher pods count what the evaluator still charges them (``count/pods``);
 * the result does not depend on the order of the input: objects are sorted, duplicates keep the newest version.
 """
 
@@ -537,14 +538,18 @@ class _Accounting:
             mig = self.vmim_by_uid.get(p.migration_job_uid) if p.migration_job_uid else None
             role = MIGRATION_TARGET if p.migration_job_uid else LAUNCHER
             if not active:
-                reason = "terminal: count/pods only, not counted against the budget"
-            elif role == MIGRATION_TARGET:
+                # the evaluator still charges count/pods: count it too, or a VM refused on count/pods would get in
+                for q in covering:
+                    q.accounted = add(q.accounted, charged)
+                reason = "terminal or past its grace period: count/pods only"
+                self.pod_entries.append(PodEntry(p.name, p.uid, role, v.name, active, charged, charged, reason))
+                continue
+            if role == MIGRATION_TARGET:
                 reason = f"target of migration {mig.name if mig else p.migration_job_uid}: counted with VM {v.name}"
             else:
                 reason = f"counted with VM {v.name}"
             self.pod_entries.append(PodEntry(p.name, p.uid, role, v.name, active, charged, {}, reason))
-            if active:
-                self.launchers.setdefault(_vm_key(v), []).append((p, charged))
+            self.launchers.setdefault(_vm_key(v), []).append((p, charged))
 
     # ---- FailedCreate events
     def _refusals(self, v: VmiSnapshot, since: datetime | None) -> ResourceList:

@@ -476,9 +476,9 @@ def test_non_vm_terminal_and_orphan_pods() -> None:
     orphan_cpu = usage_of(orphan)["requests.cpu"]
     assert q.pod_usage["requests.cpu"] == Q("500m") + orphan_cpu
     assert q.accounted["requests.cpu"] == Q("500m") + orphan_cpu
-    # terminal pods: count/pods only; the stopped VM's terminal launcher pod is not counted against the budget
-    assert q.pod_usage["count/pods"] == Q("5") and q.accounted["count/pods"] == Q("4")
-    assert hard_of(u)["count/pods"] == "11"
+    # terminal pods, launcher or not, count (and are charged) count/pods only
+    assert q.pod_usage["count/pods"] == Q("5") and q.accounted["count/pods"] == Q("5")
+    assert hard_of(u)["count/pods"] == "10"
     assert hard_of(u)["requests.cpu"] == "10"
 
 

@@ -1,0 +1,410 @@
+"""The quota equation and DESIGN's invariants, as hypothesis properties over random namespaces and event sequences.
+
+A small simulated namespace (:class:`World`) plays KubeVirt and the quota evaluator: VMs are created, admitted
+(their launcher pod is created only if native admission lets it in), stopped and migrated; non-VM pods come and
+go. After every step the accounting of the namespace's objects must keep the invariants:
+
+* with no VMs and no migrations, ``hard == B`` (for resources the mode counts at no more than the pod is charged;
+  ``P + k * (B - P)`` for the scaled ones, see ``shared.equation``);
+* native admission (``P + p <= hard``) agrees with mode admission (``U + u <= B``) for every new VM, and a VM the
+  mode refuses is refused natively even before its VMI is accounted;
+* a migration target is never refused while the namespace's VMs are unchanged;
+* after a migration ends and its source pod is gone, ``hard`` is what it was before;
+* the same objects, in any order and with older versions mixed in, give the same result.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from shared.accounting import ADMITTED, REFUSED, NamespaceUsage, account_namespace
+from shared.equation import desired_hard, scaled_headroom
+from shared.kubevirt import KubeVirtConfig
+from shared.modes import VMI_NAMES, Mode, VmSize, mode_usage
+from shared.quantity import ZERO, Quantity
+from shared.resources import ResourceList, add, fits, maximum, parse_resource_list
+from shared.snapshot import normalize
+from tests.unit.test_accounting import (
+    NOW,
+    facts_for,
+    launcher_obj,
+    pod_obj,
+    quota_obj,
+    rendered_usage,
+    usage_of,
+    vmi_obj,
+    vmim_obj,
+)
+
+Q = Quantity.parse
+
+
+# ---- the equation itself -----------------------------------------------------------------------------------------
+
+
+def rl(d: dict[str, str]) -> ResourceList:
+    return parse_resource_list(d)
+
+
+def test_equation_with_unit_factors() -> None:
+    hard = desired_hard(rl({"cpu": "10", "memory": "64Gi"}), rl({"cpu": "4"}), rl({"cpu": "1"}), rl({"memory": "1Gi"}))
+    assert hard == rl({"cpu": "7", "memory": "65Gi"})
+    assert hard["memory"].canonical() == "65Gi"  # the budget's format
+
+
+def test_over_budget_leaves_no_headroom() -> None:
+    assert desired_hard(rl({"cpu": "2"}), rl({"cpu": "3"}), rl({"cpu": "3"}), {}) == rl({"cpu": "3"})
+
+
+def test_report_only_resources_keep_the_budget() -> None:
+    b = rl({"requests.cpu/vmi": "4"})
+    assert desired_hard(b, rl({"requests.cpu/vmi": "9"}), {}, {}, {"requests.cpu/vmi": None}) == b
+
+
+def test_scaled_headroom_rounds_down() -> None:
+    assert scaled_headroom(Q("1"), Fraction(1, 3), "cpu") == Q("333m")
+    assert scaled_headroom(Q("1"), Fraction(1, 3), "memory") == Q("0")
+    assert scaled_headroom(Q("3Gi"), Fraction(2, 3), "memory") == Q("2Gi")
+    assert scaled_headroom(Q("7"), Fraction(1), "cpu") == Q("7")
+    h = desired_hard(
+        rl({"requests.cpu": "10"}),
+        rl({"requests.cpu": "4"}),
+        rl({"requests.cpu": "1"}),
+        {},
+        {"requests.cpu": Fraction(1, 10)},
+    )
+    assert h == rl({"requests.cpu": "1600m"})
+
+
+@given(
+    st.integers(0, 10**12), st.integers(0, 10**12), st.integers(0, 10**12), st.integers(0, 10**12), st.fractions(0, 1)
+)
+def test_equation_shape(b: int, u: int, p: int, s: int, k: Fraction) -> None:
+    budget, accounted, pods, reserved = ({"cpu": Quantity(x)} for x in (b, u, p, s))
+    hard = desired_hard(budget, accounted, pods, reserved, {"cpu": k})["cpu"]
+    exact = k * max(b - u, 0) + p + s
+    assert hard.nanos <= exact < hard.nanos + 1_000_000  # rounded down to a millicore at most
+    assert hard.nanos >= p + s
+
+
+# ---- a simulated namespace ------------------------------------------------------------------------------------------
+
+CPU_NAMES = ["requests.cpu", "cpu", "limits.cpu"]
+MEM_NAMES = ["requests.memory", "memory", "limits.memory"]
+COUNT_NAMES = ["pods", "count/pods"]
+
+
+@dataclass
+class World:
+    config: KubeVirtConfig
+    mode: Mode
+    quota: dict[str, Any]
+    budget: ResourceList
+    ratio: Fraction
+    objs: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    rv: int = 0
+    clock: int = 0
+    names: int = 0
+
+    # ---- object store
+    def put(self, obj: dict[str, Any]) -> None:
+        self.rv += 1
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        self.objs[(obj["kind"], obj["metadata"]["name"])] = obj
+        self.history.append(obj)
+
+    def delete(self, kind: str, name: str) -> None:
+        del self.objs[(kind, name)]
+        self.history = [o for o in self.history if (o["kind"], o["metadata"]["name"]) != (kind, name)]
+
+    def tick(self) -> int:
+        self.clock += 10
+        return self.clock
+
+    def fresh(self, prefix: str) -> str:
+        self.names += 1
+        return f"{prefix}{self.names}"
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [o for (k, _), o in sorted(self.objs.items()) if k == kind]
+
+    # ---- accounting
+    def account(self) -> NamespaceUsage:
+        return account_namespace([normalize(o) for o in self.objs.values()], now=NOW, config=self.config)
+
+    def hard(self) -> ResourceList:
+        return dict(self.account().quotas["rq"].hard)
+
+    @property
+    def facts(self) -> Any:
+        return facts_for(self.budget)
+
+    def launcher(self, vmi: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        return launcher_obj(vmi, config=self.config, facts=self.facts, t=self.tick(), **kw)
+
+    def vm_pods(self, vmi_name: str) -> list[dict[str, Any]]:
+        return [
+            p for p in self.of_kind("Pod") if p["metadata"].get("labels", {}).get("vm.kubevirt.io/name") == vmi_name
+        ]
+
+    def running_vmis(self) -> list[dict[str, Any]]:
+        return [v for v in self.of_kind("VirtualMachineInstance") if v["status"]["phase"] == "Running"]
+
+    # ---- an independent view of U, from the objects (never in flight between steps)
+    def expected_accounted(self) -> ResourceList:
+        total: ResourceList = {}
+        for v in self.running_vmis():
+            s = normalize(v)
+            size = VmSize.of(s.vcpus, s.guest_memory, s.status_vcpus, s.status_guest_memory)  # type: ignore[union-attr]
+            pod: ResourceList = {}
+            for p in self.vm_pods(v["metadata"]["name"]):
+                pod = maximum(pod, usage_of(p))
+            total = add(total, mode_usage(self.mode, size, pod, self.ratio))
+        for p in self.of_kind("Pod"):
+            if "labels" not in p["metadata"]:
+                total = add(total, usage_of(p))
+        return total
+
+    def mode_fits(self, vmi: dict[str, Any]) -> bool:
+        s = normalize(vmi)
+        size = VmSize.of(s.vcpus, s.guest_memory, None, None)  # type: ignore[union-attr]
+        u = mode_usage(self.mode, size, rendered_usage(vmi, self.config, self.facts), self.ratio)
+        used = self.expected_accounted()
+        return all(used.get(r, ZERO) + u[r] <= b for r, b in self.budget.items() if r in u and r not in VMI_NAMES)
+
+    # ---- KubeVirt: create the launcher pods of pending VMIs, in creation order, as native admission allows
+    def settle(self) -> None:
+        while True:
+            usage = self.account()
+            q = usage.quotas["rq"]
+            pending = [e for e in usage.vms if e.state in (ADMITTED, REFUSED)]
+            admitted = [e for e in pending if e.state == ADMITTED]
+            for e in pending if not admitted else []:
+                vmi = self.objs[("VirtualMachineInstance", e.name)]
+                pod = usage_of(self.launcher(vmi))
+                assert fits(pod, q.pod_usage, q.hard), f"refused VM {e.name} would get in natively"
+            if not admitted:
+                return
+            vmi = self.objs[("VirtualMachineInstance", admitted[0].name)]
+            pod = self.launcher(vmi)
+            assert fits(usage_of(pod), q.pod_usage, q.hard) == [], f"admitted VM {admitted[0].name} refused natively"
+            self.put(pod)
+            self.put(vmi | {"status": {"phase": "Running", "nodeName": "n1"}})
+
+    # ---- operations
+    def add_vm(self, vcpus: int, guest_mib: int, explicit_limit: bool) -> None:
+        name = self.fresh("vm")
+        guest = f"{guest_mib}Mi"
+        vmi = vmi_obj(
+            name,
+            vcpus=vcpus,
+            guest=guest,
+            t=self.tick(),
+            phase="Pending",
+            limits={"memory": guest} if explicit_limit else None,
+        )
+        expect = self.mode_fits(vmi)
+        before = self.account().quotas["rq"]
+        if not expect:  # refused even before the ledger has seen the VMI
+            pod = usage_of(self.launcher(vmi))
+            assert fits(pod, before.pod_usage, before.hard), "VM refused in mode terms is admitted natively"
+        self.put(vmi)
+        state = next(e.state for e in self.account().vms if e.name == name)
+        assert state == (ADMITTED if expect else REFUSED)
+        event(f"new VM {state} ({self.mode})")
+        self.settle()
+
+    def add_pod(self, cpu_milli: int, mem_mib: int) -> None:
+        """A non-VM pod, created only if native admission lets it in."""
+        pod = pod_obj(self.fresh("pod"), {"cpu": f"{cpu_milli}m", "memory": f"{mem_mib}Mi"}, t=self.tick())
+        q = self.account().quotas["rq"]
+        refused = fits(usage_of(pod), q.pod_usage, q.hard)
+        event("non-VM pod refused" if refused else "non-VM pod admitted")
+        if not refused:
+            self.put(pod)
+            used = self.account().quotas["rq"].accounted
+            assert all(used.get(r, ZERO) <= b for r, b in self.budget.items() if r not in VMI_NAMES)
+        self.settle()
+
+    def delete_pod(self, index: int) -> None:
+        pods = [p for p in self.of_kind("Pod") if "labels" not in p["metadata"]]
+        if pods:
+            self.delete("Pod", pods[index % len(pods)]["metadata"]["name"])
+            self.settle()
+
+    def stop_vm(self, index: int) -> None:
+        vmis = self.running_vmis()
+        if not vmis:
+            return
+        vmi = vmis[index % len(vmis)]
+        name = vmi["metadata"]["name"]
+        for p in self.vm_pods(name):
+            self.put(p | {"status": {"phase": "Succeeded"}})
+        self.put(vmi | {"status": {"phase": "Succeeded"}})
+        for p in self.vm_pods(name):
+            self.delete("Pod", p["metadata"]["name"])
+        self.delete("VirtualMachineInstance", name)
+        self.settle()
+
+    def migrate(self, indexes: list[int]) -> None:
+        """Migrate several running VMs at once; targets are created one by one and must all get in."""
+        vmis = self.running_vmis()
+        if not vmis:
+            return
+        chosen = sorted({i % len(vmis) for i in indexes})
+        before = self.hard()
+        migrations = []
+        for i in chosen:
+            vmi = vmis[i]
+            m = vmim_obj(self.fresh("mig"), vmi["metadata"]["name"], t=self.tick())
+            self.put(m)
+            migrations.append((vmi, m, self.vm_pods(vmi["metadata"]["name"])[0]))
+        for vmi, m, _ in migrations:
+            q = self.account().quotas["rq"]
+            target = self.launcher(vmi, migration_uid=m["metadata"]["uid"], node="n2")
+            assert fits(usage_of(target), q.pod_usage, q.hard) == [], "migration target refused"
+            self.put(target)
+            self.put(m | {"status": {"phase": "Running"}})
+        for vmi, m, source in migrations:
+            self.put(vmi | {"status": {"phase": "Running", "nodeName": "n2"}})
+            self.put(m | {"status": {"phase": "Succeeded"}})
+            self.put(source | {"status": {"phase": "Succeeded"}})
+        during = self.hard()
+        assert {r: v for r, v in during.items() if r != "count/pods"} == {
+            r: v for r, v in before.items() if r != "count/pods"
+        }
+        for _, _, source in migrations:
+            self.delete("Pod", source["metadata"]["name"])
+        for _, m, _ in migrations:
+            self.delete("VirtualMachineInstanceMigration", m["metadata"]["name"])
+        assert self.hard() == before, "hard did not come back after the migrations"
+        event(f"{len(migrations)} concurrent migration(s)")
+        if any(b - self.account().quotas["rq"].accounted.get(r, ZERO) < Q("1") for r, b in self.budget.items()):
+            event("migrated with the budget (nearly) used up")
+
+    # ---- the replay property
+    def check_replay(self, seed: int) -> None:
+        shuffled = self.history[:]
+        random.Random(seed).shuffle(shuffled)
+        replayed = account_namespace([normalize(o) for o in shuffled], now=NOW, config=self.config)
+        assert replayed == self.account()
+
+
+CPU_RES = ["requests.cpu", "limits.cpu"]
+MEM_RES = ["requests.memory", "limits.memory"]
+
+
+@st.composite
+def worlds(draw: st.DrawFn) -> World:
+    mode = draw(st.sampled_from(list(Mode)))
+    kv = Fraction(draw(st.sampled_from([1, 2, 3, 4, 8, 10])))
+    overcommit = draw(st.sampled_from([100, 100, 150]))
+    ratio = (
+        Fraction(draw(st.sampled_from([2, 4, 10, 16])))
+        if mode is Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO
+        else kv
+    )
+    config = KubeVirtConfig(cpu_allocation_ratio=kv, memory_overcommit=overcommit)
+    names = draw(st.sets(st.sampled_from([*CPU_RES, *MEM_RES, "cpu", "memory", *COUNT_NAMES]), min_size=1, max_size=4))
+    if mode is Mode.DEDICATED_VIRTUAL_RESOURCES:
+        names |= draw(st.sets(st.sampled_from(sorted(VMI_NAMES)), max_size=2))
+    budget: dict[str, str] = {}
+    for r in sorted(names):
+        if r in COUNT_NAMES or "instances" in r:
+            budget[r] = str(draw(st.integers(0, 6)))
+        elif r.endswith("memory") or "memory/" in r:
+            budget[r] = f"{draw(st.integers(0, 24)) * 1024 + draw(st.sampled_from([0, 100, 512]))}Mi"
+        else:
+            budget[r] = f"{draw(st.integers(0, 16)) * 1000 + draw(st.sampled_from([0, 250, 500]))}m"
+    annotation_ratio = str(ratio) if mode is Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO else None
+    quota = quota_obj("rq", budget, mode, ratio=annotation_ratio)
+    world = World(config=config, mode=mode, quota=quota, budget=parse_resource_list(budget), ratio=ratio)
+    world.put(quota)
+    return world
+
+
+_VM_OP = st.tuples(st.just("vm"), st.integers(1, 6), st.sampled_from([512, 1024, 2048, 4096, 6144]), st.booleans())
+_OP_BY_KIND: dict[str, st.SearchStrategy[tuple[Any, ...]]] = {
+    "vm": _VM_OP,
+    "migrate": st.tuples(st.just("migrate"), st.lists(st.integers(0, 10), min_size=1, max_size=3)),
+    "pod": st.tuples(st.just("pod"), st.integers(0, 3000), st.integers(0, 3072)),
+    "delete_pod": st.tuples(st.just("delete_pod"), st.integers(0, 10)),
+    "stop": st.tuples(st.just("stop"), st.integers(0, 10)),
+}
+# weighted towards VMs and migrations, the interesting part
+OPS = st.sampled_from(["vm", "vm", "vm", "migrate", "migrate", "migrate", "pod", "delete_pod", "stop"]).flatmap(
+    _OP_BY_KIND.__getitem__
+)
+
+
+def apply(world: World, op: tuple[Any, ...]) -> None:
+    kind = op[0]
+    if kind == "vm":
+        world.add_vm(op[1], op[2], op[3])
+    elif kind == "pod":
+        world.add_pod(op[1], op[2])
+    elif kind == "delete_pod":
+        world.delete_pod(op[1])
+    elif kind == "stop":
+        world.stop_vm(op[1])
+    else:
+        world.migrate(op[1])
+
+
+def check_no_vms(world: World) -> None:
+    q = world.account().quotas["rq"]
+    for r, b in world.budget.items():
+        k = q.factors[r]
+        if k is None:
+            assert q.hard[r] == b
+        elif k == 1:
+            assert q.hard[r] == b, r
+        else:  # the scaled resources: P + k * (B - P), rounded down
+            assert q.hard[r] == q.pod_usage.get(r, ZERO) + scaled_headroom(
+                (b - q.accounted.get(r, ZERO)).clamp0(), k, r
+            )
+
+
+_SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@_SETTINGS
+@given(worlds(), st.lists(st.tuples(st.just("pod"), st.integers(0, 3000), st.integers(0, 3072)), max_size=4))
+def test_without_vms_hard_is_the_budget(world: World, pods: list[tuple[Any, ...]]) -> None:
+    check_no_vms(world)
+    assert world.hard() == {r: b for r, b in world.budget.items()} or any(
+        k is not None and k != 1 for k in world.account().quotas["rq"].factors.values()
+    )
+    for op in pods:
+        apply(world, op)
+        check_no_vms(world)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(worlds(), st.lists(_VM_OP, max_size=4), st.lists(OPS, min_size=3, max_size=12), st.integers(0, 2**16))
+def test_invariants_over_event_sequences(
+    world: World, first: list[tuple[Any, ...]], ops: list[tuple[Any, ...]], seed: int
+) -> None:
+    for op in [*first, *ops]:
+        apply(world, op)  # each operation asserts admission agreement and migration safety as it goes
+        world.check_replay(seed)
+        if not world.of_kind("VirtualMachineInstance"):
+            check_no_vms(world)
+
+
+@_SETTINGS
+@given(worlds(), st.lists(st.tuples(st.integers(1, 4), st.sampled_from([1024, 2048])), min_size=1, max_size=4))
+def test_full_namespaces_still_migrate(world: World, vms: list[tuple[int, int]]) -> None:
+    """VMs admitted until the budget is used up (some refused), then every running VM migrates at once."""
+    for vcpus, mib in vms:
+        world.add_vm(vcpus, mib, explicit_limit=False)
+    world.migrate(list(range(len(vms))))

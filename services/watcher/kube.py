@@ -1,0 +1,286 @@
+"""Raw list and watch calls through kubernetes-asyncio's generated API methods.
+
+The watcher does not use ``kubernetes_asyncio.watch.Watch``: its reconnect has no backoff and retries a 410 with
+the same stale resourceVersion, and it turns every object into a model class. Here each call goes through the
+generated method (``CoreV1Api``, ``CustomObjectsApi``: authentication, TLS and URLs come from the kubeconfig or
+the in-cluster configuration) with ``_preload_content=False`` and an explicit ``_request_timeout``; bodies are
+decoded with msgspec into plain dicts, the form ``shared.snapshot.normalize`` reads.
+
+Every failure becomes :class:`KubeError` with the HTTP status (0 for network failures) and the ``Retry-After``
+the server asked for, so the loop decides in one place what to do about it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import aiohttp
+import msgspec
+from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from services.watcher.loop import NETWORK
+
+Obj = dict[str, Any]
+_decode: Final = msgspec.json.Decoder().decode
+_MAX_LINE: Final = 64 * 1024 * 1024
+"""A watch frame larger than this is a broken stream, not an object."""
+
+
+class KubeError(Exception):
+    """A failed list or watch: ``status`` is the HTTP status, or 0 when no answer came (network, timeout)."""
+
+    def __init__(self, status: int, reason: str, message: str, retry_after: float | None = None) -> None:
+        super().__init__(f"{status} {reason}: {message}" if status else f"{reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.retry_after = retry_after
+
+
+def error_from_status(obj: object, http_status: int = 0, retry_after: float | None = None) -> KubeError:
+    """A KubeError from a ``Status`` object (a watch ERROR event or an error response body)."""
+    if not isinstance(obj, dict):
+        return KubeError(http_status, "Unknown", repr(obj)[:200], retry_after)
+    code = obj.get("code")
+    status = code if isinstance(code, int) and code > 0 else http_status
+    details = obj.get("details")
+    if retry_after is None and isinstance(details, dict):
+        ra = details.get("retryAfterSeconds")
+        if isinstance(ra, int | float) and ra > 0:
+            retry_after = float(ra)
+    return KubeError(status, str(obj.get("reason") or "Unknown"), str(obj.get("message") or "")[:500], retry_after)
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceSpec:
+    """One watched resource: its kind, where it is served, and the selectors of the objects the watcher wants."""
+
+    kind: str
+    plural: str
+    group: str = ""
+    version: str = "v1"
+    label_selector: str | None = None
+    field_selector: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    def method(self, api: ApiClient, namespace: str | None) -> Callable[..., Awaitable[Any]]:
+        """The generated list method (all namespaces, or one namespace)."""
+        if self.group:
+            custom = CustomObjectsApi(api)
+            if namespace is None:
+
+                def cluster_call(**kw: Any) -> Awaitable[Any]:
+                    return custom.list_cluster_custom_object(self.group, self.version, self.plural, **kw)
+
+                return cluster_call
+
+            def namespaced_call(**kw: Any) -> Awaitable[Any]:
+                return custom.list_namespaced_custom_object(self.group, self.version, namespace, self.plural, **kw)
+
+            return namespaced_call
+        core = CoreV1Api(api)
+        names = _CORE_METHODS[self.plural]
+        if namespace is None:
+            fn: Callable[..., Awaitable[Any]] = getattr(core, names[0])
+            return fn
+        if names[1] is None:
+            raise ValueError(f"{self.plural} is not namespaced")
+        by_ns = getattr(core, names[1])
+
+        def core_namespaced(**kw: Any) -> Awaitable[Any]:
+            result: Awaitable[Any] = by_ns(namespace, **kw)
+            return result
+
+        return core_namespaced
+
+
+_CORE_METHODS: Final[dict[str, tuple[str, str | None]]] = {
+    "pods": ("list_pod_for_all_namespaces", "list_namespaced_pod"),
+    "resourcequotas": ("list_resource_quota_for_all_namespaces", "list_namespaced_resource_quota"),
+    "namespaces": ("list_namespace", None),
+    "events": ("list_event_for_all_namespaces", "list_namespaced_event"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    connect: float = 10.0
+    """Seconds to open a connection."""
+    list_read: float = 60.0
+    """Seconds a list page may go without a byte."""
+    watch: float = 300.0
+    """``timeout_seconds`` of a watch: the server ends it then, and the loop re-watches."""
+    watch_slack: float = 30.0
+    """The client gives up on a silent watch ``watch + watch_slack`` seconds after the last byte."""
+
+    def for_list(self) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(
+            total=None, connect=self.connect, sock_connect=self.connect, sock_read=self.list_read
+        )
+
+    def for_watch(self, timeout_seconds: int) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(
+            total=None, connect=self.connect, sock_connect=self.connect, sock_read=timeout_seconds + self.watch_slack
+        )
+
+
+def _retry_after(resp: aiohttp.ClientResponse) -> float | None:
+    raw = resp.headers.get("Retry-After")
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+async def _call(fn: Callable[..., Awaitable[Any]], **kw: Any) -> aiohttp.ClientResponse:
+    """Issue the request; the response when 2xx, else KubeError (the body read and released)."""
+    try:
+        resp: aiohttp.ClientResponse = await fn(_preload_content=False, **kw)
+    except ApiException as e:
+        raise KubeError(int(e.status or NETWORK), str(e.reason or "ApiException"), str(e.body or "")[:500]) from None
+    except (aiohttp.ClientError, OSError, TimeoutError) as e:
+        raise KubeError(NETWORK, type(e).__name__, str(e) or type(e).__name__) from None
+    if 200 <= resp.status <= 299:
+        return resp
+    retry_after = _retry_after(resp)
+    try:
+        body = await resp.read()
+    except (aiohttp.ClientError, OSError, TimeoutError):
+        body = b""
+    finally:
+        resp.release()
+    try:
+        status_obj: object = _decode(body) if body else None
+    except msgspec.DecodeError:
+        status_obj = None
+    if isinstance(status_obj, dict) and status_obj.get("kind") == "Status":
+        err = error_from_status(status_obj, resp.status, retry_after)
+        err.status = resp.status
+        raise err
+    raise KubeError(resp.status, resp.reason or "Error", body[:200].decode("utf-8", "replace"), retry_after)
+
+
+@dataclass(frozen=True, slots=True)
+class ListPage:
+    items: list[Obj]
+    resource_version: str
+    continue_token: str
+
+
+async def list_pages(
+    api: ApiClient,
+    spec: ResourceSpec,
+    *,
+    namespace: str | None = None,
+    limit: int = 500,
+    timeouts: Timeouts = Timeouts(),
+) -> AsyncIterator[ListPage]:
+    """The objects of ``spec`` in pages of ``limit`` (``limit``/``continue``). Items get ``kind`` and
+    ``apiVersion`` set (list items usually lack them). A 410 on a continue token surfaces as KubeError(410)."""
+    fn = spec.method(api, namespace)
+    api_version = f"{spec.group}/{spec.version}" if spec.group else spec.version
+    token = ""
+    while True:
+        kw: dict[str, Any] = {"limit": limit, "_request_timeout": timeouts.for_list()}
+        if token:
+            kw["_continue"] = token
+        if spec.label_selector:
+            kw["label_selector"] = spec.label_selector
+        if spec.field_selector:
+            kw["field_selector"] = spec.field_selector
+        resp = await _call(fn, **kw)
+        try:
+            body = await resp.read()
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            raise KubeError(NETWORK, type(e).__name__, str(e) or "list body not received") from None
+        finally:
+            resp.release()
+        try:
+            doc = _decode(body)
+        except msgspec.DecodeError as e:
+            raise KubeError(resp.status, "BadList", f"the list of {spec.key} is not JSON: {e}") from None
+        if not isinstance(doc, dict):
+            raise KubeError(resp.status, "BadList", f"the list of {spec.key} is not an object")
+        meta = doc.get("metadata") or {}
+        items = doc.get("items") or []
+        if not isinstance(meta, dict) or not isinstance(items, list):
+            raise KubeError(resp.status, "BadList", f"the list of {spec.key} has no items")
+        for item in items:
+            if isinstance(item, dict):
+                item.setdefault("kind", spec.kind)
+                item.setdefault("apiVersion", api_version)
+        token = str(meta.get("continue") or "")
+        yield ListPage(items, str(meta.get("resourceVersion") or ""), token)
+        if not token:
+            return
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    type: str
+    """ADDED, MODIFIED, DELETED, BOOKMARK or ERROR."""
+    object: Obj
+
+
+async def watch(
+    api: ApiClient,
+    spec: ResourceSpec,
+    resource_version: str,
+    *,
+    timeout_seconds: int,
+    timeouts: Timeouts = Timeouts(),
+) -> AsyncIterator[WatchEvent]:
+    """Events after ``resource_version`` with bookmarks, until the server ends the watch (the iterator ends) or
+    the connection fails (KubeError with status 0). ERROR events are yielded as they are; the caller reads their
+    Status."""
+    fn = spec.method(api, None)
+    kw: dict[str, Any] = {
+        "watch": True,
+        "resource_version": resource_version,
+        "allow_watch_bookmarks": True,
+        "timeout_seconds": timeout_seconds,
+        "_request_timeout": timeouts.for_watch(timeout_seconds),
+    }
+    if spec.label_selector:
+        kw["label_selector"] = spec.label_selector
+    if spec.field_selector:
+        kw["field_selector"] = spec.field_selector
+    resp = await _call(fn, **kw)
+    buf = b""
+    try:
+        while True:
+            try:
+                chunk = await resp.content.readany()
+            except (aiohttp.ClientError, OSError, TimeoutError, asyncio.IncompleteReadError) as e:
+                raise KubeError(NETWORK, type(e).__name__, str(e) or "watch connection lost") from None
+            if not chunk:
+                return
+            buf = buf + chunk if buf else chunk
+            if b"\n" not in chunk:
+                if len(buf) > _MAX_LINE:
+                    raise KubeError(NETWORK, "BadWatch", f"watch frame over {_MAX_LINE} bytes")
+                continue
+            lines = buf.split(b"\n")
+            buf = lines.pop()
+            for line in lines:
+                if not line.strip():
+                    continue
+                try:
+                    frame = _decode(line)
+                except msgspec.DecodeError as e:
+                    raise KubeError(NETWORK, "BadWatch", f"watch frame is not JSON: {e}") from None
+                if not isinstance(frame, dict) or not isinstance(frame.get("object"), dict):
+                    raise KubeError(NETWORK, "BadWatch", "watch frame without an object")
+                yield WatchEvent(str(frame.get("type") or ""), frame["object"])
+    finally:
+        resp.close()

@@ -1,0 +1,115 @@
+"""``vmquota run watcher --cluster ID``: the service shell around :class:`services.watcher.watcher.Watcher`.
+
+The process connects to NATS at once (a standby is ready to take over), then runs the watcher only while it holds
+the Lease ``vmquota-watcher-<cluster>`` (``services.runner.leader_elected``): one watcher publishes per cluster.
+When it loses the Lease its work is cancelled and the process fails, so it restarts as a follower; a new leader
+lists everything again and the message ids make the repeats no-ops on the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+from services.bus import Bus
+from services.runner import Runtime, kube_client, leader_elected
+from services.watcher.metrics import metrics_for
+from services.watcher.publisher import Item, Publisher
+from services.watcher.watcher import SERVICE, Watcher, WatcherConfig
+from shared import bus as contract
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseTiming:
+    """Seconds: a standby takes over at most ``lease_duration`` after the leader's last renewal. A whole number:
+    kubernetes-asyncio's LeaseLock writes it with ``int(str(value))``, which refuses ``15.0``."""
+
+    lease_duration: int = 15
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Tuning:
+    lease: LeaseTiming = field(default_factory=LeaseTiming)
+    watcher: WatcherConfig | None = None
+    """Overrides of the list/watch settings (the cluster id still comes from ``--cluster``)."""
+
+
+async def main(rt: Runtime) -> None:
+    await serve(rt)
+
+
+async def serve(rt: Runtime, tuning: Tuning = Tuning()) -> None:
+    """Run until ``rt.stop`` is set (or the Lease is lost: then raise)."""
+    cluster = rt.config.cluster
+    if cluster is None:
+        raise ValueError("the watcher needs --cluster")
+    config = tuning.watcher or WatcherConfig(cluster=cluster)
+    if config.cluster != cluster:
+        raise ValueError(f"watcher settings are for cluster {config.cluster!r}, not {cluster!r}")
+    log = rt.log(cluster=cluster)
+    metrics = metrics_for(rt.metrics.registry)
+    leader = metrics.leader.labels(cluster)
+    bus = await Bus.connect(rt.nats_options(), on_reconnect=lambda: rt.metrics.reconnects.labels(SERVICE).inc())
+    rt.health.set_ready(rt.name, True)  # a standby is healthy; the leader is ready once everything is listed
+
+    def stored(item: Item, duplicate: bool) -> None:
+        kind, _, typ = item.label.partition("|")
+        if duplicate:
+            metrics.duplicates.labels(cluster, kind).inc()
+            return
+        metrics.published.labels(cluster, kind, typ).inc()
+        rt.metrics.events_out.labels(SERVICE).inc()
+        if typ == "deadletter":
+            rt.metrics.dlq.labels(SERVICE).inc()
+
+    async def work() -> None:
+        leader.set(1)
+        rt.health.set_ready(rt.name, False)
+        publisher = Publisher(bus, window=config.window, ack_timeout=config.ack_timeout, on_stored=stored)
+        try:
+            await bus.ensure_streams(contract.streams_for(SERVICE, rt.config.events_max_age))
+            api = await kube_client(rt.config)
+            try:
+                publisher.start()
+                watcher = Watcher(
+                    api,
+                    publisher,
+                    config,
+                    metrics=metrics,
+                    log=log,
+                    on_ready=lambda: rt.health.set_ready(rt.name, True),
+                )
+                running = asyncio.create_task(watcher.run(), name="watcher")
+                stopping = asyncio.create_task(rt.stop.wait())
+                try:
+                    await asyncio.wait([running, stopping], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for t in (running, stopping):
+                        t.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await stopping
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await running
+                if not rt.stop.is_set():
+                    raise RuntimeError("the watcher stopped")
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(publisher.flush(), 5.0)
+            finally:
+                await publisher.close()
+                await api.close()
+        finally:
+            leader.set(0)
+
+    try:
+        await leader_elected(
+            rt,
+            work,
+            lease_duration=tuning.lease.lease_duration,
+            renew_deadline=tuning.lease.renew_deadline,
+            retry_period=tuning.lease.retry_period,
+        )
+    finally:
+        await bus.close()

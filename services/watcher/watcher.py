@@ -1,0 +1,613 @@
+"""The watcher of one cluster: a list→watch loop per resource, publishing compact snapshots on the bus.
+
+Per resource (:class:`ListWatch`): list in pages, publish what is new, then watch from the list's resourceVersion
+with bookmarks and a server-side timeout; re-watch from the last version seen when the server ends the watch or
+the connection drops; on 410 Gone list again and diff against what it knew: ``Deleted`` for objects that vanished
+meanwhile, then a ``Sync`` marker per namespace. 429, 5xx and network failures back off exponentially with jitter.
+
+Sync markers and the ledger: a ``Sync`` for (kind, namespace) at version ``L`` makes the ledger drop what it holds
+there that is not listed, and refuse later upserts at or below ``L`` of objects it does not hold. So a marker is
+sent only when it describes one complete list, after every event it covers is stored (``Publisher.flush``).
+
+Pods: launcher pods (``kubevirt.io: virt-launcher``) are published in every namespace, other pods only in
+namespaces with a managed ResourceQuota. The pod watch is cluster-wide and filters on the watcher's side, so one
+list describes every namespace consistently. When a namespace becomes managed, its pods are listed and published
+(then a sync marker for it); when it stops being managed, its other pods are forgotten (no events are sent: the
+ledger keeps their last state until the namespace is managed again and a new marker settles it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import msgspec
+from kubernetes_asyncio.client import ApiClient
+
+from services.watcher import kube
+from services.watcher.kube import KubeError, Obj, ResourceSpec, Timeouts
+from services.watcher.loop import (
+    Action,
+    Backoff,
+    KnownSet,
+    ManagedNamespaces,
+    RelistDiff,
+    Tracked,
+    classify,
+    diff_relist,
+    is_launcher,
+    is_newer,
+    is_transient,
+    pod_wanted,
+    quota_is_managed,
+    sync_namespaces,
+)
+from services.watcher.metrics import WatcherMetrics
+from services.watcher.publisher import Item, Publisher
+from shared import bus as contract
+from shared.errors import InvalidInput
+from shared.snapshot import normalize
+
+SERVICE: Final = "watcher"
+
+FAILED_CREATE_SELECTOR: Final = "involvedObject.kind=VirtualMachineInstance,reason=FailedCreate"
+
+RESOURCES: Final[tuple[ResourceSpec, ...]] = (
+    ResourceSpec("Namespace", "namespaces"),
+    ResourceSpec("ResourceQuota", "resourcequotas"),
+    ResourceSpec("KubeVirt", "kubevirts", "kubevirt.io"),
+    ResourceSpec("VirtualMachine", "virtualmachines", "kubevirt.io"),
+    ResourceSpec("VirtualMachineInstance", "virtualmachineinstances", "kubevirt.io"),
+    ResourceSpec("VirtualMachineInstanceMigration", "virtualmachineinstancemigrations", "kubevirt.io"),
+    ResourceSpec("Pod", "pods"),
+    ResourceSpec("Event", "events", field_selector=FAILED_CREATE_SELECTOR),
+)
+"""What the watcher follows. Namespaces and quotas are listed first: syncs name every namespace, and the pod list
+needs to know which namespaces are managed."""
+
+FIRST: Final = frozenset({"Namespace", "ResourceQuota"})
+
+_MAX_DLQ_PAYLOAD: Final = 512 * 1024
+_encode_raw: Final = msgspec.json.Encoder().encode
+
+
+@dataclass(frozen=True, slots=True)
+class WatcherConfig:
+    cluster: str
+    page_size: int = 500
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    backoff: Backoff = field(default_factory=Backoff)
+    window: int = 1000
+    """Acks in flight."""
+    ack_timeout: float = 10.0
+    short_watch: float = 1.0
+    """A watch that ends sooner than this without an event counts as a failure (backoff), not a timeout."""
+    resources: tuple[ResourceSpec, ...] = RESOURCES
+
+    def __post_init__(self) -> None:
+        contract.check_cluster(self.cluster)
+        if self.page_size < 1 or self.window < 1:
+            raise InvalidInput("page size and window must be positive", "watcher")
+
+
+class Ident:
+    """uid, namespace, name and resourceVersion of a raw object; InvalidInput when they cannot be read."""
+
+    __slots__ = ("name", "namespace", "rv", "rv_text", "uid")
+
+    def __init__(self, obj: Obj) -> None:
+        meta = obj.get("metadata")
+        if not isinstance(meta, dict):
+            raise InvalidInput("missing", "metadata")
+        uid, ns, name, rv = meta.get("uid"), meta.get("namespace") or "", meta.get("name"), meta.get("resourceVersion")
+        if not isinstance(uid, str) or not uid:
+            raise InvalidInput("missing", "metadata.uid")
+        if not isinstance(name, str) or not name:
+            raise InvalidInput("missing", "metadata.name")
+        if not isinstance(ns, str):
+            raise InvalidInput("expected a string", "metadata.namespace")
+        self.uid: str = uid
+        self.namespace: str = ns
+        self.name: str = name
+        self.rv: int = contract.resource_version(rv, "metadata.resourceVersion")
+        self.rv_text: str = str(rv)
+
+
+def _where(kind: str, obj: Obj) -> str:
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        return kind
+    ns, name = meta.get("namespace"), meta.get("name")
+    return f"{kind} {ns}/{name}" if ns else f"{kind} {name}"
+
+
+class Emitter:
+    """Turns raw objects into bus messages and queues them on the publisher (synchronously: see Publisher)."""
+
+    def __init__(self, cluster: str, publisher: Publisher, metrics: WatcherMetrics | None, log: Any) -> None:
+        self.cluster = cluster
+        self.publisher = publisher
+        self.metrics = metrics
+        self.log = log
+        self.source = contract.source(SERVICE, cluster)
+        self.dlq_subject = contract.dlq_subject(SERVICE)
+
+    def upsert(self, kind: str, obj: Obj, ident: Ident) -> bool:
+        """Queue an ``Upserted`` (or, when the object cannot be normalised, a dead letter); False for the latter."""
+        try:
+            snap = normalize(obj)
+            ev = contract.object_event(
+                "upserted",
+                cluster=self.cluster,
+                kind=kind,
+                namespace=ident.namespace,
+                name=ident.name,
+                uid=ident.uid,
+                rv=ident.rv_text,
+                snapshot=snap,
+            )
+            subject = contract.event_subject(self.cluster, kind, ident.namespace)
+        except InvalidInput as e:
+            self.dead_letter(kind, obj, str(e), ident)
+            return False
+        except Exception as e:  # a bug in normalisation must not stop the watcher: report the object instead
+            self.log.error("normalising failed", kind=kind, namespace=ident.namespace, name=ident.name, error=repr(e))
+            self.dead_letter(kind, obj, f"internal error normalising {_where(kind, obj)}: {e!r}", ident)
+            return False
+        self.publisher.enqueue(Item(subject, contract.encode(ev), ev.id, label=f"{kind}|upserted"))
+        return True
+
+    def delete(
+        self, kind: str, ident: Ident | None, *, uid: str, namespace: str, name: str, rv: str, obj: Obj | None
+    ) -> None:
+        """Queue a ``Deleted`` with the last state when it can be read (a deletion is never lost to a bad field)."""
+        snap = None
+        if obj is not None:
+            with contextlib.suppress(Exception):
+                snap = normalize(obj)
+        try:
+            ev = contract.object_event(
+                "deleted",
+                cluster=self.cluster,
+                kind=kind,
+                namespace=namespace,
+                name=name,
+                uid=uid,
+                rv=rv,
+                snapshot=snap,
+            )
+            subject = contract.event_subject(self.cluster, kind, namespace)
+        except InvalidInput as e:
+            if obj is not None and ident is not None:
+                self.dead_letter(kind, obj, str(e), ident)
+            else:
+                self.log.error("cannot publish a deletion", kind=kind, namespace=namespace, name=name, error=str(e))
+            return
+        self.publisher.enqueue(Item(subject, contract.encode(ev), ev.id, label=f"{kind}|deleted"))
+
+    def sync(self, kind: str, namespace: str, rv: str, present: list[str]) -> None:
+        ev = contract.sync_event(cluster=self.cluster, kind=kind, namespace=namespace, rv=rv, present=present)
+        subject = contract.event_subject(self.cluster, kind, namespace or contract.CLUSTER_TOKEN)
+        self.publisher.enqueue(Item(subject, contract.encode(ev), ev.id, label=f"{kind}|sync"))
+
+    def dead_letter(self, kind: str, obj: Obj, reason: str, ident: Ident | None) -> None:
+        """Queue a :class:`shared.bus.DeadLetter` with the raw object, deduplicated per object version."""
+        payload = _encode_raw(obj)
+        if len(payload) > _MAX_DLQ_PAYLOAD:
+            reason = f"{reason} (object of {len(payload)} bytes; payload truncated)"
+            payload = payload[:_MAX_DLQ_PAYLOAD]
+        raw_meta = obj.get("metadata")
+        meta: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
+        ns = ident.namespace if ident is not None else str(meta.get("namespace") or "")
+        name = ident.name if ident is not None else str(meta.get("name") or "")
+        try:
+            original = contract.event_subject(self.cluster, kind, ns)
+        except InvalidInput:
+            original = ""
+        mid = f"dlq/{SERVICE}/{self.cluster}/{kind}/{ident.uid}/{ident.rv_text}" if ident is not None else None
+        now = contract.now_rfc3339()
+        letter = contract.DeadLetter(
+            id=mid or f"dlq/{SERVICE}/{self.cluster}/{kind}/{now}",
+            source=self.source,
+            subject=f"{ns}/{name}" if ns else name,
+            time=now,
+            cluster=self.cluster,
+            service=SERVICE,
+            reason=reason,
+            original_subject=original,
+            payload=payload,
+        )
+        header = reason[:512].replace("\r", " ").replace("\n", " ")
+        self.log.warning("object sent to the dead-letter subject", kind=kind, namespace=ns, name=name, reason=reason)
+        if self.metrics is not None:
+            self.metrics.errors.labels(self.cluster, kind, "dlq").inc()
+        self.publisher.enqueue(
+            Item(self.dlq_subject, contract.encode(letter), mid, {"Vmquota-Reason": header}, label=f"{kind}|deadletter")
+        )
+
+
+class ListWatch:
+    """The list→watch loop of one resource."""
+
+    def __init__(self, watcher: Watcher, spec: ResourceSpec) -> None:
+        self.w = watcher
+        self.spec = spec
+        self.kind = spec.kind
+        self.known = KnownSet()
+        self.rv = ""
+        """The last resourceVersion seen (list, event or bookmark): where a re-watch starts."""
+        self.listed = asyncio.Event()
+        """Set once the first list is published."""
+        self.started = False
+        """Set when the first list starts."""
+        self.log = watcher.log.bind(kind=spec.kind)
+        self.cluster_scoped = spec.kind in contract.CLUSTER_SCOPED_KINDS
+        m = watcher.metrics
+        c = watcher.config.cluster
+        self._seen = m.seen.labels(c, spec.kind) if m else None
+        self._tracked = m.tracked.labels(c, spec.kind) if m else None
+
+    # ---- hooks for subclasses --------------------------------------------------------------------------------
+    def wanted(self, obj: Obj, ident: Ident) -> bool:
+        return True
+
+    def observe(self, typ: str, obj: Obj, ident: Ident) -> None:
+        """Every object event seen (listed objects arrive as ADDED), before filtering."""
+
+    def relisted(self) -> None:
+        """After a list is processed (before the deletions and syncs it implies are queued)."""
+
+    def sync_plan(self, diff: RelistDiff, before: set[str], context: Any) -> dict[str, list[str]]:
+        """namespace → present UIDs of the sync markers a complete list implies ("" for cluster-scoped kinds)."""
+        if self.cluster_scoped:
+            return {"": sorted(uid for uids in diff.present.values() for uid in uids)}
+        spaces = sync_namespaces(diff, before, self.w.cluster_namespaces())
+        return {ns: diff.present.get(ns, []) for ns in spaces}
+
+    def list_context(self) -> Any:
+        """Taken before a list starts; handed to ``sync_plan``."""
+        return None
+
+    # ---- objects ---------------------------------------------------------------------------------------------
+    def _ident(self, obj: Obj) -> Ident | None:
+        try:
+            return Ident(obj)
+        except InvalidInput as e:
+            self.w.emitter.dead_letter(self.kind, obj, f"{_where(self.kind, obj)}: {e}", None)
+            return None
+
+    def upsert(self, obj: Obj, ident: Ident) -> None:
+        """Publish the object if this version is new to the loop, and remember it."""
+        if not is_newer(self.known.get(ident.uid), ident.rv):
+            return
+        self.w.emitter.upsert(self.kind, obj, ident)
+        self.known.put(
+            ident.uid, ident.namespace, ident.name, ident.rv, self.kind == "Pod" and is_launcher(_labels(obj))
+        )
+
+    def delete(self, obj: Obj, ident: Ident) -> None:
+        known = self.known.pop(ident.uid)
+        if known is None and not self.wanted(obj, ident):
+            return
+        self.w.emitter.delete(
+            self.kind, ident, uid=ident.uid, namespace=ident.namespace, name=ident.name, rv=ident.rv_text, obj=obj
+        )
+
+    def handle(self, typ: str, obj: Obj) -> None:
+        """One watch event (ADDED, MODIFIED, DELETED)."""
+        if self._seen is not None:
+            self._seen.inc()
+        ident = self._ident(obj)
+        if ident is None:
+            rv = (obj.get("metadata") or {}).get("resourceVersion") if isinstance(obj.get("metadata"), dict) else None
+            if isinstance(rv, str) and rv.isdigit():
+                self.rv = rv
+            return
+        self.rv = ident.rv_text
+        self.observe(typ, obj, ident)
+        if typ == "DELETED":
+            self.delete(obj, ident)
+        elif self.wanted(obj, ident):
+            self.upsert(obj, ident)
+        else:
+            self.known.pop(ident.uid)  # out of scope now (a pod of a namespace no longer managed)
+
+    # ---- list ------------------------------------------------------------------------------------------------
+    async def list_into(self, namespace: str | None, listed: dict[str, Tracked]) -> str:
+        """List (one namespace or all), publish what is new, fill ``listed``; the list's resourceVersion."""
+        list_rv = ""
+        async for page in kube.list_pages(
+            self.w.api, self.spec, namespace=namespace, limit=self.w.config.page_size, timeouts=self.w.config.timeouts
+        ):
+            if not list_rv:
+                list_rv = page.resource_version  # the first page's: a consistent list's version
+            for obj in page.items:
+                if self._seen is not None:
+                    self._seen.inc()
+                ident = self._ident(obj)
+                if ident is None:
+                    continue
+                self.observe("ADDED", obj, ident)
+                if not self.wanted(obj, ident):
+                    if namespace is None:
+                        self.known.pop(ident.uid)
+                    continue
+                listed[ident.uid] = Tracked(ident.namespace, ident.name, ident.rv)
+                self.upsert(obj, ident)
+                await self.w.publisher.room()
+        if not list_rv.isdigit():
+            raise KubeError(0, "BadList", f"the list of {self.spec.key} has resourceVersion {list_rv!r}")
+        return list_rv
+
+    async def relist(self, reason: str) -> None:
+        """List everything, publish changes, deletions of vanished objects, then sync markers."""
+        m = self.w.metrics
+        if m is not None:
+            m.relists.labels(self.w.config.cluster, self.kind, reason).inc()
+        self.started = True
+        before = self.known.namespaces()
+        context = self.list_context()
+        listed: dict[str, Tracked] = {}
+        list_rv = await self.list_into(None, listed)
+        list_rv_int = int(list_rv)
+        self.relisted()
+        diff = diff_relist(self.known.snapshot(), listed, list_rv_int)
+        for uid, t in diff.vanished:
+            self.known.pop(uid)
+            self.w.emitter.delete(self.kind, None, uid=uid, namespace=t.namespace, name=t.name, rv=str(t.rv), obj=None)
+        plan = self.sync_plan(diff, before, context)
+        await self.w.publisher.flush()
+        for ns, present in sorted(plan.items()):
+            self.w.emitter.sync(self.kind, ns, list_rv, present)
+        self.rv = list_rv
+        if self._tracked is not None:
+            self._tracked.set(len(self.known))
+        self.log.info(
+            "listed",
+            reason=reason,
+            resource_version=list_rv,
+            objects=len(listed),
+            vanished=len(diff.vanished),
+            syncs=len(plan),
+        )
+        self.listed.set()
+
+    # ---- watch -----------------------------------------------------------------------------------------------
+    async def watch_once(self) -> tuple[int, float]:
+        """One watch from ``self.rv`` until the server ends it; (events handled, seconds it lasted)."""
+        cfg = self.w.config
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        count = 0
+        timeout = int(cfg.timeouts.watch * self.w.rng.uniform(1.0, 1.25))
+        async for ev in kube.watch(self.w.api, self.spec, self.rv, timeout_seconds=timeout, timeouts=cfg.timeouts):
+            if ev.type == "BOOKMARK":
+                rv = (ev.object.get("metadata") or {}).get("resourceVersion")
+                if isinstance(rv, str) and rv:
+                    self.rv = rv
+                continue
+            if ev.type == "ERROR":
+                raise kube.error_from_status(ev.object)
+            if ev.type not in ("ADDED", "MODIFIED", "DELETED"):
+                continue
+            count += 1
+            self.handle(ev.type, ev.object)
+            await self.w.publisher.room()
+        if self._tracked is not None:
+            self._tracked.set(len(self.known))
+        return count, loop.time() - started
+
+    async def run(self) -> None:
+        """List, then watch forever (until cancelled)."""
+        cfg = self.w.config
+        m = self.w.metrics
+        c = cfg.cluster
+        attempt = 0
+        gone = 0
+        need_list, reason = True, "start"
+        timeout_floor = cfg.timeouts.watch * 0.9
+        while True:
+            try:
+                if need_list:
+                    await self.relist(reason)
+                    need_list = False
+                    gone = 0
+                count, lasted = await self.watch_once()
+                if count == 0 and lasted < cfg.short_watch:
+                    raise KubeError(0, "ShortWatch", f"the watch ended after {lasted:.2f}s without an event")
+                attempt = 0
+                why = "timeout" if lasted >= timeout_floor else "dropped"
+                if m is not None:
+                    m.restarts.labels(c, self.kind, why).inc()
+                self.log.debug("re-watching", why=why, resource_version=self.rv, events=count)
+            except KubeError as e:
+                if m is not None:
+                    m.errors.labels(c, self.kind, str(e.status)).inc()
+                if classify(e.status) is Action.RELIST:
+                    need_list, reason = True, "gone"
+                    self.log.info("resource version gone, relisting", resource_version=self.rv, error=str(e))
+                    gone += 1
+                    if gone == 1:
+                        continue  # the first 410 relists at once; repeated ones back off
+                delay = cfg.backoff.delay(attempt, self.w.rng, e.retry_after)
+                attempt += 1
+                level = self.log.warning if is_transient(e.status) else self.log.error
+                level("list or watch failed, backing off", status=e.status, error=str(e), delay=round(delay, 3))
+                if m is not None and not need_list:
+                    m.restarts.labels(c, self.kind, "error").inc()
+                await asyncio.sleep(delay)
+
+
+def _labels(obj: Obj) -> object:
+    meta = obj.get("metadata")
+    return meta.get("labels") if isinstance(meta, dict) else None
+
+
+class QuotaListWatch(ListWatch):
+    """ResourceQuotas: also keeps the set of managed namespaces, and tells the pods when it changes."""
+
+    def __init__(self, watcher: Watcher, spec: ResourceSpec) -> None:
+        super().__init__(watcher, spec)
+        self._listing: dict[str, set[str]] | None = None
+
+    def observe(self, typ: str, obj: Obj, ident: Ident) -> None:
+        managed = typ != "DELETED" and quota_is_managed(_labels(obj))
+        if self._listing is not None:
+            if managed:
+                self._listing.setdefault(ident.namespace, set()).add(ident.uid)
+            return
+        change = self.w.managed.update(ident.namespace, ident.uid, managed)
+        if change is not None:
+            self.w.managed_changed([ident.namespace] if change else [], [] if change else [ident.namespace])
+
+    async def relist(self, reason: str) -> None:
+        self._listing = {}
+        try:
+            await super().relist(reason)
+        finally:
+            self._listing = None
+
+    def relisted(self) -> None:
+        added, removed = self.w.managed.replace(self._listing or {})
+        self._listing = None
+        if added or removed:
+            self.w.managed_changed(added, removed)
+
+
+class PodListWatch(ListWatch):
+    """Pods: launcher pods everywhere, other pods in managed namespaces; lists a namespace when it becomes managed."""
+
+    def __init__(self, watcher: Watcher, spec: ResourceSpec) -> None:
+        super().__init__(watcher, spec)
+        self._backfills: dict[str, asyncio.Task[None]] = {}
+
+    def wanted(self, obj: Obj, ident: Ident) -> bool:
+        return pod_wanted(_labels(obj), ident.namespace, self.w.managed)
+
+    def list_context(self) -> Any:
+        return self.w.managed.epochs()
+
+    def sync_plan(self, diff: RelistDiff, before: set[str], context: Any) -> dict[str, list[str]]:
+        """Only namespaces managed for the whole list: there every pod is tracked, so the list is complete."""
+        epochs: dict[str, int] = context
+        now = self.w.managed.epochs()
+        return {ns: diff.present.get(ns, []) for ns, e in now.items() if epochs.get(ns) == e}
+
+    def became_managed(self, namespace: str) -> None:
+        if not self.started:
+            return  # the first list will cover it
+        old = self._backfills.pop(namespace, None)
+        if old is not None:
+            old.cancel()
+        self._backfills[namespace] = self.w.spawn(self.backfill(namespace), f"backfill-{namespace}")
+
+    def stopped_managed(self, namespace: str) -> None:
+        old = self._backfills.pop(namespace, None)
+        if old is not None:
+            old.cancel()
+        dropped = self.known.drop_namespace(namespace)
+        self.log.info("namespace no longer managed", namespace=namespace, forgotten_pods=dropped)
+
+    async def backfill(self, namespace: str) -> None:
+        """List the pods of a namespace that just became managed, publish them, then its sync marker."""
+        cfg = self.w.config
+        attempt = 0
+        try:
+            while namespace in self.w.managed:
+                epoch = self.w.managed.epoch(namespace)
+                listed: dict[str, Tracked] = {}
+                try:
+                    list_rv = await self.list_into(namespace, listed)
+                except KubeError as e:
+                    delay = cfg.backoff.delay(attempt, self.w.rng, e.retry_after)
+                    attempt += 1
+                    self.log.warning("listing a managed namespace failed", namespace=namespace, error=str(e))
+                    await asyncio.sleep(delay)
+                    continue
+                if self.w.managed.epoch(namespace) != epoch:
+                    continue
+                await self.w.publisher.flush()
+                if self.w.managed.epoch(namespace) != epoch:
+                    continue
+                self.w.emitter.sync(self.kind, namespace, list_rv, sorted(listed))
+                self.log.info("namespace became managed: pods listed", namespace=namespace, pods=len(listed))
+                return
+        finally:
+            if self._backfills.get(namespace) is asyncio.current_task():
+                del self._backfills[namespace]
+
+
+class Watcher:
+    """Every resource of one cluster (see the module docstring). ``run()`` until cancelled."""
+
+    def __init__(
+        self,
+        api: ApiClient,
+        publisher: Publisher,
+        config: WatcherConfig,
+        *,
+        metrics: WatcherMetrics | None,
+        log: Any,
+        rng: Any = None,
+        on_ready: Callable[[], None] | None = None,
+    ) -> None:
+        import random
+
+        self.api = api
+        self.publisher = publisher
+        self.config = config
+        self.metrics = metrics
+        self.log = log.bind(cluster=config.cluster)
+        self.rng = rng if rng is not None else random.Random()
+        self.on_ready = on_ready
+        self.emitter = Emitter(config.cluster, publisher, metrics, self.log)
+        self.managed = ManagedNamespaces()
+        self.loops: dict[str, ListWatch] = {}
+        for spec in config.resources:
+            cls = {"ResourceQuota": QuotaListWatch, "Pod": PodListWatch}.get(spec.kind, ListWatch)
+            self.loops[spec.kind] = cls(self, spec)
+        self._group: asyncio.TaskGroup | None = None
+        self.ready = asyncio.Event()
+
+    def cluster_namespaces(self) -> Iterable[str]:
+        ns = self.loops.get("Namespace")
+        if ns is None:
+            return ()
+        return [t.name for _, t in ns.known.items()]
+
+    def managed_changed(self, added: Iterable[str], removed: Iterable[str]) -> None:
+        pods = self.loops.get("Pod")
+        for ns in added:
+            self.log.info("namespace managed", namespace=ns)
+            if isinstance(pods, PodListWatch):
+                pods.became_managed(ns)
+        for ns in removed:
+            if isinstance(pods, PodListWatch):
+                pods.stopped_managed(ns)
+
+    def spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
+        if self._group is None:
+            raise RuntimeError("the watcher is not running")
+        task: asyncio.Task[None] = self._group.create_task(coro, name=name)
+        return task
+
+    async def run(self) -> None:
+        first = [lw for k, lw in self.loops.items() if k in FIRST]
+        rest = [lw for k, lw in self.loops.items() if k not in FIRST]
+        async with asyncio.TaskGroup() as group:
+            self._group = group
+            for lw in first:
+                group.create_task(lw.run(), name=f"watch-{lw.kind}")
+            for lw in first:
+                await lw.listed.wait()
+            for lw in rest:
+                group.create_task(lw.run(), name=f"watch-{lw.kind}")
+            for lw in rest:
+                await lw.listed.wait()
+            self.log.info("every resource listed", objects={k: len(lw.known) for k, lw in self.loops.items()})
+            self.ready.set()
+            if self.on_ready is not None:
+                self.on_ready()

@@ -1,0 +1,453 @@
+"""The watcher against the simulated API server and a real nats-server: what reaches the events stream.
+
+Objects are written straight into the simulator's store (no controllers run), so every event the watcher could
+publish is one the test made. A tap reads the streams with an ordered consumer and folds the events into a
+``shared.ledger.Ledger``, the consumer the watcher feeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import nats
+import pytest
+from nats.aio.msg import Msg
+
+from services.bus import NatsOptions
+from services.runner import Config, Health, Metrics, Runtime
+from services.simcluster.store import Store
+from services.simcluster.store_api import Obj
+from services.watcher.kube import Timeouts
+from services.watcher.loop import Backoff
+from services.watcher.main import LeaseTiming, Tuning, serve
+from services.watcher.watcher import WatcherConfig
+from shared import bus as contract
+from shared.bus import Deleted, Sync, Upserted
+from shared.ledger import Ledger, PartitionSet
+from shared.snapshot import KubeVirtSnapshot
+from tests.conftest import NatsServer
+from tests.integration.conftest import SimApi
+
+pytestmark = pytest.mark.integration
+
+CLUSTER = "c1"
+LEASE_NS = "vmquota-system"
+
+
+# ---- objects ----------------------------------------------------------------------------------------------------
+
+
+def pod(name: str, *, launcher: bool = True, cpu: str = "100m", labels: dict[str, str] | None = None) -> Obj:
+    lbl = {"kubevirt.io": "virt-launcher"} if launcher else {"app": "web"}
+    lbl.update(labels or {})
+    return {
+        "metadata": {"name": name, "labels": lbl},
+        "spec": {"containers": [{"name": "compute", "resources": {"requests": {"cpu": cpu, "memory": "64Mi"}}}]},
+    }
+
+
+def vmi(name: str) -> Obj:
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": name},
+        "spec": {"domain": {"cpu": {"sockets": 2}, "memory": {"guest": "1Gi"}, "devices": {}}},
+    }
+
+
+def quota(name: str, *, managed: bool) -> Obj:
+    labels = {"vmquota.io/managed": "true"} if managed else {}
+    return {"metadata": {"name": name, "labels": labels}, "spec": {"hard": {"limits.memory": "64Gi"}}}
+
+
+def failed_create(name: str, vmi_name: str, reason: str = "FailedCreate") -> Obj:
+    return {
+        "metadata": {"name": name},
+        "involvedObject": {
+            "kind": "VirtualMachineInstance",
+            "name": vmi_name,
+            "namespace": "a",
+            "uid": "u-" + vmi_name,
+        },
+        "reason": reason,
+        "type": "Warning",
+        "message": f'Error creating pod: pods "virt-launcher-{vmi_name}-x" is forbidden: exceeded quota: q, '
+        "requested: limits.memory=2Gi, used: limits.memory=63Gi, limited: limits.memory=64Gi",
+    }
+
+
+class Cluster:
+    """Writes to the simulator's store by kind name."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def create(self, kind: str, obj: Obj, namespace: str | None = None) -> Obj:
+        return await self.store.create(self.store.resource(kind), obj, namespace=namespace)
+
+    async def delete(self, kind: str, namespace: str | None, name: str) -> None:
+        await self.store.delete(self.store.resource(kind), namespace, name)
+
+    async def relabel(self, kind: str, namespace: str | None, name: str, labels: dict[str, str]) -> Obj:
+        patch = {"metadata": {"labels": labels}}
+        return await self.store.patch(self.store.resource(kind), namespace, name, patch, "merge")
+
+
+# ---- reading the bus --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Tap:
+    """Every message of the events and dead-letter streams, in stream order, and the ledger fold of the events."""
+
+    events: list[Upserted | Deleted | Sync] = field(default_factory=list)
+    dead: list[contract.DeadLetter] = field(default_factory=list)
+    ledger: Ledger = field(default_factory=lambda: Ledger(PartitionSet.all(1)))
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def on_event(self, msg: Msg) -> None:
+        ev = contract.decode_event(msg.data)
+        self.events.append(ev)
+        self.ledger.apply(ev, msg.metadata.sequence.stream)
+        self.arrived.set()
+
+    def on_dead(self, msg: Msg) -> None:
+        self.dead.append(contract.decode_dead_letter(msg.data))
+        self.arrived.set()
+
+    async def wait(self, what: str, check: Callable[[], bool], within: float = 10.0) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while not check():
+            left = deadline - loop.time()
+            if left <= 0:
+                raise AssertionError(f"timed out waiting for {what}; {len(self.events)} events seen")
+            self.arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.arrived.wait(), min(left, 0.5))
+
+    # views
+    def live(self, namespace: str, kind: str) -> list[str]:
+        st = self.ledger.state(CLUSTER, namespace)
+        return sorted(s.name for s in st.live(kind)) if st is not None else []
+
+    def of(self, cls: type[Any], kind: str, name: str | None = None) -> list[Any]:
+        return [
+            e
+            for e in self.events
+            if type(e) is cls and e.kind == kind and (name is None or getattr(e, "name", None) == name)
+        ]
+
+    def syncs(self, kind: str, namespace: str) -> list[Sync]:
+        return [e for e in self.events if isinstance(e, Sync) and e.kind == kind and e.namespace == namespace]
+
+
+@pytest.fixture
+async def tap(nats_server: NatsServer) -> AsyncIterator[Tap]:
+    t = Tap()
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    for name, subjects in ((contract.EVENTS_STREAM, ["vmquota.ev.>"]), (contract.DLQ_STREAM, ["vmquota.dlq.>"])):
+        with contextlib.suppress(Exception):
+            await js.add_stream(name=name, subjects=subjects, duplicate_window=600.0)
+
+    async def ev_cb(msg: Msg) -> None:
+        t.on_event(msg)
+
+    async def dl_cb(msg: Msg) -> None:
+        t.on_dead(msg)
+
+    await js.subscribe("vmquota.ev.>", stream=contract.EVENTS_STREAM, ordered_consumer=True, cb=ev_cb)
+    await js.subscribe("vmquota.dlq.>", stream=contract.DLQ_STREAM, ordered_consumer=True, cb=dl_cb)
+    try:
+        yield t
+    finally:
+        await nc.close()
+
+
+# ---- running watchers -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunningWatcher:
+    rt: Runtime
+    task: asyncio.Task[None]
+
+    def metric(self, name: str, **labels: str) -> float:
+        value = self.rt.metrics.registry.get_sample_value(name, {"cluster": CLUSTER, **labels})
+        return value or 0.0
+
+    def published(self) -> float:
+        total = 0.0
+        for family in self.rt.metrics.registry.collect():
+            if family.name == "vmquota_watcher_published":
+                total += sum(s.value for s in family.samples if s.name.endswith("_total"))
+        return total
+
+    async def stop(self) -> None:
+        self.rt.stop.set()
+        await asyncio.wait_for(self.task, 15)
+
+
+StartWatcher = Callable[..., Awaitable[RunningWatcher]]
+
+
+@pytest.fixture
+async def start_watcher(nats_server: NatsServer, sim_api: SimApi) -> AsyncIterator[StartWatcher]:
+    running: list[RunningWatcher] = []
+
+    async def start(
+        identity: str = "w1", *, leader_election: bool = False, lease: LeaseTiming | None = None
+    ) -> RunningWatcher:
+        config = Config(
+            service="watcher",
+            cluster=CLUSTER,
+            nats=NatsOptions(url=nats_server.url),
+            kubeconfig=str(sim_api.kubeconfig),
+            http_port=0,
+            log_level="info",
+            partitions=PartitionSet.all(1),
+            events_max_age=3600.0,
+            dry_run=False,
+            leader_election=leader_election,
+            lease_namespace=LEASE_NS,
+            identity=identity,
+        )
+        rt = Runtime(name="watcher", config=config, metrics=Metrics(), health=Health())
+        settings = WatcherConfig(
+            cluster=CLUSTER,
+            page_size=7,  # several pages even for small tests
+            timeouts=Timeouts(connect=5.0, list_read=10.0, watch=5.0, watch_slack=5.0),
+            backoff=Backoff(initial=0.05, maximum=0.5),
+        )
+        tuning = Tuning(lease=lease or LeaseTiming(), watcher=settings)
+        w = RunningWatcher(rt, asyncio.create_task(serve(rt, tuning), name=f"watcher-{identity}"))
+        running.append(w)
+        return w
+
+    yield start
+    for w in running:
+        if not w.task.done():
+            w.rt.stop.set()
+    for w in running:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(w.task, 15)
+
+
+@pytest.fixture
+async def cluster(sim_api: SimApi) -> Cluster:
+    c = Cluster(sim_api.store)
+    await c.create("namespaces", {"metadata": {"name": "a"}})
+    await c.create("namespaces", {"metadata": {"name": "b"}})
+    await c.create("namespaces", {"metadata": {"name": LEASE_NS}})
+    await c.create("namespaces", {"metadata": {"name": "kubevirt"}})
+    return c
+
+
+async def watches_open(sim_api: SimApi, count: int = 8, within: float = 10.0) -> None:
+    """Wait until the watcher has a watch open on every resource (the store counts them)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while sim_api.store.watcher_count() < count:
+        if loop.time() > deadline:
+            raise AssertionError(f"{sim_api.store.watcher_count()} watches open, expected {count}")
+        await asyncio.sleep(0.02)  # polling a condition with a deadline
+
+
+# ---- tests ------------------------------------------------------------------------------------------------------
+
+
+async def test_publishes_every_object_then_changes_and_deletions(
+    cluster: Cluster, tap: Tap, start_watcher: StartWatcher
+) -> None:
+    for i in range(10):
+        await cluster.create("pods", pod(f"launcher-{i}"), "a")
+    await cluster.create("pods", pod("web", launcher=False), "a")  # unmanaged namespace: not published
+    await cluster.create("virtualmachineinstances", vmi("vm1"), "a")
+    await cluster.create("resourcequotas", quota("plain", managed=False), "a")
+    await cluster.create("events", failed_create("vm1.1", "vm1"), "a")
+    await cluster.create("events", failed_create("vm1.2", "vm1", reason="Scheduled"), "a")  # not followed
+    kv_config = {"developerConfiguration": {"cpuAllocationRatio": 4}}
+    await cluster.create(
+        "kubevirts", {"metadata": {"name": "kubevirt"}, "spec": {"configuration": kv_config}}, "kubevirt"
+    )
+    w = await start_watcher()
+    await tap.wait("the first list", lambda: len(tap.live("a", "Pod")) == 10 and bool(tap.of(Upserted, "KubeVirt")))
+    assert tap.live("a", "Pod") == [f"launcher-{i}" for i in range(10)]
+    assert tap.live("a", "VirtualMachineInstance") == ["vm1"]
+    assert tap.live("a", "ResourceQuota") == ["plain"]
+    assert tap.live("a", "Event") == ["vm1.1"]
+    cluster_wide = tap.ledger.cluster_state(CLUSTER)
+    assert cluster_wide is not None
+    kv = cluster_wide.live("KubeVirt")
+    assert [s.cpu_allocation_ratio for s in kv if isinstance(s, KubeVirtSnapshot)] == ["4"]
+    assert tap.live("b", "Namespace") == ["b"]
+    upserts = [e for e in tap.events if isinstance(e, Upserted)]
+    assert len(upserts) == len({e.uid for e in upserts}), "one event per object"
+    assert not tap.of(Upserted, "Pod", "web")
+    # A change arrives as a new version, a deletion as a Deleted event.
+    changed = await cluster.relabel("pods", "a", "launcher-3", {"tier": "gold"})
+    await cluster.delete("virtualmachineinstances", "a", "vm1")
+    await tap.wait(
+        "the change and the deletion",
+        lambda: (
+            bool(tap.of(Deleted, "VirtualMachineInstance", "vm1")) and len(tap.of(Upserted, "Pod", "launcher-3")) > 1
+        ),
+    )
+    versions = [e.resource_version for e in tap.of(Upserted, "Pod", "launcher-3")]
+    assert versions[-1] == changed["metadata"]["resourceVersion"] and len(versions) == 2
+    assert tap.live("a", "VirtualMachineInstance") == []
+    gone = tap.of(Deleted, "VirtualMachineInstance", "vm1")[0]
+    assert gone.snapshot is not None and gone.snapshot.name == "vm1"
+    assert w.metric("vmquota_watcher_relists_total", kind="Pod", reason="gone") == 0
+    assert w.rt.health.ready
+
+
+async def test_managed_namespace_pods_are_listed_and_synced(
+    cluster: Cluster, tap: Tap, start_watcher: StartWatcher
+) -> None:
+    await cluster.create("pods", pod("launcher"), "b")
+    for i in range(9):
+        await cluster.create("pods", pod(f"web-{i}", launcher=False), "b")
+    await start_watcher()
+    await tap.wait("the launcher pod", lambda: tap.live("b", "Pod") == ["launcher"])
+    assert not tap.syncs("Pod", "b"), "an unmanaged namespace gets no pod sync: its list is not complete"
+    await cluster.create("resourcequotas", quota("compute", managed=True), "b")
+    await tap.wait("the namespace's pods", lambda: len(tap.live("b", "Pod")) == 10 and bool(tap.syncs("Pod", "b")))
+    sync = tap.syncs("Pod", "b")[-1]
+    assert len(sync.present) == 10
+    # New pods of the managed namespace follow; when it stops being managed, other pods are not published again.
+    await cluster.create("pods", pod("web-new", launcher=False), "b")
+    await tap.wait("a new pod", lambda: "web-new" in tap.live("b", "Pod"))
+    await cluster.relabel("resourcequotas", "b", "compute", {"vmquota.io/managed": "false"})
+    await cluster.relabel("pods", "b", "web-0", {"tier": "gold"})
+    await cluster.relabel("pods", "b", "launcher", {"tier": "gold"})
+    await tap.wait("the launcher's change", lambda: len(tap.of(Upserted, "Pod", "launcher")) == 2)
+    assert len(tap.of(Upserted, "Pod", "web-0")) == 1
+
+
+async def test_gone_relists_publishes_deletions_then_a_sync(
+    cluster: Cluster, tap: Tap, start_watcher: StartWatcher, sim_api: SimApi
+) -> None:
+    await cluster.create("resourcequotas", quota("compute", managed=True), "a")
+    for i in range(6):
+        await cluster.create("pods", pod(f"p{i}", launcher=i % 2 == 0), "a")
+    w = await start_watcher()
+    await tap.wait("the pods and their sync", lambda: len(tap.live("a", "Pod")) == 6 and bool(tap.syncs("Pod", "a")))
+    await watches_open(sim_api)
+    first_syncs = len(tap.syncs("Pod", "a"))
+    # Keep the pod watch away while pods change, then compact the history: the re-watch gets 410 Gone.
+    sim_api.faults.fail(500, verbs=["watch"], resources=["pods"])
+    sim_api.faults.drop_watches(["pods"])
+    await cluster.delete("pods", "a", "p1")
+    await cluster.delete("pods", "a", "p4")
+    created = await cluster.create("pods", pod("p9"), "a")
+    sim_api.faults.compact()
+    sim_api.faults.clear()
+    await tap.wait("the relist's sync", lambda: len(tap.syncs("Pod", "a")) > first_syncs)
+    assert sorted(e.name for e in tap.of(Deleted, "Pod")) == ["p1", "p4"]
+    assert tap.live("a", "Pod") == ["p0", "p2", "p3", "p5", "p9"]
+    assert w.metric("vmquota_watcher_relists_total", kind="Pod", reason="gone") == 1
+    assert w.metric("vmquota_watcher_errors_total", kind="Pod", code="410") == 1
+    # On the stream: the deletions and the new pod, then the sync listing exactly what exists.
+    sync = tap.syncs("Pod", "a")[-1]
+    at = tap.events.index(sync)
+    before = tap.events[:at]
+    assert {e.name for e in before if isinstance(e, Deleted)} == {"p1", "p4"}
+    assert any(isinstance(e, Upserted) and e.uid == created["metadata"]["uid"] for e in before)
+    live = {s.uid for s in tap.ledger.state(CLUSTER, "a").live("Pod")}  # type: ignore[union-attr]
+    assert set(sync.present) == live and len(live) == 5
+
+
+async def test_dropped_watches_resume_without_duplicates(
+    cluster: Cluster, tap: Tap, start_watcher: StartWatcher, sim_api: SimApi
+) -> None:
+    w = await start_watcher()
+    await tap.wait("the namespaces", lambda: len(tap.of(Upserted, "Namespace")) == 4)
+    await watches_open(sim_api)
+    for i in range(30):
+        await cluster.create("pods", pod(f"p{i}"), "a")
+        if i % 10 == 9:
+            sim_api.faults.drop_watches()
+            await watches_open(sim_api)  # resumed from the last version seen
+            await cluster.relabel("pods", "a", f"p{i - 5}", {"tier": "gold"})
+    await tap.wait("every pod", lambda: len(tap.live("a", "Pod")) == 30)
+    await tap.wait("the last change", lambda: len(tap.of(Upserted, "Pod", "p24")) == 2)
+    versions = [(e.uid, e.resource_version) for e in tap.events if isinstance(e, Upserted)]
+    assert len(versions) == len(set(versions)), "a version reached the stream twice"
+    assert w.metric("vmquota_watcher_relists_total", kind="Pod", reason="gone") == 0
+    restarts = sum(w.metric("vmquota_watcher_watch_restarts_total", kind="Pod", reason=r) for r in ("dropped", "error"))
+    assert restarts >= 3
+
+
+async def test_throttling_and_server_errors_back_off_and_recover(
+    cluster: Cluster, tap: Tap, start_watcher: StartWatcher, sim_api: SimApi
+) -> None:
+    for i in range(5):
+        await cluster.create("virtualmachineinstances", vmi(f"vm{i}"), "a")
+    sim_api.faults.fail(429, verbs=["list"], resources=["virtualmachineinstances"], count=2, retry_after=1)
+    sim_api.faults.fail(500, verbs=["list", "watch"], resources=["pods"], count=3)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    w = await start_watcher()
+    await tap.wait("the VMIs", lambda: len(tap.live("a", "VirtualMachineInstance")) == 5)
+    took = loop.time() - started
+    assert took >= 2.0, f"two 429s with Retry-After 1s, yet listed after {took:.2f}s"
+    await cluster.create("pods", pod("after"), "a")
+    await tap.wait("a pod after the errors", lambda: tap.live("a", "Pod") == ["after"])
+    assert w.metric("vmquota_watcher_errors_total", kind="VirtualMachineInstance", code="429") == 2
+    assert w.metric("vmquota_watcher_errors_total", kind="Pod", code="500") == 3
+
+
+async def test_malformed_object_goes_to_the_dead_letter_subject(
+    cluster: Cluster, tap: Tap, start_watcher: StartWatcher
+) -> None:
+    w = await start_watcher()
+    await tap.wait("the namespaces", lambda: len(tap.of(Upserted, "Namespace")) == 4)
+    bad = await cluster.create("pods", pod("absurd", cpu="1e999999999"), "a")
+    await cluster.create("pods", pod("fine"), "a")
+    await tap.wait("the dead letter and the next pod", lambda: bool(tap.dead) and tap.live("a", "Pod") == ["fine"])
+    letter = tap.dead[0]
+    assert letter.service == "watcher" and letter.cluster == CLUSTER
+    assert "Pod a/absurd" in letter.reason and "cpu" in letter.reason
+    assert letter.original_subject == "vmquota.ev.c1.a.pod"
+    assert letter.id.endswith(f"/{bad['metadata']['uid']}/{bad['metadata']['resourceVersion']}")
+    assert msgspec.json.decode(letter.payload)["metadata"]["name"] == "absurd"
+    assert w.metric("vmquota_watcher_errors_total", kind="Pod", code="dlq") == 1
+    # Deleting it is still reported (the ledger may hold an older, readable version).
+    await cluster.delete("pods", "a", "absurd")
+    await tap.wait("its deletion", lambda: bool(tap.of(Deleted, "Pod", "absurd")))
+
+
+async def test_two_watchers_one_publishes_the_other_takes_over(
+    cluster: Cluster, tap: Tap, start_watcher: StartWatcher
+) -> None:
+    lease = LeaseTiming(lease_duration=2, renew_deadline=1.5, retry_period=1.0)
+    first = await start_watcher("w1", leader_election=True, lease=lease)
+    await tap.wait("a leader's first list", lambda: len(tap.of(Upserted, "Namespace")) == 4)
+    second = await start_watcher("w2", leader_election=True, lease=lease)
+    await cluster.create("pods", pod("p1"), "a")
+    await tap.wait("the pod", lambda: tap.live("a", "Pod") == ["p1"])
+    # The second candidate stays a standby: connected and ready, publishing nothing.
+    assert (
+        first.metric(
+            "vmquota_watcher_leader",
+        )
+        == 1
+        and second.metric("vmquota_watcher_leader") == 0
+    )
+    assert first.published() > 0 and second.published() == 0
+    assert second.rt.health.ready
+    loop = asyncio.get_running_loop()
+    await first.stop()
+    stopped = loop.time()
+    await cluster.create("pods", pod("p2"), "a")
+    await tap.wait("the standby's takeover", lambda: tap.live("a", "Pod") == ["p1", "p2"], within=15)
+    takeover = loop.time() - stopped
+    assert second.metric("vmquota_watcher_leader") == 1 and second.published() > 0
+    assert takeover < lease.lease_duration + 3.0, f"took over after {takeover:.1f}s"

@@ -1,0 +1,196 @@
+"""``vmquota usage``: per-namespace usage in a mode, as JSON and as a table; bad input exits 2 with one line."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from services.cli import build_parser, main
+from services.cli_usage import account_all, build_config, build_policy, load_snapshots, namespace_json
+from shared.modes import Mode
+from tests.unit.test_accounting import launcher_obj, pod_obj, refusal_event, vmi_obj, vmim_obj
+
+
+def write(tmp_path: Path, objs: list[dict[str, Any]], name: str = "objs.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump_all(objs))
+    return str(path)
+
+
+@pytest.fixture
+def namespace_file(tmp_path: Path) -> str:
+    running = vmi_obj("vm1", vcpus=4, guest="4Gi")
+    pending = vmi_obj("vm2", vcpus=2, guest="2Gi", t=5, phase="Pending")
+    other_ns = vmi_obj("vm3", vcpus=1, guest="1Gi", namespace="other")
+    objs = [
+        running,
+        launcher_obj(running),
+        pending,
+        other_ns,
+        launcher_obj(other_ns),
+        pod_obj("web", {"cpu": "250m", "memory": "512Mi"}),
+        vmim_obj("m1", "vm1"),
+        {"kind": "ConfigMap", "metadata": {"name": "cm", "namespace": "tenant"}},
+        refusal_event("vm2", {"requests.cpu": "300m"}, t=10) | {"reason": "Scheduled"},
+    ]
+    return write(tmp_path, objs)
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    assert main(["usage", *argv, "-o", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert isinstance(out, dict)
+    return out
+
+
+def test_json_virtual_resources(capsys: pytest.CaptureFixture[str], namespace_file: str) -> None:
+    out = run_json(capsys, "--mode", "VirtualResources", "-f", namespace_file)
+    assert set(out["namespaces"]) == {"tenant", "other"}
+    tenant = out["namespaces"]["tenant"]
+    assert tenant["mode"] == "VirtualResources"
+    # vm1 (4 vCPUs, 4Gi) + vm2 (2 vCPUs, 2Gi, admitted: no budget) + the web pod (250m, 512Mi)
+    assert tenant["usage"]["requests.cpu"] == "6250m"
+    assert tenant["usage"]["requests.memory"] == "6656Mi"
+    assert tenant["usage"]["pods"] == "3"
+    by_name = {(o["kind"], o["name"]): o for o in tenant["objects"]}
+    vm1 = by_name[("VirtualMachineInstance", "vm1")]
+    assert vm1["state"] == "running" and vm1["counts"]["requests.cpu"] == "4" and vm1["reason"]
+    vm2 = by_name[("VirtualMachineInstance", "vm2")]
+    assert vm2["state"] == "admitted" and "reserved" in vm2
+    mig = by_name[("VirtualMachineInstanceMigration", "m1")]
+    assert mig["state"] == "pending" and mig["vmi"] == "vm1" and mig["reserved"]["pods"] == "1"
+    launcher = next(o for o in tenant["objects"] if o["kind"] == "Pod" and o["role"] == "launcher")
+    assert launcher["counts"] == {} and launcher["charged"]["pods"] == "1" and launcher["vmi"] == "vm1"
+    web = by_name[("Pod", "web")]
+    assert web["role"] == "non-vm" and web["counts"] == web["charged"]
+    assert out["namespaces"]["other"]["usage"]["requests.cpu"] == "1"
+    assert capsys.readouterr().err == ""  # notes were read before
+
+
+def test_notes_for_skipped_objects(capsys: pytest.CaptureFixture[str], namespace_file: str) -> None:
+    assert main(["usage", "--mode", "VmiPodUsage", "-f", namespace_file, "-o", "json"]) == 0
+    err = capsys.readouterr().err
+    assert "skipping ConfigMap tenant/cm" in err and "skipping Event tenant/vm2.10" in err
+
+
+@pytest.mark.parametrize(("ratio", "vm1_cpu"), [("4", "1"), ("2", "2")])
+def test_ratio_mode(capsys: pytest.CaptureFixture[str], namespace_file: str, ratio: str, vm1_cpu: str) -> None:
+    out = run_json(
+        capsys,
+        "--mode",
+        str(Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO),
+        "--cpu-allocation-ratio",
+        ratio,
+        "-f",
+        namespace_file,
+    )
+    tenant = out["namespaces"]["tenant"]
+    assert tenant["cpuAllocationRatio"] == ratio
+    vm1 = next(o for o in tenant["objects"] if o["name"] == "vm1")
+    assert vm1["counts"]["requests.cpu"] == vm1_cpu and vm1["counts"]["limits.cpu"] == "4"
+
+
+def test_ratio_defaults_to_the_kubevirt_cr(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    v = vmi_obj("vm1", vcpus=8)
+    kv = {
+        "kind": "KubeVirt",
+        "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+        "spec": {"configuration": {"developerConfiguration": {"cpuAllocationRatio": 8}}},
+    }
+    path = write(tmp_path, [v, kv])
+    out = run_json(capsys, "--mode", "VirtualResourcesWithCPUAllocationRatio", "-f", path)
+    assert out["namespaces"]["tenant"]["usage"]["requests.cpu"] == "1"
+    cr = write(
+        tmp_path, [dict(kv, spec={"configuration": {"developerConfiguration": {"cpuAllocationRatio": 2}}})], "kv.yaml"
+    )
+    out = run_json(capsys, "--mode", "VirtualResourcesWithCPUAllocationRatio", "--kubevirt-config", cr, "-f", path)
+    assert out["namespaces"]["tenant"]["usage"]["requests.cpu"] == "4"
+
+
+def test_table_output(capsys: pytest.CaptureFixture[str], namespace_file: str) -> None:
+    assert main(["usage", "--mode", "VirtualResources", "-f", namespace_file]) == 0
+    out = capsys.readouterr().out
+    assert "NAMESPACE tenant  MODE VirtualResources" in out and "NAMESPACE other" in out
+    lines = out[out.index("NAMESPACE tenant") :].splitlines()
+    cpu_row = next(line for line in lines if line.startswith("requests.cpu "))
+    assert cpu_row.split()[1] == "6250m"
+    assert any(line.startswith("VMI ") and "vm2" in line and "admitted" in line for line in lines)
+    assert any(line.startswith("VMIM ") and "reserves" in line for line in lines)
+
+
+def test_objects_without_namespace_use_the_flag(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    v = vmi_obj("vm1")
+    del v["metadata"]["namespace"]
+    out = run_json(capsys, "--mode", "VirtualResources", "-n", "lab", "-f", write(tmp_path, [v]))
+    assert list(out["namespaces"]) == ["lab"]
+
+
+def test_stdin(tmp_path: Path) -> None:
+    text = json.dumps({"kind": "List", "items": [vmi_obj("vm1", vcpus=3)]})
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.cli", "usage", "--mode", "VirtualResources", "-f", "-", "-o", "json"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["namespaces"]["tenant"]["usage"]["requests.cpu"] == "3"
+
+
+def bad(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    assert main(["usage", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    assert "Traceback" not in err
+    return err
+
+
+def test_malformed_object_names_object_and_field(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    v = vmi_obj("vm1", guest="lots")
+    err = bad(capsys, "--mode", "VirtualResources", "-f", write(tmp_path, [v]))
+    assert "VirtualMachineInstance tenant/vm1: spec.domain.memory.guest" in err
+    p = pod_obj("web", {"cpu": "10Ei"})
+    err = bad(capsys, "--mode", "VmiPodUsage", "-f", write(tmp_path, [p]))
+    assert "Pod tenant/web: spec.containers[0].resources.requests.cpu" in err
+
+
+def test_bad_options_and_files(capsys: pytest.CaptureFixture[str], tmp_path: Path, namespace_file: str) -> None:
+    err = bad(capsys, "--mode", "Pods", "-f", namespace_file)
+    assert "--mode" in err and "VirtualResourcesWithCPUAllocationRatio" in err
+    err = bad(
+        capsys, "--mode", "VirtualResourcesWithCPUAllocationRatio", "--cpu-allocation-ratio", "0", "-f", namespace_file
+    )
+    assert "--cpu-allocation-ratio" in err
+    err = bad(capsys, "--mode", "VirtualResources", "-f", str(tmp_path / "missing.yaml"))
+    assert "missing.yaml" in err
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("kind: Pod\n  bad: [indent\n")
+    assert "broken.yaml" in bad(capsys, "--mode", "VirtualResources", "-f", str(broken))
+    err = bad(capsys, "--mode", "VirtualResources", "--kubevirt-version", "v2.0", "-f", namespace_file)
+    assert "--kubevirt-version" in err
+
+
+def test_ratio_flag_in_another_mode_is_noted(capsys: pytest.CaptureFixture[str], namespace_file: str) -> None:
+    assert main(["usage", "--mode", "VirtualResources", "--cpu-allocation-ratio", "4", "-f", namespace_file]) == 0
+    assert "no effect" in capsys.readouterr().err
+
+
+def test_the_building_blocks_give_plain_json(namespace_file: str) -> None:
+    notes = io.StringIO()
+    args = build_parser().parse_args(["usage", "--mode", "VmiPodUsage", "-f", namespace_file])
+    snaps = load_snapshots(namespace_file, "default", notes)
+    results = account_all(snaps, build_policy(args, notes), build_config(args, snaps), datetime(2025, 1, 2, tzinfo=UTC))
+    data = {ns: namespace_json(u) for ns, u in results.items()}
+    assert json.loads(json.dumps(data)) == data
+    assert data["tenant"]["usage"]["requests.cpu"] == data["tenant"]["usage"]["cpu"]
+    assert "ConfigMap" in notes.getvalue()

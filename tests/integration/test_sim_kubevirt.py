@@ -1,0 +1,402 @@
+"""KubeVirt behaviour in the simulated cluster: VM → VMI → launcher pod, quota refusals with FailedCreate and retries,
+the migration lifecycle, hotplug, stop, the parallel-migration limit, and ``vmquota simulate``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.simcluster.cluster import KUBEVIRT_NAME, KUBEVIRT_NAMESPACE, SimCluster
+from services.simcluster.kubevirt import FAIL_START_ANNOTATION, KubeVirtTiming
+from services.simcluster.store_api import ApiError, Obj
+from shared.kubevirt import MEMORY_OVERHEAD_ANNOTATION, KubeVirtConfig, NamespaceFacts, render_launcher_pod
+from shared.podusage import pod_quota_usage
+from shared.quantity import Quantity
+
+pytestmark = pytest.mark.integration
+
+SPEED = 0.05
+MIGRATION_PHASES = ["Pending", "Scheduling", "Scheduled", "PreparingTarget", "TargetReady", "Running", "Succeeded"]
+
+
+@pytest.fixture
+async def sim() -> Any:
+    async with SimCluster(speed=SPEED, serve_http=False) as s:
+        await s.create_namespace("t", labels={"tenant": "a"})
+        yield s
+
+
+def conditions(obj: Obj) -> dict[str, Obj]:
+    return {c["type"]: c for c in obj.get("status", {}).get("conditions", [])}
+
+
+async def expected_pod(sim: SimCluster, vmi: Obj) -> Any:
+    """What the renderer says KubeVirt creates for this VMI in this cluster (the test's oracle)."""
+    cr = await sim.get("kubevirts", KUBEVIRT_NAMESPACE, KUBEVIRT_NAME)
+    ns = await sim.get("namespaces", None, vmi["metadata"]["namespace"])
+    hard: dict[str, str] = {}
+    for q in await sim.list_objects("resourcequotas", vmi["metadata"]["namespace"]):
+        hard.update(q["spec"]["hard"])
+    facts = NamespaceFacts(
+        labels=ns["metadata"]["labels"],
+        quota_has_limits_cpu="limits.cpu" in hard,
+        quota_has_limits_memory="limits.memory" in hard,
+    )
+    bare = {k: v for k, v in vmi.items() if k != "status"}
+    return render_launcher_pod(bare, KubeVirtConfig.from_cr(cr), facts)
+
+
+def resources_by_container(pod: Obj) -> dict[str, Any]:
+    spec = pod["spec"]
+    return {c["name"]: c.get("resources", {}) for c in [*spec.get("initContainers", []), *spec["containers"]]}
+
+
+async def test_vm_start_creates_vmi_and_the_rendered_launcher_pod(sim: SimCluster) -> None:
+    await sim.create_quota("t", "compute", {"limits.cpu": "20", "limits.memory": "40Gi"})
+    await sim.wait_quota_synced("t", "compute")
+    vm = await sim.create_vm("t", "vm1", sockets=2, memory="2Gi", labels={"app": "web"})
+    vmi = await sim.wait_for_phase("t", "vm1", "Running")
+    # VMI: owned by the VM, template labels, admission defaults written
+    ref = vmi["metadata"]["ownerReferences"][0]
+    assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
+        "VirtualMachine",
+        "vm1",
+        vm["metadata"]["uid"],
+        True,
+    )
+    assert vmi["metadata"]["labels"]["app"] == "web"
+    assert vmi["spec"]["domain"]["cpu"]["sockets"] == 2
+    assert vmi["spec"]["domain"]["memory"]["guest"] == "2Gi"
+    # the pod: labels, owner, annotations as KubeVirt sets them; resources as the renderer computes them
+    [pod] = await sim.launcher_pods("t", "vm1")
+    labels = pod["metadata"]["labels"]
+    assert labels["kubevirt.io"] == "virt-launcher"
+    assert labels["kubevirt.io/created-by"] == vmi["metadata"]["uid"]
+    assert labels["vm.kubevirt.io/name"] == "vm1"
+    assert labels["app"] == "web"
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == vmi["metadata"]["uid"]
+    assert pod["metadata"]["name"].startswith("virt-launcher-vm1-")
+    expected = await expected_pod(sim, vmi)
+    want = {
+        c["name"]: c["resources"]
+        for c in [*expected.pod_spec().get("initContainers", []), *expected.pod_spec()["containers"]]
+    }
+    assert resources_by_container(pod) == want
+    assert (
+        pod["metadata"]["annotations"][MEMORY_OVERHEAD_ANNOTATION] == expected.annotations[MEMORY_OVERHEAD_ANNOTATION]
+    )
+    assert "limits" in want["compute"] and "cpu" in want["compute"]["limits"]  # auto limits from the quota
+    # VMI status follows the pod
+    assert pod["status"]["phase"] == "Running"
+    assert vmi["status"]["nodeName"] == pod["spec"]["nodeName"]
+    assert vmi["status"]["activePods"] == {pod["metadata"]["uid"]: pod["spec"]["nodeName"]}
+    assert vmi["status"]["currentCPUTopology"] == {"sockets": 2, "cores": 1, "threads": 1}
+    overhead = Quantity.parse(vmi["status"]["memory"]["memoryOverhead"])
+    assert overhead.ceil() == int(pod["metadata"]["annotations"][MEMORY_OVERHEAD_ANNOTATION])
+    phases = [p["phase"] for p in vmi["status"]["phaseTransitionTimestamps"]]
+    assert phases == ["Scheduling", "Scheduled", "Running"]
+    vm_now = await sim.wait_until("vm", "t", "vm1", lambda o: o.get("status", {}).get("printableStatus") == "Running")
+    assert vm_now["status"]["ready"] is True
+    created = {
+        e["involvedObject"]["kind"]: e["message"] for e in await sim.events("t", "vm1", reason="SuccessfulCreate")
+    }
+    assert created["VirtualMachineInstance"] == f"Created virtual machine pod {pod['metadata']['name']}"
+    assert "VirtualMachine" in created
+    # quota charged exactly the pod's usage
+    q = await sim.get("resourcequotas", "t", "compute")
+    usage = pod_quota_usage(pod)
+    assert q["status"]["used"] == {
+        "limits.cpu": usage["limits.cpu"].canonical(),
+        "limits.memory": usage["limits.memory"].canonical(),
+    }
+
+
+async def test_kubevirt_cr_configuration_and_drift_reach_the_pod() -> None:
+    async with SimCluster(
+        speed=SPEED, serve_http=False, developer_configuration={"cpuAllocationRatio": 4}, extra_memory_overhead="64Mi"
+    ) as sim:
+        await sim.create_namespace("t")
+        await sim.create_vm("t", "vm1", sockets=1, memory="1Gi")
+        vmi = await sim.wait_for_phase("t", "vm1", "Running")
+        [pod] = await sim.launcher_pods("t", "vm1")
+        expected = await expected_pod(sim, vmi)
+        compute = resources_by_container(pod)["compute"]
+        assert compute["requests"]["cpu"] == "250m"  # 1 vCPU / ratio 4
+        want_mem = expected.container("compute").requests["memory"] + Quantity.parse("64Mi")
+        assert Quantity.parse(compute["requests"]["memory"]) == want_mem
+        published = int(pod["metadata"]["annotations"][MEMORY_OVERHEAD_ANNOTATION])
+        assert published == expected.memory_overhead.ceil() + 64 * 1024 * 1024
+
+
+async def test_refused_pod_gives_failedcreate_events_condition_and_retries(sim: SimCluster) -> None:
+    await sim.create_quota("t", "compute", {"limits.memory": "1Gi"})
+    await sim.wait_quota_synced("t", "compute")
+    await sim.create_vm("t", "vm1", memory="2Gi")
+    vmi = await sim.wait_until("vmi", "t", "vm1", lambda o: "Synchronized" in conditions(o))
+    cond = conditions(vmi)["Synchronized"]
+    assert (cond["status"], cond["reason"]) == ("False", "FailedCreate")
+    assert vmi["status"]["phase"] == "Pending"
+    assert cond["message"].startswith('Error creating pod: pods "virt-launcher-vm1-')
+    assert "is forbidden: exceeded quota: compute, requested: limits.memory=" in cond["message"]
+    assert cond["message"].endswith("used: limits.memory=0, limited: limits.memory=1Gi")
+    # retried with backoff; client-go combines similar events from the 10th distinct message on
+    await sim.wait_for(lambda: sim.kubevirt.pods_refused >= 12, what="twelve refused creations")
+    events = await sim.events("t", "vm1", reason="FailedCreate")
+    assert all(e["type"] == "Warning" and e["involvedObject"]["kind"] == "VirtualMachineInstance" for e in events)
+    assert events[0]["message"].startswith('Error creating pod: pods "virt-launcher-vm1-')
+    combined = [e for e in events if e["message"].startswith("(combined from similar events): Error creating pod:")]
+    assert len(combined) == 1 and combined[0]["count"] >= 2
+    assert len(events) == 10  # nine single ones, then the combined one keeps counting
+    assert await sim.launcher_pods("t", "vm1") == []
+    # more quota: the VMI starts (re-queued on the quota update, not by the backoff)
+    await sim.set_quota_hard("t", "compute", {"limits.memory": "8Gi"})
+    vmi = await sim.wait_for_phase("t", "vm1", "Running")
+    assert "Synchronized" not in conditions(vmi)
+
+
+async def test_migration_lifecycle_to_succeeded_with_source_pod_terminal_then_deleted(sim: SimCluster) -> None:
+    await sim.create_quota("t", "compute", {"limits.memory": "64Gi", "limits.cpu": "16"})
+    await sim.wait_quota_synced("t", "compute")
+    await sim.create_vm("t", "vm1", memory="4Gi", limits={"memory": "4Gi"})
+    vmi = await sim.wait_for_phase("t", "vm1", "Running")
+    await sim.wait_quiet()
+    used_before = (await sim.get("resourcequotas", "t", "compute"))["status"]["used"]
+    [source] = await sim.launcher_pods("t", "vm1")
+    source_node = vmi["status"]["nodeName"]
+    seen_vm_status: set[str] = set()
+    sim.store.on_change(
+        lambda t, r, o: (
+            seen_vm_status.add(o.get("status", {}).get("printableStatus", ""))
+            if r.plural == "virtualmachines"
+            else None
+        )
+    )
+    vmim = await sim.migrate("t", "vm1", name="mig1")
+    done = await sim.wait_for_phase("t", "mig1", "Succeeded", kind="vmim")
+    assert [p["phase"] for p in done["status"]["phaseTransitionTimestamps"]] == MIGRATION_PHASES
+    target = next(p for p in await sim.launcher_pods("t", "vm1") if p["metadata"]["uid"] != source["metadata"]["uid"])
+    assert target["metadata"]["labels"]["kubevirt.io/migrationJobUID"] == vmim["metadata"]["uid"]
+    assert target["metadata"]["annotations"]["kubevirt.io/migrationJobName"] == "mig1"
+    assert target["spec"]["nodeName"] != source_node
+    vmi = await sim.get("vmi", "t", "vm1")
+    assert vmi["status"]["nodeName"] == target["spec"]["nodeName"]
+    assert vmi["metadata"]["labels"]["kubevirt.io/nodeName"] == target["spec"]["nodeName"]
+    state = vmi["status"]["migrationState"]
+    assert state["migrationUid"] == vmim["metadata"]["uid"]
+    assert (state["sourceNode"], state["targetNode"]) == (source_node, target["spec"]["nodeName"])
+    assert (state["targetPod"], state["sourcePod"]) == (target["metadata"]["name"], source["metadata"]["name"])
+    assert state["completed"] is True and not state.get("failed")
+    assert "Migrating" in seen_vm_status
+    # the source pod goes terminal, then it is deleted; the quota's usage is back where it was
+    await sim.wait_for(
+        lambda: (p := sim.peek("pods", "t", source["metadata"]["name"])) is None or p["status"]["phase"] == "Succeeded",
+        what="source pod Succeeded",
+    )
+    await sim.wait_for(lambda: sim.peek("pods", "t", source["metadata"]["name"]) is None, what="source pod deleted")
+    q = await sim.wait_until("resourcequotas", "t", "compute", lambda o: o["status"]["used"] == used_before)
+    assert q["status"]["used"] == used_before
+    assert [e["reason"] for e in await sim.events("t", "mig1")].count("SuccessfulMigration") == 1
+
+
+async def test_hotplug_starts_a_workload_update_migration_with_the_new_size(sim: SimCluster) -> None:
+    await sim.create_vm("t", "vm1", sockets=1, memory="1Gi")
+    await sim.wait_for_phase("t", "vm1", "Running")
+    await sim.hotplug("t", "vm1", sockets=2, memory="2Gi")
+    vmi = await sim.wait_until("vmi", "t", "vm1", lambda o: o["spec"]["domain"]["cpu"]["sockets"] == 2)
+    assert vmi["spec"]["domain"]["memory"]["guest"] == "2Gi"
+    await sim.wait_for(lambda: bool(sim.cache.list("virtualmachineinstancemigrations", "t")), what="a migration")
+    migrations = await sim.list_objects("vmim", "t")
+    assert len(migrations) == 1
+    [mig] = migrations
+    assert mig["metadata"]["name"].startswith("kubevirt-workload-update-")
+    assert "kubevirt.io/workloadUpdateMigration" in mig["metadata"]["annotations"]
+    done = await sim.wait_for_phase("t", mig["metadata"]["name"], "Succeeded", kind="vmim")
+    assert done["status"]["phase"] == "Succeeded"
+    target = next(
+        p for p in await sim.launcher_pods("t", "vm1") if "kubevirt.io/migrationJobUID" in p["metadata"]["labels"]
+    )
+    vmi = await sim.get("vmi", "t", "vm1")
+    expected = await expected_pod(sim, vmi)
+    assert resources_by_container(target)["compute"] == next(
+        c["resources"] for c in expected.pod_spec()["containers"] if c["name"] == "compute"
+    )
+    assert resources_by_container(target)["compute"]["requests"]["cpu"] == "200m"  # 2 vCPUs / 10
+    assert vmi["status"]["currentCPUTopology"]["sockets"] == 2
+    assert vmi["status"]["memory"]["guestCurrent"] == "2Gi"
+    assert "HotVCPUChange" not in conditions(vmi) and "HotMemoryChange" not in conditions(vmi)
+
+
+async def test_stop_deletes_the_vmi_and_its_pods_and_start_creates_a_new_one(sim: SimCluster) -> None:
+    await sim.create_vm("t", "vm1", memory="1Gi")
+    first = await sim.wait_for_phase("t", "vm1", "Running")
+    await sim.set_running("t", "vm1", False)
+    await sim.wait_for(lambda: sim.peek("vmi", "t", "vm1") is None, what="VMI deleted")
+    await sim.wait_for(lambda: not sim.cache.list("pods", "t"), what="pods deleted")
+    vm = await sim.wait_until("vm", "t", "vm1", lambda o: o.get("status", {}).get("printableStatus") == "Stopped")
+    assert vm["status"]["created"] is False
+    await sim.set_running("t", "vm1", True)
+    second = await sim.wait_for_phase("t", "vm1", "Running")
+    assert second["metadata"]["uid"] != first["metadata"]["uid"]
+
+
+async def test_at_most_five_migrations_run_at_once() -> None:
+    nodes = [f"node{i:02d}" for i in range(1, 10)]
+    async with SimCluster(speed=SPEED, serve_http=False, nodes=nodes) as sim:
+        await sim.create_namespace("t")
+        for i in range(8):
+            await sim.create_vm("t", f"vm{i}", memory="1Gi")
+        for i in range(8):
+            await sim.wait_for_phase("t", f"vm{i}", "Running")
+        active: dict[str, str] = {}
+        peak = [0]
+
+        def track(type_: str, res: Any, obj: Obj) -> None:
+            if res.plural != "virtualmachineinstancemigrations":
+                return
+            phase = obj.get("status", {}).get("phase", "")
+            active[obj["metadata"]["name"]] = phase
+            running = sum(1 for p in active.values() if p in MIGRATION_PHASES[1:-1])
+            peak[0] = max(peak[0], running)
+
+        sim.store.on_change(track)
+        for i in range(8):
+            await sim.migrate("t", f"vm{i}", name=f"mig{i}")
+        for i in range(8):
+            await sim.wait_for_phase("t", f"mig{i}", "Succeeded", kind="vmim")
+        assert peak[0] == 5
+
+
+async def test_target_pod_that_cannot_start_fails_the_migration(sim: SimCluster) -> None:
+    await sim.create_vm("t", "vm1", memory="1Gi")
+    vmi = await sim.wait_for_phase("t", "vm1", "Running")
+    await sim.migrate("t", "vm1", name="mig1", target_fails=True)
+    failed = await sim.wait_for_phase("t", "mig1", "Failed", kind="vmim")
+    assert [p["phase"] for p in failed["status"]["phaseTransitionTimestamps"]] == ["Pending", "Scheduling", "Failed"]
+    after = await sim.get("vmi", "t", "vm1")
+    assert after["status"]["phase"] == "Running"
+    assert after["status"]["nodeName"] == vmi["status"]["nodeName"]
+    [reason] = [e["message"] for e in await sim.events("t", "mig1", reason="FailedMigration")]
+    assert "target pod" in reason
+    pods = await sim.launcher_pods("t", "vm1")
+    assert [p["status"]["phase"] for p in pods if FAIL_START_ANNOTATION not in p["metadata"]["annotations"]] == [
+        "Running"
+    ]
+
+
+async def test_kubevirt_webhooks_refuse_bad_objects_naming_the_field(sim: SimCluster) -> None:
+    both = {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": "both", "namespace": "t"},
+        "spec": {
+            "running": True,
+            "runStrategy": "Always",
+            "template": {"spec": {"domain": {"memory": {"guest": "1Gi"}}}},
+        },
+    }
+    with pytest.raises(ApiError) as err:
+        await sim.create(both)
+    assert err.value.code == 422
+    assert "Running and RunStrategy are mutually exclusive" in err.value.message
+    with pytest.raises(ApiError) as err:
+        await sim.create_vm("t", "badmem", memory="lots")
+    assert err.value.code == 422
+    assert "VirtualMachine t/badmem: spec.template.spec.domain.memory.guest" in err.value.message
+    with pytest.raises(ApiError) as err:
+        await sim.migrate("t", "ghost")
+    assert err.value.code == 422 and "does not exist" in err.value.message
+    await sim.create_vm("t", "vm1", memory="1Gi")
+    await sim.wait_for_phase("t", "vm1", "Running")
+    await sim.migrate("t", "vm1", name="first", annotations={FAIL_START_ANNOTATION: "true"})
+    with pytest.raises(ApiError, match="in-flight migration detected"):
+        await sim.migrate("t", "vm1", name="second")
+
+
+async def test_workqueue_backoff_doubles_and_is_capped() -> None:
+    timing = KubeVirtTiming(speed=1.0, backoff_base=0.005, backoff_cap=0.04)
+    async with SimCluster(serve_http=False, kubevirt_timing=timing) as sim:
+        q = sim.kubevirt.vmi_queue
+        delays = [q.add_rate_limited(("x", "y")) for _ in range(6)]
+        assert delays == [0.005, 0.01, 0.02, 0.04, 0.04, 0.04]
+        q.forget(("x", "y"))
+        assert q.backoff(("x", "y")) == 0.005
+
+
+def _kubectl() -> str | None:
+    return shutil.which("kubectl")
+
+
+async def _read_line(proc: asyncio.subprocess.Process, within: float) -> str:
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), timeout=within)
+    return line.decode()
+
+
+async def test_vmquota_simulate_serves_kubectl_until_interrupted(tmp_path: Path) -> None:
+    seed = tmp_path / "seed.yaml"
+    seed.write_text(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: tenant-a}\n---\n"
+        "apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata: {name: vm1, namespace: tenant-a}\n"
+        "spec: {running: true, template: {spec: {domain: {memory: {guest: 1Gi}, devices: {}}}}}\n"
+    )
+    kubeconfig = tmp_path / "kubeconfig"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "services.cli",
+        "simulate",
+        "--speed",
+        "0.05",
+        "--seed-file",
+        str(seed),
+        "--kubeconfig-out",
+        str(kubeconfig),
+        "--log-level",
+        "warning",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        info = json.loads(await _read_line(proc, 20))
+        assert info["kubeconfig"] == str(kubeconfig) and info["url"].startswith("https://127.0.0.1:")
+        kubectl = _kubectl()
+        if kubectl is not None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 20
+            phase = ""
+            while phase != "Running":
+                assert loop.time() < deadline, "VMI did not reach Running through kubectl"
+                out = await asyncio.create_subprocess_exec(
+                    kubectl, "--kubeconfig", str(kubeconfig), "get", "vmi", "-n", "tenant-a", "vm1",
+                    "-o", "jsonpath={.status.phase}",
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                )  # fmt: skip
+                stdout, _ = await out.communicate()
+                phase = stdout.decode().strip()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        code = await asyncio.wait_for(proc.wait(), timeout=20)
+    assert code == 0
+
+
+async def test_vmquota_simulate_bad_seed_exits_2_with_one_line(tmp_path: Path) -> None:
+    seed = tmp_path / "bad.yaml"
+    seed.write_text("kind: Gadget\nmetadata: {name: x}\n")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services.cli", "simulate", "--seed-file", str(seed), "--log-level", "error",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(proc.communicate(), timeout=20)
+    assert proc.returncode == 2
+    lines = err.decode().strip().splitlines()
+    assert lines == ["vmquota simulate: seed[0].kind: the simulated cluster does not serve kind 'Gadget'"]

@@ -51,7 +51,7 @@ from shared.modes import (
     quota_policy,
 )
 from shared.podusage import counts_for_compute, quota_usage_of
-from shared.quantity import ZERO, Quantity
+from shared.quantity import ZERO, Format, Quantity
 from shared.resources import ResourceList, add, growth, maximum, nonzero
 from shared.snapshot import (
     VMI_FINAL_PHASES,
@@ -299,14 +299,38 @@ class _Renderer:
         return growth(after, before)
 
 
+class _Sum:
+    """A running sum of resource lists in integer nanos (cheap); :meth:`result` builds the quantities once."""
+
+    __slots__ = ("fmt", "nanos")
+
+    def __init__(self) -> None:
+        self.nanos: dict[str, int] = {}
+        self.fmt: dict[str, Format] = {}
+
+    def add(self, rl: Mapping[str, Quantity]) -> None:
+        nanos, fmt = self.nanos, self.fmt
+        for k, q in rl.items():
+            cur = nanos.get(k, 0)
+            if not cur:  # as Quantity addition: the first non-zero operand's format
+                fmt[k] = q.format
+            nanos[k] = cur + q.nanos
+
+    def get(self, resource: str) -> int:
+        return self.nanos.get(resource, 0)
+
+    def result(self) -> ResourceList:
+        return {k: Quantity(n, self.fmt[k]) for k, n in self.nanos.items()}
+
+
 @dataclass
 class _Quota:
     policy: QuotaPolicy
     factors: dict[str, Fraction | None]
     ratio: Fraction
-    accounted: ResourceList = field(default_factory=dict)
-    pod_usage: ResourceList = field(default_factory=dict)
-    reserved: ResourceList = field(default_factory=dict)
+    accounted: _Sum = field(default_factory=_Sum)
+    pod_usage: _Sum = field(default_factory=_Sum)
+    reserved: _Sum = field(default_factory=_Sum)
 
     def covers(self, facts: ScopeFacts) -> bool:
         return scope_matches(self.policy.scopes, facts)
@@ -317,7 +341,9 @@ class _Quota:
             sorted(
                 r
                 for r, b in self.policy.budget.items()
-                if self.factors.get(r, Fraction(1)) is not None and r in u and self.accounted.get(r, ZERO) + u[r] > b
+                if self.factors.get(r, Fraction(1)) is not None
+                and r in u
+                and self.accounted.get(r) + u[r].nanos > b.nanos
             )
         )
 
@@ -487,14 +513,15 @@ class _Accounting:
         results: dict[str, QuotaUsage] = {}
         for q in self.quotas:
             b = q.policy.budget
+            accounted, pod_usage, reserved = q.accounted.result(), q.pod_usage.result(), q.reserved.result()
             results[q.policy.name] = QuotaUsage(
                 policy=q.policy,
-                accounted=q.accounted,
-                pod_usage=q.pod_usage,
-                reserved=q.reserved,
+                accounted=accounted,
+                pod_usage=pod_usage,
+                reserved=reserved,
                 factors=q.factors,
-                hard=desired_hard(b, q.accounted, q.pod_usage, q.reserved, q.factors),
-                over_budget=tuple(sorted(r for r in b if q.accounted.get(r, ZERO) > b[r])),
+                hard=desired_hard(b, accounted, pod_usage, reserved, q.factors),
+                over_budget=tuple(sorted(r for r in b if accounted.get(r, ZERO) > b[r])),
             )
         return NamespaceUsage(
             namespace=self.namespace,
@@ -524,7 +551,7 @@ class _Accounting:
             facts = ScopeFacts(p.terminating_scope, p.best_effort, p.priority_class_name)
             covering = [q for q in self.quotas if q.covers(facts)]
             for q in covering:
-                q.pod_usage = add(q.pod_usage, charged)
+                q.pod_usage.add(charged)
             v = self._owner(p)
             if v is None:
                 role = ORPHAN_LAUNCHER if p.is_launcher else NON_VM
@@ -532,7 +559,7 @@ class _Accounting:
                 if not active:
                     reason += "; terminal or past its grace period: count/pods only"
                 for q in covering:
-                    q.accounted = add(q.accounted, charged)
+                    q.accounted.add(charged)
                 self.pod_entries.append(PodEntry(p.name, p.uid, role, "", active, charged, charged, reason))
                 continue
             mig = self.vmim_by_uid.get(p.migration_job_uid) if p.migration_job_uid else None
@@ -540,7 +567,7 @@ class _Accounting:
             if not active:
                 # the evaluator still charges count/pods: count it too, or a VM refused on count/pods would get in
                 for q in covering:
-                    q.accounted = add(q.accounted, charged)
+                    q.accounted.add(charged)
                 reason = "terminal or past its grace period: count/pods only"
                 self.pod_entries.append(PodEntry(p.name, p.uid, role, v.name, active, charged, charged, reason))
                 continue
@@ -625,7 +652,7 @@ class _Accounting:
             facts = _vm_facts(self.vmi_by_name[m.vmi])
             for q in self.quotas:
                 if q.covers(facts):
-                    q.reserved = add(q.reserved, m.reserved)
+                    q.reserved.add(m.reserved)
 
     # ---- VMs
     def _running_vms(self) -> None:
@@ -651,7 +678,7 @@ class _Accounting:
             for q in self.quotas:
                 if q.covers(_vm_facts(v)):
                     u = mode_usage(q.policy.mode, size, pod_max, q.ratio)
-                    q.accounted = add(q.accounted, u)
+                    q.accounted.add(u)
                     counts[q.policy.name] = u
             reason = "running: always counts"
             if len(vm_pods) > 1:
@@ -676,7 +703,8 @@ class _Accounting:
                 continue
             misfit[q.policy.name] = rs
             detail = ", ".join(
-                f"{r} needs {u[r]} but {(q.policy.budget[r] - q.accounted.get(r, ZERO)).clamp0()} is left" for r in rs
+                f"{r} needs {u[r]} but {Quantity(max(q.policy.budget[r].nanos - q.accounted.get(r), 0), q.policy.budget[r].format)} is left"
+                for r in rs
             )
             parts.append(f"quota {q.policy.name}: {detail}" if q.policy.name else detail)
         if misfit:
@@ -684,8 +712,8 @@ class _Accounting:
             self.vm_entries[key] = VmEntry(v.name, v.uid, v.phase, REFUSED, reason, size, pod_est, {}, {}, misfit)
             return
         for q in covering:
-            q.accounted = add(q.accounted, usages[q.policy.name])
-            q.reserved = add(q.reserved, pod_est)
+            q.accounted.add(usages[q.policy.name])
+            q.reserved.add(pod_est)
         reason = "pending, admitted in creation order: launcher pod reserved"
         if refused:
             reason += f" (exact amounts from a quota refusal: {_fmt(refused)})"

@@ -1,0 +1,148 @@
+"""Accounting throughput: mode-usage computations per second (per mode), whole-namespace accounting, and the
+snapshot work the ledger does per event (normalise a raw pod, decode a pod snapshot from the wire)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from fractions import Fraction
+from typing import Any
+
+from shared.accounting import account_namespace
+from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
+from shared.modes import MANAGED_LABEL, MODE_ANNOTATION, Mode, VmSize, mode_usage
+from shared.podusage import quota_usage_of
+from shared.quantity import Quantity
+from shared.snapshot import AnySnapshot, decode, encode, normalize
+from tests.benchmarks.common import Result, rate
+
+NS = "bench"
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
+
+
+def _vmi(i: int, phase: str = "Running") -> dict[str, Any]:
+    return {
+        "kind": "VirtualMachineInstance",
+        "metadata": {
+            "name": f"vm{i}",
+            "namespace": NS,
+            "uid": f"u{i}",
+            "creationTimestamp": (T0 + timedelta(seconds=i)).isoformat(),
+        },
+        "spec": {"domain": {"cpu": {"sockets": 1 + i % 4}, "memory": {"guest": f"{1 + i % 8}Gi"}, "devices": {}}},
+        "status": {"phase": phase, "nodeName": f"n{i % 5}"},
+    }
+
+
+def _launcher(vmi: dict[str, Any], config: KubeVirtConfig, facts: NamespaceFacts, mig: str = "") -> dict[str, Any]:
+    meta = vmi["metadata"]
+    labels = {"kubevirt.io": "virt-launcher", "kubevirt.io/created-by": meta["uid"]}
+    if mig:
+        labels["kubevirt.io/migrationJobUID"] = mig
+    return {
+        "kind": "Pod",
+        "metadata": {
+            "name": f"virt-launcher-{meta['name']}{mig}",
+            "namespace": NS,
+            "uid": f"p-{meta['uid']}{mig}",
+            "labels": labels,
+        },
+        "spec": {**render_launcher_pod(vmi, config, facts).pod_spec(), "nodeName": vmi["status"].get("nodeName", "")},
+        "status": {"phase": "Running"},
+    }
+
+
+def namespace_objects(vms: int = 100, pods: int = 50, migrations: int = 5, pending: int = 5) -> list[AnySnapshot]:
+    """A busy namespace: running VMs with launcher pods, non-VM pods, pending migrations and pending VMs."""
+    config, facts = KubeVirtConfig(), NamespaceFacts(quota_has_limits_memory=True)
+    objs: list[dict[str, Any]] = []
+    for i in range(vms):
+        v = _vmi(i)
+        objs += [v, _launcher(v, config, facts)]
+    for i in range(pending):
+        objs.append(_vmi(vms + i, phase="Pending"))
+    for i in range(migrations):
+        objs.append(
+            {
+                "kind": "VirtualMachineInstanceMigration",
+                "metadata": {"name": f"m{i}", "namespace": NS, "uid": f"m{i}"},
+                "spec": {"vmiName": f"vm{i}"},
+                "status": {"phase": "Pending"},
+            }
+        )
+    for i in range(pods):
+        objs.append(
+            {
+                "kind": "Pod",
+                "metadata": {"name": f"web{i}", "namespace": NS, "uid": f"w{i}"},
+                "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}]},
+                "status": {"phase": "Running"},
+            }
+        )
+    for mode in Mode:
+        objs.append(
+            {
+                "kind": "ResourceQuota",
+                "metadata": {
+                    "name": f"rq-{mode.value.lower()}",
+                    "namespace": NS,
+                    "labels": {MANAGED_LABEL: "true"},
+                    "annotations": {MODE_ANNOTATION: mode.value},
+                },
+                "spec": {
+                    "hard": {"requests.cpu": "200", "limits.memory": "2Ti", "requests.memory": "1Ti", "pods": "500"}
+                },
+            }
+        )
+    return [normalize(o) for o in objs]
+
+
+def run() -> list[Result]:
+    results: list[Result] = []
+    config = KubeVirtConfig()
+    v = _vmi(3)
+    pod = render_launcher_pod(v, config, NamespaceFacts(quota_has_limits_memory=True))
+    usage = quota_usage_of(pod.requests, pod.limits)
+    size = VmSize(4, Quantity.parse("4Gi"))
+    ratio = Fraction(4)
+    batch = 2000
+    for mode in Mode:
+
+        def step(mode: Mode = mode) -> int:
+            for _ in range(batch):
+                mode_usage(mode, size, usage, ratio)
+            return batch
+
+        results.append(Result(f"mode usage {mode.value}", rate(step, 0.5), "VMs/s", target=100_000))
+
+    objs = namespace_objects()
+    now = T0 + timedelta(days=1)
+
+    def account_once() -> int:
+        account_namespace(objs, now=now, config=config)
+        return 1
+
+    per_ns = rate(account_once, 1.0)
+    results.append(Result("account a 100-VM namespace, 4 quotas", per_ns, "namespaces/s", target=20))
+    results.append(Result("  objects accounted", per_ns * len(objs), "objects/s"))
+
+    raw = _launcher(v, config, NamespaceFacts())
+    wire = encode(normalize(raw))
+
+    def normalize_batch() -> int:
+        for _ in range(500):
+            normalize(raw)
+        return 500
+
+    def decode_batch() -> int:
+        for _ in range(2000):
+            decode(wire)
+        return 2000
+
+    results.append(Result("normalize a launcher pod", rate(normalize_batch, 0.5), "pods/s", target=10_000))
+    results.append(Result("decode a pod snapshot", rate(decode_batch, 0.5), "snapshots/s", target=100_000))
+    return results
+
+
+if __name__ == "__main__":
+    for r in run():
+        print(r.line())

@@ -702,10 +702,11 @@ class _Accounting:
             if not rs:
                 continue
             misfit[q.policy.name] = rs
-            detail = ", ".join(
-                f"{r} needs {u[r]} but {Quantity(max(q.policy.budget[r].nanos - q.accounted.get(r), 0), q.policy.budget[r].format)} is left"
+            left = {
+                r: Quantity(max(q.policy.budget[r].nanos - q.accounted.get(r), 0), q.policy.budget[r].format)
                 for r in rs
-            )
+            }
+            detail = ", ".join(f"{r} needs {u[r]} but {left[r]} is left" for r in rs)
             parts.append(f"quota {q.policy.name}: {detail}" if q.policy.name else detail)
         if misfit:
             reason = "pending, does not fit: " + "; ".join(parts)

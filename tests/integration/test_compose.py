@@ -280,6 +280,18 @@ def test_the_compose_stack_starts_as_local_processes(stack: Stack, tmp_path: Pat
     # every started service connected as its own user and created the streams it owns
     want = set().union(*(bus.STREAM_OWNERS[n] for n in started))
     wait_for("streams", lambda: want <= asyncio.run(streams_present()), procs, stack)
+    if "watcher" in started:  # the watcher lists the simulated cluster and publishes under its cluster id
+
+        async def demo_events() -> int:
+            nc = await nats.connect(url, user="replay", password=nats_env["VMQUOTA_NATS_REPLAY_PASSWORD"])
+            try:
+                cluster = env_of(services["watcher"])["VMQUOTA_CLUSTER"]
+                info = await nc.jetstream().stream_info(bus.EVENTS_STREAM, subjects_filter=bus.events_filter(cluster))
+                return len(info.state.subjects or {})
+            finally:
+                await nc.close()
+
+        wait_for("the watcher's events", lambda: asyncio.run(demo_events()) > 0, procs, stack)
     assert all(p.poll() is None for p in procs), "every process still runs"
     if missing:
         pytest.skip(f"started nats, simcluster and {', '.join(started)}; not yet in the runner: {', '.join(missing)}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from dataclasses import dataclass, field
 
 from services.bus import Bus
@@ -37,7 +38,20 @@ class Tuning:
     """Overrides of the list/watch settings (the cluster id still comes from ``--cluster``)."""
 
 
+GC_THRESHOLDS = (50_000, 50, 1000)
+"""The watcher allocates a dict per field of every object it lists and frees them by reference counting, which
+triggers Python's cyclic collector every 700 allocations by default: a collection per object or two, each walking
+the young generation. Rarer collections cut the watcher's CPU per object by about a quarter (bench_pipeline)."""
+
+
+def tune_gc() -> None:
+    """Collect less often, and leave what is alive after start-up (modules, clients) out of collections."""
+    gc.set_threshold(*GC_THRESHOLDS)
+    gc.freeze()
+
+
 async def main(rt: Runtime) -> None:
+    tune_gc()
     await serve(rt)
 
 

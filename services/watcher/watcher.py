@@ -134,6 +134,15 @@ class Emitter:
         self.log = log
         self.source = contract.source(SERVICE, cluster)
         self.dlq_subject = contract.dlq_subject(SERVICE)
+        self._subjects: dict[tuple[str, str], str] = {}
+
+    def subject(self, kind: str, namespace: str) -> str:
+        """The event subject (validated once per kind and namespace)."""
+        key = (kind, namespace)
+        subject = self._subjects.get(key)
+        if subject is None:
+            subject = self._subjects[key] = contract.event_subject(self.cluster, kind, namespace)
+        return subject
 
     def upsert(self, kind: str, obj: Obj, ident: Ident) -> bool:
         """Queue an ``Upserted`` (or, when the object cannot be normalised, a dead letter); False for the latter."""
@@ -149,7 +158,7 @@ class Emitter:
                 rv=ident.rv_text,
                 snapshot=snap,
             )
-            subject = contract.event_subject(self.cluster, kind, ident.namespace)
+            subject = self.subject(kind, ident.namespace)
         except InvalidInput as e:
             self.dead_letter(kind, obj, str(e), ident)
             return False
@@ -179,7 +188,7 @@ class Emitter:
                 rv=rv,
                 snapshot=snap,
             )
-            subject = contract.event_subject(self.cluster, kind, namespace)
+            subject = self.subject(kind, namespace)
         except InvalidInput as e:
             if obj is not None and ident is not None:
                 self.dead_letter(kind, obj, str(e), ident)

@@ -451,3 +451,50 @@ async def test_two_watchers_one_publishes_the_other_takes_over(
     takeover = loop.time() - stopped
     assert second.metric("vmquota_watcher_leader") == 1 and second.published() > 0
     assert takeover < lease.lease_duration + 3.0, f"took over after {takeover:.1f}s"
+
+
+async def stream_events(url: str) -> list[Upserted | Deleted | Sync]:
+    """Every event on the stream now, read with a fresh connection and consumer."""
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(contract.EVENTS_STREAM)
+        sub = await js.pull_subscribe("vmquota.ev.>", stream=contract.EVENTS_STREAM)
+        out: list[Upserted | Deleted | Sync] = []
+        while len(out) < info.state.messages:
+            for msg in await sub.fetch(500, timeout=5):
+                out.append(contract.decode_event(msg.data))
+        return out
+    finally:
+        await nc.close()
+
+
+async def test_nats_restart_loses_nothing(
+    cluster: Cluster, tap: Tap, start_watcher: StartWatcher, nats_server: NatsServer, sim_api: SimApi
+) -> None:
+    await start_watcher()
+    await tap.wait("the namespaces", lambda: len(tap.of(Upserted, "Namespace")) == 4)
+    await watches_open(sim_api)
+    for i in range(10):
+        await cluster.create("pods", pod(f"before-{i}"), "a")
+    nats_server.kill()  # no clean shutdown: acks in flight are lost
+    for i in range(10):
+        await cluster.create("pods", pod(f"during-{i}"), "a")
+    nats_server.start()
+    for i in range(10):
+        await cluster.create("pods", pod(f"after-{i}"), "a")
+    want = {f"{p}-{i}" for p in ("before", "during", "after") for i in range(10)}
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while True:
+        try:
+            events = await stream_events(nats_server.url)
+        except (nats.errors.Error, OSError, TimeoutError):
+            events = []  # the server is still coming back
+        names = {e.name for e in events if isinstance(e, Upserted) and e.kind == "Pod"}
+        if names >= want or loop.time() > deadline:
+            break
+        await asyncio.sleep(0.2)  # polling the stream until a deadline
+    assert want <= names, f"missing after the restart: {sorted(want - names)}"
+    versions = [(e.uid, e.resource_version) for e in events if isinstance(e, Upserted)]
+    assert len(versions) == len(set(versions))

@@ -1,0 +1,156 @@
+"""The simulated API server under load: writes per second over HTTP while 100 watches are open on the written
+resource (every write fans out to all of them), and how fast the watchers receive everything.
+
+The server runs in its own process (as for the pipeline benchmarks); the writers and watch readers share this one.
+Also measured: the store alone (in-process writes with 100 in-process watchers), for comparison.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+import aiohttp
+
+from services.simcluster.store import Store, StoreWatch
+from tests.benchmarks.common import Result
+
+WATCHERS = 100
+WRITERS = 32
+SECONDS = 3.0
+TARGET_WRITES = 2_000.0
+
+
+def _pod(i: int) -> dict[str, object]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"p{i}", "labels": {"app": "bench", "n": str(i % 10)}},
+        "spec": {"containers": [{"name": "c", "image": "busybox", "resources": {"requests": {"cpu": "10m"}}}]},
+    }
+
+
+async def _start_server() -> tuple[asyncio.subprocess.Process, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "services.simcluster.server",
+        "--no-tls",
+        "--log-level",
+        "warning",
+        "--watch-queue",
+        "1000000",
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 30)
+    info = json.loads(line)
+    return proc, info["url"], info["token"]
+
+
+async def _watch(
+    session: aiohttp.ClientSession, path: str, rv: str, counts: list[int], i: int, ready: asyncio.Event
+) -> None:
+    params = {"watch": "1", "resourceVersion": rv, "timeoutSeconds": "120"}
+    async with session.get(path, params=params) as resp:
+        resp.raise_for_status()
+        ready.set()
+        async for chunk in resp.content.iter_any():
+            counts[i] += chunk.count(b"\n")
+
+
+async def _http() -> list[Result]:
+    proc, url, token = await _start_server()
+    try:
+        conn = aiohttp.TCPConnector(limit=WATCHERS + WRITERS + 8)
+        headers = {"Authorization": f"Bearer {token}"}
+        async with aiohttp.ClientSession(base_url=url, headers=headers, connector=conn) as session:
+            async with session.post("/api/v1/namespaces", json={"metadata": {"name": "bench"}}) as resp:
+                rv = (await resp.json())["metadata"]["resourceVersion"]
+            path = "/api/v1/namespaces/bench/pods"
+            counts = [0] * WATCHERS
+            readies = [asyncio.Event() for _ in range(WATCHERS)]
+            watches = [asyncio.create_task(_watch(session, path, rv, counts, i, readies[i])) for i in range(WATCHERS)]
+            await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 30)
+
+            written = 0
+            next_name = iter(range(10**9))
+            t0 = time.perf_counter()
+            deadline = t0 + SECONDS
+
+            async def writer() -> None:
+                nonlocal written
+                while time.perf_counter() < deadline:
+                    async with session.post(path, json=_pod(next(next_name))) as r:
+                        if r.status != 201:
+                            raise RuntimeError(f"create failed: {r.status} {await r.text()}")
+                        await r.read()
+                    written += 1
+
+            await asyncio.gather(*(writer() for _ in range(WRITERS)))
+            t_writes = time.perf_counter() - t0
+            while min(counts) < written and time.perf_counter() - t0 < 60:
+                await asyncio.sleep(0.01)  # polling a counter in a benchmark, not a test
+            t_delivered = time.perf_counter() - t0
+            delivered = sum(counts)
+            for w in watches:
+                w.cancel()
+            await asyncio.gather(*watches, return_exceptions=True)
+    finally:
+        proc.terminate()
+        await proc.wait()
+    complete = delivered == written * WATCHERS
+    return [
+        Result(
+            f"simcluster: HTTP writes/s, {WATCHERS} watches",
+            written / t_writes,
+            "writes/s",
+            target=TARGET_WRITES,
+            note=f"{written} pod creates, {WRITERS} concurrent writers",
+        ),
+        Result(
+            "simcluster: watch events delivered/s (all watches)",
+            delivered / t_delivered,
+            "events/s",
+            note="complete" if complete else f"INCOMPLETE: {delivered}/{written * WATCHERS}",
+        ),
+    ]
+
+
+async def _in_process() -> Result:
+    store = Store(watch_queue=1_000_000)
+    await store.create(store.resource("ns"), {"metadata": {"name": "bench"}})
+    po = store.resource("pods")
+    received = [0] * WATCHERS
+
+    async def consume(i: int, events: StoreWatch) -> None:
+        async for _ in events:
+            received[i] += 1
+
+    tasks = [asyncio.create_task(consume(i, store.watch(po, "bench"))) for i in range(WATCHERS)]
+    n = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < SECONDS / 2:
+        for _ in range(100):
+            await store.create(po, _pod(n), namespace="bench")
+            n += 1
+        await asyncio.sleep(0)  # let the consumers run, as a server's other tasks would
+    while min(received) < n:
+        await asyncio.sleep(0)
+    dt = time.perf_counter() - t0
+    store.drop_watches()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return Result(f"simcluster: store writes/s, {WATCHERS} in-process watchers", n / dt, "writes/s")
+
+
+async def run_async() -> list[Result]:
+    results = await _http()
+    results.append(await _in_process())
+    return results
+
+
+if __name__ == "__main__":
+    for r in asyncio.run(run_async()):
+        print(r.line())

@@ -8,6 +8,7 @@ Also measured: the store alone (in-process writes with 100 in-process watchers),
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -32,6 +33,33 @@ def _pod(i: int) -> dict[str, object]:
     }
 
 
+class Progress:
+    """Events received per watcher; ``all_reached`` is set once every watcher has ``target`` of them."""
+
+    def __init__(self, watchers: int) -> None:
+        self.counts = [0] * watchers
+        self.target: int | None = None
+        self.reached = 0
+        self.all_reached = asyncio.Event()
+
+    def add(self, i: int, n: int) -> None:
+        before = self.counts[i]
+        self.counts[i] = before + n
+        if self.target is not None and before < self.target <= self.counts[i]:
+            self._reach()
+
+    def expect(self, target: int) -> None:
+        self.target = target
+        for c in self.counts:
+            if c >= target:
+                self._reach()
+
+    def _reach(self) -> None:
+        self.reached += 1
+        if self.reached == len(self.counts):
+            self.all_reached.set()
+
+
 async def _start_server() -> tuple[asyncio.subprocess.Process, str, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -51,14 +79,14 @@ async def _start_server() -> tuple[asyncio.subprocess.Process, str, str]:
 
 
 async def _watch(
-    session: aiohttp.ClientSession, path: str, rv: str, counts: list[int], i: int, ready: asyncio.Event
+    session: aiohttp.ClientSession, path: str, rv: str, progress: Progress, i: int, ready: asyncio.Event
 ) -> None:
     params = {"watch": "1", "resourceVersion": rv, "timeoutSeconds": "120"}
     async with session.get(path, params=params) as resp:
         resp.raise_for_status()
         ready.set()
         async for chunk in resp.content.iter_any():
-            counts[i] += chunk.count(b"\n")
+            progress.add(i, chunk.count(b"\n"))
 
 
 async def _http() -> list[Result]:
@@ -70,9 +98,9 @@ async def _http() -> list[Result]:
             async with session.post("/api/v1/namespaces", json={"metadata": {"name": "bench"}}) as resp:
                 rv = (await resp.json())["metadata"]["resourceVersion"]
             path = "/api/v1/namespaces/bench/pods"
-            counts = [0] * WATCHERS
+            progress = Progress(WATCHERS)
             readies = [asyncio.Event() for _ in range(WATCHERS)]
-            watches = [asyncio.create_task(_watch(session, path, rv, counts, i, readies[i])) for i in range(WATCHERS)]
+            watches = [asyncio.create_task(_watch(session, path, rv, progress, i, r)) for i, r in enumerate(readies)]
             await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 30)
 
             written = 0
@@ -91,10 +119,11 @@ async def _http() -> list[Result]:
 
             await asyncio.gather(*(writer() for _ in range(WRITERS)))
             t_writes = time.perf_counter() - t0
-            while min(counts) < written and time.perf_counter() - t0 < 60:
-                await asyncio.sleep(0.01)  # polling a counter in a benchmark, not a test
+            progress.expect(written)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(progress.all_reached.wait(), 60)
             t_delivered = time.perf_counter() - t0
-            delivered = sum(counts)
+            delivered = sum(progress.counts)
             for w in watches:
                 w.cancel()
             await asyncio.gather(*watches, return_exceptions=True)
@@ -123,11 +152,11 @@ async def _in_process() -> Result:
     store = Store(watch_queue=1_000_000)
     await store.create(store.resource("ns"), {"metadata": {"name": "bench"}})
     po = store.resource("pods")
-    received = [0] * WATCHERS
+    progress = Progress(WATCHERS)
 
     async def consume(i: int, events: StoreWatch) -> None:
         async for _ in events:
-            received[i] += 1
+            progress.add(i, 1)
 
     tasks = [asyncio.create_task(consume(i, store.watch(po, "bench"))) for i in range(WATCHERS)]
     n = 0
@@ -137,8 +166,8 @@ async def _in_process() -> Result:
             await store.create(po, _pod(n), namespace="bench")
             n += 1
         await asyncio.sleep(0)  # let the consumers run, as a server's other tasks would
-    while min(received) < n:
-        await asyncio.sleep(0)
+    progress.expect(n)
+    await asyncio.wait_for(progress.all_reached.wait(), 60)
     dt = time.perf_counter() - t0
     store.drop_watches()
     await asyncio.gather(*tasks, return_exceptions=True)

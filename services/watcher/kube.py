@@ -13,7 +13,7 @@ the server asked for, so the loop decides in one place what to do about it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -184,7 +184,7 @@ async def list_pages(
     namespace: str | None = None,
     limit: int = 500,
     timeouts: Timeouts = Timeouts(),
-) -> AsyncIterator[ListPage]:
+) -> AsyncGenerator[ListPage, None]:
     """The objects of ``spec`` in pages of ``limit`` (``limit``/``continue``). Items get ``kind`` and
     ``apiVersion`` set (list items usually lack them). A 410 on a continue token surfaces as KubeError(410)."""
     fn = spec.method(api, namespace)
@@ -239,7 +239,7 @@ async def watch(
     *,
     timeout_seconds: int,
     timeouts: Timeouts = Timeouts(),
-) -> AsyncIterator[WatchEvent]:
+) -> AsyncGenerator[WatchEvent, None]:
     """Events after ``resource_version`` with bookmarks, until the server ends the watch (the iterator ends) or
     the connection fails (KubeError with status 0). ERROR events are yielded as they are; the caller reads their
     Status."""

@@ -3,7 +3,8 @@
 The process connects to NATS at once (a standby is ready to take over), then runs the watcher only while it holds
 the Lease ``vmquota-watcher-<cluster>`` (``services.runner.leader_elected``): one watcher publishes per cluster.
 When it loses the Lease its work is cancelled and the process fails, so it restarts as a follower; a new leader
-lists everything again and the message ids make the repeats no-ops on the server.
+lists everything again and the message ids make the repeats no-ops on the server. After NATS reconnects, the
+leader ensures its streams and starts over the same way (a restarted server may have lost its store).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import contextlib
 import gc
 from dataclasses import dataclass, field
+from typing import Any
 
 from services.bus import Bus
 from services.runner import Runtime, kube_client, leader_elected
@@ -66,7 +68,13 @@ async def serve(rt: Runtime, tuning: Tuning = Tuning()) -> None:
     log = rt.log(cluster=cluster)
     metrics = metrics_for(rt.metrics.registry)
     leader = metrics.leader.labels(cluster)
-    bus = await Bus.connect(rt.nats_options(), on_reconnect=lambda: rt.metrics.reconnects.labels(SERVICE).inc())
+    reconnected = asyncio.Event()
+
+    def on_reconnect() -> None:
+        rt.metrics.reconnects.labels(SERVICE).inc()
+        reconnected.set()
+
+    bus = await Bus.connect(rt.nats_options(), on_reconnect=on_reconnect)
     rt.health.set_ready(rt.name, True)  # a standby is healthy; the leader is ready once everything is listed
 
     def stored(item: Item, duplicate: bool) -> None:
@@ -79,36 +87,45 @@ async def serve(rt: Runtime, tuning: Tuning = Tuning()) -> None:
         if typ == "deadletter":
             rt.metrics.dlq.labels(SERVICE).inc()
 
+    async def watch_until_reconnect(api: Any, publisher: Publisher) -> bool:
+        """Run a watcher until stop (False) or a NATS reconnect (True: start over)."""
+        watcher = Watcher(
+            api, publisher, config, metrics=metrics, log=log, on_ready=lambda: rt.health.set_ready(rt.name, True)
+        )
+        running = asyncio.create_task(watcher.run(), name="watcher")
+        stopping = asyncio.create_task(rt.stop.wait())
+        again = asyncio.create_task(reconnected.wait())
+        try:
+            await asyncio.wait([running, stopping, again], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (running, stopping, again):
+                t.cancel()
+            for t in (stopping, again, running):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+        if rt.stop.is_set():
+            return False
+        if not reconnected.is_set():
+            raise RuntimeError("the watcher stopped")
+        return True
+
     async def work() -> None:
         leader.set(1)
         rt.health.set_ready(rt.name, False)
         publisher = Publisher(bus, window=config.window, ack_timeout=config.ack_timeout, on_stored=stored)
         try:
-            await bus.ensure_streams(contract.streams_for(SERVICE, rt.config.events_max_age))
             api = await kube_client(rt.config)
             try:
                 publisher.start()
-                watcher = Watcher(
-                    api,
-                    publisher,
-                    config,
-                    metrics=metrics,
-                    log=log,
-                    on_ready=lambda: rt.health.set_ready(rt.name, True),
-                )
-                running = asyncio.create_task(watcher.run(), name="watcher")
-                stopping = asyncio.create_task(rt.stop.wait())
-                try:
-                    await asyncio.wait([running, stopping], return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    for t in (running, stopping):
-                        t.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await stopping
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await running
-                if not rt.stop.is_set():
-                    raise RuntimeError("the watcher stopped")
+                while True:
+                    reconnected.clear()
+                    await bus.ensure_streams(contract.streams_for(SERVICE, rt.config.events_max_age))
+                    if not await watch_until_reconnect(api, publisher):
+                        break
+                    # What the server kept is unknown (a restart may have lost its store): list and publish all
+                    # again; message ids make the repeats no-ops where nothing was lost.
+                    log.warning("NATS reconnected: listing and publishing everything again")
+                    rt.health.set_ready(rt.name, False)
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(publisher.flush(), 5.0)
             finally:

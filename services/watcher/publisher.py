@@ -12,14 +12,16 @@ A message whose ack reports an error, or does not come within ``ack_timeout``, i
 server). ``flush()`` returns once everything enqueued before it is stored: the watcher calls it before a sync
 marker, so a marker is never stored ahead of the events it speaks for.
 
-A message that cannot be stored within ``Bus.publish``'s deadline fails the publisher: ``failed`` is set, every
-waiter raises :class:`PublisherFailed`, and the service stops rather than lose events.
+While NATS is away the republishing goes on with backoff (``room()`` then holds the producers back); only an
+error that retrying cannot cure fails the publisher: ``failed`` is set, every waiter raises
+:class:`PublisherFailed`, and the service stops rather than lose events.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,10 +29,13 @@ from typing import Final
 
 import msgspec
 import nats.errors
+import structlog
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from services.bus import TRANSIENT, Bus
+
+log = structlog.get_logger("vmquota.watcher.publisher")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +82,8 @@ class Publisher:
         self.ack_timeout = ack_timeout
         self.on_stored = on_stored
         self._queue: deque[tuple[int, Item]] = deque()
-        self._outstanding: dict[int, tuple[Item, float]] = {}
-        """order → (item, when sent), in sending order (the oldest first)."""
+        self._outstanding: dict[int, tuple[Item, float, int]] = {}
+        """order → (item, when sent, the connection's epoch then), in sending order (the oldest first)."""
         self._retrying: dict[int, Item] = {}
         self._retry_tasks: set[asyncio.Task[None]] = set()
         self.enqueued = 0
@@ -119,6 +124,11 @@ class Publisher:
             self._sub = None
 
     # ---- the producer's side ---------------------------------------------------------------------------------
+    @property
+    def max_payload(self) -> int:
+        """The largest message the server takes (bytes, headers included)."""
+        return int(self.bus.nc.max_payload)
+
     @property
     def backlog(self) -> int:
         """Enqueued and not yet stored."""
@@ -182,7 +192,7 @@ class Publisher:
                     self._window_open.clear()
                     await self._window_open.wait()
                 order, item = queue.popleft()
-                outstanding[order] = (item, loop.time())
+                outstanding[order] = (item, loop.time(), self.bus.epoch)
                 headers = item.headers
                 if item.msg_id is not None:
                     headers = {**headers, "Nats-Msg-Id": item.msg_id} if headers else {"Nats-Msg-Id": item.msg_id}
@@ -241,26 +251,35 @@ class Publisher:
             self._window_open.set()
 
     async def _republish(self, order: int, item: Item) -> None:
-        try:
-            ack = await self.bus.publish(item.subject, item.data, msg_id=item.msg_id, headers=item.headers)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            self._fail(e)
-            return
+        delay = 1.0
+        while True:
+            try:
+                ack = await self.bus.publish(item.subject, item.data, msg_id=item.msg_id, headers=item.headers)
+                break
+            except asyncio.CancelledError:
+                raise
+            except TRANSIENT as e:  # NATS is away longer than Bus.publish's deadline: keep trying
+                log.warning("publish still failing, retrying", subject=item.subject, error=str(e) or type(e).__name__)
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, 30.0)
+            except Exception as e:
+                self._fail(e)
+                return
         self._retrying.pop(order, None)
         self._settle(item, bool(ack.duplicate))
 
     async def _expire(self) -> None:
-        """Publish again the messages whose ack did not come in time (lost in a server restart)."""
+        """Publish again the messages whose ack did not come in time, or that were sent before a reconnect (their
+        acks went to a subscription the server may not have had yet)."""
         loop = asyncio.get_running_loop()
-        period = min(1.0, self.ack_timeout / 4)
+        period = min(0.25, self.ack_timeout / 4)
         while True:
             await asyncio.sleep(period)
             cutoff = loop.time() - self.ack_timeout
+            epoch = self.bus.epoch
             late = []
-            for order, (item, sent) in self._outstanding.items():
-                if sent > cutoff:
+            for order, (item, sent, sent_epoch) in self._outstanding.items():
+                if sent > cutoff and sent_epoch == epoch:
                     break
                 late.append((order, item))
             for order, item in late:

@@ -166,7 +166,11 @@ class Emitter:
             self.log.error("normalising failed", kind=kind, namespace=ident.namespace, name=ident.name, error=repr(e))
             self.dead_letter(kind, obj, f"internal error normalising {_where(kind, obj)}: {e!r}", ident)
             return False
-        self.publisher.enqueue(Item(subject, contract.encode(ev), ev.id, label=f"{kind}|upserted"))
+        data = contract.encode(ev)
+        if len(data) > self.publisher.max_payload - 1024:  # room for the headers
+            self.dead_letter(kind, obj, f"its event is {len(data)} bytes, over the bus's maximum message size", ident)
+            return False
+        self.publisher.enqueue(Item(subject, data, ev.id, label=f"{kind}|upserted"))
         return True
 
     def delete(
@@ -189,13 +193,16 @@ class Emitter:
                 snapshot=snap,
             )
             subject = self.subject(kind, namespace)
+            data = contract.encode(ev)
+            if snap is not None and len(data) > self.publisher.max_payload - 1024:
+                data = contract.encode(msgspec.structs.replace(ev, snapshot=None))  # the deletion without its state
         except InvalidInput as e:
             if obj is not None and ident is not None:
                 self.dead_letter(kind, obj, str(e), ident)
             else:
                 self.log.error("cannot publish a deletion", kind=kind, namespace=namespace, name=name, error=str(e))
             return
-        self.publisher.enqueue(Item(subject, contract.encode(ev), ev.id, label=f"{kind}|deleted"))
+        self.publisher.enqueue(Item(subject, data, ev.id, label=f"{kind}|deleted"))
 
     def sync(self, kind: str, namespace: str, rv: str, present: list[str]) -> None:
         ev = contract.sync_event(cluster=self.cluster, kind=kind, namespace=namespace, rv=rv, present=present)
@@ -205,9 +212,10 @@ class Emitter:
     def dead_letter(self, kind: str, obj: Obj, reason: str, ident: Ident | None) -> None:
         """Queue a :class:`shared.bus.DeadLetter` with the raw object, deduplicated per object version."""
         payload = _encode_raw(obj)
-        if len(payload) > _MAX_DLQ_PAYLOAD:
+        limit = min(_MAX_DLQ_PAYLOAD, self.publisher.max_payload // 2)
+        if len(payload) > limit:
             reason = f"{reason} (object of {len(payload)} bytes; payload truncated)"
-            payload = payload[:_MAX_DLQ_PAYLOAD]
+            payload = payload[:limit]
         raw_meta = obj.get("metadata")
         meta: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
         ns = ident.namespace if ident is not None else str(meta.get("namespace") or "")
@@ -328,25 +336,27 @@ class ListWatch:
     async def list_into(self, namespace: str | None, listed: dict[str, Tracked]) -> str:
         """List (one namespace or all), publish what is new, fill ``listed``; the list's resourceVersion."""
         list_rv = ""
-        async for page in kube.list_pages(
+        pages = kube.list_pages(
             self.w.api, self.spec, namespace=namespace, limit=self.w.config.page_size, timeouts=self.w.config.timeouts
-        ):
-            if not list_rv:
-                list_rv = page.resource_version  # the first page's: a consistent list's version
-            for obj in page.items:
-                if self._seen is not None:
-                    self._seen.inc()
-                ident = self._ident(obj)
-                if ident is None:
-                    continue
-                self.observe("ADDED", obj, ident)
-                if not self.wanted(obj, ident):
-                    if namespace is None:
-                        self.known.pop(ident.uid)
-                    continue
-                listed[ident.uid] = Tracked(ident.namespace, ident.name, ident.rv)
-                self.upsert(obj, ident)
-                await self.w.publisher.room()
+        )
+        async with contextlib.aclosing(pages):
+            async for page in pages:
+                if not list_rv:
+                    list_rv = page.resource_version  # the first page's: a consistent list's version
+                for obj in page.items:
+                    if self._seen is not None:
+                        self._seen.inc()
+                    ident = self._ident(obj)
+                    if ident is None:
+                        continue
+                    self.observe("ADDED", obj, ident)
+                    if not self.wanted(obj, ident):
+                        if namespace is None:
+                            self.known.pop(ident.uid)
+                        continue
+                    listed[ident.uid] = Tracked(ident.namespace, ident.name, ident.rv)
+                    self.upsert(obj, ident)
+                    await self.w.publisher.room()
         if not list_rv.isdigit():
             raise KubeError(0, "BadList", f"the list of {self.spec.key} has resourceVersion {list_rv!r}")
         return list_rv
@@ -392,19 +402,21 @@ class ListWatch:
         started = loop.time()
         count = 0
         timeout = int(cfg.timeouts.watch * self.w.rng.uniform(1.0, 1.25))
-        async for ev in kube.watch(self.w.api, self.spec, self.rv, timeout_seconds=timeout, timeouts=cfg.timeouts):
-            if ev.type == "BOOKMARK":
-                rv = (ev.object.get("metadata") or {}).get("resourceVersion")
-                if isinstance(rv, str) and rv:
-                    self.rv = rv
-                continue
-            if ev.type == "ERROR":
-                raise kube.error_from_status(ev.object)
-            if ev.type not in ("ADDED", "MODIFIED", "DELETED"):
-                continue
-            count += 1
-            self.handle(ev.type, ev.object)
-            await self.w.publisher.room()
+        stream = kube.watch(self.w.api, self.spec, self.rv, timeout_seconds=timeout, timeouts=cfg.timeouts)
+        async with contextlib.aclosing(stream):  # close the connection at once when handling fails
+            async for ev in stream:
+                if ev.type == "BOOKMARK":
+                    rv = (ev.object.get("metadata") or {}).get("resourceVersion")
+                    if isinstance(rv, str) and rv:
+                        self.rv = rv
+                    continue
+                if ev.type == "ERROR":
+                    raise kube.error_from_status(ev.object)
+                if ev.type not in ("ADDED", "MODIFIED", "DELETED"):
+                    continue
+                count += 1
+                self.handle(ev.type, ev.object)
+                await self.w.publisher.room()
         if self._tracked is not None:
             self._tracked.set(len(self.known))
         return count, loop.time() - started

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 import nats
+import nats.errors
+import nats.js.errors
 import pytest
 from nats.aio.msg import Msg
 
@@ -472,7 +475,7 @@ async def stream_events(url: str) -> list[Upserted | Deleted | Sync]:
 async def test_nats_restart_loses_nothing(
     cluster: Cluster, tap: Tap, start_watcher: StartWatcher, nats_server: NatsServer, sim_api: SimApi
 ) -> None:
-    await start_watcher()
+    w = await start_watcher()
     await tap.wait("the namespaces", lambda: len(tap.of(Upserted, "Namespace")) == 4)
     await watches_open(sim_api)
     for i in range(10):
@@ -497,4 +500,35 @@ async def test_nats_restart_loses_nothing(
         await asyncio.sleep(0.2)  # polling the stream until a deadline
     assert want <= names, f"missing after the restart: {sorted(want - names)}"
     versions = [(e.uid, e.resource_version) for e in events if isinstance(e, Upserted)]
-    assert len(versions) == len(set(versions))
+    assert len(versions) == len(set(versions)), "the republished state was stored twice"
+    # After the reconnect the watcher listed everything again (the server might have lost its store).
+    reconnects = w.rt.metrics.registry.get_sample_value("vmquota_nats_reconnects_total", {"service": "watcher"})
+    assert reconnects is not None and reconnects >= 1
+    assert w.metric("vmquota_watcher_relists_total", kind="Pod", reason="start") >= 2
+
+
+async def test_a_bus_that_lost_its_store_gets_the_current_state_again(
+    cluster: Cluster, tap: Tap, start_watcher: StartWatcher, nats_server: NatsServer, sim_api: SimApi
+) -> None:
+    await cluster.create("resourcequotas", quota("compute", managed=True), "a")
+    for i in range(5):
+        await cluster.create("pods", pod(f"p{i}", launcher=False), "a")
+    await start_watcher()
+    await tap.wait("the pods", lambda: len(tap.live("a", "Pod")) == 5)
+    nats_server.kill()
+    shutil.rmtree(nats_server.store)  # a new, empty volume
+    nats_server.start()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while True:
+        try:
+            events = await stream_events(nats_server.url)
+        except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError):
+            events = []  # the stream is not back yet
+        pods = {e.name for e in events if isinstance(e, Upserted) and e.kind == "Pod"}
+        synced = any(isinstance(e, Sync) and e.kind == "Pod" and e.namespace == "a" for e in events)
+        if (len(pods) == 5 and synced) or loop.time() > deadline:
+            break
+        await asyncio.sleep(0.2)  # polling the stream until a deadline
+    assert pods == {f"p{i}" for i in range(5)} and synced
+    assert any(isinstance(e, Upserted) and e.kind == "Namespace" for e in events)

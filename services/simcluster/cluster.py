@@ -45,6 +45,7 @@ from services.simcluster.store_api import ApiError, Obj
 from services.simcluster.workqueue import Cache
 from shared.errors import InvalidInput
 from shared.quantity import Quantity
+from shared.resources import parse_resource_list
 
 KUBEVIRT_NAMESPACE: Final = "kubevirt"
 KUBEVIRT_NAME: Final = "kubevirt"
@@ -356,8 +357,9 @@ class SimCluster:
 
         def synced(q: Obj) -> bool:
             st = q.get("status") or {}
-            hard = (q.get("spec") or {}).get("hard") or {}
-            return st.get("hard") == hard and set(st.get("used") or {}) == set(hard)
+            hard = parse_resource_list((q.get("spec") or {}).get("hard"))
+            status_hard = parse_resource_list(st.get("hard"))
+            return status_hard == hard and set(st.get("used") or {}) == set(hard)
 
         return await self.wait_until("resourcequotas", namespace, name, synced, within=within)
 

@@ -504,6 +504,11 @@ class KubeVirtSimulator:
         cache.subscribe("virtualmachineinstancemigrations", self._on_vmim)
         cache.subscribe("pods", self._on_pod)
         cache.subscribe("resourcequotas", self._on_quota)
+        cache.add_index("pods", "vmi", lambda p: _label_values(p, CREATED_BY_LABEL))
+        cache.add_index("pods", "migration", lambda p: _label_values(p, MIGRATION_JOB_LABEL))
+        cache.add_index("pods", "node", _pod_node)
+        cache.add_index("virtualmachineinstancemigrations", "vmi", _vmim_vmi)
+        cache.add_index("virtualmachineinstancemigrations", "phase", lambda m: (phase(m),))
 
     @property
     def queues(self) -> tuple[WorkQueue, ...]:
@@ -588,8 +593,8 @@ class KubeVirtSimulator:
         key = key_of(obj)
         self.vmi_queue.add(key)
         self.vm_queue.add(key)
-        for vmim in self.cache.list("virtualmachineinstancemigrations", key[0]):
-            if (vmim.get("spec") or {}).get("vmiName") == key[1] and phase(vmim) not in VMIM_FINAL:
+        for vmim in self.migrations_of(*key):
+            if phase(vmim) not in VMIM_FINAL:
                 self.migration_queue.add(key_of(vmim))
         if type_ == "DELETED":
             uid = uid_of(obj)
@@ -611,8 +616,8 @@ class KubeVirtSimulator:
             self.vm_queue.add((key[0], vmi_name))
         if phase(obj) in VMIM_FINAL and (old is None or phase(old) not in VMIM_FINAL):
             # a slot is free: migrations held back by the parallel limits may go
-            for other in self.cache.list("virtualmachineinstancemigrations"):
-                if phase(other) in ("", "Pending"):
+            for waiting in ("", "Pending"):
+                for other in self.cache.by_index("virtualmachineinstancemigrations", "phase", waiting):
                     self.migration_queue.add(key_of(other))
 
     def _on_pod(self, type_: WatchType, obj: Obj, old: Obj | None) -> None:
@@ -678,8 +683,8 @@ class KubeVirtSimulator:
             raise ApiError(422, "Invalid", f'{prefix}: the VMI "{ns}/{vmi_name}" does not exist')
         if phase(vmi) != "Running" or deleting(vmi):
             raise ApiError(422, "Invalid", f'{prefix}: Cannot migrate VMI "{ns}/{vmi_name}": it is not running')
-        for other in self.cache.list("virtualmachineinstancemigrations", ns):
-            if (other.get("spec") or {}).get("vmiName") == vmi_name and phase(other) not in VMIM_FINAL:
+        for other in self.migrations_of(ns, vmi_name):
+            if phase(other) not in VMIM_FINAL:
                 raise ApiError(
                     422,
                     "Invalid",
@@ -749,8 +754,7 @@ class KubeVirtSimulator:
 
     # ---- pods of a VMI ---------------------------------------------------------------------------------------
     def pods_of(self, vmi: Mapping[str, Any]) -> list[Obj]:
-        ns, uid = key_of(vmi)[0], uid_of(vmi)
-        pods = [p for p in self.cache.list("pods", ns) if labels_of(p).get(CREATED_BY_LABEL) == uid]
+        pods = self.cache.by_index("pods", "vmi", f"{key_of(vmi)[0]}/{uid_of(vmi)}")
         return sorted(
             pods, key=lambda p: (str(meta(p).get("creationTimestamp") or ""), int(meta(p).get("resourceVersion") or 0))
         )
@@ -830,10 +834,7 @@ class KubeVirtSimulator:
         vmi = self.cache.get("virtualmachineinstances", *key)
         if vmi is not None and not owned_by(vmi, uid_of(vm)):
             vmi = None
-        migrating = any(
-            (m.get("spec") or {}).get("vmiName") == key[1] and phase(m) == "Running"
-            for m in self.cache.list("virtualmachineinstancemigrations", key[0])
-        )
+        migrating = any(phase(m) == "Running" for m in self.migrations_of(*key))
         if vmi is None:
             printable = "Stopped"
         elif deleting(vmi):
@@ -862,10 +863,7 @@ class KubeVirtSimulator:
     async def _hotplug(self, vm: Obj, vmi: Obj) -> None:
         """Raised sockets or guest memory on a running VM: patch the VMI, then a workload-update migration."""
         key = key_of(vmi)
-        if any(
-            (m.get("spec") or {}).get("vmiName") == key[1] and phase(m) not in VMIM_FINAL
-            for m in self.cache.list("virtualmachineinstancemigrations", key[0])
-        ):
+        if any(phase(m) not in VMIM_FINAL for m in self.migrations_of(*key)):
             return  # one migration at a time; the VM is re-synced when it ends
         tdomain = ((((vm.get("spec") or {}).get("template") or {}).get("spec") or {}).get("domain")) or {}
         domain = (vmi.get("spec") or {}).get("domain") or {}
@@ -1060,15 +1058,14 @@ class KubeVirtSimulator:
 
     # ---- migration controller --------------------------------------------------------------------------------
     def _target_pod(self, vmim: Mapping[str, Any]) -> Obj | None:
-        uid = uid_of(vmim)
-        ns = key_of(vmim)[0]
-        for p in self.cache.list("pods", ns):
-            if labels_of(p).get(MIGRATION_JOB_LABEL) == uid:
-                return p
-        return None
+        pods = self.cache.by_index("pods", "migration", f"{key_of(vmim)[0]}/{uid_of(vmim)}")
+        return pods[0] if pods else None
 
     def _running_migrations(self) -> list[Obj]:
-        return [m for m in self.cache.list("virtualmachineinstancemigrations") if phase(m) in VMIM_ACTIVE]
+        return [m for p in VMIM_ACTIVE for m in self.cache.by_index("virtualmachineinstancemigrations", "phase", p)]
+
+    def migrations_of(self, namespace: str, vmi: str) -> list[Obj]:
+        return self.cache.by_index("virtualmachineinstancemigrations", "vmi", f"{namespace}/{vmi}")
 
     async def _sync_migration(self, key: Key) -> None:
         vmim = self.cache.get("virtualmachineinstancemigrations", *key)
@@ -1076,6 +1073,7 @@ class KubeVirtSimulator:
             return
         p = phase(vmim)
         if p in VMIM_FINAL:
+            self._vmim_steps.clear(uid_of(vmim))
             await self._gc_migrations(vmim)
             return
         vmi = self.cache.get("virtualmachineinstances", key[0], str((vmim.get("spec") or {}).get("vmiName") or ""))
@@ -1200,7 +1198,8 @@ class KubeVirtSimulator:
         )
         step = "unschedulable" if unschedulable else "pending"
         limit = self.timing(self.timing.unschedulable_timeout if unschedulable else self.timing.pending_timeout)
-        if self._vmim_steps.elapsed(uid, step, limit, key):
+        # a watchdog, not progress: it keeps nobody waiting for a quiet cluster
+        if self._vmim_steps.elapsed(uid, step, limit, key, progress=False):
             await self._delete(self.r_pods, key_of(target))
             await self._fail_migration(vmim, vmi, f"Migration target pod was {step} for too long")
 
@@ -1320,11 +1319,7 @@ class KubeVirtSimulator:
         """Keep the newest finished migrations per VMI."""
         ns = key_of(vmim)[0]
         vmi_name = (vmim.get("spec") or {}).get("vmiName")
-        done = [
-            m
-            for m in self.cache.list("virtualmachineinstancemigrations", ns)
-            if (m.get("spec") or {}).get("vmiName") == vmi_name and phase(m) in VMIM_FINAL and not deleting(m)
-        ]
+        done = [m for m in self.migrations_of(ns, str(vmi_name)) if phase(m) in VMIM_FINAL and not deleting(m)]
         if len(done) <= self.config.finished_migrations_kept:
             return
         done.sort(key=lambda m: (str(meta(m).get("creationTimestamp") or ""), int(meta(m).get("resourceVersion") or 0)))
@@ -1338,23 +1333,26 @@ class KubeVirtSimulator:
         anti = (((pod.get("spec") or {}).get("affinity") or {}).get("podAntiAffinity") or {}).get(
             "requiredDuringSchedulingIgnoredDuringExecution"
         ) or []
-        others = [p for p in self.cache.list("pods", ns) if phase(p) not in POD_TERMINAL and uid_of(p) != uid_of(pod)]
         for term in anti:
             match = ((term or {}).get("labelSelector") or {}).get("matchLabels") or {}
+            if not match:
+                continue
+            # the pods the term selects (narrowed through the created-by index when it is one of the labels)
+            if CREATED_BY_LABEL in match:
+                others = self.cache.by_index("pods", "vmi", f"{ns}/{match[CREATED_BY_LABEL]}")
+            else:
+                others = self.cache.list("pods", ns)
             for p in others:
-                if match and all(labels_of(p).get(k) == v for k, v in match.items()):
+                if phase(p) in POD_TERMINAL or uid_of(p) == uid_of(pod):
+                    continue
+                if all(labels_of(p).get(k) == v for k, v in match.items()):
                     node = (p.get("spec") or {}).get("nodeName")
                     if node:
                         excluded.add(node)
         candidates = [n for n in self.config.nodes if n in self.schedulable and n not in excluded]
         if not candidates:
             return None
-        load = {n: 0 for n in candidates}
-        for p in self.cache.list("pods"):
-            node = (p.get("spec") or {}).get("nodeName")
-            if node in load and phase(p) not in POD_TERMINAL:
-                load[node] += 1
-        return min(candidates, key=lambda n: (load[n], n))
+        return min(candidates, key=lambda n: (len(self.cache.by_index("pods", "node", n)), n))
 
     async def _sync_pod(self, key: Key) -> None:
         pod = self.cache.get("pods", *key)
@@ -1439,6 +1437,22 @@ class KubeVirtSimulator:
             st["phase"] = "Running"
 
         await self._update_status(self.r_pods, key, start)
+
+
+def _label_values(obj: Mapping[str, Any], label: str) -> tuple[str, ...]:
+    """``namespace/value`` of a label, for an index (empty when the label is absent)."""
+    value = labels_of(obj).get(label)
+    return (f"{key_of(obj)[0]}/{value}",) if value else ()
+
+
+def _pod_node(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    node = (pod.get("spec") or {}).get("nodeName")
+    return (str(node),) if node and phase(pod) not in POD_TERMINAL else ()
+
+
+def _vmim_vmi(vmim: Mapping[str, Any]) -> tuple[str, ...]:
+    name = (vmim.get("spec") or {}).get("vmiName")
+    return (f"{key_of(vmim)[0]}/{name}",) if name else ()
 
 
 def _terminate(st: Obj, reason: str, exit_code: int) -> None:

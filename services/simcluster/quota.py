@@ -323,13 +323,30 @@ def compute_usage(
     return hard, _mask(used, hard)
 
 
+def canonical_quantities(rl: object) -> object:
+    """A resource map with every quantity in its canonical form, as the API server stores typed quantities
+    (``1000`` → ``1k``, ``1024Mi`` → ``1Gi``, ``1000m`` → ``1``); anything unparsable is left for validation."""
+    if not isinstance(rl, Mapping):
+        return rl
+    out: dict[str, Any] = {}
+    for k, v in rl.items():
+        try:
+            out[k] = Quantity.parse(v, allow_negative=True).canonical()
+        except InvalidInput:
+            out[k] = v
+    return out
+
+
 def default_pod(pod: Obj) -> Obj:
-    """API-server defaulting the quota check depends on: a container's missing request defaults to its limit;
-    ``status.phase`` starts Pending with the pod's QoS class."""
+    """API-server defaulting and serialization the quota check depends on: quantities in canonical form; a
+    container's missing request defaults to its limit; ``status.phase`` starts Pending with the pod's QoS class."""
     for c in _containers(pod):
         res = c.get("resources")
         if not isinstance(res, dict):
             continue
+        for part in ("requests", "limits"):
+            if part in res:
+                res[part] = canonical_quantities(res[part])
         lim = res.get("limits")
         if isinstance(lim, Mapping) and lim:
             req = res.get("requests")
@@ -337,6 +354,9 @@ def default_pod(pod: Obj) -> Obj:
                 req = res["requests"] = {}
             for k, v in lim.items():
                 req.setdefault(k, v)
+    spec = pod.get("spec")
+    if isinstance(spec, dict) and isinstance(spec.get("overhead"), Mapping):
+        spec["overhead"] = canonical_quantities(spec["overhead"])
     status = pod.get("status")
     if not isinstance(status, dict):
         status = pod["status"] = {}
@@ -429,9 +449,18 @@ class ResourceQuotaSystem:
 
     # ---- admission ----------------------------------------------------------------------------------------
     async def _admit_quota(self, op: Operation, res: Resource, new: Obj | None, old: Obj | None) -> Obj | None:
-        if op != "DELETE" and new is not None:
-            _validate_quota(new)
-        return None
+        if op == "DELETE" or new is None:
+            return None
+        _validate_quota(new)
+        spec = new.get("spec")
+        if isinstance(spec, dict) and "hard" in spec:
+            spec["hard"] = canonical_quantities(spec["hard"])
+        status = new.get("status")
+        if isinstance(status, dict):
+            for part in ("hard", "used"):
+                if part in status:
+                    status[part] = canonical_quantities(status[part])
+        return new
 
     async def _admit_pod(self, op: Operation, res: Resource, new: Obj | None, old: Obj | None) -> Obj | None:
         if op != "CREATE" or new is None:
@@ -467,9 +496,9 @@ class ResourceQuotaSystem:
     def _on_quota(self, type_: WatchType, obj: Obj, old: Obj | None) -> None:
         if type_ == "DELETED":
             return
-        spec_hard = (obj.get("spec") or {}).get("hard") or {}
-        status_hard = (obj.get("status") or {}).get("hard")
-        old_hard = ((old or {}).get("spec") or {}).get("hard")
+        spec_hard = canonical_quantities((obj.get("spec") or {}).get("hard") or {})
+        status_hard = canonical_quantities((obj.get("status") or {}).get("hard"))
+        old_hard = canonical_quantities(((old or {}).get("spec") or {}).get("hard"))
         if old is None or old_hard != spec_hard or status_hard != spec_hard:
             self._priority.add_after(key_of(obj), self.timing(self.timing.sync_delay))
 

@@ -56,6 +56,8 @@ class Cache:
         self._objs: dict[str, dict[Key, Obj]] = {k: {} for k in self.resources}
         self._by_ns: dict[str, dict[str, dict[str, Obj]]] = {k: {} for k in self.resources}
         self._handlers: dict[str, list[Handler]] = {k: [] for k in self.resources}
+        self._indexers: dict[str, dict[str, Callable[[Obj], Iterable[str]]]] = {k: {} for k in self.resources}
+        self._indexes: dict[tuple[str, str], dict[str, dict[Key, Obj]]] = {}
         self._deleted: set[tuple[str, Key]] = set()
         self._started = False
         self._listing = False
@@ -63,6 +65,29 @@ class Cache:
 
     def res(self, name: str) -> Resource:
         return self.store.resource(name)
+
+    def add_index(self, resource: str, name: str, fn: Callable[[Obj], Iterable[str]]) -> None:
+        """Index objects by the values ``fn(obj)`` returns (client-go's Indexers); add before :meth:`start`."""
+        rkey = self.res(resource).key
+        self._indexers[rkey][name] = fn
+        index: dict[str, dict[Key, Obj]] = {}
+        for k, obj in self._objs[rkey].items():
+            for v in fn(obj):
+                index.setdefault(v, {})[k] = obj
+        self._indexes[(rkey, name)] = index
+
+    def by_index(self, resource: str, name: str, value: str) -> list[Obj]:
+        return list(self._indexes[(self.res(resource).key, name)].get(value, {}).values())
+
+    def _unindex(self, rkey: str, k: Key, obj: Obj) -> None:
+        for name, fn in self._indexers[rkey].items():
+            index = self._indexes[(rkey, name)]
+            for v in fn(obj):
+                bucket = index.get(v)
+                if bucket is not None:
+                    bucket.pop(k, None)
+                    if not bucket:
+                        del index[v]
 
     def subscribe(self, resource: str, handler: Handler) -> None:
         """``handler(type, obj, old)`` is called synchronously for every change of that resource."""
@@ -88,11 +113,20 @@ class Cache:
         self._deleted.clear()
 
     def _put(self, rkey: str, k: Key, obj: Obj) -> None:
+        old = self._objs[rkey].get(k)
+        if old is not None:
+            self._unindex(rkey, k, old)
         self._objs[rkey][k] = obj
         self._by_ns[rkey].setdefault(k[0], {})[k[1]] = obj
+        for name, fn in self._indexers[rkey].items():
+            index = self._indexes[(rkey, name)]
+            for v in fn(obj):
+                index.setdefault(v, {})[k] = obj
 
     def _drop(self, rkey: str, k: Key) -> None:
-        self._objs[rkey].pop(k, None)
+        old = self._objs[rkey].pop(k, None)
+        if old is not None:
+            self._unindex(rkey, k, old)
         ns = self._by_ns[rkey].get(k[0])
         if ns is not None:
             ns.pop(k[1], None)

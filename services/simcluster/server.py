@@ -39,6 +39,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import yaml
@@ -107,6 +108,124 @@ def _parse_continue(token: str) -> tuple[int, tuple[str, str]]:
         return int(doc["rv"]), (str(doc["ns"]), str(doc["name"]))
     except Exception:
         raise ApiError(400, "BadRequest", f"continue key is not valid: {token!r}") from None
+
+
+# --- protobuf request bodies (kubectl's generator commands send them) -----------------------------------------
+
+# A field: (JSON name, kind, nested schema). Kinds: "str", "strs" (repeated string), "map" (string → string),
+# "qmap" (string → Quantity), "msg", "msgs" (repeated message). Unknown fields are skipped.
+_PbSchema = dict[int, tuple[str, str, Any]]
+_OBJECT_META: _PbSchema = {
+    1: ("name", "str", None),
+    2: ("generateName", "str", None),
+    3: ("namespace", "str", None),
+    11: ("labels", "map", None),
+    12: ("annotations", "map", None),
+    14: ("finalizers", "strs", None),
+}
+_SCOPE_REQUIREMENT: _PbSchema = {
+    1: ("scopeName", "str", None),
+    2: ("operator", "str", None),
+    3: ("values", "strs", None),
+}
+_PB_KINDS: dict[str, _PbSchema] = {
+    "Namespace": {1: ("metadata", "msg", _OBJECT_META), 2: ("spec", "msg", {1: ("finalizers", "strs", None)})},
+    "ResourceQuota": {
+        1: ("metadata", "msg", _OBJECT_META),
+        2: (
+            "spec",
+            "msg",
+            {
+                1: ("hard", "qmap", None),
+                2: ("scopes", "strs", None),
+                3: ("scopeSelector", "msg", {1: ("matchExpressions", "msgs", _SCOPE_REQUIREMENT)}),
+            },
+        ),
+    },
+}
+
+
+def _pb_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise ValueError("truncated varint")
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+
+
+def _pb_fields(buf: bytes) -> list[tuple[int, int | bytes]]:
+    out: list[tuple[int, int | bytes]] = []
+    pos = 0
+    while pos < len(buf):
+        key, pos = _pb_varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _pb_varint(buf, pos)
+            out.append((number, value))
+        elif wire == 2:
+            length, pos = _pb_varint(buf, pos)
+            if pos + length > len(buf):
+                raise ValueError("truncated field")
+            out.append((number, buf[pos : pos + length]))
+            pos += length
+        elif wire in (1, 5):
+            pos += 8 if wire == 1 else 4
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+    return out
+
+
+def _pb_str(value: int | bytes) -> str:
+    if not isinstance(value, bytes):
+        raise ValueError("expected a string")
+    return value.decode()
+
+
+def _pb_message(buf: bytes, schema: _PbSchema) -> Obj:
+    out: Obj = {}
+    for number, value in _pb_fields(buf):
+        field = schema.get(number)
+        if field is None or not isinstance(value, bytes):
+            continue
+        name, kind, nested = field
+        if kind == "str":
+            if value:
+                out[name] = _pb_str(value)
+        elif kind == "strs":
+            out.setdefault(name, []).append(_pb_str(value))
+        elif kind in ("map", "qmap"):
+            entry = dict(_pb_fields(value))
+            raw = entry.get(2, b"")
+            if kind == "qmap":
+                raw = dict(_pb_fields(raw)).get(1, b"") if isinstance(raw, bytes) else b""
+            out.setdefault(name, {})[_pb_str(entry.get(1, b""))] = _pb_str(raw)
+        elif kind == "msg":
+            out[name] = _pb_message(value, nested)
+        elif kind == "msgs":
+            out.setdefault(name, []).append(_pb_message(value, nested))
+    return out
+
+
+def decode_protobuf(data: bytes) -> Obj:
+    """A Kubernetes protobuf body (``k8s\\0`` + ``runtime.Unknown``) of a Namespace or ResourceQuota as JSON."""
+    if not data.startswith(b"k8s\x00"):
+        raise ValueError("not a Kubernetes protobuf envelope")
+    envelope = dict(_pb_fields(data[4:]))
+    type_meta = envelope.get(1, b"")
+    raw = envelope.get(2, b"")
+    if not isinstance(type_meta, bytes) or not isinstance(raw, bytes):
+        raise ValueError("malformed envelope")
+    tm = {k: _pb_str(v) for k, v in _pb_fields(type_meta)}
+    api_version, kind = tm.get(1, ""), tm.get(2, "")
+    schema = _PB_KINDS.get(kind)
+    if schema is None:
+        raise LookupError(kind or "unknown kind")
+    return {"apiVersion": api_version, "kind": kind, **_pb_message(raw, schema)}
 
 
 class ApiServer:
@@ -379,11 +498,18 @@ class ApiServer:
             if ctype in ("application/yaml", "application/x-yaml", "text/yaml"):
                 obj = yaml.safe_load(data)
             elif "protobuf" in ctype:
-                raise ApiError(415, "UnsupportedMediaType", f"the simulated API server does not accept {ctype}")
+                obj = decode_protobuf(data)
             else:
                 obj = _decode(data)
-        except (msgspec.DecodeError, yaml.YAMLError) as exc:
+        except (msgspec.DecodeError, yaml.YAMLError, ValueError) as exc:
             raise ApiError(400, "BadRequest", f"couldn't get version/kind; json parse error: {exc}") from None
+        except LookupError as exc:
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                f"the simulated API server reads protobuf bodies only for Namespace and ResourceQuota, not {exc}; "
+                "send JSON (kubectl create -f)",
+            ) from None
         if not isinstance(obj, dict):
             raise ApiError(400, "BadRequest", f"the body of the request for {res.key} must be a JSON object")
         return obj

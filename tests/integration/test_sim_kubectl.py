@@ -251,3 +251,17 @@ async def test_unauthenticated_kubectl_is_refused(kubectl: Kubectl, sim_api: Sim
     bad.write_text(sim_api.kubeconfig.read_text().replace(sim_api.token, "not-the-token"))
     code, _, err = await kubectl(f"--kubeconfig={bad}", "get", "pods", ok=False)
     assert code == 1 and "logged in to the server" in err
+
+
+async def test_generator_commands_send_protobuf(kubectl: Kubectl, sim_api: SimApi) -> None:
+    store = sim_api.store
+    _, out, _ = await kubectl("create", "namespace", "tenant-b")
+    assert out.strip() == "namespace/tenant-b created"
+    _, out, _ = await kubectl(
+        "create", "quota", "compute", "-n", "tenant-b", "--hard=limits.memory=64Gi,pods=10", "--scopes=NotTerminating"
+    )
+    assert out.strip() == "resourcequota/compute created"
+    quota = await store.get(store.resource("quota"), "tenant-b", "compute")
+    assert quota["spec"] == {"hard": {"limits.memory": "64Gi", "pods": "10"}, "scopes": ["NotTerminating"]}
+    code, _, err = await kubectl("create", "configmap", "x", "-n", "tenant-b", "--from-literal=a=b", ok=False)
+    assert code == 1 and "could not find the requested resource" in err  # configmaps are not served

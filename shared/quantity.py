@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from enum import Enum
 from fractions import Fraction
-from functools import total_ordering
+from functools import lru_cache, total_ordering
 from typing import Final
 
 from shared.errors import InvalidQuantity
@@ -85,8 +85,10 @@ class Quantity:
             raise InvalidQuantity(f"quantity {text!r} must not be negative")
         return q
 
-    @classmethod
-    def _parse_str(cls, s: str) -> Quantity:
+    @staticmethod
+    @lru_cache(maxsize=4096)
+    def _parse_str(s: str) -> Quantity:
+        # cached: quantities are immutable and the same few strings ("1Gi", "100m") recur in every object
         if not s or len(s) > 64:
             raise InvalidQuantity(f"invalid quantity {s!r}" if s else "empty quantity")
         m = _RE.match(s)
@@ -123,7 +125,7 @@ class Quantity:
             nanos = -nanos
         if abs(nanos) > _MAX_NANOS:
             raise InvalidQuantity(f"quantity {s!r} is larger than Kubernetes can represent")
-        return cls(nanos, fmt)
+        return Quantity(nanos, fmt)
 
     @classmethod
     def from_int(cls, value: int, fmt: Format = Format.DECIMAL_SI) -> Quantity:

@@ -38,7 +38,7 @@ def _map(obj: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
     v = obj.get(key)
     if v is None:
         return {}
-    if not isinstance(v, Mapping):
+    if type(v) is not dict and not isinstance(v, Mapping):
         raise InvalidInput(f"expected an object, got {type(v).__name__}", f"{where}.{key}" if where else key)
     return v
 
@@ -107,11 +107,10 @@ def vmi_spec(obj: Mapping[str, Any]) -> VmiSpec:
     """Read a VMI or VM object; apply KubeVirt's admission defaults for CPU topology and guest memory."""
     if not isinstance(obj, Mapping):
         raise InvalidInput(f"expected an object, got {type(obj).__name__}")
-    ref = object_ref(obj)
     try:
         return _vmi_spec(obj)
     except InvalidInput as e:
-        raise e.at(ref) from None
+        raise e.at(object_ref(obj)) from None
 
 
 def _vmi_spec(obj: Mapping[str, Any]) -> VmiSpec:

@@ -234,6 +234,8 @@ class KubeVirtConfig:
     profile: VersionProfile = field(init=False, compare=False, repr=False)
     overhead_ratio: float | None = field(init=False, compare=False, repr=False)
     auto_limits_from_quota: bool = field(init=False, compare=False, repr=False)
+    cache: dict[Any, Any] = field(init=False, compare=False, repr=False, default_factory=dict)
+    """Values derived from this configuration, filled lazily by the renderer (the config is immutable)."""
 
     def __post_init__(self) -> None:
         setattr_ = object.__setattr__

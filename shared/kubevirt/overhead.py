@@ -8,6 +8,7 @@ the ``additionalGuestMemoryOverheadRatio`` step uses float64 arithmetic exactly 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Final
 
 from shared.errors import InvalidInput
@@ -32,20 +33,23 @@ _PASST: Final = 250 * MI
 # ---- typed access to the raw VMI spec (errors name the field) --------------------------------------------------
 
 
+_EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
+
+
 def obj_at(parent: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
     v = parent.get(key)
     if v is None:
-        return {}
-    if not isinstance(v, Mapping):
-        raise InvalidInput(f"expected an object, got {type(v).__name__}", f"{where}.{key}")
-    return v
+        return _EMPTY
+    if type(v) is dict or isinstance(v, Mapping):
+        return v
+    raise InvalidInput(f"expected an object, got {type(v).__name__}", f"{where}.{key}")
 
 
 def list_at(parent: Mapping[str, Any], key: str, where: str) -> list[Any]:
     v = parent.get(key)
     if v is None:
         return []
-    if not isinstance(v, list):
+    if type(v) is not list:
         raise InvalidInput(f"expected a list, got {type(v).__name__}", f"{where}.{key}")
     return v
 
@@ -54,7 +58,7 @@ def items_at(parent: Mapping[str, Any], key: str, where: str) -> list[Mapping[st
     """A list of objects (``devices.interfaces``, ``volumes`` ...); each element must be an object."""
     out = list_at(parent, key, where)
     for i, item in enumerate(out):
-        if not isinstance(item, Mapping):
+        if type(item) is not dict and not isinstance(item, Mapping):
             raise InvalidInput(f"expected an object, got {type(item).__name__}", f"{where}.{key}[{i}]")
     return out
 
@@ -113,12 +117,12 @@ def wants_guaranteed_qos(requests: Mapping[str, Quantity], limits: Mapping[str, 
     return lm is not None and lc is not None and rm.nanos == lm.nanos and rc.nanos == lc.nanos
 
 
-def is_vfio(vmi: VmiSpec, devices: Mapping[str, Any]) -> bool:
+def is_vfio(vmi: VmiSpec, devices: Mapping[str, Any], interfaces: list[Mapping[str, Any]]) -> bool:
     """Any host device, GPU or SR-IOV interface (VFIO locks all guest RAM)."""
     dw = f"{vmi.spec_path}.domain.devices"
     if list_at(devices, "hostDevices", dw) or list_at(devices, "gpus", dw):
         return True
-    return any(iface.get("sriov") is not None for iface in items_at(devices, "interfaces", dw))
+    return any(iface.get("sriov") is not None for iface in interfaces)
 
 
 def _has_probe_exec(vmi: VmiSpec, key: str) -> bool:
@@ -161,13 +165,13 @@ def _reserved_overhead(vmi: VmiSpec) -> int:
         raise e.at(f"{where}.addedOverhead") from None
 
 
-def _network_overhead(vmi: VmiSpec, devices: Mapping[str, Any], config: KubeVirtConfig) -> int:
+def _network_overhead(vmi: VmiSpec, interfaces: list[Mapping[str, Any]], config: KubeVirtConfig) -> int:
     """passt (core binding) 250 Mi, plus ``computeResourceOverhead.requests.memory`` of each binding plugin used."""
     nanos = 0
     seen: set[str] = set()
     dw = f"{vmi.spec_path}.domain.devices"
     passt = False
-    for i, iface in enumerate(items_at(devices, "interfaces", dw)):
+    for i, iface in enumerate(interfaces):
         if iface.get("passtBinding") is not None or iface.get("passt") is not None:
             passt = True
         binding = obj_at(iface, "binding", f"{dw}.interfaces[{i}]")
@@ -186,14 +190,21 @@ def _network_overhead(vmi: VmiSpec, devices: Mapping[str, Any], config: KubeVirt
 
 
 def overhead_nanos(
-    vmi: VmiSpec, config: KubeVirtConfig, memory_request: Quantity | None, guaranteed: bool
+    vmi: VmiSpec,
+    config: KubeVirtConfig,
+    memory_request: Quantity | None,
+    guaranteed: bool,
+    devices: Mapping[str, Any] | None = None,
 ) -> tuple[int, Format]:
     """The overhead in nano-bytes and the format Kubernetes would print it in.
 
     ``memory_request`` is the VMI's ``requests.memory`` (after admission, see :func:`admitted_requests`);
-    ``guaranteed`` is :func:`wants_guaranteed_qos` of the admitted VMI."""
+    ``guaranteed`` is :func:`wants_guaranteed_qos` of the admitted VMI; ``devices`` is
+    ``spec.domain.devices`` when the caller has it already."""
     prof = config.profile
-    devices = devices_of(vmi)
+    if devices is None:
+        devices = devices_of(vmi)
+    interfaces = items_at(devices, "interfaces", f"{vmi.spec_path}.domain.devices")
     # page tables: one bit per 512 B of the requested RAM, on the request rounded up to kB
     kilo = -((-memory_request.nanos) // _KILO_NANOS) if memory_request is not None else 0
     pagetables = kilo * 1000 // 512 if kilo > 0 else 0
@@ -203,7 +214,7 @@ def overhead_nanos(
     arch = vmi.spec.get("architecture") or config.arch
     if arch == "arm64":
         total += _ARM64
-    if is_vfio(vmi, devices):
+    if is_vfio(vmi, devices, interfaces):
         total += _VFIO
     if _has_downward_metrics(vmi):
         total += _DOWNWARD_METRICS
@@ -223,7 +234,7 @@ def overhead_nanos(
     if ratio is not None:
         kb = -((-nanos) // _KILO_NANOS)
         nanos += int(float(kb) * (ratio - 1.0)) * _KILO_NANOS
-    nanos += _network_overhead(vmi, devices, config)
+    nanos += _network_overhead(vmi, interfaces, config)
     return nanos, (Format.DECIMAL_SI if pagetables > 0 else Format.BINARY_SI)
 
 

@@ -138,6 +138,7 @@ def _compute(
     ns: NamespaceFacts,
     vm_req: ResourceList,
     overhead: Quantity,
+    devices: Mapping[str, Any],
 ) -> ContainerSpec:
     vm_lim: ResourceList = dict(vmi.limits)
     calc_req: ResourceList = {}
@@ -215,7 +216,6 @@ def _compute(
         calc_lim["memory"] = Quantity.from_int(value, req.format)
 
     # device-plugin resources: one per GPU / host device with a deviceName
-    devices = devices_of(vmi)
     dw = f"{vmi.spec_path}.domain.devices"
     for key in ("gpus", "hostDevices"):
         for dev in items_at(devices, key, dw):
@@ -237,80 +237,86 @@ def _overcommit_guest_overhead(vmi: VmiSpec) -> bool:
 # ---- support containers -----------------------------------------------------------------------------------------
 
 
-def _support(config: KubeVirtConfig, kind: str) -> tuple[Mapping[str, Quantity], Mapping[str, Quantity]]:
-    return config.support_container_resources.get(kind, ({}, {}))
+def _support_table(config: KubeVirtConfig, guaranteed: bool) -> dict[str, tuple[ResourceList, ResourceList]]:
+    """(requests, limits) of each support container for this configuration, with ``supportContainerResources``
+    applied and, under dedicated CPUs / Guaranteed QoS, requests raised to limits. Computed once per config."""
+    key = ("support", guaranteed)
+    table: dict[str, tuple[ResourceList, ResourceList]] | None = config.cache.get(key)
+    if table is not None:
+        return table
+    scr = config.support_container_resources
+    table = {}
+    o_req, o_lim = scr.get(GUEST_CONSOLE_LOG, ({}, {}))
+    lim = _over(_CONSOLE_LIM, o_lim)
+    table["console"] = (dict(lim) if guaranteed else _over(_CONSOLE_REQ, o_req), lim)
+    o_req, o_lim = scr.get(CONTAINER_DISK, ({}, {}))
+    lim = _over(_DISK_LIM, o_lim)
+    req = _over(lim if guaranteed else _over(_DISK_REQ, o_req), {})
+    req["ephemeral-storage"] = _EPHEMERAL
+    table["disk"] = (req, lim)
+    if guaranteed:
+        b = _over(_BINARY_GUARANTEED, o_lim)
+        table["binary"] = (dict(b), b)
+    else:
+        table["binary"] = (_over(_BINARY_REQ, o_req), _over(_BINARY_LIM, o_lim))
+    o_req, o_lim = scr.get(VIRTIOFS, ({}, {}))
+    lim = _over(_VIRTIOFS_LIM, o_lim)
+    table["virtiofs"] = (dict(lim) if guaranteed else _over(_VIRTIOFS_REQ, o_req), lim)
+    o_req, o_lim = scr.get(SIDECAR, ({}, {}))
+    if guaranteed:
+        lim = _over(_SIDECAR_GUARANTEED, o_lim)
+        table["sidecar"] = (dict(lim), lim)
+    else:
+        table["sidecar"] = (_over({}, o_req), _over({}, o_lim))
+    for req, lim in table.values():  # API-server defaulting, once
+        for k, v in lim.items():
+            req.setdefault(k, v)
+    config.cache[key] = table
+    return table
 
 
 def _support_containers(
-    vmi: VmiSpec, config: KubeVirtConfig, guaranteed: bool
+    vmi: VmiSpec, config: KubeVirtConfig, guaranteed: bool, devices: Mapping[str, Any]
 ) -> tuple[list[ContainerSpec], list[ContainerSpec]]:
     """(init containers, containers) besides ``compute``, in pod order."""
     inits: list[ContainerSpec] = []
     containers: list[ContainerSpec] = []
     sw = vmi.spec_path
-    devices = devices_of(vmi)
     dw = f"{sw}.domain.devices"
+    table = _support_table(config, guaranteed)
+
+    def add(to: list[ContainerSpec], name: str, kind: str, init: bool = False, restartable: bool = False) -> None:
+        req, lim = table[kind]
+        to.append(ContainerSpec(name, dict(req), dict(lim), init=init, restartable=restartable))
 
     # guest-console-log: a restartable init container (sidecar)
-    if config.profile.serial_console_log and _serial_console_log(vmi, devices, config, dw):
-        o_req, o_lim = _support(config, GUEST_CONSOLE_LOG)
-        lim = _over(_CONSOLE_LIM, o_lim)
-        req = dict(lim) if guaranteed else _over(_CONSOLE_REQ, o_req)
-        inits.append(_container("guest-console-log", req, lim, init=True, restartable=True))
+    if config.profile.serial_console_log and _serial_console_log(devices, config, dw):
+        add(inits, "guest-console-log", "console", init=True, restartable=True)
 
     # containerDisks: one container per volume (+ a pre-pull init container), and the container-disk binary copier
-    disk_volumes = [
-        _volume_name(v, i, sw)
-        for i, v in enumerate(items_at(vmi.spec, "volumes", sw))
-        if v.get("containerDisk") is not None
-    ]
-    kernel_boot = _kernel_boot_image(vmi)
-    if kernel_boot:
+    volumes = items_at(vmi.spec, "volumes", sw)
+    disk_volumes = [_volume_name(v, i, sw) for i, v in enumerate(volumes) if v.get("containerDisk") is not None]
+    if _kernel_boot_image(vmi):
         disk_volumes.append("kernel-boot-volume")
     if disk_volumes and not config.image_volume:
-        o_req, o_lim = _support(config, CONTAINER_DISK)
-        disk_lim = _over(_DISK_LIM, o_lim)
-        disk_req = _over(_DISK_REQ, o_req)
-        if guaranteed:
-            disk_req = _over(disk_req, disk_lim)
-        disk_req["ephemeral-storage"] = _EPHEMERAL
-        if guaranteed:
-            b = _over(_BINARY_GUARANTEED, o_lim)
-            inits.append(_container("container-disk-binary", dict(b), dict(b), init=True))
-        else:
-            inits.append(
-                _container("container-disk-binary", _over(_BINARY_REQ, o_req), _over(_BINARY_LIM, o_lim), init=True)
-            )
+        add(inits, "container-disk-binary", "binary", init=True)
         for vol in disk_volumes:
-            inits.append(_container(f"volume{vol}-init", dict(disk_req), dict(disk_lim), init=True))
+            add(inits, f"volume{vol}-init", "disk", init=True)
         for vol in disk_volumes:
-            containers.append(_container(f"volume{vol}", dict(disk_req), dict(disk_lim)))
+            add(containers, f"volume{vol}", "disk")
 
     # virtiofs: one container per volume shared as a filesystem
-    fs_names = {f.get("name") for f in items_at(devices, "filesystems", dw)}
-    if fs_names:
-        o_req, o_lim = _support(config, VIRTIOFS)
-        lim = _over(_VIRTIOFS_LIM, o_lim)
-        req = _over(_VIRTIOFS_REQ, o_req)
-        if vmi.dedicated_cpus or guaranteed:
-            req["cpu"] = lim["cpu"]
-            req["memory"] = lim["memory"]
-        for v in items_at(vmi.spec, "volumes", sw):
+    filesystems = items_at(devices, "filesystems", dw)
+    if filesystems:
+        fs_names = {f.get("name") for f in filesystems}
+        for i, v in enumerate(volumes):
             if v.get("name") in fs_names:
-                containers.append(_container(f"virtiofs-{v['name']}", dict(req), dict(lim)))
+                add(containers, f"virtiofs-{_volume_name(v, i, sw)}", "virtiofs")
 
     # hook sidecars (annotation) and network binding plugins that run a sidecar
-    n_sidecars = _hook_sidecar_count(vmi) + _binding_sidecar_count(vmi, devices, config, dw)
-    if n_sidecars:
-        o_req, o_lim = _support(config, SIDECAR)
-        if guaranteed:
-            lim = _over(_SIDECAR_GUARANTEED, o_lim)
-            req = dict(lim)
-        else:
-            lim = _over({}, o_lim)
-            req = _over({}, o_req)
-        for i in range(n_sidecars):
-            containers.append(_container(f"hook-sidecar-{i}", dict(req), dict(lim)))
+    n_sidecars = _hook_sidecar_count(vmi) + _binding_sidecar_count(devices, config, dw)
+    for i in range(n_sidecars):
+        add(containers, f"hook-sidecar-{i}", "sidecar")
     return inits, containers
 
 
@@ -321,7 +327,7 @@ def _volume_name(volume: Mapping[str, Any], index: int, where: str) -> str:
     return name
 
 
-def _serial_console_log(vmi: VmiSpec, devices: Mapping[str, Any], config: KubeVirtConfig, dw: str) -> bool:
+def _serial_console_log(devices: Mapping[str, Any], config: KubeVirtConfig, dw: str) -> bool:
     if bool_at(devices, "autoattachSerialConsole", dw) is False:
         return False
     explicit = bool_at(devices, "logSerialConsole", dw)
@@ -350,7 +356,7 @@ def _hook_sidecar_count(vmi: VmiSpec) -> int:
     return len(value)
 
 
-def _binding_sidecar_count(vmi: VmiSpec, devices: Mapping[str, Any], config: KubeVirtConfig, dw: str) -> int:
+def _binding_sidecar_count(devices: Mapping[str, Any], config: KubeVirtConfig, dw: str) -> int:
     if not config.network_binding_sidecars:
         return 0
     used: set[str] = set()
@@ -411,15 +417,16 @@ def _render(vmi: VmiSpec, config: KubeVirtConfig, ns: NamespaceFacts, published:
         raise InvalidInput(
             "expected a page size such as 2Mi or 1Gi", f"{vmi.spec_path}.domain.memory.hugepages.pageSize"
         )
+    devices = devices_of(vmi)
     vm_req = admitted_requests(vmi, config)
     guaranteed = wants_guaranteed_qos(vm_req, vmi.limits)
     if published is not None:
         overhead = published
     else:
-        nanos, fmt = overhead_nanos(vmi, config, vm_req.get("memory"), guaranteed)
+        nanos, fmt = overhead_nanos(vmi, config, vm_req.get("memory"), guaranteed, devices)
         overhead = Quantity(nanos, fmt)
-    compute = _compute(vmi, config, ns, vm_req, overhead)
-    inits, others = _support_containers(vmi, config, vmi.dedicated_cpus or guaranteed)
+    compute = _compute(vmi, config, ns, vm_req, overhead, devices)
+    inits, others = _support_containers(vmi, config, vmi.dedicated_cpus or guaranteed, devices)
     containers = (*inits, compute, *others)
     requests, limits = pod_totals(containers)
     return RenderedPod(

@@ -200,7 +200,8 @@ def test_passt_and_binding_plugins_after_the_ratio():
     plugin = vmi(
         {"devices": {"interfaces": [{"name": "a", "binding": {"name": "x"}}, {"name": "b", "binding": {"name": "x"}}]}}
     )
-    assert overhead(plugin, network_binding_memory={"x": Quantity.parse("100Mi")}) == 390 * MI  # each plugin counted once
+    # each plugin counted once
+    assert overhead(plugin, network_binding_memory={"x": Quantity.parse("100Mi")}) == 390 * MI
     assert overhead(plugin) == 290 * MI  # unregistered plugin: nothing
 
 

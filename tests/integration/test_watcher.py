@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import shutil
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import msgspec
 import nats
 import nats.errors
@@ -40,6 +46,7 @@ pytestmark = pytest.mark.integration
 
 CLUSTER = "c1"
 LEASE_NS = "vmquota-system"
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ---- objects ----------------------------------------------------------------------------------------------------
@@ -532,3 +539,49 @@ async def test_a_bus_that_lost_its_store_gets_the_current_state_again(
         await asyncio.sleep(0.2)  # polling the stream until a deadline
     assert pods == {f"p{i}" for i in range(5)} and synced
     assert any(isinstance(e, Upserted) and e.kind == "Namespace" for e in events)
+
+
+async def test_vmquota_run_watcher_serves_health_and_metrics(
+    cluster: Cluster, tap: Tap, nats_server: NatsServer, sim_api: SimApi
+) -> None:
+    await cluster.create("pods", pod("p1"), "a")
+    cmd = [sys.executable, "-m", "services.cli", "run", "watcher", "--cluster", CLUSTER, "--nats", nats_server.url]
+    cmd += ["--kubeconfig", str(sim_api.kubeconfig), "--no-leader-election", "--http-port", "0"]
+    proc = await asyncio.create_subprocess_exec(*cmd, stderr=asyncio.subprocess.PIPE, cwd=REPO)
+    assert proc.stderr is not None
+    try:
+        port = 0
+        while not port:
+            line = await asyncio.wait_for(proc.stderr.readline(), 20)
+            assert line, "the watcher exited"
+            with contextlib.suppress(ValueError):
+                port = int(json.loads(line).get("http_port") or 0)
+        await tap.wait("the pod", lambda: tap.live("a", "Pod") == ["p1"], within=20)
+        async with aiohttp.ClientSession() as http:
+            base = f"http://127.0.0.1:{port}"
+            ready = False
+            for _ in range(100):  # readiness follows the first list: poll it with a deadline
+                async with http.get(f"{base}/readyz") as resp:
+                    ready = resp.status == 200
+                if ready:
+                    break
+                await asyncio.sleep(0.05)
+            assert ready
+            async with http.get(f"{base}/metrics") as resp:
+                text = await resp.text()
+        assert 'vmquota_watcher_published_total{cluster="c1",kind="Pod",type="upserted"} 1.0' in text
+        assert 'vmquota_watcher_leader{cluster="c1"} 1.0' in text
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def test_vmquota_run_watcher_needs_a_cluster() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "services.cli", "run", "watcher"], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "--cluster" in out.stderr

@@ -783,7 +783,10 @@ class Store:
             new.setdefault("metadata", {})["resourceVersion"] = str(stored.rv)
             if new == old:
                 return stored.raw
-            if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+            meta = new["metadata"]
+            # A terminating namespace goes only once it is empty (its content's finalizers hold it too).
+            emptied = res.plural != "namespaces" or res.group or self._ns_count.get(name, 0) == 0
+            if meta.get("deletionTimestamp") and not meta.get("finalizers") and emptied:
                 result = self._commit("DELETED", info, ns, name, new, stored)
                 await self._after_removal(res, ns, stored.uid)
             else:

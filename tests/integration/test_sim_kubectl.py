@@ -200,6 +200,8 @@ async def test_patch_and_delete(kubectl: Kubectl, sim_api: SimApi) -> None:
     _, out, _ = await kubectl("delete", "pod", "web", "-n", "tenant-a")
     assert out.strip() == 'pod "web" deleted'
     assert (await store.list(store.resource("po")))[0] == []
+    _, out, _ = await kubectl("delete", "quota", "compute", "-n", "tenant-a")
+    assert out.strip() == 'resourcequota "compute" deleted'
     _, out, _ = await kubectl("delete", "namespace", "tenant-a")
     assert out.strip() == 'namespace "tenant-a" deleted'
     assert (await store.list(store.resource("ns")))[0] == []
@@ -265,3 +267,12 @@ async def test_generator_commands_send_protobuf(kubectl: Kubectl, sim_api: SimAp
     assert quota["spec"] == {"hard": {"limits.memory": "64Gi", "pods": "10"}, "scopes": ["NotTerminating"]}
     code, _, err = await kubectl("create", "configmap", "x", "-n", "tenant-b", "--from-literal=a=b", ok=False)
     assert code == 1 and "could not find the requested resource" in err  # configmaps are not served
+
+
+async def test_apply_creates_then_configures(kubectl: Kubectl, sim_api: SimApi) -> None:
+    _, out, _ = await kubectl("apply", "-f", "-", stdin=MANIFESTS)
+    assert "pod/web created" in out and "virtualmachineinstance.kubevirt.io/vm1 created" in out
+    _, out, _ = await kubectl("apply", "-f", "-", stdin=MANIFESTS.replace("image: busybox", "image: nginx"))
+    assert "pod/web configured" in out and "resourcequota/compute unchanged" in out
+    web = await sim_api.store.get(sim_api.store.resource("po"), "tenant-a", "web")
+    assert web["spec"]["containers"][0]["image"] == "nginx"

@@ -211,6 +211,14 @@ async def test_deleting_a_namespace_deletes_its_objects_then_itself() -> None:
     await s.patch(po, "a", "y", {"metadata": {"finalizers": None}}, "merge")
     names = [n["metadata"]["name"] for n in (await s.list(ns))[0]]
     assert names == ["b"]
+    # A namespace with finalizers of its own waits for them, and for its content.
+    await s.create(ns, {"metadata": {"name": "c", "finalizers": ["example.com/hold"]}})
+    await s.create(po, {**pod("p"), "metadata": {"name": "p", "finalizers": ["keep"]}}, namespace="c")
+    await s.delete(ns, None, "c")
+    await s.patch(ns, None, "c", {"metadata": {"finalizers": None}}, "merge")
+    assert (await s.get(ns, None, "c"))["status"]["phase"] == "Terminating"  # the pod still holds it
+    await s.patch(po, "c", "p", {"metadata": {"finalizers": None}}, "merge")
+    assert [n["metadata"]["name"] for n in (await s.list(ns))[0]] == ["b"]
 
 
 async def test_garbage_collection_follows_owner_references() -> None:

@@ -998,6 +998,7 @@ class KubeVirtSimulator:
 
     async def _failed_create(self, vmi: Obj, message: str) -> None:
         key = key_of(vmi)
+        self._log.info("launcher pod not created", namespace=key[0], vmi=key[1], message=message)
         await self.events.record(vmi, "Warning", "FailedCreate", message)
 
         def change(obj: Obj) -> None:
@@ -1173,6 +1174,7 @@ class KubeVirtSimulator:
             created = await self.store.create(self.r_pods, pod, namespace=key[0])
         except ApiError as e:
             self.pods_refused += 1
+            self._log.info("migration target pod not created", namespace=key[0], migration=key[1], message=e.message)
             await self.events.record(vmi, "Warning", "FailedCreate", f"Error creating pod: {e.message}")
             if e.code == 403 and "exceeded quota" in e.message and not has_condition(vmim, REJECTED_BY_QUOTA):
 
@@ -1284,6 +1286,7 @@ class KubeVirtSimulator:
             set_phase(st, "Succeeded")
 
         await self._update_status(self.r_vmims, key_of(vmim), succeed)
+        self._log.info("migration succeeded", namespace=key[0], migration=key_of(vmim)[1], vmi=key[1], node=node)
         await self.events.record(vmim, "Normal", "SuccessfulMigration", "Source node reported migration succeeded")
         await self.events.record(vmi, "Normal", "Migrated", f"The VirtualMachineInstance migrated to node {node}.")
         if source is not None:
@@ -1313,6 +1316,7 @@ class KubeVirtSimulator:
                     lambda o: (o.get("metadata") or {}).get("labels", {}).pop(MIGRATION_TARGET_NODE_LABEL, None),
                 )
         await self._update_status(self.r_vmims, key, lambda o: set_phase(o["status"], "Failed"))
+        self._log.info("migration failed", namespace=key[0], migration=key[1], reason=message)
         await self.events.record(vmim, "Warning", "FailedMigration", message)
 
     async def _gc_migrations(self, vmim: Obj) -> None:

@@ -10,12 +10,11 @@ migration step) unless marked as a retry, so :meth:`WorkQueue.idle` can tell a q
 from __future__ import annotations
 
 import asyncio
-import builtins
 import contextlib
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from services.logs import get_logger
@@ -165,12 +164,6 @@ class Cache:
         if namespace is None:
             return list(self._objs[rkey].values())
         return list(self._by_ns[rkey].get(namespace, {}).values())
-
-    def namespaces_of(self, resource: str) -> builtins.list[str]:
-        return list(self._by_ns[self.res(resource).key])
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.resources)
 
 
 class WorkQueue:

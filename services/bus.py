@@ -17,8 +17,8 @@ import asyncio
 import contextlib
 import functools
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import nats
@@ -67,7 +67,7 @@ class NatsOptions:
     creds: str | None = None
     """Path to a ``.creds`` file (JWT + nkey)."""
     user: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)
     name: str = "vmquota"
 
 
@@ -381,7 +381,7 @@ class PullConsumer:
             return False
         return True
 
-    async def batches(self) -> AsyncIterator[list[Msg]]:
+    async def batches(self) -> AsyncGenerator[list[Msg], None]:
         why = "start"
         delay = 0.1
         while True:
@@ -395,7 +395,7 @@ class PullConsumer:
                 assert self._sub is not None
                 try:
                     msgs = await self._sub.fetch(self.batch, timeout=self.idle)
-                except nats.errors.TimeoutError:
+                except TimeoutError:  # nats.errors.TimeoutError, or asyncio's when the fetch deadline runs out first
                     self._idle_fetches += 1
                     if self._idle_fetches % 5 == 0 and not await self._consumer_exists():
                         why = "consumer vanished"

@@ -308,25 +308,38 @@ class Sync(_Message, frozen=True, kw_only=True, tag=SYNC):
 ObjectEvent = Upserted | Deleted | Sync
 
 
-class ModeUsage(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """The terms of the quota equation in one accounting mode; quantities as canonical strings."""
+class QuotaTerms(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """The quota equation's terms for one managed ResourceQuota; quantities as canonical strings."""
 
+    mode: str
+    """The accounting mode (``VmiPodUsage``, ``VirtualResources``, ...)."""
+    budget: dict[str, str] = {}
+    """``B``: what the administrator allows."""
     used: dict[str, str] = {}
     """``U``: each admitted VM once in the mode's terms, plus every non-VM pod at its pod usage."""
     pods: dict[str, str] = {}
-    """``P``: what Kubernetes charges for the namespace's non-terminal pods."""
+    """``P``: what Kubernetes charges for the non-terminal pods in the quota's scope."""
     reserved: dict[str, str] = {}
     """``S``: admitted pods that do not exist yet (new VMs' launcher pods, pending migration targets)."""
+    hard: dict[str, str] = {}
+    """``spec.hard`` the equation gives."""
+    over_budget: list[str] = []
+    """Resources where ``U > B``."""
 
 
 class VmState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     name: str
     uid: str = ""
-    admitted: bool
+    phase: str = ""
+    state: str
+    """``running``, ``admitted`` (pending, its pod reserved), ``refused`` (does not fit) or ``stopped``."""
     reason: str = ""
-    """Why it was refused (or, for an admitted VM, how it is counted)."""
-    usage: dict[str, dict[str, str]] = {}
-    """Its usage per mode in use."""
+    counts: dict[str, dict[str, str]] = {}
+    """Per quota: what the VM adds to ``U``."""
+    reserved: dict[str, str] = {}
+    """The launcher pod reservation (admitted VMs)."""
+    refused_by: dict[str, list[str]] = {}
+    """Per quota: the resources the VM does not fit."""
 
 
 class MigrationState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -334,9 +347,25 @@ class MigrationState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     uid: str = ""
     vmi: str
     phase: str = ""
+    state: str = ""
+    """``pending`` (target reserved), ``target-created``, ``queued`` or ``waiting``."""
     reason: str = ""
-    """Why it waits or what it reserves."""
     reserved: dict[str, str] = {}
+    growth: dict[str, str] = {}
+    """Hotplug growth (target minus source), in pod terms."""
+    rejected_by_quota: bool = False
+
+
+class UsageBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """What accounting says about a namespace: the content of a :class:`UsageSnapshot`."""
+
+    quotas: dict[str, QuotaTerms] = {}
+    """Managed ResourceQuota name → its mode and U, P, S, hard."""
+    vms: list[VmState] = []
+    migrations: list[MigrationState] = []
+    """Migrations that are not finished."""
+    errors: list[str] = []
+    """Problems that did not stop accounting (an invalid managed quota, an unreadable VMI)."""
 
 
 class UsageSnapshot(_Message, frozen=True, kw_only=True, tag=USAGE):
@@ -344,14 +373,11 @@ class UsageSnapshot(_Message, frozen=True, kw_only=True, tag=USAGE):
 
     namespace: str
     seq: int
-    """The events stream sequence this reflects."""
-    modes: dict[str, ModeUsage] = {}
-    """Accounting mode → U, P, S (every mode used by a managed quota in the namespace)."""
+    """The events stream sequence of the last event applied to this namespace."""
+    quotas: dict[str, QuotaTerms] = {}
     vms: list[VmState] = []
     migrations: list[MigrationState] = []
-    """In-flight migrations."""
-    details: dict[str, Any] = {}
-    """Further accounting facts (budgets seen, estimates used); open-ended."""
+    errors: list[str] = []
 
 
 class Decision(_Message, frozen=True, kw_only=True, tag=DECISION):

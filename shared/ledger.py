@@ -268,6 +268,19 @@ class NamespaceState:
         return st
 
 
+@dataclass(frozen=True, slots=True)
+class NamespaceView:
+    """What accounting gets for one namespace: its live objects and its cluster's cluster-wide objects."""
+
+    cluster: str
+    namespace: str
+    seq: int
+    objects: dict[str, list[Snapshot]]
+    """kind → snapshots (ordered by uid); the namespace's ``Namespace`` object is under ``"Namespace"``."""
+    cluster_objects: dict[str, list[Snapshot]]
+    """kind → snapshots of the cluster-wide objects (the KubeVirt CR)."""
+
+
 def state_key(ev: Upserted | Deleted) -> tuple[str, str]:
     """(cluster, namespace key) of the state an object event belongs to."""
     if ev.kind in CLUSTER_WIDE_KINDS:
@@ -318,6 +331,17 @@ class Ledger:
             self.changed.update(self.namespaces(key[0]))
         else:
             self.changed.add(key)
+
+    def view(self, cluster: str, namespace: str) -> NamespaceView:
+        st = self.states.get((cluster, namespace))
+        cw = self.states.get((cluster, CLUSTER_WIDE))
+        return NamespaceView(
+            cluster=cluster,
+            namespace=namespace,
+            seq=st.seq if st is not None else 0,
+            objects=st.live_objects() if st is not None else {},
+            cluster_objects=cw.live_objects() if cw is not None else {},
+        )
 
     def apply(self, ev: Upserted | Deleted | Sync, seq: int) -> Outcome:
         """Fold one decoded event found at stream sequence ``seq``."""

@@ -8,6 +8,7 @@ import pytest
 
 from services.bus import Bus, NatsOptions, PullConsumer
 from shared import bus as contract
+from shared.snapshot import PodSnapshot
 from tests.conftest import NatsServer
 
 pytestmark = pytest.mark.integration
@@ -48,7 +49,14 @@ async def test_publish_with_msg_id_is_deduplicated_by_the_server(nats_url: str) 
     try:
         await b.ensure_streams(contract.streams())
         ev = contract.object_event(
-            "upserted", cluster="c1", kind="Pod", namespace="ns", name="p", uid="u1", rv="5", snapshot={"kind": "Pod"}
+            "upserted",
+            cluster="c1",
+            kind="Pod",
+            namespace="ns",
+            name="p",
+            uid="u1",
+            rv="5",
+            snapshot=PodSnapshot(name="p"),
         )
         subject = contract.event_subject("c1", "Pod", "ns")
         a1 = await b.publish(subject, contract.encode(ev), msg_id=ev.id)

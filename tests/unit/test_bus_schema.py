@@ -184,8 +184,8 @@ def test_usage_decision_and_dead_letter_round_trip() -> None:
         cluster="c1",
         namespace="ns",
         seq=42,
-        modes={"VirtualResources": bus.ModeUsage(used={"requests.memory": "16Gi"}, pods={}, reserved={"pods": "1"})},
-        vms=[bus.VmState(name="vm1", admitted=False, reason="requests.memory exceeds budget")],
+        quotas={"q": bus.QuotaTerms(mode="VirtualResources", used={"requests.memory": "16Gi"}, reserved={"pods": "1"})},
+        vms=[bus.VmState(name="vm1", state="refused", refused_by={"q": ["requests.memory"]})],
         migrations=[bus.MigrationState(name="mig", vmi="vm1", phase="Scheduling", reserved={"pods": "1"})],
     )
     assert bus.decode_usage(bus.encode(usage)) == usage

@@ -1,0 +1,328 @@
+"""The ledger service: fold the events stream into per-namespace state, publish usage, checkpoint.
+
+Loop: fetch a batch of events in stream order (``services.bus.PullConsumer``), fold each into
+``shared.ledger.Ledger`` (a malformed or unknown event goes to ``vmquota.dlq.ledger`` and is skipped), then
+
+* when namespaces changed and the consumer has caught up (or ``debounce`` seconds passed), run accounting on each
+  changed namespace and publish a :class:`shared.bus.UsageSnapshot` on ``vmquota.usage.<cluster>.<namespace>`` if
+  its content differs from the last one published (the digest is kept in the namespace's checkpoint);
+* every ``checkpoint_interval`` seconds, write each changed state to the KV bucket (key
+  ``ns.<cluster>.<namespace>`` / ``cl.<cluster>``), then this instance's progress (``progress.<partitions>.<cluster
+  filter>``): the stream sequence up to which every state it owns is checkpointed.
+
+On start it loads the checkpoints of the namespaces it owns and replays the stream from progress + 1 (from the
+start of the stream when it has no progress, e.g. with a new partition layout); a state skips the events at or
+below its own checkpointed sequence. Whatever the crash point, the states and the last usage published per
+namespace end up the same.
+
+Partitions are filtered here, not by subject: every instance reads the whole events stream of its cluster filter
+and folds only the namespaces of its partitions (cluster-wide objects are folded by all).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import nats.errors
+import nats.js.errors
+import structlog
+from nats.aio.msg import Msg
+from nats.js.kv import KeyValue
+
+from services.bus import Bus, PullConsumer
+from services.runner import Health, Metrics
+from shared import bus as contract
+from shared.errors import InvalidInput
+from shared.ledger import CLUSTER_WIDE, Ledger, NamespaceView, Outcome, PartitionSet, checkpoint_key
+
+Accountant = Callable[[NamespaceView], contract.UsageBody]
+"""Accounting of one namespace (``shared.accounting`` through ``services.ledger.usage``)."""
+
+COMPRESS_OVER = 128 * 1024
+"""Checkpoints larger than this are stored zlib-compressed (prefix ``z``); JSON otherwise."""
+
+log = structlog.get_logger("vmquota.ledger")
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerOptions:
+    partitions: PartitionSet
+    cluster: str | None = None
+    """Fold only this cluster's events (None: every cluster on the bus)."""
+    events_max_age: float = 30 * contract.DAY
+    batch: int = 1000
+    idle: float = 0.5
+    """Seconds a fetch waits for events before the loop runs its timers."""
+    debounce: float = 0.2
+    """At most this long between a change and its usage snapshot while events keep coming."""
+    checkpoint_interval: float = 1.0
+    service: str = "ledger"
+
+    @property
+    def consumer_name(self) -> str:
+        return f"vmquota-ledger-{self.partitions.token()}-{self.cluster or 'all'}"
+
+    @property
+    def progress_key(self) -> str:
+        return f"progress.{self.partitions.token()}.{self.cluster or 'all'}"
+
+
+def pack(data: bytes) -> bytes:
+    return b"z" + zlib.compress(data, 6) if len(data) > COMPRESS_OVER else data
+
+
+def unpack(data: bytes) -> bytes:
+    return zlib.decompress(data[1:]) if data[:1] == b"z" else data
+
+
+def usage_digest(body: contract.UsageBody) -> str:
+    return hashlib.sha256(contract.encode(body)).hexdigest()[:32]
+
+
+class LedgerService:
+    def __init__(
+        self,
+        bus: Bus,
+        opts: LedgerOptions,
+        account: Accountant,
+        *,
+        metrics: Metrics | None = None,
+        health: Health | None = None,
+    ) -> None:
+        self.bus = bus
+        self.opts = opts
+        self.account = account
+        self.metrics = metrics or Metrics()
+        self.health = health or Health()
+        self.ledger = Ledger(opts.partitions)
+        self.kv: KeyValue | None = None
+        self.consumer: PullConsumer | None = None
+        self.start_seq = 1
+        self.applied = 0
+        self.published = 0
+        self.dead_letters = 0
+        self._last_publish = 0.0
+        self._last_checkpoint = 0.0
+        svc = opts.service
+        self._m_in = self.metrics.events_in.labels(service=svc)
+        self._m_out = self.metrics.events_out.labels(service=svc)
+        self._m_lag = self.metrics.lag.labels(service=svc)
+        self._m_fold = self.metrics.fold_seconds.labels(service=svc)
+        self._m_dlq = self.metrics.dlq.labels(service=svc)
+        self._m_seq = self.metrics.applied_seq.labels(service=svc)
+
+    # ---- start-up ----------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Ensure the streams and the bucket, load checkpoints, choose the replay start."""
+        await self.bus.ensure_streams(contract.streams_for("ledger", self.opts.events_max_age))
+        self.kv = await self.bus.ensure_kv(contract.LEDGER_BUCKET)
+        progress = await self._load()
+        last = await self._events_last_seq()
+        if last is not None and progress > last:
+            log.warning("checkpoints are ahead of the events stream (recreated?): starting over", last_seq=last)
+            self.ledger = Ledger(self.opts.partitions)
+            progress = 0
+        self.start_seq = progress + 1
+        log.info(
+            "ledger starting",
+            partitions=self.opts.partitions.token(),
+            states=len(self.ledger.states),
+            start_seq=self.start_seq,
+        )
+
+    async def _events_last_seq(self) -> int | None:
+        try:
+            info = await self.bus.js.stream_info(contract.EVENTS_STREAM)
+        except nats.js.errors.NotFoundError:
+            return None
+        last: int = info.state.last_seq
+        return last
+
+    async def _load(self) -> int:
+        assert self.kv is not None
+        prefix_ns = f"ns.{self.opts.cluster}." if self.opts.cluster else "ns."
+        prefix_cl = f"cl.{self.opts.cluster}" if self.opts.cluster else "cl."
+        progress = 0
+        watcher = await self.kv.watch(">", ignore_deletes=True)
+        try:
+            while True:
+                entry = await watcher.updates(timeout=30.0)  # type: ignore[no-untyped-call]
+                if entry is None:
+                    break
+                key, value = entry.key, entry.value or b""
+                if key == self.opts.progress_key:
+                    progress = int(value.decode())
+                elif key.startswith(prefix_ns) or key.startswith(prefix_cl):
+                    parts = key.split(".")
+                    if parts[0] == "ns" and not self.opts.partitions.owns(parts[1], parts[2]):
+                        continue
+                    try:
+                        self.ledger.load(unpack(value))
+                    except (InvalidInput, zlib.error) as e:
+                        log.error("unreadable checkpoint ignored: replaying from the start", key=key, error=str(e))
+                        progress = -(10**18)  # forces a full replay below
+        finally:
+            await watcher.stop()  # type: ignore[no-untyped-call]
+        self.ledger.unsaved.clear()
+        if progress < 0:
+            self.ledger = Ledger(self.opts.partitions)
+            progress = 0
+        # Recompute every namespace once: a usage not yet published before the stop (or computed by an older
+        # version) is published now; an unchanged one is not (its digest is in the checkpoint).
+        self.ledger.changed.update(self.ledger.namespaces())
+        return progress
+
+    # ---- the loop ----------------------------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.start()
+        self.consumer = PullConsumer(
+            self.bus,
+            stream=contract.EVENTS_STREAM,
+            durable=self.opts.consumer_name,
+            filter_subjects=[contract.events_filter(self.opts.cluster)],
+            start_seq=self.start_seq,
+            batch=self.opts.batch,
+            idle=self.opts.idle,
+        )
+        self.health.set_ready(self.opts.service, False)
+        batches = self.consumer.batches()
+        try:
+            async for batch in batches:
+                self.health.set_ready(self.opts.service, True)
+                if batch:
+                    await self._fold(batch)
+                now = time.monotonic()
+                caught_up = self.consumer.pending == 0 or not batch
+                if self.ledger.changed and (caught_up or now - self._last_publish >= self.opts.debounce):
+                    await self.publish_usage()
+                if self.ledger.unsaved and (
+                    stop.is_set() or now - self._last_checkpoint >= self.opts.checkpoint_interval
+                ):
+                    await self.checkpoint()
+                if stop.is_set():
+                    break
+        finally:
+            self.health.set_ready(self.opts.service, False)
+            await batches.aclose()
+            await self.consumer.close()
+        # A clean stop leaves nothing to replay.
+        await self.publish_usage()
+        await self.checkpoint()
+        log.info("ledger stopped", applied=self.applied, published=self.published, seq=self.consumer.next_seq - 1)
+
+    async def _fold(self, batch: list[Msg]) -> None:
+        t0 = time.perf_counter()
+        rejects: list[tuple[Msg, int, str]] = []
+        apply = self.ledger.apply
+        for msg in batch:
+            seq = msg.metadata.sequence.stream
+            try:
+                ev = contract.decode_event(msg.data)
+                token = (
+                    ev.namespace if isinstance(ev, contract.Sync) else contract.namespace_token(ev.kind, ev.namespace)
+                )
+                expected = f"{contract.PREFIX}.ev.{ev.cluster}.{token}.{contract.KIND_TOKENS[ev.kind]}"
+                if msg.subject != expected:
+                    raise InvalidInput(f"published on {msg.subject}, but the event belongs on {expected}", "subject")
+                if apply(ev, seq) is Outcome.APPLIED:
+                    self.applied += 1
+            except InvalidInput as e:
+                rejects.append((msg, seq, str(e)))
+        self._m_fold.observe(time.perf_counter() - t0)
+        self._m_in.inc(len(batch))
+        assert self.consumer is not None
+        self._m_lag.set(self.consumer.pending)
+        self._m_seq.set(self.consumer.next_seq - 1)
+        for msg, seq, reason in rejects:
+            await self._dead_letter(msg, seq, reason)
+
+    async def _dead_letter(self, msg: Msg, seq: int, reason: str) -> None:
+        cluster = msg.subject.split(".")[2] if msg.subject.count(".") >= 4 else ""
+        with structlog.contextvars.bound_contextvars(subject=msg.subject, seq=seq, cluster=cluster):
+            log.warning("event rejected to the dead-letter subject", reason=reason)
+        await self.bus.publish_dead_letter(
+            self.opts.service,
+            reason,
+            cluster=cluster,
+            original_subject=msg.subject,
+            stream=contract.EVENTS_STREAM,
+            stream_seq=seq,
+            payload=msg.data,
+        )
+        self.dead_letters += 1
+        self._m_dlq.inc()
+
+    # ---- usage -------------------------------------------------------------------------------------------------
+    async def publish_usage(self) -> int:
+        """Account every changed namespace; publish the snapshots whose content changed. Returns how many."""
+        keys = sorted(self.ledger.changed)
+        self.ledger.changed.clear()
+        self._last_publish = time.monotonic()
+        items: list[tuple[str, bytes, str | None]] = []
+        for cluster, namespace in keys:
+            state = self.ledger.state(cluster, namespace)
+            if state is None or namespace == CLUSTER_WIDE:
+                continue
+            view = self.ledger.view(cluster, namespace)
+            try:
+                body = self.account(view)
+            except InvalidInput as e:
+                with structlog.contextvars.bound_contextvars(cluster=cluster, namespace=namespace, seq=view.seq):
+                    log.error("accounting failed; usage not published", error=str(e))
+                continue
+            digest = usage_digest(body)
+            if digest == state.usage_digest:
+                continue
+            msg = contract.UsageSnapshot(
+                id=f"{cluster}/usage/{namespace}/{view.seq}/{digest[:12]}",
+                source=contract.source(self.opts.service, cluster),
+                subject=namespace,
+                time=contract.now_rfc3339(),
+                cluster=cluster,
+                namespace=namespace,
+                seq=view.seq,
+                quotas=body.quotas,
+                vms=body.vms,
+                migrations=body.migrations,
+                errors=body.errors,
+            )
+            # No Nats-Msg-Id: after a crash the same sequence may be published again with the same content, but
+            # an earlier content must never be dropped as a "duplicate" of what a crashed run sent before it.
+            items.append((contract.usage_subject(cluster, namespace), contract.encode(msg), None))
+            state.usage_digest = digest
+            self.ledger.unsaved.add((cluster, namespace))
+        if items:
+            await self.bus.publish_many(items, window=256)
+            self.published += len(items)
+            self._m_out.inc(len(items))
+        return len(items)
+
+    # ---- checkpoints -------------------------------------------------------------------------------------------
+    async def checkpoint(self) -> int:
+        """Write every changed state, then this instance's progress. Returns how many states were written."""
+        assert self.kv is not None and self.consumer is not None
+        if self.ledger.changed:
+            await self.publish_usage()  # the progress written below must not cover an unpublished change
+        kv = self.kv
+        keys = sorted(self.ledger.unsaved)
+        self.ledger.unsaved.clear()
+        self._last_checkpoint = time.monotonic()
+        progress = self.consumer.next_seq - 1
+        try:
+            for i in range(0, len(keys), 128):
+                chunk = keys[i : i + 128]
+                await asyncio.gather(
+                    *(kv.put(checkpoint_key(*k), pack(self.ledger.states[k].checkpoint())) for k in chunk)
+                )
+            await kv.put(self.opts.progress_key, str(progress).encode())
+        except (nats.errors.Error, OSError) as e:
+            # Not saved: try again next time (the states stay marked).
+            self.ledger.unsaved.update(keys)
+            log.warning("checkpoint failed; will retry", error=str(e) or type(e).__name__)
+            return 0
+        return len(keys)

@@ -1,0 +1,478 @@
+"""``vmquota run watcher|ledger|enforcer|all``: the service shell.
+
+Flags (each also from an environment variable, flag wins) are the contract the deploy manifests are written from;
+``docs/services.md`` lists them. The shell configures structlog JSON logs, serves ``/healthz``, ``/readyz`` and
+``/metrics`` on ``--http-port``, turns SIGTERM/SIGINT into a graceful stop, and runs the selected service(s).
+
+A service registers here with one line in :data:`SERVICES`: its name → ``"module:function"``, an
+``async def main(rt: Runtime) -> None`` that returns when ``rt.stop`` is set. :func:`leader_elected` runs a
+service's work only while this process holds the service's Lease (watchers and enforcers: one active per cluster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from services import logs
+from shared import bus as contract
+from shared.errors import InvalidInput
+from shared.ledger import PartitionSet
+
+if TYPE_CHECKING:  # the clients are imported when a service runs, not when the CLI builds its parser
+    from aiohttp import web
+    from prometheus_client import CollectorRegistry
+
+    from services.bus import NatsOptions
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSpec:
+    main: str
+    """``module:function`` of ``async def main(rt: Runtime) -> None``."""
+    needs_cluster: bool = False
+    """``--cluster`` is required (it watches or writes one cluster)."""
+
+
+# The registry: adding a service is one line here.
+SERVICES: dict[str, ServiceSpec] = {
+    "ledger": ServiceSpec("services.ledger.main:main"),
+    "enforcer": ServiceSpec("services.enforcer.main:main", needs_cluster=True),
+    "watcher": ServiceSpec("services.watcher.main:main", needs_cluster=True),
+}
+PLANNED = ("watcher", "ledger", "enforcer")
+"""Services ``all`` stands for (those registered run; the others are reported as not in this build)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    service: str
+    cluster: str | None
+    nats: NatsOptions
+    kubeconfig: str | None
+    http_port: int
+    log_level: str
+    partitions: PartitionSet
+    events_max_age: float
+    """Seconds."""
+    dry_run: bool
+    leader_election: bool
+    lease_namespace: str
+    identity: str
+
+
+class Metrics:
+    """The Prometheus metrics of every service, in one registry per process, labelled by service."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.events_in = Counter("vmquota_events_in", "Messages consumed from the bus", ["service"], registry=r)
+        self.events_out = Counter("vmquota_events_out", "Messages published to the bus", ["service"], registry=r)
+        self.lag = Gauge(
+            "vmquota_consumer_lag", "Messages left in the stream for this consumer", ["service"], registry=r
+        )
+        self.fold_seconds = Histogram(
+            "vmquota_fold_seconds",
+            "Time to apply one fetched batch of events",
+            ["service"],
+            registry=r,
+            buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0),
+        )
+        self.reconnects = Counter("vmquota_nats_reconnects", "Reconnections to NATS", ["service"], registry=r)
+        self.dlq = Counter("vmquota_dlq", "Messages sent to the dead-letter subject", ["service"], registry=r)
+        self.applied_seq = Gauge("vmquota_applied_sequence", "Last stream sequence applied", ["service"], registry=r)
+
+    def render(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        out: bytes = generate_latest(self.registry)
+        return out
+
+
+class Health:
+    """Liveness and readiness of the process: each service marks its components ready or not."""
+
+    def __init__(self) -> None:
+        self._ready: dict[str, bool] = {}
+        self.failed: str | None = None
+
+    def set_ready(self, component: str, ready: bool) -> None:
+        self._ready[component] = ready
+
+    def expect(self, component: str) -> None:
+        self._ready.setdefault(component, False)
+
+    @property
+    def ready(self) -> bool:
+        return self.failed is None and bool(self._ready) and all(self._ready.values())
+
+    def status(self) -> dict[str, Any]:
+        return {"ready": self.ready, "components": dict(sorted(self._ready.items())), "failed": self.failed}
+
+
+@dataclass
+class Runtime:
+    """What a service's ``main`` gets: its configuration, metrics, health, and the stop signal."""
+
+    name: str
+    config: Config
+    metrics: Metrics
+    health: Health
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def log(self, **context: Any) -> Any:
+        return logs.get_logger(service=self.name, **context)
+
+    def nats_options(self) -> NatsOptions:
+        from services.bus import NatsOptions
+
+        n = self.config.nats
+        return NatsOptions(url=n.url, creds=n.creds, user=n.user, password=n.password, name=f"vmquota-{self.name}")
+
+
+ServiceMain = Callable[[Runtime], Coroutine[Any, Any, None]]
+
+
+def resolve(name: str) -> ServiceMain:
+    """Import a registered service's main."""
+    module, _, func = SERVICES[name].main.partition(":")
+    fn: ServiceMain = getattr(importlib.import_module(module), func)
+    return fn
+
+
+# ---- flags ------------------------------------------------------------------------------------------------------
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else default
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = _env(name)
+    if raw is None:
+        return default
+    v = raw.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise InvalidInput(f"{raw!r} is not a boolean (true/false)", name)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("service", metavar="SERVICE", help=f"the service to run: {', '.join(PLANNED)} or all")
+    p.add_argument("--cluster", default=_env("VMQUOTA_CLUSTER"), help="cluster id, a DNS label [VMQUOTA_CLUSTER]")
+    p.add_argument("--nats", default=_env("VMQUOTA_NATS", "nats://127.0.0.1:4222"), help="NATS URL [VMQUOTA_NATS]")
+    p.add_argument("--nats-creds", default=_env("VMQUOTA_NATS_CREDS"), help="NATS .creds file [VMQUOTA_NATS_CREDS]")
+    p.add_argument("--nats-user", default=_env("VMQUOTA_NATS_USER"), help="NATS user [VMQUOTA_NATS_USER]")
+    p.add_argument(
+        "--nats-password", default=_env("VMQUOTA_NATS_PASSWORD"), help="NATS password [VMQUOTA_NATS_PASSWORD]"
+    )
+    p.add_argument(
+        "--kubeconfig",
+        default=_env("VMQUOTA_KUBECONFIG"),
+        help="kubeconfig file; default: the in-cluster service account [VMQUOTA_KUBECONFIG]",
+    )
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=_env("VMQUOTA_HTTP_PORT", "8080"),
+        help="port of /healthz, /readyz and /metrics; 0 picks a free one [VMQUOTA_HTTP_PORT, 8080]",
+    )
+    p.add_argument("--log-level", default=_env("VMQUOTA_LOG_LEVEL", "info"), help="[VMQUOTA_LOG_LEVEL, info]")
+    p.add_argument(
+        "--partitions",
+        type=int,
+        default=_env("VMQUOTA_PARTITIONS", "16"),
+        help="number of namespace partitions of the ledger [VMQUOTA_PARTITIONS, 16]",
+    )
+    p.add_argument(
+        "--owned-partitions",
+        default=_env("VMQUOTA_OWNED_PARTITIONS", "all"),
+        help="partitions this ledger instance folds, e.g. 0-7 or 0,2,4-5 [VMQUOTA_OWNED_PARTITIONS, all]",
+    )
+    p.add_argument(
+        "--events-max-age",
+        default=_env("VMQUOTA_EVENTS_MAX_AGE", "30d"),
+        help="how long the events stream keeps events, e.g. 30d, 12h [VMQUOTA_EVENTS_MAX_AGE, 30d]",
+    )
+    p.add_argument(
+        "--dry-run",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="enforcer: compute and report, never patch [VMQUOTA_DRY_RUN, false]",
+    )
+    p.add_argument(
+        "--leader-election",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="one active watcher/enforcer per cluster through a Lease [VMQUOTA_LEADER_ELECTION, true]",
+    )
+    p.add_argument(
+        "--lease-namespace",
+        default=_env("VMQUOTA_LEASE_NAMESPACE", "vmquota-system"),
+        help="namespace of the Leases [VMQUOTA_LEASE_NAMESPACE, vmquota-system]",
+    )
+    p.add_argument(
+        "--identity",
+        default=_env("VMQUOTA_IDENTITY"),
+        help="this process's identity in Leases [VMQUOTA_IDENTITY, the host name]",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Validate the flags; :class:`InvalidInput` names the flag."""
+    service = args.service
+    if service != "all" and service not in SERVICES:
+        if service in PLANNED:
+            raise InvalidInput(f"service {service!r} is not available in this build yet", "SERVICE")
+        raise InvalidInput(f"unknown service {service!r} (expected one of {', '.join(PLANNED)}, all)", "SERVICE")
+    names = [n for n in PLANNED if n in SERVICES] if service == "all" else [service]
+    cluster = args.cluster
+    if cluster is None and any(SERVICES[n].needs_cluster for n in names):
+        raise InvalidInput(f"--cluster (VMQUOTA_CLUSTER) is required for {service}", "--cluster")
+    if cluster is not None:
+        try:
+            contract.check_cluster(cluster)
+        except InvalidInput as e:
+            raise InvalidInput(e.message, "--cluster") from None
+    if args.http_port < 0 or args.http_port > 65535:
+        raise InvalidInput(f"{args.http_port} is not a port number", "--http-port")
+    try:
+        partitions = PartitionSet.parse(args.owned_partitions, args.partitions)
+    except InvalidInput as e:
+        flag = "--partitions" if e.where == "partitions" else "--owned-partitions"
+        raise InvalidInput(e.message, flag) from None
+    from services.bus import NatsOptions
+
+    max_age = contract.parse_duration(args.events_max_age, "--events-max-age")
+    if args.nats_user and args.nats_creds:
+        raise InvalidInput("give either --nats-creds or --nats-user/--nats-password, not both", "--nats-creds")
+    dry_run = args.dry_run if args.dry_run is not None else _env_bool("VMQUOTA_DRY_RUN", False)
+    leader = args.leader_election if args.leader_election is not None else _env_bool("VMQUOTA_LEADER_ELECTION", True)
+    return Config(
+        service=service,
+        cluster=cluster,
+        nats=NatsOptions(url=args.nats, creds=args.nats_creds, user=args.nats_user, password=args.nats_password),
+        kubeconfig=args.kubeconfig,
+        http_port=args.http_port,
+        log_level=args.log_level,
+        partitions=partitions,
+        events_max_age=max_age,
+        dry_run=dry_run,
+        leader_election=leader,
+        lease_namespace=args.lease_namespace,
+        identity=args.identity or socket.gethostname(),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(args)
+    except InvalidInput as e:
+        print(f"vmquota run: {e}", file=sys.stderr)
+        return 2
+    logs.configure(config.log_level)
+    return asyncio.run(serve(config))
+
+
+# ---- HTTP -------------------------------------------------------------------------------------------------------
+
+
+async def start_http(port: int, metrics: Metrics, health: Health) -> tuple[web.AppRunner, int]:
+    """Serve /healthz, /readyz and /metrics; returns the runner and the bound port."""
+    from aiohttp import web
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    started = time.time()
+
+    async def healthz(_: web.Request) -> web.Response:
+        if health.failed is not None:
+            return web.json_response({"ok": False, "failed": health.failed}, status=500)
+        return web.json_response({"ok": True, "uptime": round(time.time() - started, 3)})
+
+    async def readyz(_: web.Request) -> web.Response:
+        return web.json_response(health.status(), status=200 if health.ready else 503)
+
+    async def metrics_handler(_: web.Request) -> web.Response:
+        resp = web.Response(body=metrics.render())
+        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host="0.0.0.0", port=port)
+    await site.start()
+    server = site._server
+    sockets = getattr(server, "sockets", None) or []
+    bound = sockets[0].getsockname()[1] if sockets else port
+    return runner, int(bound)
+
+
+# ---- serving ----------------------------------------------------------------------------------------------------
+
+
+async def serve(
+    config: Config, *, ready: Callable[[int], None] | None = None, stop: asyncio.Event | None = None
+) -> int:
+    """Run the configured service(s) until SIGTERM/SIGINT (or ``stop``); 0 after a clean stop, 1 on a failure.
+    ``ready`` is told the bound HTTP port once serving."""
+    log = logs.get_logger(service=config.service, cluster=config.cluster, identity=config.identity)
+    names = [n for n in PLANNED if n in SERVICES] if config.service == "all" else [config.service]
+    if config.service == "all":
+        missing = [n for n in PLANNED if n not in SERVICES]
+        if missing:
+            log.warning("services not in this build are not started", missing=missing)
+    metrics, health = Metrics(), Health()
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    http, port = await start_http(config.http_port, metrics, health)
+    log.info("serving", services=names, http_port=port)
+    if ready is not None:
+        ready(port)
+    runtimes = [Runtime(name=n, config=config, metrics=metrics, health=health, stop=asyncio.Event()) for n in names]
+    for rt in runtimes:
+        health.expect(rt.name)
+    tasks: dict[asyncio.Task[None], Runtime] = {
+        asyncio.create_task(resolve(rt.name)(rt), name=rt.name): rt for rt in runtimes
+    }
+    stopper = asyncio.create_task(stop.wait())
+    code = 0
+    try:
+        done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
+        for t in done:
+            if t is stopper:
+                continue
+            exc = t.exception()
+            if exc is not None:
+                health.failed = f"{t.get_name()}: {exc}"
+                log.error("service failed", failed=t.get_name(), error=str(exc), exc_info=exc)
+            else:
+                log.warning("service returned before stop", failed=t.get_name())
+            code = 1
+        log.info("stopping")
+        for rt in runtimes:
+            rt.stop.set()
+        pending = [t for t in tasks if not t.done()]
+        if pending:
+            _, still = await asyncio.wait(pending, timeout=15.0)
+            for t in still:
+                log.warning("service did not stop in time; cancelling", failed=t.get_name())
+                await cancel(t)
+        for t in tasks:
+            if t.done() and not t.cancelled() and t.exception() is not None and code == 0:
+                log.error("service failed while stopping", failed=t.get_name(), error=str(t.exception()))
+                code = 1
+    finally:
+        stopper.cancel()
+        await http.cleanup()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+    log.info("stopped", code=code)
+    return code
+
+
+async def cancel(task: asyncio.Task[Any], *, attempts: int = 50) -> None:
+    """Cancel ``task`` and wait for it to end; cancel again if a library swallowed the cancellation (nats-py's
+    ``asyncio.wait_for`` can on Python 3.11)."""
+    for _ in range(attempts):
+        if task.done():
+            break
+        task.cancel()
+        await asyncio.wait([task], timeout=0.1)
+    if task.done() and not task.cancelled():
+        task.exception()  # retrieved: the caller reports failures from the task itself
+
+
+# ---- Kubernetes and leader election -----------------------------------------------------------------------------
+
+
+async def kube_client(config: Config) -> Any:
+    """A kubernetes-asyncio ``ApiClient`` from ``--kubeconfig`` or the in-cluster service account."""
+    from kubernetes_asyncio import client
+    from kubernetes_asyncio import config as kconfig
+
+    if config.kubeconfig:
+        cfg = client.Configuration()
+        await kconfig.load_kube_config(config_file=config.kubeconfig, client_configuration=cfg)
+    else:
+        cfg = client.Configuration()
+        kconfig.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    return client.ApiClient(configuration=cfg)
+
+
+async def leader_elected(
+    rt: Runtime,
+    work: Callable[[], Awaitable[None]],
+    *,
+    lease_duration: float = 15.0,
+    renew_deadline: float = 10.0,
+    retry_period: float = 2.0,
+) -> None:
+    """Run ``work()`` while this process holds the Lease ``vmquota-<service>-<cluster>`` in ``--lease-namespace``
+    (or at once with ``--no-leader-election``). Losing the Lease stops the work and raises, so the process
+    restarts as a follower instead of acting on a stale view."""
+    if not rt.config.leader_election:
+        await work()
+        return
+    from kubernetes_asyncio.leaderelection import electionconfig, leaderelection
+    from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
+
+    log = rt.log(lease_namespace=rt.config.lease_namespace, identity=rt.config.identity)
+    lease = f"vmquota-{rt.name}-{rt.config.cluster or 'all'}"
+    lost = asyncio.Event()
+    api = await kube_client(rt.config)
+    try:
+
+        async def started() -> None:
+            log.info("leading", lease=lease)
+            await work()
+
+        async def stopped() -> None:
+            log.warning("lost the lease", lease=lease)
+            lost.set()
+
+        elector = leaderelection.LeaderElection(
+            electionconfig.Config(
+                LeaseLock(lease, rt.config.lease_namespace, rt.config.identity, api),
+                lease_duration=lease_duration,
+                renew_deadline=renew_deadline,
+                retry_period=retry_period,
+                onstarted_leading=started,
+                onstopped_leading=stopped,
+            )
+        )
+        log.info("waiting for the lease", lease=lease)
+        election = asyncio.create_task(elector.run())
+        stopping = asyncio.create_task(rt.stop.wait())
+        try:
+            await asyncio.wait([election, stopping], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (election, stopping):
+                await cancel(t)
+        if lost.is_set() and not rt.stop.is_set():
+            raise RuntimeError(f"lost the lease {lease}")
+    finally:
+        await api.close()

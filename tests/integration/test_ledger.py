@@ -1,0 +1,340 @@
+"""The ledger service against a real nats-server: fold, publish usage, checkpoints, crashes, DLQ, partitions."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from services.bus import Bus, NatsOptions
+from services.ledger.service import LedgerOptions, LedgerService, usage_digest
+from shared import bus as contract
+from shared.ledger import Ledger, NamespaceView, PartitionSet
+from shared.snapshot import NamespaceSnapshot, PodSnapshot
+from tests.conftest import NatsServer
+
+pytestmark = pytest.mark.integration
+
+CLUSTER = "c1"
+
+
+def count_objects(view: NamespaceView) -> contract.UsageBody:
+    """A stand-in accountant for the service's plumbing: the live pods and their phases (a pure function of the
+    view, as the real one is)."""
+    pods = view.objects.get("Pod", [])
+    vms = [contract.VmState(name=p.name, uid=p.uid, phase=getattr(p, "phase", ""), state="running") for p in pods]
+    errors = [f"namespace object {s.name}" for s in view.objects.get("Namespace", [])]
+    return contract.UsageBody(vms=vms, errors=errors)
+
+
+@dataclass
+class World:
+    """Generates object events as a cluster would: one global resourceVersion, creates, updates and deletes."""
+
+    rnd: random.Random
+    namespaces: list[str]
+    rv: int = 100
+    live: dict[str, tuple[str, str]] = field(default_factory=dict)  # uid -> (namespace, name)
+    made: int = 0
+
+    def next(self) -> contract.Upserted | contract.Deleted:
+        self.rv += 1
+        roll = self.rnd.random()
+        if self.live and roll < 0.2:
+            uid = self.rnd.choice(sorted(self.live))
+            ns, name = self.live.pop(uid)
+            ev = contract.object_event(
+                "deleted", cluster=CLUSTER, kind="Pod", namespace=ns, name=name, uid=uid, rv=str(self.rv), snapshot=None
+            )
+        elif self.live and roll < 0.6:
+            uid = self.rnd.choice(sorted(self.live))
+            ns, name = self.live[uid]
+            ev = self._pod(uid, ns, name)
+        else:
+            self.made += 1
+            ns = self.rnd.choice(self.namespaces)
+            uid, name = f"uid-{self.made:05d}", f"pod-{self.made}"
+            self.live[uid] = (ns, name)
+            ev = self._pod(uid, ns, name)
+        return ev
+
+    def _pod(self, uid: str, ns: str, name: str) -> contract.Upserted | contract.Deleted:
+        phase = self.rnd.choice(["Pending", "Running"])
+        snap = PodSnapshot(uid=uid, namespace=ns, name=name, resource_version=str(self.rv), phase=phase)
+        return contract.object_event(
+            "upserted", cluster=CLUSTER, kind="Pod", namespace=ns, name=name, uid=uid, rv=str(self.rv), snapshot=snap
+        )
+
+
+def subject_of(ev: contract.Upserted | contract.Deleted | contract.Sync) -> str:
+    return contract.event_subject(ev.cluster, ev.kind, ev.namespace or getattr(ev, "name", ""))
+
+
+async def publish(b: Bus, events: list[contract.Upserted | contract.Deleted], *, msg_ids: bool = True) -> None:
+    await b.publish_many((subject_of(e), contract.encode(e), e.id if msg_ids else None) for e in events)
+
+
+async def wait_until(cond: Callable[[], bool | Awaitable[bool]], within: float = 20.0, what: str = "") -> None:
+    """Poll ``cond`` until it holds; fail after ``within`` seconds."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + within
+    while True:
+        res = cond()
+        if not isinstance(res, bool):
+            res = await res
+        if res:
+            return
+        if loop.time() > end:
+            raise AssertionError(f"timed out waiting for {what or cond}")
+        await asyncio.sleep(0.02)
+
+
+def options(partitions: PartitionSet | None = None) -> LedgerOptions:
+    return LedgerOptions(
+        partitions=partitions or PartitionSet.all(4),
+        cluster=CLUSTER,
+        batch=64,
+        idle=0.1,
+        debounce=0.01,
+        checkpoint_interval=0.05,
+    )
+
+
+class Running:
+    """A LedgerService task; ``crash()`` cancels it mid-flight (no clean stop), ``stop()`` stops it cleanly."""
+
+    def __init__(self, b: Bus, opts: LedgerOptions) -> None:
+        self.stop_event = asyncio.Event()
+        self.service = LedgerService(b, opts, count_objects)
+        self.task = asyncio.create_task(self.service.run(self.stop_event))
+
+    def applied_through(self, seq: int) -> bool:
+        if self.task.done():
+            self.task.result()  # surface a failure
+        c = self.service.consumer
+        return c is not None and c.next_seq > seq
+
+    async def crash(self) -> None:
+        # nats-py can lose a cancellation (asyncio.wait_for's race on Python 3.11): cancel until it is dead.
+        while not self.task.done():
+            self.task.cancel()
+            await asyncio.wait([self.task], timeout=0.05)
+        assert self.task.cancelled()
+
+    async def stop(self) -> None:
+        self.stop_event.set()
+        await asyncio.wait_for(self.task, 10)
+
+
+async def last_usage(b: Bus) -> dict[str, contract.UsageSnapshot]:
+    """The last usage snapshot of every namespace (the usage stream keeps one per subject)."""
+    out: dict[str, contract.UsageSnapshot] = {}
+    info = await b.js.stream_info(contract.USAGE_STREAM, subjects_filter=">")
+    for subject in sorted(info.state.subjects or {}):
+        msg = await b.js.get_msg(contract.USAGE_STREAM, subject=subject, direct=False)
+        u = contract.decode_usage(msg.data or b"")
+        out[u.namespace] = u
+    return out
+
+
+def expected_usage(events: list[contract.Upserted | contract.Deleted]) -> tuple[Ledger, dict[str, str]]:
+    """A ledger that applied ``events`` without stopping, and the usage content (digest) of each namespace.
+    (A usage snapshot's ``seq`` is the sequence at which it was published, which depends on batching: an event
+    that does not change the content is not republished. The content is what must match.)"""
+    led = Ledger()
+    for i, ev in enumerate(events):
+        led.apply(ev, i + 1)
+    return led, {ns: usage_digest(count_objects(led.view(c, ns))) for c, ns in led.namespaces()}
+
+
+def usage_of(snapshots: dict[str, contract.UsageSnapshot]) -> dict[str, str]:
+    return {
+        ns: usage_digest(contract.UsageBody(quotas=u.quotas, vms=u.vms, migrations=u.migrations, errors=u.errors))
+        for ns, u in snapshots.items()
+    }
+
+
+async def _connect(url: str) -> Bus:
+    return await Bus.connect(NatsOptions(url=url, name="test"), connect_timeout=10)
+
+
+# ---- tests ------------------------------------------------------------------------------------------------------
+
+
+async def test_folds_events_and_publishes_usage_per_namespace(nats_url: str) -> None:
+    b = await _connect(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        world = World(random.Random(1), ["tenant-a", "tenant-b", "tenant-c"])
+        events = [world.next() for _ in range(120)]
+        await publish(b, events)
+        run = Running(b, options())
+        await wait_until(lambda: run.applied_through(len(events)), what="ledger caught up")
+        reference, want = expected_usage(events)
+        await wait_until(lambda: _usage_matches(b, want), what="usage published")
+        await run.stop()
+        assert {k: s.live_objects() for k, s in run.service.ledger.states.items()} == {
+            k: s.live_objects() for k, s in reference.states.items()
+        }
+        kv = await b.js.key_value(contract.LEDGER_BUCKET)
+        for _, ns in reference.namespaces():
+            entry = await kv.get(f"ns.{CLUSTER}.{ns}")
+            assert entry.value and b'"namespace":"' + ns.encode() + b'"' in entry.value
+        assert int((await kv.get(run.service.opts.progress_key)).value or b"0") == len(events)
+    finally:
+        await b.close()
+
+
+async def _usage_matches(b: Bus, want: dict[str, str]) -> bool:
+    return usage_of(await last_usage(b)) == want
+
+
+async def test_duplicates_and_stale_versions_are_harmless(nats_url: str) -> None:
+    b = await _connect(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        world = World(random.Random(2), ["tenant-a", "tenant-b"])
+        events = [world.next() for _ in range(80)]
+        rnd = random.Random(3)
+        # Without msg-ids the server stores repeats: a late old version and repeats reach the ledger itself.
+        noisy = events + [rnd.choice(events) for _ in range(40)]
+        await publish(b, noisy, msg_ids=False)
+        run = Running(b, options())
+        await wait_until(lambda: run.applied_through(len(noisy)), what="ledger caught up")
+        reference, want = expected_usage(events)
+        await run.stop()
+        got = {k: s.live_objects() for k, s in run.service.ledger.states.items()}
+        assert got == {k: s.live_objects() for k, s in reference.states.items()}
+        assert usage_of(await last_usage(b)) == want
+    finally:
+        await b.close()
+
+
+async def test_crash_and_restart_at_random_points_gives_the_same_state_and_usage(nats_url: str) -> None:
+    b = await _connect(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        rnd = random.Random(4)
+        world = World(rnd, [f"ns-{i}" for i in range(8)])
+        events = [world.next() for _ in range(900)]
+        await publish(b, events[:600])
+        published = 600
+        for round_ in range(4):
+            run = Running(b, options())
+            await wait_until(lambda: run.service.consumer is not None, what="started")  # noqa: B023
+            kill_at = rnd.randrange(run.service.start_seq, published + 1) if run.service.start_seq <= published else 0
+            await wait_until(functools.partial(run.applied_through, kill_at), what=f"round {round_}")
+            await run.crash()
+            if round_ == 1:  # more events arrive while the ledger is down
+                await publish(b, events[600:])
+                published = len(events)
+        run = Running(b, options())
+        await wait_until(lambda: run.applied_through(published), what="final catch-up")
+        reference, want = expected_usage(events)
+        await wait_until(lambda: _usage_matches(b, want), what="same usage as a ledger that never stopped")
+        await run.stop()
+        mine = {k: s.checkpoint() for k, s in run.service.ledger.states.items()}
+        # The same states (the digests of the usage they published aside, which the reference did not publish).
+        for st in run.service.ledger.states.values():
+            st.usage_digest = ""
+        assert run.service.ledger.fingerprint() == reference.fingerprint()
+        assert mine  # compared above with digests cleared
+    finally:
+        await b.close()
+
+
+async def test_a_malformed_event_goes_to_the_dlq_and_the_ledger_keeps_going(nats_url: str) -> None:
+    b = await _connect(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        world = World(random.Random(5), ["tenant-a"])
+        good = [world.next() for _ in range(3)]
+        await publish(b, good[:1])
+        await b.publish("vmquota.ev.c1.tenant-a.pod", b'{"type":"io.vmquota.event.upserted","garbage":')
+        wrong_subject = good[1]
+        await b.publish("vmquota.ev.c1.tenant-b.pod", contract.encode(wrong_subject))
+        await publish(b, good[2:])
+        run = Running(b, options())
+        await wait_until(lambda: run.applied_through(4), what="ledger caught up")
+        await wait_until(lambda: run.service.dead_letters == 2, what="two dead letters")
+        info = await b.js.stream_info(contract.DLQ_STREAM)
+        assert info.state.messages == 2
+        letters = [
+            contract.decode_dead_letter((await b.js.get_msg(contract.DLQ_STREAM, seq=s)).data or b"") for s in (1, 2)
+        ]
+        assert [(d.stream_seq, d.original_subject) for d in letters] == [
+            (2, "vmquota.ev.c1.tenant-a.pod"),
+            (3, "vmquota.ev.c1.tenant-b.pod"),
+        ]
+        assert "not a JSON event" in letters[0].reason and letters[0].payload.startswith(b'{"type"')
+        assert "belongs on vmquota.ev.c1.tenant-a.pod" in letters[1].reason
+        state = run.service.ledger.state(CLUSTER, "tenant-a")
+        assert state is not None and {s.uid for s in state.live("Pod")} == {
+            e.uid for e in (good[0], good[2]) if isinstance(e, contract.Upserted)
+        }
+        await run.stop()
+    finally:
+        await b.close()
+
+
+async def test_two_instances_with_disjoint_partitions_never_fold_the_same_namespace(nats_url: str) -> None:
+    b = await _connect(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        namespaces = [f"team-{i}" for i in range(12)]
+        world = World(random.Random(6), namespaces)
+        events: list[contract.Upserted | contract.Deleted] = [world.next() for _ in range(200)]
+        # The Namespace objects are cluster-scoped: their events carry the _cluster token, yet each is folded only
+        # by the owner of the namespace it names.
+        for i, ns in enumerate(namespaces):
+            snap = NamespaceSnapshot(uid=f"ns-uid-{i}", name=ns)
+            events.append(
+                contract.object_event(
+                    "upserted",
+                    cluster=CLUSTER,
+                    kind="Namespace",
+                    namespace="",
+                    name=ns,
+                    uid=snap.uid,
+                    rv="1",
+                    snapshot=snap,
+                )
+            )
+        await publish(b, events)
+        one = Running(b, options(PartitionSet.parse("0-1", 4)))
+        two = Running(b, options(PartitionSet.parse("2-3", 4)))
+        await wait_until(lambda: one.applied_through(len(events)) and two.applied_through(len(events)), what="both")
+        await one.stop()
+        await two.stop()
+        ns_one = {ns for _, ns in one.service.ledger.namespaces()}
+        ns_two = {ns for _, ns in two.service.ledger.namespaces()}
+        assert ns_one and ns_two and not ns_one & ns_two
+        assert ns_one | ns_two == set(namespaces)
+        _, want = expected_usage(events)
+        assert usage_of(await last_usage(b)) == want, "every namespace's usage, each from its one owner"
+        assert one.service.opts.consumer_name != two.service.opts.consumer_name
+    finally:
+        await b.close()
+
+
+async def test_ledger_continues_across_a_nats_server_restart(nats_server: NatsServer) -> None:
+    b = await _connect(nats_server.url)
+    try:
+        await b.ensure_streams(contract.streams())
+        world = World(random.Random(7), ["tenant-a", "tenant-b"])
+        events = [world.next() for _ in range(200)]
+        await publish(b, events[:100])
+        run = Running(b, options())
+        await wait_until(lambda: run.applied_through(100), what="first half")
+        await asyncio.to_thread(nats_server.restart)
+        await publish(b, events[100:])
+        await wait_until(lambda: run.applied_through(200), within=30, what="second half after the restart")
+        _, want = expected_usage(events)
+        await wait_until(lambda: _usage_matches(b, want), within=30, what="usage after the restart")
+        await run.stop()
+    finally:
+        await b.close()

@@ -177,6 +177,41 @@ class ListPage:
     continue_token: str
 
 
+async def _page(
+    fn: Callable[..., Awaitable[Any]], spec: ResourceSpec, token: str, limit: int, timeouts: Timeouts
+) -> ListPage:
+    kw: dict[str, Any] = {"limit": limit, "_request_timeout": timeouts.for_list()}
+    if token:
+        kw["_continue"] = token
+    if spec.label_selector:
+        kw["label_selector"] = spec.label_selector
+    if spec.field_selector:
+        kw["field_selector"] = spec.field_selector
+    resp = await _call(fn, **kw)
+    try:
+        body = await resp.read()
+    except (aiohttp.ClientError, OSError, TimeoutError) as e:
+        raise KubeError(NETWORK, type(e).__name__, str(e) or "list body not received") from None
+    finally:
+        resp.release()
+    try:
+        doc = _decode(body)
+    except msgspec.DecodeError as e:
+        raise KubeError(resp.status, "BadList", f"the list of {spec.key} is not JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise KubeError(resp.status, "BadList", f"the list of {spec.key} is not an object")
+    meta = doc.get("metadata") or {}
+    items = doc.get("items") or []
+    if not isinstance(meta, dict) or not isinstance(items, list):
+        raise KubeError(resp.status, "BadList", f"the list of {spec.key} has no items")
+    api_version = f"{spec.group}/{spec.version}" if spec.group else spec.version
+    for item in items:
+        if isinstance(item, dict):
+            item.setdefault("kind", spec.kind)
+            item.setdefault("apiVersion", api_version)
+    return ListPage(items, str(meta.get("resourceVersion") or ""), str(meta.get("continue") or ""))
+
+
 async def list_pages(
     api: ApiClient,
     spec: ResourceSpec,
@@ -186,43 +221,29 @@ async def list_pages(
     timeouts: Timeouts = Timeouts(),
 ) -> AsyncGenerator[ListPage, None]:
     """The objects of ``spec`` in pages of ``limit`` (``limit``/``continue``). Items get ``kind`` and
-    ``apiVersion`` set (list items usually lack them). A 410 on a continue token surfaces as KubeError(410)."""
+    ``apiVersion`` set (list items usually lack them). A 410 on a continue token surfaces as KubeError(410).
+
+    The next page is requested while the caller works on the current one (at most two pages in memory), so the
+    API server's latency hides behind the caller's work."""
     fn = spec.method(api, namespace)
-    api_version = f"{spec.group}/{spec.version}" if spec.group else spec.version
-    token = ""
-    while True:
-        kw: dict[str, Any] = {"limit": limit, "_request_timeout": timeouts.for_list()}
-        if token:
-            kw["_continue"] = token
-        if spec.label_selector:
-            kw["label_selector"] = spec.label_selector
-        if spec.field_selector:
-            kw["field_selector"] = spec.field_selector
-        resp = await _call(fn, **kw)
-        try:
-            body = await resp.read()
-        except (aiohttp.ClientError, OSError, TimeoutError) as e:
-            raise KubeError(NETWORK, type(e).__name__, str(e) or "list body not received") from None
-        finally:
-            resp.release()
-        try:
-            doc = _decode(body)
-        except msgspec.DecodeError as e:
-            raise KubeError(resp.status, "BadList", f"the list of {spec.key} is not JSON: {e}") from None
-        if not isinstance(doc, dict):
-            raise KubeError(resp.status, "BadList", f"the list of {spec.key} is not an object")
-        meta = doc.get("metadata") or {}
-        items = doc.get("items") or []
-        if not isinstance(meta, dict) or not isinstance(items, list):
-            raise KubeError(resp.status, "BadList", f"the list of {spec.key} has no items")
-        for item in items:
-            if isinstance(item, dict):
-                item.setdefault("kind", spec.kind)
-                item.setdefault("apiVersion", api_version)
-        token = str(meta.get("continue") or "")
-        yield ListPage(items, str(meta.get("resourceVersion") or ""), token)
-        if not token:
-            return
+    ahead: asyncio.Task[ListPage] | None = asyncio.ensure_future(_page(fn, spec, "", limit, timeouts))
+    try:
+        while ahead is not None:
+            page = await ahead
+            ahead = None
+            if page.continue_token:
+                ahead = asyncio.ensure_future(_page(fn, spec, page.continue_token, limit, timeouts))
+            yield page
+    finally:
+        if ahead is not None:
+            ahead.cancel()
+            ahead.add_done_callback(_retrieve)
+
+
+def _retrieve(task: asyncio.Task[ListPage]) -> None:
+    """Consume the outcome of a prefetch nobody awaits (no "exception was never retrieved" warning)."""
+    if not task.cancelled():
+        task.exception()
 
 
 @dataclass(frozen=True, slots=True)

@@ -338,3 +338,57 @@ async def test_ledger_continues_across_a_nats_server_restart(nats_server: NatsSe
         await run.stop()
     finally:
         await b.close()
+
+
+async def test_the_real_accountant_publishes_the_quota_equation_terms(nats_url: str) -> None:
+    """Seed scenario 1 through the bus: three 16Gi VMs under ``limits.memory: 64Gi``, one migrating. The ledger's
+    usage carries, per managed quota, what ``shared.accounting`` computes from the same objects directly."""
+    from services.ledger.usage import account
+    from shared.snapshot import normalize
+    from tests.unit import test_accounting as acc
+
+    quota = acc.quota_obj("rq", {"limits.memory": "64Gi"})
+    facts = acc.facts_for(["limits.memory"])
+    vmis = [acc.vmi_obj(f"vm{i}", guest="16Gi", limits={"memory": "16Gi"}) for i in range(3)]
+    objs = [quota, *vmis, *(acc.launcher_obj(v, facts=facts) for v in vmis), acc.vmim_obj("mig", "vm0")]
+    events = []
+    for rv, obj in enumerate(objs, start=10):
+        meta = obj["metadata"]
+        snap = normalize({**obj, "metadata": {**meta, "resourceVersion": str(rv)}})
+        events.append(
+            contract.object_event(
+                "upserted",
+                cluster=CLUSTER,
+                kind=obj["kind"],
+                namespace=meta["namespace"],
+                name=meta["name"],
+                uid=meta["uid"],
+                rv=str(rv),
+                snapshot=snap,
+            )
+        )
+    direct = acc.account(objs)  # accounting on the raw objects, without the bus or the ledger
+    b = await _connect(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        await publish(b, events)
+        stop = asyncio.Event()
+        service = LedgerService(b, options(), account)
+        task = asyncio.create_task(service.run(stop))
+
+        async def published() -> bool:
+            return acc.NS in await last_usage(b) and (await last_usage(b))[acc.NS].seq == len(events)
+
+        await wait_until(published, what="usage of the namespace with every event applied")
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        usage = (await last_usage(b))[acc.NS]
+        terms = usage.quotas["rq"]
+        assert terms.mode == "VmiPodUsage"
+        assert terms.hard == acc.hard_of(direct)
+        assert terms.budget == {"limits.memory": "64Gi"}
+        assert [(m.name, m.state) for m in usage.migrations] == [(m.name, m.state) for m in direct.migrations]
+        assert usage.migrations and usage.migrations[0].reserved, "the pending migration's target is reserved"
+        assert sorted((v.name, v.state) for v in usage.vms) == sorted((v.name, v.state) for v in direct.vms)
+    finally:
+        await b.close()

@@ -1,0 +1,24 @@
+"""``vmquota run ledger``: connect, then run :class:`~services.ledger.service.LedgerService` until stopped."""
+
+from __future__ import annotations
+
+from services.bus import Bus
+from services.ledger.service import LedgerOptions, LedgerService
+from services.ledger.usage import account
+from services.runner import Runtime
+
+
+async def main(rt: Runtime) -> None:
+    reconnects = rt.metrics.reconnects.labels(service=rt.name)
+    bus = await Bus.connect(rt.nats_options(), on_reconnect=reconnects.inc)
+    try:
+        opts = LedgerOptions(
+            partitions=rt.config.partitions,
+            cluster=rt.config.cluster,
+            events_max_age=rt.config.events_max_age,
+            service=rt.name,
+        )
+        service = LedgerService(bus, opts, account, metrics=rt.metrics, health=rt.health)
+        await service.run(rt.stop)
+    finally:
+        await bus.close()

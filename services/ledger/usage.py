@@ -1,0 +1,68 @@
+"""The ledger's accountant: ``shared.accounting.account_namespace`` on a namespace view, as a bus ``UsageBody``.
+
+Accounting itself lives in ``shared/accounting.py``; this only feeds it the namespace's latest snapshots (and the
+cluster's KubeVirt CR) and renders the result in the wire form (canonical quantity strings).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+
+from shared import bus as contract
+from shared.accounting import account_namespace
+from shared.ledger import NamespaceView
+from shared.quantity import Quantity
+from shared.resources import format_resource_list
+
+
+def _rl(rl: Mapping[str, Quantity]) -> dict[str, str]:
+    return format_resource_list(rl)
+
+
+def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageBody:
+    """Usage of one namespace. ``now`` (default: the current time) decides which terminating pods are past
+    their grace period, as the Kubernetes quota evaluator does."""
+    objects = [s for kind in sorted(view.objects) for s in view.objects[kind]]
+    objects += [s for kind in sorted(view.cluster_objects) for s in view.cluster_objects[kind]]
+    usage = account_namespace(objects, now=now or datetime.now(UTC), namespace=view.namespace)
+    quotas = {
+        name: contract.QuotaTerms(
+            mode=q.policy.mode.value,
+            budget=_rl(q.policy.budget),
+            used=_rl(q.accounted),
+            pods=_rl(q.pod_usage),
+            reserved=_rl(q.reserved),
+            hard=_rl(q.hard),
+            over_budget=list(q.over_budget),
+        )
+        for name, q in sorted(usage.quotas.items())
+    }
+    vms = [
+        contract.VmState(
+            name=v.name,
+            uid=v.uid,
+            phase=v.phase,
+            state=v.state,
+            reason=v.reason,
+            counts={k: _rl(c) for k, c in sorted(v.counts.items())},
+            reserved=_rl(v.reserved),
+            refused_by={k: list(r) for k, r in sorted(v.refused_by.items())},
+        )
+        for v in usage.vms
+    ]
+    migrations = [
+        contract.MigrationState(
+            name=m.name,
+            uid=m.uid,
+            vmi=m.vmi,
+            phase=m.phase,
+            state=m.state,
+            reason=m.reason,
+            reserved=_rl(m.reserved),
+            growth=_rl(m.growth),
+            rejected_by_quota=m.rejected_by_quota,
+        )
+        for m in usage.migrations
+    ]
+    return contract.UsageBody(quotas=quotas, vms=vms, migrations=migrations, errors=list(usage.errors))

@@ -730,6 +730,10 @@ class ApiServer:
                 batch = await w.next_batch()
                 if batch is None:
                     break
+                if len(batch) < 64:
+                    # Let the other writes of this loop iteration land too: fewer, bigger socket writes.
+                    await asyncio.sleep(0)
+                    batch += w.take()
                 await resp.write(b"".join(self._lines(batch, w, info, as_table, include)))
         except (ConnectionResetError, ConnectionError):
             pass

@@ -168,6 +168,7 @@ class Watcher:
         self.min_rv = min_rv
         self.items: deque[WatchItem] = deque()
         self.limit = store.watch_queue  # queue bound; raised when the initial state or a replay is larger
+        self._half = self.limit // 2
         self.closed = False
         self.close_reason = ""
         self.consumer: asyncio.Task[Any] | None = None
@@ -181,14 +182,33 @@ class Watcher:
 
     # -- producer side (synchronous, called by the store) --
 
+    def set_limit(self, limit: int) -> None:
+        self.limit = limit
+        self._half = limit // 2
+
     def offer(self, ev: _Event) -> None:
         if self.closed or ev.rv <= self.min_rv:
             return
         if self.namespace is not None and ev.namespace != self.namespace:
             return
-        if not self._filtered:
-            self._push((ev.type, ev))
+        if self._filtered:
+            self._offer_filtered(ev)
             return
+        # The hot path of every write (once per watcher): _push inlined.
+        items = self.items
+        if len(items) >= self.limit:
+            self.close("slow watcher: queue full")
+            return
+        items.append((ev.type, ev))
+        if len(items) > self._half:
+            self._store._pressured.add(self)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _offer_filtered(self, ev: _Event) -> None:
         now = self.label_selector.matches(ev.labels) and self.field_selector.matches(ev.fields)
         if ev.type == "MODIFIED" and ev.prev_labels is not None and ev.prev_fields is not None:
             before = self.label_selector.matches(ev.prev_labels) and self.field_selector.matches(ev.prev_fields)
@@ -206,7 +226,7 @@ class Watcher:
             self.close("slow watcher: queue full")
             return
         self.items.append(item)
-        if len(self.items) > self.limit // 2:
+        if len(self.items) > self._half:
             self._store._pressured.add(self)
         self._wake()
 
@@ -234,8 +254,10 @@ class Watcher:
 
     def _wake(self) -> None:
         w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
+        if w is not None:
+            self._waiter = None
+            if not w.done():
+                w.set_result(None)
 
     def _release_drain_waiters(self) -> None:
         for fut in self._drained:
@@ -245,7 +267,7 @@ class Watcher:
 
     def drained(self) -> asyncio.Future[None]:
         fut: asyncio.Future[None] = self._loop.create_future()
-        if self.closed or len(self.items) <= self.limit // 2:
+        if self.closed or len(self.items) <= self._half:
             fut.set_result(None)
         else:
             self._drained.append(fut)
@@ -253,17 +275,23 @@ class Watcher:
 
     # -- consumer side --
 
+    def take(self) -> list[WatchItem]:
+        """The queued items, without waiting (empty when there are none)."""
+        if not self.items:
+            return []
+        out = list(self.items)
+        self.items.clear()
+        if self._drained:
+            self._release_drain_waiters()
+        if out[-1][0] == "ERROR":
+            self._store._unregister(self)
+        return out
+
     async def next_batch(self) -> list[WatchItem] | None:
         self.consumer = asyncio.current_task()
         while True:
             if self.items:
-                out = list(self.items)
-                self.items.clear()
-                if self._drained:
-                    self._release_drain_waiters()
-                if out[-1][0] == "ERROR":
-                    self._store._unregister(self)
-                return out
+                return self.take()
             if self.closed:
                 return None
             now = self._loop.time()
@@ -1150,11 +1178,11 @@ class Store:
                     break
                 if ev.key == res.key:
                     replay.append(ev)
-            w.limit = self.watch_queue + len(replay)
+            w.set_limit(self.watch_queue + len(replay))
             for ev in reversed(replay):
                 w.offer(ev)
             w.min_rv = self._rv
-        w.limit = max(w.limit, self.watch_queue + len(w.items))
+        w.set_limit(max(w.limit, self.watch_queue + len(w.items)))
         self._watchers[res.key].append(w)
         return w
 

@@ -270,3 +270,44 @@ async def test_plain_http_server_and_served_app(sim_api_factory: SimApiFactory) 
     ):
         assert resp.status == 201
     assert [n["metadata"]["name"] for n in (await store.list(store.resource("ns")))[0]] == ["n"]
+
+
+def test_fault_rules_match_by_verb_resource_fraction_and_count() -> None:
+    from services.simcluster.faults import Faults
+    from services.simcluster.store import Store
+
+    store = Store()
+    faults = Faults(store, seed=7)
+    pods, quotas = store.resource("pods"), store.resource("quota")
+    rule = faults.fail(500, 0.5, verbs=["patch"], resources=["quota"])
+    outcomes = [faults.check("patch", quotas, "q")[1] for _ in range(400)]
+    failed = sum(1 for e in outcomes if e is not None)
+    assert 150 < failed < 250 and rule.injected == failed
+    assert all(e is None or e.code == 500 for e in outcomes)
+    assert faults.check("get", quotas, "q") == (0.0, None)
+    assert faults.check("patch", pods, "p") == (0.0, None)
+    faults.clear()
+    faults.fail(409, count=2)
+    codes = [faults.check("update", pods, "p")[1] for _ in range(3)]
+    assert [e.code if e else None for e in codes] == [409, 409, None]
+    faults.add_latency(0.25, resources=["pods"])
+    assert faults.check("get", pods, "p")[0] == 0.25 and faults.check("get", quotas, "q")[0] == 0.0
+    with pytest.raises(ValueError):
+        faults.fail(418)
+    with pytest.raises(ValueError):
+        faults.fail(500, 2.0)
+    with pytest.raises(ValueError):
+        faults.fail(500, verbs=["poke"])
+    with pytest.raises(ValueError):
+        faults.apply({"action": "fail", "code": 500, "resources": ["deployments"]})
+
+
+async def test_injected_latency_delays_requests(http: aiohttp.ClientSession, sim_api: SimApi) -> None:
+    sim_api.faults.add_latency(0.3, verbs=["list"])
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    assert (await call(http, "GET", PODS))[0] == 200
+    assert loop.time() - t0 >= 0.3
+    t1 = loop.time()
+    assert (await call(http, "GET", "/api/v1/namespaces/a"))[0] == 200  # a get, not a list
+    assert loop.time() - t1 < 0.3

@@ -273,8 +273,9 @@ async def play(
         initial = [v for v in scenario.vms if v.running]
 
         def all_started() -> bool:
-            refused = _refused_names(result)
-            return all(_vm_state(sim, v.namespace, v.name, refused) in ("Running", "Refused") for v in initial)
+            # Only Running ends the wait early: a first refusal can be transient (with vmquota the enforcer raises
+            # hard moments later); a VM that stays refused ends it through the quiet rule of _settle.
+            return all(_vm_state(sim, v.namespace, v.name, set()) == "Running" for v in initial)
 
         await _settle(sim, observer, all_started, settle=settle, within=within)
         refused = _refused_names(result)
@@ -356,9 +357,8 @@ async def _run_step(
             await sim.set_running(vm.namespace, vm.name, running)
 
         def reached() -> bool:
-            refused = _refused_names(result)
-            states = [_vm_state(sim, vm.namespace, vm.name, refused) for vm in vms]
-            return all(s in ("Running", "Refused") for s in states) if running else all(s == "Stopped" for s in states)
+            states = [_vm_state(sim, vm.namespace, vm.name, set()) for vm in vms]
+            return all(s == "Running" for s in states) if running else all(s == "Stopped" for s in states)
 
         await _settle(sim, observer, reached, settle=settle, within=within)
     elif step.action == "hotplug":

@@ -8,11 +8,12 @@ What vmquota depends on behaves as in KubeVirt (see ``docs/simcluster.md``, "Con
 * **VMI controller** — renders the launcher pod with :func:`shared.kubevirt.render_launcher_pod` (plus an optional
   per-pod extra the renderer does not know: real clusters drift) and creates it. A refusal is a VMI Event
   ``Warning FailedCreate "Error creating pod: <API server message>"``, condition ``Synchronized=False`` reason
-  ``FailedCreate``, and a retry with per-item exponential backoff — at once when a ResourceQuota of the namespace
-  is updated or deleted. Phases Pending → Scheduling → Scheduled → Running follow the pod.
+  ``FailedCreate``, and a retry with per-item exponential backoff (KubeVirt's VMI controller has no ResourceQuota
+  informer: a quota change does not wake it). Phases Pending → Scheduling → Scheduled → Running follow the pod.
 * **Migration controller** — Pending → target pod (label ``kubevirt.io/migrationJobUID``, annotation
   ``kubevirt.io/migrationJobName``; a quota refusal sets ``migrationRejectedByResourceQuota`` and keeps the
-  migration Pending, retried like pod creation) → Scheduling → Scheduled (hand-off: VMI ``status.migrationState``)
+  migration Pending, retried like pod creation, and at once when a ResourceQuota of the namespace is updated or
+  deleted) → Scheduling → Scheduled (hand-off: VMI ``status.migrationState``)
   → PreparingTarget → TargetReady → Running → Succeeded; the source pod then goes Succeeded and is deleted a bit
   later. At most ``parallel_migrations`` in the cluster and ``parallel_outbound_per_node`` per source node.
 * **Kubelet / scheduler** — every pod gets a node (honouring required pod anti-affinity on the hostname) and
@@ -634,13 +635,15 @@ class KubeVirtSimulator:
             self.migration_queue.add(self._vmim_by_uid[job])
 
     def _on_quota(self, type_: WatchType, obj: Obj, old: Obj | None) -> None:
-        """KubeVirt re-queues VMIs and migrations refused for quota at once when a quota is updated or deleted."""
+        """KubeVirt's migration controller re-queues migrations refused for quota at once when a quota of their
+        namespace is updated or deleted (not created). The VMI controller does not watch quotas: a VMI whose pod was
+        refused waits for its backoff to expire."""
         if type_ == "ADDED":
             return
         ns = key_of(obj)[0]
-        for kind, key in [k for k in self._retry_at if k[1][0] == ns]:
+        for kind, key in [k for k in self._retry_at if k[0] == "vmim" and k[1][0] == ns]:
             del self._retry_at[(kind, key)]
-            (self.vmi_queue if kind == "vmi" else self.migration_queue).add(key)
+            self.migration_queue.add(key)
 
     # ---- admission (KubeVirt's validating webhooks) ---------------------------------------------------------
     async def _admit_vm(self, op: Operation, res: Resource, new: Obj | None, old: Obj | None) -> Obj | None:

@@ -157,7 +157,7 @@ async def test_refused_pod_gives_failedcreate_events_condition_and_retries(sim: 
     assert len(combined) == 1 and combined[0]["count"] >= 2
     assert len(events) == 10  # nine single ones, then the combined one keeps counting
     assert await sim.launcher_pods("t", "vm1") == []
-    # more quota: the VMI starts (re-queued on the quota update, not by the backoff)
+    # more quota: the VMI starts at its next backoff retry (the VMI controller does not watch quotas)
     await sim.set_quota_hard("t", "compute", {"limits.memory": "8Gi"})
     vmi = await sim.wait_for_phase("t", "vm1", "Running")
     assert "Synchronized" not in conditions(vmi)

@@ -68,6 +68,8 @@ class RunResult:
     quotas: dict[str, QuotaRecord] = field(default_factory=dict)
     refusals: list[str] = field(default_factory=list)
     steps: list[str] = field(default_factory=list)
+    judged: bool = True
+    """False for a comparison run whose expectations are not checked."""
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,116 @@
+"""Scenario files for ``vmquota demo``: the built-in ones parse, and every kind of mistake is named precisely."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from services.demo.scenario import builtin_scenarios, load_scenario, parse_scenario
+from shared.errors import InvalidInput
+from shared.quantity import Quantity
+
+GOOD: dict[str, Any] = {
+    "name": "t",
+    "namespaces": [{"name": "a", "quotas": [{"name": "q", "mode": "VmiPodUsage", "hard": {"limits.memory": "8Gi"}}]}],
+    "vms": [
+        {"name": "vm1", "namespace": "a", "cpu": {"sockets": 2}, "memory": {"guest": "2Gi"}},
+        {"name": "vm2", "namespace": "a", "memory": {"guest": "1Gi"}, "running": False},
+    ],
+    "steps": [{"migrate": ["vm1"]}, {"start": "vm2"}, {"hotplug": {"vm": "vm1", "sockets": 3}}, {"stop": ["vm2"]}],
+    "expect": {
+        "migrations": {"vm1": "Succeeded"},
+        "vms": {"vm2": "Stopped"},
+        "hard_after": {"a/q": {"limits.memory": "8Gi"}},
+    },
+}
+
+
+def test_builtin_scenarios_are_the_three_seed_scenarios() -> None:
+    names = [s.name for s in builtin_scenarios()]
+    assert names == ["full-quota-migration", "concurrent-migrations", "allocation-ratio"]
+    ratio = builtin_scenarios()[2]
+    assert ratio.cpu_allocation_ratio == 4
+    assert ratio.namespaces[0].quotas[0].mode == "VirtualResourcesWithCPUAllocationRatio"
+
+
+def test_good_scenario_parses_with_defaults() -> None:
+    sc = parse_scenario(GOOD)
+    assert sc.kubevirt_version == "v1.9" and sc.cpu_allocation_ratio == 10
+    vm1 = sc.vm("vm1")
+    assert (vm1.sockets, vm1.cores, vm1.threads, vm1.running) == (2, 1, 1, True)
+    assert sc.vm("vm2").running is False
+    assert [s.action for s in sc.steps] == ["migrate", "start", "hotplug", "stop"]
+    assert sc.steps[1].vms == ("vm2",)
+    assert sc.expect.hard_after["a/q"]["limits.memory"] == Quantity.parse("8Gi")
+    manifest = vm1.manifest()
+    assert manifest["kind"] == "VirtualMachine" and manifest["spec"]["runStrategy"] == "Always"
+    assert manifest["spec"]["template"]["spec"]["domain"]["memory"]["guest"] == "2Gi"
+
+
+def _broken(path: list[Any], value: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(GOOD)
+    target: Any = doc
+    for key in path[:-1]:
+        target = target[key]
+    if value is KeyError:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "where", "what"),
+    [
+        (["typo"], 1, "scenario", "unknown key(s) typo"),
+        (["vms"], KeyError, "scenario", "missing key(s) vms"),
+        (["namespaces", 0, "quotas", 0, "mode"], "Virtual", "namespaces[0].quotas[0].mode", "Virtual"),
+        (["namespaces", 0, "quotas", 0, "hard"], {"limits.memory": "8 Gigs"}, "hard.limits.memory", "invalid"),
+        (["vms", 0, "memory", "guest"], "-1Gi", "vms[0].memory.guest", "negative"),
+        (["vms", 0, "namespace"], "nope", "vms[0].namespace", "not declared"),
+        (["vms", 0, "cpu", "sockets"], 0, "vms[0].cpu.sockets", "whole number"),
+        (["steps", 0], {"migrate": ["vm9"]}, "steps[0]", "'vm9' is not declared"),
+        (["steps", 0], {"migrate": ["vm1"], "stop": ["vm1"]}, "steps[0]", "exactly one"),
+        (["steps", 2, "hotplug"], {"vm": "vm1"}, "steps[2].hotplug", "sockets and/or memory"),
+        (["expect", "vms", "vm2"], "Gone", "expect.vms.vm2", "Running, Refused, Stopped"),
+        (["expect", "hard_after"], {"a/other": {"cpu": "1"}}, "expect.hard_after", "unknown key(s) a/other"),
+        (["kubevirt"], {"version": "v0.1"}, "scenario", "v0.1"),
+    ],
+)
+def test_mistakes_are_named(path: list[Any], value: Any, where: str, what: str) -> None:
+    with pytest.raises(InvalidInput) as err:
+        parse_scenario(_broken(path, value), "scenario")
+    text = str(err.value)
+    assert where in text and what in text, text
+
+
+def test_load_scenario_reports_file_problems(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput, match="cannot read scenario file"):
+        load_scenario(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(InvalidInput, match="not valid YAML"):
+        load_scenario(bad)
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(GOOD))
+    assert load_scenario(good).name == "t"
+
+
+def test_cli_exits_2_with_one_line_for_a_malformed_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(_broken(["vms", 0, "memory", "guest"], "lots")))
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.cli", "demo", "--scenario-file", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "vms[0].memory.guest" in lines[0] and "Traceback" not in proc.stderr

@@ -227,39 +227,38 @@ class Bus:
         """Publish ``(subject, data, msg_id)`` items with up to ``window`` acks in flight. A message whose ack
         fails is published again on its own (the msg-id makes that safe). Returns (stored, duplicates)."""
         pending: list[tuple[asyncio.Future[PubAck], tuple[str, bytes, str | None]]] = []
-        stored = dups = 0
+        counts = [0, 0]  # stored, duplicates
 
-        async def settle(batch: Sequence[tuple[asyncio.Future[PubAck], tuple[str, bytes, str | None]]]) -> None:
-            nonlocal stored, dups
-            for fut, item in batch:
+        async def settle(n: int) -> None:
+            while pending and n > 0:
+                fut, item = pending.pop(0)
+                n -= 1
                 try:
                     ack = await fut
                 except (*TRANSIENT, nats.js.errors.APIError):
                     ack = await self.publish(item[0], item[1], msg_id=item[2])
-                if ack.duplicate:
-                    dups += 1
-                else:
-                    stored += 1
+                counts[1 if ack.duplicate else 0] += 1
 
-        for item in items:
-            subject, data, mid = item
-            hdrs = {"Nats-Msg-Id": mid} if mid is not None else None
-            try:
-                fut = await self.js.publish_async(subject, data, headers=hdrs, wait_stall=30.0)
-            except (*TRANSIENT, nats.js.errors.TooManyStalledMsgsError):
-                await settle(pending)
-                pending = []
-                ack = await self.publish(subject, data, msg_id=mid)
-                dups += int(bool(ack.duplicate))
-                stored += int(not ack.duplicate)
-                continue
-            pending.append((fut, item))
-            if len(pending) >= window:
-                half = window // 2
-                await settle(pending[:half])
-                pending = pending[half:]
-        await settle(pending)
-        return stored, dups
+        try:
+            for item in items:
+                subject, data, mid = item
+                hdrs = {"Nats-Msg-Id": mid} if mid is not None else None
+                try:
+                    fut = await self.js.publish_async(subject, data, headers=hdrs, wait_stall=30.0)
+                except (*TRANSIENT, nats.js.errors.TooManyStalledMsgsError):
+                    await settle(len(pending))
+                    ack = await self.publish(subject, data, msg_id=mid)
+                    counts[1 if ack.duplicate else 0] += 1
+                    continue
+                pending.append((fut, item))
+                if len(pending) >= window:
+                    await settle(window // 2)
+            await settle(len(pending))
+        except BaseException:
+            for fut, _ in pending:  # abandoned: retrieve their outcome so none is reported as never retrieved
+                fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+            raise
+        return counts[0], counts[1]
 
     async def publish_dead_letter(
         self,
@@ -407,6 +406,7 @@ class PullConsumer:
                 why = f"error: {type(e).__name__}"
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
                 delay = min(delay * 2, 2.0)
+                yield []  # the reader runs its timers and sees a stop while the stream is unavailable
                 continue
             delay = 0.1
             self._idle_fetches = 0

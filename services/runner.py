@@ -189,14 +189,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--http-port",
-        type=int,
         default=_env("VMQUOTA_HTTP_PORT", "8080"),
         help="port of /healthz, /readyz and /metrics; 0 picks a free one [VMQUOTA_HTTP_PORT, 8080]",
     )
     p.add_argument("--log-level", default=_env("VMQUOTA_LOG_LEVEL", "info"), help="[VMQUOTA_LOG_LEVEL, info]")
     p.add_argument(
         "--partitions",
-        type=int,
         default=_env("VMQUOTA_PARTITIONS", "16"),
         help="number of namespace partitions of the ledger [VMQUOTA_PARTITIONS, 16]",
     )
@@ -234,6 +232,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _int(raw: object, where: str) -> int:
+    try:
+        return int(str(raw).strip())
+    except ValueError:
+        raise InvalidInput(f"{raw!r} is not a whole number", where) from None
+
+
 def config_from_args(args: argparse.Namespace) -> Config:
     """Validate the flags; :class:`InvalidInput` names the flag."""
     service = args.service
@@ -250,10 +255,12 @@ def config_from_args(args: argparse.Namespace) -> Config:
             contract.check_cluster(cluster)
         except InvalidInput as e:
             raise InvalidInput(e.message, "--cluster") from None
-    if args.http_port < 0 or args.http_port > 65535:
-        raise InvalidInput(f"{args.http_port} is not a port number", "--http-port")
+    http_port = _int(args.http_port, "--http-port (VMQUOTA_HTTP_PORT)")
+    if http_port < 0 or http_port > 65535:
+        raise InvalidInput(f"{http_port} is not a port number", "--http-port (VMQUOTA_HTTP_PORT)")
+    total = _int(args.partitions, "--partitions (VMQUOTA_PARTITIONS)")
     try:
-        partitions = PartitionSet.parse(args.owned_partitions, args.partitions)
+        partitions = PartitionSet.parse(args.owned_partitions, total)
     except InvalidInput as e:
         flag = "--partitions" if e.where == "partitions" else "--owned-partitions"
         raise InvalidInput(e.message, flag) from None
@@ -269,7 +276,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         cluster=cluster,
         nats=NatsOptions(url=args.nats, creds=args.nats_creds, user=args.nats_user, password=args.nats_password),
         kubeconfig=args.kubeconfig,
-        http_port=args.http_port,
+        http_port=http_port,
         log_level=args.log_level,
         partitions=partitions,
         events_max_age=max_age,

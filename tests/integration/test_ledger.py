@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
+import os
 import random
+import signal
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -392,3 +398,93 @@ async def test_the_real_accountant_publishes_the_quota_equation_terms(nats_url: 
         assert sorted((v.name, v.state) for v in usage.vms) == sorted((v.name, v.state) for v in direct.vms)
     finally:
         await b.close()
+
+
+# ---- the service shell: `vmquota run ledger` as a process -------------------------------------------------------
+
+
+def _vmquota(*argv: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "run", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+        cwd=Path(__file__).resolve().parents[2],
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "needle"),
+    [
+        (["bogus"], {}, "unknown service 'bogus'"),
+        (["ledger", "--cluster", "Bad_1"], {}, "--cluster: cluster id 'Bad_1' is not a DNS label"),
+        (["ledger"], {"VMQUOTA_OWNED_PARTITIONS": "0-99"}, "--owned-partitions: partition range '0-99'"),
+        (["ledger"], {"VMQUOTA_HTTP_PORT": "eighty"}, "VMQUOTA_HTTP_PORT): 'eighty' is not a whole number"),
+        (["ledger"], {"VMQUOTA_EVENTS_MAX_AGE": "forever"}, "--events-max-age: 'forever' is not a duration"),
+        (["ledger"], {"VMQUOTA_LEADER_ELECTION": "perhaps"}, "VMQUOTA_LEADER_ELECTION: 'perhaps' is not a boolean"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line(argv: list[str], env: dict[str, str], needle: str) -> None:
+    proc = _vmquota(*argv, env=env)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 2
+    lines = err.decode().strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], lines
+    assert out == b""
+
+
+async def test_vmquota_run_ledger_serves_health_metrics_and_stops_on_sigterm(nats_url: str) -> None:
+    import aiohttp
+
+    proc = _vmquota("ledger", "--http-port", "0", env={"VMQUOTA_NATS": nats_url, "VMQUOTA_CLUSTER": CLUSTER})
+    try:
+        assert proc.stderr is not None
+        port = 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while not port:  # the first log lines: JSON, one per line; "serving" names the bound HTTP port
+            line = await asyncio.wait_for(asyncio.to_thread(proc.stderr.readline), max(0.1, deadline - loop.time()))
+            assert line, "the process ended before serving"
+            if line.startswith(b"{"):
+                doc = json.loads(line)
+                assert doc.get("service") is not None or "event" in doc
+                if doc.get("event") == "serving":
+                    port = int(doc["http_port"])
+        b = await _connect(nats_url)
+        try:
+            await b.ensure_streams(contract.streams_for("watcher"))  # the events stream is the watcher's
+            world = World(random.Random(8), ["tenant-a"])
+            events = [world.next() for _ in range(20)]
+            await publish(b, events)
+            from services.ledger.usage import account
+
+            reference, _ = expected_usage(events)
+            want = {ns: usage_digest(account(reference.view(c, ns))) for c, ns in reference.namespaces()}
+            await wait_until(lambda: _usage_matches(b, want), what="usage from the ledger process")
+        finally:
+            await b.close()
+        async with aiohttp.ClientSession() as http:
+            base = f"http://127.0.0.1:{port}"
+
+            async def ready() -> bool:
+                async with http.get(f"{base}/readyz") as r:
+                    return r.status == 200
+
+            await wait_until(ready, what="/readyz")
+            async with http.get(f"{base}/healthz") as r:
+                assert r.status == 200 and (await r.json())["ok"] is True
+            async with http.get(f"{base}/metrics") as r:
+                text = await r.text()
+            assert 'vmquota_events_in_total{service="ledger"} 20.0' in text
+            assert 'vmquota_events_out_total{service="ledger"}' in text
+            assert 'vmquota_consumer_lag{service="ledger"} 0.0' in text
+            assert "vmquota_fold_seconds_bucket" in text and "vmquota_dlq_total" in text
+        proc.send_signal(signal.SIGTERM)
+        rc = await asyncio.to_thread(proc.wait, 30)
+        assert rc == 0
+        rest = proc.stderr.read().decode()
+        assert '"event": "stopped"' in rest or '"event":"stopped"' in rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -372,6 +372,10 @@ class _WriteLock:
         self._owner: asyncio.Task[Any] | None = None
         self._depth = 0
 
+    @property
+    def owner(self) -> asyncio.Task[Any] | None:
+        return self._owner
+
     async def __aenter__(self) -> None:
         task = asyncio.current_task()
         if self._owner is task and task is not None:
@@ -1126,6 +1130,8 @@ class Store:
         if not self._pressured:
             return
         me = asyncio.current_task()
+        if self._lock_obj is not None and self._lock_obj.owner is me:
+            return  # a write nested in an admission hook: the outer write relieves after releasing the lock
         waiting = [w for w in self._pressured if not w.closed and w.consumer is not me]
         self._pressured.clear()
         if not waiting:

@@ -425,6 +425,21 @@ def _check_schema(schema: int) -> None:
         raise InvalidInput(f"schema version {schema} is not supported (this build reads 1..{SCHEMA})", "schema")
 
 
+_KNOWN_LABELS: set[str] = set()
+"""DNS labels already validated (cluster ids and namespaces repeat on every event: validate each once)."""
+
+
+def _known_label(s: str) -> bool:
+    if s in _KNOWN_LABELS:
+        return True
+    if isinstance(s, str) and _DNS_LABEL.match(s):
+        if len(_KNOWN_LABELS) >= 65536:
+            _KNOWN_LABELS.clear()
+        _KNOWN_LABELS.add(s)
+        return True
+    return False
+
+
 def decode_event(data: bytes) -> Upserted | Deleted | Sync:
     """Decode and validate an object event; :class:`InvalidInput` says what is wrong and where."""
     try:
@@ -433,32 +448,45 @@ def decode_event(data: bytes) -> Upserted | Deleted | Sync:
         raise InvalidInput(f"invalid event: {e}", "event") from None
     except msgspec.DecodeError as e:
         raise InvalidInput(f"not a JSON event: {e}", "event") from None
-    _check_schema(ev.schema)
-    check_cluster(ev.cluster)
-    check_kind(ev.kind)
-    resource_version(ev.resource_version)
-    if isinstance(ev, Sync):
-        if ev.kind in CLUSTER_SCOPED_KINDS:
+    if ev.schema != SCHEMA:
+        _check_schema(ev.schema)
+    if not _known_label(ev.cluster):
+        check_cluster(ev.cluster)
+    kind = ev.kind
+    if kind not in KIND_TOKENS:
+        check_kind(kind)
+    rv = ev.resource_version
+    if not (rv.isascii() and rv.isdigit() and len(rv) <= 19):
+        resource_version(rv)
+    if type(ev) is Sync:
+        if kind in CLUSTER_SCOPED_KINDS:
             if ev.namespace != CLUSTER_TOKEN:
-                raise InvalidInput(f"a sync of {ev.kind} must have namespace {CLUSTER_TOKEN!r}", "namespace")
-        else:
+                raise InvalidInput(f"a sync of {kind} must have namespace {CLUSTER_TOKEN!r}", "namespace")
+        elif not _known_label(ev.namespace):
             check_namespace(ev.namespace)
         return ev
-    where = f"{ev.kind} {ev.namespace + '/' if ev.namespace else ''}{ev.name or ev.uid}"
+    assert isinstance(ev, (Upserted, Deleted))
     if not ev.uid:
-        raise InvalidInput("empty uid", f"{where}: uid")
+        raise InvalidInput("empty uid", f"{_where(ev)}: uid")
     snap = ev.snapshot
     if snap is not None:
         snap_kind = type(snap).__struct_config__.tag
-        if snap_kind != ev.kind:
-            raise InvalidInput(f"snapshot of kind {snap_kind!r} in an event of kind {ev.kind!r}", f"{where}: snapshot")
+        if snap_kind != kind:
+            raise InvalidInput(
+                f"snapshot of kind {snap_kind!r} in an event of kind {kind!r}", f"{_where(ev)}: snapshot"
+            )
         if snap.uid and snap.uid != ev.uid:
-            raise InvalidInput(f"snapshot uid {snap.uid!r} differs from the event's", f"{where}: snapshot.uid")
-    if ev.kind not in CLUSTER_SCOPED_KINDS:
-        check_namespace(ev.namespace, f"{where}: namespace")
-    elif ev.kind == "Namespace":
-        check_namespace(ev.name, f"{where}: name")
+            raise InvalidInput(f"snapshot uid {snap.uid!r} differs from the event's", f"{_where(ev)}: snapshot.uid")
+    if kind not in CLUSTER_SCOPED_KINDS:
+        if not _known_label(ev.namespace):
+            check_namespace(ev.namespace, f"{_where(ev)}: namespace")
+    elif kind == "Namespace" and not _known_label(ev.name):
+        check_namespace(ev.name, f"{_where(ev)}: name")
     return ev
+
+
+def _where(ev: Upserted | Deleted) -> str:
+    return f"{ev.kind} {ev.namespace + '/' if ev.namespace else ''}{ev.name or ev.uid}"
 
 
 def decode_usage(data: bytes) -> UsageSnapshot:

@@ -345,14 +345,26 @@ class Ledger:
 
     def apply(self, ev: Upserted | Deleted | Sync, seq: int) -> Outcome:
         """Fold one decoded event found at stream sequence ``seq``."""
-        if isinstance(ev, Sync):
+        if type(ev) is Sync:
             return self._apply_sync(ev, seq)
-        key = state_key(ev)
-        if not self.partitions.owns(*key):
-            return Outcome.FOREIGN
-        outcome = self._state(key).apply(ev, seq)
+        assert not isinstance(ev, Sync)
+        kind = ev.kind  # state_key(ev), inlined: this is the hot path
+        if kind in CLUSTER_WIDE_KINDS:
+            key = (ev.cluster, CLUSTER_WIDE)
+        else:
+            key = (ev.cluster, ev.name if kind == "Namespace" else ev.namespace)
+        st = self.states.get(key)
+        if st is None:
+            if not self.partitions.owns(*key):
+                return Outcome.FOREIGN
+            st = self._state(key)
+        outcome = st.apply(ev, seq)
         if outcome is Outcome.APPLIED:
-            self._mark(key)
+            if key[1] == CLUSTER_WIDE:
+                self._mark(key)
+            else:
+                self.unsaved.add(key)
+                self.changed.add(key)
         return outcome
 
     def _apply_sync(self, ev: Sync, seq: int) -> Outcome:

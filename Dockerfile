@@ -16,7 +16,7 @@ ARG SIMULATOR=true
 RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
  && python -m venv /opt/vmquota \
  && /opt/vmquota/bin/pip install /wheels/vmquota-*.whl \
- && if [ "$SIMULATOR" = "true" ]; then /opt/vmquota/bin/pip install "cryptography>=44"; fi \
+ && if [ "$SIMULATOR" = "true" ]; then /opt/vmquota/bin/pip install "$(ls /wheels/vmquota-*.whl)[sim]"; fi \
  && /opt/vmquota/bin/pip uninstall --yes pip \
  && /opt/vmquota/bin/python -m compileall -q /opt/vmquota
 

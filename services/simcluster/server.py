@@ -788,10 +788,15 @@ def self_signed_certificate(host: str = "127.0.0.1") -> tuple[bytes, bytes]:
     import datetime
     import ipaddress
 
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    try:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    except ImportError:  # pragma: no cover - depends on the installation
+        raise RuntimeError(
+            "the simulated cluster serves HTTPS and needs the 'cryptography' package: pip install 'vmquota[sim]'"
+        ) from None
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "vmquota-simcluster")])

@@ -185,53 +185,112 @@ def _refused_names(result: RunResult) -> set[str]:
     return {r.split(":", 1)[0] for r in result.refusals}
 
 
-class VmquotaStack:
-    """The embedded nats-server plus watcher, ledger and enforcer (``vmquota run all``) in this process."""
+SERVICE_NAMES = ("watcher", "ledger", "enforcer")
 
-    def __init__(self, sim: SimCluster, cluster: str = "demo") -> None:
+
+class VmquotaStack:
+    """The embedded nats-server plus watcher, ledger and enforcer in this process: one ``vmquota run all``, or
+    (``separate``) one runner per service, so that a test can stop, kill and restart each on its own."""
+
+    def __init__(
+        self, sim: SimCluster, cluster: str = "demo", *, separate: bool = False, log_level: str = "warning"
+    ) -> None:
         self.sim = sim
         self.cluster = cluster
+        self.separate = separate
+        self.log_level = log_level
         self._nats: Any = None
-        self._task: asyncio.Task[int] | None = None
-        self._stop = asyncio.Event()
+        self._runs: dict[str, tuple[asyncio.Task[int], asyncio.Event]] = {}
+
+    @property
+    def nats(self) -> Any:
+        """The :class:`~services.natsserver.NatsServer` (``restart()`` it for a server restart)."""
+        assert self._nats is not None, "not started"
+        return self._nats
+
+    @property
+    def services(self) -> tuple[str, ...]:
+        """The names :meth:`start_service` and friends take: the three services, or ``all``."""
+        return SERVICE_NAMES if self.separate else ("all",)
 
     async def start(self) -> None:
-        from services import runner
         from services.natsserver import NatsServer
 
         self._nats = NatsServer().start()
+        for name in self.services:
+            await self.start_service(name)
+
+    def running(self, name: str) -> bool:
+        run = self._runs.get(name)
+        return run is not None and not run[0].done()
+
+    async def start_service(self, name: str) -> None:
+        """Start one runner (``watcher``, ``ledger``, ``enforcer`` when separate, else ``all``) and wait until it
+        serves."""
+        from services import runner
+
+        if name not in self.services:
+            raise ValueError(f"unknown service {name!r}: expected one of {', '.join(self.services)}")
+        if self.running(name):
+            raise RuntimeError(f"{name} is already running")
         p = argparse.ArgumentParser()
         runner.add_arguments(p)
         args = p.parse_args(
             [
-                "all",
+                name,
                 "--cluster",
                 self.cluster,
                 "--nats",
-                self._nats.url,
+                self.nats.url,
                 "--kubeconfig",
                 str(self.sim.kubeconfig_path),
                 "--http-port",
                 "0",
                 "--no-leader-election",
                 "--log-level",
-                "warning",
+                self.log_level,
+                "--identity",
+                f"{name}-{len(self._runs)}",
             ]
         )
         config = runner.config_from_args(args)
-        ready = asyncio.Event()
-        self._task = asyncio.create_task(runner.serve(config, ready=lambda _port: ready.set(), stop=self._stop))
+        ready, stop = asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(runner.serve(config, ready=lambda _port: ready.set(), stop=stop), name=name)
+        self._runs[name] = (task, stop)
         waiter = asyncio.create_task(ready.wait())
-        done, _ = await asyncio.wait([waiter, self._task], return_when=asyncio.FIRST_COMPLETED)
-        if self._task in done:
+        done, _ = await asyncio.wait([waiter, task], return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
             waiter.cancel()
-            raise RuntimeError(f"vmquota services stopped during start-up (status {self._task.result()})")
+            raise RuntimeError(f"vmquota {name} stopped during start-up (status {task.result()})")
+
+    async def stop_service(self, name: str, *, kill: bool = False) -> int | None:
+        """Stop one runner: gracefully (its stop signal), or ``kill``: cancel it mid-work, with no graceful stop
+        (what it had not checkpointed or published is lost, as after a crash). Returns its exit status (None when
+        killed)."""
+        from services import runner
+
+        run = self._runs.pop(name, None)
+        if run is None:
+            return None
+        task, stop = run
+        if kill:
+            await runner.cancel(task)
+            return None
+        stop.set()
+        try:
+            return await asyncio.wait_for(task, timeout=20)
+        except TimeoutError:
+            await runner.cancel(task)
+            return None
+
+    async def restart_service(self, name: str, *, kill: bool = False) -> None:
+        await self.stop_service(name, kill=kill)
+        await self.start_service(name)
 
     async def stop(self) -> None:
-        self._stop.set()
-        if self._task is not None:
+        for name in reversed(list(self._runs)):
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._task, timeout=20)
+                await self.stop_service(name)
         if self._nats is not None:
             self._nats.close()
 

@@ -7,14 +7,18 @@ before it), plus ``spec.overhead`` (added to limits only where a limit exists).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from functools import lru_cache
+from typing import Any, Final
 
 from shared.errors import InvalidInput
-from shared.quantity import Quantity
-from shared.resources import ResourceList, add, format_resource_list, maximum, parse_resource_list
+from shared.quantity import MAX_NANOS, Format, Quantity
+from shared.resources import ResourceList, add, format_resource_list, parse_resource_list
+
+_Entry = tuple[bool, bool, Mapping[str, "Quantity"], Mapping[str, "Quantity"]]
+"""What the totals read of a container: init, restartable, requests, limits."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,21 +42,74 @@ class ContainerSpec:
         return out
 
 
-def _effective(containers: Iterable[ContainerSpec], pick: str) -> ResourceList:
-    total: ResourceList = {}
-    sidecars: ResourceList = {}
-    init_peak: ResourceList = {}
-    for c in containers:
-        rl: Mapping[str, Quantity] = c.requests if pick == "requests" else c.limits
-        if not c.init:
-            total = add(total, rl)
-        elif c.restartable:
-            total = add(total, rl)
-            sidecars = add(sidecars, rl)
-            init_peak = maximum(init_peak, sidecars)
-        else:
-            init_peak = maximum(init_peak, add(rl, sidecars))
-    return maximum(total, init_peak)
+def _effective(containers: Iterable[_Entry], limits: bool) -> ResourceList:
+    """Kubernetes' rule, computed as ``resources.add``/``maximum`` would (same values, formats, key order and
+    range errors) but accumulated as integers (nanos, and the format ``Quantity`` addition keeps) instead of
+    intermediate objects, loops inlined: this runs for every pod the watcher normalises.
+
+    A sum takes the format of its left operand unless that is zero (``Quantity.__add__``); a maximum keeps the
+    left operand on a tie; new keys are appended in the order they are met."""
+    total: dict[str, int] = {}
+    total_fmt: dict[str, Format] = {}
+    side: dict[str, int] = {}  # the sidecars started so far
+    side_fmt: dict[str, Format] = {}
+    peak: dict[str, int] = {}  # the init containers' peak
+    peak_fmt: dict[str, Format] = {}
+    for init, restartable, requests, lims in containers:
+        rl = lims if limits else requests
+        if not init or restartable:  # total += rl
+            for k, q in rl.items():
+                cur = total.get(k)
+                if cur is None:
+                    total[k] = q.nanos
+                    total_fmt[k] = q.format
+                else:
+                    if cur == 0:
+                        total_fmt[k] = q.format
+                    n = cur + q.nanos
+                    total[k] = n if n <= MAX_NANOS else _too_large(n)
+            if not init:
+                continue
+            for k, q in rl.items():  # sidecars += rl
+                cur = side.get(k)
+                if cur is None:
+                    side[k] = q.nanos
+                    side_fmt[k] = q.format
+                else:
+                    if cur == 0:
+                        side_fmt[k] = q.format
+                    n = cur + q.nanos
+                    side[k] = n if n <= MAX_NANOS else _too_large(n)
+            run, run_fmt = side, side_fmt
+        else:  # a plain init container: its resources + the sidecars started before it
+            run = {k: q.nanos for k, q in rl.items()}
+            run_fmt = {k: q.format for k, q in rl.items()}
+            for k, n in side.items():
+                cur = run.get(k)
+                if cur is None:
+                    run[k] = n
+                    run_fmt[k] = side_fmt[k]
+                else:
+                    if cur == 0:
+                        run_fmt[k] = side_fmt[k]
+                    n += cur
+                    run[k] = n if n <= MAX_NANOS else _too_large(n)
+        for k, n in run.items():  # peak = max(peak, run)
+            cur = peak.get(k)
+            if cur is None or n > cur:
+                peak[k] = n
+                peak_fmt[k] = run_fmt[k]
+    for k, n in peak.items():  # max(total, peak)
+        cur = total.get(k)
+        if cur is None or n > cur:
+            total[k] = n
+            total_fmt[k] = peak_fmt[k]
+    return {k: Quantity(n, total_fmt[k]) for k, n in total.items()}
+
+
+def _too_large(nanos: int) -> int:
+    Quantity(nanos)  # raises the range error an addition of quantities raises
+    raise AssertionError("unreachable")
 
 
 def pod_totals(
@@ -62,8 +119,12 @@ def pod_totals(
     cs = list(containers)
     # Kubernetes walks init containers in order for the peak and sums regular containers separately.
     ordered = [c for c in cs if c.init] + [c for c in cs if not c.init]
-    requests = _effective(ordered, "requests")
-    limits = _effective(ordered, "limits")
+    return _totals([(c.init, c.restartable, c.requests, c.limits) for c in ordered], overhead)
+
+
+def _totals(entries: Sequence[_Entry], overhead: Mapping[str, Quantity] | None) -> tuple[ResourceList, ResourceList]:
+    requests = _effective(entries, False)
+    limits = _effective(entries, True)
     if overhead:
         requests = add(requests, overhead)
         limits = {k: (v + overhead[k] if k in overhead else v) for k, v in limits.items()}
@@ -73,6 +134,9 @@ def pod_totals(
 # ---- a pod object as the ResourceQuota evaluator charges it ----------------------------------------------------
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+_ONE: Final = Quantity.from_int(1)
+_EMPTY: Final[Mapping[str, Any]] = {}
+_parse: Final = Quantity.parse
 _REQUEST_STANDARD = ("cpu", "memory", "ephemeral-storage")
 _LIMIT_STANDARD = ("cpu", "memory", "ephemeral-storage")
 
@@ -112,48 +176,132 @@ def pod_counts_for_compute(pod: Mapping[str, Any], now: datetime | None = None) 
     )
 
 
-def pod_containers(pod: Mapping[str, Any]) -> list[ContainerSpec]:
-    """The containers of a pod object (init containers first), with parsed resources; InvalidInput on bad input."""
+def _resource_list(raw: object, field: str, index: int, pick: str) -> ResourceList:
+    """:func:`~shared.resources.parse_resource_list` of ``spec.<field>[<index>].resources.<pick>``, with a fast
+    path for the usual ``{name: "quantity"}`` dict; anything else (errors included) goes through it."""
+    if type(raw) is dict:
+        out: ResourceList = {}
+        try:
+            for k, v in raw.items():
+                if type(v) is not str or type(k) is not str or not k:
+                    break
+                out[k] = _parse(v)
+            else:
+                return out
+        except InvalidInput:
+            pass
+    return parse_resource_list(raw, f"spec.{field}[{index}].resources.{pick}")
+
+
+def _containers(pod: Mapping[str, Any]) -> list[tuple[str, bool, bool, ResourceList, ResourceList]]:
+    """(name, init, restartable, requests, limits) of each container, init containers first; InvalidInput on bad
+    input."""
     spec = pod.get("spec")
     if not isinstance(spec, Mapping):
         raise InvalidInput("pod has no spec", "spec")
-    out: list[ContainerSpec] = []
+    out: list[tuple[str, bool, bool, ResourceList, ResourceList]] = []
     for field, init in (("initContainers", True), ("containers", False)):
         items = spec.get(field) or []
         if not isinstance(items, list):
             raise InvalidInput("expected a list", f"spec.{field}")
         for i, c in enumerate(items):
-            where = f"spec.{field}[{i}]"
-            if not isinstance(c, Mapping):
-                raise InvalidInput("expected a container object", where)
-            res = c.get("resources") or {}
-            if not isinstance(res, Mapping):
-                raise InvalidInput("expected an object", f"{where}.resources")
-            out.append(
-                ContainerSpec(
-                    name=str(c.get("name") or ""),
-                    requests=parse_resource_list(res.get("requests"), f"{where}.resources.requests"),
-                    limits=parse_resource_list(res.get("limits"), f"{where}.resources.limits"),
-                    init=init,
-                    restartable=init and c.get("restartPolicy") == "Always",
-                )
-            )
+            if type(c) is not dict and not isinstance(c, Mapping):
+                raise InvalidInput("expected a container object", f"spec.{field}[{i}]")
+            res = c.get("resources") or _EMPTY
+            if type(res) is not dict and not isinstance(res, Mapping):
+                raise InvalidInput("expected an object", f"spec.{field}[{i}].resources")
+            requests = _resource_list(res.get("requests"), field, i, "requests")
+            limits = _resource_list(res.get("limits"), field, i, "limits")
+            out.append((c.get("name") or "", init, init and c.get("restartPolicy") == "Always", requests, limits))
     return out
+
+
+def pod_containers(pod: Mapping[str, Any]) -> list[ContainerSpec]:
+    """The containers of a pod object (init containers first), with parsed resources; InvalidInput on bad input."""
+    return [
+        ContainerSpec(name=str(name), requests=rq, limits=lm, init=init, restartable=rs)
+        for name, init, rs, rq, lm in _containers(pod)
+    ]
 
 
 def pod_resources(pod: Mapping[str, Any]) -> tuple[ResourceList, ResourceList]:
     """Effective (requests, limits) of a pod object, ``spec.overhead`` included."""
     spec = pod.get("spec")
+    if type(spec) is dict:
+        shape = _shape(spec)
+        if shape is not None:
+            try:
+                requests, limits = _resources_of_shape(shape)
+            except (_Unusual, TypeError):  # TypeError: an unhashable value (a malformed quantity)
+                pass
+            else:
+                return dict(requests), dict(limits)
     overhead = parse_resource_list(spec.get("overhead"), "spec.overhead") if isinstance(spec, Mapping) else {}
-    return pod_totals(pod_containers(pod), overhead)
+    # pod order is init containers first: the order pod_totals walks
+    return _totals([(init, rs, rq, lm) for _, init, rs, rq, lm in _containers(pod)], overhead)
+
+
+# Pods repeat a few resource shapes (replicas of a workload, VMs of one instance type): the totals of a shape are
+# computed once. A shape is what the totals read, as tuples of the raw strings; only all-string shapes are kept
+# (a string never equals a number, so a hit is the same input); anything unusual, errors included, takes the
+# path above, which names the offending field.
+_Shape = tuple[tuple[tuple[bool, bool, tuple[Any, ...], tuple[Any, ...]], ...], tuple[Any, ...]]
+
+
+class _Unusual(Exception):
+    pass
+
+
+def _shape(spec: dict[str, Any]) -> _Shape | None:
+    parts = []
+    for field, init in (("initContainers", True), ("containers", False)):
+        items = spec.get(field) or ()
+        if type(items) is not list and items != ():
+            return None
+        for c in items:
+            if type(c) is not dict:
+                return None
+            res = c.get("resources") or _EMPTY
+            if type(res) is not dict:
+                return None
+            rq, lm = res.get("requests"), res.get("limits")  # only None counts as absent, as in parse_resource_list
+            rq = _EMPTY if rq is None else rq
+            lm = _EMPTY if lm is None else lm
+            if type(rq) is not dict or type(lm) is not dict:
+                return None
+            parts.append((init, init and c.get("restartPolicy") == "Always", tuple(rq.items()), tuple(lm.items())))
+    overhead = spec.get("overhead")
+    overhead = _EMPTY if overhead is None else overhead
+    if type(overhead) is not dict:
+        return None
+    return tuple(parts), tuple(overhead.items())
+
+
+@lru_cache(maxsize=4096)
+def _resources_of_shape(shape: _Shape) -> tuple[ResourceList, ResourceList]:
+    """Shared results: callers copy them."""
+    parts, overhead = shape
+    entries = [(init, rs, _strings(rq), _strings(lm)) for init, rs, rq, lm in parts]
+    return _totals(entries, _strings(overhead))
+
+
+def _strings(items: tuple[Any, ...]) -> ResourceList:
+    out: ResourceList = {}
+    for k, v in items:
+        if type(v) is not str or type(k) is not str or not k:
+            raise _Unusual
+        try:
+            out[k] = _parse(v)
+        except InvalidInput:
+            raise _Unusual from None
+    return out
 
 
 def quota_usage_of(requests: Mapping[str, Quantity], limits: Mapping[str, Quantity]) -> ResourceList:
     """Map effective pod requests/limits to the resource names a ResourceQuota uses (non-terminal pod):
     ``pods``/``count/pods`` = 1; ``cpu``/``requests.cpu`` etc.; ``limits.*``; ``hugepages-*`` and
     ``requests.hugepages-*``; extended resources as ``requests.<name>``."""
-    one = Quantity.from_int(1)
-    out: ResourceList = {"pods": one, "count/pods": one}
+    out: ResourceList = {"pods": _ONE, "count/pods": _ONE}
     for name in _REQUEST_STANDARD:
         if name in requests:
             out[name] = requests[name]

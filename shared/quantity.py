@@ -25,7 +25,8 @@ from shared.errors import InvalidQuantity
 
 NANO: Final = 1_000_000_000
 MAX_BASE_UNITS: Final = 2**63 - 1
-_MAX_NANOS: Final = MAX_BASE_UNITS * NANO
+MAX_NANOS: Final = MAX_BASE_UNITS * NANO
+_MAX_NANOS: Final = MAX_NANOS
 
 
 class Format(Enum):
@@ -71,6 +72,11 @@ class Quantity:
     @classmethod
     def parse(cls, text: object, *, allow_negative: bool = False) -> Quantity:
         """Parse a quantity as Kubernetes does. Integers are accepted as plain numbers (JSON ``"cpu": 2``)."""
+        if type(text) is str:  # the common case first: one cached lookup
+            q = cls._parse_str(text)
+            if q.nanos < 0 and not allow_negative:
+                raise InvalidQuantity(f"quantity {text!r} must not be negative")
+            return q
         if isinstance(text, Quantity):
             q = text
         elif isinstance(text, bool) or not isinstance(text, (str, int, float)):

@@ -358,6 +358,8 @@ def from_builtins(obj: Any) -> AnySnapshot:
 
 def _map(obj: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
     v = obj.get(key)
+    if type(v) is dict:  # the common case first: an ABC check costs more than the rest of this
+        return v
     if v is None:
         return {}
     if not isinstance(v, Mapping):
@@ -367,6 +369,8 @@ def _map(obj: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
 
 def _str(obj: Mapping[str, Any], key: str, where: str) -> str:
     v = obj.get(key)
+    if type(v) is str:
+        return v
     if v is None:
         return ""
     if not isinstance(v, str):

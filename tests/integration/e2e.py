@@ -1,0 +1,306 @@
+"""Helpers of the end-to-end tests: the simulated cluster with the whole vmquota pipeline (watcher → NATS → ledger
+→ enforcer → cluster) started by :class:`services.demo.play.VmquotaStack`, a tap on the bus (usage snapshots and
+decisions), the simulator's ground truth, and waits on conditions with deadlines (never sleeps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from services.demo.play import VmquotaStack
+from services.simcluster.cluster import SimCluster
+from services.simcluster.kubevirt import KubeVirtTiming, phase
+from services.simcluster.store_api import Obj
+from shared import bus as contract
+from shared.enforcement import LAST_HARD_ANNOTATION, STATUS_ANNOTATION
+from shared.errors import InvalidInput
+from shared.modes import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION, RATIO_ANNOTATION
+from shared.podusage import pod_quota_usage
+from shared.quantity import ZERO
+from shared.resources import ResourceList, add, format_resource_list, parse_resource_list
+
+CLUSTER: Final = "e2e"
+SPEED: Final = 0.05
+"""Simulator speed factor: every controller delay x 0.05 (a VM starts in ~10 ms, a migration in ~30 ms)."""
+WITHIN: Final = 20.0
+"""Deadline of every wait, in seconds: generous for a loaded 2-core machine; a healthy run takes far less."""
+MIGRATION_JOB_LABEL: Final = "kubevirt.io/migrationJobUID"
+
+
+def rl(values: Mapping[str, str]) -> ResourceList:
+    return parse_resource_list(dict(values), "test")
+
+
+def on(rlist: Mapping[str, Any], keys: Any) -> ResourceList:
+    """``rlist`` restricted to ``keys``, a missing resource as zero (ResourceLists compare by value)."""
+    return {k: rlist.get(k, ZERO) for k in keys}
+
+
+class BusTap:
+    """A plain NATS subscriber to one cluster's usage snapshots and decisions, as any operator's client would be."""
+
+    def __init__(self, cluster: str) -> None:
+        self.cluster = cluster
+        self.usage: dict[str, contract.UsageSnapshot] = {}
+        """The latest usage snapshot received per namespace."""
+        self.usage_count = 0
+        self.decisions: list[contract.Decision] = []
+        self.undecodable: list[str] = []
+        self.changed = asyncio.Event()
+        self._nc: Client | None = None
+
+    async def connect(self, url: str) -> None:
+        self._nc = await nats.connect(
+            url, name="e2e-tap", reconnect_time_wait=0.1, max_reconnect_attempts=-1, allow_reconnect=True
+        )
+        await self._nc.subscribe(f"{contract.PREFIX}.usage.{self.cluster}.>", cb=self._on_usage)
+        await self._nc.subscribe(f"{contract.PREFIX}.quota.{self.cluster}.>", cb=self._on_decision)
+        await self._nc.flush()
+
+    async def _on_usage(self, msg: Msg) -> None:
+        try:
+            snap = contract.decode_usage(msg.data)
+        except InvalidInput as e:
+            self.undecodable.append(f"{msg.subject}: {e}")
+            return
+        self.usage[snap.namespace] = snap
+        self.usage_count += 1
+        self.changed.set()
+
+    async def _on_decision(self, msg: Msg) -> None:
+        try:
+            self.decisions.append(contract.decode_decision(msg.data))
+        except InvalidInput as e:
+            self.undecodable.append(f"{msg.subject}: {e}")
+        self.changed.set()
+
+    def terms(self, namespace: str, quota: str) -> contract.QuotaTerms | None:
+        snap = self.usage.get(namespace)
+        return None if snap is None else snap.quotas.get(quota)
+
+    async def close(self) -> None:
+        if self._nc is not None and not self._nc.is_closed:
+            await self._nc.close()
+
+
+@dataclass
+class Pipeline:
+    """A running simulated cluster, vmquota stack and bus tap; the test's handle on all three."""
+
+    sim: SimCluster
+    stack: VmquotaStack
+    tap: BusTap
+    quotas: dict[tuple[str, str], ResourceList] = field(default_factory=dict)
+    """(namespace, quota) → the budget it was created with."""
+
+    # ---- waiting ---------------------------------------------------------------------------------------------------
+    async def wait(self, predicate: Callable[[], bool | Awaitable[bool]], what: str, *, within: float = WITHIN) -> None:
+        """Until ``predicate()`` holds (checked on every bus message and every 20 ms); TimeoutError naming ``what``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while True:
+            self.tap.changed.clear()
+            result = predicate()
+            if not isinstance(result, bool):
+                result = await result
+            if result:
+                return
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise TimeoutError(f"timed out after {within}s waiting for {what}")
+            with contextlib.suppress(TimeoutError):  # woken by a bus message, else re-checked every 20 ms
+                await asyncio.wait_for(self.tap.changed.wait(), timeout=min(remaining, 0.02))
+
+    # ---- quotas ----------------------------------------------------------------------------------------------------
+    async def managed_quota(
+        self,
+        namespace: str,
+        name: str,
+        hard: Mapping[str, str],
+        *,
+        mode: str = "VmiPodUsage",
+        ratio: str | None = None,
+    ) -> None:
+        """Create the namespace (if needed) and a managed quota; wait until the enforcer enforces it."""
+        if self.sim.peek("namespaces", None, namespace) is None:
+            await self.sim.create_namespace(namespace)
+        annotations = {MODE_ANNOTATION: mode}
+        if ratio is not None:
+            annotations[RATIO_ANNOTATION] = ratio
+        await self.sim.create_quota(namespace, name, hard, labels={MANAGED_LABEL: "true"}, annotations=annotations)
+        self.quotas[(namespace, name)] = rl(hard)
+        await self.wait_enforcing(namespace, name)
+
+    async def wait_enforcing(self, namespace: str, name: str) -> None:
+        def enforcing() -> bool:
+            q = self.sim.peek("resourcequotas", namespace, name)
+            ann = ((q or {}).get("metadata") or {}).get("annotations") or {}
+            return str(ann.get(STATUS_ANNOTATION, "")).startswith("Enforcing") and BUDGET_ANNOTATION in ann
+
+        await self.wait(enforcing, f"the enforcer to enforce quota {namespace}/{name}")
+
+    def quota(self, namespace: str, name: str) -> Obj:
+        q = self.sim.peek("resourcequotas", namespace, name)
+        assert q is not None, f"quota {namespace}/{name} is gone"
+        return q
+
+    def hard(self, namespace: str, name: str) -> ResourceList:
+        return parse_resource_list((self.quota(namespace, name).get("spec") or {}).get("hard"), "spec.hard")
+
+    def budget(self, namespace: str, name: str) -> ResourceList:
+        ann = (self.quota(namespace, name).get("metadata") or {}).get("annotations") or {}
+        return parse_resource_list(json.loads(ann[BUDGET_ANNOTATION]), BUDGET_ANNOTATION)
+
+    def last_hard(self, namespace: str, name: str) -> ResourceList:
+        ann = (self.quota(namespace, name).get("metadata") or {}).get("annotations") or {}
+        return parse_resource_list(json.loads(ann[LAST_HARD_ANNOTATION]), LAST_HARD_ANNOTATION)
+
+    def in_effect(self, namespace: str, name: str) -> bool:
+        """The quota controller has copied ``spec.hard`` to ``status.hard``: native admission checks against
+        ``status.hard``, so a lowered ``spec.hard`` takes effect only then."""
+        q = self.quota(namespace, name)
+        status_hard = parse_resource_list((q.get("status") or {}).get("hard"), "status.hard")
+        return status_hard == self.hard(namespace, name)
+
+    async def wait_hard(self, namespace: str, name: str, want: Mapping[str, Any], what: str = "") -> None:
+        """Until ``spec.hard`` equals ``want`` (by value, resource by resource) and is in effect; the error shows
+        both."""
+        try:
+            await self.wait(
+                lambda: self.hard(namespace, name) == dict(want) and self.in_effect(namespace, name),
+                what or f"spec.hard of {name}",
+            )
+        except TimeoutError as e:
+            got = format_resource_list(self.hard(namespace, name))
+            raise AssertionError(f"{e}: spec.hard is {got}, expected {format_resource_list(dict(want))}") from None
+
+    async def set_budget(self, namespace: str, name: str, budget: Mapping[str, str]) -> None:
+        """What an administrator does to change the budget: edit the budget annotation."""
+
+        def change(obj: Obj) -> Obj:
+            meta = obj.setdefault("metadata", {})
+            meta.setdefault("annotations", {})[BUDGET_ANNOTATION] = json.dumps(dict(budget))
+            return obj
+
+        await self.sim.store.mutate(self.sim.store.resource("resourcequotas"), namespace, name, change)
+
+    # ---- VMs and migrations -----------------------------------------------------------------------------------------
+    async def start_vm(self, namespace: str, name: str, **kwargs: Any) -> None:
+        await self.sim.create_vm(namespace, name, **kwargs)
+        await self.sim.wait_for_phase(namespace, name, "Running", within=WITHIN)
+
+    def vmi_phase(self, namespace: str, name: str) -> str:
+        vmi = self.sim.peek("vmi", namespace, name)
+        return "" if vmi is None else phase(vmi)
+
+    def migration(self, namespace: str, name: str) -> Obj:
+        m = self.sim.peek("vmim", namespace, name)
+        assert m is not None, f"migration {namespace}/{name} is gone"
+        return m
+
+    async def migrate(self, namespace: str, vmi: str) -> str:
+        """Create a migration of ``vmi``; its name."""
+        created = await self.sim.migrate(namespace, vmi)
+        return str(created["metadata"]["name"])
+
+    def objects(self, kind: str, namespace: str) -> list[Obj]:
+        """The objects of ``kind`` in ``namespace`` now (synchronous: safe inside a wait predicate)."""
+        raws, _, _, _ = self.sim.store.list_raw(self.sim.store.resource(kind), namespace)
+        return [json.loads(r) for r in raws]
+
+    def pods(self, namespace: str) -> list[Obj]:
+        return self.objects("pods", namespace)
+
+    def target_pods(self, namespace: str, migration: str) -> list[Obj]:
+        uid = self.migration(namespace, migration)["metadata"]["uid"]
+        return [p for p in self.pods(namespace) if (p["metadata"].get("labels") or {}).get(MIGRATION_JOB_LABEL) == uid]
+
+    def launcher_pods(self, namespace: str, vmi: str) -> list[Obj]:
+        return [
+            p
+            for p in self.pods(namespace)
+            if (p["metadata"].get("labels") or {}).get("kubevirt.io") == "virt-launcher"
+            and (p["metadata"].get("labels") or {}).get("vm.kubevirt.io/name") == vmi
+        ]
+
+    def quota_refusals(self, namespace: str, involved: str) -> list[str]:
+        """Messages of the FailedCreate events that report a quota refusal for ``involved`` (a VMI)."""
+        out = []
+        for e in self.objects("events", namespace):
+            if e.get("reason") != "FailedCreate":
+                continue
+            if (e.get("involvedObject") or {}).get("name") == involved and "exceeded quota" in str(e.get("message")):
+                out.append(str(e.get("message")))
+        return out
+
+    def quota_events(self, namespace: str, quota: str, reason: str) -> list[Obj]:
+        return [
+            e
+            for e in self.objects("events", namespace)
+            if (e.get("involvedObject") or {}).get("kind") == "ResourceQuota"
+            and (e.get("involvedObject") or {}).get("name") == quota
+            and e.get("reason") == reason
+        ]
+
+    async def wait_migration(self, namespace: str, name: str, want: str = "Succeeded") -> None:
+        await self.wait(lambda: phase(self.migration(namespace, name)) == want, f"migration {name} {want}")
+
+    async def wait_migrated(self, namespace: str, vmi: str, migration: str) -> None:
+        """Until the migration Succeeded, the VMI runs and its source launcher pod is gone (one pod left)."""
+        await self.wait_migration(namespace, migration)
+        await self.wait(
+            lambda: len(self.launcher_pods(namespace, vmi)) == 1 and self.vmi_phase(namespace, vmi) == "Running",
+            f"the source pod of {vmi} to go",
+        )
+
+    # ---- ground truth ------------------------------------------------------------------------------------------
+    def pod_usage(self, namespace: str) -> ResourceList:
+        """What the native quota evaluator charges the namespace's pods, computed from the simulator's store."""
+        total: ResourceList = {}
+        for pod in self.pods(namespace):
+            total = add(total, pod_quota_usage(pod))
+        return total
+
+    def running_vmis(self, namespace: str) -> set[str]:
+        return {str(v["metadata"]["name"]) for v in self.objects("vmi", namespace) if phase(v) == "Running"}
+
+
+@asynccontextmanager
+async def pipeline(
+    *,
+    separate: bool = False,
+    speed: float = SPEED,
+    cpu_allocation_ratio: float = 10,
+    kubevirt_timing: KubeVirtTiming | None = None,
+    seed: int = 7,
+) -> AsyncIterator[Pipeline]:
+    """A simulated cluster with vmquota running against it (``separate``: one runner per service) and a bus tap."""
+    sim = SimCluster(
+        speed=speed,
+        developer_configuration={"cpuAllocationRatio": cpu_allocation_ratio},
+        kubevirt_timing=kubevirt_timing,
+        seed=seed,
+    )
+    await sim.start()
+    stack = VmquotaStack(sim, CLUSTER, separate=separate)
+    tap = BusTap(CLUSTER)
+    try:
+        await stack.start()
+        await tap.connect(stack.nats.url)
+        p = Pipeline(sim, stack, tap)
+        yield p
+        assert not tap.undecodable, f"messages on the bus that do not decode: {tap.undecodable}"
+    finally:
+        await tap.close()
+        await stack.stop()
+        await sim.stop()

@@ -1,0 +1,310 @@
+"""End to end: the simulated KubeVirt cluster, a real nats-server and the watcher, ledger and enforcer.
+
+The seed scenarios (DESIGN.md section 5) are played without vmquota (plain Kubernetes quota: the migration stays
+Pending, refused by quota) and with it (the migration succeeds, ``spec.hard`` comes back exactly). Then concurrent
+and hotplug migrations, admission in VM terms in a mixed namespace, and budget changes (annotation edited
+mid-migration, a foreign write to ``spec.hard``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from fractions import Fraction
+
+import pytest
+
+from services.demo.play import play
+from services.demo.scenario import builtin_scenarios
+from services.simcluster.kubevirt import KubeVirtTiming, phase
+from services.simcluster.store_api import ApiError
+from shared.enforcement import BUDGET_CHANGED
+from shared.quantity import ZERO, Quantity
+from shared.resources import ResourceList, add, format_resource_list, parse_resource_list
+from tests.integration.e2e import SPEED, WITHIN, Pipeline, on, pipeline, rl
+
+SCENARIOS = {s.name: s for s in builtin_scenarios()}
+
+
+# ---- 1. the seed scenarios, without and with vmquota ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+async def test_seed_scenario_without_vmquota_shows_the_problem(name: str) -> None:
+    sc = SCENARIOS[name]
+    result = await play(sc, with_vmquota=False, speed=SPEED, settle=0.5, within=WITHIN)
+    for key, q in result.quotas.items():
+        assert q.hard_after == q.budget, f"{key}: plain quota must stay as written"
+        assert q.hard_max == q.budget, f"{key}: nothing may raise a plain quota"
+    assert result.refusals, "Kubernetes quota refused nothing"
+    assert all("exceeded quota" in r for r in result.refusals)
+    vm_names = {v.name for v in sc.vms if v.running}
+    if all(result.vms[v] == "Running" for v in vm_names):
+        # Scenarios 1 and 2: the VMs run; the migration target pod is refused by quota and the migration waits.
+        for vm, m in result.migrations.items():
+            assert m.phase not in ("Succeeded", "Failed"), f"migration of {vm} ended: {m.phase}"
+            assert m.admitted is None, f"the target pod of {vm} was admitted"
+            assert m.quota_refusals >= 1, f"no quota refusal seen for the migration of {vm}"
+        quota_name = sc.namespaces[0].quotas[0].name
+        assert any(f"exceeded quota: {quota_name}, requested: " in r for r in result.refusals)
+        assert any("limits.memory=" in r.split("requested: ", 1)[1] for r in result.refusals)
+    else:
+        # Scenario 3: VMs that fit the budget in VM terms do not all start: their pods carry KubeVirt's overhead.
+        assert name == "allocation-ratio"
+        refused = [v for v in ("vm1", "vm2", "vm3") if result.vms[v] != "Running"]
+        assert refused, "all three VMs started natively although their overhead exceeds the budget"
+        assert all(result.vms[v] == "Refused" for v in refused)
+    assert not result.passed, "the plain run must not meet the scenario's expectations"
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+async def test_seed_scenario_with_vmquota_migrates_and_restores_hard(name: str) -> None:
+    sc = SCENARIOS[name]
+    result = await play(sc, with_vmquota=True, speed=SPEED, settle=0.5, within=WITHIN)
+    assert result.passed, result.failures
+    assert result.migrations, "the scenario migrated nothing"
+    for vm, m in result.migrations.items():
+        assert m.phase == "Succeeded", f"migration of {vm}: {m.phase}"
+        assert m.admitted is not None, f"the target pod of {vm} was never created"
+    for key, q in result.quotas.items():
+        assert q.hard_after == q.hard_before, (
+            f"{key}: hard was {format_resource_list(q.hard_before)} before the migration, "
+            f"{format_resource_list(q.hard_after)} after"
+        )
+        assert any(q.hard_max[r] > q.hard_before[r] for r in q.hard_before), f"{key}: hard was never raised"
+        if sc.namespaces[0].quotas[0].mode == "VmiPodUsage":
+            assert q.hard_before == q.budget, f"{key}: at rest, VmiPodUsage must keep hard == budget"
+
+
+# ---- 2. concurrent and hotplug migrations ------------------------------------------------------------------------
+
+
+async def test_concurrent_migrations_of_a_fully_used_namespace() -> None:
+    async with pipeline() as p:
+        ns = "tenant-many"
+        await p.managed_quota(ns, "compute", {"limits.memory": "10Gi", "limits.cpu": "6"})
+        vms = [f"vm{i}" for i in range(4)]
+        await asyncio.gather(*(p.start_vm(ns, v, memory="2Gi", limits={"memory": "2Gi", "cpu": "1"}) for v in vms))
+        await p.wait_hard(ns, "compute", p.quotas[(ns, "compute")])
+        before = p.hard(ns, "compute")
+        used = p.pod_usage(ns)
+        free = before["limits.memory"] - used["limits.memory"]
+        one_pod = p.pod_usage(ns)["limits.memory"].scale(Fraction(1, 4))
+        assert free < one_pod, "the namespace must be too full for even one target pod natively"
+
+        names = await asyncio.gather(*(p.migrate(ns, v) for v in vms))
+        await asyncio.gather(*(p.wait_migrated(ns, v, m) for v, m in zip(vms, names, strict=True)))
+        await p.wait_hard(ns, "compute", before, "hard to return after four concurrent migrations")
+        assert all(phase(p.migration(ns, m)) == "Succeeded" for m in names)
+        raised = [d for d in p.tap.decisions if d.namespace == ns and d.hard_after != d.hard_before]
+        assert len(raised) >= 2, "expected at least one raise and one return decision"
+
+
+def ratio_terms(vcpus: int, guest: str, ratio: int) -> ResourceList:
+    """What a VM counts in VirtualResourcesWithCPUAllocationRatio (the quota's budget resources)."""
+    mem = Quantity.parse(guest)
+    return {
+        "requests.cpu": Quantity.from_int(vcpus).scale(Fraction(1, ratio)),
+        "limits.cpu": Quantity.from_int(vcpus),
+        "requests.memory": mem,
+        "limits.memory": mem,
+    }
+
+
+def expected_hard(budget: ResourceList, used: ResourceList, pods: ResourceList) -> ResourceList:
+    """The quota equation at rest (no reservations; k = 1: the quota's ratio is KubeVirt's)."""
+    return {r: (b - used.get(r, ZERO)).clamp0() + pods.get(r, ZERO) for r, b in budget.items()}
+
+
+def terms_used(p: Pipeline, ns: str, quota: str) -> ResourceList:
+    terms = p.tap.terms(ns, quota)
+    assert terms is not None, f"no usage snapshot for {ns}/{quota}"
+    return parse_resource_list(terms.used, "used")
+
+
+async def settled_at(p: Pipeline, ns: str, q: str, want_used: ResourceList, what: str) -> None:
+    """Until the ledger's U (on the budget's resources) is ``want_used``, nothing is reserved or migrating, and
+    ``spec.hard`` is the equation over the simulator's own pod usage, in effect."""
+    b = p.quotas[(ns, q)]
+
+    def settled() -> bool:
+        t = p.tap.terms(ns, q)
+        if t is None or t.reserved or p.tap.usage[ns].migrations:
+            return False
+        used = on(parse_resource_list(t.used, "used"), b)
+        return (
+            used == want_used and p.hard(ns, q) == expected_hard(b, want_used, p.pod_usage(ns)) and p.in_effect(ns, q)
+        )
+
+    try:
+        await p.wait(settled, what)
+    except TimeoutError as e:
+        got = format_resource_list(on(terms_used(p, ns, q), b)) if p.tap.terms(ns, q) else "(no snapshot)"
+        raise AssertionError(
+            f"{e}: U={got} (want {format_resource_list(want_used)}), hard={format_resource_list(p.hard(ns, q))}, "
+            f"want {format_resource_list(expected_hard(b, want_used, p.pod_usage(ns)))}"
+        ) from None
+
+
+async def test_hotplug_migrations_resize_the_vm_in_mode_terms() -> None:
+    ratio = 4
+    async with pipeline(cpu_allocation_ratio=ratio) as p:
+        ns, q = "tenant-hot", "vm-budget"
+        budget = {"requests.cpu": "2", "limits.cpu": "8", "requests.memory": "12Gi", "limits.memory": "12Gi"}
+        await p.managed_quota(ns, q, budget, mode="VirtualResourcesWithCPUAllocationRatio")
+        await p.start_vm(ns, "vma", sockets=2, memory="4Gi")
+        await p.start_vm(ns, "vmb", sockets=2, memory="4Gi")
+
+        def vms(sizes: dict[str, tuple[int, str]]) -> ResourceList:
+            total: ResourceList = {}
+            for vcpus, guest in sizes.values():
+                total = add(total, ratio_terms(vcpus, guest, ratio))
+            return total
+
+        async def check(sizes: dict[str, tuple[int, str]], what: str) -> None:
+            await settled_at(p, ns, q, vms(sizes), what)
+
+        await check({"vma": (2, "4Gi"), "vmb": (2, "4Gi")}, "usage before hotplug")
+
+        await p.sim.hotplug(ns, "vma", sockets=4)
+        await p.wait(lambda: len(p.objects("vmim", ns)) == 1, "the workload-update migration")
+        (mig,) = [str(m["metadata"]["name"]) for m in p.objects("vmim", ns)]
+        await p.wait_migrated(ns, "vma", mig)
+        assert p.sim.peek("vmi", ns, "vma")["spec"]["domain"]["cpu"]["sockets"] == 4  # type: ignore[index]
+        await check({"vma": (4, "4Gi"), "vmb": (2, "4Gi")}, "usage after the sockets hotplug")
+
+        await p.sim.hotplug(ns, "vmb", memory="8Gi")
+        await p.wait(
+            lambda: any(
+                (m["spec"] or {}).get("vmiName") == "vmb" and phase(m) == "Succeeded" for m in p.objects("vmim", ns)
+            ),
+            "the memory hotplug migration of vmb",
+        )
+        await p.wait(lambda: len(p.launcher_pods(ns, "vmb")) == 1, "the source pod of vmb to go")
+        await check({"vma": (4, "4Gi"), "vmb": (2, "8Gi")}, "usage after the memory hotplug")
+        # The budget is now fully used in memory: a 1Gi VM does not fit and Kubernetes refuses it.
+        await p.sim.create_vm(ns, "vmc", sockets=1, memory="1Gi")
+        await p.wait(lambda: bool(p.quota_refusals(ns, "vmc")), "Kubernetes to refuse vmc")
+        assert p.vmi_phase(ns, "vmc") != "Running"
+
+
+# ---- 3. admission in VM terms; a mixed namespace ------------------------------------------------------------------
+
+
+def plain_pod(ns: str, name: str, requests: dict[str, str], limits: dict[str, str]) -> dict[str, object]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": {"app": name}},
+        "spec": {
+            "containers": [{"name": "app", "image": "app:1", "resources": {"requests": requests, "limits": limits}}]
+        },
+    }
+
+
+async def test_vm_terms_admission_in_a_mixed_namespace() -> None:
+    ratio = 4
+    async with pipeline(cpu_allocation_ratio=ratio) as p:
+        ns, q = "tenant-mixed", "vm-budget"
+        budget = {"requests.cpu": "2", "limits.cpu": "8", "requests.memory": "10Gi", "limits.memory": "10Gi"}
+        await p.managed_quota(ns, q, budget, mode="VirtualResourcesWithCPUAllocationRatio")
+        b = rl(budget)
+        web = rl({"requests.cpu": "500m", "limits.cpu": "2", "requests.memory": "4Gi", "limits.memory": "4Gi"})
+        await p.start_vm(ns, "vm1", sockets=4, memory="4Gi")
+        await settled_at(p, ns, q, ratio_terms(4, "4Gi", ratio), "vm1 accounted")
+        # A plain pod takes its pod usage out of the same budget, 1:1.
+        await p.sim.create(plain_pod(ns, "web", {"cpu": "500m", "memory": "4Gi"}, {"cpu": "2", "memory": "4Gi"}))
+        await settled_at(p, ns, q, add(ratio_terms(4, "4Gi", ratio), web), "the plain pod accounted")
+        # vm2 fills the budget exactly in VM terms; its launcher pod is charged more (overhead), and it starts.
+        await p.start_vm(ns, "vm2", sockets=2, memory="2Gi")
+        assert p.pod_usage(ns)["limits.memory"] > b["limits.memory"], "the pods must be charged above the budget"
+        used = add(add(ratio_terms(4, "4Gi", ratio), ratio_terms(2, "2Gi", ratio)), web)
+        assert used == b
+        await settled_at(p, ns, q, used, "U to equal the budget")
+
+        # vm3 does not fit in VM terms: Kubernetes itself refuses its launcher pod; the ledger reports it refused.
+        await p.sim.create_vm(ns, "vm3", sockets=1, memory="1Gi")
+
+        def vm3_refused() -> bool:
+            snap = p.tap.usage.get(ns)
+            states = {v.name: v.state for v in snap.vms} if snap else {}
+            return states.get("vm3") == "refused" and bool(p.quota_refusals(ns, "vm3"))
+
+        await p.wait(vm3_refused, "vm3 to be refused")
+        await settled_at(p, ns, q, used, "vm3 refused, U unchanged")
+        assert p.vmi_phase(ns, "vm3") != "Running"
+        # A plain pod does not get in either: the budget is used.
+        with pytest.raises(ApiError) as refused:
+            await p.sim.create(
+                plain_pod(ns, "extra", {"cpu": "10m", "memory": "64Mi"}, {"cpu": "10m", "memory": "64Mi"})
+            )
+        assert refused.value.code == 403 and "exceeded quota" in refused.value.message
+
+        # Stopping vm2 frees 2Gi in VM terms: vm3 (1Gi) is admitted in creation order and starts.
+        await p.sim.set_running(ns, "vm2", False)
+        await p.sim.wait_for_phase(ns, "vm3", "Running", within=WITHIN)
+        await p.wait(lambda: p.vmi_phase(ns, "vm2") == "" and len(p.launcher_pods(ns, "vm2")) == 0, "vm2 to stop")
+        used = add(add(ratio_terms(4, "4Gi", ratio), ratio_terms(1, "1Gi", ratio)), web)
+        await settled_at(p, ns, q, used, "hard to follow the budget after vm2 stopped and vm3 started")
+
+
+# ---- 4. budget changes ---------------------------------------------------------------------------------------------
+
+
+async def full_namespace(p: Pipeline, ns: str) -> None:
+    """Seed scenario 1's namespace: limits.memory 64Gi, three 16Gi VMs with explicit 16Gi limits."""
+    await p.managed_quota(ns, "compute", {"limits.memory": "64Gi"})
+    await asyncio.gather(*(p.start_vm(ns, f"vm{i}", memory="16Gi", limits={"memory": "16Gi"}) for i in (1, 2, 3)))
+    await p.wait_hard(ns, "compute", rl({"limits.memory": "64Gi"}))
+
+
+async def test_budget_annotation_edited_mid_migration() -> None:
+    # Slow migration phases (0.25 s each) so the edit lands while the target pod runs next to the source.
+    async with pipeline(kubevirt_timing=KubeVirtTiming(speed=SPEED, migration_step=5.0)) as p:
+        ns = "tenant-budget"
+        await full_namespace(p, ns)
+        mig = await p.migrate(ns, "vm1")
+        await p.wait(lambda: bool(p.target_pods(ns, mig)), "the target pod")
+        raised = p.hard(ns, "compute")
+        assert raised["limits.memory"] > Quantity.parse("64Gi")
+        assert phase(p.migration(ns, mig)) not in ("Succeeded", "Failed"), "the migration ended too soon"
+
+        await p.set_budget(ns, "compute", {"limits.memory": "72Gi"})
+        # VmiPodUsage: B - U >= 0 before and after, so hard moves by exactly the budget change.
+        await p.wait_hard(ns, "compute", {"limits.memory": raised["limits.memory"] + Quantity.parse("8Gi")})
+        assert phase(p.migration(ns, mig)) not in ("Succeeded", "Failed"), "the edit did not land mid-migration"
+
+        await p.wait_migrated(ns, "vm1", mig)
+        await p.wait_hard(ns, "compute", rl({"limits.memory": "72Gi"}), "hard to settle at the new budget")
+        assert p.budget(ns, "compute") == rl({"limits.memory": "72Gi"})
+        await p.wait(
+            lambda: any(d.namespace == ns and d.budget == {"limits.memory": "72Gi"} for d in p.tap.decisions),
+            "a decision with the new budget",
+        )
+        await p.wait(lambda: bool(p.quota_events(ns, "compute", BUDGET_CHANGED)), "a BudgetChanged event")
+
+
+async def test_foreign_write_to_spec_hard_becomes_the_budget() -> None:
+    async with pipeline() as p:
+        ns = "tenant-foreign"
+        await full_namespace(p, ns)
+        await p.sim.set_quota_hard(ns, "compute", {"limits.memory": "96Gi"})
+        await p.wait(lambda: p.budget(ns, "compute") == rl({"limits.memory": "96Gi"}), "the new budget")
+        await p.wait(lambda: bool(p.quota_events(ns, "compute", BUDGET_CHANGED)), "a BudgetChanged event")
+        event = p.quota_events(ns, "compute", BUDGET_CHANGED)[-1]
+        assert event["type"] == "Warning" and "outside vmquota" in event["message"]
+
+        def reported() -> bool:
+            return any(
+                d.namespace == ns
+                and d.quota == "compute"
+                and d.budget == {"limits.memory": "96Gi"}
+                and "outside vmquota" in d.reason
+                for d in p.tap.decisions
+            )
+
+        await p.wait(reported, "a decision reporting the foreign write")
+        # The new budget is enforced: a migration still succeeds and hard comes back to it.
+        mig = await p.migrate(ns, "vm2")
+        await p.wait_migrated(ns, "vm2", mig)
+        await p.wait_hard(ns, "compute", rl({"limits.memory": "96Gi"}))
+        assert p.last_hard(ns, "compute") == rl({"limits.memory": "96Gi"})

@@ -11,9 +11,13 @@ import argparse
 import asyncio
 import contextlib
 import json
+import signal
+import socket
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from services.demo.scenario import UNMANAGED, Scenario
@@ -189,8 +193,9 @@ SERVICE_NAMES = ("watcher", "ledger", "enforcer")
 
 
 class VmquotaStack:
-    """The embedded nats-server plus watcher, ledger and enforcer in this process: one ``vmquota run all``, or
-    (``separate``) one runner per service, so that a test can stop, kill and restart each on its own."""
+    """The embedded nats-server plus the watcher, ledger and enforcer: ``vmquota run all`` in this process, or
+    (``separate``) each service as its own ``vmquota run <service>`` process, so that a test can stop, kill
+    (SIGKILL: no graceful stop, nothing flushed) and restart each on its own."""
 
     def __init__(
         self, sim: SimCluster, cluster: str = "demo", *, separate: bool = False, log_level: str = "warning"
@@ -200,7 +205,11 @@ class VmquotaStack:
         self.separate = separate
         self.log_level = log_level
         self._nats: Any = None
-        self._runs: dict[str, tuple[asyncio.Task[int], asyncio.Event]] = {}
+        self._task: asyncio.Task[int] | None = None
+        self._stop = asyncio.Event()
+        self._procs: dict[str, asyncio.subprocess.Process] = {}
+        self.starts: dict[str, int] = {}
+        """How many times each service was started."""
 
     @property
     def nats(self) -> Any:
@@ -208,89 +217,108 @@ class VmquotaStack:
         assert self._nats is not None, "not started"
         return self._nats
 
-    @property
-    def services(self) -> tuple[str, ...]:
-        """The names :meth:`start_service` and friends take: the three services, or ``all``."""
-        return SERVICE_NAMES if self.separate else ("all",)
+    def _argv(self, service: str, http_port: int) -> list[str]:
+        return [
+            service,
+            "--cluster",
+            self.cluster,
+            "--nats",
+            self.nats.url,
+            "--kubeconfig",
+            str(self.sim.kubeconfig_path),
+            "--http-port",
+            str(http_port),
+            "--no-leader-election",
+            "--log-level",
+            self.log_level,
+            "--identity",
+            f"{service}-{self.starts.get(service, 0)}",
+        ]
 
     async def start(self) -> None:
         from services.natsserver import NatsServer
 
         self._nats = NatsServer().start()
-        for name in self.services:
-            await self.start_service(name)
-
-    def running(self, name: str) -> bool:
-        run = self._runs.get(name)
-        return run is not None and not run[0].done()
-
-    async def start_service(self, name: str) -> None:
-        """Start one runner (``watcher``, ``ledger``, ``enforcer`` when separate, else ``all``) and wait until it
-        serves."""
+        if self.separate:
+            await asyncio.gather(*(self.start_service(name) for name in SERVICE_NAMES))
+            return
         from services import runner
 
-        if name not in self.services:
-            raise ValueError(f"unknown service {name!r}: expected one of {', '.join(self.services)}")
-        if self.running(name):
-            raise RuntimeError(f"{name} is already running")
         p = argparse.ArgumentParser()
         runner.add_arguments(p)
-        args = p.parse_args(
-            [
-                name,
-                "--cluster",
-                self.cluster,
-                "--nats",
-                self.nats.url,
-                "--kubeconfig",
-                str(self.sim.kubeconfig_path),
-                "--http-port",
-                "0",
-                "--no-leader-election",
-                "--log-level",
-                self.log_level,
-                "--identity",
-                f"{name}-{len(self._runs)}",
-            ]
-        )
-        config = runner.config_from_args(args)
-        ready, stop = asyncio.Event(), asyncio.Event()
-        task = asyncio.create_task(runner.serve(config, ready=lambda _port: ready.set(), stop=stop), name=name)
-        self._runs[name] = (task, stop)
+        config = runner.config_from_args(p.parse_args(self._argv("all", 0)))
+        ready = asyncio.Event()
+        self._task = asyncio.create_task(runner.serve(config, ready=lambda _port: ready.set(), stop=self._stop))
         waiter = asyncio.create_task(ready.wait())
-        done, _ = await asyncio.wait([waiter, task], return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
+        done, _ = await asyncio.wait([waiter, self._task], return_when=asyncio.FIRST_COMPLETED)
+        if self._task in done:
             waiter.cancel()
-            raise RuntimeError(f"vmquota {name} stopped during start-up (status {task.result()})")
+            raise RuntimeError(f"vmquota services stopped during start-up (status {self._task.result()})")
+
+    def running(self, name: str) -> bool:
+        proc = self._procs.get(name)
+        return proc is not None and proc.returncode is None
+
+    async def start_service(self, name: str, *, within: float = 60.0) -> None:
+        """Start ``vmquota run <name>`` (separate mode) and wait until its ``/readyz`` answers 200."""
+        import aiohttp
+
+        if not self.separate or name not in SERVICE_NAMES:
+            raise ValueError(f"start_service needs separate=True and one of {', '.join(SERVICE_NAMES)}, not {name!r}")
+        if self.running(name):
+            raise RuntimeError(f"{name} is already running")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        cmd = [sys.executable, "-m", "services.cli", "run", *self._argv(name, port)]
+        with (Path(self.nats.workdir) / f"{name}.log").open("ab") as log:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, stdout=log, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL
+            )
+        self._procs[name] = proc
+        self.starts[name] = self.starts.get(name, 0) + 1
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        async with aiohttp.ClientSession() as session:
+            while True:
+                if proc.returncode is not None:
+                    raise RuntimeError(f"vmquota run {name} exited with {proc.returncode} during start-up")
+                with contextlib.suppress(aiohttp.ClientError, OSError):
+                    async with session.get(f"http://127.0.0.1:{port}/readyz") as resp:
+                        if resp.status == 200:
+                            return
+                if loop.time() > deadline:
+                    raise TimeoutError(f"vmquota run {name} not ready after {within}s")
+                await asyncio.sleep(0.05)  # polling an HTTP endpoint of another process: nothing to wait on
 
     async def stop_service(self, name: str, *, kill: bool = False) -> int | None:
-        """Stop one runner: gracefully (its stop signal), or ``kill``: cancel it mid-work, with no graceful stop
-        (what it had not checkpointed or published is lost, as after a crash). Returns its exit status (None when
-        killed)."""
-        from services import runner
-
-        run = self._runs.pop(name, None)
-        if run is None:
+        """Stop one service process: SIGTERM (graceful stop) or ``kill`` (SIGKILL). Returns its exit status."""
+        proc = self._procs.pop(name, None)
+        if proc is None:
             return None
-        task, stop = run
-        if kill:
-            await runner.cancel(task)
-            return None
-        stop.set()
+        if proc.returncode is None:
+            if kill:
+                proc.kill()
+            else:
+                proc.send_signal(signal.SIGTERM)
         try:
-            return await asyncio.wait_for(task, timeout=20)
+            return await asyncio.wait_for(proc.wait(), 20)
         except TimeoutError:
-            await runner.cancel(task)
-            return None
+            proc.kill()
+            return await proc.wait()
 
     async def restart_service(self, name: str, *, kill: bool = False) -> None:
         await self.stop_service(name, kill=kill)
         await self.start_service(name)
 
     async def stop(self) -> None:
-        for name in reversed(list(self._runs)):
+        for name in list(self._procs):
             with contextlib.suppress(Exception):
                 await self.stop_service(name)
+        self._stop.set()
+        if self._task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._task, timeout=20)
         if self._nats is not None:
             self._nats.close()
 

@@ -275,6 +275,18 @@ class Pipeline:
         return {str(v["metadata"]["name"]) for v in self.objects("vmi", namespace) if phase(v) == "Running"}
 
 
+async def full_namespace(p: Pipeline, ns: str) -> None:
+    """Seed scenario 1's namespace: limits.memory 64Gi (VmiPodUsage), three VMs with 16Gi guest memory and explicit
+    16Gi memory limits, running; no target pod fits natively."""
+    await p.managed_quota(ns, "compute", {"limits.memory": "64Gi"})
+    await asyncio.gather(*(p.start_vm(ns, f"vm{i}", memory="16Gi", limits={"memory": "16Gi"}) for i in (1, 2, 3)))
+    await p.wait_hard(ns, "compute", rl({"limits.memory": "64Gi"}))
+
+
+SLOW_MIGRATIONS: Final = KubeVirtTiming(speed=SPEED, migration_step=5.0)
+"""Migration phases of 0.25 s: long enough for a test to act while the target pod runs next to the source."""
+
+
 @asynccontextmanager
 async def pipeline(
     *,

@@ -15,12 +15,12 @@ import pytest
 
 from services.demo.play import play
 from services.demo.scenario import builtin_scenarios
-from services.simcluster.kubevirt import KubeVirtTiming, phase
+from services.simcluster.kubevirt import phase
 from services.simcluster.store_api import ApiError
 from shared.enforcement import BUDGET_CHANGED
 from shared.quantity import ZERO, Quantity
 from shared.resources import ResourceList, add, format_resource_list, parse_resource_list
-from tests.integration.e2e import SPEED, WITHIN, Pipeline, on, pipeline, rl
+from tests.integration.e2e import SLOW_MIGRATIONS, SPEED, WITHIN, Pipeline, full_namespace, on, pipeline, rl
 
 SCENARIOS = {s.name: s for s in builtin_scenarios()}
 
@@ -250,16 +250,9 @@ async def test_vm_terms_admission_in_a_mixed_namespace() -> None:
 # ---- 4. budget changes ---------------------------------------------------------------------------------------------
 
 
-async def full_namespace(p: Pipeline, ns: str) -> None:
-    """Seed scenario 1's namespace: limits.memory 64Gi, three 16Gi VMs with explicit 16Gi limits."""
-    await p.managed_quota(ns, "compute", {"limits.memory": "64Gi"})
-    await asyncio.gather(*(p.start_vm(ns, f"vm{i}", memory="16Gi", limits={"memory": "16Gi"}) for i in (1, 2, 3)))
-    await p.wait_hard(ns, "compute", rl({"limits.memory": "64Gi"}))
-
-
 async def test_budget_annotation_edited_mid_migration() -> None:
     # Slow migration phases (0.25 s each) so the edit lands while the target pod runs next to the source.
-    async with pipeline(kubevirt_timing=KubeVirtTiming(speed=SPEED, migration_step=5.0)) as p:
+    async with pipeline(kubevirt_timing=SLOW_MIGRATIONS) as p:
         ns = "tenant-budget"
         await full_namespace(p, ns)
         mig = await p.migrate(ns, "vm1")

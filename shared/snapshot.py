@@ -70,7 +70,7 @@ VMI_FINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
 # ---- Struct base and parts -------------------------------------------------------------------------------------
 
 
-class Snapshot(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", rename="camel"):
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", rename="camel", gc=False):
     """Common identity of every snapshot."""
 
     schema: int = SCHEMA
@@ -86,7 +86,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", rena
         return f"{kind} {self.namespace}/{self.name}" if self.namespace else f"{kind} {self.name}"
 
 
-class Part(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class Part(msgspec.Struct, frozen=True, kw_only=True, rename="camel", gc=False):
     """Base of nested snapshot parts (not tagged)."""
 
 
@@ -315,6 +315,8 @@ def _parse_cached(text: str) -> Quantity:
 
 def enc_hook(obj: Any) -> Any:
     """msgspec ``enc_hook``: quantities as canonical strings, fractions as decimal strings."""
+    if type(obj) is Quantity:  # every quantity of every event (the printed form is cached on the object)
+        return obj.canonical()
     if isinstance(obj, Quantity):
         return obj.canonical()
     if isinstance(obj, Fraction):
@@ -381,7 +383,7 @@ def _str(obj: Mapping[str, Any], key: str, where: str) -> str:
 def _str_map(obj: Mapping[str, Any], key: str, where: str) -> dict[str, str]:
     m = _map(obj, key, where)
     for k, v in m.items():
-        if not isinstance(k, str) or not isinstance(v, str):
+        if (type(v) is not str or type(k) is not str) and (not isinstance(k, str) or not isinstance(v, str)):
             raise InvalidInput(f"expected a string value, got {type(v).__name__}", f"{where}.{key}.{k}")
     return dict(m)
 

@@ -3,7 +3,7 @@
 Loop: fetch a batch of events in stream order (``services.bus.PullConsumer``), fold each into
 ``shared.ledger.Ledger`` (a malformed or unknown event goes to ``vmquota.dlq.ledger`` and is skipped), then
 
-* when namespaces changed and the consumer has caught up (or ``debounce`` seconds passed), run accounting on each
+* when namespaces changed, at most every ``debounce`` seconds (at once after a quiet spell), run accounting on each
   changed namespace and publish a :class:`shared.bus.UsageSnapshot` on ``vmquota.usage.<cluster>.<namespace>`` if
   its content differs from the last one published (the digest is kept in the namespace's checkpoint);
 * every ``checkpoint_interval`` seconds, write each changed state to the KV bucket (key
@@ -58,9 +58,10 @@ class LedgerOptions:
     batch: int = 1000
     idle: float = 0.5
     """Seconds a fetch waits for events before the loop runs its timers."""
-    debounce: float = 0.2
-    """At most this long between a change and its usage snapshot while events keep coming."""
-    checkpoint_interval: float = 1.0
+    debounce: float = 0.25
+    """Least time between two accounting rounds: a change after a quiet spell is published at once; under a
+    stream of events each changed namespace is accounted at most every ``debounce`` seconds."""
+    checkpoint_interval: float = 2.0
     service: str = "ledger"
 
     @property
@@ -197,9 +198,13 @@ class LedgerService:
                 if batch:
                     await self._fold(batch)
                 now = time.monotonic()
-                caught_up = self.consumer.pending == 0 or not batch
-                if self.ledger.changed and (caught_up or now - self._last_publish >= self.opts.debounce):
-                    await self.publish_usage()
+                if self.ledger.changed:
+                    wait = self._last_publish + self.opts.debounce - now
+                    if wait <= 0:
+                        await self.publish_usage()
+                        self.consumer.idle = self.opts.idle
+                    else:  # wake up in time for it even when no event arrives
+                        self.consumer.idle = max(0.01, min(self.opts.idle, wait))
                 if self.ledger.unsaved and (
                     stop.is_set() or now - self._last_checkpoint >= self.opts.checkpoint_interval
                 ):

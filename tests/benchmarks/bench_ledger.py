@@ -1,0 +1,264 @@
+"""Ledger benchmarks: the in-process fold rate, memory per tracked object, and NATS publish → ledger throughput
+against the raw nats-py publish + consume rate measured in the same run on the same server."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
+
+from services.bus import Bus, NatsOptions
+from services.ledger.service import LedgerOptions, LedgerService
+from services.ledger.usage import account
+from shared import bus as contract
+from shared.ledger import Ledger, PartitionSet
+from shared.snapshot import normalize
+from tests.benchmarks.common import Result, rate
+from tests.conftest import NatsServer
+
+CLUSTER = "bench"
+NAMESPACES = 100
+EVENTS = 20_000
+OBJECTS = 5_000
+ROUNDS = 2
+
+
+def launcher_pod(i: int, rv: int, ns: str) -> dict[str, object]:
+    """A launcher-pod-shaped Pod (compute container plus a sidecar, labels KubeVirt sets) at resourceVersion rv."""
+    res = {"requests": {"cpu": "100m", "memory": "1290Mi"}, "limits": {"cpu": "1", "memory": "2Gi"}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"virt-launcher-vm{i}-abcde",
+            "namespace": ns,
+            "uid": f"pod-uid-{i:06d}",
+            "resourceVersion": str(rv),
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "labels": {"kubevirt.io": "virt-launcher", "kubevirt.io/created-by": f"vmi-uid-{i:06d}"},
+        },
+        "spec": {
+            "nodeName": "node-1",
+            "containers": [
+                {"name": "compute", "resources": res},
+                {"name": "guest-console-log", "resources": {"requests": {"cpu": "5m", "memory": "35M"}}},
+            ],
+        },
+        "status": {"phase": "Running"},
+    }
+
+
+def make_events(n: int, objects: int, cluster: str = CLUSTER) -> list[tuple[str, bytes, str]]:
+    """``n`` upserts of ``objects`` distinct pods spread over NAMESPACES namespaces, as (subject, data, msg-id)."""
+    out: list[tuple[str, bytes, str]] = []
+    for k in range(n):
+        i = k % objects
+        ns = f"tenant-{i % NAMESPACES}"
+        rv = 1000 + k
+        pod = launcher_pod(i, rv, ns)
+        ev = contract.object_event(
+            "upserted",
+            cluster=cluster,
+            kind="Pod",
+            namespace=ns,
+            name=f"virt-launcher-vm{i}-abcde",
+            uid=f"pod-uid-{i:06d}",
+            rv=str(rv),
+            snapshot=normalize(pod),
+        )
+        out.append((contract.event_subject(cluster, "Pod", ns), contract.encode(ev), ev.id))
+    return out
+
+
+def fold_rate(events: list[tuple[str, bytes, str]]) -> float:
+    datas = [d for _, d, _ in events]
+
+    def once() -> int:
+        led = Ledger()
+        for seq, data in enumerate(datas, start=1):
+            led.apply_bytes(data, seq)
+        return len(datas)
+
+    once()  # warm caches (quantity parsing, validated names)
+    return rate(once, min_seconds=2.0)
+
+
+def memory_per_object(events: list[tuple[str, bytes, str]]) -> float:
+    datas = [d for _, d, _ in events]
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    led = Ledger()
+    for seq, data in enumerate(datas, start=1):
+        led.apply_bytes(data, seq)
+    gc.collect()
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    objects = sum(len(st) for st in led.states.values())
+    return (after - before) / objects
+
+
+class Publisher:
+    """The event source as in production: another process (the watcher's place) publishing the events with
+    windowed async publishes. It builds its events first, says ``ready``, and publishes on ``go``."""
+
+    def __init__(self, url: str, subject_prefix: str, n: int, cluster: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.benchmarks.bench_ledger", url, subject_prefix, str(n), cluster],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        assert self.proc.stdout is not None and self.proc.stdin is not None
+        line = self.proc.stdout.readline()
+        if line.strip() != b"ready":
+            raise RuntimeError(f"publisher did not start: {line!r}")
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"go\n")
+        self.proc.stdin.flush()
+
+    async def done(self) -> None:
+        rc = await asyncio.to_thread(self.proc.wait, 300)
+        if rc != 0:
+            raise RuntimeError(f"publisher failed with {rc}")
+
+
+async def _publish_main(url: str, prefix: str, n: int, cluster: str) -> None:
+    events = make_events(n, objects=OBJECTS, cluster=cluster)
+    b = await Bus.connect(NatsOptions(url=url, name="bench-publisher"), connect_timeout=10)
+    try:
+        print("ready", flush=True)
+        await asyncio.to_thread(sys.stdin.readline)
+        await b.publish_many(((prefix + subj, data, mid) for subj, data, mid in events), window=1000)
+    finally:
+        await b.close()
+
+
+async def _wait(cond: Callable[[], bool], what: str, within: float = 300.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not cond():
+        if loop.time() > deadline:
+            raise RuntimeError(f"timed out: {what}")
+        await asyncio.sleep(0.002)
+
+
+async def raw_rate(b: Bus, url: str, n: int, cluster: str) -> float:
+    """nats-py alone: a pull consumer (batches of 1000, no acks) reading what the publisher process sends."""
+    stream, prefix = f"RAW_{cluster.upper().replace('-', '_')}", f"raw.{cluster}."
+    await b.js.add_stream(StreamConfig(name=stream, subjects=[prefix + ">"], duplicate_window=120))
+    await b.js.add_consumer(
+        stream, ConsumerConfig(durable_name="raw", ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL)
+    )
+    sub = await b.js.pull_subscribe_bind("raw", stream=stream)
+    publisher = await asyncio.to_thread(Publisher, url, prefix, n, cluster)
+    got = 0
+
+    async def consume() -> None:
+        nonlocal got
+        while got < n:
+            try:
+                got += len(await sub.fetch(1000, timeout=1.0))
+            except TimeoutError:
+                continue
+
+    reader = asyncio.create_task(consume())
+    t0 = time.perf_counter()
+    publisher.go()
+    await asyncio.wait_for(reader, 300)
+    elapsed = time.perf_counter() - t0
+    await publisher.done()
+    return n / elapsed
+
+
+async def pipeline_rate(b: Bus, url: str, n: int, cluster: str) -> tuple[float, int]:
+    """The same events from the publisher process into the events stream, while a running ledger folds them,
+    accounts the changed namespaces with the real accountant and publishes usage; until it applied the last."""
+    await b.ensure_streams(contract.streams())
+    stop = asyncio.Event()
+    service = LedgerService(b, LedgerOptions(partitions=PartitionSet.all(16), cluster=cluster, batch=1000), account)
+    task = asyncio.create_task(service.run(stop))
+    await _wait(lambda: service.consumer is not None, "ledger start")
+    base = (await b.js.stream_info(contract.EVENTS_STREAM)).state.last_seq
+    publisher = await asyncio.to_thread(Publisher, url, "", n, cluster)
+    t0 = time.perf_counter()
+    publisher.go()
+
+    def applied() -> bool:
+        if task.done():
+            task.result()
+        return service.consumer is not None and service.consumer.next_seq > base + n
+
+    await _wait(applied, "ledger catch-up")
+    elapsed = time.perf_counter() - t0
+    await publisher.done()
+    stop.set()
+    await asyncio.wait_for(task, 30)
+    return n / elapsed, service.published
+
+
+async def replay_rate(b: Bus, cluster: str, n: int) -> float:
+    """A ledger with no checkpoint for its partition layout replays the cluster's events from the stream."""
+    stop = asyncio.Event()
+    opts = LedgerOptions(partitions=PartitionSet.all(8), cluster=cluster, batch=1000)
+    service = LedgerService(b, opts, account)
+    last = (await b.js.stream_info(contract.EVENTS_STREAM)).state.last_seq
+    t0 = time.perf_counter()
+    task = asyncio.create_task(service.run(stop))
+
+    def applied() -> bool:
+        if task.done():
+            task.result()
+        return service.consumer is not None and service.consumer.next_seq > last
+
+    await _wait(applied, "replay")
+    elapsed = time.perf_counter() - t0
+    stop.set()
+    await asyncio.wait_for(task, 30)
+    return n / elapsed
+
+
+async def run_async() -> list[Result]:
+    events = make_events(EVENTS, objects=OBJECTS)
+    results = [
+        Result("ledger fold, in process (decode + apply)", fold_rate(events), "events/s", target=100_000),
+        Result("ledger memory per tracked object", memory_per_object(events), "bytes", note="launcher-pod snapshots"),
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        server = NatsServer(Path(tmp))
+        server.start()
+        try:
+            b = await Bus.connect(NatsOptions(url=server.url, name="bench"), connect_timeout=10)
+            try:
+                raws, pipes = [], []
+                for r in range(ROUNDS):  # alternate, keep the best of each: figures on a shared machine are noisy
+                    raws.append(await raw_rate(b, server.url, EVENTS, f"bench-{r}"))
+                    pipes.append(await pipeline_rate(b, server.url, EVENTS, f"bench-{r}"))
+                raw = max(raws)
+                pipe, published = max(pipes)
+                replay = await replay_rate(b, f"bench-{ROUNDS - 1}", EVENTS)  # the last events of the stream
+            finally:
+                await b.close()
+        finally:
+            server.stop()
+    results += [
+        Result("nats-py raw publish + pull consume", raw, "events/s", note="publisher in another process"),
+        Result("NATS publish -> ledger applied", pipe, "events/s", note=f"{published} usage snapshots published"),
+        Result("ledger pipeline / raw nats-py", 100 * pipe / raw, "%", target=70),
+        Result("ledger replay from the stream (no checkpoint)", replay, "events/s", note="fold + accounting"),
+    ]
+    return results
+
+
+if __name__ == "__main__":  # the publisher process of the NATS figures: URL SUBJECT_PREFIX COUNT
+    asyncio.run(_publish_main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]))

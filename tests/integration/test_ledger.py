@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import nats.js.errors
 import pytest
 
 from services.bus import Bus, NatsOptions
@@ -139,7 +140,10 @@ class Running:
 async def last_usage(b: Bus) -> dict[str, contract.UsageSnapshot]:
     """The last usage snapshot of every namespace (the usage stream keeps one per subject)."""
     out: dict[str, contract.UsageSnapshot] = {}
-    info = await b.js.stream_info(contract.USAGE_STREAM, subjects_filter=">")
+    try:
+        info = await b.js.stream_info(contract.USAGE_STREAM, subjects_filter=">")
+    except nats.js.errors.NotFoundError:
+        return out  # the ledger has not created it yet
     for subject in sorted(info.state.subjects or {}):
         msg = await b.js.get_msg(contract.USAGE_STREAM, subject=subject, direct=False)
         u = contract.decode_usage(msg.data or b"")

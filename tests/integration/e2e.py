@@ -275,6 +275,18 @@ class Pipeline:
         return {str(v["metadata"]["name"]) for v in self.objects("vmi", namespace) if phase(v) == "Running"}
 
 
+def plain_pod(ns: str, name: str, requests: dict[str, str], limits: dict[str, str]) -> Obj:
+    """A pod that is not a VM's (create it with ``sim.create``)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": {"app": name}},
+        "spec": {
+            "containers": [{"name": "app", "image": "app:1", "resources": {"requests": requests, "limits": limits}}]
+        },
+    }
+
+
 async def full_namespace(p: Pipeline, ns: str) -> None:
     """Seed scenario 1's namespace: limits.memory 64Gi (VmiPodUsage), three VMs with 16Gi guest memory and explicit
     16Gi memory limits, running; no target pod fits natively."""

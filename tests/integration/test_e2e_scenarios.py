@@ -20,7 +20,7 @@ from services.simcluster.store_api import ApiError
 from shared.enforcement import BUDGET_CHANGED
 from shared.quantity import ZERO, Quantity
 from shared.resources import ResourceList, add, format_resource_list, parse_resource_list
-from tests.integration.e2e import SLOW_MIGRATIONS, SPEED, WITHIN, Pipeline, full_namespace, on, pipeline, rl
+from tests.integration.e2e import SLOW_MIGRATIONS, SPEED, WITHIN, Pipeline, full_namespace, on, pipeline, plain_pod, rl
 
 SCENARIOS = {s.name: s for s in builtin_scenarios()}
 
@@ -188,17 +188,6 @@ async def test_hotplug_migrations_resize_the_vm_in_mode_terms() -> None:
 
 
 # ---- 3. admission in VM terms; a mixed namespace ------------------------------------------------------------------
-
-
-def plain_pod(ns: str, name: str, requests: dict[str, str], limits: dict[str, str]) -> dict[str, object]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns, "labels": {"app": name}},
-        "spec": {
-            "containers": [{"name": "app", "image": "app:1", "resources": {"requests": requests, "limits": limits}}]
-        },
-    }
 
 
 async def test_vm_terms_admission_in_a_mixed_namespace() -> None:

@@ -297,7 +297,9 @@ def plan(q: QuotaSnapshot, usage: UsageSnapshot | None, previous: UsageSnapshot 
         return _refuse(q, str(e), seq)
 
     terms = _terms(usage, q.name)
-    status = f"Enforcing ({mode.value})" if terms is not None else f"Waiting for usage ({mode.value})"
+    status = f"Enforcing ({mode.value})"
+    if terms is None and q.annotations.get(STATUS_ANNOTATION) != status:
+        status = f"Waiting for usage ({mode.value})"  # (an enforced quota stays so while its usage is missing)
     hard = dict(q.spec_hard)
     agreed = False
     if terms is not None and terms.mode == mode.value:

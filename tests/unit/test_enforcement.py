@@ -156,7 +156,9 @@ def test_hard_follows_usage_and_drops_back_when_the_migration_ends() -> None:
 
 def test_usage_in_another_mode_or_budget_is_not_applied() -> None:
     raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "64Gi"})
-    other_mode = usage({"compute": terms({"limits.memory": "64Gi"}, {"limits.memory": "99Gi"}, mode="VirtualResources")})
+    other_mode = usage(
+        {"compute": terms({"limits.memory": "64Gi"}, {"limits.memory": "99Gi"}, mode="VirtualResources")}
+    )
     assert not enf.plan(snap(raw), other_mode).changes
     other_budget = usage({"compute": terms({"limits.memory": "50Gi"}, {"limits.memory": "99Gi"})})
     assert not enf.plan(snap(raw), other_budget).changes
@@ -213,7 +215,7 @@ def test_rewriting_the_value_we_wrote_is_not_a_foreign_write() -> None:
 def test_removing_the_budget_annotation_is_refused_instead_of_adopting_a_raised_hard() -> None:
     raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "80Gi"})
     del raw["metadata"]["annotations"][BUDGET_ANNOTATION]
-    with pytest.raises(InvalidInput, match="was removed while vmquota owns spec.hard"):
+    with pytest.raises(InvalidInput, match=r"was removed while vmquota owns spec\.hard"):
         enf.resolve_budget(snap(raw))
     p = enf.plan(snap(raw), None)
     assert p.action is Action.REFUSE and not p.set_hard
@@ -235,7 +237,10 @@ def test_unreadable_last_hard_is_rewritten() -> None:
     ("spec_extra", "field"),
     [
         ({"scopes": ["NotTerminating"]}, "spec.scopes"),
-        ({"scopeSelector": {"matchExpressions": [{"scopeName": "PriorityClass", "operator": "Exists"}]}}, "spec.scopeS"),
+        (
+            {"scopeSelector": {"matchExpressions": [{"scopeName": "PriorityClass", "operator": "Exists"}]}},
+            "spec.scopeS",
+        ),
     ],
 )
 def test_scoped_quota_is_refused(spec_extra: dict[str, Any], field: str) -> None:
@@ -343,9 +348,7 @@ def test_reason_names_several_migrations_and_resources() -> None:
         migs,
     )
     p = enf.plan(snap(raw), u)
-    assert p.reason == (
-        "raised limits.cpu by 2, raised limits.memory by 3.1Gi for the migrations of vm1 and vm2"
-    )
+    assert p.reason == ("raised limits.cpu by 2, raised limits.memory by 3.1Gi for the migrations of vm1 and vm2")
 
 
 def test_event_and_decision_bodies() -> None:

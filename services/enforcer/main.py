@@ -1,0 +1,33 @@
+"""``vmquota run enforcer``: connect to NATS and the cluster, then enforce while holding the cluster's Lease."""
+
+from __future__ import annotations
+
+from services.bus import Bus
+from services.enforcer.kube import KubeQuotas
+from services.enforcer.service import Enforcer, EnforcerOptions
+from services.runner import Runtime, kube_client, leader_elected
+from shared import bus as contract
+from shared.errors import InvalidInput
+
+
+async def main(rt: Runtime) -> None:
+    cluster = rt.config.cluster
+    if cluster is None:
+        raise InvalidInput("--cluster (VMQUOTA_CLUSTER) is required for the enforcer", "--cluster")
+    reconnects = rt.metrics.reconnects.labels(service=rt.name)
+    bus = await Bus.connect(rt.nats_options(), on_reconnect=reconnects.inc)
+    try:
+        await bus.ensure_streams(contract.streams_for(rt.name, rt.config.events_max_age))
+        api = await kube_client(rt.config)
+        try:
+            opts = EnforcerOptions(
+                cluster=cluster, dry_run=rt.config.dry_run, identity=rt.config.identity, service=rt.name
+            )
+            enforcer = Enforcer(bus, KubeQuotas(api), opts, metrics=rt.metrics)
+            rt.health.set_ready(rt.name, True)  # connected: ready to lead or to stand by
+            rt.log(cluster=cluster).info("enforcer ready", dry_run=opts.dry_run)
+            await leader_elected(rt, lambda: enforcer.run(rt.stop))
+        finally:
+            await api.close()
+    finally:
+        await bus.close()

@@ -1,0 +1,499 @@
+"""The enforcer service: keep every managed ResourceQuota of one cluster at what ``shared.enforcement`` says.
+
+Inputs, both read from the start of their stream on every start (the enforcer keeps no state of its own):
+
+* quota events ``vmquota.ev.<cluster>.*.resourcequota`` (the watcher's snapshots): the latest version of every
+  ResourceQuota, by resourceVersion; a deletion or a sync marker drops it;
+* usage snapshots ``vmquota.usage.<cluster>.>`` (the ledger's, one kept per namespace): the latest per namespace.
+
+Each input marks the quotas it concerns dirty. A quota has at most one reconciliation in flight; a dirty mark that
+arrives meanwhile makes it run once more afterwards, with the latest state (per-quota coalescing: the latest
+desired state wins, nothing queues up). A reconciliation plans (pure: ``shared.enforcement.plan``) and, when the
+plan changes something, patches with a JSON merge patch carrying ``metadata.resourceVersion``. A 409 is the normal
+path under load (quota admission changes the resourceVersion with every admitted pod): re-read the quota (GET),
+plan again, patch again, with a jittered pause from the second conflict on. 429/5xx/timeouts back off and retry.
+
+Every write is reported, off the write path, by a Kubernetes Event on the quota and a ``Decision`` on
+``vmquota.quota.<cluster>.<namespace>``. With ``dry_run`` nothing is written to the cluster: each new plan is
+reported as a dry-run decision and logged. A malformed quota event or usage snapshot goes to
+``vmquota.dlq.enforcer`` with the reason; the enforcer keeps running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import structlog
+from nats.aio.msg import Msg
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from services.bus import Bus, PullConsumer
+from services.enforcer.kube import KubeError, Obj, QuotaApi
+from services.runner import Metrics
+from shared import bus as contract
+from shared import enforcement
+from shared.enforcement import Plan
+from shared.errors import InvalidInput
+from shared.snapshot import QuotaSnapshot, normalize
+
+log = structlog.get_logger("vmquota.enforcer")
+Key = tuple[str, str]
+"""(namespace, quota name)."""
+
+REPORT_QUEUE: Final = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class EnforcerOptions:
+    cluster: str
+    dry_run: bool = False
+    identity: str = "vmquota-enforcer"
+    """Reported as the Event's ``reportingInstance``."""
+    service: str = "enforcer"
+    idle: float = 0.5
+    """Seconds a fetch waits for messages before the consumer loop yields."""
+    conflict_pause: float = 0.02
+    """Upper bound of the first jittered pause between conflicting patches (doubles, up to ``max_pause``)."""
+    max_pause: float = 1.0
+    retry_base: float = 0.2
+    """First backoff after a failed call (429, 5xx, timeout); doubles up to ``retry_max``."""
+    retry_max: float = 10.0
+
+
+class EnforcerMetrics:
+    """The enforcer's own Prometheus metrics (in the process registry, next to the runner's)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.patches = Counter("vmquota_enforcer_patches", "Quota patches by outcome", ["outcome"], registry=registry)
+        self.decisions = Counter(
+            "vmquota_enforcer_decisions", "Decisions by action (dry-run included)", ["action"], registry=registry
+        )
+        self.reaction = Histogram(
+            "vmquota_enforcer_reaction_seconds",
+            "From receiving a usage snapshot or quota event to the patch that applies it",
+            registry=registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+        )
+
+
+class Enforcer:
+    """One cluster's enforcer. ``run(stop)`` until ``stop`` is set (or the task is cancelled)."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        kube: QuotaApi,
+        opts: EnforcerOptions,
+        *,
+        metrics: Metrics | None = None,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        contract.check_cluster(opts.cluster)
+        self.bus = bus
+        self.kube = kube
+        self.opts = opts
+        self.metrics = metrics or Metrics()
+        self.own = EnforcerMetrics(self.metrics.registry)
+        self._now = clock or (lambda: datetime.now(UTC))
+        self.quotas: dict[Key, QuotaSnapshot] = {}
+        self._gone: dict[Key, int] = {}
+        """resourceVersion of deleted quotas (an older upsert must not bring them back)."""
+        self.usage: dict[str, contract.UsageSnapshot] = {}
+        self._acted: dict[Key, contract.UsageSnapshot] = {}
+        """The usage snapshot each quota was last written from (for the reason line only)."""
+        self._since: dict[Key, float] = {}
+        """Monotonic time of the oldest input not yet applied to each dirty quota."""
+        self._dirty: set[Key] = set()
+        self._tasks: dict[Key, asyncio.Task[None]] = {}
+        self._failures: dict[Key, int] = {}
+        self._dry_seen: dict[Key, str] = {}
+        self._held: set[str] = set()
+        """Namespaces with usage received before the quota events caught up."""
+        self._caught_up = {"quotas": False, "usage": False}
+        self._warm = False
+        self._stopped = False
+        self._reports: asyncio.Queue[tuple[Plan, str]] = asyncio.Queue(REPORT_QUEUE)
+        self.patched = 0
+        self.conflicts = 0
+        self.dead_letters = 0
+        self.reported = 0
+
+    # ---- running -----------------------------------------------------------------------------------------------
+    def _consumer(self, kind: str, stream: str, subject: str) -> PullConsumer:
+        return PullConsumer(
+            self.bus,
+            stream=stream,
+            durable=f"{self.opts.service}-{self.opts.cluster}-{kind}",
+            filter_subjects=[subject],
+            start_seq=1,
+            batch=500,
+            idle=self.opts.idle,
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        c = self.opts.cluster
+        quotas = self._consumer("quotas", contract.EVENTS_STREAM, f"{contract.PREFIX}.ev.{c}.*.resourcequota")
+        usage = self._consumer("usage", contract.USAGE_STREAM, f"{contract.PREFIX}.usage.{c}.>")
+        bound = structlog.contextvars.bound_contextvars(cluster=c, dry_run=self.opts.dry_run)
+        with bound:
+            log.info("enforcer starting")
+            tasks = [
+                asyncio.create_task(self._consume_quotas(quotas), name="enforcer-quotas"),
+                asyncio.create_task(self._consume_usage(usage), name="enforcer-usage"),
+                asyncio.create_task(self._report_loop(), name="enforcer-reports"),
+            ]
+            stopper = asyncio.create_task(stop.wait())
+            graceful = False
+            try:
+                done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    exc = None if t is stopper else t.exception()
+                    if exc is not None:
+                        raise exc
+                graceful = True
+            finally:
+                # A stop lets in-flight patches finish and queued reports go out; a cancellation (a lost Lease)
+                # stops writing at once: another enforcer may be leading already.
+                stopper.cancel()
+                self._stopped = True
+                await _cancel(tasks[:2])
+                if graceful:
+                    await self._drain()
+                await _cancel([*self._tasks.values(), tasks[2]])
+                await quotas.close()
+                await usage.close()
+                log.info("enforcer stopped", graceful=graceful, patched=self.patched, conflicts=self.conflicts)
+
+    async def _drain(self, within: float = 10.0) -> None:
+        """Let in-flight reconciliations and queued reports finish (bounded)."""
+        pending = list(self._tasks.values())
+        if pending:
+            _, still = await asyncio.wait(pending, timeout=within)
+            for t in still:
+                t.cancel()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._reports.join(), timeout=within)
+
+    # ---- inputs ------------------------------------------------------------------------------------------------
+    async def _consume_quotas(self, consumer: PullConsumer) -> None:
+        async for batch in consumer.batches():
+            if self._stopped:
+                return
+            for m in batch:
+                await self._on_quota_message(m)
+            self.metrics.events_in.labels(service=self.opts.service).inc(len(batch))
+            if not self._caught_up["quotas"] and (not batch or consumer.pending == 0):
+                self._caught_up_with("quotas", consumer)
+
+    async def _consume_usage(self, consumer: PullConsumer) -> None:
+        async for batch in consumer.batches():
+            if self._stopped:
+                return
+            for m in batch:
+                await self._on_usage_message(m)
+            self.metrics.events_in.labels(service=self.opts.service).inc(len(batch))
+            self.metrics.lag.labels(service=self.opts.service).set(consumer.pending)
+            if not self._caught_up["usage"] and (not batch or consumer.pending == 0):
+                self._caught_up_with("usage", consumer)
+
+    def _caught_up_with(self, what: str, consumer: PullConsumer) -> None:
+        """Act only once both inputs have been read to their end: planning with the quotas but not yet the usage
+        (or the other way round) would write a transient state after every restart."""
+        self._caught_up[what] = True
+        log.info(f"{what} caught up", seq=consumer.next_seq - 1, quotas=len(self.quotas), namespaces=len(self.usage))
+        if all(self._caught_up.values()):
+            self._warm = True
+            for ns in sorted(self._held):
+                self._touch_namespace(ns)
+            self._held.clear()
+
+    async def _on_quota_message(self, m: Msg) -> None:
+        try:
+            ev = contract.decode_event(m.data)
+            if ev.kind != "ResourceQuota" or ev.cluster != self.opts.cluster:
+                raise InvalidInput(f"a {ev.kind} event of cluster {ev.cluster!r} on {m.subject}", "kind")
+            self._apply_quota_event(ev)
+        except InvalidInput as e:
+            await self._dead_letter(m, contract.EVENTS_STREAM, str(e))
+
+    def _apply_quota_event(self, ev: contract.Upserted | contract.Deleted | contract.Sync) -> None:
+        if isinstance(ev, contract.Sync):
+            rv = contract.resource_version(ev.resource_version)
+            present = set(ev.present)
+            for key, q in list(self.quotas.items()):
+                if key[0] == ev.namespace and q.uid not in present and _rv(q) <= rv:
+                    self._forget(key, rv)
+            return
+        key = (ev.namespace, ev.name)
+        rv = contract.resource_version(ev.resource_version)
+        if isinstance(ev, contract.Deleted):
+            held = self.quotas.get(key)
+            if held is None or _rv(held) <= rv:
+                self._forget(key, rv)
+            return
+        snap = ev.snapshot
+        if not isinstance(snap, QuotaSnapshot):
+            raise InvalidInput(f"expected a ResourceQuota snapshot, got {type(snap).__name__}", "snapshot")
+        if self._remember(snap):
+            self._schedule(key)
+
+    async def _on_usage_message(self, m: Msg) -> None:
+        try:
+            u = contract.decode_usage(m.data)
+            if u.cluster != self.opts.cluster or m.subject != contract.usage_subject(u.cluster, u.namespace):
+                raise InvalidInput(f"usage of {u.cluster}/{u.namespace} published on {m.subject}", "subject")
+            enforcement.check_usage(u)
+        except InvalidInput as e:
+            await self._dead_letter(m, contract.USAGE_STREAM, str(e))
+            return
+        held = self.usage.get(u.namespace)
+        if held is not None and held.seq > u.seq:
+            return
+        self.usage[u.namespace] = u
+        self._touch_namespace(u.namespace)
+
+    async def _dead_letter(self, m: Msg, stream: str, reason: str) -> None:
+        seq = m.metadata.sequence.stream if m.metadata is not None else 0
+        with structlog.contextvars.bound_contextvars(subject=m.subject, seq=seq):
+            log.warning("message rejected to the dead-letter subject", reason=reason)
+        self.dead_letters += 1
+        self.metrics.dlq.labels(service=self.opts.service).inc()
+        try:
+            await self.bus.publish_dead_letter(
+                self.opts.service,
+                reason,
+                cluster=self.opts.cluster,
+                original_subject=m.subject,
+                stream=stream,
+                stream_seq=seq,
+                payload=m.data,
+            )
+        except Exception as e:  # the reject is logged above; a broken bus must not stop the enforcer
+            log.error("dead letter not published", error=str(e) or type(e).__name__)
+
+    # ---- state -------------------------------------------------------------------------------------------------
+    def _remember(self, snap: QuotaSnapshot) -> bool:
+        """Keep ``snap`` if it is newer than what is held; True when it was kept."""
+        key = (snap.namespace, snap.name)
+        rv = _rv(snap)
+        held = self.quotas.get(key)
+        if held is not None and _rv(held) >= rv:
+            return False
+        if held is None and self._gone.get(key, -1) >= rv:
+            return False
+        self._gone.pop(key, None)
+        self.quotas[key] = snap
+        return True
+
+    def _remember_raw(self, raw: Obj) -> QuotaSnapshot:
+        snap = normalize(raw)
+        if not isinstance(snap, QuotaSnapshot):
+            raise InvalidInput(f"expected a ResourceQuota, got {type(snap).__name__}", "kind")
+        self._remember(snap)
+        return self.quotas.get((snap.namespace, snap.name), snap)
+
+    def _forget(self, key: Key, rv: int) -> None:
+        self.quotas.pop(key, None)
+        self._acted.pop(key, None)
+        self._dry_seen.pop(key, None)
+        self._gone[key] = max(rv, self._gone.get(key, -1))
+
+    def _touch_namespace(self, namespace: str) -> None:
+        if not self._warm:
+            self._held.add(namespace)
+            return
+        for key in [k for k in self.quotas if k[0] == namespace]:
+            self._schedule(key)
+
+    def _schedule(self, key: Key) -> None:
+        if self._stopped:
+            return
+        if not self._warm:
+            self._held.add(key[0])
+            return
+        self._since.setdefault(key, time.monotonic())
+        self._dirty.add(key)
+        if key not in self._tasks:
+            self._tasks[key] = asyncio.create_task(self._worker(key), name=f"enforce {key[0]}/{key[1]}")
+
+    # ---- reconciling -------------------------------------------------------------------------------------------
+    async def _worker(self, key: Key) -> None:
+        try:
+            while key in self._dirty:
+                self._dirty.discard(key)
+                try:
+                    await self._reconcile(key)
+                    self._failures.pop(key, None)
+                except KubeError as e:
+                    self._retry_later(key, e)
+                except InvalidInput as e:  # the API server returned an object we cannot read
+                    log.error("quota not readable", namespace=key[0], quota=key[1], error=str(e))
+                except Exception as e:  # a bug must cost one quota a retry, not the enforcer
+                    log.error("reconcile failed", namespace=key[0], quota=key[1], error=repr(e), exc_info=e)
+                    self._retry_later(key, KubeError(0, type(e).__name__, str(e)))
+        finally:
+            self._tasks.pop(key, None)
+
+    def _retry_later(self, key: Key, e: KubeError) -> None:
+        n = self._failures.get(key, 0) + 1
+        self._failures[key] = n
+        delay = min(self.opts.retry_base * 2 ** (n - 1), self.opts.retry_max)
+        if e.retry_after is not None:
+            delay = max(delay, min(e.retry_after, self.opts.retry_max))
+        delay *= random.uniform(0.8, 1.2)
+        self.own.patches.labels(outcome="error").inc()
+        log.warning(
+            "quota call failed, retrying",
+            namespace=key[0],
+            quota=key[1],
+            status=e.status,
+            error=str(e),
+            attempt=n,
+            retry_in=round(delay, 3),
+        )
+        asyncio.get_running_loop().call_later(delay, self._schedule, key)
+
+    async def _reconcile(self, key: Key) -> None:
+        ns, name = key
+        quota = self.quotas.get(key)
+        conflicts = 0
+        while quota is not None:
+            usage = self.usage.get(ns)
+            p = enforcement.plan(quota, usage, self._acted.get(key))
+            if not p.changes:
+                self._since.pop(key, None)
+                return
+            if self.opts.dry_run:
+                self._dry_run(key, p)
+                return
+            try:
+                raw = await self.kube.patch_quota(ns, name, enforcement.patch_body(p))
+            except KubeError as e:
+                if e.not_found:
+                    self._forget(key, _rv(quota))
+                    return
+                if not e.conflict:
+                    raise
+                conflicts += 1
+                self.conflicts += 1
+                self.own.patches.labels(outcome="conflict").inc()
+                if conflicts > 1:
+                    pause = min(self.opts.conflict_pause * 2 ** (conflicts - 2), self.opts.max_pause)
+                    await asyncio.sleep(random.uniform(0, pause))
+                try:
+                    quota = self._remember_raw(await self.kube.get_quota(ns, name))
+                except KubeError as e2:
+                    if e2.not_found:
+                        self._forget(key, _rv(quota))
+                        return
+                    raise
+                continue
+            after = self._remember_raw(raw)
+            self.patched += 1
+            self.own.patches.labels(outcome="applied").inc()
+            since = self._since.pop(key, None)
+            if since is not None:
+                self.own.reaction.observe(time.monotonic() - since)
+            if usage is not None:
+                self._acted[key] = usage
+            self._report(p, after.resource_version)
+            return
+
+    def _dry_run(self, key: Key, p: Plan) -> None:
+        self._since.pop(key, None)
+        body = enforcement.patch_body(p)
+        body["metadata"].pop("resourceVersion", None)
+        fingerprint = repr(sorted(body.items()))
+        if self._dry_seen.get(key) == fingerprint:
+            return
+        self._dry_seen[key] = fingerprint
+        self._report(p, "")
+
+    # ---- reporting ---------------------------------------------------------------------------------------------
+    def _report(self, p: Plan, resource_version: str) -> None:
+        self.own.decisions.labels(action=p.action.value).inc()
+        log.info(
+            "quota decision",
+            namespace=p.namespace,
+            quota=p.name,
+            action=p.action.value,
+            reason=p.reason,
+            hard=enforcement.rl_json(p.hard_after),
+            usage_seq=p.usage_seq,
+            resource_version=resource_version or p.resource_version,
+        )
+        try:
+            self._reports.put_nowait((p, resource_version))
+        except asyncio.QueueFull:
+            log.error("report queue full; decision not published", namespace=p.namespace, quota=p.name)
+
+    async def _report_loop(self) -> None:
+        while True:
+            p, rv = await self._reports.get()
+            try:
+                await self._publish_report(p, rv)
+            except Exception as e:  # a report is best effort: the quota itself is already right
+                log.error("report failed", namespace=p.namespace, quota=p.name, error=str(e) or type(e).__name__)
+            finally:
+                self._reports.task_done()
+
+    async def _publish_report(self, p: Plan, rv: str) -> None:
+        dry = self.opts.dry_run
+        d = enforcement.decision(p, cluster=self.opts.cluster, dry_run=dry, resource_version=rv)
+        await self.bus.publish(
+            contract.decision_subject(self.opts.cluster, p.namespace), contract.encode(d), msg_id=d.id
+        )
+        self.metrics.events_out.labels(service=self.opts.service).inc()
+        if not dry:
+            body = enforcement.event_body(p, identity=self.opts.identity, now=self._now())
+            for attempt in range(3):
+                try:
+                    await self.kube.create_event(p.namespace, body)
+                    break
+                except KubeError as e:
+                    if e.status == 409:  # same name: already recorded
+                        break
+                    if not e.retryable or attempt == 2:
+                        raise
+                    await asyncio.sleep(self.opts.retry_base * 2**attempt * random.uniform(0.8, 1.2))
+        self.reported += 1
+
+    # ---- introspection (tests, health) -------------------------------------------------------------------------
+    def idle(self) -> bool:
+        """Nothing dirty, in flight or waiting to be reported."""
+        return self._warm and not self._dirty and not self._tasks and self._reports.empty()
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "warm": self._warm,
+            "quotas": len(self.quotas),
+            "namespaces": len(self.usage),
+            "in_flight": len(self._tasks),
+            "patched": self.patched,
+            "conflicts": self.conflicts,
+            "dead_letters": self.dead_letters,
+        }
+
+
+async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel until done. On Python 3.11 ``asyncio.wait_for`` (inside nats-py's fetch) can swallow a cancellation
+    that arrives as its inner wait completes, so one ``cancel()`` is not always enough; the consumer loops also
+    check ``_stopped`` after every (at most ``idle`` seconds long) fetch."""
+    pending = [t for t in tasks if not t.done()]
+    while pending:
+        for t in pending:
+            t.cancel()
+        await asyncio.wait(pending, timeout=0.2)
+        pending = [t for t in pending if not t.done()]
+
+
+def _rv(q: QuotaSnapshot) -> int:
+    rv = q.resource_version
+    return int(rv) if rv.isdigit() else -1

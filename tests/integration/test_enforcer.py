@@ -1,0 +1,338 @@
+"""The enforcer against a real nats-server and the simulated cluster over HTTPS (kubernetes-asyncio, as in
+production). Quota events are mirrored from the simulated cluster to the bus as the watcher publishes them; usage
+snapshots are published as the ledger does, so each test controls exactly what the enforcer sees."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client, config
+
+from services.bus import Bus, NatsOptions
+from services.enforcer.kube import KubeQuotas
+from services.enforcer.service import Enforcer, EnforcerOptions
+from services.runner import Metrics
+from services.simcluster.cluster import SimCluster
+from services.simcluster.store_api import Obj
+from shared import bus as contract
+from shared.enforcement import BUDGET_ANNOTATION, LAST_HARD_ANNOTATION, MANAGED_LABEL, STATUS_ANNOTATION
+from shared.snapshot import normalize
+
+pytestmark = pytest.mark.integration
+
+CLUSTER = "c1"
+NS = "tenant-a"
+MANAGED = {MANAGED_LABEL: "true"}
+MIGRATING = [contract.MigrationState(name="m1", vmi="vm1", state="pending", reserved={"limits.memory": "16Gi"})]
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[SimCluster]:
+    async with SimCluster(speed=0.02, seed=3) as s:
+        await s.create_namespace(NS)
+        yield s
+
+
+@pytest.fixture
+async def bus(nats_url: str) -> AsyncIterator[Bus]:
+    b = await Bus.connect(NatsOptions(url=nats_url, name="test"), connect_timeout=10)
+    await b.ensure_streams(contract.streams())
+    yield b
+    await b.close()
+
+
+@pytest.fixture
+async def api(sim: SimCluster) -> AsyncIterator[client.ApiClient]:
+    cfg = client.Configuration()
+    await config.load_kube_config(config_file=str(sim.kubeconfig_path), client_configuration=cfg)
+    async with client.ApiClient(cfg) as api_client:
+        yield api_client
+
+
+@pytest.fixture
+async def mirror(sim: SimCluster, bus: Bus) -> AsyncIterator[None]:
+    """Publish every ResourceQuota change of the simulated cluster as the watcher does."""
+    res = sim.store.resource("resourcequotas")
+
+    async def run() -> None:
+        async for ev in sim.store.watch(res, resource_version=0):
+            if ev.type in ("ADDED", "MODIFIED", "DELETED"):
+                await publish_quota(bus, ev.object, deleted=ev.type == "DELETED")
+
+    task = asyncio.create_task(run())
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def publish_quota(b: Bus, obj: Obj, *, deleted: bool = False) -> None:
+    meta = obj["metadata"]
+    ev = contract.object_event(
+        "deleted" if deleted else "upserted",
+        cluster=CLUSTER,
+        kind="ResourceQuota",
+        namespace=meta["namespace"],
+        name=meta["name"],
+        uid=meta["uid"],
+        rv=meta["resourceVersion"],
+        snapshot=normalize(obj),
+    )
+    await b.publish(
+        contract.event_subject(CLUSTER, "ResourceQuota", meta["namespace"]), contract.encode(ev), msg_id=ev.id
+    )
+
+
+async def publish_usage(
+    b: Bus,
+    seq: int,
+    quotas: dict[str, contract.QuotaTerms],
+    migrations: list[contract.MigrationState] | None = None,
+) -> None:
+    u = contract.UsageSnapshot(
+        id=f"{CLUSTER}/usage/{NS}/{seq}",
+        source=contract.source("ledger", CLUSTER),
+        subject=NS,
+        time=contract.now_rfc3339(),
+        cluster=CLUSTER,
+        namespace=NS,
+        seq=seq,
+        quotas=quotas,
+        migrations=migrations or [],
+    )
+    await b.publish(contract.usage_subject(CLUSTER, NS), contract.encode(u), msg_id=u.id)
+
+
+def terms(budget: str, hard: str) -> dict[str, contract.QuotaTerms]:
+    return {
+        "compute": contract.QuotaTerms(
+            mode="VmiPodUsage", budget={"limits.memory": budget}, hard={"limits.memory": hard}
+        )
+    }
+
+
+@contextlib.asynccontextmanager
+async def enforcer(bus: Bus, api: client.ApiClient, **opts: Any) -> AsyncIterator[tuple[Enforcer, asyncio.Task[None]]]:
+    e = Enforcer(bus, KubeQuotas(api), EnforcerOptions(cluster=CLUSTER, idle=0.1, **opts), metrics=Metrics())
+    stop = asyncio.Event()
+    task = asyncio.create_task(e.run(stop))
+    try:
+        yield e, task
+    finally:
+        stop.set()
+        done, _ = await asyncio.wait([task], timeout=20)
+        if not done:
+            for t in asyncio.all_tasks():
+                t.print_stack()
+            raise AssertionError("the enforcer did not stop within 20 s")
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None:
+            raise exc
+
+
+def hard(q: Obj) -> dict[str, str]:
+    return dict(q["spec"].get("hard") or {})
+
+
+def notes(q: Obj) -> dict[str, str]:
+    return dict(q["metadata"].get("annotations") or {})
+
+
+async def wait_quota(sim: SimCluster, pred: Callable[[Obj], bool], what: str, within: float = 15.0) -> Obj:
+    return await sim.wait_until("resourcequotas", NS, "compute", pred, within=within, what=what)
+
+
+async def wait_events(sim: SimCluster, reason: str, *, count: int = 1, within: float = 10.0) -> list[Obj]:
+    found: list[Obj] = []
+
+    async def check() -> bool:
+        found[:] = await sim.events(NS, "compute", reason=reason)
+        return len(found) >= count
+
+    await sim.wait_for(check, within=within, what=f"an Event {reason}")
+    return found
+
+
+async def read_stream(
+    b: Bus, stream: str, subject: str, want: Callable[[list[Any]], bool], within: float = 10.0
+) -> list[Any]:
+    """Every message on ``subject`` so far, re-read until ``want`` holds (a condition with a deadline)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        sub = await b.js.subscribe(subject, stream=stream, ordered_consumer=True)
+        out: list[Any] = []
+        try:
+            while True:
+                try:
+                    m = await sub.next_msg(timeout=0.3)
+                except Exception:  # nats TimeoutError: nothing more stored
+                    break
+                out.append(m)
+        finally:
+            await sub.unsubscribe()
+        if want(out) or loop.time() > deadline:
+            return out
+
+
+async def decisions(b: Bus, want: Callable[[list[contract.Decision]], bool]) -> list[contract.Decision]:
+    msgs = await read_stream(
+        b,
+        contract.DECISIONS_STREAM,
+        contract.decision_subject(CLUSTER, NS),
+        lambda ms: want([contract.decode_decision(m.data) for m in ms]),
+    )
+    return [contract.decode_decision(m.data) for m in msgs]
+
+
+# ---- tests -------------------------------------------------------------------------------------------------------
+
+
+async def test_adopts_then_raises_hard_through_a_409_storm(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    async with enforcer(bus, api) as (e, _):
+        q = await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        assert hard(q) == {"limits.memory": "64Gi"}, "no usage yet: spec.hard stays as the administrator wrote it"
+        assert json.loads(notes(q)[BUDGET_ANNOTATION]) == {"limits.memory": "64Gi"}
+        assert notes(q)[STATUS_ANNOTATION] == "Waiting for usage (VmiPodUsage)"
+        adopted = await wait_events(sim, "QuotaAdopted")
+        assert adopted[0]["type"] == "Normal" and "budget limits.memory=64Gi" in adopted[0]["message"]
+
+        storm = sim.faults.fail(409, 1.0, verbs=["patch"], resources=["resourcequotas"], count=6)
+        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
+        q = await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised")
+        assert storm.injected == 6 and e.conflicts >= 6, "every injected 409 was re-read and retried"
+        assert json.loads(notes(q)[LAST_HARD_ANNOTATION]) == {"limits.memory": "80Gi"}
+        assert notes(q)[STATUS_ANNOTATION] == "Enforcing (VmiPodUsage)"
+        synced = await sim.wait_quota_synced(NS, "compute")
+        assert synced["status"]["hard"] == {"limits.memory": "80Gi"}, "the quota controller took it over"
+
+        adjusted = await wait_events(sim, "QuotaAdjusted")
+        assert adjusted[-1]["message"] == "raised limits.memory by 16Gi for the migration of vm1"
+        ds = await decisions(bus, lambda ds: any(d.hard_after == {"limits.memory": "80Gi"} for d in ds))
+        last = [d for d in ds if d.hard_after == {"limits.memory": "80Gi"}][-1]
+        assert (last.quota, last.mode, last.usage_seq, last.dry_run) == ("compute", "VmiPodUsage", 5, False)
+        assert last.budget == {"limits.memory": "64Gi"} and last.hard_before == {"limits.memory": "64Gi"}
+
+        await publish_usage(bus, 6, terms("64Gi", "64Gi"))
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "hard back to the budget")
+        lowered = await wait_events(sim, "QuotaAdjusted", count=2)
+        assert lowered[-1]["message"] == "lowered limits.memory by 16Gi: the migration of vm1 ended"
+
+
+async def test_dry_run_reports_and_writes_nothing(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    created = await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
+    async with enforcer(bus, api, dry_run=True) as (e, _):
+        ds = await decisions(bus, lambda ds: any(d.hard_after == {"limits.memory": "80Gi"} for d in ds))
+        dry = [d for d in ds if d.hard_after == {"limits.memory": "80Gi"}]
+        assert dry and all(d.dry_run for d in ds)
+        assert "raised limits.memory by 16Gi for the migration of vm1" in dry[-1].reason
+        await sim.wait_for(e.idle, within=5, what="enforcer idle")
+        reported = e.reported
+        await publish_usage(bus, 6, terms("64Gi", "80Gi"), MIGRATING)  # same content again
+        await sim.wait_for(lambda: NS in e.usage and e.usage[NS].seq == 6 and e.idle(), within=5, what="seq 6")
+        assert e.reported == reported, "a dry run reports each plan once"
+    q = sim.peek("resourcequotas", NS, "compute")
+    assert q is not None
+    assert hard(q) == {"limits.memory": "64Gi"} and notes(q) == notes(created)
+    assert e.patched == 0 and await sim.events(NS, "compute") == []
+
+
+async def test_restart_mid_way_converges_to_the_same_hard(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
+    async with enforcer(bus, api) as (first, task):
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "first enforcer raised hard")
+        slow = sim.faults.add_latency(0.3, verbs=["patch"], resources=["resourcequotas"])
+        await publish_usage(bus, 6, terms("64Gi", "72Gi"), MIGRATING)
+        await sim.wait_for(lambda: bool(first._tasks), within=5, what="a patch in flight")
+        task.cancel()  # a crash (or a lost Lease) in the middle of a patch
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        sim.faults.latencies.remove(slow)
+    await publish_usage(bus, 7, terms("64Gi", "64Gi"))
+    async with enforcer(bus, api) as (second, _):
+        q = await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "second enforcer converged")
+        await sim.wait_for(second.idle, within=5, what="second enforcer idle")
+    q = sim.peek("resourcequotas", NS, "compute") or q
+    assert hard(q) == {"limits.memory": "64Gi"}
+    assert json.loads(notes(q)[BUDGET_ANNOTATION]) == {"limits.memory": "64Gi"}, "the budget never moved"
+    assert json.loads(notes(q)[LAST_HARD_ANNOTATION]) == {"limits.memory": "64Gi"}
+    async with enforcer(bus, api) as (third, _):
+        await sim.wait_for(third.idle, within=5, what="third enforcer idle")
+        assert third.patched == 0, "a restart with nothing new changes nothing"
+
+
+async def test_foreign_write_and_release(sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None) -> None:
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
+    async with enforcer(bus, api):
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "raised")
+        await sim.set_quota_hard(NS, "compute", {"limits.memory": "100Gi"})  # someone else writes spec.hard
+        q = await wait_quota(
+            sim, lambda o: json.loads(notes(o)[BUDGET_ANNOTATION]) == {"limits.memory": "100Gi"}, "new budget"
+        )
+        assert hard(q) == {"limits.memory": "100Gi"}
+        changed = await wait_events(sim, "BudgetChanged")
+        assert changed[0]["type"] == "Warning" and "changed outside vmquota" in changed[0]["message"]
+        await publish_usage(bus, 6, terms("100Gi", "116Gi"), MIGRATING)
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "116Gi"}, "hard from the new budget")
+
+        def unlabel(obj: Obj) -> Obj:
+            obj["metadata"]["labels"] = {}
+            return obj
+
+        await sim.store.mutate(sim.store.resource("resourcequotas"), NS, "compute", unlabel)
+        q = await wait_quota(sim, lambda o: not any(k.startswith("vmquota.io/") for k in notes(o)), "release")
+        assert hard(q) == {"limits.memory": "100Gi"}, "handed back with the budget"
+        released = await wait_events(sim, "QuotaReleased")
+        assert "spec.hard set back to the budget limits.memory=100Gi" in released[0]["message"]
+
+
+async def test_scoped_quota_is_refused_with_an_event(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED, scopes=["NotTerminating"])
+    await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
+    async with enforcer(bus, api):
+        q = await wait_quota(sim, lambda o: STATUS_ANNOTATION in notes(o), "status annotation")
+        assert notes(q)[STATUS_ANNOTATION].startswith("Refused: ResourceQuota tenant-a/compute: spec.scopes")
+        assert hard(q) == {"limits.memory": "64Gi"} and BUDGET_ANNOTATION not in notes(q)
+        refused = await wait_events(sim, "QuotaRefused")
+        assert refused[0]["type"] == "Warning" and "scoped quotas are not managed" in refused[0]["message"]
+
+
+async def test_malformed_input_goes_to_the_dead_letter_subject(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    async with enforcer(bus, api) as (e, _):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        await bus.publish(contract.usage_subject(CLUSTER, NS), b'{"type": "io.vmquota.usage", "not": "usage"}')
+        await sim.wait_for(lambda: e.dead_letters == 1, within=5, what="the first reject")
+        # The usage stream keeps one message per namespace: each is read before the next replaces it.
+        await publish_usage(bus, 5, terms("64Gi", "a lot"))
+        await sim.wait_for(lambda: e.dead_letters == 2, within=5, what="the second reject")
+        await bus.publish(contract.event_subject(CLUSTER, "ResourceQuota", NS), b"\xff not json")
+        await publish_usage(bus, 6, terms("64Gi", "80Gi"), MIGRATING)
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "the next good snapshot applies")
+        msgs = await read_stream(bus, contract.DLQ_STREAM, contract.dlq_subject("enforcer"), lambda ms: len(ms) >= 3)
+        letters = [contract.decode_dead_letter(m.data) for m in msgs]
+        reasons = sorted(d.reason for d in letters)
+        assert len(letters) == 3 and e.dead_letters == 3
+        assert any("quotas.compute.hard.limits.memory" in r for r in reasons)
+        assert any("invalid usage snapshot" in r for r in reasons)
+        assert any("not a JSON event" in r for r in reasons)
+        assert {d.stream for d in letters} == {contract.USAGE_STREAM, contract.EVENTS_STREAM}

@@ -22,6 +22,7 @@ from services.simcluster.store_api import Obj
 from shared import bus as contract
 from shared.enforcement import BUDGET_ANNOTATION, LAST_HARD_ANNOTATION, MANAGED_LABEL, STATUS_ANNOTATION
 from shared.snapshot import normalize
+from tests.integration.e2e import full_namespace, pipeline, rl
 
 pytestmark = pytest.mark.integration
 
@@ -336,3 +337,28 @@ async def test_malformed_input_goes_to_the_dead_letter_subject(
         assert any("invalid usage snapshot" in r for r in reasons)
         assert any("not a JSON event" in r for r in reasons)
         assert {d.stream for d in letters} == {contract.USAGE_STREAM, contract.EVENTS_STREAM}
+
+
+# ---- end to end: seed scenario 1 through the real watcher, ledger and enforcer -----------------------------------
+
+
+async def test_seed_scenario_1_the_migration_gets_in_and_hard_comes_back() -> None:
+    """Quota ``limits.memory: 64Gi``, three VMs of 16Gi guest memory with explicit 16Gi limits running; migrate
+    one: the enforcer raises hard by the target pod's charge, says why on the quota and on the bus, and lowers it
+    back exactly when the migration is over."""
+    async with pipeline() as p:
+        await full_namespace(p, NS)
+        name = await p.migrate(NS, "vm1")
+        await p.wait_migrated(NS, "vm1", name)
+        await p.wait_hard(NS, "compute", rl({"limits.memory": "64Gi"}), "hard back to the budget")
+        assert p.budget(NS, "compute") == rl({"limits.memory": "64Gi"})
+
+        raised = [d for d in p.tap.decisions if d.reason.startswith("raised limits.memory by")]
+        assert raised, [d.reason for d in p.tap.decisions]
+        assert raised[0].reason.endswith("for the migration of vm1") and not raised[0].dry_run
+        target = rl(raised[0].hard_after)["limits.memory"] - rl(raised[0].hard_before)["limits.memory"]
+        assert target > rl({"limits.memory": "16Gi"})["limits.memory"], "the target pod charges 16Gi + overhead"
+        await p.wait(lambda: any(d.reason.startswith("lowered limits.memory") for d in p.tap.decisions), "the lowering")
+        events = p.quota_events(NS, "compute", "QuotaAdjusted")
+        assert any(e["message"] == raised[0].reason for e in events), "the decision is on the quota as an Event"
+        assert all(e["involvedObject"]["uid"] == p.quota(NS, "compute")["metadata"]["uid"] for e in events)

@@ -15,12 +15,12 @@ import pytest
 
 from services.demo.play import play
 from services.demo.scenario import builtin_scenarios
-from services.simcluster.kubevirt import phase
+from services.simcluster.kubevirt import KubeVirtTiming, phase
 from services.simcluster.store_api import ApiError
 from shared.enforcement import BUDGET_CHANGED
 from shared.quantity import ZERO, Quantity
 from shared.resources import ResourceList, add, format_resource_list, parse_resource_list
-from tests.integration.e2e import SLOW_MIGRATIONS, SPEED, WITHIN, Pipeline, full_namespace, on, pipeline, plain_pod, rl
+from tests.integration.e2e import SPEED, WITHIN, Pipeline, full_namespace, on, pipeline, plain_pod, rl
 
 SCENARIOS = {s.name: s for s in builtin_scenarios()}
 
@@ -240,12 +240,22 @@ async def test_vm_terms_admission_in_a_mixed_namespace() -> None:
 
 
 async def test_budget_annotation_edited_mid_migration() -> None:
-    # Slow migration phases (0.25 s each) so the edit lands while the target pod runs next to the source.
-    async with pipeline(kubevirt_timing=SLOW_MIGRATIONS) as p:
+    # Slow migration phases (0.5 s each) so the edit lands while the target pod runs next to the source.
+    async with pipeline(kubevirt_timing=KubeVirtTiming(speed=SPEED, migration_step=10.0)) as p:
         ns = "tenant-budget"
         await full_namespace(p, ns)
         mig = await p.migrate(ns, "vm1")
-        await p.wait(lambda: bool(p.target_pods(ns, mig)), "the target pod")
+
+        def target_accounted() -> bool:
+            # The target pod exists, the ledger counts it in P (no reservation left) and hard is the ledger's.
+            terms = p.tap.terms(ns, "compute")
+            snap = p.tap.usage.get(ns)
+            if terms is None or snap is None or terms.reserved or not p.target_pods(ns, mig):
+                return False
+            states = {m.name: m.state for m in snap.migrations}
+            return states.get(mig) == "target-created" and p.hard(ns, "compute") == rl(terms.hard)
+
+        await p.wait(target_accounted, "the target pod, accounted")
         raised = p.hard(ns, "compute")
         assert raised["limits.memory"] > Quantity.parse("64Gi")
         assert phase(p.migration(ns, mig)) not in ("Succeeded", "Failed"), "the migration ended too soon"

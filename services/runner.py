@@ -434,13 +434,14 @@ async def leader_elected(
     rt: Runtime,
     work: Callable[[], Awaitable[None]],
     *,
-    lease_duration: float = 15.0,
+    lease_duration: int = 15,
     renew_deadline: float = 10.0,
     retry_period: float = 2.0,
 ) -> None:
     """Run ``work()`` while this process holds the Lease ``vmquota-<service>-<cluster>`` in ``--lease-namespace``
     (or at once with ``--no-leader-election``). Losing the Lease stops the work and raises, so the process
-    restarts as a follower instead of acting on a stale view."""
+    restarts as a follower instead of acting on a stale view. ``lease_duration`` is whole seconds (the
+    Lease's ``leaseDurationSeconds`` is an integer)."""
     if not rt.config.leader_election:
         await work()
         return
@@ -479,7 +480,11 @@ async def leader_elected(
         finally:
             for t in (election, stopping):
                 await cancel(t)
-        if lost.is_set() and not rt.stop.is_set():
+        if rt.stop.is_set():
+            return
+        if lost.is_set():
             raise RuntimeError(f"lost the lease {lease}")
+        error = election.exception() if election.done() and not election.cancelled() else None
+        raise RuntimeError(f"leader election for {lease} ended: {error or 'without a reason'}") from error
     finally:
         await api.close()

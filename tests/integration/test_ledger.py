@@ -13,6 +13,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import nats.js.errors
 import pytest
@@ -492,3 +493,60 @@ async def test_vmquota_run_ledger_serves_health_metrics_and_stops_on_sigterm(nat
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_leader_election_runs_one_replica_at_a_time_and_hands_over(sim_api: Any) -> None:
+    """Two replicas of a per-cluster service against the simulated API server's Leases: one works at a time; when
+    the leader stops, the other takes over once the lease expires."""
+    import argparse
+
+    from services.runner import Health, Metrics, Runtime, add_arguments, config_from_args, leader_elected
+
+    store = sim_api.store
+    await store.create(store.resource("namespaces"), {"metadata": {"name": "vmquota-system"}})
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    active: list[str] = []
+    most = 0
+
+    def replica(identity: str) -> tuple[Runtime, asyncio.Task[None]]:
+        args = parser.parse_args(
+            ["watcher", "--cluster", CLUSTER, "--kubeconfig", str(sim_api.kubeconfig), "--identity", identity]
+        )
+        rt = Runtime(name="watcher", config=config_from_args(args), metrics=Metrics(), health=Health())
+
+        async def work() -> None:
+            nonlocal most
+            active.append(identity)
+            most = max(most, len(active))
+            try:
+                await rt.stop.wait()
+            finally:
+                active.remove(identity)
+
+        election = leader_elected(rt, work, lease_duration=3, renew_deadline=2, retry_period=1)
+        return rt, asyncio.create_task(election)
+
+    (rt_a, task_a), (rt_b, task_b) = replica("replica-a"), replica("replica-b")
+
+    def leaders() -> int:
+        for t in (task_a, task_b):
+            if t.done() and not t.cancelled() and t.exception() is not None:
+                raise AssertionError("a replica failed") from t.exception()
+        return len(active)
+
+    try:
+        await wait_until(lambda: leaders() == 1, what="a leader")
+        first = active[0]
+        await asyncio.wait([task_a, task_b], timeout=1.0)  # both keep running; the follower keeps waiting
+        assert active == [first] and most == 1
+        leader_rt, leader_task = (rt_a, task_a) if first == "replica-a" else (rt_b, task_b)
+        leader_rt.stop.set()
+        await asyncio.wait_for(leader_task, 10)
+        other = "replica-b" if first == "replica-a" else "replica-a"
+        await wait_until(lambda: leaders() == 1 and active == [other], what="hand-over")
+        assert most == 1, "never two leaders at once"
+    finally:
+        for rt, task in ((rt_a, task_a), (rt_b, task_b)):
+            rt.stop.set()
+            await asyncio.wait_for(task, 10)

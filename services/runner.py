@@ -453,10 +453,18 @@ async def leader_elected(
     lost = asyncio.Event()
     api = await kube_client(rt.config)
     try:
+        working: list[asyncio.Task[None]] = []
+        work_ended = asyncio.Event()
 
         async def started() -> None:
             log.info("leading", lease=lease)
-            await work()
+
+            async def run_work() -> None:
+                await work()
+
+            task = asyncio.create_task(run_work(), name=f"{rt.name}-work")
+            task.add_done_callback(lambda _: work_ended.set())
+            working.append(task)
 
         async def stopped() -> None:
             log.warning("lost the lease", lease=lease)
@@ -473,17 +481,30 @@ async def leader_elected(
             )
         )
         log.info("waiting for the lease", lease=lease)
-        election = asyncio.create_task(elector.run())
-        stopping = asyncio.create_task(rt.stop.wait())
+        waits = [
+            asyncio.create_task(elector.run()),
+            asyncio.create_task(rt.stop.wait()),
+            asyncio.create_task(work_ended.wait()),
+        ]
         try:
-            await asyncio.wait([election, stopping], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for t in (election, stopping):
+            for t in waits:
                 await cancel(t)
+            for t in working:
+                if not t.done() and rt.stop.is_set() and not lost.is_set():
+                    await asyncio.wait([t], timeout=15.0)  # the work sees the stop itself: let it finish
+                await cancel(t)
+        for t in working:
+            if not t.cancelled() and t.exception() is not None:
+                raise t.exception()  # type: ignore[misc]
         if rt.stop.is_set():
             return
         if lost.is_set():
             raise RuntimeError(f"lost the lease {lease}")
+        if working:
+            raise RuntimeError(f"{rt.name} stopped working while leading")
+        election = waits[0]
         error = election.exception() if election.done() and not election.cancelled() else None
         raise RuntimeError(f"leader election for {lease} ended: {error or 'without a reason'}") from error
     finally:

@@ -550,3 +550,24 @@ async def test_leader_election_runs_one_replica_at_a_time_and_hands_over(sim_api
         for rt, task in ((rt_a, task_a), (rt_b, task_b)):
             rt.stop.set()
             await asyncio.wait_for(task, 10)
+
+
+async def test_a_failing_leader_fails_its_service(sim_api: Any) -> None:
+    """Work that fails while leading ends the service with that error (the process restarts), rather than the
+    replica holding the lease without working."""
+    import argparse
+
+    from services.runner import Health, Metrics, Runtime, add_arguments, config_from_args, leader_elected
+
+    store = sim_api.store
+    await store.create(store.resource("namespaces"), {"metadata": {"name": "vmquota-system"}})
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["enforcer", "--cluster", CLUSTER, "--kubeconfig", str(sim_api.kubeconfig)])
+    rt = Runtime(name="enforcer", config=config_from_args(args), metrics=Metrics(), health=Health())
+
+    async def work() -> None:
+        raise ValueError("cannot reach the cluster")
+
+    with pytest.raises(ValueError, match="cannot reach the cluster"):
+        await asyncio.wait_for(leader_elected(rt, work, lease_duration=3, renew_deadline=2, retry_period=1), 20)

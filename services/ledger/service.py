@@ -147,7 +147,7 @@ class LedgerService:
     async def _load(self) -> int:
         assert self.kv is not None
         prefix_ns = f"ns.{self.opts.cluster}." if self.opts.cluster else "ns."
-        prefix_cl = f"cl.{self.opts.cluster}" if self.opts.cluster else "cl."
+        prefix_cl = f"cl.{self.opts.cluster}." if self.opts.cluster else "cl."
         progress = 0
         watcher = await self.kv.watch(">", ignore_deletes=True)
         try:
@@ -158,7 +158,7 @@ class LedgerService:
                 key, value = entry.key, entry.value or b""
                 if key == self.opts.progress_key:
                     progress = int(value.decode())
-                elif key.startswith(prefix_ns) or key.startswith(prefix_cl):
+                elif key.startswith(prefix_ns) or (key + ".").startswith(prefix_cl):
                     parts = key.split(".")
                     if parts[0] == "ns" and not self.opts.partitions.owns(parts[1], parts[2]):
                         continue

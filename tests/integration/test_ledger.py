@@ -22,7 +22,7 @@ from services.bus import Bus, NatsOptions
 from services.ledger.service import LedgerOptions, LedgerService, usage_digest
 from shared import bus as contract
 from shared.ledger import Ledger, NamespaceView, PartitionSet
-from shared.snapshot import NamespaceSnapshot, PodSnapshot
+from shared.snapshot import KubeVirtSnapshot, NamespaceSnapshot, PodSnapshot
 from tests.conftest import NatsServer
 
 pytestmark = pytest.mark.integration
@@ -69,6 +69,27 @@ class World:
             self.live[uid] = (ns, name)
             ev = self._pod(uid, ns, name)
         return ev
+
+    def kubevirt(self) -> contract.Upserted | contract.Deleted:
+        """The cluster's KubeVirt CR at a new version (cluster-wide state, folded by every instance)."""
+        self.rv += 1
+        snap = KubeVirtSnapshot(
+            uid="kv-uid",
+            namespace="kubevirt",
+            name="kubevirt",
+            resource_version=str(self.rv),
+            cpu_allocation_ratio=str(self.rv % 7 + 1),
+        )
+        return contract.object_event(
+            "upserted",
+            cluster=CLUSTER,
+            kind="KubeVirt",
+            namespace="kubevirt",
+            name="kubevirt",
+            uid="kv-uid",
+            rv=str(self.rv),
+            snapshot=snap,
+        )
 
     def _pod(self, uid: str, ns: str, name: str) -> contract.Upserted | contract.Deleted:
         phase = self.rnd.choice(["Pending", "Running"])
@@ -231,7 +252,7 @@ async def test_crash_and_restart_at_random_points_gives_the_same_state_and_usage
         await b.ensure_streams(contract.streams())
         rnd = random.Random(4)
         world = World(rnd, [f"ns-{i}" for i in range(8)])
-        events = [world.next() for _ in range(900)]
+        events = [world.next() if i % 300 else world.kubevirt() for i in range(900)]  # with cluster-wide state
         await publish(b, events[:600])
         published = 600
         for round_ in range(4):

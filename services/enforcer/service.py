@@ -59,9 +59,12 @@ class EnforcerOptions:
     service: str = "enforcer"
     idle: float = 0.5
     """Seconds a fetch waits for messages before the consumer loop yields."""
-    conflict_pause: float = 0.02
-    """Upper bound of the first jittered pause between conflicting patches (doubles, up to ``max_pause``)."""
-    max_pause: float = 1.0
+    conflict_pause: float = 0.01
+    """Upper bound of the jittered pause before re-reading after the second and later conflicts in a row. Not
+    growing: the usual other writer is quota admission updating ``status``, which does not back off either, so a
+    longer pause only widens the window for the next conflict."""
+    max_conflicts: int = 50
+    """Conflicts in a row after which the quota is retried later with backoff (like any other failed call)."""
     retry_base: float = 0.2
     """First backoff after a failed call (429, 5xx, timeout); doubles up to ``retry_max``."""
     retry_max: float = 10.0
@@ -384,9 +387,10 @@ class Enforcer:
                 conflicts += 1
                 self.conflicts += 1
                 self.own.patches.labels(outcome="conflict").inc()
+                if conflicts >= self.opts.max_conflicts:
+                    raise
                 if conflicts > 1:
-                    pause = min(self.opts.conflict_pause * 2 ** (conflicts - 2), self.opts.max_pause)
-                    await asyncio.sleep(random.uniform(0, pause))
+                    await asyncio.sleep(random.uniform(0, self.opts.conflict_pause))
                 try:
                     quota = self._remember_raw(await self.kube.get_quota(ns, name))
                 except KubeError as e2:

@@ -128,9 +128,8 @@ def rl_json(rl: Mapping[str, Quantity]) -> str:
     return json.dumps(format_resource_list(rl), separators=(",", ":"), sort_keys=True)
 
 
-def _items(rl: Mapping[str, Quantity], resources: Sequence[str] | None = None) -> str:
-    keys = sorted(rl) if resources is None else [r for r in resources if r in rl]
-    return ", ".join(f"{r}={rl[r].canonical()}" for r in keys) or "nothing"
+def _items(rl: Mapping[str, Quantity]) -> str:
+    return ", ".join(f"{r}={rl[r].canonical()}" for r in sorted(rl)) or "nothing"
 
 
 def same(a: Mapping[str, Quantity], b: Mapping[str, Quantity]) -> bool:
@@ -148,8 +147,8 @@ class Budget:
     budget: ResourceList
     adopting: bool
     """No budget annotation yet: the budget is the administrator's ``spec.hard``."""
-    foreign: ResourceList | None = None
-    """``spec.hard`` as someone else wrote it (it differs from ``vmquota.io/last-hard``): the new budget."""
+    foreign: bool = False
+    """The budget is ``spec.hard`` as someone else wrote it (it differs from ``vmquota.io/last-hard``)."""
     previous: ResourceList | None = None
     """The budget annotation a foreign write replaces."""
     note: str = ""
@@ -171,7 +170,7 @@ def resolve_budget(q: QuotaSnapshot) -> Budget:
     except InvalidInput:
         last, note = None, f"annotation {LAST_HARD_ANNOTATION} was unreadable and is rewritten"
     if last is not None and not same(q.spec_hard, last):
-        return Budget(dict(q.spec_hard), adopting=budget is None, foreign=dict(q.spec_hard), previous=budget)
+        return Budget(dict(q.spec_hard), adopting=budget is None, foreign=True, previous=budget)
     if budget is not None:
         return Budget(budget, adopting=False, note=note)
     if last is not None:
@@ -183,8 +182,9 @@ def resolve_budget(q: QuotaSnapshot) -> Budget:
     return Budget(dict(q.spec_hard), adopting=True, note=note)
 
 
-def check_manageable(q: QuotaSnapshot) -> tuple[Mode, Fraction | None]:
-    """The mode and own CPU allocation ratio of a managed quota; InvalidInput when the enforcer must refuse it."""
+def check_manageable(q: QuotaSnapshot) -> Mode:
+    """The mode of a managed quota; InvalidInput when the enforcer must refuse it (a scope, an unknown mode, an
+    unreadable CPU allocation ratio)."""
     if q.scopes or q.scope_selector:
         scopes = list(q.scopes) + [s.scope_name for s in q.scope_selector]
         raise InvalidInput(
@@ -193,10 +193,9 @@ def check_manageable(q: QuotaSnapshot) -> tuple[Mode, Fraction | None]:
         )
     where = f"{q.ref}: metadata.annotations"
     mode = parse_mode(q.annotations.get(MODE_ANNOTATION, DEFAULT_MODE.value), f"{where}.{MODE_ANNOTATION}")
-    ratio = None
     if q.annotations.get(RATIO_ANNOTATION) is not None:
-        ratio = parse_ratio(q.annotations[RATIO_ANNOTATION], f"{where}.{RATIO_ANNOTATION}")
-    return mode, ratio
+        parse_ratio(q.annotations[RATIO_ANNOTATION], f"{where}.{RATIO_ANNOTATION}")
+    return mode
 
 
 def check_usage(u: UsageSnapshot) -> None:
@@ -291,7 +290,7 @@ def plan(q: QuotaSnapshot, usage: UsageSnapshot | None, previous: UsageSnapshot 
     if not is_managed(q.labels):
         return _release(q, seq)
     try:
-        mode, _ = check_manageable(q)
+        mode = check_manageable(q)
         b = resolve_budget(q)
     except InvalidInput as e:
         return _refuse(q, str(e), seq)
@@ -318,10 +317,10 @@ def plan(q: QuotaSnapshot, usage: UsageSnapshot | None, previous: UsageSnapshot 
 
     parts: list[str] = []
     event_reason = ADJUSTED
-    if b.foreign is not None:
+    if b.foreign:
         event_reason = BUDGET_CHANGED
         before = f" (was {_items(b.previous)})" if b.previous is not None else ""
-        parts.append(f"spec.hard was changed outside vmquota to {_items(b.foreign)}: taken as the new budget{before}")
+        parts.append(f"spec.hard was changed outside vmquota to {_items(b.budget)}: taken as the new budget{before}")
     elif b.adopting:
         event_reason = ADOPTED
         parts.append(f"adopted in mode {mode.value} with budget {_items(b.budget)}")
@@ -329,7 +328,7 @@ def plan(q: QuotaSnapshot, usage: UsageSnapshot | None, previous: UsageSnapshot 
     budget_moved = old is not None and terms is not None and old.budget != terms.budget
     if set_hard:
         parts.append(_hard_change(q.spec_hard, hard, b.budget, terms, usage, previous, budget_moved=budget_moved))
-    elif terms is not None and not agreed and (b.foreign is not None or b.adopting):
+    elif terms is not None and not agreed and (b.foreign or b.adopting):
         parts.append("spec.hard follows once usage is accounted with this budget")
     elif not parts and STATUS_ANNOTATION in annotations:
         parts.append(f"status: {status}")
@@ -347,7 +346,7 @@ def plan(q: QuotaSnapshot, usage: UsageSnapshot | None, previous: UsageSnapshot 
         hard_after=hard,
         set_hard=set_hard,
         annotations=annotations,
-        event_type=WARNING if b.foreign is not None else NORMAL,
+        event_type=WARNING if b.foreign else NORMAL,
         event_reason=event_reason,
         reason="; ".join(parts),
         usage_seq=seq,

@@ -118,7 +118,7 @@ class Enforcer:
         self._failures: dict[Key, int] = {}
         self._dry_seen: dict[Key, str] = {}
         self._held: set[str] = set()
-        """Namespaces with usage received before the quota events caught up."""
+        """Namespaces touched before both inputs were read to their end (acted on once they are)."""
         self._caught_up = {"quotas": False, "usage": False}
         self._warm = False
         self._stopped = False

@@ -393,7 +393,13 @@ class PullConsumer:
                     continue
                 assert self._sub is not None
                 try:
-                    msgs = await self._sub.fetch(self.batch, timeout=self.idle)
+                    # One message first: nats-py's fetch(n) holds a long-poll open until n messages or the
+                    # deadline, so a lone message would wait out ``idle``; then what is already pending, at once.
+                    msgs = await self._sub.fetch(1, timeout=self.idle)
+                    backlog = min(msgs[-1].metadata.num_pending, self.batch - 1)
+                    if backlog > 0:
+                        with contextlib.suppress(TimeoutError):  # the backlog may have been purged meanwhile
+                            msgs += await self._sub.fetch(backlog, timeout=self.idle)
                 except TimeoutError:  # nats.errors.TimeoutError, or asyncio's when the fetch deadline runs out first
                     self._idle_fetches += 1
                     if self._idle_fetches % 5 == 0 and not await self._consumer_exists():

@@ -3,8 +3,9 @@
 Loop: fetch a batch of events in stream order (``services.bus.PullConsumer``), fold each into
 ``shared.ledger.Ledger`` (a malformed or unknown event goes to ``vmquota.dlq.ledger`` and is skipped), then
 
-* when namespaces changed, at most every ``debounce`` seconds (at once after a quiet spell), run accounting on each
-  changed namespace and publish a :class:`shared.bus.UsageSnapshot` on ``vmquota.usage.<cluster>.<namespace>`` if
+* for each changed namespace, at most every ``debounce`` seconds per namespace (at once after a quiet spell of that
+  namespace, and at once for events that start or settle a reservation: a migration, a VMI, a FailedCreate
+  event), run accounting and publish a :class:`shared.bus.UsageSnapshot` on ``vmquota.usage.<cluster>.<namespace>`` if
   its content differs from the last one published (the digest is kept in the namespace's checkpoint);
 * every ``checkpoint_interval`` seconds, write each changed state to the KV bucket (key
   ``ns.<cluster>.<namespace>`` / ``cl.<cluster>``), then this instance's progress (``progress.<partitions>.<cluster
@@ -48,6 +49,10 @@ COMPRESS_OVER = 128 * 1024
 
 log = structlog.get_logger("vmquota.ledger")
 
+URGENT_KINDS = frozenset({"VirtualMachineInstanceMigration", "VirtualMachineInstance", "Event", "ResourceQuota"})
+"""Kinds whose change is accounted at once, past the debounce: a migration or a new VM waits for its reservation,
+a FailedCreate event corrects one, a quota edit changes the budget. Pods (the bulk of the stream) are debounced."""
+
 
 @dataclass(frozen=True, slots=True)
 class LedgerOptions:
@@ -59,8 +64,9 @@ class LedgerOptions:
     idle: float = 0.5
     """Seconds a fetch waits for events before the loop runs its timers."""
     debounce: float = 0.25
-    """Least time between two accounting rounds: a change after a quiet spell is published at once; under a
-    stream of events each changed namespace is accounted at most every ``debounce`` seconds."""
+    """Least time between two accounting rounds of one namespace: a change after a quiet spell of that namespace is
+    published at once; under a stream of events it is accounted at most every ``debounce`` seconds, except for
+    urgent kinds (``URGENT_KINDS``), which a migration's or a new VM's latency depends on."""
     checkpoint_interval: float = 2.0
     service: str = "ledger"
 
@@ -107,7 +113,10 @@ class LedgerService:
         self.applied = 0
         self.published = 0
         self.dead_letters = 0
-        self._last_publish = 0.0
+        self._accounted_at: dict[tuple[str, str], float] = {}
+        """When each namespace was last accounted (monotonic), for the per-namespace debounce."""
+        self._urgent: set[tuple[str, str]] = set()
+        """Namespaces with an urgent event since they were last accounted."""
         self._last_checkpoint = 0.0
         svc = opts.service
         self._m_in = self.metrics.events_in.labels(service=svc)
@@ -199,12 +208,11 @@ class LedgerService:
                     await self._fold(batch)
                 now = time.monotonic()
                 if self.ledger.changed:
-                    wait = self._last_publish + self.opts.debounce - now
-                    if wait <= 0:
-                        await self.publish_usage()
-                        self.consumer.idle = self.opts.idle
-                    else:  # wake up in time for it even when no event arrives
-                        self.consumer.idle = max(0.01, min(self.opts.idle, wait))
+                    due, wait = self._due(now)
+                    if due:
+                        await self.publish_usage(due)
+                    # wake up in time for the namespaces still waiting, even when no event arrives
+                    self.consumer.idle = self.opts.idle if wait is None else max(0.01, min(self.opts.idle, wait))
                 if self.ledger.unsaved and (
                     stop.is_set() or now - self._last_checkpoint >= self.opts.checkpoint_interval
                 ):
@@ -236,6 +244,8 @@ class LedgerService:
                     raise InvalidInput(f"published on {msg.subject}, but the event belongs on {expected}", "subject")
                 if apply(ev, seq) is Outcome.APPLIED:
                     self.applied += 1
+                    if ev.kind in URGENT_KINDS and not isinstance(ev, contract.Sync):
+                        self._urgent.add((ev.cluster, ev.namespace))
             except InvalidInput as e:
                 rejects.append((msg, seq, str(e)))
         self._m_fold.observe(time.perf_counter() - t0)
@@ -263,11 +273,29 @@ class LedgerService:
         self._m_dlq.inc()
 
     # ---- usage -------------------------------------------------------------------------------------------------
-    async def publish_usage(self) -> int:
-        """Account every changed namespace; publish the snapshots whose content changed. Returns how many."""
-        keys = sorted(self.ledger.changed)
-        self.ledger.changed.clear()
-        self._last_publish = time.monotonic()
+    def _due(self, now: float) -> tuple[list[tuple[str, str]], float | None]:
+        """Changed namespaces to account now, and the seconds until the next one that waits is due (None: none)."""
+        due: list[tuple[str, str]] = []
+        wait: float | None = None
+        for key in self.ledger.changed:
+            left = self._accounted_at.get(key, -1e9) + self.opts.debounce - now
+            if left <= 0 or key in self._urgent:
+                due.append(key)
+            else:
+                wait = left if wait is None else min(wait, left)
+        return due, wait
+
+    async def publish_usage(self, keys: list[tuple[str, str]] | None = None) -> int:
+        """Account the given changed namespaces (default: every changed one); publish the snapshots whose content
+        changed. Returns how many."""
+        if keys is None:
+            keys = list(self.ledger.changed)
+        keys = sorted(keys)
+        self.ledger.changed.difference_update(keys)
+        self._urgent.difference_update(keys)
+        now = time.monotonic()
+        for key in keys:
+            self._accounted_at[key] = now
         items: list[tuple[str, bytes, str | None]] = []
         for cluster, namespace in keys:
             state = self.ledger.state(cluster, namespace)

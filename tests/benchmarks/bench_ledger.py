@@ -18,11 +18,11 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
 from services.bus import Bus, NatsOptions
 from services.ledger.service import LedgerOptions, LedgerService
 from services.ledger.usage import account
+from services.natsserver import NatsServer
 from shared import bus as contract
 from shared.ledger import Ledger, PartitionSet
 from shared.snapshot import normalize
 from tests.benchmarks.common import Result, rate
-from tests.conftest import NatsServer
 
 CLUSTER = "bench"
 NAMESPACES = 100

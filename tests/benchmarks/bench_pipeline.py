@@ -23,6 +23,7 @@ from typing import Any
 
 from services import logs
 from services.bus import Bus, NatsOptions, PullConsumer
+from services.natsserver import NatsServer
 from services.simcluster.kubevirt import launcher_pod
 from services.simcluster.server import start_server
 from services.simcluster.store import Store
@@ -31,7 +32,6 @@ from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
 from shared.ledger import Ledger, PartitionSet
 from shared.snapshot import normalize
 from tests.benchmarks.common import Result
-from tests.conftest import NatsServer
 
 OBJECTS = 20_000
 NAMESPACES = 20

@@ -7,12 +7,14 @@ server listens on 127.0.0.1 on a port it picks itself (``-p -1``) and reports th
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -42,7 +44,9 @@ class NatsServer:
     ``restart()`` stops it and starts it again on the same port with the same store (a server crash/upgrade for
     fault tests); ``kill()`` is SIGKILL (no clean shutdown)."""
 
-    def __init__(self, workdir: Path | None = None, *, config_file: Path | None = None) -> None:
+    def __init__(
+        self, workdir: Path | None = None, *, config_file: Path | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if workdir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="vmquota-nats-")
@@ -50,6 +54,8 @@ class NatsServer:
         self.workdir = workdir
         self.store = workdir / "js"
         self.config_file = config_file
+        self.env = dict(env or {})
+        """Extra environment for the server (a configuration file can read passwords from it)."""
         self.port: int | None = None
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -74,14 +80,16 @@ class NatsServer:
             cmd += ["-c", str(self.config_file)]
         cmd += ["-a", "127.0.0.1", "-p", port, "-js", "-sd", str(self.store), "--ports_file_dir", str(ports_dir)]
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            environ = {**os.environ, **self.env} if self.env else None
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=environ)
         ports_file = ports_dir / f"nats-server_{self.proc.pid}.ports"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 code = self.proc.returncode
                 self.proc = None
-                raise RuntimeError(f"nats-server exited with {code}; see {self.log_path}")
+                tail = self.log_path.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"nats-server exited with {code}: {tail}")
             if ports_file.exists():
                 try:
                     info = json.loads(ports_file.read_text())

@@ -4,13 +4,10 @@ its job with nats-py, and anything outside its permissions is refused by the ser
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import secrets
-import signal
 import subprocess
-import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +20,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy, StreamConfig
 from nats.js.client import JetStreamContext
 
 from services.bus import Bus, NatsOptions, PullConsumer
+from services.natsserver import NatsServer
 from shared import bus
 from shared.snapshot import VmiSnapshot
 from tests.conftest import nats_server_binary
@@ -53,38 +51,16 @@ def server(tmp_path: Path) -> Iterator[SecuredServer]:
     """nats-server with the deploy configuration; test passwords through the environment, as in Kubernetes."""
     # hex, as docs/operations.md asks: nats-server parses an environment value as configuration syntax
     passwords = {user: secrets.token_hex(16) for user in USERS}
-    ports = tmp_path / "ports"
-    ports.mkdir()
-    env = {**os.environ, **password_env(passwords)}
-    log = (tmp_path / "nats.log").open("wb")
-    cmd = [nats_server_binary(), "-c", str(CONFIG), "-a", "127.0.0.1", "-p", "-1", "-sd", str(tmp_path / "js")]
-    proc = subprocess.Popen([*cmd, "--ports_file_dir", str(ports)], env=env, stdout=log, stderr=subprocess.STDOUT)
-    log.close()
-    ports_file = ports / f"nats-server_{proc.pid}.ports"
-    deadline = time.monotonic() + 10
-    url = None
-    while url is None:
-        if proc.poll() is not None:
-            pytest.fail(f"nats-server exited with {proc.returncode}: {(tmp_path / 'nats.log').read_text()}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail("nats-server did not report its port in time")
-        if ports_file.exists():
-            try:
-                url = json.loads(ports_file.read_text())["nats"][0]
-            except (json.JSONDecodeError, KeyError, IndexError):
-                url = None  # file not complete yet
-        if url is None:
-            time.sleep(0.02)
+    server = NatsServer(tmp_path, config_file=CONFIG, env=password_env(passwords))
     try:
-        yield SecuredServer(url, passwords, proc)
+        server.start()
+    except RuntimeError as e:
+        pytest.fail(str(e))
+    assert server.proc is not None
+    try:
+        yield SecuredServer(server.url, passwords, server.proc)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        server.stop()
 
 
 @dataclass

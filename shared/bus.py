@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 import msgspec
 
@@ -489,31 +489,28 @@ def _where(ev: Upserted | Deleted) -> str:
     return f"{ev.kind} {ev.namespace + '/' if ev.namespace else ''}{ev.name or ev.uid}"
 
 
-def decode_usage(data: bytes) -> UsageSnapshot:
+_M = TypeVar("_M", bound=_Message)
+
+
+def _decode_checked(decoder: msgspec.json.Decoder[_M], data: bytes, what: str, where: str) -> _M:
     try:
-        msg = _USAGE_DECODER.decode(data)
+        msg = decoder.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
-        raise InvalidInput(f"invalid usage snapshot: {e}", "usage") from None
+        raise InvalidInput(f"invalid {what}: {e}", where) from None
     _check_schema(msg.schema)
     return msg
+
+
+def decode_usage(data: bytes) -> UsageSnapshot:
+    return _decode_checked(_USAGE_DECODER, data, "usage snapshot", "usage")
 
 
 def decode_decision(data: bytes) -> Decision:
-    try:
-        msg = _DECISION_DECODER.decode(data)
-    except (msgspec.ValidationError, msgspec.DecodeError) as e:
-        raise InvalidInput(f"invalid decision: {e}", "decision") from None
-    _check_schema(msg.schema)
-    return msg
+    return _decode_checked(_DECISION_DECODER, data, "decision", "decision")
 
 
 def decode_dead_letter(data: bytes) -> DeadLetter:
-    try:
-        msg = _DLQ_DECODER.decode(data)
-    except (msgspec.ValidationError, msgspec.DecodeError) as e:
-        raise InvalidInput(f"invalid dead letter: {e}", "deadletter") from None
-    _check_schema(msg.schema)
-    return msg
+    return _decode_checked(_DLQ_DECODER, data, "dead letter", "deadletter")
 
 
 def now_rfc3339(now: datetime | None = None) -> str:

@@ -116,6 +116,8 @@ class Enforcer:
         self._dirty: set[Key] = set()
         self._tasks: dict[Key, asyncio.Task[None]] = {}
         self._failures: dict[Key, int] = {}
+        self._backing_off: set[Key] = set()
+        """Quotas waiting for their retry timer: new input marks them dirty but does not call the API early."""
         self._dry_seen: dict[Key, str] = {}
         self._held: set[str] = set()
         """Namespaces touched before both inputs were read to their end (acted on once they are)."""
@@ -323,7 +325,7 @@ class Enforcer:
             return
         self._since.setdefault(key, time.monotonic())
         self._dirty.add(key)
-        if key not in self._tasks:
+        if key not in self._tasks and key not in self._backing_off:
             self._tasks[key] = asyncio.create_task(self._worker(key), name=f"enforce {key[0]}/{key[1]}")
 
     # ---- reconciling -------------------------------------------------------------------------------------------
@@ -336,11 +338,13 @@ class Enforcer:
                     self._failures.pop(key, None)
                 except KubeError as e:
                     self._retry_later(key, e)
+                    return
                 except InvalidInput as e:  # the API server returned an object we cannot read
                     log.error("quota not readable", namespace=key[0], quota=key[1], error=str(e))
                 except Exception as e:  # a bug must cost one quota a retry, not the enforcer
                     log.error("reconcile failed", namespace=key[0], quota=key[1], error=repr(e), exc_info=e)
                     self._retry_later(key, KubeError(0, type(e).__name__, str(e)))
+                    return
         finally:
             self._tasks.pop(key, None)
 
@@ -361,7 +365,13 @@ class Enforcer:
             attempt=n,
             retry_in=round(delay, 3),
         )
-        asyncio.get_running_loop().call_later(delay, self._schedule, key)
+        self._dirty.add(key)
+        self._backing_off.add(key)
+        asyncio.get_running_loop().call_later(delay, self._retry_due, key)
+
+    def _retry_due(self, key: Key) -> None:
+        self._backing_off.discard(key)
+        self._schedule(key)
 
     async def _reconcile(self, key: Key) -> None:
         ns, name = key
@@ -472,7 +482,7 @@ class Enforcer:
     # ---- introspection (tests, health) -------------------------------------------------------------------------
     def idle(self) -> bool:
         """Nothing dirty, in flight or waiting to be reported."""
-        return self._warm and not self._dirty and not self._tasks and self._reports.empty()
+        return self._warm and not self._dirty and not self._tasks and not self._backing_off and self._reports.empty()
 
     def state(self) -> dict[str, Any]:
         return {

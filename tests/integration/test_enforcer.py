@@ -228,6 +228,20 @@ async def test_adopts_then_raises_hard_through_a_409_storm(
         assert lowered[-1]["message"] == "lowered limits.memory by 16Gi: the migration of vm1 ended"
 
 
+async def test_server_errors_back_off_and_converge(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
+    outage = sim.faults.fail(503, 1.0, verbs=["patch"], resources=["resourcequotas"], count=3)
+    async with enforcer(bus, api, retry_base=0.02) as (e, _):
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised after the outage")
+        assert outage.injected == 3
+        errors = e.metrics.registry.get_sample_value("vmquota_enforcer_patches_total", {"outcome": "error"})
+        assert errors == 3, "each failed patch was retried once, after its backoff"
+        await sim.wait_for(e.idle, within=5, what="enforcer idle")
+
+
 async def test_dry_run_reports_and_writes_nothing(
     sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
 ) -> None:

@@ -6,8 +6,8 @@ generated method (``CoreV1Api``, ``CustomObjectsApi``: authentication, TLS and U
 the in-cluster configuration) with ``_preload_content=False`` and an explicit ``_request_timeout``; bodies are
 decoded with msgspec into plain dicts, the form ``shared.snapshot.normalize`` reads.
 
-Every failure becomes :class:`KubeError` with the HTTP status (0 for network failures) and the ``Retry-After``
-the server asked for, so the loop decides in one place what to do about it.
+Every failure becomes :class:`services.kube.KubeError` with the HTTP status (0 for network failures) and the
+``Retry-After`` the server asked for, so the loop decides in one place what to do about it.
 """
 
 from __future__ import annotations
@@ -20,39 +20,13 @@ from typing import Any, Final
 import aiohttp
 import msgspec
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
-from kubernetes_asyncio.client.exceptions import ApiException
 
-from services.watcher.loop import NETWORK
+from services.kube import NETWORK, KubeError, Obj, call, error_from_status
+from services.kube import decode_json as _decode
 
-Obj = dict[str, Any]
-_decode: Final = msgspec.json.Decoder().decode
+__all__ = ["KubeError", "Obj", "ResourceSpec", "Timeouts", "error_from_status", "list_pages", "watch"]
 _MAX_LINE: Final = 64 * 1024 * 1024
 """A watch frame larger than this is a broken stream, not an object."""
-
-
-class KubeError(Exception):
-    """A failed list or watch: ``status`` is the HTTP status, or 0 when no answer came (network, timeout)."""
-
-    def __init__(self, status: int, reason: str, message: str, retry_after: float | None = None) -> None:
-        super().__init__(f"{status} {reason}: {message}" if status else f"{reason}: {message}")
-        self.status = status
-        self.reason = reason
-        self.message = message
-        self.retry_after = retry_after
-
-
-def error_from_status(obj: object, http_status: int = 0, retry_after: float | None = None) -> KubeError:
-    """A KubeError from a ``Status`` object (a watch ERROR event or an error response body)."""
-    if not isinstance(obj, dict):
-        return KubeError(http_status, "Unknown", repr(obj)[:200], retry_after)
-    code = obj.get("code")
-    status = code if isinstance(code, int) and code > 0 else http_status
-    details = obj.get("details")
-    if retry_after is None and isinstance(details, dict):
-        ra = details.get("retryAfterSeconds")
-        if isinstance(ra, int | float) and ra > 0:
-            retry_after = float(ra)
-    return KubeError(status, str(obj.get("reason") or "Unknown"), str(obj.get("message") or "")[:500], retry_after)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,45 +105,6 @@ class Timeouts:
         )
 
 
-def _retry_after(resp: aiohttp.ClientResponse) -> float | None:
-    raw = resp.headers.get("Retry-After")
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        return None
-    return value if value > 0 else None
-
-
-async def _call(fn: Callable[..., Awaitable[Any]], **kw: Any) -> aiohttp.ClientResponse:
-    """Issue the request; the response when 2xx, else KubeError (the body read and released)."""
-    try:
-        resp: aiohttp.ClientResponse = await fn(_preload_content=False, **kw)
-    except ApiException as e:
-        raise KubeError(int(e.status or NETWORK), str(e.reason or "ApiException"), str(e.body or "")[:500]) from None
-    except (aiohttp.ClientError, OSError, TimeoutError) as e:
-        raise KubeError(NETWORK, type(e).__name__, str(e) or type(e).__name__) from None
-    if 200 <= resp.status <= 299:
-        return resp
-    retry_after = _retry_after(resp)
-    try:
-        body = await resp.read()
-    except (aiohttp.ClientError, OSError, TimeoutError):
-        body = b""
-    finally:
-        resp.release()
-    try:
-        status_obj: object = _decode(body) if body else None
-    except msgspec.DecodeError:
-        status_obj = None
-    if isinstance(status_obj, dict) and status_obj.get("kind") == "Status":
-        err = error_from_status(status_obj, resp.status, retry_after)
-        err.status = resp.status
-        raise err
-    raise KubeError(resp.status, resp.reason or "Error", body[:200].decode("utf-8", "replace"), retry_after)
-
-
 @dataclass(frozen=True, slots=True)
 class ListPage:
     items: list[Obj]
@@ -187,7 +122,7 @@ async def _page(
         kw["label_selector"] = spec.label_selector
     if spec.field_selector:
         kw["field_selector"] = spec.field_selector
-    resp = await _call(fn, **kw)
+    resp = await call(fn, **kw)
     try:
         body = await resp.read()
     except (aiohttp.ClientError, OSError, TimeoutError) as e:
@@ -276,7 +211,7 @@ async def watch(
         kw["label_selector"] = spec.label_selector
     if spec.field_selector:
         kw["field_selector"] = spec.field_selector
-    resp = await _call(fn, **kw)
+    resp = await call(fn, **kw)
     buf = b""
     try:
         while True:

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Final, NamedTuple
+from typing import NamedTuple
 
 from shared.modes import is_managed
 from shared.snapshot import LAUNCHER_LABEL, LAUNCHER_VALUE
@@ -206,18 +206,8 @@ class Action(Enum):
     """Throttled, server error, network trouble (or a client error an operator must fix): wait, then retry."""
 
 
-NETWORK: Final = 0
-"""The status code the loop uses for a failure without an HTTP answer (connection refused, reset, timeout)."""
-
-
 def classify(status: int) -> Action:
     return Action.RELIST if status == 410 else Action.BACKOFF
-
-
-def is_transient(status: int) -> bool:
-    """Failures expected to pass on their own: network, 408, 429, 5xx. Others (401, 403, 404 — RBAC or a missing
-    CRD) are retried too, but logged as errors an operator has to fix."""
-    return status in (NETWORK, 408, 429) or 500 <= status <= 599
 
 
 @dataclass(frozen=True, slots=True)

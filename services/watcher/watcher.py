@@ -27,6 +27,7 @@ from typing import Any, Final
 import msgspec
 from kubernetes_asyncio.client import ApiClient
 
+from services.kube import is_transient
 from services.watcher import kube
 from services.watcher.kube import KubeError, Obj, ResourceSpec, Timeouts
 from services.watcher.loop import (
@@ -40,7 +41,6 @@ from services.watcher.loop import (
     diff_relist,
     is_launcher,
     is_newer,
-    is_transient,
     pod_wanted,
     quota_is_managed,
     sync_namespaces,

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from services.kube import is_transient
 from services.watcher.loop import (
     Action,
     Backoff,
@@ -18,7 +19,6 @@ from services.watcher.loop import (
     diff_relist,
     is_launcher,
     is_newer,
-    is_transient,
     pod_wanted,
     quota_is_managed,
     sync_namespaces,

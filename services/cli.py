@@ -1,7 +1,8 @@
 """The ``vmquota`` command line: a thin dispatcher over the services and the pure core.
 
-Each sub-command lives in its own module exposing ``add_arguments(parser)`` and ``run(args) -> int``; it is
-imported only when used, so ``vmquota render`` never loads the NATS or Kubernetes clients.
+Each sub-command lives in its own module exposing ``add_arguments(parser)`` and ``run(args) -> int``; only the
+chosen sub-command's module is imported, so ``vmquota run watcher`` never loads the simulated cluster or the demo,
+and ``vmquota render`` never loads the NATS or Kubernetes clients.
 """
 
 from __future__ import annotations
@@ -21,20 +22,23 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser, or with ``only`` one sub-command's arguments (the others are listed, not loaded)."""
     parser = argparse.ArgumentParser(prog="vmquota", description="VM-aware, migration-safe ResourceQuotas for KubeVirt")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        mod = importlib.import_module(module)
-        mod.add_arguments(p)
+        if only is None or name == only:
+            importlib.import_module(module).add_arguments(p)
         p.set_defaults(_module=module)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(chosen if chosen in COMMANDS else None)
     args = parser.parse_args(argv)
     mod = importlib.import_module(args._module)
     try:

@@ -114,3 +114,20 @@ def test_cli_exits_2_with_one_line_for_a_malformed_file(tmp_path: Path) -> None:
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "vms[0].memory.guest" in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_running_a_service_loads_neither_the_simulator_nor_the_demo() -> None:
+    """Production services never import the simulated cluster: the CLI loads only the chosen sub-command."""
+    code = (
+        "import sys\n"
+        "from services import cli\n"
+        "try:\n"
+        "    cli.main(['run', '--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "bad = sorted(m for m in sys.modules if m.startswith(('services.simcluster', 'services.demo')))\n"
+        "print('loaded=' + ','.join(bad))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert "usage: vmquota run" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1] == "loaded="

@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from fractions import Fraction
 from functools import lru_cache
 from typing import Any, Final
 
-from shared.errors import InvalidInput
-from shared.quantity import MAX_NANOS, Format, Quantity
+from shared.errors import InvalidInput, InvalidQuantity
+from shared.quantity import MAX_NANOS, NANO, Format, Quantity
 from shared.resources import ResourceList, add, format_resource_list, parse_resource_list
 
 _Entry = tuple[bool, bool, Mapping[str, "Quantity"], Mapping[str, "Quantity"]]
@@ -108,8 +109,7 @@ def _effective(containers: Iterable[_Entry], limits: bool) -> ResourceList:
 
 
 def _too_large(nanos: int) -> int:
-    Quantity(nanos)  # raises the range error an addition of quantities raises
-    raise AssertionError("unreachable")
+    raise InvalidQuantity(f"{Fraction(nanos, NANO)} is larger than Kubernetes can represent")
 
 
 def pod_totals(
@@ -128,6 +128,9 @@ def _totals(entries: Sequence[_Entry], overhead: Mapping[str, Quantity] | None) 
     if overhead:
         requests = add(requests, overhead)
         limits = {k: (v + overhead[k] if k in overhead else v) for k, v in limits.items()}
+        for v in (*requests.values(), *limits.values()):
+            if abs(v.nanos) > MAX_NANOS:
+                _too_large(v.nanos)
     return requests, limits
 
 

@@ -59,8 +59,9 @@ class Quantity:
     _canonical: str | None
 
     def __init__(self, nanos: int, fmt: Format = Format.DECIMAL_SI) -> None:
-        if abs(nanos) > _MAX_NANOS:
-            raise InvalidQuantity(f"{Fraction(nanos, NANO)} is larger than Kubernetes can represent")
+        # No range check here: input is checked where it is parsed (and a single pod's totals in podusage), while
+        # sums over a namespace stay exact even past int64, so one absurd object cannot stop a namespace's
+        # accounting.
         object.__setattr__(self, "nanos", nanos)
         object.__setattr__(self, "format", fmt)
         object.__setattr__(self, "_canonical", None)

@@ -4,16 +4,26 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from fractions import Fraction
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.errors import InvalidInput
+from shared.errors import InvalidInput, InvalidQuantity
 from shared.podusage import ContainerSpec, pod_containers, pod_resources, pod_totals
-from shared.quantity import Quantity
+from shared.quantity import MAX_NANOS, NANO, Quantity
 from shared.resources import ResourceList, add, maximum, parse_resource_list
+
+
+def checked_add(a: Mapping[str, Quantity], b: Mapping[str, Quantity]) -> ResourceList:
+    """``resources.add`` with the range check a single pod's totals get (sums past int64 are refused)."""
+    out = add(a, b)
+    for v in out.values():
+        if abs(v.nanos) > MAX_NANOS:
+            raise InvalidQuantity(f"{Fraction(v.nanos, NANO)} is larger than Kubernetes can represent")
+    return out
 
 
 def reference_totals(
@@ -29,18 +39,18 @@ def reference_totals(
         for c in ordered:
             rl = c.requests if pick == "requests" else c.limits
             if not c.init:
-                total = add(total, rl)
+                total = checked_add(total, rl)
             elif c.restartable:
-                total = add(total, rl)
-                sidecars = add(sidecars, rl)
+                total = checked_add(total, rl)
+                sidecars = checked_add(sidecars, rl)
                 peak = maximum(peak, sidecars)
             else:
-                peak = maximum(peak, add(rl, sidecars))
+                peak = maximum(peak, checked_add(rl, sidecars))
         out.append(maximum(total, peak))
     requests, limits = out
     if overhead:
-        requests = add(requests, overhead)
-        limits = {k: (v + overhead[k] if k in overhead else v) for k, v in limits.items()}
+        requests = checked_add(requests, overhead)
+        limits = checked_add({}, {k: (v + overhead[k] if k in overhead else v) for k, v in limits.items()})
     return requests, limits
 
 

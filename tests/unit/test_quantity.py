@@ -172,3 +172,14 @@ def test_parse_agrees_with_exact_arithmetic(number: int, suffix: str) -> None:
         "n": Fraction(1, 10**9),
     }[suffix]
     assert Quantity.parse(f"{number}{suffix}").value == number * factor
+
+
+def test_sums_stay_exact_past_the_input_range() -> None:
+    """Input is limited to int64 base units; a sum over many objects is not, so one absurd object cannot stop a
+    namespace's accounting."""
+    big = Quantity.parse("8E")
+    total = big + big
+    assert total.ceil() == 16 * 10**18 and total.canonical() == "16E"
+    assert (total - big) == big
+    with pytest.raises(InvalidQuantity, match="larger than Kubernetes can represent"):
+        Quantity.parse("16E")

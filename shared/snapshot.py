@@ -115,6 +115,92 @@ class ScopeSelector(Part, frozen=True, kw_only=True):
     values: list[str] = []
 
 
+# ---- the VMI spec, as far as the launcher pod depends on it --------------------------------------------------------
+
+KEEP: Final = None
+"""In a spec shape: keep the value verbatim."""
+PRESENT: Final = "present"
+"""In a spec shape: only whether the value is set matters (kept as ``{}``, or ``None`` when it is null)."""
+
+SpecShape = Mapping[str, "SpecShape"] | tuple["SpecShape"] | str | None
+"""How much of a value to keep: :data:`KEEP`, :data:`PRESENT`, an object shape (``{key: shape}``: only those keys)
+or a one-element tuple (a list whose object items have that shape)."""
+
+_DEVICE: Final[SpecShape] = ({"deviceName": KEEP, "claimRequest": PRESENT},)
+RENDER_SPEC_SHAPE: Final[SpecShape] = {
+    "domain": {
+        "resources": KEEP,
+        "cpu": {k: KEEP for k in ("sockets", "cores", "threads", "dedicatedCpuPlacement", "isolateEmulatorThread")},
+        "ioThreadsPolicy": KEEP,
+        "ioThreads": {"supplementalPoolThreadCount": KEEP},
+        "memory": {"guest": KEEP, "hugepages": {"pageSize": KEEP}, "reservedOverhead": {"addedOverhead": KEEP}},
+        "firmware": {"kernelBoot": {"container": {"image": KEEP}}},
+        "launchSecurity": {"sev": PRESENT, "snp": PRESENT},
+        "devices": {
+            "gpus": _DEVICE,
+            "hostDevices": _DEVICE,
+            "filesystems": ({"name": KEEP},),
+            "interfaces": ({"sriov": PRESENT, "passtBinding": PRESENT, "passt": PRESENT, "binding": {"name": KEEP}},),
+            "autoattachSerialConsole": KEEP,
+            "logSerialConsole": KEEP,
+            "autoattachGraphicsDevice": KEEP,
+            "tpm": KEEP,
+        },
+    },
+    "volumes": ({"name": KEEP, "containerDisk": PRESENT, "downwardMetrics": PRESENT},),
+    "architecture": KEEP,
+    "livenessProbe": {"exec": PRESENT},
+    "readinessProbe": {"exec": PRESENT},
+}
+"""The parts of a VMI spec that ``shared.vmi.vmi_spec`` and ``shared.kubevirt.render_launcher_pod`` read (sizes,
+devices, volumes and probes that add containers or overhead). Disks, networks, cloud-init data, firmware ids and
+the like change no launcher pod and are dropped. Kept in step with the renderer by ``tests/unit/test_snapshot.py``
+(rendering from the pruned spec gives the same pod, or the same error, as from the full one)."""
+
+
+def _prune(value: Any, shape: SpecShape) -> Any:
+    if shape is KEEP:
+        return value
+    if shape == PRESENT:
+        return None if value is None else {}
+    if type(shape) is tuple:
+        if type(value) is not list:
+            return value  # not a list: kept as is, so the renderer reports it as it would have
+        item = shape[0]
+        return [_prune(v, item) if type(v) is dict else v for v in value]  # every item: indexes in errors stay
+    assert isinstance(shape, Mapping)
+    if type(value) is not dict:
+        return value
+    return {k: _prune(v, shape[k]) for k, v in value.items() if k in shape}
+
+
+def prune_vmi_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a VMI spec (:data:`RENDER_SPEC_SHAPE`) the launcher pod depends on: rendering the pruned spec
+    gives the same pod, or the same error naming the same field, as rendering the full one. Values of an
+    unexpected type are kept as they are; key order is kept. Pruning a pruned spec changes nothing."""
+    return _prune(dict(spec), RENDER_SPEC_SHAPE)  # type: ignore[no-any-return]
+
+
+_SPEC_ENCODER: Final = msgspec.json.Encoder()
+
+
+@lru_cache(maxsize=4096)
+def _shared_spec(encoded: bytes) -> Any:
+    return msgspec.json.decode(encoded)
+
+
+def compact_vmi_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`prune_vmi_spec`, shared: VMIs of one template or instance type hold one dict (read-only, like the
+    snapshot holding it). Specs that do not survive a JSON round trip unchanged are not shared."""
+    pruned = prune_vmi_spec(spec)
+    try:
+        key = _SPEC_ENCODER.encode(pruned)
+    except (TypeError, msgspec.EncodeError):
+        return pruned
+    shared = _shared_spec(key)
+    return shared if shared == pruned else pruned
+
+
 # ---- snapshots -------------------------------------------------------------------------------------------------
 
 
@@ -142,7 +228,11 @@ class VmiSnapshot(Snapshot, tag=VMI_KIND, frozen=True, kw_only=True):
     migration: MigrationState | None = None
     priority_class_name: str = ""
     spec: dict[str, Any] = {}
-    """The raw VMI spec, to re-render the launcher pod."""
+    """The parts of the VMI spec the launcher pod depends on (:func:`compact_vmi_spec`), to re-render it. Read-only:
+    VMIs with the same such parts share one dict."""
+
+    def __post_init__(self) -> None:  # on construction and on decode: old writers sent the whole spec
+        msgspec.structs.force_setattr(self, "spec", compact_vmi_spec(self.spec))
 
     def as_object(self) -> dict[str, Any]:
         """A VMI object with what the renderer reads (metadata, spec, the published overhead)."""

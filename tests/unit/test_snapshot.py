@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import json
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
+from unittest import mock
 
 import msgspec
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.errors import InvalidInput
+from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
 from shared.podusage import pod_quota_usage
 from shared.quantity import Quantity
 from shared.resources import format_resource_list
@@ -34,8 +38,10 @@ from shared.snapshot import (
     from_builtins,
     normalize,
     parse_refusal,
+    prune_vmi_spec,
     to_builtins,
 )
+from tests.unit import test_overhead, test_render
 
 META = {"namespace": "tenant", "uid": "u-1", "resourceVersion": "42", "creationTimestamp": "2025-01-01T00:00:00Z"}
 
@@ -189,7 +195,8 @@ def test_vmi() -> None:
     assert s.annotations == {"kubevirt.io/x": "y"}  # last-applied dropped
     assert s.priority_class_name == "high" and s.phase == "Running" and s.node_name == "node-a"
     obj = s.as_object()
-    assert obj["spec"] == VMI["spec"] and obj["status"]["memory"]["memoryOverhead"] == "300Mi"
+    assert obj["spec"] == prune_vmi_spec(VMI["spec"]) and obj["status"]["memory"]["memoryOverhead"] == "300Mi"
+    assert obj["spec"]["domain"] == VMI["spec"]["domain"] and "priorityClassName" not in obj["spec"]
 
 
 def test_pod() -> None:
@@ -412,3 +419,334 @@ def test_pod_usage_is_the_evaluators_and_survives_the_wire(containers: list[tupl
     assert isinstance(s, PodSnapshot)
     assert s.usage == pod_quota_usage(pod)
     assert decode(encode(s)) == s
+
+
+# ---- the VMI spec kept to re-render the launcher pod ----------------------------------------------------------------
+
+FULL_SPEC: dict[str, Any] = {
+    "domain": {
+        "cpu": {"sockets": 2, "cores": 1, "threads": 1, "model": "host-model"},
+        "memory": {"guest": "4Gi", "maxGuest": "16Gi"},
+        "machine": {"type": "q35"},
+        "firmware": {"uuid": "5d3c3f0e-6f1b-4a8e-9a55-0d5e5a1b2c3d", "bootloader": {"efi": {}}},
+        "features": {"acpi": {"enabled": True}},
+        "devices": {
+            "disks": [{"name": "rootdisk", "disk": {"bus": "virtio"}}, {"name": "cloud", "disk": {"bus": "virtio"}}],
+            "interfaces": [{"name": "default", "masquerade": {}, "macAddress": "02:00:00:00:00:01"}],
+            "rng": {},
+        },
+    },
+    "networks": [{"name": "default", "pod": {}}],
+    "volumes": [
+        {"name": "rootdisk", "containerDisk": {"image": "quay.io/containerdisks/fedora:40"}},
+        {"name": "cloud", "cloudInitNoCloud": {"userData": "#cloud-config\nuser: fedora\n" * 20}},
+    ],
+    "evictionStrategy": "LiveMigrate",
+    "terminationGracePeriodSeconds": 180,
+    "priorityClassName": "high",
+}
+
+
+def _vmi_with(spec: Any, **meta: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": "vm1", "namespace": "tenant", "uid": "u-1", "resourceVersion": "7", **meta},
+        "spec": spec,
+    }
+
+
+def test_the_kept_spec_drops_what_no_launcher_pod_depends_on() -> None:
+    kept = prune_vmi_spec(FULL_SPEC)
+    assert kept == {
+        "domain": {
+            "cpu": {"sockets": 2, "cores": 1, "threads": 1},
+            "memory": {"guest": "4Gi"},
+            "firmware": {},
+            "devices": {"interfaces": [{}]},
+        },
+        "volumes": [{"name": "rootdisk", "containerDisk": {}}, {"name": "cloud"}],
+    }
+    assert prune_vmi_spec(kept) == kept
+    assert len(msgspec.json.encode(kept)) * 5 < len(msgspec.json.encode(FULL_SPEC))
+
+
+def test_values_of_an_unexpected_type_are_kept_for_the_renderer_to_report() -> None:
+    spec = {"domain": {"devices": {"interfaces": ["eth0", {"name": "x", "sriov": {}}]}}, "volumes": "none"}
+    assert prune_vmi_spec(spec) == {"domain": {"devices": {"interfaces": ["eth0", {"sriov": {}}]}}, "volumes": "none"}
+
+
+def test_vmis_with_the_same_kept_spec_share_it_and_old_writers_are_pruned_on_decode() -> None:
+    a = normalize(_vmi_with(FULL_SPEC))
+    other = copy.deepcopy(FULL_SPEC)
+    other["domain"]["firmware"]["uuid"] = "another"
+    other["volumes"][1]["cloudInitNoCloud"]["userData"] = "#cloud-config\n"
+    b = normalize(_vmi_with(other, name="vm2", uid="u-2"))
+    assert isinstance(a, VmiSnapshot) and isinstance(b, VmiSnapshot)
+    assert a.spec is b.spec and a.spec == prune_vmi_spec(FULL_SPEC)
+    # a writer from before pruning sent the whole spec: the reader keeps only the pruned one
+    old = to_builtins(a)
+    old["spec"] = FULL_SPEC
+    decoded = decode(msgspec.json.encode(old))
+    assert isinstance(decoded, VmiSnapshot) and decoded.spec is a.spec
+    assert decode(encode(a)) == a and from_builtins(to_builtins(a)) == a
+    # a different size is a different spec
+    bigger = copy.deepcopy(FULL_SPEC)
+    bigger["domain"]["memory"]["guest"] = "8Gi"
+    c = normalize(_vmi_with(bigger))
+    assert isinstance(c, VmiSnapshot) and c.spec is not a.spec and c.spec["domain"]["memory"] == {"guest": "8Gi"}
+
+
+# Equivalence: the launcher pod rendered from the kept spec is the one rendered from the full spec (or the error is
+# the same), for the renderer's own test inputs and for generated VMIs, under several configurations.
+
+_CONFIGS = (
+    KubeVirtConfig(version="v1.0"),
+    KubeVirtConfig(version="v1.5", memory_overcommit=150),
+    KubeVirtConfig(version="v1.9"),
+    KubeVirtConfig(
+        version="main",
+        arch="arm64",
+        network_binding_memory={"slirp": Quantity.parse("100Mi")},
+        network_binding_sidecars=frozenset({"slirp"}),
+        feature_gates=frozenset({"ImageVolume"}),
+    ),
+)
+_FACTS = (NamespaceFacts(), NamespaceFacts(quota_has_limits_cpu=True, quota_has_limits_memory=True))
+
+
+def _fmt(rl: Mapping[str, Quantity]) -> list[tuple[str, str]]:
+    return [(k, v.canonical()) for k, v in rl.items()]
+
+
+def _rendered(obj: Mapping[str, Any], config: KubeVirtConfig, facts: NamespaceFacts) -> Any:
+    try:
+        pod = render_launcher_pod(obj, config, facts)
+    except InvalidInput as e:
+        return ("error", str(e))
+    containers = [(c.name, _fmt(c.requests), _fmt(c.limits), c.init, c.restartable) for c in pod.containers]
+    return containers, _fmt(pod.requests), _fmt(pod.limits), pod.memory_overhead.canonical(), dict(pod.annotations)
+
+
+def assert_renders_alike(obj: Mapping[str, Any]) -> int:
+    """Render ``obj`` with its full spec and with the kept one (directly, and through a snapshot and the wire)."""
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping) or obj.get("kind", "VirtualMachineInstance") != "VirtualMachineInstance":
+        return 0
+    pruned = {**obj, "spec": prune_vmi_spec(spec)}
+    try:
+        snap = decode(encode(normalize(obj)))
+    except InvalidInput:
+        snap = None
+    for config in _CONFIGS:
+        for facts in _FACTS:
+            want = _rendered(obj, config, facts)
+            assert _rendered(pruned, config, facts) == want
+            if isinstance(snap, VmiSnapshot):
+                assert _rendered(snap.as_object(), config, facts) == want
+    return 1
+
+
+def _param_sets(fn: Any) -> list[dict[str, Any]]:
+    """Every argument combination of a test function's ``parametrize`` marks."""
+    combos: list[dict[str, Any]] = [{}]
+    for mark in getattr(fn, "pytestmark", []):
+        if mark.name != "parametrize":
+            continue
+        names = mark.args[0]
+        names = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+        rows = [getattr(r, "values", r) for r in mark.args[1]]
+        rows = [r if len(names) > 1 else (r,) for r in rows]
+        combos = [{**c, **dict(zip(names, r, strict=True))} for c in combos for r in rows]
+    return combos
+
+
+def _inputs_of(module: Any, name: str) -> list[Mapping[str, Any]]:
+    """The VMI objects a test module hands to ``name`` (its import of the renderer or of ``vmi_spec``), by running
+    its tests with that name recording."""
+    seen: list[Mapping[str, Any]] = []
+    real = getattr(module, name)
+
+    def record(obj: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(obj, Mapping):
+            seen.append(copy.deepcopy(obj))
+        return real(obj, *args, **kwargs)
+
+    with mock.patch.object(module, name, record):
+        for attr in dir(module):
+            fn = getattr(module, attr)
+            if not (attr.startswith("test_") and callable(fn)):
+                continue
+            params = inspect.signature(fn).parameters
+            for args in _param_sets(fn):
+                if set(params) <= set(args):
+                    fn(**args)
+    return seen
+
+
+@pytest.mark.parametrize(("module", "name"), [(test_render, "render_launcher_pod"), (test_overhead, "vmi_spec")])
+def test_the_renderers_test_inputs_render_alike_from_the_kept_spec(module: Any, name: str) -> None:
+    inputs = _inputs_of(module, name)
+    assert sum(assert_renders_alike(obj) for obj in inputs) >= 30
+
+
+_MEM = st.sampled_from(["1Gi", "512Mi", "2Gi", "1500M", "0"])
+_CPU = st.sampled_from(["1", "2", "500m", "3"])
+_BOOL = st.booleans()
+_RESOURCES = st.fixed_dictionaries(
+    {},
+    optional={
+        "requests": st.fixed_dictionaries({}, optional={"cpu": _CPU, "memory": _MEM}),
+        "limits": st.fixed_dictionaries({}, optional={"cpu": _CPU, "memory": _MEM}),
+        "overcommitGuestOverhead": _BOOL,
+    },
+)
+_INTERFACE = st.fixed_dictionaries(
+    {"name": st.just("net")},
+    optional={
+        "masquerade": st.just({}),
+        "bridge": st.just({}),
+        "sriov": st.just({}),
+        "passtBinding": st.just({}),
+        "binding": st.fixed_dictionaries({"name": st.sampled_from(["slirp", "passt", "other"])}),
+        "macAddress": st.just("02:00:00:00:00:01"),
+    },
+)
+_DEVICE = st.fixed_dictionaries(
+    {"name": st.just("dev")},
+    optional={"deviceName": st.sampled_from(["nvidia.com/A10", "vendor/nic", ""]), "claimRequest": st.just({})},
+)
+_DEVICES = st.fixed_dictionaries(
+    {},
+    optional={
+        "disks": st.just([{"name": "rootdisk", "disk": {"bus": "virtio"}}]),
+        "interfaces": st.lists(_INTERFACE, max_size=3),
+        "gpus": st.lists(_DEVICE, max_size=2),
+        "hostDevices": st.lists(_DEVICE, max_size=2),
+        "filesystems": st.lists(st.fixed_dictionaries({"name": st.sampled_from(["fs0", "fs1"])}), max_size=2),
+        "autoattachSerialConsole": _BOOL,
+        "logSerialConsole": _BOOL,
+        "autoattachGraphicsDevice": _BOOL,
+        "tpm": st.one_of(st.just({}), st.fixed_dictionaries({"enabled": _BOOL})),
+        "rng": st.just({}),
+    },
+)
+_VOLUME = st.fixed_dictionaries(
+    {"name": st.sampled_from(["rootdisk", "fs0", "fs1", "cloud"])},
+    optional={
+        "containerDisk": st.just({"image": "quay.io/containerdisks/fedora:40"}),
+        "cloudInitNoCloud": st.just({"userData": "#cloud-config\n"}),
+        "downwardMetrics": st.just({}),
+        "persistentVolumeClaim": st.just({"claimName": "pvc"}),
+    },
+)
+_DOMAIN = st.fixed_dictionaries(
+    {
+        "memory": st.fixed_dictionaries(
+            {"guest": _MEM},
+            optional={
+                "hugepages": st.fixed_dictionaries({"pageSize": st.sampled_from(["2Mi", "1Gi"])}),
+                "reservedOverhead": st.fixed_dictionaries({"addedOverhead": st.just("100Mi")}),
+                "maxGuest": st.just("64Gi"),
+            },
+        )
+    },
+    optional={
+        "resources": _RESOURCES,
+        "cpu": st.fixed_dictionaries(
+            {},
+            optional={
+                "sockets": st.integers(0, 3),
+                "cores": st.integers(0, 2),
+                "threads": st.integers(0, 2),
+                "dedicatedCpuPlacement": _BOOL,
+                "isolateEmulatorThread": _BOOL,
+                "model": st.just("host-model"),
+            },
+        ),
+        "ioThreadsPolicy": st.sampled_from(["shared", "supplementalPool"]),
+        "ioThreads": st.fixed_dictionaries({"supplementalPoolThreadCount": st.integers(0, 4)}),
+        "firmware": st.fixed_dictionaries(
+            {"uuid": st.just("5d3c3f0e")},
+            optional={"kernelBoot": st.just({"container": {"image": "quay.io/kernel:1"}, "kernelArgs": "quiet"})},
+        ),
+        "launchSecurity": st.sampled_from([{}, {"sev": {}}, {"snp": {}}]),
+        "devices": _DEVICES,
+        "features": st.just({"acpi": {"enabled": True}}),
+    },
+)
+_SPEC = st.fixed_dictionaries(
+    {"domain": _DOMAIN},
+    optional={
+        "volumes": st.lists(_VOLUME, max_size=4),
+        "networks": st.just([{"name": "net", "pod": {}}]),
+        "architecture": st.sampled_from(["amd64", "arm64", ""]),
+        "livenessProbe": st.sampled_from([{"exec": {"command": ["true"]}}, {"httpGet": {"port": 80}}]),
+        "readinessProbe": st.sampled_from([{"exec": {"command": ["true"]}}, {"tcpSocket": {"port": 22}}]),
+        "evictionStrategy": st.just("LiveMigrate"),
+        "priorityClassName": st.just("high"),
+    },
+)
+_ANNOTATIONS = st.fixed_dictionaries(
+    {},
+    optional={
+        "hooks.kubevirt.io/hookSidecars": st.sampled_from(['[{"image": "hook:1"}]', "[]"]),
+        "alpha.kubevirt.io/EmulatorThreadCompleteToEvenParity": st.just(""),
+    },
+)
+
+
+# malformed values (one in a few VMIs): the renderer must report the same error, naming the same field
+_BAD: list[tuple[tuple[str, ...], Any]] = [
+    (("volumes",), "none"),
+    (("volumes",), [{"name": "", "containerDisk": {}}]),
+    (("domain", "devices", "interfaces"), ["eth0"]),
+    (("domain", "devices", "interfaces"), [{"name": "n", "binding": "slirp"}]),
+    (("domain", "devices", "logSerialConsole"), "yes"),
+    (("domain", "devices", "tpm"), True),
+    (("domain", "devices", "gpus"), [{"name": "g", "deviceName": 7}]),
+    (("domain", "memory", "reservedOverhead", "addedOverhead"), "bad"),
+    (("domain", "memory", "guest"), None),
+    (("domain", "launchSecurity"), "sev"),
+    (("domain", "firmware", "kernelBoot"), []),
+    (("livenessProbe",), "probe"),
+    (("metadata", "annotations", "hooks.kubevirt.io/hookSidecars"), "not json"),
+]
+
+
+def _corrupt(obj: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    node = obj if path[0] == "metadata" else obj["spec"]
+    for key in path[:-1]:
+        if not isinstance(node.get(key), dict):
+            node[key] = {}
+        node = node[key]
+    node[path[-1]] = value
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    spec=_SPEC,
+    annotations=_ANNOTATIONS,
+    overhead=st.sampled_from([None, "300Mi"]),
+    bad=st.one_of(st.none(), st.none(), st.none(), st.sampled_from(_BAD)),
+)
+def test_generated_vmis_render_alike_from_the_kept_spec(
+    spec: dict[str, Any], annotations: dict[str, str], overhead: str | None, bad: tuple[tuple[str, ...], Any] | None
+) -> None:
+    obj = _vmi_with(spec, annotations=annotations)
+    if bad is not None:
+        _corrupt(obj, *bad)
+    if overhead is not None:
+        obj["status"] = {"memory": {"memoryOverhead": overhead}}
+    assert assert_renders_alike(obj) == 1
+    snap = normalize(obj) if _normalizes(obj) else None
+    if isinstance(snap, VmiSnapshot):
+        assert prune_vmi_spec(snap.spec) == snap.spec == prune_vmi_spec(obj["spec"])
+
+
+def _normalizes(obj: Mapping[str, Any]) -> bool:
+    try:
+        normalize(obj)
+    except InvalidInput:
+        return False
+    return True

@@ -33,7 +33,7 @@ Rules (``docs/accounting.md`` explains them):
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from fractions import Fraction
@@ -64,9 +64,12 @@ from shared.snapshot import (
     VmimSnapshot,
     VmiSnapshot,
     VmSnapshot,
+    encode,
 )
 
 _ONE: Final = Quantity.from_int(1)
+_POD_COUNT_ONLY: Final[ResourceList] = {"count/pods": _ONE}
+"""What the evaluator charges a terminal pod."""
 
 # VM states
 RUNNING: Final = "running"
@@ -255,13 +258,113 @@ def _fmt(rl: Mapping[str, Quantity]) -> str:
     return ", ".join(f"{k}={rl[k]}" for k in sorted(rl)) or "nothing"
 
 
-class _Renderer:
-    """Renders launcher pods of VMI snapshots for one namespace; remembers failures as errors."""
+class _Memo:
+    """A bounded map from the identity of objects and the inputs a derived value depends on (``(uid,
+    resourceVersion, ...)``) to that value. The objects are kept with their value and a hit needs the very same
+    snapshots or ones with the same encoded form, so a reused identity with other content (a fixture, a restored
+    object) is recomputed, never served stale: a result is the same with and without the memo. The oldest entries
+    go first when it is full."""
 
-    def __init__(self, config: KubeVirtConfig, facts: NamespaceFacts) -> None:
+    __slots__ = ("_data", "_maxsize", "_next_token", "_tokens")
+
+    def __init__(self, maxsize: int) -> None:
+        self._data: dict[Hashable, tuple[tuple[object, ...], Any]] = {}
+        self._maxsize = maxsize
+        self._tokens: dict[Hashable, int] = {}
+        self._next_token = 0
+
+    def get(self, key: Hashable, objs: tuple[Snapshot, ...]) -> Any:
+        """The value remembered for ``key`` and ``objs``, else :data:`_MISS`."""
+        hit = self._data.get(key)
+        if hit is None:
+            return _MISS
+        kept = hit[0]
+        if len(kept) != len(objs):
+            return _MISS
+        for a, b in zip(kept, objs, strict=True):
+            if a is not b and encode(a) != encode(b):  # type: ignore[arg-type]  # Quantity equality ignores the format: compare the wire form
+                return _MISS
+        return hit[1]
+
+    def get_same(self, key: Hashable, objs: tuple[object, ...]) -> Any:
+        """As :meth:`get` for objects that must be the very same ones (the entry keeps them alive, so their ids,
+        which ``key`` may contain, are not reused while it exists)."""
+        hit = self._data.get(key)
+        if hit is None:
+            return _MISS
+        kept = hit[0]
+        if len(kept) != len(objs) or not all(a is b for a, b in zip(kept, objs, strict=True)):
+            return _MISS
+        return hit[1]
+
+    def put(self, key: Hashable, objs: tuple[object, ...], value: Any) -> None:
+        data = self._data
+        data.pop(key, None)
+        data[key] = (objs, value)
+        if len(data) > self._maxsize:
+            del data[next(iter(data))]
+
+    def token(self, value: Hashable) -> int:
+        """A small number standing for ``value`` in keys (cheap to hash); never reused for another value."""
+        tokens = self._tokens
+        t = tokens.get(value)
+        if t is None:
+            if len(tokens) >= 256:
+                tokens.clear()
+            t = tokens[value] = self._next_token
+            self._next_token += 1
+        return t
+
+
+_MISS: Final = object()
+_MEMO_SIZE: Final = 65536
+"""Memoised values per KubeVirt configuration: one or two per VMI and one per chunk of 16 sums of a large cluster."""
+_MEMO_KEY: Final = ("shared.accounting", "memo")
+"""Where the memo lives in ``KubeVirtConfig.cache``."""
+
+_config_memo: tuple[KubeVirtSnapshot, KubeVirtConfig] | None = None
+
+
+def _config_of(kv: KubeVirtSnapshot | None, memoize: bool) -> KubeVirtConfig:
+    """The configuration of a KubeVirt snapshot (KubeVirt's defaults without one); the last one is remembered so
+    that its memoised estimates survive from one accounting to the next."""
+    global _config_memo
+    if kv is None:
+        return _DEFAULT_CONFIG if memoize else KubeVirtConfig()
+    memo = _config_memo
+    if memoize and memo is not None and (memo[0] is kv or encode(memo[0]) == encode(kv)):
+        return memo[1]
+    config = KubeVirtConfig.from_cr(kv.as_object())
+    if memoize:
+        _config_memo = (kv, config)
+    return config
+
+
+_DEFAULT_CONFIG: Final = KubeVirtConfig()
+
+
+def _memo_of(config: KubeVirtConfig) -> _Memo:
+    """The memo of values derived under this configuration (kept in its cache: they depend on it)."""
+    memo = config.cache.get(_MEMO_KEY)
+    if not isinstance(memo, _Memo):
+        memo = config.cache[_MEMO_KEY] = _Memo(_MEMO_SIZE)
+    return memo
+
+
+def _facts_key(facts: NamespaceFacts) -> Hashable:
+    return (tuple(sorted(facts.labels.items())), facts.quota_has_limits_cpu, facts.quota_has_limits_memory)
+
+
+class _Renderer:
+    """Renders launcher pods of VMI snapshots for one namespace; remembers failures as errors. With ``memoize``,
+    estimates are remembered per (VMI uid, resourceVersion, namespace facts) in the configuration's cache."""
+
+    def __init__(self, config: KubeVirtConfig, facts: NamespaceFacts, memo: _Memo | None) -> None:
         self.config = config
         self.facts = facts
         self.errors: list[str] = []
+        self.memo = memo
+        self.facts_key = _facts_key(facts)
 
     def usage(self, vmi: Mapping[str, Any], ref: str) -> ResourceList | None:
         try:
@@ -271,8 +374,33 @@ class _Renderer:
             return None
         return quota_usage_of(pod.requests, pod.limits)
 
+    def _memoized(self, v: VmiSnapshot, what: str, compute: Callable[[], Any]) -> Any:
+        """``compute()`` and the errors it reports, remembered for this VMI snapshot."""
+        memo = self.memo
+        if memo is None:
+            return compute()
+        key = (v.uid, v.resource_version, v.name, what, self.facts_key)
+        hit = memo.get(key, (v,))
+        if hit is not _MISS:
+            value, errors = hit
+            self.errors.extend(errors)
+            return value
+        n = len(self.errors)
+        value = compute()
+        memo.put(key, (v,), (value, tuple(self.errors[n:])))
+        return value
+
+    def vmi_usage(self, v: VmiSnapshot) -> ResourceList | None:
+        """The launcher pod estimate of a VMI (None, with an error, when it cannot be rendered). Not to be changed."""
+        result: ResourceList | None = self._memoized(v, "spec", lambda: self.usage(v.as_object(), v.ref))
+        return result
+
     def hotplug_growth(self, v: VmiSnapshot) -> ResourceList:
         """Pod-terms growth of a VMI whose spec is larger than its status (hotplug awaiting a migration)."""
+        result: ResourceList = self._memoized(v, "hotplug", lambda: self._hotplug_growth(v))
+        return dict(result)  # it goes into a MigrationEntry: not the remembered one
+
+    def _hotplug_growth(self, v: VmiSnapshot) -> ResourceList:
         grow_cpu = v.status_vcpus is not None and v.status_vcpus < v.vcpus
         grow_mem = (
             v.status_guest_memory is not None and v.guest_memory is not None and v.status_guest_memory < v.guest_memory
@@ -299,16 +427,57 @@ class _Renderer:
         return growth(after, before)
 
 
+_CHUNK_MAX: Final = 64
+
+
+def _summary(chunk: Sequence[Mapping[str, Quantity]]) -> _ChunkSum | None:
+    """Per resource: the sum in nanos (keys in order of first appearance), the format of the first non-zero
+    operand and that of the last operand; None when an operand is negative (then only adding in order is exact)."""
+    nanos: dict[str, int] = {}
+    first: dict[str, Format] = {}
+    last: dict[str, Format] = {}
+    for rl in chunk:
+        for k, q in rl.items():
+            n = q.nanos
+            if n < 0:
+                return None
+            nanos[k] = nanos.get(k, 0) + n
+            if n and k not in first:
+                first[k] = q.format
+            last[k] = q.format
+    return nanos, first, last
+
+
+_ChunkSum = tuple[dict[str, int], dict[str, Format], dict[str, Format]]
+
+
 class _Sum:
-    """A running sum of resource lists in integer nanos (cheap); :meth:`result` builds the quantities once."""
+    """A running sum of resource lists in integer nanos, as ``Quantity`` addition in order gives it (values,
+    formats, key order); :meth:`result` builds the quantities once.
 
-    __slots__ = ("fmt", "nanos")
+    With a memo, added lists are queued and folded in chunks whose sums are remembered by the identity of their
+    lists: the lists of memoised entries (a running VM's counts, a pod's usage) are the same objects from one
+    accounting to the next, so after one change only the chunk it is in is summed again. Folding a chunk's sum
+    gives what adding its lists in order gives as long as nothing is negative (checked; else lists are added one
+    by one)."""
 
-    def __init__(self) -> None:
+    __slots__ = ("exact", "fmt", "memo", "nanos", "pending")
+
+    def __init__(self, memo: _Memo | None = None) -> None:
         self.nanos: dict[str, int] = {}
         self.fmt: dict[str, Format] = {}
+        self.memo = memo
+        self.pending: list[Mapping[str, Quantity]] = []
+        self.exact = memo is None
+        """Add list by list (no memo, or a negative amount was seen)."""
 
     def add(self, rl: Mapping[str, Quantity]) -> None:
+        if self.exact:
+            self._add(rl)
+        else:
+            self.pending.append(rl)
+
+    def _add(self, rl: Mapping[str, Quantity]) -> None:
         nanos, fmt = self.nanos, self.fmt
         for k, q in rl.items():
             cur = nanos.get(k, 0)
@@ -316,10 +485,54 @@ class _Sum:
                 fmt[k] = q.format
             nanos[k] = cur + q.nanos
 
+    def _flush(self) -> None:
+        pending = self.pending
+        if not pending:
+            return
+        self.pending = []
+        start = 0
+        for i, rl in enumerate(pending):
+            # a chunk ends after a list chosen by its identity (1 in 16): adding or removing one list changes
+            # only the chunk it is in
+            if ((id(rl) >> 4) * 2654435761) & 0xFFFF < 0x1000 or i + 1 - start >= _CHUNK_MAX:
+                self._fold(pending[start : i + 1])
+                start = i + 1
+        if start < len(pending):
+            self._fold(pending[start:])
+
+    def _fold(self, chunk: list[Mapping[str, Quantity]]) -> None:
+        memo = self.memo
+        summary: _ChunkSum | None = None
+        if memo is not None and not self.exact:
+            objs = tuple(chunk)
+            key = ("sum", tuple(map(id, objs)))
+            found = memo.get_same(key, objs)
+            if found is _MISS:
+                summary = _summary(objs)
+                memo.put(key, objs, summary)
+            else:
+                summary = found
+        if summary is None:
+            self.exact = True
+            for rl in chunk:
+                self._add(rl)
+            return
+        nanos, fmt = self.nanos, self.fmt
+        s_nanos, s_first, s_last = summary
+        for k, n in s_nanos.items():
+            cur = nanos.get(k, 0)
+            if not cur:  # (never negative here: only non-negative chunks were folded so far)
+                f = s_first.get(k)
+                fmt[k] = s_last[k] if f is None else f
+            nanos[k] = cur + n
+
     def get(self, resource: str) -> int:
+        if self.pending:
+            self._flush()
         return self.nanos.get(resource, 0)
 
     def result(self) -> ResourceList:
+        self._flush()
         return {k: Quantity(n, self.fmt[k]) for k, n in self.nanos.items()}
 
 
@@ -328,9 +541,9 @@ class _Quota:
     policy: QuotaPolicy
     factors: dict[str, Fraction | None]
     ratio: Fraction
-    accounted: _Sum = field(default_factory=_Sum)
-    pod_usage: _Sum = field(default_factory=_Sum)
-    reserved: _Sum = field(default_factory=_Sum)
+    accounted: _Sum
+    pod_usage: _Sum
+    reserved: _Sum
 
     def covers(self, facts: ScopeFacts) -> bool:
         return scope_matches(self.policy.scopes, facts)
@@ -358,6 +571,7 @@ def account_namespace(
     config: KubeVirtConfig | None = None,
     policies: Sequence[QuotaPolicy] | None = None,
     namespace: str | None = None,
+    memoize: bool = True,
 ) -> NamespaceUsage:
     """Account one namespace.
 
@@ -365,9 +579,12 @@ def account_namespace(
     ``namespace`` is given, else they are an error). ``now`` decides which terminating pods are past their grace
     period. ``config``: the cluster's KubeVirt configuration (default: a KubeVirt snapshot among ``objects``, else
     KubeVirt's defaults). ``policies``: the quotas to account for (default: the managed ResourceQuotas among
-    ``objects``; a managed quota with invalid annotations is skipped and reported in ``errors``).
+    ``objects``; a managed quota with invalid annotations is skipped and reported in ``errors``). ``memoize``:
+    reuse what earlier calls derived from the same objects (launcher pod estimates per VMI uid, resourceVersion,
+    configuration and namespace facts; the configuration of the same KubeVirt snapshot), so that accounting a
+    namespace again after one change costs little; the result is the same either way (False: the reference).
     """
-    return _Accounting(objects, now=now, config=config, policies=policies, namespace=namespace).run()
+    return _Accounting(objects, now=now, config=config, policies=policies, namespace=namespace, memoize=memoize).run()
 
 
 def _vm_key(v: VmiSnapshot) -> str:
@@ -400,6 +617,7 @@ class _Accounting:
         config: KubeVirtConfig | None,
         policies: Sequence[QuotaPolicy] | None,
         namespace: str | None,
+        memoize: bool,
     ) -> None:
         self.now = now
         self.errors: list[str] = []
@@ -414,8 +632,9 @@ class _Accounting:
         self.namespace = namespace
         self._sort(objs)
         if config is None:
-            config = KubeVirtConfig.from_cr(self.kv_obj.as_object()) if self.kv_obj is not None else KubeVirtConfig()
+            config = _config_of(self.kv_obj, memoize)
         self.config = config
+        self.memo = _memo_of(config) if memoize else None
         self.quotas = self._policies(policies)
         hard_keys = {r for q in self.quota_objs for r in q.spec_hard} | {
             r for q in self.quotas for r in q.policy.budget
@@ -425,7 +644,14 @@ class _Accounting:
             quota_has_limits_cpu="limits.cpu" in hard_keys,
             quota_has_limits_memory="limits.memory" in hard_keys,
         )
-        self.renderer = _Renderer(config, facts)
+        self.renderer = _Renderer(config, facts, self.memo)
+        self.quotas_key = (
+            -1
+            if self.memo is None
+            else self.memo.token(tuple((q.policy.name, q.policy.mode, q.ratio, q.policy.scopes) for q in self.quotas))
+        )
+        """What a VM's counts depend on besides the VM: the quotas' names, modes, ratios and scopes."""
+        self.covering: dict[ScopeFacts, list[_Quota]] = {}
         self.vmi_by_uid = {v.uid: v for v in self.vmis if v.uid}
         self.vmi_by_name = {v.name: v for v in self.vmis}
         self.vmim_by_uid = {m.uid: m for m in self.vmims if m.uid}
@@ -500,7 +726,8 @@ class _Accounting:
                 )
                 for r in pol.budget
             }
-            out.append(_Quota(policy=pol, factors=factors, ratio=ratio))
+            memo = self.memo
+            out.append(_Quota(pol, factors, ratio, _Sum(memo), _Sum(memo), _Sum(memo)))
         return out
 
     def run(self) -> NamespaceUsage:
@@ -532,6 +759,13 @@ class _Accounting:
             errors=tuple(self.errors + self.renderer.errors),
         )
 
+    def _covering(self, facts: ScopeFacts) -> list[_Quota]:
+        """The quotas whose scopes cover a pod with these facts (remembered for the run)."""
+        covering = self.covering.get(facts)
+        if covering is None:
+            covering = self.covering[facts] = [q for q in self.quotas if q.covers(facts)]
+        return covering
+
     # ---- pods: what each is charged, and whose it is
     def _owner(self, p: PodSnapshot) -> VmiSnapshot | None:
         if not p.is_launcher:
@@ -547,9 +781,8 @@ class _Accounting:
     def _pods(self) -> None:
         for p in self.pods:
             active = counts_for_compute(p.phase, p.deletion_timestamp, p.deletion_grace_period_seconds, self.now)
-            charged = dict(p.usage) if active else {"count/pods": _ONE}
-            facts = ScopeFacts(p.terminating_scope, p.best_effort, p.priority_class_name)
-            covering = [q for q in self.quotas if q.covers(facts)]
+            charged = p.usage if active else _POD_COUNT_ONLY  # shared, not copied: results are not to be changed
+            covering = self._covering(ScopeFacts(p.terminating_scope, p.best_effort, p.priority_class_name))
             for q in covering:
                 q.pod_usage.add(charged)
             v = self._owner(p)
@@ -630,7 +863,7 @@ class _Accounting:
         source_pod, source_usage = _pick_source(sources, v)
         grow = self.renderer.hotplug_growth(v)
         estimate = add(source_usage, grow)
-        rendered = self.renderer.usage(v.as_object(), v.ref)
+        rendered = self.renderer.vmi_usage(v)
         if rendered is not None:
             estimate = maximum(estimate, rendered)
         refused = self._refusals(v, m.creation_timestamp)
@@ -649,19 +882,17 @@ class _Accounting:
         for m in self.mig_entries:
             if m.state != PENDING:
                 continue
-            facts = _vm_facts(self.vmi_by_name[m.vmi])
-            for q in self.quotas:
-                if q.covers(facts):
-                    q.reserved.add(m.reserved)
+            for q in self._covering(_vm_facts(self.vmi_by_name[m.vmi])):
+                q.reserved.add(m.reserved)
 
     # ---- VMs
     def _running_vms(self) -> None:
         """Running VMs always count; the others are stopped or wait for admission."""
         for v in self.vmis:
             key = _vm_key(v)
-            size = VmSize.of(v.vcpus, v.guest_memory, v.status_vcpus, v.status_guest_memory)
             vm_pods = self.launchers.get(key, [])
             if not vm_pods:
+                size = VmSize.of(v.vcpus, v.guest_memory, v.status_vcpus, v.status_guest_memory)
                 if v.phase in VMI_FINAL_PHASES or v.deletion_timestamp is not None:
                     what = f"phase {v.phase}" if v.phase in VMI_FINAL_PHASES else "being deleted"
                     reason = f"{what}, no running launcher pod: counts nothing"
@@ -669,30 +900,55 @@ class _Accounting:
                 else:
                     self.pending.append(v)
                 continue
-            pod_max: ResourceList = {}
-            for _, charged in vm_pods:
-                pod_max = maximum(pod_max, charged)
-            if key in self.target_estimates:
-                pod_max = maximum(pod_max, self.target_estimates[key])
-            counts: dict[str, ResourceList] = {}
-            for q in self.quotas:
-                if q.covers(_vm_facts(v)):
-                    u = mode_usage(q.policy.mode, size, pod_max, q.ratio)
-                    q.accounted.add(u)
-                    counts[q.policy.name] = u
-            reason = "running: always counts"
-            if len(vm_pods) > 1:
-                reason += f" (at the larger of its {len(vm_pods)} launcher pods per resource)"
-            self.vm_entries[key] = VmEntry(v.name, v.uid, v.phase, RUNNING, reason, size, pod_max, counts)
+            target = self.target_estimates.get(key)
+            memo = self.memo
+            if memo is None:
+                entry = self._running_vm(v, vm_pods, target)
+            else:
+                # the entry is a function of the VMI, its active launcher pods, its target estimate and the quotas
+                memo_key = (
+                    "running",
+                    v.uid,
+                    v.resource_version,
+                    v.name,
+                    tuple((p.uid, p.resource_version) for p, _ in vm_pods),
+                    None if target is None else tuple((k, q.nanos, q.format) for k, q in target.items()),
+                    self.quotas_key,
+                )
+                memo_obj = (v, *(p for p, _ in vm_pods))
+                entry = memo.get(memo_key, memo_obj)
+                if entry is _MISS:
+                    entry = self._running_vm(v, vm_pods, target)
+                    memo.put(memo_key, memo_obj, entry)
+            for q in self._covering(_vm_facts(v)):
+                q.accounted.add(entry.counts[q.policy.name])
+            self.vm_entries[key] = entry
+
+    def _running_vm(
+        self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]], target: ResourceList | None
+    ) -> VmEntry:
+        size = VmSize.of(v.vcpus, v.guest_memory, v.status_vcpus, v.status_guest_memory)
+        pod_max: ResourceList = {}
+        for _, charged in vm_pods:
+            pod_max = maximum(pod_max, charged)
+        if target is not None:
+            pod_max = maximum(pod_max, target)
+        counts = {
+            q.policy.name: mode_usage(q.policy.mode, size, pod_max, q.ratio) for q in self._covering(_vm_facts(v))
+        }
+        reason = "running: always counts"
+        if len(vm_pods) > 1:
+            reason += f" (at the larger of its {len(vm_pods)} launcher pods per resource)"
+        return VmEntry(v.name, v.uid, v.phase, RUNNING, reason, size, pod_max, counts)
 
     def _admit(self, v: VmiSnapshot) -> None:
         """A pending VM (no launcher pod yet), in creation order: admitted iff it fits every covering quota."""
         key = _vm_key(v)
         size = VmSize.of(v.vcpus, v.guest_memory, v.status_vcpus, v.status_guest_memory)
-        estimate = self.renderer.usage(v.as_object(), v.ref) or {}
+        estimate = self.renderer.vmi_usage(v) or {}
         refused = self._refusals(v, v.creation_timestamp)
         pod_est = nonzero(_with_refusals(estimate, refused))
-        covering = [q for q in self.quotas if q.covers(_vm_facts(v))]
+        covering = self._covering(_vm_facts(v))
         usages = {q.policy.name: mode_usage(q.policy.mode, size, pod_est, q.ratio) for q in covering}
         misfit: dict[str, tuple[str, ...]] = {}
         parts: list[str] = []

@@ -201,6 +201,18 @@ def compact_vmi_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     return shared if shared == pruned else pruned
 
 
+@lru_cache(maxsize=4096)
+def _shared_list(key: tuple[tuple[str, str, Any], ...], rl: tuple[tuple[str, Quantity], ...]) -> dict[str, Quantity]:
+    return dict(rl)
+
+
+def shared_resources(rl: dict[str, Quantity]) -> dict[str, Quantity]:
+    """An equal resource list (same names, order, values and formats) that snapshots of the same shape share
+    (launcher pods of one instance type). Read-only, like the snapshot holding it."""
+    items = tuple(rl.items())
+    return _shared_list(tuple((k, q.canonical(), q.format) for k, q in items), items)
+
+
 # ---- snapshots -------------------------------------------------------------------------------------------------
 
 
@@ -299,6 +311,10 @@ class PodSnapshot(Snapshot, tag=POD_KIND, frozen=True, kw_only=True):
     best_effort: bool = False
     """BestEffort QoS: no container requests or limits CPU or memory."""
     priority_class_name: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("requests", "limits", "usage"):
+            msgspec.structs.force_setattr(self, name, shared_resources(getattr(self, name)))
 
     @property
     def is_launcher(self) -> bool:

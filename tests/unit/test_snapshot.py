@@ -39,6 +39,7 @@ from shared.snapshot import (
     normalize,
     parse_refusal,
     prune_vmi_spec,
+    shared_resources,
     to_builtins,
 )
 from tests.unit import test_overhead, test_render
@@ -750,3 +751,16 @@ def _normalizes(obj: Mapping[str, Any]) -> bool:
     except InvalidInput:
         return False
     return True
+
+
+def test_launcher_pods_of_one_shape_share_their_resource_lists_and_formats_are_kept() -> None:
+    a = normalize(POD)
+    b = normalize({**POD, "metadata": {**POD["metadata"], "name": "virt-launcher-vm2-xyz", "uid": "u-2"}})
+    assert isinstance(a, PodSnapshot) and isinstance(b, PodSnapshot)
+    assert a.requests is b.requests and a.limits is b.limits and a.usage is b.usage and a.requests
+    assert decode(encode(a)) == a
+    binary = {"memory": Quantity.parse("1Gi")}
+    decimal = {"memory": Quantity.parse("1073741824")}
+    assert shared_resources(binary) == shared_resources(decimal)  # equal values ...
+    assert shared_resources(decimal)["memory"].canonical() == "1073741824"  # ... not confused: formats kept
+    assert shared_resources(binary)["memory"].canonical() == "1Gi"

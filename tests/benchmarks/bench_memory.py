@@ -1,8 +1,8 @@
 """Memory per tracked VM: in the ledger's fold state and in the watcher's known sets.
 
-A tracked VM is three objects, as in a cluster: its VirtualMachine, its running VirtualMachineInstance (with the
-raw spec the ledger keeps to re-render the launcher pod: disks, interfaces, a cloud-init volume) and its
-virt-launcher pod (rendered by the simulator). The ledger figure folds the events the watcher would publish for
+A tracked VM is three objects, as in a cluster: its VirtualMachine, its running VirtualMachineInstance (with a full
+spec: disks, interfaces, a cloud-init volume, of which the snapshot keeps what re-rendering the launcher pod needs)
+and its virt-launcher pod (rendered by the simulator). The ledger figure folds the events the watcher would publish for
 them (``Ledger.apply_bytes``, as the ledger service does); the watcher figure puts them in a ``KnownSet`` per
 resource, with uid and name strings made fresh as a JSON decode makes them. Both are measured with
 ``tracemalloc``: the bytes still allocated after folding ``N`` VMs, over ``N``. Shared objects (interned

@@ -5,6 +5,7 @@ The object builders at the top are shared with ``test_equation.py`` (property te
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 from collections.abc import Iterable, Mapping
@@ -13,6 +14,8 @@ from fractions import Fraction
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from shared.accounting import (
     ADMITTED,
@@ -620,3 +623,118 @@ def test_result_is_independent_of_input_order() -> None:
         shuffled = objs[:]
         random.Random(seed).shuffle(shuffled)
         assert account(shuffled) == ref
+
+
+# ---- memoisation: the same result with and without the memo ---------------------------------------------------------
+
+_MEMORY = ["512Mi", "1Gi", "1073741824", "1024Mi", "2G", "1536Mi"]  # equal amounts in different formats too
+_PRIORITIES = [None, "high"]
+
+
+@st.composite
+def namespaces(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """A random namespace: quotas of every mode (some scoped), running, pending and stopped VMs, launcher pods
+    (some of migration targets, some terminal), migrations, quota refusals and plain pods."""
+    objs: list[dict[str, Any]] = []
+    for i, mode in enumerate(draw(st.lists(st.sampled_from(list(Mode)), min_size=1, max_size=3))):
+        hard = {"requests.cpu": f"{draw(st.integers(0, 40))}", "requests.memory": f"{draw(st.integers(0, 64))}Gi"}
+        if draw(st.booleans()):
+            hard["limits.memory"] = draw(st.sampled_from(["64Gi", "68719476736", "40G"]))
+        if draw(st.booleans()):
+            hard["count/pods"] = str(draw(st.integers(0, 20)))
+        scope = None
+        if draw(st.booleans()):
+            scope = [
+                {"scopeName": "PriorityClass", "operator": draw(st.sampled_from(["In", "NotIn"])), "values": ["high"]}
+            ]
+        objs.append(quota_obj(f"rq{i}", hard, mode, scope_selector=scope))
+    facts = facts_for({k for o in objs for k in o["spec"]["hard"]})
+    for i in range(draw(st.integers(0, 8))):
+        phase = draw(st.sampled_from(["Running", "Running", "Pending", "Succeeded"]))
+        v = vmi_obj(
+            f"v{i}",
+            vcpus=draw(st.integers(1, 4)),
+            guest=draw(st.sampled_from(_MEMORY)),
+            t=draw(st.integers(0, 5)),
+            phase=phase,
+            priority=draw(st.sampled_from(_PRIORITIES)),
+            status_vcpus=draw(st.sampled_from([None, 1])),
+        )
+        objs.append(v)
+        if phase == "Running":
+            objs.append(launcher_obj(v, facts=facts, phase=draw(st.sampled_from(["Running", "Running", "Failed"]))))
+            if draw(st.booleans()):
+                objs.append(vmim_obj(f"m{i}", f"v{i}", t=draw(st.integers(50, 60))))
+                if draw(st.booleans()):
+                    objs.append(launcher_obj(v, facts=facts, migration_uid=f"mig-m{i}", node="n2"))
+        if draw(st.booleans()):
+            objs.append(refusal_event(f"v{i}", {"requests.memory": draw(st.sampled_from(_MEMORY))}, t=70))
+    for i in range(draw(st.integers(0, 5))):
+        mem = draw(st.sampled_from(_MEMORY))
+        objs.append(
+            pod_obj(
+                f"p{i}",
+                {"cpu": draw(st.sampled_from(["0", "100m", "1"])), "memory": mem},
+                {"memory": mem} if draw(st.booleans()) else None,
+                phase=draw(st.sampled_from(["Running", "Running", "Succeeded"])),
+                t=draw(st.integers(0, 5)),
+                priority=draw(st.sampled_from(_PRIORITIES)),
+            )
+        )
+    for n, o in enumerate(objs):
+        o["metadata"]["resourceVersion"] = str(n + 1)
+    return objs
+
+
+def _same(a: NamespaceUsage, b: NamespaceUsage) -> None:
+    assert a == b
+    assert repr(a) == repr(b)  # quantity equality ignores the format; the canonical forms (and key order) must agree
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(namespaces(), st.lists(st.tuples(st.integers(0, 10_000), st.sampled_from(_MEMORY)), max_size=6))
+def test_memoised_accounting_equals_the_reference(objs: list[dict[str, Any]], edits: list[tuple[int, str]]) -> None:
+    """The memoised path (snapshots kept from one call to the next, as the ledger does) gives exactly what
+    accounting from scratch gives, after each change of one object."""
+    current = snaps(objs)
+    _same(account_namespace(current, now=NOW), account_namespace(current, now=NOW, memoize=False))
+    for step, (i, mem) in enumerate(edits):
+        k = i % len(objs)
+        obj = copy.deepcopy(objs[k])
+        obj["metadata"]["resourceVersion"] = str(1000 + step)
+        if obj["kind"] == "VirtualMachineInstance":
+            obj["spec"]["domain"]["memory"]["guest"] = mem
+        elif obj["kind"] == "Pod":
+            obj["status"]["phase"] = "Succeeded" if obj["status"]["phase"] == "Running" else "Running"
+        elif obj["kind"] == "ResourceQuota":
+            obj["spec"]["hard"]["requests.memory"] = mem
+        objs[k] = obj
+        current[k] = normalize(obj)
+        _same(account_namespace(current, now=NOW), account_namespace(current, now=NOW, memoize=False))
+
+
+def test_memo_is_not_fooled_by_a_reused_identity() -> None:
+    """Two different objects with the same uid and resourceVersion (fixtures do that; Kubernetes does not): the
+    memo compares the objects themselves, including the quantities' formats."""
+    quota = quota_obj("rq", {"requests.memory": "64Gi", "limits.memory": "64Gi"}, Mode.VIRTUAL_RESOURCES)
+    results = []
+    for guest in ["1Gi", "1073741824", "2Gi"]:
+        v = vmi_obj("v", guest=guest)
+        v["metadata"]["resourceVersion"] = "7"
+        pod = launcher_obj(v, facts=facts_for(["limits.memory"]))
+        pod["metadata"]["resourceVersion"] = "8"
+        objs = snaps([quota, v, pod, vmi_obj("w", guest=guest, phase="Pending")])
+        got = account_namespace(objs, now=NOW)
+        _same(got, account_namespace(objs, now=NOW, memoize=False))
+        results.append(repr(got.quotas["rq"].accounted))
+    assert results[0] != results[2]  # 1Gi and 2Gi: the memo did not serve the first VM for the last
+
+
+def test_memo_hit_returns_what_was_computed() -> None:
+    """Accounting the very same snapshots twice gives the same result (the second time from the memo)."""
+    quota = quota_obj("rq", {"requests.cpu": "8"}, Mode.VIRTUAL_RESOURCES)
+    vs = [vmi_obj(f"v{i}", vcpus=1 + i, t=i) for i in range(3)]
+    objs = snaps([quota, *vs, *(launcher_obj(v) for v in vs[:2]), vmim_obj("m", "v0")])
+    first = account_namespace(objs, now=NOW)
+    _same(account_namespace(objs, now=NOW), first)
+    assert first.quotas["rq"].accounted["requests.cpu"] == Q("6")  # 1 + 2 running, 3 admitted

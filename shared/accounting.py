@@ -449,6 +449,13 @@ def _summary(chunk: Sequence[Mapping[str, Quantity]]) -> _ChunkSum | None:
 
 
 _ChunkSum = tuple[dict[str, int], dict[str, Format], dict[str, Format]]
+_PodsPass = tuple[
+    tuple["PodEntry", ...],
+    dict[str, list[tuple[PodSnapshot, ResourceList]]],
+    tuple[tuple[ResourceList, ...], ...],
+    tuple[tuple[ResourceList, ...], ...],
+]
+"""Pod entries, launcher pods per VM, and per quota the lists added to ``P`` and to ``U``."""
 
 
 class _Sum:
@@ -477,6 +484,13 @@ class _Sum:
         else:
             self.pending.append(rl)
 
+    def extend(self, rls: Iterable[Mapping[str, Quantity]]) -> None:
+        if self.exact:
+            for rl in rls:
+                self._add(rl)
+        else:
+            self.pending.extend(rls)
+
     def _add(self, rl: Mapping[str, Quantity]) -> None:
         nanos, fmt = self.nanos, self.fmt
         for k, q in rl.items():
@@ -490,6 +504,22 @@ class _Sum:
         if not pending:
             return
         self.pending = []
+        memo = self.memo
+        whole: tuple[Mapping[str, Quantity], ...] = ()
+        if memo is not None and not self.nanos and not self.exact:
+            # the same lists from nothing (quotas covering the same pods, a namespace where only VMs changed)
+            whole = tuple(pending)
+            key = ("total", tuple(map(id, whole)))
+            found = memo.get_same(key, whole)
+            if found is not _MISS:
+                nanos, fmt, self.exact = found
+                self.nanos, self.fmt = dict(nanos), dict(fmt)
+                return
+        self._chunks(pending)
+        if whole and memo is not None:
+            memo.put(key, whole, (dict(self.nanos), dict(self.fmt), self.exact))
+
+    def _chunks(self, pending: list[Mapping[str, Quantity]]) -> None:
         start = 0
         for i, rl in enumerate(pending):
             # a chunk ends after a list chosen by its identity (1 in 16): adding or removing one list changes
@@ -652,6 +682,7 @@ class _Accounting:
         )
         """What a VM's counts depend on besides the VM: the quotas' names, modes, ratios and scopes."""
         self.covering: dict[ScopeFacts, list[_Quota]] = {}
+        self.vm_covering: dict[str, list[_Quota]] = {}
         self.vmi_by_uid = {v.uid: v for v in self.vmis if v.uid}
         self.vmi_by_name = {v.name: v for v in self.vmis}
         self.vmim_by_uid = {m.uid: m for m in self.vmims if m.uid}
@@ -671,8 +702,19 @@ class _Accounting:
         events: list[EventSnapshot] = []
         self.ns_obj: NamespaceSnapshot | None = None
         self.kv_obj: KubeVirtSnapshot | None = None
+        by_type: dict[type, list[Any]] = {
+            VmiSnapshot: vmis,
+            VmimSnapshot: vmims,
+            PodSnapshot: pods,
+            QuotaSnapshot: quotas,
+            EventSnapshot: events,
+        }
         for s in objs:
-            if isinstance(s, NamespaceSnapshot):
+            found = by_type.get(type(s))  # the common case first: one lookup
+            if found is not None:
+                if s.namespace == self.namespace:
+                    found.append(s)
+            elif isinstance(s, NamespaceSnapshot):
                 if s.name == self.namespace:
                     self.ns_obj = s
             elif isinstance(s, KubeVirtSnapshot):
@@ -759,6 +801,13 @@ class _Accounting:
             errors=tuple(self.errors + self.renderer.errors),
         )
 
+    def _vm_covering(self, v: VmiSnapshot) -> list[_Quota]:
+        """The quotas whose scopes cover the VM's launcher pod."""
+        covering = self.vm_covering.get(v.priority_class_name)
+        if covering is None:
+            covering = self.vm_covering[v.priority_class_name] = self._covering(_vm_facts(v))
+        return covering
+
     def _covering(self, facts: ScopeFacts) -> list[_Quota]:
         """The quotas whose scopes cover a pod with these facts (remembered for the run)."""
         covering = self.covering.get(facts)
@@ -779,12 +828,52 @@ class _Accounting:
         return None
 
     def _pods(self) -> None:
+        """Each pod's entry and what it adds to ``P`` and ``U``. With a memo, the whole pass is remembered: it
+        depends on the pods, on the VMIs' and migrations' names and uids (owners, reasons), on the quotas and on
+        ``now`` only for pods being deleted."""
+        memo = self.memo
+        if memo is None:
+            self._apply_pods(self._pods_pass())
+            return
+        deleting = tuple(
+            counts_for_compute(p.phase, p.deletion_timestamp, p.deletion_grace_period_seconds, self.now)
+            for p in self.pods
+            if p.deletion_timestamp is not None
+        )
+        key = (
+            "pods",
+            tuple(map(id, self.pods)),
+            tuple((v.uid, v.name) for v in self.vmis),
+            tuple((m.uid, m.name) for m in self.vmims),
+            deleting,
+            self.quotas_key,
+        )
+        objs = tuple(self.pods)
+        found = memo.get_same(key, objs)
+        if found is _MISS:
+            found = self._pods_pass()
+            memo.put(key, objs, found)
+        self._apply_pods(found)
+
+    def _apply_pods(self, found: _PodsPass) -> None:
+        entries, launchers, pod_usage, accounted = found
+        self.pod_entries = list(entries)
+        self.launchers = launchers  # read only from here on
+        for q, pu, acc in zip(self.quotas, pod_usage, accounted, strict=True):
+            q.pod_usage.extend(pu)
+            q.accounted.extend(acc)
+
+    def _pods_pass(self) -> _PodsPass:
+        entries: list[PodEntry] = []
+        launchers: dict[str, list[tuple[PodSnapshot, ResourceList]]] = {}
+        pod_usage: dict[int, list[ResourceList]] = {id(q): [] for q in self.quotas}
+        accounted: dict[int, list[ResourceList]] = {id(q): [] for q in self.quotas}
         for p in self.pods:
             active = counts_for_compute(p.phase, p.deletion_timestamp, p.deletion_grace_period_seconds, self.now)
             charged = p.usage if active else _POD_COUNT_ONLY  # shared, not copied: results are not to be changed
             covering = self._covering(ScopeFacts(p.terminating_scope, p.best_effort, p.priority_class_name))
             for q in covering:
-                q.pod_usage.add(charged)
+                pod_usage[id(q)].append(charged)
             v = self._owner(p)
             if v is None:
                 role = ORPHAN_LAUNCHER if p.is_launcher else NON_VM
@@ -792,24 +881,30 @@ class _Accounting:
                 if not active:
                     reason += "; terminal or past its grace period: count/pods only"
                 for q in covering:
-                    q.accounted.add(charged)
-                self.pod_entries.append(PodEntry(p.name, p.uid, role, "", active, charged, charged, reason))
+                    accounted[id(q)].append(charged)
+                entries.append(PodEntry(p.name, p.uid, role, "", active, charged, charged, reason))
                 continue
             mig = self.vmim_by_uid.get(p.migration_job_uid) if p.migration_job_uid else None
             role = MIGRATION_TARGET if p.migration_job_uid else LAUNCHER
             if not active:
                 # the evaluator still charges count/pods: count it too, or a VM refused on count/pods would get in
                 for q in covering:
-                    q.accounted.add(charged)
+                    accounted[id(q)].append(charged)
                 reason = "terminal or past its grace period: count/pods only"
-                self.pod_entries.append(PodEntry(p.name, p.uid, role, v.name, active, charged, charged, reason))
+                entries.append(PodEntry(p.name, p.uid, role, v.name, active, charged, charged, reason))
                 continue
             if role == MIGRATION_TARGET:
                 reason = f"target of migration {mig.name if mig else p.migration_job_uid}: counted with VM {v.name}"
             else:
                 reason = f"counted with VM {v.name}"
-            self.pod_entries.append(PodEntry(p.name, p.uid, role, v.name, active, charged, {}, reason))
-            self.launchers.setdefault(_vm_key(v), []).append((p, charged))
+            entries.append(PodEntry(p.name, p.uid, role, v.name, active, charged, {}, reason))
+            launchers.setdefault(_vm_key(v), []).append((p, charged))
+        return (
+            tuple(entries),
+            launchers,
+            tuple(tuple(pod_usage[id(q)]) for q in self.quotas),
+            tuple(tuple(accounted[id(q)]) for q in self.quotas),
+        )
 
     # ---- FailedCreate events
     def _refusals(self, v: VmiSnapshot, since: datetime | None) -> ResourceList:
@@ -882,7 +977,7 @@ class _Accounting:
         for m in self.mig_entries:
             if m.state != PENDING:
                 continue
-            for q in self._covering(_vm_facts(self.vmi_by_name[m.vmi])):
+            for q in self._vm_covering(self.vmi_by_name[m.vmi]):
                 q.reserved.add(m.reserved)
 
     # ---- VMs
@@ -906,22 +1001,20 @@ class _Accounting:
                 entry = self._running_vm(v, vm_pods, target)
             else:
                 # the entry is a function of the VMI, its active launcher pods, its target estimate and the quotas
+                memo_obj = (v, *(p for p, _ in vm_pods))
                 memo_key = (
                     "running",
-                    v.uid,
-                    v.resource_version,
-                    v.name,
-                    tuple((p.uid, p.resource_version) for p, _ in vm_pods),
+                    tuple(map(id, memo_obj)),
                     None if target is None else tuple((k, q.nanos, q.format) for k, q in target.items()),
                     self.quotas_key,
                 )
-                memo_obj = (v, *(p for p, _ in vm_pods))
-                entry = memo.get(memo_key, memo_obj)
+                entry = memo.get_same(memo_key, memo_obj)
                 if entry is _MISS:
                     entry = self._running_vm(v, vm_pods, target)
                     memo.put(memo_key, memo_obj, entry)
-            for q in self._covering(_vm_facts(v)):
-                q.accounted.add(entry.counts[q.policy.name])
+            counts = entry.counts
+            for q in self._vm_covering(v):
+                q.accounted.add(counts[q.policy.name])
             self.vm_entries[key] = entry
 
     def _running_vm(
@@ -933,9 +1026,7 @@ class _Accounting:
             pod_max = maximum(pod_max, charged)
         if target is not None:
             pod_max = maximum(pod_max, target)
-        counts = {
-            q.policy.name: mode_usage(q.policy.mode, size, pod_max, q.ratio) for q in self._covering(_vm_facts(v))
-        }
+        counts = {q.policy.name: mode_usage(q.policy.mode, size, pod_max, q.ratio) for q in self._vm_covering(v)}
         reason = "running: always counts"
         if len(vm_pods) > 1:
             reason += f" (at the larger of its {len(vm_pods)} launcher pods per resource)"
@@ -948,7 +1039,7 @@ class _Accounting:
         estimate = self.renderer.vmi_usage(v) or {}
         refused = self._refusals(v, v.creation_timestamp)
         pod_est = nonzero(_with_refusals(estimate, refused))
-        covering = self._covering(_vm_facts(v))
+        covering = self._vm_covering(v)
         usages = {q.policy.name: mode_usage(q.policy.mode, size, pod_est, q.ratio) for q in covering}
         misfit: dict[str, tuple[str, ...]] = {}
         parts: list[str] = []

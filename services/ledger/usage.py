@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from shared import bus as contract
-from shared.accounting import account_namespace
+from shared.accounting import VmEntry, account_namespace
 from shared.ledger import NamespaceView
 from shared.quantity import Quantity
 from shared.resources import format_resource_list
@@ -18,6 +18,32 @@ from shared.resources import format_resource_list
 
 def _rl(rl: Mapping[str, Quantity]) -> dict[str, str]:
     return format_resource_list(rl)
+
+
+_VM_STATES: dict[int, tuple[VmEntry, contract.VmState]] = {}
+"""Wire form of VM entries by entry identity: accounting hands out the same entry for a running VM that did not
+change, so most of a namespace's VMs are not formatted again. The entry is kept, so its id is not reused."""
+_VM_STATES_MAX = 65536
+
+
+def _vm_state(v: VmEntry) -> contract.VmState:
+    hit = _VM_STATES.get(id(v))
+    if hit is not None and hit[0] is v:
+        return hit[1]
+    state = contract.VmState(
+        name=v.name,
+        uid=v.uid,
+        phase=v.phase,
+        state=v.state,
+        reason=v.reason,
+        counts={k: _rl(c) for k, c in sorted(v.counts.items())},
+        reserved=_rl(v.reserved),
+        refused_by={k: list(r) for k, r in sorted(v.refused_by.items())},
+    )
+    _VM_STATES[id(v)] = (v, state)
+    if len(_VM_STATES) > _VM_STATES_MAX:
+        del _VM_STATES[next(iter(_VM_STATES))]
+    return state
 
 
 def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageBody:
@@ -38,19 +64,7 @@ def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageB
         )
         for name, q in sorted(usage.quotas.items())
     }
-    vms = [
-        contract.VmState(
-            name=v.name,
-            uid=v.uid,
-            phase=v.phase,
-            state=v.state,
-            reason=v.reason,
-            counts={k: _rl(c) for k, c in sorted(v.counts.items())},
-            reserved=_rl(v.reserved),
-            refused_by={k: list(r) for k, r in sorted(v.refused_by.items())},
-        )
-        for v in usage.vms
-    ]
+    vms = [_vm_state(v) for v in usage.vms]
     migrations = [
         contract.MigrationState(
             name=m.name,

@@ -477,6 +477,12 @@ def decode_event(data: bytes) -> Upserted | Deleted | Sync:
             )
         if snap.uid and snap.uid != ev.uid:
             raise InvalidInput(f"snapshot uid {snap.uid!r} differs from the event's", f"{_where(ev)}: snapshot.uid")
+        if kind not in CLUSTER_SCOPED_KINDS and snap.namespace != ev.namespace:
+            raise InvalidInput(
+                f"snapshot namespace {snap.namespace!r} differs from the event's", f"{_where(ev)}: snapshot.namespace"
+            )
+        if ev.name and snap.name != ev.name:
+            raise InvalidInput(f"snapshot name {snap.name!r} differs from the event's", f"{_where(ev)}: snapshot.name")
     if kind not in CLUSTER_SCOPED_KINDS:
         if not _known_label(ev.namespace):
             check_namespace(ev.namespace, f"{_where(ev)}: namespace")

@@ -154,8 +154,8 @@ def _vmi_spec(obj: Mapping[str, Any]) -> VmiSpec:
     if domain.get("ioThreadsPolicy") == "supplementalPool":
         io = _map(domain, "ioThreads", dwhere)
         vcpus += _count(io, "supplementalPoolThreadCount", f"{dwhere}.ioThreads")
-    dedicated = bool(cpu.get("dedicatedCpuPlacement", False))
-    isolate = bool(cpu.get("isolateEmulatorThread", False))
+    dedicated = _flag(cpu, "dedicatedCpuPlacement", cwhere)
+    isolate = _flag(cpu, "isolateEmulatorThread", cwhere)
 
     # Memory (guest <- requests.memory <- limits.memory <- hugepage size; never the reverse)
     mem = _map(domain, "memory", dwhere)
@@ -204,6 +204,16 @@ def _quantity(raw: object, where: str) -> Quantity:
         return Quantity.parse(raw)
     except InvalidInput as e:
         raise e.at(where) from None
+
+
+def _flag(obj: Mapping[str, Any], key: str, where: str) -> bool:
+    """A boolean field; absent or null is false, anything but true/false is an error (``"false"`` is not false)."""
+    v = obj.get(key)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise InvalidInput(f"expected true or false, got {v!r}", f"{where}.{key}")
+    return v
 
 
 def _str_map(obj: Mapping[str, Any], key: str, where: str) -> Mapping[str, str]:

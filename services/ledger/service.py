@@ -166,7 +166,11 @@ class LedgerService:
                     break
                 key, value = entry.key, entry.value or b""
                 if key == self.opts.progress_key:
-                    progress = int(value.decode())
+                    try:
+                        progress = int(value.decode())
+                    except (UnicodeDecodeError, ValueError):
+                        log.warning("unreadable progress key; replaying from the start", key=key)
+                        progress = 0
                 elif key.startswith(prefix_ns) or (key + ".").startswith(prefix_cl):
                     parts = key.split(".")
                     if parts[0] == "ns" and not self.opts.partitions.owns(parts[1], parts[2]):
@@ -296,6 +300,9 @@ class LedgerService:
         now = time.monotonic()
         for key in keys:
             self._accounted_at[key] = now
+        if len(self._accounted_at) > 2 * len(self.ledger.changed) + 1024:  # forget quiet namespaces (bounded)
+            horizon = now - self.opts.debounce
+            self._accounted_at = {k: t for k, t in self._accounted_at.items() if t > horizon}
         items: list[tuple[str, bytes, str | None]] = []
         for cluster, namespace in keys:
             state = self.ledger.state(cluster, namespace)

@@ -85,7 +85,9 @@ def test_wire_names_are_camel_case_and_tagged_by_type() -> None:
 
 
 def test_snapshot_quantities_travel_as_canonical_strings() -> None:
-    snap = PodSnapshot(name="p", namespace="tenant-a", requests={"memory": Quantity.parse("1024Mi")})
+    snap = PodSnapshot(
+        name="virt-launcher-vm1-abcde", namespace="tenant-a", requests={"memory": Quantity.parse("1024Mi")}
+    )
     ev = _pod_event(snapshot=snap)
     raw = bus.encode(ev)
     assert json.loads(raw)["snapshot"]["requests"] == {"memory": "1Gi"}
@@ -208,3 +210,16 @@ def test_structs_are_immutable() -> None:
     with pytest.raises((AttributeError, TypeError)):
         ev.uid = "other"  # type: ignore[misc]
     assert isinstance(ev, msgspec.Struct)
+
+
+@pytest.mark.parametrize(
+    ("snapshot", "field"),
+    [
+        (PodSnapshot(name="virt-launcher-vm1-abcde", namespace="tenant-b", phase="Running"), "snapshot.namespace"),
+        (PodSnapshot(name="another-pod", namespace="tenant-a", phase="Running"), "snapshot.name"),
+    ],
+)
+def test_snapshot_must_describe_the_object_the_event_names(snapshot: PodSnapshot, field: str) -> None:
+    """A snapshot of another object would be folded under the wrong key: refused with the field named."""
+    with pytest.raises(InvalidInput, match=field):
+        bus.decode_event(bus.encode(_pod_event(snapshot=snapshot)))

@@ -151,3 +151,15 @@ def test_status_size():
     }
     s = status_size(obj)
     assert s.vcpus == 4 and s.guest_memory == Q("3Gi")
+
+
+@pytest.mark.parametrize("value", ["false", "true", 1, 0])
+def test_cpu_flags_must_be_booleans(value: object) -> None:
+    """``"false"`` is not false: a non-boolean dedicatedCpuPlacement is refused, naming the field."""
+    vmi = {
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": "v", "namespace": "ns"},
+        "spec": {"domain": {"cpu": {"cores": 2, "dedicatedCpuPlacement": value}, "memory": {"guest": "1Gi"}}},
+    }
+    with pytest.raises(InvalidInput, match=r"spec\.domain\.cpu\.dedicatedCpuPlacement"):
+        vmi_spec(vmi)

@@ -1,7 +1,7 @@
 """``vmquota simulate``: run a simulated KubeVirt cluster (API server, quota, KubeVirt controllers) until interrupted.
 
 Prints one JSON line on stdout with the server URL and the kubeconfig path, e.g.
-``{"url": "http://127.0.0.1:41234", "kubeconfig": "/tmp/simcluster-x/kubeconfig"}``; then ``kubectl
+``{"url": "https://127.0.0.1:41234", "kubeconfig": "./simcluster.kubeconfig"}``; then ``kubectl
 --kubeconfig <path> get vmis -A`` works against it. Bad input (seed file, options) exits 2 with one line.
 """
 

@@ -286,16 +286,12 @@ class _Memo:
                 return _MISS
         return hit[1]
 
-    def get_same(self, key: Hashable, objs: tuple[object, ...]) -> Any:
-        """As :meth:`get` for objects that must be the very same ones (the entry keeps them alive, so their ids,
-        which ``key`` may contain, are not reused while it exists)."""
+    def get_by_ids(self, key: Hashable) -> Any:
+        """The value remembered for a key made of the ids of the objects it was computed from (and other plain
+        values): the entry keeps those objects alive, so no other object has their ids while it exists and an
+        equal key means the very same objects."""
         hit = self._data.get(key)
-        if hit is None:
-            return _MISS
-        kept = hit[0]
-        if len(kept) != len(objs) or not all(a is b for a, b in zip(kept, objs, strict=True)):
-            return _MISS
-        return hit[1]
+        return _MISS if hit is None else hit[1]
 
     def put(self, key: Hashable, objs: tuple[object, ...], value: Any) -> None:
         data = self._data
@@ -456,6 +452,8 @@ _PodsPass = tuple[
     tuple[tuple[ResourceList, ...], ...],
 ]
 """Pod entries, launcher pods per VM, and per quota the lists added to ``P`` and to ``U``."""
+_VmsPass = tuple[tuple[tuple[str, "VmEntry"], ...], tuple[VmiSnapshot, ...], tuple[tuple[ResourceList, ...], ...]]
+"""Entries of running and stopped VMs, pending VMs, and per quota the lists running VMs add to ``U``."""
 
 
 class _Sum:
@@ -510,7 +508,7 @@ class _Sum:
             # the same lists from nothing (quotas covering the same pods, a namespace where only VMs changed)
             whole = tuple(pending)
             key = ("total", tuple(map(id, whole)))
-            found = memo.get_same(key, whole)
+            found = memo.get_by_ids(key)
             if found is not _MISS:
                 nanos, fmt, self.exact = found
                 self.nanos, self.fmt = dict(nanos), dict(fmt)
@@ -536,7 +534,7 @@ class _Sum:
         if memo is not None and not self.exact:
             objs = tuple(chunk)
             key = ("sum", tuple(map(id, objs)))
-            found = memo.get_same(key, objs)
+            found = memo.get_by_ids(key)
             if found is _MISS:
                 summary = _summary(objs)
                 memo.put(key, objs, summary)
@@ -849,7 +847,7 @@ class _Accounting:
             self.quotas_key,
         )
         objs = tuple(self.pods)
-        found = memo.get_same(key, objs)
+        found = memo.get_by_ids(key)
         if found is _MISS:
             found = self._pods_pass()
             memo.put(key, objs, found)
@@ -982,7 +980,38 @@ class _Accounting:
 
     # ---- VMs
     def _running_vms(self) -> None:
-        """Running VMs always count; the others are stopped or wait for admission."""
+        """Running VMs always count; the others are stopped or wait for admission. With a memo, the whole pass is
+        remembered: it depends on the VMIs, their launcher pods (the pod pass's result), the target estimates and
+        the quotas."""
+        memo = self.memo
+        if memo is None:
+            self._apply_vms(self._vms_pass())
+            return
+        objs = (*self.vmis, self.launchers)
+        key = (
+            "vms",
+            tuple(map(id, objs)),
+            tuple((k, tuple((r, q.nanos, q.format) for r, q in e.items())) for k, e in self.target_estimates.items()),
+            self.quotas_key,
+        )
+        found = memo.get_by_ids(key)
+        if found is _MISS:
+            found = self._vms_pass()
+            memo.put(key, objs, found)
+        self._apply_vms(found)
+
+    def _apply_vms(self, found: _VmsPass) -> None:
+        entries, pending, accounted = found
+        self.vm_entries.update(entries)
+        self.pending = list(pending)
+        for q, acc in zip(self.quotas, accounted, strict=True):
+            q.accounted.extend(acc)
+
+    def _vms_pass(self) -> _VmsPass:
+        entries: list[tuple[str, VmEntry]] = []
+        pending: list[VmiSnapshot] = []
+        accounted: dict[int, list[ResourceList]] = {id(q): [] for q in self.quotas}
+        memo = self.memo
         for v in self.vmis:
             key = _vm_key(v)
             vm_pods = self.launchers.get(key, [])
@@ -991,12 +1020,11 @@ class _Accounting:
                 if v.phase in VMI_FINAL_PHASES or v.deletion_timestamp is not None:
                     what = f"phase {v.phase}" if v.phase in VMI_FINAL_PHASES else "being deleted"
                     reason = f"{what}, no running launcher pod: counts nothing"
-                    self.vm_entries[key] = VmEntry(v.name, v.uid, v.phase, STOPPED, reason, size, {}, {})
+                    entries.append((key, VmEntry(v.name, v.uid, v.phase, STOPPED, reason, size, {}, {})))
                 else:
-                    self.pending.append(v)
+                    pending.append(v)
                 continue
             target = self.target_estimates.get(key)
-            memo = self.memo
             if memo is None:
                 entry = self._running_vm(v, vm_pods, target)
             else:
@@ -1008,14 +1036,15 @@ class _Accounting:
                     None if target is None else tuple((k, q.nanos, q.format) for k, q in target.items()),
                     self.quotas_key,
                 )
-                entry = memo.get_same(memo_key, memo_obj)
+                entry = memo.get_by_ids(memo_key)
                 if entry is _MISS:
                     entry = self._running_vm(v, vm_pods, target)
                     memo.put(memo_key, memo_obj, entry)
             counts = entry.counts
             for q in self._vm_covering(v):
-                q.accounted.add(counts[q.policy.name])
-            self.vm_entries[key] = entry
+                accounted[id(q)].append(counts[q.policy.name])
+            entries.append((key, entry))
+        return tuple(entries), tuple(pending), tuple(tuple(accounted[id(q)]) for q in self.quotas)
 
     def _running_vm(
         self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]], target: ResourceList | None

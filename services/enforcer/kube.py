@@ -23,6 +23,8 @@ class QuotaApi(Protocol):
 
     async def get_quota(self, namespace: str, name: str) -> Obj: ...
 
+    async def list_quotas(self, label_selector: str) -> list[Obj]: ...
+
     async def patch_quota(self, namespace: str, name: str, body: Obj) -> Obj: ...
 
     async def create_event(self, namespace: str, body: Obj) -> None: ...
@@ -39,6 +41,19 @@ class KubeQuotas:
         return await call_object(
             self.core.read_namespaced_resource_quota, name, namespace, _request_timeout=self.timeout
         )
+
+    async def list_quotas(self, label_selector: str) -> list[Obj]:
+        """Every ResourceQuota matching ``label_selector`` in all namespaces (items get ``kind`` set, as a list's
+        items lack it)."""
+        listing = await call_object(
+            self.core.list_resource_quota_for_all_namespaces,
+            label_selector=label_selector,
+            _request_timeout=self.timeout,
+        )
+        items = listing.get("items")
+        if not isinstance(items, list):
+            raise KubeError(0, "BadResponse", "the quota list has no items")
+        return [{"apiVersion": "v1", "kind": "ResourceQuota", **i} for i in items if isinstance(i, dict)]
 
     async def patch_quota(self, namespace: str, name: str, body: Obj) -> Obj:
         return await call_object(

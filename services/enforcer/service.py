@@ -41,6 +41,7 @@ from shared import bus as contract
 from shared import enforcement
 from shared.enforcement import Plan
 from shared.errors import InvalidInput
+from shared.modes import MANAGED_LABEL
 from shared.snapshot import QuotaSnapshot, normalize
 
 log = structlog.get_logger("vmquota.enforcer")
@@ -149,6 +150,7 @@ class Enforcer:
         bound = structlog.contextvars.bound_contextvars(cluster=c, dry_run=self.opts.dry_run)
         with bound:
             log.info("enforcer starting")
+            await self._list_managed_quotas()
             tasks = [
                 asyncio.create_task(self._consume_quotas(quotas), name="enforcer-quotas"),
                 asyncio.create_task(self._consume_usage(usage), name="enforcer-usage"),
@@ -175,6 +177,24 @@ class Enforcer:
                 await quotas.close()
                 await usage.close()
                 log.info("enforcer stopped", graceful=graceful, patched=self.patched, conflicts=self.conflicts)
+
+    async def _list_managed_quotas(self) -> None:
+        """Read the managed quotas from the API server once at start: the events stream has a max age, so a quota
+        nobody touched for longer is not in it, and replaying the stream alone would forget it. Newer versions
+        from the stream still win (by resourceVersion); a failure here only logs, the stream remains the input."""
+        try:
+            items = await self.kube.list_quotas(f"{MANAGED_LABEL}=true")
+        except KubeError as e:
+            log.warning("could not list managed quotas; relying on the events stream", error=str(e))
+            return
+        for raw in items:
+            try:
+                snap = self._remember_raw(raw)
+            except InvalidInput as e:
+                log.warning("a listed quota cannot be read", error=str(e))
+                continue
+            self._held.add(snap.namespace)
+        log.info("managed quotas listed", count=len(items))
 
     async def _drain(self, within: float = 10.0) -> None:
         """Let in-flight reconciliations and queued reports finish (bounded)."""

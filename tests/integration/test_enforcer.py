@@ -376,3 +376,16 @@ async def test_seed_scenario_1_the_migration_gets_in_and_hard_comes_back() -> No
         events = p.quota_events(NS, "compute", "QuotaAdjusted")
         assert any(e["message"] == raised[0].reason for e in events), "the decision is on the quota as an Event"
         assert all(e["involvedObject"]["uid"] == p.quota(NS, "compute")["metadata"]["uid"] for e in events)
+
+
+async def test_a_quota_older_than_the_events_stream_is_listed_at_start(
+    sim: SimCluster, bus: Bus, api: client.ApiClient
+) -> None:
+    """No `mirror`: the quota never reaches the events stream (as when its last change is older than the stream's
+    max age). The enforcer lists managed quotas from the API at start, so it still adopts and enforces it."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    async with enforcer(bus, api):
+        q = await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption of a listed quota")
+        assert json.loads(notes(q)[BUDGET_ANNOTATION]) == {"limits.memory": "64Gi"}
+        await publish_usage(bus, 1, terms("64Gi", "80Gi"), MIGRATING)
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised from the listed quota")

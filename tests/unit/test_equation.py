@@ -368,10 +368,11 @@ def check_no_vms(world: World) -> None:
             assert q.hard[r] == b
         elif k == 1:
             assert q.hard[r] == b, r
-        else:  # the scaled resources: P + k * (B - P), rounded down
-            assert q.hard[r] == q.pod_usage.get(r, ZERO) + scaled_headroom(
-                (b - q.accounted.get(r, ZERO)).clamp0(), k, r
-            )
+        else:  # the scaled resources (docs/accounting.md, "Why k"): P + k * (B - P), rounded down
+            p = q.pod_usage.get(r, ZERO)
+            assert q.hard[r] == p + scaled_headroom((b - q.accounted.get(r, ZERO)).clamp0(), k, r)
+            # independent of the formula: plain pods never get past the budget, and what runs is never squeezed
+            assert p <= q.hard[r] <= max(b, p), r
 
 
 _SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -381,9 +382,6 @@ _SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Heal
 @given(worlds(), st.lists(st.tuples(st.just("pod"), st.integers(0, 3000), st.integers(0, 3072)), max_size=4))
 def test_without_vms_hard_is_the_budget(world: World, pods: list[tuple[Any, ...]]) -> None:
     check_no_vms(world)
-    assert world.hard() == {r: b for r, b in world.budget.items()} or any(
-        k is not None and k != 1 for k in world.account().quotas["rq"].factors.values()
-    )
     for op in pods:
         apply(world, op)
         check_no_vms(world)

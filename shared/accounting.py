@@ -265,10 +265,11 @@ class _Memo:
     object) is recomputed, never served stale: a result is the same with and without the memo. The oldest entries
     go first when it is full."""
 
-    __slots__ = ("_data", "_maxsize", "_next_token", "_tokens")
+    __slots__ = ("_data", "_latest", "_maxsize", "_next_token", "_tokens")
 
     def __init__(self, maxsize: int) -> None:
         self._data: dict[Hashable, tuple[tuple[object, ...], Any]] = {}
+        self._latest: dict[Hashable, tuple[Hashable, tuple[object, ...], Any]] = {}
         self._maxsize = maxsize
         self._tokens: dict[Hashable, int] = {}
         self._next_token = 0
@@ -293,6 +294,20 @@ class _Memo:
         hit = self._data.get(key)
         return _MISS if hit is None else hit[1]
 
+    def get_latest(self, slot: Hashable, key: Hashable) -> Any:
+        """The value last remembered in ``slot`` if it was for ``key`` (a key made of ids, as for
+        :meth:`get_by_ids`), else :data:`_MISS`. For values derived from a whole namespace: only the latest is
+        worth keeping, and keeping one per slot keeps the memo's size proportional to the live objects."""
+        hit = self._latest.get(slot)
+        return _MISS if hit is None or hit[0] != key else hit[2]
+
+    def put_latest(self, slot: Hashable, key: Hashable, objs: tuple[object, ...], value: Any) -> None:
+        latest = self._latest
+        latest.pop(slot, None)
+        latest[slot] = (key, objs, value)
+        if len(latest) > self._maxsize:
+            del latest[next(iter(latest))]
+
     def put(self, key: Hashable, objs: tuple[object, ...], value: Any) -> None:
         data = self._data
         data.pop(key, None)
@@ -313,8 +328,10 @@ class _Memo:
 
 
 _MISS: Final = object()
-_MEMO_SIZE: Final = 65536
-"""Memoised values per KubeVirt configuration: one or two per VMI and one per chunk of 16 sums of a large cluster."""
+_MEMO_SIZE: Final = 16384
+"""Memoised values per KubeVirt configuration (and as many namespace-wide ones): one or two per VMI and one per
+chunk of about 16 lists of a sum, a few times over for a cluster of a few thousand VMs; past that, misses only cost
+time."""
 _MEMO_KEY: Final = ("shared.accounting", "memo")
 """Where the memo lives in ``KubeVirtConfig.cache``."""
 
@@ -466,12 +483,14 @@ class _Sum:
     gives what adding its lists in order gives as long as nothing is negative (checked; else lists are added one
     by one)."""
 
-    __slots__ = ("exact", "fmt", "memo", "nanos", "pending")
+    __slots__ = ("exact", "fmt", "memo", "nanos", "pending", "slot")
 
-    def __init__(self, memo: _Memo | None = None) -> None:
+    def __init__(self, memo: _Memo | None = None, slot: Hashable = None) -> None:
         self.nanos: dict[str, int] = {}
         self.fmt: dict[str, Format] = {}
         self.memo = memo
+        self.slot = slot
+        """Which sum this is (namespace, quota, term), where its latest total is remembered."""
         self.pending: list[Mapping[str, Quantity]] = []
         self.exact = memo is None
         """Add list by list (no memo, or a negative amount was seen)."""
@@ -507,15 +526,15 @@ class _Sum:
         if memo is not None and not self.nanos and not self.exact:
             # the same lists from nothing (quotas covering the same pods, a namespace where only VMs changed)
             whole = tuple(pending)
-            key = ("total", tuple(map(id, whole)))
-            found = memo.get_by_ids(key)
+            key = tuple(map(id, whole))
+            found = memo.get_latest(self.slot, key)
             if found is not _MISS:
                 nanos, fmt, self.exact = found
                 self.nanos, self.fmt = dict(nanos), dict(fmt)
                 return
         self._chunks(pending)
         if whole and memo is not None:
-            memo.put(key, whole, (dict(self.nanos), dict(self.fmt), self.exact))
+            memo.put_latest(self.slot, key, whole, (dict(self.nanos), dict(self.fmt), self.exact))
 
     def _chunks(self, pending: list[Mapping[str, Quantity]]) -> None:
         start = 0
@@ -767,7 +786,8 @@ class _Accounting:
                 for r in pol.budget
             }
             memo = self.memo
-            out.append(_Quota(pol, factors, ratio, _Sum(memo), _Sum(memo), _Sum(memo)))
+            sums = [_Sum(memo, ("sum", self.namespace, pol.name, term)) for term in ("U", "P", "S")]
+            out.append(_Quota(pol, factors, ratio, *sums))
         return out
 
     def run(self) -> NamespaceUsage:
@@ -847,10 +867,11 @@ class _Accounting:
             self.quotas_key,
         )
         objs = tuple(self.pods)
-        found = memo.get_by_ids(key)
+        slot = ("pods", self.namespace)
+        found = memo.get_latest(slot, key)
         if found is _MISS:
             found = self._pods_pass()
-            memo.put(key, objs, found)
+            memo.put_latest(slot, key, objs, found)
         self._apply_pods(found)
 
     def _apply_pods(self, found: _PodsPass) -> None:
@@ -994,10 +1015,11 @@ class _Accounting:
             tuple((k, tuple((r, q.nanos, q.format) for r, q in e.items())) for k, e in self.target_estimates.items()),
             self.quotas_key,
         )
-        found = memo.get_by_ids(key)
+        slot = ("vms", self.namespace)
+        found = memo.get_latest(slot, key)
         if found is _MISS:
             found = self._vms_pass()
-            memo.put(key, objs, found)
+            memo.put_latest(slot, key, objs, found)
         self._apply_vms(found)
 
     def _apply_vms(self, found: _VmsPass) -> None:

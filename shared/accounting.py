@@ -216,7 +216,15 @@ def quota_scopes(q: QuotaSnapshot) -> tuple[ScopeRequirement, ...]:
 
 def policy_of(q: QuotaSnapshot) -> QuotaPolicy | None:
     """The policy of a managed quota snapshot (None when not opted in); InvalidInput on bad annotations."""
-    return quota_policy(q.name, q.labels, q.annotations, q.spec_hard, quota_scopes(q))
+    return quota_policy(
+        q.name,
+        q.labels,
+        q.annotations,
+        q.spec_hard,
+        quota_scopes(q),
+        ref=q.ref,
+        scope_field="spec.scopes" if q.scopes else "spec.scopeSelector",
+    )
 
 
 # ---- helpers ---------------------------------------------------------------------------------------------------

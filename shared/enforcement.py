@@ -37,11 +37,11 @@ from enum import StrEnum
 from fractions import Fraction
 from typing import Any, Final
 
+from shared.accounting import policy_of
 from shared.bus import Decision, MigrationState, QuotaTerms, UsageSnapshot, check_namespace, now_rfc3339, source
 from shared.errors import InvalidInput
 from shared.modes import (
     BUDGET_ANNOTATION,
-    DEFAULT_MODE,
     MANAGED_LABEL,
     MODE_ANNOTATION,
     RATIO_ANNOTATION,
@@ -49,7 +49,6 @@ from shared.modes import (
     is_managed,
     parse_budget,
     parse_mode,
-    parse_ratio,
 )
 from shared.quantity import NANO, ZERO, Quantity
 from shared.resources import ResourceList, format_resource_list, is_byte_resource, parse_resource_list
@@ -184,18 +183,12 @@ def resolve_budget(q: QuotaSnapshot) -> Budget:
 
 def check_manageable(q: QuotaSnapshot) -> Mode:
     """The mode of a managed quota; InvalidInput when the enforcer must refuse it (a scope, an unknown mode, an
-    unreadable CPU allocation ratio)."""
-    if q.scopes or q.scope_selector:
-        scopes = list(q.scopes) + [s.scope_name for s in q.scope_selector]
-        raise InvalidInput(
-            f"scoped quotas are not managed (scopes: {', '.join(scopes)}); use an unscoped quota for VMs",
-            f"{q.ref}: spec.scopes" if q.scopes else f"{q.ref}: spec.scopeSelector",
-        )
-    where = f"{q.ref}: metadata.annotations"
-    mode = parse_mode(q.annotations.get(MODE_ANNOTATION, DEFAULT_MODE.value), f"{where}.{MODE_ANNOTATION}")
-    if q.annotations.get(RATIO_ANNOTATION) is not None:
-        parse_ratio(q.annotations[RATIO_ANNOTATION], f"{where}.{RATIO_ANNOTATION}")
-    return mode
+    unreadable CPU allocation ratio or budget). The same rule the ledger's accounting applies
+    (``shared.modes.quota_policy``), so a quota the enforcer refuses never counts in admission either."""
+    policy = policy_of(q)
+    if policy is None:  # not labelled managed: callers only ask about managed quotas
+        raise InvalidInput("the quota is not labelled vmquota.io/managed=true", f"{q.ref}: metadata.labels")
+    return policy.mode
 
 
 def check_usage(u: UsageSnapshot) -> None:

@@ -231,12 +231,16 @@ def quota_policy(
     annotations: Mapping[str, str],
     spec_hard: Mapping[str, Quantity],
     scopes: tuple[ScopeRequirement, ...] = (),
+    *,
+    ref: str = "",
+    scope_field: str = "spec.scopes",
 ) -> QuotaPolicy | None:
     """The policy of a ResourceQuota, or None when it is not opted in. The budget is the annotation when present,
     else ``spec.hard`` as the administrator wrote it. InvalidInput names the quota and the annotation."""
     if not is_managed(labels):
         return None
-    where = f"ResourceQuota {name}: metadata.annotations"
+    ref = ref or f"ResourceQuota {name}"
+    where = f"{ref}: metadata.annotations"
     mode = parse_mode(annotations.get(MODE_ANNOTATION, DEFAULT_MODE.value), f"{where}.{MODE_ANNOTATION}")
     ratio: Fraction | None = None
     if annotations.get(RATIO_ANNOTATION) is not None:
@@ -245,11 +249,13 @@ def quota_policy(
         budget = parse_budget(annotations[BUDGET_ANNOTATION], f"{where}.{BUDGET_ANNOTATION}")
     else:
         budget = dict(spec_hard)
-    for s in scopes:
-        if s.scope not in SUPPORTED_SCOPES:
-            raise InvalidInput(
-                f"scope {s.scope!r} is not supported for a managed quota "
-                f"(supported: {', '.join(sorted(SUPPORTED_SCOPES))})",
-                f"ResourceQuota {name}: spec.scopes",
-            )
+    if scopes:
+        # One rule for the ledger and the enforcer: a VM namespace's compute quota is unscoped. (The accounting can
+        # evaluate SUPPORTED_SCOPES, but a scoped managed quota would make admission depend on which pods its
+        # scope selects, and native quota still charges the VM's pods to the unscoped quotas beside it.)
+        listed = ", ".join(s.scope for s in scopes)
+        raise InvalidInput(
+            f"scoped quotas are not managed (scopes: {listed}); use an unscoped quota for VMs",
+            f"{ref}: {scope_field}",
+        )
     return QuotaPolicy(name=name, mode=mode, budget=budget, cpu_allocation_ratio=ratio, scopes=scopes)

@@ -516,15 +516,16 @@ def test_two_launcher_pods_count_once_at_their_maximum() -> None:
 # ---- quotas ----------------------------------------------------------------------------------------------------------
 
 
-def test_scopes_limit_what_a_quota_sees() -> None:
+def test_a_scoped_managed_quota_is_refused_and_never_refuses_a_vm() -> None:
+    """The enforcer refuses scoped quotas; the ledger applies the same rule (shared.modes.quota_policy), so such a
+    quota never makes a VM wait: it is reported in the errors and left out of admission."""
     sel = [{"scopeName": "PriorityClass", "operator": "In", "values": ["high"]}]
-    quota = quota_obj("rq", {"requests.cpu": "10"}, Mode.VIRTUAL_RESOURCES, scope_selector=sel)
-    hi = vmi_obj("hi", vcpus=2, priority="high")
-    lo = vmi_obj("lo", vcpus=3)
-    u = account([quota, hi, launcher_obj(hi), lo, launcher_obj(lo), pod_obj("p", {"cpu": "1"}, priority="high")])
-    q = u.quotas["rq"]
-    assert q.accounted["requests.cpu"] == Q("3")  # hi (2 vCPUs) + the high-priority pod
-    assert vm(u, "lo").counts == {} and set(vm(u, "hi").counts) == {"rq"}
+    quota = quota_obj("rq", {"requests.cpu": "1"}, Mode.VIRTUAL_RESOURCES, scope_selector=sel)
+    pending = vmi_obj("big", vcpus=8, priority="high", phase="Pending")
+    u = account([quota, pending])
+    assert "rq" not in u.quotas
+    assert any("scoped quotas are not managed" in e and "spec.scopeSelector" in e for e in u.errors), u.errors
+    assert vm(u, "big").state == ADMITTED and vm(u, "big").counts == {}
 
 
 def test_several_quotas_admit_jointly() -> None:

@@ -978,7 +978,7 @@ class _Accounting:
         targets = [pc for pc in vm_pods if m.uid and pc[0].migration_job_uid == m.uid]
         sources = [pc for pc in vm_pods if not (m.uid and pc[0].migration_job_uid == m.uid)]
         if targets:
-            grow = growth(targets[0][1], sources[0][1]) if sources else {}
+            grow = growth(targets[0][1], _pick_source(sources, v)[1]) if sources else {}
             return entry(TARGET_CREATED, f"target pod {targets[0][0].name} exists: charged in P", None, grow)
         if not sources:
             return entry(WAITING, "the VMI has no running launcher pod")

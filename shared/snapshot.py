@@ -201,16 +201,23 @@ def compact_vmi_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     return shared if shared == pruned else pruned
 
 
-@lru_cache(maxsize=4096)
-def _shared_list(key: tuple[tuple[str, str, Any], ...], rl: tuple[tuple[str, Quantity], ...]) -> dict[str, Quantity]:
-    return dict(rl)
+_SHARED_LISTS: dict[tuple[tuple[str, int, int], ...], dict[str, Quantity]] = {}
+_SHARED_LISTS_MAX: Final = 4096
 
 
 def shared_resources(rl: dict[str, Quantity]) -> dict[str, Quantity]:
-    """An equal resource list (same names, order, values and formats) that snapshots of the same shape share
-    (launcher pods of one instance type). Read-only, like the snapshot holding it."""
-    items = tuple(rl.items())
-    return _shared_list(tuple((k, q.canonical(), q.format) for k, q in items), items)
+    """An equal resource list (same names, order, values and formats — which fix the printed form) that snapshots
+    of the same shape share (launcher pods of one instance type). Read-only, like the snapshot holding it.
+
+    The key uses ``id`` of the format (enum members are singletons): hashing stays in C, which matters because
+    this runs for every pod snapshot the ledger decodes."""
+    key = tuple([(k, q.nanos, id(q.format)) for k, q in rl.items()])
+    shared = _SHARED_LISTS.get(key)
+    if shared is None:
+        if len(_SHARED_LISTS) >= _SHARED_LISTS_MAX:
+            _SHARED_LISTS.clear()  # bounded; sharing is an optimisation, never needed for correctness
+        shared = _SHARED_LISTS[key] = dict(rl)
+    return shared
 
 
 # ---- snapshots -------------------------------------------------------------------------------------------------

@@ -231,8 +231,7 @@ def policy_of(q: QuotaSnapshot) -> QuotaPolicy | None:
 
 
 def _rv_key(s: Snapshot) -> tuple[int, str]:
-    rv = s.resource_version
-    return (int(rv), rv) if rv.isdigit() else (-1, rv)
+    return (s.rv_order, s.resource_version)
 
 
 def _latest(objs: Iterable[Snapshot]) -> list[Snapshot]:

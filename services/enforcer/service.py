@@ -253,14 +253,14 @@ class Enforcer:
             rv = contract.resource_version(ev.resource_version)
             present = set(ev.present)
             for key, q in list(self.quotas.items()):
-                if key[0] == ev.namespace and q.uid not in present and _rv(q) <= rv:
+                if key[0] == ev.namespace and q.uid not in present and q.rv_order <= rv:
                     self._forget(key, rv)
             return
         key = (ev.namespace, ev.name)
         rv = contract.resource_version(ev.resource_version)
         if isinstance(ev, contract.Deleted):
             held = self.quotas.get(key)
-            if held is None or _rv(held) <= rv:
+            if held is None or held.rv_order <= rv:
                 self._forget(key, rv)
             return
         snap = ev.snapshot
@@ -307,9 +307,9 @@ class Enforcer:
     def _remember(self, snap: QuotaSnapshot) -> bool:
         """Keep ``snap`` if it is newer than what is held; True when it was kept."""
         key = (snap.namespace, snap.name)
-        rv = _rv(snap)
+        rv = snap.rv_order
         held = self.quotas.get(key)
-        if held is not None and _rv(held) >= rv:
+        if held is not None and held.rv_order >= rv:
             return False
         if held is None and self._gone.get(key, -1) >= rv:
             return False
@@ -410,7 +410,7 @@ class Enforcer:
                 raw = await self.kube.patch_quota(ns, name, enforcement.patch_body(p))
             except KubeError as e:
                 if e.not_found:
-                    self._forget(key, _rv(quota))
+                    self._forget(key, quota.rv_order)
                     return
                 if not e.conflict:
                     raise
@@ -425,7 +425,7 @@ class Enforcer:
                     quota = self._remember_raw(await self.kube.get_quota(ns, name))
                 except KubeError as e2:
                     if e2.not_found:
-                        self._forget(key, _rv(quota))
+                        self._forget(key, quota.rv_order)
                         return
                     raise
                 continue
@@ -526,8 +526,3 @@ async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
             t.cancel()
         await asyncio.wait(pending, timeout=0.2)
         pending = [t for t in pending if not t.done()]
-
-
-def _rv(q: QuotaSnapshot) -> int:
-    rv = q.resource_version
-    return int(rv) if rv.isdigit() else -1

@@ -58,7 +58,10 @@ def _effective(containers: Iterable[_Entry], limits: bool) -> ResourceList:
     peak_fmt: dict[str, Format] = {}
     for init, restartable, requests, lims in containers:
         rl = lims if limits else requests
+        # A sum past the range is reported for the first resource of the sum that is (as adding whole lists and
+        # then checking reports it), not for the first one met while adding.
         if not init or restartable:  # total += rl
+            over = False
             for k, q in rl.items():
                 cur = total.get(k)
                 if cur is None:
@@ -67,8 +70,10 @@ def _effective(containers: Iterable[_Entry], limits: bool) -> ResourceList:
                 else:
                     if cur == 0:
                         total_fmt[k] = q.format
-                    n = cur + q.nanos
-                    total[k] = n if n <= MAX_NANOS else _too_large(n)
+                    n = total[k] = cur + q.nanos
+                    over = over or n > MAX_NANOS
+            if over:
+                _check_range(total)
             if not init:
                 continue
             for k, q in rl.items():  # sidecars += rl
@@ -79,12 +84,15 @@ def _effective(containers: Iterable[_Entry], limits: bool) -> ResourceList:
                 else:
                     if cur == 0:
                         side_fmt[k] = q.format
-                    n = cur + q.nanos
-                    side[k] = n if n <= MAX_NANOS else _too_large(n)
+                    n = side[k] = cur + q.nanos
+                    over = over or n > MAX_NANOS
+            if over:
+                _check_range(side)
             run, run_fmt = side, side_fmt
         else:  # a plain init container: its resources + the sidecars started before it
             run = {k: q.nanos for k, q in rl.items()}
             run_fmt = {k: q.format for k, q in rl.items()}
+            over = False
             for k, n in side.items():
                 cur = run.get(k)
                 if cur is None:
@@ -93,8 +101,10 @@ def _effective(containers: Iterable[_Entry], limits: bool) -> ResourceList:
                 else:
                     if cur == 0:
                         run_fmt[k] = side_fmt[k]
-                    n += cur
-                    run[k] = n if n <= MAX_NANOS else _too_large(n)
+                    n = run[k] = n + cur
+                    over = over or n > MAX_NANOS
+            if over:
+                _check_range(run)
         for k, n in run.items():  # peak = max(peak, run)
             cur = peak.get(k)
             if cur is None or n > cur:
@@ -110,6 +120,12 @@ def _effective(containers: Iterable[_Entry], limits: bool) -> ResourceList:
 
 def _too_large(nanos: int) -> int:
     raise InvalidQuantity(f"{Fraction(nanos, NANO)} is larger than Kubernetes can represent")
+
+
+def _check_range(sums: Mapping[str, int]) -> None:
+    for n in sums.values():
+        if abs(n) > MAX_NANOS:
+            _too_large(n)
 
 
 def pod_totals(

@@ -440,13 +440,14 @@ class Steps:
 
     def __init__(self, queue: WorkQueue) -> None:
         self.queue = queue
-        self._due: dict[tuple[str, str], float] = {}
+        self._due: dict[str, dict[str, float]] = {}
+        """uid → step → when it is due."""
         self._scheduled: set[tuple[str, str, float]] = set()
 
     def elapsed(self, uid: str, step: str, delay: float, key: Key, *, progress: bool = True) -> bool:
         loop = asyncio.get_running_loop()
         now = loop.time()
-        due = self._due.setdefault((uid, step), now + delay)
+        due = self._due.setdefault(uid, {}).setdefault(step, now + delay)
         if now >= due:
             return True
         if (uid, step, due) not in self._scheduled:
@@ -455,9 +456,15 @@ class Steps:
         return False
 
     def clear(self, uid: str, step: str | None = None) -> None:
-        for k in [k for k in self._due if k[0] == uid and (step is None or k[1] == step)]:
-            due = self._due.pop(k)
-            self._scheduled.discard((k[0], k[1], due))
+        steps = self._due.get(uid)
+        if not steps:
+            return
+        for name in [step] if step is not None else list(steps):
+            due = steps.pop(name, None)
+            if due is not None:
+                self._scheduled.discard((uid, name, due))
+        if not steps:
+            del self._due[uid]
 
 
 # ---- the simulator ---------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -27,7 +27,7 @@ from services.logs import get_logger
 from services.simcluster.store_api import ApiError, Obj, Operation, Resource, StoreAPI, WatchType
 from services.simcluster.workqueue import Cache, Key, WorkQueue, key_of
 from shared.errors import InvalidInput
-from shared.podusage import pod_counts_for_compute, pod_quota_usage
+from shared.podusage import pod_counts_for_compute, pod_quota_usage, pod_resources, quota_usage_of
 from shared.quantity import Format, Quantity
 from shared.resources import ResourceList, add, format_resource_list, parse_resource_list
 
@@ -296,8 +296,16 @@ def admit_pod(
     return out
 
 
+PodUsage = Callable[[Mapping[str, Any], "datetime | None"], ResourceList]
+"""What the evaluator charges a pod at a time (:func:`~shared.podusage.pod_quota_usage`, or a cached form)."""
+
+
 def compute_usage(
-    quota: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], *, now: datetime | None = None
+    quota: Mapping[str, Any],
+    pods: Iterable[Mapping[str, Any]],
+    *,
+    now: datetime | None = None,
+    usage_of: PodUsage = pod_quota_usage,
 ) -> tuple[ResourceList, ResourceList]:
     """What the quota controller writes: ``(status.hard, status.used)`` from ``spec.hard`` and the pods.
 
@@ -315,12 +323,41 @@ def compute_usage(
             if not all(pod_matches_scope(s, pod) for s in selectors):
                 continue
             try:
-                usage = add(usage, pod_quota_usage(pod, now))
+                charged = usage_of(pod, now)
             except InvalidInput:
                 continue
-        usage = _mask(usage, matched)
+            for k in matched:  # only the quota's resources are kept: add those, in the quota's order
+                v = charged.get(k)
+                if v is not None:
+                    usage[k] = usage[k] + v
     used = {**old_used, **usage}
     return hard, _mask(used, hard)
+
+
+class PodUsageCache:
+    """:func:`~shared.podusage.pod_quota_usage` remembered per pod version (uid, resourceVersion): the quota
+    controller recounts a namespace's pods on every change of one of them. Whether a pod still counts (terminal,
+    past its grace period) is decided on every call, as it depends on the time."""
+
+    def __init__(self, maxsize: int = 65536) -> None:
+        self._known: dict[tuple[str, str], ResourceList] = {}
+        self._maxsize = maxsize
+
+    def __call__(self, pod: Mapping[str, Any], now: datetime | None = None) -> ResourceList:
+        meta = pod.get("metadata")
+        uid = meta.get("uid") if isinstance(meta, Mapping) else None
+        rv = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+        if not isinstance(uid, str) or not isinstance(rv, str) or not uid or not rv:
+            return pod_quota_usage(pod, now)
+        if not pod_counts_for_compute(pod, now):
+            return pod_quota_usage(pod, now)
+        key = (uid, rv)
+        found = self._known.get(key)
+        if found is None:
+            if len(self._known) >= self._maxsize:
+                self._known.clear()
+            found = self._known[key] = quota_usage_of(*pod_resources(pod))
+        return found
 
 
 def canonical_quantities(rl: object) -> object:
@@ -416,6 +453,7 @@ class ResourceQuotaSystem:
         self._log = get_logger(component="simcluster-quota")
         self.admitted = 0
         self.refused = 0
+        self._usage_of = PodUsageCache()
         cache.subscribe("resourcequotas", self._on_quota)
         cache.subscribe("pods", self._on_pod)
 
@@ -531,7 +569,7 @@ class ResourceQuotaSystem:
         def fn(obj: Obj) -> Obj | None:
             # Runs under the store's write lock: the pod cache is exactly the committed state.
             try:
-                hard, used = compute_usage(obj, self.cache.list("pods", ns), now=now)
+                hard, used = compute_usage(obj, self.cache.list("pods", ns), now=now, usage_of=self._usage_of)
             except InvalidInput as e:
                 self._log.warning("quota cannot be synced", namespace=ns, quota=name, error=str(e))
                 return None

@@ -13,7 +13,14 @@ from hypothesis import strategies as st
 
 from services.simcluster.cluster import SimCluster
 from services.simcluster.kubevirt import KubeVirtTiming
-from services.simcluster.quota import QuotaTiming, admit_pod, compute_usage, missing_constraints, pretty
+from services.simcluster.quota import (
+    PodUsageCache,
+    QuotaTiming,
+    admit_pod,
+    compute_usage,
+    missing_constraints,
+    pretty,
+)
 from services.simcluster.store_api import ApiError
 from shared.podusage import pod_quota_usage
 from shared.quantity import Quantity
@@ -183,6 +190,24 @@ def test_admission_never_overcommits_and_agrees_with_the_controller(
         admitted.append(p)
     _, recomputed = compute_usage(q, admitted)
     assert format_resource_list(recomputed) == q["status"]["used"]
+    cache = PodUsageCache()
+    for i, p in enumerate(admitted):  # the controller's cached charges give the same status, twice over
+        p["metadata"].update(uid=f"u{i}", resourceVersion=str(i + 1))
+    for _ in range(2):
+        _, cached = compute_usage(q, admitted, usage_of=cache)
+        assert format_resource_list(cached) == q["status"]["used"]
+
+
+def test_the_pod_usage_cache_follows_versions_and_time() -> None:
+    cache = PodUsageCache()
+    p = pod("p", container("c", {"memory": "1Gi"}, {"memory": "1Gi"}))
+    p["metadata"].update(uid="u1", resourceVersion="1")
+    assert format_resource_list(cache(p)) == format_resource_list(pod_quota_usage(p))
+    resized = pod("p", container("c", {"memory": "2Gi"}, {"memory": "2Gi"}))
+    resized["metadata"].update(uid="u1", resourceVersion="2")
+    assert format_resource_list(cache(resized))["limits.memory"] == "2Gi", "a new version is charged anew"
+    done = {**resized, "status": {"phase": "Failed"}}
+    assert format_resource_list(cache(done)) == {"count/pods": "1"}, "terminal: whatever the cache holds"
 
 
 # ---- in the simulated cluster -------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ import msgspec
 from shared import bus
 from shared.bus import Deleted, Snapshot, Sync, Upserted
 from shared.errors import InvalidInput
-from shared.snapshot import dec_hook, enc_hook
+from shared.snapshot import dec_hook, enc_hook, same_content
 
 CLUSTER_WIDE: Final = bus.CLUSTER_TOKEN
 """The namespace key of a cluster's cluster-wide state."""
@@ -113,6 +113,11 @@ class Outcome(Enum):
     """At or below the state's checkpointed sequence: already applied before a restart."""
     FOREIGN = "foreign"
     """A namespace of a partition this instance does not own."""
+    REFRESHED = "refreshed"
+    """A newer version that differs only in what accounting never reads (``shared.snapshot.same_content``): stored
+    (it is the newest), but the namespace's usage cannot have changed."""
+    UNTRACKED = "untracked"
+    """A kind this ledger does not fold (accounting does not read it)."""
 
 
 class Record:
@@ -153,7 +158,7 @@ _CK_DECODER: Final = msgspec.json.Decoder(Checkpoint, dec_hook=dec_hook)
 class NamespaceState:
     """One namespace's objects (or a cluster's cluster-wide objects when ``namespace == "_cluster"``)."""
 
-    __slots__ = ("cluster", "floors", "namespace", "objects", "seq", "usage_digest")
+    __slots__ = ("_live", "cluster", "floors", "namespace", "objects", "seq", "usage_digest")
 
     def __init__(self, cluster: str, namespace: str) -> None:
         self.cluster = cluster
@@ -166,15 +171,23 @@ class NamespaceState:
         """kind → resourceVersion of the last sync: an unknown object at or below it is not resurrected."""
         self.usage_digest = ""
         """Digest of the last usage snapshot published for this namespace (kept by the service)."""
+        self._live: dict[str, list[Snapshot]] = {}
+        """kind → :meth:`live` of that kind, until the kind changes (accounting reads a namespace on every change
+        of it, mostly of one kind)."""
 
     # ---- reading ----------------------------------------------------------------------------------------------
     def live(self, kind: str) -> list[Snapshot]:
-        """Snapshots of the existing objects of ``kind``, ordered by uid."""
+        """Snapshots of the existing objects of ``kind``, ordered by uid (a list shared until the kind changes:
+        read-only)."""
+        found = self._live.get(kind)
+        if found is not None:
+            return found
         recs = self.objects.get(kind)
         if not recs:
             return []
         snaps = (recs[u].snapshot for u in sorted(recs))
-        return [s for s in snaps if s is not None]
+        found = self._live[kind] = [s for s in snaps if s is not None]
+        return found
 
     def live_objects(self) -> dict[str, list[Snapshot]]:
         """kind → existing snapshots (ordered by uid), for every kind with at least one."""
@@ -194,23 +207,30 @@ class NamespaceState:
             return Outcome.CHECKPOINTED
         self.seq = seq
         rv = int(ev.resource_version)
-        recs = self.objects.get(ev.kind)
+        kind = ev.kind
+        recs = self.objects.get(kind)
         if recs is None:
-            recs = self.objects[ev.kind] = {}
+            recs = self.objects[kind] = {}
         rec = recs.get(ev.uid)
         if type(ev) is Upserted:
             if rec is not None:
                 if rv <= rec.rv:  # a repeat, an older version, or the version a deletion already covers
                     return Outcome.STALE
-            elif rv <= self.floors.get(ev.kind, -1):
+                if rec.snapshot is not None and same_content(rec.snapshot, ev.snapshot):
+                    recs[ev.uid] = Record(rv, seq, ev.snapshot)
+                    self._live.pop(kind, None)
+                    return Outcome.REFRESHED
+            elif rv <= self.floors.get(kind, -1):
                 return Outcome.STALE  # absent at the last sync, which is newer: a stale producer
             recs[ev.uid] = Record(rv, seq, ev.snapshot)
+            self._live.pop(kind, None)
             return Outcome.APPLIED
         if rec is not None and (rv < rec.rv or (rv == rec.rv and rec.snapshot is None)):
             return Outcome.STALE
-        if rec is None and rv <= self.floors.get(ev.kind, -1):
+        if rec is None and rv <= self.floors.get(kind, -1):
             return Outcome.STALE
         recs[ev.uid] = Record(rv, seq, None)
+        self._live.pop(kind, None)
         return Outcome.APPLIED
 
     def apply_sync(self, ev: Sync, seq: int) -> Outcome:
@@ -230,6 +250,7 @@ class NamespaceState:
                     del recs[uid]  # a tombstone the floor now covers
                 else:
                     recs[uid] = Record(recs[uid].rv, seq, None)
+                    self._live.pop(ev.kind, None)
                 changed = True
         return Outcome.APPLIED if changed else Outcome.STALE
 
@@ -298,8 +319,10 @@ def checkpoint_key(cluster: str, namespace: str) -> str:
 class Ledger:
     """Every state this instance folds, and which of them changed since the caller last looked."""
 
-    def __init__(self, partitions: PartitionSet | None = None) -> None:
+    def __init__(self, partitions: PartitionSet | None = None, kinds: frozenset[str] | None = None) -> None:
         self.partitions = partitions or PartitionSet.all(1)
+        self.kinds = kinds
+        """The kinds folded (None: all); events of other kinds are :attr:`Outcome.UNTRACKED`."""
         self.states: dict[tuple[str, str], NamespaceState] = {}
         self.changed: set[tuple[str, str]] = set()
         """Namespaces whose live objects (or whose cluster-wide objects) changed: recompute their usage."""
@@ -349,6 +372,8 @@ class Ledger:
             return self._apply_sync(ev, seq)
         assert not isinstance(ev, Sync)
         kind = ev.kind  # state_key(ev), inlined: this is the hot path
+        if self.kinds is not None and kind not in self.kinds:
+            return Outcome.UNTRACKED
         if kind in CLUSTER_WIDE_KINDS:
             key = (ev.cluster, CLUSTER_WIDE)
         else:
@@ -365,9 +390,13 @@ class Ledger:
             else:
                 self.unsaved.add(key)
                 self.changed.add(key)
+        elif outcome is Outcome.REFRESHED:
+            self.unsaved.add(key)
         return outcome
 
     def _apply_sync(self, ev: Sync, seq: int) -> Outcome:
+        if self.kinds is not None and ev.kind not in self.kinds:
+            return Outcome.UNTRACKED
         if ev.kind in CLUSTER_WIDE_KINDS:
             keys: Iterable[tuple[str, str]] = [(ev.cluster, CLUSTER_WIDE)]
         elif ev.kind == "Namespace":
@@ -391,8 +420,12 @@ class Ledger:
         return self.apply(bus.decode_event(data), seq)
 
     def load(self, data: bytes) -> NamespaceState:
-        """Load a checkpoint (replacing the state it is for)."""
+        """Load a checkpoint (replacing the state it is for); objects of kinds this ledger does not fold (a
+        checkpoint of an older version) are dropped."""
         st = NamespaceState.from_checkpoint(data)
+        if self.kinds is not None:
+            for kind in [k for k in st.objects if k not in self.kinds]:
+                del st.objects[kind]
         self.states[(st.cluster, st.namespace)] = st
         return st
 

@@ -18,8 +18,8 @@ import re
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from fractions import Fraction
-from functools import lru_cache
-from typing import Any, Final
+from functools import cache, lru_cache
+from typing import Any, ClassVar, Final
 
 import msgspec
 
@@ -79,6 +79,9 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", rena
     name: str
     resource_version: str = ""
     creation_timestamp: datetime | None = None
+
+    unread: ClassVar[frozenset[str]] = frozenset({"resource_version"})
+    """Fields no accounting result depends on (:func:`same_content` ignores them)."""
 
     @property
     def rv_order(self) -> int:
@@ -352,6 +355,10 @@ class QuotaSnapshot(Snapshot, tag=QUOTA_KIND, frozen=True, kw_only=True):
     status_hard: dict[str, Quantity] = {}
     status_used: dict[str, Quantity] = {}
 
+    unread: ClassVar[frozenset[str]] = frozenset({"resource_version", "status_hard", "status_used"})
+    """The status is the quota controller's echo, rewritten on every admitted pod; accounting reads the spec and
+    the metadata only."""
+
 
 class NamespaceSnapshot(Snapshot, tag=NAMESPACE_KIND, frozen=True, kw_only=True):
     labels: dict[str, str] = {}
@@ -422,6 +429,35 @@ SNAPSHOT_TYPES: Final[Mapping[str, type[Snapshot]]] = {
     )
 }
 SUPPORTED_KINDS: Final = frozenset(SNAPSHOT_TYPES)
+
+
+@cache
+def _read_spans(tp: type[Snapshot]) -> tuple[tuple[int, int], ...]:
+    """Index ranges of ``astuple(snapshot)`` holding the fields accounting reads (all but ``tp.unread``)."""
+    spans: list[tuple[int, int]] = []
+    start: int | None = None
+    fields = tp.__struct_fields__
+    for i, name in enumerate(fields):
+        if name in tp.unread:
+            if start is not None:
+                spans.append((start, i))
+                start = None
+        elif start is None:
+            start = i
+    if start is not None:
+        spans.append((start, len(fields)))
+    return tuple(spans)
+
+
+def same_content(old: Snapshot, new: Snapshot) -> bool:
+    """Whether ``new`` tells accounting nothing ``old`` did not: the same type and fields, but for the
+    resourceVersion and the other fields in ``unread`` (a pod's status heartbeat, a quota's ``status.used``). The
+    ledger stores such a version without accounting the namespace again."""
+    tp = type(old)
+    if type(new) is not tp:
+        return False
+    a, b = msgspec.structs.astuple(old), msgspec.structs.astuple(new)
+    return all(a[i:j] == b[i:j] for i, j in _read_spans(tp))
 
 
 # ---- wire format -----------------------------------------------------------------------------------------------

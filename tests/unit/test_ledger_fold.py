@@ -76,8 +76,48 @@ def test_newer_versions_win_and_older_ones_are_ignored() -> None:
     assert led.apply(up("u1", 5), 1) is Outcome.APPLIED
     assert led.apply(up("u1", 3), 2) is Outcome.STALE
     assert led.apply(up("u1", 5), 3) is Outcome.STALE, "a repeat of the same version"
-    assert led.apply(up("u1", 9), 4) is Outcome.APPLIED
+    assert led.apply(up("u1", 9, phase="Running"), 4) is Outcome.APPLIED
     assert live_uids(led) == {"u1": 9}
+
+
+def test_a_version_that_changes_nothing_accounting_reads_is_stored_without_marking_the_namespace() -> None:
+    led = Ledger()
+    led.apply(up("u1", 5, phase="Running"), 1)
+    led.changed.clear()
+    led.unsaved.clear()
+    assert led.apply(up("u1", 6, phase="Running"), 2) is Outcome.REFRESHED, "only the resourceVersion differs"
+    assert live_uids(led) == {"u1": 6}, "the newest version is the one held"
+    assert not led.changed and led.unsaved == {("c1", "a")}, "checkpointed, but not accounted again"
+    assert led.apply(up("u1", 6, phase="Running"), 3) is Outcome.STALE
+    assert led.apply(up("u1", 7, phase="Succeeded"), 4) is Outcome.APPLIED
+    assert led.changed == {("c1", "a")}
+
+
+def test_a_quota_status_update_is_a_refresh_and_a_spec_change_is_not() -> None:
+    hard = {"pods": Quantity.parse("10")}
+    led = Ledger()
+    led.apply(up("q", 1, kind="ResourceQuota", spec_hard=hard), 1)
+    status = {"pods": Quantity.parse("3")}
+    assert led.apply(up("q", 2, kind="ResourceQuota", spec_hard=hard, status_used=status), 2) is Outcome.REFRESHED
+    more = {"pods": Quantity.parse("11")}
+    assert led.apply(up("q", 3, kind="ResourceQuota", spec_hard=more, status_used=status), 3) is Outcome.APPLIED
+
+
+def test_kinds_outside_the_folded_set_are_untracked() -> None:
+    led = Ledger(kinds=frozenset({"Pod"}))
+    assert led.apply(up("vm", 1, kind="VirtualMachine"), 1) is Outcome.UNTRACKED
+    assert led.apply(sync([], 2, kind="VirtualMachine"), 2) is Outcome.UNTRACKED
+    assert led.apply(up("p", 3), 3) is Outcome.APPLIED
+    assert led.state("c1", "a") is not None and led.state("c1", "a").live("VirtualMachine") == []  # type: ignore[union-attr]
+
+
+def test_loading_a_checkpoint_drops_kinds_the_ledger_does_not_fold() -> None:
+    full = fold([up("vm", 1, kind="VirtualMachine"), up("p", 2)])
+    state = full.state("c1", "a")
+    assert state is not None
+    led = Ledger(kinds=frozenset({"Pod"}))
+    loaded = led.load(state.checkpoint())
+    assert loaded.live("VirtualMachine") == [] and [s.uid for s in loaded.live("Pod")] == ["p"]
 
 
 def test_a_deletion_is_a_tombstone_that_older_upserts_cannot_resurrect() -> None:

@@ -28,6 +28,8 @@ Rules (``docs/accounting.md`` explains them):
 * launcher pods of a VMI that is not in the set count as non-VM pods (their resources are in use); terminal
   launcher pods count what the evaluator still charges them (``count/pods``);
 * the result does not depend on the order of the input: objects are sorted, duplicates keep the newest version.
+
+Only the kinds in :data:`ACCOUNTED_KINDS` are read.
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ from shared.podusage import counts_for_compute, quota_usage_of
 from shared.quantity import ZERO, Format, Quantity
 from shared.resources import ResourceList, add, growth, maximum, nonzero
 from shared.snapshot import (
+    EVENT_KIND,
+    KUBEVIRT_KIND,
+    NAMESPACE_KIND,
+    POD_KIND,
+    QUOTA_KIND,
     VMI_FINAL_PHASES,
     EventSnapshot,
     KubeVirtSnapshot,
@@ -66,8 +73,42 @@ from shared.snapshot import (
     VmSnapshot,
     encode,
 )
+from shared.vmi import VMI_KIND, VMIM_KIND
+
+ACCOUNTED_KINDS: Final[frozenset[str]] = frozenset(
+    {VMI_KIND, VMIM_KIND, POD_KIND, QUOTA_KIND, NAMESPACE_KIND, KUBEVIRT_KIND, EVENT_KIND}
+)
+"""The kinds accounting reads (VirtualMachines are not among them: a VM counts through its VMI and pods)."""
 
 _ONE: Final = Quantity.from_int(1)
+
+
+def is_urgent(old: Snapshot | None, new: Snapshot | None) -> bool:
+    """Whether a change of one object (``old`` → ``new``; None: absent) can start, end or correct a reservation,
+    which a migration or a new VM waits for: any change of a migration or a ResourceQuota, a VMI appearing, going
+    or changing its phase or size, a quota refusal appearing or changing its amounts. The ledger accounts a
+    namespace at once after such a change and at its debounce after others (pods above all: a pod that appears
+    ends a reservation but adds as much to ``P``, so ``hard`` stays)."""
+    obj = new if new is not None else old
+    if obj is None:
+        return False
+    if isinstance(obj, (VmimSnapshot, QuotaSnapshot)):
+        return True
+    if isinstance(obj, VmiSnapshot):
+        if not isinstance(old, VmiSnapshot) or not isinstance(new, VmiSnapshot):
+            return True
+        return _vmi_phase_and_size(old) != _vmi_phase_and_size(new)
+    if isinstance(obj, EventSnapshot):
+        if not isinstance(old, EventSnapshot) or not isinstance(new, EventSnapshot):
+            return obj.quota_refusal
+        return (old.quota_name, old.requested) != (new.quota_name, new.requested)
+    return False
+
+
+def _vmi_phase_and_size(v: VmiSnapshot) -> tuple[object, ...]:
+    return (v.phase, v.deletion_timestamp, v.vcpus, v.guest_memory, v.status_vcpus, v.status_guest_memory)
+
+
 _POD_COUNT_ONLY: Final[ResourceList] = {"count/pods": _ONE}
 """What the evaluator charges a terminal pod."""
 
@@ -245,6 +286,11 @@ def _latest(objs: Iterable[Snapshot]) -> list[Snapshot]:
     return list(best.values())
 
 
+def _event_order(e: EventSnapshot) -> tuple[bool, datetime, str, str]:
+    """Order of events: by last time (events without one first), then name and uid."""
+    return (e.last_timestamp is not None, e.last_timestamp or datetime.min, e.name, e.uid)
+
+
 def _created_key(s: Snapshot) -> tuple[bool, datetime, str, str]:
     """Creation order; objects without a creation time last, then by name and uid."""
     ts = s.creation_timestamp
@@ -266,47 +312,37 @@ def _fmt(rl: Mapping[str, Quantity]) -> str:
 
 
 class _Memo:
-    """A bounded map from the identity of objects and the inputs a derived value depends on (``(uid,
-    resourceVersion, ...)``) to that value. The objects are kept with their value and a hit needs the very same
-    snapshots or ones with the same encoded form, so a reused identity with other content (a fixture, a restored
-    object) is recomputed, never served stale: a result is the same with and without the memo. The oldest entries
-    go first when it is full."""
+    """Values derived from objects, one per *slot* (a VMI's estimate, a VM's entry, a namespace's pod pass, a
+    sum's chunks): only the latest version of an object is worth keeping, so the memo is as large as the live
+    objects, not as their history (which would also make every full garbage collection walk the history). A value
+    is kept with the objects it was derived from and the inputs it depends on (``key``); a hit needs an equal key
+    and the very same objects (a key of their ids: the entry keeps them alive, so no other object has those ids)
+    or objects with the same encoded form, so a reused identity with other content (a fixture, a restored object)
+    is recomputed, never served stale: a result is the same with and without the memo. Slots least recently
+    written go first when it is full."""
 
-    __slots__ = ("_data", "_latest", "_maxsize", "_next_token", "_tokens")
+    __slots__ = ("_latest", "_maxsize", "_next_token", "_tokens")
 
     def __init__(self, maxsize: int) -> None:
-        self._data: dict[Hashable, tuple[tuple[object, ...], Any]] = {}
         self._latest: dict[Hashable, tuple[Hashable, tuple[object, ...], Any]] = {}
         self._maxsize = maxsize
         self._tokens: dict[Hashable, int] = {}
         self._next_token = 0
 
-    def get(self, key: Hashable, objs: tuple[Snapshot, ...]) -> Any:
-        """The value remembered for ``key`` and ``objs``, else :data:`_MISS`."""
-        hit = self._data.get(key)
-        if hit is None:
-            return _MISS
-        kept = hit[0]
-        if len(kept) != len(objs):
-            return _MISS
-        for a, b in zip(kept, objs, strict=True):
-            if a is not b and encode(a) != encode(b):  # type: ignore[arg-type]  # Quantity equality ignores the format: compare the wire form
-                return _MISS
-        return hit[1]
-
-    def get_by_ids(self, key: Hashable) -> Any:
-        """The value remembered for a key made of the ids of the objects it was computed from (and other plain
-        values): the entry keeps those objects alive, so no other object has their ids while it exists and an
-        equal key means the very same objects."""
-        hit = self._data.get(key)
-        return _MISS if hit is None else hit[1]
-
-    def get_latest(self, slot: Hashable, key: Hashable) -> Any:
-        """The value last remembered in ``slot`` if it was for ``key`` (a key made of ids, as for
-        :meth:`get_by_ids`), else :data:`_MISS`. For values derived from a whole namespace: only the latest is
-        worth keeping, and keeping one per slot keeps the memo's size proportional to the live objects."""
+    def get_latest(self, slot: Hashable, key: Hashable, objs: tuple[Snapshot, ...] | None = None) -> Any:
+        """The value last remembered in ``slot`` if it was for ``key`` (and, given ``objs``, for the same or equal
+        objects), else :data:`_MISS`."""
         hit = self._latest.get(slot)
-        return _MISS if hit is None or hit[0] != key else hit[2]
+        if hit is None or hit[0] != key:
+            return _MISS
+        if objs is not None:
+            kept = hit[1]
+            if len(kept) != len(objs):
+                return _MISS
+            for a, b in zip(kept, objs, strict=True):
+                if a is not b and encode(a) != encode(b):  # type: ignore[arg-type]  # Quantity equality ignores the format: compare the wire form
+                    return _MISS
+        return hit[2]
 
     def put_latest(self, slot: Hashable, key: Hashable, objs: tuple[object, ...], value: Any) -> None:
         latest = self._latest
@@ -314,13 +350,6 @@ class _Memo:
         latest[slot] = (key, objs, value)
         if len(latest) > self._maxsize:
             del latest[next(iter(latest))]
-
-    def put(self, key: Hashable, objs: tuple[object, ...], value: Any) -> None:
-        data = self._data
-        data.pop(key, None)
-        data[key] = (objs, value)
-        if len(data) > self._maxsize:
-            del data[next(iter(data))]
 
     def token(self, value: Hashable) -> int:
         """A small number standing for ``value`` in keys (cheap to hash); never reused for another value."""
@@ -335,10 +364,9 @@ class _Memo:
 
 
 _MISS: Final = object()
-_MEMO_SIZE: Final = 16384
-"""Memoised values per KubeVirt configuration (and as many namespace-wide ones): one or two per VMI and one per
-chunk of about 16 lists of a sum, a few times over for a cluster of a few thousand VMs; past that, misses only cost
-time."""
+_MEMO_SIZE: Final = 65536
+"""Memo slots per KubeVirt configuration: two or three per VM (estimates, its entry) and a few per namespace and
+quota; past that (some 20,000 VMs), misses only cost time."""
 _MEMO_KEY: Final = ("shared.accounting", "memo")
 """Where the memo lives in ``KubeVirtConfig.cache``."""
 
@@ -399,15 +427,16 @@ class _Renderer:
         memo = self.memo
         if memo is None:
             return compute()
-        key = (v.uid, v.resource_version, v.name, what, self.facts_key)
-        hit = memo.get(key, (v,))
+        slot = ("vmi", v.uid or v.name, what)
+        key = (v.resource_version, v.name, self.facts_key)
+        hit = memo.get_latest(slot, key, (v,))
         if hit is not _MISS:
             value, errors = hit
             self.errors.extend(errors)
             return value
         n = len(self.errors)
         value = compute()
-        memo.put(key, (v,), (value, tuple(self.errors[n:])))
+        memo.put_latest(slot, key, (v,), (value, tuple(self.errors[n:])))
         return value
 
     def vmi_usage(self, v: VmiSnapshot) -> ResourceList | None:
@@ -485,12 +514,12 @@ class _Sum:
     formats, key order); :meth:`result` builds the quantities once.
 
     With a memo, added lists are queued and folded in chunks whose sums are remembered by the identity of their
-    lists: the lists of memoised entries (a running VM's counts, a pod's usage) are the same objects from one
-    accounting to the next, so after one change only the chunk it is in is summed again. Folding a chunk's sum
-    gives what adding its lists in order gives as long as nothing is negative (checked; else lists are added one
-    by one)."""
+    lists (the chunks of this sum's last accounting, in the memo's slot ``("chunks", slot)``): the lists of
+    memoised entries (a running VM's counts, a pod's usage) are the same objects from one accounting to the next,
+    so after one change only the chunk it is in is summed again. Folding a chunk's sum gives what adding its lists
+    in order gives as long as nothing is negative (checked; else lists are added one by one)."""
 
-    __slots__ = ("exact", "fmt", "memo", "nanos", "pending", "slot")
+    __slots__ = ("_chunks_before", "_chunks_now", "exact", "fmt", "memo", "nanos", "pending", "slot")
 
     def __init__(self, memo: _Memo | None = None, slot: Hashable = None) -> None:
         self.nanos: dict[str, int] = {}
@@ -501,6 +530,8 @@ class _Sum:
         self.pending: list[Mapping[str, Quantity]] = []
         self.exact = memo is None
         """Add list by list (no memo, or a negative amount was seen)."""
+        self._chunks_before: dict[tuple[int, ...], tuple[tuple[object, ...], _ChunkSum | None]] | None = None
+        self._chunks_now: dict[tuple[int, ...], tuple[tuple[object, ...], _ChunkSum | None]] = {}
 
     def add(self, rl: Mapping[str, Quantity]) -> None:
         if self.exact:
@@ -558,14 +589,17 @@ class _Sum:
         memo = self.memo
         summary: _ChunkSum | None = None
         if memo is not None and not self.exact:
+            before = self._chunks_before
+            if before is None:  # the first chunk of this accounting: this sum's chunks of the last one
+                slot = ("chunks", self.slot)
+                found = memo.get_latest(slot, None)
+                before = self._chunks_before = {} if found is _MISS else found
+                memo.put_latest(slot, None, (), self._chunks_now)
             objs = tuple(chunk)
-            key = ("sum", tuple(map(id, objs)))
-            found = memo.get_by_ids(key)
-            if found is _MISS:
-                summary = _summary(objs)
-                memo.put(key, objs, summary)
-            else:
-                summary = found
+            key = tuple(map(id, objs))  # the chunk's lists are kept with its sum: equal ids, the same lists
+            hit = before.get(key)
+            summary = _summary(objs) if hit is None else hit[1]
+            self._chunks_now[key] = (objs, summary)
         if summary is None:
             self.exact = True
             for rl in chunk:
@@ -626,6 +660,7 @@ def account_namespace(
     policies: Sequence[QuotaPolicy] | None = None,
     namespace: str | None = None,
     memoize: bool = True,
+    distinct: bool = False,
 ) -> NamespaceUsage:
     """Account one namespace.
 
@@ -637,8 +672,12 @@ def account_namespace(
     reuse what earlier calls derived from the same objects (launcher pod estimates per VMI uid, resourceVersion,
     configuration and namespace facts; the configuration of the same KubeVirt snapshot), so that accounting a
     namespace again after one change costs little; the result is the same either way (False: the reference).
+    ``distinct``: the caller guarantees one version per object (a ledger view), so looking for duplicates is
+    skipped; given duplicates anyway, the result is unspecified.
     """
-    return _Accounting(objects, now=now, config=config, policies=policies, namespace=namespace, memoize=memoize).run()
+    return _Accounting(
+        objects, now=now, config=config, policies=policies, namespace=namespace, memoize=memoize, distinct=distinct
+    ).run()
 
 
 def _vm_key(v: VmiSnapshot) -> str:
@@ -672,10 +711,11 @@ class _Accounting:
         policies: Sequence[QuotaPolicy] | None,
         namespace: str | None,
         memoize: bool,
+        distinct: bool = False,
     ) -> None:
         self.now = now
         self.errors: list[str] = []
-        objs = _latest(objects)
+        objs = list(objects) if distinct else _latest(objects)
         if namespace is None:
             names = {
                 s.namespace for s in objs if s.namespace and not isinstance(s, (NamespaceSnapshot, KubeVirtSnapshot))
@@ -762,9 +802,15 @@ class _Accounting:
         self.vmims: list[VmimSnapshot] = _order(vmims)
         self.pods: list[PodSnapshot] = _order(pods)
         self.quota_objs = sorted(quotas, key=lambda q: q.name)
-        self.events = sorted(
-            events, key=lambda e: (e.last_timestamp is not None, e.last_timestamp or datetime.min, e.name)
-        )
+        self.refusals_by_uid: dict[str, list[EventSnapshot]] = {}
+        """Quota refusals by the uid of the VMI they are about (when the event names it)."""
+        self.refusals_by_name: dict[str, list[EventSnapshot]] = {}
+        """Quota refusals by the name of the VMI they are about."""
+        for e in events:
+            if e.quota_refusal:
+                if e.involved_uid:
+                    self.refusals_by_uid.setdefault(e.involved_uid, []).append(e)
+                self.refusals_by_name.setdefault(e.involved_name, []).append(e)
 
     def _policies(self, policies: Sequence[QuotaPolicy] | None) -> list[_Quota]:
         if policies is None:
@@ -935,15 +981,13 @@ class _Accounting:
     # ---- FailedCreate events
     def _refusals(self, v: VmiSnapshot, since: datetime | None) -> ResourceList:
         """Merged ``requested:`` amounts of the VMI's quota refusals at or after ``since`` (later events win)."""
+        by_name = self.refusals_by_name.get(v.name, ())
+        if v.uid:  # the events that name this uid, and those that name no uid but this VMI's name
+            found = [*self.refusals_by_uid.get(v.uid, ()), *(e for e in by_name if not e.involved_uid)]
+        else:
+            found = list(by_name)
         out: ResourceList = {}
-        for e in self.events:
-            if not e.quota_refusal:
-                continue
-            if e.involved_uid and v.uid:
-                if e.involved_uid != v.uid:
-                    continue
-            elif e.involved_name != v.name:
-                continue
+        for e in sorted(found, key=_event_order):
             if since is not None and e.last_timestamp is not None and e.last_timestamp < since:
                 continue
             out.update(e.requested)
@@ -1059,16 +1103,16 @@ class _Accounting:
             else:
                 # the entry is a function of the VMI, its active launcher pods, its target estimate and the quotas
                 memo_obj = (v, *(p for p, _ in vm_pods))
+                memo_slot = ("running", self.namespace, key)
                 memo_key = (
-                    "running",
                     tuple(map(id, memo_obj)),
                     None if target is None else tuple((k, q.nanos, q.format) for k, q in target.items()),
                     self.quotas_key,
                 )
-                entry = memo.get_by_ids(memo_key)
+                entry = memo.get_latest(memo_slot, memo_key)
                 if entry is _MISS:
                     entry = self._running_vm(v, vm_pods, target)
-                    memo.put(memo_key, memo_obj, entry)
+                    memo.put_latest(memo_slot, memo_key, memo_obj, entry)
             counts = entry.counts
             for q in self._vm_covering(v):
                 accounted[id(q)].append(counts[q.policy.name])

@@ -20,14 +20,16 @@ def _rl(rl: Mapping[str, Quantity]) -> dict[str, str]:
     return format_resource_list(rl)
 
 
-_VM_STATES: dict[int, tuple[VmEntry, contract.VmState]] = {}
-"""Wire form of VM entries by entry identity: accounting hands out the same entry for a running VM that did not
-change, so most of a namespace's VMs are not formatted again. The entry is kept, so its id is not reused."""
+_VM_STATES: dict[tuple[str, str, str], tuple[VmEntry, contract.VmState]] = {}
+"""Wire form of the latest entry of each VM (namespace, uid, name): accounting hands out the same entry for a
+running VM that did not change, so most of a namespace's VMs are not formatted again. One per VM: the cache is
+as large as the fleet."""
 _VM_STATES_MAX = 65536
 
 
-def _vm_state(v: VmEntry) -> contract.VmState:
-    hit = _VM_STATES.get(id(v))
+def _vm_state(namespace: str, v: VmEntry) -> contract.VmState:
+    key = (namespace, v.uid, v.name)
+    hit = _VM_STATES.get(key)
     if hit is not None and hit[0] is v:
         return hit[1]
     state = contract.VmState(
@@ -40,7 +42,8 @@ def _vm_state(v: VmEntry) -> contract.VmState:
         reserved=_rl(v.reserved),
         refused_by={k: list(r) for k, r in sorted(v.refused_by.items())},
     )
-    _VM_STATES[id(v)] = (v, state)
+    _VM_STATES.pop(key, None)  # the newest last: the oldest (of a deleted VM) go first when full
+    _VM_STATES[key] = (v, state)
     if len(_VM_STATES) > _VM_STATES_MAX:
         del _VM_STATES[next(iter(_VM_STATES))]
     return state
@@ -51,7 +54,7 @@ def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageB
     their grace period, as the Kubernetes quota evaluator does."""
     objects = [s for kind in sorted(view.objects) for s in view.objects[kind]]
     objects += [s for kind in sorted(view.cluster_objects) for s in view.cluster_objects[kind]]
-    usage = account_namespace(objects, now=now or datetime.now(UTC), namespace=view.namespace)
+    usage = account_namespace(objects, now=now or datetime.now(UTC), namespace=view.namespace, distinct=True)
     quotas = {
         name: contract.QuotaTerms(
             mode=q.policy.mode.value,
@@ -64,7 +67,7 @@ def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageB
         )
         for name, q in sorted(usage.quotas.items())
     }
-    vms = [_vm_state(v) for v in usage.vms]
+    vms = [_vm_state(view.namespace, v) for v in usage.vms]
     migrations = [
         contract.MigrationState(
             name=m.name,

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import random
@@ -226,39 +227,14 @@ class Bus:
     ) -> tuple[int, int]:
         """Publish ``(subject, data, msg_id)`` items with up to ``window`` acks in flight. A message whose ack
         fails is published again on its own (the msg-id makes that safe). Returns (stored, duplicates)."""
-        pending: list[tuple[asyncio.Future[PubAck], tuple[str, bytes, str | None]]] = []
-        counts = [0, 0]  # stored, duplicates
-
-        async def settle(n: int) -> None:
-            while pending and n > 0:
-                fut, item = pending.pop(0)
-                n -= 1
-                try:
-                    ack = await fut
-                except (*TRANSIENT, nats.js.errors.APIError):
-                    ack = await self.publish(item[0], item[1], msg_id=item[2])
-                counts[1 if ack.duplicate else 0] += 1
-
+        pipe = AckWindow(self, window)
         try:
-            for item in items:
-                subject, data, mid = item
-                hdrs = {"Nats-Msg-Id": mid} if mid is not None else None
-                try:
-                    fut = await self.js.publish_async(subject, data, headers=hdrs, wait_stall=30.0)
-                except (*TRANSIENT, nats.js.errors.TooManyStalledMsgsError):
-                    await settle(len(pending))
-                    ack = await self.publish(subject, data, msg_id=mid)
-                    counts[1 if ack.duplicate else 0] += 1
-                    continue
-                pending.append((fut, item))
-                if len(pending) >= window:
-                    await settle(window // 2)
-            await settle(len(pending))
+            for subject, data, mid in items:
+                await pipe.send(subject, data, mid)
         except BaseException:
-            for fut, _ in pending:  # abandoned: retrieve their outcome so none is reported as never retrieved
-                fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+            pipe.abandon()
             raise
-        return counts[0], counts[1]
+        return await pipe.settle()
 
     async def publish_dead_letter(
         self,
@@ -305,6 +281,59 @@ async def _retry(fn: Callable[[], Awaitable[T]], *, what: str, deadline: float =
             log.warning("nats call failed, retrying", what=what, error=str(e) or type(e).__name__)
             await asyncio.sleep(delay * random.uniform(0.8, 1.2))
             delay = min(delay * 2, 2.0)
+
+
+class AckWindow:
+    """Publishing to JetStream with the acks awaited later: :meth:`send` returns once the message is handed to
+    the connection (with at most ``window`` acks outstanding), :meth:`settle` waits for every ack. A message whose
+    ack fails is published again on its own (a msg-id makes that safe)."""
+
+    def __init__(self, bus: Bus, window: int = 1000) -> None:
+        self.bus = bus
+        self.window = max(1, window)
+        self._pending: collections.deque[tuple[asyncio.Future[PubAck], tuple[str, bytes, str | None]]] = (
+            collections.deque()
+        )
+        self._counts = [0, 0]  # stored, duplicates
+
+    async def send(self, subject: str, data: bytes, msg_id: str | None = None) -> None:
+        hdrs = {"Nats-Msg-Id": msg_id} if msg_id is not None else None
+        try:
+            fut = await self.bus.js.publish_async(subject, data, headers=hdrs, wait_stall=30.0)
+        except (*TRANSIENT, nats.js.errors.TooManyStalledMsgsError):
+            await self._settle(len(self._pending))
+            ack = await self.bus.publish(subject, data, msg_id=msg_id)
+            self._counts[1 if ack.duplicate else 0] += 1
+            return
+        self._pending.append((fut, (subject, data, msg_id)))
+        if len(self._pending) >= self.window:
+            await self._settle(self.window // 2 or 1)
+
+    async def _settle(self, n: int) -> None:
+        pending = self._pending
+        while pending and n > 0:
+            fut, item = pending.popleft()
+            n -= 1
+            try:
+                ack = await fut
+            except (*TRANSIENT, nats.js.errors.APIError):
+                ack = await self.bus.publish(item[0], item[1], msg_id=item[2])
+            self._counts[1 if ack.duplicate else 0] += 1
+
+    async def settle(self) -> tuple[int, int]:
+        """Wait for every outstanding ack; (stored, duplicates) of everything sent."""
+        try:
+            await self._settle(len(self._pending))
+        except BaseException:
+            self.abandon()
+            raise
+        return self._counts[0], self._counts[1]
+
+    def abandon(self) -> None:
+        """Stop waiting: the outcome of each outstanding ack is retrieved (never reported as never retrieved)."""
+        for fut, _ in self._pending:
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._pending.clear()
 
 
 class PullConsumer:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import importlib
 import os
 import signal
@@ -294,7 +295,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"vmquota run: {e}", file=sys.stderr)
         return 2
     logs.configure(config.log_level)
+    for name in [n for n in PLANNED if n in SERVICES] if config.service == "all" else [config.service]:
+        resolve(name)  # imported now, so that freeze_startup() below covers the modules
+    freeze_startup()
     return asyncio.run(serve(config))
+
+
+def freeze_startup() -> None:
+    """Keep what start-up allocated (modules, classes, the Kubernetes client's models: 40,000 to 150,000 objects)
+    out of the cyclic garbage collector's sight (``gc.freeze``). A full collection then walks only what the
+    service allocates while it runs; otherwise every full collection walks them all, a pause of 20-120 ms under
+    load on a service a migration is waiting for. Nothing frozen is garbage: it lives as long as the process."""
+    gc.collect()
+    gc.freeze()
 
 
 # ---- HTTP -------------------------------------------------------------------------------------------------------

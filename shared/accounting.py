@@ -88,7 +88,7 @@ def is_urgent(old: Snapshot | None, new: Snapshot | None) -> bool:
     which a migration or a new VM waits for: any change of a migration or a ResourceQuota, a VMI appearing, going
     or changing its phase or size, a quota refusal appearing or changing its amounts. The ledger accounts a
     namespace at once after such a change and at its debounce after others (pods above all: a pod that appears
-    ends a reservation but adds as much to ``P``, so ``hard`` stays)."""
+    ends a reservation but adds as much to ``P``, so ``hard`` stays). See :class:`Urgency` for refusals."""
     obj = new if new is not None else old
     if obj is None:
         return False
@@ -103,6 +103,30 @@ def is_urgent(old: Snapshot | None, new: Snapshot | None) -> bool:
             return obj.quota_refusal
         return (old.quota_name, old.requested) != (new.quota_name, new.requested)
     return False
+
+
+class Urgency:
+    """:func:`is_urgent`, except that a new quota refusal repeating the amounts of the previous refusal of the
+    same VMI is not urgent: KubeVirt retries a refused pod on every quota update, and each retry is a new event
+    with the same ``requested:`` amounts, which correct nothing the first did not. (When a VMI is refused with
+    the amounts of an earlier refusal, for a later migration, the correction waits for the ledger's debounce.)
+    Only the timing of accounting depends on this, never its result."""
+
+    def __init__(self, maxsize: int = 65536) -> None:
+        self._last: dict[tuple[str, str], tuple[str, ResourceList]] = {}
+        self._maxsize = maxsize
+
+    def __call__(self, old: Snapshot | None, new: Snapshot | None) -> bool:
+        if not isinstance(new, EventSnapshot) or old is not None or not new.quota_refusal:
+            return is_urgent(old, new)
+        key = (new.namespace, new.involved_uid or f"name:{new.involved_name}")
+        amounts = (new.quota_name, new.requested)
+        if self._last.get(key) == amounts:
+            return False
+        if len(self._last) >= self._maxsize:
+            self._last.clear()
+        self._last[key] = amounts
+        return True
 
 
 def _vmi_phase_and_size(v: VmiSnapshot) -> tuple[object, ...]:

@@ -257,20 +257,36 @@ class NamespaceState:
     # ---- checkpoints ------------------------------------------------------------------------------------------
     def checkpoint(self) -> bytes:
         """Deterministic JSON of this state."""
+        return b"".join(self.checkpoint_parts())
+
+    def checkpoint_parts(self, records: int = 128) -> Iterator[bytes]:
+        """:meth:`checkpoint` in pieces of about ``records`` objects, to encode a little at a time: the state is
+        captured now (its records are replaced, never changed), so folding between two pieces does not change
+        what the pieces spell."""
         objects = [
             _CkRecord(kind, uid, r.rv, r.seq, r.snapshot)
             for kind in sorted(self.objects)
             for uid, r in sorted(self.objects[kind].items())
         ]
-        ck = Checkpoint(
-            cluster=self.cluster,
-            namespace=self.namespace,
-            seq=self.seq,
-            usage_digest=self.usage_digest,
-            floors=dict(sorted(self.floors.items())),
-            objects=objects,
+        head = _CK_ENCODER.encode(
+            Checkpoint(
+                cluster=self.cluster,
+                namespace=self.namespace,
+                seq=self.seq,
+                usage_digest=self.usage_digest,
+                floors=dict(sorted(self.floors.items())),
+            )
         )
-        return _CK_ENCODER.encode(ck)
+        assert head.endswith(b"[]}"), "objects is the last field of a checkpoint"
+        return self._parts(head[:-3], objects, max(1, records))
+
+    @staticmethod
+    def _parts(head: bytes, objects: list[_CkRecord], records: int) -> Iterator[bytes]:
+        yield head + b"["
+        for i in range(0, len(objects), records):
+            part = _CK_ENCODER.encode(objects[i : i + records])[1:-1]  # a JSON array is its items, comma-joined
+            yield part if i == 0 else b"," + part
+        yield b"]}"
 
     @classmethod
     def from_checkpoint(cls, data: bytes) -> NamespaceState:

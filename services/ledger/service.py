@@ -38,7 +38,7 @@ from nats.js.kv import KeyValue
 from services.bus import AckWindow, Bus, PullConsumer
 from services.runner import Health, Metrics
 from shared import bus as contract
-from shared.accounting import ACCOUNTED_KINDS, is_urgent
+from shared.accounting import ACCOUNTED_KINDS, Urgency
 from shared.errors import InvalidInput
 from shared.ledger import CLUSTER_WIDE, Ledger, NamespaceView, Outcome, PartitionSet, checkpoint_key
 from shared.snapshot import Snapshot
@@ -52,7 +52,7 @@ COMPRESS_OVER = 128 * 1024
 log = structlog.get_logger("vmquota.ledger")
 
 URGENT_KINDS = frozenset({"VirtualMachineInstanceMigration", "VirtualMachineInstance", "Event", "ResourceQuota"})
-"""Kinds whose change may be accounted at once, past the debounce (``shared.accounting.is_urgent`` decides): a
+"""Kinds whose change may be accounted at once, past the debounce (``shared.accounting.Urgency`` decides): a
 migration or a new VM waits for its reservation, a FailedCreate event corrects one, a quota edit changes the
 budget. Pods (the bulk of the stream) are debounced."""
 
@@ -124,6 +124,7 @@ class LedgerService:
         """When each namespace was last accounted (monotonic), for the per-namespace debounce."""
         self._urgent: set[tuple[str, str]] = set()
         """Namespaces with an urgent event since they were last accounted."""
+        self._is_urgent = Urgency()
         self._last_checkpoint = 0.0
         self._checkpointing: asyncio.Task[int] | None = None
         """The checkpoint round being written in the background, if any."""
@@ -290,7 +291,8 @@ class LedgerService:
                 outcome = apply(ev, seq)
                 if outcome is Outcome.APPLIED:
                     self.applied += 1
-                    if maybe_urgent and is_urgent(old, ev.snapshot if isinstance(ev, contract.Upserted) else None):
+                    new = ev.snapshot if isinstance(ev, contract.Upserted) else None
+                    if maybe_urgent and self._is_urgent(old, new):
                         self._urgent.add((ev.cluster, ev.namespace))
                 elif outcome is Outcome.REFRESHED:
                     self.applied += 1
@@ -399,10 +401,10 @@ class LedgerService:
     async def checkpoint(self, *, pace: bool = False) -> int:
         """Write every changed state, then this instance's progress. Returns how many states were written.
 
-        ``pace``: a round running as a task beside the fold: encode each state only while the loop waits for
-        events, and compress it in a thread. That is safe: ``progress`` is taken first, so an event folded
-        meanwhile is above it and is replayed after a crash (a state written after it has it already and skips
-        it)."""
+        ``pace``: a round running as a task beside the fold: encode each state a piece at a time, only while
+        the loop waits for events, and compress it in a thread. That is safe: ``progress`` is taken first, so an
+        event folded meanwhile is above it and is replayed after a crash (a state written after it has it already
+        and skips it)."""
         assert self.kv is not None and self.consumer is not None
         if self.ledger.changed and not pace:
             await self.publish_usage()  # the progress written below must not cover an unpublished change
@@ -417,12 +419,14 @@ class LedgerService:
                 puts = []
                 for k in chunk:
                     if pace:
-                        await self._waiting.wait()
-                    data = self.ledger.states[k].checkpoint()
-                    if pace:  # zlib lets go of the GIL: compress beside the fold
-                        data = await asyncio.to_thread(pack, data)
+                        parts = []
+                        for part in self.ledger.states[k].checkpoint_parts():  # the state as it is now
+                            await asyncio.sleep(0)
+                            await self._waiting.wait()
+                            parts.append(part)
+                        data = await asyncio.to_thread(pack, b"".join(parts))  # zlib lets go of the GIL
                     else:
-                        data = pack(data)
+                        data = pack(self.ledger.states[k].checkpoint())
                     puts.append(kv.put(checkpoint_key(*k), data))
                 await asyncio.gather(*puts)
             await kv.put(self.opts.progress_key, str(progress).encode())

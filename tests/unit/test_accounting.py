@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -31,7 +32,9 @@ from shared.accounting import (
     TARGET_CREATED,
     WAITING,
     NamespaceUsage,
+    Urgency,
     account_namespace,
+    is_urgent,
 )
 from shared.errors import InvalidInput
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
@@ -741,3 +744,34 @@ def test_memo_hit_returns_what_was_computed() -> None:
     first = account_namespace(objs, now=NOW)
     _same(account_namespace(objs, now=NOW), first)
     assert first.quotas["rq"].accounted["requests.cpu"] == Q("6")  # 1 + 2 running, 3 admitted
+
+
+# ---- urgency: which changes the ledger accounts at once ------------------------------------------------------------
+
+
+def _one(obj: Mapping[str, Any]) -> AnySnapshot:
+    return snaps([obj])[0]
+
+
+def test_urgent_changes_are_those_a_reservation_depends_on() -> None:
+    running = _one(vmi_obj("v"))
+    assert is_urgent(None, running), "a new VMI may need a reservation"
+    assert is_urgent(running, None), "a VMI that goes ends one"
+    relabelled = msgspec.structs.replace(running, resource_version="99", labels={"x": "y"})
+    assert not is_urgent(running, relabelled), "a label changes no reservation"
+    assert is_urgent(running, msgspec.structs.replace(running, phase="Succeeded"))
+    pod = _one(launcher_obj(vmi_obj("v")))
+    assert not is_urgent(None, pod), "a new pod ends a reservation but adds as much to P"
+    quota = _one(quota_obj("rq", {"requests.memory": "1Gi"}, Mode.VIRTUAL_RESOURCES))
+    assert is_urgent(quota, quota), "a quota edit may change the budget"
+
+
+def test_a_repeated_refusal_is_not_urgent_a_new_amount_is() -> None:
+    urgency = Urgency()
+    first = _one(refusal_event("v", {"requests.memory": "2Gi"}, t=1))
+    again = msgspec.structs.replace(_one(refusal_event("v", {"requests.memory": "2Gi"}, t=2)), uid="e2", name="e2")
+    other = msgspec.structs.replace(_one(refusal_event("v", {"requests.memory": "3Gi"}, t=3)), uid="e3", name="e3")
+    assert urgency(None, first), "the first refusal of a VMI corrects its estimate"
+    assert not urgency(None, again), "KubeVirt's retry, refused with the same amounts: nothing new"
+    assert urgency(None, other), "other amounts: a correction"
+    assert not urgency(first, msgspec.structs.replace(first, count=5)), "a count bump of the same event"

@@ -111,6 +111,21 @@ def test_kinds_outside_the_folded_set_are_untracked() -> None:
     assert led.state("c1", "a") is not None and led.state("c1", "a").live("VirtualMachine") == []  # type: ignore[union-attr]
 
 
+def test_a_checkpoint_in_pieces_spells_the_state_when_the_pieces_were_asked_for() -> None:
+    events: list[Event] = [up(f"u{i}", i + 1, phase="Running") for i in range(10)]
+    led = fold([*events, down("u3", 20), sync(["u1"], 30)])
+    state = led.state("c1", "a")
+    assert state is not None
+    whole = state.checkpoint()
+    for size in (1, 3, 100):
+        assert b"".join(state.checkpoint_parts(size)) == whole
+    parts = state.checkpoint_parts(2)
+    first = next(parts)
+    led.apply(up("u9", 99, phase="Failed"), 100)  # folded while the pieces are being encoded
+    assert first + b"".join(parts) == whole
+    assert state.checkpoint() != whole
+
+
 def test_loading_a_checkpoint_drops_kinds_the_ledger_does_not_fold() -> None:
     full = fold([up("vm", 1, kind="VirtualMachine"), up("p", 2)])
     state = full.state("c1", "a")

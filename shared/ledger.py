@@ -211,25 +211,27 @@ class NamespaceState:
         recs = self.objects.get(kind)
         if recs is None:
             recs = self.objects[kind] = {}
-        rec = recs.get(ev.uid)
+        uid = ev.uid
+        rec = recs.get(uid)
         if type(ev) is Upserted:
+            uid = ev.snapshot.uid or uid  # the snapshot's (interned) string: one copy for key and snapshot
             if rec is not None:
                 if rv <= rec.rv:  # a repeat, an older version, or the version a deletion already covers
                     return Outcome.STALE
                 if rec.snapshot is not None and same_content(rec.snapshot, ev.snapshot):
-                    recs[ev.uid] = Record(rv, seq, ev.snapshot)
+                    recs[uid] = Record(rv, seq, ev.snapshot)
                     self._live.pop(kind, None)
                     return Outcome.REFRESHED
             elif rv <= self.floors.get(kind, -1):
                 return Outcome.STALE  # absent at the last sync, which is newer: a stale producer
-            recs[ev.uid] = Record(rv, seq, ev.snapshot)
+            recs[uid] = Record(rv, seq, ev.snapshot)
             self._live.pop(kind, None)
             return Outcome.APPLIED
         if rec is not None and (rv < rec.rv or (rv == rec.rv and rec.snapshot is None)):
             return Outcome.STALE
         if rec is None and rv <= self.floors.get(kind, -1):
             return Outcome.STALE
-        recs[ev.uid] = Record(rv, seq, None)
+        recs[uid] = Record(rv, seq, None)
         self._live.pop(kind, None)
         return Outcome.APPLIED
 

@@ -15,6 +15,7 @@ embedded in another Struct.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from fractions import Fraction
@@ -210,23 +211,51 @@ def compact_vmi_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     return shared if shared == pruned else pruned
 
 
-_SHARED_LISTS: dict[tuple[tuple[str, int, int], ...], dict[str, Quantity]] = {}
+_SHARED_LISTS: dict[tuple[str | int, ...], dict[str, Quantity]] = {}
 _SHARED_LISTS_MAX: Final = 4096
 
 
 def shared_resources(rl: dict[str, Quantity]) -> dict[str, Quantity]:
-    """An equal resource list (same names, order, values and formats — which fix the printed form) that snapshots
+    """An equal resource list (the same names in the same order, the very same quantity objects) that snapshots
     of the same shape share (launcher pods of one instance type). Read-only, like the snapshot holding it.
 
-    The key uses ``id`` of the format (enum members are singletons): hashing stays in C, which matters because
-    this runs for every pod snapshot the ledger decodes."""
-    key = tuple([(k, q.nanos, id(q.format)) for k, q in rl.items()])
+    Keyed by the names and the ids of the quantities (the wire decoder hands out one object per printed form):
+    hashing stays in C, which matters because this runs for every pod snapshot the ledger decodes. A stored list
+    keeps its quantities alive, so an equal key means the very same quantities."""
+    if not rl:
+        return _NO_QUANTITIES
+    key: tuple[str | int, ...] = (*rl, *map(id, rl.values()))
     shared = _SHARED_LISTS.get(key)
     if shared is None:
         if len(_SHARED_LISTS) >= _SHARED_LISTS_MAX:
             _SHARED_LISTS.clear()  # bounded; sharing is an optimisation, never needed for correctness
         shared = _SHARED_LISTS[key] = dict(rl)
     return shared
+
+
+# ---- sharing: what a ledger holds for thousands of objects ---------------------------------------------------------
+
+_intern: Final = sys.intern
+_set: Final = msgspec.structs.force_setattr
+_NO_QUANTITIES: Final[dict[str, Quantity]] = {}
+"""One empty resource list for every snapshot without one (read-only, like the snapshot holding it)."""
+
+
+def _share_identity(snap: Snapshot) -> None:
+    """Intern the identity strings (namespace, name, uid): a VM's name and uid recur in its VMI, its pods' labels
+    and owner references and every version of them, and a ledger keys its records by the uid."""
+    _set(snap, "namespace", _intern(snap.namespace))
+    _set(snap, "name", _intern(snap.name))
+    _set(snap, "uid", _intern(snap.uid))
+
+
+def _share_values(m: dict[str, str]) -> dict[str, str]:
+    """Intern the values of a label or annotation map in place (node names, app names, versions recur); long
+    values (a JSON annotation) are left as they are."""
+    for k, v in m.items():
+        if len(v) <= 64:
+            m[k] = _intern(v)
+    return m
 
 
 # ---- snapshots -------------------------------------------------------------------------------------------------
@@ -259,8 +288,17 @@ class VmiSnapshot(Snapshot, tag=VMI_KIND, frozen=True, kw_only=True):
     """The parts of the VMI spec the launcher pod depends on (:func:`compact_vmi_spec`), to re-render it. Read-only:
     VMIs with the same such parts share one dict."""
 
-    def __post_init__(self) -> None:  # on construction and on decode: old writers sent the whole spec
-        msgspec.structs.force_setattr(self, "spec", compact_vmi_spec(self.spec))
+    def __post_init__(self) -> None:  # on construction and on decode
+        _set(self, "spec", compact_vmi_spec(self.spec))  # old writers sent the whole spec
+        _share_identity(self)
+        _set(self, "phase", _intern(self.phase))
+        _set(self, "node_name", _intern(self.node_name))
+        _share_values(self.labels)
+        _share_values(self.annotations)
+        if not self.requests:
+            _set(self, "requests", _NO_QUANTITIES)
+        if not self.limits:
+            _set(self, "limits", _NO_QUANTITIES)
 
     def as_object(self) -> dict[str, Any]:
         """A VMI object with what the renderer reads (metadata, spec, the published overhead)."""
@@ -328,9 +366,21 @@ class PodSnapshot(Snapshot, tag=POD_KIND, frozen=True, kw_only=True):
     """BestEffort QoS: no container requests or limits CPU or memory."""
     priority_class_name: str = ""
 
-    def __post_init__(self) -> None:
-        for name in ("requests", "limits", "usage"):
-            msgspec.structs.force_setattr(self, name, shared_resources(getattr(self, name)))
+    def __post_init__(self) -> None:  # on construction and on decode (every pod event the ledger folds: inlined)
+        setattr_, intern = _set, _intern
+        setattr_(self, "requests", shared_resources(self.requests))
+        setattr_(self, "limits", shared_resources(self.limits))
+        setattr_(self, "usage", shared_resources(self.usage))
+        setattr_(self, "namespace", intern(self.namespace))
+        setattr_(self, "name", intern(self.name))
+        setattr_(self, "uid", intern(self.uid))
+        setattr_(self, "phase", intern(self.phase))
+        setattr_(self, "node_name", intern(self.node_name))
+        setattr_(self, "owner_vmi_name", intern(self.owner_vmi_name))
+        setattr_(self, "owner_vmi_uid", intern(self.owner_vmi_uid))
+        labels = self.labels
+        for k, v in labels.items():
+            labels[k] = intern(v) if len(v) <= 64 else v
 
     @property
     def is_launcher(self) -> bool:
@@ -482,9 +532,21 @@ def enc_hook(obj: Any) -> Any:
     raise NotImplementedError(f"cannot encode {type(obj).__name__}")
 
 
+_WIRE_QUANTITIES: dict[str, Quantity] = {}
+"""The front of :func:`_parse_cached`: a plain dict lookup is the cheapest call per quantity decoded."""
+
+
 def dec_hook(tp: type, obj: Any) -> Any:
     """msgspec ``dec_hook``: quantities from strings (or JSON numbers)."""
     if tp is Quantity:
+        if type(obj) is str:
+            q = _WIRE_QUANTITIES.get(obj)
+            if q is None:
+                q = _parse_cached(obj)
+                if len(_WIRE_QUANTITIES) >= 8192:
+                    _WIRE_QUANTITIES.clear()
+                _WIRE_QUANTITIES[obj] = q
+            return q
         if isinstance(obj, str):
             return _parse_cached(obj)
         return Quantity.parse(obj)

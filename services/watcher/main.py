@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,20 +39,7 @@ class Tuning:
     """Overrides of the list/watch settings (the cluster id still comes from ``--cluster``)."""
 
 
-GC_THRESHOLDS = (50_000, 50, 1000)
-"""The watcher allocates a dict per field of every object it lists and frees them by reference counting, which
-triggers Python's cyclic collector every 700 allocations by default: a collection per object or two, each walking
-the young generation. Rarer collections cut the watcher's CPU per object by about a quarter (bench_pipeline)."""
-
-
-def tune_gc() -> None:
-    """Collect less often, and leave what is alive after start-up (modules, clients) out of collections."""
-    gc.set_threshold(*GC_THRESHOLDS)
-    gc.freeze()
-
-
 async def main(rt: Runtime) -> None:
-    tune_gc()
     await serve(rt)
 
 

@@ -39,6 +39,7 @@ from shared.snapshot import (
     normalize,
     parse_refusal,
     prune_vmi_spec,
+    same_content,
     shared_resources,
     to_builtins,
 )
@@ -764,3 +765,41 @@ def test_launcher_pods_of_one_shape_share_their_resource_lists_and_formats_are_k
     assert shared_resources(binary) == shared_resources(decimal)  # equal values ...
     assert shared_resources(decimal)["memory"].canonical() == "1073741824"  # ... not confused: formats kept
     assert shared_resources(binary)["memory"].canonical() == "1Gi"
+
+
+def test_decoded_snapshots_share_their_identity_strings_and_resource_lists() -> None:
+    """What a ledger holds for thousands of objects: one copy of each namespace, name, uid, phase, node and label
+    value, one resource list per shape, one empty list; the content is the same as without sharing."""
+    pod, vmi = normalize(POD), normalize(VMI)
+    assert isinstance(pod, PodSnapshot) and isinstance(vmi, VmiSnapshot)
+    a, b = decode(encode(pod)), decode(encode(pod))
+    assert isinstance(a, PodSnapshot) and isinstance(b, PodSnapshot) and a == b == pod
+    for field in ("namespace", "name", "uid", "phase", "node_name", "owner_vmi_uid"):
+        assert getattr(a, field) is getattr(b, field), field
+    assert a.labels is not b.labels and all(a.labels[k] is b.labels[k] for k in a.labels)
+    assert a.owner_vmi_uid is a.labels["kubevirt.io/created-by"], "the owner's uid and the label are one string"
+    assert a.requests is b.requests and a.usage is b.usage
+    v = decode(encode(vmi))
+    assert isinstance(v, VmiSnapshot) and v == vmi and v.uid is a.owner_vmi_uid, "the VMI's uid and its pod's"
+    bare = decode(encode(msgspec.structs.replace(vmi, requests={}, limits={})))
+    other = decode(encode(msgspec.structs.replace(vmi, requests={}, limits={}, name="vm2")))
+    assert isinstance(bare, VmiSnapshot) and isinstance(other, VmiSnapshot)
+    assert bare.requests == {} and bare.requests is other.limits, "one shared empty list"
+
+
+def test_same_content_ignores_only_what_accounting_does_not_read() -> None:
+    pod = normalize(POD)
+    assert same_content(pod, msgspec.structs.replace(pod, resource_version="43"))
+    assert not same_content(pod, msgspec.structs.replace(pod, phase="Succeeded"))
+    assert not same_content(pod, normalize(VMI))
+    quota = normalize(
+        {
+            "kind": "ResourceQuota",
+            "metadata": {"name": "q", "namespace": "tenant", "resourceVersion": "1"},
+            "spec": {"hard": {"pods": "10"}},
+        }
+    )
+    assert isinstance(quota, QuotaSnapshot)
+    used = msgspec.structs.replace(quota, status_used={"pods": Quantity.parse("3")}, resource_version="2")
+    assert same_content(quota, used), "the quota controller's status echo"
+    assert not same_content(quota, msgspec.structs.replace(quota, spec_hard={"pods": Quantity.parse("11")}))

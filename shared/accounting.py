@@ -106,18 +106,18 @@ def is_urgent(old: Snapshot | None, new: Snapshot | None) -> bool:
 
 
 class Urgency:
-    """:func:`is_urgent`, except that a new quota refusal repeating the amounts of the previous refusal of the
-    same VMI is not urgent: KubeVirt retries a refused pod on every quota update, and each retry is a new event
-    with the same ``requested:`` amounts, which correct nothing the first did not. (When a VMI is refused with
-    the amounts of an earlier refusal, for a later migration, the correction waits for the ledger's debounce.)
-    Only the timing of accounting depends on this, never its result."""
+    """:func:`is_urgent`, except that a quota refusal (a new event, or an aggregated one seen again) repeating
+    the amounts of the last refusal seen for the same VMI is not urgent: KubeVirt retries a refused pod on every
+    quota update, and each retry is an event with the same ``requested:`` amounts, which correct nothing the first
+    did not. (When a VMI is refused with the amounts of an earlier refusal, for a later migration, the correction
+    waits for the ledger's debounce.) Only the timing of accounting depends on this, never its result."""
 
     def __init__(self, maxsize: int = 65536) -> None:
         self._last: dict[tuple[str, str], tuple[str, ResourceList]] = {}
         self._maxsize = maxsize
 
     def __call__(self, old: Snapshot | None, new: Snapshot | None) -> bool:
-        if not isinstance(new, EventSnapshot) or old is not None or not new.quota_refusal:
+        if not isinstance(new, EventSnapshot) or not new.quota_refusal:
             return is_urgent(old, new)
         key = (new.namespace, new.involved_uid or f"name:{new.involved_name}")
         amounts = (new.quota_name, new.requested)
@@ -130,7 +130,20 @@ class Urgency:
 
 
 def _vmi_phase_and_size(v: VmiSnapshot) -> tuple[object, ...]:
-    return (v.phase, v.deletion_timestamp, v.vcpus, v.guest_memory, v.status_vcpus, v.status_guest_memory)
+    """What a VMI's reservation (its launcher pod's estimate, a migration target's) depends on; ``spec`` is
+    compared by identity (VMIs with the same kept spec share one dict)."""
+    return (
+        v.phase,
+        v.deletion_timestamp,
+        v.vcpus,
+        v.guest_memory,
+        v.status_vcpus,
+        v.status_guest_memory,
+        v.memory_overhead,
+        v.requests,
+        v.limits,
+        id(v.spec),
+    )
 
 
 _POD_COUNT_ONLY: Final[ResourceList] = {"count/pods": _ONE}

@@ -482,8 +482,9 @@ SUPPORTED_KINDS: Final = frozenset(SNAPSHOT_TYPES)
 
 
 @cache
-def _read_spans(tp: type[Snapshot]) -> tuple[tuple[int, int], ...]:
-    """Index ranges of ``astuple(snapshot)`` holding the fields accounting reads (all but ``tp.unread``)."""
+def _read_spans(tp: type[Snapshot]) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
+    """Index ranges of ``astuple(snapshot)`` holding the fields accounting reads (all but ``tp.unread``), and the
+    indexes among them of fields holding quantities (whose equality ignores the printed form)."""
     spans: list[tuple[int, int]] = []
     start: int | None = None
     fields = tp.__struct_fields__
@@ -496,18 +497,32 @@ def _read_spans(tp: type[Snapshot]) -> tuple[tuple[int, int], ...]:
             start = i
     if start is not None:
         spans.append((start, len(fields)))
-    return tuple(spans)
+    hints = {f.name: f.type for f in msgspec.structs.fields(tp)}
+    quantities = tuple(i for i, name in enumerate(fields) if name not in tp.unread and _holds_quantities(hints[name]))
+    return tuple(spans), quantities
+
+
+def _holds_quantities(tp: object) -> bool:
+    if tp is Quantity:
+        return True
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return any(_holds_quantities(f.type) for f in msgspec.structs.fields(tp))
+    return any(_holds_quantities(arg) for arg in getattr(tp, "__args__", ()))
 
 
 def same_content(old: Snapshot, new: Snapshot) -> bool:
-    """Whether ``new`` tells accounting nothing ``old`` did not: the same type and fields, but for the
-    resourceVersion and the other fields in ``unread`` (a pod's status heartbeat, a quota's ``status.used``). The
-    ledger stores such a version without accounting the namespace again."""
+    """Whether ``new`` tells accounting nothing ``old`` did not: the same type and fields, quantities printed the
+    same way, but for the resourceVersion and the other fields in ``unread`` (a pod's status heartbeat, a quota's
+    ``status.used``). The ledger stores such a version without accounting the namespace again."""
     tp = type(old)
     if type(new) is not tp:
         return False
     a, b = msgspec.structs.astuple(old), msgspec.structs.astuple(new)
-    return all(a[i:j] == b[i:j] for i, j in _read_spans(tp))
+    spans, quantities = _read_spans(tp)
+    if not all(a[i:j] == b[i:j] for i, j in spans):
+        return False
+    # equal amounts: the same printed form too (shared lists and cached quantities are the same objects)
+    return all(a[i] is b[i] or _ENCODER.encode(a[i]) == _ENCODER.encode(b[i]) for i in quantities)
 
 
 # ---- wire format -----------------------------------------------------------------------------------------------

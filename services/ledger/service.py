@@ -40,7 +40,7 @@ from services.runner import Health, Metrics
 from shared import bus as contract
 from shared.accounting import ACCOUNTED_KINDS, Urgency
 from shared.errors import InvalidInput
-from shared.ledger import CLUSTER_WIDE, Ledger, NamespaceView, Outcome, PartitionSet, checkpoint_key
+from shared.ledger import CLUSTER_WIDE, Ledger, NamespaceState, NamespaceView, Outcome, PartitionSet, checkpoint_key
 from shared.snapshot import Snapshot
 
 Accountant = Callable[[NamespaceView], contract.UsageBody]
@@ -218,10 +218,12 @@ class LedgerService:
         )
         self.health.set_ready(self.opts.service, False)
         batches = self.consumer.batches()
+        clean = False
         try:
             self._waiting.set()
             async for batch in batches:
                 self._waiting.clear()
+                idle = self._checkpoint_done()  # (raises what a finished round raised)
                 self.health.set_ready(self.opts.service, True)
                 if batch:
                     await self._fold(batch)
@@ -233,10 +235,10 @@ class LedgerService:
                     # wake up in time for the namespaces still waiting, even when no event arrives
                     self.consumer.idle = self.opts.idle if wait is None else max(0.01, min(self.opts.idle, wait))
                 if (
-                    self.ledger.unsaved
+                    idle
+                    and self.ledger.unsaved
                     and not stop.is_set()
                     and now - self._last_checkpoint >= self.opts.checkpoint_interval
-                    and self._checkpoint_done()
                 ):
                     # In the background, a state at a time: the fold goes on while a round is written.
                     if self.ledger.changed:
@@ -245,13 +247,13 @@ class LedgerService:
                 if stop.is_set():
                     break
                 self._waiting.set()
+            clean = True
         finally:
             self._waiting.set()
             self.health.set_ready(self.opts.service, False)
             await batches.aclose()
             await self.consumer.close()
-            if self._checkpointing is not None:
-                await self._checkpointing
+            await self._end_checkpointing(clean)
         # A clean stop leaves nothing to replay.
         await self.publish_usage()
         await self.checkpoint()
@@ -267,6 +269,22 @@ class LedgerService:
         self._checkpointing = None
         task.result()
         return True
+
+    async def _end_checkpointing(self, clean: bool) -> None:
+        """On the way out: let a running round finish after a clean stop (a failure is logged; the final checkpoint
+        writes its states again), cancel it when the loop failed (its error is the one that matters)."""
+        task, self._checkpointing = self._checkpointing, None
+        if task is None:
+            return
+        if not clean:
+            task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            if clean:
+                raise
+        except Exception as e:
+            log.error("checkpoint round failed", error=repr(e))
 
     async def _fold(self, batch: list[Msg]) -> None:
         t0 = time.perf_counter()
@@ -305,6 +323,13 @@ class LedgerService:
         self._m_seq.set(self.consumer.next_seq - 1)
         for msg, seq, reason in rejects:
             await self._dead_letter(msg, seq, reason)
+
+    async def _quiet(self) -> None:
+        """Return when the loop waits for events (after letting whatever is ready run first)."""
+        await asyncio.sleep(0)
+        while not self._waiting.is_set():
+            await self._waiting.wait()
+            await asyncio.sleep(0)
 
     async def _dead_letter(self, msg: Msg, seq: int, reason: str) -> None:
         cluster = msg.subject.split(".")[2] if msg.subject.count(".") >= 4 else ""
@@ -349,53 +374,55 @@ class LedgerService:
         if len(self._accounted_at) > 2 * len(self.ledger.changed) + 1024:  # forget quiet namespaces (bounded)
             horizon = now - self.opts.debounce
             self._accounted_at = {k: t for k, t in self._accounted_at.items() if t > horizon}
-        sent = 0
+        sent: list[tuple[NamespaceState, str, tuple[str, str]]] = []
         pipe = AckWindow(self.bus, 256)
-        for cluster, namespace in keys:
-            state = self.ledger.state(cluster, namespace)
-            if state is None or namespace == CLUSTER_WIDE:
-                continue
-            view = self.ledger.view(cluster, namespace)
-            try:
-                body = self.account(view)
-            except InvalidInput as e:
-                with structlog.contextvars.bound_contextvars(cluster=cluster, namespace=namespace, seq=view.seq):
-                    log.error("accounting failed; usage not published", error=str(e))
-                continue
-            digest = usage_digest(body)
-            if digest == state.usage_digest:
-                continue
-            msg = contract.UsageSnapshot(
-                id=f"{cluster}/usage/{namespace}/{view.seq}/{digest[:12]}",
-                source=contract.source(self.opts.service, cluster),
-                subject=namespace,
-                time=contract.now_rfc3339(),
-                cluster=cluster,
-                namespace=namespace,
-                seq=view.seq,
-                quotas=body.quotas,
-                vms=body.vms,
-                migrations=body.migrations,
-                errors=body.errors,
-            )
-            # No Nats-Msg-Id: after a crash the same sequence may be published again with the same content, but
-            # an earlier content must never be dropped as a "duplicate" of what a crashed run sent before it.
-            # Sent at once (acks awaited below), and the loop let run so the connection writes it out before the
-            # next namespace is accounted.
-            try:
+        try:
+            for cluster, namespace in keys:
+                state = self.ledger.state(cluster, namespace)
+                if state is None or namespace == CLUSTER_WIDE:
+                    continue
+                view = self.ledger.view(cluster, namespace)
+                try:
+                    body = self.account(view)
+                except InvalidInput as e:
+                    with structlog.contextvars.bound_contextvars(cluster=cluster, namespace=namespace, seq=view.seq):
+                        log.error("accounting failed; usage not published", error=str(e))
+                    continue
+                digest = usage_digest(body)
+                if digest == state.usage_digest:
+                    continue
+                msg = contract.UsageSnapshot(
+                    id=f"{cluster}/usage/{namespace}/{view.seq}/{digest[:12]}",
+                    source=contract.source(self.opts.service, cluster),
+                    subject=namespace,
+                    time=contract.now_rfc3339(),
+                    cluster=cluster,
+                    namespace=namespace,
+                    seq=view.seq,
+                    quotas=body.quotas,
+                    vms=body.vms,
+                    migrations=body.migrations,
+                    errors=body.errors,
+                )
+                # No Nats-Msg-Id: after a crash the same sequence may be published again with the same content,
+                # but an earlier content must never be dropped as a "duplicate" of what a crashed run sent before
+                # it. Sent at once (acks awaited below), and the loop let run so the connection writes it out
+                # before the next namespace is accounted.
                 await pipe.send(contract.usage_subject(cluster, namespace), contract.encode(msg))
                 await asyncio.sleep(0)
-            except BaseException:
-                pipe.abandon()
-                raise
-            sent += 1
+                sent.append((state, digest, (cluster, namespace)))
+            await pipe.settle()
+        except BaseException:
+            pipe.abandon()
+            raise
+        # Only a stored usage is remembered as published (a checkpoint keeps the digest).
+        for state, digest, key in sent:
             state.usage_digest = digest
-            self.ledger.unsaved.add((cluster, namespace))
-        await pipe.settle()
+            self.ledger.unsaved.add(key)
         if sent:
-            self.published += sent
-            self._m_out.inc(sent)
-        return sent
+            self.published += len(sent)
+            self._m_out.inc(len(sent))
+        return len(sent)
 
     # ---- checkpoints -------------------------------------------------------------------------------------------
     async def checkpoint(self, *, pace: bool = False) -> int:
@@ -419,12 +446,14 @@ class LedgerService:
                 puts = []
                 for k in chunk:
                     if pace:
+                        await self._quiet()
                         parts = []
                         for part in self.ledger.states[k].checkpoint_parts():  # the state as it is now
-                            await asyncio.sleep(0)
-                            await self._waiting.wait()
                             parts.append(part)
-                        data = await asyncio.to_thread(pack, b"".join(parts))  # zlib lets go of the GIL
+                            await self._quiet()
+                        data = b"".join(parts)
+                        # zlib lets go of the GIL: compress beside the fold
+                        data = await asyncio.to_thread(pack, data) if len(data) > COMPRESS_OVER else data
                     else:
                         data = pack(self.ledger.states[k].checkpoint())
                     puts.append(kv.put(checkpoint_key(*k), data))
@@ -435,4 +464,7 @@ class LedgerService:
             self.ledger.unsaved.update(keys)
             log.warning("checkpoint failed; will retry", error=str(e) or type(e).__name__)
             return 0
+        except BaseException:
+            self.ledger.unsaved.update(keys)
+            raise
         return len(keys)

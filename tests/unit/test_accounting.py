@@ -772,6 +772,7 @@ def test_a_repeated_refusal_is_not_urgent_a_new_amount_is() -> None:
     again = msgspec.structs.replace(_one(refusal_event("v", {"requests.memory": "2Gi"}, t=2)), uid="e2", name="e2")
     other = msgspec.structs.replace(_one(refusal_event("v", {"requests.memory": "3Gi"}, t=3)), uid="e3", name="e3")
     assert urgency(None, first), "the first refusal of a VMI corrects its estimate"
+    assert not urgency(first, msgspec.structs.replace(first, count=5)), "a count bump with the last amounts"
     assert not urgency(None, again), "KubeVirt's retry, refused with the same amounts: nothing new"
     assert urgency(None, other), "other amounts: a correction"
-    assert not urgency(first, msgspec.structs.replace(first, count=5)), "a count bump of the same event"
+    assert urgency(first, msgspec.structs.replace(first, count=6)), "the amounts before the last again: news"

@@ -803,3 +803,7 @@ def test_same_content_ignores_only_what_accounting_does_not_read() -> None:
     used = msgspec.structs.replace(quota, status_used={"pods": Quantity.parse("3")}, resource_version="2")
     assert same_content(quota, used), "the quota controller's status echo"
     assert not same_content(quota, msgspec.structs.replace(quota, spec_hard={"pods": Quantity.parse("11")}))
+    gib = msgspec.structs.replace(quota, spec_hard={"memory": Quantity.parse("1Gi")})
+    in_bytes = msgspec.structs.replace(quota, spec_hard={"memory": Quantity.parse("1073741824")})
+    assert gib.spec_hard == in_bytes.spec_hard, "quantity equality ignores the printed form"
+    assert not same_content(gib, in_bytes), "but the published budget and hard print it: not the same content"

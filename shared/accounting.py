@@ -72,6 +72,7 @@ from shared.snapshot import (
     VmiSnapshot,
     VmSnapshot,
     encode,
+    same_content,
 )
 from shared.vmi import VMI_KIND, VMIM_KIND
 
@@ -92,8 +93,10 @@ def is_urgent(old: Snapshot | None, new: Snapshot | None) -> bool:
     obj = new if new is not None else old
     if obj is None:
         return False
-    if isinstance(obj, (VmimSnapshot, QuotaSnapshot)):
+    if isinstance(obj, VmimSnapshot):
         return True
+    if isinstance(obj, QuotaSnapshot):  # (the ledger may report a status echo as a change: see Ledger.apply)
+        return old is None or new is None or not same_content(old, new)
     if isinstance(obj, VmiSnapshot):
         if not isinstance(old, VmiSnapshot) or not isinstance(new, VmiSnapshot):
             return True

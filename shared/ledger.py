@@ -201,8 +201,10 @@ class NamespaceState:
         return sum(len(v) for v in self.objects.values())
 
     # ---- folding ----------------------------------------------------------------------------------------------
-    def apply(self, ev: Upserted | Deleted, seq: int) -> Outcome:
-        """Apply an upsert or a deletion found at stream sequence ``seq``."""
+    def apply(self, ev: Upserted | Deleted, seq: int, *, compare: bool = True) -> Outcome:
+        """Apply an upsert or a deletion found at stream sequence ``seq``. ``compare``: tell a version that changes
+        nothing accounting reads (:attr:`Outcome.REFRESHED`) from others (False: report every newer version as
+        :attr:`Outcome.APPLIED`, e.g. when the namespace is to be accounted anyway)."""
         if seq <= self.seq:
             return Outcome.CHECKPOINTED
         self.seq = seq
@@ -218,14 +220,16 @@ class NamespaceState:
             if rec is not None:
                 if rv <= rec.rv:  # a repeat, an older version, or the version a deletion already covers
                     return Outcome.STALE
-                if rec.snapshot is not None and same_content(rec.snapshot, ev.snapshot):
+                if compare and rec.snapshot is not None and same_content(rec.snapshot, ev.snapshot):
                     recs[uid] = Record(rv, seq, ev.snapshot)
-                    self._live.pop(kind, None)
+                    if self._live:
+                        self._live.pop(kind, None)
                     return Outcome.REFRESHED
             elif rv <= self.floors.get(kind, -1):
                 return Outcome.STALE  # absent at the last sync, which is newer: a stale producer
             recs[uid] = Record(rv, seq, ev.snapshot)
-            self._live.pop(kind, None)
+            if self._live:
+                self._live.pop(kind, None)
             return Outcome.APPLIED
         if rec is not None and (rv < rec.rv or (rv == rec.rv and rec.snapshot is None)):
             return Outcome.STALE
@@ -401,7 +405,7 @@ class Ledger:
             if not self.partitions.owns(*key):
                 return Outcome.FOREIGN
             st = self._state(key)
-        outcome = st.apply(ev, seq)
+        outcome = st.apply(ev, seq, compare=key not in self.changed)  # a namespace to account anyway: no need
         if outcome is Outcome.APPLIED:
             if key[1] == CLUSTER_WIDE:
                 self._mark(key)

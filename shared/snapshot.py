@@ -233,6 +233,35 @@ def shared_resources(rl: dict[str, Quantity]) -> dict[str, Quantity]:
     return shared
 
 
+_SHARED_POD_LISTS: dict[tuple[str | int, ...], tuple[dict[str, Quantity], ...]] = {}
+
+
+def _shared_pod_resources(
+    requests: dict[str, Quantity], limits: dict[str, Quantity], usage: dict[str, Quantity]
+) -> tuple[dict[str, Quantity], ...]:
+    """:func:`shared_resources` of a pod's three lists at once (one key, one lookup: every pod event)."""
+    key: tuple[str | int, ...] = (
+        *requests,
+        *map(id, requests.values()),
+        0,
+        *limits,
+        *map(id, limits.values()),
+        1,
+        *usage,
+        *map(id, usage.values()),
+    )
+    found = _SHARED_POD_LISTS.get(key)
+    if found is None:
+        if len(_SHARED_POD_LISTS) >= _SHARED_LISTS_MAX:
+            _SHARED_POD_LISTS.clear()
+        found = _SHARED_POD_LISTS[key] = (
+            shared_resources(requests),
+            shared_resources(limits),
+            shared_resources(usage),
+        )
+    return found
+
+
 # ---- sharing: what a ledger holds for thousands of objects ---------------------------------------------------------
 
 _intern: Final = sys.intern
@@ -368,12 +397,12 @@ class PodSnapshot(Snapshot, tag=POD_KIND, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:  # on construction and on decode (every pod event the ledger folds: inlined)
         setattr_, intern = _set, _intern
-        setattr_(self, "requests", shared_resources(self.requests))
-        setattr_(self, "limits", shared_resources(self.limits))
-        setattr_(self, "usage", shared_resources(self.usage))
+        requests, limits, usage = _shared_pod_resources(self.requests, self.limits, self.usage)
+        setattr_(self, "requests", requests)
+        setattr_(self, "limits", limits)
+        setattr_(self, "usage", usage)
         setattr_(self, "namespace", intern(self.namespace))
-        setattr_(self, "name", intern(self.name))
-        setattr_(self, "uid", intern(self.uid))
+        setattr_(self, "uid", intern(self.uid))  # (the name is the pod's own: nothing to share it with)
         setattr_(self, "phase", intern(self.phase))
         setattr_(self, "node_name", intern(self.node_name))
         setattr_(self, "owner_vmi_name", intern(self.owner_vmi_name))
@@ -517,12 +546,21 @@ def same_content(old: Snapshot, new: Snapshot) -> bool:
     tp = type(old)
     if type(new) is not tp:
         return False
+    spans = _SPANS.get(tp)
+    if spans is None:
+        spans = _SPANS[tp] = _read_spans(tp)
     a, b = msgspec.structs.astuple(old), msgspec.structs.astuple(new)
-    spans, quantities = _read_spans(tp)
-    if not all(a[i:j] == b[i:j] for i, j in spans):
-        return False
-    # equal amounts: the same printed form too (shared lists and cached quantities are the same objects)
-    return all(a[i] is b[i] or _ENCODER.encode(a[i]) == _ENCODER.encode(b[i]) for i in quantities)
+    for i, j in spans[0]:  # (loops, not all(...): this runs for every update the ledger folds)
+        if a[i:j] != b[i:j]:
+            return False
+    for i in spans[1]:  # equal amounts: the same printed form too (shared lists, cached quantities: identical)
+        x, y = a[i], b[i]
+        if x is not y and _ENCODER.encode(x) != _ENCODER.encode(y):
+            return False
+    return True
+
+
+_SPANS: dict[type[Snapshot], tuple[tuple[tuple[int, int], ...], tuple[int, ...]]] = {}
 
 
 # ---- wire format -----------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from shared.modes import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION, RATI
 from shared.podusage import quota_usage_of
 from shared.quantity import Quantity
 from shared.resources import ResourceList, fits, format_resource_list, parse_resource_list
-from shared.snapshot import AnySnapshot, PodSnapshot, normalize
+from shared.snapshot import AnySnapshot, PodSnapshot, QuotaSnapshot, normalize
 
 NS = "tenant"
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -763,7 +763,11 @@ def test_urgent_changes_are_those_a_reservation_depends_on() -> None:
     pod = _one(launcher_obj(vmi_obj("v")))
     assert not is_urgent(None, pod), "a new pod ends a reservation but adds as much to P"
     quota = _one(quota_obj("rq", {"requests.memory": "1Gi"}, Mode.VIRTUAL_RESOURCES))
-    assert is_urgent(quota, quota), "a quota edit may change the budget"
+    assert isinstance(quota, QuotaSnapshot)
+    edited = msgspec.structs.replace(quota, spec_hard={"requests.memory": Quantity.parse("2Gi")})
+    assert is_urgent(quota, edited), "a quota edit may change the budget"
+    echo = msgspec.structs.replace(quota, status_used={"requests.memory": Quantity.parse("1Gi")})
+    assert not is_urgent(quota, echo), "the quota controller's status echo changes nothing"
 
 
 def test_a_repeated_refusal_is_not_urgent_a_new_amount_is() -> None:

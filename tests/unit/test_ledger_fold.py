@@ -91,12 +91,16 @@ def test_a_version_that_changes_nothing_accounting_reads_is_stored_without_marki
     assert led.apply(up("u1", 6, phase="Running"), 3) is Outcome.STALE
     assert led.apply(up("u1", 7, phase="Succeeded"), 4) is Outcome.APPLIED
     assert led.changed == {("c1", "a")}
+    # the namespace is to be accounted anyway: the comparison is skipped, the version stored all the same
+    assert led.apply(up("u1", 8, phase="Succeeded"), 5) is Outcome.APPLIED
+    assert live_uids(led) == {"u1": 8}
 
 
 def test_a_quota_status_update_is_a_refresh_and_a_spec_change_is_not() -> None:
     hard = {"pods": Quantity.parse("10")}
     led = Ledger()
     led.apply(up("q", 1, kind="ResourceQuota", spec_hard=hard), 1)
+    led.changed.clear()  # accounted
     status = {"pods": Quantity.parse("3")}
     assert led.apply(up("q", 2, kind="ResourceQuota", spec_hard=hard, status_used=status), 2) is Outcome.REFRESHED
     more = {"pods": Quantity.parse("11")}

@@ -774,7 +774,7 @@ def test_decoded_snapshots_share_their_identity_strings_and_resource_lists() -> 
     assert isinstance(pod, PodSnapshot) and isinstance(vmi, VmiSnapshot)
     a, b = decode(encode(pod)), decode(encode(pod))
     assert isinstance(a, PodSnapshot) and isinstance(b, PodSnapshot) and a == b == pod
-    for field in ("namespace", "name", "uid", "phase", "node_name", "owner_vmi_uid"):
+    for field in ("namespace", "uid", "phase", "node_name", "owner_vmi_uid", "owner_vmi_name"):
         assert getattr(a, field) is getattr(b, field), field
     assert a.labels is not b.labels and all(a.labels[k] is b.labels[k] for k in a.labels)
     assert a.owner_vmi_uid is a.labels["kubevirt.io/created-by"], "the owner's uid and the label are one string"

@@ -86,15 +86,19 @@ _ONE: Final = Quantity.from_int(1)
 
 def is_urgent(old: Snapshot | None, new: Snapshot | None) -> bool:
     """Whether a change of one object (``old`` → ``new``; None: absent) can start, end or correct a reservation,
-    which a migration or a new VM waits for: any change of a migration or a ResourceQuota, a VMI appearing, going
-    or changing its phase or size, a quota refusal appearing or changing its amounts. The ledger accounts a
-    namespace at once after such a change and at its debounce after others (pods above all: a pod that appears
-    ends a reservation but adds as much to ``P``, so ``hard`` stays). See :class:`Urgency` for refusals."""
+    which a migration or a new VM waits for: a migration appearing, going, or starting or ceasing to be active
+    (its progress through the active phases changes no reservation: the target pod's appearance ends it, and adds
+    as much to ``P``), a change of a ResourceQuota's spec or metadata, a VMI appearing, going or changing its phase
+    or size, a quota refusal appearing or changing its amounts. The ledger accounts a namespace at once after such
+    a change and at its debounce after others (pods above all: a pod that appears ends a reservation but adds as
+    much to ``P``, so ``hard`` stays). See :class:`Urgency` for refusals."""
     obj = new if new is not None else old
     if obj is None:
         return False
-    if isinstance(obj, VmimSnapshot):
-        return True
+    if isinstance(obj, VmimSnapshot):  # a reservation starts with a migration and ends when it is no longer active
+        if not isinstance(old, VmimSnapshot) or not isinstance(new, VmimSnapshot):
+            return True
+        return old.active != new.active or old.vmi_name != new.vmi_name
     if isinstance(obj, QuotaSnapshot):  # (the ledger may report a status echo as a change: see Ledger.apply)
         return old is None or new is None or not same_content(old, new)
     if isinstance(obj, VmiSnapshot):

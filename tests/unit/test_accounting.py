@@ -42,7 +42,7 @@ from shared.modes import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION, RATI
 from shared.podusage import quota_usage_of
 from shared.quantity import Quantity
 from shared.resources import ResourceList, fits, format_resource_list, parse_resource_list
-from shared.snapshot import AnySnapshot, PodSnapshot, QuotaSnapshot, normalize
+from shared.snapshot import AnySnapshot, PodSnapshot, QuotaSnapshot, VmimSnapshot, normalize
 
 NS = "tenant"
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -768,6 +768,11 @@ def test_urgent_changes_are_those_a_reservation_depends_on() -> None:
     assert is_urgent(quota, edited), "a quota edit may change the budget"
     echo = msgspec.structs.replace(quota, status_used={"requests.memory": Quantity.parse("1Gi")})
     assert not is_urgent(quota, echo), "the quota controller's status echo changes nothing"
+    mig = _one(vmim_obj("m", "v", t=1))
+    assert isinstance(mig, VmimSnapshot)
+    assert is_urgent(None, mig), "a new migration needs its target reserved"
+    assert not is_urgent(mig, msgspec.structs.replace(mig, phase="Scheduling")), "progress while active"
+    assert is_urgent(mig, msgspec.structs.replace(mig, phase="Failed")), "an ended migration releases its target"
 
 
 def test_a_repeated_refusal_is_not_urgent_a_new_amount_is() -> None:

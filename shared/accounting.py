@@ -120,13 +120,14 @@ class Urgency:
     waits for the ledger's debounce.) Only the timing of accounting depends on this, never its result."""
 
     def __init__(self, maxsize: int = 65536) -> None:
-        self._last: dict[tuple[str, str], tuple[str, ResourceList]] = {}
+        self._last: dict[tuple[str, str, str], tuple[str, ResourceList]] = {}
         self._maxsize = maxsize
 
-    def __call__(self, old: Snapshot | None, new: Snapshot | None) -> bool:
+    def __call__(self, old: Snapshot | None, new: Snapshot | None, cluster: str = "") -> bool:
+        """Whether the change is urgent; ``cluster``: where the object is (a ledger may fold several)."""
         if not isinstance(new, EventSnapshot) or not new.quota_refusal:
             return is_urgent(old, new)
-        key = (new.namespace, new.involved_uid or f"name:{new.involved_name}")
+        key = (cluster, new.namespace, new.involved_uid or f"name:{new.involved_name}")
         amounts = (new.quota_name, new.requested)
         if self._last.get(key) == amounts:
             return False

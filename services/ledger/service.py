@@ -310,7 +310,7 @@ class LedgerService:
                 if outcome is Outcome.APPLIED:
                     self.applied += 1
                     new = ev.snapshot if isinstance(ev, contract.Upserted) else None
-                    if maybe_urgent and self._is_urgent(old, new):
+                    if maybe_urgent and self._is_urgent(old, new, ev.cluster):
                         self._urgent.add((ev.cluster, ev.namespace))
                 elif outcome is Outcome.REFRESHED:
                     self.applied += 1

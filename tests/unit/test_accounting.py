@@ -783,5 +783,6 @@ def test_a_repeated_refusal_is_not_urgent_a_new_amount_is() -> None:
     assert urgency(None, first), "the first refusal of a VMI corrects its estimate"
     assert not urgency(first, msgspec.structs.replace(first, count=5)), "a count bump with the last amounts"
     assert not urgency(None, again), "KubeVirt's retry, refused with the same amounts: nothing new"
+    assert urgency(None, again, "another-cluster"), "the same namespace and VMI in another cluster: its first"
     assert urgency(None, other), "other amounts: a correction"
     assert urgency(first, msgspec.structs.replace(first, count=6)), "the amounts before the last again: news"

@@ -286,11 +286,13 @@ async def _retry(fn: Callable[[], Awaitable[T]], *, what: str, deadline: float =
 class AckWindow:
     """Publishing to JetStream with the acks awaited later: :meth:`send` returns once the message is handed to
     the connection (with at most ``window`` acks outstanding), :meth:`settle` waits for every ack. A message whose
-    ack fails is published again on its own (a msg-id makes that safe)."""
+    ack fails, or does not come within ``ack_timeout`` seconds (lost with a connection), is published again on its
+    own with :meth:`Bus.publish` (a msg-id makes that safe), so settling never waits forever."""
 
-    def __init__(self, bus: Bus, window: int = 1000) -> None:
+    def __init__(self, bus: Bus, window: int = 1000, ack_timeout: float = 10.0) -> None:
         self.bus = bus
         self.window = max(1, window)
+        self.ack_timeout = ack_timeout
         self._pending: collections.deque[tuple[asyncio.Future[PubAck], tuple[str, bytes, str | None]]] = (
             collections.deque()
         )
@@ -315,8 +317,8 @@ class AckWindow:
             fut, item = pending.popleft()
             n -= 1
             try:
-                ack = await fut
-            except (*TRANSIENT, nats.js.errors.APIError):
+                ack = await asyncio.wait_for(fut, self.ack_timeout)
+            except (TimeoutError, *TRANSIENT, nats.js.errors.APIError):
                 ack = await self.bus.publish(item[0], item[1], msg_id=item[2])
             self._counts[1 if ack.duplicate else 0] += 1
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
-from services.bus import Bus, NatsOptions, PullConsumer
+from services.bus import AckWindow, Bus, NatsOptions, PullConsumer
 from shared import bus as contract
 from shared.snapshot import PodSnapshot
 from tests.conftest import NatsServer
@@ -173,5 +174,33 @@ async def test_dead_letter_carries_the_original(nats_url: str) -> None:
             b"\x00garbage",
         )
         assert msg.headers is not None and msg.headers["Vmquota-Reason"] == "not a JSON event"
+    finally:
+        await b.close()
+
+
+async def test_an_ack_that_never_comes_is_published_again_not_awaited_forever(nats_url: str) -> None:
+    """A connection lost between a publish and its ack leaves the ack future pending for good: settling publishes
+    the message again on its own after ``ack_timeout`` (the msg-id makes a repeat harmless) instead of hanging."""
+    b = await _connect(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        real = b.js.publish_async
+        lost: list[asyncio.Future[Any]] = []
+
+        async def first_ack_lost(*args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+            if not lost:  # the message is not even sent: its ack can never arrive
+                lost.append(asyncio.get_running_loop().create_future())
+                return lost[0]
+            return await real(*args, **kwargs)
+
+        b.js.publish_async = first_ack_lost  # type: ignore[method-assign]
+        pipe = AckWindow(b, window=8, ack_timeout=0.2)
+        for i in range(3):
+            await pipe.send("vmquota.ev.c1.ns.pod", b"x", f"lost-{i}")
+        stored, dups = await asyncio.wait_for(pipe.settle(), 10)
+        assert (stored, dups) == (3, 0)
+        assert lost and lost[0].cancelled(), "the lost ack was given up"
+        info = await b.js.stream_info(contract.EVENTS_STREAM)
+        assert info.state.messages == 3
     finally:
         await b.close()

@@ -23,7 +23,6 @@ from shared.errors import InvalidInput
 from shared.kubevirt import KubeVirtConfig
 from shared.kubevirt.config import config_fields_from_cr, profile
 from shared.modes import MODE_NAMES, Mode, QuotaPolicy, parse_mode, parse_ratio
-from shared.quantity import Quantity
 from shared.resources import ResourceList, format_resource_list
 from shared.snapshot import (
     EVENT_KIND,
@@ -160,10 +159,6 @@ def account_all(
 # ---- output ----------------------------------------------------------------------------------------------------
 
 
-def _q(rl: Mapping[str, Quantity]) -> dict[str, str]:
-    return format_resource_list(rl)
-
-
 def namespace_json(u: NamespaceUsage) -> dict[str, Any]:
     q = u.quotas[""]
     objects: list[dict[str, Any]] = []
@@ -174,11 +169,11 @@ def namespace_json(u: NamespaceUsage) -> dict[str, Any]:
             "state": vm.state,
             "vcpus": vm.size.vcpus,
             "guestMemory": vm.size.guest_memory.canonical(),
-            "counts": _q(vm.counts.get("", {})),
+            "counts": format_resource_list(vm.counts.get("", {})),
             "reason": vm.reason,
         }
         if vm.reserved:
-            entry["reserved"] = _q(vm.reserved)
+            entry["reserved"] = format_resource_list(vm.reserved)
         objects.append(entry)
     for m in u.migrations:
         entry = {
@@ -191,9 +186,9 @@ def namespace_json(u: NamespaceUsage) -> dict[str, Any]:
             "reason": m.reason,
         }
         if m.reserved:
-            entry["reserved"] = _q(m.reserved)
+            entry["reserved"] = format_resource_list(m.reserved)
         if m.growth:
-            entry["growth"] = _q(m.growth)
+            entry["growth"] = format_resource_list(m.growth)
         objects.append(entry)
     for p in u.pods:
         objects.append(
@@ -202,16 +197,16 @@ def namespace_json(u: NamespaceUsage) -> dict[str, Any]:
                 "name": p.name,
                 "role": p.role,
                 "vmi": p.vmi or None,
-                "counts": _q(p.accounted),
-                "charged": _q(p.charged),
+                "counts": format_resource_list(p.accounted),
+                "charged": format_resource_list(p.charged),
                 "reason": p.reason,
             }
         )
     out: dict[str, Any] = {
         "mode": q.policy.mode.value,
-        "usage": _q(q.accounted),
-        "podUsage": _q(q.pod_usage),
-        "reserved": _q(q.reserved),
+        "usage": format_resource_list(q.accounted),
+        "podUsage": format_resource_list(q.pod_usage),
+        "reserved": format_resource_list(q.reserved),
         "objects": objects,
     }
     if q.policy.mode is Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO:

@@ -46,7 +46,7 @@ class ContainerSpec:
 def _effective(containers: Iterable[_Entry], limits: bool) -> ResourceList:
     """Kubernetes' rule, computed as ``resources.add``/``maximum`` would (same values, formats, key order and
     range errors) but accumulated as integers (nanos, and the format ``Quantity`` addition keeps) instead of
-    intermediate objects, loops inlined: this runs for every pod the watcher normalises.
+    intermediate objects: this runs for every pod the watcher normalises.
 
     A sum takes the format of its left operand unless that is zero (``Quantity.__add__``); a maximum keeps the
     left operand on a tie; new keys are appended in the order they are met."""
@@ -58,36 +58,11 @@ def _effective(containers: Iterable[_Entry], limits: bool) -> ResourceList:
     peak_fmt: dict[str, Format] = {}
     for init, restartable, requests, lims in containers:
         rl = lims if limits else requests
-        # A sum past the range is reported for the first resource of the sum that is (as adding whole lists and
-        # then checking reports it), not for the first one met while adding.
-        if not init or restartable:  # total += rl
-            over = False
-            for k, q in rl.items():
-                cur = total.get(k)
-                if cur is None:
-                    total[k] = q.nanos
-                    total_fmt[k] = q.format
-                else:
-                    if cur == 0:
-                        total_fmt[k] = q.format
-                    n = total[k] = cur + q.nanos
-                    over = over or n > MAX_NANOS
-            if over:
-                _check_range(total)
+        if not init or restartable:
+            _accumulate(total, total_fmt, rl)
             if not init:
                 continue
-            for k, q in rl.items():  # sidecars += rl
-                cur = side.get(k)
-                if cur is None:
-                    side[k] = q.nanos
-                    side_fmt[k] = q.format
-                else:
-                    if cur == 0:
-                        side_fmt[k] = q.format
-                    n = side[k] = cur + q.nanos
-                    over = over or n > MAX_NANOS
-            if over:
-                _check_range(side)
+            _accumulate(side, side_fmt, rl)  # a sidecar: it runs beside the init containers after it
             run, run_fmt = side, side_fmt
         else:  # a plain init container: its resources + the sidecars started before it
             run = {k: q.nanos for k, q in rl.items()}
@@ -120,6 +95,25 @@ def _effective(containers: Iterable[_Entry], limits: bool) -> ResourceList:
 
 def _too_large(nanos: int) -> int:
     raise InvalidQuantity(f"{Fraction(nanos, NANO)} is larger than Kubernetes can represent")
+
+
+def _accumulate(sums: dict[str, int], fmts: dict[str, Format], rl: Mapping[str, Quantity]) -> None:
+    """``sums += rl`` in integer nanos, keeping the format ``Quantity`` addition keeps (the first non-zero
+    operand's). A sum past the range is reported for the first resource of the sum that is (as adding whole lists
+    and then checking reports it), not for the first one met while adding."""
+    over = False
+    for k, q in rl.items():
+        cur = sums.get(k)
+        if cur is None:
+            sums[k] = q.nanos
+            fmts[k] = q.format
+        else:
+            if cur == 0:
+                fmts[k] = q.format
+            n = sums[k] = cur + q.nanos
+            over = over or n > MAX_NANOS
+    if over:
+        _check_range(sums)
 
 
 def _check_range(sums: Mapping[str, int]) -> None:

@@ -60,15 +60,6 @@ def add(a: Mapping[str, Quantity], b: Mapping[str, Quantity]) -> ResourceList:
     return out
 
 
-def add_all(lists: Iterable[Mapping[str, Quantity]]) -> ResourceList:
-    out: ResourceList = {}
-    for rl in lists:
-        for k, v in rl.items():
-            cur = out.get(k)
-            out[k] = v if cur is None else cur + v
-    return out
-
-
 def sub(a: Mapping[str, Quantity], b: Mapping[str, Quantity]) -> ResourceList:
     """``a - b`` per resource over the union of keys (may go negative)."""
     out = dict(a)

@@ -661,6 +661,20 @@ def _str_map(obj: Mapping[str, Any], key: str, where: str) -> dict[str, str]:
     return dict(m)
 
 
+def _objects(obj: Mapping[str, Any], key: str, where: str) -> list[tuple[str, Mapping[str, Any]]]:
+    """The items of a list of objects, each with its path (``status.conditions[2]``); absent or null: none."""
+    raw = obj.get(key) or []
+    path = f"{where}.{key}" if where else key
+    if not isinstance(raw, list):
+        raise InvalidInput("expected a list", path)
+    items: list[tuple[str, Mapping[str, Any]]] = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, Mapping):
+            raise InvalidInput("expected an object", f"{path}[{i}]")
+        items.append((f"{path}[{i}]", item))
+    return items
+
+
 def _time(obj: Mapping[str, Any], key: str, where: str) -> datetime | None:
     v = obj.get(key)
     if v is None or v == "":
@@ -794,14 +808,8 @@ def _vmim(obj: Mapping[str, Any]) -> VmimSnapshot:
     if not vmi_name:
         raise InvalidInput("missing", "spec.vmiName")
     status = _map(obj, "status", "")
-    raw_conds = status.get("conditions") or []
-    if not isinstance(raw_conds, list):
-        raise InvalidInput("expected a list", "status.conditions")
     conds: list[Condition] = []
-    for i, c in enumerate(raw_conds):
-        w = f"status.conditions[{i}]"
-        if not isinstance(c, Mapping):
-            raise InvalidInput("expected an object", w)
+    for w, c in _objects(status, "conditions", "status"):
         ctype = _str(c, "type", w)
         if not ctype:
             raise InvalidInput("missing", f"{w}.type")
@@ -840,16 +848,11 @@ def _pod(obj: Mapping[str, Any]) -> PodSnapshot:
         raise InvalidInput("missing", "spec")
     status = _map(obj, "status", "")
     requests, limits = pod_resources(obj)
-    owners = meta.get("ownerReferences") or []
-    if not isinstance(owners, list):
-        raise InvalidInput("expected a list", "metadata.ownerReferences")
     owner_name = owner_uid = ""
-    for i, o in enumerate(owners):
-        if not isinstance(o, Mapping):
-            raise InvalidInput("expected an object", f"metadata.ownerReferences[{i}]")
+    for w, o in _objects(meta, "ownerReferences", "metadata"):
         if o.get("kind") == VMI_KIND:
-            owner_name = _str(o, "name", f"metadata.ownerReferences[{i}]")
-            owner_uid = _str(o, "uid", f"metadata.ownerReferences[{i}]")
+            owner_name = _str(o, "name", w)
+            owner_uid = _str(o, "uid", w)
             break
     overhead = None
     if ann.get(MEMORY_OVERHEAD_ANNOTATION) is not None:
@@ -884,14 +887,8 @@ def _quota(obj: Mapping[str, Any]) -> QuotaSnapshot:
     if not isinstance(scopes, list) or not all(isinstance(s, str) for s in scopes):
         raise InvalidInput("expected a list of scope names", "spec.scopes")
     sel = _map(spec, "scopeSelector", "spec")
-    exprs = sel.get("matchExpressions") or []
-    if not isinstance(exprs, list):
-        raise InvalidInput("expected a list", "spec.scopeSelector.matchExpressions")
     selectors: list[ScopeSelector] = []
-    for i, e in enumerate(exprs):
-        w = f"spec.scopeSelector.matchExpressions[{i}]"
-        if not isinstance(e, Mapping):
-            raise InvalidInput("expected an object", w)
+    for w, e in _objects(sel, "matchExpressions", "spec.scopeSelector"):
         values = e.get("values") or []
         if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
             raise InvalidInput("expected a list of strings", f"{w}.values")

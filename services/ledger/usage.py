@@ -6,19 +6,12 @@ cluster's KubeVirt CR) and renders the result in the wire form (canonical quanti
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from shared import bus as contract
 from shared.accounting import VmEntry, account_namespace
 from shared.ledger import NamespaceView
-from shared.quantity import Quantity
 from shared.resources import format_resource_list
-
-
-def _rl(rl: Mapping[str, Quantity]) -> dict[str, str]:
-    return format_resource_list(rl)
-
 
 _VM_STATES: dict[tuple[str, str, str], tuple[VmEntry, contract.VmState]] = {}
 """Wire form of the latest entry of each VM (namespace, uid, name): accounting hands out the same entry for a
@@ -38,8 +31,8 @@ def _vm_state(namespace: str, v: VmEntry) -> contract.VmState:
         phase=v.phase,
         state=v.state,
         reason=v.reason,
-        counts={k: _rl(c) for k, c in sorted(v.counts.items())},
-        reserved=_rl(v.reserved),
+        counts={k: format_resource_list(c) for k, c in sorted(v.counts.items())},
+        reserved=format_resource_list(v.reserved),
         refused_by={k: list(r) for k, r in sorted(v.refused_by.items())},
     )
     _VM_STATES.pop(key, None)  # the newest last: the oldest (of a deleted VM) go first when full
@@ -58,11 +51,11 @@ def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageB
     quotas = {
         name: contract.QuotaTerms(
             mode=q.policy.mode.value,
-            budget=_rl(q.policy.budget),
-            used=_rl(q.accounted),
-            pods=_rl(q.pod_usage),
-            reserved=_rl(q.reserved),
-            hard=_rl(q.hard),
+            budget=format_resource_list(q.policy.budget),
+            used=format_resource_list(q.accounted),
+            pods=format_resource_list(q.pod_usage),
+            reserved=format_resource_list(q.reserved),
+            hard=format_resource_list(q.hard),
             over_budget=list(q.over_budget),
         )
         for name, q in sorted(usage.quotas.items())
@@ -76,8 +69,8 @@ def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageB
             phase=m.phase,
             state=m.state,
             reason=m.reason,
-            reserved=_rl(m.reserved),
-            growth=_rl(m.growth),
+            reserved=format_resource_list(m.reserved),
+            growth=format_resource_list(m.growth),
             rejected_by_quota=m.rejected_by_quota,
         )
         for m in usage.migrations

@@ -10,7 +10,6 @@ from shared.errors import InvalidInput
 from shared.quantity import Format, Quantity
 from shared.resources import (
     add,
-    add_all,
     equal,
     fits,
     format_resource_list,
@@ -64,7 +63,6 @@ def test_add_sub_maximum_growth() -> None:
     assert format_resource_list(maximum(a, b)) == {"cpu": "1", "memory": "1Gi", "pods": "1"}
     assert format_resource_list(growth(rl(cpu="2", memory="1Gi"), a)) == {"cpu": "1"}
     assert growth(a, rl(cpu="4", memory="4Gi")) == {}
-    assert format_resource_list(add_all([a, b, b])) == {"cpu": "2", "memory": "1Gi", "pods": "2"}
     assert a == rl(cpu="1", memory="1Gi")  # inputs untouched
 
 

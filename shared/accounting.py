@@ -39,6 +39,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from fractions import Fraction
+from functools import partial
 from typing import Any, Final
 
 from shared.equation import desired_hard
@@ -389,6 +390,14 @@ class _Memo:
                     return _MISS
         return hit[2]
 
+    def latest(self, slot: Hashable, key: Hashable, objs: tuple[object, ...], compute: Callable[[], Any]) -> Any:
+        """The value in ``slot`` for ``key`` (a key made of ids of ``objs``), else ``compute()``, remembered."""
+        found = self.get_latest(slot, key)
+        if found is _MISS:
+            found = compute()
+            self.put_latest(slot, key, objs, found)
+        return found
+
     def put_latest(self, slot: Hashable, key: Hashable, objs: tuple[object, ...], value: Any) -> None:
         latest = self._latest
         latest.pop(slot, None)
@@ -725,6 +734,10 @@ def account_namespace(
     ).run()
 
 
+def _size(v: VmiSnapshot) -> VmSize:
+    return VmSize.of(v.vcpus, v.guest_memory, v.status_vcpus, v.status_guest_memory)
+
+
 def _vm_key(v: VmiSnapshot) -> str:
     return v.uid or f"name:{v.name}"
 
@@ -829,19 +842,7 @@ class _Accounting:
             elif isinstance(s, KubeVirtSnapshot):
                 if self.kv_obj is None or (s.namespace, s.name) < (self.kv_obj.namespace, self.kv_obj.name):
                     self.kv_obj = s
-            elif s.namespace != self.namespace or isinstance(s, VmSnapshot):
-                continue
-            elif isinstance(s, VmiSnapshot):
-                vmis.append(s)
-            elif isinstance(s, VmimSnapshot):
-                vmims.append(s)
-            elif isinstance(s, PodSnapshot):
-                pods.append(s)
-            elif isinstance(s, QuotaSnapshot):
-                quotas.append(s)
-            elif isinstance(s, EventSnapshot):
-                events.append(s)
-            else:
+            elif s.namespace == self.namespace and not isinstance(s, VmSnapshot):
                 raise InvalidInput(f"unexpected snapshot type {type(s).__name__}", s.ref)
         self.vmis: list[VmiSnapshot] = _order(vmis)
         self.vmims: list[VmimSnapshot] = _order(vmims)
@@ -964,13 +965,7 @@ class _Accounting:
             deleting,
             self.quotas_key,
         )
-        objs = tuple(self.pods)
-        slot = ("pods", self.namespace)
-        found = memo.get_latest(slot, key)
-        if found is _MISS:
-            found = self._pods_pass()
-            memo.put_latest(slot, key, objs, found)
-        self._apply_pods(found)
+        self._apply_pods(memo.latest(("pods", self.namespace), key, tuple(self.pods), self._pods_pass))
 
     def _apply_pods(self, found: _PodsPass) -> None:
         entries, launchers, pod_usage, accounted = found
@@ -1111,12 +1106,7 @@ class _Accounting:
             tuple((k, tuple((r, q.nanos, q.format) for r, q in e.items())) for k, e in self.target_estimates.items()),
             self.quotas_key,
         )
-        slot = ("vms", self.namespace)
-        found = memo.get_latest(slot, key)
-        if found is _MISS:
-            found = self._vms_pass()
-            memo.put_latest(slot, key, objs, found)
-        self._apply_vms(found)
+        self._apply_vms(memo.latest(("vms", self.namespace), key, objs, self._vms_pass))
 
     def _apply_vms(self, found: _VmsPass) -> None:
         entries, pending, accounted = found
@@ -1134,11 +1124,10 @@ class _Accounting:
             key = _vm_key(v)
             vm_pods = self.launchers.get(key, [])
             if not vm_pods:
-                size = VmSize.of(v.vcpus, v.guest_memory, v.status_vcpus, v.status_guest_memory)
                 if v.phase in VMI_FINAL_PHASES or v.deletion_timestamp is not None:
                     what = f"phase {v.phase}" if v.phase in VMI_FINAL_PHASES else "being deleted"
                     reason = f"{what}, no running launcher pod: counts nothing"
-                    entries.append((key, VmEntry(v.name, v.uid, v.phase, STOPPED, reason, size, {}, {})))
+                    entries.append((key, VmEntry(v.name, v.uid, v.phase, STOPPED, reason, _size(v), {}, {})))
                 else:
                     pending.append(v)
                 continue
@@ -1154,10 +1143,7 @@ class _Accounting:
                     None if target is None else tuple((k, q.nanos, q.format) for k, q in target.items()),
                     self.quotas_key,
                 )
-                entry = memo.get_latest(memo_slot, memo_key)
-                if entry is _MISS:
-                    entry = self._running_vm(v, vm_pods, target)
-                    memo.put_latest(memo_slot, memo_key, memo_obj, entry)
+                entry = memo.latest(memo_slot, memo_key, memo_obj, partial(self._running_vm, v, vm_pods, target))
             counts = entry.counts
             for q in self._vm_covering(v):
                 accounted[id(q)].append(counts[q.policy.name])
@@ -1167,7 +1153,7 @@ class _Accounting:
     def _running_vm(
         self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]], target: ResourceList | None
     ) -> VmEntry:
-        size = VmSize.of(v.vcpus, v.guest_memory, v.status_vcpus, v.status_guest_memory)
+        size = _size(v)
         pod_max: ResourceList = {}
         for _, charged in vm_pods:
             pod_max = maximum(pod_max, charged)
@@ -1182,7 +1168,7 @@ class _Accounting:
     def _admit(self, v: VmiSnapshot) -> None:
         """A pending VM (no launcher pod yet), in creation order: admitted iff it fits every covering quota."""
         key = _vm_key(v)
-        size = VmSize.of(v.vcpus, v.guest_memory, v.status_vcpus, v.status_guest_memory)
+        size = _size(v)
         estimate = self.renderer.vmi_usage(v) or {}
         refused = self._refusals(v, v.creation_timestamp)
         pod_est = nonzero(_with_refusals(estimate, refused))

@@ -219,7 +219,6 @@ class Plan:
     budget: ResourceList = field(default_factory=dict)
     hard_before: ResourceList = field(default_factory=dict)
     hard_after: ResourceList = field(default_factory=dict)
-    set_hard: bool = False
     annotations: Mapping[str, str | None] = field(default_factory=dict)
     """Our annotations to set (None: remove), only those that change."""
     event_type: str = NORMAL
@@ -227,6 +226,11 @@ class Plan:
     reason: str = ""
     """One line: what changes and why."""
     usage_seq: int = 0
+
+    @property
+    def set_hard(self) -> bool:
+        """``spec.hard`` is to be written."""
+        return not same(self.hard_after, self.hard_before)
 
     @property
     def changes(self) -> bool:
@@ -251,9 +255,9 @@ def _changed_annotations(q: QuotaSnapshot, want: Mapping[str, str | None]) -> di
             continue
         if have is not None and key in (BUDGET_ANNOTATION, LAST_HARD_ANNOTATION):
             try:
-                if same(parse_resource_list(json.loads(have)), parse_resource_list(json.loads(value))):
+                if same(parse_budget(have, key), parse_budget(value, key)):
                     continue
-            except (ValueError, InvalidInput):
+            except InvalidInput:
                 pass
         out[key] = value
     return out
@@ -337,7 +341,6 @@ def plan(q: QuotaSnapshot, usage: UsageSnapshot | None, previous: UsageSnapshot 
         mode=mode.value,
         budget=b.budget,
         hard_after=hard,
-        set_hard=set_hard,
         annotations=annotations,
         event_type=WARNING if b.foreign else NORMAL,
         event_reason=event_reason,
@@ -346,16 +349,21 @@ def plan(q: QuotaSnapshot, usage: UsageSnapshot | None, previous: UsageSnapshot 
     )
 
 
+def _recorded_budget(q: QuotaSnapshot) -> Budget | None:
+    """The quota's budget as :func:`resolve_budget` reads it, None when unreadable (refusing or releasing)."""
+    try:
+        return resolve_budget(q)
+    except InvalidInput:
+        return None
+
+
 def _refuse(q: QuotaSnapshot, why: str, seq: int) -> Plan:
     """Refused: report it; an adopted quota falls back to native quota with its budget."""
     status = f"Refused: {why}"
     want: dict[str, str | None] = {STATUS_ANNOTATION: status}
     hard = dict(q.spec_hard)
     budget: ResourceList = {}
-    try:
-        b = resolve_budget(q)
-    except InvalidInput:
-        b = None
+    b = _recorded_budget(q)
     if b is not None and not b.adopting:
         budget = hard = b.budget
         want[BUDGET_ANNOTATION] = rl_json(b.budget)
@@ -372,7 +380,6 @@ def _refuse(q: QuotaSnapshot, why: str, seq: int) -> Plan:
         Action.REFUSE,
         budget=budget,
         hard_after=hard,
-        set_hard=set_hard,
         annotations=annotations,
         event_type=WARNING,
         event_reason=REFUSED,
@@ -387,10 +394,7 @@ def _release(q: QuotaSnapshot, seq: int) -> Plan:
         return _base(q, Action.NONE, usage_seq=seq)
     annotations: dict[str, str | None] = {k: None for k in OWN_ANNOTATIONS if k in q.annotations}
     hard = dict(q.spec_hard)
-    try:
-        b: Budget | None = resolve_budget(q)
-    except InvalidInput:
-        b = None
+    b = _recorded_budget(q)
     if b is not None and not b.adopting:
         hard = b.budget
     set_hard = not same(hard, q.spec_hard)
@@ -407,7 +411,6 @@ def _release(q: QuotaSnapshot, seq: int) -> Plan:
         Action.RELEASE,
         budget=hard,
         hard_after=hard,
-        set_hard=set_hard,
         annotations=annotations,
         event_reason=RELEASED,
         reason=reason,

@@ -324,15 +324,6 @@ class NamespaceView:
     """kind → snapshots of the cluster-wide objects (the KubeVirt CR)."""
 
 
-def state_key(ev: Upserted | Deleted) -> tuple[str, str]:
-    """(cluster, namespace key) of the state an object event belongs to."""
-    if ev.kind in CLUSTER_WIDE_KINDS:
-        return ev.cluster, CLUSTER_WIDE
-    if ev.kind == "Namespace":
-        return ev.cluster, ev.name
-    return ev.cluster, ev.namespace
-
-
 def checkpoint_key(cluster: str, namespace: str) -> str:
     """Key of a state's checkpoint in the ledger's KV bucket: ``ns.<cluster>.<namespace>``, ``cl.<cluster>``."""
     return f"cl.{cluster}" if namespace == CLUSTER_WIDE else f"ns.{cluster}.{namespace}"
@@ -393,7 +384,7 @@ class Ledger:
         if type(ev) is Sync:
             return self._apply_sync(ev, seq)
         assert not isinstance(ev, Sync)
-        kind = ev.kind  # state_key(ev), inlined: this is the hot path
+        kind = ev.kind
         if self.kinds is not None and kind not in self.kinds:
             return Outcome.UNTRACKED
         if kind in CLUSTER_WIDE_KINDS:

@@ -6,7 +6,6 @@ Functions return new dicts; inputs are never mutated. A resource that is absent 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from shared.errors import InvalidInput
 from shared.quantity import ZERO, Format, Quantity
@@ -109,7 +108,3 @@ def nonzero(rl: Mapping[str, Quantity]) -> ResourceList:
 def equal(a: Mapping[str, Quantity], b: Mapping[str, Quantity]) -> bool:
     """Equal as resource lists: a missing key equals zero."""
     return all(a.get(k, ZERO) == b.get(k, ZERO) for k in set(a) | set(b))
-
-
-def to_json(rl: Mapping[str, Quantity]) -> dict[str, Any]:
-    return dict(format_resource_list(rl))

@@ -356,7 +356,6 @@ class PullConsumer:
         start_seq: int = 1,
         batch: int = 500,
         idle: float = 1.0,
-        on_recreate: Callable[[str], None] | None = None,
     ) -> None:
         self.bus = bus
         self.stream = stream
@@ -368,7 +367,6 @@ class PullConsumer:
         self.pending = 0
         """Messages left in the stream for this consumer after the last batch (the lag)."""
         self.recreations = 0
-        self._on_recreate = on_recreate
         self._sub: JetStreamContext.PullSubscription | None = None
         self._epoch = -1
         self._expected_cseq = 1
@@ -401,8 +399,6 @@ class PullConsumer:
         self._idle_fetches = 0
         self.recreations += 1
         log.info("consumer created", stream=self.stream, consumer=self.durable, start_seq=self.next_seq, why=why)
-        if self._on_recreate is not None:
-            self._on_recreate(why)
 
     async def _consumer_exists(self) -> bool:
         try:

@@ -421,16 +421,19 @@ async def serve(
     return code
 
 
-async def cancel(task: asyncio.Task[Any], *, attempts: int = 50) -> None:
-    """Cancel ``task`` and wait for it to end; cancel again if a library swallowed the cancellation (nats-py's
+async def cancel(*tasks: asyncio.Task[Any], attempts: int = 50) -> None:
+    """Cancel ``tasks`` and wait for them to end; cancel again if a library swallowed the cancellation (nats-py's
     ``asyncio.wait_for`` can on Python 3.11)."""
     for _ in range(attempts):
-        if task.done():
+        pending = [t for t in tasks if not t.done()]
+        if not pending:
             break
-        task.cancel()
-        await asyncio.wait([task], timeout=0.1)
-    if task.done() and not task.cancelled():
-        task.exception()  # retrieved: the caller reports failures from the task itself
+        for t in pending:
+            t.cancel()
+        await asyncio.wait(pending, timeout=0.1)
+    for t in tasks:
+        if t.done() and not t.cancelled():
+            t.exception()  # retrieved: the caller reports failures from the task itself
 
 
 # ---- Kubernetes and leader election -----------------------------------------------------------------------------

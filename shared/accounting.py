@@ -85,6 +85,10 @@ ACCOUNTED_KINDS: Final[frozenset[str]] = frozenset(
 _ONE: Final = Quantity.from_int(1)
 
 
+URGENT_KINDS: Final[frozenset[str]] = frozenset({VMIM_KIND, VMI_KIND, EVENT_KIND, QUOTA_KIND})
+"""The kinds :func:`is_urgent` may say yes to (a pod, the bulk of a stream, never is)."""
+
+
 def is_urgent(old: Snapshot | None, new: Snapshot | None) -> bool:
     """Whether a change of one object (``old`` → ``new``; None: absent) can start, end or correct a reservation,
     which a migration or a new VM waits for: a migration appearing, going, or starting or ceasing to be active
@@ -140,7 +144,7 @@ class Urgency:
 
 def _vmi_phase_and_size(v: VmiSnapshot) -> tuple[object, ...]:
     """What a VMI's reservation (its launcher pod's estimate, a migration target's) depends on; ``spec`` is
-    compared by identity (VMIs with the same kept spec share one dict)."""
+    compared by identity (VMIs with the same kept spec share one dict, so an equal spec is the same object)."""
     return (
         v.phase,
         v.deletion_timestamp,
@@ -149,9 +153,7 @@ def _vmi_phase_and_size(v: VmiSnapshot) -> tuple[object, ...]:
         v.status_vcpus,
         v.status_guest_memory,
         v.memory_overhead,
-        v.requests,
-        v.limits,
-        id(v.spec),
+        id(v.spec),  # (explicit requests and limits are in it: domain.resources is kept)
     )
 
 

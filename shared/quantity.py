@@ -26,7 +26,6 @@ from shared.errors import InvalidQuantity
 NANO: Final = 1_000_000_000
 MAX_BASE_UNITS: Final = 2**63 - 1
 MAX_NANOS: Final = MAX_BASE_UNITS * NANO
-_MAX_NANOS: Final = MAX_NANOS
 
 
 class Format(Enum):
@@ -130,7 +129,7 @@ class Quantity:
         nanos = _ceil_div(value.numerator, value.denominator)  # precision finer than nano rounds up
         if sign == "-":
             nanos = -nanos
-        if abs(nanos) > _MAX_NANOS:
+        if abs(nanos) > MAX_NANOS:
             raise InvalidQuantity(f"quantity {s!r} is larger than Kubernetes can represent")
         return Quantity(nanos, fmt)
 
@@ -214,10 +213,6 @@ class Quantity:
 
 
 ZERO: Final = Quantity(0)
-
-
-def parse_quantity(text: object, *, allow_negative: bool = False) -> Quantity:
-    return Quantity.parse(text, allow_negative=allow_negative)
 
 
 def _format(nanos: int, fmt: Format) -> str:

@@ -7,7 +7,6 @@ raise :class:`~shared.errors.InvalidInput` naming the object and field.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +15,6 @@ from shared.errors import InvalidInput
 from shared.quantity import Format, Quantity
 from shared.resources import ResourceList, parse_resource_list
 
-KUBEVIRT_GROUP = "kubevirt.io"
 VMI_KIND = "VirtualMachineInstance"
 VM_KIND = "VirtualMachine"
 VMIM_KIND = "VirtualMachineInstanceMigration"
@@ -81,7 +79,6 @@ class VmiSpec:
     domain: Mapping[str, Any]
     spec: Mapping[str, Any]
     topology: Topology
-    has_cpu_struct: bool
     vcpus: int
     """vCPUs for sizing: topology product, plus the supplemental IO thread pool when that policy is set."""
     guest_memory: Quantity | None
@@ -135,7 +132,6 @@ def _vmi_spec(obj: Mapping[str, Any]) -> VmiSpec:
     limits = parse_resource_list(res.get("limits"), f"{dwhere}.resources.limits")
 
     # CPU (pkg/defaults: topology all zero -> cores=1, threads=1, sockets from limits/requests, else 1)
-    has_cpu = "cpu" in domain and domain.get("cpu") is not None
     cpu = _map(domain, "cpu", dwhere)
     cwhere = f"{dwhere}.cpu"
     sockets, cores, threads = (_count(cpu, k, cwhere) for k in ("sockets", "cores", "threads"))
@@ -186,7 +182,6 @@ def _vmi_spec(obj: Mapping[str, Any]) -> VmiSpec:
         domain=domain,
         spec=spec,
         topology=topo,
-        has_cpu_struct=has_cpu,
         vcpus=vcpus,
         guest_memory=guest,
         requests=requests,
@@ -250,7 +245,3 @@ def status_size(obj: Mapping[str, Any]) -> StatusSize:
                 q = _quantity(memst.get(key), f"status.memory.{key}")
                 guest = q if guest is None or q > guest else guest
     return StatusSize(vcpus, guest)
-
-
-def ceil_cpu(q: Quantity) -> int:
-    return math.ceil(q.value)

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Final
 
 import structlog
 from nats.aio.msg import Msg
@@ -36,7 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.bus import Bus, PullConsumer
 from services.enforcer.kube import KubeError, Obj, QuotaApi
-from services.runner import Metrics
+from services.runner import Metrics, cancel
 from shared import bus as contract
 from shared import enforcement
 from shared.enforcement import Plan
@@ -170,10 +170,10 @@ class Enforcer:
                 # stops writing at once: another enforcer may be leading already.
                 stopper.cancel()
                 self._stopped = True
-                await _cancel(tasks[:2])
+                await cancel(*tasks[:2])
                 if graceful:
                     await self._drain()
-                await _cancel([*self._tasks.values(), tasks[2]])
+                await cancel(*self._tasks.values(), tasks[2])
                 await quotas.close()
                 await usage.close()
                 log.info("enforcer stopped", graceful=graceful, patched=self.patched, conflicts=self.conflicts)
@@ -503,26 +503,3 @@ class Enforcer:
     def idle(self) -> bool:
         """Nothing dirty, in flight or waiting to be reported."""
         return self._warm and not self._dirty and not self._tasks and not self._backing_off and self._reports.empty()
-
-    def state(self) -> dict[str, Any]:
-        return {
-            "warm": self._warm,
-            "quotas": len(self.quotas),
-            "namespaces": len(self.usage),
-            "in_flight": len(self._tasks),
-            "patched": self.patched,
-            "conflicts": self.conflicts,
-            "dead_letters": self.dead_letters,
-        }
-
-
-async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
-    """Cancel until done. On Python 3.11 ``asyncio.wait_for`` (inside nats-py's fetch) can swallow a cancellation
-    that arrives as its inner wait completes, so one ``cancel()`` is not always enough; the consumer loops also
-    check ``_stopped`` after every (at most ``idle`` seconds long) fetch."""
-    pending = [t for t in tasks if not t.done()]
-    while pending:
-        for t in pending:
-            t.cancel()
-        await asyncio.wait(pending, timeout=0.2)
-        pending = [t for t in pending if not t.done()]

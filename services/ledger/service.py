@@ -38,7 +38,7 @@ from nats.js.kv import KeyValue
 from services.bus import AckWindow, Bus, PullConsumer
 from services.runner import Health, Metrics
 from shared import bus as contract
-from shared.accounting import ACCOUNTED_KINDS, Urgency
+from shared.accounting import ACCOUNTED_KINDS, URGENT_KINDS, Urgency
 from shared.errors import InvalidInput
 from shared.ledger import CLUSTER_WIDE, Ledger, NamespaceState, NamespaceView, Outcome, PartitionSet, checkpoint_key
 from shared.snapshot import Snapshot
@@ -50,11 +50,6 @@ COMPRESS_OVER = 128 * 1024
 """Checkpoints larger than this are stored zlib-compressed (prefix ``z``); JSON otherwise."""
 
 log = structlog.get_logger("vmquota.ledger")
-
-URGENT_KINDS = frozenset({"VirtualMachineInstanceMigration", "VirtualMachineInstance", "Event", "ResourceQuota"})
-"""Kinds whose change may be accounted at once, past the debounce (``shared.accounting.Urgency`` decides): a
-migration or a new VM waits for its reservation, a FailedCreate event corrects one, a quota edit changes the
-budget. Pods (the bulk of the stream) are debounced."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +64,7 @@ class LedgerOptions:
     debounce: float = 0.25
     """Least time between two accounting rounds of one namespace: a change after a quiet spell of that namespace is
     published at once; under a stream of events it is accounted at most every ``debounce`` seconds, except for
-    urgent kinds (``URGENT_KINDS``), which a migration's or a new VM's latency depends on."""
+    urgent changes (``shared.accounting.Urgency``), which a migration's or a new VM's latency depends on."""
     checkpoint_interval: float = 2.0
     service: str = "ledger"
     kinds: frozenset[str] | None = ACCOUNTED_KINDS
@@ -113,7 +108,7 @@ class LedgerService:
         self.account = account
         self.metrics = metrics or Metrics()
         self.health = health or Health()
-        self.ledger = Ledger(opts.partitions, opts.kinds)
+        self.ledger = self._fresh_ledger()
         self.kv: KeyValue | None = None
         self.consumer: PullConsumer | None = None
         self.start_seq = 1
@@ -139,6 +134,9 @@ class LedgerService:
         self._m_dlq = self.metrics.dlq.labels(service=svc)
         self._m_seq = self.metrics.applied_seq.labels(service=svc)
 
+    def _fresh_ledger(self) -> Ledger:
+        return Ledger(self.opts.partitions, self.opts.kinds)
+
     # ---- start-up ----------------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Ensure the streams and the bucket, load checkpoints, choose the replay start."""
@@ -148,7 +146,7 @@ class LedgerService:
         last = await self._events_last_seq()
         if last is not None and progress > last:
             log.warning("checkpoints are ahead of the events stream (recreated?): starting over", last_seq=last)
-            self.ledger = Ledger(self.opts.partitions, self.opts.kinds)
+            self.ledger = self._fresh_ledger()
             progress = 0
         self.start_seq = progress + 1
         log.info(
@@ -197,7 +195,7 @@ class LedgerService:
             await watcher.stop()  # type: ignore[no-untyped-call]
         self.ledger.unsaved.clear()
         if progress < 0:
-            self.ledger = Ledger(self.opts.partitions, self.opts.kinds)
+            self.ledger = self._fresh_ledger()
             progress = 0
         # Recompute every namespace once: a usage not yet published before the stop (or computed by an older
         # version) is published now; an unchanged one is not (its digest is in the checkpoint).
@@ -254,9 +252,7 @@ class LedgerService:
             await batches.aclose()
             await self.consumer.close()
             await self._end_checkpointing(clean)
-        # A clean stop leaves nothing to replay.
-        await self.publish_usage()
-        await self.checkpoint()
+        await self.checkpoint()  # a clean stop leaves nothing to replay (it publishes what is pending first)
         log.info("ledger stopped", applied=self.applied, published=self.published, seq=self.consumer.next_seq - 1)
 
     def _checkpoint_done(self) -> bool:

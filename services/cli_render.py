@@ -106,16 +106,15 @@ def build_namespace(args: argparse.Namespace) -> NamespaceFacts:
     )
 
 
-def _q(rl: Mapping[str, Quantity]) -> dict[str, str]:
-    return format_resource_list(rl)
-
-
 def item_json(spec: VmiSpec, pod: RenderedPod) -> dict[str, Any]:
     return {
         "name": spec.name,
         "namespace": spec.namespace,
-        "containers": {c.name: {"requests": _q(c.requests), "limits": _q(c.limits)} for c in pod.containers},
-        "pod": {"requests": _q(pod.requests), "limits": _q(pod.limits)},
+        "containers": {
+            c.name: {"requests": format_resource_list(c.requests), "limits": format_resource_list(c.limits)}
+            for c in pod.containers
+        },
+        "pod": {"requests": format_resource_list(pod.requests), "limits": format_resource_list(pod.limits)},
         "memoryOverhead": pod.memory_overhead.canonical(),
     }
 

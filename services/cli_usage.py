@@ -150,9 +150,14 @@ def account_all(
     snapshots: Sequence[AnySnapshot], policy: QuotaPolicy, config: KubeVirtConfig, now: datetime
 ) -> dict[str, NamespaceUsage]:
     cluster_scoped = (NamespaceSnapshot, KubeVirtSnapshot)
-    namespaces = sorted({s.namespace for s in snapshots if s.namespace and not isinstance(s, cluster_scoped)})
+    shared = [s for s in snapshots if isinstance(s, cluster_scoped)]  # (each namespace reads them)
+    by_namespace: dict[str, list[AnySnapshot]] = {}
+    for s in snapshots:
+        if s.namespace and not isinstance(s, cluster_scoped):
+            by_namespace.setdefault(s.namespace, []).append(s)
     return {
-        ns: account_namespace(snapshots, now=now, config=config, policies=[policy], namespace=ns) for ns in namespaces
+        ns: account_namespace([*by_namespace[ns], *shared], now=now, config=config, policies=[policy], namespace=ns)
+        for ns in sorted(by_namespace)
     }
 
 

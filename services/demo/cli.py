@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from collections.abc import Mapping
 from typing import TextIO
 
-from services.demo.play import RunResult, play
+from services.demo.play import RunResult, dumps, play
 from services.demo.scenario import Scenario, builtin_scenarios, load_scenario
 from shared.errors import InvalidInput
 from shared.quantity import Quantity
@@ -120,8 +119,7 @@ def run(args: argparse.Namespace) -> int:
     results = asyncio.run(_play_all(scenarios, args))
     judged = [runs[-1] for _, runs in results]
     if args.json:
-        payload = [r.to_json() for r in judged]
-        print(json.dumps(payload[0] if len(payload) == 1 else payload, indent=2))
+        print(dumps(judged))
     else:
         passed = sum(1 for r in judged if r.passed)
         print(f"{passed} of {len(judged)} scenario(s) passed")

@@ -23,13 +23,11 @@ from typing import Any
 from services.demo.scenario import UNMANAGED, Scenario
 from services.simcluster.cluster import SimCluster
 from services.simcluster.store_api import ApiError, Obj, Resource, WatchType
+from shared.modes import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION, RATIO_ANNOTATION
 from shared.quantity import Quantity
 from shared.resources import ResourceList, format_resource_list, parse_resource_list
+from shared.snapshot import MIGRATION_JOB_LABEL
 
-MANAGED_LABEL = "vmquota.io/managed"
-MODE_ANNOTATION = "vmquota.io/mode"
-RATIO_ANNOTATION = "vmquota.io/cpu-allocation-ratio"
-MIGRATION_JOB_LABEL = "kubevirt.io/migrationJobUID"
 REJECTED_BY_QUOTA = "migrationRejectedByResourceQuota"
 FINAL_MIGRATION = ("Succeeded", "Failed")
 
@@ -307,10 +305,6 @@ class VmquotaStack:
             proc.kill()
             return await proc.wait()
 
-    async def restart_service(self, name: str, *, kill: bool = False) -> None:
-        await self.stop_service(name, kill=kill)
-        await self.start_service(name)
-
     async def stop(self) -> None:
         for name in list(self._procs):
             with contextlib.suppress(Exception):
@@ -408,7 +402,7 @@ async def _wait_adopted(sim: SimCluster, scenario: Scenario, *, within: float) -
                 "resourcequotas",
                 ns.name,
                 q.name,
-                lambda o: "vmquota.io/budget" in ((o.get("metadata") or {}).get("annotations") or {}),
+                lambda o: BUDGET_ANNOTATION in ((o.get("metadata") or {}).get("annotations") or {}),
                 within=within,
                 what=f"the enforcer to adopt quota {ns.name}/{q.name}",
             )

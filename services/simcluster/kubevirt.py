@@ -65,7 +65,6 @@ MIGRATION_TARGET_NODE_LABEL: Final = "kubevirt.io/migrationTargetNodeName"
 VMI_NAME_LABEL: Final = "kubevirt.io/vmi-name"
 DOMAIN_ANNOTATION: Final = "kubevirt.io/domain"
 WORKLOAD_UPDATE_ANNOTATION: Final = "kubevirt.io/workloadUpdateMigration"
-EVACUATION_ANNOTATION: Final = "kubevirt.io/evacuationMigration"
 WORKLOAD_UPDATE_PREFIX: Final = "kubevirt-workload-update-"
 REJECTED_BY_QUOTA: Final = "migrationRejectedByResourceQuota"
 FAIL_START_ANNOTATION: Final = "simcluster.vmquota.io/fail-start"
@@ -505,7 +504,6 @@ class KubeVirtSimulator:
         self._started_once: set[str] = set()
         self._source_done: set[str] = set()
         self._kv_config: tuple[str, KubeVirtConfig] | None = None
-        self.pods_created = 0
         self.pods_refused = 0
         cache.subscribe("virtualmachines", self._on_vm)
         cache.subscribe("virtualmachineinstances", self._on_vmi)
@@ -994,7 +992,6 @@ class KubeVirtSimulator:
             self.pods_refused += 1
             await self._failed_create(vmi, f"Error creating pod: {e.message}")
             return
-        self.pods_created += 1
         self._succeeded("vmi", key, self.vmi_queue)
         name = meta(created).get("name")
         await self.events.record(vmi, "Normal", "SuccessfulCreate", f"Created virtual machine pod {name}")
@@ -1195,7 +1192,6 @@ class KubeVirtSimulator:
                 await self._update_status(self.r_vmims, key, reject)
             self._backoff("vmim", key, self.migration_queue)
             return
-        self.pods_created += 1
         self._succeeded("vmim", key, self.migration_queue)
         await self.events.record(
             vmim, "Normal", "SuccessfulCreate", f"Created migration target pod {meta(created).get('name')}"

@@ -29,7 +29,7 @@ from services.simcluster.workqueue import Cache, Key, WorkQueue, key_of
 from shared.errors import InvalidInput
 from shared.podusage import pod_counts_for_compute, pod_quota_usage, pod_resources, quota_usage_of
 from shared.quantity import Format, Quantity
-from shared.resources import ResourceList, add, format_resource_list, parse_resource_list
+from shared.resources import ResourceList, add, format_resource_list, only, parse_resource_list
 
 # ---- the pod evaluator's resources and scopes ------------------------------------------------------------------
 
@@ -227,11 +227,6 @@ def pretty(rl: Mapping[str, Quantity]) -> str:
     return ",".join(f"{k}={rl[k].canonical()}" for k in sorted(rl))
 
 
-def _mask(rl: Mapping[str, Quantity], names: Iterable[str]) -> ResourceList:
-    keep = set(names)
-    return {k: v for k, v in rl.items() if k in keep}
-
-
 def _status_lists(quota: Mapping[str, Any]) -> tuple[ResourceList, ResourceList]:
     status = quota.get("status") or {}
     return (
@@ -281,15 +276,15 @@ def admit_pod(
     delta = pod_quota_usage(pod, now)
     out: dict[str, ResourceList] = {}
     for _quota, name, hard, used in interesting:
-        requested = _mask(delta, hard)
+        requested = only(delta, hard)
         new_used = add(used, requested)
-        masked = _mask(new_used, requested)
+        masked = only(new_used, requested)
         exceeded = sorted(r for r, q in masked.items() if r in hard and q > hard[r])
         if exceeded:
             raise forbidden(
                 pod_name,
-                f"exceeded quota: {name}, requested: {pretty(_mask(requested, exceeded))}, "
-                f"used: {pretty(_mask(used, exceeded))}, limited: {pretty(_mask(hard, exceeded))}",
+                f"exceeded quota: {name}, requested: {pretty(only(requested, exceeded))}, "
+                f"used: {pretty(only(used, exceeded))}, limited: {pretty(only(hard, exceeded))}",
             )
         if format_resource_list(new_used) != format_resource_list(used):
             out[name] = new_used
@@ -331,7 +326,7 @@ def compute_usage(
                 if v is not None:
                     usage[k] = usage[k] + v
     used = {**old_used, **usage}
-    return hard, _mask(used, hard)
+    return hard, only(used, hard)
 
 
 class PodUsageCache:

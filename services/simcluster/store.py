@@ -32,7 +32,7 @@ import re
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 import msgspec
@@ -505,10 +505,6 @@ class Store:
     def oldest_resource_version(self) -> int:
         """The oldest resourceVersion a watch may still start from (older ones get 410)."""
         return self._floor
-
-    def object_count(self) -> int:
-        """How many objects the store holds. (Deliberately not ``__len__``: an empty store must stay truthy.)"""
-        return sum(len(names) for table in self._objects.values() for names in table.values())
 
     def watcher_count(self, res: Resource | None = None) -> int:
         if res is not None:
@@ -1258,8 +1254,3 @@ class Store:
         for ws in self._watchers.values():
             for w in ws:
                 w.push_bookmark()
-
-    async def stream(self, res: Resource, namespace: str | None = None) -> AsyncIterator[WatchEvent]:
-        """The current objects as ADDED events, then changes: a convenience for in-process informers."""
-        async for ev in self.watch(res, namespace, initial_events=True):
-            yield ev

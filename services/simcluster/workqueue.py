@@ -240,9 +240,6 @@ class WorkQueue:
     def forget(self, key: Any) -> None:
         self._failures.pop(key, None)
 
-    def failures(self, key: Any) -> int:
-        return self._failures.get(key, 0)
-
     # ---- state --------------------------------------------------------------------------------------------
     def idle(self) -> bool:
         """Nothing ready, nothing being processed, no pending progress (backoff retries do not count)."""

@@ -88,10 +88,6 @@ class Publisher:
         self._retry_tasks: set[asyncio.Task[None]] = set()
         self.enqueued = 0
         """Messages enqueued; also the order number of the last one."""
-        self.settled = 0
-        self.stored = 0
-        self.duplicates = 0
-        self.republished = 0
         self.failed: BaseException | None = None
         self._queue_ready = asyncio.Event()
         self._window_open = asyncio.Event()
@@ -128,11 +124,6 @@ class Publisher:
     def max_payload(self) -> int:
         """The largest message the server takes (bytes, headers included)."""
         return int(self.bus.nc.max_payload)
-
-    @property
-    def backlog(self) -> int:
-        """Enqueued and not yet stored."""
-        return self.enqueued - self.settled
 
     def enqueue(self, item: Item) -> None:
         self._check()
@@ -229,11 +220,6 @@ class Publisher:
         self._settle(item, ack.duplicate)
 
     def _settle(self, item: Item, duplicate: bool) -> None:
-        self.settled += 1
-        if duplicate:
-            self.duplicates += 1
-        else:
-            self.stored += 1
         if self.on_stored is not None:
             self.on_stored(item, duplicate)
         if len(self._outstanding) < self.window:
@@ -242,7 +228,6 @@ class Publisher:
 
     # ---- failures --------------------------------------------------------------------------------------------
     def _retry(self, order: int, item: Item) -> None:
-        self.republished += 1
         self._retrying[order] = item
         task = asyncio.create_task(self._republish(order, item), name="publisher-retry")
         self._retry_tasks.add(task)

@@ -591,7 +591,6 @@ class Watcher:
             cls = {"ResourceQuota": QuotaListWatch, "Pod": PodListWatch}.get(spec.kind, ListWatch)
             self.loops[spec.kind] = cls(self, spec)
         self._group: asyncio.TaskGroup | None = None
-        self.ready = asyncio.Event()
 
     def cluster_namespaces(self) -> Iterable[str]:
         ns = self.loops.get("Namespace")
@@ -629,6 +628,5 @@ class Watcher:
             for lw in rest:
                 await lw.listed.wait()
             self.log.info("every resource listed", objects={k: len(lw.known) for k, lw in self.loops.items()})
-            self.ready.set()
             if self.on_ready is not None:
                 self.on_ready()

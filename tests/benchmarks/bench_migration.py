@@ -34,6 +34,7 @@ from services.simcluster.cluster import SimCluster
 from services.simcluster.store_api import ApiError, Obj, Resource, WatchType
 from shared import bus as contract
 from shared.modes import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION
+from shared.snapshot import MIGRATION_JOB_LABEL
 from tests.benchmarks.common import Result
 
 VMS = 1_000
@@ -50,7 +51,6 @@ SPEED = 0.02
 """Simulator delays x 0.02: a VM starts in a few ms, a migration's phases take ~1 ms each."""
 TARGET_P99_MS = 100.0
 WITHIN = 120.0
-MIGRATION_JOB_LABEL = "kubevirt.io/migrationJobUID"
 
 
 @dataclass

@@ -24,17 +24,17 @@ from services.simcluster.store_api import Obj
 from shared import bus as contract
 from shared.enforcement import LAST_HARD_ANNOTATION, STATUS_ANNOTATION
 from shared.errors import InvalidInput
-from shared.modes import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION, RATIO_ANNOTATION
+from shared.modes import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION
 from shared.podusage import pod_quota_usage
 from shared.quantity import ZERO
 from shared.resources import ResourceList, add, format_resource_list, parse_resource_list
+from shared.snapshot import MIGRATION_JOB_LABEL
 
 CLUSTER: Final = "e2e"
 SPEED: Final = 0.05
 """Simulator speed factor: every controller delay x 0.05 (a VM starts in ~10 ms, a migration in ~30 ms)."""
 WITHIN: Final = 20.0
 """Deadline of every wait, in seconds: generous for a loaded 2-core machine; a healthy run takes far less."""
-MIGRATION_JOB_LABEL: Final = "kubevirt.io/migrationJobUID"
 
 
 def rl(values: Mapping[str, str]) -> ResourceList:
@@ -53,7 +53,6 @@ class BusTap:
         self.cluster = cluster
         self.usage: dict[str, contract.UsageSnapshot] = {}
         """The latest usage snapshot received per namespace."""
-        self.usage_count = 0
         self.decisions: list[contract.Decision] = []
         self.undecodable: list[str] = []
         self.changed = asyncio.Event()
@@ -74,7 +73,6 @@ class BusTap:
             self.undecodable.append(f"{msg.subject}: {e}")
             return
         self.usage[snap.namespace] = snap
-        self.usage_count += 1
         self.changed.set()
 
     async def _on_decision(self, msg: Msg) -> None:
@@ -129,14 +127,11 @@ class Pipeline:
         hard: Mapping[str, str],
         *,
         mode: str = "VmiPodUsage",
-        ratio: str | None = None,
     ) -> None:
         """Create the namespace (if needed) and a managed quota; wait until the enforcer enforces it."""
         if self.sim.peek("namespaces", None, namespace) is None:
             await self.sim.create_namespace(namespace)
         annotations = {MODE_ANNOTATION: mode}
-        if ratio is not None:
-            annotations[RATIO_ANNOTATION] = ratio
         await self.sim.create_quota(namespace, name, hard, labels={MANAGED_LABEL: "true"}, annotations=annotations)
         self.quotas[(namespace, name)] = rl(hard)
         await self.wait_enforcing(namespace, name)

@@ -16,16 +16,12 @@ import asyncio
 
 from services.simcluster.kubevirt import phase
 from shared.quantity import ZERO
-from shared.resources import ResourceList, format_resource_list, parse_resource_list
+from shared.resources import format_resource_list, nonzero, parse_resource_list
 from tests.integration.e2e import Pipeline, pipeline, plain_pod
 
 POD = "tenant-pod"
 RATIO = "tenant-ratio"
 QUOTA = "compute"
-
-
-def nonzero(rlist: ResourceList) -> ResourceList:
-    return {k: v for k, v in rlist.items() if v != ZERO}
 
 
 def disagreements(p: Pipeline, ns: str) -> list[str]:

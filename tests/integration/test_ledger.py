@@ -20,6 +20,7 @@ import pytest
 
 from services.bus import Bus, NatsOptions
 from services.ledger.service import LedgerOptions, LedgerService, usage_digest
+from services.runner import cancel
 from shared import bus as contract
 from shared.ledger import Ledger, NamespaceView, PartitionSet
 from shared.snapshot import KubeVirtSnapshot, NamespaceSnapshot, PodSnapshot
@@ -148,10 +149,7 @@ class Running:
         return c is not None and c.next_seq > seq
 
     async def crash(self) -> None:
-        # nats-py can lose a cancellation (asyncio.wait_for's race on Python 3.11): cancel until it is dead.
-        while not self.task.done():
-            self.task.cancel()
-            await asyncio.wait([self.task], timeout=0.05)
+        await cancel(self.task)  # (until it is dead: nats-py can lose a cancellation on Python 3.11)
         assert self.task.cancelled()
 
     async def stop(self) -> None:

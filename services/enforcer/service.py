@@ -107,6 +107,9 @@ class Enforcer:
         self.own = EnforcerMetrics(self.metrics.registry)
         self._now = clock or (lambda: datetime.now(UTC))
         self.quotas: dict[Key, QuotaSnapshot] = {}
+        self._names: dict[str, dict[str, None]] = {}
+        """namespace → names of its quotas in ``quotas`` (kept by ``_remember`` and ``_forget``, which alone write
+        ``quotas``): a usage snapshot or a sync touches one namespace, not every quota."""
         self._gone: dict[Key, int] = {}
         """resourceVersion of deleted quotas (an older upsert must not bring them back)."""
         self.usage: dict[str, contract.UsageSnapshot] = {}
@@ -252,8 +255,10 @@ class Enforcer:
         if isinstance(ev, contract.Sync):
             rv = contract.resource_version(ev.resource_version)
             present = set(ev.present)
-            for key, q in list(self.quotas.items()):
-                if key[0] == ev.namespace and q.uid not in present and q.rv_order <= rv:
+            for name in list(self._names.get(ev.namespace, ())):
+                key = (ev.namespace, name)
+                q = self.quotas[key]
+                if q.uid not in present and q.rv_order <= rv:
                     self._forget(key, rv)
             return
         key = (ev.namespace, ev.name)
@@ -315,6 +320,7 @@ class Enforcer:
             return False
         self._gone.pop(key, None)
         self.quotas[key] = snap
+        self._names.setdefault(key[0], {})[key[1]] = None
         return True
 
     def _remember_raw(self, raw: Obj) -> QuotaSnapshot:
@@ -326,6 +332,11 @@ class Enforcer:
 
     def _forget(self, key: Key, rv: int) -> None:
         self.quotas.pop(key, None)
+        names = self._names.get(key[0])
+        if names is not None:
+            names.pop(key[1], None)
+            if not names:
+                del self._names[key[0]]
         self._acted.pop(key, None)
         self._dry_seen.pop(key, None)
         self._gone[key] = max(rv, self._gone.get(key, -1))
@@ -334,8 +345,8 @@ class Enforcer:
         if not self._warm:
             self._held.add(namespace)
             return
-        for key in [k for k in self.quotas if k[0] == namespace]:
-            self._schedule(key)
+        for name in list(self._names.get(namespace, ())):
+            self._schedule((namespace, name))
 
     def _schedule(self, key: Key) -> None:
         if self._stopped:

@@ -1114,11 +1114,13 @@ class Store:
         history.append(ev)
         for w in tuple(self._watchers[key]):
             w.offer(ev)
-        for cb in self._callbacks:
-            try:
-                cb(type, res, _decode(raw))
-            except Exception:
-                _log.exception("on_change callback failed", resource=key, namespace=ns, name=name)
+        if self._callbacks:
+            shown = _decode(raw)  # one copy for every callback (read-only: see on_change)
+            for cb in self._callbacks:
+                try:
+                    cb(type, res, shown)
+                except Exception:
+                    _log.exception("on_change callback failed", resource=key, namespace=ns, name=name)
         return stored
 
     async def _relieve(self) -> None:
@@ -1228,6 +1230,8 @@ class Store:
         self._hooks.setdefault(res.key, []).append(hook)
 
     def on_change(self, callback: ChangeCallback) -> None:
+        """Call ``callback(type, resource, object)`` on every committed change; every callback of a change gets
+        the same decoded object, which it must not modify."""
         self._callbacks.append(callback)
 
     def drop_watches(self, resources: Iterable[Resource] | None = None) -> int:

@@ -21,7 +21,7 @@ import aiohttp
 import msgspec
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
-from services.kube import NETWORK, KubeError, Obj, call, error_from_status
+from services.kube import NETWORK, KubeError, Obj, call, call_bytes, error_from_status
 from services.kube import decode_json as _decode
 
 __all__ = ["KubeError", "Obj", "ResourceSpec", "Timeouts", "error_from_status", "list_pages", "watch"]
@@ -112,6 +112,9 @@ class ListPage:
     continue_token: str
 
 
+HTTP_OK: Final = 200
+
+
 async def _page(
     fn: Callable[..., Awaitable[Any]], spec: ResourceSpec, token: str, limit: int, timeouts: Timeouts
 ) -> ListPage:
@@ -122,23 +125,17 @@ async def _page(
         kw["label_selector"] = spec.label_selector
     if spec.field_selector:
         kw["field_selector"] = spec.field_selector
-    resp = await call(fn, **kw)
-    try:
-        body = await resp.read()
-    except (aiohttp.ClientError, OSError, TimeoutError) as e:
-        raise KubeError(NETWORK, type(e).__name__, str(e) or "list body not received") from None
-    finally:
-        resp.release()
+    body = await call_bytes(fn, **kw)  # a 2xx: call() turns the others into KubeError
     try:
         doc = _decode(body)
     except msgspec.DecodeError as e:
-        raise KubeError(resp.status, "BadList", f"the list of {spec.key} is not JSON: {e}") from None
+        raise KubeError(HTTP_OK, "BadList", f"the list of {spec.key} is not JSON: {e}") from None
     if not isinstance(doc, dict):
-        raise KubeError(resp.status, "BadList", f"the list of {spec.key} is not an object")
+        raise KubeError(HTTP_OK, "BadList", f"the list of {spec.key} is not an object")
     meta = doc.get("metadata") or {}
     items = doc.get("items") or []
     if not isinstance(meta, dict) or not isinstance(items, list):
-        raise KubeError(resp.status, "BadList", f"the list of {spec.key} has no items")
+        raise KubeError(HTTP_OK, "BadList", f"the list of {spec.key} has no items")
     api_version = f"{spec.group}/{spec.version}" if spec.group else spec.version
     for item in items:
         if isinstance(item, dict):

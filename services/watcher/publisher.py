@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,8 +33,11 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from services.bus import TRANSIENT, Bus
+from services.watcher.loop import Backoff
 
 log = structlog.get_logger("vmquota.watcher.publisher")
+
+_REPUBLISH_BACKOFF: Final = Backoff(initial=1.0, maximum=30.0, jitter=0.2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +238,7 @@ class Publisher:
             self._window_open.set()
 
     async def _republish(self, order: int, item: Item) -> None:
-        delay = 1.0
+        attempt = 0
         while True:
             try:
                 ack = await self.bus.publish(item.subject, item.data, msg_id=item.msg_id, headers=item.headers)
@@ -245,8 +247,8 @@ class Publisher:
                 raise
             except TRANSIENT as e:  # NATS is away longer than Bus.publish's deadline: keep trying
                 log.warning("publish still failing, retrying", subject=item.subject, error=str(e) or type(e).__name__)
-                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-                delay = min(delay * 2, 30.0)
+                await asyncio.sleep(_REPUBLISH_BACKOFF.delay(attempt))
+                attempt += 1
             except Exception as e:
                 self._fail(e)
                 return

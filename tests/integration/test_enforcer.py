@@ -16,7 +16,7 @@ from kubernetes_asyncio import client, config
 from services.bus import Bus, NatsOptions
 from services.enforcer.kube import KubeQuotas
 from services.enforcer.service import Enforcer, EnforcerOptions
-from services.runner import Metrics
+from services.runner import Metrics, cancel
 from services.simcluster.cluster import SimCluster
 from services.simcluster.store_api import Obj
 from shared import bus as contract
@@ -67,9 +67,8 @@ async def mirror(sim: SimCluster, bus: Bus) -> AsyncIterator[None]:
 
     task = asyncio.create_task(run())
     yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await cancel(task)  # again and again if need be: nats-py can swallow a cancellation (Python 3.11's wait_for)
+    assert task.done()
 
 
 async def publish_quota(b: Bus, obj: Obj, *, deleted: bool = False) -> None:

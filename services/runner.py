@@ -21,6 +21,8 @@ import signal
 import socket
 import sys
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -439,18 +441,53 @@ async def cancel(*tasks: asyncio.Task[Any], attempts: int = 50) -> None:
 # ---- Kubernetes and leader election -----------------------------------------------------------------------------
 
 
-async def kube_client(config: Config) -> Any:
-    """A kubernetes-asyncio ``ApiClient`` from ``--kubeconfig`` or the in-cluster service account."""
+async def kube_client(kubeconfig: str | None) -> Any:
+    """A kubernetes-asyncio ``ApiClient`` from a kubeconfig file (``--kubeconfig``) or, without one, the in-cluster
+    service account."""
     from kubernetes_asyncio import client
     from kubernetes_asyncio import config as kconfig
 
-    if config.kubeconfig:
+    if kubeconfig:
         cfg = client.Configuration()
-        await kconfig.load_kube_config(config_file=config.kubeconfig, client_configuration=cfg)
+        await kconfig.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
     else:
         cfg = client.Configuration()
         kconfig.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-    return client.ApiClient(configuration=cfg)
+    if not cfg.proxy:
+        cfg.proxy = env_proxy(cfg.host or "")
+    api = client.ApiClient(configuration=cfg)
+    _resolve_env_once(api)
+    return api
+
+
+def env_proxy(url: str) -> str | None:
+    """The proxy the environment names for ``url`` (``HTTPS_PROXY``/``HTTP_PROXY`` by scheme, either case), or
+    None when there is none or ``NO_PROXY`` exempts the host: the standard library's reading, which aiohttp uses."""
+    parts = urllib.parse.urlsplit(url)
+    proxies = urllib.request.getproxies_environment()
+    if parts.hostname and urllib.request.proxy_bypass(parts.hostname):
+        return None
+    return proxies.get(parts.scheme) or None
+
+
+def _resolve_env_once(api: Any) -> None:
+    """kubernetes-asyncio's HTTP session trusts the environment, so aiohttp reads the proxy variables and
+    ``~/.netrc`` again on every request, each time in a worker thread: two thread hand-offs per API call, the
+    enforcer's largest cost after the call itself. The proxy is resolved once instead (:func:`env_proxy`, into the
+    configuration), and the session is replaced by one that does not look again. ``~/.netrc`` is not read: the
+    client authenticates with the kubeconfig's or the service account's credentials."""
+    import aiohttp
+
+    rest = api.rest_client
+    old: aiohttp.ClientSession = rest.pool_manager
+    if not old.trust_env:
+        return
+    rest.pool_manager = aiohttp.ClientSession(
+        connector=old.connector,
+        trust_env=False,
+        read_bufsize=2**21,  # as kubernetes-asyncio sets it: large objects in one watch line
+    )
+    old.detach()  # the connector now belongs to the new session
 
 
 async def leader_elected(
@@ -474,7 +511,7 @@ async def leader_elected(
     log = rt.log(lease_namespace=rt.config.lease_namespace, identity=rt.config.identity)
     lease = f"vmquota-{rt.name}-{rt.config.cluster or 'all'}"
     lost = asyncio.Event()
-    api = await kube_client(rt.config)
+    api = await kube_client(rt.config.kubeconfig)
     try:
         working: list[asyncio.Task[None]] = []
         work_ended = asyncio.Event()

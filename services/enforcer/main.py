@@ -18,7 +18,7 @@ async def main(rt: Runtime) -> None:
     bus = await Bus.connect(rt.nats_options(), on_reconnect=reconnects.inc)
     try:
         await bus.ensure_streams(contract.streams_for(rt.name, rt.config.events_max_age))
-        api = await kube_client(rt.config)
+        api = await kube_client(rt.config.kubeconfig)
         try:
             opts = EnforcerOptions(
                 cluster=cluster, dry_run=rt.config.dry_run, identity=rt.config.identity, service=rt.name

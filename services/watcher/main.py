@@ -100,7 +100,7 @@ async def serve(rt: Runtime, tuning: Tuning = Tuning()) -> None:
         rt.health.set_ready(rt.name, False)
         publisher = Publisher(bus, window=config.window, ack_timeout=config.ack_timeout, on_stored=stored)
         try:
-            api = await kube_client(rt.config)
+            api = await kube_client(rt.config.kubeconfig)
             try:
                 publisher.start()
                 while True:

@@ -1,0 +1,74 @@
+"""The Kubernetes client the services build: proxy taken from the environment once, not looked up per request."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.runner import env_proxy, kube_client
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {server: "https://api.example.test:6443", insecure-skip-tls-verify: true}
+users:
+- name: u
+  user: {token: not-a-secret}
+contexts:
+- name: c
+  context: {cluster: c, user: u}
+current-context: c
+"""
+
+PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy", "ALL_PROXY")
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for var in PROXY_VARS:
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+def test_env_proxy_by_scheme(clean_env: pytest.MonkeyPatch) -> None:
+    assert env_proxy("https://api.example.test:6443") is None
+    clean_env.setenv("HTTPS_PROXY", "http://proxy.example.test:3128")
+    assert env_proxy("https://api.example.test:6443") == "http://proxy.example.test:3128"
+    assert env_proxy("http://api.example.test:8080") is None  # only HTTPS_PROXY is set
+
+
+def test_env_proxy_no_proxy(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("https_proxy", "http://proxy.example.test:3128")
+    clean_env.setenv("no_proxy", "localhost,.example.test")
+    assert env_proxy("https://api.example.test:6443") is None
+    assert env_proxy("https://api.other.test:6443") == "http://proxy.example.test:3128"
+
+
+async def test_client_resolves_the_proxy_once(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    path = tmp_path / "kubeconfig"
+    path.write_text(KUBECONFIG)
+    clean_env.setenv("HTTPS_PROXY", "http://proxy.example.test:3128")
+    api = await kube_client(str(path))
+    try:
+        rest = api.rest_client
+        assert rest.proxy == "http://proxy.example.test:3128"
+        session = rest.pool_manager
+        assert session.trust_env is False  # no per-request look-up of the environment or ~/.netrc
+        assert session.connector is not None and not session.closed
+    finally:
+        await api.close()
+
+
+async def test_client_without_proxy(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    path = tmp_path / "kubeconfig"
+    path.write_text(KUBECONFIG)
+    clean_env.setenv("NO_PROXY", "api.example.test")
+    clean_env.setenv("HTTPS_PROXY", "http://proxy.example.test:3128")
+    api = await kube_client(str(path))
+    try:
+        assert api.rest_client.proxy is None
+        assert api.rest_client.pool_manager.trust_env is False
+    finally:
+        await api.close()

@@ -28,7 +28,9 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
+import msgspec
 import nats.errors
 import nats.js.errors
 import structlog
@@ -36,6 +38,7 @@ from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
 from services.bus import AckWindow, Bus, PullConsumer
+from services.ledger.usage import vms_json
 from services.runner import Health, Metrics
 from shared import bus as contract
 from shared.accounting import ACCOUNTED_KINDS, URGENT_KINDS, Urgency
@@ -90,7 +93,12 @@ def unpack(data: bytes) -> bytes:
 
 
 def usage_digest(body: contract.UsageBody) -> str:
-    return hashlib.sha256(contract.encode(body)).hexdigest()[:32]
+    return _digest(body, vms_json(body.vms))
+
+
+def _digest(body: contract.UsageBody, vms: msgspec.Raw) -> str:
+    """SHA-256 of the body's JSON (its VMs given pre-encoded), the first 32 hex digits."""
+    return hashlib.sha256(contract.encode(msgspec.structs.replace(body, vms=vms))).hexdigest()[:32]
 
 
 class LedgerService:
@@ -384,7 +392,8 @@ class LedgerService:
                     with structlog.contextvars.bound_contextvars(cluster=cluster, namespace=namespace, seq=view.seq):
                         log.error("accounting failed; usage not published", error=str(e))
                     continue
-                digest = usage_digest(body)
+                vms = vms_json(body.vms)
+                digest = _digest(body, vms)
                 if digest == state.usage_digest:
                     continue
                 msg = contract.UsageSnapshot(
@@ -396,7 +405,7 @@ class LedgerService:
                     namespace=namespace,
                     seq=view.seq,
                     quotas=body.quotas,
-                    vms=body.vms,
+                    vms=cast(list[contract.VmState], vms),  # encoded as the list it stands for
                     migrations=body.migrations,
                     errors=body.errors,
                 )

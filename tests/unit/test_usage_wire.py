@@ -1,0 +1,70 @@
+"""The ledger's usage wire form: VMs encoded once and spliced in give the bytes of encoding the whole message."""
+
+from __future__ import annotations
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.ledger.service import usage_digest
+from services.ledger.usage import _vm_state, vms_json
+from shared import bus as contract
+from shared.accounting import VmEntry
+from shared.modes import VmSize
+from shared.quantity import Quantity
+
+names = st.text("abcxyz-0123456789", min_size=1, max_size=8)
+amounts = st.dictionaries(
+    st.sampled_from(["requests.cpu", "limits.memory", "pods", "requests.memory"]),
+    st.integers(0, 10**6).map(lambda n: Quantity.parse(f"{n}m")),
+    max_size=4,
+)
+
+
+@st.composite
+def entries(draw: st.DrawFn) -> VmEntry:
+    return VmEntry(
+        name=draw(names),
+        uid=draw(st.sampled_from(["", "u1", "u2", "u3"])),
+        phase=draw(st.sampled_from(["", "Running", "Pending"])),
+        state=draw(st.sampled_from(["running", "admitted", "refused", "stopped"])),
+        reason=draw(st.text(max_size=20)),
+        size=VmSize(1, Quantity.parse("1Gi")),
+        pod_usage={},
+        counts=draw(st.dictionaries(st.sampled_from(["", "compute", "q2"]), amounts, max_size=2)),
+        reserved=draw(amounts),
+        refused_by=draw(st.dictionaries(st.sampled_from(["compute"]), st.tuples(names), max_size=1)),
+    )
+
+
+def body(vms: list[contract.VmState]) -> contract.UsageBody:
+    return contract.UsageBody(quotas={}, vms=vms, migrations=[], errors=["e"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(entries(), max_size=6), st.lists(st.booleans(), max_size=6))
+def test_spliced_vms_encode_as_the_list(found: list[VmEntry], fresh: list[bool]) -> None:
+    # states from the ledger's cache (encoded once) mixed with others (encoded on the spot)
+    vms = (
+        [
+            contract.VmState(name=e.name, state=e.state) if fresh[i % len(fresh)] else _vm_state("ns", e)
+            for i, e in enumerate(found)
+        ]
+        if fresh
+        else [_vm_state("ns", e) for e in found]
+    )
+    raw = vms_json(vms)
+    assert contract.encode(msgspec.structs.replace(body(vms), vms=raw)) == contract.encode(body(vms))
+    assert msgspec.json.decode(bytes(raw), type=list[contract.VmState]) == vms
+    assert usage_digest(body(vms)) == usage_digest(body(list(vms)))
+
+
+def test_a_changed_entry_is_encoded_again() -> None:
+    size = VmSize(1, Quantity.parse("1Gi"))
+    first = VmEntry("vm1", "u1", "Running", "running", "running", size, {}, {"q": {"pods": Quantity.parse("1")}})
+    second = VmEntry("vm1", "u1", "Running", "running", "running", size, {}, {"q": {"pods": Quantity.parse("2")}})
+    a = _vm_state("ns", first)
+    assert _vm_state("ns", first) is a  # the same entry: the same state, not formatted again
+    b = _vm_state("ns", second)
+    assert b is not a
+    assert b'"pods":"2"' in bytes(vms_json([b])) and b'"pods":"1"' in bytes(vms_json([a]))

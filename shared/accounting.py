@@ -717,6 +717,7 @@ def account_namespace(
     namespace: str | None = None,
     memoize: bool = True,
     distinct: bool = False,
+    kinds: Mapping[str, Sequence[Snapshot]] | None = None,
 ) -> NamespaceUsage:
     """Account one namespace.
 
@@ -730,9 +731,21 @@ def account_namespace(
     namespace again after one change costs little; the result is the same either way (False: the reference).
     ``distinct``: the caller guarantees one version per object (a ledger view), so looking for duplicates is
     skipped; given duplicates anyway, the result is unspecified.
+
+    ``kinds`` (with ``namespace``, in place of ``objects``, which are then ignored): the objects already split
+    by kind (kind → snapshots of that kind: the namespace's own and the cluster-scoped Namespaces and KubeVirt
+    CRs), one version each, as a ledger view holds them. The lists are read, never changed; one that is the same
+    list object as in the last accounting of the namespace is not sorted again. Same result as ``objects``.
     """
     return _Accounting(
-        objects, now=now, config=config, policies=policies, namespace=namespace, memoize=memoize, distinct=distinct
+        objects,
+        now=now,
+        config=config,
+        policies=policies,
+        namespace=namespace,
+        memoize=memoize,
+        distinct=distinct,
+        kinds=kinds,
     ).run()
 
 
@@ -772,23 +785,36 @@ class _Accounting:
         namespace: str | None,
         memoize: bool,
         distinct: bool = False,
+        kinds: Mapping[str, Sequence[Snapshot]] | None = None,
     ) -> None:
         self.now = now
         self.errors: list[str] = []
-        objs = list(objects) if distinct else _latest(objects)
-        if namespace is None:
-            names = {
-                s.namespace for s in objs if s.namespace and not isinstance(s, (NamespaceSnapshot, KubeVirtSnapshot))
-            }
-            if len(names) > 1:
-                raise InvalidInput(f"objects of several namespaces given: {', '.join(sorted(names))}", "namespace")
-            namespace = names.pop() if names else ""
-        self.namespace = namespace
-        self._sort(objs)
+        if kinds is not None:
+            if namespace is None:
+                raise InvalidInput("objects given by kind need their namespace", "namespace")
+            self.namespace = namespace
+            self._split(kinds)
+        else:
+            objs = list(objects) if distinct else _latest(objects)
+            if namespace is None:
+                names = {
+                    s.namespace
+                    for s in objs
+                    if s.namespace and not isinstance(s, (NamespaceSnapshot, KubeVirtSnapshot))
+                }
+                if len(names) > 1:
+                    raise InvalidInput(f"objects of several namespaces given: {', '.join(sorted(names))}", "namespace")
+                namespace = names.pop() if names else ""
+            self.namespace = namespace
+            self._sort(objs)
         if config is None:
             config = _config_of(self.kv_obj, memoize)
         self.config = config
         self.memo = _memo_of(config) if memoize else None
+        self._shared_lists = kinds is not None
+        self.vmis: list[VmiSnapshot] = self._ordered(VMI_KIND)
+        self.vmims: list[VmimSnapshot] = self._ordered(VMIM_KIND)
+        self.pods: list[PodSnapshot] = self._ordered(POD_KIND)
         self.quotas = self._policies(policies)
         hard_keys = {r for q in self.quota_objs for r in q.spec_hard} | {
             r for q in self.quotas for r in q.policy.budget
@@ -846,9 +872,34 @@ class _Accounting:
                     self.kv_obj = s
             elif s.namespace == self.namespace and not isinstance(s, VmSnapshot):
                 raise InvalidInput(f"unexpected snapshot type {type(s).__name__}", s.ref)
-        self.vmis: list[VmiSnapshot] = _order(vmis)
-        self.vmims: list[VmimSnapshot] = _order(vmims)
-        self.pods: list[PodSnapshot] = _order(pods)
+        self._take(vmis, vmims, pods, quotas, events)
+
+    def _split(self, kinds: Mapping[str, Sequence[Snapshot]]) -> None:
+        """The objects of a ledger view, by kind (see :func:`account_namespace`)."""
+        self.ns_obj = None
+        for s in kinds.get(NAMESPACE_KIND, ()):
+            if s.name == self.namespace and isinstance(s, NamespaceSnapshot):
+                self.ns_obj = s
+                break
+        kvs = [s for s in kinds.get(KUBEVIRT_KIND, ()) if isinstance(s, KubeVirtSnapshot)]
+        self.kv_obj = min(kvs, key=lambda s: (s.namespace, s.name)) if kvs else None
+        self._take(
+            kinds.get(VMI_KIND, ()),  # type: ignore[arg-type]  # the view's lists hold their kind's snapshots
+            kinds.get(VMIM_KIND, ()),  # type: ignore[arg-type]
+            kinds.get(POD_KIND, ()),  # type: ignore[arg-type]
+            kinds.get(QUOTA_KIND, ()),  # type: ignore[arg-type]
+            kinds.get(EVENT_KIND, ()),  # type: ignore[arg-type]
+        )
+
+    def _take(
+        self,
+        vmis: Sequence[VmiSnapshot],
+        vmims: Sequence[VmimSnapshot],
+        pods: Sequence[PodSnapshot],
+        quotas: Sequence[QuotaSnapshot],
+        events: Sequence[EventSnapshot],
+    ) -> None:
+        self._unordered: dict[str, Sequence[Snapshot]] = {VMI_KIND: vmis, VMIM_KIND: vmims, POD_KIND: pods}
         self.quota_objs = sorted(quotas, key=lambda q: q.name)
         self.refusals_by_uid: dict[str, list[EventSnapshot]] = {}
         """Quota refusals by the uid of the VMI they are about (when the event names it)."""
@@ -859,6 +910,16 @@ class _Accounting:
                 if e.involved_uid:
                     self.refusals_by_uid.setdefault(e.involved_uid, []).append(e)
                 self.refusals_by_name.setdefault(e.involved_name, []).append(e)
+
+    def _ordered(self, kind: str) -> list[Any]:
+        """The objects of ``kind`` in creation order. With a memo and lists given by kind, the order of the same
+        list object as in the namespace's last accounting (a ledger view shares a kind's list until the kind
+        changes, and never changes it in place) is the one computed then."""
+        objs = self._unordered[kind]
+        memo = self.memo
+        if memo is None or not self._shared_lists:
+            return _order(objs)
+        return memo.latest(("order", self.namespace, kind), id(objs), (objs,), partial(_order, objs))  # type: ignore[no-any-return]
 
     def _policies(self, policies: Sequence[QuotaPolicy] | None) -> list[_Quota]:
         if policies is None:

@@ -16,6 +16,7 @@ from shared.modes import MANAGED_LABEL, MODE_ANNOTATION, Mode, VmSize, mode_usag
 from shared.podusage import quota_usage_of
 from shared.quantity import Quantity
 from shared.snapshot import (
+    SNAPSHOT_TYPES,
     AnySnapshot,
     PodSnapshot,
     Snapshot,
@@ -112,15 +113,21 @@ def namespace_objects(vms: int = 100, pods: int = 50, migrations: int = 5, pendi
 
 def one_change_at_a_time(objs: list[AnySnapshot], kinds: tuple[type, ...]) -> Any:
     """Replace one object of these kinds by a new version (the next in turn) on each call, as the ledger's view
-    of a namespace changes by one event; returns the changing list."""
-    picks = [i for i, o in enumerate(objs) if isinstance(o, kinds)]
+    of a namespace changes by one event; returns the changing view: kind → list, a new list for the changed kind
+    only (as ``shared.ledger.NamespaceState.live`` shares a kind's list until it changes)."""
+    kind_of = {t: kind for kind, t in SNAPSHOT_TYPES.items()}
+    view: dict[str, list[AnySnapshot]] = {}
+    for o in objs:
+        view.setdefault(kind_of[type(o)], []).append(o)
+    picks = [(kind, i) for kind, found in view.items() for i, o in enumerate(found) if isinstance(o, kinds)]
     state = {"n": 0}
 
-    def step() -> list[AnySnapshot]:
+    def step() -> dict[str, list[AnySnapshot]]:
         state["n"] += 1
-        i = picks[state["n"] % len(picks)]
-        objs[i] = msgspec.structs.replace(objs[i], resource_version=str(1_000_000 + state["n"]))
-        return objs
+        kind, i = picks[state["n"] % len(picks)]
+        found = view[kind] = list(view[kind])
+        found[i] = msgspec.structs.replace(found[i], resource_version=str(1_000_000 + state["n"]))
+        return view
 
     return step
 
@@ -161,7 +168,7 @@ def run() -> list[Result]:
         changing = one_change_at_a_time(list(objs), kinds)
 
         def account_again(changing: Any = changing) -> int:
-            account_namespace(changing(), now=now, config=config)
+            account_namespace((), now=now, config=config, namespace=NS, distinct=True, kinds=changing())
             return 1
 
         results.append(

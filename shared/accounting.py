@@ -35,9 +35,11 @@ Only the kinds in :data:`ACCOUNTED_KINDS` are read.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+import math
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import IntEnum
 from fractions import Fraction
 from functools import partial
 from typing import Any, Final
@@ -86,39 +88,100 @@ _ONE: Final = Quantity.from_int(1)
 
 
 URGENT_KINDS: Final[frozenset[str]] = frozenset({VMIM_KIND, VMI_KIND, EVENT_KIND, QUOTA_KIND})
-"""The kinds :func:`is_urgent` may say yes to (a pod, the bulk of a stream, never is)."""
+"""The kinds :func:`urgency` may find urgent (a pod, the bulk of a stream, never is)."""
 
 
-def is_urgent(old: Snapshot | None, new: Snapshot | None) -> bool:
-    """Whether a change of one object (``old`` → ``new``; None: absent) can start, end or correct a reservation,
-    which a migration or a new VM waits for: a migration appearing, going, or starting or ceasing to be active
-    (its progress through the active phases changes no reservation: the target pod's appearance ends it, and adds
-    as much to ``P``), a change of a ResourceQuota's spec or metadata, a VMI appearing, going or changing its phase
-    or size, a quota refusal appearing or changing its amounts. The ledger accounts a namespace at once after such
-    a change and at its debounce after others (pods above all: a pod that appears ends a reservation but adds as
-    much to ``P``, so ``hard`` stays). See :class:`Urgency` for refusals."""
+class Urgent(IntEnum):
+    """How soon the ledger accounts a namespace after a change of one of its objects (:func:`urgency`)."""
+
+    NO = 0
+    """At the namespace's debounce: nothing waits for the change."""
+    SOON = 1
+    """After a short delay that gathers such changes: a reservation ends (a migration or a VMI ends or goes, a VMI
+    changes phase), so ``hard`` comes down, but nothing waits for it."""
+    NOW = 2
+    """At once, before other namespaces: a migration or a VM waits for the reservation this starts or corrects (a
+    migration appears or becomes active, a VMI appears or changes size, a quota refusal brings new amounts, a
+    quota's spec or metadata changes)."""
+
+
+def urgency(old: Snapshot | None, new: Snapshot | None) -> Urgent:
+    """How soon a change of one object (``old`` → ``new``; None: absent) must be accounted: see :class:`Urgent`.
+    A migration's progress through its active phases changes no reservation (the target pod's appearance ends it,
+    and adds as much to ``P``); neither does a pod (above all: it ends a reservation but adds as much to ``P``, so
+    ``hard`` stays) nor a quota's status. See :class:`Urgency` for repeated refusals."""
     obj = new if new is not None else old
     if obj is None:
-        return False
+        return Urgent.NO
     if isinstance(obj, VmimSnapshot):  # a reservation starts with a migration and ends when it is no longer active
-        if not isinstance(old, VmimSnapshot) or not isinstance(new, VmimSnapshot):
-            return True
-        return old.active != new.active or old.vmi_name != new.vmi_name
+        if not isinstance(new, VmimSnapshot):
+            return Urgent.SOON
+        if not isinstance(old, VmimSnapshot) or old.active != new.active:
+            return Urgent.NOW if new.active else Urgent.SOON
+        return Urgent.NOW if old.vmi_name != new.vmi_name else Urgent.NO
     if isinstance(obj, QuotaSnapshot):  # (the ledger may report a status echo as a change: see Ledger.apply)
-        return old is None or new is None or not same_content(old, new)
+        return Urgent.NOW if old is None or new is None or not same_content(old, new) else Urgent.NO
     if isinstance(obj, VmiSnapshot):
-        if not isinstance(old, VmiSnapshot) or not isinstance(new, VmiSnapshot):
-            return True
-        return _vmi_phase_and_size(old) != _vmi_phase_and_size(new)
+        if not isinstance(new, VmiSnapshot):
+            return Urgent.SOON
+        if not isinstance(old, VmiSnapshot) or _vmi_size(old) != _vmi_size(new):
+            return Urgent.NOW
+        return Urgent.SOON if (old.phase, old.deletion_timestamp) != (new.phase, new.deletion_timestamp) else Urgent.NO
     if isinstance(obj, EventSnapshot):
         if not isinstance(old, EventSnapshot) or not isinstance(new, EventSnapshot):
-            return obj.quota_refusal
-        return (old.quota_name, old.requested) != (new.quota_name, new.requested)
-    return False
+            if not obj.quota_refusal:
+                return Urgent.NO
+            return Urgent.NOW if new is not None else Urgent.SOON  # a correction; or one that goes
+        return Urgent.NOW if (old.quota_name, old.requested) != (new.quota_name, new.requested) else Urgent.NO
+    return Urgent.NO
+
+
+Key = tuple[str, str]
+"""(cluster, namespace)."""
+
+
+def waited_for(changed: Collection[Key], urgent: Mapping[Key, Urgent]) -> list[Key]:
+    """The changed namespaces a migration or a VM waits for (an ``Urgent.NOW`` change), in ``urgent``'s order (that
+    of their first urgent change)."""
+    return [k for k, level in urgent.items() if level is Urgent.NOW and k in changed]
+
+
+def schedule(
+    changed: Collection[Key],
+    urgent: Mapping[Key, Urgent],
+    accounted_at: Mapping[Key, float],
+    now: float,
+    *,
+    debounce: float,
+    soon: float,
+) -> tuple[list[Key], float | None]:
+    """Which changed namespaces to account now, in order, and the seconds until the next of the others is due
+    (None: none waits). ``urgent``: the highest urgency of each namespace's changes since it was last accounted
+    (``accounted_at``, the same clock as ``now``; never: due at once), in the order of their first urgent change.
+
+    A namespace is due ``debounce`` seconds after it was last accounted, ``soon`` seconds after for an
+    ``Urgent.SOON`` change, at once for an ``Urgent.NOW`` one. While any namespace has an ``Urgent.NOW`` change,
+    only those are due (first, in ``urgent``'s order), so that the next one a migration waits for is not held up
+    behind the others, which wait for the next round (0 s) unless overdue by a whole ``debounce``."""
+    first = waited_for(changed, urgent)
+    hold = -debounce if first else 0.0
+    due: list[Key] = []
+    wait: float | None = None
+    for key in changed:
+        level = urgent.get(key, Urgent.NO)
+        if level is Urgent.NOW:
+            continue
+        left = accounted_at.get(key, -math.inf) + (soon if level is Urgent.SOON else debounce) - now
+        if left <= hold:
+            due.append(key)
+        else:
+            left = max(left, 0.0)
+            wait = left if wait is None else min(wait, left)
+    return first + sorted(due), wait
 
 
 class Urgency:
-    """:func:`is_urgent`, except that a quota refusal (a new event, or an aggregated one seen again) repeating
+    """:func:`urgency`, except that a quota refusal (a new event, or an aggregated one seen again) repeating
     the amounts of the last refusal seen for the same VMI is not urgent: KubeVirt retries a refused pod on every
     quota update, and each retry is an event with the same ``requested:`` amounts, which correct nothing the first
     did not. (When a VMI is refused with the amounts of an earlier refusal, for a later migration, the correction
@@ -128,26 +191,25 @@ class Urgency:
         self._last: dict[tuple[str, str, str], tuple[str, ResourceList]] = {}
         self._maxsize = maxsize
 
-    def __call__(self, old: Snapshot | None, new: Snapshot | None, cluster: str = "") -> bool:
-        """Whether the change is urgent; ``cluster``: where the object is (a ledger may fold several)."""
+    def __call__(self, old: Snapshot | None, new: Snapshot | None, cluster: str = "") -> Urgent:
+        """How urgent the change is; ``cluster``: where the object is (a ledger may fold several)."""
         if not isinstance(new, EventSnapshot) or not new.quota_refusal:
-            return is_urgent(old, new)
+            return urgency(old, new)
         key = (cluster, new.namespace, new.involved_uid or f"name:{new.involved_name}")
         amounts = (new.quota_name, new.requested)
         if self._last.get(key) == amounts:
-            return False
+            return Urgent.NO
         if len(self._last) >= self._maxsize:
             self._last.clear()
         self._last[key] = amounts
-        return True
+        return Urgent.NOW
 
 
-def _vmi_phase_and_size(v: VmiSnapshot) -> tuple[object, ...]:
-    """What a VMI's reservation (its launcher pod's estimate, a migration target's) depends on; ``spec`` is
-    compared by identity (VMIs with the same kept spec share one dict, so an equal spec is the same object)."""
+def _vmi_size(v: VmiSnapshot) -> tuple[object, ...]:
+    """What the size of a VMI's reservation (its launcher pod's estimate, a migration target's) depends on;
+    ``spec`` is compared by identity (VMIs with the same kept spec share one dict, so an equal spec is the same
+    object)."""
     return (
-        v.phase,
-        v.deletion_timestamp,
         v.vcpus,
         v.guest_memory,
         v.status_vcpus,

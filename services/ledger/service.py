@@ -4,9 +4,10 @@ Loop: fetch a batch of events in stream order (``services.bus.PullConsumer``), f
 ``shared.ledger.Ledger`` (a malformed or unknown event goes to ``vmquota.dlq.ledger`` and is skipped), then
 
 * for each changed namespace, at most every ``debounce`` seconds per namespace (at once after a quiet spell of that
-  namespace, and at once for events that start or settle a reservation: a migration, a VMI, a FailedCreate
-  event), run accounting and publish a :class:`shared.bus.UsageSnapshot` on ``vmquota.usage.<cluster>.<namespace>`` if
-  its content differs from the last one published (the digest is kept in the namespace's checkpoint);
+  namespace; sooner for changes that end a reservation; at once, before any other namespace, for changes a migration
+  or a new VM waits for: ``shared.accounting.Urgent``), run accounting and publish a
+  :class:`shared.bus.UsageSnapshot` on ``vmquota.usage.<cluster>.<namespace>`` if its content differs from the last
+  one published (the digest is kept in the namespace's checkpoint);
 * every ``checkpoint_interval`` seconds, write each changed state to the KV bucket (key
   ``ns.<cluster>.<namespace>`` / ``cl.<cluster>``), then this instance's progress (``progress.<partitions>.<cluster
   filter>``): the stream sequence up to which every state it owns is checkpointed.
@@ -41,7 +42,7 @@ from services.bus import AckWindow, Bus, PullConsumer
 from services.ledger.usage import vms_json
 from services.runner import Health, Metrics
 from shared import bus as contract
-from shared.accounting import ACCOUNTED_KINDS, URGENT_KINDS, Urgency
+from shared.accounting import ACCOUNTED_KINDS, URGENT_KINDS, Urgency, Urgent, schedule, waited_for
 from shared.errors import InvalidInput
 from shared.ledger import CLUSTER_WIDE, Ledger, NamespaceState, NamespaceView, Outcome, PartitionSet, checkpoint_key
 from shared.snapshot import Snapshot
@@ -67,7 +68,12 @@ class LedgerOptions:
     debounce: float = 0.25
     """Least time between two accounting rounds of one namespace: a change after a quiet spell of that namespace is
     published at once; under a stream of events it is accounted at most every ``debounce`` seconds, except for
-    urgent changes (``shared.accounting.Urgency``), which a migration's or a new VM's latency depends on."""
+    urgent changes (``shared.accounting.Urgency``): those a migration's or a new VM's latency depends on
+    (``Urgent.NOW``) at once, before other namespaces, and those that end a reservation (``Urgent.SOON``) after
+    ``soon`` seconds."""
+    soon: float = 0.05
+    """Least time between two accounting rounds of one namespace for changes that end a reservation: the steps of
+    one migration's or VM's end, arriving together, are accounted once."""
     checkpoint_interval: float = 2.0
     service: str = "ledger"
     kinds: frozenset[str] | None = ACCOUNTED_KINDS
@@ -125,8 +131,9 @@ class LedgerService:
         self.dead_letters = 0
         self._accounted_at: dict[tuple[str, str], float] = {}
         """When each namespace was last accounted (monotonic), for the per-namespace debounce."""
-        self._urgent: set[tuple[str, str]] = set()
-        """Namespaces with an urgent event since they were last accounted."""
+        self._urgent: dict[tuple[str, str], Urgent] = {}
+        """Namespaces with an urgent change since they were last accounted, with the highest urgency, in the order of
+        their first urgent change."""
         self._is_urgent = Urgency()
         self._last_checkpoint = 0.0
         self._checkpointing: asyncio.Task[int] | None = None
@@ -314,8 +321,11 @@ class LedgerService:
                 if outcome is Outcome.APPLIED:
                     self.applied += 1
                     new = ev.snapshot if isinstance(ev, contract.Upserted) else None
-                    if maybe_urgent and self._is_urgent(old, new, ev.cluster):
-                        self._urgent.add((ev.cluster, ev.namespace))
+                    if maybe_urgent:
+                        level = self._is_urgent(old, new, ev.cluster)
+                        key = (ev.cluster, ev.namespace)
+                        if level > self._urgent.get(key, Urgent.NO):
+                            self._urgent[key] = level
                 elif outcome is Outcome.REFRESHED:
                     self.applied += 1
             except InvalidInput as e:
@@ -353,25 +363,19 @@ class LedgerService:
 
     # ---- usage -------------------------------------------------------------------------------------------------
     def _due(self, now: float) -> tuple[list[tuple[str, str]], float | None]:
-        """Changed namespaces to account now, and the seconds until the next one that waits is due (None: none)."""
-        due: list[tuple[str, str]] = []
-        wait: float | None = None
-        for key in self.ledger.changed:
-            left = self._accounted_at.get(key, -1e9) + self.opts.debounce - now
-            if left <= 0 or key in self._urgent:
-                due.append(key)
-            else:
-                wait = left if wait is None else min(wait, left)
-        return due, wait
+        """Changed namespaces to account now, in order, and the seconds until the next one that waits is due."""
+        o = self.opts
+        return schedule(self.ledger.changed, self._urgent, self._accounted_at, now, debounce=o.debounce, soon=o.soon)
 
     async def publish_usage(self, keys: list[tuple[str, str]] | None = None) -> int:
-        """Account the given changed namespaces (default: every changed one); publish the snapshots whose content
-        changed. Returns how many."""
-        if keys is None:
-            keys = list(self.ledger.changed)
-        keys = sorted(keys, key=lambda k: (k not in self._urgent, k))  # what a migration or a new VM waits for first
+        """Account the given changed namespaces in this order (default: every changed one, those a migration or a VM
+        waits for first); publish the snapshots whose content changed. Returns how many."""
+        if keys is None:  # what a migration or a new VM waits for first
+            first = waited_for(self.ledger.changed, self._urgent)
+            keys = first + sorted(self.ledger.changed.difference(first))
         self.ledger.changed.difference_update(keys)
-        self._urgent.difference_update(keys)
+        for key in keys:
+            self._urgent.pop(key, None)
         now = time.monotonic()
         for key in keys:
             self._accounted_at[key] = now

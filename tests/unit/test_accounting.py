@@ -33,8 +33,10 @@ from shared.accounting import (
     WAITING,
     NamespaceUsage,
     Urgency,
+    Urgent,
     account_namespace,
-    is_urgent,
+    schedule,
+    urgency,
 )
 from shared.errors import InvalidInput
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
@@ -42,7 +44,15 @@ from shared.modes import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION, RATI
 from shared.podusage import quota_usage_of
 from shared.quantity import Quantity
 from shared.resources import ResourceList, fits, format_resource_list, parse_resource_list
-from shared.snapshot import SNAPSHOT_TYPES, AnySnapshot, PodSnapshot, QuotaSnapshot, VmimSnapshot, normalize
+from shared.snapshot import (
+    SNAPSHOT_TYPES,
+    AnySnapshot,
+    PodSnapshot,
+    QuotaSnapshot,
+    VmimSnapshot,
+    VmiSnapshot,
+    normalize,
+)
 
 NS = "tenant"
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -777,34 +787,74 @@ def _one(obj: Mapping[str, Any]) -> AnySnapshot:
 
 def test_urgent_changes_are_those_a_reservation_depends_on() -> None:
     running = _one(vmi_obj("v"))
-    assert is_urgent(None, running), "a new VMI may need a reservation"
-    assert is_urgent(running, None), "a VMI that goes ends one"
+    assert isinstance(running, VmiSnapshot)
+    assert urgency(None, running) is Urgent.NOW, "a new VMI may need a reservation"
+    assert urgency(running, None) is Urgent.SOON, "a VMI that goes ends one"
     relabelled = msgspec.structs.replace(running, resource_version="99", labels={"x": "y"})
-    assert not is_urgent(running, relabelled), "a label changes no reservation"
-    assert is_urgent(running, msgspec.structs.replace(running, phase="Succeeded"))
+    assert urgency(running, relabelled) is Urgent.NO, "a label changes no reservation"
+    assert urgency(running, msgspec.structs.replace(running, phase="Succeeded")) is Urgent.SOON, "it ends"
+    assert urgency(running, msgspec.structs.replace(running, vcpus=running.vcpus + 1)) is Urgent.NOW, "hotplug"
     pod = _one(launcher_obj(vmi_obj("v")))
-    assert not is_urgent(None, pod), "a new pod ends a reservation but adds as much to P"
+    assert urgency(None, pod) is Urgent.NO, "a new pod ends a reservation but adds as much to P"
     quota = _one(quota_obj("rq", {"requests.memory": "1Gi"}, Mode.VIRTUAL_RESOURCES))
     assert isinstance(quota, QuotaSnapshot)
     edited = msgspec.structs.replace(quota, spec_hard={"requests.memory": Quantity.parse("2Gi")})
-    assert is_urgent(quota, edited), "a quota edit may change the budget"
+    assert urgency(quota, edited) is Urgent.NOW, "a quota edit may change the budget"
     echo = msgspec.structs.replace(quota, status_used={"requests.memory": Quantity.parse("1Gi")})
-    assert not is_urgent(quota, echo), "the quota controller's status echo changes nothing"
+    assert urgency(quota, echo) is Urgent.NO, "the quota controller's status echo changes nothing"
     mig = _one(vmim_obj("m", "v", t=1))
     assert isinstance(mig, VmimSnapshot)
-    assert is_urgent(None, mig), "a new migration needs its target reserved"
-    assert not is_urgent(mig, msgspec.structs.replace(mig, phase="Scheduling")), "progress while active"
-    assert is_urgent(mig, msgspec.structs.replace(mig, phase="Failed")), "an ended migration releases its target"
+    assert urgency(None, mig) is Urgent.NOW, "a new migration needs its target reserved"
+    assert urgency(mig, msgspec.structs.replace(mig, phase="Scheduling")) is Urgent.NO, "progress while active"
+    ended = msgspec.structs.replace(mig, phase="Failed")
+    assert urgency(mig, ended) is Urgent.SOON, "an ended migration releases its target"
+    assert urgency(mig, None) is Urgent.SOON and urgency(None, ended) is Urgent.SOON, "nothing to reserve"
+    refusal = _one(refusal_event("v", {"requests.memory": "2Gi"}, t=1))
+    assert urgency(None, refusal) is Urgent.NOW and urgency(refusal, None) is Urgent.SOON
 
 
 def test_a_repeated_refusal_is_not_urgent_a_new_amount_is() -> None:
-    urgency = Urgency()
+    urgent = Urgency()
     first = _one(refusal_event("v", {"requests.memory": "2Gi"}, t=1))
     again = msgspec.structs.replace(_one(refusal_event("v", {"requests.memory": "2Gi"}, t=2)), uid="e2", name="e2")
     other = msgspec.structs.replace(_one(refusal_event("v", {"requests.memory": "3Gi"}, t=3)), uid="e3", name="e3")
-    assert urgency(None, first), "the first refusal of a VMI corrects its estimate"
-    assert not urgency(first, msgspec.structs.replace(first, count=5)), "a count bump with the last amounts"
-    assert not urgency(None, again), "KubeVirt's retry, refused with the same amounts: nothing new"
-    assert urgency(None, again, "another-cluster"), "the same namespace and VMI in another cluster: its first"
-    assert urgency(None, other), "other amounts: a correction"
-    assert urgency(first, msgspec.structs.replace(first, count=6)), "the amounts before the last again: news"
+    assert urgent(None, first) is Urgent.NOW, "the first refusal of a VMI corrects its estimate"
+    assert urgent(first, msgspec.structs.replace(first, count=5)) is Urgent.NO, "a count bump with the last amounts"
+    assert urgent(None, again) is Urgent.NO, "KubeVirt's retry, refused with the same amounts: nothing new"
+    assert urgent(None, again, "another-cluster"), "the same namespace and VMI in another cluster: its first"
+    assert urgent(None, other) is Urgent.NOW, "other amounts: a correction"
+    assert urgent(first, msgspec.structs.replace(first, count=6)), "the amounts before the last again: news"
+
+
+# ---- scheduling: when the ledger accounts each changed namespace ----------------------------------------------------
+
+_KEYS = [("c", f"ns{i}") for i in range(6)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.sampled_from(_KEYS), unique=True),
+    st.lists(st.tuples(st.sampled_from(_KEYS), st.sampled_from(list(Urgent))), unique_by=lambda t: t[0]),
+    st.dictionaries(st.sampled_from(_KEYS), st.floats(0, 2)),
+    st.floats(0, 2),
+)
+def test_schedule(
+    changed: list[tuple[str, str]],
+    levels: list[tuple[tuple[str, str], Urgent]],
+    accounted_at: dict[tuple[str, str], float],
+    now: float,
+) -> None:
+    urgent = dict(levels)
+    keys, wait = schedule(set(changed), urgent, accounted_at, now, debounce=0.25, soon=0.05)
+    assert len(keys) == len(set(keys)) and set(keys) <= set(changed)
+    first = [k for k, level in levels if level is Urgent.NOW and k in changed]
+    assert keys[: len(first)] == first, "what a migration waits for first, in the order it came"
+    waiting = []
+    for k in set(changed) - set(first):
+        level = urgent.get(k, Urgent.NO)
+        left = accounted_at.get(k, -1e9) + (0.05 if level is Urgent.SOON else 0.25) - now
+        # due once its delay is over; while something waits, only when overdue by a whole debounce
+        assert (k in keys) == (left <= (-0.25 if first else 0)), (k, left)
+        if k not in keys:
+            waiting.append(max(left, 0.0))
+    assert wait == (min(waiting) if waiting else None)

@@ -483,8 +483,8 @@ class _Memo:
 
 _MISS: Final = object()
 _MEMO_SIZE: Final = 65536
-"""Memo slots per KubeVirt configuration: two or three per VM (estimates, its entry) and a few per namespace and
-quota; past that (some 20,000 VMs), misses only cost time."""
+"""Memo slots per KubeVirt configuration: three or four per VM (estimates, its entry, its pods' entries) and a few
+per namespace and quota; past that (some 15,000 VMs), misses only cost time."""
 _MEMO_KEY: Final = ("shared.accounting", "memo")
 """Where the memo lives in ``KubeVirtConfig.cache``."""
 
@@ -1105,43 +1105,65 @@ class _Accounting:
         launchers: dict[str, list[tuple[PodSnapshot, ResourceList]]] = {}
         pod_usage: dict[int, list[ResourceList]] = {id(q): [] for q in self.quotas}
         accounted: dict[int, list[ResourceList]] = {id(q): [] for q in self.quotas}
+        unscoped = not any(q.policy.scopes for q in self.quotas)  # (scoped quotas are refused: the usual case)
+        memo = self.memo
+        now = self.now
         for p in self.pods:
-            active = counts_for_compute(p.phase, p.deletion_timestamp, p.deletion_grace_period_seconds, self.now)
-            charged = p.usage if active else _POD_COUNT_ONLY  # shared, not copied: results are not to be changed
-            covering = self._covering(ScopeFacts(p.terminating_scope, p.best_effort, p.priority_class_name))
+            active = counts_for_compute(p.phase, p.deletion_timestamp, p.deletion_grace_period_seconds, now)
+            v = self._owner(p)
+            if memo is None:
+                entry = self._pod_entry(p, v, active)
+            else:
+                # an entry is a function of the pod, whether it is charged for compute and whose it is
+                owner = None if v is None else (v.uid, v.name)
+                mig = self.vmim_by_uid.get(p.migration_job_uid) if p.migration_job_uid else None
+                key = (id(p), active, owner, mig.name if mig is not None else None)
+                entry = memo.get_latest(("pod", self.namespace, p.uid or p.name), key)
+                if entry is _MISS:
+                    entry = self._pod_entry(p, v, active)
+                    memo.put_latest(("pod", self.namespace, p.uid or p.name), key, (p,), entry)
+            charged = entry.charged
+            covering = (
+                self.quotas
+                if unscoped
+                else self._covering(ScopeFacts(p.terminating_scope, p.best_effort, p.priority_class_name))
+            )
             for q in covering:
                 pod_usage[id(q)].append(charged)
-            v = self._owner(p)
-            if v is None:
-                role = ORPHAN_LAUNCHER if p.is_launcher else NON_VM
-                reason = "launcher pod of a VMI that is not in the namespace" if p.is_launcher else "pod usage"
-                if not active:
-                    reason += "; terminal or past its grace period: count/pods only"
-                for q in covering:
-                    accounted[id(q)].append(charged)
-                entries.append(PodEntry(p.name, p.uid, role, "", active, charged, charged, reason))
-                continue
-            mig = self.vmim_by_uid.get(p.migration_job_uid) if p.migration_job_uid else None
-            role = MIGRATION_TARGET if p.migration_job_uid else LAUNCHER
-            if not active:
-                # the evaluator still charges count/pods: count it too, or a VM refused on count/pods would get in
-                for q in covering:
-                    accounted[id(q)].append(charged)
-                reason = "terminal or past its grace period: count/pods only"
-                entries.append(PodEntry(p.name, p.uid, role, v.name, active, charged, charged, reason))
-                continue
-            if role == MIGRATION_TARGET:
-                reason = f"target of migration {mig.name if mig else p.migration_job_uid}: counted with VM {v.name}"
+            if v is not None and active:  # a VM's running launcher pod: it counts through its VM
+                launchers.setdefault(_vm_key(v), []).append((p, charged))
             else:
-                reason = f"counted with VM {v.name}"
-            entries.append(PodEntry(p.name, p.uid, role, v.name, active, charged, {}, reason))
-            launchers.setdefault(_vm_key(v), []).append((p, charged))
+                for q in covering:
+                    accounted[id(q)].append(charged)
+            entries.append(entry)
         return (
             tuple(entries),
             launchers,
             tuple(tuple(pod_usage[id(q)]) for q in self.quotas),
             tuple(tuple(accounted[id(q)]) for q in self.quotas),
         )
+
+    def _pod_entry(self, p: PodSnapshot, v: VmiSnapshot | None, active: bool) -> PodEntry:
+        """A pod's entry: what it is charged, and what it adds to ``U`` itself (nothing when it is the running
+        launcher pod of a VM, which counts through its VM)."""
+        charged = p.usage if active else _POD_COUNT_ONLY  # shared, not copied: results are not to be changed
+        if v is None:
+            role = ORPHAN_LAUNCHER if p.is_launcher else NON_VM
+            reason = "launcher pod of a VMI that is not in the namespace" if p.is_launcher else "pod usage"
+            if not active:
+                reason += "; terminal or past its grace period: count/pods only"
+            return PodEntry(p.name, p.uid, role, "", active, charged, charged, reason)
+        role = MIGRATION_TARGET if p.migration_job_uid else LAUNCHER
+        if not active:
+            # the evaluator still charges count/pods: count it too, or a VM refused on count/pods would get in
+            reason = "terminal or past its grace period: count/pods only"
+            return PodEntry(p.name, p.uid, role, v.name, active, charged, charged, reason)
+        if role == MIGRATION_TARGET:
+            mig = self.vmim_by_uid.get(p.migration_job_uid)
+            reason = f"target of migration {mig.name if mig else p.migration_job_uid}: counted with VM {v.name}"
+        else:
+            reason = f"counted with VM {v.name}"
+        return PodEntry(p.name, p.uid, role, v.name, active, charged, {}, reason)
 
     # ---- FailedCreate events
     def _refusals(self, v: VmiSnapshot, since: datetime | None) -> ResourceList:

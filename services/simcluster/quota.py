@@ -313,9 +313,11 @@ def compute_usage(
     matched = matching_resources(hard)
     usage: ResourceList = {}
     if matched:
-        usage = dict.fromkeys(matched, _ZERO)
+        # summed in integer nanos, with the format Quantity addition gives (the first non-zero operand's)
+        nanos = dict.fromkeys(matched, 0)
+        formats = dict.fromkeys(matched, _ZERO.format)
         for pod in pods:
-            if not all(pod_matches_scope(s, pod) for s in selectors):
+            if selectors and not all(pod_matches_scope(s, pod) for s in selectors):
                 continue
             try:
                 charged = usage_of(pod, now)
@@ -324,7 +326,11 @@ def compute_usage(
             for k in matched:  # only the quota's resources are kept: add those, in the quota's order
                 v = charged.get(k)
                 if v is not None:
-                    usage[k] = usage[k] + v
+                    n = nanos[k]
+                    if n == 0:
+                        formats[k] = v.format
+                    nanos[k] = n + v.nanos
+        usage = {k: Quantity(n, formats[k]) for k, n in nanos.items()}
     used = {**old_used, **usage}
     return hard, only(used, hard)
 

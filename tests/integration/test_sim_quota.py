@@ -355,3 +355,32 @@ async def test_quota_update_requeues_a_refused_migration_at_once() -> None:
 
 def test_pretty_prints_canonical_quantities() -> None:
     assert pretty({"b": Quantity.parse("1024Mi"), "a": Quantity.parse("0.5")}) == "a=500m,b=1Gi"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.dictionaries(
+            st.sampled_from(["requests.cpu", "requests.memory", "pods", "limits.cpu"]),
+            st.sampled_from(["0", "1", "100m", "1Gi", "1073741824", "1G", "500M", "2"]).map(Quantity.parse),
+            max_size=4,
+        ),
+        max_size=8,
+    )
+)
+def test_the_controllers_sum_is_quantity_addition_in_pod_order(charges: list[dict[str, Quantity]]) -> None:
+    """Values and printed forms (the first non-zero operand's format) as adding the pods' charges one by one."""
+    hard = {"requests.cpu": "100", "requests.memory": "100Gi", "pods": "100"}
+    q: dict[str, Any] = {"metadata": {"name": "q", "namespace": "ns"}, "spec": {"hard": hard}}
+    pods = [{"metadata": {"name": f"p{i}"}, "charge": c} for i, c in enumerate(charges)]
+
+    def charge(pod: Any, now: Any = None) -> dict[str, Quantity]:
+        return pod["charge"]  # type: ignore[no-any-return]
+
+    _, used = compute_usage(q, pods, usage_of=charge)
+    want = {k: Quantity.parse("0") for k in hard}
+    for c in charges:
+        for k in hard:
+            if k in c:
+                want[k] = want[k] + c[k]
+    assert format_resource_list(used) == format_resource_list(want)

@@ -14,10 +14,9 @@ from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any, TextIO
 
-from services.inputs import load_objects
+from services.inputs import kubevirt_fields, load_objects
 from shared.errors import InvalidInput
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, RenderedPod, render_launcher_pod
-from shared.kubevirt.config import config_fields_from_cr
 from shared.quantity import Quantity
 from shared.resources import format_resource_list
 from shared.vmi import VM_KIND, VMI_KIND, VmiSpec, object_ref, vmi_spec
@@ -63,14 +62,7 @@ def _fail(message: str) -> int:
 def build_config(args: argparse.Namespace) -> KubeVirtConfig:
     fields: dict[str, Any] = {}
     if args.kubevirt_config:
-        crs = [o for o in load_objects(args.kubevirt_config) if o.get("kind") == "KubeVirt"]
-        if not crs:
-            raise InvalidInput("no KubeVirt object found", args.kubevirt_config)
-        try:
-            fields = config_fields_from_cr(crs[0], version=args.kubevirt_version)
-        except InvalidInput as e:
-            e = e.at(object_ref(crs[0]))
-            raise InvalidInput(e.message, f"{args.kubevirt_config}: {e.where}") from None
+        fields = kubevirt_fields(args.kubevirt_config, args.kubevirt_version)
     if args.kubevirt_version is not None:
         fields["version"] = args.kubevirt_version
     if args.arch is not None:

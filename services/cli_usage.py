@@ -17,11 +17,11 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from services.inputs import load_objects
+from services.inputs import cr_fields, kubevirt_fields, load_objects
 from shared.accounting import NamespaceUsage, account_namespace
 from shared.errors import InvalidInput
 from shared.kubevirt import KubeVirtConfig
-from shared.kubevirt.config import config_fields_from_cr, profile
+from shared.kubevirt.config import profile
 from shared.modes import MODE_NAMES, Mode, QuotaPolicy, parse_mode, parse_ratio
 from shared.resources import ResourceList, format_resource_list
 from shared.snapshot import (
@@ -117,17 +117,11 @@ def load_snapshots(path: str, namespace: str, notes: TextIO) -> list[AnySnapshot
 def build_config(args: argparse.Namespace, snapshots: Sequence[AnySnapshot]) -> KubeVirtConfig:
     fields: dict[str, Any] = {}
     if args.kubevirt_config:
-        crs = [o for o in load_objects(args.kubevirt_config) if o.get("kind") == KUBEVIRT_KIND]
-        if not crs:
-            raise InvalidInput("no KubeVirt object found", args.kubevirt_config)
-        try:
-            fields = config_fields_from_cr(crs[0])
-        except InvalidInput as e:
-            raise e.at(f"{args.kubevirt_config}: {object_ref(crs[0])}") from None
+        fields = kubevirt_fields(args.kubevirt_config, args.kubevirt_version)
     else:
         kvs = sorted((s for s in snapshots if isinstance(s, KubeVirtSnapshot)), key=lambda s: (s.namespace, s.name))
         if kvs:
-            fields = config_fields_from_cr(kvs[0].as_object())
+            fields = cr_fields(kvs[0].as_object(), args.kubevirt_version)
     if args.kubevirt_version is not None:
         fields["version"] = args.kubevirt_version
     try:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import yaml
 
 from shared.errors import InvalidInput
+from shared.kubevirt.config import config_fields_from_cr
+from shared.vmi import object_ref
 
 _Base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -103,3 +105,26 @@ def load_objects(path: str) -> list[dict[str, Any]]:
     """Read the Kubernetes objects of a YAML/JSON file, or of stdin when ``path`` is ``-``."""
     name, text = read_text(path)
     return parse_objects(name, text)
+
+
+def kubevirt_fields(path: str, version: str | None = None) -> dict[str, Any]:
+    """The :class:`~shared.kubevirt.KubeVirtConfig` fields the first KubeVirt object in file ``path`` sets
+    (``--kubevirt-config``); ``version`` (``--kubevirt-version``), when given, is used instead of its observed
+    version, which then need not be one this build knows."""
+    crs = [o for o in load_objects(path) if o.get("kind") == "KubeVirt"]
+    if not crs:
+        raise InvalidInput("no KubeVirt object found", path)
+    return _fields(crs[0], version, path)
+
+
+def cr_fields(cr: Mapping[str, Any], version: str | None = None, where: str = "") -> dict[str, Any]:
+    """:func:`kubevirt_fields` of a KubeVirt object at hand (``where``: what to name it after in errors)."""
+    return _fields(cr, version, where)
+
+
+def _fields(cr: Mapping[str, Any], version: str | None, where: str) -> dict[str, Any]:
+    try:
+        return config_fields_from_cr(cr, version=version)
+    except InvalidInput as e:
+        e = e.at(object_ref(cr))
+        raise InvalidInput(e.message, f"{where}: {e.where}" if where else e.where) from None

@@ -115,6 +115,23 @@ def test_ratio_defaults_to_the_kubevirt_cr(capsys: pytest.CaptureFixture[str], t
     assert out["namespaces"]["tenant"]["usage"]["requests.cpu"] == "4"
 
 
+def test_kubevirt_version_overrides_the_version_of_a_kubevirt_config_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    kv = {
+        "kind": "KubeVirt",
+        "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+        "spec": {"configuration": {"developerConfiguration": {"cpuAllocationRatio": 8}}},
+        "status": {"observedKubeVirtVersion": "v0.1.0"},
+    }
+    files = ["--kubevirt-config", write(tmp_path, [kv], "kv.yaml"), "-f", write(tmp_path, [vmi_obj("vm1", vcpus=8)])]
+    mode = "VirtualResourcesWithCPUAllocationRatio"
+    err = bad(capsys, "--mode", mode, *files)
+    assert "kv.yaml: KubeVirt kubevirt/kubevirt: status.observedKubeVirtVersion" in err and "v0.1.0" in err
+    out = run_json(capsys, "--mode", mode, "--kubevirt-version", "v1.9", *files)
+    assert out["namespaces"]["tenant"]["usage"]["requests.cpu"] == "1", "the file's ratio, with the given version"
+
+
 def test_table_output(capsys: pytest.CaptureFixture[str], namespace_file: str) -> None:
     assert main(["usage", "--mode", "VirtualResources", "-f", namespace_file]) == 0
     out = capsys.readouterr().out

@@ -17,7 +17,8 @@ import yaml
 
 from shared.errors import InvalidInput
 from shared.kubevirt import profile
-from shared.modes import parse_mode
+from shared.kubevirt.config import positive_ratio
+from shared.modes import parse_mode, parse_ratio
 from shared.quantity import Quantity
 from shared.resources import ResourceList, parse_resource_list
 
@@ -146,14 +147,10 @@ def _int(obj: object, where: str, lo: int = 0, hi: int = 1024) -> int:
     return obj
 
 
-def _ratio(obj: object, where: str) -> Fraction:
-    try:
-        r = Fraction(str(obj))
-    except (ValueError, ZeroDivisionError):
-        raise InvalidInput(f"expected a positive number, got {obj!r}", where) from None
-    if r <= 0:
-        raise InvalidInput(f"expected a positive number, got {obj!r}", where)
-    return r
+def _quota_ratio(obj: object, where: str) -> Fraction:
+    """A quota's ``cpuAllocationRatio``: what its ``vmquota.io/cpu-allocation-ratio`` annotation accepts (YAML may
+    give a float)."""
+    return parse_ratio(str(obj) if isinstance(obj, float) else obj, where)
 
 
 def _names(obj: object, where: str) -> tuple[str, ...]:
@@ -182,7 +179,7 @@ def _parse(data: object) -> Scenario:
     kv = _keys(top.get("kubevirt") or {}, "kubevirt", {"version", "cpuAllocationRatio"})
     version = str(kv.get("version", "v1.9"))
     profile(version)  # validates
-    ratio = _ratio(kv.get("cpuAllocationRatio", 10), "kubevirt.cpuAllocationRatio")
+    ratio = positive_ratio(kv.get("cpuAllocationRatio", 10), "kubevirt.cpuAllocationRatio")  # as in the KubeVirt CR
 
     namespaces: list[NamespaceDef] = []
     for i, ns in enumerate(top.get("namespaces") or []):
@@ -207,7 +204,7 @@ def _parse(data: object) -> Scenario:
                     name=_name(qd["name"], f"{qw}.name"),
                     mode=mode,
                     hard=parse_resource_list(qd["hard"], f"{qw}.hard"),
-                    cpu_allocation_ratio=None if qratio is None else _ratio(qratio, f"{qw}.cpuAllocationRatio"),
+                    cpu_allocation_ratio=None if qratio is None else _quota_ratio(qratio, f"{qw}.cpuAllocationRatio"),
                 )
             )
         namespaces.append(NamespaceDef(_name(nd["name"], f"{w}.name"), dict(labels), tuple(quotas)))

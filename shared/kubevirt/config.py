@@ -180,7 +180,8 @@ def _overhead_ratio(raw: object, where: str) -> str | None:
     return raw
 
 
-def _positive_ratio(raw: object, where: str) -> Fraction:
+def positive_ratio(raw: object, where: str) -> Fraction:
+    """A KubeVirt ``cpuAllocationRatio``: a positive number (``10``, ``2.5``, ``"4"``)."""
     if isinstance(raw, bool):
         raise InvalidInput(f"expected a number, got {raw!r}", where)
     try:
@@ -242,7 +243,7 @@ class KubeVirtConfig:
         setattr_(self, "profile", profile(self.version))
         if self.arch not in ("amd64", "arm64", "s390x", "ppc64le"):
             raise InvalidInput(f"unsupported architecture {self.arch!r} (expected amd64 or arm64)", "arch")
-        setattr_(self, "cpu_allocation_ratio", _positive_ratio(self.cpu_allocation_ratio, "cpuAllocationRatio"))
+        setattr_(self, "cpu_allocation_ratio", positive_ratio(self.cpu_allocation_ratio, "cpuAllocationRatio"))
         _overcommit(self.memory_overcommit, "memoryOvercommit")
         ratio = _overhead_ratio(self.additional_guest_memory_overhead_ratio, "additionalGuestMemoryOverheadRatio")
         setattr_(self, "overhead_ratio", None if ratio is None else float(ratio))
@@ -304,7 +305,7 @@ def config_fields_from_cr(kubevirt_cr: Mapping[str, Any], *, version: str | None
     dev = _obj(conf, "developerConfiguration", cw)
     dw = f"{cw}.developerConfiguration"
     if dev.get("cpuAllocationRatio") is not None:
-        out["cpu_allocation_ratio"] = _positive_ratio(dev["cpuAllocationRatio"], f"{dw}.cpuAllocationRatio")
+        out["cpu_allocation_ratio"] = positive_ratio(dev["cpuAllocationRatio"], f"{dw}.cpuAllocationRatio")
     if dev.get("memoryOvercommit") is not None:
         out["memory_overcommit"] = _overcommit(dev["memoryOvercommit"], f"{dw}.memoryOvercommit")
     gates = dev.get("featureGates")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,15 @@ def _broken(path: list[Any], value: Any) -> dict[str, Any]:
     return doc
 
 
+def test_ratios_may_be_fractional() -> None:
+    doc = copy.deepcopy(GOOD)
+    doc["kubevirt"] = {"cpuAllocationRatio": 2.5}
+    doc["namespaces"][0]["quotas"][0]["cpuAllocationRatio"] = 1.5
+    sc = parse_scenario(doc, "scenario")
+    assert sc.cpu_allocation_ratio == Fraction(5, 2)
+    assert sc.namespaces[0].quotas[0].cpu_allocation_ratio == Fraction(3, 2)
+
+
 @pytest.mark.parametrize(
     ("path", "value", "where", "what"),
     [
@@ -81,6 +91,9 @@ def _broken(path: list[Any], value: Any) -> dict[str, Any]:
         (["expect", "vms", "vm2"], "Gone", "expect.vms.vm2", "Running, Refused, Stopped"),
         (["expect", "hard_after"], {"a/other": {"cpu": "1"}}, "expect.hard_after", "unknown key(s) a/other"),
         (["kubevirt"], {"version": "v0.1"}, "scenario", "v0.1"),
+        (["kubevirt"], {"cpuAllocationRatio": 0}, "kubevirt.cpuAllocationRatio", "greater than 0"),
+        (["namespaces", 0, "quotas", 0, "cpuAllocationRatio"], 2000, "quotas[0].cpuAllocationRatio", "at most 1000"),
+        (["namespaces", 0, "quotas", 0, "cpuAllocationRatio"], "x", "quotas[0].cpuAllocationRatio", "positive"),
     ],
 )
 def test_mistakes_are_named(path: list[Any], value: Any, where: str, what: str) -> None:

@@ -75,7 +75,6 @@ from shared.snapshot import (
     VmiSnapshot,
     VmSnapshot,
     encode,
-    same_content,
 )
 from shared.vmi import VMI_KIND, VMIM_KIND
 
@@ -102,7 +101,8 @@ class Urgent(IntEnum):
     NOW = 2
     """At once, before other namespaces: a migration or a VM waits for the reservation this starts or corrects (a
     migration appears or becomes active, a VMI appears or changes size, a quota refusal brings new amounts, a
-    quota's spec or metadata changes)."""
+    quota appears, goes or changes what accounting reads of it: its policy, or which resources ``spec.hard`` names;
+    not the enforcer's own writes of ``spec.hard`` values and its annotations)."""
 
 
 def urgency(old: Snapshot | None, new: Snapshot | None) -> Urgent:
@@ -119,8 +119,10 @@ def urgency(old: Snapshot | None, new: Snapshot | None) -> Urgent:
         if not isinstance(old, VmimSnapshot) or old.active != new.active:
             return Urgent.NOW if new.active else Urgent.SOON
         return Urgent.NOW if old.vmi_name != new.vmi_name else Urgent.NO
-    if isinstance(obj, QuotaSnapshot):  # (the ledger may report a status echo as a change: see Ledger.apply)
-        return Urgent.NOW if old is None or new is None or not same_content(old, new) else Urgent.NO
+    if isinstance(obj, QuotaSnapshot):  # (the enforcer's own writes, of spec.hard and its annotations, are not)
+        if not isinstance(old, QuotaSnapshot) or not isinstance(new, QuotaSnapshot):
+            return Urgent.NOW
+        return Urgent.NOW if _quota_terms(old) != _quota_terms(new) else Urgent.NO
     if isinstance(obj, VmiSnapshot):
         if not isinstance(new, VmiSnapshot):
             return Urgent.SOON
@@ -203,6 +205,16 @@ class Urgency:
             self._last.clear()
         self._last[key] = amounts
         return Urgent.NOW
+
+
+def _quota_terms(q: QuotaSnapshot) -> tuple[object, ...]:
+    """What accounting reads of a quota: its policy (managed or not, mode, budget, ratio, scopes), or why it cannot
+    be managed, and which resources its ``spec.hard`` names (whether the launcher pods get automatic limits)."""
+    try:
+        policy: object = policy_of(q)
+    except InvalidInput as e:
+        policy = str(e)
+    return (policy, frozenset(q.spec_hard))
 
 
 def _vmi_size(v: VmiSnapshot) -> tuple[object, ...]:

@@ -802,6 +802,20 @@ def test_urgent_changes_are_those_a_reservation_depends_on() -> None:
     assert urgency(quota, edited) is Urgent.NOW, "a quota edit may change the budget"
     echo = msgspec.structs.replace(quota, status_used={"requests.memory": Quantity.parse("1Gi")})
     assert urgency(quota, echo) is Urgent.NO, "the quota controller's status echo changes nothing"
+    adopted = _one(
+        quota_obj("rq", {"requests.memory": "1Gi"}, Mode.VIRTUAL_RESOURCES, budget={"requests.memory": "1Gi"})
+    )
+    assert isinstance(adopted, QuotaSnapshot)
+    raised = msgspec.structs.replace(
+        adopted,
+        spec_hard={"requests.memory": Quantity.parse("3Gi")},
+        annotations={**adopted.annotations, "vmquota.io/status": "Enforcing"},
+    )
+    assert urgency(adopted, raised) is Urgent.NO, "the enforcer's own write: the same budget, the same resources"
+    more = msgspec.structs.replace(adopted, spec_hard={**adopted.spec_hard, "limits.memory": Quantity.parse("1Gi")})
+    assert urgency(adopted, more) is Urgent.NOW, "a resource spec.hard names decides the launcher pods' limits"
+    unmanaged = msgspec.structs.replace(adopted, labels={})
+    assert urgency(adopted, unmanaged) is Urgent.NOW, "handed back"
     mig = _one(vmim_obj("m", "v", t=1))
     assert isinstance(mig, VmimSnapshot)
     assert urgency(None, mig) is Urgent.NOW, "a new migration needs its target reserved"

@@ -42,7 +42,7 @@ from shared import enforcement
 from shared.enforcement import Plan
 from shared.errors import InvalidInput
 from shared.modes import MANAGED_LABEL
-from shared.snapshot import QuotaSnapshot, normalize
+from shared.snapshot import QuotaSnapshot, normalize, same_content
 
 log = structlog.get_logger("vmquota.enforcer")
 Key = tuple[str, str]
@@ -271,7 +271,10 @@ class Enforcer:
         snap = ev.snapshot
         if not isinstance(snap, QuotaSnapshot):
             raise InvalidInput(f"expected a ResourceQuota snapshot, got {type(snap).__name__}", "snapshot")
-        if self._remember(snap):
+        held = self.quotas.get(key)
+        # A newer version is kept (its resourceVersion is the next patch's precondition); one that differs only in
+        # its status (quota admission's and the quota controller's writes, on every admitted pod) changes no plan.
+        if self._remember(snap) and (held is None or not same_content(held, snap)):
             self._schedule(key)
 
     async def _on_usage_message(self, m: Msg) -> None:

@@ -86,8 +86,8 @@ ACCOUNTED_KINDS: Final[frozenset[str]] = frozenset(
 _ONE: Final = Quantity.from_int(1)
 
 
-URGENT_KINDS: Final[frozenset[str]] = frozenset({VMIM_KIND, VMI_KIND, EVENT_KIND, QUOTA_KIND})
-"""The kinds :func:`urgency` may find urgent (a pod, the bulk of a stream, never is)."""
+URGENT_KINDS: Final[frozenset[str]] = frozenset({VMIM_KIND, VMI_KIND, EVENT_KIND, QUOTA_KIND, POD_KIND})
+"""The kinds :func:`urgency` may find urgent."""
 
 
 class Urgent(IntEnum):
@@ -101,18 +101,24 @@ class Urgent(IntEnum):
     NOW = 2
     """At once, before other namespaces: a migration or a VM waits for the reservation this starts or corrects (a
     migration appears or becomes active, a VMI appears or changes size, a quota refusal brings new amounts, a
-    quota appears, goes or changes what accounting reads of it: its policy, or which resources ``spec.hard`` names;
-    not the enforcer's own writes of ``spec.hard`` values and its annotations)."""
+    quota appears, goes or changes what accounting reads of it: its policy, or which resources ``spec.hard`` names,
+    not the enforcer's own writes of ``spec.hard`` values and its annotations; a pod that is not a launcher pod
+    appears: quota admission may have let it into room ``hard`` holds for a reservation, and ``hard`` must make
+    room again)."""
 
 
 def urgency(old: Snapshot | None, new: Snapshot | None) -> Urgent:
     """How soon a change of one object (``old`` → ``new``; None: absent) must be accounted: see :class:`Urgent`.
     A migration's progress through its active phases changes no reservation (the target pod's appearance ends it,
-    and adds as much to ``P``); neither does a pod (above all: it ends a reservation but adds as much to ``P``, so
-    ``hard`` stays) nor a quota's status. See :class:`Urgency` for repeated refusals."""
+    and adds as much to ``P``); neither does a launcher pod (above all: it ends a reservation but adds as much to
+    ``P``, so ``hard`` stays), a pod's update nor a quota's status. See :class:`Urgency` for repeated refusals."""
     obj = new if new is not None else old
     if obj is None:
         return Urgent.NO
+    if isinstance(obj, PodSnapshot):  # (the bulk of a stream: the common case first)
+        if obj.is_launcher or (old is not None and new is not None):
+            return Urgent.NO
+        return Urgent.NOW if new is not None else Urgent.SOON
     if isinstance(obj, VmimSnapshot):  # a reservation starts with a migration and ends when it is no longer active
         if not isinstance(new, VmimSnapshot):
             return Urgent.SOON

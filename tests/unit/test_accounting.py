@@ -795,7 +795,12 @@ def test_urgent_changes_are_those_a_reservation_depends_on() -> None:
     assert urgency(running, msgspec.structs.replace(running, phase="Succeeded")) is Urgent.SOON, "it ends"
     assert urgency(running, msgspec.structs.replace(running, vcpus=running.vcpus + 1)) is Urgent.NOW, "hotplug"
     pod = _one(launcher_obj(vmi_obj("v")))
-    assert urgency(None, pod) is Urgent.NO, "a new pod ends a reservation but adds as much to P"
+    assert urgency(None, pod) is Urgent.NO, "a new launcher pod ends a reservation but adds as much to P"
+    assert urgency(pod, None) is Urgent.NO
+    plain = _one(pod_obj("web", {"cpu": "50m"}))
+    assert urgency(None, plain) is Urgent.NOW, "a plain pod may have taken the room held for a reservation"
+    assert urgency(plain, None) is Urgent.SOON, "room freed"
+    assert urgency(plain, msgspec.structs.replace(plain, phase="Succeeded")) is Urgent.NO
     quota = _one(quota_obj("rq", {"requests.memory": "1Gi"}, Mode.VIRTUAL_RESOURCES))
     assert isinstance(quota, QuotaSnapshot)
     edited = msgspec.structs.replace(quota, spec_hard={"requests.memory": Quantity.parse("2Gi")})

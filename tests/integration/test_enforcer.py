@@ -229,6 +229,49 @@ async def test_adopts_then_raises_hard_through_a_409_storm(
         assert lowered[-1]["message"] == "lowered limits.memory by 16Gi: the migration of vm1 ended"
 
 
+async def test_a_status_only_quota_version_is_kept_but_not_reconciled(
+    sim: SimCluster, bus: Bus, api: client.ApiClient
+) -> None:
+    """Quota admission rewrites a quota's status on every admitted pod: the newer version is kept (its
+    resourceVersion is the next patch's precondition), but it changes no plan, so no reconciliation runs."""
+    e = Enforcer(bus, KubeQuotas(api), EnforcerOptions(cluster=CLUSTER), metrics=Metrics())
+    e._warm = True  # (not running: the events are applied by hand)
+    raw = await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"})  # not managed: plans change nothing
+    key = (NS, "compute")
+
+    def event(obj: Obj, rv: int) -> contract.Upserted:
+        obj = json.loads(json.dumps(obj))
+        obj["metadata"]["resourceVersion"] = str(rv)
+        meta = obj["metadata"]
+        ev = contract.object_event(
+            "upserted",
+            cluster=CLUSTER,
+            kind="ResourceQuota",
+            namespace=NS,
+            name=meta["name"],
+            uid=meta["uid"],
+            rv=str(rv),
+            snapshot=normalize(obj),
+        )
+        assert isinstance(ev, contract.Upserted)
+        return ev
+
+    rv = int(raw["metadata"]["resourceVersion"])
+    e._apply_quota_event(event(raw, rv))
+    assert key in e._tasks, "a new quota is reconciled"
+    await asyncio.wait_for(e._tasks[key], 10)
+
+    echo = dict(raw, status={"hard": {"limits.memory": "64Gi"}, "used": {"limits.memory": "3Gi"}})
+    e._apply_quota_event(event(echo, rv + 1))
+    assert e.quotas[key].resource_version == str(rv + 1), "the newer version is kept"
+    assert key not in e._tasks and key not in e._dirty, "a status-only version is not reconciled"
+
+    edited = dict(echo, metadata={**echo["metadata"], "labels": MANAGED})
+    e._apply_quota_event(event(edited, rv + 2))
+    assert key in e._dirty or key in e._tasks, "any other change is"
+    await cancel(*e._tasks.values())
+
+
 async def test_a_conflict_leaves_no_reference_cycle(sim: SimCluster, api: client.ApiClient) -> None:
     """A 409 is the enforcer's normal path: its error must be freed at once, not kept in a cycle with the frames
     of the call (and everything they hold: the usage snapshot, the response) until a garbage collection, which

@@ -167,10 +167,11 @@ def schedule(
     (None: none waits). ``urgent``: the highest urgency of each namespace's changes since it was last accounted
     (``accounted_at``, the same clock as ``now``; never: due at once), in the order of their first urgent change.
 
-    A namespace is due ``debounce`` seconds after it was last accounted, ``soon`` seconds after for an
-    ``Urgent.SOON`` change, at once for an ``Urgent.NOW`` one. While any namespace has an ``Urgent.NOW`` change,
-    only those are due (first, in ``urgent``'s order), so that the next one a migration waits for is not held up
-    behind the others, which wait for the next round (0 s) unless overdue by a whole ``debounce``."""
+    A namespace is due ``debounce`` seconds after it was last accounted, ``soon`` seconds after (at most
+    ``debounce``) for an ``Urgent.SOON`` change, at once for an ``Urgent.NOW`` one. While any namespace has an
+    ``Urgent.NOW`` change, only those are due (first, in ``urgent``'s order), so that the next one a migration waits
+    for is not held up behind the others, which wait for the next round (0 s) unless overdue by a whole
+    ``debounce``."""
     first = waited_for(changed, urgent)
     hold = -debounce if first else 0.0
     due: list[Key] = []
@@ -179,7 +180,7 @@ def schedule(
         level = urgent.get(key, Urgent.NO)
         if level is Urgent.NOW:
             continue
-        left = accounted_at.get(key, -math.inf) + (soon if level is Urgent.SOON else debounce) - now
+        left = accounted_at.get(key, -math.inf) + (min(soon, debounce) if level is Urgent.SOON else debounce) - now
         if left <= hold:
             due.append(key)
         else:

@@ -856,24 +856,28 @@ _KEYS = [("c", f"ns{i}") for i in range(6)]
     st.lists(st.tuples(st.sampled_from(_KEYS), st.sampled_from(list(Urgent))), unique_by=lambda t: t[0]),
     st.dictionaries(st.sampled_from(_KEYS), st.floats(0, 2)),
     st.floats(0, 2),
+    st.sampled_from([(0.25, 0.05), (0.01, 0.05)]),
 )
 def test_schedule(
     changed: list[tuple[str, str]],
     levels: list[tuple[tuple[str, str], Urgent]],
     accounted_at: dict[tuple[str, str], float],
     now: float,
+    delays: tuple[float, float],
 ) -> None:
+    debounce, soon = delays
     urgent = dict(levels)
-    keys, wait = schedule(set(changed), urgent, accounted_at, now, debounce=0.25, soon=0.05)
+    keys, wait = schedule(set(changed), urgent, accounted_at, now, debounce=debounce, soon=soon)
     assert len(keys) == len(set(keys)) and set(keys) <= set(changed)
     first = [k for k, level in levels if level is Urgent.NOW and k in changed]
     assert keys[: len(first)] == first, "what a migration waits for first, in the order it came"
     waiting = []
     for k in set(changed) - set(first):
         level = urgent.get(k, Urgent.NO)
-        left = accounted_at.get(k, -1e9) + (0.05 if level is Urgent.SOON else 0.25) - now
+        delay = min(soon, debounce) if level is Urgent.SOON else debounce  # (never later than the debounce)
+        left = accounted_at.get(k, -1e9) + delay - now
         # due once its delay is over; while something waits, only when overdue by a whole debounce
-        assert (k in keys) == (left <= (-0.25 if first else 0)), (k, left)
+        assert (k in keys) == (left <= (-debounce if first else 0)), (k, left)
         if k not in keys:
             waiting.append(max(left, 0.0))
     assert wait == (min(waiting) if waiting else None)

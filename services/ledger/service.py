@@ -72,8 +72,8 @@ class LedgerOptions:
     (``Urgent.NOW``) at once, before other namespaces, and those that end a reservation (``Urgent.SOON``) after
     ``soon`` seconds."""
     soon: float = 0.05
-    """Least time between two accounting rounds of one namespace for changes that end a reservation: the steps of
-    one migration's or VM's end, arriving together, are accounted once."""
+    """Least time between two accounting rounds of one namespace for changes that end a reservation (at most
+    ``debounce``): the steps of one migration's or VM's end, arriving together, are accounted once."""
     checkpoint_interval: float = 2.0
     service: str = "ledger"
     kinds: frozenset[str] | None = ACCOUNTED_KINDS

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
@@ -155,8 +155,10 @@ class Enforcer:
             log.info("enforcer starting")
             await self._list_managed_quotas()
             tasks = [
-                asyncio.create_task(self._consume_quotas(quotas), name="enforcer-quotas"),
-                asyncio.create_task(self._consume_usage(usage), name="enforcer-usage"),
+                asyncio.create_task(self._consume("quotas", quotas, self._on_quota_message), name="enforcer-quotas"),
+                asyncio.create_task(
+                    self._consume("usage", usage, self._on_usage_message, lag=True), name="enforcer-usage"
+                ),
                 asyncio.create_task(self._report_loop(), name="enforcer-reports"),
             ]
             stopper = asyncio.create_task(stop.wait())
@@ -210,26 +212,23 @@ class Enforcer:
             await asyncio.wait_for(self._reports.join(), timeout=within)
 
     # ---- inputs ------------------------------------------------------------------------------------------------
-    async def _consume_quotas(self, consumer: PullConsumer) -> None:
+    async def _consume(
+        self, what: str, consumer: PullConsumer, on_message: Callable[[Msg], Awaitable[None]], *, lag: bool = False
+    ) -> None:
+        """Apply ``what`` ("quotas" or "usage") message by message; ``lag``: report this consumer's lag (the
+        service's lag gauge follows one input: the usage, which a decision waits for)."""
+        events_in = self.metrics.events_in.labels(service=self.opts.service)
+        lag_gauge = self.metrics.lag.labels(service=self.opts.service) if lag else None
         async for batch in consumer.batches():
             if self._stopped:
                 return
             for m in batch:
-                await self._on_quota_message(m)
-            self.metrics.events_in.labels(service=self.opts.service).inc(len(batch))
-            if not self._caught_up["quotas"] and (not batch or consumer.pending == 0):
-                self._caught_up_with("quotas", consumer)
-
-    async def _consume_usage(self, consumer: PullConsumer) -> None:
-        async for batch in consumer.batches():
-            if self._stopped:
-                return
-            for m in batch:
-                await self._on_usage_message(m)
-            self.metrics.events_in.labels(service=self.opts.service).inc(len(batch))
-            self.metrics.lag.labels(service=self.opts.service).set(consumer.pending)
-            if not self._caught_up["usage"] and (not batch or consumer.pending == 0):
-                self._caught_up_with("usage", consumer)
+                await on_message(m)
+            events_in.inc(len(batch))
+            if lag_gauge is not None:
+                lag_gauge.set(consumer.pending)
+            if not self._caught_up[what] and (not batch or consumer.pending == 0):
+                self._caught_up_with(what, consumer)
 
     def _caught_up_with(self, what: str, consumer: PullConsumer) -> None:
         """Act only once both inputs have been read to their end: planning with the quotas but not yet the usage

@@ -443,7 +443,8 @@ async def test_two_watchers_one_publishes_the_other_takes_over(
     second = await start_watcher("w2", leader_election=True, lease=lease)
     await cluster.create("pods", pod("p1"), "a")
     await tap.wait("the pod", lambda: tap.live("a", "Pod") == ["p1"])
-    # The second candidate stays a standby: connected and ready, publishing nothing.
+    # The second candidate stays a standby: connected and ready (once its NATS connection is up), publishing nothing.
+    await tap.wait("the standby's readiness", lambda: second.rt.health.ready)
     assert (
         first.metric(
             "vmquota_watcher_leader",

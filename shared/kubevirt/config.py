@@ -62,6 +62,8 @@ class VersionProfile:
     """The ``guest-console-log`` container exists (v1.1+)."""
 
 
+LATEST_MINOR: Final = 9
+"""The latest KubeVirt release this build has a profile for: v1.9."""
 _MAJOR_MINOR_RE: Final = re.compile(r"^v?1\.(\d+)(?:\.\d+(?:[-+][0-9A-Za-z.+-]*)?)?$")
 
 
@@ -101,9 +103,26 @@ def profile(version: str) -> VersionProfile:
     if v == "main":
         return _family(99)
     m = _MAJOR_MINOR_RE.match(v)
-    if m is None or int(m.group(1)) > 9:
+    if m is None or int(m.group(1)) > LATEST_MINOR:
         raise InvalidInput(f"unsupported KubeVirt version {version!r} (expected v1.0 .. v1.9 or main)", "version")
     return _family(int(m.group(1)))
+
+
+def newer_than_known(version: str) -> bool:
+    """Whether ``version`` is a KubeVirt v1 release later than every one this build has a profile for."""
+    m = _MAJOR_MINOR_RE.match(version.strip()) if isinstance(version, str) else None
+    return m is not None and int(m.group(1)) > LATEST_MINOR
+
+
+def observed_version(observed: str) -> str:
+    """The version to render for a cluster whose KubeVirt CR reports ``observed``: itself when this build knows it;
+    ``main`` for a later v1 release (KubeVirt upgraded past this build: the development branch's profile is the
+    closest; accounting reports the substitution, see :func:`newer_than_known`); anything else is
+    :class:`InvalidInput`. An explicitly given version (``--kubevirt-version``) gets no such fallback."""
+    if newer_than_known(observed):
+        return "main"
+    profile(observed)
+    return observed
 
 
 # ---- label selectors (metav1.LabelSelector) --------------------------------------------------------------------
@@ -295,10 +314,9 @@ def config_fields_from_cr(kubevirt_cr: Mapping[str, Any], *, version: str | None
         if not isinstance(observed, str):
             raise InvalidInput(f"expected a string, got {observed!r}", "status.observedKubeVirtVersion")
         try:
-            profile(observed)
+            out["version"] = observed_version(observed)
         except InvalidInput as e:
             raise InvalidInput(e.message, "status.observedKubeVirtVersion") from None
-        out["version"] = observed
     spec = _obj(kubevirt_cr, "spec", "")
     conf = _obj(spec, "configuration", "spec")
     cw = "spec.configuration"

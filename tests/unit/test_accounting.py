@@ -594,6 +594,28 @@ def test_explicit_policies_and_config_from_a_kubevirt_snapshot() -> None:
     assert e.reserved["requests.cpu"] >= Q("1")  # rendered with the CR's ratio too
 
 
+def test_a_kubevirt_newer_than_this_build_is_accounted_as_main_and_reported() -> None:
+    """A cluster upgraded past the versions this build knows keeps its CR's configuration (here its ratio) and gets
+    the development branch's launcher pod profile, with a note, instead of losing its CR altogether."""
+    kv = {
+        "kind": "KubeVirt",
+        "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+        "spec": {"configuration": {"developerConfiguration": {"cpuAllocationRatio": 4}}},
+        "status": {"observedKubeVirtVersion": "v1.12.3"},
+    }
+    v = vmi_obj("v", vcpus=4, phase="Pending")
+    pol = QuotaPolicy(name="", mode=Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO)
+    u = account([kv, v], policies=[pol])
+    assert vm(u, "v").counts[""]["requests.cpu"] == Q("1"), "the CR's ratio, 4"
+    assert u.errors == (
+        "KubeVirt v1.12.3 is newer than this build knows (up to v1.9): launcher pods are estimated as for main",
+    )
+    as_main = account([{**kv, "status": {"observedKubeVirtVersion": "main"}}, v], policies=[pol])
+    assert vm(u, "v").reserved == vm(as_main, "v").reserved and not as_main.errors
+    with pytest.raises(InvalidInput, match=r"v0\.58"):  # not a later release: refused as before
+        account([{**kv, "status": {"observedKubeVirtVersion": "v0.58.0"}}, v], policies=[pol])
+
+
 def test_unrenderable_vmi_is_reported_not_fatal() -> None:
     quota = quota_obj("rq", {"requests.cpu": "2"})
     v = vmi_obj("v", phase="Pending")

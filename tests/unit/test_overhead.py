@@ -9,6 +9,7 @@ import pytest
 
 from shared.errors import InvalidInput
 from shared.kubevirt import DEFAULT_VERSION, KubeVirtConfig, memory_overhead, profile
+from shared.kubevirt.config import newer_than_known, observed_version
 from shared.quantity import Format, Quantity
 from shared.vmi import vmi_spec
 
@@ -121,6 +122,20 @@ def test_profile_parsing(text, name):
 def test_profile_rejects_unknown_versions(text):
     with pytest.raises(InvalidInput):
         profile(text)
+
+
+@pytest.mark.parametrize(
+    ("observed", "used"), [("v1.7.1", "v1.7.1"), ("v1.10.0", "main"), ("1.23", "main"), ("main", "main")]
+)
+def test_an_observed_version_later_than_known_is_rendered_as_main(observed, used):
+    assert observed_version(observed) == used
+    assert newer_than_known(observed) == (used == "main" and observed != "main")
+
+
+@pytest.mark.parametrize("text", ["v2.0", "v0.59", "latest", ""])
+def test_other_unknown_observed_versions_are_refused(text):
+    with pytest.raises(InvalidInput):
+        observed_version(text)
 
 
 def test_default_version_is_v19():

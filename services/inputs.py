@@ -17,6 +17,7 @@ import yaml
 
 from shared.errors import InvalidInput
 from shared.kubevirt.config import config_fields_from_cr
+from shared.snapshot import KUBEVIRT_KIND
 from shared.vmi import object_ref
 
 _Base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -111,18 +112,14 @@ def kubevirt_fields(path: str, version: str | None = None) -> dict[str, Any]:
     """The :class:`~shared.kubevirt.KubeVirtConfig` fields the first KubeVirt object in file ``path`` sets
     (``--kubevirt-config``); ``version`` (``--kubevirt-version``), when given, is used instead of its observed
     version, which then need not be one this build knows."""
-    crs = [o for o in load_objects(path) if o.get("kind") == "KubeVirt"]
+    crs = [o for o in load_objects(path) if o.get("kind") == KUBEVIRT_KIND]
     if not crs:
         raise InvalidInput("no KubeVirt object found", path)
-    return _fields(crs[0], version, path)
+    return cr_fields(crs[0], version, path)
 
 
 def cr_fields(cr: Mapping[str, Any], version: str | None = None, where: str = "") -> dict[str, Any]:
     """:func:`kubevirt_fields` of a KubeVirt object at hand (``where``: what to name it after in errors)."""
-    return _fields(cr, version, where)
-
-
-def _fields(cr: Mapping[str, Any], version: str | None, where: str) -> dict[str, Any]:
     try:
         return config_fields_from_cr(cr, version=version)
     except InvalidInput as e:

@@ -74,10 +74,9 @@ from shared.snapshot import (
     Snapshot,
     VmimSnapshot,
     VmiSnapshot,
-    VmSnapshot,
     encode,
 )
-from shared.vmi import VMI_KIND, VMIM_KIND
+from shared.vmi import VM_KIND, VMI_KIND, VMIM_KIND
 
 ACCOUNTED_KINDS: Final[frozenset[str]] = frozenset(
     {VMI_KIND, VMIM_KIND, POD_KIND, QUOTA_KIND, NAMESPACE_KIND, KUBEVIRT_KIND, EVENT_KIND}
@@ -86,6 +85,9 @@ ACCOUNTED_KINDS: Final[frozenset[str]] = frozenset(
 
 _ONE: Final = Quantity.from_int(1)
 
+
+_CLUSTER_SCOPED: Final = frozenset({NAMESPACE_KIND, KUBEVIRT_KIND})
+"""Kinds every namespace's accounting reads, whatever their namespace."""
 
 URGENT_KINDS: Final[frozenset[str]] = frozenset({VMIM_KIND, VMI_KIND, EVENT_KIND, QUOTA_KIND, POD_KIND})
 """The kinds :func:`urgency` may find urgent."""
@@ -816,8 +818,9 @@ def account_namespace(
 
     ``kinds`` (with ``namespace``, in place of ``objects``, which are then ignored): the objects already split
     by kind (kind → snapshots of that kind: the namespace's own and the cluster-scoped Namespaces and KubeVirt
-    CRs), one version each, as a ledger view holds them. The lists are read, never changed; one that is the same
-    list object as in the last accounting of the namespace is not sorted again. Same result as ``objects``.
+    CRs), one version each, as a ledger view holds them (``distinct`` is implied). The lists are read, never
+    changed; one that is the same list object as in the last accounting of the namespace is not sorted again. Same
+    result as ``objects``.
     """
     return _Accounting(
         objects,
@@ -904,6 +907,8 @@ class _Accounting:
         self.vmims: list[VmimSnapshot] = self._ordered(VMIM_KIND)
         self.pods: list[PodSnapshot] = self._ordered(POD_KIND)
         self.quotas = self._policies(policies)
+        self.unscoped = not any(q.policy.scopes for q in self.quotas)
+        """No quota has scopes (scoped quotas are refused: the usual case): every quota covers every pod."""
         hard_keys = {r for q in self.quota_objs for r in q.spec_hard} | {
             r for q in self.quotas for r in q.policy.budget
         }
@@ -933,44 +938,30 @@ class _Accounting:
 
     # ---- input
     def _sort(self, objs: list[Snapshot]) -> None:
-        vmis: list[VmiSnapshot] = []
-        vmims: list[VmimSnapshot] = []
-        pods: list[PodSnapshot] = []
-        quotas: list[QuotaSnapshot] = []
-        events: list[EventSnapshot] = []
-        self.ns_obj: NamespaceSnapshot | None = None
-        self.kv_obj: KubeVirtSnapshot | None = None
-        by_type: dict[type, list[Any]] = {
-            VmiSnapshot: vmis,
-            VmimSnapshot: vmims,
-            PodSnapshot: pods,
-            QuotaSnapshot: quotas,
-            EventSnapshot: events,
-        }
+        """Objects in any order, one version each: the namespace's and the cluster-scoped ones (Namespaces, KubeVirt
+        CRs) by kind, for :meth:`_split`; VirtualMachines are skipped (a VM counts through its VMI and pods)."""
+        kinds: dict[str, list[Snapshot]] = {}
         for s in objs:
-            found = by_type.get(type(s))  # the common case first: one lookup
-            if found is not None:
-                if s.namespace == self.namespace:
-                    found.append(s)
-            elif isinstance(s, NamespaceSnapshot):
-                if s.name == self.namespace:
-                    self.ns_obj = s
-            elif isinstance(s, KubeVirtSnapshot):
-                if self.kv_obj is None or (s.namespace, s.name) < (self.kv_obj.namespace, self.kv_obj.name):
-                    self.kv_obj = s
-            elif s.namespace == self.namespace and not isinstance(s, VmSnapshot):
-                raise InvalidInput(f"unexpected snapshot type {type(s).__name__}", s.ref)
-        self._take(vmis, vmims, pods, quotas, events)
+            kind = type(s).__struct_config__.tag
+            if kind in _CLUSTER_SCOPED or s.namespace == self.namespace:
+                found = kinds.get(kind)  # type: ignore[arg-type]
+                if found is None:
+                    found = kinds[kind] = []  # type: ignore[index]
+                found.append(s)
+        for kind in kinds.keys() - ACCOUNTED_KINDS - {VM_KIND}:
+            s = kinds[kind][0]
+            raise InvalidInput(f"unexpected snapshot type {type(s).__name__}", s.ref)
+        self._split(kinds)
 
     def _split(self, kinds: Mapping[str, Sequence[Snapshot]]) -> None:
         """The objects of a ledger view, by kind (see :func:`account_namespace`)."""
-        self.ns_obj = None
+        self.ns_obj: NamespaceSnapshot | None = None
         for s in kinds.get(NAMESPACE_KIND, ()):
             if s.name == self.namespace and isinstance(s, NamespaceSnapshot):
                 self.ns_obj = s
                 break
         kvs = [s for s in kinds.get(KUBEVIRT_KIND, ()) if isinstance(s, KubeVirtSnapshot)]
-        self.kv_obj = min(kvs, key=lambda s: (s.namespace, s.name)) if kvs else None
+        self.kv_obj: KubeVirtSnapshot | None = min(kvs, key=lambda s: (s.namespace, s.name)) if kvs else None
         self._take(
             kinds.get(VMI_KIND, ()),  # type: ignore[arg-type]  # the view's lists hold their kind's snapshots
             kinds.get(VMIM_KIND, ()),  # type: ignore[arg-type]
@@ -1078,6 +1069,8 @@ class _Accounting:
 
     def _covering(self, facts: ScopeFacts) -> list[_Quota]:
         """The quotas whose scopes cover a pod with these facts (remembered for the run)."""
+        if self.unscoped:
+            return self.quotas
         covering = self.covering.get(facts)
         if covering is None:
             covering = self.covering[facts] = [q for q in self.quotas if q.covers(facts)]
@@ -1131,27 +1124,29 @@ class _Accounting:
         launchers: dict[str, list[tuple[PodSnapshot, ResourceList]]] = {}
         pod_usage: dict[int, list[ResourceList]] = {id(q): [] for q in self.quotas}
         accounted: dict[int, list[ResourceList]] = {id(q): [] for q in self.quotas}
-        unscoped = not any(q.policy.scopes for q in self.quotas)  # (scoped quotas are refused: the usual case)
         memo = self.memo
         now = self.now
         for p in self.pods:
             active = counts_for_compute(p.phase, p.deletion_timestamp, p.deletion_grace_period_seconds, now)
             v = self._owner(p)
             if memo is None:
-                entry = self._pod_entry(p, v, active)
+                mig = self.vmim_by_uid.get(p.migration_job_uid) if p.migration_job_uid else None
+                entry = self._pod_entry(p, v, active, mig)
             else:
                 # an entry is a function of the pod, whether it is charged for compute and whose it is
                 owner = None if v is None else (v.uid, v.name)
                 mig = self.vmim_by_uid.get(p.migration_job_uid) if p.migration_job_uid else None
                 key = (id(p), active, owner, mig.name if mig is not None else None)
-                entry = memo.get_latest(("pod", self.namespace, p.uid or p.name), key)
+                slot = ("pod", self.namespace, p.uid or p.name)
+                entry = memo.get_latest(slot, key)
                 if entry is _MISS:
-                    entry = self._pod_entry(p, v, active)
-                    memo.put_latest(("pod", self.namespace, p.uid or p.name), key, (p,), entry)
+                    entry = self._pod_entry(p, v, active, mig)
+                    memo.put_latest(slot, key, (p,), entry)
             charged = entry.charged
+            # (with no scopes, no facts to build)
             covering = (
                 self.quotas
-                if unscoped
+                if self.unscoped
                 else self._covering(ScopeFacts(p.terminating_scope, p.best_effort, p.priority_class_name))
             )
             for q in covering:
@@ -1169,7 +1164,7 @@ class _Accounting:
             tuple(tuple(accounted[id(q)]) for q in self.quotas),
         )
 
-    def _pod_entry(self, p: PodSnapshot, v: VmiSnapshot | None, active: bool) -> PodEntry:
+    def _pod_entry(self, p: PodSnapshot, v: VmiSnapshot | None, active: bool, mig: VmimSnapshot | None) -> PodEntry:
         """A pod's entry: what it is charged, and what it adds to ``U`` itself (nothing when it is the running
         launcher pod of a VM, which counts through its VM)."""
         charged = p.usage if active else _POD_COUNT_ONLY  # shared, not copied: results are not to be changed
@@ -1185,7 +1180,6 @@ class _Accounting:
             reason = "terminal or past its grace period: count/pods only"
             return PodEntry(p.name, p.uid, role, v.name, active, charged, charged, reason)
         if role == MIGRATION_TARGET:
-            mig = self.vmim_by_uid.get(p.migration_job_uid)
             reason = f"target of migration {mig.name if mig else p.migration_job_uid}: counted with VM {v.name}"
         else:
             reason = f"counted with VM {v.name}"

@@ -158,7 +158,7 @@ _CK_DECODER: Final = msgspec.json.Decoder(Checkpoint, dec_hook=dec_hook)
 class NamespaceState:
     """One namespace's objects (or a cluster's cluster-wide objects when ``namespace == "_cluster"``)."""
 
-    __slots__ = ("_live", "cluster", "floors", "namespace", "objects", "seq", "usage_digest")
+    __slots__ = ("_live", "cluster", "floors", "namespace", "objects", "replaced", "seq", "usage_digest")
 
     def __init__(self, cluster: str, namespace: str) -> None:
         self.cluster = cluster
@@ -174,6 +174,8 @@ class NamespaceState:
         self._live: dict[str, list[Snapshot]] = {}
         """kind → :meth:`live` of that kind, until the kind changes (accounting reads a namespace on every change
         of it, mostly of one kind)."""
+        self.replaced: Snapshot | None = None
+        """The snapshot the last applied or refreshed event replaced (None: the object was absent)."""
 
     # ---- reading ----------------------------------------------------------------------------------------------
     def live(self, kind: str) -> list[Snapshot]:
@@ -217,24 +219,22 @@ class NamespaceState:
         rec = recs.get(uid)
         if type(ev) is Upserted:
             uid = ev.snapshot.uid or uid  # the snapshot's (interned) string: one copy for key and snapshot
+            refreshed = False
             if rec is not None:
                 if rv <= rec.rv:  # a repeat, an older version, or the version a deletion already covers
                     return Outcome.STALE
-                if compare and rec.snapshot is not None and same_content(rec.snapshot, ev.snapshot):
-                    recs[uid] = Record(rv, seq, ev.snapshot)
-                    if self._live:
-                        self._live.pop(kind, None)
-                    return Outcome.REFRESHED
+                refreshed = compare and rec.snapshot is not None and same_content(rec.snapshot, ev.snapshot)
             elif rv <= self.floors.get(kind, -1):
                 return Outcome.STALE  # absent at the last sync, which is newer: a stale producer
+            self.replaced = rec.snapshot if rec is not None else None
             recs[uid] = Record(rv, seq, ev.snapshot)
-            if self._live:
-                self._live.pop(kind, None)
-            return Outcome.APPLIED
+            self._live.pop(kind, None)
+            return Outcome.REFRESHED if refreshed else Outcome.APPLIED
         if rec is not None and (rv < rec.rv or (rv == rec.rv and rec.snapshot is None)):
             return Outcome.STALE
         if rec is None and rv <= self.floors.get(kind, -1):
             return Outcome.STALE
+        self.replaced = rec.snapshot if rec is not None else None
         recs[uid] = Record(rv, seq, None)
         self._live.pop(kind, None)
         return Outcome.APPLIED
@@ -263,7 +263,7 @@ class NamespaceState:
     # ---- checkpoints ------------------------------------------------------------------------------------------
     def checkpoint(self) -> bytes:
         """Deterministic JSON of this state."""
-        return b"".join(self.checkpoint_parts())
+        return b"".join(self.checkpoint_parts(records=1 << 62))  # (the objects in one piece: one encode)
 
     def checkpoint_parts(self, records: int = 128) -> Iterator[bytes]:
         """:meth:`checkpoint` in pieces of about ``records`` objects, to encode a little at a time: the state is
@@ -335,6 +335,9 @@ class Ledger:
     def __init__(self, partitions: PartitionSet | None = None, kinds: frozenset[str] | None = None) -> None:
         self.partitions = partitions or PartitionSet.all(1)
         self.kinds = kinds
+        self.replaced: Snapshot | None = None
+        """After :meth:`apply` applied an upsert or a deletion: the snapshot of the object it replaced (None: it
+        was absent)."""
         """The kinds folded (None: all); events of other kinds are :attr:`Outcome.UNTRACKED`."""
         self.states: dict[tuple[str, str], NamespaceState] = {}
         self.changed: set[tuple[str, str]] = set()
@@ -397,6 +400,7 @@ class Ledger:
                 return Outcome.FOREIGN
             st = self._state(key)
         outcome = st.apply(ev, seq, compare=key not in self.changed)  # a namespace to account anyway: no need
+        self.replaced = st.replaced
         if outcome is Outcome.APPLIED:
             if key[1] == CLUSTER_WIDE:
                 self._mark(key)

@@ -28,7 +28,6 @@ from shared.quantity import Quantity
 from shared.resources import ResourceList, format_resource_list, parse_resource_list
 from shared.snapshot import MIGRATION_JOB_LABEL
 
-REJECTED_BY_QUOTA = "migrationRejectedByResourceQuota"
 FINAL_MIGRATION = ("Succeeded", "Failed")
 
 

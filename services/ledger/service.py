@@ -45,7 +45,6 @@ from shared import bus as contract
 from shared.accounting import ACCOUNTED_KINDS, URGENT_KINDS, Urgency, Urgent, schedule, waited_for
 from shared.errors import InvalidInput
 from shared.ledger import CLUSTER_WIDE, Ledger, NamespaceState, NamespaceView, Outcome, PartitionSet, checkpoint_key
-from shared.snapshot import Snapshot
 
 Accountant = Callable[[NamespaceView], contract.UsageBody]
 """Accounting of one namespace (``shared.accounting`` through ``services.ledger.usage``)."""
@@ -98,13 +97,10 @@ def unpack(data: bytes) -> bytes:
     return zlib.decompress(data[1:]) if data[:1] == b"z" else data
 
 
-def usage_digest(body: contract.UsageBody) -> str:
-    return _digest(body, vms_json(body.vms))
-
-
-def _digest(body: contract.UsageBody, vms: msgspec.Raw) -> str:
-    """SHA-256 of the body's JSON (its VMs given pre-encoded), the first 32 hex digits."""
-    return hashlib.sha256(contract.encode(msgspec.structs.replace(body, vms=vms))).hexdigest()[:32]
+def usage_digest(body: contract.UsageBody, vms: msgspec.Raw | None = None) -> str:
+    """SHA-256 of the body's JSON, the first 32 hex digits; ``vms``: its VMs already encoded (the same bytes)."""
+    wire = body if vms is None else msgspec.structs.replace(body, vms=vms)
+    return hashlib.sha256(contract.encode(wire)).hexdigest()[:32]
 
 
 class LedgerService:
@@ -311,23 +307,15 @@ class LedgerService:
                 expected = f"{contract.PREFIX}.ev.{ev.cluster}.{token}.{contract.KIND_TOKENS[ev.kind]}"
                 if msg.subject != expected:
                     raise InvalidInput(f"published on {msg.subject}, but the event belongs on {expected}", "subject")
-                old: Snapshot | None = None
-                maybe_urgent = ev.kind in URGENT_KINDS and not isinstance(ev, contract.Sync)
-                if maybe_urgent and not isinstance(ev, contract.Sync):  # (the second test: for the type checker)
-                    state = self.ledger.state(ev.cluster, ev.namespace)
-                    rec = state.get(ev.kind, ev.uid) if state is not None else None
-                    old = rec.snapshot if rec is not None else None
                 outcome = apply(ev, seq)
-                if outcome is Outcome.APPLIED:
+                if outcome is Outcome.APPLIED or outcome is Outcome.REFRESHED:
                     self.applied += 1
+                if outcome is Outcome.APPLIED and ev.kind in URGENT_KINDS and not isinstance(ev, contract.Sync):
                     new = ev.snapshot if isinstance(ev, contract.Upserted) else None
-                    if maybe_urgent:
-                        level = self._is_urgent(old, new, ev.cluster)
-                        key = (ev.cluster, ev.namespace)
-                        if level > self._urgent.get(key, Urgent.NO):
-                            self._urgent[key] = level
-                elif outcome is Outcome.REFRESHED:
-                    self.applied += 1
+                    level = self._is_urgent(self.ledger.replaced, new, ev.cluster)
+                    key = (ev.cluster, ev.namespace)
+                    if level > self._urgent.get(key, Urgent.NO):
+                        self._urgent[key] = level
             except InvalidInput as e:
                 rejects.append((msg, seq, str(e)))
         self._m_fold.observe(time.perf_counter() - t0)
@@ -396,8 +384,8 @@ class LedgerService:
                     with structlog.contextvars.bound_contextvars(cluster=cluster, namespace=namespace, seq=view.seq):
                         log.error("accounting failed; usage not published", error=str(e))
                     continue
-                vms = vms_json(body.vms)
-                digest = _digest(body, vms)
+                vms = vms_json(namespace, body.vms)
+                digest = usage_digest(body, vms)
                 if digest == state.usage_digest:
                     continue
                 msg = contract.UsageSnapshot(

@@ -15,13 +15,11 @@ from shared.accounting import VmEntry, account_namespace
 from shared.ledger import NamespaceView
 from shared.resources import format_resource_list
 
-_VM_STATES: dict[tuple[str, str, str], tuple[VmEntry, contract.VmState]] = {}
-"""Wire form of the latest entry of each VM (namespace, uid, name): accounting hands out the same entry for a
-running VM that did not change, so most of a namespace's VMs are not formatted again. One per VM: the cache is
-as large as the fleet."""
+_VM_STATES: dict[tuple[str, str, str], tuple[VmEntry, contract.VmState, bytes]] = {}
+"""Wire form of the latest entry of each VM (namespace, uid, name), and its JSON: accounting hands out the same
+entry for a running VM that did not change, so most of a namespace's VMs are neither formatted nor encoded again.
+One per VM: the cache is as large as the fleet."""
 _VM_STATES_MAX = 65536
-_VM_JSON: dict[int, tuple[contract.VmState, bytes]] = {}
-"""JSON of the wire forms in ``_VM_STATES``, by identity (the state is kept with it, so the id stays its own)."""
 
 
 def _vm_state(namespace: str, v: VmEntry) -> contract.VmState:
@@ -39,27 +37,22 @@ def _vm_state(namespace: str, v: VmEntry) -> contract.VmState:
         reserved=format_resource_list(v.reserved),
         refused_by={k: list(r) for k, r in sorted(v.refused_by.items())},
     )
-    old = _VM_STATES.pop(key, None)  # the newest last: the oldest (of a deleted VM) go first when full
-    if old is not None:
-        _VM_JSON.pop(id(old[1]), None)
-    _VM_STATES[key] = (v, state)
-    _VM_JSON[id(state)] = (state, contract.encode(state))
+    _VM_STATES.pop(key, None)  # the newest last: the oldest (of a deleted VM) go first when full
+    _VM_STATES[key] = (v, state, contract.encode(state))
     if len(_VM_STATES) > _VM_STATES_MAX:
-        _VM_JSON.pop(id(_VM_STATES.pop(next(iter(_VM_STATES)))[1]), None)
+        del _VM_STATES[next(iter(_VM_STATES))]
     return state
 
 
-def vms_json(vms: list[contract.VmState]) -> msgspec.Raw:
-    """The JSON array of ``vms``, each VM's state encoded once: a usage snapshot is mostly running VMs whose
-    state did not change since the last one (the same objects, from :func:`_vm_state`). Encoding a message with
-    this in place of its ``vms`` gives the same bytes as encoding the list."""
+def vms_json(namespace: str, vms: list[contract.VmState]) -> msgspec.Raw:
+    """The JSON array of ``vms`` (of ``namespace``), each VM's state encoded once: a usage snapshot is mostly
+    running VMs whose state did not change since the last one (the same objects, from :func:`_vm_state`). Encoding
+    a message with this in place of its ``vms`` gives the same bytes as encoding the list."""
     parts: list[bytes] = []
     for state in vms:
-        hit = _VM_JSON.get(id(state))
-        if hit is not None and hit[0] is state:
-            parts.append(hit[1])
-            continue
-        parts.append(contract.encode(state))  # not one of ours (another accountant's): encoded each time
+        hit = _VM_STATES.get((namespace, state.uid, state.name))
+        # (not one of ours, e.g. another accountant's: encoded each time)
+        parts.append(hit[2] if hit is not None and hit[1] is state else contract.encode(state))
     return msgspec.Raw(b"[" + b",".join(parts) + b"]")
 
 
@@ -70,7 +63,6 @@ def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageB
         (),
         now=now or datetime.now(UTC),
         namespace=view.namespace,
-        distinct=True,
         kinds={**view.cluster_objects, **view.objects},  # (no kind is in both)
     )
     quotas = {

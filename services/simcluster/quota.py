@@ -336,29 +336,27 @@ def compute_usage(
 
 
 class PodUsageCache:
-    """:func:`~shared.podusage.pod_quota_usage` remembered per pod version (uid, resourceVersion): the quota
-    controller recounts a namespace's pods on every change of one of them. Whether a pod still counts (terminal,
-    past its grace period) is decided on every call, as it depends on the time."""
+    """:func:`~shared.podusage.pod_quota_usage` of the latest version of each pod (by uid, checked against its
+    resourceVersion): the quota controller recounts a namespace's pods on every change of one of them. Whether a
+    pod still counts (terminal, past its grace period) is decided on every call, as it depends on the time."""
 
     def __init__(self, maxsize: int = 65536) -> None:
-        self._known: dict[tuple[str, str], ResourceList] = {}
+        self._known: dict[str, tuple[str, ResourceList]] = {}
         self._maxsize = maxsize
 
     def __call__(self, pod: Mapping[str, Any], now: datetime | None = None) -> ResourceList:
         meta = pod.get("metadata")
-        uid = meta.get("uid") if isinstance(meta, Mapping) else None
-        rv = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+        uid, rv = (meta.get("uid"), meta.get("resourceVersion")) if isinstance(meta, Mapping) else (None, None)
         if not isinstance(uid, str) or not isinstance(rv, str) or not uid or not rv:
             return pod_quota_usage(pod, now)
         if not pod_counts_for_compute(pod, now):
             return pod_quota_usage(pod, now)
-        key = (uid, rv)
-        found = self._known.get(key)
-        if found is None:
-            if len(self._known) >= self._maxsize:
-                self._known.clear()
-            found = self._known[key] = quota_usage_of(*pod_resources(pod))
-        return found
+        found = self._known.get(uid)
+        if found is None or found[0] != rv:
+            if found is None and len(self._known) >= self._maxsize:
+                self._known.clear()  # (more live pods than that: recounted from scratch now and then)
+            found = self._known[uid] = (rv, quota_usage_of(*pod_resources(pod)))
+        return found[1]
 
 
 def canonical_quantities(rl: object) -> object:

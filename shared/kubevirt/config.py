@@ -104,7 +104,9 @@ def profile(version: str) -> VersionProfile:
         return _family(99)
     m = _MAJOR_MINOR_RE.match(v)
     if m is None or int(m.group(1)) > LATEST_MINOR:
-        raise InvalidInput(f"unsupported KubeVirt version {version!r} (expected v1.0 .. v1.9 or main)", "version")
+        raise InvalidInput(
+            f"unsupported KubeVirt version {version!r} (expected v1.0 .. v1.{LATEST_MINOR} or main)", "version"
+        )
     return _family(int(m.group(1)))
 
 

@@ -168,7 +168,7 @@ def run() -> list[Result]:
         changing = one_change_at_a_time(list(objs), kinds)
 
         def account_again(changing: Any = changing) -> int:
-            account_namespace((), now=now, config=config, namespace=NS, distinct=True, kinds=changing())
+            account_namespace((), now=now, config=config, namespace=NS, kinds=changing())
             return 1
 
         results.append(

@@ -357,3 +357,16 @@ def test_disjoint_partitions_fold_disjoint_namespaces(events: list[Event], total
     if whole.cluster_state("c1") is not None:
         cw = whole.states[("c1", CLUSTER_WIDE)].checkpoint()
         assert one.states[("c1", CLUSTER_WIDE)].checkpoint() == cw == two.states[("c1", CLUSTER_WIDE)].checkpoint()
+
+
+def test_the_ledger_says_which_snapshot_an_applied_event_replaced() -> None:
+    led = Ledger()
+    first, second = up("u1", 1), up("u1", 2, labels={"x": "y"})
+
+    def replaced(ev: Upserted | Deleted, seq: int) -> object:
+        assert led.apply(ev, seq) is Outcome.APPLIED
+        return led.replaced
+
+    assert replaced(first, 1) is None, "a new object replaces nothing"
+    assert replaced(second, 2) is first.snapshot
+    assert replaced(down("u1", 3), 3) is second.snapshot

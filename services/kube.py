@@ -53,15 +53,13 @@ class KubeError(Exception):
         return is_transient(self.status)
 
 
-def error_from_status(
-    obj: object, http_status: int = NETWORK, retry_after: float | None = None, *, http_status_wins: bool = False
-) -> KubeError:
+def error_from_status(obj: object, http_status: int = NETWORK, retry_after: float | None = None) -> KubeError:
     """A KubeError from a ``Status`` object (an error response body or a watch ERROR event). Its status is the
-    object's ``code``, else ``http_status`` (``http_status_wins``: ``http_status``, the response's own)."""
+    response's ``http_status`` when there is one, else the object's ``code``."""
     if not isinstance(obj, dict):
         return KubeError(http_status, "Unknown", repr(obj)[:200], retry_after)
     code = obj.get("code")
-    status = code if isinstance(code, int) and code > 0 and not http_status_wins else http_status
+    status = http_status if http_status != NETWORK or not isinstance(code, int) or code <= 0 else code
     details = obj.get("details")
     if retry_after is None and isinstance(details, dict):
         ra = details.get("retryAfterSeconds")
@@ -106,7 +104,7 @@ async def call(fn: Callable[..., Awaitable[Any]], *args: Any, **kw: Any) -> aioh
     if isinstance(status_obj, dict) and status_obj.get("kind") == "Status":
         # (raised without a local name: a local would make the error, its traceback and this frame a cycle, kept
         # with everything the callers' frames hold until a garbage collection: 409 is the enforcer's normal path)
-        raise error_from_status(status_obj, resp.status, retry_after, http_status_wins=True)
+        raise error_from_status(status_obj, resp.status, retry_after)
     raise KubeError(resp.status, resp.reason or "Error", body[:200].decode("utf-8", "replace"), retry_after)
 
 

@@ -242,6 +242,11 @@ def _int(raw: object, where: str) -> int:
         raise InvalidInput(f"{raw!r} is not a whole number", where) from None
 
 
+def service_names(service: str) -> list[str]:
+    """The services ``vmquota run SERVICE`` runs: the one named, or for ``all`` every one this build has."""
+    return [n for n in PLANNED if n in SERVICES] if service == "all" else [service]
+
+
 def config_from_args(args: argparse.Namespace) -> Config:
     """Validate the flags; :class:`InvalidInput` names the flag."""
     service = args.service
@@ -249,7 +254,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         if service in PLANNED:
             raise InvalidInput(f"service {service!r} is not available in this build yet", "SERVICE")
         raise InvalidInput(f"unknown service {service!r} (expected one of {', '.join(PLANNED)}, all)", "SERVICE")
-    names = [n for n in PLANNED if n in SERVICES] if service == "all" else [service]
+    names = service_names(service)
     cluster = args.cluster
     if cluster is None and any(SERVICES[n].needs_cluster for n in names):
         raise InvalidInput(f"--cluster (VMQUOTA_CLUSTER) is required for {service}", "--cluster")
@@ -297,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"vmquota run: {e}", file=sys.stderr)
         return 2
     logs.configure(config.log_level)
-    for name in [n for n in PLANNED if n in SERVICES] if config.service == "all" else [config.service]:
+    for name in service_names(config.service):
         resolve(name)  # imported now, so that tune_gc() below freezes the modules
     tune_gc()
     return asyncio.run(serve(config))
@@ -365,7 +370,7 @@ async def serve(
     """Run the configured service(s) until SIGTERM/SIGINT (or ``stop``); 0 after a clean stop, 1 on a failure.
     ``ready`` is told the bound HTTP port once serving."""
     log = logs.get_logger(service=config.service, cluster=config.cluster, identity=config.identity)
-    names = [n for n in PLANNED if n in SERVICES] if config.service == "all" else [config.service]
+    names = service_names(config.service)
     if config.service == "all":
         missing = [n for n in PLANNED if n not in SERVICES]
         if missing:
@@ -408,7 +413,7 @@ async def serve(
             _, still = await asyncio.wait(pending, timeout=15.0)
             for t in still:
                 log.warning("service did not stop in time; cancelling", failed=t.get_name())
-                await cancel(t)
+            await cancel(*still)
         for t in tasks:
             if t.done() and not t.cancelled() and t.exception() is not None and code == 0:
                 log.error("service failed while stopping", failed=t.get_name(), error=str(t.exception()))
@@ -462,7 +467,9 @@ async def kube_client(kubeconfig: str | None) -> Any:
 
 def env_proxy(url: str) -> str | None:
     """The proxy the environment names for ``url`` (``HTTPS_PROXY``/``HTTP_PROXY`` by scheme, either case), or
-    None when there is none or ``NO_PROXY`` exempts the host: the standard library's reading, which aiohttp uses."""
+    None when there is none or ``NO_PROXY`` exempts the host: the standard library's reading of the variables, as
+    aiohttp's. Unlike aiohttp per request, it reads no proxy credentials from ``~/.netrc`` (credentials go in the
+    proxy URL)."""
     parts = urllib.parse.urlsplit(url)
     proxies = urllib.request.getproxies_environment()
     if parts.hostname and urllib.request.proxy_bypass(parts.hostname):
@@ -549,8 +556,7 @@ async def leader_elected(
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for t in waits:
-                await cancel(t)
+            await cancel(*waits)
             for t in working:
                 if not t.done() and rt.stop.is_set() and not lost.is_set():
                     await asyncio.wait([t], timeout=15.0)  # the work sees the stop itself: let it finish

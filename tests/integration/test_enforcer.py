@@ -73,7 +73,8 @@ async def mirror(sim: SimCluster, bus: Bus) -> AsyncIterator[None]:
     assert task.done()
 
 
-async def publish_quota(b: Bus, obj: Obj, *, deleted: bool = False) -> None:
+def quota_event(obj: Obj, *, deleted: bool = False) -> contract.Upserted | contract.Deleted:
+    """The watcher's event for a ResourceQuota object."""
     meta = obj["metadata"]
     ev = contract.object_event(
         "deleted" if deleted else "upserted",
@@ -85,6 +86,13 @@ async def publish_quota(b: Bus, obj: Obj, *, deleted: bool = False) -> None:
         rv=meta["resourceVersion"],
         snapshot=normalize(obj),
     )
+    assert not isinstance(ev, contract.Sync)
+    return ev
+
+
+async def publish_quota(b: Bus, obj: Obj, *, deleted: bool = False) -> None:
+    meta = obj["metadata"]
+    ev = quota_event(obj, deleted=deleted)
     await b.publish(
         contract.event_subject(CLUSTER, "ResourceQuota", meta["namespace"]), contract.encode(ev), msg_id=ev.id
     )
@@ -239,22 +247,10 @@ async def test_a_status_only_quota_version_is_kept_but_not_reconciled(
     raw = await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"})  # not managed: plans change nothing
     key = (NS, "compute")
 
-    def event(obj: Obj, rv: int) -> contract.Upserted:
+    def event(obj: Obj, rv: int) -> contract.Upserted | contract.Deleted:
         obj = json.loads(json.dumps(obj))
         obj["metadata"]["resourceVersion"] = str(rv)
-        meta = obj["metadata"]
-        ev = contract.object_event(
-            "upserted",
-            cluster=CLUSTER,
-            kind="ResourceQuota",
-            namespace=NS,
-            name=meta["name"],
-            uid=meta["uid"],
-            rv=str(rv),
-            snapshot=normalize(obj),
-        )
-        assert isinstance(ev, contract.Upserted)
-        return ev
+        return quota_event(obj)
 
     rv = int(raw["metadata"]["resourceVersion"])
     e._apply_quota_event(event(raw, rv))

@@ -25,7 +25,6 @@ All delays are multiplied by :attr:`KubeVirtTiming.speed`.
 from __future__ import annotations
 
 import asyncio
-import copy
 import secrets
 import time
 from collections import OrderedDict
@@ -35,6 +34,7 @@ from fractions import Fraction
 from typing import Any, Final
 
 from services.logs import get_logger
+from services.simcluster.patch import copy_json
 from services.simcluster.registry import format_time
 from services.simcluster.store_api import ApiError, Obj, Operation, Resource, StoreAPI, WatchType
 from services.simcluster.workqueue import Cache, Key, WorkQueue, key_of, uid_of
@@ -246,7 +246,7 @@ def vmi_from_vm(vm: Mapping[str, Any], config: KubeVirtConfig) -> Obj:
     m = meta(vm)
     tmpl = (vm.get("spec") or {}).get("template") or {}
     tmeta = tmpl.get("metadata") or {}
-    spec: Obj = copy.deepcopy(tmpl.get("spec") or {})
+    spec: Obj = copy_json(tmpl.get("spec") or {})
     size = vmi_spec(vm)  # validates; InvalidInput names the VM and field
     domain = spec.setdefault("domain", {})
     cpu = domain.setdefault("cpu", {})
@@ -707,7 +707,7 @@ class KubeVirtSimulator:
         """Apply ``change`` to the object's status (under the store lock); write only when something changed."""
 
         def fn(obj: Obj) -> Obj | None:
-            before = copy.deepcopy(obj.get("status"))
+            before = copy_json(obj.get("status"))
             st = obj.get("status")
             if not isinstance(st, dict):
                 obj["status"] = {}
@@ -723,7 +723,7 @@ class KubeVirtSimulator:
 
     async def _update(self, res: Resource, key: Key, change: Callable[[Obj], None]) -> Obj | None:
         def fn(obj: Obj) -> Obj | None:
-            before = copy.deepcopy(obj)
+            before = copy_json(obj)
             change(obj)
             return obj if obj != before else None
 

@@ -27,7 +27,13 @@ from services.logs import get_logger
 from services.simcluster.store_api import ApiError, Obj, Operation, Resource, StoreAPI, WatchType
 from services.simcluster.workqueue import Cache, Key, WorkQueue, key_of
 from shared.errors import InvalidInput
-from shared.podusage import pod_counts_for_compute, pod_quota_usage, pod_resources, quota_usage_of
+from shared.podusage import (
+    TERMINAL_PHASES,
+    pod_counts_for_compute,
+    pod_quota_usage,
+    pod_resources,
+    quota_usage_of,
+)
 from shared.quantity import Format, Quantity
 from shared.resources import ResourceList, add, format_resource_list, only, parse_resource_list
 
@@ -346,12 +352,18 @@ class PodUsageCache:
 
     def __call__(self, pod: Mapping[str, Any], now: datetime | None = None) -> ResourceList:
         meta = pod.get("metadata")
-        uid, rv = (meta.get("uid"), meta.get("resourceVersion")) if isinstance(meta, Mapping) else (None, None)
+        if not isinstance(meta, Mapping):
+            return pod_quota_usage(pod, now)
+        uid, rv = meta.get("uid"), meta.get("resourceVersion")
         if not isinstance(uid, str) or not isinstance(rv, str) or not uid or not rv:
             return pod_quota_usage(pod, now)
+        found = self._known.get(uid)
+        if found is not None and found[0] == rv and meta.get("deletionTimestamp") is None:
+            status = pod.get("status")
+            if not isinstance(status, Mapping) or status.get("phase") not in TERMINAL_PHASES:
+                return found[1]  # (the common case: a pod that counts whatever the time, charged as before)
         if not pod_counts_for_compute(pod, now):
             return pod_quota_usage(pod, now)
-        found = self._known.get(uid)
         if found is None or found[0] != rv:
             if found is None and len(self._known) >= self._maxsize:
                 self._known.clear()  # (more live pods than that: recounted from scratch now and then)

@@ -195,7 +195,7 @@ class WorkQueue:
         self._seq = itertools.count()
         self._failures: dict[Any, int] = {}
         self._has_ready = asyncio.Event()
-        self._timer_wake = asyncio.Event()
+        self._timers: dict[int, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._log = get_logger(component="simcluster-queue", queue=name)
@@ -220,10 +220,14 @@ class WorkQueue:
             self.add(key)
             return
         loop = asyncio.get_running_loop()
-        heapq.heappush(self._delayed, (loop.time() + delay, next(self._seq), key, progress))
+        when = loop.time() + delay
+        seq = next(self._seq)
+        heapq.heappush(self._delayed, (when, seq, key, progress))
         if progress:
             self._delayed_progress += 1
-        self._timer_wake.set()
+        # A loop timer per delayed key: the key is ready in the loop iteration its time comes (a timer task would
+        # take a few more iterations, each as long as everything else the loop has to do then).
+        self._timers[seq] = loop.call_at(when, self._due, seq, when)
 
     def backoff(self, key: Any) -> float:
         """The delay the next :meth:`add_rate_limited` of ``key`` would use."""
@@ -253,9 +257,9 @@ class WorkQueue:
         if self._tasks:
             return
         self._stopping = False
-        self._tasks = [asyncio.create_task(self._timer(), name=f"{self.name}-timer")]
-        for i in range(self._workers_n):
-            self._tasks.append(asyncio.create_task(self._worker(), name=f"{self.name}-worker-{i}"))
+        self._tasks = [
+            asyncio.create_task(self._worker(), name=f"{self.name}-worker-{i}") for i in range(self._workers_n)
+        ]
 
     async def stop(self) -> None:
         self._stopping = True
@@ -265,6 +269,9 @@ class WorkQueue:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks = []
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
         self._ready.clear()
         self._queued.clear()
         self._delayed.clear()
@@ -272,25 +279,19 @@ class WorkQueue:
         self._dirty.clear()
         self._processing.clear()
 
-    def _release_due(self, now: float) -> float | None:
-        """Move due delayed keys to ready; return seconds until the next one (None: none left)."""
+    def _release_due(self, now: float) -> None:
+        """Move the keys due by ``now`` to ready."""
         while self._delayed and self._delayed[0][0] <= now:
             _, _, key, progress = heapq.heappop(self._delayed)
             if progress:
                 self._delayed_progress -= 1
             self.add(key)
-        return self._delayed[0][0] - now if self._delayed else None
 
-    async def _timer(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            self._timer_wake.clear()
-            wait = self._release_due(loop.time())
-            if wait is None:
-                await self._timer_wake.wait()
-            else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._timer_wake.wait(), timeout=wait)
+    def _due(self, seq: int, when: float) -> None:
+        """The timer of a delayed key fired: release it and every key due before it (the loop may fire a timer
+        a clock tick early, hence ``when``)."""
+        self._timers.pop(seq, None)
+        self._release_due(max(when, asyncio.get_running_loop().time()))
 
     async def _worker(self) -> None:
         while True:

@@ -10,7 +10,6 @@ import random
 import signal
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from shared import bus as contract
 from shared.ledger import Ledger, NamespaceView, PartitionSet
 from shared.snapshot import KubeVirtSnapshot, NamespaceSnapshot, PodSnapshot
 from tests.conftest import NatsServer
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -106,21 +106,6 @@ def subject_of(ev: contract.Upserted | contract.Deleted | contract.Sync) -> str:
 
 async def publish(b: Bus, events: list[contract.Upserted | contract.Deleted], *, msg_ids: bool = True) -> None:
     await b.publish_many((subject_of(e), contract.encode(e), e.id if msg_ids else None) for e in events)
-
-
-async def wait_until(cond: Callable[[], bool | Awaitable[bool]], within: float = 20.0, what: str = "") -> None:
-    """Poll ``cond`` until it holds; fail after ``within`` seconds."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + within
-    while True:
-        res = cond()
-        if not isinstance(res, bool):
-            res = await res
-        if res:
-            return
-        if loop.time() > end:
-            raise AssertionError(f"timed out waiting for {what or cond}")
-        await asyncio.sleep(0.02)
 
 
 def options(partitions: PartitionSet | None = None) -> LedgerOptions:

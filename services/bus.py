@@ -17,10 +17,9 @@ import asyncio
 import collections
 import contextlib
 import functools
-import random
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import nats
 import nats.errors
@@ -42,9 +41,15 @@ from nats.js.api import (
 from nats.js.kv import KeyValue
 
 from shared import bus as contract
+from shared.backoff import Backoff
 
 log = structlog.get_logger("vmquota.bus")
 T = TypeVar("T")
+
+_CONNECT_BACKOFF: Final = Backoff(initial=0.2, maximum=5.0, jitter=0.2)
+"""Between attempts to reach NATS at start."""
+_CALL_BACKOFF: Final = Backoff(initial=0.1, maximum=2.0, jitter=0.2)
+"""Between retries of a JetStream call, and re-creations of a failing consumer."""
 
 # Errors after which a publish or fetch is worth retrying (the server restarts, JetStream is not yet ready).
 TRANSIENT = (
@@ -129,18 +134,19 @@ class Bus:
             kwargs["password"] = opts.password or ""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + connect_timeout if connect_timeout > 0 else None
-        delay = 0.2
+        attempt = 0
         while True:
             nc = NATS()
             try:
                 await nc.connect(**kwargs)
                 break
             except (TimeoutError, nats.errors.NoServersError, OSError) as e:
+                delay = _CONNECT_BACKOFF.delay(attempt)
                 if deadline is not None and loop.time() + delay > deadline:
                     raise
                 log.warning("nats not reachable, retrying", url=opts.url, error=str(e) or type(e).__name__)
-                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-                delay = min(delay * 2, 5.0)
+                await asyncio.sleep(delay)
+                attempt += 1
         bus = cls(nc, on_reconnect)
         holder.append(bus)
         return bus
@@ -271,16 +277,17 @@ async def _retry(fn: Callable[[], Awaitable[T]], *, what: str, deadline: float =
     """Await ``fn()`` until it succeeds, retrying TRANSIENT errors with jittered backoff for ``deadline`` s."""
     loop = asyncio.get_running_loop()
     end = loop.time() + deadline
-    delay = 0.1
+    attempt = 0
     while True:
         try:
             return await fn()
         except TRANSIENT as e:
+            delay = _CALL_BACKOFF.delay(attempt)
             if loop.time() + delay > end:
                 raise
             log.warning("nats call failed, retrying", what=what, error=str(e) or type(e).__name__)
-            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-            delay = min(delay * 2, 2.0)
+            await asyncio.sleep(delay)
+            attempt += 1
 
 
 class AckWindow:
@@ -409,7 +416,7 @@ class PullConsumer:
 
     async def batches(self) -> AsyncGenerator[list[Msg], None]:
         why = "start"
-        delay = 0.1
+        attempt = 0
         while True:
             try:
                 if why:
@@ -437,11 +444,11 @@ class PullConsumer:
             except (*TRANSIENT, nats.js.errors.APIError) as e:
                 log.warning("consumer error, re-creating", consumer=self.durable, error=str(e) or type(e).__name__)
                 why = f"error: {type(e).__name__}"
-                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-                delay = min(delay * 2, 2.0)
+                await asyncio.sleep(_CALL_BACKOFF.delay(attempt))
+                attempt += 1
                 yield []  # the reader runs its timers and sees a stop while the stream is unavailable
                 continue
-            delay = 0.1
+            attempt = 0
             self._idle_fetches = 0
             good: list[Msg] = []
             for m in msgs:

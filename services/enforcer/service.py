@@ -39,6 +39,7 @@ from services.enforcer.kube import KubeError, Obj, QuotaApi
 from services.runner import Metrics, cancel
 from shared import bus as contract
 from shared import enforcement
+from shared.backoff import Backoff
 from shared.enforcement import Plan
 from shared.errors import InvalidInput
 from shared.modes import MANAGED_LABEL
@@ -67,7 +68,8 @@ class EnforcerOptions:
     max_conflicts: int = 50
     """Conflicts in a row after which the quota is retried later with backoff (like any other failed call)."""
     retry_base: float = 0.2
-    """First backoff after a failed call (429, 5xx, timeout); doubles up to ``retry_max``."""
+    """First backoff after a failed call (429, 5xx, timeout); doubles up to ``retry_max``, ±20%, never shorter than
+    a ``Retry-After`` the server sent (up to ``retry_max``)."""
     retry_max: float = 10.0
 
 
@@ -106,6 +108,7 @@ class Enforcer:
         self.metrics = metrics or Metrics()
         self.own = EnforcerMetrics(self.metrics.registry)
         self._now = clock or (lambda: datetime.now(UTC))
+        self._backoff = Backoff(initial=opts.retry_base, maximum=opts.retry_max, jitter=0.2)
         self.quotas: dict[Key, QuotaSnapshot] = {}
         self._names: dict[str, dict[str, None]] = {}
         """namespace → names of its quotas in ``quotas`` (kept by ``_remember`` and ``_forget``, which alone write
@@ -384,10 +387,8 @@ class Enforcer:
     def _retry_later(self, key: Key, e: KubeError) -> None:
         n = self._failures.get(key, 0) + 1
         self._failures[key] = n
-        delay = min(self.opts.retry_base * 2 ** (n - 1), self.opts.retry_max)
-        if e.retry_after is not None:
-            delay = max(delay, min(e.retry_after, self.opts.retry_max))
-        delay *= random.uniform(0.8, 1.2)
+        retry_after = min(e.retry_after, self.opts.retry_max) if e.retry_after is not None else None
+        delay = self._backoff.delay(n - 1, retry_after=retry_after)
         self.own.patches.labels(outcome="error").inc()
         log.warning(
             "quota call failed, retrying",
@@ -509,7 +510,7 @@ class Enforcer:
                         break
                     if not e.retryable or attempt == 2:
                         raise
-                    await asyncio.sleep(self.opts.retry_base * 2**attempt * random.uniform(0.8, 1.2))
+                    await asyncio.sleep(self._backoff.delay(attempt))
         self.reported += 1
 
     # ---- introspection (tests, health) -------------------------------------------------------------------------

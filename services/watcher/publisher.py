@@ -33,7 +33,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from services.bus import TRANSIENT, Bus
-from services.watcher.loop import Backoff
+from shared.backoff import Backoff
 
 log = structlog.get_logger("vmquota.watcher.publisher")
 

@@ -32,7 +32,6 @@ from services.watcher import kube
 from services.watcher.kube import KubeError, Obj, ResourceSpec, Timeouts
 from services.watcher.loop import (
     Action,
-    Backoff,
     KnownSet,
     ManagedNamespaces,
     RelistDiff,
@@ -48,6 +47,7 @@ from services.watcher.loop import (
 from services.watcher.metrics import WatcherMetrics
 from services.watcher.publisher import Item, Publisher
 from shared import bus as contract
+from shared.backoff import Backoff
 from shared.errors import InvalidInput
 from shared.snapshot import normalize
 

@@ -32,10 +32,10 @@ from services.runner import Config, Health, Metrics, Runtime
 from services.simcluster.store import Store
 from services.simcluster.store_api import Obj
 from services.watcher.kube import Timeouts
-from services.watcher.loop import Backoff
 from services.watcher.main import LeaseTiming, Tuning, serve
 from services.watcher.watcher import WatcherConfig
 from shared import bus as contract
+from shared.backoff import Backoff
 from shared.bus import Deleted, Sync, Upserted
 from shared.ledger import Ledger, PartitionSet
 from shared.snapshot import KubeVirtSnapshot

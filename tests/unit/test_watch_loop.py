@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from services.kube import is_transient
 from services.watcher.loop import (
     Action,
-    Backoff,
     KnownSet,
     ManagedNamespaces,
     Tracked,
@@ -23,6 +22,7 @@ from services.watcher.loop import (
     quota_is_managed,
     sync_namespaces,
 )
+from shared.backoff import Backoff
 
 NAMESPACES = ("a", "b", "c")
 

@@ -1,0 +1,41 @@
+"""Exponential backoff with jitter: the one retry schedule of every service (watch loops, NATS calls, quota
+patches, republishing). No I/O: the caller sleeps."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Exponential backoff with jitter: attempt ``n`` (0-based) waits about ``initial * factor**n`` seconds, capped
+    at ``maximum``, spread by ±``jitter`` so watchers that failed together do not retry together; never shorter
+    than a ``Retry-After`` the server sent."""
+
+    initial: float = 0.5
+    maximum: float = 30.0
+    factor: float = 2.0
+    jitter: float = 0.25
+
+    def __post_init__(self) -> None:
+        if not (0 < self.initial <= self.maximum) or self.factor < 1 or not (0 <= self.jitter < 1):
+            raise ValueError(f"invalid backoff {self!r}")
+
+    def base(self, attempt: int) -> float:
+        if attempt < 0:
+            raise ValueError("attempt must not be negative")
+        # cap the exponent first: factor**attempt overflows a float for large attempts
+        exp = 0
+        value = self.initial
+        while exp < attempt and value < self.maximum:
+            value *= self.factor
+            exp += 1
+        return min(value, self.maximum)
+
+    def delay(self, attempt: int, rng: random.Random | None = None, retry_after: float | None = None) -> float:
+        r = rng if rng is not None else random
+        d = self.base(attempt) * r.uniform(1.0 - self.jitter, 1.0 + self.jitter)
+        if retry_after is not None and retry_after > d:
+            d = retry_after
+        return d

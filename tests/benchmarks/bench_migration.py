@@ -47,7 +47,7 @@ from tests.benchmarks.common import Result
 
 VMS = 1_000
 NAMESPACES = 10
-MIGRATIONS = 120
+MIGRATIONS = 360
 CONCURRENCY = 4
 CHURN_VMS = 50
 """VMs the churn task stops and starts (never migrated)."""

@@ -31,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from services.logs import get_logger
 from services.simcluster.patch import copy_json
@@ -68,6 +68,8 @@ WORKLOAD_UPDATE_ANNOTATION: Final = "kubevirt.io/workloadUpdateMigration"
 WORKLOAD_UPDATE_PREFIX: Final = "kubevirt-workload-update-"
 REJECTED_BY_QUOTA: Final = "migrationRejectedByResourceQuota"
 FAIL_START_ANNOTATION: Final = "simcluster.vmquota.io/fail-start"
+_RENDERED_MAX: Final = 1024
+"""Launcher pod renderings kept for retries."""
 """Simulator only: a pod with this annotation fails instead of running (on a VMIM: its target pod fails)."""
 COMPONENT: Final = "virtualmachine-controller"
 
@@ -504,6 +506,7 @@ class KubeVirtSimulator:
         self._started_once: set[str] = set()
         self._source_done: set[str] = set()
         self._kv_config: tuple[str, KubeVirtConfig] | None = None
+        self._rendered: OrderedDict[tuple[str, str, str], tuple[KubeVirtConfig, NamespaceFacts, Obj]] = OrderedDict()
         self.pods_refused = 0
         cache.subscribe("virtualmachines", self._on_vm)
         cache.subscribe("virtualmachineinstances", self._on_vmi)
@@ -578,18 +581,33 @@ class KubeVirtSimulator:
 
     def render(self, vmi: Mapping[str, Any], migration: Mapping[str, Any] | None = None) -> Obj:
         """The launcher (or migration target) pod for a VMI as this cluster's KubeVirt creates it. The overhead is
-        computed from the spec (never the published figure), like virt-controller does."""
+        computed from the spec (never the published figure), like virt-controller does.
+
+        A refused target pod is rendered again on every retry from the same inputs: the last renderings are kept by
+        (VMI uid and resourceVersion, migration uid) with the configuration and namespace facts they were made
+        from, and a copy is handed out."""
         config = self.kubevirt_config()
-        ns = str(meta(vmi).get("namespace") or "")
+        m = meta(vmi)
+        ns = str(m.get("namespace") or "")
+        facts = self.namespace_facts(ns)
+        key = (uid_of(vmi), str(m.get("resourceVersion") or ""), uid_of(migration) if migration is not None else "")
+        hit = self._rendered.get(key) if key[0] and key[1] else None
+        if hit is not None and hit[0] == config and hit[1] == facts:
+            return cast(Obj, copy_json(hit[2]))
         bare = {k: v for k, v in vmi.items() if k != "status"}
-        rendered = render_launcher_pod(bare, config, self.namespace_facts(ns))
-        return launcher_pod(
+        pod = launcher_pod(
             vmi,
-            rendered,
+            render_launcher_pod(bare, config, facts),
             image=self.image(config),
             extra_overhead=self.config.extra_memory_overhead,
             migration=migration,
         )
+        if key[0] and key[1]:
+            self._rendered[key] = (config, facts, copy_json(pod))
+            self._rendered.move_to_end(key)
+            if len(self._rendered) > _RENDERED_MAX:
+                self._rendered.popitem(last=False)
+        return pod
 
     # ---- informer handlers ----------------------------------------------------------------------------------
     def _on_vm(self, type_: WatchType, obj: Obj, old: Obj | None) -> None:

@@ -137,6 +137,30 @@ async def test_kubevirt_cr_configuration_and_drift_reach_the_pod() -> None:
         assert published == expected.memory_overhead.ceil() + 64 * 1024 * 1024
 
 
+async def test_a_retried_rendering_is_a_fresh_copy_and_follows_the_vmi_and_the_namespace(sim: SimCluster) -> None:
+    await sim.create_vm("t", "vm1", sockets=1, memory="1Gi")
+    vmi = await sim.wait_for_phase("t", "vm1", "Running")
+    kv = sim.kubevirt
+    first = kv.render(vmi)
+    first["metadata"]["annotations"]["changed-by-the-caller"] = "x"
+    again = kv.render(vmi)
+    assert "changed-by-the-caller" not in again["metadata"]["annotations"]
+    assert again == kv.render(vmi)
+    limits_before = resources_by_container(again)["compute"].get("limits", {})
+    assert "memory" not in limits_before
+    # A quota with limits.memory makes KubeVirt set memory limits: the namespace facts are part of the rendering.
+    await sim.create_quota("t", "compute", {"limits.memory": "64Gi"})
+    await sim.wait_quota_synced("t", "compute")
+    limited = kv.render(vmi)
+    assert "memory" in resources_by_container(limited)["compute"]["limits"]
+    assert resources_by_container(limited) == resources_by_container(await expected_pod_rendered(sim, vmi))
+
+
+async def expected_pod_rendered(sim: SimCluster, vmi: Obj) -> Obj:
+    expected = await expected_pod(sim, vmi)
+    return {"spec": expected.pod_spec()}
+
+
 async def test_refused_pod_gives_failedcreate_events_condition_and_retries(sim: SimCluster) -> None:
     await sim.create_quota("t", "compute", {"limits.memory": "1Gi"})
     await sim.wait_quota_synced("t", "compute")

@@ -288,10 +288,17 @@ class WorkQueue:
             self.add(key)
 
     def _due(self, seq: int, when: float) -> None:
-        """The timer of a delayed key fired: release it and every key due before it (the loop may fire a timer
-        a clock tick early, hence ``when``)."""
+        """The timer of a delayed key fired: release every key whose time has come. Never early: a controller
+        that finds its step not yet due waits for the timer it already set (``Steps``), so a key released before
+        its time would be lost. A loop may fire a timer up to a clock tick early (uvloop's is a millisecond):
+        then the timer is set again for the rest."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if now < when:
+            self._timers[seq] = loop.call_at(when, self._due, seq, when)
+            return
         self._timers.pop(seq, None)
-        self._release_due(max(when, asyncio.get_running_loop().time()))
+        self._release_due(now)
 
     async def _worker(self) -> None:
         while True:

@@ -1129,13 +1129,12 @@ class _Accounting:
         for p in self.pods:
             active = counts_for_compute(p.phase, p.deletion_timestamp, p.deletion_grace_period_seconds, now)
             v = self._owner(p)
+            mig = self.vmim_by_uid.get(p.migration_job_uid) if p.migration_job_uid else None
             if memo is None:
-                mig = self.vmim_by_uid.get(p.migration_job_uid) if p.migration_job_uid else None
                 entry = self._pod_entry(p, v, active, mig)
             else:
                 # an entry is a function of the pod, whether it is charged for compute and whose it is
                 owner = None if v is None else (v.uid, v.name)
-                mig = self.vmim_by_uid.get(p.migration_job_uid) if p.migration_job_uid else None
                 key = (id(p), active, owner, mig.name if mig is not None else None)
                 slot = ("pod", self.namespace, p.uid or p.name)
                 entry = memo.get_latest(slot, key)

@@ -335,10 +335,10 @@ class Ledger:
     def __init__(self, partitions: PartitionSet | None = None, kinds: frozenset[str] | None = None) -> None:
         self.partitions = partitions or PartitionSet.all(1)
         self.kinds = kinds
+        """The kinds folded (None: all); events of other kinds are :attr:`Outcome.UNTRACKED`."""
         self.replaced: Snapshot | None = None
         """After :meth:`apply` applied an upsert or a deletion: the snapshot of the object it replaced (None: it
         was absent)."""
-        """The kinds folded (None: all); events of other kinds are :attr:`Outcome.UNTRACKED`."""
         self.states: dict[tuple[str, str], NamespaceState] = {}
         self.changed: set[tuple[str, str]] = set()
         """Namespaces whose live objects (or whose cluster-wide objects) changed: recompute their usage."""
@@ -400,7 +400,7 @@ class Ledger:
                 return Outcome.FOREIGN
             st = self._state(key)
         outcome = st.apply(ev, seq, compare=key not in self.changed)  # a namespace to account anyway: no need
-        self.replaced = st.replaced
+        self.replaced, st.replaced = st.replaced, None  # (held for this call only)
         if outcome is Outcome.APPLIED:
             if key[1] == CLUSTER_WIDE:
                 self._mark(key)

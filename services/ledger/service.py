@@ -362,10 +362,9 @@ class LedgerService:
             first = waited_for(self.ledger.changed, self._urgent)
             keys = first + sorted(self.ledger.changed.difference(first))
         self.ledger.changed.difference_update(keys)
-        for key in keys:
-            self._urgent.pop(key, None)
         now = time.monotonic()
         for key in keys:
+            self._urgent.pop(key, None)
             self._accounted_at[key] = now
         if len(self._accounted_at) > 2 * len(self.ledger.changed) + 1024:  # forget quiet namespaces (bounded)
             horizon = now - self.opts.debounce

@@ -59,7 +59,7 @@ def error_from_status(obj: object, http_status: int = NETWORK, retry_after: floa
     if not isinstance(obj, dict):
         return KubeError(http_status, "Unknown", repr(obj)[:200], retry_after)
     code = obj.get("code")
-    status = http_status if http_status != NETWORK or not isinstance(code, int) or code <= 0 else code
+    status = code if http_status == NETWORK and isinstance(code, int) and code > 0 else http_status
     details = obj.get("details")
     if retry_after is None and isinstance(details, dict):
         ra = details.get("retryAfterSeconds")

@@ -452,11 +452,10 @@ async def kube_client(kubeconfig: str | None) -> Any:
     from kubernetes_asyncio import client
     from kubernetes_asyncio import config as kconfig
 
+    cfg = client.Configuration()
     if kubeconfig:
-        cfg = client.Configuration()
         await kconfig.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
     else:
-        cfg = client.Configuration()
         kconfig.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
     if not cfg.proxy:
         cfg.proxy = env_proxy(cfg.host or "")

@@ -68,9 +68,9 @@ WORKLOAD_UPDATE_ANNOTATION: Final = "kubevirt.io/workloadUpdateMigration"
 WORKLOAD_UPDATE_PREFIX: Final = "kubevirt-workload-update-"
 REJECTED_BY_QUOTA: Final = "migrationRejectedByResourceQuota"
 FAIL_START_ANNOTATION: Final = "simcluster.vmquota.io/fail-start"
+"""Simulator only: a pod with this annotation fails instead of running (on a VMIM: its target pod fails)."""
 _RENDERED_MAX: Final = 1024
 """Launcher pod renderings kept for retries."""
-"""Simulator only: a pod with this annotation fails instead of running (on a VMIM: its target pod fails)."""
 COMPONENT: Final = "virtualmachine-controller"
 
 VMI_FINAL: Final = frozenset({"Succeeded", "Failed"})

@@ -195,7 +195,8 @@ class WorkQueue:
         self._seq = itertools.count()
         self._failures: dict[Any, int] = {}
         self._has_ready = asyncio.Event()
-        self._timers: dict[int, asyncio.TimerHandle] = {}
+        self._timer: tuple[float, asyncio.Handle] | None = None
+        """A loop timer for the earliest delayed key: (when, handle)."""
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._log = get_logger(component="simcluster-queue", queue=name)
@@ -221,13 +222,15 @@ class WorkQueue:
             return
         loop = asyncio.get_running_loop()
         when = loop.time() + delay
-        seq = next(self._seq)
-        heapq.heappush(self._delayed, (when, seq, key, progress))
+        heapq.heappush(self._delayed, (when, next(self._seq), key, progress))
         if progress:
             self._delayed_progress += 1
-        # A loop timer per delayed key: the key is ready in the loop iteration its time comes (a timer task would
+        # A loop timer for the earliest key: it is ready in the loop iteration its time comes (a timer task would
         # take a few more iterations, each as long as everything else the loop has to do then).
-        self._timers[seq] = loop.call_at(when, self._due, seq, when)
+        if self._timer is None or when < self._timer[0]:
+            if self._timer is not None:
+                self._timer[1].cancel()
+            self._timer = (when, loop.call_at(when, self._due))
 
     def backoff(self, key: Any) -> float:
         """The delay the next :meth:`add_rate_limited` of ``key`` would use."""
@@ -269,9 +272,9 @@ class WorkQueue:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks = []
-        for handle in self._timers.values():
-            handle.cancel()
-        self._timers.clear()
+        if self._timer is not None:
+            self._timer[1].cancel()
+            self._timer = None
         self._ready.clear()
         self._queued.clear()
         self._delayed.clear()
@@ -287,18 +290,17 @@ class WorkQueue:
                 self._delayed_progress -= 1
             self.add(key)
 
-    def _due(self, seq: int, when: float) -> None:
-        """The timer of a delayed key fired: release every key whose time has come. Never early: a controller
-        that finds its step not yet due waits for the timer it already set (``Steps``), so a key released before
-        its time would be lost. A loop may fire a timer up to a clock tick early (uvloop's is a millisecond):
-        then the timer is set again for the rest."""
+    def _due(self) -> None:
+        """The timer fired: release every key whose time has come, and set it for the next one. Never early: a
+        controller that finds its step not yet due waits for the timer it already set (``Steps``), so a key
+        released before its time would be lost; a loop may fire a timer up to a clock tick early (uvloop's is a
+        millisecond), and then nothing is released and the timer is set again."""
         loop = asyncio.get_running_loop()
-        now = loop.time()
-        if now < when:
-            self._timers[seq] = loop.call_at(when, self._due, seq, when)
-            return
-        self._timers.pop(seq, None)
-        self._release_due(now)
+        self._timer = None
+        self._release_due(loop.time())
+        if self._delayed:
+            when = self._delayed[0][0]
+            self._timer = (when, loop.call_at(when, self._due))
 
     async def _worker(self) -> None:
         while True:

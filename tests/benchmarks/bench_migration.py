@@ -303,7 +303,7 @@ async def run_async(
     stack = VmquotaStack(sim, "bench", separate=True)
     tap = BusTap()
     placement = _placement(vms, namespaces)
-    gc_before: tuple[int, int, int] | None = None
+    gc_before = gc.get_threshold()
     try:
         await stack.start()
         await tap.start(stack.nats.url, "bench")
@@ -333,7 +333,6 @@ async def run_async(
             )
         await sim.wait_for(lambda: len(tracker.running) >= vms, within=WITHIN * 2, what=f"{vms} VMs running")
         startup = time.perf_counter() - t0
-        gc_before = gc.get_threshold()
         tune_gc()  # the simulated cluster's fleet out of its collector's sight (see above; undone below)
 
         rng = random.Random(3)
@@ -351,9 +350,8 @@ async def run_async(
         await tap.close()
         await stack.stop()
         await sim.stop()
-        if gc_before is not None:  # the benchmarks that run next in this process get the collector as it was
-            gc.unfreeze()
-            gc.set_threshold(*gc_before)
+        gc.unfreeze()  # the benchmarks that run next in this process get the collector as it was
+        gc.set_threshold(*gc_before)
 
     latencies = [
         1000.0 * (m.admitted - m.created) for m in done.values() if m.admitted is not None and m.created is not None

@@ -41,6 +41,7 @@ from shared.ledger import Ledger, PartitionSet
 from shared.snapshot import KubeVirtSnapshot
 from tests.conftest import NatsServer
 from tests.integration.conftest import SimApi
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -444,7 +445,7 @@ async def test_two_watchers_one_publishes_the_other_takes_over(
     await cluster.create("pods", pod("p1"), "a")
     await tap.wait("the pod", lambda: tap.live("a", "Pod") == ["p1"])
     # The second candidate stays a standby: connected and ready (once its NATS connection is up), publishing nothing.
-    await tap.wait("the standby's readiness", lambda: second.rt.health.ready)
+    await wait_until(lambda: second.rt.health.ready, 10.0, "the standby's readiness")
     assert (
         first.metric(
             "vmquota_watcher_leader",

@@ -10,8 +10,10 @@ Each input marks the quotas it concerns dirty. A quota has at most one reconcili
 arrives meanwhile makes it run once more afterwards, with the latest state (per-quota coalescing: the latest
 desired state wins, nothing queues up). A reconciliation plans (pure: ``shared.enforcement.plan``) and, when the
 plan changes something, patches with a JSON merge patch carrying ``metadata.resourceVersion``. A 409 is the normal
-path under load (quota admission changes the resourceVersion with every admitted pod): re-read the quota (GET),
-plan again, patch again, with a jittered pause from the second conflict on. 429/5xx/timeouts back off and retry.
+path under load (quota admission changes the resourceVersion with every admitted pod): plan again with a newer
+version and patch again. The newer version is the one the quota events brought while the patch was out, when they
+did (one round trip fewer), else a re-read (GET), with a jittered pause before the second and later reads.
+429/5xx/timeouts back off and retry.
 
 Every write is reported, off the write path, by a Kubernetes Event on the quota and a ``Decision`` on
 ``vmquota.quota.<cluster>.<namespace>``. With ``dry_run`` nothing is written to the cluster: each new plan is
@@ -62,7 +64,7 @@ class EnforcerOptions:
     idle: float = 0.5
     """Seconds a fetch waits for messages before the consumer loop yields."""
     conflict_pause: float = 0.01
-    """Upper bound of the jittered pause before re-reading after the second and later conflicts in a row. Not
+    """Upper bound of the jittered pause before the second and later re-reads after a conflict. Not
     growing: the usual other writer is quota admission updating ``status``, which does not back off either, so a
     longer pause only widens the window for the next conflict."""
     max_conflicts: int = 50
@@ -80,6 +82,12 @@ class EnforcerMetrics:
         self.patches = Counter("vmquota_enforcer_patches", "Quota patches by outcome", ["outcome"], registry=registry)
         self.decisions = Counter(
             "vmquota_enforcer_decisions", "Decisions by action (dry-run included)", ["action"], registry=registry
+        )
+        self.conflict_retries = Counter(
+            "vmquota_enforcer_conflict_retries",
+            "Where the version retried after a 409 came from: a quota event that arrived meanwhile, or a read",
+            ["source"],
+            registry=registry,
         )
         self.reaction = Histogram(
             "vmquota_enforcer_reaction_seconds",
@@ -410,7 +418,7 @@ class Enforcer:
     async def _reconcile(self, key: Key) -> None:
         ns, name = key
         quota = self.quotas.get(key)
-        conflicts = 0
+        conflicts = reads = 0
         while quota is not None:
             usage = self.usage.get(ns)
             p = enforcement.plan(quota, usage, self._acted.get(key))
@@ -433,8 +441,17 @@ class Enforcer:
                 self.own.patches.labels(outcome="conflict").inc()
                 if conflicts >= self.opts.max_conflicts:
                     raise
-                if conflicts > 1:
+                newer = self.quotas.get(key)
+                if newer is not None and newer.rv_order > quota.rv_order:
+                    # The quota events brought a newer version while the call was out (the write that beat
+                    # ours, usually): plan with it at once, one round trip fewer than reading.
+                    quota = newer
+                    self.own.conflict_retries.labels(source="event").inc()
+                    continue
+                if reads:
                     await asyncio.sleep(random.uniform(0, self.opts.conflict_pause))
+                reads += 1
+                self.own.conflict_retries.labels(source="read").inc()
                 try:
                     quota = self._remember_raw(await self.kube.get_quota(ns, name))
                 except KubeError as e2:

@@ -219,6 +219,8 @@ async def test_adopts_then_raises_hard_through_a_409_storm(
         await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
         q = await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised")
         assert storm.injected == 6 and e.conflicts >= 6, "every injected 409 was re-read and retried"
+        reads = e.metrics.registry.get_sample_value("vmquota_enforcer_conflict_retries_total", {"source": "read"})
+        assert reads is not None and reads >= 6, "an injected 409 changes no version: each was followed by a read"
         assert json.loads(notes(q)[LAST_HARD_ANNOTATION]) == {"limits.memory": "80Gi"}
         assert notes(q)[STATUS_ANNOTATION] == "Enforcing (VmiPodUsage)"
         synced = await sim.wait_quota_synced(NS, "compute")
@@ -265,6 +267,62 @@ async def test_a_status_only_quota_version_is_kept_but_not_reconciled(
     edited = dict(echo, metadata={**echo["metadata"], "labels": MANAGED})
     e._apply_quota_event(event(edited, rv + 2))
     assert key in e._dirty or key in e._tasks, "any other change is"
+    await cancel(*e._tasks.values())
+
+
+class BeatenOnce:
+    """The enforcer's calls, except that another writer changes the quota's status (as quota admission does) just
+    before the first patch, and that version's quota event reaches the enforcer before the 409 comes back."""
+
+    def __init__(self, inner: KubeQuotas, sim: SimCluster) -> None:
+        self.inner, self.sim = inner, sim
+        self.calls: list[str] = []
+        self.enforcer: Enforcer | None = None
+
+    async def get_quota(self, namespace: str, name: str) -> Obj:
+        self.calls.append("get")
+        return await self.inner.get_quota(namespace, name)
+
+    async def list_quotas(self, label_selector: str) -> list[Obj]:
+        return await self.inner.list_quotas(label_selector)
+
+    async def create_event(self, namespace: str, body: Obj) -> None:
+        await self.inner.create_event(namespace, body)
+
+    async def patch_quota(self, namespace: str, name: str, body: Obj) -> Obj:
+        self.calls.append("patch")
+        if self.calls.count("patch") == 1 and self.enforcer is not None:
+
+            def admit(obj: Obj) -> Obj:
+                obj["status"] = {"hard": obj["spec"]["hard"], "used": {"limits.memory": "3Gi"}}
+                return obj
+
+            res = self.sim.store.resource("resourcequotas")
+            newer = await self.sim.store.mutate(res, namespace, name, admit, status=True)
+            self.enforcer._apply_quota_event(quota_event(newer))
+        return await self.inner.patch_quota(namespace, name, body)
+
+
+async def test_a_conflict_is_retried_with_the_version_the_quota_events_brought(
+    sim: SimCluster, bus: Bus, api: client.ApiClient
+) -> None:
+    """A 409 comes from a write that beat the patch; when its quota event arrived while the patch was out, the
+    enforcer plans with that version and patches at once, without reading the quota."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    raw = await sim.wait_quota_synced(NS, "compute")  # (the quota controller's first write is done)
+    calls = BeatenOnce(KubeQuotas(api), sim)
+    e = Enforcer(bus, calls, EnforcerOptions(cluster=CLUSTER), metrics=Metrics())
+    calls.enforcer = e
+    e._warm = True  # (not running: the events are applied by hand)
+    key = (NS, "compute")
+    e._apply_quota_event(quota_event(raw))
+    await asyncio.wait_for(e._tasks[key], 10)  # adoption: one patch, beaten once
+    q = await sim.get("resourcequotas", NS, "compute")
+    assert json.loads(notes(q)[BUDGET_ANNOTATION]) == {"limits.memory": "64Gi"}, "adopted in the end"
+    assert q["status"]["used"] == {"limits.memory": "3Gi"}, "the other writer's change was kept"
+    assert calls.calls == ["patch", "patch"], "the conflict was retried with the newer version, no read"
+    assert e.conflicts == 1
+    assert e.metrics.registry.get_sample_value("vmquota_enforcer_conflict_retries_total", {"source": "event"}) == 1
     await cancel(*e._tasks.values())
 
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 class Backoff:
     """Exponential backoff with jitter: attempt ``n`` (0-based) waits about ``initial * factor**n`` seconds, capped
     at ``maximum``, spread by ±``jitter`` so watchers that failed together do not retry together; never shorter
-    than a ``Retry-After`` the server sent."""
+    than a ``Retry-After`` the server sent, up to ``maximum`` (a server asking for an hour must not stall a
+    service that long)."""
 
     initial: float = 0.5
     maximum: float = 30.0
@@ -36,6 +37,6 @@ class Backoff:
     def delay(self, attempt: int, rng: random.Random | None = None, retry_after: float | None = None) -> float:
         r = rng if rng is not None else random
         d = self.base(attempt) * r.uniform(1.0 - self.jitter, 1.0 + self.jitter)
-        if retry_after is not None and retry_after > d:
-            d = retry_after
+        if retry_after is not None:
+            d = max(d, min(retry_after, self.maximum))
         return d

@@ -395,8 +395,7 @@ class Enforcer:
     def _retry_later(self, key: Key, e: KubeError) -> None:
         n = self._failures.get(key, 0) + 1
         self._failures[key] = n
-        retry_after = min(e.retry_after, self.opts.retry_max) if e.retry_after is not None else None
-        delay = self._backoff.delay(n - 1, retry_after=retry_after)
+        delay = self._backoff.delay(n - 1, retry_after=e.retry_after)  # (a Retry-After up to retry_max)
         self.own.patches.labels(outcome="error").inc()
         log.warning(
             "quota call failed, retrying",

@@ -203,10 +203,11 @@ def test_backoff_delay_stays_within_the_jitter_and_honours_retry_after(
     b = Backoff(initial=0.2, maximum=10.0, jitter=0.3)
     d = b.delay(attempt, random.Random(seed), retry_after)
     base = b.base(attempt)
+    honoured = min(retry_after, b.maximum) if retry_after is not None else 0.0
     assert d >= base * 0.7 - 1e-9
-    assert d <= max(base * 1.3, retry_after or 0.0) + 1e-9
-    if retry_after is not None:
-        assert d >= retry_after
+    assert d <= max(base * 1.3, honoured) + 1e-9
+    assert d >= honoured, "a Retry-After is honoured up to the maximum"
+    assert d <= b.maximum * 1.3 + 1e-9, "however long the server asks to wait"
 
 
 def test_backoff_jitter_spreads_watchers_that_failed_together() -> None:

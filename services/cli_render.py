@@ -62,7 +62,7 @@ def _fail(message: str) -> int:
 def build_config(args: argparse.Namespace) -> KubeVirtConfig:
     fields: dict[str, Any] = {}
     if args.kubevirt_config:
-        fields = kubevirt_fields(args.kubevirt_config, args.kubevirt_version)
+        fields = kubevirt_fields(args.kubevirt_config, args.kubevirt_version, sys.stderr)
     if args.kubevirt_version is not None:
         fields["version"] = args.kubevirt_version
     if args.arch is not None:

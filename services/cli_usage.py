@@ -117,11 +117,11 @@ def load_snapshots(path: str, namespace: str, notes: TextIO) -> list[AnySnapshot
 def build_config(args: argparse.Namespace, snapshots: Sequence[AnySnapshot]) -> KubeVirtConfig:
     fields: dict[str, Any] = {}
     if args.kubevirt_config:
-        fields = kubevirt_fields(args.kubevirt_config, args.kubevirt_version)
+        fields = kubevirt_fields(args.kubevirt_config, args.kubevirt_version, sys.stderr)
     else:
         kvs = sorted((s for s in snapshots if isinstance(s, KubeVirtSnapshot)), key=lambda s: (s.namespace, s.name))
         if kvs:
-            fields = cr_fields(kvs[0].as_object(), args.kubevirt_version)
+            fields = cr_fields(kvs[0].as_object(), args.kubevirt_version, notes=sys.stderr)
     if args.kubevirt_version is not None:
         fields["version"] = args.kubevirt_version
     try:

@@ -47,7 +47,7 @@ from typing import Any, Final
 from shared.equation import desired_hard
 from shared.errors import InvalidInput
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
-from shared.kubevirt.config import LATEST_MINOR, newer_than_known
+from shared.kubevirt.config import fallback_note
 from shared.modes import (
     QuotaPolicy,
     ScopeRequirement,
@@ -894,12 +894,9 @@ class _Accounting:
             self._sort(objs)
         if config is None:
             config = _config_of(self.kv_obj, memoize)
-            kv_version = self.kv_obj.version if self.kv_obj is not None else ""
-            if newer_than_known(kv_version):
-                self.errors.append(
-                    f"KubeVirt {kv_version} is newer than this build knows (up to v1.{LATEST_MINOR}): launcher pods "
-                    f"are estimated as for {config.version}"
-                )
+            note = fallback_note(self.kv_obj.version) if self.kv_obj is not None else None
+            if note is not None:
+                self.errors.append(note)
         self.config = config
         self.memo = _memo_of(config) if memoize else None
         self._shared_lists = kinds is not None

@@ -116,6 +116,17 @@ def newer_than_known(version: str) -> bool:
     return m is not None and int(m.group(1)) > LATEST_MINOR
 
 
+def fallback_note(observed: str) -> str | None:
+    """What to tell the user when a cluster's KubeVirt (``observed``) is newer than this build knows: its launcher
+    pods are estimated with the ``main`` profile (see :func:`observed_version`). None when there is no fallback."""
+    if not newer_than_known(observed):
+        return None
+    return (
+        f"KubeVirt {observed} is newer than this build knows (up to v1.{LATEST_MINOR}): launcher pods are estimated "
+        "as for main"
+    )
+
+
 def observed_version(observed: str) -> str:
     """The version to render for a cluster whose KubeVirt CR reports ``observed``: itself when this build knows it;
     ``main`` for a later v1 release (KubeVirt upgraded past this build: the development branch's profile is the

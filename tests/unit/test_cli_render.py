@@ -246,6 +246,18 @@ def test_missing_file(capsys):
     assert one_error_line(err) == "error: /nonexistent/file.yaml: no such file"
 
 
+def test_a_kubevirt_newer_than_known_is_rendered_as_main_and_said_so(vmis, tmp_path, capsys):
+    cr = tmp_path / "kv.yaml"
+    cr.write_text(KUBEVIRT_CR.replace("v1.5", "v1.42"))
+    code, out, err = run(["-f", str(vmis), "-o", "json", "--kubevirt-config", str(cr)], capsys=capsys)
+    assert code == 0
+    assert "note: KubeVirt v1.42" in err and "is newer than this build knows" in err and "as for main" in err
+    code, as_main, err_main = run(
+        ["-f", str(vmis), "-o", "json", "--kubevirt-config", str(cr), "--kubevirt-version", "main"], capsys=capsys
+    )
+    assert json.loads(out) == json.loads(as_main) and "newer than this build" not in err_main
+
+
 def test_kubevirt_config_without_a_kubevirt(vmis, capsys):
     code, _, err = run(["-f", str(vmis), "--kubevirt-config", str(vmis)], capsys=capsys)
     assert code == 2

@@ -132,6 +132,34 @@ def test_kubevirt_version_overrides_the_version_of_a_kubevirt_config_file(
     assert out["namespaces"]["tenant"]["usage"]["requests.cpu"] == "1", "the file's ratio, with the given version"
 
 
+@pytest.mark.parametrize("given_as", ["in the file", "--kubevirt-config"])
+def test_a_kubevirt_newer_than_known_is_estimated_as_main_and_said_so(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, given_as: str
+) -> None:
+    kv = {
+        "kind": "KubeVirt",
+        "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+        "status": {"observedKubeVirtVersion": "v1.42.0"},
+    }
+    v = vmi_obj("vm1", vcpus=2)
+    files = ["-f", write(tmp_path, [v, kv])]
+    if given_as == "--kubevirt-config":
+        files = ["--kubevirt-config", write(tmp_path, [kv], "kv.yaml"), "-f", write(tmp_path, [v])]
+
+    def usage(*version: str) -> tuple[object, str]:
+        assert main(["usage", "--mode", "VmiPodUsage", *version, *files, "-o", "json"]) == 0
+        got = capsys.readouterr()
+        return json.loads(got.out)["namespaces"]["tenant"]["usage"], got.err
+
+    fallback, err = usage()
+    note = "KubeVirt v1.42.0 is newer than this build knows (up to v1.9): launcher pods are estimated as for main"
+    assert f"note: {note}" in err
+    as_main, err_main = usage("--kubevirt-version", "main")
+    as_v19, err_v19 = usage("--kubevirt-version", "v1.9")
+    assert fallback == as_main != as_v19, "estimated with main's profile"
+    assert "newer than this build" not in err_main + err_v19, "a version given explicitly is no fallback"
+
+
 def test_table_output(capsys: pytest.CaptureFixture[str], namespace_file: str) -> None:
     assert main(["usage", "--mode", "VirtualResources", "-f", namespace_file]) == 0
     out = capsys.readouterr().out

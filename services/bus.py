@@ -256,20 +256,16 @@ class Bus:
         """Publish a :class:`shared.bus.DeadLetter` on ``vmquota.dlq.<service>`` (deduplicated per original
         stream sequence, so a replay after a restart does not repeat it)."""
         mid = f"dlq/{service}/{stream}/{stream_seq}" if stream_seq else None
-        letter = contract.DeadLetter(
-            id=mid or f"dlq/{service}/{contract.now_rfc3339()}",
-            source=contract.source(service, cluster or "-"),
-            subject=original_subject,
-            time=contract.now_rfc3339(),
+        letter, headers = contract.dead_letter(
+            service,
+            reason,
             cluster=cluster,
-            service=service,
-            reason=reason,
             original_subject=original_subject,
             stream=stream,
             stream_seq=stream_seq,
             payload=payload,
+            msg_id=mid,
         )
-        headers = {"Vmquota-Reason": reason[:512].replace("\r", " ").replace("\n", " ")}
         await self.publish(contract.dlq_subject(service), contract.encode(letter), msg_id=mid, headers=headers)
 
 

@@ -562,6 +562,39 @@ def object_event(
     return Deleted(snapshot=snapshot, **common)
 
 
+def dead_letter(
+    service: str,
+    reason: str,
+    *,
+    cluster: str = "",
+    subject: str = "",
+    original_subject: str = "",
+    stream: str = "",
+    stream_seq: int = 0,
+    payload: bytes = b"",
+    msg_id: str | None = None,
+    time: str | None = None,
+) -> tuple[DeadLetter, dict[str, str]]:
+    """A :class:`DeadLetter` for ``vmquota.dlq.<service>`` and its headers (``Vmquota-Reason``: the reason on one
+    line, at most 512 characters, so an operator can filter without decoding). ``msg_id`` is the deduplication id,
+    when there is one (the id is made from the time otherwise); ``subject`` defaults to ``original_subject``."""
+    now = time or now_rfc3339()
+    letter = DeadLetter(
+        id=msg_id or f"dlq/{service}/{cluster or '-'}/{now}",
+        source=source(service, cluster or "-"),
+        subject=subject or original_subject,
+        time=now,
+        cluster=cluster,
+        service=service,
+        reason=reason,
+        original_subject=original_subject,
+        stream=stream,
+        stream_seq=stream_seq,
+        payload=payload,
+    )
+    return letter, {"Vmquota-Reason": reason[:512].replace("\r", " ").replace("\n", " ")}
+
+
 def sync_event(
     *,
     cluster: str,

@@ -132,7 +132,6 @@ class Emitter:
         self.publisher = publisher
         self.metrics = metrics
         self.log = log
-        self.source = contract.source(SERVICE, cluster)
         self.dlq_subject = contract.dlq_subject(SERVICE)
         self._subjects: dict[tuple[str, str], str] = {}
 
@@ -225,24 +224,20 @@ class Emitter:
         except InvalidInput:
             original = ""
         mid = f"dlq/{SERVICE}/{self.cluster}/{kind}/{ident.uid}/{ident.rv_text}" if ident is not None else None
-        now = contract.now_rfc3339()
-        letter = contract.DeadLetter(
-            id=mid or f"dlq/{SERVICE}/{self.cluster}/{kind}/{now}",
-            source=self.source,
-            subject=f"{ns}/{name}" if ns else name,
-            time=now,
+        letter, headers = contract.dead_letter(
+            SERVICE,
+            reason,
             cluster=self.cluster,
-            service=SERVICE,
-            reason=reason,
+            subject=f"{ns}/{name}" if ns else name,
             original_subject=original,
             payload=payload,
+            msg_id=mid,
         )
-        header = reason[:512].replace("\r", " ").replace("\n", " ")
         self.log.warning("object sent to the dead-letter subject", kind=kind, namespace=ns, name=name, reason=reason)
         if self.metrics is not None:
             self.metrics.errors.labels(self.cluster, kind, "dlq").inc()
         self.publisher.enqueue(
-            Item(self.dlq_subject, contract.encode(letter), mid, {"Vmquota-Reason": header}, label=f"{kind}|deadletter")
+            Item(self.dlq_subject, contract.encode(letter), mid, headers, label=f"{kind}|deadletter")
         )
 
 

@@ -205,6 +205,27 @@ def test_usage_decision_and_dead_letter_round_trip() -> None:
         bus.decode_usage(b"{}")
 
 
+@given(st.text(max_size=2000))
+def test_a_dead_letter_reason_header_is_one_line_of_at_most_512_characters(reason: str) -> None:
+    letter, headers = bus.dead_letter("ledger", reason, cluster="c1", original_subject="vmquota.ev.c1.a.pod")
+    header = headers["Vmquota-Reason"]
+    assert "\n" not in header and "\r" not in header and len(header) <= 512
+    assert header == reason[:512].replace("\r", " ").replace("\n", " ")
+    assert letter.reason == reason, "the letter keeps the whole reason"
+    assert bus.decode_dead_letter(bus.encode(letter)) == letter
+
+
+def test_a_dead_letter_names_what_it_is_about() -> None:
+    letter, _ = bus.dead_letter(
+        "enforcer", "bad", cluster="c1", original_subject="vmquota.usage.c1.a", stream="S", stream_seq=7, msg_id="m"
+    )
+    assert (letter.id, letter.source, letter.subject) == ("m", "vmquota/enforcer/c1", "vmquota.usage.c1.a")
+    assert (letter.service, letter.stream, letter.stream_seq) == ("enforcer", "S", 7)
+    other, _ = bus.dead_letter("watcher", "bad", subject="a/vm1", time="2026-01-01T00:00:00Z")
+    assert other.subject == "a/vm1" and other.source == "vmquota/watcher/-"
+    assert other.id == "dlq/watcher/-/2026-01-01T00:00:00Z", "no deduplication id: one made from the time"
+
+
 def test_structs_are_immutable() -> None:
     ev = _pod_event()
     with pytest.raises((AttributeError, TypeError)):

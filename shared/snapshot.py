@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Final
 import msgspec
 
 from shared.errors import InvalidInput
+from shared.fields import mapping, string, string_map
 from shared.kubevirt.render import MEMORY_OVERHEAD_ANNOTATION
 from shared.podusage import pod_resources, quota_usage_of
 from shared.quantity import Quantity
@@ -619,36 +620,6 @@ def from_builtins(obj: Any) -> AnySnapshot:
 # ---- normalisation: raw Kubernetes object -> snapshot -----------------------------------------------------------
 
 
-def _map(obj: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
-    v = obj.get(key)
-    if type(v) is dict:  # the common case first: an ABC check costs more than the rest of this
-        return v
-    if v is None:
-        return {}
-    if not isinstance(v, Mapping):
-        raise InvalidInput(f"expected an object, got {type(v).__name__}", f"{where}.{key}" if where else key)
-    return v
-
-
-def _str(obj: Mapping[str, Any], key: str, where: str) -> str:
-    v = obj.get(key)
-    if type(v) is str:
-        return v
-    if v is None:
-        return ""
-    if not isinstance(v, str):
-        raise InvalidInput(f"expected a string, got {type(v).__name__}", f"{where}.{key}" if where else key)
-    return v
-
-
-def _str_map(obj: Mapping[str, Any], key: str, where: str) -> dict[str, str]:
-    m = _map(obj, key, where)
-    for k, v in m.items():
-        if (type(v) is not str or type(k) is not str) and (not isinstance(k, str) or not isinstance(v, str)):
-            raise InvalidInput(f"expected a string value, got {type(v).__name__}", f"{where}.{key}.{k}")
-    return dict(m)
-
-
 def _objects(obj: Mapping[str, Any], key: str, where: str) -> list[tuple[str, Mapping[str, Any]]]:
     """The items of a list of objects, each with its path (``status.conditions[2]``); absent or null: none."""
     raw = obj.get(key) or []
@@ -697,60 +668,60 @@ def _quantity(raw: object, where: str) -> Quantity:
 
 
 def _identity(obj: Mapping[str, Any], *, namespaced: bool = True) -> dict[str, Any]:
-    meta = _map(obj, "metadata", "")
-    name = _str(meta, "name", "metadata")
+    meta = mapping(obj, "metadata", "")
+    name = string(meta, "name", "metadata")
     if not name:
         raise InvalidInput("missing", "metadata.name")
-    namespace = _str(meta, "namespace", "metadata")
+    namespace = string(meta, "namespace", "metadata")
     if namespaced and not namespace:
         raise InvalidInput("missing", "metadata.namespace")
     return {
-        "uid": _str(meta, "uid", "metadata"),
+        "uid": string(meta, "uid", "metadata"),
         "namespace": namespace,
         "name": name,
-        "resource_version": _str(meta, "resourceVersion", "metadata"),
+        "resource_version": string(meta, "resourceVersion", "metadata"),
         "creation_timestamp": _time(meta, "creationTimestamp", "metadata"),
     }
 
 
 def _annotations(meta: Mapping[str, Any]) -> dict[str, str]:
-    return {k: v for k, v in _str_map(meta, "annotations", "metadata").items() if k not in _DROPPED_ANNOTATIONS}
+    return {k: v for k, v in string_map(meta, "annotations", "metadata").items() if k not in _DROPPED_ANNOTATIONS}
 
 
 def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
     ident = _identity(obj)
-    meta = _map(obj, "metadata", "")
+    meta = mapping(obj, "metadata", "")
     vs = vmi_spec(obj)
     size = status_size(obj)
-    status = _map(obj, "status", "")
-    memst = _map(status, "memory", "status")
+    status = mapping(obj, "status", "")
+    memst = mapping(status, "memory", "status")
     overhead = None
     if memst.get("memoryOverhead") is not None:
         overhead = _quantity(memst["memoryOverhead"], "status.memory.memoryOverhead")
     mig = None
-    ms = _map(status, "migrationState", "status")
+    ms = mapping(status, "migrationState", "status")
     if ms:
         w = "status.migrationState"
         tmo = None
         if ms.get("targetMemoryOverhead") is not None:
             tmo = _quantity(ms["targetMemoryOverhead"], f"{w}.targetMemoryOverhead")
         mig = MigrationState(
-            migration_uid=_str(ms, "migrationUid", w),
-            source_node=_str(ms, "sourceNode", w),
-            target_node=_str(ms, "targetNode", w),
-            target_pod=_str(ms, "targetPod", w),
+            migration_uid=string(ms, "migrationUid", w),
+            source_node=string(ms, "sourceNode", w),
+            target_node=string(ms, "targetNode", w),
+            target_pod=string(ms, "targetPod", w),
             completed=bool(ms.get("completed", False)),
             failed=bool(ms.get("failed", False)),
             target_memory_overhead=tmo,
         )
-    spec = _map(obj, "spec", "")
+    spec = mapping(obj, "spec", "")
     return VmiSnapshot(
         **ident,
-        labels=_str_map(meta, "labels", "metadata"),
+        labels=string_map(meta, "labels", "metadata"),
         annotations=_annotations(meta),
         deletion_timestamp=_time(meta, "deletionTimestamp", "metadata"),
-        phase=_str(status, "phase", "status"),
-        node_name=_str(status, "nodeName", "status"),
+        phase=string(status, "phase", "status"),
+        node_name=string(status, "nodeName", "status"),
         vcpus=vs.vcpus,
         guest_memory=vs.guest_memory,
         status_vcpus=size.vcpus,
@@ -759,16 +730,16 @@ def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
         limits=dict(vs.limits),
         memory_overhead=overhead,
         migration=mig,
-        priority_class_name=_str(spec, "priorityClassName", "spec"),
+        priority_class_name=string(spec, "priorityClassName", "spec"),
         spec=dict(spec),
     )
 
 
 def _vm(obj: Mapping[str, Any]) -> VmSnapshot:
     ident = _identity(obj)
-    meta = _map(obj, "metadata", "")
-    spec = _map(obj, "spec", "")
-    strategy = _str(spec, "runStrategy", "spec")
+    meta = mapping(obj, "metadata", "")
+    spec = mapping(obj, "spec", "")
+    strategy = string(spec, "runStrategy", "spec")
     running = spec.get("running")
     if running is not None:
         if not isinstance(running, bool):
@@ -777,12 +748,12 @@ def _vm(obj: Mapping[str, Any]) -> VmSnapshot:
             raise InvalidInput("spec.running and spec.runStrategy are mutually exclusive", "spec.running")
         strategy = "Always" if running else "Halted"
     vs = vmi_spec(obj)
-    status = _map(obj, "status", "")
+    status = mapping(obj, "status", "")
     return VmSnapshot(
         **ident,
-        labels=_str_map(meta, "labels", "metadata"),
+        labels=string_map(meta, "labels", "metadata"),
         run_strategy=strategy,
-        printable_status=_str(status, "printableStatus", "status"),
+        printable_status=string(status, "printableStatus", "status"),
         vcpus=vs.vcpus,
         guest_memory=vs.guest_memory,
     )
@@ -790,23 +761,26 @@ def _vm(obj: Mapping[str, Any]) -> VmSnapshot:
 
 def _vmim(obj: Mapping[str, Any]) -> VmimSnapshot:
     ident = _identity(obj)
-    meta = _map(obj, "metadata", "")
-    spec = _map(obj, "spec", "")
-    vmi_name = _str(spec, "vmiName", "spec")
+    meta = mapping(obj, "metadata", "")
+    spec = mapping(obj, "spec", "")
+    vmi_name = string(spec, "vmiName", "spec")
     if not vmi_name:
         raise InvalidInput("missing", "spec.vmiName")
-    status = _map(obj, "status", "")
+    status = mapping(obj, "status", "")
     conds: list[Condition] = []
     for w, c in _objects(status, "conditions", "status"):
-        ctype = _str(c, "type", w)
+        ctype = string(c, "type", w)
         if not ctype:
             raise InvalidInput("missing", f"{w}.type")
         conds.append(
             Condition(
-                type=ctype, status=_str(c, "status", w), reason=_str(c, "reason", w), message=_str(c, "message", w)
+                type=ctype,
+                status=string(c, "status", w),
+                reason=string(c, "reason", w),
+                message=string(c, "message", w),
             )
         )
-    ann = _str_map(meta, "annotations", "metadata")
+    ann = string_map(meta, "annotations", "metadata")
     trigger = ""
     if EVACUATION_ANNOTATION in ann:
         trigger = "evacuation"
@@ -815,7 +789,7 @@ def _vmim(obj: Mapping[str, Any]) -> VmimSnapshot:
     return VmimSnapshot(
         **ident,
         vmi_name=vmi_name,
-        phase=_str(status, "phase", "status"),
+        phase=string(status, "phase", "status"),
         deletion_timestamp=_time(meta, "deletionTimestamp", "metadata"),
         conditions=conds,
         rejected_by_quota=any(c.type == REJECTED_BY_QUOTA and c.status == "True" for c in conds),
@@ -828,19 +802,19 @@ _QOS_RESOURCES: Final = ("cpu", "memory")
 
 def _pod(obj: Mapping[str, Any]) -> PodSnapshot:
     ident = _identity(obj)
-    meta = _map(obj, "metadata", "")
-    labels = _str_map(meta, "labels", "metadata")
-    ann = _str_map(meta, "annotations", "metadata")
-    spec = _map(obj, "spec", "")
+    meta = mapping(obj, "metadata", "")
+    labels = string_map(meta, "labels", "metadata")
+    ann = string_map(meta, "annotations", "metadata")
+    spec = mapping(obj, "spec", "")
     if not spec:
         raise InvalidInput("missing", "spec")
-    status = _map(obj, "status", "")
+    status = mapping(obj, "status", "")
     requests, limits = pod_resources(obj)
     owner_name = owner_uid = ""
     for w, o in _objects(meta, "ownerReferences", "metadata"):
         if o.get("kind") == VMI_KIND:
-            owner_name = _str(o, "name", w)
-            owner_uid = _str(o, "uid", w)
+            owner_name = string(o, "name", w)
+            owner_uid = string(o, "uid", w)
             break
     overhead = None
     if ann.get(MEMORY_OVERHEAD_ANNOTATION) is not None:
@@ -850,8 +824,8 @@ def _pod(obj: Mapping[str, Any]) -> PodSnapshot:
     return PodSnapshot(
         **ident,
         labels={k: labels[k] for k in POD_LABELS_KEPT if k in labels},
-        phase=_str(status, "phase", "status"),
-        node_name=_str(spec, "nodeName", "spec"),
+        phase=string(status, "phase", "status"),
+        node_name=string(spec, "nodeName", "spec"),
         deletion_timestamp=_time(meta, "deletionTimestamp", "metadata"),
         deletion_grace_period_seconds=_int(meta, "deletionGracePeriodSeconds", "metadata"),
         owner_vmi_name=owner_name,
@@ -862,31 +836,31 @@ def _pod(obj: Mapping[str, Any]) -> PodSnapshot:
         memory_overhead=overhead,
         terminating_scope=deadline is not None and deadline >= 0,
         best_effort=best_effort,
-        priority_class_name=_str(spec, "priorityClassName", "spec"),
+        priority_class_name=string(spec, "priorityClassName", "spec"),
     )
 
 
 def _quota(obj: Mapping[str, Any]) -> QuotaSnapshot:
     ident = _identity(obj)
-    meta = _map(obj, "metadata", "")
-    spec = _map(obj, "spec", "")
-    status = _map(obj, "status", "")
+    meta = mapping(obj, "metadata", "")
+    spec = mapping(obj, "spec", "")
+    status = mapping(obj, "status", "")
     scopes = spec.get("scopes") or []
     if not isinstance(scopes, list) or not all(isinstance(s, str) for s in scopes):
         raise InvalidInput("expected a list of scope names", "spec.scopes")
-    sel = _map(spec, "scopeSelector", "spec")
+    sel = mapping(spec, "scopeSelector", "spec")
     selectors: list[ScopeSelector] = []
     for w, e in _objects(sel, "matchExpressions", "spec.scopeSelector"):
         values = e.get("values") or []
         if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
             raise InvalidInput("expected a list of strings", f"{w}.values")
-        op = _str(e, "operator", w)
+        op = string(e, "operator", w)
         if op not in ("In", "NotIn", "Exists", "DoesNotExist"):
             raise InvalidInput(f"unknown operator {op!r}", f"{w}.operator")
-        selectors.append(ScopeSelector(scope_name=_str(e, "scopeName", w), operator=op, values=list(values)))
+        selectors.append(ScopeSelector(scope_name=string(e, "scopeName", w), operator=op, values=list(values)))
     return QuotaSnapshot(
         **ident,
-        labels=_str_map(meta, "labels", "metadata"),
+        labels=string_map(meta, "labels", "metadata"),
         annotations=_annotations(meta),
         spec_hard=parse_resource_list(spec.get("hard"), "spec.hard"),
         scopes=list(scopes),
@@ -898,10 +872,10 @@ def _quota(obj: Mapping[str, Any]) -> QuotaSnapshot:
 
 def _namespace(obj: Mapping[str, Any]) -> NamespaceSnapshot:
     ident = _identity(obj, namespaced=False)
-    meta = _map(obj, "metadata", "")
-    status = _map(obj, "status", "")
+    meta = mapping(obj, "metadata", "")
+    status = mapping(obj, "status", "")
     return NamespaceSnapshot(
-        **ident, labels=_str_map(meta, "labels", "metadata"), phase=_str(status, "phase", "status")
+        **ident, labels=string_map(meta, "labels", "metadata"), phase=string(status, "phase", "status")
     )
 
 
@@ -913,11 +887,11 @@ def _kubevirt(obj: Mapping[str, Any]) -> KubeVirtSnapshot:
 
     ident = _identity(obj, namespaced=False)
     config = KubeVirtConfig(**config_fields_from_cr(obj))
-    conf = _map(_map(obj, "spec", ""), "configuration", "spec")
-    status = _map(obj, "status", "")
+    conf = mapping(mapping(obj, "spec", ""), "configuration", "spec")
+    status = mapping(obj, "status", "")
     return KubeVirtSnapshot(
         **ident,
-        version=_str(status, "observedKubeVirtVersion", "status"),
+        version=string(status, "observedKubeVirtVersion", "status"),
         cpu_allocation_ratio=str(config.cpu_allocation_ratio),
         memory_overcommit=config.memory_overcommit,
         configuration={k: conf[k] for k in _KUBEVIRT_CONFIG_KEYS if k in conf},
@@ -944,18 +918,18 @@ def parse_refusal(message: str, where: str = "message") -> tuple[str, ResourceLi
 
 def _event(obj: Mapping[str, Any]) -> EventSnapshot:
     ident = _identity(obj)
-    inv = _map(obj, "involvedObject", "") or _map(obj, "regarding", "")
-    kind = _str(inv, "kind", "involvedObject")
-    reason = _str(obj, "reason", "")
+    inv = mapping(obj, "involvedObject", "") or mapping(obj, "regarding", "")
+    kind = string(inv, "kind", "involvedObject")
+    reason = string(obj, "reason", "")
     if kind != VMI_KIND or reason != "FailedCreate":
         raise InvalidInput(
             f"only FailedCreate events on a {VMI_KIND} are tracked "
             f"(got {reason or 'no reason'} on {kind or 'nothing'})",
             "reason",
         )
-    message = _str(obj, "message", "") or _str(obj, "note", "")
+    message = string(obj, "message", "") or string(obj, "note", "")
     quota, requested = parse_refusal(message)
-    series = _map(obj, "series", "")
+    series = mapping(obj, "series", "")
     last = (
         _time(obj, "lastTimestamp", "")
         or _time(series, "lastObservedTime", "series")
@@ -969,10 +943,10 @@ def _event(obj: Mapping[str, Any]) -> EventSnapshot:
     return EventSnapshot(
         **ident,
         reason=reason,
-        type=_str(obj, "type", ""),
+        type=string(obj, "type", ""),
         involved_kind=kind,
-        involved_name=_str(inv, "name", "involvedObject"),
-        involved_uid=_str(inv, "uid", "involvedObject"),
+        involved_name=string(inv, "name", "involvedObject"),
+        involved_uid=string(inv, "uid", "involvedObject"),
         message=message[:2048],
         quota_name=quota,
         requested=requested,

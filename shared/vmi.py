@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.errors import InvalidInput
+from shared.fields import mapping, string_map
 from shared.quantity import Format, Quantity
 from shared.resources import ResourceList, parse_resource_list
 
@@ -30,15 +31,6 @@ def object_ref(obj: Mapping[str, Any]) -> str:
     kind = obj.get("kind") or "object"
     ns, name = meta.get("namespace"), meta.get("name") or "<unnamed>"
     return f"{kind} {ns}/{name}" if ns else f"{kind} {name}"
-
-
-def _map(obj: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
-    v = obj.get(key)
-    if v is None:
-        return {}
-    if type(v) is not dict and not isinstance(v, Mapping):
-        raise InvalidInput(f"expected an object, got {type(v).__name__}", f"{where}.{key}" if where else key)
-    return v
 
 
 def _count(obj: Mapping[str, Any], key: str, where: str) -> int:
@@ -111,28 +103,28 @@ def vmi_spec(obj: Mapping[str, Any]) -> VmiSpec:
 
 
 def _vmi_spec(obj: Mapping[str, Any]) -> VmiSpec:
-    meta = _map(obj, "metadata", "")
+    meta = mapping(obj, "metadata", "")
     kind = obj.get("kind", VMI_KIND)
-    spec = _map(obj, "spec", "")
+    spec = mapping(obj, "spec", "")
     where = "spec"
     if kind == VM_KIND:
-        tmpl = _map(spec, "template", "spec")
-        spec = _map(tmpl, "spec", "spec.template")
+        tmpl = mapping(spec, "template", "spec")
+        spec = mapping(tmpl, "spec", "spec.template")
         where = "spec.template.spec"
-        tmeta = _map(tmpl, "metadata", "spec.template")
-        labels = dict(_str_map(tmeta, "labels", "spec.template.metadata"))
-        annotations = dict(_str_map(tmeta, "annotations", "spec.template.metadata"))
+        tmeta = mapping(tmpl, "metadata", "spec.template")
+        labels = string_map(tmeta, "labels", "spec.template.metadata")
+        annotations = string_map(tmeta, "annotations", "spec.template.metadata")
     else:
-        labels = dict(_str_map(meta, "labels", "metadata"))
-        annotations = dict(_str_map(meta, "annotations", "metadata"))
-    domain = _map(spec, "domain", where)
+        labels = string_map(meta, "labels", "metadata")
+        annotations = string_map(meta, "annotations", "metadata")
+    domain = mapping(spec, "domain", where)
     dwhere = f"{where}.domain"
-    res = _map(domain, "resources", dwhere)
+    res = mapping(domain, "resources", dwhere)
     requests = parse_resource_list(res.get("requests"), f"{dwhere}.resources.requests")
     limits = parse_resource_list(res.get("limits"), f"{dwhere}.resources.limits")
 
     # CPU (pkg/defaults: topology all zero -> cores=1, threads=1, sockets from limits/requests, else 1)
-    cpu = _map(domain, "cpu", dwhere)
+    cpu = mapping(domain, "cpu", dwhere)
     cwhere = f"{dwhere}.cpu"
     sockets, cores, threads = (_count(cpu, k, cwhere) for k in ("sockets", "cores", "threads"))
     if sockets == 0 and cores == 0 and threads == 0:
@@ -148,15 +140,15 @@ def _vmi_spec(obj: Mapping[str, Any]) -> VmiSpec:
     if vcpus > _MAX_VCPUS:
         raise InvalidInput(f"{vcpus} vCPUs is out of range (at most {_MAX_VCPUS})", cwhere)
     if domain.get("ioThreadsPolicy") == "supplementalPool":
-        io = _map(domain, "ioThreads", dwhere)
+        io = mapping(domain, "ioThreads", dwhere)
         vcpus += _count(io, "supplementalPoolThreadCount", f"{dwhere}.ioThreads")
     dedicated = _flag(cpu, "dedicatedCpuPlacement", cwhere)
     isolate = _flag(cpu, "isolateEmulatorThread", cwhere)
 
     # Memory (guest <- requests.memory <- limits.memory <- hugepage size; never the reverse)
-    mem = _map(domain, "memory", dwhere)
+    mem = mapping(domain, "memory", dwhere)
     mwhere = f"{dwhere}.memory"
-    hp = _map(mem, "hugepages", mwhere)
+    hp = mapping(mem, "hugepages", mwhere)
     hugepage_size: Quantity | None = None
     if hp.get("pageSize") is not None:
         hugepage_size = _quantity(hp.get("pageSize"), f"{mwhere}.hugepages.pageSize")
@@ -209,14 +201,6 @@ def _flag(obj: Mapping[str, Any], key: str, where: str) -> bool:
     if not isinstance(v, bool):
         raise InvalidInput(f"expected true or false, got {v!r}", f"{where}.{key}")
     return v
-
-
-def _str_map(obj: Mapping[str, Any], key: str, where: str) -> Mapping[str, str]:
-    m = _map(obj, key, where)
-    for k, v in m.items():
-        if not isinstance(v, str):
-            raise InvalidInput(f"expected a string value, got {type(v).__name__}", f"{where}.{key}.{k}")
-    return m
 
 
 @dataclass(frozen=True, slots=True)

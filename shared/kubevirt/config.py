@@ -16,6 +16,7 @@ from functools import lru_cache
 from typing import Any, Final
 
 from shared.errors import InvalidInput
+from shared.fields import mapping
 from shared.quantity import Quantity
 from shared.resources import ResourceList, parse_resource_list
 
@@ -307,19 +308,10 @@ class KubeVirtConfig:
             raise e.at(f"KubeVirt {name or '<unnamed>'}") from None
 
 
-def _obj(parent: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
-    v = parent.get(key)
-    if v is None:
-        return {}
-    if not isinstance(v, Mapping):
-        raise InvalidInput(f"expected an object, got {type(v).__name__}", f"{where}.{key}")
-    return v
-
-
 def config_fields_from_cr(kubevirt_cr: Mapping[str, Any], *, version: str | None = None) -> dict[str, Any]:
     """The keyword arguments of :class:`KubeVirtConfig` that a KubeVirt CR sets (for callers that override some)."""
     out: dict[str, Any] = {}
-    status = _obj(kubevirt_cr, "status", "")
+    status = mapping(kubevirt_cr, "status", "")
     observed = status.get("observedKubeVirtVersion")
     if version is not None:
         out["version"] = version
@@ -330,10 +322,10 @@ def config_fields_from_cr(kubevirt_cr: Mapping[str, Any], *, version: str | None
             out["version"] = observed_version(observed)
         except InvalidInput as e:
             raise InvalidInput(e.message, "status.observedKubeVirtVersion") from None
-    spec = _obj(kubevirt_cr, "spec", "")
-    conf = _obj(spec, "configuration", "spec")
+    spec = mapping(kubevirt_cr, "spec", "")
+    conf = mapping(spec, "configuration", "spec")
     cw = "spec.configuration"
-    dev = _obj(conf, "developerConfiguration", cw)
+    dev = mapping(conf, "developerConfiguration", cw)
     dw = f"{cw}.developerConfiguration"
     if dev.get("cpuAllocationRatio") is not None:
         out["cpu_allocation_ratio"] = positive_ratio(dev["cpuAllocationRatio"], f"{dw}.cpuAllocationRatio")
@@ -357,14 +349,14 @@ def config_fields_from_cr(kubevirt_cr: Mapping[str, Any], *, version: str | None
             out["cpu_request"] = Quantity.parse(conf["cpuRequest"])
         except InvalidInput as e:
             raise e.at(f"{cw}.cpuRequest") from None
-    vmo = _obj(conf, "virtualMachineOptions", cw)
+    vmo = mapping(conf, "virtualMachineOptions", cw)
     if vmo.get("disableSerialConsoleLog") is not None:
         out["disable_serial_console_log"] = True
     arch = conf.get("architectureConfiguration")
     if isinstance(arch, Mapping) and isinstance(arch.get("defaultArchitecture"), str):
         out["arch"] = arch["defaultArchitecture"]
     out.update(_support_containers(conf.get("supportContainerResources"), f"{cw}.supportContainerResources"))
-    out.update(_bindings(_obj(_obj(conf, "network", cw), "binding", f"{cw}.network"), f"{cw}.network.binding"))
+    out.update(_bindings(mapping(mapping(conf, "network", cw), "binding", f"{cw}.network"), f"{cw}.network.binding"))
     return out
 
 
@@ -381,7 +373,7 @@ def _support_containers(raw: object, where: str) -> dict[str, Any]:
         kind = item.get("type")
         if kind not in SUPPORT_CONTAINER_TYPES:
             raise InvalidInput(f"unknown support container type {kind!r}", f"{iw}.type")
-        res = _obj(item, "resources", iw)
+        res = mapping(item, "resources", iw)
         table[kind] = (
             parse_resource_list(res.get("requests"), f"{iw}.resources.requests"),
             parse_resource_list(res.get("limits"), f"{iw}.resources.limits"),
@@ -398,7 +390,7 @@ def _bindings(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
             raise InvalidInput("expected an object", pw)
         if plugin.get("sidecarImage"):
             sidecars.add(str(name))
-        overhead = _obj(plugin, "computeResourceOverhead", pw)
+        overhead = mapping(plugin, "computeResourceOverhead", pw)
         requests = parse_resource_list(overhead.get("requests"), f"{pw}.computeResourceOverhead.requests")
         if "memory" in requests:
             memory[str(name)] = requests["memory"]

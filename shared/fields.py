@@ -1,0 +1,49 @@
+"""Readers of the fields of raw Kubernetes objects (JSON-like mappings): each returns the field as the expected type
+(an absent or null field as the empty value) or raises :class:`~shared.errors.InvalidInput` naming the field's path
+(``where`` is the path of ``obj``; empty for the object's top level). Used by every normaliser and renderer in
+``shared/``, so a malformed field is reported the same way wherever it is read."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from shared.errors import InvalidInput
+
+
+def path(where: str, key: str) -> str:
+    """The path of field ``key`` of the object at ``where``."""
+    return f"{where}.{key}" if where else key
+
+
+def mapping(obj: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
+    """An object field (absent or null: empty)."""
+    v = obj.get(key)
+    if type(v) is dict:  # the common case first: an ABC check costs more than the rest of this
+        return v
+    if v is None:
+        return {}
+    if not isinstance(v, Mapping):
+        raise InvalidInput(f"expected an object, got {type(v).__name__}", path(where, key))
+    return v
+
+
+def string(obj: Mapping[str, Any], key: str, where: str) -> str:
+    """A string field (absent or null: empty)."""
+    v = obj.get(key)
+    if type(v) is str:
+        return v
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise InvalidInput(f"expected a string, got {type(v).__name__}", path(where, key))
+    return v
+
+
+def string_map(obj: Mapping[str, Any], key: str, where: str) -> dict[str, str]:
+    """A map of strings to strings (labels, annotations), copied (absent or null: empty)."""
+    m = mapping(obj, key, where)
+    for k, v in m.items():
+        if (type(v) is not str or type(k) is not str) and (not isinstance(k, str) or not isinstance(v, str)):
+            raise InvalidInput(f"expected a string value, got {type(v).__name__}", f"{path(where, key)}.{k}")
+    return dict(m)

@@ -1,14 +1,18 @@
 """Readers of the fields of raw Kubernetes objects (JSON-like mappings): each returns the field as the expected type
 (an absent or null field as the empty value) or raises :class:`~shared.errors.InvalidInput` naming the field's path
-(``where`` is the path of ``obj``; empty for the object's top level). Used by every normaliser and renderer in
-``shared/``, so a malformed field is reported the same way wherever it is read."""
+(``where`` is the path of ``obj``; empty for the object's top level). Used by the snapshot normalisers, the VMI
+reader, the launcher-pod renderer and the KubeVirt CR reader, so a malformed field is reported the same way
+wherever it is read."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Final
 
 from shared.errors import InvalidInput
+
+_EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
 
 
 def path(where: str, key: str) -> str:
@@ -17,12 +21,12 @@ def path(where: str, key: str) -> str:
 
 
 def mapping(obj: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
-    """An object field (absent or null: empty)."""
+    """An object field (absent or null: an empty, read-only mapping)."""
     v = obj.get(key)
     if type(v) is dict:  # the common case first: an ABC check costs more than the rest of this
         return v
     if v is None:
-        return {}
+        return _EMPTY
     if not isinstance(v, Mapping):
         raise InvalidInput(f"expected an object, got {type(v).__name__}", path(where, key))
     return v
@@ -44,6 +48,9 @@ def string_map(obj: Mapping[str, Any], key: str, where: str) -> dict[str, str]:
     """A map of strings to strings (labels, annotations), copied (absent or null: empty)."""
     m = mapping(obj, key, where)
     for k, v in m.items():
-        if (type(v) is not str or type(k) is not str) and (not isinstance(k, str) or not isinstance(v, str)):
-            raise InvalidInput(f"expected a string value, got {type(v).__name__}", f"{path(where, key)}.{k}")
+        if type(v) is not str or type(k) is not str:
+            if not isinstance(k, str):
+                raise InvalidInput(f"expected a string key, got {type(k).__name__} {k!r}", path(where, key))
+            if not isinstance(v, str):
+                raise InvalidInput(f"expected a string value, got {type(v).__name__}", f"{path(where, key)}.{k}")
     return dict(m)

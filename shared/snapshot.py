@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Final
 import msgspec
 
 from shared.errors import InvalidInput
-from shared.fields import mapping, string, string_map
+from shared.fields import mapping, path, string, string_map
 from shared.kubevirt.render import MEMORY_OVERHEAD_ANNOTATION
 from shared.podusage import pod_resources, quota_usage_of
 from shared.quantity import Quantity
@@ -623,14 +623,14 @@ def from_builtins(obj: Any) -> AnySnapshot:
 def _objects(obj: Mapping[str, Any], key: str, where: str) -> list[tuple[str, Mapping[str, Any]]]:
     """The items of a list of objects, each with its path (``status.conditions[2]``); absent or null: none."""
     raw = obj.get(key) or []
-    path = f"{where}.{key}" if where else key
+    at = path(where, key)
     if not isinstance(raw, list):
-        raise InvalidInput("expected a list", path)
+        raise InvalidInput("expected a list", at)
     items: list[tuple[str, Mapping[str, Any]]] = []
     for i, item in enumerate(raw):
         if not isinstance(item, Mapping):
-            raise InvalidInput("expected an object", f"{path}[{i}]")
-        items.append((f"{path}[{i}]", item))
+            raise InvalidInput("expected an object", f"{at}[{i}]")
+        items.append((f"{at}[{i}]", item))
     return items
 
 
@@ -641,13 +641,13 @@ def _time(obj: Mapping[str, Any], key: str, where: str) -> datetime | None:
     if isinstance(v, datetime):
         return v
     if not isinstance(v, str):
-        raise InvalidInput(f"expected an RFC 3339 time, got {v!r}", f"{where}.{key}")
+        raise InvalidInput(f"expected an RFC 3339 time, got {v!r}", path(where, key))
     try:
         t = datetime.fromisoformat(v.replace("Z", "+00:00"))
     except ValueError:
-        raise InvalidInput(f"expected an RFC 3339 time, got {v!r}", f"{where}.{key}") from None
+        raise InvalidInput(f"expected an RFC 3339 time, got {v!r}", path(where, key)) from None
     if t.tzinfo is None:
-        raise InvalidInput(f"time {v!r} has no time zone", f"{where}.{key}")
+        raise InvalidInput(f"time {v!r} has no time zone", path(where, key))
     return t
 
 
@@ -656,7 +656,7 @@ def _int(obj: Mapping[str, Any], key: str, where: str, default: int | None = Non
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, int):
-        raise InvalidInput(f"expected a whole number, got {v!r}", f"{where}.{key}")
+        raise InvalidInput(f"expected a whole number, got {v!r}", path(where, key))
     return v
 
 
@@ -717,8 +717,8 @@ def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
     spec = mapping(obj, "spec", "")
     return VmiSnapshot(
         **ident,
-        labels=string_map(meta, "labels", "metadata"),
-        annotations=_annotations(meta),
+        labels=dict(vs.labels),  # (a VMI's own, read and checked by vmi_spec)
+        annotations={k: v for k, v in vs.annotations.items() if k not in _DROPPED_ANNOTATIONS},
         deletion_timestamp=_time(meta, "deletionTimestamp", "metadata"),
         phase=string(status, "phase", "status"),
         node_name=string(status, "nodeName", "status"),

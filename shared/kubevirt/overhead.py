@@ -8,10 +8,10 @@ the ``additionalGuestMemoryOverheadRatio`` step uses float64 arithmetic exactly 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any, Final
 
 from shared.errors import InvalidInput
+from shared.fields import mapping
 from shared.kubevirt.config import MI, KubeVirtConfig
 from shared.quantity import NANO, Format, Quantity
 from shared.vmi import VmiSpec
@@ -31,18 +31,6 @@ _PASST: Final = 250 * MI
 
 
 # ---- typed access to the raw VMI spec (errors name the field) --------------------------------------------------
-
-
-_EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
-
-
-def obj_at(parent: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
-    v = parent.get(key)
-    if v is None:
-        return _EMPTY
-    if type(v) is dict or isinstance(v, Mapping):
-        return v
-    raise InvalidInput(f"expected an object, got {type(v).__name__}", f"{where}.{key}")
 
 
 def list_at(parent: Mapping[str, Any], key: str, where: str) -> list[Any]:
@@ -71,11 +59,11 @@ def bool_at(parent: Mapping[str, Any], key: str, where: str) -> bool | None:
 
 
 def devices_of(vmi: VmiSpec) -> Mapping[str, Any]:
-    return obj_at(vmi.domain, "devices", f"{vmi.spec_path}.domain")
+    return mapping(vmi.domain, "devices", f"{vmi.spec_path}.domain")
 
 
 def memory_of(vmi: VmiSpec) -> Mapping[str, Any]:
-    return obj_at(vmi.domain, "memory", f"{vmi.spec_path}.domain")
+    return mapping(vmi.domain, "memory", f"{vmi.spec_path}.domain")
 
 
 # ---- VMI predicates (the ones in pkg/util and api/core/v1) -----------------------------------------------------
@@ -126,7 +114,7 @@ def is_vfio(vmi: VmiSpec, devices: Mapping[str, Any], interfaces: list[Mapping[s
 
 
 def _has_probe_exec(vmi: VmiSpec, key: str) -> bool:
-    probe = obj_at(vmi.spec, key, vmi.spec_path)
+    probe = mapping(vmi.spec, key, vmi.spec_path)
     return probe.get("exec") is not None
 
 
@@ -140,7 +128,7 @@ def _has_tpm(vmi: VmiSpec, devices: Mapping[str, Any]) -> bool:
 
 
 def _has_sev(vmi: VmiSpec) -> bool:
-    ls = obj_at(vmi.domain, "launchSecurity", f"{vmi.spec_path}.domain")
+    ls = mapping(vmi.domain, "launchSecurity", f"{vmi.spec_path}.domain")
     return ls.get("sev") is not None or ls.get("snp") is not None
 
 
@@ -155,7 +143,7 @@ def _graphics(vmi: VmiSpec, devices: Mapping[str, Any]) -> bool:
 def _reserved_overhead(vmi: VmiSpec) -> int:
     mem = memory_of(vmi)
     where = f"{vmi.spec_path}.domain.memory.reservedOverhead"
-    ro = obj_at(mem, "reservedOverhead", f"{vmi.spec_path}.domain.memory")
+    ro = mapping(mem, "reservedOverhead", f"{vmi.spec_path}.domain.memory")
     raw = ro.get("addedOverhead")
     if raw is None:
         return 0
@@ -174,7 +162,7 @@ def _network_overhead(vmi: VmiSpec, interfaces: list[Mapping[str, Any]], config:
     for i, iface in enumerate(interfaces):
         if iface.get("passtBinding") is not None or iface.get("passt") is not None:
             passt = True
-        binding = obj_at(iface, "binding", f"{dw}.interfaces[{i}]")
+        binding = mapping(iface, "binding", f"{dw}.interfaces[{i}]")
         name = binding.get("name")
         if isinstance(name, str) and name not in seen:
             seen.add(name)

@@ -19,6 +19,7 @@ from functools import lru_cache
 from typing import Any, Final
 
 from shared.errors import InvalidInput
+from shared.fields import mapping
 from shared.kubevirt.config import (
     CONTAINER_DISK,
     GUEST_CONSOLE_LOG,
@@ -34,7 +35,6 @@ from shared.kubevirt.overhead import (
     devices_of,
     items_at,
     memory_of,
-    obj_at,
     overhead_nanos,
     wants_guaranteed_qos,
 )
@@ -230,7 +230,7 @@ def _compute(
 
 
 def _overcommit_guest_overhead(vmi: VmiSpec) -> bool:
-    res = obj_at(vmi.domain, "resources", f"{vmi.spec_path}.domain")
+    res = mapping(vmi.domain, "resources", f"{vmi.spec_path}.domain")
     return bool_at(res, "overcommitGuestOverhead", f"{vmi.spec_path}.domain.resources") is True
 
 
@@ -337,9 +337,9 @@ def _serial_console_log(devices: Mapping[str, Any], config: KubeVirtConfig, dw: 
 
 
 def _kernel_boot_image(vmi: VmiSpec) -> bool:
-    fw = obj_at(vmi.domain, "firmware", f"{vmi.spec_path}.domain")
-    kb = obj_at(fw, "kernelBoot", f"{vmi.spec_path}.domain.firmware")
-    ct = obj_at(kb, "container", f"{vmi.spec_path}.domain.firmware.kernelBoot")
+    fw = mapping(vmi.domain, "firmware", f"{vmi.spec_path}.domain")
+    kb = mapping(fw, "kernelBoot", f"{vmi.spec_path}.domain.firmware")
+    ct = mapping(kb, "container", f"{vmi.spec_path}.domain.firmware.kernelBoot")
     return bool(ct.get("image"))
 
 
@@ -361,7 +361,7 @@ def _binding_sidecar_count(devices: Mapping[str, Any], config: KubeVirtConfig, d
         return 0
     used: set[str] = set()
     for i, iface in enumerate(items_at(devices, "interfaces", dw)):
-        name = obj_at(iface, "binding", f"{dw}.interfaces[{i}]").get("name")
+        name = mapping(iface, "binding", f"{dw}.interfaces[{i}]").get("name")
         if name in config.network_binding_sidecars:
             used.add(name)
     return len(used)

@@ -59,10 +59,10 @@ def _fail(message: str) -> int:
     return EXIT_INVALID
 
 
-def build_config(args: argparse.Namespace) -> KubeVirtConfig:
+def build_config(args: argparse.Namespace, notes: TextIO) -> KubeVirtConfig:
     fields: dict[str, Any] = {}
     if args.kubevirt_config:
-        fields = kubevirt_fields(args.kubevirt_config, args.kubevirt_version, sys.stderr)
+        fields = kubevirt_fields(args.kubevirt_config, args.kubevirt_version, notes)
     if args.kubevirt_version is not None:
         fields["version"] = args.kubevirt_version
     if args.arch is not None:
@@ -191,7 +191,7 @@ def render_objects(
 
 def run(args: argparse.Namespace) -> int:
     try:
-        config = build_config(args)
+        config = build_config(args, sys.stderr)
         namespace = build_namespace(args)
         objects = load_objects(args.filename)
         rows = render_objects(objects, config, namespace, sys.stderr)

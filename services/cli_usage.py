@@ -114,14 +114,14 @@ def load_snapshots(path: str, namespace: str, notes: TextIO) -> list[AnySnapshot
     return out
 
 
-def build_config(args: argparse.Namespace, snapshots: Sequence[AnySnapshot]) -> KubeVirtConfig:
+def build_config(args: argparse.Namespace, snapshots: Sequence[AnySnapshot], notes: TextIO) -> KubeVirtConfig:
     fields: dict[str, Any] = {}
     if args.kubevirt_config:
-        fields = kubevirt_fields(args.kubevirt_config, args.kubevirt_version, sys.stderr)
+        fields = kubevirt_fields(args.kubevirt_config, args.kubevirt_version, notes)
     else:
         kvs = sorted((s for s in snapshots if isinstance(s, KubeVirtSnapshot)), key=lambda s: (s.namespace, s.name))
         if kvs:
-            fields = cr_fields(kvs[0].as_object(), args.kubevirt_version, notes=sys.stderr)
+            fields = cr_fields(kvs[0].as_object(), args.kubevirt_version, notes)
     if args.kubevirt_version is not None:
         fields["version"] = args.kubevirt_version
     try:
@@ -262,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
             except InvalidInput as e:
                 raise InvalidInput(e.message, "--kubevirt-version") from None
         snapshots = load_snapshots(args.filename, args.namespace, sys.stderr)
-        config = build_config(args, snapshots)
+        config = build_config(args, snapshots, sys.stderr)
         results = account_all(snapshots, policy, config, datetime.now(UTC))
     except InvalidInput as e:
         return _fail(str(e))

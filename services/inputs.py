@@ -16,6 +16,7 @@ from typing import Any, TextIO
 import yaml
 
 from shared.errors import InvalidInput
+from shared.fields import mapping
 from shared.kubevirt.config import config_fields_from_cr, fallback_note
 from shared.snapshot import KUBEVIRT_KIND
 from shared.vmi import object_ref
@@ -108,19 +109,17 @@ def load_objects(path: str) -> list[dict[str, Any]]:
     return parse_objects(name, text)
 
 
-def kubevirt_fields(path: str, version: str | None = None, notes: TextIO | None = None) -> dict[str, Any]:
+def kubevirt_fields(path: str, version: str | None, notes: TextIO) -> dict[str, Any]:
     """The :class:`~shared.kubevirt.KubeVirtConfig` fields the first KubeVirt object in file ``path`` sets
     (``--kubevirt-config``); ``version`` (``--kubevirt-version``), when given, is used instead of its observed
     version, which then need not be one this build knows."""
     crs = [o for o in load_objects(path) if o.get("kind") == KUBEVIRT_KIND]
     if not crs:
         raise InvalidInput("no KubeVirt object found", path)
-    return cr_fields(crs[0], version, path, notes)
+    return cr_fields(crs[0], version, notes, path)
 
 
-def cr_fields(
-    cr: Mapping[str, Any], version: str | None = None, where: str = "", notes: TextIO | None = None
-) -> dict[str, Any]:
+def cr_fields(cr: Mapping[str, Any], version: str | None, notes: TextIO, where: str = "") -> dict[str, Any]:
     """:func:`kubevirt_fields` of a KubeVirt object at hand (``where``: what to name it after in errors). When its
     observed version is newer than this build knows and no ``version`` is given, a note says so on ``notes``."""
     try:
@@ -128,8 +127,7 @@ def cr_fields(
     except InvalidInput as e:
         e = e.at(object_ref(cr))
         raise InvalidInput(e.message, f"{where}: {e.where}" if where else e.where) from None
-    observed = (cr.get("status") or {}).get("observedKubeVirtVersion")
-    note = fallback_note(observed) if version is None and isinstance(observed, str) else None
-    if note is not None and notes is not None:
+    note = None if version is not None else fallback_note(mapping(cr, "status", "").get("observedKubeVirtVersion"))
+    if note is not None:
         print(f"note: {note} (--kubevirt-version picks another)", file=notes)
     return fields

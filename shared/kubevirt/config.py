@@ -117,10 +117,11 @@ def newer_than_known(version: str) -> bool:
     return m is not None and int(m.group(1)) > LATEST_MINOR
 
 
-def fallback_note(observed: str) -> str | None:
-    """What to tell the user when a cluster's KubeVirt (``observed``) is newer than this build knows: its launcher
-    pods are estimated with the ``main`` profile (see :func:`observed_version`). None when there is no fallback."""
-    if not newer_than_known(observed):
+def fallback_note(observed: object) -> str | None:
+    """What to tell the user when a cluster's KubeVirt (``observed``, a CR's ``status.observedKubeVirtVersion``) is
+    newer than this build knows: its launcher pods are estimated with the ``main`` profile (see
+    :func:`observed_version`). None when there is no fallback."""
+    if not isinstance(observed, str) or not newer_than_known(observed):
         return None
     return (
         f"KubeVirt {observed} is newer than this build knows (up to v1.{LATEST_MINOR}): launcher pods are estimated "
@@ -131,7 +132,7 @@ def fallback_note(observed: str) -> str | None:
 def observed_version(observed: str) -> str:
     """The version to render for a cluster whose KubeVirt CR reports ``observed``: itself when this build knows it;
     ``main`` for a later v1 release (KubeVirt upgraded past this build: the development branch's profile is the
-    closest; accounting reports the substitution, see :func:`newer_than_known`); anything else is
+    closest; accounting and the command line report the substitution, see :func:`fallback_note`); anything else is
     :class:`InvalidInput`. An explicitly given version (``--kubevirt-version``) gets no such fallback."""
     if newer_than_known(observed):
         return "main"

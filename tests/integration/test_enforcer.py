@@ -215,6 +215,7 @@ async def test_adopts_then_raises_hard_through_a_409_storm(
         adopted = await wait_events(sim, "QuotaAdopted")
         assert adopted[0]["type"] == "Normal" and "budget limits.memory=64Gi" in adopted[0]["message"]
 
+        await sim.wait_quota_synced(NS, "compute")  # (no status write of the controller's meets the storm)
         storm = sim.faults.fail(409, 1.0, verbs=["patch"], resources=["resourcequotas"], count=6)
         await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
         q = await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised")

@@ -234,7 +234,9 @@ def test_the_building_blocks_give_plain_json(namespace_file: str) -> None:
     notes = io.StringIO()
     args = build_parser().parse_args(["usage", "--mode", "VmiPodUsage", "-f", namespace_file])
     snaps = load_snapshots(namespace_file, "default", notes)
-    results = account_all(snaps, build_policy(args, notes), build_config(args, snaps), datetime(2025, 1, 2, tzinfo=UTC))
+    results = account_all(
+        snaps, build_policy(args, notes), build_config(args, snaps, notes), datetime(2025, 1, 2, tzinfo=UTC)
+    )
     data = {ns: namespace_json(u) for ns, u in results.items()}
     assert json.loads(json.dumps(data)) == data
     assert data["tenant"]["usage"]["requests.cpu"] == data["tenant"]["usage"]["cpu"]

@@ -42,7 +42,9 @@ from datetime import datetime
 from enum import IntEnum
 from fractions import Fraction
 from functools import partial
-from typing import Any, Final
+from itertools import compress, islice
+from operator import is_not
+from typing import Any, Final, cast
 
 from shared.equation import desired_hard
 from shared.errors import InvalidInput
@@ -484,6 +486,10 @@ class _Memo:
             self.put_latest(slot, key, objs, found)
         return found
 
+    def last(self, slot: Hashable) -> tuple[Hashable, tuple[object, ...], Any] | None:
+        """What ``slot`` holds, whatever its key: (key, objects, value)."""
+        return self._latest.get(slot)
+
     def put_latest(self, slot: Hashable, key: Hashable, objs: tuple[object, ...], value: Any) -> None:
         latest = self._latest
         latest.pop(slot, None)
@@ -638,6 +644,47 @@ def _summary(chunk: Sequence[Mapping[str, Quantity]]) -> _ChunkSum | None:
 
 
 _ChunkSum = tuple[dict[str, int], dict[str, Format], dict[str, Format]]
+_ADD_MAX: Final = 4
+"""At most this many lists queued on a sum that has a total are added one by one (no chunks)."""
+_FACTOR_ONE: Final = Fraction(1)
+_AMEND_MAX: Final = 8
+"""At most this many lists changed in place for :func:`_amended` to be tried (beyond, the chunks are cheaper)."""
+
+
+def _amended(
+    before: Sequence[object],
+    value: tuple[dict[str, int], dict[str, Format], bool],
+    now: Sequence[Mapping[str, Quantity]],
+) -> tuple[dict[str, int], dict[str, Format]] | None:
+    """The sum of ``now`` from the sum of ``before`` (``value``: nanos, formats, exact) when they are the same lists
+    but for a few replaced in place with the same resources in the same order, and the result is what adding ``now``
+    in order gives: every amount non-negative, no sum that is zero afterwards (its format is then the last
+    operand's), and no replaced operand that is or becomes the first non-zero one of its resource with another
+    format than the sum keeps. Else None: the caller sums the chunks."""
+    nanos, fmt, exact = value
+    if exact or len(before) != len(now):
+        return None
+    lists = cast(Sequence[Mapping[str, Quantity]], before)  # (a sum's memo keeps the lists it added)
+    changed = list(compress(range(len(now)), map(is_not, lists, now)))
+    if len(changed) > _AMEND_MAX:
+        return None
+    out = dict(nanos)
+    for i in changed:
+        old, new = lists[i], now[i]
+        if tuple(old) != tuple(new):
+            return None
+        for k, q in new.items():
+            o, n, f = old[k].nanos, q.nanos, fmt.get(k)
+            if o < 0 or n < 0 or f is None:
+                return None
+            if ((o and not n) or (n and q.format != f)) and not any(rl.get(k, ZERO).nanos for rl in islice(now, i)):
+                return None  # (it was or becomes the first non-zero operand: the format follows it)
+            out[k] += n - o
+    if any(not out[k] for i in changed for k in now[i]):
+        return None
+    return out, dict(fmt)
+
+
 _PodsPass = tuple[
     tuple["PodEntry", ...],
     dict[str, list[tuple[PodSnapshot, ResourceList]]],
@@ -657,16 +704,25 @@ class _Sum:
     lists (the chunks of this sum's last accounting, in the memo's slot ``("chunks", slot)``): the lists of
     memoised entries (a running VM's counts, a pod's usage) are the same objects from one accounting to the next,
     so after one change only the chunk it is in is summed again. Folding a chunk's sum gives what adding its lists
-    in order gives as long as nothing is negative (checked; else lists are added one by one)."""
+    in order gives as long as nothing is negative (checked; else lists are added one by one). A sum of the very
+    same lists as the last accounting's but for a few replaced in place is amended instead (:func:`_amended`), and
+    sums of one accounting that add the very same lists from nothing (quotas covering the same pods) are summed
+    once (``alike``: the totals of this accounting's sums by the identities of their lists)."""
 
-    __slots__ = ("_chunks_before", "_chunks_now", "exact", "fmt", "memo", "nanos", "pending", "slot")
+    __slots__ = ("_chunks_before", "_chunks_now", "alike", "exact", "fmt", "memo", "nanos", "pending", "slot")
 
-    def __init__(self, memo: _Memo | None = None, slot: Hashable = None) -> None:
+    def __init__(
+        self,
+        memo: _Memo | None = None,
+        slot: Hashable = None,
+        alike: dict[tuple[int, ...], tuple[dict[str, int], dict[str, Format], bool]] | None = None,
+    ) -> None:
         self.nanos: dict[str, int] = {}
         self.fmt: dict[str, Format] = {}
         self.memo = memo
         self.slot = slot
         """Which sum this is (namespace, quota, term), where its latest total is remembered."""
+        self.alike = alike
         self.pending: list[Mapping[str, Quantity]] = []
         self.exact = memo is None
         """Add list by list (no memo, or a negative amount was seen)."""
@@ -699,20 +755,38 @@ class _Sum:
         if not pending:
             return
         self.pending = []
+        if self.nanos and len(pending) <= _ADD_MAX:  # a few lists on top (admitted VMs): add them as they are
+            for rl in pending:
+                self._add(rl)
+            return
         memo = self.memo
         whole: tuple[Mapping[str, Quantity], ...] = ()
         if memo is not None and not self.nanos and not self.exact:
             # the same lists from nothing (quotas covering the same pods, a namespace where only VMs changed)
             whole = tuple(pending)
             key = tuple(map(id, whole))
-            found = memo.get_latest(self.slot, key)
-            if found is not _MISS:
-                nanos, fmt, self.exact = found
+            last = memo.last(self.slot)
+            if last is not None and last[0] == key:
+                value = last[2]
+            else:
+                value = None if self.alike is None else self.alike.get(key)
+                if value is None and last is not None:
+                    found = _amended(last[1], last[2], whole)
+                    value = None if found is None else (*found, False)
+                if value is not None:
+                    memo.put_latest(self.slot, key, whole, value)
+            if value is not None:
+                nanos, fmt, self.exact = value
                 self.nanos, self.fmt = dict(nanos), dict(fmt)
+                if self.alike is not None:
+                    self.alike[key] = value
                 return
         self._chunks(pending)
         if whole and memo is not None:
-            memo.put_latest(self.slot, key, whole, (dict(self.nanos), dict(self.fmt), self.exact))
+            value = (dict(self.nanos), dict(self.fmt), self.exact)
+            memo.put_latest(self.slot, key, whole, value)
+            if self.alike is not None:
+                self.alike[key] = value
 
     def _chunks(self, pending: list[Mapping[str, Quantity]]) -> None:
         start = 0
@@ -782,7 +856,7 @@ class _Quota:
             sorted(
                 r
                 for r, b in self.policy.budget.items()
-                if self.factors.get(r, Fraction(1)) is not None
+                if self.factors.get(r, _FACTOR_ONE) is not None
                 and r in u
                 and self.accounted.get(r) + u[r].nanos > b.nanos
             )
@@ -998,6 +1072,36 @@ class _Accounting:
         return memo.latest(("order", self.namespace, kind), id(objs), (objs,), partial(_order, objs))  # type: ignore[no-any-return]
 
     def _policies(self, policies: Sequence[QuotaPolicy] | None) -> list[_Quota]:
+        memo = self.memo
+        kv_ratio, overcommit = self.config.cpu_allocation_ratio, self.config.memory_overcommit
+        terms: list[tuple[QuotaPolicy, Fraction, dict[str, Fraction | None]]] | None = None
+        if policies is None and memo is not None:
+            # (a function of the quota objects and the configuration: the same while they are the same objects)
+            slot = ("policies", self.namespace)
+            key = (tuple(map(id, self.quota_objs)), kv_ratio, overcommit)
+            hit = memo.last(slot)
+            if hit is not None and hit[0] == key:
+                terms, errors = hit[2]
+                self.errors.extend(errors)
+        if terms is None:
+            before = len(self.errors)
+            terms = self._quota_terms(policies, kv_ratio, overcommit)
+            if policies is None and memo is not None:
+                memo.put_latest(slot, key, tuple(self.quota_objs), (terms, self.errors[before:]))
+        alike: dict[tuple[int, ...], tuple[dict[str, int], dict[str, Format], bool]] | None = (
+            None if memo is None else {}
+        )
+        out: list[_Quota] = []
+        for pol, ratio, factors in terms:
+            sums = [_Sum(memo, ("sum", self.namespace, pol.name, term), alike) for term in ("U", "P", "S")]
+            out.append(_Quota(pol, factors, ratio, *sums))
+        return out
+
+    def _quota_terms(
+        self, policies: Sequence[QuotaPolicy] | None, kv_ratio: Fraction, overcommit: int
+    ) -> list[tuple[QuotaPolicy, Fraction, dict[str, Fraction | None]]]:
+        """Each managed quota's policy (given, or read from the quota objects: an invalid one is reported in
+        ``errors`` and skipped), in name order, with its CPU allocation ratio and its factors ``k``."""
         if policies is None:
             found: list[QuotaPolicy] = []
             for qo in self.quota_objs:
@@ -1009,23 +1113,14 @@ class _Accounting:
                 if pol is not None:
                     found.append(pol)
             policies = found
-        out: list[_Quota] = []
-        kv_ratio = self.config.cpu_allocation_ratio
+        out = []
         for pol in sorted(policies, key=lambda p: p.name):
             ratio = pol.ratio(kv_ratio)
             factors = {
-                r: pod_factor(
-                    pol.mode,
-                    r,
-                    kubevirt_ratio=kv_ratio,
-                    memory_overcommit=self.config.memory_overcommit,
-                    mode_ratio=ratio,
-                )
+                r: pod_factor(pol.mode, r, kubevirt_ratio=kv_ratio, memory_overcommit=overcommit, mode_ratio=ratio)
                 for r in pol.budget
             }
-            memo = self.memo
-            sums = [_Sum(memo, ("sum", self.namespace, pol.name, term)) for term in ("U", "P", "S")]
-            out.append(_Quota(pol, factors, ratio, *sums))
+            out.append((pol, ratio, factors))
         return out
 
     def run(self) -> NamespaceUsage:
@@ -1056,6 +1151,12 @@ class _Accounting:
             pods=tuple(self.pod_entries),
             errors=tuple(self.errors + self.renderer.errors),
         )
+
+    def _vm_counted(
+        self, v: VmiSnapshot, accounted: Mapping[int, list[ResourceList]]
+    ) -> list[tuple[str, list[ResourceList]]]:
+        """The quotas whose scopes cover the VM's launcher pod: their names, with the lists of what is added to them."""
+        return [(q.policy.name, accounted[id(q)]) for q in self._vm_covering(v)]
 
     def _vm_covering(self, v: VmiSnapshot) -> list[_Quota]:
         """The quotas whose scopes cover the VM's launcher pod."""
@@ -1123,6 +1224,8 @@ class _Accounting:
         accounted: dict[int, list[ResourceList]] = {id(q): [] for q in self.quotas}
         memo = self.memo
         now = self.now
+        unscoped = self.unscoped and bool(self.quotas)
+        every = self.quotas[:1] if unscoped else self.quotas
         for p in self.pods:
             active = counts_for_compute(p.phase, p.deletion_timestamp, p.deletion_grace_period_seconds, now)
             v = self._owner(p)
@@ -1139,10 +1242,10 @@ class _Accounting:
                     entry = self._pod_entry(p, v, active, mig)
                     memo.put_latest(slot, key, (p,), entry)
             charged = entry.charged
-            # (with no scopes, no facts to build)
+            # (with no scopes every quota covers every pod: one list for all, and no facts to build)
             covering = (
-                self.quotas
-                if self.unscoped
+                every
+                if unscoped
                 else self._covering(ScopeFacts(p.terminating_scope, p.best_effort, p.priority_class_name))
             )
             for q in covering:
@@ -1153,6 +1256,9 @@ class _Accounting:
                 for q in covering:
                     accounted[id(q)].append(charged)
             entries.append(entry)
+        if unscoped:
+            shared_usage, shared_accounted = tuple(pod_usage[id(every[0])]), tuple(accounted[id(every[0])])
+            return tuple(entries), launchers, (shared_usage,) * len(self.quotas), (shared_accounted,) * len(self.quotas)
         return (
             tuple(entries),
             launchers,
@@ -1283,6 +1389,9 @@ class _Accounting:
         pending: list[VmiSnapshot] = []
         accounted: dict[int, list[ResourceList]] = {id(q): [] for q in self.quotas}
         memo = self.memo
+        namespace, quotas_key = self.namespace, self.quotas_key
+        # (with no scopes every VM counts in every quota)
+        every = [(q.policy.name, accounted[id(q)]) for q in self.quotas] if self.unscoped else None
         for v in self.vmis:
             key = _vm_key(v)
             vm_pods = self.launchers.get(key, [])
@@ -1300,16 +1409,21 @@ class _Accounting:
             else:
                 # the entry is a function of the VMI, its active launcher pods, its target estimate and the quotas
                 memo_obj = (v, *(p for p, _ in vm_pods))
-                memo_slot = ("running", self.namespace, key)
+                memo_slot = ("running", namespace, key)
                 memo_key = (
                     tuple(map(id, memo_obj)),
                     None if target is None else tuple((k, q.nanos, q.format) for k, q in target.items()),
-                    self.quotas_key,
+                    quotas_key,
                 )
-                entry = memo.latest(memo_slot, memo_key, memo_obj, partial(self._running_vm, v, vm_pods, target))
+                hit = memo.last(memo_slot)
+                if hit is not None and hit[0] == memo_key:
+                    entry = hit[2]
+                else:
+                    entry = self._running_vm(v, vm_pods, target)
+                    memo.put_latest(memo_slot, memo_key, memo_obj, entry)
             counts = entry.counts
-            for q in self._vm_covering(v):
-                accounted[id(q)].append(counts[q.policy.name])
+            for name, added in every if every is not None else self._vm_counted(v, accounted):
+                added.append(counts[name])
             entries.append((key, entry))
         return tuple(entries), tuple(pending), tuple(tuple(accounted[id(q)]) for q in self.quotas)
 

@@ -32,11 +32,12 @@ from shared.resources import ResourceList, is_byte_resource
 
 _MILLI_NANOS: Final = 1_000_000
 _UNIT_NANOS: Final = 1_000_000_000
+_ONE: Final = Fraction(1)
 
 
 def scaled_headroom(headroom: Quantity, factor: Fraction, resource: str) -> Quantity:
     """``factor * headroom`` rounded down to whole bytes (byte resources) or whole milli-units (others)."""
-    if factor == 1:
+    if factor is _ONE or factor == 1:
         return headroom
     step = _UNIT_NANOS if is_byte_resource(resource) else _MILLI_NANOS
     scaled = Fraction(headroom.nanos) * factor
@@ -55,7 +56,7 @@ def desired_hard(
     and a factor of None keeps ``hard[r] = B[r]`` (report-only resource). Each value keeps the budget's format."""
     hard: ResourceList = {}
     for r, b in budget.items():
-        factor = Fraction(1) if factors is None else factors.get(r, Fraction(1))
+        factor = _ONE if factors is None else factors.get(r, _ONE)
         if factor is None:
             hard[r] = b
             continue

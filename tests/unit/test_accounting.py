@@ -34,6 +34,8 @@ from shared.accounting import (
     NamespaceUsage,
     Urgency,
     Urgent,
+    _Memo,
+    _Sum,
     account_namespace,
     schedule,
     urgency,
@@ -903,3 +905,87 @@ def test_schedule(
         if k not in keys:
             waiting.append(max(left, 0.0))
     assert wait == (min(waiting) if waiting else None)
+
+
+# ---- sums: what the memo reuses equals adding in order ----------------------------------------------------------
+
+_AMOUNTS = ["0", "0Gi", "1", "3", "500m", "1k", "2Gi", "1024Mi", "1073741824", "1e3", "-1", "-2Gi"]
+_FEW_AMOUNTS = ["0", "0Gi", "0m", "1", "1Gi", "-1"]
+"""Mostly zeros, so that sums are zero or turn zero, and first non-zero operands come and go."""
+_RESOURCES = ["cpu", "memory", "pods"]
+
+
+@st.composite
+def _resource_list(draw: st.DrawFn, amounts: list[str], keys: tuple[str, ...] | None = None) -> ResourceList:
+    if keys is None:
+        keys = tuple(draw(st.permutations(_RESOURCES))[: draw(st.integers(0, 3))])
+    return {k: Quantity.parse(draw(st.sampled_from(amounts)), allow_negative=True) for k in keys}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), st.sampled_from(["all", "non-negative", "few"]))
+def test_a_memoised_sum_equals_adding_in_order(data: st.DataObject, kind: str) -> None:
+    """A sum of resource lists with a memo (whole sums reused, amended after lists replaced in place, chunks
+    re-summed, sums of the same lists shared within an accounting) gives what adding the lists in order gives:
+    values, formats and key order, accounting after accounting."""
+    memo = _Memo(4096)
+    amounts = {"all": _AMOUNTS, "non-negative": [a for a in _AMOUNTS if a[0] != "-"], "few": _FEW_AMOUNTS}[kind]
+    lists: list[ResourceList] = data.draw(st.lists(_resource_list(amounts), max_size=60))
+
+    def in_order(ls: list[ResourceList]) -> ResourceList:
+        s = _Sum()
+        s.extend(ls)
+        return s.result()
+
+    for _ in range(data.draw(st.integers(1, 6))):
+        alike: dict[Any, Any] = {}
+        for slot in ("a", "b"):  # two sums of the same lists: the second from the first's total
+            midway: bool = data.draw(st.booleans())
+            s = _Sum(memo, slot, alike)
+            s.extend(lists)
+            extra = lists[:2] if midway else []
+            if midway:
+                s.get("cpu")  # (a total taken midway, then a few lists more, as admissions do)
+                s.extend(extra)
+            got, want = s.result(), in_order(lists + extra)
+            assert got == want and repr(got) == repr(want)
+        if not lists:
+            break
+        for _ in range(data.draw(st.integers(0, 3))):  # lists replaced in place, most with the same resources
+            i = data.draw(st.integers(0, len(lists) - 1))
+            how = data.draw(st.sampled_from(["same", "same", "reordered", "any"]))
+            keys = {"same": tuple(lists[i]), "reordered": tuple(reversed(lists[i])), "any": None}[how]
+            lists[i] = data.draw(_resource_list(amounts, keys))
+        if data.draw(st.integers(0, 9)) == 0:
+            lists.insert(data.draw(st.integers(0, len(lists))), data.draw(_resource_list(amounts)))
+
+
+@pytest.mark.parametrize(
+    ("before", "i", "after"),
+    [
+        ([{"cpu": "1", "memory": "1Gi"}, {"cpu": "2"}], 0, {"memory": "1Gi", "cpu": "1"}),  # key order follows
+        ([{"memory": "1Gi"}, {"memory": "1"}], 0, {"memory": "0"}),  # the first non-zero goes: the next one's format
+        ([{"memory": "0"}, {"memory": "1Gi"}], 1, {"memory": "0Gi"}),  # the sum turns zero: the last one's format
+        ([{"memory": "0"}, {"memory": "0Gi"}], 1, {"memory": "0"}),  # a zero sum: its last operand's format
+        ([{"memory": "1Gi"}, {"memory": "-1Gi"}, {"memory": "2"}], 2, {"memory": "3"}),  # a negative amount
+        ([{"memory": "1Gi"}, {"memory": "0"}, {"memory": "2k"}], 1, {"memory": "-1Gi"}),  # one comes: zero midway
+        ([{"memory": "0"}, {"memory": "1Gi"}], 0, {"memory": "1"}),  # a new first non-zero, in another format
+        ([{"memory": "1Gi"}, {"memory": "1"}], 1, {"memory": "5"}),  # a later one in another format: amended
+    ],
+)
+def test_a_sum_after_one_list_is_replaced_is_what_adding_in_order_gives(
+    before: list[dict[str, str]], i: int, after: dict[str, str]
+) -> None:
+    def parse(rl: dict[str, str]) -> ResourceList:
+        return {k: Quantity.parse(v, allow_negative=True) for k, v in rl.items()}
+
+    memo = _Memo(64)
+    lists = [parse(rl) for rl in before]
+    for _ in range(2):
+        s = _Sum(memo, "slot")
+        s.extend(lists)
+        plain = _Sum()
+        plain.extend(lists)
+        got, want = s.result(), plain.result()
+        assert got == want and repr(got) == repr(want)
+        lists[i] = parse(after)

@@ -38,7 +38,7 @@ import structlog
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
-from services.bus import AckWindow, Bus, PullConsumer
+from services.bus import AckWindow, Bus, PullConsumer, position
 from services.ledger.usage import vms_json
 from services.runner import Health, Metrics
 from shared import bus as contract
@@ -298,7 +298,7 @@ class LedgerService:
         rejects: list[tuple[Msg, int, str]] = []
         apply = self.ledger.apply
         for msg in batch:
-            seq = msg.metadata.sequence.stream
+            seq = position(msg).stream
             try:
                 ev = contract.decode_event(msg.data)
                 token = (

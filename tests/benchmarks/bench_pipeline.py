@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from services import logs
-from services.bus import Bus, NatsOptions, PullConsumer
+from services.bus import Bus, NatsOptions, PullConsumer, position
 from services.natsserver import NatsServer
 from services.simcluster.kubevirt import launcher_pod
 from services.simcluster.server import start_server
@@ -152,7 +152,7 @@ async def _read(bus: Bus, want: int, fold: Ledger | None) -> float:
         async for batch in consumer.batches():
             for msg in batch:
                 if fold is not None:
-                    fold.apply_bytes(msg.data, msg.metadata.sequence.stream)
+                    fold.apply_bytes(msg.data, position(msg).stream)
                 got += 1
             if got >= want:
                 return time.perf_counter()

@@ -17,7 +17,7 @@ from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 
 from services import logs
-from services.bus import Bus, NatsOptions
+from services.bus import Bus, NatsOptions, position
 from services.natsserver import NatsServer
 from shared import bus as contract
 from shared.ledger import Ledger, PartitionSet
@@ -50,7 +50,7 @@ async def replay(bus: Bus, want: int, fold: Ledger | None) -> float:
     async def on_msg(msg: Msg) -> None:
         nonlocal got
         if fold is not None:
-            fold.apply_bytes(msg.data, msg.metadata.sequence.stream)
+            fold.apply_bytes(msg.data, position(msg).stream)
         got += 1
         if got >= want:
             done.set()

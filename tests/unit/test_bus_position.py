@@ -1,0 +1,46 @@
+"""``services.bus.position``: a JetStream message's sequences read from its reply subject, as nats-py's
+``msg.metadata`` reads them, for both forms of the subject."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from nats.aio.msg import Msg
+from nats.errors import NotJSMessageError
+
+from services.bus import Position, position
+
+_SEQ = st.integers(0, 2**63 - 1)
+_TOKEN = st.text("abcdefghijklmnopqrstuvwxyzABCDEF0123456789_-", min_size=1, max_size=12)
+
+
+def _msg(reply: str) -> Msg:
+    return Msg(_client=None, subject="vmquota.ev.c1.a.pod", reply=reply, data=b"{}")  # type: ignore[arg-type]
+
+
+@given(_TOKEN, _TOKEN, _SEQ, _SEQ, _SEQ, _SEQ, _SEQ, st.booleans(), _TOKEN, _TOKEN, st.booleans())
+def test_position_is_what_the_metadata_says(
+    stream: str,
+    consumer: str,
+    delivered: int,
+    sseq: int,
+    cseq: int,
+    pending: int,
+    ts: int,
+    with_domain: bool,
+    domain: str,
+    account: str,
+    with_token: bool,
+) -> None:
+    tail = f"{stream}.{consumer}.{delivered}.{sseq}.{cseq}.{ts}.{pending}"
+    reply = f"$JS.ACK.{domain}.{account}.{tail}" + (".x1y2" if with_token else "") if with_domain else f"$JS.ACK.{tail}"
+    md = _msg(reply).metadata
+    want = Position(md.sequence.stream, md.sequence.consumer, md.num_pending)
+    assert position(_msg(reply)) == want == Position(sseq, cseq, pending)
+
+
+@pytest.mark.parametrize("reply", ["", "_INBOX.abc", "$JS.ACK.too.short", "$JS.NAK.s.c.1.2.3.4.5"])
+def test_a_message_that_is_not_a_jetstream_delivery_is_refused_as_nats_py_does(reply: str) -> None:
+    with pytest.raises(NotJSMessageError):
+        position(_msg(reply))

@@ -19,7 +19,6 @@ import sys
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from fractions import Fraction
-from functools import lru_cache
 from typing import Any, ClassVar, Final
 
 import msgspec
@@ -194,20 +193,34 @@ def prune_vmi_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
 _SPEC_ENCODER: Final = msgspec.json.Encoder()
 
 
-@lru_cache(maxsize=4096)
-def _shared_spec(encoded: bytes) -> Any:
-    return msgspec.json.decode(encoded)
+_COMPACT: dict[bytes, dict[str, Any]] = {}
+"""The encoded form of each shared pruned spec → that spec (at most ``_COMPACT_MAX``)."""
+_COMPACT_MAX: Final = 4096
 
 
 def compact_vmi_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     """:func:`prune_vmi_spec`, shared: VMIs of one template or instance type hold one dict (read-only, like the
-    snapshot holding it). Specs that do not survive a JSON round trip unchanged are not shared."""
+    snapshot holding it). Specs that do not survive a JSON round trip unchanged are not shared. A spec equal to a
+    shared one is that one, without pruning it again (pruning a pruned spec changes nothing): the common case of a
+    snapshot decoded from the wire, whose spec its writer pruned."""
+    try:
+        known = _COMPACT.get(_SPEC_ENCODER.encode(spec))
+    except (TypeError, msgspec.EncodeError):
+        known = None
+    if known is not None and known == spec:
+        return known
     pruned = prune_vmi_spec(spec)
     try:
         key = _SPEC_ENCODER.encode(pruned)
     except (TypeError, msgspec.EncodeError):
         return pruned
-    shared = _shared_spec(key)
+    shared = _COMPACT.get(key)
+    if shared is None:
+        shared = msgspec.json.decode(key)
+        if shared == pruned:
+            if len(_COMPACT) >= _COMPACT_MAX:
+                _COMPACT.clear()  # (more shapes than that: remembered afresh)
+            _COMPACT[key] = shared
     return shared if shared == pruned else pruned
 
 

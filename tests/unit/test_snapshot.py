@@ -31,6 +31,7 @@ from shared.snapshot import (
     VmimSnapshot,
     VmiSnapshot,
     VmSnapshot,
+    compact_vmi_spec,
     dec_hook,
     decode,
     enc_hook,
@@ -497,6 +498,17 @@ def test_vmis_with_the_same_kept_spec_share_it_and_old_writers_are_pruned_on_dec
     bigger["domain"]["memory"]["guest"] = "8Gi"
     c = normalize(_vmi_with(bigger))
     assert isinstance(c, VmiSnapshot) and c.spec is not a.spec and c.spec["domain"]["memory"] == {"guest": "8Gi"}
+
+
+def test_a_decoded_spec_equal_to_a_shared_one_is_that_one_and_others_are_pruned_as_before() -> None:
+    a = normalize(_vmi_with(FULL_SPEC))
+    assert isinstance(a, VmiSnapshot)
+    decoded = decode(encode(a))  # (the wire form's spec is already pruned: taken as the shared one)
+    assert isinstance(decoded, VmiSnapshot) and decoded.spec is a.spec
+    assert compact_vmi_spec(copy.deepcopy(a.spec)) is a.spec
+    assert compact_vmi_spec(FULL_SPEC) is a.spec, "a full spec is pruned, then shared"
+    as_tuple = {**a.spec, "volumes": tuple(a.spec["volumes"])}  # (equal encoding, not equal: not the shared one)
+    assert compact_vmi_spec(as_tuple) == prune_vmi_spec(as_tuple) and compact_vmi_spec(as_tuple) is not a.spec
 
 
 # Equivalence: the launcher pod rendered from the kept spec is the one rendered from the full spec (or the error is

@@ -16,7 +16,7 @@ from functools import lru_cache
 from typing import Any, Final
 
 from shared.errors import InvalidInput
-from shared.fields import mapping
+from shared.fields import mapping, string
 from shared.quantity import Quantity
 from shared.resources import ResourceList, parse_resource_list
 
@@ -312,13 +312,9 @@ class KubeVirtConfig:
 def config_fields_from_cr(kubevirt_cr: Mapping[str, Any], *, version: str | None = None) -> dict[str, Any]:
     """The keyword arguments of :class:`KubeVirtConfig` that a KubeVirt CR sets (for callers that override some)."""
     out: dict[str, Any] = {}
-    status = mapping(kubevirt_cr, "status", "")
-    observed = status.get("observedKubeVirtVersion")
     if version is not None:
         out["version"] = version
-    elif observed:
-        if not isinstance(observed, str):
-            raise InvalidInput(f"expected a string, got {observed!r}", "status.observedKubeVirtVersion")
+    elif observed := string(mapping(kubevirt_cr, "status", ""), "observedKubeVirtVersion", "status"):
         try:
             out["version"] = observed_version(observed)
         except InvalidInput as e:

@@ -51,3 +51,7 @@ def test_the_readers_built_on_them_name_the_same_paths() -> None:
     with pytest.raises(InvalidInput) as e:
         config_fields_from_cr({"kind": "KubeVirt", "status": "Deployed"})
     assert e.value.where == "status", "a top-level field is named without a leading dot"
+    for wrong in (0, False, 1.9, ["v1.9"]):  # (not a string, falsy or not: refused alike)
+        with pytest.raises(InvalidInput, match=r"status\.observedKubeVirtVersion: expected a string"):
+            config_fields_from_cr({"kind": "KubeVirt", "status": {"observedKubeVirtVersion": wrong}})
+    assert config_fields_from_cr({"status": {"observedKubeVirtVersion": 0}}, version="v1.9")["version"] == "v1.9"

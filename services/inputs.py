@@ -16,7 +16,7 @@ from typing import Any, TextIO
 import yaml
 
 from shared.errors import InvalidInput
-from shared.fields import mapping
+from shared.fields import mapping, string
 from shared.kubevirt.config import config_fields_from_cr, fallback_note
 from shared.snapshot import KUBEVIRT_KIND
 from shared.vmi import object_ref
@@ -127,7 +127,8 @@ def cr_fields(cr: Mapping[str, Any], version: str | None, notes: TextIO, where: 
     except InvalidInput as e:
         e = e.at(object_ref(cr))
         raise InvalidInput(e.message, f"{where}: {e.where}" if where else e.where) from None
-    note = None if version is not None else fallback_note(mapping(cr, "status", "").get("observedKubeVirtVersion"))
-    if note is not None:
-        print(f"note: {note} (--kubevirt-version picks another)", file=notes)
+    if version is None:  # (the observed version, which config_fields_from_cr has read and checked)
+        note = fallback_note(string(mapping(cr, "status", ""), "observedKubeVirtVersion", "status"))
+        if note is not None:
+            print(f"note: {note} (--kubevirt-version picks another)", file=notes)
     return fields

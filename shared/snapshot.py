@@ -201,18 +201,18 @@ _COMPACT_MAX: Final = 4096
 def compact_vmi_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     """:func:`prune_vmi_spec`, shared: VMIs of one template or instance type hold one dict (read-only, like the
     snapshot holding it). Specs that do not survive a JSON round trip unchanged are not shared. A spec equal to a
-    shared one is that one, without pruning it again (pruning a pruned spec changes nothing): the common case of a
-    snapshot decoded from the wire, whose spec its writer pruned."""
+    shared one, with the same JSON form, is that one, without pruning it again (pruning a pruned spec changes
+    nothing): the common case of a snapshot decoded from the wire, whose spec its writer pruned."""
     try:
         known = _COMPACT.get(_SPEC_ENCODER.encode(spec))
-    except (TypeError, msgspec.EncodeError):
+    except (TypeError, ValueError, RecursionError, msgspec.EncodeError):  # (what pruning drops may not encode)
         known = None
     if known is not None and known == spec:
         return known
     pruned = prune_vmi_spec(spec)
     try:
         key = _SPEC_ENCODER.encode(pruned)
-    except (TypeError, msgspec.EncodeError):
+    except (TypeError, ValueError, RecursionError, msgspec.EncodeError):
         return pruned
     shared = _COMPACT.get(key)
     if shared is None:

@@ -117,11 +117,11 @@ def newer_than_known(version: str) -> bool:
     return m is not None and int(m.group(1)) > LATEST_MINOR
 
 
-def fallback_note(observed: object) -> str | None:
+def fallback_note(observed: str) -> str | None:
     """What to tell the user when a cluster's KubeVirt (``observed``, a CR's ``status.observedKubeVirtVersion``) is
     newer than this build knows: its launcher pods are estimated with the ``main`` profile (see
     :func:`observed_version`). None when there is no fallback."""
-    if not isinstance(observed, str) or not newer_than_known(observed):
+    if not newer_than_known(observed):
         return None
     return (
         f"KubeVirt {observed} is newer than this build knows (up to v1.{LATEST_MINOR}): launcher pods are estimated "
@@ -312,9 +312,10 @@ class KubeVirtConfig:
 def config_fields_from_cr(kubevirt_cr: Mapping[str, Any], *, version: str | None = None) -> dict[str, Any]:
     """The keyword arguments of :class:`KubeVirtConfig` that a KubeVirt CR sets (for callers that override some)."""
     out: dict[str, Any] = {}
+    status = mapping(kubevirt_cr, "status", "")
     if version is not None:
         out["version"] = version
-    elif observed := string(mapping(kubevirt_cr, "status", ""), "observedKubeVirtVersion", "status"):
+    elif observed := string(status, "observedKubeVirtVersion", "status"):
         try:
             out["version"] = observed_version(observed)
         except InvalidInput as e:

@@ -454,14 +454,14 @@ async def run_async(
     ]
     at_most = _latencies(saturated.done)
     if at_most:
-        failed = sum(1 for m in saturated.done.values() if m.phase != "Succeeded")
+        sat_failed = sum(1 for m in saturated.done.values() if m.phase != "Succeeded")
         results += [
             Result(
                 "migration at saturation: migrations/s",
                 len(saturated.done) / saturated.span,
                 "migrations/s",
-                note=f"closed loop: {len(saturated.done)} more migrations ({failed} failed), each as soon as one of "
-                f"{concurrency} slots is free",
+                note=f"closed loop: {len(saturated.done)} more migrations ({sat_failed} failed), each as soon as "
+                f"one of {concurrency} slots is free",
             ),
             Result("migration at saturation: unblock p50", _percentile(at_most, 50), "ms"),
             Result(

@@ -509,6 +509,9 @@ def test_a_decoded_spec_equal_to_a_shared_one_is_that_one_and_others_are_pruned_
     assert compact_vmi_spec(FULL_SPEC) is a.spec, "a full spec is pruned, then shared"
     as_tuple = {**a.spec, "volumes": tuple(a.spec["volumes"])}  # (equal encoding, not equal: not the shared one)
     assert compact_vmi_spec(as_tuple) == prune_vmi_spec(as_tuple) and compact_vmi_spec(as_tuple) is not a.spec
+    unencodable = copy.deepcopy(FULL_SPEC)  # (a lone surrogate, in a part pruning drops: JSON files can hold one)
+    unencodable["volumes"][1]["cloudInitNoCloud"]["userData"] = "\ud800"
+    assert compact_vmi_spec(unencodable) is a.spec
 
 
 # Equivalence: the launcher pod rendered from the kept spec is the one rendered from the full spec (or the error is

@@ -644,6 +644,8 @@ def _summary(chunk: Sequence[Mapping[str, Quantity]]) -> _ChunkSum | None:
 
 
 _ChunkSum = tuple[dict[str, int], dict[str, Format], dict[str, Format]]
+_SumValue = tuple[dict[str, int], dict[str, Format], bool]
+"""A sum's total as a memo keeps it: nanos and format per resource, and whether it was added in order."""
 _ADD_MAX: Final = 4
 """At most this many lists queued on a sum that has a total are added one by one (no chunks)."""
 _FACTOR_ONE: Final = Fraction(1)
@@ -653,7 +655,7 @@ _AMEND_MAX: Final = 8
 
 def _amended(
     before: Sequence[object],
-    value: tuple[dict[str, int], dict[str, Format], bool],
+    value: _SumValue,
     now: Sequence[Mapping[str, Quantity]],
 ) -> tuple[dict[str, int], dict[str, Format]] | None:
     """The sum of ``now`` from the sum of ``before`` (``value``: nanos, formats, exact) when they are the same lists
@@ -715,7 +717,7 @@ class _Sum:
         self,
         memo: _Memo | None = None,
         slot: Hashable = None,
-        alike: dict[tuple[int, ...], tuple[dict[str, int], dict[str, Format], bool]] | None = None,
+        alike: dict[tuple[int, ...], tuple[tuple[object, ...], _SumValue]] | None = None,
     ) -> None:
         self.nanos: dict[str, int] = {}
         self.fmt: dict[str, Format] = {}
@@ -758,6 +760,8 @@ class _Sum:
         if self.nanos and len(pending) <= _ADD_MAX:  # a few lists on top (admitted VMs): add them as they are
             for rl in pending:
                 self._add(rl)
+                if not self.exact and any(q.nanos < 0 for q in rl.values()):
+                    self.exact = True  # (from here on in order: chunk sums are exact only without negatives)
             return
         memo = self.memo
         whole: tuple[Mapping[str, Quantity], ...] = ()
@@ -769,7 +773,8 @@ class _Sum:
             if last is not None and last[0] == key:
                 value = last[2]
             else:
-                value = None if self.alike is None else self.alike.get(key)
+                found_alike = None if self.alike is None else self.alike.get(key)
+                value = None if found_alike is None else found_alike[1]
                 if value is None and last is not None:
                     found = _amended(last[1], last[2], whole)
                     value = None if found is None else (*found, False)
@@ -779,14 +784,14 @@ class _Sum:
                 nanos, fmt, self.exact = value
                 self.nanos, self.fmt = dict(nanos), dict(fmt)
                 if self.alike is not None:
-                    self.alike[key] = value
+                    self.alike[key] = (whole, value)
                 return
         self._chunks(pending)
         if whole and memo is not None:
             value = (dict(self.nanos), dict(self.fmt), self.exact)
             memo.put_latest(self.slot, key, whole, value)
             if self.alike is not None:
-                self.alike[key] = value
+                self.alike[key] = (whole, value)  # (the lists kept with it: their ids stay theirs)
 
     def _chunks(self, pending: list[Mapping[str, Quantity]]) -> None:
         start = 0
@@ -1088,9 +1093,7 @@ class _Accounting:
             terms = self._quota_terms(policies, kv_ratio, overcommit)
             if policies is None and memo is not None:
                 memo.put_latest(slot, key, tuple(self.quota_objs), (terms, self.errors[before:]))
-        alike: dict[tuple[int, ...], tuple[dict[str, int], dict[str, Format], bool]] | None = (
-            None if memo is None else {}
-        )
+        alike: dict[tuple[int, ...], tuple[tuple[object, ...], _SumValue]] | None = None if memo is None else {}
         out: list[_Quota] = []
         for pol, ratio, factors in terms:
             sums = [_Sum(memo, ("sum", self.namespace, pol.name, term), alike) for term in ("U", "P", "S")]

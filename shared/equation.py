@@ -37,7 +37,7 @@ _ONE: Final = Fraction(1)
 
 def scaled_headroom(headroom: Quantity, factor: Fraction, resource: str) -> Quantity:
     """``factor * headroom`` rounded down to whole bytes (byte resources) or whole milli-units (others)."""
-    if factor is _ONE or factor == 1:
+    if factor == 1:
         return headroom
     step = _UNIT_NANOS if is_byte_resource(resource) else _MILLI_NANOS
     scaled = Fraction(headroom.nanos) * factor

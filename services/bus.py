@@ -114,6 +114,11 @@ class Bus:
         """Incremented on every reconnect."""
         self._on_reconnect = on_reconnect
 
+    @property
+    def max_payload(self) -> int:
+        """The largest message the server takes (bytes, headers included: its ``max_payload``)."""
+        return int(self.nc.max_payload)
+
     # ---- connection --------------------------------------------------------------------------------------------
     @classmethod
     async def connect(

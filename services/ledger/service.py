@@ -29,7 +29,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import Final, cast
 
 import msgspec
 import nats.errors
@@ -53,6 +53,9 @@ COMPRESS_OVER = 128 * 1024
 """Checkpoints larger than this are stored zlib-compressed (prefix ``z``); JSON otherwise."""
 
 log = structlog.get_logger("vmquota.ledger")
+
+_PAYLOAD_HEADROOM: Final = 4096
+"""Bytes of the bus's maximum payload left for the message's headers and protocol line."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,6 +353,26 @@ class LedgerService:
         self._m_dlq.inc()
 
     # ---- usage -------------------------------------------------------------------------------------------------
+    def _within_payload(self, msg: contract.UsageSnapshot, vms: int) -> bytes | None:
+        """``msg`` (with the states of ``vms`` VMs) encoded; when that is larger than the bus takes (a namespace of
+        thousands of VMs: ~400 bytes each), encoded without its per-VM states, which ``errors`` says (the quotas'
+        terms and the migrations the enforcer needs are kept); None, logged, when even that is too large."""
+        data = contract.encode(msg)
+        limit = self.bus.max_payload - _PAYLOAD_HEADROOM
+        if len(data) <= limit:
+            return data
+        note = (
+            f"the states of the {vms} VMs are left out: with them this snapshot is {len(data):,} bytes, "
+            f"over the {limit:,} the bus takes"
+        )
+        trimmed = contract.encode(msgspec.structs.replace(msg, vms=[], errors=[*msg.errors, note]))
+        with structlog.contextvars.bound_contextvars(cluster=msg.cluster, namespace=msg.namespace, seq=msg.seq):
+            if len(trimmed) <= limit:
+                log.warning("usage published without its VM states", size=len(data), limit=limit)
+                return trimmed
+            log.error("usage too large to publish", size=len(trimmed), limit=limit)
+        return None
+
     def _due(self, now: float) -> tuple[list[tuple[str, str]], float | None]:
         """Changed namespaces to account now, in order, and the seconds until the next one that waits is due."""
         o = self.opts
@@ -400,11 +423,14 @@ class LedgerService:
                     migrations=body.migrations,
                     errors=body.errors,
                 )
+                data = self._within_payload(msg, len(body.vms))
+                if data is None:
+                    continue
                 # No Nats-Msg-Id: after a crash the same sequence may be published again with the same content,
                 # but an earlier content must never be dropped as a "duplicate" of what a crashed run sent before
                 # it. Sent at once (acks awaited below), and the loop let run so the connection writes it out
                 # before the next namespace is accounted.
-                await pipe.send(contract.usage_subject(cluster, namespace), contract.encode(msg))
+                await pipe.send(contract.usage_subject(cluster, namespace), data)
                 await asyncio.sleep(0)
                 sent.append((state, digest, (cluster, namespace)))
             await pipe.settle()

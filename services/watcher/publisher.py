@@ -125,7 +125,7 @@ class Publisher:
     @property
     def max_payload(self) -> int:
         """The largest message the server takes (bytes, headers included)."""
-        return int(self.bus.nc.max_payload)
+        return self.bus.max_payload
 
     def enqueue(self, item: Item) -> None:
         self._check()

@@ -336,6 +336,42 @@ async def test_two_instances_with_disjoint_partitions_never_fold_the_same_namesp
         await b.close()
 
 
+async def test_a_usage_larger_than_the_bus_takes_is_published_without_its_vm_states(tmp_path: Path) -> None:
+    """A namespace of thousands of VMs makes a usage snapshot larger than NATS's maximum payload: the ledger
+    publishes it without the per-VM states (saying so in ``errors``) and goes on with the other namespaces."""
+    conf = tmp_path / "nats.conf"
+    conf.write_text("max_payload: 32768\n")  # (1 MB by default: ~2,500 VMs' states; a small one stands in)
+    server = NatsServer(tmp_path / "nats", config_file=conf)
+    server.workdir.mkdir()
+    server.start()
+    b = await _connect(server.url)
+    try:
+        await b.ensure_streams(contract.streams())
+        world = World(random.Random(8), [])
+        events = []
+        for ns, count in (("big", 600), ("small", 3)):
+            for i in range(count):
+                world.rv += 1
+                events.append(world._pod(f"{ns}-{i}", ns, f"pod-{i}"))
+        await publish(b, events)
+        run = Running(b, options())
+        await wait_until(lambda: run.applied_through(len(events)), what="ledger caught up")
+
+        async def both() -> bool:  # (a namespace's usage carries the sequence of its last event)
+            got = await last_usage(b)
+            return {"big", "small"} <= set(got) and (got["big"].seq, got["small"].seq) == (600, 603)
+
+        await wait_until(both, what="the usage of both namespaces")
+        got = await last_usage(b)
+        assert got["big"].vms == [] and len(got["small"].vms) == 3
+        assert any("the states of the 600 VMs are left out" in e for e in got["big"].errors), got["big"].errors
+        assert run.applied_through(len(events)), "the ledger runs on"
+        await run.stop()
+    finally:
+        await b.close()
+        server.stop()
+
+
 async def test_ledger_continues_across_a_nats_server_restart(nats_server: NatsServer) -> None:
     b = await _connect(nats_server.url)
     try:

@@ -5,7 +5,7 @@ Namespace, FailedCreate events; VMs are accepted and ignored) and returns, for e
 
 * ``U`` — accounted usage: each VM counted once in the quota's mode (running VMs always; pending VMs only when
   admitted), every non-VM pod at its pod usage, and the hotplug growth of pending migrations;
-* ``P`` — pod usage: what the native evaluator charges the pods in the quota's scope (``shared.podusage``);
+* ``P`` — pod usage: what the native evaluator charges the namespace's pods (``shared.podusage``);
 * ``S`` — reservations, in pod terms: the launcher pod of each admitted VM whose pod does not exist yet, and the
   target pod of each pending migration;
 * ``hard`` — the equation (``shared.equation``) applied to them;
@@ -17,7 +17,7 @@ Rules (``docs/accounting.md`` explains them):
 * a VM is *running* while it has a non-terminal launcher pod; running VMs always count, at the per-resource
   maximum of their launcher pods (source and target during a migration) and any pending target estimate;
 * pending VMs are admitted in creation order (then name, uid): admitted iff ``U + u <= B`` for every natively
-  enforced resource of every managed quota whose scope covers the VM; an admitted VM adds ``u`` to ``U`` and its
+  enforced resource of every managed quota (managed quotas are unscoped); an admitted VM adds ``u`` to ``U`` and its
   launcher pod estimate to ``S``;
 * estimates: the renderer's launcher pod for the VMI (the published overhead when KubeVirt published it), with the
   ``requested:`` amounts of the VMI's latest quota refusals (FailedCreate events) replacing the estimated ones;
@@ -346,41 +346,7 @@ class NamespaceUsage:
     """Problems that did not stop accounting (an invalid managed quota, a VMI the renderer cannot read)."""
 
 
-# ---- scopes ----------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ScopeFacts:
-    terminating: bool
-    best_effort: bool
-    priority_class: str
-
-
-def scope_matches(scopes: Sequence[ScopeRequirement], facts: ScopeFacts) -> bool:
-    """Whether a quota with these scopes charges a pod with these facts (all requirements must hold)."""
-    for s in scopes:
-        if s.scope == "Terminating":
-            ok = facts.terminating
-        elif s.scope == "NotTerminating":
-            ok = not facts.terminating
-        elif s.scope == "BestEffort":
-            ok = facts.best_effort
-        elif s.scope == "NotBestEffort":
-            ok = not facts.best_effort
-        elif s.scope == "PriorityClass":
-            if s.operator == "In":
-                ok = facts.priority_class in s.values
-            elif s.operator == "NotIn":
-                ok = facts.priority_class not in s.values
-            elif s.operator == "Exists":
-                ok = facts.priority_class != ""
-            else:
-                ok = facts.priority_class == ""
-        else:
-            ok = False
-        if not ok:
-            return False
-    return True
+# ---- policies ----------------------------------------------------------------------------------------------------
 
 
 def quota_scopes(q: QuotaSnapshot) -> tuple[ScopeRequirement, ...]:
@@ -852,9 +818,6 @@ class _Quota:
     pod_usage: _Sum
     reserved: _Sum
 
-    def covers(self, facts: ScopeFacts) -> bool:
-        return scope_matches(self.policy.scopes, facts)
-
     def misfits(self, u: Mapping[str, Quantity]) -> tuple[str, ...]:
         """Natively enforced budget resources that ``U + u`` would exceed."""
         return tuple(
@@ -921,11 +884,6 @@ def _vm_key(v: VmiSnapshot) -> str:
     return v.uid or f"name:{v.name}"
 
 
-def _vm_facts(v: VmiSnapshot) -> ScopeFacts:
-    """Scope facts of a VM's launcher pod: never terminating (no deadline), never BestEffort (it has requests)."""
-    return ScopeFacts(False, False, v.priority_class_name)
-
-
 def _pick_source(sources: list[tuple[PodSnapshot, ResourceList]], v: VmiSnapshot) -> tuple[PodSnapshot, ResourceList]:
     """The migration source: the VMI's newest pod on its node, else its newest pod."""
     on_node = [pc for pc in sources if v.node_name and pc[0].node_name == v.node_name]
@@ -983,8 +941,6 @@ class _Accounting:
         self.vmims: list[VmimSnapshot] = self._ordered(VMIM_KIND)
         self.pods: list[PodSnapshot] = self._ordered(POD_KIND)
         self.quotas = self._policies(policies)
-        self.unscoped = not any(q.policy.scopes for q in self.quotas)
-        """No quota has scopes (scoped quotas are refused: the usual case): every quota covers every pod."""
         hard_keys = {r for q in self.quota_objs for r in q.spec_hard} | {
             r for q in self.quotas for r in q.policy.budget
         }
@@ -997,11 +953,9 @@ class _Accounting:
         self.quotas_key = (
             -1
             if self.memo is None
-            else self.memo.token(tuple((q.policy.name, q.policy.mode, q.ratio, q.policy.scopes) for q in self.quotas))
+            else self.memo.token(tuple((q.policy.name, q.policy.mode, q.ratio) for q in self.quotas))
         )
-        """What a VM's counts depend on besides the VM: the quotas' names, modes, ratios and scopes."""
-        self.covering: dict[ScopeFacts, list[_Quota]] = {}
-        self.vm_covering: dict[str, list[_Quota]] = {}
+        """What a VM's counts depend on besides the VM: the quotas' names, modes and ratios."""
         self.vmi_by_uid = {v.uid: v for v in self.vmis if v.uid}
         self.vmi_by_name = {v.name: v for v in self.vmis}
         self.vmim_by_uid = {m.uid: m for m in self.vmims if m.uid}
@@ -1155,28 +1109,6 @@ class _Accounting:
             errors=tuple(self.errors + self.renderer.errors),
         )
 
-    def _vm_counted(
-        self, v: VmiSnapshot, accounted: Mapping[int, list[ResourceList]]
-    ) -> list[tuple[str, list[ResourceList]]]:
-        """The quotas whose scopes cover the VM's launcher pod: their names, with the lists of what is added to them."""
-        return [(q.policy.name, accounted[id(q)]) for q in self._vm_covering(v)]
-
-    def _vm_covering(self, v: VmiSnapshot) -> list[_Quota]:
-        """The quotas whose scopes cover the VM's launcher pod."""
-        covering = self.vm_covering.get(v.priority_class_name)
-        if covering is None:
-            covering = self.vm_covering[v.priority_class_name] = self._covering(_vm_facts(v))
-        return covering
-
-    def _covering(self, facts: ScopeFacts) -> list[_Quota]:
-        """The quotas whose scopes cover a pod with these facts (remembered for the run)."""
-        if self.unscoped:
-            return self.quotas
-        covering = self.covering.get(facts)
-        if covering is None:
-            covering = self.covering[facts] = [q for q in self.quotas if q.covers(facts)]
-        return covering
-
     # ---- pods: what each is charged, and whose it is
     def _owner(self, p: PodSnapshot) -> VmiSnapshot | None:
         if not p.is_launcher:
@@ -1221,14 +1153,13 @@ class _Accounting:
             q.accounted.extend(acc)
 
     def _pods_pass(self) -> _PodsPass:
+        """Every quota covers every pod (managed quotas are unscoped): one list of charges for all of them."""
         entries: list[PodEntry] = []
         launchers: dict[str, list[tuple[PodSnapshot, ResourceList]]] = {}
-        pod_usage: dict[int, list[ResourceList]] = {id(q): [] for q in self.quotas}
-        accounted: dict[int, list[ResourceList]] = {id(q): [] for q in self.quotas}
+        pod_usage: list[ResourceList] = []
+        accounted: list[ResourceList] = []
         memo = self.memo
         now = self.now
-        unscoped = self.unscoped and bool(self.quotas)
-        every = self.quotas[:1] if unscoped else self.quotas
         for p in self.pods:
             active = counts_for_compute(p.phase, p.deletion_timestamp, p.deletion_grace_period_seconds, now)
             v = self._owner(p)
@@ -1245,29 +1176,14 @@ class _Accounting:
                     entry = self._pod_entry(p, v, active, mig)
                     memo.put_latest(slot, key, (p,), entry)
             charged = entry.charged
-            # (with no scopes every quota covers every pod: one list for all, and no facts to build)
-            covering = (
-                every
-                if unscoped
-                else self._covering(ScopeFacts(p.terminating_scope, p.best_effort, p.priority_class_name))
-            )
-            for q in covering:
-                pod_usage[id(q)].append(charged)
+            pod_usage.append(charged)
             if v is not None and active:  # a VM's running launcher pod: it counts through its VM
                 launchers.setdefault(_vm_key(v), []).append((p, charged))
             else:
-                for q in covering:
-                    accounted[id(q)].append(charged)
+                accounted.append(charged)
             entries.append(entry)
-        if unscoped:
-            shared_usage, shared_accounted = tuple(pod_usage[id(every[0])]), tuple(accounted[id(every[0])])
-            return tuple(entries), launchers, (shared_usage,) * len(self.quotas), (shared_accounted,) * len(self.quotas)
-        return (
-            tuple(entries),
-            launchers,
-            tuple(tuple(pod_usage[id(q)]) for q in self.quotas),
-            tuple(tuple(accounted[id(q)]) for q in self.quotas),
-        )
+        n = len(self.quotas)
+        return tuple(entries), launchers, (tuple(pod_usage),) * n, (tuple(accounted),) * n
 
     def _pod_entry(self, p: PodSnapshot, v: VmiSnapshot | None, active: bool, mig: VmimSnapshot | None) -> PodEntry:
         """A pod's entry: what it is charged, and what it adds to ``U`` itself (nothing when it is the running
@@ -1359,7 +1275,7 @@ class _Accounting:
         for m in self.mig_entries:
             if m.state != PENDING:
                 continue
-            for q in self._vm_covering(self.vmi_by_name[m.vmi]):
+            for q in self.quotas:
                 q.reserved.add(m.reserved)
 
     # ---- VMs
@@ -1393,8 +1309,7 @@ class _Accounting:
         accounted: dict[int, list[ResourceList]] = {id(q): [] for q in self.quotas}
         memo = self.memo
         namespace, quotas_key = self.namespace, self.quotas_key
-        # (with no scopes every VM counts in every quota)
-        every = [(q.policy.name, accounted[id(q)]) for q in self.quotas] if self.unscoped else None
+        every = [(q.policy.name, accounted[id(q)]) for q in self.quotas]  # (every VM counts in every quota)
         for v in self.vmis:
             key = _vm_key(v)
             vm_pods = self.launchers.get(key, [])
@@ -1425,7 +1340,7 @@ class _Accounting:
                     entry = self._running_vm(v, vm_pods, target)
                     memo.put_latest(memo_slot, memo_key, memo_obj, entry)
             counts = entry.counts
-            for name, added in every if every is not None else self._vm_counted(v, accounted):
+            for name, added in every:
                 added.append(counts[name])
             entries.append((key, entry))
         return tuple(entries), tuple(pending), tuple(tuple(accounted[id(q)]) for q in self.quotas)
@@ -1439,20 +1354,20 @@ class _Accounting:
             pod_max = maximum(pod_max, charged)
         if target is not None:
             pod_max = maximum(pod_max, target)
-        counts = {q.policy.name: mode_usage(q.policy.mode, size, pod_max, q.ratio) for q in self._vm_covering(v)}
+        counts = {q.policy.name: mode_usage(q.policy.mode, size, pod_max, q.ratio) for q in self.quotas}
         reason = "running: always counts"
         if len(vm_pods) > 1:
             reason += f" (at the larger of its {len(vm_pods)} launcher pods per resource)"
         return VmEntry(v.name, v.uid, v.phase, RUNNING, reason, size, pod_max, counts)
 
     def _admit(self, v: VmiSnapshot) -> None:
-        """A pending VM (no launcher pod yet), in creation order: admitted iff it fits every covering quota."""
+        """A pending VM (no launcher pod yet), in creation order: admitted iff it fits every managed quota."""
         key = _vm_key(v)
         size = _size(v)
         estimate = self.renderer.vmi_usage(v) or {}
         refused = self._refusals(v, v.creation_timestamp)
         pod_est = nonzero(_with_refusals(estimate, refused))
-        covering = self._vm_covering(v)
+        covering = self.quotas
         usages = {q.policy.name: mode_usage(q.policy.mode, size, pod_est, q.ratio) for q in covering}
         misfit: dict[str, tuple[str, ...]] = {}
         parts: list[str] = []

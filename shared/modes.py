@@ -173,8 +173,6 @@ RATIO_ANNOTATION: Final = "vmquota.io/cpu-allocation-ratio"
 BUDGET_ANNOTATION: Final = "vmquota.io/budget"
 """Annotation holding the budget ``B`` as a JSON map of resource names to quantities."""
 
-SUPPORTED_SCOPES: Final = frozenset({"Terminating", "NotTerminating", "BestEffort", "NotBestEffort", "PriorityClass"})
-
 
 @dataclass(frozen=True, slots=True)
 class ScopeRequirement:
@@ -187,14 +185,13 @@ class ScopeRequirement:
 
 @dataclass(frozen=True, slots=True)
 class QuotaPolicy:
-    """How one managed ResourceQuota accounts: its mode, its budget ``B``, its own CPU allocation ratio (None: the
-    KubeVirt CR's) and the pod scopes it covers."""
+    """How one managed ResourceQuota accounts: its mode, its budget ``B`` and its own CPU allocation ratio (None: the
+    KubeVirt CR's). Managed quotas are unscoped (:func:`quota_policy`): every pod of the namespace is in ``P``."""
 
     name: str
     mode: Mode
     budget: ResourceList = field(default_factory=dict)
     cpu_allocation_ratio: Fraction | None = None
-    scopes: tuple[ScopeRequirement, ...] = ()
 
     def ratio(self, kubevirt_ratio: Fraction) -> Fraction:
         return self.cpu_allocation_ratio if self.cpu_allocation_ratio is not None else kubevirt_ratio
@@ -250,12 +247,12 @@ def quota_policy(
     else:
         budget = dict(spec_hard)
     if scopes:
-        # One rule for the ledger and the enforcer: a VM namespace's compute quota is unscoped. (The accounting can
-        # evaluate SUPPORTED_SCOPES, but a scoped managed quota would make admission depend on which pods its
-        # scope selects, and native quota still charges the VM's pods to the unscoped quotas beside it.)
+        # One rule for the ledger and the enforcer: a VM namespace's compute quota is unscoped. (A scoped managed
+        # quota would make admission depend on which pods its scope selects, and native quota still charges the
+        # VM's pods to the unscoped quotas beside it.)
         listed = ", ".join(s.scope for s in scopes)
         raise InvalidInput(
             f"scoped quotas are not managed (scopes: {listed}); use an unscoped quota for VMs",
             f"{ref}: {scope_field}",
         )
-    return QuotaPolicy(name=name, mode=mode, budget=budget, cpu_allocation_ratio=ratio, scopes=scopes)
+    return QuotaPolicy(name=name, mode=mode, budget=budget, cpu_allocation_ratio=ratio)

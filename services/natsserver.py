@@ -82,14 +82,19 @@ class NatsServer:
         with self.log_path.open("ab") as log:
             environ = {**os.environ, **self.env} if self.env else None
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=environ)
-        ports_file = ports_dir / f"nats-server_{self.proc.pid}.ports"
+        try:
+            self._await_port(self.proc, ports_dir / f"nats-server_{self.proc.pid}.ports", timeout)
+        except BaseException:  # (a timeout, or Ctrl-C / SIGTERM while it starts: not left running)
+            self.stop()
+            raise
+        return self
+
+    def _await_port(self, proc: subprocess.Popen[bytes], ports_file: Path, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                code = self.proc.returncode
-                self.proc = None
+            if proc.poll() is not None:
                 tail = self.log_path.read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"nats-server exited with {code}: {tail}")
+                raise RuntimeError(f"nats-server exited with {proc.returncode}: {tail}")
             if ports_file.exists():
                 try:
                     info = json.loads(ports_file.read_text())
@@ -97,9 +102,8 @@ class NatsServer:
                     info = None  # written but not yet complete
                 if info and info.get("nats"):
                     self.port = int(info["nats"][0].rsplit(":", 1)[1])
-                    return self
-            time.sleep(0.02)
-        self.stop()
+                    return
+            time.sleep(0.02)  # (polling the file the server writes: it has no other signal)
         raise RuntimeError("nats-server did not report its port in time")
 
     def stop(self) -> None:

@@ -220,7 +220,7 @@ class Urgency:
 
 
 def _quota_terms(q: QuotaSnapshot) -> tuple[object, ...]:
-    """What accounting reads of a quota: its policy (managed or not, mode, budget, ratio, scopes), or why it cannot
+    """What accounting reads of a quota: its policy (managed or not, mode, budget, ratio), or why it cannot
     be managed, and which resources its ``spec.hard`` names (whether the launcher pods get automatic limits)."""
     try:
         policy: object = policy_of(q)

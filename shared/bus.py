@@ -318,7 +318,7 @@ class QuotaTerms(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     used: dict[str, str] = {}
     """``U``: each admitted VM once in the mode's terms, plus every non-VM pod at its pod usage."""
     pods: dict[str, str] = {}
-    """``P``: what Kubernetes charges for the non-terminal pods in the quota's scope."""
+    """``P``: what Kubernetes charges for the namespace's pods (terminal ones only ``count/pods``)."""
     reserved: dict[str, str] = {}
     """``S``: admitted pods that do not exist yet (new VMs' launcher pods, pending migration targets)."""
     hard: dict[str, str] = {}

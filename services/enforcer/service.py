@@ -36,7 +36,7 @@ import structlog
 from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from services.bus import Bus, PullConsumer
+from services.bus import Bus, PullConsumer, position
 from services.enforcer.kube import KubeError, Obj, QuotaApi
 from services.runner import Metrics, cancel
 from shared import bus as contract
@@ -303,7 +303,7 @@ class Enforcer:
         self._touch_namespace(u.namespace)
 
     async def _dead_letter(self, m: Msg, stream: str, reason: str) -> None:
-        seq = m.metadata.sequence.stream if m.metadata is not None else 0
+        seq = position(m).stream
         with structlog.contextvars.bound_contextvars(subject=m.subject, seq=seq):
             log.warning("message rejected to the dead-letter subject", reason=reason)
         self.dead_letters += 1

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import signal
 import sys
 from collections.abc import Sequence
 
@@ -42,9 +41,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(chosen if chosen in COMMANDS else None)
     args = parser.parse_args(argv)
     mod = importlib.import_module(args._module)
-    # SIGTERM stops a command as Ctrl-C does, through its clean-up (the demo's nats-server and service processes
-    # with it); the long-running services and the simulator handle it themselves, as a graceful stop.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         code: int = mod.run(args)
     except KeyboardInterrupt:

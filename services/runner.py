@@ -367,8 +367,9 @@ async def start_http(port: int, metrics: Metrics, health: Health) -> tuple[web.A
 async def serve(
     config: Config, *, ready: Callable[[int], None] | None = None, stop: asyncio.Event | None = None
 ) -> int:
-    """Run the configured service(s) until SIGTERM/SIGINT (or ``stop``); 0 after a clean stop, 1 on a failure.
-    ``ready`` is told the bound HTTP port once serving."""
+    """Run the configured service(s) until SIGTERM/SIGINT, or until ``stop`` is set when given (the service(s) are
+    then part of a larger program, such as the demo, which keeps its own signal handling); 0 after a clean stop, 1
+    on a failure. ``ready`` is told the bound HTTP port once serving."""
     log = logs.get_logger(service=config.service, cluster=config.cluster, identity=config.identity)
     names = service_names(config.service)
     if config.service == "all":
@@ -376,9 +377,10 @@ async def serve(
         if missing:
             log.warning("services not in this build are not started", missing=missing)
     metrics, health = Metrics(), Health()
+    signals = (signal.SIGTERM, signal.SIGINT) if stop is None else ()
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in signals:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     http, port = await start_http(config.http_port, metrics, health)
@@ -421,7 +423,7 @@ async def serve(
     finally:
         stopper.cancel()
         await http.cleanup()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in signals:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
     log.info("stopped", code=code)

@@ -25,7 +25,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from services import logs
 from shared import bus as contract
@@ -428,6 +428,23 @@ async def serve(
                 loop.remove_signal_handler(sig)
     log.info("stopped", code=code)
     return code
+
+
+T = TypeVar("T")
+
+
+async def stopped_by_sigterm(work: Awaitable[T]) -> T:
+    """``work``, cancelled by SIGTERM as asyncio cancels it on Ctrl-C: at an await, so that every clean-up runs
+    (an embedded nats-server, a simulated cluster, service processes) and nothing is left behind. For programs that
+    run to an end (the demo, the benchmarks); a service stops on SIGTERM through :func:`serve`."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await work
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 async def cancel(*tasks: asyncio.Task[Any], attempts: int = 50) -> None:

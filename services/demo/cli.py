@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
-from collections.abc import Awaitable, Mapping
-from typing import TextIO, TypeVar
+from collections.abc import Mapping
+from typing import TextIO
 
+from services import runner
 from services.demo.play import RunResult, dumps, play
 from services.demo.scenario import Scenario, builtin_scenarios, load_scenario
 from shared.errors import InvalidInput
 from shared.quantity import Quantity
 from shared.resources import is_byte_resource
-
-T = TypeVar("T")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -110,19 +108,6 @@ async def _play_all(scenarios: list[Scenario], args: argparse.Namespace) -> list
     return out
 
 
-async def _stopped_by_sigterm(work: Awaitable[T]) -> T:
-    """``work``, cancelled by SIGTERM as Ctrl-C cancels it: at an await, so that every clean-up runs (the embedded
-    nats-server, the simulated cluster, the services) and nothing is left behind."""
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    assert task is not None
-    loop.add_signal_handler(signal.SIGTERM, task.cancel)
-    try:
-        return await work
-    finally:
-        loop.remove_signal_handler(signal.SIGTERM)
-
-
 def run(args: argparse.Namespace) -> int:
     from services import logs
 
@@ -133,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"vmquota demo: {e}", file=sys.stderr)
         return 2
     try:
-        results = asyncio.run(_stopped_by_sigterm(_play_all(scenarios, args)))
+        results = asyncio.run(runner.stopped_by_sigterm(_play_all(scenarios, args)))
     except asyncio.CancelledError:  # (SIGTERM: stopped, its nats-server and services with it)
         return 130
     judged = [runs[-1] for _, runs in results]

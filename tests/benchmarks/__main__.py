@@ -12,6 +12,7 @@ import pkgutil
 import sys
 import time
 
+from services.runner import stopped_by_sigterm
 from tests.benchmarks.common import Result
 
 
@@ -25,7 +26,10 @@ def main() -> int:
             continue
         mod = importlib.import_module(f"tests.benchmarks.{info.name}")
         t0 = time.perf_counter()
-        res = asyncio.run(mod.run_async()) if hasattr(mod, "run_async") else mod.run()
+        try:
+            res = asyncio.run(stopped_by_sigterm(mod.run_async())) if hasattr(mod, "run_async") else mod.run()
+        except asyncio.CancelledError:  # (SIGTERM: stopped, its processes with it)
+            return 130
         print(f"# {info.name}: {time.perf_counter() - t0:.1f}s", flush=True)
         for r in res:
             print(r.line(), flush=True)

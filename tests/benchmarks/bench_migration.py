@@ -42,7 +42,7 @@ from nats.aio.msg import Msg
 
 from services import logs
 from services.demo.play import VmquotaStack
-from services.runner import tune_gc
+from services.runner import stopped_by_sigterm, tune_gc
 from services.simcluster.cluster import SimCluster
 from services.simcluster.store_api import ApiError, Obj, Resource, WatchType
 from shared import bus as contract
@@ -487,5 +487,9 @@ if __name__ == "__main__":
         args["migrations"] = int(sys.argv[2])
     if len(sys.argv) > 3:
         args["rate"] = float(sys.argv[3])
-    for result in asyncio.run(run_async(**args)):
+    try:
+        results = asyncio.run(stopped_by_sigterm(run_async(**args)))
+    except asyncio.CancelledError:  # (SIGTERM: stopped, its processes with it)
+        sys.exit(130)
+    for result in results:
         print(result.line())

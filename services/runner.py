@@ -433,10 +433,18 @@ async def serve(
 T = TypeVar("T")
 
 
-async def stopped_by_sigterm(work: Awaitable[T]) -> T:
-    """``work``, cancelled by SIGTERM as asyncio cancels it on Ctrl-C: at an await, so that every clean-up runs
-    (an embedded nats-server, a simulated cluster, service processes) and nothing is left behind. For programs that
-    run to an end (the demo, the benchmarks); a service stops on SIGTERM through :func:`serve`."""
+def run_to_end(work: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(work)`` for programs that run to an end (the demo, the benchmarks): SIGTERM cancels ``work`` as
+    Ctrl-C does, at an await, so that every clean-up runs (an embedded nats-server, a simulated cluster, service
+    processes) and nothing is left behind; either ends in KeyboardInterrupt. A service stops on SIGTERM through
+    :func:`serve` instead."""
+    try:
+        return asyncio.run(_stopped_by_sigterm(work))
+    except asyncio.CancelledError:  # (SIGTERM)
+        raise KeyboardInterrupt from None
+
+
+async def _stopped_by_sigterm(work: Awaitable[T]) -> T:
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None

@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import IntEnum
 from fractions import Fraction
-from functools import partial
 from itertools import compress, islice
 from operator import is_not
 from typing import Any, Final, cast
@@ -444,12 +443,15 @@ class _Memo:
                     return _MISS
         return hit[2]
 
-    def latest(self, slot: Hashable, key: Hashable, objs: tuple[object, ...], compute: Callable[[], Any]) -> Any:
-        """The value in ``slot`` for ``key`` (a key made of ids of ``objs``), else ``compute()``, remembered."""
-        found = self.get_latest(slot, key)
-        if found is _MISS:
-            found = compute()
-            self.put_latest(slot, key, objs, found)
+    def latest(
+        self, slot: Hashable, key: Hashable, objs: tuple[object, ...], compute: Callable[..., Any], *args: Any
+    ) -> Any:
+        """The value in ``slot`` for ``key`` (a key made of ids of ``objs``), else ``compute(*args)``, remembered."""
+        hit = self._latest.get(slot)
+        if hit is not None and hit[0] == key:
+            return hit[2]
+        found = compute(*args)
+        self.put_latest(slot, key, objs, found)
         return found
 
     def last(self, slot: Hashable) -> tuple[Hashable, tuple[object, ...], Any] | None:
@@ -614,7 +616,6 @@ _SumValue = tuple[dict[str, int], dict[str, Format], bool]
 """A sum's total as a memo keeps it: nanos and format per resource, and whether it was added in order."""
 _ADD_MAX: Final = 4
 """At most this many lists queued on a sum that has a total are added one by one (no chunks)."""
-_FACTOR_ONE: Final = Fraction(1)
 _AMEND_MAX: Final = 8
 """At most this many lists changed in place for :func:`_amended` to be tried (beyond, the chunks are cheaper)."""
 
@@ -656,10 +657,10 @@ def _amended(
 _PodsPass = tuple[
     tuple["PodEntry", ...],
     dict[str, list[tuple[PodSnapshot, ResourceList]]],
-    tuple[tuple[ResourceList, ...], ...],
-    tuple[tuple[ResourceList, ...], ...],
+    tuple[ResourceList, ...],
+    tuple[ResourceList, ...],
 ]
-"""Pod entries, launcher pods per VM, and per quota the lists added to ``P`` and to ``U``."""
+"""Pod entries, launcher pods per VM, and the lists every quota adds to ``P`` and to ``U``."""
 _VmsPass = tuple[tuple[tuple[str, "VmEntry"], ...], tuple[VmiSnapshot, ...], tuple[tuple[ResourceList, ...], ...]]
 """Entries of running and stopped VMs, pending VMs, and per quota the lists running VMs add to ``U``."""
 
@@ -824,7 +825,7 @@ class _Quota:
             sorted(
                 r
                 for r, b in self.policy.budget.items()
-                if self.factors.get(r, _FACTOR_ONE) is not None
+                if self.factors[r] is not None  # (factors cover the budget)
                 and r in u
                 and self.accounted.get(r) + u[r].nanos > b.nanos
             )
@@ -1028,7 +1029,7 @@ class _Accounting:
         memo = self.memo
         if memo is None or not self._shared_lists:
             return _order(objs)
-        return memo.latest(("order", self.namespace, kind), id(objs), (objs,), partial(_order, objs))  # type: ignore[no-any-return]
+        return memo.latest(("order", self.namespace, kind), id(objs), (objs,), _order, objs)  # type: ignore[no-any-return]
 
     def _policies(self, policies: Sequence[QuotaPolicy] | None) -> list[_Quota]:
         memo = self.memo
@@ -1148,9 +1149,9 @@ class _Accounting:
         entries, launchers, pod_usage, accounted = found
         self.pod_entries = list(entries)
         self.launchers = launchers  # read only from here on
-        for q, pu, acc in zip(self.quotas, pod_usage, accounted, strict=True):
-            q.pod_usage.extend(pu)
-            q.accounted.extend(acc)
+        for q in self.quotas:  # (every managed quota covers every pod)
+            q.pod_usage.extend(pod_usage)
+            q.accounted.extend(accounted)
 
     def _pods_pass(self) -> _PodsPass:
         """Every quota covers every pod (managed quotas are unscoped): one list of charges for all of them."""
@@ -1171,10 +1172,7 @@ class _Accounting:
                 owner = None if v is None else (v.uid, v.name)
                 key = (id(p), active, owner, mig.name if mig is not None else None)
                 slot = ("pod", self.namespace, p.uid or p.name)
-                entry = memo.get_latest(slot, key)
-                if entry is _MISS:
-                    entry = self._pod_entry(p, v, active, mig)
-                    memo.put_latest(slot, key, (p,), entry)
+                entry = memo.latest(slot, key, (p,), self._pod_entry, p, v, active, mig)
             charged = entry.charged
             pod_usage.append(charged)
             if v is not None and active:  # a VM's running launcher pod: it counts through its VM
@@ -1182,8 +1180,7 @@ class _Accounting:
             else:
                 accounted.append(charged)
             entries.append(entry)
-        n = len(self.quotas)
-        return tuple(entries), launchers, (tuple(pod_usage),) * n, (tuple(accounted),) * n
+        return tuple(entries), launchers, tuple(pod_usage), tuple(accounted)
 
     def _pod_entry(self, p: PodSnapshot, v: VmiSnapshot | None, active: bool, mig: VmimSnapshot | None) -> PodEntry:
         """A pod's entry: what it is charged, and what it adds to ``U`` itself (nothing when it is the running
@@ -1306,10 +1303,10 @@ class _Accounting:
     def _vms_pass(self) -> _VmsPass:
         entries: list[tuple[str, VmEntry]] = []
         pending: list[VmiSnapshot] = []
-        accounted: dict[int, list[ResourceList]] = {id(q): [] for q in self.quotas}
+        accounted: list[list[ResourceList]] = [[] for _ in self.quotas]
         memo = self.memo
         namespace, quotas_key = self.namespace, self.quotas_key
-        every = [(q.policy.name, accounted[id(q)]) for q in self.quotas]  # (every VM counts in every quota)
+        every = [(q.policy.name, added) for q, added in zip(self.quotas, accounted, strict=True)]  # (each VM, each)
         for v in self.vmis:
             key = _vm_key(v)
             vm_pods = self.launchers.get(key, [])
@@ -1333,17 +1330,12 @@ class _Accounting:
                     None if target is None else tuple((k, q.nanos, q.format) for k, q in target.items()),
                     quotas_key,
                 )
-                hit = memo.last(memo_slot)
-                if hit is not None and hit[0] == memo_key:
-                    entry = hit[2]
-                else:
-                    entry = self._running_vm(v, vm_pods, target)
-                    memo.put_latest(memo_slot, memo_key, memo_obj, entry)
+                entry = memo.latest(memo_slot, memo_key, memo_obj, self._running_vm, v, vm_pods, target)
             counts = entry.counts
             for name, added in every:
                 added.append(counts[name])
             entries.append((key, entry))
-        return tuple(entries), tuple(pending), tuple(tuple(accounted[id(q)]) for q in self.quotas)
+        return tuple(entries), tuple(pending), tuple(map(tuple, accounted))
 
     def _running_vm(
         self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]], target: ResourceList | None
@@ -1367,11 +1359,10 @@ class _Accounting:
         estimate = self.renderer.vmi_usage(v) or {}
         refused = self._refusals(v, v.creation_timestamp)
         pod_est = nonzero(_with_refusals(estimate, refused))
-        covering = self.quotas
-        usages = {q.policy.name: mode_usage(q.policy.mode, size, pod_est, q.ratio) for q in covering}
+        usages = {q.policy.name: mode_usage(q.policy.mode, size, pod_est, q.ratio) for q in self.quotas}
         misfit: dict[str, tuple[str, ...]] = {}
         parts: list[str] = []
-        for q in covering:
+        for q in self.quotas:
             u = usages[q.policy.name]
             rs = q.misfits(u)
             if not rs:
@@ -1387,7 +1378,7 @@ class _Accounting:
             reason = "pending, does not fit: " + "; ".join(parts)
             self.vm_entries[key] = VmEntry(v.name, v.uid, v.phase, REFUSED, reason, size, pod_est, {}, {}, misfit)
             return
-        for q in covering:
+        for q in self.quotas:
             q.accounted.add(usages[q.policy.name])
             q.reserved.add(pod_est)
         reason = "pending, admitted in creation order: launcher pod reserved"

@@ -44,6 +44,33 @@ def string(obj: Mapping[str, Any], key: str, where: str) -> str:
     return v
 
 
+def boolean(obj: Mapping[str, Any], key: str, where: str) -> bool | None:
+    """A boolean field (absent or null: None); anything but true/false is an error (``"false"`` is not false)."""
+    v = obj.get(key)
+    if v is None or isinstance(v, bool):
+        return v
+    raise InvalidInput(f"expected true or false, got {v!r}", path(where, key))
+
+
+def sequence(obj: Mapping[str, Any], key: str, where: str) -> list[Any]:
+    """A list field (absent or null: empty)."""
+    v = obj.get(key)
+    if v is None:
+        return []
+    if type(v) is not list:
+        raise InvalidInput(f"expected a list, got {type(v).__name__}", path(where, key))
+    return v
+
+
+def objects(obj: Mapping[str, Any], key: str, where: str) -> list[Mapping[str, Any]]:
+    """A list of objects (``devices.interfaces``, ``volumes`` ...): each element must be an object."""
+    out = sequence(obj, key, where)
+    for i, item in enumerate(out):
+        if type(item) is not dict and not isinstance(item, Mapping):
+            raise InvalidInput(f"expected an object, got {type(item).__name__}", f"{path(where, key)}[{i}]")
+    return out
+
+
 def string_map(obj: Mapping[str, Any], key: str, where: str) -> dict[str, str]:
     """A map of strings to strings (labels, annotations), copied (absent or null: empty)."""
     m = mapping(obj, key, where)

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from fractions import Fraction
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, cast
 
 import msgspec
 
@@ -216,11 +216,13 @@ def compact_vmi_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
         return pruned
     shared = _COMPACT.get(key)
     if shared is None:
-        shared = msgspec.json.decode(key)
-        if shared == pruned:
-            if len(_COMPACT) >= _COMPACT_MAX:
-                _COMPACT.clear()  # (more shapes than that: remembered afresh)
-            _COMPACT[key] = shared
+        shared = cast(dict[str, Any], msgspec.json.decode(key))
+        if shared != pruned:
+            return pruned
+        if len(_COMPACT) >= _COMPACT_MAX:
+            _COMPACT.clear()  # (more shapes than that: remembered afresh)
+        _COMPACT[key] = shared
+        return shared
     return shared if shared == pruned else pruned
 
 
@@ -697,8 +699,8 @@ def _identity(obj: Mapping[str, Any], *, namespaced: bool = True) -> dict[str, A
     }
 
 
-def _annotations(meta: Mapping[str, Any]) -> dict[str, str]:
-    return {k: v for k, v in string_map(meta, "annotations", "metadata").items() if k not in _DROPPED_ANNOTATIONS}
+def _kept_annotations(annotations: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in annotations.items() if k not in _DROPPED_ANNOTATIONS}
 
 
 def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
@@ -731,7 +733,7 @@ def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
     return VmiSnapshot(
         **ident,
         labels=dict(vs.labels),  # (a VMI's own, read and checked by vmi_spec)
-        annotations={k: v for k, v in vs.annotations.items() if k not in _DROPPED_ANNOTATIONS},
+        annotations=_kept_annotations(vs.annotations),
         deletion_timestamp=_time(meta, "deletionTimestamp", "metadata"),
         phase=string(status, "phase", "status"),
         node_name=string(status, "nodeName", "status"),
@@ -874,7 +876,7 @@ def _quota(obj: Mapping[str, Any]) -> QuotaSnapshot:
     return QuotaSnapshot(
         **ident,
         labels=string_map(meta, "labels", "metadata"),
-        annotations=_annotations(meta),
+        annotations=_kept_annotations(string_map(meta, "annotations", "metadata")),
         spec_hard=parse_resource_list(spec.get("hard"), "spec.hard"),
         scopes=list(scopes),
         scope_selector=selectors,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.errors import InvalidInput
-from shared.fields import mapping, string_map
+from shared.fields import boolean, mapping, string_map
 from shared.quantity import Format, Quantity
 from shared.resources import ResourceList, parse_resource_list
 
@@ -142,8 +142,8 @@ def _vmi_spec(obj: Mapping[str, Any]) -> VmiSpec:
     if domain.get("ioThreadsPolicy") == "supplementalPool":
         io = mapping(domain, "ioThreads", dwhere)
         vcpus += _count(io, "supplementalPoolThreadCount", f"{dwhere}.ioThreads")
-    dedicated = _flag(cpu, "dedicatedCpuPlacement", cwhere)
-    isolate = _flag(cpu, "isolateEmulatorThread", cwhere)
+    dedicated = boolean(cpu, "dedicatedCpuPlacement", cwhere) is True
+    isolate = boolean(cpu, "isolateEmulatorThread", cwhere) is True
 
     # Memory (guest <- requests.memory <- limits.memory <- hugepage size; never the reverse)
     mem = mapping(domain, "memory", dwhere)
@@ -191,16 +191,6 @@ def _quantity(raw: object, where: str) -> Quantity:
         return Quantity.parse(raw)
     except InvalidInput as e:
         raise e.at(where) from None
-
-
-def _flag(obj: Mapping[str, Any], key: str, where: str) -> bool:
-    """A boolean field; absent or null is false, anything but true/false is an error (``"false"`` is not false)."""
-    v = obj.get(key)
-    if v is None:
-        return False
-    if not isinstance(v, bool):
-        raise InvalidInput(f"expected true or false, got {v!r}", f"{where}.{key}")
-    return v
 
 
 @dataclass(frozen=True, slots=True)

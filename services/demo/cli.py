@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from collections.abc import Mapping
 from typing import TextIO
@@ -117,10 +116,7 @@ def run(args: argparse.Namespace) -> int:
     except InvalidInput as e:
         print(f"vmquota demo: {e}", file=sys.stderr)
         return 2
-    try:
-        results = asyncio.run(runner.stopped_by_sigterm(_play_all(scenarios, args)))
-    except asyncio.CancelledError:  # (SIGTERM: stopped, its nats-server and services with it)
-        return 130
+    results = runner.run_to_end(_play_all(scenarios, args))  # (Ctrl-C or SIGTERM: KeyboardInterrupt, exit 130)
     judged = [runs[-1] for _, runs in results]
     if args.json:
         print(dumps(judged))

@@ -230,7 +230,7 @@ class WorkQueue:
         if self._timer is None or when < self._timer[0]:
             if self._timer is not None:
                 self._timer[1].cancel()
-            self._timer = (when, loop.call_at(when, self._due))
+            self._arm(loop, when)
 
     def backoff(self, key: Any) -> float:
         """The delay the next :meth:`add_rate_limited` of ``key`` would use."""
@@ -299,8 +299,10 @@ class WorkQueue:
         self._timer = None
         self._release_due(loop.time())
         if self._delayed:
-            when = self._delayed[0][0]
-            self._timer = (when, loop.call_at(when, self._due))
+            self._arm(loop, self._delayed[0][0])
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        self._timer = (when, loop.call_at(when, self._due))
 
     async def _worker(self) -> None:
         while True:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from shared.errors import InvalidInput
-from shared.fields import mapping
+from shared.fields import boolean, mapping, objects, sequence
 from shared.kubevirt.config import MI, KubeVirtConfig
 from shared.quantity import NANO, Format, Quantity
 from shared.vmi import VmiSpec
@@ -31,31 +31,6 @@ _PASST: Final = 250 * MI
 
 
 # ---- typed access to the raw VMI spec (errors name the field) --------------------------------------------------
-
-
-def list_at(parent: Mapping[str, Any], key: str, where: str) -> list[Any]:
-    v = parent.get(key)
-    if v is None:
-        return []
-    if type(v) is not list:
-        raise InvalidInput(f"expected a list, got {type(v).__name__}", f"{where}.{key}")
-    return v
-
-
-def items_at(parent: Mapping[str, Any], key: str, where: str) -> list[Mapping[str, Any]]:
-    """A list of objects (``devices.interfaces``, ``volumes`` ...); each element must be an object."""
-    out = list_at(parent, key, where)
-    for i, item in enumerate(out):
-        if type(item) is not dict and not isinstance(item, Mapping):
-            raise InvalidInput(f"expected an object, got {type(item).__name__}", f"{where}.{key}[{i}]")
-    return out
-
-
-def bool_at(parent: Mapping[str, Any], key: str, where: str) -> bool | None:
-    v = parent.get(key)
-    if v is None or isinstance(v, bool):
-        return v
-    raise InvalidInput(f"expected true or false, got {v!r}", f"{where}.{key}")
 
 
 def devices_of(vmi: VmiSpec) -> Mapping[str, Any]:
@@ -108,7 +83,7 @@ def wants_guaranteed_qos(requests: Mapping[str, Quantity], limits: Mapping[str, 
 def is_vfio(vmi: VmiSpec, devices: Mapping[str, Any], interfaces: list[Mapping[str, Any]]) -> bool:
     """Any host device, GPU or SR-IOV interface (VFIO locks all guest RAM)."""
     dw = f"{vmi.spec_path}.domain.devices"
-    if list_at(devices, "hostDevices", dw) or list_at(devices, "gpus", dw):
+    if sequence(devices, "hostDevices", dw) or sequence(devices, "gpus", dw):
         return True
     return any(iface.get("sriov") is not None for iface in interfaces)
 
@@ -124,7 +99,7 @@ def _has_tpm(vmi: VmiSpec, devices: Mapping[str, Any]) -> bool:
         return False
     if not isinstance(tpm, Mapping):
         raise InvalidInput(f"expected an object, got {type(tpm).__name__}", f"{vmi.spec_path}.domain.devices.tpm")
-    return bool_at(tpm, "enabled", f"{vmi.spec_path}.domain.devices.tpm") is not False
+    return boolean(tpm, "enabled", f"{vmi.spec_path}.domain.devices.tpm") is not False
 
 
 def _has_sev(vmi: VmiSpec) -> bool:
@@ -133,11 +108,11 @@ def _has_sev(vmi: VmiSpec) -> bool:
 
 
 def _has_downward_metrics(vmi: VmiSpec) -> bool:
-    return any(v.get("downwardMetrics") is not None for v in items_at(vmi.spec, "volumes", vmi.spec_path))
+    return any(v.get("downwardMetrics") is not None for v in objects(vmi.spec, "volumes", vmi.spec_path))
 
 
 def _graphics(vmi: VmiSpec, devices: Mapping[str, Any]) -> bool:
-    return bool_at(devices, "autoattachGraphicsDevice", f"{vmi.spec_path}.domain.devices") is not False
+    return boolean(devices, "autoattachGraphicsDevice", f"{vmi.spec_path}.domain.devices") is not False
 
 
 def _reserved_overhead(vmi: VmiSpec) -> int:
@@ -192,7 +167,7 @@ def overhead_nanos(
     prof = config.profile
     if devices is None:
         devices = devices_of(vmi)
-    interfaces = items_at(devices, "interfaces", f"{vmi.spec_path}.domain.devices")
+    interfaces = objects(devices, "interfaces", f"{vmi.spec_path}.domain.devices")
     # page tables: one bit per 512 B of the requested RAM, on the request rounded up to kB
     kilo = -((-memory_request.nanos) // _KILO_NANOS) if memory_request is not None else 0
     pagetables = kilo * 1000 // 512 if kilo > 0 else 0

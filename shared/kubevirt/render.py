@@ -19,7 +19,7 @@ from functools import lru_cache
 from typing import Any, Final
 
 from shared.errors import InvalidInput
-from shared.fields import mapping
+from shared.fields import boolean, mapping, objects
 from shared.kubevirt.config import (
     CONTAINER_DISK,
     GUEST_CONSOLE_LOG,
@@ -31,9 +31,7 @@ from shared.kubevirt.config import (
 )
 from shared.kubevirt.overhead import (
     admitted_requests,
-    bool_at,
     devices_of,
-    items_at,
     memory_of,
     overhead_nanos,
     wants_guaranteed_qos,
@@ -218,7 +216,7 @@ def _compute(
     # device-plugin resources: one per GPU / host device with a deviceName
     dw = f"{vmi.spec_path}.domain.devices"
     for key in ("gpus", "hostDevices"):
-        for dev in items_at(devices, key, dw):
+        for dev in objects(devices, key, dw):
             dname = dev.get("deviceName")
             if isinstance(dname, str) and dname and dev.get("claimRequest") is None:
                 calc_req[dname] = calc_req.get(dname, ZERO) + _ONE
@@ -231,7 +229,7 @@ def _compute(
 
 def _overcommit_guest_overhead(vmi: VmiSpec) -> bool:
     res = mapping(vmi.domain, "resources", f"{vmi.spec_path}.domain")
-    return bool_at(res, "overcommitGuestOverhead", f"{vmi.spec_path}.domain.resources") is True
+    return boolean(res, "overcommitGuestOverhead", f"{vmi.spec_path}.domain.resources") is True
 
 
 # ---- support containers -----------------------------------------------------------------------------------------
@@ -294,7 +292,7 @@ def _support_containers(
         add(inits, "guest-console-log", "console", init=True, restartable=True)
 
     # containerDisks: one container per volume (+ a pre-pull init container), and the container-disk binary copier
-    volumes = items_at(vmi.spec, "volumes", sw)
+    volumes = objects(vmi.spec, "volumes", sw)
     disk_volumes = [_volume_name(v, i, sw) for i, v in enumerate(volumes) if v.get("containerDisk") is not None]
     if _kernel_boot_image(vmi):
         disk_volumes.append("kernel-boot-volume")
@@ -306,7 +304,7 @@ def _support_containers(
             add(containers, f"volume{vol}", "disk")
 
     # virtiofs: one container per volume shared as a filesystem
-    filesystems = items_at(devices, "filesystems", dw)
+    filesystems = objects(devices, "filesystems", dw)
     if filesystems:
         fs_names = {f.get("name") for f in filesystems}
         for i, v in enumerate(volumes):
@@ -328,9 +326,9 @@ def _volume_name(volume: Mapping[str, Any], index: int, where: str) -> str:
 
 
 def _serial_console_log(devices: Mapping[str, Any], config: KubeVirtConfig, dw: str) -> bool:
-    if bool_at(devices, "autoattachSerialConsole", dw) is False:
+    if boolean(devices, "autoattachSerialConsole", dw) is False:
         return False
-    explicit = bool_at(devices, "logSerialConsole", dw)
+    explicit = boolean(devices, "logSerialConsole", dw)
     if explicit is not None:
         return explicit
     return not config.disable_serial_console_log
@@ -360,7 +358,7 @@ def _binding_sidecar_count(devices: Mapping[str, Any], config: KubeVirtConfig, d
     if not config.network_binding_sidecars:
         return 0
     used: set[str] = set()
-    for i, iface in enumerate(items_at(devices, "interfaces", dw)):
+    for i, iface in enumerate(objects(devices, "interfaces", dw)):
         name = mapping(iface, "binding", f"{dw}.interfaces[{i}]").get("name")
         if name in config.network_binding_sidecars:
             used.add(name)

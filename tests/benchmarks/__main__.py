@@ -6,13 +6,12 @@ Targets are reported next to the figure; a missed target is printed, not failed 
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import pkgutil
 import sys
 import time
 
-from services.runner import stopped_by_sigterm
+from services.runner import run_to_end
 from tests.benchmarks.common import Result
 
 
@@ -26,10 +25,7 @@ def main() -> int:
             continue
         mod = importlib.import_module(f"tests.benchmarks.{info.name}")
         t0 = time.perf_counter()
-        try:
-            res = asyncio.run(stopped_by_sigterm(mod.run_async())) if hasattr(mod, "run_async") else mod.run()
-        except asyncio.CancelledError:  # (SIGTERM: stopped, its processes with it)
-            return 130
+        res = run_to_end(mod.run_async()) if hasattr(mod, "run_async") else mod.run()
         print(f"# {info.name}: {time.perf_counter() - t0:.1f}s", flush=True)
         for r in res:
             print(r.line(), flush=True)
@@ -40,4 +36,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stopped, with what the benchmark started
+        sys.exit(130)

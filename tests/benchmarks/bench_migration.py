@@ -42,7 +42,7 @@ from nats.aio.msg import Msg
 
 from services import logs
 from services.demo.play import VmquotaStack
-from services.runner import stopped_by_sigterm, tune_gc
+from services.runner import run_to_end, tune_gc
 from services.simcluster.cluster import SimCluster
 from services.simcluster.store_api import ApiError, Obj, Resource, WatchType
 from shared import bus as contract
@@ -488,8 +488,8 @@ if __name__ == "__main__":
     if len(sys.argv) > 3:
         args["rate"] = float(sys.argv[3])
     try:
-        results = asyncio.run(stopped_by_sigterm(run_async(**args)))
-    except asyncio.CancelledError:  # (SIGTERM: stopped, its processes with it)
+        results = run_to_end(run_async(**args))
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stopped, with what the benchmark started
         sys.exit(130)
     for result in results:
         print(result.line())

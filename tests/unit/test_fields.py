@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from shared.errors import InvalidInput
-from shared.fields import mapping, path, string, string_map
+from shared.fields import boolean, mapping, objects, path, sequence, string, string_map
 from shared.kubevirt.config import config_fields_from_cr
 from shared.snapshot import normalize
 from shared.vmi import vmi_spec
@@ -17,6 +17,7 @@ from shared.vmi import vmi_spec
 def test_absent_and_null_fields_are_empty() -> None:
     for obj in ({}, {"k": None}):
         assert mapping(obj, "k", "spec") == {} and string(obj, "k", "spec") == "" and string_map(obj, "k", "") == {}
+        assert boolean(obj, "k", "") is None and sequence(obj, "k", "") == [] and objects(obj, "k", "") == []
     with pytest.raises(TypeError):
         mapping({}, "k", "")["x"] = 1  # type: ignore[index]  # the empty value is shared: read-only
 
@@ -29,6 +30,9 @@ def test_absent_and_null_fields_are_empty() -> None:
         (string, {"k": 3}, "metadata", "metadata.k: expected a string, got int"),
         (string_map, {"k": {"a": 1}}, "metadata", "metadata.k.a: expected a string value, got int"),
         (string_map, {"k": {1: "a"}}, "metadata", "metadata.k: expected a string key, got int 1"),
+        (boolean, {"k": "false"}, "spec.cpu", "spec.cpu.k: expected true or false, got 'false'"),
+        (sequence, {"k": {}}, "spec", "spec.k: expected a list, got dict"),
+        (objects, {"k": [{}, 3]}, "spec", "spec.k[1]: expected an object, got int"),
     ],
 )
 def test_a_malformed_field_is_named_by_its_path(read: Any, obj: dict[str, Any], where: str, message: str) -> None:

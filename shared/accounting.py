@@ -59,7 +59,7 @@ from shared.modes import (
 )
 from shared.podusage import counts_for_compute, quota_usage_of
 from shared.quantity import ZERO, Format, Quantity
-from shared.resources import ResourceList, add, growth, maximum, nonzero
+from shared.resources import ResourceList, add, growth, is_byte_resource, maximum, nonzero
 from shared.snapshot import (
     EVENT_KIND,
     KUBEVIRT_KIND,
@@ -262,6 +262,8 @@ PENDING: Final = "pending"
 TARGET_CREATED: Final = "target-created"
 QUEUED: Final = "queued"
 WAITING: Final = "waiting"
+NOT_TRIED: Final = "not-tried"
+GROWTH_REFUSED: Final = "growth-refused"
 
 
 # ---- results ---------------------------------------------------------------------------------------------------
@@ -284,6 +286,12 @@ class VmEntry:
     """The launcher pod reservation (admitted VMs only)."""
     refused_by: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Per quota: the resources the VM does not fit."""
+    overlap: ResourceList = field(default_factory=dict)
+    """What its launcher pods are charged beyond the larger of them per resource (two pods during a migration):
+    ``D`` in the equation."""
+    pod_refused: bool = False
+    """Admitted, but KubeVirt's last try to create its launcher pod was refused (VMI condition
+    ``Synchronized=False``, reason ``FailedCreate``): KubeVirt needs a nudge to try again once there is room."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,8 +301,9 @@ class MigrationEntry:
     vmi: str
     phase: str
     state: str
-    """``pending`` (target reserved), ``target-created``, ``queued`` (behind another migration of the VMI) or
-    ``waiting`` (the VMI has no running launcher pod)."""
+    """``pending`` (target reserved: KubeVirt was refused it), ``not-tried`` (no room held: KubeVirt has not been
+    refused a target pod), ``growth-refused`` (its hotplug growth does not fit), ``target-created``, ``queued``
+    (behind another migration of the VMI) or ``waiting`` (the VMI has no running launcher pod)."""
     reason: str
     reserved: ResourceList = field(default_factory=dict)
     growth: ResourceList = field(default_factory=dict)
@@ -327,6 +336,8 @@ class QuotaUsage:
     """``P``."""
     reserved: ResourceList
     """``S``."""
+    overlap: ResourceList
+    """``D``: what migrating VMs' launcher pods are charged beyond the larger pod of each VM."""
     factors: Mapping[str, Fraction | None]
     """``k`` per budget resource (see ``shared.equation``)."""
     hard: ResourceList
@@ -400,10 +411,56 @@ def _order(objs: Iterable[Snapshot]) -> list[Any]:
     return sorted(objs, key=_created_key)
 
 
-def _with_refusals(estimate: Mapping[str, Quantity], refused: Mapping[str, Quantity]) -> ResourceList:
-    out = dict(estimate)
-    out.update(refused)
-    return out
+_EVIDENCE_SHARE: Final = 8
+"""A refusal amount may differ from the estimate by an eighth of it ..."""
+_EVIDENCE_FLOOR_BYTES: Final = Quantity.parse("256Mi")
+"""... or by this much for byte resources (memory overhead varies by KubeVirt version and configuration) ..."""
+_EVIDENCE_FLOOR_CPU: Final = Quantity.parse("250m")
+"""... or this much for the others but counts (support containers' CPU)."""
+_COUNTS: Final = frozenset({"pods", "count/pods"})
+
+
+def evidence_bound(resource: str, estimate: Quantity) -> Quantity:
+    """How far a quota refusal's ``requested:`` amount of ``resource`` may be from the estimate and still replace
+    it: an eighth of the estimate, at least 256Mi for byte resources and 250m for others, 0 for pod counts.
+    Beyond it the amount is ignored (and reported): a tenant can write Events too."""
+    share = Quantity(estimate.nanos // _EVIDENCE_SHARE, estimate.format)
+    if resource in _COUNTS:
+        return Quantity(0, estimate.format)
+    floor = _EVIDENCE_FLOOR_BYTES if is_byte_resource(resource) else _EVIDENCE_FLOOR_CPU
+    return share if share > floor else floor
+
+
+def _current_size(v: VmiSnapshot) -> VmSize:
+    """The size a VM runs at now: its status where the status says (hotplug not yet handed over), else its spec."""
+    return VmSize.of(
+        v.status_vcpus if v.status_vcpus is not None else v.vcpus,
+        v.status_guest_memory if v.status_guest_memory is not None else v.guest_memory,
+        None,
+        None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """A migration that may reserve its target pod: the oldest active one of a VMI with a running source pod and
+    no target pod yet."""
+
+    index: int
+    """Its place among the migration entries."""
+    m: VmimSnapshot
+    v: VmiSnapshot
+    estimate: ResourceList
+    grow: ResourceList
+    why: list[str]
+
+
+def _migration_entry(
+    m: VmimSnapshot, state: str, reason: str, reserved: ResourceList | None = None, grow: ResourceList | None = None
+) -> MigrationEntry:
+    return MigrationEntry(
+        m.name, m.uid, m.vmi_name, m.phase, state, reason, reserved or {}, grow or {}, m.rejected_by_quota
+    )
 
 
 def _fmt(rl: Mapping[str, Quantity]) -> str:
@@ -661,8 +718,14 @@ _PodsPass = tuple[
     tuple[ResourceList, ...],
 ]
 """Pod entries, launcher pods per VM, and the lists every quota adds to ``P`` and to ``U``."""
-_VmsPass = tuple[tuple[tuple[str, "VmEntry"], ...], tuple[VmiSnapshot, ...], tuple[tuple[ResourceList, ...], ...]]
-"""Entries of running and stopped VMs, pending VMs, and per quota the lists running VMs add to ``U``."""
+_VmsPass = tuple[
+    tuple[tuple[str, "VmEntry"], ...],
+    tuple[VmiSnapshot, ...],
+    tuple[tuple[ResourceList, ...], ...],
+    tuple[ResourceList, ...],
+]
+"""Entries of running and stopped VMs, pending VMs, per quota the lists running VMs add to ``U``, and the lists
+every quota adds to ``D``."""
 
 
 class _Sum:
@@ -818,6 +881,7 @@ class _Quota:
     accounted: _Sum
     pod_usage: _Sum
     reserved: _Sum
+    overlap: _Sum
 
     def misfits(self, u: Mapping[str, Quantity]) -> tuple[str, ...]:
         """Natively enforced budget resources that ``U + u`` would exceed."""
@@ -958,12 +1022,16 @@ class _Accounting:
         )
         """What a VM's counts depend on besides the VM: the quotas' names, modes and ratios."""
         self.vmi_by_uid = {v.uid: v for v in self.vmis if v.uid}
+        self.vouched: dict[str, VmiSnapshot] = {pod: v for v in self.vmis for pod in v.active_pods}
+        """Launcher pods by uid, as KubeVirt names them in its VMIs' ``status.activePods``."""
         self.vmi_by_name = {v.name: v for v in self.vmis}
         self.vmim_by_uid = {m.uid: m for m in self.vmims if m.uid}
         self.launchers: dict[str, list[tuple[PodSnapshot, ResourceList]]] = {}
         self.pod_entries: list[PodEntry] = []
         self.mig_entries: list[MigrationEntry] = []
-        self.target_estimates: dict[str, ResourceList] = {}
+        self.targets: list[_Target] = []
+        self.target_reserved: ResourceList = {}
+        """The part of every quota's ``S`` reserved for migration targets."""
         self.vm_entries: dict[str, VmEntry] = {}
         self.pending: list[VmiSnapshot] = []
 
@@ -1051,7 +1119,7 @@ class _Accounting:
         alike: dict[tuple[int, ...], tuple[tuple[object, ...], _SumValue]] | None = None if memo is None else {}
         out: list[_Quota] = []
         for pol, ratio, factors in terms:
-            sums = [_Sum(memo, ("sum", self.namespace, pol.name, term), alike) for term in ("U", "P", "S")]
+            sums = [_Sum(memo, ("sum", self.namespace, pol.name, term), alike) for term in ("U", "P", "S", "D")]
             out.append(_Quota(pol, factors, ratio, *sums))
         return out
 
@@ -1085,20 +1153,20 @@ class _Accounting:
         self._pods()
         self._migrations()
         self._running_vms()
-        self._reserve_targets()
-        for v in self.pending:
-            self._admit(v)
+        self._admissions()
         results: dict[str, QuotaUsage] = {}
         for q in self.quotas:
             b = q.policy.budget
             accounted, pod_usage, reserved = q.accounted.result(), q.pod_usage.result(), q.reserved.result()
+            overlap = q.overlap.result()
             results[q.policy.name] = QuotaUsage(
                 policy=q.policy,
                 accounted=accounted,
                 pod_usage=pod_usage,
                 reserved=reserved,
+                overlap=overlap,
                 factors=q.factors,
-                hard=desired_hard(b, accounted, pod_usage, reserved, q.factors),
+                hard=desired_hard(b, accounted, pod_usage, reserved, q.factors, overlap, self.target_reserved),
                 over_budget=tuple(sorted(r for r in b if accounted.get(r, ZERO) > b[r])),
             )
         return NamespaceUsage(
@@ -1112,15 +1180,10 @@ class _Accounting:
 
     # ---- pods: what each is charged, and whose it is
     def _owner(self, p: PodSnapshot) -> VmiSnapshot | None:
-        if not p.is_launcher:
-            return None
-        uid = p.vmi_uid
-        if uid and uid in self.vmi_by_uid:
-            return self.vmi_by_uid[uid]
-        v = self.vmi_by_name.get(p.owner_vmi_name) if p.owner_vmi_name else None
-        if v is not None and (not uid or not v.uid):
-            return v
-        return None
+        """The VMI whose launcher pod ``p`` is: only a VMI whose ``status.activePods`` (written by KubeVirt alone)
+        names the pod's uid. Labels and owner references are the tenant's to write: a pod that only carries them
+        is a plain pod."""
+        return self.vouched.get(p.uid) if p.uid else None
 
     def _pods(self) -> None:
         """Each pod's entry and what it adds to ``P`` and ``U``. With a memo, the whole pass is remembered: it
@@ -1138,7 +1201,7 @@ class _Accounting:
         key = (
             "pods",
             tuple(map(id, self.pods)),
-            tuple((v.uid, v.name) for v in self.vmis),
+            tuple((v.uid, v.name, tuple(v.active_pods)) for v in self.vmis),
             tuple((m.uid, m.name) for m in self.vmims),
             deleting,
             self.quotas_key,
@@ -1188,7 +1251,11 @@ class _Accounting:
         charged = p.usage if active else _POD_COUNT_ONLY  # shared, not copied: results are not to be changed
         if v is None:
             role = ORPHAN_LAUNCHER if p.is_launcher else NON_VM
-            reason = "launcher pod of a VMI that is not in the namespace" if p.is_launcher else "pod usage"
+            reason = (
+                "labelled as a launcher pod, but no VMI's status.activePods names it: pod usage"
+                if p.is_launcher
+                else "pod usage"
+            )
             if not active:
                 reason += "; terminal or past its grace period: count/pods only"
             return PodEntry(p.name, p.uid, role, "", active, charged, charged, reason)
@@ -1218,7 +1285,7 @@ class _Accounting:
             out.update(e.requested)
         return out
 
-    # ---- migrations: the oldest active one per VMI reserves its target
+    # ---- migrations: the oldest active one per VMI may reserve its target
     def _migrations(self) -> None:
         seen: set[str] = set()
         for m in self.vmims:
@@ -1228,52 +1295,79 @@ class _Accounting:
             self.mig_entries.append(entry)
 
     def _migration(self, m: VmimSnapshot, seen: set[str]) -> MigrationEntry:
-        def entry(
-            state: str, reason: str, reserved: ResourceList | None = None, grow: ResourceList | None = None
-        ) -> MigrationEntry:
-            return MigrationEntry(
-                m.name, m.uid, m.vmi_name, m.phase, state, reason, reserved or {}, grow or {}, m.rejected_by_quota
-            )
-
+        """A migration's entry; the oldest active one of a VMI with a running source pod and no target yet is a
+        :class:`_Target`, decided once running VMs are counted (:meth:`_decide_targets`)."""
         v = self.vmi_by_name.get(m.vmi_name)
         if v is None:
-            return entry(WAITING, "VMI not found")
+            return _migration_entry(m, WAITING, "VMI not found")
         key = _vm_key(v)
         if key in seen:
-            return entry(QUEUED, "queued behind an older migration of the same VMI")
+            return _migration_entry(m, QUEUED, "queued behind an older migration of the same VMI")
         seen.add(key)
         vm_pods = self.launchers.get(key, [])
         targets = [pc for pc in vm_pods if m.uid and pc[0].migration_job_uid == m.uid]
         sources = [pc for pc in vm_pods if not (m.uid and pc[0].migration_job_uid == m.uid)]
         if targets:
             grow = growth(targets[0][1], _pick_source(sources, v)[1]) if sources else {}
-            return entry(TARGET_CREATED, f"target pod {targets[0][0].name} exists: charged in P", None, grow)
+            return _migration_entry(
+                m, TARGET_CREATED, f"target pod {targets[0][0].name} exists: charged in P", None, grow
+            )
         if not sources:
-            return entry(WAITING, "the VMI has no running launcher pod")
+            return _migration_entry(m, WAITING, "the VMI has no running launcher pod")
         source_pod, source_usage = _pick_source(sources, v)
         grow = self.renderer.hotplug_growth(v)
         estimate = add(source_usage, grow)
         rendered = self.renderer.vmi_usage(v)
         if rendered is not None:
             estimate = maximum(estimate, rendered)
-        refused = self._refusals(v, m.creation_timestamp)
-        reserved = nonzero(_with_refusals(estimate, refused))
-        why = [f"target reserved, estimated from source pod {source_pod.name}"]
+        why = [f"target estimated from source pod {source_pod.name}"]
         if grow:
             why.append(f"hotplug growth {_fmt(grow)}")
-        if refused:
-            why.append(f"exact amounts from a quota refusal: {_fmt(refused)}")
-        if m.rejected_by_quota:
-            why.append("KubeVirt reported migrationRejectedByResourceQuota and retries when the quota is updated")
-        self.target_estimates[key] = reserved
-        return entry(PENDING, "; ".join(why), reserved, grow)
+        if m.rejected_by_quota:  # (a status condition only KubeVirt writes: it really tried to create the pod)
+            refused = self._refusals(v, m.creation_timestamp)
+            estimate, taken = self._bounded(estimate, refused, f"{m.ref} (VMI {v.name})")
+            if taken:
+                why.append(f"exact amounts from a quota refusal: {_fmt(taken)}")
+        self.targets.append(_Target(len(self.mig_entries), m, v, nonzero(estimate), grow, why))
+        return _migration_entry(m, NOT_TRIED, "")  # (replaced by the decision)
 
-    def _reserve_targets(self) -> None:
-        for m in self.mig_entries:
-            if m.state != PENDING:
-                continue
-            for q in self.quotas:
-                q.reserved.add(m.reserved)
+    def _decide_target(self, t: _Target, admit: bool) -> None:
+        """Reserve a migration's target while KubeVirt is refused it (``migrationRejectedByResourceQuota``), never
+        for one KubeVirt has not tried (held back by the parallel-migration limits, or still to try: the room
+        would be open to any pod). A hotplug's growth in the mode's terms is new usage, admitted in creation order
+        like a new VM (``admit``); one that does not fit gets no room and the VM keeps its current size."""
+        key = _vm_key(t.v)
+        cur = self.vm_entries[key]
+        full = _size(t.v)
+        grown = {
+            q.policy.name: growth(
+                mode_usage(q.policy.mode, full, maximum(cur.pod_usage, t.estimate), q.ratio), cur.counts[q.policy.name]
+            )
+            for q in self.quotas
+        }
+        why = list(t.why)
+        if admit:
+            misfit, parts = self._misfits(grown)
+            if misfit:
+                why.append(
+                    "hotplug growth does not fit: " + "; ".join(parts) + "; the VM keeps running at its current size"
+                )
+                self.mig_entries[t.index] = _migration_entry(t.m, GROWTH_REFUSED, "; ".join(why), None, t.grow)
+                return
+            why.append("hotplug growth admitted in creation order")
+        for q in self.quotas:
+            q.accounted.add(grown[q.policy.name])
+        if not t.m.rejected_by_quota:
+            why.append(
+                "no room held: KubeVirt has not been refused its target pod (room is made once it is, and only then)"
+            )
+            self.mig_entries[t.index] = _migration_entry(t.m, NOT_TRIED, "; ".join(why), None, t.grow)
+            return
+        why.insert(0, "target reserved: KubeVirt reported migrationRejectedByResourceQuota")
+        for q in self.quotas:
+            q.reserved.add(t.estimate)
+        self.target_reserved = add(self.target_reserved, t.estimate)
+        self.mig_entries[t.index] = _migration_entry(t.m, PENDING, "; ".join(why), t.estimate, t.grow)
 
     # ---- VMs
     def _running_vms(self) -> None:
@@ -1285,25 +1379,22 @@ class _Accounting:
             self._apply_vms(self._vms_pass())
             return
         objs = (*self.vmis, self.launchers)
-        key = (
-            "vms",
-            tuple(map(id, objs)),
-            tuple((k, tuple((r, q.nanos, q.format) for r, q in e.items())) for k, e in self.target_estimates.items()),
-            self.quotas_key,
-        )
+        key = ("vms", tuple(map(id, objs)), self.quotas_key)
         self._apply_vms(memo.latest(("vms", self.namespace), key, objs, self._vms_pass))
 
     def _apply_vms(self, found: _VmsPass) -> None:
-        entries, pending, accounted = found
+        entries, pending, accounted, overlap = found
         self.vm_entries.update(entries)
         self.pending = list(pending)
         for q, acc in zip(self.quotas, accounted, strict=True):
             q.accounted.extend(acc)
+            q.overlap.extend(overlap)
 
     def _vms_pass(self) -> _VmsPass:
         entries: list[tuple[str, VmEntry]] = []
         pending: list[VmiSnapshot] = []
         accounted: list[list[ResourceList]] = [[] for _ in self.quotas]
+        overlap: list[ResourceList] = []
         memo = self.memo
         namespace, quotas_key = self.namespace, self.quotas_key
         every = [(q.policy.name, added) for q, added in zip(self.quotas, accounted, strict=True)]  # (each VM, each)
@@ -1318,48 +1409,64 @@ class _Accounting:
                 else:
                     pending.append(v)
                 continue
-            target = self.target_estimates.get(key)
             if memo is None:
-                entry = self._running_vm(v, vm_pods, target)
+                entry = self._running_vm(v, vm_pods)
             else:
-                # the entry is a function of the VMI, its active launcher pods, its target estimate and the quotas
+                # the entry is a function of the VMI, its active launcher pods and the quotas
                 memo_obj = (v, *(p for p, _ in vm_pods))
                 memo_slot = ("running", namespace, key)
-                memo_key = (
-                    tuple(map(id, memo_obj)),
-                    None if target is None else tuple((k, q.nanos, q.format) for k, q in target.items()),
-                    quotas_key,
-                )
-                entry = memo.latest(memo_slot, memo_key, memo_obj, self._running_vm, v, vm_pods, target)
+                memo_key = (tuple(map(id, memo_obj)), quotas_key)
+                entry = memo.latest(memo_slot, memo_key, memo_obj, self._running_vm, v, vm_pods)
             counts = entry.counts
             for name, added in every:
                 added.append(counts[name])
+            if entry.overlap:
+                overlap.append(entry.overlap)
             entries.append((key, entry))
-        return tuple(entries), tuple(pending), tuple(map(tuple, accounted))
+        return tuple(entries), tuple(pending), tuple(map(tuple, accounted)), tuple(overlap)
 
-    def _running_vm(
-        self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]], target: ResourceList | None
-    ) -> VmEntry:
-        size = _size(v)
+    def _running_vm(self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]]) -> VmEntry:
+        """A running VM counts at its current size (its status: a hotplug request counts once admitted, see
+        :meth:`_decide_target`), or at its spec size once a migration target pod exists for it; in pod terms at
+        the larger of its launcher pods per resource. What its pods are charged beyond that larger one (source and
+        target during a migration) is its ``overlap``: ``hard`` holds no room for it, so the end of either pod
+        frees nothing that another pod could take."""
+        size = _size(v) if any(p.migration_job_uid for p, _ in vm_pods) else _current_size(v)
         pod_max: ResourceList = {}
+        total: ResourceList = {}
         for _, charged in vm_pods:
             pod_max = maximum(pod_max, charged)
-        if target is not None:
-            pod_max = maximum(pod_max, target)
+            total = add(total, charged)
         counts = {q.policy.name: mode_usage(q.policy.mode, size, pod_max, q.ratio) for q in self.quotas}
         reason = "running: always counts"
+        overlap: ResourceList = {}
         if len(vm_pods) > 1:
             reason += f" (at the larger of its {len(vm_pods)} launcher pods per resource)"
-        return VmEntry(v.name, v.uid, v.phase, RUNNING, reason, size, pod_max, counts)
+            overlap = growth(total, pod_max)
+        return VmEntry(v.name, v.uid, v.phase, RUNNING, reason, size, pod_max, counts, overlap=overlap)
 
-    def _admit(self, v: VmiSnapshot) -> None:
-        """A pending VM (no launcher pod yet), in creation order: admitted iff it fits every managed quota."""
-        key = _vm_key(v)
-        size = _size(v)
-        estimate = self.renderer.vmi_usage(v) or {}
-        refused = self._refusals(v, v.creation_timestamp)
-        pod_est = nonzero(_with_refusals(estimate, refused))
-        usages = {q.policy.name: mode_usage(q.policy.mode, size, pod_est, q.ratio) for q in self.quotas}
+    def _admissions(self) -> None:
+        """Pending VMs and hotplug growth, in creation order (a VMI's, a migration's), after every running VM and
+        pod is counted; then the migrations without growth."""
+        items: list[tuple[tuple[bool, datetime, str, str], int, VmiSnapshot | _Target]] = [
+            (_created_key(v), i, v) for i, v in enumerate(self.pending)
+        ]
+        plain: list[_Target] = []
+        for t in self.targets:
+            if t.grow:
+                items.append((_created_key(t.m), len(items), t))
+            else:
+                plain.append(t)
+        for _, _, item in sorted(items, key=lambda it: it[:2]):
+            if isinstance(item, _Target):
+                self._decide_target(item, admit=True)
+            else:
+                self._admit(item)
+        for t in plain:  # the same VM, moving: it needs no admission, only (maybe) room for its second pod
+            self._decide_target(t, admit=False)
+
+    def _misfits(self, usages: Mapping[str, ResourceList]) -> tuple[dict[str, tuple[str, ...]], list[str]]:
+        """Per quota, the budget resources ``U + usages[quota]`` would exceed, and a line for each."""
         misfit: dict[str, tuple[str, ...]] = {}
         parts: list[str] = []
         for q in self.quotas:
@@ -1374,6 +1481,20 @@ class _Accounting:
             }
             detail = ", ".join(f"{r} needs {u[r]} but {left[r]} is left" for r in rs)
             parts.append(f"quota {q.policy.name}: {detail}" if q.policy.name else detail)
+        return misfit, parts
+
+    def _admit(self, v: VmiSnapshot) -> None:
+        """A pending VM (no launcher pod yet), in creation order: admitted iff it fits every managed quota."""
+        key = _vm_key(v)
+        size = _size(v)
+        estimate = self.renderer.vmi_usage(v) or {}
+        taken: ResourceList = {}
+        pod_est = dict(estimate)
+        if v.pod_refused:  # (a status condition only KubeVirt writes: it really tried to create the pod)
+            pod_est, taken = self._bounded(estimate, self._refusals(v, v.creation_timestamp), v.ref)
+        pod_est = nonzero(pod_est)
+        usages = {q.policy.name: mode_usage(q.policy.mode, size, pod_est, q.ratio) for q in self.quotas}
+        misfit, parts = self._misfits(usages)
         if misfit:
             reason = "pending, does not fit: " + "; ".join(parts)
             self.vm_entries[key] = VmEntry(v.name, v.uid, v.phase, REFUSED, reason, size, pod_est, {}, {}, misfit)
@@ -1382,8 +1503,31 @@ class _Accounting:
             q.accounted.add(usages[q.policy.name])
             q.reserved.add(pod_est)
         reason = "pending, admitted in creation order: launcher pod reserved"
-        if refused:
-            reason += f" (exact amounts from a quota refusal: {_fmt(refused)})"
+        if taken:
+            reason += f" (exact amounts from a quota refusal: {_fmt(taken)})"
         if not estimate:
             reason += "; its launcher pod could not be estimated (see errors)"
-        self.vm_entries[key] = VmEntry(v.name, v.uid, v.phase, ADMITTED, reason, size, pod_est, usages, pod_est)
+        self.vm_entries[key] = VmEntry(
+            v.name, v.uid, v.phase, ADMITTED, reason, size, pod_est, usages, pod_est, pod_refused=v.pod_refused
+        )
+
+    def _bounded(
+        self, estimate: Mapping[str, Quantity], refused: Mapping[str, Quantity], ref: str
+    ) -> tuple[ResourceList, ResourceList]:
+        """The estimate with the amounts of quota refusals in place of estimated ones, each only within
+        :func:`evidence_bound` of the estimate (an Event is anyone's to write: evidence, not truth); the others
+        are ignored and reported. Returns the corrected estimate and the amounts taken."""
+        out = dict(estimate)
+        taken: ResourceList = {}
+        for r, amount in sorted(refused.items()):
+            est = estimate.get(r)
+            bound = evidence_bound(r, est) if est is not None else None
+            if est is not None and bound is not None and abs(amount.nanos - est.nanos) <= bound.nanos:
+                out[r] = taken[r] = amount
+            else:
+                within = f"{est} ± {bound}" if est is not None else "nothing (not estimated)"
+                self.errors.append(
+                    f"{ref}: quota refusal amount {r}={amount} ignored: the estimate is {within}, and an Event "
+                    "may correct an estimate only within that bound"
+                )
+        return out, taken

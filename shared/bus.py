@@ -320,7 +320,10 @@ class QuotaTerms(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     pods: dict[str, str] = {}
     """``P``: what Kubernetes charges for the namespace's pods (terminal ones only ``count/pods``)."""
     reserved: dict[str, str] = {}
-    """``S``: admitted pods that do not exist yet (new VMs' launcher pods, pending migration targets)."""
+    """``S``: admitted pods that do not exist yet (new VMs' launcher pods, migration targets KubeVirt was refused)."""
+    overlap: dict[str, str] = {}
+    """``D``: what migrating VMs' launcher pods are charged beyond the larger pod of each VM (``hard`` holds no room
+    for it)."""
     hard: dict[str, str] = {}
     """``spec.hard`` the equation gives."""
     over_budget: list[str] = []
@@ -340,6 +343,8 @@ class VmState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """The launcher pod reservation (admitted VMs)."""
     refused_by: dict[str, list[str]] = {}
     """Per quota: the resources the VM does not fit."""
+    pod_refused: bool = False
+    """Admitted, and KubeVirt's last try to create its launcher pod was refused: the enforcer nudges the VMI."""
 
 
 class MigrationState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -348,7 +353,8 @@ class MigrationState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     vmi: str
     phase: str = ""
     state: str = ""
-    """``pending`` (target reserved), ``target-created``, ``queued`` or ``waiting``."""
+    """``pending`` (target reserved), ``not-tried``, ``growth-refused``, ``target-created``, ``queued`` or
+    ``waiting``."""
     reason: str = ""
     reserved: dict[str, str] = {}
     growth: dict[str, str] = {}

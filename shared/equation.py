@@ -3,10 +3,14 @@ the namespace's usage.
 
 For every resource ``r`` in the budget ``B``::
 
-    hard[r] = k[r] * max(B[r] - U[r], 0) + P[r] + S[r]
+    hard[r] = k[r] * max(B[r] - U[r], 0) + P[r] - D[r] + S[r]
 
 ``U`` is the accounted usage in the mode's terms, ``P`` what the native evaluator charges the namespace's pods,
-``S`` the reservations (launcher pods of admitted VMs and migration targets that do not exist yet).
+``S`` the reservations (launcher pods of admitted VMs and migration targets that do not exist yet), ``D`` the
+overlap of migrating VMs: what a VM's launcher pods are charged beyond the larger of them (source and target). With
+``D``, ``hard`` holds room for one launcher pod per VM: when either pod of a migration ends, the quota controller
+frees what ``hard`` never held, so no other pod can take it before vmquota catches up (Kubernetes allows
+``used > hard``; it only refuses new pods).
 
 ``k[r]`` (:func:`shared.modes.pod_factor`) expresses the mode headroom ``max(B - U, 0)`` in pod terms. Native
 admission admits a pod ``p`` iff ``P + p <= hard``, i.e. iff ``p <= k * max(B - U, 0) + S``; a VM the mode refuses
@@ -51,9 +55,16 @@ def desired_hard(
     pod_usage: Mapping[str, Quantity],
     reserved: Mapping[str, Quantity],
     factors: Mapping[str, Fraction | None] | None = None,
+    overlap: Mapping[str, Quantity] | None = None,
+    targets: Mapping[str, Quantity] | None = None,
 ) -> ResourceList:
-    """``hard[r] = k[r] * max(B[r] - U[r], 0) + P[r] + S[r]`` for every ``r`` in ``budget``; ``k`` defaults to 1
-    and a factor of None keeps ``hard[r] = B[r]`` (report-only resource). Each value keeps the budget's format."""
+    """``hard[r] = k[r] * max(B[r] - U[r], 0) + P[r] - D[r] + S[r]`` for every ``r`` in ``budget``; ``k`` defaults
+    to 1, ``D`` (``overlap``) to nothing, and a factor of None keeps ``hard[r] = B[r]`` (report-only resource).
+    Each value keeps the budget's format.
+
+    ``targets``: the part of ``S`` reserved for migration targets. While some is, ``D`` is held back only as far as
+    the headroom and the other reservations cover it (``min(D, k * max(B - U, 0) + S - targets)``), so that a
+    pending target always finds its room: see :func:`held_back`."""
     hard: ResourceList = {}
     for r, b in budget.items():
         factor = _ONE if factors is None else factors.get(r, _ONE)
@@ -61,6 +72,29 @@ def desired_hard(
             hard[r] = b
             continue
         headroom = (b - accounted.get(r, ZERO)).clamp0()
-        total = scaled_headroom(headroom, factor, r) + pod_usage.get(r, ZERO) + reserved.get(r, ZERO)
+        scaled = scaled_headroom(headroom, factor, r)
+        total = scaled + pod_usage.get(r, ZERO) + reserved.get(r, ZERO)
+        if overlap:
+            total = total - held_back(r, scaled, overlap, reserved, targets)
         hard[r] = total.with_format(b.format)
     return hard
+
+
+def held_back(
+    resource: str,
+    headroom: Quantity,
+    overlap: Mapping[str, Quantity],
+    reserved: Mapping[str, Quantity],
+    targets: Mapping[str, Quantity] | None,
+) -> Quantity:
+    """How much of the overlap ``D`` (what migrating VMs' second launcher pods are charged) ``hard`` holds no room
+    for: all of it, so that the end of either pod of a migration frees nothing another pod could take, except
+    while migration targets are reserved (``targets``): then only as far as the (scaled) ``headroom`` and the other
+    reservations cover it, so that those targets still get in. The room that exception leaves is open while they
+    wait, like any reservation."""
+    d = overlap.get(resource, ZERO)
+    pending = ZERO if targets is None else targets.get(resource, ZERO)
+    if d.nanos <= 0 or pending.nanos <= 0:
+        return d
+    cover = headroom + reserved.get(resource, ZERO) - pending
+    return d if d <= cover else cover.clamp0()

@@ -319,7 +319,7 @@ class VmiSnapshot(Snapshot, tag=VMI_KIND, frozen=True, kw_only=True):
     status_vcpus: int | None = None
     """``status.currentCPUTopology`` as a vCPU count (hotplug), when reported."""
     status_guest_memory: Quantity | None = None
-    """The larger of ``status.memory.guestCurrent`` and ``guestRequested``, when reported."""
+    """``status.memory.guestCurrent`` (else ``guestRequested``), when reported."""
     requests: dict[str, Quantity] = {}
     """Explicit ``spec.domain.resources.requests``."""
     limits: dict[str, Quantity] = {}
@@ -327,6 +327,12 @@ class VmiSnapshot(Snapshot, tag=VMI_KIND, frozen=True, kw_only=True):
     memory_overhead: Quantity | None = None
     """``status.memory.memoryOverhead``: the overhead KubeVirt published, when it did."""
     migration: MigrationState | None = None
+    active_pods: dict[str, str] = {}
+    """``status.activePods``: pod uid → node of the launcher pods KubeVirt's VMI controller counts as the VMI's (a
+    field only KubeVirt writes: the one proof that a pod is a launcher pod, whatever its labels say)."""
+    pod_refused: bool = False
+    """Condition ``Synchronized=False`` with reason ``FailedCreate``: KubeVirt tried to create the launcher pod and
+    was refused (a field only KubeVirt writes)."""
     priority_class_name: str = ""
     spec: dict[str, Any] = {}
     """The parts of the VMI spec the launcher pod depends on (:func:`compact_vmi_spec`), to re-render it. Read-only:
@@ -745,6 +751,13 @@ def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
         limits=dict(vs.limits),
         memory_overhead=overhead,
         migration=mig,
+        active_pods=string_map(status, "activePods", "status"),
+        pod_refused=any(
+            string(c, "type", w) == "Synchronized"
+            and string(c, "status", w) == "False"
+            and string(c, "reason", w) == "FailedCreate"
+            for w, c in _objects(status, "conditions", "status")
+        ),
         priority_class_name=string(spec, "priorityClassName", "spec"),
         spec=dict(spec),
     )

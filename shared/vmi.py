@@ -202,7 +202,8 @@ class StatusSize:
 
 
 def status_size(obj: Mapping[str, Any]) -> StatusSize:
-    """``status.currentCPUTopology`` and ``status.memory.guestCurrent``/``guestRequested`` of a VMI."""
+    """``status.currentCPUTopology`` and ``status.memory.guestCurrent`` (else ``guestRequested``) of a VMI: the size
+    it runs at now, which a hotplug request raises only once its migration hands over."""
     status = obj.get("status")
     if not isinstance(status, Mapping):
         return StatusSize(None, None)
@@ -214,8 +215,7 @@ def status_size(obj: Mapping[str, Any]) -> StatusSize:
     guest: Quantity | None = None
     memst = status.get("memory")
     if isinstance(memst, Mapping):
-        for key in ("guestRequested", "guestCurrent"):
+        for key in ("guestRequested", "guestCurrent"):  # (the guest's current memory wins when both are there)
             if memst.get(key) is not None:
-                q = _quantity(memst.get(key), f"status.memory.{key}")
-                guest = q if guest is None or q > guest else guest
+                guest = _quantity(memst.get(key), f"status.memory.{key}")
     return StatusSize(vcpus, guest)

@@ -36,6 +36,7 @@ def _vm_state(namespace: str, v: VmEntry) -> contract.VmState:
         counts={k: format_resource_list(c) for k, c in sorted(v.counts.items())},
         reserved=format_resource_list(v.reserved),
         refused_by={k: list(r) for k, r in sorted(v.refused_by.items())},
+        pod_refused=v.pod_refused,
     )
     _VM_STATES.pop(key, None)  # the newest last: the oldest (of a deleted VM) go first when full
     _VM_STATES[key] = (v, state, contract.encode(state))
@@ -72,6 +73,7 @@ def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageB
             used=format_resource_list(q.accounted),
             pods=format_resource_list(q.pod_usage),
             reserved=format_resource_list(q.reserved),
+            overlap=format_resource_list(q.overlap),
             hard=format_resource_list(q.hard),
             over_budget=list(q.over_budget),
         )

@@ -11,7 +11,7 @@ import random
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import pytest
@@ -23,6 +23,7 @@ from shared.accounting import (
     LAUNCHER,
     MIGRATION_TARGET,
     NON_VM,
+    NOT_TRIED,
     ORPHAN_LAUNCHER,
     PENDING,
     QUEUED,
@@ -126,8 +127,11 @@ def launcher_obj(
     t: float = 1,
     phase: str = "Running",
     suffix: str = "",
+    vouched: bool = True,
 ) -> dict[str, Any]:
-    """The launcher pod KubeVirt creates for ``vmi`` (rendered), as the API server would return it."""
+    """The launcher pod KubeVirt creates for ``vmi`` (rendered), as the API server would return it. ``vouched``:
+    KubeVirt names it in the VMI's ``status.activePods`` (``vmi`` is changed in place), as it does for its own pods;
+    a pod that only looks like a launcher pod (a tenant's forgery) is not."""
     rendered = render_launcher_pod(vmi, config or KubeVirtConfig(), facts or NamespaceFacts())
     meta = vmi["metadata"]
     labels = {
@@ -138,7 +142,7 @@ def launcher_obj(
     if migration_uid:
         labels["kubevirt.io/migrationJobUID"] = migration_uid
     name = f"virt-launcher-{meta['name']}-{suffix or ('t' + migration_uid if migration_uid else 's')}"
-    return {
+    pod: dict[str, Any] = {
         "kind": "Pod",
         "metadata": {
             "name": name,
@@ -151,6 +155,15 @@ def launcher_obj(
         "spec": {**rendered.pod_spec(), "nodeName": node},
         "status": {"phase": phase},
     }
+    if vouched:
+        vouch(vmi, pod)
+    return pod
+
+
+def vouch(vmi: Mapping[str, Any], pod: Mapping[str, Any]) -> None:
+    """KubeVirt's VMI controller names ``pod`` in ``vmi``'s ``status.activePods`` (changed in place)."""
+    status = cast(dict[str, Any], vmi).setdefault("status", {})
+    status.setdefault("activePods", {})[pod["metadata"]["uid"]] = pod["spec"].get("nodeName", "")
 
 
 def pod_obj(
@@ -205,13 +218,25 @@ def quota_obj(
     }
 
 
-def vmim_obj(name: str, vmi: str, *, t: float = 100, phase: str = "Pending") -> dict[str, Any]:
+def vmim_obj(name: str, vmi: str, *, t: float = 100, phase: str = "Pending", rejected: bool = False) -> dict[str, Any]:
+    """A migration; ``rejected``: KubeVirt was refused its target pod (condition
+    ``migrationRejectedByResourceQuota``)."""
+    status: dict[str, Any] = {"phase": phase}
+    if rejected:
+        status["conditions"] = [{"type": "migrationRejectedByResourceQuota", "status": "True"}]
     return {
         "kind": "VirtualMachineInstanceMigration",
         "metadata": {"name": name, "namespace": NS, "uid": f"mig-{name}", "creationTimestamp": ts(t)},
         "spec": {"vmiName": vmi},
-        "status": {"phase": phase},
+        "status": status,
     }
+
+
+def refused_vmi(vmi: dict[str, Any]) -> dict[str, Any]:
+    """``vmi`` after KubeVirt was refused its launcher pod (condition ``Synchronized=False``, ``FailedCreate``)."""
+    conds = vmi["status"].setdefault("conditions", [])
+    conds.append({"type": "Synchronized", "status": "False", "reason": "FailedCreate"})
+    return vmi
 
 
 def refusal_event(vmi: str, requested: Mapping[str, str], *, t: float, quota: str = "rq") -> dict[str, Any]:
@@ -272,7 +297,9 @@ def test_seed_1_migration_at_full_use_succeeds_and_hard_comes_back() -> None:
     assert hard_of(before) == {"limits.memory": "64Gi"}  # B - U + P with U == P: nothing to change
     assert [vm(before, f"vm{i}").state for i in range(3)] == [RUNNING] * 3
 
-    migration = vmim_obj("m1", "vm0")
+    tried = vmim_obj("m1", "vm0")  # KubeVirt has not tried yet (or holds it back): no room is held for it
+    assert mig(account([quota, *vmis, *pods, tried]), "m1").state == NOT_TRIED
+    migration = vmim_obj("m1", "vm0", rejected=True)
     target = launcher_obj(vmis[0], facts=facts, migration_uid="mig-m1", node="n2", t=200)
     p = usage_of(target)
     # without vmquota the target is refused (the published failure: requested limits.memory=17...)
@@ -292,6 +319,8 @@ def test_seed_1_migration_at_full_use_succeeds_and_hard_comes_back() -> None:
 
     # migration done: the VMI moved, the source pod finished and was deleted
     vmis_after = [vmi_obj("vm0", guest="16Gi", limits={"memory": "16Gi"}, node="n2"), *vmis[1:]]
+    vouch(vmis_after[0], target)
+    vouch(vmis_after[0], pods[0])  # (KubeVirt lists every pod it controls, terminal ones too)
     done_migration = vmim_obj("m1", "vm0", phase="Succeeded")
     source_done = dict(pods[0], status={"phase": "Succeeded"})
     finishing = account([quota, *vmis_after, source_done, *pods[1:], done_migration, target])
@@ -321,7 +350,7 @@ def test_seed_2_two_concurrent_migrations_succeed_and_quota_is_restored() -> Non
     before = account(base)
     assert hard_of(before) == format_resource_list(parse_resource_list(hard))
 
-    m1, m2 = vmim_obj("m1", "vm1"), vmim_obj("m2", "vm2", t=101)
+    m1, m2 = vmim_obj("m1", "vm1", rejected=True), vmim_obj("m2", "vm2", t=101, rejected=True)
     t1 = launcher_obj(vm1, facts=facts, migration_uid="mig-m1", node="n2", t=200)
     t2 = launcher_obj(vm2, facts=facts, migration_uid="mig-m2", node="n2", t=201)
     both = account([*base, m1, m2])
@@ -338,6 +367,8 @@ def test_seed_2_two_concurrent_migrations_succeed_and_quota_is_restored() -> Non
             [(vm1, "1Gi", {"cpu": "1", "memory": "1Gi"}), (vm2, "2Gi", {"cpu": "1", "memory": "2Gi"})]
         )
     )
+    vouch(vm1b, t1)
+    vouch(vm2b, t2)
     after = account(
         [quota, vm1b, vm2b, t1, t2, vmim_obj("m1", "vm1", phase="Succeeded"), vmim_obj("m2", "vm2", phase="Succeeded")]
     )
@@ -369,7 +400,7 @@ def test_seed_3_ratio_mode_admits_by_vm_size_and_migrates_at_full_use(kubevirt_r
     assert fits(usage_of(launcher_obj(vm3, config=config, facts=facts)), q3.pod_usage, q3.hard) != []
 
     target = launcher_obj(vms[1], config=config, facts=facts, migration_uid="mig-m", node="n2", t=50)
-    migrating = account([quota, *vms, *pods, vmim_obj("m", "vm1")], config=config)
+    migrating = account([quota, *vms, *pods, vmim_obj("m", "vm1", rejected=True)], config=config)
     qm = migrating.quotas["rq"]
     assert fits(usage_of(target), qm.pod_usage, qm.hard) == []
 
@@ -409,7 +440,7 @@ def test_pending_vms_are_admitted_in_creation_order_regardless_of_input_order() 
 
 def test_refusal_amounts_replace_the_estimate_for_a_pending_vm() -> None:
     quota = quota_obj("rq", {"limits.memory": "64Gi"})
-    v = vmi_obj("v", guest="4Gi", t=10, phase="Pending")
+    v = refused_vmi(vmi_obj("v", guest="4Gi", t=10, phase="Pending"))
     est = rendered_usage(v, KubeVirtConfig(), facts_for(["limits.memory"]))
     old = refusal_event("v", {"limits.memory": "1"}, t=5)  # before the VMI existed: another incarnation
     exact = refusal_event("v", {"limits.memory": "9000000000"}, t=20)
@@ -427,19 +458,19 @@ def test_refusal_amounts_after_the_migration_correct_its_target_estimate() -> No
     v = vmi_obj("v", guest="4Gi")
     pod = launcher_obj(v, facts=facts)
     before_migration = refusal_event("v", {"limits.memory": "1"}, t=50)
-    during = refusal_event("v", {"limits.memory": "12884901888"}, t=150)
-    u = account([quota, v, pod, vmim_obj("m", "v", t=100), before_migration, during])
+    during = refusal_event("v", {"limits.memory": "9Gi"}, t=150)
+    u = account([quota, v, pod, vmim_obj("m", "v", t=100, rejected=True), before_migration, during])
     m = mig(u, "m")
-    assert m.state == PENDING and m.reserved["limits.memory"] == Q("12Gi")
+    assert m.state == PENDING and m.reserved["limits.memory"] == Q("9Gi")
     assert m.reserved["requests.memory"] == usage_of(pod)["requests.memory"]
-    # the VM counts at the larger of its pod and the pending target: the growth shows in U
-    assert u.quotas["rq"].accounted["limits.memory"] == Q("12Gi")
+    # the target is charged more than the source: that much more counts in U
+    assert u.quotas["rq"].accounted["limits.memory"] == Q("9Gi")
 
 
 def test_only_the_oldest_active_migration_of_a_vmi_reserves() -> None:
     quota = quota_obj("rq", {"requests.memory": "64Gi"})
     v = vmi_obj("v")
-    objs = [quota, v, launcher_obj(v), vmim_obj("later", "v", t=300), vmim_obj("first", "v", t=200)]
+    objs = [quota, v, launcher_obj(v), vmim_obj("later", "v", t=300), vmim_obj("first", "v", t=200, rejected=True)]
     u = account(objs)
     assert mig(u, "first").state == PENDING and mig(u, "later").state == QUEUED
     assert u.quotas["rq"].reserved == mig(u, "first").reserved
@@ -455,15 +486,18 @@ def test_migration_of_a_vmi_without_a_pod_waits() -> None:
     assert u.quotas["rq"].reserved == vm(u, "v").reserved
 
 
-def test_hotplug_growth_counts_and_is_reserved_for_the_target() -> None:
+def test_hotplug_growth_is_admitted_with_its_migration_and_reserved_for_the_target() -> None:
     quota = quota_obj("rq", {"requests.cpu": "100", "requests.memory": "100Gi"}, Mode.VIRTUAL_RESOURCES)
     grown = vmi_obj("v", vcpus=4, guest="4Gi", status_vcpus=2, status_guest="2Gi")
-    source = launcher_obj(vmi_obj("v", vcpus=2, guest="2Gi"))
+    source = launcher_obj(vmi_obj("v", vcpus=2, guest="2Gi"), vouched=False)
+    vouch(grown, source)
     idle = account([quota, grown, source])
     q = idle.quotas["rq"]
-    assert format_resource_list(q.accounted)["requests.cpu"] == "4"  # the larger of spec and status
-    assert format_resource_list(q.accounted)["requests.memory"] == "4Gi"
-    migrating = account([quota, grown, source, vmim_obj("m", "v")])
+    assert format_resource_list(q.accounted)["requests.cpu"] == "2"  # the size it runs at
+    assert format_resource_list(q.accounted)["requests.memory"] == "2Gi"
+    migrating = account([quota, grown, source, vmim_obj("m", "v", rejected=True)])
+    assert format_resource_list(migrating.quotas["rq"].accounted)["requests.cpu"] == "4"  # growth admitted
+    assert format_resource_list(migrating.quotas["rq"].accounted)["requests.memory"] == "4Gi"
     m = mig(migrating, "m")
     assert m.growth["requests.memory"] >= Q("2Gi") and m.growth["requests.cpu"] > Q("0")
     target = launcher_obj(grown, migration_uid="mig-m", node="n2")
@@ -500,32 +534,38 @@ def test_non_vm_terminal_and_orphan_pods() -> None:
     assert hard_of(u)["requests.cpu"] == "10"
 
 
-def test_launcher_pods_match_their_vmi_by_uid_then_by_owner_name() -> None:
+def test_a_pod_is_a_launcher_pod_only_when_kubevirt_names_it_in_the_vmi_status() -> None:
     quota = quota_obj("rq", {"requests.cpu": "10"})
     v = vmi_obj("v")
     pod = launcher_obj(v)
-    no_uid_vmi = dict(v, metadata={k: val for k, val in v["metadata"].items() if k != "uid"})
-    pod_by_name = json.loads(json.dumps(pod))
-    del pod_by_name["metadata"]["labels"]["kubevirt.io/created-by"]
-    for objs in ([v, pod], [no_uid_vmi, pod], [v, pod_by_name]):
-        u = account([quota, *objs])
-        assert vm(u, "v").state == RUNNING, objs
-    other = json.loads(json.dumps(pod))
-    other["metadata"]["labels"]["kubevirt.io/created-by"] = "uid-of-an-older-incarnation"
-    other["metadata"]["ownerReferences"][0]["uid"] = "uid-of-an-older-incarnation"
-    u = account([quota, v, other])
+    u = account([quota, v, pod])
+    assert vm(u, "v").state == RUNNING and u.pods[0].role == LAUNCHER
+    # the same labels and owner reference, but KubeVirt's status does not name it: a plain pod at full usage
+    forged = launcher_obj(vmi_obj("v"), vouched=False, suffix="forged")
+    u = account([quota, v, pod, forged])
+    roles = {e.name: e.role for e in u.pods}
+    assert roles[forged["metadata"]["name"]] == ORPHAN_LAUNCHER
+    q = u.quotas["rq"]
+    assert q.accounted["requests.cpu"] == usage_of(pod)["requests.cpu"] + usage_of(forged)["requests.cpu"]
+    # a VMI whose status names no pod has none, whatever the pods' labels say
+    bare = vmi_obj("v")
+    u = account([quota, bare, json.loads(json.dumps(pod))])
     assert vm(u, "v").state == ADMITTED and u.pods[0].role == ORPHAN_LAUNCHER
 
 
 def test_two_launcher_pods_count_once_at_their_maximum() -> None:
     quota = quota_obj("rq", {"requests.memory": "100Gi"})
     v = vmi_obj("v", guest="2Gi")
-    small = launcher_obj(vmi_obj("v", guest="1Gi"), suffix="a")
+    small = launcher_obj(vmi_obj("v", guest="1Gi"), suffix="a", vouched=False)
+    vouch(v, small)
     big = launcher_obj(v, suffix="b", t=5)
     u = account([quota, v, small, big])
     q = u.quotas["rq"]
     assert q.accounted["requests.memory"] == usage_of(big)["requests.memory"]
     assert q.pod_usage["requests.memory"] == usage_of(big)["requests.memory"] + usage_of(small)["requests.memory"]
+    # hard holds room for one launcher pod of the VM (B - U + P - D = B): the end of either frees nothing
+    assert q.overlap["requests.memory"] == usage_of(small)["requests.memory"]
+    assert q.hard["requests.memory"] == Q("100Gi")
 
 
 # ---- quotas ----------------------------------------------------------------------------------------------------------

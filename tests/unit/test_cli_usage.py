@@ -37,7 +37,7 @@ def namespace_file(tmp_path: Path) -> str:
         other_ns,
         launcher_obj(other_ns),
         pod_obj("web", {"cpu": "250m", "memory": "512Mi"}),
-        vmim_obj("m1", "vm1"),
+        vmim_obj("m1", "vm1", rejected=True),
         {"kind": "ConfigMap", "metadata": {"name": "cm", "namespace": "tenant"}},
         refusal_event("vm2", {"requests.cpu": "300m"}, t=10) | {"reason": "Scheduled"},
     ]

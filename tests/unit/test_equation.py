@@ -195,10 +195,10 @@ class World:
             if not admitted:
                 return
             vmi = self.objs[("VirtualMachineInstance", admitted[0].name)]
-            pod = self.launcher(vmi)
+            pod = self.launcher(vmi)  # (KubeVirt names it in the VMI's status.activePods)
             assert fits(usage_of(pod), q.pod_usage, q.hard) == [], f"admitted VM {admitted[0].name} refused natively"
             self.put(pod)
-            self.put(vmi | {"status": {"phase": "Running", "nodeName": "n1"}})
+            self.put(vmi | {"status": {**vmi["status"], "phase": "Running", "nodeName": "n1"}})
 
     # ---- operations
     def add_vm(self, vcpus: int, guest_mib: int, explicit_limit: bool) -> None:
@@ -271,13 +271,21 @@ class World:
         for vmi, m, _ in migrations:
             q = self.account().quotas["rq"]
             target = self.launcher(vmi, migration_uid=m["metadata"]["uid"], node="n2")
-            assert fits(usage_of(target), q.pod_usage, q.hard) == [], "migration target refused"
+            if fits(usage_of(target), q.pod_usage, q.hard):
+                # refused natively: KubeVirt reports it on the migration, and vmquota then makes room (only then)
+                event("migration target refused once")
+                rejected = [{"type": "migrationRejectedByResourceQuota", "status": "True"}]
+                self.put(m | {"status": {"phase": "Pending", "conditions": rejected}})
+                q = self.account().quotas["rq"]
+                assert fits(usage_of(target), q.pod_usage, q.hard) == [], "migration target refused twice"
             self.put(target)
             self.put(m | {"status": {"phase": "Running"}})
         for vmi, m, source in migrations:
-            self.put(vmi | {"status": {"phase": "Running", "nodeName": "n2"}})
+            self.put(vmi | {"status": {**vmi["status"], "phase": "Running", "nodeName": "n2"}})
             self.put(m | {"status": {"phase": "Succeeded"}})
+            stale = self.account().quotas["rq"]
             self.put(source | {"status": {"phase": "Succeeded"}})
+            self.check_stale_hard(stale)
         during = self.hard()
         assert {r: v for r, v in during.items() if r != "count/pods"} == {
             r: v for r, v in before.items() if r != "count/pods"
@@ -290,6 +298,17 @@ class World:
         event(f"{len(migrations)} concurrent migration(s)")
         if any(b - self.account().quotas["rq"].accounted.get(r, ZERO) < Q("1") for r, b in self.budget.items()):
             event("migrated with the budget (nearly) used up")
+
+    def check_stale_hard(self, stale: Any) -> None:
+        """Safety at every instant: a pod ended (the quota controller frees its charge at once) and vmquota has
+        not lowered ``hard`` yet. The room the stale ``hard`` leaves must be no more than the fresh one does."""
+        fresh = self.account().quotas["rq"]
+        for r, h in stale.hard.items():
+            if fresh.factors.get(r) is None:
+                continue
+            room_stale = h - fresh.pod_usage.get(r, ZERO)
+            room_fresh = fresh.hard[r] - fresh.pod_usage.get(r, ZERO)
+            assert room_stale <= max(room_fresh, ZERO), f"{r}: a pod ending opens {room_stale - room_fresh} of room"
 
     # ---- the replay property
     def check_replay(self, seed: int) -> None:

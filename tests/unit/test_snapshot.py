@@ -191,7 +191,7 @@ def test_vmi() -> None:
     assert (s.namespace, s.name, s.uid, s.resource_version) == ("tenant", "vm1", "u-1", "42")
     assert s.creation_timestamp == datetime(2025, 1, 1, tzinfo=UTC)
     assert s.vcpus == 4 and s.guest_memory == Quantity.parse("8Gi")
-    assert s.status_vcpus == 2 and s.status_guest_memory == Quantity.parse("8Gi")
+    assert s.status_vcpus == 2 and s.status_guest_memory == Quantity.parse("4Gi")  # guestCurrent
     assert s.memory_overhead == Quantity.parse("300Mi")
     assert format_resource_list(s.limits) == {"memory": "8Gi"}
     assert s.migration is not None and s.migration.completed and s.migration.source_node == "node-b"

@@ -52,6 +52,7 @@ Key = tuple[str, str]
 """(namespace, quota name)."""
 
 REPORT_QUEUE: Final = 10_000
+NUDGED_MAX: Final = 65_536
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +74,8 @@ class EnforcerOptions:
     """First backoff after a failed call (429, 5xx, timeout); doubles up to ``retry_max``, ±20%, never shorter than
     a ``Retry-After`` the server sent (up to ``retry_max``)."""
     retry_max: float = 10.0
+    nudge_interval: float = 0.2
+    """Least seconds between two nudges of one VMI (``services.enforcer.kube.NUDGE_ANNOTATION``)."""
 
 
 class EnforcerMetrics:
@@ -87,6 +90,12 @@ class EnforcerMetrics:
             "vmquota_enforcer_conflict_retries",
             "Where the version retried after a 409 came from: a quota event that arrived meanwhile, or a read",
             ["source"],
+            registry=registry,
+        )
+        self.nudges = Counter(
+            "vmquota_enforcer_nudges",
+            "VMIs touched so that KubeVirt retries a refused launcher pod at once, by outcome",
+            ["outcome"],
             registry=registry,
         )
         self.reaction = Histogram(
@@ -140,6 +149,9 @@ class Enforcer:
         self._warm = False
         self._stopped = False
         self._reports: asyncio.Queue[tuple[Plan, str]] = asyncio.Queue(REPORT_QUEUE)
+        self._nudged: dict[tuple[str, str], tuple[int, float]] = {}
+        """(namespace, VMI uid) → the usage snapshot (seq) and the time of the last nudge."""
+        self._nudges: set[asyncio.Task[None]] = set()
         self.patched = 0
         self.conflicts = 0
         self.dead_letters = 0
@@ -189,7 +201,7 @@ class Enforcer:
                 await cancel(*tasks[:2])
                 if graceful:
                     await self._drain()
-                await cancel(*self._tasks.values(), tasks[2])
+                await cancel(*self._tasks.values(), *self._nudges, tasks[2])
                 await quotas.close()
                 await usage.close()
                 log.info("enforcer stopped", graceful=graceful, patched=self.patched, conflicts=self.conflicts)
@@ -380,6 +392,7 @@ class Enforcer:
                 try:
                     await self._reconcile(key)
                     self._failures.pop(key, None)
+                    self._nudge_refused(key[0])
                 except KubeError as e:
                     self._retry_later(key, e)
                     return
@@ -391,6 +404,36 @@ class Enforcer:
                     return
         finally:
             self._tasks.pop(key, None)
+
+    def _nudge_refused(self, namespace: str) -> None:
+        """Once a quota of the namespace carries what it should: touch each VMI the ledger admitted whose launcher
+        pod KubeVirt was refused (KubeVirt's VMI controller does not watch quotas), once per usage snapshot and at
+        most every ``nudge_interval`` seconds per VMI. Off the reconcile path; a failed nudge is only logged (the
+        next usage snapshot brings another)."""
+        u = self.usage.get(namespace)
+        if u is None or self.opts.dry_run or self._stopped:
+            return
+        now = time.monotonic()
+        for v in u.vms:
+            if v.state != "admitted" or not v.pod_refused or not v.uid:
+                continue
+            last = self._nudged.get((namespace, v.uid))
+            if last is not None and (last[0] >= u.seq or now - last[1] < self.opts.nudge_interval):
+                continue
+            self._nudged[(namespace, v.uid)] = (u.seq, now)
+            if len(self._nudged) > NUDGED_MAX:
+                del self._nudged[next(iter(self._nudged))]
+            task = asyncio.create_task(self._nudge(namespace, v.name, str(u.seq)), name=f"nudge-{namespace}-{v.name}")
+            self._nudges.add(task)
+            task.add_done_callback(self._nudges.discard)
+
+    async def _nudge(self, namespace: str, name: str, token: str) -> None:
+        try:
+            await self.kube.nudge_vmi(namespace, name, token)
+            self.own.nudges.labels(outcome="applied").inc()
+        except KubeError as e:
+            self.own.nudges.labels(outcome="failed").inc()
+            log.info("VMI not nudged", namespace=namespace, vmi=name, error=str(e))
 
     def _retry_later(self, key: Key, e: KubeError) -> None:
         n = self._failures.get(key, 0) + 1

@@ -72,6 +72,7 @@ FAIL_START_ANNOTATION: Final = "simcluster.vmquota.io/fail-start"
 _RENDERED_MAX: Final = 1024
 """Launcher pod renderings kept for retries."""
 COMPONENT: Final = "virtualmachine-controller"
+VMI_KIND_NAME: Final = "VirtualMachineInstance"
 
 VMI_FINAL: Final = frozenset({"Succeeded", "Failed"})
 VMIM_FINAL: Final = frozenset({"Succeeded", "Failed"})
@@ -503,6 +504,8 @@ class KubeVirtSimulator:
         self._pod_steps = Steps(self.pod_queue)
         self._retry_at: dict[tuple[str, Key], float] = {}
         self._vmim_by_uid: dict[str, Key] = {}
+        self._targets: dict[str, str] = {}
+        """Migration uid → uid of the target pod created for it."""
         self._started_once: set[str] = set()
         self._source_done: set[str] = set()
         self._kv_config: tuple[str, KubeVirtConfig] | None = None
@@ -514,6 +517,7 @@ class KubeVirtSimulator:
         cache.subscribe("pods", self._on_pod)
         cache.subscribe("resourcequotas", self._on_quota)
         cache.add_index("pods", "vmi", lambda p: _label_values(p, CREATED_BY_LABEL))
+        cache.add_index("pods", "controller", _controller_uid)
         cache.add_index("pods", "migration", lambda p: _label_values(p, MIGRATION_JOB_LABEL))
         cache.add_index("pods", "node", _pod_node)
         cache.add_index("virtualmachineinstancemigrations", "vmi", _vmim_vmi)
@@ -615,6 +619,10 @@ class KubeVirtSimulator:
 
     def _on_vmi(self, type_: WatchType, obj: Obj, old: Obj | None) -> None:
         key = key_of(obj)
+        if old is not None and annotations_of(old) != annotations_of(obj):
+            # KubeVirt re-queues a VMI on every update (Queue.Add, not rate limited): a change of its annotations (a
+            # nudge, e.g. vmquota's once it made room) makes a refused pod creation retry at once
+            self._retry_at.pop(("vmi", key), None)
         self.vmi_queue.add(key)
         self.vm_queue.add(key)
         for vmim in self.migrations_of(*key):
@@ -630,6 +638,7 @@ class KubeVirtSimulator:
         uid = uid_of(obj)
         if type_ == "DELETED":
             self._vmim_by_uid.pop(uid, None)
+            self._targets.pop(uid, None)
             self._vmim_steps.clear(uid)
             self._retry_at.pop(("vmim", key), None)
         else:
@@ -653,6 +662,9 @@ class KubeVirtSimulator:
         lab = labels_of(obj)
         if lab.get(APP_LABEL) == LAUNCHER and lab.get(VM_NAME_LABEL):
             self.vmi_queue.add((key[0], lab[VM_NAME_LABEL]))
+        for ref in meta(obj).get("ownerReferences") or []:  # (KubeVirt resolves the controller reference)
+            if isinstance(ref, Mapping) and ref.get("controller") is True and ref.get("kind") == VMI_KIND_NAME:
+                self.vmi_queue.add((key[0], str(ref.get("name") or "")))
         job = lab.get(MIGRATION_JOB_LABEL)
         if job and job in self._vmim_by_uid:
             self.migration_queue.add(self._vmim_by_uid[job])
@@ -780,7 +792,9 @@ class KubeVirtSimulator:
 
     # ---- pods of a VMI ---------------------------------------------------------------------------------------
     def pods_of(self, vmi: Mapping[str, Any]) -> list[Obj]:
-        pods = self.cache.by_index("pods", "vmi", f"{key_of(vmi)[0]}/{uid_of(vmi)}")
+        """The pods the VMI controls (controller owner reference), as KubeVirt's ``IsControlledBy`` finds them;
+        labels play no part."""
+        pods = self.cache.by_index("pods", "controller", f"{key_of(vmi)[0]}/{uid_of(vmi)}")
         return sorted(
             pods, key=lambda p: (str(meta(p).get("creationTimestamp") or ""), int(meta(p).get("resourceVersion") or 0))
         )
@@ -973,6 +987,7 @@ class KubeVirtSimulator:
         uid = uid_of(vmi)
         p = phase(vmi)
         await self._cleanup_terminal_pods(vmi)
+        await self._set_active_pods(vmi)
         if p in VMI_FINAL:
             return
         pod = self.launcher_of(vmi)
@@ -994,6 +1009,16 @@ class KubeVirtSimulator:
                 self._vmi_steps.clear(uid, "boot")
         elif pod_phase in POD_TERMINAL:
             await self._update_status(self.r_vmis, key, lambda o: set_phase(o["status"], pod_phase))
+
+    def active_pods_status(self, vmi: Mapping[str, Any]) -> dict[str, str]:
+        """``status.activePods`` as KubeVirt's VMI controller writes it: every pod the VMI controls, uid → node."""
+        return {uid_of(p): str((p.get("spec") or {}).get("nodeName") or "") for p in self.pods_of(vmi)}
+
+    async def _set_active_pods(self, vmi: Obj) -> None:
+        active = self.active_pods_status(vmi)
+        if active == (status(vmi).get("activePods") or {}) or (not active and "activePods" not in status(vmi)):
+            return
+        await self._update_status(self.r_vmis, key_of(vmi), lambda o: o["status"].update({"activePods": active}))
 
     async def _create_launcher(self, vmi: Obj) -> None:
         key = key_of(vmi)
@@ -1045,7 +1070,7 @@ class KubeVirtSimulator:
         def change(obj: Obj) -> None:
             st = obj["status"]
             st["nodeName"] = node
-            st["activePods"] = {uid_of(pod): node}
+            st["activePods"] = self.active_pods_status(vmi)
             st["qosClass"] = pod_status.get("qosClass")
             st["launcherContainerImageVersion"] = self.image(config)
             st["migrationMethod"] = "LiveMigration"
@@ -1084,8 +1109,15 @@ class KubeVirtSimulator:
 
     # ---- migration controller --------------------------------------------------------------------------------
     def _target_pod(self, vmim: Mapping[str, Any]) -> Obj | None:
+        """The target pod this controller created for the migration (recorded at creation and in the migration's
+        ``status.migrationState.targetPod``), never another pod that merely carries its label."""
         pods = self.cache.by_index("pods", "migration", f"{key_of(vmim)[0]}/{uid_of(vmim)}")
-        return pods[0] if pods else None
+        created = self._targets.get(uid_of(vmim))
+        recorded = ((vmim.get("status") or {}).get("migrationState") or {}).get("targetPod")
+        for p in pods:
+            if (created is not None and uid_of(p) == created) or (recorded and meta(p).get("name") == recorded):
+                return p
+        return None
 
     def _running_migrations(self) -> list[Obj]:
         return [m for p in VMIM_ACTIVE for m in self.cache.by_index("virtualmachineinstancemigrations", "phase", p)]
@@ -1153,9 +1185,11 @@ class KubeVirtSimulator:
         ms = status(vmi).get("migrationState") or {}
         return bool(ms.get("migrationUid") == uid_of(vmim) and ms.get("completed") and not ms.get("failed"))
 
-    async def _set_migration_phase(self, key: Key, new_phase: str) -> None:
+    async def _set_migration_phase(self, key: Key, new_phase: str, *, target_pod: str = "") -> None:
         def change(obj: Obj) -> None:
             st = obj["status"]
+            if target_pod:
+                st.setdefault("migrationState", {})["targetPod"] = target_pod
             if new_phase == "Scheduling":
                 remove_condition(st.setdefault("conditions", []), REJECTED_BY_QUOTA)
                 if not st["conditions"]:
@@ -1211,10 +1245,10 @@ class KubeVirtSimulator:
             self._backoff("vmim", key, self.migration_queue)
             return
         self._succeeded("vmim", key, self.migration_queue)
-        await self.events.record(
-            vmim, "Normal", "SuccessfulCreate", f"Created migration target pod {meta(created).get('name')}"
-        )
-        await self._set_migration_phase(key, "Scheduling")
+        self._targets[uid_of(vmim)] = uid_of(created)
+        name = meta(created).get("name")
+        await self.events.record(vmim, "Normal", "SuccessfulCreate", f"Created migration target pod {name}")
+        await self._set_migration_phase(key, "Scheduling", target_pod=str(name))
 
     async def _check_target_timeout(self, vmim: Obj, vmi: Obj, target: Obj) -> None:
         key, uid = key_of(vmim), uid_of(vmim)
@@ -1278,7 +1312,7 @@ class KubeVirtSimulator:
         def change(obj: Obj) -> None:
             st = obj["status"]
             st["nodeName"] = node
-            st["activePods"] = {uid_of(target): node}
+            st["activePods"] = self.active_pods_status(vmi)
             ms = st.get("migrationState")
             if isinstance(ms, dict):
                 ms.update({"completed": True, "endTimestamp": now, "targetNodeDomainReadyTimestamp": now})
@@ -1471,6 +1505,14 @@ def _label_values(obj: Mapping[str, Any], label: str) -> tuple[str, ...]:
     """``namespace/value`` of a label, for an index (empty when the label is absent)."""
     value = labels_of(obj).get(label)
     return (f"{key_of(obj)[0]}/{value}",) if value else ()
+
+
+def _controller_uid(obj: Mapping[str, Any]) -> tuple[str, ...]:
+    """``namespace/uid`` of the owner reference marked ``controller: true``, for an index."""
+    for ref in meta(obj).get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller") is True and ref.get("uid"):
+            return (f"{key_of(obj)[0]}/{ref['uid']}",)
+    return ()
 
 
 def _pod_node(pod: Mapping[str, Any]) -> tuple[str, ...]:

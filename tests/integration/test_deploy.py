@@ -46,7 +46,8 @@ CLUSTER_RULES: dict[str, set[tuple[str, str, str]]] = {
     | {("", r, v) for r in ("pods", "resourcequotas", "namespaces", "events") for v in ("get", "list", "watch")},
     "enforcer": {("", "resourcequotas", v) for v in ("get", "list", "watch", "patch", "update")}
     | {("", "events", v) for v in ("create", "patch")}
-    | {("", "namespaces", v) for v in ("get", "list", "watch")},
+    | {("", "namespaces", v) for v in ("get", "list", "watch")}
+    | {("kubevirt.io", "virtualmachineinstances", "patch")},  # the nudge of a VMI whose pod was refused
     "ledger": set(),
 }
 NAMESPACED_RULES: dict[str, set[tuple[str, str, str]]] = {"watcher": LEASES, "enforcer": LEASES, "ledger": set()}

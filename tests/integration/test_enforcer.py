@@ -290,6 +290,9 @@ class BeatenOnce:
     async def create_event(self, namespace: str, body: Obj) -> None:
         await self.inner.create_event(namespace, body)
 
+    async def nudge_vmi(self, namespace: str, name: str, token: str) -> None:
+        await self.inner.nudge_vmi(namespace, name, token)
+
     async def patch_quota(self, namespace: str, name: str, body: Obj) -> Obj:
         self.calls.append("patch")
         if self.calls.count("patch") == 1 and self.enforcer is not None:

@@ -1,0 +1,174 @@
+"""End to end, as a hostile tenant plays it: the simulated cluster, a real nats-server and the three services.
+
+Each test is one way a tenant tried to get past its budget (``docs/accounting.md``, "Tenants are adversaries"):
+pods that carry launcher labels, a pod created the moment a migration's source pod ends, a forged quota refusal
+Event, a migration KubeVirt holds back. The budget is ``limits.memory: 64Gi`` in ``VmiPodUsage`` (seed scenario
+1's namespace: three 16Gi VMs running), so the native evaluator's charge of the namespace's pods is exactly the
+usage in mode terms, and the invariant is plain: what the pods are charged never exceeds the budget once a tenant
+pod got in (running VMs may be over budget only through KubeVirt's own overhead growth, never through a tenant's
+pod). Migrations still succeed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import Any
+
+from services.simcluster.kubevirt import VMIM_ACTIVE, phase
+from services.simcluster.store_api import ApiError, Obj
+from shared.podusage import pod_quota_usage
+from shared.quantity import Quantity
+from tests.integration.e2e import SLOW_MIGRATIONS, Pipeline, full_namespace, pipeline, plain_pod, rl
+
+NS = "tenant-a"
+BUDGET = Quantity.parse("64Gi")
+
+
+def charged(p: Pipeline) -> Quantity:
+    return p.pod_usage(NS).get("limits.memory", Quantity.from_int(0))
+
+
+async def try_create(p: Pipeline, pod: Obj) -> bool:
+    """The tenant's create; True when quota admission let the pod in."""
+    try:
+        await p.sim.create(pod)
+    except ApiError as e:
+        assert e.code == 403 and "exceeded quota" in e.message, e.message
+        return False
+    return True
+
+
+def forged_launcher(name: str, vmi: Obj, memory: str) -> Obj:
+    """A plain pod dressed as ``vmi``'s launcher pod: labels, annotations and an owner reference a tenant can write
+    (not a controller reference, and never in KubeVirt's ``status.activePods``)."""
+    meta = vmi["metadata"]
+    pod = plain_pod(NS, name, {"memory": memory, "cpu": "100m"}, {"memory": memory, "cpu": "100m"})
+    pod["metadata"]["labels"] = {
+        "kubevirt.io": "virt-launcher",
+        "kubevirt.io/created-by": meta["uid"],
+        "vm.kubevirt.io/name": meta["name"],
+        "vmi.kubevirt.io/id": meta["name"],
+    }
+    pod["metadata"]["ownerReferences"] = [
+        {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": meta["name"], "uid": meta["uid"]}
+    ]
+    return pod
+
+
+async def settled(p: Pipeline) -> None:
+    """Until the ledger has accounted every pod there is (its usage snapshot's P is the simulator's)."""
+
+    def accounted() -> bool:
+        t = p.tap.terms(NS, "compute")
+        return t is not None and rl(t.pods).get("limits.memory") == charged(p) and p.in_effect(NS, "compute")
+
+    await p.wait(accounted, "the ledger to account every pod")
+
+
+async def test_pods_with_forged_launcher_labels_count_at_full_pod_usage() -> None:
+    async with pipeline() as p:
+        await full_namespace(p, NS)
+        vmi = p.sim.peek("vmi", NS, "vm1")
+        assert vmi is not None
+        admitted = 0
+        for i in range(12):  # bounded: 4Gi each, the namespace has some 15Gi left
+            if await try_create(p, forged_launcher(f"fake-{i}", vmi, "4Gi")):
+                admitted += 1
+            await settled(p)
+            assert charged(p) <= BUDGET, f"forged launcher pods took the namespace to {charged(p)} of {BUDGET}"
+        assert 1 <= admitted <= 4, f"{admitted} forged pods admitted: they must share the headroom 1:1"
+        roles = {v.name for v in p.tap.usage[NS].vms if v.state == "running"}
+        assert roles == {"vm1", "vm2", "vm3"}
+
+
+async def test_a_pod_created_as_a_migration_source_ends_takes_no_room() -> None:
+    async with pipeline(kubevirt_timing=SLOW_MIGRATIONS) as p:
+        await full_namespace(p, NS)
+        source = p.launcher_pods(NS, "vm1")[0]
+        size = pod_quota_usage(source)["limits.memory"]
+        attempts: list[asyncio.Task[bool]] = []
+        ended: list[bool] = []
+
+        def on_pod(type_: str, obj: Obj, old: Obj | None) -> None:
+            if obj["metadata"]["uid"] == source["metadata"]["uid"] and phase(obj) == "Succeeded":
+                ended.append(True)
+
+        def on_quota(type_: str, obj: Obj, old: Obj | None) -> None:
+            # the tenant watches its quota and strikes the moment the quota controller stops charging the source
+            if not ended or attempts or old is None:
+                return
+            used = rl((obj.get("status") or {}).get("used") or {}).get("limits.memory")
+            before = rl((old.get("status") or {}).get("used") or {}).get("limits.memory")
+            if used is not None and before is not None and used < before:
+                pod = plain_pod(NS, "grab", {"memory": "1Gi", "cpu": "100m"}, {"memory": str(size), "cpu": "1"})
+                attempts.append(asyncio.create_task(try_create(p, pod)))
+
+        p.sim.kubevirt.cache.subscribe("pods", on_pod)
+        p.sim.kubevirt.cache.subscribe("resourcequotas", on_quota)
+        m = await p.migrate(NS, "vm1")
+        await p.wait_migrated(NS, "vm1", m)
+        await p.wait(lambda: bool(attempts), "the source pod to end")
+        got_in = await attempts[0]
+        assert not got_in, "a pod created as the source pod ended took its room"
+        await settled(p)
+        assert charged(p) <= BUDGET
+        await p.wait_hard(NS, "compute", rl({"limits.memory": "64Gi"}), "hard to come back")
+
+
+async def test_a_forged_refusal_event_does_not_inflate_a_reservation() -> None:
+    async with pipeline() as p:
+        await full_namespace(p, NS)
+        vmi = p.sim.peek("vmi", NS, "vm1")
+        assert vmi is not None
+        await p.sim.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"name": "vm1.forged", "namespace": NS},
+                "involvedObject": {
+                    "apiVersion": "kubevirt.io/v1",
+                    "kind": "VirtualMachineInstance",
+                    "name": "vm1",
+                    "namespace": NS,
+                    "uid": vmi["metadata"]["uid"],
+                },
+                "reason": "FailedCreate",
+                "type": "Warning",
+                "message": 'Error creating pod: pods "virt-launcher-vm1-x" is forbidden: exceeded quota: compute, '
+                "requested: limits.memory=200Gi, used: limits.memory=50Gi, limited: limits.memory=64Gi",
+                "source": {"component": "virtualmachine-controller"},
+                "count": 1,
+            }
+        )
+        m = await p.migrate(NS, "vm1")
+        await p.wait_migrated(NS, "vm1", m)
+        highest = max(
+            (rl(d.hard_after)["limits.memory"] for d in p.tap.decisions if d.namespace == NS and d.hard_after),
+            default=BUDGET,
+        )
+        assert highest <= BUDGET + Quantity.parse("20Gi"), f"hard was raised to {highest} for a ~17Gi target pod"
+
+
+async def test_a_migration_kubevirt_holds_back_holds_no_room() -> None:
+    async with pipeline() as p:
+        await full_namespace(p, NS)
+        p.sim.kubevirt.config = _with_parallel(p.sim.kubevirt.config, 0)  # KubeVirt holds every migration back
+        m = await p.migrate(NS, "vm1")
+
+        def seen() -> bool:
+            u = p.tap.usage.get(NS)
+            return u is not None and any(x.name == m for x in u.migrations)
+
+        await p.wait(seen, "the ledger to see the migration")
+        await settled(p)
+        assert phase(p.migration(NS, m)) not in VMIM_ACTIVE
+        assert p.hard(NS, "compute") == rl({"limits.memory": "64Gi"}), "room was held for a migration not tried"
+        state = next(x for x in p.tap.usage[NS].migrations if x.name == m)
+        assert state.state == "not-tried" and not state.reserved
+        # ~15Gi is left in the budget: a 16Gi pod gets in only through room held for the migration
+        assert not await try_create(p, plain_pod(NS, "grab", {"memory": "1Gi"}, {"memory": "16Gi", "cpu": "1"}))
+
+
+def _with_parallel(config: Any, n: int) -> Any:
+    return replace(config, parallel_migrations=n)

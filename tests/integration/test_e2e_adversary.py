@@ -15,6 +15,7 @@ import asyncio
 from dataclasses import replace
 from typing import Any
 
+from services.enforcer.kube import NUDGE_ANNOTATION
 from services.simcluster.kubevirt import VMIM_ACTIVE, phase
 from services.simcluster.store_api import ApiError, Obj
 from shared.podusage import pod_quota_usage
@@ -172,3 +173,21 @@ async def test_a_migration_kubevirt_holds_back_holds_no_room() -> None:
 
 def _with_parallel(config: Any, n: int) -> Any:
     return replace(config, parallel_migrations=n)
+
+
+async def test_a_vm_refused_during_a_migration_is_nudged_and_starts_once_there_is_room() -> None:
+    """The price of holding no room for a migration's second pod: a VM that fits the budget is refused natively
+    while both pods run. Once the source pod ends the enforcer touches its VMI, and KubeVirt tries again at once."""
+    async with pipeline(kubevirt_timing=SLOW_MIGRATIONS) as p:
+        await full_namespace(p, NS)
+        m = await p.migrate(NS, "vm1")
+        await p.wait(lambda: bool(p.target_pods(NS, m)), "the target pod")
+        await p.wait(lambda: p.hard(NS, "compute") == rl({"limits.memory": "64Gi"}), "hard back at the budget")
+        await p.sim.create_vm(NS, "vm4", memory="8Gi", limits={"memory": "8Gi"})
+        await p.wait(lambda: bool(p.quota_refusals(NS, "vm4")), "vm4's pod to be refused while both pods run")
+        await p.wait_migrated(NS, "vm1", m)
+        await p.sim.wait_for_phase(NS, "vm4", "Running", within=20.0)
+        vmi = p.sim.peek("vmi", NS, "vm4")
+        assert vmi is not None and NUDGE_ANNOTATION in (vmi["metadata"].get("annotations") or {})
+        await settled(p)
+        assert charged(p) <= BUDGET

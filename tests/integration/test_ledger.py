@@ -401,7 +401,7 @@ async def test_the_real_accountant_publishes_the_quota_equation_terms(nats_url: 
     quota = acc.quota_obj("rq", {"limits.memory": "64Gi"})
     facts = acc.facts_for(["limits.memory"])
     vmis = [acc.vmi_obj(f"vm{i}", guest="16Gi", limits={"memory": "16Gi"}) for i in range(3)]
-    objs = [quota, *vmis, *(acc.launcher_obj(v, facts=facts) for v in vmis), acc.vmim_obj("mig", "vm0")]
+    objs = [quota, *vmis, *(acc.launcher_obj(v, facts=facts) for v in vmis), acc.vmim_obj("mig", "vm0", rejected=True)]
     events = []
     for rv, obj in enumerate(objs, start=10):
         meta = obj["metadata"]

@@ -88,6 +88,8 @@ ADJUSTED: Final = "QuotaAdjusted"
 BUDGET_CHANGED: Final = "BudgetChanged"
 RELEASED: Final = "QuotaReleased"
 REFUSED: Final = "QuotaRefused"
+VM_QUOTA_EXCEEDED: Final = "VMQuotaExceeded"
+"""On a VMI: what it asked for (a hotplug) does not fit the budget."""
 
 NORMAL: Final = "Normal"
 WARNING: Final = "Warning"
@@ -507,24 +509,35 @@ EVENT_MESSAGE_MAX: Final = 1024
 
 
 def event_body(p: Plan, *, identity: str, now: datetime) -> dict[str, Any]:
-    """The core/v1 Event recording a change on the quota (``kubectl describe quota`` shows it)."""
+    """The core/v1 Event recording a change on the quota (``kubectl get events`` lists it)."""
+    involved = {"apiVersion": "v1", "kind": "ResourceQuota", "namespace": p.namespace, "name": p.name, "uid": p.uid}
+    return _event(involved, p.event_reason, p.event_type, p.reason, action=p.action.value, identity=identity, now=now)
+
+
+def hotplug_refused_event(namespace: str, migration: MigrationState, *, identity: str, now: datetime) -> dict[str, Any]:
+    """The Warning Event that tells a tenant, on its VMI, why a hotplug does not happen: its growth does not fit
+    the budget (the migration's reason says by how much), and the VM keeps running at its current size."""
+    involved = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "namespace": namespace}
+    involved["name"] = migration.vmi
+    message = f"migration {migration.name}: {migration.reason}"
+    return _event(involved, VM_QUOTA_EXCEEDED, WARNING, message, action="Refuse", identity=identity, now=now)
+
+
+def _event(
+    involved: dict[str, str], reason: str, type_: str, message: str, *, action: str, identity: str, now: datetime
+) -> dict[str, Any]:
     stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    message = p.reason if len(p.reason) <= EVENT_MESSAGE_MAX else p.reason[: EVENT_MESSAGE_MAX - 3] + "..."
+    if len(message) > EVENT_MESSAGE_MAX:
+        message = message[: EVENT_MESSAGE_MAX - 3] + "..."
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": f"{p.name}.{int(now.timestamp() * 1e9):x}", "namespace": p.namespace},
-        "involvedObject": {
-            "apiVersion": "v1",
-            "kind": "ResourceQuota",
-            "namespace": p.namespace,
-            "name": p.name,
-            "uid": p.uid,
-        },
-        "reason": p.event_reason,
+        "metadata": {"name": f"{involved['name']}.{int(now.timestamp() * 1e9):x}", "namespace": involved["namespace"]},
+        "involvedObject": involved,
+        "reason": reason,
         "message": message,
-        "type": p.event_type,
-        "action": p.action.value,
+        "type": type_,
+        "action": action,
         "source": {"component": EVENT_COMPONENT},
         "reportingComponent": EVENT_COMPONENT,
         "reportingInstance": identity,

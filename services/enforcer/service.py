@@ -27,10 +27,10 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final
+from typing import Any, Final
 
 import structlog
 from nats.aio.msg import Msg
@@ -151,6 +151,8 @@ class Enforcer:
         self._reports: asyncio.Queue[tuple[Plan, str]] = asyncio.Queue(REPORT_QUEUE)
         self._nudged: dict[tuple[str, str], tuple[int, float]] = {}
         """(namespace, VMI uid) → the usage snapshot (seq) and the time of the last nudge."""
+        self._told: dict[tuple[str, str], None] = {}
+        """(namespace, migration uid) of hotplugs refused and told on their VMI (once each)."""
         self._nudges: set[asyncio.Task[None]] = set()
         self.patched = 0
         self.conflicts = 0
@@ -406,7 +408,8 @@ class Enforcer:
             self._tasks.pop(key, None)
 
     def _nudge_refused(self, namespace: str) -> None:
-        """Once a quota of the namespace carries what it should: touch each VMI the ledger admitted whose launcher
+        """Once a quota of the namespace carries what it should: tell each VMI whose hotplug the ledger refused
+        why (a Warning Event, once per migration), and touch each VMI the ledger admitted whose launcher
         pod KubeVirt was refused (KubeVirt's VMI controller does not watch quotas), once per usage snapshot and at
         most every ``nudge_interval`` seconds per VMI. Off the reconcile path; a failed nudge is only logged (the
         next usage snapshot brings another)."""
@@ -414,6 +417,13 @@ class Enforcer:
         if u is None or self.opts.dry_run or self._stopped:
             return
         now = time.monotonic()
+        for m in u.migrations:
+            if m.state == "growth-refused" and m.uid and (namespace, m.uid) not in self._told:
+                self._told[(namespace, m.uid)] = None
+                if len(self._told) > NUDGED_MAX:
+                    del self._told[next(iter(self._told))]
+                body = enforcement.hotplug_refused_event(namespace, m, identity=self.opts.identity, now=self._now())
+                self._spawn(self._tell(namespace, body), f"tell-{namespace}-{m.name}")
         for v in u.vms:
             if v.state != "admitted" or not v.pod_refused or not v.uid:
                 continue
@@ -423,9 +433,18 @@ class Enforcer:
             self._nudged[(namespace, v.uid)] = (u.seq, now)
             if len(self._nudged) > NUDGED_MAX:
                 del self._nudged[next(iter(self._nudged))]
-            task = asyncio.create_task(self._nudge(namespace, v.name, str(u.seq)), name=f"nudge-{namespace}-{v.name}")
-            self._nudges.add(task)
-            task.add_done_callback(self._nudges.discard)
+            self._spawn(self._nudge(namespace, v.name, str(u.seq)), f"nudge-{namespace}-{v.name}")
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        self._nudges.add(task)
+        task.add_done_callback(self._nudges.discard)
+
+    async def _tell(self, namespace: str, body: Obj) -> None:
+        try:
+            await self.kube.create_event(namespace, body)
+        except KubeError as e:
+            log.info("VMI event not created", namespace=namespace, vmi=body["involvedObject"]["name"], error=str(e))
 
     async def _nudge(self, namespace: str, name: str, token: str) -> None:
         try:

@@ -101,10 +101,11 @@ class Urgent(IntEnum):
     """At the namespace's debounce: nothing waits for the change."""
     SOON = 1
     """After a short delay that gathers such changes: a reservation ends (a migration or a VMI ends or goes, a VMI
-    changes phase), so ``hard`` comes down, but nothing waits for it."""
+    changes phase) or a VMI's ``status.activePods`` changes, so ``hard`` comes down, but nothing waits for it."""
     NOW = 2
     """At once, before other namespaces: a migration or a VM waits for the reservation this starts or corrects (a
-    migration appears or becomes active, a VMI appears or changes size, a quota refusal brings new amounts, a
+    migration appears or becomes active, KubeVirt reports it was refused a migration's target or a VMI's launcher
+    pod, a VMI appears or changes size, a quota refusal brings new amounts, a
     quota appears, goes or changes what accounting reads of it: its policy, or which resources ``spec.hard`` names,
     not the enforcer's own writes of ``spec.hard`` values and its annotations; a pod that is not a launcher pod
     appears: quota admission may have let it into room ``hard`` holds for a reservation, and ``hard`` must make
@@ -128,6 +129,8 @@ def urgency(old: Snapshot | None, new: Snapshot | None) -> Urgent:
             return Urgent.SOON
         if not isinstance(old, VmimSnapshot) or old.active != new.active:
             return Urgent.NOW if new.active else Urgent.SOON
+        if new.rejected_by_quota and not old.rejected_by_quota:
+            return Urgent.NOW  # KubeVirt was refused the target: room for it is made now, and only now
         return Urgent.NOW if old.vmi_name != new.vmi_name else Urgent.NO
     if isinstance(obj, QuotaSnapshot):  # (the enforcer's own writes, of spec.hard and its annotations, are not)
         if not isinstance(old, QuotaSnapshot) or not isinstance(new, QuotaSnapshot):
@@ -138,6 +141,10 @@ def urgency(old: Snapshot | None, new: Snapshot | None) -> Urgent:
             return Urgent.SOON
         if not isinstance(old, VmiSnapshot) or _vmi_size(old) != _vmi_size(new):
             return Urgent.NOW
+        if new.pod_refused and not old.pod_refused:
+            return Urgent.NOW  # KubeVirt was refused the launcher pod: its refusal amounts now count, a nudge waits
+        if old.active_pods != new.active_pods:
+            return Urgent.SOON  # a pod became (or stopped being) a launcher pod: U and D change
         return Urgent.SOON if (old.phase, old.deletion_timestamp) != (new.phase, new.deletion_timestamp) else Urgent.NO
     if isinstance(obj, EventSnapshot):
         if not isinstance(old, EventSnapshot) or not isinstance(new, EventSnapshot):

@@ -892,6 +892,13 @@ def test_urgent_changes_are_those_a_reservation_depends_on() -> None:
     ended = msgspec.structs.replace(mig, phase="Failed")
     assert urgency(mig, ended) is Urgent.SOON, "an ended migration releases its target"
     assert urgency(mig, None) is Urgent.SOON and urgency(None, ended) is Urgent.SOON, "nothing to reserve"
+    rejected = msgspec.structs.replace(mig, rejected_by_quota=True)
+    assert urgency(mig, rejected) is Urgent.NOW, "KubeVirt was refused the target: room for it now"
+    assert urgency(rejected, rejected) is Urgent.NO
+    refused_pod = msgspec.structs.replace(running, pod_refused=True)
+    assert urgency(running, refused_pod) is Urgent.NOW, "KubeVirt was refused the launcher pod"
+    vouched = msgspec.structs.replace(running, active_pods={"pod-x": "n1"})
+    assert urgency(running, vouched) is Urgent.SOON, "a pod became a launcher pod: U and D change"
     refusal = _one(refusal_event("v", {"requests.memory": "2Gi"}, t=1))
     assert urgency(None, refusal) is Urgent.NOW and urgency(refusal, None) is Urgent.SOON
 

@@ -113,6 +113,8 @@ class World:
     rv: int = 0
     clock: int = 0
     names: int = 0
+    forged: list[str] = field(default_factory=list)
+    """Names of the tenant's pods that carry launcher labels."""
 
     # ---- object store
     def put(self, obj: dict[str, Any]) -> None:
@@ -153,7 +155,10 @@ class World:
 
     def vm_pods(self, vmi_name: str) -> list[dict[str, Any]]:
         return [
-            p for p in self.of_kind("Pod") if p["metadata"].get("labels", {}).get("vm.kubevirt.io/name") == vmi_name
+            p
+            for p in self.of_kind("Pod")
+            if p["metadata"].get("labels", {}).get("vm.kubevirt.io/name") == vmi_name
+            and p["metadata"]["name"] not in self.forged
         ]
 
     def running_vmis(self) -> list[dict[str, Any]]:
@@ -170,7 +175,7 @@ class World:
                 pod = maximum(pod, usage_of(p))
             total = add(total, mode_usage(self.mode, size, pod, self.ratio))
         for p in self.of_kind("Pod"):
-            if "labels" not in p["metadata"]:
+            if "labels" not in p["metadata"] or p["metadata"]["name"] in self.forged:
                 total = add(total, usage_of(p))
         return total
 
@@ -233,6 +238,33 @@ class World:
             self.put(pod)
             used = self.account().quotas["rq"].accounted
             assert all(used.get(r, ZERO) <= b for r, b in self.budget.items() if r not in VMI_NAMES)
+        self.settle()
+
+    def forge_launcher(self, index: int, cpu_milli: int, mem_mib: int) -> None:
+        """A tenant's pod dressed as a running VM's launcher pod (labels, owner reference: all the tenant can write),
+        created only if native admission lets it in. It must count as what it is: a plain pod."""
+        vmis = self.running_vmis()
+        if not vmis:
+            return
+        vmi = vmis[index % len(vmis)]
+        pod = pod_obj(self.fresh("forged"), {"cpu": f"{cpu_milli}m", "memory": f"{mem_mib}Mi"}, t=self.tick())
+        meta = vmi["metadata"]
+        pod["metadata"]["labels"] = {
+            "kubevirt.io": "virt-launcher",
+            "kubevirt.io/created-by": meta["uid"],
+            "vm.kubevirt.io/name": meta["name"],
+        }
+        pod["metadata"]["ownerReferences"] = [
+            {"kind": "VirtualMachineInstance", "name": meta["name"], "uid": meta["uid"]}
+        ]
+        q = self.account().quotas["rq"]
+        refused = fits(usage_of(pod), q.pod_usage, q.hard)
+        event("forged launcher pod refused" if refused else "forged launcher pod admitted")
+        if not refused:
+            self.put(pod)
+            self.forged.append(pod["metadata"]["name"])
+            used = self.account().quotas["rq"].accounted
+            assert all(used.get(r, ZERO) <= b for r, b in self.budget.items() if r not in VMI_NAMES), "forged pod"
         self.settle()
 
     def delete_pod(self, index: int) -> None:
@@ -358,11 +390,12 @@ _OP_BY_KIND: dict[str, st.SearchStrategy[tuple[Any, ...]]] = {
     "pod": st.tuples(st.just("pod"), st.integers(0, 3000), st.integers(0, 3072)),
     "delete_pod": st.tuples(st.just("delete_pod"), st.integers(0, 10)),
     "stop": st.tuples(st.just("stop"), st.integers(0, 10)),
+    "forge": st.tuples(st.just("forge"), st.integers(0, 10), st.integers(0, 3000), st.integers(0, 4096)),
 }
 # weighted towards VMs and migrations, the interesting part
-OPS = st.sampled_from(["vm", "vm", "vm", "migrate", "migrate", "migrate", "pod", "delete_pod", "stop"]).flatmap(
-    _OP_BY_KIND.__getitem__
-)
+OPS = st.sampled_from(
+    ["vm", "vm", "vm", "migrate", "migrate", "migrate", "pod", "delete_pod", "stop", "forge"]
+).flatmap(_OP_BY_KIND.__getitem__)
 
 
 def apply(world: World, op: tuple[Any, ...]) -> None:
@@ -375,6 +408,8 @@ def apply(world: World, op: tuple[Any, ...]) -> None:
         world.delete_pod(op[1])
     elif kind == "stop":
         world.stop_vm(op[1])
+    elif kind == "forge":
+        world.forge_launcher(op[1], op[2], op[3])
     else:
         world.migrate(op[1])
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from services.demo.scenario import UNMANAGED, Scenario
 from services.simcluster.cluster import SimCluster
+from services.simcluster.kubevirt import KubeVirtTiming
 from services.simcluster.store_api import ApiError, Obj, Resource, WatchType
 from shared.modes import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION, RATIO_ANNOTATION
 from shared.quantity import Quantity
@@ -69,6 +70,9 @@ class RunResult:
     quotas: dict[str, QuotaRecord] = field(default_factory=dict)
     refusals: list[str] = field(default_factory=list)
     steps: list[str] = field(default_factory=list)
+    tenant: list[str] = field(default_factory=list)
+    """What the hostile tenant of a ``tenant`` step tried, one line each (``admitted`` or ``refused``)."""
+    tenant_admitted: int = 0
     judged: bool = True
     """False for a comparison run whose expectations are not checked."""
 
@@ -82,6 +86,7 @@ class RunResult:
                 for vm, m in sorted(self.migrations.items())
             },
             "vms": dict(sorted(self.vms.items())),
+            "tenant": {"tried": len(self.tenant), "admitted": self.tenant_admitted, "attempts": list(self.tenant)},
             "quotas": {
                 key: {
                     "budget": format_resource_list(q.budget),
@@ -110,6 +115,48 @@ class Observer:
         self.last_write = time.monotonic()
         self._quota_keys = {f"{n.name}/{q.name}" for n in scenario.namespaces for q in n.quotas}
         self._by_uid: dict[str, MigrationRecord] = {}
+        self._tenants: dict[str, Quantity] = {}
+        """Namespace → the size of the pod its hostile tenant creates when the quota's usage drops."""
+        self._used: dict[str, ResourceList] = {}
+        self._sources_ended: set[str] = set()
+        """Namespaces where a launcher pod (a migration's source) has turned Succeeded."""
+        self.strikes: list[asyncio.Task[None]] = []
+
+    def arm_tenant(self, namespace: str, memory: Quantity) -> None:
+        self._tenants[namespace] = memory
+
+    def strike(self, namespace: str, why: str) -> None:
+        """The tenant creates its pod (once per armed namespace)."""
+        memory = self._tenants.pop(namespace, None)
+        if memory is not None:
+            self.strikes.append(asyncio.get_running_loop().create_task(self._grab(namespace, memory, why)))
+
+    async def _grab(self, namespace: str, memory: Quantity, why: str) -> None:
+        size = memory.canonical()
+        pod: Obj = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "grab", "namespace": namespace, "labels": {"app": "grab"}},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "app",
+                        "image": "app:1",
+                        "resources": {
+                            "requests": {"cpu": "100m", "memory": size},
+                            "limits": {"cpu": "100m", "memory": size},
+                        },
+                    }
+                ]
+            },
+        }
+        try:
+            await self.sim.create(pod)
+        except ApiError as e:
+            self.result.tenant.append(f"a {size} pod {why}: refused ({e.message.split('forbidden: ', 1)[-1]})")
+            return
+        self.result.tenant_admitted += 1
+        self.result.tenant.append(f"a {size} pod {why}: ADMITTED")
 
     def __call__(self, type_: WatchType, res: Resource, obj: Obj) -> None:
         now = time.monotonic()
@@ -127,6 +174,12 @@ class Observer:
                     for r, q in hard.items():
                         if r not in rec.hard_max or q > rec.hard_max[r]:
                             rec.hard_max[r] = q
+            used = parse_resource_list(((obj.get("status") or {}).get("used")) or {}, "status.used")
+            before = self._used.get(ns)
+            self._used[ns] = used
+            dropped = before is not None and any(q < before.get(r, q) for r, q in used.items())
+            if ns in self._tenants and ns in self._sources_ended and dropped:
+                self.strike(ns, "the moment the quota stopped charging the migration's source pod")
         elif kind == "VirtualMachineInstanceMigration" and type_ != "DELETED":
             uid = meta.get("uid") or ""
             mig = self._by_uid.get(uid)
@@ -138,6 +191,9 @@ class Observer:
                 mig.uid, mig.name, mig.created = uid, name, now
                 self._by_uid[uid] = mig
             mig.phase = (obj.get("status") or {}).get("phase") or mig.phase
+        elif kind == "Pod" and (obj.get("status") or {}).get("phase") == "Succeeded":
+            if (meta.get("labels") or {}).get("kubevirt.io") == "virt-launcher":
+                self._sources_ended.add(ns)
         elif kind == "Pod" and type_ == "ADDED":
             uid = (meta.get("labels") or {}).get(MIGRATION_JOB_LABEL)
             mig = self._by_uid.get(uid or "")
@@ -321,10 +377,14 @@ async def play(
 ) -> RunResult:
     """Run ``scenario`` once and check its expectations (when ``with_vmquota``, or when asked for the plain run)."""
     result = RunResult(scenario=scenario.name, with_vmquota=with_vmquota)
+    timing = None
+    if scenario.migration_step_seconds is not None:
+        timing = KubeVirtTiming(speed=speed, migration_step=scenario.migration_step_seconds / speed)
     sim = SimCluster(
         speed=speed,
         kubevirt_version=scenario.kubevirt_version,
         developer_configuration={"cpuAllocationRatio": float(scenario.cpu_allocation_ratio)},
+        kubevirt_timing=timing,
     )
     await sim.start()
     observer = Observer(sim, scenario, result)
@@ -377,6 +437,9 @@ async def play(
             return sim.idle() and time.monotonic() - observer.last_write >= settle
 
         await _settle(sim, observer, steady, settle=settle, within=within)
+        for ns in scenario.namespaces:  # a tenant whose moment never came tries once at the end
+            observer.strike(ns.name, "at the end (no migration's source pod ended)")
+        await asyncio.gather(*observer.strikes)
         refused = _refused_names(result)
         for vm in scenario.vms:
             result.vms[vm.name] = _vm_state(sim, vm.namespace, vm.name, refused)
@@ -443,6 +506,9 @@ async def _run_step(
             return all(s == "Running" for s in states) if running else all(s == "Stopped" for s in states)
 
         await _settle(sim, observer, reached, settle=settle, within=within)
+    elif step.action == "tenant":
+        assert step.memory is not None
+        observer.arm_tenant(step.namespace, step.memory)
     elif step.action == "hotplug":
         vm = vms[0]
         record = MigrationRecord(vm=vm.name, namespace=vm.namespace)
@@ -466,6 +532,10 @@ def _check(scenario: Scenario, result: RunResult) -> None:
         got = result.vms.get(vm, "(unknown)")
         if got != want:
             result.failures.append(f"VM {vm}: expected {want}, got {got}")
+    if ex.tenant_admitted is not None and result.tenant_admitted > ex.tenant_admitted:
+        result.failures.append(
+            f"the hostile tenant got {result.tenant_admitted} pod(s) in, expected at most {ex.tenant_admitted}"
+        )
     for key, want_hard in ex.hard_after.items():
         got_hard = result.quotas[key].hard_after
         for r, q in want_hard.items():

@@ -75,12 +75,19 @@ class VmDef:
 
 @dataclass(frozen=True)
 class Step:
-    action: str  # migrate | start | stop | hotplug
+    action: str  # migrate | start | stop | hotplug | tenant
     vms: tuple[str, ...]
     sockets: int | None = None
     memory: Quantity | None = None
+    namespace: str = ""
+    """``tenant``: the namespace the hostile tenant works in."""
 
     def describe(self) -> str:
+        if self.action == "tenant":
+            return (
+                f"a tenant of {self.namespace} watches its pods and quota and creates a {self.memory} pod the moment "
+                "the quota stops charging a migration's source pod, to take that room"
+            )
         if self.action == "hotplug":
             what = ", ".join(
                 x
@@ -99,6 +106,8 @@ class Expectations:
     migrations: Mapping[str, str] = field(default_factory=dict)
     vms: Mapping[str, str] = field(default_factory=dict)
     hard_after: Mapping[str, ResourceList] = field(default_factory=dict)
+    tenant_admitted: int | None = None
+    """How many of the hostile tenant's pods quota admission may let in (a ``tenant`` step)."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +120,9 @@ class Scenario:
     vms: tuple[VmDef, ...]
     steps: tuple[Step, ...]
     expect: Expectations
+    migration_step_seconds: float | None = None
+    """How long each migration phase after the target pod runs takes, in real seconds whatever ``--speed`` (live
+    migrations take seconds); None: the simulator's, scaled by ``--speed``."""
 
     def vm(self, name: str) -> VmDef:
         for v in self.vms:
@@ -176,7 +188,13 @@ def _parse(data: object) -> Scenario:
         {"name", "description", "kubevirt", "namespaces", "vms", "steps", "expect"},
         {"name", "namespaces", "vms"},
     )
-    kv = _keys(top.get("kubevirt") or {}, "kubevirt", {"version", "cpuAllocationRatio"})
+    kv = _keys(top.get("kubevirt") or {}, "kubevirt", {"version", "cpuAllocationRatio", "migrationStepSeconds"})
+    step_seconds: float | None = None
+    if "migrationStepSeconds" in kv:
+        raw = kv["migrationStepSeconds"]
+        if isinstance(raw, bool) or not isinstance(raw, int | float) or not 0 < raw <= 60:
+            raise InvalidInput(f"expected seconds in (0, 60], got {raw!r}", "kubevirt.migrationStepSeconds")
+        step_seconds = float(raw)
     version = str(kv.get("version", "v1.9"))
     profile(version)  # validates
     ratio = positive_ratio(kv.get("cpuAllocationRatio", 10), "kubevirt.cpuAllocationRatio")  # as in the KubeVirt CR
@@ -252,10 +270,20 @@ def _parse(data: object) -> Scenario:
     steps: list[Step] = []
     for i, st in enumerate(top.get("steps") or []):
         w = f"steps[{i}]"
-        sd = _keys(st, w, {"migrate", "start", "stop", "hotplug"})
+        sd = _keys(st, w, {"migrate", "start", "stop", "hotplug", "tenant"})
         if len(sd) != 1:
-            raise InvalidInput("each step has exactly one of migrate, start, stop, hotplug", w)
+            raise InvalidInput("each step has exactly one of migrate, start, stop, hotplug, tenant", w)
         ((action, arg),) = sd.items()
+        if action == "tenant":
+            td = _keys(arg, f"{w}.tenant", {"namespace", "memory"}, {"namespace", "memory"})
+            if td["namespace"] not in {n.name for n in namespaces}:
+                raise InvalidInput(f"namespace {td['namespace']!r} is not declared", f"{w}.tenant.namespace")
+            try:
+                size = Quantity.parse(td["memory"])
+            except InvalidInput as e:
+                raise e.at(f"{w}.tenant.memory") from None
+            steps.append(Step("tenant", (), memory=size, namespace=str(td["namespace"])))
+            continue
         if action == "hotplug":
             hd = _keys(arg, f"{w}.hotplug", {"vm", "sockets", "memory"}, {"vm"})
             if "sockets" not in hd and "memory" not in hd:
@@ -279,7 +307,8 @@ def _parse(data: object) -> Scenario:
                 raise InvalidInput(f"VM {vm_name!r} is not declared under vms", w)
         steps.append(step)
 
-    ex = _keys(top.get("expect") or {}, "expect", {"migrations", "vms", "hard_after"})
+    ex = _keys(top.get("expect") or {}, "expect", {"migrations", "vms", "hard_after", "tenant_admitted"})
+    tenant_admitted = _int(ex["tenant_admitted"], "expect.tenant_admitted", 0) if "tenant_admitted" in ex else None
     migrations = _keys(ex.get("migrations") or {}, "expect.migrations", vm_names)
     for k, v in migrations.items():
         if v not in MIGRATION_PHASES:
@@ -295,11 +324,12 @@ def _parse(data: object) -> Scenario:
         name=_name(top["name"], "name"),
         description=str(top.get("description") or "").strip(),
         kubevirt_version=version,
+        migration_step_seconds=step_seconds,
         cpu_allocation_ratio=ratio,
         namespaces=tuple(namespaces),
         vms=tuple(vms),
         steps=tuple(steps),
-        expect=Expectations(dict(migrations), dict(vm_exp), hard_after),
+        expect=Expectations(dict(migrations), dict(vm_exp), hard_after, tenant_admitted),
     )
 
 

@@ -32,9 +32,12 @@ GOOD: dict[str, Any] = {
 }
 
 
-def test_builtin_scenarios_are_the_three_seed_scenarios() -> None:
+def test_builtin_scenarios_are_the_three_seed_scenarios_and_the_tenant() -> None:
     names = [s.name for s in builtin_scenarios()]
-    assert names == ["full-quota-migration", "concurrent-migrations", "allocation-ratio"]
+    assert names == ["full-quota-migration", "concurrent-migrations", "allocation-ratio", "tenant-adversary"]
+    tenant = builtin_scenarios()[3]
+    assert [s.action for s in tenant.steps] == ["tenant", "migrate"]
+    assert tenant.expect.tenant_admitted == 0 and tenant.migration_step_seconds == 0.25
     ratio = builtin_scenarios()[2]
     assert ratio.cpu_allocation_ratio == 4
     assert ratio.namespaces[0].quotas[0].mode == "VirtualResourcesWithCPUAllocationRatio"
@@ -88,6 +91,11 @@ def test_ratios_may_be_fractional() -> None:
         (["steps", 0], {"migrate": ["vm9"]}, "steps[0]", "'vm9' is not declared"),
         (["steps", 0], {"migrate": ["vm1"], "stop": ["vm1"]}, "steps[0]", "exactly one"),
         (["steps", 2, "hotplug"], {"vm": "vm1"}, "steps[2].hotplug", "sockets and/or memory"),
+        (["steps", 0], {"tenant": {"namespace": "zz", "memory": "1Gi"}}, "steps[0].tenant.namespace", "not declared"),
+        (["steps", 0], {"tenant": {"namespace": "a", "memory": "lots"}}, "steps[0].tenant.memory", "invalid"),
+        (["steps", 0], {"tenant": {"namespace": "a"}}, "steps[0].tenant", "missing key(s) memory"),
+        (["expect", "tenant_admitted"], -1, "expect.tenant_admitted", "whole number"),
+        (["kubevirt"], {"migrationStepSeconds": 0}, "kubevirt.migrationStepSeconds", "seconds in (0, 60]"),
         (["expect", "vms", "vm2"], "Gone", "expect.vms.vm2", "Running, Refused, Stopped"),
         (["expect", "hard_after"], {"a/other": {"cpu": "1"}}, "expect.hard_after", "unknown key(s) a/other"),
         (["kubevirt"], {"version": "v0.1"}, "scenario", "v0.1"),

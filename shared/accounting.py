@@ -1028,7 +1028,6 @@ class _Accounting:
             else self.memo.token(tuple((q.policy.name, q.policy.mode, q.ratio) for q in self.quotas))
         )
         """What a VM's counts depend on besides the VM: the quotas' names, modes and ratios."""
-        self.vmi_by_uid = {v.uid: v for v in self.vmis if v.uid}
         self.vouched: dict[str, VmiSnapshot] = {pod: v for v in self.vmis for pod in v.active_pods}
         """Launcher pods by uid, as KubeVirt names them in its VMIs' ``status.activePods``."""
         self.vmi_by_name = {v.name: v for v in self.vmis}
@@ -1440,15 +1439,16 @@ class _Accounting:
         frees nothing that another pod could take."""
         size = _size(v) if any(p.migration_job_uid for p, _ in vm_pods) else _current_size(v)
         pod_max: ResourceList = {}
-        total: ResourceList = {}
         for _, charged in vm_pods:
             pod_max = maximum(pod_max, charged)
-            total = add(total, charged)
         counts = {q.policy.name: mode_usage(q.policy.mode, size, pod_max, q.ratio) for q in self.quotas}
         reason = "running: always counts"
         overlap: ResourceList = {}
-        if len(vm_pods) > 1:
+        if len(vm_pods) > 1:  # (the common case, one pod, has no overlap: no sum to make)
             reason += f" (at the larger of its {len(vm_pods)} launcher pods per resource)"
+            total: ResourceList = {}
+            for _, charged in vm_pods:
+                total = add(total, charged)
             overlap = growth(total, pod_max)
         return VmEntry(v.name, v.uid, v.phase, RUNNING, reason, size, pod_max, counts, overlap=overlap)
 

@@ -153,7 +153,8 @@ class Enforcer:
         """(namespace, VMI uid) → the usage snapshot (seq) and the time of the last nudge."""
         self._told: dict[tuple[str, str], None] = {}
         """(namespace, migration uid) of hotplugs refused and told on their VMI (once each)."""
-        self._nudges: set[asyncio.Task[None]] = set()
+        self._side_tasks: set[asyncio.Task[None]] = set()
+        """Nudges and VMI Events under way (off the reconcile path)."""
         self.patched = 0
         self.conflicts = 0
         self.dead_letters = 0
@@ -203,7 +204,7 @@ class Enforcer:
                 await cancel(*tasks[:2])
                 if graceful:
                     await self._drain()
-                await cancel(*self._tasks.values(), *self._nudges, tasks[2])
+                await cancel(*self._tasks.values(), *self._side_tasks, tasks[2])
                 await quotas.close()
                 await usage.close()
                 log.info("enforcer stopped", graceful=graceful, patched=self.patched, conflicts=self.conflicts)
@@ -437,8 +438,8 @@ class Enforcer:
 
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(work, name=name)
-        self._nudges.add(task)
-        task.add_done_callback(self._nudges.discard)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
 
     async def _tell(self, namespace: str, body: Obj) -> None:
         try:

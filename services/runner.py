@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from services import logs
 from shared import bus as contract
+from shared import guard
 from shared.errors import InvalidInput
 from shared.ledger import PartitionSet
 
@@ -72,6 +73,9 @@ class Config:
     leader_election: bool
     lease_namespace: str
     identity: str
+    reservation_guard: bool = False
+    """Enforcer: write each namespace's QuotaReservation before a raise (``deploy/components/reservation-guard``)."""
+    guard_creators: tuple[str, ...] = (guard.DEFAULT_CREATOR,)
 
 
 class Metrics:
@@ -233,6 +237,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=_env("VMQUOTA_IDENTITY"),
         help="this process's identity in Leases [VMQUOTA_IDENTITY, the host name]",
     )
+    p.add_argument(
+        "--reservation-guard",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="enforcer: write the QuotaReservation the reservation-guard policy reads before every raise "
+        "(needs deploy/components/reservation-guard) [VMQUOTA_RESERVATION_GUARD, false]",
+    )
+    p.add_argument(
+        "--guard-creators",
+        default=_env("VMQUOTA_GUARD_CREATORS", guard.DEFAULT_CREATOR),
+        help="enforcer: comma-separated users that create launcher pods (KubeVirt's virt-controller) "
+        f"[VMQUOTA_GUARD_CREATORS, {guard.DEFAULT_CREATOR}]",
+    )
 
 
 def _int(raw: object, where: str) -> int:
@@ -279,6 +296,12 @@ def config_from_args(args: argparse.Namespace) -> Config:
         raise InvalidInput("give either --nats-creds or --nats-user/--nats-password, not both", "--nats-creds")
     dry_run = args.dry_run if args.dry_run is not None else _env_bool("VMQUOTA_DRY_RUN", False)
     leader = args.leader_election if args.leader_election is not None else _env_bool("VMQUOTA_LEADER_ELECTION", True)
+    guard = (
+        args.reservation_guard if args.reservation_guard is not None else _env_bool("VMQUOTA_RESERVATION_GUARD", False)
+    )
+    creators = tuple(c.strip() for c in str(args.guard_creators).split(",") if c.strip())
+    if guard and not creators:
+        raise InvalidInput("--guard-creators (VMQUOTA_GUARD_CREATORS) names nobody", "--guard-creators")
     return Config(
         service=service,
         cluster=cluster,
@@ -292,6 +315,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
         leader_election=leader,
         lease_namespace=args.lease_namespace,
         identity=args.identity or socket.gethostname(),
+        reservation_guard=guard,
+        guard_creators=creators,
     )
 
 

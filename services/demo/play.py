@@ -15,7 +15,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -251,9 +251,17 @@ class VmquotaStack:
     (SIGKILL: no graceful stop, nothing flushed) and restart each on its own."""
 
     def __init__(
-        self, sim: SimCluster, cluster: str = "demo", *, separate: bool = False, log_level: str = "warning"
+        self,
+        sim: SimCluster,
+        cluster: str = "demo",
+        *,
+        separate: bool = False,
+        log_level: str = "warning",
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.sim = sim
+        self.extra_args = tuple(extra_args)
+        """More ``vmquota run`` flags for every service (e.g. ``--reservation-guard``)."""
         self.cluster = cluster
         self.separate = separate
         self.log_level = log_level
@@ -286,6 +294,7 @@ class VmquotaStack:
             self.log_level,
             "--identity",
             f"{service}-{self.starts.get(service, 0)}",
+            *self.extra_args,
         ]
 
     async def start(self) -> None:

@@ -1,4 +1,5 @@
-"""The enforcer's Kubernetes calls: read a ResourceQuota, merge-patch it, create an Event, nudge a VMI.
+"""The enforcer's Kubernetes calls: read a ResourceQuota, merge-patch it, create an Event, nudge a VMI, write a
+namespace's QuotaReservation (the reservation guard).
 
 Each goes through kubernetes-asyncio's generated ``CoreV1Api`` method via :mod:`services.kube` (raw responses
 decoded with msgspec, an explicit ``_request_timeout``, every failure a :class:`~services.kube.KubeError`), so
@@ -12,6 +13,7 @@ from typing import Any, Final, Protocol, cast
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from services.kube import KubeError, Obj, call_bytes, call_object
+from shared import guard
 
 __all__ = ["MERGE_PATCH", "NUDGE_ANNOTATION", "KubeError", "KubeQuotas", "Obj", "QuotaApi"]
 
@@ -33,6 +35,8 @@ class QuotaApi(Protocol):
     async def create_event(self, namespace: str, body: Obj) -> None: ...
 
     async def nudge_vmi(self, namespace: str, name: str, token: str) -> None: ...
+
+    async def put_reservation(self, namespace: str, body: Obj) -> None: ...
 
 
 class KubeQuotas:
@@ -89,3 +93,32 @@ class KubeQuotas:
             _request_timeout=self.timeout,
             _content_type=MERGE_PATCH,
         )
+
+    async def put_reservation(self, namespace: str, body: Obj) -> None:
+        """Write the namespace's QuotaReservation ``body`` (:mod:`shared.guard`): a merge patch of its ``spec``
+        (lists are replaced whole), or a create when there is none yet (RBAC: ``get``/``create``/``patch`` on
+        ``quotareservations.vmquota.io``)."""
+        try:
+            await call_bytes(
+                self.custom.patch_namespaced_custom_object,
+                guard.GROUP,
+                guard.VERSION,
+                namespace,
+                guard.PLURAL,
+                guard.NAME,
+                cast(Any, {"spec": body["spec"]}),
+                _request_timeout=self.timeout,
+                _content_type=MERGE_PATCH,
+            )
+        except KubeError as e:
+            if not e.not_found:
+                raise
+            await call_bytes(
+                self.custom.create_namespaced_custom_object,
+                guard.GROUP,
+                guard.VERSION,
+                namespace,
+                guard.PLURAL,
+                cast(Any, body),
+                _request_timeout=self.timeout,
+            )

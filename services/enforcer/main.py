@@ -21,11 +21,18 @@ async def main(rt: Runtime) -> None:
         api = await kube_client(rt.config.kubeconfig)
         try:
             opts = EnforcerOptions(
-                cluster=cluster, dry_run=rt.config.dry_run, identity=rt.config.identity, service=rt.name
+                cluster=cluster,
+                dry_run=rt.config.dry_run,
+                identity=rt.config.identity,
+                service=rt.name,
+                reservation_guard=rt.config.reservation_guard,
+                guard_creators=rt.config.guard_creators,
             )
             enforcer = Enforcer(bus, KubeQuotas(api), opts, metrics=rt.metrics)
             rt.health.set_ready(rt.name, True)  # connected: ready to lead or to stand by
-            rt.log(cluster=cluster).info("enforcer ready", dry_run=opts.dry_run)
+            rt.log(cluster=cluster).info(
+                "enforcer ready", dry_run=opts.dry_run, reservation_guard=opts.reservation_guard
+            )
             await leader_elected(rt, lambda: enforcer.run(rt.stop))
         finally:
             await api.close()

@@ -40,7 +40,7 @@ from services.bus import Bus, PullConsumer, position
 from services.enforcer.kube import KubeError, Obj, QuotaApi
 from services.runner import Metrics, cancel
 from shared import bus as contract
-from shared import enforcement
+from shared import enforcement, guard
 from shared.backoff import Backoff
 from shared.enforcement import Plan
 from shared.errors import InvalidInput
@@ -76,6 +76,11 @@ class EnforcerOptions:
     retry_max: float = 10.0
     nudge_interval: float = 0.2
     """Least seconds between two nudges of one VMI (``services.enforcer.kube.NUDGE_ANNOTATION``)."""
+    reservation_guard: bool = False
+    """Write each namespace's QuotaReservation (``shared.guard``) before a raise that reserves, and shrink it once
+    no quota carries the reservation: for the optional reservation-guard policy."""
+    guard_creators: tuple[str, ...] = (guard.DEFAULT_CREATOR,)
+    """Who may create pods for a holder while a reservation is open (KubeVirt's virt-controller)."""
 
 
 class EnforcerMetrics:
@@ -155,6 +160,16 @@ class Enforcer:
         """(namespace, migration uid) of hotplugs refused and told on their VMI (once each)."""
         self._side_tasks: set[asyncio.Task[None]] = set()
         """Nudges and VMI Events under way (off the reconcile path)."""
+        self._carried: dict[Key, frozenset[guard.Holder]] = {}
+        """Reservation guard: the holders whose reservations each quota's ``spec.hard`` carries now."""
+        self._writing: dict[Key, frozenset[guard.Holder]] = {}
+        """Reservation guard: the holders of a ``spec.hard`` write under way."""
+        self._guarded: dict[str, frozenset[guard.Holder]] = {}
+        """Reservation guard: what each namespace's QuotaReservation holds (as last written)."""
+        self._guard_locks: dict[str, asyncio.Lock] = {}
+        self._unsynced: set[Key] = set()
+        """Reservation guard: quotas whose ``status.hard`` has not caught up with ``spec.hard`` yet (a quota event
+        that only changes status re-runs them, so the guard shrinks once admission applies the lower limit)."""
         self.patched = 0
         self.conflicts = 0
         self.dead_letters = 0
@@ -299,7 +314,7 @@ class Enforcer:
         held = self.quotas.get(key)
         # A newer version is kept (its resourceVersion is the next patch's precondition); one that differs only in
         # its status (quota admission's and the quota controller's writes, on every admitted pod) changes no plan.
-        if self._remember(snap) and (held is None or not same_content(held, snap)):
+        if self._remember(snap) and (held is None or not same_content(held, snap) or key in self._unsynced):
             self._schedule(key)
 
     async def _on_usage_message(self, m: Msg) -> None:
@@ -367,6 +382,9 @@ class Enforcer:
                 del self._names[key[0]]
         self._acted.pop(key, None)
         self._dry_seen.pop(key, None)
+        self._carried.pop(key, None)
+        self._writing.pop(key, None)
+        self._unsynced.discard(key)
         self._gone[key] = max(rv, self._gone.get(key, -1))
 
     def _touch_namespace(self, namespace: str) -> None:
@@ -486,10 +504,15 @@ class Enforcer:
             p = enforcement.plan(quota, usage, self._acted.get(key))
             if not p.changes:
                 self._since.pop(key, None)
+                if self.opts.reservation_guard and not self.opts.dry_run:
+                    await self._guard_after(key, quota, usage)
                 return
             if self.opts.dry_run:
                 self._dry_run(key, p)
                 return
+            if self.opts.reservation_guard:
+                self._writing[key] = guard.holders(usage)
+                await self._guard_write(ns, grow=True)  # the holders are listed before their room opens
             try:
                 raw = await self.kube.patch_quota(ns, name, enforcement.patch_body(p))
             except KubeError as e:
@@ -523,6 +546,8 @@ class Enforcer:
                     raise
                 continue
             after = self._remember_raw(raw)
+            if self.opts.reservation_guard:
+                await self._guard_after(key, after, usage)
             self.patched += 1
             self.own.patches.labels(outcome="applied").inc()
             since = self._since.pop(key, None)
@@ -532,6 +557,36 @@ class Enforcer:
                 self._acted[key] = usage
             self._report(p, after.resource_version)
             return
+
+    async def _guard_after(self, key: Key, quota: QuotaSnapshot, usage: contract.UsageSnapshot | None) -> None:
+        """The quota now carries ``quota.spec_hard``: record whose reservations that holds, and let the namespace's
+        QuotaReservation shrink to what its quotas still carry."""
+        self._writing.pop(key, None)
+        self._carried[key] = guard.carried(self._carried.get(key, frozenset()), quota, usage)
+        if enforcement.same(quota.spec_hard, quota.status_hard):
+            self._unsynced.discard(key)
+        else:
+            self._unsynced.add(key)
+        await self._guard_write(key[0], grow=False)
+
+    async def _guard_write(self, namespace: str, *, grow: bool) -> None:
+        """Make the namespace's QuotaReservation list every holder a quota of the namespace carries or is being
+        written with (with ``grow``, never fewer than it lists now). A failed write raises: no raise goes out
+        unguarded, and the quota is retried with backoff."""
+        lock = self._guard_locks.setdefault(namespace, asyncio.Lock())
+        async with lock:
+            names = self._names.get(namespace, {})
+            want = guard.union(
+                d[(namespace, n)] for n in names for d in (self._carried, self._writing) if (namespace, n) in d
+            )
+            have = self._guarded.get(namespace)
+            if grow and have is not None:
+                want |= have
+            if want == have:
+                return
+            await self.kube.put_reservation(namespace, guard.reservation(namespace, want, self.opts.guard_creators))
+            self._guarded[namespace] = want
+            log.info("reservation guard written", namespace=namespace, holders=sorted(h.name for h in want))
 
     def _dry_run(self, key: Key, p: Plan) -> None:
         self._since.pop(key, None)

@@ -29,7 +29,9 @@ from typing import Any, Final
 import yaml
 
 from services.logs import get_logger
+from services.simcluster.auth import Users
 from services.simcluster.faults import Faults
+from services.simcluster.kubeconfig import write_kubeconfig
 from services.simcluster.kubevirt import (
     API_VERSION,
     FAIL_START_ANNOTATION,
@@ -38,6 +40,7 @@ from services.simcluster.kubevirt import (
     KubeVirtTiming,
     phase,
 )
+from services.simcluster.policy import PolicySystem
 from services.simcluster.quota import QuotaTiming, ResourceQuotaSystem
 from services.simcluster.server import RunningServer, start_server
 from services.simcluster.store import Store
@@ -120,8 +123,11 @@ class SimCluster:
         self._started = False
         self._waiters: set[asyncio.Event] = set()
         self._log = get_logger(component="simcluster")
+        self.users = Users(self.token)
+        self.policies = PolicySystem(self.store)
         self.store.on_change(self._poke)
         self.quota.install()
+        self.policies.install()  # in front of every other admission, as kube-apiserver runs it before quota
         self.kubevirt.install()
 
     # ---- lifecycle ---------------------------------------------------------------------------------------------
@@ -140,7 +146,13 @@ class SimCluster:
 
     async def _start_http(self) -> None:
         self._server = await start_server(
-            self.store, host=self.host, port=self.port, token=self.token, faults=self.faults, tls=self.tls
+            self.store,
+            host=self.host,
+            port=self.port,
+            token=self.token,
+            faults=self.faults,
+            tls=self.tls,
+            users=self.users,
         )
         self.url = self._server.url
         if self._kubeconfig_arg is None:
@@ -149,6 +161,16 @@ class SimCluster:
         else:
             path = self._kubeconfig_arg
         self.kubeconfig_path = self._server.write_kubeconfig(path)
+
+    def add_tenant(self, name: str, namespaces: Iterable[str]) -> str:
+        """A tenant user who may edit ``namespaces`` (``services.simcluster.auth``); returns its bearer token."""
+        return self.users.add_tenant(name, namespaces)
+
+    def write_kubeconfig(self, path: str | Path, token: str, *, namespace: str | None = None) -> Path:
+        """A kubeconfig for ``token`` (e.g. a tenant's) against this cluster's server."""
+        if self._server is None:
+            raise RuntimeError("the simulated cluster serves no HTTP")
+        return write_kubeconfig(path, self.url, token, ca_pem=self._server.ca_pem, namespace=namespace)
 
     @property
     def ca_pem(self) -> bytes | None:

@@ -34,6 +34,7 @@ from fractions import Fraction
 from typing import Any, Final, cast
 
 from services.logs import get_logger
+from services.simcluster.auth import KUBEVIRT_CONTROLLER, acting_as
 from services.simcluster.patch import copy_json
 from services.simcluster.registry import format_time
 from services.simcluster.store_api import ApiError, Obj, Operation, Resource, StoreAPI, WatchType
@@ -534,8 +535,9 @@ class KubeVirtSimulator:
         self.store.add_admission(self.r_vmims, self._admit_vmim)
 
     async def start(self) -> None:
-        for q in self.queues:
-            q.start()
+        with acting_as(KUBEVIRT_CONTROLLER):  # its workers (and what they start) write as virt-controller
+            for q in self.queues:
+                q.start()
         for vm in self.cache.list("virtualmachines"):
             self.vm_queue.add(key_of(vm))
         for vmi in self.cache.list("virtualmachineinstances"):

@@ -146,6 +146,14 @@ NAME = Column("Name", "string", "Name must be unique within a namespace.", _path
 AGE = Column("Age", "string", "Time since the object was created.", _age_of("metadata.creationTimestamp"))
 
 
+def _count(path: str) -> Callable[[Obj, float], Cell]:
+    def cell(obj: Obj, now: float) -> Cell:
+        value = _get(obj, path)
+        return len(value) if isinstance(value, list) else 0
+
+    return cell
+
+
 def _pod_ready(obj: Obj, now: float) -> Cell:
     statuses = _get(obj, "status.containerStatuses") or []
     containers = _get(obj, "spec.containers") or []
@@ -319,6 +327,47 @@ RESOURCES: tuple[ResourceInfo, ...] = (
             NAME,
             Column("Phase", "string", "The phase of the migration.", _path("status.phase")),
             Column("VMI", "string", "The VMI being migrated.", _path("spec.vmiName")),
+        ),
+    ),
+    ResourceInfo(
+        Resource(
+            "admissionregistration.k8s.io",
+            "v1",
+            "validatingadmissionpolicies",
+            "ValidatingAdmissionPolicy",
+            False,
+            (),
+            _STATUS,
+        ),
+        columns=(
+            NAME,
+            Column("Validations", "integer", "Number of validations.", _count("spec.validations")),
+            Column("ParamKind", "string", "The kind of the parameter.", _path("spec.paramKind.kind", "<unset>")),
+            AGE,
+        ),
+    ),
+    ResourceInfo(
+        Resource(
+            "admissionregistration.k8s.io",
+            "v1",
+            "validatingadmissionpolicybindings",
+            "ValidatingAdmissionPolicyBinding",
+            False,
+        ),
+        columns=(
+            NAME,
+            Column("PolicyName", "string", "The bound policy.", _path("spec.policyName")),
+            Column("ParamRef", "string", "The parameter reference.", _path("spec.paramRef.name", "<unset>")),
+            AGE,
+        ),
+    ),
+    ResourceInfo(
+        Resource("vmquota.io", "v1alpha1", "quotareservations", "QuotaReservation", True, ("qres",)),
+        builtin=False,
+        columns=(
+            NAME,
+            Column("Holders", "integer", "VMIs whose pods the reserved room is for.", _count("spec.holders")),
+            AGE,
         ),
     ),
     ResourceInfo(

@@ -11,7 +11,7 @@ import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal
+from typing import Any, Literal
 
 from services.simcluster.store_api import ApiError
 
@@ -80,6 +80,19 @@ class LabelSelector:
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         return all(r.matches(labels) for r in self.requirements)
+
+    @classmethod
+    def from_object(cls, selector: Mapping[str, Any]) -> LabelSelector:
+        """A ``metav1.LabelSelector`` (``matchLabels``, ``matchExpressions`` with In, NotIn, Exists,
+        DoesNotExist); 400 for an unknown operator."""
+        reqs = [Requirement(str(k), "=", frozenset({str(v)})) for k, v in (selector.get("matchLabels") or {}).items()]
+        ops: dict[str, LabelOp] = {"In": "in", "NotIn": "notin", "Exists": "exists", "DoesNotExist": "!"}
+        for e in selector.get("matchExpressions") or []:
+            op = ops.get(str(e.get("operator", "")))
+            if op is None:
+                raise _bad(f"{e.get('operator')!r} is not a valid label selector operator")
+            reqs.append(Requirement(str(e.get("key", "")), op, frozenset(str(v) for v in e.get("values") or [])))
+        return cls(tuple(reqs))
 
 
 def _tokens(text: str) -> list[str]:

@@ -46,6 +46,7 @@ import yaml
 from aiohttp import web
 
 from services.logs import configure, get_logger
+from services.simcluster.auth import ADMIN, Users, acting_as, authorize, current_user
 from services.simcluster.faults import Faults
 from services.simcluster.kubeconfig import write_kubeconfig
 from services.simcluster.registry import AGE, NAME, ResourceInfo
@@ -231,12 +232,13 @@ def decode_protobuf(data: bytes) -> Obj:
 class ApiServer:
     """The HTTP front of one store. ``make_app()`` gives the aiohttp application."""
 
-    def __init__(self, store: Store, *, token: str, faults: Faults | None = None) -> None:
+    def __init__(self, store: Store, *, token: str, faults: Faults | None = None, users: Users | None = None) -> None:
         self.store = store
         self.registry = store.registry
         self.token = token
+        self.users = users if users is not None else Users(token)
+        self.users.add(ADMIN, token)
         self.faults = faults if faults is not None else Faults(store)
-        self._auth = f"Bearer {token}"
         self._watchers: set[Watcher] = set()
         self._log = get_logger(component="simcluster.server")
         self._discovery: dict[str, bytes] = {}
@@ -400,11 +402,15 @@ class ApiServer:
             return web.Response(text="ok")
         if path == "/version":
             return web.Response(body=_encode(KUBE_VERSION), content_type=JSON)
-        if request.headers.get("Authorization") != self._auth:
-            raise ApiError(401, "Unauthorized", "Unauthorized")
+        with acting_as(self.users.authenticate(request.headers.get("Authorization"))):
+            return await self._route_as_user(request, path)
+
+    async def _route_as_user(self, request: web.Request, path: str) -> web.StreamResponse:
         parts = path.strip("/").split("/")
         head = parts[0]
         if head == "_sim":
+            if current_user().tenant_of is not None:
+                raise ApiError(403, "Forbidden", "the simulator's controls are for the cluster administrator")
             return await self._admin(request, parts)
         if head == "api" and len(parts) >= 2 and parts[1] == "v1" and len(parts) > 2:
             return await self._resource_request(request, "", "v1", parts[2:])
@@ -456,6 +462,7 @@ class ApiServer:
                 raise _method_not_allowed()
             if watch:
                 verb = "watch"
+        authorize(current_user(), verb, res, namespace, sub)
         if self.faults.active():
             delay, err = self.faults.check(verb, res, name or "")
             if delay > 0:
@@ -896,13 +903,14 @@ async def start_server(
     token: str | None = None,
     faults: Faults | None = None,
     tls: bool = True,
+    users: Users | None = None,
 ) -> RunningServer:
     """Serve ``store`` (a new empty one by default), or an ``app`` made by ``ApiServer.make_app()`` (possibly with
     more routes or middlewares added), on ``host:port`` (0: a free port); HTTPS with a fresh self-signed
     certificate unless ``tls=False``."""
     if app is None:
         store = store if store is not None else Store()
-        api = ApiServer(store, token=token or secrets.token_urlsafe(24), faults=faults)
+        api = ApiServer(store, token=token or secrets.token_urlsafe(24), faults=faults, users=users)
         app = api.make_app()
     else:
         api = app[API_SERVER]

@@ -1226,8 +1226,12 @@ class Store:
 
     # --- hooks, callbacks, faults ------------------------------------------------------------------------------
 
-    def add_admission(self, res: Resource, hook: AdmissionHook) -> None:
-        self._hooks.setdefault(res.key, []).append(hook)
+    def add_admission(self, res: Resource, hook: AdmissionHook, *, first: bool = False) -> None:
+        hooks = self._hooks.setdefault(res.key, [])
+        if first:
+            hooks.insert(0, hook)
+        else:
+            hooks.append(hook)
 
     def on_change(self, callback: ChangeCallback) -> None:
         """Call ``callback(type, resource, object)`` on every committed change; every callback of a change gets

@@ -11,9 +11,11 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 import nats
+import yaml
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -31,6 +33,7 @@ from shared.resources import ResourceList, add, format_resource_list, parse_reso
 from shared.snapshot import MIGRATION_JOB_LABEL
 
 CLUSTER: Final = "e2e"
+GUARD_POLICY: Final = Path(__file__).resolve().parents[2] / "deploy/components/reservation-guard/policy.yaml"
 SPEED: Final = 0.05
 """Simulator speed factor: every controller delay x 0.05 (a VM starts in ~10 ms, a migration in ~30 ms)."""
 WITHIN: Final = 20.0
@@ -151,6 +154,12 @@ class Pipeline:
 
     def hard(self, namespace: str, name: str) -> ResourceList:
         return parse_resource_list((self.quota(namespace, name).get("spec") or {}).get("hard"), "spec.hard")
+
+    def admission_hard(self, namespace: str, name: str) -> ResourceList:
+        """``status.hard``: what quota admission checks pods against (the quota controller copies ``spec.hard``
+        there on its next sync)."""
+        hard = (self.quota(namespace, name).get("status") or {}).get("hard") or {}
+        return parse_resource_list(hard, "status.hard")
 
     def budget(self, namespace: str, name: str) -> ResourceList:
         ann = (self.quota(namespace, name).get("metadata") or {}).get("annotations") or {}
@@ -282,6 +291,12 @@ def plain_pod(ns: str, name: str, requests: dict[str, str], limits: dict[str, st
     }
 
 
+async def install_guard(sim: SimCluster) -> None:
+    """The reservation guard's policy and binding, as ``deploy/components/reservation-guard`` ships them."""
+    for doc in yaml.safe_load_all(GUARD_POLICY.read_text()):
+        await sim.create(doc)
+
+
 async def full_namespace(p: Pipeline, ns: str) -> None:
     """Seed scenario 1's namespace: limits.memory 64Gi (VmiPodUsage), three VMs with 16Gi guest memory and explicit
     16Gi memory limits, running; no target pod fits natively."""
@@ -302,8 +317,10 @@ async def pipeline(
     cpu_allocation_ratio: float = 10,
     kubevirt_timing: KubeVirtTiming | None = None,
     seed: int = 7,
+    guard: bool = False,
 ) -> AsyncIterator[Pipeline]:
-    """A simulated cluster with vmquota running against it (``separate``: one runner per service) and a bus tap."""
+    """A simulated cluster with vmquota running against it (``separate``: one runner per service) and a bus tap;
+    ``guard``: with the reservation guard (the shipped policy in the cluster, the enforcer writing its parameter)."""
     sim = SimCluster(
         speed=speed,
         developer_configuration={"cpuAllocationRatio": cpu_allocation_ratio},
@@ -311,7 +328,9 @@ async def pipeline(
         seed=seed,
     )
     await sim.start()
-    stack = VmquotaStack(sim, CLUSTER, separate=separate)
+    if guard:
+        await install_guard(sim)
+    stack = VmquotaStack(sim, CLUSTER, separate=separate, extra_args=["--reservation-guard"] if guard else [])
     tap = BusTap(CLUSTER)
     try:
         await stack.start()

@@ -21,7 +21,7 @@ import yaml
 
 from services import runner
 from services.cli import build_parser
-from shared import bus, modes
+from shared import bus, guard, modes
 from shared.ledger import PartitionSet
 from shared.quantity import Quantity
 
@@ -161,7 +161,15 @@ def test_renders_and_validates_against_kubernetes_schemas(path: Path) -> None:
                 pytest.fail(
                     f"{rel(path)}: {obj['kind']} {obj['metadata']['name']} (Kubernetes {version}): {where}: {e.message}"
                 )
-        assert obj["kind"] in ("Namespace", "ClusterRole", "ClusterRoleBinding") or obj["metadata"].get("namespace")
+        cluster_scoped = (
+            "Namespace",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "CustomResourceDefinition",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        )
+        assert obj["kind"] in cluster_scoped or obj["metadata"].get("namespace")
 
 
 def test_the_validator_catches_a_bad_manifest() -> None:
@@ -496,3 +504,38 @@ def test_single_cluster_with_the_nats_component_uncommented(tmp_path: Path) -> N
         assert secret["data"]["password"] == users[f"VMQUOTA_NATS_{service.upper()}_PASSWORD"], d["metadata"]["name"]
     for obj in objs:
         kubernetes_validate.validate(obj, KUBE_VERSIONS[-1], strict=True)
+
+
+def test_single_cluster_with_the_reservation_guard(tmp_path: Path) -> None:
+    """The optional guard: the CRD, the policy the simulator's tests evaluate, the enforcer switched on, and exactly
+    two more verbs for the enforcer (create and patch of QuotaReservations)."""
+    copy = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, copy)
+    overlay = copy / "overlays" / "single-cluster" / "kustomization.yaml"
+    text = overlay.read_text()
+    switched = text.replace("# components:\n#   - ../../components/nats\n", "components:\n").replace(
+        "#   - ../../components/reservation-guard\n", "  - ../../components/reservation-guard\n"
+    )
+    assert switched.count("components/reservation-guard") == 1 and "components:\n" in switched, switched
+    overlay.write_text(switched)
+    objs = render(copy / "overlays" / "single-cluster")
+    for obj in objs:
+        kubernetes_validate.validate(obj, KUBE_VERSIONS[-1], strict=True)  # ValidatingAdmissionPolicy v1: 1.30+
+    [crd] = of_kind(objs, "CustomResourceDefinition")
+    assert crd["spec"]["group"] == guard.GROUP and crd["spec"]["names"]["kind"] == guard.KIND
+    assert crd["spec"]["names"]["plural"] == guard.PLURAL and crd["spec"]["scope"] == "Namespaced"
+    assert [v["name"] for v in crd["spec"]["versions"]] == [guard.VERSION]
+    assert "aggregate" not in json.dumps(crd), "tenants' admin/edit roles must not include the guard's parameter"
+    [policy] = of_kind(objs, "ValidatingAdmissionPolicy")
+    policy["metadata"].pop("namespace", None)  # kustomize's namespace: the API server drops it (cluster-scoped)
+    shipped = yaml.safe_load_all((DEPLOY / "components" / "reservation-guard" / "policy.yaml").read_text())
+    assert policy == next(d for d in shipped if d["kind"] == "ValidatingAdmissionPolicy")
+    [binding] = of_kind(objs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["paramRef"] == {"name": guard.NAME, "parameterNotFoundAction": "Allow"}
+    cluster, _ = granted(objs, "vmquota-enforcer")
+    assert cluster == CLUSTER_RULES["enforcer"] | {(guard.GROUP, guard.PLURAL, v) for v in ("create", "patch")}
+    for _, service, c in vmquota_deployments(objs):
+        if service == "enforcer":
+            env = container_env(objs, c)
+            assert env["VMQUOTA_RESERVATION_GUARD"] == "true"
+            assert env["VMQUOTA_GUARD_CREATORS"] == guard.DEFAULT_CREATOR

@@ -15,7 +15,10 @@ import asyncio
 from dataclasses import replace
 from typing import Any
 
+import aiohttp
+
 from services.enforcer.kube import NUDGE_ANNOTATION
+from services.simcluster.auth import acting_as
 from services.simcluster.kubevirt import VMIM_ACTIVE, phase
 from services.simcluster.store_api import ApiError, Obj
 from shared.podusage import pod_quota_usage
@@ -24,6 +27,7 @@ from tests.integration.e2e import SLOW_MIGRATIONS, Pipeline, full_namespace, pip
 
 NS = "tenant-a"
 BUDGET = Quantity.parse("64Gi")
+BUDGET_RL = rl({"limits.memory": "64Gi"})
 
 
 def charged(p: Pipeline) -> Quantity:
@@ -182,7 +186,7 @@ async def test_a_vm_refused_during_a_migration_is_nudged_and_starts_once_there_i
         await full_namespace(p, NS)
         m = await p.migrate(NS, "vm1")
         await p.wait(lambda: bool(p.target_pods(NS, m)), "the target pod")
-        await p.wait(lambda: p.hard(NS, "compute") == rl({"limits.memory": "64Gi"}), "hard back at the budget")
+        await p.wait(lambda: p.admission_hard(NS, "compute") == BUDGET_RL, "status.hard back at the budget")
         await p.sim.create_vm(NS, "vm4", memory="8Gi", limits={"memory": "8Gi"})
         await p.wait(lambda: bool(p.quota_refusals(NS, "vm4")), "vm4's pod to be refused while both pods run")
         await p.wait_migrated(NS, "vm1", m)
@@ -262,3 +266,129 @@ async def test_a_hotplug_and_a_new_vm_at_once_never_both_get_in() -> None:
         await p.wait(decided, "the hotplug and vmc to be decided")
         await p.wait(lambda: all(len(p.launcher_pods(ns, v)) <= 1 for v in ("vma", "vmc")), "sources to go")
         assert guest_running(p, ns) <= Quantity.parse("12Gi"), "the hotplug and the new VM both got in"
+
+
+# ---- the reservation window: room raised for a pod that does not exist yet ---------------------------------------
+
+PATIENT_KUBEVIRT = replace(SLOW_MIGRATIONS, backoff_base=2.0)
+"""KubeVirt retries a refused target pod after 0.1 s, then 0.2 s, ... (its backoff a few refusals in): the room
+vmquota raises for the target stays open that long before the target pod exists."""
+
+
+class Tenant:
+    """The tenant's own API client: its bearer token (``edit`` in its namespace), over the simulator's HTTPS."""
+
+    def __init__(self, p: Pipeline) -> None:
+        self.url = p.sim.url
+        self.token = p.sim.add_tenant("mallory", [NS])
+        self.user = p.sim.users.authenticate(f"Bearer {self.token}")
+        self.sim = p.sim
+        self.ssl = p.sim.client_ssl() or True
+        self.session: aiohttp.ClientSession | None = None
+        self.refusals: list[str] = []
+
+    async def __aenter__(self) -> Tenant:
+        self.session = aiohttp.ClientSession(headers={"Authorization": f"Bearer {self.token}"})
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.session is not None
+        await self.session.close()
+
+    async def create_in_process(self, pod: Obj) -> bool:
+        """The same create, as this tenant, without the HTTP round trip: a tenant whose watch and create are as
+        fast as KubeVirt's own (the simulator's controllers run in-process, so over HTTP the tenant always
+        loses the race it can win on a real cluster)."""
+        with acting_as(self.user):
+            try:
+                await self.sim.create(pod)
+            except ApiError as e:
+                assert e.code in (403, 422), e.message
+                self.refusals.append(e.message)
+                return False
+        return True
+
+    async def create(self, pod: Obj) -> bool:
+        """True when the API server admitted the pod; a refusal's message is kept."""
+        assert self.session is not None
+        url = f"{self.url}/api/v1/namespaces/{NS}/pods"
+        async with self.session.post(url, json=pod, ssl=self.ssl) as resp:
+            body = await resp.json()
+            if resp.status == 201:
+                return True
+            assert resp.status in (403, 422), body
+            self.refusals.append(str(body.get("message", "")))
+            return False
+
+
+async def grab_reserved_room(p: Pipeline, tenant: Tenant) -> tuple[bool, str]:
+    """The tenant keeps trying, as fast as the API server answers, to create a pod that takes all the room its
+    quota shows once ``status.hard`` (what quota admission checks) rises above the budget — room raised for a
+    migration's target pod (refused once by native quota, so vmquota reserves it). Returns (whether the tenant's
+    pod got in, the migration)."""
+    m = await p.migrate(NS, "vm1")
+    tries = 0
+    while phase(p.migration(NS, m)) != "Succeeded":
+        quota = p.sim.cache.get("resourcequotas", NS, "compute") or {}
+        status = quota.get("status") or {}
+        hard = rl(status.get("hard") or {}).get("limits.memory")
+        used = rl(status.get("used") or {}).get("limits.memory")
+        if hard is not None and used is not None and hard > BUDGET and hard > used:
+            tries += 1
+            grab = plain_pod(NS, f"grab-{tries}", {"memory": "1Gi", "cpu": "100m"}, {"memory": str(hard - used)})
+            if await tenant.create_in_process(grab):
+                return True, m
+        await asyncio.sleep(0)  # one try per turn of the event loop: as often as the simulator can answer
+    assert tries, "status.hard never rose above the budget for the migration's target"
+    return False, m
+
+
+async def test_with_the_guard_a_tenant_cannot_take_room_reserved_for_a_migration() -> None:
+    async with pipeline(kubevirt_timing=PATIENT_KUBEVIRT, guard=True) as p, Tenant(p) as tenant:
+        await full_namespace(p, NS)
+        got_in, m = await grab_reserved_room(p, tenant)
+        assert not got_in, "the tenant's pod took the room reserved for the migration's target"
+        assert any("reserved for vm1 (migration" in r for r in tenant.refusals), tenant.refusals[:3]
+        await p.wait_migrated(NS, "vm1", m)
+        await settled(p)
+        assert charged(p) <= BUDGET
+        # once nothing is reserved the guard lists no one, and the tenant's pods are quota's business again
+        await p.wait(lambda: _holders(p) == [], "the reservation guard to empty")
+        assert await tenant.create(plain_pod(NS, "small", {"memory": "1Gi"}, {"memory": "1Gi", "cpu": "100m"}))
+
+
+async def test_without_the_guard_the_reservation_window_is_open() -> None:
+    """The documented limit the guard closes (docs/accounting.md, "The reservation guard"): the same tenant, the
+    same timing, no policy in the cluster."""
+    async with pipeline(kubevirt_timing=PATIENT_KUBEVIRT) as p, Tenant(p) as tenant:
+        await full_namespace(p, NS)
+        got_in, _ = await grab_reserved_room(p, tenant)
+        assert got_in, "the tenant lost the race without the guard: this test no longer shows the window"
+        await settled(p)
+        assert charged(p) > BUDGET
+
+
+async def test_the_tenant_cannot_write_the_guard_quota_or_status() -> None:
+    async with pipeline(guard=True) as p, Tenant(p) as tenant:
+        await full_namespace(p, NS)
+        assert tenant.session is not None
+        base = f"{tenant.url}/apis/vmquota.io/v1alpha1/namespaces/{NS}/quotareservations"
+        calls = [
+            (
+                "POST",
+                base,
+                {"apiVersion": "vmquota.io/v1alpha1", "kind": "QuotaReservation", "metadata": {"name": "x"}},
+            ),
+            ("PATCH", f"{base}/vmquota", {"spec": {"holders": []}}),
+            ("PATCH", f"{tenant.url}/api/v1/namespaces/{NS}/resourcequotas/compute", {"spec": {"hard": {}}}),
+            ("PATCH", f"{tenant.url}/apis/kubevirt.io/v1/namespaces/{NS}/virtualmachineinstances/vm1/status", {}),
+        ]
+        headers = {"Content-Type": "application/merge-patch+json"}
+        for method, url, body in calls:
+            async with tenant.session.request(method, url, json=body, ssl=tenant.ssl, headers=headers) as resp:
+                assert resp.status == 403, (method, url, resp.status, await resp.text())
+
+
+def _holders(p: Pipeline) -> list[Any] | None:
+    obj = p.sim.peek("quotareservations", NS, "vmquota")
+    return None if obj is None else list((obj.get("spec") or {}).get("holders") or [])

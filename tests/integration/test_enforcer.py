@@ -293,6 +293,9 @@ class BeatenOnce:
     async def nudge_vmi(self, namespace: str, name: str, token: str) -> None:
         await self.inner.nudge_vmi(namespace, name, token)
 
+    async def put_reservation(self, namespace: str, body: Obj) -> None:
+        await self.inner.put_reservation(namespace, body)
+
     async def patch_quota(self, namespace: str, name: str, body: Obj) -> Obj:
         self.calls.append("patch")
         if self.calls.count("patch") == 1 and self.enforcer is not None:

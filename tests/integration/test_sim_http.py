@@ -74,7 +74,12 @@ async def test_discovery_documents(http: aiohttp.ClientSession) -> None:
     assert pods["namespaced"] and pods["shortNames"] == ["po"] and "watch" in pods["verbs"]
     assert any(r["name"] == "resourcequotas/status" for r in core["resources"])
     _, groups = await call(http, "GET", "/apis")
-    assert {g["name"] for g in groups["groups"]} == {"coordination.k8s.io", "kubevirt.io"}
+    assert {g["name"] for g in groups["groups"]} == {
+        "admissionregistration.k8s.io",
+        "coordination.k8s.io",
+        "kubevirt.io",
+        "vmquota.io",
+    }
     _, kubevirt = await call(http, "GET", "/apis/kubevirt.io/v1")
     assert {r["name"] for r in kubevirt["resources"] if "/" not in r["name"]} == {
         "virtualmachines",

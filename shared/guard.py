@@ -1,0 +1,98 @@
+"""The reservation guard: who the room a raise reserves is for, as the namespace's ``QuotaReservation`` states it.
+
+A raise of ``spec.hard`` for a reservation (``S``: an admitted VM's launcher pod, a migration's target pod) opens
+room in the namespace before the pod it is for exists, and native quota admission lets *any* pod take it. With the
+optional reservation guard (``deploy/components/reservation-guard``) a ValidatingAdmissionPolicy in the API
+server closes that window: while the namespace's ``QuotaReservation`` (kind below, named :data:`NAME`) lists
+holders, a pod is admitted only when one of the ``creators`` (KubeVirt's virt-controller) creates it for one of the
+holder VMIs (its controller ``ownerReference``). The enforcer writes the holders *before* a raise that reserves
+for them and removes them only once no quota's ``spec.hard`` carries their reservation any more
+(``docs/accounting.md``, "The reservation guard").
+
+Pure: what to write, from the ledger's usage snapshots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from shared.bus import UsageSnapshot
+from shared.errors import InvalidInput
+from shared.quantity import Quantity
+from shared.resources import parse_resource_list
+from shared.snapshot import QuotaSnapshot
+
+GROUP: Final = "vmquota.io"
+VERSION: Final = "v1alpha1"
+PLURAL: Final = "quotareservations"
+KIND: Final = "QuotaReservation"
+DEFAULT_CREATOR: Final = "system:serviceaccount:kubevirt:kubevirt-controller"
+"""Who creates launcher and migration target pods in a default KubeVirt install (virt-controller's account)."""
+NAME: Final = "vmquota"
+"""The one ``QuotaReservation`` per namespace (the policy binding's ``paramRef.name``)."""
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Holder:
+    """A VMI whose pod a reservation is for."""
+
+    uid: str
+    name: str
+    reason: str
+    """``launcher pod`` or ``migration <name>`` (shown to whoever is refused meanwhile)."""
+
+    def as_object(self) -> dict[str, str]:
+        return {"uid": self.uid, "name": self.name, "reason": self.reason}
+
+
+def holders(usage: UsageSnapshot | None) -> frozenset[Holder]:
+    """The holders of the reservations a usage snapshot's ``hard`` carries: each admitted VM (its launcher pod)
+    and each migration whose target is reserved (``pending``)."""
+    if usage is None:
+        return frozenset()
+    uids = {v.name: v.uid for v in usage.vms if v.uid}
+    out = {Holder(v.uid, v.name, "launcher pod") for v in usage.vms if v.state == "admitted" and v.uid}
+    for m in usage.migrations:
+        uid = uids.get(m.vmi)
+        if m.state == "pending" and uid:
+            out.add(Holder(uid, m.vmi, f"migration {m.name}"))
+    return frozenset(out)
+
+
+def _same(a: Mapping[str, Quantity], b: Mapping[str, Quantity]) -> bool:
+    return a.keys() == b.keys() and all(a[r] == b[r] for r in a)
+
+
+def carried(before: frozenset[Holder], quota: QuotaSnapshot, usage: UsageSnapshot | None) -> frozenset[Holder]:
+    """The holders whose reservations a quota's limits carry now: the usage snapshot's, when its ``spec.hard`` is
+    what that snapshot asks of it *and* quota admission already checks against it (``status.hard``: the quota
+    controller copies ``spec.hard`` there on its next sync, so a lowered ``spec.hard`` leaves the old room open
+    until then); otherwise what it carried ``before`` as well."""
+    now = holders(usage)
+    terms = usage.quotas.get(quota.name) if usage is not None else None
+    if terms is None or not _same(quota.spec_hard, quota.status_hard):
+        return before | now
+    try:
+        asked = parse_resource_list(terms.hard, "hard")
+    except InvalidInput:
+        return before | now
+    return now if _same(asked, quota.spec_hard) else before | now
+
+
+def union(sets: Iterable[frozenset[Holder]]) -> frozenset[Holder]:
+    out: set[Holder] = set()
+    for s in sets:
+        out |= s
+    return frozenset(out)
+
+
+def reservation(namespace: str, held: frozenset[Holder], creators: Iterable[str]) -> dict[str, Any]:
+    """The namespace's ``QuotaReservation`` object (holders sorted, so equal content is an equal object)."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": {"name": NAME, "namespace": namespace, "labels": {"app.kubernetes.io/managed-by": "vmquota"}},
+        "spec": {"holders": [h.as_object() for h in sorted(held)], "creators": sorted(set(creators))},
+    }

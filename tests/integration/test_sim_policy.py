@@ -1,0 +1,303 @@
+"""The simulated API server's ValidatingAdmissionPolicy evaluation (CEL, by cel-python) and its identities, against
+the semantics of kube-apiserver's ``admission/plugin/policy/validating`` (v1.32): matching, parameters,
+``parameterNotFoundAction``, ``failurePolicy``, the message rules and the denial's status — and the reservation
+guard policy vmquota ships (``deploy/components/reservation-guard/policy.yaml``), evaluated as the API server runs
+it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from services.simcluster.auth import KUBEVIRT_CONTROLLER, UserInfo, acting_as
+from services.simcluster.cluster import SimCluster
+from services.simcluster.store_api import ApiError, Obj
+from shared import guard
+
+ROOT = Path(__file__).resolve().parents[2]
+GUARD_POLICY = ROOT / "deploy" / "components" / "reservation-guard" / "policy.yaml"
+NS = "t1"
+TENANT = UserInfo("mallory", tenant_of=frozenset({NS}))
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[SimCluster]:
+    async with SimCluster() as s:
+        await s.create_namespace(NS, {"team": "a"})
+        await s.create_namespace("other")
+        yield s
+
+
+def pod(name: str, *, owner_uid: str | None = None, controller: bool = True, namespace: str = NS) -> Obj:
+    p: Obj = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }
+    if owner_uid is not None:
+        p["metadata"]["ownerReferences"] = [
+            {
+                "apiVersion": "kubevirt.io/v1",
+                "kind": "VirtualMachineInstance",
+                "name": "vm1",
+                "uid": owner_uid,
+                "controller": controller,
+            }
+        ]
+    return p
+
+
+async def create_as(sim: SimCluster, user: UserInfo, obj: Obj) -> ApiError | None:
+    with acting_as(user):
+        try:
+            await sim.create(obj)
+        except ApiError as e:
+            return e
+    return None
+
+
+async def install(sim: SimCluster, text: str) -> None:
+    for doc in yaml.safe_load_all(text):
+        await sim.create(doc)
+
+
+async def reserve(sim: SimCluster, *holders: guard.Holder) -> None:
+    await sim.apply(guard.reservation(NS, frozenset(holders), [KUBEVIRT_CONTROLLER.username]))
+
+
+HOLDER = guard.Holder("uid-vm1", "vm1", "migration vm1-mig")
+
+
+# ---- the shipped guard --------------------------------------------------------------------------------------------
+
+
+async def test_the_guard_admits_everyone_while_nothing_is_reserved(sim: SimCluster) -> None:
+    await install(sim, GUARD_POLICY.read_text())
+    assert await create_as(sim, TENANT, pod("no-param")) is None  # no QuotaReservation: parameterNotFoundAction
+    await reserve(sim)
+    assert await create_as(sim, TENANT, pod("no-holders")) is None
+
+
+async def test_while_room_is_reserved_only_kubevirt_creates_and_only_for_a_holder(sim: SimCluster) -> None:
+    await install(sim, GUARD_POLICY.read_text())
+    await reserve(sim, HOLDER)
+    err = await create_as(sim, TENANT, pod("plain"))
+    assert err is not None and err.code == 403 and err.reason == "Forbidden"
+    assert err.message == (
+        "pods \"plain\" is forbidden: ValidatingAdmissionPolicy 'vmquota-reservation-guard' with binding "
+        "'vmquota-reservation-guard' denied request: vmquota: the room in this namespace is reserved for vm1 "
+        "(migration vm1-mig) until those pods exist; retry in a moment"
+    )
+    # a tenant's pod with the holder's controller reference is still the tenant's
+    assert await create_as(sim, TENANT, pod("forged", owner_uid=HOLDER.uid)) is not None
+    # KubeVirt, for another VMI, or without a controller reference
+    assert await create_as(sim, KUBEVIRT_CONTROLLER, pod("other-vmi", owner_uid="uid-vm9")) is not None
+    assert await create_as(sim, KUBEVIRT_CONTROLLER, pod("no-ctl", owner_uid=HOLDER.uid, controller=False)) is not None
+    assert await create_as(sim, KUBEVIRT_CONTROLLER, pod("target", owner_uid=HOLDER.uid)) is None
+    # other namespaces have their own parameter (none here)
+    assert await create_as(sim, TENANT, pod("elsewhere", namespace="other")) is None
+
+
+async def test_a_guarded_denial_takes_no_quota(sim: SimCluster) -> None:
+    """ValidatingAdmissionPolicy runs before ResourceQuota admission: a refused pod is never charged."""
+    await install(sim, GUARD_POLICY.read_text())
+    await sim.create_quota(NS, "compute", {"pods": "10"})
+    await sim.wait_quota_synced(NS, "compute")
+    await reserve(sim, HOLDER)
+    assert await create_as(sim, TENANT, pod("plain")) is not None
+    q = await sim.get("resourcequotas", NS, "compute")
+    assert (q.get("status") or {}).get("used", {}).get("pods") == "0"
+
+
+# ---- ValidatingAdmissionPolicy semantics ---------------------------------------------------------------------------
+
+POLICY = """
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {name: p}
+spec:
+  failurePolicy: %(failure)s
+  paramKind: {apiVersion: vmquota.io/v1alpha1, kind: QuotaReservation}
+  matchConstraints:
+    resourceRules:
+      - {apiGroups: [""], apiVersions: ["v1"], operations: ["CREATE"], resources: ["pods"]}
+  matchConditions:
+    - {name: not-exempt, expression: "!has(object.metadata.labels) || !('exempt' in object.metadata.labels)"}
+  validations:
+    - expression: "object.metadata.name.startsWith(params.spec.prefix)"
+      %(message)s
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {name: b}
+spec:
+  policyName: p
+  validationActions: [%(action)s]
+  paramRef: {name: rules, parameterNotFoundAction: %(not_found)s}
+  %(match)s
+"""
+
+
+def policy(
+    *,
+    failure: str = "Fail",
+    message: str = "",
+    action: str = "Deny",
+    not_found: str = "Allow",
+    match: str = "",
+) -> str:
+    return POLICY % {"failure": failure, "message": message, "action": action, "not_found": not_found, "match": match}
+
+
+async def rules(sim: SimCluster, prefix: Any) -> None:
+    spec = {} if prefix is None else {"prefix": prefix}
+    await sim.apply(
+        {
+            "apiVersion": "vmquota.io/v1alpha1",
+            "kind": "QuotaReservation",
+            "metadata": {"name": "rules", "namespace": NS},
+            "spec": spec,
+        }
+    )
+
+
+async def test_validation_with_the_parameter_of_the_request_namespace(sim: SimCluster) -> None:
+    await install(sim, policy(message="messageExpression: \"'name must start with ' + params.spec.prefix\""))
+    await rules(sim, "ok-")
+    assert await create_as(sim, TENANT, pod("ok-1")) is None
+    err = await create_as(sim, TENANT, pod("bad-1"))
+    assert err is not None and err.code == 422 and err.reason == "Invalid"  # no reason: Invalid
+    assert err.message.endswith("denied request: name must start with ok-")
+    assert err.details["causes"] == [
+        {"message": "ValidatingAdmissionPolicy 'p' with binding 'b' denied request: name must start with ok-"}
+    ]
+    exempt = pod("bad-2")
+    exempt["metadata"]["labels"] = {"exempt": "yes"}
+    assert await create_as(sim, TENANT, exempt) is None  # a false match condition skips the policy
+
+
+async def test_message_falls_back_to_message_then_the_expression(sim: SimCluster) -> None:
+    await install(sim, policy(message="message: 'a static message'"))
+    await rules(sim, "ok-")
+    err = await create_as(sim, TENANT, pod("bad"))
+    assert err is not None and err.message.endswith("denied request: a static message")
+    await sim.store.delete(sim.store.resource("validatingadmissionpolicies"), None, "p")
+    await sim.store.delete(sim.store.resource("validatingadmissionpolicybindings"), None, "b")
+    await install(sim, policy())
+    err = await create_as(sim, TENANT, pod("bad2"))
+    assert err is not None
+    assert err.message.endswith(
+        "denied request: failed expression: object.metadata.name.startsWith(params.spec.prefix)"
+    )
+
+
+async def test_parameter_not_found_allow_or_deny(sim: SimCluster) -> None:
+    await install(sim, policy(not_found="Deny"))
+    err = await create_as(sim, TENANT, pod("x"))
+    assert err is not None and err.code == 422
+    assert err.message.endswith(
+        "denied request: failed to configure binding: no params found for policy binding with `Deny` "
+        "parameterNotFoundAction"
+    )
+
+
+@pytest.mark.parametrize("failure", ["Fail", "Ignore"])
+async def test_an_evaluation_error_follows_the_failure_policy(sim: SimCluster, failure: str) -> None:
+    await install(sim, policy(failure=failure))
+    await rules(sim, None)  # params.spec.prefix: no such key
+    err = await create_as(sim, TENANT, pod("x"))
+    if failure == "Ignore":
+        assert err is None
+    else:
+        assert err is not None and "resulted in error" in err.message and err.code == 422
+
+
+async def test_warn_does_not_deny_and_match_resources_narrow(sim: SimCluster) -> None:
+    await install(sim, policy(action="Warn"))
+    await rules(sim, "ok-")
+    assert await create_as(sim, TENANT, pod("bad")) is None
+    await sim.store.delete(sim.store.resource("validatingadmissionpolicybindings"), None, "b")
+    await install(sim, policy(match="matchResources: {namespaceSelector: {matchLabels: {team: b}}}").split("---")[1])
+    assert await create_as(sim, TENANT, pod("bad2")) is None  # t1 is team a: the binding does not apply
+
+
+# ---- identities and authorization ----------------------------------------------------------------------------------
+
+
+async def test_a_tenant_edits_its_namespace_and_nothing_else(sim: SimCluster) -> None:
+    token = sim.add_tenant("mallory", [NS])
+    headers = {"Authorization": f"Bearer {token}"}
+    reservation = guard.reservation(NS, frozenset(), ["x"])
+    cases: list[tuple[str, str, Obj | None, int]] = [
+        ("POST", f"/api/v1/namespaces/{NS}/pods", pod("mine"), 201),
+        ("GET", f"/api/v1/namespaces/{NS}/resourcequotas", None, 200),
+        ("POST", "/api/v1/namespaces/other/pods", pod("theirs", namespace="other"), 403),
+        (
+            "POST",
+            f"/api/v1/namespaces/{NS}/resourcequotas",
+            {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "q"}},
+            403,
+        ),
+        ("POST", f"/apis/vmquota.io/v1alpha1/namespaces/{NS}/quotareservations", reservation, 403),
+        ("PUT", f"/api/v1/namespaces/{NS}/pods/mine/status", pod("mine"), 403),
+        ("GET", "/api/v1/namespaces", None, 403),
+        ("GET", "/_sim/faults", None, 403),
+    ]
+    async with aiohttp.ClientSession(headers=headers) as s:
+        for method, path, body, want in cases:
+            async with s.request(method, sim.url + path, json=body, ssl=sim.client_ssl() or True) as resp:
+                assert resp.status == want, (method, path, await resp.text())
+                if want == 403 and not path.startswith("/_sim"):
+                    doc = await resp.json()
+                    assert doc["reason"] == "Forbidden" and 'User "mallory" cannot' in doc["message"], doc
+        nobody = {"Authorization": "Bearer nobody"}
+        async with s.get(sim.url + "/api/v1/pods", headers=nobody, ssl=sim.client_ssl() or True) as resp:
+            assert resp.status == 401
+
+
+async def test_kubectl_applies_and_lists_the_guard(sim: SimCluster, tmp_path: Path) -> None:
+    exe = shutil.which("kubectl")
+    if exe is None:
+        pytest.skip("kubectl is not installed")
+    assert sim.kubeconfig_path is not None
+
+    async def run(kubeconfig: Path, *args: str) -> tuple[int, str, str]:
+        proc = await asyncio.create_subprocess_exec(
+            exe,
+            f"--kubeconfig={kubeconfig}",
+            f"--cache-dir={tmp_path / 'kube-cache'}",
+            "--request-timeout=10s",
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(), err.decode()
+
+    async def kubectl(*args: str) -> str:
+        assert sim.kubeconfig_path is not None
+        code, out, err = await run(sim.kubeconfig_path, *args)
+        assert code == 0, err
+        return out
+
+    await kubectl("apply", "-f", str(GUARD_POLICY))
+    assert "vmquota-reservation-guard" in await kubectl("get", "validatingadmissionpolicies")
+    await reserve(sim, HOLDER)
+    listed = json.loads(await kubectl("get", "quotareservations", "-n", NS, "-o", "json"))
+    assert [i["spec"]["holders"][0]["name"] for i in listed["items"]] == ["vm1"]
+    tenant = sim.write_kubeconfig(tmp_path / "tenant.kubeconfig", sim.add_tenant("mallory", [NS]), namespace=NS)
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(yaml.safe_dump(pod("plain")))
+    code, _, err = await run(tenant, "create", "-f", str(manifest))
+    assert code != 0 and "reserved for vm1" in err, err

@@ -1,0 +1,95 @@
+"""The reservation guard's content (shared.guard): who is listed, and when a quota stops carrying a reservation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared import bus, guard
+from shared.snapshot import QuotaSnapshot, normalize
+
+NS = "t1"
+
+
+def usage(vms: list[bus.VmState], migrations: list[bus.MigrationState], hard: str = "64Gi") -> bus.UsageSnapshot:
+    return bus.UsageSnapshot(
+        id=f"c1/usage/{NS}/1",
+        source="vmquota/ledger/c1",
+        subject=NS,
+        time="2026-01-01T00:00:00.000Z",
+        cluster="c1",
+        namespace=NS,
+        seq=1,
+        quotas={
+            "compute": bus.QuotaTerms(
+                mode="VmiPodUsage", budget={"limits.memory": "64Gi"}, hard={"limits.memory": hard}
+            )
+        },
+        vms=vms,
+        migrations=migrations,
+    )
+
+
+def quota(spec: str, status: str) -> QuotaSnapshot:
+    raw: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "compute", "namespace": NS, "uid": "q1", "resourceVersion": "5"},
+        "spec": {"hard": {"limits.memory": spec}},
+        "status": {"hard": {"limits.memory": status}},
+    }
+    s = normalize(raw)
+    assert isinstance(s, QuotaSnapshot)
+    return s
+
+
+VMS = [
+    bus.VmState(name="vm1", uid="u1", state="running"),
+    bus.VmState(name="vm2", uid="u2", state="admitted"),
+    bus.VmState(name="vm3", uid="u3", state="refused"),
+    bus.VmState(name="vm4", uid="u4", state="running"),
+]
+MIGRATIONS = [
+    bus.MigrationState(name="m1", vmi="vm1", state="pending"),
+    bus.MigrationState(name="m4", vmi="vm4", state="not-tried"),
+    bus.MigrationState(name="m3", vmi="vm3", state="pending"),  # (its VM is refused: listed by VMI uid all the same)
+]
+
+
+def test_holders_are_admitted_vms_and_reserved_migration_targets() -> None:
+    held = guard.holders(usage(VMS, MIGRATIONS))
+    assert held == {
+        guard.Holder("u2", "vm2", "launcher pod"),
+        guard.Holder("u1", "vm1", "migration m1"),
+        guard.Holder("u3", "vm3", "migration m3"),
+    }
+    assert guard.holders(None) == frozenset()
+    body = guard.reservation(NS, held, ["kv", "kv"])
+    assert body["metadata"] == {
+        "name": "vmquota",
+        "namespace": NS,
+        "labels": {"app.kubernetes.io/managed-by": "vmquota"},
+    }
+    assert body["spec"]["creators"] == ["kv"]
+    assert [h["uid"] for h in body["spec"]["holders"]] == ["u1", "u2", "u3"]
+
+
+def test_a_quota_stops_carrying_a_reservation_only_once_admission_checks_the_lower_hard() -> None:
+    before = guard.holders(usage(VMS, MIGRATIONS))
+    after = usage([bus.VmState(name="vm1", uid="u1", state="running")], [])
+    # spec.hard lowered to what the new snapshot asks, but status.hard (what admission checks) not yet
+    assert guard.carried(before, quota("64Gi", "80Gi"), after) == before
+    # synced: only what the snapshot holds
+    assert guard.carried(before, quota("64Gi", "64Gi"), after) == frozenset()
+    # spec.hard is not (yet) what the snapshot asks: keep what was carried, and the snapshot's
+    newer = usage(VMS, MIGRATIONS, hard="80Gi")
+    assert guard.carried(frozenset(), quota("64Gi", "64Gi"), newer) == before
+
+
+@given(st.lists(st.sampled_from(["running", "admitted", "refused", "stopped"]), max_size=6))
+def test_every_admitted_vm_is_a_holder(states: list[str]) -> None:
+    vms = [bus.VmState(name=f"vm{i}", uid=f"u{i}", state=s) for i, s in enumerate(states)]
+    held = guard.holders(usage(vms, []))
+    assert {h.uid for h in held} == {v.uid for v in vms if v.state == "admitted"}

@@ -346,6 +346,17 @@ async def grab_reserved_room(p: Pipeline, tenant: Tenant) -> tuple[bool, str]:
 async def test_with_the_guard_a_tenant_cannot_take_room_reserved_for_a_migration() -> None:
     async with pipeline(kubevirt_timing=PATIENT_KUBEVIRT, guard=True) as p, Tenant(p) as tenant:
         await full_namespace(p, NS)
+        unguarded: list[str] = []
+
+        def check(type_: str, res: Any, obj: Obj) -> None:
+            # at every commit: room above the budget in what admission checks is only ever open to its holders
+            if res.plural != "resourcequotas" or obj["metadata"].get("namespace") != NS:
+                return
+            hard = rl((obj.get("status") or {}).get("hard") or {}).get("limits.memory")
+            if hard is not None and hard > BUDGET and not _holders(p):
+                unguarded.append(f"status.hard {hard} with no holder listed")
+
+        p.sim.store.on_change(check)
         got_in, m = await grab_reserved_room(p, tenant)
         assert not got_in, "the tenant's pod took the room reserved for the migration's target"
         assert any("reserved for vm1 (migration" in r for r in tenant.refusals), tenant.refusals[:3]
@@ -354,6 +365,7 @@ async def test_with_the_guard_a_tenant_cannot_take_room_reserved_for_a_migration
         assert charged(p) <= BUDGET
         # once nothing is reserved the guard lists no one, and the tenant's pods are quota's business again
         await p.wait(lambda: _holders(p) == [], "the reservation guard to empty")
+        assert not unguarded, unguarded
         assert await tenant.create(plain_pod(NS, "small", {"memory": "1Gi"}, {"memory": "1Gi", "cpu": "100m"}))
 
 

@@ -4,6 +4,9 @@ room to admission of a VM that was refused while a migration held two pods.
 * ``tenant-adversary`` (the built-in demo scenario) played ``TRIALS`` times with vmquota: a tenant creates a 16Gi
   pod the moment the quota stops charging the migration's source pod, in a namespace with some 15Gi left. Every
   tenant pod that gets in is an over-admission.
+* ``GUARD_TRIALS`` times each, without and with the reservation guard: a tenant creating pods as fast as the API
+  server answers to take the room raised for a migration's target (refused once natively). Without the guard a
+  tenant pod that gets in is the window the guard closes; with it, every one is an over-admission.
 * ``ROOM_TRIALS`` times, seed scenario 1's namespace: while vm1 migrates (phases of 0.25 s), vm4 (8Gi, fits the
   budget) is created and refused natively (``hard`` holds no room for the second pod); the figure is the time from
   the source pod's end (the quota controller frees its charge) to vm4's launcher pod admitted, through the
@@ -19,11 +22,23 @@ from services.demo.play import play
 from services.demo.scenario import builtin_scenarios
 from services.simcluster.kubevirt import phase
 from services.simcluster.store_api import Obj, Resource, WatchType
+from shared.quantity import Quantity
 from tests.benchmarks.common import Result
-from tests.integration.e2e import SLOW_MIGRATIONS, WITHIN, full_namespace, pipeline, rl
+from tests.integration.e2e import (
+    PATIENT_KUBEVIRT,
+    SLOW_MIGRATIONS,
+    WITHIN,
+    Tenant,
+    full_namespace,
+    grab_reserved_room,
+    pipeline,
+    rl,
+)
 
 TRIALS = 10
 ROOM_TRIALS = 5
+GUARD_TRIALS = 5
+BUDGET = Quantity.parse("64Gi")
 NS = "tenant-a"
 
 
@@ -76,7 +91,8 @@ async def _room_trial(seed: int) -> float | None:
         p.sim.store.on_change(feed)
         m = await p.migrate(NS, "vm1")
         await p.wait(lambda: bool(p.target_pods(NS, m)), "the target pod")
-        await p.wait(lambda: p.hard(NS, "compute") == rl({"limits.memory": "64Gi"}), "hard back at the budget")
+        back = rl({"limits.memory": "64Gi"})
+        await p.wait(lambda: p.admission_hard(NS, "compute") == back, "status.hard back at the budget")
         await p.sim.create_vm(NS, "vm4", memory="8Gi", limits={"memory": "8Gi"})
         await p.wait(lambda: "admitted" in marks, "vm4's launcher pod", within=WITHIN)
         if not p.quota_refusals(NS, "vm4"):
@@ -101,5 +117,38 @@ async def _room_trials() -> list[Result]:
     ]
 
 
+async def _guard_trial(seed: int, guard: bool) -> tuple[bool, int, float, bool]:
+    """(the tenant got in, its refusals, the migration's time from creation to success, it succeeded)."""
+    async with pipeline(kubevirt_timing=PATIENT_KUBEVIRT, seed=seed, guard=guard) as p, Tenant(p, NS) as tenant:
+        await full_namespace(p, NS)
+        t0 = time.monotonic()
+        got_in, m = await grab_reserved_room(p, tenant, BUDGET)
+        await p.wait_migration(NS, m)
+        return got_in, len(tenant.refusals), time.monotonic() - t0, phase(p.migration(NS, m)) == "Succeeded"
+
+
+async def _guard_trials() -> list[Result]:
+    out = []
+    for guard in (False, True):
+        runs = [await _guard_trial(7 + i, guard) for i in range(GUARD_TRIALS)]
+        got_in = sum(r[0] for r in runs)
+        ok = sum(r[3] for r in runs)
+        took = statistics.median(r[2] for r in runs) * 1000
+        label = "with the reservation guard" if guard else "without the guard"
+        out.append(
+            Result(
+                f"adversary: tenant pods in reserved room, {label}",
+                got_in,
+                "pods",
+                target=0 if guard else None,
+                higher_is_better=False,
+                note=f"{GUARD_TRIALS} trials of a tenant creating pods as fast as the API server answers; "
+                f"{sum(r[1] for r in runs)} refusals, {ok} of {GUARD_TRIALS} migrations succeeded, median "
+                f"{took:.0f} ms from creation to success",
+            )
+        )
+    return out
+
+
 async def run_async() -> list[Result]:
-    return [*(await _tenant_trials()), *(await _room_trials())]
+    return [*(await _tenant_trials()), *(await _guard_trials()), *(await _room_trials())]

@@ -49,6 +49,7 @@ from shared import bus as contract
 from shared.modes import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION
 from shared.snapshot import MIGRATION_JOB_LABEL
 from tests.benchmarks.common import Result
+from tests.integration.e2e import install_guard
 
 VMS = 1_000
 NAMESPACES = 10
@@ -350,15 +351,19 @@ async def run_async(
     migrations: int = MIGRATIONS,
     concurrency: int = CONCURRENCY,
     rate: float = RATE,
+    guard: bool = False,
 ) -> list[Result]:
+    """``guard``: with the reservation guard (the shipped policy in the cluster, ``--reservation-guard``)."""
     logs.configure("warning")
     sim = SimCluster(
         speed=SPEED, seed=11, nodes=[f"node{i:02d}" for i in range(1, NODES + 1)], parallel_migrations=concurrency + 1
     )
     await sim.start()
+    if guard:
+        await install_guard(sim)
     tracker = Tracker()
     sim.store.on_change(tracker)
-    stack = VmquotaStack(sim, "bench", separate=True)
+    stack = VmquotaStack(sim, "bench", separate=True, extra_args=["--reservation-guard"] if guard else [])
     tap = BusTap()
     placement = _placement(vms, namespaces)
     gc_before = gc.get_threshold()

@@ -10,25 +10,27 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
+import aiohttp
 import nats
 import yaml
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from services.demo.play import VmquotaStack
+from services.simcluster.auth import acting_as
 from services.simcluster.cluster import SimCluster
 from services.simcluster.kubevirt import KubeVirtTiming, phase
-from services.simcluster.store_api import Obj
+from services.simcluster.store_api import ApiError, Obj
 from shared import bus as contract
 from shared.enforcement import LAST_HARD_ANNOTATION, STATUS_ANNOTATION
 from shared.errors import InvalidInput
 from shared.modes import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION
 from shared.podusage import pod_quota_usage
-from shared.quantity import ZERO
+from shared.quantity import ZERO, Quantity
 from shared.resources import ResourceList, add, format_resource_list, parse_resource_list
 from shared.snapshot import MIGRATION_JOB_LABEL
 
@@ -291,6 +293,77 @@ def plain_pod(ns: str, name: str, requests: dict[str, str], limits: dict[str, st
     }
 
 
+class Tenant:
+    """The tenant's own API client: its bearer token (``edit`` in its namespace ``ns``), over the simulator's
+    HTTPS."""
+
+    def __init__(self, p: Pipeline, ns: str) -> None:
+        self.ns = ns
+        self.url = p.sim.url
+        self.token = p.sim.add_tenant("mallory", [ns])
+        self.user = p.sim.users.authenticate(f"Bearer {self.token}")
+        self.sim = p.sim
+        self.ssl = p.sim.client_ssl() or True
+        self.session: aiohttp.ClientSession | None = None
+        self.refusals: list[str] = []
+
+    async def __aenter__(self) -> Tenant:
+        self.session = aiohttp.ClientSession(headers={"Authorization": f"Bearer {self.token}"})
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.session is not None
+        await self.session.close()
+
+    async def create_in_process(self, pod: Obj) -> bool:
+        """The same create, as this tenant, without the HTTP round trip: a tenant whose watch and create are as
+        fast as KubeVirt's own (the simulator's controllers run in-process, so over HTTP the tenant always
+        loses the race it can win on a real cluster)."""
+        with acting_as(self.user):
+            try:
+                await self.sim.create(pod)
+            except ApiError as e:
+                assert e.code in (403, 422), e.message
+                self.refusals.append(e.message)
+                return False
+        return True
+
+    async def create(self, pod: Obj) -> bool:
+        """True when the API server admitted the pod; a refusal's message is kept."""
+        assert self.session is not None
+        url = f"{self.url}/api/v1/namespaces/{self.ns}/pods"
+        async with self.session.post(url, json=pod, ssl=self.ssl) as resp:
+            body = await resp.json()
+            if resp.status == 201:
+                return True
+            assert resp.status in (403, 422), body
+            self.refusals.append(str(body.get("message", "")))
+            return False
+
+
+async def grab_reserved_room(p: Pipeline, tenant: Tenant, budget: Quantity) -> tuple[bool, str]:
+    """The tenant keeps trying, as fast as the API server answers, to create a pod that takes all the room its
+    quota ``compute`` shows once ``status.hard`` (what quota admission checks) rises above the ``limits.memory``
+    budget — room raised for the target pod of a migration of ``vm1`` (refused once by native quota, so vmquota
+    reserves it). Returns (whether the tenant's pod got in, the migration)."""
+    ns = tenant.ns
+    m = await p.migrate(ns, "vm1")
+    tries = 0
+    while phase(p.migration(ns, m)) != "Succeeded":
+        quota = p.sim.cache.get("resourcequotas", ns, "compute") or {}
+        status = quota.get("status") or {}
+        hard = rl(status.get("hard") or {}).get("limits.memory")
+        used = rl(status.get("used") or {}).get("limits.memory")
+        if hard is not None and used is not None and hard > budget and hard > used:
+            tries += 1
+            grab = plain_pod(ns, f"grab-{tries}", {"memory": "1Gi", "cpu": "100m"}, {"memory": str(hard - used)})
+            if await tenant.create_in_process(grab):
+                return True, m
+        await asyncio.sleep(0)  # one try per turn of the event loop: as often as the simulator can answer
+    assert tries, "status.hard never rose above the budget for the migration's target"
+    return False, m
+
+
 async def install_guard(sim: SimCluster) -> None:
     """The reservation guard's policy and binding, as ``deploy/components/reservation-guard`` ships them."""
     for doc in yaml.safe_load_all(GUARD_POLICY.read_text()):
@@ -307,6 +380,9 @@ async def full_namespace(p: Pipeline, ns: str) -> None:
 
 SLOW_MIGRATIONS: Final = KubeVirtTiming(speed=SPEED, migration_step=5.0)
 """Migration phases of 0.25 s: long enough for a test to act while the target pod runs next to the source."""
+PATIENT_KUBEVIRT: Final = replace(SLOW_MIGRATIONS, backoff_base=2.0)
+"""KubeVirt retries a refused target pod after 0.1 s, then 0.2 s, ... (its backoff a few refusals in): the room
+vmquota raises for the target stays open that long before the target pod exists."""
 
 
 @asynccontextmanager

@@ -15,15 +15,22 @@ import asyncio
 from dataclasses import replace
 from typing import Any
 
-import aiohttp
-
 from services.enforcer.kube import NUDGE_ANNOTATION
-from services.simcluster.auth import acting_as
 from services.simcluster.kubevirt import VMIM_ACTIVE, phase
 from services.simcluster.store_api import ApiError, Obj
 from shared.podusage import pod_quota_usage
 from shared.quantity import Quantity
-from tests.integration.e2e import SLOW_MIGRATIONS, Pipeline, full_namespace, pipeline, plain_pod, rl
+from tests.integration.e2e import (
+    PATIENT_KUBEVIRT,
+    SLOW_MIGRATIONS,
+    Pipeline,
+    Tenant,
+    full_namespace,
+    grab_reserved_room,
+    pipeline,
+    plain_pod,
+    rl,
+)
 
 NS = "tenant-a"
 BUDGET = Quantity.parse("64Gi")
@@ -270,81 +277,9 @@ async def test_a_hotplug_and_a_new_vm_at_once_never_both_get_in() -> None:
 
 # ---- the reservation window: room raised for a pod that does not exist yet ---------------------------------------
 
-PATIENT_KUBEVIRT = replace(SLOW_MIGRATIONS, backoff_base=2.0)
-"""KubeVirt retries a refused target pod after 0.1 s, then 0.2 s, ... (its backoff a few refusals in): the room
-vmquota raises for the target stays open that long before the target pod exists."""
-
-
-class Tenant:
-    """The tenant's own API client: its bearer token (``edit`` in its namespace), over the simulator's HTTPS."""
-
-    def __init__(self, p: Pipeline) -> None:
-        self.url = p.sim.url
-        self.token = p.sim.add_tenant("mallory", [NS])
-        self.user = p.sim.users.authenticate(f"Bearer {self.token}")
-        self.sim = p.sim
-        self.ssl = p.sim.client_ssl() or True
-        self.session: aiohttp.ClientSession | None = None
-        self.refusals: list[str] = []
-
-    async def __aenter__(self) -> Tenant:
-        self.session = aiohttp.ClientSession(headers={"Authorization": f"Bearer {self.token}"})
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self.session is not None
-        await self.session.close()
-
-    async def create_in_process(self, pod: Obj) -> bool:
-        """The same create, as this tenant, without the HTTP round trip: a tenant whose watch and create are as
-        fast as KubeVirt's own (the simulator's controllers run in-process, so over HTTP the tenant always
-        loses the race it can win on a real cluster)."""
-        with acting_as(self.user):
-            try:
-                await self.sim.create(pod)
-            except ApiError as e:
-                assert e.code in (403, 422), e.message
-                self.refusals.append(e.message)
-                return False
-        return True
-
-    async def create(self, pod: Obj) -> bool:
-        """True when the API server admitted the pod; a refusal's message is kept."""
-        assert self.session is not None
-        url = f"{self.url}/api/v1/namespaces/{NS}/pods"
-        async with self.session.post(url, json=pod, ssl=self.ssl) as resp:
-            body = await resp.json()
-            if resp.status == 201:
-                return True
-            assert resp.status in (403, 422), body
-            self.refusals.append(str(body.get("message", "")))
-            return False
-
-
-async def grab_reserved_room(p: Pipeline, tenant: Tenant) -> tuple[bool, str]:
-    """The tenant keeps trying, as fast as the API server answers, to create a pod that takes all the room its
-    quota shows once ``status.hard`` (what quota admission checks) rises above the budget — room raised for a
-    migration's target pod (refused once by native quota, so vmquota reserves it). Returns (whether the tenant's
-    pod got in, the migration)."""
-    m = await p.migrate(NS, "vm1")
-    tries = 0
-    while phase(p.migration(NS, m)) != "Succeeded":
-        quota = p.sim.cache.get("resourcequotas", NS, "compute") or {}
-        status = quota.get("status") or {}
-        hard = rl(status.get("hard") or {}).get("limits.memory")
-        used = rl(status.get("used") or {}).get("limits.memory")
-        if hard is not None and used is not None and hard > BUDGET and hard > used:
-            tries += 1
-            grab = plain_pod(NS, f"grab-{tries}", {"memory": "1Gi", "cpu": "100m"}, {"memory": str(hard - used)})
-            if await tenant.create_in_process(grab):
-                return True, m
-        await asyncio.sleep(0)  # one try per turn of the event loop: as often as the simulator can answer
-    assert tries, "status.hard never rose above the budget for the migration's target"
-    return False, m
-
 
 async def test_with_the_guard_a_tenant_cannot_take_room_reserved_for_a_migration() -> None:
-    async with pipeline(kubevirt_timing=PATIENT_KUBEVIRT, guard=True) as p, Tenant(p) as tenant:
+    async with pipeline(kubevirt_timing=PATIENT_KUBEVIRT, guard=True) as p, Tenant(p, NS) as tenant:
         await full_namespace(p, NS)
         unguarded: list[str] = []
 
@@ -357,7 +292,7 @@ async def test_with_the_guard_a_tenant_cannot_take_room_reserved_for_a_migration
                 unguarded.append(f"status.hard {hard} with no holder listed")
 
         p.sim.store.on_change(check)
-        got_in, m = await grab_reserved_room(p, tenant)
+        got_in, m = await grab_reserved_room(p, tenant, BUDGET)
         assert not got_in, "the tenant's pod took the room reserved for the migration's target"
         assert any("reserved for vm1 (migration" in r for r in tenant.refusals), tenant.refusals[:3]
         await p.wait_migrated(NS, "vm1", m)
@@ -372,16 +307,16 @@ async def test_with_the_guard_a_tenant_cannot_take_room_reserved_for_a_migration
 async def test_without_the_guard_the_reservation_window_is_open() -> None:
     """The documented limit the guard closes (docs/accounting.md, "The reservation guard"): the same tenant, the
     same timing, no policy in the cluster."""
-    async with pipeline(kubevirt_timing=PATIENT_KUBEVIRT) as p, Tenant(p) as tenant:
+    async with pipeline(kubevirt_timing=PATIENT_KUBEVIRT) as p, Tenant(p, NS) as tenant:
         await full_namespace(p, NS)
-        got_in, _ = await grab_reserved_room(p, tenant)
+        got_in, _ = await grab_reserved_room(p, tenant, BUDGET)
         assert got_in, "the tenant lost the race without the guard: this test no longer shows the window"
         await settled(p)
         assert charged(p) > BUDGET
 
 
 async def test_the_tenant_cannot_write_the_guard_quota_or_status() -> None:
-    async with pipeline(guard=True) as p, Tenant(p) as tenant:
+    async with pipeline(guard=True) as p, Tenant(p, NS) as tenant:
         await full_namespace(p, NS)
         assert tenant.session is not None
         base = f"{tenant.url}/apis/vmquota.io/v1alpha1/namespaces/{NS}/quotareservations"

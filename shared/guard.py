@@ -81,6 +81,19 @@ def carried(before: frozenset[Holder], quota: QuotaSnapshot, usage: UsageSnapsho
     return now if _same(asked, quota.spec_hard) else before | now
 
 
+def listed(obj: Mapping[str, Any] | None) -> frozenset[Holder]:
+    """The holders a ``QuotaReservation`` object lists (none for None or a malformed list)."""
+    spec = (obj or {}).get("spec")
+    items = spec.get("holders") if isinstance(spec, Mapping) else None
+    if not isinstance(items, list):
+        return frozenset()
+    return frozenset(
+        Holder(str(h.get("uid", "")), str(h.get("name", "")), str(h.get("reason", "")))
+        for h in items
+        if isinstance(h, Mapping) and h.get("uid")
+    )
+
+
 def union(sets: Iterable[frozenset[Holder]]) -> frozenset[Holder]:
     out: set[Holder] = set()
     for s in sets:

@@ -38,6 +38,8 @@ class QuotaApi(Protocol):
 
     async def put_reservation(self, namespace: str, body: Obj) -> None: ...
 
+    async def get_reservation(self, namespace: str) -> Obj | None: ...
+
 
 class KubeQuotas:
     """:class:`QuotaApi` over a kubernetes-asyncio ``ApiClient``; every call times out after ``timeout`` s."""
@@ -94,9 +96,26 @@ class KubeQuotas:
             _content_type=MERGE_PATCH,
         )
 
+    async def get_reservation(self, namespace: str) -> Obj | None:
+        """The namespace's QuotaReservation, None when there is none (RBAC: ``get``)."""
+        try:
+            return await call_object(
+                self.custom.get_namespaced_custom_object,
+                guard.GROUP,
+                guard.VERSION,
+                namespace,
+                guard.PLURAL,
+                guard.NAME,
+                _request_timeout=self.timeout,
+            )
+        except KubeError as e:
+            if e.not_found:
+                return None
+            raise
+
     async def put_reservation(self, namespace: str, body: Obj) -> None:
         """Write the namespace's QuotaReservation ``body`` (:mod:`shared.guard`): a merge patch of its ``spec``
-        (lists are replaced whole), or a create when there is none yet (RBAC: ``get``/``create``/``patch`` on
+        (lists are replaced whole), or a create when there is none yet (RBAC: ``create``/``patch`` on
         ``quotareservations.vmquota.io``)."""
         try:
             await call_bytes(

@@ -562,12 +562,23 @@ class Enforcer:
         """The quota now carries ``quota.spec_hard``: record whose reservations that holds, and let the namespace's
         QuotaReservation shrink to what its quotas still carry."""
         self._writing.pop(key, None)
-        self._carried[key] = guard.carried(self._carried.get(key, frozenset()), quota, usage)
+        before = self._carried.get(key)
+        if before is None:  # first time since the start: it may carry what the QuotaReservation lists
+            before = await self._guard_listed(key[0])
+        self._carried[key] = guard.carried(before, quota, usage)
         if enforcement.same(quota.spec_hard, quota.status_hard):
             self._unsynced.discard(key)
         else:
             self._unsynced.add(key)
         await self._guard_write(key[0], grow=False)
+
+    async def _guard_listed(self, namespace: str) -> frozenset[guard.Holder]:
+        """What the namespace's QuotaReservation lists: as last written, or read once after the start (an earlier
+        enforcer's holders may still guard a quota's ``hard``)."""
+        have = self._guarded.get(namespace)
+        if have is None:
+            have = self._guarded[namespace] = guard.listed(await self.kube.get_reservation(namespace))
+        return have
 
     async def _guard_write(self, namespace: str, *, grow: bool) -> None:
         """Make the namespace's QuotaReservation list every holder a quota of the namespace carries or is being
@@ -579,8 +590,8 @@ class Enforcer:
             want = guard.union(
                 d[(namespace, n)] for n in names for d in (self._carried, self._writing) if (namespace, n) in d
             )
-            have = self._guarded.get(namespace)
-            if grow and have is not None:
+            have = await self._guard_listed(namespace)
+            if grow:
                 want |= have
             if want == have:
                 return

@@ -508,7 +508,7 @@ def test_single_cluster_with_the_nats_component_uncommented(tmp_path: Path) -> N
 
 def test_single_cluster_with_the_reservation_guard(tmp_path: Path) -> None:
     """The optional guard: the CRD, the policy the simulator's tests evaluate, the enforcer switched on, and exactly
-    two more verbs for the enforcer (create and patch of QuotaReservations)."""
+    three more verbs for the enforcer (get, create and patch of QuotaReservations)."""
     copy = tmp_path / "deploy"
     shutil.copytree(DEPLOY, copy)
     overlay = copy / "overlays" / "single-cluster" / "kustomization.yaml"
@@ -533,7 +533,7 @@ def test_single_cluster_with_the_reservation_guard(tmp_path: Path) -> None:
     [binding] = of_kind(objs, "ValidatingAdmissionPolicyBinding")
     assert binding["spec"]["paramRef"] == {"name": guard.NAME, "parameterNotFoundAction": "Allow"}
     cluster, _ = granted(objs, "vmquota-enforcer")
-    assert cluster == CLUSTER_RULES["enforcer"] | {(guard.GROUP, guard.PLURAL, v) for v in ("create", "patch")}
+    assert cluster == CLUSTER_RULES["enforcer"] | {(guard.GROUP, guard.PLURAL, v) for v in ("get", "create", "patch")}
     for _, service, c in vmquota_deployments(objs):
         if service == "enforcer":
             env = container_env(objs, c)

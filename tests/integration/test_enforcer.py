@@ -22,6 +22,7 @@ from services.runner import Metrics, cancel
 from services.simcluster.cluster import SimCluster
 from services.simcluster.store_api import Obj
 from shared import bus as contract
+from shared import guard
 from shared.enforcement import BUDGET_ANNOTATION, LAST_HARD_ANNOTATION, MANAGED_LABEL, STATUS_ANNOTATION
 from shared.snapshot import normalize
 from tests.integration.e2e import full_namespace, pipeline, rl
@@ -103,6 +104,7 @@ async def publish_usage(
     seq: int,
     quotas: dict[str, contract.QuotaTerms],
     migrations: list[contract.MigrationState] | None = None,
+    vms: list[contract.VmState] | None = None,
 ) -> None:
     u = contract.UsageSnapshot(
         id=f"{CLUSTER}/usage/{NS}/{seq}",
@@ -114,6 +116,7 @@ async def publish_usage(
         seq=seq,
         quotas=quotas,
         migrations=migrations or [],
+        vms=vms or [],
     )
     await b.publish(contract.usage_subject(CLUSTER, NS), contract.encode(u), msg_id=u.id)
 
@@ -295,6 +298,9 @@ class BeatenOnce:
 
     async def put_reservation(self, namespace: str, body: Obj) -> None:
         await self.inner.put_reservation(namespace, body)
+
+    async def get_reservation(self, namespace: str) -> Obj | None:
+        return await self.inner.get_reservation(namespace)
 
     async def patch_quota(self, namespace: str, name: str, body: Obj) -> Obj:
         self.calls.append("patch")
@@ -521,3 +527,39 @@ async def test_a_quota_older_than_the_events_stream_is_listed_at_start(
         assert json.loads(notes(q)[BUDGET_ANNOTATION]) == {"limits.memory": "64Gi"}
         await publish_usage(bus, 1, terms("64Gi", "80Gi"), MIGRATING)
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised from the listed quota")
+
+
+async def test_the_guard_lists_holders_before_a_raise_and_keeps_what_it_found_until_the_quota_drops_it(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """A restarted enforcer finds a QuotaReservation an earlier one wrote: it adds to it before raising and
+    removes nothing until the quota no longer carries it (status.hard synced, the ledger reserving only vm1)."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    earlier = guard.Holder("uid-vm9", "vm9", "launcher pod")
+    await sim.apply(guard.reservation(NS, frozenset({earlier}), [guard.DEFAULT_CREATOR]))
+    writes: list[tuple[str, set[str]]] = []
+    hards: list[str] = []
+
+    def record(type_: str, res: Any, obj: Obj) -> None:
+        if res.plural == guard.PLURAL:
+            writes.append(("guard", {h.name for h in guard.listed(obj)}))
+        elif res.plural == "resourcequotas":
+            h = str((obj["spec"].get("hard") or {}).get("limits.memory"))
+            if not hards or hards[-1] != h:
+                hards.append(h)
+                writes.append(("hard", {h}))
+
+    sim.store.on_change(record)
+    vms = [contract.VmState(name="vm1", uid="uid-vm1", state="running")]
+    async with enforcer(bus, api, reservation_guard=True):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        await sim.wait_quota_synced(NS, "compute")
+        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING, vms=vms)
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised")
+        await sim.wait_quota_synced(NS, "compute")
+        await sim.wait_until(
+            guard.PLURAL, NS, guard.NAME, lambda o: {h.name for h in guard.listed(o)} == {"vm1"}, what="vm9 dropped"
+        )
+    raised = next(i for i, w in enumerate(writes) if w == ("hard", {"80Gi"}))
+    before = [w for w in writes[:raised] if w[0] == "guard"]
+    assert before and before[-1][1] == {"vm1", "vm9"}, writes

@@ -39,13 +39,14 @@ async def test_service_killed_and_restarted_around_migrations(service: str) -> N
         await p.wait_hard(NS, QUOTA, before, f"hard to return after {service} came back")
 
         # Killed while the target pod runs next to the source; back after the migration ended and the source pod
-        # went: hard is still raised (nobody lowered it), and the restarted service brings it back.
+        # went: hard is never below the budget meanwhile (once vmquota saw the target pod it holds no room for the
+        # second pod, `D`, so it may already be back at it), and the restarted service brings it back.
         mig2 = await p.migrate(NS, "vm2")
         await p.wait(lambda: bool(p.target_pods(NS, mig2)), "the target pod of vm2")
         assert unfinished(p, mig2), "the migration ended before the kill"
         await p.stack.stop_service(service, kill=True)
         await p.wait_migrated(NS, "vm2", mig2)
-        assert p.hard(NS, QUOTA)["limits.memory"] > before["limits.memory"], "hard was lowered with a service down"
+        assert p.hard(NS, QUOTA)["limits.memory"] >= before["limits.memory"], "hard fell below the budget"
         await p.stack.start_service(service)
         await p.wait_hard(NS, QUOTA, before, f"hard to return after {service} restarted")
         assert p.stack.starts[service] == 3

@@ -59,7 +59,7 @@ from shared.modes import (
 )
 from shared.podusage import counts_for_compute, quota_usage_of
 from shared.quantity import ZERO, Format, Quantity
-from shared.resources import ResourceList, add, growth, is_byte_resource, maximum, nonzero
+from shared.resources import ResourceList, add, growth, is_byte_resource, maximum, minimum, nonzero, second_largest
 from shared.snapshot import (
     EVENT_KIND,
     KUBEVIRT_KIND,
@@ -294,8 +294,12 @@ class VmEntry:
     refused_by: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Per quota: the resources the VM does not fit."""
     overlap: ResourceList = field(default_factory=dict)
-    """What its launcher pods are charged beyond the larger of them per resource (two pods during a migration):
-    ``D`` in the equation."""
+    """What its pods are charged beyond the one launcher pod ``hard`` holds room for (the larger of them, at most
+    as vmquota renders it): ``D`` in the equation."""
+    unvouched: ResourceList = field(default_factory=dict)
+    """The part of ``overlap`` that is not a migration target's (a second pod with no active migration: a
+    finished migration's source, or a tenant's pod KubeVirt adopted; a third pod; a pod charged beyond the
+    rendering): it counts as used when VMs and hotplugs are admitted."""
     pod_refused: bool = False
     """Admitted, but KubeVirt's last try to create its launcher pod was refused (VMI condition
     ``Synchronized=False``, reason ``FailedCreate``): KubeVirt needs a nudge to try again once there is room."""
@@ -344,12 +348,14 @@ class QuotaUsage:
     reserved: ResourceList
     """``S``."""
     overlap: ResourceList
-    """``D``: what migrating VMs' launcher pods are charged beyond the larger pod of each VM."""
+    """``D``: what VMs' pods are charged beyond the one launcher pod per VM ``hard`` holds room for."""
+    unvouched: ResourceList
+    """``X``: the part of ``D`` that is no migration's target; used when VMs are admitted (``U + X + u <= B``)."""
     factors: Mapping[str, Fraction | None]
     """``k`` per budget resource (see ``shared.equation``)."""
     hard: ResourceList
     over_budget: tuple[str, ...]
-    """Budget resources where ``U > B``."""
+    """Budget resources where ``U + X > B``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -730,9 +736,10 @@ _VmsPass = tuple[
     tuple[VmiSnapshot, ...],
     tuple[tuple[ResourceList, ...], ...],
     tuple[ResourceList, ...],
+    tuple[ResourceList, ...],
 ]
 """Entries of running and stopped VMs, pending VMs, per quota the lists running VMs add to ``U``, and the lists
-every quota adds to ``D``."""
+every quota adds to ``D`` and to ``X``."""
 
 
 class _Sum:
@@ -889,16 +896,21 @@ class _Quota:
     pod_usage: _Sum
     reserved: _Sum
     overlap: _Sum
+    unvouched: _Sum
+
+    def used(self, r: str) -> int:
+        """``U + X`` of ``r`` in nanos: what admission counts as used."""
+        return self.accounted.get(r) + self.unvouched.get(r)
 
     def misfits(self, u: Mapping[str, Quantity]) -> tuple[str, ...]:
-        """Natively enforced budget resources that ``U + u`` would exceed."""
+        """Natively enforced budget resources that ``U + X + u`` would exceed."""
         return tuple(
             sorted(
                 r
                 for r, b in self.policy.budget.items()
                 if self.factors[r] is not None  # (factors cover the budget)
                 and r in u
-                and self.accounted.get(r) + u[r].nanos > b.nanos
+                and self.used(r) + u[r].nanos > b.nanos
             )
         )
 
@@ -1125,7 +1137,7 @@ class _Accounting:
         alike: dict[tuple[int, ...], tuple[tuple[object, ...], _SumValue]] | None = None if memo is None else {}
         out: list[_Quota] = []
         for pol, ratio, factors in terms:
-            sums = [_Sum(memo, ("sum", self.namespace, pol.name, term), alike) for term in ("U", "P", "S", "D")]
+            sums = [_Sum(memo, ("sum", self.namespace, pol.name, term), alike) for term in ("U", "P", "S", "D", "X")]
             out.append(_Quota(pol, factors, ratio, *sums))
         return out
 
@@ -1164,16 +1176,17 @@ class _Accounting:
         for q in self.quotas:
             b = q.policy.budget
             accounted, pod_usage, reserved = q.accounted.result(), q.pod_usage.result(), q.reserved.result()
-            overlap = q.overlap.result()
+            overlap, unvouched = q.overlap.result(), q.unvouched.result()
             results[q.policy.name] = QuotaUsage(
                 policy=q.policy,
                 accounted=accounted,
                 pod_usage=pod_usage,
                 reserved=reserved,
                 overlap=overlap,
+                unvouched=unvouched,
                 factors=q.factors,
                 hard=desired_hard(b, accounted, pod_usage, reserved, q.factors, overlap, self.target_reserved),
-                over_budget=tuple(sorted(r for r in b if accounted.get(r, ZERO) > b[r])),
+                over_budget=tuple(sorted(r for r in b if q.used(r) > b[r].nanos)),
             )
         return NamespaceUsage(
             namespace=self.namespace,
@@ -1389,18 +1402,20 @@ class _Accounting:
         self._apply_vms(memo.latest(("vms", self.namespace), key, objs, self._vms_pass))
 
     def _apply_vms(self, found: _VmsPass) -> None:
-        entries, pending, accounted, overlap = found
+        entries, pending, accounted, overlap, unvouched = found
         self.vm_entries.update(entries)
         self.pending = list(pending)
         for q, acc in zip(self.quotas, accounted, strict=True):
             q.accounted.extend(acc)
             q.overlap.extend(overlap)
+            q.unvouched.extend(unvouched)
 
     def _vms_pass(self) -> _VmsPass:
         entries: list[tuple[str, VmEntry]] = []
         pending: list[VmiSnapshot] = []
         accounted: list[list[ResourceList]] = [[] for _ in self.quotas]
         overlap: list[ResourceList] = []
+        unvouched: list[ResourceList] = []
         memo = self.memo
         namespace, quotas_key = self.namespace, self.quotas_key
         every = [(q.policy.name, added) for q, added in zip(self.quotas, accounted, strict=True)]  # (each VM, each)
@@ -1415,42 +1430,72 @@ class _Accounting:
                 else:
                     pending.append(v)
                 continue
+            migrating = self._migrating(v, vm_pods)
             if memo is None:
-                entry = self._running_vm(v, vm_pods)
+                entry = self._running_vm(v, vm_pods, migrating)
             else:
-                # the entry is a function of the VMI, its active launcher pods and the quotas
+                # the entry is a function of the VMI, its active launcher pods, whether it migrates and the quotas
                 memo_obj = (v, *(p for p, _ in vm_pods))
                 memo_slot = ("running", namespace, key)
-                memo_key = (tuple(map(id, memo_obj)), quotas_key)
-                entry = memo.latest(memo_slot, memo_key, memo_obj, self._running_vm, v, vm_pods)
+                memo_key = (tuple(map(id, memo_obj)), migrating, quotas_key)
+                entry = memo.latest(memo_slot, memo_key, memo_obj, self._running_vm, v, vm_pods, migrating)
             counts = entry.counts
             for name, added in every:
                 added.append(counts[name])
             if entry.overlap:
                 overlap.append(entry.overlap)
+            if entry.unvouched:
+                unvouched.append(entry.unvouched)
             entries.append((key, entry))
-        return tuple(entries), tuple(pending), tuple(map(tuple, accounted)), tuple(overlap)
+        return tuple(entries), tuple(pending), tuple(map(tuple, accounted)), tuple(overlap), tuple(unvouched)
 
-    def _running_vm(self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]]) -> VmEntry:
+    def _migrating(self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]]) -> bool:
+        """Whether one of the VM's pods is the target of an active migration of this VMI (a migration's phase is
+        KubeVirt's to write; the pod's label alone is anyone's): the one case where a VM has two pods."""
+        for p, _ in vm_pods:
+            m = self.vmim_by_uid.get(p.migration_job_uid) if p.migration_job_uid else None
+            if m is not None and m.active and m.vmi_name == v.name:
+                return True
+        return False
+
+    def _running_vm(self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]], migrating: bool) -> VmEntry:
         """A running VM counts at its current size (its status: a hotplug request counts once admitted, see
         :meth:`_decide_target`), or at its spec size once a migration target pod exists for it; in pod terms at
-        the larger of its launcher pods per resource. What its pods are charged beyond that larger one (source and
-        target during a migration) is its ``overlap``: ``hard`` holds no room for it, so the end of either pod
-        frees nothing that another pod could take."""
+        the larger of its launcher pods per resource, at most as vmquota renders its launcher pod.
+
+        ``hard`` holds room for one launcher pod per VM, the larger of its pods but at most as vmquota renders it;
+        what its pods are charged beyond that is its ``overlap`` (``D``), so that the end of either pod of a
+        migration frees nothing another pod could take. Every pod the VMI controls is in its
+        ``status.activePods``, a tenant's pod with a forged controller reference too, so only a migration's
+        target (of an active migration: its phase is KubeVirt's to write) is believed to be a second launcher
+        pod; the rest of the overlap is ``unvouched`` and counts as used when VMs are admitted."""
         size = _size(v) if any(p.migration_job_uid for p, _ in vm_pods) else _current_size(v)
+        charges = [charged for _, charged in vm_pods]
         pod_max: ResourceList = {}
-        for _, charged in vm_pods:
+        for charged in charges:
             pod_max = maximum(pod_max, charged)
-        counts = {q.policy.name: mode_usage(q.policy.mode, size, pod_max, q.ratio) for q in self.quotas}
-        reason = "running: always counts"
-        overlap: ResourceList = {}
-        if len(vm_pods) > 1:  # (the common case, one pod, has no overlap: no sum to make)
-            reason += f" (at the larger of its {len(vm_pods)} launcher pods per resource)"
-            total: ResourceList = {}
-            for _, charged in vm_pods:
+        cap = self.renderer.vmi_usage(v) or {}  # (a VM that cannot be rendered: hard holds no room for its pods)
+        believed = minimum(pod_max, cap)
+        counts = {q.policy.name: mode_usage(q.policy.mode, size, believed, q.ratio) for q in self.quotas}
+        total = pod_max
+        if len(charges) > 1:  # (the common case, one pod, has nothing to add up)
+            total = {}
+            for charged in charges:
                 total = add(total, charged)
-            overlap = growth(total, pod_max)
-        return VmEntry(v.name, v.uid, v.phase, RUNNING, reason, size, pod_max, counts, overlap=overlap)
+        overlap = growth(total, believed)
+        target = nonzero(minimum(second_largest(charges), cap)) if migrating else {}
+        unvouched = growth(overlap, target)
+        reason = "running: always counts"
+        if len(charges) > 1:
+            reason += f" (at the larger of its {len(charges)} launcher pods per resource)"
+        if unvouched:
+            reason += (
+                f"; its pods are charged {_fmt(unvouched)} beyond one launcher pod"
+                f"{' and its migration target' if migrating else ''} as vmquota renders them: counted as used"
+            )
+        return VmEntry(
+            v.name, v.uid, v.phase, RUNNING, reason, size, pod_max, counts, overlap=overlap, unvouched=unvouched
+        )
 
     def _admissions(self) -> None:
         """Pending VMs and hotplug growth, in creation order (a VMI's, a migration's), after every running VM and
@@ -1482,10 +1527,7 @@ class _Accounting:
             if not rs:
                 continue
             misfit[q.policy.name] = rs
-            left = {
-                r: Quantity(max(q.policy.budget[r].nanos - q.accounted.get(r), 0), q.policy.budget[r].format)
-                for r in rs
-            }
+            left = {r: Quantity(max(q.policy.budget[r].nanos - q.used(r), 0), q.policy.budget[r].format) for r in rs}
             detail = ", ".join(f"{r} needs {u[r]} but {left[r]} is left" for r in rs)
             parts.append(f"quota {q.policy.name}: {detail}" if q.policy.name else detail)
         return misfit, parts

@@ -322,12 +322,14 @@ class QuotaTerms(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     reserved: dict[str, str] = {}
     """``S``: admitted pods that do not exist yet (new VMs' launcher pods, migration targets KubeVirt was refused)."""
     overlap: dict[str, str] = {}
-    """``D``: what migrating VMs' launcher pods are charged beyond the larger pod of each VM (``hard`` holds no room
-    for it)."""
+    """``D``: what VMs' pods are charged beyond the one launcher pod per VM ``hard`` holds room for (the larger of
+    its pods, at most as vmquota renders it)."""
+    unvouched: dict[str, str] = {}
+    """``X``: the part of ``D`` that is no active migration's target pod; it counts as used when VMs are admitted."""
     hard: dict[str, str] = {}
     """``spec.hard`` the equation gives."""
     over_budget: list[str] = []
-    """Resources where ``U > B``."""
+    """Resources where ``U + X > B``."""
 
 
 class VmState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

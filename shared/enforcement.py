@@ -200,7 +200,7 @@ def check_usage(u: UsageSnapshot) -> None:
     for name, t in u.quotas.items():
         where = f"usage {u.namespace}: quotas.{name}"
         parse_mode(t.mode, f"{where}.mode")
-        for field_name in ("budget", "used", "pods", "reserved", "overlap", "hard"):
+        for field_name in ("budget", "used", "pods", "reserved", "overlap", "unvouched", "hard"):
             parse_resource_list(getattr(t, field_name), f"{where}.{field_name}")
 
 

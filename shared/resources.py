@@ -76,6 +76,31 @@ def maximum(a: Mapping[str, Quantity], b: Mapping[str, Quantity]) -> ResourceLis
     return out
 
 
+def minimum(a: Mapping[str, Quantity], b: Mapping[str, Quantity]) -> ResourceList:
+    """``min(a[r], b[r])`` for every key of ``a`` (a key missing from ``b`` is zero there)."""
+    out: ResourceList = {}
+    for k, v in a.items():
+        other = b.get(k, ZERO)
+        out[k] = other if other < v else v
+    return out
+
+
+def second_largest(rls: Iterable[Mapping[str, Quantity]]) -> ResourceList:
+    """The second largest value per resource over ``rls`` (zero entries dropped; nothing for fewer than two)."""
+    top: ResourceList = {}
+    second: ResourceList = {}
+    for rl in rls:
+        for k, v in rl.items():
+            first = top.get(k)
+            if first is None or v > first:
+                if first is not None:
+                    second[k] = first
+                top[k] = v
+            elif v > second.get(k, ZERO):
+                second[k] = v
+    return nonzero(second)
+
+
 def positive_part(a: Mapping[str, Quantity]) -> ResourceList:
     """``max(a[r], 0)`` for every key."""
     return {k: v.clamp0() for k, v in a.items()}

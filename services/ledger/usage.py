@@ -74,6 +74,7 @@ def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageB
             pods=format_resource_list(q.pod_usage),
             reserved=format_resource_list(q.reserved),
             overlap=format_resource_list(q.overlap),
+            unvouched=format_resource_list(q.unvouched),
             hard=format_resource_list(q.hard),
             over_budget=list(q.over_budget),
         )

@@ -275,6 +275,65 @@ async def test_a_hotplug_and_a_new_vm_at_once_never_both_get_in() -> None:
         assert guest_running(p, ns) <= Quantity.parse("12Gi"), "the hotplug and the new VM both got in"
 
 
+async def test_a_pod_kubevirt_adopts_into_a_vm_counts_in_full() -> None:
+    """A tenant's pod with a *controller* reference to its own VMI: KubeVirt lists every pod a VMI controls in
+    ``status.activePods``, so KubeVirt itself vouches for it. In VM terms the VM still counts its guest memory;
+    the forged pod must count at its full pod usage, or its room would be open to the next pod or VM."""
+    async with pipeline() as p:
+        ns = "tenant-adopt"
+        budget = Quantity.parse("64Gi")
+        await p.managed_quota(ns, "vm-budget", {"limits.memory": "64Gi"}, mode="VirtualResources")
+        await p.start_vm(ns, "vm1", memory="2Gi")
+        vmi = p.sim.peek("vmi", ns, "vm1")
+        assert vmi is not None
+        meta = vmi["metadata"]
+        big = plain_pod(ns, "big", {"memory": "40Gi", "cpu": "100m"}, {"memory": "40Gi", "cpu": "100m"})
+        big["metadata"]["ownerReferences"] = [
+            {
+                "apiVersion": "kubevirt.io/v1",
+                "kind": "VirtualMachineInstance",
+                "name": meta["name"],
+                "uid": meta["uid"],
+                "controller": True,
+            }
+        ]
+        async with Tenant(p, ns) as tenant:
+            assert await tenant.create(big), tenant.refusals
+            big_uid = p.sim.peek("pods", ns, "big")["metadata"]["uid"]  # type: ignore[index]
+
+            def adopted_and_accounted() -> bool:
+                active = (p.sim.peek("vmi", ns, "vm1") or {}).get("status", {}).get("activePods") or {}
+                u = p.tap.usage.get(ns)
+                terms = p.tap.terms(ns, "vm-budget")
+                return (
+                    big_uid in active
+                    and terms is not None
+                    and rl(terms.pods).get("limits.memory") == p.pod_usage(ns).get("limits.memory")
+                    and u is not None
+                    and any(v.name == "vm1" and "of its 2 launcher pods" in v.reason for v in u.vms)
+                    and p.hard(ns, "vm-budget") == rl(terms.hard)
+                    and p.in_effect(ns, "vm-budget")
+                )
+
+            await p.wait(adopted_and_accounted, "KubeVirt to adopt the pod and the ledger to account it")
+            forged = Quantity.parse("40Gi")
+            left = budget - guest_running(p, ns) - forged  # 22Gi: the budget less the VM and the forged pod
+            over = str(left + Quantity.parse("1Gi"))
+            grab = plain_pod(ns, "grab", {"memory": "1Gi", "cpu": "100m"}, {"memory": over})
+            assert not await tenant.create(grab), "a pod got the room the adopted pod was charged"
+            assert "exceeded quota" in tenant.refusals[-1]
+            (vm1,) = [v for v in p.tap.usage[ns].vms if v.name == "vm1"]
+            assert "beyond one launcher pod" in vm1.reason, vm1.reason
+        await p.sim.create_vm(ns, "vm2", memory=over)
+
+        def decided() -> bool:
+            u = p.tap.usage.get(ns)
+            return u is not None and any(v.name == "vm2" and v.state == "refused" for v in u.vms)
+
+        await p.wait(decided, "the ledger to refuse a VM that fits only if the adopted pod were free")
+        assert p.vmi_phase(ns, "vm2") != "Running"
+
+
 # ---- the reservation window: room raised for a pod that does not exist yet ---------------------------------------
 
 

@@ -566,6 +566,32 @@ def test_two_launcher_pods_count_once_at_their_maximum() -> None:
     # hard holds room for one launcher pod of the VM (B - U + P - D = B): the end of either frees nothing
     assert q.overlap["requests.memory"] == usage_of(small)["requests.memory"]
     assert q.hard["requests.memory"] == Q("100Gi")
+    # no migration names either as its target: the second pod counts as used when a VM is admitted
+    assert q.unvouched["requests.memory"] == usage_of(small)["requests.memory"]
+
+
+def test_a_pod_kubevirt_adopted_counts_in_full_beyond_the_rendering() -> None:
+    """A tenant's pod with a controller reference to its VMI is in ``status.activePods`` (KubeVirt lists every
+    pod the VMI controls), larger than the VM's launcher pod: in VM terms the VM still counts its guest memory,
+    ``hard`` holds room for one launcher pod as vmquota renders it, and the rest counts as used, so neither a
+    plain pod nor a VM gets the room the forged pod would otherwise free."""
+    quota = quota_obj("rq", {"limits.memory": "64Gi"}, Mode.VIRTUAL_RESOURCES)
+    v = vmi_obj("v", guest="2Gi")
+    launcher = launcher_obj(v, facts=facts_for(["limits.memory"]))
+    forged = pod_obj("big", {"memory": "40Gi"}, {"memory": "40Gi"}, t=5)
+    vouch(v, forged)  # (as KubeVirt's setActivePods does for a pod with a controller reference to the VMI)
+    u = account([quota, v, launcher, forged])
+    q = u.quotas["rq"]
+    lim = usage_of(launcher)["limits.memory"]
+    assert Q("2Gi") < lim < Q("40Gi") and vm(u, "v").state == RUNNING
+    assert q.accounted["limits.memory"] == Q("2Gi")  # the VM, in VM terms
+    assert q.overlap["limits.memory"] == q.unvouched["limits.memory"] == Q("40Gi")
+    # the room left is the budget less the VM and the forged pod in full, whichever pod is the larger
+    assert q.hard["limits.memory"] - q.pod_usage["limits.memory"] == Q("64Gi") - Q("2Gi") - Q("40Gi")
+    late = vmi_obj("late", guest="23Gi", t=9, phase="Pending")
+    assert vm(account([quota, v, launcher, forged, late]), "late").state == REFUSED
+    fits = vmi_obj("fits", guest="22Gi", t=9, phase="Pending")
+    assert vm(account([quota, v, launcher, forged, fits]), "fits").state == ADMITTED
 
 
 # ---- quotas ----------------------------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from tests.unit.test_accounting import (
     usage_of,
     vmi_obj,
     vmim_obj,
+    vouch,
 )
 
 Q = Quantity.parse
@@ -204,6 +205,7 @@ class World:
             assert fits(usage_of(pod), q.pod_usage, q.hard) == [], f"admitted VM {admitted[0].name} refused natively"
             self.put(pod)
             self.put(vmi | {"status": {**vmi["status"], "phase": "Running", "nodeName": "n1"}})
+            self.check_within_budget(f"VM {admitted[0].name}")
 
     # ---- operations
     def add_vm(self, vcpus: int, guest_mib: int, explicit_limit: bool) -> None:
@@ -238,6 +240,7 @@ class World:
             self.put(pod)
             used = self.account().quotas["rq"].accounted
             assert all(used.get(r, ZERO) <= b for r, b in self.budget.items() if r not in VMI_NAMES)
+            self.check_within_budget("a non-VM pod")
         self.settle()
 
     def forge_launcher(self, index: int, cpu_milli: int, mem_mib: int) -> None:
@@ -257,15 +260,49 @@ class World:
         pod["metadata"]["ownerReferences"] = [
             {"kind": "VirtualMachineInstance", "name": meta["name"], "uid": meta["uid"]}
         ]
-        q = self.account().quotas["rq"]
-        refused = fits(usage_of(pod), q.pod_usage, q.hard)
-        event("forged launcher pod refused" if refused else "forged launcher pod admitted")
-        if not refused:
-            self.put(pod)
-            self.forged.append(pod["metadata"]["name"])
+        if self.tenant_creates(pod, "forged launcher pod"):
             used = self.account().quotas["rq"].accounted
             assert all(used.get(r, ZERO) <= b for r, b in self.budget.items() if r not in VMI_NAMES), "forged pod"
         self.settle()
+
+    def adopt_forged(self, index: int, cpu_milli: int, mem_mib: int) -> None:
+        """A tenant's pod with a *controller* owner reference to a running VMI, created only if native admission
+        lets it in: KubeVirt's VMI controller lists every pod the VMI controls in ``status.activePods``, so this
+        one is vouched for by KubeVirt itself. Whatever it is charged beyond the VM's one launcher pod (as
+        vmquota renders it) must count in ``U`` at full pod usage, like any pod that is not the VM's."""
+        vmis = self.running_vmis()
+        if not vmis:
+            return
+        vmi = vmis[index % len(vmis)]
+        amounts = {"cpu": f"{cpu_milli}m", "memory": f"{mem_mib}Mi"}
+        pod = pod_obj(self.fresh("adopted"), amounts, amounts, t=self.tick())
+        meta = vmi["metadata"]
+        pod["metadata"]["ownerReferences"] = [
+            {"kind": "VirtualMachineInstance", "name": meta["name"], "uid": meta["uid"], "controller": True}
+        ]
+        if self.tenant_creates(pod, "adopted forged pod"):
+            self.check_within_budget("a forged pod")
+            vouch(vmi, pod)  # (the stored VMI: KubeVirt's next sync writes it)
+            self.put(vmi)
+            self.check_within_budget("a forged pod KubeVirt adopted")
+        self.settle()
+
+    def tenant_creates(self, pod: dict[str, Any], what: str) -> bool:
+        """The tenant's forged pod, created (and remembered as forged) only if native admission lets it in."""
+        q = self.account().quotas["rq"]
+        refused = fits(usage_of(pod), q.pod_usage, q.hard)
+        event(f"{what} refused" if refused else f"{what} admitted")
+        if not refused:
+            self.put(pod)
+            self.forged.append(pod["metadata"]["name"])
+        return not refused
+
+    def check_within_budget(self, what: str) -> None:
+        """Safety, independent of the ledger's view: the namespace's VMs in mode terms, plus every pod that is not
+        a VM's own launcher pod at its full pod usage, never exceed the budget once ``what`` got in."""
+        used = self.expected_accounted()
+        over = {r: used[r] for r, b in self.budget.items() if r not in VMI_NAMES and used.get(r, ZERO) > b}
+        assert not over, f"{what} took the namespace over its budget: {over} of {self.budget}"
 
     def delete_pod(self, index: int) -> None:
         pods = [p for p in self.of_kind("Pod") if "labels" not in p["metadata"]]
@@ -391,10 +428,11 @@ _OP_BY_KIND: dict[str, st.SearchStrategy[tuple[Any, ...]]] = {
     "delete_pod": st.tuples(st.just("delete_pod"), st.integers(0, 10)),
     "stop": st.tuples(st.just("stop"), st.integers(0, 10)),
     "forge": st.tuples(st.just("forge"), st.integers(0, 10), st.integers(0, 3000), st.integers(0, 4096)),
+    "adopt": st.tuples(st.just("adopt"), st.integers(0, 10), st.integers(0, 3000), st.integers(0, 8192)),
 }
 # weighted towards VMs and migrations, the interesting part
 OPS = st.sampled_from(
-    ["vm", "vm", "vm", "migrate", "migrate", "migrate", "pod", "delete_pod", "stop", "forge"]
+    ["vm", "vm", "vm", "migrate", "migrate", "migrate", "pod", "delete_pod", "stop", "forge", "adopt"]
 ).flatmap(_OP_BY_KIND.__getitem__)
 
 
@@ -410,6 +448,8 @@ def apply(world: World, op: tuple[Any, ...]) -> None:
         world.stop_vm(op[1])
     elif kind == "forge":
         world.forge_launcher(op[1], op[2], op[3])
+    elif kind == "adopt":
+        world.adopt_forged(op[1], op[2], op[3])
     else:
         world.migrate(op[1])
 

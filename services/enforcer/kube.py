@@ -36,7 +36,7 @@ class QuotaApi(Protocol):
 
     async def nudge_vmi(self, namespace: str, name: str, token: str) -> None: ...
 
-    async def put_reservation(self, namespace: str, body: Obj) -> None: ...
+    async def put_reservation(self, namespace: str, body: Obj, resource_version: str) -> str: ...
 
     async def get_reservation(self, namespace: str) -> Obj | None: ...
 
@@ -113,31 +113,42 @@ class KubeQuotas:
                 return None
             raise
 
-    async def put_reservation(self, namespace: str, body: Obj) -> None:
-        """Write the namespace's QuotaReservation ``body`` (:mod:`shared.guard`): a merge patch of its ``spec``
-        (lists are replaced whole), or a create when there is none yet (RBAC: ``create``/``patch`` on
-        ``quotareservations.vmquota.io``)."""
-        try:
-            await call_bytes(
-                self.custom.patch_namespaced_custom_object,
-                guard.GROUP,
-                guard.VERSION,
-                namespace,
-                guard.PLURAL,
-                guard.NAME,
-                cast(Any, {"spec": body["spec"]}),
-                _request_timeout=self.timeout,
-                _content_type=MERGE_PATCH,
-            )
-        except KubeError as e:
-            if not e.not_found:
-                raise
-            await call_bytes(
-                self.custom.create_namespaced_custom_object,
-                guard.GROUP,
-                guard.VERSION,
-                namespace,
-                guard.PLURAL,
-                cast(Any, body),
-                _request_timeout=self.timeout,
-            )
+    async def put_reservation(self, namespace: str, body: Obj, resource_version: str) -> str:
+        """Write the namespace's QuotaReservation ``body`` (:mod:`shared.guard`) over the version the caller last
+        read or wrote (``resource_version``; empty: it knows of none): a merge patch of its ``spec`` (lists are
+        replaced whole) with that version as precondition, or a create. Another writer in between is a 409
+        (:attr:`KubeError.conflict`), for a create too. Returns the new resourceVersion. RBAC: ``create``/``patch``
+        on ``quotareservations.vmquota.io``."""
+        if resource_version:
+            patch = {"metadata": {"resourceVersion": resource_version}, "spec": body["spec"]}
+            try:
+                written = await call_object(
+                    self.custom.patch_namespaced_custom_object,
+                    guard.GROUP,
+                    guard.VERSION,
+                    namespace,
+                    guard.PLURAL,
+                    guard.NAME,
+                    cast(Any, patch),
+                    _request_timeout=self.timeout,
+                    _content_type=MERGE_PATCH,
+                )
+                return _version(written)
+            except KubeError as e:
+                if not e.not_found:
+                    raise
+        written = await call_object(
+            self.custom.create_namespaced_custom_object,
+            guard.GROUP,
+            guard.VERSION,
+            namespace,
+            guard.PLURAL,
+            cast(Any, body),
+            _request_timeout=self.timeout,
+        )
+        return _version(written)
+
+
+def _version(obj: Obj) -> str:
+    meta = obj.get("metadata")
+    return str(meta.get("resourceVersion") or "") if isinstance(meta, dict) else ""

@@ -53,6 +53,8 @@ Key = tuple[str, str]
 
 REPORT_QUEUE: Final = 10_000
 NUDGED_MAX: Final = 65_536
+GUARD_CONFLICTS: Final = 5
+"""Writes of a QuotaReservation that may meet another writer's version before a grow gives up (and is retried)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,8 +166,9 @@ class Enforcer:
         """Reservation guard: the holders whose reservations each quota's ``spec.hard`` carries now."""
         self._writing: dict[Key, frozenset[guard.Holder]] = {}
         """Reservation guard: the holders of a ``spec.hard`` write under way."""
-        self._guarded: dict[str, frozenset[guard.Holder]] = {}
-        """Reservation guard: what each namespace's QuotaReservation holds (as last written)."""
+        self._guarded: dict[str, tuple[frozenset[guard.Holder], str]] = {}
+        """Reservation guard: what each namespace's QuotaReservation holds and its resourceVersion (as last read or
+        written; dropped when a write meets another writer's version)."""
         self._guard_locks: dict[str, asyncio.Lock] = {}
         self._unsynced: set[Key] = set()
         """Reservation guard: quotas whose ``status.hard`` has not caught up with ``spec.hard`` yet (a quota event
@@ -382,10 +385,12 @@ class Enforcer:
                 del self._names[key[0]]
         self._acted.pop(key, None)
         self._dry_seen.pop(key, None)
-        self._carried.pop(key, None)
-        self._writing.pop(key, None)
+        held = self._carried.pop(key, None), self._writing.pop(key, None)
         self._unsynced.discard(key)
         self._gone[key] = max(rv, self._gone.get(key, -1))
+        if any(held) and self.opts.reservation_guard and not self.opts.dry_run:
+            # (the quota carries nothing any more: its holders would keep the namespace's pods out for nothing)
+            self._spawn(self._guard_shrink(key[0]), f"guard-{key[0]}")
 
     def _touch_namespace(self, namespace: str) -> None:
         if not self._warm:
@@ -561,11 +566,11 @@ class Enforcer:
     async def _guard_after(self, key: Key, quota: QuotaSnapshot, usage: contract.UsageSnapshot | None) -> None:
         """The quota now carries ``quota.spec_hard``: record whose reservations that holds, and let the namespace's
         QuotaReservation shrink to what its quotas still carry."""
-        self._writing.pop(key, None)
         before = self._carried.get(key)
         if before is None:  # first time since the start: it may carry what the QuotaReservation lists
             before = await self._guard_listed(key[0])
         self._carried[key] = guard.carried(before, quota, usage)
+        self._writing.pop(key, None)  # (only now: until then its holders are what another quota's write keeps)
         if enforcement.same(quota.spec_hard, quota.status_hard):
             self._unsynced.discard(key)
         else:
@@ -575,29 +580,57 @@ class Enforcer:
     async def _guard_listed(self, namespace: str) -> frozenset[guard.Holder]:
         """What the namespace's QuotaReservation lists: as last written, or read once after the start (an earlier
         enforcer's holders may still guard a quota's ``hard``)."""
-        have = self._guarded.get(namespace)
-        if have is None:
-            have = self._guarded[namespace] = guard.listed(await self.kube.get_reservation(namespace))
-        return have
+        return (await self._guard_state(namespace))[0]
+
+    async def _guard_state(self, namespace: str) -> tuple[frozenset[guard.Holder], str]:
+        """What the namespace's QuotaReservation lists and its resourceVersion, read when not known."""
+        state = self._guarded.get(namespace)
+        if state is None:
+            obj = await self.kube.get_reservation(namespace)
+            meta = (obj or {}).get("metadata")
+            rv = str(meta.get("resourceVersion") or "") if isinstance(meta, dict) else ""
+            state = self._guarded[namespace] = (guard.listed(obj), rv)
+        return state
+
+    async def _guard_shrink(self, namespace: str) -> None:
+        try:
+            await self._guard_write(namespace, grow=False)
+        except Exception as e:  # (best effort: the next write in the namespace shrinks it)
+            log.warning("reservation guard not shrunk", namespace=namespace, error=str(e) or type(e).__name__)
 
     async def _guard_write(self, namespace: str, *, grow: bool) -> None:
         """Make the namespace's QuotaReservation list every holder a quota of the namespace carries or is being
-        written with (with ``grow``, never fewer than it lists now). A failed write raises: no raise goes out
-        unguarded, and the quota is retried with backoff."""
+        written with (with ``grow``, never fewer than it lists now). Each write is conditional on the version
+        last seen: a grow that meets another writer's version reads it and adds to it; a shrink that does is
+        dropped (another enforcer — a new leader — wrote what it knows, and removing what it listed could open its
+        room). A failed grow raises: no raise goes out unguarded, and the quota is retried with backoff."""
         lock = self._guard_locks.setdefault(namespace, asyncio.Lock())
         async with lock:
-            names = self._names.get(namespace, {})
-            want = guard.union(
-                d[(namespace, n)] for n in names for d in (self._carried, self._writing) if (namespace, n) in d
-            )
-            have = await self._guard_listed(namespace)
-            if grow:
-                want |= have
-            if want == have:
+            for _ in range(GUARD_CONFLICTS):
+                names = self._names.get(namespace, {})
+                want = guard.union(
+                    d[(namespace, n)] for n in names for d in (self._carried, self._writing) if (namespace, n) in d
+                )
+                have, rv = await self._guard_state(namespace)
+                if grow:
+                    want |= have
+                if want == have:
+                    return
+                body = guard.reservation(namespace, want, self.opts.guard_creators)
+                try:
+                    written = await self.kube.put_reservation(namespace, body, rv)
+                except KubeError as e:
+                    if not e.conflict:
+                        raise
+                    self._guarded.pop(namespace, None)  # read again
+                    if not grow:
+                        log.info("reservation guard shrink dropped: another writer came first", namespace=namespace)
+                        return
+                    continue
+                self._guarded[namespace] = (want, written)
+                log.info("reservation guard written", namespace=namespace, holders=sorted(h.name for h in want))
                 return
-            await self.kube.put_reservation(namespace, guard.reservation(namespace, want, self.opts.guard_creators))
-            self._guarded[namespace] = want
-            log.info("reservation guard written", namespace=namespace, holders=sorted(h.name for h in want))
+            raise KubeError(409, "Conflict", f"the QuotaReservation of {namespace} kept changing under the enforcer")
 
     def _dry_run(self, key: Key, p: Plan) -> None:
         self._since.pop(key, None)

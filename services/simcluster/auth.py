@@ -85,6 +85,11 @@ _TENANT_READS: Final = frozenset({("", "resourcequotas"), ("", "limitranges")})
 _READ_VERBS: Final = frozenset({"get", "list", "watch"})
 
 
+_TENANT_SUBRESOURCES: Final = frozenset({(("", "pods"), "resize")})
+"""Subresources a tenant may write: resizing its own pods in place (``pods/resize``, Kubernetes 1.33+), which
+quota admission charges like a create."""
+
+
 def authorize(user: UserInfo, verb: str, res: Resource, namespace: str | None, subresource: str | None) -> None:
     """Raise the API server's 403 when ``user`` may not ``verb`` the (sub)resource in ``namespace``."""
     if user.tenant_of is None:
@@ -93,7 +98,7 @@ def authorize(user: UserInfo, verb: str, res: Resource, namespace: str | None, s
     allowed = (
         namespace is not None
         and namespace in user.tenant_of
-        and subresource is None
+        and (subresource is None or (gr, subresource) in _TENANT_SUBRESOURCES)
         and (gr in _TENANT_WRITES or (gr in _TENANT_READS and verb in _READ_VERBS))
     )
     if allowed:

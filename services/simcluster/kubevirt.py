@@ -683,7 +683,9 @@ class KubeVirtSimulator:
             self.migration_queue.add(key)
 
     # ---- admission (KubeVirt's validating webhooks) ---------------------------------------------------------
-    async def _admit_vm(self, op: Operation, res: Resource, new: Obj | None, old: Obj | None) -> Obj | None:
+    async def _admit_vm(
+        self, op: Operation, res: Resource, new: Obj | None, old: Obj | None, subresource: str | None = None
+    ) -> Obj | None:
         if op == "DELETE" or new is None:
             return None
         try:
@@ -697,7 +699,9 @@ class KubeVirtSimulator:
             ) from None
         return None
 
-    async def _admit_vmi(self, op: Operation, res: Resource, new: Obj | None, old: Obj | None) -> Obj | None:
+    async def _admit_vmi(
+        self, op: Operation, res: Resource, new: Obj | None, old: Obj | None, subresource: str | None = None
+    ) -> Obj | None:
         if op != "CREATE" or new is None:
             return None
         try:
@@ -710,7 +714,9 @@ class KubeVirtSimulator:
             ) from None
         return None
 
-    async def _admit_vmim(self, op: Operation, res: Resource, new: Obj | None, old: Obj | None) -> Obj | None:
+    async def _admit_vmim(
+        self, op: Operation, res: Resource, new: Obj | None, old: Obj | None, subresource: str | None = None
+    ) -> Obj | None:
         if op != "CREATE" or new is None:
             return None
         prefix = 'admission webhook "migration-create-validator.kubevirt.io" denied the request'

@@ -155,7 +155,9 @@ class PolicySystem:
     def _all(self, res: Resource) -> list[Obj]:
         return [_decode(raw) for raw in self.store.list_raw(res, None)[0]]
 
-    async def _admit(self, op: Operation, res: Resource, new: Obj | None, old: Obj | None) -> Obj | None:
+    async def _admit(
+        self, op: Operation, res: Resource, new: Obj | None, old: Obj | None, subresource: str | None = None
+    ) -> Obj | None:
         if res.group == "admissionregistration.k8s.io":
             return None
         bindings = self._all(self._bindings)
@@ -163,7 +165,7 @@ class PolicySystem:
             return None
         obj = new if new is not None else (old or {})
         meta = obj.get("metadata") or {}
-        req = _Request(op, res, str(meta.get("namespace") or ""), str(meta.get("name") or ""), new, old)
+        req = _Request(op, res, str(meta.get("namespace") or ""), str(meta.get("name") or ""), new, old, subresource)
         policies = {p["metadata"]["name"]: p for p in self._all(self._policies)}
         for binding in bindings:
             spec = binding.get("spec") or {}

@@ -35,7 +35,7 @@ from shared.podusage import (
     quota_usage_of,
 )
 from shared.quantity import Format, Quantity
-from shared.resources import ResourceList, add, format_resource_list, only, parse_resource_list
+from shared.resources import ResourceList, add, format_resource_list, growth, only, parse_resource_list
 
 # ---- the pod evaluator's resources and scopes ------------------------------------------------------------------
 
@@ -251,9 +251,14 @@ def forbidden(pod_name: str, message: str) -> ApiError:
 
 
 def admit_pod(
-    pod: Mapping[str, Any], quotas: Iterable[Mapping[str, Any]], *, now: datetime | None = None
+    pod: Mapping[str, Any],
+    quotas: Iterable[Mapping[str, Any]],
+    *,
+    now: datetime | None = None,
+    old: Mapping[str, Any] | None = None,
 ) -> dict[str, ResourceList]:
-    """The resource quota admission check of one pod create.
+    """The resource quota admission check of one pod create, or of a resize (``old``: the pod before it), which
+    the evaluator charges what the pod grows by (Kubernetes' ``SubtractWithNonNegativeResult``).
 
     Returns the new ``status.used`` of every quota whose usage changes (by quota name); raises :class:`ApiError`
     403 with the real message when a quota refuses the pod.
@@ -280,6 +285,10 @@ def admit_pod(
     if not interesting:
         return {}
     delta = pod_quota_usage(pod, now)
+    if old is not None:
+        delta = growth(delta, pod_quota_usage(old, now))
+        if not delta:
+            return {}
     out: dict[str, ResourceList] = {}
     for _quota, name, hard, used in interesting:
         requested = only(delta, hard)
@@ -497,7 +506,9 @@ class ResourceQuotaSystem:
         return (self._priority, self._queue)
 
     # ---- admission ----------------------------------------------------------------------------------------
-    async def _admit_quota(self, op: Operation, res: Resource, new: Obj | None, old: Obj | None) -> Obj | None:
+    async def _admit_quota(
+        self, op: Operation, res: Resource, new: Obj | None, old: Obj | None, subresource: str | None = None
+    ) -> Obj | None:
         if op == "DELETE" or new is None:
             return None
         _validate_quota(new)
@@ -511,15 +522,18 @@ class ResourceQuotaSystem:
                     status[part] = canonical_quantities(status[part])
         return new
 
-    async def _admit_pod(self, op: Operation, res: Resource, new: Obj | None, old: Obj | None) -> Obj | None:
-        if op != "CREATE" or new is None:
+    async def _admit_pod(
+        self, op: Operation, res: Resource, new: Obj | None, old: Obj | None, subresource: str | None = None
+    ) -> Obj | None:
+        resize = op == "UPDATE" and subresource == "resize"
+        if not (op == "CREATE" or resize) or new is None:
             return None
         _validate_pod_resources(new)
         pod = default_pod(new)
         ns = str((pod.get("metadata") or {}).get("namespace") or "")
         quotas = self.cache.list("resourcequotas", ns)
         try:
-            charges = admit_pod(pod, quotas)
+            charges = admit_pod(pod, quotas, old=default_pod(old) if resize and old is not None else None)
         except ApiError as e:
             self.refused += 1
             self._log.info("pod refused by quota", namespace=ns, message=e.message)

@@ -246,7 +246,7 @@ RESOURCES: tuple[ResourceInfo, ...] = (
         columns=(NAME, Column("Status", "string", "The phase of the namespace.", _path("status.phase")), AGE),
     ),
     ResourceInfo(
-        Resource("", "v1", "pods", "Pod", True, ("po",), _STATUS),
+        Resource("", "v1", "pods", "Pod", True, ("po",), ("status", "resize")),
         fields=_POD_FIELDS,
         categories=("all",),
         columns=(

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import random
 import re
 import time
@@ -446,6 +447,38 @@ def _spec_of(obj: Obj) -> Obj:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status", "kind", "apiVersion")}
 
 
+def _resources_of(pod: Obj) -> list[Any]:
+    """Each container's ``resources`` by name: what only the ``resize`` subresource may change."""
+    spec = pod.get("spec") or {}
+    return [
+        (field, c.get("name"), c.get("resources"))
+        for field in ("containers", "initContainers")
+        for c in spec.get(field) or ()
+        if isinstance(c, dict)
+    ]
+
+
+def _resized(old: Obj, new: Obj) -> Obj:
+    """A write to a pod's ``resize`` subresource (in-place vertical scaling, beta and on by default since
+    Kubernetes 1.33): as the API server's resize strategy, only the containers' ``resources`` and
+    ``resizePolicy`` are taken from the request, matched by container name; everything else stays."""
+    result: Obj = copy.deepcopy(old)
+    spec, asked = result.get("spec") or {}, new.get("spec") or {}
+    for field in ("containers", "initContainers"):
+        by_name = {c.get("name"): c for c in asked.get(field) or () if isinstance(c, dict)}
+        for c in spec.get(field) or ():
+            req = by_name.get(c.get("name"))
+            if req is None:
+                continue
+            for key in ("resources", "resizePolicy"):
+                if key in req:
+                    c[key] = copy.deepcopy(req[key])
+    if _spec_of(result) != _spec_of(old):
+        meta = result.setdefault("metadata", {})
+        meta["generation"] = int(meta.get("generation", 1)) + 1
+    return result
+
+
 class Store:
     """The in-memory object store (see the module docstring). Create it inside or outside a running loop; use it
     from one event loop."""
@@ -732,9 +765,11 @@ class Store:
         await self._relieve()
         return stored.raw
 
-    async def _admit(self, op: Operation, res: Resource, new: Obj | None, old: Obj | None) -> Obj:
+    async def _admit(
+        self, op: Operation, res: Resource, new: Obj | None, old: Obj | None, subresource: str | None = None
+    ) -> Obj:
         for hook in self._hooks.get(res.key, ()):
-            result = await hook(op, res, new, old)
+            result = await hook(op, res, new, old, subresource)
             if result is not None and new is not None:
                 new = result
         return new if new is not None else (old or {})
@@ -753,6 +788,8 @@ class Store:
             else:
                 result.pop("status", None)
             return result, old
+        if subresource == "resize" and "resize" in res.subresources:
+            return _resized(old, new), old
         if subresource is not None:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         meta = self._check_meta(res, new, name)
@@ -783,6 +820,16 @@ class Store:
                     "Forbidden: no new finalizers can be added if the object is being deleted, "
                     f"found new finalizers {added}",
                 )
+        if "resize" in res.subresources and _resources_of(new) != _resources_of(old):
+            raise _invalid(
+                res,
+                name,
+                "spec",
+                "Forbidden: pod updates may not change fields other than `spec.containers[*].image`, "
+                "`spec.initContainers[*].image`, `spec.activeDeadlineSeconds`, `spec.tolerations` (only additions to "
+                "existing tolerations), `spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was "
+                "previously negative); container resources change only through the resize subresource",
+            )
         if _spec_of(new) != _spec_of(old):
             meta["generation"] = int(old_meta.get("generation", 1)) + 1
         return new, old
@@ -807,7 +854,7 @@ class Store:
             if requested is None:
                 return stored.raw
             new, old = self._prepare_update(res, stored, requested, subresource, name, ns)
-            new = await self._admit("UPDATE", res, new, old)
+            new = await self._admit("UPDATE", res, new, old, subresource)
             new.setdefault("metadata", {})["resourceVersion"] = str(stored.rv)
             if new == old:
                 return stored.raw

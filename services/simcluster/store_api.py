@@ -67,10 +67,11 @@ class WatchEvent:
     object: Obj
 
 
-# An admission hook sees the operation, the resource, the new object (None for DELETE) and the old one (None for
-# CREATE). It may return a modified object (mutating) or raise ApiError (validating, e.g. quota 403). Hooks run
-# in registration order, inside the store's write lock, before the resourceVersion is assigned.
-AdmissionHook = Callable[[Operation, Resource, Obj | None, Obj | None], Awaitable[Obj | None]]
+# An admission hook sees the operation, the resource, the new object (None for DELETE), the old one (None for
+# CREATE) and the subresource written (None for the main resource; "status", "resize"). It may return a modified
+# object (mutating) or raise ApiError (validating, e.g. quota 403). Hooks run in registration order, inside the
+# store's write lock, before the resourceVersion is assigned.
+AdmissionHook = Callable[[Operation, Resource, Obj | None, Obj | None, str | None], Awaitable[Obj | None]]
 
 
 class StoreAPI(Protocol):

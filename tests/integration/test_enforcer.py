@@ -296,8 +296,8 @@ class BeatenOnce:
     async def nudge_vmi(self, namespace: str, name: str, token: str) -> None:
         await self.inner.nudge_vmi(namespace, name, token)
 
-    async def put_reservation(self, namespace: str, body: Obj) -> None:
-        await self.inner.put_reservation(namespace, body)
+    async def put_reservation(self, namespace: str, body: Obj, resource_version: str) -> str:
+        return await self.inner.put_reservation(namespace, body, resource_version)
 
     async def get_reservation(self, namespace: str) -> Obj | None:
         return await self.inner.get_reservation(namespace)
@@ -563,3 +563,46 @@ async def test_the_guard_lists_holders_before_a_raise_and_keeps_what_it_found_un
     raised = next(i for i, w in enumerate(writes) if w == ("hard", {"80Gi"}))
     before = [w for w in writes[:raised] if w[0] == "guard"]
     assert before and before[-1][1] == {"vm1", "vm9"}, writes
+
+
+def listed_names(sim: SimCluster) -> set[str]:
+    return {h.name for h in guard.listed(sim.peek(guard.PLURAL, NS, guard.NAME))}
+
+
+async def test_a_shrink_of_the_guard_never_removes_what_another_writer_listed(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """A leader handover: while the old enforcer's shrink is due, the new one has written the QuotaReservation
+    (its own holders). The shrink is conditional on the version the old one last wrote: it meets a 409 and is
+    dropped, so it cannot open room the new enforcer raised."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    vms = [contract.VmState(name="vm1", uid="uid-vm1", state="running")]
+    async with enforcer(bus, api, reservation_guard=True) as (e, _):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        await sim.wait_quota_synced(NS, "compute")
+        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING, vms=vms)
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised")
+        assert listed_names(sim) == {"vm1"}
+        newer = guard.Holder("uid-vm7", "vm7", "migration m7")
+        await sim.apply(guard.reservation(NS, frozenset({newer}), [guard.DEFAULT_CREATOR]))  # the new leader's
+        await publish_usage(bus, 6, terms("64Gi", "64Gi"), vms=vms)  # the old one's migration is over
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "hard lowered")
+        await sim.wait_quota_synced(NS, "compute")
+        await sim.wait_for(lambda: ("compute" not in str(e._unsynced)) and e.idle(), within=5, what="enforcer idle")
+        assert listed_names(sim) == {"vm7"}, "the old enforcer's shrink removed what the new one listed"
+
+
+async def test_a_deleted_quota_takes_its_holders_off_the_guard(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """A quota that goes while it carries a raise: nothing holds room any more, so its holders must not keep the
+    namespace's other pods out."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    vms = [contract.VmState(name="vm1", uid="uid-vm1", state="running")]
+    async with enforcer(bus, api, reservation_guard=True):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING, vms=vms)
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised")
+        assert listed_names(sim) == {"vm1"}
+        await sim.store.delete(sim.store.resource("resourcequotas"), NS, "compute")
+        await sim.wait_for(lambda: listed_names(sim) == set(), within=5, what="the holders taken off")

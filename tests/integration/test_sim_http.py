@@ -102,7 +102,9 @@ async def test_discovery_documents(http: aiohttp.ClientSession) -> None:
 
 
 async def test_crud_and_status_errors(http: aiohttp.ClientSession) -> None:
-    status, created = await call(http, "POST", PODS, json=pod("x", app="web"))
+    x = pod("x", app="web")
+    x["spec"]["containers"] = [{"name": "c", "image": "a"}]
+    status, created = await call(http, "POST", PODS, json=x)
     assert status == 201 and created["metadata"]["namespace"] == "a"
     status, err = await call(http, "POST", PODS, json=pod("x"))
     assert (status, err["reason"], err["kind"]) == (409, "AlreadyExists", "Status")
@@ -136,7 +138,7 @@ async def test_crud_and_status_errors(http: aiohttp.ClientSession) -> None:
     smp = json.dumps({"spec": {"containers": [{"name": "c", "image": "i"}]}})
     headers = {"Content-Type": "application/strategic-merge-patch+json"}
     status, patched = await call(http, "PATCH", f"{PODS}/x", data=smp, headers=headers)
-    assert status == 200 and patched["spec"]["containers"] == [{"name": "c", "image": "i"}]
+    assert status == 200 and patched["spec"]["containers"] == [{"name": "c", "image": "i"}]  # (merged by name)
     status, _ = await call(http, "POST", VMIS, json={"metadata": {"name": "v"}, "spec": {}})
     assert status == 201
     status, err = await call(http, "PATCH", f"{VMIS}/v", data=json.dumps({"metadata": {}}), headers=headers)

@@ -107,6 +107,19 @@ async def test_while_room_is_reserved_only_kubevirt_creates_and_only_for_a_holde
     assert await create_as(sim, TENANT, pod("elsewhere", namespace="other")) is None
 
 
+async def test_the_guard_never_matches_the_control_plane_or_kubevirt(sim: SimCluster) -> None:
+    """failurePolicy Fail keeps the guard closed when its parameter cannot be read; the namespaces of the control
+    plane, KubeVirt and vmquota are outside it, so that can never stop them (even with holders listed there)."""
+    await install(sim, GUARD_POLICY.read_text())
+    for ns in ("kube-system", "kubevirt"):
+        if sim.peek("namespaces", None, ns) is None:
+            await sim.create_namespace(ns)
+        await sim.apply(guard.reservation(ns, frozenset({HOLDER}), [KUBEVIRT_CONTROLLER.username]))
+        assert await create_as(sim, TENANT, pod("system", namespace=ns)) is None, ns
+    await reserve(sim, HOLDER)
+    assert await create_as(sim, TENANT, pod("tenant")) is not None
+
+
 async def test_a_guarded_denial_takes_no_quota(sim: SimCluster) -> None:
     """ValidatingAdmissionPolicy runs before ResourceQuota admission: a refused pod is never charged."""
     await install(sim, GUARD_POLICY.read_text())
@@ -264,30 +277,32 @@ async def test_a_tenant_edits_its_namespace_and_nothing_else(sim: SimCluster) ->
             assert resp.status == 401
 
 
-async def test_kubectl_applies_and_lists_the_guard(sim: SimCluster, tmp_path: Path) -> None:
+async def run_kubectl(kubeconfig: Path, tmp_path: Path, *args: str) -> tuple[int, str, str]:
+    """kubectl with ``kubeconfig``: (exit code, stdout, stderr); the test is skipped where kubectl is missing."""
     exe = shutil.which("kubectl")
     if exe is None:
         pytest.skip("kubectl is not installed")
-    assert sim.kubeconfig_path is not None
+    proc = await asyncio.create_subprocess_exec(
+        exe,
+        f"--kubeconfig={kubeconfig}",
+        f"--cache-dir={tmp_path / 'kube-cache'}",
+        "--request-timeout=10s",
+        *args,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
 
-    async def run(kubeconfig: Path, *args: str) -> tuple[int, str, str]:
-        proc = await asyncio.create_subprocess_exec(
-            exe,
-            f"--kubeconfig={kubeconfig}",
-            f"--cache-dir={tmp_path / 'kube-cache'}",
-            "--request-timeout=10s",
-            *args,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await asyncio.wait_for(proc.communicate(), 30)
-        assert proc.returncode is not None
-        return proc.returncode, out.decode(), err.decode()
+
+async def test_kubectl_applies_and_lists_the_guard(sim: SimCluster, tmp_path: Path) -> None:
+    assert sim.kubeconfig_path is not None
 
     async def kubectl(*args: str) -> str:
         assert sim.kubeconfig_path is not None
-        code, out, err = await run(sim.kubeconfig_path, *args)
+        code, out, err = await run_kubectl(sim.kubeconfig_path, tmp_path, *args)
         assert code == 0, err
         return out
 
@@ -299,5 +314,52 @@ async def test_kubectl_applies_and_lists_the_guard(sim: SimCluster, tmp_path: Pa
     tenant = sim.write_kubeconfig(tmp_path / "tenant.kubeconfig", sim.add_tenant("mallory", [NS]), namespace=NS)
     manifest = tmp_path / "pod.yaml"
     manifest.write_text(yaml.safe_dump(pod("plain")))
-    code, _, err = await run(tenant, "create", "-f", str(manifest))
+    code, _, err = await run_kubectl(tenant, tmp_path, "create", "-f", str(manifest))
     assert code != 0 and "reserved for vm1" in err, err
+
+
+def _memory(amount: str) -> str:
+    """A strategic merge patch giving container ``c`` ``amount`` of memory (request and limit)."""
+    res = {"requests": {"memory": amount}, "limits": {"memory": amount}}
+    return json.dumps({"spec": {"containers": [{"name": "c", "resources": res}]}})
+
+
+async def test_a_pod_grows_in_place_only_by_resize_which_quota_and_the_guard_check(
+    sim: SimCluster, tmp_path: Path
+) -> None:
+    """Kubernetes 1.33+: container resources change only through ``pods/resize`` (a plain update is invalid);
+    quota admission charges what a resize grows by, and the guard refuses a resize while room is reserved, so a
+    tenant cannot grow a pod into the room either."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "4Gi"})
+    await sim.wait_quota_synced(NS, "compute")
+    tenant = sim.write_kubeconfig(tmp_path / "tenant.kubeconfig", sim.add_tenant("mallory", [NS]), namespace=NS)
+    app = pod("app")
+    app["spec"]["containers"][0]["resources"] = json.loads(_memory("1Gi"))["spec"]["containers"][0]["resources"]
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(yaml.safe_dump(app))
+
+    async def tenant_kubectl(*args: str) -> tuple[int, str]:
+        code, out, err = await run_kubectl(tenant, tmp_path, *args)
+        return code, out + err
+
+    async def used() -> str:
+        q = await sim.get("resourcequotas", NS, "compute")
+        return str(q["status"]["used"]["limits.memory"])
+
+    assert (await tenant_kubectl("create", "-f", str(manifest)))[0] == 0
+    code, out = await tenant_kubectl("patch", "pod", "app", "-p", _memory("2Gi"))
+    assert code != 0 and "pod updates may not change fields" in out, out
+    code, out = await tenant_kubectl("patch", "pod", "app", "--subresource=resize", "-p", _memory("3Gi"))
+    assert code == 0, out
+    assert await used() == "3Gi"
+    code, out = await tenant_kubectl("patch", "pod", "app", "--subresource=resize", "-p", _memory("5Gi"))
+    assert code != 0 and "exceeded quota: compute, requested: limits.memory=2Gi" in out, out
+    await install(sim, GUARD_POLICY.read_text())
+    await reserve(sim, HOLDER)
+    code, out = await tenant_kubectl("patch", "pod", "app", "--subresource=resize", "-p", _memory("3584Mi"))
+    assert code != 0 and "reserved for vm1" in out, out
+    assert await used() == "3Gi"
+    await reserve(sim)  # nothing reserved: resizes pass again
+    code, out = await tenant_kubectl("patch", "pod", "app", "--subresource=resize", "-p", _memory("3584Mi"))
+    assert code == 0, out
+    assert await used() == "3584Mi"

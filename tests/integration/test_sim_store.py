@@ -261,7 +261,7 @@ async def test_admission_hook_refuses_with_a_403_status_and_nothing_is_written()
     po = s.resource("pods")
     seen: list[tuple[Operation, str | None]] = []
 
-    async def deny_big(op: Operation, res: Resource, new: Obj | None, old: Obj | None) -> Obj | None:
+    async def deny_big(op: Operation, res: Resource, new: Obj | None, old: Obj | None, sub: str | None) -> Obj | None:
         seen.append((op, (new or old or {}).get("metadata", {}).get("name")))
         if new is not None and new["metadata"].get("labels", {}).get("size") == "big":
             raise ApiError(403, "Forbidden", f'pods "{new["metadata"]["name"]}" is forbidden: exceeded quota: q')
@@ -288,7 +288,7 @@ async def test_admission_hook_may_write_to_the_store_while_the_write_lock_is_hel
     po, q = s.resource("pods"), s.resource("resourcequotas")
     await s.create(q, {"metadata": {"name": "q", "namespace": "a"}, "spec": {}})
 
-    async def charge(op: Operation, res: Resource, new: Obj | None, old: Obj | None) -> Obj | None:
+    async def charge(op: Operation, res: Resource, new: Obj | None, old: Obj | None, sub: str | None) -> Obj | None:
         if op == "CREATE":
 
             def bump(o: Obj) -> Obj:

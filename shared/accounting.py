@@ -1458,10 +1458,22 @@ class _Accounting:
                 return True
         return False
 
+    def _sized_for_spec(self, v: VmiSnapshot, pod_max: Mapping[str, Quantity], cap: Mapping[str, Quantity]) -> bool:
+        """Whether a VM with a hotplug in its spec already runs in a pod made for it (the target of its hotplug
+        migration, which ended before KubeVirt updated the VMI's status): its pod is charged at least halfway from
+        the rendering at its current size to the rendering of its spec, for each resource the hotplug grows. Such
+        a VM counts at its spec size; one whose hotplug waits for admission, at its current size. (A pod's labels
+        say nothing here: a launcher pod keeps the ``migrationJobUID`` label of the migration that made it.)"""
+        grow = self.renderer.hotplug_growth(v)
+        return bool(grow) and all(
+            2 * pod_max.get(r, ZERO).nanos >= 2 * cap.get(r, ZERO).nanos - g.nanos for r, g in grow.items()
+        )
+
     def _running_vm(self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]], migrating: bool) -> VmEntry:
         """A running VM counts at its current size (its status: a hotplug request counts once admitted, see
-        :meth:`_decide_target`), or at its spec size once a migration target pod exists for it; in pod terms at
-        the larger of its launcher pods per resource, at most as vmquota renders its launcher pod.
+        :meth:`_decide_target`), or at its spec size once a migration target pod exists for it or it runs in one
+        (:meth:`_sized_for_spec`); in pod terms at the larger of its launcher pods per resource, at most as vmquota
+        renders its launcher pod.
 
         ``hard`` holds room for one launcher pod per VM, the larger of its pods but at most as vmquota renders it;
         what its pods are charged beyond that is its ``overlap`` (``D``), so that the end of either pod of a
@@ -1469,12 +1481,12 @@ class _Accounting:
         ``status.activePods``, a tenant's pod with a forged controller reference too, so only a migration's
         target (of an active migration: its phase is KubeVirt's to write) is believed to be a second launcher
         pod; the rest of the overlap is ``unvouched`` and counts as used when VMs are admitted."""
-        size = _size(v) if any(p.migration_job_uid for p, _ in vm_pods) else _current_size(v)
         charges = [charged for _, charged in vm_pods]
         pod_max: ResourceList = {}
         for charged in charges:
             pod_max = maximum(pod_max, charged)
         cap = self.renderer.vmi_usage(v) or {}  # (a VM that cannot be rendered: hard holds no room for its pods)
+        size = _size(v) if migrating or self._sized_for_spec(v, pod_max, cap) else _current_size(v)
         believed = minimum(pod_max, cap)
         counts = {q.policy.name: mode_usage(q.policy.mode, size, believed, q.ratio) for q in self.quotas}
         total = pod_max

@@ -239,15 +239,23 @@ class Pipeline:
             and (p["metadata"].get("labels") or {}).get("vm.kubevirt.io/name") == vmi
         ]
 
+    def _refusal_events(self, namespace: str, involved: str) -> list[Obj]:
+        return [
+            e
+            for e in self.objects("events", namespace)
+            if e.get("reason") == "FailedCreate"
+            and (e.get("involvedObject") or {}).get("name") == involved
+            and "exceeded quota" in str(e.get("message"))
+        ]
+
     def quota_refusals(self, namespace: str, involved: str) -> list[str]:
         """Messages of the FailedCreate events that report a quota refusal for ``involved`` (a VMI)."""
-        out = []
-        for e in self.objects("events", namespace):
-            if e.get("reason") != "FailedCreate":
-                continue
-            if (e.get("involvedObject") or {}).get("name") == involved and "exceeded quota" in str(e.get("message")):
-                out.append(str(e.get("message")))
-        return out
+        return [str(e.get("message")) for e in self._refusal_events(namespace, involved)]
+
+    def quota_refusal_count(self, namespace: str, involved: str) -> int:
+        """How many times KubeVirt was refused a pod for ``involved`` (a VMI): the events' counts (similar events
+        are aggregated into one)."""
+        return sum(int(e.get("count") or 1) for e in self._refusal_events(namespace, involved))
 
     def quota_events(self, namespace: str, quota: str, reason: str) -> list[Obj]:
         return [

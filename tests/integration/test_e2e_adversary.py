@@ -248,6 +248,31 @@ async def test_a_hotplug_that_does_not_fit_is_refused_and_the_tenant_told_why() 
         assert terms is not None and rl(terms.used)["limits.memory"] <= Quantity.parse("12Gi")
 
 
+async def test_a_second_hotplug_is_checked_like_the_first() -> None:
+    """After a hotplug's migration the VM runs in the pod that migration made, which keeps its
+    ``kubevirt.io/migrationJobUID`` label: a later hotplug must still be admitted in VM terms (the VM counts at
+    its current size until then), not taken as already running at its new size."""
+    async with pipeline(cpu_allocation_ratio=4) as p:
+        ns = "tenant-hot"
+        await p.managed_quota(ns, "vm-budget", HOT_BUDGET, mode="VirtualResourcesWithCPUAllocationRatio")
+        await p.start_vm(ns, "vma", sockets=1, memory="4Gi")
+        await p.sim.hotplug(ns, "vma", memory="6Gi")  # fits: 6 of 12Gi
+        await p.wait(lambda: guest_running(p, ns) == Quantity.parse("6Gi"), "the first hotplug to finish")
+        await p.wait(lambda: len(p.launcher_pods(ns, "vma")) == 1, "the first hotplug's source pod to go")
+        await p.sim.hotplug(ns, "vma", memory="16Gi")  # 10Gi more, 6Gi left
+
+        def refused() -> bool:
+            u = p.tap.usage.get(ns)
+            return u is not None and any(m.state == "growth-refused" for m in u.migrations)
+
+        await p.wait(refused, "the ledger to refuse the second hotplug's growth")
+        (mig,) = [m for m in p.objects("vmim", ns) if phase(m) not in ("Succeeded", "Failed")]
+        refusals = p.quota_refusal_count(ns, "vma")
+        await p.wait(lambda: p.quota_refusal_count(ns, "vma") > refusals, "KubeVirt to try the target again")
+        assert not p.target_pods(ns, str(mig["metadata"]["name"])), "the second hotplug's target pod got in"
+        assert guest_running(p, ns) == Quantity.parse("6Gi")
+
+
 async def test_a_hotplug_and_a_new_vm_at_once_never_both_get_in() -> None:
     # (migrations of realistic length: one that ends before vmquota has seen its target pod, some 20-50 ms here,
     # leaves the source pod's room open for the rest of that time; docs/accounting.md, "Known limits")

@@ -1,8 +1,14 @@
 """The quota equation and DESIGN's invariants, as hypothesis properties over random namespaces and event sequences.
 
 A small simulated namespace (:class:`World`) plays KubeVirt and the quota evaluator: VMs are created, admitted
-(their launcher pod is created only if native admission lets it in), stopped and migrated; non-VM pods come and
-go. After every step the accounting of the namespace's objects must keep the invariants:
+(their launcher pod is created only if native admission lets it in), stopped, migrated and grown by hotplug; non-VM
+pods come and go; a tenant forges launcher pods, and pods with a controller reference that KubeVirt adopts into a
+VMI's ``status.activePods``. After every step the accounting of the namespace's objects must keep the invariants:
+
+* safety, independent of the ledger's view: the VMs in mode terms plus every pod that is not a VM's own launcher
+  pod at its full pod usage never exceed the budget once native admission let a pod in;
+* a hotplug's growth is admitted exactly when it fits, its target then gets in natively, and one that does not
+  fit is refused natively too;
 
 * with no VMs and no migrations, ``hard == B`` (for resources the mode counts at no more than the pod is charged;
   ``P + k * (B - P)`` for the scaled ones, see ``shared.equation``);
@@ -24,13 +30,13 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from shared.accounting import ADMITTED, REFUSED, NamespaceUsage, account_namespace
+from shared.accounting import ADMITTED, GROWTH_REFUSED, REFUSED, NamespaceUsage, account_namespace
 from shared.equation import desired_hard, scaled_headroom
 from shared.kubevirt import KubeVirtConfig
 from shared.modes import VMI_NAMES, Mode, VmSize, mode_usage
 from shared.quantity import ZERO, Quantity
 from shared.resources import ResourceList, add, fits, maximum, parse_resource_list
-from shared.snapshot import normalize
+from shared.snapshot import VmiSnapshot, normalize
 from tests.unit.test_accounting import (
     NOW,
     facts_for,
@@ -100,6 +106,13 @@ def test_equation_shape(b: int, u: int, p: int, s: int, k: Fraction) -> None:
 CPU_NAMES = ["requests.cpu", "cpu", "limits.cpu"]
 MEM_NAMES = ["requests.memory", "memory", "limits.memory"]
 COUNT_NAMES = ["pods", "count/pods"]
+
+
+def spec_size(vmi: dict[str, Any]) -> VmSize:
+    """The size of a VMI's spec."""
+    s = normalize(vmi)
+    assert isinstance(s, VmiSnapshot)
+    return VmSize.of(s.vcpus, s.guest_memory, None, None)
 
 
 @dataclass
@@ -181,9 +194,7 @@ class World:
         return total
 
     def mode_fits(self, vmi: dict[str, Any]) -> bool:
-        s = normalize(vmi)
-        size = VmSize.of(s.vcpus, s.guest_memory, None, None)  # type: ignore[union-attr]
-        u = mode_usage(self.mode, size, rendered_usage(vmi, self.config, self.facts), self.ratio)
+        u = mode_usage(self.mode, spec_size(vmi), rendered_usage(vmi, self.config, self.facts), self.ratio)
         used = self.expected_accounted()
         return all(used.get(r, ZERO) + u[r] <= b for r, b in self.budget.items() if r in u and r not in VMI_NAMES)
 
@@ -303,6 +314,66 @@ class World:
         used = self.expected_accounted()
         over = {r: used[r] for r, b in self.budget.items() if r not in VMI_NAMES and used.get(r, ZERO) > b}
         assert not over, f"{what} took the namespace over its budget: {over} of {self.budget}"
+
+    def hotplug(self, index: int, extra_mib: int) -> None:
+        """Memory hotplug of a running VM: the VMI's spec grows, its status keeps the current size, and KubeVirt
+        starts a workload-update migration whose target pod has the new size. The growth is new usage: it must be
+        admitted exactly when it fits the budget (in the mode's terms, beside everything else), its target then
+        gets in natively (refused once at most); when it does not fit, native admission refuses the target too,
+        and the VM keeps running at its current size."""
+        vmis = [v for v in self.running_vmis() if "resources" not in v["spec"]["domain"]]
+        if not vmis:
+            return
+        vmi = vmis[index % len(vmis)]
+        name = vmi["metadata"]["name"]
+        (source,) = self.vm_pods(name)
+        old_guest = vmi["spec"]["domain"]["memory"]["guest"]
+        grown = copy.deepcopy(vmi)
+        grown["spec"]["domain"]["memory"]["guest"] = f"{Q(old_guest).nanos // 2**20 // 10**9 + extra_mib}Mi"
+        grown["status"]["memory"] = {"guestCurrent": old_guest}
+        target = self.launcher(grown, migration_uid=f"mig-hot{self.names + 1}", node="n2")
+        u_old = mode_usage(self.mode, spec_size(vmi), usage_of(source), self.ratio)
+        u_new = mode_usage(self.mode, spec_size(grown), usage_of(target), self.ratio)
+        more = {r: u_new[r] - u_old.get(r, ZERO) for r in u_new if u_new[r] > u_old.get(r, ZERO)}
+        used = self.expected_accounted()
+        expect = all(
+            used.get(r, ZERO) + more[r] <= b for r, b in self.budget.items() if r in more and r not in VMI_NAMES
+        )
+        self.put(grown)
+        m = vmim_obj(self.fresh("hot"), name, t=self.tick())
+        self.put(m)
+        entry = next(e for e in self.account().migrations if e.name == m["metadata"]["name"])
+        assert (entry.state != GROWTH_REFUSED) == expect, (
+            f"growth {more} {'fits' if expect else 'does not fit'}: {entry}"
+        )
+        q = self.account().quotas["rq"]
+        if fits(usage_of(target), q.pod_usage, q.hard):  # refused natively: KubeVirt says so, vmquota reacts
+            rejected = [{"type": "migrationRejectedByResourceQuota", "status": "True"}]
+            self.put(m | {"status": {"phase": "Pending", "conditions": rejected}})
+            q = self.account().quotas["rq"]
+        refused = fits(usage_of(target), q.pod_usage, q.hard)
+        if not expect:
+            assert refused, "the target of a hotplug whose growth does not fit gets in natively"
+            event("hotplug refused")
+            self.delete("VirtualMachineInstanceMigration", m["metadata"]["name"])
+            self.put(vmi)  # (the tenant takes the hotplug back)
+            self.check_within_budget("a refused hotplug")
+            return
+        assert refused == [], "the target of a hotplug whose growth fits is refused twice"
+        event("hotplug admitted")
+        self.put(target)
+        self.put(m | {"status": {"phase": "Running"}})
+        done = copy.deepcopy(grown)
+        done["status"].update(
+            {"nodeName": "n2", "memory": {"guestCurrent": grown["spec"]["domain"]["memory"]["guest"]}}
+        )
+        self.put(done)
+        self.put(m | {"status": {"phase": "Succeeded"}})
+        self.put(source | {"status": {"phase": "Succeeded"}})
+        self.delete("Pod", source["metadata"]["name"])
+        self.delete("VirtualMachineInstanceMigration", m["metadata"]["name"])
+        self.check_within_budget("a hotplug")
+        self.settle()
 
     def delete_pod(self, index: int) -> None:
         pods = [p for p in self.of_kind("Pod") if "labels" not in p["metadata"]]
@@ -429,10 +500,25 @@ _OP_BY_KIND: dict[str, st.SearchStrategy[tuple[Any, ...]]] = {
     "stop": st.tuples(st.just("stop"), st.integers(0, 10)),
     "forge": st.tuples(st.just("forge"), st.integers(0, 10), st.integers(0, 3000), st.integers(0, 4096)),
     "adopt": st.tuples(st.just("adopt"), st.integers(0, 10), st.integers(0, 3000), st.integers(0, 8192)),
+    "hotplug": st.tuples(st.just("hotplug"), st.integers(0, 10), st.sampled_from([256, 1024, 4096])),
 }
 # weighted towards VMs and migrations, the interesting part
 OPS = st.sampled_from(
-    ["vm", "vm", "vm", "migrate", "migrate", "migrate", "pod", "delete_pod", "stop", "forge", "adopt"]
+    [
+        "vm",
+        "vm",
+        "vm",
+        "migrate",
+        "migrate",
+        "migrate",
+        "pod",
+        "delete_pod",
+        "stop",
+        "forge",
+        "adopt",
+        "hotplug",
+        "hotplug",
+    ]
 ).flatmap(_OP_BY_KIND.__getitem__)
 
 
@@ -450,6 +536,8 @@ def apply(world: World, op: tuple[Any, ...]) -> None:
         world.forge_launcher(op[1], op[2], op[3])
     elif kind == "adopt":
         world.adopt_forged(op[1], op[2], op[3])
+    elif kind == "hotplug":
+        world.hotplug(op[1], op[2])
     else:
         world.migrate(op[1])
 

@@ -286,7 +286,7 @@ class VmEntry:
     reason: str
     size: VmSize
     pod_usage: ResourceList
-    """The launcher pod usage the VM counts at (real pods, else the estimate)."""
+    """The launcher pod usage the VM counts at (real pods, at most their rendering; else the estimate)."""
     counts: Mapping[str, ResourceList]
     """Per quota: what the VM adds to ``U`` (empty for a refused or stopped VM)."""
     reserved: ResourceList = field(default_factory=dict)
@@ -350,12 +350,12 @@ class QuotaUsage:
     overlap: ResourceList
     """``D``: what VMs' pods are charged beyond the one launcher pod per VM ``hard`` holds room for."""
     unvouched: ResourceList
-    """``X``: the part of ``D`` that is no migration's target; used when VMs are admitted (``U + X + u <= B``)."""
+    """``X``: the part of ``D`` that is no migration's target; used when VMs are admitted (``U + X/k + u <= B``)."""
     factors: Mapping[str, Fraction | None]
     """``k`` per budget resource (see ``shared.equation``)."""
     hard: ResourceList
     over_budget: tuple[str, ...]
-    """Budget resources where ``U + X > B``."""
+    """Budget resources where ``U + X/k > B``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -442,6 +442,11 @@ def evidence_bound(resource: str, estimate: Quantity) -> Quantity:
         return Quantity(0, estimate.format)
     floor = _EVIDENCE_FLOOR_BYTES if is_byte_resource(resource) else _EVIDENCE_FLOOR_CPU
     return share if share > floor else floor
+
+
+def _widened(estimate: Mapping[str, Quantity]) -> ResourceList:
+    """Each amount of ``estimate`` plus its :func:`evidence_bound`."""
+    return {r: q + evidence_bound(r, q) for r, q in estimate.items()}
 
 
 def _current_size(v: VmiSnapshot) -> VmSize:
@@ -899,8 +904,13 @@ class _Quota:
     unvouched: _Sum
 
     def used(self, r: str) -> int:
-        """``U + X`` of ``r`` in nanos: what admission counts as used."""
-        return self.accounted.get(r) + self.unvouched.get(r)
+        """``U + X / k`` of ``r`` in nanos (rounded up): what admission counts as used. ``hard`` holds no room for
+        ``X`` at all, so in the mode's terms it costs ``X / k``: a VM admitted beside it then gets in natively."""
+        x = self.unvouched.get(r)
+        k = self.factors.get(r)
+        if x and k is not None and k < 1:
+            x = -(-x * k.denominator // k.numerator)
+        return self.accounted.get(r) + x
 
     def misfits(self, u: Mapping[str, Quantity]) -> tuple[str, ...]:
         """Natively enforced budget resources that ``U + X + u`` would exceed."""
@@ -1338,7 +1348,9 @@ class _Accounting:
         estimate = add(source_usage, grow)
         rendered = self.renderer.vmi_usage(v)
         if rendered is not None:
-            estimate = maximum(estimate, rendered)
+            # the source pod's real charge may exceed the rendering (overhead vmquota does not know), but only
+            # within the evidence bound: the "source" may be a tenant's pod KubeVirt adopted into the VMI
+            estimate = maximum(minimum(estimate, _widened(rendered)), rendered)
         why = [f"target estimated from source pod {source_pod.name}"]
         if grow:
             why.append(f"hotplug growth {_fmt(grow)}")
@@ -1458,22 +1470,13 @@ class _Accounting:
                 return True
         return False
 
-    def _sized_for_spec(self, v: VmiSnapshot, pod_max: Mapping[str, Quantity], cap: Mapping[str, Quantity]) -> bool:
-        """Whether a VM with a hotplug in its spec already runs in a pod made for it (the target of its hotplug
-        migration, which ended before KubeVirt updated the VMI's status): its pod is charged at least halfway from
-        the rendering at its current size to the rendering of its spec, for each resource the hotplug grows. Such
-        a VM counts at its spec size; one whose hotplug waits for admission, at its current size. (A pod's labels
-        say nothing here: a launcher pod keeps the ``migrationJobUID`` label of the migration that made it.)"""
-        grow = self.renderer.hotplug_growth(v)
-        return bool(grow) and all(
-            2 * pod_max.get(r, ZERO).nanos >= 2 * cap.get(r, ZERO).nanos - g.nanos for r, g in grow.items()
-        )
-
     def _running_vm(self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]], migrating: bool) -> VmEntry:
         """A running VM counts at its current size (its status: a hotplug request counts once admitted, see
-        :meth:`_decide_target`), or at its spec size once a migration target pod exists for it or it runs in one
-        (:meth:`_sized_for_spec`); in pod terms at the larger of its launcher pods per resource, at most as vmquota
-        renders its launcher pod.
+        :meth:`_decide_target`), or at its spec size while an active migration's target pod exists for it; in pod
+        terms at the larger of its launcher pods per resource, at most as vmquota renders its launcher pod at that
+        size. (A pod's labels say nothing here: a launcher pod keeps the ``migrationJobUID`` label of the migration
+        that made it. When a hotplug's migration has ended and KubeVirt has not updated the status yet, the pod
+        made for the new size is charged beyond that rendering: the difference is ``unvouched``.)
 
         ``hard`` holds room for one launcher pod per VM, the larger of its pods but at most as vmquota renders it;
         what its pods are charged beyond that is its ``overlap`` (``D``), so that the end of either pod of a
@@ -1485,8 +1488,12 @@ class _Accounting:
         pod_max: ResourceList = {}
         for charged in charges:
             pod_max = maximum(pod_max, charged)
+        size = _size(v) if migrating else _current_size(v)
         cap = self.renderer.vmi_usage(v) or {}  # (a VM that cannot be rendered: hard holds no room for its pods)
-        size = _size(v) if migrating or self._sized_for_spec(v, pod_max, cap) else _current_size(v)
+        if not migrating and cap:  # its launcher pod as rendered at its current size (a hotplug not yet admitted)
+            grow = self.renderer.hotplug_growth(v)
+            if grow:
+                cap = {r: (q - grow[r]).clamp0() if r in grow else q for r, q in cap.items()}
         believed = minimum(pod_max, cap)
         counts = {q.policy.name: mode_usage(q.policy.mode, size, believed, q.ratio) for q in self.quotas}
         total = pod_max
@@ -1506,7 +1513,7 @@ class _Accounting:
                 f"{' and its migration target' if migrating else ''} as vmquota renders them: counted as used"
             )
         return VmEntry(
-            v.name, v.uid, v.phase, RUNNING, reason, size, pod_max, counts, overlap=overlap, unvouched=unvouched
+            v.name, v.uid, v.phase, RUNNING, reason, size, believed, counts, overlap=overlap, unvouched=unvouched
         )
 
     def _admissions(self) -> None:

@@ -108,6 +108,13 @@ MEM_NAMES = ["requests.memory", "memory", "limits.memory"]
 COUNT_NAMES = ["pods", "count/pods"]
 
 
+def _divided(q: Quantity, k: Fraction | None) -> Quantity:
+    """``q / k`` rounded up (unchanged for ``k`` None or 1)."""
+    if k is None or k >= 1:
+        return q
+    return Quantity(-(-q.nanos * k.denominator // k.numerator), q.format)
+
+
 def spec_size(vmi: dict[str, Any]) -> VmSize:
     """The size of a VMI's spec."""
     s = normalize(vmi)
@@ -129,6 +136,8 @@ class World:
     names: int = 0
     forged: list[str] = field(default_factory=list)
     """Names of the tenant's pods that carry launcher labels."""
+    adopted: list[str] = field(default_factory=list)
+    """Names of the tenant's pods KubeVirt lists in a VMI's ``status.activePods``."""
 
     # ---- object store
     def put(self, obj: dict[str, Any]) -> None:
@@ -179,7 +188,10 @@ class World:
         return [v for v in self.of_kind("VirtualMachineInstance") if v["status"]["phase"] == "Running"]
 
     # ---- an independent view of U, from the objects (never in flight between steps)
-    def expected_accounted(self) -> ResourceList:
+    def expected_accounted(self, *, admission: bool = False) -> ResourceList:
+        """``admission``: as admission counts it, a pod KubeVirt adopted at its charge divided by ``k`` (``hard``
+        holds no room for it at all: that is what it costs in the mode's terms)."""
+        factors = self.account().quotas["rq"].factors if admission else {}
         total: ResourceList = {}
         for v in self.running_vmis():
             s = normalize(v)
@@ -190,12 +202,15 @@ class World:
             total = add(total, mode_usage(self.mode, size, pod, self.ratio))
         for p in self.of_kind("Pod"):
             if "labels" not in p["metadata"] or p["metadata"]["name"] in self.forged:
-                total = add(total, usage_of(p))
+                charged = usage_of(p)
+                if p["metadata"]["name"] in self.adopted:
+                    charged = {r: _divided(q, factors.get(r)) for r, q in charged.items()}
+                total = add(total, charged)
         return total
 
     def mode_fits(self, vmi: dict[str, Any]) -> bool:
         u = mode_usage(self.mode, spec_size(vmi), rendered_usage(vmi, self.config, self.facts), self.ratio)
-        used = self.expected_accounted()
+        used = self.expected_accounted(admission=True)
         return all(used.get(r, ZERO) + u[r] <= b for r, b in self.budget.items() if r in u and r not in VMI_NAMES)
 
     # ---- KubeVirt: create the launcher pods of pending VMIs, in creation order, as native admission allows
@@ -292,6 +307,7 @@ class World:
             {"kind": "VirtualMachineInstance", "name": meta["name"], "uid": meta["uid"], "controller": True}
         ]
         if self.tenant_creates(pod, "adopted forged pod"):
+            self.adopted.append(pod["metadata"]["name"])
             self.check_within_budget("a forged pod")
             vouch(vmi, pod)  # (the stored VMI: KubeVirt's next sync writes it)
             self.put(vmi)
@@ -307,6 +323,26 @@ class World:
             self.put(pod)
             self.forged.append(pod["metadata"]["name"])
         return not refused
+
+    def grab_room(self, what: str) -> None:
+        """At this instant a tenant creates the largest plain pod native admission lets in (all the room ``hard``
+        leaves, for CPU and memory); safety must hold with it, then it goes again."""
+        q = self.account().quotas["rq"]
+        room = {r: h - q.pod_usage.get(r, ZERO) for r, h in q.hard.items() if q.factors.get(r) is not None}
+        if any(room[r] < Q("1") for r in COUNT_NAMES if r in room):
+            return
+        amounts: dict[str, str] = {}
+        for resource, names in (("cpu", CPU_NAMES), ("memory", MEM_NAMES)):
+            left = [room[r] for r in names if r in room]
+            if left and min(left) > ZERO:
+                amounts[resource] = str(min(left))
+        if not amounts:
+            return
+        pod = pod_obj(self.fresh("grab"), amounts, amounts, t=self.tick())
+        assert fits(usage_of(pod), q.pod_usage, q.hard) == [], f"the room {room} does not take {amounts}"
+        self.put(pod)
+        self.check_within_budget(f"a pod taking the room {what}")
+        self.delete("Pod", pod["metadata"]["name"])
 
     def check_within_budget(self, what: str) -> None:
         """Safety, independent of the ledger's view: the namespace's VMs in mode terms, plus every pod that is not
@@ -335,7 +371,7 @@ class World:
         u_old = mode_usage(self.mode, spec_size(vmi), usage_of(source), self.ratio)
         u_new = mode_usage(self.mode, spec_size(grown), usage_of(target), self.ratio)
         more = {r: u_new[r] - u_old.get(r, ZERO) for r in u_new if u_new[r] > u_old.get(r, ZERO)}
-        used = self.expected_accounted()
+        used = self.expected_accounted(admission=True)
         expect = all(
             used.get(r, ZERO) + more[r] <= b for r, b in self.budget.items() if r in more and r not in VMI_NAMES
         )
@@ -363,13 +399,17 @@ class World:
         event("hotplug admitted")
         self.put(target)
         self.put(m | {"status": {"phase": "Running"}})
+        self.put(m | {"status": {"phase": "Succeeded"}})
+        stale = self.account().quotas["rq"]
+        self.put(source | {"status": {"phase": "Succeeded"}})
+        # (KubeVirt's lag: the migration is over and its source pod ended, the VMI's status still shows the old size)
+        self.check_stale_hard(stale)
+        self.grab_room("after a hotplug, while the VMI's status lags")
         done = copy.deepcopy(grown)
         done["status"].update(
             {"nodeName": "n2", "memory": {"guestCurrent": grown["spec"]["domain"]["memory"]["guest"]}}
         )
         self.put(done)
-        self.put(m | {"status": {"phase": "Succeeded"}})
-        self.put(source | {"status": {"phase": "Succeeded"}})
         self.delete("Pod", source["metadata"]["name"])
         self.delete("VirtualMachineInstanceMigration", m["metadata"]["name"])
         self.check_within_budget("a hotplug")
@@ -426,6 +466,7 @@ class World:
             stale = self.account().quotas["rq"]
             self.put(source | {"status": {"phase": "Succeeded"}})
             self.check_stale_hard(stale)
+            self.grab_room("a migration's source pod left")
         during = self.hard()
         assert {r: v for r, v in during.items() if r != "count/pods"} == {
             r: v for r, v in before.items() if r != "count/pods"

@@ -1344,6 +1344,29 @@ class _Accounting:
         if not sources:
             return _migration_entry(m, WAITING, "the VMI has no running launcher pod")
         source_pod, source_usage = _pick_source(sources, v)
+        memo = self.memo
+        if memo is None:
+            estimate, grow, reasons = self._target_estimate(v, source_pod, source_usage)
+        else:  # (a function of the VMI and the source pod, as long as they are the same objects)
+            slot = ("target", self.namespace, _vm_key(v))
+            memo_key = (id(v), id(source_pod), id(source_usage))
+            memo_objs = (v, source_pod, source_usage)
+            args = (v, source_pod, source_usage)
+            estimate, grow, reasons = memo.latest(slot, memo_key, memo_objs, self._target_estimate, *args)
+        why = list(reasons)
+        if m.rejected_by_quota:  # (a status condition only KubeVirt writes: it really tried to create the pod)
+            refused = self._refusals(v, m.creation_timestamp)
+            estimate, taken = self._bounded(estimate, refused, f"{m.ref} (VMI {v.name})")
+            if taken:
+                why.append(f"exact amounts from a quota refusal: {_fmt(taken)}")
+        self.targets.append(_Target(len(self.mig_entries), m, v, nonzero(estimate), dict(grow), why))
+        return _migration_entry(m, NOT_TRIED, "")  # (replaced by the decision)
+
+    def _target_estimate(
+        self, v: VmiSnapshot, source_pod: PodSnapshot, source_usage: ResourceList
+    ) -> tuple[ResourceList, ResourceList, tuple[str, ...]]:
+        """A migration target's estimate before any refusal's amounts, the hotplug growth, and why. Not to be
+        changed."""
         grow = self.renderer.hotplug_growth(v)
         estimate = add(source_usage, grow)
         rendered = self.renderer.vmi_usage(v)
@@ -1354,28 +1377,24 @@ class _Accounting:
         why = [f"target estimated from source pod {source_pod.name}"]
         if grow:
             why.append(f"hotplug growth {_fmt(grow)}")
-        if m.rejected_by_quota:  # (a status condition only KubeVirt writes: it really tried to create the pod)
-            refused = self._refusals(v, m.creation_timestamp)
-            estimate, taken = self._bounded(estimate, refused, f"{m.ref} (VMI {v.name})")
-            if taken:
-                why.append(f"exact amounts from a quota refusal: {_fmt(taken)}")
-        self.targets.append(_Target(len(self.mig_entries), m, v, nonzero(estimate), grow, why))
-        return _migration_entry(m, NOT_TRIED, "")  # (replaced by the decision)
+        return estimate, grow, tuple(why)
 
     def _decide_target(self, t: _Target, admit: bool) -> None:
         """Reserve a migration's target while KubeVirt is refused it (``migrationRejectedByResourceQuota``), never
         for one KubeVirt has not tried (held back by the parallel-migration limits, or still to try: the room
         would be open to any pod). A hotplug's growth in the mode's terms is new usage, admitted in creation order
         like a new VM (``admit``); one that does not fit gets no room and the VM keeps its current size."""
-        key = _vm_key(t.v)
-        cur = self.vm_entries[key]
-        full = _size(t.v)
-        grown = {
-            q.policy.name: growth(
-                mode_usage(q.policy.mode, full, maximum(cur.pod_usage, t.estimate), q.ratio), cur.counts[q.policy.name]
-            )
-            for q in self.quotas
-        }
+        cur = self.vm_entries[_vm_key(t.v)]
+        memo = self.memo
+        if memo is None:
+            grown = self._grown(t, cur)
+        else:
+            # a function of the VMI, its entry (memoised: the same object while unchanged), the estimate and the
+            # quotas; the estimate by value and wire format (it is built anew on every accounting)
+            est = tuple((r, q.nanos, q.format) for r, q in t.estimate.items())
+            memo_key = (id(t.v), id(cur), est, self.quotas_key)
+            slot = ("grown", self.namespace, _vm_key(t.v))
+            grown = memo.latest(slot, memo_key, (t.v, cur), self._grown, t, cur)
         why = list(t.why)
         if admit:
             misfit, parts = self._misfits(grown)
@@ -1400,17 +1419,30 @@ class _Accounting:
         self.target_reserved = add(self.target_reserved, t.estimate)
         self.mig_entries[t.index] = _migration_entry(t.m, PENDING, "; ".join(why), t.estimate, t.grow)
 
+    def _grown(self, t: _Target, cur: VmEntry) -> dict[str, ResourceList]:
+        """Per quota, what the migration's target adds to the VM's count in the mode's terms (hotplug growth;
+        an upgrade's larger pod in pod terms). Not to be changed."""
+        full = _size(t.v)
+        return {
+            q.policy.name: growth(
+                mode_usage(q.policy.mode, full, maximum(cur.pod_usage, t.estimate), q.ratio), cur.counts[q.policy.name]
+            )
+            for q in self.quotas
+        }
+
     # ---- VMs
     def _running_vms(self) -> None:
         """Running VMs always count; the others are stopped or wait for admission. With a memo, the whole pass is
-        remembered: it depends on the VMIs, their launcher pods (the pod pass's result), the target estimates and
+        remembered: it depends on the VMIs, their launcher pods (the pod pass's result), the active migrations and
         the quotas."""
         memo = self.memo
         if memo is None:
             self._apply_vms(self._vms_pass())
             return
         objs = (*self.vmis, self.launchers)
-        key = ("vms", tuple(map(id, objs)), self.quotas_key)
+        # (the active migrations decide whose pods are targets)
+        active = tuple(sorted((m.uid, m.vmi_name) for m in self.vmims if m.active and m.uid))
+        key = ("vms", tuple(map(id, objs)), active, self.quotas_key)
         self._apply_vms(memo.latest(("vms", self.namespace), key, objs, self._vms_pass))
 
     def _apply_vms(self, found: _VmsPass) -> None:

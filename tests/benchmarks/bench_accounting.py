@@ -70,7 +70,9 @@ def namespace_objects(vms: int = 100, pods: int = 50, migrations: int = 5, pendi
     objs: list[dict[str, Any]] = []
     for i in range(vms):
         v = _vmi(i)
-        objs += [v, _launcher(v, config, facts)]
+        pod = _launcher(v, config, facts)
+        v["status"]["activePods"] = {pod["metadata"]["uid"]: pod["spec"]["nodeName"]}  # (KubeVirt vouches for it)
+        objs += [v, pod]
     for i in range(pending):
         objs.append(_vmi(vms + i, phase="Pending"))
     for i in range(migrations):

@@ -813,6 +813,10 @@ def test_memoised_accounting_equals_the_reference(objs: list[dict[str, Any]], ed
             obj["status"]["phase"] = "Succeeded" if obj["status"]["phase"] == "Running" else "Running"
         elif obj["kind"] == "ResourceQuota":
             obj["spec"]["hard"]["requests.memory"] = mem
+        elif obj["kind"] == "VirtualMachineInstanceMigration":  # (an active migration decides whose pod is a target)
+            obj.setdefault("status", {})["phase"] = (
+                "Succeeded" if obj["status"].get("phase") != "Succeeded" else "Running"
+            )
         objs[k] = obj
         current[k] = normalize(obj)
         _same(account_namespace(current, now=NOW), account_namespace(current, now=NOW, memoize=False))
@@ -839,6 +843,26 @@ def _by_kind(objs: list[AnySnapshot], before: Mapping[str, list[AnySnapshot]]) -
         else:
             found.reverse()  # not in creation order: accounting orders them
     return out
+
+
+def test_memo_follows_a_migration_that_ends_while_its_pods_stay() -> None:
+    """Whether a VM's second pod is a migration's target depends on the migration's phase alone: the memoised
+    pass over running VMs must not serve the entry of a still-active migration once it has ended."""
+    quota = quota_obj("rq", {"requests.memory": "64Gi"}, Mode.VIRTUAL_RESOURCES)
+    v = vmi_obj("v", guest="2Gi")
+    source = launcher_obj(v)
+    target = launcher_obj(v, migration_uid="mig-m", node="n2", t=5)
+    running = vmim_obj("m", "v", phase="Running")
+    objs = snaps([quota, v, source, target, running])
+    during = account_namespace(objs, now=NOW)
+    assert during.quotas["rq"].unvouched == {}
+    ended = copy.deepcopy(running)
+    ended["status"]["phase"] = "Succeeded"
+    ended["metadata"]["resourceVersion"] = "9"
+    after = [*objs[:-1], normalize(ended)]
+    got = account_namespace(after, now=NOW)
+    _same(got, account_namespace(after, now=NOW, memoize=False))
+    assert got.quotas["rq"].unvouched, "a finished migration's second pod counts as used when VMs are admitted"
 
 
 def test_memo_is_not_fooled_by_a_reused_identity() -> None:

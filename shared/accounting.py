@@ -45,7 +45,7 @@ from itertools import compress, islice
 from operator import is_not
 from typing import Any, Final, cast
 
-from shared.equation import desired_hard
+from shared.equation import desired_hard, in_mode_terms
 from shared.errors import InvalidInput
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
 from shared.kubevirt.config import fallback_note
@@ -906,14 +906,10 @@ class _Quota:
     def used(self, r: str) -> int:
         """``U + X / k`` of ``r`` in nanos (rounded up): what admission counts as used. ``hard`` holds no room for
         ``X`` at all, so in the mode's terms it costs ``X / k``: a VM admitted beside it then gets in natively."""
-        x = self.unvouched.get(r)
-        k = self.factors.get(r)
-        if x and k is not None and k < 1:
-            x = -(-x * k.denominator // k.numerator)
-        return self.accounted.get(r) + x
+        return self.accounted.get(r) + in_mode_terms(self.unvouched.get(r), self.factors.get(r))
 
     def misfits(self, u: Mapping[str, Quantity]) -> tuple[str, ...]:
-        """Natively enforced budget resources that ``U + X + u`` would exceed."""
+        """Natively enforced budget resources that ``U + X/k + u`` would exceed."""
         return tuple(
             sorted(
                 r
@@ -1349,10 +1345,8 @@ class _Accounting:
             estimate, grow, reasons = self._target_estimate(v, source_pod, source_usage)
         else:  # (a function of the VMI and the source pod, as long as they are the same objects)
             slot = ("target", self.namespace, _vm_key(v))
-            memo_key = (id(v), id(source_pod), id(source_usage))
-            memo_objs = (v, source_pod, source_usage)
             args = (v, source_pod, source_usage)
-            estimate, grow, reasons = memo.latest(slot, memo_key, memo_objs, self._target_estimate, *args)
+            estimate, grow, reasons = memo.latest(slot, tuple(map(id, args)), args, self._target_estimate, *args)
         why = list(reasons)
         if m.rejected_by_quota:  # (a status condition only KubeVirt writes: it really tried to create the pod)
             refused = self._refusals(v, m.creation_timestamp)

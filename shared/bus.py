@@ -329,7 +329,7 @@ class QuotaTerms(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     hard: dict[str, str] = {}
     """``spec.hard`` the equation gives."""
     over_budget: list[str] = []
-    """Resources where ``U + X > B``."""
+    """Resources where ``U + X/k > B``."""
 
 
 class VmState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

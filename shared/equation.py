@@ -49,6 +49,14 @@ def scaled_headroom(headroom: Quantity, factor: Fraction, resource: str) -> Quan
     return Quantity(nanos, headroom.format)
 
 
+def in_mode_terms(nanos: int, factor: Fraction | None) -> int:
+    """A pod-terms amount ``nanos`` in the mode's terms: ``nanos / factor``, rounded up (unchanged for a factor of
+    1 or None). What ``hard`` holds no room for costs that much of the budget."""
+    if not nanos or factor is None or factor >= 1:
+        return nanos
+    return -(-nanos * factor.denominator // factor.numerator)
+
+
 def desired_hard(
     budget: Mapping[str, Quantity],
     accounted: Mapping[str, Quantity],

@@ -15,7 +15,7 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 from services.kube import KubeError, Obj, call_bytes, call_object
 from shared import guard
 
-__all__ = ["MERGE_PATCH", "NUDGE_ANNOTATION", "KubeError", "KubeQuotas", "Obj", "QuotaApi"]
+__all__ = ["MERGE_PATCH", "NUDGE_ANNOTATION", "KubeError", "KubeQuotas", "Obj", "QuotaApi", "version_of"]
 
 MERGE_PATCH: Final = "application/merge-patch+json"
 NUDGE_ANNOTATION: Final = "vmquota.io/retry"
@@ -133,7 +133,7 @@ class KubeQuotas:
                     _request_timeout=self.timeout,
                     _content_type=MERGE_PATCH,
                 )
-                return _version(written)
+                return version_of(written)
             except KubeError as e:
                 if not e.not_found:
                     raise
@@ -146,9 +146,10 @@ class KubeQuotas:
             cast(Any, body),
             _request_timeout=self.timeout,
         )
-        return _version(written)
+        return version_of(written)
 
 
-def _version(obj: Obj) -> str:
-    meta = obj.get("metadata")
+def version_of(obj: Obj | None) -> str:
+    """An object's ``metadata.resourceVersion`` ("" for none, or no object)."""
+    meta = (obj or {}).get("metadata")
     return str(meta.get("resourceVersion") or "") if isinstance(meta, dict) else ""

@@ -37,7 +37,7 @@ from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.bus import Bus, PullConsumer, position
-from services.enforcer.kube import KubeError, Obj, QuotaApi
+from services.enforcer.kube import KubeError, Obj, QuotaApi, version_of
 from services.runner import Metrics, cancel
 from shared import bus as contract
 from shared import enforcement, guard
@@ -587,9 +587,7 @@ class Enforcer:
         state = self._guarded.get(namespace)
         if state is None:
             obj = await self.kube.get_reservation(namespace)
-            meta = (obj or {}).get("metadata")
-            rv = str(meta.get("resourceVersion") or "") if isinstance(meta, dict) else ""
-            state = self._guarded[namespace] = (guard.listed(obj), rv)
+            state = self._guarded[namespace] = (guard.listed(obj), version_of(obj))
         return state
 
     async def _guard_shrink(self, namespace: str) -> None:

@@ -2,11 +2,24 @@
 
 :func:`pod_totals` is the one place the effective requests/limits of a pod are computed: the sum of containers
 and restartable init containers (sidecars), max'ed with each plain init container (plus the sidecars started
-before it), plus ``spec.overhead`` (added to limits only where a limit exists).
+before it), plus ``spec.overhead`` (added to requests, and to limits only where a non-zero limit exists).
+
+:func:`pod_resources` reads a pod object as the ResourceQuota evaluator does on Kubernetes 1.33+
+(``PodRequests``/``PodLimits`` with ``UseStatusResources`` and pod-level resources):
+
+- **in-place resize** (InPlacePodVerticalScaling, on by default since 1.33): a container or sidecar whose status
+  reports ``resources`` counts the per-resource maximum of its spec, ``status.resources`` and
+  ``allocatedResources`` for requests, and of its spec and ``status.resources`` for limits; while the pod's
+  ``PodResizePending`` condition says ``Infeasible`` the spec is ignored (requests = max(status, allocated),
+  limits = status). Plain init containers always count their spec.
+- **pod-level resources** (PodLevelResources, on by default since 1.34): ``spec.resources`` values of cpu,
+  memory and ``hugepages-*`` replace the container aggregate. The API server drops the field where the gate is
+  off, so a pod that carries it was admitted with it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -132,12 +145,31 @@ def pod_totals(
     return _totals([(c.init, c.restartable, c.requests, c.limits) for c in ordered], overhead)
 
 
-def _totals(entries: Sequence[_Entry], overhead: Mapping[str, Quantity] | None) -> tuple[ResourceList, ResourceList]:
+PodLevel = tuple[Mapping[str, "Quantity"], Mapping[str, "Quantity"]]
+"""``spec.resources`` of a pod: (requests, limits)."""
+_NO_POD_LEVEL: Final[PodLevel] = ({}, {})
+
+
+def is_pod_level_resource(name: str) -> bool:
+    """``IsSupportedPodLevelResource``: cpu, memory and ``hugepages-*``."""
+    return name in ("cpu", "memory") or name.startswith("hugepages-")
+
+
+def _totals(
+    entries: Sequence[_Entry], overhead: Mapping[str, Quantity] | None, pod_level: PodLevel = _NO_POD_LEVEL
+) -> tuple[ResourceList, ResourceList]:
     requests = _effective(entries, False)
     limits = _effective(entries, True)
+    pl_req, pl_lim = pod_level
+    if pl_req or pl_lim:  # PodRequests / PodLimits: supported pod-level values replace the aggregate
+        requests_set = any(is_pod_level_resource(k) for k in pl_req)
+        if requests_set:
+            requests.update((k, v) for k, v in pl_req.items() if is_pod_level_resource(k))
+        if requests_set or any(is_pod_level_resource(k) for k in pl_lim):
+            limits.update((k, v) for k, v in pl_lim.items() if is_pod_level_resource(k))
     if overhead:
         requests = add(requests, overhead)
-        limits = {k: (v + overhead[k] if k in overhead else v) for k, v in limits.items()}
+        limits = {k: (v + overhead[k] if k in overhead and v.nanos != 0 else v) for k, v in limits.items()}
         for v in (*requests.values(), *limits.values()):
             if abs(v.nanos) > MAX_NANOS:
                 _too_large(v.nanos)
@@ -237,11 +269,97 @@ def pod_containers(pod: Mapping[str, Any]) -> list[ContainerSpec]:
     ]
 
 
+_StatusResources = tuple[ResourceList, ResourceList, ResourceList]
+"""What a container status reports: ``resources.requests``, ``resources.limits``, ``allocatedResources``."""
+
+
+def _status_resources(pod: Mapping[str, Any]) -> tuple[dict[str, _StatusResources], bool]:
+    """The reported resources of each container (and init container) whose status has ``resources`` set, by name,
+    and whether the pod's ``PodResizePending`` condition says ``Infeasible``; InvalidInput on bad input."""
+    status = pod.get("status")
+    if not isinstance(status, Mapping):
+        return {}, False
+    out: dict[str, _StatusResources] = {}
+    for field in ("containerStatuses", "initContainerStatuses"):
+        items = status.get(field) or []
+        if not isinstance(items, list):
+            raise InvalidInput("expected a list", f"status.{field}")
+        for i, cs in enumerate(items):
+            w = f"status.{field}[{i}]"
+            if not isinstance(cs, Mapping):
+                raise InvalidInput("expected a container status object", w)
+            res = cs.get("resources")
+            if res is None:
+                continue  # cs.Resources == nil: the spec counts
+            if not isinstance(res, Mapping):
+                raise InvalidInput("expected an object", f"{w}.resources")
+            out[str(cs.get("name") or "")] = (
+                parse_resource_list(res.get("requests"), f"{w}.resources.requests"),
+                parse_resource_list(res.get("limits"), f"{w}.resources.limits"),
+                parse_resource_list(cs.get("allocatedResources"), f"{w}.allocatedResources"),
+            )
+    return out, _resize_infeasible(status.get("conditions"))
+
+
+def _resize_infeasible(conditions: object) -> bool:
+    """``IsPodResizeInfeasible``: the first ``PodResizePending`` condition has reason ``Infeasible``."""
+    if not isinstance(conditions, list):
+        return False
+    for c in conditions:
+        if isinstance(c, Mapping) and c.get("type") == "PodResizePending":
+            return c.get("reason") == "Infeasible"
+    return False
+
+
+def _max_of(first: Mapping[str, Quantity], *others: Mapping[str, Quantity]) -> ResourceList:
+    """``max(a, b...)`` of the resource helpers: a copy of ``first``, raised per resource by each of ``others``."""
+    out = dict(first)
+    for other in others:
+        for k, v in other.items():
+            cur = out.get(k)
+            if cur is None or v > cur:
+                out[k] = v
+    return out
+
+
+def _with_status(
+    rows: Iterable[tuple[str, bool, bool, ResourceList, ResourceList]],
+    statuses: Mapping[str, _StatusResources],
+    infeasible: bool,
+) -> list[_Entry]:
+    """The entries the totals walk: containers and sidecars with a reported status count
+    ``determineContainerReqs``/``determineContainerLimits``; plain init containers their spec."""
+    out: list[_Entry] = []
+    for name, init, restartable, requests, limits in rows:
+        reported = statuses.get(name) if statuses and (restartable or not init) else None
+        if reported is not None:
+            st_req, st_lim, allocated = reported
+            if infeasible:
+                requests, limits = _max_of(st_req, allocated), dict(st_lim)
+            else:
+                requests, limits = _max_of(requests, st_req, allocated), _max_of(limits, st_lim)
+        out.append((init, restartable, requests, limits))
+    return out
+
+
+def _pod_level(spec: Mapping[str, Any]) -> PodLevel:
+    res = spec.get("resources")
+    if res is None:
+        return _NO_POD_LEVEL
+    if not isinstance(res, Mapping):
+        raise InvalidInput("expected an object", "spec.resources")
+    return (
+        parse_resource_list(res.get("requests"), "spec.resources.requests"),
+        parse_resource_list(res.get("limits"), "spec.resources.limits"),
+    )
+
+
 def pod_resources(pod: Mapping[str, Any]) -> tuple[ResourceList, ResourceList]:
-    """Effective (requests, limits) of a pod object, ``spec.overhead`` included."""
+    """Effective (requests, limits) of a pod object as the quota evaluator reads it (see the module docstring):
+    status-reported resources of resized containers, pod-level resources and ``spec.overhead`` included."""
     spec = pod.get("spec")
     if type(spec) is dict:
-        shape = _shape(spec)
+        shape = _shape(spec, pod.get("status"))
         if shape is not None:
             try:
                 requests, limits = _resources_of_shape(shape)
@@ -249,23 +367,42 @@ def pod_resources(pod: Mapping[str, Any]) -> tuple[ResourceList, ResourceList]:
                 pass
             else:
                 return dict(requests), dict(limits)
-    overhead = parse_resource_list(spec.get("overhead"), "spec.overhead") if isinstance(spec, Mapping) else {}
+    if not isinstance(spec, Mapping):
+        raise InvalidInput("pod has no spec", "spec")
+    overhead = parse_resource_list(spec.get("overhead"), "spec.overhead")
+    statuses, infeasible = _status_resources(pod)
     # pod order is init containers first: the order pod_totals walks
-    return _totals([(init, rs, rq, lm) for _, init, rs, rq, lm in _containers(pod)], overhead)
+    return _totals(_with_status(_containers(pod), statuses, infeasible), overhead, _pod_level(spec))
 
 
 # Pods repeat a few resource shapes (replicas of a workload, VMs of one instance type): the totals of a shape are
 # computed once. A shape is what the totals read, as tuples of the raw strings; only all-string shapes are kept
 # (a string never equals a number, so a hit is the same input); anything unusual, errors included, takes the
 # path above, which names the offending field.
-_Shape = tuple[tuple[tuple[bool, bool, tuple[Any, ...], tuple[Any, ...]], ...], tuple[Any, ...]]
+_Items = tuple[tuple[Any, Any], ...]
+_Shape = tuple[
+    tuple[tuple[str, bool, bool, _Items, _Items], ...],  # containers: name, init, restartable, requests, limits
+    _Items,  # spec.overhead
+    tuple[tuple[str, _Items, _Items, _Items], ...],  # reported container statuses: name, requests, limits, allocated
+    bool,  # resize infeasible
+    tuple[_Items, _Items],  # spec.resources
+]
 
 
 class _Unusual(Exception):
     pass
 
 
-def _shape(spec: dict[str, Any]) -> _Shape | None:
+def _items(raw: object) -> _Items | None:
+    """The items of a plain dict (None counts as empty, as in parse_resource_list); None for anything else."""
+    if raw is None:
+        return ()
+    if type(raw) is not dict:
+        return None
+    return tuple(raw.items())
+
+
+def _shape(spec: dict[str, Any], status: object) -> _Shape | None:
     parts = []
     for field, init in (("initContainers", True), ("containers", False)):
         items = spec.get(field) or ()
@@ -277,25 +414,56 @@ def _shape(spec: dict[str, Any]) -> _Shape | None:
             res = c.get("resources") or _EMPTY
             if type(res) is not dict:
                 return None
-            rq, lm = res.get("requests"), res.get("limits")  # only None counts as absent, as in parse_resource_list
-            rq = _EMPTY if rq is None else rq
-            lm = _EMPTY if lm is None else lm
-            if type(rq) is not dict or type(lm) is not dict:
+            rq, lm = _items(res.get("requests")), _items(res.get("limits"))
+            name = c.get("name") or ""
+            if rq is None or lm is None or type(name) is not str:
                 return None
-            parts.append((init, init and c.get("restartPolicy") == "Always", tuple(rq.items()), tuple(lm.items())))
-    overhead = spec.get("overhead")
-    overhead = _EMPTY if overhead is None else overhead
-    if type(overhead) is not dict:
+            parts.append((name, init, init and c.get("restartPolicy") == "Always", rq, lm))
+    overhead = _items(spec.get("overhead"))
+    if overhead is None:
         return None
-    return tuple(parts), tuple(overhead.items())
+    reported: list[tuple[str, _Items, _Items, _Items]] = []
+    infeasible = False
+    if status is not None:
+        if type(status) is not dict:
+            return None
+        for field in ("containerStatuses", "initContainerStatuses"):
+            items = status.get(field) or ()
+            if type(items) is not list and items != ():
+                return None
+            for cs in items:
+                if type(cs) is not dict:
+                    return None
+                res = cs.get("resources")
+                if res is None:
+                    continue
+                if type(res) is not dict:
+                    return None
+                rq, lm = _items(res.get("requests")), _items(res.get("limits"))
+                al = _items(cs.get("allocatedResources"))
+                if rq is None or lm is None or al is None:
+                    return None
+                reported.append((str(cs.get("name") or ""), rq, lm, al))
+        infeasible = _resize_infeasible(status.get("conditions"))
+    pod_level: tuple[_Items, _Items] = ((), ())
+    if spec.get("resources") is not None:
+        res = spec["resources"]
+        if type(res) is not dict:
+            return None
+        rq, lm = _items(res.get("requests")), _items(res.get("limits"))
+        if rq is None or lm is None:
+            return None
+        pod_level = (rq, lm)
+    return tuple(parts), overhead, tuple(reported), infeasible, pod_level
 
 
 @lru_cache(maxsize=4096)
 def _resources_of_shape(shape: _Shape) -> tuple[ResourceList, ResourceList]:
     """Shared results: callers copy them."""
-    parts, overhead = shape
-    entries = [(init, rs, _strings(rq), _strings(lm)) for init, rs, rq, lm in parts]
-    return _totals(entries, _strings(overhead))
+    parts, overhead, reported, infeasible, (pl_req, pl_lim) = shape
+    rows = [(name, init, rs, _strings(rq), _strings(lm)) for name, init, rs, rq, lm in parts]
+    statuses = {name: (_strings(rq), _strings(lm), _strings(al)) for name, rq, lm, al in reported}
+    return _totals(_with_status(rows, statuses, infeasible), _strings(overhead), (_strings(pl_req), _strings(pl_lim)))
 
 
 def _strings(items: tuple[Any, ...]) -> ResourceList:
@@ -310,10 +478,52 @@ def _strings(items: tuple[Any, ...]) -> ResourceList:
     return out
 
 
+_QUALIFIED_NAME_RE: Final = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_DNS1123_SUBDOMAIN_RE: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+DEVICE_CLASS_PREFIX: Final = "deviceclass.resource.kubernetes.io/"
+"""The implicit extended resource name of a DRA DeviceClass (``resourceapi.ResourceDeviceClassPrefix``)."""
+
+
+def is_qualified_name(value: str) -> bool:
+    """``validation.IsQualifiedName``: an optional DNS-1123 subdomain prefix and ``/``, then a name of at most 63
+    characters of ``[-A-Za-z0-9_.]`` that starts and ends alphanumeric."""
+    parts = value.split("/")
+    if len(parts) == 2:
+        prefix, name = parts
+        if not prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN_RE.match(prefix):
+            return False
+    elif len(parts) == 1:
+        name = parts[0]
+    else:
+        return False
+    return 0 < len(name) <= 63 and _QUALIFIED_NAME_RE.match(name) is not None
+
+
+def is_native_resource(name: str) -> bool:
+    """``helper.IsNativeResource``: no ``/``, or a ``kubernetes.io/`` name anywhere in it."""
+    return "/" not in name or "kubernetes.io/" in name
+
+
+def is_extended_resource(name: str) -> bool:
+    """``helper.IsExtendedResourceName``: not native, not ``requests.*``, and ``requests.<name>`` is a qualified
+    name (what a quota can name)."""
+    return not is_native_resource(name) and not name.startswith("requests.") and is_qualified_name(f"requests.{name}")
+
+
+def is_quota_extended_resource(name: str) -> bool:
+    """A quota key the pod evaluator matches as an extended resource (``isExtendedResourceNameForQuota``, 1.35):
+    ``requests.`` and then a non-native name, or a DRA DeviceClass's implicit name."""
+    return name.startswith("requests.") and (
+        not is_native_resource(name) or name.startswith(f"requests.{DEVICE_CLASS_PREFIX}")
+    )
+
+
 def quota_usage_of(requests: Mapping[str, Quantity], limits: Mapping[str, Quantity]) -> ResourceList:
-    """Map effective pod requests/limits to the resource names a ResourceQuota uses (non-terminal pod):
-    ``pods``/``count/pods`` = 1; ``cpu``/``requests.cpu`` etc.; ``limits.*``; ``hugepages-*`` and
-    ``requests.hugepages-*``; extended resources as ``requests.<name>``."""
+    """Map effective pod requests/limits to the resource names a ResourceQuota uses (non-terminal pod), as
+    ``podComputeUsageHelper`` (Kubernetes 1.35): ``pods``/``count/pods`` = 1; ``cpu``/``requests.cpu`` etc.;
+    ``limits.*``; ``hugepages-*`` and ``requests.hugepages-*``; extended resources
+    (:func:`is_extended_resource`) and DRA DeviceClass names (``deviceclass.resource.kubernetes.io/<class>``) as
+    ``requests.<name>`` only."""
     out: ResourceList = {"pods": _ONE, "count/pods": _ONE}
     for name in _REQUEST_STANDARD:
         if name in requests:
@@ -326,7 +536,7 @@ def quota_usage_of(requests: Mapping[str, Quantity], limits: Mapping[str, Quanti
         if name.startswith("hugepages-"):
             out[name] = q
             out[f"requests.{name}"] = q
-        elif "/" in name and "kubernetes.io/" not in name and not name.startswith("requests."):
+        elif is_extended_resource(name) or name.startswith(DEVICE_CLASS_PREFIX):
             out[f"requests.{name}"] = q
     return out
 

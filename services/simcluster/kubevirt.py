@@ -1441,6 +1441,9 @@ class KubeVirtSimulator:
                     ),
                 )
             return
+        if p == "Running" and _resize_to_actuate(pod):
+            await self._update_status(self.r_pods, key, _actuate_resize)
+            return
         if p != "Pending":
             return
         node = (pod.get("spec") or {}).get("nodeName")
@@ -1498,6 +1501,7 @@ class KubeVirtSimulator:
                     "started": True,
                     "restartCount": 0,
                     "state": {"running": {"startedAt": now}},
+                    **_reported_resources(c),
                 }
                 for c in spec.get("containers") or []
             ]
@@ -1507,6 +1511,42 @@ class KubeVirtSimulator:
             st["phase"] = "Running"
 
         await self._update_status(self.r_pods, key, start)
+
+
+def _reported_resources(container: Mapping[str, Any]) -> dict[str, Any]:
+    """What a 1.33+ kubelet reports in a running container's status once it has actuated the spec: ``resources``
+    (requests and limits) and ``allocatedResources`` (the requests). The quota evaluator charges the maximum of
+    these and the spec, so a shrinking resize frees quota only once it is actuated."""
+    res = container.get("resources") or {}
+    reported = {k: dict(res[k]) for k in ("requests", "limits") if isinstance(res.get(k), Mapping) and res[k]}
+    return {"resources": reported, "allocatedResources": dict(reported.get("requests") or {})}
+
+
+def _resize_to_actuate(pod: Mapping[str, Any]) -> bool:
+    """A running pod whose containers' spec resources differ from what their status reports (a resize)."""
+    specs = {c.get("name"): c for c in (pod.get("spec") or {}).get("containers") or [] if isinstance(c, Mapping)}
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        c = specs.get(cs.get("name"))
+        if (
+            c is not None
+            and "resources" in cs
+            and _reported_resources(c)
+            != {
+                "resources": cs.get("resources") or {},
+                "allocatedResources": cs.get("allocatedResources") or {},
+            }
+        ):
+            return True
+    return False
+
+
+def _actuate_resize(obj: Obj) -> None:
+    """The kubelet applies a feasible resize (the simulated nodes have room for any): status follows the spec."""
+    specs = {c.get("name"): c for c in (obj.get("spec") or {}).get("containers") or [] if isinstance(c, Mapping)}
+    for cs in obj["status"].get("containerStatuses") or []:
+        c = specs.get(cs.get("name"))
+        if c is not None and "resources" in cs:
+            cs.update(_reported_resources(c))
 
 
 def _label_values(obj: Mapping[str, Any], label: str) -> tuple[str, ...]:

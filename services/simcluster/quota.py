@@ -29,6 +29,7 @@ from services.simcluster.workqueue import Cache, Key, WorkQueue, key_of
 from shared.errors import InvalidInput
 from shared.podusage import (
     TERMINAL_PHASES,
+    is_quota_extended_resource,
     pod_counts_for_compute,
     pod_quota_usage,
     pod_resources,
@@ -68,10 +69,27 @@ def is_pod_resource(name: str) -> bool:
         return True
     if name.startswith(("hugepages-", "requests.hugepages-")):
         return True
-    if name.startswith("requests.") and "/" in name:
-        ext = name[len("requests.") :]
-        return not ext.startswith(("kubernetes.io/", "requests."))
+    return is_quota_extended_resource(name)
+
+
+def _status_resources_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """``hasResourcesChanged``: some container status (or init container status) of ``new`` reports other
+    ``resources`` than the same-named one of ``old``, or reports them for the first time."""
+    for field in ("containerStatuses", "initContainerStatuses"):
+        before = {cs.get("name"): cs for cs in ((old.get("status") or {}).get(field) or []) if isinstance(cs, Mapping)}
+        for cs in (new.get("status") or {}).get(field) or []:
+            if not isinstance(cs, Mapping):
+                continue
+            prev = before.get(cs.get("name"))
+            if (cs.get("resources") is not None) if prev is None else (prev.get("resources") != cs.get("resources")):
+                return True
     return False
+
+
+def _terminating(pod: Mapping[str, Any]) -> bool:
+    """``IsTerminating``: ``spec.activeDeadlineSeconds`` >= 0."""
+    deadline = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+    return isinstance(deadline, int) and not isinstance(deadline, bool) and deadline >= 0
 
 
 def matching_resources(names: Iterable[str]) -> list[str]:
@@ -172,8 +190,7 @@ def qos_class(pod: Mapping[str, Any]) -> str:
 
 def pod_matches_scope(sel: ScopeSelector, pod: Mapping[str, Any]) -> bool:
     spec = pod.get("spec") or {}
-    deadline = spec.get("activeDeadlineSeconds")
-    terminating = isinstance(deadline, int) and not isinstance(deadline, bool) and deadline >= 0
+    terminating = _terminating(pod)
     if sel.scope == "Terminating":
         return terminating
     if sel.scope == "NotTerminating":
@@ -570,7 +587,13 @@ class ResourceQuotaSystem:
         if type_ == "DELETED":
             replenish = True
         elif type_ == "MODIFIED" and old is not None:
-            replenish = pod_counts_for_compute(old) and not pod_counts_for_compute(obj)
+            # DefaultUpdateFilter: the kubelet reported other container resources (an actuated resize), the
+            # Terminating scope changed, or the pod stopped counting
+            replenish = (
+                _status_resources_changed(old, obj)
+                or _terminating(old) != _terminating(obj)
+                or (pod_counts_for_compute(old) and not pod_counts_for_compute(obj))
+            )
         if replenish:
             ns = key_of(obj)[0]
             for quota in self.cache.list("resourcequotas", ns):

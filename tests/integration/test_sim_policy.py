@@ -21,6 +21,8 @@ from services.simcluster.auth import KUBEVIRT_CONTROLLER, UserInfo, acting_as
 from services.simcluster.cluster import SimCluster
 from services.simcluster.store_api import ApiError, Obj
 from shared import guard
+from shared.podusage import pod_quota_usage
+from shared.resources import format_resource_list
 
 ROOT = Path(__file__).resolve().parents[2]
 GUARD_POLICY = ROOT / "deploy" / "components" / "reservation-guard" / "policy.yaml"
@@ -363,3 +365,38 @@ async def test_a_pod_grows_in_place_only_by_resize_which_quota_and_the_guard_che
     code, out = await tenant_kubectl("patch", "pod", "app", "--subresource=resize", "-p", _memory("3584Mi"))
     assert code == 0, out
     assert await used() == "3584Mi"
+
+
+async def test_a_shrinking_resize_frees_quota_only_once_the_kubelet_reports_it(sim: SimCluster, tmp_path: Path) -> None:
+    """InPlacePodVerticalScaling: the quota evaluator charges max(spec, status.resources, allocatedResources), so a
+    resize down frees nothing until the kubelet reports the smaller size (component-helpers/resource)."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "4Gi"})
+    await sim.wait_quota_synced(NS, "compute")
+    tenant = sim.write_kubeconfig(tmp_path / "tenant.kubeconfig", sim.add_tenant("mallory", [NS]), namespace=NS)
+    app = pod("app")
+    app["spec"]["containers"][0]["resources"] = json.loads(_memory("3Gi"))["spec"]["containers"][0]["resources"]
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(yaml.safe_dump(app))
+    code, _, err = await run_kubectl(tenant, tmp_path, "create", "-f", str(manifest))
+    assert code == 0, err
+
+    def reported(p: Obj) -> str | None:
+        statuses = (p.get("status") or {}).get("containerStatuses") or []
+        return statuses[0].get("resources", {}).get("limits", {}).get("memory") if statuses else None
+
+    running = await sim.wait_until("pods", NS, "app", lambda p: reported(p) == "3Gi", what="app reported at 3Gi")
+    assert running["status"]["containerStatuses"][0]["allocatedResources"] == {"memory": "3Gi"}
+    code, _, err = await run_kubectl(
+        tenant, tmp_path, "patch", "pod", "app", "--subresource=resize", "-p", _memory("1Gi")
+    )
+    assert code == 0, err
+    await sim.wait_until("pods", NS, "app", lambda p: reported(p) == "1Gi", what="the kubelet actuating the resize")
+
+    async def used_is_1gi() -> bool:
+        q = await sim.get("resourcequotas", NS, "compute")
+        return str(q["status"]["used"].get("limits.memory")) == "1Gi"
+
+    await sim.wait_for(used_is_1gi, what="quota used to follow the reported size")
+    shrunk = await sim.get("pods", NS, "app")
+    still_big = {**shrunk, "status": {**shrunk["status"], "containerStatuses": running["status"]["containerStatuses"]}}
+    assert format_resource_list(pod_quota_usage(still_big))["limits.memory"] == "3Gi"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
@@ -27,9 +28,12 @@ def checked_add(a: Mapping[str, Quantity], b: Mapping[str, Quantity]) -> Resourc
 
 
 def reference_totals(
-    containers: list[ContainerSpec], overhead: Mapping[str, Quantity] | None = None
+    containers: list[ContainerSpec],
+    overhead: Mapping[str, Quantity] | None = None,
+    pod_level: tuple[ResourceList, ResourceList] | None = None,
 ) -> tuple[ResourceList, ResourceList]:
-    """Kubernetes' rule written the obvious way, one Quantity operation at a time."""
+    """Kubernetes' rule written the obvious way, one Quantity operation at a time (``PodRequests``/``PodLimits``
+    of k8s.io/component-helpers/resource/helpers.go, Kubernetes v1.35.0)."""
     ordered = [c for c in containers if c.init] + [c for c in containers if not c.init]
     out = []
     for pick in ("requests", "limits"):
@@ -48,9 +52,21 @@ def reference_totals(
                 peak = maximum(peak, checked_add(rl, sidecars))
         out.append(maximum(total, peak))
     requests, limits = out
+    if pod_level is not None:
+        supported = ("cpu", "memory", "hugepages-2Mi")
+        pl_req, pl_lim = pod_level
+        if any(k in supported for k in pl_req):  # IsPodLevelRequestsSet
+            for k, v in pl_req.items():
+                if k in supported:
+                    requests[k] = v
+        if any(k in supported for k in (*pl_req, *pl_lim)):  # IsPodLevelResourcesSet
+            for k, v in pl_lim.items():
+                if k in supported:
+                    limits[k] = v
     if overhead:
         requests = checked_add(requests, overhead)
-        limits = checked_add({}, {k: (v + overhead[k] if k in overhead else v) for k, v in limits.items()})
+        # overhead goes to non-zero limits only
+        limits = checked_add({}, {k: (v + overhead[k] if k in overhead and v.nanos else v) for k, v in limits.items()})
     return requests, limits
 
 
@@ -69,7 +85,7 @@ def outcome(fn: Any, *args: Any) -> Any:
 
 # equal values in other formats ("1Ki", "1024", "1.024k", "1024e0"; "0", "0Gi", "0e0") make ties observable
 QUANTITIES = ["0", "0Gi", "0e0", "1", "1000m", "1Ki", "1024", "1.024k", "1024e0", "2048", "1Gi", "50M", "1n", "8E"]
-NAMES = ["cpu", "memory", "nvidia.com/gpu"]
+NAMES = ["cpu", "memory", "nvidia.com/gpu", "hugepages-2Mi"]
 BAD = [-1, "-1", "abc", "", None, True, 1.5, 2, {"x": 1}, [1]]
 
 resource_lists = st.dictionaries(st.sampled_from(NAMES), st.sampled_from(QUANTITIES), max_size=4)
@@ -121,13 +137,66 @@ def raw_pods(draw: st.DrawFn) -> dict[str, Any]:
         spec["initContainers"] = [container(i) for i in range(draw(st.integers(0, 4)))]
     if draw(st.booleans()):
         spec["overhead"] = draw(raw_lists)
-    return {"kind": "Pod", "metadata": {"name": "p", "namespace": "ns"}, "spec": spec}
+    if draw(st.integers(0, 3)) == 0:
+        spec["resources"] = draw(st.fixed_dictionaries({}, optional={"requests": raw_lists, "limits": raw_lists}))
+    out: dict[str, Any] = {"kind": "Pod", "metadata": {"name": "p", "namespace": "ns"}, "spec": spec}
+    if draw(st.booleans()):  # what the kubelet reports under in-place resize
+        names = [c.get("name") for c in [*spec["containers"], *spec.get("initContainers", [])] if isinstance(c, dict)]
+        statuses = []
+        for name in names:
+            if draw(st.booleans()):
+                cs: dict[str, Any] = {"name": name}
+                if draw(st.integers(0, 4)):
+                    cs["resources"] = draw(
+                        st.fixed_dictionaries({}, optional={"requests": raw_lists, "limits": raw_lists})
+                    )
+                if draw(st.booleans()):
+                    cs["allocatedResources"] = draw(raw_lists)
+                statuses.append(cs)
+        status: dict[str, Any] = {draw(st.sampled_from(["containerStatuses", "initContainerStatuses"])): statuses}
+        reason = draw(st.sampled_from([None, "Infeasible", "Deferred"]))
+        if reason is not None:
+            status["conditions"] = [{"type": "PodResizePending", "status": "True", "reason": reason}]
+        out["status"] = status
+    return out
 
 
 def reference_resources(pod: dict[str, Any]) -> tuple[ResourceList, ResourceList]:
+    """``determineContainerReqs``/``determineContainerLimits`` then the totals, as the Go code reads."""
     spec = pod["spec"]
     overhead = parse_resource_list(spec.get("overhead"), "spec.overhead")
-    return reference_totals(pod_containers(pod), overhead)
+    status = pod.get("status") or {}
+    reported = {}
+    for field in ("containerStatuses", "initContainerStatuses"):
+        for i, cs in enumerate(status.get(field) or []):
+            if cs.get("resources") is not None:
+                w = f"status.{field}[{i}]"
+                res = cs["resources"]
+                reported[cs["name"]] = (
+                    parse_resource_list(res.get("requests"), f"{w}.resources.requests"),
+                    parse_resource_list(res.get("limits"), f"{w}.resources.limits"),
+                    parse_resource_list(cs.get("allocatedResources"), f"{w}.allocatedResources"),
+                )
+    infeasible = any(c.get("reason") == "Infeasible" for c in status.get("conditions") or [])
+    containers = []
+    for c in pod_containers(pod):
+        if c.name in reported and (c.restartable or not c.init):
+            st_req, st_lim, allocated = reported[c.name]
+            if infeasible:
+                c = replace(c, requests=maximum(st_req, allocated), limits=dict(st_lim))
+            else:
+                c = replace(
+                    c, requests=maximum(maximum(c.requests, st_req), allocated), limits=maximum(c.limits, st_lim)
+                )
+        containers.append(c)
+    pod_level = None
+    if spec.get("resources") is not None:
+        res = spec["resources"]
+        pod_level = (
+            parse_resource_list(res.get("requests"), "spec.resources.requests"),
+            parse_resource_list(res.get("limits"), "spec.resources.limits"),
+        )
+    return reference_totals(containers, overhead, pod_level)
 
 
 @settings(max_examples=600, deadline=None)

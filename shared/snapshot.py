@@ -144,12 +144,17 @@ RENDER_SPEC_SHAPE: Final[SpecShape] = {
         "ioThreads": {"supplementalPoolThreadCount": KEEP},
         "memory": {"guest": KEEP, "hugepages": {"pageSize": KEEP}, "reservedOverhead": {"addedOverhead": KEEP}},
         "firmware": {"kernelBoot": {"container": {"image": KEEP}}},
-        "launchSecurity": {"sev": PRESENT, "snp": PRESENT},
+        "launchSecurity": {"sev": PRESENT, "snp": PRESENT, "tdx": PRESENT},
         "devices": {
             "gpus": _DEVICE,
             "hostDevices": _DEVICE,
             "filesystems": ({"name": KEEP},),
-            "interfaces": ({"sriov": PRESENT, "passtBinding": PRESENT, "passt": PRESENT, "binding": {"name": KEEP}},),
+            "interfaces": (
+                {"sriov": PRESENT, "passtBinding": PRESENT, "passt": PRESENT, "binding": {"name": KEEP}, "model": KEEP},
+            ),
+            "disks": ({"lun": {"reservation": KEEP}},),
+            "autoattachPodInterface": KEEP,
+            "autoattachVSOCK": KEEP,
             "autoattachSerialConsole": KEEP,
             "logSerialConsole": KEEP,
             "autoattachGraphicsDevice": KEEP,
@@ -157,13 +162,15 @@ RENDER_SPEC_SHAPE: Final[SpecShape] = {
         },
     },
     "volumes": ({"name": KEEP, "containerDisk": PRESENT, "downwardMetrics": PRESENT},),
+    "networks": ({},),
     "architecture": KEEP,
     "livenessProbe": {"exec": PRESENT},
     "readinessProbe": {"exec": PRESENT},
 }
 """The parts of a VMI spec that ``shared.vmi.vmi_spec`` and ``shared.kubevirt.render_launcher_pod`` read (sizes,
-devices, volumes and probes that add containers or overhead). Disks, networks, cloud-init data, firmware ids and
-the like change no launcher pod and are dropped. Kept in step with the renderer by ``tests/unit/test_snapshot.py``
+devices, volumes and probes that add containers, device-plugin resources or overhead). Cloud-init data, firmware
+ids, disk and network details and the like change no launcher pod and are dropped (only a LUN's ``reservation``
+and how many networks there are count). Kept in step with the renderer by ``tests/unit/test_snapshot.py``
 (rendering from the pruned spec gives the same pod, or the same error, as from the full one)."""
 
 

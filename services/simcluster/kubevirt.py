@@ -1087,7 +1087,7 @@ class KubeVirtSimulator:
             if guest is not None:
                 mem = st.setdefault("memory", {})
                 mem.update({"guestAtBoot": guest, "guestCurrent": guest, "guestRequested": guest})
-                if overhead is not None and config.profile.minor >= 9:
+                if overhead is not None and config.memory_overhead_report:
                     mem["memoryOverhead"] = Quantity.parse(overhead).with_format(Format.BINARY_SI).canonical()
             st["interfaces"] = [{"name": "default", "ipAddress": pod_status.get("podIP"), "infoSource": "domain"}]
             conds = st.setdefault("conditions", [])

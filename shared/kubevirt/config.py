@@ -16,7 +16,7 @@ from functools import lru_cache
 from typing import Any, Final
 
 from shared.errors import InvalidInput
-from shared.fields import mapping, string
+from shared.fields import boolean, mapping, string
 from shared.quantity import Quantity
 from shared.resources import ResourceList, parse_resource_list
 
@@ -25,6 +25,27 @@ MI: Final = 1024 * 1024
 DEFAULT_VERSION: Final = "v1.9"
 AUTO_RESOURCE_LIMITS_GATE: Final = "AutoResourceLimitsGate"
 IMAGE_VOLUME_GATE: Final = "ImageVolume"
+MEMORY_OVERHEAD_REPORT_GATE: Final = "VmiMemoryOverheadReport"
+IOMMUFD_GATE: Final = "IOMMUFD"
+
+# The state of the feature gates that shape launcher pods, by the minor version from which it holds
+# (``pkg/virt-config/featuregate/active.go`` and ``inactive.go`` at each tag; main counts as 99). A gate not yet
+# registered in a version is off there.
+_GATE_STATES: Final[Mapping[str, tuple[tuple[int, str], ...]]] = {
+    IMAGE_VOLUME_GATE: ((6, "Alpha"), (7, "Beta")),
+    MEMORY_OVERHEAD_REPORT_GATE: ((8, "Alpha"), (9, "Beta"), (99, "GA")),
+    IOMMUFD_GATE: ((9, "Alpha"),),
+}
+
+
+def gate_state(gate: str, minor: int) -> str | None:
+    """The state (``Alpha``, ``Beta``, ``GA``) of a feature gate in a minor version; None when not registered."""
+    state = None
+    for since, value in _GATE_STATES.get(gate, ()):
+        if minor >= since:
+            state = value
+    return state
+
 
 # supportContainerResources types (``v1.SupportContainerType``)
 CONTAINER_DISK: Final = "containerDisk"
@@ -254,6 +275,11 @@ class KubeVirtConfig:
     additional_guest_memory_overhead_ratio: str | None = None
     auto_cpu_limit_namespace_label_selector: Mapping[str, Any] | None = None
     feature_gates: frozenset[str] = frozenset()
+    """``developerConfiguration.featureGates``."""
+    disabled_feature_gates: frozenset[str] = frozenset()
+    """``developerConfiguration.disabledFeatureGates`` (v1.8+)."""
+    use_emulation: bool = False
+    """``developerConfiguration.useEmulation``: no ``/dev/kvm`` (software emulation)."""
     support_container_resources: Mapping[str, tuple[ResourceList, ResourceList]] = field(default_factory=dict)
     """``supportContainerResources`` by type: (requests, limits) that replace the defaults per resource."""
     network_binding_memory: Mapping[str, Quantity] = field(default_factory=dict)
@@ -284,6 +310,7 @@ class KubeVirtConfig:
         if self.auto_cpu_limit_namespace_label_selector is not None:
             validate_label_selector(self.auto_cpu_limit_namespace_label_selector, "autoCPULimitNamespaceLabelSelector")
         setattr_(self, "feature_gates", frozenset(self.feature_gates))
+        setattr_(self, "disabled_feature_gates", frozenset(self.disabled_feature_gates))
         mode = self.profile.auto_limits
         setattr_(
             self,
@@ -291,10 +318,30 @@ class KubeVirtConfig:
             mode == "always" or (mode == "gate" and AUTO_RESOURCE_LIMITS_GATE in self.feature_gates),
         )
 
+    def gate(self, name: str) -> bool:
+        """Whether a feature gate is on, as ``isFeatureGateEnabled`` of this version decides: not registered ->
+        off; up to v1.8 on only when listed in ``featureGates``; from v1.9 (``featuregate.IsEnabled``) GA -> on,
+        listed in ``featureGates`` -> on, in ``disabledFeatureGates`` -> off, Beta -> on (Beta gates default on
+        from v1.9), else off."""
+        state = gate_state(name, self.profile.minor)
+        if state is None:
+            return False
+        if self.profile.minor <= 8:
+            return state == "GA" or name in self.feature_gates
+        if state == "GA" or name in self.feature_gates:
+            return True
+        return name not in self.disabled_feature_gates and state == "Beta"
+
     @property
     def image_volume(self) -> bool:
-        """containerDisks are mounted as image volumes (no ``volume<name>`` containers)."""
-        return IMAGE_VOLUME_GATE in self.feature_gates and self.profile.minor >= 6
+        """containerDisks are mounted as image volumes (the ImageVolume gate: v1.6+, on by default from v1.9)."""
+        return self.gate(IMAGE_VOLUME_GATE)
+
+    @property
+    def memory_overhead_report(self) -> bool:
+        """The launcher pod carries ``kubevirt.io/memory-overhead-bytes`` and the VMI ``status.memory.memoryOverhead``
+        (the VmiMemoryOverheadReport gate: v1.8+, on by default from v1.9, GA on main)."""
+        return self.gate(MEMORY_OVERHEAD_REPORT_GATE)
 
     @classmethod
     def from_cr(cls, kubevirt_cr: Mapping[str, Any], *, version: str | None = None) -> KubeVirtConfig:
@@ -334,6 +381,13 @@ def config_fields_from_cr(kubevirt_cr: Mapping[str, Any], *, version: str | None
         if not isinstance(gates, list) or not all(isinstance(g, str) for g in gates):
             raise InvalidInput("expected a list of strings", f"{dw}.featureGates")
         out["feature_gates"] = frozenset(gates)
+    disabled = dev.get("disabledFeatureGates")
+    if disabled is not None:
+        if not isinstance(disabled, list) or not all(isinstance(g, str) for g in disabled):
+            raise InvalidInput("expected a list of strings", f"{dw}.disabledFeatureGates")
+        out["disabled_feature_gates"] = frozenset(disabled)
+    if dev.get("useEmulation") is not None:
+        out["use_emulation"] = boolean(dev, "useEmulation", dw) is True
     if conf.get("additionalGuestMemoryOverheadRatio") is not None:
         raw = conf["additionalGuestMemoryOverheadRatio"]
         out["additional_guest_memory_overhead_ratio"] = _overhead_ratio(raw, f"{cw}.additionalGuestMemoryOverheadRatio")

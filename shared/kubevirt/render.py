@@ -23,6 +23,8 @@ from shared.fields import boolean, mapping, objects
 from shared.kubevirt.config import (
     CONTAINER_DISK,
     GUEST_CONSOLE_LOG,
+    IOMMUFD_GATE,
+    LATEST_MINOR,
     SIDECAR,
     VIRTIOFS,
     KubeVirtConfig,
@@ -46,6 +48,7 @@ MEMORY_OVERHEAD_ANNOTATION: Final = "kubevirt.io/memory-overhead-bytes"
 AUTO_MEMORY_LIMITS_RATIO_LABEL: Final = "alpha.kubevirt.io/auto-memory-limits-ratio"
 EMULATOR_THREAD_EVEN_PARITY_ANNOTATION: Final = "alpha.kubevirt.io/EmulatorThreadCompleteToEvenParity"
 HOOK_SIDECARS_ANNOTATION: Final = "hooks.kubevirt.io/hookSidecars"
+SKIP_DIGEST_RESOLUTION_ANNOTATION: Final = "kubevirt.io/image-volume-skip-digest-resolution"
 DEFAULT_MEMORY_LIMITS_RATIO: Final = 2.0
 
 _Q = Quantity.parse
@@ -213,18 +216,77 @@ def _compute(
         value = int(float(req.ceil()) * memory_limits_ratio(ns.labels))
         calc_lim["memory"] = Quantity.from_int(value, req.format)
 
-    # device-plugin resources: one per GPU / host device with a deviceName
-    dw = f"{vmi.spec_path}.domain.devices"
-    for key in ("gpus", "hostDevices"):
-        for dev in objects(devices, key, dw):
-            dname = dev.get("deviceName")
-            if isinstance(dname, str) and dname and dev.get("claimRequest") is None:
-                calc_req[dname] = calc_req.get(dname, ZERO) + _ONE
-                calc_lim[dname] = calc_lim.get(dname, ZERO) + _ONE
+    # device-plugin resources: virtualization devices (limits; API-server defaulting requests them), then the
+    # requested ones (requests and limits)
+    for name in _virtualization_devices(vmi, config, devices):
+        vm_lim[name] = _ONE
+    for name in _requested_devices(vmi, config, devices):
+        calc_req[name] = calc_req.get(name, ZERO) + _ONE
+        calc_lim[name] = calc_lim.get(name, ZERO) + _ONE
 
     calc_req.update(vm_req)
     calc_lim.update(vm_lim)
     return _container(COMPUTE, calc_req, calc_lim)
+
+
+KVM_DEVICE: Final = "devices.kubevirt.io/kvm"
+TUN_DEVICE: Final = "devices.kubevirt.io/tun"
+VHOST_NET_DEVICE: Final = "devices.kubevirt.io/vhost-net"
+VHOST_VSOCK_DEVICE: Final = "devices.kubevirt.io/vhost-vsock"
+SEV_DEVICE: Final = "devices.kubevirt.io/sev"
+TDX_DEVICE: Final = "devices.kubevirt.io/tdx"
+PR_HELPER_DEVICE: Final = "devices.kubevirt.io/pr-helper"
+IOMMUFD_DEVICE: Final = "devices.kubevirt.io/iommufd"
+
+
+def _virtualization_devices(vmi: VmiSpec, config: KubeVirtConfig, devices: Mapping[str, Any]) -> list[str]:
+    """``getRequiredResources`` (renderresources.go, v1.2..main): ``tun`` unless the VMI has no interfaces and
+    ``autoattachPodInterface: false``; ``vhost-net`` for a virtio (or model-less) interface, also the default
+    pod-network one admission adds; ``kvm`` unless ``useEmulation``; ``vhost-vsock`` with ``autoattachVSOCK``."""
+    dw = f"{vmi.spec_path}.domain.devices"
+    interfaces = objects(devices, "interfaces", dw)
+    autoattach = boolean(devices, "autoattachPodInterface", dw) is not False
+    out = []
+    if interfaces or autoattach:
+        out.append(TUN_DEVICE)
+    # SetDefaultNetworkInterface: no interfaces and no networks -> the default pod interface (no model)
+    defaulted = not interfaces and autoattach and not objects(vmi.spec, "networks", vmi.spec_path)
+    if not config.use_emulation and (defaulted or any(i.get("model") in (None, "", "virtio") for i in interfaces)):
+        out.append(VHOST_NET_DEVICE)
+    if not config.use_emulation:
+        out.append(KVM_DEVICE)
+    if boolean(devices, "autoattachVSOCK", dw) is True:
+        out.append(VHOST_VSOCK_DEVICE)
+    return out
+
+
+def _requested_devices(vmi: VmiSpec, config: KubeVirtConfig, devices: Mapping[str, Any]) -> list[str]:
+    """The resources ``requestResource`` adds one of each (renderresources.go): a GPU's / host device's
+    ``deviceName`` per entry (from v1.6 only entries without a DRA ``claimRequest``), ``sev`` for SEV (and SNP from
+    v1.7), ``tdx`` for TDX (v1.9+), ``pr-helper`` for a LUN disk with ``reservation``, ``iommufd`` on every pod
+    while the IOMMUFD gate is on (v1.9+). Multus network resources are not modelled (they need the cluster's
+    NetworkAttachmentDefinitions; from v1.9 ExternalNetResourceInjection leaves them to a webhook by default)."""
+    dw = f"{vmi.spec_path}.domain.devices"
+    minor = config.profile.minor
+    out = []
+    for key in ("gpus", "hostDevices"):
+        for dev in objects(devices, key, dw):
+            dname = dev.get("deviceName")
+            if isinstance(dname, str) and dname and (minor < 6 or dev.get("claimRequest") is None):
+                out.append(dname)
+    ls = mapping(vmi.domain, "launchSecurity", f"{vmi.spec_path}.domain")
+    if ls.get("sev") is not None or (minor >= 7 and ls.get("snp") is not None):
+        out.append(SEV_DEVICE)
+    if minor >= 9 and ls.get("tdx") is not None:
+        out.append(TDX_DEVICE)
+    for disk in objects(devices, "disks", dw):
+        lun = disk.get("lun")
+        if isinstance(lun, Mapping) and lun.get("reservation") is True:
+            out.append(PR_HELPER_DEVICE)
+            break
+    if config.gate(IOMMUFD_GATE):
+        out.append(IOMMUFD_DEVICE)
+    return out
 
 
 def _overcommit_guest_overhead(vmi: VmiSpec) -> bool:
@@ -287,8 +349,10 @@ def _support_containers(
         req, lim = table[kind]
         to.append(ContainerSpec(name, dict(req), dict(lim), init=init, restartable=restartable))
 
-    # guest-console-log: a restartable init container (sidecar)
-    if config.profile.serial_console_log and _serial_console_log(devices, config, dw):
+    # guest-console-log: a restartable init container (sidecar), first of the init containers, from v1.6; a
+    # regular container after virtiofs before (serialconsolelog.go)
+    console = config.profile.serial_console_log and _serial_console_log(devices, config, dw)
+    if console and config.profile.minor >= 6:
         add(inits, "guest-console-log", "console", init=True, restartable=True)
 
     # containerDisks: one container per volume (+ a pre-pull init container), and the container-disk binary copier
@@ -302,6 +366,10 @@ def _support_containers(
             add(inits, f"volume{vol}-init", "disk", init=True)
         for vol in disk_volumes:
             add(containers, f"volume{vol}", "disk")
+    elif disk_volumes and config.profile.minor >= 7 and not _skips_digest_resolution(vmi, config):
+        # image volumes: one no-op init container per disk exposes the image digest (v1.7+; none in v1.6)
+        for vol in disk_volumes:
+            add(inits, f"volume{vol}", "disk", init=True)
 
     # virtiofs: one container per volume shared as a filesystem
     filesystems = objects(devices, "filesystems", dw)
@@ -311,11 +379,20 @@ def _support_containers(
             if v.get("name") in fs_names:
                 add(containers, f"virtiofs-{_volume_name(v, i, sw)}", "virtiofs")
 
+    if console and config.profile.minor < 6:
+        add(containers, "guest-console-log", "console")
+
     # hook sidecars (annotation) and network binding plugins that run a sidecar
     n_sidecars = _hook_sidecar_count(vmi) + _binding_sidecar_count(devices, config, dw)
     for i in range(n_sidecars):
         add(containers, f"hook-sidecar-{i}", "sidecar")
     return inits, containers
+
+
+def _skips_digest_resolution(vmi: VmiSpec, config: KubeVirtConfig) -> bool:
+    """``kubevirt.io/image-volume-skip-digest-resolution: "true"`` (main, after v1.9.0) drops the no-op init
+    containers of image volumes."""
+    return config.profile.minor > LATEST_MINOR and vmi.annotations.get(SKIP_DIGEST_RESOLUTION_ANNOTATION) == "true"
 
 
 def _volume_name(volume: Mapping[str, Any], index: int, where: str) -> str:
@@ -432,5 +509,5 @@ def _render(vmi: VmiSpec, config: KubeVirtConfig, ns: NamespaceFacts, published:
         requests=requests,
         limits=limits,
         memory_overhead=overhead,
-        annotations={MEMORY_OVERHEAD_ANNOTATION: str(overhead.ceil())},
+        annotations={MEMORY_OVERHEAD_ANNOTATION: str(overhead.ceil())} if config.memory_overhead_report else {},
     )

@@ -84,9 +84,10 @@ def test_json_output(vmis, capsys):
     assert set(first) == {"name", "namespace", "containers", "pod", "memoryOverhead"}
     assert first["namespace"] == "tenant-a"
     assert first["memoryOverhead"] == "291504128"  # 278 Mi (v1.9, 2 vCPUs, page tables of 1Gi), DecimalSI
+    devices = {"devices.kubevirt.io/kvm": "1", "devices.kubevirt.io/tun": "1", "devices.kubevirt.io/vhost-net": "1"}
     assert first["containers"]["compute"] == {
-        "requests": {"cpu": "200m", "ephemeral-storage": "50M", "memory": "1302Mi"},
-        "limits": {"cpu": "2", "memory": "2604Mi"},
+        "requests": {"cpu": "200m", "ephemeral-storage": "50M", "memory": "1302Mi", **devices},
+        "limits": {"cpu": "2", "memory": "2604Mi", **devices},
     }
     assert first["pod"]["requests"]["cpu"] == "205m"
     assert set(first["pod"]) == {"requests", "limits"}
@@ -161,7 +162,7 @@ def test_namespace_labels(vmis, capsys):
     )
     assert code == 0
     compute = json.loads(out)["items"][0]["containers"]["compute"]
-    assert compute["limits"] == {"memory": "1953Mi"}  # int(1302 Mi x 1.5)
+    assert compute["limits"]["memory"] == "1953Mi"  # int(1302 Mi x 1.5)
 
 
 def test_arm64(vmis, capsys):

@@ -51,11 +51,17 @@ def values(rl) -> dict[str, int]:
 # ---- the default pod ----------------------------------------------------------------------------------------------
 
 
+# getRequiredResources (renderresources.go): a VMI without interfaces or networks gets the default pod interface at
+# admission (no model: virtio), so tun, vhost-net and kvm, one each, as limits; API-server defaulting requests them.
+# template_test.go "Should require tun device by default", "should add the kvm resource when emulation is disabled".
+DEFAULT_DEVICES = {"devices.kubevirt.io/tun": "1", "devices.kubevirt.io/vhost-net": "1", "devices.kubevirt.io/kvm": "1"}
+
+
 def test_default_pod():
     pod = render(vmi())
     compute = pod.container("compute")
-    assert res(compute.requests) == {"cpu": "100m", "memory": "1294Mi", "ephemeral-storage": "50M"}
-    assert compute.limits == {}
+    assert res(compute.requests) == {"cpu": "100m", "memory": "1294Mi", "ephemeral-storage": "50M", **DEFAULT_DEVICES}
+    assert res(compute.limits) == DEFAULT_DEVICES
     console = pod.container("guest-console-log")
     assert console.init and console.restartable
     assert res(console.requests) == {"cpu": "5m", "memory": "35M"}
@@ -64,7 +70,12 @@ def test_default_pod():
     assert pod.memory_overhead.ceil() == 270 * MI
     assert pod.annotations == {MEMORY_OVERHEAD_ANNOTATION: str(270 * MI)}
     assert (pod.requests, pod.limits) == pod_totals(pod.containers)
-    assert values(pod.requests) == {"cpu": 105, "memory": 1294 * MI + 35_000_000, "ephemeral-storage": 50_000_000}
+    assert values(pod.requests) == {
+        "cpu": 105,
+        "memory": 1294 * MI + 35_000_000,
+        "ephemeral-storage": 50_000_000,
+        **{k: 1 for k in DEFAULT_DEVICES},
+    }
 
 
 def test_pod_spec_shape():
@@ -246,7 +257,7 @@ def test_guaranteed_qos_support_containers():
         {"resources": {"requests": {"memory": "1Gi", "cpu": "1"}, "limits": {"memory": "1Gi", "cpu": "1"}}},
         {"volumes": [{"name": "root", "containerDisk": {"image": "quay.io/x:1"}}]},
     )
-    pod = render(obj)
+    pod = render(obj, "v1.8")  # (ImageVolume off by default up to v1.8: the copying containers)
     for name in ("guest-console-log", "volumeroot", "volumeroot-init"):
         c = pod.container(name)
         assert {k: c.requests[k] for k in ("cpu", "memory")} == {k: c.limits[k] for k in ("cpu", "memory")}, name
@@ -363,7 +374,7 @@ def test_container_disks():
             ]
         }
     )
-    pod = render(obj)
+    pod = render(obj, "v1.8")  # ImageVolume is Beta but off by default in v1.8
     names = [c.name for c in pod.containers]
     assert names == [
         "guest-console-log",
@@ -385,16 +396,127 @@ def test_container_disks():
     assert pod.requests["ephemeral-storage"] == Q("150M")
 
 
-def test_container_disks_are_image_volumes_with_the_gate():
-    obj = vmi(spec={"volumes": [{"name": "root", "containerDisk": {"image": "a"}}]})
-    pod = render(obj, feature_gates=frozenset({"ImageVolume"}))
-    assert [c.name for c in pod.containers] == ["guest-console-log", "compute"]
+@pytest.mark.parametrize(
+    ("version", "cfg", "annotations", "expected"),
+    [
+        # feature-gates.go isFeatureGateEnabled: before v1.9 a gate is on only when listed
+        ("v1.6", {"feature_gates": frozenset({"ImageVolume"})}, {}, ["guest-console-log", "compute"]),
+        ("v1.5", {"feature_gates": frozenset({"ImageVolume"})}, {}, None),  # not registered before v1.6
+        # v1.7+ (container-disk.go CreateImageVolumeInitContainer): one no-op init container per disk; template_test
+        # "should create noop init containers for digest exposure": "with container disk" -> ["volumer0"]
+        ("v1.7", {"feature_gates": frozenset({"ImageVolume"})}, {}, ["guest-console-log", "volumeroot", "compute"]),
+        ("v1.8", {}, {}, None),  # Beta, still off by default
+        # v1.9 featuregate.IsEnabled: Beta gates default on; disabledFeatureGates turns one off
+        ("v1.9", {}, {}, ["guest-console-log", "volumeroot", "compute"]),
+        ("v1.9", {"disabled_feature_gates": frozenset({"ImageVolume"})}, {}, None),
+        ("main", {}, {}, ["guest-console-log", "volumeroot", "compute"]),
+        # main: kubevirt.io/image-volume-skip-digest-resolution drops the no-op init containers
+        ("main", {}, {"kubevirt.io/image-volume-skip-digest-resolution": "true"}, ["guest-console-log", "compute"]),
+    ],
+)
+def test_container_disks_are_image_volumes_with_the_gate(version, cfg, annotations, expected):
+    obj = vmi(spec={"volumes": [{"name": "root", "containerDisk": {"image": "a"}}]}, annotations=annotations)
+    pod = render(obj, version, **cfg)
+    names = [c.name for c in pod.containers]
+    if expected is None:  # the copying containers
+        assert "container-disk-binary" in names and "volumeroot-init" in names
+        return
+    assert names == expected
+    if "volumeroot" in names:
+        noop = pod.container("volumeroot")
+        assert noop.init and not noop.restartable
+        assert res(noop.requests) == {"cpu": "1m", "memory": "1M", "ephemeral-storage": "50M"}
+        assert res(noop.limits) == {"cpu": "10m", "memory": "40M"}
 
 
 def test_kernel_boot_container():
     obj = vmi({"firmware": {"kernelBoot": {"container": {"image": "k"}}}})
-    names = [c.name for c in render(obj).containers]
+    names = [c.name for c in render(obj, "v1.8").containers]
     assert "volumekernel-boot-volume" in names and "container-disk-binary" in names
+    # ImageVolume (v1.9 default): "with kernel boot" -> ["volumekernel-boot-volume"] as an init container
+    pod = render(obj)
+    assert [c.name for c in pod.containers] == ["guest-console-log", "volumekernel-boot-volume", "compute"]
+    assert pod.container("volumekernel-boot-volume").init
+
+
+@pytest.mark.parametrize(
+    ("version", "domain", "spec", "cfg", "expected"),
+    [
+        # template_test.go "Should not require tun device if explicitly rejected": no interfaces, autoattach false
+        ("v1.9", {"devices": {"autoattachPodInterface": False}}, {}, {}, {"kvm": (0, 1)}),
+        # a non-virtio model needs no vhost-net (NeedVirtioNetDevice); networks given: no default interface added
+        (
+            "v1.9",
+            {"devices": {"interfaces": [{"name": "n", "model": "e1000", "masquerade": {}}]}},
+            {"networks": [{"name": "n", "pod": {}}]},
+            {},
+            {"tun": (0, 1), "kvm": (0, 1)},
+        ),
+        # Context "Use emulation": no kvm (and no vhost-net) with useEmulation
+        ("v1.9", {}, {}, {"use_emulation": True}, {"tun": (0, 1)}),
+        # "with VSOCK enabled" -> "should add VSOCK device to resources"
+        (
+            "v1.9",
+            {"devices": {"autoattachVSOCK": True}},
+            {},
+            {},
+            {**{d: (0, 1) for d in ("tun", "vhost-net", "kvm")}, "vhost-vsock": (0, 1)},
+        ),
+        # renderresources_test "WithSEV option adds SEV device resource": requests == limits == 1
+        ("v1.2", {"launchSecurity": {"sev": {}}}, {}, {}, {"sev": (1, 1)}),
+        # SNP maps to the sev device from v1.7 (IsSEVVMI)
+        ("v1.6", {"launchSecurity": {"snp": {}}}, {}, {}, {}),
+        ("v1.7", {"launchSecurity": {"snp": {}}}, {}, {}, {"sev": (1, 1)}),
+        # "should add TDX device resource for VMI with TDX workload": v1.9 only
+        ("v1.8", {"launchSecurity": {"tdx": {}}}, {}, {}, {}),
+        ("v1.9", {"launchSecurity": {"tdx": {}}}, {}, {}, {"tdx": (1, 1)}),
+        # a LUN with a persistent reservation: pr-helper
+        ("v1.9", {"devices": {"disks": [{"name": "d", "lun": {"reservation": True}}]}}, {}, {}, {"pr-helper": (1, 1)}),
+        # "should add IOMMUFD device resource when feature gate is enabled" (Alpha in v1.9: listed only)
+        ("v1.9", {}, {}, {"feature_gates": frozenset({"IOMMUFD"})}, {"iommufd": (1, 1)}),
+        ("v1.8", {}, {}, {"feature_gates": frozenset({"IOMMUFD"})}, {}),
+    ],
+)
+def test_device_plugin_resources(version, domain, spec, cfg, expected):
+    compute = render(vmi(domain, spec), version, **cfg).container("compute")
+    virt = {"tun", "vhost-net", "kvm", "vhost-vsock"}
+    want = {d: (0, 1) for d in ("tun", "vhost-net", "kvm")} if not (virt & set(expected)) else {}
+    want.update(expected)
+    got = {}
+    for name in {*compute.requests, *compute.limits}:
+        if name.startswith("devices.kubevirt.io/"):
+            short = name.removeprefix("devices.kubevirt.io/")
+            # (request as written by virt-controller, limit); virtualization devices are written as limits only
+            got[short] = (0 if short in virt else compute.requests[name].ceil(), compute.limits[name].ceil())
+    assert got == want
+    for name in compute.limits:  # API-server defaulting: a limit without a request is requested at the limit
+        assert compute.requests[name] == compute.limits[name]
+
+
+def test_gpus_and_host_devices_claim_device_plugins():
+    domain = {
+        "devices": {
+            "gpus": [{"name": "g1", "deviceName": "nvidia.com/A10"}, {"name": "g2", "deviceName": "nvidia.com/A10"}]
+        }
+    }
+    compute = render(vmi(domain)).container("compute")
+    assert compute.requests["nvidia.com/A10"] == Q("2") and compute.limits["nvidia.com/A10"] == Q("2")
+    dra = {"devices": {"gpus": [{"name": "g1", "deviceName": "nvidia.com/A10", "claimRequest": {"claimName": "c"}}]}}
+    assert "nvidia.com/A10" not in render(vmi(dra)).container("compute").requests  # v1.6+: DRA, a claim instead
+
+
+@pytest.mark.parametrize(("version", "sidecar"), [("v1.1", False), ("v1.5", False), ("v1.6", True), ("main", True)])
+def test_guest_console_log_kind_per_version(version, sidecar):
+    # serialconsolelog.go: a regular container after the others up to v1.5; a restartable init container, first
+    # of the init containers, from v1.6 (commit "guest console log: make virt-tail a proper sidecar")
+    obj = vmi(spec={"volumes": [{"name": "root", "containerDisk": {"image": "a"}}]})
+    pod = render(obj, version)
+    console = pod.container("guest-console-log")
+    assert (console.init, console.restartable) == (sidecar, sidecar)
+    names = [c.name for c in pod.containers]
+    assert names.index("guest-console-log") == (0 if sidecar else len(names) - 1)
+    if not sidecar:  # the init phase no longer carries it: the largest init container alone (binary 10m)
+        assert values(pod.requests)["cpu"] == 100 + 1 + 5
 
 
 @pytest.mark.parametrize(
@@ -573,3 +695,34 @@ def test_malformed_input_names_object_and_field(obj, field):
     with pytest.raises(InvalidInput) as e:
         render(obj)
     assert e.value.where == f"VirtualMachineInstance ns/vm1: {field}"
+
+
+@pytest.mark.parametrize(
+    ("version", "gates", "disabled", "published"),
+    [
+        ("v1.7", set(), set(), False),  # no annotation before v1.8
+        ("v1.8", set(), set(), False),  # VmiMemoryOverheadReport Alpha in v1.8: opt-in
+        ("v1.8", {"VmiMemoryOverheadReport"}, set(), True),
+        ("v1.9", set(), set(), True),  # Beta, on by default
+        ("v1.9", set(), {"VmiMemoryOverheadReport"}, False),
+        ("main", set(), {"VmiMemoryOverheadReport"}, True),  # GA on main: on even when listed as disabled
+    ],
+)
+def test_memory_overhead_annotation_follows_its_gate(version, gates, disabled, published):
+    # template.go renderLaunchManifest: the annotation only while VmiMemoryOverheadReportEnabled()
+    pod = render(vmi(), version, feature_gates=frozenset(gates), disabled_feature_gates=frozenset(disabled))
+    assert (MEMORY_OVERHEAD_ANNOTATION in pod.annotations) is published
+
+
+def test_gates_and_emulation_are_read_from_the_kubevirt_cr():
+    cr = {
+        "status": {"observedKubeVirtVersion": "v1.9.0"},
+        "spec": {
+            "configuration": {"developerConfiguration": {"disabledFeatureGates": ["ImageVolume"], "useEmulation": True}}
+        },
+    }
+    config = KubeVirtConfig.from_cr(cr)
+    assert not config.image_volume and config.use_emulation
+    bad = {"spec": {"configuration": {"developerConfiguration": {"disabledFeatureGates": "ImageVolume"}}}}
+    with pytest.raises(InvalidInput, match=r"developerConfiguration\.disabledFeatureGates"):
+        KubeVirtConfig.from_cr(bad)

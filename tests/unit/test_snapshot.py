@@ -466,9 +466,10 @@ def test_the_kept_spec_drops_what_no_launcher_pod_depends_on() -> None:
             "cpu": {"sockets": 2, "cores": 1, "threads": 1},
             "memory": {"guest": "4Gi"},
             "firmware": {},
-            "devices": {"interfaces": [{}]},
+            "devices": {"disks": [{}, {}], "interfaces": [{}]},
         },
         "volumes": [{"name": "rootdisk", "containerDisk": {}}, {"name": "cloud"}],
+        "networks": [{}],
     }
     assert prune_vmi_spec(kept) == kept
     assert len(msgspec.json.encode(kept)) * 5 < len(msgspec.json.encode(FULL_SPEC))

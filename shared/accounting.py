@@ -444,6 +444,13 @@ def evidence_bound(resource: str, estimate: Quantity) -> Quantity:
     return share if share > floor else floor
 
 
+def _unpublished(v: VmiSnapshot) -> dict[str, Any]:
+    """The VMI object without its status (and so without the overhead published for its current pod)."""
+    obj = v.as_object()
+    obj.pop("status", None)
+    return obj
+
+
 def _widened(estimate: Mapping[str, Quantity]) -> ResourceList:
     """Each amount of ``estimate`` plus its :func:`evidence_bound`."""
     return {r: q + evidence_bound(r, q) for r, q in estimate.items()}
@@ -629,8 +636,19 @@ class _Renderer:
         return value
 
     def vmi_usage(self, v: VmiSnapshot) -> ResourceList | None:
-        """The launcher pod estimate of a VMI (None, with an error, when it cannot be rendered). Not to be changed."""
+        """The launcher pod estimate of a VMI (None, with an error, when it cannot be rendered), with the overhead
+        KubeVirt published for its current pod when it did. Not to be changed."""
         result: ResourceList | None = self._memoized(v, "spec", lambda: self.usage(v.as_object(), v.ref))
+        return result
+
+    def new_pod_usage(self, v: VmiSnapshot) -> ResourceList | None:
+        """The estimate of a launcher pod KubeVirt has still to create for a VMI (a migration target): rendered
+        from the spec as virt-controller renders every new pod, never with ``status.memory.memoryOverhead``, which
+        is the current pod's figure (stale after hotplug, an upgrade or a configuration change). Not to be
+        changed."""
+        if v.memory_overhead is None:
+            return self.vmi_usage(v)
+        result: ResourceList | None = self._memoized(v, "new", lambda: self.usage(_unpublished(v), v.ref))
         return result
 
     def hotplug_growth(self, v: VmiSnapshot) -> ResourceList:
@@ -645,8 +663,7 @@ class _Renderer:
         )
         if not (grow_cpu or grow_mem):
             return {}
-        target = v.as_object()
-        target.pop("status", None)  # the published overhead is the source's; compute both sides alike
+        target = _unpublished(v)  # the published overhead is the source's; compute both sides alike
         source = copy.deepcopy(target)
         domain = source["spec"].setdefault("domain", {})
         if grow_cpu and v.status_vcpus is not None:
@@ -1363,7 +1380,7 @@ class _Accounting:
         changed."""
         grow = self.renderer.hotplug_growth(v)
         estimate = add(source_usage, grow)
-        rendered = self.renderer.vmi_usage(v)
+        rendered = self.renderer.new_pod_usage(v)
         if rendered is not None:
             # the source pod's real charge may exceed the rendering (overhead vmquota does not know), but only
             # within the evidence bound: the "source" may be a tenant's pod KubeVirt adopted into the VMI
@@ -1581,7 +1598,7 @@ class _Accounting:
         """A pending VM (no launcher pod yet), in creation order: admitted iff it fits every managed quota."""
         key = _vm_key(v)
         size = _size(v)
-        estimate = self.renderer.vmi_usage(v) or {}
+        estimate = self.renderer.new_pod_usage(v) or {}
         taken: ResourceList = {}
         pod_est = dict(estimate)
         if v.pod_refused:  # (a status condition only KubeVirt writes: it really tried to create the pod)

@@ -38,6 +38,7 @@ from shared.accounting import (
     _Memo,
     _Sum,
     account_namespace,
+    evidence_bound,
     schedule,
     urgency,
 )
@@ -1116,3 +1117,24 @@ def test_sums_of_the_same_lists_share_a_total_only_while_those_lists_live() -> N
         s = _Sum(memo, f"sum-{i}", alike)
         s.extend([base, {"cpu": Quantity.parse(v)}])  # (a fresh list each time, freed once its slot is evicted)
         assert _exactly(s.result()) == [("cpu", (1 + int(v)) * 10**9, Quantity.parse(v).format)]
+
+
+def test_a_migration_target_is_estimated_afresh_not_with_the_overhead_published_for_the_source() -> None:
+    """KubeVirt renders every new pod from the spec (``renderLaunchManifest`` recomputes the overhead); the VMI's
+    ``status.memory.memoryOverhead`` is copied from its current pod's annotation (lifecycle.go
+    ``updateMemoryOverheadStatusFromPod``) and is stale for a target rendered from a changed spec."""
+    quota = quota_obj("rq", {"requests.memory": "100Gi"})
+    grown = vmi_obj("v", vcpus=4, guest="4Gi", status_vcpus=2, status_guest="2Gi")
+    source_vmi = vmi_obj("v", vcpus=2, guest="2Gi")
+    source_vmi["status"]["memory"] = {"memoryOverhead": "3Gi"}  # e.g. published under an earlier configuration
+    source = launcher_obj(source_vmi, vouched=False)
+    vouch(grown, source)
+    grown["status"]["memory"]["memoryOverhead"] = "3Gi"
+    u = account([quota, grown, source, vmim_obj("m", "v", rejected=True)])
+    fresh_vmi = copy.deepcopy(grown)
+    del fresh_vmi["status"]
+    fresh = usage_of(launcher_obj(fresh_vmi, migration_uid="mig-m", node="n2", vouched=False))
+    reserved = mig(u, "m").reserved["requests.memory"]
+    assert reserved >= fresh["requests.memory"]
+    # the estimate stays within the evidence bound of the fresh rendering, not at the stale 3Gi figure's
+    assert reserved <= fresh["requests.memory"] + evidence_bound("requests.memory", fresh["requests.memory"])

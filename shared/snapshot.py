@@ -150,7 +150,14 @@ RENDER_SPEC_SHAPE: Final[SpecShape] = {
             "hostDevices": _DEVICE,
             "filesystems": ({"name": KEEP},),
             "interfaces": (
-                {"sriov": PRESENT, "passtBinding": PRESENT, "passt": PRESENT, "binding": {"name": KEEP}, "model": KEEP},
+                {
+                    "sriov": PRESENT,
+                    "passtBinding": PRESENT,
+                    "passt": PRESENT,
+                    "binding": {"name": KEEP},
+                    "model": KEEP,
+                    "ports": KEEP,
+                },
             ),
             "disks": ({"lun": {"reservation": KEEP}},),
             "autoattachPodInterface": KEEP,

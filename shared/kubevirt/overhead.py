@@ -28,6 +28,7 @@ _SEV: Final = 256 * MI
 _TPM: Final = 53 * MI
 _GUARANTEED: Final = 100 * MI
 _PASST: Final = 250 * MI
+_LEGACY_PASST: Final = 800 * MI
 
 
 # ---- typed access to the raw VMI spec (errors name the field) --------------------------------------------------
@@ -128,14 +129,30 @@ def _reserved_overhead(vmi: VmiSpec) -> int:
         raise e.at(f"{where}.addedOverhead") from None
 
 
+def _legacy_passt(vmi: VmiSpec, interfaces: list[Mapping[str, Any]]) -> int:
+    """Up to v1.2 ``GetMemoryOverhead`` adds 800 Mi per legacy ``passt`` interface that forwards every port (no
+    ``ports``); the binding was discontinued in v1.3 (renderresources.go, v1.2.0)."""
+    dw = f"{vmi.spec_path}.domain.devices"
+    return sum(
+        _LEGACY_PASST
+        for i, iface in enumerate(interfaces)
+        if iface.get("passt") is not None and not sequence(iface, "ports", f"{dw}.interfaces[{i}]")
+    )
+
+
 def _network_overhead(vmi: VmiSpec, interfaces: list[Mapping[str, Any]], config: KubeVirtConfig) -> int:
-    """passt (core binding) 250 Mi, plus ``computeResourceOverhead.requests.memory`` of each binding plugin used."""
+    """What the network memory calculator adds after the ratio: from v1.3 ``computeResourceOverhead.requests
+    .memory`` of each registered binding plugin the interfaces use, once per plugin (``netbinding/memory.go``);
+    from v1.8 also 250 Mi once for a core ``passtBinding`` interface (``network/resources/memory.go``)."""
+    minor = config.profile.minor
+    if minor <= 2:
+        return 0
     nanos = 0
     seen: set[str] = set()
     dw = f"{vmi.spec_path}.domain.devices"
     passt = False
     for i, iface in enumerate(interfaces):
-        if iface.get("passtBinding") is not None or iface.get("passt") is not None:
+        if iface.get("passtBinding") is not None:
             passt = True
         binding = mapping(iface, "binding", f"{dw}.interfaces[{i}]")
         name = binding.get("name")
@@ -144,7 +161,7 @@ def _network_overhead(vmi: VmiSpec, interfaces: list[Mapping[str, Any]], config:
             q = config.network_binding_memory.get(name)
             if q is not None:
                 nanos += q.nanos
-    if passt:
+    if passt and minor >= 8:
         nanos += _PASST * NANO
     return nanos
 
@@ -188,8 +205,12 @@ def overhead_nanos(
         total += _SEV
     if _has_tpm(vmi, devices):
         total += _TPM
-    if vmi.dedicated_cpus or guaranteed:
-        total += _GUARANTEED
+    if prof.minor <= 2:
+        total += _legacy_passt(vmi, interfaces)
+    # the +100 Mi of dedicated CPUs / Guaranteed QoS: after the ratio up to v1.5, before it from v1.6
+    extra = _GUARANTEED if vmi.dedicated_cpus or guaranteed else 0
+    if prof.minor >= 6:
+        total += extra
     nanos = total * NANO
     if prof.reserved_overhead:
         nanos += _reserved_overhead(vmi)
@@ -197,6 +218,8 @@ def overhead_nanos(
     if ratio is not None:
         kb = -((-nanos) // _KILO_NANOS)
         nanos += int(float(kb) * (ratio - 1.0)) * _KILO_NANOS
+    if prof.minor < 6:
+        nanos += extra * NANO
     nanos += _network_overhead(vmi, interfaces, config)
     return nanos, (Format.DECIMAL_SI if pagetables > 0 else Format.BINARY_SI)
 

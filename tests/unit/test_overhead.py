@@ -275,3 +275,72 @@ def test_config_validation():
         KubeVirtConfig(version="v3")
     with pytest.raises(InvalidInput):
         KubeVirtConfig(arch="mips")
+
+
+# ---- passt per version (item: passt) and the order of the +100 Mi ------------------------------------------------
+
+
+def test_legacy_passt_v12_figure():
+    # pkg/virt-controller/services/renderresources_test.go @ v1.2.0, "should add passt overhead for each
+    # interface": requests.memory 1Gi, three passt interfaces without ports and one bridge -> 2644Mi
+    # (2 page tables + 218 static with the IOThread + 16 video + 8 per vCPU + 3 x 800)
+    ifaces = [{"name": f"passt{i}", "passt": {}} for i in (1, 2, 3)] + [{"name": "nonpasst", "bridge": {}}]
+    assert overhead(vmi({"devices": {"interfaces": ifaces}}), "v1.2") == 2644 * MI
+    # an interface that lists its ports adds nothing (len(net.Ports) == 0 is the condition)
+    ported = [{"name": "p", "passt": {}, "ports": [{"port": 80}]}]
+    assert overhead(vmi({"devices": {"interfaces": ported}}), "v1.2") == overhead(vmi(), "v1.2")
+
+
+@pytest.mark.parametrize(("version", "extra_mib"), [("v1.3", 0), ("v1.5", 0), ("v1.7", 0), ("v1.8", 0), ("main", 0)])
+def test_legacy_passt_adds_nothing_after_v12(version, extra_mib):
+    # discontinued in v1.3 (DeprecatedPasst; rejected at admission from v1.8): no memory term
+    ifaces = [{"name": "default", "passt": {}}]
+    assert overhead(vmi({"devices": {"interfaces": ifaces}}), version) == overhead(vmi(), version) + extra_mib * MI
+
+
+@pytest.mark.parametrize(("version", "extra_mib"), [("v1.7", 0), ("v1.8", 250), ("v1.9", 250), ("main", 250)])
+def test_core_passt_binding_from_v18(version, extra_mib):
+    # pkg/network/resources/memory_test.go @ v1.8.0 "when vmi has passt binding" -> 250Mi; the field does not exist
+    # before v1.8 (nothing is added for it there)
+    ifaces = [{"name": "default", "passtBinding": {}}, {"name": "second", "passtBinding": {}}]  # once per VMI
+    assert overhead(vmi({"devices": {"interfaces": ifaces}}), version) == overhead(vmi(), version) + extra_mib * MI
+
+
+@pytest.mark.parametrize(
+    ("version", "interfaces", "extra_mib"),
+    [
+        # netbinding/memory_test.go @ v1.4.0: plugin1 500Mi + plugin2 600Mi -> 1100Mi; the same plugin twice -> 500Mi;
+        # a plugin that is not registered -> 0
+        ("v1.4", [("a", "plugin1"), ("b", "plugin2")], 1100),
+        ("v1.4", [("a", "plugin1"), ("b", "plugin1")], 500),
+        ("v1.4", [("a", "plugin1"), ("b", "non existent")], 500),
+        # resources/memory_test.go @ v1.8.0 "when vmi has passt binding and a binding plugin" -> 750Mi
+        ("v1.8", [("a", None), ("b", "plugin1")], 750),
+        # v1.2: InterfaceBindingPlugin has no computeResourceOverhead yet
+        ("v1.2", [("a", "plugin1"), ("b", "plugin2")], 0),
+    ],
+)
+def test_binding_plugin_memory_per_version(version, interfaces, extra_mib):
+    ifaces = [
+        {"name": n, "binding": {"name": plugin}} if plugin else {"name": n, "passtBinding": {}}
+        for n, plugin in interfaces
+    ]
+    plugins = {"plugin1": Quantity.parse("500Mi"), "plugin2": Quantity.parse("600Mi")}
+    got = overhead(vmi({"devices": {"interfaces": ifaces}}), version, network_binding_memory=plugins)
+    assert got == overhead(vmi(), version) + extra_mib * MI
+
+
+@pytest.mark.parametrize("version", ["v1.2", "v1.5", "v1.6", "main"])
+def test_the_dedicated_cpu_term_and_the_ratio(version):
+    # renderresources.go GetMemoryOverhead: v1.2-v1.5 multiply by additionalGuestMemoryOverheadRatio and then add
+    # the 100Mi of dedicated CPUs / Guaranteed QoS; v1.6+ (hypervisorbackend.go) add it first, so it is scaled too.
+    # Worked by hand with ratio 2: overhead(ratio 2, dedicated) - overhead(ratio 2, not dedicated) = 100Mi up to
+    # v1.5 and 200Mi from v1.6.
+    dedicated = vmi({"cpu": {"dedicatedCpuPlacement": True}})
+    diff = overhead(dedicated, version, additional_guest_memory_overhead_ratio="2") - overhead(
+        vmi(), version, additional_guest_memory_overhead_ratio="2"
+    )
+    if version in ("v1.2", "v1.5"):
+        assert diff == 100 * MI
+    else:  # scaled with the rest, whose ratio step rounds to whole kB (int(float64(kB) x (r - 1)) x 1000)
+        assert abs(diff - 200 * MI) < 2000

@@ -59,82 +59,117 @@ SUPPORT_CONTAINER_TYPES: Final = frozenset(
 )
 
 
+# how the memory request of a VMI without one comes about (``VersionProfile.memory_request``)
+WEBHOOK: Final = "webhook"
+"""The VMI admission webhook writes ``requests.memory``: ``limits.memory``, else guest (or the hugepage size) x
+100 / memoryOvercommit (``pkg/defaults`` ``setDefaultResourceRequests``, v1.0 .. v1.6.1 and v1.6.3)."""
+WEBHOOK_GUEST: Final = "webhook-guest"
+"""v1.6.2: the webhook writes ``limits.memory``, else the guest size, and the renderer then scales whatever memory
+request the VMI has by 100 / memoryOvercommit (``WithMemoryOvercommit``), before anything else."""
+RENDERER: Final = "renderer"
+"""v1.6.4+: the VMI keeps no memory request; the renderer derives it for every VMI that has none (dedicated CPUs
+and hugepages too): ``limits.memory``, else guest (or the hugepage size) x 100 / memoryOvercommit
+(``WithMemoryRequests``, run first)."""
+
+LATEST_PATCH: Final[Mapping[int, int]] = {0: 3, 1: 2, 2: 2, 3: 1, 4: 1, 5: 3, 6: 6, 7: 4, 8: 4, 9: 0}
+"""The newest patch release of each minor this build was checked against: a bare ``v1.N`` means it."""
+
+
 @dataclass(frozen=True, slots=True)
 class VersionProfile:
-    """What differs between KubeVirt version families, as far as launcher-pod resources go."""
+    """What differs between KubeVirt releases, as far as launcher-pod resources go."""
 
     name: str
-    """``v1.0-v1.4``, ``v1.5``, ``v1.6-v1.9`` or ``main``."""
+    """The releases that render alike: ``v1.0`` .. ``v1.9``, the v1.6 patch groups (``v1.6.0-v1.6.1``,
+    ``v1.6.2``, ``v1.6.3``, ``v1.6.4+``) or ``main``."""
     minor: int
     """The minor version (``main`` counts as 99)."""
+    patch: int
+    """The patch release (a bare minor, and ``main``, count as the newest)."""
     fixed_overhead: int
     """virt-launcher-monitor + virt-launcher + virtlogd + virtqemud + qemu, in bytes."""
     video_overhead: int
     """Video RAM, in bytes (unless ``autoattachGraphicsDevice: false``)."""
     reserved_overhead: bool
     """``spec.domain.memory.reservedOverhead.addedOverhead`` is added (v1.8+)."""
-    memory_request_at_admission: bool
-    """The VMI admission webhook writes ``requests.memory`` (from ``limits.memory``, else guest x 100 /
-    memoryOvercommit) into the VMI, so the page-table term and the Guaranteed-QoS test see it (v1.0-v1.5).
-    Later the launcher renderer derives it and the VMI keeps no memory request."""
+    memory_request: str
+    """How a VMI without a memory request gets one: :data:`WEBHOOK`, :data:`WEBHOOK_GUEST` or :data:`RENDERER`.
+    What the webhook writes is part of the VMI, so the page-table term and the Guaranteed-QoS test see it."""
+    guaranteed_from_limits: bool
+    """``WantsToHaveQOSGuaranteed`` counts memory as wanting Guaranteed QoS also when only ``limits.memory`` is set
+    (v1.6.4+; before, the webhook had copied the limit into the request)."""
     auto_limits: str
     """When a ResourceQuota with ``limits.*`` triggers automatic limits: ``never`` (v1.0), ``gate``
     (AutoResourceLimitsGate, v1.1-v1.4) or ``always`` (v1.5+)."""
     serial_console_log: bool
     """The ``guest-console-log`` container exists (v1.1+)."""
 
+    @property
+    def memory_request_at_admission(self) -> bool:
+        """The admission webhook writes ``requests.memory`` into the VMI (up to v1.6.3)."""
+        return self.memory_request != RENDERER
+
 
 LATEST_MINOR: Final = 9
 """The latest KubeVirt release this build has a profile for: v1.9."""
-_MAJOR_MINOR_RE: Final = re.compile(r"^v?1\.(\d+)(?:\.\d+(?:[-+][0-9A-Za-z.+-]*)?)?$")
+_VERSION_RE: Final = re.compile(r"^v?1\.(\d+)(?:\.(\d+)(?:[-+][0-9A-Za-z.+-]*)?)?$")
 
 
-def _family(minor: int) -> VersionProfile:
-    if minor <= 4:
-        return VersionProfile(
-            name="v1.0-v1.4",
-            minor=minor,
-            fixed_overhead=(25 + 100 + 20 + 35 + 30) * MI,
-            video_overhead=16 * MI,
-            reserved_overhead=False,
-            memory_request_at_admission=True,
-            auto_limits="never" if minor == 0 else "gate",
-            serial_console_log=minor >= 1,
-        )
-    if minor == 5:
-        return VersionProfile("v1.5", 5, (25 + 100 + 25 + 40 + 30) * MI, 16 * MI, False, True, "always", True)
+def _v16_group(patch: int) -> tuple[str, str, bool]:
+    """(name, memory_request, guaranteed_from_limits) of a v1.6 patch release."""
+    if patch <= 1:
+        return "v1.6.0-v1.6.1", WEBHOOK, False
+    if patch == 2:
+        return "v1.6.2", WEBHOOK_GUEST, False
+    if patch == 3:
+        return "v1.6.3", WEBHOOK, False
+    return "v1.6.4+", RENDERER, True
+
+
+def _family(minor: int, patch: int) -> VersionProfile:
+    name = "main" if minor > LATEST_MINOR else f"v1.{minor}"
+    memory_request, guaranteed_from_limits = (WEBHOOK, False) if minor <= 5 else (RENDERER, True)
+    if minor == 6:
+        name, memory_request, guaranteed_from_limits = _v16_group(patch)
     return VersionProfile(
-        name="v1.6-v1.9" if minor <= 9 else "main",
+        name=name,
         minor=minor,
-        fixed_overhead=(25 + 100 + 25 + 40 + (30 if minor <= 9 else 50)) * MI,
-        video_overhead=32 * MI,
+        patch=patch,
+        fixed_overhead=(25 + 100 + (20 if minor <= 4 else 25) + (35 if minor <= 4 else 40) + (30 if minor <= 9 else 50))
+        * MI,
+        video_overhead=(16 if minor <= 5 else 32) * MI,
         reserved_overhead=minor >= 8,
-        memory_request_at_admission=False,
-        auto_limits="always",
-        serial_console_log=True,
+        memory_request=memory_request,
+        guaranteed_from_limits=guaranteed_from_limits,
+        auto_limits="never" if minor == 0 else ("gate" if minor <= 4 else "always"),
+        serial_console_log=minor >= 1,
     )
 
 
 @lru_cache(maxsize=64)
 def profile(version: str) -> VersionProfile:
-    """The profile of a KubeVirt version: ``v1.0`` .. ``v1.9`` (also ``1.3``, ``v1.9.2``, ``v1.6.0-rc.1``) or
-    ``main``. Anything else is :class:`InvalidInput`."""
+    """The profile of a KubeVirt version: ``v1.0`` .. ``v1.9`` (a bare minor is its newest patch release,
+    :data:`LATEST_PATCH`), a release such as ``v1.6.2`` or ``1.9.0`` (also a pre-release, ``v1.6.0-rc.1``, as
+    its patch), or ``main``. Anything else is :class:`InvalidInput`."""
     if not isinstance(version, str):
         raise InvalidInput(f"expected a version string, got {type(version).__name__}", "version")
     v = version.strip()
     if v == "main":
-        return _family(99)
-    m = _MAJOR_MINOR_RE.match(v)
+        return _family(99, 99)
+    m = _VERSION_RE.match(v)
     if m is None or int(m.group(1)) > LATEST_MINOR:
         raise InvalidInput(
-            f"unsupported KubeVirt version {version!r} (expected v1.0 .. v1.{LATEST_MINOR} or main)", "version"
+            f"unsupported KubeVirt version {version!r} (expected v1.0 .. v1.{LATEST_MINOR}, a release such as "
+            f"v1.6.4, or main)",
+            "version",
         )
-    return _family(int(m.group(1)))
+    minor = int(m.group(1))
+    return _family(minor, int(m.group(2)) if m.group(2) is not None else LATEST_PATCH[minor])
 
 
 def newer_than_known(version: str) -> bool:
     """Whether ``version`` is a KubeVirt v1 release later than every one this build has a profile for."""
-    m = _MAJOR_MINOR_RE.match(version.strip()) if isinstance(version, str) else None
+    m = _VERSION_RE.match(version.strip()) if isinstance(version, str) else None
     return m is not None and int(m.group(1)) > LATEST_MINOR
 
 

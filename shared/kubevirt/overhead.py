@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from shared.errors import InvalidInput
 from shared.fields import boolean, mapping, objects, sequence
-from shared.kubevirt.config import MI, KubeVirtConfig
+from shared.kubevirt.config import MI, RENDERER, WEBHOOK_GUEST, KubeVirtConfig
 from shared.quantity import NANO, Format, Quantity
 from shared.vmi import VmiSpec
 
@@ -48,7 +48,8 @@ def memory_of(vmi: VmiSpec) -> Mapping[str, Any]:
 def admitted_requests(vmi: VmiSpec, config: KubeVirtConfig) -> dict[str, Quantity]:
     """``spec.domain.resources.requests`` as the stored VMI carries them after the admission webhook:
     ``requests.cpu`` from ``limits.cpu``; the cluster ``cpuRequest`` when it is not the built-in default; and,
-    in v1.0-v1.5, ``requests.memory`` from ``limits.memory``, else guest (or hugepage size) x 100 / overcommit."""
+    up to v1.6.3, ``requests.memory`` from ``limits.memory``, else guest (or hugepage size) x 100 / overcommit
+    (v1.6.2: the guest size as is; its renderer overcommits)."""
     req = dict(vmi.requests)
     lim = vmi.limits
     cpu = req.get("cpu")
@@ -57,28 +58,39 @@ def admitted_requests(vmi: VmiSpec, config: KubeVirtConfig) -> dict[str, Quantit
     cluster_cpu = config.cpu_request
     if cluster_cpu is not None and cluster_cpu != _DEFAULT_CPU_REQUEST and "cpu" not in req and not vmi.dedicated_cpus:
         req["cpu"] = cluster_cpu
-    if config.profile.memory_request_at_admission:
+    mode = config.profile.memory_request
+    if mode != RENDERER:
         mem = req.get("memory")
         if (mem is None or mem.nanos == 0) and "memory" in lim and lim["memory"].nanos != 0:
             req["memory"] = lim["memory"]
         elif "memory" not in req:
             guest = vmi.guest_memory
             if guest is not None and guest.nanos > 0:
-                oc = config.memory_overcommit
-                req["memory"] = guest if oc == 100 else Quantity.from_int(guest.ceil() * 100 // oc, guest.format)
+                oc = 100 if mode == WEBHOOK_GUEST else config.memory_overcommit
+                req["memory"] = overcommitted(guest, oc)
     return req
+
+
+def overcommitted(memory: Quantity, overcommit: int) -> Quantity:
+    """``memory.Value() * 100 / overcommit`` as KubeVirt writes it (the quantity itself at 100%)."""
+    return memory if overcommit == 100 else Quantity.from_int(memory.ceil() * 100 // overcommit, memory.format)
 
 
 _DEFAULT_CPU_REQUEST: Final = Quantity.parse("100m")
 
 
-def wants_guaranteed_qos(requests: Mapping[str, Quantity], limits: Mapping[str, Quantity]) -> bool:
-    """``WantsToHaveQOSGuaranteed``: memory and CPU requests are set (non-zero) and equal to their limits."""
+def wants_guaranteed_qos(
+    requests: Mapping[str, Quantity], limits: Mapping[str, Quantity], from_limits: bool = False
+) -> bool:
+    """``WantsToHaveQOSGuaranteed``: a non-zero CPU request equal to the CPU limit, and a non-zero memory request
+    equal to the memory limit, or (``from_limits``, v1.6.4+) no memory request and a non-zero memory limit."""
     rm, rc = requests.get("memory"), requests.get("cpu")
-    if rm is None or rc is None or rm.nanos == 0 or rc.nanos == 0:
-        return False
     lm, lc = limits.get("memory"), limits.get("cpu")
-    return lm is not None and lc is not None and rm.nanos == lm.nanos and rc.nanos == lc.nanos
+    if rc is None or rc.nanos == 0 or lc is None or rc.nanos != lc.nanos:
+        return False
+    if rm is None or rm.nanos == 0:
+        return from_limits and lm is not None and lm.nanos != 0
+    return lm is not None and rm.nanos == lm.nanos
 
 
 def is_vfio(vmi: VmiSpec, devices: Mapping[str, Any], interfaces: list[Mapping[str, Any]]) -> bool:
@@ -229,7 +241,8 @@ def memory_overhead(vmi: VmiSpec, config: KubeVirtConfig) -> Quantity:
     publishes): ``GetMemoryOverhead`` of the version family, then passt / binding-plugin memory."""
     req = admitted_requests(vmi, config)
     try:
-        nanos, fmt = overhead_nanos(vmi, config, req.get("memory"), wants_guaranteed_qos(req, vmi.limits))
+        guaranteed = wants_guaranteed_qos(req, vmi.limits, config.profile.guaranteed_from_limits)
+        nanos, fmt = overhead_nanos(vmi, config, req.get("memory"), guaranteed)
     except InvalidInput as e:
         raise e.at(vmi.ref) from None
     return Quantity(nanos, fmt)

@@ -25,8 +25,10 @@ from shared.kubevirt.config import (
     GUEST_CONSOLE_LOG,
     IOMMUFD_GATE,
     LATEST_MINOR,
+    RENDERER,
     SIDECAR,
     VIRTIOFS,
+    WEBHOOK_GUEST,
     KubeVirtConfig,
     parse_go_float,
     selector_matches,
@@ -35,6 +37,7 @@ from shared.kubevirt.overhead import (
     admitted_requests,
     devices_of,
     memory_of,
+    overcommitted,
     overhead_nanos,
     wants_guaranteed_qos,
 )
@@ -150,20 +153,21 @@ def _compute(
     if "ephemeral-storage" in vm_lim:
         vm_lim["ephemeral-storage"] = vm_lim["ephemeral-storage"] + _EPHEMERAL
 
-    # memory request from limit / guest / hugepage size (v1.6+: here; before: the admission webhook did it)
+    # memory request: v1.6.2 overcommits whatever request the VMI has (WithMemoryOvercommit); v1.6.4+ derives a
+    # missing one from the limit, else guest (or hugepage size) x 100 / overcommit, for every VMI (WithMemoryRequests);
+    # up to v1.6.3 the admission webhook already did (admitted_requests)
+    mode = config.profile.memory_request
     mem_req = vm_req.get("memory")
-    hugepages = vmi.hugepage_size is not None
-    if mem_req is None or mem_req.nanos == 0:
+    if mode == WEBHOOK_GUEST:
+        if mem_req is not None and config.memory_overcommit != 100:
+            vm_req["memory"] = overcommitted(mem_req, config.memory_overcommit)
+    elif mode == RENDERER and (mem_req is None or mem_req.nanos == 0):
         lim = vm_lim.get("memory")
         if lim is not None and lim.nanos != 0:
             vm_req["memory"] = lim
         elif mem_req is None and vmi.guest_memory is not None and vmi.guest_memory.nanos > 0:
-            guest = vmi.guest_memory
-            oc = config.memory_overcommit
-            if oc == 100 or hugepages or vmi.dedicated_cpus:
-                vm_req["memory"] = guest
-            else:
-                vm_req["memory"] = Quantity.from_int(guest.ceil() * 100 // oc, guest.format)
+            vm_req["memory"] = overcommitted(vmi.guest_memory, config.memory_overcommit)
+    hugepages = vmi.hugepage_size is not None
 
     # CPU
     if vmi.dedicated_cpus:
@@ -494,7 +498,7 @@ def _render(vmi: VmiSpec, config: KubeVirtConfig, ns: NamespaceFacts, published:
         )
     devices = devices_of(vmi)
     vm_req = admitted_requests(vmi, config)
-    guaranteed = wants_guaranteed_qos(vm_req, vmi.limits)
+    guaranteed = wants_guaranteed_qos(vm_req, vmi.limits, config.profile.guaranteed_from_limits)
     if published is not None:
         overhead = published
     else:

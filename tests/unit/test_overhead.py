@@ -106,11 +106,17 @@ def test_version_constants(version, fixed_mib, video_mib):
 @pytest.mark.parametrize(
     ("text", "name"),
     [
-        ("v1.0", "v1.0-v1.4"),
-        ("1.3", "v1.0-v1.4"),
+        ("v1.0", "v1.0"),
+        ("1.3", "v1.3"),
         ("v1.5.2", "v1.5"),
-        ("v1.6.0-rc.1", "v1.6-v1.9"),
-        ("v1.9.2", "v1.6-v1.9"),
+        ("v1.6.0-rc.1", "v1.6.0-v1.6.1"),
+        ("v1.6.1", "v1.6.0-v1.6.1"),
+        ("v1.6.2", "v1.6.2"),
+        ("1.6.3", "v1.6.3"),
+        ("v1.6.4", "v1.6.4+"),
+        ("v1.6.6", "v1.6.4+"),
+        ("v1.6", "v1.6.4+"),  # a bare minor is its newest patch release
+        ("v1.9.2", "v1.9"),
         ("main", "main"),
     ],
 )
@@ -140,7 +146,7 @@ def test_other_unknown_observed_versions_are_refused(text):
 
 def test_default_version_is_v19():
     assert DEFAULT_VERSION == "v1.9"
-    assert KubeVirtConfig().profile.name == "v1.6-v1.9"
+    assert KubeVirtConfig().profile.name == "v1.9"
 
 
 def test_pagetables_use_the_explicit_request_only():
@@ -188,12 +194,17 @@ def test_guaranteed_qos_from_cpu_limit_default():
     assert overhead(obj) == 390 * MI
 
 
-def test_limit_only_memory_is_guaranteed_before_v16_only():
+def test_limit_only_memory_is_guaranteed_in_every_version():
     obj = vmi({"resources": {"limits": {"memory": "1Gi", "cpu": "1"}}}, memory=None)
-    # v1.5: the webhook wrote requests.memory = limits.memory -> pagetables + Guaranteed
+    # up to v1.6.3 the webhook wrote requests.memory = limits.memory (pkg/defaults setDefaultResourceRequests):
+    # page tables (2Mi for 1Gi) + Guaranteed
     assert overhead(obj, "v1.5") == (254 + 100) * MI
-    # v1.9: no memory request on the VMI -> neither
-    assert overhead(obj, "v1.9") == 268 * MI
+    assert overhead(obj, "v1.6.3") == (270 + 100) * MI
+    # v1.6.4+: no memory request on the VMI (no page tables), but WantsToHaveQOSGuaranteed (types.go @ v1.6.4)
+    # counts a memory limit without a request as wanting Guaranteed QoS: 270 - 2 + 100
+    assert overhead(obj, "v1.6.4") == (268 + 100) * MI
+    assert overhead(obj, "v1.9") == (268 + 100) * MI
+    assert overhead(obj, "main") == (288 + 100) * MI
 
 
 def test_reserved_overhead_v18_and_later():

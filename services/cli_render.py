@@ -32,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kubevirt-version",
         metavar="VERSION",
-        help="v1.0 .. v1.9 or main (default: the KubeVirt CR's observedKubeVirtVersion, else v1.9)",
+        help="v1.0 .. v1.9, a release such as v1.6.2, or main (default: the KubeVirt CR's observedKubeVirtVersion, "
+        "else v1.9); a bare minor means its newest patch release",
     )
     p.add_argument("--arch", choices=("amd64", "arm64"), help="cluster CPU architecture (default amd64)")
     p.add_argument("--cpu-allocation-ratio", metavar="N", help="vCPUs per requested core (default 10)")
@@ -189,6 +190,15 @@ def render_objects(
     return rows
 
 
+def profile_note(config: KubeVirtConfig) -> str:
+    """Which KubeVirt behaviour the rendering follows, e.g. ``rendered as KubeVirt v1.6 (profile v1.6.4+: a bare
+    minor is its newest patch release)``."""
+    text = f"rendered as KubeVirt {config.version} (profile {config.profile.name}"
+    if config.version != "main" and config.version.count(".") == 1:
+        text += ": a bare minor is its newest patch release"
+    return text + ")"
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         config = build_config(args, sys.stderr)
@@ -197,9 +207,12 @@ def run(args: argparse.Namespace) -> int:
         rows = render_objects(objects, config, namespace, sys.stderr)
     except InvalidInput as e:
         return _fail(str(e))
+    print(f"note: {profile_note(config)}", file=sys.stderr)
     try:
         if args.output == "json":
-            json.dump({"items": [item_json(s, p) for s, p in rows]}, sys.stdout, indent=2)
+            doc = {"kubevirt": {"version": config.version, "profile": config.profile.name}, "items": []}
+            doc["items"] = [item_json(s, p) for s, p in rows]
+            json.dump(doc, sys.stdout, indent=2)
             sys.stdout.write("\n")
         else:
             write_table(rows, sys.stdout)

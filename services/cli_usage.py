@@ -68,7 +68,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kubevirt-config", metavar="FILE", help="a KubeVirt CR (default: one in FILE, else KubeVirt's defaults)"
     )
-    p.add_argument("--kubevirt-version", metavar="VERSION", help="v1.0 .. v1.9 or main (overrides the CR's)")
+    p.add_argument(
+        "--kubevirt-version",
+        metavar="VERSION",
+        help="v1.0 .. v1.9, a release such as v1.6.2, or main (overrides the CR's)",
+    )
     p.add_argument("-o", "--output", choices=("json", "table"), default="table", help="output format (default table)")
 
 

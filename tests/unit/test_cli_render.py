@@ -332,3 +332,13 @@ def test_entry_point_end_to_end(vmis):
         check=False,
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("version", "profile"), [("v1.6.2", "v1.6.2"), ("v1.6.0", "v1.6.0-v1.6.1"), ("v1.6", "v1.6.4+"), ("main", "main")]
+)
+def test_patch_versions_and_the_profile_used_are_reported(vmis, capsys, version, profile):
+    code, out, err = run(["-f", str(vmis), "-o", "json", "--kubevirt-version", version], capsys=capsys)
+    assert code == 0
+    assert json.loads(out)["kubevirt"] == {"version": version, "profile": profile}
+    assert f"note: rendered as KubeVirt {version} (profile {profile}" in err

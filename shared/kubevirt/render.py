@@ -169,24 +169,30 @@ def _compute(
             vm_req["memory"] = overcommitted(vmi.guest_memory, config.memory_overcommit)
     hugepages = vmi.hugepage_size is not None
 
-    # CPU
+    # CPU: the supplemental IO-thread pool (v1.5+) counts like vCPUs from v1.6; in v1.5 the request covers the
+    # topology only and WithIOThreads adds the pool to the CPU limit; before v1.5 the field does not exist
+    minor = config.profile.minor
+    pool = vmi.vcpus - vmi.topology.vcpus if minor >= 5 else 0
+    sized = vmi.vcpus if minor >= 6 else vmi.topology.vcpus
     if vmi.dedicated_cpus:
-        total = vmi.vcpus
+        total = sized
         vm_lim["cpu"] = vm_req["cpu"] = _cpus(total, Format.BINARY_SI)
         if vmi.isolate_emulator_thread:
             extra = 1
-            if (
-                EMULATOR_THREAD_EVEN_PARITY_ANNOTATION in vmi.annotations
-                and (total + vmi.vcpus - vmi.topology.vcpus) % 2 == 0
-            ):
+            if EMULATOR_THREAD_EVEN_PARITY_ANNOTATION in vmi.annotations and (total + pool) % 2 == 0:
                 extra = 2
             vm_lim["cpu"] = vm_req["cpu"] = _cpus(total + extra, Format.BINARY_SI)
         if "memory" in vm_req:
             vm_lim["memory"] = vm_req["memory"]
     else:
-        calc_req["cpu"] = cpu_request(vmi.vcpus, config.cpu_allocation_ratio)
+        calc_req["cpu"] = cpu_request(sized, config.cpu_allocation_ratio)
         if _auto_cpu_limits(vmi, config, ns):
-            calc_lim["cpu"] = _cpus(vmi.vcpus)
+            calc_lim["cpu"] = _cpus(sized)
+    if minor == 5 and pool > 0:  # WithIOThreads: addToCPU(vmLimits, pool)
+        cur = vm_lim.get("cpu")
+        vm_lim["cpu"] = _cpus(pool, Format.BINARY_SI) if cur is None else cur + _cpus(pool, Format.BINARY_SI)
+        if vmi.dedicated_cpus:
+            vm_req["cpu"] = vm_lim["cpu"]
 
     # memory: hugepages carry the guest RAM, the memory request only the overhead (and any request above guest)
     if hugepages:

@@ -210,8 +210,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"note: {profile_note(config)}", file=sys.stderr)
     try:
         if args.output == "json":
-            doc = {"kubevirt": {"version": config.version, "profile": config.profile.name}, "items": []}
-            doc["items"] = [item_json(s, p) for s, p in rows]
+            doc: dict[str, Any] = {
+                "kubevirt": {"version": config.version, "profile": config.profile.name},
+                "items": [item_json(s, p) for s, p in rows],
+            }
             json.dump(doc, sys.stdout, indent=2)
             sys.stdout.write("\n")
         else:

@@ -103,7 +103,23 @@ def _effective(containers: Iterable[_Entry], limits: bool) -> ResourceList:
         if cur is None or n > cur:
             total[k] = n
             total_fmt[k] = peak_fmt[k]
-    return {k: Quantity(n, total_fmt[k]) for k, n in total.items()}
+    return {k: _quantity(n, total_fmt[k]) for k, n in total.items()}
+
+
+_QUANTITIES: dict[tuple[int, Format], Quantity] = {}
+_QUANTITIES_MAX: Final = 4096
+
+
+def _quantity(nanos: int, fmt: Format) -> Quantity:
+    """``Quantity(nanos, fmt)``, shared: pods repeat a few totals (quantities are immutable, and a shared one keeps
+    its printed form once computed)."""
+    key = (nanos, fmt)
+    q = _QUANTITIES.get(key)
+    if q is None:
+        if len(_QUANTITIES) >= _QUANTITIES_MAX:
+            _QUANTITIES.clear()
+        q = _QUANTITIES[key] = Quantity(nanos, fmt)
+    return q
 
 
 def _too_large(nanos: int) -> int:

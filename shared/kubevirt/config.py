@@ -330,6 +330,13 @@ class KubeVirtConfig:
     profile: VersionProfile = field(init=False, compare=False, repr=False)
     overhead_ratio: float | None = field(init=False, compare=False, repr=False)
     auto_limits_from_quota: bool = field(init=False, compare=False, repr=False)
+    image_volume: bool = field(init=False, compare=False, repr=False)
+    """containerDisks are mounted as image volumes (the ImageVolume gate: v1.6+, on by default from v1.9)."""
+    memory_overhead_report: bool = field(init=False, compare=False, repr=False)
+    """The launcher pod carries ``kubevirt.io/memory-overhead-bytes`` and the VMI ``status.memory.memoryOverhead``
+    (the VmiMemoryOverheadReport gate: v1.8+, on by default from v1.9, GA on main)."""
+    iommufd: bool = field(init=False, compare=False, repr=False)
+    """Every launcher pod asks for ``devices.kubevirt.io/iommufd`` (the IOMMUFD gate, v1.9+)."""
     cache: dict[Any, Any] = field(init=False, compare=False, repr=False, default_factory=dict)
     """Values derived from this configuration, filled lazily by the renderer (the config is immutable)."""
 
@@ -346,6 +353,9 @@ class KubeVirtConfig:
             validate_label_selector(self.auto_cpu_limit_namespace_label_selector, "autoCPULimitNamespaceLabelSelector")
         setattr_(self, "feature_gates", frozenset(self.feature_gates))
         setattr_(self, "disabled_feature_gates", frozenset(self.disabled_feature_gates))
+        setattr_(self, "image_volume", self.gate(IMAGE_VOLUME_GATE))
+        setattr_(self, "memory_overhead_report", self.gate(MEMORY_OVERHEAD_REPORT_GATE))
+        setattr_(self, "iommufd", self.gate(IOMMUFD_GATE))
         mode = self.profile.auto_limits
         setattr_(
             self,
@@ -366,17 +376,6 @@ class KubeVirtConfig:
         if state == "GA" or name in self.feature_gates:
             return True
         return name not in self.disabled_feature_gates and state == "Beta"
-
-    @property
-    def image_volume(self) -> bool:
-        """containerDisks are mounted as image volumes (the ImageVolume gate: v1.6+, on by default from v1.9)."""
-        return self.gate(IMAGE_VOLUME_GATE)
-
-    @property
-    def memory_overhead_report(self) -> bool:
-        """The launcher pod carries ``kubevirt.io/memory-overhead-bytes`` and the VMI ``status.memory.memoryOverhead``
-        (the VmiMemoryOverheadReport gate: v1.8+, on by default from v1.9, GA on main)."""
-        return self.gate(MEMORY_OVERHEAD_REPORT_GATE)
 
     @classmethod
     def from_cr(cls, kubevirt_cr: Mapping[str, Any], *, version: str | None = None) -> KubeVirtConfig:

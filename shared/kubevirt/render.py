@@ -23,7 +23,6 @@ from shared.fields import boolean, mapping, objects
 from shared.kubevirt.config import (
     CONTAINER_DISK,
     GUEST_CONSOLE_LOG,
-    IOMMUFD_GATE,
     LATEST_MINOR,
     RENDERER,
     SIDECAR,
@@ -228,11 +227,12 @@ def _compute(
 
     # device-plugin resources: virtualization devices (limits; API-server defaulting requests them), then the
     # requested ones (requests and limits)
-    for name in _virtualization_devices(vmi, config, devices):
+    dw = f"{vmi.spec_path}.domain.devices"
+    for name in _virtualization_devices(vmi, config, devices, dw):
         vm_lim[name] = _ONE
-    for name in _requested_devices(vmi, config, devices):
-        calc_req[name] = calc_req.get(name, ZERO) + _ONE
-        calc_lim[name] = calc_lim.get(name, ZERO) + _ONE
+    for name in _requested_devices(vmi, config, devices, dw):
+        have = calc_req.get(name)
+        calc_req[name] = calc_lim[name] = _ONE if have is None else have + _ONE
 
     calc_req.update(vm_req)
     calc_lim.update(vm_lim)
@@ -249,52 +249,55 @@ PR_HELPER_DEVICE: Final = "devices.kubevirt.io/pr-helper"
 IOMMUFD_DEVICE: Final = "devices.kubevirt.io/iommufd"
 
 
-def _virtualization_devices(vmi: VmiSpec, config: KubeVirtConfig, devices: Mapping[str, Any]) -> list[str]:
+def _virtualization_devices(vmi: VmiSpec, config: KubeVirtConfig, devices: Mapping[str, Any], dw: str) -> list[str]:
     """``getRequiredResources`` (renderresources.go, v1.2..main): ``tun`` unless the VMI has no interfaces and
     ``autoattachPodInterface: false``; ``vhost-net`` for a virtio (or model-less) interface, also the default
     pod-network one admission adds; ``kvm`` unless ``useEmulation``; ``vhost-vsock`` with ``autoattachVSOCK``."""
-    dw = f"{vmi.spec_path}.domain.devices"
     interfaces = objects(devices, "interfaces", dw)
     autoattach = boolean(devices, "autoattachPodInterface", dw) is not False
     out = []
     if interfaces or autoattach:
         out.append(TUN_DEVICE)
-    # SetDefaultNetworkInterface: no interfaces and no networks -> the default pod interface (no model)
-    defaulted = not interfaces and autoattach and not objects(vmi.spec, "networks", vmi.spec_path)
-    if not config.use_emulation and (defaulted or any(i.get("model") in (None, "", "virtio") for i in interfaces)):
-        out.append(VHOST_NET_DEVICE)
     if not config.use_emulation:
+        # SetDefaultNetworkInterface: no interfaces and no networks -> the default pod interface (no model)
+        if any(i.get("model") in (None, "", "virtio") for i in interfaces) or (
+            not interfaces and autoattach and not objects(vmi.spec, "networks", vmi.spec_path)
+        ):
+            out.append(VHOST_NET_DEVICE)
         out.append(KVM_DEVICE)
-    if boolean(devices, "autoattachVSOCK", dw) is True:
+    if devices.get("autoattachVSOCK") is not None and boolean(devices, "autoattachVSOCK", dw):
         out.append(VHOST_VSOCK_DEVICE)
     return out
 
 
-def _requested_devices(vmi: VmiSpec, config: KubeVirtConfig, devices: Mapping[str, Any]) -> list[str]:
+def _requested_devices(vmi: VmiSpec, config: KubeVirtConfig, devices: Mapping[str, Any], dw: str) -> list[str]:
     """The resources ``requestResource`` adds one of each (renderresources.go): a GPU's / host device's
     ``deviceName`` per entry (from v1.6 only entries without a DRA ``claimRequest``), ``sev`` for SEV (and SNP from
     v1.7), ``tdx`` for TDX (v1.9+), ``pr-helper`` for a LUN disk with ``reservation``, ``iommufd`` on every pod
     while the IOMMUFD gate is on (v1.9+). Multus network resources are not modelled (they need the cluster's
     NetworkAttachmentDefinitions; from v1.9 ExternalNetResourceInjection leaves them to a webhook by default)."""
-    dw = f"{vmi.spec_path}.domain.devices"
     minor = config.profile.minor
     out = []
     for key in ("gpus", "hostDevices"):
+        if devices.get(key) is None:
+            continue
         for dev in objects(devices, key, dw):
             dname = dev.get("deviceName")
             if isinstance(dname, str) and dname and (minor < 6 or dev.get("claimRequest") is None):
                 out.append(dname)
-    ls = mapping(vmi.domain, "launchSecurity", f"{vmi.spec_path}.domain")
-    if ls.get("sev") is not None or (minor >= 7 and ls.get("snp") is not None):
-        out.append(SEV_DEVICE)
-    if minor >= 9 and ls.get("tdx") is not None:
-        out.append(TDX_DEVICE)
-    for disk in objects(devices, "disks", dw):
-        lun = disk.get("lun")
-        if isinstance(lun, Mapping) and lun.get("reservation") is True:
-            out.append(PR_HELPER_DEVICE)
-            break
-    if config.gate(IOMMUFD_GATE):
+    if vmi.domain.get("launchSecurity") is not None:
+        ls = mapping(vmi.domain, "launchSecurity", f"{vmi.spec_path}.domain")
+        if ls.get("sev") is not None or (minor >= 7 and ls.get("snp") is not None):
+            out.append(SEV_DEVICE)
+        if minor >= 9 and ls.get("tdx") is not None:
+            out.append(TDX_DEVICE)
+    if devices.get("disks") is not None:
+        for disk in objects(devices, "disks", dw):
+            lun = disk.get("lun")
+            if isinstance(lun, Mapping) and lun.get("reservation") is True:
+                out.append(PR_HELPER_DEVICE)
+                break
+    if config.iommufd:
         out.append(IOMMUFD_DEVICE)
     return out
 

@@ -1138,3 +1138,29 @@ def test_a_migration_target_is_estimated_afresh_not_with_the_overhead_published_
     assert reserved >= fresh["requests.memory"]
     # the estimate stays within the evidence bound of the fresh rendering, not at the stale 3Gi figure's
     assert reserved <= fresh["requests.memory"] + evidence_bound("requests.memory", fresh["requests.memory"])
+
+
+def test_a_failed_migrations_target_that_still_runs_counts_as_used_not_for_free() -> None:
+    """AAQ's VmiPodUsage counts a launcher pod that is neither the source nor the target of the VMI's latest
+    non-failed migration for nothing (natively it is still charged). vmquota is stricter: such a pod (here the
+    target of a Failed migration, which KubeVirt still lists in ``status.activePods``) is not believed to be a
+    second launcher pod; what it is charged counts as used when VMs are admitted, so no VM gets its room."""
+    quota = quota_obj("rq", {"requests.memory": "10Gi"})
+    v = vmi_obj("v", guest="2Gi")
+    source = launcher_obj(v)
+    target = launcher_obj(v, migration_uid="mig-m", node="n2", t=5)
+    failed = vmim_obj("m", "v", phase="Failed")
+    failed["metadata"]["uid"] = "mig-m"
+    u = account([quota, v, source, target, failed])
+    q = u.quotas["rq"]
+    mem = usage_of(target)["requests.memory"]
+    assert q.overlap["requests.memory"] == q.unvouched["requests.memory"] == mem
+    room = Q("10Gi") - usage_of(source)["requests.memory"] - mem  # the budget less the VM and the stray target
+    fits = vmi_obj("fits", guest="1Gi", t=9, phase="Pending")
+    assert (
+        room > Q("1Gi") + Q("500Mi") and vm(account([quota, v, source, target, failed, fits]), "fits").state == ADMITTED
+    )
+    big = vmi_obj("big", guest="6Gi", t=9, phase="Pending")
+    # (it would fit were the stray target free, as in AAQ: 10Gi less the VM alone)
+    assert room < Q("6Gi") < Q("10Gi") - usage_of(source)["requests.memory"] - Q("500Mi")
+    assert vm(account([quota, v, source, target, failed, big]), "big").state == REFUSED

@@ -80,8 +80,8 @@ class VersionProfile:
     """What differs between KubeVirt releases, as far as launcher-pod resources go."""
 
     name: str
-    """The releases that render alike: ``v1.0`` .. ``v1.9``, the v1.6 patch groups (``v1.6.0-v1.6.1``,
-    ``v1.6.2``, ``v1.6.3``, ``v1.6.4+``) or ``main``."""
+    """The releases that render alike: ``v1.0`` .. ``v1.9``, the v1.5 patch groups (``v1.5.0-v1.5.1``, ``v1.5.2``,
+    ``v1.5.3+``), the v1.6 ones (``v1.6.0-v1.6.1``, ``v1.6.2``, ``v1.6.3``, ``v1.6.4+``) or ``main``."""
     minor: int
     """The minor version (``main`` counts as 99)."""
     patch: int
@@ -95,6 +95,12 @@ class VersionProfile:
     memory_request: str
     """How a VMI without a memory request gets one: :data:`WEBHOOK`, :data:`WEBHOOK_GUEST` or :data:`RENDERER`.
     What the webhook writes is part of the VMI, so the page-table term and the Guaranteed-QoS test see it."""
+    pool_in_cpu: bool
+    """The supplemental IO-thread pool counts like vCPUs in the CPU request and limits (v1.5.2+, "renderresources:
+    fix cpu calculation"); before, v1.5.0-v1.5.1 add it to the CPU limit only (``WithIOThreads``)."""
+    guaranteed_before_ratio: bool
+    """The +100 Mi of dedicated CPUs / Guaranteed QoS is added before ``additionalGuestMemoryOverheadRatio`` (so it
+    is scaled): v1.5.3+ (backported into release-1.5) and v1.6+; after it before."""
     guaranteed_from_limits: bool
     """``WantsToHaveQOSGuaranteed`` counts memory as wanting Guaranteed QoS also when only ``limits.memory`` is set
     (v1.6.4+; before, the webhook had copied the limit into the request)."""
@@ -131,6 +137,8 @@ def _family(minor: int, patch: int) -> VersionProfile:
     memory_request, guaranteed_from_limits = (WEBHOOK, False) if minor <= 5 else (RENDERER, True)
     if minor == 6:
         name, memory_request, guaranteed_from_limits = _v16_group(patch)
+    if minor == 5:
+        name = "v1.5.0-v1.5.1" if patch <= 1 else ("v1.5.2" if patch == 2 else "v1.5.3+")
     return VersionProfile(
         name=name,
         minor=minor,
@@ -140,6 +148,8 @@ def _family(minor: int, patch: int) -> VersionProfile:
         video_overhead=(16 if minor <= 5 else 32) * MI,
         reserved_overhead=minor >= 8,
         memory_request=memory_request,
+        pool_in_cpu=minor >= 6 or (minor == 5 and patch >= 2),
+        guaranteed_before_ratio=minor >= 6 or (minor == 5 and patch >= 3),
         guaranteed_from_limits=guaranteed_from_limits,
         auto_limits="never" if minor == 0 else ("gate" if minor <= 4 else "always"),
         serial_console_log=minor >= 1,

@@ -219,9 +219,9 @@ def overhead_nanos(
         total += _TPM
     if prof.minor <= 2:
         total += _legacy_passt(vmi, interfaces)
-    # the +100 Mi of dedicated CPUs / Guaranteed QoS: after the ratio up to v1.5, before it from v1.6
+    # the +100 Mi of dedicated CPUs / Guaranteed QoS: after the ratio up to v1.5.2, before it from v1.5.3
     extra = _GUARANTEED if vmi.dedicated_cpus or guaranteed else 0
-    if prof.minor >= 6:
+    if prof.guaranteed_before_ratio:
         total += extra
     nanos = total * NANO
     if prof.reserved_overhead:
@@ -230,7 +230,7 @@ def overhead_nanos(
     if ratio is not None:
         kb = -((-nanos) // _KILO_NANOS)
         nanos += int(float(kb) * (ratio - 1.0)) * _KILO_NANOS
-    if prof.minor < 6:
+    if not prof.guaranteed_before_ratio:
         nanos += extra * NANO
     nanos += _network_overhead(vmi, interfaces, config)
     return nanos, (Format.DECIMAL_SI if pagetables > 0 else Format.BINARY_SI)

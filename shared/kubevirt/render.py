@@ -168,11 +168,11 @@ def _compute(
             vm_req["memory"] = overcommitted(vmi.guest_memory, config.memory_overcommit)
     hugepages = vmi.hugepage_size is not None
 
-    # CPU: the supplemental IO-thread pool (v1.5+) counts like vCPUs from v1.6; in v1.5 the request covers the
-    # topology only and WithIOThreads adds the pool to the CPU limit; before v1.5 the field does not exist
-    minor = config.profile.minor
-    pool = vmi.vcpus - vmi.topology.vcpus if minor >= 5 else 0
-    sized = vmi.vcpus if minor >= 6 else vmi.topology.vcpus
+    # CPU: the supplemental IO-thread pool (v1.5+) counts like vCPUs from v1.5.2; in v1.5.0-v1.5.1 the request
+    # covers the topology only and WithIOThreads adds the pool to the CPU limit; before v1.5 the field does not exist
+    prof = config.profile
+    pool = vmi.vcpus - vmi.topology.vcpus if prof.minor >= 5 else 0
+    sized = vmi.vcpus if prof.pool_in_cpu else vmi.topology.vcpus
     if vmi.dedicated_cpus:
         total = sized
         vm_lim["cpu"] = vm_req["cpu"] = _cpus(total, Format.BINARY_SI)
@@ -187,7 +187,7 @@ def _compute(
         calc_req["cpu"] = cpu_request(sized, config.cpu_allocation_ratio)
         if _auto_cpu_limits(vmi, config, ns):
             calc_lim["cpu"] = _cpus(sized)
-    if minor == 5 and pool > 0:  # WithIOThreads: addToCPU(vmLimits, pool)
+    if pool > 0 and not prof.pool_in_cpu:  # WithIOThreads: addToCPU(vmLimits, pool)
         cur = vm_lim.get("cpu")
         vm_lim["cpu"] = _cpus(pool, Format.BINARY_SI) if cur is None else cur + _cpus(pool, Format.BINARY_SI)
         if vmi.dedicated_cpus:

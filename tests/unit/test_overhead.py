@@ -108,7 +108,9 @@ def test_version_constants(version, fixed_mib, video_mib):
     [
         ("v1.0", "v1.0"),
         ("1.3", "v1.3"),
-        ("v1.5.2", "v1.5"),
+        ("v1.5.2", "v1.5.2"),
+        ("v1.5.0", "v1.5.0-v1.5.1"),
+        ("v1.5", "v1.5.3+"),
         ("v1.6.0-rc.1", "v1.6.0-v1.6.1"),
         ("v1.6.1", "v1.6.0-v1.6.1"),
         ("v1.6.2", "v1.6.2"),
@@ -341,17 +343,17 @@ def test_binding_plugin_memory_per_version(version, interfaces, extra_mib):
     assert got == overhead(vmi(), version) + extra_mib * MI
 
 
-@pytest.mark.parametrize("version", ["v1.2", "v1.5", "v1.6", "main"])
+@pytest.mark.parametrize("version", ["v1.2", "v1.5.2", "v1.5.3", "v1.5", "v1.6", "main"])
 def test_the_dedicated_cpu_term_and_the_ratio(version):
-    # renderresources.go GetMemoryOverhead: v1.2-v1.5 multiply by additionalGuestMemoryOverheadRatio and then add
-    # the 100Mi of dedicated CPUs / Guaranteed QoS; v1.6+ (hypervisorbackend.go) add it first, so it is scaled too.
-    # Worked by hand with ratio 2: overhead(ratio 2, dedicated) - overhead(ratio 2, not dedicated) = 100Mi up to
-    # v1.5 and 200Mi from v1.6.
+    # renderresources.go GetMemoryOverhead: v1.2-v1.5.2 multiply by additionalGuestMemoryOverheadRatio and then add
+    # the 100Mi of dedicated CPUs / Guaranteed QoS; v1.5.3 (the backport to release-1.5, renderresources.go line
+    # order at the tag) and v1.6+ add it first, so it is scaled too. Worked by hand with ratio 2:
+    # overhead(ratio 2, dedicated) - overhead(ratio 2, not dedicated) = 100Mi up to v1.5.2 and 200Mi from v1.5.3.
     dedicated = vmi({"cpu": {"dedicatedCpuPlacement": True}})
     diff = overhead(dedicated, version, additional_guest_memory_overhead_ratio="2") - overhead(
         vmi(), version, additional_guest_memory_overhead_ratio="2"
     )
-    if version in ("v1.2", "v1.5"):
+    if version in ("v1.2", "v1.5.2"):
         assert diff == 100 * MI
     else:  # scaled with the rest, whose ratio step rounds to whole kB (int(float64(kB) x (r - 1)) x 1000)
         assert abs(diff - 200 * MI) < 2000

@@ -818,9 +818,12 @@ def test_hugepages_take_the_overcommitted_request(version, hugepages):
         ("v1.4", NO_QUOTA, "400m", None),
         # v1.5.0 renderresources.go: WithoutDedicatedCPU covers the topology only (4 / 10); WithIOThreads adds the
         # pool to vmLimits (addToCPU), which wins over the automatic limit of 4
-        ("v1.5", NO_QUOTA, "400m", "2"),
-        ("v1.5", LIMITS_QUOTA, "400m", "2"),
-        # v1.6.0: getIOThreadsCount joins the vCPUs in the request and the automatic limit: 6 / 10, limit 6
+        ("v1.5.0", NO_QUOTA, "400m", "2"),
+        ("v1.5.1", LIMITS_QUOTA, "400m", "2"),
+        # v1.5.2 ("renderresources: fix cpu calculation") and v1.6.0: getIOThreadsCount joins the vCPUs in the
+        # request and the automatic limit: 6 / 10, limit 6
+        ("v1.5.2", NO_QUOTA, "600m", None),
+        ("v1.5", LIMITS_QUOTA, "600m", "6"),
         ("v1.6", NO_QUOTA, "600m", None),
         ("v1.6", LIMITS_QUOTA, "600m", "6"),
     ],

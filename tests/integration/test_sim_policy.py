@@ -326,19 +326,25 @@ def _memory(amount: str) -> str:
     return json.dumps({"spec": {"containers": [{"name": "c", "resources": res}]}})
 
 
+async def _tenant_and_app(sim: SimCluster, tmp_path: Path, memory: str) -> tuple[Path, Path]:
+    """A quota of 4Gi limits.memory, a tenant's kubeconfig, and the manifest of pod ``app`` with ``memory``."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "4Gi"})
+    await sim.wait_quota_synced(NS, "compute")
+    tenant = sim.write_kubeconfig(tmp_path / "tenant.kubeconfig", sim.add_tenant("mallory", [NS]), namespace=NS)
+    app = pod("app")
+    app["spec"]["containers"][0]["resources"] = json.loads(_memory(memory))["spec"]["containers"][0]["resources"]
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(yaml.safe_dump(app))
+    return tenant, manifest
+
+
 async def test_a_pod_grows_in_place_only_by_resize_which_quota_and_the_guard_check(
     sim: SimCluster, tmp_path: Path
 ) -> None:
     """Kubernetes 1.33+: container resources change only through ``pods/resize`` (a plain update is invalid);
     quota admission charges what a resize grows by, and the guard refuses a resize while room is reserved, so a
     tenant cannot grow a pod into the room either."""
-    await sim.create_quota(NS, "compute", {"limits.memory": "4Gi"})
-    await sim.wait_quota_synced(NS, "compute")
-    tenant = sim.write_kubeconfig(tmp_path / "tenant.kubeconfig", sim.add_tenant("mallory", [NS]), namespace=NS)
-    app = pod("app")
-    app["spec"]["containers"][0]["resources"] = json.loads(_memory("1Gi"))["spec"]["containers"][0]["resources"]
-    manifest = tmp_path / "pod.yaml"
-    manifest.write_text(yaml.safe_dump(app))
+    tenant, manifest = await _tenant_and_app(sim, tmp_path, "1Gi")
 
     async def tenant_kubectl(*args: str) -> tuple[int, str]:
         code, out, err = await run_kubectl(tenant, tmp_path, *args)
@@ -370,13 +376,7 @@ async def test_a_pod_grows_in_place_only_by_resize_which_quota_and_the_guard_che
 async def test_a_shrinking_resize_frees_quota_only_once_the_kubelet_reports_it(sim: SimCluster, tmp_path: Path) -> None:
     """InPlacePodVerticalScaling: the quota evaluator charges max(spec, status.resources, allocatedResources), so a
     resize down frees nothing until the kubelet reports the smaller size (component-helpers/resource)."""
-    await sim.create_quota(NS, "compute", {"limits.memory": "4Gi"})
-    await sim.wait_quota_synced(NS, "compute")
-    tenant = sim.write_kubeconfig(tmp_path / "tenant.kubeconfig", sim.add_tenant("mallory", [NS]), namespace=NS)
-    app = pod("app")
-    app["spec"]["containers"][0]["resources"] = json.loads(_memory("3Gi"))["spec"]["containers"][0]["resources"]
-    manifest = tmp_path / "pod.yaml"
-    manifest.write_text(yaml.safe_dump(app))
+    tenant, manifest = await _tenant_and_app(sim, tmp_path, "3Gi")
     code, _, err = await run_kubectl(tenant, tmp_path, "create", "-f", str(manifest))
     assert code == 0, err
 

@@ -520,6 +520,7 @@ def is_native_resource(name: str) -> bool:
     return "/" not in name or "kubernetes.io/" in name
 
 
+@lru_cache(maxsize=1024)
 def is_extended_resource(name: str) -> bool:
     """``helper.IsExtendedResourceName``: not native, not ``requests.*``, and ``requests.<name>`` is a qualified
     name (what a quota can name)."""

@@ -29,6 +29,7 @@ from services.simcluster.workqueue import Cache, Key, WorkQueue, key_of
 from shared.errors import InvalidInput
 from shared.podusage import (
     TERMINAL_PHASES,
+    is_pod_level_resource,
     is_quota_extended_resource,
     pod_counts_for_compute,
     pod_quota_usage,
@@ -231,9 +232,11 @@ def _container_usage_names(container: Mapping[str, Any]) -> set[str]:
 
 
 def missing_constraints(pod: Mapping[str, Any], required: Iterable[str]) -> str | None:
-    """``podEvaluator.Constraints``: ``must specify limits.cpu for: compute; …`` or None when satisfied."""
+    """``podEvaluator.Constraints``: ``must specify limits.cpu for: compute; …`` or None when satisfied. A pod
+    with pod-level resources (``IsPodLevelResourcesSet``: a cpu, memory or hugepages value in ``spec.resources``) is
+    not held to it (PodLevelResources, Kubernetes 1.34+)."""
     req = set(required) & VALIDATION_SET
-    if not req:
+    if not req or _pod_level_set(pod):
         return None
     missing: dict[str, set[str]] = {}
     for c in _containers(pod):
@@ -243,6 +246,16 @@ def missing_constraints(pod: Mapping[str, Any], required: Iterable[str]) -> str 
         return None
     parts = [f"{r} for: {','.join(sorted(missing[r]))}" for r in sorted(missing)]
     return "must specify " + "; ".join(parts)
+
+
+def _pod_level_set(pod: Mapping[str, Any]) -> bool:
+    res = (pod.get("spec") or {}).get("resources")
+    if not isinstance(res, Mapping):
+        return False
+    return any(
+        isinstance(part, Mapping) and any(is_pod_level_resource(str(k)) for k in part)
+        for part in (res.get("requests"), res.get("limits"))
+    )
 
 
 def pretty(rl: Mapping[str, Quantity]) -> str:

@@ -105,6 +105,12 @@ def test_must_specify_names_resources_and_containers() -> None:
     assert missing_constraints(one, ["limits.cpu", "limits.memory"]) == "must specify limits.cpu for: compute"
     # resources outside the validation set (extended resources) never need specifying
     assert missing_constraints(one, ["requests.nvidia.com/gpu", "count/pods"]) is None
+    # podEvaluator.Constraints (Kubernetes 1.34+): a pod with pod-level resources is not held to container values;
+    # an unsupported pod-level resource alone does not count (IsPodLevelResourcesSet)
+    pod_level = {**one, "spec": {**one["spec"], "resources": {"limits": {"cpu": "2", "memory": "2Gi"}}}}
+    assert missing_constraints(pod_level, ["limits.cpu", "limits.memory"]) is None
+    storage_only = {**one, "spec": {**one["spec"], "resources": {"limits": {"ephemeral-storage": "1Gi"}}}}
+    assert missing_constraints(storage_only, ["limits.cpu"]) == "must specify limits.cpu for: compute"
 
 
 def test_unsynced_quota_does_not_constrain_and_unknown_usage_refuses() -> None:

@@ -400,3 +400,28 @@ async def test_a_shrinking_resize_frees_quota_only_once_the_kubelet_reports_it(s
     shrunk = await sim.get("pods", NS, "app")
     still_big = {**shrunk, "status": {**shrunk["status"], "containerStatuses": running["status"]["containerStatuses"]}}
     assert format_resource_list(pod_quota_usage(still_big))["limits.memory"] == "3Gi"
+
+
+async def test_a_tenant_cannot_forge_the_reported_resources_that_resize_accounting_reads(
+    sim: SimCluster, tmp_path: Path
+) -> None:
+    """The evaluator believes ``status.containerStatuses[].resources`` and an ``Infeasible`` resize condition
+    (which make it ignore the spec): both are the kubelet's. A tenant's pod created with a forged status that
+    claims it runs at 1Gi is charged its 3Gi spec (the API server drops status on create), and the tenant
+    cannot write ``pods/status``."""
+    tenant, manifest = await _tenant_and_app(sim, tmp_path, "3Gi")
+    app = yaml.safe_load(manifest.read_text())
+    app["status"] = {
+        "conditions": [{"type": "PodResizePending", "status": "True", "reason": "Infeasible"}],
+        "containerStatuses": [{"name": "c", "resources": {"requests": {"memory": "1Gi"}, "limits": {"memory": "1Gi"}}}],
+    }
+    manifest.write_text(yaml.safe_dump(app))
+    code, _, err = await run_kubectl(tenant, tmp_path, "create", "-f", str(manifest))
+    assert code == 0, err
+    q = await sim.get("resourcequotas", NS, "compute")
+    assert q["status"]["used"]["limits.memory"] == "3Gi"
+    forged = json.dumps({"status": app["status"]})
+    code, _, err = await run_kubectl(tenant, tmp_path, "patch", "pod", "app", "--subresource=status", "-p", forged)
+    assert code != 0 and "forbidden" in err.lower(), err
+    q = await sim.get("resourcequotas", NS, "compute")
+    assert q["status"]["used"]["limits.memory"] == "3Gi"

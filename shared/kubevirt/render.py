@@ -363,7 +363,7 @@ def _support_containers(
         to.append(ContainerSpec(name, dict(req), dict(lim), init=init, restartable=restartable))
 
     # guest-console-log: a restartable init container (sidecar), first of the init containers, from v1.6; a
-    # regular container after virtiofs before (serialconsolelog.go)
+    # regular container, placed after the virtiofs ones, up to v1.5 (serialconsolelog.go)
     console = config.profile.serial_console_log and _serial_console_log(devices, config, dw)
     if console and config.profile.minor >= 6:
         add(inits, "guest-console-log", "console", init=True, restartable=True)

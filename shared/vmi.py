@@ -80,6 +80,9 @@ class VmiSpec:
     dedicated_cpus: bool
     isolate_emulator_thread: bool
     hugepage_size: Quantity | None
+    io_thread_pool: int = 0
+    """``ioThreads.supplementalPoolThreadCount`` whatever ``ioThreadsPolicy`` says (v1.5.2+ count it in the launcher's
+    CPU either way; only ``vcpus`` and the emulator-thread parity require the policy)."""
     kind: str = VMI_KIND
     """``VirtualMachineInstance`` or ``VirtualMachine`` (the object the spec was read from)."""
     spec_path: str = "spec"
@@ -139,9 +142,9 @@ def _vmi_spec(obj: Mapping[str, Any]) -> VmiSpec:
     vcpus = topo.vcpus
     if vcpus > _MAX_VCPUS:
         raise InvalidInput(f"{vcpus} vCPUs is out of range (at most {_MAX_VCPUS})", cwhere)
+    pool = _count(mapping(domain, "ioThreads", dwhere), "supplementalPoolThreadCount", f"{dwhere}.ioThreads")
     if domain.get("ioThreadsPolicy") == "supplementalPool":
-        io = mapping(domain, "ioThreads", dwhere)
-        vcpus += _count(io, "supplementalPoolThreadCount", f"{dwhere}.ioThreads")
+        vcpus += pool
     dedicated = boolean(cpu, "dedicatedCpuPlacement", cwhere) is True
     isolate = boolean(cpu, "isolateEmulatorThread", cwhere) is True
 
@@ -181,6 +184,7 @@ def _vmi_spec(obj: Mapping[str, Any]) -> VmiSpec:
         dedicated_cpus=dedicated,
         isolate_emulator_thread=isolate,
         hugepage_size=hugepage_size,
+        io_thread_pool=pool,
         kind=VM_KIND if kind == VM_KIND else VMI_KIND,
         spec_path=where,
     )

@@ -168,11 +168,13 @@ def _compute(
             vm_req["memory"] = overcommitted(vmi.guest_memory, config.memory_overcommit)
     hugepages = vmi.hugepage_size is not None
 
-    # CPU: the supplemental IO-thread pool (v1.5+) counts like vCPUs from v1.5.2; in v1.5.0-v1.5.1 the request
-    # covers the topology only and WithIOThreads adds the pool to the CPU limit; before v1.5 the field does not exist
+    # CPU: the supplemental IO-thread pool (v1.5+) counts like vCPUs from v1.5.2 (getIOThreadsCount: the count,
+    # whatever the policy); in v1.5.0-v1.5.1 the request covers the topology only and WithIOThreads adds the pool to
+    # the CPU limit (with the policy); before v1.5 the field does not exist. The emulator-thread parity adds the
+    # pool again only with the policy (additionalCPUs).
     prof = config.profile
-    pool = vmi.vcpus - vmi.topology.vcpus if prof.minor >= 5 else 0
-    sized = vmi.vcpus if prof.pool_in_cpu else vmi.topology.vcpus
+    pool = vmi.vcpus - vmi.topology.vcpus if prof.minor >= 5 else 0  # (with the supplementalPool policy)
+    sized = vmi.topology.vcpus + vmi.io_thread_pool if prof.pool_in_cpu else vmi.topology.vcpus
     if vmi.dedicated_cpus:
         total = sized
         vm_lim["cpu"] = vm_req["cpu"] = _cpus(total, Format.BINARY_SI)

@@ -837,3 +837,37 @@ def test_supplemental_io_thread_pool_per_version(version, ns, cpu_request, limit
     c = render(vmi(domain), version, ns).container("compute")
     assert c.requests["cpu"] == Q(cpu_request)
     assert (c.limits["cpu"].canonical() if "cpu" in c.limits else None) == limit
+
+
+@pytest.mark.parametrize(
+    ("version", "vcpus", "pool", "parity", "expected"),
+    [
+        # renderresources_test.go @ v1.5.2 / v1.6.0 / main, "sets limits and requests to vCPUs + iothreads +
+        # emulatorThreadCPUs when vCPUs != 0": 5 vCPUs, 2 IO threads -> 8; with the parity annotation (odd) -> 8;
+        # 6 vCPUs, 2 IO threads, parity annotation (even) -> 10
+        ("v1.5.2", 5, 2, False, 8),
+        ("v1.6", 5, 2, True, 8),
+        ("main", 6, 2, True, 10),
+        # renderresources_test.go @ v1.5.0, "requires additional EmulatorThread CPUs overhead, and additional CPUs
+        # added to the limits and the IOThreads": 2 cores, 4 IO threads, isolated emulator thread -> limits 7
+        ("v1.5.0", 2, 4, False, 7),
+    ],
+)
+def test_dedicated_cpus_with_io_threads_and_an_emulator_thread(version, vcpus, pool, parity, expected):
+    domain = {
+        "cpu": {"cores": vcpus, "dedicatedCpuPlacement": True, "isolateEmulatorThread": True},
+        "ioThreadsPolicy": "supplementalPool",
+        "ioThreads": {"supplementalPoolThreadCount": pool},
+    }
+    annotations = {"alpha.kubevirt.io/EmulatorThreadCompleteToEvenParity": ""} if parity else {}
+    c = render(vmi(domain, annotations=annotations), version).container("compute")
+    assert c.limits["cpu"] == Q(str(expected)) and c.requests["cpu"] == Q(str(expected))
+
+
+def test_a_pool_count_without_the_policy_still_counts_in_cpu_from_v152():
+    # getIOThreadsCount (v1.5.2+) reads supplementalPoolThreadCount whatever ioThreadsPolicy says, and admission
+    # accepts a count with another policy: 4 vCPUs + 2 -> 6 / 10 = 600m; v1.5.0's WithIOThreads needs the policy
+    domain = {"cpu": {"sockets": 4}, "ioThreadsPolicy": "auto", "ioThreads": {"supplementalPoolThreadCount": 2}}
+    assert render(vmi(domain), "v1.9").container("compute").requests["cpu"] == Q("600m")
+    c = render(vmi(domain), "v1.5.0").container("compute")
+    assert c.requests["cpu"] == Q("400m") and "cpu" not in c.limits

@@ -29,7 +29,7 @@ from typing import Any, Final
 
 from shared.errors import InvalidInput, InvalidQuantity
 from shared.quantity import MAX_NANOS, NANO, Format, Quantity
-from shared.resources import ResourceList, add, format_resource_list, parse_resource_list
+from shared.resources import ResourceList, add, format_resource_list, maximum, parse_resource_list
 
 _Entry = tuple[bool, bool, Mapping[str, "Quantity"], Mapping[str, "Quantity"]]
 """What the totals read of a container: init, restartable, requests, limits."""
@@ -171,6 +171,11 @@ def is_pod_level_resource(name: str) -> bool:
     return name in ("cpu", "memory") or name.startswith("hugepages-")
 
 
+def pod_level_set(requests: Iterable[str], limits: Iterable[str] = ()) -> bool:
+    """``IsPodLevelResourcesSet`` (``IsPodLevelRequestsSet`` with no limits) of the names in ``spec.resources``."""
+    return any(is_pod_level_resource(k) for names in (requests, limits) for k in names)
+
+
 def _totals(
     entries: Sequence[_Entry], overhead: Mapping[str, Quantity] | None, pod_level: PodLevel = _NO_POD_LEVEL
 ) -> tuple[ResourceList, ResourceList]:
@@ -178,10 +183,9 @@ def _totals(
     limits = _effective(entries, True)
     pl_req, pl_lim = pod_level
     if pl_req or pl_lim:  # PodRequests / PodLimits: supported pod-level values replace the aggregate
-        requests_set = any(is_pod_level_resource(k) for k in pl_req)
-        if requests_set:
+        if pod_level_set(pl_req):
             requests.update((k, v) for k, v in pl_req.items() if is_pod_level_resource(k))
-        if requests_set or any(is_pod_level_resource(k) for k in pl_lim):
+        if pod_level_set(pl_req, pl_lim):
             limits.update((k, v) for k, v in pl_lim.items() if is_pod_level_resource(k))
     if overhead:
         requests = add(requests, overhead)
@@ -327,17 +331,6 @@ def _resize_infeasible(conditions: object) -> bool:
     return False
 
 
-def _max_of(first: Mapping[str, Quantity], *others: Mapping[str, Quantity]) -> ResourceList:
-    """``max(a, b...)`` of the resource helpers: a copy of ``first``, raised per resource by each of ``others``."""
-    out = dict(first)
-    for other in others:
-        for k, v in other.items():
-            cur = out.get(k)
-            if cur is None or v > cur:
-                out[k] = v
-    return out
-
-
 def _with_status(
     rows: Iterable[tuple[str, bool, bool, ResourceList, ResourceList]],
     statuses: Mapping[str, _StatusResources],
@@ -351,9 +344,9 @@ def _with_status(
         if reported is not None:
             st_req, st_lim, allocated = reported
             if infeasible:
-                requests, limits = _max_of(st_req, allocated), dict(st_lim)
+                requests, limits = maximum(st_req, allocated), dict(st_lim)
             else:
-                requests, limits = _max_of(requests, st_req, allocated), _max_of(limits, st_lim)
+                requests, limits = maximum(maximum(requests, st_req), allocated), maximum(limits, st_lim)
         out.append((init, restartable, requests, limits))
     return out
 

@@ -1441,8 +1441,8 @@ class KubeVirtSimulator:
                     ),
                 )
             return
-        if p == "Running" and _resize_to_actuate(pod):
-            await self._update_status(self.r_pods, key, _actuate_resize)
+        if p == "Running" and _actuated(pod) != ((pod.get("status") or {}).get("containerStatuses") or []):
+            await self._update_status(self.r_pods, key, lambda o: o["status"].update(containerStatuses=_actuated(o)))
             return
         if p != "Pending":
             return
@@ -1522,31 +1522,15 @@ def _reported_resources(container: Mapping[str, Any]) -> dict[str, Any]:
     return {"resources": reported, "allocatedResources": dict(reported.get("requests") or {})}
 
 
-def _resize_to_actuate(pod: Mapping[str, Any]) -> bool:
-    """A running pod whose containers' spec resources differ from what their status reports (a resize)."""
+def _actuated(pod: Mapping[str, Any]) -> list[Any]:
+    """The container statuses once the kubelet has applied the spec's resources (a feasible resize; the simulated
+    nodes have room for any): each running container's reported resources follow its spec."""
     specs = {c.get("name"): c for c in (pod.get("spec") or {}).get("containers") or [] if isinstance(c, Mapping)}
+    out: list[Any] = []
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        c = specs.get(cs.get("name"))
-        if (
-            c is not None
-            and "resources" in cs
-            and _reported_resources(c)
-            != {
-                "resources": cs.get("resources") or {},
-                "allocatedResources": cs.get("allocatedResources") or {},
-            }
-        ):
-            return True
-    return False
-
-
-def _actuate_resize(obj: Obj) -> None:
-    """The kubelet applies a feasible resize (the simulated nodes have room for any): status follows the spec."""
-    specs = {c.get("name"): c for c in (obj.get("spec") or {}).get("containers") or [] if isinstance(c, Mapping)}
-    for cs in obj["status"].get("containerStatuses") or []:
-        c = specs.get(cs.get("name"))
-        if c is not None and "resources" in cs:
-            cs.update(_reported_resources(c))
+        c = specs.get(cs.get("name")) if isinstance(cs, Mapping) else None
+        out.append({**cs, **_reported_resources(c)} if c is not None and "resources" in cs else cs)
+    return out
 
 
 def _label_values(obj: Mapping[str, Any], label: str) -> tuple[str, ...]:

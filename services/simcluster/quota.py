@@ -29,9 +29,9 @@ from services.simcluster.workqueue import Cache, Key, WorkQueue, key_of
 from shared.errors import InvalidInput
 from shared.podusage import (
     TERMINAL_PHASES,
-    is_pod_level_resource,
     is_quota_extended_resource,
     pod_counts_for_compute,
+    pod_level_set,
     pod_quota_usage,
     pod_resources,
     quota_usage_of,
@@ -252,10 +252,8 @@ def _pod_level_set(pod: Mapping[str, Any]) -> bool:
     res = (pod.get("spec") or {}).get("resources")
     if not isinstance(res, Mapping):
         return False
-    return any(
-        isinstance(part, Mapping) and any(is_pod_level_resource(str(k)) for k in part)
-        for part in (res.get("requests"), res.get("limits"))
-    )
+    names = [map(str, part) if isinstance(part, Mapping) else () for part in (res.get("requests"), res.get("limits"))]
+    return pod_level_set(*names)
 
 
 def pretty(rl: Mapping[str, Quantity]) -> str:

@@ -110,37 +110,28 @@ class VersionProfile:
     serial_console_log: bool
     """The ``guest-console-log`` container exists (v1.1+)."""
 
-    @property
-    def memory_request_at_admission(self) -> bool:
-        """The admission webhook writes ``requests.memory`` into the VMI (up to v1.6.3)."""
-        return self.memory_request != RENDERER
-
 
 LATEST_MINOR: Final = 9
 """The latest KubeVirt release this build has a profile for: v1.9."""
 _VERSION_RE: Final = re.compile(r"^v?1\.(\d+)(?:\.(\d+)(?:[-+][0-9A-Za-z.+-]*)?)?$")
 
 
-def _v16_group(patch: int) -> tuple[str, str, bool]:
-    """(name, memory_request, guaranteed_from_limits) of a v1.6 patch release."""
-    if patch <= 1:
-        return "v1.6.0-v1.6.1", WEBHOOK, False
-    if patch == 2:
-        return "v1.6.2", WEBHOOK_GUEST, False
-    if patch == 3:
-        return "v1.6.3", WEBHOOK, False
-    return "v1.6.4+", RENDERER, True
+def _name(minor: int, patch: int) -> str:
+    """The releases that render alike, named (``VersionProfile.name``)."""
+    if minor > LATEST_MINOR:
+        return "main"
+    if minor == 5:
+        return "v1.5.0-v1.5.1" if patch <= 1 else ("v1.5.2" if patch == 2 else "v1.5.3+")
+    if minor == 6:
+        return "v1.6.0-v1.6.1" if patch <= 1 else (f"v1.6.{patch}" if patch <= 3 else "v1.6.4+")
+    return f"v1.{minor}"
 
 
 def _family(minor: int, patch: int) -> VersionProfile:
-    name = "main" if minor > LATEST_MINOR else f"v1.{minor}"
-    memory_request, guaranteed_from_limits = (WEBHOOK, False) if minor <= 5 else (RENDERER, True)
-    if minor == 6:
-        name, memory_request, guaranteed_from_limits = _v16_group(patch)
-    if minor == 5:
-        name = "v1.5.0-v1.5.1" if patch <= 1 else ("v1.5.2" if patch == 2 else "v1.5.3+")
+    release = (minor, patch)
+    memory_request = WEBHOOK_GUEST if release == (6, 2) else (RENDERER if release >= (6, 4) else WEBHOOK)
     return VersionProfile(
-        name=name,
+        name=_name(minor, patch),
         minor=minor,
         patch=patch,
         fixed_overhead=(25 + 100 + (20 if minor <= 4 else 25) + (35 if minor <= 4 else 40) + (30 if minor <= 9 else 50))
@@ -148,9 +139,9 @@ def _family(minor: int, patch: int) -> VersionProfile:
         video_overhead=(16 if minor <= 5 else 32) * MI,
         reserved_overhead=minor >= 8,
         memory_request=memory_request,
-        pool_in_cpu=minor >= 6 or (minor == 5 and patch >= 2),
-        guaranteed_before_ratio=minor >= 6 or (minor == 5 and patch >= 3),
-        guaranteed_from_limits=guaranteed_from_limits,
+        pool_in_cpu=release >= (5, 2),
+        guaranteed_before_ratio=release >= (5, 3),
+        guaranteed_from_limits=release >= (6, 4),
         auto_limits="never" if minor == 0 else ("gate" if minor <= 4 else "always"),
         serial_console_log=minor >= 1,
     )

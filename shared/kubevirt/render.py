@@ -173,14 +173,14 @@ def _compute(
     # the CPU limit (with the policy); before v1.5 the field does not exist. The emulator-thread parity adds the
     # pool again only with the policy (additionalCPUs).
     prof = config.profile
-    pool = vmi.vcpus - vmi.topology.vcpus if prof.minor >= 5 else 0  # (with the supplementalPool policy)
+    policy_pool = vmi.vcpus - vmi.topology.vcpus if prof.minor >= 5 else 0  # (with the supplementalPool policy)
     sized = vmi.topology.vcpus + vmi.io_thread_pool if prof.pool_in_cpu else vmi.topology.vcpus
     if vmi.dedicated_cpus:
         total = sized
         vm_lim["cpu"] = vm_req["cpu"] = _cpus(total, Format.BINARY_SI)
         if vmi.isolate_emulator_thread:
             extra = 1
-            if EMULATOR_THREAD_EVEN_PARITY_ANNOTATION in vmi.annotations and (total + pool) % 2 == 0:
+            if EMULATOR_THREAD_EVEN_PARITY_ANNOTATION in vmi.annotations and (total + policy_pool) % 2 == 0:
                 extra = 2
             vm_lim["cpu"] = vm_req["cpu"] = _cpus(total + extra, Format.BINARY_SI)
         if "memory" in vm_req:
@@ -189,9 +189,10 @@ def _compute(
         calc_req["cpu"] = cpu_request(sized, config.cpu_allocation_ratio)
         if _auto_cpu_limits(vmi, config, ns):
             calc_lim["cpu"] = _cpus(sized)
-    if pool > 0 and not prof.pool_in_cpu:  # WithIOThreads: addToCPU(vmLimits, pool)
+    if policy_pool > 0 and not prof.pool_in_cpu:  # WithIOThreads: addToCPU(vmLimits, pool)
+        added = _cpus(policy_pool, Format.BINARY_SI)
         cur = vm_lim.get("cpu")
-        vm_lim["cpu"] = _cpus(pool, Format.BINARY_SI) if cur is None else cur + _cpus(pool, Format.BINARY_SI)
+        vm_lim["cpu"] = added if cur is None else cur + added
         if vmi.dedicated_cpus:
             vm_req["cpu"] = vm_lim["cpu"]
 

@@ -65,6 +65,7 @@ __all__ = [
     "Action",
     "Budget",
     "Plan",
+    "check_hard_bound",
     "check_usage",
     "decision",
     "event_body",
@@ -200,8 +201,30 @@ def check_usage(u: UsageSnapshot) -> None:
     for name, t in u.quotas.items():
         where = f"usage {u.namespace}: quotas.{name}"
         parse_mode(t.mode, f"{where}.mode")
-        for field_name in ("budget", "used", "pods", "reserved", "overlap", "unvouched", "hard"):
-            parse_resource_list(getattr(t, field_name), f"{where}.{field_name}")
+        lists = {
+            f: parse_resource_list(getattr(t, f), f"{where}.{f}")
+            for f in ("budget", "used", "pods", "reserved", "overlap", "unvouched", "hard")
+        }
+        check_hard_bound(lists, where)
+
+
+def check_hard_bound(terms: Mapping[str, ResourceList], where: str) -> None:
+    """What a usage snapshot may ask for: ``hard <= B + P + S`` for every resource, and only the budget's
+    resources. The equation gives ``hard = k * max(B - U, 0) + P - D + S`` with ``k <= 1`` and ``D >= 0``, so a
+    snapshot that asks for more is not the equation's result (a forged or corrupted one) whatever its other terms
+    say. The bound is on the snapshot's own terms: it stops a snapshot from opening room it does not account for,
+    not one that states a large ``P`` (see docs/operations.md, "Security model")."""
+    budget, pods, reserved = terms["budget"], terms["pods"], terms["reserved"]
+    for r, h in terms["hard"].items():
+        if r not in budget:
+            raise InvalidInput(f"hard names {r}, which the budget does not", f"{where}.hard.{r}")
+        bound = budget[r] + pods.get(r, ZERO) + reserved.get(r, ZERO)
+        if h > bound:
+            raise InvalidInput(
+                f"hard {h.canonical()} exceeds budget + pods + reserved = {bound.canonical()}: not the quota "
+                "equation's result",
+                f"{where}.hard.{r}",
+            )
 
 
 # ---- the plan ----------------------------------------------------------------------------------------------------

@@ -140,6 +140,8 @@ class Enforcer:
         self._gone: dict[Key, int] = {}
         """resourceVersion of deleted quotas (an older upsert must not bring them back)."""
         self.usage: dict[str, contract.UsageSnapshot] = {}
+        self._usage_at: dict[str, int] = {}
+        """The usage stream sequence of each namespace's snapshot in ``usage`` (the order the server assigned)."""
         self._acted: dict[Key, contract.UsageSnapshot] = {}
         """The usage snapshot each quota was last written from (for the reason line only)."""
         self._since: dict[Key, float] = {}
@@ -157,7 +159,7 @@ class Enforcer:
         self._stopped = False
         self._reports: asyncio.Queue[tuple[Plan, str]] = asyncio.Queue(REPORT_QUEUE)
         self._nudged: dict[tuple[str, str], tuple[int, float]] = {}
-        """(namespace, VMI uid) → the usage snapshot (seq) and the time of the last nudge."""
+        """(namespace, VMI uid) → the usage snapshot (its stream sequence) and the time of the last nudge."""
         self._told: dict[tuple[str, str], None] = {}
         """(namespace, migration uid) of hotplugs refused and told on their VMI (once each)."""
         self._side_tasks: set[asyncio.Task[None]] = set()
@@ -329,9 +331,13 @@ class Enforcer:
         except InvalidInput as e:
             await self._dead_letter(m, contract.USAGE_STREAM, str(e))
             return
-        held = self.usage.get(u.namespace)
-        if held is not None and held.seq > u.seq:
+        # Ordered by the stream sequence the server assigned, never by the snapshot's own ``seq`` (what the
+        # producer says it folded): a forged snapshot claiming a huge ``seq`` must not shadow the real ones.
+        # Redelivery after a reconnect never goes back in the stream, so a lower sequence is a replay.
+        at = position(m).stream
+        if at <= self._usage_at.get(u.namespace, 0):
             return
+        self._usage_at[u.namespace] = at
         self.usage[u.namespace] = u
         self._touch_namespace(u.namespace)
 
@@ -452,12 +458,13 @@ class Enforcer:
             if v.state != "admitted" or not v.pod_refused or not v.uid:
                 continue
             last = self._nudged.get((namespace, v.uid))
-            if last is not None and (last[0] >= u.seq or now - last[1] < self.opts.nudge_interval):
+            at = self._usage_at.get(namespace, 0)
+            if last is not None and (last[0] >= at or now - last[1] < self.opts.nudge_interval):
                 continue
-            self._nudged[(namespace, v.uid)] = (u.seq, now)
+            self._nudged[(namespace, v.uid)] = (at, now)
             if len(self._nudged) > NUDGED_MAX:
                 del self._nudged[next(iter(self._nudged))]
-            self._spawn(self._nudge(namespace, v.name, str(u.seq)), f"nudge-{namespace}-{v.name}")
+            self._spawn(self._nudge(namespace, v.name, str(at)), f"nudge-{namespace}-{v.name}")
 
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(work, name=name)

@@ -24,6 +24,8 @@ from services.simcluster.store_api import Obj
 from shared import bus as contract
 from shared import guard
 from shared.enforcement import BUDGET_ANNOTATION, LAST_HARD_ANNOTATION, MANAGED_LABEL, STATUS_ANNOTATION
+from shared.errors import InvalidInput
+from shared.quantity import Quantity
 from shared.snapshot import normalize
 from tests.integration.e2e import full_namespace, pipeline, rl
 
@@ -122,9 +124,16 @@ async def publish_usage(
 
 
 def terms(budget: str, hard: str) -> dict[str, contract.QuotaTerms]:
+    """The terms of a ``limits.memory`` quota whose ``hard`` is the budget plus a reservation (``S``), as the
+    ledger states them (a snapshot whose ``hard`` exceeds ``B + P + S`` is refused)."""
+    extra = {}
+    with contextlib.suppress(InvalidInput):
+        room = Quantity.parse(hard) - Quantity.parse(budget)
+        if room.nanos > 0:
+            extra = {"limits.memory": room.canonical()}
     return {
         "compute": contract.QuotaTerms(
-            mode="VmiPodUsage", budget={"limits.memory": budget}, hard={"limits.memory": hard}
+            mode="VmiPodUsage", budget={"limits.memory": budget}, reserved=extra, hard={"limits.memory": hard}
         )
     }
 
@@ -606,3 +615,32 @@ async def test_a_deleted_quota_takes_its_holders_off_the_guard(
         assert listed_names(sim) == {"vm1"}
         await sim.store.delete(sim.store.resource("resourcequotas"), NS, "compute")
         await sim.wait_for(lambda: listed_names(sim) == set(), within=5, what="the holders taken off")
+
+
+# ---- hostile input on the bus ------------------------------------------------------------------------------------
+
+
+async def test_a_forged_usage_snapshot_neither_opens_room_nor_shadows_the_real_ones(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """Usage is ordered by the stream sequence the server assigns, not by the ``seq`` a snapshot claims, and a
+    snapshot asking for more than ``B + P + S`` is refused: a forged ``seq=10^15`` asking for 1Ti writes nothing,
+    and one within the bound is replaced by the next real snapshot."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    async with enforcer(bus, api) as (e, _):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        forged = {
+            "compute": contract.QuotaTerms(
+                mode="VmiPodUsage", budget={"limits.memory": "64Gi"}, hard={"limits.memory": "1Ti"}
+            )
+        }
+        await publish_usage(bus, 10**15, forged)
+        await sim.wait_for(lambda: e.dead_letters == 1, within=5, what="the forged snapshot refused")
+        await publish_usage(bus, 10**15 + 1, terms("64Gi", "80Gi"), MIGRATING)  # within the bound, huge seq
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "the bounded forgery applies")
+        await publish_usage(bus, 6, terms("64Gi", "64Gi"))  # the real ledger's next snapshot
+        q = await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "the real snapshot wins")
+        assert hard(q) == {"limits.memory": "64Gi"} and e.dead_letters == 1
+        msgs = await read_stream(bus, contract.DLQ_STREAM, contract.dlq_subject("enforcer"), lambda ms: len(ms) >= 1)
+        reason = contract.decode_dead_letter(msgs[0].data).reason
+        assert "exceeds budget + pods + reserved = 64Gi" in reason, reason

@@ -7,6 +7,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -449,3 +450,20 @@ def test_what_is_written_does_not_depend_on_memory_of_the_past(
         b.hard_after,
         dict(b.annotations),
     )
+
+
+def test_a_usage_snapshot_may_not_ask_for_more_than_budget_pods_and_reserved() -> None:
+    """``hard = k * max(B - U, 0) + P - D + S`` with ``k <= 1``: anything above ``B + P + S`` is no result of the
+    equation (a forged snapshot), and a resource outside the budget is not either."""
+    ok = bus.QuotaTerms(
+        mode="VmiPodUsage",
+        budget={"limits.memory": "64Gi"},
+        pods={"limits.memory": "70Gi"},
+        reserved={"limits.memory": "16Gi"},
+        hard={"limits.memory": "150Gi"},
+    )
+    enf.check_usage(usage({"compute": ok}))
+    with pytest.raises(InvalidInput, match=r"exceeds budget \+ pods \+ reserved = 150Gi"):
+        enf.check_usage(usage({"compute": msgspec.structs.replace(ok, hard={"limits.memory": "151Gi"})}))
+    with pytest.raises(InvalidInput, match="which the budget does not"):
+        enf.check_usage(usage({"compute": msgspec.structs.replace(ok, hard={"limits.memory": "1Gi", "pods": "9"})}))

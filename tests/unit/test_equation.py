@@ -31,6 +31,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from shared.accounting import ADMITTED, GROWTH_REFUSED, REFUSED, NamespaceUsage, account_namespace
+from shared.enforcement import check_hard_bound
 from shared.equation import desired_hard, scaled_headroom
 from shared.kubevirt import KubeVirtConfig
 from shared.modes import VMI_NAMES, Mode, VmSize, mode_usage
@@ -164,7 +165,11 @@ class World:
 
     # ---- accounting
     def account(self) -> NamespaceUsage:
-        return account_namespace([normalize(o) for o in self.objs.values()], now=NOW, config=self.config)
+        usage = account_namespace([normalize(o) for o in self.objs.values()], now=NOW, config=self.config)
+        for name, q in usage.quotas.items():  # what the ledger publishes passes the enforcer's bound
+            terms = {"budget": q.policy.budget, "pods": q.pod_usage, "reserved": q.reserved, "hard": q.hard}
+            check_hard_bound(terms, name)
+        return usage
 
     def hard(self) -> ResourceList:
         return dict(self.account().quotas["rq"].hard)

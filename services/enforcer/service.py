@@ -83,6 +83,9 @@ class EnforcerOptions:
     no quota carries the reservation: for the optional reservation-guard policy."""
     guard_creators: tuple[str, ...] = (guard.DEFAULT_CREATOR,)
     """Who may create pods for a holder while a reservation is open (KubeVirt's virt-controller)."""
+    resync_interval: float = 60.0
+    """Seconds between two reads of the managed quotas from the API server, whose versions then replace what the
+    quota events said (0: never). The API server wins over the bus: a forged quota event is undone within this."""
 
 
 class EnforcerMetrics:
@@ -137,8 +140,11 @@ class Enforcer:
         self._names: dict[str, dict[str, None]] = {}
         """namespace → names of its quotas in ``quotas`` (kept by ``_remember`` and ``_forget``, which alone write
         ``quotas``): a usage snapshot or a sync touches one namespace, not every quota."""
-        self._gone: dict[Key, int] = {}
-        """resourceVersion of deleted quotas (an older upsert must not bring them back)."""
+        self._gone: dict[str, int] = {}
+        """uid → resourceVersion of deleted quotas (an older upsert must not bring them back; a quota created again
+        under the same name has another uid)."""
+        self._verify: set[Key] = set()
+        """Quotas the bus says are gone: read from the API server before they are forgotten."""
         self.usage: dict[str, contract.UsageSnapshot] = {}
         self._usage_at: dict[str, int] = {}
         """The usage stream sequence of each namespace's snapshot in ``usage`` (the order the server assigned)."""
@@ -206,6 +212,7 @@ class Enforcer:
                     self._consume("usage", usage, self._on_usage_message, lag=True), name="enforcer-usage"
                 ),
                 asyncio.create_task(self._report_loop(), name="enforcer-reports"),
+                asyncio.create_task(self._resync_loop(), name="enforcer-resync"),
             ]
             stopper = asyncio.create_task(stop.wait())
             graceful = False
@@ -224,7 +231,7 @@ class Enforcer:
                 await cancel(*tasks[:2])
                 if graceful:
                     await self._drain()
-                await cancel(*self._tasks.values(), *self._side_tasks, tasks[2])
+                await cancel(*self._tasks.values(), *self._side_tasks, *tasks[2:])
                 await quotas.close()
                 await usage.close()
                 log.info("enforcer stopped", graceful=graceful, patched=self.patched, conflicts=self.conflicts)
@@ -232,20 +239,54 @@ class Enforcer:
     async def _list_managed_quotas(self) -> None:
         """Read the managed quotas from the API server once at start: the events stream has a max age, so a quota
         nobody touched for longer is not in it, and replaying the stream alone would forget it. Newer versions
-        from the stream still win (by resourceVersion); a failure here only logs, the stream remains the input."""
-        try:
-            items = await self.kube.list_quotas(f"{MANAGED_LABEL}=true")
-        except KubeError as e:
-            log.warning("could not list managed quotas; relying on the events stream", error=str(e))
-            return
-        for raw in items:
+        from the stream still win (by resourceVersion) until the next resync; a failure here only logs, the
+        stream remains the input."""
+        items = await self._list_or_log()
+        for raw in items or ():
             try:
-                snap = self._remember_raw(raw)
+                snap = self._remember_raw(raw, truth=True)
             except InvalidInput as e:
                 log.warning("a listed quota cannot be read", error=str(e))
                 continue
             self._held.add(snap.namespace)
-        log.info("managed quotas listed", count=len(items))
+        if items is not None:
+            log.info("managed quotas listed", count=len(items))
+
+    async def _list_or_log(self) -> list[Obj] | None:
+        try:
+            return await self.kube.list_quotas(f"{MANAGED_LABEL}=true")
+        except KubeError as e:
+            log.warning("could not list managed quotas; relying on the events stream", error=str(e))
+            return None
+
+    async def _resync_loop(self) -> None:
+        """Every ``resync_interval``: the managed quotas as the API server has them replace what the quota events
+        said (a quota event is only as trustworthy as the watcher's credentials; the API server is the truth).
+        A held quota the listing lacks is read on its own before it is forgotten (it may only have lost its
+        label, and then is released)."""
+        if self.opts.resync_interval <= 0:
+            return
+        while True:
+            await asyncio.sleep(self.opts.resync_interval)
+            if not self._warm or self._stopped:
+                continue
+            items = await self._list_or_log()
+            if items is None:
+                continue
+            listed: set[Key] = set()
+            for raw in items:
+                try:
+                    snap = normalize(raw)
+                except InvalidInput as e:
+                    log.warning("a listed quota cannot be read", error=str(e))
+                    continue
+                if isinstance(snap, QuotaSnapshot):
+                    listed.add((snap.namespace, snap.name))
+                    if self._remember_truth(snap):
+                        self._schedule((snap.namespace, snap.name))
+            for key in [k for k in self.quotas if k not in listed]:
+                self._verify.add(key)
+                self._schedule(key)
 
     async def _drain(self, within: float = 10.0) -> None:
         """Let in-flight reconciliations and queued reports finish (bounded)."""
@@ -304,14 +345,16 @@ class Enforcer:
                 key = (ev.namespace, name)
                 q = self.quotas[key]
                 if q.uid not in present and q.rv_order <= rv:
-                    self._forget(key, rv)
+                    self._gone_on_the_bus(key)
             return
         key = (ev.namespace, ev.name)
         rv = contract.resource_version(ev.resource_version)
         if isinstance(ev, contract.Deleted):
             held = self.quotas.get(key)
-            if held is None or held.rv_order <= rv:
-                self._forget(key, rv)
+            if held is None:
+                self._gone[ev.uid] = max(rv, self._gone.get(ev.uid, -1))
+            elif held.uid == ev.uid and held.rv_order <= rv:
+                self._gone_on_the_bus(key)
             return
         snap = ev.snapshot
         if not isinstance(snap, QuotaSnapshot):
@@ -321,6 +364,12 @@ class Enforcer:
         # its status (quota admission's and the quota controller's writes, on every admitted pod) changes no plan.
         if self._remember(snap) and (held is None or not same_content(held, snap) or key in self._unsynced):
             self._schedule(key)
+
+    def _gone_on_the_bus(self, key: Key) -> None:
+        """The quota events say the quota is gone: the API server decides (a forged deletion must not make the
+        enforcer forget a quota whose ``spec.hard`` it still has to lower)."""
+        self._verify.add(key)
+        self._schedule(key)
 
     async def _on_usage_message(self, m: Msg) -> None:
         try:
@@ -368,22 +417,47 @@ class Enforcer:
         held = self.quotas.get(key)
         if held is not None and held.rv_order >= rv:
             return False
-        if held is None and self._gone.get(key, -1) >= rv:
+        if held is None and self._gone.get(snap.uid, -1) >= rv:
             return False
-        self._gone.pop(key, None)
-        self.quotas[key] = snap
-        self._names.setdefault(key[0], {})[key[1]] = None
+        self._keep(key, snap)
         return True
 
-    def _remember_raw(self, raw: Obj) -> QuotaSnapshot:
+    def _remember_truth(self, snap: QuotaSnapshot) -> bool:
+        """Keep ``snap``, as the API server returned it, whatever version is held (a quota event with a forged
+        resourceVersion must not outrank the API server); True when its content differs from what was held."""
+        key = (snap.namespace, snap.name)
+        held = self.quotas.get(key)
+        if held is not None and held.rv_order > snap.rv_order:
+            log.warning(
+                "a quota event claimed a newer version than the API server has; the API server's is kept",
+                namespace=key[0],
+                quota=key[1],
+                event_resource_version=held.resource_version,
+                resource_version=snap.resource_version,
+            )
+        self._keep(key, snap)
+        return held is None or not same_content(held, snap)
+
+    def _keep(self, key: Key, snap: QuotaSnapshot) -> None:
+        self._gone.pop(snap.uid, None)
+        self.quotas[key] = snap
+        self._names.setdefault(key[0], {})[key[1]] = None
+
+    def _remember_raw(self, raw: Obj, *, truth: bool = False) -> QuotaSnapshot:
+        """Keep a quota the API server returned: with ``truth`` (a read, a listing) whatever version is held,
+        else (a patch's answer) only when newer than what is held."""
         snap = normalize(raw)
         if not isinstance(snap, QuotaSnapshot):
             raise InvalidInput(f"expected a ResourceQuota, got {type(snap).__name__}", "kind")
-        self._remember(snap)
+        if truth:
+            self._remember_truth(snap)
+        else:
+            self._remember(snap)
         return self.quotas.get((snap.namespace, snap.name), snap)
 
     def _forget(self, key: Key, rv: int) -> None:
-        self.quotas.pop(key, None)
+        gone = self.quotas.pop(key, None)
+        self._verify.discard(key)
         names = self._names.get(key[0])
         if names is not None:
             names.pop(key[1], None)
@@ -393,7 +467,8 @@ class Enforcer:
         self._dry_seen.pop(key, None)
         held = self._carried.pop(key, None), self._writing.pop(key, None)
         self._unsynced.discard(key)
-        self._gone[key] = max(rv, self._gone.get(key, -1))
+        if gone is not None:
+            self._gone[gone.uid] = max(rv, self._gone.get(gone.uid, -1))
         if any(held) and self.opts.reservation_guard and not self.opts.dry_run:
             # (the quota carries nothing any more: its holders would keep the namespace's pods out for nothing)
             self._spawn(self._guard_shrink(key[0]), f"guard-{key[0]}")
@@ -510,6 +585,9 @@ class Enforcer:
     async def _reconcile(self, key: Key) -> None:
         ns, name = key
         quota = self.quotas.get(key)
+        if quota is not None and key in self._verify:
+            quota = await self._read(key, quota)
+            self._verify.discard(key)
         conflicts = reads = 0
         while quota is not None:
             usage = self.usage.get(ns)
@@ -549,13 +627,7 @@ class Enforcer:
                     await asyncio.sleep(random.uniform(0, self.opts.conflict_pause))
                 reads += 1
                 self.own.conflict_retries.labels(source="read").inc()
-                try:
-                    quota = self._remember_raw(await self.kube.get_quota(ns, name))
-                except KubeError as e2:
-                    if e2.not_found:
-                        self._forget(key, quota.rv_order)
-                        return
-                    raise
+                quota = await self._read(key, quota)
                 continue
             after = self._remember_raw(raw)
             if self.opts.reservation_guard:
@@ -569,6 +641,16 @@ class Enforcer:
                 self._acted[key] = usage
             self._report(p, after.resource_version)
             return
+
+    async def _read(self, key: Key, held: QuotaSnapshot) -> QuotaSnapshot | None:
+        """The quota as the API server has it now (kept whatever version was held); None when it is gone."""
+        try:
+            return self._remember_raw(await self.kube.get_quota(*key), truth=True)
+        except KubeError as e:
+            if e.not_found:
+                self._forget(key, held.rv_order)
+                return None
+            raise
 
     async def _guard_after(self, key: Key, quota: QuotaSnapshot, usage: contract.UsageSnapshot | None) -> None:
         """The quota now carries ``quota.spec_hard``: record whose reservations that holds, and let the namespace's

@@ -644,3 +644,62 @@ async def test_a_forged_usage_snapshot_neither_opens_room_nor_shadows_the_real_o
         msgs = await read_stream(bus, contract.DLQ_STREAM, contract.dlq_subject("enforcer"), lambda ms: len(ms) >= 1)
         reason = contract.decode_dead_letter(msgs[0].data).reason
         assert "exceeds budget + pods + reserved = 64Gi" in reason, reason
+
+
+FORGED_RV = "9999999999999999999"
+
+
+def forged(obj: Obj, **spec_hard: str) -> Obj:
+    """A copy of a quota as a forged quota event would carry it: a huge resourceVersion, optionally another
+    ``spec.hard`` (with matching annotations, so that it looks enforced already)."""
+    out = json.loads(json.dumps(obj))
+    out["metadata"]["resourceVersion"] = FORGED_RV
+    if spec_hard:
+        out["spec"]["hard"] = dict(spec_hard)
+        out["metadata"]["annotations"][LAST_HARD_ANNOTATION] = json.dumps(spec_hard, separators=(",", ":"))
+    return out
+
+
+async def test_the_api_server_wins_over_a_forged_quota_event(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """A quota event claiming resourceVersion 9999999999999999999 does not outrank the API server: after the 409
+    its stale precondition brings, the version read is kept; and a restart that replays the forged event
+    converges the same way."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
+    async with enforcer(bus, api):
+        q = await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "raised")
+        await publish_quota(bus, forged(q))
+        await publish_usage(bus, 6, terms("64Gi", "64Gi"))
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "lowered through the forgery", 5)
+    await publish_usage(bus, 7, terms("64Gi", "72Gi"), MIGRATING)
+    async with enforcer(bus, api):  # (the forged event is replayed from the stream)
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "72Gi"}, "a restart converges too", 5)
+
+
+async def test_a_forged_deletion_does_not_make_the_enforcer_forget_a_quota(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    q = await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
+    async with enforcer(bus, api) as (e, _):
+        q = await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "raised")
+        await publish_quota(bus, forged(q), deleted=True)
+        await sim.wait_for(lambda: e.idle() and not e._verify, within=5, what="the deletion checked")
+        await publish_usage(bus, 6, terms("64Gi", "64Gi"))
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "still enforced", 5)
+
+
+async def test_a_forged_quota_copy_that_plans_nothing_is_undone_by_the_resync(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """A forged copy that looks enforced already (its ``spec.hard`` what the usage asks for) makes no plan write,
+    so no 409 exposes it: the periodic read of the managed quotas from the API server does."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
+    async with enforcer(bus, api, resync_interval=0.5):
+        q = await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "raised")
+        await publish_quota(bus, forged(q, **{"limits.memory": "64Gi"}))
+        await publish_usage(bus, 6, terms("64Gi", "64Gi"))
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "lowered after the resync", 5)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from services import logs
 from shared import bus as contract
 from shared import guard
+from shared.enforcement import DEFAULT_EXCLUDED_NAMESPACES
 from shared.errors import InvalidInput
 from shared.ledger import PartitionSet
 
@@ -76,6 +77,10 @@ class Config:
     reservation_guard: bool = False
     """Enforcer: write each namespace's QuotaReservation before a raise (``deploy/components/reservation-guard``)."""
     guard_creators: tuple[str, ...] = (guard.DEFAULT_CREATOR,)
+    exclude_namespaces: tuple[str, ...] = DEFAULT_EXCLUDED_NAMESPACES
+    """Enforcer: namespaces (shell-style patterns) whose quotas are never written."""
+    resync_interval: float = 60.0
+    """Enforcer: seconds between two reads of the managed quotas from the API server (0: never)."""
 
 
 class Metrics:
@@ -250,6 +255,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="enforcer: comma-separated users that create launcher pods (KubeVirt's virt-controller) "
         f"[VMQUOTA_GUARD_CREATORS, {guard.DEFAULT_CREATOR}]",
     )
+    p.add_argument(
+        "--exclude-namespaces",
+        default=_env("VMQUOTA_EXCLUDE_NAMESPACES", ",".join(DEFAULT_EXCLUDED_NAMESPACES)),
+        help="enforcer: comma-separated namespaces (shell patterns) whose quotas are never written "
+        f"[VMQUOTA_EXCLUDE_NAMESPACES, {','.join(DEFAULT_EXCLUDED_NAMESPACES)}]",
+    )
+    p.add_argument(
+        "--resync-interval",
+        default=_env("VMQUOTA_RESYNC_INTERVAL", "60s"),
+        help="enforcer: how often the managed quotas are read from the API server, whose versions then replace "
+        "the quota events' (0 never) [VMQUOTA_RESYNC_INTERVAL, 60s]",
+    )
 
 
 def _int(raw: object, where: str) -> int:
@@ -302,6 +319,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
     creators = tuple(c.strip() for c in str(args.guard_creators).split(",") if c.strip())
     if guard and not creators:
         raise InvalidInput("--guard-creators (VMQUOTA_GUARD_CREATORS) names nobody", "--guard-creators")
+    excluded = tuple(n.strip() for n in str(args.exclude_namespaces).split(",") if n.strip())
+    resync = contract.parse_duration(args.resync_interval, "--resync-interval (VMQUOTA_RESYNC_INTERVAL)")
     return Config(
         service=service,
         cluster=cluster,
@@ -317,6 +336,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
         identity=args.identity or socket.gethostname(),
         reservation_guard=guard,
         guard_creators=creators,
+        exclude_namespaces=excluded,
+        resync_interval=resync,
     )
 
 

@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
+from fnmatch import fnmatchcase
 from fractions import Fraction
 from typing import Any, Final
 
@@ -56,6 +57,7 @@ from shared.snapshot import QuotaSnapshot
 
 __all__ = [
     "BUDGET_ANNOTATION",
+    "DEFAULT_EXCLUDED_NAMESPACES",
     "LAST_HARD_ANNOTATION",
     "MANAGED_LABEL",
     "MODE_ANNOTATION",
@@ -69,6 +71,7 @@ __all__ = [
     "check_usage",
     "decision",
     "event_body",
+    "excluded",
     "human_quantity",
     "patch_body",
     "plan",
@@ -137,6 +140,19 @@ def _items(rl: Mapping[str, Quantity]) -> str:
 def same(a: Mapping[str, Quantity], b: Mapping[str, Quantity]) -> bool:
     """Equal as ``spec.hard`` values: the same resource names with the same amounts."""
     return a.keys() == b.keys() and all(a[k] == b[k] for k in a)
+
+
+# ---- where the enforcer never writes -----------------------------------------------------------------------------
+
+DEFAULT_EXCLUDED_NAMESPACES: Final = ("kube-*", "kubevirt", "vmquota-system")
+"""Namespaces whose quotas the enforcer never touches, labelled or not: Kubernetes' own, KubeVirt's and
+vmquota's (shell-style patterns, ``--exclude-namespaces``)."""
+
+
+def excluded(namespace: str, patterns: Sequence[str]) -> bool:
+    """``namespace`` matches one of the shell-style ``patterns`` (``kube-*``): the enforcer leaves its quotas
+    alone."""
+    return any(fnmatchcase(namespace, p) for p in patterns)
 
 
 # ---- the budget --------------------------------------------------------------------------------------------------
@@ -305,12 +321,16 @@ def _terms(usage: UsageSnapshot | None, name: str) -> QuotaTerms | None:
     return None if usage is None else usage.quotas.get(name)
 
 
-def plan(q: QuotaSnapshot, usage: UsageSnapshot | None, previous: UsageSnapshot | None = None) -> Plan:
+def plan(
+    q: QuotaSnapshot, usage: UsageSnapshot | None, previous: UsageSnapshot | None = None, *, managed: bool = False
+) -> Plan:
     """What the enforcer does to quota ``q`` given the namespace's latest usage snapshot. ``previous`` (the usage
-    snapshot the enforcer acted on before, if it remembers one) only sharpens the reason line."""
+    snapshot the enforcer acted on before, if it remembers one) only sharpens the reason line. ``managed``: the
+    caller has seen the API server return this quota (its uid) labelled managed, so a release may set
+    ``spec.hard`` back to the budget even where that raises it."""
     seq = usage.seq if usage is not None else 0
     if not is_managed(q.labels):
-        return _release(q, seq)
+        return _release(q, seq, managed=managed)
     try:
         mode = check_manageable(q)
         b = resolve_budget(q)
@@ -413,15 +433,23 @@ def _refuse(q: QuotaSnapshot, why: str, seq: int) -> Plan:
     )
 
 
-def _release(q: QuotaSnapshot, seq: int) -> Plan:
-    """The label is gone: hand the quota back with ``spec.hard`` = budget and our annotations removed."""
+def _handed_back(spec_hard: Mapping[str, Quantity], budget: Mapping[str, Quantity]) -> ResourceList:
+    """``spec.hard`` of a quota released without proof that vmquota managed it: each resource at its budget where
+    that is lower, the rest as it is. Never raised nor extended, so annotations that someone put on a quota
+    vmquota never managed (a budget of 1Ti, a matching last-hard) open no room."""
+    return {r: min(h, budget[r]) if r in budget else h for r, h in spec_hard.items()}
+
+
+def _release(q: QuotaSnapshot, seq: int, *, managed: bool) -> Plan:
+    """The label is gone: hand the quota back with ``spec.hard`` = budget and our annotations removed; unless
+    ``managed`` (the caller saw the API server return this quota labelled), only lowered to the budget."""
     if not any(k in q.annotations for k in OWN_ANNOTATIONS):
         return _base(q, Action.NONE, usage_seq=seq)
     annotations: dict[str, str | None] = {k: None for k in OWN_ANNOTATIONS if k in q.annotations}
     hard = dict(q.spec_hard)
     b = _recorded_budget(q)
     if b is not None and not b.adopting:
-        hard = b.budget
+        hard = dict(b.budget) if managed else _handed_back(q.spec_hard, b.budget)
     set_hard = not same(hard, q.spec_hard)
     if set_hard:
         reason = f"released to native quota: spec.hard set back to the budget {_items(hard)}"
@@ -429,8 +457,10 @@ def _release(q: QuotaSnapshot, seq: int) -> Plan:
         reason = "released to native quota: the budget annotation is unreadable, spec.hard left as it is"
     elif b.adopting:
         reason = "released to native quota: spec.hard left as it is"
-    else:
+    elif same(hard, b.budget):
         reason = "released to native quota: spec.hard already equals the budget"
+    else:
+        reason = "released to native quota: spec.hard left as it is (a release never raises it)"
     return _base(
         q,
         Action.RELEASE,

@@ -32,7 +32,7 @@ from typing import Final
 from shared.errors import InvalidInput
 from shared.kubevirt.render import cpu_request as kubevirt_cpu_request
 from shared.quantity import Format, Quantity
-from shared.resources import ResourceList, parse_resource_list
+from shared.resources import ResourceList, is_quota_resource_name, parse_resource_list
 
 
 class Mode(StrEnum):
@@ -210,12 +210,38 @@ def parse_ratio(raw: object, where: str) -> Fraction:
     return value
 
 
+MAX_BUDGET_RESOURCES: Final = 128
+"""Most resources a managed quota's budget may name. Kubernetes knows about 20 standard quota resources; beyond
+them, ``count/<resource>``, extended and storage-class names. vmquota copies the budget into two annotations of
+the quota, and every quota version travels the bus as one message: a bound keeps both small."""
+
+
 def parse_budget(raw: str, where: str) -> ResourceList:
     try:
         data = json.loads(raw)
     except ValueError:
         raise InvalidInput("expected a JSON object of resource names to quantities", where) from None
-    return parse_resource_list(data, where)
+    budget = parse_resource_list(data, where)
+    check_budget(budget, where)
+    return budget
+
+
+def check_budget(budget: Mapping[str, Quantity], where: str) -> None:
+    """InvalidInput when a budget names a resource a ResourceQuota cannot hold (Kubernetes'
+    ``ValidateResourceQuotaResourceName``: a typo such as ``limits.memroy``, non-ASCII) or more than
+    :data:`MAX_BUDGET_RESOURCES` resources: such a budget is refused, never written into ``spec.hard``."""
+    if len(budget) > MAX_BUDGET_RESOURCES:
+        raise InvalidInput(
+            f"the budget names {len(budget)} resources, more than the {MAX_BUDGET_RESOURCES} vmquota manages", where
+        )
+    for name in budget:
+        if not is_quota_resource_name(name):
+            shown = name if len(name) <= 80 else name[:77] + "..."
+            raise InvalidInput(
+                f"{shown!r} is not a ResourceQuota resource name (a standard one such as limits.memory or "
+                "requests.cpu, hugepages-<size>, or a qualified name with a '/')",
+                f"{where}.{shown}",
+            )
 
 
 def is_managed(labels: Mapping[str, str]) -> bool:
@@ -246,6 +272,7 @@ def quota_policy(
         budget = parse_budget(annotations[BUDGET_ANNOTATION], f"{where}.{BUDGET_ANNOTATION}")
     else:
         budget = dict(spec_hard)
+        check_budget(budget, f"{ref}: spec.hard")
     if scopes:
         # One rule for the ledger and the enforcer: a VM namespace's compute quota is unscoped. (A scoped managed
         # quota would make admission depend on which pods its scope selects, and native quota still charges the

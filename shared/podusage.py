@@ -19,7 +19,6 @@ before it), plus ``spec.overhead`` (added to requests, and to limits only where 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -29,7 +28,14 @@ from typing import Any, Final
 
 from shared.errors import InvalidInput, InvalidQuantity
 from shared.quantity import MAX_NANOS, NANO, Format, Quantity
-from shared.resources import ResourceList, add, format_resource_list, maximum, parse_resource_list
+from shared.resources import (
+    ResourceList,
+    add,
+    format_resource_list,
+    is_qualified_name,
+    maximum,
+    parse_resource_list,
+)
 
 _Entry = tuple[bool, bool, Mapping[str, "Quantity"], Mapping[str, "Quantity"]]
 """What the totals read of a container: init, restartable, requests, limits."""
@@ -487,25 +493,8 @@ def _strings(items: tuple[Any, ...]) -> ResourceList:
     return out
 
 
-_QUALIFIED_NAME_RE: Final = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_DNS1123_SUBDOMAIN_RE: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 DEVICE_CLASS_PREFIX: Final = "deviceclass.resource.kubernetes.io/"
 """The implicit extended resource name of a DRA DeviceClass (``resourceapi.ResourceDeviceClassPrefix``)."""
-
-
-def is_qualified_name(value: str) -> bool:
-    """``validation.IsQualifiedName``: an optional DNS-1123 subdomain prefix and ``/``, then a name of at most 63
-    characters of ``[-A-Za-z0-9_.]`` that starts and ends alphanumeric."""
-    parts = value.split("/")
-    if len(parts) == 2:
-        prefix, name = parts
-        if not prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN_RE.match(prefix):
-            return False
-    elif len(parts) == 1:
-        name = parts[0]
-    else:
-        return False
-    return 0 < len(name) <= 63 and _QUALIFIED_NAME_RE.match(name) is not None
 
 
 def is_native_resource(name: str) -> bool:

@@ -5,7 +5,9 @@ Functions return new dicts; inputs are never mutated. A resource that is absent 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
+from typing import Final
 
 from shared.errors import InvalidInput
 from shared.quantity import ZERO, Format, Quantity
@@ -23,6 +25,61 @@ def is_byte_resource(name: str) -> bool:
         or base.startswith(("hugepages-", "requests.hugepages-"))
         or ("/" in name and name.split("/", 1)[1].startswith("memory"))
     )
+
+
+_QUALIFIED_NAME_RE: Final = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_DNS1123_SUBDOMAIN_RE: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def is_qualified_name(value: str) -> bool:
+    """``validation.IsQualifiedName``: an optional DNS-1123 subdomain prefix and ``/``, then a name of at most 63
+    characters of ``[-A-Za-z0-9_.]`` that starts and ends alphanumeric."""
+    parts = value.split("/")
+    if len(parts) == 2:
+        prefix, name = parts
+        if not prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN_RE.match(prefix):
+            return False
+    elif len(parts) == 1:
+        name = parts[0]
+    else:
+        return False
+    return 0 < len(name) <= 63 and _QUALIFIED_NAME_RE.match(name) is not None
+
+
+STANDARD_QUOTA_RESOURCES: Final = frozenset(
+    {
+        "cpu",
+        "memory",
+        "ephemeral-storage",
+        "requests.cpu",
+        "requests.memory",
+        "requests.storage",
+        "requests.ephemeral-storage",
+        "limits.cpu",
+        "limits.memory",
+        "limits.ephemeral-storage",
+        "pods",
+        "resourcequotas",
+        "services",
+        "replicationcontrollers",
+        "secrets",
+        "persistentvolumeclaims",
+        "configmaps",
+        "services.nodeports",
+        "services.loadbalancers",
+    }
+)
+"""``helper.standardQuotaResources`` (Kubernetes 1.33): the names without a ``/`` a ResourceQuota may hold."""
+
+
+def is_quota_resource_name(name: str) -> bool:
+    """``ValidateResourceQuotaResourceName``: a qualified name; without a ``/``, a standard quota resource or a
+    hugepages one (``hugepages-<size>``, ``requests.hugepages-<size>``). ``limits.memroy`` is not one."""
+    if not is_qualified_name(name):
+        return False
+    if "/" in name:
+        return True
+    return name in STANDARD_QUOTA_RESOURCES or name.startswith(("hugepages-", "requests.hugepages-"))
 
 
 def natural_format(name: str) -> Format:

@@ -27,6 +27,8 @@ async def main(rt: Runtime) -> None:
                 service=rt.name,
                 reservation_guard=rt.config.reservation_guard,
                 guard_creators=rt.config.guard_creators,
+                exclude_namespaces=rt.config.exclude_namespaces,
+                resync_interval=rt.config.resync_interval,
             )
             enforcer = Enforcer(bus, KubeQuotas(api), opts, metrics=rt.metrics)
             rt.health.set_ready(rt.name, True)  # connected: ready to lead or to stand by

@@ -44,7 +44,7 @@ from shared import enforcement, guard
 from shared.backoff import Backoff
 from shared.enforcement import Plan
 from shared.errors import InvalidInput
-from shared.modes import MANAGED_LABEL
+from shared.modes import MANAGED_LABEL, is_managed
 from shared.snapshot import QuotaSnapshot, normalize, same_content
 
 log = structlog.get_logger("vmquota.enforcer")
@@ -83,6 +83,8 @@ class EnforcerOptions:
     no quota carries the reservation: for the optional reservation-guard policy."""
     guard_creators: tuple[str, ...] = (guard.DEFAULT_CREATOR,)
     """Who may create pods for a holder while a reservation is open (KubeVirt's virt-controller)."""
+    exclude_namespaces: tuple[str, ...] = enforcement.DEFAULT_EXCLUDED_NAMESPACES
+    """Shell-style patterns of namespaces whose quotas are never written, whatever their labels say."""
     resync_interval: float = 60.0
     """Seconds between two reads of the managed quotas from the API server, whose versions then replace what the
     quota events said (0: never). The API server wins over the bus: a forged quota event is undone within this."""
@@ -143,6 +145,11 @@ class Enforcer:
         self._gone: dict[str, int] = {}
         """uid → resourceVersion of deleted quotas (an older upsert must not bring them back; a quota created again
         under the same name has another uid)."""
+        self._vouched: dict[str, None] = {}
+        """uids of the quotas the API server returned labelled managed (a listing, a read, a patch's answer): only
+        those are set back to their budget when released (``shared.enforcement.plan``'s ``managed``)."""
+        self._excluded: dict[Key, None] = {}
+        """Quotas in excluded namespaces, reported once each."""
         self._verify: set[Key] = set()
         """Quotas the bus says are gone: read from the API server before they are forgotten."""
         self.usage: dict[str, contract.UsageSnapshot] = {}
@@ -282,6 +289,7 @@ class Enforcer:
                     continue
                 if isinstance(snap, QuotaSnapshot):
                     listed.add((snap.namespace, snap.name))
+                    self._vouch(snap)
                     if self._remember_truth(snap):
                         self._schedule((snap.namespace, snap.name))
             for key in [k for k in self.quotas if k not in listed]:
@@ -438,6 +446,13 @@ class Enforcer:
         self._keep(key, snap)
         return held is None or not same_content(held, snap)
 
+    def _vouch(self, snap: QuotaSnapshot) -> None:
+        """``snap`` came from the API server: remember whether it is labelled managed."""
+        if is_managed(snap.labels):
+            self._vouched[snap.uid] = None
+            if len(self._vouched) > NUDGED_MAX:
+                del self._vouched[next(iter(self._vouched))]
+
     def _keep(self, key: Key, snap: QuotaSnapshot) -> None:
         self._gone.pop(snap.uid, None)
         self.quotas[key] = snap
@@ -449,6 +464,7 @@ class Enforcer:
         snap = normalize(raw)
         if not isinstance(snap, QuotaSnapshot):
             raise InvalidInput(f"expected a ResourceQuota, got {type(snap).__name__}", "kind")
+        self._vouch(snap)
         if truth:
             self._remember_truth(snap)
         else:
@@ -482,6 +498,16 @@ class Enforcer:
 
     def _schedule(self, key: Key) -> None:
         if self._stopped:
+            return
+        if enforcement.excluded(key[0], self.opts.exclude_namespaces):
+            if key not in self._excluded:
+                self._excluded[key] = None
+                log.warning(
+                    "quota in an excluded namespace left alone",
+                    namespace=key[0],
+                    quota=key[1],
+                    exclude_namespaces=",".join(self.opts.exclude_namespaces),
+                )
             return
         if not self._warm:
             self._held.add(key[0])
@@ -591,7 +617,7 @@ class Enforcer:
         conflicts = reads = 0
         while quota is not None:
             usage = self.usage.get(ns)
-            p = enforcement.plan(quota, usage, self._acted.get(key))
+            p = enforcement.plan(quota, usage, self._acted.get(key), managed=quota.uid in self._vouched)
             if not p.changes:
                 self._since.pop(key, None)
                 if self.opts.reservation_guard and not self.opts.dry_run:

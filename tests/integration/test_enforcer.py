@@ -652,7 +652,7 @@ FORGED_RV = "9999999999999999999"
 def forged(obj: Obj, **spec_hard: str) -> Obj:
     """A copy of a quota as a forged quota event would carry it: a huge resourceVersion, optionally another
     ``spec.hard`` (with matching annotations, so that it looks enforced already)."""
-    out = json.loads(json.dumps(obj))
+    out: Obj = json.loads(json.dumps(obj))
     out["metadata"]["resourceVersion"] = FORGED_RV
     if spec_hard:
         out["spec"]["hard"] = dict(spec_hard)
@@ -703,3 +703,19 @@ async def test_a_forged_quota_copy_that_plans_nothing_is_undone_by_the_resync(
         await publish_quota(bus, forged(q, **{"limits.memory": "64Gi"}))
         await publish_usage(bus, 6, terms("64Gi", "64Gi"))
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "lowered after the resync", 5)
+
+
+async def test_annotations_alone_open_no_room_and_excluded_namespaces_are_left_alone(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """An unlabelled quota carrying vmquota's annotations (budget 1Ti, last-hard equal to its ``spec.hard``) is
+    not raised to 1Ti on release, and a labelled quota in the KubeVirt namespace is never written."""
+    forged_notes = {BUDGET_ANNOTATION: '{"limits.memory":"1Ti"}', LAST_HARD_ANNOTATION: '{"limits.memory":"8Gi"}'}
+    await sim.create_quota(NS, "compute", {"limits.memory": "8Gi"}, annotations=forged_notes)
+    await sim.create_quota("kubevirt", "compute", {"limits.memory": "8Gi"}, labels=MANAGED)
+    async with enforcer(bus, api) as (e, _):
+        q = await wait_quota(sim, lambda o: BUDGET_ANNOTATION not in notes(o), "our annotations removed")
+        assert hard(q) == {"limits.memory": "8Gi"}, "a release never raises a quota vmquota was not seen managing"
+        await sim.wait_for(lambda: e.idle() and ("kubevirt", "compute") in e._excluded, within=5, what="excluded")
+        k = sim.peek("resourcequotas", "kubevirt", "compute")
+        assert k is not None and hard(k) == {"limits.memory": "8Gi"} and BUDGET_ANNOTATION not in notes(k)

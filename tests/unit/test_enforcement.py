@@ -308,6 +308,70 @@ def test_unlabelling_after_a_foreign_write_keeps_the_foreign_value() -> None:
     assert p.reason == "released to native quota: spec.hard already equals the budget"
 
 
+def test_a_release_raises_spec_hard_only_for_a_quota_the_api_server_showed_managed() -> None:
+    """Annotations alone prove nothing: an unlabelled quota carrying a budget of 1Ti and a matching last-hard
+    (written by anyone who may edit quotas, or copied by a tool) is not raised to 1Ti. Only a quota the enforcer
+    saw managed is set back to a budget above its ``spec.hard`` (a scaled mode's hard can be below it)."""
+    raw = raw_quota(
+        {"limits.memory": "64Gi", "pods": "10"},
+        labels={},
+        annotations={
+            BUDGET_ANNOTATION: '{"limits.memory":"1Ti","pods":"5","requests.cpu":"100"}',
+            LAST_HARD_ANNOTATION: '{"limits.memory":"64Gi","pods":"10"}',
+        },
+    )
+    p = enf.plan(snap(raw), None)
+    assert p.action is Action.RELEASE
+    assert p.hard_after == {"limits.memory": Quantity.parse("64Gi"), "pods": Quantity.parse("5")}
+    vouched = enf.plan(snap(raw), None, managed=True)
+    assert vouched.hard_after == {
+        "limits.memory": Quantity.parse("1Ti"),
+        "pods": Quantity.parse("5"),
+        "requests.cpu": Quantity.parse("100"),
+    }
+
+
+def test_quotas_in_excluded_namespaces() -> None:
+    patterns = enf.DEFAULT_EXCLUDED_NAMESPACES
+    assert enf.excluded("kube-system", patterns) and enf.excluded("kube-public", patterns)
+    assert enf.excluded("kubevirt", patterns) and enf.excluded("vmquota-system", patterns)
+    assert not enf.excluded("tenant-a", patterns) and not enf.excluded("kubevirt-tenant", patterns)
+    assert not enf.excluded("kube-system", ())
+
+
+@pytest.mark.parametrize(
+    ("budget", "why"),
+    [
+        ('{"limits.memroy":"64Gi"}', "'limits.memroy' is not a ResourceQuota resource name"),
+        ('{"limits.mémoire":"64Gi"}', "'limits.mémoire' is not a ResourceQuota resource name"),
+        ('{"requests.nvidia.com/gpu":"2","a/b/c":"1"}', "'a/b/c' is not a ResourceQuota resource name"),
+        (json.dumps({f"count/r{i}.example.com": "1" for i in range(129)}), "names 129 resources, more than the 128"),
+    ],
+)
+def test_a_budget_that_names_no_quota_resource_is_refused(budget: str, why: str) -> None:
+    raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "80Gi"})
+    raw["metadata"]["annotations"][BUDGET_ANNOTATION] = budget
+    p = enf.plan(snap(raw), usage({}))
+    assert p.action is Action.REFUSE and why in (p.annotations[STATUS_ANNOTATION] or ""), p.annotations
+    assert not any("memroy" in r or "/b/" in r or "mémoire" in r for r in p.hard_after)
+
+
+def test_budget_names_kubernetes_accepts() -> None:
+    ok = {
+        "limits.memory": "1",
+        "requests.cpu": "1",
+        "pods": "1",
+        "count/pods": "1",
+        "hugepages-2Mi": "1",
+        "requests.hugepages-1Gi": "1",
+        "requests.nvidia.com/gpu": "1",
+        "gold.storageclass.storage.k8s.io/requests.storage": "1",
+        "requests.memory/vmi": "1",
+    }
+    raw = adopted(ok, ok)
+    assert enf.plan(snap(raw), usage({})).action is not Action.REFUSE
+
+
 def test_a_quota_that_was_never_ours_is_left_alone() -> None:
     raw = raw_quota({"limits.memory": "64Gi"}, labels={}, annotations={"other/annotation": "x"})
     p = enf.plan(snap(raw), usage({"compute": terms({"limits.memory": "64Gi"}, {"limits.memory": "90Gi"})}))

@@ -21,6 +21,9 @@ counts more (``VirtualResources`` requests.cpu: ``1 / cpuAllocationRatio``; gues
 a quota ratio lower than KubeVirt's). The price: non-VM pods share that resource's headroom at ``k`` rather than
 1:1. ``k = None`` marks a report-only resource (the ``/vmi`` names, which no pod is charged for): ``hard = B``.
 
+A ``hard`` beyond what Kubernetes can represent (an int64 of base units; only pods charged absurd amounts add up
+to it) is the budget instead: no quota could carry it, and native quota's is ``B``.
+
 A scaled headroom is rounded down (to whole millicores, or whole bytes for byte resources), so rounding never
 lets a refused VM in. See ``docs/accounting.md`` for the reasoning and the invariants.
 """
@@ -31,7 +34,7 @@ from collections.abc import Mapping
 from fractions import Fraction
 from typing import Final
 
-from shared.quantity import ZERO, Quantity
+from shared.quantity import MAX_NANOS, ZERO, Quantity
 from shared.resources import ResourceList, is_byte_resource
 
 _MILLI_NANOS: Final = 1_000_000
@@ -84,6 +87,8 @@ def desired_hard(
         total = scaled + pod_usage.get(r, ZERO) + reserved.get(r, ZERO)
         if overlap:
             total = total - held_back(r, scaled, overlap, reserved, targets)
+        if total.nanos > MAX_NANOS:  # (only absurd pods get here: no quota can hold it, native quota's is B)
+            total = b
         hard[r] = total.with_format(b.format)
     return hard
 

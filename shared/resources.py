@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import Final
 
 from shared.errors import InvalidInput
-from shared.quantity import ZERO, Format, Quantity
+from shared.quantity import MAX_NANOS, ZERO, Format, Quantity
 
 ResourceList = dict[str, Quantity]
 
@@ -106,6 +106,18 @@ def parse_resource_list(obj: object, where: str = "", *, allow_negative: bool = 
 def format_resource_list(rl: Mapping[str, Quantity]) -> dict[str, str]:
     """Canonical strings, sorted by resource name (stable output for JSON and patches)."""
     return {k: rl[k].canonical() for k in sorted(rl)}
+
+
+def saturated(rl: Mapping[str, Quantity]) -> tuple[ResourceList, list[str]]:
+    """``rl`` with every value beyond what Kubernetes can represent (an int64 of base units) cut to that limit,
+    and the names cut. Sums over a namespace are exact past it; what goes on the wire must not be."""
+    cut = [k for k, v in rl.items() if abs(v.nanos) > MAX_NANOS]
+    if not cut:
+        return dict(rl), []
+    out = dict(rl)
+    for k in cut:
+        out[k] = Quantity(MAX_NANOS if rl[k].nanos > 0 else -MAX_NANOS, rl[k].format)
+    return out, sorted(cut)
 
 
 def add(a: Mapping[str, Quantity], b: Mapping[str, Quantity]) -> ResourceList:

@@ -6,6 +6,7 @@ cluster's KubeVirt CR) and renders the result in the wire form (canonical quanti
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 import msgspec
@@ -13,7 +14,8 @@ import msgspec
 from shared import bus as contract
 from shared.accounting import VmEntry, account_namespace
 from shared.ledger import NamespaceView
-from shared.resources import format_resource_list
+from shared.quantity import Quantity
+from shared.resources import format_resource_list, saturated
 
 _VM_STATES: dict[tuple[str, str, str], tuple[VmEntry, contract.VmState, bytes]] = {}
 """Wire form of the latest entry of each VM (namespace, uid, name), and its JSON: accounting hands out the same
@@ -66,15 +68,26 @@ def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageB
         namespace=view.namespace,
         kinds={**view.cluster_objects, **view.objects},  # (no kind is in both)
     )
+    errors = list(usage.errors)
+
+    def wire(name: str, field: str, rl: Mapping[str, Quantity]) -> dict[str, str]:
+        out, cut = saturated(rl)
+        if cut:
+            errors.append(
+                f"quota {name}: {field} of {', '.join(cut)} exceeds what Kubernetes can represent; published as "
+                "the largest value it can"
+            )
+        return format_resource_list(out)
+
     quotas = {
         name: contract.QuotaTerms(
             mode=q.policy.mode.value,
             budget=format_resource_list(q.policy.budget),
-            used=format_resource_list(q.accounted),
-            pods=format_resource_list(q.pod_usage),
-            reserved=format_resource_list(q.reserved),
-            overlap=format_resource_list(q.overlap),
-            unvouched=format_resource_list(q.unvouched),
+            used=wire(name, "used", q.accounted),
+            pods=wire(name, "pods", q.pod_usage),
+            reserved=wire(name, "reserved", q.reserved),
+            overlap=wire(name, "overlap", q.overlap),
+            unvouched=wire(name, "unvouched", q.unvouched),
             hard=format_resource_list(q.hard),
             over_budget=list(q.over_budget),
         )
@@ -95,4 +108,4 @@ def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageB
         )
         for m in usage.migrations
     ]
-    return contract.UsageBody(quotas=quotas, vms=vms, migrations=migrations, errors=list(usage.errors))
+    return contract.UsageBody(quotas=quotas, vms=vms, migrations=migrations, errors=errors)

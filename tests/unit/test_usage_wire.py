@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -68,3 +70,40 @@ def test_a_changed_entry_is_encoded_again() -> None:
     b = _vm_state("ns", second)
     assert b is not a
     assert b'"pods":"2"' in bytes(vms_json("ns", [b])) and b'"pods":"1"' in bytes(vms_json("ns", [a]))
+
+
+def test_namespace_sums_beyond_int64_are_saturated_and_reported_not_refused() -> None:
+    """Two pods charged 5Ei each add up past what Kubernetes can represent: the usage snapshot carries the largest
+    value it can, says so, and still passes the enforcer's checks (it used to be dead-lettered, freezing the
+    namespace's ``hard``); ``hard`` falls back to the budget, which opens no room."""
+    from services.ledger.usage import account
+    from shared.enforcement import check_usage
+    from shared.ledger import NamespaceView
+    from shared.quantity import MAX_NANOS
+    from shared.snapshot import normalize
+    from tests.unit import test_accounting as acc
+
+    objs = [acc.quota_obj("rq", {"limits.memory": "64Gi"})]
+    objs += [acc.pod_obj(f"huge{i}", {"memory": "5Ei"}, {"memory": "5Ei"}) for i in range(2)]
+    kinds: dict[str, list[Any]] = {}
+    for i, o in enumerate(objs):
+        o["metadata"].setdefault("resourceVersion", str(10 + i))
+        kinds.setdefault(o["kind"], []).append(normalize(o))
+    view = NamespaceView(cluster="c1", namespace=acc.NS, seq=3, objects=kinds, cluster_objects={})
+    b = account(view)
+    t = b.quotas["rq"]
+    assert Quantity.parse(t.pods["limits.memory"]).nanos == MAX_NANOS
+    assert Quantity.parse(t.used["limits.memory"]).nanos == MAX_NANOS
+    assert t.hard == {"limits.memory": "64Gi"}
+    assert any(e.startswith("quota rq: pods of limits.memory") and "exceeds what Kubernetes" in e for e in b.errors)
+    u = contract.UsageSnapshot(
+        id="x",
+        source="vmquota/ledger/c1",
+        subject=acc.NS,
+        time=contract.now_rfc3339(),
+        cluster="c1",
+        namespace=acc.NS,
+        seq=3,
+        quotas=b.quotas,
+    )
+    check_usage(u)

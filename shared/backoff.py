@@ -40,3 +40,30 @@ class Backoff:
         if retry_after is not None:
             d = max(d, min(retry_after, self.maximum))
         return d
+
+
+@dataclass(slots=True)
+class TokenBucket:
+    """At most ``rate`` events per second on average, ``burst`` at once. No I/O and no clock of its own: the
+    caller passes the monotonic time and sleeps the wait :meth:`take` returns."""
+
+    rate: float
+    burst: float
+    tokens: float = -1.0
+    """Tokens left (starts full)."""
+    at: float = 0.0
+    """When ``tokens`` was last brought up to date."""
+
+    def __post_init__(self) -> None:
+        if self.rate <= 0 or self.burst < 1:
+            raise ValueError(f"invalid token bucket {self!r}")
+        if self.tokens < 0:
+            self.tokens = self.burst
+
+    def take(self, now: float) -> float:
+        """Take one token: the seconds to wait before the event may happen (0 when at once). A wait is taken on
+        credit, so callers that wait it out in turn are spaced ``1 / rate`` apart."""
+        self.tokens = min(self.burst, self.tokens + max(0.0, now - self.at) * self.rate)
+        self.at = max(self.at, now)
+        self.tokens -= 1
+        return 0.0 if self.tokens >= 0 else -self.tokens / self.rate

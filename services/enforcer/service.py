@@ -41,7 +41,7 @@ from services.enforcer.kube import KubeError, Obj, QuotaApi, version_of
 from services.runner import Metrics, cancel
 from shared import bus as contract
 from shared import enforcement, guard
-from shared.backoff import Backoff
+from shared.backoff import Backoff, TokenBucket
 from shared.enforcement import Plan
 from shared.errors import InvalidInput
 from shared.modes import MANAGED_LABEL, is_managed
@@ -72,6 +72,13 @@ class EnforcerOptions:
     longer pause only widens the window for the next conflict."""
     max_conflicts: int = 50
     """Conflicts in a row after which the quota is retried later with backoff (like any other failed call)."""
+    conflict_backoff: float = 0.05
+    """First wait after a patch conflicts on a version that already conflicted (no other writer's progress
+    explains it): doubles with every repeat, ±50%, up to ``conflict_backoff_max``."""
+    conflict_backoff_max: float = 2.0
+    patch_rate: float = 100.0
+    """Most quota patches per second overall (a burst of as many); ``quota_patch_rate`` per quota."""
+    quota_patch_rate: float = 10.0
     retry_base: float = 0.2
     """First backoff after a failed call (429, 5xx, timeout); doubles up to ``retry_max``, ±20%, never shorter than
     a ``Retry-After`` the server sent (up to ``retry_max``)."""
@@ -138,6 +145,9 @@ class Enforcer:
         self.own = EnforcerMetrics(self.metrics.registry)
         self._now = clock or (lambda: datetime.now(UTC))
         self._backoff = Backoff(initial=opts.retry_base, maximum=opts.retry_max, jitter=0.2)
+        self._conflict_backoff = Backoff(initial=opts.conflict_backoff, maximum=opts.conflict_backoff_max, jitter=0.5)
+        self._patches = TokenBucket(opts.patch_rate, max(1.0, opts.patch_rate))
+        self._quota_patches: dict[Key, TokenBucket] = {}
         self.quotas: dict[Key, QuotaSnapshot] = {}
         self._names: dict[str, dict[str, None]] = {}
         """namespace → names of its quotas in ``quotas`` (kept by ``_remember`` and ``_forget``, which alone write
@@ -483,6 +493,7 @@ class Enforcer:
         self._dry_seen.pop(key, None)
         held = self._carried.pop(key, None), self._writing.pop(key, None)
         self._unsynced.discard(key)
+        self._quota_patches.pop(key, None)
         if gone is not None:
             self._gone[gone.uid] = max(rv, self._gone.get(gone.uid, -1))
         if any(held) and self.opts.reservation_guard and not self.opts.dry_run:
@@ -614,7 +625,8 @@ class Enforcer:
         if quota is not None and key in self._verify:
             quota = await self._read(key, quota)
             self._verify.discard(key)
-        conflicts = reads = 0
+        conflicts = reads = repeats = 0
+        failed = ""  # the precondition of the last patch that conflicted
         while quota is not None:
             usage = self.usage.get(ns)
             p = enforcement.plan(quota, usage, self._acted.get(key), managed=quota.uid in self._vouched)
@@ -629,6 +641,12 @@ class Enforcer:
             if self.opts.reservation_guard:
                 self._writing[key] = guard.holders(usage)
                 await self._guard_write(ns, grow=True)  # the holders are listed before their room opens
+            if p.resource_version == failed:
+                # The same version conflicted before: no other writer's progress explains it (a version that
+                # moves on is quota admission at work, retried at once). Back off, jittered and growing.
+                repeats += 1
+                await asyncio.sleep(self._conflict_backoff.delay(repeats - 1))
+            await self._pace(key)
             try:
                 raw = await self.kube.patch_quota(ns, name, enforcement.patch_body(p))
             except KubeError as e:
@@ -638,6 +656,7 @@ class Enforcer:
                 if not e.conflict:
                     raise
                 conflicts += 1
+                failed = p.resource_version
                 self.conflicts += 1
                 self.own.patches.labels(outcome="conflict").inc()
                 if conflicts >= self.opts.max_conflicts:
@@ -667,6 +686,18 @@ class Enforcer:
                 self._acted[key] = usage
             self._report(p, after.resource_version)
             return
+
+    async def _pace(self, key: Key) -> None:
+        """Wait until a patch of ``key`` fits both rate bounds (overall and per quota)."""
+        bucket = self._quota_patches.get(key)
+        if bucket is None:
+            rate = self.opts.quota_patch_rate
+            bucket = self._quota_patches[key] = TokenBucket(rate, max(1.0, rate))
+        now = time.monotonic()
+        wait = max(bucket.take(now), self._patches.take(now))
+        if wait > 0:
+            self.own.patches.labels(outcome="paced").inc()
+            await asyncio.sleep(wait)
 
     async def _read(self, key: Key, held: QuotaSnapshot) -> QuotaSnapshot | None:
         """The quota as the API server has it now (kept whatever version was held); None when it is gone."""

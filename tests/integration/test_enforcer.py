@@ -719,3 +719,24 @@ async def test_annotations_alone_open_no_room_and_excluded_namespaces_are_left_a
         await sim.wait_for(lambda: e.idle() and ("kubevirt", "compute") in e._excluded, within=5, what="excluded")
         k = sim.peek("resourcequotas", "kubevirt", "compute")
         assert k is not None and hard(k) == {"limits.memory": "8Gi"} and BUDGET_ANNOTATION not in notes(k)
+
+
+async def test_a_conflict_storm_is_backed_off_not_hammered(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """Every patch answered 409 while the quota's version stays the same: no other writer's progress explains
+    it, so the enforcer backs off (jittered, doubling) from the first repeat instead of ~167 patches/s."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    async with enforcer(bus, api):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        await sim.wait_quota_synced(NS, "compute")
+        storm = sim.faults.fail(409, 1.0, verbs=["patch"], resources=["resourcequotas"])
+        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
+        await sim.wait_for(lambda: storm.injected >= 3, within=5, what="the storm under way")
+        start, loop = storm.injected, asyncio.get_running_loop()
+        t0 = loop.time()
+        await sim.wait_for(lambda: loop.time() - t0 >= 2.0, within=5, what="two seconds of storm")
+        attempts = storm.injected - start
+        assert attempts <= 12, f"{attempts} patches in 2 s of a 409 storm"
+        sim.faults.failures.remove(storm)
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "raised once the storm ends", 10)

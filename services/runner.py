@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # the clients are imported when a service runs, not when the 
     from prometheus_client import CollectorRegistry
 
     from services.bus import NatsOptions
+    from services.lease import LeaseTiming
 
 
 @dataclass(frozen=True, slots=True)
@@ -569,81 +570,33 @@ def _resolve_env_once(api: Any) -> None:
     old.detach()  # the connector now belongs to the new session
 
 
-async def leader_elected(
-    rt: Runtime,
-    work: Callable[[], Awaitable[None]],
-    *,
-    lease_duration: int = 15,
-    renew_deadline: float = 10.0,
-    retry_period: float = 2.0,
-) -> None:
+async def leader_elected(rt: Runtime, work: Callable[[], Awaitable[None]], timing: LeaseTiming | None = None) -> None:
     """Run ``work()`` while this process holds the Lease ``vmquota-<service>-<cluster>`` in ``--lease-namespace``
-    (or at once with ``--no-leader-election``). Losing the Lease stops the work and raises, so the process
-    restarts as a follower instead of acting on a stale view. ``lease_duration`` is whole seconds (the
-    Lease's ``leaseDurationSeconds`` is an integer)."""
+    (or at once with ``--no-leader-election``); ``services.lease`` has the rules. Losing the Lease stops the work
+    and raises, so the process restarts as a follower instead of acting on a stale view; a graceful stop releases
+    it, so that a standby takes over at once. The process is ready (``/readyz``) only while the Lease API answers:
+    leading, or a standby that sees a valid holder."""
     if not rt.config.leader_election:
         await work()
         return
-    from kubernetes_asyncio.leaderelection import electionconfig, leaderelection
-    from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
+    from services.lease import Elector, LeaseTiming, run_leading
 
-    log = rt.log(lease_namespace=rt.config.lease_namespace, identity=rt.config.identity)
     lease = f"vmquota-{rt.name}-{rt.config.cluster or 'all'}"
-    lost = asyncio.Event()
+    component = f"{rt.name}-lease"
+    rt.health.expect(component)
     api = await kube_client(rt.config.kubeconfig)
     try:
-        working: list[asyncio.Task[None]] = []
-        work_ended = asyncio.Event()
-
-        async def started() -> None:
-            log.info("leading", lease=lease)
-
-            async def run_work() -> None:
-                await work()
-
-            task = asyncio.create_task(run_work(), name=f"{rt.name}-work")
-            task.add_done_callback(lambda _: work_ended.set())
-            working.append(task)
-
-        async def stopped() -> None:
-            log.warning("lost the lease", lease=lease)
-            lost.set()
-
-        elector = leaderelection.LeaderElection(
-            electionconfig.Config(
-                LeaseLock(lease, rt.config.lease_namespace, rt.config.identity, api),
-                lease_duration=lease_duration,
-                renew_deadline=renew_deadline,
-                retry_period=retry_period,
-                onstarted_leading=started,
-                onstopped_leading=stopped,
-            )
+        elector = Elector(
+            api,
+            rt.config.lease_namespace,
+            lease,
+            rt.config.identity,
+            timing or LeaseTiming(),
+            on_health=lambda ok: rt.health.set_ready(component, ok),
         )
-        log.info("waiting for the lease", lease=lease)
-        waits = [
-            asyncio.create_task(elector.run()),
-            asyncio.create_task(rt.stop.wait()),
-            asyncio.create_task(work_ended.wait()),
-        ]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            await cancel(*waits)
-            for t in working:
-                if not t.done() and rt.stop.is_set() and not lost.is_set():
-                    await asyncio.wait([t], timeout=15.0)  # the work sees the stop itself: let it finish
-                await cancel(t)
-        for t in working:
-            if not t.cancelled() and t.exception() is not None:
-                raise t.exception()  # type: ignore[misc]
-        if rt.stop.is_set():
-            return
-        if lost.is_set():
-            raise RuntimeError(f"lost the lease {lease}")
-        if working:
+        rt.log(lease=lease).info("waiting for the lease", lease_namespace=rt.config.lease_namespace)
+        await run_leading(elector, work, rt.stop)
+        if not rt.stop.is_set():
             raise RuntimeError(f"{rt.name} stopped working while leading")
-        election = waits[0]
-        error = election.exception() if election.done() and not election.cancelled() else None
-        raise RuntimeError(f"leader election for {lease} ended: {error or 'without a reason'}") from error
     finally:
         await api.close()

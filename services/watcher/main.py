@@ -15,21 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.bus import Bus
+from services.lease import LeaseTiming
 from services.runner import Runtime, kube_client, leader_elected
 from services.watcher.metrics import metrics_for
 from services.watcher.publisher import Item, Publisher
 from services.watcher.watcher import SERVICE, Watcher, WatcherConfig
 from shared import bus as contract
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseTiming:
-    """Seconds: a standby takes over at most ``lease_duration`` after the leader's last renewal. A whole number:
-    kubernetes-asyncio's LeaseLock writes it with ``int(str(value))``, which refuses ``15.0``."""
-
-    lease_duration: int = 15
-    renew_deadline: float = 10.0
-    retry_period: float = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,12 +112,6 @@ async def serve(rt: Runtime, tuning: Tuning = Tuning()) -> None:
             leader.set(0)
 
     try:
-        await leader_elected(
-            rt,
-            work,
-            lease_duration=tuning.lease.lease_duration,
-            renew_deadline=tuning.lease.renew_deadline,
-            retry_period=tuning.lease.retry_period,
-        )
+        await leader_elected(rt, work, tuning.lease)
     finally:
         await bus.close()

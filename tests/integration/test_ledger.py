@@ -537,9 +537,10 @@ async def test_vmquota_run_ledger_serves_health_metrics_and_stops_on_sigterm(nat
 
 async def test_leader_election_runs_one_replica_at_a_time_and_hands_over(sim_api: Any) -> None:
     """Two replicas of a per-cluster service against the simulated API server's Leases: one works at a time; when
-    the leader stops, the other takes over once the lease expires."""
+    the leader stops, the other takes over at once: the stop releases the Lease."""
     import argparse
 
+    from services.lease import LeaseTiming
     from services.runner import Health, Metrics, Runtime, add_arguments, config_from_args, leader_elected
 
     store = sim_api.store
@@ -564,10 +565,11 @@ async def test_leader_election_runs_one_replica_at_a_time_and_hands_over(sim_api
             finally:
                 active.remove(identity)
 
-        election = leader_elected(rt, work, lease_duration=3, renew_deadline=2, retry_period=1)
+        election = leader_elected(rt, work, LeaseTiming(lease_duration=3, renew_deadline=2, retry_period=1))
         return rt, asyncio.create_task(election)
 
     (rt_a, task_a), (rt_b, task_b) = replica("replica-a"), replica("replica-b")
+    loop = asyncio.get_running_loop()
 
     def leaders() -> int:
         for t in (task_a, task_b):
@@ -583,9 +585,12 @@ async def test_leader_election_runs_one_replica_at_a_time_and_hands_over(sim_api
         leader_rt, leader_task = (rt_a, task_a) if first == "replica-a" else (rt_b, task_b)
         leader_rt.stop.set()
         await asyncio.wait_for(leader_task, 10)
+        released = loop.time()
         other = "replica-b" if first == "replica-a" else "replica-a"
         await wait_until(lambda: leaders() == 1 and active == [other], what="hand-over")
+        handover = loop.time() - released
         assert most == 1, "never two leaders at once"
+        assert handover < 1.0, f"a graceful stop releases the Lease: the standby took {handover:.2f}s, not ~3s"
     finally:
         for rt, task in ((rt_a, task_a), (rt_b, task_b)):
             rt.stop.set()
@@ -597,6 +602,7 @@ async def test_a_failing_leader_fails_its_service(sim_api: Any) -> None:
     replica holding the lease without working."""
     import argparse
 
+    from services.lease import LeaseTiming
     from services.runner import Health, Metrics, Runtime, add_arguments, config_from_args, leader_elected
 
     store = sim_api.store
@@ -610,4 +616,48 @@ async def test_a_failing_leader_fails_its_service(sim_api: Any) -> None:
         raise ValueError("cannot reach the cluster")
 
     with pytest.raises(ValueError, match="cannot reach the cluster"):
-        await asyncio.wait_for(leader_elected(rt, work, lease_duration=3, renew_deadline=2, retry_period=1), 20)
+        await asyncio.wait_for(
+            leader_elected(rt, work, LeaseTiming(lease_duration=3, renew_deadline=2, retry_period=1)), 20
+        )
+
+
+async def test_a_missing_lease_namespace_is_one_clear_error_and_not_ready(sim_api: Any) -> None:
+    """Readiness tells the truth: a candidate that cannot even create its Lease (its namespace is missing) is not
+    ready, says why once (not a traceback every retry), and becomes ready once the namespace exists."""
+    import argparse
+
+    from structlog.testing import capture_logs
+
+    from services.lease import LeaseTiming
+    from services.runner import Health, Metrics, Runtime, add_arguments, config_from_args, leader_elected
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(
+        ["enforcer", "--cluster", CLUSTER, "--kubeconfig", str(sim_api.kubeconfig), "--lease-namespace", "nowhere"]
+    )
+    rt = Runtime(name="enforcer", config=config_from_args(args), metrics=Metrics(), health=Health())
+    rt.health.set_ready("enforcer", True)  # (connected to NATS)
+    led = asyncio.Event()
+
+    async def work() -> None:
+        led.set()
+        await rt.stop.wait()
+
+    timing = LeaseTiming(lease_duration=3, renew_deadline=1, retry_period=0.2)
+    with capture_logs() as logs:
+        task = asyncio.create_task(leader_elected(rt, work, timing))
+        try:
+            await wait_until(lambda: sum(1 for e in logs if e["log_level"] == "error") >= 1, what="the error")
+            await asyncio.wait([task], timeout=1.0)  # five more retries
+            assert not rt.health.ready, "not ready while the Lease cannot be created"
+            errors = [e for e in logs if e["log_level"] == "error"]
+            assert len(errors) == 1, errors
+            assert "the lease namespace 'nowhere' does not exist" in errors[0]["error"], errors[0]
+            store = sim_api.store
+            await store.create(store.resource("namespaces"), {"metadata": {"name": "nowhere"}})
+            await wait_until(led.is_set, what="leading once the namespace exists")
+            assert rt.health.ready
+        finally:
+            rt.stop.set()
+            await asyncio.wait_for(task, 10)

@@ -28,11 +28,12 @@ import pytest
 from nats.aio.msg import Msg
 
 from services.bus import NatsOptions
+from services.lease import LeaseTiming
 from services.runner import Config, Health, Metrics, Runtime
 from services.simcluster.store import Store
 from services.simcluster.store_api import Obj
 from services.watcher.kube import Timeouts
-from services.watcher.main import LeaseTiming, Tuning, serve
+from services.watcher.main import Tuning, serve
 from services.watcher.watcher import WatcherConfig
 from shared import bus as contract
 from shared.backoff import Backoff

@@ -19,12 +19,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("services.cli_simulate", "run a simulated KubeVirt cluster until interrupted"),
     "run": ("services.runner", "run a service: watcher, ledger, enforcer or all"),
     "demo": ("services.demo.cli", "play the seed scenarios (or a scenario file) without and with vmquota"),
+    "status": ("services.cli_status", "show every managed quota: budget, use in VM terms, reservations, hard"),
+    "tail": ("services.cli_tail", "follow decisions, usage or events on the bus, one line per message"),
+    "replay": ("services.cli_replay", "fold the events stream up to a time and show the quotas as they were"),
 }
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+def build_parser(only: str | None = None, prog: str = "vmquota") -> argparse.ArgumentParser:
     """The full parser, or with ``only`` one sub-command's arguments (the others are listed, not loaded)."""
-    parser = argparse.ArgumentParser(prog="vmquota", description="VM-aware, migration-safe ResourceQuotas for KubeVirt")
+    parser = argparse.ArgumentParser(prog=prog, description="VM-aware, migration-safe ResourceQuotas for KubeVirt")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (module, help_text) in COMMANDS.items():
@@ -35,10 +38,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "vmquota") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(chosen if chosen in COMMANDS else None)
+    parser = build_parser(chosen if chosen in COMMANDS else None, prog)
     args = parser.parse_args(argv)
     mod = importlib.import_module(args._module)
     try:
@@ -46,6 +49,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return code
+
+
+def kubectl_main() -> int:
+    """``kubectl-vmquota``: kubectl runs it for ``kubectl vmquota ARGS`` with ARGS as they are."""
+    return main(prog="kubectl vmquota")
 
 
 if __name__ == "__main__":

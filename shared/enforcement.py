@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from fnmatch import fnmatchcase
-from fractions import Fraction
 from typing import Any, Final
 
 from shared.accounting import policy_of
@@ -51,8 +50,9 @@ from shared.modes import (
     parse_budget,
     parse_mode,
 )
-from shared.quantity import NANO, ZERO, Quantity
-from shared.resources import ResourceList, format_resource_list, is_byte_resource, parse_resource_list
+from shared.quantity import ZERO, Quantity
+from shared.report import readable as human_quantity
+from shared.resources import ResourceList, format_resource_list, parse_resource_list
 from shared.snapshot import QuotaSnapshot
 
 __all__ = [
@@ -108,24 +108,6 @@ class Action(StrEnum):
 
 
 # ---- formatting --------------------------------------------------------------------------------------------------
-
-_BINARY_UNITS: Final = (("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10))
-
-
-def human_quantity(q: Quantity, resource: str) -> str:
-    """A short, readable amount for a reason line: bytes in the largest binary unit with at most one decimal
-    (``17405661185`` → ``16.2Gi``), everything else canonical (``1500m``, ``2``)."""
-    if not is_byte_resource(resource):
-        return q.canonical()
-    value = Fraction(abs(q.nanos), NANO)
-    sign = "-" if q.nanos < 0 else ""
-    for suffix, exp in _BINARY_UNITS:
-        unit = 2**exp
-        if value >= unit:
-            tenths = round(value * 10 / unit)
-            whole, frac = divmod(tenths, 10)
-            return f"{sign}{whole}{'.' + str(frac) if frac else ''}{suffix}"
-    return q.canonical()
 
 
 def rl_json(rl: Mapping[str, Quantity]) -> str:

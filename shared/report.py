@@ -1,0 +1,194 @@
+"""What an operator reads: one row per managed quota, from the ledger's usage and the enforcer's decisions, as a
+table or as JSON (pure; ``vmquota status`` and ``vmquota replay`` print it).
+
+Quantities are shown in one readable form per resource (:func:`readable`): memory-like resources in binary units
+(``16Gi``, ``1.5Gi``), everything else as Kubernetes writes it (``2``, ``1500m``). The JSON keeps Kubernetes
+quantity strings.
+
+The JSON form is a contract (other tools parse it)::
+
+    {"quotas": [{"cluster", "namespace", "name", "mode", "budget": {RES: QTY}, "used": {...}, "pods": {...},
+                 "reserved": {...}, "hard": {...}, "raisedFor": [NAME, ...], "vms": {"running", "admitted",
+                 "refused"}, "status": "..."}]}
+
+``used`` is U (the mode's terms), ``pods`` P (what native quota charges the namespace's pods), ``reserved`` S.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Final
+
+from shared.bus import Decision, UsageSnapshot
+from shared.errors import InvalidInput
+from shared.modes import Mode
+from shared.quantity import NANO, Quantity
+from shared.resources import is_byte_resource
+
+_BINARY_UNITS: Final = (("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10))
+
+
+def readable(q: Quantity, resource: str) -> str:
+    """A short, readable amount: bytes in the largest binary unit with at most one decimal (``17405661185`` →
+    ``16.2Gi``), everything else as Kubernetes writes it (``1500m``, ``2``)."""
+    if not is_byte_resource(resource):
+        return q.canonical()
+    value = Fraction(abs(q.nanos), NANO)
+    sign = "-" if q.nanos < 0 else ""
+    for suffix, exp in _BINARY_UNITS:
+        unit = 2**exp
+        if value >= unit:
+            tenths = round(value * 10 / unit)
+            whole, frac = divmod(tenths, 10)
+            return f"{sign}{whole}{'.' + str(frac) if frac else ''}{suffix}"
+    return q.canonical()
+
+
+def readable_list(rl: Mapping[str, str]) -> dict[str, str]:
+    """A wire resource list (canonical strings) in readable form; an unreadable value is shown as it is."""
+    out: dict[str, str] = {}
+    for r in sorted(rl):
+        try:
+            out[r] = readable(Quantity.parse(rl[r], allow_negative=True), r)
+        except InvalidInput:
+            out[r] = rl[r]
+    return out
+
+
+SCALED_MODES: Final = frozenset({Mode.VIRTUAL_RESOURCES.value, Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO.value})
+SCALE_NOTE: Final = (
+    "hard = k * (budget - used) + pods + reserved: in a mode that counts more than the launcher pod is charged "
+    "(vCPUs against requests.cpu = vCPUs / ratio, guest memory under overcommit) k < 1, so hard differs from the "
+    "budget by more than the pods and reservations"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaRow:
+    cluster: str
+    namespace: str
+    name: str
+    mode: str
+    budget: dict[str, str]
+    used: dict[str, str]
+    pods: dict[str, str]
+    reserved: dict[str, str]
+    hard: dict[str, str]
+    raised_for: list[str] = field(default_factory=list)
+    vms: dict[str, int] = field(default_factory=dict)
+    status: str = ""
+    time: str = ""
+    """When the usage it shows was published."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cluster": self.cluster,
+            "namespace": self.namespace,
+            "name": self.name,
+            "mode": self.mode,
+            "budget": self.budget,
+            "used": self.used,
+            "pods": self.pods,
+            "reserved": self.reserved,
+            "hard": self.hard,
+            "raisedFor": self.raised_for,
+            "vms": self.vms,
+            "status": self.status,
+        }
+
+
+def _nonzero(rl: Mapping[str, str]) -> bool:
+    return any(v not in ("", "0") for v in rl.values())
+
+
+def quota_rows(usage: Iterable[UsageSnapshot], decisions: Iterable[Decision] = ()) -> list[QuotaRow]:
+    """One row per managed quota of each namespace's latest usage snapshot; ``hard`` is what the enforcer last
+    wrote (its latest non-dry-run decision for the quota), else what the ledger's equation gives. Sorted by
+    cluster, namespace, name."""
+    written: dict[tuple[str, str, str], Decision] = {}
+    for dec in decisions:
+        if not dec.dry_run:
+            written[(dec.cluster, dec.namespace, dec.quota)] = dec  # (in stream order: the latest wins)
+    rows: list[QuotaRow] = []
+    for u in usage:
+        vms = {"running": 0, "admitted": 0, "refused": 0}
+        for v in u.vms:
+            if v.state in vms:
+                vms[v.state] += 1
+        raised = sorted({m.name for m in u.migrations if _nonzero(m.reserved)})
+        for name, t in sorted(u.quotas.items()):
+            d = written.get((u.cluster, u.namespace, name))
+            hard = dict(d.hard_after) if d is not None else dict(t.hard)
+            rows.append(
+                QuotaRow(
+                    cluster=u.cluster,
+                    namespace=u.namespace,
+                    name=name,
+                    mode=t.mode,
+                    budget=dict(t.budget),
+                    used=dict(t.used),
+                    pods=dict(t.pods),
+                    reserved=dict(t.reserved),
+                    hard=hard,
+                    raised_for=raised if _nonzero(t.reserved) else [],
+                    vms=dict(vms),
+                    status=_status(u, t.over_budget, raised if _nonzero(t.reserved) else [], vms),
+                    time=u.time,
+                )
+            )
+    rows.sort(key=lambda r: (r.cluster, r.namespace, r.name))
+    return rows
+
+
+def _status(u: UsageSnapshot, over: Sequence[str], raised: Sequence[str], vms: Mapping[str, int]) -> str:
+    parts: list[str] = []
+    if u.errors:
+        parts.append(f"{len(u.errors)} error(s): {u.errors[0]}")
+    if over:
+        parts.append(f"over budget: {', '.join(over)}")
+    if raised:
+        parts.append(f"raised for {', '.join(raised)}")
+    if vms.get("refused"):
+        parts.append(f"{vms['refused']} VM(s) refused")
+    if vms.get("admitted"):
+        parts.append(f"{vms['admitted']} VM(s) starting")
+    return "; ".join(parts) or "ok"
+
+
+def status_json(rows: Sequence[QuotaRow], **extra: Any) -> dict[str, Any]:
+    return {**extra, "quotas": [r.to_json() for r in rows]}
+
+
+def _cell(used: Mapping[str, str], budget: Mapping[str, str]) -> str:
+    u, b = readable_list(used), readable_list(budget)
+    return ", ".join(f"{r} {u.get(r, '0')}/{b[r]}" for r in b) or "-"
+
+
+def status_table(rows: Sequence[QuotaRow], *, wide: bool = False) -> str:
+    """Aligned columns, one row per quota; ``wide`` adds P, S and ``hard``. A footnote explains the scale factor
+    when a scaled mode is shown."""
+    if not rows:
+        return "no managed quotas found"
+    head = ["CLUSTER", "NAMESPACE", "QUOTA", "MODE", "USED/BUDGET"]
+    if wide:
+        head += ["PODS", "RESERVED", "HARD"]
+    head += ["VMS", "STATUS"]
+    table = [head]
+    for r in rows:
+        line = [r.cluster, r.namespace, r.name, r.mode, _cell(r.used, r.budget)]
+        if wide:
+            line += [_items(r.pods), _items(r.reserved), _items(r.hard)]
+        line += [f"{r.vms.get('running', 0)}/{r.vms.get('admitted', 0)}/{r.vms.get('refused', 0)}", r.status]
+        table.append(line)
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    text = "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table)
+    text += "\n(VMS: running/starting/refused)"
+    if any(r.mode in SCALED_MODES for r in rows):
+        text += f"\nNote: {SCALE_NOTE}."
+    return text
+
+
+def _items(rl: Mapping[str, str]) -> str:
+    return ", ".join(f"{r} {v}" for r, v in readable_list(rl).items()) or "-"

@@ -1,0 +1,112 @@
+"""The operator commands (``vmquota status``, ``tail``, ``replay``) as a person runs them: separate processes
+against a real nats-server after a real pipeline played seed scenario 1 (a migration at full quota)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import pytest
+
+from shared import report
+from tests.integration.e2e import CLUSTER, full_namespace, pipeline, rl
+
+pytestmark = pytest.mark.integration
+
+NS = "tenant-a"
+
+
+async def vmquota(*args: str, within: float = 60.0) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services.cli", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), within)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_status_tail_and_replay_after_a_migration_at_full_quota() -> None:
+    async with pipeline() as p:
+        await full_namespace(p, NS)
+        url = p.stack.nats.url
+        name = await p.migrate(NS, "vm1")
+        await p.wait(lambda: any(d.reason.endswith("for the migration of vm1") for d in p.tap.decisions), "raise")
+        raised = next(d for d in p.tap.decisions if d.reason.endswith("for the migration of vm1"))
+
+        # status while the migration's raise may still be in place, then once it is over
+        await p.wait_migrated(NS, "vm1", name)
+        await p.wait_hard(NS, "compute", rl({"limits.memory": "64Gi"}), "hard back to the budget")
+        await p.wait(lambda: any(d.reason.startswith("lowered") for d in p.tap.decisions), "the lowering")
+        code, out, err = await vmquota("status", "--nats", url, "-o", "json")
+        assert code == 0, err
+        (row,) = json.loads(out)["quotas"]
+        terms = p.tap.terms(NS, "compute")
+        assert terms is not None
+        assert (row["cluster"], row["namespace"], row["name"], row["mode"]) == (CLUSTER, NS, "compute", terms.mode)
+        assert row["budget"] == {"limits.memory": "64Gi"} and row["used"] == terms.used
+        assert row["pods"] == terms.pods and row["reserved"] == terms.reserved
+        assert row["hard"] == {"limits.memory": "64Gi"} and row["raisedFor"] == []
+        running = sum(1 for v in p.tap.usage[NS].vms if v.state == "running")
+        assert running >= 3 and row["vms"] == {"running": running, "admitted": 0, "refused": 0}
+        assert row["status"] == "ok"
+        code, out, _ = await vmquota("status", "--nats", url)
+        used = report.readable_list(terms.used)["limits.memory"]
+        assert code == 0 and f"limits.memory {used}/64Gi" in out and "tenant-a" in out, out
+
+        # tail: the decisions as lines, oldest first
+        code, out, err = await vmquota("tail", "--nats", url, "--no-follow", "-n", NS)
+        assert code == 0, err
+        lines = out.splitlines()
+        assert any(raised.reason in line for line in lines), lines
+        assert all(line.split()[1] == CLUSTER and f"{NS}/compute" in line for line in lines)
+
+        # replay: the hard the enforcer wrote, re-derived from the events alone, at every decision
+        code, out, err = await vmquota("replay", "--nats", url, "--verify", "-o", "json", "-q")
+        assert code == 0, out + err
+        result = json.loads(out)
+        assert result["verify"]["differences"] == [] and result["verify"]["decisions"] >= 2, result["verify"]
+        assert result["events"] > 0 and [q["hard"] for q in result["quotas"]] == [{"limits.memory": "64Gi"}]
+        # and in the middle of the migration: --until-seq the raise's usage gives the raised hard
+        code, out, err = await vmquota("replay", "--nats", url, "--until-seq", str(raised.usage_seq), "-o", "json")
+        assert code == 0, err
+        assert [q["hard"] for q in json.loads(out)["quotas"]] == [raised.hard_after]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["status", "--nats", "nats://127.0.0.1:1"], "vmquota status: cannot reach NATS at nats://127.0.0.1:1"),
+        (
+            ["tail", "--nats", "nats://127.0.0.1:1", "--since", "soon"],
+            "vmquota tail: --since: 'soon' is neither a duration",
+        ),
+        (["status", "--cluster", "Not_A_Label"], "vmquota status: "),
+        (["replay", "--nats", "nats://127.0.0.1:1", "--at", "yesterday-ish"], "vmquota replay: --at: "),
+    ],
+)
+async def test_bad_input_is_one_line_and_a_non_zero_exit(args: list[str], message: str) -> None:
+    code, out, err = await vmquota(*args)
+    assert code != 0 and out == ""
+    assert err.count("\n") == 1 and err.startswith(message), err
+    assert "Traceback" not in err
+
+
+async def test_kubectl_finds_the_plugin() -> None:
+    """Installing the package provides ``kubectl-vmquota``: ``kubectl vmquota status`` runs ``vmquota status``."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed here")
+    bindir = Path(sys.executable).parent
+    assert (bindir / "kubectl-vmquota").exists(), "the package's kubectl plugin is not installed"
+    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = await asyncio.create_subprocess_exec(
+        kubectl, "vmquota", "status", "--help", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    assert "usage: kubectl vmquota status" in out.decode() and "--watch" in out.decode()

@@ -1,0 +1,74 @@
+"""What an operator reads: readable quantities, one row per managed quota, the JSON contract."""
+
+from __future__ import annotations
+
+from shared import bus as contract
+from shared import report
+from shared.quantity import Quantity
+
+
+def test_one_readable_form_per_resource() -> None:
+    assert report.readable(Quantity.parse("17179869184"), "limits.memory") == "16Gi"
+    assert report.readable(Quantity.parse("17405661185"), "limits.memory") == "16.2Gi"
+    assert report.readable(Quantity.parse("137106311Ki"), "requests.memory") == "130.8Gi"
+    assert report.readable(Quantity.parse("1500m"), "requests.cpu") == "1500m"
+    assert report.readable(Quantity.parse("2000m"), "limits.cpu") == "2"
+    assert report.readable_list({"limits.memory": "64Gi", "pods": "10", "x": "lots"}) == {
+        "limits.memory": "64Gi",
+        "pods": "10",
+        "x": "lots",
+    }
+
+
+def usage(quotas: dict[str, contract.QuotaTerms], **kw: object) -> contract.UsageSnapshot:
+    return contract.UsageSnapshot(
+        id="c1/usage/ns/1",
+        source="vmquota/ledger/c1",
+        subject="ns",
+        time="2026-12-03T10:00:00Z",
+        cluster="c1",
+        namespace="ns",
+        seq=1,
+        quotas=quotas,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_rows_take_hard_from_the_last_written_decision_and_name_the_migrations() -> None:
+    t = contract.QuotaTerms(
+        mode="VirtualResources",
+        budget={"requests.cpu": "8"},
+        used={"requests.cpu": "8"},
+        pods={"requests.cpu": "2"},
+        reserved={"requests.cpu": "500m"},
+        hard={"requests.cpu": "2500m"},
+    )
+    u = usage(
+        {"compute": t},
+        migrations=[contract.MigrationState(name="m1", vmi="vm1", reserved={"requests.cpu": "500m"})],
+        vms=[contract.VmState(name="vm1", state="running"), contract.VmState(name="vm2", state="refused")],
+    )
+    d = contract.Decision(
+        id="d",
+        source="vmquota/enforcer/c1",
+        subject="ns/compute",
+        time="2026-12-03T10:00:01Z",
+        cluster="c1",
+        namespace="ns",
+        quota="compute",
+        mode="VirtualResources",
+        hard_after={"requests.cpu": "2"},
+    )
+    dry = contract.Decision(**{**{f: getattr(d, f) for f in d.__struct_fields__}, "dry_run": True, "hard_after": {}})
+    (row,) = report.quota_rows([u], [d, dry])
+    assert row.hard == {"requests.cpu": "2"}, "what the enforcer wrote, dry runs aside"
+    assert row.raised_for == ["m1"] and row.vms == {"running": 1, "admitted": 0, "refused": 1}
+    assert row.status == "raised for m1; 1 VM(s) refused"
+    j = report.status_json([row])["quotas"][0]
+    assert list(j) == [
+        "cluster", "namespace", "name", "mode", "budget", "used", "pods", "reserved", "hard", "raisedFor", "vms",
+        "status",
+    ]  # fmt: skip
+    table = report.status_table([row], wide=True)
+    assert "requests.cpu 8/8" in table and "Note: hard = k * (budget - used)" in table
+    assert report.status_table([]) == "no managed quotas found"

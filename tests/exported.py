@@ -6,16 +6,19 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
+from services.enforcer.quota_metrics import QuotaMetrics
 from services.enforcer.service import EnforcerMetrics
 from services.runner import Metrics
 from services.watcher.metrics import WatcherMetrics
 
 
 def every_service_metrics() -> Metrics:
-    """The runner's metrics (the ledger has no others) with the watcher's and the enforcer's on the same registry."""
+    """The runner's metrics (the ledger has no others) with the watcher's and the enforcer's (its own and the
+    per-quota gauges) on the same registry."""
     m = Metrics()
     WatcherMetrics(m.registry)
     EnforcerMetrics(m.registry)
+    QuotaMetrics(m.registry)
     return m
 
 

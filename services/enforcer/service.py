@@ -38,6 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.bus import Bus, PullConsumer, position
 from services.enforcer.kube import KubeError, Obj, QuotaApi, version_of
+from services.enforcer.quota_metrics import QuotaMetrics
 from services.runner import Metrics, ServiceLabelled, cancel
 from shared import bus as contract
 from shared import enforcement, guard
@@ -132,6 +133,7 @@ class Enforcer:
         self.opts = opts
         self.metrics = metrics or Metrics()
         self.own = EnforcerMetrics(self.metrics.registry, opts.service)
+        self.quota_metrics = QuotaMetrics(self.metrics.registry, opts.service)
         self._now = clock or (lambda: datetime.now(UTC))
         self._backoff = Backoff(initial=opts.retry_base, maximum=opts.retry_max, jitter=0.2)
         self.quotas: dict[Key, QuotaSnapshot] = {}
@@ -337,6 +339,7 @@ class Enforcer:
         if held is not None and held.seq > u.seq:
             return
         self.usage[u.namespace] = u
+        self.quota_metrics.observe(u)
         self._touch_namespace(u.namespace)
 
     async def _dead_letter(self, m: Msg, stream: str, reason: str) -> None:

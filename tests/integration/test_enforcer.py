@@ -617,11 +617,11 @@ async def test_a_deleted_quota_takes_its_holders_off_the_guard(
         await sim.wait_for(lambda: listed_names(sim) == set(), within=5, what="the holders taken off")
 
 
-async def test_progress_is_exported_for_the_not_progressing_alert(
+async def test_progress_and_quota_terms_are_exported(
     sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
 ) -> None:
     """``VmquotaNotProgressing`` reads the service's lag and applied sequence: the enforcer exports both (for the
-    usage input, which its lag gauge follows)."""
+    usage input, which its lag gauge follows); and each quota's terms from the usage snapshot it acts on."""
     await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
     async with enforcer(bus, api) as (e, _):
         await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
@@ -630,3 +630,7 @@ async def test_progress_is_exported_for_the_not_progressing_alert(
         r = e.metrics.registry
         assert r.get_sample_value("vmquota_applied_sequence", {"service": "enforcer"}) == last
         assert r.get_sample_value("vmquota_consumer_lag", {"service": "enforcer"}) == 0
+        quota = {"service": "enforcer", "cluster": CLUSTER, "namespace": NS, "quota": "compute"}
+        memory = {**quota, "resource": "limits.memory"}
+        assert r.get_sample_value("vmquota_quota_budget", memory) == 64 * 2**30
+        assert r.get_sample_value("vmquota_quota_hard", memory) == 80 * 2**30

@@ -118,6 +118,12 @@ class Metrics:
         self.dlq = Counter("vmquota_dlq", "Messages sent to the dead-letter subject", ["service"], registry=r)
         self.applied_seq = Gauge("vmquota_applied_sequence", "Last stream sequence applied", ["service"], registry=r)
 
+    def declare(self, service: str) -> None:
+        """Export ``service``'s dead letters and reconnections at 0 from the start: ``increase()`` (the alerts') does
+        not count the first step of a series that appears only with it."""
+        self.dlq.labels(service=service)
+        self.reconnects.labels(service=service)
+
     def render(self) -> bytes:
         from prometheus_client import generate_latest
 
@@ -176,6 +182,9 @@ class Runtime:
     metrics: Metrics
     health: Health
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.metrics.declare(self.name)
 
     def log(self, **context: Any) -> Any:
         return logs.get_logger(service=self.name, **context)

@@ -3,6 +3,8 @@ registry holding every service's families, as ``vmquota run all`` has."""
 
 from __future__ import annotations
 
+import re
+
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
@@ -36,5 +38,34 @@ def sample_names(registry: CollectorRegistry) -> set[str]:
     ``_sum`` and ``_count``, gauges, and the process collectors' metrics."""
     names: set[str] = set()
     for collector in list(registry._collector_to_names):
-        names.update(registry._collector_to_names[collector])
+        names.update(registry._collector_to_names[collector])  # (every name a family can have, children or not)
+    names.update(s.name for family in registry.collect() for s in family.samples)  # (the process collectors')
+    return names
+
+
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
+_BRACES = re.compile(r"\{[^{}]*\}|\[[^\[\]]*\]")
+_GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)", re.IGNORECASE)
+_KEYWORDS = frozenset({"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring", "inf", "nan"})
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression reads: what is left once strings, label matchers, ranges, grouping
+    clauses, functions (a name before ``(``), keywords and numbers are taken out. Grafana's variables (``$x``) may
+    stand in matchers and ranges only."""
+    text = _STRINGS.sub(" ", expr)
+    while True:
+        stripped = _BRACES.sub(" ", text)
+        if stripped == text:
+            break
+        text = stripped
+    text = _GROUPING.sub(" ", text)
+    names = set()
+    for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", text):
+        name = m.group()
+        if text[m.end() :].lstrip().startswith("(") or name.lower() in _KEYWORDS:
+            continue
+        if m.start() > 0 and (text[m.start() - 1].isdigit() or text[m.start() - 1] in "$."):
+            continue  # (the unit of a number such as 1e3, or a variable)
+        names.add(name)
     return names

@@ -4,6 +4,10 @@ resource, in base units (bytes, cores, counts), as of the namespace's latest sna
 Series: ``vmquota_quota_{budget,used,reserved,hard}{service, cluster, namespace, quota, resource}``, one per term
 and resource each quota names; a quota (or a resource) that the namespace's next snapshot no longer carries loses
 its series. Cardinality: at most 4 x (managed quotas) x (resources per quota).
+
+With them, per namespace, ``vmquota_namespace_vms{service, cluster, namespace, state}`` (running, admitted, refused,
+stopped) and ``vmquota_namespace_migrations{..., state}`` (pending, growth-refused, ...): how many are in each state
+the snapshot names (a state none is in has no series). Cardinality: a few series per namespace.
 """
 
 from __future__ import annotations
@@ -46,6 +50,16 @@ class QuotaMetrics:
         }
         self._shown: dict[tuple[str, str], set[Series]] = {}
         """(cluster, namespace) → the series its last snapshot set."""
+        ns_labels = ["service", "cluster", "namespace", "state"]
+        self.vms = Gauge("vmquota_namespace_vms", "VMs of the namespace by state", ns_labels, registry=registry)
+        self.migrations = Gauge(
+            "vmquota_namespace_migrations",
+            "Migrations in flight in the namespace by state",
+            ns_labels,
+            registry=registry,
+        )
+        self._states: dict[tuple[str, str], set[tuple[str, str]]] = {}
+        """(cluster, namespace) → the (family, state) series its last snapshot set."""
 
     def observe(self, u: contract.UsageSnapshot) -> None:
         """Show ``u``'s quotas (the namespace's latest snapshot), and drop the series of what it no longer has."""
@@ -66,3 +80,22 @@ class QuotaMetrics:
             self._shown[key] = shown
         else:
             self._shown.pop(key, None)
+        self._count_states(u)
+
+    def _count_states(self, u: contract.UsageSnapshot) -> None:
+        families = {"vms": self.vms, "migrations": self.migrations}
+        counts: dict[tuple[str, str], int] = {}
+        for v in u.vms:
+            counts[("vms", v.state)] = counts.get(("vms", v.state), 0) + 1
+        for m in u.migrations:
+            state = m.state or "unknown"
+            counts[("migrations", state)] = counts.get(("migrations", state), 0) + 1
+        for (family, state), n in counts.items():
+            families[family].labels(self.service, u.cluster, u.namespace, state).set(n)
+        key = (u.cluster, u.namespace)
+        for family, state in self._states.get(key, set()) - set(counts):
+            families[family].remove(self.service, u.cluster, u.namespace, state)
+        if counts:
+            self._states[key] = set(counts)
+        else:
+            self._states.pop(key, None)

@@ -10,7 +10,7 @@ import structlog
 from prometheus_client import Counter
 
 from services.enforcer.service import EnforcerMetrics
-from services.runner import Metrics, ServiceLabelled
+from services.runner import Health, Metrics, Runtime, ServiceLabelled
 from services.watcher.metrics import WatcherMetrics
 from services.watcher.publisher import Item
 from services.watcher.watcher import Watcher, WatcherConfig
@@ -90,3 +90,12 @@ def test_the_registry_carries_the_process_metrics() -> None:
     assert r.get_sample_value("process_cpu_seconds_total") is not None
     assert r.get_sample_value("python_gc_collections_total", {"generation": "0"}) is not None
     assert any(s.name == "python_info" for f in r.collect() for s in f.samples)
+
+
+def test_a_service_exports_its_alerted_counters_from_the_start() -> None:
+    """VmquotaDeadLetters and VmquotaNatsFlapping take ``increase()``, which misses the first dead letter of a
+    series that only appears with it: each service's series are there at 0 from the start."""
+    m = Metrics()
+    Runtime(name="enforcer", config=cast(Any, None), metrics=m, health=Health())
+    assert m.registry.get_sample_value("vmquota_dlq_total", {"service": "enforcer"}) == 0
+    assert m.registry.get_sample_value("vmquota_nats_reconnects_total", {"service": "enforcer"}) == 0

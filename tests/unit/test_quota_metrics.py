@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 from prometheus_client import CollectorRegistry
 
 from services.enforcer.quota_metrics import QuotaMetrics, base_units
@@ -103,3 +104,23 @@ def test_a_quota_or_resource_the_next_snapshot_drops_loses_its_series() -> None:
     }, "b, a's cpu and a's hard are gone; the other namespace is untouched"
     m.observe(snapshot(3, {}))
     assert series(r) == {("vmquota_quota_budget", "tenant-b", "x", "requests.cpu")}
+
+
+def test_vms_and_migrations_are_counted_by_state() -> None:
+    r = CollectorRegistry()
+    m = QuotaMetrics(r)
+    vm = contract.VmState
+    mig = contract.MigrationState
+    first = msgspec.structs.replace(
+        snapshot(1, {}),
+        vms=[vm(name="a", state="running"), vm(name="b", state="running"), vm(name="c", state="refused")],
+        migrations=[mig(name="m1", vmi="a", state="growth-refused")],
+    )
+    m.observe(first)
+    labels = {"service": "enforcer", "cluster": "c1", "namespace": "tenant-a"}
+    assert r.get_sample_value("vmquota_namespace_vms", {**labels, "state": "running"}) == 2
+    assert r.get_sample_value("vmquota_namespace_vms", {**labels, "state": "refused"}) == 1
+    assert r.get_sample_value("vmquota_namespace_migrations", {**labels, "state": "growth-refused"}) == 1
+    m.observe(snapshot(2, {}))
+    assert r.get_sample_value("vmquota_namespace_vms", {**labels, "state": "running"}) is None
+    assert r.get_sample_value("vmquota_namespace_migrations", {**labels, "state": "growth-refused"}) is None

@@ -25,7 +25,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from services import logs
 from shared import bus as contract
@@ -37,6 +37,7 @@ from shared.ledger import PartitionSet
 if TYPE_CHECKING:  # the clients are imported when a service runs, not when the CLI builds its parser
     from aiohttp import web
     from prometheus_client import CollectorRegistry
+    from prometheus_client.metrics import MetricWrapperBase
 
     from services.bus import NatsOptions
     from services.lease import LeaseTiming
@@ -85,12 +86,27 @@ class Config:
 
 
 class Metrics:
-    """The Prometheus metrics of every service, in one registry per process, labelled by service."""
+    """The Prometheus metrics of every service, in one registry per process, labelled by service; with the
+    process's own (``process_*``: CPU, memory, open files; ``python_*``: version, garbage collections) on a registry
+    this class creates."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        from prometheus_client import (
+            CollectorRegistry,
+            Counter,
+            Gauge,
+            GCCollector,
+            Histogram,
+            PlatformCollector,
+            ProcessCollector,
+        )
 
-        self.registry = registry or CollectorRegistry()
+        if registry is None:
+            registry = CollectorRegistry()
+            ProcessCollector(registry=registry)
+            PlatformCollector(registry=registry)
+            GCCollector(registry=registry)
+        self.registry = registry
         r = self.registry
         self.events_in = Counter("vmquota_events_in", "Messages consumed from the bus", ["service"], registry=r)
         self.events_out = Counter("vmquota_events_out", "Messages published to the bus", ["service"], registry=r)
@@ -108,11 +124,38 @@ class Metrics:
         self.dlq = Counter("vmquota_dlq", "Messages sent to the dead-letter subject", ["service"], registry=r)
         self.applied_seq = Gauge("vmquota_applied_sequence", "Last stream sequence applied", ["service"], registry=r)
 
+    def declare(self, service: str) -> None:
+        """Export ``service``'s dead letters and reconnections at 0 from the start: ``increase()`` (the alerts') does
+        not count the first step of a series that appears only with it."""
+        self.dlq.labels(service=service)
+        self.reconnects.labels(service=service)
+
     def render(self) -> bytes:
         from prometheus_client import generate_latest
 
         out: bytes = generate_latest(self.registry)
         return out
+
+
+M = TypeVar("M", bound="MetricWrapperBase")
+
+
+class ServiceLabelled(Generic[M]):
+    """A metric family whose first label is ``service``, with that label bound: ``labels()`` takes the others (by
+    position or by name), so that every series of a service carries its name."""
+
+    __slots__ = ("family", "service")
+
+    def __init__(self, family: M, service: str) -> None:
+        if not family._labelnames or family._labelnames[0] != "service":
+            raise ValueError(f"{family._name}: the first label must be service, not {family._labelnames}")
+        self.family = family
+        self.service = service
+
+    def labels(self, *values: str, **named: str) -> M:
+        if values:
+            return self.family.labels(self.service, *values)
+        return self.family.labels(service=self.service, **named)
 
 
 class Health:
@@ -145,6 +188,9 @@ class Runtime:
     metrics: Metrics
     health: Health
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.metrics.declare(self.name)
 
     def log(self, **context: Any) -> Any:
         return logs.get_logger(service=self.name, **context)

@@ -38,7 +38,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.bus import Bus, PullConsumer, position
 from services.enforcer.kube import KubeError, Obj, QuotaApi, version_of
-from services.runner import Metrics, cancel
+from services.enforcer.quota_metrics import QuotaMetrics
+from services.runner import Metrics, ServiceLabelled, cancel
 from shared import bus as contract
 from shared import enforcement, guard
 from shared.backoff import Backoff, TokenBucket
@@ -98,31 +99,32 @@ class EnforcerOptions:
 
 
 class EnforcerMetrics:
-    """The enforcer's own Prometheus metrics (in the process registry, next to the runner's)."""
+    """The enforcer's own Prometheus metrics (in the process registry, next to the runner's), each series labelled
+    with the service's name as the runner's are; ``labels()`` takes the other labels."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.patches = Counter("vmquota_enforcer_patches", "Quota patches by outcome", ["outcome"], registry=registry)
-        self.decisions = Counter(
-            "vmquota_enforcer_decisions", "Decisions by action (dry-run included)", ["action"], registry=registry
-        )
-        self.conflict_retries = Counter(
+    def __init__(self, registry: CollectorRegistry, service: str = "enforcer") -> None:
+        def counter(name: str, doc: str, label: str) -> ServiceLabelled[Counter]:
+            return ServiceLabelled(Counter(name, doc, ["service", label], registry=registry), service)
+
+        self.patches = counter("vmquota_enforcer_patches", "Quota patches by outcome", "outcome")
+        self.decisions = counter("vmquota_enforcer_decisions", "Decisions by action (dry-run included)", "action")
+        self.conflict_retries = counter(
             "vmquota_enforcer_conflict_retries",
             "Where the version retried after a 409 came from: a quota event that arrived meanwhile, or a read",
-            ["source"],
-            registry=registry,
+            "source",
         )
-        self.nudges = Counter(
+        self.nudges = counter(
             "vmquota_enforcer_nudges",
             "VMIs touched so that KubeVirt retries a refused launcher pod at once, by outcome",
-            ["outcome"],
-            registry=registry,
+            "outcome",
         )
         self.reaction = Histogram(
             "vmquota_enforcer_reaction_seconds",
             "From receiving a usage snapshot or quota event to the patch that applies it",
+            ["service"],
             registry=registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
-        )
+        ).labels(service)
 
 
 class Enforcer:
@@ -142,7 +144,8 @@ class Enforcer:
         self.kube = kube
         self.opts = opts
         self.metrics = metrics or Metrics()
-        self.own = EnforcerMetrics(self.metrics.registry)
+        self.own = EnforcerMetrics(self.metrics.registry, opts.service)
+        self.quota_metrics = QuotaMetrics(self.metrics.registry, opts.service)
         self._now = clock or (lambda: datetime.now(UTC))
         self._backoff = Backoff(initial=opts.retry_base, maximum=opts.retry_max, jitter=0.2)
         self._conflict_backoff = Backoff(initial=opts.conflict_backoff, maximum=opts.conflict_backoff_max, jitter=0.5)
@@ -320,10 +323,11 @@ class Enforcer:
     async def _consume(
         self, what: str, consumer: PullConsumer, on_message: Callable[[Msg], Awaitable[None]], *, lag: bool = False
     ) -> None:
-        """Apply ``what`` ("quotas" or "usage") message by message; ``lag``: report this consumer's lag (the
-        service's lag gauge follows one input: the usage, which a decision waits for)."""
+        """Apply ``what`` ("quotas" or "usage") message by message; ``lag``: report this consumer's lag and applied
+        sequence (the service's gauges follow one input: the usage, which a decision waits for)."""
         events_in = self.metrics.events_in.labels(service=self.opts.service)
         lag_gauge = self.metrics.lag.labels(service=self.opts.service) if lag else None
+        seq_gauge = self.metrics.applied_seq.labels(service=self.opts.service) if lag else None
         async for batch in consumer.batches():
             if self._stopped:
                 return
@@ -332,6 +336,8 @@ class Enforcer:
             events_in.inc(len(batch))
             if lag_gauge is not None:
                 lag_gauge.set(consumer.pending)
+            if seq_gauge is not None:
+                seq_gauge.set(consumer.next_seq - 1)
             if not self._caught_up[what] and (not batch or consumer.pending == 0):
                 self._caught_up_with(what, consumer)
 
@@ -406,6 +412,7 @@ class Enforcer:
             return
         self._usage_at[u.namespace] = at
         self.usage[u.namespace] = u
+        self.quota_metrics.observe(u)
         self._touch_namespace(u.namespace)
 
     async def _dead_letter(self, m: Msg, stream: str, reason: str) -> None:

@@ -17,9 +17,9 @@ from typing import Any
 from services.bus import Bus
 from services.lease import LeaseTiming
 from services.runner import Runtime, kube_client, leader_elected
-from services.watcher.metrics import metrics_for
+from services.watcher.metrics import SERVICE, metrics_for
 from services.watcher.publisher import Item, Publisher
-from services.watcher.watcher import SERVICE, Watcher, WatcherConfig
+from services.watcher.watcher import Watcher, WatcherConfig
 from shared import bus as contract
 
 

@@ -1,4 +1,5 @@
-"""The watcher's Prometheus metrics, registered once per registry (the process's, from the runner)."""
+"""The watcher's Prometheus metrics, registered once per registry (the process's, from the runner). Every series
+carries ``service`` (the watcher's name), as the runner's metrics do; ``labels()`` takes the other labels."""
 
 from __future__ import annotations
 
@@ -7,39 +8,46 @@ import weakref
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from services.runner import ServiceLabelled
+
+SERVICE = "watcher"
+
 
 class WatcherMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, service: str = SERVICE) -> None:
         r = registry
-        labels = ["cluster", "kind"]
-        self.seen = Counter("vmquota_watcher_objects_seen", "Objects received from the API server", labels, registry=r)
-        self.published = Counter(
+        labels = ["service", "cluster", "kind"]
+
+        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> ServiceLabelled[Counter]:
+            return ServiceLabelled(Counter(name, doc, [*labels, *extra], registry=r), service)
+
+        self.seen = counter("vmquota_watcher_objects_seen", "Objects received from the API server")
+        self.published = counter(
             "vmquota_watcher_published",
             "Events stored on the bus (type: upserted, deleted, sync, deadletter; duplicates excluded)",
-            [*labels, "type"],
-            registry=r,
+            ("type",),
         )
-        self.duplicates = Counter(
-            "vmquota_watcher_duplicates", "Events the server dropped as repeats (msg-id)", labels, registry=r
+        self.duplicates = counter("vmquota_watcher_duplicates", "Events the server dropped as repeats (msg-id)")
+        self.relists = counter("vmquota_watcher_relists", "Lists of a resource (reason: start, gone)", ("reason",))
+        self.restarts = counter(
+            "vmquota_watcher_watch_restarts", "Watches opened again (reason: timeout, dropped, error)", ("reason",)
         )
-        self.relists = Counter(
-            "vmquota_watcher_relists", "Lists of a resource (reason: start, gone)", [*labels, "reason"], registry=r
-        )
-        self.restarts = Counter(
-            "vmquota_watcher_watch_restarts",
-            "Watches opened again (reason: timeout, dropped, error)",
-            [*labels, "reason"],
-            registry=r,
-        )
-        self.errors = Counter(
+        self.errors = counter(
             "vmquota_watcher_errors",
             "Failed API calls and unreadable objects (code: HTTP status, 0 network, dlq)",
-            [*labels, "code"],
-            registry=r,
+            ("code",),
         )
-        self.tracked = Gauge("vmquota_watcher_tracked_objects", "Objects the watcher tracks", labels, registry=r)
-        self.leader = Gauge(
-            "vmquota_watcher_leader", "1 while this process holds the watcher's Lease", ["cluster"], registry=r
+        self.tracked = ServiceLabelled(
+            Gauge("vmquota_watcher_tracked_objects", "Objects the watcher tracks now", labels, registry=r), service
+        )
+        self.leader = ServiceLabelled(
+            Gauge(
+                "vmquota_watcher_leader",
+                "1 while this process holds the watcher's Lease",
+                ["service", "cluster"],
+                registry=r,
+            ),
+            service,
         )
 
 

@@ -44,14 +44,12 @@ from services.watcher.loop import (
     quota_is_managed,
     sync_namespaces,
 )
-from services.watcher.metrics import WatcherMetrics
+from services.watcher.metrics import SERVICE, WatcherMetrics
 from services.watcher.publisher import Item, Publisher
 from shared import bus as contract
 from shared.backoff import Backoff
 from shared.errors import InvalidInput
 from shared.snapshot import normalize
-
-SERVICE: Final = "watcher"
 
 FAILED_CREATE_SELECTOR: Final = "involvedObject.kind=VirtualMachineInstance,reason=FailedCreate"
 
@@ -260,7 +258,8 @@ class ListWatch:
         m = watcher.metrics
         c = watcher.config.cluster
         self._seen = m.seen.labels(c, spec.kind) if m else None
-        self._tracked = m.tracked.labels(c, spec.kind) if m else None
+        if m is not None:  # read at each scrape: every list, watch event, backfill and forgotten namespace counts
+            m.tracked.labels(c, spec.kind).set_function(self.known.__len__)
 
     # ---- hooks for subclasses --------------------------------------------------------------------------------
     def wanted(self, obj: Obj, ident: Ident) -> bool:
@@ -377,8 +376,6 @@ class ListWatch:
         for ns, present in sorted(plan.items()):
             self.w.emitter.sync(self.kind, ns, list_rv, present)
         self.rv = list_rv
-        if self._tracked is not None:
-            self._tracked.set(len(self.known))
         self.log.info(
             "listed",
             reason=reason,
@@ -412,8 +409,6 @@ class ListWatch:
                 count += 1
                 self.handle(ev.type, ev.object)
                 await self.w.publisher.room()
-        if self._tracked is not None:
-            self._tracked.set(len(self.known))
         return count, loop.time() - started
 
     async def run(self) -> None:

@@ -15,6 +15,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import jsonschema  # type: ignore[import-untyped]
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
@@ -32,6 +33,13 @@ KUBE_VERSIONS = ("1.28", "1.32")
 """Kubernetes versions whose schemas every rendered object must satisfy (oldest supported, kubectl's here)."""
 
 Obj = dict[str, Any]
+
+SCHEMAS = Path(__file__).parent / "schemas"
+CUSTOM_RESOURCES = {
+    ("monitoring.coreos.com/v1", "PodMonitor"): "monitoring.coreos.com_podmonitors.yaml",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "monitoring.coreos.com_prometheusrules.yaml",
+}
+"""Custom resources the manifests ship, and their CRD's schema (Kubernetes' schemas do not have them)."""
 
 # ---- least privilege: exactly what each service does in Kubernetes ---------------------------------------------
 
@@ -131,6 +139,50 @@ def runner_env_vars() -> set[str]:
     found = set(re.findall(r'_env(?:_bool)?\(\s*"(VMQUOTA_[A-Z_]+)"', source))
     assert {"VMQUOTA_NATS", "VMQUOTA_CLUSTER"} <= found, "the runner no longer reads its flags this way"
     return found
+
+
+def strict(schema: Any) -> Any:
+    """A CRD's structural schema as the API server applies it with strict field validation: an object that lists
+    its properties refuses others (unless it keeps unknown fields); patterns as Python's re reads them."""
+    if isinstance(schema, list):
+        return [strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: strict(v) for k, v in schema.items()}
+    keeps_unknown = out.get("x-kubernetes-preserve-unknown-fields") or "additionalProperties" in out
+    if "properties" in out and not keeps_unknown:
+        out["additionalProperties"] = False
+    pattern = out.get("pattern")
+    if isinstance(pattern, str) and "(?i)" in pattern[1:]:  # Go's inline flag stands anywhere, Python's first
+        out["pattern"] = "(?i)" + pattern.replace("(?i)", "")
+    return out
+
+
+@cache
+def custom_resource_schema(api_version: str, kind: str) -> Any:
+    schema = strict(yaml.safe_load((SCHEMAS / CUSTOM_RESOURCES[(api_version, kind)]).read_text()))
+    schema["properties"]["metadata"] = {
+        "type": "object",
+        "required": ["name"],
+        "additionalProperties": False,
+        "properties": {
+            "name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 253},
+            "namespace": {"type": "string"},
+            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+            "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+        },
+    }
+    return schema
+
+
+def validate(obj: Obj, version: str) -> None:
+    """Kubernetes' schema of ``version`` for built-in kinds, the CRD's for the custom resources the manifests ship;
+    raises ``kubernetes_validate.ValidationError`` or ``jsonschema.ValidationError``."""
+    key = (obj.get("apiVersion", ""), obj.get("kind", ""))
+    if key in CUSTOM_RESOURCES:
+        jsonschema.Draft7Validator(custom_resource_schema(*key)).validate(obj)
+    else:
+        kubernetes_validate.validate(obj, version, strict=True)
 
 
 # ---- tests: rendering and schemas -------------------------------------------------------------------------------
@@ -539,3 +591,66 @@ def test_single_cluster_with_the_reservation_guard(tmp_path: Path) -> None:
             env = container_env(objs, c)
             assert env["VMQUOTA_RESERVATION_GUARD"] == "true"
             assert env["VMQUOTA_GUARD_CREATORS"] == guard.DEFAULT_CREATOR
+
+
+def test_single_cluster_with_the_monitoring_component(tmp_path: Path) -> None:
+    """The optional monitoring: a PodMonitor that scrapes every vmquota pod and gives ``up`` the ``job`` and
+    ``service`` the alerts group by, the PrometheusRule as shipped, and the Grafana dashboard ConfigMap; the custom
+    resources valid against their CRD's schema."""
+    copy = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, copy)
+    overlay = copy / "overlays" / "single-cluster" / "kustomization.yaml"
+    text = overlay.read_text()
+    switched = text.replace("# components:\n#   - ../../components/nats\n", "components:\n").replace(
+        "#   - ../../components/monitoring\n", "  - ../../components/monitoring\n"
+    )
+    assert switched.count("  - ../../components/monitoring\n") == 1 and "components:\n" in switched, switched
+    overlay.write_text(switched)
+    objs = render(copy / "overlays" / "single-cluster")
+    for obj in objs:
+        for version in KUBE_VERSIONS:
+            validate(obj, version)
+        assert obj["metadata"].get("namespace") or obj["kind"] in ("Namespace", "ClusterRole", "ClusterRoleBinding")
+    [monitor] = of_kind(objs, "PodMonitor")
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["path"] == "/metrics" and endpoint["honorLabels"] is True
+    relabel = {r["targetLabel"]: r for r in endpoint["relabelings"]}
+    assert relabel["service"]["sourceLabels"] == ["__meta_kubernetes_pod_label_app_kubernetes_io_component"]
+    deployments = list(vmquota_deployments(objs))
+    assert deployments
+    for d, service, c in deployments:
+        labels = d["spec"]["template"]["metadata"]["labels"]
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items(), d["metadata"]["name"]
+        assert labels["app.kubernetes.io/component"] == service, "up's service label is the metrics' service"
+        assert labels[monitor["spec"]["jobLabel"]] == "vmquota", 'the alerts read up{job="vmquota"}'
+        assert endpoint["port"] in {p["name"] for p in c["ports"]}
+        assert monitor["metadata"]["namespace"] == d["metadata"]["namespace"], "no namespaceSelector: its own"
+    for sts in of_kind(objs, "StatefulSet"):  # (NATS has no /metrics of vmquota's)
+        labels = sts["spec"]["template"]["metadata"]["labels"]
+        assert not monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    [rule] = of_kind(objs, "PrometheusRule")
+    shipped = yaml.safe_load((DEPLOY / "components" / "monitoring" / "prometheus-rule.yaml").read_text())
+    assert rule["spec"] == shipped["spec"]
+    dashboard = by_name(objs, "ConfigMap", "vmquota-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["vmquota.json"]) == json.loads(
+        (DEPLOY / "components" / "monitoring" / "dashboard.json").read_text()
+    )
+
+
+def test_the_custom_resource_check_catches_a_bad_manifest() -> None:
+    monitor = yaml.safe_load((DEPLOY / "components" / "monitoring" / "pod-monitor.yaml").read_text())
+    validate(monitor, KUBE_VERSIONS[-1])
+    bad = json.loads(json.dumps(monitor))
+    bad["spec"]["podMetricsEndpoints"][0]["prot"] = "http"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(bad, KUBE_VERSIONS[-1])
+    bad = json.loads(json.dumps(monitor))
+    bad["spec"]["podMetricsEndpoints"][0]["honorLabels"] = "yes"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(bad, KUBE_VERSIONS[-1])
+    rule = yaml.safe_load((DEPLOY / "components" / "monitoring" / "prometheus-rule.yaml").read_text())
+    validate(rule, KUBE_VERSIONS[-1])
+    rule["spec"]["groups"][0]["rules"][0]["exp"] = rule["spec"]["groups"][0]["rules"][0].pop("expr")
+    with pytest.raises(jsonschema.ValidationError):
+        validate(rule, KUBE_VERSIONS[-1])

@@ -232,7 +232,9 @@ async def test_adopts_then_raises_hard_through_a_409_storm(
         await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
         q = await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised")
         assert storm.injected == 6 and e.conflicts >= 6, "every injected 409 was re-read and retried"
-        reads = e.metrics.registry.get_sample_value("vmquota_enforcer_conflict_retries_total", {"source": "read"})
+        reads = e.metrics.registry.get_sample_value(
+            "vmquota_enforcer_conflict_retries_total", {"service": "enforcer", "source": "read"}
+        )
         assert reads is not None and reads >= 6, "an injected 409 changes no version: each was followed by a read"
         assert json.loads(notes(q)[LAST_HARD_ANNOTATION]) == {"limits.memory": "80Gi"}
         assert notes(q)[STATUS_ANNOTATION] == "Enforcing (VmiPodUsage)"
@@ -344,7 +346,12 @@ async def test_a_conflict_is_retried_with_the_version_the_quota_events_brought(
     assert q["status"]["used"] == {"limits.memory": "3Gi"}, "the other writer's change was kept"
     assert calls.calls == ["patch", "patch"], "the conflict was retried with the newer version, no read"
     assert e.conflicts == 1
-    assert e.metrics.registry.get_sample_value("vmquota_enforcer_conflict_retries_total", {"source": "event"}) == 1
+    assert (
+        e.metrics.registry.get_sample_value(
+            "vmquota_enforcer_conflict_retries_total", {"service": "enforcer", "source": "event"}
+        )
+        == 1
+    )
     await cancel(*e._tasks.values())
 
 
@@ -384,7 +391,9 @@ async def test_server_errors_back_off_and_converge(
     async with enforcer(bus, api, retry_base=0.02) as (e, _):
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised after the outage")
         assert outage.injected == 3
-        errors = e.metrics.registry.get_sample_value("vmquota_enforcer_patches_total", {"outcome": "error"})
+        errors = e.metrics.registry.get_sample_value(
+            "vmquota_enforcer_patches_total", {"service": "enforcer", "outcome": "error"}
+        )
         assert errors == 3, "each failed patch was retried once, after its backoff"
         await sim.wait_for(e.idle, within=5, what="enforcer idle")
 
@@ -740,3 +749,22 @@ async def test_a_conflict_storm_is_backed_off_not_hammered(
         assert attempts <= 12, f"{attempts} patches in 2 s of a 409 storm"
         sim.faults.failures.remove(storm)
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "raised once the storm ends", 10)
+
+
+async def test_progress_and_quota_terms_are_exported(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """``VmquotaNotProgressing`` reads the service's lag and applied sequence: the enforcer exports both (for the
+    usage input, which its lag gauge follows); and each quota's terms from the usage snapshot it acts on."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    async with enforcer(bus, api) as (e, _):
+        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised")
+        last = (await bus.js.stream_info(contract.USAGE_STREAM)).state.last_seq
+        r = e.metrics.registry
+        assert r.get_sample_value("vmquota_applied_sequence", {"service": "enforcer"}) == last
+        assert r.get_sample_value("vmquota_consumer_lag", {"service": "enforcer"}) == 0
+        quota = {"service": "enforcer", "cluster": CLUSTER, "namespace": NS, "quota": "compute"}
+        memory = {**quota, "resource": "limits.memory"}
+        assert r.get_sample_value("vmquota_quota_budget", memory) == 64 * 2**30
+        assert r.get_sample_value("vmquota_quota_hard", memory) == 80 * 2**30

@@ -191,7 +191,7 @@ class RunningWatcher:
     task: asyncio.Task[None]
 
     def metric(self, name: str, **labels: str) -> float:
-        value = self.rt.metrics.registry.get_sample_value(name, {"cluster": CLUSTER, **labels})
+        value = self.rt.metrics.registry.get_sample_value(name, {"service": "watcher", "cluster": CLUSTER, **labels})
         return value or 0.0
 
     def published(self) -> float:
@@ -573,8 +573,8 @@ async def test_vmquota_run_watcher_serves_health_and_metrics(
             assert ready
             async with http.get(f"{base}/metrics") as resp:
                 text = await resp.text()
-        assert 'vmquota_watcher_published_total{cluster="c1",kind="Pod",type="upserted"} 1.0' in text
-        assert 'vmquota_watcher_leader{cluster="c1"} 1.0' in text
+        assert 'vmquota_watcher_published_total{cluster="c1",kind="Pod",service="watcher",type="upserted"} 1.0' in text
+        assert 'vmquota_watcher_leader{cluster="c1",service="watcher"} 1.0' in text
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 20) == 0
     finally:

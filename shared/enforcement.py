@@ -52,6 +52,7 @@ from shared.modes import (
 )
 from shared.quantity import ZERO, Quantity
 from shared.report import readable as human_quantity
+from shared.report import readable_list
 from shared.resources import ResourceList, format_resource_list, parse_resource_list
 from shared.snapshot import QuotaSnapshot
 
@@ -64,6 +65,7 @@ __all__ = [
     "OWN_ANNOTATIONS",
     "RATIO_ANNOTATION",
     "STATUS_ANNOTATION",
+    "USAGE_ANNOTATION",
     "Action",
     "Budget",
     "Plan",
@@ -82,7 +84,10 @@ LAST_HARD_ANNOTATION: Final = "vmquota.io/last-hard"
 """The ``spec.hard`` the enforcer last wrote (JSON, canonical quantities)."""
 STATUS_ANNOTATION: Final = "vmquota.io/status"
 """One line saying what the enforcer does with the quota."""
-OWN_ANNOTATIONS: Final = (BUDGET_ANNOTATION, LAST_HARD_ANNOTATION, STATUS_ANNOTATION)
+USAGE_ANNOTATION: Final = "vmquota.io/usage"
+"""One line for people: use in the mode's terms against the budget, what is reserved and what ``hard`` is raised
+for, as of the last ``spec.hard`` write (it is updated only with writes that happen anyway)."""
+OWN_ANNOTATIONS: Final = (BUDGET_ANNOTATION, LAST_HARD_ANNOTATION, STATUS_ANNOTATION, USAGE_ANNOTATION)
 """The annotations the enforcer writes (and removes when it hands a quota back). The mode and ratio annotations
 belong to the administrator and are never written."""
 
@@ -338,6 +343,8 @@ def plan(
     set_hard = not same(hard, q.spec_hard)
     if not set_hard and not annotations:
         return _base(q, Action.NONE, mode=mode.value, budget=b.budget, usage_seq=seq)
+    if terms is not None and agreed:  # (rides on a write that happens anyway: never a write of its own)
+        annotations.update(_changed_annotations(q, {USAGE_ANNOTATION: usage_summary(terms, usage)}))
 
     parts: list[str] = []
     event_reason = ADJUSTED
@@ -453,6 +460,29 @@ def _release(q: QuotaSnapshot, seq: int, *, managed: bool) -> Plan:
         reason=reason,
         usage_seq=seq,
     )
+
+
+# ---- the usage annotation ---------------------------------------------------------------------------------------
+
+
+def usage_summary(terms: QuotaTerms, usage: UsageSnapshot | None) -> str:
+    """``used limits.memory 49Gi/64Gi; reserved limits.memory 16.3Gi; raised for vm1-migration-x`` (readable
+    quantities, budget order)."""
+    used, budget = readable_list(terms.used), readable_list(terms.budget)
+    parts = ["used " + (", ".join(f"{r} {used.get(r, '0')}/{v}" for r, v in budget.items()) or "nothing")]
+    reserved = {r: v for r, v in readable_list(terms.reserved).items() if v != "0"}
+    if reserved:
+        parts.append("reserved " + ", ".join(f"{r} {v}" for r, v in reserved.items()))
+    raised = sorted(m.name for m in (usage.migrations if usage is not None else ()) if _reserving(m))
+    if raised and reserved:
+        parts.append("raised for " + ", ".join(raised))
+    if terms.over_budget:
+        parts.append("over budget: " + ", ".join(terms.over_budget))
+    return "; ".join(parts)
+
+
+def _reserving(m: MigrationState) -> bool:
+    return any(v not in ("", "0") for v in m.reserved.values())
 
 
 # ---- the reason line ---------------------------------------------------------------------------------------------

@@ -531,3 +531,31 @@ def test_a_usage_snapshot_may_not_ask_for_more_than_budget_pods_and_reserved() -
         enf.check_usage(usage({"compute": msgspec.structs.replace(ok, hard={"limits.memory": "151Gi"})}))
     with pytest.raises(InvalidInput, match="which the budget does not"):
         enf.check_usage(usage({"compute": msgspec.structs.replace(ok, hard={"limits.memory": "1Gi", "pods": "9"})}))
+
+
+def test_the_usage_annotation_rides_on_hard_writes_only() -> None:
+    """``vmquota.io/usage`` says, in readable units, what the quota is used for; it is written with a ``spec.hard``
+    write, never on its own, and removed on release."""
+    raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "64Gi"})
+    t = terms(
+        {"limits.memory": "64Gi"},
+        {"limits.memory": "81604378625"},
+        used={"limits.memory": "52613349376"},
+        reserved={"limits.memory": "17405661185"},
+    )
+    p = enf.plan(snap(raw), usage({"compute": t}, MIGRATING))
+    assert p.set_hard
+    assert p.annotations[enf.USAGE_ANNOTATION] == (
+        "used limits.memory 49Gi/64Gi; reserved limits.memory 16.2Gi; raised for mig-1"
+    )
+    after = apply(raw, enf.patch_body(p))
+    moved = terms(
+        {"limits.memory": "64Gi"},
+        {"limits.memory": "81604378625"},
+        used={"limits.memory": "53613349376"},
+        reserved={"limits.memory": "17405661185"},
+    )
+    assert not enf.plan(snap(after), usage({"compute": moved}, MIGRATING)).changes, "no write of its own"
+    after["metadata"]["labels"] = {}
+    released = enf.plan(snap(after), None, managed=True)
+    assert released.annotations[enf.USAGE_ANNOTATION] is None

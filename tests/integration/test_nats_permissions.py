@@ -10,7 +10,7 @@ import os
 import re
 import secrets
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -24,6 +24,7 @@ from nats.js.client import JetStreamContext
 
 from services.bus import Bus, NatsOptions, PullConsumer
 from services.natsserver import NatsServer
+from services.runner import cancel
 from shared import bus
 from shared.snapshot import VmiSnapshot
 from tests.conftest import nats_server_binary
@@ -442,15 +443,17 @@ async def ledger_durable(connect: Connect) -> Conn:
     return led
 
 
-def hijack(name: str, *, filter_subject: str = "vmquota.ev.nothing.>") -> bytes:
-    """A consumer create request for ``name`` whose filter matches nothing (the ledger would go blind)."""
+def hijack(name: str, *, nameless: bool = False) -> bytes:
+    """A consumer create request for ``name`` whose filter matches nothing (the ledger would go blind); for the
+    nameless create without ``durable_name``, which it refuses."""
+    durable = {} if nameless else {"durable_name": name}
     return json.dumps(
         {
             "stream_name": bus.EVENTS_STREAM,
             "config": {
                 "name": name,
-                "durable_name": name,
-                "filter_subject": filter_subject,
+                **durable,
+                "filter_subject": "vmquota.ev.nothing.>",
                 "deliver_policy": "by_start_sequence",
                 "opt_start_seq": 1,
                 "ack_policy": "none",
@@ -481,7 +484,7 @@ async def test_subscriber_cannot_rewrite_a_durable_through_the_nameless_create(c
     the subscriber."""
     led = await ledger_durable(connect)
     sub = await connect("subscriber")
-    await refused_request(sub, f"$JS.API.CONSUMER.CREATE.{bus.EVENTS_STREAM}", hijack(LEDGER_DURABLE))
+    await refused_request(sub, f"$JS.API.CONSUMER.CREATE.{bus.EVENTS_STREAM}", hijack(LEDGER_DURABLE, nameless=True))
     info = await led.js.consumer_info(bus.EVENTS_STREAM, LEDGER_DURABLE)
     assert info.config.filter_subject == bus.events_filter()
 
@@ -499,3 +502,45 @@ async def test_subscriber_manages_only_its_own_durable(connect: Connect) -> None
     assert await sub.js.delete_consumer(bus.EVENTS_STREAM, "subscriber")
     sub.clean()
     await refused_request(sub, f"$JS.API.CONSUMER.DURABLE.CREATE.{bus.EVENTS_STREAM}.billing", b"{}")
+
+
+async def until(condition: Callable[[], bool], within: float) -> None:
+    """Poll ``condition`` (a reader task appends to a list) until it holds, for at most ``within`` seconds."""
+    async with asyncio.timeout(within):
+        while not condition():  # noqa: ASYNC110 (the reader is a task of its own: nothing to wait on)
+            await asyncio.sleep(0.02)
+
+
+async def test_a_durable_replay_rewrote_is_repaired(server: SecuredServer, connect: Connect) -> None:
+    """What the replay user can still do to a durable (the nameless create updates an existing consumer of the
+    name in the body), the consumer undoes within its check period, under the ledger's own permissions."""
+    await watcher_publishes(connect)
+    opts = NatsOptions(
+        url=server.url, user="ledger", password=server.passwords["ledger"], name="test-ledger", consumer_check=0.5
+    )
+    ledger = await Bus.connect(opts, connect_timeout=5)
+    c = PullConsumer(ledger, stream=bus.EVENTS_STREAM, durable=LEDGER_DURABLE, filter_subjects=[bus.events_filter()])
+    seen: list[str] = []
+
+    async def read() -> None:
+        async for batch in c.batches():
+            seen.extend(uid_of(m.data) for m in batch)
+
+    reader = asyncio.create_task(read())
+    try:
+        await until(lambda: len(seen) >= 3, 10)
+        rep = await connect("replay")
+        answer = await rep.nc.request(
+            f"$JS.API.CONSUMER.CREATE.{bus.EVENTS_STREAM}", hijack(LEDGER_DURABLE, nameless=True), timeout=5
+        )
+        assert json.loads(answer.data).get("config", {}).get("filter_subject") == "vmquota.ev.nothing.>", answer.data
+        w = await connect("watcher")
+        subject, data, headers = event("u9", "19")
+        await w.js.publish(subject, data, headers=headers)
+        await until(lambda: len(seen) >= 4, 5)
+    finally:
+        await cancel(reader)
+        await c.close()
+        await ledger.close()
+    assert seen == ["u0", "u1", "u2", "u9"]
+    assert c.repairs == 1 and "filter_subjects" in c.last_differences

@@ -601,6 +601,12 @@ def _resolve_env_once(api: Any) -> None:
     old.detach()  # the connector now belongs to the new session
 
 
+def lease_name(service: str, cluster: str | None) -> str:
+    """The Lease a service's instances elect their leader with: ``vmquota-<service>-<cluster>`` (the deploy
+    manifests grant each service ``get``/``update`` of exactly this name)."""
+    return f"vmquota-{service}-{cluster or 'all'}"
+
+
 async def leader_elected(
     rt: Runtime,
     work: Callable[[], Awaitable[None]],
@@ -620,7 +626,7 @@ async def leader_elected(
     from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
 
     log = rt.log(lease_namespace=rt.config.lease_namespace, identity=rt.config.identity)
-    lease = f"vmquota-{rt.name}-{rt.config.cluster or 'all'}"
+    lease = lease_name(rt.name, rt.config.cluster)
     lost = asyncio.Event()
     api = await kube_client(rt.config.kubeconfig)
     try:

@@ -8,7 +8,9 @@
 * :class:`PullConsumer` reads a stream in order from a start sequence. It uses a durable pull consumer with
   ``AckPolicy.NONE`` (the reader keeps its own position, in its checkpoints) and re-creates it from the next
   sequence it needs after a reconnect, a gap in the consumer sequence, an API error, or when the consumer has
-  vanished (nats-py pull subscriptions do not always resume after a server restart).
+  vanished (nats-py pull subscriptions do not always resume after a server restart). It also checks its durable
+  every ``check_interval`` seconds (``NatsOptions.consumer_check``): a durable another client deleted and re-created,
+  or updated (another filter, deliver or ack policy), is logged as an error with the differences and re-created.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import functools
+import ssl
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple, TypeVar
@@ -31,6 +35,7 @@ from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
+    ConsumerInfo,
     DeliverPolicy,
     KeyValueConfig,
     PubAck,
@@ -102,6 +107,13 @@ class NatsOptions:
     user: str | None = None
     password: str | None = field(default=None, repr=False)
     name: str = "vmquota"
+    ca: str | None = None
+    """CA bundle (PEM) that signed the server's certificate, for ``tls://`` (default: the system's CAs)."""
+    consumer_check: float = 30.0
+    """Seconds between two checks of a :class:`PullConsumer`'s durable against the configuration it created."""
+    stream_sizes: contract.StreamSizes | None = None
+    """The sizes :meth:`Bus.ensure_streams` and :meth:`Bus.ensure_kv` give the streams and the bucket (None: those
+    of the stream specs, and the default for the bucket)."""
 
 
 class Bus:
@@ -113,6 +125,10 @@ class Bus:
         self.epoch = 0
         """Incremented on every reconnect."""
         self._on_reconnect = on_reconnect
+        self.consumer_check = 30.0
+        """Default ``check_interval`` of the :class:`PullConsumer` s on this bus (``NatsOptions.consumer_check``)."""
+        self.stream_sizes: contract.StreamSizes | None = None
+        """``NatsOptions.stream_sizes``."""
 
     @property
     def max_payload(self) -> int:
@@ -159,6 +175,8 @@ class Bus:
             "reconnected_cb": reconnected_cb,
             "closed_cb": closed_cb,
         }
+        if opts.ca:
+            kwargs["tls"] = ssl.create_default_context(cafile=opts.ca)
         if opts.creds:
             kwargs["user_credentials"] = opts.creds
         if opts.user:
@@ -180,6 +198,8 @@ class Bus:
                 await asyncio.sleep(delay)
                 attempt += 1
         bus = cls(nc, on_reconnect)
+        bus.consumer_check = opts.consumer_check
+        bus.stream_sizes = opts.stream_sizes
         holder.append(bus)
         return bus
 
@@ -197,8 +217,10 @@ class Bus:
 
     # ---- streams and buckets -----------------------------------------------------------------------------------
     async def ensure_streams(self, specs: Iterable[contract.StreamSpec]) -> None:
-        """Create each stream, or update it to the given limits when it exists (idempotent)."""
+        """Create each stream, or update it to the given limits when it exists (idempotent). The bus's
+        ``stream_sizes``, when set, give the streams' sizes."""
         for spec in specs:
+            max_bytes = self.stream_sizes.of(spec.name) if self.stream_sizes is not None else spec.max_bytes
             cfg = StreamConfig(
                 name=spec.name,
                 subjects=list(spec.subjects),
@@ -207,6 +229,7 @@ class Bus:
                 max_age=spec.max_age,
                 max_msgs_per_subject=spec.max_msgs_per_subject,
                 duplicate_window=spec.duplicate_window,
+                max_bytes=max_bytes,
             )
             await _retry(functools.partial(self._ensure_stream, cfg), what=f"stream {spec.name}")
 
@@ -224,18 +247,29 @@ class Bus:
             or float(have.max_age or 0) != float(cfg.max_age or 0)
             or have.max_msgs_per_subject != cfg.max_msgs_per_subject
             or float(have.duplicate_window or 0) != float(cfg.duplicate_window)
+            or (have.max_bytes or -1) != (cfg.max_bytes or -1)
         ):
             await self.js.update_stream(cfg)
             log.info("stream updated", stream=cfg.name)
 
     async def ensure_kv(self, bucket: str, *, history: int = 1) -> KeyValue:
-        """Open the key-value bucket, creating it when missing."""
+        """Open the key-value bucket, creating it when missing, at its size (the bus's ``stream_sizes``, or the
+        default); an existing bucket of another size is updated to it."""
+        sizes = self.stream_sizes or contract.StreamSizes()
+        max_bytes = sizes.of(bucket) if bucket == contract.LEDGER_BUCKET else -1
 
         async def once() -> KeyValue:
             try:
-                return await self.js.key_value(bucket)
+                kv = await self.js.key_value(bucket)
             except nats.js.errors.BucketNotFoundError:
-                return await self.js.create_key_value(KeyValueConfig(bucket=bucket, history=history))
+                return await self.js.create_key_value(
+                    KeyValueConfig(bucket=bucket, history=history, max_bytes=max_bytes)
+                )
+            info = await self.js.stream_info(f"KV_{bucket}")
+            if (info.config.max_bytes or -1) != max_bytes:
+                await self.js.update_stream(dataclasses.replace(info.config, max_bytes=max_bytes))
+                log.info("bucket updated", bucket=bucket, max_bytes=max_bytes)
+            return kv
 
         return await _retry(once, what=f"bucket {bucket}")
 
@@ -373,12 +407,26 @@ class AckWindow:
         self._pending.clear()
 
 
+def _value(policy: object) -> object:
+    """An enum's value (nats-py gives policies as enums or, for a value it does not know, as strings)."""
+    return getattr(policy, "value", policy)
+
+
+def _printable(differences: dict[str, tuple[object, object]]) -> dict[str, dict[str, str]]:
+    return {k: {"expected": str(want), "found": str(have)} for k, (want, have) in differences.items()}
+
+
 class PullConsumer:
     """Read ``stream`` in stream order from ``start_seq``, through a durable pull consumer named ``durable``.
 
     ``batches()`` yields lists of messages (an empty list when nothing arrived within ``idle`` seconds, so the
     reader can run its timers). After yielding a batch the consumer takes it as applied: ``next_seq`` is the
     stream sequence it asks for when it has to re-create itself.
+
+    Every ``check_interval`` seconds (default: the bus's ``consumer_check``) and right after creating it, the consumer
+    reads its durable's configuration back. Any other filter, deliver policy, ack policy or push delivery, or a
+    durable created by someone else (another creation time), means another client changed it: the consumer logs an
+    error with the differences and re-creates its durable from ``next_seq``.
     """
 
     def __init__(
@@ -391,6 +439,7 @@ class PullConsumer:
         start_seq: int = 1,
         batch: int = 500,
         idle: float = 1.0,
+        check_interval: float | None = None,
     ) -> None:
         self.bus = bus
         self.stream = stream
@@ -402,6 +451,14 @@ class PullConsumer:
         self.pending = 0
         """Messages left in the stream for this consumer after the last batch (the lag)."""
         self.recreations = 0
+        self.check_interval = check_interval if check_interval is not None else bus.consumer_check
+        self.repairs = 0
+        """Re-creations because the durable was not what this consumer had created."""
+        self.last_differences: dict[str, tuple[object, object]] = {}
+        """What was found changed at the last repair: field → (expected, found)."""
+        self._created: object = None
+        """The server's creation time of the durable this consumer created."""
+        self._next_check = 0.0
         self._sub: JetStreamContext.PullSubscription | None = None
         self._epoch = -1
         self._expected_cseq = 1
@@ -428,12 +485,59 @@ class PullConsumer:
             max_waiting=16,
             inactive_threshold=3600.0,
         )
-        await self.bus.js.add_consumer(self.stream, cfg)
+        info = await self.bus.js.add_consumer(self.stream, cfg)
+        self._created = info.created
         self._sub = await self.bus.js.pull_subscribe_bind(self.durable, stream=self.stream)
         self._expected_cseq = 1
         self._idle_fetches = 0
         self.recreations += 1
         log.info("consumer created", stream=self.stream, consumer=self.durable, start_seq=self.next_seq, why=why)
+        differences = self.differences(info)
+        if differences:  # (a server that ignores a field, or another client in between)
+            log.error(
+                "consumer created with another configuration",
+                stream=self.stream,
+                consumer=self.durable,
+                differences=_printable(differences),
+            )
+        self._next_check = asyncio.get_running_loop().time() + self.check_interval
+
+    def differences(self, info: ConsumerInfo) -> dict[str, tuple[object, object]]:
+        """How the durable ``info`` describes differs from what this consumer creates: field → (expected, found)."""
+        have = info.config
+        found_filters = sorted({*(have.filter_subjects or ()), *([have.filter_subject] if have.filter_subject else [])})
+        checks: dict[str, tuple[object, object]] = {
+            "filter_subjects": (sorted(self.filter_subjects), found_filters),
+            "deliver_policy": (DeliverPolicy.BY_START_SEQUENCE.value, _value(have.deliver_policy)),
+            "ack_policy": (AckPolicy.NONE.value, _value(have.ack_policy)),
+            "durable_name": (self.durable, have.durable_name),
+            "deliver_subject": (None, have.deliver_subject or None),
+        }
+        if self._created is not None:
+            checks["created"] = (self._created, info.created)
+        return {k: v for k, v in checks.items() if v[0] != v[1]}
+
+    async def _check(self) -> str:
+        """Compare the durable with what this consumer created; the reason to re-create it, or "" when it is as
+        created."""
+        self._next_check = asyncio.get_running_loop().time() + self.check_interval
+        try:
+            info = await self.bus.js.consumer_info(self.stream, self.durable)
+        except nats.js.errors.NotFoundError:
+            return "consumer vanished"
+        differences = self.differences(info)
+        if not differences:
+            return ""
+        self.repairs += 1
+        self.last_differences = differences
+        log.error(
+            "consumer changed by another client, re-creating it",
+            stream=self.stream,
+            consumer=self.durable,
+            differences=_printable(differences),
+            next_seq=self.next_seq,
+        )
+        return "configuration changed: " + ", ".join(sorted(differences))
 
     async def _consumer_exists(self) -> bool:
         try:
@@ -453,6 +557,10 @@ class PullConsumer:
                 if self.bus.epoch != self._epoch:
                     why = "reconnected"
                     continue
+                if asyncio.get_running_loop().time() >= self._next_check:
+                    why = await self._check()
+                    if why:
+                        continue
                 assert self._sub is not None
                 try:
                     # One message first: nats-py's fetch(n) holds a long-poll open until n messages or the

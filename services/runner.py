@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import importlib
 import os
@@ -196,10 +197,8 @@ class Runtime:
         return logs.get_logger(service=self.name, **context)
 
     def nats_options(self) -> NatsOptions:
-        from services.bus import NatsOptions
-
-        n = self.config.nats
-        return NatsOptions(url=n.url, creds=n.creds, user=n.user, password=n.password, name=f"vmquota-{self.name}")
+        """The connection options of this service: the configured ones, named after the service."""
+        return dataclasses.replace(self.config.nats, name=f"vmquota-{self.name}")
 
 
 ServiceMain = Callable[[Runtime], Coroutine[Any, Any, None]]
@@ -232,6 +231,23 @@ def _env_bool(name: str, default: bool) -> bool:
     raise InvalidInput(f"{raw!r} is not a boolean (true/false)", name)
 
 
+SIZE_FLAGS: dict[str, str] = {
+    "events": "the events stream",
+    "usage": "the usage stream",
+    "decisions": "the decisions stream",
+    "dlq": "the dead-letter stream",
+    "checkpoints": "the ledger's checkpoint bucket",
+}
+"""``--<name>-max-bytes``: the fields of :class:`shared.bus.StreamSizes`."""
+
+
+def _size_text(n: int) -> str:
+    for unit, size in (("Gi", 2**30), ("Mi", 2**20)):
+        if n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("service", metavar="SERVICE", help=f"the service to run: {', '.join(PLANNED)} or all")
     p.add_argument("--cluster", default=_env("VMQUOTA_CLUSTER"), help="cluster id, a DNS label [VMQUOTA_CLUSTER]")
@@ -240,6 +256,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nats-user", default=_env("VMQUOTA_NATS_USER"), help="NATS user [VMQUOTA_NATS_USER]")
     p.add_argument(
         "--nats-password", default=_env("VMQUOTA_NATS_PASSWORD"), help="NATS password [VMQUOTA_NATS_PASSWORD]"
+    )
+    p.add_argument(
+        "--nats-ca",
+        default=_env("VMQUOTA_NATS_CA"),
+        help="CA bundle (PEM) of the NATS server's certificate, for tls:// URLs; default: the system's CAs "
+        "[VMQUOTA_NATS_CA]",
+    )
+    p.add_argument(
+        "--nats-consumer-check",
+        default=_env("VMQUOTA_NATS_CONSUMER_CHECK", "30s"),
+        help="how often each service checks that its durable consumers are as it created them, and re-creates "
+        "one another client changed [VMQUOTA_NATS_CONSUMER_CHECK, 30s]",
     )
     p.add_argument(
         "--kubeconfig",
@@ -267,6 +295,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=_env("VMQUOTA_EVENTS_MAX_AGE", "30d"),
         help="how long the events stream keeps events, e.g. 30d, 12h [VMQUOTA_EVENTS_MAX_AGE, 30d]",
     )
+    defaults = contract.StreamSizes()
+    for name, what in SIZE_FLAGS.items():
+        env = f"VMQUOTA_{name.upper()}_MAX_BYTES"
+        default = _size_text(getattr(defaults, name))
+        p.add_argument(
+            f"--{name}-max-bytes",
+            default=_env(env, default),
+            help=f"the most {what} keeps, e.g. 4Gi, 512Mi [{env}, {default}]",
+        )
     p.add_argument(
         "--dry-run",
         action=argparse.BooleanOptionalAction,
@@ -356,6 +393,14 @@ def config_from_args(args: argparse.Namespace) -> Config:
     from services.bus import NatsOptions
 
     max_age = contract.parse_duration(args.events_max_age, "--events-max-age")
+    sizes = contract.StreamSizes(
+        **{name: contract.parse_size(getattr(args, f"{name}_max_bytes"), f"--{name}-max-bytes") for name in SIZE_FLAGS}
+    )
+    consumer_check = contract.parse_duration(args.nats_consumer_check, "--nats-consumer-check")
+    if consumer_check <= 0:
+        raise InvalidInput("the consumer check interval must be positive", "--nats-consumer-check")
+    if args.nats_ca and not os.path.isfile(args.nats_ca):
+        raise InvalidInput(f"{args.nats_ca!r} is not a file", "--nats-ca (VMQUOTA_NATS_CA)")
     if args.nats_user and args.nats_creds:
         raise InvalidInput("give either --nats-creds or --nats-user/--nats-password, not both", "--nats-creds")
     dry_run = args.dry_run if args.dry_run is not None else _env_bool("VMQUOTA_DRY_RUN", False)
@@ -371,7 +416,15 @@ def config_from_args(args: argparse.Namespace) -> Config:
     return Config(
         service=service,
         cluster=cluster,
-        nats=NatsOptions(url=args.nats, creds=args.nats_creds, user=args.nats_user, password=args.nats_password),
+        nats=NatsOptions(
+            url=args.nats,
+            creds=args.nats_creds,
+            user=args.nats_user,
+            password=args.nats_password,
+            ca=args.nats_ca,
+            consumer_check=consumer_check,
+            stream_sizes=sizes,
+        ),
         kubeconfig=args.kubeconfig,
         http_port=http_port,
         log_level=args.log_level,
@@ -616,6 +669,12 @@ def _resolve_env_once(api: Any) -> None:
     old.detach()  # the connector now belongs to the new session
 
 
+def lease_name(service: str, cluster: str | None) -> str:
+    """The Lease a service's instances elect their leader with: ``vmquota-<service>-<cluster>`` (the deploy
+    manifests grant each service ``get``/``update`` of exactly this name)."""
+    return f"vmquota-{service}-{cluster or 'all'}"
+
+
 async def leader_elected(rt: Runtime, work: Callable[[], Awaitable[None]], timing: LeaseTiming | None = None) -> None:
     """Run ``work()`` while this process holds the Lease ``vmquota-<service>-<cluster>`` in ``--lease-namespace``
     (or at once with ``--no-leader-election``); ``services.lease`` has the rules. Losing the Lease stops the work
@@ -627,7 +686,7 @@ async def leader_elected(rt: Runtime, work: Callable[[], Awaitable[None]], timin
         return
     from services.lease import Elector, LeaseTiming, run_leading
 
-    lease = f"vmquota-{rt.name}-{rt.config.cluster or 'all'}"
+    lease = lease_name(rt.name, rt.config.cluster)
     component = f"{rt.name}-lease"
     rt.health.expect(component)
     api = await kube_client(rt.config.kubeconfig)

@@ -189,6 +189,8 @@ class StreamSpec:
     """1 keeps only the last message of each subject."""
     duplicate_window: float = 120.0
     """Seconds during which a repeated ``Nats-Msg-Id`` is dropped."""
+    max_bytes: int = -1
+    """The most the stream stores (bytes; -1: unbounded); the oldest messages go first."""
 
 
 EVENTS_STREAM: Final = "VMQUOTA_EVENTS"
@@ -199,17 +201,63 @@ LEDGER_BUCKET: Final = "VMQUOTA_LEDGER"
 """Key-value bucket of the ledger's checkpoints."""
 
 
-def streams(events_max_age: float = 30 * DAY, duplicate_window: float = 600.0) -> tuple[StreamSpec, ...]:
-    """Every stream, with the events stream kept ``events_max_age`` seconds (operators replay it)."""
+MiB: Final = 2**20
+GiB: Final = 2**30
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSizes:
+    """The most each stream and the checkpoint bucket store, in bytes (``--<stream>-max-bytes``). The defaults add
+    up to 7 GiB, so that they fit the NATS component's 10Gi volume with room for JetStream's own files. When a
+    stream is full its oldest messages are dropped, as when they reach the maximum age."""
+
+    events: int = 4 * GiB
+    """VMQUOTA_EVENTS: what a ledger without checkpoints, or an operator, replays."""
+    usage: int = 512 * MiB
+    """VMQUOTA_USAGE: the last snapshot of each namespace (a few KB each)."""
+    decisions: int = 1 * GiB
+    dlq: int = 512 * MiB
+    checkpoints: int = 1 * GiB
+    """The ledger's key-value bucket (one compressed checkpoint per namespace)."""
+
+    def of(self, name: str) -> int:
+        """The size of the stream (or bucket) ``name``."""
+        sizes = {
+            EVENTS_STREAM: self.events,
+            USAGE_STREAM: self.usage,
+            DECISIONS_STREAM: self.decisions,
+            DLQ_STREAM: self.dlq,
+            LEDGER_BUCKET: self.checkpoints,
+            f"KV_{LEDGER_BUCKET}": self.checkpoints,
+        }
+        if name not in sizes:
+            raise KeyError(f"no size for stream {name!r}")
+        return sizes[name]
+
+    def total(self) -> int:
+        return self.events + self.usage + self.decisions + self.dlq + self.checkpoints
+
+
+def streams(
+    events_max_age: float = 30 * DAY, duplicate_window: float = 600.0, sizes: StreamSizes = StreamSizes()
+) -> tuple[StreamSpec, ...]:
+    """Every stream, with the events stream kept ``events_max_age`` seconds (operators replay it), each at most
+    its size in ``sizes``."""
     if events_max_age < 0 or duplicate_window <= 0:
         raise InvalidInput("stream ages must be positive", "events-max-age")
     if events_max_age and duplicate_window > events_max_age:
         duplicate_window = events_max_age
     return (
-        StreamSpec(EVENTS_STREAM, (f"{PREFIX}.ev.>",), max_age=events_max_age, duplicate_window=duplicate_window),
-        StreamSpec(USAGE_STREAM, (f"{PREFIX}.usage.>",), max_msgs_per_subject=1),
-        StreamSpec(DECISIONS_STREAM, (f"{PREFIX}.quota.>",), max_age=events_max_age),
-        StreamSpec(DLQ_STREAM, (f"{PREFIX}.dlq.>",), max_age=events_max_age),
+        StreamSpec(
+            EVENTS_STREAM,
+            (f"{PREFIX}.ev.>",),
+            max_age=events_max_age,
+            duplicate_window=duplicate_window,
+            max_bytes=sizes.events,
+        ),
+        StreamSpec(USAGE_STREAM, (f"{PREFIX}.usage.>",), max_msgs_per_subject=1, max_bytes=sizes.usage),
+        StreamSpec(DECISIONS_STREAM, (f"{PREFIX}.quota.>",), max_age=events_max_age, max_bytes=sizes.decisions),
+        StreamSpec(DLQ_STREAM, (f"{PREFIX}.dlq.>",), max_age=events_max_age, max_bytes=sizes.dlq),
     )
 
 
@@ -222,10 +270,12 @@ STREAM_OWNERS: Final[dict[str, frozenset[str]]] = {
 waits for. Every service may write its rejects to the DLQ stream."""
 
 
-def streams_for(service: str, events_max_age: float = 30 * DAY) -> tuple[StreamSpec, ...]:
+def streams_for(
+    service: str, events_max_age: float = 30 * DAY, sizes: StreamSizes = StreamSizes()
+) -> tuple[StreamSpec, ...]:
     """The streams ``service`` owns (all of them for an unknown service name, e.g. ``all`` or a test)."""
     owned = STREAM_OWNERS.get(service)
-    return tuple(s for s in streams(events_max_age) if owned is None or s.name in owned)
+    return tuple(s for s in streams(events_max_age, sizes=sizes) if owned is None or s.name in owned)
 
 
 _DURATION: Final = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d|w)")
@@ -249,6 +299,31 @@ def parse_duration(text: str, where: str = "duration") -> float:
         return total
     if value < 0 or value != value:
         raise InvalidInput(f"{text!r} is not a duration (e.g. 30d, 12h, 1h30m, 90s)", where)
+    return value
+
+
+_SIZE: Final = re.compile(r"([0-9]+)(Ki|Mi|Gi|Ti|K|M|G|T)?")
+_UNIT_BYTES: Final = {
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "K": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+}
+
+
+def parse_size(text: str, where: str = "size") -> int:
+    """``4Gi``, ``512Mi``, ``10G`` or a plain number of bytes (a Kubernetes quantity without fractions) → bytes,
+    at least 1 MiB."""
+    m = _SIZE.fullmatch(text.strip())
+    if m is None:
+        raise InvalidInput(f"{text!r} is not a size (e.g. 4Gi, 512Mi, 10G)", where)
+    value = int(m.group(1)) * _UNIT_BYTES.get(m.group(2) or "", 1)
+    if value < MiB:
+        raise InvalidInput(f"{text!r} is less than 1Mi", where)
     return value
 
 

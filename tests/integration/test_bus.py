@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from services import runner
 from services.bus import AckWindow, Bus, NatsOptions, PullConsumer
 from shared import bus as contract
 from shared.snapshot import PodSnapshot
@@ -202,5 +205,92 @@ async def test_an_ack_that_never_comes_is_published_again_not_awaited_forever(na
         assert lost and lost[0].cancelled(), "the lost ack was given up"
         info = await b.js.stream_info(contract.EVENTS_STREAM)
         assert info.state.messages == 3
+    finally:
+        await b.close()
+
+
+async def until(condition: Callable[[], bool], within: float) -> None:
+    """Poll ``condition`` (a reader task appends to a list) until it holds, for at most ``within`` seconds."""
+    async with asyncio.timeout(within):
+        while not condition():  # noqa: ASYNC110 (the reader is a task of its own: nothing to wait on)
+            await asyncio.sleep(0.02)
+
+
+async def test_consumer_repairs_a_durable_tampered_with(nats_url: str) -> None:
+    """Someone deletes the durable and re-creates it under the same name with a filter that matches nothing: the
+    reader would wait forever. The consumer's periodic check finds the configuration it did not create and
+    re-creates its durable from where it was, and messages flow again."""
+    b = await Bus.connect(NatsOptions(url=nats_url, name="test", consumer_check=0.5), connect_timeout=10)
+    other = await _connect(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        await b.publish_many(("vmquota.ev.c1.ns.pod", b"x", None) for _ in range(5))
+        c = PullConsumer(
+            b, stream=contract.EVENTS_STREAM, durable="t4", filter_subjects=["vmquota.ev.c1.>"], batch=10, idle=0.1
+        )
+        assert c.check_interval == 0.5
+        seen: list[int] = []
+
+        async def read() -> None:
+            async for batch in c.batches():
+                seen.extend(m.metadata.sequence.stream for m in batch)
+
+        reader = asyncio.create_task(read())
+        try:
+            await until(lambda: len(seen) >= 5, 10)
+            await other.js.delete_consumer(contract.EVENTS_STREAM, "t4")
+            await other.js.add_consumer(
+                contract.EVENTS_STREAM,
+                ConsumerConfig(
+                    name="t4",
+                    durable_name="t4",
+                    filter_subject="vmquota.ev.nothing.>",
+                    deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                    opt_start_seq=6,
+                    ack_policy=AckPolicy.NONE,
+                    max_waiting=16,
+                    inactive_threshold=3600.0,
+                ),
+            )
+            await other.publish_many(("vmquota.ev.c1.ns.pod", b"y", None) for _ in range(5))
+            await until(lambda: len(seen) >= 10, 5)  # well within ten check periods
+        finally:
+            await runner.cancel(reader)
+        assert seen == list(range(1, 11)), "every message once, in order"
+        assert c.repairs == 1
+        assert "filter_subjects" in c.last_differences
+        info = await other.js.consumer_info(contract.EVENTS_STREAM, "t4")
+        assert info.config.filter_subject == "vmquota.ev.c1.>"
+        await c.close()
+    finally:
+        await b.close()
+        await other.close()
+
+
+async def test_every_stream_and_the_bucket_have_a_size_limit(nats_url: str) -> None:
+    """Each stream and the checkpoint bucket are bounded in bytes as well as in age, so together they fit the
+    volume (the NATS component's 10Gi); the sizes are settings, and a changed size is applied to what exists."""
+    sizes = contract.StreamSizes()
+    assert sizes.total() <= 8 * 2**30, "well under the component's 10Gi volume"
+    b = await Bus.connect(NatsOptions(url=nats_url, name="test", stream_sizes=sizes), connect_timeout=10)
+    try:
+        await b.ensure_streams(contract.streams())
+        await b.ensure_kv(contract.LEDGER_BUCKET)
+        for spec in contract.streams():
+            info = await b.js.stream_info(spec.name)
+            assert info.config.max_bytes == sizes.of(spec.name) > 0, spec.name
+            assert spec.max_bytes == sizes.of(spec.name)
+        kv = await b.js.stream_info(f"KV_{contract.LEDGER_BUCKET}")
+        assert kv.config.max_bytes == sizes.checkpoints > 0
+
+        smaller = contract.StreamSizes(events=64 * 2**20, checkpoints=32 * 2**20)
+        b2 = await Bus.connect(NatsOptions(url=nats_url, name="test", stream_sizes=smaller), connect_timeout=10)
+        try:
+            await b2.ensure_streams(contract.streams())
+            await b2.ensure_kv(contract.LEDGER_BUCKET)
+            assert (await b2.js.stream_info(contract.EVENTS_STREAM)).config.max_bytes == 64 * 2**20
+            assert (await b2.js.stream_info(f"KV_{contract.LEDGER_BUCKET}")).config.max_bytes == 32 * 2**20
+        finally:
+            await b2.close()
     finally:
         await b.close()

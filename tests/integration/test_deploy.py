@@ -4,6 +4,7 @@ services need and nothing more, the pod security the namespace enforces, and the
 from __future__ import annotations
 
 import argparse
+import ast
 import base64
 import json
 import re
@@ -13,7 +14,7 @@ import tomllib
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import jsonschema  # type: ignore[import-untyped]
 import kubernetes_validate  # type: ignore[import-untyped]
@@ -43,22 +44,115 @@ CUSTOM_RESOURCES = {
 
 # ---- least privilege: exactly what each service does in Kubernetes ---------------------------------------------
 
-KUBEVIRT_READ = {
-    ("kubevirt.io", r, v)
-    for r in ("virtualmachineinstances", "virtualmachineinstancemigrations", "virtualmachines", "kubevirts")
-    for v in ("get", "list", "watch")
+# What each service calls, derived from its code: the kubernetes-asyncio methods the modules call (their names say
+# the verb and the resource), the watcher's watched resources, and the leader election's Lease calls.
+
+Rule = tuple[str, str, str]
+"""(API group, resource, verb)."""
+
+METHOD: Final = re.compile(
+    r"^(get|read|list|patch|create|replace|delete)_(?:namespaced_|cluster_)?([a-z_]+?)(?:_for_all_namespaces)?$"
+)
+VERBS: Final = {
+    **{"get": "get", "read": "get", "list": "list", "patch": "patch"},
+    **{"create": "create", "replace": "update", "delete": "delete"},
 }
-LEASES = {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
-CLUSTER_RULES: dict[str, set[tuple[str, str, str]]] = {
-    "watcher": KUBEVIRT_READ
-    | {("", r, v) for r in ("pods", "resourcequotas", "namespaces", "events") for v in ("get", "list", "watch")},
-    "enforcer": {("", "resourcequotas", v) for v in ("get", "list", "watch", "patch", "update")}
-    | {("", "events", v) for v in ("create", "patch")}
-    | {("", "namespaces", v) for v in ("get", "list", "watch")}
-    | {("kubevirt.io", "virtualmachineinstances", "patch")},  # the nudge of a VMI whose pod was refused
+API_OBJECTS: Final = {"core", "custom", "api_instance", "coordination"}
+"""What the modules name their ``CoreV1Api``/``CoordinationV1Api`` and ``CustomObjectsApi`` objects."""
+
+
+def _plural(snake: str) -> str:
+    """kubernetes-asyncio's resource name in a method (``resource_quota``) → the API's plural (``resourcequotas``)."""
+    word = snake.replace("_", "")
+    return word + ("es" if word.endswith("s") else "s")
+
+
+def _constant(node: ast.expr, module: Any) -> str | None:
+    """The value of a literal or of a module constant (``guard.GROUP``) in a call's arguments."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        value = getattr(getattr(module, node.value.id, None), node.attr, None)
+        return value if isinstance(value, str) else None
+    return None
+
+
+def _api_method(node: ast.expr) -> re.Match[str] | None:
+    """``<api object>.<method>`` (``self.core.patch_namespaced_resource_quota``) → the method name's match."""
+    if not isinstance(node, ast.Attribute):
+        return None
+    owner = node.value.attr if isinstance(node.value, ast.Attribute) else getattr(node.value, "id", None)
+    return METHOD.match(node.attr) if owner in API_OBJECTS else None
+
+
+def calls_of(module: Any) -> set[Rule]:
+    """Every (group, resource, verb) a module's kubernetes-asyncio calls make: a method called, or passed as the
+    first argument (``call_object(self.core.patch_namespaced_resource_quota, ...)``); the core methods' names say
+    the resource and the verb, ``*_custom_object`` calls give the group and the plural as (constant) arguments."""
+    found: set[Rule] = set()
+    for node in ast.walk(ast.parse(Path(module.__file__).read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        for ref, args in ((node.func, node.args), *((a, node.args[1:]) for a in node.args[:1])):
+            m = _api_method(ref)
+            if m is None:
+                continue
+            if m[2] == "custom_object":
+                assert isinstance(ref, ast.Attribute)
+                at = 3 if "_namespaced_" in ref.attr else 2
+                group, plural = _constant(args[0], module), _constant(args[at], module)
+                assert group is not None and plural is not None, f"{module.__name__}: {ast.unparse(node)}"
+                found.add((group, plural, VERBS[m[1]]))
+            else:
+                found.add(("coordination.k8s.io" if m[2] == "lease" else "", _plural(m[2]), VERBS[m[1]]))
+    return found
+
+
+def watcher_rules() -> set[Rule]:
+    """The watcher lists and watches (``services/watcher/kube.py``: ``list_pages`` and ``watch``, one list method
+    per resource) every resource of ``services.watcher.watcher.RESOURCES``, and calls nothing else."""
+    from services.watcher import kube as wkube
+    from services.watcher import watcher
+
+    source = Path(wkube.__file__).read_text()
+    verbs = {"list"} | ({"watch"} if re.search(r'"watch":\s*True', source) else set())
+    assert calls_of(watcher) == set(), "the watcher makes no API call of its own"
+    return {(r.group, r.plural, v) for r in watcher.RESOURCES for v in verbs}
+
+
+def enforcer_rules() -> tuple[set[Rule], set[Rule]]:
+    """(always, with the reservation guard) what ``services/enforcer/kube.py`` calls."""
+    from services.enforcer import kube as ekube
+
+    found = calls_of(ekube)
+    guarded = {r for r in found if r[0] == guard.GROUP}
+    return found - guarded, guarded
+
+
+def lease_rules() -> set[Rule]:
+    """What the leader election (``services.lease``, used by ``services.runner.leader_elected``) calls."""
+    from services import lease
+
+    assert "Elector(" in Path(runner.__file__).read_text()
+    return calls_of(lease)
+
+
+NAME_SCOPED_VERBS: Final = {"get", "update", "patch", "delete"}
+"""Verbs RBAC can limit to ``resourceNames`` (``create``, ``list`` and ``watch`` of a collection it cannot)."""
+
+CLUSTER_RULES: dict[str, set[Rule]] = {
+    "watcher": watcher_rules(),
+    "enforcer": enforcer_rules()[0],
     "ledger": set(),
 }
-NAMESPACED_RULES: dict[str, set[tuple[str, str, str]]] = {"watcher": LEASES, "enforcer": LEASES, "ledger": set()}
+
+
+def namespaced_rules(service: str, cluster: str) -> set[tuple[str, str, str, str | None]]:
+    """The Lease calls of a leader-elected service, each limited to its own Lease where RBAC can limit it."""
+    if service == "ledger":
+        return set()
+    name = runner.lease_name(service, cluster)
+    return {(g, r, v, name if v in NAME_SCOPED_VERBS else None) for g, r, v in lease_rules()}
 
 
 # ---- rendering --------------------------------------------------------------------------------------------------
@@ -240,12 +334,13 @@ def test_the_validator_catches_a_bad_manifest() -> None:
 # ---- tests: RBAC ------------------------------------------------------------------------------------------------
 
 
-def granted(objs: tuple[Obj, ...], service_account: str) -> tuple[set[tuple[str, str, str]], set[tuple[str, str, str]]]:
-    """(cluster-wide, namespaced) (group, resource, verb) triples bound to a service account. Wildcards, resource
-    names and non-resource URLs are refused outright: least privilege is spelled out."""
+def granted(objs: tuple[Obj, ...], service_account: str) -> tuple[set[Rule], set[tuple[str, str, str, str | None]]]:
+    """(cluster-wide (group, resource, verb), namespaced (group, resource, verb, resource name or None)) bound to a
+    service account. Wildcards and non-resource URLs are refused outright, and resource names in ClusterRoles: least
+    privilege is spelled out."""
     roles = {(o["kind"], o["metadata"]["name"]): o for o in objs if o["kind"] in ("ClusterRole", "Role")}
-    cluster: set[tuple[str, str, str]] = set()
-    namespaced: set[tuple[str, str, str]] = set()
+    cluster: set[Rule] = set()
+    namespaced: set[tuple[str, str, str, str | None]] = set()
     for b in objs:
         if b["kind"] not in ("ClusterRoleBinding", "RoleBinding"):
             continue
@@ -254,15 +349,28 @@ def granted(objs: tuple[Obj, ...], service_account: str) -> tuple[set[tuple[str,
         for s in b["subjects"]:
             assert s["kind"] == "ServiceAccount" and s["namespace"] == b["metadata"].get("namespace", s["namespace"])
         role = roles[(b["roleRef"]["kind"], b["roleRef"]["name"])]
-        target = cluster if b["kind"] == "ClusterRoleBinding" else namespaced
         for rule in role["rules"]:
-            assert "nonResourceURLs" not in rule and "resourceNames" not in rule, rule
+            assert "nonResourceURLs" not in rule, rule
+            names: list[str | None] = list(rule.get("resourceNames") or [None])
+            assert b["kind"] == "RoleBinding" or names == [None], f"resource names in a ClusterRole: {rule}"
             for g in rule["apiGroups"]:
                 for r in rule["resources"]:
                     for v in rule["verbs"]:
                         assert "*" not in (g, r, v), f"wildcard in {role['metadata']['name']}: {rule}"
-                        target.add((g, r, v))
+                        if b["kind"] == "ClusterRoleBinding":
+                            cluster.add((g, r, v))
+                        else:
+                            namespaced.update((g, r, v, n) for n in names)
     return cluster, namespaced
+
+
+def test_the_derived_calls_are_what_the_code_does() -> None:
+    """The derivation above sees the calls it should (so an empty or wrong set cannot pass unnoticed)."""
+    assert ("", "resourcequotas", "patch") in CLUSTER_RULES["enforcer"]
+    assert ("kubevirt.io", "virtualmachineinstances", "patch") in CLUSTER_RULES["enforcer"]
+    assert ("", "pods", "watch") in CLUSTER_RULES["watcher"]
+    assert enforcer_rules()[1] == {(guard.GROUP, guard.PLURAL, v) for v in ("get", "create", "patch")}
+    assert lease_rules() == {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
 
 
 @pytest.mark.parametrize("path", OVERLAYS, ids=rel)
@@ -276,7 +384,10 @@ def test_rbac_is_exactly_least_privilege(path: Path) -> None:
         assert cluster == CLUSTER_RULES[service], (
             f"{sa}: extra {cluster - CLUSTER_RULES[service]}, missing {CLUSTER_RULES[service] - cluster}"
         )
-        assert namespaced == NAMESPACED_RULES[service], f"{sa}: namespaced {namespaced}"
+        ids = {container_env(objs, c).get("VMQUOTA_CLUSTER") for _, s, c in vmquota_deployments(objs) if s == service}
+        [cluster_id] = ids
+        wanted = namespaced_rules(service, cluster_id or "all")
+        assert namespaced == wanted, f"{sa}: extra {namespaced - wanted}, missing {wanted - namespaced}"
         for d, s, _ in vmquota_deployments(objs):
             if s == service:
                 assert d["spec"]["template"]["spec"]["serviceAccountName"] == sa
@@ -585,7 +696,7 @@ def test_single_cluster_with_the_reservation_guard(tmp_path: Path) -> None:
     [binding] = of_kind(objs, "ValidatingAdmissionPolicyBinding")
     assert binding["spec"]["paramRef"] == {"name": guard.NAME, "parameterNotFoundAction": "Allow"}
     cluster, _ = granted(objs, "vmquota-enforcer")
-    assert cluster == CLUSTER_RULES["enforcer"] | {(guard.GROUP, guard.PLURAL, v) for v in ("get", "create", "patch")}
+    assert cluster == CLUSTER_RULES["enforcer"] | enforcer_rules()[1]
     for _, service, c in vmquota_deployments(objs):
         if service == "enforcer":
             env = container_env(objs, c)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import secrets
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -18,11 +19,12 @@ import nats
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.api import ConsumerConfig, DeliverPolicy, StreamConfig
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
 from nats.js.client import JetStreamContext
 
 from services.bus import Bus, NatsOptions, PullConsumer
 from services.natsserver import NatsServer
+from services.runner import cancel
 from shared import bus
 from shared.snapshot import VmiSnapshot
 from tests.conftest import nats_server_binary
@@ -285,10 +287,10 @@ async def test_subscriber_reads_and_cannot_write(connect: Connect) -> None:
     msg = received.get_nowait()
     assert (msg.subject, msg.data) == ("vmquota.quota.c1.tenant-a", b'{"d": 1}')
 
-    pull = await sub.js.pull_subscribe("vmquota.ev.>", durable="billing", stream=bus.EVENTS_STREAM)
+    pull = await sub.js.pull_subscribe("vmquota.ev.>", durable="subscriber", stream=bus.EVENTS_STREAM)
     assert len(await pull.fetch(3, timeout=5)) == 3
-    decisions = await sub.js.subscribe("vmquota.quota.>", ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
-    assert (await decisions.next_msg(timeout=5)).data == b'{"d": 1}'
+    decisions = await sub.js.pull_subscribe("vmquota.quota.>", durable="subscriber", stream=bus.DECISIONS_STREAM)
+    assert (await decisions.fetch(1, timeout=5))[0].data == b'{"d": 1}'
     sub.clean()
 
     await sub.nc.publish(bus.decision_subject("c1", "tenant-a"), b"forged")
@@ -297,6 +299,7 @@ async def test_subscriber_reads_and_cannot_write(connect: Connect) -> None:
     await sub.denied("subscription", "vmquota.dlq.>")
     await refused_request(sub, f"$JS.API.STREAM.CREATE.{bus.DLQ_STREAM}", b'{"name":"VMQUOTA_DLQ"}')
     await refused_request(sub, f"$JS.API.CONSUMER.DELETE.{bus.DLQ_STREAM}.x")
+    await refused_request(sub, f"$JS.API.CONSUMER.CREATE.{bus.DECISIONS_STREAM}", b"{}")  # ordered: replay's
 
 
 async def test_replay_reads_streams_with_ordered_consumers_only(connect: Connect) -> None:
@@ -412,3 +415,132 @@ async def test_the_services_bus_helpers_work_with_their_users(server: SecuredSer
     finally:
         for b in buses:
             await b.close()
+
+
+# ---- consumers: a read-only user cannot touch a service's durable ------------------------------------------------
+
+LEDGER_DURABLE = "vmquota-ledger-n16_0-7-all"
+"""A ledger's durable consumer name (``services/ledger/service.py``: ``vmquota-ledger-<partitions>-<cluster>``)."""
+
+
+async def ledger_durable(connect: Connect) -> Conn:
+    """The ledger's durable on the events stream, created as ``services.bus.PullConsumer`` creates it."""
+    await watcher_publishes(connect)
+    led = await connect("ledger")
+    await led.js.add_consumer(
+        bus.EVENTS_STREAM,
+        ConsumerConfig(
+            name=LEDGER_DURABLE,
+            durable_name=LEDGER_DURABLE,
+            filter_subject=bus.events_filter(),
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=1,
+            ack_policy=AckPolicy.NONE,
+            max_waiting=16,
+            inactive_threshold=3600.0,
+        ),
+    )
+    return led
+
+
+def hijack(name: str, *, nameless: bool = False) -> bytes:
+    """A consumer create request for ``name`` whose filter matches nothing (the ledger would go blind); for the
+    nameless create without ``durable_name``, which it refuses."""
+    durable = {} if nameless else {"durable_name": name}
+    return json.dumps(
+        {
+            "stream_name": bus.EVENTS_STREAM,
+            "config": {
+                "name": name,
+                **durable,
+                "filter_subject": "vmquota.ev.nothing.>",
+                "deliver_policy": "by_start_sequence",
+                "opt_start_seq": 1,
+                "ack_policy": "none",
+                "max_waiting": 16,
+                "inactive_threshold": 3_600_000_000_000,
+            },
+        }
+    ).encode()
+
+
+@pytest.mark.parametrize("user", ["subscriber", "replay"])
+async def test_read_only_users_cannot_delete_or_recreate_a_services_durable(connect: Connect, user: str) -> None:
+    led = await ledger_durable(connect)
+    ro = await connect(user)
+    s, d = bus.EVENTS_STREAM, LEDGER_DURABLE
+    await refused_request(ro, f"$JS.API.CONSUMER.DELETE.{s}.{d}")
+    await refused_request(ro, f"$JS.API.CONSUMER.CREATE.{s}.{d}", hijack(d))
+    await refused_request(ro, f"$JS.API.CONSUMER.CREATE.{s}.{d}.vmquota.ev.nothing.>", hijack(d))
+    await refused_request(ro, f"$JS.API.CONSUMER.DURABLE.CREATE.{s}.{d}", hijack(d))
+    await refused_request(ro, f"$JS.API.CONSUMER.MSG.NEXT.{s}.{d}", b'{"batch": 1}')
+    info = await led.js.consumer_info(s, d)
+    assert info.config.filter_subject == bus.events_filter() and info.delivered.stream_seq == 0
+
+
+async def test_subscriber_cannot_rewrite_a_durable_through_the_nameless_create(connect: Connect) -> None:
+    """The nameless create (``$JS.API.CONSUMER.CREATE.<stream>``, what ordered consumers use) takes the consumer's
+    name from the request body, and the server then updates an existing consumer of that name: it is not for
+    the subscriber."""
+    led = await ledger_durable(connect)
+    sub = await connect("subscriber")
+    await refused_request(sub, f"$JS.API.CONSUMER.CREATE.{bus.EVENTS_STREAM}", hijack(LEDGER_DURABLE, nameless=True))
+    info = await led.js.consumer_info(bus.EVENTS_STREAM, LEDGER_DURABLE)
+    assert info.config.filter_subject == bus.events_filter()
+
+
+async def test_subscriber_manages_only_its_own_durable(connect: Connect) -> None:
+    await watcher_publishes(connect)
+    sub = await connect("subscriber")
+    pull = await sub.js.pull_subscribe(
+        "vmquota.ev.>", durable="subscriber", stream=bus.EVENTS_STREAM, config=ConsumerConfig(ack_wait=30)
+    )
+    msgs = await pull.fetch(3, timeout=5)
+    for m in msgs:
+        await m.ack_sync()
+    assert (await sub.js.consumer_info(bus.EVENTS_STREAM, "subscriber")).num_ack_pending == 0
+    assert await sub.js.delete_consumer(bus.EVENTS_STREAM, "subscriber")
+    sub.clean()
+    await refused_request(sub, f"$JS.API.CONSUMER.DURABLE.CREATE.{bus.EVENTS_STREAM}.billing", b"{}")
+
+
+async def until(condition: Callable[[], bool], within: float) -> None:
+    """Poll ``condition`` (a reader task appends to a list) until it holds, for at most ``within`` seconds."""
+    async with asyncio.timeout(within):
+        while not condition():  # noqa: ASYNC110 (the reader is a task of its own: nothing to wait on)
+            await asyncio.sleep(0.02)
+
+
+async def test_a_durable_replay_rewrote_is_repaired(server: SecuredServer, connect: Connect) -> None:
+    """What the replay user can still do to a durable (the nameless create updates an existing consumer of the
+    name in the body), the consumer undoes within its check period, under the ledger's own permissions."""
+    await watcher_publishes(connect)
+    opts = NatsOptions(
+        url=server.url, user="ledger", password=server.passwords["ledger"], name="test-ledger", consumer_check=0.5
+    )
+    ledger = await Bus.connect(opts, connect_timeout=5)
+    c = PullConsumer(ledger, stream=bus.EVENTS_STREAM, durable=LEDGER_DURABLE, filter_subjects=[bus.events_filter()])
+    seen: list[str] = []
+
+    async def read() -> None:
+        async for batch in c.batches():
+            seen.extend(uid_of(m.data) for m in batch)
+
+    reader = asyncio.create_task(read())
+    try:
+        await until(lambda: len(seen) >= 3, 10)
+        rep = await connect("replay")
+        answer = await rep.nc.request(
+            f"$JS.API.CONSUMER.CREATE.{bus.EVENTS_STREAM}", hijack(LEDGER_DURABLE, nameless=True), timeout=5
+        )
+        assert json.loads(answer.data).get("config", {}).get("filter_subject") == "vmquota.ev.nothing.>", answer.data
+        w = await connect("watcher")
+        subject, data, headers = event("u9", "19")
+        await w.js.publish(subject, data, headers=headers)
+        await until(lambda: len(seen) >= 4, 5)
+    finally:
+        await cancel(reader)
+        await c.close()
+        await ledger.close()
+    assert seen == ["u0", "u1", "u2", "u9"]
+    assert c.repairs == 1 and "filter_subjects" in c.last_differences

@@ -1,0 +1,60 @@
+"""The NATS settings of ``vmquota run``: the CA for TLS, the consumer check period and the stream sizes, from flags
+and environment variables, validated at start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services import runner
+from services.cli import build_parser
+from shared import bus
+from shared.errors import InvalidInput
+
+
+def config(*args: str) -> runner.Config:
+    return runner.config_from_args(build_parser().parse_args(["run", "ledger", *args]))
+
+
+def test_defaults_are_the_contracts() -> None:
+    c = config()
+    assert c.nats.stream_sizes == bus.StreamSizes()
+    assert c.nats.consumer_check == 30.0 and c.nats.ca is None
+
+
+def test_sizes_from_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VMQUOTA_CHECKPOINTS_MAX_BYTES", "256Mi")
+    c = config("--events-max-bytes", "2Gi", "--dlq-max-bytes", "100M")
+    assert c.nats.stream_sizes is not None
+    assert c.nats.stream_sizes.events == 2 * 2**30
+    assert c.nats.stream_sizes.dlq == 100 * 10**6
+    assert c.nats.stream_sizes.checkpoints == 256 * 2**20
+    assert c.nats.stream_sizes.usage == bus.StreamSizes().usage
+
+
+@pytest.mark.parametrize("bad", ["lots", "1.5Gi", "-1", "100", "4Gb"])
+def test_bad_sizes_name_the_flag(bad: str) -> None:
+    with pytest.raises(InvalidInput) as e:
+        config("--events-max-bytes", bad)
+    assert e.value.where == "--events-max-bytes"
+
+
+def test_consumer_check_and_ca(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ca = tmp_path / "ca.crt"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    monkeypatch.setenv("VMQUOTA_NATS_CA", str(ca))
+    c = config("--nats-consumer-check", "1m")
+    assert c.nats.consumer_check == 60.0 and c.nats.ca == str(ca)
+    rt = runner.Runtime(name="ledger", config=c, metrics=runner.Metrics(), health=runner.Health())
+    opts = rt.nats_options()
+    assert (opts.ca, opts.consumer_check, opts.stream_sizes, opts.name) == (
+        str(ca),
+        60.0,
+        c.nats.stream_sizes,
+        "vmquota-ledger",
+    )
+    with pytest.raises(InvalidInput, match="positive"):
+        config("--nats-consumer-check", "0")
+    with pytest.raises(InvalidInput, match="not a file"):
+        config("--nats-ca", str(tmp_path / "missing.crt"))

@@ -399,8 +399,6 @@ def config_from_args(args: argparse.Namespace) -> Config:
     consumer_check = contract.parse_duration(args.nats_consumer_check, "--nats-consumer-check")
     if consumer_check <= 0:
         raise InvalidInput("the consumer check interval must be positive", "--nats-consumer-check")
-    if args.nats_ca and not os.path.isfile(args.nats_ca):
-        raise InvalidInput(f"{args.nats_ca!r} is not a file", "--nats-ca (VMQUOTA_NATS_CA)")
     if args.nats_user and args.nats_creds:
         raise InvalidInput("give either --nats-creds or --nats-user/--nats-password, not both", "--nats-creds")
     dry_run = args.dry_run if args.dry_run is not None else _env_bool("VMQUOTA_DRY_RUN", False)

@@ -7,6 +7,7 @@ import argparse
 import ast
 import base64
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -30,6 +31,10 @@ from shared.quantity import Quantity
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 NATS_CONFIG = DEPLOY / "components" / "nats" / "nats-server.conf"
+NATS_TLS_CONFIG = DEPLOY / "components" / "nats" / "nats-server-tls.conf"
+PER_CLUSTER_CONFIG = DEPLOY / "overlays" / "two-clusters" / "central" / "nats-per-cluster" / "nats-server.conf"
+SCRAPER_LABEL = ("vmquota.io/metrics-scraper", "true")
+"""The label of the namespace(s) allowed to scrape the services' metrics port (Prometheus'; docs/operations.md)."""
 KUBE_VERSIONS = ("1.28", "1.32")
 """Kubernetes versions whose schemas every rendered object must satisfy (oldest supported, kubectl's here)."""
 
@@ -508,7 +513,8 @@ def test_containers_run_the_cli_with_flags_and_env_it_reads(path: Path, monkeypa
         for e in c["env"]:
             if "fieldRef" in e.get("valueFrom", {}):
                 filled[e["name"]] = fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
-        assert filled["VMQUOTA_NATS_USER"] == service, "each service connects as its own NATS user"
+        cluster_user = f"{service}-{filled.get('VMQUOTA_CLUSTER')}"
+        assert filled["VMQUOTA_NATS_USER"] in (service, cluster_user), "each service connects as its own NATS user"
         if service in ("watcher", "enforcer"):
             assert filled.get("VMQUOTA_CLUSTER"), f"{d['metadata']['name']}: no cluster id"
             assert filled["VMQUOTA_LEASE_NAMESPACE"] == d["metadata"]["namespace"]
@@ -522,7 +528,9 @@ def test_containers_run_the_cli_with_flags_and_env_it_reads(path: Path, monkeypa
                 for k, v in filled.items():
                     m.setenv(k, v)
                 config = runner.config_from_args(vmquota_parser().parse_args(c["args"]))
-            assert config.service == service and config.nats.user == service
+            assert config.service == service and config.nats.user == filled["VMQUOTA_NATS_USER"]
+            if config.nats.url.startswith("tls://"):
+                assert config.nats.ca, "tls:// with the CA of the Secret vmquota-nats-tls"
             assert config.identity == fields["metadata.name"] and config.nats.url == filled["VMQUOTA_NATS"]
             if service == "ledger":
                 assert config.partitions.owned, "a ledger that owns no partition"
@@ -567,12 +575,19 @@ def test_dockerfile_entrypoint_and_command_are_the_cli() -> None:
 # ---- tests: NATS component and the two-cluster layout --------------------------------------------------------------
 
 
+def password_vars(conf: str) -> set[str]:
+    return set(re.findall(r"\$(VMQUOTA_NATS_[A-Z_]+_PASSWORD)", conf))
+
+
 def test_nats_component_serves_the_tested_config_and_matching_credentials() -> None:
     objs = render(TWO_CLUSTERS / "central")
     conf = by_name(objs, "ConfigMap", "vmquota-nats-config")
-    assert conf["data"]["nats-server.conf"] == NATS_CONFIG.read_text()
+    assert conf["data"] == {
+        "nats-server.conf": PER_CLUSTER_CONFIG.read_text(),
+        "nats-server-tls.conf": NATS_TLS_CONFIG.read_text(),
+    }
     users = by_name(objs, "Secret", "vmquota-nats-users")["data"]
-    wanted = set(re.findall(r"\$(VMQUOTA_NATS_[A-Z]+_PASSWORD)", NATS_CONFIG.read_text()))
+    wanted = password_vars(PER_CLUSTER_CONFIG.read_text())
     assert set(users) == wanted, "the server's Secret provides every password its config reads"
     [sts] = of_kind(objs, "StatefulSet")
     [c] = sts["spec"]["template"]["spec"]["containers"]
@@ -586,7 +601,85 @@ def test_nats_component_serves_the_tested_config_and_matching_credentials() -> N
         ref = next(e for e in cont["env"] if e["name"] == "VMQUOTA_NATS_PASSWORD")["valueFrom"]["secretKeyRef"]
         secret = next(s for s in of_kind(objs, "Secret") if s["metadata"]["name"] == ref["name"])
         assert secret["data"]["password"] == users[f"VMQUOTA_NATS_{service.upper()}_PASSWORD"], d["metadata"]["name"]
-        assert container_env(objs, cont)["VMQUOTA_NATS"] == "nats://vmquota-nats:4222"
+        assert container_env(objs, cont)["VMQUOTA_NATS"] == "tls://vmquota-nats:4222"
+    # TLS: the server runs the TLS file (which includes the users' file) with the certificate of vmquota-nats-tls
+    assert c["args"][:2] == ["-c", "/etc/nats/nats-server-tls.conf"]
+    assert "include ./nats-server.conf" in NATS_TLS_CONFIG.read_text()
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    vols = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+    assert mounts["tls"] == "/etc/nats/tls" and vols["tls"]["secret"]["secretName"] == "vmquota-nats-tls"
+    assert "/etc/nats/tls/tls.crt" in NATS_TLS_CONFIG.read_text()
+
+
+def per_cluster_user_passwords(objs: tuple[Obj, ...], cluster: str) -> dict[str, str]:
+    """A cluster part's NATS credentials: user → password (base64, as in the Secrets)."""
+    found = {}
+    for name in ("vmquota-nats-watcher", "vmquota-nats-enforcer"):
+        data = by_name(objs, "Secret", name)["data"]
+        found[base64.b64decode(data["user"]).decode()] = data["password"]
+    assert set(found) == {f"watcher-{cluster}", f"enforcer-{cluster}"}
+    return found
+
+
+def test_two_clusters_use_per_cluster_nats_users_over_tls() -> None:
+    """Each cluster's watcher and enforcer connect as that cluster's own NATS users (confined to its subjects by
+    the central server's configuration; tests/integration/test_nats_permissions.py), with TLS, and the central
+    server knows exactly those users and their (placeholder) passwords."""
+    central = render(TWO_CLUSTERS / "central")
+    server_users = by_name(central, "Secret", "vmquota-nats-users")["data"]
+    conf = PER_CLUSTER_CONFIG.read_text()
+    conf_users = set(re.findall(r"^\s*user:\s*(\S+)", conf, re.MULTILINE))
+    for cluster in ("cluster-a", "cluster-b"):
+        objs = render(TWO_CLUSTERS / cluster)
+        for user, password in per_cluster_user_passwords(objs, cluster).items():
+            assert user in conf_users
+            assert server_users[f"VMQUOTA_NATS_{user.upper().replace('-', '_')}_PASSWORD"] == password, user
+            assert f'"vmquota.{"ev" if user.startswith("watcher") else "quota"}.{cluster}.>"' in conf
+        for _, _, c in vmquota_deployments(objs):
+            env = container_env(objs, c)
+            assert (env["VMQUOTA_NATS"] or "").startswith("tls://") and env["VMQUOTA_NATS_CA"]
+            mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+            assert os.path.dirname(env["VMQUOTA_NATS_CA"] or "") in mounts
+    assert "watcher" not in conf_users and "enforcer" not in conf_users, "no user may publish for every cluster"
+
+
+# ---- tests: network policies and the monitoring port ------------------------------------------------------------
+
+
+def ingress_policies(objs: tuple[Obj, ...], labels: dict[str, str]) -> list[Obj]:
+    """The NetworkPolicies whose pod selector selects pods with ``labels``."""
+    return [
+        n
+        for n in of_kind(objs, "NetworkPolicy")
+        if n["spec"]["podSelector"].get("matchLabels", {}).items() <= labels.items()
+        and "Ingress" in n["spec"]["policyTypes"]
+    ]
+
+
+@pytest.mark.parametrize("path", OVERLAYS, ids=rel)
+def test_network_policies_admit_only_vmquota_to_nats_and_prometheus_to_metrics(path: Path) -> None:
+    objs = render(path)
+    for d, _, c in vmquota_deployments(objs):
+        labels = d["spec"]["template"]["metadata"]["labels"]
+        [policy] = ingress_policies(objs, labels)
+        [rule] = policy["spec"]["ingress"]
+        assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+        assert rule["from"] == [{"namespaceSelector": {"matchLabels": dict([SCRAPER_LABEL])}}], "only Prometheus"
+        assert "http" in {p["name"] for p in c["ports"]}
+    for sts in of_kind(objs, "StatefulSet"):
+        labels = sts["spec"]["template"]["metadata"]["labels"]
+        policies = ingress_policies(objs, labels)
+        assert policies
+        for policy in policies:
+            for rule in policy["spec"]["ingress"]:
+                assert rule["ports"] == [{"port": "client", "protocol": "TCP"}], "4222 only, never the monitor port"
+                for peer in rule["from"]:
+                    assert peer in ({"podSelector": {"matchLabels": {"app.kubernetes.io/name": "vmquota"}}},) or (
+                        "ipBlock" in peer and path.name == "central"
+                    ), peer
+    for svc in of_kind(objs, "Service"):
+        ports = {p.get("name") for p in svc["spec"]["ports"]} | {p["port"] for p in svc["spec"]["ports"]}
+        assert "monitor" not in ports and 8222 not in ports, f"{svc['metadata']['name']}: monitoring on a Service"
 
 
 def test_two_clusters_share_one_ledger_and_one_nats() -> None:
@@ -660,8 +753,9 @@ def test_single_cluster_with_the_nats_component_uncommented(tmp_path: Path) -> N
     objs = render(copy / "overlays" / "single-cluster")
     assert len(of_kind(objs, "StatefulSet")) == 1
     users = by_name(objs, "Secret", "vmquota-nats-users")["data"]
+    assert by_name(objs, "ConfigMap", "vmquota-nats-config")["data"]["nats-server.conf"] == NATS_CONFIG.read_text()
     for d, service, c in vmquota_deployments(objs):
-        assert container_env(objs, c)["VMQUOTA_NATS"] == "nats://vmquota-nats:4222"
+        assert container_env(objs, c)["VMQUOTA_NATS"] == "tls://vmquota-nats:4222"
         ref = next(e for e in c["env"] if e["name"] == "VMQUOTA_NATS_PASSWORD")["valueFrom"]["secretKeyRef"]
         secret = next(s for s in of_kind(objs, "Secret") if s["metadata"]["name"] == ref["name"])
         assert secret["data"]["password"] == users[f"VMQUOTA_NATS_{service.upper()}_PASSWORD"], d["metadata"]["name"]

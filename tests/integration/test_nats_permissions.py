@@ -544,3 +544,139 @@ async def test_a_durable_replay_rewrote_is_repaired(server: SecuredServer, conne
         await ledger.close()
     assert seen == ["u0", "u1", "u2", "u9"]
     assert c.repairs == 1 and "filter_subjects" in c.last_differences
+
+
+# ---- the two-cluster layout: per-cluster users ----------------------------------------------------------------------
+
+PER_CLUSTER = ROOT / "deploy" / "overlays" / "two-clusters" / "central" / "nats-per-cluster" / "nats-server.conf"
+PER_CLUSTER_USERS = (
+    "watcher-cluster-a",
+    "enforcer-cluster-a",
+    "watcher-cluster-b",
+    "enforcer-cluster-b",
+    "ledger",
+    "subscriber",
+    "replay",
+)
+
+
+def user_blocks(text: str) -> dict[str, str]:
+    """Each user's block of a configuration file, by user name."""
+    parts = re.split(r"\n    # ", text[text.index("authorization {") :])
+    return {re.search(r"user:\s*(\S+)", p)[1]: p for p in parts if re.search(r"user:\s*(\S+)", p)}  # type: ignore[index]
+
+
+def test_the_per_cluster_file_is_the_components_with_per_cluster_users() -> None:
+    shared, per_cluster = CONFIG.read_text(), PER_CLUSTER.read_text()
+    assert (
+        shared[shared.index("port: 4222") : shared.index("authorization {")]
+        == per_cluster[per_cluster.index("port: 4222") : per_cluster.index("authorization {")]
+    )
+    ours, theirs = user_blocks(shared), user_blocks(per_cluster)
+    assert set(theirs) == set(PER_CLUSTER_USERS)
+    for user in ("ledger", "subscriber", "replay"):
+        assert theirs[user] == ours[user], user
+
+
+@pytest.fixture
+async def per_cluster(tmp_path: Path) -> AsyncIterator[Connect]:
+    """nats-server with the two-cluster layout's users."""
+    passwords = {user: secrets.token_hex(16) for user in PER_CLUSTER_USERS}
+    env = {f"VMQUOTA_NATS_{u.upper().replace('-', '_')}_PASSWORD": pw for u, pw in passwords.items()}
+    server = NatsServer(tmp_path, config_file=PER_CLUSTER, env=env)
+    try:
+        server.start()
+    except RuntimeError as e:
+        pytest.fail(str(e))
+    opened: list[Client] = []
+
+    async def _connect(user: str, password: str | None = None) -> Conn:
+        errors: list[str] = []
+        arrived = asyncio.Event()
+
+        async def on_error(e: Exception) -> None:
+            errors.append(str(e))
+            arrived.set()
+
+        nc = await nats.connect(server.url, user=user, password=passwords[user], error_cb=on_error, connect_timeout=5)
+        opened.append(nc)
+        return Conn(nc, nc.jetstream(timeout=5), errors, arrived)
+
+    try:
+        yield _connect
+    finally:
+        for nc in opened:
+            if not nc.is_closed:
+                await nc.close()
+        server.stop()
+
+
+def cluster_event(cluster: str, uid: str, kind: str = "ResourceQuota") -> tuple[str, bytes]:
+    ev = bus.object_event(
+        "upserted",
+        cluster=cluster,
+        kind="VirtualMachineInstance",
+        namespace="tenant-a",
+        name=uid,
+        uid=uid,
+        rv="1",
+        snapshot=VmiSnapshot(uid=uid, namespace="tenant-a", name=uid, resource_version="1"),
+    )
+    return bus.event_subject(cluster, kind, "tenant-a"), bus.encode(ev)
+
+
+async def test_a_clusters_watcher_publishes_only_its_clusters_events(per_cluster: Connect) -> None:
+    wa = await per_cluster("watcher-cluster-a")
+    await wa.js.add_stream(stream_config(bus.EVENTS_STREAM))
+    subject, data = cluster_event("cluster-a", "u1")
+    assert (await wa.js.publish(subject, data)).stream == bus.EVENTS_STREAM
+    wa.clean()
+    subject, data = cluster_event("cluster-b", "u2")
+    await wa.nc.publish(subject, data)
+    await wa.denied("publish", subject)
+    await wa.nc.publish("vmquota.ev.cluster-b.>", b"")  # (a wildcard is no subject to publish to either)
+    assert (await wa.js.stream_info(bus.EVENTS_STREAM)).state.messages == 1
+
+    wb = await per_cluster("watcher-cluster-b")
+    assert (await wb.js.publish(subject, data)).stream == bus.EVENTS_STREAM
+    await wb.nc.publish(bus.event_subject("cluster-a", "Pod", "tenant-a"), b"{}")
+    await wb.denied("publish", "vmquota.ev.cluster-a.tenant-a.pod")
+
+
+async def test_a_clusters_enforcer_reads_and_decides_only_for_its_cluster(per_cluster: Connect) -> None:
+    wa, wb = await per_cluster("watcher-cluster-a"), await per_cluster("watcher-cluster-b")
+    await wa.js.add_stream(stream_config(bus.EVENTS_STREAM))
+    for w, cluster in ((wa, "cluster-a"), (wb, "cluster-b")):
+        subject, data = cluster_event(cluster, f"q-{cluster}")
+        await w.js.publish(subject, data)
+    led = await per_cluster("ledger")
+    await led.js.add_stream(stream_config(bus.USAGE_STREAM))
+    for cluster in ("cluster-a", "cluster-b"):
+        await led.js.publish(bus.usage_subject(cluster, "tenant-a"), cluster.encode())
+
+    ea = await per_cluster("enforcer-cluster-a")
+    await ea.js.add_stream(stream_config(bus.DECISIONS_STREAM))
+    # the enforcer's own consumers, as services/enforcer/service.py names and filters them
+    b = Bus(ea.nc)
+    for kind, stream, filter_ in (
+        ("quotas", bus.EVENTS_STREAM, "vmquota.ev.cluster-a.*.resourcequota"),
+        ("usage", bus.USAGE_STREAM, "vmquota.usage.cluster-a.>"),
+    ):
+        c = PullConsumer(b, stream=stream, durable=f"enforcer-cluster-a-{kind}", filter_subjects=[filter_])
+        async with asyncio.timeout(10):
+            async for batch in c.batches():
+                if batch:
+                    assert len(batch) == 1
+                    break
+        await c.close()
+    assert (await ea.js.publish(bus.decision_subject("cluster-a", "tenant-a"), b"{}")).stream == bus.DECISIONS_STREAM
+    ea.clean()
+
+    await ea.nc.publish(bus.decision_subject("cluster-b", "tenant-a"), b"{}")
+    await ea.denied("publish", "vmquota.quota.cluster-b.tenant-a")
+    other = "$JS.API.CONSUMER.CREATE.VMQUOTA_USAGE.enforcer-cluster-a-usage.vmquota.usage.cluster-b.>"
+    await refused_request(ea, other, b"{}")  # its durable, on another cluster's usage
+    await refused_request(ea, "$JS.API.CONSUMER.CREATE.VMQUOTA_USAGE.enforcer-cluster-b-usage.vmquota.usage.>", b"{}")
+    await refused_request(ea, f"$JS.API.CONSUMER.DELETE.{bus.EVENTS_STREAM}.enforcer-cluster-b-quotas")
+    await refused_request(ea, f"$JS.API.CONSUMER.DELETE.{bus.EVENTS_STREAM}.{LEDGER_DURABLE}")
+    await refused_request(ea, f"$JS.API.CONSUMER.CREATE.{bus.EVENTS_STREAM}", b"{}")

@@ -56,5 +56,3 @@ def test_consumer_check_and_ca(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     )
     with pytest.raises(InvalidInput, match="positive"):
         config("--nats-consumer-check", "0")
-    with pytest.raises(InvalidInput, match="not a file"):
-        config("--nats-ca", str(tmp_path / "missing.crt"))

@@ -38,7 +38,16 @@ from fnmatch import fnmatchcase
 from typing import Any, Final
 
 from shared.accounting import policy_of
-from shared.bus import Decision, MigrationState, QuotaTerms, UsageSnapshot, check_namespace, now_rfc3339, source
+from shared.bus import (
+    Decision,
+    MigrationState,
+    QuotaTerms,
+    UsageSnapshot,
+    VmState,
+    check_namespace,
+    now_rfc3339,
+    source,
+)
 from shared.errors import InvalidInput
 from shared.modes import (
     BUDGET_ANNOTATION,
@@ -78,6 +87,7 @@ __all__ = [
     "patch_body",
     "plan",
     "resolve_budget",
+    "vm_refused_event",
 ]
 
 LAST_HARD_ANNOTATION: Final = "vmquota.io/last-hard"
@@ -98,7 +108,7 @@ BUDGET_CHANGED: Final = "BudgetChanged"
 RELEASED: Final = "QuotaReleased"
 REFUSED: Final = "QuotaRefused"
 VM_QUOTA_EXCEEDED: Final = "VMQuotaExceeded"
-"""On a VMI: what it asked for (a hotplug) does not fit the budget."""
+"""On a VMI: what it asks for (the VM, or a hotplug) does not fit the budget."""
 
 NORMAL: Final = "Normal"
 WARNING: Final = "Warning"
@@ -585,6 +595,17 @@ def hotplug_refused_event(namespace: str, migration: MigrationState, *, identity
     involved = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "namespace": namespace}
     involved["name"] = migration.vmi
     message = f"migration {migration.name}: {migration.reason}"
+    return _event(involved, VM_QUOTA_EXCEEDED, WARNING, message, action="Refuse", identity=identity, now=now)
+
+
+def vm_refused_event(namespace: str, vm: VmState, *, identity: str, now: datetime) -> dict[str, Any]:
+    """The Warning Event that tells a tenant, on its VMI, why the VM does not start: it does not fit the budget
+    (the ledger's reason names the quota, the resource, what it needs and what is left)."""
+    involved = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "namespace": namespace}
+    involved["name"] = vm.name
+    if vm.uid:
+        involved["uid"] = vm.uid
+    message = f"VM {vm.name} is not admitted: {vm.reason.removeprefix('pending, ')}"
     return _event(involved, VM_QUOTA_EXCEEDED, WARNING, message, action="Refuse", identity=identity, now=now)
 
 

@@ -186,8 +186,9 @@ class Enforcer:
         self._reports: asyncio.Queue[tuple[Plan, str]] = asyncio.Queue(REPORT_QUEUE)
         self._nudged: dict[tuple[str, str], tuple[int, float]] = {}
         """(namespace, VMI uid) → the usage snapshot (its stream sequence) and the time of the last nudge."""
-        self._told: dict[tuple[str, str], None] = {}
-        """(namespace, migration uid) of hotplugs refused and told on their VMI (once each)."""
+        self._told: dict[tuple[str, ...], None] = {}
+        """(namespace, migration uid) of hotplugs refused, and (namespace, VMI uid, reason) of VMs refused, told on
+        their VMI (once each)."""
         self._side_tasks: set[asyncio.Task[None]] = set()
         """Nudges and VMI Events under way (off the reconcile path)."""
         self._carried: dict[Key, frozenset[guard.Holder]] = {}
@@ -574,6 +575,13 @@ class Enforcer:
                 body = enforcement.hotplug_refused_event(namespace, m, identity=self.opts.identity, now=self._now())
                 self._spawn(self._tell(namespace, body), f"tell-{namespace}-{m.name}")
         for v in u.vms:
+            if v.state == "refused" and v.uid and (namespace, v.uid, v.reason) not in self._told:
+                # once per cause: the same refusal in the next snapshots tells nothing new
+                self._told[(namespace, v.uid, v.reason)] = None
+                if len(self._told) > NUDGED_MAX:
+                    del self._told[next(iter(self._told))]
+                body = enforcement.vm_refused_event(namespace, v, identity=self.opts.identity, now=self._now())
+                self._spawn(self._tell(namespace, body), f"tell-{namespace}-{v.name}")
             if v.state != "admitted" or not v.pod_refused or not v.uid:
                 continue
             last = self._nudged.get((namespace, v.uid))

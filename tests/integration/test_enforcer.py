@@ -771,3 +771,42 @@ async def test_progress_and_quota_terms_are_exported(
         memory = {**quota, "resource": "limits.memory"}
         assert r.get_sample_value("vmquota_quota_budget", memory) == 64 * 2**30
         assert r.get_sample_value("vmquota_quota_hard", memory) == 80 * 2**30
+
+
+async def test_a_refused_vm_is_told_on_its_vmi_once_per_cause(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """The ledger refuses a VM: a Warning ``VMQuotaExceeded`` Event on its VMI says why, once per cause (not once
+    per usage snapshot), and again when the cause changes."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    why = "pending, does not fit: quota compute: limits.memory needs 16Gi but 0 is left"
+    refused = [contract.VmState(name="vm9", uid="u9", state="refused", reason=why)]
+    async with enforcer(bus, api) as (e, _):
+        await publish_usage(bus, 5, terms("64Gi", "64Gi"), vms=refused)
+        await sim.wait_for(lambda: e.reported >= 1, within=10, what="adoption reported")
+
+        async def events(n: int) -> list[Obj]:
+            found: list[Obj] = []
+
+            async def check() -> bool:
+                found[:] = await sim.events(NS, "vm9", reason="VMQuotaExceeded")
+                return len(found) >= n
+
+            await sim.wait_for(check, within=10, what=f"{n} VMQuotaExceeded Event(s)")
+            return found
+
+        first = await events(1)
+        assert first[0]["type"] == "Warning" and first[0]["involvedObject"]["kind"] == "VirtualMachineInstance"
+        assert (
+            first[0]["message"]
+            == "VM vm9 is not admitted: does not fit: quota compute: limits.memory needs 16Gi but 0 is left"
+        )
+        assert first[0]["source"]["component"] == "vmquota-enforcer"
+        await publish_usage(bus, 6, terms("64Gi", "64Gi"), vms=refused)
+        await sim.wait_for(lambda: e._usage_at.get(NS, 0) >= 2 and e.idle(), within=10, what="the repeat applied")
+        assert len(await sim.events(NS, "vm9", reason="VMQuotaExceeded")) == 1, "the same cause is told once"
+        moved = [
+            contract.VmState(name="vm9", uid="u9", state="refused", reason=why.replace("0 is left", "8Gi is left"))
+        ]
+        await publish_usage(bus, 7, terms("64Gi", "64Gi"), vms=moved)
+        assert len(await events(2)) == 2

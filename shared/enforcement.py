@@ -185,6 +185,10 @@ def resolve_budget(q: QuotaSnapshot) -> Budget:
     except InvalidInput:
         last, note = None, f"annotation {LAST_HARD_ANNOTATION} was unreadable and is rewritten"
     if last is not None and not same(q.spec_hard, last):
+        if budget is not None and same(q.spec_hard, budget):
+            # The budget written again as spec.hard (a GitOps tool re-applying the unchanged manifest): the budget
+            # did not change, so no BudgetChanged; the enforced hard is simply written back.
+            return Budget(budget, adopting=False, note="spec.hard was set to the budget again and is enforced again")
         return Budget(dict(q.spec_hard), adopting=budget is None, foreign=True, previous=budget)
     if budget is not None:
         return Budget(budget, adopting=False, note=note)

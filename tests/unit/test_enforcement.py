@@ -559,3 +559,16 @@ def test_the_usage_annotation_rides_on_hard_writes_only() -> None:
     after["metadata"]["labels"] = {}
     released = enf.plan(snap(after), None, managed=True)
     assert released.annotations[enf.USAGE_ANNOTATION] is None
+
+
+def test_re_applying_the_unchanged_manifest_is_no_budget_change() -> None:
+    """GitOps re-applies the quota as written (``spec.hard`` = the budget) while vmquota holds ``hard`` raised for a
+    migration: the budget did not change, so no Warning ``BudgetChanged`` whose "was" equals the new value; the
+    enforced ``hard`` is written back."""
+    raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "80Gi"})
+    raw["spec"]["hard"] = {"limits.memory": "64Gi"}
+    t = terms({"limits.memory": "64Gi"}, {"limits.memory": "80Gi"}, reserved={"limits.memory": "16Gi"})
+    p = enf.plan(snap(raw), usage({"compute": t}, MIGRATING))
+    assert p.event_reason != enf.BUDGET_CHANGED and p.event_type == "Normal"
+    assert p.hard_after == {"limits.memory": Quantity.parse("80Gi")}
+    assert "set to the budget again" in p.reason and BUDGET_ANNOTATION not in p.annotations

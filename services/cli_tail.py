@@ -41,7 +41,10 @@ def line(what: str, data: bytes) -> str:
         return f"{d.time} {d.cluster} {d.namespace}/{d.quota} ({d.mode}){dry}: {d.reason}"
     if what == "usage":
         u = contract.decode_usage(data)
-        parts = [f"{r.name} {r.mode} used {_used(r)}; {r.status}" for r in report.quota_rows([u])]
+        parts = [
+            f"{r.name} {r.mode} used {report.used_of_budget(r.used, r.budget) or '-'}; {r.status}"
+            for r in report.quota_rows([u])
+        ]
         return f"{u.time} {u.cluster} {u.namespace}: " + (" | ".join(parts) or "no managed quota")
     ev = contract.decode_event(data)
     if isinstance(ev, contract.Sync):
@@ -50,11 +53,6 @@ def line(what: str, data: bytes) -> str:
     verb = "upserted" if isinstance(ev, contract.Upserted) else "deleted"
     where = f"{ev.namespace}/{ev.name}" if ev.namespace else ev.name
     return f"{ev.time} {ev.cluster} {verb} {ev.kind} {where} rv {ev.resource_version}"
-
-
-def _used(r: report.QuotaRow) -> str:
-    used, budget = report.readable_list(r.used), report.readable_list(r.budget)
-    return ", ".join(f"{k} {used.get(k, '0')}/{v}" for k, v in budget.items()) or "-"
 
 
 def show(what: str, m: Msg, output: str) -> str:

@@ -60,8 +60,8 @@ from shared.modes import (
     parse_mode,
 )
 from shared.quantity import ZERO, Quantity
+from shared.report import names_list, nonzero, readable_list, used_of_budget
 from shared.report import readable as human_quantity
-from shared.report import readable_list
 from shared.resources import ResourceList, format_resource_list, parse_resource_list
 from shared.snapshot import QuotaSnapshot
 
@@ -482,28 +482,23 @@ def _release(q: QuotaSnapshot, seq: int, *, managed: bool) -> Plan:
 def usage_summary(terms: QuotaTerms, usage: UsageSnapshot | None) -> str:
     """``used limits.memory 49Gi/64Gi; reserved limits.memory 16.3Gi; raised for vm1-migration-x`` (readable
     quantities, budget order)."""
-    used, budget = readable_list(terms.used), readable_list(terms.budget)
-    parts = ["used " + (", ".join(f"{r} {used.get(r, '0')}/{v}" for r, v in budget.items()) or "nothing")]
+    parts = ["used " + (used_of_budget(terms.used, terms.budget) or "nothing")]
     reserved = {r: v for r, v in readable_list(terms.reserved).items() if v != "0"}
     if reserved:
         parts.append("reserved " + ", ".join(f"{r} {v}" for r, v in reserved.items()))
-    raised = sorted(m.name for m in (usage.migrations if usage is not None else ()) if _reserving(m))
+    raised = sorted(m.name for m in (usage.migrations if usage is not None else ()) if nonzero(m.reserved))
     if raised and reserved:
-        parts.append("raised for " + ", ".join(raised))
+        parts.append("raised for " + names_list(raised))
     if terms.over_budget:
         parts.append("over budget: " + ", ".join(terms.over_budget))
     return "; ".join(parts)
-
-
-def _reserving(m: MigrationState) -> bool:
-    return any(v not in ("", "0") for v in m.reserved.values())
 
 
 # ---- the reason line ---------------------------------------------------------------------------------------------
 
 
 def _vmis(migrations: Sequence[MigrationState], *, reserving: bool) -> list[str]:
-    return sorted({m.vmi for m in migrations if not reserving or any(v not in ("", "0") for v in m.reserved.values())})
+    return sorted({m.vmi for m in migrations if not reserving or nonzero(m.reserved)})
 
 
 def _names(names: Sequence[str]) -> str:

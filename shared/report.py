@@ -99,8 +99,16 @@ class QuotaRow:
         }
 
 
-def _nonzero(rl: Mapping[str, str]) -> bool:
+def nonzero(rl: Mapping[str, str]) -> bool:
+    """A wire resource list that holds something (a migration that reserves, a quota with reservations)."""
     return any(v not in ("", "0") for v in rl.values())
+
+
+def names_list(names: Sequence[str], most: int = 5) -> str:
+    """``a, b, c`` — at most ``most`` names, then ``and N more``: names come from tenants' objects, and a line
+    that lists them must stay short whatever a tenant creates."""
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def quota_rows(usage: Iterable[UsageSnapshot], decisions: Iterable[Decision] = ()) -> list[QuotaRow]:
@@ -117,7 +125,7 @@ def quota_rows(usage: Iterable[UsageSnapshot], decisions: Iterable[Decision] = (
         for v in u.vms:
             if v.state in vms:
                 vms[v.state] += 1
-        raised = sorted({m.name for m in u.migrations if _nonzero(m.reserved)})
+        raised = sorted({m.name for m in u.migrations if nonzero(m.reserved)})
         for name, t in sorted(u.quotas.items()):
             d = written.get((u.cluster, u.namespace, name))
             hard = dict(d.hard_after) if d is not None else dict(t.hard)
@@ -132,9 +140,9 @@ def quota_rows(usage: Iterable[UsageSnapshot], decisions: Iterable[Decision] = (
                     pods=dict(t.pods),
                     reserved=dict(t.reserved),
                     hard=hard,
-                    raised_for=raised if _nonzero(t.reserved) else [],
+                    raised_for=raised if nonzero(t.reserved) else [],
                     vms=dict(vms),
-                    status=_status(u, t.over_budget, raised if _nonzero(t.reserved) else [], vms),
+                    status=_status(u, t.over_budget, raised if nonzero(t.reserved) else [], vms),
                     time=u.time,
                 )
             )
@@ -149,7 +157,7 @@ def _status(u: UsageSnapshot, over: Sequence[str], raised: Sequence[str], vms: M
     if over:
         parts.append(f"over budget: {', '.join(over)}")
     if raised:
-        parts.append(f"raised for {', '.join(raised)}")
+        parts.append(f"raised for {names_list(raised)}")
     if vms.get("refused"):
         parts.append(f"{vms['refused']} VM(s) refused")
     if vms.get("admitted"):
@@ -161,7 +169,8 @@ def status_json(rows: Sequence[QuotaRow], **extra: Any) -> dict[str, Any]:
     return {**extra, "quotas": [r.to_json() for r in rows]}
 
 
-def _cell(used: Mapping[str, str], budget: Mapping[str, str]) -> str:
+def used_of_budget(used: Mapping[str, str], budget: Mapping[str, str]) -> str:
+    """``limits.memory 49Gi/64Gi, requests.cpu 4/8``: readable, in budget order."""
     u, b = readable_list(used), readable_list(budget)
     return ", ".join(f"{r} {u.get(r, '0')}/{b[r]}" for r in b) or "-"
 
@@ -177,7 +186,7 @@ def status_table(rows: Sequence[QuotaRow], *, wide: bool = False) -> str:
     head += ["VMS", "STATUS"]
     table = [head]
     for r in rows:
-        line = [r.cluster, r.namespace, r.name, r.mode, _cell(r.used, r.budget)]
+        line = [r.cluster, r.namespace, r.name, r.mode, used_of_budget(r.used, r.budget)]
         if wide:
             line += [_items(r.pods), _items(r.reserved), _items(r.hard)]
         line += [f"{r.vms.get('running', 0)}/{r.vms.get('admitted', 0)}/{r.vms.get('refused', 0)}", r.status]

@@ -572,3 +572,19 @@ def test_re_applying_the_unchanged_manifest_is_no_budget_change() -> None:
     assert p.event_reason != enf.BUDGET_CHANGED and p.event_type == "Normal"
     assert p.hard_after == {"limits.memory": Quantity.parse("80Gi")}
     assert "set to the budget again" in p.reason and BUDGET_ANNOTATION not in p.annotations
+
+
+def test_a_tenants_many_long_migration_names_do_not_grow_the_usage_annotation() -> None:
+    """Migration names are the tenant's: 40 pending migrations with 200-character names keep ``vmquota.io/usage``
+    short (five names, then a count), so a tenant cannot grow the quota object with them."""
+    raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "64Gi"})
+    many = [
+        bus.MigrationState(
+            name=f"m{i:02d}-" + "x" * 196, vmi=f"vm{i}", state="pending", reserved={"limits.memory": "1Gi"}
+        )
+        for i in range(40)
+    ]
+    t = terms({"limits.memory": "64Gi"}, {"limits.memory": "104Gi"}, reserved={"limits.memory": "40Gi"})
+    p = enf.plan(snap(raw), usage({"compute": t}, many))
+    line = p.annotations[enf.USAGE_ANNOTATION] or ""
+    assert line.endswith("and 35 more") and len(line) < 1200, len(line)

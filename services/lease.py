@@ -189,20 +189,36 @@ class Elector:
 
     # ---- release -----------------------------------------------------------------------------------------------
     async def release(self) -> None:
-        """Give the Lease up (a graceful stop of the leader): no holder, a duration of one second."""
-        lease, self._lease = self._lease, None
-        if lease is None:
+        """Give the Lease up (a graceful stop of the leader): no holder, a duration of one second. As client-go
+        does, the record is read first and released only while it still names this candidate: a renewal cancelled
+        in flight may have reached the server, so the copy held from the last renewal can be stale."""
+        if self._lease is None:
             return
-        spec = dict(lease.get("spec") or {})
-        now = _micro_time(datetime.now(UTC))
-        spec.update(holderIdentity=None, leaseDurationSeconds=1, renewTime=now, acquireTime=now)
-        body = {**lease, "spec": spec}
-        try:
-            await call_object(self.coordination.replace_namespaced_lease, self.name, self.namespace, body)
-            self.log.info("lease released")
-        except KubeError as e:
-            self.log.warning("lease not released; a standby takes over once it expires", error=str(e))
+        self._lease = None
         self.leading = False
+        for _ in range(3):
+            try:
+                lease = await call_object(self.coordination.read_namespaced_lease, self.name, self.namespace)
+            except KubeError as e:
+                self.log.warning("lease not released; a standby takes over once it expires", error=str(e))
+                return
+            spec = dict(lease.get("spec") or {})
+            if spec.get("holderIdentity") != self.identity:
+                return  # already someone else's (or free)
+            now = _micro_time(datetime.now(UTC))
+            spec.update(holderIdentity=None, leaseDurationSeconds=1, renewTime=now, acquireTime=now)
+            try:
+                await call_object(
+                    self.coordination.replace_namespaced_lease, self.name, self.namespace, {**lease, "spec": spec}
+                )
+            except KubeError as e:
+                if e.conflict:
+                    continue  # written meanwhile: read again
+                self.log.warning("lease not released; a standby takes over once it expires", error=str(e))
+                return
+            self.log.info("lease released")
+            return
+        self.log.warning("lease not released (it kept changing); a standby takes over once it expires")
 
     # ---- the loops ---------------------------------------------------------------------------------------------
     async def acquire(self) -> None:

@@ -597,6 +597,37 @@ async def test_leader_election_runs_one_replica_at_a_time_and_hands_over(sim_api
             await asyncio.wait_for(task, 10)
 
 
+async def test_a_renewal_the_leader_never_saw_answered_does_not_keep_the_lease_from_release(sim_api: Any) -> None:
+    """A renewal cancelled in flight can still reach the API server, so the copy of the Lease the leader holds is
+    then one version behind. The release on a graceful stop reads the Lease again and still frees it: the standby
+    does not wait ``lease_duration`` for a Lease nobody works under."""
+    import argparse
+
+    from services.lease import LeaseTiming
+    from services.runner import Health, Metrics, Runtime, add_arguments, config_from_args, leader_elected, lease_name
+
+    store = sim_api.store
+    await store.create(store.resource("namespaces"), {"metadata": {"name": "vmquota-system"}})
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["enforcer", "--cluster", CLUSTER, "--kubeconfig", str(sim_api.kubeconfig)])
+    rt = Runtime(name="enforcer", config=config_from_args(args), metrics=Metrics(), health=Health())
+    leases = store.resource("leases")
+    name = lease_name("enforcer", CLUSTER)
+
+    async def work() -> None:
+        lease = await store.get(leases, "vmquota-system", name)
+        lease["spec"]["renewTime"] = "2026-01-01T00:00:00.000000Z"  # (the renewal whose answer was lost)
+        await store.update(leases, lease)
+        rt.stop.set()
+
+    timing = LeaseTiming(lease_duration=10, renew_deadline=8, retry_period=5)
+    await asyncio.wait_for(leader_elected(rt, work, timing), 20)
+    lease = await store.get(leases, "vmquota-system", name)
+    assert not lease["spec"].get("holderIdentity"), lease["spec"]
+    assert lease["spec"]["leaseDurationSeconds"] == 1
+
+
 async def test_a_failing_leader_fails_its_service(sim_api: Any) -> None:
     """Work that fails while leading ends the service with that error (the process restarts), rather than the
     replica holding the lease without working."""

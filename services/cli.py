@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 # sub-command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "up": ("services.cli_up", "run nats-server, a simulated KubeVirt cluster and the services here, until Ctrl-C"),
     "render": ("services.cli_render", "render the launcher pods KubeVirt would create for VMIs/VMs"),
     "usage": ("services.cli_usage", "compute per-namespace usage of VMIs, migrations and pods in a mode"),
     "simulate": ("services.cli_simulate", "run a simulated KubeVirt cluster until interrupted"),

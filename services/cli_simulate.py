@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--speed", type=float, default=1.0, help="multiply every controller delay by this (0.1: ten times faster)"
     )
     parser.add_argument("--seed-file", metavar="PATH", action="append", default=[], help="YAML objects to preload")
+    parser.add_argument(
+        "--example", action="store_true", help="preload the example tenant of vmquota up --example (tenant-a)"
+    )
     parser.add_argument("--kubevirt-version", default=DEFAULT_KUBEVIRT_VERSION, help="status.observedKubeVirtVersion")
     parser.add_argument("--cpu-allocation-ratio", type=float, help="developerConfiguration.cpuAllocationRatio")
     parser.add_argument("--memory-overcommit", type=int, help="developerConfiguration.memoryOvercommit (percent)")
@@ -82,6 +85,10 @@ def _options(args: argparse.Namespace) -> dict[str, object]:
 async def _serve(args: argparse.Namespace) -> int:
     options = _options(args)
     seeds = [doc for path in args.seed_file for doc in load_seed_file(path)]
+    if args.example:
+        from services.demo.example import example_documents
+
+        seeds = example_documents() + seeds
     sim = SimCluster(**options)  # type: ignore[arg-type]
     try:
         await sim.start()

@@ -45,8 +45,14 @@ class NatsServer:
     fault tests); ``kill()`` is SIGKILL (no clean shutdown)."""
 
     def __init__(
-        self, workdir: Path | None = None, *, config_file: Path | None = None, env: Mapping[str, str] | None = None
+        self,
+        workdir: Path | None = None,
+        *,
+        config_file: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        port: int | None = None,
     ) -> None:
+        """``port``: listen there (default: a port the server picks)."""
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if workdir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="vmquota-nats-")
@@ -56,7 +62,7 @@ class NatsServer:
         self.config_file = config_file
         self.env = dict(env or {})
         """Extra environment for the server (a configuration file can read passwords from it)."""
-        self.port: int | None = None
+        self.port: int | None = port
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -81,7 +87,9 @@ class NatsServer:
         cmd += ["-a", "127.0.0.1", "-p", port, "-js", "-sd", str(self.store), "--ports_file_dir", str(ports_dir)]
         with self.log_path.open("ab") as log:
             environ = {**os.environ, **self.env} if self.env else None
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=environ)
+            # its own session: a Ctrl-C in the terminal (SIGINT to the foreground process group) reaches only our
+            # process, which stops the services before the server they flush to
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=environ, start_new_session=True)
         try:
             self._await_port(self.proc, ports_dir / f"nats-server_{self.proc.pid}.ports", timeout)
         except BaseException:  # (a timeout, or Ctrl-C / SIGTERM while it starts: not left running)

@@ -149,7 +149,14 @@ async def messages(
         opts = {"deliver_policy": DeliverPolicy.BY_START_TIME, "opt_start_time": since.isoformat()}
     from nats.js.api import ConsumerConfig
 
-    sub = await js.subscribe(subject, stream=stream, ordered_consumer=True, config=ConsumerConfig(**opts))
+    try:
+        sub = await js.subscribe(subject, stream=stream, ordered_consumer=True, config=ConsumerConfig(**opts))
+    except Exception as e:  # a refused consumer create gets no answer: a timeout
+        raise BusUnavailable(
+            f"cannot read the stream {stream} ({e or type(e).__name__}): the commands read with ordered consumers, "
+            "which the NATS user must be allowed to create: use the `replay` user (--nats-user replay), not "
+            "`subscriber`"
+        ) from None
     try:
         last = info.state.last_seq
         while True:

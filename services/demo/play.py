@@ -258,8 +258,11 @@ class VmquotaStack:
         separate: bool = False,
         log_level: str = "warning",
         extra_args: Sequence[str] = (),
+        nats_port: int | None = None,
     ) -> None:
+        """``nats_port``: the embedded nats-server's port on 127.0.0.1 (default: a free one)."""
         self.sim = sim
+        self.nats_port = nats_port
         self.extra_args = tuple(extra_args)
         """More ``vmquota run`` flags for every service (e.g. ``--reservation-guard``)."""
         self.cluster = cluster
@@ -300,7 +303,7 @@ class VmquotaStack:
     async def start(self) -> None:
         from services.natsserver import NatsServer
 
-        self._nats = NatsServer().start()
+        self._nats = NatsServer(port=self.nats_port).start()
         if self.separate:
             await asyncio.gather(*(self.start_service(name) for name in SERVICE_NAMES))
             return

@@ -929,7 +929,8 @@ async def start_server(
     await site.start()
     bound = sock.getsockname()[1]
     scheme = "https" if tls else "http"
-    url = f"{scheme}://[{host}]:{bound}" if ":" in host else f"{scheme}://{host}:{bound}"
+    reach = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # a wildcard bind is reached over loopback here
+    url = f"{scheme}://[{reach}]:{bound}" if ":" in reach else f"{scheme}://{reach}:{bound}"
     return RunningServer(url=url, token=api.token, store=store, api=api, runner=runner, ca_pem=ca_pem)
 
 

@@ -91,7 +91,8 @@ def test_commands_parse_with_the_cli_and_env_is_what_the_runner_reads() -> None:
         if name in ("watcher", "enforcer"):
             bus.check_cluster(env["VMQUOTA_CLUSTER"])
             kubeconfig = env["VMQUOTA_KUBECONFIG"]
-            assert kubeconfig == vmquota_services()["simcluster"]["command"][-1], "the simulator's kubeconfig"
+            sim_args = parser.parse_args(vmquota_services()["simcluster"]["command"])
+            assert kubeconfig == sim_args.kubeconfig_out, "the simulator's kubeconfig"
             assert s["network_mode"] == "service:simcluster", "the kubeconfig says https://127.0.0.1:<port>"
         assert env["VMQUOTA_NATS"] == "nats://nats:4222"
 
@@ -241,12 +242,17 @@ def test_the_compose_stack_starts_as_local_processes(stack: Stack, tmp_path: Pat
     sim_cmd = list(services["simcluster"]["command"])
     kubeconfig = tmp_path / "state" / "kubeconfig"
     sim_cmd[sim_cmd.index("--port") + 1] = "0"
+    assert sim_cmd[sim_cmd.index("--host") + 1] == "0.0.0.0", "the published port needs a wildcard bind"
+    sim_cmd[sim_cmd.index("--host") + 1] = "127.0.0.1"
+    assert "--example" in sim_cmd, "compose starts with the example tenant, as vmquota up --example"
     sim_cmd[sim_cmd.index("--kubeconfig-out") + 1] = str(kubeconfig)
     sim = stack.start("simcluster", [*cli, *sim_cmd, "--log-level", "warning"], {})
     assert sim.stdout is not None
     line = sim.stdout.readline()  # the simulator prints one JSON line when it serves
     assert line, f"simcluster printed nothing:\n{stack.log('simcluster')}"
     assert json.loads(line)["kubeconfig"] == str(kubeconfig) and kubeconfig.stat().st_size > 0
+    kc = yaml.safe_load(kubeconfig.read_text())
+    assert kc["clusters"][0]["cluster"]["server"].startswith("https://127.0.0.1:")
 
     if "watcher" in missing:  # the events stream is the watcher's (STREAM_OWNERS); stand in for it until it lands
         asyncio.run(create_streams(url, "watcher", nats_env["VMQUOTA_NATS_WATCHER_PASSWORD"]))
@@ -292,6 +298,19 @@ def test_the_compose_stack_starts_as_local_processes(stack: Stack, tmp_path: Pat
                 await nc.close()
 
         wait_for("the watcher's events", lambda: asyncio.run(demo_events()) > 0, procs, stack)
+
+    if {"watcher", "ledger", "enforcer"} <= set(started):  # the guide's `vmquota status`, as the operators' user
+
+        def example_in_status() -> bool:
+            status = subprocess.run(
+                [*cli, "status", "-o", "json", "--nats", url, "--nats-user", "replay", "--nats-password",
+                 nats_env["VMQUOTA_NATS_REPLAY_PASSWORD"]],
+                capture_output=True, text=True, timeout=30, check=False,
+            )  # fmt: skip
+            rows = json.loads(status.stdout)["quotas"] if status.returncode == 0 else []
+            return any(r["namespace"] == "tenant-a" and r["name"] == "vm-size" for r in rows)
+
+        wait_for("the example tenant in vmquota status", example_in_status, procs, stack)
     assert all(p.poll() is None for p in procs), "every process still runs"
     if missing:
         pytest.skip(f"started nats, simcluster and {', '.join(started)}; not yet in the runner: {', '.join(missing)}")

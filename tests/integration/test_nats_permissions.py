@@ -680,3 +680,36 @@ async def test_a_clusters_enforcer_reads_and_decides_only_for_its_cluster(per_cl
     await refused_request(ea, f"$JS.API.CONSUMER.DELETE.{bus.EVENTS_STREAM}.enforcer-cluster-b-quotas")
     await refused_request(ea, f"$JS.API.CONSUMER.DELETE.{bus.EVENTS_STREAM}.{LEDGER_DURABLE}")
     await refused_request(ea, f"$JS.API.CONSUMER.CREATE.{bus.EVENTS_STREAM}", b"{}")
+
+
+# ---- the operator commands under the shipped users -------------------------------------------------------------
+
+
+async def test_the_operator_commands_read_as_replay_and_say_which_user_as_subscriber(
+    connect: Connect, server: SecuredServer
+) -> None:
+    """``vmquota tail`` (and ``status``/``replay``, the same reader) reads with ordered consumers: it works as
+    ``replay``; as ``subscriber``, which may not create them, it exits 1 with one line that names the user to use,
+    not a traceback."""
+    import sys
+
+    await watcher_publishes(connect)
+
+    async def tail(user: str) -> tuple[int, str, str]:
+        proc = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "services.cli", "tail", "--events", "--no-follow", "-o", "json"),
+            *("--nats", server.url, "--nats-user", user, "--nats-password", server.passwords[user]),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(), err.decode()
+
+    code, out, err = await tail("replay")
+    assert code == 0, err
+    assert len(out.splitlines()) == 3, out
+    code, out, err = await tail("subscriber")
+    assert code == 1 and not out
+    assert len(err.strip().splitlines()) == 1, err
+    assert "use the `replay` user (--nats-user replay)" in err, err

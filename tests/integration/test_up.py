@@ -1,0 +1,155 @@
+"""``vmquota up`` as an administrator meets it: one process, then the printed kubectl lines against it (the
+installed kubectl), ``vmquota status`` on its bus, and a stop that ends everything within 5 s."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.waiting import wait_until
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed"),
+]
+
+VMQUOTA = [sys.executable, "-m", "services.cli"]
+
+
+async def _run(*argv: str, stdin: str | None = None, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+    )
+    out, err = await asyncio.wait_for(proc.communicate(stdin.encode() if stdin is not None else None), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_up_runs_the_stack_the_guide_works_and_ctrl_c_ends_it(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "vmquota.kubeconfig"
+    proc = await asyncio.create_subprocess_exec(
+        *VMQUOTA,
+        "up",
+        "--example",
+        "--nats-port",
+        "0",
+        "--kubeconfig-out",
+        str(kubeconfig),
+        "-o",
+        "json",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 90)
+        assert line, f"vmquota up printed nothing; stderr: {(await proc.stderr.read()).decode()[-2000:]}"  # type: ignore[union-attr]
+        info = json.loads(line)
+        assert Path(info["kubeconfig"]) == kubeconfig.resolve() and kubeconfig.exists()
+        env = {"KUBECONFIG": str(kubeconfig), "VMQUOTA_NATS": info["nats"]}
+
+        async def kubectl(*args: str, stdin: str | None = None) -> tuple[int, str, str]:
+            return await _run("kubectl", *args, stdin=stdin, env=env)
+
+        async def vmi_phase(name: str) -> str:
+            code, out, _ = await kubectl("-n", "tenant-a", "get", "vmi", name, "-o", "jsonpath={.status.phase}")
+            return out if code == 0 else ""
+
+        async def three_running() -> bool:
+            return [await vmi_phase(n) for n in ("vm1", "vm2", "vm3")] == ["Running"] * 3
+
+        await wait_until(three_running, within=60, what="the example's three VMs running", every=0.2)
+
+        def start(vm: str) -> list[str]:
+            return ["-n", "tenant-a", "patch", "vm", vm, "--type", "merge", "-p", '{"spec":{"runStrategy":"Always"}}']
+
+        code, _, err = await kubectl(*start("vm4"))
+        assert code == 0, err
+
+        async def vm4_running() -> bool:
+            return await vmi_phase("vm4") == "Running"
+
+        await wait_until(vm4_running, within=60, what="vm4 (fits the budget) running", every=0.2)
+        code, _, err = await kubectl(*start("vm5"))
+        assert code == 0, err
+
+        async def vm5_refused() -> Any:
+            code, out, _ = await kubectl(
+                "-n", "tenant-a", "get", "events", "--field-selector", "reason=VMQuotaExceeded", "-o", "json"
+            )
+            items = json.loads(out)["items"] if code == 0 else []
+            return [e for e in items if e["involvedObject"]["name"] == "vm5"]
+
+        await wait_until(vm5_refused, within=60, what="a VMQuotaExceeded Event on vm5", every=0.2)
+        assert await vmi_phase("vm5") != "Running"
+
+        migration = {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstanceMigration",
+            "metadata": {"name": "mig1"},
+            "spec": {"vmiName": "vm1"},
+        }
+        code, _, err = await kubectl("-n", "tenant-a", "create", "-f", "-", stdin=json.dumps(migration))
+        assert code == 0, err
+
+        async def migrated() -> bool:
+            code, out, _ = await kubectl("-n", "tenant-a", "get", "vmim", "mig1", "-o", "jsonpath={.status.phase}")
+            assert out != "Failed", "the migration failed at full quota"
+            return code == 0 and out == "Succeeded"
+
+        await wait_until(migrated, within=90, what="the migration at full quota succeeded", every=0.2)
+
+        code, out, err = await _run(*VMQUOTA, "status", "-o", "json", env=env)  # VMQUOTA_NATS from the guide
+        assert code == 0, err
+        rows = {(r["namespace"], r["name"]): r for r in json.loads(out)["quotas"]}
+        assert rows[("tenant-a", "vm-size")]["mode"] == "VirtualResources", out
+        assert rows[("tenant-a", "vm-size")]["vms"].get("refused") == 1, out
+    finally:
+        if proc.returncode is None:  # Ctrl-C in a terminal: SIGINT to the whole foreground process group
+            os.killpg(proc.pid, signal.SIGINT)
+    loop = asyncio.get_running_loop()
+    stopped_at = loop.time()
+    code = await asyncio.wait_for(proc.wait(), 30)
+    took = loop.time() - stopped_at
+    stderr = (await proc.stderr.read()).decode()  # type: ignore[union-attr]
+    assert code == 0, stderr[-2000:]
+    assert took < 5.0, f"a stop took {took:.1f}s"
+    errors = [line for line in stderr.splitlines() if '"level": "error"' in line]
+    assert not errors, f"a clean stop logs no error (the services stop before the nats-server): {errors}"
+    assert not kubeconfig.exists(), "the kubeconfig of a stopped cluster is removed"
+
+
+async def test_up_refuses_to_overwrite_a_kubeconfig_it_did_not_write(tmp_path: Path) -> None:
+    theirs = tmp_path / "config"
+    theirs.write_text("apiVersion: v1\nkind: Config\ncurrent-context: prod\nclusters: []\n")
+    code, _, err = await _run(*VMQUOTA, "up", "--nats-port", "0", "--kubeconfig-out", str(theirs))
+    assert code == 2
+    assert err.strip().count("\n") == 0 and "exists and is not a kubeconfig vmquota wrote" in err, err
+    assert theirs.read_text().startswith("apiVersion: v1\nkind: Config\ncurrent-context: prod")
+
+
+async def test_up_says_which_flag_fixes_a_busy_nats_port(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        code, _, err = await _run(*VMQUOTA, "up", "--nats-port", str(port), "--kubeconfig-out", str(tmp_path / "kc"))
+    assert code == 2
+    assert err.strip().count("\n") == 0, err
+    assert f"127.0.0.1:{port} is in use" in err and "--nats-port 0" in err, err

@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import functools
 import ssl
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple, TypeVar
@@ -52,6 +53,61 @@ log = structlog.get_logger("vmquota.bus")
 T = TypeVar("T")
 
 _CONNECT_BACKOFF: Final = Backoff(initial=0.2, maximum=5.0, jitter=0.2)
+
+
+class ConnectStopped(Exception):
+    """The service was asked to stop while it was still connecting to NATS (nothing to drain)."""
+
+
+class LogThrottle:
+    """Admit a repeating message once, then at most every ``every`` seconds with how often it came meanwhile."""
+
+    def __init__(self, every: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every = every
+        self.clock = clock
+        self._seen: dict[str, tuple[float, int]] = {}
+
+    def admit(self, key: str) -> int | None:
+        """None: do not log. 0: the first time. N: logged again, N repeats since the last line."""
+        now = self.clock()
+        last = self._seen.get(key)
+        if last is None:
+            self._seen[key] = (now, 0)
+            return 0
+        at, count = last
+        if now - at >= self.every:
+            self._seen[key] = (now, 0)
+            return count + 1
+        self._seen[key] = (at, count + 1)
+        return None
+
+    def reset(self) -> None:
+        self._seen.clear()
+
+
+async def _unless_stopped(
+    aw: Awaitable[T], stop: asyncio.Event | None, *, on_stop: Callable[[], Awaitable[Any]] | None = None
+) -> T:
+    """``await aw``, unless ``stop`` is set first: then it is cancelled (and ``on_stop`` awaited) and
+    :class:`ConnectStopped` raised."""
+    if stop is None:
+        return await aw
+    work = asyncio.ensure_future(aw)
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([work, stopper], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+    if not work.done():
+        work.cancel()
+        await asyncio.gather(work, return_exceptions=True)
+        if on_stop is not None:
+            with contextlib.suppress(Exception):
+                await on_stop()
+        raise ConnectStopped("stopped while connecting to NATS")
+    return work.result()
+
+
 """Between attempts to reach NATS at start."""
 _CALL_BACKOFF: Final = Backoff(initial=0.1, maximum=2.0, jitter=0.2)
 """Between retries of a JetStream call, and re-creations of a failing consumer."""
@@ -143,29 +199,45 @@ class Bus:
         *,
         on_reconnect: Callable[[], None] | None = None,
         connect_timeout: float = 0.0,
+        stop: asyncio.Event | None = None,
     ) -> Bus:
-        """Connect, retrying the first connection for ``connect_timeout`` seconds (0: forever, with backoff)."""
+        """Connect, retrying the first connection for ``connect_timeout`` seconds (0: forever) with backoff
+        (0.2 s doubling to 5 s), one log line per attempt. ``stop`` set meanwhile ends the attempts at once with
+        :class:`ConnectStopped`. Once connected, a lost connection is retried every 0.5 s forever (recovery within
+        a second), and the client's errors are logged once per cause, then at most every 30 s with a count."""
         holder: list[Bus] = []
+        errors = LogThrottle(30.0)
+        first: list[str] = []
 
         async def error_cb(e: Exception) -> None:
-            log.warning("nats error", error=str(e) or type(e).__name__)
+            why = str(e) or type(e).__name__
+            if not holder:
+                first.append(why)  # (the first connection: the retry loop below says why, with its backoff)
+                return
+            repeated = errors.admit(why)
+            if repeated is not None:
+                log.warning("nats error", error=why, **({"repeated": repeated} if repeated else {}))
 
         async def disconnected_cb() -> None:
-            log.warning("nats disconnected")
+            if holder:
+                log.warning("nats disconnected")
 
         async def reconnected_cb() -> None:
+            errors.reset()
             if holder:
                 holder[0]._reconnected()
             log.info("nats reconnected", url=str(nc.connected_url.geturl() if nc.connected_url else ""))
 
         async def closed_cb() -> None:
-            log.info("nats connection closed")
+            if holder:
+                log.info("nats connection closed")
 
         kwargs: dict[str, Any] = {
             "servers": [opts.url],
             "name": opts.name,
             "allow_reconnect": True,
-            "max_reconnect_attempts": -1,
+            # the first connection: two tries, then this loop's backoff; after it, forever (set below)
+            "max_reconnect_attempts": 1,
             "reconnect_time_wait": 0.5,
             "connect_timeout": 5,
             "ping_interval": 10,
@@ -188,15 +260,18 @@ class Bus:
         while True:
             nc = NATS()
             try:
-                await nc.connect(**kwargs)
+                await _unless_stopped(nc.connect(**kwargs), stop, on_stop=nc.close)
                 break
             except (TimeoutError, nats.errors.NoServersError, OSError) as e:
                 delay = _CONNECT_BACKOFF.delay(attempt)
                 if deadline is not None and loop.time() + delay > deadline:
                     raise
-                log.warning("nats not reachable, retrying", url=opts.url, error=str(e) or type(e).__name__)
-                await asyncio.sleep(delay)
+                why = first[-1] if first and isinstance(e, nats.errors.NoServersError) else str(e) or type(e).__name__
+                first.clear()
+                log.warning("nats not reachable, retrying", url=opts.url, error=why, retry_in=round(delay, 2))
+                await _unless_stopped(asyncio.sleep(delay), stop)
                 attempt += 1
+        nc.options["max_reconnect_attempts"] = -1  # (nats-py reads it on every reconnect)
         bus = cls(nc, on_reconnect)
         bus.consumer_check = opts.consumer_check
         bus.stream_sizes = opts.stream_sizes

@@ -70,10 +70,16 @@ def _documents(name: str, text: str) -> Iterator[tuple[int, object]]:
         for index, doc in enumerate(yaml.load_all(text, Loader=_Loader), 1):
             yield index, doc
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise InvalidInput(f"invalid YAML{where}: {problem}", f"{name}: document {index + 1}") from None
+        raise InvalidInput(yaml_problem(e), f"{name}: document {index + 1}") from None
+
+
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """One line for a YAML error: ``invalid YAML (line 2): expected the node content, but found '<stream end>'``
+    (PyYAML's own text spans several lines and quotes the input)."""
+    mark = getattr(e, "problem_mark", None)
+    where = f" (line {mark.line + 1})" if mark is not None else ""
+    problem = getattr(e, "problem", None) or (str(e).splitlines() or [type(e).__name__])[0]
+    return f"invalid YAML{where}: {problem}"
 
 
 def parse_objects(name: str, text: str) -> list[dict[str, Any]]:

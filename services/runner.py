@@ -442,6 +442,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
 def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
+        if any(SERVICES[n].needs_cluster for n in service_names(config.service)):
+            check_kube_access(config.kubeconfig)  # (here, not in the flags: it reads files and the environment)
     except InvalidInput as e:
         print(f"vmquota run: {e}", file=sys.stderr)
         return 2
@@ -547,7 +549,10 @@ async def serve(
             exc = t.exception()
             if exc is not None:
                 health.failed = f"{t.get_name()}: {exc}"
-                log.error("service failed", failed=t.get_name(), error=str(exc), exc_info=exc)
+                if isinstance(exc, InvalidInput):  # a setting to fix: the line says which; no traceback
+                    log.error("service failed", failed=t.get_name(), error=str(exc))
+                else:
+                    log.error("service failed", failed=t.get_name(), error=str(exc), exc_info=exc)
             else:
                 log.warning("service returned before stop", failed=t.get_name())
             code = 1
@@ -560,8 +565,12 @@ async def serve(
             for t in still:
                 log.warning("service did not stop in time; cancelling", failed=t.get_name())
             await cancel(*still)
+        from services.bus import ConnectStopped
+
         for t in tasks:
-            if t.done() and not t.cancelled() and t.exception() is not None and code == 0:
+            if isinstance(_failure(t), ConnectStopped):
+                log.info("stopped before NATS was reachable", failed=t.get_name())
+            elif _failure(t) is not None and code == 0:
                 log.error("service failed while stopping", failed=t.get_name(), error=str(t.exception()))
                 code = 1
     finally:
@@ -572,6 +581,10 @@ async def serve(
                 loop.remove_signal_handler(sig)
     log.info("stopped", code=code)
     return code
+
+
+def _failure(t: asyncio.Task[None]) -> BaseException | None:
+    return t.exception() if t.done() and not t.cancelled() else None
 
 
 T = TypeVar("T")
@@ -617,6 +630,40 @@ async def cancel(*tasks: asyncio.Task[Any], attempts: int = 50) -> None:
 # ---- Kubernetes and leader election -----------------------------------------------------------------------------
 
 
+SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+
+def check_kube_access(kubeconfig: str | None) -> None:
+    """Before anything connects: the kubeconfig is a readable kubeconfig whose current context exists, or, without
+    one, this process runs in a pod with a service account. :class:`InvalidInput` says what to do."""
+    flag = "--kubeconfig (VMQUOTA_KUBECONFIG)"
+    if not kubeconfig:
+        if not os.environ.get("KUBERNETES_SERVICE_HOST") or not os.path.exists(SERVICE_ACCOUNT_TOKEN):
+            raise InvalidInput("not running in a Kubernetes pod (no service account): give a kubeconfig file", flag)
+        return
+    import yaml
+
+    path = os.path.expanduser(kubeconfig)
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise InvalidInput(f"no such file: {kubeconfig}", flag) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidInput(f"cannot read {kubeconfig}: {getattr(e, 'strerror', None) or e}", flag) from None
+    except yaml.YAMLError as e:
+        from services.inputs import yaml_problem
+
+        raise InvalidInput(f"{kubeconfig}: {yaml_problem(e)}", flag) from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("clusters"), list):
+        raise InvalidInput(f"{kubeconfig} is not a kubeconfig (no clusters list)", flag)
+    contexts = {c.get("name") for c in doc.get("contexts") or [] if isinstance(c, dict)}
+    current = doc.get("current-context")
+    if not current or current not in contexts:
+        have = ", ".join(sorted(str(c) for c in contexts)) or "none"
+        raise InvalidInput(f"{kubeconfig}: current-context {current!r} is not among its contexts ({have})", flag)
+
+
 async def kube_client(kubeconfig: str | None) -> Any:
     """A kubernetes-asyncio ``ApiClient`` from a kubeconfig file (``--kubeconfig``) or, without one, the in-cluster
     service account."""
@@ -624,10 +671,13 @@ async def kube_client(kubeconfig: str | None) -> Any:
     from kubernetes_asyncio import config as kconfig
 
     cfg = client.Configuration()
-    if kubeconfig:
-        await kconfig.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-    else:
-        kconfig.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    try:
+        if kubeconfig:
+            await kconfig.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        else:
+            kconfig.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    except (kconfig.ConfigException, OSError, ValueError) as e:
+        raise InvalidInput(f"cannot use it: {e}", "--kubeconfig (VMQUOTA_KUBECONFIG)") from None
     if not cfg.proxy:
         cfg.proxy = env_proxy(cfg.host or "")
     api = client.ApiClient(configuration=cfg)

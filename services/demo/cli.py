@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import TextIO
 
 from services import runner
@@ -12,7 +13,7 @@ from services.demo.play import RunResult, dumps, play
 from services.demo.scenario import Scenario, builtin_scenarios, load_scenario
 from shared.errors import InvalidInput
 from shared.quantity import Quantity
-from shared.resources import is_byte_resource
+from shared.report import SCALE_NOTE, SCALED_MODES, readable
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,25 +31,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--log-level", default="error", help="log level of the embedded services (their logs go to stderr) [error]"
     )
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr while it plays")
 
 
-def _readable(name: str, q: Quantity) -> str:
-    """Exact canonical form when it is short, else a rounded binary form for people (``~80.3Gi``)."""
-    text = q.canonical()
-    if not is_byte_resource(name) or not text.isdigit():
-        return text
-    value = q.value
-    for suffix, power in (("Ti", 40), ("Gi", 30), ("Mi", 20)):
-        if value >= 2**power:
-            return f"~{float(value) / 2**power:.1f}{suffix}"
-    return text
+MIN_SPEED, MAX_SPEED = 0.001, 10.0
+
+
+def _check_speed(speed: float) -> None:
+    if not MIN_SPEED <= speed <= MAX_SPEED:
+        raise InvalidInput(
+            f"must be between {MIN_SPEED} and {MAX_SPEED} (1.0 is KubeVirt's own timing), got {speed}", "--speed"
+        )
+
+
+class Progress:
+    """One line on stderr per thing the demo does, as it does it: ``[scenario, with vmquota] 1.2s migrate vm1``."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.started = time.monotonic()
+
+    def for_run(self, scenario: str, with_vmquota: bool) -> Callable[[str], None]:
+        label = f"[{scenario}, {'with' if with_vmquota else 'without'} vmquota]"
+
+        def say(line: str) -> None:
+            print(f"{label} {time.monotonic() - self.started:5.1f}s {line.strip()}", file=self.out, flush=True)
+
+        return say
 
 
 def _fmt_hard(hard: Mapping[str, Quantity]) -> str:
-    return ", ".join(f"{k}={_readable(k, hard[k])}" for k in sorted(hard)) or "(none)"
+    return ", ".join(f"{k}={readable(hard[k], k)}" for k in sorted(hard)) or "(none)"
 
 
-def _print_run(r: RunResult, out: TextIO) -> None:
+def _print_run(r: RunResult, out: TextIO, modes: Mapping[str, str]) -> None:
     label = "with vmquota" if r.with_vmquota else "without vmquota (plain ResourceQuota)"
     print(f"  {label}:", file=out)
     for s in r.steps:
@@ -64,8 +80,14 @@ def _print_run(r: RunResult, out: TextIO) -> None:
     if r.refusals:
         first = r.refusals[0]
         msg = first.split("forbidden: ", 1)[-1]
-        print(f"    Kubernetes refused {len(r.refusals)} pod creation(s), e.g.: {msg}", file=out)
+        print(
+            f"    Kubernetes refused {len(r.refusals)} pod creation(s) (KubeVirt retries a refused pod, so one VM or "
+            f"migration counts many times), e.g.: {msg}",
+            file=out,
+        )
+    scaled = False
     for key, q in sorted(r.quotas.items()):
+        scaled = scaled or (r.with_vmquota and modes.get(key) in SCALED_MODES and q.hard_before != q.budget)
         print(f"    quota {key}: budget {_fmt_hard(q.budget)}", file=out)
         print(f"      spec.hard before the steps: {_fmt_hard(q.hard_before)}", file=out)
         if q.hard_max != q.hard_before:
@@ -75,6 +97,8 @@ def _print_run(r: RunResult, out: TextIO) -> None:
         if r.with_vmquota and len(changes) > 1:
             shown = "; ".join(f"{t:.2f}s {_fmt_hard(h)}" for t, h in changes[-6:])
             print(f"      spec.hard over time: {shown}", file=out)
+    if scaled:
+        print(f"    (why hard is not the budget: {SCALE_NOTE})", file=out)
     if not r.judged:
         print("    => for comparison (the expectations apply to the run with vmquota)", file=out)
         return
@@ -86,22 +110,28 @@ def print_summary(scenario: Scenario, runs: list[RunResult], out: TextIO) -> Non
     print(f"== {scenario.name}", file=out)
     if scenario.description:
         print(f"  {scenario.description}", file=out)
+    modes = {f"{ns.name}/{q.name}": q.mode for ns in scenario.namespaces for q in ns.quotas}
     for r in runs:
-        _print_run(r, out)
+        _print_run(r, out, modes)
     print(file=out)
 
 
 async def _play_all(scenarios: list[Scenario], args: argparse.Namespace) -> list[tuple[Scenario, list[RunResult]]]:
     out: list[tuple[Scenario, list[RunResult]]] = []
+    progress = None if args.quiet else Progress(sys.stderr)
+
+    def told(sc: Scenario, with_vmquota: bool) -> Callable[[str], None] | None:
+        return None if progress is None else progress.for_run(sc.name, with_vmquota)
+
     for sc in scenarios:
         runs: list[RunResult] = []
-        plain = await play(sc, with_vmquota=False, speed=args.speed)
+        plain = await play(sc, with_vmquota=False, speed=args.speed, progress=told(sc, False))
         if args.without_vmquota:
             runs.append(plain)
         else:
             plain.judged = False  # expectations describe the run with vmquota; the plain run is for comparison
             runs.append(plain)
-            runs.append(await play(sc, with_vmquota=True, speed=args.speed))
+            runs.append(await play(sc, with_vmquota=True, speed=args.speed, progress=told(sc, True)))
         if not args.json:
             print_summary(sc, runs, sys.stdout)
             sys.stdout.flush()
@@ -114,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
 
     logs.configure(args.log_level)
     try:
+        _check_speed(args.speed)
         scenarios = [load_scenario(args.scenario_file)] if args.scenario_file else builtin_scenarios()
     except InvalidInput as e:
         print(f"vmquota demo: {e}", file=sys.stderr)

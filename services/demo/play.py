@@ -15,7 +15,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,6 +75,13 @@ class RunResult:
     tenant_admitted: int = 0
     judged: bool = True
     """False for a comparison run whose expectations are not checked."""
+    progress: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
+    """Told each step line as it happens (the demo shows them while it plays)."""
+
+    def step(self, line: str) -> None:
+        self.steps.append(line)
+        if self.progress is not None:
+            self.progress(line)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -385,10 +392,19 @@ class VmquotaStack:
 
 
 async def play(
-    scenario: Scenario, *, with_vmquota: bool, speed: float = 0.05, settle: float = 1.0, within: float = 30.0
+    scenario: Scenario,
+    *,
+    with_vmquota: bool,
+    speed: float = 0.05,
+    settle: float = 1.0,
+    within: float = 30.0,
+    progress: Callable[[str], None] | None = None,
 ) -> RunResult:
-    """Run ``scenario`` once and check its expectations (when ``with_vmquota``, or when asked for the plain run)."""
-    result = RunResult(scenario=scenario.name, with_vmquota=with_vmquota)
+    """Run ``scenario`` once and check its expectations (when ``with_vmquota``, or when asked for the plain run).
+    ``progress`` is told what happens as it happens: the start-up and every step line of the result."""
+    result = RunResult(scenario=scenario.name, with_vmquota=with_vmquota, progress=progress)
+    if progress is not None:
+        progress("starting the simulated cluster" + (", nats-server and the services" if with_vmquota else ""))
     timing = None
     if scenario.migration_step_seconds is not None:
         timing = KubeVirtTiming(speed=speed, migration_step=scenario.migration_step_seconds / speed)
@@ -422,6 +438,8 @@ async def play(
                 await sim.wait_quota_synced(ns.name, q.name)
         if stack is not None:
             await _wait_adopted(sim, scenario, within=within)
+        if progress is not None:
+            progress(f"creating {len(scenario.vms)} VM(s): {', '.join(v.name for v in scenario.vms)}")
         for vm in scenario.vms:
             await sim.create(vm.manifest())
         initial = [v for v in scenario.vms if v.running]
@@ -434,7 +452,7 @@ async def play(
         await _settle(sim, observer, all_started, settle=settle, within=within)
         refused = _refused_names(result)
         started = [v.name for v in initial if _vm_state(sim, v.namespace, v.name, refused) == "Running"]
-        result.steps.append(f"started {len(started)} of {len(initial)} VMs: {', '.join(started) or 'none'}")
+        result.step(f"started {len(started)} of {len(initial)} VMs: {', '.join(started) or 'none'}")
         for key, rec in result.quotas.items():
             qns, qname = key.split("/", 1)
             rec.hard_before = _hard_of(await sim.get("resourcequotas", qns, qname))
@@ -492,7 +510,7 @@ async def _run_step(
     settle: float,
     within: float,
 ) -> None:
-    result.steps.append(step.describe())
+    result.step(step.describe())
     vms = [scenario.vm(n) for n in step.vms]
     if step.action == "migrate":
         for vm in vms:
@@ -501,7 +519,7 @@ async def _run_step(
         for vm, outcome in zip(vms, outcomes, strict=True):
             if isinstance(outcome, ApiError):
                 result.migrations[vm.name].phase = "Rejected"
-                result.steps.append(f"  the API server refused the migration of {vm.name}: {outcome.message}")
+                result.step(f"  the API server refused the migration of {vm.name}: {outcome.message}")
             elif isinstance(outcome, BaseException):
                 raise outcome
         records = [m for m in (result.migrations[vm.name] for vm in vms) if m.phase != "Rejected"]

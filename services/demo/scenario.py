@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from services.inputs import yaml_problem
 from shared.errors import InvalidInput
 from shared.kubevirt import profile
 from shared.kubevirt.config import positive_ratio
@@ -342,7 +343,7 @@ def load_scenario(path: str | Path) -> Scenario:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise InvalidInput(f"not valid YAML: {e}", str(p)) from None
+        raise InvalidInput(yaml_problem(e), str(p)) from None
     return parse_scenario(data, str(p))
 
 

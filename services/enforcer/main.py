@@ -15,7 +15,7 @@ async def main(rt: Runtime) -> None:
     if cluster is None:
         raise InvalidInput("--cluster (VMQUOTA_CLUSTER) is required for the enforcer", "--cluster")
     reconnects = rt.metrics.reconnects.labels(service=rt.name)
-    bus = await Bus.connect(rt.nats_options(), on_reconnect=reconnects.inc)
+    bus = await Bus.connect(rt.nats_options(), on_reconnect=reconnects.inc, stop=rt.stop)
     try:
         await bus.ensure_streams(contract.streams_for(rt.name, rt.config.events_max_age))
         api = await kube_client(rt.config.kubeconfig)

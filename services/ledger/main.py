@@ -10,7 +10,7 @@ from services.runner import Runtime
 
 async def main(rt: Runtime) -> None:
     reconnects = rt.metrics.reconnects.labels(service=rt.name)
-    bus = await Bus.connect(rt.nats_options(), on_reconnect=reconnects.inc)
+    bus = await Bus.connect(rt.nats_options(), on_reconnect=reconnects.inc, stop=rt.stop)
     try:
         opts = LedgerOptions(
             partitions=rt.config.partitions,

@@ -28,6 +28,7 @@ from typing import Any, Final
 
 import yaml
 
+from services.inputs import yaml_problem
 from services.logs import get_logger
 from services.simcluster.auth import Users
 from services.simcluster.faults import Faults
@@ -553,7 +554,7 @@ def load_seed_file(path: str | Path) -> list[Obj]:
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as e:
-        raise InvalidInput(f"not valid YAML: {e}", str(p)) from None
+        raise InvalidInput(yaml_problem(e), str(p)) from None
     for i, d in enumerate(docs):
         if not isinstance(d, dict):
             raise InvalidInput(f"document {i} is not an object", str(p))

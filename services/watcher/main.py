@@ -51,7 +51,7 @@ async def serve(rt: Runtime, tuning: Tuning = Tuning()) -> None:
         rt.metrics.reconnects.labels(SERVICE).inc()
         reconnected.set()
 
-    bus = await Bus.connect(rt.nats_options(), on_reconnect=on_reconnect)
+    bus = await Bus.connect(rt.nats_options(), on_reconnect=on_reconnect, stop=rt.stop)
     rt.health.set_ready(rt.name, True)  # a standby is healthy; the leader is ready once everything is listed
 
     def stored(item: Item, duplicate: bool) -> None:

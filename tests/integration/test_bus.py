@@ -294,3 +294,67 @@ async def test_every_stream_and_the_bucket_have_a_size_limit(nats_url: str) -> N
             await b2.close()
     finally:
         await b.close()
+
+
+# ---- NATS unreachable ------------------------------------------------------------------------------------------
+
+
+def test_a_repeating_client_error_is_logged_once_then_every_interval_with_a_count() -> None:
+    from services.bus import LogThrottle
+
+    now = [100.0]
+    throttle = LogThrottle(30.0, clock=lambda: now[0])
+    said = []
+    for _ in range(60):  # a reconnect attempt every 0.5 s for 30 s
+        said.append(throttle.admit("connection refused"))
+        now[0] += 0.5
+    assert said[0] == 0 and said.count(None) == 59
+    assert throttle.admit("connection refused") == 60, "after 30 s: one line that says how often meanwhile"
+    assert throttle.admit("authorization violation") == 0, "another cause is said at once"
+    throttle.reset()
+    assert throttle.admit("connection refused") == 0
+
+
+async def test_a_service_without_nats_backs_off_and_stops_at_once() -> None:
+    """NATS unreachable from the start: the attempts back off (not a line every 0.5 s), and SIGTERM ends the
+    service at once (nothing to drain), with status 0."""
+    import json
+    import os
+    import signal
+    import socket
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nobody listens there once closed
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "services.cli", "run", "ledger", "--nats", f"nats://127.0.0.1:{port}"),
+        *("--http-port", "0", "--log-level", "info"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={k: v for k, v in os.environ.items() if not k.startswith("VMQUOTA_")},
+    )
+    assert proc.stdout is not None
+    retries: list[dict[str, Any]] = []
+    lines: list[dict[str, Any]] = []
+    try:
+        async with asyncio.timeout(30):
+            while len(retries) < 5:
+                raw = await proc.stdout.readline()
+                assert raw, f"the ledger ended: {lines}"
+                line = json.loads(raw)
+                lines.append(line)
+                if line["event"] == "nats not reachable, retrying":
+                    retries.append(line)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    loop = asyncio.get_running_loop()
+    at = loop.time()
+    rest, _ = await asyncio.wait_for(proc.communicate(), 10)
+    took = loop.time() - at
+    waits = [r["retry_in"] for r in retries]
+    assert waits[-1] > 2 * waits[0], f"no backoff: {waits}"
+    assert not [x for x in lines if x["event"] == "nats error"], "the first connection's errors are the retry lines"
+    assert "Connect call failed" in retries[0]["error"], retries[0]
+    assert proc.returncode == 0, rest.decode()[-2000:]
+    assert took < 3.0, f"SIGTERM took {took:.1f}s"

@@ -116,7 +116,7 @@ def test_load_scenario_reports_file_problems(tmp_path: Path) -> None:
         load_scenario(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: [unclosed\n")
-    with pytest.raises(InvalidInput, match="not valid YAML"):
+    with pytest.raises(InvalidInput, match="invalid YAML"):
         load_scenario(bad)
     good = tmp_path / "good.yaml"
     good.write_text(yaml.safe_dump(GOOD))

@@ -1,0 +1,76 @@
+"""Every entry point, given input a person got wrong, says so in one line on stderr (which flag, what to do) and
+exits non-zero: 2 for a bad input, 1 for something unreachable. Never a traceback, never a hang."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+UNREACHABLE_NATS = "nats://127.0.0.1:1"
+
+
+def _files(tmp: Path) -> dict[str, str]:
+    (tmp / "bad_yaml").write_text("garbage: [\n")
+    (tmp / "not-a-kubeconfig").write_text("just: text\n")
+    (tmp / "no-context").write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\n")
+    (tmp / "theirs").write_text("apiVersion: v1\nkind: Config\ncurrent-context: prod\nclusters: []\n")
+    return {k: str(tmp / k) for k in ("bad_yaml", "not-a-kubeconfig", "no-context", "theirs")}
+
+
+# (argv with {file} placeholders, exit code, a phrase the line must hold)
+CASES: list[tuple[list[str], int, str]] = [
+    (["run", "watcher", "--cluster", "c1", "--kubeconfig", "{bad_yaml}"], 2, "bad_yaml: invalid YAML (line 2)"),
+    (["run", "watcher", "--cluster", "c1", "--kubeconfig", "{missing}"], 2, "no such file"),
+    (["run", "enforcer", "--cluster", "c1", "--kubeconfig", "{not-a-kubeconfig}"], 2, "is not a kubeconfig"),
+    (["run", "all", "--cluster", "c1", "--kubeconfig", "{no-context}"], 2, "current-context"),
+    (["run", "enforcer", "--cluster", "c1"], 2, "give a kubeconfig file"),
+    (["run", "watcher", "--kubeconfig", "{no-context}"], 2, "--cluster (VMQUOTA_CLUSTER) is required"),
+    (["run", "ledger", "--http-port", "70000"], 2, "is not a port number"),
+    (["run", "ledger", "--partitions", "many"], 2, "--partitions"),
+    (["run", "ledger", "--events-max-age", "forever"], 2, "--events-max-age"),
+    (["run", "nothing"], 2, "unknown service 'nothing'"),
+    (["demo", "--speed", "0"], 2, "--speed: must be between"),
+    (["demo", "--scenario-file", "{missing}"], 2, "missing"),
+    (["demo", "--scenario-file", "{bad_yaml}"], 2, "bad_yaml"),
+    (["simulate", "--speed", "0"], 2, "--speed: must be greater than 0"),
+    (["simulate", "--seed-file", "{missing}"], 2, "missing"),
+    (["simulate", "--port", "70000"], 2, "--port"),
+    (["usage", "--mode", "Bogus", "-f", "{bad_yaml}"], 2, "Bogus"),
+    (["usage", "--mode", "VirtualResourcesWithCPUAllocationRatio", "--cpu-allocation-ratio", "0", "-f", "-"], 2,
+     "--cpu-allocation-ratio: must be greater than 0"),
+    (["render", "-f", "{missing}"], 2, "missing"),
+    (["status", "--nats", UNREACHABLE_NATS], 1, "check --nats (VMQUOTA_NATS)"),
+    (["tail", "--since", "yesterday-ish", "--nats", UNREACHABLE_NATS], 2, "--since"),
+    (["replay", "--at", "noon-ish", "--nats", UNREACHABLE_NATS], 2, "--at"),
+    (["up", "--nats-port", "70000"], 2, "--nats-port: must be a port number"),
+    (["up", "--nats-port", "0", "--kubeconfig-out", "{theirs}"], 2, "is not a kubeconfig vmquota wrote"),
+    (["up", "--nats-port", "0", "--speed", "0"], 2, "--speed"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "code", "phrase"), CASES, ids=[" ".join(c[0][:3]) for c in CASES])
+def test_a_bad_input_is_one_line_and_an_exit_code(tmp_path: Path, argv: list[str], code: int, phrase: str) -> None:
+    files = {**_files(tmp_path), "missing": str(tmp_path / "missing")}
+    args = [a.format(**files) if a.startswith("{") else a for a in argv]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VMQUOTA_", "KUBERNETES_"))}
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+        cwd=tmp_path,
+        input="",
+    )
+    err = proc.stderr.strip()
+    assert proc.returncode == code, f"exit {proc.returncode}, stderr: {err[-2000:]}"
+    assert "Traceback" not in err and len(err.splitlines()) == 1, f"not one line:\n{err[-2000:]}"
+    assert phrase in err, err
+    assert not proc.stdout.strip() or proc.returncode == 0, proc.stdout[-500:]

@@ -73,3 +73,30 @@ async def test_sigterm_stops_the_demo_and_its_nats_server() -> None:
         for pid in nats:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+async def test_the_demo_shows_each_step_as_it_plays_and_then_the_summary() -> None:
+    """Progress lines on stderr while it plays (stdout keeps the summary, and the JSON of --json clean)."""
+    scenario = ROOT / "services" / "demo" / "scenarios" / "1-full-quota-migration.yaml"
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "services.cli", "demo", "--scenario-file", str(scenario)),
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    try:
+        first = await asyncio.wait_for(proc.stderr.readline(), 60)
+        assert proc.returncode is None, "the first line comes while it plays, not after"
+        assert first.decode().startswith("[full-quota-migration, without vmquota]"), first
+        assert "starting the simulated cluster" in first.decode()
+        out, err = await asyncio.wait_for(proc.communicate(), 120)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    progress = err.decode().splitlines()
+    assert any(line.startswith("[full-quota-migration, with vmquota]") and line.endswith("migrate vm1")
+               for line in progress), progress  # fmt: skip
+    assert "=> all expectations held" in out.decode() and "[full-quota-migration" not in out.decode()
+    assert proc.returncode == 0

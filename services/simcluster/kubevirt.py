@@ -48,12 +48,13 @@ from shared.kubevirt import (
     RenderedPod,
     render_launcher_pod,
 )
+from shared.kubevirt.vm import API_VERSION, STARTING_STRATEGIES, owner_ref, run_strategy, vmi_from_vm
 from shared.quantity import Format, Quantity
 from shared.vmi import vmi_spec
 
 # ---- names KubeVirt uses ---------------------------------------------------------------------------------------
 
-API_VERSION: Final = "kubevirt.io/v1"
+
 APP_LABEL: Final = "kubevirt.io"
 LAUNCHER: Final = "virt-launcher"
 CREATED_BY_LABEL: Final = "kubevirt.io/created-by"
@@ -79,7 +80,6 @@ VMI_FINAL: Final = frozenset({"Succeeded", "Failed"})
 VMIM_FINAL: Final = frozenset({"Succeeded", "Failed"})
 VMIM_ACTIVE: Final = frozenset({"Scheduling", "Scheduled", "PreparingTarget", "TargetReady", "Running"})
 POD_TERMINAL: Final = frozenset({"Succeeded", "Failed"})
-RUN_STRATEGIES: Final = ("Always", "Halted", "Manual", "RerunOnFailure", "Once", "WaitAsReceiver")
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,17 +159,6 @@ def deleting(obj: Mapping[str, Any]) -> bool:
     return bool(meta(obj).get("deletionTimestamp"))
 
 
-def owner_ref(obj: Mapping[str, Any], *, controller: bool = True) -> Obj:
-    return {
-        "apiVersion": obj.get("apiVersion") or API_VERSION,
-        "kind": obj.get("kind"),
-        "name": meta(obj).get("name"),
-        "uid": meta(obj).get("uid"),
-        "controller": controller,
-        "blockOwnerDeletion": True,
-    }
-
-
 def owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
     return any(isinstance(r, Mapping) and r.get("uid") == owner_uid for r in meta(obj).get("ownerReferences") or [])
 
@@ -222,63 +211,8 @@ def set_phase(st: Obj, new_phase: str) -> None:
     )
 
 
-def run_strategy(vm: Mapping[str, Any]) -> str:
-    """The effective run strategy: ``spec.running`` true → Always, false → Halted; default Halted."""
-    spec = vm.get("spec") or {}
-    running, strategy = spec.get("running"), spec.get("runStrategy")
-    if running is not None and strategy is not None:
-        raise InvalidInput("Running and RunStrategy are mutually exclusive", "spec.running")
-    if running is not None:
-        if not isinstance(running, bool):
-            raise InvalidInput(f"expected true or false, got {running!r}", "spec.running")
-        return "Always" if running else "Halted"
-    if strategy is None:
-        return "Halted"
-    if strategy not in RUN_STRATEGIES:
-        raise InvalidInput(
-            f"unknown run strategy {strategy!r} (expected one of {', '.join(RUN_STRATEGIES)})", "spec.runStrategy"
-        )
-    return str(strategy)
-
-
 def _int(raw: object) -> int:
     return raw if isinstance(raw, int) and not isinstance(raw, bool) else 0
-
-
-def vmi_from_vm(vm: Mapping[str, Any], config: KubeVirtConfig) -> Obj:
-    """The VMI the VM controller creates: the template with KubeVirt's admission defaults written in."""
-    m = meta(vm)
-    tmpl = (vm.get("spec") or {}).get("template") or {}
-    tmeta = tmpl.get("metadata") or {}
-    spec: Obj = copy_json(tmpl.get("spec") or {})
-    size = vmi_spec(vm)  # validates; InvalidInput names the VM and field
-    domain = spec.setdefault("domain", {})
-    cpu = domain.setdefault("cpu", {})
-    if not (_int(cpu.get("sockets")) or _int(cpu.get("cores")) or _int(cpu.get("threads"))):
-        cpu["sockets"], cpu["cores"], cpu["threads"] = size.topology.sockets, size.topology.cores, size.topology.threads
-    else:
-        for k in ("sockets", "cores", "threads"):
-            cpu.setdefault(k, 1)
-    live_update = config.profile.minor >= 6
-    if live_update and not cpu.get("maxSockets"):
-        cpu["maxSockets"] = _int(cpu["sockets"]) * 4
-    memory = domain.setdefault("memory", {})
-    if memory.get("guest") is None and size.guest_memory is not None:
-        memory["guest"] = size.guest_memory.canonical()
-    if live_update and memory.get("guest") is not None and not memory.get("maxGuest"):
-        memory["maxGuest"] = Quantity.parse(memory["guest"]).scale(4).with_format(Format.BINARY_SI).canonical()
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "VirtualMachineInstance",
-        "metadata": {
-            "name": m.get("name"),
-            "namespace": m.get("namespace"),
-            "labels": dict(tmeta.get("labels") or {}),
-            "annotations": dict(tmeta.get("annotations") or {}),
-            "ownerReferences": [owner_ref(vm)],
-        },
-        "spec": spec,
-    }
 
 
 def launcher_pod(
@@ -839,7 +773,7 @@ class KubeVirtSimulator:
             if vmi is not None and not deleting(vmi):
                 await self._delete(self.r_vmis, key)
         elif vmi is None:
-            start = strategy in ("Always", "RerunOnFailure") or (strategy == "Once" and uid not in self._started_once)
+            start = strategy in STARTING_STRATEGIES and (strategy != "Once" or uid not in self._started_once)
             if start:
                 await self._start_vm(vm)
         elif not deleting(vmi):

@@ -241,3 +241,86 @@ def test_the_building_blocks_give_plain_json(namespace_file: str) -> None:
     assert json.loads(json.dumps(data)) == data
     assert data["tenant"]["usage"]["requests.cpu"] == data["tenant"]["usage"]["cpu"]
     assert "ConfigMap" in notes.getvalue()
+
+
+# ---- against the managed quotas in the input, and VMs -----------------------------------------------------------
+
+
+def vm_obj(name: str, guest: str, *, t: int, run: str = "Always", namespace: str = "tenant") -> dict[str, Any]:
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": f"uid-{name}",
+            "creationTimestamp": f"2026-01-01T00:00:{t:02d}Z",
+        },
+        "spec": {
+            "runStrategy": run,
+            "template": {"spec": {"domain": {"cpu": {"sockets": 4}, "memory": {"guest": guest}, "devices": {}}}},
+        },
+    }
+
+
+def managed_quota(hard: dict[str, str], namespace: str = "tenant") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {
+            "name": "vm-size",
+            "namespace": namespace,
+            "labels": {"vmquota.io/managed": "true"},
+            "annotations": {"vmquota.io/mode": "VirtualResources"},
+        },
+        "spec": {"hard": hard},
+    }
+
+
+def test_vms_are_admitted_against_the_managed_quota_in_creation_order(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Five 16Gi VMs and a 64Gi budget: the first four are admitted, the fifth is refused, as the ledger decides
+    (not five admitted at 80Gi, as without the budget); a halted VM is skipped, and each VM read from its
+    template is said so."""
+    objs: list[dict[str, Any]] = [managed_quota({"limits.memory": "64Gi", "requests.memory": "64Gi"})]
+    objs += [vm_obj(f"vm{i}", "16Gi", t=i) for i in (5, 4, 3, 2, 1)]  # (file order is not creation order)
+    objs.append(vm_obj("vm6", "16Gi", t=6, run="Halted"))
+    path = write(tmp_path, objs)
+    assert main(["usage", "-f", path, "-o", "json"]) == 0
+    captured = capsys.readouterr()
+    tenant = json.loads(captured.out)["namespaces"]["tenant"]
+    quota = tenant["quotas"]["vm-size"]
+    assert quota["budget"]["limits.memory"] == "64Gi"
+    assert quota["usage"]["limits.memory"] == "64Gi" and quota["overBudget"] == []
+    states = {o["name"]: o["state"] for o in tenant["objects"] if o["kind"] == "VirtualMachineInstance"}
+    assert states == {"vm1": "admitted", "vm2": "admitted", "vm3": "admitted", "vm4": "admitted", "vm5": "refused"}
+    vm5 = next(o for o in tenant["objects"] if o["name"] == "vm5")
+    assert "limits.memory" in vm5["refusedBy"]["vm-size"], vm5
+    assert "note: skipping VirtualMachine tenant/vm6: run strategy Halted starts no VMI" in captured.err
+    assert "VirtualMachine tenant/vm1 has no VMI in the input: counted as the VMI its template gives" in captured.err
+
+    assert main(["usage", "-f", path]) == 0  # the table says the same
+    table = capsys.readouterr().out
+    assert "QUOTA vm-size  MODE VirtualResources" in table and "BUDGET" in table
+    assert [line.split()[2] for line in table.splitlines() if line.startswith("VMI ")] == [
+        *["admitted"] * 4,
+        "refused",
+    ]
+
+
+def test_without_a_managed_quota_or_mode_nothing_is_accounted_and_it_says_why(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = write(tmp_path, [vm_obj("vm1", "16Gi", t=1)])
+    assert main(["usage", "-f", path]) == 2
+    last = capsys.readouterr().err.splitlines()[-1]  # (after the notes on what was read and skipped)
+    assert last.startswith("error: ") and "nothing to account" in last and "give --mode" in last, last
+    both = write(tmp_path, [vm_obj("vm1", "16Gi", t=1, namespace="a"), managed_quota({"limits.memory": "8Gi"}, "b")])
+    assert main(["usage", "-f", both, "-o", "json"]) == 0
+    captured = capsys.readouterr()
+    assert set(json.loads(captured.out)["namespaces"]) == {"b"}
+    assert "note: skipping namespace a: no managed ResourceQuota in the input and no --mode" in captured.err
+    assert main(["usage", "--mode", "VirtualResources", "-f", both, "-o", "json"]) == 0  # --mode: the rest too
+    out = json.loads(capsys.readouterr().out)["namespaces"]
+    assert out["a"]["usage"]["limits.memory"] == "16Gi" and "quotas" in out["b"]

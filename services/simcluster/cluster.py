@@ -34,7 +34,6 @@ from services.simcluster.auth import Users
 from services.simcluster.faults import Faults
 from services.simcluster.kubeconfig import write_kubeconfig
 from services.simcluster.kubevirt import (
-    API_VERSION,
     FAIL_START_ANNOTATION,
     KubeVirtSimConfig,
     KubeVirtSimulator,
@@ -48,6 +47,7 @@ from services.simcluster.store import Store
 from services.simcluster.store_api import ApiError, Obj
 from services.simcluster.workqueue import Cache
 from shared.errors import InvalidInput
+from shared.kubevirt.vm import API_VERSION
 from shared.quantity import Quantity
 from shared.resources import parse_resource_list
 

@@ -22,6 +22,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("services.demo.cli", "play the seed scenarios (or a scenario file) without and with vmquota"),
     "status": ("services.cli_status", "show every managed quota: budget, use in VM terms, reservations, hard"),
     "tail": ("services.cli_tail", "follow decisions, usage or events on the bus, one line per message"),
+    "explain": (
+        "services.cli_explain",
+        "the timeline of one migration or VM, from the bus: why it waited or was refused",
+    ),
     "replay": ("services.cli_replay", "fold the events stream up to a time and show the quotas as they were"),
 }
 

@@ -33,7 +33,8 @@ def add_bus_arguments(p: argparse.ArgumentParser, *, namespace: bool = True) -> 
     p.add_argument(
         "--nats-user",
         default=_env("VMQUOTA_NATS_USER"),
-        help="NATS user: subscriber or replay (read-only) [VMQUOTA_NATS_USER]",
+        help="NATS user: replay (read-only, may create the ordered consumers these commands read with) "
+        "[VMQUOTA_NATS_USER]",
     )
     p.add_argument(
         "--nats-password", default=_env("VMQUOTA_NATS_PASSWORD"), help="NATS password [VMQUOTA_NATS_PASSWORD]"
@@ -85,6 +86,10 @@ def parse_time(text: str, where: str) -> datetime:
 
 class BusUnavailable(Exception):
     """One line a person can act on."""
+
+
+class NotFound(Exception):
+    """What was asked for is not on the bus (exit 1, one line)."""
 
 
 async def connect(args: argparse.Namespace) -> Any:
@@ -183,7 +188,7 @@ def run_command(name: str, main: Callable[[], Coroutine[Any, Any, int]]) -> int:
     except InvalidInput as e:
         print(f"vmquota {name}: {e}", file=sys.stderr)
         return 2
-    except BusUnavailable as e:
+    except (BusUnavailable, NotFound) as e:
         print(f"vmquota {name}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -72,6 +72,27 @@ async def test_status_tail_and_replay_after_a_migration_at_full_quota() -> None:
         assert code == 0, err
         assert [q["hard"] for q in json.loads(out)["quotas"]] == [raised.hard_after]
 
+        # explain: the migration's timeline from the streams alone, in time order
+        code, out, err = await vmquota("explain", "migration", f"{NS}/{name}", "--nats", url, "-o", "json")
+        assert code == 0, err
+        timeline = json.loads(out)
+        assert (timeline["kind"], timeline["namespace"], timeline["name"]) == ("migration", NS, name)
+        steps = [s["step"] for s in timeline["steps"]]
+        for step in ("created", "seen", "raised", "target-admitted", "succeeded", "lowered"):
+            assert step in steps, (step, timeline["steps"])
+        assert steps.index("raised") < steps.index("target-admitted") < steps.index("succeeded")
+        assert steps.index("succeeded") <= steps.index("lowered")
+        times = [s["time"] for s in timeline["steps"]]
+        assert times == sorted(times, key=lambda t: t.replace("Z", "+00:00")), times
+        raise_step = next(s for s in timeline["steps"] if s["step"] == "raised")
+        assert raised.reason in raise_step["detail"], raise_step
+        code, out, err = await vmquota("explain", "vm", f"{NS}/vm1", "--nats", url)
+        assert code == 0, err
+        assert out.startswith(f"vm {NS}/vm1 (cluster {CLUSTER})") and " running " in out, out
+        code, out, err = await vmquota("explain", "migration", f"{NS}/no-such-migration", "--nats", url)
+        assert code == 1 and not out and len(err.strip().splitlines()) == 1, err
+        assert "no migration (VirtualMachineInstanceMigration) tenant-a/no-such-migration in the retained" in err
+
 
 @pytest.mark.parametrize(
     ("args", "message"),

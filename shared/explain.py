@@ -1,0 +1,219 @@
+"""``vmquota explain``: the timeline of one migration or one VM, from the bus alone (pure: the messages in, the
+steps out).
+
+What each step rests on:
+
+* ``created``: the object's ``creationTimestamp``; ``seen``: when the watcher first published it.
+* ``reserved`` / ``admitted`` / ``refused`` (a VM): the ledger's usage snapshot. The usage stream keeps the newest
+  snapshot per namespace, so these show the ledger's current view, at that snapshot's time.
+* ``raised`` / ``lowered``: the enforcer's decisions that name the migration's VMI (``for the migration of vm1``,
+  ``the migration of vm1 ended``), with what changed.
+* ``target-refused``: KubeVirt's ``FailedCreate`` Events on the VMI that quota refused while the migration ran,
+  with how often; ``target-admitted``: the target pod KubeVirt's VMI status names (``migrationState.targetPod``)
+  first published.
+* ``succeeded`` / ``failed`` (a migration), ``running`` / ``stopped`` (a VM): the phases the watcher published.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from shared.bus import Decision, Deleted, Sync, Upserted, UsageSnapshot
+from shared.report import readable_list
+from shared.snapshot import EventSnapshot, PodSnapshot, VmimSnapshot, VmiSnapshot
+
+ObjectEvent = Upserted | Deleted | Sync
+
+MIGRATION_STEPS = (
+    "created",
+    "seen",
+    "reserved",
+    "raised",
+    "target-refused",
+    "target-admitted",
+    "succeeded",
+    "failed",
+    "lowered",
+)
+VM_STEPS = ("created", "seen", "admitted", "refused", "running", "stopped")
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    time: str
+    """RFC 3339 UTC."""
+    step: str
+    detail: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"time": self.time, "step": self.step, "detail": self.detail}
+
+
+def _rfc3339(t: datetime) -> str:
+    return t.isoformat().replace("+00:00", "Z")
+
+
+def _parse(t: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(t.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _items(rl: dict[str, str]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in readable_list(rl).items()) or "nothing"
+
+
+def _of(events: Sequence[ObjectEvent], kind: str, namespace: str, name: str) -> list[Upserted | Deleted]:
+    return [
+        e for e in events if not isinstance(e, Sync) and e.kind == kind and e.namespace == namespace and e.name == name
+    ]
+
+
+_FAR = datetime(9999, 1, 1, tzinfo=UTC)
+
+
+def _ordered(steps: list[Step]) -> list[Step]:
+    """In time order (a stable sort: steps at the same instant keep the order they were found in), each detail
+    with how long after the first step it came."""
+    steps.sort(key=lambda s: _parse(s.time) or _FAR)
+    if not steps:
+        return steps
+    start = _parse(steps[0].time)
+    out: list[Step] = []
+    for s in steps:
+        at = _parse(s.time)
+        delta = ""
+        if start is not None and at is not None and at > start:
+            delta = f" (+{(at - start).total_seconds():.3f}s)"
+        out.append(Step(s.time, s.step, s.detail + delta))
+    return out
+
+
+def migration_timeline(
+    namespace: str,
+    name: str,
+    events: Sequence[ObjectEvent],
+    decisions: Sequence[Decision],
+    usage: UsageSnapshot | None = None,
+) -> list[Step] | None:
+    """The steps of the migration ``namespace/name``; None when no event of it is in ``events``."""
+    mine = _of(events, "VirtualMachineInstanceMigration", namespace, name)
+    snaps = [e.snapshot for e in mine if isinstance(e.snapshot, VmimSnapshot)]
+    if not mine or not snaps:
+        return None
+    uid, vmi = mine[0].uid, snaps[0].vmi_name
+    steps: list[Step] = []
+    created = snaps[0].creation_timestamp
+    if created is not None:
+        steps.append(Step(_rfc3339(created), "created", f"migration of VMI {vmi}"))
+    steps.append(Step(mine[0].time, "seen", "published by the watcher"))
+    end: str | None = None
+    phase = ""
+    for e, s in ((e, e.snapshot) for e in mine):
+        if isinstance(s, VmimSnapshot) and s.phase != phase:
+            phase = s.phase
+            if phase in ("Succeeded", "Failed"):
+                steps.append(Step(e.time, phase.lower(), f"phase {phase}"))
+                end = end or e.time
+    if usage is not None:
+        for m in usage.migrations:
+            if m.uid == uid or (not m.uid and m.name == name):
+                what = _items(m.reserved) if m.reserved else "nothing"
+                steps.append(Step(usage.time, "reserved", f"the ledger holds {what} for its target: {m.reason}"))
+    mention = (f"migration of {vmi}", f"migrations of {vmi}", f"{vmi},", f"and {vmi}")
+    for d in decisions:
+        if d.namespace != namespace or not any(m in d.reason for m in mention):
+            continue
+        verb = "lowered" if "ended" in d.reason else "raised"
+        steps.append(Step(d.time, verb, f"quota {d.quota}: {d.reason}"))
+    lo = created or _parse(mine[0].time)  # (creationTimestamp has whole seconds: a lower bound)
+    hi = _parse(end) if end is not None else None
+    refusals: dict[str, tuple[str, EventSnapshot]] = {}
+    for e in _vmi_events(events, namespace, vmi):
+        at, s = _parse(e.time), e.snapshot
+        if at is None or (lo is not None and at < lo) or (hi is not None and at > hi):
+            continue  # (outside the migration: the VM's own start, or later)
+        if isinstance(s, EventSnapshot) and s.quota_refusal:
+            if s.uid not in refusals:
+                steps.append(Step(e.time, "target-refused", f"quota {s.quota_name} refused a pod: {s.message}"))
+            refusals[s.uid] = (e.time, s)
+    total = sum(s.count for _, s in refusals.values())
+    if total > 1:
+        last = max(t for t, _ in refusals.values())
+        steps.append(Step(last, "target-refused", f"refused {total} times in all (KubeVirt retries)"))
+    target = _target_pod(events, namespace, vmi, uid)
+    if target is not None:
+        steps.append(Step(target[0], "target-admitted", f"target pod {target[1]} created"))
+    return _ordered(steps)
+
+
+def _vmi_events(events: Sequence[ObjectEvent], namespace: str, vmi: str) -> list[Upserted]:
+    return [
+        e
+        for e in events
+        if isinstance(e, Upserted)
+        and e.kind == "Event"
+        and e.namespace == namespace
+        and isinstance(e.snapshot, EventSnapshot)
+        and e.snapshot.involved_name == vmi
+    ]
+
+
+def _target_pod(events: Sequence[ObjectEvent], namespace: str, vmi: str, uid: str) -> tuple[str, str] | None:
+    """(first published, name) of the target pod the VMI's status names for migration ``uid``."""
+    name = ""
+    for v in _of(events, "VirtualMachineInstance", namespace, vmi):
+        s = v.snapshot
+        if isinstance(s, VmiSnapshot) and s.migration is not None and s.migration.migration_uid == uid:
+            name = name or s.migration.target_pod
+    if not name:
+        return None
+    for p in _of(events, "Pod", namespace, name):
+        if isinstance(p, Upserted) and isinstance(p.snapshot, PodSnapshot):
+            return p.time, name
+    return None
+
+
+def vm_timeline(
+    namespace: str,
+    name: str,
+    events: Sequence[ObjectEvent],
+    usage: UsageSnapshot | None = None,
+) -> list[Step] | None:
+    """The steps of the VM (its VMI) ``namespace/name``; None when no event of its VMI is in ``events``."""
+    mine = _of(events, "VirtualMachineInstance", namespace, name)
+    if not mine:
+        return None
+    steps: list[Step] = []
+    first = mine[0].snapshot
+    if isinstance(first, VmiSnapshot) and first.creation_timestamp is not None:
+        steps.append(Step(_rfc3339(first.creation_timestamp), "created", "VMI created"))
+    steps.append(Step(mine[0].time, "seen", "published by the watcher"))
+    running = False
+    for e in mine:
+        s = e.snapshot
+        if isinstance(e, Deleted):
+            steps.append(Step(e.time, "stopped", "VMI deleted"))
+            running = False
+        elif isinstance(s, VmiSnapshot):
+            if s.phase == "Running" and not running:
+                steps.append(Step(e.time, "running", f"phase Running on {s.node_name or 'a node'}"))
+            elif s.phase in ("Succeeded", "Failed") and running:
+                steps.append(Step(e.time, "stopped", f"phase {s.phase}"))
+            running = s.phase == "Running"
+    seen: set[str] = set()
+    for e in _vmi_events(events, namespace, name):
+        s = e.snapshot
+        if isinstance(s, EventSnapshot) and s.quota_refusal and s.uid not in seen:
+            seen.add(s.uid)
+            steps.append(Step(e.time, "refused", f"quota {s.quota_name} refused its pod: {s.message}"))
+    if usage is not None:
+        for v in usage.vms:
+            if v.name == name and v.state in ("admitted", "refused"):
+                by = "; ".join(f"{q}: {', '.join(r)}" for q, r in sorted(v.refused_by.items()))
+                detail = f"the ledger: {v.state}, {v.reason}" + (f" (does not fit {by})" if by else "")
+                steps.append(Step(usage.time, v.state, detail))
+    return _ordered(steps)

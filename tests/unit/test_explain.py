@@ -1,0 +1,124 @@
+"""``shared.explain``: the timeline of a migration and of a VM from bus messages alone."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from shared import bus
+from shared.explain import migration_timeline, vm_timeline
+from shared.snapshot import EventSnapshot, MigrationState, PodSnapshot, VmimSnapshot, VmiSnapshot
+
+NS = "tenant-a"
+
+
+def at(second: int) -> str:
+    return f"2026-12-01T10:00:{second:02d}Z"
+
+
+def ev(kind: str, name: str, uid: str, rv: int, snapshot: Any, second: int, *, deleted: bool = False) -> Any:
+    return bus.object_event(
+        "deleted" if deleted else "upserted",
+        cluster="c1",
+        kind=kind,
+        namespace=NS,
+        name=name,
+        uid=uid,
+        rv=str(rv),
+        snapshot=snapshot,
+        time=at(second),
+    )
+
+
+def vmim(phase: str, rv: int, second: int) -> Any:
+    snap = VmimSnapshot(
+        uid="mig-uid",
+        namespace=NS,
+        name="mig1",
+        vmi_name="vm1",
+        phase=phase,
+        resource_version=str(rv),
+        creation_timestamp=datetime(2026, 12, 1, 10, 0, 10, tzinfo=UTC),
+    )
+    return ev("VirtualMachineInstanceMigration", "mig1", "mig-uid", rv, snap, second)
+
+
+def refusal(uid: str, count: int, second: int) -> Any:
+    snap = EventSnapshot(
+        uid=uid,
+        namespace=NS,
+        name=f"vm1.{uid}",
+        reason="FailedCreate",
+        involved_kind="VirtualMachineInstance",
+        involved_name="vm1",
+        message="pods is forbidden: exceeded quota: compute",
+        quota_name="compute",
+        count=count,
+    )
+    return ev("Event", f"vm1.{uid}", uid, 100 + second, snap, second)
+
+
+def decision(reason: str, second: int) -> bus.Decision:
+    return bus.Decision(
+        id=f"d{second}", source="vmquota/enforcer/c1", subject=f"{NS}/compute", time=at(second), cluster="c1",
+        namespace=NS, quota="compute", mode="VmiPodUsage", reason=reason,
+    )  # fmt: skip
+
+
+def vmi(rv: int, second: int, *, phase: str = "Running", target: str = "") -> Any:
+    state = MigrationState(migration_uid="mig-uid", target_pod=target) if target else None
+    snap = VmiSnapshot(uid="vmi-uid", namespace=NS, name="vm1", phase=phase, node_name="node01", migration=state,
+                       creation_timestamp=datetime(2026, 12, 1, 10, 0, 0, tzinfo=UTC))  # fmt: skip
+    return ev("VirtualMachineInstance", "vm1", "vmi-uid", rv, snap, second)
+
+
+def events() -> list[Any]:
+    target_pod = PodSnapshot(uid="pod-uid", namespace=NS, name="virt-launcher-vm1-tgt")
+    return [
+        vmi(1, 1, phase="Pending"),
+        refusal("start", 2, 2),  # the VM's own start was refused twice: not the migration's
+        vmi(2, 3),
+        vmim("Pending", 10, 11),
+        refusal("target", 1, 12),
+        refusal("target", 4, 13),  # (the same Event, counted up)
+        vmi(3, 14, target="virt-launcher-vm1-tgt"),
+        ev("Pod", "virt-launcher-vm1-tgt", "pod-uid", 20, target_pod, 15),
+        vmim("Running", 11, 16),
+        vmim("Succeeded", 12, 18),
+        refusal("later", 1, 30),  # after the migration ended
+    ]
+
+
+def test_a_migrations_timeline_lists_its_steps_in_time_order_with_what_belongs_to_it() -> None:
+    decisions = [
+        decision("raised limits.memory by 17.6Gi for the migration of vm1", 12),
+        decision("raised limits.memory by 1Gi for the migration of vm9", 12),  # another VM's
+        decision("lowered limits.memory by 17.6Gi: the migration of vm1 ended", 19),
+    ]
+    steps = migration_timeline(NS, "mig1", events(), decisions)
+    assert steps is not None
+    assert [s.step for s in steps] == [
+        "created", "seen", "raised", "target-refused", "target-refused", "target-admitted", "succeeded", "lowered",
+    ]  # fmt: skip
+    assert [s.time for s in steps] == [at(10), at(11), at(12), at(12), at(13), at(15), at(18), at(19)]
+    assert "refused 4 times in all" in steps[4].detail, steps[4]
+    assert "target pod virt-launcher-vm1-tgt" in steps[5].detail
+    assert steps[6].detail.endswith("(+8.000s)"), steps[6]
+    assert "vm9" not in " ".join(s.detail for s in steps)
+    assert migration_timeline(NS, "other", events(), decisions) is None
+
+
+def test_a_vms_timeline_and_the_ledgers_current_view() -> None:
+    usage = bus.UsageSnapshot(
+        id="u", source="vmquota/ledger/c1", subject=NS, time=at(40), cluster="c1", namespace=NS, seq=9,
+        vms=[bus.VmState(name="vm1", state="refused", reason="does not fit: 64Gi of 64Gi used",
+                         refused_by={"compute": ["limits.memory"]})],
+    )  # fmt: skip
+    gone = ev("VirtualMachineInstance", "vm1", "vmi-uid", 9, None, 35, deleted=True)
+    steps = vm_timeline(NS, "vm1", [*events(), gone], usage)
+    assert steps is not None
+    names = [s.step for s in steps]
+    assert names[:4] == ["created", "seen", "refused", "running"], names
+    assert names[-2:] == ["stopped", "refused"], names
+    assert "does not fit compute: limits.memory" in steps[-1].detail, steps[-1]
+    assert vm_timeline(NS, "vm2", events(), usage) is None

@@ -597,15 +597,41 @@ def hotplug_refused_event(namespace: str, migration: MigrationState, *, identity
     return _event(involved, VM_QUOTA_EXCEEDED, WARNING, message, action="Refuse", identity=identity, now=now)
 
 
-def vm_refused_event(namespace: str, vm: VmState, *, identity: str, now: datetime) -> dict[str, Any]:
+def vm_refused_event(
+    namespace: str, vm: VmState, *, identity: str, now: datetime, others: Sequence[VmState] = ()
+) -> dict[str, Any]:
     """The Warning Event that tells a tenant, on its VMI, why the VM does not start: it does not fit the budget
-    (the ledger's reason names the quota, the resource, what it needs and what is left)."""
+    (the ledger's reason names the quota, the resource, what it needs and what is left), and which of ``others``
+    (the namespace's VMs) hold that resource of the budget, largest first."""
     involved = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "namespace": namespace}
     involved["name"] = vm.name
     if vm.uid:
         involved["uid"] = vm.uid
-    message = f"VM {vm.name} is not admitted: {vm.reason.removeprefix('pending, ')}"
+    message = f"VM {vm.name} is not admitted: {vm.reason.removeprefix('pending, ')}" + _held_by(vm, others)
     return _event(involved, VM_QUOTA_EXCEEDED, WARNING, message, action="Refuse", identity=identity, now=now)
+
+
+def _held_by(vm: VmState, others: Sequence[VmState]) -> str:
+    """``; limits.memory of quota compute is held by vm1 16Gi, vm2 16Gi, vm3 8Gi``: the VMs counted in the first
+    resource the VM does not fit (at most five named: the names are the tenant's)."""
+    for quota, resources in sorted(vm.refused_by.items()):
+        for r in resources:
+            held: list[tuple[Quantity, str]] = []
+            for o in others:
+                amount = o.counts.get(quota, {}).get(r)
+                if o.name == vm.name or o.state not in ("running", "admitted") or amount is None:
+                    continue
+                try:
+                    q = Quantity.parse(amount)
+                except InvalidInput:
+                    continue
+                if q.nanos > 0:
+                    held.append((q, o.name))
+            if held:
+                held.sort(key=lambda h: (-h[0].nanos, h[1]))
+                names = [f"{name} {human_quantity(q, r)}" for q, name in held]
+                return f"; {r} of quota {quota} is held by {names_list(names)}"
+    return ""
 
 
 def _event(

@@ -580,7 +580,9 @@ class Enforcer:
                 self._told[(namespace, v.uid, v.reason)] = None
                 if len(self._told) > NUDGED_MAX:
                     del self._told[next(iter(self._told))]
-                body = enforcement.vm_refused_event(namespace, v, identity=self.opts.identity, now=self._now())
+                body = enforcement.vm_refused_event(
+                    namespace, v, identity=self.opts.identity, now=self._now(), others=u.vms
+                )
                 self._spawn(self._tell(namespace, body), f"tell-{namespace}-{v.name}")
             if v.state != "admitted" or not v.pod_refused or not v.uid:
                 continue

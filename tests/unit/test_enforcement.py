@@ -588,3 +588,25 @@ def test_a_tenants_many_long_migration_names_do_not_grow_the_usage_annotation() 
     p = enf.plan(snap(raw), usage({"compute": t}, many))
     line = p.annotations[enf.USAGE_ANNOTATION] or ""
     assert line.endswith("and 35 more") and len(line) < 1200, len(line)
+
+
+def test_a_refused_vm_is_told_which_vms_hold_the_budget_largest_first_and_at_most_five_by_name() -> None:
+    from shared.bus import VmState
+    from shared.enforcement import vm_refused_event
+
+    holders = [
+        VmState(name=f"vm{i}", state="running" if i % 2 else "admitted", counts={"q": {"limits.memory": f"{i}Gi"}})
+        for i in range(1, 9)
+    ]
+    stopped = VmState(name="big", state="stopped", counts={"q": {"limits.memory": "99Gi"}})
+    other_quota = VmState(name="elsewhere", state="running", counts={"other": {"limits.memory": "50Gi"}})
+    vm = VmState(name="new", state="refused", reason="pending, does not fit", refused_by={"q": ["limits.memory"]})
+    event = vm_refused_event(
+        "ns", vm, identity="e1", now=datetime(2026, 1, 1, tzinfo=UTC), others=[*holders, stopped, other_quota, vm]
+    )
+    assert event["message"] == (
+        "VM new is not admitted: does not fit; limits.memory of quota q is held by vm8 8Gi, vm7 7Gi, vm6 6Gi, "
+        "vm5 5Gi, vm4 4Gi and 3 more"
+    )
+    alone = vm_refused_event("ns", vm, identity="e1", now=datetime(2026, 1, 1, tzinfo=UTC))
+    assert alone["message"] == "VM new is not admitted: does not fit"

@@ -43,6 +43,7 @@ from nats.js.api import (
     RetentionPolicy,
     StorageType,
     StreamConfig,
+    StreamSource,
 )
 from nats.js.kv import KeyValue
 
@@ -299,6 +300,7 @@ class Bus:
             cfg = StreamConfig(
                 name=spec.name,
                 subjects=list(spec.subjects),
+                sources=[StreamSource(name=name) for name in spec.sources] or None,
                 retention=RetentionPolicy.LIMITS,
                 storage=StorageType.FILE,
                 max_age=spec.max_age,
@@ -323,6 +325,7 @@ class Bus:
             or have.max_msgs_per_subject != cfg.max_msgs_per_subject
             or float(have.duplicate_window or 0) != float(cfg.duplicate_window)
             or (have.max_bytes or -1) != (cfg.max_bytes or -1)
+            or sorted(src.name for src in have.sources or []) != sorted(src.name for src in cfg.sources or [])
         ):
             await self.js.update_stream(cfg)
             log.info("stream updated", stream=cfg.name)

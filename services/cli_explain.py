@@ -1,5 +1,5 @@
 """``vmquota explain (migration|vm) NS/NAME``: the timeline of one migration or VM, from the bus alone: the
-namespace's events and decisions and its latest usage snapshot (``shared.explain`` says what each step rests on).
+namespace's events, decisions and usage history (``shared.explain`` says what each step rests on).
 
 Read-only: ordered consumers (the ``replay`` NATS user). An object with no event in the retained history exits 1
 with one line saying so.
@@ -75,14 +75,18 @@ async def main(args: argparse.Namespace) -> int:
         cluster = clusters[0] if clusters else args.cluster
         events = [e for e in events if cluster is None or e.cluster == cluster]
         decisions = await _read(js, contract.DECISIONS_STREAM, f.subject("quota"), contract.decode_decision, cluster)
-        usages = await _read(js, contract.USAGE_STREAM, f.subject("usage"), contract.decode_usage, cluster)
-        usage = usages[-1] if usages else None
+        try:
+            usages = await _read(js, contract.USAGE_HISTORY_STREAM, f.subject("usage"), contract.decode_usage, cluster)
+        except opsbus.BusUnavailable as e:  # (a bus from before the history stream: the latest snapshot only)
+            if "does not exist" not in str(e):
+                raise
+            usages = await _read(js, contract.USAGE_STREAM, f.subject("usage"), contract.decode_usage, cluster)
     finally:
         await nc.close()
     if args.what == "migration":
-        steps = explain.migration_timeline(namespace, name, events, decisions, usage)
+        steps = explain.migration_timeline(namespace, name, events, decisions, usages)
     else:
-        steps = explain.vm_timeline(namespace, name, events, usage)
+        steps = explain.vm_timeline(namespace, name, events, usages)
     if steps is None:
         kind = "migration (VirtualMachineInstanceMigration)" if args.what == "migration" else "VM (VMI)"
         raise opsbus.NotFound(

@@ -5,8 +5,9 @@ equation gives.
 
 ``--verify`` checks the replay against history: for every decision the enforcer published (up to the end of the
 replay), the events are folded exactly up to the usage snapshot the decision was computed from (its
-``usageSeq``), and the ``hard`` the equation gives there must equal the ``hard`` the enforcer wrote. Any
-difference is printed and the exit status is 1.
+``usageSeq``), and the ``hard`` the equation gives there must equal the ``hard`` the enforcer wrote; and for every
+usage snapshot in ``VMQUOTA_USAGE_HISTORY``, folded up to its ``seq``, each quota's ``hard`` and ``used`` must be
+what the ledger published. Any difference is printed and the exit status is 1.
 
 Read-only: ordered consumers (the ``replay`` NATS user).
 """
@@ -114,19 +115,26 @@ async def main(args: argparse.Namespace) -> int:
             raise InvalidInput(
                 f"sequence {args.until_seq} is before the retained history (from {first})", "--until-seq"
             )
-        decisions: list[contract.Decision] = []
+        checks: list[tuple[int, int, contract.Decision | contract.UsageSnapshot]] = []
         if args.verify:
             for m in await opsbus.read(js, contract.DECISIONS_STREAM, f.subject("quota")):
                 d = contract.decode_decision(m.data)
                 if not d.dry_run and d.usage_seq and (at is None or _stamp(m) <= at):
-                    decisions.append(d)
-            decisions.sort(key=lambda d: d.usage_seq)
+                    checks.append((d.usage_seq, 0, d))
+            for m in await _history(js, f.subject("usage")):
+                try:
+                    u = contract.decode_usage(m.data)
+                except InvalidInput:
+                    continue  # (dead-lettered by the enforcer)
+                if u.seq and (at is None or _stamp(m) <= at):
+                    checks.append((u.seq, 1, u))
+            checks.sort(key=lambda c: (c[0], c[1]))
         r = Replay()
         progress = Progress(info.state.messages, args.quiet)
         cluster_subject = f"{contract.PREFIX}.ev.{f.cluster or '*'}.>"
         differences: list[str] = []
-        checked = 0
-        pending = iter(decisions)
+        checked = {"decisions": 0, "usage": 0}
+        pending = (c[2] for c in checks)
         nxt = next(pending, None)
         async for m in opsbus.messages(js, contract.EVENTS_STREAM, cluster_subject):
             seq = m.metadata.sequence.stream
@@ -138,13 +146,13 @@ async def main(args: argparse.Namespace) -> int:
                 )
             if (args.until_seq is not None and seq > args.until_seq) or (at is not None and _stamp(m) > at):
                 break
-            while nxt is not None and nxt.usage_seq < seq:
-                checked += _verify(r, nxt, differences)
+            while nxt is not None and _seq_of(nxt) < seq:
+                _check(r, nxt, differences, checked)
                 nxt = next(pending, None)
             r.apply(m.data, seq)
             progress.update(r.events)
         while nxt is not None:
-            checked += _verify(r, nxt, differences)
+            _check(r, nxt, differences, checked)
             nxt = next(pending, None)
         progress.update(r.events, final=True)
         when = at or now
@@ -157,18 +165,63 @@ async def main(args: argparse.Namespace) -> int:
         if args.output == "json":
             out = report.status_json(rows, at=when.strftime("%Y-%m-%dT%H:%M:%SZ"), events=r.events)
             if args.verify:
-                out["verify"] = {"decisions": checked, "differences": differences}
+                out["verify"] = {**checked, "differences": differences}
             print(json.dumps(out, indent=2))
         else:
             print(f"as of {when.strftime('%Y-%m-%dT%H:%M:%SZ')} (events stream sequence {r.seq}, {r.events} events)")
             print(report.status_table(rows, wide=args.output == "wide"))
             if args.verify:
-                print(f"verified {checked} decisions: {len(differences)} difference(s)")
+                print(
+                    f"verified {checked['decisions']} decisions and {checked['usage']} usage snapshots: "
+                    f"{len(differences)} difference(s)"
+                )
                 for diff in differences:
                     print(f"  {diff}")
         return 1 if differences else 0
     finally:
         await nc.close()
+
+
+async def _history(js: Any, subject: str) -> list[Any]:
+    """Every usage snapshot the history stream still holds (none from a bus that has no history stream yet)."""
+    try:
+        return await opsbus.read(js, contract.USAGE_HISTORY_STREAM, subject)
+    except opsbus.BusUnavailable as e:
+        if "does not exist" not in str(e):
+            raise
+        return []
+
+
+def _seq_of(c: contract.Decision | contract.UsageSnapshot) -> int:
+    return c.usage_seq if isinstance(c, contract.Decision) else c.seq
+
+
+def _check(
+    r: Replay, c: contract.Decision | contract.UsageSnapshot, differences: list[str], checked: dict[str, int]
+) -> None:
+    if isinstance(c, contract.Decision):
+        checked["decisions"] += _verify(r, c, differences)
+    else:
+        checked["usage"] += _verify_usage(r, c, differences)
+
+
+def _verify_usage(r: Replay, u: contract.UsageSnapshot, differences: list[str]) -> int:
+    """Compare one published usage snapshot with the replay folded up to its ``seq``: every managed quota's
+    ``hard`` (and ``used``) must be what the ledger published. 1 when compared."""
+    mine = r.usage(u.cluster, u.namespace, opsbus.parse_time(u.time, "time"))
+    for name, t in sorted(u.quotas.items()):
+        again = mine.quotas.get(name)
+        if again is None or (again.hard, again.used) != (t.hard, t.used):
+            gives = "no such quota" if again is None else _terms_text(again)
+            differences.append(
+                f"{u.cluster}/{u.namespace}/{name} at {u.time} (usage seq {u.seq}): published {_terms_text(t)}, "
+                f"replay gives {gives}"
+            )
+    return 1
+
+
+def _terms_text(t: contract.QuotaTerms) -> str:
+    return f"hard {json.dumps(t.hard, sort_keys=True)} used {json.dumps(t.used, sort_keys=True)}"
 
 
 def _verify(r: Replay, d: contract.Decision, differences: list[str]) -> int:

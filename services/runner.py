@@ -77,6 +77,8 @@ class Config:
     leader_election: bool
     lease_namespace: str
     identity: str
+    usage_history_max_age: float = 7 * contract.DAY
+    """Seconds (the ledger's usage history stream)."""
     reservation_guard: bool = False
     """Enforcer: write each namespace's QuotaReservation before a raise (``deploy/components/reservation-guard``)."""
     guard_creators: tuple[str, ...] = (guard.DEFAULT_CREATOR,)
@@ -234,6 +236,7 @@ def _env_bool(name: str, default: bool) -> bool:
 SIZE_FLAGS: dict[str, str] = {
     "events": "the events stream",
     "usage": "the usage stream",
+    "usage_history": "the usage history stream",
     "decisions": "the decisions stream",
     "dlq": "the dead-letter stream",
     "checkpoints": "the ledger's checkpoint bucket",
@@ -295,12 +298,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=_env("VMQUOTA_EVENTS_MAX_AGE", "30d"),
         help="how long the events stream keeps events, e.g. 30d, 12h [VMQUOTA_EVENTS_MAX_AGE, 30d]",
     )
+    p.add_argument(
+        "--usage-history-max-age",
+        default=_env("VMQUOTA_USAGE_HISTORY_MAX_AGE", "7d"),
+        help="ledger: how long the usage history stream keeps every snapshot [VMQUOTA_USAGE_HISTORY_MAX_AGE, 7d]",
+    )
     defaults = contract.StreamSizes()
     for name, what in SIZE_FLAGS.items():
         env = f"VMQUOTA_{name.upper()}_MAX_BYTES"
         default = _size_text(getattr(defaults, name))
         p.add_argument(
-            f"--{name}-max-bytes",
+            f"--{name.replace('_', '-')}-max-bytes",
             default=_env(env, default),
             help=f"the most {what} keeps, e.g. 4Gi, 512Mi [{env}, {default}]",
         )
@@ -393,8 +401,12 @@ def config_from_args(args: argparse.Namespace) -> Config:
     from services.bus import NatsOptions
 
     max_age = contract.parse_duration(args.events_max_age, "--events-max-age")
+    history_age = contract.parse_duration(args.usage_history_max_age, "--usage-history-max-age")
     sizes = contract.StreamSizes(
-        **{name: contract.parse_size(getattr(args, f"{name}_max_bytes"), f"--{name}-max-bytes") for name in SIZE_FLAGS}
+        **{
+            name: contract.parse_size(getattr(args, f"{name}_max_bytes"), f"--{name.replace('_', '-')}-max-bytes")
+            for name in SIZE_FLAGS
+        }
     )
     consumer_check = contract.parse_duration(args.nats_consumer_check, "--nats-consumer-check")
     if consumer_check <= 0:
@@ -428,6 +440,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         log_level=args.log_level,
         partitions=partitions,
         events_max_age=max_age,
+        usage_history_max_age=history_age,
         dry_run=dry_run,
         leader_election=leader,
         lease_namespace=args.lease_namespace,

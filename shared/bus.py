@@ -191,10 +191,15 @@ class StreamSpec:
     """Seconds during which a repeated ``Nats-Msg-Id`` is dropped."""
     max_bytes: int = -1
     """The most the stream stores (bytes; -1: unbounded); the oldest messages go first."""
+    sources: tuple[str, ...] = ()
+    """Streams whose messages the server copies into this one (with their subjects): a history of a stream that
+    keeps only the latest per subject, at no cost to the publisher."""
 
 
 EVENTS_STREAM: Final = "VMQUOTA_EVENTS"
 USAGE_STREAM: Final = "VMQUOTA_USAGE"
+USAGE_HISTORY_STREAM: Final = "VMQUOTA_USAGE_HISTORY"
+"""Every usage snapshot for ``--usage-history-max-age`` (sourced by the server from ``VMQUOTA_USAGE``)."""
 DECISIONS_STREAM: Final = "VMQUOTA_DECISIONS"
 DLQ_STREAM: Final = "VMQUOTA_DLQ"
 LEDGER_BUCKET: Final = "VMQUOTA_LEDGER"
@@ -208,13 +213,15 @@ GiB: Final = 2**30
 @dataclass(frozen=True, slots=True)
 class StreamSizes:
     """The most each stream and the checkpoint bucket store, in bytes (``--<stream>-max-bytes``). The defaults add
-    up to 7 GiB, so that they fit the NATS component's 10Gi volume with room for JetStream's own files. When a
+    up to 7.5 GiB, so that they fit the NATS component's 10Gi volume with room for JetStream's own files. When a
     stream is full its oldest messages are dropped, as when they reach the maximum age."""
 
     events: int = 4 * GiB
     """VMQUOTA_EVENTS: what a ledger without checkpoints, or an operator, replays."""
     usage: int = 512 * MiB
     """VMQUOTA_USAGE: the last snapshot of each namespace (a few KB each)."""
+    usage_history: int = 512 * MiB
+    """VMQUOTA_USAGE_HISTORY: every snapshot, for ``vmquota replay --verify`` and ``vmquota explain``."""
     decisions: int = 1 * GiB
     dlq: int = 512 * MiB
     checkpoints: int = 1 * GiB
@@ -225,6 +232,7 @@ class StreamSizes:
         sizes = {
             EVENTS_STREAM: self.events,
             USAGE_STREAM: self.usage,
+            USAGE_HISTORY_STREAM: self.usage_history,
             DECISIONS_STREAM: self.decisions,
             DLQ_STREAM: self.dlq,
             LEDGER_BUCKET: self.checkpoints,
@@ -235,15 +243,18 @@ class StreamSizes:
         return sizes[name]
 
     def total(self) -> int:
-        return self.events + self.usage + self.decisions + self.dlq + self.checkpoints
+        return self.events + self.usage + self.usage_history + self.decisions + self.dlq + self.checkpoints
 
 
 def streams(
-    events_max_age: float = 30 * DAY, duplicate_window: float = 600.0, sizes: StreamSizes = StreamSizes()
+    events_max_age: float = 30 * DAY,
+    duplicate_window: float = 600.0,
+    sizes: StreamSizes = StreamSizes(),
+    usage_history_max_age: float = 7 * DAY,
 ) -> tuple[StreamSpec, ...]:
-    """Every stream, with the events stream kept ``events_max_age`` seconds (operators replay it), each at most
-    its size in ``sizes``."""
-    if events_max_age < 0 or duplicate_window <= 0:
+    """Every stream, with the events stream kept ``events_max_age`` seconds (operators replay it) and the usage
+    history ``usage_history_max_age``, each at most its size in ``sizes``."""
+    if events_max_age < 0 or duplicate_window <= 0 or usage_history_max_age < 0:
         raise InvalidInput("stream ages must be positive", "events-max-age")
     if events_max_age and duplicate_window > events_max_age:
         duplicate_window = events_max_age
@@ -256,6 +267,13 @@ def streams(
             max_bytes=sizes.events,
         ),
         StreamSpec(USAGE_STREAM, (f"{PREFIX}.usage.>",), max_msgs_per_subject=1, max_bytes=sizes.usage),
+        StreamSpec(
+            USAGE_HISTORY_STREAM,
+            (),
+            max_age=usage_history_max_age,
+            max_bytes=sizes.usage_history,
+            sources=(USAGE_STREAM,),
+        ),
         StreamSpec(DECISIONS_STREAM, (f"{PREFIX}.quota.>",), max_age=events_max_age, max_bytes=sizes.decisions),
         StreamSpec(DLQ_STREAM, (f"{PREFIX}.dlq.>",), max_age=events_max_age, max_bytes=sizes.dlq),
     )
@@ -263,7 +281,7 @@ def streams(
 
 STREAM_OWNERS: Final[dict[str, frozenset[str]]] = {
     "watcher": frozenset({EVENTS_STREAM, DLQ_STREAM}),
-    "ledger": frozenset({USAGE_STREAM, DLQ_STREAM}),
+    "ledger": frozenset({USAGE_STREAM, USAGE_HISTORY_STREAM, DLQ_STREAM}),
     "enforcer": frozenset({DECISIONS_STREAM, DLQ_STREAM}),
 }
 """Which streams each service creates and updates at start-up (it writes them); the streams it only reads it
@@ -271,11 +289,15 @@ waits for. Every service may write its rejects to the DLQ stream."""
 
 
 def streams_for(
-    service: str, events_max_age: float = 30 * DAY, sizes: StreamSizes = StreamSizes()
+    service: str,
+    events_max_age: float = 30 * DAY,
+    sizes: StreamSizes = StreamSizes(),
+    usage_history_max_age: float = 7 * DAY,
 ) -> tuple[StreamSpec, ...]:
     """The streams ``service`` owns (all of them for an unknown service name, e.g. ``all`` or a test)."""
     owned = STREAM_OWNERS.get(service)
-    return tuple(s for s in streams(events_max_age, sizes=sizes) if owned is None or s.name in owned)
+    every = streams(events_max_age, sizes=sizes, usage_history_max_age=usage_history_max_age)
+    return tuple(s for s in every if owned is None or s.name in owned)
 
 
 _DURATION: Final = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d|w)")

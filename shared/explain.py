@@ -4,8 +4,8 @@ steps out).
 What each step rests on:
 
 * ``created``: the object's ``creationTimestamp``; ``seen``: when the watcher first published it.
-* ``reserved`` / ``admitted`` / ``refused`` (a VM): the ledger's usage snapshot. The usage stream keeps the newest
-  snapshot per namespace, so these show the ledger's current view, at that snapshot's time.
+* ``reserved`` / ``admitted`` / ``refused`` (a VM): the ledger's usage snapshots (``VMQUOTA_USAGE_HISTORY``), at
+  the first snapshot that says so and at each change.
 * ``raised`` / ``lowered``: the enforcer's decisions that name the migration's VMI (``for the migration of vm1``,
   ``the migration of vm1 ended``), with what changed.
 * ``target-refused``: KubeVirt's ``FailedCreate`` Events on the VMI that quota refused while the migration ran,
@@ -97,9 +97,10 @@ def migration_timeline(
     name: str,
     events: Sequence[ObjectEvent],
     decisions: Sequence[Decision],
-    usage: UsageSnapshot | None = None,
+    usages: Sequence[UsageSnapshot] = (),
 ) -> list[Step] | None:
-    """The steps of the migration ``namespace/name``; None when no event of it is in ``events``."""
+    """The steps of the migration ``namespace/name``; None when no event of it is in ``events``. ``usages``: the
+    namespace's usage snapshots, oldest first."""
     mine = _of(events, "VirtualMachineInstanceMigration", namespace, name)
     snaps = [e.snapshot for e in mine if isinstance(e.snapshot, VmimSnapshot)]
     if not mine or not snaps:
@@ -118,11 +119,15 @@ def migration_timeline(
             if phase in ("Succeeded", "Failed"):
                 steps.append(Step(e.time, phase.lower(), f"phase {phase}"))
                 end = end or e.time
-    if usage is not None:
+    said = ""
+    for usage in usages:
         for m in usage.migrations:
             if m.uid == uid or (not m.uid and m.name == name):
                 what = _items(m.reserved) if m.reserved else "nothing"
-                steps.append(Step(usage.time, "reserved", f"the ledger holds {what} for its target: {m.reason}"))
+                detail = f"the ledger holds {what} for its target ({m.state}): {m.reason}"
+                if detail != said:
+                    steps.append(Step(usage.time, "reserved", detail))
+                    said = detail
     mention = (f"migration of {vmi}", f"migrations of {vmi}", f"{vmi},", f"and {vmi}")
     for d in decisions:
         if d.namespace != namespace or not any(m in d.reason for m in mention):
@@ -181,9 +186,10 @@ def vm_timeline(
     namespace: str,
     name: str,
     events: Sequence[ObjectEvent],
-    usage: UsageSnapshot | None = None,
+    usages: Sequence[UsageSnapshot] = (),
 ) -> list[Step] | None:
-    """The steps of the VM (its VMI) ``namespace/name``; None when no event of its VMI is in ``events``."""
+    """The steps of the VM (its VMI) ``namespace/name``; None when no event of its VMI is in ``events``.
+    ``usages``: the namespace's usage snapshots, oldest first."""
     mine = _of(events, "VirtualMachineInstance", namespace, name)
     if not mine:
         return None
@@ -210,10 +216,13 @@ def vm_timeline(
         if isinstance(s, EventSnapshot) and s.quota_refusal and s.uid not in seen:
             seen.add(s.uid)
             steps.append(Step(e.time, "refused", f"quota {s.quota_name} refused its pod: {s.message}"))
-    if usage is not None:
+    said = ""
+    for usage in usages:
         for v in usage.vms:
             if v.name == name and v.state in ("admitted", "refused"):
                 by = "; ".join(f"{q}: {', '.join(r)}" for q, r in sorted(v.refused_by.items()))
                 detail = f"the ledger: {v.state}, {v.reason}" + (f" (does not fit {by})" if by else "")
-                steps.append(Step(usage.time, v.state, detail))
+                if detail != said:
+                    steps.append(Step(usage.time, v.state, detail))
+                    said = detail
     return _ordered(steps)

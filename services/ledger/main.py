@@ -16,6 +16,7 @@ async def main(rt: Runtime) -> None:
             partitions=rt.config.partitions,
             cluster=rt.config.cluster,
             events_max_age=rt.config.events_max_age,
+            usage_history_max_age=rt.config.usage_history_max_age,
             service=rt.name,
         )
         service = LedgerService(bus, opts, account, metrics=rt.metrics, health=rt.health)

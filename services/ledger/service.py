@@ -64,6 +64,7 @@ class LedgerOptions:
     cluster: str | None = None
     """Fold only this cluster's events (None: every cluster on the bus)."""
     events_max_age: float = 30 * contract.DAY
+    usage_history_max_age: float = 7 * contract.DAY
     batch: int = 1000
     idle: float = 0.5
     """Seconds a fetch waits for events before the loop runs its timers."""
@@ -154,7 +155,11 @@ class LedgerService:
     # ---- start-up ----------------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Ensure the streams and the bucket, load checkpoints, choose the replay start."""
-        await self.bus.ensure_streams(contract.streams_for("ledger", self.opts.events_max_age))
+        await self.bus.ensure_streams(
+            contract.streams_for(
+                "ledger", self.opts.events_max_age, usage_history_max_age=self.opts.usage_history_max_age
+            )
+        )
         self.kv = await self.bus.ensure_kv(contract.LEDGER_BUCKET)
         progress = await self._load()
         last = await self._events_last_seq()

@@ -48,6 +48,34 @@ async def test_ensure_streams_is_idempotent_and_updates_limits(nats_url: str) ->
         await b.close()
 
 
+async def test_the_usage_history_keeps_every_snapshot_the_usage_stream_replaces(nats_url: str) -> None:
+    """VMQUOTA_USAGE keeps the latest snapshot per namespace; the server copies each into VMQUOTA_USAGE_HISTORY
+    (same subject), which keeps them all for its max age: nobody publishes twice."""
+    from tests.waiting import wait_until
+
+    b = await _connect(nats_url)
+    try:
+        await b.ensure_streams(contract.streams(usage_history_max_age=3600.0))
+        await b.ensure_streams(contract.streams(usage_history_max_age=3600.0))  # (idempotent with sources)
+        subject = contract.usage_subject("c1", "tenant-a")
+        for seq in (1, 2, 3):
+            await b.publish(subject, f'{{"seq": {seq}}}'.encode())
+
+            async def copied(n: int = seq) -> bool:  # (the server copies asynchronously)
+                return (await b.js.stream_info(contract.USAGE_HISTORY_STREAM)).state.messages == n
+
+            await wait_until(copied, what=f"the history to hold {seq} snapshot(s)")
+        assert (await b.js.stream_info(contract.USAGE_STREAM)).state.messages == 1
+        history = await b.js.stream_info(contract.USAGE_HISTORY_STREAM)
+        assert history.config.max_age == 3600.0 and history.config.max_msgs_per_subject in (-1, 0)
+        sub = await b.js.subscribe(subject, stream=contract.USAGE_HISTORY_STREAM, ordered_consumer=True)
+        got = [(await sub.next_msg(timeout=5)).data for _ in range(3)]
+        await sub.unsubscribe()
+        assert got == [b'{"seq": 1}', b'{"seq": 2}', b'{"seq": 3}']
+    finally:
+        await b.close()
+
+
 async def test_publish_with_msg_id_is_deduplicated_by_the_server(nats_url: str) -> None:
     b = await _connect(nats_url)
     try:

@@ -66,6 +66,7 @@ async def test_status_tail_and_replay_after_a_migration_at_full_quota() -> None:
         assert code == 0, out + err
         result = json.loads(out)
         assert result["verify"]["differences"] == [] and result["verify"]["decisions"] >= 2, result["verify"]
+        assert result["verify"]["usage"] >= 3, "every published usage snapshot re-derived from the events"
         assert result["events"] > 0 and [q["hard"] for q in result["quotas"]] == [{"limits.memory": "64Gi"}]
         # and in the middle of the migration: --until-seq the raise's usage gives the raised hard
         code, out, err = await vmquota("replay", "--nats", url, "--until-seq", str(raised.usage_seq), "-o", "json")
@@ -78,9 +79,10 @@ async def test_status_tail_and_replay_after_a_migration_at_full_quota() -> None:
         timeline = json.loads(out)
         assert (timeline["kind"], timeline["namespace"], timeline["name"]) == ("migration", NS, name)
         steps = [s["step"] for s in timeline["steps"]]
-        for step in ("created", "seen", "raised", "target-admitted", "succeeded", "lowered"):
+        for step in ("created", "seen", "reserved", "raised", "target-admitted", "succeeded", "lowered"):
             assert step in steps, (step, timeline["steps"])
-        assert steps.index("raised") < steps.index("target-admitted") < steps.index("succeeded")
+        assert steps.index("reserved") < steps.index("raised") < steps.index("target-admitted")
+        assert steps.index("target-admitted") < steps.index("succeeded")
         assert steps.index("succeeded") <= steps.index("lowered")
         times = [s["time"] for s in timeline["steps"]]
         assert times == sorted(times, key=lambda t: t.replace("Z", "+00:00")), times

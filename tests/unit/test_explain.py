@@ -115,10 +115,10 @@ def test_a_vms_timeline_and_the_ledgers_current_view() -> None:
                          refused_by={"compute": ["limits.memory"]})],
     )  # fmt: skip
     gone = ev("VirtualMachineInstance", "vm1", "vmi-uid", 9, None, 35, deleted=True)
-    steps = vm_timeline(NS, "vm1", [*events(), gone], usage)
+    steps = vm_timeline(NS, "vm1", [*events(), gone], [usage, usage])
     assert steps is not None
     names = [s.step for s in steps]
     assert names[:4] == ["created", "seen", "refused", "running"], names
     assert names[-2:] == ["stopped", "refused"], names
     assert "does not fit compute: limits.memory" in steps[-1].detail, steps[-1]
-    assert vm_timeline(NS, "vm2", events(), usage) is None
+    assert vm_timeline(NS, "vm2", events(), [usage]) is None

@@ -4,7 +4,8 @@ nats-py ordered-consumer rate over the same stream in the same run (the same sub
 
 The stream holds the watcher's events of ``VMS`` VMs (a VirtualMachine, a VirtualMachineInstance and a
 virt-launcher pod each, ~1.2 KB per event on average), published beforehand. Consumer and nats-server share
-the machine, as in the pipeline benchmark. Rounds alternate raw and folding reads; the best of each is kept.
+the machine, as in the pipeline benchmark. Rounds alternate raw and folding reads and the ``vmquota replay``
+command's own reader (``opsbus.messages`` and ``cli_replay.Replay``); the best of each is kept.
 """
 
 from __future__ import annotations
@@ -73,6 +74,22 @@ async def replay(bus: Bus, want: int, fold: Ledger | None) -> float:
     return want / (t1 - t0)
 
 
+async def command_replay(bus: Bus, want: int) -> float:
+    """What ``vmquota replay`` does: ``opsbus.messages`` (an ordered consumer, message by message) and
+    ``Replay.apply`` (decode, fold) over the whole stream; events/s."""
+    from services import opsbus
+    from services.cli_replay import Replay
+
+    r = Replay()
+    t0 = time.perf_counter()
+    async for m in opsbus.messages(bus.js, contract.EVENTS_STREAM, "vmquota.ev.>"):
+        r.apply(m.data, position(m).stream)
+    t1 = time.perf_counter()
+    if r.events != want or r.skipped:
+        raise AssertionError(f"vmquota replay read {r.events} events ({r.skipped} unreadable), expected {want}")
+    return want / (t1 - t0)
+
+
 async def run_async(n: int = VMS, rounds: int = ROUNDS) -> list[Result]:
     logs.configure("warning")
     events = events_of([o for i in range(n) for o in vm_objects(i)])
@@ -81,6 +98,7 @@ async def run_async(n: int = VMS, rounds: int = ROUNDS) -> list[Result]:
     gc.freeze()  # the workload stays out of the consumer's collections, as in the pipeline benchmark
     raws: list[float] = []
     folds: list[float] = []
+    commands: list[float] = []
     with NatsServer() as server:
         bus = await Bus.connect(NatsOptions(url=server.url))
         try:
@@ -94,15 +112,19 @@ async def run_async(n: int = VMS, rounds: int = ROUNDS) -> list[Result]:
                     raise AssertionError(f"the replayed ledger holds {folded} objects, expected {len(events)}")
                 del ledger
                 gc.collect()
+                commands.append(await command_replay(bus, len(events)))
+                gc.collect()
         finally:
             await bus.close()
             gc.unfreeze()
-    raw, folding = max(raws), max(folds)
+    raw, folding, command = max(raws), max(folds), max(commands)
     note = f"{len(events)} events ({n} VMs), {size:,.0f} B on average, ordered push consumer"
     return [
         Result("replay: raw nats-py ordered consumer", raw, "events/s", note=note),
         Result("replay: ordered consumer + ledger fold", folding, "events/s", note=note),
         Result("replay: folding / raw", 100.0 * folding / raw, "%", target=TARGET_RATIO),
+        Result("replay: the vmquota replay command (its reader and fold)", command, "events/s", note=note),
+        Result("replay: vmquota replay / raw", 100.0 * command / raw, "%", target=TARGET_RATIO),
     ]
 
 

@@ -171,6 +171,14 @@ class NatsOptions:
     stream_sizes: contract.StreamSizes | None = None
     """The sizes :meth:`Bus.ensure_streams` and :meth:`Bus.ensure_kv` give the streams and the bucket (None: those
     of the stream specs, and the default for the bucket)."""
+    stream_replicas: int = 1
+    """How many servers of a JetStream cluster keep each stream and the bucket (1: a single server)."""
+
+    @property
+    def servers(self) -> list[str]:
+        """``url`` is one URL or a comma-separated list (the servers of a cluster; the client also learns the
+        others from the one it reaches)."""
+        return [u.strip() for u in self.url.split(",") if u.strip()]
 
 
 class Bus:
@@ -186,6 +194,8 @@ class Bus:
         """Default ``check_interval`` of the :class:`PullConsumer` s on this bus (``NatsOptions.consumer_check``)."""
         self.stream_sizes: contract.StreamSizes | None = None
         """``NatsOptions.stream_sizes``."""
+        self.stream_replicas = 1
+        """``NatsOptions.stream_replicas``."""
 
     @property
     def max_payload(self) -> int:
@@ -234,7 +244,7 @@ class Bus:
                 log.info("nats connection closed")
 
         kwargs: dict[str, Any] = {
-            "servers": [opts.url],
+            "servers": opts.servers,
             "name": opts.name,
             "allow_reconnect": True,
             # the first connection: two tries, then this loop's backoff; after it, forever (set below)
@@ -276,6 +286,7 @@ class Bus:
         bus = cls(nc, on_reconnect)
         bus.consumer_check = opts.consumer_check
         bus.stream_sizes = opts.stream_sizes
+        bus.stream_replicas = opts.stream_replicas
         holder.append(bus)
         return bus
 
@@ -307,6 +318,7 @@ class Bus:
                 max_msgs_per_subject=spec.max_msgs_per_subject,
                 duplicate_window=spec.duplicate_window,
                 max_bytes=max_bytes,
+                num_replicas=self.stream_replicas,
             )
             await _retry(functools.partial(self._ensure_stream, cfg), what=f"stream {spec.name}")
 
@@ -326,6 +338,7 @@ class Bus:
             or float(have.duplicate_window or 0) != float(cfg.duplicate_window)
             or (have.max_bytes or -1) != (cfg.max_bytes or -1)
             or sorted(src.name for src in have.sources or []) != sorted(src.name for src in cfg.sources or [])
+            or (have.num_replicas or 1) != (cfg.num_replicas or 1)
         ):
             await self.js.update_stream(cfg)
             log.info("stream updated", stream=cfg.name)
@@ -341,12 +354,15 @@ class Bus:
                 kv = await self.js.key_value(bucket)
             except nats.js.errors.BucketNotFoundError:
                 return await self.js.create_key_value(
-                    KeyValueConfig(bucket=bucket, history=history, max_bytes=max_bytes)
+                    KeyValueConfig(bucket=bucket, history=history, max_bytes=max_bytes, replicas=self.stream_replicas)
                 )
             info = await self.js.stream_info(f"KV_{bucket}")
-            if (info.config.max_bytes or -1) != max_bytes:
-                await self.js.update_stream(dataclasses.replace(info.config, max_bytes=max_bytes))
-                log.info("bucket updated", bucket=bucket, max_bytes=max_bytes)
+            have = (info.config.max_bytes or -1, info.config.num_replicas or 1)
+            if have != (max_bytes, self.stream_replicas):
+                await self.js.update_stream(
+                    dataclasses.replace(info.config, max_bytes=max_bytes, num_replicas=self.stream_replicas)
+                )
+                log.info("bucket updated", bucket=bucket, max_bytes=max_bytes, replicas=self.stream_replicas)
             return kv
 
         return await _retry(once, what=f"bucket {bucket}")
@@ -562,6 +578,10 @@ class PullConsumer:
             filter_subject=self.filter_subjects[0] if len(self.filter_subjects) == 1 else None,
             max_waiting=16,
             inactive_threshold=3600.0,
+            # The reader keeps its own position and re-creates the consumer from it, so the server need not: one
+            # replica in memory, even on a replicated stream (no raft group of its own to elect when a node dies).
+            num_replicas=1,
+            mem_storage=True,
         )
         info = await self.bus.js.add_consumer(self.stream, cfg)
         self._created = info.created

@@ -28,7 +28,11 @@ def _env(name: str, default: str | None = None) -> str | None:
 def add_bus_arguments(p: argparse.ArgumentParser, *, namespace: bool = True) -> None:
     """``--nats``, ``--nats-creds``/``--nats-user``/``--nats-password`` (as ``vmquota run``), ``--cluster`` and
     ``-n/--namespace`` filters."""
-    p.add_argument("--nats", default=_env("VMQUOTA_NATS", "nats://127.0.0.1:4222"), help="NATS URL [VMQUOTA_NATS]")
+    p.add_argument(
+        "--nats",
+        default=_env("VMQUOTA_NATS", "nats://127.0.0.1:4222"),
+        help="NATS URL, or a comma-separated list [VMQUOTA_NATS]",
+    )
     p.add_argument("--nats-creds", default=_env("VMQUOTA_NATS_CREDS"), help="NATS .creds file [VMQUOTA_NATS_CREDS]")
     p.add_argument(
         "--nats-user",
@@ -99,7 +103,8 @@ async def connect(args: argparse.Namespace) -> Any:
 
     if args.nats_creds and args.nats_user:
         raise BusUnavailable("give either --nats-creds or --nats-user/--nats-password, not both")
-    kwargs: dict[str, Any] = {"servers": [args.nats], "allow_reconnect": False, "connect_timeout": 3}
+    servers = [u.strip() for u in str(args.nats).split(",") if u.strip()]  # (as NatsOptions.servers)
+    kwargs: dict[str, Any] = {"servers": servers, "allow_reconnect": False, "connect_timeout": 3}
     if args.nats_creds:
         kwargs["user_credentials"] = args.nats_creds
     if args.nats_user:
@@ -154,8 +159,21 @@ async def messages(
         opts = {"deliver_policy": DeliverPolicy.BY_START_TIME, "opt_start_time": since.isoformat()}
     from nats.js.api import ConsumerConfig
 
+    from services.bus import position
+
+    arrived: asyncio.Queue[Msg] = asyncio.Queue(maxsize=10_000)
+
+    async def on_msg(m: Msg) -> None:
+        await arrived.put(m)  # (full: the client stops answering the server's flow control, which then waits)
+
     try:
-        sub = await js.subscribe(subject, stream=stream, ordered_consumer=True, config=ConsumerConfig(**opts))
+        sub = await js.subscribe(
+            subject,
+            stream=stream,
+            ordered_consumer=True,
+            config=ConsumerConfig(**opts),
+            cb=on_msg,
+        )
     except Exception as e:  # a refused consumer create gets no answer: a timeout
         raise BusUnavailable(
             f"cannot read the stream {stream} ({e or type(e).__name__}): the commands read with ordered consumers, "
@@ -166,15 +184,15 @@ async def messages(
         last = info.state.last_seq
         while True:
             try:
-                m = await sub.next_msg(timeout=None if follow else 1.0)
-            except TimeoutError:
-                return  # nothing (more) on this subject
-            except Exception as e:
-                if type(e).__name__ == "TimeoutError":
-                    return
-                raise
+                m = arrived.get_nowait()  # (no timer per message while they are there: a replay reads millions)
+            except asyncio.QueueEmpty:
+                try:
+                    m = await asyncio.wait_for(arrived.get(), None if follow else 1.0)
+                except TimeoutError:
+                    return  # nothing (more) on this subject
             yield m
-            if not follow and (m.metadata.sequence.stream >= last or m.metadata.num_pending == 0):
+            at = position(m)
+            if not follow and (at.stream >= last or at.pending == 0):
                 return
     finally:
         await sub.unsubscribe()

@@ -254,7 +254,11 @@ def _size_text(n: int) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("service", metavar="SERVICE", help=f"the service to run: {', '.join(PLANNED)} or all")
     p.add_argument("--cluster", default=_env("VMQUOTA_CLUSTER"), help="cluster id, a DNS label [VMQUOTA_CLUSTER]")
-    p.add_argument("--nats", default=_env("VMQUOTA_NATS", "nats://127.0.0.1:4222"), help="NATS URL [VMQUOTA_NATS]")
+    p.add_argument(
+        "--nats",
+        default=_env("VMQUOTA_NATS", "nats://127.0.0.1:4222"),
+        help="NATS URL, or a comma-separated list of a cluster's [VMQUOTA_NATS]",
+    )
     p.add_argument("--nats-creds", default=_env("VMQUOTA_NATS_CREDS"), help="NATS .creds file [VMQUOTA_NATS_CREDS]")
     p.add_argument("--nats-user", default=_env("VMQUOTA_NATS_USER"), help="NATS user [VMQUOTA_NATS_USER]")
     p.add_argument(
@@ -297,6 +301,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--events-max-age",
         default=_env("VMQUOTA_EVENTS_MAX_AGE", "30d"),
         help="how long the events stream keeps events, e.g. 30d, 12h [VMQUOTA_EVENTS_MAX_AGE, 30d]",
+    )
+    p.add_argument(
+        "--stream-replicas",
+        default=_env("VMQUOTA_STREAM_REPLICAS", "1"),
+        help="servers of a JetStream cluster that keep each stream and the bucket; 3 for a 3-node cluster "
+        "[VMQUOTA_STREAM_REPLICAS, 1]",
     )
     p.add_argument(
         "--usage-history-max-age",
@@ -408,6 +418,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
             for name in SIZE_FLAGS
         }
     )
+    replicas = _int(args.stream_replicas, "--stream-replicas (VMQUOTA_STREAM_REPLICAS)")
+    if not 1 <= replicas <= 5:
+        raise InvalidInput(f"must be 1 to 5 (JetStream's limit), got {replicas}", "--stream-replicas")
     consumer_check = contract.parse_duration(args.nats_consumer_check, "--nats-consumer-check")
     if consumer_check <= 0:
         raise InvalidInput("the consumer check interval must be positive", "--nats-consumer-check")
@@ -434,6 +447,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
             ca=args.nats_ca,
             consumer_check=consumer_check,
             stream_sizes=sizes,
+            stream_replicas=replicas,
         ),
         kubeconfig=args.kubeconfig,
         http_port=http_port,

@@ -266,8 +266,11 @@ class VmquotaStack:
         log_level: str = "warning",
         extra_args: Sequence[str] = (),
         nats_port: int | None = None,
+        nats: Any = None,
     ) -> None:
-        """``nats_port``: the embedded nats-server's port on 127.0.0.1 (default: a free one)."""
+        """``nats_port``: the embedded nats-server's port on 127.0.0.1 (default: a free one). ``nats``: a bus
+        started elsewhere (anything with a ``url``, e.g. a cluster's comma-separated URLs) used instead of an
+        embedded server, and left running on stop."""
         self.sim = sim
         self.nats_port = nats_port
         self.extra_args = tuple(extra_args)
@@ -275,7 +278,8 @@ class VmquotaStack:
         self.cluster = cluster
         self.separate = separate
         self.log_level = log_level
-        self._nats: Any = None
+        self._nats: Any = nats
+        self._own_nats = nats is None
         self._task: asyncio.Task[int] | None = None
         self._stop = asyncio.Event()
         self._procs: dict[str, asyncio.subprocess.Process] = {}
@@ -310,7 +314,8 @@ class VmquotaStack:
     async def start(self) -> None:
         from services.natsserver import NatsServer
 
-        self._nats = NatsServer(port=self.nats_port).start()
+        if self._own_nats:
+            self._nats = NatsServer(port=self.nats_port).start()
         if self.separate:
             await asyncio.gather(*(self.start_service(name) for name in SERVICE_NAMES))
             return
@@ -387,7 +392,7 @@ class VmquotaStack:
         if self._task is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._task, timeout=20)
-        if self._nats is not None:
+        if self._nats is not None and self._own_nats:
             self._nats.close()
 
 

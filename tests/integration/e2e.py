@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -65,7 +65,11 @@ class BusTap:
 
     async def connect(self, url: str) -> None:
         self._nc = await nats.connect(
-            url, name="e2e-tap", reconnect_time_wait=0.1, max_reconnect_attempts=-1, allow_reconnect=True
+            [u for u in url.split(",") if u],
+            name="e2e-tap",
+            reconnect_time_wait=0.1,
+            max_reconnect_attempts=-1,
+            allow_reconnect=True,
         )
         await self._nc.subscribe(f"{contract.PREFIX}.usage.{self.cluster}.>", cb=self._on_usage)
         await self._nc.subscribe(f"{contract.PREFIX}.quota.{self.cluster}.>", cb=self._on_decision)
@@ -402,6 +406,8 @@ async def pipeline(
     kubevirt_timing: KubeVirtTiming | None = None,
     seed: int = 7,
     guard: bool = False,
+    nats: Any = None,
+    extra_args: Sequence[str] = (),
 ) -> AsyncIterator[Pipeline]:
     """A simulated cluster with vmquota running against it (``separate``: one runner per service) and a bus tap;
     ``guard``: with the reservation guard (the shipped policy in the cluster, the enforcer writing its parameter)."""
@@ -414,7 +420,8 @@ async def pipeline(
     await sim.start()
     if guard:
         await install_guard(sim)
-    stack = VmquotaStack(sim, CLUSTER, separate=separate, extra_args=["--reservation-guard"] if guard else [])
+    args = [*extra_args, *(["--reservation-guard"] if guard else [])]
+    stack = VmquotaStack(sim, CLUSTER, separate=separate, extra_args=args, nats=nats)
     tap = BusTap(CLUSTER)
     try:
         await stack.start()

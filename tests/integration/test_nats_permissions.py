@@ -459,6 +459,8 @@ def hijack(name: str, *, nameless: bool = False) -> bytes:
                 "ack_policy": "none",
                 "max_waiting": 16,
                 "inactive_threshold": 3_600_000_000_000,
+                "mem_storage": True,  # (as the services create theirs: the server refuses to change the storage)
+                "num_replicas": 1,
             },
         }
     ).encode()

@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest bench clean image
+.PHONY: demo up test lint typecheck pytest bench clean image
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,6 +15,10 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/vmquota demo
+
+# The whole stack on this machine until Ctrl-C, with the example tenant: prints the kubectl lines to try.
+up: $(STAMP)
+	$(BIN)/vmquota up --example
 
 test: lint typecheck pytest
 

@@ -12,6 +12,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from shared.errors import MissingDependency
+
 # sub-command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("services.cli_up", "run nats-server, a simulated KubeVirt cluster and the services here, until Ctrl-C"),
@@ -53,6 +55,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "vmquota") -> int:
         code: int = mod.run(args)
     except KeyboardInterrupt:
         return 130
+    except MissingDependency as e:  # one line with the install line that fixes it, whichever command needs it
+        print(f"{prog} {args.command}: {e}", file=sys.stderr)
+        return 1
     return code
 
 

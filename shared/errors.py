@@ -31,3 +31,7 @@ class InvalidInput(ValueError):
 
 class InvalidQuantity(InvalidInput):
     """A Kubernetes quantity string that does not parse, is negative where that is not allowed, or is absurd."""
+
+
+class MissingDependency(RuntimeError):
+    """An optional package the command needs is not installed; the message names the install line that adds it."""

@@ -143,6 +143,9 @@ def run(args: argparse.Namespace) -> int:
     from services import logs
 
     logs.configure(args.log_level)
+    from services.simcluster.server import require_tls_support
+
+    require_tls_support()
     try:
         _check_speed(args.speed)
         scenarios = [load_scenario(args.scenario_file)] if args.scenario_file else builtin_scenarios()

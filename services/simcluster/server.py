@@ -52,6 +52,7 @@ from services.simcluster.kubeconfig import write_kubeconfig
 from services.simcluster.registry import AGE, NAME, ResourceInfo
 from services.simcluster.store import PatchType, Store, Watcher, WatchItem
 from services.simcluster.store_api import ApiError, Obj, Resource
+from shared.errors import MissingDependency
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
@@ -789,6 +790,17 @@ class ApiServer:
 # --- running a server -------------------------------------------------------------------------------------------
 
 
+def require_tls_support() -> None:
+    """:class:`MissingDependency` unless the package the simulated cluster's HTTPS needs is installed (a command
+    checks before it starts anything, so that the reason is all it prints)."""
+    try:
+        import cryptography  # noqa: F401
+    except ImportError:
+        raise MissingDependency(
+            "the simulated cluster serves HTTPS and needs the 'cryptography' package: pip install 'vmquota[sim]'"
+        ) from None
+
+
 def self_signed_certificate(host: str = "127.0.0.1") -> tuple[bytes, bytes]:
     """A fresh P-256 key and a self-signed certificate (PEM) valid for ``host``, localhost and the loopback
     addresses; the certificate is its own authority (clients trust it through the kubeconfig)."""
@@ -801,7 +813,7 @@ def self_signed_certificate(host: str = "127.0.0.1") -> tuple[bytes, bytes]:
         from cryptography.hazmat.primitives.asymmetric import ec
         from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
     except ImportError:  # pragma: no cover - depends on the installation
-        raise RuntimeError(
+        raise MissingDependency(
             "the simulated cluster serves HTTPS and needs the 'cryptography' package: pip install 'vmquota[sim]'"
         ) from None
 

@@ -76,3 +76,30 @@ def test_a_bad_input_is_one_line_and_an_exit_code(tmp_path: Path, argv: list[str
     assert "Traceback" not in err and len(err.splitlines()) == 1, f"not one line:\n{err[-2000:]}"
     assert phrase in err, err
     assert not proc.stdout.strip() or proc.returncode == 0, proc.stdout[-500:]
+
+
+@pytest.mark.parametrize("argv", [["demo"], ["simulate"], ["up", "--nats-port", "0"]], ids=lambda a: a[0])
+def test_a_missing_extra_is_one_line_with_the_install_line(tmp_path: Path, argv: list[str]) -> None:
+    """The plain install (no ``sim`` extra) runs the commands that need the simulated cluster only far enough to
+    say which install line adds what they need."""
+    blocked = (
+        "import sys; sys.modules['cryptography'] = None; from services.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            blocked,
+            *argv,
+            *(["--kubeconfig-out", str(tmp_path / "kc")] if argv[0] == "up" else []),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
+    err = proc.stderr.strip()
+    assert proc.returncode == 1, err[-2000:]
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err[-2000:]
+    assert err.startswith(f"vmquota {argv[0]}: ") and "pip install 'vmquota[sim]'" in err, err

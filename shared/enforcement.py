@@ -48,6 +48,7 @@ from shared.bus import (
     now_rfc3339,
     source,
 )
+from shared.equation import within_charged
 from shared.errors import InvalidInput
 from shared.modes import (
     BUDGET_ANNOTATION,
@@ -279,6 +280,12 @@ class Plan:
         return self.set_hard or bool(self.annotations)
 
     @property
+    def raises(self) -> bool:
+        """``spec.hard`` grows for some resource (room opens): the enforcer reads the quota's ``status.used`` from
+        the API server first (see :func:`shared.equation.within_charged`)."""
+        return any(r not in self.hard_before or (q - self.hard_before[r]).nanos > 0 for r, q in self.hard_after.items())
+
+    @property
     def key(self) -> tuple[str, str]:
         return (self.namespace, self.name)
 
@@ -323,12 +330,19 @@ def _terms(usage: UsageSnapshot | None, name: str) -> QuotaTerms | None:
 
 
 def plan(
-    q: QuotaSnapshot, usage: UsageSnapshot | None, previous: UsageSnapshot | None = None, *, managed: bool = False
+    q: QuotaSnapshot,
+    usage: UsageSnapshot | None,
+    previous: UsageSnapshot | None = None,
+    *,
+    managed: bool = False,
+    charged: Mapping[str, Quantity] | None = None,
 ) -> Plan:
     """What the enforcer does to quota ``q`` given the namespace's latest usage snapshot. ``previous`` (the usage
     snapshot the enforcer acted on before, if it remembers one) only sharpens the reason line. ``managed``: the
     caller has seen the API server return this quota (its uid) labelled managed, so a release may set
-    ``spec.hard`` back to the budget even where that raises it."""
+    ``spec.hard`` back to the budget even where that raises it. ``charged``: the quota's ``status.used`` as the
+    API server returned it just now; ``hard`` then holds no room for pods the usage counts in ``P`` beyond what
+    the API server charges (:func:`shared.equation.within_charged`)."""
     seq = usage.seq if usage is not None else 0
     if not is_managed(q.labels):
         return _release(q, seq, managed=managed)
@@ -350,6 +364,8 @@ def plan(
             agreed = same(ledger_budget, b.budget)
             if agreed:
                 hard = parse_resource_list(terms.hard, "hard")
+                if charged is not None:
+                    hard = within_charged(hard, parse_resource_list(terms.pods, "pods"), charged)
         except InvalidInput:
             agreed = False  # a malformed snapshot is refused before it gets here; wait for the next one
     want = {BUDGET_ANNOTATION: rl_json(b.budget), LAST_HARD_ANNOTATION: rl_json(hard), STATUS_ANNOTATION: status}

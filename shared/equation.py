@@ -60,6 +60,29 @@ def in_mode_terms(nanos: int, factor: Fraction | None) -> int:
     return -(-nanos * factor.denominator // factor.numerator)
 
 
+def within_charged(
+    hard: Mapping[str, Quantity], pod_usage: Mapping[str, Quantity], charged: Mapping[str, Quantity]
+) -> ResourceList:
+    """``hard`` less what ``P`` (``pod_usage``, what the events say the pods are charged) exceeds ``charged`` (the
+    quota's ``status.used``, read from the API server) by, per resource, never below zero.
+
+    Quota admission adds a pod's charge to ``status.used`` before the pod exists, so for every pod that exists
+    ``P <= status.used``; ``P > status.used`` means pods the cluster never charged (a forged pod on the bus). The
+    room ``hard - status.used`` then stays at most ``k * max(B - U, 0) + S``, whatever the bus claims. Where
+    ``status.used`` is higher (pods ended, the quota controller not yet caught up) nothing changes. A resource
+    missing from either side is left as it is."""
+    out = dict(hard)
+    for r, h in hard.items():
+        p, c = pod_usage.get(r), charged.get(r)
+        if p is None or c is None:
+            continue
+        excess = p - c
+        if excess.nanos > 0:
+            cut = h - excess
+            out[r] = cut if cut.nanos > 0 else ZERO
+    return out
+
+
 def desired_hard(
     budget: Mapping[str, Quantity],
     accounted: Mapping[str, Quantity],

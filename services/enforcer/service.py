@@ -644,9 +644,19 @@ class Enforcer:
             self._verify.discard(key)
         conflicts = reads = repeats = 0
         failed = ""  # the precondition of the last patch that conflicted
+        fresh: QuotaSnapshot | None = None  # the copy read from the API server for this round, if any
         while quota is not None:
             usage = self.usage.get(ns)
-            p = enforcement.plan(quota, usage, self._acted.get(key), managed=quota.uid in self._vouched)
+            charged = quota.status_used if quota is fresh else None
+            p = enforcement.plan(
+                quota, usage, self._acted.get(key), managed=quota.uid in self._vouched, charged=charged
+            )
+            if p.raises and quota is not fresh and not self.opts.dry_run:
+                # Room opens: first what the API server charges now (status.used), not what the bus says pods
+                # are charged, so that a pod the cluster never admitted opens none (and the patch's precondition
+                # is this version).
+                quota = fresh = await self._read(key, quota)
+                continue
             if not p.changes:
                 self._since.pop(key, None)
                 if self.opts.reservation_guard and not self.opts.dry_run:
@@ -689,7 +699,7 @@ class Enforcer:
                     await asyncio.sleep(random.uniform(0, self.opts.conflict_pause))
                 reads += 1
                 self.own.conflict_retries.labels(source="read").inc()
-                quota = await self._read(key, quota)
+                quota = fresh = await self._read(key, quota)
                 continue
             after = self._remember_raw(raw)
             if self.opts.reservation_guard:

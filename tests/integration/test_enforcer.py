@@ -659,6 +659,34 @@ async def test_a_forged_usage_snapshot_neither_opens_room_nor_shadows_the_real_o
         assert "exceeds budget + pods + reserved = 64Gi" in reason, reason
 
 
+async def test_a_phantom_pod_on_the_bus_opens_no_room(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """A usage snapshot that counts a 100Gi pod the cluster never admitted (a forged pod event folded by the
+    ledger): ``P`` says 100Gi is charged, the API server's ``status.used`` says 0. Before a write that raises
+    ``hard`` the enforcer reads the quota and holds no room for what ``P`` exceeds ``status.used`` by, so the room
+    (``hard - status.used``) stays what the budget leaves."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    async with enforcer(bus, api) as (e, _):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        phantom = {
+            "compute": contract.QuotaTerms(
+                mode="VmiPodUsage",
+                budget={"limits.memory": "64Gi"},
+                used={"limits.memory": "40Gi"},
+                pods={"limits.memory": "100Gi"},  # a 100Gi pod (and what really runs: nothing)
+                hard={"limits.memory": "124Gi"},  # (64Gi - 40Gi) + 100Gi, as the ledger computes it
+            )
+        }
+        patched = e.patched
+        await publish_usage(bus, 7, phantom)
+        q = await wait_quota(sim, lambda o: e.patched > patched, "the enforcer's write")
+        used = Quantity.parse(q["status"]["used"]["limits.memory"])
+        room = Quantity.parse(hard(q)["limits.memory"]) - used
+        assert room <= Quantity.parse("24Gi"), f"room {room.canonical()} opened for a pod the cluster never charged"
+        assert hard(q) == {"limits.memory": "24Gi"}, hard(q)
+
+
 FORGED_RV = "9999999999999999999"
 
 

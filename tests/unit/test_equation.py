@@ -634,3 +634,27 @@ def test_full_namespaces_still_migrate(world: World, vms: list[tuple[int, int]])
     for vcpus, mib in vms:
         world.add_vm(vcpus, mib, explicit_limit=False)
     world.migrate(list(range(len(vms))))
+
+
+_GI = st.integers(min_value=0, max_value=512).map(lambda n: Quantity.parse(f"{n}Gi"))
+
+
+@given(hard=_GI, pods=_GI, charged=_GI)
+def test_within_charged_never_leaves_more_room_than_the_api_servers_charge_allows(
+    hard: Quantity, pods: Quantity, charged: Quantity
+) -> None:
+    """Room against what the API server charges (``hard' - status.used``) is never more than the room ``hard``
+    leaves over ``P`` (``hard - P``): pods the bus claims beyond ``status.used`` open none; when ``P`` is at most
+    ``status.used``, ``hard`` is unchanged."""
+    from shared.equation import within_charged
+
+    r = "limits.memory"
+    out = within_charged({r: hard}, {r: pods}, {r: charged})[r]
+    assert out.nanos >= 0
+    if pods.nanos <= charged.nanos:
+        assert out == hard
+    elif (hard - pods + charged).nanos >= 0:
+        assert out - charged == hard - pods, "the room is what hard leaves over P, against status.used"
+    else:
+        assert out.nanos == 0, "no room at all: floored at zero"
+    assert within_charged({r: hard}, {}, {r: charged}) == {r: hard}, "unknown P: nothing to compare"

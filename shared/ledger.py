@@ -155,6 +155,11 @@ _CK_ENCODER: Final = msgspec.json.Encoder(order="deterministic", enc_hook=enc_ho
 _CK_DECODER: Final = msgspec.json.Decoder(Checkpoint, dec_hook=dec_hook)
 
 
+RV_HORIZON: Final = 10**12
+"""How far beyond a list's resourceVersion an object's version may plausibly be when the list did not return it
+(etcd revisions count every write of the cluster: 10^12 is centuries of writes between a list and an event)."""
+
+
 class NamespaceState:
     """One namespace's objects (or a cluster's cluster-wide objects when ``namespace == "_cluster"``)."""
 
@@ -240,7 +245,9 @@ class NamespaceState:
         return Outcome.APPLIED
 
     def apply_sync(self, ev: Sync, seq: int) -> Outcome:
-        """Drop the objects of ``ev.kind`` not in ``ev.present`` and not newer than the sync."""
+        """Drop the objects of ``ev.kind`` not in ``ev.present`` and not newer than the sync, and those whose
+        version is beyond any the cluster can have written since its list (:data:`RV_HORIZON`): a forged
+        resourceVersion such as ``9999999999999999999`` does not keep an object the list did not return."""
         if seq <= self.seq:
             return Outcome.CHECKPOINTED
         self.seq = seq
@@ -251,7 +258,7 @@ class NamespaceState:
         recs = self.objects.get(ev.kind)
         if recs:
             present = set(ev.present)
-            for uid in [u for u, r in recs.items() if r.rv <= rv and u not in present]:
+            for uid in [u for u, r in recs.items() if (r.rv <= rv or r.rv > rv + RV_HORIZON) and u not in present]:
                 if recs[uid].snapshot is None:
                     del recs[uid]  # a tombstone the floor now covers
                 else:

@@ -172,6 +172,13 @@ def test_sync_drops_vanished_objects_but_not_newer_ones() -> None:
     assert live_uids(led) == {"u1": 1, "u3": 12}, "u2 vanished; u3 is newer than the list"
 
 
+def test_sync_drops_an_object_at_a_version_no_cluster_writes_between_its_list_and_now() -> None:
+    """A forged event at resourceVersion ``9999999999999999999`` for a pod the list does not return is dropped at
+    the next list, not kept as "newer than the list" forever."""
+    led = fold([up("real", 5), up("phantom", 9_999_999_999_999_999_999), up("new", 12), sync(["real"], 10)])
+    assert live_uids(led) == {"real": 5, "new": 12}
+
+
 def test_sync_prunes_tombstones_and_its_version_guards_instead() -> None:
     led = fold([up("u1", 1), down("u1", 4), sync([], 10)])
     state = led.state("c1", "a")

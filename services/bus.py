@@ -54,6 +54,26 @@ log = structlog.get_logger("vmquota.bus")
 T = TypeVar("T")
 
 _CONNECT_BACKOFF: Final = Backoff(initial=0.2, maximum=5.0, jitter=0.2)
+"""Between attempts to reach NATS at start."""
+
+
+_CALL_BACKOFF: Final = Backoff(initial=0.1, maximum=2.0, jitter=0.2)
+"""Between retries of a JetStream call, and re-creations of a failing consumer."""
+
+# Errors after which a publish or fetch is worth retrying (the server restarts, JetStream is not yet ready).
+TRANSIENT = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.StaleConnectionError,
+    nats.errors.OutboundBufferLimitError,
+    nats.js.errors.NoStreamResponseError,
+    nats.js.errors.ServiceUnavailableError,
+    nats.js.errors.ServerError,
+    TimeoutError,
+    ConnectionError,
+)
 
 
 class ConnectStopped(Exception):
@@ -107,26 +127,6 @@ async def _unless_stopped(
                 await on_stop()
         raise ConnectStopped("stopped while connecting to NATS")
     return work.result()
-
-
-"""Between attempts to reach NATS at start."""
-_CALL_BACKOFF: Final = Backoff(initial=0.1, maximum=2.0, jitter=0.2)
-"""Between retries of a JetStream call, and re-creations of a failing consumer."""
-
-# Errors after which a publish or fetch is worth retrying (the server restarts, JetStream is not yet ready).
-TRANSIENT = (
-    nats.errors.TimeoutError,
-    nats.errors.NoRespondersError,
-    nats.errors.ConnectionClosedError,
-    nats.errors.ConnectionReconnectingError,
-    nats.errors.StaleConnectionError,
-    nats.errors.OutboundBufferLimitError,
-    nats.js.errors.NoStreamResponseError,
-    nats.js.errors.ServiceUnavailableError,
-    nats.js.errors.ServerError,
-    TimeoutError,
-    ConnectionError,
-)
 
 
 class Position(NamedTuple):

@@ -52,7 +52,8 @@ class Step:
 
 
 def _rfc3339(t: datetime) -> str:
-    return t.isoformat().replace("+00:00", "Z")
+    """UTC with milliseconds (every step's time in one width)."""
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
 
 
 def _parse(t: str) -> datetime | None:
@@ -88,7 +89,7 @@ def _ordered(steps: list[Step]) -> list[Step]:
         delta = ""
         if start is not None and at is not None and at > start:
             delta = f" (+{(at - start).total_seconds():.3f}s)"
-        out.append(Step(s.time, s.step, s.detail + delta))
+        out.append(Step(_rfc3339(at) if at is not None else s.time, s.step, s.detail + delta))
     return out
 
 
@@ -129,11 +130,20 @@ def migration_timeline(
                     steps.append(Step(usage.time, "reserved", detail))
                     said = detail
     mention = (f"migration of {vmi}", f"migrations of {vmi}", f"{vmi},", f"and {vmi}")
+    raised: set[str] = set()  # quotas raised for it: their next lowering ends its room, whatever it says
     for d in decisions:
-        if d.namespace != namespace or not any(m in d.reason for m in mention):
+        if d.namespace != namespace:
             continue
-        verb = "lowered" if "ended" in d.reason else "raised"
-        steps.append(Step(d.time, verb, f"quota {d.quota}: {d.reason}"))
+        lowering = d.reason.startswith("lowered")
+        if any(m in d.reason for m in mention):
+            steps.append(Step(d.time, "lowered" if lowering else "raised", f"quota {d.quota}: {d.reason}"))
+            if lowering:
+                raised.discard(d.quota)
+            else:
+                raised.add(d.quota)
+        elif lowering and d.quota in raised:
+            steps.append(Step(d.time, "lowered", f"quota {d.quota}: {d.reason}"))
+            raised.discard(d.quota)
     lo = created or _parse(mine[0].time)  # (creationTimestamp has whole seconds: a lower bound)
     hi = _parse(end) if end is not None else None
     refusals: dict[str, tuple[str, EventSnapshot]] = {}

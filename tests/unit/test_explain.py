@@ -16,6 +16,10 @@ def at(second: int) -> str:
     return f"2026-12-01T10:00:{second:02d}Z"
 
 
+def ms(second: int) -> str:
+    return f"2026-12-01T10:00:{second:02d}.000Z"
+
+
 def ev(kind: str, name: str, uid: str, rv: int, snapshot: Any, second: int, *, deleted: bool = False) -> Any:
     return bus.object_event(
         "deleted" if deleted else "upserted",
@@ -93,14 +97,15 @@ def test_a_migrations_timeline_lists_its_steps_in_time_order_with_what_belongs_t
     decisions = [
         decision("raised limits.memory by 17.6Gi for the migration of vm1", 12),
         decision("raised limits.memory by 1Gi for the migration of vm9", 12),  # another VM's
-        decision("lowered limits.memory by 17.6Gi: the migration of vm1 ended", 19),
+        decision("lowered limits.memory by 17.6Gi (limits.memory: budget 64Gi, pods 64Gi)", 19),  # (no name)
+        decision("lowered limits.memory by 1Gi (limits.memory: budget 64Gi)", 20),  # nothing raised for it now
     ]
     steps = migration_timeline(NS, "mig1", events(), decisions)
     assert steps is not None
     assert [s.step for s in steps] == [
         "created", "seen", "raised", "target-refused", "target-refused", "target-admitted", "succeeded", "lowered",
     ]  # fmt: skip
-    assert [s.time for s in steps] == [at(10), at(11), at(12), at(12), at(13), at(15), at(18), at(19)]
+    assert [s.time for s in steps] == [ms(10), ms(11), ms(12), ms(12), ms(13), ms(15), ms(18), ms(19)]
     assert "refused 4 times in all" in steps[4].detail, steps[4]
     assert "target pod virt-launcher-vm1-tgt" in steps[5].detail
     assert steps[6].detail.endswith("(+8.000s)"), steps[6]

@@ -651,10 +651,15 @@ class Enforcer:
             p = enforcement.plan(
                 quota, usage, self._acted.get(key), managed=quota.uid in self._vouched, charged=charged
             )
-            if p.raises and quota is not fresh and not self.opts.dry_run:
-                # Room opens: first what the API server charges now (status.used), not what the bus says pods
-                # are charged, so that a pod the cluster never admitted opens none (and the patch's precondition
-                # is this version).
+            if (
+                p.raises
+                and quota is not fresh
+                and not self.opts.dry_run
+                and enforcement.pods_beyond_charged(quota, usage)
+            ):
+                # Room opens while the usage counts pods beyond what this copy says the API server charges: read
+                # what it charges now (status.used), so that a pod the cluster never admitted opens no room. (In
+                # the usual case P <= status.used and the patch's precondition vouches for the copy: no read.)
                 quota = fresh = await self._read(key, quota)
                 continue
             if not p.changes:

@@ -129,12 +129,17 @@ def migration_timeline(
                 if detail != said:
                     steps.append(Step(usage.time, "reserved", detail))
                     said = detail
+    lo = created or _parse(mine[0].time)  # (creationTimestamp has whole seconds: a lower bound)
+    hi = _parse(end) if end is not None else None
     mention = (f"migration of {vmi}", f"migrations of {vmi}", f"{vmi},", f"and {vmi}")
     raised: set[str] = set()  # quotas raised for it: their next lowering ends its room, whatever it says
     for d in decisions:
-        if d.namespace != namespace:
+        at = _parse(d.time)
+        if d.namespace != namespace or at is None or (lo is not None and at < lo):
             continue
         lowering = d.reason.startswith("lowered")
+        if hi is not None and at > hi and not (lowering and d.quota in raised):
+            continue  # (after its end only the lowering of its room: a later migration of the VM is another's)
         if any(m in d.reason for m in mention):
             steps.append(Step(d.time, "lowered" if lowering else "raised", f"quota {d.quota}: {d.reason}"))
             if lowering:
@@ -144,8 +149,6 @@ def migration_timeline(
         elif lowering and d.quota in raised:
             steps.append(Step(d.time, "lowered", f"quota {d.quota}: {d.reason}"))
             raised.discard(d.quota)
-    lo = created or _parse(mine[0].time)  # (creationTimestamp has whole seconds: a lower bound)
-    hi = _parse(end) if end is not None else None
     refusals: dict[str, tuple[str, EventSnapshot]] = {}
     for e in _vmi_events(events, namespace, vmi):
         at, s = _parse(e.time), e.snapshot

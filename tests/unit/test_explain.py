@@ -99,6 +99,8 @@ def test_a_migrations_timeline_lists_its_steps_in_time_order_with_what_belongs_t
         decision("raised limits.memory by 1Gi for the migration of vm9", 12),  # another VM's
         decision("lowered limits.memory by 17.6Gi (limits.memory: budget 64Gi, pods 64Gi)", 19),  # (no name)
         decision("lowered limits.memory by 1Gi (limits.memory: budget 64Gi)", 20),  # nothing raised for it now
+        decision("raised limits.memory by 17.6Gi for the migration of vm1", 40),  # a later migration of vm1
+        decision("raised limits.memory by 1Gi for the migration of vm1", 5),  # an earlier one
     ]
     steps = migration_timeline(NS, "mig1", events(), decisions)
     assert steps is not None

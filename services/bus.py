@@ -196,6 +196,8 @@ class Bus:
         """``NatsOptions.stream_sizes``."""
         self.stream_replicas = 1
         """``NatsOptions.stream_replicas``."""
+        self.closing = False
+        """:meth:`close` was called (a disconnect from then on is expected)."""
 
     @property
     def max_payload(self) -> int:
@@ -230,7 +232,7 @@ class Bus:
                 log.warning("nats error", error=why, **({"repeated": repeated} if repeated else {}))
 
         async def disconnected_cb() -> None:
-            if holder:
+            if holder and not holder[0].closing:  # (our own close is no news)
                 log.warning("nats disconnected")
 
         async def reconnected_cb() -> None:
@@ -296,6 +298,7 @@ class Bus:
             self._on_reconnect()
 
     async def close(self) -> None:
+        self.closing = True
         if not self.nc.is_closed:
             try:
                 await self.nc.drain()

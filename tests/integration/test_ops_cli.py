@@ -79,9 +79,11 @@ async def test_status_tail_and_replay_after_a_migration_at_full_quota() -> None:
         timeline = json.loads(out)
         assert (timeline["kind"], timeline["namespace"], timeline["name"]) == ("migration", NS, name)
         steps = [s["step"] for s in timeline["steps"]]
-        for step in ("created", "seen", "reserved", "raised", "target-admitted", "succeeded", "lowered"):
+        for step in ("created", "seen", "raised", "target-admitted", "succeeded", "lowered"):
             assert step in steps, (step, timeline["steps"])
-        assert steps.index("reserved") < steps.index("raised") < steps.index("target-admitted")
+        # (`reserved` comes from the usage history, which the server fills asynchronously: not asserted here;
+        # a snapshot replaced within milliseconds can be missing from it, as docs/events.md says)
+        assert steps.index("raised") < steps.index("target-admitted")
         assert steps.index("target-admitted") < steps.index("succeeded")
         assert steps.index("succeeded") <= steps.index("lowered")
         times = [s["time"] for s in timeline["steps"]]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
@@ -16,13 +15,10 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
+from services.bus import NatsOptions
+from services.runner import env
 from shared import bus as contract
 from shared.errors import InvalidInput
-
-
-def _env(name: str, default: str | None = None) -> str | None:
-    value = os.environ.get(name)
-    return value if value not in (None, "") else default
 
 
 def add_bus_arguments(p: argparse.ArgumentParser, *, namespace: bool = True) -> None:
@@ -30,18 +26,18 @@ def add_bus_arguments(p: argparse.ArgumentParser, *, namespace: bool = True) -> 
     ``-n/--namespace`` filters."""
     p.add_argument(
         "--nats",
-        default=_env("VMQUOTA_NATS", "nats://127.0.0.1:4222"),
+        default=env("VMQUOTA_NATS", "nats://127.0.0.1:4222"),
         help="NATS URL, or a comma-separated list [VMQUOTA_NATS]",
     )
-    p.add_argument("--nats-creds", default=_env("VMQUOTA_NATS_CREDS"), help="NATS .creds file [VMQUOTA_NATS_CREDS]")
+    p.add_argument("--nats-creds", default=env("VMQUOTA_NATS_CREDS"), help="NATS .creds file [VMQUOTA_NATS_CREDS]")
     p.add_argument(
         "--nats-user",
-        default=_env("VMQUOTA_NATS_USER"),
+        default=env("VMQUOTA_NATS_USER"),
         help="NATS user: replay (read-only, may create the ordered consumers these commands read with) "
         "[VMQUOTA_NATS_USER]",
     )
     p.add_argument(
-        "--nats-password", default=_env("VMQUOTA_NATS_PASSWORD"), help="NATS password [VMQUOTA_NATS_PASSWORD]"
+        "--nats-password", default=env("VMQUOTA_NATS_PASSWORD"), help="NATS password [VMQUOTA_NATS_PASSWORD]"
     )
     p.add_argument("--cluster", default=None, help="only this cluster (default: every cluster on the bus)")
     if namespace:
@@ -103,7 +99,7 @@ async def connect(args: argparse.Namespace) -> Any:
 
     if args.nats_creds and args.nats_user:
         raise BusUnavailable("give either --nats-creds or --nats-user/--nats-password, not both")
-    servers = [u.strip() for u in str(args.nats).split(",") if u.strip()]  # (as NatsOptions.servers)
+    servers = NatsOptions(url=str(args.nats)).servers
     kwargs: dict[str, Any] = {"servers": servers, "allow_reconnect": False, "connect_timeout": 3}
     if args.nats_creds:
         kwargs["user_credentials"] = args.nats_creds

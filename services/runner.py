@@ -216,13 +216,14 @@ def resolve(name: str) -> ServiceMain:
 # ---- flags ------------------------------------------------------------------------------------------------------
 
 
-def _env(name: str, default: str | None = None) -> str | None:
+def env(name: str, default: str | None = None) -> str | None:
+    """The environment variable ``name``, or ``default`` when it is unset or empty."""
     value = os.environ.get(name)
     return value if value not in (None, "") else default
 
 
 def _env_bool(name: str, default: bool) -> bool:
-    raw = _env(name)
+    raw = env(name)
     if raw is None:
         return default
     v = raw.strip().lower()
@@ -253,74 +254,74 @@ def _size_text(n: int) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("service", metavar="SERVICE", help=f"the service to run: {', '.join(PLANNED)} or all")
-    p.add_argument("--cluster", default=_env("VMQUOTA_CLUSTER"), help="cluster id, a DNS label [VMQUOTA_CLUSTER]")
+    p.add_argument("--cluster", default=env("VMQUOTA_CLUSTER"), help="cluster id, a DNS label [VMQUOTA_CLUSTER]")
     p.add_argument(
         "--nats",
-        default=_env("VMQUOTA_NATS", "nats://127.0.0.1:4222"),
+        default=env("VMQUOTA_NATS", "nats://127.0.0.1:4222"),
         help="NATS URL, or a comma-separated list of a cluster's [VMQUOTA_NATS]",
     )
-    p.add_argument("--nats-creds", default=_env("VMQUOTA_NATS_CREDS"), help="NATS .creds file [VMQUOTA_NATS_CREDS]")
-    p.add_argument("--nats-user", default=_env("VMQUOTA_NATS_USER"), help="NATS user [VMQUOTA_NATS_USER]")
+    p.add_argument("--nats-creds", default=env("VMQUOTA_NATS_CREDS"), help="NATS .creds file [VMQUOTA_NATS_CREDS]")
+    p.add_argument("--nats-user", default=env("VMQUOTA_NATS_USER"), help="NATS user [VMQUOTA_NATS_USER]")
     p.add_argument(
-        "--nats-password", default=_env("VMQUOTA_NATS_PASSWORD"), help="NATS password [VMQUOTA_NATS_PASSWORD]"
+        "--nats-password", default=env("VMQUOTA_NATS_PASSWORD"), help="NATS password [VMQUOTA_NATS_PASSWORD]"
     )
     p.add_argument(
         "--nats-ca",
-        default=_env("VMQUOTA_NATS_CA"),
+        default=env("VMQUOTA_NATS_CA"),
         help="CA bundle (PEM) of the NATS server's certificate, for tls:// URLs; default: the system's CAs "
         "[VMQUOTA_NATS_CA]",
     )
     p.add_argument(
         "--nats-consumer-check",
-        default=_env("VMQUOTA_NATS_CONSUMER_CHECK", "30s"),
+        default=env("VMQUOTA_NATS_CONSUMER_CHECK", "30s"),
         help="how often each service checks that its durable consumers are as it created them, and re-creates "
         "one another client changed [VMQUOTA_NATS_CONSUMER_CHECK, 30s]",
     )
     p.add_argument(
         "--kubeconfig",
-        default=_env("VMQUOTA_KUBECONFIG"),
+        default=env("VMQUOTA_KUBECONFIG"),
         help="kubeconfig file; default: the in-cluster service account [VMQUOTA_KUBECONFIG]",
     )
     p.add_argument(
         "--http-port",
-        default=_env("VMQUOTA_HTTP_PORT", "8080"),
+        default=env("VMQUOTA_HTTP_PORT", "8080"),
         help="port of /healthz, /readyz and /metrics; 0 picks a free one [VMQUOTA_HTTP_PORT, 8080]",
     )
-    p.add_argument("--log-level", default=_env("VMQUOTA_LOG_LEVEL", "info"), help="[VMQUOTA_LOG_LEVEL, info]")
+    p.add_argument("--log-level", default=env("VMQUOTA_LOG_LEVEL", "info"), help="[VMQUOTA_LOG_LEVEL, info]")
     p.add_argument(
         "--partitions",
-        default=_env("VMQUOTA_PARTITIONS", "16"),
+        default=env("VMQUOTA_PARTITIONS", "16"),
         help="number of namespace partitions of the ledger [VMQUOTA_PARTITIONS, 16]",
     )
     p.add_argument(
         "--owned-partitions",
-        default=_env("VMQUOTA_OWNED_PARTITIONS", "all"),
+        default=env("VMQUOTA_OWNED_PARTITIONS", "all"),
         help="partitions this ledger instance folds, e.g. 0-7 or 0,2,4-5 [VMQUOTA_OWNED_PARTITIONS, all]",
     )
     p.add_argument(
         "--events-max-age",
-        default=_env("VMQUOTA_EVENTS_MAX_AGE", "30d"),
+        default=env("VMQUOTA_EVENTS_MAX_AGE", "30d"),
         help="how long the events stream keeps events, e.g. 30d, 12h [VMQUOTA_EVENTS_MAX_AGE, 30d]",
     )
     p.add_argument(
         "--stream-replicas",
-        default=_env("VMQUOTA_STREAM_REPLICAS", "1"),
+        default=env("VMQUOTA_STREAM_REPLICAS", "1"),
         help="servers of a JetStream cluster that keep each stream and the bucket; 3 for a 3-node cluster "
         "[VMQUOTA_STREAM_REPLICAS, 1]",
     )
     p.add_argument(
         "--usage-history-max-age",
-        default=_env("VMQUOTA_USAGE_HISTORY_MAX_AGE", "7d"),
+        default=env("VMQUOTA_USAGE_HISTORY_MAX_AGE", "7d"),
         help="ledger: how long the usage history stream keeps every snapshot [VMQUOTA_USAGE_HISTORY_MAX_AGE, 7d]",
     )
     defaults = contract.StreamSizes()
     for name, what in SIZE_FLAGS.items():
-        env = f"VMQUOTA_{name.upper()}_MAX_BYTES"
+        var = f"VMQUOTA_{name.upper()}_MAX_BYTES"
         default = _size_text(getattr(defaults, name))
         p.add_argument(
             f"--{name.replace('_', '-')}-max-bytes",
-            default=_env(env, default),
-            help=f"the most {what} keeps, e.g. 4Gi, 512Mi [{env}, {default}]",
+            default=env(var, default),
+            help=f"the most {what} keeps, e.g. 4Gi, 512Mi [{var}, {default}]",
         )
     p.add_argument(
         "--dry-run",
@@ -336,12 +337,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--lease-namespace",
-        default=_env("VMQUOTA_LEASE_NAMESPACE", "vmquota-system"),
+        default=env("VMQUOTA_LEASE_NAMESPACE", "vmquota-system"),
         help="namespace of the Leases [VMQUOTA_LEASE_NAMESPACE, vmquota-system]",
     )
     p.add_argument(
         "--identity",
-        default=_env("VMQUOTA_IDENTITY"),
+        default=env("VMQUOTA_IDENTITY"),
         help="this process's identity in Leases [VMQUOTA_IDENTITY, the host name]",
     )
     p.add_argument(
@@ -353,19 +354,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--guard-creators",
-        default=_env("VMQUOTA_GUARD_CREATORS", guard.DEFAULT_CREATOR),
+        default=env("VMQUOTA_GUARD_CREATORS", guard.DEFAULT_CREATOR),
         help="enforcer: comma-separated users that create launcher pods (KubeVirt's virt-controller) "
         f"[VMQUOTA_GUARD_CREATORS, {guard.DEFAULT_CREATOR}]",
     )
     p.add_argument(
         "--exclude-namespaces",
-        default=_env("VMQUOTA_EXCLUDE_NAMESPACES", ",".join(DEFAULT_EXCLUDED_NAMESPACES)),
+        default=env("VMQUOTA_EXCLUDE_NAMESPACES", ",".join(DEFAULT_EXCLUDED_NAMESPACES)),
         help="enforcer: comma-separated namespaces (shell patterns) whose quotas are never written "
         f"[VMQUOTA_EXCLUDE_NAMESPACES, {','.join(DEFAULT_EXCLUDED_NAMESPACES)}]",
     )
     p.add_argument(
         "--resync-interval",
-        default=_env("VMQUOTA_RESYNC_INTERVAL", "60s"),
+        default=env("VMQUOTA_RESYNC_INTERVAL", "60s"),
         help="enforcer: how often the managed quotas are read from the API server, whose versions then replace "
         "the quota events' (0 never) [VMQUOTA_RESYNC_INTERVAL, 60s]",
     )

@@ -233,9 +233,9 @@ def container_env(objs: tuple[Obj, ...], container: Obj) -> dict[str, str | None
 
 
 def runner_env_vars() -> set[str]:
-    """Environment variables `vmquota run` reads (from the runner's source: every _env/_env_bool call)."""
+    """Environment variables `vmquota run` reads (from the runner's source: every env/_env_bool call)."""
     source = Path(runner.__file__).read_text()
-    found = set(re.findall(r'_env(?:_bool)?\(\s*"(VMQUOTA_[A-Z_]+)"', source))
+    found = set(re.findall(r'\b(?:env|_env_bool)\(\s*"(VMQUOTA_[A-Z_]+)"', source))
     assert {"VMQUOTA_NATS", "VMQUOTA_CLUSTER"} <= found, "the runner no longer reads its flags this way"
     return found
 

@@ -1,33 +1,46 @@
 # syntax=docker/dockerfile:1
 # vmquota: one image for every service; the container's command selects it (`run watcher|ledger|enforcer|all`,
-# `simulate`, ...). Build: `make image` (docker build -t vmquota:dev .).
+# `status`, `replay`, ...). Two targets:
+#   product   (the default, the last stage): the services and the operator commands, without the development tools
+#             (services/devtools: the simulated cluster, the demo, the embedded nats-server). Build: `make image`.
+#   devtools  the same plus the development tools and the `sim` extra (cryptography, cel-python): `vmquota simulate`,
+#             `vmquota demo`, `vmquota up`. compose.yaml builds it for its simulated cluster.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-# --- build stage: build the vmquota wheel and install it with its dependencies into a self-contained venv ----------
-FROM ${PYTHON_IMAGE} AS build
+# --- the wheel -----------------------------------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS wheel
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY services ./services
-# `vmquota simulate` (the demo cluster of compose.yaml) serves HTTPS with a self-signed certificate, which needs
-# cryptography; build with --build-arg SIMULATOR=false for an image without it.
-ARG SIMULATOR=true
-RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
- && python -m venv /opt/vmquota \
+RUN python -m pip wheel --no-deps --wheel-dir /wheels .
+
+# --- one self-contained venv per target, each at /opt/vmquota (a venv's scripts name their own path) -----------------
+FROM ${PYTHON_IMAGE} AS venv-product
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+COPY --from=wheel /wheels /wheels
+RUN python -m venv /opt/vmquota \
  && /opt/vmquota/bin/pip install /wheels/vmquota-*.whl \
- && if [ "$SIMULATOR" = "true" ]; then /opt/vmquota/bin/pip install "$(ls /wheels/vmquota-*.whl)[sim]"; fi \
+ && rm -rf "$(/opt/vmquota/bin/python -c 'import pathlib, services; print(pathlib.Path(services.__file__).parent)')/devtools" \
  && /opt/vmquota/bin/pip uninstall --yes pip \
  && /opt/vmquota/bin/python -m compileall -q /opt/vmquota
 
-# --- final stage: the same slim base, the venv only; no compiler, no pip, no sources ---------------------------------
-FROM ${PYTHON_IMAGE}
+FROM ${PYTHON_IMAGE} AS venv-devtools
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+COPY --from=wheel /wheels /wheels
+RUN python -m venv /opt/vmquota \
+ && /opt/vmquota/bin/pip install "$(ls /wheels/vmquota-*.whl)[sim]" \
+ && /opt/vmquota/bin/pip uninstall --yes pip \
+ && /opt/vmquota/bin/python -m compileall -q /opt/vmquota
+
+# --- the base of both targets: the same slim base, a venv only; no compiler, no pip, no sources -----------------------
+FROM ${PYTHON_IMAGE} AS base
 LABEL org.opencontainers.image.title="vmquota" \
       org.opencontainers.image.description="VM-aware, migration-safe ResourceQuotas for KubeVirt" \
       org.opencontainers.image.licenses="Apache-2.0"
 RUN groupadd --system --gid 10001 vmquota \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin vmquota
-COPY --from=build /opt/vmquota /opt/vmquota
 # State directory for `vmquota simulate --kubeconfig-out` (compose.yaml shares it as a volume); owned by the service
 # user so a fresh named volume mounted here is writable.
 RUN install -d -o 10001 -g 10001 -m 0750 /var/lib/vmquota
@@ -42,3 +55,11 @@ USER 10001:10001
 EXPOSE 8080
 ENTRYPOINT ["vmquota"]
 CMD ["run", "all"]
+
+# --- devtools: the simulated cluster, the demo and `vmquota up` as well (compose.yaml's simcluster) ---------------------
+FROM base AS devtools
+COPY --from=venv-devtools /opt/vmquota /opt/vmquota
+
+# --- product (the default target): what runs in a cluster ---------------------------------------------------------------
+FROM base AS product
+COPY --from=venv-product /opt/vmquota /opt/vmquota

@@ -179,7 +179,7 @@ DAY: Final = 86_400.0
 
 @dataclass(frozen=True, slots=True)
 class StreamSpec:
-    """A JetStream stream this project uses (services/bus.py turns it into a server config)."""
+    """A JetStream stream this project uses (services/platform/bus.py turns it into a server config)."""
 
     name: str
     subjects: tuple[str, ...]

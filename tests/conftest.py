@@ -1,6 +1,6 @@
 """Root pytest fixtures: a real JetStream nats-server on a random port (never a mock bus).
 
-The server is ``services.natsserver.NatsServer`` — the same launcher ``vmquota demo`` and the benchmarks use.
+The server is ``services.devtools.natsserver.NatsServer`` — the same launcher ``vmquota demo`` and the benchmarks use.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from services.natsserver import NatsServer, NatsServerNotFound, find_nats_server
-from services.natsserver import nats_server_binary as _binary
+from services.devtools.natsserver import NatsServer, NatsServerNotFound, find_nats_server
+from services.devtools.natsserver import nats_server_binary as _binary
 
 __all__ = ["NatsServer", "find_nats_server", "nats_server_binary"]
 

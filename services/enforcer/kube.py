@@ -1,8 +1,8 @@
 """The enforcer's Kubernetes calls: read a ResourceQuota, merge-patch it, create an Event, nudge a VMI, write a
 namespace's QuotaReservation (the reservation guard).
 
-Each goes through kubernetes-asyncio's generated ``CoreV1Api`` method via :mod:`services.kube` (raw responses
-decoded with msgspec, an explicit ``_request_timeout``, every failure a :class:`~services.kube.KubeError`), so
+Each goes through kubernetes-asyncio's generated ``CoreV1Api`` method via :mod:`services.platform.kube` (raw responses
+decoded with msgspec, an explicit ``_request_timeout``, every failure a :class:`~services.platform.kube.KubeError`), so
 no call can hang and the enforcer decides in one place what a 409, a 404 or a 429 means.
 """
 
@@ -12,7 +12,7 @@ from typing import Any, Final, Protocol, cast
 
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
-from services.kube import KubeError, Obj, call_bytes, call_object
+from services.platform.kube import KubeError, Obj, call_bytes, call_object
 from shared import guard
 
 __all__ = ["MERGE_PATCH", "NUDGE_ANNOTATION", "KubeError", "KubeQuotas", "Obj", "QuotaApi", "version_of"]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from services.bus import Bus
 from services.enforcer.kube import KubeQuotas
 from services.enforcer.service import Enforcer, EnforcerOptions
-from services.runner import Runtime, kube_client, leader_elected
+from services.platform.bus import Bus
+from services.platform.runner import Runtime, kube_client, leader_elected
 from shared import bus as contract
 from shared.errors import InvalidInput
 

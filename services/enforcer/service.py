@@ -36,10 +36,10 @@ import structlog
 from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from services.bus import Bus, PullConsumer, position
 from services.enforcer.kube import KubeError, Obj, QuotaApi, version_of
 from services.enforcer.quota_metrics import QuotaMetrics
-from services.runner import Metrics, ServiceLabelled, cancel
+from services.platform.bus import Bus, PullConsumer, position
+from services.platform.runner import Metrics, ServiceLabelled, cancel
 from shared import bus as contract
 from shared import enforcement, guard
 from shared.backoff import Backoff, TokenBucket

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from services.bus import Bus
 from services.ledger.service import LedgerOptions, LedgerService
 from services.ledger.usage import account
-from services.runner import Runtime
+from services.platform.bus import Bus
+from services.platform.runner import Runtime
 
 
 async def main(rt: Runtime) -> None:

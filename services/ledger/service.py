@@ -1,6 +1,6 @@
 """The ledger service: fold the events stream into per-namespace state, publish usage, checkpoint.
 
-Loop: fetch a batch of events in stream order (``services.bus.PullConsumer``), fold each into
+Loop: fetch a batch of events in stream order (``services.platform.bus.PullConsumer``), fold each into
 ``shared.ledger.Ledger`` (a malformed or unknown event goes to ``vmquota.dlq.ledger`` and is skipped), then
 
 * for each changed namespace, at most every ``debounce`` seconds per namespace (at once after a quiet spell of that
@@ -38,9 +38,9 @@ import structlog
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
-from services.bus import AckWindow, Bus, PullConsumer, position
 from services.ledger.usage import vms_json
-from services.runner import Health, Metrics
+from services.platform.bus import AckWindow, Bus, PullConsumer, position
+from services.platform.runner import Health, Metrics
 from shared import bus as contract
 from shared.accounting import ACCOUNTED_KINDS, URGENT_KINDS, Urgency, Urgent, schedule, waited_for
 from shared.errors import InvalidInput

@@ -6,7 +6,7 @@ generated method (``CoreV1Api``, ``CustomObjectsApi``: authentication, TLS and U
 the in-cluster configuration) with ``_preload_content=False`` and an explicit ``_request_timeout``; bodies are
 decoded with msgspec into plain dicts, the form ``shared.snapshot.normalize`` reads.
 
-Every failure becomes :class:`services.kube.KubeError` with the HTTP status (0 for network failures) and the
+Every failure becomes :class:`services.platform.kube.KubeError` with the HTTP status (0 for network failures) and the
 ``Retry-After`` the server asked for, so the loop decides in one place what to do about it.
 """
 
@@ -21,8 +21,8 @@ import aiohttp
 import msgspec
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
-from services.kube import NETWORK, KubeError, Obj, call, call_bytes, error_from_status
-from services.kube import decode_json as _decode
+from services.platform.kube import NETWORK, KubeError, Obj, call, call_bytes, error_from_status
+from services.platform.kube import decode_json as _decode
 
 __all__ = ["KubeError", "Obj", "ResourceSpec", "Timeouts", "error_from_status", "list_pages", "watch"]
 _MAX_LINE: Final = 64 * 1024 * 1024

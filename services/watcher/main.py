@@ -1,7 +1,8 @@
 """``vmquota run watcher --cluster ID``: the service shell around :class:`services.watcher.watcher.Watcher`.
 
 The process connects to NATS at once (a standby is ready to take over), then runs the watcher only while it holds
-the Lease ``vmquota-watcher-<cluster>`` (``services.runner.leader_elected``): one watcher publishes per cluster.
+the Lease ``vmquota-watcher-<cluster>`` (``services.platform.runner.leader_elected``): one watcher publishes per
+cluster.
 When it loses the Lease its work is cancelled and the process fails, so it restarts as a follower; a new leader
 lists everything again and the message ids make the repeats no-ops on the server. After NATS reconnects, the
 leader ensures its streams and starts over the same way (a restarted server may have lost its store).
@@ -14,9 +15,9 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.bus import Bus
-from services.lease import LeaseTiming
-from services.runner import Runtime, kube_client, leader_elected
+from services.platform.bus import Bus
+from services.platform.lease import LeaseTiming
+from services.platform.runner import Runtime, kube_client, leader_elected
 from services.watcher.metrics import SERVICE, metrics_for
 from services.watcher.publisher import Item, Publisher
 from services.watcher.watcher import Watcher, WatcherConfig

@@ -32,7 +32,7 @@ import structlog
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from services.bus import TRANSIENT, Bus
+from services.platform.bus import TRANSIENT, Bus
 from shared.backoff import Backoff
 
 log = structlog.get_logger("vmquota.watcher.publisher")

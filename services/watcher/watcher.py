@@ -27,7 +27,7 @@ from typing import Any, Final
 import msgspec
 from kubernetes_asyncio.client import ApiClient
 
-from services.kube import is_transient
+from services.platform.kube import is_transient
 from services.watcher import kube
 from services.watcher.kube import KubeError, Obj, ResourceSpec, Timeouts
 from services.watcher.loop import (

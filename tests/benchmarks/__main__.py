@@ -11,7 +11,7 @@ import pkgutil
 import sys
 import time
 
-from services.runner import run_to_end
+from services.platform.runner import run_to_end
 from tests.benchmarks.common import Result
 
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 import statistics
 import time
 
-from services.demo.play import play
-from services.demo.scenario import builtin_scenarios
-from services.simcluster.kubevirt import phase
-from services.simcluster.store_api import Obj, Resource, WatchType
+from services.devtools.demo.play import play
+from services.devtools.demo.scenario import builtin_scenarios
+from services.devtools.simcluster.kubevirt import phase
+from services.devtools.simcluster.store_api import Obj, Resource, WatchType
 from shared.quantity import Quantity
 from tests.benchmarks.common import Result
 from tests.integration.e2e import (

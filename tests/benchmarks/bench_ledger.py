@@ -15,10 +15,10 @@ from pathlib import Path
 
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
 
-from services.bus import Bus, NatsOptions
+from services.devtools.natsserver import NatsServer
 from services.ledger.service import LedgerOptions, LedgerService
 from services.ledger.usage import account
-from services.natsserver import NatsServer
+from services.platform.bus import Bus, NatsOptions
 from shared import bus as contract
 from shared.ledger import Ledger, PartitionSet
 from shared.snapshot import normalize

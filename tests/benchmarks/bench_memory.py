@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from services.simcluster.kubevirt import launcher_pod
+from services.devtools.simcluster.kubevirt import launcher_pod
 from services.watcher.loop import KnownSet
 from shared import bus as contract
 from shared.accounting import ACCOUNTED_KINDS

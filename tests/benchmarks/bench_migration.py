@@ -6,7 +6,7 @@ commit of the VMIM, the commit of the target pod).
 Setup: a simulated cluster with ``VMS`` running VMs (1 vCPU, 1 GiB) in ``NAMESPACES`` namespaces, one managed
 ``VirtualResources`` quota each whose budget is exactly what the VMs use plus room for a few plain pods: no target
 pod fits natively. vmquota runs as in production, one process per service (watcher, ledger, enforcer) with a
-nats-server, via ``services.demo.play.VmquotaStack``; the VMs run on ``NODES`` simulated nodes. While migrations
+nats-server, via ``devtools.demo.play.VmquotaStack``; the VMs run on ``NODES`` simulated nodes. While migrations
 run (at most ``CONCURRENCY`` at a time, each from a different node, within KubeVirt's parallel-migration limits), a
 churn task keeps stopping and starting other VMs and creating and deleting plain pods in the same namespaces. Two
 phases of ``MIGRATIONS`` migrations each:
@@ -16,7 +16,7 @@ a target; see ``docs/benchmarks.md`` for why).
 
 The simulated cluster (API server, quota admission and controllers, KubeVirt's controllers) runs in this process,
 on one event loop. Once the fleet runs, this process puts what it holds out of its garbage collector's sight
-(``services.runner.tune_gc``, as every ``vmquota run`` process does at start): otherwise a full collection over
+(``services.platform.runner.tune_gc``, as every ``vmquota run`` process does at start): otherwise a full collection over
 the fleet's objects stops the whole simulated cluster for 40-90 ms, an artefact of simulating it in one Python
 process that the real API server and KubeVirt do not have.
 
@@ -40,11 +40,11 @@ from typing import Any
 import nats
 from nats.aio.msg import Msg
 
-from services import logs
-from services.demo.play import VmquotaStack
-from services.runner import run_to_end, tune_gc
-from services.simcluster.cluster import SimCluster
-from services.simcluster.store_api import ApiError, Obj, Resource, WatchType
+from services.devtools.demo.play import VmquotaStack
+from services.devtools.simcluster.cluster import SimCluster
+from services.devtools.simcluster.store_api import ApiError, Obj, Resource, WatchType
+from services.platform import logs
+from services.platform.runner import run_to_end, tune_gc
 from shared import bus as contract
 from shared.modes import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION
 from shared.snapshot import MIGRATION_JOB_LABEL

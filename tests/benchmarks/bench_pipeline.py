@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from services import logs
-from services.bus import Bus, NatsOptions, PullConsumer, position
-from services.natsserver import NatsServer
-from services.simcluster.kubevirt import launcher_pod
-from services.simcluster.server import start_server
-from services.simcluster.store import Store
+from services.devtools.natsserver import NatsServer
+from services.devtools.simcluster.kubevirt import launcher_pod
+from services.devtools.simcluster.server import start_server
+from services.devtools.simcluster.store import Store
+from services.platform import logs
+from services.platform.bus import Bus, NatsOptions, PullConsumer, position
 from shared import bus as contract
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
 from shared.ledger import Ledger, PartitionSet
@@ -120,7 +120,7 @@ async def _produce(mode: str, nats_url: str, arg: str, count: int) -> None:
     from kubernetes_asyncio import client as kclient
     from kubernetes_asyncio import config as kconfig
 
-    from services.runner import tune_gc
+    from services.platform.runner import tune_gc
     from services.watcher.publisher import Publisher
     from services.watcher.watcher import RESOURCES, Watcher, WatcherConfig
 

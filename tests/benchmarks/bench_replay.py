@@ -17,9 +17,9 @@ import time
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 
-from services import logs
-from services.bus import Bus, NatsOptions, position
-from services.natsserver import NatsServer
+from services.devtools.natsserver import NatsServer
+from services.platform import logs
+from services.platform.bus import Bus, NatsOptions, position
 from shared import bus as contract
 from shared.ledger import Ledger, PartitionSet
 from tests.benchmarks.bench_memory import KINDS, events_of, vm_objects
@@ -77,8 +77,8 @@ async def replay(bus: Bus, want: int, fold: Ledger | None) -> float:
 async def command_replay(bus: Bus, want: int) -> float:
     """What ``vmquota replay`` does: ``opsbus.messages`` (an ordered consumer, message by message) and
     ``Replay.apply`` (decode, fold) over the whole stream; events/s."""
-    from services import opsbus
-    from services.cli_replay import Replay
+    from services.cli import opsbus
+    from services.cli.replay import Replay
 
     r = Replay()
     t0 = time.perf_counter()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import aiohttp
 
-from services.simcluster.store import Store, StoreWatch
+from services.devtools.simcluster.store import Store, StoreWatch
 from tests.benchmarks.common import Result
 
 WATCHERS = 100
@@ -75,7 +75,7 @@ async def _start_server() -> tuple[asyncio.subprocess.Process, str, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "services.simcluster.server",
+        "services.devtools.simcluster.server",
         "--no-tls",
         "--log-level",
         "warning",

@@ -1,4 +1,4 @@
-"""Fixtures for a running simulated Kubernetes API server (``services/simcluster``).
+"""Fixtures for a running simulated Kubernetes API server (``services/devtools/simcluster``).
 
 - ``sim_store``: the store to serve (a fresh ``Store`` with quick bookmarks); override it in a test module to serve
   a store with controllers installed.
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from services.simcluster.faults import Faults
-from services.simcluster.server import RunningServer, start_server
-from services.simcluster.store import Store
+from services.devtools.simcluster.faults import Faults
+from services.devtools.simcluster.server import RunningServer, start_server
+from services.devtools.simcluster.store import Store
 
 
 @dataclass

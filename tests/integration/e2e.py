@@ -1,5 +1,6 @@
 """Helpers of the end-to-end tests: the simulated cluster with the whole vmquota pipeline (watcher → NATS → ledger
-→ enforcer → cluster) started by :class:`services.demo.play.VmquotaStack`, a tap on the bus (usage snapshots and
+→ enforcer → cluster) started by :class:`~services.devtools.demo.play.VmquotaStack`, a
+tap on the bus (usage snapshots and
 decisions), the simulator's ground truth, and waits on conditions with deadlines (never sleeps).
 """
 
@@ -20,11 +21,11 @@ import yaml
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from services.demo.play import VmquotaStack
-from services.simcluster.auth import acting_as
-from services.simcluster.cluster import SimCluster
-from services.simcluster.kubevirt import KubeVirtTiming, phase
-from services.simcluster.store_api import ApiError, Obj
+from services.devtools.demo.play import VmquotaStack
+from services.devtools.simcluster.auth import acting_as
+from services.devtools.simcluster.cluster import SimCluster
+from services.devtools.simcluster.kubevirt import KubeVirtTiming, phase
+from services.devtools.simcluster.store_api import ApiError, Obj
 from shared import bus as contract
 from shared.enforcement import LAST_HARD_ANNOTATION, STATUS_ANNOTATION
 from shared.errors import InvalidInput

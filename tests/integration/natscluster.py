@@ -1,5 +1,5 @@
 """A JetStream cluster of three nats-server processes on loopback, joined by routes: each a
-:class:`~services.natsserver.NatsServer` with its own store, client port and route port, so that a test can
+:class:`~services.devtools.natsserver.NatsServer` with its own store, client port and route port, so that a test can
 ``kill()`` (SIGKILL) one node and ``start()`` it again on the same ports and store."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from types import TracebackType
 
-from services.natsserver import NatsServer
+from services.devtools.natsserver import NatsServer
 
 CLUSTER_NAME = "vmquota-test"
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from services import runner
-from services.bus import AckWindow, Bus, NatsOptions, PullConsumer
+from services.platform import runner
+from services.platform.bus import AckWindow, Bus, NatsOptions, PullConsumer
 from shared import bus as contract
 from shared.snapshot import PodSnapshot
 from tests.conftest import NatsServer
@@ -328,7 +328,7 @@ async def test_every_stream_and_the_bucket_have_a_size_limit(nats_url: str) -> N
 
 
 def test_a_repeating_client_error_is_logged_once_then_every_interval_with_a_count() -> None:
-    from services.bus import LogThrottle
+    from services.platform.bus import LogThrottle
 
     now = [100.0]
     throttle = LogThrottle(30.0, clock=lambda: now[0])
@@ -356,7 +356,7 @@ async def test_a_service_without_nats_backs_off_and_stops_at_once() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nobody listens there once closed
     proc = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "services.cli", "run", "ledger", "--nats", f"nats://127.0.0.1:{port}"),
+        *(sys.executable, "-m", "services.cli.main", "run", "ledger", "--nats", f"nats://127.0.0.1:{port}"),
         *("--http-port", "0", "--log-level", "info"),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,

@@ -62,7 +62,7 @@ def test_a_bad_input_is_one_line_and_an_exit_code(tmp_path: Path, argv: list[str
     args = [a.format(**files) if a.startswith("{") else a for a in argv]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VMQUOTA_", "KUBERNETES_"))}
     proc = subprocess.run(
-        [sys.executable, "-m", "services.cli", *args],
+        [sys.executable, "-m", "services.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -83,7 +83,8 @@ def test_a_missing_extra_is_one_line_with_the_install_line(tmp_path: Path, argv:
     """The plain install (no ``sim`` extra) runs the commands that need the simulated cluster only far enough to
     say which install line adds what they need."""
     blocked = (
-        "import sys; sys.modules['cryptography'] = None; from services.cli import main; sys.exit(main(sys.argv[1:]))"
+        "import sys; sys.modules['cryptography'] = None; "
+        "from services.cli.main import main; sys.exit(main(sys.argv[1:]))"
     )
     proc = subprocess.run(
         [
@@ -103,3 +104,39 @@ def test_a_missing_extra_is_one_line_with_the_install_line(tmp_path: Path, argv:
     assert proc.returncode == 1, err[-2000:]
     assert "Traceback" not in err and len(err.splitlines()) == 1, err[-2000:]
     assert err.startswith(f"vmquota {argv[0]}: ") and "pip install 'vmquota[sim]'" in err, err
+
+
+WITHOUT_DEVTOOLS = (
+    "import sys; sys.modules['services.devtools'] = None; "
+    "from services.cli.main import main; sys.exit(main(sys.argv[1:]))"
+)
+"""The production image: the ``services.devtools`` package is not installed."""
+
+
+@pytest.mark.parametrize("argv", [["demo"], ["simulate"], ["up", "--example"]], ids=lambda a: a[0])
+def test_without_the_devtools_a_development_command_is_one_line(tmp_path: Path, argv: list[str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", WITHOUT_DEVTOOLS, *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
+    err = proc.stderr.strip()
+    assert proc.returncode == 1, err[-2000:]
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err[-2000:]
+    assert err.startswith(f"vmquota {argv[0]}: is a development tool"), err
+
+
+def test_without_the_devtools_the_product_commands_and_the_help_work(tmp_path: Path) -> None:
+    for argv, phrase in ((["--help"], "usage: vmquota"), (["run", "--help"], "usage: vmquota run")):
+        proc = subprocess.run(
+            [sys.executable, "-c", WITHOUT_DEVTOOLS, *argv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd=tmp_path,
+        )
+        assert proc.returncode == 0 and phrase in proc.stdout, proc.stderr[-2000:]

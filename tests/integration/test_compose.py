@@ -23,9 +23,9 @@ import nats
 import pytest
 import yaml
 
-from services import runner
-from services.bus import Bus, NatsOptions
-from services.cli import build_parser
+from services.cli.main import build_parser
+from services.platform import runner
+from services.platform.bus import Bus, NatsOptions
 from shared import bus
 from tests.conftest import nats_server_binary
 from tests.integration.test_deploy import runner_env_vars
@@ -60,19 +60,30 @@ def env_of(service: Service) -> dict[str, str]:
 
 
 def vmquota_services() -> dict[str, Service]:
-    return {name: s for name, s in compose()["services"].items() if s.get("image") == "vmquota:dev"}
+    images = ("vmquota:dev", "vmquota-devtools:dev")
+    return {name: s for name, s in compose()["services"].items() if s.get("image") in images}
 
 
 def test_services_and_image() -> None:
     services = compose()["services"]
     assert set(services) == {"nats", "simcluster", "watcher", "ledger", "enforcer"}
     for name, s in vmquota_services().items():
-        assert s["build"] == ".", name
+        target = "devtools" if name == "simcluster" else "product"
+        assert s["build"] == {"context": ".", "target": target}, name
         assert s["read_only"] is True and "/tmp" in s["tmpfs"], name
         uid = s["user"].split(":")[0]
         dockerfile_user = next(ln for ln in (ROOT / "Dockerfile").read_text().splitlines() if ln.startswith("USER "))
         assert dockerfile_user.split()[1].split(":")[0] == uid
     assert set(vmquota_services()) == {"simcluster", "watcher", "ledger", "enforcer"}
+
+
+def test_the_product_image_is_the_default_target_and_leaves_the_development_tools_out() -> None:
+    """``docker build .`` builds the last stage: the product, whose venv has no ``services/devtools``."""
+    stages = [ln.split() for ln in (ROOT / "Dockerfile").read_text().splitlines() if ln.startswith("FROM ")]
+    assert stages[-1][-2:] == ["AS", "product"] and ["AS", "devtools"] in [s[-2:] for s in stages]
+    text = (ROOT / "Dockerfile").read_text()
+    product_venv = text[text.index("AS venv-product") : text.index("AS venv-devtools")]
+    assert "/devtools" in product_venv and "rm -rf" in product_venv and "[sim]" not in product_venv
 
 
 def test_commands_parse_with_the_cli_and_env_is_what_the_runner_reads() -> None:
@@ -238,7 +249,7 @@ def test_the_compose_stack_starts_as_local_processes(stack: Stack, tmp_path: Pat
     url = wait_for("nats-server", nats_url, [nats_proc], stack)
 
     # simcluster: the compose command, with a free port and a local path for the kubeconfig
-    cli = [sys.executable, "-m", "services.cli"]
+    cli = [sys.executable, "-m", "services.cli.main"]
     sim_cmd = list(services["simcluster"]["command"])
     kubeconfig = tmp_path / "state" / "kubeconfig"
     sim_cmd[sim_cmd.index("--port") + 1] = "0"

@@ -46,7 +46,7 @@ async def test_sigterm_stops_the_demo_and_its_nats_server() -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "services.cli",
+        "services.cli.main",
         "demo",
         cwd=ROOT,
         stdout=asyncio.subprocess.DEVNULL,
@@ -77,9 +77,9 @@ async def test_sigterm_stops_the_demo_and_its_nats_server() -> None:
 
 async def test_the_demo_shows_each_step_as_it_plays_and_then_the_summary() -> None:
     """Progress lines on stderr while it plays (stdout keeps the summary, and the JSON of --json clean)."""
-    scenario = ROOT / "services" / "demo" / "scenarios" / "1-full-quota-migration.yaml"
+    scenario = ROOT / "services" / "devtools" / "demo" / "scenarios" / "1-full-quota-migration.yaml"
     proc = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "services.cli", "demo", "--scenario-file", str(scenario)),
+        *(sys.executable, "-m", "services.cli.main", "demo", "--scenario-file", str(scenario)),
         cwd=ROOT,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

@@ -22,8 +22,8 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from services import runner
-from services.cli import build_parser
+from services.cli.main import build_parser
+from services.platform import runner
 from shared import bus, guard, modes
 from shared.ledger import PartitionSet
 from shared.quantity import Quantity
@@ -135,8 +135,8 @@ def enforcer_rules() -> tuple[set[Rule], set[Rule]]:
 
 
 def lease_rules() -> set[Rule]:
-    """What the leader election (``services.lease``, used by ``services.runner.leader_elected``) calls."""
-    from services import lease
+    """What the leader election (``services.platform.lease``, used by ``runner.leader_elected``) calls."""
+    from services.platform import lease
 
     assert "Elector(" in Path(runner.__file__).read_text()
     return calls_of(lease)

@@ -15,9 +15,9 @@ import asyncio
 from dataclasses import replace
 from typing import Any
 
+from services.devtools.simcluster.kubevirt import VMIM_ACTIVE, phase
+from services.devtools.simcluster.store_api import ApiError, Obj
 from services.enforcer.kube import NUDGE_ANNOTATION
-from services.simcluster.kubevirt import VMIM_ACTIVE, phase
-from services.simcluster.store_api import ApiError, Obj
 from shared.podusage import pod_quota_usage
 from shared.quantity import Quantity
 from tests.integration.e2e import (

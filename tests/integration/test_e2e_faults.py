@@ -9,8 +9,8 @@ import asyncio
 
 import pytest
 
-from services.demo.play import SERVICE_NAMES
-from services.simcluster.kubevirt import phase
+from services.devtools.demo.play import SERVICE_NAMES
+from services.devtools.simcluster.kubevirt import phase
 from tests.integration.e2e import SLOW_MIGRATIONS, Pipeline, full_namespace, pipeline
 
 NS = "tenant-faults"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 
-from services.simcluster.kubevirt import phase
+from services.devtools.simcluster.kubevirt import phase
 from shared.quantity import ZERO
 from shared.resources import format_resource_list, nonzero, parse_resource_list
 from tests.integration.e2e import Pipeline, pipeline, plain_pod

@@ -13,10 +13,10 @@ from fractions import Fraction
 
 import pytest
 
-from services.demo.play import play
-from services.demo.scenario import builtin_scenarios
-from services.simcluster.kubevirt import KubeVirtTiming, phase
-from services.simcluster.store_api import ApiError
+from services.devtools.demo.play import play
+from services.devtools.demo.scenario import builtin_scenarios
+from services.devtools.simcluster.kubevirt import KubeVirtTiming, phase
+from services.devtools.simcluster.store_api import ApiError
 from shared.enforcement import BUDGET_CHANGED
 from shared.quantity import ZERO, Quantity
 from shared.resources import ResourceList, add, format_resource_list, parse_resource_list

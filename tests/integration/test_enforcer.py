@@ -15,13 +15,13 @@ import msgspec
 import pytest
 from kubernetes_asyncio import client, config
 
-from services.bus import Bus, NatsOptions
+from services.devtools.simcluster.cluster import SimCluster
+from services.devtools.simcluster.store_api import Obj
 from services.enforcer.kube import KubeQuotas
 from services.enforcer.service import Enforcer, EnforcerOptions
-from services.kube import KubeError
-from services.runner import Metrics, cancel
-from services.simcluster.cluster import SimCluster
-from services.simcluster.store_api import Obj
+from services.platform.bus import Bus, NatsOptions
+from services.platform.kube import KubeError
+from services.platform.runner import Metrics, cancel
 from shared import bus as contract
 from shared import guard
 from shared.enforcement import BUDGET_ANNOTATION, LAST_HARD_ANNOTATION, MANAGED_LABEL, STATUS_ANNOTATION

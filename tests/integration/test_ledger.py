@@ -17,9 +17,9 @@ from typing import Any
 import nats.js.errors
 import pytest
 
-from services.bus import Bus, NatsOptions
 from services.ledger.service import LedgerOptions, LedgerService, usage_digest
-from services.runner import cancel
+from services.platform.bus import Bus, NatsOptions
+from services.platform.runner import cancel
 from shared import bus as contract
 from shared.ledger import Ledger, NamespaceView, PartitionSet
 from shared.snapshot import KubeVirtSnapshot, NamespaceSnapshot, PodSnapshot
@@ -450,7 +450,7 @@ async def test_the_real_accountant_publishes_the_quota_equation_terms(nats_url: 
 
 def _vmquota(*argv: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "run", *argv],
+        [sys.executable, "-m", "services.cli.main", "run", *argv],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, **(env or {})},
@@ -540,8 +540,8 @@ async def test_leader_election_runs_one_replica_at_a_time_and_hands_over(sim_api
     the leader stops, the other takes over at once: the stop releases the Lease."""
     import argparse
 
-    from services.lease import LeaseTiming
-    from services.runner import Health, Metrics, Runtime, add_arguments, config_from_args, leader_elected
+    from services.platform.lease import LeaseTiming
+    from services.platform.runner import Health, Metrics, Runtime, add_arguments, config_from_args, leader_elected
 
     store = sim_api.store
     await store.create(store.resource("namespaces"), {"metadata": {"name": "vmquota-system"}})
@@ -603,8 +603,16 @@ async def test_a_renewal_the_leader_never_saw_answered_does_not_keep_the_lease_f
     does not wait ``lease_duration`` for a Lease nobody works under."""
     import argparse
 
-    from services.lease import LeaseTiming
-    from services.runner import Health, Metrics, Runtime, add_arguments, config_from_args, leader_elected, lease_name
+    from services.platform.lease import LeaseTiming
+    from services.platform.runner import (
+        Health,
+        Metrics,
+        Runtime,
+        add_arguments,
+        config_from_args,
+        leader_elected,
+        lease_name,
+    )
 
     store = sim_api.store
     await store.create(store.resource("namespaces"), {"metadata": {"name": "vmquota-system"}})
@@ -633,8 +641,8 @@ async def test_a_failing_leader_fails_its_service(sim_api: Any) -> None:
     replica holding the lease without working."""
     import argparse
 
-    from services.lease import LeaseTiming
-    from services.runner import Health, Metrics, Runtime, add_arguments, config_from_args, leader_elected
+    from services.platform.lease import LeaseTiming
+    from services.platform.runner import Health, Metrics, Runtime, add_arguments, config_from_args, leader_elected
 
     store = sim_api.store
     await store.create(store.resource("namespaces"), {"metadata": {"name": "vmquota-system"}})
@@ -659,8 +667,8 @@ async def test_a_missing_lease_namespace_is_one_clear_error_and_not_ready(sim_ap
 
     from structlog.testing import capture_logs
 
-    from services.lease import LeaseTiming
-    from services.runner import Health, Metrics, Runtime, add_arguments, config_from_args, leader_elected
+    from services.platform.lease import LeaseTiming
+    from services.platform.runner import Health, Metrics, Runtime, add_arguments, config_from_args, leader_elected
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -10,7 +10,7 @@ import asyncio
 import nats
 import nats.errors
 
-from services.simcluster.kubevirt import phase
+from services.devtools.simcluster.kubevirt import phase
 from shared import bus as contract
 from tests.integration.e2e import CLUSTER, SLOW_MIGRATIONS, full_namespace, pipeline
 from tests.integration.natscluster import NatsCluster

@@ -22,9 +22,9 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
 from nats.js.client import JetStreamContext
 
-from services.bus import Bus, NatsOptions, PullConsumer
-from services.natsserver import NatsServer
-from services.runner import cancel
+from services.devtools.natsserver import NatsServer
+from services.platform.bus import Bus, NatsOptions, PullConsumer
+from services.platform.runner import cancel
 from shared import bus
 from shared.snapshot import VmiSnapshot
 from tests.conftest import nats_server_binary
@@ -358,7 +358,7 @@ def test_config_users_streams_and_env_match_the_bus_contract() -> None:
 
 
 async def test_the_services_bus_helpers_work_with_their_users(server: SecuredServer) -> None:
-    """The code paths the services use (services/bus.py) under each service's own user: streams each one owns,
+    """The code paths the services use (services/platform/bus.py) under each service's own user: streams each one owns,
     publishing, the ledger's checkpoint bucket, durable pull consumers and dead letters."""
 
     async def as_user(user: str) -> Bus:
@@ -424,7 +424,7 @@ LEDGER_DURABLE = "vmquota-ledger-n16_0-7-all"
 
 
 async def ledger_durable(connect: Connect) -> Conn:
-    """The ledger's durable on the events stream, created as ``services.bus.PullConsumer`` creates it."""
+    """The ledger's durable on the events stream, created as ``services.platform.bus.PullConsumer`` creates it."""
     await watcher_publishes(connect)
     led = await connect("ledger")
     await led.js.add_consumer(
@@ -699,7 +699,7 @@ async def test_the_operator_commands_read_as_replay_and_say_which_user_as_subscr
 
     async def tail(user: str) -> tuple[int, str, str]:
         proc = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "services.cli", "tail", "--events", "--no-follow", "-o", "json"),
+            *(sys.executable, "-m", "services.cli.main", "tail", "--events", "--no-follow", "-o", "json"),
             *("--nats", server.url, "--nats-user", user, "--nats-password", server.passwords[user]),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,

@@ -20,8 +20,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from services.bus import Bus, NatsOptions
-from services.natsserver import NatsServer
+from services.devtools.natsserver import NatsServer
+from services.platform.bus import Bus, NatsOptions
 from shared import bus
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client, config
 
-from services.simcluster.cluster import KUBEVIRT_NAME, KUBEVIRT_NAMESPACE, SimCluster
+from services.devtools.simcluster.cluster import KUBEVIRT_NAME, KUBEVIRT_NAMESPACE, SimCluster
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
 from shared.podusage import pod_quota_usage
 from shared.quantity import Quantity

@@ -264,8 +264,8 @@ async def test_fault_injection(http: aiohttp.ClientSession, sim_api: SimApi) -> 
 
 
 async def test_plain_http_server_and_served_app(sim_api_factory: SimApiFactory) -> None:
-    from services.simcluster.server import ApiServer
-    from services.simcluster.store import Store
+    from services.devtools.simcluster.server import ApiServer
+    from services.devtools.simcluster.store import Store
 
     store = Store()
     app = ApiServer(store, token="secret").make_app()
@@ -280,8 +280,8 @@ async def test_plain_http_server_and_served_app(sim_api_factory: SimApiFactory) 
 
 
 def test_fault_rules_match_by_verb_resource_fraction_and_count() -> None:
-    from services.simcluster.faults import Faults
-    from services.simcluster.store import Store
+    from services.devtools.simcluster.faults import Faults
+    from services.devtools.simcluster.store import Store
 
     store = Store()
     faults = Faults(store, seed=7)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from services.simcluster.store import Store
+from services.devtools.simcluster.store import Store
 from tests.integration.conftest import SimApi
 
 pytestmark = [

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from services.simcluster.cluster import KUBEVIRT_NAME, KUBEVIRT_NAMESPACE, SimCluster
-from services.simcluster.kubevirt import FAIL_START_ANNOTATION, KubeVirtTiming
-from services.simcluster.store_api import ApiError, Obj
+from services.devtools.simcluster.cluster import KUBEVIRT_NAME, KUBEVIRT_NAMESPACE, SimCluster
+from services.devtools.simcluster.kubevirt import FAIL_START_ANNOTATION, KubeVirtTiming
+from services.devtools.simcluster.store_api import ApiError, Obj
 from shared.kubevirt import MEMORY_OVERHEAD_ANNOTATION, KubeVirtConfig, NamespaceFacts, render_launcher_pod
 from shared.podusage import pod_quota_usage
 from shared.quantity import Quantity
@@ -376,7 +376,7 @@ async def test_vmquota_simulate_serves_kubectl_until_interrupted(tmp_path: Path)
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "services.cli",
+        "services.cli.main",
         "simulate",
         "--speed",
         "0.05",
@@ -417,7 +417,7 @@ async def test_vmquota_simulate_bad_seed_exits_2_with_one_line(tmp_path: Path) -
     seed = tmp_path / "bad.yaml"
     seed.write_text("kind: Gadget\nmetadata: {name: x}\n")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.cli", "simulate", "--seed-file", str(seed), "--log-level", "error",
+        sys.executable, "-m", "services.cli.main", "simulate", "--seed-file", str(seed), "--log-level", "error",
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     _, err = await asyncio.wait_for(proc.communicate(), timeout=20)

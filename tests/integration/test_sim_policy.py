@@ -17,9 +17,9 @@ import aiohttp
 import pytest
 import yaml
 
-from services.simcluster.auth import KUBEVIRT_CONTROLLER, UserInfo, acting_as
-from services.simcluster.cluster import SimCluster
-from services.simcluster.store_api import ApiError, Obj
+from services.devtools.simcluster.auth import KUBEVIRT_CONTROLLER, UserInfo, acting_as
+from services.devtools.simcluster.cluster import SimCluster
+from services.devtools.simcluster.store_api import ApiError, Obj
 from shared import guard
 from shared.podusage import pod_quota_usage
 from shared.resources import format_resource_list

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.simcluster.cluster import SimCluster
-from services.simcluster.kubevirt import KubeVirtTiming
-from services.simcluster.quota import (
+from services.devtools.simcluster.cluster import SimCluster
+from services.devtools.simcluster.kubevirt import KubeVirtTiming
+from services.devtools.simcluster.quota import (
     PodUsageCache,
     QuotaTiming,
     admit_pod,
@@ -21,7 +21,7 @@ from services.simcluster.quota import (
     missing_constraints,
     pretty,
 )
-from services.simcluster.store_api import ApiError
+from services.devtools.simcluster.store_api import ApiError
 from shared.podusage import pod_quota_usage
 from shared.quantity import Quantity
 from shared.resources import add, format_resource_list, parse_resource_list

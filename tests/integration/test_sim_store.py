@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.simcluster.patch import json_patch, merge_patch, strategic_merge_patch
-from services.simcluster.selectors import parse_field_selector, parse_label_selector
-from services.simcluster.store import Store
-from services.simcluster.store_api import ApiError, Obj, Operation, Resource, StoreAPI, WatchEvent
+from services.devtools.simcluster.patch import json_patch, merge_patch, strategic_merge_patch
+from services.devtools.simcluster.selectors import parse_field_selector, parse_label_selector
+from services.devtools.simcluster.store import Store
+from services.devtools.simcluster.store_api import ApiError, Obj, Operation, Resource, StoreAPI, WatchEvent
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from services.simcluster.workqueue import WorkQueue
+from services.devtools.simcluster.workqueue import WorkQueue
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration

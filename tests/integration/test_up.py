@@ -21,7 +21,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed"),
 ]
 
-VMQUOTA = [sys.executable, "-m", "services.cli"]
+VMQUOTA = [sys.executable, "-m", "services.cli.main"]
 
 
 async def _run(*argv: str, stdin: str | None = None, env: dict[str, str] | None = None) -> tuple[int, str, str]:

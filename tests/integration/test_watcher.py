@@ -27,11 +27,11 @@ import nats.js.errors
 import pytest
 from nats.aio.msg import Msg
 
-from services.bus import NatsOptions
-from services.lease import LeaseTiming
-from services.runner import Config, Health, Metrics, Runtime
-from services.simcluster.store import Store
-from services.simcluster.store_api import Obj
+from services.devtools.simcluster.store import Store
+from services.devtools.simcluster.store_api import Obj
+from services.platform.bus import NatsOptions
+from services.platform.lease import LeaseTiming
+from services.platform.runner import Config, Health, Metrics, Runtime
 from services.watcher.kube import Timeouts
 from services.watcher.main import Tuning, serve
 from services.watcher.watcher import WatcherConfig
@@ -549,7 +549,7 @@ async def test_vmquota_run_watcher_serves_health_and_metrics(
     cluster: Cluster, tap: Tap, nats_server: NatsServer, sim_api: SimApi
 ) -> None:
     await cluster.create("pods", pod("p1"), "a")
-    cmd = [sys.executable, "-m", "services.cli", "run", "watcher", "--cluster", CLUSTER, "--nats", nats_server.url]
+    cmd = [sys.executable, "-m", "services.cli.main", "run", "watcher", "--cluster", CLUSTER, "--nats", nats_server.url]
     cmd += ["--kubeconfig", str(sim_api.kubeconfig), "--no-leader-election", "--http-port", "0"]
     proc = await asyncio.create_subprocess_exec(*cmd, stderr=asyncio.subprocess.PIPE, cwd=REPO)
     assert proc.stderr is not None
@@ -585,7 +585,11 @@ async def test_vmquota_run_watcher_serves_health_and_metrics(
 
 def test_vmquota_run_watcher_needs_a_cluster() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "services.cli", "run", "watcher"], capture_output=True, text=True, cwd=REPO, timeout=60
+        [sys.executable, "-m", "services.cli.main", "run", "watcher"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
     )
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "--cluster" in out.stderr

@@ -1,4 +1,4 @@
-"""``services.bus.position``: a JetStream message's sequences read from its reply subject, as nats-py's
+"""``services.platform.bus.position``: a JetStream message's sequences read from its reply subject, as nats-py's
 ``msg.metadata`` reads them, for both forms of the subject."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from nats.aio.msg import Msg
 from nats.errors import NotJSMessageError
 
-from services.bus import Position, position
+from services.platform.bus import Position, position
 
 _SEQ = st.integers(0, 2**63 - 1)
 _TOKEN = st.text("abcdefghijklmnopqrstuvwxyzABCDEF0123456789_-", min_size=1, max_size=12)

@@ -1,4 +1,5 @@
-"""``vmquota render`` and ``services.inputs``: good input in both formats, stdin, bad input -> exit 2 with one line."""
+"""``vmquota render`` and ``services.platform.inputs``: good input in both formats, stdin, bad input -> exit 2
+with one line."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from services import cli_render
-from services.inputs import load_objects, parse_objects
+from services.cli import render as cli_render
+from services.platform.inputs import load_objects, parse_objects
 from shared.errors import InvalidInput
 
 VMI_YAML = """\
@@ -278,7 +279,7 @@ def test_bad_kubevirt_config(vmis, tmp_path, capsys):
     )
 
 
-# ---- services.inputs -----------------------------------------------------------------------------------------
+# ---- services.platform.inputs ---------------------------------------------------------------------------------
 
 
 def test_parse_objects_shapes():
@@ -313,10 +314,10 @@ def test_load_objects_file_and_errors(tmp_path):
     assert "UTF-8" in str(e.value)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("services.cli_usage") is None, reason="vmquota usage not installed yet")
+@pytest.mark.skipif(importlib.util.find_spec("services.cli.usage") is None, reason="vmquota usage not installed yet")
 def test_entry_point_end_to_end(vmis):
     proc = subprocess.run(
-        [sys.executable, "-m", "services.cli", "render", "-f", "-", "-o", "json"],
+        [sys.executable, "-m", "services.cli.main", "render", "-f", "-", "-o", "json"],
         input=vmis.read_text(),
         capture_output=True,
         text=True,
@@ -325,7 +326,7 @@ def test_entry_point_end_to_end(vmis):
     assert proc.returncode == 0, proc.stderr
     assert len(json.loads(proc.stdout)["items"]) == 2
     proc = subprocess.run(
-        [sys.executable, "-m", "services.cli", "render", "-f", "-"],
+        [sys.executable, "-m", "services.cli.main", "render", "-f", "-"],
         input="kind: VirtualMachineInstance\nspec: 3\n",
         capture_output=True,
         text=True,

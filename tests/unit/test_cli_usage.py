@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from services.cli import build_parser, main
-from services.cli_usage import account_all, build_config, build_policy, load_snapshots, namespace_json
+from services.cli.main import build_parser, main
+from services.cli.usage import account_all, build_config, build_policy, load_snapshots, namespace_json
 from shared.modes import Mode
 from tests.unit.test_accounting import launcher_obj, pod_obj, refusal_event, vmi_obj, vmim_obj
 
@@ -181,7 +181,7 @@ def test_objects_without_namespace_use_the_flag(capsys: pytest.CaptureFixture[st
 def test_stdin(tmp_path: Path) -> None:
     text = json.dumps({"kind": "List", "items": [vmi_obj("vm1", vcpus=3)]})
     proc = subprocess.run(
-        [sys.executable, "-m", "services.cli", "usage", "--mode", "VirtualResources", "-f", "-", "-o", "json"],
+        [sys.executable, "-m", "services.cli.main", "usage", "--mode", "VirtualResources", "-f", "-", "-o", "json"],
         input=text,
         capture_output=True,
         text=True,

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.simcluster.patch import merge_patch
+from services.devtools.simcluster.patch import merge_patch
 from shared import bus
 from shared import enforcement as enf
 from shared.enforcement import (

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from services import runner
-from services.cli import build_parser
+from services.cli.main import build_parser
+from services.platform import runner
 from shared import bus
 from shared.errors import InvalidInput
 

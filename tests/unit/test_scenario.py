@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from services.demo.scenario import builtin_scenarios, load_scenario, parse_scenario
+from services.devtools.demo.scenario import builtin_scenarios, load_scenario, parse_scenario
 from shared.errors import InvalidInput
 from shared.quantity import Quantity
 
@@ -127,7 +127,7 @@ def test_cli_exits_2_with_one_line_for_a_malformed_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(_broken(["vms", 0, "memory", "guest"], "lots")))
     proc = subprocess.run(
-        [sys.executable, "-m", "services.cli", "demo", "--scenario-file", str(bad)],
+        [sys.executable, "-m", "services.cli.main", "demo", "--scenario-file", str(bad)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -141,12 +141,12 @@ def test_running_a_service_loads_neither_the_simulator_nor_the_demo() -> None:
     """Production services never import the simulated cluster: the CLI loads only the chosen sub-command."""
     code = (
         "import sys\n"
-        "from services import cli\n"
+        "from services.cli import main as cli\n"
         "try:\n"
         "    cli.main(['run', '--help'])\n"
         "except SystemExit:\n"
         "    pass\n"
-        "bad = sorted(m for m in sys.modules if m.startswith(('services.simcluster', 'services.demo')))\n"
+        "bad = sorted(m for m in sys.modules if m.startswith('services.devtools'))\n"
         "print('loaded=' + ','.join(bad))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

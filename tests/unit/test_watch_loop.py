@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.kube import is_transient
+from services.platform.kube import is_transient
 from services.watcher.loop import (
     Action,
     KnownSet,

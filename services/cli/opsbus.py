@@ -1,0 +1,209 @@
+"""Read-only access to the bus for the operator commands (``vmquota status``, ``tail``, ``replay``): the same
+connection flags as ``vmquota run``, ordered (ephemeral) consumers only, and one clear line for every way the
+connection can fail. Nothing here writes to the bus.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from nats.aio.msg import Msg
+
+from services.platform.bus import NatsOptions
+from services.platform.runner import env
+from shared import bus as contract
+from shared.errors import InvalidInput
+
+
+def add_bus_arguments(p: argparse.ArgumentParser, *, namespace: bool = True) -> None:
+    """``--nats``, ``--nats-creds``/``--nats-user``/``--nats-password`` (as ``vmquota run``), ``--cluster`` and
+    ``-n/--namespace`` filters."""
+    p.add_argument(
+        "--nats",
+        default=env("VMQUOTA_NATS", "nats://127.0.0.1:4222"),
+        help="NATS URL, or a comma-separated list [VMQUOTA_NATS]",
+    )
+    p.add_argument("--nats-creds", default=env("VMQUOTA_NATS_CREDS"), help="NATS .creds file [VMQUOTA_NATS_CREDS]")
+    p.add_argument(
+        "--nats-user",
+        default=env("VMQUOTA_NATS_USER"),
+        help="NATS user: replay (read-only, may create the ordered consumers these commands read with) "
+        "[VMQUOTA_NATS_USER]",
+    )
+    p.add_argument(
+        "--nats-password", default=env("VMQUOTA_NATS_PASSWORD"), help="NATS password [VMQUOTA_NATS_PASSWORD]"
+    )
+    p.add_argument("--cluster", default=None, help="only this cluster (default: every cluster on the bus)")
+    if namespace:
+        p.add_argument("-n", "--namespace", default=None, help="only this namespace (default: all)")
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    cluster: str | None = None
+    namespace: str | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Filter:
+        cluster = args.cluster
+        namespace = getattr(args, "namespace", None)
+        if cluster is not None:
+            contract.check_cluster(cluster)
+        if namespace is not None:
+            contract.check_namespace(namespace, "--namespace")
+        return cls(cluster, namespace)
+
+    def subject(self, kind: str) -> str:
+        """``vmquota.<kind>.<cluster|*>.<namespace|*>`` (``kind``: ``usage``, ``quota``); events: ``ev`` with
+        any kind token after."""
+        c, n = self.cluster or "*", self.namespace or "*"
+        return f"{contract.PREFIX}.{kind}.{c}.{n}" + (".*" if kind == "ev" else "")
+
+
+def parse_since(text: str | None, now: datetime, where: str = "--since") -> datetime | None:
+    """``10m``, ``2h``, ``1d`` (before now) or an RFC 3339 time; None when not given."""
+    if text is None:
+        return None
+    try:
+        return now - timedelta(seconds=contract.parse_duration(text, where))
+    except InvalidInput:
+        return parse_time(text, where)
+
+
+def parse_time(text: str, where: str) -> datetime:
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidInput(f"{text!r} is neither a duration (10m, 2h) nor an RFC 3339 time", where) from None
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+
+
+class BusUnavailable(Exception):
+    """One line a person can act on."""
+
+
+class NotFound(Exception):
+    """What was asked for is not on the bus (exit 1, one line)."""
+
+
+async def connect(args: argparse.Namespace) -> Any:
+    """A NATS connection, or :class:`BusUnavailable` saying why not (unreachable, refused credentials)."""
+    import nats
+    import nats.errors
+
+    if args.nats_creds and args.nats_user:
+        raise BusUnavailable("give either --nats-creds or --nats-user/--nats-password, not both")
+    servers = NatsOptions(url=str(args.nats)).servers
+    kwargs: dict[str, Any] = {"servers": servers, "allow_reconnect": False, "connect_timeout": 3}
+    if args.nats_creds:
+        kwargs["user_credentials"] = args.nats_creds
+    if args.nats_user:
+        kwargs["user"], kwargs["password"] = args.nats_user, args.nats_password or ""
+    errors: list[str] = []
+
+    async def error_cb(e: Exception) -> None:
+        errors.append(str(e) or type(e).__name__)
+
+    try:
+        # (nats-py keeps retrying a first connection that is refused: the deadline is ours)
+        return await asyncio.wait_for(nats.connect(**kwargs, error_cb=error_cb, max_reconnect_attempts=0), 5.0)
+    except (OSError, TimeoutError, nats.errors.Error) as e:
+        why = (errors[-1] if errors else "") or str(e) or type(e).__name__
+        if "uthorization" in why:
+            raise BusUnavailable(f"NATS at {args.nats} refused the credentials ({why.strip()})") from None
+        raise BusUnavailable(f"cannot reach NATS at {args.nats} ({why.strip()}): check --nats (VMQUOTA_NATS)") from None
+
+
+async def read(js: Any, stream: str, subject: str, *, since: datetime | None = None) -> list[Msg]:
+    """Every message of ``stream`` on ``subject`` stored now (from ``since``, when given), in stream order,
+    through an ordered consumer."""
+    return [m async for m in messages(js, stream, subject, since=since, follow=False)]
+
+
+async def messages(
+    js: Any,
+    stream: str,
+    subject: str,
+    *,
+    since: datetime | None = None,
+    follow: bool = False,
+    new_only: bool = False,
+) -> AsyncIterator[Msg]:
+    """The messages of ``stream`` on ``subject`` (from ``since``; with ``new_only`` none stored before) in stream
+    order; with ``follow``, then every new one as it is stored, until cancelled."""
+    from nats.js.api import DeliverPolicy
+    from nats.js.errors import NotFoundError
+
+    try:
+        info = await js.stream_info(stream)
+    except NotFoundError:
+        raise BusUnavailable(f"the stream {stream} does not exist on this server: is vmquota running?") from None
+    except Exception as e:  # permissions, timeouts
+        raise BusUnavailable(f"cannot read the stream {stream}: {e or type(e).__name__}") from None
+    if not follow and info.state.messages == 0:
+        return
+    opts: dict[str, Any] = {"deliver_policy": DeliverPolicy.ALL}
+    if new_only:
+        opts = {"deliver_policy": DeliverPolicy.NEW}
+    elif since is not None:
+        opts = {"deliver_policy": DeliverPolicy.BY_START_TIME, "opt_start_time": since.isoformat()}
+    from nats.js.api import ConsumerConfig
+
+    from services.platform.bus import position
+
+    arrived: asyncio.Queue[Msg] = asyncio.Queue(maxsize=10_000)
+
+    async def on_msg(m: Msg) -> None:
+        await arrived.put(m)  # (full: the client stops answering the server's flow control, which then waits)
+
+    try:
+        sub = await js.subscribe(
+            subject,
+            stream=stream,
+            ordered_consumer=True,
+            config=ConsumerConfig(**opts),
+            cb=on_msg,
+        )
+    except Exception as e:  # a refused consumer create gets no answer: a timeout
+        raise BusUnavailable(
+            f"cannot read the stream {stream} ({e or type(e).__name__}): the commands read with ordered consumers, "
+            "which the NATS user must be allowed to create: use the `replay` user (--nats-user replay), not "
+            "`subscriber`"
+        ) from None
+    try:
+        last = info.state.last_seq
+        while True:
+            try:
+                m = arrived.get_nowait()  # (no timer per message while they are there: a replay reads millions)
+            except asyncio.QueueEmpty:
+                try:
+                    m = await asyncio.wait_for(arrived.get(), None if follow else 1.0)
+                except TimeoutError:
+                    return  # nothing (more) on this subject
+            yield m
+            at = position(m)
+            if not follow and (at.stream >= last or at.pending == 0):
+                return
+    finally:
+        await sub.unsubscribe()
+
+
+def run_command(name: str, main: Callable[[], Coroutine[Any, Any, int]]) -> int:
+    """Run an operator command: its exit code; a bad input or an unavailable bus is one line on stderr, exit 2
+    (1 for a bus that cannot be used)."""
+    try:
+        return asyncio.run(main())
+    except InvalidInput as e:
+        print(f"vmquota {name}: {e}", file=sys.stderr)
+        return 2
+    except (BusUnavailable, NotFound) as e:
+        print(f"vmquota {name}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,225 @@
+"""``vmquota render``: the launcher pods KubeVirt would create for VMIs/VMs, with their requests, limits and memory
+overhead, for a given KubeVirt version and configuration.
+
+Exit codes: 0 rendered; 2 malformed input or options (one line on stderr naming the object and field).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from typing import Any, TextIO
+
+from services.platform.inputs import kubevirt_fields, load_objects
+from shared.errors import InvalidInput
+from shared.kubevirt import KubeVirtConfig, NamespaceFacts, RenderedPod, render_launcher_pod
+from shared.quantity import Quantity
+from shared.resources import format_resource_list
+from shared.vmi import VM_KIND, VMI_KIND, VmiSpec, object_ref, vmi_spec
+
+EXIT_INVALID = 2
+_MI = 1024 * 1024
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-f", "--filename", required=True, metavar="FILE", help="YAML/JSON with VMIs and/or VMs ('-': stdin)"
+    )
+    p.add_argument(
+        "--kubevirt-version",
+        metavar="VERSION",
+        help="v1.0 .. v1.9, a release such as v1.6.2, or main (default: the KubeVirt CR's observedKubeVirtVersion, "
+        "else v1.9); a bare minor means its newest patch release",
+    )
+    p.add_argument("--arch", choices=("amd64", "arm64"), help="cluster CPU architecture (default amd64)")
+    p.add_argument("--cpu-allocation-ratio", metavar="N", help="vCPUs per requested core (default 10)")
+    p.add_argument("--kubevirt-config", metavar="FILE", help="a KubeVirt CR; the options above override it")
+    p.add_argument(
+        "--namespace-label",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="labels of the namespace (autoCPULimitNamespaceLabelSelector, auto-memory-limits-ratio)",
+    )
+    p.add_argument(
+        "--quota-has",
+        default="",
+        metavar="RESOURCES",
+        help="comma list of what some ResourceQuota in the namespace has in spec.hard, e.g. limits.cpu,limits.memory",
+    )
+    p.add_argument("-o", "--output", choices=("json", "table"), default="table", help="output format (default table)")
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return EXIT_INVALID
+
+
+def build_config(args: argparse.Namespace, notes: TextIO) -> KubeVirtConfig:
+    fields: dict[str, Any] = {}
+    if args.kubevirt_config:
+        fields = kubevirt_fields(args.kubevirt_config, args.kubevirt_version, notes)
+    if args.kubevirt_version is not None:
+        fields["version"] = args.kubevirt_version
+    if args.arch is not None:
+        fields["arch"] = args.arch
+    if args.cpu_allocation_ratio is not None:
+        try:
+            fields["cpu_allocation_ratio"] = Fraction(args.cpu_allocation_ratio)
+        except (ValueError, ZeroDivisionError):
+            raise InvalidInput(f"not a number: {args.cpu_allocation_ratio!r}", "--cpu-allocation-ratio") from None
+    try:
+        return KubeVirtConfig(**fields)
+    except InvalidInput as e:
+        flag = {
+            "version": "--kubevirt-version",
+            "cpuAllocationRatio": "--cpu-allocation-ratio",
+            "arch": "--arch",
+        }.get(e.where)
+        raise InvalidInput(e.message, flag or e.where) from None
+
+
+def build_namespace(args: argparse.Namespace) -> NamespaceFacts:
+    labels: dict[str, str] = {}
+    for item in args.namespace_label:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidInput(f"expected KEY=VALUE, got {item!r}", "--namespace-label")
+        labels[key] = value
+    names = {n.strip() for n in args.quota_has.split(",") if n.strip()}
+    return NamespaceFacts(
+        labels=labels,
+        quota_has_limits_cpu="limits.cpu" in names,
+        quota_has_limits_memory="limits.memory" in names,
+    )
+
+
+def item_json(spec: VmiSpec, pod: RenderedPod) -> dict[str, Any]:
+    return {
+        "name": spec.name,
+        "namespace": spec.namespace,
+        "containers": {
+            c.name: {"requests": format_resource_list(c.requests), "limits": format_resource_list(c.limits)}
+            for c in pod.containers
+        },
+        "pod": {"requests": format_resource_list(pod.requests), "limits": format_resource_list(pod.limits)},
+        "memoryOverhead": pod.memory_overhead.canonical(),
+    }
+
+
+def _bytes(q: Quantity | None) -> str:
+    """Bytes for people: whole Gi or Mi when exact, else Mi with one decimal."""
+    if q is None:
+        return "-"
+    n = q.ceil()
+    if n and n % (1024 * _MI) == 0:
+        return f"{n // (1024 * _MI)}Gi"
+    if n % _MI == 0:
+        return f"{n // _MI}Mi"
+    return f"{n / _MI:.1f}Mi"
+
+
+def _cpu(q: Quantity | None) -> str:
+    return "-" if q is None else q.canonical()
+
+
+def write_table(rows: Sequence[tuple[VmiSpec, RenderedPod]], out: TextIO) -> None:
+    header = ("NAMESPACE", "NAME", "KIND", "VCPUS", "GUEST", "CPU REQ", "CPU LIM", "MEM REQ", "MEM LIM", "OVERHEAD")
+    table = [header]
+    for spec, pod in rows:
+        table.append(
+            (
+                spec.namespace or "-",
+                spec.name or "-",
+                "VM" if spec.kind == VM_KIND else "VMI",
+                str(spec.vcpus),
+                _bytes(spec.guest_memory),
+                _cpu(pod.requests.get("cpu")),
+                _cpu(pod.limits.get("cpu")),
+                _bytes(pod.requests.get("memory")),
+                _bytes(pod.limits.get("memory")),
+                _bytes(pod.memory_overhead),
+            )
+        )
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    for r in table:
+        out.write("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() + "\n")
+
+
+def _instancetype_hint(obj: Mapping[str, Any]) -> str:
+    spec = obj.get("spec")
+    if obj.get("kind") == VM_KIND and isinstance(spec, Mapping):
+        for key in ("instancetype", "preference"):
+            ref = spec.get(key)
+            if isinstance(ref, Mapping) and ref.get("name"):
+                return f"{key} {ref.get('name')}"
+    return ""
+
+
+def render_objects(
+    objects: Sequence[Mapping[str, Any]], config: KubeVirtConfig, namespace: NamespaceFacts, notes: TextIO
+) -> list[tuple[VmiSpec, RenderedPod]]:
+    rows: list[tuple[VmiSpec, RenderedPod]] = []
+    for obj in objects:
+        kind = obj.get("kind")
+        if kind not in (VMI_KIND, VM_KIND):
+            print(f"note: skipping {object_ref(obj)}: not a VirtualMachine or VirtualMachineInstance", file=notes)
+            continue
+        hint = _instancetype_hint(obj)
+        try:
+            pod = render_launcher_pod(obj, config, namespace)
+            spec = vmi_spec(obj)
+        except InvalidInput as e:
+            if hint:
+                raise InvalidInput(f"{e.message} (the VM uses {hint}: render its VMI instead)", e.where) from None
+            raise
+        except (TypeError, ValueError, KeyError, AttributeError) as e:  # a shape no validator anticipated
+            raise InvalidInput(f"malformed object ({type(e).__name__}: {e})", object_ref(obj)) from None
+        if hint:
+            print(
+                f"note: {object_ref(obj)} uses {hint}: rendered from its template alone;"
+                " render its VMI for exact figures",
+                file=notes,
+            )
+        rows.append((spec, pod))
+    return rows
+
+
+def profile_note(config: KubeVirtConfig) -> str:
+    """Which KubeVirt behaviour the rendering follows, e.g. ``rendered as KubeVirt v1.6 (profile v1.6.4+: a bare
+    minor is its newest patch release)``."""
+    text = f"rendered as KubeVirt {config.version} (profile {config.profile.name}"
+    if config.version != "main" and config.version.count(".") == 1:
+        text += ": a bare minor is its newest patch release"
+    return text + ")"
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = build_config(args, sys.stderr)
+        namespace = build_namespace(args)
+        objects = load_objects(args.filename)
+        rows = render_objects(objects, config, namespace, sys.stderr)
+    except InvalidInput as e:
+        return _fail(str(e))
+    print(f"note: {profile_note(config)}", file=sys.stderr)
+    try:
+        if args.output == "json":
+            doc: dict[str, Any] = {
+                "kubevirt": {"version": config.version, "profile": config.profile.name},
+                "items": [item_json(s, p) for s, p in rows],
+            }
+            json.dump(doc, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            write_table(rows, sys.stdout)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `vmquota render ... | head`: the reader left; say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return 0

@@ -1,0 +1,243 @@
+"""``vmquota replay``: fold ``VMQUOTA_EVENTS`` from its start up to a time (``--at``) or a stream sequence
+(``--until-seq``) with the ledger's own pure core (``shared.ledger`` and ``shared.accounting``), and print each
+managed quota as it was then: budget, use in VM terms, pods charged, reservations and the ``hard`` the quota
+equation gives.
+
+``--verify`` checks the replay against history: for every decision the enforcer published (up to the end of the
+replay), the events are folded exactly up to the usage snapshot the decision was computed from (its
+``usageSeq``), and the ``hard`` the equation gives there must equal the ``hard`` the enforcer wrote; and for every
+usage snapshot in ``VMQUOTA_USAGE_HISTORY``, folded up to its ``seq``, each quota's ``hard`` and ``used`` must be
+what the ledger published. Any difference is printed and the exit status is 1.
+
+Read-only: ordered consumers (the ``replay`` NATS user).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from services.cli import opsbus
+from services.ledger.usage import account
+from shared import bus as contract
+from shared import report
+from shared.errors import InvalidInput
+from shared.ledger import Ledger
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    opsbus.add_bus_arguments(p)
+    until = p.add_mutually_exclusive_group()
+    until.add_argument("--at", default=None, help="replay up to this RFC 3339 time or this long ago (2h)")
+    until.add_argument("--until-seq", type=int, default=None, help="replay up to this events stream sequence")
+    p.add_argument(
+        "--verify", action="store_true", help="compare with the hard the enforcer wrote; exit 1 if any differs"
+    )
+    p.add_argument("-o", "--output", choices=("table", "wide", "json"), default="table", help="output format")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+
+
+@dataclass
+class Replay:
+    """The fold so far."""
+
+    ledger: Ledger = field(default_factory=Ledger)
+    events: int = 0
+    skipped: int = 0
+    seq: int = 0
+    clusters: set[str] = field(default_factory=set)
+
+    def apply(self, data: bytes, seq: int) -> None:
+        try:
+            ev = contract.decode_event(data)
+            self.ledger.apply(ev, seq)
+            self.clusters.add(ev.cluster)
+        except InvalidInput:
+            self.skipped += 1  # (dead-lettered by the ledger too)
+        self.events += 1
+        self.seq = seq
+
+    def usage(self, cluster: str, namespace: str, at: datetime) -> contract.UsageSnapshot:
+        body = account(self.ledger.view(cluster, namespace), now=at)
+        return contract.UsageSnapshot(
+            id=f"{cluster}/replay/{namespace}/{self.seq}",
+            source=contract.source("replay", cluster),
+            subject=namespace,
+            time=at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            cluster=cluster,
+            namespace=namespace,
+            seq=self.seq,
+            quotas=body.quotas,
+            vms=body.vms,
+            migrations=body.migrations,
+            errors=body.errors,
+        )
+
+
+class Progress:
+    """Events/s and an estimate of the time left on stderr, at most every half second."""
+
+    def __init__(self, total: int, quiet: bool) -> None:
+        self.total, self.quiet = total, quiet or not sys.stderr.isatty()
+        self.start = self.shown = time.monotonic()
+
+    def update(self, done: int, *, final: bool = False) -> None:
+        now = time.monotonic()
+        if self.quiet or (not final and now - self.shown < 0.5):
+            return
+        self.shown = now
+        rate = done / max(now - self.start, 1e-9)
+        left = (self.total - done) / rate if rate and self.total > done else 0.0
+        end = "\n" if final else ""
+        print(f"\rreplayed {done}/{self.total} events, {rate:,.0f}/s, ~{left:.0f}s left ", end=end, file=sys.stderr)
+
+
+def _stamp(m: Any) -> datetime:
+    t: datetime = m.metadata.timestamp
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+
+
+async def main(args: argparse.Namespace) -> int:
+    f = opsbus.Filter.from_args(args)
+    now = datetime.now(UTC)
+    at = opsbus.parse_since(args.at, now, "--at") if args.at is not None else None
+    nc = await opsbus.connect(args)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(contract.EVENTS_STREAM)
+        first = info.state.first_seq
+        if args.until_seq is not None and args.until_seq < first:
+            raise InvalidInput(
+                f"sequence {args.until_seq} is before the retained history (from {first})", "--until-seq"
+            )
+        checks: list[tuple[int, int, contract.Decision | contract.UsageSnapshot]] = []
+        if args.verify:
+            for m in await opsbus.read(js, contract.DECISIONS_STREAM, f.subject("quota")):
+                d = contract.decode_decision(m.data)
+                if not d.dry_run and d.usage_seq and (at is None or _stamp(m) <= at):
+                    checks.append((d.usage_seq, 0, d))
+            for m in await _history(js, f.subject("usage")):
+                try:
+                    u = contract.decode_usage(m.data)
+                except InvalidInput:
+                    continue  # (dead-lettered by the enforcer)
+                if u.seq and (at is None or _stamp(m) <= at):
+                    checks.append((u.seq, 1, u))
+            checks.sort(key=lambda c: (c[0], c[1]))
+        r = Replay()
+        progress = Progress(info.state.messages, args.quiet)
+        cluster_subject = f"{contract.PREFIX}.ev.{f.cluster or '*'}.>"
+        differences: list[str] = []
+        checked = {"decisions": 0, "usage": 0}
+        pending = (c[2] for c in checks)
+        nxt = next(pending, None)
+        async for m in opsbus.messages(js, contract.EVENTS_STREAM, cluster_subject):
+            seq = m.metadata.sequence.stream
+            if at is not None and r.events == 0 and _stamp(m) > at:
+                raise InvalidInput(
+                    f"{at.isoformat()} is before the retained history (the events stream starts at "
+                    f"{_stamp(m).isoformat()})",
+                    "--at",
+                )
+            if (args.until_seq is not None and seq > args.until_seq) or (at is not None and _stamp(m) > at):
+                break
+            while nxt is not None and _seq_of(nxt) < seq:
+                _check(r, nxt, differences, checked)
+                nxt = next(pending, None)
+            r.apply(m.data, seq)
+            progress.update(r.events)
+        while nxt is not None:
+            _check(r, nxt, differences, checked)
+            nxt = next(pending, None)
+        progress.update(r.events, final=True)
+        when = at or now
+        usage = [
+            r.usage(c, ns, when)
+            for c, ns in r.ledger.namespaces()
+            if (f.cluster is None or c == f.cluster) and (f.namespace is None or ns == f.namespace)
+        ]
+        rows = [row for row in report.quota_rows(usage) if row.name]
+        if args.output == "json":
+            out = report.status_json(rows, at=when.strftime("%Y-%m-%dT%H:%M:%SZ"), events=r.events)
+            if args.verify:
+                out["verify"] = {**checked, "differences": differences}
+            print(json.dumps(out, indent=2))
+        else:
+            print(f"as of {when.strftime('%Y-%m-%dT%H:%M:%SZ')} (events stream sequence {r.seq}, {r.events} events)")
+            print(report.status_table(rows, wide=args.output == "wide"))
+            if args.verify:
+                print(
+                    f"verified {checked['decisions']} decisions and {checked['usage']} usage snapshots: "
+                    f"{len(differences)} difference(s)"
+                )
+                for diff in differences:
+                    print(f"  {diff}")
+        return 1 if differences else 0
+    finally:
+        await nc.close()
+
+
+async def _history(js: Any, subject: str) -> list[Any]:
+    """Every usage snapshot the history stream still holds (none from a bus that has no history stream yet)."""
+    try:
+        return await opsbus.read(js, contract.USAGE_HISTORY_STREAM, subject)
+    except opsbus.BusUnavailable as e:
+        if "does not exist" not in str(e):
+            raise
+        return []
+
+
+def _seq_of(c: contract.Decision | contract.UsageSnapshot) -> int:
+    return c.usage_seq if isinstance(c, contract.Decision) else c.seq
+
+
+def _check(
+    r: Replay, c: contract.Decision | contract.UsageSnapshot, differences: list[str], checked: dict[str, int]
+) -> None:
+    if isinstance(c, contract.Decision):
+        checked["decisions"] += _verify(r, c, differences)
+    else:
+        checked["usage"] += _verify_usage(r, c, differences)
+
+
+def _verify_usage(r: Replay, u: contract.UsageSnapshot, differences: list[str]) -> int:
+    """Compare one published usage snapshot with the replay folded up to its ``seq``: every managed quota's
+    ``hard`` (and ``used``) must be what the ledger published. 1 when compared."""
+    mine = r.usage(u.cluster, u.namespace, opsbus.parse_time(u.time, "time"))
+    for name, t in sorted(u.quotas.items()):
+        again = mine.quotas.get(name)
+        if again is None or (again.hard, again.used) != (t.hard, t.used):
+            gives = "no such quota" if again is None else _terms_text(again)
+            differences.append(
+                f"{u.cluster}/{u.namespace}/{name} at {u.time} (usage seq {u.seq}): published {_terms_text(t)}, "
+                f"replay gives {gives}"
+            )
+    return 1
+
+
+def _terms_text(t: contract.QuotaTerms) -> str:
+    return f"hard {json.dumps(t.hard, sort_keys=True)} used {json.dumps(t.used, sort_keys=True)}"
+
+
+def _verify(r: Replay, d: contract.Decision, differences: list[str]) -> int:
+    """Compare one decision with the replay folded up to its ``usageSeq``; 1 when it could be compared (the
+    replayed terms have the decision's budget and mode: the enforcer took ``hard`` from them)."""
+    u = r.usage(d.cluster, d.namespace, opsbus.parse_time(d.time, "time"))
+    t = u.quotas.get(d.quota)
+    if t is None or t.mode != d.mode or t.budget != d.budget:
+        return 0
+    if t.hard != d.hard_after:
+        differences.append(
+            f"{d.cluster}/{d.namespace}/{d.quota} at {d.time} (usage seq {d.usage_seq}): written "
+            f"{json.dumps(d.hard_after, sort_keys=True)}, replay gives {json.dumps(t.hard, sort_keys=True)}"
+        )
+    return 1
+
+
+def run(args: argparse.Namespace) -> int:
+    return opsbus.run_command("replay", lambda: main(args))

@@ -1,0 +1,77 @@
+"""``vmquota status``: every managed quota's budget, use in VM terms, pods charged, reservations and ``hard``, from
+the latest usage snapshots and decisions on the bus (read-only; ``shared.report`` builds the rows)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+from services.cli import opsbus
+from shared import bus as contract
+from shared import report
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    opsbus.add_bus_arguments(p)
+    p.add_argument("-o", "--output", choices=("table", "wide", "json"), default="table", help="output format")
+    p.add_argument("--watch", action="store_true", help="print again whenever usage or a decision changes")
+
+
+async def rows(js: Any, f: opsbus.Filter) -> list[report.QuotaRow]:
+    usage = await opsbus.read(js, contract.USAGE_STREAM, f.subject("usage"))
+    decisions = await opsbus.read(js, contract.DECISIONS_STREAM, f.subject("quota"))
+    return report.quota_rows(
+        (contract.decode_usage(m.data) for m in usage), (contract.decode_decision(m.data) for m in decisions)
+    )
+
+
+def render(found: list[report.QuotaRow], output: str) -> str:
+    if output == "json":
+        return json.dumps(report.status_json(found), indent=2)
+    return report.status_table(found, wide=output == "wide")
+
+
+async def main(args: argparse.Namespace) -> int:
+    f = opsbus.Filter.from_args(args)
+    nc = await opsbus.connect(args)
+    try:
+        js = nc.jetstream()
+        found = await rows(js, f)
+        print(render(found, args.output))
+        if not args.watch:
+            if not found and (f.cluster or f.namespace):
+                print(
+                    f"vmquota status: no managed quota matches {f.cluster or '*'}/{f.namespace or '*'}", file=sys.stderr
+                )
+                return 1
+            return 0
+        changes: asyncio.Queue[None] = asyncio.Queue()
+
+        async def follow(stream: str, subject: str) -> None:
+            async for _ in opsbus.messages(js, stream, subject, follow=True, new_only=True):
+                changes.put_nowait(None)
+
+        watchers = [
+            asyncio.create_task(follow(contract.USAGE_STREAM, f.subject("usage"))),
+            asyncio.create_task(follow(contract.DECISIONS_STREAM, f.subject("quota"))),
+        ]
+        try:
+            shown = render(found, args.output)
+            while True:
+                await changes.get()
+                now = render(await rows(js, f), args.output)
+                if now != shown:
+                    print("\033[2J\033[H" + now if sys.stdout.isatty() else "\n" + now, flush=True)
+                    shown = now
+        finally:
+            for t in watchers:
+                t.cancel()
+    finally:
+        await nc.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    return opsbus.run_command("status", lambda: main(args))

@@ -1,0 +1,83 @@
+"""``vmquota tail``: follow the bus one readable line per message (decisions by default, or events, or usage),
+from ``--since`` and then live (read-only)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import UTC, datetime
+
+from nats.aio.msg import Msg
+
+from services.cli import opsbus
+from shared import bus as contract
+from shared import report
+from shared.errors import InvalidInput
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    opsbus.add_bus_arguments(p)
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--decisions", dest="what", action="store_const", const="decisions", help="(the default)")
+    which.add_argument("--events", dest="what", action="store_const", const="events", help="object events")
+    which.add_argument("--usage", dest="what", action="store_const", const="usage", help="usage snapshots")
+    p.add_argument("--since", default=None, help="start this long ago (10m, 2h) or at an RFC 3339 time")
+    p.add_argument("--no-follow", dest="follow", action="store_false", help="stop after what is stored now")
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="output format")
+
+
+STREAMS = {
+    "decisions": (contract.DECISIONS_STREAM, "quota"),
+    "events": (contract.EVENTS_STREAM, "ev"),
+    "usage": (contract.USAGE_STREAM, "usage"),
+}
+
+
+def line(what: str, data: bytes) -> str:
+    """One readable line for a message of ``what``."""
+    if what == "decisions":
+        d = contract.decode_decision(data)
+        dry = " [dry-run]" if d.dry_run else ""
+        return f"{d.time} {d.cluster} {d.namespace}/{d.quota} ({d.mode}){dry}: {d.reason}"
+    if what == "usage":
+        u = contract.decode_usage(data)
+        parts = [
+            f"{r.name} {r.mode} used {report.used_of_budget(r.used, r.budget) or '-'}; {r.status}"
+            for r in report.quota_rows([u])
+        ]
+        return f"{u.time} {u.cluster} {u.namespace}: " + (" | ".join(parts) or "no managed quota")
+    ev = contract.decode_event(data)
+    if isinstance(ev, contract.Sync):
+        present = f"{len(ev.present)} present at rv {ev.resource_version}"
+        return f"{ev.time} {ev.cluster} sync {ev.kind} {ev.namespace}: {present}"
+    verb = "upserted" if isinstance(ev, contract.Upserted) else "deleted"
+    where = f"{ev.namespace}/{ev.name}" if ev.namespace else ev.name
+    return f"{ev.time} {ev.cluster} {verb} {ev.kind} {where} rv {ev.resource_version}"
+
+
+def show(what: str, m: Msg, output: str) -> str:
+    if output == "json":
+        return json.dumps(json.loads(m.data), separators=(",", ":"))
+    try:
+        return line(what, m.data)
+    except InvalidInput as e:
+        return f"(unreadable message at {m.subject}: {e})"
+
+
+async def main(args: argparse.Namespace) -> int:
+    f = opsbus.Filter.from_args(args)
+    what = args.what or "decisions"
+    since = opsbus.parse_since(args.since, datetime.now(UTC))
+    stream, token = STREAMS[what]
+    nc = await opsbus.connect(args)
+    try:
+        js = nc.jetstream()
+        async for m in opsbus.messages(js, stream, f.subject(token), since=since, follow=args.follow):
+            print(show(what, m, args.output), flush=True)
+    finally:
+        await nc.close()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return opsbus.run_command("tail", lambda: main(args))

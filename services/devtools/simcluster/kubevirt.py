@@ -1,0 +1,1515 @@
+"""KubeVirt in the simulated cluster: virt-controller, virt-handler and a few simulated nodes.
+
+What vmquota depends on behaves as in KubeVirt (see ``docs/simcluster.md``, "Controllers"):
+
+* **VM controller** — ``spec.running`` / ``spec.runStrategy`` → a VMI (ownerRef, template labels and annotations,
+  admission defaults written into the spec); stopping deletes the VMI; raising ``cpu.sockets`` or
+  ``memory.guest`` of a running VM patches the VMI and starts a workload-update migration (hotplug).
+* **VMI controller** — renders the launcher pod with :func:`shared.kubevirt.render_launcher_pod` (plus an optional
+  per-pod extra the renderer does not know: real clusters drift) and creates it. A refusal is a VMI Event
+  ``Warning FailedCreate "Error creating pod: <API server message>"``, condition ``Synchronized=False`` reason
+  ``FailedCreate``, and a retry with per-item exponential backoff (KubeVirt's VMI controller has no ResourceQuota
+  informer: a quota change does not wake it). Phases Pending → Scheduling → Scheduled → Running follow the pod.
+* **Migration controller** — Pending → target pod (label ``kubevirt.io/migrationJobUID``, annotation
+  ``kubevirt.io/migrationJobName``; a quota refusal sets ``migrationRejectedByResourceQuota`` and keeps the
+  migration Pending, retried like pod creation, and at once when a ResourceQuota of the namespace is updated or
+  deleted) → Scheduling → Scheduled (hand-off: VMI ``status.migrationState``)
+  → PreparingTarget → TargetReady → Running → Succeeded; the source pod then goes Succeeded and is deleted a bit
+  later. At most ``parallel_migrations`` in the cluster and ``parallel_outbound_per_node`` per source node.
+* **Kubelet / scheduler** — every pod gets a node (honouring required pod anti-affinity on the hostname) and
+  turns Running after a delay; a pod annotated ``simcluster.vmquota.io/fail-start`` fails instead.
+
+All delays are multiplied by :attr:`KubeVirtTiming.speed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Final, cast
+
+from services.devtools.simcluster.auth import KUBEVIRT_CONTROLLER, acting_as
+from services.devtools.simcluster.patch import copy_json
+from services.devtools.simcluster.registry import format_time
+from services.devtools.simcluster.store_api import ApiError, Obj, Operation, Resource, StoreAPI, WatchType
+from services.devtools.simcluster.workqueue import Cache, Key, WorkQueue, key_of, uid_of
+from services.platform.logs import get_logger
+from shared.errors import InvalidInput
+from shared.kubevirt import (
+    COMPUTE,
+    MEMORY_OVERHEAD_ANNOTATION,
+    KubeVirtConfig,
+    NamespaceFacts,
+    RenderedPod,
+    render_launcher_pod,
+)
+from shared.kubevirt.vm import API_VERSION, STARTING_STRATEGIES, owner_ref, run_strategy, vmi_from_vm
+from shared.quantity import Format, Quantity
+from shared.vmi import vmi_spec
+
+# ---- names KubeVirt uses ---------------------------------------------------------------------------------------
+
+
+APP_LABEL: Final = "kubevirt.io"
+LAUNCHER: Final = "virt-launcher"
+CREATED_BY_LABEL: Final = "kubevirt.io/created-by"
+VM_NAME_LABEL: Final = "vm.kubevirt.io/name"
+VMI_ID_LABEL: Final = "vmi.kubevirt.io/id"
+NODE_NAME_LABEL: Final = "kubevirt.io/nodeName"
+MIGRATION_JOB_LABEL: Final = "kubevirt.io/migrationJobUID"
+MIGRATION_JOB_NAME_ANNOTATION: Final = "kubevirt.io/migrationJobName"
+MIGRATION_TARGET_NODE_LABEL: Final = "kubevirt.io/migrationTargetNodeName"
+VMI_NAME_LABEL: Final = "kubevirt.io/vmi-name"
+DOMAIN_ANNOTATION: Final = "kubevirt.io/domain"
+WORKLOAD_UPDATE_ANNOTATION: Final = "kubevirt.io/workloadUpdateMigration"
+WORKLOAD_UPDATE_PREFIX: Final = "kubevirt-workload-update-"
+REJECTED_BY_QUOTA: Final = "migrationRejectedByResourceQuota"
+FAIL_START_ANNOTATION: Final = "simcluster.vmquota.io/fail-start"
+"""Simulator only: a pod with this annotation fails instead of running (on a VMIM: its target pod fails)."""
+_RENDERED_MAX: Final = 1024
+"""Launcher pod renderings kept for retries."""
+COMPONENT: Final = "virtualmachine-controller"
+VMI_KIND_NAME: Final = "VirtualMachineInstance"
+
+VMI_FINAL: Final = frozenset({"Succeeded", "Failed"})
+VMIM_FINAL: Final = frozenset({"Succeeded", "Failed"})
+VMIM_ACTIVE: Final = frozenset({"Scheduling", "Scheduled", "PreparingTarget", "TargetReady", "Running"})
+POD_TERMINAL: Final = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class KubeVirtTiming:
+    """Delays in seconds (all multiplied by ``speed``)."""
+
+    speed: float = 1.0
+    schedule_delay: float = 0.02
+    """Pod created → bound to a node."""
+    start_delay: float = 0.1
+    """Pod bound → Running (image pull, container start)."""
+    boot_delay: float = 0.05
+    """Launcher pod Running → VMI Running (virt-handler starts the domain)."""
+    migration_step: float = 0.05
+    """Each migration phase after the target pod is ready."""
+    source_shutdown_delay: float = 0.05
+    """Migration Succeeded → the source launcher pod turns Succeeded."""
+    terminal_pod_cleanup: float = 0.5
+    """A terminal launcher pod (migration source) is deleted after this long."""
+    backoff_base: float = 0.005
+    backoff_cap: float = 1000.0
+    parallel_wait: float = 5.0
+    """Re-check of a migration held back by the parallel-migration limits."""
+    unschedulable_timeout: float = 300.0
+    """A migration target pod that cannot be scheduled this long is deleted and the migration fails."""
+    pending_timeout: float = 900.0
+    """A migration target pod Pending for another reason this long: the same."""
+
+    def __call__(self, seconds: float) -> float:
+        return seconds * self.speed
+
+
+@dataclass(frozen=True, slots=True)
+class KubeVirtSimConfig:
+    nodes: tuple[str, ...] = ("node01", "node02", "node03")
+    parallel_migrations: int = 5
+    parallel_outbound_per_node: int = 2
+    finished_migrations_kept: int = 5
+    extra_memory_overhead: Quantity | None = None
+    """Added to the compute container's memory request and limit of every launcher pod (and to the published
+    overhead): what the renderer does not know about this cluster."""
+    launcher_image: str = "quay.io/kubevirt/virt-launcher"
+
+
+# ---- small helpers ---------------------------------------------------------------------------------------------
+
+
+def now_rfc3339() -> str:
+    return format_time(time.time())
+
+
+def meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    m = obj.get("metadata")
+    return m if isinstance(m, Mapping) else {}
+
+
+def labels_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    lab = meta(obj).get("labels")
+    return lab if isinstance(lab, Mapping) else {}
+
+
+def annotations_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    ann = meta(obj).get("annotations")
+    return ann if isinstance(ann, Mapping) else {}
+
+
+def status(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    st = obj.get("status")
+    return st if isinstance(st, Mapping) else {}
+
+
+def phase(obj: Mapping[str, Any]) -> str:
+    return str(status(obj).get("phase") or "")
+
+
+def deleting(obj: Mapping[str, Any]) -> bool:
+    return bool(meta(obj).get("deletionTimestamp"))
+
+
+def owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
+    return any(isinstance(r, Mapping) and r.get("uid") == owner_uid for r in meta(obj).get("ownerReferences") or [])
+
+
+def set_condition(
+    conds: list[Obj], type_: str, status_: str, reason: str = "", message: str = "", *, probe: bool = False
+) -> None:
+    """Set a condition in place, keeping ``lastTransitionTime`` when the status does not change."""
+    now = now_rfc3339()
+    for c in conds:
+        if c.get("type") == type_:
+            if c.get("status") != status_:
+                c["lastTransitionTime"] = now
+            c["status"] = status_
+            if reason:
+                c["reason"] = reason
+            else:
+                c.pop("reason", None)
+            if message:
+                c["message"] = message
+            else:
+                c.pop("message", None)
+            return
+    new: Obj = {"type": type_, "status": status_, "lastTransitionTime": now}
+    new["lastProbeTime"] = now if probe else None
+    if reason:
+        new["reason"] = reason
+    if message:
+        new["message"] = message
+    conds.append(new)
+
+
+def remove_condition(conds: list[Obj], type_: str) -> None:
+    conds[:] = [c for c in conds if c.get("type") != type_]
+
+
+def has_condition(obj: Mapping[str, Any], type_: str, status_: str | None = None) -> bool:
+    for c in status(obj).get("conditions") or []:
+        if isinstance(c, Mapping) and c.get("type") == type_ and (status_ is None or c.get("status") == status_):
+            return True
+    return False
+
+
+def set_phase(st: Obj, new_phase: str) -> None:
+    if st.get("phase") == new_phase:
+        return
+    st["phase"] = new_phase
+    st.setdefault("phaseTransitionTimestamps", []).append(
+        {"phase": new_phase, "phaseTransitionTimestamp": now_rfc3339()}
+    )
+
+
+def _int(raw: object) -> int:
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) else 0
+
+
+def launcher_pod(
+    vmi: Mapping[str, Any],
+    rendered: RenderedPod,
+    *,
+    image: str,
+    extra_overhead: Quantity | None = None,
+    migration: Mapping[str, Any] | None = None,
+) -> Obj:
+    """The pod object KubeVirt creates for a VMI (a migration target when ``migration`` is given)."""
+    m = meta(vmi)
+    name, uid = str(m.get("name") or ""), str(m.get("uid") or "")
+    pod_labels = {**labels_of(vmi), APP_LABEL: LAUNCHER, CREATED_BY_LABEL: uid, VM_NAME_LABEL: name, VMI_ID_LABEL: name}
+    pod_annotations = {
+        DOMAIN_ANNOTATION: name,
+        "kubectl.kubernetes.io/default-container": COMPUTE,
+        **rendered.annotations,
+    }
+    spec: Obj = rendered.pod_spec()
+    for c in [*spec.get("containers", []), *spec.get("initContainers", [])]:
+        c["image"] = image
+    if extra_overhead is not None and extra_overhead.nanos:
+        for c in spec["containers"]:
+            if c["name"] != COMPUTE:
+                continue
+            res = c.setdefault("resources", {})
+            for part in ("requests", "limits"):
+                rl = res.get(part)
+                if rl is not None and "memory" in rl:
+                    rl["memory"] = (Quantity.parse(rl["memory"]) + extra_overhead).canonical()
+        if MEMORY_OVERHEAD_ANNOTATION in pod_annotations:
+            total = Quantity.parse(pod_annotations[MEMORY_OVERHEAD_ANNOTATION]) + extra_overhead
+            pod_annotations[MEMORY_OVERHEAD_ANNOTATION] = str(total.ceil())
+    spec.update(
+        {
+            "restartPolicy": "Never",
+            "nodeSelector": {"kubevirt.io/schedulable": "true"},
+            "terminationGracePeriodSeconds": 45,
+            "automountServiceAccountToken": False,
+            "hostname": name,
+        }
+    )
+    if migration is not None:
+        pod_labels[MIGRATION_JOB_LABEL] = uid_of(migration)
+        pod_annotations[MIGRATION_JOB_NAME_ANNOTATION] = str(meta(migration).get("name") or "")
+        spec["affinity"] = {
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": {"matchLabels": {CREATED_BY_LABEL: uid}}, "topologyKey": "kubernetes.io/hostname"}
+                ]
+            }
+        }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": f"virt-launcher-{name}-",
+            "namespace": m.get("namespace"),
+            "labels": pod_labels,
+            "annotations": pod_annotations,
+            "ownerReferences": [owner_ref({**vmi, "apiVersion": API_VERSION, "kind": "VirtualMachineInstance"})],
+        },
+        "spec": spec,
+    }
+
+
+# ---- events ----------------------------------------------------------------------------------------------------
+
+
+class EventRecorder:
+    """Kubernetes Events as client-go's recorder writes them (``tools/record`` EventCorrelator): an event seen again
+    bumps ``count`` and ``lastTimestamp``; from the 10th distinct message with the same object, type and reason
+    within 10 minutes, they are combined into one event whose message is
+    ``(combined from similar events): <latest message>``."""
+
+    MAX_SIMILAR: Final = 10
+    WINDOW: Final = 600.0
+    CACHE: Final = 4096
+
+    def __init__(self, store: StoreAPI, component: str = COMPONENT) -> None:
+        self.store = store
+        self.component = component
+        self._res = store.resource("events")
+        self._observed: OrderedDict[tuple[str, ...], str] = OrderedDict()
+        self._similar: OrderedDict[tuple[str, ...], tuple[float, set[str]]] = OrderedDict()
+        self._log = get_logger(component="simcluster-events")
+
+    def _remember(self, cache: OrderedDict[tuple[str, ...], Any], key: tuple[str, ...], value: Any) -> None:
+        cache[key] = value
+        cache.move_to_end(key)
+        while len(cache) > self.CACHE:
+            cache.popitem(last=False)
+
+    async def record(self, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        m = meta(obj)
+        ns, name, uid = str(m.get("namespace") or "default"), str(m.get("name") or ""), str(m.get("uid") or "")
+        aggregate = (ns, uid, self.component, type_, reason)
+        clock = time.monotonic()
+        last, messages = self._similar.get(aggregate, (clock, set()))
+        if clock - last > self.WINDOW:
+            messages = set()
+        messages.add(message)
+        key: tuple[str, ...] = (*aggregate, message)
+        if len(messages) >= self.MAX_SIMILAR:
+            messages.pop()
+            message = f"(combined from similar events): {message}"
+            key = aggregate
+        self._remember(self._similar, aggregate, (clock, messages))
+        now = now_rfc3339()
+        existing = self._observed.get(key)
+        if existing is not None:
+
+            def bump(ev: Obj) -> Obj:
+                ev["count"] = int(ev.get("count") or 1) + 1
+                ev["lastTimestamp"] = now
+                ev["message"] = message
+                return ev
+
+            try:
+                await self.store.mutate(self._res, ns, existing, bump)
+                return
+            except ApiError as e:
+                if e.code != 404:
+                    raise
+        ev_name = f"{name}.{time.time_ns():x}"
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": ev_name, "namespace": ns},
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion"),
+                "kind": obj.get("kind"),
+                "name": name,
+                "namespace": ns,
+                "uid": uid,
+                "resourceVersion": m.get("resourceVersion"),
+            },
+            "reason": reason,
+            "message": message,
+            "type": type_,
+            "source": {"component": self.component},
+            "reportingComponent": self.component,
+            "reportingInstance": "",
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self.store.create(self._res, event, namespace=ns)
+        except ApiError as e:  # the namespace may be going away; an event is never worth failing a sync for
+            self._log.info("event not recorded", namespace=ns, reason=reason, error=e.message)
+            return
+        self._remember(self._observed, key, ev_name)
+
+
+# ---- step timers -----------------------------------------------------------------------------------------------
+
+
+class Steps:
+    """Per-object step deadlines: "has the delay of this step elapsed since the step began?"."""
+
+    def __init__(self, queue: WorkQueue) -> None:
+        self.queue = queue
+        self._due: dict[str, dict[str, float]] = {}
+        """uid → step → when it is due."""
+        self._scheduled: set[tuple[str, str, float]] = set()
+
+    def elapsed(self, uid: str, step: str, delay: float, key: Key, *, progress: bool = True) -> bool:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        due = self._due.setdefault(uid, {}).setdefault(step, now + delay)
+        if now >= due:
+            return True
+        if (uid, step, due) not in self._scheduled:
+            self._scheduled.add((uid, step, due))
+            self.queue.add_after(key, due - now, progress=progress)
+        return False
+
+    def clear(self, uid: str, step: str | None = None) -> None:
+        steps = self._due.get(uid)
+        if not steps:
+            return
+        for name in [step] if step is not None else list(steps):
+            due = steps.pop(name, None)
+            if due is not None:
+                self._scheduled.discard((uid, name, due))
+        if not steps:
+            del self._due[uid]
+
+
+# ---- the simulator ---------------------------------------------------------------------------------------------
+
+
+class KubeVirtSimulator:
+    """virt-controller, virt-handler, scheduler and kubelet behaviour on a store (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: StoreAPI,
+        cache: Cache,
+        timing: KubeVirtTiming | None = None,
+        config: KubeVirtSimConfig | None = None,
+    ) -> None:
+        self.store = store
+        self.cache = cache
+        self.timing = timing or KubeVirtTiming()
+        self.config = config or KubeVirtSimConfig()
+        self.schedulable: set[str] = set(self.config.nodes)
+        self.events = EventRecorder(store)
+        self._log = get_logger(component="simcluster-kubevirt")
+        self.r_pods = store.resource("pods")
+        self.r_vms = store.resource("virtualmachines")
+        self.r_vmis = store.resource("virtualmachineinstances")
+        self.r_vmims = store.resource("virtualmachineinstancemigrations")
+        t = self.timing
+        qargs: dict[str, Any] = {"base_delay": t(t.backoff_base), "max_delay": t(t.backoff_cap)}
+        self.vm_queue = WorkQueue("vm", self._sync_vm, **qargs)
+        self.vmi_queue = WorkQueue("vmi", self._sync_vmi, **qargs)
+        self.migration_queue = WorkQueue("migration", self._sync_migration, **qargs)
+        self.pod_queue = WorkQueue("kubelet", self._sync_pod, **qargs)
+        self._vmi_steps = Steps(self.vmi_queue)
+        self._vmim_steps = Steps(self.migration_queue)
+        self._pod_steps = Steps(self.pod_queue)
+        self._retry_at: dict[tuple[str, Key], float] = {}
+        self._vmim_by_uid: dict[str, Key] = {}
+        self._targets: dict[str, str] = {}
+        """Migration uid → uid of the target pod created for it."""
+        self._started_once: set[str] = set()
+        self._source_done: set[str] = set()
+        self._kv_config: tuple[str, KubeVirtConfig] | None = None
+        self._rendered: OrderedDict[tuple[str, str, str], tuple[KubeVirtConfig, NamespaceFacts, Obj]] = OrderedDict()
+        self.pods_refused = 0
+        cache.subscribe("virtualmachines", self._on_vm)
+        cache.subscribe("virtualmachineinstances", self._on_vmi)
+        cache.subscribe("virtualmachineinstancemigrations", self._on_vmim)
+        cache.subscribe("pods", self._on_pod)
+        cache.subscribe("resourcequotas", self._on_quota)
+        cache.add_index("pods", "vmi", lambda p: _label_values(p, CREATED_BY_LABEL))
+        cache.add_index("pods", "controller", _controller_uid)
+        cache.add_index("pods", "migration", lambda p: _label_values(p, MIGRATION_JOB_LABEL))
+        cache.add_index("pods", "node", _pod_node)
+        cache.add_index("virtualmachineinstancemigrations", "vmi", _vmim_vmi)
+        cache.add_index("virtualmachineinstancemigrations", "phase", lambda m: (phase(m),))
+
+    @property
+    def queues(self) -> tuple[WorkQueue, ...]:
+        return (self.vm_queue, self.vmi_queue, self.migration_queue, self.pod_queue)
+
+    def install(self) -> None:
+        """Validating admission as KubeVirt's webhooks do it."""
+        self.store.add_admission(self.r_vms, self._admit_vm)
+        self.store.add_admission(self.r_vmis, self._admit_vmi)
+        self.store.add_admission(self.r_vmims, self._admit_vmim)
+
+    async def start(self) -> None:
+        with acting_as(KUBEVIRT_CONTROLLER):  # its workers (and what they start) write as virt-controller
+            for q in self.queues:
+                q.start()
+        for vm in self.cache.list("virtualmachines"):
+            self.vm_queue.add(key_of(vm))
+        for vmi in self.cache.list("virtualmachineinstances"):
+            self.vmi_queue.add(key_of(vmi))
+        for vmim in self.cache.list("virtualmachineinstancemigrations"):
+            self.migration_queue.add(key_of(vmim))
+        for pod in self.cache.list("pods"):
+            self.pod_queue.add(key_of(pod))
+
+    async def stop(self) -> None:
+        for q in self.queues:
+            await q.stop()
+
+    def idle(self) -> bool:
+        return all(q.idle() for q in self.queues)
+
+    # ---- configuration --------------------------------------------------------------------------------------
+    def kubevirt_config(self) -> KubeVirtConfig:
+        """From the KubeVirt CR (the first one), re-read when it changes; defaults when there is none."""
+        crs = self.cache.list("kubevirts")
+        if not crs:
+            return KubeVirtConfig()
+        cr = crs[0]
+        rv = str(meta(cr).get("resourceVersion") or "")
+        if self._kv_config is not None and self._kv_config[0] == rv:
+            return self._kv_config[1]
+        try:
+            config = KubeVirtConfig.from_cr(cr)
+        except InvalidInput as e:
+            self._log.warning("KubeVirt CR is invalid, using defaults", error=str(e))
+            config = KubeVirtConfig()
+        self._kv_config = (rv, config)
+        return config
+
+    def namespace_facts(self, namespace: str) -> NamespaceFacts:
+        ns = self.cache.get("namespaces", "", namespace)
+        ns_labels = dict(labels_of(ns)) if ns is not None else {}
+        has_cpu = has_mem = False
+        for q in self.cache.list("resourcequotas", namespace):
+            hard = (q.get("spec") or {}).get("hard") or {}
+            has_cpu = has_cpu or "limits.cpu" in hard
+            has_mem = has_mem or "limits.memory" in hard
+        return NamespaceFacts(labels=ns_labels, quota_has_limits_cpu=has_cpu, quota_has_limits_memory=has_mem)
+
+    def image(self, config: KubeVirtConfig) -> str:
+        return f"{self.config.launcher_image}:{config.version}"
+
+    def render(self, vmi: Mapping[str, Any], migration: Mapping[str, Any] | None = None) -> Obj:
+        """The launcher (or migration target) pod for a VMI as this cluster's KubeVirt creates it. The overhead is
+        computed from the spec (never the published figure), like virt-controller does.
+
+        A refused target pod is rendered again on every retry from the same inputs: the last renderings are kept by
+        (VMI uid and resourceVersion, migration uid) with the configuration and namespace facts they were made
+        from, and a copy is handed out."""
+        config = self.kubevirt_config()
+        m = meta(vmi)
+        ns = str(m.get("namespace") or "")
+        facts = self.namespace_facts(ns)
+        key = (uid_of(vmi), str(m.get("resourceVersion") or ""), uid_of(migration) if migration is not None else "")
+        hit = self._rendered.get(key) if key[0] and key[1] else None
+        if hit is not None and hit[0] == config and hit[1] == facts:
+            return cast(Obj, copy_json(hit[2]))
+        bare = {k: v for k, v in vmi.items() if k != "status"}
+        pod = launcher_pod(
+            vmi,
+            render_launcher_pod(bare, config, facts),
+            image=self.image(config),
+            extra_overhead=self.config.extra_memory_overhead,
+            migration=migration,
+        )
+        if key[0] and key[1]:
+            self._rendered[key] = (config, facts, copy_json(pod))
+            self._rendered.move_to_end(key)
+            if len(self._rendered) > _RENDERED_MAX:
+                self._rendered.popitem(last=False)
+        return pod
+
+    # ---- informer handlers ----------------------------------------------------------------------------------
+    def _on_vm(self, type_: WatchType, obj: Obj, old: Obj | None) -> None:
+        self.vm_queue.add(key_of(obj))
+
+    def _on_vmi(self, type_: WatchType, obj: Obj, old: Obj | None) -> None:
+        key = key_of(obj)
+        if old is not None and annotations_of(old) != annotations_of(obj):
+            # KubeVirt re-queues a VMI on every update (Queue.Add, not rate limited): a change of its annotations (a
+            # nudge, e.g. vmquota's once it made room) makes a refused pod creation retry at once
+            self._retry_at.pop(("vmi", key), None)
+        self.vmi_queue.add(key)
+        self.vm_queue.add(key)
+        for vmim in self.migrations_of(*key):
+            if phase(vmim) not in VMIM_FINAL:
+                self.migration_queue.add(key_of(vmim))
+        if type_ == "DELETED":
+            uid = uid_of(obj)
+            self._vmi_steps.clear(uid)
+            self._retry_at.pop(("vmi", key), None)
+
+    def _on_vmim(self, type_: WatchType, obj: Obj, old: Obj | None) -> None:
+        key = key_of(obj)
+        uid = uid_of(obj)
+        if type_ == "DELETED":
+            self._vmim_by_uid.pop(uid, None)
+            self._targets.pop(uid, None)
+            self._vmim_steps.clear(uid)
+            self._retry_at.pop(("vmim", key), None)
+        else:
+            self._vmim_by_uid[uid] = key
+        self.migration_queue.add(key)
+        vmi_name = str((obj.get("spec") or {}).get("vmiName") or "")
+        if vmi_name:
+            self.vm_queue.add((key[0], vmi_name))
+        if phase(obj) in VMIM_FINAL and (old is None or phase(old) not in VMIM_FINAL):
+            # a slot is free: migrations held back by the parallel limits may go
+            for waiting in ("", "Pending"):
+                for other in self.cache.by_index("virtualmachineinstancemigrations", "phase", waiting):
+                    self.migration_queue.add(key_of(other))
+
+    def _on_pod(self, type_: WatchType, obj: Obj, old: Obj | None) -> None:
+        key = key_of(obj)
+        if type_ != "DELETED":
+            self.pod_queue.add(key)
+        else:
+            self._pod_steps.clear(uid_of(obj))
+        lab = labels_of(obj)
+        if lab.get(APP_LABEL) == LAUNCHER and lab.get(VM_NAME_LABEL):
+            self.vmi_queue.add((key[0], lab[VM_NAME_LABEL]))
+        for ref in meta(obj).get("ownerReferences") or []:  # (KubeVirt resolves the controller reference)
+            if isinstance(ref, Mapping) and ref.get("controller") is True and ref.get("kind") == VMI_KIND_NAME:
+                self.vmi_queue.add((key[0], str(ref.get("name") or "")))
+        job = lab.get(MIGRATION_JOB_LABEL)
+        if job and job in self._vmim_by_uid:
+            self.migration_queue.add(self._vmim_by_uid[job])
+
+    def _on_quota(self, type_: WatchType, obj: Obj, old: Obj | None) -> None:
+        """KubeVirt's migration controller re-queues migrations refused for quota at once when a quota of their
+        namespace is updated or deleted (not created). The VMI controller does not watch quotas: a VMI whose pod was
+        refused waits for its backoff to expire."""
+        if type_ == "ADDED":
+            return
+        ns = key_of(obj)[0]
+        for kind, key in [k for k in self._retry_at if k[0] == "vmim" and k[1][0] == ns]:
+            del self._retry_at[(kind, key)]
+            self.migration_queue.add(key)
+
+    # ---- admission (KubeVirt's validating webhooks) ---------------------------------------------------------
+    async def _admit_vm(
+        self, op: Operation, res: Resource, new: Obj | None, old: Obj | None, subresource: str | None = None
+    ) -> Obj | None:
+        if op == "DELETE" or new is None:
+            return None
+        try:
+            run_strategy(new)
+            vmi_spec(new)
+        except InvalidInput as e:
+            raise ApiError(
+                422,
+                "Invalid",
+                f'admission webhook "virtualmachine-validator.kubevirt.io" denied the request: {e}',
+            ) from None
+        return None
+
+    async def _admit_vmi(
+        self, op: Operation, res: Resource, new: Obj | None, old: Obj | None, subresource: str | None = None
+    ) -> Obj | None:
+        if op != "CREATE" or new is None:
+            return None
+        try:
+            vmi_spec(new)
+        except InvalidInput as e:
+            raise ApiError(
+                422,
+                "Invalid",
+                f'admission webhook "virtualmachineinstances-create-validator.kubevirt.io" denied the request: {e}',
+            ) from None
+        return None
+
+    async def _admit_vmim(
+        self, op: Operation, res: Resource, new: Obj | None, old: Obj | None, subresource: str | None = None
+    ) -> Obj | None:
+        if op != "CREATE" or new is None:
+            return None
+        prefix = 'admission webhook "migration-create-validator.kubevirt.io" denied the request'
+        ns = str(meta(new).get("namespace") or "")
+        vmi_name = (new.get("spec") or {}).get("vmiName")
+        if not isinstance(vmi_name, str) or not vmi_name:
+            raise ApiError(422, "Invalid", f"{prefix}: spec.vmiName: Required value")
+        vmi = self.cache.get("virtualmachineinstances", ns, vmi_name)
+        if vmi is None:
+            raise ApiError(422, "Invalid", f'{prefix}: the VMI "{ns}/{vmi_name}" does not exist')
+        if phase(vmi) != "Running" or deleting(vmi):
+            raise ApiError(422, "Invalid", f'{prefix}: Cannot migrate VMI "{ns}/{vmi_name}": it is not running')
+        for other in self.migrations_of(ns, vmi_name):
+            if phase(other) not in VMIM_FINAL:
+                raise ApiError(
+                    422,
+                    "Invalid",
+                    f"{prefix}: in-flight migration detected. Active migration job ({uid_of(other)}) is currently "
+                    f"already in progress for VMI {vmi_name}.",
+                )
+        new.setdefault("metadata", {}).setdefault("labels", {})[VMI_NAME_LABEL] = vmi_name
+        return new
+
+    # ---- writes ----------------------------------------------------------------------------------------------
+    async def _update_status(self, res: Resource, key: Key, change: Callable[[Obj], None]) -> Obj | None:
+        """Apply ``change`` to the object's status (under the store lock); write only when something changed."""
+
+        def fn(obj: Obj) -> Obj | None:
+            before = copy_json(obj.get("status"))
+            st = obj.get("status")
+            if not isinstance(st, dict):
+                obj["status"] = {}
+            change(obj)
+            return obj if obj.get("status") != before else None
+
+        try:
+            return await self.store.mutate(res, key[0], key[1], fn, status=True)
+        except ApiError as e:
+            if e.code == 404:
+                return None
+            raise
+
+    async def _update(self, res: Resource, key: Key, change: Callable[[Obj], None]) -> Obj | None:
+        def fn(obj: Obj) -> Obj | None:
+            before = copy_json(obj)
+            change(obj)
+            return obj if obj != before else None
+
+        try:
+            return await self.store.mutate(res, key[0], key[1], fn)
+        except ApiError as e:
+            if e.code == 404:
+                return None
+            raise
+
+    async def _delete(self, res: Resource, key: Key) -> None:
+        try:
+            await self.store.delete(res, key[0], key[1])
+        except ApiError as e:
+            if e.code != 404:
+                raise
+
+    def _blocked(self, kind: str, key: Key, queue: WorkQueue) -> bool:
+        """Inside a backoff window (unless a quota change released it): re-queue for its end and say so."""
+        until = self._retry_at.get((kind, key))
+        if until is None:
+            return False
+        remaining = until - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            return False
+        queue.add_after(key, remaining, progress=False)
+        return True
+
+    def _backoff(self, kind: str, key: Key, queue: WorkQueue) -> None:
+        delay = queue.add_rate_limited(key)
+        self._retry_at[(kind, key)] = asyncio.get_running_loop().time() + delay
+
+    def _succeeded(self, kind: str, key: Key, queue: WorkQueue) -> None:
+        queue.forget(key)
+        self._retry_at.pop((kind, key), None)
+
+    # ---- pods of a VMI ---------------------------------------------------------------------------------------
+    def pods_of(self, vmi: Mapping[str, Any]) -> list[Obj]:
+        """The pods the VMI controls (controller owner reference), as KubeVirt's ``IsControlledBy`` finds them;
+        labels play no part."""
+        pods = self.cache.by_index("pods", "controller", f"{key_of(vmi)[0]}/{uid_of(vmi)}")
+        return sorted(
+            pods, key=lambda p: (str(meta(p).get("creationTimestamp") or ""), int(meta(p).get("resourceVersion") or 0))
+        )
+
+    def active_pods(self, vmi: Mapping[str, Any]) -> list[Obj]:
+        return [p for p in self.pods_of(vmi) if phase(p) not in POD_TERMINAL and not deleting(p)]
+
+    def launcher_of(self, vmi: Mapping[str, Any]) -> Obj | None:
+        """The pod the VMI runs in: the newest active pod on ``status.nodeName``; before it runs, the newest active
+        pod that is not a migration target."""
+        active = self.active_pods(vmi)
+        node = status(vmi).get("nodeName")
+        if node:
+            on_node = [p for p in active if (p.get("spec") or {}).get("nodeName") == node]
+            return on_node[-1] if on_node else None
+        plain = [p for p in active if MIGRATION_JOB_LABEL not in labels_of(p)]
+        return plain[-1] if plain else None
+
+    # ---- VM controller ---------------------------------------------------------------------------------------
+    async def _sync_vm(self, key: Key) -> None:
+        vm = self.cache.get("virtualmachines", *key)
+        if vm is None:
+            return
+        vmi = self.cache.get("virtualmachineinstances", *key)
+        if vmi is not None and not owned_by(vmi, uid_of(vm)):
+            vmi = None  # a VMI of the same name that this VM does not own: leave it alone
+        try:
+            strategy = run_strategy(vm)
+        except InvalidInput as e:
+            self._log.warning("VM has an invalid run strategy", namespace=key[0], vm=key[1], error=str(e))
+            return
+        uid = uid_of(vm)
+        if deleting(vm):
+            if vmi is not None and not deleting(vmi):
+                await self._delete(self.r_vmis, key)
+        elif vmi is None:
+            start = strategy in STARTING_STRATEGIES and (strategy != "Once" or uid not in self._started_once)
+            if start:
+                await self._start_vm(vm)
+        elif not deleting(vmi):
+            p = phase(vmi)
+            stop = strategy == "Halted"
+            restart = (strategy == "Always" and p in VMI_FINAL) or (strategy == "RerunOnFailure" and p == "Failed")
+            if stop or restart:
+                await self._delete(self.r_vmis, key)
+            elif p == "Running":
+                await self._hotplug(vm, vmi)
+        await self._vm_status(vm, key, strategy)
+
+    async def _start_vm(self, vm: Obj) -> None:
+        key = key_of(vm)
+        try:
+            vmi = vmi_from_vm(vm, self.kubevirt_config())
+        except InvalidInput as e:
+            await self.events.record(vm, "Warning", "FailedCreate", f"Error creating VirtualMachineInstance: {e}")
+            return
+        try:
+            await self.store.create(self.r_vmis, vmi, namespace=key[0])
+        except ApiError as e:
+            if e.code == 409:
+                return
+            await self.events.record(
+                vm, "Warning", "FailedCreate", f"Error creating VirtualMachineInstance: {e.message}"
+            )
+            self.vm_queue.add_rate_limited(key)
+            return
+        self._started_once.add(uid_of(vm))
+        self.vm_queue.forget(key)
+        await self.events.record(
+            vm,
+            "Normal",
+            "SuccessfulCreate",
+            f"Started the virtual machine by creating the new virtual machine instance {key[1]}",
+        )
+
+    async def _vm_status(self, vm: Obj, key: Key, strategy: str) -> None:
+        vmi = self.cache.get("virtualmachineinstances", *key)
+        if vmi is not None and not owned_by(vmi, uid_of(vm)):
+            vmi = None
+        migrating = any(phase(m) == "Running" for m in self.migrations_of(*key))
+        if vmi is None:
+            printable = "Stopped"
+        elif deleting(vmi):
+            printable = "Stopping"
+        elif phase(vmi) == "Running":
+            printable = "Migrating" if migrating else "Running"
+        elif phase(vmi) == "Succeeded":
+            printable = "Stopped"
+        elif phase(vmi) == "Failed":
+            printable = "CrashLoopBackOff" if strategy in ("Always", "RerunOnFailure") else "Stopped"
+        else:
+            printable = "Starting"
+        ready = vmi is not None and phase(vmi) == "Running" and has_condition(vmi, "Ready", "True")
+
+        def change(obj: Obj) -> None:
+            st = obj["status"]
+            st["printableStatus"] = printable
+            st["created"] = vmi is not None
+            st["ready"] = ready
+            st["runStrategy"] = strategy
+            conds = st.setdefault("conditions", [])
+            set_condition(conds, "Ready", "True" if ready else "False")
+
+        await self._update_status(self.r_vms, key, change)
+
+    async def _hotplug(self, vm: Obj, vmi: Obj) -> None:
+        """Raised sockets or guest memory on a running VM: patch the VMI, then a workload-update migration."""
+        key = key_of(vmi)
+        if any(phase(m) not in VMIM_FINAL for m in self.migrations_of(*key)):
+            return  # one migration at a time; the VM is re-synced when it ends
+        tdomain = ((((vm.get("spec") or {}).get("template") or {}).get("spec") or {}).get("domain")) or {}
+        domain = (vmi.get("spec") or {}).get("domain") or {}
+        tcpu, cpu = tdomain.get("cpu") or {}, domain.get("cpu") or {}
+        want_sockets, sockets = _int(tcpu.get("sockets")), _int(cpu.get("sockets"))
+        max_sockets = _int(cpu.get("maxSockets"))
+        cpu_delta = 0
+        if want_sockets > sockets and (not max_sockets or want_sockets <= max_sockets):
+            cores, threads = max(1, _int(cpu.get("cores"))), max(1, _int(cpu.get("threads")))
+            cpu_delta = (want_sockets - sockets) * cores * threads
+        mem_delta: Quantity | None = None
+        tguest, guest, max_guest = (
+            (tdomain.get("memory") or {}).get("guest"),
+            (domain.get("memory") or {}).get("guest"),
+            (domain.get("memory") or {}).get("maxGuest"),
+        )
+        try:
+            if tguest is not None and guest is not None:
+                want, have = Quantity.parse(tguest), Quantity.parse(guest)
+                if want > have and (max_guest is None or want <= Quantity.parse(max_guest)):
+                    mem_delta = want - have
+        except InvalidInput:
+            mem_delta = None
+        if not cpu_delta and mem_delta is None:
+            return
+        ratio = self.kubevirt_config().cpu_allocation_ratio
+        cpu_step = Quantity.from_milli(cpu_delta * int(Fraction(1000) // ratio)) if cpu_delta else None
+
+        def patch(obj: Obj) -> None:
+            d = obj.setdefault("spec", {}).setdefault("domain", {})
+            res = d.get("resources") or {}
+            if cpu_delta:
+                d.setdefault("cpu", {})["sockets"] = want_sockets
+                for part in ("requests", "limits"):
+                    rl = res.get(part) or {}
+                    if "cpu" in rl and cpu_step is not None:
+                        rl["cpu"] = (Quantity.parse(rl["cpu"]) + cpu_step).canonical()
+            if mem_delta is not None:
+                d.setdefault("memory", {})["guest"] = Quantity.parse(tguest).canonical()
+                for part in ("requests", "limits"):
+                    rl = res.get(part) or {}
+                    if "memory" in rl:
+                        rl["memory"] = (Quantity.parse(rl["memory"]) + mem_delta).canonical()
+
+        updated = await self._update(self.r_vmis, key, patch)
+        if updated is None:
+            return
+
+        def conditions(obj: Obj) -> None:
+            st = obj["status"]
+            conds = st.setdefault("conditions", [])
+            if cpu_delta:
+                set_condition(conds, "HotVCPUChange", "True", probe=True)
+            if mem_delta is not None:
+                set_condition(conds, "HotMemoryChange", "True", probe=True)
+                st.setdefault("memory", {})["guestRequested"] = Quantity.parse(tguest).canonical()
+
+        await self._update_status(self.r_vmis, key, conditions)
+        migration = {
+            "apiVersion": API_VERSION,
+            "kind": "VirtualMachineInstanceMigration",
+            "metadata": {
+                "generateName": WORKLOAD_UPDATE_PREFIX,
+                "namespace": key[0],
+                "annotations": {WORKLOAD_UPDATE_ANNOTATION: ""},
+                "labels": {VMI_NAME_LABEL: key[1]},
+            },
+            "spec": {"vmiName": key[1]},
+        }
+        try:
+            await self.store.create(self.r_vmims, migration, namespace=key[0])
+        except ApiError as e:
+            self._log.warning("workload-update migration not created", namespace=key[0], vmi=key[1], error=e.message)
+            self.vm_queue.add_rate_limited(key_of(vm))
+
+    # ---- VMI controller --------------------------------------------------------------------------------------
+    async def _sync_vmi(self, key: Key) -> None:
+        vmi = self.cache.get("virtualmachineinstances", *key)
+        if vmi is None or deleting(vmi):
+            return
+        uid = uid_of(vmi)
+        p = phase(vmi)
+        await self._cleanup_terminal_pods(vmi)
+        await self._set_active_pods(vmi)
+        if p in VMI_FINAL:
+            return
+        pod = self.launcher_of(vmi)
+        if pod is None:
+            if p in ("Scheduled", "Running"):
+                await self.events.record(vmi, "Warning", "Stopped", "The virtual machine pod disappeared")
+                await self._update_status(self.r_vmis, key, lambda o: set_phase(o["status"], "Failed"))
+                return
+            await self._create_launcher(vmi)
+            return
+        pod_phase = phase(pod)
+        if pod_phase == "Pending":
+            await self._update_status(self.r_vmis, key, lambda o: set_phase(o["status"], "Scheduling"))
+        elif pod_phase == "Running":
+            if p in ("", "Pending", "Scheduling"):
+                await self._update_status(self.r_vmis, key, lambda o: set_phase(o["status"], "Scheduled"))
+            elif p == "Scheduled" and self._vmi_steps.elapsed(uid, "boot", self.timing(self.timing.boot_delay), key):
+                await self._vmi_running(vmi, pod)
+                self._vmi_steps.clear(uid, "boot")
+        elif pod_phase in POD_TERMINAL:
+            await self._update_status(self.r_vmis, key, lambda o: set_phase(o["status"], pod_phase))
+
+    def active_pods_status(self, vmi: Mapping[str, Any]) -> dict[str, str]:
+        """``status.activePods`` as KubeVirt's VMI controller writes it: every pod the VMI controls, uid → node."""
+        return {uid_of(p): str((p.get("spec") or {}).get("nodeName") or "") for p in self.pods_of(vmi)}
+
+    async def _set_active_pods(self, vmi: Obj) -> None:
+        active = self.active_pods_status(vmi)
+        if active == (status(vmi).get("activePods") or {}) or (not active and "activePods" not in status(vmi)):
+            return
+        await self._update_status(self.r_vmis, key_of(vmi), lambda o: o["status"].update({"activePods": active}))
+
+    async def _create_launcher(self, vmi: Obj) -> None:
+        key = key_of(vmi)
+        if self._blocked("vmi", key, self.vmi_queue):
+            return
+        try:
+            pod = self.render(vmi)
+        except InvalidInput as e:
+            await self._failed_create(vmi, f"failed to render launch manifest: {e}")
+            return
+        try:
+            created = await self.store.create(self.r_pods, pod, namespace=key[0])
+        except ApiError as e:
+            self.pods_refused += 1
+            await self._failed_create(vmi, f"Error creating pod: {e.message}")
+            return
+        self._succeeded("vmi", key, self.vmi_queue)
+        name = meta(created).get("name")
+        await self.events.record(vmi, "Normal", "SuccessfulCreate", f"Created virtual machine pod {name}")
+
+        def change(obj: Obj) -> None:
+            st = obj["status"]
+            remove_condition(st.setdefault("conditions", []), "Synchronized")
+            set_phase(st, "Scheduling")
+
+        await self._update_status(self.r_vmis, key, change)
+
+    async def _failed_create(self, vmi: Obj, message: str) -> None:
+        key = key_of(vmi)
+        self._log.info("launcher pod not created", namespace=key[0], vmi=key[1], message=message)
+        await self.events.record(vmi, "Warning", "FailedCreate", message)
+
+        def change(obj: Obj) -> None:
+            st = obj["status"]
+            set_condition(st.setdefault("conditions", []), "Synchronized", "False", "FailedCreate", message)
+            set_phase(st, "Pending")
+
+        await self._update_status(self.r_vmis, key, change)
+        self._backoff("vmi", key, self.vmi_queue)
+
+    async def _vmi_running(self, vmi: Obj, pod: Obj) -> None:
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        config = self.kubevirt_config()
+        overhead = annotations_of(pod).get(MEMORY_OVERHEAD_ANNOTATION)
+        pod_status = status(pod)
+        cpu = ((vmi.get("spec") or {}).get("domain") or {}).get("cpu") or {}
+        guest = (((vmi.get("spec") or {}).get("domain") or {}).get("memory") or {}).get("guest")
+
+        def change(obj: Obj) -> None:
+            st = obj["status"]
+            st["nodeName"] = node
+            st["activePods"] = self.active_pods_status(vmi)
+            st["qosClass"] = pod_status.get("qosClass")
+            st["launcherContainerImageVersion"] = self.image(config)
+            st["migrationMethod"] = "LiveMigration"
+            st["migrationTransport"] = "Unix"
+            st["currentCPUTopology"] = {k: max(1, _int(cpu.get(k))) for k in ("sockets", "cores", "threads")}
+            if guest is not None:
+                mem = st.setdefault("memory", {})
+                mem.update({"guestAtBoot": guest, "guestCurrent": guest, "guestRequested": guest})
+                if overhead is not None and config.memory_overhead_report:
+                    mem["memoryOverhead"] = Quantity.parse(overhead).with_format(Format.BINARY_SI).canonical()
+            st["interfaces"] = [{"name": "default", "ipAddress": pod_status.get("podIP"), "infoSource": "domain"}]
+            conds = st.setdefault("conditions", [])
+            set_condition(conds, "Ready", "True")
+            set_condition(conds, "LiveMigratable", "True")
+            set_phase(st, "Running")
+
+        await self._update(
+            self.r_vmis,
+            key_of(vmi),
+            lambda o: o.setdefault("metadata", {}).setdefault("labels", {}).update({NODE_NAME_LABEL: node}),
+        )
+        await self._update_status(self.r_vmis, key_of(vmi), change)
+
+    async def _cleanup_terminal_pods(self, vmi: Obj) -> None:
+        """Terminal launcher pods (migration sources) are deleted after a while."""
+        key = key_of(vmi)
+        delay = self.timing(self.timing.terminal_pod_cleanup)
+        for pod in self.pods_of(vmi):
+            if (
+                phase(pod) in POD_TERMINAL
+                and not deleting(pod)
+                and self._vmi_steps.elapsed(uid_of(pod), "cleanup", delay, key)
+            ):
+                await self._delete(self.r_pods, key_of(pod))
+                self._vmi_steps.clear(uid_of(pod))
+
+    # ---- migration controller --------------------------------------------------------------------------------
+    def _target_pod(self, vmim: Mapping[str, Any]) -> Obj | None:
+        """The target pod this controller created for the migration (recorded at creation and in the migration's
+        ``status.migrationState.targetPod``), never another pod that merely carries its label."""
+        pods = self.cache.by_index("pods", "migration", f"{key_of(vmim)[0]}/{uid_of(vmim)}")
+        created = self._targets.get(uid_of(vmim))
+        recorded = ((vmim.get("status") or {}).get("migrationState") or {}).get("targetPod")
+        for p in pods:
+            if (created is not None and uid_of(p) == created) or (recorded and meta(p).get("name") == recorded):
+                return p
+        return None
+
+    def _running_migrations(self) -> list[Obj]:
+        return [m for p in VMIM_ACTIVE for m in self.cache.by_index("virtualmachineinstancemigrations", "phase", p)]
+
+    def migrations_of(self, namespace: str, vmi: str) -> list[Obj]:
+        return self.cache.by_index("virtualmachineinstancemigrations", "vmi", f"{namespace}/{vmi}")
+
+    async def _sync_migration(self, key: Key) -> None:
+        vmim = self.cache.get("virtualmachineinstancemigrations", *key)
+        if vmim is None:
+            return
+        p = phase(vmim)
+        if p in VMIM_FINAL:
+            self._vmim_steps.clear(uid_of(vmim))
+            await self._gc_migrations(vmim)
+            return
+        vmi = self.cache.get("virtualmachineinstances", key[0], str((vmim.get("spec") or {}).get("vmiName") or ""))
+        if vmi is None or deleting(vmi):
+            await self._fail_migration(vmim, None, "Migration failed because vmi does not exist.")
+            return
+        if phase(vmi) in VMI_FINAL:
+            await self._fail_migration(vmim, vmi, "Migration failed vmi shutdown during migration.")
+            return
+        target = self._target_pod(vmim)
+        if p == "":
+            await self._update_status(self.r_vmims, key, lambda o: set_phase(o["status"], "Pending"))
+            return
+        if p == "Pending":
+            if target is None:
+                await self._create_target(vmim, vmi)
+            else:
+                await self._set_migration_phase(key, "Scheduling")
+            return
+        target_down = target is None or phase(target) == "Failed" or deleting(target)
+        if target_down and not self._completed(vmi, vmim):
+            await self._fail_migration(vmim, vmi, "Migration failed because target pod shutdown during migration")
+            return
+        step = self.timing(self.timing.migration_step)
+        uid = uid_of(vmim)
+        if p == "Scheduling":
+            assert target is not None
+            if phase(target) == "Running":
+                await self._set_migration_phase(key, "Scheduled")
+            else:
+                await self._check_target_timeout(vmim, vmi, target)
+        elif p == "Scheduled":
+            assert target is not None
+            await self._hand_off(vmim, vmi, target)
+            if self._vmim_steps.elapsed(uid, "Scheduled", step, key):
+                await self._set_migration_phase(key, "PreparingTarget")
+        elif p == "PreparingTarget" and self._vmim_steps.elapsed(uid, p, step, key):
+            assert target is not None
+            await self._update_migration_state(
+                vmi, lambda ms: ms.update({"targetNodeAddress": str(status(target).get("podIP") or "")})
+            )
+            await self._set_migration_phase(key, "TargetReady")
+        elif p == "TargetReady" and self._vmim_steps.elapsed(uid, p, step, key):
+            await self._update_migration_state(vmi, lambda ms: ms.update({"startTimestamp": now_rfc3339()}))
+            await self._set_migration_phase(key, "Running")
+        elif p == "Running" and self._vmim_steps.elapsed(uid, p, step, key):
+            assert target is not None
+            await self._complete(vmim, vmi, target)
+
+    def _completed(self, vmi: Mapping[str, Any], vmim: Mapping[str, Any]) -> bool:
+        ms = status(vmi).get("migrationState") or {}
+        return bool(ms.get("migrationUid") == uid_of(vmim) and ms.get("completed") and not ms.get("failed"))
+
+    async def _set_migration_phase(self, key: Key, new_phase: str, *, target_pod: str = "") -> None:
+        def change(obj: Obj) -> None:
+            st = obj["status"]
+            if target_pod:
+                st.setdefault("migrationState", {})["targetPod"] = target_pod
+            if new_phase == "Scheduling":
+                remove_condition(st.setdefault("conditions", []), REJECTED_BY_QUOTA)
+                if not st["conditions"]:
+                    del st["conditions"]
+            set_phase(st, new_phase)
+
+        await self._update_status(self.r_vmims, key, change)
+
+    async def _create_target(self, vmim: Obj, vmi: Obj) -> None:
+        key = key_of(vmim)
+        if phase(vmi) != "Running":
+            self.migration_queue.add_after(key, self.timing(self.timing.parallel_wait), progress=False)
+            return
+        running = self._running_migrations()
+        source_node = status(vmi).get("nodeName")
+        outbound = 0
+        for m in running:
+            other = self.cache.get(
+                "virtualmachineinstances", key_of(m)[0], str((m.get("spec") or {}).get("vmiName") or "")
+            )
+            if other is not None and status(other).get("nodeName") == source_node:
+                outbound += 1
+        if (
+            len(running) >= self.config.parallel_migrations
+            or outbound >= self.config.parallel_outbound_per_node
+            or len(self.active_pods(vmi)) > 1
+        ):
+            self.migration_queue.add_after(key, self.timing(self.timing.parallel_wait), progress=False)
+            return
+        if self._blocked("vmim", key, self.migration_queue):
+            return
+        try:
+            pod = self.render(vmi, migration=vmim)
+        except InvalidInput as e:
+            await self.events.record(vmi, "Warning", "FailedCreate", f"failed to render launch manifest: {e}")
+            self._backoff("vmim", key, self.migration_queue)
+            return
+        if FAIL_START_ANNOTATION in annotations_of(vmim):
+            pod["metadata"]["annotations"][FAIL_START_ANNOTATION] = "true"
+        try:
+            created = await self.store.create(self.r_pods, pod, namespace=key[0])
+        except ApiError as e:
+            self.pods_refused += 1
+            self._log.info("migration target pod not created", namespace=key[0], migration=key[1], message=e.message)
+            await self.events.record(vmi, "Warning", "FailedCreate", f"Error creating pod: {e.message}")
+            if e.code == 403 and "exceeded quota" in e.message and not has_condition(vmim, REJECTED_BY_QUOTA):
+
+                def reject(obj: Obj) -> None:
+                    conds = obj["status"].setdefault("conditions", [])
+                    conds.append({"type": REJECTED_BY_QUOTA, "status": "True", "lastProbeTime": now_rfc3339()})
+
+                await self._update_status(self.r_vmims, key, reject)
+            self._backoff("vmim", key, self.migration_queue)
+            return
+        self._succeeded("vmim", key, self.migration_queue)
+        self._targets[uid_of(vmim)] = uid_of(created)
+        name = meta(created).get("name")
+        await self.events.record(vmim, "Normal", "SuccessfulCreate", f"Created migration target pod {name}")
+        await self._set_migration_phase(key, "Scheduling", target_pod=str(name))
+
+    async def _check_target_timeout(self, vmim: Obj, vmi: Obj, target: Obj) -> None:
+        key, uid = key_of(vmim), uid_of(vmim)
+        unschedulable = any(
+            isinstance(c, Mapping) and c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+            for c in status(target).get("conditions") or []
+        )
+        step = "unschedulable" if unschedulable else "pending"
+        limit = self.timing(self.timing.unschedulable_timeout if unschedulable else self.timing.pending_timeout)
+        # a watchdog, not progress: it keeps nobody waiting for a quiet cluster
+        if self._vmim_steps.elapsed(uid, step, limit, key, progress=False):
+            await self._delete(self.r_pods, key_of(target))
+            await self._fail_migration(vmim, vmi, f"Migration target pod was {step} for too long")
+
+    async def _hand_off(self, vmim: Obj, vmi: Obj, target: Obj) -> None:
+        ms = status(vmi).get("migrationState") or {}
+        if ms.get("migrationUid") == uid_of(vmim):
+            return
+        source = self.launcher_of(vmi)
+        target_node = str((target.get("spec") or {}).get("nodeName") or "")
+        state: Obj = {
+            "migrationUid": uid_of(vmim),
+            "sourceNode": status(vmi).get("nodeName"),
+            "targetNode": target_node,
+            "targetPod": meta(target).get("name"),
+            "sourcePod": meta(source).get("name") if source is not None else None,
+            "mode": "PreCopy",
+        }
+        overhead = annotations_of(target).get(MEMORY_OVERHEAD_ANNOTATION)
+        if overhead is not None:
+            state["targetMemoryOverhead"] = Quantity.parse(overhead).with_format(Format.BINARY_SI).canonical()
+        await self._update(
+            self.r_vmis,
+            key_of(vmi),
+            lambda o: (
+                o.setdefault("metadata", {}).setdefault("labels", {}).update({MIGRATION_TARGET_NODE_LABEL: target_node})
+            ),
+        )
+        await self._update_status(self.r_vmis, key_of(vmi), lambda o: o["status"].update({"migrationState": state}))
+        await self.events.record(
+            vmim, "Normal", "PreparingTarget", "Migration target pod is ready for preparation by virt-handler."
+        )
+
+    async def _update_migration_state(self, vmi: Obj, fn: Callable[[Obj], None]) -> None:
+        def change(obj: Obj) -> None:
+            ms = obj["status"].get("migrationState")
+            if isinstance(ms, dict):
+                fn(ms)
+
+        await self._update_status(self.r_vmis, key_of(vmi), change)
+
+    async def _complete(self, vmim: Obj, vmi: Obj, target: Obj) -> None:
+        """The migration finished: the VMI moves to the target; hotplugged sizes become current."""
+        key = key_of(vmi)
+        node = str((target.get("spec") or {}).get("nodeName") or "")
+        source = self.launcher_of(vmi)
+        spec_domain = (vmi.get("spec") or {}).get("domain") or {}
+        cpu, guest = spec_domain.get("cpu") or {}, (spec_domain.get("memory") or {}).get("guest")
+        now = now_rfc3339()
+
+        def change(obj: Obj) -> None:
+            st = obj["status"]
+            st["nodeName"] = node
+            st["activePods"] = self.active_pods_status(vmi)
+            ms = st.get("migrationState")
+            if isinstance(ms, dict):
+                ms.update({"completed": True, "endTimestamp": now, "targetNodeDomainReadyTimestamp": now})
+            st["currentCPUTopology"] = {k: max(1, _int(cpu.get(k))) for k in ("sockets", "cores", "threads")}
+            if guest is not None:
+                mem = st.setdefault("memory", {})
+                mem["guestCurrent"] = guest
+                mem["guestRequested"] = guest
+                overhead = annotations_of(target).get(MEMORY_OVERHEAD_ANNOTATION)
+                if overhead is not None and "memoryOverhead" in mem:
+                    mem["memoryOverhead"] = Quantity.parse(overhead).with_format(Format.BINARY_SI).canonical()
+            conds = st.setdefault("conditions", [])
+            remove_condition(conds, "HotVCPUChange")
+            remove_condition(conds, "HotMemoryChange")
+
+        def relabel(obj: Obj) -> None:
+            lab = obj.setdefault("metadata", {}).setdefault("labels", {})
+            lab[NODE_NAME_LABEL] = node
+            lab.pop(MIGRATION_TARGET_NODE_LABEL, None)
+
+        await self._update(self.r_vmis, key, relabel)
+        updated = await self._update_status(self.r_vmis, key, change)
+        ms = status(updated or vmi).get("migrationState")
+
+        def succeed(obj: Obj) -> None:
+            st = obj["status"]
+            if isinstance(ms, Mapping):
+                st["migrationState"] = dict(ms)
+            set_phase(st, "Succeeded")
+
+        await self._update_status(self.r_vmims, key_of(vmim), succeed)
+        self._log.info("migration succeeded", namespace=key[0], migration=key_of(vmim)[1], vmi=key[1], node=node)
+        await self.events.record(vmim, "Normal", "SuccessfulMigration", "Source node reported migration succeeded")
+        await self.events.record(vmi, "Normal", "Migrated", f"The VirtualMachineInstance migrated to node {node}.")
+        if source is not None:
+            # virt-launcher on the source exits a moment later: the pod turns Succeeded (kubelet), later deleted
+            self._pod_steps.clear(uid_of(source))
+            self.pod_queue.add_after(key_of(source), 0.0)
+            self._source_done.add(uid_of(source))
+
+    async def _fail_migration(self, vmim: Obj, vmi: Obj | None, message: str) -> None:
+        key = key_of(vmim)
+        target = self._target_pod(vmim)
+        if target is not None and phase(target) not in POD_TERMINAL and not deleting(target):
+            await self._delete(self.r_pods, key_of(target))
+        if vmi is not None:
+            ms = status(vmi).get("migrationState") or {}
+            if ms.get("migrationUid") == uid_of(vmim):
+                now = now_rfc3339()
+                await self._update_migration_state(
+                    vmi,
+                    lambda m: m.update(
+                        {"completed": True, "failed": True, "endTimestamp": now, "failureReason": message}
+                    ),
+                )
+                await self._update(
+                    self.r_vmis,
+                    key_of(vmi),
+                    lambda o: (o.get("metadata") or {}).get("labels", {}).pop(MIGRATION_TARGET_NODE_LABEL, None),
+                )
+        await self._update_status(self.r_vmims, key, lambda o: set_phase(o["status"], "Failed"))
+        self._log.info("migration failed", namespace=key[0], migration=key[1], reason=message)
+        await self.events.record(vmim, "Warning", "FailedMigration", message)
+
+    async def _gc_migrations(self, vmim: Obj) -> None:
+        """Keep the newest finished migrations per VMI."""
+        ns = key_of(vmim)[0]
+        vmi_name = (vmim.get("spec") or {}).get("vmiName")
+        done = [m for m in self.migrations_of(ns, str(vmi_name)) if phase(m) in VMIM_FINAL and not deleting(m)]
+        if len(done) <= self.config.finished_migrations_kept:
+            return
+        done.sort(key=lambda m: (str(meta(m).get("creationTimestamp") or ""), int(meta(m).get("resourceVersion") or 0)))
+        for m in done[: len(done) - self.config.finished_migrations_kept]:
+            await self._delete(self.r_vmims, key_of(m))
+
+    # ---- scheduler and kubelet -------------------------------------------------------------------------------
+    def _pick_node(self, pod: Mapping[str, Any]) -> str | None:
+        ns = key_of(pod)[0]
+        excluded: set[str] = set()
+        anti = (((pod.get("spec") or {}).get("affinity") or {}).get("podAntiAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ) or []
+        for term in anti:
+            match = ((term or {}).get("labelSelector") or {}).get("matchLabels") or {}
+            if not match:
+                continue
+            # the pods the term selects (narrowed through the created-by index when it is one of the labels)
+            if CREATED_BY_LABEL in match:
+                others = self.cache.by_index("pods", "vmi", f"{ns}/{match[CREATED_BY_LABEL]}")
+            else:
+                others = self.cache.list("pods", ns)
+            for p in others:
+                if phase(p) in POD_TERMINAL or uid_of(p) == uid_of(pod):
+                    continue
+                if all(labels_of(p).get(k) == v for k, v in match.items()):
+                    node = (p.get("spec") or {}).get("nodeName")
+                    if node:
+                        excluded.add(node)
+        candidates = [n for n in self.config.nodes if n in self.schedulable and n not in excluded]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda n: (len(self.cache.by_index("pods", "node", n)), n))
+
+    async def _sync_pod(self, key: Key) -> None:
+        pod = self.cache.get("pods", *key)
+        if pod is None or deleting(pod):
+            return
+        uid = uid_of(pod)
+        p = phase(pod) or "Pending"
+        if uid in self._source_done and p not in POD_TERMINAL:
+            if self._pod_steps.elapsed(uid, "shutdown", self.timing(self.timing.source_shutdown_delay), key):
+                self._source_done.discard(uid)
+                await self._update_status(
+                    self.r_pods,
+                    key,
+                    lambda o: (
+                        None if o["status"].get("phase") in POD_TERMINAL else _terminate(o["status"], "Completed", 0)
+                    ),
+                )
+            return
+        if p == "Running" and _actuated(pod) != ((pod.get("status") or {}).get("containerStatuses") or []):
+            await self._update_status(self.r_pods, key, lambda o: o["status"].update(containerStatuses=_actuated(o)))
+            return
+        if p != "Pending":
+            return
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node:
+            if not self._pod_steps.elapsed(uid, "schedule", self.timing(self.timing.schedule_delay), key):
+                return
+            chosen = self._pick_node(pod)
+            if chosen is None:
+                message = f"0/{len(self.config.nodes)} nodes are available: no node satisfies the pod's constraints."
+                await self._update_status(
+                    self.r_pods,
+                    key,
+                    lambda o: set_condition(
+                        o["status"].setdefault("conditions", []), "PodScheduled", "False", "Unschedulable", message
+                    ),
+                )
+                self._pod_steps.clear(uid, "schedule")
+                self.pod_queue.add_after(key, self.timing(self.timing.schedule_delay) * 10, progress=False)
+                return
+
+            def bind(obj: Obj) -> None:
+                obj.setdefault("spec", {})["nodeName"] = chosen
+
+            await self._update(self.r_pods, key, bind)
+            await self._update_status(
+                self.r_pods,
+                key,
+                lambda o: set_condition(o["status"].setdefault("conditions", []), "PodScheduled", "True"),
+            )
+            return
+        if not self._pod_steps.elapsed(uid, "start", self.timing(self.timing.start_delay), key):
+            return
+        fail = FAIL_START_ANNOTATION in annotations_of(pod)
+        ip = f"10.244.{secrets.randbelow(250) + 1}.{secrets.randbelow(250) + 2}"
+
+        def start(obj: Obj) -> None:
+            st = obj["status"]
+            if st.get("phase", "Pending") != "Pending":
+                return  # someone else moved it on meanwhile
+            spec = obj.get("spec") or {}
+            now = now_rfc3339()
+            st["hostIP"] = f"192.168.0.{(self.config.nodes.index(node) if node in self.config.nodes else 0) + 10}"
+            st["podIP"] = ip
+            st["podIPs"] = [{"ip": ip}]
+            st["startTime"] = now
+            if fail:
+                _terminate(st, "Error", 1)
+                return
+            st["containerStatuses"] = [
+                {
+                    "name": c.get("name"),
+                    "image": c.get("image"),
+                    "imageID": c.get("image") or "",
+                    "ready": True,
+                    "started": True,
+                    "restartCount": 0,
+                    "state": {"running": {"startedAt": now}},
+                    **_reported_resources(c),
+                }
+                for c in spec.get("containers") or []
+            ]
+            conds = st.setdefault("conditions", [])
+            for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready"):
+                set_condition(conds, t, "True")
+            st["phase"] = "Running"
+
+        await self._update_status(self.r_pods, key, start)
+
+
+def _reported_resources(container: Mapping[str, Any]) -> dict[str, Any]:
+    """What a 1.33+ kubelet reports in a running container's status once it has actuated the spec: ``resources``
+    (requests and limits) and ``allocatedResources`` (the requests). The quota evaluator charges the maximum of
+    these and the spec, so a shrinking resize frees quota only once it is actuated."""
+    res = container.get("resources") or {}
+    reported = {k: dict(res[k]) for k in ("requests", "limits") if isinstance(res.get(k), Mapping) and res[k]}
+    return {"resources": reported, "allocatedResources": dict(reported.get("requests") or {})}
+
+
+def _actuated(pod: Mapping[str, Any]) -> list[Any]:
+    """The container statuses once the kubelet has applied the spec's resources (a feasible resize; the simulated
+    nodes have room for any): each running container's reported resources follow its spec."""
+    specs = {c.get("name"): c for c in (pod.get("spec") or {}).get("containers") or [] if isinstance(c, Mapping)}
+    out: list[Any] = []
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        c = specs.get(cs.get("name")) if isinstance(cs, Mapping) else None
+        out.append({**cs, **_reported_resources(c)} if c is not None and "resources" in cs else cs)
+    return out
+
+
+def _label_values(obj: Mapping[str, Any], label: str) -> tuple[str, ...]:
+    """``namespace/value`` of a label, for an index (empty when the label is absent)."""
+    value = labels_of(obj).get(label)
+    return (f"{key_of(obj)[0]}/{value}",) if value else ()
+
+
+def _controller_uid(obj: Mapping[str, Any]) -> tuple[str, ...]:
+    """``namespace/uid`` of the owner reference marked ``controller: true``, for an index."""
+    for ref in meta(obj).get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller") is True and ref.get("uid"):
+            return (f"{key_of(obj)[0]}/{ref['uid']}",)
+    return ()
+
+
+def _pod_node(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    node = (pod.get("spec") or {}).get("nodeName")
+    return (str(node),) if node and phase(pod) not in POD_TERMINAL else ()
+
+
+def _vmim_vmi(vmim: Mapping[str, Any]) -> tuple[str, ...]:
+    name = (vmim.get("spec") or {}).get("vmiName")
+    return (f"{key_of(vmim)[0]}/{name}",) if name else ()
+
+
+def _terminate(st: Obj, reason: str, exit_code: int) -> None:
+    """A pod whose containers all exited: Succeeded (exit 0) or Failed."""
+    now = now_rfc3339()
+    for cs in st.get("containerStatuses") or []:
+        cs["ready"] = False
+        cs["started"] = False
+        cs["state"] = {"terminated": {"exitCode": exit_code, "reason": reason, "finishedAt": now}}
+    conds = st.setdefault("conditions", [])
+    set_condition(conds, "Ready", "False", "PodCompleted" if exit_code == 0 else "PodFailed")
+    set_condition(conds, "ContainersReady", "False", "PodCompleted" if exit_code == 0 else "PodFailed")
+    st["phase"] = "Succeeded" if exit_code == 0 else "Failed"
+
+
+__all__ = [
+    "EventRecorder",
+    "KubeVirtSimConfig",
+    "KubeVirtSimulator",
+    "KubeVirtTiming",
+    "launcher_pod",
+    "run_strategy",
+    "vmi_from_vm",
+]

@@ -1,0 +1,349 @@
+"""ValidatingAdmissionPolicy: the in-apiserver CEL admission of ``admissionregistration.k8s.io/v1``, as
+kube-apiserver runs it (``staging/src/k8s.io/apiserver/pkg/admission/plugin/policy/validating``).
+
+For every write, each ``ValidatingAdmissionPolicyBinding`` whose policy exists is considered:
+
+1. the policy's ``matchConstraints`` (``resourceRules``: apiGroups, apiVersions, operations, resources with
+   ``*``; ``namespaceSelector``, ``objectSelector``; an empty selector matches everything) and the binding's
+   ``matchResources`` (which can only narrow) must match the request;
+2. with a ``paramKind``, the binding's ``paramRef`` names the parameter object: by ``name`` (or ``selector``), in
+   ``paramRef.namespace`` or, unset, in the namespace of the object being admitted. None found:
+   ``parameterNotFoundAction: Allow`` skips the binding, ``Deny`` refuses the request;
+3. every ``matchCondition`` must be true (else the binding is skipped);
+4. ``variables`` are computed in order, then every ``validation`` must be true. A false one with the action
+   ``Deny`` refuses the request with ``<resource> "<name>" is forbidden: ValidatingAdmissionPolicy '<policy>'
+   with binding '<binding>' denied request: <message>``, the HTTP code of the validation's ``reason`` (422
+   ``Invalid`` when unset). An expression that fails to evaluate refuses the request under
+   ``failurePolicy: Fail`` (the default) and is ignored under ``Ignore``.
+
+Expressions are CEL, evaluated by the ``cel-python`` library with the variables Kubernetes binds (``object``,
+``oldObject``, ``request``, ``params``, ``namespaceObject``, ``variables``) and the Kubernetes CEL functions our
+shipped policies use (``join`` of the strings extension). Policies, bindings and parameters are read from the
+store at each request: the simulator has no informer lag (a real API server's policy and parameter informers
+trail writes by milliseconds; ``docs/accounting.md`` says what that leaves open).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgspec
+
+from services.devtools.simcluster.auth import current_user
+from services.devtools.simcluster.selectors import LabelSelector
+from services.devtools.simcluster.store import Store
+from services.devtools.simcluster.store_api import ApiError, Obj, Operation, Resource
+
+_REASON_CODES: Final = {"Unauthorized": 401, "Forbidden": 403, "Invalid": 422, "RequestEntityTooLarge": 413}
+_decode = msgspec.json.Decoder().decode
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _cel() -> Any:
+    try:
+        import celpy
+    except ImportError as e:  # pragma: no cover - the sim extra brings it
+        raise ApiError(
+            500,
+            "InternalError",
+            "ValidatingAdmissionPolicy evaluation needs the 'cel-python' package: pip install 'vmquota[sim]'",
+        ) from e
+    return celpy
+
+
+def _k8s_functions() -> dict[str, Callable[..., Any]]:
+    from celpy import celtypes
+
+    def join(items: Any, sep: Any = "") -> Any:
+        return celtypes.StringType(str(sep).join(str(x) for x in items))
+
+    return {"join": join}
+
+
+class _Program:
+    """One compiled CEL expression."""
+
+    def __init__(self, expression: str) -> None:
+        celpy = _cel()
+        env = celpy.Environment()
+        self.expression = expression
+        try:
+            self._program = env.program(env.compile(expression), functions=_k8s_functions())
+        except celpy.CELParseError as e:
+            raise _Unsupported(f"compilation failed: {e}") from e
+
+    def run(self, activation: Mapping[str, Any]) -> Any:
+        """The value, or raise ``_Unsupported`` with the evaluation error."""
+        celpy = _cel()
+        try:
+            value = self._program.evaluate(dict(activation))
+        except celpy.CELEvalError as e:
+            raise _Unsupported(str(e.args[0] if e.args else e)) from e
+        if isinstance(value, celpy.CELEvalError):
+            raise _Unsupported(str(value.args[0] if value.args else value))
+        return value
+
+
+def _matches_rule(rule: Obj, op: Operation, res: Resource, subresource: str | None) -> bool:
+    def has(field: str, value: str) -> bool:
+        values = rule.get(field) or []
+        return "*" in values or value in values
+
+    resource = f"{res.plural}/{subresource}" if subresource else res.plural
+    resources = rule.get("resources") or []
+    resource_ok = (
+        "*" in resources
+        or resource in resources
+        or (subresource is not None and f"{res.plural}/*" in resources)
+        or (subresource is not None and f"*/{subresource}" in resources)
+        or (subresource is None and "*/*" in resources)
+    )
+    return has("apiGroups", res.group) and has("apiVersions", res.version) and has("operations", op) and resource_ok
+
+
+def _selected(selector: Obj | None, labels: Mapping[str, str]) -> bool:  # an unset selector matches all
+    if not selector:
+        return True
+    return LabelSelector.from_object(selector).matches(labels)
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    op: Operation
+    res: Resource
+    namespace: str
+    name: str
+    new: Obj | None
+    old: Obj | None
+    subresource: str | None = None
+
+    @property
+    def obj(self) -> Obj:
+        return self.new if self.new is not None else (self.old or {})
+
+
+class PolicySystem:
+    """The ValidatingAdmissionPolicy admission plugin of one simulated API server (``install()`` adds it in front of
+    every resource's other admission, as kube-apiserver runs it before ResourceQuota)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._policies = store.resource("validatingadmissionpolicies")
+        self._bindings = store.resource("validatingadmissionpolicybindings")
+        self._namespaces = store.resource("namespaces")
+        self._compiled: dict[tuple[str, str], _Program] = {}
+        self.denied = 0
+
+    def install(self) -> None:
+        for info in self.store.registry.infos:
+            self.store.add_admission(info.resource, self._admit, first=True)
+
+    def _program(self, policy: Obj, expression: str) -> _Program:
+        key = (str(policy["metadata"].get("uid", "")), expression)
+        prog = self._compiled.get(key)
+        if prog is None:
+            if len(self._compiled) > 4096:
+                self._compiled.clear()
+            prog = self._compiled[key] = _Program(expression)
+        return prog
+
+    def _all(self, res: Resource) -> list[Obj]:
+        return [_decode(raw) for raw in self.store.list_raw(res, None)[0]]
+
+    async def _admit(
+        self, op: Operation, res: Resource, new: Obj | None, old: Obj | None, subresource: str | None = None
+    ) -> Obj | None:
+        if res.group == "admissionregistration.k8s.io":
+            return None
+        bindings = self._all(self._bindings)
+        if not bindings:
+            return None
+        obj = new if new is not None else (old or {})
+        meta = obj.get("metadata") or {}
+        req = _Request(op, res, str(meta.get("namespace") or ""), str(meta.get("name") or ""), new, old, subresource)
+        policies = {p["metadata"]["name"]: p for p in self._all(self._policies)}
+        for binding in bindings:
+            spec = binding.get("spec") or {}
+            policy = policies.get(str(spec.get("policyName", "")))
+            if policy is not None:
+                self._check(policy, binding, req)
+        return None
+
+    def _namespace_labels(self, namespace: str) -> dict[str, str]:
+        ns = self.store.peek(self._namespaces, None, namespace) if namespace else None
+        return dict(((ns or {}).get("metadata") or {}).get("labels") or {})
+
+    def _matches(self, constraints: Obj | None, req: _Request, *, required: bool) -> bool:
+        if not constraints:
+            return not required
+        rules = constraints.get("resourceRules") or []
+        if not any(_matches_rule(r, req.op, req.res, req.subresource) for r in rules):
+            return False
+        excluded = constraints.get("excludeResourceRules") or []
+        if any(_matches_rule(r, req.op, req.res, req.subresource) for r in excluded):
+            return False
+        if req.res.namespaced and not _selected(
+            constraints.get("namespaceSelector"), self._namespace_labels(req.namespace)
+        ):
+            return False
+        selector = constraints.get("objectSelector")
+        return any(_selected(selector, _labels(o)) for o in (req.new, req.old) if o is not None)
+
+    def _params(self, policy: Obj, binding: Obj, req: _Request) -> list[Obj | None]:
+        """The parameter objects to evaluate with (``[None]`` when the policy takes none, ``[]`` when none is found
+        and the binding allows that); raise ``_Unsupported`` for a binding that cannot be configured."""
+        kind = (policy.get("spec") or {}).get("paramKind")
+        ref = (binding.get("spec") or {}).get("paramRef")
+        if not kind or not ref:
+            return [None]
+        group = str(kind.get("apiVersion", "")).rpartition("/")[0]
+        try:
+            res = self.store.resource(str(kind.get("kind", "")))
+        except KeyError:
+            raise _Unsupported(f"paramKind kind `{kind.get('kind')}` not known") from None
+        if res.group != group:
+            raise _Unsupported(f"paramKind kind `{kind.get('kind')}` not known")
+        if res.namespaced:
+            if not req.res.namespaced and not ref.get("namespace"):
+                raise _Unsupported(
+                    "cannot use namespaced paramRef in policy binding that matches cluster-scoped resources"
+                )
+            namespace: str | None = str(ref.get("namespace") or req.namespace)
+        else:
+            if ref.get("namespace"):
+                raise _Unsupported("paramRef.namespace must not be provided for a cluster-scoped `paramKind`")
+            namespace = None
+        if ref.get("name"):
+            found = self.store.peek(res, namespace, str(ref["name"]))
+            params: list[Obj | None] = [found] if found is not None else []
+        else:
+            selector = LabelSelector.from_object(ref.get("selector") or {})
+            params = [p for p in self._all_in(res, namespace) if selector.matches(_labels(p))]
+        if not params and (ref.get("parameterNotFoundAction") or "Deny") == "Deny":
+            raise _Unsupported("no params found for policy binding with `Deny` parameterNotFoundAction")
+        return params
+
+    def _all_in(self, res: Resource, namespace: str | None) -> list[Obj]:
+        return [_decode(raw) for raw in self.store.list_raw(res, namespace)[0]]
+
+    def _check(self, policy: Obj, binding: Obj, req: _Request) -> None:
+        pspec = policy.get("spec") or {}
+        bspec = binding.get("spec") or {}
+        if not self._matches(pspec.get("matchConstraints"), req, required=True):
+            return
+        if bspec.get("matchResources") and not self._matches(bspec["matchResources"], req, required=False):
+            return
+        actions = list(bspec.get("validationActions") or [])
+        fail_closed = (pspec.get("failurePolicy") or "Fail") == "Fail"
+        try:
+            params = self._params(policy, binding, req)
+        except _Unsupported as e:
+            if fail_closed:
+                self._deny(policy, binding, req, f"failed to configure binding: {e}", "Invalid", actions)
+            return
+        for param in params:
+            self._validate(policy, binding, req, param, actions, fail_closed)
+
+    def _validate(
+        self, policy: Obj, binding: Obj, req: _Request, param: Obj | None, actions: list[Any], fail_closed: bool
+    ) -> None:
+        pspec = policy.get("spec") or {}
+        activation = self._activation(req, param)
+        try:
+            for cond in pspec.get("matchConditions") or []:
+                if not bool(self._program(policy, str(cond.get("expression", ""))).run(activation)):
+                    return
+            celtypes = _cel().celtypes
+            for var in pspec.get("variables") or []:
+                value = self._program(policy, str(var.get("expression", ""))).run(activation)
+                activation["variables"] = celtypes.MapType(
+                    {**activation["variables"], celtypes.StringType(str(var.get("name", ""))): value}
+                )
+        except _Unsupported as e:
+            if fail_closed:
+                self._deny(policy, binding, req, f"expression evaluation failed: {e}", "Invalid", actions)
+            return
+        for v in pspec.get("validations") or []:
+            expression = str(v.get("expression", ""))
+            try:
+                ok = bool(self._program(policy, expression).run(activation))
+            except _Unsupported as e:
+                if fail_closed:
+                    message = f"expression '{expression}' resulted in error: {e}"
+                    self._deny(policy, binding, req, message, "Invalid", actions)
+                continue
+            if not ok:
+                message = self._message(policy, v, activation)
+                self._deny(policy, binding, req, message, str(v.get("reason") or "Invalid"), actions)
+
+    def _message(self, policy: Obj, validation: Obj, activation: Mapping[str, Any]) -> str:
+        expr = validation.get("messageExpression")
+        if expr:
+            try:
+                text = str(self._program(policy, str(expr)).run(activation)).strip()
+            except _Unsupported:
+                text = ""
+            if text and "\n" not in text:
+                return text
+        message = str(validation.get("message") or "").strip()
+        return message or f"failed expression: {str(validation.get('expression', '')).strip()}"
+
+    def _activation(self, req: _Request, params: Obj | None) -> dict[str, Any]:
+        celpy = _cel()
+        user = current_user()
+        kind = {"group": req.res.group, "version": req.res.version, "kind": req.res.kind}
+        resource = {"group": req.res.group, "version": req.res.version, "resource": req.res.plural}
+        request = {
+            "kind": kind,
+            "resource": resource,
+            "subResource": req.subresource or "",
+            "requestKind": kind,
+            "requestResource": resource,
+            "requestSubResource": req.subresource or "",
+            "name": req.name,
+            "namespace": req.namespace,
+            "operation": req.op,
+            "userInfo": user.as_request(),
+            "dryRun": False,
+        }
+        ns = None
+        if req.res.namespaced and req.namespace:
+            ns = self.store.peek(self._namespaces, None, req.namespace)
+            if ns is not None:
+                ns["metadata"].pop("managedFields", None)
+                ns["metadata"].pop("ownerReferences", None)
+        return {
+            "object": celpy.json_to_cel(req.new),
+            "oldObject": celpy.json_to_cel(req.old),
+            "request": celpy.json_to_cel(request),
+            "params": celpy.json_to_cel(params),
+            "namespaceObject": celpy.json_to_cel(ns),
+            "variables": celpy.celtypes.MapType({}),
+        }
+
+    def _deny(self, policy: Obj, binding: Obj, req: _Request, message: str, reason: str, actions: list[Any]) -> None:
+        if "Deny" not in actions:
+            return  # Warn and Audit only report
+        self.denied += 1
+        text = (
+            f"ValidatingAdmissionPolicy '{policy['metadata']['name']}' with binding "
+            f"'{binding['metadata']['name']}' denied request: {message}"
+        )
+        what = f"{req.res.plural}.{req.res.group}" if req.res.group else req.res.plural
+        name = req.name or str((req.obj.get("metadata") or {}).get("generateName") or "") or "Unknown"
+        full = f'{what} "{name}" is forbidden: {text}'
+        raise ApiError(
+            _REASON_CODES.get(reason, 422),
+            reason,
+            full,
+            {"name": name, "group": req.res.group, "kind": req.res.plural, "causes": [{"message": text}]},
+        )
+
+
+def _labels(obj: Obj) -> Mapping[str, str]:
+    return (obj.get("metadata") or {}).get("labels") or {}

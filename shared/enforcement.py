@@ -10,7 +10,7 @@ A quota is *managed* while it carries the label ``vmquota.io/managed: "true"``. 
 * ``vmquota.io/status`` — one line: ``Enforcing (<mode>)``, ``Waiting for usage (<mode>)`` or ``Refused: <why>``.
 
 :func:`plan` decides, from the quota (a :class:`~shared.snapshot.QuotaSnapshot` at some resourceVersion) and the
-namespace's latest :class:`~shared.bus.UsageSnapshot`, one of:
+namespace's latest :class:`~shared.contract.UsageSnapshot`, one of:
 
 * nothing (the quota already carries what it should);
 * *adopt* / *adjust*: write ``spec.hard`` and our annotations. ``spec.hard`` is the quota equation's result for
@@ -38,7 +38,7 @@ from fnmatch import fnmatchcase
 from typing import Any, Final
 
 from shared.accounting import policy_of
-from shared.bus import (
+from shared.contract import (
     Decision,
     MigrationState,
     QuotaTerms,

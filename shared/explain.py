@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from shared.bus import Decision, Deleted, Sync, Upserted, UsageSnapshot
+from shared.contract import Decision, Deleted, Sync, Upserted, UsageSnapshot
 from shared.report import readable_list
 from shared.snapshot import EventSnapshot, PodSnapshot, VmimSnapshot, VmiSnapshot
 

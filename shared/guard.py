@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from shared.bus import UsageSnapshot
+from shared.contract import UsageSnapshot
 from shared.errors import InvalidInput
 from shared.quantity import Quantity
 from shared.resources import parse_resource_list

@@ -1,6 +1,6 @@
 """The ledger's fold, pure: the latest snapshot of every object, per namespace, from the events stream.
 
-:class:`Ledger` applies object events (``shared.bus``) in stream order. Each namespace has a
+:class:`Ledger` applies object events (``shared.contract``) in stream order. Each namespace has a
 :class:`NamespaceState`: for every object (kind, uid) the newest version seen, by resourceVersion. An older version
 or a repeat is ignored; a deletion leaves a tombstone with its resourceVersion, so a late older upsert cannot bring
 the object back. A sync marker (after a relist) drops the objects the producer no longer lists, and prunes the
@@ -28,12 +28,12 @@ from typing import Final
 
 import msgspec
 
-from shared import bus
-from shared.bus import Deleted, Snapshot, Sync, Upserted
+from shared import contract
+from shared.contract import Deleted, Snapshot, Sync, Upserted
 from shared.errors import InvalidInput
 from shared.snapshot import dec_hook, enc_hook, same_content
 
-CLUSTER_WIDE: Final = bus.CLUSTER_TOKEN
+CLUSTER_WIDE: Final = contract.CLUSTER_TOKEN
 """The namespace key of a cluster's cluster-wide state."""
 
 CLUSTER_WIDE_KINDS: Final = frozenset({"KubeVirt"})
@@ -441,7 +441,7 @@ class Ledger:
 
     def apply_bytes(self, data: bytes, seq: int) -> Outcome:
         """Decode and fold; :class:`InvalidInput` for a malformed or unknown event."""
-        return self.apply(bus.decode_event(data), seq)
+        return self.apply(contract.decode_event(data), seq)
 
     def load(self, data: bytes) -> NamespaceState:
         """Load a checkpoint (replacing the state it is for); objects of kinds this ledger does not fold (a

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Final
 
-from shared.bus import Decision, UsageSnapshot
+from shared.contract import Decision, UsageSnapshot
 from shared.errors import InvalidInput
 from shared.modes import Mode
 from shared.quantity import NANO, Quantity

@@ -13,8 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from services.cli import opsbus
-from shared import bus as contract
-from shared import explain
+from shared import contract, explain
 from shared.errors import InvalidInput
 
 

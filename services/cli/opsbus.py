@@ -17,7 +17,7 @@ from nats.aio.msg import Msg
 
 from services.platform.bus import NatsOptions
 from services.platform.runner import env
-from shared import bus as contract
+from shared import contract
 from shared.errors import InvalidInput
 
 

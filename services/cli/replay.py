@@ -24,8 +24,7 @@ from typing import Any
 
 from services.cli import opsbus
 from services.ledger.usage import account
-from shared import bus as contract
-from shared import report
+from shared import contract, report
 from shared.errors import InvalidInput
 from shared.ledger import Ledger
 

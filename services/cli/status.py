@@ -10,8 +10,7 @@ import sys
 from typing import Any
 
 from services.cli import opsbus
-from shared import bus as contract
-from shared import report
+from shared import contract, report
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -10,8 +10,7 @@ from datetime import UTC, datetime
 from nats.aio.msg import Msg
 
 from services.cli import opsbus
-from shared import bus as contract
-from shared import report
+from shared import contract, report
 from shared.errors import InvalidInput
 
 

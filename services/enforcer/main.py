@@ -6,7 +6,7 @@ from services.enforcer.kube import KubeQuotas
 from services.enforcer.service import Enforcer, EnforcerOptions
 from services.platform.bus import Bus
 from services.platform.runner import Runtime, kube_client, leader_elected
-from shared import bus as contract
+from shared import contract
 from shared.errors import InvalidInput
 
 

@@ -1,4 +1,4 @@
-"""Per-quota gauges from the ledger's usage snapshots: each managed quota's terms (``shared.bus.QuotaTerms``) per
+"""Per-quota gauges from the ledger's usage snapshots: each managed quota's terms (``shared.contract.QuotaTerms``) per
 resource, in base units (bytes, cores, counts), as of the namespace's latest snapshot the enforcer accepted.
 
 Series: ``vmquota_quota_{budget,used,reserved,hard}{service, cluster, namespace, quota, resource}``, one per term
@@ -16,7 +16,7 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from shared import bus as contract
+from shared import contract
 from shared.errors import InvalidInput
 from shared.quantity import Quantity
 

@@ -40,8 +40,7 @@ from services.enforcer.kube import KubeError, Obj, QuotaApi, version_of
 from services.enforcer.quota_metrics import QuotaMetrics
 from services.platform.bus import Bus, PullConsumer, position
 from services.platform.runner import Metrics, ServiceLabelled, cancel
-from shared import bus as contract
-from shared import enforcement, guard
+from shared import contract, enforcement, guard
 from shared.backoff import Backoff, TokenBucket
 from shared.enforcement import Plan
 from shared.errors import InvalidInput

@@ -6,7 +6,7 @@ Loop: fetch a batch of events in stream order (``services.platform.bus.PullConsu
 * for each changed namespace, at most every ``debounce`` seconds per namespace (at once after a quiet spell of that
   namespace; sooner for changes that end a reservation; at once, before any other namespace, for changes a migration
   or a new VM waits for: ``shared.accounting.Urgent``), run accounting and publish a
-  :class:`shared.bus.UsageSnapshot` on ``vmquota.usage.<cluster>.<namespace>`` if its content differs from the last
+  :class:`shared.contract.UsageSnapshot` on ``vmquota.usage.<cluster>.<namespace>`` if its content differs from the last
   one published (the digest is kept in the namespace's checkpoint);
 * every ``checkpoint_interval`` seconds, write each changed state to the KV bucket (key
   ``ns.<cluster>.<namespace>`` / ``cl.<cluster>``), then this instance's progress (``progress.<partitions>.<cluster
@@ -41,7 +41,7 @@ from nats.js.kv import KeyValue
 from services.ledger.usage import vms_json
 from services.platform.bus import AckWindow, Bus, PullConsumer, position
 from services.platform.runner import Health, Metrics
-from shared import bus as contract
+from shared import contract
 from shared.accounting import ACCOUNTED_KINDS, URGENT_KINDS, Urgency, Urgent, schedule, waited_for
 from shared.errors import InvalidInput
 from shared.ledger import CLUSTER_WIDE, Ledger, NamespaceState, NamespaceView, Outcome, PartitionSet, checkpoint_key

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from shared import bus as contract
+from shared import contract
 from shared.accounting import VmEntry, account_namespace
 from shared.ledger import NamespaceView
 from shared.quantity import Quantity

@@ -2,7 +2,7 @@
 
 * :func:`connect` reconnects forever (nats-py gives up after about two minutes by default) and reports
   disconnects, reconnects and errors through structlog and a callback instead of stdlib tracebacks.
-* :meth:`Bus.ensure_streams` creates or updates the streams of ``shared.bus.streams()`` idempotently.
+* :meth:`Bus.ensure_streams` creates or updates the streams of ``shared.contract.streams()`` idempotently.
 * :meth:`Bus.publish` sets ``Nats-Msg-Id`` and retries while JetStream is unavailable (a retry is safe: the server
   drops the repeat within the duplicate window). :meth:`Bus.publish_many` keeps a window of acks in flight.
 * :class:`PullConsumer` reads a stream in order from a start sequence. It uses a durable pull consumer with
@@ -47,7 +47,7 @@ from nats.js.api import (
 )
 from nats.js.kv import KeyValue
 
-from shared import bus as contract
+from shared import contract
 from shared.backoff import Backoff
 
 log = structlog.get_logger("vmquota.bus")
@@ -416,7 +416,7 @@ class Bus:
         stream_seq: int = 0,
         payload: bytes = b"",
     ) -> None:
-        """Publish a :class:`shared.bus.DeadLetter` on ``vmquota.dlq.<service>`` (deduplicated per original
+        """Publish a :class:`shared.contract.DeadLetter` on ``vmquota.dlq.<service>`` (deduplicated per original
         stream sequence, so a replay after a restart does not repeat it)."""
         mid = f"dlq/{service}/{stream}/{stream_seq}" if stream_seq else None
         letter, headers = contract.dead_letter(

@@ -29,8 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from services.platform import logs
-from shared import bus as contract
-from shared import guard
+from shared import contract, guard
 from shared.enforcement import DEFAULT_EXCLUDED_NAMESPACES
 from shared.errors import InvalidInput
 from shared.ledger import PartitionSet
@@ -242,7 +241,7 @@ SIZE_FLAGS: dict[str, str] = {
     "dlq": "the dead-letter stream",
     "checkpoints": "the ledger's checkpoint bucket",
 }
-"""``--<name>-max-bytes``: the fields of :class:`shared.bus.StreamSizes`."""
+"""``--<name>-max-bytes``: the fields of :class:`shared.contract.StreamSizes`."""
 
 
 def _size_text(n: int) -> str:

@@ -21,7 +21,7 @@ from services.platform.runner import Runtime, kube_client, leader_elected
 from services.watcher.metrics import SERVICE, metrics_for
 from services.watcher.publisher import Item, Publisher
 from services.watcher.watcher import Watcher, WatcherConfig
-from shared import bus as contract
+from shared import contract
 
 
 @dataclass(frozen=True, slots=True)

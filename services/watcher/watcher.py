@@ -46,7 +46,7 @@ from services.watcher.loop import (
 )
 from services.watcher.metrics import SERVICE, WatcherMetrics
 from services.watcher.publisher import Item, Publisher
-from shared import bus as contract
+from shared import contract
 from shared.backoff import Backoff
 from shared.errors import InvalidInput
 from shared.snapshot import normalize
@@ -207,7 +207,7 @@ class Emitter:
         self.publisher.enqueue(Item(subject, contract.encode(ev), ev.id, label=f"{kind}|sync"))
 
     def dead_letter(self, kind: str, obj: Obj, reason: str, ident: Ident | None) -> None:
-        """Queue a :class:`shared.bus.DeadLetter` with the raw object, deduplicated per object version."""
+        """Queue a :class:`shared.contract.DeadLetter` with the raw object, deduplicated per object version."""
         payload = _encode_raw(obj)
         limit = min(_MAX_DLQ_PAYLOAD, self.publisher.max_payload // 2)
         if len(payload) > limit:

@@ -19,7 +19,7 @@ from services.devtools.natsserver import NatsServer
 from services.ledger.service import LedgerOptions, LedgerService
 from services.ledger.usage import account
 from services.platform.bus import Bus, NatsOptions
-from shared import bus as contract
+from shared import contract
 from shared.ledger import Ledger, PartitionSet
 from shared.snapshot import normalize
 from tests.benchmarks.common import Result, rate

@@ -19,7 +19,7 @@ from typing import Any
 
 from services.devtools.simcluster.kubevirt import launcher_pod
 from services.watcher.loop import KnownSet
-from shared import bus as contract
+from shared import contract
 from shared.accounting import ACCOUNTED_KINDS
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
 from shared.ledger import Ledger, PartitionSet

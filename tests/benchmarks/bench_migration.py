@@ -45,7 +45,7 @@ from services.devtools.simcluster.cluster import SimCluster
 from services.devtools.simcluster.store_api import ApiError, Obj, Resource, WatchType
 from services.platform import logs
 from services.platform.runner import run_to_end, tune_gc
-from shared import bus as contract
+from shared import contract
 from shared.modes import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION
 from shared.snapshot import MIGRATION_JOB_LABEL
 from tests.benchmarks.common import Result

@@ -27,7 +27,7 @@ from services.devtools.simcluster.server import start_server
 from services.devtools.simcluster.store import Store
 from services.platform import logs
 from services.platform.bus import Bus, NatsOptions, PullConsumer, position
-from shared import bus as contract
+from shared import contract
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
 from shared.ledger import Ledger, PartitionSet
 from shared.snapshot import normalize

@@ -26,7 +26,7 @@ from services.devtools.simcluster.auth import acting_as
 from services.devtools.simcluster.cluster import SimCluster
 from services.devtools.simcluster.kubevirt import KubeVirtTiming, phase
 from services.devtools.simcluster.store_api import ApiError, Obj
-from shared import bus as contract
+from shared import contract
 from shared.enforcement import LAST_HARD_ANNOTATION, STATUS_ANNOTATION
 from shared.errors import InvalidInput
 from shared.modes import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION

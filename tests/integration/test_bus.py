@@ -11,7 +11,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from services.platform import runner
 from services.platform.bus import AckWindow, Bus, NatsOptions, PullConsumer
-from shared import bus as contract
+from shared import contract
 from shared.snapshot import PodSnapshot
 from tests.conftest import NatsServer
 

@@ -26,7 +26,7 @@ import yaml
 from services.cli.main import build_parser
 from services.platform import runner
 from services.platform.bus import Bus, NatsOptions
-from shared import bus
+from shared import contract
 from tests.conftest import nats_server_binary
 from tests.integration.test_deploy import runner_env_vars
 
@@ -100,7 +100,7 @@ def test_commands_parse_with_the_cli_and_env_is_what_the_runner_reads() -> None:
         assert (args.command, args.service) == ("run", name)
         assert set(env) <= known, f"{name}: variables the runner does not read: {set(env) - known}"
         if name in ("watcher", "enforcer"):
-            bus.check_cluster(env["VMQUOTA_CLUSTER"])
+            contract.check_cluster(env["VMQUOTA_CLUSTER"])
             kubeconfig = env["VMQUOTA_KUBECONFIG"]
             sim_args = parser.parse_args(vmquota_services()["simcluster"]["command"])
             assert kubeconfig == sim_args.kubeconfig_out, "the simulator's kubeconfig"
@@ -210,7 +210,7 @@ def http_ok(url: str) -> bytes | None:
 async def create_streams(url: str, user: str, password: str) -> None:
     b = await Bus.connect(NatsOptions(url=url, user=user, password=password), connect_timeout=10)
     try:
-        await b.ensure_streams(bus.streams_for(user))
+        await b.ensure_streams(contract.streams_for(user))
     finally:
         await b.close()
 
@@ -295,7 +295,7 @@ def test_the_compose_stack_starts_as_local_processes(stack: Stack, tmp_path: Pat
             await nc.close()
 
     # every started service connected as its own user and created the streams it owns
-    want = set().union(*(bus.STREAM_OWNERS[n] for n in started))
+    want = set().union(*(contract.STREAM_OWNERS[n] for n in started))
     wait_for("streams", lambda: want <= asyncio.run(streams_present()), procs, stack)
     if "watcher" in started:  # the watcher lists the simulated cluster and publishes under its cluster id
 
@@ -303,7 +303,9 @@ def test_the_compose_stack_starts_as_local_processes(stack: Stack, tmp_path: Pat
             nc = await nats.connect(url, user="replay", password=nats_env["VMQUOTA_NATS_REPLAY_PASSWORD"])
             try:
                 cluster = env_of(services["watcher"])["VMQUOTA_CLUSTER"]
-                info = await nc.jetstream().stream_info(bus.EVENTS_STREAM, subjects_filter=bus.events_filter(cluster))
+                info = await nc.jetstream().stream_info(
+                    contract.EVENTS_STREAM, subjects_filter=contract.events_filter(cluster)
+                )
                 return len(info.state.subjects or {})
             finally:
                 await nc.close()

@@ -24,7 +24,7 @@ import yaml
 
 from services.cli.main import build_parser
 from services.platform import runner
-from shared import bus, guard, modes
+from shared import contract, guard, modes
 from shared.ledger import PartitionSet
 from shared.quantity import Quantity
 
@@ -519,9 +519,9 @@ def test_containers_run_the_cli_with_flags_and_env_it_reads(path: Path, monkeypa
             assert filled.get("VMQUOTA_CLUSTER"), f"{d['metadata']['name']}: no cluster id"
             assert filled["VMQUOTA_LEASE_NAMESPACE"] == d["metadata"]["namespace"]
         if "VMQUOTA_CLUSTER" in filled:
-            bus.check_cluster(filled["VMQUOTA_CLUSTER"])
+            contract.check_cluster(filled["VMQUOTA_CLUSTER"])
         if "VMQUOTA_EVENTS_MAX_AGE" in filled:
-            bus.parse_duration(filled["VMQUOTA_EVENTS_MAX_AGE"])
+            contract.parse_duration(filled["VMQUOTA_EVENTS_MAX_AGE"])
         assert filled["VMQUOTA_NATS"].startswith(("nats://", "tls://"))
         if service in runner.SERVICES:  # the runner's own validation accepts the pod's configuration
             with monkeypatch.context() as m:

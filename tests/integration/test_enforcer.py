@@ -22,8 +22,7 @@ from services.enforcer.service import Enforcer, EnforcerOptions
 from services.platform.bus import Bus, NatsOptions
 from services.platform.kube import KubeError
 from services.platform.runner import Metrics, cancel
-from shared import bus as contract
-from shared import guard
+from shared import contract, guard
 from shared.enforcement import BUDGET_ANNOTATION, LAST_HARD_ANNOTATION, MANAGED_LABEL, STATUS_ANNOTATION
 from shared.errors import InvalidInput
 from shared.quantity import Quantity

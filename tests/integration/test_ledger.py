@@ -20,7 +20,7 @@ import pytest
 from services.ledger.service import LedgerOptions, LedgerService, usage_digest
 from services.platform.bus import Bus, NatsOptions
 from services.platform.runner import cancel
-from shared import bus as contract
+from shared import contract
 from shared.ledger import Ledger, NamespaceView, PartitionSet
 from shared.snapshot import KubeVirtSnapshot, NamespaceSnapshot, PodSnapshot
 from tests.conftest import NatsServer

@@ -11,7 +11,7 @@ import nats
 import nats.errors
 
 from services.devtools.simcluster.kubevirt import phase
-from shared import bus as contract
+from shared import contract
 from tests.integration.e2e import CLUSTER, SLOW_MIGRATIONS, full_namespace, pipeline
 from tests.integration.natscluster import NatsCluster
 from tests.waiting import wait_until

@@ -25,7 +25,7 @@ from nats.js.client import JetStreamContext
 from services.devtools.natsserver import NatsServer
 from services.platform.bus import Bus, NatsOptions, PullConsumer
 from services.platform.runner import cancel
-from shared import bus
+from shared import contract
 from shared.snapshot import VmiSnapshot
 from tests.conftest import nats_server_binary
 
@@ -94,8 +94,8 @@ class Connect(Protocol):
 
 
 def uid_of(data: bytes) -> str:
-    ev = bus.decode_event(data)
-    assert not isinstance(ev, bus.Sync)
+    ev = contract.decode_event(data)
+    assert not isinstance(ev, contract.Sync)
     return ev.uid
 
 
@@ -129,8 +129,8 @@ async def connect(server: SecuredServer) -> AsyncIterator[Connect]:
 
 
 def stream_config(name: str) -> StreamConfig:
-    """The server config of one of the project's streams, from the bus contract (shared.bus.streams)."""
-    spec = next(s for s in bus.streams() if s.name == name)
+    """The server config of one of the project's streams, from the bus contract (shared.contract.streams)."""
+    spec = next(s for s in contract.streams() if s.name == name)
     return StreamConfig(
         name=spec.name,
         subjects=list(spec.subjects),
@@ -141,7 +141,7 @@ def stream_config(name: str) -> StreamConfig:
 
 
 def event(uid: str, rv: str, namespace: str = "tenant-a") -> tuple[str, bytes, dict[str, str]]:
-    ev = bus.object_event(
+    ev = contract.object_event(
         "upserted",
         cluster="c1",
         kind="VirtualMachineInstance",
@@ -151,7 +151,7 @@ def event(uid: str, rv: str, namespace: str = "tenant-a") -> tuple[str, bytes, d
         rv=rv,
         snapshot=VmiSnapshot(uid=uid, namespace=namespace, name=f"vm-{uid}", resource_version=rv),
     )
-    return bus.event_subject("c1", ev.kind, namespace), bus.encode(ev), {"Nats-Msg-Id": ev.id}
+    return contract.event_subject("c1", ev.kind, namespace), contract.encode(ev), {"Nats-Msg-Id": ev.id}
 
 
 async def refused_request(conn: Conn, subject: str, payload: bytes = b"") -> None:
@@ -163,11 +163,11 @@ async def refused_request(conn: Conn, subject: str, payload: bytes = b"") -> Non
 
 async def watcher_publishes(connect: Connect) -> Conn:
     w = await connect("watcher")
-    await w.js.add_stream(stream_config(bus.EVENTS_STREAM))
+    await w.js.add_stream(stream_config(contract.EVENTS_STREAM))
     for i in range(3):
         subject, data, headers = event(f"u{i}", str(10 + i))
         ack = await w.js.publish(subject, data, headers=headers)
-        assert ack.stream == bus.EVENTS_STREAM and not ack.duplicate
+        assert ack.stream == contract.EVENTS_STREAM and not ack.duplicate
     subject, data, headers = event("u0", "10")
     assert (await w.js.publish(subject, data, headers=headers)).duplicate  # a relist does not store it twice
     return w
@@ -175,96 +175,99 @@ async def watcher_publishes(connect: Connect) -> Conn:
 
 async def test_watcher_publishes_events_and_nothing_else(connect: Connect) -> None:
     w = await watcher_publishes(connect)
-    await w.js.add_stream(stream_config(bus.DLQ_STREAM))
-    await w.js.publish(bus.dlq_subject("watcher"), b"{}")
+    await w.js.add_stream(stream_config(contract.DLQ_STREAM))
+    await w.js.publish(contract.dlq_subject("watcher"), b"{}")
     w.clean()
 
-    await w.nc.publish(bus.usage_subject("c1", "tenant-a"), b"forged")
+    await w.nc.publish(contract.usage_subject("c1", "tenant-a"), b"forged")
     await w.denied("publish", "vmquota.usage.c1.tenant-a")
-    await w.nc.publish(bus.dlq_subject("ledger"), b"{}")
+    await w.nc.publish(contract.dlq_subject("ledger"), b"{}")
     await w.denied("publish", "vmquota.dlq.ledger")
     await w.nc.subscribe("vmquota.>")
     await w.denied("subscription", "vmquota.>")
-    await refused_request(w, f"$JS.API.STREAM.CREATE.{bus.USAGE_STREAM}", b'{"name":"VMQUOTA_USAGE"}')
-    await refused_request(w, f"$JS.API.STREAM.DELETE.{bus.EVENTS_STREAM}")
-    await refused_request(w, f"$JS.API.CONSUMER.CREATE.{bus.EVENTS_STREAM}")
-    assert (await w.js.stream_info(bus.EVENTS_STREAM)).state.messages == 3  # nothing was deleted
+    await refused_request(w, f"$JS.API.STREAM.CREATE.{contract.USAGE_STREAM}", b'{"name":"VMQUOTA_USAGE"}')
+    await refused_request(w, f"$JS.API.STREAM.DELETE.{contract.EVENTS_STREAM}")
+    await refused_request(w, f"$JS.API.CONSUMER.CREATE.{contract.EVENTS_STREAM}")
+    assert (await w.js.stream_info(contract.EVENTS_STREAM)).state.messages == 3  # nothing was deleted
 
 
 async def test_ledger_folds_events_checkpoints_and_publishes_usage(connect: Connect) -> None:
     await watcher_publishes(connect)
     led = await connect("ledger")
     sub = await led.js.pull_subscribe(
-        bus.events_filter("c1"), durable="ledger-p0", stream=bus.EVENTS_STREAM, config=ConsumerConfig(ack_wait=30)
+        contract.events_filter("c1"),
+        durable="ledger-p0",
+        stream=contract.EVENTS_STREAM,
+        config=ConsumerConfig(ack_wait=30),
     )
     msgs = await sub.fetch(3, timeout=5)
     assert [uid_of(m.data) for m in msgs] == ["u0", "u1", "u2"]
     for m in msgs:
         await m.ack_sync()
-    assert (await led.js.consumer_info(bus.EVENTS_STREAM, "ledger-p0")).num_ack_pending == 0
-    assert (await led.js.get_msg(bus.EVENTS_STREAM, 2)).seq == 2
+    assert (await led.js.consumer_info(contract.EVENTS_STREAM, "ledger-p0")).num_ack_pending == 0
+    assert (await led.js.get_msg(contract.EVENTS_STREAM, 2)).seq == 2
 
-    kv = await led.js.create_key_value(bucket=bus.LEDGER_BUCKET, history=1)
+    kv = await led.js.create_key_value(bucket=contract.LEDGER_BUCKET, history=1)
     rev = await kv.put("p0", b'{"seq": 3}')
     assert await kv.update("p0", b'{"seq": 4}', last=rev) > rev
     assert (await kv.get("p0")).value == b'{"seq": 4}'
     assert await kv.keys() == ["p0"]
-    kv = await led.js.key_value(bus.LEDGER_BUCKET)  # a restarted ledger binds to the existing bucket
+    kv = await led.js.key_value(contract.LEDGER_BUCKET)  # a restarted ledger binds to the existing bucket
 
-    await led.js.add_stream(stream_config(bus.USAGE_STREAM))
-    await led.js.add_stream(stream_config(bus.DLQ_STREAM))
-    ack = await led.js.publish(bus.usage_subject("c1", "tenant-a"), b'{"seq": 3}')
-    assert ack.stream == bus.USAGE_STREAM
-    await led.js.publish(bus.dlq_subject("ledger"), b"{}")
+    await led.js.add_stream(stream_config(contract.USAGE_STREAM))
+    await led.js.add_stream(stream_config(contract.DLQ_STREAM))
+    ack = await led.js.publish(contract.usage_subject("c1", "tenant-a"), b'{"seq": 3}')
+    assert ack.stream == contract.USAGE_STREAM
+    await led.js.publish(contract.dlq_subject("ledger"), b"{}")
     led.clean()
 
     subject, data, _ = event("forged", "99")
     await led.nc.publish(subject, data)
     await led.denied("publish", subject)
-    await led.nc.publish(bus.decision_subject("c1", "tenant-a"), b"{}")
+    await led.nc.publish(contract.decision_subject("c1", "tenant-a"), b"{}")
     await led.denied("publish", "vmquota.quota.c1.tenant-a")
-    await refused_request(led, f"$JS.API.STREAM.PURGE.{bus.EVENTS_STREAM}")
-    await refused_request(led, f"$JS.API.STREAM.MSG.DELETE.{bus.EVENTS_STREAM}", b'{"seq": 1}')
-    await refused_request(led, f"$JS.API.STREAM.CREATE.{bus.DECISIONS_STREAM}", b'{"name":"VMQUOTA_DECISIONS"}')
-    assert (await led.js.stream_info(bus.EVENTS_STREAM)).state.messages == 3
+    await refused_request(led, f"$JS.API.STREAM.PURGE.{contract.EVENTS_STREAM}")
+    await refused_request(led, f"$JS.API.STREAM.MSG.DELETE.{contract.EVENTS_STREAM}", b'{"seq": 1}')
+    await refused_request(led, f"$JS.API.STREAM.CREATE.{contract.DECISIONS_STREAM}", b'{"name":"VMQUOTA_DECISIONS"}')
+    assert (await led.js.stream_info(contract.EVENTS_STREAM)).state.messages == 3
 
 
 async def test_enforcer_reads_usage_and_quota_events_and_publishes_decisions(connect: Connect) -> None:
     await watcher_publishes(connect)
     led = await connect("ledger")
-    await led.js.add_stream(stream_config(bus.USAGE_STREAM))
-    await led.js.create_key_value(bucket=bus.LEDGER_BUCKET)
-    await led.js.publish(bus.usage_subject("c1", "tenant-a"), b'{"seq": 3}')
+    await led.js.add_stream(stream_config(contract.USAGE_STREAM))
+    await led.js.create_key_value(bucket=contract.LEDGER_BUCKET)
+    await led.js.publish(contract.usage_subject("c1", "tenant-a"), b'{"seq": 3}')
 
     enf = await connect("enforcer")
-    usage = await enf.js.pull_subscribe("vmquota.usage.c1.>", durable="enforcer-c1", stream=bus.USAGE_STREAM)
+    usage = await enf.js.pull_subscribe("vmquota.usage.c1.>", durable="enforcer-c1", stream=contract.USAGE_STREAM)
     [u] = await usage.fetch(1, timeout=5)
     assert u.data == b'{"seq": 3}'
     await u.ack_sync()
-    quotas = await enf.js.pull_subscribe("vmquota.ev.c1.*.vmi", durable="enforcer-c1-ev", stream=bus.EVENTS_STREAM)
+    quotas = await enf.js.pull_subscribe("vmquota.ev.c1.*.vmi", durable="enforcer-c1-ev", stream=contract.EVENTS_STREAM)
     assert len(await quotas.fetch(3, timeout=5)) == 3
-    last = await enf.js.get_last_msg(bus.USAGE_STREAM, bus.usage_subject("c1", "tenant-a"))
+    last = await enf.js.get_last_msg(contract.USAGE_STREAM, contract.usage_subject("c1", "tenant-a"))
     assert last.data == b'{"seq": 3}'
 
-    await enf.js.add_stream(stream_config(bus.DECISIONS_STREAM))
-    await enf.js.add_stream(stream_config(bus.DLQ_STREAM))
-    ack = await enf.js.publish(bus.decision_subject("c1", "tenant-a"), b"{}")
-    assert ack.stream == bus.DECISIONS_STREAM
-    await enf.js.publish(bus.dlq_subject("enforcer"), b"{}")
+    await enf.js.add_stream(stream_config(contract.DECISIONS_STREAM))
+    await enf.js.add_stream(stream_config(contract.DLQ_STREAM))
+    ack = await enf.js.publish(contract.decision_subject("c1", "tenant-a"), b"{}")
+    assert ack.stream == contract.DECISIONS_STREAM
+    await enf.js.publish(contract.dlq_subject("enforcer"), b"{}")
     enf.clean()
 
-    await enf.nc.publish(bus.usage_subject("c1", "tenant-a"), b"forged")
+    await enf.nc.publish(contract.usage_subject("c1", "tenant-a"), b"forged")
     await enf.denied("publish", "vmquota.usage.c1.tenant-a")
-    await enf.nc.publish(f"$KV.{bus.LEDGER_BUCKET}.p0", b"forged")
-    await enf.denied("publish", f"$KV.{bus.LEDGER_BUCKET}.p0")
-    await refused_request(enf, f"$JS.API.STREAM.INFO.KV_{bus.LEDGER_BUCKET}")
-    await refused_request(enf, f"$JS.API.STREAM.UPDATE.{bus.EVENTS_STREAM}", b'{"name":"VMQUOTA_EVENTS"}')
+    await enf.nc.publish(f"$KV.{contract.LEDGER_BUCKET}.p0", b"forged")
+    await enf.denied("publish", f"$KV.{contract.LEDGER_BUCKET}.p0")
+    await refused_request(enf, f"$JS.API.STREAM.INFO.KV_{contract.LEDGER_BUCKET}")
+    await refused_request(enf, f"$JS.API.STREAM.UPDATE.{contract.EVENTS_STREAM}", b'{"name":"VMQUOTA_EVENTS"}')
 
 
 async def test_subscriber_reads_and_cannot_write(connect: Connect) -> None:
     await watcher_publishes(connect)
     enf = await connect("enforcer")
-    await enf.js.add_stream(stream_config(bus.DECISIONS_STREAM))
+    await enf.js.add_stream(stream_config(contract.DECISIONS_STREAM))
 
     sub = await connect("subscriber")
     received: asyncio.Queue[Msg] = asyncio.Queue()
@@ -280,48 +283,48 @@ async def test_subscriber_reads_and_cannot_write(connect: Connect) -> None:
     # until one arrives, within a deadline: what is tested is the permission to subscribe, not that timing.
     deadline = asyncio.get_running_loop().time() + 10
     while received.empty():
-        await enf.js.publish(bus.decision_subject("c1", "tenant-a"), b'{"d": 1}')
+        await enf.js.publish(contract.decision_subject("c1", "tenant-a"), b'{"d": 1}')
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(got.wait(), timeout=0.5)
         assert asyncio.get_running_loop().time() < deadline, "the subscriber never received a decision"
     msg = received.get_nowait()
     assert (msg.subject, msg.data) == ("vmquota.quota.c1.tenant-a", b'{"d": 1}')
 
-    pull = await sub.js.pull_subscribe("vmquota.ev.>", durable="subscriber", stream=bus.EVENTS_STREAM)
+    pull = await sub.js.pull_subscribe("vmquota.ev.>", durable="subscriber", stream=contract.EVENTS_STREAM)
     assert len(await pull.fetch(3, timeout=5)) == 3
-    decisions = await sub.js.pull_subscribe("vmquota.quota.>", durable="subscriber", stream=bus.DECISIONS_STREAM)
+    decisions = await sub.js.pull_subscribe("vmquota.quota.>", durable="subscriber", stream=contract.DECISIONS_STREAM)
     assert (await decisions.fetch(1, timeout=5))[0].data == b'{"d": 1}'
     sub.clean()
 
-    await sub.nc.publish(bus.decision_subject("c1", "tenant-a"), b"forged")
+    await sub.nc.publish(contract.decision_subject("c1", "tenant-a"), b"forged")
     await sub.denied("publish", "vmquota.quota.c1.tenant-a")
     await sub.nc.subscribe("vmquota.dlq.>")
     await sub.denied("subscription", "vmquota.dlq.>")
-    await refused_request(sub, f"$JS.API.STREAM.CREATE.{bus.DLQ_STREAM}", b'{"name":"VMQUOTA_DLQ"}')
-    await refused_request(sub, f"$JS.API.CONSUMER.DELETE.{bus.DLQ_STREAM}.x")
-    await refused_request(sub, f"$JS.API.CONSUMER.CREATE.{bus.DECISIONS_STREAM}", b"{}")  # ordered: replay's
+    await refused_request(sub, f"$JS.API.STREAM.CREATE.{contract.DLQ_STREAM}", b'{"name":"VMQUOTA_DLQ"}')
+    await refused_request(sub, f"$JS.API.CONSUMER.DELETE.{contract.DLQ_STREAM}.x")
+    await refused_request(sub, f"$JS.API.CONSUMER.CREATE.{contract.DECISIONS_STREAM}", b"{}")  # ordered: replay's
 
 
 async def test_replay_reads_streams_with_ordered_consumers_only(connect: Connect) -> None:
     await watcher_publishes(connect)
     rep = await connect("replay")
     ordered = await rep.js.subscribe(
-        bus.events_filter(),
-        stream=bus.EVENTS_STREAM,
+        contract.events_filter(),
+        stream=contract.EVENTS_STREAM,
         ordered_consumer=True,
         config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=2),
     )
     got = [uid_of((await ordered.next_msg(timeout=5)).data) for _ in range(2)]
     assert got == ["u1", "u2"]
-    assert (await rep.js.get_msg(bus.EVENTS_STREAM, 1)).seq == 1
+    assert (await rep.js.get_msg(contract.EVENTS_STREAM, 1)).seq == 1
     rep.clean()
 
     subject, data, _ = event("forged", "99")
     await rep.nc.publish(subject, data)
     await rep.denied("publish", subject)
-    await refused_request(rep, f"$JS.API.CONSUMER.DURABLE.CREATE.{bus.EVENTS_STREAM}.mine", b"{}")
-    await refused_request(rep, f"$JS.API.STREAM.DELETE.{bus.EVENTS_STREAM}")
-    await refused_request(rep, f"$JS.API.STREAM.INFO.KV_{bus.LEDGER_BUCKET}")
+    await refused_request(rep, f"$JS.API.CONSUMER.DURABLE.CREATE.{contract.EVENTS_STREAM}.mine", b"{}")
+    await refused_request(rep, f"$JS.API.STREAM.DELETE.{contract.EVENTS_STREAM}")
+    await refused_request(rep, f"$JS.API.STREAM.INFO.KV_{contract.LEDGER_BUCKET}")
 
 
 async def test_wrong_password_and_unknown_user_are_refused(connect: Connect) -> None:
@@ -336,14 +339,14 @@ def test_config_users_streams_and_env_match_the_bus_contract() -> None:
     assert set(re.findall(r"^\s*user:\s*(\S+)", text, re.MULTILINE)) == set(USERS)
     assert set(re.findall(r"\$(VMQUOTA_NATS_[A-Z]+_PASSWORD)", text)) == set(password_env(dict.fromkeys(USERS, "")))
     names = set(re.findall(r"\b(?:KV_)?VMQUOTA_[A-Z]+\b", text)) - set(password_env(dict.fromkeys(USERS, "")))
-    known = {s.name for s in bus.streams()} | {bus.LEDGER_BUCKET, f"KV_{bus.LEDGER_BUCKET}"}
-    assert names <= known, f"streams in the NATS config unknown to shared/bus.py: {names - known}"
-    # each service may create exactly the streams the code has it create (shared.bus.STREAM_OWNERS)
+    known = {s.name for s in contract.streams()} | {contract.LEDGER_BUCKET, f"KV_{contract.LEDGER_BUCKET}"}
+    assert names <= known, f"streams in the NATS config unknown to shared/contract.py: {names - known}"
+    # each service may create exactly the streams the code has it create (shared.contract.STREAM_OWNERS)
     blocks = re.split(r"^\s*user:\s*", text, flags=re.MULTILINE)[1:]
     for block in blocks:
         user = block.split()[0]
         created = set(re.findall(r"\$JS\.API\.STREAM\.CREATE\.(VMQUOTA_\w+)", block))
-        assert created == set(bus.STREAM_OWNERS.get(user, frozenset())), user
+        assert created == set(contract.STREAM_OWNERS.get(user, frozenset())), user
     # the file is valid for the server itself, and refuses to load without the passwords
     env = {k: v for k, v in os.environ.items() if not k.startswith("VMQUOTA_NATS_")}
     missing = subprocess.run([nats_server_binary(), "-c", str(CONFIG), "-t"], env=env, capture_output=True, timeout=30)
@@ -379,24 +382,24 @@ async def test_the_services_bus_helpers_work_with_their_users(server: SecuredSer
             enforcer = await as_user("enforcer")
             buses += [watcher, ledger, enforcer]
             for service, b in (("watcher", watcher), ("ledger", ledger), ("enforcer", enforcer)):
-                await b.ensure_streams(bus.streams_for(service))
+                await b.ensure_streams(contract.streams_for(service))
             items = [event(f"u{i}", str(i + 1)) for i in range(3)]
             stored, dups = await watcher.publish_many((s, d, h["Nats-Msg-Id"]) for s, d, h in items)
             assert (stored, dups) == (3, 0)
 
             events = PullConsumer(
-                ledger, stream=bus.EVENTS_STREAM, durable="ledger-p0", filter_subjects=["vmquota.ev.>"]
+                ledger, stream=contract.EVENTS_STREAM, durable="ledger-p0", filter_subjects=["vmquota.ev.>"]
             )
             assert [uid_of(d) for d in await first_batch(events)] == ["u0", "u1", "u2"]
             await events.close()
-            kv = await ledger.ensure_kv(bus.LEDGER_BUCKET)
+            kv = await ledger.ensure_kv(contract.LEDGER_BUCKET)
             await kv.put("p0", b"3")
-            await ledger.publish(bus.usage_subject("c1", "tenant-a"), b'{"seq": 3}')
-            await ledger.publish_dead_letter("ledger", "test", stream=bus.EVENTS_STREAM, stream_seq=2)
+            await ledger.publish(contract.usage_subject("c1", "tenant-a"), b'{"seq": 3}')
+            await ledger.publish_dead_letter("ledger", "test", stream=contract.EVENTS_STREAM, stream_seq=2)
 
             usage = PullConsumer(
                 enforcer,
-                stream=bus.USAGE_STREAM,
+                stream=contract.USAGE_STREAM,
                 durable="enforcer-c1",
                 filter_subjects=["vmquota.usage.c1.>"],
             )
@@ -404,13 +407,13 @@ async def test_the_services_bus_helpers_work_with_their_users(server: SecuredSer
             await usage.close()
             quotas = PullConsumer(
                 enforcer,
-                stream=bus.EVENTS_STREAM,
+                stream=contract.EVENTS_STREAM,
                 durable="enforcer-c1-quotas",
                 filter_subjects=["vmquota.ev.c1.*.resourcequota", "vmquota.ev.c1.*.vmi"],
             )
             assert len(await first_batch(quotas)) == 3
             await quotas.close()
-            await enforcer.publish(bus.decision_subject("c1", "tenant-a"), b"{}")
+            await enforcer.publish(contract.decision_subject("c1", "tenant-a"), b"{}")
             await enforcer.publish_dead_letter("enforcer", "test")
     finally:
         for b in buses:
@@ -428,11 +431,11 @@ async def ledger_durable(connect: Connect) -> Conn:
     await watcher_publishes(connect)
     led = await connect("ledger")
     await led.js.add_consumer(
-        bus.EVENTS_STREAM,
+        contract.EVENTS_STREAM,
         ConsumerConfig(
             name=LEDGER_DURABLE,
             durable_name=LEDGER_DURABLE,
-            filter_subject=bus.events_filter(),
+            filter_subject=contract.events_filter(),
             deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
             opt_start_seq=1,
             ack_policy=AckPolicy.NONE,
@@ -449,7 +452,7 @@ def hijack(name: str, *, nameless: bool = False) -> bytes:
     durable = {} if nameless else {"durable_name": name}
     return json.dumps(
         {
-            "stream_name": bus.EVENTS_STREAM,
+            "stream_name": contract.EVENTS_STREAM,
             "config": {
                 "name": name,
                 **durable,
@@ -470,14 +473,14 @@ def hijack(name: str, *, nameless: bool = False) -> bytes:
 async def test_read_only_users_cannot_delete_or_recreate_a_services_durable(connect: Connect, user: str) -> None:
     led = await ledger_durable(connect)
     ro = await connect(user)
-    s, d = bus.EVENTS_STREAM, LEDGER_DURABLE
+    s, d = contract.EVENTS_STREAM, LEDGER_DURABLE
     await refused_request(ro, f"$JS.API.CONSUMER.DELETE.{s}.{d}")
     await refused_request(ro, f"$JS.API.CONSUMER.CREATE.{s}.{d}", hijack(d))
     await refused_request(ro, f"$JS.API.CONSUMER.CREATE.{s}.{d}.vmquota.ev.nothing.>", hijack(d))
     await refused_request(ro, f"$JS.API.CONSUMER.DURABLE.CREATE.{s}.{d}", hijack(d))
     await refused_request(ro, f"$JS.API.CONSUMER.MSG.NEXT.{s}.{d}", b'{"batch": 1}')
     info = await led.js.consumer_info(s, d)
-    assert info.config.filter_subject == bus.events_filter() and info.delivered.stream_seq == 0
+    assert info.config.filter_subject == contract.events_filter() and info.delivered.stream_seq == 0
 
 
 async def test_subscriber_cannot_rewrite_a_durable_through_the_nameless_create(connect: Connect) -> None:
@@ -486,24 +489,26 @@ async def test_subscriber_cannot_rewrite_a_durable_through_the_nameless_create(c
     the subscriber."""
     led = await ledger_durable(connect)
     sub = await connect("subscriber")
-    await refused_request(sub, f"$JS.API.CONSUMER.CREATE.{bus.EVENTS_STREAM}", hijack(LEDGER_DURABLE, nameless=True))
-    info = await led.js.consumer_info(bus.EVENTS_STREAM, LEDGER_DURABLE)
-    assert info.config.filter_subject == bus.events_filter()
+    await refused_request(
+        sub, f"$JS.API.CONSUMER.CREATE.{contract.EVENTS_STREAM}", hijack(LEDGER_DURABLE, nameless=True)
+    )
+    info = await led.js.consumer_info(contract.EVENTS_STREAM, LEDGER_DURABLE)
+    assert info.config.filter_subject == contract.events_filter()
 
 
 async def test_subscriber_manages_only_its_own_durable(connect: Connect) -> None:
     await watcher_publishes(connect)
     sub = await connect("subscriber")
     pull = await sub.js.pull_subscribe(
-        "vmquota.ev.>", durable="subscriber", stream=bus.EVENTS_STREAM, config=ConsumerConfig(ack_wait=30)
+        "vmquota.ev.>", durable="subscriber", stream=contract.EVENTS_STREAM, config=ConsumerConfig(ack_wait=30)
     )
     msgs = await pull.fetch(3, timeout=5)
     for m in msgs:
         await m.ack_sync()
-    assert (await sub.js.consumer_info(bus.EVENTS_STREAM, "subscriber")).num_ack_pending == 0
-    assert await sub.js.delete_consumer(bus.EVENTS_STREAM, "subscriber")
+    assert (await sub.js.consumer_info(contract.EVENTS_STREAM, "subscriber")).num_ack_pending == 0
+    assert await sub.js.delete_consumer(contract.EVENTS_STREAM, "subscriber")
     sub.clean()
-    await refused_request(sub, f"$JS.API.CONSUMER.DURABLE.CREATE.{bus.EVENTS_STREAM}.billing", b"{}")
+    await refused_request(sub, f"$JS.API.CONSUMER.DURABLE.CREATE.{contract.EVENTS_STREAM}.billing", b"{}")
 
 
 async def until(condition: Callable[[], bool], within: float) -> None:
@@ -521,7 +526,9 @@ async def test_a_durable_replay_rewrote_is_repaired(server: SecuredServer, conne
         url=server.url, user="ledger", password=server.passwords["ledger"], name="test-ledger", consumer_check=0.5
     )
     ledger = await Bus.connect(opts, connect_timeout=5)
-    c = PullConsumer(ledger, stream=bus.EVENTS_STREAM, durable=LEDGER_DURABLE, filter_subjects=[bus.events_filter()])
+    c = PullConsumer(
+        ledger, stream=contract.EVENTS_STREAM, durable=LEDGER_DURABLE, filter_subjects=[contract.events_filter()]
+    )
     seen: list[str] = []
 
     async def read() -> None:
@@ -533,7 +540,7 @@ async def test_a_durable_replay_rewrote_is_repaired(server: SecuredServer, conne
         await until(lambda: len(seen) >= 3, 10)
         rep = await connect("replay")
         answer = await rep.nc.request(
-            f"$JS.API.CONSUMER.CREATE.{bus.EVENTS_STREAM}", hijack(LEDGER_DURABLE, nameless=True), timeout=5
+            f"$JS.API.CONSUMER.CREATE.{contract.EVENTS_STREAM}", hijack(LEDGER_DURABLE, nameless=True), timeout=5
         )
         assert json.loads(answer.data).get("config", {}).get("filter_subject") == "vmquota.ev.nothing.>", answer.data
         w = await connect("watcher")
@@ -614,7 +621,7 @@ async def per_cluster(tmp_path: Path) -> AsyncIterator[Connect]:
 
 
 def cluster_event(cluster: str, uid: str, kind: str = "ResourceQuota") -> tuple[str, bytes]:
-    ev = bus.object_event(
+    ev = contract.object_event(
         "upserted",
         cluster=cluster,
         kind="VirtualMachineInstance",
@@ -624,45 +631,45 @@ def cluster_event(cluster: str, uid: str, kind: str = "ResourceQuota") -> tuple[
         rv="1",
         snapshot=VmiSnapshot(uid=uid, namespace="tenant-a", name=uid, resource_version="1"),
     )
-    return bus.event_subject(cluster, kind, "tenant-a"), bus.encode(ev)
+    return contract.event_subject(cluster, kind, "tenant-a"), contract.encode(ev)
 
 
 async def test_a_clusters_watcher_publishes_only_its_clusters_events(per_cluster: Connect) -> None:
     wa = await per_cluster("watcher-cluster-a")
-    await wa.js.add_stream(stream_config(bus.EVENTS_STREAM))
+    await wa.js.add_stream(stream_config(contract.EVENTS_STREAM))
     subject, data = cluster_event("cluster-a", "u1")
-    assert (await wa.js.publish(subject, data)).stream == bus.EVENTS_STREAM
+    assert (await wa.js.publish(subject, data)).stream == contract.EVENTS_STREAM
     wa.clean()
     subject, data = cluster_event("cluster-b", "u2")
     await wa.nc.publish(subject, data)
     await wa.denied("publish", subject)
     await wa.nc.publish("vmquota.ev.cluster-b.>", b"")  # (a wildcard is no subject to publish to either)
-    assert (await wa.js.stream_info(bus.EVENTS_STREAM)).state.messages == 1
+    assert (await wa.js.stream_info(contract.EVENTS_STREAM)).state.messages == 1
 
     wb = await per_cluster("watcher-cluster-b")
-    assert (await wb.js.publish(subject, data)).stream == bus.EVENTS_STREAM
-    await wb.nc.publish(bus.event_subject("cluster-a", "Pod", "tenant-a"), b"{}")
+    assert (await wb.js.publish(subject, data)).stream == contract.EVENTS_STREAM
+    await wb.nc.publish(contract.event_subject("cluster-a", "Pod", "tenant-a"), b"{}")
     await wb.denied("publish", "vmquota.ev.cluster-a.tenant-a.pod")
 
 
 async def test_a_clusters_enforcer_reads_and_decides_only_for_its_cluster(per_cluster: Connect) -> None:
     wa, wb = await per_cluster("watcher-cluster-a"), await per_cluster("watcher-cluster-b")
-    await wa.js.add_stream(stream_config(bus.EVENTS_STREAM))
+    await wa.js.add_stream(stream_config(contract.EVENTS_STREAM))
     for w, cluster in ((wa, "cluster-a"), (wb, "cluster-b")):
         subject, data = cluster_event(cluster, f"q-{cluster}")
         await w.js.publish(subject, data)
     led = await per_cluster("ledger")
-    await led.js.add_stream(stream_config(bus.USAGE_STREAM))
+    await led.js.add_stream(stream_config(contract.USAGE_STREAM))
     for cluster in ("cluster-a", "cluster-b"):
-        await led.js.publish(bus.usage_subject(cluster, "tenant-a"), cluster.encode())
+        await led.js.publish(contract.usage_subject(cluster, "tenant-a"), cluster.encode())
 
     ea = await per_cluster("enforcer-cluster-a")
-    await ea.js.add_stream(stream_config(bus.DECISIONS_STREAM))
+    await ea.js.add_stream(stream_config(contract.DECISIONS_STREAM))
     # the enforcer's own consumers, as services/enforcer/service.py names and filters them
     b = Bus(ea.nc)
     for kind, stream, filter_ in (
-        ("quotas", bus.EVENTS_STREAM, "vmquota.ev.cluster-a.*.resourcequota"),
-        ("usage", bus.USAGE_STREAM, "vmquota.usage.cluster-a.>"),
+        ("quotas", contract.EVENTS_STREAM, "vmquota.ev.cluster-a.*.resourcequota"),
+        ("usage", contract.USAGE_STREAM, "vmquota.usage.cluster-a.>"),
     ):
         c = PullConsumer(b, stream=stream, durable=f"enforcer-cluster-a-{kind}", filter_subjects=[filter_])
         async with asyncio.timeout(10):
@@ -671,17 +678,19 @@ async def test_a_clusters_enforcer_reads_and_decides_only_for_its_cluster(per_cl
                     assert len(batch) == 1
                     break
         await c.close()
-    assert (await ea.js.publish(bus.decision_subject("cluster-a", "tenant-a"), b"{}")).stream == bus.DECISIONS_STREAM
+    assert (
+        await ea.js.publish(contract.decision_subject("cluster-a", "tenant-a"), b"{}")
+    ).stream == contract.DECISIONS_STREAM
     ea.clean()
 
-    await ea.nc.publish(bus.decision_subject("cluster-b", "tenant-a"), b"{}")
+    await ea.nc.publish(contract.decision_subject("cluster-b", "tenant-a"), b"{}")
     await ea.denied("publish", "vmquota.quota.cluster-b.tenant-a")
     other = "$JS.API.CONSUMER.CREATE.VMQUOTA_USAGE.enforcer-cluster-a-usage.vmquota.usage.cluster-b.>"
     await refused_request(ea, other, b"{}")  # its durable, on another cluster's usage
     await refused_request(ea, "$JS.API.CONSUMER.CREATE.VMQUOTA_USAGE.enforcer-cluster-b-usage.vmquota.usage.>", b"{}")
-    await refused_request(ea, f"$JS.API.CONSUMER.DELETE.{bus.EVENTS_STREAM}.enforcer-cluster-b-quotas")
-    await refused_request(ea, f"$JS.API.CONSUMER.DELETE.{bus.EVENTS_STREAM}.{LEDGER_DURABLE}")
-    await refused_request(ea, f"$JS.API.CONSUMER.CREATE.{bus.EVENTS_STREAM}", b"{}")
+    await refused_request(ea, f"$JS.API.CONSUMER.DELETE.{contract.EVENTS_STREAM}.enforcer-cluster-b-quotas")
+    await refused_request(ea, f"$JS.API.CONSUMER.DELETE.{contract.EVENTS_STREAM}.{LEDGER_DURABLE}")
+    await refused_request(ea, f"$JS.API.CONSUMER.CREATE.{contract.EVENTS_STREAM}", b"{}")
 
 
 # ---- the operator commands under the shipped users -------------------------------------------------------------

@@ -22,7 +22,7 @@ from cryptography.x509.oid import NameOID
 
 from services.devtools.natsserver import NatsServer
 from services.platform.bus import Bus, NatsOptions
-from shared import bus
+from shared import contract
 
 pytestmark = pytest.mark.integration
 
@@ -117,9 +117,9 @@ async def test_services_connect_with_tls_and_the_ca(tls_server: TlsServer) -> No
     )
     b = await Bus.connect(opts, connect_timeout=5)
     try:
-        await b.ensure_streams(bus.streams_for("watcher"))
+        await b.ensure_streams(contract.streams_for("watcher"))
         ack = await b.publish("vmquota.ev.c1.ns.pod", b"{}")
-        assert ack.stream == bus.EVENTS_STREAM
+        assert ack.stream == contract.EVENTS_STREAM
         assert b.nc.connected_url is not None and b.nc.connected_url.scheme == "tls"
     finally:
         await b.close()

@@ -35,9 +35,9 @@ from services.platform.runner import Config, Health, Metrics, Runtime
 from services.watcher.kube import Timeouts
 from services.watcher.main import Tuning, serve
 from services.watcher.watcher import WatcherConfig
-from shared import bus as contract
+from shared import contract
 from shared.backoff import Backoff
-from shared.bus import Deleted, Sync, Upserted
+from shared.contract import Deleted, Sync, Upserted
 from shared.ledger import Ledger, PartitionSet
 from shared.snapshot import KubeVirtSnapshot
 from tests.conftest import NatsServer

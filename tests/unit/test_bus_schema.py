@@ -10,24 +10,24 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared import bus
+from shared import contract
 from shared.errors import InvalidInput
 from shared.quantity import Quantity
 from shared.snapshot import SNAPSHOT_TYPES, PodSnapshot
 
 labels = st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?\Z", fullmatch=True)
-kinds = st.sampled_from(sorted(bus.KIND_TOKENS))
+kinds = st.sampled_from(sorted(contract.KIND_TOKENS))
 rvs = st.integers(min_value=0, max_value=2**62).map(str)
 uids = st.uuids().map(str)
 
 
-def _snapshot(kind: str, name: str, ns: str) -> bus.Snapshot:
+def _snapshot(kind: str, name: str, ns: str) -> contract.Snapshot:
     extra: dict[str, Any] = {"vmi_name": "vm"} if kind == "VirtualMachineInstanceMigration" else {}
     snap = SNAPSHOT_TYPES[kind](name=name, namespace="" if kind == "Namespace" else ns, **extra)
     return snap  # type: ignore[return-value]
 
 
-def _pod_event(**kw: object) -> bus.Upserted | bus.Deleted:
+def _pod_event(**kw: object) -> contract.Upserted | contract.Deleted:
     args: dict[str, object] = {
         "cluster": "east-1",
         "kind": "Pod",
@@ -38,13 +38,13 @@ def _pod_event(**kw: object) -> bus.Upserted | bus.Deleted:
         "snapshot": PodSnapshot(name="virt-launcher-vm1-abcde", namespace="tenant-a", phase="Running"),
     }
     args.update(kw)
-    return bus.object_event("upserted", **args)  # type: ignore[arg-type]
+    return contract.object_event("upserted", **args)  # type: ignore[arg-type]
 
 
 @given(cluster=labels, ns=labels, kind=kinds, uid=uids, rv=rvs, deleted=st.booleans())
 def test_object_event_round_trip(cluster: str, ns: str, kind: str, uid: str, rv: str, deleted: bool) -> None:
     name = ns if kind == "Namespace" else "obj"
-    ev = bus.object_event(
+    ev = contract.object_event(
         "deleted" if deleted else "upserted",
         cluster=cluster,
         kind=kind,
@@ -55,32 +55,32 @@ def test_object_event_round_trip(cluster: str, ns: str, kind: str, uid: str, rv:
         snapshot=_snapshot(kind, name, ns),
         time="2026-01-01T00:00:00.000Z",
     )
-    back = bus.decode_event(bus.encode(ev))
+    back = contract.decode_event(contract.encode(ev))
     assert back == ev
-    assert type(back) is (bus.Deleted if deleted else bus.Upserted)
+    assert type(back) is (contract.Deleted if deleted else contract.Upserted)
     assert back.id == f"{cluster}/{kind}/{uid}/{rv}/{'deleted' if deleted else 'upserted'}"
-    subject = bus.event_subject(cluster, kind, ns)
-    parsed = bus.parse_event_subject(subject)
+    subject = contract.event_subject(cluster, kind, ns)
+    parsed = contract.parse_event_subject(subject)
     assert parsed.cluster == cluster and parsed.kind == kind
-    assert parsed.namespace == (bus.CLUSTER_TOKEN if kind in bus.CLUSTER_SCOPED_KINDS else ns)
+    assert parsed.namespace == (contract.CLUSTER_TOKEN if kind in contract.CLUSTER_SCOPED_KINDS else ns)
 
 
 @given(cluster=labels, ns=labels, kind=kinds, rv=rvs, present=st.lists(uids, max_size=5))
 def test_sync_round_trip(cluster: str, ns: str, kind: str, rv: str, present: list[str]) -> None:
-    ev = bus.sync_event(cluster=cluster, kind=kind, namespace=ns, rv=rv, present=present)
-    back = bus.decode_event(bus.encode(ev))
-    assert isinstance(back, bus.Sync) and back == ev
+    ev = contract.sync_event(cluster=cluster, kind=kind, namespace=ns, rv=rv, present=present)
+    back = contract.decode_event(contract.encode(ev))
+    assert isinstance(back, contract.Sync) and back == ev
     assert back.present == sorted(present)
-    token = bus.CLUSTER_TOKEN if kind in bus.CLUSTER_SCOPED_KINDS else ns
+    token = contract.CLUSTER_TOKEN if kind in contract.CLUSTER_SCOPED_KINDS else ns
     assert back.namespace == token
     assert back.id == f"{cluster}/{kind}/ns={token}/{rv}/sync"
 
 
 def test_wire_names_are_camel_case_and_tagged_by_type() -> None:
-    doc = json.loads(bus.encode(_pod_event()))
+    doc = json.loads(contract.encode(_pod_event()))
     assert doc["type"] == "io.vmquota.event.upserted"
     assert doc["resourceVersion"] == "1042"
-    assert doc["schema"] == bus.SCHEMA
+    assert doc["schema"] == contract.SCHEMA
     assert "resource_version" not in doc
 
 
@@ -89,24 +89,24 @@ def test_snapshot_quantities_travel_as_canonical_strings() -> None:
         name="virt-launcher-vm1-abcde", namespace="tenant-a", requests={"memory": Quantity.parse("1024Mi")}
     )
     ev = _pod_event(snapshot=snap)
-    raw = bus.encode(ev)
+    raw = contract.encode(ev)
     assert json.loads(raw)["snapshot"]["requests"] == {"memory": "1Gi"}
-    back = bus.decode_event(raw)
-    assert isinstance(back, bus.Upserted) and back.snapshot == snap
+    back = contract.decode_event(raw)
+    assert isinstance(back, contract.Upserted) and back.snapshot == snap
     assert isinstance(back.snapshot, PodSnapshot) and back.snapshot.requests["memory"] == Quantity.parse("1Gi")
 
 
 def test_unknown_fields_are_allowed() -> None:
-    doc = json.loads(bus.encode(_pod_event()))
+    doc = json.loads(contract.encode(_pod_event()))
     doc["addedLater"] = {"x": 1}
-    back = bus.decode_event(json.dumps(doc).encode())
-    assert isinstance(back, bus.Upserted) and back.uid == "7d3f1a0e-0000-4000-8000-000000000001"
+    back = contract.decode_event(json.dumps(doc).encode())
+    assert isinstance(back, contract.Upserted) and back.uid == "7d3f1a0e-0000-4000-8000-000000000001"
 
 
 @pytest.mark.parametrize(
     ("change", "needle"),
     [
-        ({"schema": bus.SCHEMA + 1}, "schema version"),
+        ({"schema": contract.SCHEMA + 1}, "schema version"),
         ({"cluster": "East_1"}, "cluster id"),
         ({"kind": "Secret"}, "unknown kind"),
         ({"resourceVersion": "abc"}, "resourceVersion"),
@@ -120,65 +120,65 @@ def test_unknown_fields_are_allowed() -> None:
     ],
 )
 def test_invalid_events_name_the_field(change: dict[str, object], needle: str) -> None:
-    doc = json.loads(bus.encode(_pod_event()))
+    doc = json.loads(contract.encode(_pod_event()))
     doc.update(change)
     with pytest.raises(InvalidInput) as e:
-        bus.decode_event(json.dumps(doc).encode())
+        contract.decode_event(json.dumps(doc).encode())
     assert needle in str(e.value)
 
 
 def test_not_json_is_invalid_input() -> None:
     with pytest.raises(InvalidInput, match="not a JSON event"):
-        bus.decode_event(b"\x00garbage")
+        contract.decode_event(b"\x00garbage")
 
 
 @pytest.mark.parametrize("cluster", ["", "A", "-a", "a-", "a.b", "a" * 64, "a_b", 7])
 def test_cluster_ids_must_be_dns_labels(cluster: object) -> None:
     with pytest.raises(InvalidInput) as e:
-        bus.check_cluster(cluster)
+        contract.check_cluster(cluster)
     assert e.value.where == "cluster"
     assert "DNS label" in str(e.value)
 
 
 def test_subjects() -> None:
-    assert bus.event_subject("c1", "VirtualMachineInstance", "ns") == "vmquota.ev.c1.ns.vmi"
-    assert bus.event_subject("c1", "Namespace", "ns") == "vmquota.ev.c1._cluster.namespace"
-    assert bus.event_subject("c1", "KubeVirt", "kubevirt") == "vmquota.ev.c1._cluster.kubevirt"
-    assert bus.usage_subject("c1", "ns") == "vmquota.usage.c1.ns"
-    assert bus.decision_subject("c1", "ns") == "vmquota.quota.c1.ns"
-    assert bus.dlq_subject("ledger") == "vmquota.dlq.ledger"
-    assert bus.events_filter("c1") == "vmquota.ev.c1.>"
+    assert contract.event_subject("c1", "VirtualMachineInstance", "ns") == "vmquota.ev.c1.ns.vmi"
+    assert contract.event_subject("c1", "Namespace", "ns") == "vmquota.ev.c1._cluster.namespace"
+    assert contract.event_subject("c1", "KubeVirt", "kubevirt") == "vmquota.ev.c1._cluster.kubevirt"
+    assert contract.usage_subject("c1", "ns") == "vmquota.usage.c1.ns"
+    assert contract.decision_subject("c1", "ns") == "vmquota.quota.c1.ns"
+    assert contract.dlq_subject("ledger") == "vmquota.dlq.ledger"
+    assert contract.events_filter("c1") == "vmquota.ev.c1.>"
     with pytest.raises(InvalidInput):
-        bus.usage_subject("c1", "a.b")
+        contract.usage_subject("c1", "a.b")
     with pytest.raises(InvalidInput):
-        bus.parse_event_subject("vmquota.ev.c1.ns.secret")
+        contract.parse_event_subject("vmquota.ev.c1.ns.secret")
 
 
 def test_every_stream_owns_its_subjects() -> None:
-    specs = bus.streams(events_max_age=3600.0)
+    specs = contract.streams(events_max_age=3600.0)
     subjects = [s for spec in specs for s in spec.subjects]
     assert len(subjects) == len(set(subjects))
     by_name = {s.name: s for s in specs}
-    assert by_name[bus.EVENTS_STREAM].max_age == 3600.0
-    assert by_name[bus.EVENTS_STREAM].duplicate_window <= 3600.0
-    assert by_name[bus.USAGE_STREAM].max_msgs_per_subject == 1
+    assert by_name[contract.EVENTS_STREAM].max_age == 3600.0
+    assert by_name[contract.EVENTS_STREAM].duplicate_window <= 3600.0
+    assert by_name[contract.USAGE_STREAM].max_msgs_per_subject == 1
 
 
 @pytest.mark.parametrize(
     ("text", "seconds"), [("30d", 30 * 86400.0), ("1h30m", 5400.0), ("500ms", 0.5), ("90", 90.0), ("2w", 1209600.0)]
 )
 def test_parse_duration(text: str, seconds: float) -> None:
-    assert bus.parse_duration(text) == seconds
+    assert contract.parse_duration(text) == seconds
 
 
 @pytest.mark.parametrize("text", ["", "x", "10y", "-5", "5d3", "d"])
 def test_parse_duration_rejects(text: str) -> None:
     with pytest.raises(InvalidInput):
-        bus.parse_duration(text)
+        contract.parse_duration(text)
 
 
 def test_usage_decision_and_dead_letter_round_trip() -> None:
-    usage = bus.UsageSnapshot(
+    usage = contract.UsageSnapshot(
         id="u",
         source="vmquota/ledger/c1",
         subject="ns",
@@ -186,42 +186,44 @@ def test_usage_decision_and_dead_letter_round_trip() -> None:
         cluster="c1",
         namespace="ns",
         seq=42,
-        quotas={"q": bus.QuotaTerms(mode="VirtualResources", used={"requests.memory": "16Gi"}, reserved={"pods": "1"})},
-        vms=[bus.VmState(name="vm1", state="refused", refused_by={"q": ["requests.memory"]})],
-        migrations=[bus.MigrationState(name="mig", vmi="vm1", phase="Scheduling", reserved={"pods": "1"})],
+        quotas={
+            "q": contract.QuotaTerms(mode="VirtualResources", used={"requests.memory": "16Gi"}, reserved={"pods": "1"})
+        },
+        vms=[contract.VmState(name="vm1", state="refused", refused_by={"q": ["requests.memory"]})],
+        migrations=[contract.MigrationState(name="mig", vmi="vm1", phase="Scheduling", reserved={"pods": "1"})],
     )
-    assert bus.decode_usage(bus.encode(usage)) == usage
-    decision = bus.Decision(
+    assert contract.decode_usage(contract.encode(usage)) == usage
+    decision = contract.Decision(
         id="d", source="s", subject="ns/q", time="t", cluster="c1", namespace="ns", quota="q", mode="VmiPodUsage"
     )
-    assert bus.decode_decision(bus.encode(decision)) == decision
-    letter = bus.DeadLetter(
+    assert contract.decode_decision(contract.encode(decision)) == decision
+    letter = contract.DeadLetter(
         id="x", source="s", subject="s", time="t", cluster="c1", service="ledger", reason="r", payload=b"\xff\x00"
     )
-    raw = bus.encode(letter)
+    raw = contract.encode(letter)
     assert json.loads(raw)["payload"] == "/wA="  # base64 on the wire: any payload survives
-    assert bus.decode_dead_letter(raw) == letter
+    assert contract.decode_dead_letter(raw) == letter
     with pytest.raises(InvalidInput):
-        bus.decode_usage(b"{}")
+        contract.decode_usage(b"{}")
 
 
 @given(st.text(max_size=2000))
 def test_a_dead_letter_reason_header_is_one_line_of_at_most_512_characters(reason: str) -> None:
-    letter, headers = bus.dead_letter("ledger", reason, cluster="c1", original_subject="vmquota.ev.c1.a.pod")
+    letter, headers = contract.dead_letter("ledger", reason, cluster="c1", original_subject="vmquota.ev.c1.a.pod")
     header = headers["Vmquota-Reason"]
     assert "\n" not in header and "\r" not in header and len(header) <= 512
     assert header == reason[:512].replace("\r", " ").replace("\n", " ")
     assert letter.reason == reason, "the letter keeps the whole reason"
-    assert bus.decode_dead_letter(bus.encode(letter)) == letter
+    assert contract.decode_dead_letter(contract.encode(letter)) == letter
 
 
 def test_a_dead_letter_names_what_it_is_about() -> None:
-    letter, _ = bus.dead_letter(
+    letter, _ = contract.dead_letter(
         "enforcer", "bad", cluster="c1", original_subject="vmquota.usage.c1.a", stream="S", stream_seq=7, msg_id="m"
     )
     assert (letter.id, letter.source, letter.subject) == ("m", "vmquota/enforcer/c1", "vmquota.usage.c1.a")
     assert (letter.service, letter.stream, letter.stream_seq) == ("enforcer", "S", 7)
-    other, _ = bus.dead_letter("watcher", "bad", subject="a/vm1", time="2026-01-01T00:00:00Z")
+    other, _ = contract.dead_letter("watcher", "bad", subject="a/vm1", time="2026-01-01T00:00:00Z")
     assert other.subject == "a/vm1" and other.source == "vmquota/watcher/-"
     assert other.id == "dlq/watcher/-/2026-01-01T00:00:00Z", "no deduplication id: one made from the time"
 
@@ -243,4 +245,4 @@ def test_structs_are_immutable() -> None:
 def test_snapshot_must_describe_the_object_the_event_names(snapshot: PodSnapshot, field: str) -> None:
     """A snapshot of another object would be folded under the wrong key: refused with the field named."""
     with pytest.raises(InvalidInput, match=field):
-        bus.decode_event(bus.encode(_pod_event(snapshot=snapshot)))
+        contract.decode_event(contract.encode(_pod_event(snapshot=snapshot)))

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.devtools.simcluster.patch import merge_patch
-from shared import bus
+from shared import contract
 from shared import enforcement as enf
 from shared.enforcement import (
     BUDGET_ANNOTATION,
@@ -61,16 +61,16 @@ def snap(raw: dict[str, Any]) -> QuotaSnapshot:
     return s
 
 
-def terms(budget: dict[str, str], hard: dict[str, str], mode: str = "VmiPodUsage", **kw: Any) -> bus.QuotaTerms:
-    return bus.QuotaTerms(mode=mode, budget=budget, hard=hard, **kw)
+def terms(budget: dict[str, str], hard: dict[str, str], mode: str = "VmiPodUsage", **kw: Any) -> contract.QuotaTerms:
+    return contract.QuotaTerms(mode=mode, budget=budget, hard=hard, **kw)
 
 
 def usage(
-    quotas: dict[str, bus.QuotaTerms] | None = None,
-    migrations: list[bus.MigrationState] | None = None,
+    quotas: dict[str, contract.QuotaTerms] | None = None,
+    migrations: list[contract.MigrationState] | None = None,
     seq: int = 7,
-) -> bus.UsageSnapshot:
-    return bus.UsageSnapshot(
+) -> contract.UsageSnapshot:
+    return contract.UsageSnapshot(
         id=f"c1/usage/{NS}/{seq}",
         source="vmquota/ledger/c1",
         subject=NS,
@@ -101,7 +101,9 @@ def adopted(budget: dict[str, str], hard: dict[str, str], **kw: Any) -> dict[str
     return raw_quota(hard, annotations=ann, **kw)
 
 
-MIGRATING = [bus.MigrationState(name="mig-1", vmi="vm1", state="pending", reserved={"limits.memory": "17405661185"})]
+MIGRATING = [
+    contract.MigrationState(name="mig-1", vmi="vm1", state="pending", reserved={"limits.memory": "17405661185"})
+]
 
 
 # ---- adoption --------------------------------------------------------------------------------------------------
@@ -400,9 +402,9 @@ def test_human_quantity(amount: str, resource: str, text: str) -> None:
 def test_reason_names_several_migrations_and_resources() -> None:
     raw = adopted({"limits.memory": "4000Mi", "limits.cpu": "3"}, {"limits.memory": "4000Mi", "limits.cpu": "3"})
     migs = [
-        bus.MigrationState(name="m2", vmi="vm2", state="pending", reserved={"limits.cpu": "1"}),
-        bus.MigrationState(name="m1", vmi="vm1", state="pending", reserved={"limits.cpu": "1"}),
-        bus.MigrationState(name="m3", vmi="vm3", state="queued"),
+        contract.MigrationState(name="m2", vmi="vm2", state="pending", reserved={"limits.cpu": "1"}),
+        contract.MigrationState(name="m1", vmi="vm1", state="pending", reserved={"limits.cpu": "1"}),
+        contract.MigrationState(name="m3", vmi="vm3", state="queued"),
     ]
     u = usage(
         {
@@ -438,7 +440,7 @@ def test_event_and_decision_bodies() -> None:
         {"limits.memory": "82432Mi"},
         {"limits.memory": "64Gi"},
     )
-    assert bus.decode_decision(bus.encode(d)) == d
+    assert contract.decode_decision(contract.encode(d)) == d
     dry = enf.decision(p, cluster="c1", dry_run=True)
     assert dry.dry_run and dry.id.startswith("c1/decision/q-uid-1/10/dry-run-")
 
@@ -459,7 +461,7 @@ lists = st.dictionaries(st.sampled_from(RESOURCES), amounts, max_size=4)
 
 
 @st.composite
-def quota_states(draw: st.DrawFn) -> tuple[dict[str, Any], bus.UsageSnapshot | None]:
+def quota_states(draw: st.DrawFn) -> tuple[dict[str, Any], contract.UsageSnapshot | None]:
     """Any state a quota can be in: labelled or not, adopted or not, foreign-written or not, any usage."""
     hard = draw(lists)
     labels = draw(st.sampled_from([MANAGED, {}, {MANAGED_LABEL: "false"}]))
@@ -484,7 +486,7 @@ def quota_states(draw: st.DrawFn) -> tuple[dict[str, Any], bus.UsageSnapshot | N
 
 @settings(max_examples=300, deadline=None)
 @given(quota_states())
-def test_plan_reaches_a_fixed_point_in_one_write(state: tuple[dict[str, Any], bus.UsageSnapshot | None]) -> None:
+def test_plan_reaches_a_fixed_point_in_one_write(state: tuple[dict[str, Any], contract.UsageSnapshot | None]) -> None:
     raw, u = state
     p = enf.plan(snap(raw), u)
     if not p.changes:
@@ -502,7 +504,7 @@ def test_plan_reaches_a_fixed_point_in_one_write(state: tuple[dict[str, Any], bu
 @settings(max_examples=200, deadline=None)
 @given(quota_states(), st.booleans())
 def test_what_is_written_does_not_depend_on_memory_of_the_past(
-    state: tuple[dict[str, Any], bus.UsageSnapshot | None], remember: bool
+    state: tuple[dict[str, Any], contract.UsageSnapshot | None], remember: bool
 ) -> None:
     """A restarted enforcer (no previous usage) writes exactly what a running one writes; only the words differ."""
     raw, u = state
@@ -519,7 +521,7 @@ def test_what_is_written_does_not_depend_on_memory_of_the_past(
 def test_a_usage_snapshot_may_not_ask_for_more_than_budget_pods_and_reserved() -> None:
     """``hard = k * max(B - U, 0) + P - D + S`` with ``k <= 1``: anything above ``B + P + S`` is no result of the
     equation (a forged snapshot), and a resource outside the budget is not either."""
-    ok = bus.QuotaTerms(
+    ok = contract.QuotaTerms(
         mode="VmiPodUsage",
         budget={"limits.memory": "64Gi"},
         pods={"limits.memory": "70Gi"},
@@ -579,7 +581,7 @@ def test_a_tenants_many_long_migration_names_do_not_grow_the_usage_annotation() 
     short (five names, then a count), so a tenant cannot grow the quota object with them."""
     raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "64Gi"})
     many = [
-        bus.MigrationState(
+        contract.MigrationState(
             name=f"m{i:02d}-" + "x" * 196, vmi=f"vm{i}", state="pending", reserved={"limits.memory": "1Gi"}
         )
         for i in range(40)
@@ -591,7 +593,7 @@ def test_a_tenants_many_long_migration_names_do_not_grow_the_usage_annotation() 
 
 
 def test_a_refused_vm_is_told_which_vms_hold_the_budget_largest_first_and_at_most_five_by_name() -> None:
-    from shared.bus import VmState
+    from shared.contract import VmState
     from shared.enforcement import vm_refused_event
 
     holders = [

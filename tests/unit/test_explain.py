@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from shared import bus
+from shared import contract
 from shared.explain import migration_timeline, vm_timeline
 from shared.snapshot import EventSnapshot, MigrationState, PodSnapshot, VmimSnapshot, VmiSnapshot
 
@@ -21,7 +21,7 @@ def ms(second: int) -> str:
 
 
 def ev(kind: str, name: str, uid: str, rv: int, snapshot: Any, second: int, *, deleted: bool = False) -> Any:
-    return bus.object_event(
+    return contract.object_event(
         "deleted" if deleted else "upserted",
         cluster="c1",
         kind=kind,
@@ -62,8 +62,8 @@ def refusal(uid: str, count: int, second: int) -> Any:
     return ev("Event", f"vm1.{uid}", uid, 100 + second, snap, second)
 
 
-def decision(reason: str, second: int) -> bus.Decision:
-    return bus.Decision(
+def decision(reason: str, second: int) -> contract.Decision:
+    return contract.Decision(
         id=f"d{second}", source="vmquota/enforcer/c1", subject=f"{NS}/compute", time=at(second), cluster="c1",
         namespace=NS, quota="compute", mode="VmiPodUsage", reason=reason,
     )  # fmt: skip
@@ -116,9 +116,9 @@ def test_a_migrations_timeline_lists_its_steps_in_time_order_with_what_belongs_t
 
 
 def test_a_vms_timeline_and_the_ledgers_current_view() -> None:
-    usage = bus.UsageSnapshot(
+    usage = contract.UsageSnapshot(
         id="u", source="vmquota/ledger/c1", subject=NS, time=at(40), cluster="c1", namespace=NS, seq=9,
-        vms=[bus.VmState(name="vm1", state="refused", reason="does not fit: 64Gi of 64Gi used",
+        vms=[contract.VmState(name="vm1", state="refused", reason="does not fit: 64Gi of 64Gi used",
                          refused_by={"compute": ["limits.memory"]})],
     )  # fmt: skip
     gone = ev("VirtualMachineInstance", "vm1", "vmi-uid", 9, None, 35, deleted=True)

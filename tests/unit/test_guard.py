@@ -7,14 +7,16 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared import bus, guard
+from shared import contract, guard
 from shared.snapshot import QuotaSnapshot, normalize
 
 NS = "t1"
 
 
-def usage(vms: list[bus.VmState], migrations: list[bus.MigrationState], hard: str = "64Gi") -> bus.UsageSnapshot:
-    return bus.UsageSnapshot(
+def usage(
+    vms: list[contract.VmState], migrations: list[contract.MigrationState], hard: str = "64Gi"
+) -> contract.UsageSnapshot:
+    return contract.UsageSnapshot(
         id=f"c1/usage/{NS}/1",
         source="vmquota/ledger/c1",
         subject=NS,
@@ -23,7 +25,7 @@ def usage(vms: list[bus.VmState], migrations: list[bus.MigrationState], hard: st
         namespace=NS,
         seq=1,
         quotas={
-            "compute": bus.QuotaTerms(
+            "compute": contract.QuotaTerms(
                 mode="VmiPodUsage", budget={"limits.memory": "64Gi"}, hard={"limits.memory": hard}
             )
         },
@@ -46,15 +48,17 @@ def quota(spec: str, status: str) -> QuotaSnapshot:
 
 
 VMS = [
-    bus.VmState(name="vm1", uid="u1", state="running"),
-    bus.VmState(name="vm2", uid="u2", state="admitted"),
-    bus.VmState(name="vm3", uid="u3", state="refused"),
-    bus.VmState(name="vm4", uid="u4", state="running"),
+    contract.VmState(name="vm1", uid="u1", state="running"),
+    contract.VmState(name="vm2", uid="u2", state="admitted"),
+    contract.VmState(name="vm3", uid="u3", state="refused"),
+    contract.VmState(name="vm4", uid="u4", state="running"),
 ]
 MIGRATIONS = [
-    bus.MigrationState(name="m1", vmi="vm1", state="pending"),
-    bus.MigrationState(name="m4", vmi="vm4", state="not-tried"),
-    bus.MigrationState(name="m3", vmi="vm3", state="pending"),  # (its VM is refused: listed by VMI uid all the same)
+    contract.MigrationState(name="m1", vmi="vm1", state="pending"),
+    contract.MigrationState(name="m4", vmi="vm4", state="not-tried"),
+    contract.MigrationState(
+        name="m3", vmi="vm3", state="pending"
+    ),  # (its VM is refused: listed by VMI uid all the same)
 ]
 
 
@@ -78,7 +82,7 @@ def test_holders_are_admitted_vms_and_reserved_migration_targets() -> None:
 
 def test_a_quota_stops_carrying_a_reservation_only_once_admission_checks_the_lower_hard() -> None:
     before = guard.holders(usage(VMS, MIGRATIONS))
-    after = usage([bus.VmState(name="vm1", uid="u1", state="running")], [])
+    after = usage([contract.VmState(name="vm1", uid="u1", state="running")], [])
     # spec.hard lowered to what the new snapshot asks, but status.hard (what admission checks) not yet
     assert guard.carried(before, quota("64Gi", "80Gi"), after) == before
     # synced: only what the snapshot holds
@@ -90,6 +94,6 @@ def test_a_quota_stops_carrying_a_reservation_only_once_admission_checks_the_low
 
 @given(st.lists(st.sampled_from(["running", "admitted", "refused", "stopped"]), max_size=6))
 def test_every_admitted_vm_is_a_holder(states: list[str]) -> None:
-    vms = [bus.VmState(name=f"vm{i}", uid=f"u{i}", state=s) for i, s in enumerate(states)]
+    vms = [contract.VmState(name=f"vm{i}", uid=f"u{i}", state=s) for i, s in enumerate(states)]
     held = guard.holders(usage(vms, []))
     assert {h.uid for h in held} == {v.uid for v in vms if v.state == "admitted"}

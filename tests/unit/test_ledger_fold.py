@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared import bus
-from shared.bus import Deleted, Sync, Upserted
+from shared import contract
+from shared.contract import Deleted, Sync, Upserted
 from shared.errors import InvalidInput
 from shared.ledger import CLUSTER_WIDE, Ledger, NamespaceState, Outcome, PartitionSet, partition_of
 from shared.quantity import Quantity
@@ -19,7 +19,7 @@ from shared.snapshot import SNAPSHOT_TYPES
 Event = Upserted | Deleted | Sync
 
 
-def make_snapshot(kind: str, uid: str, rv: int, ns: str, name: str, **fields: Any) -> bus.Snapshot:
+def make_snapshot(kind: str, uid: str, rv: int, ns: str, name: str, **fields: Any) -> contract.Snapshot:
     extra: dict[str, Any] = {"vmi_name": "vm"} if kind == "VirtualMachineInstanceMigration" else {}
     namespace = "" if kind == "Namespace" else ns
     snap = SNAPSHOT_TYPES[kind](name=name, namespace=namespace, uid=uid, resource_version=str(rv), **extra, **fields)
@@ -28,7 +28,7 @@ def make_snapshot(kind: str, uid: str, rv: int, ns: str, name: str, **fields: An
 
 def up(uid: str, rv: int, ns: str = "a", kind: str = "Pod", cluster: str = "c1", **fields: Any) -> Upserted:
     name = ns if kind == "Namespace" else f"{kind.lower()}-{uid}"
-    ev = bus.object_event(
+    ev = contract.object_event(
         "upserted",
         cluster=cluster,
         kind=kind,
@@ -45,7 +45,7 @@ def up(uid: str, rv: int, ns: str = "a", kind: str = "Pod", cluster: str = "c1",
 
 def down(uid: str, rv: int, ns: str = "a", kind: str = "Pod", cluster: str = "c1") -> Deleted:
     name = ns if kind == "Namespace" else f"{kind.lower()}-{uid}"
-    ev = bus.object_event(
+    ev = contract.object_event(
         "deleted", cluster=cluster, kind=kind, namespace=ns, name=name, uid=uid, rv=str(rv), snapshot=None, time="t"
     )
     assert isinstance(ev, Deleted)
@@ -53,7 +53,7 @@ def down(uid: str, rv: int, ns: str = "a", kind: str = "Pod", cluster: str = "c1
 
 
 def sync(present: list[str], rv: int, ns: str = "a", kind: str = "Pod", cluster: str = "c1") -> Sync:
-    return bus.sync_event(cluster=cluster, kind=kind, namespace=ns, rv=str(rv), present=present, time="t")
+    return contract.sync_event(cluster=cluster, kind=kind, namespace=ns, rv=str(rv), present=present, time="t")
 
 
 def fold(events: list[Event], ledger: Ledger | None = None, start: int = 1) -> Ledger:

@@ -6,7 +6,7 @@ import msgspec
 from prometheus_client import CollectorRegistry
 
 from services.enforcer.quota_metrics import QuotaMetrics, base_units
-from shared import bus as contract
+from shared import contract
 
 
 def snapshot(seq: int, quotas: dict[str, contract.QuotaTerms], namespace: str = "tenant-a") -> contract.UsageSnapshot:

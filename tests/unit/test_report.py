@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from shared import bus as contract
-from shared import report
+from shared import contract, report
 from shared.quantity import Quantity
 
 

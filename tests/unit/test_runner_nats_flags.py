@@ -9,7 +9,7 @@ import pytest
 
 from services.cli.main import build_parser
 from services.platform import runner
-from shared import bus
+from shared import contract
 from shared.errors import InvalidInput
 
 
@@ -19,7 +19,7 @@ def config(*args: str) -> runner.Config:
 
 def test_defaults_are_the_contracts() -> None:
     c = config()
-    assert c.nats.stream_sizes == bus.StreamSizes()
+    assert c.nats.stream_sizes == contract.StreamSizes()
     assert c.nats.consumer_check == 30.0 and c.nats.ca is None
 
 
@@ -30,7 +30,7 @@ def test_sizes_from_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> No
     assert c.nats.stream_sizes.events == 2 * 2**30
     assert c.nats.stream_sizes.dlq == 100 * 10**6
     assert c.nats.stream_sizes.checkpoints == 256 * 2**20
-    assert c.nats.stream_sizes.usage == bus.StreamSizes().usage
+    assert c.nats.stream_sizes.usage == contract.StreamSizes().usage
 
 
 @pytest.mark.parametrize("bad", ["lots", "1.5Gi", "-1", "100", "4Gb"])

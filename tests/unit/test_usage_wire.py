@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from services.ledger.service import usage_digest
 from services.ledger.usage import _vm_state, vms_json
-from shared import bus as contract
+from shared import contract
 from shared.accounting import VmEntry
 from shared.modes import VmSize
 from shared.quantity import Quantity

@@ -23,8 +23,8 @@ from typing import Any, Final
 
 from shared.contract import Decision, UsageSnapshot
 from shared.errors import InvalidInput
-from shared.modes import Mode
 from shared.quantity import NANO, Quantity
+from shared.quota.modes import Mode
 from shared.resources import is_byte_resource
 
 _BINARY_UNITS: Final = (("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10))

@@ -10,7 +10,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from services.enforcer.quota_metrics import QuotaMetrics
 from services.enforcer.service import EnforcerMetrics
-from services.platform.runner import Metrics
+from services.platform.http import Metrics
 from services.watcher.metrics import WatcherMetrics
 
 

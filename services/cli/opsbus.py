@@ -16,7 +16,7 @@ from typing import Any
 from nats.aio.msg import Msg
 
 from services.platform.bus import NatsOptions
-from services.platform.runner import env
+from services.platform.config import env
 from shared import contract
 from shared.errors import InvalidInput
 

@@ -1,5 +1,5 @@
 """``vmquota replay``: fold ``VMQUOTA_EVENTS`` from its start up to a time (``--at``) or a stream sequence
-(``--until-seq``) with the ledger's own pure core (``shared.ledger`` and ``shared.accounting``), and print each
+(``--until-seq``) with the ledger's own pure core (``shared.ledger.fold`` and ``shared.accounting``), and print each
 managed quota as it was then: budget, use in VM terms, pods charged, reservations and the ``hard`` the quota
 equation gives.
 
@@ -23,10 +23,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from services.cli import opsbus
-from services.ledger.usage import account
 from shared import contract, report
+from shared.accounting.wire import account
 from shared.errors import InvalidInput
-from shared.ledger import Ledger
+from shared.ledger.fold import Ledger
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -25,12 +25,13 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from services.platform.inputs import cr_fields, kubevirt_fields, load_objects
-from shared.accounting import NamespaceUsage, QuotaUsage, VmEntry, account_namespace
+from shared.accounting.namespace import account_namespace
+from shared.accounting.results import NamespaceUsage, QuotaUsage, VmEntry
 from shared.errors import InvalidInput
 from shared.kubevirt import KubeVirtConfig
 from shared.kubevirt.config import profile
 from shared.kubevirt.vm import STARTING_STRATEGIES, run_strategy, vmi_from_vm
-from shared.modes import MODE_NAMES, Mode, QuotaPolicy, is_managed, parse_mode, parse_ratio
+from shared.quota.modes import MODE_NAMES, Mode, QuotaPolicy, is_managed, parse_mode, parse_ratio
 from shared.resources import ResourceList, format_resource_list
 from shared.snapshot import (
     EVENT_KIND,

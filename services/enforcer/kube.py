@@ -13,14 +13,12 @@ from typing import Any, Final, Protocol, cast
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from services.platform.kube import KubeError, Obj, call_bytes, call_object
-from shared import guard
+from shared.quota import guard
+from shared.quota.annotations import NUDGE_ANNOTATION
 
-__all__ = ["MERGE_PATCH", "NUDGE_ANNOTATION", "KubeError", "KubeQuotas", "Obj", "QuotaApi", "version_of"]
+__all__ = ["MERGE_PATCH", "KubeError", "KubeQuotas", "Obj", "QuotaApi", "version_of"]
 
 MERGE_PATCH: Final = "application/merge-patch+json"
-NUDGE_ANNOTATION: Final = "vmquota.io/retry"
-"""Written on a VMI whose launcher pod KubeVirt was refused, once vmquota made room for it: KubeVirt re-queues a
-VMI on every update, so it tries again at once instead of at the end of its backoff (up to 16 minutes)."""
 
 
 class QuotaApi(Protocol):
@@ -114,7 +112,7 @@ class KubeQuotas:
             raise
 
     async def put_reservation(self, namespace: str, body: Obj, resource_version: str) -> str:
-        """Write the namespace's QuotaReservation ``body`` (:mod:`shared.guard`) over the version the caller last
+        """Write the namespace's QuotaReservation ``body`` (:mod:`shared.quota.guard`) over the version the caller last
         read or wrote (``resource_version``; empty: it knows of none): a merge patch of its ``spec`` (lists are
         replaced whole) with that version as precondition, or a create. Another writer in between is a 409
         (:attr:`KubeError.conflict`), for a create too. Returns the new resourceVersion. RBAC: ``create``/``patch``

@@ -5,7 +5,8 @@ from __future__ import annotations
 from services.enforcer.kube import KubeQuotas
 from services.enforcer.service import Enforcer, EnforcerOptions
 from services.platform.bus import Bus
-from services.platform.runner import Runtime, kube_client, leader_elected
+from services.platform.kubeclient import kube_client
+from services.platform.runner import Runtime, leader_elected
 from shared import contract
 from shared.errors import InvalidInput
 

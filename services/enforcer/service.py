@@ -1,4 +1,4 @@
-"""The enforcer service: keep every managed ResourceQuota of one cluster at what ``shared.enforcement`` says.
+"""The enforcer service: keep every managed ResourceQuota of one cluster at what ``shared.quota.enforcement`` says.
 
 Inputs, both read from the start of their stream on every start (the enforcer keeps no state of its own):
 
@@ -8,7 +8,7 @@ Inputs, both read from the start of their stream on every start (the enforcer ke
 
 Each input marks the quotas it concerns dirty. A quota has at most one reconciliation in flight; a dirty mark that
 arrives meanwhile makes it run once more afterwards, with the latest state (per-quota coalescing: the latest
-desired state wins, nothing queues up). A reconciliation plans (pure: ``shared.enforcement.plan``) and, when the
+desired state wins, nothing queues up). A reconciliation plans (pure: ``shared.quota.enforcement.plan``) and, when the
 plan changes something, patches with a JSON merge patch carrying ``metadata.resourceVersion``. A 409 is the normal
 path under load (quota admission changes the resourceVersion with every admitted pod): plan again with a newer
 version and patch again. The newer version is the one the quota events brought while the patch was out, when they
@@ -39,12 +39,15 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from services.enforcer.kube import KubeError, Obj, QuotaApi, version_of
 from services.enforcer.quota_metrics import QuotaMetrics
 from services.platform.bus import Bus, PullConsumer, position
-from services.platform.runner import Metrics, ServiceLabelled, cancel
-from shared import contract, enforcement, guard
+from services.platform.http import Metrics, ServiceLabelled
+from services.platform.runner import cancel
+from shared import contract
 from shared.backoff import Backoff, TokenBucket
-from shared.enforcement import Plan
 from shared.errors import InvalidInput
-from shared.modes import MANAGED_LABEL, is_managed
+from shared.quota import enforcement, guard
+from shared.quota.annotations import MANAGED_LABEL
+from shared.quota.enforcement import Plan
+from shared.quota.modes import is_managed
 from shared.snapshot import QuotaSnapshot, normalize, same_content
 
 log = structlog.get_logger("vmquota.enforcer")
@@ -84,9 +87,9 @@ class EnforcerOptions:
     a ``Retry-After`` the server sent (up to ``retry_max``)."""
     retry_max: float = 10.0
     nudge_interval: float = 0.2
-    """Least seconds between two nudges of one VMI (``services.enforcer.kube.NUDGE_ANNOTATION``)."""
+    """Least seconds between two nudges of one VMI (``shared.quota.annotations.NUDGE_ANNOTATION``)."""
     reservation_guard: bool = False
-    """Write each namespace's QuotaReservation (``shared.guard``) before a raise that reserves, and shrink it once
+    """Write each namespace's QuotaReservation (``shared.quota.guard``) before a raise that reserves, and shrink it once
     no quota carries the reservation: for the optional reservation-guard policy."""
     guard_creators: tuple[str, ...] = (guard.DEFAULT_CREATOR,)
     """Who may create pods for a holder while a reservation is open (KubeVirt's virt-controller)."""
@@ -159,7 +162,7 @@ class Enforcer:
         under the same name has another uid)."""
         self._vouched: dict[str, None] = {}
         """uids of the quotas the API server returned labelled managed (a listing, a read, a patch's answer): only
-        those are set back to their budget when released (``shared.enforcement.plan``'s ``managed``)."""
+        those are set back to their budget when released (``shared.quota.enforcement.plan``'s ``managed``)."""
         self._excluded: dict[Key, None] = {}
         """Quotas in excluded namespaces, reported once each."""
         self._verify: set[Key] = set()

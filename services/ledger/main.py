@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from services.ledger.service import LedgerOptions, LedgerService
-from services.ledger.usage import account
 from services.platform.bus import Bus
 from services.platform.runner import Runtime
+from shared.accounting.wire import account
 
 
 async def main(rt: Runtime) -> None:

@@ -1,7 +1,7 @@
 """The ledger service: fold the events stream into per-namespace state, publish usage, checkpoint.
 
 Loop: fetch a batch of events in stream order (``services.platform.bus.PullConsumer``), fold each into
-``shared.ledger.Ledger`` (a malformed or unknown event goes to ``vmquota.dlq.ledger`` and is skipped), then
+``shared.ledger.fold.Ledger`` (a malformed or unknown event goes to ``vmquota.dlq.ledger`` and is skipped), then
 
 * for each changed namespace, at most every ``debounce`` seconds per namespace (at once after a quiet spell of that
   namespace; sooner for changes that end a reservation; at once, before any other namespace, for changes a migration
@@ -38,16 +38,25 @@ import structlog
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
-from services.ledger.usage import vms_json
 from services.platform.bus import AckWindow, Bus, PullConsumer, position
-from services.platform.runner import Health, Metrics
+from services.platform.http import Health, Metrics
 from shared import contract
-from shared.accounting import ACCOUNTED_KINDS, URGENT_KINDS, Urgency, Urgent, schedule, waited_for
+from shared.accounting.namespace import ACCOUNTED_KINDS
+from shared.accounting.wire import vms_json
 from shared.errors import InvalidInput
-from shared.ledger import CLUSTER_WIDE, Ledger, NamespaceState, NamespaceView, Outcome, PartitionSet, checkpoint_key
+from shared.ledger.fold import (
+    CLUSTER_WIDE,
+    Ledger,
+    NamespaceState,
+    NamespaceView,
+    Outcome,
+    PartitionSet,
+    checkpoint_key,
+)
+from shared.ledger.schedule import URGENT_KINDS, Urgency, Urgent, schedule, waited_for
 
 Accountant = Callable[[NamespaceView], contract.UsageBody]
-"""Accounting of one namespace (``shared.accounting`` through ``services.ledger.usage``)."""
+"""Accounting of one namespace (``shared.accounting`` through ``shared.accounting.wire``)."""
 
 COMPRESS_OVER = 128 * 1024
 """Checkpoints larger than this are stored zlib-compressed (prefix ``z``); JSON otherwise."""

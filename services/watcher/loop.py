@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple
 
-from shared.modes import is_managed
+from shared.quota.modes import is_managed
 from shared.snapshot import LAUNCHER_LABEL, LAUNCHER_VALUE
 
 

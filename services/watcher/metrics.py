@@ -8,7 +8,7 @@ import weakref
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from services.platform.runner import ServiceLabelled
+from services.platform.http import ServiceLabelled
 
 SERVICE = "watcher"
 

@@ -10,11 +10,12 @@ from typing import Any
 
 import msgspec
 
-from shared.accounting import account_namespace
+from shared.accounting.namespace import account_namespace
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
-from shared.modes import MANAGED_LABEL, MODE_ANNOTATION, Mode, VmSize, mode_usage
 from shared.podusage import quota_usage_of
 from shared.quantity import Quantity
+from shared.quota.annotations import MANAGED_LABEL, MODE_ANNOTATION
+from shared.quota.modes import Mode, VmSize, mode_usage
 from shared.snapshot import (
     SNAPSHOT_TYPES,
     AnySnapshot,
@@ -116,7 +117,7 @@ def namespace_objects(vms: int = 100, pods: int = 50, migrations: int = 5, pendi
 def one_change_at_a_time(objs: list[AnySnapshot], kinds: tuple[type, ...]) -> Any:
     """Replace one object of these kinds by a new version (the next in turn) on each call, as the ledger's view
     of a namespace changes by one event; returns the changing view: kind → list, a new list for the changed kind
-    only (as ``shared.ledger.NamespaceState.live`` shares a kind's list until it changes)."""
+    only (as ``shared.ledger.fold.NamespaceState.live`` shares a kind's list until it changes)."""
     kind_of = {t: kind for kind, t in SNAPSHOT_TYPES.items()}
     view: dict[str, list[AnySnapshot]] = {}
     for o in objs:

@@ -17,10 +17,10 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
 
 from services.devtools.natsserver import NatsServer
 from services.ledger.service import LedgerOptions, LedgerService
-from services.ledger.usage import account
 from services.platform.bus import Bus, NatsOptions
 from shared import contract
-from shared.ledger import Ledger, PartitionSet
+from shared.accounting.wire import account
+from shared.ledger.fold import Ledger, PartitionSet
 from shared.snapshot import normalize
 from tests.benchmarks.common import Result, rate
 

@@ -20,9 +20,9 @@ from typing import Any
 from services.devtools.simcluster.kubevirt import launcher_pod
 from services.watcher.loop import KnownSet
 from shared import contract
-from shared.accounting import ACCOUNTED_KINDS
+from shared.accounting.namespace import ACCOUNTED_KINDS
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
-from shared.ledger import Ledger, PartitionSet
+from shared.ledger.fold import Ledger, PartitionSet
 from shared.snapshot import normalize
 from tests.benchmarks.common import Result
 

@@ -46,7 +46,7 @@ from services.devtools.simcluster.store_api import ApiError, Obj, Resource, Watc
 from services.platform import logs
 from services.platform.runner import run_to_end, tune_gc
 from shared import contract
-from shared.modes import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION
+from shared.quota.annotations import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION
 from shared.snapshot import MIGRATION_JOB_LABEL
 from tests.benchmarks.common import Result
 from tests.integration.e2e import install_guard

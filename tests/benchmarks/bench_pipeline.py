@@ -29,7 +29,7 @@ from services.platform import logs
 from services.platform.bus import Bus, NatsOptions, PullConsumer, position
 from shared import contract
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
-from shared.ledger import Ledger, PartitionSet
+from shared.ledger.fold import Ledger, PartitionSet
 from shared.snapshot import normalize
 from tests.benchmarks.common import Result
 

@@ -21,7 +21,7 @@ from services.devtools.natsserver import NatsServer
 from services.platform import logs
 from services.platform.bus import Bus, NatsOptions, position
 from shared import contract
-from shared.ledger import Ledger, PartitionSet
+from shared.ledger.fold import Ledger, PartitionSet
 from tests.benchmarks.bench_memory import KINDS, events_of, vm_objects
 from tests.benchmarks.common import Result
 

@@ -27,11 +27,16 @@ from services.devtools.simcluster.cluster import SimCluster
 from services.devtools.simcluster.kubevirt import KubeVirtTiming, phase
 from services.devtools.simcluster.store_api import ApiError, Obj
 from shared import contract
-from shared.enforcement import LAST_HARD_ANNOTATION, STATUS_ANNOTATION
 from shared.errors import InvalidInput
-from shared.modes import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION
 from shared.podusage import pod_quota_usage
 from shared.quantity import ZERO, Quantity
+from shared.quota.annotations import (
+    BUDGET_ANNOTATION,
+    LAST_HARD_ANNOTATION,
+    MANAGED_LABEL,
+    MODE_ANNOTATION,
+    STATUS_ANNOTATION,
+)
 from shared.resources import ResourceList, add, format_resource_list, parse_resource_list
 from shared.snapshot import MIGRATION_JOB_LABEL
 

@@ -24,8 +24,8 @@ import pytest
 import yaml
 
 from services.cli.main import build_parser
-from services.platform import runner
 from services.platform.bus import Bus, NatsOptions
+from services.platform.config import PLANNED, SERVICES
 from shared import contract
 from tests.conftest import nats_server_binary
 from tests.integration.test_deploy import runner_env_vars
@@ -219,7 +219,7 @@ def test_the_compose_stack_starts_as_local_processes(stack: Stack, tmp_path: Pat
     """Each compose service as a local process with the compose command and environment; only addresses and paths
     are mapped (NATS URL, kubeconfig path, health ports), as the containers' network and volumes would."""
     services = compose()["services"]
-    missing = [n for n in runner.PLANNED if n not in runner.SERVICES]
+    missing = [n for n in PLANNED if n not in SERVICES]
 
     # nats: the same configuration file and passwords
     ports_dir = tmp_path / "ports"

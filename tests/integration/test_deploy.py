@@ -24,9 +24,12 @@ import yaml
 
 from services.cli.main import build_parser
 from services.platform import runner
-from shared import contract, guard, modes
-from shared.ledger import PartitionSet
+from services.platform.config import PLANNED, SERVICES, config_from_args
+from shared import contract
+from shared.ledger.fold import PartitionSet
 from shared.quantity import Quantity
+from shared.quota import guard, modes
+from shared.quota.annotations import RATIO_ANNOTATION
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -233,8 +236,10 @@ def container_env(objs: tuple[Obj, ...], container: Obj) -> dict[str, str | None
 
 
 def runner_env_vars() -> set[str]:
-    """Environment variables `vmquota run` reads (from the runner's source: every env/_env_bool call)."""
-    source = Path(runner.__file__).read_text()
+    """Environment variables `vmquota run` reads (from its flags' source: every env/_env_bool call)."""
+    from services.platform import config
+
+    source = Path(config.__file__).read_text()
     found = set(re.findall(r'\b(?:env|_env_bool)\(\s*"(VMQUOTA_[A-Z_]+)"', source))
     assert {"VMQUOTA_NATS", "VMQUOTA_CLUSTER"} <= found, "the runner no longer reads its flags this way"
     return found
@@ -523,11 +528,11 @@ def test_containers_run_the_cli_with_flags_and_env_it_reads(path: Path, monkeypa
         if "VMQUOTA_EVENTS_MAX_AGE" in filled:
             contract.parse_duration(filled["VMQUOTA_EVENTS_MAX_AGE"])
         assert filled["VMQUOTA_NATS"].startswith(("nats://", "tls://"))
-        if service in runner.SERVICES:  # the runner's own validation accepts the pod's configuration
+        if service in SERVICES:  # the runner's own validation accepts the pod's configuration
             with monkeypatch.context() as m:
                 for k, v in filled.items():
                     m.setenv(k, v)
-                config = runner.config_from_args(vmquota_parser().parse_args(c["args"]))
+                config = config_from_args(vmquota_parser().parse_args(c["args"]))
             assert config.service == service and config.nats.user == filled["VMQUOTA_NATS_USER"]
             if config.nats.url.startswith("tls://"):
                 assert config.nats.ca, "tls:// with the CA of the Secret vmquota-nats-tls"
@@ -542,8 +547,11 @@ def test_dockerfile_entrypoint_and_command_are_the_cli() -> None:
     lines = [ln for ln in re.sub(r"\\\n", " ", text).splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     stages = [i for i, ln in enumerate(lines) if ln.upper().startswith("FROM ")]
     assert len(stages) >= 2, "multi-stage: build, then a final stage without build tools"
-    final = lines[stages[-1] :]
-    assert re.match(r"FROM \$\{PYTHON_IMAGE\}\s*$|FROM python:3\.11-slim", final[0]), final[0]
+    # the default target (the last stage) is the product, on the base both targets share
+    assert re.fullmatch(r"FROM base AS product", lines[stages[-1]]), lines[stages[-1]]
+    base = next(i for i in stages if re.fullmatch(r"FROM \S+ AS base", lines[i]))
+    final = lines[base : stages[stages.index(base) + 1]] + lines[stages[-1] :]
+    assert re.match(r"FROM \$\{PYTHON_IMAGE\} AS base$|FROM python:3\.11-slim", final[0]), final[0]
     assert re.search(r"ARG PYTHON_IMAGE=python:3\.11-slim", text)
 
     def instruction(name: str) -> list[str]:
@@ -556,7 +564,7 @@ def test_dockerfile_entrypoint_and_command_are_the_cli() -> None:
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert entrypoint == ["vmquota"] and "vmquota" in scripts
     args = vmquota_parser().parse_args(cmd)
-    assert args.command == "run" and args.service in ("all", *runner.PLANNED)
+    assert args.command == "run" and args.service in ("all", *PLANNED)
     user = next(ln for ln in reversed(final) if ln.upper().startswith("USER "))
     uid = user.split()[1].split(":")[0]
     assert uid.isdigit() and int(uid) != 0, "numeric non-root user, so runAsNonRoot can verify it"
@@ -723,7 +731,7 @@ def test_examples_cover_every_mode_and_parse_as_managed_quotas() -> None:
         assert "vmquota.io/mode" in f.read_text() and f.read_text().startswith("#"), "commented for tenants"
     assert set(found) == set(modes.MODE_NAMES)
     ratio = yaml.safe_load((DEPLOY / "examples" / found["VirtualResourcesWithCPUAllocationRatio"]).read_text())
-    assert modes.RATIO_ANNOTATION in ratio["metadata"]["annotations"]
+    assert RATIO_ANNOTATION in ratio["metadata"]["annotations"]
 
 
 def test_operations_guide_documents_every_flag_and_variable() -> None:

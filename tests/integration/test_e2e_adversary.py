@@ -17,9 +17,9 @@ from typing import Any
 
 from services.devtools.simcluster.kubevirt import VMIM_ACTIVE, phase
 from services.devtools.simcluster.store_api import ApiError, Obj
-from services.enforcer.kube import NUDGE_ANNOTATION
 from shared.podusage import pod_quota_usage
 from shared.quantity import Quantity
+from shared.quota.annotations import NUDGE_ANNOTATION
 from tests.integration.e2e import (
     PATIENT_KUBEVIRT,
     SLOW_MIGRATIONS,

@@ -17,8 +17,8 @@ from services.devtools.demo.play import play
 from services.devtools.demo.scenario import builtin_scenarios
 from services.devtools.simcluster.kubevirt import KubeVirtTiming, phase
 from services.devtools.simcluster.store_api import ApiError
-from shared.enforcement import BUDGET_CHANGED
 from shared.quantity import ZERO, Quantity
+from shared.quota.enforcement import BUDGET_CHANGED
 from shared.resources import ResourceList, add, format_resource_list, parse_resource_list
 from tests.integration.e2e import SPEED, WITHIN, Pipeline, full_namespace, on, pipeline, plain_pod, rl
 

@@ -20,12 +20,14 @@ from services.devtools.simcluster.store_api import Obj
 from services.enforcer.kube import KubeQuotas
 from services.enforcer.service import Enforcer, EnforcerOptions
 from services.platform.bus import Bus, NatsOptions
+from services.platform.http import Metrics
 from services.platform.kube import KubeError
-from services.platform.runner import Metrics, cancel
-from shared import contract, guard
-from shared.enforcement import BUDGET_ANNOTATION, LAST_HARD_ANNOTATION, MANAGED_LABEL, STATUS_ANNOTATION
+from services.platform.runner import cancel
+from shared import contract
 from shared.errors import InvalidInput
 from shared.quantity import Quantity
+from shared.quota import guard
+from shared.quota.annotations import BUDGET_ANNOTATION, LAST_HARD_ANNOTATION, MANAGED_LABEL, STATUS_ANNOTATION
 from shared.snapshot import normalize
 from tests.integration.e2e import full_namespace, pipeline, rl
 

@@ -21,7 +21,7 @@ from services.ledger.service import LedgerOptions, LedgerService, usage_digest
 from services.platform.bus import Bus, NatsOptions
 from services.platform.runner import cancel
 from shared import contract
-from shared.ledger import Ledger, NamespaceView, PartitionSet
+from shared.ledger.fold import Ledger, NamespaceView, PartitionSet
 from shared.snapshot import KubeVirtSnapshot, NamespaceSnapshot, PodSnapshot
 from tests.conftest import NatsServer
 from tests.waiting import wait_until
@@ -394,7 +394,7 @@ async def test_ledger_continues_across_a_nats_server_restart(nats_server: NatsSe
 async def test_the_real_accountant_publishes_the_quota_equation_terms(nats_url: str) -> None:
     """Seed scenario 1 through the bus: three 16Gi VMs under ``limits.memory: 64Gi``, one migrating. The ledger's
     usage carries, per managed quota, what ``shared.accounting`` computes from the same objects directly."""
-    from services.ledger.usage import account
+    from shared.accounting.wire import account
     from shared.snapshot import normalize
     from tests.unit import test_accounting as acc
 
@@ -501,7 +501,7 @@ async def test_vmquota_run_ledger_serves_health_metrics_and_stops_on_sigterm(nat
             world = World(random.Random(8), ["tenant-a"])
             events = [world.next() for _ in range(20)]
             await publish(b, events)
-            from services.ledger.usage import account
+            from shared.accounting.wire import account
 
             reference, _ = expected_usage(events)
             want = {ns: usage_digest(account(reference.view(c, ns))) for c, ns in reference.namespaces()}
@@ -540,8 +540,10 @@ async def test_leader_election_runs_one_replica_at_a_time_and_hands_over(sim_api
     the leader stops, the other takes over at once: the stop releases the Lease."""
     import argparse
 
+    from services.platform.config import add_arguments, config_from_args
+    from services.platform.http import Health, Metrics
     from services.platform.lease import LeaseTiming
-    from services.platform.runner import Health, Metrics, Runtime, add_arguments, config_from_args, leader_elected
+    from services.platform.runner import Runtime, leader_elected
 
     store = sim_api.store
     await store.create(store.resource("namespaces"), {"metadata": {"name": "vmquota-system"}})
@@ -603,16 +605,10 @@ async def test_a_renewal_the_leader_never_saw_answered_does_not_keep_the_lease_f
     does not wait ``lease_duration`` for a Lease nobody works under."""
     import argparse
 
+    from services.platform.config import add_arguments, config_from_args
+    from services.platform.http import Health, Metrics
     from services.platform.lease import LeaseTiming
-    from services.platform.runner import (
-        Health,
-        Metrics,
-        Runtime,
-        add_arguments,
-        config_from_args,
-        leader_elected,
-        lease_name,
-    )
+    from services.platform.runner import Runtime, leader_elected, lease_name
 
     store = sim_api.store
     await store.create(store.resource("namespaces"), {"metadata": {"name": "vmquota-system"}})
@@ -641,8 +637,10 @@ async def test_a_failing_leader_fails_its_service(sim_api: Any) -> None:
     replica holding the lease without working."""
     import argparse
 
+    from services.platform.config import add_arguments, config_from_args
+    from services.platform.http import Health, Metrics
     from services.platform.lease import LeaseTiming
-    from services.platform.runner import Health, Metrics, Runtime, add_arguments, config_from_args, leader_elected
+    from services.platform.runner import Runtime, leader_elected
 
     store = sim_api.store
     await store.create(store.resource("namespaces"), {"metadata": {"name": "vmquota-system"}})
@@ -667,8 +665,10 @@ async def test_a_missing_lease_namespace_is_one_clear_error_and_not_ready(sim_ap
 
     from structlog.testing import capture_logs
 
+    from services.platform.config import add_arguments, config_from_args
+    from services.platform.http import Health, Metrics
     from services.platform.lease import LeaseTiming
-    from services.platform.runner import Health, Metrics, Runtime, add_arguments, config_from_args, leader_elected
+    from services.platform.runner import Runtime, leader_elected
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -20,8 +20,8 @@ import yaml
 from services.devtools.simcluster.auth import KUBEVIRT_CONTROLLER, UserInfo, acting_as
 from services.devtools.simcluster.cluster import SimCluster
 from services.devtools.simcluster.store_api import ApiError, Obj
-from shared import guard
 from shared.podusage import pod_quota_usage
+from shared.quota import guard
 from shared.resources import format_resource_list
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,7 +2,7 @@
 
 Objects are written straight into the simulator's store (no controllers run), so every event the watcher could
 publish is one the test made. A tap reads the streams with an ordered consumer and folds the events into a
-``shared.ledger.Ledger``, the consumer the watcher feeds.
+``shared.ledger.fold.Ledger``, the consumer the watcher feeds.
 """
 
 from __future__ import annotations
@@ -30,15 +30,17 @@ from nats.aio.msg import Msg
 from services.devtools.simcluster.store import Store
 from services.devtools.simcluster.store_api import Obj
 from services.platform.bus import NatsOptions
+from services.platform.config import Config
+from services.platform.http import Health, Metrics
 from services.platform.lease import LeaseTiming
-from services.platform.runner import Config, Health, Metrics, Runtime
+from services.platform.runner import Runtime
 from services.watcher.kube import Timeouts
 from services.watcher.main import Tuning, serve
 from services.watcher.watcher import WatcherConfig
 from shared import contract
 from shared.backoff import Backoff
 from shared.contract import Deleted, Sync, Upserted
-from shared.ledger import Ledger, PartitionSet
+from shared.ledger.fold import Ledger, PartitionSet
 from shared.snapshot import KubeVirtSnapshot
 from tests.conftest import NatsServer
 from tests.integration.conftest import SimApi

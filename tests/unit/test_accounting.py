@@ -18,7 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.accounting import (
+from shared.accounting.estimates import evidence_bound
+from shared.accounting.memo import Memo
+from shared.accounting.namespace import account_namespace
+from shared.accounting.results import (
     ADMITTED,
     LAUNCHER,
     MIGRATION_TARGET,
@@ -33,20 +36,15 @@ from shared.accounting import (
     TARGET_CREATED,
     WAITING,
     NamespaceUsage,
-    Urgency,
-    Urgent,
-    _Memo,
-    _Sum,
-    account_namespace,
-    evidence_bound,
-    schedule,
-    urgency,
 )
+from shared.accounting.sums import Sum
 from shared.errors import InvalidInput
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
-from shared.modes import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION, RATIO_ANNOTATION, Mode, QuotaPolicy
+from shared.ledger.schedule import Urgency, Urgent, schedule, urgency
 from shared.podusage import quota_usage_of
 from shared.quantity import Quantity
+from shared.quota.annotations import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION, RATIO_ANNOTATION
+from shared.quota.modes import Mode, QuotaPolicy
 from shared.resources import ResourceList, fits, format_resource_list, parse_resource_list
 from shared.snapshot import (
     SNAPSHOT_TYPES,
@@ -599,7 +597,7 @@ def test_a_pod_kubevirt_adopted_counts_in_full_beyond_the_rendering() -> None:
 
 
 def test_a_scoped_managed_quota_is_refused_and_never_refuses_a_vm() -> None:
-    """The enforcer refuses scoped quotas; the ledger applies the same rule (shared.modes.quota_policy), so such a
+    """The enforcer refuses scoped quotas; the ledger applies the same rule (shared.quota.modes.quota_policy), so such a
     quota never makes a VM wait: it is reported in the errors and left out of admission."""
     sel = [{"scopeName": "PriorityClass", "operator": "In", "values": ["high"]}]
     quota = quota_obj("rq", {"requests.cpu": "1"}, Mode.VIRTUAL_RESOURCES, scope_selector=sel)
@@ -1031,12 +1029,12 @@ def test_a_memoised_sum_equals_adding_in_order(data: st.DataObject, kind: str) -
     """A sum of resource lists with a memo (whole sums reused, amended after lists replaced in place, chunks
     re-summed, sums of the same lists shared within an accounting) gives what adding the lists in order gives:
     values, formats and key order, accounting after accounting."""
-    memo = _Memo(4096)
+    memo = Memo(4096)
     amounts = {"all": _AMOUNTS, "non-negative": [a for a in _AMOUNTS if a[0] != "-"], "few": _FEW_AMOUNTS}[kind]
     lists: list[ResourceList] = data.draw(st.lists(_resource_list(amounts), max_size=60))
 
     def in_order(ls: list[ResourceList]) -> ResourceList:
-        s = _Sum()
+        s = Sum()
         s.extend(ls)
         return s.result()
 
@@ -1044,7 +1042,7 @@ def test_a_memoised_sum_equals_adding_in_order(data: st.DataObject, kind: str) -
         alike: dict[Any, Any] = {}
         for slot in ("a", "b"):  # two sums of the same lists: the second from the first's total
             midway: bool = data.draw(st.booleans())
-            s = _Sum(memo, slot, alike)
+            s = Sum(memo, slot, alike)
             s.extend(lists)
             extra = lists[:2] if midway else []
             if midway:
@@ -1082,12 +1080,12 @@ def test_a_sum_after_one_list_is_replaced_is_what_adding_in_order_gives(
     def parse(rl: dict[str, str]) -> ResourceList:
         return {k: Quantity.parse(v, allow_negative=True) for k, v in rl.items()}
 
-    memo = _Memo(64)
+    memo = Memo(64)
     lists = [parse(rl) for rl in before]
     for _ in range(2):
-        s = _Sum(memo, "slot")
+        s = Sum(memo, "slot")
         s.extend(lists)
-        plain = _Sum()
+        plain = Sum()
         plain.extend(lists)
         got, want = s.result(), plain.result()
         assert _exactly(got) == _exactly(want)
@@ -1098,23 +1096,23 @@ def test_a_negative_amount_added_on_top_of_a_total_keeps_the_sum_in_order() -> N
     """A few lists added after a total was taken (as admitted VMs are), one of them negative, then more lists:
     the same as adding them all in order."""
 
-    def run(s: _Sum) -> ResourceList:
+    def run(s: Sum) -> ResourceList:
         for batch in (["1Gi"], ["-2Gi"], ["1Gi", "2k", "0", "0", "0", "0"]):
             s.extend({"memory": Quantity.parse(v, allow_negative=True)} for v in batch)
             s.get("memory")
         return s.result()
 
-    assert _exactly(run(_Sum(_Memo(64), "slot"))) == _exactly(run(_Sum()))
+    assert _exactly(run(Sum(Memo(64), "slot"))) == _exactly(run(Sum()))
 
 
 def test_sums_of_the_same_lists_share_a_total_only_while_those_lists_live() -> None:
     """Within one accounting, a sum of the very same lists as another takes its total; a list freed meanwhile (its
     memo slot evicted) cannot pass its identity on to a new list with other amounts."""
-    memo = _Memo(2)
+    memo = Memo(2)
     alike: dict[Any, Any] = {}
     base = {"cpu": Quantity.parse("1")}
     for i, v in enumerate(["1", "4", "2", "7", "3"]):
-        s = _Sum(memo, f"sum-{i}", alike)
+        s = Sum(memo, f"sum-{i}", alike)
         s.extend([base, {"cpu": Quantity.parse(v)}])  # (a fresh list each time, freed once its slot is evicted)
         assert _exactly(s.result()) == [("cpu", (1 + int(v)) * 10**9, Quantity.parse(v).format)]
 

@@ -14,17 +14,19 @@ from hypothesis import strategies as st
 
 from services.devtools.simcluster.patch import merge_patch
 from shared import contract
-from shared import enforcement as enf
-from shared.enforcement import (
+from shared.errors import InvalidInput
+from shared.quantity import Quantity
+from shared.quota import enforcement as enf
+from shared.quota.annotations import (
     BUDGET_ANNOTATION,
     LAST_HARD_ANNOTATION,
     MANAGED_LABEL,
     MODE_ANNOTATION,
+    RATIO_ANNOTATION,
     STATUS_ANNOTATION,
-    Action,
+    USAGE_ANNOTATION,
 )
-from shared.errors import InvalidInput
-from shared.quantity import Quantity
+from shared.quota.enforcement import Action
 from shared.snapshot import QuotaSnapshot, normalize
 
 NS = "tenant-a"
@@ -275,7 +277,7 @@ def test_unknown_mode_is_refused_and_an_adopted_quota_falls_back_to_its_budget()
 
 
 def test_bad_ratio_annotation_is_refused() -> None:
-    raw = raw_quota({"requests.cpu": "8"}, annotations={enf.RATIO_ANNOTATION: "0"})
+    raw = raw_quota({"requests.cpu": "8"}, annotations={RATIO_ANNOTATION: "0"})
     p = enf.plan(snap(raw), None)
     assert p.action is Action.REFUSE and "cpu-allocation-ratio" in (p.annotations[STATUS_ANNOTATION] or "")
 
@@ -547,7 +549,7 @@ def test_the_usage_annotation_rides_on_hard_writes_only() -> None:
     )
     p = enf.plan(snap(raw), usage({"compute": t}, MIGRATING))
     assert p.set_hard
-    assert p.annotations[enf.USAGE_ANNOTATION] == (
+    assert p.annotations[USAGE_ANNOTATION] == (
         "used limits.memory 49Gi/64Gi; reserved limits.memory 16.2Gi; raised for mig-1"
     )
     after = apply(raw, enf.patch_body(p))
@@ -560,7 +562,7 @@ def test_the_usage_annotation_rides_on_hard_writes_only() -> None:
     assert not enf.plan(snap(after), usage({"compute": moved}, MIGRATING)).changes, "no write of its own"
     after["metadata"]["labels"] = {}
     released = enf.plan(snap(after), None, managed=True)
-    assert released.annotations[enf.USAGE_ANNOTATION] is None
+    assert released.annotations[USAGE_ANNOTATION] is None
 
 
 def test_re_applying_the_unchanged_manifest_is_no_budget_change() -> None:
@@ -588,13 +590,13 @@ def test_a_tenants_many_long_migration_names_do_not_grow_the_usage_annotation() 
     ]
     t = terms({"limits.memory": "64Gi"}, {"limits.memory": "104Gi"}, reserved={"limits.memory": "40Gi"})
     p = enf.plan(snap(raw), usage({"compute": t}, many))
-    line = p.annotations[enf.USAGE_ANNOTATION] or ""
+    line = p.annotations[USAGE_ANNOTATION] or ""
     assert line.endswith("and 35 more") and len(line) < 1200, len(line)
 
 
 def test_a_refused_vm_is_told_which_vms_hold_the_budget_largest_first_and_at_most_five_by_name() -> None:
     from shared.contract import VmState
-    from shared.enforcement import vm_refused_event
+    from shared.quota.enforcement import vm_refused_event
 
     holders = [
         VmState(name=f"vm{i}", state="running" if i % 2 else "admitted", counts={"q": {"limits.memory": f"{i}Gi"}})

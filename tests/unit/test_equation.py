@@ -11,7 +11,7 @@ VMI's ``status.activePods``. After every step the accounting of the namespace's 
   fit is refused natively too;
 
 * with no VMs and no migrations, ``hard == B`` (for resources the mode counts at no more than the pod is charged;
-  ``P + k * (B - P)`` for the scaled ones, see ``shared.equation``);
+  ``P + k * (B - P)`` for the scaled ones, see ``shared.quota.equation``);
 * native admission (``P + p <= hard``) agrees with mode admission (``U + u <= B``) for every new VM, and a VM the
   mode refuses is refused natively even before its VMI is accounted;
 * a migration target is never refused while the namespace's VMs are unchanged;
@@ -30,12 +30,13 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from shared.accounting import ADMITTED, GROWTH_REFUSED, REFUSED, NamespaceUsage, account_namespace
-from shared.enforcement import check_hard_bound
-from shared.equation import desired_hard, scaled_headroom
+from shared.accounting.namespace import account_namespace
+from shared.accounting.results import ADMITTED, GROWTH_REFUSED, REFUSED, NamespaceUsage
 from shared.kubevirt import KubeVirtConfig
-from shared.modes import VMI_NAMES, Mode, VmSize, mode_usage
 from shared.quantity import ZERO, Quantity
+from shared.quota.enforcement import check_hard_bound
+from shared.quota.equation import desired_hard, scaled_headroom
+from shared.quota.modes import VMI_NAMES, Mode, VmSize, mode_usage
 from shared.resources import ResourceList, add, fits, maximum, parse_resource_list
 from shared.snapshot import VmiSnapshot, normalize
 from tests.unit.test_accounting import (
@@ -646,7 +647,7 @@ def test_within_charged_never_leaves_more_room_than_the_api_servers_charge_allow
     """Room against what the API server charges (``hard' - status.used``) is never more than the room ``hard``
     leaves over ``P`` (``hard - P``): pods the bus claims beyond ``status.used`` open none; when ``P`` is at most
     ``status.used``, ``hard`` is unchanged."""
-    from shared.equation import within_charged
+    from shared.quota.equation import within_charged
 
     r = "limits.memory"
     out = within_charged({r: hard}, {r: pods}, {r: charged})[r]

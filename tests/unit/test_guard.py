@@ -1,4 +1,5 @@
-"""The reservation guard's content (shared.guard): who is listed, and when a quota stops carrying a reservation."""
+"""The reservation guard's content (shared.quota.guard): who is listed, and when a quota stops carrying a
+reservation."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared import contract, guard
+from shared import contract
+from shared.quota import guard
 from shared.snapshot import QuotaSnapshot, normalize
 
 NS = "t1"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from services.platform.runner import env_proxy, kube_client
+from services.platform.kubeclient import env_proxy, kube_client
 
 KUBECONFIG = """apiVersion: v1
 kind: Config

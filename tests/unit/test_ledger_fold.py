@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from shared import contract
 from shared.contract import Deleted, Sync, Upserted
 from shared.errors import InvalidInput
-from shared.ledger import CLUSTER_WIDE, Ledger, NamespaceState, Outcome, PartitionSet, partition_of
+from shared.ledger.fold import CLUSTER_WIDE, Ledger, NamespaceState, Outcome, PartitionSet, partition_of
 from shared.quantity import Quantity
 from shared.snapshot import SNAPSHOT_TYPES
 

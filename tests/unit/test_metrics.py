@@ -10,7 +10,8 @@ import structlog
 from prometheus_client import Counter
 
 from services.enforcer.service import EnforcerMetrics
-from services.platform.runner import Health, Metrics, Runtime, ServiceLabelled
+from services.platform.http import Health, Metrics, ServiceLabelled
+from services.platform.runner import Runtime
 from services.watcher.metrics import WatcherMetrics
 from services.watcher.publisher import Item
 from services.watcher.watcher import Watcher, WatcherConfig

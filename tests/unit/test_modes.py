@@ -11,11 +11,9 @@ from hypothesis import strategies as st
 
 from shared.errors import InvalidInput
 from shared.kubevirt import cpu_request
-from shared.modes import (
-    BUDGET_ANNOTATION,
-    MANAGED_LABEL,
-    MODE_ANNOTATION,
-    RATIO_ANNOTATION,
+from shared.quantity import Quantity
+from shared.quota.annotations import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION, RATIO_ANNOTATION
+from shared.quota.modes import (
     VMI_NAMES,
     Mode,
     ScopeRequirement,
@@ -25,7 +23,6 @@ from shared.modes import (
     pod_factor,
     quota_policy,
 )
-from shared.quantity import Quantity
 from shared.resources import format_resource_list, parse_resource_list
 
 Q = Quantity.parse

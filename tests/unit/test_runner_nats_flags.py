@@ -9,12 +9,14 @@ import pytest
 
 from services.cli.main import build_parser
 from services.platform import runner
+from services.platform.config import Config, config_from_args
+from services.platform.http import Health, Metrics
 from shared import contract
 from shared.errors import InvalidInput
 
 
-def config(*args: str) -> runner.Config:
-    return runner.config_from_args(build_parser().parse_args(["run", "ledger", *args]))
+def config(*args: str) -> Config:
+    return config_from_args(build_parser().parse_args(["run", "ledger", *args]))
 
 
 def test_defaults_are_the_contracts() -> None:
@@ -46,7 +48,7 @@ def test_consumer_check_and_ca(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("VMQUOTA_NATS_CA", str(ca))
     c = config("--nats-consumer-check", "1m")
     assert c.nats.consumer_check == 60.0 and c.nats.ca == str(ca)
-    rt = runner.Runtime(name="ledger", config=c, metrics=runner.Metrics(), health=runner.Health())
+    rt = runner.Runtime(name="ledger", config=c, metrics=Metrics(), health=Health())
     opts = rt.nats_options()
     assert (opts.ca, opts.consumer_check, opts.stream_sizes, opts.name) == (
         str(ca),

@@ -9,11 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.ledger.service import usage_digest
-from services.ledger.usage import _vm_state, vms_json
 from shared import contract
-from shared.accounting import VmEntry
-from shared.modes import VmSize
+from shared.accounting.results import VmEntry
+from shared.accounting.wire import _vm_state, vms_json
 from shared.quantity import Quantity
+from shared.quota.modes import VmSize
 
 names = st.text("abcxyz-0123456789", min_size=1, max_size=8)
 amounts = st.dictionaries(
@@ -76,10 +76,10 @@ def test_namespace_sums_beyond_int64_are_saturated_and_reported_not_refused() ->
     """Two pods charged 5Ei each add up past what Kubernetes can represent: the usage snapshot carries the largest
     value it can, says so, and still passes the enforcer's checks (it used to be dead-lettered, freezing the
     namespace's ``hard``); ``hard`` falls back to the budget, which opens no room."""
-    from services.ledger.usage import account
-    from shared.enforcement import check_usage
-    from shared.ledger import NamespaceView
+    from shared.accounting.wire import account
+    from shared.ledger.fold import NamespaceView
     from shared.quantity import MAX_NANOS
+    from shared.quota.enforcement import check_usage
     from shared.snapshot import normalize
     from tests.unit import test_accounting as acc
 

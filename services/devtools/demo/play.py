@@ -24,8 +24,8 @@ from services.devtools.demo.scenario import UNMANAGED, Scenario
 from services.devtools.simcluster.cluster import SimCluster
 from services.devtools.simcluster.kubevirt import KubeVirtTiming
 from services.devtools.simcluster.store_api import ApiError, Obj, Resource, WatchType
-from shared.modes import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION, RATIO_ANNOTATION
 from shared.quantity import Quantity
+from shared.quota.annotations import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION, RATIO_ANNOTATION
 from shared.resources import ResourceList, format_resource_list, parse_resource_list
 from shared.snapshot import MIGRATION_JOB_LABEL
 
@@ -320,10 +320,11 @@ class VmquotaStack:
             await asyncio.gather(*(self.start_service(name) for name in SERVICE_NAMES))
             return
         from services.platform import runner
+        from services.platform.config import config_from_args
 
         p = argparse.ArgumentParser()
         runner.add_arguments(p)
-        config = runner.config_from_args(p.parse_args(self._argv("all", 0)))
+        config = config_from_args(p.parse_args(self._argv("all", 0)))
         ready = asyncio.Event()
         self._task = asyncio.create_task(runner.serve(config, ready=lambda _port: ready.set(), stop=self._stop))
         waiter = asyncio.create_task(ready.wait())

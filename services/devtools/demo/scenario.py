@@ -19,8 +19,8 @@ from services.platform.inputs import yaml_problem
 from shared.errors import InvalidInput
 from shared.kubevirt import profile
 from shared.kubevirt.config import positive_ratio
-from shared.modes import parse_mode, parse_ratio
 from shared.quantity import Quantity
+from shared.quota.modes import parse_mode, parse_ratio
 from shared.resources import ResourceList, parse_resource_list
 
 UNMANAGED = "unmanaged"

@@ -32,7 +32,9 @@ from typing import Final
 from shared.errors import InvalidInput
 from shared.kubevirt.render import cpu_request as kubevirt_cpu_request
 from shared.quantity import Format, Quantity
+from shared.quota.annotations import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION, RATIO_ANNOTATION
 from shared.resources import ResourceList, is_quota_resource_name, parse_resource_list
+from shared.snapshot import QuotaSnapshot
 
 
 class Mode(StrEnum):
@@ -164,15 +166,6 @@ def pod_factor(
 
 # ---- a managed quota's policy ----------------------------------------------------------------------------------
 
-MANAGED_LABEL: Final = "vmquota.io/managed"
-"""Label that opts a ResourceQuota in (value ``"true"``)."""
-MODE_ANNOTATION: Final = "vmquota.io/mode"
-"""Annotation naming the accounting mode (default ``VmiPodUsage``)."""
-RATIO_ANNOTATION: Final = "vmquota.io/cpu-allocation-ratio"
-"""Annotation: the quota's own CPU allocation ratio for ``VirtualResourcesWithCPUAllocationRatio``."""
-BUDGET_ANNOTATION: Final = "vmquota.io/budget"
-"""Annotation holding the budget ``B`` as a JSON map of resource names to quantities."""
-
 
 @dataclass(frozen=True, slots=True)
 class ScopeRequirement:
@@ -283,3 +276,25 @@ def quota_policy(
             f"{ref}: {scope_field}",
         )
     return QuotaPolicy(name=name, mode=mode, budget=budget, cpu_allocation_ratio=ratio)
+
+
+# ---- a quota snapshot's policy ---------------------------------------------------------------------------------
+
+
+def quota_scopes(q: QuotaSnapshot) -> tuple[ScopeRequirement, ...]:
+    out = [ScopeRequirement(s) for s in q.scopes]
+    out += [ScopeRequirement(s.scope_name, s.operator, tuple(s.values)) for s in q.scope_selector]
+    return tuple(out)
+
+
+def policy_of(q: QuotaSnapshot) -> QuotaPolicy | None:
+    """The policy of a managed quota snapshot (None when not opted in); InvalidInput on bad annotations."""
+    return quota_policy(
+        q.name,
+        q.labels,
+        q.annotations,
+        q.spec_hard,
+        quota_scopes(q),
+        ref=q.ref,
+        scope_field="spec.scopes" if q.scopes else "spec.scopeSelector",
+    )

@@ -1,7 +1,6 @@
-"""The ledger's accountant: ``shared.accounting.account_namespace`` on a namespace view, as a bus ``UsageBody``.
-
-Accounting itself lives in ``shared/accounting.py``; this only feeds it the namespace's latest snapshots (and the
-cluster's KubeVirt CR) and renders the result in the wire form (canonical quantity strings).
+"""The accounting of a namespace view as a bus ``UsageBody`` (what the ledger publishes and ``vmquota replay``
+prints): :func:`~shared.accounting.namespace.account_namespace` fed with the view's latest snapshots (and the
+cluster's KubeVirt CR), its result rendered in the wire form (canonical quantity strings).
 """
 
 from __future__ import annotations
@@ -12,8 +11,9 @@ from datetime import UTC, datetime
 import msgspec
 
 from shared import contract
-from shared.accounting import VmEntry, account_namespace
-from shared.ledger import NamespaceView
+from shared.accounting.namespace import account_namespace
+from shared.accounting.results import VmEntry
+from shared.ledger.fold import NamespaceView
 from shared.quantity import Quantity
 from shared.resources import format_resource_list, saturated
 

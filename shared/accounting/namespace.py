@@ -1,65 +1,45 @@
-"""A namespace's usage as a pure function of the objects in it.
-
-:func:`account_namespace` takes the snapshots of one namespace (VMIs, migrations, pods, ResourceQuotas, the
-Namespace, FailedCreate events; VMs are accepted and ignored) and returns, for every managed quota:
-
-* ``U`` — accounted usage: each VM counted once in the quota's mode (running VMs always; pending VMs only when
-  admitted), every non-VM pod at its pod usage, and the hotplug growth of pending migrations;
-* ``P`` — pod usage: what the native evaluator charges the namespace's pods (``shared.podusage``);
-* ``S`` — reservations, in pod terms: the launcher pod of each admitted VM whose pod does not exist yet, and the
-  target pod of each pending migration;
-* ``hard`` — the equation (``shared.equation``) applied to them;
-
-plus every VM (running, admitted, refused, stopped), pod and migration with what it counts and why.
-
-Rules (``docs/accounting.md`` explains them):
-
-* a VM is *running* while it has a non-terminal launcher pod; running VMs always count, at the per-resource
-  maximum of their launcher pods (source and target during a migration) and any pending target estimate;
-* pending VMs are admitted in creation order (then name, uid): admitted iff ``U + u <= B`` for every natively
-  enforced resource of every managed quota (managed quotas are unscoped); an admitted VM adds ``u`` to ``U`` and its
-  launcher pod estimate to ``S``;
-* estimates: the renderer's launcher pod for the VMI (the published overhead when KubeVirt published it), with the
-  ``requested:`` amounts of the VMI's latest quota refusals (FailedCreate events) replacing the estimated ones;
-  a migration target: the source pod's usage plus the hotplug growth, at least the rendering of the current spec,
-  refusal amounts again replacing the estimate;
-* only the oldest active migration of a VMI reserves a target; the others queue behind it (KubeVirt runs one at
-  a time per VMI);
-* launcher pods of a VMI that is not in the set count as non-VM pods (their resources are in use); terminal
-  launcher pods count what the evaluator still charges them (``count/pods``);
-* the result does not depend on the order of the input: objects are sorted, duplicates keep the newest version.
-
-Only the kinds in :data:`ACCOUNTED_KINDS` are read.
-"""
+"""The accounting of one namespace: :func:`account_namespace` (the package's docstring has the rules)."""
 
 from __future__ import annotations
 
-import copy
-import math
-from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from enum import IntEnum
 from fractions import Fraction
-from itertools import compress, islice
-from operator import is_not
-from typing import Any, Final, cast
+from typing import Any, Final
 
-from shared.equation import desired_hard, in_mode_terms
-from shared.errors import InvalidInput
-from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
-from shared.kubevirt.config import fallback_note
-from shared.modes import (
-    QuotaPolicy,
-    ScopeRequirement,
-    VmSize,
-    mode_usage,
-    pod_factor,
-    quota_policy,
+from shared.accounting.estimates import Renderer, current_size, evidence_bound, widened
+from shared.accounting.memo import config_of, memo_of
+from shared.accounting.results import (
+    ADMITTED,
+    GROWTH_REFUSED,
+    LAUNCHER,
+    MIGRATION_TARGET,
+    NON_VM,
+    NOT_TRIED,
+    ORPHAN_LAUNCHER,
+    PENDING,
+    QUEUED,
+    REFUSED,
+    RUNNING,
+    STOPPED,
+    TARGET_CREATED,
+    WAITING,
+    MigrationEntry,
+    NamespaceUsage,
+    PodEntry,
+    QuotaUsage,
+    VmEntry,
 )
-from shared.podusage import counts_for_compute, quota_usage_of
-from shared.quantity import ZERO, Format, Quantity
-from shared.resources import ResourceList, add, growth, is_byte_resource, maximum, minimum, nonzero, second_largest
+from shared.accounting.sums import Sum, SumValue
+from shared.errors import InvalidInput
+from shared.kubevirt import KubeVirtConfig, NamespaceFacts
+from shared.kubevirt.config import fallback_note
+from shared.podusage import counts_for_compute
+from shared.quantity import Quantity
+from shared.quota.equation import desired_hard, in_mode_terms
+from shared.quota.modes import QuotaPolicy, VmSize, mode_usage, pod_factor, policy_of
+from shared.resources import ResourceList, add, growth, maximum, minimum, nonzero, second_largest
 from shared.snapshot import (
     EVENT_KIND,
     KUBEVIRT_KIND,
@@ -75,7 +55,6 @@ from shared.snapshot import (
     Snapshot,
     VmimSnapshot,
     VmiSnapshot,
-    encode,
 )
 from shared.vmi import VM_KIND, VMI_KIND, VMIM_KIND
 
@@ -90,308 +69,9 @@ _ONE: Final = Quantity.from_int(1)
 _CLUSTER_SCOPED: Final = frozenset({NAMESPACE_KIND, KUBEVIRT_KIND})
 """Kinds every namespace's accounting reads, whatever their namespace."""
 
-URGENT_KINDS: Final[frozenset[str]] = frozenset({VMIM_KIND, VMI_KIND, EVENT_KIND, QUOTA_KIND, POD_KIND})
-"""The kinds :func:`urgency` may find urgent."""
-
-
-class Urgent(IntEnum):
-    """How soon the ledger accounts a namespace after a change of one of its objects (:func:`urgency`)."""
-
-    NO = 0
-    """At the namespace's debounce: nothing waits for the change."""
-    SOON = 1
-    """After a short delay that gathers such changes: a reservation ends (a migration or a VMI ends or goes, a VMI
-    changes phase) or a VMI's ``status.activePods`` changes, so ``hard`` comes down, but nothing waits for it."""
-    NOW = 2
-    """At once, before other namespaces: a migration or a VM waits for the reservation this starts or corrects (a
-    migration appears or becomes active, KubeVirt reports it was refused a migration's target or a VMI's launcher
-    pod, a VMI appears or changes size, a quota refusal brings new amounts, a
-    quota appears, goes or changes what accounting reads of it: its policy, or which resources ``spec.hard`` names,
-    not the enforcer's own writes of ``spec.hard`` values and its annotations; a pod that is not a launcher pod
-    appears: quota admission may have let it into room ``hard`` holds for a reservation, and ``hard`` must make
-    room again)."""
-
-
-def urgency(old: Snapshot | None, new: Snapshot | None) -> Urgent:
-    """How soon a change of one object (``old`` → ``new``; None: absent) must be accounted: see :class:`Urgent`.
-    A migration's progress through its active phases changes no reservation (the target pod's appearance ends it,
-    and adds as much to ``P``); neither does a launcher pod (above all: it ends a reservation but adds as much to
-    ``P``, so ``hard`` stays), a pod's update nor a quota's status. See :class:`Urgency` for repeated refusals."""
-    obj = new if new is not None else old
-    if obj is None:
-        return Urgent.NO
-    if isinstance(obj, PodSnapshot):  # (the bulk of a stream: the common case first)
-        if obj.is_launcher or (old is not None and new is not None):
-            return Urgent.NO
-        return Urgent.NOW if new is not None else Urgent.SOON
-    if isinstance(obj, VmimSnapshot):  # a reservation starts with a migration and ends when it is no longer active
-        if not isinstance(new, VmimSnapshot):
-            return Urgent.SOON
-        if not isinstance(old, VmimSnapshot) or old.active != new.active:
-            return Urgent.NOW if new.active else Urgent.SOON
-        if new.rejected_by_quota and not old.rejected_by_quota:
-            return Urgent.NOW  # KubeVirt was refused the target: room for it is made now, and only now
-        return Urgent.NOW if old.vmi_name != new.vmi_name else Urgent.NO
-    if isinstance(obj, QuotaSnapshot):  # (the enforcer's own writes, of spec.hard and its annotations, are not)
-        if not isinstance(old, QuotaSnapshot) or not isinstance(new, QuotaSnapshot):
-            return Urgent.NOW
-        return Urgent.NOW if _quota_terms(old) != _quota_terms(new) else Urgent.NO
-    if isinstance(obj, VmiSnapshot):
-        if not isinstance(new, VmiSnapshot):
-            return Urgent.SOON
-        if not isinstance(old, VmiSnapshot) or _vmi_size(old) != _vmi_size(new):
-            return Urgent.NOW
-        if new.pod_refused and not old.pod_refused:
-            return Urgent.NOW  # KubeVirt was refused the launcher pod: its refusal amounts now count, a nudge waits
-        if old.active_pods != new.active_pods:
-            return Urgent.SOON  # a pod became (or stopped being) a launcher pod: U and D change
-        return Urgent.SOON if (old.phase, old.deletion_timestamp) != (new.phase, new.deletion_timestamp) else Urgent.NO
-    if isinstance(obj, EventSnapshot):
-        if not isinstance(old, EventSnapshot) or not isinstance(new, EventSnapshot):
-            if not obj.quota_refusal:
-                return Urgent.NO
-            return Urgent.NOW if new is not None else Urgent.SOON  # a correction; or one that goes
-        return Urgent.NOW if (old.quota_name, old.requested) != (new.quota_name, new.requested) else Urgent.NO
-    return Urgent.NO
-
-
-Key = tuple[str, str]
-"""(cluster, namespace)."""
-
-
-def waited_for(changed: Collection[Key], urgent: Mapping[Key, Urgent]) -> list[Key]:
-    """The changed namespaces a migration or a VM waits for (an ``Urgent.NOW`` change), in ``urgent``'s order (that
-    of their first urgent change)."""
-    return [k for k, level in urgent.items() if level is Urgent.NOW and k in changed]
-
-
-def schedule(
-    changed: Collection[Key],
-    urgent: Mapping[Key, Urgent],
-    accounted_at: Mapping[Key, float],
-    now: float,
-    *,
-    debounce: float,
-    soon: float,
-) -> tuple[list[Key], float | None]:
-    """Which changed namespaces to account now, in order, and the seconds until the next of the others is due
-    (None: none waits). ``urgent``: the highest urgency of each namespace's changes since it was last accounted
-    (``accounted_at``, the same clock as ``now``; never: due at once), in the order of their first urgent change.
-
-    A namespace is due ``debounce`` seconds after it was last accounted, ``soon`` seconds after (at most
-    ``debounce``) for an ``Urgent.SOON`` change, at once for an ``Urgent.NOW`` one. While any namespace has an
-    ``Urgent.NOW`` change, only those are due (first, in ``urgent``'s order), so that the next one a migration waits
-    for is not held up behind the others, which wait for the next round (0 s) unless overdue by a whole
-    ``debounce``."""
-    first = waited_for(changed, urgent)
-    hold = -debounce if first else 0.0
-    due: list[Key] = []
-    wait: float | None = None
-    for key in changed:
-        level = urgent.get(key, Urgent.NO)
-        if level is Urgent.NOW:
-            continue
-        left = accounted_at.get(key, -math.inf) + (min(soon, debounce) if level is Urgent.SOON else debounce) - now
-        if left <= hold:
-            due.append(key)
-        else:
-            left = max(left, 0.0)
-            wait = left if wait is None else min(wait, left)
-    return first + sorted(due), wait
-
-
-class Urgency:
-    """:func:`urgency`, except that a quota refusal (a new event, or an aggregated one seen again) repeating
-    the amounts of the last refusal seen for the same VMI is not urgent: KubeVirt retries a refused pod on every
-    quota update, and each retry is an event with the same ``requested:`` amounts, which correct nothing the first
-    did not. (When a VMI is refused with the amounts of an earlier refusal, for a later migration, the correction
-    waits for the ledger's debounce.) Only the timing of accounting depends on this, never its result."""
-
-    def __init__(self, maxsize: int = 65536) -> None:
-        self._last: dict[tuple[str, str, str], tuple[str, ResourceList]] = {}
-        self._maxsize = maxsize
-
-    def __call__(self, old: Snapshot | None, new: Snapshot | None, cluster: str = "") -> Urgent:
-        """How urgent the change is; ``cluster``: where the object is (a ledger may fold several)."""
-        if not isinstance(new, EventSnapshot) or not new.quota_refusal:
-            return urgency(old, new)
-        key = (cluster, new.namespace, new.involved_uid or f"name:{new.involved_name}")
-        amounts = (new.quota_name, new.requested)
-        if self._last.get(key) == amounts:
-            return Urgent.NO
-        if len(self._last) >= self._maxsize:
-            self._last.clear()
-        self._last[key] = amounts
-        return Urgent.NOW
-
-
-def _quota_terms(q: QuotaSnapshot) -> tuple[object, ...]:
-    """What accounting reads of a quota: its policy (managed or not, mode, budget, ratio), or why it cannot
-    be managed, and which resources its ``spec.hard`` names (whether the launcher pods get automatic limits)."""
-    try:
-        policy: object = policy_of(q)
-    except InvalidInput as e:
-        policy = str(e)
-    return (policy, frozenset(q.spec_hard))
-
-
-def _vmi_size(v: VmiSnapshot) -> tuple[object, ...]:
-    """What the size of a VMI's reservation (its launcher pod's estimate, a migration target's) depends on;
-    ``spec`` is compared by identity (VMIs with the same kept spec share one dict, so an equal spec is the same
-    object)."""
-    return (
-        v.vcpus,
-        v.guest_memory,
-        v.status_vcpus,
-        v.status_guest_memory,
-        v.memory_overhead,
-        id(v.spec),  # (explicit requests and limits are in it: domain.resources is kept)
-    )
-
 
 _POD_COUNT_ONLY: Final[ResourceList] = {"count/pods": _ONE}
 """What the evaluator charges a terminal pod."""
-
-# VM states
-RUNNING: Final = "running"
-ADMITTED: Final = "admitted"
-REFUSED: Final = "refused"
-STOPPED: Final = "stopped"
-
-# pod roles
-LAUNCHER: Final = "launcher"
-MIGRATION_TARGET: Final = "migration-target"
-NON_VM: Final = "non-vm"
-ORPHAN_LAUNCHER: Final = "orphan-launcher"
-
-# migration states
-PENDING: Final = "pending"
-TARGET_CREATED: Final = "target-created"
-QUEUED: Final = "queued"
-WAITING: Final = "waiting"
-NOT_TRIED: Final = "not-tried"
-GROWTH_REFUSED: Final = "growth-refused"
-
-
-# ---- results ---------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class VmEntry:
-    name: str
-    uid: str
-    phase: str
-    state: str
-    """``running``, ``admitted`` (pending, pod reserved), ``refused`` (pending, does not fit) or ``stopped``."""
-    reason: str
-    size: VmSize
-    pod_usage: ResourceList
-    """The launcher pod usage the VM counts at (real pods, at most their rendering; else the estimate)."""
-    counts: Mapping[str, ResourceList]
-    """Per quota: what the VM adds to ``U`` (empty for a refused or stopped VM)."""
-    reserved: ResourceList = field(default_factory=dict)
-    """The launcher pod reservation (admitted VMs only)."""
-    refused_by: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    """Per quota: the resources the VM does not fit."""
-    overlap: ResourceList = field(default_factory=dict)
-    """What its pods are charged beyond the one launcher pod ``hard`` holds room for (the larger of them, at most
-    as vmquota renders it): ``D`` in the equation."""
-    unvouched: ResourceList = field(default_factory=dict)
-    """The part of ``overlap`` that is not a migration target's (a second pod with no active migration: a
-    finished migration's source, or a tenant's pod KubeVirt adopted; a third pod; a pod charged beyond the
-    rendering): it counts as used when VMs and hotplugs are admitted."""
-    pod_refused: bool = False
-    """Admitted, but KubeVirt's last try to create its launcher pod was refused (VMI condition
-    ``Synchronized=False``, reason ``FailedCreate``): KubeVirt needs a nudge to try again once there is room."""
-
-
-@dataclass(frozen=True, slots=True)
-class MigrationEntry:
-    name: str
-    uid: str
-    vmi: str
-    phase: str
-    state: str
-    """``pending`` (target reserved: KubeVirt was refused it), ``not-tried`` (no room held: KubeVirt has not been
-    refused a target pod), ``growth-refused`` (its hotplug growth does not fit), ``target-created``, ``queued``
-    (behind another migration of the VMI) or ``waiting`` (the VMI has no running launcher pod)."""
-    reason: str
-    reserved: ResourceList = field(default_factory=dict)
-    growth: ResourceList = field(default_factory=dict)
-    """Target minus source, in pod terms (hotplug)."""
-    rejected_by_quota: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class PodEntry:
-    name: str
-    uid: str
-    role: str
-    """``launcher`` (of a VM in the set), ``migration-target``, ``non-vm`` or ``orphan-launcher``."""
-    vmi: str
-    active: bool
-    """Charged for compute (not terminal, not past its deletion grace period)."""
-    charged: ResourceList
-    """What the native evaluator charges (its share of ``P``)."""
-    accounted: ResourceList
-    """What the pod adds to ``U`` itself (launcher pods: nothing, their VM counts)."""
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class QuotaUsage:
-    policy: QuotaPolicy
-    accounted: ResourceList
-    """``U``."""
-    pod_usage: ResourceList
-    """``P``."""
-    reserved: ResourceList
-    """``S``."""
-    overlap: ResourceList
-    """``D``: what VMs' pods are charged beyond the one launcher pod per VM ``hard`` holds room for."""
-    unvouched: ResourceList
-    """``X``: the part of ``D`` that is no migration's target; used when VMs are admitted (``U + X/k + u <= B``)."""
-    factors: Mapping[str, Fraction | None]
-    """``k`` per budget resource (see ``shared.equation``)."""
-    hard: ResourceList
-    over_budget: tuple[str, ...]
-    """Budget resources where ``U + X/k > B``."""
-
-
-@dataclass(frozen=True, slots=True)
-class NamespaceUsage:
-    namespace: str
-    quotas: Mapping[str, QuotaUsage]
-    vms: tuple[VmEntry, ...]
-    migrations: tuple[MigrationEntry, ...]
-    pods: tuple[PodEntry, ...]
-    errors: tuple[str, ...] = ()
-    """Problems that did not stop accounting (an invalid managed quota, a VMI the renderer cannot read)."""
-
-
-# ---- policies ----------------------------------------------------------------------------------------------------
-
-
-def quota_scopes(q: QuotaSnapshot) -> tuple[ScopeRequirement, ...]:
-    out = [ScopeRequirement(s) for s in q.scopes]
-    out += [ScopeRequirement(s.scope_name, s.operator, tuple(s.values)) for s in q.scope_selector]
-    return tuple(out)
-
-
-def policy_of(q: QuotaSnapshot) -> QuotaPolicy | None:
-    """The policy of a managed quota snapshot (None when not opted in); InvalidInput on bad annotations."""
-    return quota_policy(
-        q.name,
-        q.labels,
-        q.annotations,
-        q.spec_hard,
-        quota_scopes(q),
-        ref=q.ref,
-        scope_field="spec.scopes" if q.scopes else "spec.scopeSelector",
-    )
-
-
-# ---- helpers ---------------------------------------------------------------------------------------------------
 
 
 def _rv_key(s: Snapshot) -> tuple[int, str]:
@@ -424,48 +104,6 @@ def _order(objs: Iterable[Snapshot]) -> list[Any]:
     return sorted(objs, key=_created_key)
 
 
-_EVIDENCE_SHARE: Final = 8
-"""A refusal amount may differ from the estimate by an eighth of it ..."""
-_EVIDENCE_FLOOR_BYTES: Final = Quantity.parse("256Mi")
-"""... or by this much for byte resources (memory overhead varies by KubeVirt version and configuration) ..."""
-_EVIDENCE_FLOOR_CPU: Final = Quantity.parse("250m")
-"""... or this much for the others but counts (support containers' CPU)."""
-_COUNTS: Final = frozenset({"pods", "count/pods"})
-
-
-def evidence_bound(resource: str, estimate: Quantity) -> Quantity:
-    """How far a quota refusal's ``requested:`` amount of ``resource`` may be from the estimate and still replace
-    it: an eighth of the estimate, at least 256Mi for byte resources and 250m for others, 0 for pod counts.
-    Beyond it the amount is ignored (and reported): a tenant can write Events too."""
-    share = Quantity(estimate.nanos // _EVIDENCE_SHARE, estimate.format)
-    if resource in _COUNTS:
-        return Quantity(0, estimate.format)
-    floor = _EVIDENCE_FLOOR_BYTES if is_byte_resource(resource) else _EVIDENCE_FLOOR_CPU
-    return share if share > floor else floor
-
-
-def _unpublished(v: VmiSnapshot) -> dict[str, Any]:
-    """The VMI object without its status (and so without the overhead published for its current pod)."""
-    obj = v.as_object()
-    obj.pop("status", None)
-    return obj
-
-
-def _widened(estimate: Mapping[str, Quantity]) -> ResourceList:
-    """Each amount of ``estimate`` plus its :func:`evidence_bound`."""
-    return {r: q + evidence_bound(r, q) for r, q in estimate.items()}
-
-
-def _current_size(v: VmiSnapshot) -> VmSize:
-    """The size a VM runs at now: its status where the status says (hotplug not yet handed over), else its spec."""
-    return VmSize.of(
-        v.status_vcpus if v.status_vcpus is not None else v.vcpus,
-        v.status_guest_memory if v.status_guest_memory is not None else v.guest_memory,
-        None,
-        None,
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class _Target:
     """A migration that may reserve its target pod: the oldest active one of a VMI with a running source pod and
@@ -492,260 +130,6 @@ def _fmt(rl: Mapping[str, Quantity]) -> str:
     return ", ".join(f"{k}={rl[k]}" for k in sorted(rl)) or "nothing"
 
 
-class _Memo:
-    """Values derived from objects, one per *slot* (a VMI's estimate, a VM's entry, a namespace's pod pass, a
-    sum's chunks): only the latest version of an object is worth keeping, so the memo is as large as the live
-    objects, not as their history (which would also make every full garbage collection walk the history). A value
-    is kept with the objects it was derived from and the inputs it depends on (``key``); a hit needs an equal key
-    and the very same objects (a key of their ids: the entry keeps them alive, so no other object has those ids)
-    or objects with the same encoded form, so a reused identity with other content (a fixture, a restored object)
-    is recomputed, never served stale: a result is the same with and without the memo. Slots least recently
-    written go first when it is full."""
-
-    __slots__ = ("_latest", "_maxsize", "_next_token", "_tokens")
-
-    def __init__(self, maxsize: int) -> None:
-        self._latest: dict[Hashable, tuple[Hashable, tuple[object, ...], Any]] = {}
-        self._maxsize = maxsize
-        self._tokens: dict[Hashable, int] = {}
-        self._next_token = 0
-
-    def get_latest(self, slot: Hashable, key: Hashable, objs: tuple[Snapshot, ...] | None = None) -> Any:
-        """The value last remembered in ``slot`` if it was for ``key`` (and, given ``objs``, for the same or equal
-        objects), else :data:`_MISS`."""
-        hit = self._latest.get(slot)
-        if hit is None or hit[0] != key:
-            return _MISS
-        if objs is not None:
-            kept = hit[1]
-            if len(kept) != len(objs):
-                return _MISS
-            for a, b in zip(kept, objs, strict=True):
-                if a is not b and encode(a) != encode(b):  # type: ignore[arg-type]  # Quantity equality ignores the format: compare the wire form
-                    return _MISS
-        return hit[2]
-
-    def latest(
-        self, slot: Hashable, key: Hashable, objs: tuple[object, ...], compute: Callable[..., Any], *args: Any
-    ) -> Any:
-        """The value in ``slot`` for ``key`` (a key made of ids of ``objs``), else ``compute(*args)``, remembered."""
-        hit = self._latest.get(slot)
-        if hit is not None and hit[0] == key:
-            return hit[2]
-        found = compute(*args)
-        self.put_latest(slot, key, objs, found)
-        return found
-
-    def last(self, slot: Hashable) -> tuple[Hashable, tuple[object, ...], Any] | None:
-        """What ``slot`` holds, whatever its key: (key, objects, value)."""
-        return self._latest.get(slot)
-
-    def put_latest(self, slot: Hashable, key: Hashable, objs: tuple[object, ...], value: Any) -> None:
-        latest = self._latest
-        latest.pop(slot, None)
-        latest[slot] = (key, objs, value)
-        if len(latest) > self._maxsize:
-            del latest[next(iter(latest))]
-
-    def token(self, value: Hashable) -> int:
-        """A small number standing for ``value`` in keys (cheap to hash); never reused for another value."""
-        tokens = self._tokens
-        t = tokens.get(value)
-        if t is None:
-            if len(tokens) >= 256:
-                tokens.clear()
-            t = tokens[value] = self._next_token
-            self._next_token += 1
-        return t
-
-
-_MISS: Final = object()
-_MEMO_SIZE: Final = 65536
-"""Memo slots per KubeVirt configuration: three or four per VM (estimates, its entry, its pods' entries) and a few
-per namespace and quota; past that (some 15,000 VMs), misses only cost time."""
-_MEMO_KEY: Final = ("shared.accounting", "memo")
-"""Where the memo lives in ``KubeVirtConfig.cache``."""
-
-_config_memo: tuple[KubeVirtSnapshot, KubeVirtConfig] | None = None
-
-
-def _config_of(kv: KubeVirtSnapshot | None, memoize: bool) -> KubeVirtConfig:
-    """The configuration of a KubeVirt snapshot (KubeVirt's defaults without one); the last one is remembered so
-    that its memoised estimates survive from one accounting to the next."""
-    global _config_memo
-    if kv is None:
-        return _DEFAULT_CONFIG if memoize else KubeVirtConfig()
-    memo = _config_memo
-    if memoize and memo is not None and (memo[0] is kv or encode(memo[0]) == encode(kv)):
-        return memo[1]
-    config = KubeVirtConfig.from_cr(kv.as_object())
-    if memoize:
-        _config_memo = (kv, config)
-    return config
-
-
-_DEFAULT_CONFIG: Final = KubeVirtConfig()
-
-
-def _memo_of(config: KubeVirtConfig) -> _Memo:
-    """The memo of values derived under this configuration (kept in its cache: they depend on it)."""
-    memo = config.cache.get(_MEMO_KEY)
-    if not isinstance(memo, _Memo):
-        memo = config.cache[_MEMO_KEY] = _Memo(_MEMO_SIZE)
-    return memo
-
-
-def _facts_key(facts: NamespaceFacts) -> Hashable:
-    return (tuple(sorted(facts.labels.items())), facts.quota_has_limits_cpu, facts.quota_has_limits_memory)
-
-
-class _Renderer:
-    """Renders launcher pods of VMI snapshots for one namespace; remembers failures as errors. With ``memoize``,
-    estimates are remembered per (VMI uid, resourceVersion, namespace facts) in the configuration's cache."""
-
-    def __init__(self, config: KubeVirtConfig, facts: NamespaceFacts, memo: _Memo | None) -> None:
-        self.config = config
-        self.facts = facts
-        self.errors: list[str] = []
-        self.memo = memo
-        self.facts_key = _facts_key(facts)
-
-    def usage(self, vmi: Mapping[str, Any], ref: str) -> ResourceList | None:
-        try:
-            pod = render_launcher_pod(vmi, self.config, self.facts)
-        except InvalidInput as e:
-            self.errors.append(f"{ref}: cannot estimate its launcher pod: {e}")
-            return None
-        return quota_usage_of(pod.requests, pod.limits)
-
-    def _memoized(self, v: VmiSnapshot, what: str, compute: Callable[[], Any]) -> Any:
-        """``compute()`` and the errors it reports, remembered for this VMI snapshot."""
-        memo = self.memo
-        if memo is None:
-            return compute()
-        slot = ("vmi", v.uid or v.name, what)
-        key = (v.resource_version, v.name, self.facts_key)
-        hit = memo.get_latest(slot, key, (v,))
-        if hit is not _MISS:
-            value, errors = hit
-            self.errors.extend(errors)
-            return value
-        n = len(self.errors)
-        value = compute()
-        memo.put_latest(slot, key, (v,), (value, tuple(self.errors[n:])))
-        return value
-
-    def vmi_usage(self, v: VmiSnapshot) -> ResourceList | None:
-        """The launcher pod estimate of a VMI (None, with an error, when it cannot be rendered), with the overhead
-        KubeVirt published for its current pod when it did. Not to be changed."""
-        result: ResourceList | None = self._memoized(v, "spec", lambda: self.usage(v.as_object(), v.ref))
-        return result
-
-    def new_pod_usage(self, v: VmiSnapshot) -> ResourceList | None:
-        """The estimate of a launcher pod KubeVirt has still to create for a VMI (a migration target): rendered
-        from the spec as virt-controller renders every new pod, never with ``status.memory.memoryOverhead``, which
-        is the current pod's figure (stale after hotplug, an upgrade or a configuration change). Not to be
-        changed."""
-        if v.memory_overhead is None:
-            return self.vmi_usage(v)
-        result: ResourceList | None = self._memoized(v, "new", lambda: self.usage(_unpublished(v), v.ref))
-        return result
-
-    def hotplug_growth(self, v: VmiSnapshot) -> ResourceList:
-        """Pod-terms growth of a VMI whose spec is larger than its status (hotplug awaiting a migration)."""
-        result: ResourceList = self._memoized(v, "hotplug", lambda: self._hotplug_growth(v))
-        return dict(result)  # it goes into a MigrationEntry: not the remembered one
-
-    def _hotplug_growth(self, v: VmiSnapshot) -> ResourceList:
-        grow_cpu = v.status_vcpus is not None and v.status_vcpus < v.vcpus
-        grow_mem = (
-            v.status_guest_memory is not None and v.guest_memory is not None and v.status_guest_memory < v.guest_memory
-        )
-        if not (grow_cpu or grow_mem):
-            return {}
-        target = _unpublished(v)  # the published overhead is the source's; compute both sides alike
-        source = copy.deepcopy(target)
-        domain = source["spec"].setdefault("domain", {})
-        if grow_cpu and v.status_vcpus is not None:
-            cpu = dict(domain.get("cpu") or {})
-            per_socket = max(1, int(cpu.get("cores") or 1) * int(cpu.get("threads") or 1))
-            cpu["sockets"] = max(1, v.status_vcpus // per_socket)
-            domain["cpu"] = cpu
-        if grow_mem and v.status_guest_memory is not None:
-            memory = dict(domain.get("memory") or {})
-            memory["guest"] = v.status_guest_memory.canonical()
-            domain["memory"] = memory
-        after = self.usage(target, v.ref)
-        before = self.usage(source, v.ref)
-        if after is None or before is None:
-            return {}
-        return growth(after, before)
-
-
-_CHUNK_MAX: Final = 64
-
-
-def _summary(chunk: Sequence[Mapping[str, Quantity]]) -> _ChunkSum | None:
-    """Per resource: the sum in nanos (keys in order of first appearance), the format of the first non-zero
-    operand and that of the last operand; None when an operand is negative (then only adding in order is exact)."""
-    nanos: dict[str, int] = {}
-    first: dict[str, Format] = {}
-    last: dict[str, Format] = {}
-    for rl in chunk:
-        for k, q in rl.items():
-            n = q.nanos
-            if n < 0:
-                return None
-            nanos[k] = nanos.get(k, 0) + n
-            if n and k not in first:
-                first[k] = q.format
-            last[k] = q.format
-    return nanos, first, last
-
-
-_ChunkSum = tuple[dict[str, int], dict[str, Format], dict[str, Format]]
-_SumValue = tuple[dict[str, int], dict[str, Format], bool]
-"""A sum's total as a memo keeps it: nanos and format per resource, and whether it was added in order."""
-_ADD_MAX: Final = 4
-"""At most this many lists queued on a sum that has a total are added one by one (no chunks)."""
-_AMEND_MAX: Final = 8
-"""At most this many lists changed in place for :func:`_amended` to be tried (beyond, the chunks are cheaper)."""
-
-
-def _amended(
-    before: Sequence[object],
-    value: _SumValue,
-    now: Sequence[Mapping[str, Quantity]],
-) -> tuple[dict[str, int], dict[str, Format]] | None:
-    """The sum of ``now`` from the sum of ``before`` (``value``: nanos, formats, exact) when they are the same lists
-    but for a few replaced in place with the same resources in the same order, and the result is what adding ``now``
-    in order gives: every amount non-negative, no sum that is zero afterwards (its format is then the last
-    operand's), and no replaced operand that is or becomes the first non-zero one of its resource with another
-    format than the sum keeps. Else None: the caller sums the chunks."""
-    nanos, fmt, exact = value
-    if exact or len(before) != len(now):
-        return None
-    lists = cast(Sequence[Mapping[str, Quantity]], before)  # (a sum's memo keeps the lists it added)
-    changed = list(compress(range(len(now)), map(is_not, lists, now)))
-    if len(changed) > _AMEND_MAX:
-        return None
-    out = dict(nanos)
-    for i in changed:
-        old, new = lists[i], now[i]
-        if tuple(old) != tuple(new):
-            return None
-        for k, q in new.items():
-            o, n, f = old[k].nanos, q.nanos, fmt.get(k)
-            if o < 0 or n < 0 or f is None:
-                return None
-            if ((o and not n) or (n and q.format != f)) and not any(rl.get(k, ZERO).nanos for rl in islice(now, i)):
-                return None  # (it was or becomes the first non-zero operand: the format follows it)
-            out[k] += n - o
-    if any(not out[k] for i in changed for k in now[i]):
-        return None
-    return out, dict(fmt)
-
-
 _PodsPass = tuple[
     tuple["PodEntry", ...],
     dict[str, list[tuple[PodSnapshot, ResourceList]]],
@@ -764,161 +148,16 @@ _VmsPass = tuple[
 every quota adds to ``D`` and to ``X``."""
 
 
-class _Sum:
-    """A running sum of resource lists in integer nanos, as ``Quantity`` addition in order gives it (values,
-    formats, key order); :meth:`result` builds the quantities once.
-
-    With a memo, added lists are queued and folded in chunks whose sums are remembered by the identity of their
-    lists (the chunks of this sum's last accounting, in the memo's slot ``("chunks", slot)``): the lists of
-    memoised entries (a running VM's counts, a pod's usage) are the same objects from one accounting to the next,
-    so after one change only the chunk it is in is summed again. Folding a chunk's sum gives what adding its lists
-    in order gives as long as nothing is negative (checked; else lists are added one by one). A sum of the very
-    same lists as the last accounting's but for a few replaced in place is amended instead (:func:`_amended`), and
-    sums of one accounting that add the very same lists from nothing (quotas covering the same pods) are summed
-    once (``alike``: the totals of this accounting's sums by the identities of their lists)."""
-
-    __slots__ = ("_chunks_before", "_chunks_now", "alike", "exact", "fmt", "memo", "nanos", "pending", "slot")
-
-    def __init__(
-        self,
-        memo: _Memo | None = None,
-        slot: Hashable = None,
-        alike: dict[tuple[int, ...], tuple[tuple[object, ...], _SumValue]] | None = None,
-    ) -> None:
-        self.nanos: dict[str, int] = {}
-        self.fmt: dict[str, Format] = {}
-        self.memo = memo
-        self.slot = slot
-        """Which sum this is (namespace, quota, term), where its latest total is remembered."""
-        self.alike = alike
-        self.pending: list[Mapping[str, Quantity]] = []
-        self.exact = memo is None
-        """Add list by list (no memo, or a negative amount was seen)."""
-        self._chunks_before: dict[tuple[int, ...], tuple[tuple[object, ...], _ChunkSum | None]] | None = None
-        self._chunks_now: dict[tuple[int, ...], tuple[tuple[object, ...], _ChunkSum | None]] = {}
-
-    def add(self, rl: Mapping[str, Quantity]) -> None:
-        if self.exact:
-            self._add(rl)
-        else:
-            self.pending.append(rl)
-
-    def extend(self, rls: Iterable[Mapping[str, Quantity]]) -> None:
-        if self.exact:
-            for rl in rls:
-                self._add(rl)
-        else:
-            self.pending.extend(rls)
-
-    def _add(self, rl: Mapping[str, Quantity]) -> None:
-        nanos, fmt = self.nanos, self.fmt
-        for k, q in rl.items():
-            cur = nanos.get(k, 0)
-            if not cur:  # as Quantity addition: the first non-zero operand's format
-                fmt[k] = q.format
-            nanos[k] = cur + q.nanos
-
-    def _flush(self) -> None:
-        pending = self.pending
-        if not pending:
-            return
-        self.pending = []
-        if self.nanos and len(pending) <= _ADD_MAX:  # a few lists on top (admitted VMs): add them as they are
-            for rl in pending:
-                self._add(rl)
-                if not self.exact and any(q.nanos < 0 for q in rl.values()):
-                    self.exact = True  # (from here on in order: chunk sums are exact only without negatives)
-            return
-        memo = self.memo
-        whole: tuple[Mapping[str, Quantity], ...] = ()
-        if memo is not None and not self.nanos and not self.exact:
-            # the same lists from nothing (quotas covering the same pods, a namespace where only VMs changed)
-            whole = tuple(pending)
-            key = tuple(map(id, whole))
-            last = memo.last(self.slot)
-            if last is not None and last[0] == key:
-                value = last[2]
-            else:
-                found_alike = None if self.alike is None else self.alike.get(key)
-                value = None if found_alike is None else found_alike[1]
-                if value is None and last is not None:
-                    found = _amended(last[1], last[2], whole)
-                    value = None if found is None else (*found, False)
-                if value is not None:
-                    memo.put_latest(self.slot, key, whole, value)
-            if value is not None:
-                nanos, fmt, self.exact = value
-                self.nanos, self.fmt = dict(nanos), dict(fmt)
-                if self.alike is not None:
-                    self.alike[key] = (whole, value)
-                return
-        self._chunks(pending)
-        if whole and memo is not None:
-            value = (dict(self.nanos), dict(self.fmt), self.exact)
-            memo.put_latest(self.slot, key, whole, value)
-            if self.alike is not None:
-                self.alike[key] = (whole, value)  # (the lists kept with it: their ids stay theirs)
-
-    def _chunks(self, pending: list[Mapping[str, Quantity]]) -> None:
-        start = 0
-        for i, rl in enumerate(pending):
-            # a chunk ends after a list chosen by its identity (1 in 16): adding or removing one list changes
-            # only the chunk it is in
-            if ((id(rl) >> 4) * 2654435761) & 0xFFFF < 0x1000 or i + 1 - start >= _CHUNK_MAX:
-                self._fold(pending[start : i + 1])
-                start = i + 1
-        if start < len(pending):
-            self._fold(pending[start:])
-
-    def _fold(self, chunk: list[Mapping[str, Quantity]]) -> None:
-        memo = self.memo
-        summary: _ChunkSum | None = None
-        if memo is not None and not self.exact:
-            before = self._chunks_before
-            if before is None:  # the first chunk of this accounting: this sum's chunks of the last one
-                slot = ("chunks", self.slot)
-                found = memo.get_latest(slot, None)
-                before = self._chunks_before = {} if found is _MISS else found
-                memo.put_latest(slot, None, (), self._chunks_now)
-            objs = tuple(chunk)
-            key = tuple(map(id, objs))  # the chunk's lists are kept with its sum: equal ids, the same lists
-            hit = before.get(key)
-            summary = _summary(objs) if hit is None else hit[1]
-            self._chunks_now[key] = (objs, summary)
-        if summary is None:
-            self.exact = True
-            for rl in chunk:
-                self._add(rl)
-            return
-        nanos, fmt = self.nanos, self.fmt
-        s_nanos, s_first, s_last = summary
-        for k, n in s_nanos.items():
-            cur = nanos.get(k, 0)
-            if not cur:  # (never negative here: only non-negative chunks were folded so far)
-                f = s_first.get(k)
-                fmt[k] = s_last[k] if f is None else f
-            nanos[k] = cur + n
-
-    def get(self, resource: str) -> int:
-        if self.pending:
-            self._flush()
-        return self.nanos.get(resource, 0)
-
-    def result(self) -> ResourceList:
-        self._flush()
-        return {k: Quantity(n, self.fmt[k]) for k, n in self.nanos.items()}
-
-
 @dataclass
 class _Quota:
     policy: QuotaPolicy
     factors: dict[str, Fraction | None]
     ratio: Fraction
-    accounted: _Sum
-    pod_usage: _Sum
-    reserved: _Sum
-    overlap: _Sum
-    unvouched: _Sum
+    accounted: Sum
+    pod_usage: Sum
+    reserved: Sum
+    overlap: Sum
+    unvouched: Sum
 
     def used(self, r: str) -> int:
         """``U + X / k`` of ``r`` in nanos (rounded up): what admission counts as used. ``hard`` holds no room for
@@ -936,9 +175,6 @@ class _Quota:
                 and self.used(r) + u[r].nanos > b.nanos
             )
         )
-
-
-# ---- the function ----------------------------------------------------------------------------------------------
 
 
 def account_namespace(
@@ -1037,12 +273,12 @@ class _Accounting:
             self.namespace = namespace
             self._sort(objs)
         if config is None:
-            config = _config_of(self.kv_obj, memoize)
+            config = config_of(self.kv_obj, memoize)
             note = fallback_note(self.kv_obj.version) if self.kv_obj is not None else None
             if note is not None:
                 self.errors.append(note)
         self.config = config
-        self.memo = _memo_of(config) if memoize else None
+        self.memo = memo_of(config) if memoize else None
         self._shared_lists = kinds is not None
         self.vmis: list[VmiSnapshot] = self._ordered(VMI_KIND)
         self.vmims: list[VmimSnapshot] = self._ordered(VMIM_KIND)
@@ -1056,7 +292,7 @@ class _Accounting:
             quota_has_limits_cpu="limits.cpu" in hard_keys,
             quota_has_limits_memory="limits.memory" in hard_keys,
         )
-        self.renderer = _Renderer(config, facts, self.memo)
+        self.renderer = Renderer(config, facts, self.memo)
         self.quotas_key = (
             -1
             if self.memo is None
@@ -1157,10 +393,10 @@ class _Accounting:
             terms = self._quota_terms(policies, kv_ratio, overcommit)
             if policies is None and memo is not None:
                 memo.put_latest(slot, key, tuple(self.quota_objs), (terms, self.errors[before:]))
-        alike: dict[tuple[int, ...], tuple[tuple[object, ...], _SumValue]] | None = None if memo is None else {}
+        alike: dict[tuple[int, ...], tuple[tuple[object, ...], SumValue]] | None = None if memo is None else {}
         out: list[_Quota] = []
         for pol, ratio, factors in terms:
-            sums = [_Sum(memo, ("sum", self.namespace, pol.name, term), alike) for term in ("U", "P", "S", "D", "X")]
+            sums = [Sum(memo, ("sum", self.namespace, pol.name, term), alike) for term in ("U", "P", "S", "D", "X")]
             out.append(_Quota(pol, factors, ratio, *sums))
         return out
 
@@ -1384,7 +620,7 @@ class _Accounting:
         if rendered is not None:
             # the source pod's real charge may exceed the rendering (overhead vmquota does not know), but only
             # within the evidence bound: the "source" may be a tenant's pod KubeVirt adopted into the VMI
-            estimate = maximum(minimum(estimate, _widened(rendered)), rendered)
+            estimate = maximum(minimum(estimate, widened(rendered)), rendered)
         why = [f"target estimated from source pod {source_pod.name}"]
         if grow:
             why.append(f"hotplug growth {_fmt(grow)}")
@@ -1531,7 +767,7 @@ class _Accounting:
         pod_max: ResourceList = {}
         for charged in charges:
             pod_max = maximum(pod_max, charged)
-        size = _size(v) if migrating else _current_size(v)
+        size = _size(v) if migrating else current_size(v)
         cap = self.renderer.vmi_usage(v) or {}  # (a VM that cannot be rendered: hard holds no room for its pods)
         if not migrating and cap:  # its launcher pod as rendered at its current size (a hotplug not yet admitted)
             grow = self.renderer.hotplug_growth(v)

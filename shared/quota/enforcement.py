@@ -14,7 +14,7 @@ namespace's latest :class:`~shared.contract.UsageSnapshot`, one of:
 
 * nothing (the quota already carries what it should);
 * *adopt* / *adjust*: write ``spec.hard`` and our annotations. ``spec.hard`` is the quota equation's result for
-  this quota as the ledger evaluated it (``QuotaTerms.hard``, from ``shared.equation.desired_hard``), taken only
+  this quota as the ledger evaluated it (``QuotaTerms.hard``, from ``shared.quota.equation.desired_hard``), taken only
   when the ledger evaluated it with the budget and mode the quota states now; otherwise the enforcer records the
   budget and waits for the ledger's next usage snapshot (its own annotation write triggers one);
 * *refuse*: a scoped quota, an unknown mode, an unreadable annotation: a status annotation and a Warning Event;
@@ -37,7 +37,6 @@ from enum import StrEnum
 from fnmatch import fnmatchcase
 from typing import Any, Final
 
-from shared.accounting import policy_of
 from shared.contract import (
     Decision,
     MigrationState,
@@ -48,34 +47,24 @@ from shared.contract import (
     now_rfc3339,
     source,
 )
-from shared.equation import within_charged
 from shared.errors import InvalidInput
-from shared.modes import (
-    BUDGET_ANNOTATION,
-    MANAGED_LABEL,
-    MODE_ANNOTATION,
-    RATIO_ANNOTATION,
-    Mode,
-    is_managed,
-    parse_budget,
-    parse_mode,
-)
 from shared.quantity import ZERO, Quantity
+from shared.quota.annotations import (
+    BUDGET_ANNOTATION,
+    LAST_HARD_ANNOTATION,
+    STATUS_ANNOTATION,
+    USAGE_ANNOTATION,
+)
+from shared.quota.equation import within_charged
+from shared.quota.modes import Mode, is_managed, parse_budget, parse_mode, policy_of
 from shared.report import names_list, nonzero, readable_list, used_of_budget
 from shared.report import readable as human_quantity
 from shared.resources import ResourceList, format_resource_list, parse_resource_list
 from shared.snapshot import QuotaSnapshot
 
 __all__ = [
-    "BUDGET_ANNOTATION",
     "DEFAULT_EXCLUDED_NAMESPACES",
-    "LAST_HARD_ANNOTATION",
-    "MANAGED_LABEL",
-    "MODE_ANNOTATION",
     "OWN_ANNOTATIONS",
-    "RATIO_ANNOTATION",
-    "STATUS_ANNOTATION",
-    "USAGE_ANNOTATION",
     "Action",
     "Budget",
     "Plan",
@@ -91,13 +80,6 @@ __all__ = [
     "vm_refused_event",
 ]
 
-LAST_HARD_ANNOTATION: Final = "vmquota.io/last-hard"
-"""The ``spec.hard`` the enforcer last wrote (JSON, canonical quantities)."""
-STATUS_ANNOTATION: Final = "vmquota.io/status"
-"""One line saying what the enforcer does with the quota."""
-USAGE_ANNOTATION: Final = "vmquota.io/usage"
-"""One line for people: use in the mode's terms against the budget, what is reserved and what ``hard`` is raised
-for, as of the last ``spec.hard`` write (it is updated only with writes that happen anyway)."""
 OWN_ANNOTATIONS: Final = (BUDGET_ANNOTATION, LAST_HARD_ANNOTATION, STATUS_ANNOTATION, USAGE_ANNOTATION)
 """The annotations the enforcer writes (and removes when it hands a quota back). The mode and ratio annotations
 belong to the administrator and are never written."""
@@ -205,7 +187,7 @@ def resolve_budget(q: QuotaSnapshot) -> Budget:
 def check_manageable(q: QuotaSnapshot) -> Mode:
     """The mode of a managed quota; InvalidInput when the enforcer must refuse it (a scope, an unknown mode, an
     unreadable CPU allocation ratio or budget). The same rule the ledger's accounting applies
-    (``shared.modes.quota_policy``), so a quota the enforcer refuses never counts in admission either."""
+    (``shared.quota.modes.quota_policy``), so a quota the enforcer refuses never counts in admission either."""
     policy = policy_of(q)
     if policy is None:  # not labelled managed: callers only ask about managed quotas
         raise InvalidInput("the quota is not labelled vmquota.io/managed=true", f"{q.ref}: metadata.labels")
@@ -282,7 +264,7 @@ class Plan:
     @property
     def raises(self) -> bool:
         """``spec.hard`` grows for some resource (room opens): the enforcer reads the quota's ``status.used`` from
-        the API server first (see :func:`shared.equation.within_charged`)."""
+        the API server first (see :func:`shared.quota.equation.within_charged`)."""
         return any(r not in self.hard_before or (q - self.hard_before[r]).nanos > 0 for r, q in self.hard_after.items())
 
     @property
@@ -356,7 +338,7 @@ def plan(
     caller has seen the API server return this quota (its uid) labelled managed, so a release may set
     ``spec.hard`` back to the budget even where that raises it. ``charged``: the quota's ``status.used`` as the
     API server returned it just now; ``hard`` then holds no room for pods the usage counts in ``P`` beyond what
-    the API server charges (:func:`shared.equation.within_charged`)."""
+    the API server charges (:func:`shared.quota.equation.within_charged`)."""
     seq = usage.seq if usage is not None else 0
     if not is_managed(q.labels):
         return _release(q, seq, managed=managed)

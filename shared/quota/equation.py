@@ -12,7 +12,7 @@ overlap of migrating VMs: what a VM's launcher pods are charged beyond the large
 frees what ``hard`` never held, so no other pod can take it before vmquota catches up (Kubernetes allows
 ``used > hard``; it only refuses new pods).
 
-``k[r]`` (:func:`shared.modes.pod_factor`) expresses the mode headroom ``max(B - U, 0)`` in pod terms. Native
+``k[r]`` (:func:`shared.quota.modes.pod_factor`) expresses the mode headroom ``max(B - U, 0)`` in pod terms. Native
 admission admits a pod ``p`` iff ``P + p <= hard``, i.e. iff ``p <= k * max(B - U, 0) + S``; a VM the mode refuses
 (``u > B - U`` for some ``r``) is then refused natively as long as its pod is charged ``p >= k * u`` for that
 ``r``. ``k = 1`` wherever the launcher pod is charged at least what the mode counts (``VmiPodUsage``, limits,

@@ -1,0 +1,149 @@
+"""Launcher pod estimates: the renderer's pod for a VMI snapshot (a VM's pod, a migration target, a hotplug's
+growth), and how far the ``requested:`` amounts of a quota refusal may correct an estimate (:func:`evidence_bound`:
+refusal amounts are evidence, not truth).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, Final
+
+from shared.accounting.memo import MISS, Memo
+from shared.errors import InvalidInput
+from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
+from shared.podusage import quota_usage_of
+from shared.quantity import Quantity
+from shared.quota.modes import VmSize
+from shared.resources import ResourceList, growth, is_byte_resource
+from shared.snapshot import (
+    VmiSnapshot,
+)
+
+_EVIDENCE_SHARE: Final = 8
+"""A refusal amount may differ from the estimate by an eighth of it ..."""
+_EVIDENCE_FLOOR_BYTES: Final = Quantity.parse("256Mi")
+"""... or by this much for byte resources (memory overhead varies by KubeVirt version and configuration) ..."""
+_EVIDENCE_FLOOR_CPU: Final = Quantity.parse("250m")
+"""... or this much for the others but counts (support containers' CPU)."""
+_COUNTS: Final = frozenset({"pods", "count/pods"})
+
+
+def evidence_bound(resource: str, estimate: Quantity) -> Quantity:
+    """How far a quota refusal's ``requested:`` amount of ``resource`` may be from the estimate and still replace
+    it: an eighth of the estimate, at least 256Mi for byte resources and 250m for others, 0 for pod counts.
+    Beyond it the amount is ignored (and reported): a tenant can write Events too."""
+    share = Quantity(estimate.nanos // _EVIDENCE_SHARE, estimate.format)
+    if resource in _COUNTS:
+        return Quantity(0, estimate.format)
+    floor = _EVIDENCE_FLOOR_BYTES if is_byte_resource(resource) else _EVIDENCE_FLOOR_CPU
+    return share if share > floor else floor
+
+
+def unpublished(v: VmiSnapshot) -> dict[str, Any]:
+    """The VMI object without its status (and so without the overhead published for its current pod)."""
+    obj = v.as_object()
+    obj.pop("status", None)
+    return obj
+
+
+def widened(estimate: Mapping[str, Quantity]) -> ResourceList:
+    """Each amount of ``estimate`` plus its :func:`evidence_bound`."""
+    return {r: q + evidence_bound(r, q) for r, q in estimate.items()}
+
+
+def current_size(v: VmiSnapshot) -> VmSize:
+    """The size a VM runs at now: its status where the status says (hotplug not yet handed over), else its spec."""
+    return VmSize.of(
+        v.status_vcpus if v.status_vcpus is not None else v.vcpus,
+        v.status_guest_memory if v.status_guest_memory is not None else v.guest_memory,
+        None,
+        None,
+    )
+
+
+def facts_key(facts: NamespaceFacts) -> Hashable:
+    return (tuple(sorted(facts.labels.items())), facts.quota_has_limits_cpu, facts.quota_has_limits_memory)
+
+
+class Renderer:
+    """Renders launcher pods of VMI snapshots for one namespace; remembers failures as errors. With ``memoize``,
+    estimates are remembered per (VMI uid, resourceVersion, namespace facts) in the configuration's cache."""
+
+    def __init__(self, config: KubeVirtConfig, facts: NamespaceFacts, memo: Memo | None) -> None:
+        self.config = config
+        self.facts = facts
+        self.errors: list[str] = []
+        self.memo = memo
+        self.facts_key = facts_key(facts)
+
+    def usage(self, vmi: Mapping[str, Any], ref: str) -> ResourceList | None:
+        try:
+            pod = render_launcher_pod(vmi, self.config, self.facts)
+        except InvalidInput as e:
+            self.errors.append(f"{ref}: cannot estimate its launcher pod: {e}")
+            return None
+        return quota_usage_of(pod.requests, pod.limits)
+
+    def _memoized(self, v: VmiSnapshot, what: str, compute: Callable[[], Any]) -> Any:
+        """``compute()`` and the errors it reports, remembered for this VMI snapshot."""
+        memo = self.memo
+        if memo is None:
+            return compute()
+        slot = ("vmi", v.uid or v.name, what)
+        key = (v.resource_version, v.name, self.facts_key)
+        hit = memo.get_latest(slot, key, (v,))
+        if hit is not MISS:
+            value, errors = hit
+            self.errors.extend(errors)
+            return value
+        n = len(self.errors)
+        value = compute()
+        memo.put_latest(slot, key, (v,), (value, tuple(self.errors[n:])))
+        return value
+
+    def vmi_usage(self, v: VmiSnapshot) -> ResourceList | None:
+        """The launcher pod estimate of a VMI (None, with an error, when it cannot be rendered), with the overhead
+        KubeVirt published for its current pod when it did. Not to be changed."""
+        result: ResourceList | None = self._memoized(v, "spec", lambda: self.usage(v.as_object(), v.ref))
+        return result
+
+    def new_pod_usage(self, v: VmiSnapshot) -> ResourceList | None:
+        """The estimate of a launcher pod KubeVirt has still to create for a VMI (a migration target): rendered
+        from the spec as virt-controller renders every new pod, never with ``status.memory.memoryOverhead``, which
+        is the current pod's figure (stale after hotplug, an upgrade or a configuration change). Not to be
+        changed."""
+        if v.memory_overhead is None:
+            return self.vmi_usage(v)
+        result: ResourceList | None = self._memoized(v, "new", lambda: self.usage(unpublished(v), v.ref))
+        return result
+
+    def hotplug_growth(self, v: VmiSnapshot) -> ResourceList:
+        """Pod-terms growth of a VMI whose spec is larger than its status (hotplug awaiting a migration)."""
+        result: ResourceList = self._memoized(v, "hotplug", lambda: self._hotplug_growth(v))
+        return dict(result)  # it goes into a MigrationEntry: not the remembered one
+
+    def _hotplug_growth(self, v: VmiSnapshot) -> ResourceList:
+        grow_cpu = v.status_vcpus is not None and v.status_vcpus < v.vcpus
+        grow_mem = (
+            v.status_guest_memory is not None and v.guest_memory is not None and v.status_guest_memory < v.guest_memory
+        )
+        if not (grow_cpu or grow_mem):
+            return {}
+        target = unpublished(v)  # the published overhead is the source's; compute both sides alike
+        source = copy.deepcopy(target)
+        domain = source["spec"].setdefault("domain", {})
+        if grow_cpu and v.status_vcpus is not None:
+            cpu = dict(domain.get("cpu") or {})
+            per_socket = max(1, int(cpu.get("cores") or 1) * int(cpu.get("threads") or 1))
+            cpu["sockets"] = max(1, v.status_vcpus // per_socket)
+            domain["cpu"] = cpu
+        if grow_mem and v.status_guest_memory is not None:
+            memory = dict(domain.get("memory") or {})
+            memory["guest"] = v.status_guest_memory.canonical()
+            domain["memory"] = memory
+        after = self.usage(target, v.ref)
+        before = self.usage(source, v.ref)
+        if after is None or before is None:
+            return {}
+        return growth(after, before)

@@ -1,0 +1,31 @@
+"""Every name vmquota writes or reads under ``vmquota.io/``: what an administrator sets on a ResourceQuota to opt it
+in, and what vmquota writes on the quotas it manages and on the VMIs it nudges (documented in
+``docs/accounting.md`` and ``docs/operations.md``)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# ---- set by an administrator on a ResourceQuota -------------------------------------------------------------------
+
+MANAGED_LABEL: Final = "vmquota.io/managed"
+"""Label that opts a ResourceQuota in (value ``"true"``)."""
+MODE_ANNOTATION: Final = "vmquota.io/mode"
+"""Annotation naming the accounting mode (default ``VmiPodUsage``)."""
+RATIO_ANNOTATION: Final = "vmquota.io/cpu-allocation-ratio"
+"""Annotation: the quota's own CPU allocation ratio for ``VirtualResourcesWithCPUAllocationRatio``."""
+BUDGET_ANNOTATION: Final = "vmquota.io/budget"
+"""Annotation holding the budget ``B`` as a JSON map of resource names to quantities."""
+
+# ---- written by the enforcer -----------------------------------------------------------------------------------
+
+LAST_HARD_ANNOTATION: Final = "vmquota.io/last-hard"
+"""The ``spec.hard`` the enforcer last wrote (JSON, canonical quantities)."""
+STATUS_ANNOTATION: Final = "vmquota.io/status"
+"""One line saying what the enforcer does with the quota."""
+USAGE_ANNOTATION: Final = "vmquota.io/usage"
+"""One line for people: use in the mode's terms against the budget, what is reserved and what ``hard`` is raised
+for, as of the last ``spec.hard`` write (it is updated only with writes that happen anyway)."""
+NUDGE_ANNOTATION: Final = "vmquota.io/retry"
+"""Written on a VMI whose launcher pod KubeVirt was refused, once vmquota made room for it: KubeVirt re-queues a
+VMI on every update, so it tries again at once instead of at the end of its backoff (up to 16 minutes)."""

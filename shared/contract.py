@@ -24,6 +24,17 @@ from typing import Any, Final, Literal, TypeVar
 import msgspec
 
 from shared.errors import InvalidInput
+from shared.kinds import (
+    CLUSTER_SCOPED_KINDS,
+    EVENT_KIND,
+    KUBEVIRT_KIND,
+    NAMESPACE_KIND,
+    POD_KIND,
+    QUOTA_KIND,
+    VM_KIND,
+    VMI_KIND,
+    VMIM_KIND,
+)
 from shared.snapshot import AnySnapshot, dec_hook, enc_hook
 
 SCHEMA: Final = 1
@@ -36,22 +47,19 @@ CLUSTER_TOKEN: Final = "_cluster"
 # ---- kinds ------------------------------------------------------------------------------------------------------
 
 KIND_TOKENS: Final[dict[str, str]] = {
-    "VirtualMachineInstance": "vmi",
-    "VirtualMachine": "vm",
-    "VirtualMachineInstanceMigration": "vmim",
-    "Pod": "pod",
-    "ResourceQuota": "resourcequota",
-    "Namespace": "namespace",
-    "KubeVirt": "kubevirt",
-    "Event": "event",
+    VMI_KIND: "vmi",
+    VM_KIND: "vm",
+    VMIM_KIND: "vmim",
+    POD_KIND: "pod",
+    QUOTA_KIND: "resourcequota",
+    NAMESPACE_KIND: "namespace",
+    KUBEVIRT_KIND: "kubevirt",
+    EVENT_KIND: "event",
 }
 """Kubernetes kind → subject token of every object kind published on the bus."""
 
 TOKEN_KINDS: Final[dict[str, str]] = {v: k for k, v in KIND_TOKENS.items()}
 
-CLUSTER_SCOPED_KINDS: Final = frozenset({"Namespace", "KubeVirt"})
-"""Kinds published under the ``_cluster`` namespace token. The KubeVirt CR is namespaced in Kubernetes, but it
-configures the whole cluster (``cpuAllocationRatio``), so every ledger instance needs it."""
 
 # ---- event types ------------------------------------------------------------------------------------------------
 
@@ -591,7 +599,7 @@ def decode_event(data: bytes) -> Upserted | Deleted | Sync:
     if kind not in CLUSTER_SCOPED_KINDS:
         if not _known_label(ev.namespace):
             check_namespace(ev.namespace, f"{_where(ev)}: namespace")
-    elif kind == "Namespace" and not _known_label(ev.name):
+    elif kind == NAMESPACE_KIND and not _known_label(ev.name):
         check_namespace(ev.name, f"{_where(ev)}: name")
     return ev
 
@@ -655,7 +663,7 @@ def object_event(
         "time": time or now_rfc3339(),
         "cluster": cluster,
         "kind": kind,
-        "namespace": "" if kind == "Namespace" else namespace,
+        "namespace": "" if kind == NAMESPACE_KIND else namespace,
         "name": name,
         "uid": uid,
         "resource_version": rv,

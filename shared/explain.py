@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from shared.contract import Decision, Deleted, Sync, Upserted, UsageSnapshot
+from shared.kinds import EVENT_KIND, POD_KIND, VMI_KIND, VMIM_KIND
 from shared.report import readable_list
 from shared.snapshot import EventSnapshot, PodSnapshot, VmimSnapshot, VmiSnapshot
 
@@ -102,7 +103,7 @@ def migration_timeline(
 ) -> list[Step] | None:
     """The steps of the migration ``namespace/name``; None when no event of it is in ``events``. ``usages``: the
     namespace's usage snapshots, oldest first."""
-    mine = _of(events, "VirtualMachineInstanceMigration", namespace, name)
+    mine = _of(events, VMIM_KIND, namespace, name)
     snaps = [e.snapshot for e in mine if isinstance(e.snapshot, VmimSnapshot)]
     if not mine or not snaps:
         return None
@@ -173,7 +174,7 @@ def _vmi_events(events: Sequence[ObjectEvent], namespace: str, vmi: str) -> list
         e
         for e in events
         if isinstance(e, Upserted)
-        and e.kind == "Event"
+        and e.kind == EVENT_KIND
         and e.namespace == namespace
         and isinstance(e.snapshot, EventSnapshot)
         and e.snapshot.involved_name == vmi
@@ -183,13 +184,13 @@ def _vmi_events(events: Sequence[ObjectEvent], namespace: str, vmi: str) -> list
 def _target_pod(events: Sequence[ObjectEvent], namespace: str, vmi: str, uid: str) -> tuple[str, str] | None:
     """(first published, name) of the target pod the VMI's status names for migration ``uid``."""
     name = ""
-    for v in _of(events, "VirtualMachineInstance", namespace, vmi):
+    for v in _of(events, VMI_KIND, namespace, vmi):
         s = v.snapshot
         if isinstance(s, VmiSnapshot) and s.migration is not None and s.migration.migration_uid == uid:
             name = name or s.migration.target_pod
     if not name:
         return None
-    for p in _of(events, "Pod", namespace, name):
+    for p in _of(events, POD_KIND, namespace, name):
         if isinstance(p, Upserted) and isinstance(p.snapshot, PodSnapshot):
             return p.time, name
     return None
@@ -203,7 +204,7 @@ def vm_timeline(
 ) -> list[Step] | None:
     """The steps of the VM (its VMI) ``namespace/name``; None when no event of its VMI is in ``events``.
     ``usages``: the namespace's usage snapshots, oldest first."""
-    mine = _of(events, "VirtualMachineInstance", namespace, name)
+    mine = _of(events, VMI_KIND, namespace, name)
     if not mine:
         return None
     steps: list[Step] = []

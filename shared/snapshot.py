@@ -25,19 +25,24 @@ import msgspec
 
 from shared.errors import InvalidInput
 from shared.fields import mapping, path, string, string_map
+from shared.kinds import (
+    EVENT_KIND,
+    KUBEVIRT_KIND,
+    NAMESPACE_KIND,
+    POD_KIND,
+    QUOTA_KIND,
+    VM_KIND,
+    VMI_KIND,
+    VMIM_KIND,
+)
 from shared.kubevirt.render import MEMORY_OVERHEAD_ANNOTATION
 from shared.podusage import pod_resources, quota_usage_of
 from shared.quantity import Quantity
 from shared.resources import ResourceList, parse_resource_list
-from shared.vmi import VM_KIND, VMI_KIND, VMIM_KIND, object_ref, status_size, vmi_spec
+from shared.vmi import object_ref, status_size, vmi_spec
 
 SCHEMA: Final = 1
 
-POD_KIND: Final = "Pod"
-QUOTA_KIND: Final = "ResourceQuota"
-NAMESPACE_KIND: Final = "Namespace"
-KUBEVIRT_KIND: Final = "KubeVirt"
-EVENT_KIND: Final = "Event"
 
 # Labels and annotations KubeVirt puts on launcher pods and migrations.
 LAUNCHER_LABEL: Final = "kubevirt.io"

@@ -13,12 +13,9 @@ from typing import Any
 
 from shared.errors import InvalidInput
 from shared.fields import boolean, mapping, string_map
+from shared.kinds import VM_KIND, VMI_KIND
 from shared.quantity import Format, Quantity
 from shared.resources import ResourceList, parse_resource_list
-
-VMI_KIND = "VirtualMachineInstance"
-VM_KIND = "VirtualMachine"
-VMIM_KIND = "VirtualMachineInstanceMigration"
 
 _MAX_VCPUS = 4096
 _MAX_GUEST = Quantity.parse("64Ti")

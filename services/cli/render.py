@@ -16,10 +16,11 @@ from typing import Any, TextIO
 
 from services.platform.inputs import kubevirt_fields, load_objects
 from shared.errors import InvalidInput
+from shared.kinds import VM_KIND, VMI_KIND
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, RenderedPod, render_launcher_pod
 from shared.quantity import Quantity
 from shared.resources import format_resource_list
-from shared.vmi import VM_KIND, VMI_KIND, VmiSpec, object_ref, vmi_spec
+from shared.vmi import VmiSpec, object_ref, vmi_spec
 
 EXIT_INVALID = 2
 _MI = 1024 * 1024

@@ -28,15 +28,20 @@ from services.platform.inputs import cr_fields, kubevirt_fields, load_objects
 from shared.accounting.namespace import account_namespace
 from shared.accounting.results import NamespaceUsage, QuotaUsage, VmEntry
 from shared.errors import InvalidInput
+from shared.kinds import (
+    CLUSTER_SCOPED_KINDS,
+    EVENT_KIND,
+    POD_KIND,
+    VM_KIND,
+    VMI_KIND,
+    VMIM_KIND,
+)
 from shared.kubevirt import KubeVirtConfig
 from shared.kubevirt.config import profile
 from shared.kubevirt.vm import STARTING_STRATEGIES, run_strategy, vmi_from_vm
 from shared.quota.modes import MODE_NAMES, Mode, QuotaPolicy, is_managed, parse_mode, parse_ratio
 from shared.resources import ResourceList, format_resource_list
 from shared.snapshot import (
-    EVENT_KIND,
-    KUBEVIRT_KIND,
-    NAMESPACE_KIND,
     SUPPORTED_KINDS,
     AnySnapshot,
     KubeVirtSnapshot,
@@ -45,10 +50,9 @@ from shared.snapshot import (
     VmiSnapshot,
     normalize,
 )
-from shared.vmi import VM_KIND, VMI_KIND, object_ref
+from shared.vmi import object_ref
 
 EXIT_INVALID = 2
-_CLUSTER_SCOPED = frozenset({NAMESPACE_KIND, KUBEVIRT_KIND})
 _TABLE_NAMES = ("requests.cpu", "limits.cpu", "requests.memory", "limits.memory")
 _TABLE_SKIP = frozenset(
     {
@@ -114,7 +118,7 @@ def _skip_reason(obj: Mapping[str, Any]) -> str | None:
 
 def _with_namespace(obj: Mapping[str, Any], namespace: str) -> Mapping[str, Any]:
     meta = obj.get("metadata")
-    if obj.get("kind") in _CLUSTER_SCOPED or not isinstance(meta, Mapping) or meta.get("namespace"):
+    if obj.get("kind") in CLUSTER_SCOPED_KINDS or not isinstance(meta, Mapping) or meta.get("namespace"):
         return obj
     out = copy.copy(dict(obj))
     out["metadata"] = {**meta, "namespace": namespace}
@@ -292,7 +296,7 @@ def namespace_json(u: NamespaceUsage) -> dict[str, Any]:
         objects.append(entry)
     for m in u.migrations:
         entry = {
-            "kind": "VirtualMachineInstanceMigration",
+            "kind": VMIM_KIND,
             "name": m.name,
             "vmi": m.vmi,
             "phase": m.phase,
@@ -308,7 +312,7 @@ def namespace_json(u: NamespaceUsage) -> dict[str, Any]:
     for p in u.pods:
         objects.append(
             {
-                "kind": "Pod",
+                "kind": POD_KIND,
                 "name": p.name,
                 "role": p.role,
                 "vmi": p.vmi or None,
@@ -378,7 +382,7 @@ def write_table(results: Mapping[str, NamespaceUsage], out: TextIO) -> None:
             ("VMIM", m.name, m.state, f"reserves {_brief(m.reserved)}" if m.reserved else "-", m.reason)
             for m in u.migrations
         ]
-        objs += [("Pod", p.name, p.role, _brief(p.accounted), p.reason) for p in u.pods]
+        objs += [(POD_KIND, p.name, p.role, _brief(p.accounted), p.reason) for p in u.pods]
         _table(objs, out)
         for e in u.errors:
             out.write(f"warning: {e}\n")

@@ -13,6 +13,7 @@ from typing import Any, Final, Protocol, cast
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from services.platform.kube import KubeError, Obj, call_bytes, call_object
+from shared.kinds import QUOTA_KIND
 from shared.quota import guard
 from shared.quota.annotations import NUDGE_ANNOTATION
 
@@ -63,7 +64,7 @@ class KubeQuotas:
         items = listing.get("items")
         if not isinstance(items, list):
             raise KubeError(0, "BadResponse", "the quota list has no items")
-        return [{"apiVersion": "v1", "kind": "ResourceQuota", **i} for i in items if isinstance(i, dict)]
+        return [{"apiVersion": "v1", "kind": QUOTA_KIND, **i} for i in items if isinstance(i, dict)]
 
     async def patch_quota(self, namespace: str, name: str, body: Obj) -> Obj:
         return await call_object(

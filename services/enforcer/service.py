@@ -44,6 +44,7 @@ from services.platform.runner import cancel
 from shared import contract
 from shared.backoff import Backoff, TokenBucket
 from shared.errors import InvalidInput
+from shared.kinds import QUOTA_KIND
 from shared.quota import enforcement, guard
 from shared.quota.annotations import MANAGED_LABEL
 from shared.quota.enforcement import Plan
@@ -358,7 +359,7 @@ class Enforcer:
     async def _on_quota_message(self, m: Msg) -> None:
         try:
             ev = contract.decode_event(m.data)
-            if ev.kind != "ResourceQuota" or ev.cluster != self.opts.cluster:
+            if ev.kind != QUOTA_KIND or ev.cluster != self.opts.cluster:
                 raise InvalidInput(f"a {ev.kind} event of cluster {ev.cluster!r} on {m.subject}", "kind")
             self._apply_quota_event(ev)
         except InvalidInput as e:

@@ -17,8 +17,8 @@ import yaml
 
 from shared.errors import InvalidInput
 from shared.fields import mapping, string
+from shared.kinds import KUBEVIRT_KIND
 from shared.kubevirt.config import config_fields_from_cr, fallback_note
-from shared.snapshot import KUBEVIRT_KIND
 from shared.vmi import object_ref
 
 _Base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

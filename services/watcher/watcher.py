@@ -49,24 +49,35 @@ from services.watcher.publisher import Item, Publisher
 from shared import contract
 from shared.backoff import Backoff
 from shared.errors import InvalidInput
+from shared.kinds import (
+    CLUSTER_SCOPED_KINDS,
+    EVENT_KIND,
+    KUBEVIRT_KIND,
+    NAMESPACE_KIND,
+    POD_KIND,
+    QUOTA_KIND,
+    VM_KIND,
+    VMI_KIND,
+    VMIM_KIND,
+)
 from shared.snapshot import normalize
 
 FAILED_CREATE_SELECTOR: Final = "involvedObject.kind=VirtualMachineInstance,reason=FailedCreate"
 
 RESOURCES: Final[tuple[ResourceSpec, ...]] = (
-    ResourceSpec("Namespace", "namespaces"),
-    ResourceSpec("ResourceQuota", "resourcequotas"),
-    ResourceSpec("KubeVirt", "kubevirts", "kubevirt.io"),
-    ResourceSpec("VirtualMachine", "virtualmachines", "kubevirt.io"),
-    ResourceSpec("VirtualMachineInstance", "virtualmachineinstances", "kubevirt.io"),
-    ResourceSpec("VirtualMachineInstanceMigration", "virtualmachineinstancemigrations", "kubevirt.io"),
-    ResourceSpec("Pod", "pods"),
-    ResourceSpec("Event", "events", field_selector=FAILED_CREATE_SELECTOR),
+    ResourceSpec(NAMESPACE_KIND, "namespaces"),
+    ResourceSpec(QUOTA_KIND, "resourcequotas"),
+    ResourceSpec(KUBEVIRT_KIND, "kubevirts", "kubevirt.io"),
+    ResourceSpec(VM_KIND, "virtualmachines", "kubevirt.io"),
+    ResourceSpec(VMI_KIND, "virtualmachineinstances", "kubevirt.io"),
+    ResourceSpec(VMIM_KIND, "virtualmachineinstancemigrations", "kubevirt.io"),
+    ResourceSpec(POD_KIND, "pods"),
+    ResourceSpec(EVENT_KIND, "events", field_selector=FAILED_CREATE_SELECTOR),
 )
 """What the watcher follows. Namespaces and quotas are listed first: syncs name every namespace, and the pod list
 needs to know which namespaces are managed."""
 
-FIRST: Final = frozenset({"Namespace", "ResourceQuota"})
+FIRST: Final = frozenset({NAMESPACE_KIND, QUOTA_KIND})
 
 _MAX_DLQ_PAYLOAD: Final = 512 * 1024
 _encode_raw: Final = msgspec.json.Encoder().encode
@@ -254,7 +265,7 @@ class ListWatch:
         self.started = False
         """Set when the first list starts."""
         self.log = watcher.log.bind(kind=spec.kind)
-        self.cluster_scoped = spec.kind in contract.CLUSTER_SCOPED_KINDS
+        self.cluster_scoped = spec.kind in CLUSTER_SCOPED_KINDS
         m = watcher.metrics
         c = watcher.config.cluster
         self._seen = m.seen.labels(c, spec.kind) if m else None
@@ -296,7 +307,7 @@ class ListWatch:
             return
         self.w.emitter.upsert(self.kind, obj, ident)
         self.known.put(
-            ident.uid, ident.namespace, ident.name, ident.rv, self.kind == "Pod" and is_launcher(_labels(obj))
+            ident.uid, ident.namespace, ident.name, ident.rv, self.kind == POD_KIND and is_launcher(_labels(obj))
         )
 
     def delete(self, obj: Obj, ident: Ident) -> None:
@@ -578,18 +589,18 @@ class Watcher:
         self.managed = ManagedNamespaces()
         self.loops: dict[str, ListWatch] = {}
         for spec in config.resources:
-            cls = {"ResourceQuota": QuotaListWatch, "Pod": PodListWatch}.get(spec.kind, ListWatch)
+            cls = {QUOTA_KIND: QuotaListWatch, POD_KIND: PodListWatch}.get(spec.kind, ListWatch)
             self.loops[spec.kind] = cls(self, spec)
         self._group: asyncio.TaskGroup | None = None
 
     def cluster_namespaces(self) -> Iterable[str]:
-        ns = self.loops.get("Namespace")
+        ns = self.loops.get(NAMESPACE_KIND)
         if ns is None:
             return ()
         return [t.name for _, t in ns.known.items()]
 
     def managed_changed(self, added: Iterable[str], removed: Iterable[str]) -> None:
-        pods = self.loops.get("Pod")
+        pods = self.loops.get(POD_KIND)
         for ns in added:
             self.log.info("namespace managed", namespace=ns)
             if isinstance(pods, PodListWatch):

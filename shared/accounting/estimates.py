@@ -16,9 +16,7 @@ from shared.podusage import quota_usage_of
 from shared.quantity import Quantity
 from shared.quota.modes import VmSize
 from shared.resources import ResourceList, growth, is_byte_resource
-from shared.snapshot import (
-    VmiSnapshot,
-)
+from shared.snapshot import VmiSnapshot
 
 _EVIDENCE_SHARE: Final = 8
 """A refusal amount may differ from the estimate by an eighth of it ..."""

@@ -9,11 +9,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, Final
 
 from shared.kubevirt import KubeVirtConfig
-from shared.snapshot import (
-    KubeVirtSnapshot,
-    Snapshot,
-    encode,
-)
+from shared.snapshot import KubeVirtSnapshot, Snapshot, encode
 
 
 class Memo:

@@ -33,6 +33,17 @@ from shared.accounting.results import (
 )
 from shared.accounting.sums import Sum, SumValue
 from shared.errors import InvalidInput
+from shared.kinds import (
+    CLUSTER_SCOPED_KINDS,
+    EVENT_KIND,
+    KUBEVIRT_KIND,
+    NAMESPACE_KIND,
+    POD_KIND,
+    QUOTA_KIND,
+    VM_KIND,
+    VMI_KIND,
+    VMIM_KIND,
+)
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts
 from shared.kubevirt.config import fallback_note
 from shared.podusage import counts_for_compute
@@ -41,11 +52,6 @@ from shared.quota.equation import desired_hard, in_mode_terms
 from shared.quota.modes import QuotaPolicy, VmSize, mode_usage, pod_factor, policy_of
 from shared.resources import ResourceList, add, growth, maximum, minimum, nonzero, second_largest
 from shared.snapshot import (
-    EVENT_KIND,
-    KUBEVIRT_KIND,
-    NAMESPACE_KIND,
-    POD_KIND,
-    QUOTA_KIND,
     VMI_FINAL_PHASES,
     EventSnapshot,
     KubeVirtSnapshot,
@@ -56,7 +62,6 @@ from shared.snapshot import (
     VmimSnapshot,
     VmiSnapshot,
 )
-from shared.vmi import VM_KIND, VMI_KIND, VMIM_KIND
 
 ACCOUNTED_KINDS: Final[frozenset[str]] = frozenset(
     {VMI_KIND, VMIM_KIND, POD_KIND, QUOTA_KIND, NAMESPACE_KIND, KUBEVIRT_KIND, EVENT_KIND}
@@ -66,7 +71,6 @@ ACCOUNTED_KINDS: Final[frozenset[str]] = frozenset(
 _ONE: Final = Quantity.from_int(1)
 
 
-_CLUSTER_SCOPED: Final = frozenset({NAMESPACE_KIND, KUBEVIRT_KIND})
 """Kinds every namespace's accounting reads, whatever their namespace."""
 
 
@@ -319,7 +323,7 @@ class _Accounting:
         kinds: dict[str, list[Snapshot]] = {}
         for s in objs:
             kind = type(s).__struct_config__.tag
-            if kind in _CLUSTER_SCOPED or s.namespace == self.namespace:
+            if kind in CLUSTER_SCOPED_KINDS or s.namespace == self.namespace:
                 found = kinds.get(kind)  # type: ignore[arg-type]
                 if found is None:
                     found = kinds[kind] = []  # type: ignore[index]

@@ -20,6 +20,7 @@ from typing import Any, Final
 
 from shared.errors import InvalidInput
 from shared.fields import boolean, mapping, objects
+from shared.kinds import VM_KIND
 from shared.kubevirt.config import (
     CONTAINER_DISK,
     GUEST_CONSOLE_LOG,
@@ -487,7 +488,7 @@ def render_launcher_pod(
         spec = vmi
     else:
         spec = vmi_spec(vmi)
-        if spec.kind != "VirtualMachine":
+        if spec.kind != VM_KIND:
             try:
                 published = published_overhead(vmi)
             except InvalidInput as e:

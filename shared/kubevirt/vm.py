@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from shared.errors import InvalidInput
+from shared.kinds import VMI_KIND
 from shared.kubevirt.config import KubeVirtConfig
 from shared.quantity import Format, Quantity
 from shared.vmi import vmi_spec
@@ -84,7 +85,7 @@ def vmi_from_vm(vm: Mapping[str, Any], config: KubeVirtConfig) -> dict[str, Any]
         memory["maxGuest"] = Quantity.parse(memory["guest"]).scale(4).with_format(Format.BINARY_SI).canonical()
     return {
         "apiVersion": API_VERSION,
-        "kind": "VirtualMachineInstance",
+        "kind": VMI_KIND,
         "metadata": {
             "name": m.get("name"),
             "namespace": m.get("namespace"),

@@ -31,12 +31,13 @@ import msgspec
 from shared import contract
 from shared.contract import Deleted, Snapshot, Sync, Upserted
 from shared.errors import InvalidInput
+from shared.kinds import KUBEVIRT_KIND, NAMESPACE_KIND
 from shared.snapshot import dec_hook, enc_hook, same_content
 
 CLUSTER_WIDE: Final = contract.CLUSTER_TOKEN
 """The namespace key of a cluster's cluster-wide state."""
 
-CLUSTER_WIDE_KINDS: Final = frozenset({"KubeVirt"})
+CLUSTER_WIDE_KINDS: Final = frozenset({KUBEVIRT_KIND})
 """Kinds folded into the cluster-wide state (the others into a namespace)."""
 
 CHECKPOINT_SCHEMA: Final = 1
@@ -400,7 +401,7 @@ class Ledger:
         if kind in CLUSTER_WIDE_KINDS:
             key = (ev.cluster, CLUSTER_WIDE)
         else:
-            key = (ev.cluster, ev.name if kind == "Namespace" else ev.namespace)
+            key = (ev.cluster, ev.name if kind == NAMESPACE_KIND else ev.namespace)
         st = self.states.get(key)
         if st is None:
             if not self.partitions.owns(*key):
@@ -423,7 +424,7 @@ class Ledger:
             return Outcome.UNTRACKED
         if ev.kind in CLUSTER_WIDE_KINDS:
             keys: Iterable[tuple[str, str]] = [(ev.cluster, CLUSTER_WIDE)]
-        elif ev.kind == "Namespace":
+        elif ev.kind == NAMESPACE_KIND:
             keys = list(self.namespaces(ev.cluster))
         elif self.partitions.owns(ev.cluster, ev.namespace):
             keys = [(ev.cluster, ev.namespace)]

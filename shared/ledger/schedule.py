@@ -11,20 +11,10 @@ from enum import IntEnum
 from typing import Final
 
 from shared.errors import InvalidInput
+from shared.kinds import EVENT_KIND, POD_KIND, QUOTA_KIND, VMI_KIND, VMIM_KIND
 from shared.quota.modes import policy_of
 from shared.resources import ResourceList
-from shared.snapshot import (
-    EVENT_KIND,
-    POD_KIND,
-    QUOTA_KIND,
-    EventSnapshot,
-    PodSnapshot,
-    QuotaSnapshot,
-    Snapshot,
-    VmimSnapshot,
-    VmiSnapshot,
-)
-from shared.vmi import VMI_KIND, VMIM_KIND
+from shared.snapshot import EventSnapshot, PodSnapshot, QuotaSnapshot, Snapshot, VmimSnapshot, VmiSnapshot
 
 URGENT_KINDS: Final[frozenset[str]] = frozenset({VMIM_KIND, VMI_KIND, EVENT_KIND, QUOTA_KIND, POD_KIND})
 """The kinds :func:`urgency` may find urgent."""

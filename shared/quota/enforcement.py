@@ -48,6 +48,7 @@ from shared.contract import (
     source,
 )
 from shared.errors import InvalidInput
+from shared.kinds import EVENT_KIND, QUOTA_KIND, VMI_KIND
 from shared.quantity import ZERO, Quantity
 from shared.quota.annotations import (
     BUDGET_ANNOTATION,
@@ -596,14 +597,14 @@ EVENT_MESSAGE_MAX: Final = 1024
 
 def event_body(p: Plan, *, identity: str, now: datetime) -> dict[str, Any]:
     """The core/v1 Event recording a change on the quota (``kubectl get events`` lists it)."""
-    involved = {"apiVersion": "v1", "kind": "ResourceQuota", "namespace": p.namespace, "name": p.name, "uid": p.uid}
+    involved = {"apiVersion": "v1", "kind": QUOTA_KIND, "namespace": p.namespace, "name": p.name, "uid": p.uid}
     return _event(involved, p.event_reason, p.event_type, p.reason, action=p.action.value, identity=identity, now=now)
 
 
 def hotplug_refused_event(namespace: str, migration: MigrationState, *, identity: str, now: datetime) -> dict[str, Any]:
     """The Warning Event that tells a tenant, on its VMI, why a hotplug does not happen: its growth does not fit
     the budget (the migration's reason says by how much), and the VM keeps running at its current size."""
-    involved = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "namespace": namespace}
+    involved = {"apiVersion": "kubevirt.io/v1", "kind": VMI_KIND, "namespace": namespace}
     involved["name"] = migration.vmi
     message = f"migration {migration.name}: {migration.reason}"
     return _event(involved, VM_QUOTA_EXCEEDED, WARNING, message, action="Refuse", identity=identity, now=now)
@@ -615,7 +616,7 @@ def vm_refused_event(
     """The Warning Event that tells a tenant, on its VMI, why the VM does not start: it does not fit the budget
     (the ledger's reason names the quota, the resource, what it needs and what is left), and which of ``others``
     (the namespace's VMs) hold that resource of the budget, largest first."""
-    involved = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "namespace": namespace}
+    involved = {"apiVersion": "kubevirt.io/v1", "kind": VMI_KIND, "namespace": namespace}
     involved["name"] = vm.name
     if vm.uid:
         involved["uid"] = vm.uid
@@ -654,7 +655,7 @@ def _event(
         message = message[: EVENT_MESSAGE_MAX - 3] + "..."
     return {
         "apiVersion": "v1",
-        "kind": "Event",
+        "kind": EVENT_KIND,
         "metadata": {"name": f"{involved['name']}.{int(now.timestamp() * 1e9):x}", "namespace": involved["namespace"]},
         "involvedObject": involved,
         "reason": reason,

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from shared import contract
 from shared.errors import InvalidInput
+from shared.kinds import CLUSTER_SCOPED_KINDS
 from shared.quantity import Quantity
 from shared.snapshot import SNAPSHOT_TYPES, PodSnapshot
 
@@ -62,7 +63,7 @@ def test_object_event_round_trip(cluster: str, ns: str, kind: str, uid: str, rv:
     subject = contract.event_subject(cluster, kind, ns)
     parsed = contract.parse_event_subject(subject)
     assert parsed.cluster == cluster and parsed.kind == kind
-    assert parsed.namespace == (contract.CLUSTER_TOKEN if kind in contract.CLUSTER_SCOPED_KINDS else ns)
+    assert parsed.namespace == (contract.CLUSTER_TOKEN if kind in CLUSTER_SCOPED_KINDS else ns)
 
 
 @given(cluster=labels, ns=labels, kind=kinds, rv=rvs, present=st.lists(uids, max_size=5))
@@ -71,7 +72,7 @@ def test_sync_round_trip(cluster: str, ns: str, kind: str, rv: str, present: lis
     back = contract.decode_event(contract.encode(ev))
     assert isinstance(back, contract.Sync) and back == ev
     assert back.present == sorted(present)
-    token = contract.CLUSTER_TOKEN if kind in contract.CLUSTER_SCOPED_KINDS else ns
+    token = contract.CLUSTER_TOKEN if kind in CLUSTER_SCOPED_KINDS else ns
     assert back.namespace == token
     assert back.id == f"{cluster}/{kind}/ns={token}/{rv}/sync"
 

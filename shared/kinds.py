@@ -1,0 +1,20 @@
+"""The Kubernetes kinds vmquota reads, by name: one constant per kind, and which of them hold for the whole
+cluster rather than one namespace."""
+
+from __future__ import annotations
+
+from typing import Final
+
+VM_KIND: Final = "VirtualMachine"
+VMI_KIND: Final = "VirtualMachineInstance"
+VMIM_KIND: Final = "VirtualMachineInstanceMigration"
+POD_KIND: Final = "Pod"
+QUOTA_KIND: Final = "ResourceQuota"
+NAMESPACE_KIND: Final = "Namespace"
+KUBEVIRT_KIND: Final = "KubeVirt"
+EVENT_KIND: Final = "Event"
+
+CLUSTER_SCOPED_KINDS: Final = frozenset({NAMESPACE_KIND, KUBEVIRT_KIND})
+"""Kinds that hold for the whole cluster: every namespace's accounting reads them, and the bus publishes them under
+the ``_cluster`` namespace token. The KubeVirt CR is namespaced in Kubernetes, but it configures the whole cluster
+(``cpuAllocationRatio``, overcommit, feature gates)."""

@@ -396,7 +396,7 @@ async def test_the_real_accountant_publishes_the_quota_equation_terms(nats_url: 
     usage carries, per managed quota, what ``shared.accounting`` computes from the same objects directly."""
     from shared.accounting.wire import account
     from shared.snapshot import normalize
-    from tests.unit import test_accounting as acc
+    from tests import builders as acc
 
     quota = acc.quota_obj("rq", {"limits.memory": "64Gi"})
     facts = acc.facts_for(["limits.memory"])

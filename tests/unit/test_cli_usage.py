@@ -16,7 +16,7 @@ import yaml
 from services.cli.main import build_parser, main
 from services.cli.usage import account_all, build_config, build_policy, load_snapshots, namespace_json
 from shared.quota.modes import Mode
-from tests.unit.test_accounting import launcher_obj, pod_obj, refusal_event, vmi_obj, vmim_obj
+from tests.builders import launcher_obj, pod_obj, refusal_event, vmi_obj, vmim_obj
 
 
 def write(tmp_path: Path, objs: list[dict[str, Any]], name: str = "objs.yaml") -> str:

@@ -39,7 +39,7 @@ from shared.quota.equation import desired_hard, scaled_headroom
 from shared.quota.modes import VMI_NAMES, Mode, VmSize, mode_usage
 from shared.resources import ResourceList, add, fits, maximum, parse_resource_list
 from shared.snapshot import VmiSnapshot, normalize
-from tests.unit.test_accounting import (
+from tests.builders import (
     NOW,
     facts_for,
     launcher_obj,

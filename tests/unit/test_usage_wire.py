@@ -81,7 +81,7 @@ def test_namespace_sums_beyond_int64_are_saturated_and_reported_not_refused() ->
     from shared.quantity import MAX_NANOS
     from shared.quota.enforcement import check_usage
     from shared.snapshot import normalize
-    from tests.unit import test_accounting as acc
+    from tests import builders as acc
 
     objs = [acc.quota_obj("rq", {"limits.memory": "64Gi"})]
     objs += [acc.pod_obj(f"huge{i}", {"memory": "5Ei"}, {"memory": "5Ei"}) for i in range(2)]

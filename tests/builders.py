@@ -1,0 +1,236 @@
+"""Builders of the objects the accounting tests feed the pure core (VMIs, launcher pods, migrations, quotas, refusal
+Events) and the helpers that account them: shared by the unit, property and integration tests.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
+
+from shared.accounting.namespace import account_namespace
+from shared.accounting.results import (
+    NamespaceUsage,
+)
+from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
+from shared.podusage import quota_usage_of
+from shared.quota.annotations import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION, RATIO_ANNOTATION
+from shared.quota.modes import Mode
+from shared.resources import ResourceList, format_resource_list
+from shared.snapshot import (
+    AnySnapshot,
+    PodSnapshot,
+    normalize,
+)
+
+NS = "tenant"
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
+NOW = T0 + timedelta(days=1)
+
+
+def ts(seconds: float) -> str:
+    return (T0 + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
+
+
+# ---- builders ----------------------------------------------------------------------------------------------------
+
+
+def vmi_obj(
+    name: str,
+    *,
+    vcpus: int = 1,
+    guest: str = "1Gi",
+    t: float = 0,
+    phase: str = "Running",
+    node: str = "n1",
+    limits: Mapping[str, str] | None = None,
+    requests: Mapping[str, str] | None = None,
+    status_vcpus: int | None = None,
+    status_guest: str | None = None,
+    priority: str | None = None,
+    namespace: str = NS,
+) -> dict[str, Any]:
+    domain: dict[str, Any] = {"cpu": {"sockets": vcpus, "cores": 1, "threads": 1}, "memory": {"guest": guest}}
+    res: dict[str, Any] = {}
+    if limits:
+        res["limits"] = dict(limits)
+    if requests:
+        res["requests"] = dict(requests)
+    if res:
+        domain["resources"] = res
+    status: dict[str, Any] = {"phase": phase}
+    if node and phase != "Pending":
+        status["nodeName"] = node
+    if status_vcpus is not None:
+        status["currentCPUTopology"] = {"sockets": status_vcpus, "cores": 1, "threads": 1}
+    if status_guest is not None:
+        status["memory"] = {"guestCurrent": status_guest}
+    spec: dict[str, Any] = {"domain": domain}
+    if priority:
+        spec["priorityClassName"] = priority
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "creationTimestamp": ts(t)},
+        "spec": spec,
+        "status": status,
+    }
+
+
+def facts_for(budget_keys: Iterable[str]) -> NamespaceFacts:
+    keys = set(budget_keys)
+    return NamespaceFacts(quota_has_limits_cpu="limits.cpu" in keys, quota_has_limits_memory="limits.memory" in keys)
+
+
+def launcher_obj(
+    vmi: Mapping[str, Any],
+    *,
+    config: KubeVirtConfig | None = None,
+    facts: NamespaceFacts | None = None,
+    migration_uid: str | None = None,
+    node: str = "n1",
+    t: float = 1,
+    phase: str = "Running",
+    suffix: str = "",
+    vouched: bool = True,
+) -> dict[str, Any]:
+    """The launcher pod KubeVirt creates for ``vmi`` (rendered), as the API server would return it. ``vouched``:
+    KubeVirt names it in the VMI's ``status.activePods`` (``vmi`` is changed in place), as it does for its own pods;
+    a pod that only looks like a launcher pod (a tenant's forgery) is not."""
+    rendered = render_launcher_pod(vmi, config or KubeVirtConfig(), facts or NamespaceFacts())
+    meta = vmi["metadata"]
+    labels = {
+        "kubevirt.io": "virt-launcher",
+        "kubevirt.io/created-by": meta["uid"],
+        "vm.kubevirt.io/name": meta["name"],
+    }
+    if migration_uid:
+        labels["kubevirt.io/migrationJobUID"] = migration_uid
+    name = f"virt-launcher-{meta['name']}-{suffix or ('t' + migration_uid if migration_uid else 's')}"
+    pod: dict[str, Any] = {
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": meta["namespace"],
+            "uid": f"pod-{name}",
+            "creationTimestamp": ts(t),
+            "labels": labels,
+            "ownerReferences": [{"kind": "VirtualMachineInstance", "name": meta["name"], "uid": meta["uid"]}],
+        },
+        "spec": {**rendered.pod_spec(), "nodeName": node},
+        "status": {"phase": phase},
+    }
+    if vouched:
+        vouch(vmi, pod)
+    return pod
+
+
+def vouch(vmi: Mapping[str, Any], pod: Mapping[str, Any]) -> None:
+    """KubeVirt's VMI controller names ``pod`` in ``vmi``'s ``status.activePods`` (changed in place)."""
+    status = cast(dict[str, Any], vmi).setdefault("status", {})
+    status.setdefault("activePods", {})[pod["metadata"]["uid"]] = pod["spec"].get("nodeName", "")
+
+
+def pod_obj(
+    name: str,
+    requests: Mapping[str, str],
+    limits: Mapping[str, str] | None = None,
+    *,
+    phase: str = "Running",
+    t: float = 0,
+    priority: str | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "containers": [{"name": "main", "resources": {"requests": dict(requests), "limits": dict(limits or {})}}]
+    }
+    if priority:
+        spec["priorityClassName"] = priority
+    return {
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "uid": f"pod-{name}", "creationTimestamp": ts(t)},
+        "spec": spec,
+        "status": {"phase": phase},
+    }
+
+
+def quota_obj(
+    name: str,
+    hard: Mapping[str, str],
+    mode: Mode | str = Mode.VMI_POD_USAGE,
+    *,
+    ratio: str | None = None,
+    budget: Mapping[str, str] | None = None,
+    scope_selector: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    ann = {MODE_ANNOTATION: str(mode)}
+    if ratio is not None:
+        ann[RATIO_ANNOTATION] = ratio
+    if budget is not None:
+        ann[BUDGET_ANNOTATION] = json.dumps(dict(budget))
+    spec: dict[str, Any] = {"hard": dict(hard)}
+    if scope_selector:
+        spec["scopeSelector"] = {"matchExpressions": scope_selector}
+    return {
+        "kind": "ResourceQuota",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": f"rq-{name}",
+            "labels": {MANAGED_LABEL: "true"},
+            "annotations": ann,
+        },
+        "spec": spec,
+    }
+
+
+def vmim_obj(name: str, vmi: str, *, t: float = 100, phase: str = "Pending", rejected: bool = False) -> dict[str, Any]:
+    """A migration; ``rejected``: KubeVirt was refused its target pod (condition
+    ``migrationRejectedByResourceQuota``)."""
+    status: dict[str, Any] = {"phase": phase}
+    if rejected:
+        status["conditions"] = [{"type": "migrationRejectedByResourceQuota", "status": "True"}]
+    return {
+        "kind": "VirtualMachineInstanceMigration",
+        "metadata": {"name": name, "namespace": NS, "uid": f"mig-{name}", "creationTimestamp": ts(t)},
+        "spec": {"vmiName": vmi},
+        "status": status,
+    }
+
+
+def refusal_event(vmi: str, requested: Mapping[str, str], *, t: float, quota: str = "rq") -> dict[str, Any]:
+    req = ",".join(f"{k}={v}" for k, v in requested.items())
+    return {
+        "kind": "Event",
+        "metadata": {"name": f"{vmi}.{int(t)}", "namespace": NS, "uid": f"ev-{vmi}-{t}", "creationTimestamp": ts(t)},
+        "involvedObject": {"kind": "VirtualMachineInstance", "name": vmi, "uid": f"uid-{vmi}"},
+        "reason": "FailedCreate",
+        "type": "Warning",
+        "message": f'Error creating pod: pods "virt-launcher-{vmi}-x" is forbidden: exceeded quota: {quota}, '
+        f"requested: {req}, used: cpu=0, limited: cpu=0",
+        "count": 1,
+        "lastTimestamp": ts(t),
+    }
+
+
+def snaps(objs: Iterable[Mapping[str, Any]]) -> list[AnySnapshot]:
+    return [normalize(o) for o in objs]
+
+
+def account(objs: Iterable[Mapping[str, Any]], **kw: Any) -> NamespaceUsage:
+    return account_namespace(snaps(objs), now=NOW, **kw)
+
+
+def usage_of(pod: Mapping[str, Any]) -> ResourceList:
+    s = normalize(pod)
+    assert isinstance(s, PodSnapshot)
+    return dict(s.usage)
+
+
+def rendered_usage(vmi: Mapping[str, Any], config: KubeVirtConfig, facts: NamespaceFacts) -> ResourceList:
+    r = render_launcher_pod(vmi, config, facts)
+    return quota_usage_of(r.requests, r.limits)
+
+
+def hard_of(u: NamespaceUsage, quota: str = "rq") -> dict[str, str]:
+    return format_resource_list(u.quotas[quota].hard)

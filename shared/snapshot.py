@@ -72,6 +72,13 @@ VMIM_ACTIVE_PHASES: Final = frozenset(
 VMI_FINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
 
 
+def labelled_launcher(labels: object) -> bool:
+    """Whether ``labels`` (a pod's ``metadata.labels``, raw or kept) say KubeVirt launcher pod
+    (``kubevirt.io: virt-launcher``). A tenant can write labels: this decides what the watcher publishes, never
+    what accounting believes (only a VMI's ``status.activePods`` vouches for a launcher pod)."""
+    return isinstance(labels, Mapping) and labels.get(LAUNCHER_LABEL) == LAUNCHER_VALUE
+
+
 # ---- Struct base and parts -------------------------------------------------------------------------------------
 
 
@@ -104,7 +111,7 @@ class Part(msgspec.Struct, frozen=True, kw_only=True, rename="camel", gc=False):
     """Base of nested snapshot parts (not tagged)."""
 
 
-class MigrationState(Part, frozen=True, kw_only=True):
+class VmiMigrationState(Part, frozen=True, kw_only=True):
     """The essentials of a VMI's ``status.migrationState`` (written at hand-off; may describe a past migration)."""
 
     migration_uid: str = ""
@@ -345,7 +352,7 @@ class VmiSnapshot(Snapshot, tag=VMI_KIND, frozen=True, kw_only=True):
     """Explicit ``spec.domain.resources.limits``."""
     memory_overhead: Quantity | None = None
     """``status.memory.memoryOverhead``: the overhead KubeVirt published, when it did."""
-    migration: MigrationState | None = None
+    migration: VmiMigrationState | None = None
     active_pods: dict[str, str] = {}
     """``status.activePods``: pod uid → node of the launcher pods KubeVirt's VMI controller counts as the VMI's (a
     field only KubeVirt writes: the one proof that a pod is a launcher pod, whatever its labels say)."""
@@ -453,7 +460,8 @@ class PodSnapshot(Snapshot, tag=POD_KIND, frozen=True, kw_only=True):
 
     @property
     def is_launcher(self) -> bool:
-        return self.labels.get(LAUNCHER_LABEL) == LAUNCHER_VALUE
+        """Labelled as a launcher pod (a tenant can write the label: only ``status.activePods`` vouches for it)."""
+        return labelled_launcher(self.labels)
 
     @property
     def vmi_uid(self) -> str:
@@ -745,7 +753,7 @@ def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
         tmo = None
         if ms.get("targetMemoryOverhead") is not None:
             tmo = _quantity(ms["targetMemoryOverhead"], f"{w}.targetMemoryOverhead")
-        mig = MigrationState(
+        mig = VmiMigrationState(
             migration_uid=string(ms, "migrationUid", w),
             source_node=string(ms, "sourceNode", w),
             target_node=string(ms, "targetNode", w),

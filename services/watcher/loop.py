@@ -14,7 +14,7 @@ from enum import Enum
 from typing import NamedTuple
 
 from shared.quota.modes import is_managed
-from shared.snapshot import LAUNCHER_LABEL, LAUNCHER_VALUE
+from shared.snapshot import labelled_launcher
 
 
 class Tracked(NamedTuple):
@@ -116,14 +116,9 @@ def sync_namespaces(diff: RelistDiff, known_before: Iterable[str], extra: Iterab
 # ---- pods: which ones the watcher publishes --------------------------------------------------------------------
 
 
-def is_launcher(labels: object) -> bool:
-    """A KubeVirt launcher pod (label ``kubevirt.io: virt-launcher``), from raw metadata.labels."""
-    return isinstance(labels, Mapping) and labels.get(LAUNCHER_LABEL) == LAUNCHER_VALUE
-
-
 def pod_wanted(labels: object, namespace: str, managed: ManagedNamespaces | Iterable[str]) -> bool:
     """Launcher pods always; other pods only in namespaces with a managed ResourceQuota."""
-    return is_launcher(labels) or namespace in managed
+    return labelled_launcher(labels) or namespace in managed
 
 
 def quota_is_managed(labels: object) -> bool:
@@ -198,12 +193,12 @@ class ManagedNamespaces:
 # ---- failures and backoff --------------------------------------------------------------------------------------
 
 
-class Action(Enum):
+class Recovery(Enum):
     RELIST = "relist"
     """410 Gone: the version the loop holds is compacted away; list again and diff."""
     BACKOFF = "backoff"
     """Throttled, server error, network trouble (or a client error an operator must fix): wait, then retry."""
 
 
-def classify(status: int) -> Action:
-    return Action.RELIST if status == 410 else Action.BACKOFF
+def classify(status: int) -> Recovery:
+    return Recovery.RELIST if status == 410 else Recovery.BACKOFF

@@ -31,14 +31,13 @@ from services.platform.kube import is_transient
 from services.watcher import kube
 from services.watcher.kube import KubeError, Obj, ResourceSpec, Timeouts
 from services.watcher.loop import (
-    Action,
     KnownSet,
     ManagedNamespaces,
+    Recovery,
     RelistDiff,
     Tracked,
     classify,
     diff_relist,
-    is_launcher,
     is_newer,
     pod_wanted,
     quota_is_managed,
@@ -60,7 +59,7 @@ from shared.kinds import (
     VMI_KIND,
     VMIM_KIND,
 )
-from shared.snapshot import normalize
+from shared.snapshot import labelled_launcher, normalize
 
 FAILED_CREATE_SELECTOR: Final = "involvedObject.kind=VirtualMachineInstance,reason=FailedCreate"
 
@@ -307,7 +306,7 @@ class ListWatch:
             return
         self.w.emitter.upsert(self.kind, obj, ident)
         self.known.put(
-            ident.uid, ident.namespace, ident.name, ident.rv, self.kind == POD_KIND and is_launcher(_labels(obj))
+            ident.uid, ident.namespace, ident.name, ident.rv, self.kind == POD_KIND and labelled_launcher(_labels(obj))
         )
 
     def delete(self, obj: Obj, ident: Ident) -> None:
@@ -448,7 +447,7 @@ class ListWatch:
             except KubeError as e:
                 if m is not None:
                     m.errors.labels(c, self.kind, str(e.status)).inc()
-                if classify(e.status) is Action.RELIST:
+                if classify(e.status) is Recovery.RELIST:
                     need_list, reason = True, "gone"
                     self.log.info("resource version gone, relisting", resource_version=self.rv, error=str(e))
                     gone += 1

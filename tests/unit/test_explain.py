@@ -7,7 +7,7 @@ from typing import Any
 
 from shared import contract
 from shared.explain import migration_timeline, vm_timeline
-from shared.snapshot import EventSnapshot, MigrationState, PodSnapshot, VmimSnapshot, VmiSnapshot
+from shared.snapshot import EventSnapshot, PodSnapshot, VmiMigrationState, VmimSnapshot, VmiSnapshot
 
 NS = "tenant-a"
 
@@ -70,7 +70,7 @@ def decision(reason: str, second: int) -> contract.Decision:
 
 
 def vmi(rv: int, second: int, *, phase: str = "Running", target: str = "") -> Any:
-    state = MigrationState(migration_uid="mig-uid", target_pod=target) if target else None
+    state = VmiMigrationState(migration_uid="mig-uid", target_pod=target) if target else None
     snap = VmiSnapshot(uid="vmi-uid", namespace=NS, name="vm1", phase=phase, node_name="node01", migration=state,
                        creation_timestamp=datetime(2026, 12, 1, 10, 0, 0, tzinfo=UTC))  # fmt: skip
     return ev("VirtualMachineInstance", "vm1", "vmi-uid", rv, snap, second)

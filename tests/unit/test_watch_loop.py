@@ -10,19 +10,19 @@ from hypothesis import strategies as st
 
 from services.platform.kube import is_transient
 from services.watcher.loop import (
-    Action,
     KnownSet,
     ManagedNamespaces,
+    Recovery,
     Tracked,
     classify,
     diff_relist,
-    is_launcher,
     is_newer,
     pod_wanted,
     quota_is_managed,
     sync_namespaces,
 )
 from shared.backoff import Backoff
+from shared.snapshot import labelled_launcher
 
 NAMESPACES = ("a", "b", "c")
 
@@ -125,7 +125,11 @@ def test_pods_wanted_launchers_everywhere_others_in_managed_namespaces() -> None
     managed = ManagedNamespaces()
     managed.update("m", "q1", True)
     launcher = {"kubevirt.io": "virt-launcher"}
-    assert is_launcher(launcher) and not is_launcher({"kubevirt.io": "hotplug-disk"}) and not is_launcher(None)
+    assert (
+        labelled_launcher(launcher)
+        and not labelled_launcher({"kubevirt.io": "hotplug-disk"})
+        and not labelled_launcher(None)
+    )
     assert pod_wanted(launcher, "u", managed)
     assert pod_wanted({"app": "web"}, "m", managed)
     assert not pod_wanted({"app": "web"}, "u", managed)
@@ -182,9 +186,9 @@ def test_managed_namespaces_match_their_quotas(ops: list[tuple[str, str, bool]])
 
 
 def test_only_gone_relists() -> None:
-    assert classify(410) is Action.RELIST
+    assert classify(410) is Recovery.RELIST
     for status in (0, 400, 401, 403, 404, 408, 429, 500, 503, 504):
-        assert classify(status) is Action.BACKOFF
+        assert classify(status) is Recovery.BACKOFF
     assert all(is_transient(s) for s in (0, 408, 429, 500, 502, 503, 504))
     assert not any(is_transient(s) for s in (400, 401, 403, 404, 422))
 

@@ -82,23 +82,10 @@ def test_a_bad_input_is_one_line_and_an_exit_code(tmp_path: Path, argv: list[str
 def test_a_missing_extra_is_one_line_with_the_install_line(tmp_path: Path, argv: list[str]) -> None:
     """The plain install (no ``sim`` extra) runs the commands that need the simulated cluster only far enough to
     say which install line adds what they need."""
-    blocked = (
-        "import sys; sys.modules['cryptography'] = None; "
-        "from services.cli.main import main; sys.exit(main(sys.argv[1:]))"
-    )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            blocked,
-            *argv,
-            *(["--kubeconfig-out", str(tmp_path / "kc")] if argv[0] == "up" else []),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=tmp_path,
+    proc = without(
+        "cryptography",
+        [*argv, *(["--kubeconfig-out", str(tmp_path / "kc")] if argv[0] == "up" else [])],
+        tmp_path,
     )
     err = proc.stderr.strip()
     assert proc.returncode == 1, err[-2000:]
@@ -106,23 +93,20 @@ def test_a_missing_extra_is_one_line_with_the_install_line(tmp_path: Path, argv:
     assert err.startswith(f"vmquota {argv[0]}: ") and "pip install 'vmquota[sim]'" in err, err
 
 
-WITHOUT_DEVTOOLS = (
-    "import sys; sys.modules['services.devtools'] = None; "
-    "from services.cli.main import main; sys.exit(main(sys.argv[1:]))"
-)
-"""The production image: the ``services.devtools`` package is not installed."""
+def without(module: str, argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``vmquota ARGV`` in a process where ``module`` cannot be imported: a plain install without the ``sim`` extra
+    (``cryptography``), or the production image (``services.devtools``)."""
+    code = (
+        f"import sys; sys.modules[{module!r}] = None; from services.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60, check=False, cwd=cwd
+    )
 
 
 @pytest.mark.parametrize("argv", [["demo"], ["simulate"], ["up", "--example"]], ids=lambda a: a[0])
 def test_without_the_devtools_a_development_command_is_one_line(tmp_path: Path, argv: list[str]) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", WITHOUT_DEVTOOLS, *argv],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=tmp_path,
-    )
+    proc = without("services.devtools", argv, tmp_path)
     err = proc.stderr.strip()
     assert proc.returncode == 1, err[-2000:]
     assert "Traceback" not in err and len(err.splitlines()) == 1, err[-2000:]
@@ -131,12 +115,5 @@ def test_without_the_devtools_a_development_command_is_one_line(tmp_path: Path, 
 
 def test_without_the_devtools_the_product_commands_and_the_help_work(tmp_path: Path) -> None:
     for argv, phrase in ((["--help"], "usage: vmquota"), (["run", "--help"], "usage: vmquota run")):
-        proc = subprocess.run(
-            [sys.executable, "-c", WITHOUT_DEVTOOLS, *argv],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-            cwd=tmp_path,
-        )
+        proc = without("services.devtools", argv, tmp_path)
         assert proc.returncode == 0 and phrase in proc.stdout, proc.stderr[-2000:]

@@ -14,15 +14,12 @@ from shared.accounting.results import (
     NamespaceUsage,
 )
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
+from shared.normalize import normalize
 from shared.podusage import quota_usage_of
 from shared.quota.annotations import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION, RATIO_ANNOTATION
 from shared.quota.modes import Mode
 from shared.resources import ResourceList, format_resource_list
-from shared.snapshot import (
-    AnySnapshot,
-    PodSnapshot,
-    normalize,
-)
+from shared.snapshot import AnySnapshot, PodSnapshot
 
 NS = "tenant"
 T0 = datetime(2025, 1, 1, tzinfo=UTC)

@@ -39,6 +39,7 @@ from shared.kinds import (
 from shared.kubevirt import KubeVirtConfig
 from shared.kubevirt.config import profile
 from shared.kubevirt.vm import STARTING_STRATEGIES, run_strategy, vmi_from_vm
+from shared.normalize import normalize
 from shared.quota.modes import MODE_NAMES, Mode, QuotaPolicy, is_managed, parse_mode, parse_ratio
 from shared.resources import ResourceList, format_resource_list
 from shared.snapshot import (
@@ -48,7 +49,6 @@ from shared.snapshot import (
     NamespaceSnapshot,
     QuotaSnapshot,
     VmiSnapshot,
-    normalize,
 )
 from shared.vmi import object_ref
 

@@ -45,11 +45,12 @@ from shared import contract
 from shared.backoff import Backoff, TokenBucket
 from shared.errors import InvalidInput
 from shared.kinds import QUOTA_KIND
+from shared.normalize import normalize
 from shared.quota import enforcement, guard
 from shared.quota.annotations import MANAGED_LABEL
 from shared.quota.enforcement import Plan
 from shared.quota.modes import is_managed
-from shared.snapshot import QuotaSnapshot, normalize, same_content
+from shared.snapshot import QuotaSnapshot, same_content
 
 log = structlog.get_logger("vmquota.enforcer")
 Key = tuple[str, str]

@@ -2,7 +2,7 @@
 
 Each call goes through a kubernetes-asyncio generated method (authentication, TLS and URLs from the kubeconfig or
 the in-cluster service account) with ``_preload_content=False`` — bodies are decoded with msgspec into the plain
-dicts ``shared.snapshot.normalize`` reads, never into model classes. Every failure is a :class:`KubeError` carrying
+dicts ``shared.normalize.normalize`` reads, never into model classes. Every failure is a :class:`KubeError` carrying
 the HTTP status (``NETWORK`` = 0 when no answer came) and the ``Retry-After`` the server asked for, so each service
 decides in one place what a 409, a 410 or a 429 means. Callers pass ``_request_timeout``: kubernetes-asyncio has
 no timeout of its own.

@@ -4,7 +4,7 @@ The watcher does not use ``kubernetes_asyncio.watch.Watch``: its reconnect has n
 the same stale resourceVersion, and it turns every object into a model class. Here each call goes through the
 generated method (``CoreV1Api``, ``CustomObjectsApi``: authentication, TLS and URLs come from the kubeconfig or
 the in-cluster configuration) with ``_preload_content=False`` and an explicit ``_request_timeout``; bodies are
-decoded with msgspec into plain dicts, the form ``shared.snapshot.normalize`` reads.
+decoded with msgspec into plain dicts, the form ``shared.normalize.normalize`` reads.
 
 Every failure becomes :class:`services.platform.kube.KubeError` with the HTTP status (0 for network failures) and the
 ``Retry-After`` the server asked for, so the loop decides in one place what to do about it.

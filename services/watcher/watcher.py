@@ -59,7 +59,8 @@ from shared.kinds import (
     VMI_KIND,
     VMIM_KIND,
 )
-from shared.snapshot import labelled_launcher, normalize
+from shared.normalize import normalize
+from shared.snapshot import labelled_launcher
 
 FAILED_CREATE_SELECTOR: Final = "involvedObject.kind=VirtualMachineInstance,reason=FailedCreate"
 

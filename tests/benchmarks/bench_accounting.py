@@ -12,6 +12,7 @@ import msgspec
 
 from shared.accounting.namespace import account_namespace
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
+from shared.normalize import normalize
 from shared.podusage import quota_usage_of
 from shared.quantity import Quantity
 from shared.quota.annotations import MANAGED_LABEL, MODE_ANNOTATION
@@ -25,7 +26,6 @@ from shared.snapshot import (
     VmiSnapshot,
     decode,
     encode,
-    normalize,
 )
 from tests.benchmarks.common import Result, rate
 

@@ -21,7 +21,7 @@ from services.platform.bus import Bus, NatsOptions
 from shared import contract
 from shared.accounting.wire import account
 from shared.ledger.fold import Ledger, PartitionSet
-from shared.snapshot import normalize
+from shared.normalize import normalize
 from tests.benchmarks.common import Result, rate
 
 CLUSTER = "bench"

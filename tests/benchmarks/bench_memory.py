@@ -23,7 +23,7 @@ from shared import contract
 from shared.accounting.namespace import ACCOUNTED_KINDS
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
 from shared.ledger.fold import Ledger, PartitionSet
-from shared.snapshot import normalize
+from shared.normalize import normalize
 from tests.benchmarks.common import Result
 
 VMS = 5_000

@@ -30,7 +30,7 @@ from services.platform.bus import Bus, NatsOptions, PullConsumer, position
 from shared import contract
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
 from shared.ledger.fold import Ledger, PartitionSet
-from shared.snapshot import normalize
+from shared.normalize import normalize
 from tests.benchmarks.common import Result
 
 OBJECTS = 20_000

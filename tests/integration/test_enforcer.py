@@ -25,10 +25,10 @@ from services.platform.kube import KubeError
 from services.platform.runner import cancel
 from shared import contract
 from shared.errors import InvalidInput
+from shared.normalize import normalize
 from shared.quantity import Quantity
 from shared.quota import guard
 from shared.quota.annotations import BUDGET_ANNOTATION, LAST_HARD_ANNOTATION, MANAGED_LABEL, STATUS_ANNOTATION
-from shared.snapshot import normalize
 from tests.integration.e2e import full_namespace, pipeline, rl
 
 pytestmark = pytest.mark.integration

@@ -395,7 +395,7 @@ async def test_the_real_accountant_publishes_the_quota_equation_terms(nats_url: 
     """Seed scenario 1 through the bus: three 16Gi VMs under ``limits.memory: 64Gi``, one migrating. The ledger's
     usage carries, per managed quota, what ``shared.accounting`` computes from the same objects directly."""
     from shared.accounting.wire import account
-    from shared.snapshot import normalize
+    from shared.normalize import normalize
     from tests import builders as acc
 
     quota = acc.quota_obj("rq", {"limits.memory": "64Gi"})

@@ -40,17 +40,11 @@ from shared.accounting.sums import Sum
 from shared.errors import InvalidInput
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts
 from shared.ledger.schedule import Urgency, Urgent, schedule, urgency
+from shared.normalize import normalize
 from shared.quantity import Quantity
 from shared.quota.modes import Mode, QuotaPolicy
 from shared.resources import ResourceList, fits, format_resource_list, parse_resource_list
-from shared.snapshot import (
-    SNAPSHOT_TYPES,
-    AnySnapshot,
-    QuotaSnapshot,
-    VmimSnapshot,
-    VmiSnapshot,
-    normalize,
-)
+from shared.snapshot import SNAPSHOT_TYPES, AnySnapshot, QuotaSnapshot, VmimSnapshot, VmiSnapshot
 from tests.builders import (
     NOW,
     NS,

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from services.devtools.simcluster.patch import merge_patch
 from shared import contract
 from shared.errors import InvalidInput
+from shared.normalize import normalize
 from shared.quantity import Quantity
 from shared.quota import enforcement as enf
 from shared.quota.annotations import (
@@ -27,7 +28,7 @@ from shared.quota.annotations import (
     USAGE_ANNOTATION,
 )
 from shared.quota.enforcement import Action
-from shared.snapshot import QuotaSnapshot, normalize
+from shared.snapshot import QuotaSnapshot
 
 NS = "tenant-a"
 MANAGED = {MANAGED_LABEL: "true"}

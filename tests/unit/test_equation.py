@@ -33,12 +33,13 @@ from hypothesis import strategies as st
 from shared.accounting.namespace import account_namespace
 from shared.accounting.results import ADMITTED, GROWTH_REFUSED, REFUSED, NamespaceUsage
 from shared.kubevirt import KubeVirtConfig
+from shared.normalize import normalize
 from shared.quantity import ZERO, Quantity
 from shared.quota.enforcement import check_hard_bound
 from shared.quota.equation import desired_hard, scaled_headroom
 from shared.quota.modes import VMI_NAMES, Mode, VmSize, mode_usage
 from shared.resources import ResourceList, add, fits, maximum, parse_resource_list
-from shared.snapshot import VmiSnapshot, normalize
+from shared.snapshot import VmiSnapshot
 from tests.builders import (
     NOW,
     facts_for,

@@ -10,7 +10,7 @@ import pytest
 from shared.errors import InvalidInput
 from shared.fields import boolean, mapping, objects, path, sequence, string, string_map
 from shared.kubevirt.config import config_fields_from_cr
-from shared.snapshot import normalize
+from shared.normalize import normalize
 from shared.vmi import vmi_spec
 
 

@@ -9,8 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared import contract
+from shared.normalize import normalize
 from shared.quota import guard
-from shared.snapshot import QuotaSnapshot, normalize
+from shared.snapshot import QuotaSnapshot
 
 NS = "t1"
 

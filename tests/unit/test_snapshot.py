@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from shared.errors import InvalidInput
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
+from shared.normalize import normalize, parse_refusal
 from shared.podusage import pod_quota_usage
 from shared.quantity import Quantity
 from shared.resources import format_resource_list
@@ -37,8 +38,6 @@ from shared.snapshot import (
     enc_hook,
     encode,
     from_builtins,
-    normalize,
-    parse_refusal,
     prune_vmi_spec,
     same_content,
     shared_resources,

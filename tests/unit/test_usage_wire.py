@@ -78,9 +78,9 @@ def test_namespace_sums_beyond_int64_are_saturated_and_reported_not_refused() ->
     namespace's ``hard``); ``hard`` falls back to the budget, which opens no room."""
     from shared.accounting.wire import account
     from shared.ledger.fold import NamespaceView
+    from shared.normalize import normalize
     from shared.quantity import MAX_NANOS
     from shared.quota.enforcement import check_usage
-    from shared.snapshot import normalize
     from tests import builders as acc
 
     objs = [acc.quota_obj("rq", {"limits.memory": "64Gi"})]

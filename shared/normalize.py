@@ -1,0 +1,437 @@
+"""Normalisation: a raw Kubernetes object (a JSON-like mapping, as the API server returns it) to its compact
+snapshot (:mod:`shared.snapshot`), or :class:`~shared.errors.InvalidInput` naming the field that is wrong. Only
+what accounting reads is kept.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any, Final
+
+from shared.errors import InvalidInput
+from shared.fields import mapping, path, string, string_map
+from shared.kinds import (
+    EVENT_KIND,
+    KUBEVIRT_KIND,
+    NAMESPACE_KIND,
+    POD_KIND,
+    QUOTA_KIND,
+    VM_KIND,
+    VMI_KIND,
+    VMIM_KIND,
+)
+from shared.kubevirt.render import MEMORY_OVERHEAD_ANNOTATION
+from shared.podusage import pod_resources, quota_usage_of
+from shared.quantity import Quantity
+from shared.resources import ResourceList, parse_resource_list
+from shared.snapshot import (
+    EVACUATION_ANNOTATION,
+    POD_LABELS_KEPT,
+    REJECTED_BY_QUOTA,
+    WORKLOAD_UPDATE_ANNOTATION,
+    AnySnapshot,
+    Condition,
+    EventSnapshot,
+    KubeVirtSnapshot,
+    NamespaceSnapshot,
+    PodSnapshot,
+    QuotaSnapshot,
+    ScopeSelector,
+    Snapshot,
+    VmiMigrationState,
+    VmimSnapshot,
+    VmiSnapshot,
+    VmSnapshot,
+)
+from shared.vmi import object_ref, status_size, vmi_spec
+
+# ---- normalisation: raw Kubernetes object -> snapshot -----------------------------------------------------------
+
+_DROPPED_ANNOTATIONS: Final = frozenset({"kubectl.kubernetes.io/last-applied-configuration"})
+_KUBEVIRT_CONFIG_KEYS: Final = (
+    "developerConfiguration",
+    "additionalGuestMemoryOverheadRatio",
+    "autoCPULimitNamespaceLabelSelector",
+    "cpuRequest",
+    "virtualMachineOptions",
+    "architectureConfiguration",
+    "supportContainerResources",
+    "network",
+)
+
+
+def _objects(obj: Mapping[str, Any], key: str, where: str) -> list[tuple[str, Mapping[str, Any]]]:
+    """The items of a list of objects, each with its path (``status.conditions[2]``); absent or null: none."""
+    raw = obj.get(key) or []
+    at = path(where, key)
+    if not isinstance(raw, list):
+        raise InvalidInput("expected a list", at)
+    items: list[tuple[str, Mapping[str, Any]]] = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, Mapping):
+            raise InvalidInput("expected an object", f"{at}[{i}]")
+        items.append((f"{at}[{i}]", item))
+    return items
+
+
+def _time(obj: Mapping[str, Any], key: str, where: str) -> datetime | None:
+    v = obj.get(key)
+    if v is None or v == "":
+        return None
+    if isinstance(v, datetime):
+        return v
+    if not isinstance(v, str):
+        raise InvalidInput(f"expected an RFC 3339 time, got {v!r}", path(where, key))
+    try:
+        t = datetime.fromisoformat(v.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidInput(f"expected an RFC 3339 time, got {v!r}", path(where, key)) from None
+    if t.tzinfo is None:
+        raise InvalidInput(f"time {v!r} has no time zone", path(where, key))
+    return t
+
+
+def _int(obj: Mapping[str, Any], key: str, where: str, default: int | None = None) -> int | None:
+    v = obj.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise InvalidInput(f"expected a whole number, got {v!r}", path(where, key))
+    return v
+
+
+def _quantity(raw: object, where: str) -> Quantity:
+    try:
+        return Quantity.parse(raw)
+    except InvalidInput as e:
+        raise e.at(where) from None
+
+
+def _identity(obj: Mapping[str, Any], *, namespaced: bool = True) -> dict[str, Any]:
+    meta = mapping(obj, "metadata", "")
+    name = string(meta, "name", "metadata")
+    if not name:
+        raise InvalidInput("missing", "metadata.name")
+    namespace = string(meta, "namespace", "metadata")
+    if namespaced and not namespace:
+        raise InvalidInput("missing", "metadata.namespace")
+    return {
+        "uid": string(meta, "uid", "metadata"),
+        "namespace": namespace,
+        "name": name,
+        "resource_version": string(meta, "resourceVersion", "metadata"),
+        "creation_timestamp": _time(meta, "creationTimestamp", "metadata"),
+    }
+
+
+def _kept_annotations(annotations: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in annotations.items() if k not in _DROPPED_ANNOTATIONS}
+
+
+def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
+    ident = _identity(obj)
+    meta = mapping(obj, "metadata", "")
+    vs = vmi_spec(obj)
+    size = status_size(obj)
+    status = mapping(obj, "status", "")
+    memst = mapping(status, "memory", "status")
+    overhead = None
+    if memst.get("memoryOverhead") is not None:
+        overhead = _quantity(memst["memoryOverhead"], "status.memory.memoryOverhead")
+    mig = None
+    ms = mapping(status, "migrationState", "status")
+    if ms:
+        w = "status.migrationState"
+        tmo = None
+        if ms.get("targetMemoryOverhead") is not None:
+            tmo = _quantity(ms["targetMemoryOverhead"], f"{w}.targetMemoryOverhead")
+        mig = VmiMigrationState(
+            migration_uid=string(ms, "migrationUid", w),
+            source_node=string(ms, "sourceNode", w),
+            target_node=string(ms, "targetNode", w),
+            target_pod=string(ms, "targetPod", w),
+            completed=bool(ms.get("completed", False)),
+            failed=bool(ms.get("failed", False)),
+            target_memory_overhead=tmo,
+        )
+    spec = mapping(obj, "spec", "")
+    return VmiSnapshot(
+        **ident,
+        labels=dict(vs.labels),  # (a VMI's own, read and checked by vmi_spec)
+        annotations=_kept_annotations(vs.annotations),
+        deletion_timestamp=_time(meta, "deletionTimestamp", "metadata"),
+        phase=string(status, "phase", "status"),
+        node_name=string(status, "nodeName", "status"),
+        vcpus=vs.vcpus,
+        guest_memory=vs.guest_memory,
+        status_vcpus=size.vcpus,
+        status_guest_memory=size.guest_memory,
+        requests=dict(vs.requests),
+        limits=dict(vs.limits),
+        memory_overhead=overhead,
+        migration=mig,
+        active_pods=string_map(status, "activePods", "status"),
+        pod_refused=any(
+            string(c, "type", w) == "Synchronized"
+            and string(c, "status", w) == "False"
+            and string(c, "reason", w) == "FailedCreate"
+            for w, c in _objects(status, "conditions", "status")
+        ),
+        priority_class_name=string(spec, "priorityClassName", "spec"),
+        spec=dict(spec),
+    )
+
+
+def _vm(obj: Mapping[str, Any]) -> VmSnapshot:
+    ident = _identity(obj)
+    meta = mapping(obj, "metadata", "")
+    spec = mapping(obj, "spec", "")
+    strategy = string(spec, "runStrategy", "spec")
+    running = spec.get("running")
+    if running is not None:
+        if not isinstance(running, bool):
+            raise InvalidInput(f"expected true or false, got {running!r}", "spec.running")
+        if strategy:
+            raise InvalidInput("spec.running and spec.runStrategy are mutually exclusive", "spec.running")
+        strategy = "Always" if running else "Halted"
+    vs = vmi_spec(obj)
+    status = mapping(obj, "status", "")
+    return VmSnapshot(
+        **ident,
+        labels=string_map(meta, "labels", "metadata"),
+        run_strategy=strategy,
+        printable_status=string(status, "printableStatus", "status"),
+        vcpus=vs.vcpus,
+        guest_memory=vs.guest_memory,
+    )
+
+
+def _vmim(obj: Mapping[str, Any]) -> VmimSnapshot:
+    ident = _identity(obj)
+    meta = mapping(obj, "metadata", "")
+    spec = mapping(obj, "spec", "")
+    vmi_name = string(spec, "vmiName", "spec")
+    if not vmi_name:
+        raise InvalidInput("missing", "spec.vmiName")
+    status = mapping(obj, "status", "")
+    conds: list[Condition] = []
+    for w, c in _objects(status, "conditions", "status"):
+        ctype = string(c, "type", w)
+        if not ctype:
+            raise InvalidInput("missing", f"{w}.type")
+        conds.append(
+            Condition(
+                type=ctype,
+                status=string(c, "status", w),
+                reason=string(c, "reason", w),
+                message=string(c, "message", w),
+            )
+        )
+    ann = string_map(meta, "annotations", "metadata")
+    trigger = ""
+    if EVACUATION_ANNOTATION in ann:
+        trigger = "evacuation"
+    elif WORKLOAD_UPDATE_ANNOTATION in ann:
+        trigger = "workload-update"
+    return VmimSnapshot(
+        **ident,
+        vmi_name=vmi_name,
+        phase=string(status, "phase", "status"),
+        deletion_timestamp=_time(meta, "deletionTimestamp", "metadata"),
+        conditions=conds,
+        rejected_by_quota=any(c.type == REJECTED_BY_QUOTA and c.status == "True" for c in conds),
+        trigger=trigger,
+    )
+
+
+_QOS_RESOURCES: Final = ("cpu", "memory")
+
+
+def _pod(obj: Mapping[str, Any]) -> PodSnapshot:
+    ident = _identity(obj)
+    meta = mapping(obj, "metadata", "")
+    labels = string_map(meta, "labels", "metadata")
+    ann = string_map(meta, "annotations", "metadata")
+    spec = mapping(obj, "spec", "")
+    if not spec:
+        raise InvalidInput("missing", "spec")
+    status = mapping(obj, "status", "")
+    requests, limits = pod_resources(obj)
+    owner_name = owner_uid = ""
+    for w, o in _objects(meta, "ownerReferences", "metadata"):
+        if o.get("kind") == VMI_KIND:
+            owner_name = string(o, "name", w)
+            owner_uid = string(o, "uid", w)
+            break
+    overhead = None
+    if ann.get(MEMORY_OVERHEAD_ANNOTATION) is not None:
+        overhead = _quantity(ann[MEMORY_OVERHEAD_ANNOTATION], f"metadata.annotations.{MEMORY_OVERHEAD_ANNOTATION}")
+    deadline = _int(spec, "activeDeadlineSeconds", "spec")
+    best_effort = not any(rl[r].nanos > 0 for rl in (requests, limits) for r in _QOS_RESOURCES if r in rl)
+    return PodSnapshot(
+        **ident,
+        labels={k: labels[k] for k in POD_LABELS_KEPT if k in labels},
+        phase=string(status, "phase", "status"),
+        node_name=string(spec, "nodeName", "spec"),
+        deletion_timestamp=_time(meta, "deletionTimestamp", "metadata"),
+        deletion_grace_period_seconds=_int(meta, "deletionGracePeriodSeconds", "metadata"),
+        owner_vmi_name=owner_name,
+        owner_vmi_uid=owner_uid,
+        requests=requests,
+        limits=limits,
+        usage=quota_usage_of(requests, limits),
+        memory_overhead=overhead,
+        terminating_scope=deadline is not None and deadline >= 0,
+        best_effort=best_effort,
+        priority_class_name=string(spec, "priorityClassName", "spec"),
+    )
+
+
+def _quota(obj: Mapping[str, Any]) -> QuotaSnapshot:
+    ident = _identity(obj)
+    meta = mapping(obj, "metadata", "")
+    spec = mapping(obj, "spec", "")
+    status = mapping(obj, "status", "")
+    scopes = spec.get("scopes") or []
+    if not isinstance(scopes, list) or not all(isinstance(s, str) for s in scopes):
+        raise InvalidInput("expected a list of scope names", "spec.scopes")
+    sel = mapping(spec, "scopeSelector", "spec")
+    selectors: list[ScopeSelector] = []
+    for w, e in _objects(sel, "matchExpressions", "spec.scopeSelector"):
+        values = e.get("values") or []
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise InvalidInput("expected a list of strings", f"{w}.values")
+        op = string(e, "operator", w)
+        if op not in ("In", "NotIn", "Exists", "DoesNotExist"):
+            raise InvalidInput(f"unknown operator {op!r}", f"{w}.operator")
+        selectors.append(ScopeSelector(scope_name=string(e, "scopeName", w), operator=op, values=list(values)))
+    return QuotaSnapshot(
+        **ident,
+        labels=string_map(meta, "labels", "metadata"),
+        annotations=_kept_annotations(string_map(meta, "annotations", "metadata")),
+        spec_hard=parse_resource_list(spec.get("hard"), "spec.hard"),
+        scopes=list(scopes),
+        scope_selector=selectors,
+        status_hard=parse_resource_list(status.get("hard"), "status.hard"),
+        status_used=parse_resource_list(status.get("used"), "status.used"),
+    )
+
+
+def _namespace(obj: Mapping[str, Any]) -> NamespaceSnapshot:
+    ident = _identity(obj, namespaced=False)
+    meta = mapping(obj, "metadata", "")
+    status = mapping(obj, "status", "")
+    return NamespaceSnapshot(
+        **ident, labels=string_map(meta, "labels", "metadata"), phase=string(status, "phase", "status")
+    )
+
+
+def _kubevirt(obj: Mapping[str, Any]) -> KubeVirtSnapshot:
+    from shared.kubevirt.config import (
+        KubeVirtConfig,
+        config_fields_from_cr,
+    )  # validates the CR as the renderer reads it
+
+    ident = _identity(obj, namespaced=False)
+    config = KubeVirtConfig(**config_fields_from_cr(obj))
+    conf = mapping(mapping(obj, "spec", ""), "configuration", "spec")
+    status = mapping(obj, "status", "")
+    return KubeVirtSnapshot(
+        **ident,
+        version=string(status, "observedKubeVirtVersion", "status"),
+        cpu_allocation_ratio=str(config.cpu_allocation_ratio),
+        memory_overcommit=config.memory_overcommit,
+        configuration={k: conf[k] for k in _KUBEVIRT_CONFIG_KEYS if k in conf},
+    )
+
+
+_EXCEEDED_RE: Final = re.compile(r"exceeded quota: ([^,]+), requested: (.*?), used: ")
+
+
+def parse_refusal(message: str, where: str = "message") -> tuple[str, ResourceList]:
+    """The quota name and ``requested:`` amounts of a quota refusal message; ``("", {})`` for other messages."""
+    m = _EXCEEDED_RE.search(message)
+    if m is None:
+        return "", {}
+    quota, items = m.group(1).strip(), m.group(2)
+    out: ResourceList = {}
+    for item in items.split(","):
+        name, sep, value = item.strip().partition("=")
+        if not sep or not name:
+            raise InvalidInput(f"cannot read requested amount {item.strip()!r}", where)
+        out[name] = _quantity(value, f"{where} (requested {name})")
+    return quota, out
+
+
+def _event(obj: Mapping[str, Any]) -> EventSnapshot:
+    ident = _identity(obj)
+    inv = mapping(obj, "involvedObject", "") or mapping(obj, "regarding", "")
+    kind = string(inv, "kind", "involvedObject")
+    reason = string(obj, "reason", "")
+    if kind != VMI_KIND or reason != "FailedCreate":
+        raise InvalidInput(
+            f"only FailedCreate events on a {VMI_KIND} are tracked "
+            f"(got {reason or 'no reason'} on {kind or 'nothing'})",
+            "reason",
+        )
+    message = string(obj, "message", "") or string(obj, "note", "")
+    quota, requested = parse_refusal(message)
+    series = mapping(obj, "series", "")
+    last = (
+        _time(obj, "lastTimestamp", "")
+        or _time(series, "lastObservedTime", "series")
+        or _time(obj, "eventTime", "")
+        or _time(obj, "firstTimestamp", "")
+        or ident["creation_timestamp"]
+    )
+    count = _int(obj, "count", "", None)
+    if count is None:
+        count = _int(series, "count", "series", 1)
+    return EventSnapshot(
+        **ident,
+        reason=reason,
+        type=string(obj, "type", ""),
+        involved_kind=kind,
+        involved_name=string(inv, "name", "involvedObject"),
+        involved_uid=string(inv, "uid", "involvedObject"),
+        message=message[:2048],
+        quota_name=quota,
+        requested=requested,
+        count=count or 1,
+        last_timestamp=last,
+    )
+
+
+_NORMALIZERS: Final[Mapping[str, Callable[[Mapping[str, Any]], Snapshot]]] = {
+    VMI_KIND: _vmi,
+    VM_KIND: _vm,
+    VMIM_KIND: _vmim,
+    POD_KIND: _pod,
+    QUOTA_KIND: _quota,
+    NAMESPACE_KIND: _namespace,
+    KUBEVIRT_KIND: _kubevirt,
+    EVENT_KIND: _event,
+}
+
+
+def normalize(obj: Mapping[str, Any]) -> AnySnapshot:
+    """The snapshot of a raw Kubernetes object. InvalidInput names the object and the field on malformed input
+    (absurd quantities included) and on a kind accounting does not track."""
+    if not isinstance(obj, Mapping):
+        raise InvalidInput(f"expected a Kubernetes object, got {type(obj).__name__}")
+    kind = obj.get("kind")
+    fn = _NORMALIZERS.get(kind) if isinstance(kind, str) else None
+    if fn is None:
+        raise InvalidInput(
+            f"kind {kind!r} is not tracked (expected one of {', '.join(sorted(_NORMALIZERS))})",
+            f"{object_ref(obj)}: kind",
+        )
+    try:
+        return fn(obj)  # type: ignore[return-value]
+    except InvalidInput as e:
+        ref = object_ref(obj)
+        if e.where.startswith(ref):
+            raise
+        raise e.at(ref) from None

@@ -38,7 +38,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.enforcer.kube import KubeError, Obj, QuotaApi, version_of
 from services.enforcer.quota_metrics import QuotaMetrics
-from services.platform.bus import Bus, PullConsumer, position
+from services.platform.bus import Bus, position
+from services.platform.consumer import PullConsumer
 from services.platform.http import Metrics, ServiceLabelled
 from services.platform.runner import cancel
 from shared import contract

@@ -1,6 +1,6 @@
 """The ledger service: fold the events stream into per-namespace state, publish usage, checkpoint.
 
-Loop: fetch a batch of events in stream order (``services.platform.bus.PullConsumer``), fold each into
+Loop: fetch a batch of events in stream order (``services.platform.consumer.PullConsumer``), fold each into
 ``shared.ledger.fold.Ledger`` (a malformed or unknown event goes to ``vmquota.dlq.ledger`` and is skipped), then
 
 * for each changed namespace, at most every ``debounce`` seconds per namespace (at once after a quiet spell of that
@@ -38,7 +38,8 @@ import structlog
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
-from services.platform.bus import AckWindow, Bus, PullConsumer, position
+from services.platform.bus import AckWindow, Bus, position
+from services.platform.consumer import PullConsumer
 from services.platform.http import Health, Metrics
 from shared import contract
 from shared.accounting.namespace import ACCOUNTED_KINDS

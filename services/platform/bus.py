@@ -22,7 +22,7 @@ import dataclasses
 import functools
 import ssl
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple, TypeVar
 
@@ -34,10 +34,6 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import (
-    AckPolicy,
-    ConsumerConfig,
-    ConsumerInfo,
-    DeliverPolicy,
     KeyValueConfig,
     PubAck,
     RetentionPolicy,
@@ -57,7 +53,7 @@ _CONNECT_BACKOFF: Final = Backoff(initial=0.2, maximum=5.0, jitter=0.2)
 """Between attempts to reach NATS at start."""
 
 
-_CALL_BACKOFF: Final = Backoff(initial=0.1, maximum=2.0, jitter=0.2)
+CALL_BACKOFF: Final = Backoff(initial=0.1, maximum=2.0, jitter=0.2)
 """Between retries of a JetStream call, and re-creations of a failing consumer."""
 
 # Errors after which a publish or fetch is worth retrying (the server restarts, JetStream is not yet ready).
@@ -441,7 +437,7 @@ async def _retry(fn: Callable[[], Awaitable[T]], *, what: str, deadline: float =
         try:
             return await fn()
         except TRANSIENT as e:
-            delay = _CALL_BACKOFF.delay(attempt)
+            delay = CALL_BACKOFF.delay(attempt)
             if loop.time() + delay > end:
                 raise
             log.warning("nats call failed, retrying", what=what, error=str(e) or type(e).__name__)
@@ -502,208 +498,3 @@ class AckWindow:
         for fut, _ in self._pending:
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._pending.clear()
-
-
-def _value(policy: object) -> object:
-    """An enum's value (nats-py gives policies as enums or, for a value it does not know, as strings)."""
-    return getattr(policy, "value", policy)
-
-
-def _printable(differences: dict[str, tuple[object, object]]) -> dict[str, dict[str, str]]:
-    return {k: {"expected": str(want), "found": str(have)} for k, (want, have) in differences.items()}
-
-
-class PullConsumer:
-    """Read ``stream`` in stream order from ``start_seq``, through a durable pull consumer named ``durable``.
-
-    ``batches()`` yields lists of messages (an empty list when nothing arrived within ``idle`` seconds, so the
-    reader can run its timers). After yielding a batch the consumer takes it as applied: ``next_seq`` is the
-    stream sequence it asks for when it has to re-create itself.
-
-    Every ``check_interval`` seconds (default: the bus's ``consumer_check``) and right after creating it, the consumer
-    reads its durable's configuration back. Any other filter, deliver policy, ack policy or push delivery, or a
-    durable created by someone else (another creation time), means another client changed it: the consumer logs an
-    error with the differences and re-creates its durable from ``next_seq``.
-    """
-
-    def __init__(
-        self,
-        bus: Bus,
-        *,
-        stream: str,
-        durable: str,
-        filter_subjects: Sequence[str],
-        start_seq: int = 1,
-        batch: int = 500,
-        idle: float = 1.0,
-        check_interval: float | None = None,
-    ) -> None:
-        self.bus = bus
-        self.stream = stream
-        self.durable = durable
-        self.filter_subjects = list(filter_subjects)
-        self.next_seq = max(1, start_seq)
-        self.batch = batch
-        self.idle = idle
-        self.pending = 0
-        """Messages left in the stream for this consumer after the last batch (the lag)."""
-        self.recreations = 0
-        self.check_interval = check_interval if check_interval is not None else bus.consumer_check
-        self.repairs = 0
-        """Re-creations because the durable was not what this consumer had created."""
-        self.last_differences: dict[str, tuple[object, object]] = {}
-        """What was found changed at the last repair: field → (expected, found)."""
-        self._created: object = None
-        """The server's creation time of the durable this consumer created."""
-        self._next_check = 0.0
-        self._sub: JetStreamContext.PullSubscription | None = None
-        self._epoch = -1
-        self._expected_cseq = 1
-        self._idle_fetches = 0
-
-    async def _recreate(self, why: str) -> None:
-        if self._sub is not None:
-            try:
-                await self._sub.unsubscribe()
-            except Exception as e:  # the old inbox may already be gone with the connection
-                log.debug("unsubscribe failed", error=str(e))
-            self._sub = None
-        self._epoch = self.bus.epoch
-        with contextlib.suppress(nats.js.errors.NotFoundError):
-            await self.bus.js.delete_consumer(self.stream, self.durable)
-        cfg = ConsumerConfig(
-            durable_name=self.durable,
-            name=self.durable,
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=self.next_seq,
-            ack_policy=AckPolicy.NONE,
-            filter_subjects=self.filter_subjects if len(self.filter_subjects) > 1 else None,
-            filter_subject=self.filter_subjects[0] if len(self.filter_subjects) == 1 else None,
-            max_waiting=16,
-            inactive_threshold=3600.0,
-            # The reader keeps its own position and re-creates the consumer from it, so the server need not: one
-            # replica in memory, even on a replicated stream (no raft group of its own to elect when a node dies).
-            num_replicas=1,
-            mem_storage=True,
-        )
-        info = await self.bus.js.add_consumer(self.stream, cfg)
-        self._created = info.created
-        self._sub = await self.bus.js.pull_subscribe_bind(self.durable, stream=self.stream)
-        self._expected_cseq = 1
-        self._idle_fetches = 0
-        self.recreations += 1
-        log.info("consumer created", stream=self.stream, consumer=self.durable, start_seq=self.next_seq, why=why)
-        differences = self.differences(info)
-        if differences:  # (a server that ignores a field, or another client in between)
-            log.error(
-                "consumer created with another configuration",
-                stream=self.stream,
-                consumer=self.durable,
-                differences=_printable(differences),
-            )
-        self._next_check = asyncio.get_running_loop().time() + self.check_interval
-
-    def differences(self, info: ConsumerInfo) -> dict[str, tuple[object, object]]:
-        """How the durable ``info`` describes differs from what this consumer creates: field → (expected, found)."""
-        have = info.config
-        found_filters = sorted({*(have.filter_subjects or ()), *([have.filter_subject] if have.filter_subject else [])})
-        checks: dict[str, tuple[object, object]] = {
-            "filter_subjects": (sorted(self.filter_subjects), found_filters),
-            "deliver_policy": (DeliverPolicy.BY_START_SEQUENCE.value, _value(have.deliver_policy)),
-            "ack_policy": (AckPolicy.NONE.value, _value(have.ack_policy)),
-            "durable_name": (self.durable, have.durable_name),
-            "deliver_subject": (None, have.deliver_subject or None),
-        }
-        if self._created is not None:
-            checks["created"] = (self._created, info.created)
-        return {k: v for k, v in checks.items() if v[0] != v[1]}
-
-    async def _check(self) -> str:
-        """Compare the durable with what this consumer created; the reason to re-create it, or "" when it is as
-        created."""
-        self._next_check = asyncio.get_running_loop().time() + self.check_interval
-        try:
-            info = await self.bus.js.consumer_info(self.stream, self.durable)
-        except nats.js.errors.NotFoundError:
-            return "consumer vanished"
-        differences = self.differences(info)
-        if not differences:
-            return ""
-        self.repairs += 1
-        self.last_differences = differences
-        log.error(
-            "consumer changed by another client, re-creating it",
-            stream=self.stream,
-            consumer=self.durable,
-            differences=_printable(differences),
-            next_seq=self.next_seq,
-        )
-        return "configuration changed: " + ", ".join(sorted(differences))
-
-    async def _consumer_exists(self) -> bool:
-        try:
-            await self.bus.js.consumer_info(self.stream, self.durable)
-        except nats.js.errors.NotFoundError:
-            return False
-        return True
-
-    async def batches(self) -> AsyncGenerator[list[Msg], None]:
-        why = "start"
-        attempt = 0
-        while True:
-            try:
-                if why:
-                    await self._recreate(why)
-                    why = ""
-                if self.bus.epoch != self._epoch:
-                    why = "reconnected"
-                    continue
-                if asyncio.get_running_loop().time() >= self._next_check:
-                    why = await self._check()
-                    if why:
-                        continue
-                assert self._sub is not None
-                try:
-                    # One message first: nats-py's fetch(n) holds a long-poll open until n messages or the
-                    # deadline, so a lone message would wait out ``idle``; then what is already pending, at once.
-                    msgs = await self._sub.fetch(1, timeout=self.idle)
-                    backlog = min(position(msgs[-1]).pending, self.batch - 1)
-                    if backlog > 0:
-                        with contextlib.suppress(TimeoutError):  # the backlog may have been purged meanwhile
-                            msgs += await self._sub.fetch(backlog, timeout=self.idle)
-                except TimeoutError:  # nats.errors.TimeoutError, or asyncio's when the fetch deadline runs out first
-                    self._idle_fetches += 1
-                    if self._idle_fetches % 5 == 0 and not await self._consumer_exists():
-                        why = "consumer vanished"
-                        continue
-                    yield []
-                    continue
-            except (*TRANSIENT, nats.js.errors.APIError) as e:
-                log.warning("consumer error, re-creating", consumer=self.durable, error=str(e) or type(e).__name__)
-                why = f"error: {type(e).__name__}"
-                await asyncio.sleep(_CALL_BACKOFF.delay(attempt))
-                attempt += 1
-                yield []  # the reader runs its timers and sees a stop while the stream is unavailable
-                continue
-            attempt = 0
-            self._idle_fetches = 0
-            good: list[Msg] = []
-            for m in msgs:
-                at = position(m)
-                if at.consumer != self._expected_cseq or at.stream < self.next_seq:
-                    why = f"gap: consumer sequence {at.consumer}, expected {self._expected_cseq}"
-                    break
-                self._expected_cseq += 1
-                self.next_seq = at.stream + 1
-                self.pending = at.pending
-                good.append(m)
-            if good:
-                yield good
-
-    async def close(self) -> None:
-        if self._sub is not None:
-            try:
-                await self._sub.unsubscribe()
-            except Exception as e:  # closing after the connection went away
-                log.debug("unsubscribe failed", error=str(e))
-            self._sub = None

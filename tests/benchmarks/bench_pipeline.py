@@ -26,7 +26,8 @@ from services.devtools.simcluster.kubevirt import launcher_pod
 from services.devtools.simcluster.server import start_server
 from services.devtools.simcluster.store import Store
 from services.platform import logs
-from services.platform.bus import Bus, NatsOptions, PullConsumer, position
+from services.platform.bus import Bus, NatsOptions, position
+from services.platform.consumer import PullConsumer
 from shared import contract
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
 from shared.ledger.fold import Ledger, PartitionSet

@@ -10,7 +10,8 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from services.platform import runner
-from services.platform.bus import AckWindow, Bus, NatsOptions, PullConsumer
+from services.platform.bus import AckWindow, Bus, NatsOptions
+from services.platform.consumer import PullConsumer
 from shared import contract
 from shared.snapshot import PodSnapshot
 from tests.conftest import NatsServer

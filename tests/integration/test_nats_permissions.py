@@ -23,7 +23,8 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
 from nats.js.client import JetStreamContext
 
 from services.devtools.natsserver import NatsServer
-from services.platform.bus import Bus, NatsOptions, PullConsumer
+from services.platform.bus import Bus, NatsOptions
+from services.platform.consumer import PullConsumer
 from services.platform.runner import cancel
 from shared import contract
 from shared.snapshot import VmiSnapshot
@@ -427,7 +428,7 @@ LEDGER_DURABLE = "vmquota-ledger-n16_0-7-all"
 
 
 async def ledger_durable(connect: Connect) -> Conn:
-    """The ledger's durable on the events stream, created as ``services.platform.bus.PullConsumer`` creates it."""
+    """The ledger's durable on the events stream, created as ``services.platform.consumer.PullConsumer`` creates it."""
     await watcher_publishes(connect)
     led = await connect("ledger")
     await led.js.add_consumer(

@@ -47,7 +47,7 @@ from shared.backoff import Backoff, TokenBucket
 from shared.errors import InvalidInput
 from shared.kinds import QUOTA_KIND
 from shared.normalize import normalize
-from shared.quota import enforcement, guard
+from shared.quota import enforcement, guard, reports
 from shared.quota.annotations import MANAGED_LABEL
 from shared.quota.enforcement import Plan
 from shared.quota.modes import is_managed
@@ -577,7 +577,7 @@ class Enforcer:
                 self._told[(namespace, m.uid)] = None
                 if len(self._told) > NUDGED_MAX:
                     del self._told[next(iter(self._told))]
-                body = enforcement.hotplug_refused_event(namespace, m, identity=self.opts.identity, now=self._now())
+                body = reports.hotplug_refused_event(namespace, m, identity=self.opts.identity, now=self._now())
                 self._spawn(self._tell(namespace, body), f"tell-{namespace}-{m.name}")
         for v in u.vms:
             if v.state == "refused" and v.uid and (namespace, v.uid, v.reason) not in self._told:
@@ -585,7 +585,7 @@ class Enforcer:
                 self._told[(namespace, v.uid, v.reason)] = None
                 if len(self._told) > NUDGED_MAX:
                     del self._told[next(iter(self._told))]
-                body = enforcement.vm_refused_event(
+                body = reports.vm_refused_event(
                     namespace, v, identity=self.opts.identity, now=self._now(), others=u.vms
                 )
                 self._spawn(self._tell(namespace, body), f"tell-{namespace}-{v.name}")
@@ -853,13 +853,13 @@ class Enforcer:
 
     async def _publish_report(self, p: Plan, rv: str) -> None:
         dry = self.opts.dry_run
-        d = enforcement.decision(p, cluster=self.opts.cluster, dry_run=dry, resource_version=rv)
+        d = reports.decision(p, cluster=self.opts.cluster, dry_run=dry, resource_version=rv)
         await self.bus.publish(
             contract.decision_subject(self.opts.cluster, p.namespace), contract.encode(d), msg_id=d.id
         )
         self.metrics.events_out.labels(service=self.opts.service).inc()
         if not dry:
-            body = enforcement.event_body(p, identity=self.opts.identity, now=self._now())
+            body = reports.event_body(p, identity=self.opts.identity, now=self._now())
             for attempt in range(3):
                 try:
                     await self.kube.create_event(p.namespace, body)

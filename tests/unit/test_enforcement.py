@@ -18,6 +18,7 @@ from shared.errors import InvalidInput
 from shared.normalize import normalize
 from shared.quantity import Quantity
 from shared.quota import enforcement as enf
+from shared.quota import reports
 from shared.quota.annotations import (
     BUDGET_ANNOTATION,
     LAST_HARD_ANNOTATION,
@@ -426,7 +427,7 @@ def test_event_and_decision_bodies() -> None:
     u = usage({"compute": terms({"limits.memory": "64Gi"}, {"limits.memory": "80.5Gi"})}, MIGRATING, seq=42)
     p = enf.plan(snap(raw), u)
     now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
-    ev = enf.event_body(p, identity="pod-1", now=now)
+    ev = reports.event_body(p, identity="pod-1", now=now)
     assert ev["involvedObject"] == {
         "apiVersion": "v1",
         "kind": "ResourceQuota",
@@ -436,7 +437,7 @@ def test_event_and_decision_bodies() -> None:
     }
     assert (ev["reason"], ev["type"], ev["message"]) == ("QuotaAdjusted", "Normal", p.reason)
     assert ev["lastTimestamp"] == "2026-01-02T03:04:05Z" and ev["metadata"]["name"].startswith("compute.")
-    d = enf.decision(p, cluster="c1", dry_run=False, resource_version="11")
+    d = reports.decision(p, cluster="c1", dry_run=False, resource_version="11")
     assert d.id == "c1/decision/q-uid-1/11" and d.usage_seq == 42 and not d.dry_run
     assert (d.hard_before, d.hard_after, d.budget) == (
         {"limits.memory": "64Gi"},
@@ -444,7 +445,7 @@ def test_event_and_decision_bodies() -> None:
         {"limits.memory": "64Gi"},
     )
     assert contract.decode_decision(contract.encode(d)) == d
-    dry = enf.decision(p, cluster="c1", dry_run=True)
+    dry = reports.decision(p, cluster="c1", dry_run=True)
     assert dry.dry_run and dry.id.startswith("c1/decision/q-uid-1/10/dry-run-")
 
 
@@ -597,7 +598,7 @@ def test_a_tenants_many_long_migration_names_do_not_grow_the_usage_annotation() 
 
 def test_a_refused_vm_is_told_which_vms_hold_the_budget_largest_first_and_at_most_five_by_name() -> None:
     from shared.contract import VmState
-    from shared.quota.enforcement import vm_refused_event
+    from shared.quota.reports import vm_refused_event
 
     holders = [
         VmState(name=f"vm{i}", state="running" if i % 2 else "admitted", counts={"q": {"limits.memory": f"{i}Gi"}})

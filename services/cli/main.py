@@ -64,11 +64,10 @@ def _available(module: str) -> bool:
 def main(argv: Sequence[str] | None = None, prog: str = "vmquota") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(chosen if chosen in COMMANDS else None, prog)
     if chosen in COMMANDS and not _available(COMMANDS[chosen][0]):
         print(f"{prog} {chosen}: {NO_DEVTOOLS}", file=sys.stderr)
         return 1
-    args = parser.parse_args(argv)
+    args = build_parser(chosen if chosen in COMMANDS else None, prog).parse_args(argv)
     mod = importlib.import_module(args._module)
     try:
         code: int = mod.run(args)

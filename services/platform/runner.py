@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from services.platform import logs
-from services.platform.config import PLANNED, SERVICES, Config, add_arguments, config_from_args, service_names
+from services.platform.config import PLANNED, SERVICES, Config, config_from_args, service_names
+from services.platform.config import add_arguments as add_arguments  # (the ``vmquota run`` command's flags)
 from services.platform.http import Health, Metrics, start_http
 from services.platform.kubeclient import check_kube_access, kube_client
 from shared.errors import InvalidInput
@@ -32,9 +33,6 @@ from shared.errors import InvalidInput
 if TYPE_CHECKING:  # the clients are imported when a service runs, not when the CLI builds its parser
     from services.platform.bus import NatsOptions
     from services.platform.lease import LeaseTiming
-
-__all__ = ["add_arguments", "run"]
-"""The ``vmquota run`` command: its flags (:func:`services.platform.config.add_arguments`) and :func:`run`."""
 
 
 @dataclass

@@ -9,6 +9,7 @@ import asyncio
 
 import nats
 import nats.errors
+import nats.js.errors
 
 from services.devtools.simcluster.kubevirt import phase
 from shared import contract
@@ -97,7 +98,15 @@ async def test_migrations_go_on_while_nodes_of_a_3_node_cluster_are_killed_one_a
                 await sub.unsubscribe()
                 assert ended == {mig for _, mig in migrations}, ended
                 kv = await js.key_value(contract.LEDGER_BUCKET)
-                keys = await kv.keys()
-                assert keys and all([(await kv.get(k)).value for k in keys])
+
+                async def checkpoints_read_back() -> bool:
+                    # (the ledger writes every 2 s and retries a write a node's death failed: wait for one)
+                    try:
+                        keys = await kv.keys()
+                    except nats.js.errors.NoKeysError:
+                        return False
+                    return bool(keys) and all([(await kv.get(k)).value for k in keys])
+
+                await wait_until(checkpoints_read_back, 30, "the ledger's checkpoints to read back", every=0.25)
             finally:
                 await nc.close()

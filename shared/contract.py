@@ -431,6 +431,10 @@ class QuotaTerms(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     its pods, at most as vmquota renders it)."""
     unvouched: dict[str, str] = {}
     """``X``: the part of ``D`` that is no active migration's target pod; it counts as used when VMs are admitted."""
+    taken: dict[str, str] = {}
+    """``W``: what the namespace takes of the budget in pod terms: each plain pod its charge, each running VM the
+    larger of its launcher pod's charge and ``k`` times what it counts, each admitted VM (or hotplug growth) not
+    running yet ``k`` times what it counts. ``hard = P + S + k * B - W - D``."""
     hard: dict[str, str] = {}
     """``spec.hard`` the equation gives."""
     over_budget: list[str] = []

@@ -48,11 +48,12 @@ from shared.kubevirt import KubeVirtConfig, NamespaceFacts
 from shared.kubevirt.config import fallback_note
 from shared.podusage import counts_for_compute
 from shared.quantity import Quantity
-from shared.quota.equation import desired_hard, in_mode_terms
+from shared.quota.equation import desired_hard, in_mode_terms, takes
 from shared.quota.modes import QuotaPolicy, VmSize, mode_usage, pod_factor, policy_of
 from shared.resources import ResourceList, add, growth, maximum, minimum, nonzero, second_largest
 from shared.snapshot import (
     VMI_FINAL_PHASES,
+    VMI_WAITING_PHASES,
     EventSnapshot,
     KubeVirtSnapshot,
     NamespaceSnapshot,
@@ -140,16 +141,18 @@ _PodsPass = tuple[
     tuple[ResourceList, ...],
     tuple[ResourceList, ...],
 ]
-"""Pod entries, launcher pods per VM, and the lists every quota adds to ``P`` and to ``U``."""
+"""Pod entries, launcher pods per VM, and the lists every quota adds to ``P`` and to ``U`` (and to ``W``: a plain
+pod takes its charge)."""
 _VmsPass = tuple[
     tuple[tuple[str, "VmEntry"], ...],
     tuple[VmiSnapshot, ...],
     tuple[tuple[ResourceList, ...], ...],
     tuple[ResourceList, ...],
     tuple[ResourceList, ...],
+    tuple[tuple[ResourceList, ...], ...],
 ]
-"""Entries of running and stopped VMs, pending VMs, per quota the lists running VMs add to ``U``, and the lists
-every quota adds to ``D`` and to ``X``."""
+"""Entries of running and stopped VMs, pending VMs, per quota the lists running VMs add to ``U``, the lists
+every quota adds to ``D`` and to ``X``, and per quota the lists running VMs add to ``W``."""
 
 
 @dataclass
@@ -162,6 +165,7 @@ class _Quota:
     reserved: Sum
     overlap: Sum
     unvouched: Sum
+    taken: Sum
 
     def used(self, r: str) -> int:
         """``U + X / k`` of ``r`` in nanos (rounded up): what admission counts as used. ``hard`` holds no room for
@@ -311,10 +315,10 @@ class _Accounting:
         self.pod_entries: list[PodEntry] = []
         self.mig_entries: list[MigrationEntry] = []
         self.targets: list[_Target] = []
-        self.target_reserved: ResourceList = {}
-        """The part of every quota's ``S`` reserved for migration targets."""
         self.vm_entries: dict[str, VmEntry] = {}
         self.pending: list[VmiSnapshot] = []
+        self.target_reserved: ResourceList = {}
+        """The part of every quota's ``S`` reserved for migration targets."""
 
     # ---- input
     def _sort(self, objs: list[Snapshot]) -> None:
@@ -400,7 +404,8 @@ class _Accounting:
         alike: dict[tuple[int, ...], tuple[tuple[object, ...], SumValue]] | None = None if memo is None else {}
         out: list[_Quota] = []
         for pol, ratio, factors in terms:
-            sums = [Sum(memo, ("sum", self.namespace, pol.name, term), alike) for term in ("U", "P", "S", "D", "X")]
+            terms_ = ("U", "P", "S", "D", "X", "W")
+            sums = [Sum(memo, ("sum", self.namespace, pol.name, term), alike) for term in terms_]
             out.append(_Quota(pol, factors, ratio, *sums))
         return out
 
@@ -439,7 +444,7 @@ class _Accounting:
         for q in self.quotas:
             b = q.policy.budget
             accounted, pod_usage, reserved = q.accounted.result(), q.pod_usage.result(), q.reserved.result()
-            overlap, unvouched = q.overlap.result(), q.unvouched.result()
+            overlap, unvouched, taken_ = q.overlap.result(), q.unvouched.result(), q.taken.result()
             results[q.policy.name] = QuotaUsage(
                 policy=q.policy,
                 accounted=accounted,
@@ -447,8 +452,9 @@ class _Accounting:
                 reserved=reserved,
                 overlap=overlap,
                 unvouched=unvouched,
+                taken=taken_,
                 factors=q.factors,
-                hard=desired_hard(b, accounted, pod_usage, reserved, q.factors, overlap, self.target_reserved),
+                hard=desired_hard(b, taken_, pod_usage, reserved, q.factors, overlap, unvouched, self.target_reserved),
                 over_budget=tuple(sorted(r for r in b if q.used(r) > b[r].nanos)),
             )
         return NamespaceUsage(
@@ -497,6 +503,7 @@ class _Accounting:
         for q in self.quotas:  # (every managed quota covers every pod)
             q.pod_usage.extend(pod_usage)
             q.accounted.extend(accounted)
+            q.taken.extend(accounted)  # (a plain pod takes what it is charged)
 
     def _pods_pass(self) -> _PodsPass:
         """Every quota covers every pod (managed quotas are unscoped): one list of charges for all of them."""
@@ -658,6 +665,7 @@ class _Accounting:
             why.append("hotplug growth admitted in creation order")
         for q in self.quotas:
             q.accounted.add(grown[q.policy.name])
+            q.taken.add(takes({}, grown[q.policy.name], q.factors))
         if not t.m.rejected_by_quota:
             why.append(
                 "no room held: KubeVirt has not been refused its target pod (room is made once it is, and only then)"
@@ -697,23 +705,27 @@ class _Accounting:
         self._apply_vms(memo.latest(("vms", self.namespace), key, objs, self._vms_pass))
 
     def _apply_vms(self, found: _VmsPass) -> None:
-        entries, pending, accounted, overlap, unvouched = found
+        entries, pending, accounted, overlap, unvouched, takes = found
         self.vm_entries.update(entries)
         self.pending = list(pending)
-        for q, acc in zip(self.quotas, accounted, strict=True):
+        for q, acc, took in zip(self.quotas, accounted, takes, strict=True):
             q.accounted.extend(acc)
             q.overlap.extend(overlap)
             q.unvouched.extend(unvouched)
+            q.taken.extend(took)
 
     def _vms_pass(self) -> _VmsPass:
         entries: list[tuple[str, VmEntry]] = []
         pending: list[VmiSnapshot] = []
         accounted: list[list[ResourceList]] = [[] for _ in self.quotas]
+        takes: list[list[ResourceList]] = [[] for _ in self.quotas]
         overlap: list[ResourceList] = []
         unvouched: list[ResourceList] = []
         memo = self.memo
         namespace, quotas_key = self.namespace, self.quotas_key
-        every = [(q.policy.name, added) for q, added in zip(self.quotas, accounted, strict=True)]  # (each VM, each)
+        every = [  # (each VM, each quota)
+            (q.policy.name, added, took) for q, added, took in zip(self.quotas, accounted, takes, strict=True)
+        ]
         for v in self.vmis:
             key = _vm_key(v)
             vm_pods = self.launchers.get(key, [])
@@ -722,6 +734,12 @@ class _Accounting:
                     what = f"phase {v.phase}" if v.phase in VMI_FINAL_PHASES else "being deleted"
                     reason = f"{what}, no running launcher pod: counts nothing"
                     entries.append((key, VmEntry(v.name, v.uid, v.phase, STOPPED, reason, _size(v), {}, {})))
+                elif v.phase not in VMI_WAITING_PHASES:
+                    entry = self._unseen_pod_vm(v)
+                    for name, added, took in every:
+                        added.append(entry.counts[name])
+                        took.append(entry.taken[name])
+                    entries.append((key, entry))
                 else:
                     pending.append(v)
                 continue
@@ -734,15 +752,23 @@ class _Accounting:
                 memo_slot = ("running", namespace, key)
                 memo_key = (tuple(map(id, memo_obj)), migrating, quotas_key)
                 entry = memo.latest(memo_slot, memo_key, memo_obj, self._running_vm, v, vm_pods, migrating)
-            counts = entry.counts
-            for name, added in every:
+            counts, takes_of = entry.counts, entry.taken
+            for name, added, took in every:
                 added.append(counts[name])
+                took.append(takes_of[name])
             if entry.overlap:
                 overlap.append(entry.overlap)
             if entry.unvouched:
                 unvouched.append(entry.unvouched)
             entries.append((key, entry))
-        return tuple(entries), tuple(pending), tuple(map(tuple, accounted)), tuple(overlap), tuple(unvouched)
+        return (
+            tuple(entries),
+            tuple(pending),
+            tuple(map(tuple, accounted)),
+            tuple(overlap),
+            tuple(unvouched),
+            tuple(map(tuple, takes)),
+        )
 
     def _migrating(self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]]) -> bool:
         """Whether one of the VM's pods is the target of an active migration of this VMI (a migration's phase is
@@ -779,6 +805,7 @@ class _Accounting:
                 cap = {r: (q - grow[r]).clamp0() if r in grow else q for r, q in cap.items()}
         believed = minimum(pod_max, cap)
         counts = {q.policy.name: mode_usage(q.policy.mode, size, believed, q.ratio) for q in self.quotas}
+        took = {q.policy.name: takes(believed, counts[q.policy.name], q.factors) for q in self.quotas}
         total = pod_max
         if len(charges) > 1:  # (the common case, one pod, has nothing to add up)
             total = {}
@@ -796,8 +823,36 @@ class _Accounting:
                 f"{' and its migration target' if migrating else ''} as vmquota renders them: counted as used"
             )
         return VmEntry(
-            v.name, v.uid, v.phase, RUNNING, reason, size, believed, counts, overlap=overlap, unvouched=unvouched
+            v.name,
+            v.uid,
+            v.phase,
+            RUNNING,
+            reason,
+            size,
+            believed,
+            counts,
+            overlap=overlap,
+            unvouched=unvouched,
+            taken=took,
         )
+
+    def _unseen_pod_vm(self, v: VmiSnapshot) -> VmEntry:
+        """A VMI past Pending with no running launcher pod in view: its pod ended (the VMI is about to finish), or
+        KubeVirt has not named it in ``status.activePods`` yet (it then counts as a plain pod), or its event has not
+        arrived. KubeVirt creates no launcher pod for it any more, so nothing is reserved (room held for it would be
+        room for a pod that never comes, open to any other); until its status says it finished it counts at its
+        rendering at its current size, like a running VM (what it frees comes when KubeVirt says so)."""
+        size = current_size(v)
+        cap = self.renderer.vmi_usage(v) or {}
+        grow = self.renderer.hotplug_growth(v) if cap else {}
+        if grow:
+            cap = {r: (q - grow[r]).clamp0() if r in grow else q for r, q in cap.items()}
+        counts = {q.policy.name: mode_usage(q.policy.mode, size, cap, q.ratio) for q in self.quotas}
+        took = {q.policy.name: takes({}, counts[q.policy.name], q.factors) for q in self.quotas}
+        reason = (
+            f"phase {v.phase}, no running launcher pod in status.activePods: counts at its rendering, nothing reserved"
+        )
+        return VmEntry(v.name, v.uid, v.phase, RUNNING, reason, size, cap, counts, taken=took)
 
     def _admissions(self) -> None:
         """Pending VMs and hotplug growth, in creation order (a VMI's, a migration's), after every running VM and
@@ -852,6 +907,7 @@ class _Accounting:
             return
         for q in self.quotas:
             q.accounted.add(usages[q.policy.name])
+            q.taken.add(takes({}, usages[q.policy.name], q.factors))
             q.reserved.add(pod_est)
         reason = "pending, admitted in creation order: launcher pod reserved"
         if taken:

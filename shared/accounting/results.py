@@ -58,6 +58,9 @@ class VmEntry:
     """The part of ``overlap`` that is not a migration target's (a second pod with no active migration: a
     finished migration's source, or a tenant's pod KubeVirt adopted; a third pod; a pod charged beyond the
     rendering): it counts as used when VMs and hotplugs are admitted."""
+    taken: Mapping[str, ResourceList] = field(default_factory=dict)
+    """Per quota: what it takes of the budget in pod terms (its part of ``W``): the larger of its launcher pod's
+    charge and ``k`` times what it counts."""
     pod_refused: bool = False
     """Admitted, but KubeVirt's last try to create its launcher pod was refused (VMI condition
     ``Synchronized=False``, reason ``FailedCreate``): KubeVirt needs a nudge to try again once there is room."""
@@ -109,6 +112,8 @@ class QuotaUsage:
     """``D``: what VMs' pods are charged beyond the one launcher pod per VM ``hard`` holds room for."""
     unvouched: ResourceList
     """``X``: the part of ``D`` that is no migration's target; used when VMs are admitted (``U + X/k + u <= B``)."""
+    taken: ResourceList
+    """``W``: what the namespace takes of the budget in pod terms (``hard = P + S + k * B - W - D``)."""
     factors: Mapping[str, Fraction | None]
     """``k`` per budget resource (see ``shared.quota.equation``)."""
     hard: ResourceList

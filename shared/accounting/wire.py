@@ -88,6 +88,7 @@ def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageB
             reserved=wire(name, "reserved", q.reserved),
             overlap=wire(name, "overlap", q.overlap),
             unvouched=wire(name, "unvouched", q.unvouched),
+            taken=wire(name, "taken", q.taken),
             hard=format_resource_list(q.hard),
             over_budget=list(q.over_budget),
         )

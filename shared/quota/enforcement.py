@@ -194,17 +194,18 @@ def check_usage(u: UsageSnapshot) -> None:
         parse_mode(t.mode, f"{where}.mode")
         lists = {
             f: parse_resource_list(getattr(t, f), f"{where}.{f}")
-            for f in ("budget", "used", "pods", "reserved", "overlap", "unvouched", "hard")
+            for f in ("budget", "used", "pods", "reserved", "overlap", "unvouched", "taken", "hard")
         }
         check_hard_bound(lists, where)
 
 
 def check_hard_bound(terms: Mapping[str, ResourceList], where: str) -> None:
     """What a usage snapshot may ask for: ``hard <= B + P + S`` for every resource, and only the budget's
-    resources. The equation gives ``hard = k * max(B - U, 0) + P - D + S`` with ``k <= 1`` and ``D >= 0``, so a
-    snapshot that asks for more is not the equation's result (a forged or corrupted one) whatever its other terms
-    say. The bound is on the snapshot's own terms: it stops a snapshot from opening room it does not account for,
-    not one that states a large ``P`` (see docs/operations.md, "Security model")."""
+    resources. The equation gives ``hard = P + S + R`` with ``R = k * B - W - D`` (or zero), ``k <= 1`` and
+    ``W, D >= 0``, so ``R <= B`` and a snapshot that asks for more is not the equation's result (a forged or
+    corrupted one) whatever its other terms say. The bound is on the snapshot's own terms: it stops a snapshot
+    from opening room it does not account for, not one that states a large ``P`` (see docs/operations.md,
+    "Security model")."""
     budget, pods, reserved = terms["budget"], terms["pods"], terms["reserved"]
     for r, h in terms["hard"].items():
         if r not in budget:

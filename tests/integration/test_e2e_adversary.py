@@ -128,6 +128,101 @@ async def test_a_pod_created_as_a_migration_source_ends_takes_no_room() -> None:
         await p.wait_hard(NS, "compute", rl({"limits.memory": "64Gi"}), "hard to come back")
 
 
+async def _strike_when_freed(p: Pipeline, ns: str, resource: str, end: Any, strike: Any) -> Any:
+    """Run ``end()`` (a pod of the tenant's ends) and, the moment the quota controller stops charging it (the
+    tenant watches its quota), ``strike()``; return what the strike returned."""
+    attempts: list[asyncio.Task[Any]] = []
+
+    def on_quota(type_: str, obj: Obj, old: Obj | None) -> None:
+        if attempts or old is None or obj["metadata"].get("namespace") != ns:
+            return
+        used = rl((obj.get("status") or {}).get("used") or {}).get(resource)
+        before = rl((old.get("status") or {}).get("used") or {}).get(resource)
+        if used is not None and before is not None and used < before:
+            attempts.append(asyncio.create_task(strike()))
+
+    p.sim.kubevirt.cache.subscribe("resourcequotas", on_quota)
+    await end()
+    await p.wait(lambda: bool(attempts), "the quota controller to stop charging the pod that ended")
+    return await attempts[0]
+
+
+async def test_a_plain_pod_ending_in_a_scaled_resource_frees_no_more_than_its_charge() -> None:
+    """``VirtualResources`` counts ``requests.cpu`` as vCPUs while KubeVirt's launcher pod requests vCPUs / 10
+    (k = 1/10). A tenant's plain pod of 1 core ends, and the moment the quota controller stops charging it the tenant
+    starts a VM of 18 vCPUs: the budget has 10 cores, so that VM must not get in. It did, before vmquota lowered
+    ``hard``, while ``hard`` held room for the pod's core beyond the k it counts in VM terms."""
+    ns = "tenant-k"
+    budget = rl({"requests.cpu": "10"})
+    async with pipeline() as p:
+        await p.managed_quota(ns, "vm-budget", {"requests.cpu": "10"}, mode="VirtualResources")
+        web = plain_pod(ns, "web", {"cpu": "1", "memory": "64Mi"}, {"cpu": "1", "memory": "64Mi"})
+        await p.sim.create(web)
+
+        def accounted() -> bool:
+            t = p.tap.terms(ns, "vm-budget")
+            return (
+                t is not None and rl(t.used).get("requests.cpu") == Quantity.parse("1") and p.in_effect(ns, "vm-budget")
+            )
+
+        await p.wait(accounted, "the plain pod accounted")
+
+        async def end() -> None:
+            await p.sim.store.delete(p.sim.store.resource("pods"), ns, "web")
+
+        async def strike() -> None:
+            await p.sim.create_vm(ns, "big", sockets=18, memory="1Gi")
+
+        await _strike_when_freed(p, ns, "requests.cpu", end, strike)
+
+        def decided() -> bool:
+            u = p.tap.usage.get(ns)
+            return u is not None and any(v.name == "big" for v in u.vms) and p.in_effect(ns, "vm-budget")
+
+        await p.wait(decided, "the ledger to account the VM")
+        await p.sim.wait_quiet()
+        running = p.vmi_phase(ns, "big") == "Running" or bool(p.launcher_pods(ns, "big"))
+        assert not running, "a VM of 18 vCPUs got into a budget of 10 cores as the tenant's pod ended"
+        (big,) = [v for v in p.tap.usage[ns].vms if v.name == "big"]
+        assert big.state == "refused", big
+        terms = p.tap.terms(ns, "vm-budget")
+        assert terms is not None and rl(terms.used).get("requests.cpu", Quantity.from_int(0)) <= budget["requests.cpu"]
+
+
+async def test_a_stopped_vms_overhead_is_not_room_above_the_budget() -> None:
+    """``VirtualResources`` counts ``limits.memory`` as guest memory; KubeVirt sets the launcher pod's memory limit
+    to twice its request when a quota has ``limits.memory`` and the VM none. A tenant stops its 8Gi VM and, the
+    moment the quota controller stops charging the launcher pod (some 17Gi of limits), creates a plain pod with
+    limits above the budget: it must be refused. It got in, before vmquota lowered ``hard``, while ``hard`` held
+    room for the VM's pod charge beyond the 8Gi it counts."""
+    ns = "tenant-l"
+    async with pipeline() as p:
+        await p.managed_quota(ns, "vm-budget", {"limits.memory": "24Gi"}, mode="VirtualResources")
+        await p.start_vm(ns, "vm1", memory="8Gi")
+        assert p.pod_usage(ns)["limits.memory"] > Quantity.parse("16Gi")
+
+        def accounted() -> bool:
+            t = p.tap.terms(ns, "vm-budget")
+            return (
+                t is not None
+                and rl(t.used).get("limits.memory") == Quantity.parse("8Gi")
+                and p.in_effect(ns, "vm-budget")
+            )
+
+        await p.wait(accounted, "vm1 accounted")
+
+        async def end() -> None:
+            await p.sim.set_running(ns, "vm1", False)
+
+        async def strike() -> bool:
+            grab = plain_pod(ns, "grab", {"memory": "1Gi", "cpu": "100m"}, {"memory": "30Gi", "cpu": "100m"})
+            return await try_create(p, grab)
+
+        got_in = await _strike_when_freed(p, ns, "limits.memory", end, strike)
+        assert not got_in, "a pod with 30Gi of limits got into a 24Gi budget as the tenant's VM stopped"
+        assert p.pod_usage(ns).get("limits.memory", Quantity.from_int(0)) <= Quantity.parse("24Gi")
+
+
 async def test_a_forged_refusal_event_does_not_inflate_a_reservation() -> None:
     async with pipeline() as p:
         await full_namespace(p, NS)

@@ -7,11 +7,15 @@ VMI's ``status.activePods``. After every step the accounting of the namespace's 
 
 * safety, independent of the ledger's view: the VMs in mode terms plus every pod that is not a VM's own launcher
   pod at its full pod usage never exceed the budget once native admission let a pod in;
+* safety at every instant: when any pod ends (a migration's source, a stopped VM's launcher pod, a plain pod) and
+  ``hard`` is not recomputed yet, the room the stale ``hard`` leaves is no more than the fresh one, and a tenant
+  taking all of it stays within the budget;
 * a hotplug's growth is admitted exactly when it fits, its target then gets in natively, and one that does not
   fit is refused natively too;
 
 * with no VMs and no migrations, ``hard == B`` (for resources the mode counts at no more than the pod is charged;
-  ``P + k * (B - P)`` for the scaled ones, see ``shared.quota.equation``);
+  for the scaled ones ``k * (B - U)`` plus ``k`` of each pod's charge, at most ``k * B``: see
+  ``shared.quota.equation``);
 * native admission (``P + p <= hard``) agrees with mode admission (``U + u <= B``) for every new VM, and a VM the
   mode refuses is refused natively even before its VMI is accounted;
 * a migration target is never refused while the namespace's VMs are unchanged;
@@ -36,7 +40,7 @@ from shared.kubevirt import KubeVirtConfig
 from shared.normalize import normalize
 from shared.quantity import ZERO, Quantity
 from shared.quota.enforcement import check_hard_bound
-from shared.quota.equation import desired_hard, scaled_headroom
+from shared.quota.equation import desired_hard, scaled_headroom, takes
 from shared.quota.modes import VMI_NAMES, Mode, VmSize, mode_usage
 from shared.resources import ResourceList, add, fits, maximum, parse_resource_list
 from shared.snapshot import VmiSnapshot
@@ -70,7 +74,32 @@ def test_equation_with_unit_factors() -> None:
 
 
 def test_over_budget_leaves_no_headroom() -> None:
-    assert desired_hard(rl({"cpu": "2"}), rl({"cpu": "3"}), rl({"cpu": "3"}), {}) == rl({"cpu": "3"})
+    # the headroom is negative: hard is below what the pods are charged (Kubernetes only refuses new pods), so the
+    # end of a pod frees only what its end frees in the budget
+    assert desired_hard(rl({"cpu": "2"}), rl({"cpu": "3"}), rl({"cpu": "3"}), {}) == rl({"cpu": "2"})
+    # what vmquota reserved gets in all the same: where something is reserved the headroom is at least zero
+    assert desired_hard(rl({"cpu": "2"}), rl({"cpu": "3"}), rl({"cpu": "3"}), rl({"cpu": "1"})) == rl({"cpu": "4"})
+    # and hard is never below zero
+    assert desired_hard(rl({"cpu": "2"}), rl({"cpu": "9"}), rl({"cpu": "3"}), {}) == rl({"cpu": "0"})
+
+
+def test_a_vm_takes_the_larger_of_its_pod_and_k_times_what_it_counts() -> None:
+    """A VM of 16Gi guest memory whose launcher pod is charged 16.5Gi takes 16.5Gi of the budget: its overhead
+    is charged, and freed when its pod ends, like any pod's charge."""
+    budget = rl({"requests.memory": "64Gi"})
+    pods = rl({"requests.memory": "16896Mi"})
+    w = takes(pods, rl({"requests.memory": "16Gi"}), {"requests.memory": Fraction(1)})
+    assert w == pods
+    assert desired_hard(budget, w, pods, {}) == budget  # plain pods get what the budget leaves after the pod
+    # a VM charged less than k times what it counts takes k times that (rounded up): 30 vCPUs at k = 1/10
+    assert takes(rl({"cpu": "2"}), rl({"cpu": "30"}), {"cpu": Fraction(1, 10)}) == rl({"cpu": "3"})
+    assert takes(rl({"cpu": "1m"}), rl({"cpu": "1m"}), {"cpu": Fraction(1, 3)}) == rl({"cpu": "1m"})
+    assert takes({}, rl({"cpu": "2m"}), {"cpu": Fraction(1, 3)}) == rl({"cpu": "1m"})  # (up, against the room)
+    assert takes(rl({"cpu": "3"}), rl({"cpu": "3"}), {"cpu": None}) == {}
+    # in a scaled resource, plain pods (which take their charge) share k times the budget
+    cpu = {"requests.cpu": Fraction(1, 10)}
+    pods = rl({"requests.cpu": "400m"})
+    assert desired_hard(rl({"requests.cpu": "10"}), pods, pods, {}, cpu) == rl({"requests.cpu": "1"})
 
 
 def test_report_only_resources_keep_the_budget() -> None:
@@ -83,25 +112,26 @@ def test_scaled_headroom_rounds_down() -> None:
     assert scaled_headroom(Q("1"), Fraction(1, 3), "memory") == Q("0")
     assert scaled_headroom(Q("3Gi"), Fraction(2, 3), "memory") == Q("2Gi")
     assert scaled_headroom(Q("7"), Fraction(1), "cpu") == Q("7")
-    h = desired_hard(
-        rl({"requests.cpu": "10"}),
-        rl({"requests.cpu": "4"}),
-        rl({"requests.cpu": "1"}),
-        {},
-        {"requests.cpu": Fraction(1, 10)},
-    )
-    assert h == rl({"requests.cpu": "1600m"})
+    h = desired_hard(rl({"requests.cpu": "1"}), {}, {}, {}, {"requests.cpu": Fraction(1, 3)})
+    assert h == rl({"requests.cpu": "333m"})
 
 
 @given(
     st.integers(0, 10**12), st.integers(0, 10**12), st.integers(0, 10**12), st.integers(0, 10**12), st.fractions(0, 1)
 )
-def test_equation_shape(b: int, u: int, p: int, s: int, k: Fraction) -> None:
-    budget, accounted, pods, reserved = ({"cpu": Quantity(x)} for x in (b, u, p, s))
-    hard = desired_hard(budget, accounted, pods, reserved, {"cpu": k})["cpu"]
-    exact = k * max(b - u, 0) + p + s
-    assert hard.nanos <= exact < hard.nanos + 1_000_000  # rounded down to a millicore at most
-    assert hard.nanos >= p + s
+def test_equation_shape(b: int, w: int, p: int, s: int, k: Fraction) -> None:
+    budget, took, pods, reserved = ({"cpu": Quantity(x)} for x in (b, w, p, s))
+    hard = desired_hard(budget, took, pods, reserved, {"cpu": k})["cpu"]
+    room = k * b - w
+    if s:  # (what vmquota reserved gets in: there the room is at least zero)
+        room = max(room, Fraction(0))
+    exact = room + p + s
+    if exact >= 0:
+        assert hard.nanos <= exact < hard.nanos + 1_000_000  # rounded down to a millicore at most
+    else:
+        assert hard.nanos == 0
+    if s or scaled_headroom(Quantity(b), k, "cpu").nanos >= w:  # (k * B rounded down to a millicore)
+        assert hard.nanos >= p + s
 
 
 # ---- a simulated namespace ------------------------------------------------------------------------------------------
@@ -123,6 +153,15 @@ def spec_size(vmi: dict[str, Any]) -> VmSize:
     s = normalize(vmi)
     assert isinstance(s, VmiSnapshot)
     return VmSize.of(s.vcpus, s.guest_memory, None, None)
+
+
+def _terminal(pod: dict[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+def _charged_now(pod: dict[str, Any]) -> ResourceList:
+    """What the evaluator charges a pod now: a terminal pod only ``count/pods``."""
+    return {"count/pods": Q("1")} if _terminal(pod) else usage_of(pod)
 
 
 @dataclass
@@ -203,13 +242,19 @@ class World:
         for v in self.running_vmis():
             s = normalize(v)
             size = VmSize.of(s.vcpus, s.guest_memory, s.status_vcpus, s.status_guest_memory)  # type: ignore[union-attr]
+            pods = self.vm_pods(v["metadata"]["name"])
+            live = [p for p in pods if not _terminal(p)]
+            if not live:  # (its pods ended, KubeVirt has not updated the VMI yet: the VM runs no more)
+                for p in pods:
+                    total = add(total, _charged_now(p))
+                continue
             pod: ResourceList = {}
-            for p in self.vm_pods(v["metadata"]["name"]):
+            for p in live:
                 pod = maximum(pod, usage_of(p))
             total = add(total, mode_usage(self.mode, size, pod, self.ratio))
         for p in self.of_kind("Pod"):
             if "labels" not in p["metadata"] or p["metadata"]["name"] in self.forged:
-                charged = usage_of(p)
+                charged = _charged_now(p)
                 if p["metadata"]["name"] in self.adopted:
                     charged = {r: _divided(q, factors.get(r)) for r, q in charged.items()}
                 total = add(total, charged)
@@ -331,11 +376,17 @@ class World:
             self.forged.append(pod["metadata"]["name"])
         return not refused
 
-    def grab_room(self, what: str) -> None:
-        """At this instant a tenant creates the largest plain pod native admission lets in (all the room ``hard``
-        leaves, for CPU and memory); safety must hold with it, then it goes again."""
-        q = self.account().quotas["rq"]
-        room = {r: h - q.pod_usage.get(r, ZERO) for r, h in q.hard.items() if q.factors.get(r) is not None}
+    def grab_room(self, what: str, in_effect: Any = None) -> None:
+        """At this instant a tenant creates the largest plain pod native admission lets in (all the room the
+        ``hard`` ``in_effect`` leaves, for CPU and memory: the fresh one by default, or a stale one while vmquota
+        has not caught up); safety must hold with it, then it goes again. While that ``hard`` carries reservations
+        the reservation guard refuses the tenant's pod (its holders are listed before the raise and until no quota
+        carries it: the room is for KubeVirt's pods; without the guard it is the documented reservation window)."""
+        q = self.account().quotas["rq"] if in_effect is None else in_effect
+        if any(v.nanos > 0 for v in q.reserved.values()):
+            return
+        pods = self.account().quotas["rq"].pod_usage  # (what the quota charges now)
+        room = {r: h - pods.get(r, ZERO) for r, h in q.hard.items() if q.factors.get(r) is not None}
         if any(room[r] < Q("1") for r in COUNT_NAMES if r in room):
             return
         amounts: dict[str, str] = {}
@@ -346,7 +397,7 @@ class World:
         if not amounts:
             return
         pod = pod_obj(self.fresh("grab"), amounts, amounts, t=self.tick())
-        assert fits(usage_of(pod), q.pod_usage, q.hard) == [], f"the room {room} does not take {amounts}"
+        assert fits(usage_of(pod), pods, q.hard) == [], f"the room {room} does not take {amounts}"
         self.put(pod)
         self.check_within_budget(f"a pod taking the room {what}")
         self.delete("Pod", pod["metadata"]["name"])
@@ -411,6 +462,7 @@ class World:
         self.put(source | {"status": {"phase": "Succeeded"}})
         # (KubeVirt's lag: the migration is over and its source pod ended, the VMI's status still shows the old size)
         self.check_stale_hard(stale)
+        self.grab_room("after a hotplug, before vmquota saw the source pod end", stale)
         self.grab_room("after a hotplug, while the VMI's status lags")
         done = copy.deepcopy(grown)
         done["status"].update(
@@ -423,9 +475,15 @@ class World:
         self.settle()
 
     def delete_pod(self, index: int) -> None:
+        """A plain pod ends (deleted at once, or its containers exit): the quota controller stops charging it before
+        vmquota has seen it go."""
         pods = [p for p in self.of_kind("Pod") if "labels" not in p["metadata"]]
         if pods:
+            stale = self.account().quotas["rq"]
             self.delete("Pod", pods[index % len(pods)]["metadata"]["name"])
+            self.check_stale_hard(stale)
+            self.grab_room("a plain pod ended, before vmquota saw it", stale)
+            self.grab_room("a plain pod ended")
             self.settle()
 
     def stop_vm(self, index: int) -> None:
@@ -434,9 +492,14 @@ class World:
             return
         vmi = vmis[index % len(vmis)]
         name = vmi["metadata"]["name"]
+        stale = self.account().quotas["rq"]
         for p in self.vm_pods(name):
             self.put(p | {"status": {"phase": "Succeeded"}})
+        self.grab_room("a VM's launcher pod ended, before vmquota saw it", stale)
+        self.grab_room("a VM's launcher pod ended, before KubeVirt updated the VMI")
         self.put(vmi | {"status": {"phase": "Succeeded"}})
+        # (vmquota counts the VM until KubeVirt says it finished: compared with the room once it has)
+        self.check_stale_hard(stale)
         for p in self.vm_pods(name):
             self.delete("Pod", p["metadata"]["name"])
         self.delete("VirtualMachineInstance", name)
@@ -473,6 +536,7 @@ class World:
             stale = self.account().quotas["rq"]
             self.put(source | {"status": {"phase": "Succeeded"}})
             self.check_stale_hard(stale)
+            self.grab_room("a migration's source pod left, before vmquota saw it", stale)
             self.grab_room("a migration's source pod left")
         during = self.hard()
         assert {r: v for r, v in during.items() if r != "count/pods"} == {
@@ -489,7 +553,8 @@ class World:
 
     def check_stale_hard(self, stale: Any) -> None:
         """Safety at every instant: a pod ended (the quota controller frees its charge at once) and vmquota has
-        not lowered ``hard`` yet. The room the stale ``hard`` leaves must be no more than the fresh one does."""
+        not lowered ``hard`` yet. The room the stale ``hard`` leaves must be no more than the fresh one does: a
+        migration's source pod, a VM's launcher pod with its overhead, a plain pod in a scaled resource."""
         fresh = self.account().quotas["rq"]
         for r, h in stale.hard.items():
             if fresh.factors.get(r) is None:
@@ -598,11 +663,8 @@ def check_no_vms(world: World) -> None:
             assert q.hard[r] == b
         elif k == 1:
             assert q.hard[r] == b, r
-        else:  # the scaled resources (docs/accounting.md, "Why k"): P + k * (B - P), rounded down
-            p = q.pod_usage.get(r, ZERO)
-            assert q.hard[r] == p + scaled_headroom((b - q.accounted.get(r, ZERO)).clamp0(), k, r)
-            # independent of the formula: plain pods never get past the budget, and what runs is never squeezed
-            assert p <= q.hard[r] <= max(b, p), r
+        else:  # the scaled resources (docs/accounting.md, "Why k"): plain pods share k times the budget
+            assert q.hard[r] == scaled_headroom(b, k, r), r
 
 
 _SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -455,10 +455,16 @@ async def play(
             # hard moments later); a VM that stays refused ends it through the quiet rule of _settle.
             return all(_vm_state(sim, v.namespace, v.name, set()) == "Running" for v in initial)
 
+        def steady() -> bool:
+            return sim.idle() and time.monotonic() - observer.last_write >= settle
+
         await _settle(sim, observer, all_started, settle=settle, within=within)
         refused = _refused_names(result)
         started = [v.name for v in initial if _vm_state(sim, v.namespace, v.name, refused) == "Running"]
         result.step(f"started {len(started)} of {len(initial)} VMs: {', '.join(started) or 'none'}")
+        # (vmquota takes back the room it reserved for the launcher pods once they exist: hard before the steps is
+        # the one at rest)
+        await _settle(sim, observer, steady, settle=settle, within=within)
         for key, rec in result.quotas.items():
             qns, qname = key.split("/", 1)
             rec.hard_before = _hard_of(await sim.get("resourcequotas", qns, qname))
@@ -469,9 +475,6 @@ async def play(
             await _run_step(sim, observer, scenario, step, result, settle=settle, within=within)
 
         # Let the pipeline catch up with the last step (source pods going away, hard coming back).
-        def steady() -> bool:
-            return sim.idle() and time.monotonic() - observer.last_write >= settle
-
         await _settle(sim, observer, steady, settle=settle, within=within)
         for ns in scenario.namespaces:  # a tenant whose moment never came tries once at the end
             observer.strike(ns.name, "at the end (no migration's source pod ended)")

@@ -648,6 +648,7 @@ class Enforcer:
             quota = await self._read(key, quota)
             self._verify.discard(key)
         conflicts = reads = repeats = 0
+        paced = False  # (a write of this reconciliation waited for its rate bound already)
         failed = ""  # the precondition of the last patch that conflicted
         fresh: QuotaSnapshot | None = None  # the copy read from the API server for this round, if any
         while quota is not None:
@@ -683,7 +684,14 @@ class Enforcer:
                 # moves on is quota admission at work, retried at once). Back off, jittered and growing.
                 repeats += 1
                 await asyncio.sleep(self._conflict_backoff.delay(repeats - 1))
-            await self._pace(key)
+            if not paced:
+                paced = True
+                if await self._pace(key):
+                    # (what arrived while the write waited is planned in: never write what was true before it)
+                    newer = self.quotas.get(key)
+                    if newer is not None and newer.rv_order > quota.rv_order:
+                        quota = newer
+                    continue
             try:
                 raw = await self.kube.patch_quota(ns, name, enforcement.patch_body(p))
             except KubeError as e:
@@ -724,17 +732,19 @@ class Enforcer:
             self._report(p, after.resource_version)
             return
 
-    async def _pace(self, key: Key) -> None:
-        """Wait until a patch of ``key`` fits both rate bounds (overall and per quota)."""
+    async def _pace(self, key: Key) -> bool:
+        """Wait until a patch of ``key`` fits both rate bounds (overall and per quota); True when it waited."""
         bucket = self._quota_patches.get(key)
         if bucket is None:
             rate = self.opts.quota_patch_rate
             bucket = self._quota_patches[key] = TokenBucket(rate, max(1.0, rate))
         now = time.monotonic()
         wait = max(bucket.take(now), self._patches.take(now))
-        if wait > 0:
-            self.own.patches.labels(outcome="paced").inc()
-            await asyncio.sleep(wait)
+        if wait <= 0:
+            return False
+        self.own.patches.labels(outcome="paced").inc()
+        await asyncio.sleep(wait)
+        return True
 
     async def _read(self, key: Key, held: QuotaSnapshot) -> QuotaSnapshot | None:
         """The quota as the API server has it now (kept whatever version was held); None when it is gone."""

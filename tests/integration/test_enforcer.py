@@ -844,3 +844,33 @@ async def test_a_refused_vm_is_told_on_its_vmi_once_per_cause(
         moved = [*holders, msgspec.structs.replace(vm9, reason=why.replace("0 is left", "8Gi is left"))]
         await publish_usage(bus, 7, terms("64Gi", "64Gi"), vms=moved)
         assert len(await events(2)) == 2
+
+
+async def test_a_paced_write_carries_what_arrived_while_it_waited(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """Patches of one quota are rate-bounded (here 1 a second): a write that has to wait for its turn is planned
+    again when its turn comes, so it writes the latest usage, never the one that was current when it began to wait
+    (a raise a migration waits for must not come a turn late behind a write of what is no longer true)."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    written: list[dict[str, str]] = []
+
+    def on_change(type_: str, res: Any, obj: Obj) -> None:
+        if res.plural == "resourcequotas" and obj["metadata"].get("namespace") == NS:
+            h = hard(obj)
+            if not written or written[-1] != h:
+                written.append(h)
+
+    sim.store.on_change(on_change)
+    async with enforcer(bus, api, quota_patch_rate=1.0) as (e, _):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")  # (the token of this second)
+        await publish_usage(bus, 1, terms("64Gi", "70Gi"), MIGRATING)  # waits for the next token ...
+
+        def paced() -> float:
+            labels = {"service": "enforcer", "outcome": "paced"}
+            return e.metrics.registry.get_sample_value("vmquota_enforcer_patches_total", labels) or 0.0
+
+        await sim.wait_for(lambda: paced() >= 1, within=5, what="the write to wait for its turn")
+        await publish_usage(bus, 2, terms("64Gi", "80Gi"), MIGRATING)  # ... and this one arrives meanwhile
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "the latest usage applied")
+    assert {"limits.memory": "70Gi"} not in written, f"a write planned before it waited went out: {written}"

@@ -70,6 +70,7 @@ ACCOUNTED_KINDS: Final[frozenset[str]] = frozenset(
 """The kinds accounting reads (VirtualMachines are not among them: a VM counts through its VMI and pods)."""
 
 _ONE: Final = Quantity.from_int(1)
+_ZERO: Final = Quantity.from_int(0)
 
 
 """Kinds every namespace's accounting reads, whatever their namespace."""
@@ -672,11 +673,54 @@ class _Accounting:
             )
             self.mig_entries[t.index] = _migration_entry(t.m, NOT_TRIED, "; ".join(why), None, t.grow)
             return
+        taken_by = self._room_taken(t)
+        if taken_by:
+            why.insert(
+                0,
+                f"no room held: the namespace is over its budget ({taken_by}) with pods created after the migration "
+                "(the room reserved for its target was taken by another pod); room is made again once they end",
+            )
+            self.mig_entries[t.index] = _migration_entry(t.m, WAITING, "; ".join(why), None, t.grow)
+            return
         why.insert(0, "target reserved: KubeVirt reported migrationRejectedByResourceQuota")
         for q in self.quotas:
             q.reserved.add(t.estimate)
         self.target_reserved = add(self.target_reserved, t.estimate)
         self.mig_entries[t.index] = _migration_entry(t.m, PENDING, "; ".join(why), t.estimate, t.grow)
+
+    def _room_taken(self, t: _Target) -> str:
+        """Why a migration KubeVirt is refused gets no room again, or "": some quota is over its budget (``U + X/k
+        > B``) in a resource the target is charged, and pods other than VMs' launcher pods created after the
+        migration (or in the same second) are charged that resource. Room held for a target is open to any pod
+        until the target exists (without the reservation guard): a pod that took it must not be followed by
+        another once vmquota raises again, so a namespace goes over its budget by one reserved amount at the most.
+        A namespace over its budget for other reasons (its budget lowered, an upgrade's larger pods) still
+        migrates."""
+        since = t.m.creation_timestamp
+        if since is None:
+            return ""
+        late = [
+            e.charged
+            for p, e in zip(self.pods, self.pod_entries, strict=True)
+            if e.role in (NON_VM, ORPHAN_LAUNCHER)
+            and e.active
+            and p.creation_timestamp is not None
+            and p.creation_timestamp >= since  # (creation times are to the second: the same second counts)
+        ]
+        if not late:
+            return ""
+        for q in self.quotas:
+            over = [
+                r
+                for r, b in q.policy.budget.items()
+                if q.factors.get(r) is not None
+                and r in t.estimate
+                and q.used(r) > b.nanos
+                and any(c.get(r, _ZERO).nanos > 0 for c in late)
+            ]
+            if over:
+                return f"quota {q.policy.name}: {', '.join(sorted(over))}" if q.policy.name else ", ".join(over)
+        return ""
 
     def _grown(self, t: _Target, cur: VmEntry) -> dict[str, ResourceList]:
         """Per quota, what the migration's target adds to the VM's count in the mode's terms (hotplug growth;

@@ -498,6 +498,36 @@ async def test_without_the_guard_the_reservation_window_is_open() -> None:
         assert charged(p) > BUDGET
 
 
+async def test_without_the_guard_reserved_room_is_taken_once_not_again_after_every_raise() -> None:
+    """The bound of that limit: once a pod created after the migration took its reserved room, the namespace is over
+    its budget and vmquota holds no room for the target again while that pod runs (else every raise would be taken
+    again: one reserved amount more each time). The migration goes on once the tenant's pod is gone."""
+    async with pipeline(kubevirt_timing=PATIENT_KUBEVIRT) as p, Tenant(p, NS) as tenant:
+        await full_namespace(p, NS)
+        got_in, m = await grab_reserved_room(p, tenant, BUDGET)
+        assert got_in, "the tenant lost the race without the guard: this test no longer shows the window"
+
+        await settled(p)  # (the ledger counts the tenant's pod, and hard is in effect)
+        for i in range(200):  # as fast as the API server answers: no room opens for a second pod
+            quota = p.sim.cache.get("resourcequotas", NS, "compute") or {}
+            status = quota.get("status") or {}
+            room = rl(status.get("hard") or {})["limits.memory"] - rl(status.get("used") or {})["limits.memory"]
+            if room.nanos > 0:
+                grab = plain_pod(NS, f"again-{i}", {"memory": "1Gi"}, {"memory": str(room), "cpu": "100m"})
+                assert not await tenant.create_in_process(grab), "a second pod took room raised again"
+            await asyncio.sleep(0)  # (one try per turn of the event loop)
+        assert phase(p.migration(NS, m)) != "Succeeded"
+        u = p.tap.usage[NS]
+        (mig,) = [x for x in u.migrations if x.name == m]
+        assert mig.state == "waiting" and "taken by another pod" in mig.reason, mig
+        for pod in await p.sim.list_objects("pods", NS):
+            if pod["metadata"]["name"].startswith("grab-"):
+                await p.sim.store.delete(p.sim.store.resource("pods"), NS, pod["metadata"]["name"])
+        await p.wait_migrated(NS, "vm1", m)
+        await settled(p)
+        assert charged(p) <= BUDGET
+
+
 async def test_the_tenant_cannot_write_the_guard_quota_or_status() -> None:
     async with pipeline(guard=True) as p, Tenant(p, NS) as tenant:
         await full_namespace(p, NS)

@@ -85,6 +85,24 @@ def mig(u: NamespaceUsage, name: str) -> Any:
 # ---- DESIGN seed scenario 1: Harvester's 64Gi limits.memory, three 16Gi VMs, one migrates -----------------------
 
 
+def test_a_target_whose_reserved_room_a_later_pod_took_holds_no_room_again() -> None:
+    """Without the reservation guard, room held for a migration's target is open to any pod: a tenant's pod created
+    after the migration can take it. vmquota then holds no room for that target again while the namespace is over
+    its budget with such pods (else each raise could be taken again); a namespace over its budget with older pods
+    (its budget lowered, say) still migrates."""
+    quota = quota_obj("rq", {"limits.memory": "64Gi"})
+    facts = facts_for(["limits.memory"])
+    vmis = [vmi_obj(f"vm{i}", guest="16Gi", limits={"memory": "16Gi"}, t=i) for i in range(3)]
+    pods = [launcher_obj(v, facts=facts) for v in vmis]
+    migration = vmim_obj("m1", "vm0", t=100, rejected=True)
+    assert mig(account([quota, *vmis, *pods, migration]), "m1").state == PENDING
+    grab = pod_obj("grab", {"memory": "1Gi"}, {"memory": "30Gi"}, t=101)  # (took the reserved room)
+    held = mig(account([quota, *vmis, *pods, migration, grab]), "m1")
+    assert held.state == WAITING and not held.reserved and "taken by another pod" in held.reason
+    older = pod_obj("older", {"memory": "1Gi"}, {"memory": "30Gi"}, t=50)  # over budget, but not since
+    assert mig(account([quota, *vmis, *pods, migration, older]), "m1").state == PENDING
+
+
 def test_seed_1_migration_at_full_use_succeeds_and_hard_comes_back() -> None:
     quota = quota_obj("rq", {"limits.memory": "64Gi"})
     facts = facts_for(["limits.memory"])

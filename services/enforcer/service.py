@@ -6,14 +6,16 @@ Inputs, both read from the start of their stream on every start (the enforcer ke
   ResourceQuota, by resourceVersion; a deletion or a sync marker drops it;
 * usage snapshots ``vmquota.usage.<cluster>.>`` (the ledger's, one kept per namespace): the latest per namespace.
 
-Each input marks the quotas it concerns dirty. A quota has at most one reconciliation in flight; a dirty mark that
-arrives meanwhile makes it run once more afterwards, with the latest state (per-quota coalescing: the latest
-desired state wins, nothing queues up). A reconciliation plans (pure: ``shared.quota.enforcement.plan``) and, when the
-plan changes something, patches with a JSON merge patch carrying ``metadata.resourceVersion``. A 409 is the normal
-path under load (quota admission changes the resourceVersion with every admitted pod): plan again with a newer
-version and patch again. The newer version is the one the quota events brought while the patch was out, when they
-did (one round trip fewer), else a re-read (GET), with a jittered pause before the second and later reads.
-429/5xx/timeouts back off and retry.
+Each input adds the quotas it concerns to a work queue (``services.platform.workqueue``, client-go style): a quota
+waits there at most once, has at most one reconciliation in flight, and one added meanwhile is reconciled once more
+afterwards, with the latest state (per-quota coalescing: the latest desired state wins, nothing queues up). The
+queue owns retries: a reconciliation whose Kubernetes call failed is retried after the quota's backoff, and inputs
+that arrive meanwhile do not call the API server sooner. A reconciliation plans (pure:
+``shared.quota.enforcement.plan``) and, when the plan changes something, patches with a JSON merge patch carrying
+``metadata.resourceVersion``. A 409 is the normal path under load (quota admission changes the resourceVersion with
+every admitted pod): plan again with a newer version and patch again. The newer version is the one the quota events
+brought while the patch was out, when they did (one round trip fewer), else a re-read (GET), with a jittered pause
+before the second and later reads. 429/5xx/timeouts back off and retry (the queue's retries).
 
 Every write is reported, off the write path, by a Kubernetes Event on the quota and a ``Decision`` on
 ``vmquota.quota.<cluster>.<namespace>``. With ``dry_run`` nothing is written to the cluster: each new plan is
@@ -42,6 +44,7 @@ from services.platform.bus import Bus, position
 from services.platform.consumer import PullConsumer
 from services.platform.http import Metrics, ServiceLabelled
 from services.platform.runner import cancel
+from services.platform.workqueue import WorkQueue
 from shared import contract
 from shared.backoff import Backoff, TokenBucket
 from shared.errors import InvalidInput
@@ -98,6 +101,8 @@ class EnforcerOptions:
     """Who may create pods for a holder while a reservation is open (KubeVirt's virt-controller)."""
     exclude_namespaces: tuple[str, ...] = enforcement.DEFAULT_EXCLUDED_NAMESPACES
     """Shell-style patterns of namespaces whose quotas are never written, whatever their labels say."""
+    workers: int = 32
+    """Quotas reconciled at once (each by one worker at a time)."""
     resync_interval: float = 60.0
     """Seconds between two reads of the managed quotas from the API server, whose versions then replace what the
     quota events said (0: never). The API server wins over the bus: a forged quota event is undone within this."""
@@ -177,11 +182,14 @@ class Enforcer:
         """The usage snapshot each quota was last written from (for the reason line only)."""
         self._since: dict[Key, float] = {}
         """Monotonic time of the oldest input not yet applied to each dirty quota."""
-        self._dirty: set[Key] = set()
-        self._tasks: dict[Key, asyncio.Task[None]] = {}
-        self._failures: dict[Key, int] = {}
-        self._backing_off: set[Key] = set()
-        """Quotas waiting for their retry timer: new input marks them dirty but does not call the API early."""
+        self._queue: WorkQueue[Key] = WorkQueue(
+            "enforcer",
+            self._reconcile_key,
+            workers=opts.workers,
+            backoff=self._backoff,
+            hold_retries=True,  # (a quota waiting for its retry is not written sooner, whatever arrives)
+            on_retry=self._on_retry,
+        )
         self._dry_seen: dict[Key, str] = {}
         self._held: set[str] = set()
         """Namespaces touched before both inputs were read to their end (acted on once they are)."""
@@ -232,6 +240,7 @@ class Enforcer:
         with bound:
             log.info("enforcer starting")
             await self._list_managed_quotas()
+            self._queue.start()
             tasks = [
                 asyncio.create_task(self._consume("quotas", quotas, self._on_quota_message), name="enforcer-quotas"),
                 asyncio.create_task(
@@ -257,7 +266,8 @@ class Enforcer:
                 await cancel(*tasks[:2])
                 if graceful:
                     await self._drain()
-                await cancel(*self._tasks.values(), *self._side_tasks, *tasks[2:])
+                await self._queue.stop()
+                await cancel(*self._side_tasks, *tasks[2:])
                 await quotas.close()
                 await usage.close()
                 log.info("enforcer stopped", graceful=graceful, patched=self.patched, conflicts=self.conflicts)
@@ -316,12 +326,8 @@ class Enforcer:
                 self._schedule(key)
 
     async def _drain(self, within: float = 10.0) -> None:
-        """Let in-flight reconciliations and queued reports finish (bounded)."""
-        pending = list(self._tasks.values())
-        if pending:
-            _, still = await asyncio.wait(pending, timeout=within)
-            for t in still:
-                t.cancel()
+        """Let in-flight reconciliations and queued reports finish (bounded; what is left is then cancelled)."""
+        await self._queue.drain(within)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._reports.join(), timeout=within)
 
@@ -537,30 +543,24 @@ class Enforcer:
             self._held.add(key[0])
             return
         self._since.setdefault(key, time.monotonic())
-        self._dirty.add(key)
-        if key not in self._tasks and key not in self._backing_off:
-            self._tasks[key] = asyncio.create_task(self._worker(key), name=f"enforce {key[0]}/{key[1]}")
+        self._queue.add(key)
 
     # ---- reconciling -------------------------------------------------------------------------------------------
-    async def _worker(self, key: Key) -> None:
+    async def _reconcile_key(self, key: Key) -> None:
+        """Reconcile one quota (the work queue's handler). A failed Kubernetes call raises, and the queue retries the
+        quota after its backoff; so does a bug (it must cost one quota a retry, not the enforcer)."""
         try:
-            while key in self._dirty:
-                self._dirty.discard(key)
-                try:
-                    await self._reconcile(key)
-                    self._failures.pop(key, None)
-                    self._nudge_refused(key[0])
-                except KubeError as e:
-                    self._retry_later(key, e)
-                    return
-                except InvalidInput as e:  # the API server returned an object we cannot read
-                    log.error("quota not readable", namespace=key[0], quota=key[1], error=str(e))
-                except Exception as e:  # a bug must cost one quota a retry, not the enforcer
-                    log.error("reconcile failed", namespace=key[0], quota=key[1], error=repr(e), exc_info=e)
-                    self._retry_later(key, KubeError(0, type(e).__name__, str(e)))
-                    return
-        finally:
-            self._tasks.pop(key, None)
+            await self._reconcile(key)
+        except InvalidInput as e:  # the API server returned an object we cannot read
+            log.error("quota not readable", namespace=key[0], quota=key[1], error=str(e))
+            return
+        except KubeError:
+            raise
+        except Exception as e:
+            log.error("reconcile failed", namespace=key[0], quota=key[1], error=repr(e), exc_info=e)
+            raise KubeError(0, type(e).__name__, str(e)) from e
+        self._queue.forget(key)
+        self._nudge_refused(key[0])
 
     def _nudge_refused(self, namespace: str) -> None:
         """Once a quota of the namespace carries what it should: tell each VMI whose hotplug the ledger refused
@@ -619,27 +619,19 @@ class Enforcer:
             self.own.nudges.labels(outcome="failed").inc()
             log.info("VMI not nudged", namespace=namespace, vmi=name, error=str(e))
 
-    def _retry_later(self, key: Key, e: KubeError) -> None:
-        n = self._failures.get(key, 0) + 1
-        self._failures[key] = n
-        delay = self._backoff.delay(n - 1, retry_after=e.retry_after)  # (a Retry-After up to retry_max)
+    def _on_retry(self, key: Key, e: BaseException, attempt: int, delay: float) -> None:
+        """The work queue retries ``key`` in ``delay`` seconds (its backoff, never shorter than a ``Retry-After``
+        the server sent, up to its maximum)."""
         self.own.patches.labels(outcome="error").inc()
         log.warning(
             "quota call failed, retrying",
             namespace=key[0],
             quota=key[1],
-            status=e.status,
+            status=e.status if isinstance(e, KubeError) else 0,
             error=str(e),
-            attempt=n,
+            attempt=attempt,
             retry_in=round(delay, 3),
         )
-        self._dirty.add(key)
-        self._backing_off.add(key)
-        asyncio.get_running_loop().call_later(delay, self._retry_due, key)
-
-    def _retry_due(self, key: Key) -> None:
-        self._backing_off.discard(key)
-        self._schedule(key)
 
     async def _reconcile(self, key: Key) -> None:
         ns, name = key
@@ -885,4 +877,4 @@ class Enforcer:
     # ---- introspection (tests, health) -------------------------------------------------------------------------
     def idle(self) -> bool:
         """Nothing dirty, in flight or waiting to be reported."""
-        return self._warm and not self._dirty and not self._tasks and not self._backing_off and self._reports.empty()
+        return self._warm and self._queue.empty() and self._reports.empty()

@@ -885,14 +885,17 @@ class _Accounting:
         KubeVirt has not named it in ``status.activePods`` yet (it then counts as a plain pod), or its event has not
         arrived. KubeVirt creates no launcher pod for it any more, so nothing is reserved (room held for it would be
         room for a pod that never comes, open to any other); until its status says it finished it counts at its
-        rendering at its current size, like a running VM (what it frees comes when KubeVirt says so)."""
+        rendering at its current size in ``U``, like a running VM (a VM admitted meanwhile waits for it), and it
+        takes nothing in ``W``: ``W`` follows what ``P`` charges, and ``P`` has no pod of it (a pod that is charged
+        but not in view takes its room all the same, and one that ended frees it), so ``hard`` stays where it is
+        while KubeVirt's status and the pod events catch up."""
         size = current_size(v)
         cap = self.renderer.vmi_usage(v) or {}
         grow = self.renderer.hotplug_growth(v) if cap else {}
         if grow:
             cap = {r: (q - grow[r]).clamp0() if r in grow else q for r, q in cap.items()}
         counts = {q.policy.name: mode_usage(q.policy.mode, size, cap, q.ratio) for q in self.quotas}
-        took = {q.policy.name: takes({}, counts[q.policy.name], q.factors) for q in self.quotas}
+        took: dict[str, ResourceList] = {q.policy.name: {} for q in self.quotas}
         reason = (
             f"phase {v.phase}, no running launcher pod in status.activePods: counts at its rendering, nothing reserved"
         )

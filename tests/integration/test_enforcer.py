@@ -272,19 +272,20 @@ async def test_a_status_only_quota_version_is_kept_but_not_reconciled(
         return quota_event(obj)
 
     rv = int(raw["metadata"]["resourceVersion"])
+    e._queue.start()
     e._apply_quota_event(event(raw, rv))
-    assert key in e._tasks, "a new quota is reconciled"
-    await asyncio.wait_for(e._tasks[key], 10)
+    assert not e._queue.empty(), "a new quota is reconciled"
+    await sim.wait_for(e._queue.empty, within=10, what="the reconciliation")
 
     echo = dict(raw, status={"hard": {"limits.memory": "64Gi"}, "used": {"limits.memory": "3Gi"}})
     e._apply_quota_event(event(echo, rv + 1))
     assert e.quotas[key].resource_version == str(rv + 1), "the newer version is kept"
-    assert key not in e._tasks and key not in e._dirty, "a status-only version is not reconciled"
+    assert e._queue.empty(), "a status-only version is not reconciled"
 
     edited = dict(echo, metadata={**echo["metadata"], "labels": MANAGED})
     e._apply_quota_event(event(edited, rv + 2))
-    assert key in e._dirty or key in e._tasks, "any other change is"
-    await cancel(*e._tasks.values())
+    assert not e._queue.empty(), "any other change is"
+    await e._queue.stop()
 
 
 class BeatenOnce:
@@ -340,9 +341,9 @@ async def test_a_conflict_is_retried_with_the_version_the_quota_events_brought(
     e = Enforcer(bus, calls, EnforcerOptions(cluster=CLUSTER), metrics=Metrics())
     calls.enforcer = e
     e._warm = True  # (not running: the events are applied by hand)
-    key = (NS, "compute")
+    e._queue.start()
     e._apply_quota_event(quota_event(raw))
-    await asyncio.wait_for(e._tasks[key], 10)  # adoption: one patch, beaten once
+    await sim.wait_for(e._queue.empty, within=10, what="the adoption")  # one patch, beaten once
     q = await sim.get("resourcequotas", NS, "compute")
     assert json.loads(notes(q)[BUDGET_ANNOTATION]) == {"limits.memory": "64Gi"}, "adopted in the end"
     assert q["status"]["used"] == {"limits.memory": "3Gi"}, "the other writer's change was kept"
@@ -354,7 +355,7 @@ async def test_a_conflict_is_retried_with_the_version_the_quota_events_brought(
         )
         == 1
     )
-    await cancel(*e._tasks.values())
+    await e._queue.stop()
 
 
 async def test_a_conflict_leaves_no_reference_cycle(sim: SimCluster, api: client.ApiClient) -> None:
@@ -433,7 +434,7 @@ async def test_restart_mid_way_converges_to_the_same_hard(
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "first enforcer raised hard")
         slow = sim.faults.add_latency(0.3, verbs=["patch"], resources=["resourcequotas"])
         await publish_usage(bus, 6, terms("64Gi", "72Gi"), MIGRATING)
-        await sim.wait_for(lambda: bool(first._tasks), within=5, what="a patch in flight")
+        await sim.wait_for(lambda: not first._queue.idle(), within=5, what="a patch in flight")
         task.cancel()  # a crash (or a lost Lease) in the middle of a patch
         with contextlib.suppress(asyncio.CancelledError):
             await task

@@ -85,6 +85,27 @@ def mig(u: NamespaceUsage, name: str) -> Any:
 # ---- DESIGN seed scenario 1: Harvester's 64Gi limits.memory, three 16Gi VMs, one migrates -----------------------
 
 
+def test_a_running_vmi_whose_pod_is_not_in_view_keeps_hard_and_reserves_nothing() -> None:
+    """The ledger sees a VMI's update before its pod's event (or KubeVirt names the pod in ``status.activePods``
+    late, or the pod ended and the VMI is about to finish): the VM counts in ``U`` at its rendering, nothing is
+    reserved for it (KubeVirt creates no pod for a VMI past Pending) and ``hard`` is what it is with the pod in
+    view: room for the pod if it is charged, none for a pod that ended."""
+    quota = quota_obj("rq", {"limits.memory": "64Gi"}, Mode.VIRTUAL_RESOURCES)
+    facts = facts_for(["limits.memory"])
+    vmis = [vmi_obj(f"vm{i}", guest="16Gi", limits={"memory": "16Gi"}, t=i) for i in range(3)]
+    pods = [launcher_obj(v, facts=facts) for v in vmis]
+    seen = account([quota, *vmis, *pods])
+    lagging = account([quota, *vmis, *pods[1:]])
+    assert hard_of(lagging) == hard_of(seen)
+    e = vm(lagging, "vm0")
+    assert e.state == RUNNING and not e.reserved
+    assert lagging.quotas["rq"].accounted["limits.memory"] == seen.quotas["rq"].accounted["limits.memory"]
+    late = vmi_obj("late", guest="16Gi", limits={"memory": "16Gi"}, t=9, phase="Pending")
+    assert vm(account([quota, *vmis, *pods[1:], late]), "late").state == ADMITTED  # (64Gi: it fits)
+    extra = vmi_obj("extra", guest="1Gi", limits={"memory": "1Gi"}, t=10, phase="Pending")
+    assert vm(account([quota, *vmis, *pods[1:], late, extra]), "extra").state == REFUSED
+
+
 def test_a_target_whose_reserved_room_a_later_pod_took_holds_no_room_again() -> None:
     """Without the reservation guard, room held for a migration's target is open to any pod: a tenant's pod created
     after the migration can take it. vmquota then holds no room for that target again while the namespace is over

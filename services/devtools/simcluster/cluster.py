@@ -29,6 +29,7 @@ from typing import Any, Final
 import yaml
 
 from services.devtools.simcluster.auth import Users
+from services.devtools.simcluster.cache import Cache
 from services.devtools.simcluster.faults import Faults
 from services.devtools.simcluster.kubeconfig import write_kubeconfig
 from services.devtools.simcluster.kubevirt import (
@@ -43,7 +44,6 @@ from services.devtools.simcluster.quota import QuotaTiming, ResourceQuotaSystem
 from services.devtools.simcluster.server import RunningServer, start_server
 from services.devtools.simcluster.store import Store
 from services.devtools.simcluster.store_api import ApiError, Obj
-from services.devtools.simcluster.workqueue import Cache
 from services.platform.inputs import yaml_problem
 from services.platform.logs import get_logger
 from shared.errors import InvalidInput

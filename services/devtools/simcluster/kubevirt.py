@@ -34,11 +34,13 @@ from fractions import Fraction
 from typing import Any, Final, cast
 
 from services.devtools.simcluster.auth import KUBEVIRT_CONTROLLER, acting_as
+from services.devtools.simcluster.cache import Cache, Key, key_of, uid_of
 from services.devtools.simcluster.patch import copy_json
 from services.devtools.simcluster.registry import format_time
 from services.devtools.simcluster.store_api import ApiError, Obj, Operation, Resource, StoreAPI, WatchType
-from services.devtools.simcluster.workqueue import Cache, Key, WorkQueue, key_of, uid_of
 from services.platform.logs import get_logger
+from services.platform.workqueue import WorkQueue
+from shared.backoff import Backoff
 from shared.errors import InvalidInput
 from shared.kubevirt import (
     COMPUTE,
@@ -429,11 +431,11 @@ class KubeVirtSimulator:
         self.r_vmis = store.resource("virtualmachineinstances")
         self.r_vmims = store.resource("virtualmachineinstancemigrations")
         t = self.timing
-        qargs: dict[str, Any] = {"base_delay": t(t.backoff_base), "max_delay": t(t.backoff_cap)}
-        self.vm_queue = WorkQueue("vm", self._sync_vm, **qargs)
-        self.vmi_queue = WorkQueue("vmi", self._sync_vmi, **qargs)
-        self.migration_queue = WorkQueue("migration", self._sync_migration, **qargs)
-        self.pod_queue = WorkQueue("kubelet", self._sync_pod, **qargs)
+        backoff = Backoff(initial=t(t.backoff_base), maximum=t(t.backoff_cap), jitter=0.0)  # (client-go's, scaled)
+        self.vm_queue: WorkQueue[Key] = WorkQueue("vm", self._sync_vm, backoff=backoff)
+        self.vmi_queue: WorkQueue[Key] = WorkQueue("vmi", self._sync_vmi, backoff=backoff)
+        self.migration_queue: WorkQueue[Key] = WorkQueue("migration", self._sync_migration, backoff=backoff)
+        self.pod_queue: WorkQueue[Key] = WorkQueue("kubelet", self._sync_pod, backoff=backoff)
         self._vmi_steps = Steps(self.vmi_queue)
         self._vmim_steps = Steps(self.migration_queue)
         self._pod_steps = Steps(self.pod_queue)

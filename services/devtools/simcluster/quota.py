@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from services.devtools.simcluster.cache import Cache, Key, key_of
 from services.devtools.simcluster.store_api import ApiError, Obj, Operation, Resource, StoreAPI, WatchType
-from services.devtools.simcluster.workqueue import Cache, Key, WorkQueue, key_of
 from services.platform.logs import get_logger
+from services.platform.workqueue import WorkQueue
 from shared.errors import InvalidInput
 from shared.podusage import (
     TERMINAL_PHASES,

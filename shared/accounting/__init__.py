@@ -8,14 +8,17 @@ Namespace, FailedCreate events; VMs are accepted and ignored) and returns, for e
 * ``P`` — pod usage: what the native evaluator charges the namespace's pods (``shared.podusage``);
 * ``S`` — reservations, in pod terms: the launcher pod of each admitted VM whose pod does not exist yet, and the
   target pod of each pending migration;
+* ``D``, ``X``, ``W`` — the overlap of VMs' pods, its unvouched part, and what the namespace takes of the budget in
+  pod terms;
 * ``hard`` — the equation (``shared.quota.equation``) applied to them;
 
 plus every VM (running, admitted, refused, stopped), pod and migration with what it counts and why.
 
 Rules (``docs/accounting.md`` explains them):
 
-* a VM is *running* while it has a non-terminal launcher pod; running VMs always count, at the per-resource
-  maximum of their launcher pods (source and target during a migration) and any pending target estimate;
+* a pod is a VM's launcher pod only when the VMI's ``status.activePods`` names it; a VM is *running* while it
+  has a non-terminal launcher pod; running VMs always count, at the per-resource maximum of their launcher pods
+  (source and target during a migration), at most as vmquota renders the pod;
 * pending VMs are admitted in creation order (then name, uid): admitted iff ``U + u <= B`` for every natively
   enforced resource of every managed quota (managed quotas are unscoped); an admitted VM adds ``u`` to ``U`` and its
   launcher pod estimate to ``S``;
@@ -31,7 +34,8 @@ Rules (``docs/accounting.md`` explains them):
 
 Only the kinds in :data:`ACCOUNTED_KINDS` are read.
 
-Modules: ``namespace`` (the algorithm), ``results`` (what it returns), ``estimates`` (launcher pod
+Modules: ``namespace`` (the input and the result), the passes in the order they run (``state``, what they share;
+``pods``, ``vms``, ``migrations``, ``admission``), ``results`` (what it returns), ``estimates`` (launcher pod
 estimates, the evidence bound), ``memo`` and ``sums`` (the incremental accelerator), ``wire`` (the result as a
 bus usage body).
 """

@@ -1,0 +1,73 @@
+"""The admission pass of a namespace's accounting: pending VMs and hotplug growth in creation order, after every
+running VM and pod is counted; then the migrations without growth."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from shared.accounting.migrations import Migrations
+from shared.accounting.results import (
+    ADMITTED,
+    REFUSED,
+    VmEntry,
+)
+from shared.accounting.state import Target, created_key, fmt, vm_key, vm_size
+from shared.quota.equation import takes
+from shared.quota.modes import mode_usage
+from shared.resources import ResourceList, nonzero
+from shared.snapshot import (
+    VmiSnapshot,
+)
+
+
+class Admission(Migrations):
+    """The admission pass."""
+
+    def _admissions(self) -> None:
+        """Pending VMs and hotplug growth, in creation order (a VMI's, a migration's), after every running VM and
+        pod is counted; then the migrations without growth."""
+        items: list[tuple[tuple[bool, datetime, str, str], int, VmiSnapshot | Target]] = [
+            (created_key(v), i, v) for i, v in enumerate(self.pending)
+        ]
+        plain: list[Target] = []
+        for t in self.targets:
+            if t.grow:
+                items.append((created_key(t.m), len(items), t))
+            else:
+                plain.append(t)
+        for _, _, item in sorted(items, key=lambda it: it[:2]):
+            if isinstance(item, Target):
+                self._decide_target(item, admit=True)
+            else:
+                self._admit(item)
+        for t in plain:  # the same VM, moving: it needs no admission, only (maybe) room for its second pod
+            self._decide_target(t, admit=False)
+
+    def _admit(self, v: VmiSnapshot) -> None:
+        """A pending VM (no launcher pod yet), in creation order: admitted iff it fits every managed quota."""
+        key = vm_key(v)
+        size = vm_size(v)
+        estimate = self.renderer.new_pod_usage(v) or {}
+        taken: ResourceList = {}
+        pod_est = dict(estimate)
+        if v.pod_refused:  # (a status condition only KubeVirt writes: it really tried to create the pod)
+            pod_est, taken = self._bounded(estimate, self._refusals(v, v.creation_timestamp), v.ref)
+        pod_est = nonzero(pod_est)
+        usages = {q.policy.name: mode_usage(q.policy.mode, size, pod_est, q.ratio) for q in self.quotas}
+        misfit, parts = self._misfits(usages)
+        if misfit:
+            reason = "pending, does not fit: " + "; ".join(parts)
+            self.vm_entries[key] = VmEntry(v.name, v.uid, v.phase, REFUSED, reason, size, pod_est, {}, {}, misfit)
+            return
+        for q in self.quotas:
+            q.accounted.add(usages[q.policy.name])
+            q.taken.add(takes({}, usages[q.policy.name], q.factors))
+            q.reserved.add(pod_est)
+        reason = "pending, admitted in creation order: launcher pod reserved"
+        if taken:
+            reason += f" (exact amounts from a quota refusal: {fmt(taken)})"
+        if not estimate:
+            reason += "; its launcher pod could not be estimated (see errors)"
+        self.vm_entries[key] = VmEntry(
+            v.name, v.uid, v.phase, ADMITTED, reason, size, pod_est, usages, pod_est, pod_refused=v.pod_refused
+        )

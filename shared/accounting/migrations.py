@@ -1,0 +1,213 @@
+"""The migrations pass of a namespace's accounting: the oldest active migration of a VMI may reserve its target pod,
+only while KubeVirt is refused it, and a hotplug's growth is admitted like a new VM."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Final
+
+from shared.accounting.estimates import widened
+from shared.accounting.results import (
+    GROWTH_REFUSED,
+    NON_VM,
+    NOT_TRIED,
+    ORPHAN_LAUNCHER,
+    PENDING,
+    QUEUED,
+    TARGET_CREATED,
+    WAITING,
+    MigrationEntry,
+    VmEntry,
+)
+from shared.accounting.state import Target, fmt, vm_key, vm_size
+from shared.accounting.vms import Vms
+from shared.quantity import Quantity
+from shared.quota.equation import takes
+from shared.quota.modes import mode_usage
+from shared.resources import ResourceList, add, growth, maximum, minimum, nonzero
+from shared.snapshot import (
+    PodSnapshot,
+    VmimSnapshot,
+    VmiSnapshot,
+)
+
+_ZERO: Final = Quantity.from_int(0)
+
+
+def _migration_entry(
+    m: VmimSnapshot, state: str, reason: str, reserved: ResourceList | None = None, grow: ResourceList | None = None
+) -> MigrationEntry:
+    return MigrationEntry(
+        m.name, m.uid, m.vmi_name, m.phase, state, reason, reserved or {}, grow or {}, m.rejected_by_quota
+    )
+
+
+def _pick_source(sources: list[tuple[PodSnapshot, ResourceList]], v: VmiSnapshot) -> tuple[PodSnapshot, ResourceList]:
+    """The migration source: the VMI's newest pod on its node, else its newest pod."""
+    on_node = [pc for pc in sources if v.node_name and pc[0].node_name == v.node_name]
+    pool = on_node or sources
+    return max(
+        pool,
+        key=lambda pc: (pc[0].creation_timestamp is not None, pc[0].creation_timestamp or datetime.min, pc[0].name),
+    )
+
+
+class Migrations(Vms):
+    """The migrations pass (targets are decided in :class:`~shared.accounting.admission.Admission`'s order)."""
+
+    def _migrations(self) -> None:
+        seen: set[str] = set()
+        for m in self.vmims:
+            if not m.active:
+                continue
+            entry = self._migration(m, seen)
+            self.mig_entries.append(entry)
+
+    def _migration(self, m: VmimSnapshot, seen: set[str]) -> MigrationEntry:
+        """A migration's entry; the oldest active one of a VMI with a running source pod and no target yet is a
+        :class:`Target`, decided once running VMs are counted (:meth:`_decide_targets`)."""
+        v = self.vmi_by_name.get(m.vmi_name)
+        if v is None:
+            return _migration_entry(m, WAITING, "VMI not found")
+        key = vm_key(v)
+        if key in seen:
+            return _migration_entry(m, QUEUED, "queued behind an older migration of the same VMI")
+        seen.add(key)
+        vm_pods = self.launchers.get(key, [])
+        targets = [pc for pc in vm_pods if m.uid and pc[0].migration_job_uid == m.uid]
+        sources = [pc for pc in vm_pods if not (m.uid and pc[0].migration_job_uid == m.uid)]
+        if targets:
+            grow = growth(targets[0][1], _pick_source(sources, v)[1]) if sources else {}
+            return _migration_entry(
+                m, TARGET_CREATED, f"target pod {targets[0][0].name} exists: charged in P", None, grow
+            )
+        if not sources:
+            return _migration_entry(m, WAITING, "the VMI has no running launcher pod")
+        source_pod, source_usage = _pick_source(sources, v)
+        memo = self.memo
+        if memo is None:
+            estimate, grow, reasons = self._target_estimate(v, source_pod, source_usage)
+        else:  # (a function of the VMI and the source pod, as long as they are the same objects)
+            slot = ("target", self.namespace, vm_key(v))
+            args = (v, source_pod, source_usage)
+            estimate, grow, reasons = memo.latest(slot, tuple(map(id, args)), args, self._target_estimate, *args)
+        why = list(reasons)
+        if m.rejected_by_quota:  # (a status condition only KubeVirt writes: it really tried to create the pod)
+            refused = self._refusals(v, m.creation_timestamp)
+            estimate, taken = self._bounded(estimate, refused, f"{m.ref} (VMI {v.name})")
+            if taken:
+                why.append(f"exact amounts from a quota refusal: {fmt(taken)}")
+        self.targets.append(Target(len(self.mig_entries), m, v, nonzero(estimate), dict(grow), why))
+        return _migration_entry(m, NOT_TRIED, "")  # (replaced by the decision)
+
+    def _target_estimate(
+        self, v: VmiSnapshot, source_pod: PodSnapshot, source_usage: ResourceList
+    ) -> tuple[ResourceList, ResourceList, tuple[str, ...]]:
+        """A migration target's estimate before any refusal's amounts, the hotplug growth, and why. Not to be
+        changed."""
+        grow = self.renderer.hotplug_growth(v)
+        estimate = add(source_usage, grow)
+        rendered = self.renderer.new_pod_usage(v)
+        if rendered is not None:
+            # the source pod's real charge may exceed the rendering (overhead vmquota does not know), but only
+            # within the evidence bound: the "source" may be a tenant's pod KubeVirt adopted into the VMI
+            estimate = maximum(minimum(estimate, widened(rendered)), rendered)
+        why = [f"target estimated from source pod {source_pod.name}"]
+        if grow:
+            why.append(f"hotplug growth {fmt(grow)}")
+        return estimate, grow, tuple(why)
+
+    def _decide_target(self, t: Target, admit: bool) -> None:
+        """Reserve a migration's target while KubeVirt is refused it (``migrationRejectedByResourceQuota``), never
+        for one KubeVirt has not tried (held back by the parallel-migration limits, or still to try: the room
+        would be open to any pod). A hotplug's growth in the mode's terms is new usage, admitted in creation order
+        like a new VM (``admit``); one that does not fit gets no room and the VM keeps its current size."""
+        cur = self.vm_entries[vm_key(t.v)]
+        memo = self.memo
+        if memo is None:
+            grown = self._grown(t, cur)
+        else:
+            # a function of the VMI, its entry (memoised: the same object while unchanged), the estimate and the
+            # quotas; the estimate by value and wire format (it is built anew on every accounting)
+            est = tuple((r, q.nanos, q.format) for r, q in t.estimate.items())
+            memo_key = (id(t.v), id(cur), est, self.quotas_key)
+            slot = ("grown", self.namespace, vm_key(t.v))
+            grown = memo.latest(slot, memo_key, (t.v, cur), self._grown, t, cur)
+        why = list(t.why)
+        if admit:
+            misfit, parts = self._misfits(grown)
+            if misfit:
+                why.append(
+                    "hotplug growth does not fit: " + "; ".join(parts) + "; the VM keeps running at its current size"
+                )
+                self.mig_entries[t.index] = _migration_entry(t.m, GROWTH_REFUSED, "; ".join(why), None, t.grow)
+                return
+            why.append("hotplug growth admitted in creation order")
+        for q in self.quotas:
+            q.accounted.add(grown[q.policy.name])
+            q.taken.add(takes({}, grown[q.policy.name], q.factors))
+        if not t.m.rejected_by_quota:
+            why.append(
+                "no room held: KubeVirt has not been refused its target pod (room is made once it is, and only then)"
+            )
+            self.mig_entries[t.index] = _migration_entry(t.m, NOT_TRIED, "; ".join(why), None, t.grow)
+            return
+        taken_by = self._room_taken(t)
+        if taken_by:
+            why.insert(
+                0,
+                f"no room held: the namespace is over its budget ({taken_by}) with pods created after the migration "
+                "(the room reserved for its target was taken by another pod); room is made again once they end",
+            )
+            self.mig_entries[t.index] = _migration_entry(t.m, WAITING, "; ".join(why), None, t.grow)
+            return
+        why.insert(0, "target reserved: KubeVirt reported migrationRejectedByResourceQuota")
+        for q in self.quotas:
+            q.reserved.add(t.estimate)
+        self.target_reserved = add(self.target_reserved, t.estimate)
+        self.mig_entries[t.index] = _migration_entry(t.m, PENDING, "; ".join(why), t.estimate, t.grow)
+
+    def _room_taken(self, t: Target) -> str:
+        """Why a migration KubeVirt is refused gets no room again, or "": some quota is over its budget (``U + X/k
+        > B``) in a resource the target is charged, and pods other than VMs' launcher pods created after the
+        migration (or in the same second) are charged that resource. Room held for a target is open to any pod
+        until the target exists (without the reservation guard): a pod that took it must not be followed by
+        another once vmquota raises again, so a namespace goes over its budget by one reserved amount at the most.
+        A namespace over its budget for other reasons (its budget lowered, an upgrade's larger pods) still
+        migrates."""
+        since = t.m.creation_timestamp
+        if since is None:
+            return ""
+        late = [
+            e.charged
+            for p, e in zip(self.pods, self.pod_entries, strict=True)
+            if e.role in (NON_VM, ORPHAN_LAUNCHER)
+            and e.active
+            and p.creation_timestamp is not None
+            and p.creation_timestamp >= since  # (creation times are to the second: the same second counts)
+        ]
+        if not late:
+            return ""
+        for q in self.quotas:
+            over = [
+                r
+                for r, b in q.policy.budget.items()
+                if q.factors.get(r) is not None
+                and r in t.estimate
+                and q.used(r) > b.nanos
+                and any(c.get(r, _ZERO).nanos > 0 for c in late)
+            ]
+            if over:
+                return f"quota {q.policy.name}: {', '.join(sorted(over))}" if q.policy.name else ", ".join(over)
+        return ""
+
+    def _grown(self, t: Target, cur: VmEntry) -> dict[str, ResourceList]:
+        """Per quota, what the migration's target adds to the VM's count in the mode's terms (hotplug growth;
+        an upgrade's larger pod in pod terms). Not to be changed."""
+        full = vm_size(t.v)
+        return {
+            q.policy.name: growth(
+                mode_usage(q.policy.mode, full, maximum(cur.pod_usage, t.estimate), q.ratio), cur.counts[q.policy.name]
+            )
+            for q in self.quotas
+        }

@@ -1,0 +1,132 @@
+"""The pods pass of a namespace's accounting: what each pod is charged (``P``), whose launcher pod it is (only a
+VMI's ``status.activePods`` says so), and what each plain pod adds to ``U`` and ``W``."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from shared.accounting.results import (
+    LAUNCHER,
+    MIGRATION_TARGET,
+    NON_VM,
+    ORPHAN_LAUNCHER,
+    PodEntry,
+)
+from shared.accounting.state import State, vm_key
+from shared.podusage import counts_for_compute
+from shared.quantity import Quantity
+from shared.resources import ResourceList
+from shared.snapshot import (
+    PodSnapshot,
+    VmimSnapshot,
+    VmiSnapshot,
+)
+
+_ONE: Final = Quantity.from_int(1)
+_POD_COUNT_ONLY: Final[ResourceList] = {"count/pods": _ONE}
+"""What the evaluator charges a terminal pod."""
+
+PodsFound = tuple[
+    tuple[PodEntry, ...],
+    dict[str, list[tuple[PodSnapshot, ResourceList]]],
+    tuple[ResourceList, ...],
+    tuple[ResourceList, ...],
+]
+"""Pod entries, launcher pods per VM, and the lists every quota adds to ``P`` and to ``U`` (and to ``W``: a plain
+pod takes its charge)."""
+
+
+class Pods(State):
+    """The pods pass."""
+
+    def _owner(self, p: PodSnapshot) -> VmiSnapshot | None:
+        """The VMI whose launcher pod ``p`` is: only a VMI whose ``status.activePods`` (written by KubeVirt alone)
+        names the pod's uid. Labels and owner references are the tenant's to write: a pod that only carries them
+        is a plain pod."""
+        return self.vouched.get(p.uid) if p.uid else None
+
+    def _pods(self) -> None:
+        """Each pod's entry and what it adds to ``P`` and ``U``. With a memo, the whole pass is remembered: it
+        depends on the pods, on the VMIs' and migrations' names and uids (owners, reasons), on the quotas and on
+        ``now`` only for pods being deleted."""
+        memo = self.memo
+        if memo is None:
+            self._apply_pods(self._pods_pass())
+            return
+        deleting = tuple(
+            counts_for_compute(p.phase, p.deletion_timestamp, p.deletion_grace_period_seconds, self.now)
+            for p in self.pods
+            if p.deletion_timestamp is not None
+        )
+        key = (
+            "pods",
+            tuple(map(id, self.pods)),
+            tuple((v.uid, v.name, tuple(v.active_pods)) for v in self.vmis),
+            tuple((m.uid, m.name) for m in self.vmims),
+            deleting,
+            self.quotas_key,
+        )
+        self._apply_pods(memo.latest(("pods", self.namespace), key, tuple(self.pods), self._pods_pass))
+
+    def _apply_pods(self, found: PodsFound) -> None:
+        entries, launchers, pod_usage, accounted = found
+        self.pod_entries = list(entries)
+        self.launchers = launchers  # read only from here on
+        for q in self.quotas:  # (every managed quota covers every pod)
+            q.pod_usage.extend(pod_usage)
+            q.accounted.extend(accounted)
+            q.taken.extend(accounted)  # (a plain pod takes what it is charged)
+
+    def _pods_pass(self) -> PodsFound:
+        """Every quota covers every pod (managed quotas are unscoped): one list of charges for all of them."""
+        entries: list[PodEntry] = []
+        launchers: dict[str, list[tuple[PodSnapshot, ResourceList]]] = {}
+        pod_usage: list[ResourceList] = []
+        accounted: list[ResourceList] = []
+        memo = self.memo
+        now = self.now
+        for p in self.pods:
+            active = counts_for_compute(p.phase, p.deletion_timestamp, p.deletion_grace_period_seconds, now)
+            v = self._owner(p)
+            mig = self.vmim_by_uid.get(p.migration_job_uid) if p.migration_job_uid else None
+            if memo is None:
+                entry = self._pod_entry(p, v, active, mig)
+            else:
+                # an entry is a function of the pod, whether it is charged for compute and whose it is
+                owner = None if v is None else (v.uid, v.name)
+                key = (id(p), active, owner, mig.name if mig is not None else None)
+                slot = ("pod", self.namespace, p.uid or p.name)
+                entry = memo.latest(slot, key, (p,), self._pod_entry, p, v, active, mig)
+            charged = entry.charged
+            pod_usage.append(charged)
+            if v is not None and active:  # a VM's running launcher pod: it counts through its VM
+                launchers.setdefault(vm_key(v), []).append((p, charged))
+            else:
+                accounted.append(charged)
+            entries.append(entry)
+        return tuple(entries), launchers, tuple(pod_usage), tuple(accounted)
+
+    def _pod_entry(self, p: PodSnapshot, v: VmiSnapshot | None, active: bool, mig: VmimSnapshot | None) -> PodEntry:
+        """A pod's entry: what it is charged, and what it adds to ``U`` itself (nothing when it is the running
+        launcher pod of a VM, which counts through its VM)."""
+        charged = p.usage if active else _POD_COUNT_ONLY  # shared, not copied: results are not to be changed
+        if v is None:
+            role = ORPHAN_LAUNCHER if p.is_launcher else NON_VM
+            reason = (
+                "labelled as a launcher pod, but no VMI's status.activePods names it: pod usage"
+                if p.is_launcher
+                else "pod usage"
+            )
+            if not active:
+                reason += "; terminal or past its grace period: count/pods only"
+            return PodEntry(p.name, p.uid, role, "", active, charged, charged, reason)
+        role = MIGRATION_TARGET if p.migration_job_uid else LAUNCHER
+        if not active:
+            # the evaluator still charges count/pods: count it too, or a VM refused on count/pods would get in
+            reason = "terminal or past its grace period: count/pods only"
+            return PodEntry(p.name, p.uid, role, v.name, active, charged, charged, reason)
+        if role == MIGRATION_TARGET:
+            reason = f"target of migration {mig.name if mig else p.migration_job_uid}: counted with VM {v.name}"
+        else:
+            reason = f"counted with VM {v.name}"
+        return PodEntry(p.name, p.uid, role, v.name, active, charged, {}, reason)

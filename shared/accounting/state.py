@@ -1,0 +1,193 @@
+"""What one accounting of a namespace holds while it runs (:class:`State`), and the helpers every pass uses: a
+quota's running sums, the quota refusals of a VMI, what does not fit, the evidence bound on refusal amounts.
+
+The accounting is one object built in layers, one module per pass, each reading what the passes before it left in
+the state: :mod:`~shared.accounting.pods` (what each pod is charged and whose it is), :mod:`~shared.accounting.vms`
+(running VMs), :mod:`~shared.accounting.migrations` (migration targets), :mod:`~shared.accounting.admission`
+(pending VMs and hotplug growth in creation order), :mod:`~shared.accounting.namespace` (the input and the result).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from fractions import Fraction
+from typing import Final
+
+from shared.accounting.estimates import Renderer, evidence_bound
+from shared.accounting.memo import Memo
+from shared.accounting.results import (
+    MigrationEntry,
+    PodEntry,
+    VmEntry,
+)
+from shared.accounting.sums import Sum
+from shared.kubevirt import KubeVirtConfig
+from shared.quantity import Quantity
+from shared.quota.equation import in_mode_terms
+from shared.quota.modes import QuotaPolicy, VmSize
+from shared.resources import ResourceList
+from shared.snapshot import (
+    EventSnapshot,
+    PodSnapshot,
+    Snapshot,
+    VmimSnapshot,
+    VmiSnapshot,
+)
+
+_ZERO: Final = Quantity.from_int(0)
+
+
+def event_order(e: EventSnapshot) -> tuple[bool, datetime, str, str]:
+    """Order of events: by last time (events without one first), then name and uid."""
+    return (e.last_timestamp is not None, e.last_timestamp or datetime.min, e.name, e.uid)
+
+
+def created_key(s: Snapshot) -> tuple[bool, datetime, str, str]:
+    """Creation order; objects without a creation time last, then by name and uid."""
+    ts = s.creation_timestamp
+    return (ts is None, ts or datetime.min, s.name, s.uid)
+
+
+def fmt(rl: Mapping[str, Quantity]) -> str:
+    return ", ".join(f"{k}={rl[k]}" for k in sorted(rl)) or "nothing"
+
+
+def vm_size(v: VmiSnapshot) -> VmSize:
+    return VmSize.of(v.vcpus, v.guest_memory, v.status_vcpus, v.status_guest_memory)
+
+
+def vm_key(v: VmiSnapshot) -> str:
+    return v.uid or f"name:{v.name}"
+
+
+@dataclass
+class QuotaSums:
+    """A managed quota's policy, factors and the running sums of the equation's terms."""
+
+    policy: QuotaPolicy
+    factors: dict[str, Fraction | None]
+    ratio: Fraction
+    accounted: Sum
+    pod_usage: Sum
+    reserved: Sum
+    overlap: Sum
+    unvouched: Sum
+    taken: Sum
+
+    def used(self, r: str) -> int:
+        """``U + X / k`` of ``r`` in nanos (rounded up): what admission counts as used. ``hard`` holds no room for
+        ``X`` at all, so in the mode's terms it costs ``X / k``: a VM admitted beside it then gets in natively."""
+        return self.accounted.get(r) + in_mode_terms(self.unvouched.get(r), self.factors.get(r))
+
+    def misfits(self, u: Mapping[str, Quantity]) -> tuple[str, ...]:
+        """Natively enforced budget resources that ``U + X/k + u`` would exceed."""
+        return tuple(
+            sorted(
+                r
+                for r, b in self.policy.budget.items()
+                if self.factors[r] is not None  # (factors cover the budget)
+                and r in u
+                and self.used(r) + u[r].nanos > b.nanos
+            )
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A migration that may reserve its target pod: the oldest active one of a VMI with a running source pod and
+    no target pod yet."""
+
+    index: int
+    """Its place among the migration entries."""
+    m: VmimSnapshot
+    v: VmiSnapshot
+    estimate: ResourceList
+    grow: ResourceList
+    why: list[str]
+
+
+class State:
+    """The namespace's objects and what the passes found so far (set by :class:`~shared.accounting.namespace.
+    Accounting` before the passes run)."""
+
+    now: datetime
+    namespace: str
+    errors: list[str]
+    config: KubeVirtConfig
+    memo: Memo | None
+    vmis: list[VmiSnapshot]
+    vmims: list[VmimSnapshot]
+    pods: list[PodSnapshot]
+    quotas: list[QuotaSums]
+    renderer: Renderer
+    quotas_key: int
+    """What a VM's counts depend on besides the VM: the quotas' names, modes and ratios (a memo token)."""
+    vouched: dict[str, VmiSnapshot]
+    """Launcher pods by uid, as KubeVirt names them in its VMIs' ``status.activePods``."""
+    vmi_by_name: dict[str, VmiSnapshot]
+    vmim_by_uid: dict[str, VmimSnapshot]
+    refusals_by_uid: dict[str, list[EventSnapshot]]
+    """Quota refusals by the uid of the VMI they are about (when the event names it)."""
+    refusals_by_name: dict[str, list[EventSnapshot]]
+    """Quota refusals by the name of the VMI they are about."""
+    launchers: dict[str, list[tuple[PodSnapshot, ResourceList]]]
+    """The running launcher pods of each VM (by :func:`vm_key`) and what each is charged."""
+    pod_entries: list[PodEntry]
+    mig_entries: list[MigrationEntry]
+    targets: list[Target]
+    vm_entries: dict[str, VmEntry]
+    pending: list[VmiSnapshot]
+    target_reserved: ResourceList
+    """The part of every quota's ``S`` reserved for migration targets."""
+
+    def _refusals(self, v: VmiSnapshot, since: datetime | None) -> ResourceList:
+        """Merged ``requested:`` amounts of the VMI's quota refusals at or after ``since`` (later events win)."""
+        by_name = self.refusals_by_name.get(v.name, ())
+        if v.uid:  # the events that name this uid, and those that name no uid but this VMI's name
+            found = [*self.refusals_by_uid.get(v.uid, ()), *(e for e in by_name if not e.involved_uid)]
+        else:
+            found = list(by_name)
+        out: ResourceList = {}
+        for e in sorted(found, key=event_order):
+            if since is not None and e.last_timestamp is not None and e.last_timestamp < since:
+                continue
+            out.update(e.requested)
+        return out
+
+    def _misfits(self, usages: Mapping[str, ResourceList]) -> tuple[dict[str, tuple[str, ...]], list[str]]:
+        """Per quota, the budget resources ``U + usages[quota]`` would exceed, and a line for each."""
+        misfit: dict[str, tuple[str, ...]] = {}
+        parts: list[str] = []
+        for q in self.quotas:
+            u = usages[q.policy.name]
+            rs = q.misfits(u)
+            if not rs:
+                continue
+            misfit[q.policy.name] = rs
+            left = {r: Quantity(max(q.policy.budget[r].nanos - q.used(r), 0), q.policy.budget[r].format) for r in rs}
+            detail = ", ".join(f"{r} needs {u[r]} but {left[r]} is left" for r in rs)
+            parts.append(f"quota {q.policy.name}: {detail}" if q.policy.name else detail)
+        return misfit, parts
+
+    def _bounded(
+        self, estimate: Mapping[str, Quantity], refused: Mapping[str, Quantity], ref: str
+    ) -> tuple[ResourceList, ResourceList]:
+        """The estimate with the amounts of quota refusals in place of estimated ones, each only within
+        :func:`evidence_bound` of the estimate (an Event is anyone's to write: evidence, not truth); the others
+        are ignored and reported. Returns the corrected estimate and the amounts taken."""
+        out = dict(estimate)
+        taken: ResourceList = {}
+        for r, amount in sorted(refused.items()):
+            est = estimate.get(r)
+            bound = evidence_bound(r, est) if est is not None else None
+            if est is not None and bound is not None and abs(amount.nanos - est.nanos) <= bound.nanos:
+                out[r] = taken[r] = amount
+            else:
+                within = f"{est} ± {bound}" if est is not None else "nothing (not estimated)"
+                self.errors.append(
+                    f"{ref}: quota refusal amount {r}={amount} ignored: the estimate is {within}, and an Event "
+                    "may correct an estimate only within that bound"
+                )
+        return out, taken

@@ -1,0 +1,204 @@
+"""The VMs pass of a namespace's accounting: a running VM counts at its current size (its spec size while an
+active migration's target pod exists), its pods believed up to its rendering; ``D``, ``X`` and ``W`` of its pods."""
+
+from __future__ import annotations
+
+from shared.accounting.estimates import current_size
+from shared.accounting.pods import Pods
+from shared.accounting.results import (
+    RUNNING,
+    STOPPED,
+    VmEntry,
+)
+from shared.accounting.state import fmt, vm_key, vm_size
+from shared.quota.equation import takes
+from shared.quota.modes import mode_usage
+from shared.resources import ResourceList, add, growth, maximum, minimum, nonzero, second_largest
+from shared.snapshot import (
+    VMI_FINAL_PHASES,
+    VMI_WAITING_PHASES,
+    PodSnapshot,
+    VmiSnapshot,
+)
+
+VmsFound = tuple[
+    tuple[tuple[str, VmEntry], ...],
+    tuple[VmiSnapshot, ...],
+    tuple[tuple[ResourceList, ...], ...],
+    tuple[ResourceList, ...],
+    tuple[ResourceList, ...],
+    tuple[tuple[ResourceList, ...], ...],
+]
+"""Entries of running and stopped VMs, pending VMs, per quota the lists running VMs add to ``U``, the lists
+every quota adds to ``D`` and to ``X``, and per quota the lists running VMs add to ``W``."""
+
+
+class Vms(Pods):
+    """The VMs pass."""
+
+    def _running_vms(self) -> None:
+        """Running VMs always count; the others are stopped or wait for admission. With a memo, the whole pass is
+        remembered: it depends on the VMIs, their launcher pods (the pod pass's result), the active migrations and
+        the quotas."""
+        memo = self.memo
+        if memo is None:
+            self._apply_vms(self._vms_pass())
+            return
+        objs = (*self.vmis, self.launchers)
+        # (the active migrations decide whose pods are targets)
+        active = tuple(sorted((m.uid, m.vmi_name) for m in self.vmims if m.active and m.uid))
+        key = ("vms", tuple(map(id, objs)), active, self.quotas_key)
+        self._apply_vms(memo.latest(("vms", self.namespace), key, objs, self._vms_pass))
+
+    def _apply_vms(self, found: VmsFound) -> None:
+        entries, pending, accounted, overlap, unvouched, takes = found
+        self.vm_entries.update(entries)
+        self.pending = list(pending)
+        for q, acc, took in zip(self.quotas, accounted, takes, strict=True):
+            q.accounted.extend(acc)
+            q.overlap.extend(overlap)
+            q.unvouched.extend(unvouched)
+            q.taken.extend(took)
+
+    def _vms_pass(self) -> VmsFound:
+        entries: list[tuple[str, VmEntry]] = []
+        pending: list[VmiSnapshot] = []
+        accounted: list[list[ResourceList]] = [[] for _ in self.quotas]
+        takes: list[list[ResourceList]] = [[] for _ in self.quotas]
+        overlap: list[ResourceList] = []
+        unvouched: list[ResourceList] = []
+        memo = self.memo
+        namespace, quotas_key = self.namespace, self.quotas_key
+        every = [  # (each VM, each quota)
+            (q.policy.name, added, took) for q, added, took in zip(self.quotas, accounted, takes, strict=True)
+        ]
+        for v in self.vmis:
+            key = vm_key(v)
+            vm_pods = self.launchers.get(key, [])
+            if not vm_pods:
+                if v.phase in VMI_FINAL_PHASES or v.deletion_timestamp is not None:
+                    what = f"phase {v.phase}" if v.phase in VMI_FINAL_PHASES else "being deleted"
+                    reason = f"{what}, no running launcher pod: counts nothing"
+                    entries.append((key, VmEntry(v.name, v.uid, v.phase, STOPPED, reason, vm_size(v), {}, {})))
+                elif v.phase not in VMI_WAITING_PHASES:
+                    entry = self._unseen_pod_vm(v)
+                    for name, added, took in every:
+                        added.append(entry.counts[name])
+                        took.append(entry.taken[name])
+                    entries.append((key, entry))
+                else:
+                    pending.append(v)
+                continue
+            migrating = self._migrating(v, vm_pods)
+            if memo is None:
+                entry = self._running_vm(v, vm_pods, migrating)
+            else:
+                # the entry is a function of the VMI, its active launcher pods, whether it migrates and the quotas
+                memo_obj = (v, *(p for p, _ in vm_pods))
+                memo_slot = ("running", namespace, key)
+                memo_key = (tuple(map(id, memo_obj)), migrating, quotas_key)
+                entry = memo.latest(memo_slot, memo_key, memo_obj, self._running_vm, v, vm_pods, migrating)
+            counts, takes_of = entry.counts, entry.taken
+            for name, added, took in every:
+                added.append(counts[name])
+                took.append(takes_of[name])
+            if entry.overlap:
+                overlap.append(entry.overlap)
+            if entry.unvouched:
+                unvouched.append(entry.unvouched)
+            entries.append((key, entry))
+        return (
+            tuple(entries),
+            tuple(pending),
+            tuple(map(tuple, accounted)),
+            tuple(overlap),
+            tuple(unvouched),
+            tuple(map(tuple, takes)),
+        )
+
+    def _migrating(self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]]) -> bool:
+        """Whether one of the VM's pods is the target of an active migration of this VMI (a migration's phase is
+        KubeVirt's to write; the pod's label alone is anyone's): the one case where a VM has two pods."""
+        for p, _ in vm_pods:
+            m = self.vmim_by_uid.get(p.migration_job_uid) if p.migration_job_uid else None
+            if m is not None and m.active and m.vmi_name == v.name:
+                return True
+        return False
+
+    def _running_vm(self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]], migrating: bool) -> VmEntry:
+        """A running VM counts at its current size (its status: a hotplug request counts once admitted, see
+        :meth:`_decide_target`), or at its spec size while an active migration's target pod exists for it; in pod
+        terms at the larger of its launcher pods per resource, at most as vmquota renders its launcher pod at that
+        size. (A pod's labels say nothing here: a launcher pod keeps the ``migrationJobUID`` label of the migration
+        that made it. When a hotplug's migration has ended and KubeVirt has not updated the status yet, the pod
+        made for the new size is charged beyond that rendering: the difference is ``unvouched``.)
+
+        ``hard`` holds room for one launcher pod per VM, the larger of its pods but at most as vmquota renders it;
+        what its pods are charged beyond that is its ``overlap`` (``D``), so that the end of either pod of a
+        migration frees nothing another pod could take. Every pod the VMI controls is in its
+        ``status.activePods``, a tenant's pod with a forged controller reference too, so only a migration's
+        target (of an active migration: its phase is KubeVirt's to write) is believed to be a second launcher
+        pod; the rest of the overlap is ``unvouched`` and counts as used when VMs are admitted."""
+        charges = [charged for _, charged in vm_pods]
+        pod_max: ResourceList = {}
+        for charged in charges:
+            pod_max = maximum(pod_max, charged)
+        size = vm_size(v) if migrating else current_size(v)
+        cap = self.renderer.vmi_usage(v) or {}  # (a VM that cannot be rendered: hard holds no room for its pods)
+        if not migrating and cap:  # its launcher pod as rendered at its current size (a hotplug not yet admitted)
+            grow = self.renderer.hotplug_growth(v)
+            if grow:
+                cap = {r: (q - grow[r]).clamp0() if r in grow else q for r, q in cap.items()}
+        believed = minimum(pod_max, cap)
+        counts = {q.policy.name: mode_usage(q.policy.mode, size, believed, q.ratio) for q in self.quotas}
+        took = {q.policy.name: takes(believed, counts[q.policy.name], q.factors) for q in self.quotas}
+        total = pod_max
+        if len(charges) > 1:  # (the common case, one pod, has nothing to add up)
+            total = {}
+            for charged in charges:
+                total = add(total, charged)
+        overlap = growth(total, believed)
+        target = nonzero(minimum(second_largest(charges), cap)) if migrating else {}
+        unvouched = growth(overlap, target)
+        reason = "running: always counts"
+        if len(charges) > 1:
+            reason += f" (at the larger of its {len(charges)} launcher pods per resource)"
+        if unvouched:
+            reason += (
+                f"; its pods are charged {fmt(unvouched)} beyond one launcher pod"
+                f"{' and its migration target' if migrating else ''} as vmquota renders them: counted as used"
+            )
+        return VmEntry(
+            v.name,
+            v.uid,
+            v.phase,
+            RUNNING,
+            reason,
+            size,
+            believed,
+            counts,
+            overlap=overlap,
+            unvouched=unvouched,
+            taken=took,
+        )
+
+    def _unseen_pod_vm(self, v: VmiSnapshot) -> VmEntry:
+        """A VMI past Pending with no running launcher pod in view: its pod ended (the VMI is about to finish), or
+        KubeVirt has not named it in ``status.activePods`` yet (it then counts as a plain pod), or its event has not
+        arrived. KubeVirt creates no launcher pod for it any more, so nothing is reserved (room held for it would be
+        room for a pod that never comes, open to any other); until its status says it finished it counts at its
+        rendering at its current size in ``U``, like a running VM (a VM admitted meanwhile waits for it), and it
+        takes nothing in ``W``: ``W`` follows what ``P`` charges, and ``P`` has no pod of it (a pod that is charged
+        but not in view takes its room all the same, and one that ended frees it), so ``hard`` stays where it is
+        while KubeVirt's status and the pod events catch up."""
+        size = current_size(v)
+        cap = self.renderer.vmi_usage(v) or {}
+        grow = self.renderer.hotplug_growth(v) if cap else {}
+        if grow:
+            cap = {r: (q - grow[r]).clamp0() if r in grow else q for r, q in cap.items()}
+        counts = {q.policy.name: mode_usage(q.policy.mode, size, cap, q.ratio) for q in self.quotas}
+        took: dict[str, ResourceList] = {q.policy.name: {} for q in self.quotas}
+        reason = (
+            f"phase {v.phase}, no running launcher pod in status.activePods: counts at its rendering, nothing reserved"
+        )
+        return VmEntry(v.name, v.uid, v.phase, RUNNING, reason, size, cap, counts, taken=took)

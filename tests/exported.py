@@ -8,8 +8,8 @@ import re
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
+from services.enforcer.options import EnforcerMetrics
 from services.enforcer.quota_metrics import QuotaMetrics
-from services.enforcer.service import EnforcerMetrics
 from services.platform.http import Metrics
 from services.watcher.metrics import WatcherMetrics
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from services.enforcer.kube import KubeQuotas
-from services.enforcer.service import Enforcer, EnforcerOptions
+from services.enforcer.options import EnforcerOptions
+from services.enforcer.service import Enforcer
 from services.platform.bus import Bus
 from services.platform.kubeclient import kube_client
 from services.platform.runner import Runtime, leader_elected

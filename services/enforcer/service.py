@@ -29,20 +29,20 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any, Final
 
 import structlog
 from nats.aio.msg import Msg
-from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from services.enforcer.kube import KubeError, Obj, QuotaApi, version_of
+from services.enforcer.guard import GuardWriter
+from services.enforcer.kube import KubeError, Obj, QuotaApi
+from services.enforcer.options import NUDGED_MAX, EnforcerMetrics, EnforcerOptions, Key
 from services.enforcer.quota_metrics import QuotaMetrics
+from services.enforcer.reporting import Reporter
 from services.platform.bus import Bus, position
 from services.platform.consumer import PullConsumer
-from services.platform.http import Metrics, ServiceLabelled
+from services.platform.http import Metrics
 from services.platform.runner import cancel
 from services.platform.workqueue import WorkQueue
 from shared import contract
@@ -50,91 +50,12 @@ from shared.backoff import Backoff, TokenBucket
 from shared.errors import InvalidInput
 from shared.kinds import QUOTA_KIND
 from shared.normalize import normalize
-from shared.quota import enforcement, guard, reports
+from shared.quota import enforcement
 from shared.quota.annotations import MANAGED_LABEL
-from shared.quota.enforcement import Plan
 from shared.quota.modes import is_managed
 from shared.snapshot import QuotaSnapshot, same_content
 
 log = structlog.get_logger("vmquota.enforcer")
-Key = tuple[str, str]
-"""(namespace, quota name)."""
-
-REPORT_QUEUE: Final = 10_000
-NUDGED_MAX: Final = 65_536
-GUARD_CONFLICTS: Final = 5
-"""Writes of a QuotaReservation that may meet another writer's version before a grow gives up (and is retried)."""
-
-
-@dataclass(frozen=True, slots=True)
-class EnforcerOptions:
-    cluster: str
-    dry_run: bool = False
-    identity: str = "vmquota-enforcer"
-    """Reported as the Event's ``reportingInstance``."""
-    service: str = "enforcer"
-    idle: float = 0.5
-    """Seconds a fetch waits for messages before the consumer loop yields."""
-    conflict_pause: float = 0.01
-    """Upper bound of the jittered pause before the second and later re-reads after a conflict. Not
-    growing: the usual other writer is quota admission updating ``status``, which does not back off either, so a
-    longer pause only widens the window for the next conflict."""
-    max_conflicts: int = 50
-    """Conflicts in a row after which the quota is retried later with backoff (like any other failed call)."""
-    conflict_backoff: float = 0.05
-    """First wait after a patch conflicts on a version that already conflicted (no other writer's progress
-    explains it): doubles with every repeat, ±50%, up to ``conflict_backoff_max``."""
-    conflict_backoff_max: float = 2.0
-    patch_rate: float = 100.0
-    """Most quota patches per second overall (a burst of as many); ``quota_patch_rate`` per quota."""
-    quota_patch_rate: float = 10.0
-    retry_base: float = 0.2
-    """First backoff after a failed call (429, 5xx, timeout); doubles up to ``retry_max``, ±20%, never shorter than
-    a ``Retry-After`` the server sent (up to ``retry_max``)."""
-    retry_max: float = 10.0
-    nudge_interval: float = 0.2
-    """Least seconds between two nudges of one VMI (``shared.quota.annotations.NUDGE_ANNOTATION``)."""
-    reservation_guard: bool = False
-    """Write each namespace's QuotaReservation (``shared.quota.guard``) before a raise that reserves, and shrink it once
-    no quota carries the reservation: for the optional reservation-guard policy."""
-    guard_creators: tuple[str, ...] = (guard.DEFAULT_CREATOR,)
-    """Who may create pods for a holder while a reservation is open (KubeVirt's virt-controller)."""
-    exclude_namespaces: tuple[str, ...] = enforcement.DEFAULT_EXCLUDED_NAMESPACES
-    """Shell-style patterns of namespaces whose quotas are never written, whatever their labels say."""
-    workers: int = 32
-    """Quotas reconciled at once (each by one worker at a time)."""
-    resync_interval: float = 60.0
-    """Seconds between two reads of the managed quotas from the API server, whose versions then replace what the
-    quota events said (0: never). The API server wins over the bus: a forged quota event is undone within this."""
-
-
-class EnforcerMetrics:
-    """The enforcer's own Prometheus metrics (in the process registry, next to the runner's), each series labelled
-    with the service's name as the runner's are; ``labels()`` takes the other labels."""
-
-    def __init__(self, registry: CollectorRegistry, service: str = "enforcer") -> None:
-        def counter(name: str, doc: str, label: str) -> ServiceLabelled[Counter]:
-            return ServiceLabelled(Counter(name, doc, ["service", label], registry=registry), service)
-
-        self.patches = counter("vmquota_enforcer_patches", "Quota patches by outcome", "outcome")
-        self.decisions = counter("vmquota_enforcer_decisions", "Decisions by action (dry-run included)", "action")
-        self.conflict_retries = counter(
-            "vmquota_enforcer_conflict_retries",
-            "Where the version retried after a 409 came from: a quota event that arrived meanwhile, or a read",
-            "source",
-        )
-        self.nudges = counter(
-            "vmquota_enforcer_nudges",
-            "VMIs touched so that KubeVirt retries a refused launcher pod at once, by outcome",
-            "outcome",
-        )
-        self.reaction = Histogram(
-            "vmquota_enforcer_reaction_seconds",
-            "From receiving a usage snapshot or quota event to the patch that applies it",
-            ["service"],
-            registry=registry,
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
-        ).labels(service)
 
 
 class Enforcer:
@@ -190,35 +111,16 @@ class Enforcer:
             hold_retries=True,  # (a quota waiting for its retry is not written sooner, whatever arrives)
             on_retry=self._on_retry,
         )
-        self._dry_seen: dict[Key, str] = {}
         self._held: set[str] = set()
         """Namespaces touched before both inputs were read to their end (acted on once they are)."""
         self._caught_up = {"quotas": False, "usage": False}
         self._warm = False
         self._stopped = False
-        self._reports: asyncio.Queue[tuple[Plan, str]] = asyncio.Queue(REPORT_QUEUE)
-        self._nudged: dict[tuple[str, str], tuple[int, float]] = {}
-        """(namespace, VMI uid) → the usage snapshot (its stream sequence) and the time of the last nudge."""
-        self._told: dict[tuple[str, ...], None] = {}
-        """(namespace, migration uid) of hotplugs refused, and (namespace, VMI uid, reason) of VMs refused, told on
-        their VMI (once each)."""
-        self._side_tasks: set[asyncio.Task[None]] = set()
-        """Nudges and VMI Events under way (off the reconcile path)."""
-        self._carried: dict[Key, frozenset[guard.Holder]] = {}
-        """Reservation guard: the holders whose reservations each quota's ``spec.hard`` carries now."""
-        self._writing: dict[Key, frozenset[guard.Holder]] = {}
-        """Reservation guard: the holders of a ``spec.hard`` write under way."""
-        self._guarded: dict[str, tuple[frozenset[guard.Holder], str]] = {}
-        """Reservation guard: what each namespace's QuotaReservation holds and its resourceVersion (as last read or
-        written; dropped when a write meets another writer's version)."""
-        self._guard_locks: dict[str, asyncio.Lock] = {}
-        self._unsynced: set[Key] = set()
-        """Reservation guard: quotas whose ``status.hard`` has not caught up with ``spec.hard`` yet (a quota event
-        that only changes status re-runs them, so the guard shrinks once admission applies the lower limit)."""
+        self.reporter = Reporter(bus, kube, opts, self.metrics, self.own, self._now)
+        self.guard = GuardWriter(kube, opts.guard_creators)
         self.patched = 0
         self.conflicts = 0
         self.dead_letters = 0
-        self.reported = 0
 
     # ---- running -----------------------------------------------------------------------------------------------
     def _consumer(self, kind: str, stream: str, subject: str) -> PullConsumer:
@@ -246,7 +148,7 @@ class Enforcer:
                 asyncio.create_task(
                     self._consume("usage", usage, self._on_usage_message, lag=True), name="enforcer-usage"
                 ),
-                asyncio.create_task(self._report_loop(), name="enforcer-reports"),
+                asyncio.create_task(self.reporter.run(), name="enforcer-reports"),
                 asyncio.create_task(self._resync_loop(), name="enforcer-resync"),
             ]
             stopper = asyncio.create_task(stop.wait())
@@ -267,7 +169,7 @@ class Enforcer:
                 if graceful:
                     await self._drain()
                 await self._queue.stop()
-                await cancel(*self._side_tasks, *tasks[2:])
+                await cancel(*self.reporter.side_tasks, *tasks[2:])
                 await quotas.close()
                 await usage.close()
                 log.info("enforcer stopped", graceful=graceful, patched=self.patched, conflicts=self.conflicts)
@@ -329,7 +231,7 @@ class Enforcer:
         """Let in-flight reconciliations and queued reports finish (bounded; what is left is then cancelled)."""
         await self._queue.drain(within)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._reports.join(), timeout=within)
+            await asyncio.wait_for(self.reporter.join(), timeout=within)
 
     # ---- inputs ------------------------------------------------------------------------------------------------
     async def _consume(
@@ -398,7 +300,7 @@ class Enforcer:
         held = self.quotas.get(key)
         # A newer version is kept (its resourceVersion is the next patch's precondition); one that differs only in
         # its status (quota admission's and the quota controller's writes, on every admitted pod) changes no plan.
-        if self._remember(snap) and (held is None or not same_content(held, snap) or key in self._unsynced):
+        if self._remember(snap) and (held is None or not same_content(held, snap) or self.guard.unsynced(key)):
             self._schedule(key)
 
     def _gone_on_the_bus(self, key: Key) -> None:
@@ -509,15 +411,14 @@ class Enforcer:
             if not names:
                 del self._names[key[0]]
         self._acted.pop(key, None)
-        self._dry_seen.pop(key, None)
-        held = self._carried.pop(key, None), self._writing.pop(key, None)
-        self._unsynced.discard(key)
+        self.reporter.forget(key)
+        held = self.guard.forget(key)
         self._quota_patches.pop(key, None)
         if gone is not None:
             self._gone[gone.uid] = max(rv, self._gone.get(gone.uid, -1))
-        if any(held) and self.opts.reservation_guard and not self.opts.dry_run:
+        if held and self.opts.reservation_guard and not self.opts.dry_run:
             # (the quota carries nothing any more: its holders would keep the namespace's pods out for nothing)
-            self._spawn(self._guard_shrink(key[0]), f"guard-{key[0]}")
+            self.reporter.spawn(self.guard.shrink(key[0]), f"guard-{key[0]}")
 
     def _touch_namespace(self, namespace: str) -> None:
         if not self._warm:
@@ -560,64 +461,9 @@ class Enforcer:
             log.error("reconcile failed", namespace=key[0], quota=key[1], error=repr(e), exc_info=e)
             raise KubeError(0, type(e).__name__, str(e)) from e
         self._queue.forget(key)
-        self._nudge_refused(key[0])
-
-    def _nudge_refused(self, namespace: str) -> None:
-        """Once a quota of the namespace carries what it should: tell each VMI whose hotplug the ledger refused
-        why (a Warning Event, once per migration), and touch each VMI the ledger admitted whose launcher
-        pod KubeVirt was refused (KubeVirt's VMI controller does not watch quotas), once per usage snapshot and at
-        most every ``nudge_interval`` seconds per VMI. Off the reconcile path; a failed nudge is only logged (the
-        next usage snapshot brings another)."""
-        u = self.usage.get(namespace)
-        if u is None or self.opts.dry_run or self._stopped:
-            return
-        now = time.monotonic()
-        for m in u.migrations:
-            if m.state == "growth-refused" and m.uid and (namespace, m.uid) not in self._told:
-                self._told[(namespace, m.uid)] = None
-                if len(self._told) > NUDGED_MAX:
-                    del self._told[next(iter(self._told))]
-                body = reports.hotplug_refused_event(namespace, m, identity=self.opts.identity, now=self._now())
-                self._spawn(self._tell(namespace, body), f"tell-{namespace}-{m.name}")
-        for v in u.vms:
-            if v.state == "refused" and v.uid and (namespace, v.uid, v.reason) not in self._told:
-                # once per cause: the same refusal in the next snapshots tells nothing new
-                self._told[(namespace, v.uid, v.reason)] = None
-                if len(self._told) > NUDGED_MAX:
-                    del self._told[next(iter(self._told))]
-                body = reports.vm_refused_event(
-                    namespace, v, identity=self.opts.identity, now=self._now(), others=u.vms
-                )
-                self._spawn(self._tell(namespace, body), f"tell-{namespace}-{v.name}")
-            if v.state != "admitted" or not v.pod_refused or not v.uid:
-                continue
-            last = self._nudged.get((namespace, v.uid))
-            at = self._usage_at.get(namespace, 0)
-            if last is not None and (last[0] >= at or now - last[1] < self.opts.nudge_interval):
-                continue
-            self._nudged[(namespace, v.uid)] = (at, now)
-            if len(self._nudged) > NUDGED_MAX:
-                del self._nudged[next(iter(self._nudged))]
-            self._spawn(self._nudge(namespace, v.name, str(at)), f"nudge-{namespace}-{v.name}")
-
-    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.create_task(work, name=name)
-        self._side_tasks.add(task)
-        task.add_done_callback(self._side_tasks.discard)
-
-    async def _tell(self, namespace: str, body: Obj) -> None:
-        try:
-            await self.kube.create_event(namespace, body)
-        except KubeError as e:
-            log.info("VMI event not created", namespace=namespace, vmi=body["involvedObject"]["name"], error=str(e))
-
-    async def _nudge(self, namespace: str, name: str, token: str) -> None:
-        try:
-            await self.kube.nudge_vmi(namespace, name, token)
-            self.own.nudges.labels(outcome="applied").inc()
-        except KubeError as e:
-            self.own.nudges.labels(outcome="failed").inc()
-            log.info("VMI not nudged", namespace=namespace, vmi=name, error=str(e))
+        u = self.usage.get(key[0])
+        if u is not None and not self.opts.dry_run and not self._stopped:
+            self.reporter.tell_and_nudge(key[0], u, self._usage_at.get(key[0], 0))
 
     def _on_retry(self, key: Key, e: BaseException, attempt: int, delay: float) -> None:
         """The work queue retries ``key`` in ``delay`` seconds (its backoff, never shorter than a ``Retry-After``
@@ -663,14 +509,14 @@ class Enforcer:
             if not p.changes:
                 self._since.pop(key, None)
                 if self.opts.reservation_guard and not self.opts.dry_run:
-                    await self._guard_after(key, quota, usage)
+                    await self.guard.after(key, quota, usage)
                 return
             if self.opts.dry_run:
-                self._dry_run(key, p)
+                self._since.pop(key, None)
+                self.reporter.dry_run(key, p)
                 return
             if self.opts.reservation_guard:
-                self._writing[key] = guard.holders(usage)
-                await self._guard_write(ns, grow=True)  # the holders are listed before their room opens
+                await self.guard.before(key, usage)  # the holders are listed before their room opens
             if p.resource_version == failed:
                 # The same version conflicted before: no other writer's progress explains it (a version that
                 # moves on is quota admission at work, retried at once). Back off, jittered and growing.
@@ -713,7 +559,7 @@ class Enforcer:
                 continue
             after = self._remember_raw(raw)
             if self.opts.reservation_guard:
-                await self._guard_after(key, after, usage)
+                await self.guard.after(key, after, usage)
             self.patched += 1
             self.own.patches.labels(outcome="applied").inc()
             since = self._since.pop(key, None)
@@ -721,7 +567,7 @@ class Enforcer:
                 self.own.reaction.observe(time.monotonic() - since)
             if usage is not None:
                 self._acted[key] = usage
-            self._report(p, after.resource_version)
+            self.reporter.decision(p, after.resource_version)
             return
 
     async def _pace(self, key: Key) -> bool:
@@ -748,133 +594,7 @@ class Enforcer:
                 return None
             raise
 
-    async def _guard_after(self, key: Key, quota: QuotaSnapshot, usage: contract.UsageSnapshot | None) -> None:
-        """The quota now carries ``quota.spec_hard``: record whose reservations that holds, and let the namespace's
-        QuotaReservation shrink to what its quotas still carry."""
-        before = self._carried.get(key)
-        if before is None:  # first time since the start: it may carry what the QuotaReservation lists
-            before = await self._guard_listed(key[0])
-        self._carried[key] = guard.carried(before, quota, usage)
-        self._writing.pop(key, None)  # (only now: until then its holders are what another quota's write keeps)
-        if enforcement.same(quota.spec_hard, quota.status_hard):
-            self._unsynced.discard(key)
-        else:
-            self._unsynced.add(key)
-        await self._guard_write(key[0], grow=False)
-
-    async def _guard_listed(self, namespace: str) -> frozenset[guard.Holder]:
-        """What the namespace's QuotaReservation lists: as last written, or read once after the start (an earlier
-        enforcer's holders may still guard a quota's ``hard``)."""
-        return (await self._guard_state(namespace))[0]
-
-    async def _guard_state(self, namespace: str) -> tuple[frozenset[guard.Holder], str]:
-        """What the namespace's QuotaReservation lists and its resourceVersion, read when not known."""
-        state = self._guarded.get(namespace)
-        if state is None:
-            obj = await self.kube.get_reservation(namespace)
-            state = self._guarded[namespace] = (guard.listed(obj), version_of(obj))
-        return state
-
-    async def _guard_shrink(self, namespace: str) -> None:
-        try:
-            await self._guard_write(namespace, grow=False)
-        except Exception as e:  # (best effort: the next write in the namespace shrinks it)
-            log.warning("reservation guard not shrunk", namespace=namespace, error=str(e) or type(e).__name__)
-
-    async def _guard_write(self, namespace: str, *, grow: bool) -> None:
-        """Make the namespace's QuotaReservation list every holder a quota of the namespace carries or is being
-        written with (with ``grow``, never fewer than it lists now). Each write is conditional on the version
-        last seen: a grow that meets another writer's version reads it and adds to it; a shrink that does is
-        dropped (another enforcer — a new leader — wrote what it knows, and removing what it listed could open its
-        room). A failed grow raises: no raise goes out unguarded, and the quota is retried with backoff."""
-        lock = self._guard_locks.setdefault(namespace, asyncio.Lock())
-        async with lock:
-            for _ in range(GUARD_CONFLICTS):
-                names = self._names.get(namespace, {})
-                want = guard.union(
-                    d[(namespace, n)] for n in names for d in (self._carried, self._writing) if (namespace, n) in d
-                )
-                have, rv = await self._guard_state(namespace)
-                if grow:
-                    want |= have
-                if want == have:
-                    return
-                body = guard.reservation(namespace, want, self.opts.guard_creators)
-                try:
-                    written = await self.kube.put_reservation(namespace, body, rv)
-                except KubeError as e:
-                    if not e.conflict:
-                        raise
-                    self._guarded.pop(namespace, None)  # read again
-                    if not grow:
-                        log.info("reservation guard shrink dropped: another writer came first", namespace=namespace)
-                        return
-                    continue
-                self._guarded[namespace] = (want, written)
-                log.info("reservation guard written", namespace=namespace, holders=sorted(h.name for h in want))
-                return
-            raise KubeError(409, "Conflict", f"the QuotaReservation of {namespace} kept changing under the enforcer")
-
-    def _dry_run(self, key: Key, p: Plan) -> None:
-        self._since.pop(key, None)
-        body = enforcement.patch_body(p)
-        body["metadata"].pop("resourceVersion", None)
-        fingerprint = repr(sorted(body.items()))
-        if self._dry_seen.get(key) == fingerprint:
-            return
-        self._dry_seen[key] = fingerprint
-        self._report(p, "")
-
-    # ---- reporting ---------------------------------------------------------------------------------------------
-    def _report(self, p: Plan, resource_version: str) -> None:
-        self.own.decisions.labels(action=p.action.value).inc()
-        log.info(
-            "quota decision",
-            namespace=p.namespace,
-            quota=p.name,
-            action=p.action.value,
-            reason=p.reason,
-            hard=enforcement.rl_json(p.hard_after),
-            usage_seq=p.usage_seq,
-            resource_version=resource_version or p.resource_version,
-        )
-        try:
-            self._reports.put_nowait((p, resource_version))
-        except asyncio.QueueFull:
-            log.error("report queue full; decision not published", namespace=p.namespace, quota=p.name)
-
-    async def _report_loop(self) -> None:
-        while True:
-            p, rv = await self._reports.get()
-            try:
-                await self._publish_report(p, rv)
-            except Exception as e:  # a report is best effort: the quota itself is already right
-                log.error("report failed", namespace=p.namespace, quota=p.name, error=str(e) or type(e).__name__)
-            finally:
-                self._reports.task_done()
-
-    async def _publish_report(self, p: Plan, rv: str) -> None:
-        dry = self.opts.dry_run
-        d = reports.decision(p, cluster=self.opts.cluster, dry_run=dry, resource_version=rv)
-        await self.bus.publish(
-            contract.decision_subject(self.opts.cluster, p.namespace), contract.encode(d), msg_id=d.id
-        )
-        self.metrics.events_out.labels(service=self.opts.service).inc()
-        if not dry:
-            body = reports.event_body(p, identity=self.opts.identity, now=self._now())
-            for attempt in range(3):
-                try:
-                    await self.kube.create_event(p.namespace, body)
-                    break
-                except KubeError as e:
-                    if e.status == 409:  # same name: already recorded
-                        break
-                    if not e.retryable or attempt == 2:
-                        raise
-                    await asyncio.sleep(self._backoff.delay(attempt))
-        self.reported += 1
-
     # ---- introspection (tests, health) -------------------------------------------------------------------------
     def idle(self) -> bool:
         """Nothing dirty, in flight or waiting to be reported."""
-        return self._warm and self._queue.empty() and self._reports.empty()
+        return self._warm and self._queue.empty() and self.reporter.idle()

@@ -18,7 +18,8 @@ from kubernetes_asyncio import client, config
 from services.devtools.simcluster.cluster import SimCluster
 from services.devtools.simcluster.store_api import Obj
 from services.enforcer.kube import KubeQuotas
-from services.enforcer.service import Enforcer, EnforcerOptions
+from services.enforcer.options import EnforcerOptions
+from services.enforcer.service import Enforcer
 from services.platform.bus import Bus, NatsOptions
 from services.platform.http import Metrics
 from services.platform.kube import KubeError
@@ -415,10 +416,10 @@ async def test_dry_run_reports_and_writes_nothing(
         assert dry and all(d.dry_run for d in ds)
         assert "raised limits.memory by 16Gi for the migration of vm1" in dry[-1].reason
         await sim.wait_for(e.idle, within=5, what="enforcer idle")
-        reported = e.reported
+        reported = e.reporter.reported
         await publish_usage(bus, 6, terms("64Gi", "80Gi"), MIGRATING)  # same content again
         await sim.wait_for(lambda: NS in e.usage and e.usage[NS].seq == 6 and e.idle(), within=5, what="seq 6")
-        assert e.reported == reported, "a dry run reports each plan once"
+        assert e.reporter.reported == reported, "a dry run reports each plan once"
     q = sim.peek("resourcequotas", NS, "compute")
     assert q is not None
     assert hard(q) == {"limits.memory": "64Gi"} and notes(q) == notes(created)
@@ -612,7 +613,7 @@ async def test_a_shrink_of_the_guard_never_removes_what_another_writer_listed(
         await publish_usage(bus, 6, terms("64Gi", "64Gi"), vms=vms)  # the old one's migration is over
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "hard lowered")
         await sim.wait_quota_synced(NS, "compute")
-        await sim.wait_for(lambda: ("compute" not in str(e._unsynced)) and e.idle(), within=5, what="enforcer idle")
+        await sim.wait_for(lambda: not e.guard.unsynced((NS, "compute")) and e.idle(), within=5, what="enforcer idle")
         assert listed_names(sim) == {"vm7"}, "the old enforcer's shrink removed what the new one listed"
 
 
@@ -819,7 +820,7 @@ async def test_a_refused_vm_is_told_on_its_vmi_once_per_cause(
     refused = [*holders, vm9]
     async with enforcer(bus, api) as (e, _):
         await publish_usage(bus, 5, terms("64Gi", "64Gi"), vms=refused)
-        await sim.wait_for(lambda: e.reported >= 1, within=10, what="adoption reported")
+        await sim.wait_for(lambda: e.reporter.reported >= 1, within=10, what="adoption reported")
 
         async def events(n: int) -> list[Obj]:
             found: list[Obj] = []

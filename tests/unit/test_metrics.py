@@ -9,7 +9,7 @@ import pytest
 import structlog
 from prometheus_client import Counter
 
-from services.enforcer.service import EnforcerMetrics
+from services.enforcer.options import EnforcerMetrics
 from services.platform.http import Health, Metrics, ServiceLabelled
 from services.platform.runner import Runtime
 from services.watcher.metrics import WatcherMetrics

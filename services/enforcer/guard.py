@@ -1,0 +1,127 @@
+"""The enforcer's writes of the reservation guard's parameter: each managed namespace's ``QuotaReservation`` lists
+the holders of every reservation its quotas carry or are being written with (``shared.quota.guard`` has the
+content; ``docs/accounting.md``, "The reservation guard", the order).
+
+The holders are listed *before* a write of ``spec.hard`` that reserves for them (:meth:`GuardWriter.before`), and
+taken off only once no quota of the namespace carries their reservation any more, in ``status.hard`` too
+(:meth:`GuardWriter.after`): the room vmquota opens is never open to other pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Final
+
+import structlog
+
+from services.enforcer.kube import KubeError, QuotaApi, version_of
+from services.enforcer.options import Key
+from shared import contract
+from shared.quota import enforcement, guard
+from shared.snapshot import QuotaSnapshot
+
+log = structlog.get_logger("vmquota.enforcer")
+
+GUARD_CONFLICTS: Final = 5
+"""Writes of a QuotaReservation that may meet another writer's version before a grow gives up (and is retried)."""
+
+
+class GuardWriter:
+    """What each namespace's ``QuotaReservation`` must list, and the writes that make it so."""
+
+    def __init__(self, kube: QuotaApi, creators: tuple[str, ...]) -> None:
+        self.kube = kube
+        self.creators = creators
+        self._carried: dict[str, dict[str, frozenset[guard.Holder]]] = {}
+        """namespace → quota name → the holders whose reservations the quota's ``spec.hard`` carries now."""
+        self._writing: dict[str, dict[str, frozenset[guard.Holder]]] = {}
+        """namespace → quota name → the holders of a ``spec.hard`` write under way."""
+        self._listed: dict[str, tuple[frozenset[guard.Holder], str]] = {}
+        """What each namespace's QuotaReservation holds and its resourceVersion (as last read or written; dropped
+        when a write meets another writer's version)."""
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._unsynced: set[Key] = set()
+        """Quotas whose ``status.hard`` has not caught up with ``spec.hard`` yet (a quota event that only changes
+        status re-runs them, so the guard shrinks once admission applies the lower limit)."""
+
+    def unsynced(self, key: Key) -> bool:
+        """The quota's ``status.hard`` lags its ``spec.hard``: reconcile it again when its status changes."""
+        return key in self._unsynced
+
+    async def before(self, key: Key, usage: contract.UsageSnapshot | None) -> None:
+        """A write of ``spec.hard`` from ``usage`` is about to go out: its holders are listed first. Raises when they
+        could not be (no raise goes out unguarded; the quota is retried with backoff)."""
+        self._writing.setdefault(key[0], {})[key[1]] = guard.holders(usage)
+        await self.write(key[0], grow=True)
+
+    async def after(self, key: Key, quota: QuotaSnapshot, usage: contract.UsageSnapshot | None) -> None:
+        """The quota now carries ``quota.spec_hard``: record whose reservations that holds, and let the namespace's
+        QuotaReservation shrink to what its quotas still carry."""
+        ns, name = key
+        before = self._carried.get(ns, {}).get(name)
+        if before is None:  # first time since the start: it may carry what the QuotaReservation lists
+            before = (await self._state(ns))[0]
+        self._carried.setdefault(ns, {})[name] = guard.carried(before, quota, usage)
+        self._writing.get(ns, {}).pop(name, None)  # (only now: until then its holders are what the write keeps)
+        if enforcement.same(quota.spec_hard, quota.status_hard):
+            self._unsynced.discard(key)
+        else:
+            self._unsynced.add(key)
+        await self.write(ns, grow=False)
+
+    def forget(self, key: Key) -> bool:
+        """The quota is gone (or no longer managed): it carries nothing. True when it held holders (the namespace's
+        QuotaReservation should then shrink: they would keep its pods out for nothing)."""
+        ns, name = key
+        held = [d.get(ns, {}).pop(name, None) for d in (self._carried, self._writing)]
+        self._unsynced.discard(key)
+        return any(held)
+
+    async def shrink(self, namespace: str) -> None:
+        """Best effort: the next write in the namespace shrinks it otherwise."""
+        try:
+            await self.write(namespace, grow=False)
+        except Exception as e:
+            log.warning("reservation guard not shrunk", namespace=namespace, error=str(e) or type(e).__name__)
+
+    async def _state(self, namespace: str) -> tuple[frozenset[guard.Holder], str]:
+        """What the namespace's QuotaReservation lists and its resourceVersion: as last written, or read once after
+        the start (an earlier enforcer's holders may still guard a quota's ``hard``)."""
+        state = self._listed.get(namespace)
+        if state is None:
+            obj = await self.kube.get_reservation(namespace)
+            state = self._listed[namespace] = (guard.listed(obj), version_of(obj))
+        return state
+
+    async def write(self, namespace: str, *, grow: bool) -> None:
+        """Make the namespace's QuotaReservation list every holder a quota of the namespace carries or is being
+        written with (with ``grow``, never fewer than it lists now). Each write is conditional on the version
+        last seen: a grow that meets another writer's version reads it and adds to it; a shrink that does is
+        dropped (another enforcer — a new leader — wrote what it knows, and removing what it listed could open its
+        room). A failed grow raises."""
+        lock = self._locks.setdefault(namespace, asyncio.Lock())
+        async with lock:
+            for _ in range(GUARD_CONFLICTS):
+                want = guard.union(
+                    [*self._carried.get(namespace, {}).values(), *self._writing.get(namespace, {}).values()]
+                )
+                have, rv = await self._state(namespace)
+                if grow:
+                    want |= have
+                if want == have:
+                    return
+                body = guard.reservation(namespace, want, self.creators)
+                try:
+                    written = await self.kube.put_reservation(namespace, body, rv)
+                except KubeError as e:
+                    if not e.conflict:
+                        raise
+                    self._listed.pop(namespace, None)  # read again
+                    if not grow:
+                        log.info("reservation guard shrink dropped: another writer came first", namespace=namespace)
+                        return
+                    continue
+                self._listed[namespace] = (want, written)
+                log.info("reservation guard written", namespace=namespace, holders=sorted(h.name for h in want))
+                return
+            raise KubeError(409, "Conflict", f"the QuotaReservation of {namespace} kept changing under the enforcer")

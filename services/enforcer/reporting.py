@@ -1,0 +1,182 @@
+"""What the enforcer says besides ``spec.hard``, all off the write path: each decision as a Kubernetes Event on the
+quota and a ``Decision`` on the bus, a Warning Event on a VMI the ledger refused (or whose hotplug it refused), and
+the nudge of a VMI KubeVirt was refused a launcher pod for once there is room (:class:`Reporter`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from datetime import datetime
+from typing import Any
+
+import structlog
+
+from services.enforcer.kube import KubeError, Obj, QuotaApi
+from services.enforcer.options import NUDGED_MAX, REPORT_QUEUE, EnforcerMetrics, EnforcerOptions, Key
+from services.platform.bus import Bus
+from services.platform.http import Metrics
+from shared import contract
+from shared.backoff import Backoff
+from shared.quota import enforcement, reports
+from shared.quota.enforcement import Plan
+
+log = structlog.get_logger("vmquota.enforcer")
+
+
+class Reporter:
+    """The enforcer's reports and the tenant-facing Events and nudges; :meth:`run` publishes the reports queued."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        kube: QuotaApi,
+        opts: EnforcerOptions,
+        metrics: Metrics,
+        own: EnforcerMetrics,
+        now: Callable[[], datetime],
+    ) -> None:
+        self.bus = bus
+        self.kube = kube
+        self.opts = opts
+        self.metrics = metrics
+        self.own = own
+        self._now = now
+        self._backoff = Backoff(initial=opts.retry_base, maximum=opts.retry_max, jitter=0.2)
+        self._queue: asyncio.Queue[tuple[Plan, str]] = asyncio.Queue(REPORT_QUEUE)
+        self._dry_seen: dict[Key, str] = {}
+        self._nudged: dict[tuple[str, str], tuple[int, float]] = {}
+        """(namespace, VMI uid) → the usage snapshot (its stream sequence) and the time of the last nudge."""
+        self._told: dict[tuple[str, ...], None] = {}
+        """(namespace, migration uid) of hotplugs refused, and (namespace, VMI uid, reason) of VMs refused, told on
+        their VMI (once each)."""
+        self.side_tasks: set[asyncio.Task[None]] = set()
+        """Nudges, VMI Events and guard shrinks under way (off the reconcile path)."""
+        self.reported = 0
+
+    # ---- decisions ---------------------------------------------------------------------------------------------
+    def decision(self, p: Plan, resource_version: str) -> None:
+        """A write of ``p`` went out (``resource_version``: the quota's version after it): log it and queue its
+        Event and bus decision."""
+        self.own.decisions.labels(action=p.action.value).inc()
+        log.info(
+            "quota decision",
+            namespace=p.namespace,
+            quota=p.name,
+            action=p.action.value,
+            reason=p.reason,
+            hard=enforcement.rl_json(p.hard_after),
+            usage_seq=p.usage_seq,
+            resource_version=resource_version or p.resource_version,
+        )
+        try:
+            self._queue.put_nowait((p, resource_version))
+        except asyncio.QueueFull:
+            log.error("report queue full; decision not published", namespace=p.namespace, quota=p.name)
+
+    def dry_run(self, key: Key, p: Plan) -> None:
+        """Dry-run: report a plan once (the same plan again says nothing new)."""
+        body = enforcement.patch_body(p)
+        body["metadata"].pop("resourceVersion", None)
+        fingerprint = repr(sorted(body.items()))
+        if self._dry_seen.get(key) == fingerprint:
+            return
+        self._dry_seen[key] = fingerprint
+        self.decision(p, "")
+
+    def forget(self, key: Key) -> None:
+        self._dry_seen.pop(key, None)
+
+    async def run(self) -> None:
+        while True:
+            p, rv = await self._queue.get()
+            try:
+                await self._publish(p, rv)
+            except Exception as e:  # a report is best effort: the quota itself is already right
+                log.error("report failed", namespace=p.namespace, quota=p.name, error=str(e) or type(e).__name__)
+            finally:
+                self._queue.task_done()
+
+    async def join(self) -> None:
+        """Until every queued report went out."""
+        await self._queue.join()
+
+    def idle(self) -> bool:
+        return self._queue.empty()
+
+    async def _publish(self, p: Plan, rv: str) -> None:
+        dry = self.opts.dry_run
+        d = reports.decision(p, cluster=self.opts.cluster, dry_run=dry, resource_version=rv)
+        await self.bus.publish(
+            contract.decision_subject(self.opts.cluster, p.namespace), contract.encode(d), msg_id=d.id
+        )
+        self.metrics.events_out.labels(service=self.opts.service).inc()
+        if not dry:
+            body = reports.event_body(p, identity=self.opts.identity, now=self._now())
+            for attempt in range(3):
+                try:
+                    await self.kube.create_event(p.namespace, body)
+                    break
+                except KubeError as e:
+                    if e.status == 409:  # same name: already recorded
+                        break
+                    if not e.retryable or attempt == 2:
+                        raise
+                    await asyncio.sleep(self._backoff.delay(attempt))
+        self.reported += 1
+
+    # ---- the tenant's VMIs -------------------------------------------------------------------------------------
+    def tell_and_nudge(self, namespace: str, u: contract.UsageSnapshot, at: int) -> None:
+        """Once a quota of the namespace carries what usage ``u`` (stream sequence ``at``) asks: tell each VMI whose
+        hotplug the ledger refused why (a Warning Event, once per migration), and each VMI the ledger refused why
+        (once per cause), and touch each VMI the ledger admitted whose launcher pod KubeVirt was refused (KubeVirt's
+        VMI controller does not watch quotas), once per usage snapshot and at most every ``nudge_interval`` seconds
+        per VMI. Off the reconcile path; a failed nudge is only logged (the next usage snapshot brings another)."""
+        now = time.monotonic()
+        for m in u.migrations:
+            if m.state == "growth-refused" and m.uid and (namespace, m.uid) not in self._told:
+                self._remember_told((namespace, m.uid))
+                body = reports.hotplug_refused_event(namespace, m, identity=self.opts.identity, now=self._now())
+                self.spawn(self._tell(namespace, body), f"tell-{namespace}-{m.name}")
+        for v in u.vms:
+            if v.state == "refused" and v.uid and (namespace, v.uid, v.reason) not in self._told:
+                # once per cause: the same refusal in the next snapshots tells nothing new
+                self._remember_told((namespace, v.uid, v.reason))
+                body = reports.vm_refused_event(
+                    namespace, v, identity=self.opts.identity, now=self._now(), others=u.vms
+                )
+                self.spawn(self._tell(namespace, body), f"tell-{namespace}-{v.name}")
+            if v.state != "admitted" or not v.pod_refused or not v.uid:
+                continue
+            last = self._nudged.get((namespace, v.uid))
+            if last is not None and (last[0] >= at or now - last[1] < self.opts.nudge_interval):
+                continue
+            self._nudged[(namespace, v.uid)] = (at, now)
+            if len(self._nudged) > NUDGED_MAX:
+                del self._nudged[next(iter(self._nudged))]
+            self.spawn(self._nudge(namespace, v.name, str(at)), f"nudge-{namespace}-{v.name}")
+
+    def _remember_told(self, key: tuple[str, ...]) -> None:
+        self._told[key] = None
+        if len(self._told) > NUDGED_MAX:
+            del self._told[next(iter(self._told))]
+
+    def spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run ``work`` off the reconcile path (cancelled when the enforcer stops)."""
+        task = asyncio.create_task(work, name=name)
+        self.side_tasks.add(task)
+        task.add_done_callback(self.side_tasks.discard)
+
+    async def _tell(self, namespace: str, body: Obj) -> None:
+        try:
+            await self.kube.create_event(namespace, body)
+        except KubeError as e:
+            log.info("VMI event not created", namespace=namespace, vmi=body["involvedObject"]["name"], error=str(e))
+
+    async def _nudge(self, namespace: str, name: str, token: str) -> None:
+        try:
+            await self.kube.nudge_vmi(namespace, name, token)
+            self.own.nudges.labels(outcome="applied").inc()
+        except KubeError as e:
+            self.own.nudges.labels(outcome="failed").inc()
+            log.info("VMI not nudged", namespace=namespace, vmi=name, error=str(e))

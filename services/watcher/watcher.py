@@ -24,11 +24,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import msgspec
 from kubernetes_asyncio.client import ApiClient
 
 from services.platform.kube import is_transient
 from services.watcher import kube
+from services.watcher.emitter import Emitter, Ident, where
 from services.watcher.kube import KubeError, Obj, ResourceSpec, Timeouts
 from services.watcher.loop import (
     KnownSet,
@@ -43,8 +43,8 @@ from services.watcher.loop import (
     quota_is_managed,
     sync_namespaces,
 )
-from services.watcher.metrics import SERVICE, WatcherMetrics
-from services.watcher.publisher import Item, Publisher
+from services.watcher.metrics import WatcherMetrics
+from services.watcher.publisher import Publisher
 from shared import contract
 from shared.backoff import Backoff
 from shared.errors import InvalidInput
@@ -59,7 +59,6 @@ from shared.kinds import (
     VMI_KIND,
     VMIM_KIND,
 )
-from shared.normalize import normalize
 from shared.snapshot import labelled_launcher
 
 FAILED_CREATE_SELECTOR: Final = "involvedObject.kind=VirtualMachineInstance,reason=FailedCreate"
@@ -79,9 +78,6 @@ needs to know which namespaces are managed."""
 
 FIRST: Final = frozenset({NAMESPACE_KIND, QUOTA_KIND})
 
-_MAX_DLQ_PAYLOAD: Final = 512 * 1024
-_encode_raw: Final = msgspec.json.Encoder().encode
-
 
 @dataclass(frozen=True, slots=True)
 class WatcherConfig:
@@ -100,154 +96,6 @@ class WatcherConfig:
         contract.check_cluster(self.cluster)
         if self.page_size < 1 or self.window < 1:
             raise InvalidInput("page size and window must be positive", "watcher")
-
-
-class Ident:
-    """uid, namespace, name and resourceVersion of a raw object; InvalidInput when they cannot be read."""
-
-    __slots__ = ("name", "namespace", "rv", "rv_text", "uid")
-
-    def __init__(self, obj: Obj) -> None:
-        meta = obj.get("metadata")
-        if not isinstance(meta, dict):
-            raise InvalidInput("missing", "metadata")
-        uid, ns, name, rv = meta.get("uid"), meta.get("namespace") or "", meta.get("name"), meta.get("resourceVersion")
-        if not isinstance(uid, str) or not uid:
-            raise InvalidInput("missing", "metadata.uid")
-        if not isinstance(name, str) or not name:
-            raise InvalidInput("missing", "metadata.name")
-        if not isinstance(ns, str):
-            raise InvalidInput("expected a string", "metadata.namespace")
-        self.uid: str = uid
-        self.namespace: str = ns
-        self.name: str = name
-        self.rv: int = contract.resource_version(rv, "metadata.resourceVersion")
-        self.rv_text: str = str(rv)
-
-
-def _where(kind: str, obj: Obj) -> str:
-    meta = obj.get("metadata")
-    if not isinstance(meta, dict):
-        return kind
-    ns, name = meta.get("namespace"), meta.get("name")
-    return f"{kind} {ns}/{name}" if ns else f"{kind} {name}"
-
-
-class Emitter:
-    """Turns raw objects into bus messages and queues them on the publisher (synchronously: see Publisher)."""
-
-    def __init__(self, cluster: str, publisher: Publisher, metrics: WatcherMetrics | None, log: Any) -> None:
-        self.cluster = cluster
-        self.publisher = publisher
-        self.metrics = metrics
-        self.log = log
-        self.dlq_subject = contract.dlq_subject(SERVICE)
-        self._subjects: dict[tuple[str, str], str] = {}
-
-    def subject(self, kind: str, namespace: str) -> str:
-        """The event subject (validated once per kind and namespace)."""
-        key = (kind, namespace)
-        subject = self._subjects.get(key)
-        if subject is None:
-            subject = self._subjects[key] = contract.event_subject(self.cluster, kind, namespace)
-        return subject
-
-    def upsert(self, kind: str, obj: Obj, ident: Ident) -> bool:
-        """Queue an ``Upserted`` (or, when the object cannot be normalised, a dead letter); False for the latter."""
-        try:
-            snap = normalize(obj)
-            ev = contract.object_event(
-                "upserted",
-                cluster=self.cluster,
-                kind=kind,
-                namespace=ident.namespace,
-                name=ident.name,
-                uid=ident.uid,
-                rv=ident.rv_text,
-                snapshot=snap,
-            )
-            subject = self.subject(kind, ident.namespace)
-        except InvalidInput as e:
-            self.dead_letter(kind, obj, str(e), ident)
-            return False
-        except Exception as e:  # a bug in normalisation must not stop the watcher: report the object instead
-            self.log.error("normalising failed", kind=kind, namespace=ident.namespace, name=ident.name, error=repr(e))
-            self.dead_letter(kind, obj, f"internal error normalising {_where(kind, obj)}: {e!r}", ident)
-            return False
-        data = contract.encode(ev)
-        if len(data) > self.publisher.max_payload - 1024:  # room for the headers
-            self.dead_letter(kind, obj, f"its event is {len(data)} bytes, over the bus's maximum message size", ident)
-            return False
-        self.publisher.enqueue(Item(subject, data, ev.id, label=f"{kind}|upserted"))
-        return True
-
-    def delete(
-        self, kind: str, ident: Ident | None, *, uid: str, namespace: str, name: str, rv: str, obj: Obj | None
-    ) -> None:
-        """Queue a ``Deleted`` with the last state when it can be read (a deletion is never lost to a bad field)."""
-        snap = None
-        if obj is not None:
-            with contextlib.suppress(Exception):
-                snap = normalize(obj)
-        try:
-            ev = contract.object_event(
-                "deleted",
-                cluster=self.cluster,
-                kind=kind,
-                namespace=namespace,
-                name=name,
-                uid=uid,
-                rv=rv,
-                snapshot=snap,
-            )
-            subject = self.subject(kind, namespace)
-            data = contract.encode(ev)
-            if snap is not None and len(data) > self.publisher.max_payload - 1024:
-                data = contract.encode(msgspec.structs.replace(ev, snapshot=None))  # the deletion without its state
-        except InvalidInput as e:
-            if obj is not None and ident is not None:
-                self.dead_letter(kind, obj, str(e), ident)
-            else:
-                self.log.error("cannot publish a deletion", kind=kind, namespace=namespace, name=name, error=str(e))
-            return
-        self.publisher.enqueue(Item(subject, data, ev.id, label=f"{kind}|deleted"))
-
-    def sync(self, kind: str, namespace: str, rv: str, present: list[str]) -> None:
-        ev = contract.sync_event(cluster=self.cluster, kind=kind, namespace=namespace, rv=rv, present=present)
-        subject = contract.event_subject(self.cluster, kind, namespace or contract.CLUSTER_TOKEN)
-        self.publisher.enqueue(Item(subject, contract.encode(ev), ev.id, label=f"{kind}|sync"))
-
-    def dead_letter(self, kind: str, obj: Obj, reason: str, ident: Ident | None) -> None:
-        """Queue a :class:`shared.contract.DeadLetter` with the raw object, deduplicated per object version."""
-        payload = _encode_raw(obj)
-        limit = min(_MAX_DLQ_PAYLOAD, self.publisher.max_payload // 2)
-        if len(payload) > limit:
-            reason = f"{reason} (object of {len(payload)} bytes; payload truncated)"
-            payload = payload[:limit]
-        raw_meta = obj.get("metadata")
-        meta: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
-        ns = ident.namespace if ident is not None else str(meta.get("namespace") or "")
-        name = ident.name if ident is not None else str(meta.get("name") or "")
-        try:
-            original = contract.event_subject(self.cluster, kind, ns)
-        except InvalidInput:
-            original = ""
-        mid = f"dlq/{SERVICE}/{self.cluster}/{kind}/{ident.uid}/{ident.rv_text}" if ident is not None else None
-        letter, headers = contract.dead_letter(
-            SERVICE,
-            reason,
-            cluster=self.cluster,
-            subject=f"{ns}/{name}" if ns else name,
-            original_subject=original,
-            payload=payload,
-            msg_id=mid,
-        )
-        self.log.warning("object sent to the dead-letter subject", kind=kind, namespace=ns, name=name, reason=reason)
-        if self.metrics is not None:
-            self.metrics.errors.labels(self.cluster, kind, "dlq").inc()
-        self.publisher.enqueue(
-            Item(self.dlq_subject, contract.encode(letter), mid, headers, label=f"{kind}|deadletter")
-        )
 
 
 class ListWatch:
@@ -298,7 +146,7 @@ class ListWatch:
         try:
             return Ident(obj)
         except InvalidInput as e:
-            self.w.emitter.dead_letter(self.kind, obj, f"{_where(self.kind, obj)}: {e}", None)
+            self.w.emitter.dead_letter(self.kind, obj, f"{where(self.kind, obj)}: {e}", None)
             return None
 
     def upsert(self, obj: Obj, ident: Ident) -> None:

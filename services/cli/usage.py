@@ -257,9 +257,11 @@ def _quota_json(q: QuotaUsage) -> dict[str, Any]:
     if q.policy.budget:
         out["budget"] = format_resource_list(q.policy.budget)
     out |= {
-        "usage": format_resource_list(q.accounted),
-        "podUsage": format_resource_list(q.pod_usage),
+        "used": format_resource_list(q.used),
+        "pods": format_resource_list(q.pods),
         "reserved": format_resource_list(q.reserved),
+        "taken": format_resource_list(q.taken),
+        "hard": format_resource_list(q.hard),
     }
     if q.policy.budget:
         out["overBudget"] = list(q.over_budget)
@@ -270,7 +272,8 @@ def _quota_json(q: QuotaUsage) -> dict[str, Any]:
 
 
 def namespace_json(u: NamespaceUsage) -> dict[str, Any]:
-    """With ``--mode`` alone: the mode's ``usage``/``podUsage``/``reserved`` and each object's ``counts``. Against
+    """With ``--mode`` alone: the mode's ``used``/``pods``/``reserved``/``taken`` and each object's ``counts`` (the
+    bus contract's names for the terms). Against
     managed quotas: ``quotas`` (per quota, with its ``budget`` and ``overBudget``), and each VM's ``counts`` and
     ``refusedBy`` per quota."""
     per_quota = budgeted(u)
@@ -316,7 +319,7 @@ def namespace_json(u: NamespaceUsage) -> dict[str, Any]:
                 "name": p.name,
                 "role": p.role,
                 "vmi": p.vmi or None,
-                "counts": format_resource_list(p.accounted),
+                "counts": format_resource_list(p.counts),
                 "charged": format_resource_list(p.charged),
                 "reason": p.reason,
             }
@@ -362,12 +365,12 @@ def write_table(results: Mapping[str, NamespaceUsage], out: TextIO) -> None:
             )
             out.write(title + ("  (no budget: --mode)\n" if not name else "\n"))
             budget = q.policy.budget
-            names = sorted(set(budget) | set(q.accounted) | set(q.pod_usage) | set(q.reserved))
-            lists = (budget, q.accounted, q.pod_usage, q.reserved) if budget else (q.accounted, q.pod_usage, q.reserved)
+            names = sorted(set(budget) | set(q.used) | set(q.pods) | set(q.reserved))
+            lists = (budget, q.used, q.pods, q.reserved, q.hard) if budget else (q.used, q.pods, q.reserved)
             head = (
-                ("RESOURCE", "BUDGET", "USAGE", "POD USAGE", "RESERVED")
+                ("RESOURCE", "BUDGET", "USED", "PODS", "RESERVED", "HARD")
                 if budget
-                else ("RESOURCE", "USAGE", "POD USAGE", "RESERVED")
+                else ("RESOURCE", "USED", "PODS", "RESERVED")
             )
             rows: list[tuple[str, ...]] = [head]
             for r in names:
@@ -382,7 +385,7 @@ def write_table(results: Mapping[str, NamespaceUsage], out: TextIO) -> None:
             ("VMIM", m.name, m.state, f"reserves {_brief(m.reserved)}" if m.reserved else "-", m.reason)
             for m in u.migrations
         ]
-        objs += [(POD_KIND, p.name, p.role, _brief(p.accounted), p.reason) for p in u.pods]
+        objs += [(POD_KIND, p.name, p.role, _brief(p.counts), p.reason) for p in u.pods]
         _table(objs, out)
         for e in u.errors:
             out.write(f"warning: {e}\n")

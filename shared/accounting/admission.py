@@ -60,7 +60,7 @@ class Admission(Migrations):
             self.vm_entries[key] = VmEntry(v.name, v.uid, v.phase, REFUSED, reason, size, pod_est, {}, {}, misfit)
             return
         for q in self.quotas:
-            q.accounted.add(usages[q.policy.name])
+            q.used.add(usages[q.policy.name])
             q.taken.add(takes({}, usages[q.policy.name], q.factors))
             q.reserved.add(pod_est)
         reason = "pending, admitted in creation order: launcher pod reserved"

@@ -144,7 +144,7 @@ class Migrations(Vms):
                 return
             why.append("hotplug growth admitted in creation order")
         for q in self.quotas:
-            q.accounted.add(grown[q.policy.name])
+            q.used.add(grown[q.policy.name])
             q.taken.add(takes({}, grown[q.policy.name], q.factors))
         if not t.m.rejected_by_quota:
             why.append(
@@ -194,7 +194,7 @@ class Migrations(Vms):
                 for r, b in q.policy.budget.items()
                 if q.factors.get(r) is not None
                 and r in t.estimate
-                and q.used(r) > b.nanos
+                and q.counted(r) > b.nanos
                 and any(c.get(r, _ZERO).nanos > 0 for c in late)
             ]
             if over:

@@ -316,19 +316,19 @@ class _Accounting(Admission):
         results: dict[str, QuotaUsage] = {}
         for q in self.quotas:
             b = q.policy.budget
-            accounted, pod_usage, reserved = q.accounted.result(), q.pod_usage.result(), q.reserved.result()
+            used, pods, reserved = q.used.result(), q.pods.result(), q.reserved.result()
             overlap, unvouched, taken_ = q.overlap.result(), q.unvouched.result(), q.taken.result()
             results[q.policy.name] = QuotaUsage(
                 policy=q.policy,
-                accounted=accounted,
-                pod_usage=pod_usage,
+                used=used,
+                pods=pods,
                 reserved=reserved,
                 overlap=overlap,
                 unvouched=unvouched,
                 taken=taken_,
                 factors=q.factors,
-                hard=desired_hard(b, taken_, pod_usage, reserved, q.factors, overlap, unvouched, self.target_reserved),
-                over_budget=tuple(sorted(r for r in b if q.used(r) > b[r].nanos)),
+                hard=desired_hard(b, taken_, pods, reserved, q.factors, overlap, unvouched, self.target_reserved),
+                over_budget=tuple(sorted(r for r in b if q.counted(r) > b[r].nanos)),
             )
         return NamespaceUsage(
             namespace=self.namespace,

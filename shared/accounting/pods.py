@@ -73,8 +73,8 @@ class Pods(State):
         self.pod_entries = list(entries)
         self.launchers = launchers  # read only from here on
         for q in self.quotas:  # (every managed quota covers every pod)
-            q.pod_usage.extend(pod_usage)
-            q.accounted.extend(accounted)
+            q.pods.extend(pod_usage)
+            q.used.extend(accounted)
             q.taken.extend(accounted)  # (a plain pod takes what it is charged)
 
     def _pods_pass(self) -> PodsFound:

@@ -94,7 +94,7 @@ class PodEntry:
     """Charged for compute (not terminal, not past its deletion grace period)."""
     charged: ResourceList
     """What the native evaluator charges (its share of ``P``)."""
-    accounted: ResourceList
+    counts: ResourceList
     """What the pod adds to ``U`` itself (launcher pods: nothing, their VM counts)."""
     reason: str
 
@@ -102,9 +102,9 @@ class PodEntry:
 @dataclass(frozen=True, slots=True)
 class QuotaUsage:
     policy: QuotaPolicy
-    accounted: ResourceList
+    used: ResourceList
     """``U``."""
-    pod_usage: ResourceList
+    pods: ResourceList
     """``P``."""
     reserved: ResourceList
     """``S``."""

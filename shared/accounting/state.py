@@ -69,17 +69,17 @@ class QuotaSums:
     policy: QuotaPolicy
     factors: dict[str, Fraction | None]
     ratio: Fraction
-    accounted: Sum
-    pod_usage: Sum
+    used: Sum
+    pods: Sum
     reserved: Sum
     overlap: Sum
     unvouched: Sum
     taken: Sum
 
-    def used(self, r: str) -> int:
+    def counted(self, r: str) -> int:
         """``U + X / k`` of ``r`` in nanos (rounded up): what admission counts as used. ``hard`` holds no room for
         ``X`` at all, so in the mode's terms it costs ``X / k``: a VM admitted beside it then gets in natively."""
-        return self.accounted.get(r) + in_mode_terms(self.unvouched.get(r), self.factors.get(r))
+        return self.used.get(r) + in_mode_terms(self.unvouched.get(r), self.factors.get(r))
 
     def misfits(self, u: Mapping[str, Quantity]) -> tuple[str, ...]:
         """Natively enforced budget resources that ``U + X/k + u`` would exceed."""
@@ -89,7 +89,7 @@ class QuotaSums:
                 for r, b in self.policy.budget.items()
                 if self.factors[r] is not None  # (factors cover the budget)
                 and r in u
-                and self.used(r) + u[r].nanos > b.nanos
+                and self.counted(r) + u[r].nanos > b.nanos
             )
         )
 
@@ -166,7 +166,7 @@ class State:
             if not rs:
                 continue
             misfit[q.policy.name] = rs
-            left = {r: Quantity(max(q.policy.budget[r].nanos - q.used(r), 0), q.policy.budget[r].format) for r in rs}
+            left = {r: Quantity(max(q.policy.budget[r].nanos - q.counted(r), 0), q.policy.budget[r].format) for r in rs}
             detail = ", ".join(f"{r} needs {u[r]} but {left[r]} is left" for r in rs)
             parts.append(f"quota {q.policy.name}: {detail}" if q.policy.name else detail)
         return misfit, parts

@@ -55,7 +55,7 @@ class Vms(Pods):
         self.vm_entries.update(entries)
         self.pending = list(pending)
         for q, acc, took in zip(self.quotas, accounted, takes, strict=True):
-            q.accounted.extend(acc)
+            q.used.extend(acc)
             q.overlap.extend(overlap)
             q.unvouched.extend(unvouched)
             q.taken.extend(took)

@@ -83,8 +83,8 @@ def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageB
         name: contract.QuotaTerms(
             mode=q.policy.mode.value,
             budget=format_resource_list(q.policy.budget),
-            used=wire(name, "used", q.accounted),
-            pods=wire(name, "pods", q.pod_usage),
+            used=wire(name, "used", q.used),
+            pods=wire(name, "pods", q.pods),
             reserved=wire(name, "reserved", q.reserved),
             overlap=wire(name, "overlap", q.overlap),
             unvouched=wire(name, "unvouched", q.unvouched),

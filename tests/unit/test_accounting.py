@@ -99,7 +99,7 @@ def test_a_running_vmi_whose_pod_is_not_in_view_keeps_hard_and_reserves_nothing(
     assert hard_of(lagging) == hard_of(seen)
     e = vm(lagging, "vm0")
     assert e.state == RUNNING and not e.reserved
-    assert lagging.quotas["rq"].accounted["limits.memory"] == seen.quotas["rq"].accounted["limits.memory"]
+    assert lagging.quotas["rq"].used["limits.memory"] == seen.quotas["rq"].used["limits.memory"]
     late = vmi_obj("late", guest="16Gi", limits={"memory": "16Gi"}, t=9, phase="Pending")
     assert vm(account([quota, *vmis, *pods[1:], late]), "late").state == ADMITTED  # (64Gi: it fits)
     extra = vmi_obj("extra", guest="1Gi", limits={"memory": "1Gi"}, t=10, phase="Pending")
@@ -139,14 +139,14 @@ def test_seed_1_migration_at_full_use_succeeds_and_hard_comes_back() -> None:
     target = launcher_obj(vmis[0], facts=facts, migration_uid="mig-m1", node="n2", t=200)
     p = usage_of(target)
     # without vmquota the target is refused (the published failure: requested limits.memory=17...)
-    assert fits(p, before.quotas["rq"].pod_usage, {"limits.memory": Q("64Gi")}) == ["limits.memory"]
+    assert fits(p, before.quotas["rq"].pods, {"limits.memory": Q("64Gi")}) == ["limits.memory"]
 
     pending = account([quota, *vmis, *pods, migration])
     m = mig(pending, "m1")
     assert m.state == PENDING and m.reserved == usage_of(pods[0])
     q = pending.quotas["rq"]
-    assert q.reserved == m.reserved and q.accounted == before.quotas["rq"].accounted
-    assert fits(p, q.pod_usage, q.hard) == []  # the target gets in
+    assert q.reserved == m.reserved and q.used == before.quotas["rq"].used
+    assert fits(p, q.pods, q.hard) == []  # the target gets in
 
     running = account([quota, *vmis, *pods, migration, target])
     assert mig(running, "m1").state == TARGET_CREATED
@@ -169,7 +169,7 @@ def test_seed_1_migration_at_full_use_succeeds_and_hard_comes_back() -> None:
     with4 = account([quota, *vmis, *pods, vm4])
     assert vm(with4, "vm4").state == REFUSED and "limits.memory" in vm(with4, "vm4").reason
     q4 = with4.quotas["rq"]
-    assert fits(usage_of(launcher_obj(vm4, facts=facts)), q4.pod_usage, q4.hard) == ["limits.memory"]
+    assert fits(usage_of(launcher_obj(vm4, facts=facts)), q4.pods, q4.hard) == ["limits.memory"]
 
 
 # ---- DESIGN seed scenario 2: 3000m / 4000Mi limits, two small VMs migrate at once -------------------------------
@@ -191,11 +191,11 @@ def test_seed_2_two_concurrent_migrations_succeed_and_quota_is_restored() -> Non
     t2 = launcher_obj(vm2, facts=facts, migration_uid="mig-m2", node="n2", t=201)
     both = account([*base, m1, m2])
     q = both.quotas["rq"]
-    assert fits(usage_of(t1), q.pod_usage, q.hard) == [] and fits(usage_of(t2), q.pod_usage, q.hard) == []
+    assert fits(usage_of(t1), q.pods, q.hard) == [] and fits(usage_of(t2), q.pods, q.hard) == []
     one = account([*base, m1, m2, t1])  # the first target exists; the second must still fit
     q = one.quotas["rq"]
-    assert fits(usage_of(t2), q.pod_usage, q.hard) == []
-    assert fits(usage_of(t2), q.pod_usage, parse_resource_list(hard)) != []  # it would not without vmquota
+    assert fits(usage_of(t2), q.pods, q.hard) == []
+    assert fits(usage_of(t2), q.pods, parse_resource_list(hard)) != []  # it would not without vmquota
 
     vm1b, vm2b = (
         vmi_obj(v["metadata"]["name"], guest=g, limits=lim, node="n2", t=i)
@@ -224,8 +224,8 @@ def test_seed_3_ratio_mode_admits_by_vm_size_and_migrates_at_full_use(kubevirt_r
     pods = [launcher_obj(v, config=config, facts=facts) for v in vms]
     full = account([quota, *vms, *pods], config=config)
     q = full.quotas["rq"]
-    assert format_resource_list(q.accounted)["requests.cpu"] == "2"  # 2 x 4 vCPUs / 4
-    assert format_resource_list(q.accounted)["requests.memory"] == "8Gi"  # guest memory, overhead notwithstanding
+    assert format_resource_list(q.used)["requests.cpu"] == "2"  # 2 x 4 vCPUs / 4
+    assert format_resource_list(q.used)["requests.memory"] == "8Gi"  # guest memory, overhead notwithstanding
     assert q.over_budget == ()
     assert q.factors["requests.cpu"] == min(Fraction(1), Fraction(4, kubevirt_ratio))
 
@@ -233,12 +233,12 @@ def test_seed_3_ratio_mode_admits_by_vm_size_and_migrates_at_full_use(kubevirt_r
     with3 = account([quota, *vms, *pods, vm3], config=config)
     assert vm(with3, "vm3").state == REFUSED
     q3 = with3.quotas["rq"]
-    assert fits(usage_of(launcher_obj(vm3, config=config, facts=facts)), q3.pod_usage, q3.hard) != []
+    assert fits(usage_of(launcher_obj(vm3, config=config, facts=facts)), q3.pods, q3.hard) != []
 
     target = launcher_obj(vms[1], config=config, facts=facts, migration_uid="mig-m", node="n2", t=50)
     migrating = account([quota, *vms, *pods, vmim_obj("m", "vm1", rejected=True)], config=config)
     qm = migrating.quotas["rq"]
-    assert fits(usage_of(target), qm.pod_usage, qm.hard) == []
+    assert fits(usage_of(target), qm.pods, qm.hard) == []
 
 
 def test_ratio_mode_small_vm_fits_in_a_half_used_budget() -> None:
@@ -249,10 +249,10 @@ def test_ratio_mode_small_vm_fits_in_a_half_used_budget() -> None:
     u = account([quota, running, launcher_obj(running), small])
     assert vm(u, "vm1").state == ADMITTED
     q = u.quotas["rq"]
-    assert format_resource_list(q.accounted)["requests.cpu"] == "2"
+    assert format_resource_list(q.used)["requests.cpu"] == "2"
     assert q.reserved == rendered_usage(small, KubeVirtConfig(), NamespaceFacts())
     # its pod (still to be created) fits natively: the reservation is in hard
-    assert fits(usage_of(launcher_obj(small)), q.pod_usage, q.hard) == []
+    assert fits(usage_of(launcher_obj(small)), q.pods, q.hard) == []
 
 
 # ---- admission order, reservations, refusal amounts ---------------------------------------------------------------
@@ -300,7 +300,7 @@ def test_refusal_amounts_after_the_migration_correct_its_target_estimate() -> No
     assert m.state == PENDING and m.reserved["limits.memory"] == Q("9Gi")
     assert m.reserved["requests.memory"] == usage_of(pod)["requests.memory"]
     # the target is charged more than the source: that much more counts in U
-    assert u.quotas["rq"].accounted["limits.memory"] == Q("9Gi")
+    assert u.quotas["rq"].used["limits.memory"] == Q("9Gi")
 
 
 def test_only_the_oldest_active_migration_of_a_vmi_reserves() -> None:
@@ -329,15 +329,15 @@ def test_hotplug_growth_is_admitted_with_its_migration_and_reserved_for_the_targ
     vouch(grown, source)
     idle = account([quota, grown, source])
     q = idle.quotas["rq"]
-    assert format_resource_list(q.accounted)["requests.cpu"] == "2"  # the size it runs at
-    assert format_resource_list(q.accounted)["requests.memory"] == "2Gi"
+    assert format_resource_list(q.used)["requests.cpu"] == "2"  # the size it runs at
+    assert format_resource_list(q.used)["requests.memory"] == "2Gi"
     migrating = account([quota, grown, source, vmim_obj("m", "v", rejected=True)])
-    assert format_resource_list(migrating.quotas["rq"].accounted)["requests.cpu"] == "4"  # growth admitted
-    assert format_resource_list(migrating.quotas["rq"].accounted)["requests.memory"] == "4Gi"
+    assert format_resource_list(migrating.quotas["rq"].used)["requests.cpu"] == "4"  # growth admitted
+    assert format_resource_list(migrating.quotas["rq"].used)["requests.memory"] == "4Gi"
     m = mig(migrating, "m")
     assert m.growth["requests.memory"] >= Q("2Gi") and m.growth["requests.cpu"] > Q("0")
     target = launcher_obj(grown, migration_uid="mig-m", node="n2")
-    assert fits(usage_of(target), migrating.quotas["rq"].pod_usage, migrating.quotas["rq"].hard) == []
+    assert fits(usage_of(target), migrating.quotas["rq"].pods, migrating.quotas["rq"].hard) == []
     for r, v in usage_of(target).items():
         assert m.reserved[r] >= v, r
 
@@ -362,10 +362,10 @@ def test_non_vm_terminal_and_orphan_pods() -> None:
     assert vm(u, "stopped").state == STOPPED and vm(u, "stopped").counts == {}
     q = u.quotas["rq"]
     orphan_cpu = usage_of(orphan)["requests.cpu"]
-    assert q.pod_usage["requests.cpu"] == Q("500m") + orphan_cpu
-    assert q.accounted["requests.cpu"] == Q("500m") + orphan_cpu
+    assert q.pods["requests.cpu"] == Q("500m") + orphan_cpu
+    assert q.used["requests.cpu"] == Q("500m") + orphan_cpu
     # terminal pods, launcher or not, count (and are charged) count/pods only
-    assert q.pod_usage["count/pods"] == Q("5") and q.accounted["count/pods"] == Q("5")
+    assert q.pods["count/pods"] == Q("5") and q.used["count/pods"] == Q("5")
     assert hard_of(u)["count/pods"] == "10"
     assert hard_of(u)["requests.cpu"] == "10"
 
@@ -382,7 +382,7 @@ def test_a_pod_is_a_launcher_pod_only_when_kubevirt_names_it_in_the_vmi_status()
     roles = {e.name: e.role for e in u.pods}
     assert roles[forged["metadata"]["name"]] == ORPHAN_LAUNCHER
     q = u.quotas["rq"]
-    assert q.accounted["requests.cpu"] == usage_of(pod)["requests.cpu"] + usage_of(forged)["requests.cpu"]
+    assert q.used["requests.cpu"] == usage_of(pod)["requests.cpu"] + usage_of(forged)["requests.cpu"]
     # a VMI whose status names no pod has none, whatever the pods' labels say
     bare = vmi_obj("v")
     u = account([quota, bare, json.loads(json.dumps(pod))])
@@ -400,8 +400,8 @@ def test_two_launcher_pods_count_once_at_their_maximum() -> None:
     big = launcher_obj(v, suffix="b", t=5)
     u = account([quota, v, small, big])
     q = u.quotas["rq"]
-    assert q.accounted["requests.memory"] == usage_of(big)["requests.memory"]
-    assert q.pod_usage["requests.memory"] == usage_of(big)["requests.memory"] + usage_of(small)["requests.memory"]
+    assert q.used["requests.memory"] == usage_of(big)["requests.memory"]
+    assert q.pods["requests.memory"] == usage_of(big)["requests.memory"] + usage_of(small)["requests.memory"]
     # hard holds room for one launcher pod of the VM (B - U + P - D = B): the end of either frees nothing
     assert q.overlap["requests.memory"] == usage_of(small)["requests.memory"]
     assert q.hard["requests.memory"] == Q("100Gi")
@@ -423,13 +423,13 @@ def test_a_pod_kubevirt_adopted_counts_in_full_beyond_the_rendering() -> None:
     q = u.quotas["rq"]
     lim = usage_of(launcher)["limits.memory"]
     assert Q("2Gi") < lim < Q("40Gi") and vm(u, "v").state == RUNNING
-    assert q.accounted["limits.memory"] == Q("2Gi")  # the VM, in VM terms
+    assert q.used["limits.memory"] == Q("2Gi")  # the VM, in VM terms
     assert q.overlap["limits.memory"] == q.unvouched["limits.memory"] == Q("40Gi")
     # the room left is the budget less the VM and the forged pod in full, whichever pod is the larger, and less
     # what its launcher pod is charged beyond its guest memory (E: the overhead, freed when the pod ends)
     assert q.taken["limits.memory"] == lim  # (W: it takes its launcher pod's charge, more than its 2Gi)
     room = Q("64Gi") - lim - Q("40Gi")
-    assert q.hard["limits.memory"] - q.pod_usage["limits.memory"] == room
+    assert q.hard["limits.memory"] - q.pods["limits.memory"] == room
     late = vmi_obj("late", guest="23Gi", t=9, phase="Pending")
     assert vm(account([quota, v, launcher, forged, late]), "late").state == REFUSED
     fits = vmi_obj("fits", guest="22Gi", t=9, phase="Pending")
@@ -458,7 +458,7 @@ def test_several_quotas_admit_jointly() -> None:
     u = account([cpu, mem, v])
     e = vm(u, "v")
     assert e.state == REFUSED and set(e.refused_by) == {"mem"}
-    assert u.quotas["cpu"].reserved == {} and u.quotas["cpu"].accounted == {}
+    assert u.quotas["cpu"].reserved == {} and u.quotas["cpu"].used == {}
 
 
 def test_dedicated_mode_reports_but_does_not_enforce_vmi_names() -> None:
@@ -553,7 +553,7 @@ def test_newest_version_of_an_object_wins_whatever_the_order() -> None:
     new = pod_obj("p", {"cpu": "2"})
     new["metadata"]["resourceVersion"] = "12"
     for objs in ([quota, old, new], [quota, new, old], [new, quota, old, new]):
-        assert account(objs).quotas["rq"].accounted["requests.cpu"] == Q("2")
+        assert account(objs).quotas["rq"].used["requests.cpu"] == Q("2")
 
 
 def test_result_is_independent_of_input_order() -> None:
@@ -720,7 +720,7 @@ def test_memo_is_not_fooled_by_a_reused_identity() -> None:
         objs = snaps([quota, v, pod, vmi_obj("w", guest=guest, phase="Pending")])
         got = account_namespace(objs, now=NOW)
         _same(got, account_namespace(objs, now=NOW, memoize=False))
-        results.append(repr(got.quotas["rq"].accounted))
+        results.append(repr(got.quotas["rq"].used))
     assert results[0] != results[2]  # 1Gi and 2Gi: the memo did not serve the first VM for the last
 
 
@@ -731,7 +731,7 @@ def test_memo_hit_returns_what_was_computed() -> None:
     objs = snaps([quota, *vs, *(launcher_obj(v) for v in vs[:2]), vmim_obj("m", "v0")])
     first = account_namespace(objs, now=NOW)
     _same(account_namespace(objs, now=NOW), first)
-    assert first.quotas["rq"].accounted["requests.cpu"] == Q("6")  # 1 + 2 running, 3 admitted
+    assert first.quotas["rq"].used["requests.cpu"] == Q("6")  # 1 + 2 running, 3 admitted
 
 
 # ---- urgency: which changes the ledger accounts at once ------------------------------------------------------------

@@ -57,9 +57,9 @@ def test_json_virtual_resources(capsys: pytest.CaptureFixture[str], namespace_fi
     tenant = out["namespaces"]["tenant"]
     assert tenant["mode"] == "VirtualResources"
     # vm1 (4 vCPUs, 4Gi) + vm2 (2 vCPUs, 2Gi, admitted: no budget) + the web pod (250m, 512Mi)
-    assert tenant["usage"]["requests.cpu"] == "6250m"
-    assert tenant["usage"]["requests.memory"] == "6656Mi"
-    assert tenant["usage"]["pods"] == "3"
+    assert tenant["used"]["requests.cpu"] == "6250m"
+    assert tenant["used"]["requests.memory"] == "6656Mi"
+    assert tenant["used"]["pods"] == "3"
     by_name = {(o["kind"], o["name"]): o for o in tenant["objects"]}
     vm1 = by_name[("VirtualMachineInstance", "vm1")]
     assert vm1["state"] == "running" and vm1["counts"]["requests.cpu"] == "4" and vm1["reason"]
@@ -71,7 +71,7 @@ def test_json_virtual_resources(capsys: pytest.CaptureFixture[str], namespace_fi
     assert launcher["counts"] == {} and launcher["charged"]["pods"] == "1" and launcher["vmi"] == "vm1"
     web = by_name[("Pod", "web")]
     assert web["role"] == "non-vm" and web["counts"] == web["charged"]
-    assert out["namespaces"]["other"]["usage"]["requests.cpu"] == "1"
+    assert out["namespaces"]["other"]["used"]["requests.cpu"] == "1"
     assert capsys.readouterr().err == ""  # notes were read before
 
 
@@ -107,12 +107,12 @@ def test_ratio_defaults_to_the_kubevirt_cr(capsys: pytest.CaptureFixture[str], t
     }
     path = write(tmp_path, [v, kv])
     out = run_json(capsys, "--mode", "VirtualResourcesWithCPUAllocationRatio", "-f", path)
-    assert out["namespaces"]["tenant"]["usage"]["requests.cpu"] == "1"
+    assert out["namespaces"]["tenant"]["used"]["requests.cpu"] == "1"
     cr = write(
         tmp_path, [dict(kv, spec={"configuration": {"developerConfiguration": {"cpuAllocationRatio": 2}}})], "kv.yaml"
     )
     out = run_json(capsys, "--mode", "VirtualResourcesWithCPUAllocationRatio", "--kubevirt-config", cr, "-f", path)
-    assert out["namespaces"]["tenant"]["usage"]["requests.cpu"] == "4"
+    assert out["namespaces"]["tenant"]["used"]["requests.cpu"] == "4"
 
 
 def test_kubevirt_version_overrides_the_version_of_a_kubevirt_config_file(
@@ -129,7 +129,7 @@ def test_kubevirt_version_overrides_the_version_of_a_kubevirt_config_file(
     err = bad(capsys, "--mode", mode, *files)
     assert "kv.yaml: KubeVirt kubevirt/kubevirt: status.observedKubeVirtVersion" in err and "v0.1.0" in err
     out = run_json(capsys, "--mode", mode, "--kubevirt-version", "v1.9", *files)
-    assert out["namespaces"]["tenant"]["usage"]["requests.cpu"] == "1", "the file's ratio, with the given version"
+    assert out["namespaces"]["tenant"]["used"]["requests.cpu"] == "1", "the file's ratio, with the given version"
 
 
 @pytest.mark.parametrize("given_as", ["in the file", "--kubevirt-config"])
@@ -149,7 +149,7 @@ def test_a_kubevirt_newer_than_known_is_estimated_as_main_and_said_so(
     def usage(*version: str) -> tuple[object, str]:
         assert main(["usage", "--mode", "VmiPodUsage", *version, *files, "-o", "json"]) == 0
         got = capsys.readouterr()
-        return json.loads(got.out)["namespaces"]["tenant"]["usage"], got.err
+        return json.loads(got.out)["namespaces"]["tenant"]["used"], got.err
 
     fallback, err = usage()
     note = "KubeVirt v1.42.0 is newer than this build knows (up to v1.9): launcher pods are estimated as for main"
@@ -189,7 +189,7 @@ def test_stdin(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["namespaces"]["tenant"]["usage"]["requests.cpu"] == "3"
+    assert json.loads(proc.stdout)["namespaces"]["tenant"]["used"]["requests.cpu"] == "3"
 
 
 def bad(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -239,7 +239,7 @@ def test_the_building_blocks_give_plain_json(namespace_file: str) -> None:
     )
     data = {ns: namespace_json(u) for ns, u in results.items()}
     assert json.loads(json.dumps(data)) == data
-    assert data["tenant"]["usage"]["requests.cpu"] == data["tenant"]["usage"]["cpu"]
+    assert data["tenant"]["used"]["requests.cpu"] == data["tenant"]["used"]["cpu"]
     assert "ConfigMap" in notes.getvalue()
 
 
@@ -292,7 +292,7 @@ def test_vms_are_admitted_against_the_managed_quota_in_creation_order(
     tenant = json.loads(captured.out)["namespaces"]["tenant"]
     quota = tenant["quotas"]["vm-size"]
     assert quota["budget"]["limits.memory"] == "64Gi"
-    assert quota["usage"]["limits.memory"] == "64Gi" and quota["overBudget"] == []
+    assert quota["used"]["limits.memory"] == "64Gi" and quota["overBudget"] == []
     states = {o["name"]: o["state"] for o in tenant["objects"] if o["kind"] == "VirtualMachineInstance"}
     assert states == {"vm1": "admitted", "vm2": "admitted", "vm3": "admitted", "vm4": "admitted", "vm5": "refused"}
     vm5 = next(o for o in tenant["objects"] if o["name"] == "vm5")
@@ -323,4 +323,4 @@ def test_without_a_managed_quota_or_mode_nothing_is_accounted_and_it_says_why(
     assert "note: skipping namespace a: no managed ResourceQuota in the input and no --mode" in captured.err
     assert main(["usage", "--mode", "VirtualResources", "-f", both, "-o", "json"]) == 0  # --mode: the rest too
     out = json.loads(capsys.readouterr().out)["namespaces"]
-    assert out["a"]["usage"]["limits.memory"] == "16Gi" and "quotas" in out["b"]
+    assert out["a"]["used"]["limits.memory"] == "16Gi" and "quotas" in out["b"]

@@ -208,7 +208,7 @@ class World:
     def account(self) -> NamespaceUsage:
         usage = account_namespace([normalize(o) for o in self.objs.values()], now=NOW, config=self.config)
         for name, q in usage.quotas.items():  # what the ledger publishes passes the enforcer's bound
-            terms = {"budget": q.policy.budget, "pods": q.pod_usage, "reserved": q.reserved, "hard": q.hard}
+            terms = {"budget": q.policy.budget, "pods": q.pods, "reserved": q.reserved, "hard": q.hard}
             check_hard_bound(terms, name)
         return usage
 
@@ -275,12 +275,12 @@ class World:
             for e in pending if not admitted else []:
                 vmi = self.objs[("VirtualMachineInstance", e.name)]
                 pod = usage_of(self.launcher(vmi))
-                assert fits(pod, q.pod_usage, q.hard), f"refused VM {e.name} would get in natively"
+                assert fits(pod, q.pods, q.hard), f"refused VM {e.name} would get in natively"
             if not admitted:
                 return
             vmi = self.objs[("VirtualMachineInstance", admitted[0].name)]
             pod = self.launcher(vmi)  # (KubeVirt names it in the VMI's status.activePods)
-            assert fits(usage_of(pod), q.pod_usage, q.hard) == [], f"admitted VM {admitted[0].name} refused natively"
+            assert fits(usage_of(pod), q.pods, q.hard) == [], f"admitted VM {admitted[0].name} refused natively"
             self.put(pod)
             self.put(vmi | {"status": {**vmi["status"], "phase": "Running", "nodeName": "n1"}})
             self.check_within_budget(f"VM {admitted[0].name}")
@@ -301,7 +301,7 @@ class World:
         before = self.account().quotas["rq"]
         if not expect:  # refused even before the ledger has seen the VMI
             pod = usage_of(self.launcher(vmi))
-            assert fits(pod, before.pod_usage, before.hard), "VM refused in mode terms is admitted natively"
+            assert fits(pod, before.pods, before.hard), "VM refused in mode terms is admitted natively"
         self.put(vmi)
         state = next(e.state for e in self.account().vms if e.name == name)
         assert state == (ADMITTED if expect else REFUSED)
@@ -312,11 +312,11 @@ class World:
         """A non-VM pod, created only if native admission lets it in."""
         pod = pod_obj(self.fresh("pod"), {"cpu": f"{cpu_milli}m", "memory": f"{mem_mib}Mi"}, t=self.tick())
         q = self.account().quotas["rq"]
-        refused = fits(usage_of(pod), q.pod_usage, q.hard)
+        refused = fits(usage_of(pod), q.pods, q.hard)
         event("non-VM pod refused" if refused else "non-VM pod admitted")
         if not refused:
             self.put(pod)
-            used = self.account().quotas["rq"].accounted
+            used = self.account().quotas["rq"].used
             assert all(used.get(r, ZERO) <= b for r, b in self.budget.items() if r not in VMI_NAMES)
             self.check_within_budget("a non-VM pod")
         self.settle()
@@ -339,7 +339,7 @@ class World:
             {"kind": "VirtualMachineInstance", "name": meta["name"], "uid": meta["uid"]}
         ]
         if self.tenant_creates(pod, "forged launcher pod"):
-            used = self.account().quotas["rq"].accounted
+            used = self.account().quotas["rq"].used
             assert all(used.get(r, ZERO) <= b for r, b in self.budget.items() if r not in VMI_NAMES), "forged pod"
         self.settle()
 
@@ -369,7 +369,7 @@ class World:
     def tenant_creates(self, pod: dict[str, Any], what: str) -> bool:
         """The tenant's forged pod, created (and remembered as forged) only if native admission lets it in."""
         q = self.account().quotas["rq"]
-        refused = fits(usage_of(pod), q.pod_usage, q.hard)
+        refused = fits(usage_of(pod), q.pods, q.hard)
         event(f"{what} refused" if refused else f"{what} admitted")
         if not refused:
             self.put(pod)
@@ -385,7 +385,7 @@ class World:
         q = self.account().quotas["rq"] if in_effect is None else in_effect
         if any(v.nanos > 0 for v in q.reserved.values()):
             return
-        pods = self.account().quotas["rq"].pod_usage  # (what the quota charges now)
+        pods = self.account().quotas["rq"].pods  # (what the quota charges now)
         room = {r: h - pods.get(r, ZERO) for r, h in q.hard.items() if q.factors.get(r) is not None}
         if any(room[r] < Q("1") for r in COUNT_NAMES if r in room):
             return
@@ -441,11 +441,11 @@ class World:
             f"growth {more} {'fits' if expect else 'does not fit'}: {entry}"
         )
         q = self.account().quotas["rq"]
-        if fits(usage_of(target), q.pod_usage, q.hard):  # refused natively: KubeVirt says so, vmquota reacts
+        if fits(usage_of(target), q.pods, q.hard):  # refused natively: KubeVirt says so, vmquota reacts
             rejected = [{"type": "migrationRejectedByResourceQuota", "status": "True"}]
             self.put(m | {"status": {"phase": "Pending", "conditions": rejected}})
             q = self.account().quotas["rq"]
-        refused = fits(usage_of(target), q.pod_usage, q.hard)
+        refused = fits(usage_of(target), q.pods, q.hard)
         if not expect:
             assert refused, "the target of a hotplug whose growth does not fit gets in natively"
             event("hotplug refused")
@@ -521,13 +521,13 @@ class World:
         for vmi, m, _ in migrations:
             q = self.account().quotas["rq"]
             target = self.launcher(vmi, migration_uid=m["metadata"]["uid"], node="n2")
-            if fits(usage_of(target), q.pod_usage, q.hard):
+            if fits(usage_of(target), q.pods, q.hard):
                 # refused natively: KubeVirt reports it on the migration, and vmquota then makes room (only then)
                 event("migration target refused once")
                 rejected = [{"type": "migrationRejectedByResourceQuota", "status": "True"}]
                 self.put(m | {"status": {"phase": "Pending", "conditions": rejected}})
                 q = self.account().quotas["rq"]
-                assert fits(usage_of(target), q.pod_usage, q.hard) == [], "migration target refused twice"
+                assert fits(usage_of(target), q.pods, q.hard) == [], "migration target refused twice"
             self.put(target)
             self.put(m | {"status": {"phase": "Running"}})
         for vmi, m, source in migrations:
@@ -548,7 +548,7 @@ class World:
             self.delete("VirtualMachineInstanceMigration", m["metadata"]["name"])
         assert self.hard() == before, "hard did not come back after the migrations"
         event(f"{len(migrations)} concurrent migration(s)")
-        if any(b - self.account().quotas["rq"].accounted.get(r, ZERO) < Q("1") for r, b in self.budget.items()):
+        if any(b - self.account().quotas["rq"].used.get(r, ZERO) < Q("1") for r, b in self.budget.items()):
             event("migrated with the budget (nearly) used up")
 
     def check_stale_hard(self, stale: Any) -> None:
@@ -559,8 +559,8 @@ class World:
         for r, h in stale.hard.items():
             if fresh.factors.get(r) is None:
                 continue
-            room_stale = h - fresh.pod_usage.get(r, ZERO)
-            room_fresh = fresh.hard[r] - fresh.pod_usage.get(r, ZERO)
+            room_stale = h - fresh.pods.get(r, ZERO)
+            room_fresh = fresh.hard[r] - fresh.pods.get(r, ZERO)
             assert room_stale <= max(room_fresh, ZERO), f"{r}: a pod ending opens {room_stale - room_fresh} of room"
 
     # ---- the replay property

@@ -121,15 +121,13 @@ class Outcome(Enum):
     """A kind this ledger does not fold (accounting does not read it)."""
 
 
-class Record:
-    """The newest version of one object: a snapshot, or a tombstone (``snapshot is None``)."""
+class Record(msgspec.Struct, frozen=True, gc=False):
+    """The newest version of one object: a snapshot, or a tombstone (``snapshot is None``). Replaced, never
+    changed (one is made for every event folded: a Struct is made in C)."""
 
-    __slots__ = ("rv", "seq", "snapshot")
-
-    def __init__(self, rv: int, seq: int, snapshot: Snapshot | None) -> None:
-        self.rv = rv
-        self.seq = seq
-        self.snapshot = snapshot
+    rv: int
+    seq: int
+    snapshot: Snapshot | None
 
 
 class _CkRecord(msgspec.Struct, array_like=True):
@@ -392,9 +390,8 @@ class Ledger:
 
     def apply(self, ev: Upserted | Deleted | Sync, seq: int) -> Outcome:
         """Fold one decoded event found at stream sequence ``seq``."""
-        if type(ev) is Sync:
+        if isinstance(ev, Sync):
             return self._apply_sync(ev, seq)
-        assert not isinstance(ev, Sync)
         kind = ev.kind
         if self.kinds is not None and kind not in self.kinds:
             return Outcome.UNTRACKED

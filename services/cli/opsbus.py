@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -120,6 +121,10 @@ async def connect(args: argparse.Namespace) -> Any:
         raise BusUnavailable(f"cannot reach NATS at {args.nats} ({why.strip()}): check --nats (VMQUOTA_NATS)") from None
 
 
+_BUFFERED = 10_000
+"""Messages :func:`messages` holds that its reader has not taken; then the subscription waits."""
+
+
 async def read(js: Any, stream: str, subject: str, *, since: datetime | None = None) -> list[Msg]:
     """Every message of ``stream`` on ``subject`` stored now (from ``since``, when given), in stream order,
     through an ordered consumer."""
@@ -157,10 +162,19 @@ async def messages(
 
     from services.platform.bus import position
 
-    arrived: asyncio.Queue[Msg] = asyncio.Queue(maxsize=10_000)
+    # Messages arrive by the subscription's callback and wait in ``arrived`` for the reader (a replay reads millions:
+    # a deque and two events cost a third of an asyncio.Queue's put and get per message).
+    arrived: deque[Msg] = deque()
+    came = asyncio.Event()  # (set when a message arrives)
+    room = asyncio.Event()  # (cleared while ``arrived`` is full)
+    room.set()
 
     async def on_msg(m: Msg) -> None:
-        await arrived.put(m)  # (full: the client stops answering the server's flow control, which then waits)
+        if len(arrived) >= _BUFFERED:
+            room.clear()
+            await room.wait()  # (full: the client stops answering the server's flow control, which then waits)
+        arrived.append(m)
+        came.set()
 
     try:
         sub = await js.subscribe(
@@ -179,13 +193,16 @@ async def messages(
     try:
         last = info.state.last_seq
         while True:
-            try:
-                m = arrived.get_nowait()  # (no timer per message while they are there: a replay reads millions)
-            except asyncio.QueueEmpty:
+            if not arrived:  # (no timer per message while they are there: a replay reads millions)
+                came.clear()
                 try:
-                    m = await asyncio.wait_for(arrived.get(), None if follow else 1.0)
+                    await asyncio.wait_for(came.wait(), None if follow else 1.0)
                 except TimeoutError:
                     return  # nothing (more) on this subject
+                continue
+            m = arrived.popleft()
+            if len(arrived) <= _BUFFERED // 2 and not room.is_set():
+                room.set()
             yield m
             at = position(m)
             if not follow and (at.stream >= last or at.pending == 0):

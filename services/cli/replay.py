@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from services.cli import opsbus
+from services.platform.bus import position
 from shared import contract, report
 from shared.accounting.wire import account
 from shared.errors import InvalidInput
@@ -136,7 +137,7 @@ async def main(args: argparse.Namespace) -> int:
         pending = (c[2] for c in checks)
         nxt = next(pending, None)
         async for m in opsbus.messages(js, contract.EVENTS_STREAM, cluster_subject):
-            seq = m.metadata.sequence.stream
+            seq = position(m).stream
             if at is not None and r.events == 0 and _stamp(m) > at:
                 raise InvalidInput(
                     f"{at.isoformat()} is before the retained history (the events stream starts at "

@@ -572,13 +572,14 @@ def decode_event(data: bytes) -> Upserted | Deleted | Sync:
     rv = ev.resource_version
     if not (rv.isascii() and rv.isdigit() and len(rv) <= 19):
         resource_version(rv)
-    if isinstance(ev, Sync):
+    if type(ev) is Sync:
         if kind in CLUSTER_SCOPED_KINDS:
             if ev.namespace != CLUSTER_TOKEN:
                 raise InvalidInput(f"a sync of {kind} must have namespace {CLUSTER_TOKEN!r}", "namespace")
         elif not _known_label(ev.namespace):
             check_namespace(ev.namespace)
         return ev
+    ev = cast("Upserted | Deleted", ev)  # (not ``isinstance``: 65 ns on a Struct class, every event)
     if not ev.uid:
         raise InvalidInput("empty uid", f"{_where(ev)}: uid")
     snap = ev.snapshot

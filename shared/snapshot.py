@@ -275,11 +275,7 @@ _SHARED_POD_LISTS: dict[tuple[str | int, ...], tuple[dict[str, Quantity], ...]] 
 def _shared_pod_resources(
     requests: dict[str, Quantity], limits: dict[str, Quantity], usage: dict[str, Quantity]
 ) -> tuple[dict[str, Quantity], ...]:
-    """:func:`shared_resources` of a pod's three lists at once (one key, one lookup: every pod event). Shared
-    lists are themselves (the events decoder hands them out)."""
-    ids = _SHARED_LIST_IDS
-    if ids.get(id(requests)) is requests and ids.get(id(limits)) is limits and ids.get(id(usage)) is usage:
-        return requests, limits, usage
+    """:func:`shared_resources` of a pod's three lists at once (one key, one lookup: every pod event)."""
     key: tuple[str | int, ...] = (
         *requests,
         *map(id, requests.values()),
@@ -435,11 +431,17 @@ class PodSnapshot(Snapshot, tag=POD_KIND, frozen=True, kw_only=True):
     priority_class_name: str = ""
 
     def __post_init__(self) -> None:  # on construction and on decode (every pod event the ledger folds: inlined)
-        setattr_, intern = _set, _intern
-        requests, limits, usage = _shared_pod_resources(self.requests, self.limits, self.usage)
-        setattr_(self, "requests", requests)
-        setattr_(self, "limits", limits)
-        setattr_(self, "usage", usage)
+        setattr_, intern, shared = _set, _intern, _SHARED_LIST_IDS
+        requests, limits, usage = self.requests, self.limits, self.usage
+        if (
+            shared.get(id(requests)) is not requests
+            or shared.get(id(limits)) is not limits
+            or shared.get(id(usage)) is not usage
+        ):  # (shared lists are themselves: the events decoder hands them out)
+            requests, limits, usage = _shared_pod_resources(requests, limits, usage)
+            setattr_(self, "requests", requests)
+            setattr_(self, "limits", limits)
+            setattr_(self, "usage", usage)
         setattr_(self, "namespace", intern(self.namespace))
         setattr_(self, "uid", intern(self.uid))  # (the name is the pod's own: nothing to share it with)
         setattr_(self, "phase", intern(self.phase))
@@ -706,12 +708,13 @@ _POD_LISTS: dict[tuple[bytes, bytes, bytes], tuple[dict[str, Quantity], ...]] = 
 _VMI_SPECS: dict[bytes, dict[str, Any]] = {}
 
 
-def _text(raw: msgspec.Raw | msgspec.UnsetType) -> bytes:
-    return b"{}" if raw is msgspec.UNSET else bytes(raw)  # (absent: the default, no resources, no spec)
-
-
 def _pod_lists(requests: Any, limits: Any, usage: Any) -> tuple[dict[str, Quantity], ...]:
-    key = (_text(requests), _text(limits), _text(usage))
+    unset = msgspec.UNSET  # (absent: the default, an empty list)
+    key = (
+        b"{}" if requests is unset else bytes(requests),
+        b"{}" if limits is unset else bytes(limits),
+        b"{}" if usage is unset else bytes(usage),
+    )
     found = _POD_LISTS.get(key)
     if found is None:
         found = tuple(shared_resources(_RESOURCES_DECODER.decode(text)) for text in key)
@@ -723,7 +726,7 @@ def _pod_lists(requests: Any, limits: Any, usage: Any) -> tuple[dict[str, Quanti
 
 
 def _vmi_spec(raw: Any) -> dict[str, Any]:
-    text = _text(raw)
+    text = b"{}" if raw is msgspec.UNSET else bytes(raw)  # (absent: the default, no spec)
     found = _VMI_SPECS.get(text)
     if found is None:
         found = compact_vmi_spec(_SPEC_DECODER.decode(text))

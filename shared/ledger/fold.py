@@ -24,7 +24,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
-from typing import Final
+from typing import Final, cast
 
 import msgspec
 
@@ -119,6 +119,10 @@ class Outcome(Enum):
     (it is the newest), but the namespace's usage cannot have changed."""
     UNTRACKED = "untracked"
     """A kind this ledger does not fold (accounting does not read it)."""
+
+
+_APPLIED: Final = Outcome.APPLIED  # (a member read through its Enum class costs 60 ns: every event's outcomes)
+_REFRESHED: Final = Outcome.REFRESHED
 
 
 class Record(msgspec.Struct, frozen=True, gc=False):
@@ -233,7 +237,7 @@ class NamespaceState:
             self.replaced = rec.snapshot if rec is not None else None
             recs[uid] = Record(rv, seq, ev.snapshot)
             self._live.pop(kind, None)
-            return Outcome.REFRESHED if refreshed else Outcome.APPLIED
+            return _REFRESHED if refreshed else _APPLIED
         if rec is not None and (rv < rec.rv or (rv == rec.rv and rec.snapshot is None)):
             return Outcome.STALE
         if rec is None and rv <= self.floors.get(kind, -1):
@@ -390,8 +394,9 @@ class Ledger:
 
     def apply(self, ev: Upserted | Deleted | Sync, seq: int) -> Outcome:
         """Fold one decoded event found at stream sequence ``seq``."""
-        if isinstance(ev, Sync):
+        if type(ev) is Sync:
             return self._apply_sync(ev, seq)
+        ev = cast("Upserted | Deleted", ev)  # (not ``isinstance``: 65 ns on a Struct class, every event)
         kind = ev.kind
         if self.kinds is not None and kind not in self.kinds:
             return Outcome.UNTRACKED
@@ -406,13 +411,13 @@ class Ledger:
             st = self._state(key)
         outcome = st.apply(ev, seq, compare=key not in self.changed)  # a namespace to account anyway: no need
         self.replaced, st.replaced = st.replaced, None  # (held for this call only)
-        if outcome is Outcome.APPLIED:
+        if outcome is _APPLIED:
             if key[1] == CLUSTER_WIDE:
                 self._mark(key)
             else:
                 self.unsaved.add(key)
                 self.changed.add(key)
-        elif outcome is Outcome.REFRESHED:
+        elif outcome is _REFRESHED:
             self.unsaved.add(key)
         return outcome
 

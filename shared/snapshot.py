@@ -646,8 +646,14 @@ def encode(snapshot: Snapshot) -> bytes:
 
 
 def decode(data: bytes | str) -> AnySnapshot:
-    """Decode any snapshot; msgspec.ValidationError (a ValueError) on a malformed one."""
-    return _DECODER.decode(data)
+    """Decode any snapshot; msgspec.ValidationError (a ValueError) on a malformed one. (Read as
+    :data:`WIRE_SNAPSHOT` first: :func:`from_wire`; anything that does not read so is decoded again as
+    :data:`AnySnapshot`, which says what is wrong.)"""
+    try:
+        snap: AnySnapshot = from_wire(_WIRE_DECODER.decode(data))
+    except Exception:
+        return _DECODER.decode(data)
+    return snap
 
 
 def to_builtins(snapshot: Snapshot) -> Any:
@@ -804,3 +810,6 @@ def from_wire(w: Any) -> Any:
     gives (None stays None). Raises like that decoding (``msgspec.ValidationError``) on a part it refuses."""
     make = _FROM_WIRE.get(type(w))
     return w if make is None else make(w)
+
+
+_WIRE_DECODER: Final = msgspec.json.Decoder(WIRE_SNAPSHOT, dec_hook=dec_hook)

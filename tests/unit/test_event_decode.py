@@ -1,7 +1,8 @@
 """``contract.decode_event`` reads events with a fast path (``decode_event_fast``: a pod's resource lists and a VMI's
 spec read as JSON text, each distinct text decoded once) and falls back to the plain decoder (``decode_event_plain``)
 on what the fast path does not take. Both give the same events, quantities printed the same way; and
-``decode_event`` gives what it gives without the fast path: the same event or the same error."""
+``decode_event`` gives what it gives without the fast path: the same event or the same error. ``snapshot.decode``
+reads a snapshot alone the same way."""
 
 from __future__ import annotations
 
@@ -90,12 +91,22 @@ _OTHER: st.SearchStrategy[dict[str, Any]] = st.sampled_from(
 
 
 @st.composite
-def _event(draw: st.DrawFn) -> bytes:
+def _snapshot(draw: st.DrawFn) -> dict[str, Any]:
     snap: dict[str, Any] = dict(draw(_pod() | _vmi() | _OTHER))
-    kind = snap["kind"]
     if draw(st.integers(0, 3)) == 0:  # malformed: a field of the snapshot replaced by anything
         field = draw(st.sampled_from(["requests", "limits", "usage", "spec", "memoryOverhead", "labels", "kind"]))
         snap[field] = draw(_JSON | _BAD_QUANTITY | st.dictionaries(_RESOURCE_NAMES, _BAD_QUANTITY, min_size=1))
+    return snap
+
+
+def _json(doc: Any, compact: bool) -> bytes:
+    return json.dumps(doc, separators=(",", ":") if compact else None).encode()
+
+
+@st.composite
+def _event(draw: st.DrawFn) -> bytes:
+    snap = draw(_snapshot())
+    kind = snap["kind"] if isinstance(snap["kind"], str) else "Pod"
     doc: dict[str, Any] = {
         "type": draw(st.sampled_from(["io.vmquota.event.upserted", "io.vmquota.event.deleted"])),
         "id": "c1/Pod/u-1/7/upserted",
@@ -111,7 +122,7 @@ def _event(draw: st.DrawFn) -> bytes:
     }
     if doc["type"] == "io.vmquota.event.upserted" or draw(st.booleans()):
         doc["snapshot"] = snap
-    return json.dumps(doc, separators=(",", ":") if draw(st.booleans()) else None).encode()
+    return _json(doc, draw(st.booleans()))
 
 
 def _without_the_fast_path(data: bytes) -> contract.ObjectEvent:
@@ -148,6 +159,21 @@ def test_the_fast_path_gives_what_the_plain_decoder_gives(data: bytes) -> None:
 @given(_event())
 def test_decode_event_gives_the_same_event_or_the_same_error_without_the_fast_path(data: bytes) -> None:
     assert _outcome(contract.decode_event, data) == _outcome(_without_the_fast_path, data)
+
+
+@settings(max_examples=300)
+@given(_snapshot(), st.booleans())
+def test_a_snapshot_alone_decodes_as_the_plain_decoder_decodes_it(doc: dict[str, Any], compact: bool) -> None:
+    data = _json(doc, compact)
+    try:
+        plain = snapshot._DECODER.decode(data)
+    except msgspec.ValidationError as e:
+        with pytest.raises(msgspec.ValidationError) as refused:
+            snapshot.decode(data)
+        assert str(refused.value) == str(e)
+        return
+    got = snapshot.decode(data)
+    assert type(got) is type(plain) and got == plain and snapshot.encode(got) == snapshot.encode(plain)
 
 
 @pytest.mark.parametrize(

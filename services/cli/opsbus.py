@@ -163,18 +163,20 @@ async def messages(
     from services.platform.bus import position
 
     # Messages arrive by the subscription's callback and wait in ``arrived`` for the reader (a replay reads millions:
-    # a deque and two events cost a third of an asyncio.Queue's put and get per message).
+    # a deque, and an event only when one side waits for the other, cost a fifth of an asyncio.Queue's put and get).
     arrived: deque[Msg] = deque()
-    came = asyncio.Event()  # (set when a message arrives)
-    room = asyncio.Event()  # (cleared while ``arrived`` is full)
-    room.set()
+    came, room = asyncio.Event(), asyncio.Event()  # (a message for the waiting reader; room for the waiting callback)
+    reader_waits = callback_waits = False
 
     async def on_msg(m: Msg) -> None:
+        nonlocal callback_waits
         if len(arrived) >= _BUFFERED:
+            callback_waits = True
             room.clear()
             await room.wait()  # (full: the client stops answering the server's flow control, which then waits)
         arrived.append(m)
-        came.set()
+        if reader_waits:
+            came.set()
 
     try:
         sub = await js.subscribe(
@@ -195,13 +197,17 @@ async def messages(
         while True:
             if not arrived:  # (no timer per message while they are there: a replay reads millions)
                 came.clear()
+                reader_waits = True
                 try:
                     await asyncio.wait_for(came.wait(), None if follow else 1.0)
                 except TimeoutError:
                     return  # nothing (more) on this subject
+                finally:
+                    reader_waits = False
                 continue
             m = arrived.popleft()
-            if len(arrived) <= _BUFFERED // 2 and not room.is_set():
+            if callback_waits and len(arrived) <= _BUFFERED // 2:
+                callback_waits = False
                 room.set()
             yield m
             at = position(m)

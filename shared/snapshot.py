@@ -714,37 +714,18 @@ _POD_LISTS: dict[tuple[bytes, bytes, bytes], tuple[dict[str, Quantity], ...]] = 
 _VMI_SPECS: dict[bytes, dict[str, Any]] = {}
 
 
-def _pod_lists(requests: Any, limits: Any, usage: Any) -> tuple[dict[str, Quantity], ...]:
+def _pod_from_wire(w: Any) -> PodSnapshot:
     unset = msgspec.UNSET  # (absent: the default, an empty list)
-    key = (
-        b"{}" if requests is unset else bytes(requests),
-        b"{}" if limits is unset else bytes(limits),
-        b"{}" if usage is unset else bytes(usage),
-    )
-    found = _POD_LISTS.get(key)
-    if found is None:
-        found = tuple(shared_resources(_RESOURCES_DECODER.decode(text)) for text in key)
+    r, lim, u = w.requests, w.limits, w.usage
+    key = (b"{}" if r is unset else bytes(r), b"{}" if lim is unset else bytes(lim), b"{}" if u is unset else bytes(u))
+    lists = _POD_LISTS.get(key)
+    if lists is None:
+        lists = tuple(shared_resources(_RESOURCES_DECODER.decode(text)) for text in key)
         if sum(map(len, key)) <= _MEMO_TEXT_BYTES:
             if len(_POD_LISTS) >= _MEMO_ENTRIES:
                 _POD_LISTS.clear()
-            _POD_LISTS[key] = found
-    return found
-
-
-def _vmi_spec(raw: Any) -> dict[str, Any]:
-    text = b"{}" if raw is msgspec.UNSET else bytes(raw)  # (absent: the default, no spec)
-    found = _VMI_SPECS.get(text)
-    if found is None:
-        found = compact_vmi_spec(_SPEC_DECODER.decode(text))
-        if len(text) <= _MEMO_TEXT_BYTES:
-            if len(_VMI_SPECS) >= _MEMO_ENTRIES:
-                _VMI_SPECS.clear()
-            _VMI_SPECS[text] = found
-    return found
-
-
-def _pod_from_wire(w: Any) -> PodSnapshot:
-    requests, limits, usage = _pod_lists(w.requests, w.limits, w.usage)
+            _POD_LISTS[key] = lists
+    requests, limits, usage = lists
     return PodSnapshot(
         schema=w.schema,
         uid=w.uid,
@@ -770,6 +751,14 @@ def _pod_from_wire(w: Any) -> PodSnapshot:
 
 
 def _vmi_from_wire(w: Any) -> VmiSnapshot:
+    text = b"{}" if w.spec is msgspec.UNSET else bytes(w.spec)  # (absent: the default, no spec)
+    spec = _VMI_SPECS.get(text)
+    if spec is None:
+        spec = compact_vmi_spec(_SPEC_DECODER.decode(text))
+        if len(text) <= _MEMO_TEXT_BYTES:
+            if len(_VMI_SPECS) >= _MEMO_ENTRIES:
+                _VMI_SPECS.clear()
+            _VMI_SPECS[text] = spec
     return VmiSnapshot(
         schema=w.schema,
         uid=w.uid,
@@ -793,7 +782,7 @@ def _vmi_from_wire(w: Any) -> VmiSnapshot:
         active_pods=w.active_pods,
         pod_refused=w.pod_refused,
         priority_class_name=w.priority_class_name,
-        spec=_vmi_spec(w.spec),
+        spec=spec,
     )
 
 

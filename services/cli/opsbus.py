@@ -163,7 +163,7 @@ async def messages(
     from services.platform.bus import position
 
     # Messages arrive by the subscription's callback and wait in ``arrived`` for the reader (a replay reads millions:
-    # a deque, and an event only when one side waits for the other, cost a fifth of an asyncio.Queue's put and get).
+    # a deque, and an event only when one side waits for the other, cost a third of an asyncio.Queue's put and get).
     arrived: deque[Msg] = deque()
     came, room = asyncio.Event(), asyncio.Event()  # (a message for the waiting reader; room for the waiting callback)
     reader_waits = callback_waits = False

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
 
 import msgspec
 
@@ -35,7 +35,7 @@ from shared.kinds import (
     VMI_KIND,
     VMIM_KIND,
 )
-from shared.snapshot import AnySnapshot, dec_hook, enc_hook
+from shared.snapshot import WIRE_SNAPSHOT, AnySnapshot, dec_hook, enc_hook, from_wire, wire_variant
 
 SCHEMA: Final = 1
 """Version of this contract. Raised only for an incompatible change; additive fields keep it."""
@@ -528,6 +528,9 @@ class DeadLetter(_Message, frozen=True, kw_only=True, tag=DEAD_LETTER):
 
 _ENCODER: Final = msgspec.json.Encoder(enc_hook=enc_hook)
 _EVENT_DECODER: Final = msgspec.json.Decoder(ObjectEvent, dec_hook=dec_hook)
+_WireUpserted: Final = wire_variant(Upserted, snapshot=WIRE_SNAPSHOT)
+_WireDeleted: Final = wire_variant(Deleted, snapshot=WIRE_SNAPSHOT | None)
+_FAST_EVENT_DECODER: Final = msgspec.json.Decoder(_WireUpserted | _WireDeleted | Sync, dec_hook=dec_hook)
 _USAGE_DECODER: Final = msgspec.json.Decoder(UsageSnapshot)
 _DECISION_DECODER: Final = msgspec.json.Decoder(Decision)
 _DLQ_DECODER: Final = msgspec.json.Decoder(DeadLetter)
@@ -560,14 +563,12 @@ def _known_label(s: str) -> bool:
 def decode_event(data: bytes) -> Upserted | Deleted | Sync:
     """Decode and validate an object event; :class:`InvalidInput` says what is wrong and where."""
     try:
-        ev = _EVENT_DECODER.decode(data)
-    except msgspec.ValidationError as e:
-        raise InvalidInput(f"invalid event: {e}", "event") from None
-    except msgspec.DecodeError as e:
-        raise InvalidInput(f"not a JSON event: {e}", "event") from None
+        ev = decode_event_fast(data)
+    except Exception:  # (malformed: the plain decoder, again, says what is wrong exactly as it always did)
+        ev = decode_event_plain(data)
     if ev.schema != SCHEMA:
         _check_schema(ev.schema)
-    if not _known_label(ev.cluster):
+    if ev.cluster not in _KNOWN_LABELS and not _known_label(ev.cluster):  # (the set first: every event)
         check_cluster(ev.cluster)
     kind = ev.kind
     if kind not in KIND_TOKENS:
@@ -582,7 +583,8 @@ def decode_event(data: bytes) -> Upserted | Deleted | Sync:
         elif not _known_label(ev.namespace):
             check_namespace(ev.namespace)
         return ev
-    assert isinstance(ev, (Upserted, Deleted))
+    if TYPE_CHECKING:  # (``isinstance`` on a Struct class costs 65 ns: every event)
+        assert not isinstance(ev, Sync)
     if not ev.uid:
         raise InvalidInput("empty uid", f"{_where(ev)}: uid")
     snap = ev.snapshot
@@ -601,11 +603,60 @@ def decode_event(data: bytes) -> Upserted | Deleted | Sync:
         if ev.name and snap.name != ev.name:
             raise InvalidInput(f"snapshot name {snap.name!r} differs from the event's", f"{_where(ev)}: snapshot.name")
     if kind not in CLUSTER_SCOPED_KINDS:
-        if not _known_label(ev.namespace):
+        if ev.namespace not in _KNOWN_LABELS and not _known_label(ev.namespace):
             check_namespace(ev.namespace, f"{_where(ev)}: namespace")
     elif kind == NAMESPACE_KIND and not _known_label(ev.name):
         check_namespace(ev.name, f"{_where(ev)}: name")
     return ev
+
+
+def decode_event_plain(data: bytes) -> ObjectEvent:
+    """What :func:`decode_event` decodes, before it validates: msgspec's decoding of :data:`ObjectEvent`."""
+    try:
+        return _EVENT_DECODER.decode(data)
+    except msgspec.ValidationError as e:
+        raise InvalidInput(f"invalid event: {e}", "event") from None
+    except msgspec.DecodeError as e:
+        raise InvalidInput(f"not a JSON event: {e}", "event") from None
+
+
+def decode_event_fast(data: bytes) -> ObjectEvent:
+    """:func:`decode_event_plain`, faster: a pod's resource lists and a VMI's spec are decoded once per distinct
+    JSON text (``shared.snapshot.from_wire``). Equal results for every event the plain decoder takes; on others it
+    raises, not necessarily the same error (:func:`decode_event` then decodes again with the plain decoder)."""
+    w: Any = _FAST_EVENT_DECODER.decode(data)
+    t = type(w)
+    if t is _WireUpserted:
+        return Upserted(
+            schema=w.schema,
+            id=w.id,
+            source=w.source,
+            subject=w.subject,
+            time=w.time,
+            cluster=w.cluster,
+            kind=w.kind,
+            namespace=w.namespace,
+            name=w.name,
+            uid=w.uid,
+            resource_version=w.resource_version,
+            snapshot=from_wire(w.snapshot),
+        )
+    if t is _WireDeleted:
+        return Deleted(
+            schema=w.schema,
+            id=w.id,
+            source=w.source,
+            subject=w.subject,
+            time=w.time,
+            cluster=w.cluster,
+            kind=w.kind,
+            namespace=w.namespace,
+            name=w.name,
+            uid=w.uid,
+            resource_version=w.resource_version,
+            snapshot=from_wire(w.snapshot),
+        )
+    return cast(Sync, w)
 
 
 def _where(ev: Upserted | Deleted) -> str:

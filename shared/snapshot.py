@@ -18,7 +18,7 @@ import sys
 from collections.abc import Mapping
 from datetime import datetime
 from fractions import Fraction
-from typing import Any, ClassVar, Final, cast
+from typing import Any, ClassVar, Final, Union, cast
 
 import msgspec
 
@@ -206,13 +206,19 @@ _SPEC_ENCODER: Final = msgspec.json.Encoder()
 _COMPACT: dict[bytes, dict[str, Any]] = {}
 """The encoded form of each shared pruned spec → that spec (at most ``_COMPACT_MAX``)."""
 _COMPACT_MAX: Final = 4096
+_COMPACT_SHARED: dict[int, dict[str, Any]] = {}
+"""The same specs by ``id`` (alive while ``_COMPACT`` holds them): a shared spec is recognised at once."""
 
 
 def compact_vmi_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     """:func:`prune_vmi_spec`, shared: VMIs of one template or instance type hold one dict (read-only, like the
     snapshot holding it). Specs that do not survive a JSON round trip unchanged are not shared. A spec equal to a
     shared one, with the same JSON form, is that one, without pruning it again (pruning a pruned spec changes
-    nothing): the common case of a snapshot decoded from the wire, whose spec its writer pruned."""
+    nothing): the common case of a snapshot decoded from the wire, whose spec its writer pruned. A shared spec is
+    itself."""
+    known: dict[str, Any] | None = _COMPACT_SHARED.get(id(spec))
+    if known is spec:
+        return known
     try:
         known = _COMPACT.get(_SPEC_ENCODER.encode(spec))
     except (TypeError, ValueError, RecursionError, msgspec.EncodeError):  # (what pruning drops may not encode)
@@ -231,13 +237,17 @@ def compact_vmi_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
             return pruned
         if len(_COMPACT) >= _COMPACT_MAX:
             _COMPACT.clear()  # (more shapes than that: remembered afresh)
-        _COMPACT[key] = shared
+            _COMPACT_SHARED.clear()
+        _COMPACT[key] = _COMPACT_SHARED[id(shared)] = shared
         return shared
     return shared if shared == pruned else pruned
 
 
 _SHARED_LISTS: dict[tuple[str | int, ...], dict[str, Quantity]] = {}
 _SHARED_LISTS_MAX: Final = 4096
+_SHARED_LIST_IDS: dict[int, dict[str, Quantity]] = {}
+"""The shared lists by ``id`` (alive while ``_SHARED_LISTS`` holds them, the empty one always): a shared list is
+recognised at once."""
 
 
 def shared_resources(rl: dict[str, Quantity]) -> dict[str, Quantity]:
@@ -254,7 +264,10 @@ def shared_resources(rl: dict[str, Quantity]) -> dict[str, Quantity]:
     if shared is None:
         if len(_SHARED_LISTS) >= _SHARED_LISTS_MAX:
             _SHARED_LISTS.clear()  # bounded; sharing is an optimisation, never needed for correctness
-        shared = _SHARED_LISTS[key] = dict(rl)
+            _SHARED_LIST_IDS.clear()
+            _SHARED_LIST_IDS[id(_NO_QUANTITIES)] = _NO_QUANTITIES
+        shared = dict(rl)
+        _SHARED_LISTS[key] = _SHARED_LIST_IDS[id(shared)] = shared
     return shared
 
 
@@ -293,23 +306,7 @@ _intern: Final = sys.intern
 _set: Final = msgspec.structs.force_setattr
 _NO_QUANTITIES: Final[dict[str, Quantity]] = {}
 """One empty resource list for every snapshot without one (read-only, like the snapshot holding it)."""
-
-
-def _share_identity(snap: Snapshot) -> None:
-    """Intern the identity strings (namespace, name, uid): a VM's name and uid recur in its VMI, its pods' labels
-    and owner references and every version of them, and a ledger keys its records by the uid."""
-    _set(snap, "namespace", _intern(snap.namespace))
-    _set(snap, "name", _intern(snap.name))
-    _set(snap, "uid", _intern(snap.uid))
-
-
-def _share_values(m: dict[str, str]) -> dict[str, str]:
-    """Intern the values of a label or annotation map in place (node names, app names, versions recur); long
-    values (a JSON annotation) are left as they are."""
-    for k, v in m.items():
-        if len(v) <= 64:
-            m[k] = _intern(v)
-    return m
+_SHARED_LIST_IDS[id(_NO_QUANTITIES)] = _NO_QUANTITIES
 
 
 # ---- snapshots -------------------------------------------------------------------------------------------------
@@ -348,17 +345,26 @@ class VmiSnapshot(Snapshot, tag=VMI_KIND, frozen=True, kw_only=True):
     """The parts of the VMI spec the launcher pod depends on (:func:`compact_vmi_spec`), to re-render it. Read-only:
     VMIs with the same such parts share one dict."""
 
-    def __post_init__(self) -> None:  # on construction and on decode
-        _set(self, "spec", compact_vmi_spec(self.spec))  # old writers sent the whole spec
-        _share_identity(self)
-        _set(self, "phase", _intern(self.phase))
-        _set(self, "node_name", _intern(self.node_name))
-        _share_values(self.labels)
-        _share_values(self.annotations)
+    def __post_init__(self) -> None:  # on construction and on decode (every VMI event the ledger folds: inlined)
+        setattr_, intern = _set, _intern
+        spec = self.spec
+        if _COMPACT_SHARED.get(id(spec)) is not spec:  # (a shared spec is itself: :func:`compact_vmi_spec`)
+            setattr_(self, "spec", compact_vmi_spec(spec))  # old writers sent the whole spec
+        # Identity strings interned: a VM's name and uid recur in its VMI, its pods' labels and owner references and
+        # every version of them, and a ledger keys its records by the uid.
+        setattr_(self, "namespace", intern(self.namespace))
+        setattr_(self, "name", intern(self.name))
+        setattr_(self, "uid", intern(self.uid))
+        setattr_(self, "phase", intern(self.phase))
+        setattr_(self, "node_name", intern(self.node_name))
+        for values in (self.labels, self.annotations):  # values interned (nodes, apps, versions recur) but long ones
+            for k, v in values.items():
+                if len(v) <= 64:
+                    values[k] = intern(v)
         if not self.requests:
-            _set(self, "requests", _NO_QUANTITIES)
+            setattr_(self, "requests", _NO_QUANTITIES)
         if not self.limits:
-            _set(self, "limits", _NO_QUANTITIES)
+            setattr_(self, "limits", _NO_QUANTITIES)
 
     def as_object(self) -> dict[str, Any]:
         """A VMI object with what the renderer reads (metadata, spec, the published overhead)."""
@@ -427,11 +433,17 @@ class PodSnapshot(Snapshot, tag=POD_KIND, frozen=True, kw_only=True):
     priority_class_name: str = ""
 
     def __post_init__(self) -> None:  # on construction and on decode (every pod event the ledger folds: inlined)
-        setattr_, intern = _set, _intern
-        requests, limits, usage = _shared_pod_resources(self.requests, self.limits, self.usage)
-        setattr_(self, "requests", requests)
-        setattr_(self, "limits", limits)
-        setattr_(self, "usage", usage)
+        setattr_, intern, shared = _set, _intern, _SHARED_LIST_IDS
+        requests, limits, usage = self.requests, self.limits, self.usage
+        if (
+            shared.get(id(requests)) is not requests
+            or shared.get(id(limits)) is not limits
+            or shared.get(id(usage)) is not usage
+        ):  # (shared lists are themselves: the events decoder hands them out)
+            requests, limits, usage = _shared_pod_resources(requests, limits, usage)
+            setattr_(self, "requests", requests)
+            setattr_(self, "limits", limits)
+            setattr_(self, "usage", usage)
         setattr_(self, "namespace", intern(self.namespace))
         setattr_(self, "uid", intern(self.uid))  # (the name is the pod's own: nothing to share it with)
         setattr_(self, "phase", intern(self.phase))
@@ -636,8 +648,14 @@ def encode(snapshot: Snapshot) -> bytes:
 
 
 def decode(data: bytes | str) -> AnySnapshot:
-    """Decode any snapshot; msgspec.ValidationError (a ValueError) on a malformed one."""
-    return _DECODER.decode(data)
+    """Decode any snapshot; msgspec.ValidationError (a ValueError) on a malformed one. (Read as
+    :data:`WIRE_SNAPSHOT` first: :func:`from_wire`; anything that does not read so is decoded again as
+    :data:`AnySnapshot`, which says what is wrong.)"""
+    try:
+        snap: AnySnapshot = from_wire(_WIRE_DECODER.decode(data))
+    except Exception:
+        return _DECODER.decode(data)
+    return snap
 
 
 def to_builtins(snapshot: Snapshot) -> Any:
@@ -647,3 +665,142 @@ def to_builtins(snapshot: Snapshot) -> Any:
 def from_builtins(obj: Any) -> AnySnapshot:
     snap: AnySnapshot = msgspec.convert(obj, AnySnapshot, dec_hook=dec_hook)
     return snap
+
+
+# ---- the events decoder's fast path: parts that recur verbatim on the wire -----------------------------------------
+
+RAW: Final = msgspec.Raw | msgspec.UnsetType
+"""In a :func:`wire_variant`: the field's JSON text (``msgspec.UNSET`` when it is absent)."""
+
+
+def wire_variant(tp: type[msgspec.Struct], **types: Any) -> Any:
+    """A Struct (decode only) that reads the JSON ``tp`` reads: the same wire names, tag and defaults, the named
+    fields typed as given (:data:`RAW`: their JSON text), and no ``__post_init__``."""
+    fields = msgspec.structs.fields(tp)
+    config = tp.__struct_config__
+
+    def default(f: msgspec.structs.FieldInfo) -> Any:
+        if types.get(f.name) is RAW:
+            return msgspec.UNSET
+        if f.default_factory is not msgspec.NODEFAULT:
+            return msgspec.field(default_factory=f.default_factory)
+        return msgspec.field() if f.default is msgspec.NODEFAULT else f.default
+
+    return msgspec.defstruct(
+        f"Wire{tp.__name__}",
+        [(f.name, types.get(f.name, f.type), default(f)) for f in fields],
+        module=__name__,
+        tag_field=config.tag_field,
+        tag=config.tag,
+        rename={f.name: f.encode_name for f in fields},
+        forbid_unknown_fields=config.forbid_unknown_fields,
+        frozen=True,
+        kw_only=True,
+        gc=False,
+    )
+
+
+# A launcher pod's three resource lists hold 25 quantities (a ``dec_hook`` call each, then the lists are shared with
+# equal ones), and a VMI's kept spec is a dozen containers that are encoded again to be shared: most of decoding an
+# event. Pods of one size and VMIs of one template carry them byte for byte the same. The wire variants read them as
+# JSON text, and each distinct text is decoded once (bounded memos; the values are shared, read-only, as the
+# snapshots' own sharing makes them). Decoding is a function of the text, so a text's value is the same every time.
+_WirePod: Final = wire_variant(PodSnapshot, requests=RAW, limits=RAW, usage=RAW)
+_WireVmi: Final = wire_variant(VmiSnapshot, spec=RAW)
+_MEMO_ENTRIES: Final = 4096
+_MEMO_TEXT_BYTES: Final = 4096
+"""Longer texts are decoded every time, not remembered."""
+_RESOURCES_DECODER: Final = msgspec.json.Decoder(dict[str, Quantity], dec_hook=dec_hook)
+_SPEC_DECODER: Final = msgspec.json.Decoder(dict[str, Any])
+_POD_LISTS: dict[tuple[bytes, bytes, bytes], tuple[dict[str, Quantity], ...]] = {}
+_VMI_SPECS: dict[bytes, dict[str, Any]] = {}
+
+
+def _pod_from_wire(w: Any) -> PodSnapshot:
+    unset = msgspec.UNSET  # (absent: the default, an empty list)
+    r, lim, u = w.requests, w.limits, w.usage
+    key = (b"{}" if r is unset else bytes(r), b"{}" if lim is unset else bytes(lim), b"{}" if u is unset else bytes(u))
+    lists = _POD_LISTS.get(key)
+    if lists is None:
+        lists = tuple(shared_resources(_RESOURCES_DECODER.decode(text)) for text in key)
+        if sum(map(len, key)) <= _MEMO_TEXT_BYTES:
+            if len(_POD_LISTS) >= _MEMO_ENTRIES:
+                _POD_LISTS.clear()
+            _POD_LISTS[key] = lists
+    requests, limits, usage = lists
+    return PodSnapshot(
+        schema=w.schema,
+        uid=w.uid,
+        namespace=w.namespace,
+        name=w.name,
+        resource_version=w.resource_version,
+        creation_timestamp=w.creation_timestamp,
+        labels=w.labels,
+        phase=w.phase,
+        node_name=w.node_name,
+        deletion_timestamp=w.deletion_timestamp,
+        deletion_grace_period_seconds=w.deletion_grace_period_seconds,
+        owner_vmi_name=w.owner_vmi_name,
+        owner_vmi_uid=w.owner_vmi_uid,
+        requests=requests,
+        limits=limits,
+        usage=usage,
+        memory_overhead=w.memory_overhead,
+        terminating_scope=w.terminating_scope,
+        best_effort=w.best_effort,
+        priority_class_name=w.priority_class_name,
+    )
+
+
+def _vmi_from_wire(w: Any) -> VmiSnapshot:
+    text = b"{}" if w.spec is msgspec.UNSET else bytes(w.spec)  # (absent: the default, no spec)
+    spec = _VMI_SPECS.get(text)
+    if spec is None:
+        spec = compact_vmi_spec(_SPEC_DECODER.decode(text))
+        if len(text) <= _MEMO_TEXT_BYTES:
+            if len(_VMI_SPECS) >= _MEMO_ENTRIES:
+                _VMI_SPECS.clear()
+            _VMI_SPECS[text] = spec
+    return VmiSnapshot(
+        schema=w.schema,
+        uid=w.uid,
+        namespace=w.namespace,
+        name=w.name,
+        resource_version=w.resource_version,
+        creation_timestamp=w.creation_timestamp,
+        labels=w.labels,
+        annotations=w.annotations,
+        deletion_timestamp=w.deletion_timestamp,
+        phase=w.phase,
+        node_name=w.node_name,
+        vcpus=w.vcpus,
+        guest_memory=w.guest_memory,
+        status_vcpus=w.status_vcpus,
+        status_guest_memory=w.status_guest_memory,
+        requests=w.requests,
+        limits=w.limits,
+        memory_overhead=w.memory_overhead,
+        migration=w.migration,
+        active_pods=w.active_pods,
+        pod_refused=w.pod_refused,
+        priority_class_name=w.priority_class_name,
+        spec=spec,
+    )
+
+
+_FROM_WIRE: Final[dict[type, Any]] = {_WirePod: _pod_from_wire, _WireVmi: _vmi_from_wire}
+
+WIRE_SNAPSHOT: Final = Union[  # noqa: UP007  (a union built at run time)
+    tuple(_WirePod if t is PodSnapshot else _WireVmi if t is VmiSnapshot else t for t in SNAPSHOT_TYPES.values())
+]
+""":data:`AnySnapshot` as the events decoder's fast path reads it (:func:`from_wire` makes the snapshot)."""
+
+
+def from_wire(w: Any) -> Any:
+    """The snapshot a value read as :data:`WIRE_SNAPSHOT` stands for: what decoding it as :data:`AnySnapshot`
+    gives (None stays None). Raises like that decoding (``msgspec.ValidationError``) on a part it refuses."""
+    make = _FROM_WIRE.get(type(w))
+    return w if make is None else make(w)
+
+
+_WIRE_DECODER: Final = msgspec.json.Decoder(WIRE_SNAPSHOT, dec_hook=dec_hook)

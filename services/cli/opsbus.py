@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -120,6 +121,10 @@ async def connect(args: argparse.Namespace) -> Any:
         raise BusUnavailable(f"cannot reach NATS at {args.nats} ({why.strip()}): check --nats (VMQUOTA_NATS)") from None
 
 
+_BUFFERED = 10_000
+"""Messages :func:`messages` holds that its reader has not taken; then the subscription waits."""
+
+
 async def read(js: Any, stream: str, subject: str, *, since: datetime | None = None) -> list[Msg]:
     """Every message of ``stream`` on ``subject`` stored now (from ``since``, when given), in stream order,
     through an ordered consumer."""
@@ -157,10 +162,21 @@ async def messages(
 
     from services.platform.bus import position
 
-    arrived: asyncio.Queue[Msg] = asyncio.Queue(maxsize=10_000)
+    # Messages arrive by the subscription's callback and wait in ``arrived`` for the reader (a replay reads millions:
+    # a deque, and an event only when one side waits for the other, cost a third of an asyncio.Queue's put and get).
+    arrived: deque[Msg] = deque()
+    came, room = asyncio.Event(), asyncio.Event()  # (a message for the waiting reader; room for the waiting callback)
+    reader_waits = callback_waits = False
 
     async def on_msg(m: Msg) -> None:
-        await arrived.put(m)  # (full: the client stops answering the server's flow control, which then waits)
+        nonlocal callback_waits
+        if len(arrived) >= _BUFFERED:
+            callback_waits = True
+            room.clear()
+            await room.wait()  # (full: the client stops answering the server's flow control, which then waits)
+        arrived.append(m)
+        if reader_waits:
+            came.set()
 
     try:
         sub = await js.subscribe(
@@ -179,13 +195,20 @@ async def messages(
     try:
         last = info.state.last_seq
         while True:
-            try:
-                m = arrived.get_nowait()  # (no timer per message while they are there: a replay reads millions)
-            except asyncio.QueueEmpty:
+            if not arrived:  # (no timer per message while they are there: a replay reads millions)
+                came.clear()
+                reader_waits = True
                 try:
-                    m = await asyncio.wait_for(arrived.get(), None if follow else 1.0)
+                    await asyncio.wait_for(came.wait(), None if follow else 1.0)
                 except TimeoutError:
                     return  # nothing (more) on this subject
+                finally:
+                    reader_waits = False
+                continue
+            m = arrived.popleft()
+            if callback_waits and len(arrived) <= _BUFFERED // 2:
+                callback_waits = False
+                room.set()
             yield m
             at = position(m)
             if not follow and (at.stream >= last or at.pending == 0):

@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from services.cli import opsbus
+from services.platform.bus import position
 from shared import contract, report
 from shared.accounting.wire import account
 from shared.errors import InvalidInput
@@ -49,13 +50,10 @@ class Replay:
     events: int = 0
     skipped: int = 0
     seq: int = 0
-    clusters: set[str] = field(default_factory=set)
 
     def apply(self, data: bytes, seq: int) -> None:
         try:
-            ev = contract.decode_event(data)
-            self.ledger.apply(ev, seq)
-            self.clusters.add(ev.cluster)
+            self.ledger.apply_bytes(data, seq)
         except InvalidInput:
             self.skipped += 1  # (dead-lettered by the ledger too)
         self.events += 1
@@ -136,7 +134,7 @@ async def main(args: argparse.Namespace) -> int:
         pending = (c[2] for c in checks)
         nxt = next(pending, None)
         async for m in opsbus.messages(js, contract.EVENTS_STREAM, cluster_subject):
-            seq = m.metadata.sequence.stream
+            seq = position(m).stream
             if at is not None and r.events == 0 and _stamp(m) > at:
                 raise InvalidInput(
                     f"{at.isoformat()} is before the retained history (the events stream starts at "

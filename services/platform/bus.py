@@ -136,18 +136,28 @@ class Position(NamedTuple):
     """Messages left for the consumer after it."""
 
 
+_tuple_new: Final = tuple.__new__
+_last_read: tuple[object, Position] = (object(), Position(0, 0, 0))
+"""The reply subject :func:`position` read last, and what it read (the same string object: the same message)."""
+
+
 def position(msg: Msg) -> Position:
     """A JetStream message's :class:`Position`, read from its reply subject:
     ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>``, or with a domain and
     an account hash before the stream (11 tokens or more). nats-py's ``msg.metadata`` builds a timestamp and three
     objects for it, ten times the cost, on the path of every event a ledger folds. Anything else falls back to it
     (which raises ``NotJSMessageError`` for a message that is not a JetStream delivery)."""
-    tokens = msg.reply.split(".") if msg.reply else []
-    if len(tokens) >= 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
-        if len(tokens) == 9:
-            return Position(int(tokens[5]), int(tokens[6]), int(tokens[8]))
-        if len(tokens) >= 11:
-            return Position(int(tokens[7]), int(tokens[8]), int(tokens[10]))
+    global _last_read
+    reply = msg.reply
+    if reply is _last_read[0]:  # the same message again (a reader and its caller both ask): read once
+        return _last_read[1]
+    tokens = reply.split(".") if reply else []
+    n = len(tokens)
+    if (n == 9 or n >= 11) and tokens[0] == "$JS" and tokens[1] == "ACK":
+        s, c, p = (5, 6, 8) if n == 9 else (7, 8, 10)
+        at = _tuple_new(Position, (int(tokens[s]), int(tokens[c]), int(tokens[p])))  # (no ``__new__`` in Python)
+        _last_read = (reply, at)
+        return at
     md = msg.metadata
     return Position(md.sequence.stream, md.sequence.consumer, md.num_pending)
 

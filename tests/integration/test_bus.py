@@ -387,3 +387,34 @@ async def test_a_service_without_nats_backs_off_and_stops_at_once() -> None:
     assert "Connect call failed" in retries[0]["error"], retries[0]
     assert proc.returncode == 0, rest.decode()[-2000:]
     assert took < 3.0, f"SIGTERM took {took:.1f}s"
+
+
+@pytest.mark.parametrize("buffered", [10_000, 7])
+async def test_the_commands_reader_gives_every_message_once_in_order(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch, buffered: int
+) -> None:
+    """``opsbus.messages`` (what ``vmquota replay`` reads with): a slow reader, with a buffer it fills many times
+    over (the subscription then waits for room), gets every stored message once, in stream order, and stops at the
+    last one stored when it began."""
+    from services.cli import opsbus
+    from services.platform.bus import position
+
+    monkeypatch.setattr(opsbus, "_BUFFERED", buffered)
+    b = await _connect(nats_url)
+    try:
+        await b.ensure_streams(contract.streams_for("watcher"))
+        first = (await b.js.stream_info(contract.EVENTS_STREAM)).state.last_seq
+        for i in range(300):
+            await b.js.publish(f"vmquota.ev.c1.ns{i % 3}.pod", str(i).encode())
+        got: list[tuple[int, bytes]] = []
+        async for m in opsbus.messages(b.js, contract.EVENTS_STREAM, "vmquota.ev.c1.>"):
+            got.append((position(m).stream, m.data))
+            if len(got) % 5 == 0:
+                await asyncio.sleep(0.001)  # (a slow reader: the callback fills the buffer meanwhile)
+            if len(got) == 100:
+                await b.js.publish("vmquota.ev.c1.ns0.pod", b"later")  # (stored after the reader began)
+        mine = [(s, d) for s, d in got if s > first]
+        assert [d for _, d in mine] == [str(i).encode() for i in range(300)]
+        assert [s for s, _ in mine] == list(range(first + 1, first + 301))
+    finally:
+        await b.close()

@@ -40,6 +40,13 @@ def test_position_is_what_the_metadata_says(
     assert position(_msg(reply)) == want == Position(sseq, cseq, pending)
 
 
+def test_a_message_read_again_is_read_once_and_others_afresh() -> None:
+    a, b = _msg("$JS.ACK.S.c.1.10.7.1700000000000000000.3"), _msg("$JS.ACK.S.c.1.11.8.1700000000000000000.2")
+    assert position(a) is position(a) == Position(10, 7, 3)
+    assert position(b) == Position(11, 8, 2) and position(a) == Position(10, 7, 3)
+    assert position(_msg(str(a.reply))) == Position(10, 7, 3)
+
+
 @pytest.mark.parametrize("reply", ["", "_INBOX.abc", "$JS.ACK.too.short", "$JS.NAK.s.c.1.2.3.4.5"])
 def test_a_message_that_is_not_a_jetstream_delivery_is_refused_as_nats_py_does(reply: str) -> None:
     with pytest.raises(NotJSMessageError):

@@ -167,10 +167,10 @@ def test_a_snapshot_alone_decodes_as_the_plain_decoder_decodes_it(doc: dict[str,
     data = _json(doc, compact)
     try:
         plain = snapshot._DECODER.decode(data)
-    except msgspec.ValidationError as e:
-        with pytest.raises(msgspec.ValidationError) as refused:
+    except msgspec.DecodeError as e:  # (a ValidationError too; not JSON at all when a float is infinite)
+        with pytest.raises(type(e)) as refused:
             snapshot.decode(data)
-        assert str(refused.value) == str(e)
+        assert type(refused.value) is type(e) and str(refused.value) == str(e)
         return
     got = snapshot.decode(data)
     assert type(got) is type(plain) and got == plain and snapshot.encode(got) == snapshot.encode(plain)

@@ -341,7 +341,7 @@ def test_config_users_streams_and_env_match_the_bus_contract() -> None:
     assert set(re.findall(r"\$(VMQUOTA_NATS_[A-Z]+_PASSWORD)", text)) == set(password_env(dict.fromkeys(USERS, "")))
     names = set(re.findall(r"\b(?:KV_)?VMQUOTA_[A-Z]+\b", text)) - set(password_env(dict.fromkeys(USERS, "")))
     known = {s.name for s in contract.streams()} | {contract.LEDGER_BUCKET, f"KV_{contract.LEDGER_BUCKET}"}
-    assert names <= known, f"streams in the NATS config unknown to shared/contract.py: {names - known}"
+    assert names <= known, f"streams in the NATS config unknown to shared/contract/: {names - known}"
     # each service may create exactly the streams the code has it create (shared.contract.STREAM_OWNERS)
     blocks = re.split(r"^\s*user:\s*", text, flags=re.MULTILINE)[1:]
     for block in blocks:

@@ -17,10 +17,12 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from shared import contract, snapshot
+from shared.contract import codec as contract_codec
 from shared.errors import InvalidInput
 from shared.ledger.fold import Ledger, PartitionSet
 from shared.quantity import Quantity
-from shared.snapshot import PodSnapshot, VmiMigrationState, VmiSnapshot
+from shared.snapshot import PodSnapshot, VmiMigrationState, VmiSnapshot, fastpath
+from shared.snapshot import codec as snapshot_codec
 from tests.benchmarks.bench_memory import events_of, vm_objects
 
 # ---- generated events ---------------------------------------------------------------------------------------------
@@ -166,7 +168,7 @@ def test_decode_event_gives_the_same_event_or_the_same_error_without_the_fast_pa
 def test_a_snapshot_alone_decodes_as_the_plain_decoder_decodes_it(doc: dict[str, Any], compact: bool) -> None:
     data = _json(doc, compact)
     try:
-        plain = snapshot._DECODER.decode(data)
+        plain = snapshot_codec._DECODER.decode(data)
     except msgspec.DecodeError as e:  # (a ValidationError too; not JSON at all when a float is infinite)
         with pytest.raises(type(e)) as refused:
             snapshot.decode(data)
@@ -221,14 +223,14 @@ def test_pods_of_one_size_and_vmis_of_one_template_share_what_they_carry() -> No
 
 def test_the_memos_are_bounded() -> None:
     pod = json.loads(next(e for e in events_of(vm_objects(1)) if b'"kind":"Pod"' in e))
-    for n in range(snapshot._MEMO_ENTRIES + 10):
+    for n in range(fastpath._MEMO_ENTRIES + 10):
         pod["snapshot"]["requests"] = {"cpu": f"{n + 1}m"}
         contract.decode_event(json.dumps(pod).encode())
-        assert len(snapshot._POD_LISTS) <= snapshot._MEMO_ENTRIES
+        assert len(fastpath._POD_LISTS) <= fastpath._MEMO_ENTRIES
     pod["snapshot"]["requests"] = {f"example.com/r{n}": "1" for n in range(400)}  # (a long text: not remembered)
-    before = dict(snapshot._POD_LISTS)
+    before = dict(fastpath._POD_LISTS)
     contract.decode_event(json.dumps(pod).encode())
-    assert before == snapshot._POD_LISTS
+    assert before == fastpath._POD_LISTS
 
 
 def test_a_fold_is_the_same_with_and_without_the_fast_path() -> None:
@@ -246,10 +248,10 @@ def test_a_fold_is_the_same_with_and_without_the_fast_path() -> None:
 def test_the_wire_variants_read_every_field_of_what_they_stand_for() -> None:
     """A field added to a snapshot or an event is read by the fast path too (or this fails)."""
     pairs: list[tuple[type[msgspec.Struct], Any]] = [
-        (PodSnapshot, snapshot._WirePod),
-        (VmiSnapshot, snapshot._WireVmi),
-        (contract.Upserted, contract._WireUpserted),
-        (contract.Deleted, contract._WireDeleted),
+        (PodSnapshot, fastpath._WirePod),
+        (VmiSnapshot, fastpath._WireVmi),
+        (contract.Upserted, contract_codec._WireUpserted),
+        (contract.Deleted, contract_codec._WireDeleted),
     ]
     for public, wire in pairs:
         names = [(f.name, f.encode_name) for f in msgspec.structs.fields(public)]

@@ -1,0 +1,298 @@
+"""The messages on the bus: one msgspec Struct per message type (object events, usage snapshots, decisions, dead
+letters) with CloudEvents-style attributes, and the builders producers use."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Final, Literal
+
+import msgspec
+
+from shared.contract.subjects import (
+    DEAD_LETTER,
+    DECISION,
+    DELETED,
+    PREFIX,
+    SYNC,
+    UPSERTED,
+    USAGE,
+    msg_id,
+    namespace_token,
+    sync_uid,
+)
+from shared.errors import InvalidInput
+from shared.kinds import (
+    NAMESPACE_KIND,
+)
+from shared.snapshot import AnySnapshot
+
+SCHEMA: Final = 1
+"""Version of this contract. Raised only for an incompatible change; additive fields keep it."""
+
+
+# ---- messages ---------------------------------------------------------------------------------------------------
+
+Snapshot = AnySnapshot
+"""The compact snapshot of an object (``shared/snapshot/``), tagged by its ``kind``."""
+
+
+class _Message(msgspec.Struct, frozen=True, kw_only=True, rename="camel", tag_field="type"):
+    schema: int = SCHEMA
+    id: str
+    """Unique id; for object events the message id (``cluster/kind/uid/resourceVersion/type``)."""
+    source: str
+    """Who produced it: ``vmquota/<service>/<cluster>``."""
+    subject: str
+    """What it is about: ``<namespace>/<name>`` of the object (``<name>`` when cluster-scoped)."""
+    time: str
+    """RFC 3339 UTC time of publication."""
+    cluster: str
+
+
+class _ObjectEvent(_Message, frozen=True, kw_only=True):
+    kind: str
+    namespace: str = ""
+    """The object's namespace; empty for cluster-scoped objects."""
+    name: str = ""
+    uid: str
+    resource_version: str
+
+
+class Upserted(_ObjectEvent, frozen=True, kw_only=True, tag=UPSERTED):
+    """The object exists at this resourceVersion; ``snapshot`` is its full compact state (never a diff)."""
+
+    snapshot: Snapshot
+
+
+class Deleted(_ObjectEvent, frozen=True, kw_only=True, tag=DELETED):
+    """The object is gone; ``resourceVersion`` is the deletion's (or, after a relist, the last one seen)."""
+
+    snapshot: Snapshot | None = None
+    """The last known state, when the producer has it."""
+
+
+class Sync(_Message, frozen=True, kw_only=True, tag=SYNC):
+    """After a (re)list: the objects of ``kind`` in ``namespace`` (``_cluster`` for cluster-scoped kinds) of this
+    cluster are exactly ``present`` as of ``resourceVersion``. A consumer drops every object it holds of that kind
+    and namespace whose uid is not in ``present`` and whose resourceVersion is not newer than the sync's."""
+
+    kind: str
+    namespace: str
+    resource_version: str
+    present: list[str]
+    """UIDs of the objects that exist."""
+
+
+ObjectEvent = Upserted | Deleted | Sync
+
+
+class QuotaTerms(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """The quota equation's terms for one managed ResourceQuota; quantities as canonical strings."""
+
+    mode: str
+    """The accounting mode (``VmiPodUsage``, ``VirtualResources``, ...)."""
+    budget: dict[str, str] = {}
+    """``B``: what the administrator allows."""
+    used: dict[str, str] = {}
+    """``U``: each admitted VM once in the mode's terms, plus every non-VM pod at its pod usage."""
+    pods: dict[str, str] = {}
+    """``P``: what Kubernetes charges for the namespace's pods (terminal ones only ``count/pods``)."""
+    reserved: dict[str, str] = {}
+    """``S``: admitted pods that do not exist yet (new VMs' launcher pods, migration targets KubeVirt was refused)."""
+    overlap: dict[str, str] = {}
+    """``D``: what VMs' pods are charged beyond the one launcher pod per VM ``hard`` holds room for (the larger of
+    its pods, at most as vmquota renders it)."""
+    unvouched: dict[str, str] = {}
+    """``X``: the part of ``D`` that is no active migration's target pod; it counts as used when VMs are admitted."""
+    taken: dict[str, str] = {}
+    """``W``: what the namespace takes of the budget in pod terms: each plain pod its charge, each running VM the
+    larger of its launcher pod's charge and ``k`` times what it counts, each admitted VM (or hotplug growth) not
+    running yet ``k`` times what it counts. ``hard = P + S + k * B - W - D``."""
+    hard: dict[str, str] = {}
+    """``spec.hard`` the equation gives."""
+    over_budget: list[str] = []
+    """Resources where ``U + X/k > B``."""
+
+
+class VmState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    name: str
+    uid: str = ""
+    phase: str = ""
+    state: str
+    """``running``, ``admitted`` (pending, its pod reserved), ``refused`` (does not fit) or ``stopped``."""
+    reason: str = ""
+    counts: dict[str, dict[str, str]] = {}
+    """Per quota: what the VM adds to ``U``."""
+    reserved: dict[str, str] = {}
+    """The launcher pod reservation (admitted VMs)."""
+    refused_by: dict[str, list[str]] = {}
+    """Per quota: the resources the VM does not fit."""
+    pod_refused: bool = False
+    """Admitted, and KubeVirt's last try to create its launcher pod was refused: the enforcer nudges the VMI."""
+
+
+class MigrationState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    name: str
+    uid: str = ""
+    vmi: str
+    phase: str = ""
+    state: str = ""
+    """``pending`` (target reserved), ``not-tried``, ``growth-refused``, ``target-created``, ``queued`` or
+    ``waiting``."""
+    reason: str = ""
+    reserved: dict[str, str] = {}
+    growth: dict[str, str] = {}
+    """Hotplug growth (target minus source), in pod terms."""
+    rejected_by_quota: bool = False
+
+
+class UsageBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """What accounting says about a namespace: the content of a :class:`UsageSnapshot`."""
+
+    quotas: dict[str, QuotaTerms] = {}
+    """Managed ResourceQuota name → its mode and U, P, S, hard."""
+    vms: list[VmState] = []
+    migrations: list[MigrationState] = []
+    """Migrations that are not finished."""
+    errors: list[str] = []
+    """Problems that did not stop accounting (an invalid managed quota, an unreadable VMI)."""
+
+
+class UsageSnapshot(_Message, frozen=True, kw_only=True, tag=USAGE):
+    """The ledger's view of one namespace after applying the events stream up to ``seq``."""
+
+    namespace: str
+    seq: int
+    """The events stream sequence of the last event applied to this namespace."""
+    quotas: dict[str, QuotaTerms] = {}
+    vms: list[VmState] = []
+    migrations: list[MigrationState] = []
+    errors: list[str] = []
+
+
+class Decision(_Message, frozen=True, kw_only=True, tag=DECISION):
+    """What the enforcer did (or, dry-run, would do) to one quota's ``spec.hard``."""
+
+    namespace: str
+    quota: str
+    mode: str
+    budget: dict[str, str] = {}
+    hard_before: dict[str, str] = {}
+    hard_after: dict[str, str] = {}
+    reason: str = ""
+    usage_seq: int = 0
+    """``seq`` of the usage snapshot it was computed from."""
+    dry_run: bool = False
+
+
+class DeadLetter(_Message, frozen=True, kw_only=True, tag=DEAD_LETTER):
+    """A message a service could not use: the original, where it came from, and why."""
+
+    service: str
+    reason: str
+    original_subject: str = ""
+    stream: str = ""
+    stream_seq: int = 0
+    payload: bytes = b""
+    """The original payload (base64 in JSON)."""
+
+
+def now_rfc3339(now: datetime | None = None) -> str:
+    t = now or datetime.now(UTC)
+    return t.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def source(service: str, cluster: str) -> str:
+    return f"{PREFIX}/{service}/{cluster}"
+
+
+def object_event(
+    type_: Literal["upserted", "deleted"],
+    *,
+    cluster: str,
+    kind: str,
+    namespace: str,
+    name: str,
+    uid: str,
+    rv: str,
+    snapshot: Snapshot | None,
+    producer: str = "watcher",
+    time: str | None = None,
+) -> Upserted | Deleted:
+    """Build an object event with its id, source, subject and time filled in (for producers and tests)."""
+    full = UPSERTED if type_ == "upserted" else DELETED
+    common: dict[str, Any] = {
+        "id": msg_id(cluster, kind, uid, rv, full),
+        "source": source(producer, cluster),
+        "subject": f"{namespace}/{name}" if namespace else name,
+        "time": time or now_rfc3339(),
+        "cluster": cluster,
+        "kind": kind,
+        "namespace": "" if kind == NAMESPACE_KIND else namespace,
+        "name": name,
+        "uid": uid,
+        "resource_version": rv,
+    }
+    if type_ == "upserted":
+        if snapshot is None:
+            raise InvalidInput("an upserted event needs a snapshot", f"{kind} {name}")
+        return Upserted(snapshot=snapshot, **common)
+    return Deleted(snapshot=snapshot, **common)
+
+
+def dead_letter(
+    service: str,
+    reason: str,
+    *,
+    cluster: str = "",
+    subject: str = "",
+    original_subject: str = "",
+    stream: str = "",
+    stream_seq: int = 0,
+    payload: bytes = b"",
+    msg_id: str | None = None,
+    time: str | None = None,
+) -> tuple[DeadLetter, dict[str, str]]:
+    """A :class:`DeadLetter` for ``vmquota.dlq.<service>`` and its headers (``Vmquota-Reason``: the reason on one
+    line, at most 512 characters, so an operator can filter without decoding). ``msg_id`` is the deduplication id,
+    when there is one (the id is made from the time otherwise); ``subject`` defaults to ``original_subject``."""
+    now = time or now_rfc3339()
+    letter = DeadLetter(
+        id=msg_id or f"dlq/{service}/{cluster or '-'}/{now}",
+        source=source(service, cluster or "-"),
+        subject=subject or original_subject,
+        time=now,
+        cluster=cluster,
+        service=service,
+        reason=reason,
+        original_subject=original_subject,
+        stream=stream,
+        stream_seq=stream_seq,
+        payload=payload,
+    )
+    return letter, {"Vmquota-Reason": reason[:512].replace("\r", " ").replace("\n", " ")}
+
+
+def sync_event(
+    *,
+    cluster: str,
+    kind: str,
+    namespace: str,
+    rv: str,
+    present: list[str],
+    producer: str = "watcher",
+    time: str | None = None,
+) -> Sync:
+    """A sync marker for ``kind`` in ``namespace`` (ignored for cluster-scoped kinds: ``_cluster``)."""
+    token = namespace_token(kind, namespace)
+    return Sync(
+        id=msg_id(cluster, kind, sync_uid(token), rv, SYNC),
+        source=source(producer, cluster),
+        subject=token,
+        time=time or now_rfc3339(),
+        cluster=cluster,
+        kind=kind,
+        namespace=token,
+        resource_version=rv,
+        present=sorted(present),
+    )

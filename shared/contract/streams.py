@@ -1,0 +1,187 @@
+"""The streams and the bucket on the bus: what each keeps and for how long, who owns which, and the sizes and durations
+an operator gives them."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from shared.contract.subjects import PREFIX
+from shared.errors import InvalidInput
+
+# ---- streams ----------------------------------------------------------------------------------------------------
+
+DAY: Final = 86_400.0
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSpec:
+    """A JetStream stream this project uses (services/platform/bus.py turns it into a server config)."""
+
+    name: str
+    subjects: tuple[str, ...]
+    max_age: float = 0.0
+    """Seconds; 0 keeps messages forever."""
+    max_msgs_per_subject: int = -1
+    """1 keeps only the last message of each subject."""
+    duplicate_window: float = 120.0
+    """Seconds during which a repeated ``Nats-Msg-Id`` is dropped."""
+    max_bytes: int = -1
+    """The most the stream stores (bytes; -1: unbounded); the oldest messages go first."""
+    sources: tuple[str, ...] = ()
+    """Streams whose messages the server copies into this one (with their subjects): a history of a stream that
+    keeps only the latest per subject, at no cost to the publisher."""
+
+
+EVENTS_STREAM: Final = "VMQUOTA_EVENTS"
+USAGE_STREAM: Final = "VMQUOTA_USAGE"
+USAGE_HISTORY_STREAM: Final = "VMQUOTA_USAGE_HISTORY"
+"""Every usage snapshot for ``--usage-history-max-age`` (sourced by the server from ``VMQUOTA_USAGE``)."""
+DECISIONS_STREAM: Final = "VMQUOTA_DECISIONS"
+DLQ_STREAM: Final = "VMQUOTA_DLQ"
+LEDGER_BUCKET: Final = "VMQUOTA_LEDGER"
+"""Key-value bucket of the ledger's checkpoints."""
+
+
+MiB: Final = 2**20
+GiB: Final = 2**30
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSizes:
+    """The most each stream and the checkpoint bucket store, in bytes (``--<stream>-max-bytes``). The defaults add
+    up to 7.5 GiB, so that they fit the NATS component's 10Gi volume with room for JetStream's own files. When a
+    stream is full its oldest messages are dropped, as when they reach the maximum age."""
+
+    events: int = 4 * GiB
+    """VMQUOTA_EVENTS: what a ledger without checkpoints, or an operator, replays."""
+    usage: int = 512 * MiB
+    """VMQUOTA_USAGE: the last snapshot of each namespace (a few KB each)."""
+    usage_history: int = 512 * MiB
+    """VMQUOTA_USAGE_HISTORY: every snapshot, for ``vmquota replay --verify`` and ``vmquota explain``."""
+    decisions: int = 1 * GiB
+    dlq: int = 512 * MiB
+    checkpoints: int = 1 * GiB
+    """The ledger's key-value bucket (one compressed checkpoint per namespace)."""
+
+    def of(self, name: str) -> int:
+        """The size of the stream (or bucket) ``name``."""
+        sizes = {
+            EVENTS_STREAM: self.events,
+            USAGE_STREAM: self.usage,
+            USAGE_HISTORY_STREAM: self.usage_history,
+            DECISIONS_STREAM: self.decisions,
+            DLQ_STREAM: self.dlq,
+            LEDGER_BUCKET: self.checkpoints,
+            f"KV_{LEDGER_BUCKET}": self.checkpoints,
+        }
+        if name not in sizes:
+            raise KeyError(f"no size for stream {name!r}")
+        return sizes[name]
+
+    def total(self) -> int:
+        return self.events + self.usage + self.usage_history + self.decisions + self.dlq + self.checkpoints
+
+
+def streams(
+    events_max_age: float = 30 * DAY,
+    duplicate_window: float = 600.0,
+    sizes: StreamSizes = StreamSizes(),
+    usage_history_max_age: float = 7 * DAY,
+) -> tuple[StreamSpec, ...]:
+    """Every stream, with the events stream kept ``events_max_age`` seconds (operators replay it) and the usage
+    history ``usage_history_max_age``, each at most its size in ``sizes``."""
+    if events_max_age < 0 or duplicate_window <= 0 or usage_history_max_age < 0:
+        raise InvalidInput("stream ages must be positive", "events-max-age")
+    if events_max_age and duplicate_window > events_max_age:
+        duplicate_window = events_max_age
+    return (
+        StreamSpec(
+            EVENTS_STREAM,
+            (f"{PREFIX}.ev.>",),
+            max_age=events_max_age,
+            duplicate_window=duplicate_window,
+            max_bytes=sizes.events,
+        ),
+        StreamSpec(USAGE_STREAM, (f"{PREFIX}.usage.>",), max_msgs_per_subject=1, max_bytes=sizes.usage),
+        StreamSpec(
+            USAGE_HISTORY_STREAM,
+            (),
+            max_age=usage_history_max_age,
+            max_bytes=sizes.usage_history,
+            sources=(USAGE_STREAM,),
+        ),
+        StreamSpec(DECISIONS_STREAM, (f"{PREFIX}.quota.>",), max_age=events_max_age, max_bytes=sizes.decisions),
+        StreamSpec(DLQ_STREAM, (f"{PREFIX}.dlq.>",), max_age=events_max_age, max_bytes=sizes.dlq),
+    )
+
+
+STREAM_OWNERS: Final[dict[str, frozenset[str]]] = {
+    "watcher": frozenset({EVENTS_STREAM, DLQ_STREAM}),
+    "ledger": frozenset({USAGE_STREAM, USAGE_HISTORY_STREAM, DLQ_STREAM}),
+    "enforcer": frozenset({DECISIONS_STREAM, DLQ_STREAM}),
+}
+"""Which streams each service creates and updates at start-up (it writes them); the streams it only reads it
+waits for. Every service may write its rejects to the DLQ stream."""
+
+
+def streams_for(
+    service: str,
+    events_max_age: float = 30 * DAY,
+    sizes: StreamSizes = StreamSizes(),
+    usage_history_max_age: float = 7 * DAY,
+) -> tuple[StreamSpec, ...]:
+    """The streams ``service`` owns (all of them for an unknown service name, e.g. ``all`` or a test)."""
+    owned = STREAM_OWNERS.get(service)
+    every = streams(events_max_age, sizes=sizes, usage_history_max_age=usage_history_max_age)
+    return tuple(s for s in every if owned is None or s.name in owned)
+
+
+_DURATION: Final = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d|w)")
+_UNIT_SECONDS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": DAY, "w": 7 * DAY}
+
+
+def parse_duration(text: str, where: str = "duration") -> float:
+    """``30d``, ``12h``, ``1h30m``, ``90s``, ``500ms`` or a plain number of seconds → seconds."""
+    s = text.strip()
+    try:
+        value = float(s)
+    except ValueError:
+        pos, total = 0, 0.0
+        for m in _DURATION.finditer(s):
+            if m.start() != pos:
+                break
+            total += float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+            pos = m.end()
+        if pos != len(s) or not s:
+            raise InvalidInput(f"{text!r} is not a duration (e.g. 30d, 12h, 1h30m, 90s)", where) from None
+        return total
+    if value < 0 or value != value:
+        raise InvalidInput(f"{text!r} is not a duration (e.g. 30d, 12h, 1h30m, 90s)", where)
+    return value
+
+
+_SIZE: Final = re.compile(r"([0-9]+)(Ki|Mi|Gi|Ti|K|M|G|T)?")
+_UNIT_BYTES: Final = {
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "K": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+}
+
+
+def parse_size(text: str, where: str = "size") -> int:
+    """``4Gi``, ``512Mi``, ``10G`` or a plain number of bytes (a Kubernetes quantity without fractions) → bytes,
+    at least 1 MiB."""
+    m = _SIZE.fullmatch(text.strip())
+    if m is None:
+        raise InvalidInput(f"{text!r} is not a size (e.g. 4Gi, 512Mi, 10G)", where)
+    value = int(m.group(1)) * _UNIT_BYTES.get(m.group(2) or "", 1)
+    if value < MiB:
+        raise InvalidInput(f"{text!r} is less than 1Mi", where)
+    return value

@@ -1,0 +1,72 @@
+"""What a ledger holds for thousands of objects, shared: equal resource lists are one dict (by the identity of their
+quantities, which the wire decoder hands out one per printed form), and strings that recur are interned. An
+optimisation only: nothing depends on it for correctness."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from shared.quantity import Quantity
+
+NO_QUANTITIES: Final[dict[str, Quantity]] = {}
+"""One empty resource list for every snapshot without one (read-only, like the snapshot holding it)."""
+
+
+_SHARED_LISTS: dict[tuple[str | int, ...], dict[str, Quantity]] = {}
+_SHARED_LISTS_MAX: Final = 4096
+SHARED_LIST_IDS: dict[int, dict[str, Quantity]] = {}
+"""The shared lists by ``id`` (alive while ``_SHARED_LISTS`` holds them, the empty one always): a shared list is
+recognised at once."""
+
+
+def shared_resources(rl: dict[str, Quantity]) -> dict[str, Quantity]:
+    """An equal resource list (the same names in the same order, the very same quantity objects) that snapshots
+    of the same shape share (launcher pods of one instance type). Read-only, like the snapshot holding it.
+
+    Keyed by the names and the ids of the quantities (the wire decoder hands out one object per printed form):
+    hashing stays in C, which matters because this runs for every pod snapshot the ledger decodes. A stored list
+    keeps its quantities alive, so an equal key means the very same quantities."""
+    if not rl:
+        return NO_QUANTITIES
+    key: tuple[str | int, ...] = (*rl, *map(id, rl.values()))
+    shared = _SHARED_LISTS.get(key)
+    if shared is None:
+        if len(_SHARED_LISTS) >= _SHARED_LISTS_MAX:
+            _SHARED_LISTS.clear()  # bounded; sharing is an optimisation, never needed for correctness
+            SHARED_LIST_IDS.clear()
+            SHARED_LIST_IDS[id(NO_QUANTITIES)] = NO_QUANTITIES
+        shared = dict(rl)
+        _SHARED_LISTS[key] = SHARED_LIST_IDS[id(shared)] = shared
+    return shared
+
+
+_SHARED_POD_LISTS: dict[tuple[str | int, ...], tuple[dict[str, Quantity], ...]] = {}
+
+
+def shared_pod_resources(
+    requests: dict[str, Quantity], limits: dict[str, Quantity], usage: dict[str, Quantity]
+) -> tuple[dict[str, Quantity], ...]:
+    """:func:`shared_resources` of a pod's three lists at once (one key, one lookup: every pod event)."""
+    key: tuple[str | int, ...] = (
+        *requests,
+        *map(id, requests.values()),
+        0,
+        *limits,
+        *map(id, limits.values()),
+        1,
+        *usage,
+        *map(id, usage.values()),
+    )
+    found = _SHARED_POD_LISTS.get(key)
+    if found is None:
+        if len(_SHARED_POD_LISTS) >= _SHARED_LISTS_MAX:
+            _SHARED_POD_LISTS.clear()
+        found = _SHARED_POD_LISTS[key] = (
+            shared_resources(requests),
+            shared_resources(limits),
+            shared_resources(usage),
+        )
+    return found
+
+
+SHARED_LIST_IDS[id(NO_QUANTITIES)] = NO_QUANTITIES

@@ -1,0 +1,411 @@
+"""The snapshot types: one frozen msgspec Struct per kind accounting reads, tagged by the Kubernetes ``kind``, with
+the labels and phases of KubeVirt's objects they are read with, and :func:`same_content` (whether a new version
+tells accounting anything)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, ClassVar, Final
+
+import msgspec
+
+from shared.kinds import (
+    EVENT_KIND,
+    KUBEVIRT_KIND,
+    NAMESPACE_KIND,
+    POD_KIND,
+    QUOTA_KIND,
+    VM_KIND,
+    VMI_KIND,
+    VMIM_KIND,
+)
+from shared.quantity import Quantity
+from shared.snapshot.hooks import enc_hook
+from shared.snapshot.sharing import NO_QUANTITIES, SHARED_LIST_IDS, shared_pod_resources
+from shared.snapshot.vmispec import COMPACT_SHARED, compact_vmi_spec
+
+_intern: Final = sys.intern
+_set: Final = msgspec.structs.force_setattr
+_VALUES: Final = msgspec.json.Encoder(enc_hook=enc_hook)
+"""Field values in their wire form (:func:`same_content` compares quantities by their printed form)."""
+
+SCHEMA: Final = 1
+
+
+# Labels and annotations KubeVirt puts on launcher pods and migrations.
+LAUNCHER_LABEL: Final = "kubevirt.io"
+LAUNCHER_VALUE: Final = "virt-launcher"
+CREATED_BY_LABEL: Final = "kubevirt.io/created-by"
+VM_NAME_LABEL: Final = "vm.kubevirt.io/name"
+MIGRATION_JOB_LABEL: Final = "kubevirt.io/migrationJobUID"
+VMI_NAME_LABEL: Final = "kubevirt.io/vmi-name"
+EVACUATION_ANNOTATION: Final = "kubevirt.io/evacuationMigration"
+WORKLOAD_UPDATE_ANNOTATION: Final = "kubevirt.io/workloadUpdateMigration"
+REJECTED_BY_QUOTA: Final = "migrationRejectedByResourceQuota"
+POD_LABELS_KEPT: Final = (LAUNCHER_LABEL, CREATED_BY_LABEL, VM_NAME_LABEL, MIGRATION_JOB_LABEL)
+VMIM_ACTIVE_PHASES: Final = frozenset(
+    {"", "Pending", "Scheduling", "Scheduled", "PreparingTarget", "TargetReady", "Running"}
+)
+VMI_FINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
+VMI_WAITING_PHASES: Final = frozenset({"", "Pending"})
+"""Phases of a VMI whose launcher pod KubeVirt has yet to create (its phase moves on once the pod exists)."""
+
+
+def labelled_launcher(labels: object) -> bool:
+    """Whether ``labels`` (a pod's ``metadata.labels``, raw or kept) say KubeVirt launcher pod
+    (``kubevirt.io: virt-launcher``). A tenant can write labels: this decides what the watcher publishes, never
+    what accounting believes (only a VMI's ``status.activePods`` vouches for a launcher pod)."""
+    return isinstance(labels, Mapping) and labels.get(LAUNCHER_LABEL) == LAUNCHER_VALUE
+
+
+# ---- Struct base and parts -------------------------------------------------------------------------------------
+
+
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", rename="camel", gc=False):
+    """Common identity of every snapshot."""
+
+    schema: int = SCHEMA
+    uid: str = ""
+    namespace: str = ""
+    name: str
+    resource_version: str = ""
+    creation_timestamp: datetime | None = None
+
+    unread: ClassVar[frozenset[str]] = frozenset({"resource_version"})
+    """Fields no accounting result depends on (:func:`same_content` ignores them)."""
+
+    @property
+    def rv_order(self) -> int:
+        """The resourceVersion as a number for ordering versions of one object (-1 when it is not a number)."""
+        rv = self.resource_version
+        return int(rv) if rv.isdigit() else -1
+
+    @property
+    def ref(self) -> str:
+        kind = type(self).__struct_config__.tag
+        return f"{kind} {self.namespace}/{self.name}" if self.namespace else f"{kind} {self.name}"
+
+
+class Part(msgspec.Struct, frozen=True, kw_only=True, rename="camel", gc=False):
+    """Base of nested snapshot parts (not tagged)."""
+
+
+class VmiMigrationState(Part, frozen=True, kw_only=True):
+    """The essentials of a VMI's ``status.migrationState`` (written at hand-off; may describe a past migration)."""
+
+    migration_uid: str = ""
+    source_node: str = ""
+    target_node: str = ""
+    target_pod: str = ""
+    completed: bool = False
+    failed: bool = False
+    target_memory_overhead: Quantity | None = None
+
+
+class Condition(Part, frozen=True, kw_only=True):
+    type: str
+    status: str = ""
+    reason: str = ""
+    message: str = ""
+
+
+class ScopeSelector(Part, frozen=True, kw_only=True):
+    scope_name: str
+    operator: str = "Exists"
+    values: list[str] = []
+
+
+class VmiSnapshot(Snapshot, tag=VMI_KIND, frozen=True, kw_only=True):
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    """Annotations except kubectl's last-applied configuration (the renderer may read KubeVirt's)."""
+    deletion_timestamp: datetime | None = None
+    phase: str = ""
+    node_name: str = ""
+    vcpus: int = 1
+    """vCPUs of the spec, after KubeVirt's admission defaults."""
+    guest_memory: Quantity | None = None
+    """Guest memory of the spec, after KubeVirt's admission defaults."""
+    status_vcpus: int | None = None
+    """``status.currentCPUTopology`` as a vCPU count (hotplug), when reported."""
+    status_guest_memory: Quantity | None = None
+    """``status.memory.guestCurrent`` (else ``guestRequested``), when reported."""
+    requests: dict[str, Quantity] = {}
+    """Explicit ``spec.domain.resources.requests``."""
+    limits: dict[str, Quantity] = {}
+    """Explicit ``spec.domain.resources.limits``."""
+    memory_overhead: Quantity | None = None
+    """``status.memory.memoryOverhead``: the overhead KubeVirt published, when it did."""
+    migration: VmiMigrationState | None = None
+    active_pods: dict[str, str] = {}
+    """``status.activePods``: pod uid → node of the launcher pods KubeVirt's VMI controller counts as the VMI's (a
+    field only KubeVirt writes: the one proof that a pod is a launcher pod, whatever its labels say)."""
+    pod_refused: bool = False
+    """Condition ``Synchronized=False`` with reason ``FailedCreate``: KubeVirt tried to create the launcher pod and
+    was refused (a field only KubeVirt writes)."""
+    priority_class_name: str = ""
+    spec: dict[str, Any] = {}
+    """The parts of the VMI spec the launcher pod depends on (:func:`compact_vmi_spec`), to re-render it. Read-only:
+    VMIs with the same such parts share one dict."""
+
+    def __post_init__(self) -> None:  # on construction and on decode (every VMI event the ledger folds: inlined)
+        setattr_, intern = _set, _intern
+        spec = self.spec
+        if COMPACT_SHARED.get(id(spec)) is not spec:  # (a shared spec is itself: :func:`compact_vmi_spec`)
+            setattr_(self, "spec", compact_vmi_spec(spec))  # old writers sent the whole spec
+        # Identity strings interned: a VM's name and uid recur in its VMI, its pods' labels and owner references and
+        # every version of them, and a ledger keys its records by the uid.
+        setattr_(self, "namespace", intern(self.namespace))
+        setattr_(self, "name", intern(self.name))
+        setattr_(self, "uid", intern(self.uid))
+        setattr_(self, "phase", intern(self.phase))
+        setattr_(self, "node_name", intern(self.node_name))
+        for values in (self.labels, self.annotations):  # values interned (nodes, apps, versions recur) but long ones
+            for k, v in values.items():
+                if len(v) <= 64:
+                    values[k] = intern(v)
+        if not self.requests:
+            setattr_(self, "requests", NO_QUANTITIES)
+        if not self.limits:
+            setattr_(self, "limits", NO_QUANTITIES)
+
+    def as_object(self) -> dict[str, Any]:
+        """A VMI object with what the renderer reads (metadata, spec, the published overhead)."""
+        obj: dict[str, Any] = {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": VMI_KIND,
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "uid": self.uid,
+                "labels": dict(self.labels),
+                "annotations": dict(self.annotations),
+            },
+            "spec": self.spec,
+        }
+        if self.memory_overhead is not None:
+            obj["status"] = {"memory": {"memoryOverhead": self.memory_overhead.canonical()}}
+        return obj
+
+
+class VmSnapshot(Snapshot, tag=VM_KIND, frozen=True, kw_only=True):
+    labels: dict[str, str] = {}
+    run_strategy: str = ""
+    """``spec.runStrategy``, or ``Always``/``Halted`` from ``spec.running``."""
+    printable_status: str = ""
+    vcpus: int = 1
+    """vCPUs of the template, after admission defaults."""
+    guest_memory: Quantity | None = None
+
+
+class VmimSnapshot(Snapshot, tag=VMIM_KIND, frozen=True, kw_only=True):
+    vmi_name: str
+    phase: str = ""
+    deletion_timestamp: datetime | None = None
+    conditions: list[Condition] = []
+    rejected_by_quota: bool = False
+    """Condition ``migrationRejectedByResourceQuota`` is True."""
+    trigger: str = ""
+    """``evacuation`` (node drain), ``workload-update`` (hotplug, upgrade) or empty (requested)."""
+
+    @property
+    def active(self) -> bool:
+        return self.phase in VMIM_ACTIVE_PHASES and self.deletion_timestamp is None
+
+
+class PodSnapshot(Snapshot, tag=POD_KIND, frozen=True, kw_only=True):
+    labels: dict[str, str] = {}
+    """Only the labels accounting reads (:data:`POD_LABELS_KEPT`)."""
+    phase: str = ""
+    node_name: str = ""
+    deletion_timestamp: datetime | None = None
+    deletion_grace_period_seconds: int | None = None
+    owner_vmi_name: str = ""
+    owner_vmi_uid: str = ""
+    requests: dict[str, Quantity] = {}
+    """Effective pod requests (``shared.podusage``), overhead included."""
+    limits: dict[str, Quantity] = {}
+    usage: dict[str, Quantity] = {}
+    """What the quota evaluator charges while the pod is not terminal, in ResourceQuota names."""
+    memory_overhead: Quantity | None = None
+    """The ``kubevirt.io/memory-overhead-bytes`` annotation, when present."""
+    terminating_scope: bool = False
+    """``spec.activeDeadlineSeconds`` is set (the ``Terminating`` quota scope)."""
+    best_effort: bool = False
+    """BestEffort QoS: no container requests or limits CPU or memory."""
+    priority_class_name: str = ""
+
+    def __post_init__(self) -> None:  # on construction and on decode (every pod event the ledger folds: inlined)
+        setattr_, intern, shared = _set, _intern, SHARED_LIST_IDS
+        requests, limits, usage = self.requests, self.limits, self.usage
+        if (
+            shared.get(id(requests)) is not requests
+            or shared.get(id(limits)) is not limits
+            or shared.get(id(usage)) is not usage
+        ):  # (shared lists are themselves: the events decoder hands them out)
+            requests, limits, usage = shared_pod_resources(requests, limits, usage)
+            setattr_(self, "requests", requests)
+            setattr_(self, "limits", limits)
+            setattr_(self, "usage", usage)
+        setattr_(self, "namespace", intern(self.namespace))
+        setattr_(self, "uid", intern(self.uid))  # (the name is the pod's own: nothing to share it with)
+        setattr_(self, "phase", intern(self.phase))
+        setattr_(self, "node_name", intern(self.node_name))
+        setattr_(self, "owner_vmi_name", intern(self.owner_vmi_name))
+        setattr_(self, "owner_vmi_uid", intern(self.owner_vmi_uid))
+        labels = self.labels
+        for k, v in labels.items():
+            labels[k] = intern(v) if len(v) <= 64 else v
+
+    @property
+    def is_launcher(self) -> bool:
+        """Labelled as a launcher pod (a tenant can write the label: only ``status.activePods`` vouches for it)."""
+        return labelled_launcher(self.labels)
+
+    @property
+    def vmi_uid(self) -> str:
+        """The VMI this launcher pod belongs to (``kubevirt.io/created-by``, else the owner reference)."""
+        return self.labels.get(CREATED_BY_LABEL) or self.owner_vmi_uid
+
+    @property
+    def migration_job_uid(self) -> str:
+        return self.labels.get(MIGRATION_JOB_LABEL, "")
+
+
+class QuotaSnapshot(Snapshot, tag=QUOTA_KIND, frozen=True, kw_only=True):
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    spec_hard: dict[str, Quantity] = {}
+    scopes: list[str] = []
+    scope_selector: list[ScopeSelector] = []
+    status_hard: dict[str, Quantity] = {}
+    status_used: dict[str, Quantity] = {}
+
+    unread: ClassVar[frozenset[str]] = frozenset({"resource_version", "status_hard", "status_used"})
+    """The status is the quota controller's echo, rewritten on every admitted pod; accounting reads the spec and
+    the metadata only."""
+
+
+class NamespaceSnapshot(Snapshot, tag=NAMESPACE_KIND, frozen=True, kw_only=True):
+    labels: dict[str, str] = {}
+    phase: str = ""
+
+
+class KubeVirtSnapshot(Snapshot, tag=KUBEVIRT_KIND, frozen=True, kw_only=True):
+    version: str = ""
+    """``status.observedKubeVirtVersion`` (empty: unknown, the renderer's default applies)."""
+    cpu_allocation_ratio: str = "10"
+    memory_overcommit: int = 100
+    configuration: dict[str, Any] = {}
+    """The parts of ``spec.configuration`` that shape launcher pods, verbatim."""
+
+    def as_object(self) -> dict[str, Any]:
+        obj: dict[str, Any] = {
+            "kind": KUBEVIRT_KIND,
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": {"configuration": self.configuration},
+        }
+        if self.version:
+            obj["status"] = {"observedKubeVirtVersion": self.version}
+        return obj
+
+
+class EventSnapshot(Snapshot, tag=EVENT_KIND, frozen=True, kw_only=True):
+    """A ``FailedCreate`` event on a VMI (KubeVirt could not create a launcher pod)."""
+
+    reason: str = ""
+    type: str = ""
+    involved_kind: str = ""
+    involved_name: str = ""
+    involved_uid: str = ""
+    message: str = ""
+    quota_name: str = ""
+    """The ResourceQuota that refused the pod (``exceeded quota: <name>``), if the message says."""
+    requested: dict[str, Quantity] = {}
+    """The ``requested:`` amounts of the refusal: exactly what the pod is charged for those resources."""
+    count: int = 1
+    last_timestamp: datetime | None = None
+
+    @property
+    def quota_refusal(self) -> bool:
+        return bool(self.quota_name)
+
+
+AnySnapshot = (
+    VmiSnapshot
+    | VmSnapshot
+    | VmimSnapshot
+    | PodSnapshot
+    | QuotaSnapshot
+    | NamespaceSnapshot
+    | KubeVirtSnapshot
+    | EventSnapshot
+)
+SNAPSHOT_TYPES: Final[Mapping[str, type[Snapshot]]] = {
+    t.__struct_config__.tag: t  # type: ignore[misc]
+    for t in (
+        VmiSnapshot,
+        VmSnapshot,
+        VmimSnapshot,
+        PodSnapshot,
+        QuotaSnapshot,
+        NamespaceSnapshot,
+        KubeVirtSnapshot,
+        EventSnapshot,
+    )
+}
+SUPPORTED_KINDS: Final = frozenset(SNAPSHOT_TYPES)
+
+
+def _read_spans(tp: type[Snapshot]) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
+    """Index ranges of ``astuple(snapshot)`` holding the fields accounting reads (all but ``tp.unread``), and the
+    indexes among them of fields holding quantities (whose equality ignores the printed form)."""
+    spans: list[tuple[int, int]] = []
+    start: int | None = None
+    fields = tp.__struct_fields__
+    for i, name in enumerate(fields):
+        if name in tp.unread:
+            if start is not None:
+                spans.append((start, i))
+                start = None
+        elif start is None:
+            start = i
+    if start is not None:
+        spans.append((start, len(fields)))
+    hints = {f.name: f.type for f in msgspec.structs.fields(tp)}
+    quantities = tuple(i for i, name in enumerate(fields) if name not in tp.unread and _holds_quantities(hints[name]))
+    return tuple(spans), quantities
+
+
+def _holds_quantities(tp: object) -> bool:
+    if tp is Quantity:
+        return True
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return any(_holds_quantities(f.type) for f in msgspec.structs.fields(tp))
+    return any(_holds_quantities(arg) for arg in getattr(tp, "__args__", ()))
+
+
+def same_content(old: Snapshot, new: Snapshot) -> bool:
+    """Whether ``new`` tells accounting nothing ``old`` did not: the same type and fields, quantities printed the
+    same way, but for the resourceVersion and the other fields in ``unread`` (a pod's status heartbeat, a quota's
+    ``status.used``). The ledger stores such a version without accounting the namespace again."""
+    tp = type(old)
+    if type(new) is not tp:
+        return False
+    spans = _SPANS.get(tp)
+    if spans is None:
+        spans = _SPANS[tp] = _read_spans(tp)
+    a, b = msgspec.structs.astuple(old), msgspec.structs.astuple(new)
+    for i, j in spans[0]:  # (loops, not all(...): this runs for every update the ledger folds)
+        if a[i:j] != b[i:j]:
+            return False
+    for i in spans[1]:  # equal amounts: the same printed form too (shared lists, cached quantities: identical)
+        x, y = a[i], b[i]
+        if x is not y and _VALUES.encode(x) != _VALUES.encode(y):
+            return False
+    return True
+
+
+_SPANS: dict[type[Snapshot], tuple[tuple[tuple[int, int], ...], tuple[int, ...]]] = {}

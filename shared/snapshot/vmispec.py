@@ -1,0 +1,129 @@
+"""The part of a VMI's spec the launcher pod depends on (:data:`RENDER_SPEC_SHAPE`), pruned to it
+(:func:`prune_vmi_spec`) and shared between VMIs of one template (:func:`compact_vmi_spec`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final, cast
+
+import msgspec
+
+KEEP: Final = None
+"""In a spec shape: keep the value verbatim."""
+PRESENT: Final = "present"
+"""In a spec shape: only whether the value is set matters (kept as ``{}``, or ``None`` when it is null)."""
+
+SpecShape = Mapping[str, "SpecShape"] | tuple["SpecShape"] | str | None
+"""How much of a value to keep: :data:`KEEP`, :data:`PRESENT`, an object shape (``{key: shape}``: only those keys)
+or a one-element tuple (a list whose object items have that shape)."""
+
+_DEVICE: Final[SpecShape] = ({"deviceName": KEEP, "claimRequest": PRESENT},)
+RENDER_SPEC_SHAPE: Final[SpecShape] = {
+    "domain": {
+        "resources": KEEP,
+        "cpu": {k: KEEP for k in ("sockets", "cores", "threads", "dedicatedCpuPlacement", "isolateEmulatorThread")},
+        "ioThreadsPolicy": KEEP,
+        "ioThreads": {"supplementalPoolThreadCount": KEEP},
+        "memory": {"guest": KEEP, "hugepages": {"pageSize": KEEP}, "reservedOverhead": {"addedOverhead": KEEP}},
+        "firmware": {"kernelBoot": {"container": {"image": KEEP}}},
+        "launchSecurity": {"sev": PRESENT, "snp": PRESENT, "tdx": PRESENT},
+        "devices": {
+            "gpus": _DEVICE,
+            "hostDevices": _DEVICE,
+            "filesystems": ({"name": KEEP},),
+            "interfaces": (
+                {
+                    "sriov": PRESENT,
+                    "passtBinding": PRESENT,
+                    "passt": PRESENT,
+                    "binding": {"name": KEEP},
+                    "model": KEEP,
+                    "ports": KEEP,
+                },
+            ),
+            "disks": ({"lun": {"reservation": KEEP}},),
+            "autoattachPodInterface": KEEP,
+            "autoattachVSOCK": KEEP,
+            "autoattachSerialConsole": KEEP,
+            "logSerialConsole": KEEP,
+            "autoattachGraphicsDevice": KEEP,
+            "tpm": KEEP,
+        },
+    },
+    "volumes": ({"name": KEEP, "containerDisk": PRESENT, "downwardMetrics": PRESENT},),
+    "networks": ({},),
+    "architecture": KEEP,
+    "livenessProbe": {"exec": PRESENT},
+    "readinessProbe": {"exec": PRESENT},
+}
+"""The parts of a VMI spec that ``shared.vmi.vmi_spec`` and ``shared.kubevirt.render_launcher_pod`` read (sizes,
+devices, volumes and probes that add containers, device-plugin resources or overhead). Cloud-init data, firmware
+ids, disk and network details and the like change no launcher pod and are dropped (only a LUN's ``reservation``
+and how many networks there are count). Kept in step with the renderer by ``tests/unit/test_snapshot.py``
+(rendering from the pruned spec gives the same pod, or the same error, as from the full one)."""
+
+
+def _prune(value: Any, shape: SpecShape) -> Any:
+    if shape is KEEP:
+        return value
+    if shape == PRESENT:
+        return None if value is None else {}
+    if type(shape) is tuple:
+        if type(value) is not list:
+            return value  # not a list: kept as is, so the renderer reports it as it would have
+        item = shape[0]
+        return [_prune(v, item) if type(v) is dict else v for v in value]  # every item: indexes in errors stay
+    assert isinstance(shape, Mapping)
+    if type(value) is not dict:
+        return value
+    return {k: _prune(v, shape[k]) for k, v in value.items() if k in shape}
+
+
+def prune_vmi_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a VMI spec (:data:`RENDER_SPEC_SHAPE`) the launcher pod depends on: rendering the pruned spec
+    gives the same pod, or the same error naming the same field, as rendering the full one. Values of an
+    unexpected type are kept as they are; key order is kept. Pruning a pruned spec changes nothing."""
+    return _prune(dict(spec), RENDER_SPEC_SHAPE)  # type: ignore[no-any-return]
+
+
+_SPEC_ENCODER: Final = msgspec.json.Encoder()
+
+
+_COMPACT: dict[bytes, dict[str, Any]] = {}
+"""The encoded form of each shared pruned spec → that spec (at most ``_COMPACT_MAX``)."""
+_COMPACT_MAX: Final = 4096
+COMPACT_SHARED: dict[int, dict[str, Any]] = {}
+"""The same specs by ``id`` (alive while ``_COMPACT`` holds them): a shared spec is recognised at once."""
+
+
+def compact_vmi_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`prune_vmi_spec`, shared: VMIs of one template or instance type hold one dict (read-only, like the
+    snapshot holding it). Specs that do not survive a JSON round trip unchanged are not shared. A spec equal to a
+    shared one, with the same JSON form, is that one, without pruning it again (pruning a pruned spec changes
+    nothing): the common case of a snapshot decoded from the wire, whose spec its writer pruned. A shared spec is
+    itself."""
+    known: dict[str, Any] | None = COMPACT_SHARED.get(id(spec))
+    if known is spec:
+        return known
+    try:
+        known = _COMPACT.get(_SPEC_ENCODER.encode(spec))
+    except (TypeError, ValueError, RecursionError, msgspec.EncodeError):  # (what pruning drops may not encode)
+        known = None
+    if known is not None and known == spec:
+        return known
+    pruned = prune_vmi_spec(spec)
+    try:
+        key = _SPEC_ENCODER.encode(pruned)
+    except (TypeError, ValueError, RecursionError, msgspec.EncodeError):
+        return pruned
+    shared = _COMPACT.get(key)
+    if shared is None:
+        shared = cast(dict[str, Any], msgspec.json.decode(key))
+        if shared != pruned:
+            return pruned
+        if len(_COMPACT) >= _COMPACT_MAX:
+            _COMPACT.clear()  # (more shapes than that: remembered afresh)
+            COMPACT_SHARED.clear()
+        _COMPACT[key] = COMPACT_SHARED[id(shared)] = shared
+        return shared
+    return shared if shared == pruned else pruned

@@ -55,7 +55,7 @@ import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from shared import contract
 from shared.accounting import wire
@@ -67,7 +67,7 @@ from shared.quantity import ZERO, Quantity
 from shared.quota import enforcement, guard
 from shared.quota.modes import Mode, mode_usage, pod_factor
 from shared.resources import ResourceList, add, format_resource_list, maximum, minimum, parse_resource_list
-from shared.snapshot import AnySnapshot, QuotaSnapshot
+from shared.snapshot import AnySnapshot, QuotaSnapshot, VmiSnapshot
 from tests.builders import (
     CPU_NAMES,
     MEM_NAMES,
@@ -96,6 +96,11 @@ TENANT: Final = "mallory"
 KINDS: Final = (VMI_KIND, VMIM_KIND, POD_KIND, QUOTA_KIND, EVENT_KIND)
 MIGRATION_LABEL: Final = "kubevirt.io/migrationJobUID"
 ACTIVE_MIGRATION: Final = frozenset({"Pending", "Scheduling", "Running"})
+UNVOUCHED_TARGET_BUG: Final = True
+"""With the guard, the model allows what ``test_with_the_guard_a_source_pod_ending_before_vmquota_sees_its_target_
+vouched_opens_no_room`` shows it must not (a product bug, xfail): the room a source pod's end opens while vmquota
+sees the migration's target pod but not yet KubeVirt's ``status.activePods`` naming it. False makes the machine
+find it again."""
 ROUNDS: Final = 12
 """Rounds of the final settle before it must have reached a fixed point."""
 
@@ -291,10 +296,29 @@ class Cluster:
         return None
 
     def window(self) -> ResourceList:
-        """The room a pod may take beyond the budget by a known limit, in pod terms: without the guard, the room
-        ``status.hard`` holds for reservations (the reservation window; the fast-migration window is the same room
-        once the target got in and its source ended)."""
-        return {} if self.guarded else dict(self.status_reserved)
+        """The room a pod may take beyond the budget by a known limit, in pod terms. Without the guard: the room
+        ``status.hard`` holds for reservations (the reservation window), and the room of a migrating VM's source
+        pod while vmquota has not seen KubeVirt vouch for its target (the fast-migration window: ``D`` takes effect
+        once vmquota has seen the target as the VM's). With the guard: nothing (but see
+        :data:`UNVOUCHED_TARGET_BUG`)."""
+        if self.guarded:
+            return self.unvouched_targets() if UNVOUCHED_TARGET_BUG else {}
+        return add(self.status_reserved, self.unvouched_targets())
+
+    def unvouched_targets(self) -> ResourceList:
+        """For each migration target KubeVirt created that vmquota's view of its VMI does not list in
+        ``status.activePods`` yet: the VM's launcher pod (as rendered at its spec size, at least its source)."""
+        out: ResourceList = {}
+        for target in sorted(self.targets.values()):
+            pod = self.objs[POD_KIND].get(target)
+            vmi = self.vmi(self.genuine.get(target, ""))
+            if pod is None or terminal(pod) or vmi is None:
+                continue
+            seen = self.view[VMI_KIND].get(uid_of(vmi))
+            if isinstance(seen, VmiSnapshot) and uid_of(pod) in seen.active_pods:
+                continue
+            out = add(out, rendered_usage(vmi, self.config, self.facts))
+        return out
 
     def credit(self, pod: Obj, window: ResourceList) -> None:
         if not window:
@@ -618,6 +642,25 @@ class Cluster:
         self.set_status(m, phase="Succeeded")
         note("a hotplug carried out" if m["metadata"].get("annotations") else "a migration completed")
 
+    def steppable(self, name: str) -> bool:
+        """Whether :meth:`kv_step` has a step to take for the migration (a refused target counts: it may be tried
+        again)."""
+        m = self.objs[VMIM_KIND][name]
+        phase = m["status"]["phase"]
+        if phase == "Pending":
+            vmi = self.vmi(m["spec"]["vmiName"])
+            return vmi is not None and vmi["status"]["phase"] == "Running"
+        if phase in ("Scheduling", "Running"):
+            return True
+        source = self.objs[POD_KIND].get(self.sources.get(name, ""))
+        return source is not None and not terminal(source)
+
+    def kv_step(self, name: str) -> None:
+        """The next step of a migration: its target, the hand-off, the completion, the source pod's end."""
+        phase = self.objs[VMIM_KIND][name]["status"]["phase"]
+        step = {"Pending": self.kv_target, "Scheduling": self.kv_hand_off, "Running": self.kv_complete}
+        step.get(phase, self.kv_source_ends)(name)
+
     def kv_source_ends(self, name: str) -> None:
         """virt-launcher on the source exits: the source pod turns Succeeded."""
         pod = self.objs[POD_KIND].get(self.sources.get(name, ""))
@@ -823,8 +866,14 @@ class Cluster:
         raise AssertionError(f"no fixed point after {ROUNDS} rounds")
 
     def blocked(self, vmi: Obj) -> bool:
-        """The tenant's own pod in the VMI keeps KubeVirt from creating a target (more than one live pod)."""
-        return any(name_of(p) in self.tenant_pods for p in self.controlled(vmi))
+        """The tenant's own pods keep KubeVirt from creating the VMI's target: a pod of the tenant's in the VMI
+        (KubeVirt creates no target while the VMI controls more than one live pod), or, with the guard, a forged
+        target of a real migration anywhere in the namespace (the known limit: it is charged in ``D`` but not
+        counted as used, so a VM admitted beside it may find no room in ``hard``, and while it waits as a holder
+        the guard keeps every other pod out)."""
+        if any(name_of(p) in self.tenant_pods for p in self.controlled(vmi)):
+            return True
+        return self.guarded and bool(self.forged_targets())
 
     def check_liveness(self) -> None:
         used = self.usage(admission=True)
@@ -862,6 +911,8 @@ _SETUPS = namespace_setups(memory_gi=(1, 8), cores=(1, 8), count=(2, 6))
 
 
 class LagModel(RuleBasedStateMachine):
+    """The machine; rules that could change nothing are disabled (so that the steps that matter come often)."""
+
     guarded: ClassVar[bool] = False
     c: Cluster
 
@@ -874,6 +925,12 @@ class LagModel(RuleBasedStateMachine):
         for _ in range(3):
             self.c.kubevirt_round()
             self.c.vmquota_catches_up()
+
+    def _running(self) -> bool:
+        return bool(self.c.running())
+
+    def _steppable(self) -> list[str]:
+        return [name_of(m) for m in self.c.of_kind(VMIM_KIND) if self.c.steppable(name_of(m))]
 
     # ---- the tenant
     @rule(vcpus=st.integers(1, 3), guest=_SIZES)
@@ -890,6 +947,12 @@ class LagModel(RuleBasedStateMachine):
         if room is not None:
             self.c.tenant_pod(room, prefix="grab")
 
+    @rule()
+    def grab_the_room_again(self) -> None:
+        """(a second rule: the tenant watches the quota and is fast)"""
+        self.grab_the_room()
+
+    @precondition(_running)
     @rule(
         index=st.integers(0, 5),
         size=st.none() | st.tuples(st.integers(0, 2000), st.integers(0, 2048)),
@@ -900,68 +963,70 @@ class LagModel(RuleBasedStateMachine):
         requests = None if size is None else {"cpu": f"{size[0]}m", "memory": f"{size[1]}Mi"}
         self.c.tenant_dressed_pod(index, requests, adopt=adopt, label=label)
 
+    @precondition(lambda self: any(p in self.c.objs[POD_KIND] for p in self.c.tenant_pods))
     @rule(index=st.integers(0, 9))
     def delete_a_pod(self, index: int) -> None:
         pod = self.c.pick(sorted(p for p in self.c.tenant_pods if p in self.c.objs[POD_KIND]), index)
         if pod is not None:
             self.c.delete_pod(pod)
 
+    @precondition(_running)
     @rule(index=st.integers(0, 5))
     def migrate(self, index: int) -> None:
         self.c.tenant_migrate(index)
 
+    @precondition(_running)
     @rule(index=st.integers(0, 5))
     def migrate_again(self, index: int) -> None:
         """(a second rule: migrations are what the model is about)"""
         self.c.tenant_migrate(index)
 
+    @precondition(_running)
     @rule(index=st.integers(0, 5), extra_mib=st.sampled_from([0, 256, 1024]), extra_cpus=st.integers(0, 1))
     def hotplug(self, index: int, extra_mib: int, extra_cpus: int) -> None:
         if extra_mib or extra_cpus:
             self.c.tenant_hotplug(index, extra_mib, extra_cpus)
 
+    @precondition(lambda self: bool(self.c.objs[VMI_KIND]))
     @rule(index=st.integers(0, 5), factor=st.sampled_from([Fraction(7, 8), Fraction(9, 8), Fraction(4)]))
     def forged_event(self, index: int, factor: Fraction) -> None:
         self.c.tenant_event(index, factor)
 
     # ---- KubeVirt
-    def _names(self, kind: str) -> list[str]:
-        return sorted(self.c.objs[kind])
-
+    @precondition(lambda self: any(v["status"]["phase"] == "Pending" for v in self.c.objs[VMI_KIND].values()))
     @rule(index=st.integers(0, 5), retry=st.booleans())
     def kubevirt_starts_a_vm(self, index: int, retry: bool) -> None:
-        name = self.c.pick([self.c.objs[VMI_KIND][n] for n in self._names(VMI_KIND)], index)
-        if name is not None:
-            self.c.kv_start(name_of(name), retry=retry)
+        pending = [v for v in self.c.of_kind(VMI_KIND) if v["status"]["phase"] == "Pending"]
+        vmi = self.c.pick(pending, index)
+        if vmi is not None:
+            self.c.kv_start(name_of(vmi), retry=retry)
 
+    @precondition(lambda self: bool(self.c.objs[VMI_KIND]))
     @rule(index=st.integers(0, 5))
     def kubevirt_syncs_a_vmi(self, index: int) -> None:
         vmi = self.c.pick(self.c.of_kind(VMI_KIND), index)
         if vmi is not None:
             self.c.kv_sync(name_of(vmi))
 
+    @precondition(lambda self: any(self.c.grown(v) for v in self.c.running()))
     @rule(index=st.integers(0, 5))
     def kubevirt_updates_a_workload(self, index: int) -> None:
-        vmi = self.c.pick(self.c.of_kind(VMI_KIND), index)
+        vmi = self.c.pick([v for v in self.c.running() if self.c.grown(v)], index)
         if vmi is not None:
             self.c.kv_workload_update(name_of(vmi))
 
-    @rule(index=st.integers(0, 5), step=st.sampled_from(["target", "hand-off", "complete", "source ends"]))
-    def kubevirt_migrates(self, index: int, step: str) -> None:
-        m = self.c.pick(self.c.of_kind(VMIM_KIND), index)
-        if m is None:
-            return
-        {
-            "target": self.c.kv_target,
-            "hand-off": self.c.kv_hand_off,
-            "complete": self.c.kv_complete,
-            "source ends": self.c.kv_source_ends,
-        }[step](name_of(m))
+    @precondition(lambda self: bool(self._steppable()))
+    @rule(index=st.integers(0, 5))
+    def kubevirt_takes_a_migration_one_step_further(self, index: int) -> None:
+        name = self.c.pick(self._steppable(), index)
+        if name is not None:
+            self.c.kv_step(name)
 
     @rule()
     def kubevirt_runs_every_controller_once(self) -> None:
         self.c.kubevirt_round()
 
+    @precondition(lambda self: any(terminal(self.c.objs[POD_KIND][p]) for p in self.c.objs[POD_KIND]))
     @rule()
     def kubevirt_cleans_up(self) -> None:
         for name in list(self.c.objs[POD_KIND]):
@@ -1021,9 +1086,12 @@ TestLagModelWithTheGuard.settings = _MACHINE_SETTINGS
 # ---- what the machine found, as plain reproductions ------------------------------------------------------------
 
 
-def cluster(mode: Mode, budget: dict[str, str], *, guarded: bool) -> Cluster:
-    """A namespace with the managed quota ``rq`` (KubeVirt's defaults), vmquota caught up."""
-    return Cluster(Setup(mode, KubeVirtConfig(), Fraction(10), budget, quota_obj("rq", budget, mode)), guarded=guarded)
+def cluster(mode: Mode, budget: dict[str, str], *, guarded: bool, cpu_allocation_ratio: int = 10) -> Cluster:
+    """A namespace with the managed quota ``rq`` (KubeVirt's defaults but its CPU allocation ratio), vmquota
+    caught up."""
+    ratio = Fraction(cpu_allocation_ratio)
+    setup = Setup(mode, KubeVirtConfig(cpu_allocation_ratio=ratio), ratio, budget, quota_obj("rq", budget, mode))
+    return Cluster(setup, guarded=guarded)
 
 
 def full_with_a_refused_migration(*, guarded: bool) -> tuple[Cluster, Quantity]:
@@ -1080,3 +1148,57 @@ def test_without_the_guard_the_reservation_window_opens_once() -> None:
     c.vmquota_catches_up()  # (KubeVirt's retry of the target comes a moment later: the tenant is faster again)
     assert c.tenant_pod(c.room() or {}, prefix="grab") is not None
     assert c.excess()["limits.memory"] <= reserved, "the reservation window opened a second time"
+
+
+def a_target_vmquota_sees_before_kubevirt_vouches_for_it(*, guarded: bool) -> Cluster:
+    """A VM fills a ``requests.cpu`` budget but 245m (its launcher pod: 1005m); it migrates, KubeVirt is refused the
+    target, vmquota raises ``spec.hard`` (with the guard: the VM a holder) and KubeVirt's next try gets in. vmquota
+    hears of the pods and the migration but not yet of the VMI's ``status.activePods`` naming the target: the target
+    is a plain pod to it (in ``U`` and ``P``, no ``D``), ``U`` is over the budget, ``hard`` = ``P`` = both pods,
+    the reservation is gone and the guard's holders with it. The migration completes and its source pod ends before
+    vmquota hears more: ``status.used`` drops by the source pod, and that much room is open."""
+    c = cluster(Mode.VMI_POD_USAGE, {"requests.cpu": "1250m"}, guarded=guarded, cpu_allocation_ratio=1)
+    c.tenant_vm(1, 512)
+    for _ in range(2):
+        c.kubevirt_round()
+        c.vmquota_catches_up()
+    c.tenant_migrate(0)
+    (m,) = c.of_kind(VMIM_KIND)
+    c.kv_target(name_of(m))
+    c.vmquota_catches_up()
+    assert c.quota["status"]["hard"] == {"requests.cpu": "2255m"}
+    c.kv_target(name_of(m))
+    for kind in (POD_KIND, VMIM_KIND, QUOTA_KIND, EVENT_KIND):  # (not the VMIs)
+        while c.deliver(kind):
+            pass
+    c.publish()
+    c.enforce()
+    c.quota_sync()
+    c.enforce()
+    assert c.quota["status"] == {"hard": {"requests.cpu": "2010m"}, "used": {"requests.cpu": "2010m"}}
+    assert not c.reservation
+    c.kv_sync("vm1")
+    c.kv_hand_off(name_of(m))
+    c.kv_complete(name_of(m))
+    c.kv_source_ends(name_of(m))
+    return c
+
+
+def test_without_the_guard_a_migration_faster_than_vmquota_leaves_the_source_pods_room_open() -> None:
+    """The known limit "a migration faster than vmquota": ``D`` takes effect once vmquota has seen the target
+    pod as the VM's."""
+    c = a_target_vmquota_sees_before_kubevirt_vouches_for_it(guarded=False)
+    assert c.tenant_pod(c.room() or {}, prefix="grab") is not None
+    assert c.excess() == {"requests.cpu": Q("760m")}
+    c.check_safety()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="with the guard, the holder of a migration's reservation goes once vmquota sees the target pod, although "
+    "it does not count it as the VM's until KubeVirt's status.activePods names it: hard then holds room for both "
+    "pods with no D, and the source pod's end opens room to any pod",
+)
+def test_with_the_guard_a_source_pod_ending_before_vmquota_sees_its_target_vouched_opens_no_room() -> None:
+    c = a_target_vmquota_sees_before_kubevirt_vouches_for_it(guarded=True)
+    assert c.tenant_pod(c.room() or {}, prefix="grab") is None, "the tenant's pod got in"

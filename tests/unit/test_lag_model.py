@@ -105,15 +105,12 @@ SPENT_NUDGE_BUG: Final = True
 """The final settle lets KubeVirt retry, after its backoff, a VMI whose nudge it spent on a try that native quota
 refused: what ``test_a_nudge_spent_before_the_quota_controller_copies_the_raise_is_not_repeated`` shows the
 enforcer does not do (a product bug, xfail). False makes the machine find it again."""
-FINISHED_SOURCE_BUG: Final = True
-"""The model allows what ``test_a_finished_source_pod_deleted_before_vmquota_sees_it_opens_no_room`` shows it must
-not (a product bug, xfail): the ``count/pods`` a finished migration's terminal source pod frees when it is deleted
-while ``status.hard`` still holds room for it. False makes the machine find it again."""
-SCALED_END_BUG: Final = True
-"""The model allows what ``test_a_pod_ending_opens_no_more_room_than_the_fresh_hard_for_a_scaled_resource`` shows
-it must not (a product bug, xfail): for a resource with ``k < 1``, a pod's end frees its charge 1:1 in a
-``status.hard`` that holds only ``k`` of the headroom it counted, ``(1 - k)`` of its charge more than the fresh
-``hard`` would. False makes the machine find it again."""
+STALE_END_BUG: Final = True
+"""The model allows what ``test_a_finished_source_pod_deleted_before_vmquota_sees_it_opens_no_room`` and
+``test_a_pod_ending_opens_no_more_room_than_the_fresh_hard_for_a_scaled_resource`` show it must not (a product
+bug, xfail): a pod that ends (or is deleted) frees its whole charge in the ``status.hard`` that counted it, while
+the fresh ``hard`` would free only ``k`` of the headroom it gives back (none while ``U`` stays over the budget).
+False makes the machine find it again."""
 STALE_SPEC_BUG: Final = True
 """The model allows what ``test_a_hotplug_target_vmquota_reserved_at_the_old_size_gets_no_growth_unadmitted``
 shows it must not (a product bug, xfail): a migration's target reserved from a VMI spec older than the one KubeVirt
@@ -229,6 +226,9 @@ class Cluster:
     """``S`` of the usage snapshot the current ``spec.hard`` was written from (what the raise holds for
     reservations); ``status_reserved`` is the same for ``status.hard``."""
     status_reserved: ResourceList = field(default_factory=dict)
+    spec_used: ResourceList = field(default_factory=dict)
+    """``U`` of the usage snapshot the current ``spec.hard`` is (``status_used``: ``status.hard``)."""
+    status_used: ResourceList = field(default_factory=dict)
     published_active: dict[str, frozenset[str]] = field(default_factory=dict)
     """Each VMI's ``status.activePods`` (uid -> pod uids) in the view the latest usage snapshot was made from;
     ``spec_active`` and ``status_active``: in the view ``spec.hard`` and ``status.hard`` come from."""
@@ -244,11 +244,11 @@ class Cluster:
     ``status_specs``: in the view ``spec.hard`` and ``status.hard`` come from."""
     spec_specs: dict[str, tuple[int, Quantity | None]] = field(default_factory=dict)
     status_specs: dict[str, tuple[int, Quantity | None]] = field(default_factory=dict)
-    published_finished: frozenset[str] = frozenset()
-    """The terminal pods KubeVirt made in the view the latest usage snapshot was made from (by uid); ``spec_`` and
-    ``status_finished``: in the view ``spec.hard`` and ``status.hard`` come from."""
-    spec_finished: frozenset[str] = frozenset()
-    status_finished: frozenset[str] = frozenset()
+    published_seen: frozenset[str] = frozenset()
+    """Every pod in the view the latest usage snapshot was made from; ``spec_`` and ``status_seen``: in the view
+    ``spec.hard`` and ``status.hard`` come from."""
+    spec_seen: frozenset[str] = frozenset()
+    status_seen: frozenset[str] = frozenset()
     reservation: frozenset[guard.Holder] = frozenset()
     """The namespace's QuotaReservation (the guard's parameter)."""
     carried: frozenset[guard.Holder] = frozenset()
@@ -358,33 +358,30 @@ class Cluster:
         pod while vmquota has not seen KubeVirt vouch for its target (the fast-migration window: ``D`` takes effect
         once vmquota has seen the target as the VM's). With the guard: nothing (but see
         :data:`UNVOUCHED_TARGET_BUG`)."""
-        known = self.deleted_sources() if FINISHED_SOURCE_BUG else {}
-        if SCALED_END_BUG:
-            known = add(known, self.scaled_ends())
+        known = self.stale_ends() if STALE_END_BUG else {}
         if self.guarded:
             return add(known, self.unvouched_targets()) if UNVOUCHED_TARGET_BUG else known
         return add(known, add(self.status_reserved, self.unvouched_targets()))
 
-    def scaled_ends(self) -> ResourceList:
-        """For each pod live in the view ``status.hard`` comes from that has ended since: ``(1 - k)`` of its charge
-        of each resource with ``k < 1`` (see :data:`SCALED_END_BUG`)."""
-        live = {uid_of(p) for p in self.objs[POD_KIND].values() if not terminal(p)}
-        out: ResourceList = {}
+    def stale_ends(self) -> ResourceList:
+        """What the pods that ``status.hard`` counted (other than VMs' running launcher pods, whose end ``D``
+        covers) and that have ended since free beyond what the fresh ``hard`` would: ``c - k * (max(B - U + c, 0)
+        - max(B - U, 0))`` of their charge ``c``, with ``U`` the usage ``status.hard`` came from (see
+        :data:`STALE_END_BUG`)."""
+        now = {uid_of(p): charge(p) for p in self.objs[POD_KIND].values()}
+        ended: ResourceList = {}
         for uid, charged in self.status_pods.items():
-            if uid in live:
+            left = now.get(uid, {})
+            ended = add(ended, positive({r: q - left.get(r, ZERO) for r, q in charged.items()}))
+        out: ResourceList = {}
+        for r in self.setup.enforced:
+            k, c = self.factors.get(r), ended.get(r)
+            if k is None or c is None:
                 continue
-            for r, k in self.factors.items():
-                if k is not None and k < 1 and r in charged:
-                    extra = Quantity(-(-charged[r].nanos * (k.denominator - k.numerator) // k.denominator))
-                    out = add(out, {r: extra})
-        return out
-
-    def deleted_sources(self) -> ResourceList:
-        """``count/pods`` of the finished pods KubeVirt made that ``status.hard`` holds room for and that are gone
-        (see :data:`FINISHED_SOURCE_BUG`)."""
-        live = {uid_of(p) for p in self.objs[POD_KIND].values()}
-        gone = len(self.status_finished - live)
-        return {"count/pods": Quantity.from_int(gone)} if gone else {}
+            headroom = self.budget[r] - self.status_used.get(r, ZERO)
+            given = (headroom + c).clamp0() - headroom.clamp0()
+            out[r] = c - Quantity(k.numerator * given.nanos // k.denominator)
+        return positive(out)
 
     def unvouched_targets(self) -> ResourceList:
         """For each migration target KubeVirt created that the view ``status.hard`` comes from has as a pod but does
@@ -396,7 +393,7 @@ class Cluster:
             vmi = self.vmi(self.genuine.get(target, ""))
             if pod is None or terminal(pod) or vmi is None:
                 continue
-            if uid_of(pod) not in self.status_pods or uid_of(pod) in self.status_active.get(uid_of(vmi), frozenset()):
+            if uid_of(pod) not in self.status_seen or uid_of(pod) in self.status_active.get(uid_of(vmi), frozenset()):
                 continue  # (not seen yet: the reservation's room; or seen as the VM's: D)
             out = add(out, rendered_usage(vmi, self.config, self.facts))
         return out
@@ -440,13 +437,18 @@ class Cluster:
         if raw != quota["status"].get("used"):
             self.put(quota | {"status": {**quota["status"], "used": raw}})
 
+    def quota_sync_terms(self) -> None:
+        """``status.hard`` is now ``spec.hard``: what the one holds room for, so does the other."""
+        self.status_reserved = dict(self.spec_reserved)
+        self.status_used = dict(self.spec_used)
+        self.status_active = self.spec_active
+        self.status_pods = self.spec_pods
+        self.status_seen = self.spec_seen
+        self.status_specs = self.spec_specs
+
     def quota_sync(self) -> None:
         quota = self.quota
-        self.status_reserved = dict(self.spec_reserved)
-        self.status_active = self.spec_active
-        self.status_finished = self.spec_finished
-        self.status_pods = self.spec_pods
-        self.status_specs = self.spec_specs
+        self.quota_sync_terms()
         if quota["status"].get("hard") != quota["spec"]["hard"]:
             self.put(quota | {"status": {**quota["status"], "hard": dict(quota["spec"]["hard"])}})
         self.recompute_used()
@@ -486,17 +488,13 @@ class Cluster:
         self.published_specs = {
             uid: (v.vcpus, v.guest_memory) for uid, v in self.view[VMI_KIND].items() if isinstance(v, VmiSnapshot)
         }
+        vouched = {pod for pods in self.published_active.values() for pod in pods}
+        self.published_seen = frozenset(self.view[POD_KIND])
         self.published_pods = {
-            uid: dict(p.usage)
+            uid: {"count/pods": ONE} if p.phase in ("Succeeded", "Failed") else dict(p.usage)
             for uid, p in self.view[POD_KIND].items()
-            if isinstance(p, PodSnapshot) and p.phase not in ("Succeeded", "Failed")
+            if isinstance(p, PodSnapshot) and not (uid in vouched and p.phase not in ("Succeeded", "Failed"))
         }
-        made = {f"pod-{name}" for name in self.genuine}
-        self.published_finished = frozenset(
-            uid
-            for uid, p in self.view[POD_KIND].items()
-            if uid in made and isinstance(p, PodSnapshot) and p.phase in ("Succeeded", "Failed")
-        )
         if body == self.body:
             return
         self.body = body
@@ -545,9 +543,12 @@ class Cluster:
         if terms is not None and rl(terms.hard) == rl(self.quota["spec"]["hard"]):
             # spec.hard is this usage's: what it holds room for is what this usage (and the view behind it) says
             self.spec_reserved = rl(terms.reserved)
+            self.spec_used = rl(terms.used)
             self.spec_active = self.published_active
-            self.spec_finished = self.published_finished
             self.spec_pods = self.published_pods
+            self.spec_seen = self.published_seen
+            if rl(self.quota["status"].get("hard")) == rl(terms.hard):  # (status.hard is this usage's too)
+                self.quota_sync_terms()
             self.spec_specs = self.published_specs
         if self.guarded:
             self.carried = guard.carried(self.carried, q, usage)
@@ -1241,7 +1242,7 @@ class GuardedLagModel(LagModel):
 
 
 _MACHINE_SETTINGS = settings(
-    max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=200, stateful_step_count=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
 TestLagModelWithoutTheGuard = LagModel.TestCase

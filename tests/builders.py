@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from fractions import Fraction
 from typing import Any, cast
+
+from hypothesis import strategies as st
 
 from shared.accounting.namespace import account_namespace
 from shared.accounting.results import (
@@ -16,10 +20,11 @@ from shared.accounting.results import (
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
 from shared.normalize import normalize
 from shared.podusage import quota_usage_of
+from shared.quantity import Quantity
 from shared.quota.annotations import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION, RATIO_ANNOTATION
-from shared.quota.modes import Mode
-from shared.resources import ResourceList, format_resource_list
-from shared.snapshot import AnySnapshot, PodSnapshot
+from shared.quota.modes import VMI_NAMES, Mode, VmSize
+from shared.resources import ResourceList, format_resource_list, parse_resource_list
+from shared.snapshot import AnySnapshot, PodSnapshot, VmiSnapshot
 
 NS = "tenant"
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -91,10 +96,12 @@ def launcher_obj(
     phase: str = "Running",
     suffix: str = "",
     vouched: bool = True,
+    controller: bool = False,
 ) -> dict[str, Any]:
     """The launcher pod KubeVirt creates for ``vmi`` (rendered), as the API server would return it. ``vouched``:
     KubeVirt names it in the VMI's ``status.activePods`` (``vmi`` is changed in place), as it does for its own pods;
-    a pod that only looks like a launcher pod (a tenant's forgery) is not."""
+    a pod that only looks like a launcher pod (a tenant's forgery) is not. ``controller``: the owner reference is a
+    controller reference (KubeVirt's own pods carry one; its VMI controller lists such pods in ``activePods``)."""
     rendered = render_launcher_pod(vmi, config or KubeVirtConfig(), facts or NamespaceFacts())
     meta = vmi["metadata"]
     labels = {
@@ -113,7 +120,10 @@ def launcher_obj(
             "uid": f"pod-{name}",
             "creationTimestamp": ts(t),
             "labels": labels,
-            "ownerReferences": [{"kind": "VirtualMachineInstance", "name": meta["name"], "uid": meta["uid"]}],
+            "ownerReferences": [
+                {"kind": "VirtualMachineInstance", "name": meta["name"], "uid": meta["uid"]}
+                | ({"controller": True} if controller else {})
+            ],
         },
         "spec": {**rendered.pod_spec(), "nodeName": node},
         "status": {"phase": phase},
@@ -231,3 +241,91 @@ def rendered_usage(vmi: Mapping[str, Any], config: KubeVirtConfig, facts: Namesp
 
 def hard_of(u: NamespaceUsage, quota: str = "rq") -> dict[str, str]:
     return format_resource_list(u.quotas[quota].hard)
+
+
+def spec_size(vmi: Mapping[str, Any]) -> VmSize:
+    """The size of a VMI's spec (after KubeVirt's admission defaults)."""
+    s = normalize(vmi)
+    assert isinstance(s, VmiSnapshot)
+    return VmSize.of(s.vcpus, s.guest_memory, None, None)
+
+
+def current_size(vmi: Mapping[str, Any]) -> VmSize:
+    """The size a VMI runs at: its status where the status says (a hotplug not carried out yet leaves the status
+    at the old size), else its spec."""
+    s = normalize(vmi)
+    assert isinstance(s, VmiSnapshot)
+    return VmSize.of(s.status_vcpus or s.vcpus, s.status_guest_memory or s.guest_memory, None, None)
+
+
+def divided_up(q: Quantity, k: Fraction | None) -> Quantity:
+    """``q / k`` rounded up (unchanged for ``k`` None or 1): a pod-terms amount in the mode's terms."""
+    if k is None or k >= 1:
+        return q
+    return Quantity(-(-q.nanos * k.denominator // k.numerator), q.format)
+
+
+# ---- random namespaces -------------------------------------------------------------------------------------------
+
+CPU_RES = ["requests.cpu", "limits.cpu"]
+MEM_RES = ["requests.memory", "limits.memory"]
+COUNT_NAMES = ["pods", "count/pods"]
+CPU_NAMES = ["requests.cpu", "cpu", "limits.cpu"]
+MEM_NAMES = ["requests.memory", "memory", "limits.memory"]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A namespace's managed quota ``rq`` and the cluster's KubeVirt configuration."""
+
+    mode: Mode
+    config: KubeVirtConfig
+    ratio: Fraction
+    """The mode's CPU allocation ratio (the quota's own in the ratio mode, else KubeVirt's)."""
+    budget_raw: dict[str, str]
+    quota: dict[str, Any]
+
+    @property
+    def budget(self) -> ResourceList:
+        return parse_resource_list(self.budget_raw)
+
+    @property
+    def enforced(self) -> list[str]:
+        """The budget's resources native quota enforces (not the report-only ``/vmi`` names)."""
+        return [r for r in self.budget_raw if r not in VMI_NAMES]
+
+
+@st.composite
+def namespace_setups(
+    draw: st.DrawFn,
+    *,
+    modes: tuple[Mode, ...] = tuple(Mode),
+    memory_gi: tuple[int, int] = (0, 24),
+    cores: tuple[int, int] = (0, 16),
+    count: tuple[int, int] = (0, 6),
+) -> Setup:
+    """A random managed quota (mode, budget of 1-4 resources) under a random KubeVirt configuration (CPU
+    allocation ratio 1-10, memory overcommit 100 or 150), adopted with its budget annotation. ``memory_gi``,
+    ``cores`` and ``count``: the ranges budgets are drawn from (whole units, plus a fraction for the first two)."""
+    mode = draw(st.sampled_from(modes))
+    kv = Fraction(draw(st.sampled_from([1, 2, 3, 4, 8, 10])))
+    overcommit = draw(st.sampled_from([100, 100, 150]))
+    ratio = (
+        Fraction(draw(st.sampled_from([2, 4, 10, 16])))
+        if mode is Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO
+        else kv
+    )
+    config = KubeVirtConfig(cpu_allocation_ratio=kv, memory_overcommit=overcommit)
+    names = draw(st.sets(st.sampled_from([*CPU_RES, *MEM_RES, "cpu", "memory", *COUNT_NAMES]), min_size=1, max_size=4))
+    if mode is Mode.DEDICATED_VIRTUAL_RESOURCES:
+        names |= draw(st.sets(st.sampled_from(sorted(VMI_NAMES)), max_size=2))
+    budget: dict[str, str] = {}
+    for r in sorted(names):
+        if r in COUNT_NAMES or "instances" in r:
+            budget[r] = str(draw(st.integers(*count)))
+        elif r.endswith("memory") or "memory/" in r:
+            budget[r] = f"{draw(st.integers(*memory_gi)) * 1024 + draw(st.sampled_from([0, 100, 512]))}Mi"
+        else:
+            budget[r] = f"{draw(st.integers(*cores)) * 1000 + draw(st.sampled_from([0, 250, 500]))}m"
+    annotation_ratio = str(ratio) if mode is Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO else None
+    return Setup(mode, config, ratio, budget, quota_obj("rq", budget, mode, ratio=annotation_ratio))

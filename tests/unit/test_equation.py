@@ -43,14 +43,18 @@ from shared.quota.enforcement import check_hard_bound
 from shared.quota.equation import desired_hard, scaled_headroom, takes
 from shared.quota.modes import VMI_NAMES, Mode, VmSize, mode_usage
 from shared.resources import ResourceList, add, fits, maximum, parse_resource_list
-from shared.snapshot import VmiSnapshot
 from tests.builders import (
+    COUNT_NAMES,
+    CPU_NAMES,
+    MEM_NAMES,
     NOW,
+    divided_up,
     facts_for,
     launcher_obj,
+    namespace_setups,
     pod_obj,
-    quota_obj,
     rendered_usage,
+    spec_size,
     usage_of,
     vmi_obj,
     vmim_obj,
@@ -135,24 +139,6 @@ def test_equation_shape(b: int, w: int, p: int, s: int, k: Fraction) -> None:
 
 
 # ---- a simulated namespace ------------------------------------------------------------------------------------------
-
-CPU_NAMES = ["requests.cpu", "cpu", "limits.cpu"]
-MEM_NAMES = ["requests.memory", "memory", "limits.memory"]
-COUNT_NAMES = ["pods", "count/pods"]
-
-
-def _divided(q: Quantity, k: Fraction | None) -> Quantity:
-    """``q / k`` rounded up (unchanged for ``k`` None or 1)."""
-    if k is None or k >= 1:
-        return q
-    return Quantity(-(-q.nanos * k.denominator // k.numerator), q.format)
-
-
-def spec_size(vmi: dict[str, Any]) -> VmSize:
-    """The size of a VMI's spec."""
-    s = normalize(vmi)
-    assert isinstance(s, VmiSnapshot)
-    return VmSize.of(s.vcpus, s.guest_memory, None, None)
 
 
 def _terminal(pod: dict[str, Any]) -> bool:
@@ -256,7 +242,7 @@ class World:
             if "labels" not in p["metadata"] or p["metadata"]["name"] in self.forged:
                 charged = _charged_now(p)
                 if p["metadata"]["name"] in self.adopted:
-                    charged = {r: _divided(q, factors.get(r)) for r, q in charged.items()}
+                    charged = {r: divided_up(q, factors.get(r)) for r, q in charged.items()}
                 total = add(total, charged)
         return total
 
@@ -571,36 +557,11 @@ class World:
         assert replayed == self.account()
 
 
-CPU_RES = ["requests.cpu", "limits.cpu"]
-MEM_RES = ["requests.memory", "limits.memory"]
-
-
 @st.composite
 def worlds(draw: st.DrawFn) -> World:
-    mode = draw(st.sampled_from(list(Mode)))
-    kv = Fraction(draw(st.sampled_from([1, 2, 3, 4, 8, 10])))
-    overcommit = draw(st.sampled_from([100, 100, 150]))
-    ratio = (
-        Fraction(draw(st.sampled_from([2, 4, 10, 16])))
-        if mode is Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO
-        else kv
-    )
-    config = KubeVirtConfig(cpu_allocation_ratio=kv, memory_overcommit=overcommit)
-    names = draw(st.sets(st.sampled_from([*CPU_RES, *MEM_RES, "cpu", "memory", *COUNT_NAMES]), min_size=1, max_size=4))
-    if mode is Mode.DEDICATED_VIRTUAL_RESOURCES:
-        names |= draw(st.sets(st.sampled_from(sorted(VMI_NAMES)), max_size=2))
-    budget: dict[str, str] = {}
-    for r in sorted(names):
-        if r in COUNT_NAMES or "instances" in r:
-            budget[r] = str(draw(st.integers(0, 6)))
-        elif r.endswith("memory") or "memory/" in r:
-            budget[r] = f"{draw(st.integers(0, 24)) * 1024 + draw(st.sampled_from([0, 100, 512]))}Mi"
-        else:
-            budget[r] = f"{draw(st.integers(0, 16)) * 1000 + draw(st.sampled_from([0, 250, 500]))}m"
-    annotation_ratio = str(ratio) if mode is Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO else None
-    quota = quota_obj("rq", budget, mode, ratio=annotation_ratio)
-    world = World(config=config, mode=mode, quota=quota, budget=parse_resource_list(budget), ratio=ratio)
-    world.put(quota)
+    setup = draw(namespace_setups())
+    world = World(config=setup.config, mode=setup.mode, quota=setup.quota, budget=setup.budget, ratio=setup.ratio)
+    world.put(setup.quota)
     return world
 
 

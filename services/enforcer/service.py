@@ -111,6 +111,9 @@ class Enforcer:
             hold_retries=True,  # (a quota waiting for its retry is not written sooner, whatever arrives)
             on_retry=self._on_retry,
         )
+        self._tell_pending: set[Key] = set()
+        """Quotas written whose ``status.hard`` has not caught up yet: the namespace's nudges wait for it (a nudge
+        KubeVirt acts on before quota admission has the raise is refused, and nothing would nudge again)."""
         self._held: set[str] = set()
         """Namespaces touched before both inputs were read to their end (acted on once they are)."""
         self._caught_up = {"quotas": False, "usage": False}
@@ -300,8 +303,12 @@ class Enforcer:
         held = self.quotas.get(key)
         # A newer version is kept (its resourceVersion is the next patch's precondition); one that differs only in
         # its status (quota admission's and the quota controller's writes, on every admitted pod) changes no plan.
-        if self._remember(snap) and (held is None or not same_content(held, snap) or self.guard.unsynced(key)):
+        if not self._remember(snap):
+            return
+        if held is None or not same_content(held, snap) or self.guard.unsynced(key):
             self._schedule(key)
+        elif key in self._tell_pending:  # (a status-only version: quota admission may have the raise now)
+            self._tell_when_in_effect(key)
 
     def _gone_on_the_bus(self, key: Key) -> None:
         """The quota events say the quota is gone: the API server decides (a forged deletion must not make the
@@ -411,6 +418,7 @@ class Enforcer:
             if not names:
                 del self._names[key[0]]
         self._acted.pop(key, None)
+        self._tell_pending.discard(key)
         self.reporter.forget(key)
         held = self.guard.forget(key)
         self._quota_patches.pop(key, None)
@@ -461,6 +469,17 @@ class Enforcer:
             log.error("reconcile failed", namespace=key[0], quota=key[1], error=repr(e), exc_info=e)
             raise KubeError(0, type(e).__name__, str(e)) from e
         self._queue.forget(key)
+        self._tell_when_in_effect(key)
+
+    def _tell_when_in_effect(self, key: Key) -> None:
+        """Tell the namespace's VMIs what the usage says (refusals, nudges) once quota admission checks what was
+        written: ``status.hard`` (the quota controller's copy of ``spec.hard``) equals ``spec.hard``; until then
+        wait for the quota event that says so."""
+        quota = self.quotas.get(key)
+        if quota is not None and not enforcement.same(quota.spec_hard, quota.status_hard):
+            self._tell_pending.add(key)
+            return
+        self._tell_pending.discard(key)
         u = self.usage.get(key[0])
         if u is not None and not self.opts.dry_run and not self._stopped:
             self.reporter.tell_and_nudge(key[0], u, self._usage_at.get(key[0], 0))

@@ -174,20 +174,23 @@ class State:
     def _bounded(
         self, estimate: Mapping[str, Quantity], refused: Mapping[str, Quantity], ref: str
     ) -> tuple[ResourceList, ResourceList]:
-        """The estimate with the amounts of quota refusals in place of estimated ones, each only within
-        :func:`evidence_bound` of the estimate (an Event is anyone's to write: evidence, not truth); the others
-        are ignored and reported. Returns the corrected estimate and the amounts taken."""
+        """The estimate with the amounts of quota refusals in place of estimated ones where they are larger, each
+        only up to :func:`evidence_bound` above the estimate (an Event is anyone's to write: evidence, not truth);
+        the others are ignored, those beyond the bound reported. Returns the corrected estimate and the amounts
+        taken. Never smaller: a refusal is KubeVirt's word for a pod it tried to create, and that pod may have been
+        rendered from an older spec (a migration refused before a hotplug made its target larger); an estimate too
+        large only reserves room the pod does not take, one too small would let it take room reserved for others."""
         out = dict(estimate)
         taken: ResourceList = {}
         for r, amount in sorted(refused.items()):
             est = estimate.get(r)
             bound = evidence_bound(r, est) if est is not None else None
-            if est is not None and bound is not None and abs(amount.nanos - est.nanos) <= bound.nanos:
+            if est is not None and bound is not None and 0 <= amount.nanos - est.nanos <= bound.nanos:
                 out[r] = taken[r] = amount
-            else:
-                within = f"{est} ± {bound}" if est is not None else "nothing (not estimated)"
+            elif est is None or bound is None or amount.nanos - est.nanos > bound.nanos:
+                within = f"{est} + up to {bound}" if est is not None else "nothing (not estimated)"
                 self.errors.append(
                     f"{ref}: quota refusal amount {r}={amount} ignored: the estimate is {within}, and an Event "
-                    "may correct an estimate only within that bound"
+                    "may raise an estimate only within that bound"
                 )
         return out, taken

@@ -16,6 +16,7 @@ import pytest
 from kubernetes_asyncio import client, config
 
 from services.devtools.simcluster.cluster import SimCluster
+from services.devtools.simcluster.quota import QuotaTiming
 from services.devtools.simcluster.store_api import Obj
 from services.enforcer.kube import KubeQuotas
 from services.enforcer.options import EnforcerOptions
@@ -876,3 +877,45 @@ async def test_a_paced_write_carries_what_arrived_while_it_waited(
         await publish_usage(bus, 2, terms("64Gi", "80Gi"), MIGRATING)  # ... and this one arrives meanwhile
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "the latest usage applied")
     assert {"limits.memory": "70Gi"} not in written, f"a write planned before it waited went out: {written}"
+
+
+class NudgeRecorder(BeatenOnce):
+    """The enforcer's calls as they are, recording what quota admission checked (``status.hard``) when a VMI was
+    nudged."""
+
+    def __init__(self, inner: KubeQuotas, sim: SimCluster) -> None:
+        super().__init__(inner, sim)
+        self.nudged_at: list[dict[str, str]] = []
+
+    async def nudge_vmi(self, namespace: str, name: str, token: str) -> None:
+        q = self.sim.peek("resourcequotas", NS, "compute") or {}
+        self.nudged_at.append(dict((q.get("status") or {}).get("hard") or {}))
+        await self.inner.nudge_vmi(namespace, name, token)
+
+    async def patch_quota(self, namespace: str, name: str, body: Obj) -> Obj:
+        return await self.inner.patch_quota(namespace, name, body)
+
+
+async def test_a_vmi_is_nudged_once_quota_admission_has_the_raise(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """A nudge KubeVirt acts on before the quota controller copied the raise to ``status.hard`` is refused, and
+    nothing would nudge again (the usage does not change): the enforcer nudges once ``status.hard`` is what it
+    wrote, whenever the quota controller gets to it."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    calls = NudgeRecorder(KubeQuotas(api), sim)
+    e = Enforcer(bus, calls, EnforcerOptions(cluster=CLUSTER, idle=0.1), metrics=Metrics())
+    stop = asyncio.Event()
+    task = asyncio.create_task(e.run(stop))
+    try:
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        await sim.wait_quota_synced(NS, "compute")
+        sim.quota.timing = QuotaTiming(sync_delay=0.3)  # (the quota controller copies spec.hard 0.3 s later)
+        vm = contract.VmState(name="vm9", uid="uid-vm9", state="admitted", pod_refused=True)
+        await publish_usage(bus, 5, terms("64Gi", "80Gi"), vms=[vm])
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "the raise")
+        await sim.wait_for(lambda: bool(calls.nudged_at), within=10, what="the nudge")
+        assert calls.nudged_at[0] == {"limits.memory": "80Gi"}, "nudged before quota admission had the raise"
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 20)

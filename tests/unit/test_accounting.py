@@ -279,13 +279,17 @@ def test_refusal_amounts_replace_the_estimate_for_a_pending_vm() -> None:
     v = refused_vmi(vmi_obj("v", guest="4Gi", t=10, phase="Pending"))
     est = rendered_usage(v, KubeVirtConfig(), facts_for(["limits.memory"]))
     old = refusal_event("v", {"limits.memory": "1"}, t=5)  # before the VMI existed: another incarnation
-    exact = refusal_event("v", {"limits.memory": "9000000000"}, t=20)
+    larger = est["limits.memory"] + Q("100Mi")  # (KubeVirt rendered more than vmquota: within the bound)
+    exact = refusal_event("v", {"limits.memory": str(larger)}, t=20)
     u = account([quota, v, old, exact])
     assert vm(u, "v").state == ADMITTED
     r = u.quotas["rq"].reserved
-    assert r["limits.memory"] == Q("9000000000")
+    assert r["limits.memory"] == larger
     assert r["requests.memory"] == est["requests.memory"]
     assert "quota refusal" in vm(u, "v").reason
+    # an amount below the estimate lowers nothing (the pod it was for may have been rendered from an older spec)
+    smaller = refusal_event("v", {"limits.memory": str(est["limits.memory"] - Q("100Mi"))}, t=20)
+    assert account([quota, v, smaller]).quotas["rq"].reserved["limits.memory"] == est["limits.memory"]
 
 
 def test_refusal_amounts_after_the_migration_correct_its_target_estimate() -> None:

@@ -382,6 +382,14 @@ async def grab_reserved_room(p: Pipeline, tenant: Tenant, budget: Quantity) -> t
     return False, m
 
 
+async def give_back_grabbed_room(p: Pipeline, ns: str) -> None:
+    """Delete the pods :func:`grab_reserved_room` got in: while they run the namespace is over its budget and the
+    migration whose room they took waits."""
+    for pod in await p.sim.list_objects("pods", ns):
+        if pod["metadata"]["name"].startswith("grab-"):
+            await p.sim.store.delete(p.sim.store.resource("pods"), ns, pod["metadata"]["name"])
+
+
 async def install_guard(sim: SimCluster) -> None:
     """The reservation guard's policy and binding, as ``deploy/components/reservation-guard`` ships them."""
     for doc in yaml.safe_load_all(GUARD_POLICY.read_text()):

@@ -26,6 +26,7 @@ from tests.integration.e2e import (
     Pipeline,
     Tenant,
     full_namespace,
+    give_back_grabbed_room,
     grab_reserved_room,
     pipeline,
     plain_pod,
@@ -520,9 +521,7 @@ async def test_without_the_guard_reserved_room_is_taken_once_not_again_after_eve
         u = p.tap.usage[NS]
         (mig,) = [x for x in u.migrations if x.name == m]
         assert mig.state == "waiting" and "taken by another pod" in mig.reason, mig
-        for pod in await p.sim.list_objects("pods", NS):
-            if pod["metadata"]["name"].startswith("grab-"):
-                await p.sim.store.delete(p.sim.store.resource("pods"), NS, pod["metadata"]["name"])
+        await give_back_grabbed_room(p, NS)
         await p.wait_migrated(NS, "vm1", m)
         await settled(p)
         assert charged(p) <= BUDGET

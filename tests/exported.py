@@ -1,9 +1,10 @@
-"""The metrics the services export, from the services' own metric classes (not from a list kept by hand): one
-registry holding every service's families, as ``vmquota run all`` has."""
+"""What the services expose, read from their own code (not from a list kept by hand): the metrics (one registry
+holding every service's families, as ``vmquota run all`` has) and the environment variables ``vmquota run`` reads."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
@@ -69,3 +70,13 @@ def metric_names(expr: str) -> set[str]:
             continue  # (the unit of a number such as 1e3, or a variable)
         names.add(name)
     return names
+
+
+def runner_env_vars() -> set[str]:
+    """Environment variables `vmquota run` reads (from its flags' source: every env/_env_bool call)."""
+    from services.platform import config
+
+    source = Path(config.__file__).read_text()
+    found = set(re.findall(r'\b(?:env|_env_bool)\(\s*"(VMQUOTA_[A-Z_]+)"', source))
+    assert {"VMQUOTA_NATS", "VMQUOTA_CLUSTER"} <= found, "the runner no longer reads its flags this way"
+    return found

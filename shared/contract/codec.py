@@ -137,23 +137,8 @@ def decode_event_fast(data: bytes) -> ObjectEvent:
     raises, not necessarily the same error (:func:`decode_event` then decodes again with the plain decoder)."""
     w: Any = _FAST_EVENT_DECODER.decode(data)
     t = type(w)
-    if t is _WireUpserted:
-        return Upserted(
-            schema=w.schema,
-            id=w.id,
-            source=w.source,
-            subject=w.subject,
-            time=w.time,
-            cluster=w.cluster,
-            kind=w.kind,
-            namespace=w.namespace,
-            name=w.name,
-            uid=w.uid,
-            resource_version=w.resource_version,
-            snapshot=from_wire(w.snapshot),
-        )
-    if t is _WireDeleted:
-        return Deleted(
+    if t is _WireUpserted or t is _WireDeleted:
+        return (Upserted if t is _WireUpserted else Deleted)(
             schema=w.schema,
             id=w.id,
             source=w.source,

@@ -148,10 +148,12 @@ class BusTap:
         """VMIM uid → when its first event was on the bus."""
         self.usage: dict[str, list[float]] = {}
         """namespace → when usage snapshots of it were on the bus."""
+        self.errors: list[str] = []
+        """What the tap's connection reported (a lost connection loses timestamps: the note says so)."""
         self._nc: Any = None
 
     async def start(self, url: str, cluster: str) -> None:
-        self._nc = await nats.connect(url)
+        self._nc = await nats.connect(url, error_cb=self._on_error)
         kind = contract.event_subject(cluster, "VirtualMachineInstanceMigration", "x").rsplit(".", 1)[1]
         await self._nc.subscribe(f"{contract.PREFIX}.ev.{cluster}.*.{kind}", cb=self._on_event)
         usage = contract.usage_subject(cluster, "x").rsplit(".", 1)[0]
@@ -162,6 +164,9 @@ class BusTap:
         ev = contract.decode_event(msg.data)
         if not isinstance(ev, contract.Sync):
             self.vmim_event.setdefault(ev.uid, time.perf_counter())
+
+    async def _on_error(self, e: Exception) -> None:
+        self.errors.append(str(e) or type(e).__name__)
 
     async def _on_usage(self, msg: Msg) -> None:
         self.usage.setdefault(msg.subject.rsplit(".", 1)[1], []).append(time.perf_counter())
@@ -448,7 +453,8 @@ async def run_async(
             "migration unblock: stage medians",
             float(len(stages)),
             "migrations",
-            note=f"{where} (median of each stage over the migrations traced through every stage)",
+            note=f"{where} (median of each stage over the migrations traced through every stage)"
+            + (f"; the bus tap's connection reported: {'; '.join(sorted(set(tap.errors)))}" if tap.errors else ""),
         ),
         Result(
             "migration: quota refusals per target pod",

@@ -28,7 +28,7 @@ from services.platform.bus import Bus, NatsOptions
 from services.platform.config import PLANNED, SERVICES
 from shared import contract
 from tests.conftest import nats_server_binary
-from tests.integration.test_deploy import runner_env_vars
+from tests.exported import runner_env_vars
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose.yaml"

@@ -30,6 +30,7 @@ from shared.ledger.fold import PartitionSet
 from shared.quantity import Quantity
 from shared.quota import guard, modes
 from shared.quota.annotations import RATIO_ANNOTATION
+from tests.exported import runner_env_vars
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -233,16 +234,6 @@ def container_env(objs: tuple[Obj, ...], container: Obj) -> dict[str, str | None
     for e in container.get("env", []):
         env[e["name"]] = e.get("value")
     return env
-
-
-def runner_env_vars() -> set[str]:
-    """Environment variables `vmquota run` reads (from its flags' source: every env/_env_bool call)."""
-    from services.platform import config
-
-    source = Path(config.__file__).read_text()
-    found = set(re.findall(r'\b(?:env|_env_bool)\(\s*"(VMQUOTA_[A-Z_]+)"', source))
-    assert {"VMQUOTA_NATS", "VMQUOTA_CLUSTER"} <= found, "the runner no longer reads its flags this way"
-    return found
 
 
 def strict(schema: Any) -> Any:

@@ -73,3 +73,25 @@ def test_the_commands_import_no_service_and_no_development_tool() -> None:
 
 def test_nothing_of_the_product_imports_the_development_tools() -> None:
     assert offenders(("shared", "services"), ("services.devtools",), allowed=("services.devtools",)) == []
+
+
+def helpers_taken_from_test_modules(path: Path) -> list[str]:
+    """The names a module imports *from* a test module (``from tests.unit.test_x import helper``)."""
+    return [
+        f"{node.module}.{a.name}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.rsplit(".", 1)[-1].startswith("test_")
+        for a in node.names
+    ]
+
+
+def test_no_test_module_takes_helpers_from_another() -> None:
+    """What tests share lives in helper modules (``tests/builders.py``, ``waiting.py``, ``exported.py``,
+    ``integration/e2e.py``, ...), never in a test module another one imports from. (A test that reruns another
+    module's tests to collect their inputs imports that module as a whole: ``test_snapshot`` does.)"""
+    found = [
+        f"{module_name(p)}: {name}"
+        for p in (ROOT / "tests").rglob("*.py")
+        for name in helpers_taken_from_test_modules(p)
+    ]
+    assert found == []

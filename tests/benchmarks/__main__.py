@@ -11,6 +11,7 @@ import pkgutil
 import sys
 import time
 
+from services.platform.logs import configure
 from services.platform.runner import run_to_end
 from tests.benchmarks.common import Result
 
@@ -19,6 +20,7 @@ def main() -> int:
     import tests.benchmarks as pkg
 
     only = set(sys.argv[1:])
+    configure("warning")  # (what runs in this process says only what goes wrong: the figures are the output)
     results: list[Result] = []
     for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
         if not info.name.startswith("bench_") or (only and info.name not in only):

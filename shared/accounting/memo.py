@@ -1,5 +1,5 @@
 """The incremental accelerator's memory: values derived from objects, kept per slot with the very objects they
-came from (:class:`Memo`), and the KubeVirt configuration whose cache holds them. Accounting with ``memoize=False``
+came from (:class:`Memo`), one per KubeVirt configuration, kept here beside it. Accounting with ``memoize=False``
 uses none of it and gives the same result (the reference the tests compare with).
 """
 
@@ -83,9 +83,6 @@ MISS: Final = object()
 _MEMO_SIZE: Final = 65536
 """Memo slots per KubeVirt configuration: three or four per VM (estimates, its entry, its pods' entries) and a few
 per namespace and quota; past that (some 15,000 VMs), misses only cost time."""
-_MEMO_KEY: Final = ("shared.accounting", "memo")
-"""Where the memo lives in ``KubeVirtConfig.cache``."""
-
 _config_memo: tuple[KubeVirtSnapshot, KubeVirtConfig] | None = None
 
 
@@ -108,8 +105,20 @@ _DEFAULT_CONFIG: Final = KubeVirtConfig()
 
 
 def memo_of(config: KubeVirtConfig) -> Memo:
-    """The memo of values derived under this configuration (kept in its cache: they depend on it)."""
-    memo = config.cache.get(_MEMO_KEY)
-    if not isinstance(memo, Memo):
-        memo = config.cache[_MEMO_KEY] = Memo(_MEMO_SIZE)
+    """The memo of values derived under this configuration (they depend on it): KubeVirt's defaults have one, and
+    the configuration accounted last has one, kept beside it here (a configuration is immutable and holds no memo
+    of its own); another configuration gets a new one (a KubeVirt CR changes rarely; the old values are then
+    worthless)."""
+    global _last_memo
+    if config is _DEFAULT_CONFIG:
+        return _DEFAULT_MEMO
+    last = _last_memo
+    if last is not None and last[0] is config:
+        return last[1]
+    memo = Memo(_MEMO_SIZE)
+    _last_memo = (config, memo)
     return memo
+
+
+_DEFAULT_MEMO: Final = Memo(_MEMO_SIZE)
+_last_memo: tuple[KubeVirtConfig, Memo] | None = None

@@ -4,22 +4,30 @@ optimisation only: nothing depends on it for correctness."""
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 from shared.quantity import Quantity
 
-NO_QUANTITIES: Final[dict[str, Quantity]] = {}
-"""One empty resource list for every snapshot without one (read-only, like the snapshot holding it)."""
+
+class SharedResources(dict[str, Quantity]):
+    """A resource list that snapshots of one shape share (read-only, like the snapshots holding it): its type says
+    it is shared already, so a snapshot given one keeps it as it is. Equal to, and encoded as, a plain dict."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[type[dict[str, Any]], tuple[dict[str, Any]]]:
+        return dict, (dict(self),)  # (a copy is a plain dict: shared is what the memo handed out, nothing else)
 
 
-_SHARED_LISTS: dict[tuple[str | int, ...], dict[str, Quantity]] = {}
+NO_QUANTITIES: Final = SharedResources()
+"""One empty resource list for every snapshot without one."""
+
+
+_SHARED_LISTS: dict[tuple[str | int, ...], SharedResources] = {}
 _SHARED_LISTS_MAX: Final = 4096
-SHARED_LIST_IDS: dict[int, dict[str, Quantity]] = {}
-"""The shared lists by ``id`` (alive while ``_SHARED_LISTS`` holds them, the empty one always): a shared list is
-recognised at once."""
 
 
-def shared_resources(rl: dict[str, Quantity]) -> dict[str, Quantity]:
+def shared_resources(rl: dict[str, Quantity]) -> SharedResources:
     """An equal resource list (the same names in the same order, the very same quantity objects) that snapshots
     of the same shape share (launcher pods of one instance type). Read-only, like the snapshot holding it.
 
@@ -33,19 +41,16 @@ def shared_resources(rl: dict[str, Quantity]) -> dict[str, Quantity]:
     if shared is None:
         if len(_SHARED_LISTS) >= _SHARED_LISTS_MAX:
             _SHARED_LISTS.clear()  # bounded; sharing is an optimisation, never needed for correctness
-            SHARED_LIST_IDS.clear()
-            SHARED_LIST_IDS[id(NO_QUANTITIES)] = NO_QUANTITIES
-        shared = dict(rl)
-        _SHARED_LISTS[key] = SHARED_LIST_IDS[id(shared)] = shared
+        shared = _SHARED_LISTS[key] = SharedResources(rl)
     return shared
 
 
-_SHARED_POD_LISTS: dict[tuple[str | int, ...], tuple[dict[str, Quantity], ...]] = {}
+_SHARED_POD_LISTS: dict[tuple[str | int, ...], tuple[SharedResources, ...]] = {}
 
 
 def shared_pod_resources(
     requests: dict[str, Quantity], limits: dict[str, Quantity], usage: dict[str, Quantity]
-) -> tuple[dict[str, Quantity], ...]:
+) -> tuple[SharedResources, ...]:
     """:func:`shared_resources` of a pod's three lists at once (one key, one lookup: every pod event)."""
     key: tuple[str | int, ...] = (
         *requests,
@@ -67,6 +72,3 @@ def shared_pod_resources(
             shared_resources(usage),
         )
     return found
-
-
-SHARED_LIST_IDS[id(NO_QUANTITIES)] = NO_QUANTITIES

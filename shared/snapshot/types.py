@@ -23,8 +23,8 @@ from shared.kinds import (
 )
 from shared.quantity import Quantity
 from shared.snapshot.hooks import enc_hook
-from shared.snapshot.sharing import NO_QUANTITIES, SHARED_LIST_IDS, shared_pod_resources
-from shared.snapshot.vmispec import COMPACT_SHARED, compact_vmi_spec
+from shared.snapshot.sharing import NO_QUANTITIES, SharedResources, shared_pod_resources
+from shared.snapshot.vmispec import SharedSpec, compact_vmi_spec
 
 _intern: Final = sys.intern
 _set: Final = msgspec.structs.force_setattr
@@ -153,7 +153,7 @@ class VmiSnapshot(Snapshot, tag=VMI_KIND, frozen=True, kw_only=True):
     def __post_init__(self) -> None:  # on construction and on decode (every VMI event the ledger folds: inlined)
         setattr_, intern = _set, _intern
         spec = self.spec
-        if COMPACT_SHARED.get(id(spec)) is not spec:  # (a shared spec is itself: :func:`compact_vmi_spec`)
+        if type(spec) is not SharedSpec:  # (a shared spec is kept as it is: :func:`compact_vmi_spec`)
             setattr_(self, "spec", compact_vmi_spec(spec))  # old writers sent the whole spec
         # Identity strings interned: a VM's name and uid recur in its VMI, its pods' labels and owner references and
         # every version of them, and a ledger keys its records by the uid.
@@ -238,13 +238,11 @@ class PodSnapshot(Snapshot, tag=POD_KIND, frozen=True, kw_only=True):
     priority_class_name: str = ""
 
     def __post_init__(self) -> None:  # on construction and on decode (every pod event the ledger folds: inlined)
-        setattr_, intern, shared = _set, _intern, SHARED_LIST_IDS
+        setattr_, intern, shared = _set, _intern, SharedResources
         requests, limits, usage = self.requests, self.limits, self.usage
         if (
-            shared.get(id(requests)) is not requests
-            or shared.get(id(limits)) is not limits
-            or shared.get(id(usage)) is not usage
-        ):  # (shared lists are themselves: the events decoder hands them out)
+            type(requests) is not shared or type(limits) is not shared or type(usage) is not shared
+        ):  # (shared lists are kept as they are: the events decoder hands them out)
             requests, limits, usage = shared_pod_resources(requests, limits, usage)
             setattr_(self, "requests", requests)
             setattr_(self, "limits", limits)

@@ -89,11 +89,19 @@ def prune_vmi_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
 _SPEC_ENCODER: Final = msgspec.json.Encoder()
 
 
-_COMPACT: dict[bytes, dict[str, Any]] = {}
+class SharedSpec(dict[str, Any]):
+    """A pruned VMI spec that VMIs of one template share (read-only, like the snapshots holding it): its type says
+    it is shared already, so a snapshot given one keeps it as it is. Equal to, and encoded as, a plain dict."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[type[dict[str, Any]], tuple[dict[str, Any]]]:
+        return dict, (dict(self),)  # (a copy is a plain dict: shared is what the memo handed out, nothing else)
+
+
+_COMPACT: dict[bytes, SharedSpec] = {}
 """The encoded form of each shared pruned spec → that spec (at most ``_COMPACT_MAX``)."""
 _COMPACT_MAX: Final = 4096
-COMPACT_SHARED: dict[int, dict[str, Any]] = {}
-"""The same specs by ``id`` (alive while ``_COMPACT`` holds them): a shared spec is recognised at once."""
 
 
 def compact_vmi_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -102,9 +110,9 @@ def compact_vmi_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     shared one, with the same JSON form, is that one, without pruning it again (pruning a pruned spec changes
     nothing): the common case of a snapshot decoded from the wire, whose spec its writer pruned. A shared spec is
     itself."""
-    known: dict[str, Any] | None = COMPACT_SHARED.get(id(spec))
-    if known is spec:
-        return known
+    if type(spec) is SharedSpec:
+        return spec
+    known: dict[str, Any] | None
     try:
         known = _COMPACT.get(_SPEC_ENCODER.encode(spec))
     except (TypeError, ValueError, RecursionError, msgspec.EncodeError):  # (what pruning drops may not encode)
@@ -118,12 +126,11 @@ def compact_vmi_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
         return pruned
     shared = _COMPACT.get(key)
     if shared is None:
-        shared = cast(dict[str, Any], msgspec.json.decode(key))
+        shared = SharedSpec(cast(dict[str, Any], msgspec.json.decode(key)))
         if shared != pruned:
             return pruned
         if len(_COMPACT) >= _COMPACT_MAX:
             _COMPACT.clear()  # (more shapes than that: remembered afresh)
-            COMPACT_SHARED.clear()
-        _COMPACT[key] = COMPACT_SHARED[id(shared)] = shared
+        _COMPACT[key] = shared
         return shared
     return shared if shared == pruned else pruned

@@ -26,6 +26,7 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any, Final
 
+from shared.bounded import Bounded
 from shared.errors import InvalidInput, InvalidQuantity
 from shared.quantity import MAX_NANOS, NANO, Format, Quantity
 from shared.resources import (
@@ -112,8 +113,7 @@ def _effective(containers: Iterable[_Entry], limits: bool) -> ResourceList:
     return {k: _quantity(n, total_fmt[k]) for k, n in total.items()}
 
 
-_QUANTITIES: dict[tuple[int, Format], Quantity] = {}
-_QUANTITIES_MAX: Final = 4096
+_QUANTITIES: Final[Bounded[tuple[int, Format], Quantity]] = Bounded(4096)
 
 
 def _quantity(nanos: int, fmt: Format) -> Quantity:
@@ -122,9 +122,7 @@ def _quantity(nanos: int, fmt: Format) -> Quantity:
     key = (nanos, fmt)
     q = _QUANTITIES.get(key)
     if q is None:
-        if len(_QUANTITIES) >= _QUANTITIES_MAX:
-            _QUANTITIES.clear()
-        q = _QUANTITIES[key] = Quantity(nanos, fmt)
+        q = _QUANTITIES.keep(key, Quantity(nanos, fmt))
     return q
 
 

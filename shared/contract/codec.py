@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import msgspec
 
+from shared.bounded import Bounded
 from shared.contract.messages import (
     SCHEMA,
     DeadLetter,
@@ -56,7 +57,7 @@ def _check_schema(schema: int) -> None:
         raise InvalidInput(f"schema version {schema} is not supported (this build reads 1..{SCHEMA})", "schema")
 
 
-_KNOWN_LABELS: set[str] = set()
+_KNOWN_LABELS: Final[Bounded[str, bool]] = Bounded(65536)
 """DNS labels already validated (cluster ids and namespaces repeat on every event: validate each once)."""
 
 
@@ -64,10 +65,7 @@ def _known_label(s: str) -> bool:
     if s in _KNOWN_LABELS:
         return True
     if isinstance(s, str) and _DNS_LABEL.match(s):
-        if len(_KNOWN_LABELS) >= 65536:
-            _KNOWN_LABELS.clear()
-        _KNOWN_LABELS.add(s)
-        return True
+        return _KNOWN_LABELS.keep(s, True)
     return False
 
 

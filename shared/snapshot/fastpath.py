@@ -9,6 +9,7 @@ from typing import Any, Final, Union
 
 import msgspec
 
+from shared.bounded import Bounded
 from shared.quantity import Quantity
 from shared.snapshot.hooks import dec_hook
 from shared.snapshot.sharing import shared_resources
@@ -58,8 +59,8 @@ _MEMO_TEXT_BYTES: Final = 4096
 """Longer texts are decoded every time, not remembered."""
 _RESOURCES_DECODER: Final = msgspec.json.Decoder(dict[str, Quantity], dec_hook=dec_hook)
 _SPEC_DECODER: Final = msgspec.json.Decoder(dict[str, Any])
-_POD_LISTS: dict[tuple[bytes, bytes, bytes], tuple[dict[str, Quantity], ...]] = {}
-_VMI_SPECS: dict[bytes, dict[str, Any]] = {}
+_POD_LISTS: Final[Bounded[tuple[bytes, bytes, bytes], tuple[dict[str, Quantity], ...]]] = Bounded(_MEMO_ENTRIES)
+_VMI_SPECS: Final[Bounded[bytes, dict[str, Any]]] = Bounded(_MEMO_ENTRIES)
 
 
 def _pod_from_wire(w: Any) -> PodSnapshot:
@@ -70,9 +71,7 @@ def _pod_from_wire(w: Any) -> PodSnapshot:
     if lists is None:
         lists = tuple(shared_resources(_RESOURCES_DECODER.decode(text)) for text in key)
         if sum(map(len, key)) <= _MEMO_TEXT_BYTES:
-            if len(_POD_LISTS) >= _MEMO_ENTRIES:
-                _POD_LISTS.clear()
-            _POD_LISTS[key] = lists
+            _POD_LISTS.keep(key, lists)
     requests, limits, usage = lists
     return PodSnapshot(
         schema=w.schema,
@@ -104,9 +103,7 @@ def _vmi_from_wire(w: Any) -> VmiSnapshot:
     if spec is None:
         spec = compact_vmi_spec(_SPEC_DECODER.decode(text))
         if len(text) <= _MEMO_TEXT_BYTES:
-            if len(_VMI_SPECS) >= _MEMO_ENTRIES:
-                _VMI_SPECS.clear()
-            _VMI_SPECS[text] = spec
+            _VMI_SPECS.keep(text, spec)
     return VmiSnapshot(
         schema=w.schema,
         uid=w.uid,

@@ -4,8 +4,9 @@ hooks for any Struct that embeds a snapshot or a resource list)."""
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Any
+from typing import Any, Final
 
+from shared.bounded import Bounded
 from shared.quantity import Quantity
 
 
@@ -18,7 +19,7 @@ def enc_hook(obj: Any) -> Any:
     raise NotImplementedError(f"cannot encode {type(obj).__name__}")
 
 
-_WIRE_QUANTITIES: dict[str, Quantity] = {}
+_WIRE_QUANTITIES: Final[Bounded[str, Quantity]] = Bounded(8192)
 """Quantities decoded, by printed form: quantities on the bus are canonical strings from a small set, so one
 (immutable) object serves them all; a plain dict lookup is the cheapest call per quantity decoded, and sharing
 the object lets snapshots share their resource lists (:func:`shared_resources`)."""
@@ -30,10 +31,7 @@ def dec_hook(tp: type, obj: Any) -> Any:
         if type(obj) is str:
             q = _WIRE_QUANTITIES.get(obj)
             if q is None:
-                q = Quantity.parse(obj)
-                if len(_WIRE_QUANTITIES) >= 8192:
-                    _WIRE_QUANTITIES.clear()
-                _WIRE_QUANTITIES[obj] = q
+                q = _WIRE_QUANTITIES.keep(obj, Quantity.parse(obj))
             return q
         return Quantity.parse(obj)
     raise NotImplementedError(f"cannot decode {tp}")

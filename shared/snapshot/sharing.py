@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from shared.bounded import Bounded
 from shared.quantity import Quantity
 
 
@@ -23,8 +24,7 @@ NO_QUANTITIES: Final = SharedResources()
 """One empty resource list for every snapshot without one."""
 
 
-_SHARED_LISTS: dict[tuple[str | int, ...], SharedResources] = {}
-_SHARED_LISTS_MAX: Final = 4096
+_SHARED_LISTS: Final[Bounded[tuple[str | int, ...], SharedResources]] = Bounded(4096)
 
 
 def shared_resources(rl: dict[str, Quantity]) -> SharedResources:
@@ -39,13 +39,11 @@ def shared_resources(rl: dict[str, Quantity]) -> SharedResources:
     key: tuple[str | int, ...] = (*rl, *map(id, rl.values()))
     shared = _SHARED_LISTS.get(key)
     if shared is None:
-        if len(_SHARED_LISTS) >= _SHARED_LISTS_MAX:
-            _SHARED_LISTS.clear()  # bounded; sharing is an optimisation, never needed for correctness
-        shared = _SHARED_LISTS[key] = SharedResources(rl)
+        shared = _SHARED_LISTS.keep(key, SharedResources(rl))
     return shared
 
 
-_SHARED_POD_LISTS: dict[tuple[str | int, ...], tuple[SharedResources, ...]] = {}
+_SHARED_POD_LISTS: Final[Bounded[tuple[str | int, ...], tuple[SharedResources, ...]]] = Bounded(4096)
 
 
 def shared_pod_resources(
@@ -64,11 +62,7 @@ def shared_pod_resources(
     )
     found = _SHARED_POD_LISTS.get(key)
     if found is None:
-        if len(_SHARED_POD_LISTS) >= _SHARED_LISTS_MAX:
-            _SHARED_POD_LISTS.clear()
-        found = _SHARED_POD_LISTS[key] = (
-            shared_resources(requests),
-            shared_resources(limits),
-            shared_resources(usage),
+        found = _SHARED_POD_LISTS.keep(
+            key, (shared_resources(requests), shared_resources(limits), shared_resources(usage))
         )
     return found

@@ -8,6 +8,8 @@ from typing import Any, Final, cast
 
 import msgspec
 
+from shared.bounded import Bounded
+
 KEEP: Final = None
 """In a spec shape: keep the value verbatim."""
 PRESENT: Final = "present"
@@ -99,9 +101,8 @@ class SharedSpec(dict[str, Any]):
         return dict, (dict(self),)  # (a copy is a plain dict: shared is what the memo handed out, nothing else)
 
 
-_COMPACT: dict[bytes, SharedSpec] = {}
-"""The encoded form of each shared pruned spec → that spec (at most ``_COMPACT_MAX``)."""
-_COMPACT_MAX: Final = 4096
+_COMPACT: Final[Bounded[bytes, SharedSpec]] = Bounded(4096)
+"""The encoded form of each shared pruned spec → that spec."""
 
 
 def compact_vmi_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -129,8 +130,5 @@ def compact_vmi_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
         shared = SharedSpec(cast(dict[str, Any], msgspec.json.decode(key)))
         if shared != pruned:
             return pruned
-        if len(_COMPACT) >= _COMPACT_MAX:
-            _COMPACT.clear()  # (more shapes than that: remembered afresh)
-        _COMPACT[key] = shared
-        return shared
+        return _COMPACT.keep(key, shared)
     return shared if shared == pruned else pruned

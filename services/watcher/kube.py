@@ -21,10 +21,10 @@ import aiohttp
 import msgspec
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
-from services.platform.kube import NETWORK, KubeError, Obj, call, call_bytes, error_from_status
+from services.platform.kube import NETWORK, KubeError, Obj, call, call_bytes, call_object, error_from_status
 from services.platform.kube import decode_json as _decode
 
-__all__ = ["KubeError", "Obj", "ResourceSpec", "Timeouts", "error_from_status", "list_pages", "watch"]
+__all__ = ["KubeError", "Obj", "ResourceSpec", "Timeouts", "error_from_status", "list_pages", "read", "watch"]
 _MAX_LINE: Final = 64 * 1024 * 1024
 """A watch frame larger than this is a broken stream, not an object."""
 
@@ -170,6 +170,33 @@ async def list_pages(
         if ahead is not None:
             ahead.cancel()
             ahead.add_done_callback(_retrieve)
+
+
+async def read(
+    api: ApiClient, spec: ResourceSpec, namespace: str, name: str, timeouts: Timeouts = Timeouts()
+) -> Obj | None:
+    """One namespaced custom object of ``spec`` as the API server has it now (a quorum read); None when it does not
+    exist. ``kind`` and ``apiVersion`` are set as for listed objects."""
+    if not spec.group:
+        raise ValueError(f"read() serves custom resources only, not {spec.key}")
+    custom = CustomObjectsApi(api)
+    try:
+        obj = await call_object(
+            custom.get_namespaced_custom_object,
+            spec.group,
+            spec.version,
+            namespace,
+            spec.plural,
+            name,
+            _request_timeout=timeouts.for_list(),
+        )
+    except KubeError as e:
+        if e.status == 404:
+            return None
+        raise
+    obj.setdefault("kind", spec.kind)
+    obj.setdefault("apiVersion", f"{spec.group}/{spec.version}")
+    return obj
 
 
 def _retrieve(task: asyncio.Task[ListPage]) -> None:

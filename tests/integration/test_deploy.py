@@ -119,14 +119,20 @@ def calls_of(module: Any) -> set[Rule]:
 
 def watcher_rules() -> set[Rule]:
     """The watcher lists and watches (``services/watcher/kube.py``: ``list_pages`` and ``watch``, one list method
-    per resource) every resource of ``services.watcher.watcher.RESOURCES``, and calls nothing else."""
+    per resource) every resource of ``services.watcher.watcher.RESOURCES``, reads single objects (``read``: a
+    ``get``) of the kinds its loops name in ``reads``, and calls nothing else."""
     from services.watcher import kube as wkube
     from services.watcher import watcher
 
     source = Path(wkube.__file__).read_text()
     verbs = {"list"} | ({"watch"} if re.search(r'"watch":\s*True', source) else set())
     assert calls_of(watcher) == set(), "the watcher makes no API call of its own"
-    return {(r.group, r.plural, v) for r in watcher.RESOURCES for v in verbs}
+    assert "get_namespaced_custom_object" in source, "the watcher's read() is how it gets single objects"
+    reads = {loop.reads for loop in watcher.LOOPS.values() if loop.reads}
+    assert reads, "a loop reads single objects (the refused migration's VMI)"
+    return {(r.group, r.plural, v) for r in watcher.RESOURCES for v in verbs} | {
+        (r.group, r.plural, "get") for r in watcher.RESOURCES if r.kind in reads
+    }
 
 
 def enforcer_rules() -> tuple[set[Rule], set[Rule]]:
@@ -405,7 +411,8 @@ def test_the_rbac_check_fails_on_an_extra_verb() -> None:
     objs = render(DEPLOY / "overlays" / "single-cluster")
     widened = json.loads(json.dumps(objs))
     role = next(o for o in widened if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "vmquota-watcher")
-    role["rules"][1]["verbs"].append("delete")
+    core = next(r for r in role["rules"] if r["apiGroups"] == [""])
+    core["verbs"].append("delete")
     cluster, _ = granted(tuple(widened), "vmquota-watcher")
     assert cluster != CLUSTER_RULES["watcher"]
     assert ("", "pods", "delete") in cluster

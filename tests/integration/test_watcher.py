@@ -34,14 +34,15 @@ from services.platform.config import Config
 from services.platform.http import Health, Metrics
 from services.platform.lease import LeaseTiming
 from services.platform.runner import Runtime
-from services.watcher.kube import Timeouts
+from services.watcher.kube import ResourceSpec, Timeouts
 from services.watcher.main import Tuning, serve
-from services.watcher.watcher import WatcherConfig
+from services.watcher.watcher import RESOURCES, WatcherConfig
 from shared import contract
 from shared.backoff import Backoff
 from shared.contract import Deleted, Sync, Upserted
 from shared.ledger.fold import Ledger, PartitionSet
-from shared.snapshot import KubeVirtSnapshot
+from shared.quantity import Quantity
+from shared.snapshot import KubeVirtSnapshot, VmiSnapshot
 from tests.conftest import NatsServer
 from tests.integration.conftest import SimApi
 from tests.waiting import wait_until
@@ -101,8 +102,8 @@ class Cluster:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    async def create(self, kind: str, obj: Obj, namespace: str | None = None) -> Obj:
-        return await self.store.create(self.store.resource(kind), obj, namespace=namespace)
+    async def create(self, kind: str, obj: Obj, namespace: str | None = None, *, keep_status: bool = False) -> Obj:
+        return await self.store.create(self.store.resource(kind), obj, namespace=namespace, keep_status=keep_status)
 
     async def delete(self, kind: str, namespace: str | None, name: str) -> None:
         await self.store.delete(self.store.resource(kind), namespace, name)
@@ -216,7 +217,11 @@ async def start_watcher(nats_server: NatsServer, sim_api: SimApi) -> AsyncIterat
     running: list[RunningWatcher] = []
 
     async def start(
-        identity: str = "w1", *, leader_election: bool = False, lease: LeaseTiming | None = None
+        identity: str = "w1",
+        *,
+        leader_election: bool = False,
+        lease: LeaseTiming | None = None,
+        resources: tuple[ResourceSpec, ...] = RESOURCES,
     ) -> RunningWatcher:
         config = Config(
             service="watcher",
@@ -238,6 +243,7 @@ async def start_watcher(nats_server: NatsServer, sim_api: SimApi) -> AsyncIterat
             page_size=7,  # several pages even for small tests
             timeouts=Timeouts(connect=5.0, list_read=10.0, watch=5.0, watch_slack=5.0),
             backoff=Backoff(initial=0.05, maximum=0.5),
+            resources=resources,
         )
         tuning = Tuning(lease=lease or LeaseTiming(), watcher=settings)
         w = RunningWatcher(rt, asyncio.create_task(serve(rt, tuning), name=f"watcher-{identity}"))
@@ -319,6 +325,58 @@ async def test_publishes_every_object_then_changes_and_deletions(
     gone = tap.of(Deleted, "VirtualMachineInstance", "vm1")[0]
     assert gone.snapshot is not None and gone.snapshot.name == "vm1"
     assert w.metric("vmquota_watcher_relists_total", kind="Pod", reason="gone") == 0
+    assert w.rt.health.ready
+
+
+def migration(name: str, vmi_name: str, *, rejected: bool) -> Obj:
+    conditions = [{"type": "migrationRejectedByResourceQuota", "status": "True"}] if rejected else []
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstanceMigration",
+        "metadata": {"name": name},
+        "spec": {"vmiName": vmi_name},
+        "status": {"phase": "Pending", "conditions": conditions},
+    }
+
+
+async def test_a_refused_migrations_vmi_is_read_afresh_and_published_before_it(
+    cluster: Cluster, tap: Tap, start_watcher: StartWatcher
+) -> None:
+    """The VMI watch may lag the migration watch (a hotplug not delivered yet when KubeVirt's target is refused):
+    before a migration whose target quota refused is published, the watcher reads its VMI and publishes it first
+    when newer. Here the VMI watch never delivers the VMIs (a label selector hides them), so only the fresh read can
+    publish one; a migration not refused reads nothing."""
+    hidden = "vmquota-test/hidden"
+    resources = tuple(
+        ResourceSpec(r.kind, r.plural, r.group, r.version, label_selector=f"!{hidden}")
+        if r.kind == "VirtualMachineInstance"
+        else r
+        for r in RESOURCES
+    )
+    for name in ("vm1", "vm2"):
+        obj = vmi(name)
+        obj["metadata"]["labels"] = {hidden: "true"}
+        await cluster.create("virtualmachineinstances", obj, "a")
+    vmims = "virtualmachineinstancemigrations"
+    await cluster.create(vmims, migration("m1", "vm1", rejected=True), "a", keep_status=True)  # listed
+    w = await start_watcher(resources=resources)
+    await wait_until(lambda: w.rt.health.ready, what="every resource listed")
+    await cluster.create(vmims, migration("m2", "vm2", rejected=False), "a", keep_status=True)  # watched
+    grow = {"spec": {"domain": {"memory": {"guest": "2Gi"}}}}  # (a hotplug the VMI watch does not deliver)
+    await cluster.store.patch(cluster.store.resource("virtualmachineinstances"), "a", "vm2", grow, "merge")
+    await cluster.create(vmims, migration("m3", "vm2", rejected=True), "a", keep_status=True)
+    await tap.wait("the migrations", lambda: len(tap.of(Upserted, "VirtualMachineInstanceMigration")) == 3)
+    order = [(e.kind, e.name) for e in tap.events if isinstance(e, Upserted) and e.kind.startswith("VirtualMachineI")]
+    vmi_kind, vmim_kind = "VirtualMachineInstance", "VirtualMachineInstanceMigration"
+    assert order == [
+        (vmi_kind, "vm1"),
+        (vmim_kind, "m1"),
+        (vmim_kind, "m2"),
+        (vmi_kind, "vm2"),
+        (vmim_kind, "m3"),
+    ], "each refused migration's VMI, read afresh, just before it (listed or watched); nothing for the other"
+    sizes = [e.snapshot.guest_memory for e in tap.of(Upserted, vmi_kind) if isinstance(e.snapshot, VmiSnapshot)]
+    assert sizes == [Quantity.parse("1Gi"), Quantity.parse("2Gi")], "as the API server has each VMI when read"
     assert w.rt.health.ready
 
 

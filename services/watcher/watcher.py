@@ -342,8 +342,8 @@ class MigrationListWatch(ListWatch):
     then), its VMI is read afresh and published first when it is newer than what the VMI loop published: the two
     watches lag each other, and a target reserved from a VMI older than the one KubeVirt rendered it from (a
     hotplug the VMI watch has not delivered yet) would be too small, its growth never admitted
-    (``docs/accounting.md``, "Known limits"). One read per such migration event; a failed read is logged and the
-    migration published all the same (the VMI watch catches up as before)."""
+    (``docs/accounting.md``, "Known limits"). One read per event of such a migration while it is ``Pending``; a
+    failed read is logged and the migration published all the same (the VMI watch catches up as before)."""
 
     reads_first = True
     reads = VMI_KIND
@@ -370,8 +370,12 @@ class MigrationListWatch(ListWatch):
 
 
 def _rejected_by_quota(obj: Obj) -> bool:
+    """A migration still waiting for its target (``Pending``: KubeVirt has not created it) whose last try quota
+    refused: the ledger reserves its target now. (Later phases have their target: nothing to read for.)"""
     status = obj.get("status")
-    conditions = status.get("conditions") if isinstance(status, dict) else None
+    if not isinstance(status, dict) or status.get("phase") not in (None, "", "Pending"):
+        return False
+    conditions = status.get("conditions")
     return isinstance(conditions, list) and any(
         isinstance(c, dict) and c.get("type") == REJECTED_BY_QUOTA and c.get("status") == "True" for c in conditions
     )

@@ -328,14 +328,14 @@ async def test_publishes_every_object_then_changes_and_deletions(
     assert w.rt.health.ready
 
 
-def migration(name: str, vmi_name: str, *, rejected: bool) -> Obj:
+def migration(name: str, vmi_name: str, *, rejected: bool, phase: str = "Pending") -> Obj:
     conditions = [{"type": "migrationRejectedByResourceQuota", "status": "True"}] if rejected else []
     return {
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachineInstanceMigration",
         "metadata": {"name": name},
         "spec": {"vmiName": vmi_name},
-        "status": {"phase": "Pending", "conditions": conditions},
+        "status": {"phase": phase, "conditions": conditions},
     }
 
 
@@ -345,7 +345,7 @@ async def test_a_refused_migrations_vmi_is_read_afresh_and_published_before_it(
     """The VMI watch may lag the migration watch (a hotplug not delivered yet when KubeVirt's target is refused):
     before a migration whose target quota refused is published, the watcher reads its VMI and publishes it first
     when newer. Here the VMI watch never delivers the VMIs (a label selector hides them), so only the fresh read can
-    publish one; a migration not refused reads nothing."""
+    publish one; a migration not refused, or past ``Pending`` (its target exists), reads nothing."""
     hidden = "vmquota-test/hidden"
     resources = tuple(
         ResourceSpec(r.kind, r.plural, r.group, r.version, label_selector=f"!{hidden}")
@@ -353,7 +353,7 @@ async def test_a_refused_migrations_vmi_is_read_afresh_and_published_before_it(
         else r
         for r in RESOURCES
     )
-    for name in ("vm1", "vm2"):
+    for name in ("vm1", "vm2", "vm3"):
         obj = vmi(name)
         obj["metadata"]["labels"] = {hidden: "true"}
         await cluster.create("virtualmachineinstances", obj, "a")
@@ -362,16 +362,19 @@ async def test_a_refused_migrations_vmi_is_read_afresh_and_published_before_it(
     w = await start_watcher(resources=resources)
     await wait_until(lambda: w.rt.health.ready, what="every resource listed")
     await cluster.create(vmims, migration("m2", "vm2", rejected=False), "a", keep_status=True)  # watched
+    scheduling = migration("m0", "vm3", rejected=True, phase="Scheduling")
+    await cluster.create(vmims, scheduling, "a", keep_status=True)
     grow = {"spec": {"domain": {"memory": {"guest": "2Gi"}}}}  # (a hotplug the VMI watch does not deliver)
     await cluster.store.patch(cluster.store.resource("virtualmachineinstances"), "a", "vm2", grow, "merge")
     await cluster.create(vmims, migration("m3", "vm2", rejected=True), "a", keep_status=True)
-    await tap.wait("the migrations", lambda: len(tap.of(Upserted, "VirtualMachineInstanceMigration")) == 3)
+    await tap.wait("the migrations", lambda: len(tap.of(Upserted, "VirtualMachineInstanceMigration")) == 4)
     order = [(e.kind, e.name) for e in tap.events if isinstance(e, Upserted) and e.kind.startswith("VirtualMachineI")]
     vmi_kind, vmim_kind = "VirtualMachineInstance", "VirtualMachineInstanceMigration"
     assert order == [
         (vmi_kind, "vm1"),
         (vmim_kind, "m1"),
         (vmim_kind, "m2"),
+        (vmim_kind, "m0"),
         (vmi_kind, "vm2"),
         (vmim_kind, "m3"),
     ], "each refused migration's VMI, read afresh, just before it (listed or watched); nothing for the other"

@@ -490,7 +490,12 @@ class Cluster:
         self.seen[kind] = at + 1
         if kind == VMI_KIND and at < self.read_at.get(uid, 0):
             return True  # (older than what the fresh read published)
-        if kind == VMIM_KIND and isinstance(snap, VmimSnapshot) and snap.rejected_by_quota:
+        if (
+            kind == VMIM_KIND
+            and isinstance(snap, VmimSnapshot)
+            and snap.rejected_by_quota
+            and snap.phase in ("", "Pending")
+        ):
             self.read_vmi_afresh(snap.vmi_name)
         if snap is None:
             self.view[kind].pop(uid, None)
@@ -499,8 +504,8 @@ class Cluster:
         return True
 
     def read_vmi_afresh(self, name: str) -> None:
-        """The watcher, before it publishes a migration KubeVirt's target was refused for, reads the VMI from the
-        API server and publishes it when newer (``services.watcher.watcher.MigrationListWatch``)."""
+        """The watcher, before it publishes a pending migration KubeVirt's target was refused for, reads the VMI from
+        the API server and publishes it when newer (``services.watcher.watcher.MigrationListWatch``)."""
         history = self.history[VMI_KIND]
         at = next(
             (i for i in range(len(history) - 1, -1, -1) if (s := history[i][1]) is not None and s.name == name), None

@@ -1354,19 +1354,26 @@ def cluster(mode: Mode, budget: dict[str, str], *, guarded: bool, cpu_allocation
     return Cluster(setup, guarded=guarded)
 
 
-def full_with_a_refused_migration(*, guarded: bool) -> tuple[Cluster, Quantity]:
-    """Two 1Gi VMs fill a ``limits.memory`` budget of exactly their two launcher pods; one migrates and KubeVirt is
-    refused its target; vmquota raises ``spec.hard`` for it and the quota controller copies it. Returns the cluster
-    and the reserved room (``S``, one launcher pod)."""
-    probe = launcher_obj(vmi_obj("probe", guest="1Gi"), facts=facts_for(["limits.memory"]), vouched=False)
+def two_full_vms(guest_mib: int, *, guarded: bool) -> tuple[Cluster, Quantity]:
+    """Two VMs of ``guest_mib`` fill a ``limits.memory`` budget of exactly their two launcher pods, both running,
+    vmquota caught up. Returns the cluster and one launcher pod's ``limits.memory``."""
+    probe = launcher_obj(vmi_obj("probe", guest=f"{guest_mib}Mi"), facts=facts_for(["limits.memory"]), vouched=False)
     pod = usage_of(probe)["limits.memory"]
     c = cluster(Mode.VMI_POD_USAGE, {"limits.memory": (pod + pod).canonical()}, guarded=guarded)
     for _ in range(2):
-        c.tenant_vm(1, 1024)
+        c.tenant_vm(1, guest_mib)
     for _ in range(2):
         c.kubevirt_round()
         c.vmquota_catches_up()
     assert len(c.running()) == 2 and not c.excess()
+    return c, pod
+
+
+def full_with_a_refused_migration(*, guarded: bool) -> tuple[Cluster, Quantity]:
+    """Two 1Gi VMs fill a ``limits.memory`` budget of exactly their two launcher pods; one migrates and KubeVirt is
+    refused its target; vmquota raises ``spec.hard`` for it and the quota controller copies it. Returns the cluster
+    and the reserved room (``S``, one launcher pod)."""
+    c, pod = two_full_vms(1024, guarded=guarded)
     c.tenant_migrate(0)
     (m,) = c.of_kind(VMIM_KIND)
     c.kv_target(name_of(m))
@@ -1525,15 +1532,7 @@ def test_a_hotplug_target_vmquota_reserved_at_the_old_size_gets_no_growth_unadmi
     watcher reads a refused migration's VMI afresh before publishing it, so vmquota sees the growth, refuses it (it
     does not fit) and reserves only the other target, which gets in. (Without the fresh read this failed: the
     hotplugged target got in and the namespace ended over its budget by the growth.)"""
-    probe = launcher_obj(vmi_obj("probe", guest="512Mi"), facts=facts_for(["limits.memory"]), vouched=False)
-    pod = usage_of(probe)["limits.memory"]
-    c = cluster(Mode.VMI_POD_USAGE, {"limits.memory": (pod + pod).canonical()}, guarded=guarded)
-    for _ in range(2):
-        c.tenant_vm(1, 512)
-    for _ in range(2):
-        c.kubevirt_round()
-        c.vmquota_catches_up()
-    assert len(c.running()) == 2 and not c.excess()
+    c, _ = two_full_vms(512, guarded=guarded)
     c.tenant_hotplug(0, 256, 0)
     c.kv_workload_update("vm1")
     c.tenant_migrate(0)  # (vm2: vm1 migrates already)
@@ -1568,14 +1567,7 @@ def test_with_the_guard_a_hotplug_while_a_target_is_reserved_gets_no_growth_unad
     """Two 512Mi VMs fill a ``limits.memory`` budget; both migrate and both targets are reserved (holders). The
     tenant then hotplugs vm1 by 256Mi: KubeVirt's next try renders vm1's target at the new size, which the two
     reservations' room holds, and the guard lets it in (it is KubeVirt's pod for a holder)."""
-    probe = launcher_obj(vmi_obj("probe", guest="512Mi"), facts=facts_for(["limits.memory"]), vouched=False)
-    pod = usage_of(probe)["limits.memory"]
-    c = cluster(Mode.VMI_POD_USAGE, {"limits.memory": (pod + pod).canonical()}, guarded=True)
-    for _ in range(2):
-        c.tenant_vm(1, 512)
-    for _ in range(2):
-        c.kubevirt_round()
-        c.vmquota_catches_up()
+    c, _ = two_full_vms(512, guarded=True)
     c.tenant_migrate(0)
     c.tenant_migrate(0)
     for m in c.of_kind(VMIM_KIND):

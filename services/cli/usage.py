@@ -41,7 +41,7 @@ from shared.kubevirt.config import profile
 from shared.kubevirt.vm import STARTING_STRATEGIES, run_strategy, vmi_from_vm
 from shared.normalize import normalize
 from shared.quota.modes import MODE_NAMES, Mode, QuotaPolicy, is_managed, parse_mode, parse_ratio
-from shared.resources import ResourceList, format_resource_list
+from shared.resources import ResourceList, canonical_resource_list
 from shared.snapshot import (
     SUPPORTED_KINDS,
     AnySnapshot,
@@ -255,13 +255,13 @@ def budgeted(u: NamespaceUsage) -> bool:
 def _quota_json(q: QuotaUsage) -> dict[str, Any]:
     out: dict[str, Any] = {"mode": q.policy.mode.value}
     if q.policy.budget:
-        out["budget"] = format_resource_list(q.policy.budget)
+        out["budget"] = canonical_resource_list(q.policy.budget)
     out |= {
-        "used": format_resource_list(q.used),
-        "pods": format_resource_list(q.pods),
-        "reserved": format_resource_list(q.reserved),
-        "taken": format_resource_list(q.taken),
-        "hard": format_resource_list(q.hard),
+        "used": canonical_resource_list(q.used),
+        "pods": canonical_resource_list(q.pods),
+        "reserved": canonical_resource_list(q.reserved),
+        "taken": canonical_resource_list(q.taken),
+        "hard": canonical_resource_list(q.hard),
     }
     if q.policy.budget:
         out["overBudget"] = list(q.over_budget)
@@ -286,16 +286,16 @@ def namespace_json(u: NamespaceUsage) -> dict[str, Any]:
             "vcpus": vm.size.vcpus,
             "guestMemory": vm.size.guest_memory.canonical(),
             "counts": (
-                {name: format_resource_list(c) for name, c in sorted(vm.counts.items())}
+                {name: canonical_resource_list(c) for name, c in sorted(vm.counts.items())}
                 if per_quota
-                else format_resource_list(vm.counts.get("", {}))
+                else canonical_resource_list(vm.counts.get("", {}))
             ),
             "reason": vm.reason,
         }
         if per_quota and vm.refused_by:
             entry["refusedBy"] = {name: list(r) for name, r in sorted(vm.refused_by.items())}
         if vm.reserved:
-            entry["reserved"] = format_resource_list(vm.reserved)
+            entry["reserved"] = canonical_resource_list(vm.reserved)
         objects.append(entry)
     for m in u.migrations:
         entry = {
@@ -308,9 +308,9 @@ def namespace_json(u: NamespaceUsage) -> dict[str, Any]:
             "reason": m.reason,
         }
         if m.reserved:
-            entry["reserved"] = format_resource_list(m.reserved)
+            entry["reserved"] = canonical_resource_list(m.reserved)
         if m.growth:
-            entry["growth"] = format_resource_list(m.growth)
+            entry["growth"] = canonical_resource_list(m.growth)
         objects.append(entry)
     for p in u.pods:
         objects.append(
@@ -319,8 +319,8 @@ def namespace_json(u: NamespaceUsage) -> dict[str, Any]:
                 "name": p.name,
                 "role": p.role,
                 "vmi": p.vmi or None,
-                "counts": format_resource_list(p.counts),
-                "charged": format_resource_list(p.charged),
+                "counts": canonical_resource_list(p.counts),
+                "charged": canonical_resource_list(p.charged),
                 "reason": p.reason,
             }
         )

@@ -15,7 +15,7 @@ from shared.accounting.namespace import account_namespace
 from shared.accounting.results import VmEntry
 from shared.ledger.fold import NamespaceView
 from shared.quantity import Quantity
-from shared.resources import format_resource_list, saturated
+from shared.resources import canonical_resource_list, saturated
 
 _VM_STATES: dict[tuple[str, str, str], tuple[VmEntry, contract.VmState, bytes]] = {}
 """Wire form of the latest entry of each VM (namespace, uid, name), and its JSON: accounting hands out the same
@@ -35,8 +35,8 @@ def _vm_state(namespace: str, v: VmEntry) -> contract.VmState:
         phase=v.phase,
         state=v.state,
         reason=v.reason,
-        counts={k: format_resource_list(c) for k, c in sorted(v.counts.items())},
-        reserved=format_resource_list(v.reserved),
+        counts={k: canonical_resource_list(c) for k, c in sorted(v.counts.items())},
+        reserved=canonical_resource_list(v.reserved),
         refused_by={k: list(r) for k, r in sorted(v.refused_by.items())},
         pod_refused=v.pod_refused,
     )
@@ -77,19 +77,19 @@ def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageB
                 f"quota {name}: {field} of {', '.join(cut)} exceeds what Kubernetes can represent; published as "
                 "the largest value it can"
             )
-        return format_resource_list(out)
+        return canonical_resource_list(out)
 
     quotas = {
         name: contract.QuotaTerms(
             mode=q.policy.mode.value,
-            budget=format_resource_list(q.policy.budget),
+            budget=canonical_resource_list(q.policy.budget),
             used=wire(name, "used", q.used),
             pods=wire(name, "pods", q.pods),
             reserved=wire(name, "reserved", q.reserved),
             overlap=wire(name, "overlap", q.overlap),
             unvouched=wire(name, "unvouched", q.unvouched),
             taken=wire(name, "taken", q.taken),
-            hard=format_resource_list(q.hard),
+            hard=canonical_resource_list(q.hard),
             over_budget=list(q.over_budget),
         )
         for name, q in sorted(usage.quotas.items())
@@ -103,8 +103,8 @@ def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageB
             phase=m.phase,
             state=m.state,
             reason=m.reason,
-            reserved=format_resource_list(m.reserved),
-            growth=format_resource_list(m.growth),
+            reserved=canonical_resource_list(m.reserved),
+            growth=canonical_resource_list(m.growth),
             rejected_by_quota=m.rejected_by_quota,
         )
         for m in usage.migrations

@@ -53,7 +53,7 @@ from shared.quota.equation import within_charged
 from shared.quota.modes import Mode, is_managed, parse_budget, parse_mode, policy_of
 from shared.report import names_list, nonzero, readable_list, used_of_budget
 from shared.report import readable as human_quantity
-from shared.resources import ResourceList, format_resource_list, parse_resource_list
+from shared.resources import ResourceList, canonical_resource_list, format_resource_list, parse_resource_list
 from shared.snapshot import QuotaSnapshot
 
 __all__ = [
@@ -575,6 +575,6 @@ def patch_body(p: Plan) -> dict[str, Any]:
         meta["annotations"] = dict(sorted(p.annotations.items()))
     if p.set_hard:
         hard: dict[str, str | None] = {r: None for r in sorted(p.hard_before) if r not in p.hard_after}
-        hard.update(format_resource_list(p.hard_after))
+        hard.update(canonical_resource_list(p.hard_after))
         body["spec"] = {"hard": hard}
     return body

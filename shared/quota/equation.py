@@ -156,8 +156,8 @@ def desired_hard(
 ) -> ResourceList:
     """``hard[r] = P[r] + S[r] + R[r]`` with ``R[r] = k[r] * B[r] - W[r] - D[r]`` (``W``: ``taken``) for every
     ``r`` in ``budget``; ``hard`` is at least zero. ``k`` defaults to 1, ``D`` (``overlap``) and its unvouched part
-    ``X`` (``unvouched``) to nothing; a factor of None keeps ``hard[r] = B[r]`` (report-only resource). Each value
-    keeps the budget's format.
+    ``X`` (``unvouched``) to nothing; a factor of None keeps ``hard[r] = B[r]`` (report-only resource). (What is
+    published and written prints each value in its resource's form: ``shared.resources.canonical_resource_list``.)
 
     Where something is reserved (``S[r] > 0``), ``k * B - W - X`` is at least zero, so that what vmquota admitted
     finds its room whatever overhead the pods carry (the ledger admitted it in the mode's terms, ``X`` counted); the

@@ -23,7 +23,7 @@ from shared.quantity import Quantity
 from shared.quota.enforcement import VM_QUOTA_EXCEEDED, WARNING, Plan, patch_body
 from shared.report import names_list
 from shared.report import readable as human_quantity
-from shared.resources import format_resource_list
+from shared.resources import canonical_resource_list
 
 # ---- reports -----------------------------------------------------------------------------------------------------
 
@@ -124,9 +124,9 @@ def decision(p: Plan, *, cluster: str, dry_run: bool, resource_version: str = ""
         namespace=p.namespace,
         quota=p.name,
         mode=p.mode,
-        budget=format_resource_list(p.budget),
-        hard_before=format_resource_list(p.hard_before),
-        hard_after=format_resource_list(p.hard_after),
+        budget=canonical_resource_list(p.budget),
+        hard_before=canonical_resource_list(p.hard_before),
+        hard_after=canonical_resource_list(p.hard_after),
         reason=p.reason,
         usage_seq=p.usage_seq,
         dry_run=dry_run,

@@ -43,7 +43,7 @@ from shared.ledger.schedule import Urgency, Urgent, schedule, urgency
 from shared.normalize import normalize
 from shared.quantity import Quantity
 from shared.quota.modes import Mode, QuotaPolicy
-from shared.resources import ResourceList, fits, format_resource_list, parse_resource_list
+from shared.resources import ResourceList, canonical_resource_list, fits, format_resource_list, parse_resource_list
 from shared.snapshot import SNAPSHOT_TYPES, AnySnapshot, QuotaSnapshot, VmimSnapshot, VmiSnapshot
 from tests.builders import (
     NOW,
@@ -1009,3 +1009,14 @@ def test_a_failed_migrations_target_that_still_runs_counts_as_used_not_for_free(
     # (it would fit were the stray target free, as in AAQ: 10Gi less the VM alone)
     assert room < Q("6Gi") < Q("10Gi") - usage_of(source)["requests.memory"] - Q("500Mi")
     assert vm(account([quota, v, source, target, failed, big]), "big").state == REFUSED
+
+
+@given(st.permutations(range(4)))
+def test_a_sums_printed_total_is_its_resources_one_form_in_any_order(order: list[int]) -> None:
+    """1Gi + 1024M is 2,097,741,824 bytes: a whole number of Ki. Kept in its first operand's form it printed
+    ``2048576Ki`` or ``2097741824`` depending on which list came first; published, it is always the resource's
+    form (binary units for bytes, decimal for the rest)."""
+    lists = [{"memory": Q("1Gi")}, {"memory": Q("1024M")}, {"cpu": Q("0.25")}, {"cpu": Q("250m"), "memory": Q("0")}]
+    s = Sum()
+    s.extend([lists[i] for i in order])
+    assert canonical_resource_list(s.result()) == {"cpu": "500m", "memory": "2048576Ki"}

@@ -383,6 +383,33 @@ async def test_a_refused_migrations_vmi_is_read_afresh_and_published_before_it(
     assert w.rt.health.ready
 
 
+async def test_a_tenants_migration_cannot_make_the_watcher_read_or_publish_a_vmi(
+    cluster: Cluster, tap: Tap, start_watcher: StartWatcher
+) -> None:
+    """The fresh read follows KubeVirt's word, in the migration's own namespace. A tenant who creates a migration
+    with the refusal condition already in its ``status`` gets no read (the API server drops a created object's
+    status: only KubeVirt writes it), and a refused migration naming a VMI of another namespace reads its own
+    namespace, where there is none: nothing is published for either (the VMI watch hides the VMIs, as above)."""
+    hidden = "vmquota-test/hidden"
+    resources = tuple(
+        ResourceSpec(r.kind, r.plural, r.group, r.version, label_selector=f"!{hidden}")
+        if r.kind == "VirtualMachineInstance"
+        else r
+        for r in RESOURCES
+    )
+    victim = vmi("vm1")
+    victim["metadata"]["labels"] = {hidden: "true"}
+    await cluster.create("virtualmachineinstances", victim, "a")
+    w = await start_watcher(resources=resources)
+    await wait_until(lambda: w.rt.health.ready, what="every resource listed")
+    vmims = "virtualmachineinstancemigrations"
+    forged = await cluster.create(vmims, migration("forged", "vm1", rejected=True), "a")  # as the API server does
+    assert not forged.get("status", {}).get("conditions"), "the created migration kept a status"
+    await cluster.create(vmims, migration("elsewhere", "vm1", rejected=True), "b", keep_status=True)
+    await tap.wait("both migrations", lambda: len(tap.of(Upserted, "VirtualMachineInstanceMigration")) == 2)
+    assert not tap.of(Upserted, "VirtualMachineInstance"), "a tenant's migration made the watcher publish a VMI"
+
+
 async def test_managed_namespace_pods_are_listed_and_synced(
     cluster: Cluster, tap: Tap, start_watcher: StartWatcher
 ) -> None:

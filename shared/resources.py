@@ -83,6 +83,7 @@ def is_quota_resource_name(name: str) -> bool:
 
 
 def natural_format(name: str) -> Format:
+    """The one form vmquota prints a resource's amounts in: binary units for byte resources, decimal for others."""
     return Format.BINARY_SI if is_byte_resource(name) else Format.DECIMAL_SI
 
 
@@ -109,15 +110,10 @@ def format_resource_list(rl: Mapping[str, Quantity]) -> dict[str, str]:
     return {k: rl[k].canonical() for k in sorted(rl)}
 
 
-def resource_format(name: str) -> Format:
-    """The one form vmquota prints a resource's amounts in: binary units for byte resources, decimal for others."""
-    return Format.BINARY_SI if is_byte_resource(name) else Format.DECIMAL_SI
-
-
 def canonical_resource_list(rl: Mapping[str, Quantity]) -> dict[str, str]:
     """What vmquota publishes and writes (usage terms, decisions, ``spec.hard``): each amount in its resource's
-    one form (:func:`resource_format`), whatever the formats of what was added up; sorted by resource name."""
-    return {k: rl[k].with_format(resource_format(k)).canonical() for k in sorted(rl)}
+    one form (:func:`natural_format`), whatever the formats of what was added up; sorted by resource name."""
+    return {k: rl[k].with_format(natural_format(k)).canonical() for k in sorted(rl)}
 
 
 def saturated(rl: Mapping[str, Quantity]) -> tuple[ResourceList, list[str]]:

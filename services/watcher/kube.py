@@ -176,9 +176,7 @@ async def read(
     api: ApiClient, spec: ResourceSpec, namespace: str, name: str, timeouts: Timeouts = Timeouts()
 ) -> Obj | None:
     """One namespaced custom object of ``spec`` as the API server has it now (a quorum read); None when it does not
-    exist. ``kind`` and ``apiVersion`` are set as for listed objects."""
-    if not spec.group:
-        raise ValueError(f"read() serves custom resources only, not {spec.key}")
+    exist."""
     custom = CustomObjectsApi(api)
     try:
         obj = await call_object(
@@ -191,11 +189,9 @@ async def read(
             _request_timeout=timeouts.for_list(),
         )
     except KubeError as e:
-        if e.status == 404:
+        if e.not_found:
             return None
         raise
-    obj.setdefault("kind", spec.kind)
-    obj.setdefault("apiVersion", f"{spec.group}/{spec.version}")
     return obj
 
 

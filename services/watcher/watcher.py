@@ -141,13 +141,12 @@ class ListWatch:
         """Taken before a list starts; handed to ``sync_plan``."""
         return None
 
-    reads_first: bool = False
-    """Whether :meth:`before_event` must run before each object listed or watched is handled."""
     reads: str | None = None
-    """The kind :meth:`before_event` reads single objects of (the watcher's only ``get``: see its RBAC)."""
+    """The kind of which :meth:`before_upsert` reads single objects, if it does (the watcher's only ``get``: see
+    its RBAC)."""
 
-    async def before_event(self, typ: str, obj: Obj) -> None:
-        """With ``reads_first``: what must be read and published before an object listed or watched is (see
+    async def before_upsert(self, obj: Obj) -> None:
+        """With ``reads``: what must be read and published before an object listed or watched (not deleted) is (see
         :class:`MigrationListWatch`)."""
 
     # ---- objects ---------------------------------------------------------------------------------------------
@@ -225,8 +224,8 @@ class ListWatch:
                             self.known.pop(ident.uid)
                         continue
                     listed[ident.uid] = Tracked(ident.namespace, ident.name, ident.rv)
-                    if self.reads_first:
-                        await self.before_event("ADDED", obj)
+                    if self.reads is not None:
+                        await self.before_upsert(obj)
                     self.upsert(obj, ident)
                     await self.w.publisher.room()
         if not list_rv.isdigit():
@@ -285,8 +284,8 @@ class ListWatch:
                 if ev.type not in ("ADDED", "MODIFIED", "DELETED"):
                     continue
                 count += 1
-                if self.reads_first:
-                    await self.before_event(ev.type, ev.object)
+                if self.reads is not None and ev.type != "DELETED":
+                    await self.before_upsert(ev.object)
                 self.handle(ev.type, ev.object)
                 await self.w.publisher.room()
         return count, loop.time() - started
@@ -342,22 +341,27 @@ class MigrationListWatch(ListWatch):
     then), its VMI is read afresh and published first when it is newer than what the VMI loop published: the two
     watches lag each other, and a target reserved from a VMI older than the one KubeVirt rendered it from (a
     hotplug the VMI watch has not delivered yet) would be too small, its growth never admitted
-    (``docs/accounting.md``, "Known limits"). One read per event of such a migration while it is ``Pending``; a
-    failed read is logged and the migration published all the same (the VMI watch catches up as before)."""
+    (``docs/accounting.md``, "Known limits"). One read per new version of such a migration while it is
+    ``Pending`` (a version the loop would not publish reads nothing); a failed read is logged and the migration
+    published all the same (the VMI watch catches up as before)."""
 
-    reads_first = True
     reads = VMI_KIND
 
-    async def before_event(self, typ: str, obj: Obj) -> None:
-        if typ == "DELETED" or not _rejected_by_quota(obj):
+    async def before_upsert(self, obj: Obj) -> None:
+        if not _rejected_by_quota(obj):
             return
+        try:
+            ident = Ident(obj)
+        except InvalidInput:
+            return  # (dead-lettered by handle)
+        if not is_newer(self.known.get(ident.uid), ident.rv):
+            return  # (not published again: nothing to read for)
+        spec = obj.get("spec")
+        name = spec.get("vmiName") if isinstance(spec, dict) else None
         vmis = self.w.loops.get(VMI_KIND)
-        meta, spec = obj.get("metadata"), obj.get("spec")
-        if vmis is None or not isinstance(meta, dict) or not isinstance(spec, dict):
+        if vmis is None or not isinstance(name, str) or not name:
             return
-        namespace, name = meta.get("namespace"), spec.get("vmiName")
-        if not isinstance(namespace, str) or not isinstance(name, str) or not namespace or not name:
-            return
+        namespace = ident.namespace
         try:
             vmi = await kube.read(self.w.api, vmis.spec, namespace, name, self.w.config.timeouts)
         except KubeError as e:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any, Final
 
+from shared.bounded import Bounded
 from shared.kubevirt import KubeVirtConfig
 from shared.snapshot import KubeVirtSnapshot, Snapshot, encode
 
@@ -27,7 +28,7 @@ class Memo:
     def __init__(self, maxsize: int) -> None:
         self._latest: dict[Hashable, tuple[Hashable, tuple[object, ...], Any]] = {}
         self._maxsize = maxsize
-        self._tokens: dict[Hashable, int] = {}
+        self._tokens: Bounded[Hashable, int] = Bounded(256)
         self._next_token = 0
 
     def get_latest(self, slot: Hashable, key: Hashable, objs: tuple[Snapshot, ...] | None = None) -> Any:
@@ -69,12 +70,9 @@ class Memo:
 
     def token(self, value: Hashable) -> int:
         """A small number standing for ``value`` in keys (cheap to hash); never reused for another value."""
-        tokens = self._tokens
-        t = tokens.get(value)
+        t = self._tokens.get(value)
         if t is None:
-            if len(tokens) >= 256:
-                tokens.clear()
-            t = tokens[value] = self._next_token
+            t = self._tokens.keep(value, self._next_token)
             self._next_token += 1
         return t
 

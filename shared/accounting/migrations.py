@@ -4,7 +4,6 @@ only while KubeVirt is refused it, and a hotplug's growth is admitted like a new
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Final
 
 from shared.accounting.estimates import widened
 from shared.accounting.results import (
@@ -21,7 +20,7 @@ from shared.accounting.results import (
 )
 from shared.accounting.state import Target, fmt, vm_key, vm_size
 from shared.accounting.vms import Vms
-from shared.quantity import Quantity
+from shared.quantity import ZERO
 from shared.quota.equation import takes
 from shared.quota.modes import mode_usage
 from shared.resources import ResourceList, add, growth, maximum, minimum, nonzero
@@ -30,8 +29,6 @@ from shared.snapshot import (
     VmimSnapshot,
     VmiSnapshot,
 )
-
-_ZERO: Final = Quantity.from_int(0)
 
 
 def _migration_entry(
@@ -195,7 +192,7 @@ class Migrations(Vms):
                 if q.factors.get(r) is not None
                 and r in t.estimate
                 and q.counted(r) > b.nanos
-                and any(c.get(r, _ZERO).nanos > 0 for c in late)
+                and any(c.get(r, ZERO).nanos > 0 for c in late)
             ]
             if over:
                 return f"quota {q.policy.name}: {', '.join(sorted(over))}" if q.policy.name else ", ".join(over)

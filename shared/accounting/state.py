@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from fractions import Fraction
-from typing import Final
 
 from shared.accounting.estimates import Renderer, evidence_bound
 from shared.accounting.memo import Memo
@@ -35,8 +34,6 @@ from shared.snapshot import (
     VmimSnapshot,
     VmiSnapshot,
 )
-
-_ZERO: Final = Quantity.from_int(0)
 
 
 def event_order(e: EventSnapshot) -> tuple[bool, datetime, str, str]:

@@ -1,7 +1,7 @@
 """Sums of resource lists kept up to date as lists are added, replaced or removed (:class:`Sum`): the accelerator
 behind ``U``, ``P``, ``S``, ``D``, ``X`` and ``W``. A sum is plain integer addition of nanos per resource (keys in
 order of first appearance, as adding the lists in order with :func:`shared.resources.add` gives them); each total
-comes out in its resource's one form (:func:`shared.resources.resource_format`), whatever the formats of what was
+comes out in its resource's one form (:func:`shared.resources.natural_format`), whatever the formats of what was
 added, so the order in which lists are added changes nothing.
 """
 
@@ -14,7 +14,7 @@ from typing import Final, cast
 
 from shared.accounting.memo import MISS, Memo
 from shared.quantity import Quantity
-from shared.resources import ResourceList, resource_format
+from shared.resources import ResourceList, natural_format
 
 _CHUNK_MAX: Final = 64
 
@@ -114,9 +114,9 @@ class Sum:
             for rl in pending:
                 self._add(rl)
             return
-        memo = self.memo
+        memo = cast(Memo, self.memo)  # (lists wait only in a sum with a memo: see add)
         whole: tuple[Mapping[str, Quantity], ...] = ()
-        if memo is not None and not self.nanos:
+        if not self.nanos:
             # the same lists from nothing (quotas covering the same pods, a namespace where only VMs changed)
             whole = tuple(pending)
             key = tuple(map(id, whole))
@@ -136,7 +136,7 @@ class Sum:
                     self.alike[key] = (whole, value)
                 return
         self._chunks(pending)
-        if whole and memo is not None:
+        if whole:
             value = dict(self.nanos)
             memo.put_latest(self.slot, key, whole, value)
             if self.alike is not None:
@@ -154,11 +154,7 @@ class Sum:
             self._fold(pending[start:])
 
     def _fold(self, chunk: list[Mapping[str, Quantity]]) -> None:
-        memo = self.memo
-        if memo is None:
-            for rl in chunk:
-                self._add(rl)
-            return
+        memo = cast(Memo, self.memo)
         before = self._chunks_before
         if before is None:  # the first chunk of this accounting: this sum's chunks of the last one
             slot = ("chunks", self.slot)
@@ -181,4 +177,4 @@ class Sum:
 
     def result(self) -> ResourceList:
         self._flush()
-        return {k: Quantity(n, resource_format(k)) for k, n in self.nanos.items()}
+        return {k: Quantity(n, natural_format(k)) for k, n in self.nanos.items()}

@@ -125,6 +125,15 @@ class Vms(Pods):
                 return True
         return False
 
+    def _rendered_now(self, v: VmiSnapshot) -> ResourceList:
+        """The VM's launcher pod as rendered at its current size: the spec's rendering less a hotplug's growth not
+        yet admitted (empty for a VM that cannot be rendered)."""
+        cap = self.renderer.vmi_usage(v) or {}
+        grow = self.renderer.hotplug_growth(v) if cap else {}
+        if grow:
+            cap = {r: (q - grow[r]).clamp0() if r in grow else q for r, q in cap.items()}
+        return cap
+
     def _running_vm(self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]], migrating: bool) -> VmEntry:
         """A running VM counts at its current size (its status: a hotplug request counts once admitted, see
         :meth:`_decide_target`), or at its spec size while an active migration's target pod exists for it; in pod
@@ -144,11 +153,8 @@ class Vms(Pods):
         for charged in charges:
             pod_max = maximum(pod_max, charged)
         size = vm_size(v) if migrating else current_size(v)
-        cap = self.renderer.vmi_usage(v) or {}  # (a VM that cannot be rendered: hard holds no room for its pods)
-        if not migrating and cap:  # its launcher pod as rendered at its current size (a hotplug not yet admitted)
-            grow = self.renderer.hotplug_growth(v)
-            if grow:
-                cap = {r: (q - grow[r]).clamp0() if r in grow else q for r, q in cap.items()}
+        # (a VM that cannot be rendered: hard holds no room for its pods)
+        cap = (self.renderer.vmi_usage(v) or {}) if migrating else self._rendered_now(v)
         believed = minimum(pod_max, cap)
         counts = {q.policy.name: mode_usage(q.policy.mode, size, believed, q.ratio) for q in self.quotas}
         took = {q.policy.name: takes(believed, counts[q.policy.name], q.factors) for q in self.quotas}
@@ -192,10 +198,7 @@ class Vms(Pods):
         but not in view takes its room all the same, and one that ended frees it), so ``hard`` stays where it is
         while KubeVirt's status and the pod events catch up."""
         size = current_size(v)
-        cap = self.renderer.vmi_usage(v) or {}
-        grow = self.renderer.hotplug_growth(v) if cap else {}
-        if grow:
-            cap = {r: (q - grow[r]).clamp0() if r in grow else q for r, q in cap.items()}
+        cap = self._rendered_now(v)
         counts = {q.policy.name: mode_usage(q.policy.mode, size, cap, q.ratio) for q in self.quotas}
         took: dict[str, ResourceList] = {q.policy.name: {} for q in self.quotas}
         reason = (

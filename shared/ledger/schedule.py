@@ -10,6 +10,7 @@ from collections.abc import Collection, Mapping
 from enum import IntEnum
 from typing import Final
 
+from shared.bounded import Bounded
 from shared.errors import InvalidInput
 from shared.kinds import EVENT_KIND, POD_KIND, QUOTA_KIND, VMI_KIND, VMIM_KIND
 from shared.quota.modes import policy_of
@@ -134,8 +135,7 @@ class Urgency:
     waits for the ledger's debounce.) Only the timing of accounting depends on this, never its result."""
 
     def __init__(self, maxsize: int = 65536) -> None:
-        self._last: dict[tuple[str, str, str], tuple[str, ResourceList]] = {}
-        self._maxsize = maxsize
+        self._last: Bounded[tuple[str, str, str], tuple[str, ResourceList]] = Bounded(maxsize)
 
     def __call__(self, old: Snapshot | None, new: Snapshot | None, cluster: str = "") -> Urgent:
         """How urgent the change is; ``cluster``: where the object is (a ledger may fold several)."""
@@ -145,9 +145,7 @@ class Urgency:
         amounts = (new.quota_name, new.requested)
         if self._last.get(key) == amounts:
             return Urgent.NO
-        if len(self._last) >= self._maxsize:
-            self._last.clear()
-        self._last[key] = amounts
+        self._last.keep(key, amounts)
         return Urgent.NOW
 
 

@@ -106,7 +106,7 @@ def takes(
         if factor is None:
             continue
         p, u = charged.get(r), counted.get(r)
-        share = None if u is None else u if factor == 1 else scaled_up(u, factor, r)
+        share = None if u is None else scaled_up(u, factor, r)
         most = p if share is None or (p is not None and p.nanos >= share.nanos) else share
         if most is not None and most.nanos > 0:
             out[r] = most

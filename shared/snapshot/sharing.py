@@ -4,20 +4,29 @@ optimisation only: nothing depends on it for correctness."""
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from shared.bounded import Bounded
 from shared.quantity import Quantity
 
+V = TypeVar("V")
 
-class SharedResources(dict[str, Quantity]):
-    """A resource list that snapshots of one shape share (read-only, like the snapshots holding it): its type says
-    it is shared already, so a snapshot given one keeps it as it is. Equal to, and encoded as, a plain dict."""
+
+class Shared(dict[str, V]):
+    """A part that snapshots of one shape share (read-only, like the snapshots holding it): its type says it is
+    shared already, so a snapshot given one keeps it as it is. Equal to, and encoded as, a plain dict; a copy is a
+    plain dict (shared is what a memo handed out, nothing else)."""
 
     __slots__ = ()
 
     def __reduce__(self) -> tuple[type[dict[str, Any]], tuple[dict[str, Any]]]:
-        return dict, (dict(self),)  # (a copy is a plain dict: shared is what the memo handed out, nothing else)
+        return dict, (dict(self),)
+
+
+class SharedResources(Shared[Quantity]):
+    """A resource list that snapshots of one shape share."""
+
+    __slots__ = ()
 
 
 NO_QUANTITIES: Final = SharedResources()

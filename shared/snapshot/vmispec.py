@@ -9,6 +9,7 @@ from typing import Any, Final, cast
 import msgspec
 
 from shared.bounded import Bounded
+from shared.snapshot.sharing import Shared
 
 KEEP: Final = None
 """In a spec shape: keep the value verbatim."""
@@ -91,14 +92,10 @@ def prune_vmi_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
 _SPEC_ENCODER: Final = msgspec.json.Encoder()
 
 
-class SharedSpec(dict[str, Any]):
-    """A pruned VMI spec that VMIs of one template share (read-only, like the snapshots holding it): its type says
-    it is shared already, so a snapshot given one keeps it as it is. Equal to, and encoded as, a plain dict."""
+class SharedSpec(Shared[Any]):
+    """A pruned VMI spec that VMIs of one template share."""
 
     __slots__ = ()
-
-    def __reduce__(self) -> tuple[type[dict[str, Any]], tuple[dict[str, Any]]]:
-        return dict, (dict(self),)  # (a copy is a plain dict: shared is what the memo handed out, nothing else)
 
 
 _COMPACT: Final[Bounded[bytes, SharedSpec]] = Bounded(4096)

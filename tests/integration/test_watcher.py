@@ -339,6 +339,21 @@ def migration(name: str, vmi_name: str, *, rejected: bool, phase: str = "Pending
     }
 
 
+HIDDEN = "vmquota-test/hidden"
+"""A label the VMI loop of :func:`resources_hiding_vmis` never lists or watches."""
+
+
+def resources_hiding_vmis() -> tuple[ResourceSpec, ...]:
+    """The watcher's resources, its VMI watch blind to VMIs labelled :data:`HIDDEN`: only a fresh read publishes
+    them."""
+    return tuple(
+        ResourceSpec(r.kind, r.plural, r.group, r.version, label_selector=f"!{HIDDEN}")
+        if r.kind == "VirtualMachineInstance"
+        else r
+        for r in RESOURCES
+    )
+
+
 async def test_a_refused_migrations_vmi_is_read_afresh_and_published_before_it(
     cluster: Cluster, tap: Tap, start_watcher: StartWatcher
 ) -> None:
@@ -346,16 +361,10 @@ async def test_a_refused_migrations_vmi_is_read_afresh_and_published_before_it(
     before a migration whose target quota refused is published, the watcher reads its VMI and publishes it first
     when newer. Here the VMI watch never delivers the VMIs (a label selector hides them), so only the fresh read can
     publish one; a migration not refused, or past ``Pending`` (its target exists), reads nothing."""
-    hidden = "vmquota-test/hidden"
-    resources = tuple(
-        ResourceSpec(r.kind, r.plural, r.group, r.version, label_selector=f"!{hidden}")
-        if r.kind == "VirtualMachineInstance"
-        else r
-        for r in RESOURCES
-    )
+    resources = resources_hiding_vmis()
     for name in ("vm1", "vm2", "vm3"):
         obj = vmi(name)
-        obj["metadata"]["labels"] = {hidden: "true"}
+        obj["metadata"]["labels"] = {HIDDEN: "true"}
         await cluster.create("virtualmachineinstances", obj, "a")
     vmims = "virtualmachineinstancemigrations"
     await cluster.create(vmims, migration("m1", "vm1", rejected=True), "a", keep_status=True)  # listed
@@ -390,15 +399,9 @@ async def test_a_tenants_migration_cannot_make_the_watcher_read_or_publish_a_vmi
     with the refusal condition already in its ``status`` gets no read (the API server drops a created object's
     status: only KubeVirt writes it), and a refused migration naming a VMI of another namespace reads its own
     namespace, where there is none: nothing is published for either (the VMI watch hides the VMIs, as above)."""
-    hidden = "vmquota-test/hidden"
-    resources = tuple(
-        ResourceSpec(r.kind, r.plural, r.group, r.version, label_selector=f"!{hidden}")
-        if r.kind == "VirtualMachineInstance"
-        else r
-        for r in RESOURCES
-    )
+    resources = resources_hiding_vmis()
     victim = vmi("vm1")
-    victim["metadata"]["labels"] = {hidden: "true"}
+    victim["metadata"]["labels"] = {HIDDEN: "true"}
     await cluster.create("virtualmachineinstances", victim, "a")
     w = await start_watcher(resources=resources)
     await wait_until(lambda: w.rt.health.ready, what="every resource listed")

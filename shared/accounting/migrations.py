@@ -28,14 +28,20 @@ from shared.snapshot import (
     PodSnapshot,
     VmimSnapshot,
     VmiSnapshot,
+    size_digest,
 )
 
 
 def _migration_entry(
-    m: VmimSnapshot, state: str, reason: str, reserved: ResourceList | None = None, grow: ResourceList | None = None
+    m: VmimSnapshot,
+    state: str,
+    reason: str,
+    reserved: ResourceList | None = None,
+    grow: ResourceList | None = None,
+    vmi_size: str = "",
 ) -> MigrationEntry:
     return MigrationEntry(
-        m.name, m.uid, m.vmi_name, m.phase, state, reason, reserved or {}, grow or {}, m.rejected_by_quota
+        m.name, m.uid, m.vmi_name, m.phase, state, reason, reserved or {}, grow or {}, m.rejected_by_quota, vmi_size
     )
 
 
@@ -162,7 +168,9 @@ class Migrations(Vms):
         for q in self.quotas:
             q.reserved.add(t.estimate)
         self.target_reserved = add(self.target_reserved, t.estimate)
-        self.mig_entries[t.index] = _migration_entry(t.m, PENDING, "; ".join(why), t.estimate, t.grow)
+        self.mig_entries[t.index] = _migration_entry(
+            t.m, PENDING, "; ".join(why), t.estimate, t.grow, size_digest(t.v.spec)
+        )
 
     def _room_taken(self, t: Target) -> str:
         """Why a migration KubeVirt is refused gets no room again, or "": some quota is over its budget (``U + X/k

@@ -81,6 +81,9 @@ class MigrationEntry:
     growth: ResourceList = field(default_factory=dict)
     """Target minus source, in pod terms (hotplug)."""
     rejected_by_quota: bool = False
+    vmi_size: str = ""
+    """A pending migration's: the :func:`~shared.snapshot.size_digest` of the VMI spec its target was reserved
+    from (the enforcer opens the room only while the VMI still has that size)."""
 
 
 @dataclass(frozen=True, slots=True)

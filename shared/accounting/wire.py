@@ -106,6 +106,7 @@ def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageB
             reserved=canonical_resource_list(m.reserved),
             growth=canonical_resource_list(m.growth),
             rejected_by_quota=m.rejected_by_quota,
+            vmi_size=m.vmi_size,
         )
         for m in usage.migrations
     ]

@@ -144,6 +144,9 @@ class MigrationState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     growth: dict[str, str] = {}
     """Hotplug growth (target minus source), in pod terms."""
     rejected_by_quota: bool = False
+    vmi_size: str = ""
+    """``pending``: the size digest of the VMI spec the target was reserved from (``shared.snapshot.size_digest``);
+    with the reservation guard the enforcer opens the room only while the VMI still has it."""
 
 
 class UsageBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

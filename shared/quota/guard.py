@@ -20,9 +20,10 @@ from typing import Any, Final
 
 from shared.contract import UsageSnapshot
 from shared.errors import InvalidInput
+from shared.normalize import normalize
 from shared.quantity import Quantity
 from shared.resources import parse_resource_list
-from shared.snapshot import QuotaSnapshot
+from shared.snapshot import QuotaSnapshot, VmiSnapshot, size_digest
 
 GROUP: Final = "vmquota.io"
 VERSION: Final = "v1alpha1"
@@ -59,6 +60,40 @@ def holders(usage: UsageSnapshot | None) -> frozenset[Holder]:
         if m.state == "pending" and uid:
             out.add(Holder(uid, m.vmi, f"migration {m.name}"))
     return frozenset(out)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Sized:
+    """A pending migration's VMI and the size (``shared.snapshot.size_digest``) its target was reserved at."""
+
+    vmi: str
+    uid: str
+    size: str
+
+
+def reserved_sizes(usage: UsageSnapshot | None) -> frozenset[Sized]:
+    """The VMIs whose migration targets a usage snapshot reserves, with the size each was reserved at."""
+    if usage is None:
+        return frozenset()
+    uids = {v.name: v.uid for v in usage.vms if v.uid}
+    return frozenset(
+        Sized(m.vmi, uids.get(m.vmi, ""), m.vmi_size) for m in usage.migrations if m.state == "pending" and m.vmi_size
+    )
+
+
+def still_sized(sized: Sized, obj: Mapping[str, Any] | None) -> bool:
+    """Whether a VMI object (read afresh) is the one reserved for and still has the size its target was reserved
+    at. The policy keeps a holder's size from changing, but only from the moment it is listed: a hotplug between
+    the ledger's view and the listing would make KubeVirt render the target larger than the room."""
+    if obj is None:
+        return False
+    try:
+        snap = normalize(obj)
+    except InvalidInput:
+        return False
+    if not isinstance(snap, VmiSnapshot) or (sized.uid and snap.uid != sized.uid):
+        return False
+    return size_digest(snap.spec) == sized.size
 
 
 def _same(a: Mapping[str, Quantity], b: Mapping[str, Quantity]) -> bool:

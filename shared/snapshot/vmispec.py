@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import Any, Final, cast
 
@@ -90,6 +91,25 @@ def prune_vmi_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 
 _SPEC_ENCODER: Final = msgspec.json.Encoder()
+
+SIZE_FIELDS: Final = ("cpu", "memory", "resources")
+"""The fields of a VMI's ``spec.domain`` a hotplug changes (sockets, guest memory, the resources KubeVirt adjusts
+with them): what the reservation guard keeps a holder VMI from changing while its room is open."""
+
+
+def size_digest(spec: Mapping[str, Any]) -> str:
+    """A short digest of a VMI spec's :data:`SIZE_FIELDS` (pruned or whole: the same spec gives the same digest
+    either way, as pruning keeps those fields' rendering-relevant parts and so does every reader): equal digests,
+    the same size. The ledger records it for the size a migration target was reserved at; the enforcer compares
+    the VMI's current one before it opens that room."""
+    domain = spec.get("domain")
+    domain = domain if isinstance(domain, Mapping) else {}
+    pruned = prune_vmi_spec({"domain": {f: domain[f] for f in SIZE_FIELDS if f in domain}})
+    try:
+        text = msgspec.json.encode(pruned, order="sorted")
+    except (TypeError, ValueError, RecursionError, msgspec.EncodeError):
+        text = repr(pruned).encode()
+    return hashlib.blake2b(text, digest_size=8).hexdigest()
 
 
 class SharedSpec(Shared[Any]):

@@ -3,6 +3,7 @@ reservation."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from hypothesis import given
@@ -11,7 +12,8 @@ from hypothesis import strategies as st
 from shared import contract
 from shared.normalize import normalize
 from shared.quota import guard
-from shared.snapshot import QuotaSnapshot
+from shared.snapshot import SIZE_FIELDS, QuotaSnapshot, VmiSnapshot, compact_vmi_spec, size_digest
+from tests.builders import vmi_obj
 
 NS = "t1"
 
@@ -100,3 +102,51 @@ def test_every_admitted_vm_is_a_holder(states: list[str]) -> None:
     vms = [contract.VmState(name=f"vm{i}", uid=f"u{i}", state=s) for i, s in enumerate(states)]
     held = guard.holders(usage(vms, []))
     assert {h.uid for h in held} == {v.uid for v in vms if v.state == "admitted"}
+
+
+def test_the_sizes_a_raise_checks_are_the_pending_targets_and_a_fresh_vmi_must_have_them() -> None:
+    """The enforcer opens a target's room only while the VMI, read once its holder is listed, has the size the
+    target was reserved at: the same size digest and the same VMI (uid); a hotplug, another VMI of the name, a
+    malformed or missing object all wait."""
+    vmi = vmi_obj("vm1", vcpus=2, guest="2Gi")
+    vmi["metadata"]["uid"] = "u1"
+    snap = normalize(vmi)
+    assert isinstance(snap, VmiSnapshot)
+    size = size_digest(snap.spec)
+    migrations = [
+        contract.MigrationState(name="m1", vmi="vm1", state="pending", vmi_size=size),
+        contract.MigrationState(name="m4", vmi="vm4", state="not-tried", vmi_size="ignored"),
+        contract.MigrationState(name="m2", vmi="vm2", state="pending"),  # (an older ledger's: no size to check)
+    ]
+    [sized] = guard.reserved_sizes(usage(VMS, migrations))
+    assert sized == guard.Sized("vm1", "u1", size)
+    assert guard.reserved_sizes(None) == frozenset()
+    assert guard.still_sized(sized, vmi)
+    assert guard.still_sized(sized, vmi | {"status": {"phase": "Running", "nodeName": "n9"}}), "status is not size"
+    grown = copy.deepcopy(vmi)
+    grown["spec"]["domain"]["memory"]["guest"] = "3Gi"
+    more = copy.deepcopy(vmi)
+    more["spec"]["domain"]["cpu"]["sockets"] = 3
+    limited = copy.deepcopy(vmi)
+    limited["spec"]["domain"]["resources"] = {"limits": {"memory": "4Gi"}}
+    other = copy.deepcopy(vmi)
+    other["metadata"]["uid"] = "u9"
+    broken = copy.deepcopy(vmi)
+    broken["spec"]["domain"]["memory"]["guest"] = "lots"
+    for obj in (grown, more, limited, other, broken, None):
+        assert not guard.still_sized(sized, obj), obj
+
+
+@given(st.sampled_from(SIZE_FIELDS), st.sampled_from(["1", "2Gi", {"x": 1}]))
+def test_the_size_digest_changes_with_every_size_field_and_not_with_the_rest(field: str, value: Any) -> None:
+    spec = vmi_obj("vm1")["spec"]
+    assert size_digest(spec) == size_digest(compact_vmi_spec(spec)), "pruned or whole: the same digest"
+    changed = copy.deepcopy(spec)
+    changed["domain"][field] = {"sockets": value} if field == "cpu" else {"guest": value}
+    if field == "resources":
+        changed["domain"][field] = {"requests": {"memory": value}}
+    assert size_digest(changed) != size_digest(spec)
+    elsewhere = copy.deepcopy(spec)
+    elsewhere["domain"]["devices"] = {"gpus": [{"deviceName": "x", "name": "g"}]}
+    elsewhere["hostname"] = "h"
+    assert size_digest(elsewhere) == size_digest(spec)

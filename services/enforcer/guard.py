@@ -40,6 +40,9 @@ class GuardWriter:
         """What each namespace's QuotaReservation holds and its resourceVersion (as last read or written; dropped
         when a write meets another writer's version)."""
         self._locks: dict[str, asyncio.Lock] = {}
+        self._sized: dict[str, dict[str, guard.Sized]] = {}
+        """namespace → VMI name → the size it was read at while listed as a holder (it cannot change while it
+        stays listed: the policy keeps it; dropped when the listing drops it or another writer wrote the list)."""
         self._unsynced: set[Key] = set()
         """Quotas whose ``status.hard`` has not caught up with ``spec.hard`` yet (a quota event that only changes
         status re-runs them, so the guard shrinks once admission applies the lower limit)."""
@@ -68,6 +71,24 @@ class GuardWriter:
         else:
             self._unsynced.add(key)
         await self.write(ns, grow=False)
+
+    async def resized(self, namespace: str, usage: contract.UsageSnapshot | None) -> str:
+        """Why a raise from ``usage`` must wait, or "": every VMI whose migration target it reserves, read now (its
+        holders are listed, so its size can no longer change), still has the size the target was reserved at. A
+        hotplug the ledger has not seen would make KubeVirt render the target larger than its room; the ledger's
+        next usage, with the new size, is planned instead."""
+        held = {h.uid for h in self._listed.get(namespace, (frozenset(), ""))[0]}
+        known = self._sized.setdefault(namespace, {})
+        for sized in sorted(guard.reserved_sizes(usage)):
+            if known.get(sized.vmi) == sized:
+                continue
+            obj = await self.kube.get_vmi(namespace, sized.vmi)
+            if not guard.still_sized(sized, obj):
+                known.pop(sized.vmi, None)
+                return f"VMI {sized.vmi} is not the size its migration target was reserved at"
+            if sized.uid in held:
+                known[sized.vmi] = sized
+        return ""
 
     def forget(self, key: Key) -> bool:
         """The quota is gone (or no longer managed): it carries nothing. True when it held holders (the namespace's
@@ -117,11 +138,16 @@ class GuardWriter:
                     if not e.conflict:
                         raise
                     self._listed.pop(namespace, None)  # read again
+                    self._sized.pop(namespace, None)
                     if not grow:
                         log.info("reservation guard shrink dropped: another writer came first", namespace=namespace)
                         return
                     continue
                 self._listed[namespace] = (want, written)
+                uids = {h.uid for h in want}
+                sized = self._sized.get(namespace, {})
+                for vmi in [v for v, s in sized.items() if s.uid not in uids]:
+                    del sized[vmi]
                 log.info("reservation guard written", namespace=namespace, holders=sorted(h.name for h in want))
                 return
             raise KubeError(409, "Conflict", f"the QuotaReservation of {namespace} kept changing under the enforcer")

@@ -1,5 +1,5 @@
 """The enforcer's Kubernetes calls: read a ResourceQuota, merge-patch it, create an Event, nudge a VMI, write a
-namespace's QuotaReservation (the reservation guard).
+namespace's QuotaReservation and read a VMI (the reservation guard).
 
 Each goes through kubernetes-asyncio's generated ``CoreV1Api`` method via :mod:`services.platform.kube` (raw responses
 decoded with msgspec, an explicit ``_request_timeout``, every failure a :class:`~services.platform.kube.KubeError`), so
@@ -34,6 +34,8 @@ class QuotaApi(Protocol):
     async def create_event(self, namespace: str, body: Obj) -> None: ...
 
     async def nudge_vmi(self, namespace: str, name: str, token: str) -> None: ...
+
+    async def get_vmi(self, namespace: str, name: str) -> Obj | None: ...
 
     async def put_reservation(self, namespace: str, body: Obj, resource_version: str) -> str: ...
 
@@ -94,6 +96,25 @@ class KubeQuotas:
             _request_timeout=self.timeout,
             _content_type=MERGE_PATCH,
         )
+
+    async def get_vmi(self, namespace: str, name: str) -> Obj | None:
+        """The VMI as the API server has it now (a quorum read), None when there is none (RBAC: ``get`` on
+        ``virtualmachineinstances``): with the reservation guard, the size a migration target's room is opened for
+        is checked against it."""
+        try:
+            return await call_object(
+                self.custom.get_namespaced_custom_object,
+                "kubevirt.io",
+                "v1",
+                namespace,
+                "virtualmachineinstances",
+                name,
+                _request_timeout=self.timeout,
+            )
+        except KubeError as e:
+            if e.not_found:
+                return None
+            raise
 
     async def get_reservation(self, namespace: str) -> Obj | None:
         """The namespace's QuotaReservation, None when there is none (RBAC: ``get``)."""

@@ -536,6 +536,11 @@ class Enforcer:
                 return
             if self.opts.reservation_guard:
                 await self.guard.before(key, usage)  # the holders are listed before their room opens
+                why = await self.guard.resized(ns, usage) if p.raises else ""
+                if why:
+                    log.info("raise waits for the ledger", namespace=ns, quota=name, reason=why)
+                    self.own.patches.labels(outcome="resized").inc()
+                    return
             if p.resource_version == failed:
                 # The same version conflicted before: no other writer's progress explains it (a version that
                 # moves on is quota admission at work, retried at once). Back off, jittered and growing.

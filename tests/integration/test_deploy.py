@@ -30,6 +30,7 @@ from shared.ledger.fold import PartitionSet
 from shared.quantity import Quantity
 from shared.quota import guard, modes
 from shared.quota.annotations import RATIO_ANNOTATION
+from shared.snapshot import SIZE_FIELDS
 from tests.exported import runner_env_vars
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,12 +136,23 @@ def watcher_rules() -> set[Rule]:
     }
 
 
-def enforcer_rules() -> tuple[set[Rule], set[Rule]]:
-    """(always, with the reservation guard) what ``services/enforcer/kube.py`` calls."""
-    from services.enforcer import kube as ekube
+GUARD_ONLY_CALLS: Final = {"get_vmi"}
+"""``services/enforcer/kube.py`` methods only the reservation guard calls (besides the QuotaReservation's)."""
 
+
+def enforcer_rules() -> tuple[set[Rule], set[Rule]]:
+    """(always, with the reservation guard) what ``services/enforcer/kube.py`` calls: the guard's are the
+    QuotaReservation's and those of :data:`GUARD_ONLY_CALLS`, which only ``services/enforcer/guard.py`` uses."""
+    from services.enforcer import guard as eguard
+    from services.enforcer import kube as ekube
+    from services.enforcer import service as eservice
+
+    for method in GUARD_ONLY_CALLS:
+        assert f".{method}(" in Path(eguard.__file__).read_text(), method
+        assert f".{method}(" not in Path(eservice.__file__).read_text(), method
     found = calls_of(ekube)
-    guarded = {r for r in found if r[0] == guard.GROUP}
+    guarded = {r for r in found if r[0] == guard.GROUP} | {("kubevirt.io", "virtualmachineinstances", "get")}
+    assert guarded <= found
     return found - guarded, guarded
 
 
@@ -376,7 +388,9 @@ def test_the_derived_calls_are_what_the_code_does() -> None:
     assert ("", "resourcequotas", "patch") in CLUSTER_RULES["enforcer"]
     assert ("kubevirt.io", "virtualmachineinstances", "patch") in CLUSTER_RULES["enforcer"]
     assert ("", "pods", "watch") in CLUSTER_RULES["watcher"]
-    assert enforcer_rules()[1] == {(guard.GROUP, guard.PLURAL, v) for v in ("get", "create", "patch")}
+    assert enforcer_rules()[1] == {(guard.GROUP, guard.PLURAL, v) for v in ("get", "create", "patch")} | {
+        ("kubevirt.io", "virtualmachineinstances", "get")
+    }
     assert lease_rules() == {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
 
 
@@ -770,8 +784,9 @@ def test_single_cluster_with_the_nats_component_uncommented(tmp_path: Path) -> N
 
 
 def test_single_cluster_with_the_reservation_guard(tmp_path: Path) -> None:
-    """The optional guard: the CRD, the policy the simulator's tests evaluate, the enforcer switched on, and exactly
-    three more verbs for the enforcer (get, create and patch of QuotaReservations)."""
+    """The optional guard: the CRD, the policies the simulator's tests evaluate (pods; a holder VMI's size), the
+    enforcer switched on, and exactly four more verbs for the enforcer (get, create and patch of QuotaReservations,
+    get of VMIs)."""
     copy = tmp_path / "deploy"
     shutil.copytree(DEPLOY, copy)
     overlay = copy / "overlays" / "single-cluster" / "kustomization.yaml"
@@ -789,12 +804,18 @@ def test_single_cluster_with_the_reservation_guard(tmp_path: Path) -> None:
     assert crd["spec"]["names"]["plural"] == guard.PLURAL and crd["spec"]["scope"] == "Namespaced"
     assert [v["name"] for v in crd["spec"]["versions"]] == [guard.VERSION]
     assert "aggregate" not in json.dumps(crd), "tenants' admin/edit roles must not include the guard's parameter"
-    [policy] = of_kind(objs, "ValidatingAdmissionPolicy")
-    policy["metadata"].pop("namespace", None)  # kustomize's namespace: the API server drops it (cluster-scoped)
+    policies = of_kind(objs, "ValidatingAdmissionPolicy")
+    for policy in policies:
+        policy["metadata"].pop("namespace", None)  # kustomize's namespace: the API server drops it (cluster-scoped)
     shipped = yaml.safe_load_all((DEPLOY / "components" / "reservation-guard" / "policy.yaml").read_text())
-    assert policy == next(d for d in shipped if d["kind"] == "ValidatingAdmissionPolicy")
-    [binding] = of_kind(objs, "ValidatingAdmissionPolicyBinding")
-    assert binding["spec"]["paramRef"] == {"name": guard.NAME, "parameterNotFoundAction": "Allow"}
+    assert policies == [d for d in shipped if d["kind"] == "ValidatingAdmissionPolicy"]
+    bindings = of_kind(objs, "ValidatingAdmissionPolicyBinding")
+    assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(p["metadata"]["name"] for p in policies)
+    for binding in bindings:
+        assert binding["spec"]["paramRef"] == {"name": guard.NAME, "parameterNotFoundAction": "Allow"}
+    [sized] = [p for p in policies if p["spec"]["matchConstraints"]["resourceRules"][0]["apiGroups"] == ["kubevirt.io"]]
+    frozen = " ".join(v["expression"] for v in sized["spec"]["validations"])
+    assert all(f"variables.new.{f}" in frozen for f in SIZE_FIELDS), "the policy keeps what the enforcer compares"
     cluster, _ = granted(objs, "vmquota-enforcer")
     assert cluster == CLUSTER_RULES["enforcer"] | enforcer_rules()[1]
     for _, service, c in vmquota_deployments(objs):

@@ -15,6 +15,7 @@ import msgspec
 import pytest
 from kubernetes_asyncio import client, config
 
+from services.devtools.simcluster.auth import KUBEVIRT_CONTROLLER, acting_as
 from services.devtools.simcluster.cluster import SimCluster
 from services.devtools.simcluster.quota import QuotaTiming
 from services.devtools.simcluster.store_api import Obj
@@ -31,6 +32,8 @@ from shared.normalize import normalize
 from shared.quantity import Quantity
 from shared.quota import guard
 from shared.quota.annotations import BUDGET_ANNOTATION, LAST_HARD_ANNOTATION, MANAGED_LABEL, STATUS_ANNOTATION
+from shared.snapshot import VmiSnapshot, size_digest
+from tests.builders import vmi_obj
 from tests.integration.e2e import full_namespace, pipeline, rl
 
 pytestmark = pytest.mark.integration
@@ -314,6 +317,9 @@ class BeatenOnce:
 
     async def put_reservation(self, namespace: str, body: Obj, resource_version: str) -> str:
         return await self.inner.put_reservation(namespace, body, resource_version)
+
+    async def get_vmi(self, namespace: str, name: str) -> Obj | None:
+        return await self.inner.get_vmi(namespace, name)
 
     async def get_reservation(self, namespace: str) -> Obj | None:
         return await self.inner.get_reservation(namespace)
@@ -632,6 +638,44 @@ async def test_a_deleted_quota_takes_its_holders_off_the_guard(
         assert listed_names(sim) == {"vm1"}
         await sim.store.delete(sim.store.resource("resourcequotas"), NS, "compute")
         await sim.wait_for(lambda: listed_names(sim) == set(), within=5, what="the holders taken off")
+
+
+async def test_with_the_guard_room_for_a_target_opens_only_while_its_vmi_has_the_size_it_was_reserved_at(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """The policy keeps a holder VMI's size only once it is listed; a hotplug just before that, which the ledger
+    has not seen, would make KubeVirt's next try of the target larger than its room. After listing the holder the
+    enforcer reads the VMI: a usage that reserved the target at another size raises nothing (its holder stays
+    listed), the ledger's next usage, at the VMI's size, raises. Fails when the enforcer raises without the read."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    with acting_as(KUBEVIRT_CONTROLLER):
+        await sim.create(vmi_obj("vm1", guest="2Gi", namespace=NS))
+    vmi = await sim.get("virtualmachineinstances", NS, "vm1")
+    uid = str(vmi["metadata"]["uid"])
+    vms = [contract.VmState(name="vm1", uid=uid, state="running")]
+    snap = normalize(vmi)
+    assert isinstance(snap, VmiSnapshot)
+    before = size_digest(vmi_obj("vm1", guest="1Gi")["spec"])  # (what the ledger saw before a hotplug)
+    now = size_digest(snap.spec)
+    assert before != now
+
+    def migrating(size: str) -> list[contract.MigrationState]:
+        return [msgspec.structs.replace(m, vmi_size=size) for m in MIGRATING]
+
+    async with enforcer(bus, api, reservation_guard=True) as (e, _):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        await sim.wait_quota_synced(NS, "compute")
+        await publish_usage(bus, 5, terms("64Gi", "80Gi"), migrating(before), vms=vms)
+
+        def waited() -> float:
+            labels = {"service": "enforcer", "outcome": "resized"}
+            return e.metrics.registry.get_sample_value("vmquota_enforcer_patches_total", labels) or 0.0
+
+        await sim.wait_for(lambda: waited() >= 1, within=5, what="the raise to wait")
+        assert listed_names(sim) == {"vm1"}, "the holder is listed (its size kept) while the raise waits"
+        assert hard(await sim.get("resourcequotas", NS, "compute")) == {"limits.memory": "64Gi"}
+        await publish_usage(bus, 6, terms("64Gi", "80Gi"), migrating(now), vms=vms)
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised at the VMI's size")
 
 
 # ---- hostile input on the bus ------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from services.devtools.simcluster.store_api import ApiError, Obj
 from shared.podusage import pod_quota_usage
 from shared.quota import guard
 from shared.resources import format_resource_list
+from tests.builders import vmi_obj
 
 ROOT = Path(__file__).resolve().parents[2]
 GUARD_POLICY = ROOT / "deploy" / "components" / "reservation-guard" / "policy.yaml"
@@ -131,6 +132,85 @@ async def test_a_guarded_denial_takes_no_quota(sim: SimCluster) -> None:
     assert await create_as(sim, TENANT, pod("plain")) is not None
     q = await sim.get("resourcequotas", NS, "compute")
     assert (q.get("status") or {}).get("used", {}).get("pods") == "0"
+
+
+async def update_as(
+    sim: SimCluster, user: UserInfo, name: str, change: Any, *, status: bool = False
+) -> ApiError | None:
+    res = sim.store.resource("virtualmachineinstances")
+
+    def fn(obj: Obj) -> Obj:
+        change(obj)
+        return obj
+
+    with acting_as(user):
+        try:
+            await sim.store.mutate(res, NS, name, fn, status=status)
+        except ApiError as e:
+            return e
+    return None
+
+
+def hotplug(obj: Obj) -> None:
+    obj["spec"]["domain"]["memory"]["guest"] = "2Gi"
+
+
+async def test_a_holder_vmis_size_cannot_change_while_its_room_is_reserved(sim: SimCluster) -> None:
+    """A hotplug KubeVirt applies to a holder VMI (its migration target's room reserved) would make the next try
+    of the target larger than its room: the policy refuses changes of the holder's ``cpu``, ``memory`` and
+    ``resources`` until it is off the list, whoever writes them, and lets every other VMI update through."""
+    await install(sim, GUARD_POLICY.read_text())
+    with acting_as(KUBEVIRT_CONTROLLER):
+        for name in ("vm1", "vm2"):
+            await sim.create(vmi_obj(name, namespace=NS))
+    uid = str((await sim.get("virtualmachineinstances", NS, "vm1"))["metadata"]["uid"])
+    await reserve(sim, guard.Holder(uid, "vm1", "migration vm1-mig"))
+    err = await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", hotplug)
+    assert err is not None and err.code == 403, err
+    assert err.message == (
+        'virtualmachineinstances.kubevirt.io "vm1" is forbidden: ValidatingAdmissionPolicy '
+        "'vmquota-reservation-holder-size' with binding 'vmquota-reservation-holder-size' denied request: vmquota: "
+        "vm1 holds room reserved for its migration vm1-mig; its cpu, memory and resources can change once that pod "
+        "exists; retry in a moment"
+    )
+
+    def sockets(obj: Obj) -> None:
+        obj["spec"]["domain"]["cpu"]["sockets"] = 2
+
+    def resources(obj: Obj) -> None:
+        obj["spec"]["domain"]["resources"] = {"requests": {"memory": "2Gi"}}
+
+    for change in (sockets, resources):
+        assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", change) is not None, change.__name__
+
+    def label(obj: Obj) -> None:
+        obj["metadata"].setdefault("labels", {})["touched"] = "yes"
+
+    def phase(obj: Obj) -> None:
+        obj.setdefault("status", {})["reason"] = "touched"
+
+    assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", label) is None, "an update that keeps the size"
+    assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", phase, status=True) is None, "a status update"
+    assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm2", hotplug) is None, "a VMI that holds nothing"
+    assert (await sim.get("virtualmachineinstances", NS, "vm1"))["spec"]["domain"]["memory"]["guest"] == "1Gi"
+    await reserve(sim)  # its pod exists: off the list
+    assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", hotplug) is None, "once it holds nothing"
+
+
+async def test_only_kubevirt_changes_a_vmis_spec(sim: SimCluster) -> None:
+    """KubeVirt's VMI update admission: a tenant may label its VMI but not change its spec (a hotplug reaches a
+    VMI through KubeVirt's VM controller), so a pending VMI keeps the size vmquota admitted it at."""
+    with acting_as(KUBEVIRT_CONTROLLER):
+        await sim.create(vmi_obj("vm1", namespace=NS))
+    err = await update_as(sim, TENANT, "vm1", hotplug)
+    assert err is not None and err.code == 422, err
+    assert err.message.endswith("denied the request: update of VMI object is restricted"), err.message
+
+    def label(obj: Obj) -> None:
+        obj["metadata"].setdefault("labels", {})["mine"] = "yes"
+
+    assert await update_as(sim, TENANT, "vm1", label) is None
+    assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", hotplug) is None
 
 
 # ---- ValidatingAdmissionPolicy semantics ---------------------------------------------------------------------------

@@ -7,8 +7,9 @@ interleaved in any order, with vmquota's own pure code deciding ``spec.hard``.
   ``status.hard`` it is charged, ``status.used + charge <= status.hard``; admission adds the charge to
   ``status.used`` in the same write. With the reservation guard, a ValidatingAdmissionPolicy runs first: while the
   namespace's QuotaReservation lists holders, only KubeVirt's pods with a controller reference to a holder VMI get
-  in. A pod that ends (turns terminal, or is deleted) is no longer charged at once: ``status.used`` is recomputed
-  on the spot, without the copy of ``spec.hard`` (the most a tenant timing the quota could hope for);
+  in, and a holder VMI's size cannot change (a hotplug is refused until it is off the list). A pod that ends
+  (turns terminal, or is deleted) is no longer charged at once: ``status.used`` is recomputed on the spot, without
+  the copy of ``spec.hard`` (the most a tenant timing the quota could hope for);
 * **the quota controller** (:meth:`Cluster.quota_sync`): ``spec.hard -> status.hard``, ``status.used`` from the
   live pods; its own step, so ``status.hard`` lags;
 * **KubeVirt** (the ``kv_*`` methods, as ``services/devtools/simcluster/kubevirt.py`` models upstream): launcher
@@ -23,7 +24,8 @@ interleaved in any order, with vmquota's own pure code deciding ``spec.hard``.
   body changed; the enforcer (:meth:`Cluster.enforce`) runs ``shared.quota.enforcement.plan`` on the quota as the
   API server has it (a patch's precondition makes that the copy it writes from) and the latest usage snapshot,
   with ``within_charged`` when the usage counts pods beyond ``status.used``, and with the guard grows the holders
-  (``shared.quota.guard.holders``) before its write and shrinks them after (``guard.carried``), as
+  (``shared.quota.guard.holders``) before its write, opens room for a migration target only while its VMI, read
+  then, has the size the target was reserved at (``guard.still_sized``), and shrinks them after (``guard.carried``), as
   ``services/enforcer/service.py`` does; then it nudges admitted VMIs KubeVirt was refused;
 * **the tenant**: VMIs, plain pods of any size and of exactly the room it sees (``status.hard - status.used``),
   pods with forged launcher labels, with a controller reference to its VMIs (KubeVirt adopts them into
@@ -114,15 +116,17 @@ STALE_END_BUG: Final = False
 ``hard`` would free only ``k`` of the headroom it gives back, none while ``U`` stays over the budget
 (``test_a_finished_source_pod_deleted_before_vmquota_sees_it_opens_no_room``,
 ``test_a_pod_ending_opens_no_more_room_than_the_fresh_hard_for_a_scaled_resource``: closed by ``W``)."""
-STALE_SPEC_BUG: Final = True
+STALE_SPEC_BUG: Final = False
 """A migration's target reserved smaller than KubeVirt renders it gets in through the namespace's reserved room and
-the VM grows unadmitted. Two causes are fixed (reproductions pass): the VMI watch lagging a hotplug
+the VM grows unadmitted. Four causes are fixed (reproductions pass): the VMI watch lagging a hotplug
 (``test_a_hotplug_target_vmquota_reserved_at_the_old_size_gets_no_growth_unadmitted``: the watcher reads a refused
-migration's VMI afresh) and a refusal from before a hotplug (``test_a_refusal_from_before_a_hotplug_does_not_hide_
-its_growth``: a refusal only raises an estimate). One is not, so the switch stays on: a hotplug made while the
-target is reserved (KubeVirt allows it until the migration has started), which KubeVirt's next try renders at the
-new size (``test_with_the_guard_a_hotplug_while_a_target_is_reserved_gets_no_growth_unadmitted``, xfail; without
-the guard it is the reservation window)."""
+migration's VMI afresh), a refusal from before a hotplug (``test_a_refusal_from_before_a_hotplug_does_not_hide_
+its_growth``: a refusal only raises an estimate), and, with the guard, a hotplug while a target is reserved or just
+after its migration (``test_with_the_guard_a_hotplug_while_a_target_is_reserved_waits_for_the_target``,
+``test_with_the_guard_a_hotplug_just_after_a_migration_gets_no_growth_unadmitted``: the policy keeps a holder's
+size) or before the holder is listed (``test_with_the_guard_a_hotplug_before_the_holder_is_listed_opens_no_room_
+for_the_old_size``: the enforcer reads the VMI before it opens the room). Without the guard such a target is the
+reservation window's (:meth:`Cluster.window`)."""
 ROUNDS: Final = 12
 """Rounds of the final settle before it must have reached a fixed point."""
 
@@ -578,6 +582,12 @@ class Cluster:
             if self.guarded:
                 self.writing = guard.holders(usage)
                 self.guard_write(grow=True)  # the holders are listed before their room opens
+                if p.raises and not all(
+                    guard.still_sized(sized, self.objs[VMI_KIND].get(sized.vmi))
+                    for sized in guard.reserved_sizes(usage)
+                ):
+                    note("a raise waits: a VMI is not the size its target was reserved at")
+                    return
             body = enforcement.patch_body(p)
             quota = copy.deepcopy(self.quota)
             assert body["metadata"]["resourceVersion"] == quota["metadata"]["resourceVersion"]
@@ -919,6 +929,9 @@ class Cluster:
         vmi = self.pick([v for v in self.running() if not self.grown(v)], index)
         if vmi is None:
             return
+        if self.guarded and uid_of(vmi) in {h.uid for h in self.reservation}:
+            note("a hotplug refused (the guard: the VMI holds reserved room)")
+            return  # (KubeVirt's VM controller retries it: the rule may run again)
         grown = copy.deepcopy(vmi)
         domain = grown["spec"]["domain"]
         domain["cpu"]["sockets"] += extra_cpus
@@ -1558,15 +1571,16 @@ def test_a_hotplug_target_vmquota_reserved_at_the_old_size_gets_no_growth_unadmi
     assert not c.excess(), f"over by {format_resource_list(c.excess())}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="KubeVirt allows a memory hotplug until the migration has started; its next try of a reserved target "
-    "renders the new size, and with another reservation beside it the larger target (a holder's pod) gets in",
-)
-def test_with_the_guard_a_hotplug_while_a_target_is_reserved_gets_no_growth_unadmitted() -> None:
-    """Two 512Mi VMs fill a ``limits.memory`` budget; both migrate and both targets are reserved (holders). The
-    tenant then hotplugs vm1 by 256Mi: KubeVirt's next try renders vm1's target at the new size, which the two
-    reservations' room holds, and the guard lets it in (it is KubeVirt's pod for a holder)."""
+def vmi_guest(c: Cluster, name: str) -> str:
+    return str(c.objs[VMI_KIND][name]["spec"]["domain"]["memory"]["guest"])
+
+
+def test_with_the_guard_a_hotplug_while_a_target_is_reserved_waits_for_the_target() -> None:
+    """Two 512Mi VMs fill a ``limits.memory`` budget; both migrate and both targets are reserved (holders). KubeVirt
+    would apply a hotplug of vm1 until its migration has started, and render the next try of its target at the new
+    size, which the two reservations' room holds: the guard's policy keeps a holder VMI's size, so the hotplug is
+    refused while the room is reserved, and the targets get in at the sizes they were reserved at. (Before the
+    policy, the larger target, a holder's pod, got in and the VM grew unadmitted.)"""
     c, _ = two_full_vms(512, guarded=True)
     c.tenant_migrate(0)
     c.tenant_migrate(0)
@@ -1575,21 +1589,23 @@ def test_with_the_guard_a_hotplug_while_a_target_is_reserved_gets_no_growth_unad
     c.vmquota_catches_up()
     assert c.body is not None and {m.state for m in c.body.migrations} == {"pending"}
     c.tenant_hotplug(0, 256, 0)
-    c.kv_target(next(name_of(m) for m in c.of_kind(VMIM_KIND) if m["spec"]["vmiName"] == "vm1"))
+    assert vmi_guest(c, "vm1") == "512Mi", "the holder's size changed while its room is reserved"
+    for m in c.of_kind(VMIM_KIND):
+        c.kv_target(name_of(m))
+        assert name_of(m) in c.targets, "a reserved target got in"
+    assert not c.excess(), f"over by {format_resource_list(c.excess())}"
+    c.settle()
+    c.check_liveness()
     assert not c.excess(), f"over by {format_resource_list(c.excess())}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a hotplug just after a migration: the guard still lists the VM as a holder and status.hard still "
-    "carries the migration's room, so the workload-update target gets in at its first try, its growth unadmitted",
-)
 def test_with_the_guard_a_hotplug_just_after_a_migration_gets_no_growth_unadmitted() -> None:
     """Found by the machine (``VMQUOTA_LAG_MODEL_RANDOM=1``), shrunk, and replayed through its own rules: two 512Mi
     VMs fill a ``requests.memory`` budget; both migrate (refused, reserved, done); vmquota hears everything; the
-    tenant hotplugs vm1 by 256Mi, and KubeVirt's workload-update target gets in before vmquota has written a
-    ``spec.hard`` without the migrations' room. Without the fresh read's reproduction above this is the same known
-    limit (``STALE_SPEC_BUG``: a target rendered from a spec newer than the view behind ``status.hard``)."""
+    tenant hotplugs vm1 by 256Mi. ``status.hard`` still carries the migrations' room until the quota controller
+    copies the lowered ``spec.hard``, and until then the guard lists vm1 as a holder: its size is kept, so no
+    workload-update target can take that room. (Before the policy the target got in at its first try, its growth
+    unadmitted.)"""
     budget = {"requests.memory": "1024Mi"}
     mode = Mode.VIRTUAL_RESOURCES
     setup = Setup(
@@ -1607,6 +1623,35 @@ def test_with_the_guard_a_hotplug_just_after_a_migration_gets_no_growth_unadmitt
     machine.hotplug(extra_cpus=0, extra_mib=256, index=0)
     machine.kubevirt_runs_every_controller_once()
     assert not machine.c.excess(), f"over by {format_resource_list(machine.c.excess())}"
+    machine.teardown()
+
+
+def test_with_the_guard_a_hotplug_before_the_holder_is_listed_opens_no_room_for_the_old_size() -> None:
+    """The policy keeps a holder's size only from the moment it is listed. Two 512Mi VMs fill a ``limits.memory``
+    budget; both migrate, both targets are refused, and vmquota reserves both from the VMIs it has read; before the
+    enforcer lists the holders, the tenant hotplugs vm1 by 256Mi. The enforcer lists them, reads the VMIs, finds
+    vm1 larger than its target was reserved at and opens no room until vmquota has seen the hotplug: a raise for
+    the old size would let KubeVirt's next try, rendered at the new size, take the other target's room. (Without
+    the read this failed: the hotplugged target got in and the namespace ended over its budget.)"""
+    c, _ = two_full_vms(512, guarded=True)
+    c.tenant_migrate(0)
+    c.tenant_migrate(0)
+    for m in c.of_kind(VMIM_KIND):
+        c.kv_target(name_of(m))  # both refused
+    c.deliver_all()
+    c.publish()  # both reserved, at the sizes vmquota read
+    assert c.body is not None and {m.state for m in c.body.migrations} == {"pending"}
+    c.tenant_hotplug(0, 256, 0)  # (not yet a holder: the policy lets it through)
+    assert vmi_guest(c, "vm1") == "768Mi"
+    c.enforce()
+    c.quota_sync()
+    for m in c.of_kind(VMIM_KIND):
+        c.kv_target(name_of(m))
+    c.check_safety()
+    assert not c.excess(), f"over by {format_resource_list(c.excess())}"
+    c.settle()
+    c.check_liveness()
+    assert not c.excess(), f"over by {format_resource_list(c.excess())}"
 
 
 def test_with_the_guard_the_holder_stays_until_status_hard_no_longer_carries_the_reservation() -> None:

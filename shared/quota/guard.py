@@ -7,9 +7,11 @@ server closes that window: while the namespace's ``QuotaReservation`` (kind belo
 holders, a pod is admitted only when one of the ``creators`` (KubeVirt's virt-controller) creates it for one of the
 holder VMIs (its controller ``ownerReference``). The enforcer writes the holders *before* a raise that reserves
 for them and removes them only once no quota's ``spec.hard`` carries their reservation any more
-(``docs/accounting.md``, "The reservation guard").
+(``docs/accounting.md``, "The reservation guard"). A second policy keeps a holder VMI's size (``SIZE_FIELDS``)
+while it is listed, and the enforcer opens a migration target's room only while its VMI, read after the listing,
+still has the size the target was reserved at (:func:`reserved_sizes`, :func:`still_sized`).
 
-Pure: what to write, from the ledger's usage snapshots.
+Pure: what to write, from the ledger's usage snapshots; whether a VMI object has a reserved size.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from shared.accounting.estimates import awaits_hotplug
 from shared.accounting.migrations import Migrations
 from shared.accounting.results import (
     ADMITTED,
@@ -31,7 +32,7 @@ class Admission(Migrations):
         ]
         plain: list[Target] = []
         for t in self.targets:
-            if t.grow:
+            if t.grow or awaits_hotplug(t.v):  # (a larger spec is growth even where no pod-terms amount shows it)
                 items.append((created_key(t.m), len(items), t))
             else:
                 plain.append(t)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Hashable, Mapping
+from fractions import Fraction
 from typing import Any, Final
 
 from shared.accounting.memo import MISS, Memo
@@ -48,6 +49,37 @@ def unpublished(v: VmiSnapshot) -> dict[str, Any]:
 def widened(estimate: Mapping[str, Quantity]) -> ResourceList:
     """Each amount of ``estimate`` plus its :func:`evidence_bound`."""
     return {r: q + evidence_bound(r, q) for r, q in estimate.items()}
+
+
+def awaits_hotplug(v: VmiSnapshot) -> bool:
+    """Whether the VMI's spec is larger than the size it runs at (a hotplug awaiting its migration)."""
+    grow_cpu = v.status_vcpus is not None and v.status_vcpus < v.vcpus
+    grow_mem = (
+        v.status_guest_memory is not None and v.guest_memory is not None and v.status_guest_memory < v.guest_memory
+    )
+    return grow_cpu or grow_mem
+
+
+def _shrunk(resources: Mapping[str, Any], by: Mapping[str, Quantity]) -> dict[str, Any]:
+    """A VMI's ``spec.domain.resources`` with each explicit ``requests``/``limits`` amount of ``by``'s resources
+    that much smaller (at least 0); other values as they are (the renderer reports what it cannot read)."""
+    out = dict(resources)
+    for part in ("requests", "limits"):
+        values = resources.get(part)
+        if not isinstance(values, Mapping):
+            continue
+        changed = dict(values)
+        for name, less in by.items():
+            raw = values.get(name)
+            if raw is None:
+                continue
+            try:
+                amount = Quantity.parse(str(raw))
+            except InvalidInput:
+                continue
+            changed[name] = Quantity(max(amount.nanos - less.nanos, 0), amount.format).canonical()
+        out[part] = changed
+    return out
 
 
 def current_size(v: VmiSnapshot) -> VmSize:
@@ -122,24 +154,30 @@ class Renderer:
         return dict(result)  # it goes into a MigrationEntry: not the remembered one
 
     def _hotplug_growth(self, v: VmiSnapshot) -> ResourceList:
-        grow_cpu = v.status_vcpus is not None and v.status_vcpus < v.vcpus
-        grow_mem = (
-            v.status_guest_memory is not None and v.guest_memory is not None and v.status_guest_memory < v.guest_memory
-        )
-        if not (grow_cpu or grow_mem):
+        if not awaits_hotplug(v):
             return {}
         target = unpublished(v)  # the published overhead is the source's; compute both sides alike
         source = copy.deepcopy(target)
         domain = source["spec"].setdefault("domain", {})
-        if grow_cpu and v.status_vcpus is not None:
+        # KubeVirt grows explicit requests and limits with the hotplug (memory by the same amount, CPU by the
+        # vCPUs' share at the allocation ratio): the source has them that much smaller, else a VM with explicit
+        # resources would show no growth where they are what quota charges
+        resources = domain.get("resources")
+        shrink: dict[str, Quantity] = {}
+        if v.status_vcpus is not None and v.status_vcpus < v.vcpus:
             cpu = dict(domain.get("cpu") or {})
             per_socket = max(1, int(cpu.get("cores") or 1) * int(cpu.get("threads") or 1))
             cpu["sockets"] = max(1, v.status_vcpus // per_socket)
             domain["cpu"] = cpu
-        if grow_mem and v.status_guest_memory is not None:
+            share = int(Fraction(1000) // self.config.cpu_allocation_ratio)
+            shrink["cpu"] = Quantity.from_milli((v.vcpus - v.status_vcpus) * share)
+        if v.status_guest_memory is not None and v.guest_memory is not None and v.status_guest_memory < v.guest_memory:
             memory = dict(domain.get("memory") or {})
             memory["guest"] = v.status_guest_memory.canonical()
             domain["memory"] = memory
+            shrink["memory"] = v.guest_memory - v.status_guest_memory
+        if isinstance(resources, Mapping) and shrink:
+            domain["resources"] = _shrunk(resources, shrink)
         after = self.usage(target, v.ref)
         before = self.usage(source, v.ref)
         if after is None or before is None:

@@ -488,6 +488,57 @@ async def test_with_the_guard_a_tenant_cannot_take_room_reserved_for_a_migration
         assert await tenant.create(plain_pod(NS, "small", {"memory": "1Gi"}, {"memory": "1Gi", "cpu": "100m"}))
 
 
+async def test_with_the_guard_a_hotplug_while_targets_are_reserved_waits_and_gets_no_room() -> None:
+    """Two migrations of a full namespace, both targets refused and reserved; the moment vm1 is listed as a holder
+    the tenant hotplugs it by 20Gi (more than the budget has left, less than that plus vm2's reserved room).
+    KubeVirt applies a hotplug until a migration has started, and its next try of vm1's target would render the
+    new size and take vm2's room with its own: the guard keeps a holder VMI's size, so the hotplug waits, both
+    targets get in at their reserved size, and once vm1 holds nothing the hotplug goes ahead and its growth is
+    refused (it does not fit). Fails without the holder-size policy (vm1 grows into vm2's room)."""
+    async with pipeline(kubevirt_timing=PATIENT_KUBEVIRT, guard=True) as p:
+        await full_namespace(p, NS)
+        vmis = {v["metadata"]["name"]: v for v in p.objects("vmi", NS)}
+        uid = str(vmis["vm1"]["metadata"]["uid"])
+        changed_while_held: list[str] = []
+        hotplug: list[asyncio.Task[Obj]] = []
+
+        def held() -> set[str]:
+            return {str(h.get("uid")) for h in _holders(p) or []}
+
+        sizes = ["16Gi"]
+
+        def check(type_: str, res: Any, obj: Obj) -> None:
+            if res.plural == "virtualmachineinstances" and obj["metadata"]["name"] == "vm1":
+                guest = obj["spec"]["domain"]["memory"]["guest"]
+                if guest != sizes[-1] and uid in held():
+                    changed_while_held.append(f"vm1 from {sizes[-1]} to {guest} while it holds reserved room")
+                sizes.append(guest)
+            if res.plural == "quotareservations" and not hotplug and uid in held():
+                hotplug.append(asyncio.get_running_loop().create_task(p.sim.hotplug(NS, "vm1", memory="36Gi")))
+
+        p.sim.store.on_change(check)
+        denied = p.sim.policies.denied
+        migrations = {vm: await p.migrate(NS, vm) for vm in ("vm1", "vm2")}
+        for vm, m in migrations.items():
+            await p.wait_migrated(NS, vm, m)
+        assert hotplug and hotplug[0].done(), "vm1 was never listed as a holder"
+        assert not changed_while_held, changed_while_held
+        assert p.sim.policies.denied > denied, "the hotplug never met the policy: it did not race the reservation"
+        for vm, m in migrations.items():
+            name = p.migration(NS, m)["status"]["migrationState"]["targetPod"]
+            (target,) = [t for t in p.objects("pods", NS) if t["metadata"]["name"] == name]
+            assert pod_quota_usage(target)["limits.memory"] < Quantity.parse("17Gi"), f"{vm}'s target grew"
+
+        def refused() -> bool:
+            u = p.tap.usage.get(NS)
+            return u is not None and any(m.state == "growth-refused" and m.vmi == "vm1" for m in u.migrations)
+
+        await p.wait(refused, "the hotplug to go ahead once vm1 holds nothing, and its growth to be refused")
+        assert guest_running(p, NS) == Quantity.parse("48Gi")
+        await settled(p)
+        assert charged(p) <= BUDGET
+
+
 async def test_without_the_guard_the_reservation_window_is_open() -> None:
     """The documented limit the guard closes (docs/accounting.md, "The reservation guard"): the same tenant, the
     same timing, no policy in the cluster."""

@@ -259,6 +259,45 @@ async def test_hotplug_starts_a_workload_update_migration_with_the_new_size(sim:
     assert "HotVCPUChange" not in conditions(vmi) and "HotMemoryChange" not in conditions(vmi)
 
 
+async def test_a_hotplug_applies_while_a_migration_is_pending_and_its_target_carries_the_new_size(
+    sim: SimCluster,
+) -> None:
+    """Upstream's live-update handlers refuse a hotplug only while the VMI is migrating (a migration has started)
+    or another hotplug is in progress: a migration whose target quota refuses has not started, so the hotplug
+    patches the VMI, KubeVirt's next try renders the target at the new size, and no workload-update migration is
+    made beside the one in flight (the completed migration makes the new size current)."""
+    await sim.create_quota("t", "compute", {"limits.memory": "64Gi"})
+    await sim.wait_quota_synced("t", "compute")
+    await sim.create_vm("t", "vm1", memory="1Gi")
+    await sim.wait_for_phase("t", "vm1", "Running")
+    await sim.wait_quiet()
+    used = (await sim.get("resourcequotas", "t", "compute"))["status"]["used"]
+    await sim.set_quota_hard("t", "compute", used)  # full: the target is refused
+    await sim.wait_quota_synced("t", "compute")
+    mig = await sim.migrate("t", "vm1", name="mig1")
+    await sim.wait_until(
+        "vmim", "t", "mig1", lambda o: "migrationRejectedByResourceQuota" in conditions(o), what="target refused"
+    )
+    await sim.hotplug("t", "vm1", memory="2Gi")
+    vmi = await sim.wait_until("vmi", "t", "vm1", lambda o: o["spec"]["domain"]["memory"]["guest"] == "2Gi")
+    assert conditions(vmi)["HotMemoryChange"]["status"] == "True"
+    await sim.set_quota_hard("t", "compute", {"limits.memory": "64Gi"})
+    done = await sim.wait_for_phase("t", "mig1", "Succeeded", kind="vmim")
+    target = next(
+        p
+        for p in await sim.launcher_pods("t", "vm1")
+        if p["metadata"]["name"] == done["status"]["migrationState"]["targetPod"]
+    )
+    expected = await expected_pod(sim, await sim.get("vmi", "t", "vm1"))
+    assert resources_by_container(target)["compute"] == next(
+        c["resources"] for c in expected.pod_spec()["containers"] if c["name"] == "compute"
+    ), "the target was rendered at the new size"
+    vmi = await sim.wait_until("vmi", "t", "vm1", lambda o: "HotMemoryChange" not in conditions(o))
+    assert vmi["status"]["memory"]["guestCurrent"] == "2Gi"
+    await sim.wait_quiet()
+    assert [m["metadata"]["uid"] for m in await sim.list_objects("vmim", "t")] == [mig["metadata"]["uid"]]
+
+
 async def test_stop_deletes_the_vmi_and_its_pods_and_start_creates_a_new_one(sim: SimCluster) -> None:
     await sim.create_vm("t", "vm1", memory="1Gi")
     first = await sim.wait_for_phase("t", "vm1", "Running")

@@ -22,6 +22,7 @@ from shared.accounting.memo import Memo
 from shared.accounting.namespace import account_namespace
 from shared.accounting.results import (
     ADMITTED,
+    GROWTH_REFUSED,
     LAUNCHER,
     MIGRATION_TARGET,
     NON_VM,
@@ -344,6 +345,29 @@ def test_hotplug_growth_is_admitted_with_its_migration_and_reserved_for_the_targ
     assert fits(usage_of(target), migrating.quotas["rq"].pods, migrating.quotas["rq"].hard) == []
     for r, v in usage_of(target).items():
         assert m.reserved[r] >= v, r
+
+
+@pytest.mark.parametrize("mode", [Mode.VMI_POD_USAGE, Mode.VIRTUAL_RESOURCES])
+def test_hotplug_growth_of_a_vm_with_explicit_resources_is_admitted_like_any(mode: Mode) -> None:
+    """KubeVirt grows a VMI's explicit memory request and limit with a memory hotplug (CPU ones with a CPU hotplug):
+    the growth is what the target adds over the pod the VM runs in, not zero because the explicit amounts already
+    moved. 12Gi of 16Gi used, 8Gi more: refused; 2Gi more: admitted and reserved for the target. (Both failed: the
+    growth read as none, so the target was reserved at its new size with nothing admitted.)"""
+    quota = quota_obj("rq", {"limits.memory": "16Gi"}, mode)
+    other = vmi_obj("other", guest="4Gi", limits={"memory": "4Gi"})
+    before = vmi_obj("v", guest="8Gi", limits={"memory": "8Gi"})
+    pods = [launcher_obj(other, suffix="o", facts=facts_for(["limits.memory"]))]
+    source = launcher_obj(before, vouched=False, facts=facts_for(["limits.memory"]))
+    for more, fits_in in ((8, False), (2, True)):
+        grown = vmi_obj("v", guest=f"{8 + more}Gi", limits={"memory": f"{8 + more}Gi"}, status_guest="8Gi")
+        vouch(grown, source)
+        u = account([quota, other, *pods, grown, source, vmim_obj("m", "v", rejected=True)])
+        m = mig(u, "m")
+        assert (m.state == PENDING) == fits_in and (m.state == GROWTH_REFUSED) == (not fits_in), m
+        if fits_in:
+            target = launcher_obj(grown, migration_uid="mig-m", node="n2", facts=facts_for(["limits.memory"]))
+            assert m.reserved["limits.memory"] >= usage_of(target)["limits.memory"]
+            assert m.growth["limits.memory"] >= Q(f"{more}Gi")
 
 
 # ---- pods ----------------------------------------------------------------------------------------------------------

@@ -401,7 +401,7 @@ class World:
         admitted exactly when it fits the budget (in the mode's terms, beside everything else), its target then
         gets in natively (refused once at most); when it does not fit, native admission refuses the target too,
         and the VM keeps running at its current size."""
-        vmis = [v for v in self.running_vmis() if "resources" not in v["spec"]["domain"]]
+        vmis = self.running_vmis()
         if not vmis:
             return
         vmi = vmis[index % len(vmis)]
@@ -410,6 +410,9 @@ class World:
         old_guest = vmi["spec"]["domain"]["memory"]["guest"]
         grown = copy.deepcopy(vmi)
         grown["spec"]["domain"]["memory"]["guest"] = f"{Q(old_guest).nanos // 2**20 // 10**9 + extra_mib}Mi"
+        for part in (grown["spec"]["domain"].get("resources") or {}).values():  # KubeVirt grows explicit ones too
+            if "memory" in part:
+                part["memory"] = f"{Q(part['memory']).nanos // 2**20 // 10**9 + extra_mib}Mi"
         grown["status"]["memory"] = {"guestCurrent": old_guest}
         target = self.launcher(grown, migration_uid=f"mig-hot{self.names + 1}", node="n2")
         u_old = mode_usage(self.mode, spec_size(vmi), usage_of(source), self.ratio)

@@ -443,6 +443,9 @@ class KubeVirtSimulator:
         self._vmim_by_uid: dict[str, Key] = {}
         self._targets: dict[str, str] = {}
         """Migration uid → uid of the target pod created for it."""
+        self._target_sizes: dict[str, tuple[Obj, Any]] = {}
+        """Migration uid → the VMI's ``spec.domain.cpu`` and ``memory.guest`` its target pod was rendered from (the
+        sizes the VM runs at once it moves there; a hotplug applied later needs another migration)."""
         self._started_once: set[str] = set()
         self._source_done: set[str] = set()
         self._kv_config: tuple[str, KubeVirtConfig] | None = None
@@ -577,6 +580,7 @@ class KubeVirtSimulator:
         if type_ == "DELETED":
             self._vmim_by_uid.pop(uid, None)
             self._targets.pop(uid, None)
+            self._target_sizes.pop(uid, None)
             self._vmim_steps.clear(uid)
             self._retry_at.pop(("vmim", key), None)
         else:
@@ -857,10 +861,22 @@ class KubeVirtSimulator:
         await self._update_status(self.r_vms, key, change)
 
     async def _hotplug(self, vm: Obj, vmi: Obj) -> None:
-        """Raised sockets or guest memory on a running VM: patch the VMI, then a workload-update migration."""
+        """Raised sockets or guest memory on a running VM: patch the VMI, then a workload-update migration.
+
+        As upstream's live-update handlers: refused while the VMI is migrating (``IsMigrating``: a migration has
+        started and not ended) or another hotplug is in progress (a ``HotVCPUChange``/``HotMemoryChange``
+        condition), applied otherwise, also while a migration is pending (its target, rendered from the VMI at
+        KubeVirt's next try, then carries the new size). The workload-update migration waits until no migration
+        of the VMI is in flight (upstream's workload updater)."""
         key = key_of(vmi)
-        if any(phase(m) not in VMIM_FINAL for m in self.migrations_of(*key)):
-            return  # one migration at a time; the VM is re-synced when it ends
+        in_flight = any(phase(m) not in VMIM_FINAL for m in self.migrations_of(*key))
+        if has_condition(vmi, "HotVCPUChange", "True") or has_condition(vmi, "HotMemoryChange", "True"):
+            if not in_flight:
+                await self._workload_update(vm, key)
+            return
+        ms = status(vmi).get("migrationState")
+        if isinstance(ms, Mapping) and ms.get("startTimestamp") and not (ms.get("completed") or ms.get("failed")):
+            return  # "memory hotplug is not allowed while VMI is migrating"; the VM is re-synced when it ends
         tdomain = ((((vm.get("spec") or {}).get("template") or {}).get("spec") or {}).get("domain")) or {}
         domain = (vmi.get("spec") or {}).get("domain") or {}
         tcpu, cpu = tdomain.get("cpu") or {}, domain.get("cpu") or {}
@@ -918,6 +934,11 @@ class KubeVirtSimulator:
                 st.setdefault("memory", {})["guestRequested"] = Quantity.parse(tguest).canonical()
 
         await self._update_status(self.r_vmis, key, conditions)
+        if not in_flight:
+            await self._workload_update(vm, key)
+
+    async def _workload_update(self, vm: Obj, key: Key) -> None:
+        """The workload updater: a migration that moves a hotplugged VMI to a pod of its new size."""
         migration = {
             "apiVersion": API_VERSION,
             "kind": "VirtualMachineInstanceMigration",
@@ -1202,6 +1223,11 @@ class KubeVirtSimulator:
             return
         self._succeeded("vmim", key, self.migration_queue)
         self._targets[uid_of(vmim)] = uid_of(created)
+        rendered = (vmi.get("spec") or {}).get("domain") or {}
+        self._target_sizes[uid_of(vmim)] = (
+            copy_json(rendered.get("cpu") or {}),
+            (rendered.get("memory") or {}).get("guest"),
+        )
         name = meta(created).get("name")
         await self.events.record(vmim, "Normal", "SuccessfulCreate", f"Created migration target pod {name}")
         await self._set_migration_phase(key, "Scheduling", target_pod=str(name))
@@ -1257,12 +1283,15 @@ class KubeVirtSimulator:
         await self._update_status(self.r_vmis, key_of(vmi), change)
 
     async def _complete(self, vmim: Obj, vmi: Obj, target: Obj) -> None:
-        """The migration finished: the VMI moves to the target; hotplugged sizes become current."""
+        """The migration finished: the VMI moves to the target; the sizes its target was rendered at become current
+        (a hotplug applied since keeps its condition, and the workload updater migrates again)."""
         key = key_of(vmi)
         node = str((target.get("spec") or {}).get("nodeName") or "")
         source = self.launcher_of(vmi)
         spec_domain = (vmi.get("spec") or {}).get("domain") or {}
-        cpu, guest = spec_domain.get("cpu") or {}, (spec_domain.get("memory") or {}).get("guest")
+        now_cpu, now_guest = spec_domain.get("cpu") or {}, (spec_domain.get("memory") or {}).get("guest")
+        cpu, guest = self._target_sizes.get(uid_of(vmim), (now_cpu, now_guest))
+        caught_up = cpu == now_cpu and guest == now_guest
         now = now_rfc3339()
 
         def change(obj: Obj) -> None:
@@ -1281,8 +1310,9 @@ class KubeVirtSimulator:
                 if overhead is not None and "memoryOverhead" in mem:
                     mem["memoryOverhead"] = Quantity.parse(overhead).with_format(Format.BINARY_SI).canonical()
             conds = st.setdefault("conditions", [])
-            remove_condition(conds, "HotVCPUChange")
-            remove_condition(conds, "HotMemoryChange")
+            if caught_up:
+                remove_condition(conds, "HotVCPUChange")
+                remove_condition(conds, "HotMemoryChange")
 
         def relabel(obj: Obj) -> None:
             lab = obj.setdefault("metadata", {}).setdefault("labels", {})

@@ -370,6 +370,21 @@ def test_hotplug_growth_of_a_vm_with_explicit_resources_is_admitted_like_any(mod
             assert m.growth["limits.memory"] >= Q(f"{more}Gi")
 
 
+def test_cpu_hotplug_growth_of_a_vm_with_an_explicit_cpu_request_is_admitted_like_any() -> None:
+    """A CPU hotplug grows an explicit CPU request by the added vCPUs' share at the allocation ratio (1000 // 10 =
+    100m each here): 2 vCPUs more is 200m more, which an 800m budget with 700m used does not have."""
+    quota = quota_obj("rq", {"requests.cpu": "800m"})
+    other = vmi_obj("other", requests={"cpu": "500m"})
+    pods = [launcher_obj(other, suffix="o")]
+    before = vmi_obj("v", vcpus=2, requests={"cpu": "200m"})
+    source = launcher_obj(before, vouched=False)
+    grown = vmi_obj("v", vcpus=4, requests={"cpu": "400m"}, status_vcpus=2)
+    vouch(grown, source)
+    u = account([quota, other, *pods, grown, source, vmim_obj("m", "v", rejected=True)])
+    assert mig(u, "m").state == GROWTH_REFUSED, mig(u, "m")
+    assert mig(u, "m").growth["requests.cpu"] == Q("200m")
+
+
 # ---- pods ----------------------------------------------------------------------------------------------------------
 
 

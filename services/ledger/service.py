@@ -368,19 +368,21 @@ class LedgerService:
         self._m_dlq.inc()
 
     # ---- usage -------------------------------------------------------------------------------------------------
-    def _within_payload(self, msg: contract.UsageSnapshot, vms: int) -> bytes | None:
-        """``msg`` (with the states of ``vms`` VMs) encoded; when that is larger than the bus takes (a namespace of
-        thousands of VMs: ~400 bytes each), encoded without its per-VM states, which ``errors`` says (the quotas'
-        terms and the migrations the enforcer needs are kept); None, logged, when even that is too large."""
+    def _within_payload(self, msg: contract.UsageSnapshot, vms: list[contract.VmState]) -> bytes | None:
+        """``msg`` (with the states ``vms``) encoded; when that is larger than the bus takes (a namespace of
+        thousands of VMs: ~400 bytes each), encoded with only the states the enforcer acts on (admitted VMs: their
+        reservations, the guard's holders, the nudges), which ``errors`` says (the quotas' terms and the migrations
+        are kept); None, logged, when even that is too large."""
         data = contract.encode(msg)
         limit = self.bus.max_payload - _PAYLOAD_HEADROOM
         if len(data) <= limit:
             return data
+        kept = [v for v in vms if v.state == "admitted"]
         note = (
-            f"the states of the {vms} VMs are left out: with them this snapshot is {len(data):,} bytes, "
-            f"over the {limit:,} the bus takes"
+            f"the states of {len(vms) - len(kept)} of the {len(vms)} VMs are left out (admitted ones kept): with "
+            f"them this snapshot is {len(data):,} bytes, over the {limit:,} the bus takes"
         )
-        trimmed = contract.encode(msgspec.structs.replace(msg, vms=[], errors=[*msg.errors, note]))
+        trimmed = contract.encode(msgspec.structs.replace(msg, vms=kept, errors=[*msg.errors, note]))
         with structlog.contextvars.bound_contextvars(cluster=msg.cluster, namespace=msg.namespace, seq=msg.seq):
             if len(trimmed) <= limit:
                 log.warning("usage published without its VM states", size=len(data), limit=limit)
@@ -438,7 +440,7 @@ class LedgerService:
                     migrations=body.migrations,
                     errors=body.errors,
                 )
-                data = self._within_payload(msg, len(body.vms))
+                data = self._within_payload(msg, body.vms)
                 if data is None:
                     continue
                 # No Nats-Msg-Id: after a crash the same sequence may be published again with the same content,

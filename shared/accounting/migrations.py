@@ -38,10 +38,21 @@ def _migration_entry(
     reason: str,
     reserved: ResourceList | None = None,
     grow: ResourceList | None = None,
-    vmi_size: str = "",
+    vmi: VmiSnapshot | None = None,
 ) -> MigrationEntry:
+    """``vmi``: the VMI a pending migration's target is reserved for (its size digest and uid go with it)."""
     return MigrationEntry(
-        m.name, m.uid, m.vmi_name, m.phase, state, reason, reserved or {}, grow or {}, m.rejected_by_quota, vmi_size
+        m.name,
+        m.uid,
+        m.vmi_name,
+        m.phase,
+        state,
+        reason,
+        reserved or {},
+        grow or {},
+        m.rejected_by_quota,
+        size_digest(vmi.spec) if vmi is not None else "",
+        vmi.uid if vmi is not None else "",
     )
 
 
@@ -168,9 +179,7 @@ class Migrations(Vms):
         for q in self.quotas:
             q.reserved.add(t.estimate)
         self.target_reserved = add(self.target_reserved, t.estimate)
-        self.mig_entries[t.index] = _migration_entry(
-            t.m, PENDING, "; ".join(why), t.estimate, t.grow, size_digest(t.v.spec)
-        )
+        self.mig_entries[t.index] = _migration_entry(t.m, PENDING, "; ".join(why), t.estimate, t.grow, t.v)
 
     def _room_taken(self, t: Target) -> str:
         """Why a migration KubeVirt is refused gets no room again, or "": some quota is over its budget (``U + X/k

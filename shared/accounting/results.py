@@ -84,6 +84,8 @@ class MigrationEntry:
     vmi_size: str = ""
     """A pending migration's: the :func:`~shared.snapshot.size_digest` of the VMI spec its target was reserved
     from (the enforcer opens the room only while the VMI still has that size)."""
+    vmi_uid: str = ""
+    """A pending migration's: its VMI's uid (the reservation guard's holder, whatever else a snapshot carries)."""
 
 
 @dataclass(frozen=True, slots=True)

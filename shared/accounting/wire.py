@@ -107,6 +107,7 @@ def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageB
             growth=canonical_resource_list(m.growth),
             rejected_by_quota=m.rejected_by_quota,
             vmi_size=m.vmi_size,
+            vmi_uid=m.vmi_uid,
         )
         for m in usage.migrations
     ]

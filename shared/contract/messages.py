@@ -147,6 +147,8 @@ class MigrationState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     vmi_size: str = ""
     """``pending``: the size digest of the VMI spec the target was reserved from (``shared.snapshot.size_digest``);
     with the reservation guard the enforcer opens the room only while the VMI still has it."""
+    vmi_uid: str = ""
+    """``pending``: the VMI's uid, the reservation guard's holder (also when a snapshot leaves out its VM states)."""
 
 
 class UsageBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

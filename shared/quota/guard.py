@@ -58,7 +58,7 @@ def holders(usage: UsageSnapshot | None) -> frozenset[Holder]:
     uids = {v.name: v.uid for v in usage.vms if v.uid}
     out = {Holder(v.uid, v.name, "launcher pod") for v in usage.vms if v.state == "admitted" and v.uid}
     for m in usage.migrations:
-        uid = uids.get(m.vmi)
+        uid = m.vmi_uid or uids.get(m.vmi)
         if m.state == "pending" and uid:
             out.add(Holder(uid, m.vmi, f"migration {m.name}"))
     return frozenset(out)
@@ -79,7 +79,9 @@ def reserved_sizes(usage: UsageSnapshot | None) -> frozenset[Sized]:
         return frozenset()
     uids = {v.name: v.uid for v in usage.vms if v.uid}
     return frozenset(
-        Sized(m.vmi, uids.get(m.vmi, ""), m.vmi_size) for m in usage.migrations if m.state == "pending" and m.vmi_size
+        Sized(m.vmi, m.vmi_uid or uids.get(m.vmi, ""), m.vmi_size)
+        for m in usage.migrations
+        if m.state == "pending" and m.vmi_size
     )
 
 

@@ -150,3 +150,12 @@ def test_the_size_digest_changes_with_every_size_field_and_not_with_the_rest(fie
     elsewhere["domain"]["devices"] = {"gpus": [{"deviceName": "x", "name": "g"}]}
     elsewhere["hostname"] = "h"
     assert size_digest(elsewhere) == size_digest(spec)
+
+
+def test_a_pending_migrations_holder_needs_no_vm_state() -> None:
+    """A usage snapshot too large for the bus is published without most VM states; a pending migration carries its
+    VMI's uid, so its holder (and the size to check) is listed all the same: the raise never goes out unguarded."""
+    migrations = [contract.MigrationState(name="m1", vmi="vm1", state="pending", vmi_size="abc", vmi_uid="u1")]
+    trimmed = usage([], migrations)
+    assert guard.holders(trimmed) == {guard.Holder("u1", "vm1", "migration m1")}
+    assert guard.reserved_sizes(trimmed) == {guard.Sized("vm1", "u1", "abc")}

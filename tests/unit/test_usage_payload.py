@@ -1,0 +1,59 @@
+"""A usage snapshot larger than the bus takes: the ledger drops VM states, but never what the enforcer acts on."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from services.ledger.service import LedgerService
+from shared import contract
+from shared.accounting.wire import account, vms_json
+from shared.kinds import POD_KIND, QUOTA_KIND, VMI_KIND, VMIM_KIND
+from shared.ledger.fold import NamespaceView
+from shared.quota import guard
+from shared.snapshot import PodSnapshot, QuotaSnapshot, VmimSnapshot, VmiSnapshot
+from tests.builders import NS, launcher_obj, quota_obj, snaps, usage_of, vmi_obj, vmim_obj
+
+KINDS: dict[type[Any], str] = {
+    VmiSnapshot: VMI_KIND,
+    PodSnapshot: POD_KIND,
+    QuotaSnapshot: QUOTA_KIND,
+    VmimSnapshot: VMIM_KIND,
+}
+
+
+def test_a_trimmed_usage_keeps_the_guards_holders_and_the_admitted_vms() -> None:
+    """A tenant pads its namespace with 1,500 pending VMIs with long names that do not fit (refused, no room): the
+    usage snapshot outgrows the bus's 1 MB and is published with only the admitted VMs' states. A pending
+    migration's holder and an admitted VM's holder are still listed. (Before, every VM state was dropped and the
+    guard listed no holder: the raise went out unguarded.)"""
+    v = vmi_obj("v", guest="4Gi")
+    source = launcher_obj(v)
+    budget = usage_of(source)["requests.memory"] + usage_of(launcher_obj(vmi_obj("w", guest="1Gi")))["requests.memory"]
+    objs = [quota_obj("rq", {"requests.memory": budget.canonical()}), v, source, vmim_obj("m", "v", rejected=True)]
+    objs.append(vmi_obj("w", guest="1Gi", phase="Pending", node="", t=150))  # admitted: its pod reserved
+    objs += [vmi_obj("x" * 240 + f"{i:05d}", guest="8Gi", phase="Pending", node="", t=200 + i) for i in range(1500)]
+    objects: dict[str, list[Any]] = {}
+    for s in snaps(objs):
+        objects.setdefault(KINDS[type(s)], []).append(s)
+    body = account(NamespaceView("c", NS, 1, objects, {}))
+    msg = contract.UsageSnapshot(
+        id="c/usage/t/1",
+        source=contract.source("ledger", "c"),
+        subject=NS,
+        time=contract.now_rfc3339(),
+        cluster="c",
+        namespace=NS,
+        seq=1,
+        quotas=body.quotas,
+        vms=vms_json(NS, body.vms),  # type: ignore[arg-type]
+        migrations=body.migrations,
+        errors=body.errors,
+    )
+    ledger: Any = SimpleNamespace(bus=SimpleNamespace(max_payload=1024 * 1024))
+    data = LedgerService._within_payload(ledger, msg, body.vms)
+    assert data is not None and len(contract.encode(msg)) > 1024 * 1024 > len(data)
+    published = contract.decode_usage(data)
+    assert [s.name for s in published.vms] == ["w"] and "1501 of the 1502 VMs are left out" in published.errors[-1]
+    assert {h.name for h in guard.holders(published)} == {"v", "w"}
+    assert [s.vmi for s in guard.reserved_sizes(published)] == ["v"]

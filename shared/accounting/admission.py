@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from shared.accounting.estimates import awaits_hotplug
 from shared.accounting.migrations import Migrations
 from shared.accounting.results import (
     ADMITTED,
@@ -32,7 +31,7 @@ class Admission(Migrations):
         ]
         plain: list[Target] = []
         for t in self.targets:
-            if t.grow or awaits_hotplug(t.v):  # (a larger spec is growth even where no pod-terms amount shows it)
+            if t.grow:
                 items.append((created_key(t.m), len(items), t))
             else:
                 plain.append(t)

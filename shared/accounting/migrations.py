@@ -120,13 +120,26 @@ class Migrations(Vms):
         """A migration target's estimate before any refusal's amounts, the hotplug growth, and why. Not to be
         changed."""
         grow = self.renderer.hotplug_growth(v)
-        estimate = add(source_usage, grow)
         rendered = self.renderer.new_pod_usage(v)
+        why = [f"target estimated from source pod {source_pod.name}"]
+        if rendered is not None:
+            # Growth is what the source pod lacks of the target, whatever the status says: a guest that did not
+            # bring hotplugged memory online reports the old size in a pod already sized for the new one (no
+            # growth again), and one that kept unplugged memory reports the new size in a smaller pod
+            lacking = growth(rendered, source_usage)
+            grow = nonzero(minimum(grow, lacking))
+            # ... and a target rendered larger than its source pod by more than a KubeVirt version's overhead
+            # explains (the evidence bound) is growth however the sizes compare (a spec change the sizes do not
+            # show, such as an interface that adds overhead)
+            beyond = growth(rendered, widened(source_usage))
+            if beyond and not grow:
+                grow = lacking
+                why.append(f"rendered beyond its source pod by {fmt(beyond)} more than the evidence bound")
+        estimate = add(source_usage, grow)
         if rendered is not None:
             # the source pod's real charge may exceed the rendering (overhead vmquota does not know), but only
             # within the evidence bound: the "source" may be a tenant's pod KubeVirt adopted into the VMI
             estimate = maximum(minimum(estimate, widened(rendered)), rendered)
-        why = [f"target estimated from source pod {source_pod.name}"]
         if grow:
             why.append(f"hotplug growth {fmt(grow)}")
         return estimate, grow, tuple(why)

@@ -385,6 +385,50 @@ def test_cpu_hotplug_growth_of_a_vm_with_an_explicit_cpu_request_is_admitted_lik
     assert mig(u, "m").growth["requests.cpu"] == Q("200m")
 
 
+def _with_sriov(vmi: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(vmi)
+    out["spec"]["domain"].setdefault("devices", {})["interfaces"] = [
+        {"name": "default", "masquerade": {}},
+        {"name": "vf", "sriov": {}},
+    ]
+    out["spec"]["networks"] = [{"name": "default", "pod": {}}, {"name": "vf", "multus": {"networkName": "sriov"}}]
+    return out
+
+
+def test_a_target_rendered_beyond_its_source_pod_is_growth_whatever_the_sizes_say() -> None:
+    """Two ways a tenant changes its VM's pod without changing the sizes vmquota compares: an SR-IOV interface
+    added to a running VM (KubeVirt's live update; the target carries the VFIO overhead) and a re-plug after an
+    unplug the guest did not release (the status reports the new size, the pod is the smaller one). A target
+    rendered larger than its source pod by more than the evidence bound is growth to admit: 100Mi left, refused.
+    (Both were reserved with nothing admitted, over the budget by the difference.)"""
+    base = vmi_obj("v", guest="4Gi")
+    source = launcher_obj(base, vouched=False)
+    budget = usage_of(source)["requests.memory"] + Q("100Mi")
+    quota = quota_obj("rq", {"requests.memory": budget.canonical()}, Mode.VMI_POD_USAGE)
+    replugged = vmi_obj("v", guest="8Gi", requests={"memory": "8Gi"})
+    replugged["status"]["memory"] = {"guestAtBoot": "4Gi", "guestCurrent": "8Gi", "guestRequested": "8Gi"}
+    for grown in (_with_sriov(base), replugged):
+        vouch(grown, source)
+        u = account([quota, grown, source, vmim_obj("m", "v", rejected=True)])
+        m = mig(u, "m")
+        assert m.state == GROWTH_REFUSED, m
+        assert "more than the evidence bound" in m.reason and u.quotas["rq"].used["requests.memory"] <= budget
+
+
+def test_a_guest_that_kept_hotplugged_memory_offline_migrates_without_growth() -> None:
+    """A hotplug to 8Gi was admitted and migrated: the VM's pod is rendered at 8Gi, but its guest never brought the
+    memory online, so the status reports 4Gi. An evacuation of that pod (the same size) needs no growth: reserved
+    in a full namespace. (It was refused as 4Gi of growth, and the node drain waited for room.)"""
+    vm = vmi_obj("v", guest="8Gi")
+    vm["status"]["memory"] = {"guestAtBoot": "4Gi", "guestCurrent": "4Gi", "guestRequested": "8Gi"}
+    pod = launcher_obj(vm, suffix="now", t=50)  # the hotplug migration's target, now its pod
+    other = vmi_obj("o", guest="8Gi")
+    quota = quota_obj("rq", {"requests.memory": "16Gi"}, Mode.VIRTUAL_RESOURCES)
+    u = account([quota, vm, pod, other, launcher_obj(other, suffix="o"), vmim_obj("evac", "v", rejected=True)])
+    assert mig(u, "evac").state == PENDING, mig(u, "evac").reason
+    assert mig(u, "evac").growth == {}
+
+
 # ---- pods ----------------------------------------------------------------------------------------------------------
 
 

@@ -7,7 +7,7 @@ server closes that window: while the namespace's ``QuotaReservation`` (kind belo
 holders, a pod is admitted only when one of the ``creators`` (KubeVirt's virt-controller) creates it for one of the
 holder VMIs (its controller ``ownerReference``). The enforcer writes the holders *before* a raise that reserves
 for them and removes them only once no quota's ``spec.hard`` carries their reservation any more
-(``docs/accounting.md``, "The reservation guard"). A second policy keeps a holder VMI's size (``SIZE_FIELDS``)
+(``docs/accounting.md``, "The reservation guard"). A second policy keeps a holder VMI's size (``HELD_SPEC_FIELDS``)
 while it is listed, and the enforcer opens a migration target's room only while its VMI, read after the listing,
 still has the size the target was reserved at (:func:`reserved_sizes`, :func:`still_sized`).
 

@@ -52,7 +52,7 @@ from shared.snapshot.types import VmiSnapshot as VmiSnapshot
 from shared.snapshot.types import VmSnapshot as VmSnapshot
 from shared.snapshot.types import labelled_launcher as labelled_launcher
 from shared.snapshot.types import same_content as same_content
-from shared.snapshot.vmispec import SIZE_FIELDS as SIZE_FIELDS
+from shared.snapshot.vmispec import HELD_SPEC_FIELDS as HELD_SPEC_FIELDS
 from shared.snapshot.vmispec import compact_vmi_spec as compact_vmi_spec
 from shared.snapshot.vmispec import prune_vmi_spec as prune_vmi_spec
 from shared.snapshot.vmispec import size_digest as size_digest

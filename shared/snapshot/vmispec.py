@@ -92,19 +92,18 @@ def prune_vmi_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 _SPEC_ENCODER: Final = msgspec.json.Encoder()
 
-SIZE_FIELDS: Final = ("cpu", "memory", "resources")
-"""The fields of a VMI's ``spec.domain`` a hotplug changes (sockets, guest memory, the resources KubeVirt adjusts
-with them): what the reservation guard keeps a holder VMI from changing while its room is open."""
+HELD_SPEC_FIELDS: Final = ("domain", "networks")
+"""The parts of a VMI's spec an update of a running VMI can change that its launcher pod is rendered from (CPU and
+memory hotplug with the resources KubeVirt adjusts, interfaces hotplug with their networks): what the reservation
+guard keeps a holder VMI from changing while its room is open."""
 
 
 def size_digest(spec: Mapping[str, Any]) -> str:
-    """A short digest of a VMI spec's :data:`SIZE_FIELDS` (pruned or whole: the same spec gives the same digest
-    either way, as pruning keeps those fields' rendering-relevant parts and so does every reader): equal digests,
-    the same size. The ledger records it for the size a migration target was reserved at; the enforcer compares
-    the VMI's current one before it opens that room."""
-    domain = spec.get("domain")
-    domain = domain if isinstance(domain, Mapping) else {}
-    pruned = prune_vmi_spec({"domain": {f: domain[f] for f in SIZE_FIELDS if f in domain}})
+    """A short digest of the launcher-pod-relevant part (:func:`prune_vmi_spec`) of a VMI spec's
+    :data:`HELD_SPEC_FIELDS` (pruned or whole: the same spec gives the same digest either way, and so for every
+    reader): equal digests, the same pod. The ledger records it for the VMI a migration target was reserved from;
+    the enforcer compares the VMI's current one before it opens that room."""
+    pruned = prune_vmi_spec({f: spec[f] for f in HELD_SPEC_FIELDS if f in spec})
     try:
         text = msgspec.json.encode(pruned, order="sorted")
     except (TypeError, ValueError, RecursionError, msgspec.EncodeError):

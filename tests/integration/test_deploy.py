@@ -30,7 +30,7 @@ from shared.ledger.fold import PartitionSet
 from shared.quantity import Quantity
 from shared.quota import guard, modes
 from shared.quota.annotations import RATIO_ANNOTATION
-from shared.snapshot import SIZE_FIELDS
+from shared.snapshot import HELD_SPEC_FIELDS
 from tests.exported import runner_env_vars
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -815,7 +815,9 @@ def test_single_cluster_with_the_reservation_guard(tmp_path: Path) -> None:
         assert binding["spec"]["paramRef"] == {"name": guard.NAME, "parameterNotFoundAction": "Allow"}
     [sized] = [p for p in policies if p["spec"]["matchConstraints"]["resourceRules"][0]["apiGroups"] == ["kubevirt.io"]]
     frozen = " ".join(v["expression"] for v in sized["spec"]["validations"])
-    assert all(f"variables.new.{f}" in frozen for f in SIZE_FIELDS), "the policy keeps what the enforcer compares"
+    assert all(f"object.spec.{f} == oldObject.spec.{f}" in frozen for f in HELD_SPEC_FIELDS), (
+        "the policy keeps what the enforcer compares"
+    )
     cluster, _ = granted(objs, "vmquota-enforcer")
     assert cluster == CLUSTER_RULES["enforcer"] | enforcer_rules()[1]
     for _, service, c in vmquota_deployments(objs):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from shared import contract
 from shared.normalize import normalize
 from shared.quota import guard
-from shared.snapshot import SIZE_FIELDS, QuotaSnapshot, VmiSnapshot, compact_vmi_spec, size_digest
+from shared.snapshot import QuotaSnapshot, VmiSnapshot, compact_vmi_spec, size_digest
 from tests.builders import vmi_obj
 
 NS = "t1"
@@ -137,18 +137,32 @@ def test_the_sizes_a_raise_checks_are_the_pending_targets_and_a_fresh_vmi_must_h
         assert not guard.still_sized(sized, obj), obj
 
 
-@given(st.sampled_from(SIZE_FIELDS), st.sampled_from(["1", "2Gi", {"x": 1}]))
-def test_the_size_digest_changes_with_every_size_field_and_not_with_the_rest(field: str, value: Any) -> None:
+@given(
+    st.sampled_from(
+        [
+            ("domain", "cpu", {"sockets": 3}),
+            ("domain", "memory", {"guest": "3Gi"}),
+            ("domain", "resources", {"requests": {"memory": "2Gi"}}),
+            ("domain", "devices", {"interfaces": [{"name": "vf", "sriov": {}}]}),
+            ("networks", None, [{"name": "vf", "multus": {"networkName": "sriov"}}, {"name": "x", "pod": {}}]),
+        ]
+    )
+)
+def test_the_size_digest_changes_with_what_the_pod_is_rendered_from_and_not_with_the_rest(
+    change: tuple[str, str | None, Any],
+) -> None:
     spec = vmi_obj("vm1")["spec"]
     assert size_digest(spec) == size_digest(compact_vmi_spec(spec)), "pruned or whole: the same digest"
     changed = copy.deepcopy(spec)
-    changed["domain"][field] = {"sockets": value} if field == "cpu" else {"guest": value}
-    if field == "resources":
-        changed["domain"][field] = {"requests": {"memory": value}}
+    where, field, value = change
+    if field is None:
+        changed[where] = value
+    else:
+        changed[where][field] = value
     assert size_digest(changed) != size_digest(spec)
     elsewhere = copy.deepcopy(spec)
-    elsewhere["domain"]["devices"] = {"gpus": [{"deviceName": "x", "name": "g"}]}
     elsewhere["hostname"] = "h"
+    elsewhere["domain"]["clock"] = {"utc": {}}  # (not what the pod is rendered from)
     assert size_digest(elsewhere) == size_digest(spec)
 
 

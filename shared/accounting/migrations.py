@@ -98,12 +98,13 @@ class Migrations(Vms):
         if not sources:
             return _migration_entry(m, WAITING, "the VMI has no running launcher pod")
         source_pod, source_usage = _pick_source(sources, v)
+        others = tuple(u for p, u in sources if p is not source_pod)
         memo = self.memo
         if memo is None:
-            estimate, grow, reasons = self._target_estimate(v, source_pod, source_usage)
-        else:  # (a function of the VMI and the source pod, as long as they are the same objects)
+            estimate, grow, reasons = self._target_estimate(v, source_pod, source_usage, *others)
+        else:  # (a function of the VMI and the VM's pods, as long as they are the same objects)
             slot = ("target", self.namespace, vm_key(v))
-            args = (v, source_pod, source_usage)
+            args = (v, source_pod, source_usage, *others)
             estimate, grow, reasons = memo.latest(slot, tuple(map(id, args)), args, self._target_estimate, *args)
         why = list(reasons)
         if m.rejected_by_quota:  # (a status condition only KubeVirt writes: it really tried to create the pod)
@@ -115,31 +116,26 @@ class Migrations(Vms):
         return _migration_entry(m, NOT_TRIED, "")  # (replaced by the decision)
 
     def _target_estimate(
-        self, v: VmiSnapshot, source_pod: PodSnapshot, source_usage: ResourceList
+        self, v: VmiSnapshot, source_pod: PodSnapshot, source_usage: ResourceList, *others: ResourceList
     ) -> tuple[ResourceList, ResourceList, tuple[str, ...]]:
-        """A migration target's estimate before any refusal's amounts, the hotplug growth, and why. Not to be
-        changed."""
+        """A migration target's estimate before any refusal's amounts, the hotplug growth, and why; ``others``:
+        the charges of the VM's other pods. Not to be changed."""
         grow = self.renderer.hotplug_growth(v)
         rendered = self.renderer.new_pod_usage(v)
-        why = [f"target estimated from source pod {source_pod.name}"]
-        if rendered is not None:
-            # Growth is what the source pod lacks of the target, whatever the status says: a guest that did not
-            # bring hotplugged memory online reports the old size in a pod already sized for the new one (no
-            # growth again), and one that kept unplugged memory reports the new size in a smaller pod
-            lacking = growth(rendered, source_usage)
-            grow = nonzero(minimum(grow, lacking))
-            # ... and a target rendered larger than its source pod by more than a KubeVirt version's overhead
-            # explains (the evidence bound) is growth however the sizes compare (a spec change the sizes do not
-            # show, such as an interface that adds overhead)
-            beyond = growth(rendered, widened(source_usage))
-            if beyond and not grow:
-                grow = lacking
-                why.append(f"rendered beyond its source pod by {fmt(beyond)} more than the evidence bound")
+        if rendered is not None and grow:
+            # Growth is at most what the VM's pods lack of the target: a guest that did not bring hotplugged memory
+            # online reports the old size in a pod already sized for the new one (no growth again). The smallest
+            # of its pods: a tenant can add a pod (one KubeVirt adopts into the VMI), never shrink KubeVirt's
+            floor = source_usage
+            for other in others:
+                floor = {r: min(q, other.get(r, ZERO)) for r, q in floor.items()}
+            grow = nonzero(minimum(grow, growth(rendered, floor)))
         estimate = add(source_usage, grow)
         if rendered is not None:
             # the source pod's real charge may exceed the rendering (overhead vmquota does not know), but only
             # within the evidence bound: the "source" may be a tenant's pod KubeVirt adopted into the VMI
             estimate = maximum(minimum(estimate, widened(rendered)), rendered)
+        why = [f"target estimated from source pod {source_pod.name}"]
         if grow:
             why.append(f"hotplug growth {fmt(grow)}")
         return estimate, grow, tuple(why)

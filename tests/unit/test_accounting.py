@@ -385,34 +385,77 @@ def test_cpu_hotplug_growth_of_a_vm_with_an_explicit_cpu_request_is_admitted_lik
     assert mig(u, "m").growth["requests.cpu"] == Q("200m")
 
 
-def _with_sriov(vmi: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(vmi)
-    out["spec"]["domain"].setdefault("devices", {})["interfaces"] = [
-        {"name": "default", "masquerade": {}},
-        {"name": "vf", "sriov": {}},
-    ]
-    out["spec"]["networks"] = [{"name": "default", "pod": {}}, {"name": "vf", "multus": {"networkName": "sriov"}}]
-    return out
-
-
-def test_a_target_rendered_beyond_its_source_pod_is_growth_whatever_the_sizes_say() -> None:
-    """Two ways a tenant changes its VM's pod without changing the sizes vmquota compares: an SR-IOV interface
-    added to a running VM (KubeVirt's live update; the target carries the VFIO overhead) and a re-plug after an
-    unplug the guest did not release (the status reports the new size, the pod is the smaller one). A target
-    rendered larger than its source pod by more than the evidence bound is growth to admit: 100Mi left, refused.
-    (Both were reserved with nothing admitted, over the budget by the difference.)"""
-    base = vmi_obj("v", guest="4Gi")
-    source = launcher_obj(base, vouched=False)
-    budget = usage_of(source)["requests.memory"] + Q("100Mi")
+def test_an_adopted_pod_does_not_hide_a_hotplugs_growth() -> None:
+    """The tenant creates a copy of its launcher pod rendered at the size it is about to hotplug to, with a
+    controller reference to its VMI on the VMI's node (KubeVirt lists it in activePods, and it is the newest pod:
+    the migration's source), then hotplugs 4Gi -> 11Gi. Growth is capped by what the *smallest* of the VM's pods
+    lacks of the target: still 7Gi, refused. (Capped by the adopted pod, the growth read as none.)"""
+    small = vmi_obj("v", guest="4Gi")
+    real = launcher_obj(small, t=1)
+    adopted = launcher_obj(vmi_obj("v", guest="11Gi"), suffix="adopted", t=5, vouched=False)
+    budget = usage_of(real)["requests.memory"] + usage_of(adopted)["requests.memory"] + Q("16Mi")
     quota = quota_obj("rq", {"requests.memory": budget.canonical()}, Mode.VMI_POD_USAGE)
-    replugged = vmi_obj("v", guest="8Gi", requests={"memory": "8Gi"})
-    replugged["status"]["memory"] = {"guestAtBoot": "4Gi", "guestCurrent": "8Gi", "guestRequested": "8Gi"}
-    for grown in (_with_sriov(base), replugged):
-        vouch(grown, source)
-        u = account([quota, grown, source, vmim_obj("m", "v", rejected=True)])
-        m = mig(u, "m")
-        assert m.state == GROWTH_REFUSED, m
-        assert "more than the evidence bound" in m.reason and u.quotas["rq"].used["requests.memory"] <= budget
+    v = vmi_obj("v", guest="11Gi", status_guest="4Gi")
+    v["status"]["activePods"] = small["status"]["activePods"]
+    vouch(v, adopted)
+    u = account([quota, v, real, adopted, vmim_obj("kubevirt-workload-update-x", "v", rejected=True)])
+    m = mig(u, "kubevirt-workload-update-x")
+    assert m.state == GROWTH_REFUSED and m.growth["requests.memory"] >= Q("7Gi"), m
+
+
+def _unchanged_vm_drain(
+    source_config: KubeVirtConfig,
+    config: KubeVirtConfig,
+    budget_key: str,
+    *,
+    vcpus: int = 1,
+    guest: str = "4Gi",
+    facts: NamespaceFacts | None = None,
+    now_facts: NamespaceFacts | None = None,
+    namespace_labels: Mapping[str, str] | None = None,
+    requests: Mapping[str, str] | None = None,
+    domain: Mapping[str, Any] | None = None,
+) -> Any:
+    v = vmi_obj("v", vcpus=vcpus, guest=guest, requests=requests)
+    v["spec"]["domain"].update(domain or {})
+    src = launcher_obj(v, config=source_config, facts=facts or NamespaceFacts())
+    other = vmi_obj("o", vcpus=vcpus, guest="8Gi", t=5)
+    o_pod = launcher_obj(other, config=config, facts=now_facts or NamespaceFacts(), suffix="o")
+    room = Q("50m") if budget_key.endswith("cpu") else Q("64Mi")
+    budget = usage_of(o_pod)[budget_key] + usage_of(src)[budget_key] + room
+    objs: list[dict[str, Any]] = [quota_obj("rq", {budget_key: budget.canonical()}, Mode.VMI_POD_USAGE)]
+    if namespace_labels:
+        objs.append({"kind": "Namespace", "metadata": {"name": NS, "uid": "ns", "labels": dict(namespace_labels)}})
+    u = account([*objs, v, src, other, o_pod, vmim_obj("drain", "v", rejected=True)], config=config)
+    return mig(u, "drain")
+
+
+def test_a_vm_whose_size_did_not_change_migrates_whatever_changed_its_pods_rendering() -> None:
+    """A drain or an upgrade of VMs whose sizes did not change, in full namespaces, after changes that render their
+    targets larger than their pods (none the tenant's): a new overhead ratio, an upgrade that stops overcommitting
+    an explicit request, an upgrade that counts the IO-thread pool in the CPU request, a higher automatic memory
+    limit ratio on the namespace. Each is reserved, never refused as growth (migrations of an unchanged size must
+    not fail); what the target is charged beyond the source counts in U."""
+    plain = KubeVirtConfig()
+    ratio = KubeVirtConfig(additional_guest_memory_overhead_ratio="2.0")
+    assert _unchanged_vm_drain(plain, ratio, "requests.memory", guest="1Gi").state == PENDING
+    old = KubeVirtConfig(version="v1.6.2", memory_overcommit=150)
+    new = KubeVirtConfig(version="v1.6.4", memory_overcommit=150)
+    assert _unchanged_vm_drain(old, new, "requests.memory", requests={"memory": "4Gi"}).state == PENDING
+    pool = {"ioThreadsPolicy": "supplementalPool", "ioThreads": {"supplementalPoolThreadCount": 8}}
+    old, new = KubeVirtConfig(version="v1.5.1"), KubeVirtConfig(version="v1.5.2")
+    assert _unchanged_vm_drain(old, new, "requests.cpu", vcpus=2, guest="2Gi", domain=pool).state == PENDING
+    limited = NamespaceFacts(quota_has_limits_memory=True)
+    ratio3 = NamespaceFacts(labels={"alpha.kubevirt.io/auto-memory-limits-ratio": "3"}, quota_has_limits_memory=True)
+    drained = _unchanged_vm_drain(
+        plain,
+        plain,
+        "limits.memory",
+        facts=limited,
+        now_facts=ratio3,
+        namespace_labels={"alpha.kubevirt.io/auto-memory-limits-ratio": "3"},
+    )
+    assert drained.state == PENDING, drained
 
 
 def test_a_guest_that_kept_hotplugged_memory_offline_migrates_without_growth() -> None:

@@ -51,7 +51,7 @@ def _migration_entry(
         reserved or {},
         grow or {},
         m.rejected_by_quota,
-        size_digest(vmi.spec) if vmi is not None else "",
+        size_digest(vmi.spec, vmi.annotations) if vmi is not None else "",
         vmi.uid if vmi is not None else "",
     )
 

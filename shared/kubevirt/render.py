@@ -52,6 +52,12 @@ AUTO_MEMORY_LIMITS_RATIO_LABEL: Final = "alpha.kubevirt.io/auto-memory-limits-ra
 EMULATOR_THREAD_EVEN_PARITY_ANNOTATION: Final = "alpha.kubevirt.io/EmulatorThreadCompleteToEvenParity"
 HOOK_SIDECARS_ANNOTATION: Final = "hooks.kubevirt.io/hookSidecars"
 SKIP_DIGEST_RESOLUTION_ANNOTATION: Final = "kubevirt.io/image-volume-skip-digest-resolution"
+RENDER_ANNOTATIONS: Final = (
+    EMULATOR_THREAD_EVEN_PARITY_ANNOTATION,
+    HOOK_SIDECARS_ANNOTATION,
+    SKIP_DIGEST_RESOLUTION_ANNOTATION,
+)
+"""The VMI annotations the launcher pod is rendered from (a VMI's metadata stays its owner's to change)."""
 DEFAULT_MEMORY_LIMITS_RATIO: Final = 2.0
 
 _Q = Quantity.parse

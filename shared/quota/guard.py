@@ -97,7 +97,7 @@ def still_sized(sized: Sized, obj: Mapping[str, Any] | None) -> bool:
         return False
     if not isinstance(snap, VmiSnapshot) or (sized.uid and snap.uid != sized.uid):
         return False
-    return size_digest(snap.spec) == sized.size
+    return size_digest(snap.spec, snap.annotations) == sized.size
 
 
 def _same(a: Mapping[str, Quantity], b: Mapping[str, Quantity]) -> bool:

@@ -10,6 +10,7 @@ from typing import Any, Final, cast
 import msgspec
 
 from shared.bounded import Bounded
+from shared.kubevirt.render import RENDER_ANNOTATIONS
 from shared.snapshot.sharing import Shared
 
 KEEP: Final = None
@@ -98,12 +99,14 @@ memory hotplug with the resources KubeVirt adjusts, interfaces hotplug with thei
 guard keeps a holder VMI from changing while its room is open."""
 
 
-def size_digest(spec: Mapping[str, Any]) -> str:
-    """A short digest of the launcher-pod-relevant part (:func:`prune_vmi_spec`) of a VMI spec's
-    :data:`HELD_SPEC_FIELDS` (pruned or whole: the same spec gives the same digest either way, and so for every
-    reader): equal digests, the same pod. The ledger records it for the VMI a migration target was reserved from;
-    the enforcer compares the VMI's current one before it opens that room."""
-    pruned = prune_vmi_spec({f: spec[f] for f in HELD_SPEC_FIELDS if f in spec})
+def size_digest(spec: Mapping[str, Any], annotations: Mapping[str, str]) -> str:
+    """A short digest of what a VMI's launcher pod is rendered from that an update of a running VMI can change:
+    the rendering-relevant part (:func:`prune_vmi_spec`) of its spec's :data:`HELD_SPEC_FIELDS` (pruned or whole:
+    the same digest, so for every reader) and its ``RENDER_ANNOTATIONS`` (``shared.kubevirt.render``). Equal
+    digests, the same pod. The ledger records it for the VMI a migration target was reserved from; the enforcer
+    compares the VMI's current one before it opens that room."""
+    held = {k: annotations[k] for k in RENDER_ANNOTATIONS if k in annotations}
+    pruned: Any = {"spec": prune_vmi_spec({f: spec[f] for f in HELD_SPEC_FIELDS if f in spec}), "annotations": held}
     try:
         text = msgspec.json.encode(pruned, order="sorted")
     except (TypeError, ValueError, RecursionError, msgspec.EncodeError):

@@ -26,6 +26,7 @@ from services.cli.main import build_parser
 from services.platform import runner
 from services.platform.config import PLANNED, SERVICES, config_from_args
 from shared import contract
+from shared.kubevirt.render import RENDER_ANNOTATIONS
 from shared.ledger.fold import PartitionSet
 from shared.quantity import Quantity
 from shared.quota import guard, modes
@@ -818,6 +819,8 @@ def test_single_cluster_with_the_reservation_guard(tmp_path: Path) -> None:
     assert all(f"object.spec.{f} == oldObject.spec.{f}" in frozen for f in HELD_SPEC_FIELDS), (
         "the policy keeps what the enforcer compares"
     )
+    [keys] = [v["expression"] for v in sized["spec"]["variables"] if v["name"] == "renderAnnotations"]
+    assert sorted(re.findall(r"'([^']+)'", keys)) == sorted(RENDER_ANNOTATIONS), "and the annotations it renders from"
     cluster, _ = granted(objs, "vmquota-enforcer")
     assert cluster == CLUSTER_RULES["enforcer"] | enforcer_rules()[1]
     for _, service, c in vmquota_deployments(objs):

@@ -655,8 +655,8 @@ async def test_with_the_guard_room_for_a_target_opens_only_while_its_vmi_has_the
     vms = [contract.VmState(name="vm1", uid=uid, state="running")]
     snap = normalize(vmi)
     assert isinstance(snap, VmiSnapshot)
-    before = size_digest(vmi_obj("vm1", guest="1Gi")["spec"])  # (what the ledger saw before a hotplug)
-    now = size_digest(snap.spec)
+    before = size_digest(vmi_obj("vm1", guest="1Gi")["spec"], {})  # (what the ledger saw before a hotplug)
+    now = size_digest(snap.spec, snap.annotations)
     assert before != now
 
     def migrating(size: str) -> list[contract.MigrationState]:

@@ -170,8 +170,8 @@ async def test_a_holder_vmis_size_cannot_change_while_its_room_is_reserved(sim: 
     assert err.message == (
         'virtualmachineinstances.kubevirt.io "vm1" is forbidden: ValidatingAdmissionPolicy '
         "'vmquota-reservation-holder-size' with binding 'vmquota-reservation-holder-size' denied request: vmquota: "
-        "vm1 holds room reserved for its migration vm1-mig; its domain and networks (sizes, resources, devices) can "
-        "change once that pod exists; retry in a moment"
+        "vm1 holds room reserved for its migration vm1-mig; its domain, networks and rendering annotations can change "
+        "once that pod exists; retry in a moment"
     )
 
     def sockets(obj: Obj) -> None:
@@ -184,7 +184,10 @@ async def test_a_holder_vmis_size_cannot_change_while_its_room_is_reserved(sim: 
         obj["spec"]["domain"].setdefault("devices", {})["interfaces"] = [{"name": "vf", "sriov": {}}]
         obj["spec"]["networks"] = [{"name": "vf", "multus": {"networkName": "sriov"}}]
 
-    for change in (sockets, resources, interface):
+    def sidecar(obj: Obj) -> None:
+        obj["metadata"].setdefault("annotations", {})["hooks.kubevirt.io/hookSidecars"] = '[{"image": "x"}]'
+
+    for change in (sockets, resources, interface, sidecar):
         assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", change) is not None, change.__name__
 
     def label(obj: Obj) -> None:

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared import contract
+from shared.kubevirt.render import RENDER_ANNOTATIONS
 from shared.normalize import normalize
 from shared.quota import guard
 from shared.snapshot import QuotaSnapshot, VmiSnapshot, compact_vmi_spec, size_digest
@@ -112,7 +113,7 @@ def test_the_sizes_a_raise_checks_are_the_pending_targets_and_a_fresh_vmi_must_h
     vmi["metadata"]["uid"] = "u1"
     snap = normalize(vmi)
     assert isinstance(snap, VmiSnapshot)
-    size = size_digest(snap.spec)
+    size = size_digest(snap.spec, snap.annotations)
     migrations = [
         contract.MigrationState(name="m1", vmi="vm1", state="pending", vmi_size=size),
         contract.MigrationState(name="m4", vmi="vm4", state="not-tried", vmi_size="ignored"),
@@ -152,18 +153,20 @@ def test_the_size_digest_changes_with_what_the_pod_is_rendered_from_and_not_with
     change: tuple[str, str | None, Any],
 ) -> None:
     spec = vmi_obj("vm1")["spec"]
-    assert size_digest(spec) == size_digest(compact_vmi_spec(spec)), "pruned or whole: the same digest"
+    assert size_digest(spec, {}) == size_digest(compact_vmi_spec(spec), {}), "pruned or whole: the same digest"
     changed = copy.deepcopy(spec)
     where, field, value = change
     if field is None:
         changed[where] = value
     else:
         changed[where][field] = value
-    assert size_digest(changed) != size_digest(spec)
+    assert size_digest(changed, {}) != size_digest(spec, {})
     elsewhere = copy.deepcopy(spec)
     elsewhere["hostname"] = "h"
     elsewhere["domain"]["clock"] = {"utc": {}}  # (not what the pod is rendered from)
-    assert size_digest(elsewhere) == size_digest(spec)
+    assert size_digest(elsewhere, {"team": "a"}) == size_digest(spec, {})
+    for key in RENDER_ANNOTATIONS:  # (the renderer reads these from the VMI's metadata)
+        assert size_digest(spec, {key: "true"}) != size_digest(spec, {}), key
 
 
 def test_a_pending_migrations_holder_needs_no_vm_state() -> None:

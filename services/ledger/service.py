@@ -372,7 +372,8 @@ class LedgerService:
         """``msg`` (with the states ``vms``) encoded; when that is larger than the bus takes (a namespace of
         thousands of VMs: ~400 bytes each), encoded with only the states the enforcer acts on (admitted VMs: their
         reservations, the guard's holders, the nudges), which ``errors`` says (the quotas' terms and the migrations
-        are kept); None, logged, when even that is too large."""
+        are kept), and if that is still too large, with those by name, uid and whether their pod was refused only;
+        None, logged, when even that is too large."""
         data = contract.encode(msg)
         limit = self.bus.max_payload - _PAYLOAD_HEADROOM
         if len(data) <= limit:
@@ -382,11 +383,13 @@ class LedgerService:
             f"the states of {len(vms) - len(kept)} of the {len(vms)} VMs are left out (admitted ones kept): with "
             f"them this snapshot is {len(data):,} bytes, over the {limit:,} the bus takes"
         )
-        trimmed = contract.encode(msgspec.structs.replace(msg, vms=kept, errors=[*msg.errors, note]))
+        bare = [contract.VmState(name=v.name, uid=v.uid, state=v.state, pod_refused=v.pod_refused) for v in kept]
         with structlog.contextvars.bound_contextvars(cluster=msg.cluster, namespace=msg.namespace, seq=msg.seq):
-            if len(trimmed) <= limit:
-                log.warning("usage published without its VM states", size=len(data), limit=limit)
-                return trimmed
+            for states, what in ((kept, note), (bare, f"{note}; the admitted ones by name and uid only")):
+                trimmed = contract.encode(msgspec.structs.replace(msg, vms=states, errors=[*msg.errors, what]))
+                if len(trimmed) <= limit:
+                    log.warning("usage published without its VM states", size=len(data), limit=limit)
+                    return trimmed
             log.error("usage too large to publish", size=len(trimmed), limit=limit)
         return None
 

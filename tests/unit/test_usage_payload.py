@@ -57,3 +57,38 @@ def test_a_trimmed_usage_keeps_the_guards_holders_and_the_admitted_vms() -> None
     assert [s.name for s in published.vms] == ["w"] and "1501 of the 1502 VMs are left out" in published.errors[-1]
     assert {h.name for h in guard.holders(published)} == {"v", "w"}
     assert [s.vmi for s in guard.reserved_sizes(published)] == ["v"]
+
+
+def test_a_namespace_of_many_admitted_vms_keeps_them_by_name_and_uid() -> None:
+    """2,000 small admitted VMIs with long names: with their whole states even the admitted ones outgrow the bus;
+    they are kept by name and uid (the guard's holders, the nudges) rather than the snapshot not being published
+    at all (which would hold every raise of the namespace back)."""
+    quota = quota_obj("rq", {"requests.memory": "10Ti"})
+    objs: list[dict[str, Any]] = [quota]
+    for i in range(2000):
+        v = vmi_obj("y" * 240 + f"{i:05d}", guest="1Mi", phase="Pending", node="", t=200 + i)
+        v["metadata"]["uid"] = f"{i:036d}"  # (as long as a real uid)
+        objs.append(v)
+    objects: dict[str, list[Any]] = {}
+    for s in snaps(objs):
+        objects.setdefault(KINDS[type(s)], []).append(s)
+    body = account(NamespaceView("c", NS, 1, objects, {}))
+    assert all(v.state == "admitted" for v in body.vms) and len(body.vms) == 2000
+    msg = contract.UsageSnapshot(
+        id="c/usage/t/1",
+        source=contract.source("ledger", "c"),
+        subject=NS,
+        time=contract.now_rfc3339(),
+        cluster="c",
+        namespace=NS,
+        seq=1,
+        quotas=body.quotas,
+        vms=vms_json(NS, body.vms),  # type: ignore[arg-type]
+        migrations=body.migrations,
+        errors=body.errors,
+    )
+    ledger: Any = SimpleNamespace(bus=SimpleNamespace(max_payload=1024 * 1024))
+    data = LedgerService._within_payload(ledger, msg, body.vms)
+    assert data is not None, "the snapshot was not published at all"
+    published = contract.decode_usage(data)
+    assert len(guard.holders(published)) == 2000 and "by name and uid only" in published.errors[-1]

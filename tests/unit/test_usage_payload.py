@@ -22,6 +22,25 @@ KINDS: dict[type[Any], str] = {
 }
 
 
+def publish(body: contract.UsageBody) -> tuple[contract.UsageSnapshot, bytes | None]:
+    """The ledger's usage snapshot of ``body`` and what it publishes of it on a bus that takes 1 MB."""
+    msg = contract.UsageSnapshot(
+        id="c/usage/t/1",
+        source=contract.source("ledger", "c"),
+        subject=NS,
+        time=contract.now_rfc3339(),
+        cluster="c",
+        namespace=NS,
+        seq=1,
+        quotas=body.quotas,
+        vms=vms_json(NS, body.vms),  # type: ignore[arg-type]
+        migrations=body.migrations,
+        errors=body.errors,
+    )
+    ledger: Any = SimpleNamespace(bus=SimpleNamespace(max_payload=1024 * 1024))
+    return msg, LedgerService._within_payload(ledger, msg, body.vms)
+
+
 def test_a_trimmed_usage_keeps_the_guards_holders_and_the_admitted_vms() -> None:
     """A tenant pads its namespace with 1,500 pending VMIs with long names that do not fit (refused, no room): the
     usage snapshot outgrows the bus's 1 MB and is published with only the admitted VMs' states. A pending
@@ -37,21 +56,7 @@ def test_a_trimmed_usage_keeps_the_guards_holders_and_the_admitted_vms() -> None
     for s in snaps(objs):
         objects.setdefault(KINDS[type(s)], []).append(s)
     body = account(NamespaceView("c", NS, 1, objects, {}))
-    msg = contract.UsageSnapshot(
-        id="c/usage/t/1",
-        source=contract.source("ledger", "c"),
-        subject=NS,
-        time=contract.now_rfc3339(),
-        cluster="c",
-        namespace=NS,
-        seq=1,
-        quotas=body.quotas,
-        vms=vms_json(NS, body.vms),  # type: ignore[arg-type]
-        migrations=body.migrations,
-        errors=body.errors,
-    )
-    ledger: Any = SimpleNamespace(bus=SimpleNamespace(max_payload=1024 * 1024))
-    data = LedgerService._within_payload(ledger, msg, body.vms)
+    msg, data = publish(body)
     assert data is not None and len(contract.encode(msg)) > 1024 * 1024 > len(data)
     published = contract.decode_usage(data)
     assert [s.name for s in published.vms] == ["w"] and "1501 of the 1502 VMs are left out" in published.errors[-1]
@@ -74,21 +79,7 @@ def test_a_namespace_of_many_admitted_vms_keeps_them_by_name_and_uid() -> None:
         objects.setdefault(KINDS[type(s)], []).append(s)
     body = account(NamespaceView("c", NS, 1, objects, {}))
     assert all(v.state == "admitted" for v in body.vms) and len(body.vms) == 2000
-    msg = contract.UsageSnapshot(
-        id="c/usage/t/1",
-        source=contract.source("ledger", "c"),
-        subject=NS,
-        time=contract.now_rfc3339(),
-        cluster="c",
-        namespace=NS,
-        seq=1,
-        quotas=body.quotas,
-        vms=vms_json(NS, body.vms),  # type: ignore[arg-type]
-        migrations=body.migrations,
-        errors=body.errors,
-    )
-    ledger: Any = SimpleNamespace(bus=SimpleNamespace(max_payload=1024 * 1024))
-    data = LedgerService._within_payload(ledger, msg, body.vms)
+    _, data = publish(body)
     assert data is not None, "the snapshot was not published at all"
     published = contract.decode_usage(data)
     assert len(guard.holders(published)) == 2000 and "by name and uid only" in published.errors[-1]

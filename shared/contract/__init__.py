@@ -73,5 +73,6 @@ from shared.contract.subjects import msg_id as msg_id
 from shared.contract.subjects import namespace_token as namespace_token
 from shared.contract.subjects import parse_event_subject as parse_event_subject
 from shared.contract.subjects import resource_version as resource_version
+from shared.contract.subjects import subject_kind as subject_kind
 from shared.contract.subjects import sync_uid as sync_uid
 from shared.contract.subjects import usage_subject as usage_subject

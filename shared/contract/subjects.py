@@ -41,6 +41,12 @@ KIND_TOKENS: Final[dict[str, str]] = {
 TOKEN_KINDS: Final[dict[str, str]] = {v: k for k, v in KIND_TOKENS.items()}
 
 
+def subject_kind(subject: str) -> str | None:
+    """The kind an event subject names (its last token, as :func:`parse_event_subject` reads it, unchecked: a
+    reader's shortcut to skip kinds it does not fold), None for a subject that names none."""
+    return TOKEN_KINDS.get(subject.rpartition(".")[2])
+
+
 # ---- event types ------------------------------------------------------------------------------------------------
 
 UPSERTED: Final = "io.vmquota.event.upserted"

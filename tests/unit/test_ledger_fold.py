@@ -115,6 +115,24 @@ def test_kinds_outside_the_folded_set_are_untracked() -> None:
     assert led.state("c1", "a") is not None and led.state("c1", "a").live("VirtualMachine") == []  # type: ignore[union-attr]
 
 
+def test_an_event_of_a_kind_not_folded_is_skipped_by_its_subject_undecoded() -> None:
+    """With the subject, bytes of a kind the ledger does not fold are not even decoded (a replay reads every
+    VirtualMachine event of the stream); without it, or for a kind it folds, they are decoded and checked."""
+    led = Ledger(kinds=frozenset({"Pod"}))
+    vm = contract.encode(up("vm", 1, kind="VirtualMachine"))
+    vm_subject = contract.event_subject("c1", "VirtualMachine", "a")
+    assert led.apply_bytes(b"not json", 1, vm_subject) is Outcome.UNTRACKED
+    assert led.apply_bytes(vm, 2, vm_subject) is Outcome.UNTRACKED
+    assert led.apply_bytes(vm, 3) is Outcome.UNTRACKED
+    with pytest.raises(InvalidInput):
+        led.apply_bytes(b"not json", 4)
+    pod_subject = contract.event_subject("c1", "Pod", "a")
+    with pytest.raises(InvalidInput):
+        led.apply_bytes(b"not json", 5, pod_subject)
+    assert led.apply_bytes(contract.encode(up("p", 6)), 6, pod_subject) is Outcome.APPLIED
+    assert contract.subject_kind(pod_subject) == "Pod" and contract.subject_kind("vmquota.ev.c1.a.nothing") is None
+
+
 def test_a_checkpoint_in_pieces_spells_the_state_when_the_pieces_were_asked_for() -> None:
     events: list[Event] = [up(f"u{i}", i + 1, phase="Running") for i in range(10)]
     led = fold([*events, down("u3", 20), sync(["u1"], 30)])

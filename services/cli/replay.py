@@ -19,7 +19,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from services.cli import opsbus
@@ -96,6 +96,14 @@ class Progress:
         print(f"\rreplayed {done}/{self.total} events, {rate:,.0f}/s, ~{left:.0f}s left ", end=end, file=sys.stderr)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _nanos(t: datetime) -> int:
+    """``t`` in nanoseconds since the epoch (exactly: a float would round)."""
+    return (t - _EPOCH) // timedelta(microseconds=1) * 1000
+
+
 def _stamp(m: Any) -> datetime:
     t: datetime = m.metadata.timestamp
     return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
@@ -114,18 +122,19 @@ async def main(args: argparse.Namespace) -> int:
             raise InvalidInput(
                 f"sequence {args.until_seq} is before the retained history (from {first})", "--until-seq"
             )
+        at_ns = _nanos(at) if at is not None else None
         checks: list[tuple[int, int, contract.Decision | contract.UsageSnapshot]] = []
         if args.verify:
             for m in await opsbus.read(js, contract.DECISIONS_STREAM, f.subject("quota")):
                 d = contract.decode_decision(m.data)
-                if not d.dry_run and d.usage_seq and (at is None or _stamp(m) <= at):
+                if not d.dry_run and d.usage_seq and (at_ns is None or position(m).time_ns <= at_ns):
                     checks.append((d.usage_seq, 0, d))
             for m in await _history(js, f.subject("usage")):
                 try:
                     u = contract.decode_usage(m.data)
                 except InvalidInput:
                     continue  # (dead-lettered by the enforcer)
-                if u.seq and (at is None or _stamp(m) <= at):
+                if u.seq and (at_ns is None or position(m).time_ns <= at_ns):
                     checks.append((u.seq, 1, u))
             checks.sort(key=lambda c: (c[0], c[1]))
         r = Replay()
@@ -136,14 +145,14 @@ async def main(args: argparse.Namespace) -> int:
         pending = (c[2] for c in checks)
         nxt = next(pending, None)
         async for m in opsbus.messages(js, contract.EVENTS_STREAM, cluster_subject):
-            seq = position(m).stream
-            if at is not None and r.events == 0 and _stamp(m) > at:
+            seq, _, _, stored = position(m)  # (the reply subject's time: nats-py's metadata costs ten times more)
+            if at is not None and at_ns is not None and r.events == 0 and stored > at_ns:
                 raise InvalidInput(
                     f"{at.isoformat()} is before the retained history (the events stream starts at "
                     f"{_stamp(m).isoformat()})",
                     "--at",
                 )
-            if (args.until_seq is not None and seq > args.until_seq) or (at is not None and _stamp(m) > at):
+            if (args.until_seq is not None and seq > args.until_seq) or (at_ns is not None and stored > at_ns):
                 break
             while nxt is not None and _seq_of(nxt) < seq:
                 _check(r, nxt, differences, checked)

@@ -134,6 +134,8 @@ class Position(NamedTuple):
     """Its consumer sequence."""
     pending: int
     """Messages left for the consumer after it."""
+    time_ns: int = 0
+    """When the server stored it, in nanoseconds since the epoch."""
 
 
 _tuple_new: Final = tuple.__new__
@@ -154,12 +156,12 @@ def position(msg: Msg) -> Position:
     tokens = reply.split(".") if reply else []
     n = len(tokens)
     if (n == 9 or n >= 11) and tokens[0] == "$JS" and tokens[1] == "ACK":
-        s, c, p = (5, 6, 8) if n == 9 else (7, 8, 10)
-        at = _tuple_new(Position, (int(tokens[s]), int(tokens[c]), int(tokens[p])))  # (no ``__new__`` in Python)
+        s, c, t, p = (5, 6, 7, 8) if n == 9 else (7, 8, 9, 10)
+        at = _tuple_new(Position, (int(tokens[s]), int(tokens[c]), int(tokens[p]), int(tokens[t])))  # (no __new__)
         _last_read = (reply, at)
         return at
     md = msg.metadata
-    return Position(md.sequence.stream, md.sequence.consumer, md.num_pending)
+    return Position(md.sequence.stream, md.sequence.consumer, md.num_pending, round(md.timestamp.timestamp() * 1e9))
 
 
 @dataclass(frozen=True, slots=True)

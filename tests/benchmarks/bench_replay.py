@@ -76,15 +76,19 @@ async def replay(bus: Bus, want: int, fold: Ledger | None) -> float:
 
 
 async def command_replay(bus: Bus, want: int) -> float:
-    """What ``vmquota replay`` does: ``opsbus.messages`` (an ordered consumer, message by message) and
-    ``Replay.apply`` (decode, fold) over the whole stream; events/s."""
+    """What ``vmquota replay --at`` does: ``opsbus.messages`` (an ordered consumer, message by message), the time
+    of each message checked against ``--at``, and ``Replay.apply`` (decode, fold) over the whole stream; events/s."""
     from services.cli import opsbus
     from services.cli.replay import Replay
 
     r = Replay()
+    at_ns = time.time_ns() + 3600 * 10**9  # (`--at` an hour ahead: every event is before it, and checked)
     t0 = time.perf_counter()
     async for m in opsbus.messages(bus.js, contract.EVENTS_STREAM, "vmquota.ev.>"):
-        r.apply(m.data, position(m).stream, m.subject)
+        seq, _, _, stored = position(m)
+        if stored > at_ns:
+            break
+        r.apply(m.data, seq, m.subject)
     t1 = time.perf_counter()
     if r.events != want or r.skipped:
         raise AssertionError(f"vmquota replay read {r.events} events ({r.skipped} unreadable), expected {want}")

@@ -36,15 +36,18 @@ def test_position_is_what_the_metadata_says(
     tail = f"{stream}.{consumer}.{delivered}.{sseq}.{cseq}.{ts}.{pending}"
     reply = f"$JS.ACK.{domain}.{account}.{tail}" + (".x1y2" if with_token else "") if with_domain else f"$JS.ACK.{tail}"
     md = _msg(reply).metadata
-    want = Position(md.sequence.stream, md.sequence.consumer, md.num_pending)
-    assert position(_msg(reply)) == want == Position(sseq, cseq, pending)
+    got = position(_msg(reply))
+    assert got[:3] == (md.sequence.stream, md.sequence.consumer, md.num_pending) == (sseq, cseq, pending)
+    assert got.time_ns == ts
+    assert abs(md.timestamp.timestamp() - ts / 1e9) <= max(1e-6, ts / 1e9 * 1e-15)  # (what nats-py makes of it)
 
 
 def test_a_message_read_again_is_read_once_and_others_afresh() -> None:
     a, b = _msg("$JS.ACK.S.c.1.10.7.1700000000000000000.3"), _msg("$JS.ACK.S.c.1.11.8.1700000000000000000.2")
-    assert position(a) is position(a) == Position(10, 7, 3)
-    assert position(b) == Position(11, 8, 2) and position(a) == Position(10, 7, 3)
-    assert position(_msg(str(a.reply))) == Position(10, 7, 3)
+    stamp = 1700000000000000000
+    assert position(a) is position(a) == Position(10, 7, 3, stamp)
+    assert position(b) == Position(11, 8, 2, stamp) and position(a) == Position(10, 7, 3, stamp)
+    assert position(_msg(str(a.reply))) == Position(10, 7, 3, stamp)
 
 
 @pytest.mark.parametrize("reply", ["", "_INBOX.abc", "$JS.ACK.too.short", "$JS.NAK.s.c.1.2.3.4.5"])

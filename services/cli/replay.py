@@ -19,11 +19,11 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from services.cli import opsbus
-from services.platform.bus import position
+from services.platform.bus import nanos, position
 from shared import contract, report
 from shared.accounting.namespace import ACCOUNTED_KINDS
 from shared.accounting.wire import account
@@ -96,14 +96,6 @@ class Progress:
         print(f"\rreplayed {done}/{self.total} events, {rate:,.0f}/s, ~{left:.0f}s left ", end=end, file=sys.stderr)
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def _nanos(t: datetime) -> int:
-    """``t`` in nanoseconds since the epoch (exactly: a float would round)."""
-    return (t - _EPOCH) // timedelta(microseconds=1) * 1000
-
-
 def _stamp(m: Any) -> datetime:
     t: datetime = m.metadata.timestamp
     return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
@@ -122,7 +114,7 @@ async def main(args: argparse.Namespace) -> int:
             raise InvalidInput(
                 f"sequence {args.until_seq} is before the retained history (from {first})", "--until-seq"
             )
-        at_ns = _nanos(at) if at is not None else None
+        at_ns = nanos(at) if at is not None else None
         checks: list[tuple[int, int, contract.Decision | contract.UsageSnapshot]] = []
         if args.verify:
             for m in await opsbus.read(js, contract.DECISIONS_STREAM, f.subject("quota")):

@@ -77,17 +77,16 @@ class GuardWriter:
         holders are listed, so its size can no longer change), still has the size the target was reserved at. A
         hotplug the ledger has not seen would make KubeVirt render the target larger than its room; the ledger's
         next usage, with the new size, is planned instead."""
-        held = {h.uid for h in self._listed.get(namespace, (frozenset(), ""))[0]}
-        known = self._sized.setdefault(namespace, {})
         for sized in sorted(guard.reserved_sizes(usage)):
-            if known.get(sized.vmi) == sized:
+            if self._sized.get(namespace, {}).get(sized.vmi) == sized:
                 continue
             obj = await self.kube.get_vmi(namespace, sized.vmi)
             if not guard.still_sized(sized, obj):
-                known.pop(sized.vmi, None)
+                self._sized.get(namespace, {}).pop(sized.vmi, None)
                 return f"VMI {sized.vmi} is not the size its migration target was reserved at"
-            if sized.uid in held:
-                known[sized.vmi] = sized
+            # remembered only if listed now, after the read (a shrink meanwhile may have taken it off the list)
+            if sized.uid in {h.uid for h in self._listed.get(namespace, (frozenset(), ""))[0]}:
+                self._sized.setdefault(namespace, {})[sized.vmi] = sized
         return ""
 
     def forget(self, key: Key) -> bool:

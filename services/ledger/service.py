@@ -385,7 +385,7 @@ class LedgerService:
         )
         bare = [contract.VmState(name=v.name, uid=v.uid, state=v.state, pod_refused=v.pod_refused) for v in kept]
         with structlog.contextvars.bound_contextvars(cluster=msg.cluster, namespace=msg.namespace, seq=msg.seq):
-            for states, what in ((kept, note), (bare, f"{note}; the admitted ones by name and uid only")):
+            for states, what in ((kept, note), (bare, f"{note}; the admitted ones without their counts and reasons")):
                 trimmed = contract.encode(msgspec.structs.replace(msg, vms=states, errors=[*msg.errors, what]))
                 if len(trimmed) <= limit:
                     log.warning("usage published without its VM states", size=len(data), limit=limit)

@@ -24,6 +24,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, NamedTuple, TypeVar
 
 import nats
@@ -139,6 +140,8 @@ class Position(NamedTuple):
 
 
 _tuple_new: Final = tuple.__new__
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND: Final = timedelta(microseconds=1)
 _last_read: tuple[object, Position] = (object(), Position(0, 0, 0))
 """The reply subject :func:`position` read last, and what it read (the same string object: the same message)."""
 
@@ -161,7 +164,12 @@ def position(msg: Msg) -> Position:
         _last_read = (reply, at)
         return at
     md = msg.metadata
-    return Position(md.sequence.stream, md.sequence.consumer, md.num_pending, round(md.timestamp.timestamp() * 1e9))
+    return Position(md.sequence.stream, md.sequence.consumer, md.num_pending, nanos(md.timestamp))
+
+
+def nanos(t: datetime) -> int:
+    """``t`` in nanoseconds since the epoch, exactly (a float would round); a naive ``t`` is UTC."""
+    return ((t if t.tzinfo is not None else t.replace(tzinfo=UTC)) - _EPOCH) // _MICROSECOND * 1000
 
 
 @dataclass(frozen=True, slots=True)

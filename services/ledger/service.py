@@ -383,7 +383,10 @@ class LedgerService:
             f"the states of {len(vms) - len(kept)} of the {len(vms)} VMs are left out (admitted ones kept): with "
             f"them this snapshot is {len(data):,} bytes, over the {limit:,} the bus takes"
         )
-        bare = [contract.VmState(name=v.name, uid=v.uid, state=v.state, pod_refused=v.pod_refused) for v in kept]
+        bare = [
+            contract.VmState(name=v.name, uid=v.uid, state=v.state, pod_refused=v.pod_refused, vmi_size=v.vmi_size)
+            for v in kept
+        ]
         with structlog.contextvars.bound_contextvars(cluster=msg.cluster, namespace=msg.namespace, seq=msg.seq):
             for states, what in ((kept, note), (bare, f"{note}; the admitted ones without their counts and reasons")):
                 trimmed = contract.encode(msgspec.structs.replace(msg, vms=states, errors=[*msg.errors, what]))

@@ -17,6 +17,7 @@ from shared.quota.modes import mode_usage
 from shared.resources import ResourceList, nonzero
 from shared.snapshot import (
     VmiSnapshot,
+    size_digest,
 )
 
 
@@ -69,5 +70,15 @@ class Admission(Migrations):
         if not estimate:
             reason += "; its launcher pod could not be estimated (see errors)"
         self.vm_entries[key] = VmEntry(
-            v.name, v.uid, v.phase, ADMITTED, reason, size, pod_est, usages, pod_est, pod_refused=v.pod_refused
+            v.name,
+            v.uid,
+            v.phase,
+            ADMITTED,
+            reason,
+            size,
+            pod_est,
+            usages,
+            pod_est,
+            pod_refused=v.pod_refused,
+            vmi_size=size_digest(v.spec, v.annotations),
         )

@@ -64,6 +64,9 @@ class VmEntry:
     pod_refused: bool = False
     """Admitted, but KubeVirt's last try to create its launcher pod was refused (VMI condition
     ``Synchronized=False``, reason ``FailedCreate``): KubeVirt needs a nudge to try again once there is room."""
+    vmi_size: str = ""
+    """Admitted: the :func:`~shared.snapshot.size_digest` of the VMI its launcher pod was reserved from (the
+    enforcer opens the room only while the VMI still has it)."""
 
 
 @dataclass(frozen=True, slots=True)

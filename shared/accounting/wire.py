@@ -39,6 +39,7 @@ def _vm_state(namespace: str, v: VmEntry) -> contract.VmState:
         reserved=canonical_resource_list(v.reserved),
         refused_by={k: list(r) for k, r in sorted(v.refused_by.items())},
         pod_refused=v.pod_refused,
+        vmi_size=v.vmi_size,
     )
     _VM_STATES.pop(key, None)  # the newest last: the oldest (of a deleted VM) go first when full
     _VM_STATES[key] = (v, state, contract.encode(state))

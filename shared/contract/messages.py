@@ -129,6 +129,9 @@ class VmState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """Per quota: the resources the VM does not fit."""
     pod_refused: bool = False
     """Admitted, and KubeVirt's last try to create its launcher pod was refused: the enforcer nudges the VMI."""
+    vmi_size: str = ""
+    """Admitted: the size digest of the VMI its launcher pod was reserved from (``shared.snapshot.size_digest``);
+    with the reservation guard the enforcer opens the room only while the VMI still has it."""
 
 
 class MigrationState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

@@ -66,7 +66,8 @@ def holders(usage: UsageSnapshot | None) -> frozenset[Holder]:
 
 @dataclass(frozen=True, slots=True, order=True)
 class Sized:
-    """A pending migration's VMI and the size (``shared.snapshot.size_digest``) its target was reserved at."""
+    """A VMI whose pod a reservation is for (an admitted VM's launcher pod, a pending migration's target) and the
+    size (``shared.snapshot.size_digest``) it was reserved at."""
 
     vmi: str
     uid: str
@@ -74,14 +75,19 @@ class Sized:
 
 
 def reserved_sizes(usage: UsageSnapshot | None) -> frozenset[Sized]:
-    """The VMIs whose migration targets a usage snapshot reserves, with the size each was reserved at."""
+    """The VMIs whose pods a usage snapshot reserves (admitted VMs' launcher pods, pending migrations' targets),
+    with the size each was reserved at."""
     if usage is None:
         return frozenset()
     uids = {v.name: v.uid for v in usage.vms if v.uid}
+    admitted = {Sized(v.name, v.uid, v.vmi_size) for v in usage.vms if v.state == "admitted" and v.vmi_size}
     return frozenset(
-        Sized(m.vmi, m.vmi_uid or uids.get(m.vmi, ""), m.vmi_size)
-        for m in usage.migrations
-        if m.state == "pending" and m.vmi_size
+        admitted
+        | {
+            Sized(m.vmi, m.vmi_uid or uids.get(m.vmi, ""), m.vmi_size)
+            for m in usage.migrations
+            if m.state == "pending" and m.vmi_size
+        }
     )
 
 

@@ -678,6 +678,48 @@ async def test_with_the_guard_room_for_a_target_opens_only_while_its_vmi_has_the
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised at the VMI's size")
 
 
+async def test_with_the_guard_room_for_an_admitted_vm_opens_only_while_its_vmi_is_as_it_was_admitted(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """KubeVirt keeps a pending VMI's spec, not its metadata: a tenant can add a rendering annotation (hook
+    sidecars) between the ledger's read and the holder's listing. The enforcer reads an admitted VM's VMI too before
+    raising for its launcher pod: a usage that admitted it as it was raises nothing; one from the VMI as it is
+    raises. Fails when the enforcer raises without the read."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    with acting_as(KUBEVIRT_CONTROLLER):
+        await sim.create(vmi_obj("vm1", phase="Pending", node="", namespace=NS))
+    vmi = await sim.get("virtualmachineinstances", NS, "vm1")
+    snap = normalize(vmi)
+    assert isinstance(snap, VmiSnapshot)
+    sidecars = {"hooks.kubevirt.io/hookSidecars": '[{"image": "sidecar"}]'}
+    before = size_digest(snap.spec, {})  # (what the ledger read before the tenant's annotation)
+    now = size_digest(snap.spec, sidecars)
+    with acting_as(KUBEVIRT_CONTROLLER):
+        await sim.store.mutate(
+            sim.store.resource("virtualmachineinstances"),
+            NS,
+            "vm1",
+            lambda o: {**o, "metadata": {**o["metadata"], "annotations": sidecars}},
+        )
+
+    def admitted(size: str) -> list[contract.VmState]:
+        return [contract.VmState(name="vm1", uid=snap.uid, state="admitted", vmi_size=size)]
+
+    async with enforcer(bus, api, reservation_guard=True) as (e, _):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        await sim.wait_quota_synced(NS, "compute")
+        await publish_usage(bus, 5, terms("64Gi", "80Gi"), vms=admitted(before))
+
+        def waited() -> float:
+            labels = {"service": "enforcer", "outcome": "resized"}
+            return e.metrics.registry.get_sample_value("vmquota_enforcer_patches_total", labels) or 0.0
+
+        await sim.wait_for(lambda: waited() >= 1, within=5, what="the raise to wait")
+        assert hard(await sim.get("resourcequotas", NS, "compute")) == {"limits.memory": "64Gi"}
+        await publish_usage(bus, 6, terms("64Gi", "80Gi"), vms=admitted(now))
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised for the VMI as it is")
+
+
 # ---- hostile input on the bus ------------------------------------------------------------------------------------
 
 

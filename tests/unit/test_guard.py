@@ -176,3 +176,13 @@ def test_a_pending_migrations_holder_needs_no_vm_state() -> None:
     trimmed = usage([], migrations)
     assert guard.holders(trimmed) == {guard.Holder("u1", "vm1", "migration m1")}
     assert guard.reserved_sizes(trimmed) == {guard.Sized("vm1", "u1", "abc")}
+
+
+def test_an_admitted_vm_is_sized_as_it_was_admitted() -> None:
+    """An admitted VM's launcher pod is reserved from the VMI the ledger read; its size is checked like a
+    migration target's (a pending VMI's metadata stays its owner's to change)."""
+    vms = [
+        contract.VmState(name="vm2", uid="u2", state="admitted", vmi_size="d2"),
+        contract.VmState(name="vm1", uid="u1", state="running", vmi_size="ignored"),
+    ]
+    assert guard.reserved_sizes(usage(vms, [])) == {guard.Sized("vm2", "u2", "d2")}

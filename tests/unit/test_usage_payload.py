@@ -61,7 +61,7 @@ def test_a_trimmed_usage_keeps_the_guards_holders_and_the_admitted_vms() -> None
     published = contract.decode_usage(data)
     assert [s.name for s in published.vms] == ["w"] and "1501 of the 1502 VMs are left out" in published.errors[-1]
     assert {h.name for h in guard.holders(published)} == {"v", "w"}
-    assert [s.vmi for s in guard.reserved_sizes(published)] == ["v"]
+    assert sorted(s.vmi for s in guard.reserved_sizes(published)) == ["v", "w"]
 
 
 def test_a_namespace_of_many_admitted_vms_keeps_them_by_name_and_uid() -> None:

@@ -13,6 +13,7 @@ from typing import Any, cast
 
 from hypothesis import strategies as st
 
+from shared import contract
 from shared.accounting.namespace import account_namespace
 from shared.accounting.results import (
     NamespaceUsage,
@@ -226,6 +227,33 @@ def snaps(objs: Iterable[Mapping[str, Any]]) -> list[AnySnapshot]:
 
 def account(objs: Iterable[Mapping[str, Any]], **kw: Any) -> NamespaceUsage:
     return account_namespace(snaps(objs), now=NOW, **kw)
+
+
+def usage_snapshot(
+    vms: list[contract.VmState],
+    migrations: list[contract.MigrationState],
+    *,
+    hard: str = "64Gi",
+    namespace: str = "t1",
+) -> contract.UsageSnapshot:
+    """A ledger's usage snapshot of ``namespace`` (a ``compute`` quota of a 64Gi ``limits.memory`` budget, VmiPodUsage,
+    ``hard`` as given) with these VM and migration states."""
+    return contract.UsageSnapshot(
+        id=f"c1/usage/{namespace}/1",
+        source="vmquota/ledger/c1",
+        subject=namespace,
+        time="2026-01-01T00:00:00.000Z",
+        cluster="c1",
+        namespace=namespace,
+        seq=1,
+        quotas={
+            "compute": contract.QuotaTerms(
+                mode="VmiPodUsage", budget={"limits.memory": "64Gi"}, hard={"limits.memory": hard}
+            )
+        },
+        vms=vms,
+        migrations=migrations,
+    )
 
 
 def usage_of(pod: Mapping[str, Any]) -> ResourceList:

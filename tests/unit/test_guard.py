@@ -14,7 +14,7 @@ from shared.kubevirt.render import RENDER_ANNOTATIONS
 from shared.normalize import normalize
 from shared.quota import guard
 from shared.snapshot import QuotaSnapshot, VmiSnapshot, compact_vmi_spec, size_digest
-from tests.builders import vmi_obj
+from tests.builders import usage_snapshot, vmi_obj
 
 NS = "t1"
 
@@ -22,22 +22,7 @@ NS = "t1"
 def usage(
     vms: list[contract.VmState], migrations: list[contract.MigrationState], hard: str = "64Gi"
 ) -> contract.UsageSnapshot:
-    return contract.UsageSnapshot(
-        id=f"c1/usage/{NS}/1",
-        source="vmquota/ledger/c1",
-        subject=NS,
-        time="2026-01-01T00:00:00.000Z",
-        cluster="c1",
-        namespace=NS,
-        seq=1,
-        quotas={
-            "compute": contract.QuotaTerms(
-                mode="VmiPodUsage", budget={"limits.memory": "64Gi"}, hard={"limits.memory": hard}
-            )
-        },
-        vms=vms,
-        migrations=migrations,
-    )
+    return usage_snapshot(vms, migrations, hard=hard, namespace=NS)
 
 
 def quota(spec: str, status: str) -> QuotaSnapshot:

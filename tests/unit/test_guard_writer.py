@@ -9,7 +9,7 @@ from shared import contract
 from shared.normalize import normalize
 from shared.quota import guard
 from shared.snapshot import VmiSnapshot, size_digest
-from tests.builders import NS, vmi_obj
+from tests.builders import NS, usage_snapshot, vmi_obj
 
 VMI = vmi_obj("vm1")
 
@@ -17,23 +17,9 @@ VMI = vmi_obj("vm1")
 def usage() -> contract.UsageSnapshot:
     snap = normalize(VMI)
     assert isinstance(snap, VmiSnapshot)
-    pending = contract.MigrationState(
-        name="m1",
-        vmi="vm1",
-        state="pending",
-        vmi_size=size_digest(snap.spec, snap.annotations),
-        vmi_uid=snap.uid,
-    )
-    return contract.UsageSnapshot(
-        id=f"c1/usage/{NS}/1",
-        source="vmquota/ledger/c1",
-        subject=NS,
-        time="2026-01-01T00:00:00.000Z",
-        cluster="c1",
-        namespace=NS,
-        seq=1,
-        migrations=[pending],
-    )
+    size = size_digest(snap.spec, snap.annotations)
+    pending = contract.MigrationState(name="m1", vmi="vm1", state="pending", vmi_size=size, vmi_uid=snap.uid)
+    return usage_snapshot([], [pending], namespace=NS)
 
 
 class Api:

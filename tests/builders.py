@@ -230,29 +230,27 @@ def account(objs: Iterable[Mapping[str, Any]], **kw: Any) -> NamespaceUsage:
 
 
 def usage_snapshot(
-    vms: list[contract.VmState],
-    migrations: list[contract.MigrationState],
+    namespace: str,
+    seq: int = 1,
     *,
-    hard: str = "64Gi",
-    namespace: str = "t1",
+    quotas: Mapping[str, contract.QuotaTerms] | None = None,
+    vms: Iterable[contract.VmState] = (),
+    migrations: Iterable[contract.MigrationState] = (),
+    errors: Iterable[str] = (),
 ) -> contract.UsageSnapshot:
-    """A ledger's usage snapshot of ``namespace`` (a ``compute`` quota of a 64Gi ``limits.memory`` budget, VmiPodUsage,
-    ``hard`` as given) with these VM and migration states."""
+    """A ledger's usage snapshot of ``namespace`` (cluster ``c1``) at ``seq``."""
     return contract.UsageSnapshot(
-        id=f"c1/usage/{namespace}/1",
+        id=f"c1/usage/{namespace}/{seq}",
         source="vmquota/ledger/c1",
         subject=namespace,
         time="2026-01-01T00:00:00.000Z",
         cluster="c1",
         namespace=namespace,
-        seq=1,
-        quotas={
-            "compute": contract.QuotaTerms(
-                mode="VmiPodUsage", budget={"limits.memory": "64Gi"}, hard={"limits.memory": hard}
-            )
-        },
-        vms=vms,
-        migrations=migrations,
+        seq=seq,
+        quotas=dict(quotas or {}),
+        vms=list(vms),
+        migrations=list(migrations),
+        errors=list(errors),
     )
 
 

@@ -17,7 +17,6 @@ from shared.quota.modes import mode_usage
 from shared.resources import ResourceList, nonzero
 from shared.snapshot import (
     VmiSnapshot,
-    size_digest,
 )
 
 
@@ -80,5 +79,5 @@ class Admission(Migrations):
             usages,
             pod_est,
             pod_refused=v.pod_refused,
-            vmi_size=size_digest(v.spec, v.annotations),
+            vmi_size=self.renderer.held_digest(v),
         )

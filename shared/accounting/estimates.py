@@ -17,7 +17,7 @@ from shared.podusage import quota_usage_of
 from shared.quantity import Quantity
 from shared.quota.modes import VmSize
 from shared.resources import ResourceList, growth, is_byte_resource
-from shared.snapshot import VmiSnapshot
+from shared.snapshot import VmiSnapshot, size_digest
 
 _EVIDENCE_SHARE: Final = 8
 """A refusal amount may differ from the estimate by an eighth of it ..."""
@@ -49,15 +49,6 @@ def unpublished(v: VmiSnapshot) -> dict[str, Any]:
 def widened(estimate: Mapping[str, Quantity]) -> ResourceList:
     """Each amount of ``estimate`` plus its :func:`evidence_bound`."""
     return {r: q + evidence_bound(r, q) for r, q in estimate.items()}
-
-
-def awaits_hotplug(v: VmiSnapshot) -> bool:
-    """Whether the VMI's spec is larger than the size it runs at (a hotplug awaiting its migration)."""
-    grow_cpu = v.status_vcpus is not None and v.status_vcpus < v.vcpus
-    grow_mem = (
-        v.status_guest_memory is not None and v.guest_memory is not None and v.status_guest_memory < v.guest_memory
-    )
-    return grow_cpu or grow_mem
 
 
 def _shrunk(resources: Mapping[str, Any], by: Mapping[str, Quantity]) -> dict[str, Any]:
@@ -148,13 +139,22 @@ class Renderer:
         result: ResourceList | None = self._memoized(v, "new", lambda: self.usage(unpublished(v), v.ref))
         return result
 
+    def held_digest(self, v: VmiSnapshot) -> str:
+        """:func:`~shared.snapshot.size_digest` of the VMI (what the guard keeps of it while its room is open)."""
+        digest: str = self._memoized(v, "held", lambda: size_digest(v.spec, v.annotations))
+        return digest
+
     def hotplug_growth(self, v: VmiSnapshot) -> ResourceList:
         """Pod-terms growth of a VMI whose spec is larger than its status (hotplug awaiting a migration)."""
         result: ResourceList = self._memoized(v, "hotplug", lambda: self._hotplug_growth(v))
         return dict(result)  # it goes into a MigrationEntry: not the remembered one
 
     def _hotplug_growth(self, v: VmiSnapshot) -> ResourceList:
-        if not awaits_hotplug(v):
+        grow_cpu = v.status_vcpus is not None and v.status_vcpus < v.vcpus
+        grow_mem = (
+            v.status_guest_memory is not None and v.guest_memory is not None and v.status_guest_memory < v.guest_memory
+        )
+        if not (grow_cpu or grow_mem):
             return {}
         target = unpublished(v)  # the published overhead is the source's; compute both sides alike
         source = copy.deepcopy(target)
@@ -164,14 +164,14 @@ class Renderer:
         # resources would show no growth where they are what quota charges
         resources = domain.get("resources")
         shrink: dict[str, Quantity] = {}
-        if v.status_vcpus is not None and v.status_vcpus < v.vcpus:
+        if grow_cpu and v.status_vcpus is not None:
             cpu = dict(domain.get("cpu") or {})
             per_socket = max(1, int(cpu.get("cores") or 1) * int(cpu.get("threads") or 1))
             cpu["sockets"] = max(1, v.status_vcpus // per_socket)
             domain["cpu"] = cpu
             share = int(Fraction(1000) // self.config.cpu_allocation_ratio)
             shrink["cpu"] = Quantity.from_milli((v.vcpus - v.status_vcpus) * share)
-        if v.status_guest_memory is not None and v.guest_memory is not None and v.status_guest_memory < v.guest_memory:
+        if grow_mem and v.status_guest_memory is not None and v.guest_memory is not None:
             memory = dict(domain.get("memory") or {})
             memory["guest"] = v.status_guest_memory.canonical()
             domain["memory"] = memory

@@ -28,7 +28,6 @@ from shared.snapshot import (
     PodSnapshot,
     VmimSnapshot,
     VmiSnapshot,
-    size_digest,
 )
 
 
@@ -38,9 +37,10 @@ def _migration_entry(
     reason: str,
     reserved: ResourceList | None = None,
     grow: ResourceList | None = None,
-    vmi: VmiSnapshot | None = None,
+    vmi_size: str = "",
+    vmi_uid: str = "",
 ) -> MigrationEntry:
-    """``vmi``: the VMI a pending migration's target is reserved for (its size digest and uid go with it)."""
+    """``vmi_size``, ``vmi_uid``: of the VMI a pending migration's target is reserved for."""
     return MigrationEntry(
         m.name,
         m.uid,
@@ -51,8 +51,8 @@ def _migration_entry(
         reserved or {},
         grow or {},
         m.rejected_by_quota,
-        size_digest(vmi.spec, vmi.annotations) if vmi is not None else "",
-        vmi.uid if vmi is not None else "",
+        vmi_size,
+        vmi_uid,
     )
 
 
@@ -128,7 +128,7 @@ class Migrations(Vms):
             # of its pods: a tenant can add a pod (one KubeVirt adopts into the VMI), never shrink KubeVirt's
             floor = source_usage
             for other in others:
-                floor = {r: min(q, other.get(r, ZERO)) for r, q in floor.items()}
+                floor = minimum(floor, other)
             grow = nonzero(minimum(grow, growth(rendered, floor)))
         estimate = add(source_usage, grow)
         if rendered is not None:
@@ -188,7 +188,9 @@ class Migrations(Vms):
         for q in self.quotas:
             q.reserved.add(t.estimate)
         self.target_reserved = add(self.target_reserved, t.estimate)
-        self.mig_entries[t.index] = _migration_entry(t.m, PENDING, "; ".join(why), t.estimate, t.grow, t.v)
+        self.mig_entries[t.index] = _migration_entry(
+            t.m, PENDING, "; ".join(why), t.estimate, t.grow, self.renderer.held_digest(t.v), t.v.uid
+        )
 
     def _room_taken(self, t: Target) -> str:
         """Why a migration KubeVirt is refused gets no room again, or "": some quota is over its budget (``U + X/k

@@ -50,18 +50,25 @@ class Holder:
         return {"uid": self.uid, "name": self.name, "reason": self.reason}
 
 
+def _reservations(usage: UsageSnapshot | None) -> list[tuple[Holder, str]]:
+    """Each reservation a usage snapshot's ``hard`` carries — an admitted VM's launcher pod, a pending migration's
+    target — as its holder (uid empty when the snapshot does not say it) and the size it was reserved at."""
+    if usage is None:
+        return []
+    uids = {v.name: v.uid for v in usage.vms if v.uid}
+    out = [(Holder(v.uid, v.name, "launcher pod"), v.vmi_size) for v in usage.vms if v.state == "admitted"]
+    out += [
+        (Holder(m.vmi_uid or uids.get(m.vmi, ""), m.vmi, f"migration {m.name}"), m.vmi_size)
+        for m in usage.migrations
+        if m.state == "pending"
+    ]
+    return out
+
+
 def holders(usage: UsageSnapshot | None) -> frozenset[Holder]:
     """The holders of the reservations a usage snapshot's ``hard`` carries: each admitted VM (its launcher pod)
     and each migration whose target is reserved (``pending``)."""
-    if usage is None:
-        return frozenset()
-    uids = {v.name: v.uid for v in usage.vms if v.uid}
-    out = {Holder(v.uid, v.name, "launcher pod") for v in usage.vms if v.state == "admitted" and v.uid}
-    for m in usage.migrations:
-        uid = m.vmi_uid or uids.get(m.vmi)
-        if m.state == "pending" and uid:
-            out.add(Holder(uid, m.vmi, f"migration {m.name}"))
-    return frozenset(out)
+    return frozenset(h for h, _ in _reservations(usage) if h.uid)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -77,18 +84,7 @@ class Sized:
 def reserved_sizes(usage: UsageSnapshot | None) -> frozenset[Sized]:
     """The VMIs whose pods a usage snapshot reserves (admitted VMs' launcher pods, pending migrations' targets),
     with the size each was reserved at."""
-    if usage is None:
-        return frozenset()
-    uids = {v.name: v.uid for v in usage.vms if v.uid}
-    admitted = {Sized(v.name, v.uid, v.vmi_size) for v in usage.vms if v.state == "admitted" and v.vmi_size}
-    return frozenset(
-        admitted
-        | {
-            Sized(m.vmi, m.vmi_uid or uids.get(m.vmi, ""), m.vmi_size)
-            for m in usage.migrations
-            if m.state == "pending" and m.vmi_size
-        }
-    )
+    return frozenset(Sized(h.name, h.uid, size) for h, size in _reservations(usage) if size)
 
 
 def still_sized(sized: Sized, obj: Mapping[str, Any] | None) -> bool:

@@ -30,6 +30,7 @@ from shared.quota.annotations import (
 )
 from shared.quota.enforcement import Action
 from shared.snapshot import QuotaSnapshot
+from tests.builders import usage_snapshot
 
 NS = "tenant-a"
 MANAGED = {MANAGED_LABEL: "true"}
@@ -74,17 +75,7 @@ def usage(
     migrations: list[contract.MigrationState] | None = None,
     seq: int = 7,
 ) -> contract.UsageSnapshot:
-    return contract.UsageSnapshot(
-        id=f"c1/usage/{NS}/{seq}",
-        source="vmquota/ledger/c1",
-        subject=NS,
-        time="2026-01-01T00:00:00.000Z",
-        cluster="c1",
-        namespace=NS,
-        seq=seq,
-        quotas=quotas or {},
-        migrations=migrations or [],
-    )
+    return usage_snapshot(NS, seq, quotas=quotas, migrations=migrations or ())
 
 
 def apply(raw: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:

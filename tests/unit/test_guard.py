@@ -22,7 +22,8 @@ NS = "t1"
 def usage(
     vms: list[contract.VmState], migrations: list[contract.MigrationState], hard: str = "64Gi"
 ) -> contract.UsageSnapshot:
-    return usage_snapshot(vms, migrations, hard=hard, namespace=NS)
+    terms = contract.QuotaTerms(mode="VmiPodUsage", budget={"limits.memory": "64Gi"}, hard={"limits.memory": hard})
+    return usage_snapshot(NS, quotas={"compute": terms}, vms=vms, migrations=migrations)
 
 
 def quota(spec: str, status: str) -> QuotaSnapshot:

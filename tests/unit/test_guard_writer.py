@@ -19,7 +19,7 @@ def usage() -> contract.UsageSnapshot:
     assert isinstance(snap, VmiSnapshot)
     size = size_digest(snap.spec, snap.annotations)
     pending = contract.MigrationState(name="m1", vmi="vm1", state="pending", vmi_size=size, vmi_uid=snap.uid)
-    return usage_snapshot([], [pending], namespace=NS)
+    return usage_snapshot(NS, migrations=[pending])
 
 
 class Api:

@@ -89,6 +89,7 @@ from tests.builders import (
     rendered_usage,
     spec_size,
     usage_of,
+    usage_snapshot,
     vmi_obj,
     vmim_obj,
 )
@@ -555,18 +556,8 @@ class Cluster:
             return
         self.body = body
         self.seq += 1
-        self.published = contract.UsageSnapshot(
-            id=f"c1/usage/{NS}/{self.seq}",
-            source="vmquota/ledger/c1",
-            subject=NS,
-            time="2025-01-02T00:00:00Z",
-            cluster="c1",
-            namespace=NS,
-            seq=self.seq,
-            quotas=body.quotas,
-            vms=body.vms,
-            migrations=body.migrations,
-            errors=body.errors,
+        self.published = usage_snapshot(
+            NS, self.seq, quotas=body.quotas, vms=body.vms, migrations=body.migrations, errors=body.errors
         )
         enforcement.check_usage(self.published)
 

@@ -22,7 +22,7 @@ from shared.kinds import (
     VMI_KIND,
     VMIM_KIND,
 )
-from shared.kubevirt.render import MEMORY_OVERHEAD_ANNOTATION
+from shared.kubevirt.render import MEMORY_OVERHEAD_ANNOTATION, RENDER_ANNOTATIONS
 from shared.podusage import pod_resources, quota_usage_of
 from shared.quantity import Quantity
 from shared.resources import ResourceList, parse_resource_list
@@ -160,7 +160,7 @@ def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
     return VmiSnapshot(
         **ident,
         labels=dict(vs.labels),  # (a VMI's own, read and checked by vmi_spec)
-        annotations=_kept_annotations(vs.annotations),
+        annotations={k: vs.annotations[k] for k in RENDER_ANNOTATIONS if k in vs.annotations},
         deletion_timestamp=_time(meta, "deletionTimestamp", "metadata"),
         phase=string(status, "phase", "status"),
         node_name=string(status, "nodeName", "status"),

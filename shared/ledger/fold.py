@@ -32,7 +32,7 @@ from shared import contract
 from shared.contract import Deleted, Snapshot, Sync, Upserted
 from shared.errors import InvalidInput
 from shared.kinds import KUBEVIRT_KIND, NAMESPACE_KIND
-from shared.snapshot import dec_hook, enc_hook, same_content
+from shared.snapshot import WIRE_SNAPSHOT, dec_hook, enc_hook, from_wire, same_content, wire_variant
 
 CLUSTER_WIDE: Final = contract.CLUSTER_TOKEN
 """The namespace key of a cluster's cluster-wide state."""
@@ -140,6 +140,8 @@ class _CkRecord(msgspec.Struct, array_like=True):
     rv: int
     seq: int
     snapshot: Snapshot | None
+    """Decoded as the events decoder reads snapshots (:data:`WIRE_SNAPSHOT`, then ``from_wire``): a state loaded
+    from a checkpoint shares and interns as a folded one does."""
 
 
 class Checkpoint(msgspec.Struct, kw_only=True, rename="camel"):
@@ -155,7 +157,10 @@ class Checkpoint(msgspec.Struct, kw_only=True, rename="camel"):
 
 
 _CK_ENCODER: Final = msgspec.json.Encoder(order="deterministic", enc_hook=enc_hook)
-_CK_DECODER: Final = msgspec.json.Decoder(Checkpoint, dec_hook=dec_hook)
+_CK_DECODER: Final = msgspec.json.Decoder(  # (records' snapshots read as the events decoder reads them)
+    wire_variant(Checkpoint, objects=list[wire_variant(_CkRecord, snapshot=WIRE_SNAPSHOT | None)]),  # type: ignore[misc]
+    dec_hook=dec_hook,
+)
 
 
 RV_HORIZON: Final = 10**12
@@ -317,7 +322,9 @@ class NamespaceState:
         st.usage_digest = ck.usage_digest
         st.floors = dict(ck.floors)
         for r in ck.objects:
-            st.objects.setdefault(r.kind, {})[r.uid] = Record(r.rv, r.seq, r.snapshot)
+            snap = from_wire(r.snapshot)
+            uid = snap.uid or r.uid if snap is not None else r.uid  # (the snapshot's interned string, as folding keys)
+            st.objects.setdefault(r.kind, {})[uid] = Record(r.rv, r.seq, snap)
         return st
 
 

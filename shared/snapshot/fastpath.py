@@ -1,10 +1,16 @@
 """The events decoder's fast path: a pod's resource lists and a VMI's kept spec recur byte for byte on the wire
 (pods of one size, VMIs of one template), so they are read as JSON text and each distinct text is decoded once.
 :func:`wire_variant` makes the Struct that reads so, :func:`from_wire` the snapshot; the results are the plain
-decoder's (tested equal)."""
+decoder's (tested equal).
+
+It is also where a ledger's memory is kept small (the snapshot types stay plain): the snapshots it makes share
+equal resource lists and specs, and their identity strings and short label values are interned (a VM's name and
+uid recur in its VMI, its pods' labels and owner references and every version of them, and a ledger keys its
+records by the uid)."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Final, Union
 
 import msgspec
@@ -12,7 +18,7 @@ import msgspec
 from shared.bounded import Bounded
 from shared.quantity import Quantity
 from shared.snapshot.hooks import dec_hook
-from shared.snapshot.sharing import shared_resources
+from shared.snapshot.sharing import NO_QUANTITIES, Shared, shared_resources
 from shared.snapshot.types import SNAPSHOT_TYPES, PodSnapshot, VmiSnapshot
 from shared.snapshot.vmispec import compact_vmi_spec
 
@@ -41,6 +47,7 @@ def wire_variant(tp: type[msgspec.Struct], **types: Any) -> Any:
         tag=config.tag,
         rename={f.name: f.encode_name for f in fields},
         forbid_unknown_fields=config.forbid_unknown_fields,
+        array_like=config.array_like,
         frozen=True,
         kw_only=True,
         gc=False,
@@ -61,6 +68,31 @@ _RESOURCES_DECODER: Final = msgspec.json.Decoder(dict[str, Quantity], dec_hook=d
 _SPEC_DECODER: Final = msgspec.json.Decoder(dict[str, Any])
 _POD_LISTS: Final[Bounded[tuple[bytes, bytes, bytes], tuple[dict[str, Quantity], ...]]] = Bounded(_MEMO_ENTRIES)
 _VMI_SPECS: Final[Bounded[bytes, dict[str, Any]]] = Bounded(_MEMO_ENTRIES)
+_intern: Final = sys.intern
+_INTERNED_VALUE_CHARS: Final = 64
+"""Label and annotation values up to this long are interned (nodes, apps, versions recur); longer ones are not."""
+
+
+_NO_STRINGS: Final[dict[str, str]] = Shared()
+"""One empty string map for every snapshot without labels, annotations or active pods (read-only, as they are)."""
+
+
+def _interned_values(values: dict[str, str]) -> dict[str, str]:
+    """``values`` (a freshly decoded dict, ours to change) with its short values interned (one empty map shared)."""
+    if not values:
+        return _NO_STRINGS
+    for k, v in values.items():
+        if len(v) <= _INTERNED_VALUE_CHARS:
+            values[k] = _intern(v)
+    return values
+
+
+def _interned_items(values: dict[str, str]) -> dict[str, str]:
+    """``values`` with keys and values interned (``status.activePods``: pod uids and nodes, both recurring)."""
+    if not values:
+        return _NO_STRINGS
+    intern = _intern
+    return {intern(k): intern(v) for k, v in values.items()}
 
 
 def _pod_from_wire(w: Any) -> PodSnapshot:
@@ -73,20 +105,21 @@ def _pod_from_wire(w: Any) -> PodSnapshot:
         if sum(map(len, key)) <= _MEMO_TEXT_BYTES:
             _POD_LISTS.keep(key, lists)
     requests, limits, usage = lists
+    intern = _intern
     return PodSnapshot(
         schema=w.schema,
-        uid=w.uid,
-        namespace=w.namespace,
-        name=w.name,
+        uid=intern(w.uid),
+        namespace=intern(w.namespace),
+        name=w.name,  # (the pod's own: nothing to share it with)
         resource_version=w.resource_version,
         creation_timestamp=w.creation_timestamp,
-        labels=w.labels,
-        phase=w.phase,
-        node_name=w.node_name,
+        labels=_interned_values(w.labels),
+        phase=intern(w.phase),
+        node_name=intern(w.node_name),
         deletion_timestamp=w.deletion_timestamp,
         deletion_grace_period_seconds=w.deletion_grace_period_seconds,
-        owner_vmi_name=w.owner_vmi_name,
-        owner_vmi_uid=w.owner_vmi_uid,
+        owner_vmi_name=intern(w.owner_vmi_name),
+        owner_vmi_uid=intern(w.owner_vmi_uid),
         requests=requests,
         limits=limits,
         usage=usage,
@@ -104,27 +137,28 @@ def _vmi_from_wire(w: Any) -> VmiSnapshot:
         spec = compact_vmi_spec(_SPEC_DECODER.decode(text))
         if len(text) <= _MEMO_TEXT_BYTES:
             _VMI_SPECS.keep(text, spec)
+    intern = _intern
     return VmiSnapshot(
         schema=w.schema,
-        uid=w.uid,
-        namespace=w.namespace,
-        name=w.name,
+        uid=intern(w.uid),
+        namespace=intern(w.namespace),
+        name=intern(w.name),
         resource_version=w.resource_version,
         creation_timestamp=w.creation_timestamp,
-        labels=w.labels,
-        annotations=w.annotations,
+        labels=_interned_values(w.labels),
+        annotations=_interned_values(w.annotations),
         deletion_timestamp=w.deletion_timestamp,
-        phase=w.phase,
-        node_name=w.node_name,
+        phase=intern(w.phase),
+        node_name=intern(w.node_name),
         vcpus=w.vcpus,
         guest_memory=w.guest_memory,
         status_vcpus=w.status_vcpus,
         status_guest_memory=w.status_guest_memory,
-        requests=w.requests,
-        limits=w.limits,
+        requests=w.requests or NO_QUANTITIES,
+        limits=w.limits or NO_QUANTITIES,
         memory_overhead=w.memory_overhead,
         migration=w.migration,
-        active_pods=w.active_pods,
+        active_pods=_interned_items(w.active_pods),
         pod_refused=w.pod_refused,
         priority_class_name=w.priority_class_name,
         spec=spec,

@@ -4,7 +4,6 @@ tells accounting anything)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, ClassVar, Final
@@ -23,10 +22,8 @@ from shared.kinds import (
 )
 from shared.quantity import Quantity
 from shared.snapshot.hooks import enc_hook
-from shared.snapshot.sharing import NO_QUANTITIES, SharedResources, shared_pod_resources
 from shared.snapshot.vmispec import SharedSpec, compact_vmi_spec
 
-_intern: Final = sys.intern
 _set: Final = msgspec.structs.force_setattr
 _VALUES: Final = msgspec.json.Encoder(enc_hook=enc_hook)
 """Field values in their wire form (:func:`same_content` compares quantities by their printed form)."""
@@ -120,7 +117,9 @@ class ScopeSelector(Part, frozen=True, kw_only=True):
 class VmiSnapshot(Snapshot, tag=VMI_KIND, frozen=True, kw_only=True):
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
-    """Annotations except kubectl's last-applied configuration (the renderer may read KubeVirt's)."""
+    """The annotations the launcher pod is rendered from (``shared.kubevirt.render.RENDER_ANNOTATIONS``): only
+    those, so that a tenant's other annotations (or the enforcer's nudge) neither change what accounting reads nor
+    grow a ledger. (Events of older versions carry all but kubectl's last-applied configuration.)"""
     deletion_timestamp: datetime | None = None
     phase: str = ""
     node_name: str = ""
@@ -150,26 +149,9 @@ class VmiSnapshot(Snapshot, tag=VMI_KIND, frozen=True, kw_only=True):
     """The parts of the VMI spec the launcher pod depends on (:func:`compact_vmi_spec`), to re-render it. Read-only:
     VMIs with the same such parts share one dict."""
 
-    def __post_init__(self) -> None:  # on construction and on decode (every VMI event the ledger folds: inlined)
-        setattr_, intern = _set, _intern
-        spec = self.spec
-        if type(spec) is not SharedSpec:  # (a shared spec is kept as it is: :func:`compact_vmi_spec`)
-            setattr_(self, "spec", compact_vmi_spec(spec))  # old writers sent the whole spec
-        # Identity strings interned: a VM's name and uid recur in its VMI, its pods' labels and owner references and
-        # every version of them, and a ledger keys its records by the uid.
-        setattr_(self, "namespace", intern(self.namespace))
-        setattr_(self, "name", intern(self.name))
-        setattr_(self, "uid", intern(self.uid))
-        setattr_(self, "phase", intern(self.phase))
-        setattr_(self, "node_name", intern(self.node_name))
-        for values in (self.labels, self.annotations):  # values interned (nodes, apps, versions recur) but long ones
-            for k, v in values.items():
-                if len(v) <= 64:
-                    values[k] = intern(v)
-        if not self.requests:
-            setattr_(self, "requests", NO_QUANTITIES)
-        if not self.limits:
-            setattr_(self, "limits", NO_QUANTITIES)
+    def __post_init__(self) -> None:
+        if type(self.spec) is not SharedSpec:  # (old writers sent the whole spec; the decoder hands out a kept one)
+            _set(self, "spec", compact_vmi_spec(self.spec))
 
     def as_object(self) -> dict[str, Any]:
         """A VMI object with what the renderer reads (metadata, spec, the published overhead)."""
@@ -236,26 +218,6 @@ class PodSnapshot(Snapshot, tag=POD_KIND, frozen=True, kw_only=True):
     best_effort: bool = False
     """BestEffort QoS: no container requests or limits CPU or memory."""
     priority_class_name: str = ""
-
-    def __post_init__(self) -> None:  # on construction and on decode (every pod event the ledger folds: inlined)
-        setattr_, intern, shared = _set, _intern, SharedResources
-        requests, limits, usage = self.requests, self.limits, self.usage
-        if (
-            type(requests) is not shared or type(limits) is not shared or type(usage) is not shared
-        ):  # (shared lists are kept as they are: the events decoder hands them out)
-            requests, limits, usage = shared_pod_resources(requests, limits, usage)
-            setattr_(self, "requests", requests)
-            setattr_(self, "limits", limits)
-            setattr_(self, "usage", usage)
-        setattr_(self, "namespace", intern(self.namespace))
-        setattr_(self, "uid", intern(self.uid))  # (the name is the pod's own: nothing to share it with)
-        setattr_(self, "phase", intern(self.phase))
-        setattr_(self, "node_name", intern(self.node_name))
-        setattr_(self, "owner_vmi_name", intern(self.owner_vmi_name))
-        setattr_(self, "owner_vmi_uid", intern(self.owner_vmi_uid))
-        labels = self.labels
-        for k, v in labels.items():
-            labels[k] = intern(v) if len(v) <= 64 else v
 
     @property
     def is_launcher(self) -> bool:

@@ -216,7 +216,7 @@ def test_pods_of_one_size_and_vmis_of_one_template_share_what_they_carry() -> No
     assert a.requests and a.requests is b.requests and a.limits is b.limits and a.usage is b.usage
     plain = contract.decode_event_plain(next(e for e in events if b'"kind":"Pod"' in e))
     assert isinstance(plain, contract.Upserted) and isinstance(plain.snapshot, PodSnapshot)
-    assert plain.snapshot.requests is a.requests, "the lists the plain decoder shares"
+    assert plain.snapshot == a and plain.snapshot.requests == a.requests, "(sharing is the fast path's alone)"
     x, y = (s for s in snaps if isinstance(s, VmiSnapshot))
     assert x.spec and x.spec is y.spec and snapshot.compact_vmi_spec(x.spec) is x.spec
 

@@ -14,7 +14,7 @@ from shared.contract import Deleted, Sync, Upserted
 from shared.errors import InvalidInput
 from shared.ledger.fold import CLUSTER_WIDE, Ledger, NamespaceState, Outcome, PartitionSet, partition_of
 from shared.quantity import Quantity
-from shared.snapshot import SNAPSHOT_TYPES
+from shared.snapshot import SNAPSHOT_TYPES, PodSnapshot
 
 Event = Upserted | Deleted | Sync
 
@@ -256,6 +256,19 @@ def test_checkpoint_round_trip_is_byte_identical() -> None:
     assert again.live("Pod") == state.live("Pod")
     with pytest.raises(InvalidInput, match="checkpoint"):
         NamespaceState.from_checkpoint(b"{}")
+
+
+def test_a_state_loaded_from_a_checkpoint_shares_what_a_folded_one_does() -> None:
+    """A restarted ledger holds as little per object as one that folded the events: equal resource lists are one
+    list, and the strings objects repeat (namespace, phase, node) are one string, and a record's key is its uid."""
+    requests = {"memory": Quantity.parse("1Gi"), "cpu": Quantity.parse("500m")}
+    state = fold([up("u1", 1, requests=requests), up("u2", 2, requests=requests)]).state("c1", "a")
+    assert state is not None
+    again = NamespaceState.from_checkpoint(state.checkpoint())
+    (k1, r1), (k2, r2) = sorted(again.objects["Pod"].items())
+    a, b = r1.snapshot, r2.snapshot
+    assert isinstance(a, PodSnapshot) and isinstance(b, PodSnapshot) and a.uid == "u1" and k1 is a.uid and k2 is b.uid
+    assert a.requests is b.requests and a.namespace is b.namespace and a.phase is b.phase
 
 
 # ---- partitions -------------------------------------------------------------------------------------------------

@@ -194,7 +194,7 @@ def test_vmi() -> None:
     assert s.memory_overhead == Quantity.parse("300Mi")
     assert format_resource_list(s.limits) == {"memory": "8Gi"}
     assert s.migration is not None and s.migration.completed and s.migration.source_node == "node-b"
-    assert s.annotations == {"kubevirt.io/x": "y"}  # last-applied dropped
+    assert s.annotations == {}  # only what the launcher pod is rendered from: last-applied and the others dropped
     assert s.priority_class_name == "high" and s.phase == "Running" and s.node_name == "node-a"
     obj = s.as_object()
     assert obj["spec"] == prune_vmi_spec(VMI["spec"]) and obj["status"]["memory"]["memoryOverhead"] == "300Mi"
@@ -769,12 +769,13 @@ def _normalizes(obj: Mapping[str, Any]) -> bool:
     return True
 
 
-def test_launcher_pods_of_one_shape_share_their_resource_lists_and_formats_are_kept() -> None:
+def test_decoded_launcher_pods_of_one_shape_share_their_resource_lists_and_formats_are_kept() -> None:
     a = normalize(POD)
     b = normalize({**POD, "metadata": {**POD["metadata"], "name": "virt-launcher-vm2-xyz", "uid": "u-2"}})
     assert isinstance(a, PodSnapshot) and isinstance(b, PodSnapshot)
-    assert a.requests is b.requests and a.limits is b.limits and a.usage is b.usage and a.requests
-    assert decode(encode(a)) == a
+    c, d = decode(encode(a)), decode(encode(b))
+    assert isinstance(c, PodSnapshot) and isinstance(d, PodSnapshot) and c == a and d == b
+    assert c.requests is d.requests and c.limits is d.limits and c.usage is d.usage and c.requests
     binary = {"memory": Quantity.parse("1Gi")}
     decimal = {"memory": Quantity.parse("1073741824")}
     assert shared_resources(binary) == shared_resources(decimal)  # equal values ...
@@ -800,6 +801,38 @@ def test_decoded_snapshots_share_their_identity_strings_and_resource_lists() -> 
     other = decode(encode(msgspec.structs.replace(vmi, requests={}, limits={}, name="vm2")))
     assert isinstance(bare, VmiSnapshot) and isinstance(other, VmiSnapshot)
     assert bare.requests == {} and bare.requests is other.limits, "one shared empty list"
+    running = decode(encode(msgspec.structs.replace(vmi, active_pods={"u-pod": "node-1"}, annotations={})))
+    assert isinstance(running, VmiSnapshot) and running.active_pods == {"u-pod": "node-1"}
+    ((pod_uid, node),) = running.active_pods.items()
+    assert pod_uid is decode(encode(msgspec.structs.replace(pod, uid="u-pod"))).uid, "an active pod's uid and its pod's"
+    assert node is a.node_name or node == "node-1"
+    assert running.annotations == {} and running.annotations is other.annotations, "one shared empty map"
+
+
+def test_a_vmi_keeps_only_the_annotations_its_launcher_pod_is_rendered_from() -> None:
+    """A tenant's other annotations (or the enforcer's nudge) are nothing accounting reads: they neither make a new
+    version worth re-accounting nor grow a ledger."""
+    hooks = '[{"image": "example.com/hook:1"}]'
+    meta = VMI["metadata"]
+    vmi = normalize(
+        {
+            **VMI,
+            "metadata": {
+                **meta,
+                "annotations": {
+                    "hooks.kubevirt.io/hookSidecars": hooks,
+                    "vmquota.io/retry": "7",
+                    "example.com/padding": "x" * 4096,
+                    "kubevirt.io/latest-observed-api-version": "v1",
+                },
+            },
+        }
+    )
+    assert isinstance(vmi, VmiSnapshot) and vmi.annotations == {"hooks.kubevirt.io/hookSidecars": hooks}
+    nudged = normalize(
+        {**VMI, "metadata": {**meta, "annotations": {**meta.get("annotations", {}), "vmquota.io/retry": "8"}}}
+    )
+    assert same_content(nudged, normalize(VMI))
 
 
 def test_same_content_ignores_only_what_accounting_does_not_read() -> None:

@@ -36,8 +36,9 @@ import structlog
 from nats.aio.msg import Msg
 
 from services.enforcer.guard import GuardWriter
+from services.enforcer.known import KnownQuotas
 from services.enforcer.kube import KubeError, Obj, QuotaApi
-from services.enforcer.options import NUDGED_MAX, EnforcerMetrics, EnforcerOptions, Key
+from services.enforcer.options import EnforcerMetrics, EnforcerOptions, Key
 from services.enforcer.quota_metrics import QuotaMetrics
 from services.enforcer.reporting import Reporter
 from services.platform.bus import Bus, position
@@ -52,7 +53,6 @@ from shared.kinds import QUOTA_KIND
 from shared.normalize import normalize
 from shared.quota import enforcement
 from shared.quota.annotations import MANAGED_LABEL
-from shared.quota.modes import is_managed
 from shared.snapshot import QuotaSnapshot, same_content
 
 log = structlog.get_logger("vmquota.enforcer")
@@ -82,16 +82,7 @@ class Enforcer:
         self._conflict_backoff = Backoff(initial=opts.conflict_backoff, maximum=opts.conflict_backoff_max, jitter=0.5)
         self._patches = TokenBucket(opts.patch_rate, max(1.0, opts.patch_rate))
         self._quota_patches: dict[Key, TokenBucket] = {}
-        self.quotas: dict[Key, QuotaSnapshot] = {}
-        self._names: dict[str, dict[str, None]] = {}
-        """namespace → names of its quotas in ``quotas`` (kept by ``_remember`` and ``_forget``, which alone write
-        ``quotas``): a usage snapshot or a sync touches one namespace, not every quota."""
-        self._gone: dict[str, int] = {}
-        """uid → resourceVersion of deleted quotas (an older upsert must not bring them back; a quota created again
-        under the same name has another uid)."""
-        self._vouched: dict[str, None] = {}
-        """uids of the quotas the API server returned labelled managed (a listing, a read, a patch's answer): only
-        those are set back to their budget when released (``shared.quota.enforcement.plan``'s ``managed``)."""
+        self.quotas = KnownQuotas()
         self._excluded: dict[Key, None] = {}
         """Quotas in excluded namespaces, reported once each."""
         self._verify: set[Key] = set()
@@ -185,7 +176,7 @@ class Enforcer:
         items = await self._list_or_log()
         for raw in items or ():
             try:
-                snap = self._remember_raw(raw, truth=True)
+                snap = self.quotas.from_api(raw, truth=True)
             except InvalidInput as e:
                 log.warning("a listed quota cannot be read", error=str(e))
                 continue
@@ -223,8 +214,8 @@ class Enforcer:
                     continue
                 if isinstance(snap, QuotaSnapshot):
                     listed.add((snap.namespace, snap.name))
-                    self._vouch(snap)
-                    if self._remember_truth(snap):
+                    self.quotas.vouch(snap)
+                    if self.quotas.remember_truth(snap):
                         self._schedule((snap.namespace, snap.name))
             for key in [k for k in self.quotas if k not in listed]:
                 self._verify.add(key)
@@ -282,7 +273,7 @@ class Enforcer:
         if isinstance(ev, contract.Sync):
             rv = contract.resource_version(ev.resource_version)
             present = set(ev.present)
-            for name in list(self._names.get(ev.namespace, ())):
+            for name in self.quotas.names(ev.namespace):
                 key = (ev.namespace, name)
                 q = self.quotas[key]
                 if q.uid not in present and q.rv_order <= rv:
@@ -293,7 +284,7 @@ class Enforcer:
         if isinstance(ev, contract.Deleted):
             held = self.quotas.get(key)
             if held is None:
-                self._gone[ev.uid] = max(rv, self._gone.get(ev.uid, -1))
+                self.quotas.deleted(ev.uid, rv)
             elif held.uid == ev.uid and held.rv_order <= rv:
                 self._gone_on_the_bus(key)
             return
@@ -303,7 +294,7 @@ class Enforcer:
         held = self.quotas.get(key)
         # A newer version is kept (its resourceVersion is the next patch's precondition); one that differs only in
         # its status (quota admission's and the quota controller's writes, on every admitted pod) changes no plan.
-        if not self._remember(snap):
+        if not self.quotas.remember(snap):
             return
         if held is None or not same_content(held, snap) or self.guard.unsynced(key):
             self._schedule(key)
@@ -356,74 +347,14 @@ class Enforcer:
             log.error("dead letter not published", error=str(e) or type(e).__name__)
 
     # ---- state -------------------------------------------------------------------------------------------------
-    def _remember(self, snap: QuotaSnapshot) -> bool:
-        """Keep ``snap`` if it is newer than what is held; True when it was kept."""
-        key = (snap.namespace, snap.name)
-        rv = snap.rv_order
-        held = self.quotas.get(key)
-        if held is not None and held.rv_order >= rv:
-            return False
-        if held is None and self._gone.get(snap.uid, -1) >= rv:
-            return False
-        self._keep(key, snap)
-        return True
-
-    def _remember_truth(self, snap: QuotaSnapshot) -> bool:
-        """Keep ``snap``, as the API server returned it, whatever version is held (a quota event with a forged
-        resourceVersion must not outrank the API server); True when its content differs from what was held."""
-        key = (snap.namespace, snap.name)
-        held = self.quotas.get(key)
-        if held is not None and held.rv_order > snap.rv_order:
-            log.warning(
-                "a quota event claimed a newer version than the API server has; the API server's is kept",
-                namespace=key[0],
-                quota=key[1],
-                event_resource_version=held.resource_version,
-                resource_version=snap.resource_version,
-            )
-        self._keep(key, snap)
-        return held is None or not same_content(held, snap)
-
-    def _vouch(self, snap: QuotaSnapshot) -> None:
-        """``snap`` came from the API server: remember whether it is labelled managed."""
-        if is_managed(snap.labels):
-            self._vouched[snap.uid] = None
-            if len(self._vouched) > NUDGED_MAX:
-                del self._vouched[next(iter(self._vouched))]
-
-    def _keep(self, key: Key, snap: QuotaSnapshot) -> None:
-        self._gone.pop(snap.uid, None)
-        self.quotas[key] = snap
-        self._names.setdefault(key[0], {})[key[1]] = None
-
-    def _remember_raw(self, raw: Obj, *, truth: bool = False) -> QuotaSnapshot:
-        """Keep a quota the API server returned: with ``truth`` (a read, a listing) whatever version is held,
-        else (a patch's answer) only when newer than what is held."""
-        snap = normalize(raw)
-        if not isinstance(snap, QuotaSnapshot):
-            raise InvalidInput(f"expected a ResourceQuota, got {type(snap).__name__}", "kind")
-        self._vouch(snap)
-        if truth:
-            self._remember_truth(snap)
-        else:
-            self._remember(snap)
-        return self.quotas.get((snap.namespace, snap.name), snap)
-
     def _forget(self, key: Key, rv: int) -> None:
-        gone = self.quotas.pop(key, None)
+        self.quotas.forget(key, rv)
         self._verify.discard(key)
-        names = self._names.get(key[0])
-        if names is not None:
-            names.pop(key[1], None)
-            if not names:
-                del self._names[key[0]]
         self._acted.pop(key, None)
         self._tell_pending.discard(key)
         self.reporter.forget(key)
         held = self.guard.forget(key)
         self._quota_patches.pop(key, None)
-        if gone is not None:
-            self._gone[gone.uid] = max(rv, self._gone.get(gone.uid, -1))
         if held and self.opts.reservation_guard and not self.opts.dry_run:
             # (the quota carries nothing any more: its holders would keep the namespace's pods out for nothing)
             self.reporter.spawn(self.guard.shrink(key[0]), f"guard-{key[0]}")
@@ -432,7 +363,7 @@ class Enforcer:
         if not self._warm:
             self._held.add(namespace)
             return
-        for name in list(self._names.get(namespace, ())):
+        for name in self.quotas.names(namespace):
             self._schedule((namespace, name))
 
     def _schedule(self, key: Key) -> None:
@@ -512,7 +443,7 @@ class Enforcer:
             usage = self.usage.get(ns)
             charged = quota.status_used if quota is fresh else None
             p = enforcement.plan(
-                quota, usage, self._acted.get(key), managed=quota.uid in self._vouched, charged=charged
+                quota, usage, self._acted.get(key), managed=self.quotas.vouched(quota), charged=charged
             )
             if (
                 p.raises
@@ -581,7 +512,7 @@ class Enforcer:
                 self.own.conflict_retries.labels(source="read").inc()
                 quota = fresh = await self._read(key, quota)
                 continue
-            after = self._remember_raw(raw)
+            after = self.quotas.from_api(raw)
             if self.opts.reservation_guard:
                 await self.guard.after(key, after, usage)
             self.patched += 1
@@ -611,7 +542,7 @@ class Enforcer:
     async def _read(self, key: Key, held: QuotaSnapshot) -> QuotaSnapshot | None:
         """The quota as the API server has it now (kept whatever version was held); None when it is gone."""
         try:
-            return self._remember_raw(await self.kube.get_quota(*key), truth=True)
+            return self.quotas.from_api(await self.kube.get_quota(*key), truth=True)
         except KubeError as e:
             if e.not_found:
                 self._forget(key, held.rv_order)

@@ -105,6 +105,8 @@ async def main(args: argparse.Namespace) -> int:
     f = opsbus.Filter.from_args(args)
     now = datetime.now(UTC)
     at = opsbus.parse_since(args.at, now, "--at") if args.at is not None else None
+    at_ns = nanos(at) if at is not None else None
+    when = at or now
     nc = await opsbus.connect(args)
     try:
         js = nc.jetstream()
@@ -114,7 +116,6 @@ async def main(args: argparse.Namespace) -> int:
             raise InvalidInput(
                 f"sequence {args.until_seq} is before the retained history (from {first})", "--until-seq"
             )
-        at_ns = nanos(at) if at is not None else None
         checks: list[tuple[int, int, contract.Decision | contract.UsageSnapshot]] = []
         if args.verify:
             for m in await opsbus.read(js, contract.DECISIONS_STREAM, f.subject("quota")):
@@ -138,9 +139,9 @@ async def main(args: argparse.Namespace) -> int:
         nxt = next(pending, None)
         async for m in opsbus.messages(js, contract.EVENTS_STREAM, cluster_subject):
             seq, _, _, stored = position(m)  # (the reply subject's time: nats-py's metadata costs ten times more)
-            if at is not None and at_ns is not None and r.events == 0 and stored > at_ns:
+            if at_ns is not None and r.events == 0 and stored > at_ns:
                 raise InvalidInput(
-                    f"{at.isoformat()} is before the retained history (the events stream starts at "
+                    f"{when.isoformat()} is before the retained history (the events stream starts at "
                     f"{_stamp(m).isoformat()})",
                     "--at",
                 )
@@ -155,7 +156,6 @@ async def main(args: argparse.Namespace) -> int:
             _check(r, nxt, differences, checked)
             nxt = next(pending, None)
         progress.update(r.events, final=True)
-        when = at or now
         usage = [
             r.usage(c, ns, when)
             for c, ns in r.ledger.namespaces()

@@ -12,7 +12,7 @@ from typing import Any, Final, Protocol, cast
 
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
-from services.platform.kube import KubeError, Obj, call_bytes, call_object
+from services.platform.kube import KubeError, Obj, call_bytes, call_object, call_object_or_none
 from shared.kinds import QUOTA_KIND
 from shared.quota import guard
 from shared.quota.annotations import NUDGE_ANNOTATION
@@ -101,37 +101,27 @@ class KubeQuotas:
         """The VMI as the API server has it now (a quorum read), None when there is none (RBAC: ``get`` on
         ``virtualmachineinstances``): with the reservation guard, the size a migration target's room is opened for
         is checked against it."""
-        try:
-            return await call_object(
-                self.custom.get_namespaced_custom_object,
-                "kubevirt.io",
-                "v1",
-                namespace,
-                "virtualmachineinstances",
-                name,
-                _request_timeout=self.timeout,
-            )
-        except KubeError as e:
-            if e.not_found:
-                return None
-            raise
+        return await call_object_or_none(
+            self.custom.get_namespaced_custom_object,
+            "kubevirt.io",
+            "v1",
+            namespace,
+            "virtualmachineinstances",
+            name,
+            _request_timeout=self.timeout,
+        )
 
     async def get_reservation(self, namespace: str) -> Obj | None:
         """The namespace's QuotaReservation, None when there is none (RBAC: ``get``)."""
-        try:
-            return await call_object(
-                self.custom.get_namespaced_custom_object,
-                guard.GROUP,
-                guard.VERSION,
-                namespace,
-                guard.PLURAL,
-                guard.NAME,
-                _request_timeout=self.timeout,
-            )
-        except KubeError as e:
-            if e.not_found:
-                return None
-            raise
+        return await call_object_or_none(
+            self.custom.get_namespaced_custom_object,
+            guard.GROUP,
+            guard.VERSION,
+            namespace,
+            guard.PLURAL,
+            guard.NAME,
+            _request_timeout=self.timeout,
+        )
 
     async def put_reservation(self, namespace: str, body: Obj, resource_version: str) -> str:
         """Write the namespace's QuotaReservation ``body`` (:mod:`shared.quota.guard`) over the version the caller last

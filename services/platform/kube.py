@@ -130,3 +130,13 @@ async def call_object(fn: Callable[..., Awaitable[Any]], *args: Any, **kw: Any) 
     if not isinstance(obj, dict):
         raise KubeError(NETWORK, "BadResponse", "the response is not an object")
     return obj
+
+
+async def call_object_or_none(fn: Callable[..., Awaitable[Any]], *args: Any, **kw: Any) -> Obj | None:
+    """:func:`call_object`, None when the object does not exist (404): a read of one object that may be gone."""
+    try:
+        return await call_object(fn, *args, **kw)
+    except KubeError as e:
+        if e.not_found:
+            return None
+        raise

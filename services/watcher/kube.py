@@ -21,7 +21,15 @@ import aiohttp
 import msgspec
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
-from services.platform.kube import NETWORK, KubeError, Obj, call, call_bytes, call_object, error_from_status
+from services.platform.kube import (
+    NETWORK,
+    KubeError,
+    Obj,
+    call,
+    call_bytes,
+    call_object_or_none,
+    error_from_status,
+)
 from services.platform.kube import decode_json as _decode
 
 __all__ = ["KubeError", "Obj", "ResourceSpec", "Timeouts", "error_from_status", "list_pages", "read", "watch"]
@@ -177,22 +185,15 @@ async def read(
 ) -> Obj | None:
     """One namespaced custom object of ``spec`` as the API server has it now (a quorum read); None when it does not
     exist."""
-    custom = CustomObjectsApi(api)
-    try:
-        obj = await call_object(
-            custom.get_namespaced_custom_object,
-            spec.group,
-            spec.version,
-            namespace,
-            spec.plural,
-            name,
-            _request_timeout=timeouts.for_list(),
-        )
-    except KubeError as e:
-        if e.not_found:
-            return None
-        raise
-    return obj
+    return await call_object_or_none(
+        CustomObjectsApi(api).get_namespaced_custom_object,
+        spec.group,
+        spec.version,
+        namespace,
+        spec.plural,
+        name,
+        _request_timeout=timeouts.for_list(),
+    )
 
 
 def _retrieve(task: asyncio.Task[ListPage]) -> None:

@@ -59,7 +59,8 @@ from shared.kinds import (
     VMI_KIND,
     VMIM_KIND,
 )
-from shared.snapshot import REJECTED_BY_QUOTA, labelled_launcher
+from shared.normalize import normalize
+from shared.snapshot import VmimSnapshot, labelled_launcher
 
 FAILED_CREATE_SELECTOR: Final = "involvedObject.kind=VirtualMachineInstance,reason=FailedCreate"
 
@@ -375,14 +376,14 @@ class MigrationListWatch(ListWatch):
 
 def _rejected_by_quota(obj: Obj) -> bool:
     """A migration still waiting for its target (``Pending``: KubeVirt has not created it) whose last try quota
-    refused: the ledger reserves its target now. (Later phases have their target: nothing to read for.)"""
-    status = obj.get("status")
-    if not isinstance(status, dict) or status.get("phase") not in (None, "", "Pending"):
+    refused: the ledger reserves its target now. (Later phases have their target: nothing to read for.) Read as
+    accounting reads it (the normaliser's snapshot); an object that does not normalise is dead-lettered by
+    ``handle``."""
+    try:
+        snap = normalize(obj)
+    except InvalidInput:
         return False
-    conditions = status.get("conditions")
-    return isinstance(conditions, list) and any(
-        isinstance(c, dict) and c.get("type") == REJECTED_BY_QUOTA and c.get("status") == "True" for c in conditions
-    )
+    return isinstance(snap, VmimSnapshot) and snap.rejected_by_quota and snap.phase in ("", "Pending")
 
 
 class QuotaListWatch(ListWatch):

@@ -91,7 +91,7 @@ class Renderer:
     """Renders launcher pods of VMI snapshots for one namespace; remembers failures as errors. With ``memoize``,
     estimates are remembered per (VMI uid, resourceVersion, namespace facts) in the configuration's cache."""
 
-    def __init__(self, config: KubeVirtConfig, facts: NamespaceFacts, memo: Memo | None) -> None:
+    def __init__(self, config: KubeVirtConfig, facts: NamespaceFacts, memo: Memo) -> None:
         self.config = config
         self.facts = facts
         self.errors: list[str] = []
@@ -109,8 +109,6 @@ class Renderer:
     def _memoized(self, v: VmiSnapshot, what: str, compute: Callable[[], Any]) -> Any:
         """``compute()`` and the errors it reports, remembered for this VMI snapshot."""
         memo = self.memo
-        if memo is None:
-            return compute()
         slot = ("vmi", v.uid or v.name, what)
         key = (v.resource_version, v.name, self.facts_key)
         hit = memo.get_latest(slot, key, (v,))

@@ -1,6 +1,7 @@
 """The incremental accelerator's memory: values derived from objects, kept per slot with the very objects they
-came from (:class:`Memo`), one per KubeVirt configuration, kept here beside it. Accounting with ``memoize=False``
-uses none of it and gives the same result (the reference the tests compare with).
+came from (:class:`Memo`), one per KubeVirt configuration, kept here beside it. The accounting passes are written
+once, asking their memo for each value they derive; accounting with ``memoize=False`` gets :data:`NO_MEMO`, which
+remembers nothing (every value is computed), and gives the same result: the reference the tests compare with.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ class Memo:
     written go first when it is full."""
 
     __slots__ = ("_latest", "_maxsize", "_next_token", "_tokens")
+
+    remembers: bool = True
+    """False for :class:`NoMemo` (what only an accelerator does, such as chunked sums, is then not done)."""
 
     def __init__(self, maxsize: int) -> None:
         self._latest: dict[Hashable, tuple[Hashable, tuple[object, ...], Any]] = {}
@@ -77,6 +81,35 @@ class Memo:
         return t
 
 
+class NoMemo(Memo):
+    """A memo that remembers nothing: every value asked for is computed (the plain reference accounting)."""
+
+    __slots__ = ()
+
+    remembers = False
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+    def get_latest(self, slot: Hashable, key: Hashable, objs: tuple[Snapshot, ...] | None = None) -> Any:
+        return MISS
+
+    def latest(
+        self, slot: Hashable, key: Hashable, objs: tuple[object, ...], compute: Callable[..., Any], *args: Any
+    ) -> Any:
+        return compute(*args)
+
+    def last(self, slot: Hashable) -> tuple[Hashable, tuple[object, ...], Any] | None:
+        return None
+
+    def put_latest(self, slot: Hashable, key: Hashable, objs: tuple[object, ...], value: Any) -> None:
+        return None
+
+    def token(self, value: Hashable) -> int:
+        return -1
+
+
+NO_MEMO: Final = NoMemo()
 MISS: Final = object()
 _MEMO_SIZE: Final = 65536
 """Memo slots per KubeVirt configuration: three or four per VM (estimates, its entry, its pods' entries) and a few

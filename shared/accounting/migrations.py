@@ -99,13 +99,10 @@ class Migrations(Vms):
             return _migration_entry(m, WAITING, "the VMI has no running launcher pod")
         source_pod, source_usage = _pick_source(sources, v)
         others = tuple(u for p, u in sources if p is not source_pod)
-        memo = self.memo
-        if memo is None:
-            estimate, grow, reasons = self._target_estimate(v, source_pod, source_usage, *others)
-        else:  # (a function of the VMI and the VM's pods, as long as they are the same objects)
-            slot = ("target", self.namespace, vm_key(v))
-            args = (v, source_pod, source_usage, *others)
-            estimate, grow, reasons = memo.latest(slot, tuple(map(id, args)), args, self._target_estimate, *args)
+        # (a function of the VMI and the VM's pods, as long as they are the same objects)
+        slot = ("target", self.namespace, vm_key(v))
+        args = (v, source_pod, source_usage, *others)
+        estimate, grow, reasons = self.memo.latest(slot, tuple(map(id, args)), args, self._target_estimate, *args)
         why = list(reasons)
         if m.rejected_by_quota:  # (a status condition only KubeVirt writes: it really tried to create the pod)
             refused = self._refusals(v, m.creation_timestamp)
@@ -146,16 +143,12 @@ class Migrations(Vms):
         would be open to any pod). A hotplug's growth in the mode's terms is new usage, admitted in creation order
         like a new VM (``admit``); one that does not fit gets no room and the VM keeps its current size."""
         cur = self.vm_entries[vm_key(t.v)]
-        memo = self.memo
-        if memo is None:
-            grown = self._grown(t, cur)
-        else:
-            # a function of the VMI, its entry (memoised: the same object while unchanged), the estimate and the
-            # quotas; the estimate by value and wire format (it is built anew on every accounting)
-            est = tuple((r, q.nanos, q.format) for r, q in t.estimate.items())
-            memo_key = (id(t.v), id(cur), est, self.quotas_key)
-            slot = ("grown", self.namespace, vm_key(t.v))
-            grown = memo.latest(slot, memo_key, (t.v, cur), self._grown, t, cur)
+        # a function of the VMI, its entry (memoised: the same object while unchanged), the estimate and the
+        # quotas; the estimate by value and wire format (it is built anew on every accounting)
+        est = tuple((r, q.nanos, q.format) for r, q in t.estimate.items())
+        memo_key = (id(t.v), id(cur), est, self.quotas_key)
+        slot = ("grown", self.namespace, vm_key(t.v))
+        grown = self.memo.latest(slot, memo_key, (t.v, cur), self._grown, t, cur)
         why = list(t.why)
         if admit:
             misfit, parts = self._misfits(grown)

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 from shared.accounting.admission import Admission
 from shared.accounting.estimates import Renderer
-from shared.accounting.memo import config_of, memo_of
+from shared.accounting.memo import NO_MEMO, config_of, memo_of
 from shared.accounting.results import (
     MigrationEntry,
     NamespaceUsage,
@@ -160,7 +160,7 @@ class _Accounting(Admission):
             if note is not None:
                 self.errors.append(note)
         self.config = config
-        self.memo = memo_of(config) if memoize else None
+        self.memo = memo_of(config) if memoize else NO_MEMO
         self._shared_lists = kinds is not None
         self.vmis: list[VmiSnapshot] = self._ordered(VMI_KIND)
         self.vmims: list[VmimSnapshot] = self._ordered(VMIM_KIND)
@@ -175,11 +175,7 @@ class _Accounting(Admission):
             quota_has_limits_memory="limits.memory" in hard_keys,
         )
         self.renderer = Renderer(config, facts, self.memo)
-        self.quotas_key = (
-            -1
-            if self.memo is None
-            else self.memo.token(tuple((q.policy.name, q.policy.mode, q.ratio) for q in self.quotas))
-        )
+        self.quotas_key = self.memo.token(tuple((q.policy.name, q.policy.mode, q.ratio) for q in self.quotas))
         """What a VM's counts depend on besides the VM: the quotas' names, modes and ratios."""
         self.vouched: dict[str, VmiSnapshot] = {pod: v for v in self.vmis for pod in v.active_pods}
         """Launcher pods by uid, as KubeVirt names them in its VMIs' ``status.activePods``."""
@@ -252,16 +248,15 @@ class _Accounting(Admission):
         list object as in the namespace's last accounting (a ledger view shares a kind's list until the kind
         changes, and never changes it in place) is the one computed then."""
         objs = self._unordered[kind]
-        memo = self.memo
-        if memo is None or not self._shared_lists:
+        if not self._shared_lists:
             return _order(objs)
-        return memo.latest(("order", self.namespace, kind), id(objs), (objs,), _order, objs)  # type: ignore[no-any-return]
+        return self.memo.latest(("order", self.namespace, kind), id(objs), (objs,), _order, objs)  # type: ignore[no-any-return]
 
     def _policies(self, policies: Sequence[QuotaPolicy] | None) -> list[QuotaSums]:
         memo = self.memo
         kv_ratio, overcommit = self.config.cpu_allocation_ratio, self.config.memory_overcommit
         terms: list[tuple[QuotaPolicy, Fraction, dict[str, Fraction | None]]] | None = None
-        if policies is None and memo is not None:
+        if policies is None:
             # (a function of the quota objects and the configuration: the same while they are the same objects)
             slot = ("policies", self.namespace)
             key = (tuple(map(id, self.quota_objs)), kv_ratio, overcommit)
@@ -272,9 +267,9 @@ class _Accounting(Admission):
         if terms is None:
             before = len(self.errors)
             terms = self._quota_terms(policies, kv_ratio, overcommit)
-            if policies is None and memo is not None:
+            if policies is None:
                 memo.put_latest(slot, key, tuple(self.quota_objs), (terms, self.errors[before:]))
-        alike: dict[tuple[int, ...], tuple[tuple[object, ...], SumValue]] | None = None if memo is None else {}
+        alike: dict[tuple[int, ...], tuple[tuple[object, ...], SumValue]] = {}
         out: list[QuotaSums] = []
         for pol, ratio, factors in terms:
             terms_ = ("U", "P", "S", "D", "X", "W")

@@ -49,10 +49,6 @@ class Pods(State):
         """Each pod's entry and what it adds to ``P`` and ``U``. With a memo, the whole pass is remembered: it
         depends on the pods, on the VMIs' and migrations' names and uids (owners, reasons), on the quotas and on
         ``now`` only for pods being deleted."""
-        memo = self.memo
-        if memo is None:
-            self._apply_pods(self._pods_pass())
-            return
         deleting = tuple(
             counts_for_compute(p.phase, p.deletion_timestamp, p.deletion_grace_period_seconds, self.now)
             for p in self.pods
@@ -66,7 +62,7 @@ class Pods(State):
             deleting,
             self.quotas_key,
         )
-        self._apply_pods(memo.latest(("pods", self.namespace), key, tuple(self.pods), self._pods_pass))
+        self._apply_pods(self.memo.latest(("pods", self.namespace), key, tuple(self.pods), self._pods_pass))
 
     def _apply_pods(self, found: PodsFound) -> None:
         entries, launchers, pod_usage, accounted = found
@@ -89,14 +85,11 @@ class Pods(State):
             active = counts_for_compute(p.phase, p.deletion_timestamp, p.deletion_grace_period_seconds, now)
             v = self._owner(p)
             mig = self.vmim_by_uid.get(p.migration_job_uid) if p.migration_job_uid else None
-            if memo is None:
-                entry = self._pod_entry(p, v, active, mig)
-            else:
-                # an entry is a function of the pod, whether it is charged for compute and whose it is
-                owner = None if v is None else (v.uid, v.name)
-                key = (id(p), active, owner, mig.name if mig is not None else None)
-                slot = ("pod", self.namespace, p.uid or p.name)
-                entry = memo.latest(slot, key, (p,), self._pod_entry, p, v, active, mig)
+            # an entry is a function of the pod, whether it is charged for compute and whose it is
+            owner = None if v is None else (v.uid, v.name)
+            key = (id(p), active, owner, mig.name if mig is not None else None)
+            slot = ("pod", self.namespace, p.uid or p.name)
+            entry = memo.latest(slot, key, (p,), self._pod_entry, p, v, active, mig)
             charged = entry.charged
             pod_usage.append(charged)
             if v is not None and active:  # a VM's running launcher pod: it counts through its VM

@@ -113,7 +113,7 @@ class State:
     namespace: str
     errors: list[str]
     config: KubeVirtConfig
-    memo: Memo | None
+    memo: Memo
     vmis: list[VmiSnapshot]
     vmims: list[VmimSnapshot]
     pods: list[PodSnapshot]

@@ -79,7 +79,7 @@ class Sum:
         alike: dict[tuple[int, ...], tuple[tuple[object, ...], SumValue]] | None = None,
     ) -> None:
         self.nanos: dict[str, int] = {}
-        self.memo = memo
+        self.memo = memo if memo is not None and memo.remembers else None  # (no memory: added one by one)
         self.slot = slot
         """Which sum this is (namespace, quota, term), where its latest total is remembered."""
         self.alike = alike

@@ -40,15 +40,11 @@ class Vms(Pods):
         """Running VMs always count; the others are stopped or wait for admission. With a memo, the whole pass is
         remembered: it depends on the VMIs, their launcher pods (the pod pass's result), the active migrations and
         the quotas."""
-        memo = self.memo
-        if memo is None:
-            self._apply_vms(self._vms_pass())
-            return
         objs = (*self.vmis, self.launchers)
         # (the active migrations decide whose pods are targets)
         active = tuple(sorted((m.uid, m.vmi_name) for m in self.vmims if m.active and m.uid))
         key = ("vms", tuple(map(id, objs)), active, self.quotas_key)
-        self._apply_vms(memo.latest(("vms", self.namespace), key, objs, self._vms_pass))
+        self._apply_vms(self.memo.latest(("vms", self.namespace), key, objs, self._vms_pass))
 
     def _apply_vms(self, found: VmsFound) -> None:
         entries, pending, accounted, overlap, unvouched, takes = found
@@ -90,14 +86,11 @@ class Vms(Pods):
                     pending.append(v)
                 continue
             migrating = self._migrating(v, vm_pods)
-            if memo is None:
-                entry = self._running_vm(v, vm_pods, migrating)
-            else:
-                # the entry is a function of the VMI, its active launcher pods, whether it migrates and the quotas
-                memo_obj = (v, *(p for p, _ in vm_pods))
-                memo_slot = ("running", namespace, key)
-                memo_key = (tuple(map(id, memo_obj)), migrating, quotas_key)
-                entry = memo.latest(memo_slot, memo_key, memo_obj, self._running_vm, v, vm_pods, migrating)
+            # the entry is a function of the VMI, its active launcher pods, whether it migrates and the quotas
+            memo_obj = (v, *(p for p, _ in vm_pods))
+            memo_slot = ("running", namespace, key)
+            memo_key = (tuple(map(id, memo_obj)), migrating, quotas_key)
+            entry = memo.latest(memo_slot, memo_key, memo_obj, self._running_vm, v, vm_pods, migrating)
             counts, takes_of = entry.counts, entry.taken
             for name, added, took in every:
                 added.append(counts[name])

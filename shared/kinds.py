@@ -13,6 +13,8 @@ QUOTA_KIND: Final = "ResourceQuota"
 NAMESPACE_KIND: Final = "Namespace"
 KUBEVIRT_KIND: Final = "KubeVirt"
 EVENT_KIND: Final = "Event"
+RESERVATION_KIND: Final = "QuotaReservation"
+"""vmquota's own kind: the reservation guard's parameter (``shared.quota.guard``)."""
 
 CLUSTER_SCOPED_KINDS: Final = frozenset({NAMESPACE_KIND, KUBEVIRT_KIND})
 """Kinds that hold for the whole cluster: every namespace's accounting reads them, and the bus publishes them under

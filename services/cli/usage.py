@@ -46,9 +46,9 @@ from shared.snapshot import (
     SUPPORTED_KINDS,
     AnySnapshot,
     KubeVirtSnapshot,
-    NamespaceSnapshot,
     QuotaSnapshot,
     VmiSnapshot,
+    is_cluster_scoped,
 )
 from shared.vmi import object_ref
 
@@ -225,11 +225,10 @@ def account_all(
 ) -> dict[str, NamespaceUsage]:
     """Each namespace against its managed quotas in ``snapshots`` (as the ledger), else in ``policy`` without a
     budget, else skipped (with a note)."""
-    cluster_scoped = (NamespaceSnapshot, KubeVirtSnapshot)
-    shared = [s for s in snapshots if isinstance(s, cluster_scoped)]  # (each namespace reads them)
+    shared = [s for s in snapshots if is_cluster_scoped(s)]  # (each namespace reads them)
     by_namespace: dict[str, list[AnySnapshot]] = {}
     for s in snapshots:
-        if s.namespace and not isinstance(s, cluster_scoped):
+        if s.namespace and not is_cluster_scoped(s):
             by_namespace.setdefault(s.namespace, []).append(s)
     out: dict[str, NamespaceUsage] = {}
     for ns in sorted(by_namespace):

@@ -49,6 +49,7 @@ from shared.snapshot import (
     Snapshot,
     VmimSnapshot,
     VmiSnapshot,
+    is_cluster_scoped,
 )
 
 ACCOUNTED_KINDS: Final[frozenset[str]] = frozenset(
@@ -144,11 +145,7 @@ class _Accounting(Admission):
         else:
             objs = list(objects) if distinct else _latest(objects)
             if namespace is None:
-                names = {
-                    s.namespace
-                    for s in objs
-                    if s.namespace and not isinstance(s, (NamespaceSnapshot, KubeVirtSnapshot))
-                }
+                names = {s.namespace for s in objs if s.namespace and not is_cluster_scoped(s)}
                 if len(names) > 1:
                     raise InvalidInput(f"objects of several namespaces given: {', '.join(sorted(names))}", "namespace")
                 namespace = names.pop() if names else ""

@@ -300,6 +300,66 @@ def _overcommit(raw: object, where: str) -> int:
 # ---- the configuration ----------------------------------------------------------------------------------------
 
 
+EPHEMERAL_STORAGE: Final = Quantity.parse("50M")
+"""What KubeVirt adds to a launcher pod's ephemeral-storage (and a container disk's request)."""
+
+# (requests, limits) of the support containers; "guaranteed" is the variant under dedicated CPUs / Guaranteed QoS
+_DISK_REQ: Final = {"cpu": Quantity.parse("1m"), "memory": Quantity.parse("1M")}
+_DISK_LIM: Final = {"cpu": Quantity.parse("10m"), "memory": Quantity.parse("40M")}
+_BINARY_REQ: Final = {"cpu": Quantity.parse("10m"), "memory": Quantity.parse("1M")}
+_BINARY_LIM: Final = {"cpu": Quantity.parse("100m"), "memory": Quantity.parse("40M")}
+_BINARY_GUARANTEED: Final = {"cpu": Quantity.parse("10m"), "memory": Quantity.parse("40M")}
+_CONSOLE_REQ: Final = {"cpu": Quantity.parse("5m"), "memory": Quantity.parse("35M")}
+_CONSOLE_LIM: Final = {"cpu": Quantity.parse("15m"), "memory": Quantity.parse("60M")}
+_VIRTIOFS_REQ: Final = {"cpu": Quantity.parse("10m"), "memory": Quantity.parse("1M")}
+_VIRTIOFS_LIM: Final = {"cpu": Quantity.parse("100m"), "memory": Quantity.parse("80M")}
+_SIDECAR_GUARANTEED: Final = {"cpu": Quantity.parse("200m"), "memory": Quantity.parse("64M")}
+_CPU_MEM: Final = ("cpu", "memory")
+
+
+def _over(base: Mapping[str, Quantity], override: Mapping[str, Quantity]) -> ResourceList:
+    """``base`` with cpu/memory replaced by ``override`` (``supportContainerResources`` sets only those two)."""
+    out = dict(base)
+    for k in _CPU_MEM:
+        if k in override:
+            out[k] = override[k]
+    return out
+
+
+def _support_table(
+    scr: Mapping[str, tuple[ResourceList, ResourceList]], guaranteed: bool
+) -> dict[str, tuple[ResourceList, ResourceList]]:
+    """(requests, limits) of each support container for this configuration, with ``supportContainerResources``
+    applied and, under dedicated CPUs / Guaranteed QoS, requests raised to limits."""
+    table: dict[str, tuple[ResourceList, ResourceList]] = {}
+    o_req, o_lim = scr.get(GUEST_CONSOLE_LOG, ({}, {}))
+    lim = _over(_CONSOLE_LIM, o_lim)
+    table["console"] = (dict(lim) if guaranteed else _over(_CONSOLE_REQ, o_req), lim)
+    o_req, o_lim = scr.get(CONTAINER_DISK, ({}, {}))
+    lim = _over(_DISK_LIM, o_lim)
+    req = _over(lim if guaranteed else _over(_DISK_REQ, o_req), {})
+    req["ephemeral-storage"] = EPHEMERAL_STORAGE
+    table["disk"] = (req, lim)
+    if guaranteed:
+        b = _over(_BINARY_GUARANTEED, o_lim)
+        table["binary"] = (dict(b), b)
+    else:
+        table["binary"] = (_over(_BINARY_REQ, o_req), _over(_BINARY_LIM, o_lim))
+    o_req, o_lim = scr.get(VIRTIOFS, ({}, {}))
+    lim = _over(_VIRTIOFS_LIM, o_lim)
+    table["virtiofs"] = (dict(lim) if guaranteed else _over(_VIRTIOFS_REQ, o_req), lim)
+    o_req, o_lim = scr.get(SIDECAR, ({}, {}))
+    if guaranteed:
+        lim = _over(_SIDECAR_GUARANTEED, o_lim)
+        table["sidecar"] = (dict(lim), lim)
+    else:
+        table["sidecar"] = (_over({}, o_req), _over({}, o_lim))
+    for req, lim in table.values():  # API-server defaulting, once
+        for k, v in lim.items():
+            req.setdefault(k, v)
+    return table
+
+
 @dataclass(frozen=True)
 class KubeVirtConfig:
     """The KubeVirt CR settings that shape launcher pods. Validated on construction."""
@@ -338,8 +398,10 @@ class KubeVirtConfig:
     (the VmiMemoryOverheadReport gate: v1.8+, on by default from v1.9, GA on main)."""
     iommufd: bool = field(init=False, compare=False, repr=False)
     """Every launcher pod asks for ``devices.kubevirt.io/iommufd`` (the IOMMUFD gate, v1.9+)."""
-    cache: dict[Any, Any] = field(init=False, compare=False, repr=False, default_factory=dict)
-    """Values derived from this configuration, filled lazily by the renderer (the config is immutable)."""
+    support: Mapping[bool, Mapping[str, tuple[ResourceList, ResourceList]]] = field(
+        init=False, compare=False, repr=False
+    )
+    """(requests, limits) of each support container, by whether the pod is Guaranteed (``_support_table``)."""
 
     def __post_init__(self) -> None:
         setattr_ = object.__setattr__
@@ -357,6 +419,8 @@ class KubeVirtConfig:
         setattr_(self, "image_volume", self.gate(IMAGE_VOLUME_GATE))
         setattr_(self, "memory_overhead_report", self.gate(MEMORY_OVERHEAD_REPORT_GATE))
         setattr_(self, "iommufd", self.gate(IOMMUFD_GATE))
+        scr = self.support_container_resources
+        setattr_(self, "support", {g: _support_table(scr, g) for g in (False, True)})
         mode = self.profile.auto_limits
         setattr_(
             self,

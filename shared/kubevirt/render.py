@@ -22,12 +22,9 @@ from shared.errors import InvalidInput
 from shared.fields import boolean, mapping, objects
 from shared.kinds import VM_KIND
 from shared.kubevirt.config import (
-    CONTAINER_DISK,
-    GUEST_CONSOLE_LOG,
+    EPHEMERAL_STORAGE,
     LATEST_MINOR,
     RENDERER,
-    SIDECAR,
-    VIRTIOFS,
     WEBHOOK_GUEST,
     KubeVirtConfig,
     parse_go_float,
@@ -61,30 +58,7 @@ RENDER_ANNOTATIONS: Final = (
 DEFAULT_MEMORY_LIMITS_RATIO: Final = 2.0
 
 _Q = Quantity.parse
-_EPHEMERAL: Final = _Q("50M")
 _ONE: Final = _Q("1")
-
-# (requests, limits) of the support containers; "guaranteed" is the variant under dedicated CPUs / Guaranteed QoS
-_DISK_REQ: Final = {"cpu": _Q("1m"), "memory": _Q("1M")}
-_DISK_LIM: Final = {"cpu": _Q("10m"), "memory": _Q("40M")}
-_BINARY_REQ: Final = {"cpu": _Q("10m"), "memory": _Q("1M")}
-_BINARY_LIM: Final = {"cpu": _Q("100m"), "memory": _Q("40M")}
-_BINARY_GUARANTEED: Final = {"cpu": _Q("10m"), "memory": _Q("40M")}
-_CONSOLE_REQ: Final = {"cpu": _Q("5m"), "memory": _Q("35M")}
-_CONSOLE_LIM: Final = {"cpu": _Q("15m"), "memory": _Q("60M")}
-_VIRTIOFS_REQ: Final = {"cpu": _Q("10m"), "memory": _Q("1M")}
-_VIRTIOFS_LIM: Final = {"cpu": _Q("100m"), "memory": _Q("80M")}
-_SIDECAR_GUARANTEED: Final = {"cpu": _Q("200m"), "memory": _Q("64M")}
-_CPU_MEM: Final = ("cpu", "memory")
-
-
-def _over(base: Mapping[str, Quantity], override: Mapping[str, Quantity]) -> ResourceList:
-    """``base`` with cpu/memory replaced by ``override`` (``supportContainerResources`` sets only those two)."""
-    out = dict(base)
-    for k in _CPU_MEM:
-        if k in override:
-            out[k] = override[k]
-    return out
 
 
 def _container(
@@ -155,9 +129,9 @@ def _compute(
     calc_lim: ResourceList = {}
 
     # ephemeral storage for KubeVirt's own files
-    vm_req["ephemeral-storage"] = vm_req.get("ephemeral-storage", ZERO) + _EPHEMERAL
+    vm_req["ephemeral-storage"] = vm_req.get("ephemeral-storage", ZERO) + EPHEMERAL_STORAGE
     if "ephemeral-storage" in vm_lim:
-        vm_lim["ephemeral-storage"] = vm_lim["ephemeral-storage"] + _EPHEMERAL
+        vm_lim["ephemeral-storage"] = vm_lim["ephemeral-storage"] + EPHEMERAL_STORAGE
 
     # memory request: v1.6.2 overcommits whatever request the VMI has (WithMemoryOvercommit); v1.6.4+ derives a
     # missing one from the limit, else guest (or hugepage size) x 100 / overcommit, for every VMI (WithMemoryRequests);
@@ -320,44 +294,6 @@ def _overcommit_guest_overhead(vmi: VmiSpec) -> bool:
 # ---- support containers -----------------------------------------------------------------------------------------
 
 
-def _support_table(config: KubeVirtConfig, guaranteed: bool) -> dict[str, tuple[ResourceList, ResourceList]]:
-    """(requests, limits) of each support container for this configuration, with ``supportContainerResources``
-    applied and, under dedicated CPUs / Guaranteed QoS, requests raised to limits. Computed once per config."""
-    key = ("support", guaranteed)
-    table: dict[str, tuple[ResourceList, ResourceList]] | None = config.cache.get(key)
-    if table is not None:
-        return table
-    scr = config.support_container_resources
-    table = {}
-    o_req, o_lim = scr.get(GUEST_CONSOLE_LOG, ({}, {}))
-    lim = _over(_CONSOLE_LIM, o_lim)
-    table["console"] = (dict(lim) if guaranteed else _over(_CONSOLE_REQ, o_req), lim)
-    o_req, o_lim = scr.get(CONTAINER_DISK, ({}, {}))
-    lim = _over(_DISK_LIM, o_lim)
-    req = _over(lim if guaranteed else _over(_DISK_REQ, o_req), {})
-    req["ephemeral-storage"] = _EPHEMERAL
-    table["disk"] = (req, lim)
-    if guaranteed:
-        b = _over(_BINARY_GUARANTEED, o_lim)
-        table["binary"] = (dict(b), b)
-    else:
-        table["binary"] = (_over(_BINARY_REQ, o_req), _over(_BINARY_LIM, o_lim))
-    o_req, o_lim = scr.get(VIRTIOFS, ({}, {}))
-    lim = _over(_VIRTIOFS_LIM, o_lim)
-    table["virtiofs"] = (dict(lim) if guaranteed else _over(_VIRTIOFS_REQ, o_req), lim)
-    o_req, o_lim = scr.get(SIDECAR, ({}, {}))
-    if guaranteed:
-        lim = _over(_SIDECAR_GUARANTEED, o_lim)
-        table["sidecar"] = (dict(lim), lim)
-    else:
-        table["sidecar"] = (_over({}, o_req), _over({}, o_lim))
-    for req, lim in table.values():  # API-server defaulting, once
-        for k, v in lim.items():
-            req.setdefault(k, v)
-    config.cache[key] = table
-    return table
-
-
 def _support_containers(
     vmi: VmiSpec, config: KubeVirtConfig, guaranteed: bool, devices: Mapping[str, Any]
 ) -> tuple[list[ContainerSpec], list[ContainerSpec]]:
@@ -366,7 +302,7 @@ def _support_containers(
     containers: list[ContainerSpec] = []
     sw = vmi.spec_path
     dw = f"{sw}.domain.devices"
-    table = _support_table(config, guaranteed)
+    table = config.support[guaranteed]
 
     def add(to: list[ContainerSpec], name: str, kind: str, init: bool = False, restartable: bool = False) -> None:
         req, lim = table[kind]

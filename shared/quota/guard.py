@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from shared.contract import UsageSnapshot
 from shared.errors import InvalidInput
+from shared.kinds import RESERVATION_KIND
 from shared.normalize import normalize
 from shared.quantity import Quantity
 from shared.resources import parse_resource_list
@@ -30,7 +31,6 @@ from shared.snapshot import QuotaSnapshot, VmiSnapshot, size_digest
 GROUP: Final = "vmquota.io"
 VERSION: Final = "v1alpha1"
 PLURAL: Final = "quotareservations"
-KIND: Final = "QuotaReservation"
 DEFAULT_CREATOR: Final = "system:serviceaccount:kubevirt:kubevirt-controller"
 """Who creates launcher and migration target pods in a default KubeVirt install (virt-controller's account)."""
 NAME: Final = "vmquota"
@@ -146,7 +146,7 @@ def reservation(namespace: str, held: frozenset[Holder], creators: Iterable[str]
     """The namespace's ``QuotaReservation`` object (holders sorted, so equal content is an equal object)."""
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": KIND,
+        "kind": RESERVATION_KIND,
         "metadata": {"name": NAME, "namespace": namespace, "labels": {"app.kubernetes.io/managed-by": "vmquota"}},
         "spec": {"holders": [h.as_object() for h in sorted(held)], "creators": sorted(set(creators))},
     }

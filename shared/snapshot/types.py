@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Final
 import msgspec
 
 from shared.kinds import (
+    CLUSTER_SCOPED_KINDS,
     EVENT_KIND,
     KUBEVIRT_KIND,
     NAMESPACE_KIND,
@@ -369,3 +370,9 @@ def same_content(old: Snapshot, new: Snapshot) -> bool:
 
 
 _SPANS: dict[type[Snapshot], tuple[tuple[tuple[int, int], ...], tuple[int, ...]]] = {}
+
+
+def is_cluster_scoped(s: Snapshot) -> bool:
+    """A snapshot of a kind that holds for the whole cluster (``shared.kinds.CLUSTER_SCOPED_KINDS``): every
+    namespace's accounting reads it."""
+    return type(s).__struct_config__.tag in CLUSTER_SCOPED_KINDS

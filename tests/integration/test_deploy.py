@@ -26,6 +26,7 @@ from services.cli.main import build_parser
 from services.platform import runner
 from services.platform.config import PLANNED, SERVICES, config_from_args
 from shared import contract
+from shared.kinds import RESERVATION_KIND
 from shared.kubevirt.render import RENDER_ANNOTATIONS
 from shared.ledger.fold import PartitionSet
 from shared.quantity import Quantity
@@ -801,7 +802,7 @@ def test_single_cluster_with_the_reservation_guard(tmp_path: Path) -> None:
     for obj in objs:
         kubernetes_validate.validate(obj, KUBE_VERSIONS[-1], strict=True)  # ValidatingAdmissionPolicy v1: 1.30+
     [crd] = of_kind(objs, "CustomResourceDefinition")
-    assert crd["spec"]["group"] == guard.GROUP and crd["spec"]["names"]["kind"] == guard.KIND
+    assert crd["spec"]["group"] == guard.GROUP and crd["spec"]["names"]["kind"] == RESERVATION_KIND
     assert crd["spec"]["names"]["plural"] == guard.PLURAL and crd["spec"]["scope"] == "Namespaced"
     assert [v["name"] for v in crd["spec"]["versions"]] == [guard.VERSION]
     assert "aggregate" not in json.dumps(crd), "tenants' admin/edit roles must not include the guard's parameter"

@@ -55,6 +55,8 @@ from shared.quantity import Format, Quantity
 from shared.vmi import vmi_spec
 
 # ---- names KubeVirt uses ---------------------------------------------------------------------------------------
+# Written here from upstream, not imported from the product (``shared.snapshot`` has some of them too): the
+# simulator is the product's model of KubeVirt, and a name the product got wrong must not be wrong here as well.
 
 
 APP_LABEL: Final = "kubevirt.io"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 from collections.abc import Sequence
 
@@ -76,6 +77,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "vmquota") -> int:
     except MissingDependency as e:  # one line with the install line that fixes it, whichever command needs it
         print(f"{prog} {args.command}: {e}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # (the reader went away: `vmquota tail | head`) quiet, as other commands are
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (nothing left to flush at exit)
+        return 141
     return code
 
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import re
 import sys
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -85,6 +87,21 @@ def parse_time(text: str, where: str) -> datetime:
     return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
 
 
+_FRACTION = re.compile(r"\.(\d{7,})")
+
+
+def exact_nanos(text: str, t: datetime) -> int:
+    """``t``, parsed from ``text``, in nanoseconds since the epoch with the digits beyond microseconds that ``text``
+    gave (a time copied from the streams has nanoseconds: the message stored at that time is then included)."""
+    from services.platform.bus import nanos
+
+    ns = nanos(t)
+    m = _FRACTION.search(text)
+    if m is not None:
+        ns += int(m[1][6:9].ljust(3, "0"))
+    return ns
+
+
 class BusUnavailable(Exception):
     """One line a person can act on."""
 
@@ -139,7 +156,7 @@ async def messages(
     since: datetime | None = None,
     follow: bool = False,
     new_only: bool = False,
-) -> AsyncIterator[Msg]:
+) -> AsyncGenerator[Msg, None]:
     """The messages of ``stream`` on ``subject`` (from ``since``; with ``new_only`` none stored before) in stream
     order; with ``follow``, then every new one as it is stored, until cancelled."""
     from nats.js.api import DeliverPolicy
@@ -213,8 +230,9 @@ async def messages(
             at = position(m)
             if not follow and (at.stream >= last or at.pending == 0):
                 return
-    finally:
-        await sub.unsubscribe()
+    finally:  # (a reader that stops early closes this generator: see :func:`messages_until`)
+        with contextlib.suppress(Exception):  # (the connection may be closing: nothing left to tell the server)
+            await sub.unsubscribe()
 
 
 def run_command(name: str, main: Callable[[], Coroutine[Any, Any, int]]) -> int:
@@ -230,3 +248,5 @@ def run_command(name: str, main: Callable[[], Coroutine[Any, Any, int]]) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # (the reader went away: `vmquota tail | head`)
+        raise

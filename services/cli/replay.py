@@ -15,6 +15,7 @@ Read-only: ordered consumers (the ``replay`` NATS user).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -23,7 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from services.cli import opsbus
-from services.platform.bus import nanos, position
+from services.platform.bus import position
 from shared import contract, report
 from shared.accounting.namespace import ACCOUNTED_KINDS
 from shared.accounting.wire import account
@@ -105,7 +106,7 @@ async def main(args: argparse.Namespace) -> int:
     f = opsbus.Filter.from_args(args)
     now = datetime.now(UTC)
     at = opsbus.parse_since(args.at, now, "--at") if args.at is not None else None
-    at_ns = nanos(at) if at is not None else None
+    at_ns = opsbus.exact_nanos(args.at, at) if at is not None else None
     when = at or now
     nc = await opsbus.connect(args)
     try:
@@ -137,21 +138,23 @@ async def main(args: argparse.Namespace) -> int:
         checked = {"decisions": 0, "usage": 0}
         pending = (c[2] for c in checks)
         nxt = next(pending, None)
-        async for m in opsbus.messages(js, contract.EVENTS_STREAM, cluster_subject):
-            seq, _, _, stored = position(m)  # (the reply subject's time: nats-py's metadata costs ten times more)
-            if at_ns is not None and r.events == 0 and stored > at_ns:
-                raise InvalidInput(
-                    f"{when.isoformat()} is before the retained history (the events stream starts at "
-                    f"{_stamp(m).isoformat()})",
-                    "--at",
-                )
-            if (args.until_seq is not None and seq > args.until_seq) or (at_ns is not None and stored > at_ns):
-                break
-            while nxt is not None and _seq_of(nxt) < seq:
-                _check(r, nxt, differences, checked)
-                nxt = next(pending, None)
-            r.apply(m.data, seq, m.subject)
-            progress.update(r.events)
+        # (closed as the loop ends, early too: before the connection is)
+        async with contextlib.aclosing(opsbus.messages(js, contract.EVENTS_STREAM, cluster_subject)) as reading:
+            async for m in reading:
+                seq, _, _, stored = position(m)  # (the reply subject's time: nats-py's metadata costs ten times more)
+                if at_ns is not None and r.events == 0 and stored > at_ns:
+                    raise InvalidInput(
+                        f"{when.isoformat()} is before the retained history (the events stream starts at "
+                        f"{_stamp(m).isoformat()})",
+                        "--at",
+                    )
+                if (args.until_seq is not None and seq > args.until_seq) or (at_ns is not None and stored > at_ns):
+                    break
+                while nxt is not None and _seq_of(nxt) < seq:
+                    _check(r, nxt, differences, checked)
+                    nxt = next(pending, None)
+                r.apply(m.data, seq, m.subject)
+                progress.update(r.events)
         while nxt is not None:
             _check(r, nxt, differences, checked)
             nxt = next(pending, None)

@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
+from datetime import UTC, datetime
+from pathlib import Path
 
+import nats
+import nkeys  # type: ignore[import-untyped]
 import pytest
+from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from shared import report
+from services.devtools.natsserver import NatsServer
+from services.platform.bus import position
+from shared import contract, report
 from tests.integration.e2e import CLUSTER, full_namespace, pipeline, rl
 
 pytestmark = pytest.mark.integration
@@ -24,6 +32,24 @@ async def vmquota(*args: str, within: float = 60.0) -> tuple[int, str, str]:
     out, err = await asyncio.wait_for(proc.communicate(), within)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
+
+
+async def stored_time(url: str, seq: int) -> str:
+    """When the events stream stored message ``seq``, in RFC 3339 with nanoseconds."""
+    nc = await nats.connect(url)
+    try:
+        sub = await nc.jetstream().subscribe(
+            "vmquota.ev.>",
+            stream=contract.EVENTS_STREAM,
+            ordered_consumer=True,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=seq),
+        )
+        m = await sub.next_msg(timeout=10)
+        await sub.unsubscribe()
+    finally:
+        await nc.close()
+    ns = position(m).time_ns
+    return datetime.fromtimestamp(ns // 10**9, UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{ns % 10**9:09d}Z"
 
 
 async def test_status_tail_and_replay_after_a_migration_at_full_quota() -> None:
@@ -58,6 +84,13 @@ async def test_status_tail_and_replay_after_a_migration_at_full_quota() -> None:
         code, out, err = await vmquota("tail", "--nats", url, "--no-follow", "-n", NS)
         assert code == 0, err
         lines = out.splitlines()
+        # and into a reader that goes away early (`| head`): quiet
+        command = f"{sys.executable} -m services.cli.main tail --nats {url} --no-follow --events -o json"
+        proc = await asyncio.create_subprocess_shell(
+            f"{command} | head -c 100 >/dev/null", stderr=asyncio.subprocess.PIPE
+        )
+        _, piped = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0 and piped.decode() == "", piped.decode()
         assert any(raised.reason in line for line in lines), lines
         assert all(line.split()[1] == CLUSTER and f"{NS}/compute" in line for line in lines)
 
@@ -74,6 +107,15 @@ async def test_status_tail_and_replay_after_a_migration_at_full_quota() -> None:
         code, out, err = await vmquota("replay", "--nats", url, "--until-seq", str(raised.usage_seq), "-o", "json")
         assert code == 0, err
         assert [q["hard"] for q in json.loads(out)["quotas"]] == [raised.hard_after]
+        # --at the time the events stream stored that event (to the nanosecond, as `tail --events` shows it): the
+        # same; the command stops reading early and says nothing on stderr
+        at = await stored_time(url, raised.usage_seq)
+        code, out, err = await vmquota("replay", "--nats", url, "--at", at, "-o", "json", "-q")
+        assert code == 0 and err == "", err
+        assert [q["hard"] for q in json.loads(out)["quotas"]] == [raised.hard_after], at
+        code, out, err = await vmquota("replay", "--nats", url, "--at", "2001-01-01T00:00:00Z")
+        assert code == 2 and out == "" and err.count("\n") == 1, err
+        assert err.startswith("vmquota replay: --at: 2001-01-01T00:00:00+00:00 is before the retained history"), err
 
         # explain: the migration's timeline from the streams alone, in time order
         code, out, err = await vmquota("explain", "migration", f"{NS}/{name}", "--nats", url, "-o", "json")
@@ -137,3 +179,33 @@ async def test_kubectl_finds_the_plugin() -> None:
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()
     assert "usage: kubectl vmquota status" in out.decode() and "--watch" in out.decode()
+
+
+def _creds_file(path: Path) -> Path:
+    """A ``.creds`` file as ``nsc`` writes one (a user JWT and its nkey seed; the JWT is not signed by an
+    operator this server knows)."""
+    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER).decode()
+    path.write_text(
+        "-----BEGIN NATS USER JWT-----\n"
+        "eyJ0eXAiOiJKV1QiLCJhbGciOiJlZDI1NTE5LW5rZXkifQ.e30.c2lnbmF0dXJl\n"
+        "------END NATS USER JWT------\n\n"
+        "-----BEGIN USER NKEY SEED-----\n"
+        f"{seed}\n"
+        "------END USER NKEY SEED------\n"
+    )
+    return path
+
+
+async def test_a_creds_file_is_read_and_a_server_that_refuses_it_is_one_line(tmp_path: Path) -> None:
+    """``--nats-creds`` needs the nkeys signing the server's nonce: present, and a refusal is one line."""
+    creds = _creds_file(tmp_path / "user.creds")
+    with NatsServer() as open_server:  # (no authentication: the credentials are read, sent and not needed)
+        code, out, err = await vmquota("status", "--nats", open_server.url, "--nats-creds", str(creds))
+        assert code == 1 and err.count("\n") == 1, err  # (connected: then nothing of vmquota's on this server)
+        assert "the stream VMQUOTA_USAGE does not exist on this server" in err, err
+    conf = tmp_path / "auth.conf"
+    conf.write_text('authorization { users = [ { user: "someone", password: "secret" } ] }\n')
+    with NatsServer(config_file=conf) as server:
+        code, out, err = await vmquota("status", "--nats", server.url, "--nats-creds", str(creds))
+        assert code == 1 and out == "" and err.count("\n") == 1, err
+        assert err.startswith(f"vmquota status: NATS at {server.url} refused the credentials"), err

@@ -59,9 +59,9 @@ def readable_list(rl: Mapping[str, str]) -> dict[str, str]:
 
 SCALED_MODES: Final = frozenset({Mode.VIRTUAL_RESOURCES.value, Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO.value})
 SCALE_NOTE: Final = (
-    "hard = k * (budget - used) + pods + reserved: in a mode that counts more than the launcher pod is charged "
-    "(vCPUs against requests.cpu = vCPUs / ratio, guest memory under overcommit) k < 1, so hard differs from the "
-    "budget by more than the pods and reservations"
+    "hard = pods + reserved + k * budget - taken - overlap (docs/accounting.md, the quota equation): k is what a "
+    "launcher pod is charged per unit the mode counts (requests.cpu = vCPUs / ratio: k < 1), so in a scaled mode "
+    "hard is in pod terms and differs from the budget by more than the pods and reservations"
 )
 
 

@@ -1,5 +1,5 @@
-"""``vmquota tail``: follow the bus one readable line per message (decisions by default, or events, or usage),
-from ``--since`` and then live (read-only)."""
+"""``vmquota tail``: follow the bus one readable line per message (decisions by default, or events, usage or dead
+letters), from ``--since`` and then live (read-only)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     which.add_argument("--decisions", dest="what", action="store_const", const="decisions", help="(the default)")
     which.add_argument("--events", dest="what", action="store_const", const="events", help="object events")
     which.add_argument("--usage", dest="what", action="store_const", const="usage", help="usage snapshots")
+    which.add_argument(
+        "--dead-letters",
+        dest="what",
+        action="store_const",
+        const="dead-letters",
+        help="what a service could not use, with the reason (every namespace: a dead letter may name none)",
+    )
     p.add_argument("--since", default=None, help="start this long ago (10m, 2h) or at an RFC 3339 time")
     p.add_argument("--no-follow", dest="follow", action="store_false", help="stop after what is stored now")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="output format")
@@ -29,6 +36,7 @@ STREAMS = {
     "decisions": (contract.DECISIONS_STREAM, "quota"),
     "events": (contract.EVENTS_STREAM, "ev"),
     "usage": (contract.USAGE_STREAM, "usage"),
+    "dead-letters": (contract.DLQ_STREAM, "dlq"),
 }
 
 
@@ -38,6 +46,10 @@ def line(what: str, data: bytes) -> str:
         d = contract.decode_decision(data)
         dry = " [dry-run]" if d.dry_run else ""
         return f"{d.time} {d.cluster} {d.namespace}/{d.quota} ({d.mode}){dry}: {d.reason}"
+    if what == "dead-letters":
+        dl = contract.decode_dead_letter(data)
+        was = f" (was {dl.original_subject}" + (f", {dl.stream} seq {dl.stream_seq})" if dl.stream_seq else ")")
+        return f"{dl.time} {dl.cluster or '-'} dead letter from the {dl.service}: {dl.reason}{was}"
     if what == "usage":
         u = contract.decode_usage(data)
         parts = [
@@ -63,6 +75,13 @@ def show(what: str, m: Msg, output: str) -> str:
         return f"(unreadable message at {m.subject}: {e})"
 
 
+def _cluster_of(data: bytes) -> str:
+    try:
+        return contract.decode_dead_letter(data).cluster
+    except InvalidInput:
+        return ""
+
+
 async def main(args: argparse.Namespace) -> int:
     f = opsbus.Filter.from_args(args)
     what = args.what or "decisions"
@@ -71,7 +90,11 @@ async def main(args: argparse.Namespace) -> int:
     nc = await opsbus.connect(args)
     try:
         js = nc.jetstream()
-        async for m in opsbus.messages(js, stream, f.subject(token), since=since, follow=args.follow):
+        # (a dead letter's subject names only the service: its cluster is in the message)
+        subject = f"{contract.PREFIX}.dlq.>" if what == "dead-letters" else f.subject(token)
+        async for m in opsbus.messages(js, stream, subject, since=since, follow=args.follow):
+            if what == "dead-letters" and f.cluster is not None and _cluster_of(m.data) not in (f.cluster, ""):
+                continue
             print(show(what, m, args.output), flush=True)
     finally:
         await nc.close()

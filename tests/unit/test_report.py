@@ -69,5 +69,5 @@ def test_rows_take_hard_from_the_last_written_decision_and_name_the_migrations()
         "status",
     ]  # fmt: skip
     table = report.status_table([row], wide=True)
-    assert "requests.cpu 8/8" in table and "Note: hard = k * (budget - used)" in table
+    assert "requests.cpu 8/8" in table and "Note: hard = pods + reserved + k * budget - taken - overlap" in table
     assert report.status_table([]) == "no managed quotas found"

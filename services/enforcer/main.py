@@ -31,6 +31,7 @@ async def main(rt: Runtime) -> None:
                 guard_creators=rt.config.guard_creators,
                 exclude_namespaces=rt.config.exclude_namespaces,
                 resync_interval=rt.config.resync_interval,
+                usage_refresh_interval=rt.config.usage_refresh_interval,
             )
             enforcer = Enforcer(bus, KubeQuotas(api), opts, metrics=rt.metrics)
             rt.health.set_ready(rt.name, True)  # connected: ready to lead or to stand by

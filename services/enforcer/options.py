@@ -47,6 +47,9 @@ class EnforcerOptions:
     a ``Retry-After`` the server sent (up to ``retry_max``)."""
     retry_max: float = 10.0
     nudge_interval: float = 0.2
+    usage_refresh_interval: float = 30.0
+    """Least seconds between two writes of one quota's ``vmquota.io/usage`` summary when nothing else of the
+    quota changes (``Action.REFRESH``); the summary also rides on every other write."""
     """Least seconds between two nudges of one VMI (``shared.quota.annotations.NUDGE_ANNOTATION``)."""
     reservation_guard: bool = False
     """Write each namespace's QuotaReservation (``shared.quota.guard``) before a raise that reserves, and shrink it once

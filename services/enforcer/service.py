@@ -52,7 +52,8 @@ from shared.errors import InvalidInput
 from shared.kinds import QUOTA_KIND
 from shared.normalize import normalize
 from shared.quota import enforcement
-from shared.quota.annotations import MANAGED_LABEL
+from shared.quota.annotations import MANAGED_LABEL, USAGE_ANNOTATION
+from shared.quota.enforcement import Action
 from shared.snapshot import QuotaSnapshot, same_content
 
 log = structlog.get_logger("vmquota.enforcer")
@@ -105,6 +106,10 @@ class Enforcer:
         self._tell_pending: set[Key] = set()
         """Quotas written whose ``status.hard`` has not caught up yet: the namespace's nudges wait for it (a nudge
         KubeVirt acts on before quota admission has the raise is refused, and nothing would nudge again)."""
+        self._summarized: dict[Key, float] = {}
+        """Monotonic time of each quota's last write of its ``vmquota.io/usage`` summary."""
+        self._refresh_due: set[Key] = set()
+        """Quotas whose summary alone waits for its interval (one delayed reconciliation each)."""
         self._held: set[str] = set()
         """Namespaces touched before both inputs were read to their end (acted on once they are)."""
         self._caught_up = {"quotas": False, "usage": False}
@@ -352,6 +357,7 @@ class Enforcer:
         self._verify.discard(key)
         self._acted.pop(key, None)
         self._tell_pending.discard(key)
+        self._summarized.pop(key, None)
         self.reporter.forget(key)
         held = self.guard.forget(key)
         self._quota_patches.pop(key, None)
@@ -431,6 +437,7 @@ class Enforcer:
 
     async def _reconcile(self, key: Key) -> None:
         ns, name = key
+        self._refresh_due.discard(key)
         quota = self.quotas.get(key)
         if quota is not None and key in self._verify:
             quota = await self._read(key, quota)
@@ -456,7 +463,8 @@ class Enforcer:
                 # the usual case P <= status.used and the patch's precondition vouches for the copy: no read.)
                 quota = fresh = await self._read(key, quota)
                 continue
-            if not p.changes:
+            later = p.action is Action.REFRESH and (self.opts.dry_run or self._refresh_later(key))
+            if not p.changes or later:
                 self._since.pop(key, None)
                 if self.opts.reservation_guard and not self.opts.dry_run:
                     await self.guard.after(key, quota, usage)
@@ -516,6 +524,11 @@ class Enforcer:
             if self.opts.reservation_guard:
                 await self.guard.after(key, after, usage)
             self.patched += 1
+            if USAGE_ANNOTATION in p.annotations:
+                self._summarized[key] = time.monotonic()
+            if p.action is Action.REFRESH:  # (the summary alone: not a decision, nothing to report)
+                self.own.patches.labels(outcome="refreshed").inc()
+                return
             self.own.patches.labels(outcome="applied").inc()
             since = self._since.pop(key, None)
             if since is not None:
@@ -524,6 +537,18 @@ class Enforcer:
                 self._acted[key] = usage
             self.reporter.decision(p, after.resource_version)
             return
+
+    def _refresh_later(self, key: Key) -> bool:
+        """Whether the quota's usage summary, alone out of date, waits (written less than
+        ``usage_refresh_interval`` ago); it is then reconciled again when it is due."""
+        last = self._summarized.get(key)
+        wait = 0.0 if last is None else last + self.opts.usage_refresh_interval - time.monotonic()
+        if wait <= 0:
+            return False
+        if key not in self._refresh_due:
+            self._refresh_due.add(key)
+            self._queue.add_after(key, wait, progress=False)  # (keeps nobody waiting)
+        return True
 
     async def _pace(self, key: Key) -> bool:
         """Wait until a patch of ``key`` fits both rate bounds (overall and per quota); True when it waited."""

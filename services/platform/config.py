@@ -63,6 +63,8 @@ class Config:
     """Enforcer: namespaces (shell-style patterns) whose quotas are never written."""
     resync_interval: float = 60.0
     """Enforcer: seconds between two reads of the managed quotas from the API server (0: never)."""
+    usage_refresh_interval: float = 30.0
+    """Enforcer: least seconds between two writes of a quota's ``vmquota.io/usage`` summary alone."""
 
 
 # ---- flags ------------------------------------------------------------------------------------------------------
@@ -222,6 +224,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="enforcer: how often the managed quotas are read from the API server, whose versions then replace "
         "the quota events' (0 never) [VMQUOTA_RESYNC_INTERVAL, 60s]",
     )
+    p.add_argument(
+        "--usage-refresh-interval",
+        default=env("VMQUOTA_USAGE_REFRESH_INTERVAL", "30s"),
+        help="enforcer: least time between two writes of a quota's vmquota.io/usage summary when spec.hard does "
+        "not change (it also rides on every spec.hard write) [VMQUOTA_USAGE_REFRESH_INTERVAL, 30s]",
+    )
 
 
 def _int(raw: object, where: str) -> int:
@@ -289,6 +297,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
         raise InvalidInput("--guard-creators (VMQUOTA_GUARD_CREATORS) names nobody", "--guard-creators")
     excluded = tuple(n.strip() for n in str(args.exclude_namespaces).split(",") if n.strip())
     resync = contract.parse_duration(args.resync_interval, "--resync-interval (VMQUOTA_RESYNC_INTERVAL)")
+    refresh = contract.parse_duration(
+        args.usage_refresh_interval, "--usage-refresh-interval (VMQUOTA_USAGE_REFRESH_INTERVAL)"
+    )
     return Config(
         service=service,
         cluster=cluster,
@@ -316,4 +327,5 @@ def config_from_args(args: argparse.Namespace) -> Config:
         guard_creators=creators,
         exclude_namespaces=excluded,
         resync_interval=resync,
+        usage_refresh_interval=refresh,
     )

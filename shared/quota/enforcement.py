@@ -94,6 +94,9 @@ class Action(StrEnum):
     ADJUST = "adjust"
     REFUSE = "refuse"
     RELEASE = "release"
+    REFRESH = "refresh"
+    """Only the ``vmquota.io/usage`` summary is out of date: the enforcer writes it at most once per
+    ``usage_refresh_interval`` per quota, and reports nothing (it is not a decision)."""
 
 
 # ---- formatting --------------------------------------------------------------------------------------------------
@@ -359,10 +362,13 @@ def plan(
     want = {BUDGET_ANNOTATION: rl_json(b.budget), LAST_HARD_ANNOTATION: rl_json(hard), STATUS_ANNOTATION: status}
     annotations = _changed_annotations(q, want)
     set_hard = not same(hard, q.spec_hard)
+    summary = (
+        _changed_annotations(q, {USAGE_ANNOTATION: usage_summary(terms, usage)}) if terms is not None and agreed else {}
+    )
     if not set_hard and not annotations:
-        return _base(q, Action.NONE, mode=mode.value, budget=b.budget, usage_seq=seq)
-    if terms is not None and agreed:  # (rides on a write that happens anyway: never a write of its own)
-        annotations.update(_changed_annotations(q, {USAGE_ANNOTATION: usage_summary(terms, usage)}))
+        action = Action.REFRESH if summary else Action.NONE  # (paced by the enforcer: see Action.REFRESH)
+        return _base(q, action, mode=mode.value, budget=b.budget, usage_seq=seq, annotations=summary)
+    annotations.update(summary)  # (rides on a write that happens anyway)
 
     parts: list[str] = []
     event_reason = ADJUSTED

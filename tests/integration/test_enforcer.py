@@ -31,7 +31,13 @@ from shared.errors import InvalidInput
 from shared.normalize import normalize
 from shared.quantity import Quantity
 from shared.quota import guard
-from shared.quota.annotations import BUDGET_ANNOTATION, LAST_HARD_ANNOTATION, MANAGED_LABEL, STATUS_ANNOTATION
+from shared.quota.annotations import (
+    BUDGET_ANNOTATION,
+    LAST_HARD_ANNOTATION,
+    MANAGED_LABEL,
+    STATUS_ANNOTATION,
+    USAGE_ANNOTATION,
+)
 from shared.snapshot import VmiSnapshot, size_digest
 from tests.builders import vmi_obj
 from tests.integration.e2e import full_namespace, pipeline, rl
@@ -1005,3 +1011,31 @@ async def test_a_vmi_is_nudged_once_quota_admission_has_the_raise(
     finally:
         stop.set()
         await asyncio.wait_for(task, 20)
+
+
+async def test_the_usage_summary_alone_is_written_at_most_once_per_interval(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """``vmquota.io/usage`` rides on every ``spec.hard`` write; a usage that changes without moving ``hard`` (VMs
+    started and stopped inside the budget) is written on its own, at most once per ``usage_refresh_interval``,
+    without an Event or a decision, and its last state always lands."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+
+    def used(gi: int) -> dict[str, contract.QuotaTerms]:
+        t = terms("64Gi", "64Gi")["compute"]
+        return {"compute": msgspec.structs.replace(t, used={"limits.memory": f"{gi}Gi"})}
+
+    async with enforcer(bus, api, usage_refresh_interval=1.0) as (e, _):
+        await publish_usage(bus, 1, used(8))
+        q = await wait_quota(sim, lambda o: "used limits.memory 8Gi/64Gi" in notes(o).get(USAGE_ANNOTATION, ""), "8Gi")
+        adopted = [d for d in await decisions(bus, lambda ds: len(ds) >= 1)]
+        for seq, gi in enumerate((16, 24, 32, 40), 2):  # (within one interval: hard stays 64Gi)
+            await publish_usage(bus, seq, used(gi))
+        await wait_quota(sim, lambda o: "used limits.memory 40Gi/64Gi" in notes(o).get(USAGE_ANNOTATION, ""), "40Gi")
+        refreshed = e.metrics.registry.get_sample_value(
+            "vmquota_enforcer_patches_total", {"service": "enforcer", "outcome": "refreshed"}
+        )
+        assert refreshed is not None and 1 <= refreshed <= 2, refreshed  # (not one write per snapshot)
+        final = await wait_quota(sim, lambda o: True, "the quota")
+        assert hard(final) == hard(q) == {"limits.memory": "64Gi"}
+        assert len(await decisions(bus, lambda ds: True)) == len(adopted), "no decision for the summary alone"

@@ -530,9 +530,9 @@ def test_a_usage_snapshot_may_not_ask_for_more_than_budget_pods_and_reserved() -
         enf.check_usage(usage({"compute": msgspec.structs.replace(ok, hard={"limits.memory": "1Gi", "pods": "9"})}))
 
 
-def test_the_usage_annotation_rides_on_hard_writes_only() -> None:
+def test_the_usage_annotation_rides_on_hard_writes_and_alone_is_a_refresh() -> None:
     """``vmquota.io/usage`` says, in readable units, what the quota is used for; it is written with a ``spec.hard``
-    write, never on its own, and removed on release."""
+    write; out of date alone, it is a refresh (which the enforcer paces), and it is removed on release."""
     raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "64Gi"})
     t = terms(
         {"limits.memory": "64Gi"},
@@ -552,7 +552,14 @@ def test_the_usage_annotation_rides_on_hard_writes_only() -> None:
         used={"limits.memory": "53613349376"},
         reserved={"limits.memory": "17405661185"},
     )
-    assert not enf.plan(snap(after), usage({"compute": moved}, MIGRATING)).changes, "no write of its own"
+    refresh = enf.plan(snap(after), usage({"compute": moved}, MIGRATING))
+    assert refresh.action is enf.Action.REFRESH and not refresh.set_hard and not refresh.reason
+    assert dict(refresh.annotations) == {
+        USAGE_ANNOTATION: "used limits.memory 49.9Gi/64Gi; reserved limits.memory 16.2Gi; raised for mig-1"
+    }
+    assert enf.plan(snap(apply(after, enf.patch_body(refresh))), usage({"compute": moved}, MIGRATING)).action is (
+        enf.Action.NONE
+    )
     after["metadata"]["labels"] = {}
     released = enf.plan(snap(after), None, managed=True)
     assert released.annotations[USAGE_ANNOTATION] is None

@@ -569,7 +569,7 @@ class Cluster:
         p = enforcement.plan(q, usage, managed=True)
         if p.raises and enforcement.pods_beyond_charged(q, usage):
             p = enforcement.plan(q, usage, managed=True, charged=q.status_used)
-        if p.changes:
+        if p.changes and p.action is not enforcement.Action.REFRESH:  # (the summary alone: no room moves)
             if self.guarded:
                 self.writing = guard.holders(usage)
                 self.guard_write(grow=True)  # the holders are listed before their room opens

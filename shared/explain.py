@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 
 from shared.contract import Decision, Deleted, Sync, Upserted, UsageSnapshot
 from shared.kinds import EVENT_KIND, POD_KIND, VMI_KIND, VMIM_KIND
-from shared.report import readable_list
+from shared.report import readable_amounts, readable_list
 from shared.snapshot import EventSnapshot, PodSnapshot, VmimSnapshot, VmiSnapshot
 
 ObjectEvent = Upserted | Deleted | Sync
@@ -157,7 +157,9 @@ def migration_timeline(
             continue  # (outside the migration: the VM's own start, or later)
         if isinstance(s, EventSnapshot) and s.quota_refusal:
             if s.uid not in refusals:
-                steps.append(Step(e.time, "target-refused", f"quota {s.quota_name} refused a pod: {s.message}"))
+                steps.append(
+                    Step(e.time, "target-refused", f"quota {s.quota_name} refused a pod: {readable_amounts(s.message)}")
+                )
             refusals[s.uid] = (e.time, s)
     total = sum(s.count for _, s in refusals.values())
     if total > 1:
@@ -229,7 +231,9 @@ def vm_timeline(
         s = e.snapshot
         if isinstance(s, EventSnapshot) and s.quota_refusal and s.uid not in seen:
             seen.add(s.uid)
-            steps.append(Step(e.time, "refused", f"quota {s.quota_name} refused its pod: {s.message}"))
+            steps.append(
+                Step(e.time, "refused", f"quota {s.quota_name} refused its pod: {readable_amounts(s.message)}")
+            )
     said = ""
     for usage in usages:
         for v in usage.vms:

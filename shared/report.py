@@ -16,6 +16,7 @@ The JSON form is a contract (other tools parse it)::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -44,6 +45,22 @@ def readable(q: Quantity, resource: str) -> str:
             whole, frac = divmod(tenths, 10)
             return f"{sign}{whole}{'.' + str(frac) if frac else ''}{suffix}"
     return q.canonical()
+
+
+_AMOUNT: Final = re.compile(r"([A-Za-z0-9./_-]+)=([0-9][0-9.]*[A-Za-z]*)")
+
+
+def readable_amounts(text: str) -> str:
+    """``text`` (a message Kubernetes wrote: ``requested: limits.memory=35032106752``) with every ``name=amount``
+    readable (``limits.memory=32.6Gi``); what does not read as a quantity is left as it is."""
+
+    def one(m: re.Match[str]) -> str:
+        try:
+            return f"{m[1]}={readable(Quantity.parse(m[2]), m[1])}"
+        except InvalidInput:
+            return m[0]
+
+    return _AMOUNT.sub(one, text)
 
 
 def readable_list(rl: Mapping[str, str]) -> dict[str, str]:

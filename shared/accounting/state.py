@@ -26,6 +26,7 @@ from shared.kubevirt import KubeVirtConfig
 from shared.quantity import Quantity
 from shared.quota.equation import in_mode_terms
 from shared.quota.modes import QuotaPolicy, VmSize
+from shared.report import readable
 from shared.resources import ResourceList
 from shared.snapshot import (
     EventSnapshot,
@@ -48,7 +49,8 @@ def created_key(s: Snapshot) -> tuple[bool, datetime, str, str]:
 
 
 def fmt(rl: Mapping[str, Quantity]) -> str:
-    return ", ".join(f"{k}={rl[k]}" for k in sorted(rl)) or "nothing"
+    """A resource list in a reason: readable amounts (``limits.memory=32.6Gi``), as every human-facing line."""
+    return ", ".join(f"{k}={readable(rl[k], k)}" for k in sorted(rl)) or "nothing"
 
 
 def vm_size(v: VmiSnapshot) -> VmSize:

@@ -71,3 +71,16 @@ def test_rows_take_hard_from_the_last_written_decision_and_name_the_migrations()
     table = report.status_table([row], wide=True)
     assert "requests.cpu 8/8" in table and "Note: hard = pods + reserved + k * budget - taken - overlap" in table
     assert report.status_table([]) == "no managed quotas found"
+
+
+def test_a_kubernetes_quota_message_reads_in_readable_amounts() -> None:
+    """KubeVirt repeats the quota admission's message, amounts in bytes; explain shows them readable."""
+    message = (
+        'pods "virt-launcher-vm1-x" is forbidden: exceeded quota: compute, requested: limits.memory=35032106752, '
+        "used: limits.memory=68719476736,requests.cpu=1500m, limited: limits.memory=64Gi"
+    )
+    assert report.readable_amounts(message) == (
+        'pods "virt-launcher-vm1-x" is forbidden: exceeded quota: compute, requested: limits.memory=32.6Gi, '
+        "used: limits.memory=64Gi,requests.cpu=1500m, limited: limits.memory=64Gi"
+    )
+    assert report.readable_amounts("no amounts here, version=1.2.3x") == "no amounts here, version=1.2.3x"

@@ -39,13 +39,11 @@ async def main(args: argparse.Namespace) -> int:
     try:
         js = nc.jetstream()
         found = await rows(js, f)
+        if not found and (f.cluster or f.namespace) and not args.watch:  # (one line, as any bad input)
+            print(f"vmquota status: no managed quota matches {f.cluster or '*'}/{f.namespace or '*'}", file=sys.stderr)
+            return 1
         print(render(found, args.output))
         if not args.watch:
-            if not found and (f.cluster or f.namespace):
-                print(
-                    f"vmquota status: no managed quota matches {f.cluster or '*'}/{f.namespace or '*'}", file=sys.stderr
-                )
-                return 1
             return 0
         changes: asyncio.Queue[None] = asyncio.Queue()
 

@@ -165,9 +165,14 @@ class State:
             if not rs:
                 continue
             misfit[q.policy.name] = rs
-            left = {r: Quantity(max(q.policy.budget[r].nanos - q.counted(r), 0), q.policy.budget[r].format) for r in rs}
-            detail = ", ".join(f"{r} needs {u[r]} but {left[r]} is left" for r in rs)
-            parts.append(f"quota {q.policy.name}: {detail}" if q.policy.name else detail)
+            budget = q.policy.budget
+            left = {r: Quantity(max(budget[r].nanos - q.counted(r), 0), budget[r].format) for r in rs}
+            detail = ", ".join(
+                f"{r} needs {readable(u[r], r)} but {readable(left[r], r)} of {readable(budget[r], r)} is left"
+                for r in rs
+            )
+            name = f"quota {q.policy.name} ({q.policy.mode.value})" if q.policy.name else f"({q.policy.mode.value})"
+            parts.append(f"{name}: {detail}")
         return misfit, parts
 
     def _bounded(

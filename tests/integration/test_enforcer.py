@@ -904,7 +904,7 @@ async def test_a_refused_vm_is_told_on_its_vmi_once_per_cause(
     """The ledger refuses a VM: a Warning ``VMQuotaExceeded`` Event on its VMI says why, once per cause (not once
     per usage snapshot), and again when the cause changes."""
     await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
-    why = "pending, does not fit: quota compute: limits.memory needs 16Gi but 0 is left"
+    why = "pending, does not fit: quota compute (VmiPodUsage): limits.memory needs 16Gi but 0 of 64Gi is left"
     holders = [
         contract.VmState(name=f"vm{i}", uid=f"u{i}", state="running", counts={"compute": {"limits.memory": size}})
         for i, size in ((1, "8Gi"), (2, "16Gi"), (3, "16Gi"), (4, "24Gi"))
@@ -929,14 +929,15 @@ async def test_a_refused_vm_is_told_on_its_vmi_once_per_cause(
         assert first[0]["type"] == "Warning" and first[0]["involvedObject"]["kind"] == "VirtualMachineInstance"
         assert (
             first[0]["message"]
-            == "VM vm9 is not admitted: does not fit: quota compute: limits.memory needs 16Gi but 0 is left; "
+            == "VM vm9 is not admitted: does not fit: quota compute (VmiPodUsage): limits.memory needs 16Gi but 0 of "
+            "64Gi is left; "
             "limits.memory of quota compute is held by vm4 24Gi, vm2 16Gi, vm3 16Gi, vm1 8Gi"
         )
         assert first[0]["source"]["component"] == "vmquota-enforcer"
         await publish_usage(bus, 6, terms("64Gi", "64Gi"), vms=refused)
         await sim.wait_for(lambda: e._usage_at.get(NS, 0) >= 2 and e.idle(), within=10, what="the repeat applied")
         assert len(await sim.events(NS, "vm9", reason="VMQuotaExceeded")) == 1, "the same cause is told once"
-        moved = [*holders, msgspec.structs.replace(vm9, reason=why.replace("0 is left", "8Gi is left"))]
+        moved = [*holders, msgspec.structs.replace(vm9, reason=why.replace("0 of 64Gi", "8Gi of 64Gi"))]
         await publish_usage(bus, 7, terms("64Gi", "64Gi"), vms=moved)
         assert len(await events(2)) == 2
 

@@ -76,6 +76,8 @@ async def test_status_tail_and_replay_after_a_migration_at_full_quota() -> None:
         running = sum(1 for v in p.tap.usage[NS].vms if v.state == "running")
         assert running >= 3 and row["vms"] == {"running": running, "admitted": 0, "refused": 0}
         assert row["status"] == "ok"
+        code, out, err = await vmquota("status", "--nats", url, "-n", "no-such-namespace")
+        assert code == 1 and out == "" and err == "vmquota status: no managed quota matches */no-such-namespace\n"
         code, out, _ = await vmquota("status", "--nats", url)
         used = report.readable_list(terms.used)["limits.memory"]
         assert code == 0 and f"limits.memory {used}/64Gi" in out and "tenant-a" in out, out

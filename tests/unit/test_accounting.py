@@ -270,7 +270,7 @@ def test_pending_vms_are_admitted_in_creation_order_regardless_of_input_order() 
         random.Random(seed).shuffle(shuffled)
         u = account(shuffled)
         assert [(e.name, e.state) for e in u.vms] == [("a", ADMITTED), ("b", REFUSED), ("c", ADMITTED)]
-        assert "requests.cpu needs 2 but 1 is left" in vm(u, "b").reason
+        assert "quota rq (VirtualResources): requests.cpu needs 2 but 1 of 3 is left" in vm(u, "b").reason
     b_first = account([quota, a | {"metadata": {**a["metadata"], "creationTimestamp": ts(40)}}, b, c])
     assert [e.state for e in b_first.vms] == [ADMITTED, ADMITTED, REFUSED]  # order: b, c, a
 

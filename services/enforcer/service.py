@@ -108,8 +108,8 @@ class Enforcer:
         KubeVirt acts on before quota admission has the raise is refused, and nothing would nudge again)."""
         self._summarized: dict[Key, float] = {}
         """Monotonic time of each quota's last write of its ``vmquota.io/usage`` summary."""
-        self._refresh_due: set[Key] = set()
-        """Quotas whose summary alone waits for its interval (one delayed reconciliation each)."""
+        self._refresh_due: dict[Key, asyncio.TimerHandle] = {}
+        """Quotas whose summary alone waits for its interval: the timer of their next reconciliation."""
         self._held: set[str] = set()
         """Namespaces touched before both inputs were read to their end (acted on once they are)."""
         self._caught_up = {"quotas": False, "usage": False}
@@ -164,6 +164,8 @@ class Enforcer:
                 # stops writing at once: another enforcer may be leading already.
                 stopper.cancel()
                 self._stopped = True
+                for timer in self._refresh_due.values():
+                    timer.cancel()
                 await cancel(*tasks[:2])
                 if graceful:
                     await self._drain()
@@ -358,6 +360,9 @@ class Enforcer:
         self._acted.pop(key, None)
         self._tell_pending.discard(key)
         self._summarized.pop(key, None)
+        timer = self._refresh_due.pop(key, None)
+        if timer is not None:
+            timer.cancel()
         self.reporter.forget(key)
         held = self.guard.forget(key)
         self._quota_patches.pop(key, None)
@@ -437,7 +442,6 @@ class Enforcer:
 
     async def _reconcile(self, key: Key) -> None:
         ns, name = key
-        self._refresh_due.discard(key)
         quota = self.quotas.get(key)
         if quota is not None and key in self._verify:
             quota = await self._read(key, quota)
@@ -527,6 +531,7 @@ class Enforcer:
             if USAGE_ANNOTATION in p.annotations:
                 self._summarized[key] = time.monotonic()
             if p.action is Action.REFRESH:  # (the summary alone: not a decision, nothing to report)
+                self._since.pop(key, None)
                 self.own.patches.labels(outcome="refreshed").inc()
                 return
             self.own.patches.labels(outcome="applied").inc()
@@ -540,15 +545,20 @@ class Enforcer:
 
     def _refresh_later(self, key: Key) -> bool:
         """Whether the quota's usage summary, alone out of date, waits (written less than
-        ``usage_refresh_interval`` ago); it is then reconciled again when it is due."""
+        ``usage_refresh_interval`` ago); it is then reconciled again when it is due (a loop timer, not the work
+        queue's delay: it keeps nobody waiting and never shortens a retry's backoff)."""
         last = self._summarized.get(key)
         wait = 0.0 if last is None else last + self.opts.usage_refresh_interval - time.monotonic()
         if wait <= 0:
             return False
         if key not in self._refresh_due:
-            self._refresh_due.add(key)
-            self._queue.add_after(key, wait, progress=False)  # (keeps nobody waiting)
+            self._refresh_due[key] = asyncio.get_running_loop().call_later(wait, self._refresh_now, key)
         return True
+
+    def _refresh_now(self, key: Key) -> None:
+        self._refresh_due.pop(key, None)
+        if not self._stopped:
+            self._queue.add(key)
 
     async def _pace(self, key: Key) -> bool:
         """Wait until a patch of ``key`` fits both rate bounds (overall and per quota); True when it waited."""

@@ -1,7 +1,8 @@
 """A namespace's usage as a pure function of the objects in it.
 
-:func:`account_namespace` takes the snapshots of one namespace (VMIs, migrations, pods, ResourceQuotas, the
-Namespace, FailedCreate events; VMs are accepted and ignored) and returns, for every managed quota:
+:func:`~shared.accounting.namespace.account_view` takes the snapshots of one namespace by kind (VMIs, migrations,
+pods, ResourceQuotas, the Namespace, FailedCreate events; ``account_namespace`` takes them in any order, VMs
+accepted and ignored) and returns, for every managed quota:
 
 * ``U`` — accounted usage: each VM counted once in the quota's mode (running VMs always; pending VMs only when
   admitted), every non-VM pod at its pod usage, and the hotplug growth of pending migrations;

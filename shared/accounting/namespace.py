@@ -86,37 +86,71 @@ def account_namespace(
     namespace: str | None = None,
     memoize: bool = True,
     distinct: bool = False,
-    kinds: Mapping[str, Sequence[Snapshot]] | None = None,
 ) -> NamespaceUsage:
-    """Account one namespace.
+    """Account one namespace from its snapshots in any order: :func:`by_kind`, then :func:`account_view`.
 
-    ``objects``: the namespace's snapshots in any order (objects of other namespaces are ignored when
-    ``namespace`` is given, else they are an error). ``now`` decides which terminating pods are past their grace
-    period. ``config``: the cluster's KubeVirt configuration (default: a KubeVirt snapshot among ``objects``, else
-    KubeVirt's defaults). ``policies``: the quotas to account for (default: the managed ResourceQuotas among
-    ``objects``; a managed quota with invalid annotations is skipped and reported in ``errors``). ``memoize``:
-    reuse what earlier calls derived from the same objects (launcher pod estimates per VMI uid, resourceVersion,
-    configuration and namespace facts; the configuration of the same KubeVirt snapshot), so that accounting a
-    namespace again after one change costs little; the result is the same either way (False: the reference).
-    ``distinct``: the caller guarantees one version per object (a ledger view), so looking for duplicates is
-    skipped; given duplicates anyway, the result is unspecified.
-
-    ``kinds`` (with ``namespace``, in place of ``objects``, which are then ignored): the objects already split
-    by kind (kind → snapshots of that kind: the namespace's own and the cluster-scoped Namespaces and KubeVirt
-    CRs), one version each, as a ledger view holds them (``distinct`` is implied). The lists are read, never
-    changed; one that is the same list object as in the last accounting of the namespace is not sorted again. Same
-    result as ``objects``.
-    """
+    ``objects``: the namespace's snapshots (objects of other namespaces are ignored when ``namespace`` is given,
+    else they are an error), with the cluster-scoped ones (Namespaces, KubeVirt CRs) it reads. ``distinct``: the
+    caller guarantees one version per object, so looking for duplicates is skipped (given duplicates anyway, the
+    result is unspecified). The other arguments as :func:`account_view`'s."""
+    namespace, kinds = by_kind(objects, namespace, distinct=distinct)
     return _Accounting(
-        objects,
-        now=now,
-        config=config,
-        policies=policies,
-        namespace=namespace,
-        memoize=memoize,
-        distinct=distinct,
-        kinds=kinds,
+        kinds, namespace, now=now, config=config, policies=policies, memoize=memoize, shared_lists=False
     ).run()
+
+
+def account_view(
+    kinds: Mapping[str, Sequence[Snapshot]],
+    namespace: str,
+    *,
+    now: datetime,
+    config: KubeVirtConfig | None = None,
+    policies: Sequence[QuotaPolicy] | None = None,
+    memoize: bool = True,
+) -> NamespaceUsage:
+    """Account one namespace: **the** entry of the accounting.
+
+    ``kinds``: kind → snapshots of that kind, one version each (the namespace's own and the cluster-scoped
+    Namespaces and KubeVirt CRs), as a ledger view holds them. The lists are read, never changed; one that is the
+    same list object as in the namespace's last accounting is not sorted again. ``now`` decides which terminating
+    pods are past their grace period. ``config``: the cluster's KubeVirt configuration (default: the KubeVirt
+    snapshot among ``kinds``, else KubeVirt's defaults). ``policies``: the quotas to account for (default: the
+    managed ResourceQuotas among ``kinds``; a managed quota with invalid annotations is skipped and reported in
+    ``errors``). ``memoize``: reuse what earlier calls derived from the same objects (launcher pod estimates per
+    VMI uid, resourceVersion, configuration and namespace facts; the configuration of the same KubeVirt
+    snapshot), so that accounting a namespace again after one change costs little; the result is the same either
+    way (False: the reference)."""
+    return _Accounting(
+        kinds, namespace, now=now, config=config, policies=policies, memoize=memoize, shared_lists=True
+    ).run()
+
+
+def by_kind(
+    objects: Iterable[Snapshot], namespace: str | None = None, *, distinct: bool = False
+) -> tuple[str, dict[str, list[Snapshot]]]:
+    """Snapshots in any order → (their namespace, kind → the latest version of each object of that kind), as
+    :func:`account_view` takes them: the namespace's objects and the cluster-scoped ones; VirtualMachines are
+    skipped (a VM counts through its VMI and pods). :class:`InvalidInput` for objects of several namespaces when
+    ``namespace`` is not given, or a kind accounting does not read."""
+    objs = list(objects) if distinct else _latest(objects)
+    if namespace is None:
+        names = {s.namespace for s in objs if s.namespace and not is_cluster_scoped(s)}
+        if len(names) > 1:
+            raise InvalidInput(f"objects of several namespaces given: {', '.join(sorted(names))}", "namespace")
+        namespace = names.pop() if names else ""
+    kinds: dict[str, list[Snapshot]] = {}
+    for s in objs:
+        kind = type(s).__struct_config__.tag
+        if kind in CLUSTER_SCOPED_KINDS or s.namespace == namespace:
+            found = kinds.get(kind)  # type: ignore[arg-type]
+            if found is None:
+                found = kinds[kind] = []  # type: ignore[index]
+            found.append(s)
+    for kind in kinds.keys() - ACCOUNTED_KINDS - {VM_KIND}:
+        s = kinds[kind][0]
+        raise InvalidInput(f"unexpected snapshot type {type(s).__name__}", s.ref)
+    kinds.pop(VM_KIND, None)
+    return namespace, kinds
 
 
 class _Accounting(Admission):
@@ -125,32 +159,19 @@ class _Accounting(Admission):
 
     def __init__(
         self,
-        objects: Iterable[Snapshot],
+        kinds: Mapping[str, Sequence[Snapshot]],
+        namespace: str,
         *,
         now: datetime,
         config: KubeVirtConfig | None,
         policies: Sequence[QuotaPolicy] | None,
-        namespace: str | None,
         memoize: bool,
-        distinct: bool = False,
-        kinds: Mapping[str, Sequence[Snapshot]] | None = None,
+        shared_lists: bool,
     ) -> None:
         self.now = now
         self.errors: list[str] = []
-        if kinds is not None:
-            if namespace is None:
-                raise InvalidInput("objects given by kind need their namespace", "namespace")
-            self.namespace = namespace
-            self._split(kinds)
-        else:
-            objs = list(objects) if distinct else _latest(objects)
-            if namespace is None:
-                names = {s.namespace for s in objs if s.namespace and not is_cluster_scoped(s)}
-                if len(names) > 1:
-                    raise InvalidInput(f"objects of several namespaces given: {', '.join(sorted(names))}", "namespace")
-                namespace = names.pop() if names else ""
-            self.namespace = namespace
-            self._sort(objs)
+        self.namespace = namespace
+        self._split(kinds)
         if config is None:
             config = config_of(self.kv_obj, memoize)
             note = fallback_note(self.kv_obj.version) if self.kv_obj is not None else None
@@ -158,7 +179,8 @@ class _Accounting(Admission):
                 self.errors.append(note)
         self.config = config
         self.memo = memo_of(config) if memoize else NO_MEMO
-        self._shared_lists = kinds is not None
+        self._shared_lists = shared_lists
+        """The lists are a ledger view's (shared from one accounting to the next until their kind changes)."""
         self.vmis: list[VmiSnapshot] = self._ordered(VMI_KIND)
         self.vmims: list[VmimSnapshot] = self._ordered(VMIM_KIND)
         self.pods: list[PodSnapshot] = self._ordered(POD_KIND)
@@ -186,22 +208,6 @@ class _Accounting(Admission):
         self.pending: list[VmiSnapshot] = []
         self.target_reserved: ResourceList = {}
         """The part of every quota's ``S`` reserved for migration targets."""
-
-    def _sort(self, objs: list[Snapshot]) -> None:
-        """Objects in any order, one version each: the namespace's and the cluster-scoped ones (Namespaces, KubeVirt
-        CRs) by kind, for :meth:`_split`; VirtualMachines are skipped (a VM counts through its VMI and pods)."""
-        kinds: dict[str, list[Snapshot]] = {}
-        for s in objs:
-            kind = type(s).__struct_config__.tag
-            if kind in CLUSTER_SCOPED_KINDS or s.namespace == self.namespace:
-                found = kinds.get(kind)  # type: ignore[arg-type]
-                if found is None:
-                    found = kinds[kind] = []  # type: ignore[index]
-                found.append(s)
-        for kind in kinds.keys() - ACCOUNTED_KINDS - {VM_KIND}:
-            s = kinds[kind][0]
-            raise InvalidInput(f"unexpected snapshot type {type(s).__name__}", s.ref)
-        self._split(kinds)
 
     def _split(self, kinds: Mapping[str, Sequence[Snapshot]]) -> None:
         """The objects of a ledger view, by kind (see :func:`account_namespace`)."""

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import msgspec
 
 from shared import contract
-from shared.accounting.namespace import account_namespace
+from shared.accounting.namespace import account_view
 from shared.accounting.results import VmEntry
 from shared.ledger.fold import NamespaceView
 from shared.quantity import Quantity
@@ -63,11 +63,10 @@ def vms_json(namespace: str, vms: list[contract.VmState]) -> msgspec.Raw:
 def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageBody:
     """Usage of one namespace. ``now`` (default: the current time) decides which terminating pods are past
     their grace period, as the Kubernetes quota evaluator does."""
-    usage = account_namespace(
-        (),
+    usage = account_view(
+        {**view.cluster_objects, **view.objects},  # (no kind is in both)
+        view.namespace,
         now=now or datetime.now(UTC),
-        namespace=view.namespace,
-        kinds={**view.cluster_objects, **view.objects},  # (no kind is in both)
     )
     errors = list(usage.errors)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from shared.accounting.namespace import account_namespace
+from shared.accounting.namespace import account_namespace, account_view
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
 from shared.normalize import normalize
 from shared.podusage import quota_usage_of
@@ -171,7 +171,7 @@ def run() -> list[Result]:
         changing = one_change_at_a_time(list(objs), kinds)
 
         def account_again(changing: Any = changing) -> int:
-            account_namespace((), now=now, config=config, namespace=NS, kinds=changing())
+            account_view(changing(), NS, now=now, config=config)
             return 1
 
         results.append(

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from shared.accounting.estimates import evidence_bound
 from shared.accounting.memo import Memo
-from shared.accounting.namespace import account_namespace
+from shared.accounting.namespace import account_namespace, account_view
 from shared.accounting.results import (
     ADMITTED,
     GROWTH_REFUSED,
@@ -796,7 +796,7 @@ def test_memoised_accounting_equals_the_reference(objs: list[dict[str, Any]], ed
         _same(account_namespace(current, now=NOW, distinct=True), account_namespace(current, now=NOW, memoize=False))
         # split by kind, a kind's list the same object while the kind does not change: as the ledger gives them
         lists = _by_kind(current, lists if step else {})
-        by_kind = account_namespace((), now=NOW, namespace=NS, kinds=lists)
+        by_kind = account_view(lists, NS, now=NOW)
         _same(by_kind, account_namespace(current, now=NOW, memoize=False))
 
 

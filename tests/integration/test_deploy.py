@@ -813,15 +813,20 @@ def test_single_cluster_with_the_reservation_guard(tmp_path: Path) -> None:
     assert policies == [d for d in shipped if d["kind"] == "ValidatingAdmissionPolicy"]
     bindings = of_kind(objs, "ValidatingAdmissionPolicyBinding")
     assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(p["metadata"]["name"] for p in policies)
+    by_name = {p["metadata"]["name"]: p for p in policies}
     for binding in bindings:
-        assert binding["spec"]["paramRef"] == {"name": guard.NAME, "parameterNotFoundAction": "Allow"}
-    [sized] = [p for p in policies if p["spec"]["matchConstraints"]["resourceRules"][0]["apiGroups"] == ["kubevirt.io"]]
+        if "paramKind" in by_name[binding["spec"]["policyName"]]["spec"]:
+            assert binding["spec"]["paramRef"] == {"name": guard.NAME, "parameterNotFoundAction": "Allow"}
+        else:
+            assert "paramRef" not in binding["spec"]
+    sized = by_name["vmquota-reservation-holder-size"]
     frozen = " ".join(v["expression"] for v in sized["spec"]["validations"])
     assert all(f"object.spec.{f} == oldObject.spec.{f}" in frozen for f in HELD_SPEC_FIELDS), (
         "the policy keeps what the enforcer compares"
     )
-    [keys] = [v["expression"] for v in sized["spec"]["variables"] if v["name"] == "renderAnnotations"]
-    assert sorted(re.findall(r"'([^']+)'", keys)) == sorted(RENDER_ANNOTATIONS), "and the annotations it renders from"
+    kept = by_name["vmquota-vmi-render-annotations"]
+    [keys] = [v["expression"] for v in kept["spec"]["variables"] if v["name"] == "renderAnnotations"]
+    assert sorted(re.findall(r"'([^']+)'", keys)) == sorted(RENDER_ANNOTATIONS), "the annotations pods render from"
     cluster, _ = granted(objs, "vmquota-enforcer")
     assert cluster == CLUSTER_RULES["enforcer"] | enforcer_rules()[1]
     for _, service, c in vmquota_deployments(objs):

@@ -170,8 +170,8 @@ async def test_a_holder_vmis_size_cannot_change_while_its_room_is_reserved(sim: 
     assert err.message == (
         'virtualmachineinstances.kubevirt.io "vm1" is forbidden: ValidatingAdmissionPolicy '
         "'vmquota-reservation-holder-size' with binding 'vmquota-reservation-holder-size' denied request: vmquota: "
-        "vm1 holds room reserved for its migration vm1-mig; its domain, networks and rendering annotations can change "
-        "once that pod exists; retry in a moment"
+        "vm1 holds room reserved for its migration vm1-mig; its domain and networks can change once that pod exists; "
+        "retry in a moment"
     )
 
     def sockets(obj: Obj) -> None:
@@ -184,10 +184,7 @@ async def test_a_holder_vmis_size_cannot_change_while_its_room_is_reserved(sim: 
         obj["spec"]["domain"].setdefault("devices", {})["interfaces"] = [{"name": "vf", "sriov": {}}]
         obj["spec"]["networks"] = [{"name": "vf", "multus": {"networkName": "sriov"}}]
 
-    def sidecar(obj: Obj) -> None:
-        obj["metadata"].setdefault("annotations", {})["hooks.kubevirt.io/hookSidecars"] = '[{"image": "x"}]'
-
-    for change in (sockets, resources, interface, sidecar):
+    for change in (sockets, resources, interface):
         assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", change) is not None, change.__name__
 
     def label(obj: Obj) -> None:
@@ -202,6 +199,50 @@ async def test_a_holder_vmis_size_cannot_change_while_its_room_is_reserved(sim: 
     assert (await sim.get("virtualmachineinstances", NS, "vm1"))["spec"]["domain"]["memory"]["guest"] == "1Gi"
     await reserve(sim)  # its pod exists: off the list
     assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", hotplug) is None, "once it holds nothing"
+
+
+def sidecar(obj: Obj) -> None:
+    obj["metadata"].setdefault("annotations", {})["hooks.kubevirt.io/hookSidecars"] = '[{"image": "x"}]'
+
+
+async def test_a_running_vmis_render_annotations_are_kept_from_everyone(sim: SimCluster) -> None:
+    """A hook sidecar (or another annotation its launcher pods are rendered from) added to a running VMI would make
+    its next migration target larger than the VM vmquota admitted, without admitting the growth: the shipped policy
+    refuses adding, changing or removing one, from the tenant and from KubeVirt alike, held room or not; other
+    annotations change freely."""
+    await install(sim, GUARD_POLICY.read_text())
+    with acting_as(KUBEVIRT_CONTROLLER):
+        await sim.create(vmi_obj("vm1", namespace=NS))
+    err = await update_as(sim, TENANT, "vm1", sidecar)
+    assert err is not None and err.code == 403, err
+    assert err.message == (
+        'virtualmachineinstances.kubevirt.io "vm1" is forbidden: ValidatingAdmissionPolicy '
+        "'vmquota-vmi-render-annotations' with binding 'vmquota-vmi-render-annotations' denied request: vmquota: "
+        "hooks.kubevirt.io/hookSidecars of vm1 shape its launcher pods, which vmquota admitted as they are: set it "
+        "in the VirtualMachine template; it applies at the next start"
+    )
+    assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", sidecar) is not None, "nor KubeVirt"
+
+    def parity(obj: Obj) -> None:
+        obj["metadata"].setdefault("annotations", {})["alpha.kubevirt.io/EmulatorThreadCompleteToEvenParity"] = ""
+
+    def note(obj: Obj) -> None:
+        obj["metadata"].setdefault("annotations", {})["example.com/note"] = "mine"
+
+    assert await update_as(sim, TENANT, "vm1", parity) is not None, "an annotation with an empty value"
+    assert await update_as(sim, TENANT, "vm1", note) is None, "another annotation"
+    meta = (await sim.get("virtualmachineinstances", NS, "vm1"))["metadata"]
+    assert "hooks.kubevirt.io/hookSidecars" not in meta["annotations"] and meta["annotations"]["example.com/note"]
+    hooked = vmi_obj("vm2", namespace=NS)
+    sidecar(hooked)
+    with acting_as(KUBEVIRT_CONTROLLER):  # created with one: kept, and not removable either
+        await sim.create(hooked)
+
+    def unhook(obj: Obj) -> None:
+        obj["metadata"]["annotations"].pop("hooks.kubevirt.io/hookSidecars")
+
+    assert await update_as(sim, TENANT, "vm2", unhook) is not None
+    assert await update_as(sim, TENANT, "vm2", note) is None
 
 
 async def test_only_kubevirt_changes_a_vmis_spec(sim: SimCluster) -> None:

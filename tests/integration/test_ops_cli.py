@@ -143,8 +143,11 @@ async def test_status_tail_and_replay_after_a_migration_at_full_quota() -> None:
         timeline = json.loads(out)
         assert (timeline["kind"], timeline["namespace"], timeline["name"]) == ("migration", NS, name)
         steps = [s["step"] for s in timeline["steps"]]
-        for step in ("created", "seen", "raised", "target-admitted", "succeeded", "lowered"):
+        for step in ("created", "seen", "target-refused", "raised", "target-admitted", "succeeded", "lowered"):
             assert step in steps, (step, timeline["steps"])
+        assert steps.index("target-refused") < steps.index("target-admitted")
+        refused = next(s for s in timeline["steps"] if s["step"] == "target-refused")
+        assert "limits.memory=" in refused["detail"] and "Gi" in refused["detail"], refused  # (readable amounts)
         # (`reserved` comes from the usage history, which the server fills asynchronously: not asserted here;
         # a snapshot replaced within milliseconds can be missing from it, as docs/events.md says)
         assert steps.index("raised") < steps.index("target-admitted")

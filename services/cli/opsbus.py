@@ -87,7 +87,7 @@ def parse_time(text: str, where: str) -> datetime:
     return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
 
 
-_FRACTION = re.compile(r"\.(\d{7,})")
+_FRACTION = re.compile(r"[.,](\d{7,})")
 
 
 def exact_nanos(text: str, t: datetime) -> int:
@@ -230,7 +230,7 @@ async def messages(
             at = position(m)
             if not follow and (at.stream >= last or at.pending == 0):
                 return
-    finally:  # (a reader that stops early closes this generator: see :func:`messages_until`)
+    finally:  # (a reader that stops early closes this generator: ``contextlib.aclosing``, as ``replay`` does)
         with contextlib.suppress(Exception):  # (the connection may be closing: nothing left to tell the server)
             await sub.unsubscribe()
 

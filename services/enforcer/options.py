@@ -47,10 +47,14 @@ class EnforcerOptions:
     a ``Retry-After`` the server sent (up to ``retry_max``)."""
     retry_max: float = 10.0
     nudge_interval: float = 0.2
+    """Least seconds between two nudges of one VMI (``shared.quota.annotations.NUDGE_ANNOTATION``)."""
     usage_refresh_interval: float = 30.0
     """Least seconds between two writes of one quota's ``vmquota.io/usage`` summary when nothing else of the
     quota changes (``Action.REFRESH``); the summary also rides on every other write."""
-    """Least seconds between two nudges of one VMI (``shared.quota.annotations.NUDGE_ANNOTATION``)."""
+    refresh_rate: float = 10.0
+    """Most summary-only writes per second overall (a tenth of ``patch_rate``): with thousands of quotas whose
+    usage moves, the summaries must not take the write budget the raises migrations wait for; a refresh that finds
+    no room waits its turn."""
     reservation_guard: bool = False
     """Write each namespace's QuotaReservation (``shared.quota.guard``) before a raise that reserves, and shrink it once
     no quota carries the reservation: for the optional reservation-guard policy."""

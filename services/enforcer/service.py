@@ -82,6 +82,7 @@ class Enforcer:
         self._backoff = Backoff(initial=opts.retry_base, maximum=opts.retry_max, jitter=0.2)
         self._conflict_backoff = Backoff(initial=opts.conflict_backoff, maximum=opts.conflict_backoff_max, jitter=0.5)
         self._patches = TokenBucket(opts.patch_rate, max(1.0, opts.patch_rate))
+        self._refreshes = TokenBucket(opts.refresh_rate, max(1.0, opts.refresh_rate))
         self._quota_patches: dict[Key, TokenBucket] = {}
         self.quotas = KnownQuotas()
         self._excluded: dict[Key, None] = {}
@@ -108,6 +109,8 @@ class Enforcer:
         KubeVirt acts on before quota admission has the raise is refused, and nothing would nudge again)."""
         self._summarized: dict[Key, float] = {}
         """Monotonic time of each quota's last write of its ``vmquota.io/usage`` summary."""
+        self._refresh_turn: set[Key] = set()
+        """Quotas whose summary has its turn under ``refresh_rate`` (taken on credit when it was put off)."""
         self._refresh_due: dict[Key, asyncio.TimerHandle] = {}
         """Quotas whose summary alone waits for its interval: the timer of their next reconciliation."""
         self._held: set[str] = set()
@@ -360,6 +363,7 @@ class Enforcer:
         self._acted.pop(key, None)
         self._tell_pending.discard(key)
         self._summarized.pop(key, None)
+        self._refresh_turn.discard(key)
         timer = self._refresh_due.pop(key, None)
         if timer is not None:
             timer.cancel()
@@ -547,10 +551,17 @@ class Enforcer:
         """Whether the quota's usage summary, alone out of date, waits (written less than
         ``usage_refresh_interval`` ago); it is then reconciled again when it is due (a loop timer, not the work
         queue's delay: it keeps nobody waiting and never shortens a retry's backoff)."""
+        now = time.monotonic()
         last = self._summarized.get(key)
-        wait = 0.0 if last is None else last + self.opts.usage_refresh_interval - time.monotonic()
+        wait = 0.0 if last is None else last + self.opts.usage_refresh_interval - now
         if wait <= 0:
-            return False
+            if key in self._refresh_turn:  # (its turn, taken when it was put off)
+                self._refresh_turn.discard(key)
+                return False
+            wait = self._refreshes.take(now)  # (their own bound: never the raises' write budget)
+            if wait <= 0:
+                return False
+            self._refresh_turn.add(key)
         if key not in self._refresh_due:
             self._refresh_due[key] = asyncio.get_running_loop().call_later(wait, self._refresh_now, key)
         return True

@@ -65,7 +65,7 @@ class Admission(Migrations):
             q.reserved.add(pod_est)
         reason = "pending, admitted in creation order: launcher pod reserved"
         if taken:
-            reason += f" (exact amounts from a quota refusal: {fmt(taken)})"
+            reason += f" (the amounts of a quota refusal: {fmt(taken)})"
         if not estimate:
             reason += "; its launcher pod could not be estimated (see errors)"
         self.vm_entries[key] = VmEntry(

@@ -108,7 +108,7 @@ class Migrations(Vms):
             refused = self._refusals(v, m.creation_timestamp)
             estimate, taken = self._bounded(estimate, refused, f"{m.ref} (VMI {v.name})")
             if taken:
-                why.append(f"exact amounts from a quota refusal: {fmt(taken)}")
+                why.append(f"the amounts of a quota refusal: {fmt(taken)}")
         self.targets.append(Target(len(self.mig_entries), m, v, nonzero(estimate), dict(grow), why))
         return _migration_entry(m, NOT_TRIED, "")  # (replaced by the decision)
 

@@ -53,6 +53,15 @@ def fmt(rl: Mapping[str, Quantity]) -> str:
     return ", ".join(f"{k}={readable(rl[k], k)}" for k in sorted(rl)) or "nothing"
 
 
+def _needs(r: str, need: Quantity, left: Quantity, budget: Quantity) -> str:
+    """``limits.memory needs 16Gi but 8Gi of 64Gi is left``: readable, but exact when rounding would print the
+    need and what is left the same (it is more than is left)."""
+    n, lf = readable(need, r), readable(left, r)
+    if n == lf:
+        n, lf = need.canonical(), left.canonical()
+    return f"{r} needs {n} but {lf} of {readable(budget, r)} is left"
+
+
 def vm_size(v: VmiSnapshot) -> VmSize:
     return VmSize.of(v.vcpus, v.guest_memory, v.status_vcpus, v.status_guest_memory)
 
@@ -167,10 +176,7 @@ class State:
             misfit[q.policy.name] = rs
             budget = q.policy.budget
             left = {r: Quantity(max(budget[r].nanos - q.counted(r), 0), budget[r].format) for r in rs}
-            detail = ", ".join(
-                f"{r} needs {readable(u[r], r)} but {readable(left[r], r)} of {readable(budget[r], r)} is left"
-                for r in rs
-            )
+            detail = ", ".join(_needs(r, u[r], left[r], budget[r]) for r in rs)
             name = f"quota {q.policy.name} ({q.policy.mode.value})" if q.policy.name else f"({q.policy.mode.value})"
             parts.append(f"{name}: {detail}")
         return misfit, parts

@@ -322,7 +322,10 @@ class NamespaceState:
         st.usage_digest = ck.usage_digest
         st.floors = dict(ck.floors)
         for r in ck.objects:
-            snap = from_wire(r.snapshot)
+            try:
+                snap = from_wire(r.snapshot)  # (the parts the wire variant reads as text are decoded here)
+            except msgspec.ValidationError as e:
+                raise InvalidInput(f"invalid checkpoint: {e}", "checkpoint") from None
             uid = snap.uid or r.uid if snap is not None else r.uid  # (the snapshot's interned string, as folding keys)
             st.objects.setdefault(r.kind, {})[uid] = Record(r.rv, r.seq, snap)
         return st

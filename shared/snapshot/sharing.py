@@ -1,6 +1,7 @@
 """What a ledger holds for thousands of objects, shared: equal resource lists are one dict (by the identity of their
-quantities, which the wire decoder hands out one per printed form), and strings that recur are interned. An
-optimisation only: nothing depends on it for correctness."""
+quantities, which the wire decoder hands out one per printed form). The events decoder's fast path
+(``shared.snapshot.fastpath``) uses it, and interns the strings that recur. An optimisation only: nothing depends
+on it for correctness."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ V = TypeVar("V")
 
 class Shared(dict[str, V]):
     """A part that snapshots of one shape share (read-only, like the snapshots holding it): its type says it is
-    shared already, so a snapshot given one keeps it as it is. Equal to, and encoded as, a plain dict; a copy is a
-    plain dict (shared is what a memo handed out, nothing else)."""
+    shared already (a VMI keeps a shared spec as it is). Equal to, and encoded as, a plain dict; a copy is a plain
+    dict (shared is what a memo handed out, nothing else)."""
 
     __slots__ = ()
 
@@ -50,28 +51,3 @@ def shared_resources(rl: dict[str, Quantity]) -> SharedResources:
     if shared is None:
         shared = _SHARED_LISTS.keep(key, SharedResources(rl))
     return shared
-
-
-_SHARED_POD_LISTS: Final[Bounded[tuple[str | int, ...], tuple[SharedResources, ...]]] = Bounded(4096)
-
-
-def shared_pod_resources(
-    requests: dict[str, Quantity], limits: dict[str, Quantity], usage: dict[str, Quantity]
-) -> tuple[SharedResources, ...]:
-    """:func:`shared_resources` of a pod's three lists at once (one key, one lookup: every pod event)."""
-    key: tuple[str | int, ...] = (
-        *requests,
-        *map(id, requests.values()),
-        0,
-        *limits,
-        *map(id, limits.values()),
-        1,
-        *usage,
-        *map(id, usage.values()),
-    )
-    found = _SHARED_POD_LISTS.get(key)
-    if found is None:
-        found = _SHARED_POD_LISTS.keep(
-            key, (shared_resources(requests), shared_resources(limits), shared_resources(usage))
-        )
-    return found

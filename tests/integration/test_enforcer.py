@@ -1040,3 +1040,38 @@ async def test_the_usage_summary_alone_is_written_at_most_once_per_interval(
         final = await wait_quota(sim, lambda o: True, "the quota")
         assert hard(final) == hard(q) == {"limits.memory": "64Gi"}
         assert len(await decisions(bus, lambda ds: True)) == len(adopted), "no decision for the summary alone"
+
+
+async def test_summary_writes_have_their_own_rate_bound(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """Thousands of quotas whose usage moves must not spend the write budget raises wait for: summary-only writes
+    are spaced by ``refresh_rate`` (here 2/s, a burst of 2), and each still lands."""
+    names = [f"q{i}" for i in range(4)]
+    for name in names:
+        await sim.create_quota(NS, name, {"limits.memory": "64Gi"}, labels=MANAGED)
+
+    def used(gi: int) -> dict[str, contract.QuotaTerms]:
+        t = terms("64Gi", "64Gi")["compute"]
+        return {name: msgspec.structs.replace(t, used={"limits.memory": f"{gi}Gi"}) for name in names}
+
+    def summary(gi: int) -> Callable[[], Any]:
+        async def check() -> bool:
+            objs = [await sim.get("resourcequotas", NS, name) for name in names]
+            return all(f"used limits.memory {gi}Gi/64Gi" in notes(o).get(USAGE_ANNOTATION, "") for o in objs)
+
+        return check
+
+    async with enforcer(bus, api, usage_refresh_interval=0.0, refresh_rate=2.0) as (e, _):
+        await publish_usage(bus, 1, used(8))
+        await sim.wait_for(summary(8), within=10, what="adopted with the 8Gi summary")
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await publish_usage(bus, 2, used(16))
+        await sim.wait_for(summary(16), within=10, what="every summary refreshed")
+        took = loop.time() - start
+        refreshed = e.metrics.registry.get_sample_value(
+            "vmquota_enforcer_patches_total", {"service": "enforcer", "outcome": "refreshed"}
+        )
+        assert refreshed == 4, refreshed
+        assert took >= 0.9, f"4 refreshes at 2/s with a burst of 2 take a second; took {took:.2f} s"

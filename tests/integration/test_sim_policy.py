@@ -218,8 +218,8 @@ async def test_a_running_vmis_render_annotations_are_kept_from_everyone(sim: Sim
     assert err.message == (
         'virtualmachineinstances.kubevirt.io "vm1" is forbidden: ValidatingAdmissionPolicy '
         "'vmquota-vmi-render-annotations' with binding 'vmquota-vmi-render-annotations' denied request: vmquota: "
-        "hooks.kubevirt.io/hookSidecars of vm1 shape its launcher pods, which vmquota admitted as they are: set it "
-        "in the VirtualMachine template; it applies at the next start"
+        "hooks.kubevirt.io/hookSidecars of vm1 shape its launcher pods, which vmquota admitted as they are: a change "
+        "applies at the next start of the VM (set it in its template)"
     )
     assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", sidecar) is not None, "nor KubeVirt"
 

@@ -1146,3 +1146,15 @@ def test_a_sums_printed_total_is_its_resources_one_form_in_any_order(order: list
     s = Sum()
     s.extend([lists[i] for i in order])
     assert canonical_resource_list(s.result()) == {"cpu": "500m", "memory": "2048576Ki"}
+
+
+def test_a_refusal_never_reads_as_needing_what_is_left() -> None:
+    """Readable amounts round to a tenth: a need just above what is left would print the same on both sides, so
+    such a reason is written exactly."""
+    from shared.accounting.state import _needs
+
+    q = Quantity.parse
+    assert _needs("limits.memory", q("16Gi"), q("8Gi"), q("64Gi")) == "limits.memory needs 16Gi but 8Gi of 64Gi is left"
+    assert _needs("limits.memory", q("17405661185"), q("17390000000"), q("64Gi")) == (
+        "limits.memory needs 17405661185 but 17390M of 64Gi is left"
+    )

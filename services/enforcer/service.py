@@ -41,6 +41,7 @@ from services.enforcer.kube import KubeError, Obj, QuotaApi
 from services.enforcer.options import EnforcerMetrics, EnforcerOptions, Key
 from services.enforcer.quota_metrics import QuotaMetrics
 from services.enforcer.reporting import Reporter
+from services.enforcer.summary import SummaryPacer
 from services.platform.bus import Bus, position
 from services.platform.consumer import PullConsumer
 from services.platform.http import Metrics
@@ -82,7 +83,6 @@ class Enforcer:
         self._backoff = Backoff(initial=opts.retry_base, maximum=opts.retry_max, jitter=0.2)
         self._conflict_backoff = Backoff(initial=opts.conflict_backoff, maximum=opts.conflict_backoff_max, jitter=0.5)
         self._patches = TokenBucket(opts.patch_rate, max(1.0, opts.patch_rate))
-        self._refreshes = TokenBucket(opts.refresh_rate, max(1.0, opts.refresh_rate))
         self._quota_patches: dict[Key, TokenBucket] = {}
         self.quotas = KnownQuotas()
         self._excluded: dict[Key, None] = {}
@@ -107,12 +107,7 @@ class Enforcer:
         self._tell_pending: set[Key] = set()
         """Quotas written whose ``status.hard`` has not caught up yet: the namespace's nudges wait for it (a nudge
         KubeVirt acts on before quota admission has the raise is refused, and nothing would nudge again)."""
-        self._summarized: dict[Key, float] = {}
-        """Monotonic time of each quota's last write of its ``vmquota.io/usage`` summary."""
-        self._refresh_turn: set[Key] = set()
-        """Quotas whose summary has its turn under ``refresh_rate`` (taken on credit when it was put off)."""
-        self._refresh_due: dict[Key, asyncio.TimerHandle] = {}
-        """Quotas whose summary alone waits for its interval: the timer of their next reconciliation."""
+        self.summaries = SummaryPacer(opts.usage_refresh_interval, opts.refresh_rate, self._summary_due)
         self._held: set[str] = set()
         """Namespaces touched before both inputs were read to their end (acted on once they are)."""
         self._caught_up = {"quotas": False, "usage": False}
@@ -167,8 +162,7 @@ class Enforcer:
                 # stops writing at once: another enforcer may be leading already.
                 stopper.cancel()
                 self._stopped = True
-                for timer in self._refresh_due.values():
-                    timer.cancel()
+                self.summaries.stop()
                 await cancel(*tasks[:2])
                 if graceful:
                     await self._drain()
@@ -362,11 +356,7 @@ class Enforcer:
         self._verify.discard(key)
         self._acted.pop(key, None)
         self._tell_pending.discard(key)
-        self._summarized.pop(key, None)
-        self._refresh_turn.discard(key)
-        timer = self._refresh_due.pop(key, None)
-        if timer is not None:
-            timer.cancel()
+        self.summaries.forget(key)
         self.reporter.forget(key)
         held = self.guard.forget(key)
         self._quota_patches.pop(key, None)
@@ -471,7 +461,7 @@ class Enforcer:
                 # the usual case P <= status.used and the patch's precondition vouches for the copy: no read.)
                 quota = fresh = await self._read(key, quota)
                 continue
-            later = p.action is Action.REFRESH and (self.opts.dry_run or self._refresh_later(key))
+            later = p.action is Action.REFRESH and (self.opts.dry_run or self.summaries.later(key))
             if not p.changes or later:
                 self._since.pop(key, None)
                 if self.opts.reservation_guard and not self.opts.dry_run:
@@ -533,7 +523,7 @@ class Enforcer:
                 await self.guard.after(key, after, usage)
             self.patched += 1
             if USAGE_ANNOTATION in p.annotations:
-                self._summarized[key] = time.monotonic()
+                self.summaries.written(key)
             if p.action is Action.REFRESH:  # (the summary alone: not a decision, nothing to report)
                 self._since.pop(key, None)
                 self.own.patches.labels(outcome="refreshed").inc()
@@ -547,27 +537,7 @@ class Enforcer:
             self.reporter.decision(p, after.resource_version)
             return
 
-    def _refresh_later(self, key: Key) -> bool:
-        """Whether the quota's usage summary, alone out of date, waits (written less than
-        ``usage_refresh_interval`` ago); it is then reconciled again when it is due (a loop timer, not the work
-        queue's delay: it keeps nobody waiting and never shortens a retry's backoff)."""
-        now = time.monotonic()
-        last = self._summarized.get(key)
-        wait = 0.0 if last is None else last + self.opts.usage_refresh_interval - now
-        if wait <= 0:
-            if key in self._refresh_turn:  # (its turn, taken when it was put off)
-                self._refresh_turn.discard(key)
-                return False
-            wait = self._refreshes.take(now)  # (their own bound: never the raises' write budget)
-            if wait <= 0:
-                return False
-            self._refresh_turn.add(key)
-        if key not in self._refresh_due:
-            self._refresh_due[key] = asyncio.get_running_loop().call_later(wait, self._refresh_now, key)
-        return True
-
-    def _refresh_now(self, key: Key) -> None:
-        self._refresh_due.pop(key, None)
+    def _summary_due(self, key: Key) -> None:
         if not self._stopped:
             self._queue.add(key)
 

@@ -24,9 +24,12 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+import msgspec
+
 from services.platform.inputs import cr_fields, kubevirt_fields, load_objects
 from shared.accounting.namespace import account_namespace
 from shared.accounting.results import NamespaceUsage, QuotaUsage, VmEntry
+from shared.accounting.wire import quota_terms
 from shared.errors import InvalidInput
 from shared.kinds import (
     CLUSTER_SCOPED_KINDS,
@@ -251,19 +254,12 @@ def budgeted(u: NamespaceUsage) -> bool:
 # ---- output ----------------------------------------------------------------------------------------------------
 
 
-def _quota_json(q: QuotaUsage) -> dict[str, Any]:
-    out: dict[str, Any] = {"mode": q.policy.mode.value}
-    if q.policy.budget:
-        out["budget"] = canonical_resource_list(q.policy.budget)
-    out |= {
-        "used": canonical_resource_list(q.used),
-        "pods": canonical_resource_list(q.pods),
-        "reserved": canonical_resource_list(q.reserved),
-        "taken": canonical_resource_list(q.taken),
-        "hard": canonical_resource_list(q.hard),
-    }
-    if q.policy.budget:
-        out["overBudget"] = list(q.over_budget)
+def _quota_json(q: QuotaUsage, notes: list[str]) -> dict[str, Any]:
+    """The quota's terms as the ledger publishes them (``shared.accounting.wire.quota_terms``); with ``--mode``
+    alone (no budget) without ``budget`` and ``overBudget``."""
+    out: dict[str, Any] = msgspec.to_builtins(quota_terms(q.policy.name, q, notes))
+    if not q.policy.budget:
+        del out["budget"], out["overBudget"]
     if q.policy.mode is Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO:
         ratio = q.policy.cpu_allocation_ratio
         out["cpuAllocationRatio"] = str(ratio) if ratio is not None else None
@@ -323,13 +319,14 @@ def namespace_json(u: NamespaceUsage) -> dict[str, Any]:
                 "reason": p.reason,
             }
         )
+    errors = list(u.errors)
     if per_quota:
-        out: dict[str, Any] = {"quotas": {name: _quota_json(q) for name, q in sorted(u.quotas.items())}}
+        out: dict[str, Any] = {"quotas": {name: _quota_json(q, errors) for name, q in sorted(u.quotas.items())}}
     else:
-        out = _quota_json(u.quotas[""])
+        out = _quota_json(u.quotas[""], errors)
     out["objects"] = objects
-    if u.errors:
-        out["errors"] = list(u.errors)
+    if errors:
+        out["errors"] = errors
     return out
 
 

@@ -12,7 +12,7 @@ import msgspec
 
 from shared import contract
 from shared.accounting.namespace import account_view
-from shared.accounting.results import VmEntry
+from shared.accounting.results import QuotaUsage, VmEntry
 from shared.ledger.fold import NamespaceView
 from shared.quantity import Quantity
 from shared.resources import canonical_resource_list, saturated
@@ -60,6 +60,33 @@ def vms_json(namespace: str, vms: list[contract.VmState]) -> msgspec.Raw:
     return msgspec.Raw(b"[" + b",".join(parts) + b"]")
 
 
+def quota_terms(name: str, q: QuotaUsage, errors: list[str]) -> contract.QuotaTerms:
+    """A managed quota's terms in the wire form (canonical quantity strings); a term beyond what Kubernetes can
+    represent is published as the largest value it can, with a line in ``errors``."""
+
+    def wire(field: str, rl: Mapping[str, Quantity]) -> dict[str, str]:
+        out, cut = saturated(rl)
+        if cut:
+            errors.append(
+                f"quota {name}: {field} of {', '.join(cut)} exceeds what Kubernetes can represent; published as "
+                "the largest value it can"
+            )
+        return canonical_resource_list(out)
+
+    return contract.QuotaTerms(
+        mode=q.policy.mode.value,
+        budget=canonical_resource_list(q.policy.budget),
+        used=wire("used", q.used),
+        pods=wire("pods", q.pods),
+        reserved=wire("reserved", q.reserved),
+        overlap=wire("overlap", q.overlap),
+        unvouched=wire("unvouched", q.unvouched),
+        taken=wire("taken", q.taken),
+        hard=canonical_resource_list(q.hard),
+        over_budget=list(q.over_budget),
+    )
+
+
 def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageBody:
     """Usage of one namespace. ``now`` (default: the current time) decides which terminating pods are past
     their grace period, as the Kubernetes quota evaluator does."""
@@ -69,31 +96,7 @@ def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageB
         now=now or datetime.now(UTC),
     )
     errors = list(usage.errors)
-
-    def wire(name: str, field: str, rl: Mapping[str, Quantity]) -> dict[str, str]:
-        out, cut = saturated(rl)
-        if cut:
-            errors.append(
-                f"quota {name}: {field} of {', '.join(cut)} exceeds what Kubernetes can represent; published as "
-                "the largest value it can"
-            )
-        return canonical_resource_list(out)
-
-    quotas = {
-        name: contract.QuotaTerms(
-            mode=q.policy.mode.value,
-            budget=canonical_resource_list(q.policy.budget),
-            used=wire(name, "used", q.used),
-            pods=wire(name, "pods", q.pods),
-            reserved=wire(name, "reserved", q.reserved),
-            overlap=wire(name, "overlap", q.overlap),
-            unvouched=wire(name, "unvouched", q.unvouched),
-            taken=wire(name, "taken", q.taken),
-            hard=canonical_resource_list(q.hard),
-            over_budget=list(q.over_budget),
-        )
-        for name, q in sorted(usage.quotas.items())
-    }
+    quotas = {name: quota_terms(name, q, errors) for name, q in sorted(usage.quotas.items())}
     vms = [_vm_state(view.namespace, v) for v in usage.vms]
     migrations = [
         contract.MigrationState(

@@ -159,7 +159,7 @@ def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
     spec = mapping(obj, "spec", "")
     return VmiSnapshot(
         **ident,
-        labels=dict(vs.labels),  # (a VMI's own, read and checked by vmi_spec)
+        # (no labels: nothing renders or accounts from a VMI's labels, and a tenant's must not grow a ledger)
         annotations={k: vs.annotations[k] for k in RENDER_ANNOTATIONS if k in vs.annotations},
         deletion_timestamp=_time(meta, "deletionTimestamp", "metadata"),
         phase=string(status, "phase", "status"),

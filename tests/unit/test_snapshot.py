@@ -809,9 +809,9 @@ def test_decoded_snapshots_share_their_identity_strings_and_resource_lists() -> 
     assert running.annotations == {} and running.annotations is other.annotations, "one shared empty map"
 
 
-def test_a_vmi_keeps_only_the_annotations_its_launcher_pod_is_rendered_from() -> None:
-    """A tenant's other annotations (or the enforcer's nudge) are nothing accounting reads: they neither make a new
-    version worth re-accounting nor grow a ledger."""
+def test_a_vmi_keeps_only_the_annotations_its_launcher_pod_is_rendered_from_and_no_labels() -> None:
+    """A tenant's other annotations (or the enforcer's nudge) and its labels are nothing accounting reads: they
+    neither make a new version worth re-accounting nor grow a ledger."""
     hooks = '[{"image": "example.com/hook:1"}]'
     meta = VMI["metadata"]
     vmi = normalize(
@@ -829,6 +829,8 @@ def test_a_vmi_keeps_only_the_annotations_its_launcher_pod_is_rendered_from() ->
         }
     )
     assert isinstance(vmi, VmiSnapshot) and vmi.annotations == {"hooks.kubevirt.io/hookSidecars": hooks}
+    labelled = normalize({**VMI, "metadata": {**meta, "labels": {f"example.com/pad{i}": "x" * 63 for i in range(50)}}})
+    assert isinstance(labelled, VmiSnapshot) and labelled.labels == {} and same_content(labelled, normalize(VMI))
     nudged = normalize(
         {**VMI, "metadata": {**meta, "annotations": {**meta.get("annotations", {}), "vmquota.io/retry": "8"}}}
     )

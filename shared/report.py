@@ -63,6 +63,15 @@ def readable_amounts(text: str) -> str:
     return _AMOUNT.sub(one, text)
 
 
+def printable(text: str) -> str:
+    """``text`` for a terminal: every character that is not printable (escape sequences, newlines) written as its
+    Python escape. What the commands print can come from a tenant (an Event's message, an object's name): it must
+    not move the cursor, recolour or rewrite what an operator reads, nor split one line into several."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def readable_list(rl: Mapping[str, str]) -> dict[str, str]:
     """A wire resource list (canonical strings) in readable form; an unreadable value is shown as it is."""
     out: dict[str, str] = {}

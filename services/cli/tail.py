@@ -70,9 +70,9 @@ def show(what: str, m: Msg, output: str) -> str:
     if output == "json":
         return json.dumps(json.loads(m.data), separators=(",", ":"))
     try:
-        return line(what, m.data)
+        return report.printable(line(what, m.data))
     except InvalidInput as e:
-        return f"(unreadable message at {m.subject}: {e})"
+        return report.printable(f"(unreadable message at {m.subject}: {e})")
 
 
 def _cluster_of(data: bytes) -> str:

@@ -160,6 +160,42 @@ async def test_status_tail_and_replay_after_a_migration_at_full_quota() -> None:
         code, out, err = await vmquota("explain", "vm", f"{NS}/vm1", "--nats", url)
         assert code == 0, err
         assert out.startswith(f"vm {NS}/vm1 (cluster {CLUSTER})") and " running " in out, out
+
+        # a tenant's Event on its VMI, its message written to take over the operator's terminal: printed escaped
+        vmi = p.sim.peek("vmi", NS, "vm2")
+        assert vmi is not None
+        hostile = (
+            'pods "\x1b[2J\x1b[Hall is well\nvm2" is forbidden: exceeded quota: compute, requested: '
+            "limits.memory=1Gi, used: limits.memory=64Gi, limited: limits.memory=64Gi"
+        )
+        await p.sim.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"name": "vm2.hostile", "namespace": NS},
+                "involvedObject": {
+                    "apiVersion": "kubevirt.io/v1",
+                    "kind": "VirtualMachineInstance",
+                    "name": "vm2",
+                    "namespace": NS,
+                    "uid": vmi["metadata"]["uid"],
+                },
+                "reason": "FailedCreate",
+                "type": "Warning",
+                "message": hostile
+                + "requested: limits.memory=1Gi, used: limits.memory=64Gi, limited: limits.memory=64Gi",
+                "count": 1,
+            }
+        )
+
+        async def told() -> bool:
+            code, out, _ = await vmquota("explain", "vm", f"{NS}/vm2", "--nats", url)
+            return code == 0 and "is forbidden" in out
+
+        await p.wait(told, "the hostile Event in vm2's timeline")
+        code, out, err = await vmquota("explain", "vm", f"{NS}/vm2", "--nats", url)
+        assert code == 0 and "\x1b" not in out and "\\x1b[2J\\x1b[Hall is well\\nvm2" in out, out
+        assert all(line.startswith(("vm ", "  ")) for line in out.splitlines()), "one line per step"
         code, out, err = await vmquota("explain", "migration", f"{NS}/no-such-migration", "--nats", url)
         assert code == 1 and not out and len(err.strip().splitlines()) == 1, err
         assert "no migration (VirtualMachineInstanceMigration) tenant-a/no-such-migration in the retained" in err

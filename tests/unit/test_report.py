@@ -84,3 +84,8 @@ def test_a_kubernetes_quota_message_reads_in_readable_amounts() -> None:
         "used: limits.memory=64Gi,requests.cpu=1500m, limited: limits.memory=64Gi"
     )
     assert report.readable_amounts("no amounts here, version=1.2.3x") == "no amounts here, version=1.2.3x"
+
+
+def test_what_a_tenant_wrote_cannot_drive_the_operators_terminal() -> None:
+    assert report.printable("vm1 refused: limits.memory 16Gi") == "vm1 refused: limits.memory 16Gi"
+    assert report.printable("a\x1b[2Jb\nc\td") == "a\\x1b[2Jb\\nc\\td"

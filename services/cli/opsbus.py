@@ -248,5 +248,3 @@ def run_command(name: str, main: Callable[[], Coroutine[Any, Any, int]]) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:  # (the reader went away: `vmquota tail | head`)
-        raise

@@ -63,7 +63,6 @@ class VmiSpec:
     namespace: str
     name: str
     uid: str
-    labels: Mapping[str, str]
     annotations: Mapping[str, str]
     domain: Mapping[str, Any]
     spec: Mapping[str, Any]
@@ -112,10 +111,8 @@ def _vmi_spec(obj: Mapping[str, Any]) -> VmiSpec:
         spec = mapping(tmpl, "spec", "spec.template")
         where = "spec.template.spec"
         tmeta = mapping(tmpl, "metadata", "spec.template")
-        labels = string_map(tmeta, "labels", "spec.template.metadata")
         annotations = string_map(tmeta, "annotations", "spec.template.metadata")
     else:
-        labels = string_map(meta, "labels", "metadata")
         annotations = string_map(meta, "annotations", "metadata")
     domain = mapping(spec, "domain", where)
     dwhere = f"{where}.domain"
@@ -169,7 +166,6 @@ def _vmi_spec(obj: Mapping[str, Any]) -> VmiSpec:
         namespace=str(meta.get("namespace") or ""),
         name=str(meta.get("name") or ""),
         uid=str(meta.get("uid") or ""),
-        labels=labels,
         annotations=annotations,
         domain=domain,
         spec=spec,

@@ -145,7 +145,6 @@ def _vmi_from_wire(w: Any) -> VmiSnapshot:
         name=intern(w.name),
         resource_version=w.resource_version,
         creation_timestamp=w.creation_timestamp,
-        labels=_interned_values(w.labels),
         annotations=_interned_values(w.annotations),
         deletion_timestamp=w.deletion_timestamp,
         phase=intern(w.phase),

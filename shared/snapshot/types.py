@@ -116,8 +116,9 @@ class ScopeSelector(Part, frozen=True, kw_only=True):
 
 
 class VmiSnapshot(Snapshot, tag=VMI_KIND, frozen=True, kw_only=True):
-    labels: dict[str, str] = {}
-    """Empty: nothing renders or accounts from a VMI's labels (events of older versions carry them)."""
+    """(No labels: nothing renders or accounts from a VMI's labels; the decoder ignores those that events of older
+    versions carry.)"""
+
     annotations: dict[str, str] = {}
     """The annotations the launcher pod is rendered from (``shared.kubevirt.render.RENDER_ANNOTATIONS``): only
     those, so that a tenant's other annotations (or the enforcer's nudge) neither change what accounting reads nor
@@ -164,7 +165,6 @@ class VmiSnapshot(Snapshot, tag=VMI_KIND, frozen=True, kw_only=True):
                 "name": self.name,
                 "namespace": self.namespace,
                 "uid": self.uid,
-                "labels": dict(self.labels),
                 "annotations": dict(self.annotations),
             },
             "spec": self.spec,

@@ -46,11 +46,11 @@ def test_path() -> None:
 
 
 def test_the_readers_built_on_them_name_the_same_paths() -> None:
-    meta: dict[Any, Any] = {"name": "v", "namespace": "a", "uid": "u", "resourceVersion": "1", "labels": {1: "x"}}
+    meta: dict[Any, Any] = {"name": "v", "namespace": "a", "uid": "u", "resourceVersion": "1", "annotations": {1: "x"}}
     vmi = {"kind": "VirtualMachineInstance", "metadata": meta}
-    with pytest.raises(InvalidInput, match=r"metadata\.labels: expected a string key, got int 1"):
+    with pytest.raises(InvalidInput, match=r"metadata\.annotations: expected a string key, got int 1"):
         vmi_spec(vmi)
-    with pytest.raises(InvalidInput, match=r"metadata\.labels: expected a string key, got int 1"):
+    with pytest.raises(InvalidInput, match=r"metadata\.annotations: expected a string key, got int 1"):
         normalize(vmi)
     with pytest.raises(InvalidInput) as e:
         config_fields_from_cr({"kind": "KubeVirt", "status": "Deployed"})

@@ -76,7 +76,7 @@ def test_guest_memory_defaults(domain, guest):
 def test_flags_and_metadata():
     s = vmi_spec(vmi({"cpu": {"dedicatedCpuPlacement": True, "isolateEmulatorThread": True}}))
     assert s.dedicated_cpus and s.isolate_emulator_thread
-    assert (s.namespace, s.name, s.uid, dict(s.labels)) == ("ns", "a", "u1", {"x": "y"})
+    assert (s.namespace, s.name, s.uid) == ("ns", "a", "u1")
     assert s.kind == "VirtualMachineInstance" and s.spec_path == "spec"
     assert s.ref == "VirtualMachineInstance ns/a"
 
@@ -84,17 +84,17 @@ def test_flags_and_metadata():
 def test_vm_uses_its_template():
     vm = {
         "kind": "VirtualMachine",
-        "metadata": {"name": "v", "namespace": "ns", "labels": {"vm": "label"}},
+        "metadata": {"name": "v", "namespace": "ns", "annotations": {"vm": "annotation"}},
         "spec": {
             "template": {
-                "metadata": {"labels": {"tmpl": "label"}},
+                "metadata": {"annotations": {"tmpl": "annotation"}},
                 "spec": {"domain": {"cpu": {"sockets": 3}, "memory": {"guest": "1Gi"}}},
             }
         },
     }
     s = vmi_spec(vm)
     assert s.vcpus == 3 and s.guest_memory == Q("1Gi")
-    assert dict(s.labels) == {"tmpl": "label"}
+    assert dict(s.annotations) == {"tmpl": "annotation"}
     assert s.kind == "VirtualMachine" and s.spec_path == "spec.template.spec"
     assert s.ref == "VirtualMachine ns/v"
 

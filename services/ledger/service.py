@@ -38,9 +38,10 @@ import structlog
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
-from services.platform.bus import AckWindow, Bus, position
+from services.platform.bus import Bus, position
 from services.platform.consumer import PullConsumer
 from services.platform.http import Health, Metrics
+from services.platform.publisher import Item, Publisher
 from shared import contract
 from shared.accounting.namespace import ACCOUNTED_KINDS
 from shared.accounting.wire import vms_json
@@ -148,6 +149,7 @@ class LedgerService:
         self._last_checkpoint = 0.0
         self._checkpointing: asyncio.Task[int] | None = None
         """The checkpoint round being written in the background, if any."""
+        self._usage_publisher: Publisher | None = None
         self._waiting = asyncio.Event()
         """Set while the loop waits for events: a background checkpoint round encodes a state only then, so it
         never holds up the accounting a migration waits for."""
@@ -233,6 +235,14 @@ class LedgerService:
 
     # ---- the loop ----------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
+        try:
+            await self._run(stop)
+        finally:
+            if self._usage_publisher is not None:
+                await self._usage_publisher.close()
+                self._usage_publisher = None
+
+    async def _run(self, stop: asyncio.Event) -> None:
         await self.start()
         self.consumer = PullConsumer(
             self.bus,
@@ -401,6 +411,13 @@ class LedgerService:
         o = self.opts
         return schedule(self.ledger.changed, self._urgent, self._accounted_at, now, debounce=o.debounce, soon=o.soon)
 
+    def _publisher(self) -> Publisher:
+        """The publisher of usage snapshots: started at the first one, closed when the service stops."""
+        if self._usage_publisher is None:
+            self._usage_publisher = Publisher(self.bus, window=256)
+            self._usage_publisher.start()
+        return self._usage_publisher
+
     async def publish_usage(self, keys: list[tuple[str, str]] | None = None) -> int:
         """Account the given changed namespaces in this order (default: every changed one, those a migration or a VM
         waits for first); publish the snapshots whose content changed. Returns how many."""
@@ -416,50 +433,47 @@ class LedgerService:
             horizon = now - self.opts.debounce
             self._accounted_at = {k: t for k, t in self._accounted_at.items() if t > horizon}
         sent: list[tuple[NamespaceState, str, tuple[str, str]]] = []
-        pipe = AckWindow(self.bus, 256)
-        try:
-            for cluster, namespace in keys:
-                state = self.ledger.state(cluster, namespace)
-                if state is None or namespace == CLUSTER_WIDE:
-                    continue
-                view = self.ledger.view(cluster, namespace)
-                try:
-                    body = self.account(view)
-                except InvalidInput as e:
-                    with structlog.contextvars.bound_contextvars(cluster=cluster, namespace=namespace, seq=view.seq):
-                        log.error("accounting failed; usage not published", error=str(e))
-                    continue
-                vms = vms_json(namespace, body.vms)
-                digest = usage_digest(body, vms)
-                if digest == state.usage_digest:
-                    continue
-                msg = contract.UsageSnapshot(
-                    id=f"{cluster}/usage/{namespace}/{view.seq}/{digest[:12]}",
-                    source=contract.source(self.opts.service, cluster),
-                    subject=namespace,
-                    time=contract.now_rfc3339(),
-                    cluster=cluster,
-                    namespace=namespace,
-                    seq=view.seq,
-                    quotas=body.quotas,
-                    vms=cast(list[contract.VmState], vms),  # encoded as the list it stands for
-                    migrations=body.migrations,
-                    errors=body.errors,
-                )
-                data = self._within_payload(msg, body.vms)
-                if data is None:
-                    continue
-                # No Nats-Msg-Id: after a crash the same sequence may be published again with the same content,
-                # but an earlier content must never be dropped as a "duplicate" of what a crashed run sent before
-                # it. Sent at once (acks awaited below), and the loop let run so the connection writes it out
-                # before the next namespace is accounted.
-                await pipe.send(contract.usage_subject(cluster, namespace), data)
-                await asyncio.sleep(0)
-                sent.append((state, digest, (cluster, namespace)))
-            await pipe.settle()
-        except BaseException:
-            pipe.abandon()
-            raise
+        publisher = self._publisher()
+        for cluster, namespace in keys:
+            state = self.ledger.state(cluster, namespace)
+            if state is None or namespace == CLUSTER_WIDE:
+                continue
+            view = self.ledger.view(cluster, namespace)
+            try:
+                body = self.account(view)
+            except InvalidInput as e:
+                with structlog.contextvars.bound_contextvars(cluster=cluster, namespace=namespace, seq=view.seq):
+                    log.error("accounting failed; usage not published", error=str(e))
+                continue
+            vms = vms_json(namespace, body.vms)
+            digest = usage_digest(body, vms)
+            if digest == state.usage_digest:
+                continue
+            msg = contract.UsageSnapshot(
+                id=f"{cluster}/usage/{namespace}/{view.seq}/{digest[:12]}",
+                source=contract.source(self.opts.service, cluster),
+                subject=namespace,
+                time=contract.now_rfc3339(),
+                cluster=cluster,
+                namespace=namespace,
+                seq=view.seq,
+                quotas=body.quotas,
+                vms=cast(list[contract.VmState], vms),  # encoded as the list it stands for
+                migrations=body.migrations,
+                errors=body.errors,
+            )
+            data = self._within_payload(msg, body.vms)
+            if data is None:
+                continue
+            # No Nats-Msg-Id: after a crash the same sequence may be published again with the same content,
+            # but an earlier content must never be dropped as a "duplicate" of what a crashed run sent before
+            # it. Sent at once (acks awaited below), and the loop let run so the connection writes it out
+            # before the next namespace is accounted.
+            await publisher.room()
+            publisher.enqueue(Item(contract.usage_subject(cluster, namespace), data, None))
+            await asyncio.sleep(0)
+            sent.append((state, digest, (cluster, namespace)))
+        await publisher.flush()  # while NATS is away: until it is back (the publisher republishes)
         # Only a stored usage is remembered as published (a checkpoint keeps the digest).
         for state, digest, key in sent:
             state.usage_digest = digest

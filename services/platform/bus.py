@@ -4,19 +4,19 @@
   disconnects, reconnects and errors through structlog and a callback instead of stdlib tracebacks.
 * :meth:`Bus.ensure_streams` creates or updates the streams of ``shared.contract.streams()`` idempotently.
 * :meth:`Bus.publish` sets ``Nats-Msg-Id`` and retries while JetStream is unavailable (a retry is safe: the server
-  drops the repeat within the duplicate window). :meth:`Bus.publish_many` keeps a window of acks in flight.
-* :class:`PullConsumer` reads a stream in order from a start sequence. It uses a durable pull consumer with
-  ``AckPolicy.NONE`` (the reader keeps its own position, in its checkpoints) and re-creates it from the next
-  sequence it needs after a reconnect, a gap in the consumer sequence, an API error, or when the consumer has
-  vanished (nats-py pull subscriptions do not always resume after a server restart). It also checks its durable
-  every ``check_interval`` seconds (``NatsOptions.consumer_check``): a durable another client deleted and re-created,
-  or updated (another filter, deliver or ack policy), is logged as an error with the differences and re-created.
+  drops the repeat within the duplicate window); ``services.platform.publisher`` keeps a window of acks in flight.
+* ``services.platform.consumer.PullConsumer`` reads a stream in order from a start sequence. It uses a durable
+  pull consumer with ``AckPolicy.NONE`` (the reader keeps its own position, in its checkpoints) and re-creates it
+  from the next sequence it needs after a reconnect, a gap in the consumer sequence, an API error, or when the
+  consumer has vanished (nats-py pull subscriptions do not always resume after a server restart). It also checks
+  its durable every ``check_interval`` seconds (``NatsOptions.consumer_check``): a durable another client deleted
+  and re-created, or updated (another filter, deliver or ack policy), is logged as an error with the differences
+  and re-created.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import functools
@@ -407,20 +407,6 @@ class Bus:
             deadline=deadline,
         )
 
-    async def publish_many(
-        self, items: Iterable[tuple[str, bytes, str | None]], *, window: int = 1000
-    ) -> tuple[int, int]:
-        """Publish ``(subject, data, msg_id)`` items with up to ``window`` acks in flight. A message whose ack
-        fails is published again on its own (the msg-id makes that safe). Returns (stored, duplicates)."""
-        pipe = AckWindow(self, window)
-        try:
-            for subject, data, mid in items:
-                await pipe.send(subject, data, mid)
-        except BaseException:
-            pipe.abandon()
-            raise
-        return await pipe.settle()
-
     async def publish_dead_letter(
         self,
         service: str,
@@ -463,58 +449,3 @@ async def _retry(fn: Callable[[], Awaitable[T]], *, what: str, deadline: float =
             log.warning("nats call failed, retrying", what=what, error=str(e) or type(e).__name__)
             await asyncio.sleep(delay)
             attempt += 1
-
-
-class AckWindow:
-    """Publishing to JetStream with the acks awaited later: :meth:`send` returns once the message is handed to
-    the connection (with at most ``window`` acks outstanding), :meth:`settle` waits for every ack. A message whose
-    ack fails, or does not come within ``ack_timeout`` seconds (lost with a connection), is published again on its
-    own with :meth:`Bus.publish` (a msg-id makes that safe), so settling never waits forever."""
-
-    def __init__(self, bus: Bus, window: int = 1000, ack_timeout: float = 10.0) -> None:
-        self.bus = bus
-        self.window = max(1, window)
-        self.ack_timeout = ack_timeout
-        self._pending: collections.deque[tuple[asyncio.Future[PubAck], tuple[str, bytes, str | None]]] = (
-            collections.deque()
-        )
-        self._counts = [0, 0]  # stored, duplicates
-
-    async def send(self, subject: str, data: bytes, msg_id: str | None = None) -> None:
-        hdrs = {"Nats-Msg-Id": msg_id} if msg_id is not None else None
-        try:
-            fut = await self.bus.js.publish_async(subject, data, headers=hdrs, wait_stall=30.0)
-        except (*TRANSIENT, nats.js.errors.TooManyStalledMsgsError):
-            await self._settle(len(self._pending))
-            ack = await self.bus.publish(subject, data, msg_id=msg_id)
-            self._counts[1 if ack.duplicate else 0] += 1
-            return
-        self._pending.append((fut, (subject, data, msg_id)))
-        if len(self._pending) >= self.window:
-            await self._settle(self.window // 2 or 1)
-
-    async def _settle(self, n: int) -> None:
-        pending = self._pending
-        while pending and n > 0:
-            fut, item = pending.popleft()
-            n -= 1
-            try:
-                ack = await asyncio.wait_for(fut, self.ack_timeout)
-            except (TimeoutError, *TRANSIENT, nats.js.errors.APIError):
-                ack = await self.bus.publish(item[0], item[1], msg_id=item[2])
-            self._counts[1 if ack.duplicate else 0] += 1
-
-    async def settle(self) -> tuple[int, int]:
-        """Wait for every outstanding ack; (stored, duplicates) of everything sent."""
-        try:
-            await self._settle(len(self._pending))
-        except BaseException:
-            self.abandon()
-            raise
-        return self._counts[0], self._counts[1]
-
-    def abandon(self) -> None:
-        """Stop waiting: the outcome of each outstanding ack is retrieved (never reported as never retrieved)."""
-        for fut, _ in self._pending:
-            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
-        self._pending.clear()

@@ -1,20 +1,22 @@
-"""Ordered JetStream publishing with a bounded window of acks in flight.
+"""Ordered JetStream publishing with a bounded window of acks in flight: the one way the services publish many
+messages (the watcher its events, the ledger its usage snapshots, :func:`publish_all` a finite batch).
 
 ``enqueue`` is synchronous: it fixes the message's place in the publication order before the caller awaits
-anything, so a task that sees the watcher's bookkeeping updated knows the message is queued. ``room()`` applies
+anything, so a task that sees the producer's bookkeeping updated knows the message is queued. ``room()`` applies
 back-pressure (waits while the queue is full). A sender task publishes the queue in order with at most ``window``
 messages awaiting their JetStream ack; acks arrive on one inbox subscription and are matched by sequence number.
 (This is what nats-py's ``publish_async`` does, without its per-message task and timer: about three times
 cheaper, and the watcher publishes every object of a cluster on each start.)
 
 A message whose ack reports an error, or does not come within ``ack_timeout``, is published again on its own with
-``Bus.publish`` (which retries while JetStream is unavailable; the ``Nats-Msg-Id`` makes a repeat a no-op on the
+``Bus.publish`` (which retries while JetStream is unavailable; a ``Nats-Msg-Id`` makes a repeat a no-op on the
 server). ``flush()`` returns once everything enqueued before it is stored: the watcher calls it before a sync
-marker, so a marker is never stored ahead of the events it speaks for.
+marker, so a marker is never stored ahead of the events it speaks for; the ledger before it remembers a usage as
+published.
 
-While NATS is away the republishing goes on with backoff (``room()`` then holds the producers back); only an
-error that retrying cannot cure fails the publisher: ``failed`` is set, every waiter raises
-:class:`PublisherFailed`, and the service stops rather than lose events.
+While NATS is away the republishing goes on with backoff (``room()`` and ``flush()`` then hold the producers
+back, and they go on once it is back); only an error that retrying cannot cure fails the publisher: ``failed`` is
+set, every waiter raises :class:`PublisherFailed`, and the service stops rather than lose messages.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -35,7 +37,7 @@ from nats.aio.subscription import Subscription
 from services.platform.bus import TRANSIENT, Bus
 from shared.backoff import Backoff
 
-log = structlog.get_logger("vmquota.watcher.publisher")
+log = structlog.get_logger("vmquota.publisher")
 
 _REPUBLISH_BACKOFF: Final = Backoff(initial=1.0, maximum=30.0, jitter=0.2)
 
@@ -47,7 +49,7 @@ class Item:
     msg_id: str | None
     headers: dict[str, str] | None = None
     label: str = ""
-    """For the ``on_stored`` callback (the watcher passes the kind and event type)."""
+    """For the ``on_stored`` callback (the watcher passes the kind and event type, the ledger the namespace)."""
 
 
 class _Ack(msgspec.Struct):
@@ -272,3 +274,25 @@ class Publisher:
             for order, item in late:
                 del self._outstanding[order]
                 self._retry(order, item)
+
+
+async def publish_all(
+    bus: Bus, items: Iterable[tuple[str, bytes, str | None]], *, window: int = 1000, ack_timeout: float = 10.0
+) -> tuple[int, int]:
+    """Publish ``(subject, data, msg_id)`` items in order with up to ``window`` acks in flight and wait until every
+    one is stored. Returns (stored, duplicates)."""
+    counts = [0, 0]
+
+    def stored(_: Item, duplicate: bool) -> None:
+        counts[1 if duplicate else 0] += 1
+
+    publisher = Publisher(bus, window=window, ack_timeout=ack_timeout, on_stored=stored)
+    publisher.start()
+    try:
+        for subject, data, msg_id in items:
+            await publisher.room()
+            publisher.enqueue(Item(subject, data, msg_id))
+        await publisher.flush()
+    finally:
+        await publisher.close()
+    return counts[0], counts[1]

@@ -9,9 +9,9 @@ from typing import Any, Final
 
 import msgspec
 
+from services.platform.publisher import Item, Publisher
 from services.watcher.kube import Obj
 from services.watcher.metrics import SERVICE, WatcherMetrics
-from services.watcher.publisher import Item, Publisher
 from shared import contract
 from shared.errors import InvalidInput
 from shared.normalize import normalize

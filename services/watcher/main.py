@@ -18,9 +18,9 @@ from typing import Any
 from services.platform.bus import Bus
 from services.platform.kubeclient import kube_client
 from services.platform.lease import LeaseTiming
+from services.platform.publisher import Item, Publisher
 from services.platform.runner import Runtime, leader_elected
 from services.watcher.metrics import SERVICE, metrics_for
-from services.watcher.publisher import Item, Publisher
 from services.watcher.watcher import Watcher, WatcherConfig
 from shared import contract
 

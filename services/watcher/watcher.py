@@ -27,6 +27,7 @@ from typing import Any, Final
 from kubernetes_asyncio.client import ApiClient
 
 from services.platform.kube import is_transient
+from services.platform.publisher import Publisher
 from services.watcher import kube
 from services.watcher.emitter import Emitter, Ident, where
 from services.watcher.kube import KubeError, Obj, ResourceSpec, Timeouts
@@ -44,7 +45,6 @@ from services.watcher.loop import (
     sync_namespaces,
 )
 from services.watcher.metrics import WatcherMetrics
-from services.watcher.publisher import Publisher
 from shared import contract
 from shared.backoff import Backoff
 from shared.errors import InvalidInput

@@ -18,6 +18,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
 from services.devtools.natsserver import NatsServer
 from services.ledger.service import LedgerOptions, LedgerService
 from services.platform.bus import Bus, NatsOptions
+from services.platform.publisher import publish_all
 from shared import contract
 from shared.accounting.wire import account
 from shared.ledger.fold import Ledger, PartitionSet
@@ -139,7 +140,7 @@ async def _publish_main(url: str, prefix: str, n: int, cluster: str) -> None:
     try:
         print("ready", flush=True)
         await asyncio.to_thread(sys.stdin.readline)
-        await b.publish_many(((prefix + subj, data, mid) for subj, data, mid in events), window=1000)
+        await publish_all(b, ((prefix + subj, data, mid) for subj, data, mid in events), window=1000)
     finally:
         await b.close()
 

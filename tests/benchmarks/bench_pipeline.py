@@ -121,8 +121,8 @@ async def _produce(mode: str, nats_url: str, arg: str, count: int) -> None:
     from kubernetes_asyncio import client as kclient
     from kubernetes_asyncio import config as kconfig
 
+    from services.platform.publisher import Publisher
     from services.platform.runner import tune_gc
-    from services.watcher.publisher import Publisher
     from services.watcher.watcher import RESOURCES, Watcher, WatcherConfig
 
     cfg = kclient.Configuration()

@@ -20,6 +20,7 @@ from nats.js.api import DeliverPolicy
 from services.devtools.natsserver import NatsServer
 from services.platform import logs
 from services.platform.bus import Bus, NatsOptions, position
+from services.platform.publisher import publish_all
 from shared import contract
 from shared.accounting.namespace import ACCOUNTED_KINDS
 from shared.ledger.fold import Ledger, PartitionSet
@@ -39,7 +40,7 @@ async def _fill(bus: Bus, events: list[bytes]) -> None:
         ev = contract.decode_event(data)
         assert not isinstance(ev, contract.Sync)
         items.append((contract.event_subject(ev.cluster, ev.kind, ev.namespace), data, ev.id))
-    stored, duplicates = await bus.publish_many(items, window=1000)
+    stored, duplicates = await publish_all(bus, items, window=1000)
     if stored != len(events) or duplicates:
         raise AssertionError(f"stored {stored} events ({duplicates} duplicates), expected {len(events)}")
 

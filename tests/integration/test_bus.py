@@ -10,8 +10,9 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from services.platform import runner
-from services.platform.bus import AckWindow, Bus, NatsOptions
+from services.platform.bus import Bus, NatsOptions
 from services.platform.consumer import PullConsumer
+from services.platform.publisher import publish_all
 from shared import contract
 from shared.snapshot import PodSnapshot
 from tests.conftest import NatsServer
@@ -96,7 +97,7 @@ async def test_publish_with_msg_id_is_deduplicated_by_the_server(nats_url: str) 
         a2 = await b.publish(subject, contract.encode(ev), msg_id=ev.id)
         assert not a1.duplicate and a2.duplicate and a2.seq == a1.seq
         items = [(subject, b"x", f"id-{i % 50}") for i in range(200)]
-        stored, dups = await b.publish_many(items, window=64)
+        stored, dups = await publish_all(b, items, window=64)
         assert (stored, dups) == (50, 150)
         info = await b.js.stream_info(contract.EVENTS_STREAM)
         assert info.state.messages == 51
@@ -118,7 +119,7 @@ async def test_consumer_reads_in_order_from_start_seq_with_filters(nats_url: str
     b = await _connect(nats_url)
     try:
         await b.ensure_streams(contract.streams())
-        await b.publish_many((f"vmquota.ev.c{i % 3}.ns.pod", b"x", None) for i in range(300))
+        await publish_all(b, [(f"vmquota.ev.c{i % 3}.ns.pod", b"x", None) for i in range(300)])
         c = PullConsumer(
             b,
             stream=contract.EVENTS_STREAM,
@@ -142,7 +143,7 @@ async def test_consumer_survives_a_server_restart(nats_server: NatsServer) -> No
     b = await _connect(nats_server.url)
     try:
         await b.ensure_streams(contract.streams())
-        await b.publish_many(("vmquota.ev.c1.ns.pod", b"x", f"a{i}") for i in range(100))
+        await publish_all(b, [("vmquota.ev.c1.ns.pod", b"x", f"a{i}") for i in range(100)])
         c = PullConsumer(
             b, stream=contract.EVENTS_STREAM, durable="t2", filter_subjects=["vmquota.ev.>"], batch=40, idle=0.2
         )
@@ -152,7 +153,7 @@ async def test_consumer_survives_a_server_restart(nats_server: NatsServer) -> No
 
         await asyncio.to_thread(nats_server.restart)
         # After the restart the client reconnects by itself; messages published now must reach the consumer.
-        await b.publish_many(("vmquota.ev.c1.ns.pod", b"x", f"b{i}") for i in range(100))
+        await publish_all(b, [("vmquota.ev.c1.ns.pod", b"x", f"b{i}") for i in range(100)])
         await _collect(c, 200, seen, deadline=30.0)
         assert seen == list(range(1, 201)), "every message once, in order, across the restart"
         assert b.epoch >= 1
@@ -166,14 +167,14 @@ async def test_consumer_recreates_itself_when_deleted(nats_url: str) -> None:
     b = await _connect(nats_url)
     try:
         await b.ensure_streams(contract.streams())
-        await b.publish_many(("vmquota.ev.c1.ns.pod", b"x", None) for _ in range(10))
+        await publish_all(b, [("vmquota.ev.c1.ns.pod", b"x", None) for _ in range(10)])
         c = PullConsumer(
             b, stream=contract.EVENTS_STREAM, durable="t3", filter_subjects=["vmquota.ev.>"], batch=10, idle=0.1
         )
         seen: list[int] = []
         await _collect(c, 10, seen)
         await b.js.delete_consumer(contract.EVENTS_STREAM, "t3")
-        await b.publish_many(("vmquota.ev.c1.ns.pod", b"x", None) for _ in range(5))
+        await publish_all(b, [("vmquota.ev.c1.ns.pod", b"x", None) for _ in range(5)])
         await _collect(c, 15, seen)
         assert seen == list(range(1, 16))
         await c.close()
@@ -211,27 +212,25 @@ async def test_dead_letter_carries_the_original(nats_url: str) -> None:
 
 
 async def test_an_ack_that_never_comes_is_published_again_not_awaited_forever(nats_url: str) -> None:
-    """A connection lost between a publish and its ack leaves the ack future pending for good: settling publishes
-    the message again on its own after ``ack_timeout`` (the msg-id makes a repeat harmless) instead of hanging."""
+    """A connection lost between a publish and its ack leaves no ack to wait for: the publisher publishes the
+    message again on its own after ``ack_timeout`` (the msg-id makes a repeat harmless) instead of hanging."""
     b = await _connect(nats_url)
     try:
         await b.ensure_streams(contract.streams())
-        real = b.js.publish_async
-        lost: list[asyncio.Future[Any]] = []
+        real = b.nc.publish
+        lost: list[str] = []
 
-        async def first_ack_lost(*args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        async def first_lost(subject: str, *args: Any, **kwargs: Any) -> None:
             if not lost:  # the message is not even sent: its ack can never arrive
-                lost.append(asyncio.get_running_loop().create_future())
-                return lost[0]
-            return await real(*args, **kwargs)
+                lost.append(subject)
+                return
+            await real(subject, *args, **kwargs)
 
-        b.js.publish_async = first_ack_lost  # type: ignore[method-assign]
-        pipe = AckWindow(b, window=8, ack_timeout=0.2)
-        for i in range(3):
-            await pipe.send("vmquota.ev.c1.ns.pod", b"x", f"lost-{i}")
-        stored, dups = await asyncio.wait_for(pipe.settle(), 10)
+        b.nc.publish = first_lost  # type: ignore[method-assign]
+        items = [("vmquota.ev.c1.ns.pod", b"x", f"lost-{i}") for i in range(3)]
+        stored, dups = await asyncio.wait_for(publish_all(b, items, window=8, ack_timeout=0.2), 10)
         assert (stored, dups) == (3, 0)
-        assert lost and lost[0].cancelled(), "the lost ack was given up"
+        assert lost == ["vmquota.ev.c1.ns.pod"], "the first message was lost on the way"
         info = await b.js.stream_info(contract.EVENTS_STREAM)
         assert info.state.messages == 3
     finally:
@@ -253,7 +252,7 @@ async def test_consumer_repairs_a_durable_tampered_with(nats_url: str) -> None:
     other = await _connect(nats_url)
     try:
         await b.ensure_streams(contract.streams())
-        await b.publish_many(("vmquota.ev.c1.ns.pod", b"x", None) for _ in range(5))
+        await publish_all(b, [("vmquota.ev.c1.ns.pod", b"x", None) for _ in range(5)])
         c = PullConsumer(
             b, stream=contract.EVENTS_STREAM, durable="t4", filter_subjects=["vmquota.ev.c1.>"], batch=10, idle=0.1
         )
@@ -281,7 +280,7 @@ async def test_consumer_repairs_a_durable_tampered_with(nats_url: str) -> None:
                     inactive_threshold=3600.0,
                 ),
             )
-            await other.publish_many(("vmquota.ev.c1.ns.pod", b"y", None) for _ in range(5))
+            await publish_all(other, [("vmquota.ev.c1.ns.pod", b"y", None) for _ in range(5)])
             await until(lambda: len(seen) >= 10, 5)  # well within ten check periods
         finally:
             await runner.cancel(reader)

@@ -19,6 +19,7 @@ import pytest
 
 from services.ledger.service import LedgerOptions, LedgerService, usage_digest
 from services.platform.bus import Bus, NatsOptions
+from services.platform.publisher import publish_all
 from services.platform.runner import cancel
 from shared import contract
 from shared.ledger.fold import Ledger, NamespaceView, PartitionSet
@@ -105,7 +106,7 @@ def subject_of(ev: contract.Upserted | contract.Deleted | contract.Sync) -> str:
 
 
 async def publish(b: Bus, events: list[contract.Upserted | contract.Deleted], *, msg_ids: bool = True) -> None:
-    await b.publish_many((subject_of(e), contract.encode(e), e.id if msg_ids else None) for e in events)
+    await publish_all(b, [(subject_of(e), contract.encode(e), e.id if msg_ids else None) for e in events])
 
 
 def options(partitions: PartitionSet | None = None) -> LedgerOptions:

@@ -25,6 +25,7 @@ from nats.js.client import JetStreamContext
 from services.devtools.natsserver import NatsServer
 from services.platform.bus import Bus, NatsOptions
 from services.platform.consumer import PullConsumer
+from services.platform.publisher import publish_all
 from services.platform.runner import cancel
 from shared import contract
 from shared.snapshot import VmiSnapshot
@@ -385,7 +386,7 @@ async def test_the_services_bus_helpers_work_with_their_users(server: SecuredSer
             for service, b in (("watcher", watcher), ("ledger", ledger), ("enforcer", enforcer)):
                 await b.ensure_streams(contract.streams_for(service))
             items = [event(f"u{i}", str(i + 1)) for i in range(3)]
-            stored, dups = await watcher.publish_many((s, d, h["Nats-Msg-Id"]) for s, d, h in items)
+            stored, dups = await publish_all(watcher, [(s, d, h["Nats-Msg-Id"]) for s, d, h in items])
             assert (stored, dups) == (3, 0)
 
             events = PullConsumer(

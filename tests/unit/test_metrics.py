@@ -11,9 +11,9 @@ from prometheus_client import Counter
 
 from services.enforcer.options import EnforcerMetrics
 from services.platform.http import Health, Metrics, ServiceLabelled
+from services.platform.publisher import Item
 from services.platform.runner import Runtime
 from services.watcher.metrics import WatcherMetrics
-from services.watcher.publisher import Item
 from services.watcher.watcher import Watcher, WatcherConfig
 from tests.exported import every_service_metrics, families
 

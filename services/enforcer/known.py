@@ -78,8 +78,9 @@ class KnownQuotas:
         return True
 
     def remember_truth(self, snap: QuotaSnapshot) -> bool:
-        """Keep ``snap``, as the API server returned it, whatever version is held; True when its content differs
-        from what was held."""
+        """Keep ``snap``, as the API server returned it (a read or a listing), whatever version is held, and vouch
+        for it; True when its content differs from what was held."""
+        self._vouch(snap)
         key = (snap.namespace, snap.name)
         held = self._quotas.get(key)
         if held is not None and held.rv_order > snap.rv_order:
@@ -93,7 +94,7 @@ class KnownQuotas:
         self._keep(key, snap)
         return held is None or not same_content(held, snap)
 
-    def vouch(self, snap: QuotaSnapshot) -> None:
+    def _vouch(self, snap: QuotaSnapshot) -> None:
         """``snap`` came from the API server: remember whether it is labelled managed."""
         if is_managed(snap.labels):
             self._vouched[snap.uid] = None
@@ -106,10 +107,10 @@ class KnownQuotas:
         snap = normalize(raw)
         if not isinstance(snap, QuotaSnapshot):
             raise InvalidInput(f"expected a ResourceQuota, got {type(snap).__name__}", "kind")
-        self.vouch(snap)
         if truth:
             self.remember_truth(snap)
         else:
+            self._vouch(snap)
             self.remember(snap)
         return self._quotas.get((snap.namespace, snap.name), snap)
 

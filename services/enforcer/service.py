@@ -218,7 +218,6 @@ class Enforcer:
                     continue
                 if isinstance(snap, QuotaSnapshot):
                     listed.add((snap.namespace, snap.name))
-                    self.quotas.vouch(snap)
                     if self.quotas.remember_truth(snap):
                         self._schedule((snap.namespace, snap.name))
             for key in [k for k in self.quotas if k not in listed]:

@@ -26,6 +26,9 @@ STATUS_ANNOTATION: Final = "vmquota.io/status"
 USAGE_ANNOTATION: Final = "vmquota.io/usage"
 """One line for people: use in the mode's terms against the budget, what is reserved and what ``hard`` is raised
 for, as of the last ``spec.hard`` write (it is updated only with writes that happen anyway)."""
+REPORT_ANNOTATIONS: Final = frozenset({STATUS_ANNOTATION, USAGE_ANNOTATION})
+"""What the enforcer writes on a quota for people (its status line, the usage summary): no accounting reads them, so
+a change of them alone is not a change of the quota for the ledger (``shared.snapshot.same_content``)."""
 NUDGE_ANNOTATION: Final = "vmquota.io/retry"
 """Written on a VMI whose launcher pod KubeVirt was refused, once vmquota made room for it: KubeVirt re-queues a
 VMI on every update, so it tries again at once instead of at the end of its backoff (up to 16 minutes)."""

@@ -22,6 +22,7 @@ from shared.kinds import (
     VMIM_KIND,
 )
 from shared.quantity import Quantity
+from shared.quota.annotations import REPORT_ANNOTATIONS
 from shared.snapshot.hooks import enc_hook
 from shared.snapshot.vmispec import SharedSpec, compact_vmi_spec
 
@@ -73,6 +74,8 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", rena
 
     unread: ClassVar[frozenset[str]] = frozenset({"resource_version"})
     """Fields no accounting result depends on (:func:`same_content` ignores them)."""
+    unread_annotations: ClassVar[frozenset[str]] = frozenset()
+    """Annotations no accounting result depends on (:func:`same_content` ignores them)."""
 
     @property
     def rv_order(self) -> int:
@@ -248,6 +251,9 @@ class QuotaSnapshot(Snapshot, tag=QUOTA_KIND, frozen=True, kw_only=True):
     unread: ClassVar[frozenset[str]] = frozenset({"resource_version", "status_hard", "status_used"})
     """The status is the quota controller's echo, rewritten on every admitted pod; accounting reads the spec and
     the metadata only."""
+    unread_annotations: ClassVar[frozenset[str]] = REPORT_ANNOTATIONS
+    """What the enforcer reports on the quota for people (its status line, the usage summary it refreshes every
+    ``--usage-refresh-interval``): a write of them alone makes the ledger account the namespace again for nothing."""
 
 
 class NamespaceSnapshot(Snapshot, tag=NAMESPACE_KIND, frozen=True, kw_only=True):
@@ -327,8 +333,9 @@ def _read_spans(tp: type[Snapshot]) -> tuple[tuple[tuple[int, int], ...], tuple[
     spans: list[tuple[int, int]] = []
     start: int | None = None
     fields = tp.__struct_fields__
+    unread = tp.unread | ({"annotations"} if tp.unread_annotations else set())  # (those compared apart)
     for i, name in enumerate(fields):
-        if name in tp.unread:
+        if name in unread:
             if start is not None:
                 spans.append((start, i))
                 start = None
@@ -337,7 +344,7 @@ def _read_spans(tp: type[Snapshot]) -> tuple[tuple[tuple[int, int], ...], tuple[
     if start is not None:
         spans.append((start, len(fields)))
     hints = {f.name: f.type for f in msgspec.structs.fields(tp)}
-    quantities = tuple(i for i, name in enumerate(fields) if name not in tp.unread and _holds_quantities(hints[name]))
+    quantities = tuple(i for i, name in enumerate(fields) if name not in unread and _holds_quantities(hints[name]))
     return tuple(spans), quantities
 
 
@@ -367,7 +374,15 @@ def same_content(old: Snapshot, new: Snapshot) -> bool:
         x, y = a[i], b[i]
         if x is not y and _VALUES.encode(x) != _VALUES.encode(y):
             return False
+    if tp.unread_annotations:
+        return _read_annotations(old) == _read_annotations(new)
     return True
+
+
+def _read_annotations(s: Snapshot) -> dict[str, str]:
+    annotations: dict[str, str] = getattr(s, "annotations")  # noqa: B009 (the types with unread annotations have it)
+    unread = type(s).unread_annotations
+    return {k: v for k, v in annotations.items() if k not in unread}
 
 
 _SPANS: dict[type[Snapshot], tuple[tuple[tuple[int, int], ...], tuple[int, ...]]] = {}

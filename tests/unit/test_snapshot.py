@@ -861,3 +861,10 @@ def test_same_content_ignores_only_what_accounting_does_not_read() -> None:
     in_bytes = msgspec.structs.replace(quota, spec_hard={"memory": Quantity.parse("1073741824")})
     assert gib.spec_hard == in_bytes.spec_hard, "quantity equality ignores the printed form"
     assert not same_content(gib, in_bytes), "but the published budget and hard print it: not the same content"
+    reported = msgspec.structs.replace(
+        quota, annotations={"vmquota.io/usage": "limits.memory 8Gi of 64Gi", "vmquota.io/status": "Enforcing"}
+    )
+    assert same_content(quota, reported), "the enforcer's reports for people (a summary refreshed alone)"
+    moded = msgspec.structs.replace(reported, annotations={**reported.annotations, "vmquota.io/mode": "VmiPodUsage"})
+    assert not same_content(reported, moded), "an annotation accounting reads"
+    assert not same_content(quota, msgspec.structs.replace(quota, annotations={"example.com/note": "x"}))

@@ -45,7 +45,7 @@ from shared.snapshot import (
     VmiSnapshot,
     VmSnapshot,
 )
-from shared.vmi import object_ref, status_size, vmi_spec
+from shared.vmi import object_ref, status_size, unplugged_interfaces, vmi_spec
 
 # ---- normalisation: raw Kubernetes object -> snapshot -----------------------------------------------------------
 
@@ -173,6 +173,7 @@ def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
         memory_overhead=overhead,
         migration=mig,
         active_pods=string_map(status, "activePods", "status"),
+        unplugged_interfaces=tuple(unplugged_interfaces(obj)),
         pod_refused=any(
             string(c, "type", w) == "Synchronized"
             and string(c, "status", w) == "False"

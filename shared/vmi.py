@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.errors import InvalidInput
-from shared.fields import boolean, mapping, string_map
+from shared.fields import boolean, mapping, objects, string, string_map
 from shared.kinds import VM_KIND, VMI_KIND
 from shared.quantity import Format, Quantity
 from shared.resources import ResourceList, parse_resource_list
@@ -216,3 +216,26 @@ def status_size(obj: Mapping[str, Any]) -> StatusSize:
             if memst.get(key) is not None:
                 guest = _quantity(memst.get(key), f"status.memory.{key}")
     return StatusSize(vcpus, guest)
+
+
+def unplugged_interfaces(obj: Mapping[str, Any]) -> list[int]:
+    """Indexes in ``spec.domain.devices.interfaces`` of a running VMI's interfaces (other than ``state: absent``)
+    that its ``status.interfaces`` does not name yet: added by a live update and not in its pod. KubeVirt plugs an
+    SR-IOV one only through a migration (its target pod is rendered with it, the source pod has nothing of it; a
+    ``MigrationRequired`` condition has the workload updater start it), a bridge one in place. Only KubeVirt
+    writes the status (virt-controller from the pod's network status, virt-handler from the domain), so a tenant
+    cannot make an interface look plugged. Empty for a VMI that is not running: it is admitted whole."""
+    status = obj.get("status")
+    if not isinstance(status, Mapping) or status.get("phase") != "Running":
+        return []
+    listed = objects(status, "interfaces", "status")
+    named = {string(e, "name", f"status.interfaces[{i}]") for i, e in enumerate(listed)}
+    spec = mapping(obj, "spec", "")
+    devices = mapping(mapping(spec, "domain", "spec"), "devices", "spec.domain")
+    where = "spec.domain.devices"
+    return [
+        i
+        for i, iface in enumerate(objects(devices, "interfaces", where))
+        if string(iface, "state", f"{where}.interfaces[{i}]") != "absent"
+        and string(iface, "name", f"{where}.interfaces[{i}]") not in named
+    ]

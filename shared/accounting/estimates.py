@@ -143,7 +143,9 @@ class Renderer:
         return digest
 
     def hotplug_growth(self, v: VmiSnapshot) -> ResourceList:
-        """Pod-terms growth of a VMI whose spec is larger than its status (hotplug awaiting a migration)."""
+        """Pod-terms growth of a VMI whose spec is larger than its status (hotplug awaiting a migration): more vCPUs or
+        guest memory than the status reports, or interfaces its pod does not have yet (an SR-IOV one adds
+        KubeVirt's VFIO overhead)."""
         result: ResourceList = self._memoized(v, "hotplug", lambda: self._hotplug_growth(v))
         return dict(result)  # it goes into a MigrationEntry: not the remembered one
 
@@ -152,11 +154,17 @@ class Renderer:
         grow_mem = (
             v.status_guest_memory is not None and v.guest_memory is not None and v.status_guest_memory < v.guest_memory
         )
-        if not (grow_cpu or grow_mem):
+        if not (grow_cpu or grow_mem or v.unplugged_interfaces):
             return {}
         target = unpublished(v)  # the published overhead is the source's; compute both sides alike
         source = copy.deepcopy(target)
         domain = source["spec"].setdefault("domain", {})
+        if v.unplugged_interfaces:  # (an interface its pod does not have yet: the source is rendered without it)
+            devices = domain.get("devices")
+            interfaces = devices.get("interfaces") if isinstance(devices, dict) else None
+            if isinstance(interfaces, list):
+                drop = set(v.unplugged_interfaces)
+                devices["interfaces"] = [iface for i, iface in enumerate(interfaces) if i not in drop]
         # KubeVirt grows explicit requests and limits with the hotplug (memory by the same amount, CPU by the
         # vCPUs' share at the allocation ratio): the source has them that much smaller, else a VM with explicit
         # resources would show no growth where they are what quota charges

@@ -158,6 +158,7 @@ def _vmi_from_wire(w: Any) -> VmiSnapshot:
         memory_overhead=w.memory_overhead,
         migration=w.migration,
         active_pods=_interned_items(w.active_pods),
+        unplugged_interfaces=w.unplugged_interfaces,
         pod_refused=w.pod_refused,
         priority_class_name=w.priority_class_name,
         spec=spec,

@@ -147,6 +147,10 @@ class VmiSnapshot(Snapshot, tag=VMI_KIND, frozen=True, kw_only=True):
     active_pods: dict[str, str] = {}
     """``status.activePods``: pod uid → node of the launcher pods KubeVirt's VMI controller counts as the VMI's (a
     field only KubeVirt writes: the one proof that a pod is a launcher pod, whatever its labels say)."""
+    unplugged_interfaces: tuple[int, ...] = ()
+    """Indexes in the spec's ``domain.devices.interfaces`` of interfaces added to the running VMI that its pod does
+    not have yet (``shared.vmi.unplugged_interfaces``, from ``status.interfaces``, a field only KubeVirt writes):
+    an SR-IOV one is growth to admit (KubeVirt's VFIO overhead) when its migration renders the target with it."""
     pod_refused: bool = False
     """Condition ``Synchronized=False`` with reason ``FailedCreate``: KubeVirt tried to create the launcher pod and
     was refused (a field only KubeVirt writes)."""

@@ -15,7 +15,7 @@ import asyncio
 from dataclasses import replace
 from typing import Any
 
-from services.devtools.simcluster.kubevirt import VMIM_ACTIVE, phase
+from services.devtools.simcluster.kubevirt import VMIM_ACTIVE, now_rfc3339, phase
 from services.devtools.simcluster.store_api import ApiError, Obj
 from shared.podusage import pod_quota_usage
 from shared.quantity import Quantity
@@ -342,6 +342,44 @@ async def test_a_hotplug_that_does_not_fit_is_refused_and_the_tenant_told_why() 
         assert p.vmi_phase(ns, "vma") == "Running" and guest_running(p, ns) == Quantity.parse("12Gi")
         terms = p.tap.terms(ns, "vm-budget")
         assert terms is not None and rl(terms.used)["limits.memory"] <= Quantity.parse("12Gi")
+
+
+async def test_an_sriov_interface_that_does_not_fit_is_refused_and_the_tenant_told_why() -> None:
+    """The tenant adds an SR-IOV interface to its running VM with 512Mi of its budget left. KubeVirt adds it to the
+    VMI at once and plugs it only through a workload-update migration, whose target carries its 1Gi VFIO overhead:
+    growth, refused like a hotplug that does not fit, and the VM keeps running without it. (The target was reserved
+    at its new size with nothing admitted: the namespace ended 512Mi over its budget.)"""
+    async with pipeline() as p:
+        ns = "tenant-nic"
+        budget = Quantity.parse("16Gi")
+        await p.managed_quota(ns, "compute", {"limits.memory": budget.canonical()})
+        await p.start_vm(ns, "vma", sockets=1, memory="4Gi")
+        left = budget - p.pod_usage(ns)["limits.memory"] - Quantity.parse("512Mi")
+        filler = plain_pod(ns, "filler", {"memory": left.canonical()}, {"memory": left.canonical()})
+        created = await p.sim.create(filler)  # (the room the budget leaves, but 512Mi)
+        # (pods created in the migration's second count as created after it: a second later, they do not)
+        since = created["metadata"]["creationTimestamp"]
+        await p.wait(lambda: now_rfc3339() > since, "the next second")
+        await p.sim.add_interface(ns, "vma", "fast", sriov=True)
+
+        def refused() -> bool:
+            u = p.tap.usage.get(ns)
+            return u is not None and any(m.state == "growth-refused" for m in u.migrations)
+
+        await p.wait(refused, "the ledger to refuse the interface's growth")
+        (mig,) = [str(m["metadata"]["name"]) for m in p.objects("vmim", ns)]
+        await p.wait(
+            lambda: any(e.get("reason") == "VMQuotaExceeded" for e in p.objects("events", ns)), "the tenant's Event"
+        )
+        told = [e for e in p.objects("events", ns) if e.get("reason") == "VMQuotaExceeded"]
+        assert told[0]["involvedObject"]["name"] == "vma" and "does not fit" in told[0]["message"]
+        refusals = p.quota_refusal_count(ns, "vma")
+        await p.wait(lambda: p.quota_refusal_count(ns, "vma") > refusals, "KubeVirt to try the target again")
+        assert not p.target_pods(ns, mig), "the target with the interface got in"
+        vmi = p.sim.peek("vmi", ns, "vma")
+        assert vmi is not None and phase(vmi) == "Running"
+        assert [i["name"] for i in vmi["status"]["interfaces"]] == ["default"], "running without the interface"
+        assert p.pod_usage(ns)["limits.memory"] <= budget
 
 
 async def test_a_second_hotplug_is_checked_like_the_first() -> None:

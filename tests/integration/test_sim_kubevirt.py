@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from services.devtools.simcluster.cluster import KUBEVIRT_NAME, KUBEVIRT_NAMESPACE, SimCluster
-from services.devtools.simcluster.kubevirt import FAIL_START_ANNOTATION, KubeVirtTiming
+from services.devtools.simcluster.kubevirt import FAIL_START_ANNOTATION, MIGRATION_REQUIRED, KubeVirtTiming
 from services.devtools.simcluster.store_api import ApiError, Obj
 from shared.kubevirt import MEMORY_OVERHEAD_ANNOTATION, KubeVirtConfig, NamespaceFacts, render_launcher_pod
 from shared.podusage import pod_quota_usage
@@ -257,6 +257,45 @@ async def test_hotplug_starts_a_workload_update_migration_with_the_new_size(sim:
     assert vmi["status"]["currentCPUTopology"]["sockets"] == 2
     assert vmi["status"]["memory"]["guestCurrent"] == "2Gi"
     assert "HotVCPUChange" not in conditions(vmi) and "HotMemoryChange" not in conditions(vmi)
+
+
+async def test_an_interface_hotplug_is_plugged_in_place_or_by_a_workload_update_migration(sim: SimCluster) -> None:
+    """As upstream's network hotplug: a bridge interface added to a running VM's template is appended to the VMI's
+    spec and plugged in place (``status.interfaces`` names it, no migration); an SR-IOV one is appended too but
+    plugged only by a migration: ``MigrationRequired`` until a workload-update migration, whose target is rendered
+    with it (KubeVirt's VFIO overhead), completes; only then does the status name it."""
+    await sim.create_vm("t", "vm1", sockets=1, memory="1Gi")
+    vmi = await sim.wait_for_phase("t", "vm1", "Running")
+    assert [i["name"] for i in vmi["status"]["interfaces"]] == ["default"]
+    await sim.add_interface("t", "vm1", "br")
+    vmi = await sim.wait_until("vmi", "t", "vm1", lambda o: len(o["status"].get("interfaces", [])) == 2)
+    assert [i["name"] for i in vmi["spec"]["domain"]["devices"]["interfaces"]] == ["default", "br"]
+    assert [n["name"] for n in vmi["spec"]["networks"]] == ["default", "br"]
+    assert MIGRATION_REQUIRED not in conditions(vmi)
+    assert not sim.cache.list("virtualmachineinstancemigrations", "t"), "a bridge interface needs no migration"
+    source = (await sim.launcher_pods("t", "vm1"))[0]
+
+    await sim.add_interface("t", "vm1", "fast", sriov=True)
+    vmi = await sim.wait_until("vmi", "t", "vm1", lambda o: MIGRATION_REQUIRED in conditions(o))
+    assert conditions(vmi)[MIGRATION_REQUIRED]["reason"] == "AutoMigrationDueToLiveUpdate"
+    assert [i["name"] for i in vmi["spec"]["domain"]["devices"]["interfaces"]] == ["default", "br", "fast"]
+    await sim.wait_for(lambda: bool(sim.cache.list("virtualmachineinstancemigrations", "t")), what="a migration")
+    [mig] = await sim.list_objects("vmim", "t")
+    assert mig["metadata"]["name"].startswith("kubevirt-workload-update-")
+    await sim.wait_for_phase("t", mig["metadata"]["name"], "Succeeded", kind="vmim")
+    vmi = await sim.get("vmi", "t", "vm1")
+    assert [i["name"] for i in vmi["status"]["interfaces"]] == ["default", "br", "fast"]
+    assert MIGRATION_REQUIRED not in conditions(vmi)
+    target = next(
+        p for p in await sim.launcher_pods("t", "vm1") if "kubevirt.io/migrationJobUID" in p["metadata"]["labels"]
+    )
+    memory = Quantity.parse(resources_by_container(target)["compute"]["requests"]["memory"])
+    before = Quantity.parse(resources_by_container(source)["compute"]["requests"]["memory"])
+    assert memory - before >= Quantity.parse("1Gi"), "the VFIO overhead"
+    expected = await expected_pod(sim, vmi)
+    assert resources_by_container(target)["compute"] == next(
+        c["resources"] for c in expected.pod_spec()["containers"] if c["name"] == "compute"
+    )
 
 
 async def test_a_hotplug_applies_while_a_migration_is_pending_and_its_target_carries_the_new_size(

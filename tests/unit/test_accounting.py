@@ -403,6 +403,57 @@ def test_an_adopted_pod_does_not_hide_a_hotplugs_growth() -> None:
     assert m.state == GROWTH_REFUSED and m.growth["requests.memory"] >= Q("7Gi"), m
 
 
+def _with_sriov(v: dict[str, Any], *, listed: bool) -> dict[str, Any]:
+    """``v`` with a pod-network interface and an SR-IOV one, ``fast``; ``listed``: its ``status.interfaces`` names
+    ``fast`` (KubeVirt has it in the VM's pod)."""
+    v["spec"]["domain"]["devices"] = {
+        "interfaces": [{"name": "default", "masquerade": {}}, {"name": "fast", "sriov": {}}]
+    }
+    v["spec"]["networks"] = [{"name": "default", "pod": {}}, {"name": "fast", "multus": {"networkName": "vf"}}]
+    v["status"]["interfaces"] = [{"name": "default"}, *([{"name": "fast"}] if listed else [])]
+    return v
+
+
+@pytest.mark.parametrize("room", ["512Mi", "2Gi"])
+def test_an_sriov_interface_added_to_a_running_vm_is_growth_admitted_like_any(room: str) -> None:
+    """KubeVirt adds an SR-IOV interface to a running VMI's spec at once and plugs it only through a migration: the
+    target is rendered with KubeVirt's 1Gi VFIO overhead, the source pod has none. That is growth, admitted like a
+    new VM: with 512Mi left it is refused (the VM keeps running without the interface), with 2Gi left reserved.
+    (The target was reserved at its new size with nothing admitted: 1Gi over the budget per such migration.)"""
+    before = vmi_obj("v", guest="4Gi")
+    before["status"]["interfaces"] = [{"name": "default"}]
+    source = launcher_obj(before, vouched=False)
+    grown = _with_sriov(vmi_obj("v", guest="4Gi"), listed=False)
+    vouch(grown, source)
+    target = launcher_obj(grown, migration_uid="mig-m", node="n2", vouched=False)
+    assert usage_of(target)["requests.memory"] - usage_of(source)["requests.memory"] >= Q("1Gi")
+    budget = usage_of(source)["requests.memory"] + Q(room)
+    quota = quota_obj("rq", {"requests.memory": budget.canonical()}, Mode.VMI_POD_USAGE)
+    u = account([quota, grown, source, vmim_obj("kubevirt-workload-update-x", "v", rejected=True)])
+    m = mig(u, "kubevirt-workload-update-x")
+    assert m.growth["requests.memory"] >= Q("1Gi"), m
+    if room == "512Mi":
+        assert m.state == GROWTH_REFUSED, m
+        assert u.quotas["rq"].used["requests.memory"] == usage_of(source)["requests.memory"], "still its old size"
+    else:
+        assert m.state == PENDING, m
+        assert m.reserved["requests.memory"] >= usage_of(target)["requests.memory"]
+
+
+def test_a_vm_with_an_sriov_interface_since_it_started_migrates_without_growth() -> None:
+    """A VM started with an SR-IOV interface has the VFIO overhead in its pod: a drain in a full namespace is no
+    growth, whether its status names the interface or does not yet (the smallest pod caps the growth)."""
+    for listed in (True, False):
+        v = _with_sriov(vmi_obj("v", guest="4Gi"), listed=True)
+        source = launcher_obj(v)
+        if not listed:
+            v["status"]["interfaces"] = [{"name": "default"}]
+        budget = usage_of(source)["requests.memory"] + Q("64Mi")
+        quota = quota_obj("rq", {"requests.memory": budget.canonical()}, Mode.VMI_POD_USAGE)
+        u = account([quota, v, source, vmim_obj("drain", "v", rejected=True)])
+        assert mig(u, "drain").state == PENDING and mig(u, "drain").growth == {}, (listed, mig(u, "drain"))
+
+
 def _unchanged_vm_drain(
     source_config: KubeVirtConfig,
     config: KubeVirtConfig,

@@ -279,6 +279,8 @@ def _non_default(tp: Any, name: str) -> Any:
         return {"domain": {"memory": {"guest": f"{len(name)}Gi"}}}
     if tp == (VmiMigrationState | None):
         return VmiMigrationState(migration_uid=f"m-{name}", completed=True)
+    if tp == tuple[int, ...]:
+        return (1, len(name))
     raise AssertionError(f"no value for {tp} ({name})")
 
 

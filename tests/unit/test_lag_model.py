@@ -29,7 +29,9 @@ interleaved in any order, with vmquota's own pure code deciding ``spec.hard``.
   ``services/enforcer/service.py`` does; then it nudges admitted VMIs KubeVirt was refused;
 * **the tenant**: VMIs, plain pods of any size and of exactly the room it sees (``status.hard - status.used``),
   pods with forged launcher labels, with a controller reference to its VMIs (KubeVirt adopts them into
-  ``status.activePods``), with a migration's label, migrations, hotplugs, forged refusal Events, pod deletions.
+  ``status.activePods``), with a migration's label, migrations, hotplugs (memory, CPU, an SR-IOV interface, which
+  KubeVirt plugs only by a migration: ``status.interfaces`` names it once the target rendered with it took over),
+  forged refusal Events, pod deletions.
 
 Invariant 1, after every step (:meth:`Cluster.check_safety`): the namespace's usage in mode terms computed from the
 truth alone (each VM with a live launcher pod KubeVirt made, at the size it runs at, in mode terms; every other pod
@@ -143,6 +145,12 @@ def uid_of(o: Obj) -> str:
     return str(o["metadata"]["uid"])
 
 
+def interface_names(vmi: Obj) -> list[str]:
+    """The VMI's interfaces (KubeVirt's default pod-network interface when the spec lists none)."""
+    listed = vmi["spec"]["domain"].get("devices", {}).get("interfaces")
+    return [i["name"] for i in listed] if listed else ["default"]
+
+
 def terminal(pod: Obj) -> bool:
     return pod["status"]["phase"] in ("Succeeded", "Failed")
 
@@ -213,9 +221,10 @@ class Cluster:
     """Pods KubeVirt created: pod name -> VMI name."""
     targets: dict[str, str] = field(default_factory=dict)
     """Migration name -> its target pod's name (the pod KubeVirt created for it)."""
-    target_sizes: dict[str, tuple[int, str]] = field(default_factory=dict)
-    """Migration name -> the VMI's spec size (sockets, guest memory) its target pod was rendered for: the size the
-    VM runs at once it moved (a hotplug requested after the target was made waits for the next migration)."""
+    target_sizes: dict[str, tuple[int, str, list[str]]] = field(default_factory=dict)
+    """Migration name -> the VMI's spec size (sockets, guest memory) and interfaces its target pod was rendered
+    for: what the VM runs with once it moved (a hotplug requested after the target was made waits for the next
+    migration)."""
     sources: dict[str, str] = field(default_factory=dict)
     """Migration name -> the pod the VMI left when the migration completed."""
     tried_at: dict[str, tuple[int, frozenset[guard.Holder]]] = field(default_factory=dict)
@@ -645,7 +654,10 @@ class Cluster:
         ]
 
     def grown(self, vmi: Obj) -> bool:
-        return spec_size(vmi) != current_size(vmi)
+        """Its spec outgrew what it runs with: larger sizes than its status, or an interface its status does not
+        name (an SR-IOV one, plugged only by a migration)."""
+        plugged = {i["name"] for i in vmi["status"].get("interfaces", [])}
+        return spec_size(vmi) != current_size(vmi) or not plugged.issuperset(interface_names(vmi))
 
     def set_status(self, obj: Obj, **changes: Any) -> Obj:
         return self.put(obj | {"status": {**obj["status"], **changes}})
@@ -712,6 +724,7 @@ class Cluster:
                 nodeName=pods[0]["spec"]["nodeName"],
                 currentCPUTopology={"sockets": domain["cpu"]["sockets"], "cores": 1, "threads": 1},
                 memory={"guestCurrent": domain["memory"]["guest"]},
+                interfaces=[{"name": n} for n in interface_names(vmi)],
             )
         if status != vmi["status"]:
             self.put(vmi | {"status": status})
@@ -776,7 +789,7 @@ class Cluster:
             grown = positive({r: q - old.get(r, ZERO) for r, q in new.items()})
             self.credits[name_of(vmi)] = add(self.credits.get(name_of(vmi), {}), grown)
         domain = vmi["spec"]["domain"]
-        self.target_sizes[name] = (domain["cpu"]["sockets"], domain["memory"]["guest"])
+        self.target_sizes[name] = (domain["cpu"]["sockets"], domain["memory"]["guest"], interface_names(vmi))
         self.put(m | {"status": {"phase": "Scheduling", "migrationState": {"targetPod": name_of(pod)}}})
 
     def attempt(self) -> tuple[int, frozenset[guard.Holder]]:
@@ -809,7 +822,7 @@ class Cluster:
         sources = [p for p in self.vm_pods(vmi) if name_of(p) != name_of(target)]
         if sources:
             self.sources[name] = name_of(sources[0])
-        sockets, guest = self.target_sizes[name]  # (what the target was made for, not a later hotplug's spec)
+        sockets, guest, interfaces = self.target_sizes[name]  # (what the target was made for, not a later hotplug's)
         self.set_status(
             vmi,
             nodeName=node,
@@ -817,6 +830,7 @@ class Cluster:
             migrationState={**vmi["status"].get("migrationState", {}), "completed": True},
             currentCPUTopology={"sockets": sockets, "cores": 1, "threads": 1},
             memory={"guestCurrent": guest},
+            interfaces=[{"name": n} for n in interfaces],
         )
         self.set_status(m, phase="Succeeded")
         note("a hotplug carried out" if m["metadata"].get("annotations") else "a migration completed")
@@ -927,6 +941,25 @@ class Cluster:
         domain = grown["spec"]["domain"]
         domain["cpu"]["sockets"] += extra_cpus
         domain["memory"]["guest"] = f"{Q(domain['memory']['guest']).nanos // 2**20 // 10**9 + extra_mib}Mi"
+        self.put(grown)
+
+    def tenant_add_sriov(self, index: int) -> None:
+        """An SR-IOV interface added to a running VM (KubeVirt's network synchronizer appends it to the VMI's spec;
+        its status names it only once a migration's target, rendered with it, took over)."""
+        vmi = self.pick([v for v in self.running() if "fast" not in interface_names(v)], index)
+        if vmi is None:
+            return
+        if self.guarded and uid_of(vmi) in {h.uid for h in self.reservation}:
+            note("an interface hotplug refused (the guard: the VMI holds reserved room)")
+            return
+        grown = copy.deepcopy(vmi)
+        devices = grown["spec"]["domain"].setdefault("devices", {})
+        networks = grown["spec"].setdefault("networks", [])
+        if not devices.get("interfaces"):
+            devices["interfaces"] = [{"name": "default", "masquerade": {}}]
+            networks.append({"name": "default", "pod": {}})
+        devices["interfaces"].append({"name": "fast", "sriov": {}})
+        networks.append({"name": "fast", "multus": {"networkName": "vf"}})
         self.put(grown)
 
     def tenant_event(self, index: int, factor: Fraction) -> None:
@@ -1213,6 +1246,11 @@ class LagModel(RuleBasedStateMachine):
     def hotplug(self, index: int, extra_mib: int, extra_cpus: int) -> None:
         if extra_mib or extra_cpus:
             self.c.tenant_hotplug(index, extra_mib, extra_cpus)
+
+    @precondition(_running)
+    @rule(index=st.integers(0, 5))
+    def add_an_sriov_interface(self, index: int) -> None:
+        self.c.tenant_add_sriov(index)
 
     @precondition(lambda self: bool(self.c.objs[VMI_KIND]))
     @rule(index=st.integers(0, 5), factor=st.sampled_from([Fraction(7, 8), Fraction(9, 8), Fraction(4)]))

@@ -8,7 +8,7 @@ import pytest
 
 from shared.errors import InvalidInput
 from shared.quantity import Format, Quantity
-from shared.vmi import Topology, status_size, vmi_spec
+from shared.vmi import Topology, status_size, unplugged_interfaces, vmi_spec
 
 Q = Quantity.parse
 
@@ -165,3 +165,24 @@ def test_cpu_flags_must_be_booleans(value: object) -> None:
     }
     with pytest.raises(InvalidInput, match=r"spec\.domain\.cpu\.dedicatedCpuPlacement"):
         vmi_spec(vmi)
+
+
+def test_unplugged_interfaces_are_those_a_running_vmis_status_does_not_name() -> None:
+    obj = vmi({})
+    obj["spec"]["domain"]["devices"] = {
+        "interfaces": [
+            {"name": "default", "masquerade": {}},
+            {"name": "fast", "sriov": {}},
+            {"name": "gone", "bridge": {}, "state": "absent"},
+            {"name": "br", "bridge": {}},
+        ]
+    }
+    obj["status"] = {"phase": "Running", "interfaces": [{"name": "default"}, {"name": "br"}, {"ipAddress": "10.0.0.9"}]}
+    assert unplugged_interfaces(obj) == [1], "not named, not absent"
+    obj["status"]["interfaces"].append({"name": "fast", "infoSource": "domain, multus-status"})
+    assert unplugged_interfaces(obj) == []
+    obj["status"] = {"phase": "Scheduled"}
+    assert unplugged_interfaces(obj) == [], "a VMI not running yet is admitted whole"
+    obj["status"] = {"phase": "Running", "interfaces": {"default": {}}}
+    with pytest.raises(InvalidInput, match=r"status\.interfaces"):
+        unplugged_interfaces(obj)

@@ -460,6 +460,23 @@ class SimCluster:
 
         return await self.store.mutate(self.store.resource("virtualmachines"), namespace, name, change)
 
+    async def add_interface(self, namespace: str, name: str, interface: str, *, sriov: bool = False) -> Obj:
+        """Add a bridge (or SR-IOV) interface on a Multus network of the same name to the VM's template (KubeVirt
+        hotplugs it into the running VMI); the pod-network ``default`` interface is made explicit first."""
+
+        def change(vm: Obj) -> Obj:
+            spec = vm.setdefault("spec", {}).setdefault("template", {}).setdefault("spec", {})
+            interfaces = spec.setdefault("domain", {}).setdefault("devices", {}).setdefault("interfaces", [])
+            networks = spec.setdefault("networks", [])
+            if not interfaces:
+                interfaces.append({"name": "default", "masquerade": {}})
+                networks.append({"name": "default", "pod": {}})
+            interfaces.append({"name": interface, "sriov" if sriov else "bridge": {}})
+            networks.append({"name": interface, "multus": {"networkName": interface}})
+            return vm
+
+        return await self.store.mutate(self.store.resource("virtualmachines"), namespace, name, change)
+
     async def migrate(
         self,
         namespace: str,

@@ -72,6 +72,9 @@ VMI_NAME_LABEL: Final = "kubevirt.io/vmi-name"
 DOMAIN_ANNOTATION: Final = "kubevirt.io/domain"
 WORKLOAD_UPDATE_ANNOTATION: Final = "kubevirt.io/workloadUpdateMigration"
 WORKLOAD_UPDATE_PREFIX: Final = "kubevirt-workload-update-"
+MIGRATION_REQUIRED: Final = "MigrationRequired"
+"""VMI condition: a live update (an SR-IOV interface added) is applied only by a migration, which the workload
+updater starts."""
 REJECTED_BY_QUOTA: Final = "migrationRejectedByResourceQuota"
 FAIL_START_ANNOTATION: Final = "simcluster.vmquota.io/fail-start"
 """Simulator only: a pod with this annotation fails instead of running (on a VMIM: its target pod fails)."""
@@ -213,6 +216,29 @@ def set_phase(st: Obj, new_phase: str) -> None:
     st.setdefault("phaseTransitionTimestamps", []).append(
         {"phase": new_phase, "phaseTransitionTimestamp": now_rfc3339()}
     )
+
+
+def interface_names(vmi: Mapping[str, Any], *, absent: bool = False) -> list[str]:
+    """Names of the VMI's interfaces (without ``state: absent`` ones unless ``absent``): the pod network's
+    ``default`` when the spec lists none (KubeVirt's default interface)."""
+    domain = (vmi.get("spec") or {}).get("domain") or {}
+    listed = (domain.get("devices") or {}).get("interfaces")
+    if not listed:
+        return ["default"]
+    return [
+        str(i.get("name") or "") for i in listed if isinstance(i, Mapping) and (absent or i.get("state") != "absent")
+    ]
+
+
+def interfaces_status(names: list[str], pod_ip: object) -> list[Obj]:
+    """``status.interfaces`` as KubeVirt reports the interfaces a VM's pod has: the first (the pod network) with
+    the pod's address, each from the domain (and the secondary ones from the pod's network status)."""
+    return [
+        {"name": n, "ipAddress": pod_ip, "infoSource": "domain"}
+        if i == 0
+        else {"name": n, "infoSource": "domain, multus-status"}
+        for i, n in enumerate(names)
+    ]
 
 
 def _int(raw: object) -> int:
@@ -445,9 +471,10 @@ class KubeVirtSimulator:
         self._vmim_by_uid: dict[str, Key] = {}
         self._targets: dict[str, str] = {}
         """Migration uid → uid of the target pod created for it."""
-        self._target_sizes: dict[str, tuple[Obj, Any]] = {}
-        """Migration uid → the VMI's ``spec.domain.cpu`` and ``memory.guest`` its target pod was rendered from (the
-        sizes the VM runs at once it moves there; a hotplug applied later needs another migration)."""
+        self._target_sizes: dict[str, tuple[Obj, Any, list[str]]] = {}
+        """Migration uid → the VMI's ``spec.domain.cpu``, ``memory.guest`` and interface names its target pod was
+        rendered from (what the VM runs with once it moves there; a hotplug applied later needs another
+        migration)."""
         self._started_once: set[str] = set()
         self._source_done: set[str] = set()
         self._kv_config: tuple[str, KubeVirtConfig] | None = None
@@ -872,7 +899,8 @@ class KubeVirtSimulator:
         of the VMI is in flight (upstream's workload updater)."""
         key = key_of(vmi)
         in_flight = any(phase(m) not in VMIM_FINAL for m in self.migrations_of(*key))
-        if has_condition(vmi, "HotVCPUChange", "True") or has_condition(vmi, "HotMemoryChange", "True"):
+        vmi = await self._hotplug_interfaces(vm, vmi)
+        if any(has_condition(vmi, c, "True") for c in ("HotVCPUChange", "HotMemoryChange", MIGRATION_REQUIRED)):
             if not in_flight:
                 await self._workload_update(vm, key)
             return
@@ -938,6 +966,58 @@ class KubeVirtSimulator:
         await self._update_status(self.r_vmis, key, conditions)
         if not in_flight:
             await self._workload_update(vm, key)
+
+    async def _hotplug_interfaces(self, vm: Obj, vmi: Obj) -> Obj:
+        """Interfaces added to a running VM's template (bridge or SR-IOV, not ``state: absent``) are appended to the
+        VMI's spec at once, with their networks (upstream's network synchronizer, on every VM sync); then
+        :meth:`_plug_interfaces`. The VMI as it is now."""
+        tspec = ((vm.get("spec") or {}).get("template") or {}).get("spec") or {}
+        have = set(interface_names(vmi, absent=True))
+        tnets = {n.get("name"): n for n in tspec.get("networks") or [] if isinstance(n, Mapping)}
+        tdevices = (tspec.get("domain") or {}).get("devices") or {}
+        tifaces = {i.get("name"): i for i in tdevices.get("interfaces") or [] if isinstance(i, Mapping)}
+        added = [
+            i
+            for name, i in tifaces.items()
+            if name not in have and i.get("state") != "absent" and ("bridge" in i or "sriov" in i) and name in tnets
+        ]
+        if added:
+
+            def patch(obj: Obj) -> None:
+                spec = obj.setdefault("spec", {})
+                devices = spec.setdefault("domain", {}).setdefault("devices", {})
+                if not devices.get("interfaces"):  # (the default interface KubeVirt's defaults gave it, explicit)
+                    devices["interfaces"] = [copy_json(tifaces[n]) for n in sorted(have) if n in tifaces]
+                    spec["networks"] = [copy_json(tnets[n]) for n in sorted(have) if n in tnets]
+                devices["interfaces"].extend(copy_json(i) for i in added)
+                spec.setdefault("networks", []).extend(copy_json(tnets[i["name"]]) for i in added)
+
+            vmi = await self._update(self.r_vmis, key_of(vmi), patch) or vmi
+        return await self._plug_interfaces(vmi)
+
+    async def _plug_interfaces(self, vmi: Obj) -> Obj:
+        """A running VMI's interfaces its ``status.interfaces`` does not name yet: a bridge one is plugged in place
+        (the dynamic networks controller; the status names it), an SR-IOV one only through a migration
+        (``MigrationRequired``, reason ``AutoMigrationDueToLiveUpdate``, has the workload updater start one; the
+        status names it once a migration whose target has it completes). The VMI as it is now."""
+        listed = {e.get("name") for e in status(vmi).get("interfaces") or [] if isinstance(e, Mapping)}
+        devices = ((vmi.get("spec") or {}).get("domain") or {}).get("devices") or {}
+        spec_ifaces = {i.get("name"): i for i in devices.get("interfaces") or [] if isinstance(i, Mapping)}
+        missing = [n for n in interface_names(vmi) if n not in listed]
+        bridged = [n for n in missing if "sriov" not in spec_ifaces.get(n, {})]
+        sriov = any("sriov" in spec_ifaces.get(n, {}) for n in missing)
+        if not bridged and (not sriov or has_condition(vmi, MIGRATION_REQUIRED, "True")):
+            return vmi
+
+        def plug(obj: Obj) -> None:
+            st = obj["status"]
+            st.setdefault("interfaces", []).extend({"name": n, "infoSource": "domain, multus-status"} for n in bridged)
+            if sriov:
+                set_condition(
+                    st.setdefault("conditions", []), MIGRATION_REQUIRED, "True", reason="AutoMigrationDueToLiveUpdate"
+                )
+
+        return await self._update_status(self.r_vmis, key_of(vmi), plug) or vmi
 
     async def _workload_update(self, vm: Obj, key: Key) -> None:
         """The workload updater: a migration that moves a hotplugged VMI to a pod of its new size."""
@@ -1060,7 +1140,7 @@ class KubeVirtSimulator:
                 mem.update({"guestAtBoot": guest, "guestCurrent": guest, "guestRequested": guest})
                 if overhead is not None and config.memory_overhead_report:
                     mem["memoryOverhead"] = Quantity.parse(overhead).with_format(Format.BINARY_SI).canonical()
-            st["interfaces"] = [{"name": "default", "ipAddress": pod_status.get("podIP"), "infoSource": "domain"}]
+            st["interfaces"] = interfaces_status(interface_names(vmi), pod_status.get("podIP"))
             conds = st.setdefault("conditions", [])
             set_condition(conds, "Ready", "True")
             set_condition(conds, "LiveMigratable", "True")
@@ -1229,6 +1309,7 @@ class KubeVirtSimulator:
         self._target_sizes[uid_of(vmim)] = (
             copy_json(rendered.get("cpu") or {}),
             (rendered.get("memory") or {}).get("guest"),
+            interface_names(vmi),
         )
         name = meta(created).get("name")
         await self.events.record(vmim, "Normal", "SuccessfulCreate", f"Created migration target pod {name}")
@@ -1292,8 +1373,11 @@ class KubeVirtSimulator:
         source = self.launcher_of(vmi)
         spec_domain = (vmi.get("spec") or {}).get("domain") or {}
         now_cpu, now_guest = spec_domain.get("cpu") or {}, (spec_domain.get("memory") or {}).get("guest")
-        cpu, guest = self._target_sizes.get(uid_of(vmim), (now_cpu, now_guest))
+        now_ifaces = interface_names(vmi)
+        cpu, guest, ifaces = self._target_sizes.get(uid_of(vmim), (now_cpu, now_guest, now_ifaces))
         caught_up = cpu == now_cpu and guest == now_guest
+        plugged = set(ifaces) >= set(now_ifaces)
+        pod_ip = status(target).get("podIP")
         now = now_rfc3339()
 
         def change(obj: Obj) -> None:
@@ -1311,10 +1395,13 @@ class KubeVirtSimulator:
                 overhead = annotations_of(target).get(MEMORY_OVERHEAD_ANNOTATION)
                 if overhead is not None and "memoryOverhead" in mem:
                     mem["memoryOverhead"] = Quantity.parse(overhead).with_format(Format.BINARY_SI).canonical()
+            st["interfaces"] = interfaces_status(ifaces, pod_ip)
             conds = st.setdefault("conditions", [])
             if caught_up:
                 remove_condition(conds, "HotVCPUChange")
                 remove_condition(conds, "HotMemoryChange")
+            if plugged:
+                remove_condition(conds, MIGRATION_REQUIRED)
 
         def relabel(obj: Obj) -> None:
             lab = obj.setdefault("metadata", {}).setdefault("labels", {})

@@ -4,7 +4,9 @@ What vmquota depends on behaves as in KubeVirt (see ``docs/simcluster.md``, "Con
 
 * **VM controller** — ``spec.running`` / ``spec.runStrategy`` → a VMI (ownerRef, template labels and annotations,
   admission defaults written into the spec); stopping deletes the VMI; raising ``cpu.sockets`` or
-  ``memory.guest`` of a running VM patches the VMI and starts a workload-update migration (hotplug).
+  ``memory.guest`` of a running VM patches the VMI and starts a workload-update migration (hotplug); a bridge or
+  SR-IOV interface added to its template is appended to the VMI (a bridge one plugged in place, an SR-IOV one by
+  a workload-update migration, ``MigrationRequired`` until then).
 * **VMI controller** — renders the launcher pod with :func:`shared.kubevirt.render_launcher_pod` (plus an optional
   per-pod extra the renderer does not know: real clusters drift) and creates it. A refusal is a VMI Event
   ``Warning FailedCreate "Error creating pod: <API server message>"``, condition ``Synchronized=False`` reason

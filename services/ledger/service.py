@@ -24,14 +24,11 @@ and folds only the namespaces of its partitions (cluster-wide objects are folded
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, cast
+from typing import Final
 
-import msgspec
 import nats.errors
 import nats.js.errors
 import structlog
@@ -44,24 +41,25 @@ from services.platform.http import Health, Metrics
 from services.platform.publisher import Item, Publisher
 from shared import contract
 from shared.accounting.namespace import ACCOUNTED_KINDS
-from shared.accounting.wire import vms_json
 from shared.errors import InvalidInput
 from shared.ledger.fold import (
     CLUSTER_WIDE,
+    COMPRESS_OVER,
     Ledger,
     NamespaceState,
     NamespaceView,
     Outcome,
     PartitionSet,
     checkpoint_key,
+    pack_checkpoint,
+    unpack_checkpoint,
 )
 from shared.ledger.schedule import URGENT_KINDS, Urgency, Urgent, schedule, waited_for
+from shared.ledger.usage import fit, usage_snapshot
 
 Accountant = Callable[[NamespaceView], contract.UsageBody]
 """Accounting of one namespace (``shared.accounting`` through ``shared.accounting.wire``)."""
 
-COMPRESS_OVER = 128 * 1024
-"""Checkpoints larger than this are stored zlib-compressed (prefix ``z``); JSON otherwise."""
 
 log = structlog.get_logger("vmquota.ledger")
 
@@ -101,21 +99,6 @@ class LedgerOptions:
     @property
     def progress_key(self) -> str:
         return f"progress.{self.partitions.token()}.{self.cluster or 'all'}"
-
-
-def pack(data: bytes) -> bytes:
-    # level 1: a third of level 6's time for about 1.4 times its size (checkpoints compress ~15:1 either way)
-    return b"z" + zlib.compress(data, 1) if len(data) > COMPRESS_OVER else data
-
-
-def unpack(data: bytes) -> bytes:
-    return zlib.decompress(data[1:]) if data[:1] == b"z" else data
-
-
-def usage_digest(body: contract.UsageBody, vms: msgspec.Raw | None = None) -> str:
-    """SHA-256 of the body's JSON, the first 32 hex digits; ``vms``: its VMs already encoded (the same bytes)."""
-    wire = body if vms is None else msgspec.structs.replace(body, vms=vms)
-    return hashlib.sha256(contract.encode(wire)).hexdigest()[:32]
 
 
 class LedgerService:
@@ -218,8 +201,8 @@ class LedgerService:
                     if parts[0] == "ns" and not self.opts.partitions.owns(parts[1], parts[2]):
                         continue
                     try:
-                        self.ledger.load(unpack(value))
-                    except (InvalidInput, zlib.error) as e:
+                        self.ledger.load(unpack_checkpoint(value))
+                    except InvalidInput as e:
                         log.error("unreadable checkpoint ignored: replaying from the start", key=key, error=str(e))
                         progress = -(10**18)  # forces a full replay below
         finally:
@@ -378,33 +361,17 @@ class LedgerService:
         self._m_dlq.inc()
 
     # ---- usage -------------------------------------------------------------------------------------------------
-    def _within_payload(self, msg: contract.UsageSnapshot, vms: list[contract.VmState]) -> bytes | None:
-        """``msg`` (with the states ``vms``) encoded; when that is larger than the bus takes (a namespace of
-        thousands of VMs: ~400 bytes each), encoded with only the states the enforcer acts on (admitted VMs: their
-        reservations, the guard's holders, the nudges), which ``errors`` says (the quotas' terms and the migrations
-        are kept), and if that is still too large, with those by name, uid and whether their pod was refused only;
-        None, logged, when even that is too large."""
-        data = contract.encode(msg)
+    def _fitted(self, msg: contract.UsageSnapshot, vms: list[contract.VmState]) -> bytes | None:
+        """``msg`` as the bus takes it (``shared.ledger.usage.fit``), what was left out logged."""
         limit = self.bus.max_payload - _PAYLOAD_HEADROOM
-        if len(data) <= limit:
-            return data
-        kept = [v for v in vms if v.state == "admitted"]
-        note = (
-            f"the states of {len(vms) - len(kept)} of the {len(vms)} VMs are left out (admitted ones kept): with "
-            f"them this snapshot is {len(data):,} bytes, over the {limit:,} the bus takes"
-        )
-        bare = [
-            contract.VmState(name=v.name, uid=v.uid, state=v.state, pod_refused=v.pod_refused, vmi_size=v.vmi_size)
-            for v in kept
-        ]
-        with structlog.contextvars.bound_contextvars(cluster=msg.cluster, namespace=msg.namespace, seq=msg.seq):
-            for states, what in ((kept, note), (bare, f"{note}; the admitted ones without their counts and reasons")):
-                trimmed = contract.encode(msgspec.structs.replace(msg, vms=states, errors=[*msg.errors, what]))
-                if len(trimmed) <= limit:
-                    log.warning("usage published without its VM states", size=len(data), limit=limit)
-                    return trimmed
-            log.error("usage too large to publish", size=len(trimmed), limit=limit)
-        return None
+        fitted = fit(msg, vms, limit)
+        if fitted.left_out or fitted.data is None:
+            with structlog.contextvars.bound_contextvars(cluster=msg.cluster, namespace=msg.namespace, seq=msg.seq):
+                if fitted.data is None:
+                    log.error("usage too large to publish", size=fitted.size, limit=limit)
+                else:
+                    log.warning("usage published without its VM states", size=fitted.size, limit=limit)
+        return fitted.data
 
     def _due(self, now: float) -> tuple[list[tuple[str, str]], float | None]:
         """Changed namespaces to account now, in order, and the seconds until the next one that waits is due."""
@@ -445,24 +412,17 @@ class LedgerService:
                 with structlog.contextvars.bound_contextvars(cluster=cluster, namespace=namespace, seq=view.seq):
                     log.error("accounting failed; usage not published", error=str(e))
                 continue
-            vms = vms_json(namespace, body.vms)
-            digest = usage_digest(body, vms)
-            if digest == state.usage_digest:
-                continue
-            msg = contract.UsageSnapshot(
-                id=f"{cluster}/usage/{namespace}/{view.seq}/{digest[:12]}",
-                source=contract.source(self.opts.service, cluster),
-                subject=namespace,
-                time=contract.now_rfc3339(),
+            msg, digest = usage_snapshot(
+                body,
                 cluster=cluster,
                 namespace=namespace,
                 seq=view.seq,
-                quotas=body.quotas,
-                vms=cast(list[contract.VmState], vms),  # encoded as the list it stands for
-                migrations=body.migrations,
-                errors=body.errors,
+                source=contract.source(self.opts.service, cluster),
+                time=contract.now_rfc3339(),
             )
-            data = self._within_payload(msg, body.vms)
+            if digest == state.usage_digest:
+                continue
+            data = self._fitted(msg, body.vms)
             if data is None:
                 continue
             # No Nats-Msg-Id: after a crash the same sequence may be published again with the same content,
@@ -512,9 +472,9 @@ class LedgerService:
                             await self._quiet()
                         data = b"".join(parts)
                         # zlib lets go of the GIL: compress beside the fold
-                        data = await asyncio.to_thread(pack, data) if len(data) > COMPRESS_OVER else data
+                        data = await asyncio.to_thread(pack_checkpoint, data) if len(data) > COMPRESS_OVER else data
                     else:
-                        data = pack(self.ledger.states[k].checkpoint())
+                        data = pack_checkpoint(self.ledger.states[k].checkpoint())
                     puts.append(kv.put(checkpoint_key(*k), data))
                 await asyncio.gather(*puts)
             await kv.put(self.opts.progress_key, str(progress).encode())

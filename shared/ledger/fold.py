@@ -349,6 +349,26 @@ def checkpoint_key(cluster: str, namespace: str) -> str:
     return f"cl.{cluster}" if namespace == CLUSTER_WIDE else f"ns.{cluster}.{namespace}"
 
 
+COMPRESS_OVER: Final = 128 * 1024
+"""Checkpoints larger than this are stored zlib-compressed (prefix ``z``); JSON otherwise."""
+
+
+def pack_checkpoint(data: bytes) -> bytes:
+    """A checkpoint as the bucket stores it."""
+    # level 1: a third of level 6's time for about 1.4 times its size (checkpoints compress ~15:1 either way)
+    return b"z" + zlib.compress(data, 1) if len(data) > COMPRESS_OVER else data
+
+
+def unpack_checkpoint(data: bytes) -> bytes:
+    """A stored checkpoint as :meth:`Ledger.load` reads it; InvalidInput when it does not decompress."""
+    if data[:1] != b"z":
+        return data
+    try:
+        return zlib.decompress(data[1:])
+    except zlib.error as e:
+        raise InvalidInput(f"a compressed checkpoint does not decompress: {e}") from e
+
+
 class Ledger:
     """Every state this instance folds, and which of them changed since the caller last looked."""
 

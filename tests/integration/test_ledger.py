@@ -17,12 +17,13 @@ from typing import Any
 import nats.js.errors
 import pytest
 
-from services.ledger.service import LedgerOptions, LedgerService, usage_digest
+from services.ledger.service import LedgerOptions, LedgerService
 from services.platform.bus import Bus, NatsOptions
 from services.platform.publisher import publish_all
 from services.platform.runner import cancel
 from shared import contract
 from shared.ledger.fold import Ledger, NamespaceView, PartitionSet
+from shared.ledger.usage import usage_digest
 from shared.snapshot import KubeVirtSnapshot, NamespaceSnapshot, PodSnapshot
 from tests.conftest import NatsServer
 from tests.waiting import wait_until

@@ -12,7 +12,17 @@ from hypothesis import strategies as st
 from shared import contract
 from shared.contract import Deleted, Sync, Upserted
 from shared.errors import InvalidInput
-from shared.ledger.fold import CLUSTER_WIDE, Ledger, NamespaceState, Outcome, PartitionSet, partition_of
+from shared.ledger.fold import (
+    CLUSTER_WIDE,
+    COMPRESS_OVER,
+    Ledger,
+    NamespaceState,
+    Outcome,
+    PartitionSet,
+    pack_checkpoint,
+    partition_of,
+    unpack_checkpoint,
+)
 from shared.quantity import Quantity
 from shared.snapshot import SNAPSHOT_TYPES, PodSnapshot
 
@@ -419,3 +429,13 @@ def test_a_checkpoint_with_an_unreadable_part_is_invalid_input() -> None:
     assert b'"abc"' in data
     with pytest.raises(InvalidInput, match="invalid checkpoint"):
         NamespaceState.from_checkpoint(data)
+
+
+def test_a_checkpoint_is_stored_compressed_when_large_and_a_corrupt_one_is_invalid_input() -> None:
+    small = b'{"a": 1}'
+    assert pack_checkpoint(small) == small and unpack_checkpoint(small) == small
+    large = b"[" + b"1," * COMPRESS_OVER + b"1]"
+    packed = pack_checkpoint(large)
+    assert packed[:1] == b"z" and len(packed) < len(large) and unpack_checkpoint(packed) == large
+    with pytest.raises(InvalidInput, match="does not decompress"):
+        unpack_checkpoint(b"z" + b"\x00not zlib")

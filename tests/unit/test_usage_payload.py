@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
-from services.ledger.service import LedgerService
 from shared import contract
-from shared.accounting.wire import account, vms_json
+from shared.accounting.wire import account
 from shared.kinds import POD_KIND, QUOTA_KIND, VMI_KIND, VMIM_KIND
 from shared.ledger.fold import NamespaceView
+from shared.ledger.usage import fit, usage_snapshot
 from shared.quota import guard
 from shared.snapshot import PodSnapshot, QuotaSnapshot, VmimSnapshot, VmiSnapshot
 from tests.builders import NS, launcher_obj, quota_obj, snaps, usage_of, vmi_obj, vmim_obj
@@ -24,21 +23,8 @@ KINDS: dict[type[Any], str] = {
 
 def publish(body: contract.UsageBody) -> tuple[contract.UsageSnapshot, bytes | None]:
     """The ledger's usage snapshot of ``body`` and what it publishes of it on a bus that takes 1 MB."""
-    msg = contract.UsageSnapshot(
-        id="c/usage/t/1",
-        source=contract.source("ledger", "c"),
-        subject=NS,
-        time=contract.now_rfc3339(),
-        cluster="c",
-        namespace=NS,
-        seq=1,
-        quotas=body.quotas,
-        vms=vms_json(NS, body.vms),  # type: ignore[arg-type]
-        migrations=body.migrations,
-        errors=body.errors,
-    )
-    ledger: Any = SimpleNamespace(bus=SimpleNamespace(max_payload=1024 * 1024))
-    return msg, LedgerService._within_payload(ledger, msg, body.vms)
+    msg, _ = usage_snapshot(body, cluster="c", namespace=NS, seq=1, source="vmquota/ledger/c", time="t")
+    return msg, fit(msg, body.vms, 1024 * 1024).data
 
 
 def test_a_trimmed_usage_keeps_the_guards_holders_and_the_admitted_vms() -> None:

@@ -8,10 +8,10 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.ledger.service import usage_digest
 from shared import contract
 from shared.accounting.results import VmEntry
 from shared.accounting.wire import _vm_state, vms_json
+from shared.ledger.usage import usage_digest
 from shared.quantity import Quantity
 from shared.quota.modes import VmSize
 

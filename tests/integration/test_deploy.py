@@ -124,14 +124,15 @@ def watcher_rules() -> set[Rule]:
     """The watcher lists and watches (``services/watcher/kube.py``: ``list_pages`` and ``watch``, one list method
     per resource) every resource of ``services.watcher.watcher.RESOURCES``, reads single objects (``read``: a
     ``get``) of the kinds its loops name in ``reads``, and calls nothing else."""
+    from services.watcher import kinds, listwatch, watcher
     from services.watcher import kube as wkube
-    from services.watcher import watcher
 
     source = Path(wkube.__file__).read_text()
     verbs = {"list"} | ({"watch"} if re.search(r'"watch":\s*True', source) else set())
-    assert calls_of(watcher) == set(), "the watcher makes no API call of its own"
+    for module in (watcher, listwatch, kinds):
+        assert calls_of(module) == set(), f"{module.__name__} makes no API call of its own"
     assert "get_namespaced_custom_object" in source, "the watcher's read() is how it gets single objects"
-    reads = {loop.reads for loop in watcher.LOOPS.values() if loop.reads}
+    reads = {loop.reads for loop in kinds.LOOPS.values() if loop.reads}
     assert reads, "a loop reads single objects (the refused migration's VMI)"
     return {(r.group, r.plural, v) for r in watcher.RESOURCES for v in verbs} | {
         (r.group, r.plural, "get") for r in watcher.RESOURCES if r.kind in reads

@@ -519,7 +519,7 @@ class Cluster:
 
     def read_vmi_afresh(self, name: str) -> None:
         """The watcher, before it publishes a pending migration KubeVirt's target was refused for, reads the VMI from
-        the API server and publishes it when newer (``services.watcher.watcher.MigrationListWatch``)."""
+        the API server and publishes it when newer (``services.watcher.kinds.MigrationListWatch``)."""
         history = self.history[VMI_KIND]
         at = next(
             (i for i in range(len(history) - 1, -1, -1) if (s := history[i][1]) is not None and s.name == name), None

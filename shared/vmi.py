@@ -220,16 +220,22 @@ def status_size(obj: Mapping[str, Any]) -> StatusSize:
 
 def unplugged_interfaces(obj: Mapping[str, Any]) -> list[int]:
     """Indexes in ``spec.domain.devices.interfaces`` of a running VMI's interfaces (other than ``state: absent``)
-    that its ``status.interfaces`` does not name yet: added by a live update and not in its pod. KubeVirt plugs an
-    SR-IOV one only through a migration (its target pod is rendered with it, the source pod has nothing of it; a
-    ``MigrationRequired`` condition has the workload updater start it), a bridge one in place. Only KubeVirt
-    writes the status (virt-controller from the pod's network status, virt-handler from the domain), so a tenant
-    cannot make an interface look plugged. Empty for a VMI that is not running: it is admitted whole."""
+    that its ``status.interfaces`` does not report from the domain yet: added by a live update and not in its pod.
+    KubeVirt plugs an SR-IOV one only through a migration (its target pod is rendered with it, the source pod has
+    nothing of it; a ``MigrationRequired`` condition has the workload updater start it), a bridge one in place.
+    Only an entry whose ``infoSource`` names ``domain`` counts: virt-handler writes it from libvirt's domain (SR-IOV
+    host devices included). An entry from ``multus-status`` alone comes from the launcher pod's network-status
+    annotation, which a tenant who may edit its pods can write, and one from ``guest-agent`` alone from the guest.
+    Empty for a VMI that is not running: it is admitted whole."""
     status = obj.get("status")
     if not isinstance(status, Mapping) or status.get("phase") != "Running":
         return []
-    listed = objects(status, "interfaces", "status")
-    named = {string(e, "name", f"status.interfaces[{i}]") for i, e in enumerate(listed)}
+    plugged = set()
+    for i, e in enumerate(objects(status, "interfaces", "status")):
+        where = f"status.interfaces[{i}]"
+        sources = {s.strip() for s in string(e, "infoSource", where).split(",")}
+        if "domain" in sources:
+            plugged.add(string(e, "name", where))
     spec = mapping(obj, "spec", "")
     devices = mapping(mapping(spec, "domain", "spec"), "devices", "spec.domain")
     where = "spec.domain.devices"
@@ -237,5 +243,5 @@ def unplugged_interfaces(obj: Mapping[str, Any]) -> list[int]:
         i
         for i, iface in enumerate(objects(devices, "interfaces", where))
         if string(iface, "state", f"{where}.interfaces[{i}]") != "absent"
-        and string(iface, "name", f"{where}.interfaces[{i}]") not in named
+        and string(iface, "name", f"{where}.interfaces[{i}]") not in plugged
     ]

@@ -15,8 +15,10 @@ marker, so a marker is never stored ahead of the events it speaks for; the ledge
 published.
 
 While NATS is away the republishing goes on with backoff (``room()`` and ``flush()`` then hold the producers
-back, and they go on once it is back); only an error that retrying cannot cure fails the publisher: ``failed`` is
-set, every waiter raises :class:`PublisherFailed`, and the service stops rather than lose messages.
+back, and they go on once it is back); only an error that retrying cannot cure fails the publisher — among them
+no stream storing the subject for ``no_stream_after`` seconds (a stream deleted, or lost with a server's memory
+storage: the service re-creates its streams when it starts) —: ``failed`` is set, every waiter raises
+:class:`PublisherFailed`, and the service stops rather than lose messages.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Final
 
 import msgspec
 import nats.errors
+import nats.js.errors
 import structlog
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -76,8 +79,10 @@ class Publisher:
         queue_limit: int | None = None,
         ack_timeout: float = 10.0,
         on_stored: Callable[[Item, bool], None] | None = None,
+        no_stream_after: float = 60.0,
     ) -> None:
-        """``on_stored(item, duplicate)`` is called once per message when the server has it."""
+        """``on_stored(item, duplicate)`` is called once per message when the server has it. ``no_stream_after``:
+        seconds a message is republished while no stream stores its subject before the publisher fails."""
         if window < 1 or ack_timeout <= 0:
             raise ValueError("window and ack timeout must be positive")
         self.bus = bus
@@ -85,6 +90,7 @@ class Publisher:
         self.queue_limit = queue_limit if queue_limit is not None else 2 * window
         self.ack_timeout = ack_timeout
         self.on_stored = on_stored
+        self.no_stream_after = no_stream_after
         self._queue: deque[tuple[int, Item]] = deque()
         self._outstanding: dict[int, tuple[Item, float, int]] = {}
         """order → (item, when sent, the connection's epoch then), in sending order (the oldest first)."""
@@ -243,10 +249,19 @@ class Publisher:
         attempt = 0
         while True:
             try:
-                ack = await self.bus.publish(item.subject, item.data, msg_id=item.msg_id, headers=item.headers)
+                ack = await self.bus.publish(
+                    item.subject, item.data, msg_id=item.msg_id, headers=item.headers, deadline=self.no_stream_after
+                )
                 break
             except asyncio.CancelledError:
                 raise
+            except nats.js.errors.NoStreamResponseError as e:
+                # JetStream answers, but no stream stores the subject (deleted, or lost with a server's memory
+                # storage): waiting does not bring it back. Fail: the service stops and re-creates its streams
+                # when it starts again.
+                log.error("no stream stores the subject; publishing stops", subject=item.subject, error=str(e))
+                self._fail(e)
+                return
             except TRANSIENT as e:  # NATS is away longer than Bus.publish's deadline: keep trying
                 log.warning("publish still failing, retrying", subject=item.subject, error=str(e) or type(e).__name__)
                 await asyncio.sleep(_REPUBLISH_BACKOFF.delay(attempt))

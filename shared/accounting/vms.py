@@ -118,11 +118,18 @@ class Vms(Pods):
                 return True
         return False
 
-    def _rendered_now(self, v: VmiSnapshot) -> ResourceList:
+    def _rendered_now(self, v: VmiSnapshot, charges: list[ResourceList]) -> ResourceList:
         """The VM's launcher pod as rendered at its current size: the spec's rendering less a hotplug's growth not
-        yet admitted (empty for a VM that cannot be rendered)."""
+        yet admitted (empty for a VM that cannot be rendered). The growth is at most what the smallest of its pods
+        (``charges``) lacks of that rendering, as for its migration's target: what its own pod has already (a
+        status that does not report an interface, or memory, the pod was made with) is no growth."""
         cap = self.renderer.vmi_usage(v) or {}
         grow = self.renderer.hotplug_growth(v) if cap else {}
+        if grow and charges:
+            floor = charges[0]
+            for charged in charges[1:]:
+                floor = minimum(floor, charged)
+            grow = nonzero(minimum(grow, growth(cap, floor)))
         if grow:
             cap = {r: (q - grow[r]).clamp0() if r in grow else q for r, q in cap.items()}
         return cap
@@ -147,7 +154,7 @@ class Vms(Pods):
             pod_max = maximum(pod_max, charged)
         size = vm_size(v) if migrating else current_size(v)
         # (a VM that cannot be rendered: hard holds no room for its pods)
-        cap = (self.renderer.vmi_usage(v) or {}) if migrating else self._rendered_now(v)
+        cap = (self.renderer.vmi_usage(v) or {}) if migrating else self._rendered_now(v, charges)
         believed = minimum(pod_max, cap)
         counts = {q.policy.name: mode_usage(q.policy.mode, size, believed, q.ratio) for q in self.quotas}
         took = {q.policy.name: takes(believed, counts[q.policy.name], q.factors) for q in self.quotas}
@@ -191,7 +198,7 @@ class Vms(Pods):
         but not in view takes its room all the same, and one that ended frees it), so ``hard`` stays where it is
         while KubeVirt's status and the pod events catch up."""
         size = current_size(v)
-        cap = self._rendered_now(v)
+        cap = self._rendered_now(v, [])
         counts = {q.policy.name: mode_usage(q.policy.mode, size, cap, q.ratio) for q in self.quotas}
         took: dict[str, ResourceList] = {q.policy.name: {} for q in self.quotas}
         reason = (

@@ -6,13 +6,14 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import nats.js.errors
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from services.platform import runner
 from services.platform.bus import Bus, NatsOptions
 from services.platform.consumer import PullConsumer
-from services.platform.publisher import publish_all
+from services.platform.publisher import Item, Publisher, PublisherFailed, publish_all
 from shared import contract
 from shared.snapshot import PodSnapshot
 from tests.conftest import NatsServer
@@ -233,6 +234,27 @@ async def test_an_ack_that_never_comes_is_published_again_not_awaited_forever(na
         assert lost == ["vmquota.ev.c1.ns.pod"], "the first message was lost on the way"
         info = await b.js.stream_info(contract.EVENTS_STREAM)
         assert info.state.messages == 3
+    finally:
+        await b.close()
+
+
+async def test_a_publisher_whose_stream_is_gone_fails_instead_of_waiting_forever(nats_url: str) -> None:
+    """JetStream answers but no stream stores the subject (deleted, or lost with a memory-storage server): waiting
+    does not bring it back. The publisher fails after ``no_stream_after`` seconds (the service then stops and
+    re-creates its streams when it starts) instead of republishing forever, and every waiter is told."""
+    b = await _connect(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        await b.js.delete_stream(contract.USAGE_STREAM)
+        publisher = Publisher(b, window=4, no_stream_after=0.5)
+        publisher.start()
+        try:
+            publisher.enqueue(Item(contract.usage_subject("c1", "ns"), b"{}", None))
+            with pytest.raises(PublisherFailed, match="publishing failed"):
+                await asyncio.wait_for(publisher.flush(), 10)
+            assert isinstance(publisher.failed, nats.js.errors.NoStreamResponseError)
+        finally:
+            await publisher.close()
     finally:
         await b.close()
 

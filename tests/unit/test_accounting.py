@@ -410,7 +410,8 @@ def _with_sriov(v: dict[str, Any], *, listed: bool) -> dict[str, Any]:
         "interfaces": [{"name": "default", "masquerade": {}}, {"name": "fast", "sriov": {}}]
     }
     v["spec"]["networks"] = [{"name": "default", "pod": {}}, {"name": "fast", "multus": {"networkName": "vf"}}]
-    v["status"]["interfaces"] = [{"name": "default"}, *([{"name": "fast"}] if listed else [])]
+    domain = {"infoSource": "domain"}
+    v["status"]["interfaces"] = [{"name": "default", **domain}, *([{"name": "fast", **domain}] if listed else [])]
     return v
 
 
@@ -421,7 +422,7 @@ def test_an_sriov_interface_added_to_a_running_vm_is_growth_admitted_like_any(ro
     new VM: with 512Mi left it is refused (the VM keeps running without the interface), with 2Gi left reserved.
     (The target was reserved at its new size with nothing admitted: 1Gi over the budget per such migration.)"""
     before = vmi_obj("v", guest="4Gi")
-    before["status"]["interfaces"] = [{"name": "default"}]
+    before["status"]["interfaces"] = [{"name": "default", "infoSource": "domain"}]
     source = launcher_obj(before, vouched=False)
     grown = _with_sriov(vmi_obj("v", guest="4Gi"), listed=False)
     vouch(grown, source)
@@ -447,11 +448,43 @@ def test_a_vm_with_an_sriov_interface_since_it_started_migrates_without_growth()
         v = _with_sriov(vmi_obj("v", guest="4Gi"), listed=True)
         source = launcher_obj(v)
         if not listed:
-            v["status"]["interfaces"] = [{"name": "default"}]
+            v["status"]["interfaces"] = [{"name": "default", "infoSource": "domain"}]
         budget = usage_of(source)["requests.memory"] + Q("64Mi")
         quota = quota_obj("rq", {"requests.memory": budget.canonical()}, Mode.VMI_POD_USAGE)
         u = account([quota, v, source, vmim_obj("drain", "v", rejected=True)])
         assert mig(u, "drain").state == PENDING and mig(u, "drain").growth == {}, (listed, mig(u, "drain"))
+
+
+def test_an_sriov_interface_the_domain_does_not_report_is_growth_whatever_else_names_it() -> None:
+    """``status.interfaces`` entries from the launcher pod's network-status annotation (``multus-status``: a tenant
+    who may edit its pods can write it) or from the guest agent alone do not make an interface plugged: only
+    ``domain`` (virt-handler, from libvirt) does. (An entry of any source hid the growth: the target was reserved
+    with nothing admitted.)"""
+    before = vmi_obj("v", guest="4Gi")
+    source = launcher_obj(before, vouched=False)
+    for forged in ("multus-status", "guest-agent", ""):
+        grown = _with_sriov(vmi_obj("v", guest="4Gi"), listed=False)
+        grown["status"]["interfaces"].append({"name": "fast", "infoSource": forged})
+        vouch(grown, source)
+        budget = usage_of(source)["requests.memory"] + Q("512Mi")
+        quota = quota_obj("rq", {"requests.memory": budget.canonical()}, Mode.VMI_POD_USAGE)
+        u = account([quota, grown, source, vmim_obj("kubevirt-workload-update-x", "v", rejected=True)])
+        m = mig(u, "kubevirt-workload-update-x")
+        assert m.state == GROWTH_REFUSED and m.growth["requests.memory"] >= Q("1Gi"), (forged, m)
+
+
+def test_a_vm_with_sriov_since_it_started_counts_its_pod_whatever_its_status_reports() -> None:
+    """The VFIO overhead in a VM's own pod is no growth: while its status does not report the interface from the
+    domain (right after it started, or an older KubeVirt), the VM counts at its pod's rendering, nothing of it as a
+    charge beyond its rendering (which would count as used and refuse VMs that fit, or hold a drain back)."""
+    v = _with_sriov(vmi_obj("v", guest="4Gi"), listed=True)
+    source = launcher_obj(v)
+    v["status"]["interfaces"] = [{"name": "default", "infoSource": "domain"}]
+    quota = quota_obj("rq", {"requests.memory": "64Gi"}, Mode.VMI_POD_USAGE)
+    u = account([quota, v, source])
+    e = vm(u, "v")
+    assert e.unvouched == {} and e.overlap == {}, e
+    assert e.pod_usage["requests.memory"] == usage_of(source)["requests.memory"]
 
 
 def _unchanged_vm_drain(

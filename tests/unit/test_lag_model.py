@@ -724,7 +724,7 @@ class Cluster:
                 nodeName=pods[0]["spec"]["nodeName"],
                 currentCPUTopology={"sockets": domain["cpu"]["sockets"], "cores": 1, "threads": 1},
                 memory={"guestCurrent": domain["memory"]["guest"]},
-                interfaces=[{"name": n} for n in interface_names(vmi)],
+                interfaces=[{"name": n, "infoSource": "domain"} for n in interface_names(vmi)],
             )
         if status != vmi["status"]:
             self.put(vmi | {"status": status})
@@ -830,7 +830,7 @@ class Cluster:
             migrationState={**vmi["status"].get("migrationState", {}), "completed": True},
             currentCPUTopology={"sockets": sockets, "cores": 1, "threads": 1},
             memory={"guestCurrent": guest},
-            interfaces=[{"name": n} for n in interfaces],
+            interfaces=[{"name": n, "infoSource": "domain"} for n in interfaces],
         )
         self.set_status(m, phase="Succeeded")
         note("a hotplug carried out" if m["metadata"].get("annotations") else "a migration completed")

@@ -167,7 +167,7 @@ def test_cpu_flags_must_be_booleans(value: object) -> None:
         vmi_spec(vmi)
 
 
-def test_unplugged_interfaces_are_those_a_running_vmis_status_does_not_name() -> None:
+def test_unplugged_interfaces_are_those_a_running_vmis_domain_does_not_report() -> None:
     obj = vmi({})
     obj["spec"]["domain"]["devices"] = {
         "interfaces": [
@@ -177,8 +177,14 @@ def test_unplugged_interfaces_are_those_a_running_vmis_status_does_not_name() ->
             {"name": "br", "bridge": {}},
         ]
     }
-    obj["status"] = {"phase": "Running", "interfaces": [{"name": "default"}, {"name": "br"}, {"ipAddress": "10.0.0.9"}]}
-    assert unplugged_interfaces(obj) == [1], "not named, not absent"
+    listed = [
+        {"name": "default", "infoSource": "domain, guest-agent"},
+        {"name": "br", "infoSource": "domain, multus-status"},
+        {"ipAddress": "10.0.0.9", "infoSource": "guest-agent"},
+        {"name": "fast", "infoSource": "multus-status"},  # (the pod's annotation: a tenant may write it)
+    ]
+    obj["status"] = {"phase": "Running", "interfaces": listed}
+    assert unplugged_interfaces(obj) == [1], "not reported from the domain, not absent"
     obj["status"]["interfaces"].append({"name": "fast", "infoSource": "domain, multus-status"})
     assert unplugged_interfaces(obj) == []
     obj["status"] = {"phase": "Scheduled"}

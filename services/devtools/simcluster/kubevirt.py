@@ -1378,7 +1378,12 @@ class KubeVirtSimulator:
         now_ifaces = interface_names(vmi)
         cpu, guest, ifaces = self._target_sizes.get(uid_of(vmim), (now_cpu, now_guest, now_ifaces))
         caught_up = cpu == now_cpu and guest == now_guest
-        plugged = set(ifaces) >= set(now_ifaces)
+        # what the target was rendered with, and what was plugged in place meanwhile (a bridge interface)
+        listed = {e.get("name") for e in status(vmi).get("interfaces") or [] if isinstance(e, Mapping)}
+        ifaces = [n for n in now_ifaces if n in ifaces or n in listed]
+        devices = (spec_domain.get("devices") or {}).get("interfaces") or []
+        sriov = {i.get("name") for i in devices if isinstance(i, Mapping) and "sriov" in i}
+        plugged = not (sriov - set(ifaces))
         pod_ip = status(target).get("podIP")
         now = now_rfc3339()
 

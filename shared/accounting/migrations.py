@@ -109,7 +109,7 @@ class Migrations(Vms):
             estimate, taken = self._bounded(estimate, refused, f"{m.ref} (VMI {v.name})")
             if taken:
                 why.append(f"the amounts of a quota refusal: {fmt(taken)}")
-        self.targets.append(Target(len(self.mig_entries), m, v, nonzero(estimate), dict(grow), why))
+        self.targets.append(Target(len(self.mig_entries), m, v, nonzero(estimate), dict(grow), why, len(sources)))
         return _migration_entry(m, NOT_TRIED, "")  # (replaced by the decision)
 
     def _target_estimate(
@@ -167,6 +167,16 @@ class Migrations(Vms):
                 "no room held: KubeVirt has not been refused its target pod (room is made once it is, and only then)"
             )
             self.mig_entries[t.index] = _migration_entry(t.m, NOT_TRIED, "; ".join(why), None, t.grow)
+            return
+        if t.pods > 1:
+            # KubeVirt's migration controller creates no target while the VMI has more than one active pod (a
+            # tenant's pod it adopted, say): room held for it would stay open, and with the guard its holder would
+            # keep every other pod of the namespace out, other VMs' migration targets too, for as long as that lasts
+            why.append(
+                f"no room held: KubeVirt creates no target pod while the VMI has {t.pods} active pods (room is made "
+                "once it tries again and is refused)"
+            )
+            self.mig_entries[t.index] = _migration_entry(t.m, WAITING, "; ".join(why), None, t.grow)
             return
         taken_by = self._room_taken(t)
         if taken_by:

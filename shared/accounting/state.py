@@ -114,6 +114,8 @@ class Target:
     estimate: ResourceList
     grow: ResourceList
     why: list[str]
+    pods: int = 1
+    """The VM's live launcher pods now (KubeVirt creates no target while the VMI has more than one)."""
 
 
 class State:

@@ -403,6 +403,22 @@ def test_an_adopted_pod_does_not_hide_a_hotplugs_growth() -> None:
     assert m.state == GROWTH_REFUSED and m.growth["requests.memory"] >= Q("7Gi"), m
 
 
+def test_no_room_is_held_for_a_target_kubevirt_creates_no_pod_for_while_the_vmi_has_two_active_pods() -> None:
+    """KubeVirt creates no migration target while the VMI has more than one active pod (here a tenant's pod it
+    adopted): a refused migration of such a VMI holds no room (with the guard, its holder would keep every other
+    pod of the namespace out for as long as the tenant keeps that pod)."""
+    v = vmi_obj("v", guest="4Gi")
+    source = launcher_obj(v)
+    quota = quota_obj("rq", {"requests.memory": "64Gi"}, Mode.VMI_POD_USAGE)
+    u = account([quota, v, source, vmim_obj("m", "v", rejected=True)])
+    assert mig(u, "m").state == PENDING and mig(u, "m").reserved
+    adopted = launcher_obj(vmi_obj("v", guest="4Gi"), suffix="adopted", t=5, vouched=False)
+    vouch(v, adopted)
+    u = account([quota, v, source, adopted, vmim_obj("m", "v", rejected=True)])
+    m = mig(u, "m")
+    assert m.state == WAITING and not m.reserved and "2 active pods" in m.reason, m
+
+
 def _with_sriov(v: dict[str, Any], *, listed: bool) -> dict[str, Any]:
     """``v`` with a pod-network interface and an SR-IOV one, ``fast``; ``listed``: its ``status.interfaces`` names
     ``fast`` (KubeVirt has it in the VM's pod)."""

@@ -1734,3 +1734,35 @@ def test_a_refusal_from_before_a_hotplug_does_not_hide_its_growth() -> None:
     grown = sorted(v["status"]["memory"]["guestCurrent"] for v in c.running())
     assert grown == ["512Mi", "768Mi"], f"one growth fits, one VM grew: {grown}"
     assert not c.excess(), f"over by {format_resource_list(c.excess())}"
+
+
+def test_with_the_guard_a_pod_kubevirt_adopted_into_a_refused_vm_holds_no_room_that_keeps_others_out() -> None:
+    """Found by the machine: vm2's migration is refused for quota; the tenant then has KubeVirt adopt a pod into
+    vm2 (a controller reference), so KubeVirt creates no target for it while the VMI has two active pods. vmquota
+    reserved the target all the same, and with the guard its holder kept every other pod of the namespace out:
+    vm1's migration, which the tenant did nothing to, never got its target. KubeVirt holds such a migration back,
+    so no room is held for it (and vm1's migration goes on)."""
+    c = cluster(Mode.VMI_POD_USAGE, {"requests.cpu": "3250m"}, guarded=True, cpu_allocation_ratio=1)
+    for _ in range(2):
+        c.tenant_vm(1, 512)
+    for _ in range(2):
+        c.kubevirt_round()
+        c.vmquota_catches_up()
+    room = c.room()
+    assert room is not None
+    grab = c.tenant_pod(room, prefix="grab")
+    assert grab is not None
+    c.tenant_migrate(1)
+    (refused,) = c.of_kind(VMIM_KIND)
+    c.kv_target(name_of(refused))
+    assert refused["spec"]["vmiName"] == "vm2" and c.objs[VMIM_KIND][name_of(refused)]["status"].get("conditions")
+    c.delete_pod(grab)
+    c.tenant_dressed_pod(1, None, adopt=True, label=False)
+    c.kv_sync("vm2")
+    assert len(c.controlled(c.objs[VMI_KIND]["vm2"])) == 2
+    c.tenant_migrate(0)
+    (other,) = [m for m in c.of_kind(VMIM_KIND) if m["spec"]["vmiName"] == "vm1"]
+    c.settle()
+    c.check_liveness()
+    assert c.objs[VMIM_KIND][name_of(other)]["status"]["phase"] == "Succeeded"
+    assert not c.reservation, "no holder for a migration KubeVirt holds back"

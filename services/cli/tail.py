@@ -40,14 +40,14 @@ STREAMS = {
 }
 
 
-def line(what: str, data: bytes) -> str:
-    """One readable line for a message of ``what``."""
+def line(what: str, data: bytes, letter: contract.DeadLetter | None = None) -> str:
+    """One readable line for a message of ``what`` (a dead letter: ``letter``, when it is decoded already)."""
     if what == "decisions":
         d = contract.decode_decision(data)
         dry = " [dry-run]" if d.dry_run else ""
         return f"{d.time} {d.cluster} {d.namespace}/{d.quota} ({d.mode}){dry}: {d.reason}"
     if what == "dead-letters":
-        dl = contract.decode_dead_letter(data)
+        dl = letter or contract.decode_dead_letter(data)
         was = f" (was {dl.original_subject}" + (f", {dl.stream} seq {dl.stream_seq})" if dl.stream_seq else ")")
         return f"{dl.time} {dl.cluster or '-'} dead letter from the {dl.service}: {dl.reason}{was}"
     if what == "usage":
@@ -66,20 +66,20 @@ def line(what: str, data: bytes) -> str:
     return f"{ev.time} {ev.cluster} {verb} {ev.kind} {where} rv {ev.resource_version}"
 
 
-def show(what: str, m: Msg, output: str) -> str:
+def show(what: str, m: Msg, output: str, letter: contract.DeadLetter | None = None) -> str:
     if output == "json":
         return json.dumps(json.loads(m.data), separators=(",", ":"))
     try:
-        return report.printable(line(what, m.data))
+        return report.printable(line(what, m.data, letter))
     except InvalidInput as e:
         return report.printable(f"(unreadable message at {m.subject}: {e})")
 
 
-def _cluster_of(data: bytes) -> str:
+def _letter(data: bytes) -> contract.DeadLetter | None:
     try:
-        return contract.decode_dead_letter(data).cluster
+        return contract.decode_dead_letter(data)
     except InvalidInput:
-        return ""
+        return None
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -93,9 +93,10 @@ async def main(args: argparse.Namespace) -> int:
         # (a dead letter's subject names only the service: its cluster is in the message)
         subject = f"{contract.PREFIX}.dlq.>" if what == "dead-letters" else f.subject(token)
         async for m in opsbus.messages(js, stream, subject, since=since, follow=args.follow):
-            if what == "dead-letters" and f.cluster is not None and _cluster_of(m.data) not in (f.cluster, ""):
+            letter = _letter(m.data) if what == "dead-letters" else None
+            if letter is not None and f.cluster is not None and letter.cluster not in (f.cluster, ""):
                 continue
-            print(show(what, m, args.output), flush=True)
+            print(show(what, m, args.output, letter), flush=True)
     finally:
         await nc.close()
     return 0

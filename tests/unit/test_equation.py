@@ -219,6 +219,11 @@ class World:
     def running_vmis(self) -> list[dict[str, Any]]:
         return [v for v in self.of_kind("VirtualMachineInstance") if v["status"]["phase"] == "Running"]
 
+    def migratable_vmis(self) -> list[dict[str, Any]]:
+        """Running VMIs KubeVirt creates a migration target for: none while the VMI has more than one active pod
+        (a tenant's pod it adopted)."""
+        return [v for v in self.running_vmis() if len(v["status"].get("activePods") or {}) <= 1]
+
     # ---- an independent view of U, from the objects (never in flight between steps)
     def expected_accounted(self, *, admission: bool = False) -> ResourceList:
         """``admission``: as admission counts it, a pod KubeVirt adopted at its charge divided by ``k`` (``hard``
@@ -401,7 +406,7 @@ class World:
         admitted exactly when it fits the budget (in the mode's terms, beside everything else), its target then
         gets in natively (refused once at most); when it does not fit, native admission refuses the target too,
         and the VM keeps running at its current size."""
-        vmis = self.running_vmis()
+        vmis = self.migratable_vmis()
         if not vmis:
             return
         vmi = vmis[index % len(vmis)]
@@ -496,7 +501,7 @@ class World:
 
     def migrate(self, indexes: list[int]) -> None:
         """Migrate several running VMs at once; targets are created one by one and must all get in."""
-        vmis = self.running_vmis()
+        vmis = self.migratable_vmis()
         if not vmis:
             return
         chosen = sorted({i % len(vmis) for i in indexes})

@@ -463,12 +463,14 @@ class Cluster:
         if raw != quota["status"].get("used"):
             self.put(quota | {"status": {**quota["status"], "used": raw}})
 
-    def reserved_room(self, terms: contract.QuotaTerms) -> ResourceList:
-        """The room a usage's ``hard`` holds for what vmquota reserved: beyond ``P + k * B - W - D``, the room the
-        equation leaves other pods. ``S`` itself, and where something is reserved the room the equation lets it
-        have although the pods already take the budget (``R`` clamped at zero) or a second pod's room while a
-        migration target is pending: all of it open to any pod without the guard."""
-        hard, pods, taken, overlap = (rl(getattr(terms, f)) for f in ("hard", "pods", "taken", "overlap"))
+    def reserved_room(self, terms: contract.QuotaTerms, hard: ResourceList | None = None) -> ResourceList:
+        """The room a usage's ``hard`` (or the ``hard`` written from it, lowered by ``within_charged``) holds for
+        what vmquota reserved: beyond ``P + k * B - W - D``, the room the equation leaves other pods. ``S`` itself,
+        and where something is reserved the room the equation lets it have although the pods already take the
+        budget (``R`` clamped at zero) or a second pod's room while a migration target is pending: all of it open
+        to any pod without the guard."""
+        pods, taken, overlap = (rl(getattr(terms, f)) for f in ("pods", "taken", "overlap"))
+        hard = rl(terms.hard) if hard is None else hard
         out: ResourceList = {}
         for r, h in hard.items():
             k = self.factors.get(r)
@@ -602,14 +604,16 @@ class Cluster:
             self.put(quota)
             q = self.quota_snapshot()
         terms = usage.quotas.get("rq") if usage is not None else None
-        if terms is not None and rl(terms.hard) == rl(self.quota["spec"]["hard"]):
-            # spec.hard is this usage's: what it holds room for is what this usage (and the view behind it) says
-            self.spec_reserved = self.reserved_room(terms)
+        written = rl(self.quota["spec"]["hard"])
+        if terms is not None and (rl(terms.hard) == written or (p.raises and written == p.hard_after)):
+            # spec.hard is this usage's (a raise lowered by within_charged too): what it holds room for is what this
+            # usage (and the view behind it) says
+            self.spec_reserved = self.reserved_room(terms, written)
             self.spec_used = rl(terms.used)
             self.spec_active = self.published_active
             self.spec_pods = self.published_pods
             self.spec_seen = self.published_seen
-            if rl(self.quota["status"].get("hard")) == rl(terms.hard):  # (status.hard is this usage's too)
+            if rl(self.quota["status"].get("hard")) == written:  # (status.hard is this usage's too)
                 self.quota_sync_terms()
             self.spec_specs = self.published_specs
         if self.guarded:
@@ -1766,3 +1770,33 @@ def test_with_the_guard_a_pod_kubevirt_adopted_into_a_refused_vm_holds_no_room_t
     c.check_liveness()
     assert c.objs[VMIM_KIND][name_of(other)]["status"]["phase"] == "Succeeded"
     assert not c.reservation, "no holder for a migration KubeVirt holds back"
+
+
+def test_a_raise_lowered_to_what_the_api_server_charges_still_counts_as_reserved_room() -> None:
+    """Found by the machine: the ledger's usage still counted a plain pod the tenant had just deleted (``P`` above
+    ``status.used``), so the enforcer wrote ``within_charged``'s lower ``hard``, not the usage's. The room it held
+    for the refused target is the reservation window all the same (without the guard a known limit); the model
+    recorded no reserved room for a ``hard`` other than the usage's and called a pod of that room a breach."""
+    c = cluster(Mode.VMI_POD_USAGE, {"requests.cpu": "1250m"}, guarded=False, cpu_allocation_ratio=1)
+    c.tenant_vm(1, 512)
+    for _ in range(2):
+        c.kubevirt_round()
+        c.vmquota_catches_up()
+    c.tenant_migrate(0)
+    room = c.room()
+    assert room is not None
+    grab = c.tenant_pod(room, prefix="grab")
+    assert grab is not None
+    (m,) = c.of_kind(VMIM_KIND)
+    c.kv_target(name_of(m))  # refused: the tenant's pod took the room
+    c.deliver_all()
+    c.delete_pod(grab)
+    c.publish()  # (the view still has the tenant's pod)
+    c.enforce()
+    terms = c.published.quotas["rq"] if c.published else None
+    assert terms is not None and rl(terms.hard) != rl(c.quota["spec"]["hard"]), "within_charged lowered the raise"
+    c.quota_sync()
+    assert c.status_reserved, "the room held for the target is reserved room"
+    c.check_safety()
+    c.settle()
+    c.check_liveness()

@@ -10,15 +10,16 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
 
 from services.devtools.natsserver import NatsServer
 from services.ledger.service import LedgerOptions, LedgerService
 from services.platform.bus import Bus, NatsOptions
-from services.platform.publisher import publish_all
 from shared import contract
 from shared.accounting.wire import account
 from shared.ledger.fold import Ledger, PartitionSet
@@ -135,12 +136,23 @@ class Publisher:
 
 
 async def _publish_main(url: str, prefix: str, n: int, cluster: str) -> None:
+    """nats-py's own windowed publishing (``publish_async``, 1000 acks in flight), the same source for the raw
+    consumer and for the ledger: the ratio compares the readers. (The watcher's publisher is about three times
+    faster than this source; fed by it the ledger is the slower side: ``docs/benchmarks.md``.)"""
     events = make_events(n, objects=OBJECTS, cluster=cluster)
     b = await Bus.connect(NatsOptions(url=url, name="bench-publisher"), connect_timeout=10)
     try:
         print("ready", flush=True)
         await asyncio.to_thread(sys.stdin.readline)
-        await publish_all(b, ((prefix + subj, data, mid) for subj, data, mid in events), window=1000)
+        acks: deque[asyncio.Future[Any]] = deque()
+        for subj, data, mid in events:
+            headers = {"Nats-Msg-Id": mid} if mid is not None else None
+            acks.append(await b.js.publish_async(prefix + subj, data, headers=headers, wait_stall=30.0))
+            if len(acks) >= 1000:
+                for _ in range(500):
+                    await acks.popleft()
+        for ack in acks:
+            await ack
     finally:
         await b.close()
 

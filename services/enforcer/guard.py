@@ -17,7 +17,7 @@ import structlog
 from services.enforcer.kube import KubeError, QuotaApi, version_of
 from services.enforcer.options import Key
 from shared import contract
-from shared.quota import enforcement, guard
+from shared.quota import guard
 from shared.snapshot import QuotaSnapshot
 
 log = structlog.get_logger("vmquota.enforcer")
@@ -43,13 +43,6 @@ class GuardWriter:
         self._sized: dict[str, dict[str, guard.Sized]] = {}
         """namespace → VMI name → the size it was read at while listed as a holder (it cannot change while it
         stays listed: the policy keeps it; dropped when the listing drops it or another writer wrote the list)."""
-        self._unsynced: set[Key] = set()
-        """Quotas whose ``status.hard`` has not caught up with ``spec.hard`` yet (a quota event that only changes
-        status re-runs them, so the guard shrinks once admission applies the lower limit)."""
-
-    def unsynced(self, key: Key) -> bool:
-        """The quota's ``status.hard`` lags its ``spec.hard``: reconcile it again when its status changes."""
-        return key in self._unsynced
 
     async def before(self, key: Key, usage: contract.UsageSnapshot | None) -> None:
         """A write of ``spec.hard`` from ``usage`` is about to go out: its holders are listed first. Raises when they
@@ -66,10 +59,6 @@ class GuardWriter:
             before = (await self._state(ns))[0]
         self._carried.setdefault(ns, {})[name] = guard.carried(before, quota, usage)
         self._writing.get(ns, {}).pop(name, None)  # (only now: until then its holders are what the write keeps)
-        if enforcement.same(quota.spec_hard, quota.status_hard):
-            self._unsynced.discard(key)
-        else:
-            self._unsynced.add(key)
         await self.write(ns, grow=False)
 
     async def resized(self, namespace: str, usage: contract.UsageSnapshot | None) -> str:
@@ -94,7 +83,6 @@ class GuardWriter:
         QuotaReservation should then shrink: they would keep its pods out for nothing)."""
         ns, name = key
         held = [d.get(ns, {}).pop(name, None) for d in (self._carried, self._writing)]
-        self._unsynced.discard(key)
         return any(held)
 
     async def shrink(self, namespace: str) -> None:

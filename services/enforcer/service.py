@@ -104,9 +104,11 @@ class Enforcer:
             hold_retries=True,  # (a quota waiting for its retry is not written sooner, whatever arrives)
             on_retry=self._on_retry,
         )
-        self._tell_pending: set[Key] = set()
-        """Quotas written whose ``status.hard`` has not caught up yet: the namespace's nudges wait for it (a nudge
-        KubeVirt acts on before quota admission has the raise is refused, and nothing would nudge again)."""
+        self._lagging: set[Key] = set()
+        """Quotas whose ``status.hard`` had not caught up with ``spec.hard`` when last reconciled: a quota event that
+        only changes status is then acted on. The namespace's nudges wait for it (a nudge KubeVirt acts on before
+        quota admission has the raise is refused, and nothing would nudge again), and with the guard the quota is
+        reconciled again, so that the holders shrink once admission applies the lower limit."""
         self.summaries = SummaryPacer(opts.usage_refresh_interval, opts.refresh_rate, self._summary_due)
         self._held: set[str] = set()
         """Namespaces touched before both inputs were read to their end (acted on once they are)."""
@@ -299,10 +301,13 @@ class Enforcer:
         # its status (quota admission's and the quota controller's writes, on every admitted pod) changes no plan.
         if not self.quotas.remember(snap):
             return
-        if held is None or not same_content(held, snap) or self.guard.unsynced(key):
+        if held is None or not same_content(held, snap):
             self._schedule(key)
-        elif key in self._tell_pending:  # (a status-only version: quota admission may have the raise now)
-            self._tell_when_in_effect(key)
+        elif key in self._lagging:  # (a status-only version: quota admission may have what was written now)
+            if self.opts.reservation_guard and not self.opts.dry_run:
+                self._schedule(key)  # (the reconciliation tells and nudges once it is done)
+            else:
+                self._tell_when_in_effect(key)
 
     def _gone_on_the_bus(self, key: Key) -> None:
         """The quota events say the quota is gone: the API server decides (a forged deletion must not make the
@@ -354,7 +359,7 @@ class Enforcer:
         self.quotas.forget(key, rv)
         self._verify.discard(key)
         self._acted.pop(key, None)
-        self._tell_pending.discard(key)
+        self._lagging.discard(key)
         self.summaries.forget(key)
         self.reporter.forget(key)
         held = self.guard.forget(key)
@@ -412,9 +417,9 @@ class Enforcer:
         wait for the quota event that says so."""
         quota = self.quotas.get(key)
         if quota is not None and not enforcement.same(quota.spec_hard, quota.status_hard):
-            self._tell_pending.add(key)
+            self._lagging.add(key)
             return
-        self._tell_pending.discard(key)
+        self._lagging.discard(key)
         u = self.usage.get(key[0])
         if u is not None and not self.opts.dry_run and not self._stopped:
             self.reporter.tell_and_nudge(key[0], u, self._usage_at.get(key[0], 0))

@@ -626,7 +626,7 @@ async def test_a_shrink_of_the_guard_never_removes_what_another_writer_listed(
         await publish_usage(bus, 6, terms("64Gi", "64Gi"), vms=vms)  # the old one's migration is over
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "hard lowered")
         await sim.wait_quota_synced(NS, "compute")
-        await sim.wait_for(lambda: not e.guard.unsynced((NS, "compute")) and e.idle(), within=5, what="enforcer idle")
+        await sim.wait_for(lambda: (NS, "compute") not in e._lagging and e.idle(), within=5, what="enforcer idle")
         assert listed_names(sim) == {"vm7"}, "the old enforcer's shrink removed what the new one listed"
 
 

@@ -109,8 +109,14 @@ class Migrations(Vms):
             estimate, taken = self._bounded(estimate, refused, f"{m.ref} (VMI {v.name})")
             if taken:
                 why.append(f"the amounts of a quota refusal: {fmt(taken)}")
-        self.targets.append(Target(len(self.mig_entries), m, v, nonzero(estimate), dict(grow), why, len(sources)))
+        self.targets.append(Target(len(self.mig_entries), m, v, nonzero(estimate), dict(grow), why, self._active(v)))
         return _migration_entry(m, NOT_TRIED, "")  # (replaced by the decision)
+
+    def _active(self, v: VmiSnapshot) -> int:
+        """The VMI's active pods as KubeVirt's migration controller counts them (``VMIActivePodsCount``): those it
+        controls (``status.activePods`` names them) that are not Succeeded or Failed, whether or not they are being
+        deleted (a pod past its grace period but not terminal is still active to KubeVirt)."""
+        return sum(1 for p in self.pods if p.phase not in ("Succeeded", "Failed") and self._owner(p) is v)
 
     def _target_estimate(
         self, v: VmiSnapshot, source_pod: PodSnapshot, source_usage: ResourceList, *others: ResourceList
@@ -174,7 +180,7 @@ class Migrations(Vms):
             # keep every other pod of the namespace out, other VMs' migration targets too, for as long as that lasts
             why.append(
                 f"no room held: KubeVirt creates no target pod while the VMI has {t.pods} active pods (room is made "
-                "once it tries again and is refused)"
+                "as soon as it has one)"
             )
             self.mig_entries[t.index] = _migration_entry(t.m, WAITING, "; ".join(why), None, t.grow)
             return

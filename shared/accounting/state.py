@@ -115,7 +115,7 @@ class Target:
     grow: ResourceList
     why: list[str]
     pods: int = 1
-    """The VM's live launcher pods now (KubeVirt creates no target while the VMI has more than one)."""
+    """The VMI's active pods as KubeVirt counts them (it creates no target while the VMI has more than one)."""
 
 
 class State:

@@ -49,6 +49,7 @@ from shared.snapshot import SNAPSHOT_TYPES, AnySnapshot, QuotaSnapshot, VmimSnap
 from tests.builders import (
     NOW,
     NS,
+    T0,
     account,
     facts_for,
     hard_of,
@@ -417,6 +418,15 @@ def test_no_room_is_held_for_a_target_kubevirt_creates_no_pod_for_while_the_vmi_
     u = account([quota, v, source, adopted, vmim_obj("m", "v", rejected=True)])
     m = mig(u, "m")
     assert m.state == WAITING and not m.reserved and "2 active pods" in m.reason, m
+    # a pod past its deletion grace period that is not terminal yet (a finalizer, say) is still active to KubeVirt,
+    # though quota no longer charges it
+    gone = (NOW - T0).total_seconds() - 10
+    adopted["metadata"].update({"deletionTimestamp": ts(gone), "deletionGracePeriodSeconds": 0})
+    adopted["status"]["phase"] = "Pending"
+    m = mig(account([quota, v, source, adopted, vmim_obj("m", "v", rejected=True)]), "m")
+    assert m.state == WAITING and not m.reserved, m
+    adopted["status"]["phase"] = "Failed"  # (terminal: KubeVirt counts one pod again, and room is made at once)
+    assert mig(account([quota, v, source, adopted, vmim_obj("m", "v", rejected=True)]), "m").state == PENDING
 
 
 def _with_sriov(v: dict[str, Any], *, listed: bool) -> dict[str, Any]:

@@ -605,8 +605,9 @@ class Cluster:
             q = self.quota_snapshot()
         terms = usage.quotas.get("rq") if usage is not None else None
         written = rl(self.quota["spec"]["hard"])
-        if terms is not None and (rl(terms.hard) == written or (p.raises and written == p.hard_after)):
-            # spec.hard is this usage's (a raise lowered by within_charged too): what it holds room for is what this
+        from_usage = p.set_hard and p.action in (enforcement.Action.ADJUST, enforcement.Action.ADOPT)
+        if terms is not None and (rl(terms.hard) == written or (from_usage and written == p.hard_after)):
+            # spec.hard is this usage's (or within_charged's lowering of it): what it holds room for is what this
             # usage (and the view behind it) says
             self.spec_reserved = self.reserved_room(terms, written)
             self.spec_used = rl(terms.used)

@@ -204,7 +204,7 @@ class Migrations(Vms):
     def _room_taken(self, t: Target) -> str:
         """Why a migration KubeVirt is refused gets no room again, or "": some quota is over its budget (``U + X/k
         > B``) in a resource the target is charged, and pods other than VMs' launcher pods created after the
-        migration (or in the same second) are charged that resource. Room held for a target is open to any pod
+        migration (or in the same second) are charged that resource (a VM's pods beyond its one launcher pod too). Room held for a target is open to any pod
         until the target exists (without the reservation guard): a pod that took it must not be followed by
         another once vmquota raises again, so a namespace goes over its budget by one reserved amount at the most.
         A namespace over its budget for other reasons (its budget lowered, an upgrade's larger pods) still
@@ -220,6 +220,15 @@ class Migrations(Vms):
             and p.creation_timestamp is not None
             and p.creation_timestamp >= since  # (creation times are to the second: the same second counts)
         ]
+        # a pod that took the room and was then adopted into a VMI (a controller reference is the tenant's to set)
+        # is no plain pod any more: what a VM's pods are charged beyond its one launcher pod (``unvouched``) counts
+        # when one of them was created after the migration, or the room would be held, and taken, again
+        for key, vm_pods in self.launchers.items():
+            entry = self.vm_entries.get(key)
+            if entry is not None and entry.unvouched and any(
+                p.creation_timestamp is not None and p.creation_timestamp >= since for p, _ in vm_pods
+            ):
+                late.append(entry.unvouched)
         if not late:
             return ""
         for q in self.quotas:

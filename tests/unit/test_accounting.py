@@ -429,6 +429,25 @@ def test_no_room_is_held_for_a_target_kubevirt_creates_no_pod_for_while_the_vmi_
     assert mig(account([quota, v, source, adopted, vmim_obj("m", "v", rejected=True)]), "m").state == PENDING
 
 
+def test_a_pod_that_took_reserved_room_and_was_adopted_into_another_vm_keeps_the_room_from_being_held_again() -> None:
+    """Without the guard, a tenant's pod took a refused target's reserved room: no room is held for that target
+    again while such a pod keeps the namespace over its budget. The tenant then sets a controller reference on that
+    pod to another of its VMIs (KubeVirt adopts it): it is no plain pod any more, but its charge beyond that VM's
+    launcher pod still counts, and no room is held again. (Room was held again, to be taken a second time: over the
+    budget by as many reserved amounts as the tenant has VMs to adopt its pods.)"""
+    quota = quota_obj("rq", {"limits.memory": "64Gi"})
+    facts = facts_for(["limits.memory"])
+    vmis = [vmi_obj(f"vm{i}", guest="16Gi", limits={"memory": "16Gi"}, t=i) for i in range(3)]
+    pods = [launcher_obj(v, facts=facts) for v in vmis]
+    migration = vmim_obj("m1", "vm0", t=100, rejected=True)
+    grab = pod_obj("grab", {"memory": "1Gi"}, {"memory": "30Gi"}, t=101)
+    assert mig(account([quota, *vmis, *pods, migration, grab]), "m1").state == WAITING
+    vouch(vmis[1], grab)  # (adopted into vm1)
+    again = mig(account([quota, *vmis, *pods, migration, grab]), "m1")
+    assert again.state == WAITING and not again.reserved, again
+    assert "taken by another pod" in again.reason
+
+
 def _with_sriov(v: dict[str, Any], *, listed: bool) -> dict[str, Any]:
     """``v`` with a pod-network interface and an SR-IOV one, ``fast``; ``listed``: its ``status.interfaces`` names
     ``fast`` (KubeVirt has it in the VM's pod)."""

@@ -204,9 +204,10 @@ class Migrations(Vms):
     def _room_taken(self, t: Target) -> str:
         """Why a migration KubeVirt is refused gets no room again, or "": some quota is over its budget (``U + X/k
         > B``) in a resource the target is charged, and pods other than VMs' launcher pods created after the
-        migration (or in the same second) are charged that resource (a VM's pods beyond its one launcher pod too). Room held for a target is open to any pod
-        until the target exists (without the reservation guard): a pod that took it must not be followed by
-        another once vmquota raises again, so a namespace goes over its budget by one reserved amount at the most.
+        migration (or in the same second) are charged that resource (a VM's pods beyond its one launcher pod too).
+        Room held for a target is open to any pod until the target exists (without the reservation guard): a pod
+        that took it must not be followed by another once vmquota raises again, so a namespace goes over its
+        budget by one reserved amount at the most.
         A namespace over its budget for other reasons (its budget lowered, an upgrade's larger pods) still
         migrates."""
         since = t.m.creation_timestamp

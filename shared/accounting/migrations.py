@@ -226,8 +226,10 @@ class Migrations(Vms):
         # when one of them was created after the migration, or the room would be held, and taken, again
         for key, vm_pods in self.launchers.items():
             entry = self.vm_entries.get(key)
-            if entry is not None and entry.unvouched and any(
-                p.creation_timestamp is not None and p.creation_timestamp >= since for p, _ in vm_pods
+            if (
+                entry is not None
+                and entry.unvouched
+                and any(p.creation_timestamp is not None and p.creation_timestamp >= since for p, _ in vm_pods)
             ):
                 late.append(entry.unvouched)
         if not late:

@@ -1401,17 +1401,22 @@ def cluster(mode: Mode, budget: dict[str, str], *, guarded: bool, cpu_allocation
     return Cluster(setup, guarded=guarded)
 
 
+def start_vms(c: Cluster, count: int, guest_mib: int = 512) -> None:
+    """``count`` VMs of one vCPU and ``guest_mib`` started as far as they fit, vmquota caught up."""
+    for _ in range(count):
+        c.tenant_vm(1, guest_mib)
+    for _ in range(2):
+        c.kubevirt_round()
+        c.vmquota_catches_up()
+
+
 def two_full_vms(guest_mib: int, *, guarded: bool) -> tuple[Cluster, Quantity]:
     """Two VMs of ``guest_mib`` fill a ``limits.memory`` budget of exactly their two launcher pods, both running,
     vmquota caught up. Returns the cluster and one launcher pod's ``limits.memory``."""
     probe = launcher_obj(vmi_obj("probe", guest=f"{guest_mib}Mi"), facts=facts_for(["limits.memory"]), vouched=False)
     pod = usage_of(probe)["limits.memory"]
     c = cluster(Mode.VMI_POD_USAGE, {"limits.memory": (pod + pod).canonical()}, guarded=guarded)
-    for _ in range(2):
-        c.tenant_vm(1, guest_mib)
-    for _ in range(2):
-        c.kubevirt_round()
-        c.vmquota_catches_up()
+    start_vms(c, 2, guest_mib)
     assert len(c.running()) == 2 and not c.excess()
     return c, pod
 
@@ -1467,10 +1472,7 @@ def a_target_vmquota_sees_before_kubevirt_vouches_for_it(*, guarded: bool) -> Cl
     vmquota hears more: ``status.used`` drops by the source pod. (Every pod takes at least its charge of the budget in
     ``W``, the unvouched target too, so ``hard`` is the budget and the source's end opens no room.)"""
     c = cluster(Mode.VMI_POD_USAGE, {"requests.cpu": "1250m"}, guarded=guarded, cpu_allocation_ratio=1)
-    c.tenant_vm(1, 512)
-    for _ in range(2):
-        c.kubevirt_round()
-        c.vmquota_catches_up()
+    start_vms(c, 1)
     c.tenant_migrate(0)
     (m,) = c.of_kind(VMIM_KIND)
     c.kv_target(name_of(m))
@@ -1529,10 +1531,7 @@ def test_a_nudge_waits_for_the_quota_controller_to_copy_the_raise() -> None:
 @pytest.mark.parametrize("guarded", [False, True])
 def test_a_finished_source_pod_deleted_before_vmquota_sees_it_opens_no_room(guarded: bool) -> None:
     c = cluster(Mode.VMI_POD_USAGE, {"count/pods": "2"}, guarded=guarded)
-    c.tenant_vm(1, 512)
-    for _ in range(2):
-        c.kubevirt_round()
-        c.vmquota_catches_up()
+    start_vms(c, 1)
     assert c.tenant_pod({"cpu": "100m", "memory": "64Mi"}) is not None  # the budget is used up
     c.tenant_migrate(0)
     (m,) = c.of_kind(VMIM_KIND)
@@ -1694,10 +1693,7 @@ def test_with_the_guard_the_holder_stays_until_status_hard_no_longer_carries_the
     must stay listed until then (``guard.carried``), or the tenant takes the source pod's room. (The machine reaches
     this sequence rarely; it fails here when holders shrink as soon as ``spec.hard`` is written.)"""
     c = cluster(Mode.VMI_POD_USAGE, {"requests.cpu": "1250m"}, guarded=True, cpu_allocation_ratio=1)
-    c.tenant_vm(1, 512)
-    for _ in range(2):
-        c.kubevirt_round()
-        c.vmquota_catches_up()
+    start_vms(c, 1)
     c.tenant_migrate(0)
     (m,) = c.of_kind(VMIM_KIND)
     c.kv_target(name_of(m))  # refused, then reserved
@@ -1725,11 +1721,7 @@ def test_a_refusal_from_before_a_hotplug_does_not_hide_its_growth() -> None:
     refused; then vm1 is hotplugged by 256Mi too. Only one growth fits, and only one VM grows: the refusal of vm1's
     target from before its hotplug is evidence only for a larger pod, never a smaller one."""
     c = cluster(Mode.DEDICATED_VIRTUAL_RESOURCES, {"requests.memory": "2Gi"}, guarded=True, cpu_allocation_ratio=1)
-    for _ in range(2):
-        c.tenant_vm(1, 512)
-    for _ in range(2):
-        c.kubevirt_round()
-        c.vmquota_catches_up()
+    start_vms(c, 2)
     c.tenant_migrate(0)  # vm1
     c.tenant_hotplug(1, 256, 0)  # vm2
     c.kubevirt_round()  # both targets refused, at the sizes of the time
@@ -1748,11 +1740,7 @@ def test_with_the_guard_a_pod_kubevirt_adopted_into_a_refused_vm_holds_no_room_t
     vm1's migration, which the tenant did nothing to, never got its target. KubeVirt holds such a migration back,
     so no room is held for it (and vm1's migration goes on)."""
     c = cluster(Mode.VMI_POD_USAGE, {"requests.cpu": "3250m"}, guarded=True, cpu_allocation_ratio=1)
-    for _ in range(2):
-        c.tenant_vm(1, 512)
-    for _ in range(2):
-        c.kubevirt_round()
-        c.vmquota_catches_up()
+    start_vms(c, 2)
     room = c.room()
     assert room is not None
     grab = c.tenant_pod(room, prefix="grab")
@@ -1779,10 +1767,7 @@ def test_a_raise_lowered_to_what_the_api_server_charges_still_counts_as_reserved
     for the refused target is the reservation window all the same (without the guard a known limit); the model
     recorded no reserved room for a ``hard`` other than the usage's and called a pod of that room a breach."""
     c = cluster(Mode.VMI_POD_USAGE, {"requests.cpu": "1250m"}, guarded=False, cpu_allocation_ratio=1)
-    c.tenant_vm(1, 512)
-    for _ in range(2):
-        c.kubevirt_round()
-        c.vmquota_catches_up()
+    start_vms(c, 1)
     c.tenant_migrate(0)
     room = c.room()
     assert room is not None

@@ -299,6 +299,29 @@ class Pipeline:
         return {str(v["metadata"]["name"]) for v in self.objects("vmi", namespace) if phase(v) == "Running"}
 
 
+def forged_refusal(vmi: Obj, name: str, message: str, **extra: Any) -> Obj:
+    """A tenant's ``FailedCreate`` Event on its own VMI (create it with ``sim.create``): Events are the tenant's to
+    write, so it reads like KubeVirt's refusal but vouches for nothing."""
+    meta = vmi["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": name, "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstance",
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+        },
+        "reason": "FailedCreate",
+        "type": "Warning",
+        "message": message,
+        "count": 1,
+        **extra,
+    }
+
+
 def plain_pod(ns: str, name: str, requests: dict[str, str], limits: dict[str, str]) -> Obj:
     """A pod that is not a VM's (create it with ``sim.create``)."""
     return {

@@ -25,6 +25,7 @@ from tests.integration.e2e import (
     SLOW_MIGRATIONS,
     Pipeline,
     Tenant,
+    forged_refusal,
     full_namespace,
     give_back_grabbed_room,
     grab_reserved_room,
@@ -229,26 +230,12 @@ async def test_a_forged_refusal_event_does_not_inflate_a_reservation() -> None:
         await full_namespace(p, NS)
         vmi = p.sim.peek("vmi", NS, "vm1")
         assert vmi is not None
-        await p.sim.create(
-            {
-                "apiVersion": "v1",
-                "kind": "Event",
-                "metadata": {"name": "vm1.forged", "namespace": NS},
-                "involvedObject": {
-                    "apiVersion": "kubevirt.io/v1",
-                    "kind": "VirtualMachineInstance",
-                    "name": "vm1",
-                    "namespace": NS,
-                    "uid": vmi["metadata"]["uid"],
-                },
-                "reason": "FailedCreate",
-                "type": "Warning",
-                "message": 'Error creating pod: pods "virt-launcher-vm1-x" is forbidden: exceeded quota: compute, '
-                "requested: limits.memory=200Gi, used: limits.memory=50Gi, limited: limits.memory=64Gi",
-                "source": {"component": "virtualmachine-controller"},
-                "count": 1,
-            }
+        message = (
+            'Error creating pod: pods "virt-launcher-vm1-x" is forbidden: exceeded quota: compute, '
+            "requested: limits.memory=200Gi, used: limits.memory=50Gi, limited: limits.memory=64Gi"
         )
+        forged = forged_refusal(vmi, "vm1.forged", message, source={"component": "virtualmachine-controller"})
+        await p.sim.create(forged)
         m = await p.migrate(NS, "vm1")
         await p.wait_migrated(NS, "vm1", m)
         highest = max(

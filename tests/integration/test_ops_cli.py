@@ -18,7 +18,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from services.devtools.natsserver import NatsServer
 from services.platform.bus import position
 from shared import contract, report
-from tests.integration.e2e import CLUSTER, full_namespace, pipeline, rl
+from tests.integration.e2e import CLUSTER, forged_refusal, full_namespace, pipeline, rl
 
 pytestmark = pytest.mark.integration
 
@@ -168,25 +168,8 @@ async def test_status_tail_and_replay_after_a_migration_at_full_quota() -> None:
             'pods "\x1b[2J\x1b[Hall is well\nvm2" is forbidden: exceeded quota: compute, requested: '
             "limits.memory=1Gi, used: limits.memory=64Gi, limited: limits.memory=64Gi"
         )
-        await p.sim.create(
-            {
-                "apiVersion": "v1",
-                "kind": "Event",
-                "metadata": {"name": "vm2.hostile", "namespace": NS},
-                "involvedObject": {
-                    "apiVersion": "kubevirt.io/v1",
-                    "kind": "VirtualMachineInstance",
-                    "name": "vm2",
-                    "namespace": NS,
-                    "uid": vmi["metadata"]["uid"],
-                },
-                "reason": "FailedCreate",
-                "type": "Warning",
-                "message": hostile
-                + "requested: limits.memory=1Gi, used: limits.memory=64Gi, limited: limits.memory=64Gi",
-                "count": 1,
-            }
-        )
+        message = hostile + "requested: limits.memory=1Gi, used: limits.memory=64Gi, limited: limits.memory=64Gi"
+        await p.sim.create(forged_refusal(vmi, "vm2.hostile", message))
 
         async def told() -> bool:
             code, out, _ = await vmquota("explain", "vm", f"{NS}/vm2", "--nats", url)

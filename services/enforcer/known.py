@@ -47,9 +47,6 @@ class KnownQuotas:
     def __getitem__(self, key: Key) -> QuotaSnapshot:
         return self._quotas[key]
 
-    def __contains__(self, key: object) -> bool:
-        return key in self._quotas
-
     def __iter__(self) -> Iterator[Key]:
         return iter(self._quotas)
 

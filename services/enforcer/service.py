@@ -18,9 +18,10 @@ brought while the patch was out, when they did (one round trip fewer), else a re
 before the second and later reads. 429/5xx/timeouts back off and retry (the queue's retries).
 
 Every write is reported, off the write path, by a Kubernetes Event on the quota and a ``Decision`` on
-``vmquota.quota.<cluster>.<namespace>``. With ``dry_run`` nothing is written to the cluster: each new plan is
-reported as a dry-run decision and logged. A malformed quota event or usage snapshot goes to
-``vmquota.dlq.enforcer`` with the reason; the enforcer keeps running.
+``vmquota.quota.<cluster>.<namespace>`` (but for a write of the usage summary alone, ``Action.REFRESH``). With
+``dry_run`` nothing is written to the cluster: each new plan is reported as a dry-run decision and logged. A
+malformed quota event or usage snapshot goes to ``vmquota.dlq.enforcer`` with the reason; the enforcer keeps
+running.
 """
 
 from __future__ import annotations

@@ -133,6 +133,7 @@ class LedgerService:
         self._checkpointing: asyncio.Task[int] | None = None
         """The checkpoint round being written in the background, if any."""
         self._usage_publisher: Publisher | None = None
+        """Sends the usage snapshots while the service runs."""
         self._waiting = asyncio.Event()
         """Set while the loop waits for events: a background checkpoint round encodes a state only then, so it
         never holds up the accounting a migration waits for."""
@@ -218,12 +219,13 @@ class LedgerService:
 
     # ---- the loop ----------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
+        self._usage_publisher = Publisher(self.bus, window=256)
+        self._usage_publisher.start()
         try:
             await self._run(stop)
         finally:
-            if self._usage_publisher is not None:
-                await self._usage_publisher.close()
-                self._usage_publisher = None
+            await self._usage_publisher.close()
+            self._usage_publisher = None
 
     async def _run(self, stop: asyncio.Event) -> None:
         await self.start()
@@ -365,7 +367,7 @@ class LedgerService:
         """``msg`` as the bus takes it (``shared.ledger.usage.fit``), what was left out logged."""
         limit = self.bus.max_payload - _PAYLOAD_HEADROOM
         fitted = fit(msg, vms, limit)
-        if fitted.left_out or fitted.data is None:
+        if fitted.size > limit:
             with structlog.contextvars.bound_contextvars(cluster=msg.cluster, namespace=msg.namespace, seq=msg.seq):
                 if fitted.data is None:
                     log.error("usage too large to publish", size=fitted.size, limit=limit)
@@ -377,13 +379,6 @@ class LedgerService:
         """Changed namespaces to account now, in order, and the seconds until the next one that waits is due."""
         o = self.opts
         return schedule(self.ledger.changed, self._urgent, self._accounted_at, now, debounce=o.debounce, soon=o.soon)
-
-    def _publisher(self) -> Publisher:
-        """The publisher of usage snapshots: started at the first one, closed when the service stops."""
-        if self._usage_publisher is None:
-            self._usage_publisher = Publisher(self.bus, window=256)
-            self._usage_publisher.start()
-        return self._usage_publisher
 
     async def publish_usage(self, keys: list[tuple[str, str]] | None = None) -> int:
         """Account the given changed namespaces in this order (default: every changed one, those a migration or a VM
@@ -400,7 +395,8 @@ class LedgerService:
             horizon = now - self.opts.debounce
             self._accounted_at = {k: t for k, t in self._accounted_at.items() if t > horizon}
         sent: list[tuple[NamespaceState, str, tuple[str, str]]] = []
-        publisher = self._publisher()
+        publisher = self._usage_publisher
+        assert publisher is not None, "usage is published while the service runs"
         for cluster, namespace in keys:
             state = self.ledger.state(cluster, namespace)
             if state is None or namespace == CLUSTER_WIDE:

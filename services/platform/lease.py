@@ -26,7 +26,7 @@ from typing import Any
 
 import structlog
 
-from services.platform.kube import KubeError, call_object
+from services.platform.kube import KubeError, call_object, call_object_or_none
 
 Obj = dict[str, Any]
 
@@ -90,10 +90,10 @@ class Elector:
         """One round: True when this candidate holds the Lease afterwards."""
         now = datetime.now(UTC)
         try:
-            lease = await call_object(self.coordination.read_namespaced_lease, self.name, self.namespace)
+            lease = await call_object_or_none(self.coordination.read_namespaced_lease, self.name, self.namespace)
         except KubeError as e:
-            if not e.not_found:
-                return self._failed(e)
+            return self._failed(e)
+        if lease is None:
             return await self._create(now)
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""

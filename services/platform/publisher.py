@@ -52,7 +52,7 @@ class Item:
     msg_id: str | None
     headers: dict[str, str] | None = None
     label: str = ""
-    """For the ``on_stored`` callback (the watcher passes the kind and event type, the ledger the namespace)."""
+    """For the ``on_stored`` callback (the watcher passes the kind and event type)."""
 
 
 class _Ack(msgspec.Struct):

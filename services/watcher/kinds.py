@@ -33,14 +33,14 @@ class MigrationListWatch(ListWatch):
     reads = VMI_KIND
 
     async def before_upsert(self, obj: Obj) -> None:
-        if not _rejected_by_quota(obj):
-            return
         try:
             ident = Ident(obj)
         except InvalidInput:
             return  # (dead-lettered by handle)
         if not is_newer(self.known.get(ident.uid), ident.rv):
             return  # (not published again: nothing to read for)
+        if not _rejected_by_quota(obj):
+            return
         spec = obj.get("spec")
         name = spec.get("vmiName") if isinstance(spec, dict) else None
         vmis = self.w.loops.get(VMI_KIND)

@@ -46,9 +46,7 @@ class Fitted(NamedTuple):
     data: bytes | None
     """What to publish; None when even the smallest form is larger than the bus takes."""
     size: int
-    """Bytes of the whole snapshot."""
-    left_out: int
-    """VM states left out (0: the whole snapshot)."""
+    """Bytes of the whole snapshot (more than the limit: ``data`` is trimmed, or None)."""
 
 
 def fit(msg: contract.UsageSnapshot, vms: list[contract.VmState], limit: int) -> Fitted:
@@ -58,7 +56,7 @@ def fit(msg: contract.UsageSnapshot, vms: list[contract.VmState], limit: int) ->
     is still too large, with those by name, uid and whether their pod was refused only."""
     data = contract.encode(msg)
     if len(data) <= limit:
-        return Fitted(data, len(data), 0)
+        return Fitted(data, len(data))
     kept = [v for v in vms if v.state == "admitted"]
     note = (
         f"the states of {len(vms) - len(kept)} of the {len(vms)} VMs are left out (admitted ones kept): with "
@@ -71,5 +69,5 @@ def fit(msg: contract.UsageSnapshot, vms: list[contract.VmState], limit: int) ->
     for states, what in ((kept, note), (bare, f"{note}; the admitted ones without their counts and reasons")):
         trimmed = contract.encode(msgspec.structs.replace(msg, vms=states, errors=[*msg.errors, what]))
         if len(trimmed) <= limit:
-            return Fitted(trimmed, len(data), len(vms) - len(kept))
-    return Fitted(None, len(data), len(vms))
+            return Fitted(trimmed, len(data))
+    return Fitted(None, len(data))

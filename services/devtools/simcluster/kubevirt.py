@@ -232,6 +232,17 @@ def interface_names(vmi: Mapping[str, Any], *, absent: bool = False) -> list[str
     ]
 
 
+def listed_interfaces(vmi: Mapping[str, Any]) -> set[str]:
+    """Names of the interfaces the VMI's ``status.interfaces`` reports (those its current pod has)."""
+    return {str(e.get("name")) for e in status(vmi).get("interfaces") or [] if isinstance(e, Mapping)}
+
+
+def sriov_interfaces(vmi: Mapping[str, Any]) -> set[str]:
+    """Names of the VMI's SR-IOV interfaces (KubeVirt plugs a hotplugged one only by a migration)."""
+    listed = (((vmi.get("spec") or {}).get("domain") or {}).get("devices") or {}).get("interfaces") or []
+    return {str(i.get("name")) for i in listed if isinstance(i, Mapping) and "sriov" in i}
+
+
 def interfaces_status(names: list[str], pod_ip: object) -> list[Obj]:
     """``status.interfaces`` as KubeVirt reports the interfaces a VM's pod has: the first (the pod network) with
     the pod's address, each from the domain (and the secondary ones from the pod's network status)."""
@@ -1002,12 +1013,10 @@ class KubeVirtSimulator:
         (the dynamic networks controller; the status names it), an SR-IOV one only through a migration
         (``MigrationRequired``, reason ``AutoMigrationDueToLiveUpdate``, has the workload updater start one; the
         status names it once a migration whose target has it completes). The VMI as it is now."""
-        listed = {e.get("name") for e in status(vmi).get("interfaces") or [] if isinstance(e, Mapping)}
-        devices = ((vmi.get("spec") or {}).get("domain") or {}).get("devices") or {}
-        spec_ifaces = {i.get("name"): i for i in devices.get("interfaces") or [] if isinstance(i, Mapping)}
-        missing = [n for n in interface_names(vmi) if n not in listed]
-        bridged = [n for n in missing if "sriov" not in spec_ifaces.get(n, {})]
-        sriov = any("sriov" in spec_ifaces.get(n, {}) for n in missing)
+        missing = [n for n in interface_names(vmi) if n not in listed_interfaces(vmi)]
+        sriov_names = sriov_interfaces(vmi)
+        bridged = [n for n in missing if n not in sriov_names]
+        sriov = any(n in sriov_names for n in missing)
         if not bridged and (not sriov or has_condition(vmi, MIGRATION_REQUIRED, "True")):
             return vmi
 
@@ -1379,11 +1388,9 @@ class KubeVirtSimulator:
         cpu, guest, ifaces = self._target_sizes.get(uid_of(vmim), (now_cpu, now_guest, now_ifaces))
         caught_up = cpu == now_cpu and guest == now_guest
         # what the target was rendered with, and what was plugged in place meanwhile (a bridge interface)
-        listed = {e.get("name") for e in status(vmi).get("interfaces") or [] if isinstance(e, Mapping)}
+        listed = listed_interfaces(vmi)
         ifaces = [n for n in now_ifaces if n in ifaces or n in listed]
-        devices = (spec_domain.get("devices") or {}).get("interfaces") or []
-        sriov = {i.get("name") for i in devices if isinstance(i, Mapping) and "sriov" in i}
-        plugged = not (sriov - set(ifaces))
+        plugged = not (sriov_interfaces(vmi) - set(ifaces))
         pod_ip = status(target).get("podIP")
         now = now_rfc3339()
 

@@ -22,7 +22,7 @@ from shared.kinds import (
     VMI_KIND,
     VMIM_KIND,
 )
-from shared.kubevirt.render import MEMORY_OVERHEAD_ANNOTATION, RENDER_ANNOTATIONS
+from shared.kubevirt.render import MEMORY_OVERHEAD_ANNOTATION, render_annotations
 from shared.podusage import pod_resources, quota_usage_of
 from shared.quantity import Quantity
 from shared.resources import ResourceList, parse_resource_list
@@ -160,7 +160,7 @@ def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
     return VmiSnapshot(
         **ident,
         # (no labels: nothing renders or accounts from a VMI's labels, and a tenant's must not grow a ledger)
-        annotations={k: vs.annotations[k] for k in RENDER_ANNOTATIONS if k in vs.annotations},
+        annotations=render_annotations(vs.annotations),
         deletion_timestamp=_time(meta, "deletionTimestamp", "metadata"),
         phase=string(status, "phase", "status"),
         node_name=string(status, "nodeName", "status"),

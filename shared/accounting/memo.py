@@ -112,8 +112,8 @@ class NoMemo(Memo):
 NO_MEMO: Final = NoMemo()
 MISS: Final = object()
 _MEMO_SIZE: Final = 65536
-"""Memo slots per KubeVirt configuration: three or four per VM (estimates, its entry, its pods' entries) and a few
-per namespace and quota; past that (some 15,000 VMs), misses only cost time."""
+"""Memo slots per KubeVirt configuration: some ten per VM (its renderings, its entry, a migration target's estimate
+and growth, its pods' entries) and a few per namespace and quota; past that, misses only cost time."""
 _config_memo: tuple[KubeVirtSnapshot, KubeVirtConfig] | None = None
 
 

@@ -18,7 +18,7 @@ from shared.accounting.results import (
     MigrationEntry,
     VmEntry,
 )
-from shared.accounting.state import Target, fmt, vm_key, vm_size
+from shared.accounting.state import Target, capped_growth, fmt, vm_key, vm_size
 from shared.accounting.vms import Vms
 from shared.quantity import ZERO
 from shared.quota.equation import takes
@@ -109,7 +109,7 @@ class Migrations(Vms):
             estimate, taken = self._bounded(estimate, refused, f"{m.ref} (VMI {v.name})")
             if taken:
                 why.append(f"the amounts of a quota refusal: {fmt(taken)}")
-        self.targets.append(Target(len(self.mig_entries), m, v, nonzero(estimate), dict(grow), why, self._active(v)))
+        self.targets.append(Target(len(self.mig_entries), m, v, nonzero(estimate), dict(grow), why))
         return _migration_entry(m, NOT_TRIED, "")  # (replaced by the decision)
 
     def _active(self, v: VmiSnapshot) -> int:
@@ -129,10 +129,7 @@ class Migrations(Vms):
             # Growth is at most what the VM's pods lack of the target: a guest that did not bring hotplugged memory
             # online reports the old size in a pod already sized for the new one (no growth again). The smallest
             # of its pods: a tenant can add a pod (one KubeVirt adopts into the VMI), never shrink KubeVirt's
-            floor = source_usage
-            for other in others:
-                floor = minimum(floor, other)
-            grow = nonzero(minimum(grow, growth(rendered, floor)))
+            grow = capped_growth(grow, rendered, (source_usage, *others))
         estimate = add(source_usage, grow)
         if rendered is not None:
             # the source pod's real charge may exceed the rendering (overhead vmquota does not know), but only
@@ -174,12 +171,13 @@ class Migrations(Vms):
             )
             self.mig_entries[t.index] = _migration_entry(t.m, NOT_TRIED, "; ".join(why), None, t.grow)
             return
-        if t.pods > 1:
+        pods = self._active(t.v)
+        if pods > 1:
             # KubeVirt's migration controller creates no target while the VMI has more than one active pod (a
             # tenant's pod it adopted, say): room held for it would stay open, and with the guard its holder would
             # keep every other pod of the namespace out, other VMs' migration targets too, for as long as that lasts
             why.append(
-                f"no room held: KubeVirt creates no target pod while the VMI has {t.pods} active pods (room is made "
+                f"no room held: KubeVirt creates no target pod while the VMI has {pods} active pods (room is made "
                 "as soon as it has one)"
             )
             self.mig_entries[t.index] = _migration_entry(t.m, WAITING, "; ".join(why), None, t.grow)
@@ -213,6 +211,12 @@ class Migrations(Vms):
         since = t.m.creation_timestamp
         if since is None:
             return ""
+        # (over the budget first: rare, and cheap to tell; the pods created since only then)
+        over_budget = [
+            (q, [r for r, b in q.policy.budget.items() if r in t.estimate and q.over(r, b)]) for q in self.quotas
+        ]
+        if not any(rs for _, rs in over_budget):
+            return ""
         late = [
             e.charged
             for p, e in zip(self.pods, self.pod_entries, strict=True)
@@ -234,15 +238,8 @@ class Migrations(Vms):
                 late.append(entry.unvouched)
         if not late:
             return ""
-        for q in self.quotas:
-            over = [
-                r
-                for r, b in q.policy.budget.items()
-                if q.factors.get(r) is not None
-                and r in t.estimate
-                and q.counted(r) > b.nanos
-                and any(c.get(r, ZERO).nanos > 0 for c in late)
-            ]
+        for q, rs in over_budget:
+            over = [r for r in rs if any(c.get(r, ZERO).nanos > 0 for c in late)]
             if over:
                 return f"quota {q.policy.name}: {', '.join(sorted(over))}" if q.policy.name else ", ".join(over)
         return ""

@@ -154,8 +154,8 @@ def by_kind(
 
 
 class _Accounting(Admission):
-    """One run of :func:`account_namespace` (a builder; not reused): the input, then the passes in order (pods,
-    VMs, migrations, admission), then the equation per quota."""
+    """One accounting of a namespace, :func:`account_view`'s or :func:`account_namespace`'s (a builder; not
+    reused): the input, then the passes in order (pods, VMs, migrations, admission), then the equation per quota."""
 
     def __init__(
         self,
@@ -210,7 +210,7 @@ class _Accounting(Admission):
         """The part of every quota's ``S`` reserved for migration targets."""
 
     def _split(self, kinds: Mapping[str, Sequence[Snapshot]]) -> None:
-        """The objects of a ledger view, by kind (see :func:`account_namespace`)."""
+        """The objects of the namespace, by kind (see :func:`account_view`)."""
         self.ns_obj: NamespaceSnapshot | None = None
         for s in kinds.get(NAMESPACE_KIND, ()):
             if s.name == self.namespace and isinstance(s, NamespaceSnapshot):
@@ -247,7 +247,7 @@ class _Accounting(Admission):
                 self.refusals_by_name.setdefault(e.involved_name, []).append(e)
 
     def _ordered(self, kind: str) -> list[Any]:
-        """The objects of ``kind`` in creation order. With a memo and lists given by kind, the order of the same
+        """The objects of ``kind`` in creation order. With ``shared_lists`` (a ledger view's), the order of the same
         list object as in the namespace's last accounting (a ledger view shares a kind's list until the kind
         changes, and never changes it in place) is the one computed then."""
         objs = self._unordered[kind]

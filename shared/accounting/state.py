@@ -9,7 +9,8 @@ the state: :mod:`~shared.accounting.pods` (what each pod is charged and whose it
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from fractions import Fraction
@@ -27,7 +28,7 @@ from shared.quantity import Quantity
 from shared.quota.equation import in_mode_terms
 from shared.quota.modes import QuotaPolicy, VmSize
 from shared.report import readable
-from shared.resources import ResourceList
+from shared.resources import ResourceList, growth, minimum, nonzero
 from shared.snapshot import (
     EventSnapshot,
     PodSnapshot,
@@ -62,6 +63,11 @@ def _needs(r: str, need: Quantity, left: Quantity, budget: Quantity) -> str:
     return f"{r} needs {n} but {lf} of {readable(budget, r)} is left"
 
 
+def capped_growth(grow: ResourceList, rendered: ResourceList, charges: Sequence[ResourceList]) -> ResourceList:
+    """``grow`` at most what the smallest of ``charges`` lacks of ``rendered``."""
+    return nonzero(minimum(grow, growth(rendered, functools.reduce(minimum, charges))))
+
+
 def vm_size(v: VmiSnapshot) -> VmSize:
     return VmSize.of(v.vcpus, v.guest_memory, v.status_vcpus, v.status_guest_memory)
 
@@ -89,6 +95,10 @@ class QuotaSums:
         ``X`` at all, so in the mode's terms it costs ``X / k``: a VM admitted beside it then gets in natively."""
         return self.used.get(r) + in_mode_terms(self.unvouched.get(r), self.factors.get(r))
 
+    def over(self, r: str, budget: Quantity) -> bool:
+        """A natively enforced (scaled) resource ``r`` that admission counts above its ``budget``."""
+        return self.factors.get(r) is not None and self.counted(r) > budget.nanos
+
     def misfits(self, u: Mapping[str, Quantity]) -> tuple[str, ...]:
         """Natively enforced budget resources that ``U + X/k + u`` would exceed."""
         return tuple(
@@ -114,8 +124,6 @@ class Target:
     estimate: ResourceList
     grow: ResourceList
     why: list[str]
-    pods: int = 1
-    """The VMI's active pods as KubeVirt counts them (it creates no target while the VMI has more than one)."""
 
 
 class State:

@@ -10,7 +10,7 @@ from shared.accounting.results import (
     STOPPED,
     VmEntry,
 )
-from shared.accounting.state import fmt, vm_key, vm_size
+from shared.accounting.state import capped_growth, fmt, vm_key, vm_size
 from shared.quota.equation import takes
 from shared.quota.modes import mode_usage
 from shared.resources import ResourceList, add, growth, maximum, minimum, nonzero, second_largest
@@ -126,10 +126,7 @@ class Vms(Pods):
         cap = self.renderer.vmi_usage(v) or {}
         grow = self.renderer.hotplug_growth(v) if cap else {}
         if grow and charges:
-            floor = charges[0]
-            for charged in charges[1:]:
-                floor = minimum(floor, charged)
-            grow = nonzero(minimum(grow, growth(cap, floor)))
+            grow = capped_growth(grow, cap, charges)
         if grow:
             cap = {r: (q - grow[r]).clamp0() if r in grow else q for r, q in cap.items()}
         return cap

@@ -55,6 +55,13 @@ RENDER_ANNOTATIONS: Final = (
     SKIP_DIGEST_RESOLUTION_ANNOTATION,
 )
 """The VMI annotations the launcher pod is rendered from (a VMI's metadata stays its owner's to change)."""
+
+
+def render_annotations(annotations: Mapping[str, str]) -> dict[str, str]:
+    """The :data:`RENDER_ANNOTATIONS` among ``annotations``."""
+    return {k: annotations[k] for k in RENDER_ANNOTATIONS if k in annotations}
+
+
 DEFAULT_MEMORY_LIMITS_RATIO: Final = 2.0
 
 _Q = Quantity.parse

@@ -332,8 +332,9 @@ SUPPORTED_KINDS: Final = frozenset(SNAPSHOT_TYPES)
 
 
 def _read_spans(tp: type[Snapshot]) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
-    """Index ranges of ``astuple(snapshot)`` holding the fields accounting reads (all but ``tp.unread``), and the
-    indexes among them of fields holding quantities (whose equality ignores the printed form)."""
+    """Index ranges of ``astuple(snapshot)`` holding the fields accounting reads (all but ``tp.unread``, and but
+    ``annotations`` when ``tp.unread_annotations`` says some are unread: :func:`same_content` compares those apart),
+    and the indexes among them of fields holding quantities (whose equality ignores the printed form)."""
     spans: list[tuple[int, int]] = []
     start: int | None = None
     fields = tp.__struct_fields__
@@ -363,7 +364,8 @@ def _holds_quantities(tp: object) -> bool:
 def same_content(old: Snapshot, new: Snapshot) -> bool:
     """Whether ``new`` tells accounting nothing ``old`` did not: the same type and fields, quantities printed the
     same way, but for the resourceVersion and the other fields in ``unread`` (a pod's status heartbeat, a quota's
-    ``status.used``). The ledger stores such a version without accounting the namespace again."""
+    ``status.used``) and the annotations in ``unread_annotations`` (the enforcer's reports on a quota). The ledger
+    stores such a version without accounting the namespace again."""
     tp = type(old)
     if type(new) is not tp:
         return False
@@ -378,8 +380,9 @@ def same_content(old: Snapshot, new: Snapshot) -> bool:
         x, y = a[i], b[i]
         if x is not y and _VALUES.encode(x) != _VALUES.encode(y):
             return False
-    if tp.unread_annotations:
-        return _read_annotations(old) == _read_annotations(new)
+    if tp.unread_annotations:  # (the same annotations, the usual case: no copies)
+        a_ann, b_ann = getattr(old, "annotations"), getattr(new, "annotations")  # noqa: B009
+        return a_ann == b_ann or _read_annotations(old) == _read_annotations(new)
     return True
 
 

@@ -10,7 +10,7 @@ from typing import Any, Final, cast
 import msgspec
 
 from shared.bounded import Bounded
-from shared.kubevirt.render import RENDER_ANNOTATIONS
+from shared.kubevirt.render import render_annotations
 from shared.snapshot.sharing import Shared
 
 KEEP: Final = None
@@ -105,7 +105,7 @@ def size_digest(spec: Mapping[str, Any], annotations: Mapping[str, str]) -> str:
     the same digest, so for every reader) and its ``RENDER_ANNOTATIONS`` (``shared.kubevirt.render``). Equal
     digests, the same pod. The ledger records it for the VMI a migration target was reserved from; the enforcer
     compares the VMI's current one before it opens that room."""
-    held = {k: annotations[k] for k in RENDER_ANNOTATIONS if k in annotations}
+    held = render_annotations(annotations)
     pruned: Any = {"spec": prune_vmi_spec({f: spec[f] for f in HELD_SPEC_FIELDS if f in spec}), "annotations": held}
     try:
         text = msgspec.json.encode(pruned, order="sorted")

@@ -83,12 +83,6 @@ HOLDER = guard.Holder("uid-vm1", "vm1", "migration vm1-mig")
 # ---- the shipped guard --------------------------------------------------------------------------------------------
 
 
-def denied(what: str, policy: str, message: str) -> str:
-    """The API server's words for a request one of the shipped policies (its binding named after it) refuses."""
-    binding = f"ValidatingAdmissionPolicy '{policy}' with binding '{policy}'"
-    return f"{what} is forbidden: {binding} denied request: vmquota: {message}"
-
-
 async def test_the_guard_admits_everyone_while_nothing_is_reserved(sim: SimCluster) -> None:
     await install(sim, GUARD_POLICY.read_text())
     assert await create_as(sim, TENANT, pod("no-param")) is None  # no QuotaReservation: parameterNotFoundAction
@@ -101,10 +95,10 @@ async def test_while_room_is_reserved_only_kubevirt_creates_and_only_for_a_holde
     await reserve(sim, HOLDER)
     err = await create_as(sim, TENANT, pod("plain"))
     assert err is not None and err.code == 403 and err.reason == "Forbidden"
-    assert err.message == denied(
-        'pods "plain"',
-        "vmquota-reservation-guard",
-        "the room in this namespace is reserved for vm1 (migration vm1-mig) until those pods exist; retry in a moment",
+    assert err.message == (
+        "pods \"plain\" is forbidden: ValidatingAdmissionPolicy 'vmquota-reservation-guard' with binding "
+        "'vmquota-reservation-guard' denied request: vmquota: the room in this namespace is reserved for vm1 "
+        "(migration vm1-mig) until those pods exist; retry in a moment"
     )
     # a tenant's pod with the holder's controller reference is still the tenant's
     assert await create_as(sim, TENANT, pod("forged", owner_uid=HOLDER.uid)) is not None
@@ -173,11 +167,11 @@ async def test_a_holder_vmis_size_cannot_change_while_its_room_is_reserved(sim: 
     await reserve(sim, guard.Holder(uid, "vm1", "migration vm1-mig"))
     err = await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", hotplug)
     assert err is not None and err.code == 403, err
-    assert err.message == denied(
-        'virtualmachineinstances.kubevirt.io "vm1"',
-        "vmquota-reservation-holder-size",
+    assert err.message == (
+        'virtualmachineinstances.kubevirt.io "vm1" is forbidden: ValidatingAdmissionPolicy '
+        "'vmquota-reservation-holder-size' with binding 'vmquota-reservation-holder-size' denied request: vmquota: "
         "vm1 holds room reserved for its migration vm1-mig; its domain and networks can change once that pod exists; "
-        "retry in a moment",
+        "retry in a moment"
     )
 
     def sockets(obj: Obj) -> None:
@@ -221,11 +215,11 @@ async def test_a_running_vmis_render_annotations_are_kept_from_everyone(sim: Sim
         await sim.create(vmi_obj("vm1", namespace=NS))
     err = await update_as(sim, TENANT, "vm1", sidecar)
     assert err is not None and err.code == 403, err
-    assert err.message == denied(
-        'virtualmachineinstances.kubevirt.io "vm1"',
-        "vmquota-vmi-render-annotations",
+    assert err.message == (
+        'virtualmachineinstances.kubevirt.io "vm1" is forbidden: ValidatingAdmissionPolicy '
+        "'vmquota-vmi-render-annotations' with binding 'vmquota-vmi-render-annotations' denied request: vmquota: "
         "hooks.kubevirt.io/hookSidecars of vm1 shape its launcher pods, which vmquota admitted as they are: a change "
-        "applies at the next start of the VM (set it in its template)",
+        "applies at the next start of the VM (set it in its template)"
     )
     assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", sidecar) is not None, "nor KubeVirt"
 

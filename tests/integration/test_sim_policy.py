@@ -241,7 +241,11 @@ async def test_a_running_vmis_render_annotations_are_kept_from_everyone(sim: Sim
     def unhook(obj: Obj) -> None:
         obj["metadata"]["annotations"].pop("hooks.kubevirt.io/hookSidecars")
 
+    def rehook(obj: Obj) -> None:  # (a larger sidecar in place of the one it was created with)
+        obj["metadata"]["annotations"]["hooks.kubevirt.io/hookSidecars"] = '[{"image": "x"}, {"image": "y"}]'
+
     assert await update_as(sim, TENANT, "vm2", unhook) is not None
+    assert await update_as(sim, TENANT, "vm2", rehook) is not None, "a new value of one it has"
     assert await update_as(sim, TENANT, "vm2", note) is None
 
 

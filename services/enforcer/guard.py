@@ -61,6 +61,16 @@ class GuardWriter:
         self._writing.get(ns, {}).pop(name, None)  # (only now: until then its holders are what the write keeps)
         await self.write(ns, grow=False)
 
+    def shrinks(self, key: Key, quota: QuotaSnapshot, usage: contract.UsageSnapshot | None) -> bool:
+        """Whether :meth:`after` with ``quota`` could take holders off the list (or, the first time since the start,
+        whatever an earlier enforcer listed): the enforcer then has it from the API server first, since a quota
+        event's ``status.hard`` is only the bus's word, and taking a holder off opens its room to every pod."""
+        ns, name = key
+        before = self._carried.get(ns, {}).get(name)
+        if before is None:
+            return True
+        return bool(before - guard.carried(before, quota, usage))
+
     async def resized(self, namespace: str, usage: contract.UsageSnapshot | None) -> str:
         """Why a raise from ``usage`` must wait, or "": every VMI whose migration target it reserves, read now (its
         holders are listed, so its size can no longer change), still has the size the target was reserved at. A

@@ -468,9 +468,12 @@ class Enforcer:
                 continue
             later = p.action is Action.REFRESH and (self.opts.dry_run or self.summaries.later(key))
             if not p.changes or later:
-                self._since.pop(key, None)
                 if self.opts.reservation_guard and not self.opts.dry_run:
+                    if quota is not fresh and self.guard.shrinks(key, quota, usage):
+                        quota = fresh = await self._read(key, quota)  # (holders go on the API server's word)
+                        continue
                     await self.guard.after(key, quota, usage)
+                self._since.pop(key, None)
                 return
             if self.opts.dry_run:
                 self._since.pop(key, None)

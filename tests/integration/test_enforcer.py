@@ -815,6 +815,39 @@ async def test_the_api_server_wins_over_a_forged_quota_event(
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "72Gi"}, "a restart converges too", 5)
 
 
+async def test_with_the_guard_a_forged_quota_event_takes_no_holder_off_the_list(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """The enforcer lowered ``spec.hard`` once vm1's migration no longer needed its room, but the quota controller
+    has not copied it: ``status.hard`` still holds that room, so vm1 stays listed. A forged quota event (the
+    watcher's credentials) claims ``status.hard`` has caught up: taking vm1 off the list on its word would open
+    the room to every pod. Holders go only on what the API server returns."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    vms = [contract.VmState(name="vm1", uid="uid-vm1", state="running")]
+    async with enforcer(bus, api, reservation_guard=True) as (e, _):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        await sim.wait_quota_synced(NS, "compute")
+        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING, vms=vms)
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised")
+        await sim.wait_quota_synced(NS, "compute")
+        assert listed_names(sim) == {"vm1"}
+        sim.quota.timing = QuotaTiming(sync_delay=3600.0)  # (the quota controller does not copy the lowering)
+        await publish_usage(bus, 6, terms("64Gi", "64Gi"), vms=vms)
+        q = await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "hard lowered")
+        assert q["status"]["hard"] == {"limits.memory": "80Gi"}
+        lie = forged(q)
+        lie["status"]["hard"] = dict(q["spec"]["hard"])
+        await sim.wait_for(lambda: e.idle(), within=5, what="enforcer idle")
+        before = e.quotas.get((NS, "compute"))
+        await publish_quota(bus, lie)
+
+        def heard() -> bool:  # (the forged version kept, or the API server's read since: another snapshot)
+            return e.quotas.get((NS, "compute")) is not before and e.idle()
+
+        await sim.wait_for(heard, within=5, what="the forged event heard and acted on")
+        assert listed_names(sim) == {"vm1"}, "a holder went on a quota event's word"
+
+
 async def test_a_forged_deletion_does_not_make_the_enforcer_forget_a_quota(
     sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
 ) -> None:

@@ -203,7 +203,7 @@ def used_of_budget(used: Mapping[str, str], budget: Mapping[str, str]) -> str:
 
 def status_table(rows: Sequence[QuotaRow], *, wide: bool = False) -> str:
     """Aligned columns, one row per quota; ``wide`` adds P, S and ``hard``. A footnote explains the scale factor
-    when a scaled mode is shown."""
+    when a scaled mode is shown. Every cell is :func:`printable`: names and states come from bus messages."""
     if not rows:
         return "no managed quotas found"
     head = ["CLUSTER", "NAMESPACE", "QUOTA", "MODE", "USED/BUDGET"]
@@ -216,7 +216,7 @@ def status_table(rows: Sequence[QuotaRow], *, wide: bool = False) -> str:
         if wide:
             line += [_items(r.pods), _items(r.reserved), _items(r.hard)]
         line += [f"{r.vms.get('running', 0)}/{r.vms.get('admitted', 0)}/{r.vms.get('refused', 0)}", r.status]
-        table.append(line)
+        table.append([printable(c) for c in line])
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     text = "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table)
     text += "\n(VMS: running/starting/refused)"

@@ -179,7 +179,7 @@ async def main(args: argparse.Namespace) -> int:
                     f"{len(differences)} difference(s)"
                 )
                 for diff in differences:
-                    print(f"  {diff}")
+                    print(report.printable(f"  {diff}"))
         return 1 if differences else 0
     finally:
         await nc.close()

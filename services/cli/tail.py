@@ -68,7 +68,10 @@ def line(what: str, data: bytes, letter: contract.DeadLetter | None = None) -> s
 
 def show(what: str, m: Msg, output: str, letter: contract.DeadLetter | None = None) -> str:
     if output == "json":
-        return json.dumps(json.loads(m.data), separators=(",", ":"))
+        try:
+            return json.dumps(json.loads(m.data), separators=(",", ":"))
+        except ValueError as e:  # (whoever may publish on the subject may publish anything: one line, and go on)
+            return json.dumps({"unreadable": m.subject, "error": f"not JSON: {e}"}, separators=(",", ":"))
     try:
         return report.printable(line(what, m.data, letter))
     except InvalidInput as e:

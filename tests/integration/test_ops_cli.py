@@ -86,24 +86,27 @@ async def test_status_tail_and_replay_after_a_migration_at_full_quota() -> None:
         code, out, err = await vmquota("tail", "--nats", url, "--no-follow", "-n", NS)
         assert code == 0, err
         lines = out.splitlines()
-        # dead letters: a malformed event on the events stream, as the ledger rejected it
+        # dead letters: malformed events on the events stream, as the ledger rejected them; the second one's reason
+        # quotes a value that would clear the operator's screen
         nc = await nats.connect(url)
         try:
             await nc.jetstream().publish(f"vmquota.ev.{CLUSTER}.{NS}.pod", b'{"type": "upserted", "kind": 5}')
+            await nc.jetstream().publish(f"vmquota.ev.{CLUSTER}.{NS}.vmi", b'{"type": "\\u001b[2J"}')
         finally:
             await nc.close()
         deadline = asyncio.get_running_loop().time() + 20
         while True:
             code, out, err = await vmquota("tail", "--nats", url, "--no-follow", "--dead-letters")
             assert code == 0, err
-            if out or asyncio.get_running_loop().time() > deadline:
+            if len(out.splitlines()) >= 2 or asyncio.get_running_loop().time() > deadline:
                 break
             await asyncio.sleep(0.2)  # (polling a separate process's view, with a deadline)
-        (dead,) = out.splitlines()
+        dead, hostile = out.splitlines()
         assert (
             "dead letter from the ledger: event: invalid event" in dead
             and f"(was vmquota.ev.{CLUSTER}.{NS}.pod" in dead
         )
+        assert "\x1b" not in out and "Invalid value '\\x1b[2J'" in hostile, hostile
         # and into a reader that goes away early (`| head`): quiet
         command = f"{sys.executable} -m services.cli.main tail --nats {url} --no-follow --events -o json"
         proc = await asyncio.create_subprocess_shell(

@@ -89,3 +89,13 @@ def test_a_kubernetes_quota_message_reads_in_readable_amounts() -> None:
 def test_what_a_tenant_wrote_cannot_drive_the_operators_terminal() -> None:
     assert report.printable("vm1 refused: limits.memory 16Gi") == "vm1 refused: limits.memory 16Gi"
     assert report.printable("a\x1b[2Jb\nc\td") == "a\\x1b[2Jb\\nc\\td"
+
+
+def test_names_from_the_bus_cannot_drive_the_operators_terminal_in_the_status_table() -> None:
+    """`vmquota status` and `vmquota replay` print names and states that bus messages carry: a message forged with a
+    publisher's credential must not move the cursor or clear the screen of the operator reading them."""
+    t = contract.QuotaTerms(mode="VirtualResources", budget={"requests.cpu": "8"}, used={"requests.cpu": "1"})
+    u = usage({"q\x1b[2J": t}, vms=[contract.VmState(name="vm1\x1b[H", state="refused")])
+    (row,) = report.quota_rows([u])
+    table = report.status_table([row], wide=True)
+    assert "\x1b" not in table and "q\\x1b[2J" in table

@@ -1,0 +1,40 @@
+"""`vmquota tail`'s lines for messages anyone who may publish on the bus could have written."""
+
+from __future__ import annotations
+
+import json
+
+from nats.aio.msg import Msg
+
+from services.cli import tail
+from shared import contract
+
+
+def message(subject: str, data: bytes) -> Msg:
+    return Msg(_client=None, subject=subject, data=data)  # type: ignore[arg-type]
+
+
+def test_a_message_that_is_not_json_is_one_line_in_either_output() -> None:
+    m = message("vmquota.ev.c1.tenant.pod", b"\x1b[2J not json")
+    text = tail.show("events", m, "text")
+    assert (
+        text.startswith("(unreadable message at vmquota.ev.c1.tenant.pod: event: not a JSON event")
+        and "\x1b" not in text
+    )
+    line = json.loads(tail.show("events", m, "json"))
+    assert line["unreadable"] == "vmquota.ev.c1.tenant.pod" and line["error"].startswith("not JSON")
+
+
+def test_a_dead_letters_reason_cannot_drive_the_operators_terminal() -> None:
+    letter = contract.DeadLetter(
+        id="d1",
+        source="vmquota/ledger/c1",
+        subject="tenant/vm1",
+        time="2026-12-05T12:00:00Z",
+        cluster="c1",
+        service="ledger",
+        reason="event: invalid event: Invalid value '\x1b[2J' - at `$.type`",
+        original_subject="vmquota.ev.c1.tenant.vmi",
+    )
+    text = tail.show("dead-letters", message("vmquota.dlq.ledger", contract.encode(letter)), "text")
+    assert "\x1b" not in text and "Invalid value '\\x1b[2J'" in text, text

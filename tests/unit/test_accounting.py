@@ -532,6 +532,25 @@ def test_a_vm_with_sriov_since_it_started_counts_its_pod_whatever_its_status_rep
     assert e.pod_usage["requests.memory"] == usage_of(source)["requests.memory"]
 
 
+def test_a_tiny_pod_adopted_into_a_vm_with_sriov_since_it_started_does_not_make_its_overhead_free() -> None:
+    """The smallest of a VM's pods caps a hotplug's growth (what that pod has already is no growth). A tenant's tiny
+    pod that KubeVirt adopted into the VM is among its pods too: it lowers the cap, so the VFIO overhead its status
+    does not report yet counts as growth and the launcher pod's charge beyond that rendering as used; nothing of
+    either pod is free."""
+    v = _with_sriov(vmi_obj("v", guest="4Gi"), listed=True)
+    source = launcher_obj(v)
+    v["status"]["interfaces"] = [{"name": "default", "infoSource": "domain"}]
+    tiny = pod_obj("tiny", {"memory": "1Mi"}, t=5)
+    vouch(v, tiny)
+    quota = quota_obj("rq", {"requests.memory": "64Gi"}, Mode.VMI_POD_USAGE)
+    u = account([quota, v, source, tiny])
+    e = vm(u, "v")
+    charged = usage_of(source)["requests.memory"] + Q("1Mi")
+    assert e.pod_usage["requests.memory"] + e.overlap["requests.memory"] == charged, e
+    assert e.unvouched["requests.memory"] >= Q("1Gi"), "the overhead the status does not report counts as used"
+    assert u.quotas["rq"].used["requests.memory"] + e.unvouched["requests.memory"] >= charged
+
+
 def _unchanged_vm_drain(
     source_config: KubeVirtConfig,
     config: KubeVirtConfig,
@@ -1009,6 +1028,9 @@ def test_urgent_changes_are_those_a_reservation_depends_on() -> None:
     assert urgency(running, touched) is Urgent.NO, "a new version that changes nothing accounting reads"
     assert urgency(running, msgspec.structs.replace(running, phase="Succeeded")) is Urgent.SOON, "it ends"
     assert urgency(running, msgspec.structs.replace(running, vcpus=running.vcpus + 1)) is Urgent.NOW, "hotplug"
+    added = msgspec.structs.replace(running, unplugged_interfaces=(1,))
+    assert urgency(running, added) is Urgent.NOW, "an interface added by live update: growth to admit"
+    assert urgency(added, running) is Urgent.NOW, "it is plugged: the target's growth is over"
     pod = _one(launcher_obj(vmi_obj("v")))
     assert urgency(None, pod) is Urgent.NO, "a new launcher pod ends a reservation but adds as much to P"
     assert urgency(pod, None) is Urgent.NO

@@ -377,6 +377,38 @@ async def test_at_most_five_migrations_run_at_once() -> None:
         assert peak[0] == 5
 
 
+async def test_no_target_is_created_while_the_vmi_has_two_active_pods_one_of_them_being_deleted(
+    sim: SimCluster,
+) -> None:
+    """KubeVirt's migration controller creates no target while the VMI has more than one active pod
+    (``VMIActivePodsCount``: every pod it controls that is not Succeeded or Failed, one being deleted too). Here a
+    tenant's pod with a controller reference to the VMI, deleted but kept by a finalizer."""
+    await sim.create_vm("t", "vm1", memory="1Gi")
+    vmi = await sim.wait_for_phase("t", "vm1", "Running")
+    owner = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": "vm1"}
+    owner |= {"uid": vmi["metadata"]["uid"], "controller": True}
+    await sim.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "extra", "namespace": "t", "ownerReferences": [owner], "finalizers": ["t/hold"]},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+        }
+    )
+    await sim.wait_until("pods", "t", "extra", lambda o: o["status"].get("phase") == "Running")
+    await sim.store.delete(sim.store.resource("pods"), "t", "extra")
+    held = await sim.get("pods", "t", "extra")
+    assert held["metadata"].get("deletionTimestamp") and held["status"]["phase"] == "Running"
+    await sim.migrate("t", "vm1", name="mig1")
+    await sim.wait_quiet()
+    assert len(await sim.launcher_pods("t", "vm1")) == 1, "no target while the VMI has two active pods"
+    assert (await sim.get("vmim", "t", "mig1"))["status"].get("phase", "Pending") == "Pending"
+    await sim.store.mutate(
+        sim.store.resource("pods"), "t", "extra", lambda o: {**o, "metadata": {**o["metadata"], "finalizers": []}}
+    )
+    await sim.wait_for_phase("t", "mig1", "Succeeded", kind="vmim")
+
+
 async def test_target_pod_that_cannot_start_fails_the_migration(sim: SimCluster) -> None:
     await sim.create_vm("t", "vm1", memory="1Gi")
     vmi = await sim.wait_for_phase("t", "vm1", "Running")

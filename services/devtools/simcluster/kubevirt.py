@@ -804,6 +804,11 @@ class KubeVirtSimulator:
     def active_pods(self, vmi: Mapping[str, Any]) -> list[Obj]:
         return [p for p in self.pods_of(vmi) if phase(p) not in POD_TERMINAL and not deleting(p)]
 
+    def active_pods_count(self, vmi: Mapping[str, Any]) -> int:
+        """The VMI's active pods as KubeVirt's migration controller counts them (``VMIActivePodsCount``): every pod
+        it controls that is not Succeeded or Failed, a pod being deleted too."""
+        return sum(1 for p in self.pods_of(vmi) if phase(p) not in POD_TERMINAL)
+
     def launcher_of(self, vmi: Mapping[str, Any]) -> Obj | None:
         """The pod the VMI runs in: the newest active pod on ``status.nodeName``; before it runs, the newest active
         pod that is not a migration target."""
@@ -1285,7 +1290,7 @@ class KubeVirtSimulator:
         if (
             len(running) >= self.config.parallel_migrations
             or outbound >= self.config.parallel_outbound_per_node
-            or len(self.active_pods(vmi)) > 1
+            or self.active_pods_count(vmi) > 1
         ):
             self.migration_queue.add_after(key, self.timing(self.timing.parallel_wait), progress=False)
             return

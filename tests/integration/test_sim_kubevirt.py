@@ -385,7 +385,7 @@ async def test_no_target_is_created_while_the_vmi_has_two_active_pods_one_of_the
     tenant's pod with a controller reference to the VMI, deleted but kept by a finalizer."""
     await sim.create_vm("t", "vm1", memory="1Gi")
     vmi = await sim.wait_for_phase("t", "vm1", "Running")
-    owner = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": "vm1"}
+    owner: Obj = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": "vm1"}
     owner |= {"uid": vmi["metadata"]["uid"], "controller": True}
     await sim.create(
         {

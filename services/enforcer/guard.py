@@ -4,7 +4,9 @@ content; ``docs/accounting.md``, "The reservation guard", the order).
 
 The holders are listed *before* a write of ``spec.hard`` that reserves for them (:meth:`GuardWriter.before`), and
 taken off only once no quota of the namespace carries their reservation any more, in ``status.hard`` too
-(:meth:`GuardWriter.after`): the room vmquota opens is never open to other pods.
+(:meth:`GuardWriter.after`): the room vmquota opens is never open to other pods. A holder reserved at a size is
+listed unconfirmed until :meth:`GuardWriter.confirm` has read its VMI at that size (its size is kept from the
+listing on): the room may be in ``hard`` already, and a pod rendered at another size must not get into it.
 """
 
 from __future__ import annotations
@@ -36,9 +38,11 @@ class GuardWriter:
         """namespace → quota name → the holders whose reservations the quota's ``spec.hard`` carries now."""
         self._writing: dict[str, dict[str, frozenset[guard.Holder]]] = {}
         """namespace → quota name → the holders of a ``spec.hard`` write under way."""
-        self._listed: dict[str, tuple[frozenset[guard.Holder], str]] = {}
-        """What each namespace's QuotaReservation holds and its resourceVersion (as last read or written; dropped
-        when a write meets another writer's version)."""
+        self._listed: dict[str, tuple[frozenset[guard.Holder], frozenset[str], str]] = {}
+        """What each namespace's QuotaReservation holds, the uids it lists unconfirmed, and its resourceVersion (as
+        last read or written; dropped when a write meets another writer's version)."""
+        self._sizes: dict[str, dict[str, guard.Sized]] = {}
+        """namespace → holder uid → the size the latest usage reserved its pod at."""
         self._locks: dict[str, asyncio.Lock] = {}
         self._sized: dict[str, dict[str, guard.Sized]] = {}
         """namespace → VMI name → the size it was read at while listed as a holder (it cannot change while it
@@ -48,6 +52,7 @@ class GuardWriter:
         """A write of ``spec.hard`` from ``usage`` is about to go out: its holders are listed first. Raises when they
         could not be (no raise goes out unguarded; the quota is retried with backoff)."""
         self._writing.setdefault(key[0], {})[key[1]] = guard.holders(usage)
+        self._reserved_at(key[0], usage)
         await self.write(key[0], grow=True)
 
     async def after(self, key: Key, quota: QuotaSnapshot, usage: contract.UsageSnapshot | None) -> None:
@@ -59,7 +64,11 @@ class GuardWriter:
             before = (await self._state(ns))[0]
         self._carried.setdefault(ns, {})[name] = guard.carried(before, quota, usage)
         self._writing.get(ns, {}).pop(name, None)  # (only now: until then its holders are what the write keeps)
+        self._reserved_at(ns, usage)
         await self.write(ns, grow=False)
+
+    def _reserved_at(self, namespace: str, usage: contract.UsageSnapshot | None) -> None:
+        self._sizes[namespace] = {s.uid: s for s in guard.reserved_sizes(usage) if s.uid}
 
     def shrinks(self, key: Key, quota: QuotaSnapshot, usage: contract.UsageSnapshot | None) -> bool:
         """Whether :meth:`after` with ``quota`` could take holders off the list (or, the first time since the start,
@@ -71,22 +80,26 @@ class GuardWriter:
             return True
         return bool(before - guard.carried(before, quota, usage))
 
-    async def resized(self, namespace: str, usage: contract.UsageSnapshot | None) -> str:
-        """Why a raise from ``usage`` must wait, or "": every VMI whose migration target it reserves, read now (its
-        holders are listed, so its size can no longer change), still has the size the target was reserved at. A
-        hotplug the ledger has not seen would make KubeVirt render the target larger than its room; the ledger's
-        next usage, with the new size, is planned instead."""
+    async def confirm(self, namespace: str, usage: contract.UsageSnapshot | None) -> str:
+        """Read every VMI whose pod ``usage`` reserves (its holder is listed, so its size can no longer change) and
+        confirm the holders that still have the size their pod was reserved at; why the others wait, or "". A
+        hotplug the ledger has not seen would make KubeVirt render the pod larger than its room: such a holder stays
+        unconfirmed (its pods stay out, and a raise for it waits) until the ledger's next usage, with the new size,
+        is planned."""
+        why = ""
         for sized in sorted(guard.reserved_sizes(usage)):
             if self._sized.get(namespace, {}).get(sized.vmi) == sized:
                 continue
             obj = await self.kube.get_vmi(namespace, sized.vmi)
             if not guard.still_sized(sized, obj):
                 self._sized.get(namespace, {}).pop(sized.vmi, None)
-                return f"VMI {sized.vmi} is not the size its migration target was reserved at"
+                why = why or f"VMI {sized.vmi} is not the size its pod was reserved at"
+                continue
             # remembered only if listed now, after the read (a shrink meanwhile may have taken it off the list)
-            if sized.uid in {h.uid for h in self._listed.get(namespace, (frozenset(), ""))[0]}:
+            if sized.uid in {h.uid for h in self._listed.get(namespace, (frozenset(), frozenset(), ""))[0]}:
                 self._sized.setdefault(namespace, {})[sized.vmi] = sized
-        return ""
+        await self.write(namespace, grow=True)
+        return why
 
     def forget(self, key: Key) -> bool:
         """The quota is gone (or no longer managed): it carries nothing. True when it held holders (the namespace's
@@ -102,14 +115,31 @@ class GuardWriter:
         except Exception as e:
             log.warning("reservation guard not shrunk", namespace=namespace, error=str(e) or type(e).__name__)
 
-    async def _state(self, namespace: str) -> tuple[frozenset[guard.Holder], str]:
-        """What the namespace's QuotaReservation lists and its resourceVersion: as last written, or read once after
-        the start (an earlier enforcer's holders may still guard a quota's ``hard``)."""
+    async def _state(self, namespace: str) -> tuple[frozenset[guard.Holder], frozenset[str], str]:
+        """What the namespace's QuotaReservation lists, which of them unconfirmed, and its resourceVersion: as last
+        written, or read once after the start (an earlier enforcer's holders may still guard a quota's ``hard``)."""
         state = self._listed.get(namespace)
         if state is None:
             obj = await self.kube.get_reservation(namespace)
-            state = self._listed[namespace] = (guard.listed(obj), version_of(obj))
+            state = self._listed[namespace] = (guard.listed(obj), guard.unconfirmed(obj), version_of(obj))
         return state
+
+    def _waiting(
+        self, namespace: str, want: frozenset[guard.Holder], have: frozenset[guard.Holder], unconfirmed: frozenset[str]
+    ) -> frozenset[str]:
+        """The holders of ``want`` to list unconfirmed: those reserved at a size their VMI has not been read at since
+        they were listed, and those listed unconfirmed already that no usage reserves at a size any more."""
+        sizes = self._sizes.get(namespace, {})
+        read = self._sized.get(namespace, {})
+        out = set()
+        for h in want:
+            sized = sizes.get(h.uid)
+            if sized is not None:
+                if read.get(sized.vmi) != sized:
+                    out.add(h.uid)
+            elif h in have and h.uid in unconfirmed:
+                out.add(h.uid)
+        return frozenset(out)
 
     async def write(self, namespace: str, *, grow: bool) -> None:
         """Make the namespace's QuotaReservation list every holder a quota of the namespace carries or is being
@@ -123,12 +153,13 @@ class GuardWriter:
                 want = guard.union(
                     [*self._carried.get(namespace, {}).values(), *self._writing.get(namespace, {}).values()]
                 )
-                have, rv = await self._state(namespace)
+                have, unconfirmed, rv = await self._state(namespace)
                 if grow:
                     want |= have
-                if want == have:
+                waiting = self._waiting(namespace, want, have, unconfirmed)
+                if (want, waiting) == (have, unconfirmed):
                     return
-                body = guard.reservation(namespace, want, self.creators)
+                body = guard.reservation(namespace, want, self.creators, waiting)
                 try:
                     written = await self.kube.put_reservation(namespace, body, rv)
                 except KubeError as e:
@@ -140,11 +171,16 @@ class GuardWriter:
                         log.info("reservation guard shrink dropped: another writer came first", namespace=namespace)
                         return
                     continue
-                self._listed[namespace] = (want, written)
+                self._listed[namespace] = (want, waiting, written)
                 uids = {h.uid for h in want}
                 sized = self._sized.get(namespace, {})
                 for vmi in [v for v, s in sized.items() if s.uid not in uids]:
                     del sized[vmi]
-                log.info("reservation guard written", namespace=namespace, holders=sorted(h.name for h in want))
+                log.info(
+                    "reservation guard written",
+                    namespace=namespace,
+                    holders=sorted(h.name for h in want),
+                    unconfirmed=sorted(h.name for h in want if h.uid in waiting),
+                )
                 return
             raise KubeError(409, "Conflict", f"the QuotaReservation of {namespace} kept changing under the enforcer")

@@ -473,6 +473,10 @@ class Enforcer:
                         quota = fresh = await self._read(key, quota)  # (holders go on the API server's word)
                         continue
                     await self.guard.after(key, quota, usage)
+                    # (a reservation whose room hard holds already: its holder waits for the read of its VMI)
+                    why = await self.guard.confirm(ns, usage)
+                    if why:
+                        log.info("holder unconfirmed until the ledger catches up", namespace=ns, reason=why)
                 self._since.pop(key, None)
                 return
             if self.opts.dry_run:
@@ -481,8 +485,8 @@ class Enforcer:
                 return
             if self.opts.reservation_guard:
                 await self.guard.before(key, usage)  # the holders are listed before their room opens
-                why = await self.guard.resized(ns, usage) if p.raises else ""
-                if why:
+                why = await self.guard.confirm(ns, usage)  # (and admitted once their VMIs are read at their size)
+                if why and p.raises:
                     log.info("raise waits for the ledger", namespace=ns, quota=name, reason=why)
                     self.own.patches.labels(outcome="resized").inc()
                     return

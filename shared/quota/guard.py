@@ -7,9 +7,11 @@ server closes that window: while the namespace's ``QuotaReservation`` (kind belo
 holders, a pod is admitted only when one of the ``creators`` (KubeVirt's virt-controller) creates it for one of the
 holder VMIs (its controller ``ownerReference``). The enforcer writes the holders *before* a raise that reserves
 for them and removes them only once no quota's ``spec.hard`` carries their reservation any more
-(``docs/accounting.md``, "The reservation guard"). A second policy keeps a holder VMI's size (``HELD_SPEC_FIELDS``)
-while it is listed, and the enforcer opens a migration target's room only while its VMI, read after the listing,
-still has the size the target was reserved at (:func:`reserved_sizes`, :func:`still_sized`).
+(``docs/accounting.md``, "The reservation guard"). A second policy keeps a holder VMI's size while it is listed.
+A holder reserved at a size is listed *unconfirmed* first (``confirmed: false``: its size is kept, its pods are
+not admitted yet); the enforcer then reads its VMI, and confirms it only while it still has the size its room was
+reserved at (:func:`reserved_sizes`, :func:`still_sized`), so that no pod rendered at another size gets into room
+``hard`` holds already.
 
 Pure: what to write, from the ledger's usage snapshots; whether a VMI object has a reserved size.
 """
@@ -135,6 +137,17 @@ def listed(obj: Mapping[str, Any] | None) -> frozenset[Holder]:
     )
 
 
+def unconfirmed(obj: Mapping[str, Any] | None) -> frozenset[str]:
+    """The uids of the holders a ``QuotaReservation`` object lists unconfirmed (``confirmed: false``)."""
+    spec = (obj or {}).get("spec")
+    items = spec.get("holders") if isinstance(spec, Mapping) else None
+    if not isinstance(items, list):
+        return frozenset()
+    return frozenset(
+        str(h["uid"]) for h in items if isinstance(h, Mapping) and h.get("uid") and h.get("confirmed") is False
+    )
+
+
 def union(sets: Iterable[frozenset[Holder]]) -> frozenset[Holder]:
     out: set[Holder] = set()
     for s in sets:
@@ -142,11 +155,15 @@ def union(sets: Iterable[frozenset[Holder]]) -> frozenset[Holder]:
     return frozenset(out)
 
 
-def reservation(namespace: str, held: frozenset[Holder], creators: Iterable[str]) -> dict[str, Any]:
-    """The namespace's ``QuotaReservation`` object (holders sorted, so equal content is an equal object)."""
+def reservation(
+    namespace: str, held: frozenset[Holder], creators: Iterable[str], waiting: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """The namespace's ``QuotaReservation`` object (holders sorted, so equal content is an equal object); the
+    holders whose uid is in ``waiting`` are listed unconfirmed."""
+    items = [h.as_object() | ({"confirmed": False} if h.uid in waiting else {}) for h in sorted(held)]
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": RESERVATION_KIND,
         "metadata": {"name": NAME, "namespace": namespace, "labels": {"app.kubernetes.io/managed-by": "vmquota"}},
-        "spec": {"holders": [h.as_object() for h in sorted(held)], "creators": sorted(set(creators))},
+        "spec": {"holders": items, "creators": sorted(set(creators))},
     }

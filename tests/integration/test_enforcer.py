@@ -18,7 +18,7 @@ from kubernetes_asyncio import client, config
 from services.devtools.simcluster.auth import KUBEVIRT_CONTROLLER, acting_as
 from services.devtools.simcluster.cluster import SimCluster
 from services.devtools.simcluster.quota import QuotaTiming
-from services.devtools.simcluster.store_api import Obj
+from services.devtools.simcluster.store_api import ApiError, Obj
 from services.enforcer.kube import KubeQuotas
 from services.enforcer.options import EnforcerOptions
 from services.enforcer.service import Enforcer
@@ -40,7 +40,7 @@ from shared.quota.annotations import (
 )
 from shared.snapshot import VmiSnapshot, size_digest
 from tests.builders import vmi_obj
-from tests.integration.e2e import full_namespace, pipeline, rl
+from tests.integration.e2e import full_namespace, install_guard, pipeline, rl
 
 pytestmark = pytest.mark.integration
 
@@ -682,6 +682,60 @@ async def test_with_the_guard_room_for_a_target_opens_only_while_its_vmi_has_the
         assert hard(await sim.get("resourcequotas", NS, "compute")) == {"limits.memory": "64Gi"}
         await publish_usage(bus, 6, terms("64Gi", "80Gi"), migrating(now), vms=vms)
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised at the VMI's size")
+
+
+async def test_with_the_guard_a_holder_whose_room_hard_holds_already_waits_for_the_read_of_its_vmi(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """A usage can reserve a migration target without a raise: its room is in ``hard`` already (another
+    reservation ended in the same snapshot). The holder is listed unconfirmed — its size kept, its pods out — and
+    confirmed only once the enforcer has read its VMI at the size the target was reserved at: read larger (a hotplug
+    before the listing), KubeVirt's pod for it stays out; the ledger's next usage, at the VMI's size, confirms it.
+    (Without the read, the holder was listed and its larger target admitted into the room.)"""
+    await install_guard(sim)
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    with acting_as(KUBEVIRT_CONTROLLER):
+        await sim.create(vmi_obj("vm1", guest="2Gi", namespace=NS))
+    snap = normalize(await sim.get("virtualmachineinstances", NS, "vm1"))
+    assert isinstance(snap, VmiSnapshot)
+    vms = [contract.VmState(name="vm1", uid=snap.uid, state="running")]
+    before = size_digest(vmi_obj("vm1", guest="1Gi")["spec"], {})  # (what the ledger saw before a hotplug)
+    now = size_digest(snap.spec, snap.annotations)
+
+    def migrating(size: str) -> list[contract.MigrationState]:
+        return [msgspec.structs.replace(m, vmi_size=size, vmi_uid=snap.uid) for m in MIGRATING]
+
+    target = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "virt-launcher-vm1-target",
+            "namespace": NS,
+            "ownerReferences": [
+                {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": "vm1"}
+                | {"uid": snap.uid, "controller": True}
+            ],
+        },
+        "spec": {
+            "containers": [{"name": "compute", "image": "virt-launcher", "resources": {"limits": {"memory": "3Gi"}}}]
+        },
+    }
+    async with enforcer(bus, api, reservation_guard=True):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        await sim.wait_quota_synced(NS, "compute")
+        await publish_usage(bus, 5, terms("64Gi", "64Gi"), migrating(before), vms=vms)  # (no raise)
+        await sim.wait_for(lambda: listed_names(sim) == {"vm1"}, within=5, what="vm1 listed")
+        reservation = sim.peek(guard.PLURAL, NS, guard.NAME)
+        assert guard.unconfirmed(reservation) == {snap.uid}, "listed unconfirmed: read larger than reserved"
+        with acting_as(KUBEVIRT_CONTROLLER), pytest.raises(ApiError) as refused:
+            await sim.create(target)
+        assert "reserved for vm1 (migration m1)" in str(refused.value)
+        await publish_usage(bus, 6, terms("64Gi", "64Gi"), migrating(now), vms=vms)
+        await sim.wait_for(
+            lambda: not guard.unconfirmed(sim.peek(guard.PLURAL, NS, guard.NAME)), within=5, what="vm1 confirmed"
+        )
+        with acting_as(KUBEVIRT_CONTROLLER):
+            await sim.create(target)
 
 
 async def test_with_the_guard_room_for_an_admitted_vm_opens_only_while_its_vmi_is_as_it_was_admitted(

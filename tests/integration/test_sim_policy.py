@@ -110,6 +110,19 @@ async def test_while_room_is_reserved_only_kubevirt_creates_and_only_for_a_holde
     assert await create_as(sim, TENANT, pod("elsewhere", namespace="other")) is None
 
 
+async def test_a_holder_listed_unconfirmed_keeps_the_room_closed_to_its_own_pods_too(sim: SimCluster) -> None:
+    """A holder listed ``confirmed: false`` (the enforcer has not yet read its VMI at the size its room was reserved
+    at) closes the namespace like any holder, and admits not even KubeVirt's pods for it until it is confirmed."""
+    await install(sim, GUARD_POLICY.read_text())
+    await sim.apply(guard.reservation(NS, frozenset({HOLDER}), [KUBEVIRT_CONTROLLER.username], frozenset({HOLDER.uid})))
+    err = await create_as(sim, KUBEVIRT_CONTROLLER, pod("target", owner_uid=HOLDER.uid))
+    assert err is not None and err.code == 403 and "reserved for vm1 (migration vm1-mig)" in err.message
+    assert await create_as(sim, TENANT, pod("plain")) is not None
+    await reserve(sim, HOLDER)  # confirmed
+    assert await create_as(sim, KUBEVIRT_CONTROLLER, pod("target")) is not None, "(no controller reference)"
+    assert await create_as(sim, KUBEVIRT_CONTROLLER, pod("target", owner_uid=HOLDER.uid)) is None
+
+
 async def test_the_guard_never_matches_the_control_plane_or_kubevirt(sim: SimCluster) -> None:
     """failurePolicy Fail keeps the guard closed when its parameter cannot be read; the namespaces of the control
     plane, KubeVirt and vmquota are outside it, so that can never stop them (even with holders listed there)."""

@@ -172,3 +172,12 @@ def test_an_admitted_vm_is_sized_as_it_was_admitted() -> None:
         contract.VmState(name="vm1", uid="u1", state="running", vmi_size="ignored"),
     ]
     assert guard.reserved_sizes(usage(vms, [])) == {guard.Sized("vm2", "u2", "d2")}
+
+
+def test_holders_listed_unconfirmed_are_read_back_as_written() -> None:
+    held = frozenset({guard.Holder("u1", "vm1", "launcher pod"), guard.Holder("u2", "vm2", "migration m2")})
+    obj = guard.reservation(NS, held, ["kv"], frozenset({"u2"}))
+    assert [h.get("confirmed") for h in obj["spec"]["holders"]] == [None, False]
+    assert guard.listed(obj) == held and guard.unconfirmed(obj) == frozenset({"u2"})
+    assert guard.unconfirmed(guard.reservation(NS, held, ["kv"])) == frozenset()
+    assert guard.unconfirmed(None) == frozenset() and guard.unconfirmed({"spec": {"holders": "x"}}) == frozenset()

@@ -1,4 +1,5 @@
-"""The enforcer's reservation guard writer: the VMI sizes it has read while a holder is listed."""
+"""The enforcer's reservation guard writer: the VMI sizes it has read while a holder is listed, and the holders it
+lists unconfirmed until then."""
 
 from __future__ import annotations
 
@@ -28,18 +29,21 @@ class Api:
     def __init__(self) -> None:
         self.reads = 0
         self.during_read: Any = None
+        self.vmi: dict[str, Any] = VMI
+        self.written: list[dict[str, Any]] = []
 
     async def get_reservation(self, namespace: str) -> None:
         return None
 
     async def put_reservation(self, namespace: str, body: dict[str, Any], resource_version: str) -> str:
+        self.written.append(body)
         return str(int(resource_version or "0") + 1)
 
     async def get_vmi(self, namespace: str, name: str) -> dict[str, Any]:
         self.reads += 1
         if self.during_read is not None:
             self.during_read()
-        return VMI
+        return self.vmi
 
 
 async def test_a_size_read_while_the_holder_was_taken_off_the_list_is_read_again() -> None:
@@ -52,11 +56,32 @@ async def test_a_size_read_while_the_holder_was_taken_off_the_list_is_read_again
     await writer.before(key, usage())  # vm1 listed
 
     def shrink() -> None:
-        writer._listed[NS] = (frozenset(), writer._listed[NS][1])
+        writer._listed[NS] = (frozenset(), frozenset(), writer._listed[NS][2])
 
     api.during_read = shrink
-    assert await writer.resized(NS, usage()) == "" and api.reads == 1
+    assert await writer.confirm(NS, usage()) == "" and api.reads == 1
     api.during_read = None
     await writer.write(NS, grow=True)  # listed again
-    assert await writer.resized(NS, usage()) == "" and api.reads == 2, "not read again after being unlisted"
-    assert await writer.resized(NS, usage()) == "" and api.reads == 2, "read again while listed throughout"
+    assert await writer.confirm(NS, usage()) == "" and api.reads == 2, "not read again after being unlisted"
+    assert await writer.confirm(NS, usage()) == "" and api.reads == 2, "read again while listed throughout"
+
+
+async def test_a_holder_is_listed_unconfirmed_until_its_vmi_is_read_at_its_reserved_size() -> None:
+    """A holder reserved at a size is listed unconfirmed first (its size kept, its pods not admitted), then
+    confirmed once its VMI, read after the listing, has that size; one read larger stays unconfirmed (its room may be
+    in ``hard`` already: the pod KubeVirt would render now is larger than it), whether or not a raise comes with it."""
+    api = Api()
+    writer = GuardWriter(api, (guard.DEFAULT_CREATOR,))  # type: ignore[arg-type]
+    await writer.before((NS, "compute"), usage())
+    assert [guard.unconfirmed(b) for b in api.written] == [frozenset({"uid-vm1"})]
+    assert await writer.confirm(NS, usage()) == ""
+    assert guard.unconfirmed(api.written[-1]) == frozenset() and guard.listed(api.written[-1]) == guard.listed(
+        api.written[0]
+    )
+
+    api, grown = Api(), vmi_obj("vm1", guest="8Gi")
+    api.vmi = grown
+    writer = GuardWriter(api, (guard.DEFAULT_CREATOR,))  # type: ignore[arg-type]
+    await writer.before((NS, "compute"), usage())
+    assert await writer.confirm(NS, usage()) == "VMI vm1 is not the size its pod was reserved at"
+    assert len(api.written) == 1 and guard.unconfirmed(api.written[0]) == frozenset({"uid-vm1"})

@@ -24,9 +24,9 @@ interleaved in any order, with vmquota's own pure code deciding ``spec.hard``.
   body changed; the enforcer (:meth:`Cluster.enforce`) runs ``shared.quota.enforcement.plan`` on the quota as the
   API server has it (a patch's precondition makes that the copy it writes from) and the latest usage snapshot,
   with ``within_charged`` when the usage counts pods beyond ``status.used``, and with the guard grows the holders
-  (``shared.quota.guard.holders``) before its write, opens room for a migration target only while its VMI, read
-  then, has the size the target was reserved at (``guard.still_sized``), and shrinks them after (``guard.carried``), as
-  ``services/enforcer/service.py`` does; then it nudges admitted VMIs KubeVirt was refused;
+  (``shared.quota.guard.holders``) before its write, a holder reserved at a size unconfirmed until its VMI, read
+  then, has that size (``guard.still_sized``; a raise for a holder that does not waits), and shrinks them after
+  (``guard.carried``), as ``services/enforcer/service.py`` does; then it nudges admitted VMIs KubeVirt was refused;
 * **the tenant**: VMIs, plain pods of any size and of exactly the room it sees (``status.hard - status.used``),
   pods with forged launcher labels, with a controller reference to its VMIs (KubeVirt adopts them into
   ``status.activePods``), with a migration's label, migrations, hotplugs (memory, CPU, an SR-IOV interface, which
@@ -227,7 +227,7 @@ class Cluster:
     migration)."""
     sources: dict[str, str] = field(default_factory=dict)
     """Migration name -> the pod the VMI left when the migration completed."""
-    tried_at: dict[str, tuple[int, frozenset[guard.Holder]]] = field(default_factory=dict)
+    tried_at: dict[str, tuple[int, frozenset[guard.Holder], frozenset[str]]] = field(default_factory=dict)
     """Migration name -> the quota's resourceVersion and the guard's holders when KubeVirt was last refused its
     target: the final settle tries it again once either changed (KubeVirt re-queues a refused migration on every
     quota update, and retries after its backoff in any case)."""
@@ -246,7 +246,7 @@ class Cluster:
     """VMI name -> the usage snapshot it was last nudged for."""
     nudges: set[str] = field(default_factory=set)
     """VMIs nudged since KubeVirt last tried them."""
-    spent: dict[str, tuple[int, frozenset[guard.Holder]]] = field(default_factory=dict)
+    spent: dict[str, tuple[int, frozenset[guard.Holder], frozenset[str]]] = field(default_factory=dict)
     """VMIs whose nudge KubeVirt spent on a try that was refused, with :meth:`attempt` then."""
     spec_reserved: ResourceList = field(default_factory=dict)
     """``S`` of the usage snapshot the current ``spec.hard`` was written from (what the raise holds for
@@ -277,6 +277,12 @@ class Cluster:
     status_seen: frozenset[str] = frozenset()
     reservation: frozenset[guard.Holder] = frozenset()
     """The namespace's QuotaReservation (the guard's parameter)."""
+    unconfirmed: frozenset[str] = frozenset()
+    """The uids it lists unconfirmed (sizes kept, pods not admitted yet)."""
+    sizes: dict[str, guard.Sized] = field(default_factory=dict)
+    """Holder uid → the size the latest usage reserved its pod at."""
+    confirmed: dict[str, guard.Sized] = field(default_factory=dict)
+    """VMI name → the size it was read at while listed (the enforcer's ``_sized``)."""
     carried: frozenset[guard.Holder] = frozenset()
     writing: frozenset[guard.Holder] = frozenset()
     guard_writes: int = 0
@@ -347,8 +353,8 @@ class Cluster:
         """Why the API server would refuse ``pod`` now (the guard's policy, then quota admission); None: it gets
         in."""
         if self.guarded:
-            held = {h.uid for h in self.reservation}
-            if held and not (creator == KUBEVIRT and controller_uid(pod) in held):
+            held = {h.uid for h in self.reservation} - self.unconfirmed
+            if self.reservation and not (creator == KUBEVIRT and controller_uid(pod) in held):
                 return f'pods "{name_of(pod)}" is forbidden: ValidatingAdmissionPolicy denied request: room reserved'
         status = self.quota["status"]
         hard, used = rl(status.get("hard")), rl(status.get("used"))
@@ -583,11 +589,9 @@ class Cluster:
         if p.changes and p.action is not enforcement.Action.REFRESH:  # (the summary alone: no room moves)
             if self.guarded:
                 self.writing = guard.holders(usage)
+                self.sizes = {s.uid: s for s in guard.reserved_sizes(usage) if s.uid}
                 self.guard_write(grow=True)  # the holders are listed before their room opens
-                if p.raises and not all(
-                    guard.still_sized(sized, self.objs[VMI_KIND].get(sized.vmi))
-                    for sized in guard.reserved_sizes(usage)
-                ):
+                if not self.guard_confirm(usage) and p.raises:
                     note("a raise waits: a VMI is not the size its target was reserved at")
                     return
             body = enforcement.patch_body(p)
@@ -620,7 +624,10 @@ class Cluster:
         if self.guarded:
             self.carried = guard.carried(self.carried, q, usage)
             self.writing = frozenset()
+            self.sizes = {s.uid: s for s in guard.reserved_sizes(usage) if s.uid}
             self.guard_write(grow=False)
+            if not p.changes or p.action is enforcement.Action.REFRESH:
+                self.guard_confirm(usage)  # (the enforcer's no-change path)
         in_effect = rl(self.quota["status"].get("hard")) == rl(self.quota["spec"]["hard"])
         if usage is not None and in_effect:  # (nudges once quota admission checks what was written)
             for v in usage.vms:
@@ -632,9 +639,34 @@ class Cluster:
         want = self.carried | self.writing
         if grow:
             want |= self.reservation
-        if want != self.reservation:
-            self.reservation = want
+        waiting = set()
+        for h in want:
+            sized = self.sizes.get(h.uid)
+            if sized is not None:
+                if self.confirmed.get(sized.vmi) != sized:
+                    waiting.add(h.uid)
+            elif h in self.reservation and h.uid in self.unconfirmed:
+                waiting.add(h.uid)
+        if (want, frozenset(waiting)) != (self.reservation, self.unconfirmed):
+            self.reservation, self.unconfirmed = want, frozenset(waiting)
             self.guard_writes += 1
+        listed = {h.uid for h in want}
+        self.confirmed = {n: s for n, s in self.confirmed.items() if s.uid in listed}
+
+    def guard_confirm(self, usage: contract.UsageSnapshot | None) -> bool:
+        """The enforcer's ``GuardWriter.confirm``: each VMI a usage reserves a pod for, read now (listed: its size
+        kept), confirmed while it has the size its pod was reserved at. False when one does not."""
+        ok = True
+        for sized in guard.reserved_sizes(usage):
+            if self.confirmed.get(sized.vmi) == sized:
+                continue
+            if not guard.still_sized(sized, self.objs[VMI_KIND].get(sized.vmi)):
+                self.confirmed.pop(sized.vmi, None)
+                ok = False
+            elif sized.uid in {h.uid for h in self.reservation}:
+                self.confirmed[sized.vmi] = sized
+        self.guard_write(grow=True)
+        return ok
 
     # ---- KubeVirt ----------------------------------------------------------------------------------------------
     def vmi(self, name: str) -> Obj | None:
@@ -797,8 +829,8 @@ class Cluster:
         self.target_sizes[name] = (domain["cpu"]["sockets"], domain["memory"]["guest"], interface_names(vmi))
         self.put(m | {"status": {"phase": "Scheduling", "migrationState": {"targetPod": name_of(pod)}}})
 
-    def attempt(self) -> tuple[int, frozenset[guard.Holder]]:
-        return int(self.quota["metadata"]["resourceVersion"]), self.reservation
+    def attempt(self) -> tuple[int, frozenset[guard.Holder], frozenset[str]]:
+        return int(self.quota["metadata"]["resourceVersion"]), self.reservation, self.unconfirmed
 
     def kv_hand_off(self, name: str) -> None:
         """The target runs: the VMI's ``status.migrationState`` is written and the migration runs."""
@@ -1680,6 +1712,57 @@ def test_with_the_guard_a_hotplug_before_the_holder_is_listed_opens_no_room_for_
     c.quota_sync()
     for m in c.of_kind(VMIM_KIND):
         c.kv_target(name_of(m))
+    c.check_safety()
+    assert not c.excess(), f"over by {format_resource_list(c.excess())}"
+    c.settle()
+    c.check_liveness()
+    assert not c.excess(), f"over by {format_resource_list(c.excess())}"
+
+
+def test_with_the_guard_a_holder_listed_without_a_raise_waits_for_the_read_of_its_vmi() -> None:
+    """A reservation whose room ``hard`` already holds is listed without a raise: a 2Gi and a 512Mi VM fill a
+    ``limits.memory`` budget, both migrate and both targets are refused; vmquota has heard only of the first refusal
+    and raises for it. The first migration completes and its source pod ends; vmquota then hears everything at once:
+    the second target is reserved and the first source's room goes, in one usage whose ``hard`` is lower. Between the
+    ledger's read of the small VMI and the enforcer's listing of it, the tenant hotplugs it by 1Gi. The holder is
+    listed, but its pods wait until the enforcer has read its VMI (``confirmed: false``): the read finds it larger
+    than its target was reserved at, so KubeVirt's next try, rendered at the new size, stays out. (Without the
+    wait it got into ``status.hard``, still raised: over the budget by the growth.)"""
+    big = usage_of(launcher_obj(vmi_obj("p", guest="2Gi"), facts=facts_for(["limits.memory"]), vouched=False))
+    small = usage_of(launcher_obj(vmi_obj("p", guest="512Mi"), facts=facts_for(["limits.memory"]), vouched=False))
+    budget = big["limits.memory"] + small["limits.memory"]
+    c = cluster(Mode.VMI_POD_USAGE, {"limits.memory": budget.canonical()}, guarded=True)
+    c.tenant_vm(1, 2048)
+    c.tenant_vm(1, 512)
+    for _ in range(2):
+        c.kubevirt_round()
+        c.vmquota_catches_up()
+    c.tenant_migrate(0)
+    c.tenant_migrate(0)
+    first, second = (name_of(m) for m in c.of_kind(VMIM_KIND))
+    c.kv_target(first)
+    c.kv_target(second)  # both refused by quota
+    for _ in range(3):
+        c.deliver(VMIM_KIND)  # (both created, the first refused)
+    c.deliver(EVENT_KIND)
+    c.publish()
+    c.enforce()
+    c.quota_sync()
+    assert {h.name for h in c.reservation} == {"vm1"}
+    c.kv_target(first)
+    c.kv_sync("vm1")
+    c.kv_hand_off(first)
+    c.kv_complete(first)
+    c.kv_source_ends(first)
+    c.kv_sync("vm1")
+    c.deliver_all()
+    c.publish()  # the second target reserved, hard lower than before
+    assert c.body is not None and [(m.name, m.state) for m in c.body.migrations] == [(second, "pending")]
+    c.tenant_hotplug(1, 1024, 0)  # (vm2 is no holder yet: the policy lets it through)
+    assert vmi_guest(c, "vm2") == "1536Mi"
+    c.enforce()
+    assert "vm2" in {h.name for h in c.reservation}, "listed: its size is kept from now on"
+    c.kv_target(second)
     c.check_safety()
     assert not c.excess(), f"over by {format_resource_list(c.excess())}"
     c.settle()

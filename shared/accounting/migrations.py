@@ -201,8 +201,9 @@ class Migrations(Vms):
 
     def _room_taken(self, t: Target) -> str:
         """Why a migration KubeVirt is refused gets no room again, or "": some quota is over its budget (``U + X/k
-        > B``) in a resource the target is charged, and pods other than VMs' launcher pods created after the
-        migration (or in the same second) are charged that resource (a VM's pods beyond its one launcher pod too).
+        > B``) in a resource the target is charged, and pods created after the migration (or in the same second),
+        or in the refusal of an earlier one (:attr:`late`), are charged that resource, other than migration targets
+        KubeVirt's status names (a VM's pods too: a controller reference is the tenant's to set).
         Room held for a target is open to any pod until the target exists (without the reservation guard): a pod
         that took it must not be followed by another once vmquota raises again, so a namespace goes over its
         budget by one reserved amount at the most.
@@ -217,25 +218,25 @@ class Migrations(Vms):
         ]
         if not any(rs for _, rs in over_budget):
             return ""
+
+        def after(p: PodSnapshot) -> bool:
+            # (creation times are to the second: the same second counts; a pod created in the refusal of an earlier
+            # migration too, which the ledger remembers once that migration is gone: a tenant must not reopen the
+            # window with each migration it creates)
+            return (p.creation_timestamp is not None and p.creation_timestamp >= since) or p.uid in self.late
+
         late = [
             e.charged
             for p, e in zip(self.pods, self.pod_entries, strict=True)
-            if e.role in (NON_VM, ORPHAN_LAUNCHER)
-            and e.active
-            and p.creation_timestamp is not None
-            and p.creation_timestamp >= since  # (creation times are to the second: the same second counts)
+            if e.role in (NON_VM, ORPHAN_LAUNCHER) and e.active and after(p)
         ]
-        # a pod that took the room and was then adopted into a VMI (a controller reference is the tenant's to set)
-        # is no plain pod any more: what a VM's pods are charged beyond its one launcher pod (``unvouched``) counts
-        # when one of them was created after the migration, or the room would be held, and taken, again
-        for key, vm_pods in self.launchers.items():
-            entry = self.vm_entries.get(key)
-            if (
-                entry is not None
-                and entry.unvouched
-                and any(p.creation_timestamp is not None and p.creation_timestamp >= since for p, _ in vm_pods)
-            ):
-                late.append(entry.unvouched)
+        # a pod that took the room and was then adopted into a VMI (a controller reference is the tenant's to set,
+        # on a running VMI or a pending one) is no plain pod any more, but it counts all the same, or the room would
+        # be held, and taken, again: a VM's pod created after the migration counts, unless KubeVirt's status names
+        # it its VMI's migration target (``status.migrationState.targetPod``, written at the hand-off)
+        for v in self.vmis:
+            target = v.migration.target_pod if v.migration is not None else ""
+            late.extend(charged for p, charged in self.launchers.get(vm_key(v), ()) if after(p) and p.name != target)
         if not late:
             return ""
         for q, rs in over_budget:

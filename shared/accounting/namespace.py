@@ -107,6 +107,7 @@ def account_view(
     config: KubeVirtConfig | None = None,
     policies: Sequence[QuotaPolicy] | None = None,
     memoize: bool = True,
+    late: frozenset[str] = frozenset(),
 ) -> NamespaceUsage:
     """Account one namespace: **the** entry of the accounting.
 
@@ -119,9 +120,10 @@ def account_view(
     ``errors``). ``memoize``: reuse what earlier calls derived from the same objects (launcher pod estimates per
     VMI uid, resourceVersion, configuration and namespace facts; the configuration of the same KubeVirt
     snapshot), so that accounting a namespace again after one change costs little; the result is the same either
-    way (False: the reference)."""
+    way (False: the reference). ``late``: the uids of the pods created in a refusal, as the ledger's fold remembers
+    them (``shared.ledger.fold``; none without a history)."""
     return _Accounting(
-        kinds, namespace, now=now, config=config, policies=policies, memoize=memoize, shared_lists=True
+        kinds, namespace, now=now, config=config, policies=policies, memoize=memoize, shared_lists=True, late=late
     ).run()
 
 
@@ -167,8 +169,10 @@ class _Accounting(Admission):
         policies: Sequence[QuotaPolicy] | None,
         memoize: bool,
         shared_lists: bool,
+        late: frozenset[str] = frozenset(),
     ) -> None:
         self.now = now
+        self.late = late
         self.errors: list[str] = []
         self.namespace = namespace
         self._split(kinds)

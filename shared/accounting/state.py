@@ -138,6 +138,8 @@ class State:
     vmis: list[VmiSnapshot]
     vmims: list[VmimSnapshot]
     pods: list[PodSnapshot]
+    late: frozenset[str]
+    """Uids of the pods created in a refusal of a migration, as the ledger's fold remembers them."""
     quotas: list[QuotaSums]
     renderer: Renderer
     quotas_key: int

@@ -94,6 +94,7 @@ def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageB
         {**view.cluster_objects, **view.objects},  # (no kind is in both)
         view.namespace,
         now=now or datetime.now(UTC),
+        late=view.late,
     )
     errors = list(usage.errors)
     quotas = {name: quota_terms(name, q, errors) for name, q in sorted(usage.quotas.items())}

@@ -14,6 +14,13 @@ Checkpoints: each state carries ``seq``, the last stream sequence applied to it.
 sequence any of them needs and reach the same state as one that never stopped. :meth:`NamespaceState.checkpoint`
 is deterministic: the same state gives the same bytes.
 
+Pods created in a refusal: a pod the fold first has beside an active migration that KubeVirt was refused its
+target for (``migrationRejectedByResourceQuota``), created at or after that migration, is remembered for as long as
+it exists (:attr:`NamespaceState.late`, in checkpoints too), even once that migration is gone: it may have taken the
+room ``hard`` held for the target, and accounting holds no room for any migration again while such a pod keeps the
+namespace over its budget (``shared.accounting.migrations``). The marks follow from the events' order alone, so a
+replay of the stream makes the same.
+
 Partitions: a namespace belongs to partition ``crc32("<cluster>/<namespace>") % total``. A ledger instance owns a
 :class:`PartitionSet` and skips the namespaces of other partitions; cluster-wide objects are folded by all.
 """
@@ -23,6 +30,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from enum import Enum
 from typing import TYPE_CHECKING, Final
 
@@ -31,8 +39,17 @@ import msgspec
 from shared import contract
 from shared.contract import Deleted, Snapshot, Sync, Upserted
 from shared.errors import InvalidInput
-from shared.kinds import KUBEVIRT_KIND, NAMESPACE_KIND
-from shared.snapshot import WIRE_SNAPSHOT, dec_hook, enc_hook, from_wire, same_content, wire_variant
+from shared.kinds import KUBEVIRT_KIND, NAMESPACE_KIND, POD_KIND, VMIM_KIND
+from shared.snapshot import (
+    WIRE_SNAPSHOT,
+    PodSnapshot,
+    VmimSnapshot,
+    dec_hook,
+    enc_hook,
+    from_wire,
+    same_content,
+    wire_variant,
+)
 
 CLUSTER_WIDE: Final = contract.CLUSTER_TOKEN
 """The namespace key of a cluster's cluster-wide state."""
@@ -153,6 +170,8 @@ class Checkpoint(msgspec.Struct, kw_only=True, rename="camel"):
     seq: int
     usage_digest: str = ""
     floors: dict[str, int] = {}
+    late: list[str] = []
+    """Pods created in a refusal (:attr:`NamespaceState.late`), sorted."""
     objects: list[_CkRecord] = []
 
 
@@ -163,6 +182,33 @@ _CK_DECODER: Final = msgspec.json.Decoder(  # (records' snapshots read as the ev
 )
 
 
+def _refused_since(m: Snapshot) -> datetime | None:
+    """When an active migration KubeVirt was refused its target for was created (None: not such a migration)."""
+    if isinstance(m, VmimSnapshot) and m.active and m.rejected_by_quota:
+        return m.creation_timestamp
+    return None
+
+
+def created_in_refusal(pod: Snapshot, migrations: Iterable[Snapshot]) -> bool:
+    """Whether ``pod`` was created at or after one of ``migrations`` that is active and that KubeVirt was refused
+    its target for."""
+    created = pod.creation_timestamp if isinstance(pod, PodSnapshot) else None
+    if created is None:
+        return False
+    return any(since is not None and since <= created for since in map(_refused_since, migrations))
+
+
+def created_in(migration: Snapshot, pods: Iterable[Snapshot]) -> Iterator[str]:
+    """The uids of ``pods`` created at or after ``migration``, when it is active and KubeVirt was refused its target
+    (the pods folded before it: the watches of two kinds are in no order with each other)."""
+    since = _refused_since(migration)
+    if since is None:
+        return
+    for p in pods:
+        if isinstance(p, PodSnapshot) and p.creation_timestamp is not None and p.creation_timestamp >= since:
+            yield p.uid
+
+
 RV_HORIZON: Final = 10**12
 """How far beyond a list's resourceVersion an object's version may plausibly be when the list did not return it
 (etcd revisions count every write of the cluster: 10^12 is centuries of writes between a list and an event)."""
@@ -171,7 +217,7 @@ RV_HORIZON: Final = 10**12
 class NamespaceState:
     """One namespace's objects (or a cluster's cluster-wide objects when ``namespace == "_cluster"``)."""
 
-    __slots__ = ("_live", "cluster", "floors", "namespace", "objects", "replaced", "seq", "usage_digest")
+    __slots__ = ("_live", "cluster", "floors", "late", "namespace", "objects", "replaced", "seq", "usage_digest")
 
     def __init__(self, cluster: str, namespace: str) -> None:
         self.cluster = cluster
@@ -189,6 +235,9 @@ class NamespaceState:
         of it, mostly of one kind)."""
         self.replaced: Snapshot | None = None
         """The snapshot the last applied or refreshed event replaced (None: the object was absent)."""
+        self.late: set[str] = set()
+        """Uids of the existing pods created in a refusal: folded beside an active migration KubeVirt was refused
+        its target for, and created at or after it (see the module)."""
 
     # ---- reading ----------------------------------------------------------------------------------------------
     def live(self, kind: str) -> list[Snapshot]:
@@ -242,6 +291,12 @@ class NamespaceState:
             self.replaced = rec.snapshot if rec is not None else None
             recs[uid] = Record(rv, seq, ev.snapshot)
             self._live.pop(kind, None)
+            if kind == POD_KIND:
+                if uid not in self.late and created_in_refusal(ev.snapshot, self.live(VMIM_KIND)):
+                    self.late.add(uid)
+                    refreshed = False
+            elif kind == VMIM_KIND:
+                self.late.update(created_in(ev.snapshot, self.live(POD_KIND)))
             return _REFRESHED if refreshed else _APPLIED
         if rec is not None and (rv < rec.rv or (rv == rec.rv and rec.snapshot is None)):
             return Outcome.STALE
@@ -250,6 +305,7 @@ class NamespaceState:
         self.replaced = rec.snapshot if rec is not None else None
         recs[uid] = Record(rv, seq, None)
         self._live.pop(kind, None)
+        self.late.discard(uid)
         return Outcome.APPLIED
 
     def apply_sync(self, ev: Sync, seq: int) -> Outcome:
@@ -272,6 +328,7 @@ class NamespaceState:
                 else:
                     recs[uid] = Record(recs[uid].rv, seq, None)
                     self._live.pop(ev.kind, None)
+                self.late.discard(uid)
                 changed = True
         return Outcome.APPLIED if changed else Outcome.STALE
 
@@ -296,6 +353,7 @@ class NamespaceState:
                 seq=self.seq,
                 usage_digest=self.usage_digest,
                 floors=dict(sorted(self.floors.items())),
+                late=sorted(self.late),
             )
         )
         assert head.endswith(b"[]}"), "objects is the last field of a checkpoint"
@@ -321,6 +379,7 @@ class NamespaceState:
         st.seq = ck.seq
         st.usage_digest = ck.usage_digest
         st.floors = dict(ck.floors)
+        st.late = set(ck.late)
         for r in ck.objects:
             try:
                 snap = from_wire(r.snapshot)  # (the parts the wire variant reads as text are decoded here)
@@ -342,6 +401,8 @@ class NamespaceView:
     """kind → snapshots (ordered by uid); the namespace's ``Namespace`` object is under ``"Namespace"``."""
     cluster_objects: dict[str, list[Snapshot]]
     """kind → snapshots of the cluster-wide objects (the KubeVirt CR)."""
+    late: frozenset[str] = frozenset()
+    """Uids of the pods created in a refusal (:attr:`NamespaceState.late`)."""
 
 
 def checkpoint_key(cluster: str, namespace: str) -> str:
@@ -420,6 +481,7 @@ class Ledger:
             seq=st.seq if st is not None else 0,
             objects=st.live_objects() if st is not None else {},
             cluster_objects=cw.live_objects() if cw is not None else {},
+            late=frozenset(st.late) if st is not None else frozenset(),
         )
 
     def apply(self, ev: Upserted | Deleted | Sync, seq: int) -> Outcome:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 from services.devtools.simcluster.kubevirt import VMIM_ACTIVE, now_rfc3339, phase
@@ -575,6 +576,18 @@ async def test_without_the_guard_the_reservation_window_is_open() -> None:
         assert charged(p) > BUDGET
 
 
+async def no_second_pod_gets_in(p: Pipeline, tenant: Tenant) -> None:
+    """The tenant tries, as fast as the API server answers, to create a pod of the room it sees: none gets in."""
+    for i in range(200):
+        quota = p.sim.cache.get("resourcequotas", NS, "compute") or {}
+        status = quota.get("status") or {}
+        room = rl(status.get("hard") or {})["limits.memory"] - rl(status.get("used") or {})["limits.memory"]
+        if room.nanos > 0:
+            grab = plain_pod(NS, f"again-{i}", {"memory": "1Gi"}, {"memory": str(room), "cpu": "100m"})
+            assert not await tenant.create_in_process(grab), "a second pod took room raised again"
+        await asyncio.sleep(0)  # (one try per turn of the event loop)
+
+
 async def test_without_the_guard_reserved_room_is_taken_once_not_again_after_every_raise() -> None:
     """The bound of that limit: once a pod created after the migration took its reserved room, the namespace is over
     its budget and vmquota holds no room for the target again while that pod runs (else every raise would be taken
@@ -585,20 +598,46 @@ async def test_without_the_guard_reserved_room_is_taken_once_not_again_after_eve
         assert got_in, "the tenant lost the race without the guard: this test no longer shows the window"
 
         await settled(p)  # (the ledger counts the tenant's pod, and hard is in effect)
-        for i in range(200):  # as fast as the API server answers: no room opens for a second pod
-            quota = p.sim.cache.get("resourcequotas", NS, "compute") or {}
-            status = quota.get("status") or {}
-            room = rl(status.get("hard") or {})["limits.memory"] - rl(status.get("used") or {})["limits.memory"]
-            if room.nanos > 0:
-                grab = plain_pod(NS, f"again-{i}", {"memory": "1Gi"}, {"memory": str(room), "cpu": "100m"})
-                assert not await tenant.create_in_process(grab), "a second pod took room raised again"
-            await asyncio.sleep(0)  # (one try per turn of the event loop)
+        await no_second_pod_gets_in(p, tenant)
         assert phase(p.migration(NS, m)) != "Succeeded"
         u = p.tap.usage[NS]
         (mig,) = [x for x in u.migrations if x.name == m]
         assert mig.state == "waiting" and "taken by another pod" in mig.reason, mig
         await give_back_grabbed_room(p, NS)
         await p.wait_migrated(NS, "vm1", m)
+        await settled(p)
+        assert charged(p) <= BUDGET
+
+
+async def test_without_the_guard_a_new_migration_does_not_reopen_the_window() -> None:
+    """The same bound across migrations: the tenant deletes the migration whose room its pod took and migrates
+    another VM; while that pod keeps the namespace over its budget vmquota holds no room for the new migration either
+    (each new migration opened the window once more: one reserved amount over the budget per migration)."""
+    async with pipeline(kubevirt_timing=PATIENT_KUBEVIRT) as p, Tenant(p, NS) as tenant:
+        await full_namespace(p, NS)
+        got_in, m = await grab_reserved_room(p, tenant, BUDGET)
+        assert got_in, "the tenant lost the race without the guard: this test no longer shows the window"
+        await settled(p)
+        await p.sim.store.delete(p.sim.store.resource("vmim"), NS, m)
+        # (creation times are to the second, and a pod created in the same second as a migration counts for it:
+        # the new migration comes a second later than the pod that took the room)
+        grabbed = max(
+            o["metadata"]["creationTimestamp"] for o in p.objects("pods", NS) if "grab" in o["metadata"]["name"]
+        )
+        deadline = asyncio.get_running_loop().time() + 5
+        while datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") <= grabbed:
+            assert asyncio.get_running_loop().time() < deadline, "the clock did not move on"
+            await asyncio.sleep(0.05)  # (waiting for the wall clock's next second, with a deadline)
+        again = await p.migrate(NS, "vm2")
+        await p.wait(
+            lambda: any(x.name == again and x.state == "waiting" for x in p.tap.usage[NS].migrations),
+            "the new migration waits",
+        )
+        await no_second_pod_gets_in(p, tenant)
+        (mig,) = [x for x in p.tap.usage[NS].migrations if x.name == again]
+        assert mig.state == "waiting" and "taken by another pod" in mig.reason, mig
+        await give_back_grabbed_room(p, NS)
+        await p.wait_migrated(NS, "vm2", again)
         await settled(p)
         assert charged(p) <= BUDGET
 

@@ -448,6 +448,41 @@ def test_a_pod_that_took_reserved_room_and_was_adopted_into_another_vm_keeps_the
     assert "taken by another pod" in again.reason
 
 
+def test_a_pod_that_took_reserved_room_and_was_adopted_into_a_pending_vmi_keeps_the_room_from_being_held_again() -> (
+    None
+):
+    """The same, into a *pending* VMI the ledger refused: KubeVirt names every pod a VMI controls in its
+    ``status.activePods``, whatever its phase, so the grabbing pod became that VM's one launcher pod, below its
+    rendering, with nothing charged beyond it. Room was held again, to be taken again, one refused VMI per round: 17Gi
+    over a 64Gi budget after two. A VM's pod created after the migration counts, whatever the VM."""
+    quota = quota_obj("rq", {"limits.memory": "64Gi"})
+    facts = facts_for(["limits.memory"])
+    vmis = [vmi_obj(f"vm{i}", guest="16Gi", limits={"memory": "16Gi"}, t=i) for i in range(3)]
+    pods = [launcher_obj(v, facts=facts) for v in vmis]
+    bigs = [vmi_obj(f"big{i}", guest="32Gi", limits={"memory": "32Gi"}, t=50 + i, phase="Pending") for i in range(2)]
+    objs = [quota, *vmis, *pods, *bigs, vmim_obj("m1", "vm0", t=100, rejected=True)]
+    for i, big in enumerate(bigs):
+        u = account(objs)
+        q = u.quotas["rq"]
+        assert mig(u, "m1").state == PENDING
+        grab = pod_obj(f"grab{i}", {"memory": "1Gi"}, {"memory": "16Gi"}, t=101 + i)
+        assert fits(usage_of(grab), q.pods, q.hard) == [], "native admission lets it into the reserved room"
+        objs.append(grab)
+        assert mig(account(objs), "m1").state == WAITING
+        vouch(big, grab)  # (adopted into the refused VMI)
+        again = mig(account(objs), "m1")
+        assert again.state == WAITING and not again.reserved, again
+        objs.remove(grab)  # (so that the next round has room to take, were it held again)
+    # a migration target KubeVirt's status names is no pod that took the room
+    target = launcher_obj(vmis[1], facts=facts, migration_uid="mig-m2", node="n2", t=102, vouched=False)
+    vmis[1]["status"]["migrationState"] = {"targetPod": target["metadata"]["name"], "migrationUid": "mig-m2"}
+    vmis[1]["status"]["activePods"] = {}
+    vouch(vmis[1], target)
+    over = quota_obj("rq", {"limits.memory": "40Gi"})  # (its budget lowered below what runs)
+    objs = [over, *vmis, pods[0], pods[2], target, vmim_obj("m1", "vm0", t=100, rejected=True)]
+    assert mig(account(objs), "m1").state == PENDING, "a namespace over its budget for other reasons still migrates"
+
+
 def _with_sriov(v: dict[str, Any], *, listed: bool) -> dict[str, Any]:
     """``v`` with a pod-network interface and an SR-IOV one, ``fast``; ``listed``: its ``status.interfaces`` names
     ``fast`` (KubeVirt has it in the VM's pod)."""

@@ -66,7 +66,7 @@ from shared import contract
 from shared.accounting import wire
 from shared.kinds import EVENT_KIND, KUBEVIRT_KIND, POD_KIND, QUOTA_KIND, VMI_KIND, VMIM_KIND
 from shared.kubevirt import KubeVirtConfig
-from shared.ledger.fold import NamespaceView
+from shared.ledger.fold import NamespaceView, created_in, created_in_refusal
 from shared.normalize import normalize
 from shared.quantity import ZERO, Quantity
 from shared.quota import enforcement, guard
@@ -275,6 +275,8 @@ class Cluster:
     ``spec.hard`` and ``status.hard`` come from."""
     spec_seen: frozenset[str] = frozenset()
     status_seen: frozenset[str] = frozenset()
+    late: set[str] = field(default_factory=set)
+    """The pods the ledger's fold marks created in a refusal (``shared.ledger.fold``), in vmquota's view."""
     reservation: frozenset[guard.Holder] = frozenset()
     """The namespace's QuotaReservation (the guard's parameter)."""
     unconfirmed: frozenset[str] = frozenset()
@@ -521,8 +523,13 @@ class Cluster:
             self.read_vmi_afresh(snap.vmi_name)
         if snap is None:
             self.view[kind].pop(uid, None)
+            self.late.discard(uid)
         else:
             self.view[kind][uid] = snap
+            if kind == POD_KIND and created_in_refusal(snap, self.view[VMIM_KIND].values()):
+                self.late.add(uid)
+            elif kind == VMIM_KIND:
+                self.late.update(created_in(snap, self.view[POD_KIND].values()))
         return True
 
     def read_vmi_afresh(self, name: str) -> None:
@@ -554,6 +561,7 @@ class Cluster:
             seq=self.seq + 1,
             objects={k: list(v.values()) for k, v in self.view.items()},
             cluster_objects={KUBEVIRT_KIND: [self.kv_snapshot]},
+            late=frozenset(self.late),
         )
         body = wire.account(view, now=NOW)
         self.published_active = {
@@ -1144,17 +1152,24 @@ class Cluster:
         return self.guarded and bool(self.forged_targets())
 
     def held_back(self, m: Obj) -> bool:
-        """Without the guard, the tenant's pods created at or after a migration keep the namespace over its budget
-        (they took the room reserved for its target): vmquota holds no room for it again until they end
-        (docs/accounting.md, "The reservation window, without the guard"), so the migration waits for them."""
+        """Without the guard, pods created at or after a migration keep the namespace over its budget (they took
+        the room reserved for its target: the tenant's, or a VM's KubeVirt started meanwhile): vmquota holds no room
+        for it again until they end (docs/accounting.md, "The reservation window, without the guard"), so the
+        migration waits for them; so do pods created in the refusal of an earlier migration (the fold's marks: one
+        that took that migration's room). KubeVirt's migration targets its VMIs' status names do not count."""
         if self.guarded:
             return False
         used = self.usage(admission=True)
         if not any(used.get(r, ZERO) > b for r, b in self.budget.items() if r in self.setup.enforced):
             return False
         since = m["metadata"]["creationTimestamp"]
-        pods = self.objs[POD_KIND]
-        return any(p in pods and pods[p]["metadata"]["creationTimestamp"] >= since for p in self.tenant_pods)
+        targets = {v["status"].get("migrationState", {}).get("targetPod") for v in self.of_kind(VMI_KIND)}
+        return any(
+            (p["metadata"]["creationTimestamp"] >= since or uid_of(p) in self.late)
+            and not terminal(p)
+            and name_of(p) not in targets
+            for p in self.of_kind(POD_KIND)
+        )
 
     def check_liveness(self) -> None:
         used = self.usage(admission=True)
@@ -1465,6 +1480,31 @@ def full_with_a_refused_migration(*, guarded: bool) -> tuple[Cluster, Quantity]:
     c.vmquota_catches_up()
     assert c.status_reserved["limits.memory"] == pod
     return c, pod
+
+
+def test_without_the_guard_a_new_migration_does_not_reopen_the_window() -> None:
+    """The pod that took the room reserved for one migration's target keeps vmquota from holding room for any
+    other while it keeps the namespace over its budget: a migration of the tenant's other VM (created after that
+    pod) gets none either, nor one created once the first is deleted. (Each new migration opened the window once
+    more: over the budget by one reserved amount per migration the tenant created.)"""
+    c, reserved = full_with_a_refused_migration(guarded=False)
+    assert c.tenant_pod(c.room() or {}, prefix="grab") is not None
+    c.vmquota_catches_up()
+    assert c.room() is None, "no room for the first migration again"
+    (first,) = c.of_kind(VMIM_KIND)
+    c.tenant_migrate(0)  # (the other VM)
+    (second,) = [m for m in c.of_kind(VMIM_KIND) if not m["status"].get("conditions")]
+    c.kv_target(name_of(second))
+    c.vmquota_catches_up()
+    assert c.room() is None, "no room for the second"
+    c.delete(VMIM_KIND, name_of(first))
+    c.delete(VMIM_KIND, name_of(second))
+    c.tenant_migrate(0)
+    (third,) = c.of_kind(VMIM_KIND)
+    c.kv_target(name_of(third))
+    c.vmquota_catches_up()
+    assert c.room() is None, "no room for a migration made after both went"
+    assert c.excess()["limits.memory"] <= reserved
 
 
 def test_without_the_guard_a_tenant_faster_than_kubevirt_takes_the_reserved_room() -> None:

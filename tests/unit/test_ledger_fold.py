@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -439,3 +440,39 @@ def test_a_checkpoint_is_stored_compressed_when_large_and_a_corrupt_one_is_inval
     assert packed[:1] == b"z" and len(packed) < len(large) and unpack_checkpoint(packed) == large
     with pytest.raises(InvalidInput, match="does not decompress"):
         unpack_checkpoint(b"z" + b"\x00not zlib")
+
+
+def test_pods_created_in_a_refusal_are_remembered_after_the_migration_is_gone() -> None:
+    """A pod created at or after an active migration KubeVirt was refused its target for is marked, in whichever
+    order the two kinds' events come, and stays marked (checkpoints too) once the migration is gone, until the pod
+    is; pods created before it, or beside a migration KubeVirt was not refused, are not."""
+    t0 = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
+
+    def at(seconds: int) -> datetime:
+        return t0 + timedelta(seconds=seconds)
+
+    def refused(uid: str, rv: int, created: int, **fields: Any) -> Upserted:
+        f = {"phase": "Pending", "rejected_by_quota": True, "creation_timestamp": at(created), **fields}
+        return up(uid, rv, kind="VirtualMachineInstanceMigration", **f)
+
+    led = fold(
+        [
+            up("old", 1, creation_timestamp=at(0)),
+            refused("m1", 2, 10),
+            up("grab", 3, creation_timestamp=at(11)),
+            down("m1", 4, kind="VirtualMachineInstanceMigration"),
+            up("early", 5, creation_timestamp=at(12)),  # (folded before m2, created with it)
+            up("m2", 6, kind="VirtualMachineInstanceMigration", phase="Pending", creation_timestamp=at(12)),
+            up("later", 7, creation_timestamp=at(20)),
+        ]
+    )
+    st = led.state("c1", "a")
+    assert st is not None and st.late == {"grab"}, "m2 was not refused: nothing created beside it is"
+    fold([refused("m2", 8, 12)], led, start=8)
+    assert st.late == {"grab", "early", "later"}
+    assert led.view("c1", "a").late == frozenset({"grab", "early", "later"})
+    again = Ledger()
+    again.load(st.checkpoint())
+    assert again.state("c1", "a").late == st.late  # type: ignore[union-attr]
+    fold([down("grab", 9), sync(["early"], 10)], led, start=9)
+    assert st.late == {"early"}

@@ -45,7 +45,7 @@ from shared.snapshot import (
     VmiSnapshot,
     VmSnapshot,
 )
-from shared.vmi import object_ref, status_size, unplugged_interfaces, vmi_spec
+from shared.vmi import object_ref, refused_for_room, status_size, unplugged_interfaces, vmi_spec
 
 # ---- normalisation: raw Kubernetes object -> snapshot -----------------------------------------------------------
 
@@ -178,6 +178,7 @@ def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
             string(c, "type", w) == "Synchronized"
             and string(c, "status", w) == "False"
             and string(c, "reason", w) == "FailedCreate"
+            and refused_for_room(string(c, "message", w))
             for w, c in _objects(status, "conditions", "status")
         ),
         priority_class_name=string(spec, "priorityClassName", "spec"),

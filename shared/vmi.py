@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from shared.errors import InvalidInput
 from shared.fields import boolean, mapping, objects, string, string_map
@@ -245,3 +245,17 @@ def unplugged_interfaces(obj: Mapping[str, Any]) -> list[int]:
         if string(iface, "state", f"{where}.interfaces[{i}]") != "absent"
         and string(iface, "name", f"{where}.interfaces[{i}]") not in plugged
     ]
+
+
+ROOM_REFUSALS: Final = ("exceeded quota: ", "ValidatingAdmissionPolicy 'vmquota-reservation-guard'")
+"""What the API server's refusal of a pod says when it was for room: quota admission's, and the reservation guard's
+(``deploy/components/reservation-guard``: another VM holds the namespace's room)."""
+
+
+def refused_for_room(message: str) -> bool:
+    """Whether a VMI's ``Synchronized=False`` / ``FailedCreate`` condition (its message is KubeVirt's, with the API
+    server's refusal in it) says KubeVirt was refused its launcher pod for room. Any other failure (a manifest that
+    does not render, a priority class that does not exist, another admission's refusal) room does not mend: such a
+    VMI is neither nudged nor, with the guard, listed as a holder (it would keep the namespace's pods out for as
+    long as KubeVirt fails). The phrases are not ones a tenant's names can spell (they hold a space)."""
+    return any(phrase in message for phrase in ROOM_REFUSALS)

@@ -134,6 +134,16 @@ def launcher_obj(
     return pod
 
 
+def refused_vmi(vmi: dict[str, Any]) -> dict[str, Any]:
+    """``vmi`` after KubeVirt was refused its launcher pod by quota (condition ``Synchronized=False``,
+    ``FailedCreate``, with the API server's refusal in its message), changed in place."""
+    name = vmi["metadata"]["name"]
+    message = f'failed to create virtual machine pod: pods "virt-launcher-{name}-x" is forbidden: exceeded quota: rq'
+    conds = vmi.setdefault("status", {}).setdefault("conditions", [])
+    conds.append({"type": "Synchronized", "status": "False", "reason": "FailedCreate", "message": message})
+    return vmi
+
+
 def vouch(vmi: Mapping[str, Any], pod: Mapping[str, Any]) -> None:
     """KubeVirt's VMI controller names ``pod`` in ``vmi``'s ``status.activePods`` (changed in place)."""
     status = cast(dict[str, Any], vmi).setdefault("status", {})

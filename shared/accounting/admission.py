@@ -61,9 +61,15 @@ class Admission(Migrations):
             return
         for q in self.quotas:
             q.used.add(usages[q.policy.name])
-            q.taken.add(takes({}, usages[q.policy.name], q.factors))
-            q.reserved.add(pod_est)
-        reason = "pending, admitted in creation order: launcher pod reserved"
+            if v.pod_refused:
+                q.taken.add(takes({}, usages[q.policy.name], q.factors))
+                q.reserved.add(pod_est)
+        if v.pod_refused:
+            reason = "pending, admitted in creation order: launcher pod reserved"
+        else:
+            reason = (
+                "pending, admitted in creation order; room is reserved for its launcher pod once KubeVirt is refused it"
+            )
         if taken:
             reason += f" (the amounts of a quota refusal: {fmt(taken)})"
         if not estimate:
@@ -77,7 +83,7 @@ class Admission(Migrations):
             size,
             pod_est,
             usages,
-            pod_est,
+            pod_est if v.pod_refused else {},
             pod_refused=v.pod_refused,
             vmi_size=self.renderer.held_digest(v),
         )

@@ -53,12 +53,19 @@ class Holder:
 
 
 def _reservations(usage: UsageSnapshot | None) -> list[tuple[Holder, str]]:
-    """Each reservation a usage snapshot's ``hard`` carries — an admitted VM's launcher pod, a pending migration's
-    target — as its holder (uid empty when the snapshot does not say it) and the size it was reserved at."""
+    """Each reservation a usage snapshot's ``hard`` carries that KubeVirt is trying to fill — an admitted VM's
+    launcher pod once KubeVirt was refused it for room (``pod_refused``), a pending migration's target (reserved
+    only once KubeVirt was refused it) — as its holder (uid empty when the snapshot does not say it) and the size it
+    was reserved at. An admitted VM KubeVirt has not tried yet (it may never: a volume that does not exist) holds
+    no one out: its room is inside the budget, and a pod that takes it only delays that VM."""
     if usage is None:
         return []
     uids = {v.name: v.uid for v in usage.vms if v.uid}
-    out = [(Holder(v.uid, v.name, "launcher pod"), v.vmi_size) for v in usage.vms if v.state == "admitted"]
+    out = [
+        (Holder(v.uid, v.name, "launcher pod"), v.vmi_size)
+        for v in usage.vms
+        if v.state == "admitted" and v.pod_refused
+    ]
     out += [
         (Holder(m.vmi_uid or uids.get(m.vmi, ""), m.vmi, f"migration {m.name}"), m.vmi_size)
         for m in usage.migrations
@@ -68,8 +75,9 @@ def _reservations(usage: UsageSnapshot | None) -> list[tuple[Holder, str]]:
 
 
 def holders(usage: UsageSnapshot | None) -> frozenset[Holder]:
-    """The holders of the reservations a usage snapshot's ``hard`` carries: each admitted VM (its launcher pod)
-    and each migration whose target is reserved (``pending``)."""
+    """The holders of the reservations a usage snapshot's ``hard`` carries that KubeVirt is trying to fill: each
+    admitted VM KubeVirt was refused its launcher pod for room, and each migration whose target is reserved
+    (``pending``)."""
     return frozenset(h for h, _ in _reservations(usage) if h.uid)
 
 

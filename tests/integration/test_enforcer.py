@@ -762,8 +762,8 @@ async def test_with_the_guard_room_for_an_admitted_vm_opens_only_while_its_vmi_i
             lambda o: {**o, "metadata": {**o["metadata"], "annotations": sidecars}},
         )
 
-    def admitted(size: str) -> list[contract.VmState]:
-        return [contract.VmState(name="vm1", uid=snap.uid, state="admitted", vmi_size=size)]
+    def admitted(size: str) -> list[contract.VmState]:  # (KubeVirt was refused its pod: it is a holder)
+        return [contract.VmState(name="vm1", uid=snap.uid, state="admitted", vmi_size=size, pod_refused=True)]
 
     async with enforcer(bus, api, reservation_guard=True) as (e, _):
         await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")

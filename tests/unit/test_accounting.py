@@ -57,6 +57,7 @@ from tests.builders import (
     pod_obj,
     quota_obj,
     refusal_event,
+    refused_vmi,
     rendered_usage,
     snaps,
     ts,
@@ -67,13 +68,6 @@ from tests.builders import (
 )
 
 Q = Quantity.parse
-
-
-def refused_vmi(vmi: dict[str, Any]) -> dict[str, Any]:
-    """``vmi`` after KubeVirt was refused its launcher pod (condition ``Synchronized=False``, ``FailedCreate``)."""
-    conds = vmi["status"].setdefault("conditions", [])
-    conds.append({"type": "Synchronized", "status": "False", "reason": "FailedCreate"})
-    return vmi
 
 
 def vm(u: NamespaceUsage, name: str) -> Any:
@@ -252,8 +246,13 @@ def test_ratio_mode_small_vm_fits_in_a_half_used_budget() -> None:
     assert vm(u, "vm1").state == ADMITTED
     q = u.quotas["rq"]
     assert format_resource_list(q.used)["requests.cpu"] == "2"
+    assert q.reserved == {}, "no room is held before KubeVirt is refused the pod"
+    # its pod (still to be created) is refused natively (it carries overhead the budget left no room for); refused,
+    # it is reserved, and the reservation is in hard
+    assert fits(usage_of(launcher_obj(small)), q.pods, q.hard) != []
+    u = account([quota, running, launcher_obj(running), refused_vmi(small)])
+    q = u.quotas["rq"]
     assert q.reserved == rendered_usage(small, KubeVirtConfig(), NamespaceFacts())
-    # its pod (still to be created) fits natively: the reservation is in hard
     assert fits(usage_of(launcher_obj(small)), q.pods, q.hard) == []
 
 
@@ -809,7 +808,7 @@ def test_explicit_policies_and_config_from_a_kubevirt_snapshot() -> None:
         "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
         "spec": {"configuration": {"developerConfiguration": {"cpuAllocationRatio": 4}}},
     }
-    v = vmi_obj("v", vcpus=4, phase="Pending")
+    v = refused_vmi(vmi_obj("v", vcpus=4, phase="Pending"))
     pol = QuotaPolicy(name="", mode=Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO)
     u = account([kv, v], policies=[pol])
     e = vm(u, "v")
@@ -826,7 +825,7 @@ def test_a_kubevirt_newer_than_this_build_is_accounted_as_main_and_reported() ->
         "spec": {"configuration": {"developerConfiguration": {"cpuAllocationRatio": 4}}},
         "status": {"observedKubeVirtVersion": "v1.12.3"},
     }
-    v = vmi_obj("v", vcpus=4, phase="Pending")
+    v = refused_vmi(vmi_obj("v", vcpus=4, phase="Pending"))
     pol = QuotaPolicy(name="", mode=Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO)
     u = account([kv, v], policies=[pol])
     assert vm(u, "v").counts[""]["requests.cpu"] == Q("1"), "the CR's ratio, 4"

@@ -64,7 +64,8 @@ def test_json_virtual_resources(capsys: pytest.CaptureFixture[str], namespace_fi
     vm1 = by_name[("VirtualMachineInstance", "vm1")]
     assert vm1["state"] == "running" and vm1["counts"]["requests.cpu"] == "4" and vm1["reason"]
     vm2 = by_name[("VirtualMachineInstance", "vm2")]
-    assert vm2["state"] == "admitted" and "reserved" in vm2
+    assert vm2["state"] == "admitted" and "reserved" not in vm2, "room is held once KubeVirt is refused the pod"
+    assert "once KubeVirt is refused it" in vm2["reason"]
     mig = by_name[("VirtualMachineInstanceMigration", "m1")]
     assert mig["state"] == "pending" and mig["vmi"] == "vm1" and mig["reserved"]["pods"] == "1"
     launcher = next(o for o in tenant["objects"] if o["kind"] == "Pod" and o["role"] == "launcher")

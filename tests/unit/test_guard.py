@@ -41,7 +41,7 @@ def quota(spec: str, status: str) -> QuotaSnapshot:
 
 VMS = [
     contract.VmState(name="vm1", uid="u1", state="running"),
-    contract.VmState(name="vm2", uid="u2", state="admitted"),
+    contract.VmState(name="vm2", uid="u2", state="admitted", pod_refused=True),
     contract.VmState(name="vm3", uid="u3", state="refused"),
     contract.VmState(name="vm4", uid="u4", state="running"),
 ]
@@ -84,11 +84,13 @@ def test_a_quota_stops_carrying_a_reservation_only_once_admission_checks_the_low
     assert guard.carried(frozenset(), quota("64Gi", "64Gi"), newer) == before
 
 
-@given(st.lists(st.sampled_from(["running", "admitted", "refused", "stopped"]), max_size=6))
-def test_every_admitted_vm_is_a_holder(states: list[str]) -> None:
-    vms = [contract.VmState(name=f"vm{i}", uid=f"u{i}", state=s) for i, s in enumerate(states)]
+@given(st.lists(st.tuples(st.sampled_from(["running", "admitted", "refused", "stopped"]), st.booleans()), max_size=6))
+def test_every_admitted_vm_kubevirt_was_refused_for_room_is_a_holder(states: list[tuple[str, bool]]) -> None:
+    """An admitted VM KubeVirt has not tried yet (or may never try: a volume that does not exist) holds no one out:
+    it would keep every other pod of the namespace out, drain targets included, for as long as it waits."""
+    vms = [contract.VmState(name=f"vm{i}", uid=f"u{i}", state=s, pod_refused=r) for i, (s, r) in enumerate(states)]
     held = guard.holders(usage(vms, []))
-    assert {h.uid for h in held} == {v.uid for v in vms if v.state == "admitted"}
+    assert {h.uid for h in held} == {v.uid for v in vms if v.state == "admitted" and v.pod_refused}
 
 
 def test_the_sizes_a_raise_checks_are_the_pending_targets_and_a_fresh_vmi_must_have_them() -> None:
@@ -168,7 +170,8 @@ def test_an_admitted_vm_is_sized_as_it_was_admitted() -> None:
     """An admitted VM's launcher pod is reserved from the VMI the ledger read; its size is checked like a
     migration target's (a pending VMI's metadata stays its owner's to change)."""
     vms = [
-        contract.VmState(name="vm2", uid="u2", state="admitted", vmi_size="d2"),
+        contract.VmState(name="vm2", uid="u2", state="admitted", vmi_size="d2", pod_refused=True),
+        contract.VmState(name="vm3", uid="u3", state="admitted", vmi_size="d3"),  # (not tried: no holder)
         contract.VmState(name="vm1", uid="u1", state="running", vmi_size="ignored"),
     ]
     assert guard.reserved_sizes(usage(vms, [])) == {guard.Sized("vm2", "u2", "d2")}

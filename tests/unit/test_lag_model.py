@@ -357,7 +357,10 @@ class Cluster:
         if self.guarded:
             held = {h.uid for h in self.reservation} - self.unconfirmed
             if self.reservation and not (creator == KUBEVIRT and controller_uid(pod) in held):
-                return f'pods "{name_of(pod)}" is forbidden: ValidatingAdmissionPolicy denied request: room reserved'
+                return (
+                    f"pods \"{name_of(pod)}\" is forbidden: ValidatingAdmissionPolicy 'vmquota-reservation-guard' "
+                    "with binding 'vmquota-reservation-guard' denied request: vmquota: the room is reserved"
+                )
         status = self.quota["status"]
         hard, used = rl(status.get("hard")), rl(status.get("used"))
         c = usage_of(pod)
@@ -1514,6 +1517,26 @@ def test_without_the_guard_a_tenant_faster_than_kubevirt_takes_the_reserved_room
     assert c.tenant_pod(c.room() or {}, prefix="grab") is not None
     assert c.excess() == {"limits.memory": reserved}
     c.check_safety()  # (within the window the model credits)
+
+
+def test_with_the_guard_a_vm_kubevirt_never_starts_keeps_no_other_pod_out() -> None:
+    """KubeVirt delays a VMI's launcher pod while a volume it needs does not exist, for good if it never does. An
+    admitted VM holds room, and with the guard keeps the namespace's other pods out, only once KubeVirt was refused
+    its pod for room: a drain of another VM goes on. (Every admitted VM was a holder: its pending VMI kept every
+    other pod out for as long as it waited, drain targets included, whose refusal by the guard is no quota refusal
+    that would have room made for them.)"""
+    c = cluster(Mode.VMI_POD_USAGE, {"limits.memory": "16Gi"}, guarded=True)
+    start_vms(c, 1)
+    stuck = vmi_obj("stuck", guest="1Gi", t=c.tick(), phase="Pending")
+    stuck["spec"]["volumes"] = [{"name": "root", "persistentVolumeClaim": {"claimName": "never-created"}}]
+    c.put(stuck)  # (KubeVirt never creates its pod)
+    c.vmquota_catches_up()
+    assert c.body is not None and [v.state for v in c.body.vms if v.name == "stuck"] == ["admitted"]
+    assert not c.reservation
+    c.put(vmim_obj("drain", name_of(c.running()[0]), t=c.tick()))
+    c.kv_target("drain")
+    assert c.objs[VMIM_KIND]["drain"]["status"]["phase"] == "Scheduling"
+    c.check_safety()
 
 
 def test_with_the_guard_the_reserved_room_is_kubevirts() -> None:

@@ -11,7 +11,7 @@ from shared.ledger.fold import NamespaceView
 from shared.ledger.usage import fit, usage_snapshot
 from shared.quota import guard
 from shared.snapshot import PodSnapshot, QuotaSnapshot, VmimSnapshot, VmiSnapshot
-from tests.builders import NS, launcher_obj, quota_obj, snaps, usage_of, vmi_obj, vmim_obj
+from tests.builders import NS, launcher_obj, quota_obj, refused_vmi, snaps, usage_of, vmi_obj, vmim_obj
 
 KINDS: dict[type[Any], str] = {
     VmiSnapshot: VMI_KIND,
@@ -36,7 +36,7 @@ def test_a_trimmed_usage_keeps_the_guards_holders_and_the_admitted_vms() -> None
     source = launcher_obj(v)
     budget = usage_of(source)["requests.memory"] + usage_of(launcher_obj(vmi_obj("w", guest="1Gi")))["requests.memory"]
     objs = [quota_obj("rq", {"requests.memory": budget.canonical()}), v, source, vmim_obj("m", "v", rejected=True)]
-    objs.append(vmi_obj("w", guest="1Gi", phase="Pending", node="", t=150))  # admitted: its pod reserved
+    objs.append(refused_vmi(vmi_obj("w", guest="1Gi", phase="Pending", node="", t=150)))  # admitted, KubeVirt refused
     objs += [vmi_obj("x" * 240 + f"{i:05d}", guest="8Gi", phase="Pending", node="", t=200 + i) for i in range(1500)]
     objects: dict[str, list[Any]] = {}
     for s in snaps(objs):
@@ -57,7 +57,7 @@ def test_a_namespace_of_many_admitted_vms_keeps_them_by_name_and_uid() -> None:
     quota = quota_obj("rq", {"requests.memory": "10Ti"})
     objs: list[dict[str, Any]] = [quota]
     for i in range(2000):
-        v = vmi_obj("y" * 240 + f"{i:05d}", guest="1Mi", phase="Pending", node="", t=200 + i)
+        v = refused_vmi(vmi_obj("y" * 240 + f"{i:05d}", guest="1Mi", phase="Pending", node="", t=200 + i))
         v["metadata"]["uid"] = f"{i:036d}"  # (as long as a real uid)
         objs.append(v)
     objects: dict[str, list[Any]] = {}

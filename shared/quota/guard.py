@@ -56,8 +56,8 @@ def _reservations(usage: UsageSnapshot | None) -> list[tuple[Holder, str]]:
     """Each reservation a usage snapshot's ``hard`` carries that KubeVirt is trying to fill — an admitted VM's
     launcher pod once KubeVirt was refused it for room (``pod_refused``), a pending migration's target (reserved
     only once KubeVirt was refused it) — as its holder (uid empty when the snapshot does not say it) and the size it
-    was reserved at. An admitted VM KubeVirt has not tried yet (it may never: a volume that does not exist) holds
-    no one out: its room is inside the budget, and a pod that takes it only delays that VM."""
+    was reserved at. An admitted VM KubeVirt has not been refused yet (it may never try: a volume that does not
+    exist) has no room reserved (``shared.accounting.admission``), so it holds no one out."""
     if usage is None:
         return []
     uids = {v.name: v.uid for v in usage.vms if v.uid}

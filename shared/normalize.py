@@ -45,7 +45,7 @@ from shared.snapshot import (
     VmiSnapshot,
     VmSnapshot,
 )
-from shared.vmi import object_ref, refused_for_room, status_size, unplugged_interfaces, vmi_spec
+from shared.vmi import object_ref, room_refuser, status_size, unplugged_interfaces, vmi_spec
 
 # ---- normalisation: raw Kubernetes object -> snapshot -----------------------------------------------------------
 
@@ -157,6 +157,17 @@ def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
             target_memory_overhead=tmo,
         )
     spec = mapping(obj, "spec", "")
+    refused_by = next(
+        (
+            who
+            for w, c in _objects(status, "conditions", "status")
+            if string(c, "type", w) == "Synchronized"
+            and string(c, "status", w) == "False"
+            and string(c, "reason", w) == "FailedCreate"
+            and (who := room_refuser(string(c, "message", w)))
+        ),
+        "",
+    )
     return VmiSnapshot(
         **ident,
         # (no labels: nothing renders or accounts from a VMI's labels, and a tenant's must not grow a ledger)
@@ -174,13 +185,8 @@ def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
         migration=mig,
         active_pods=string_map(status, "activePods", "status"),
         unplugged_interfaces=tuple(unplugged_interfaces(obj)),
-        pod_refused=any(
-            string(c, "type", w) == "Synchronized"
-            and string(c, "status", w) == "False"
-            and string(c, "reason", w) == "FailedCreate"
-            and refused_for_room(string(c, "message", w))
-            for w, c in _objects(status, "conditions", "status")
-        ),
+        pod_refused=bool(refused_by),
+        refused_by=refused_by,
         priority_class_name=string(spec, "priorityClassName", "spec"),
         spec=dict(spec),
     )

@@ -7,6 +7,7 @@ raise :class:`~shared.errors.InvalidInput` naming the object and field.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -247,15 +248,23 @@ def unplugged_interfaces(obj: Mapping[str, Any]) -> list[int]:
     ]
 
 
-ROOM_REFUSALS: Final = ("exceeded quota: ", "ValidatingAdmissionPolicy 'vmquota-reservation-guard'")
-"""What the API server's refusal of a pod says when it was for room: quota admission's, and the reservation guard's
-(``deploy/components/reservation-guard``: another VM holds the namespace's room)."""
+GUARD_REFUSER: Final = "vmquota-reservation-guard"
+""":func:`room_refuser` of a refusal by the reservation guard's policy (``deploy/components/reservation-guard``)."""
+
+_ROOM_REFUSAL: Final = re.compile(
+    r'failed to create virtual machine pod: pods "[^"]*" is forbidden: '
+    r"(?:exceeded quota: ([^,]+), |ValidatingAdmissionPolicy '(" + GUARD_REFUSER + r")' )"
+)
 
 
-def refused_for_room(message: str) -> bool:
-    """Whether a VMI's ``Synchronized=False`` / ``FailedCreate`` condition (its message is KubeVirt's, with the API
-    server's refusal in it) says KubeVirt was refused its launcher pod for room. Any other failure (a manifest that
-    does not render, a priority class that does not exist, another admission's refusal) room does not mend: such a
-    VMI is neither nudged nor, with the guard, listed as a holder (it would keep the namespace's pods out for as
-    long as KubeVirt fails). The phrases are not ones a tenant's names can spell (they hold a space)."""
-    return any(phrase in message for phrase in ROOM_REFUSALS)
+def room_refuser(message: str) -> str:
+    """Who refused KubeVirt a VMI's launcher pod for room, from its ``Synchronized=False`` / ``FailedCreate``
+    condition (KubeVirt's message, with the API server's refusal in it): the ResourceQuota's name, or
+    :data:`GUARD_REFUSER`; "" for any other failure (a manifest that does not render, a priority class that does not
+    exist, a pod the API server finds invalid), which room does not mend. Only the start of the message is read, as
+    KubeVirt and the API server write it: what follows may quote a value of the tenant's (an annotation KubeVirt
+    copies onto the pod), which must not pass for a refusal."""
+    m = _ROOM_REFUSAL.match(message)
+    if m is None:
+        return ""
+    return m.group(1) or m.group(2)

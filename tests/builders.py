@@ -26,6 +26,7 @@ from shared.quota.annotations import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNO
 from shared.quota.modes import VMI_NAMES, Mode, VmSize
 from shared.resources import ResourceList, format_resource_list, parse_resource_list
 from shared.snapshot import AnySnapshot, PodSnapshot, VmiSnapshot
+from shared.vmi import GUARD_REFUSER
 
 NS = "tenant"
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -134,11 +135,17 @@ def launcher_obj(
     return pod
 
 
-def refused_vmi(vmi: dict[str, Any]) -> dict[str, Any]:
-    """``vmi`` after KubeVirt was refused its launcher pod by quota (condition ``Synchronized=False``,
-    ``FailedCreate``, with the API server's refusal in its message), changed in place."""
+def refused_vmi(vmi: dict[str, Any], by: str = "rq") -> dict[str, Any]:
+    """``vmi`` after KubeVirt was refused its launcher pod by the quota ``by`` (or by the reservation guard when
+    ``by`` is ``shared.vmi.GUARD_REFUSER``): condition ``Synchronized=False``, ``FailedCreate``, with the API
+    server's refusal in its message as KubeVirt writes it; changed in place."""
     name = vmi["metadata"]["name"]
-    message = f'failed to create virtual machine pod: pods "virt-launcher-{name}-x" is forbidden: exceeded quota: rq'
+    refusal = (
+        f"ValidatingAdmissionPolicy '{by}' with binding '{by}' denied request: vmquota: the room is reserved"
+        if by == GUARD_REFUSER
+        else f"exceeded quota: {by}, requested: limits.memory=1Gi, used: limits.memory=0, limited: limits.memory=0"
+    )
+    message = f'failed to create virtual machine pod: pods "virt-launcher-{name}-x" is forbidden: {refusal}'
     conds = vmi.setdefault("status", {}).setdefault("conditions", [])
     conds.append({"type": "Synchronized", "status": "False", "reason": "FailedCreate", "message": message})
     return vmi

@@ -18,6 +18,7 @@ from shared.resources import ResourceList, nonzero
 from shared.snapshot import (
     VmiSnapshot,
 )
+from shared.vmi import GUARD_REFUSER
 
 
 class Admission(Migrations):
@@ -43,14 +44,25 @@ class Admission(Migrations):
         for t in plain:  # the same VM, moving: it needs no admission, only (maybe) room for its second pod
             self._decide_target(t, admit=False)
 
+    def _refused_for_room(self, v: VmiSnapshot) -> bool:
+        """KubeVirt was refused the VMI's launcher pod by a managed quota or the reservation guard: room made for it
+        mends that. (A quota vmquota does not manage refuses it whatever room the managed ones hold; a watcher
+        before ``refused_by`` said only that some ``FailedCreate`` happened.)"""
+        if not v.pod_refused:
+            return False
+        who = v.refused_by
+        return not who or who == GUARD_REFUSER or any(q.policy.name == who for q in self.quotas)
+
     def _admit(self, v: VmiSnapshot) -> None:
-        """A pending VM (no launcher pod yet), in creation order: admitted iff it fits every managed quota."""
+        """A pending VM (no launcher pod yet), in creation order: admitted iff it fits every managed quota. Room is
+        held for its pod (``S``, ``W``) once KubeVirt was refused it for room (:meth:`_refused_for_room`)."""
         key = vm_key(v)
+        refused = self._refused_for_room(v)
         size = vm_size(v)
         estimate = self.renderer.new_pod_usage(v) or {}
         taken: ResourceList = {}
         pod_est = dict(estimate)
-        if v.pod_refused:  # (a status condition only KubeVirt writes: it really tried to create the pod)
+        if refused:  # (a status condition only KubeVirt writes: it really tried to create the pod)
             pod_est, taken = self._bounded(estimate, self._refusals(v, v.creation_timestamp), v.ref)
         pod_est = nonzero(pod_est)
         usages = {q.policy.name: mode_usage(q.policy.mode, size, pod_est, q.ratio) for q in self.quotas}
@@ -61,10 +73,10 @@ class Admission(Migrations):
             return
         for q in self.quotas:
             q.used.add(usages[q.policy.name])
-            if v.pod_refused:
+            if refused:
                 q.taken.add(takes({}, usages[q.policy.name], q.factors))
                 q.reserved.add(pod_est)
-        if v.pod_refused:
+        if refused:
             reason = "pending, admitted in creation order: launcher pod reserved"
         else:
             reason = (
@@ -83,7 +95,7 @@ class Admission(Migrations):
             size,
             pod_est,
             usages,
-            pod_est if v.pod_refused else {},
-            pod_refused=v.pod_refused,
+            pod_est if refused else {},
+            pod_refused=refused,
             vmi_size=self.renderer.held_digest(v),
         )

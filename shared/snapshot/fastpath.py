@@ -160,6 +160,7 @@ def _vmi_from_wire(w: Any) -> VmiSnapshot:
         active_pods=_interned_items(w.active_pods),
         unplugged_interfaces=w.unplugged_interfaces,
         pod_refused=w.pod_refused,
+        refused_by=w.refused_by,
         priority_class_name=w.priority_class_name,
         spec=spec,
     )

@@ -152,9 +152,11 @@ class VmiSnapshot(Snapshot, tag=VMI_KIND, frozen=True, kw_only=True):
     not have yet (``shared.vmi.unplugged_interfaces``, from ``status.interfaces``, a field only KubeVirt writes):
     an SR-IOV one is growth to admit (KubeVirt's VFIO overhead) when its migration renders the target with it."""
     pod_refused: bool = False
-    """Condition ``Synchronized=False`` with reason ``FailedCreate`` for room (``shared.vmi.refused_for_room``):
-    KubeVirt tried to create the launcher pod and quota admission, or the reservation guard, refused it (a field
-    only KubeVirt writes)."""
+    """Condition ``Synchronized=False`` with reason ``FailedCreate`` for room: KubeVirt tried to create the launcher
+    pod and a ResourceQuota, or the reservation guard, refused it (a field only KubeVirt writes); ``refused_by``
+    says which (empty from watchers before it: any ``FailedCreate``)."""
+    refused_by: str = ""
+    """``shared.vmi.room_refuser`` of that condition: the refusing ResourceQuota's name, or the guard's."""
     priority_class_name: str = ""
     spec: dict[str, Any] = {}
     """The parts of the VMI spec the launcher pod depends on (:func:`compact_vmi_spec`), to re-render it. Read-only:

@@ -169,7 +169,7 @@ async def test_refused_pod_gives_failedcreate_events_condition_and_retries(sim: 
     cond = conditions(vmi)["Synchronized"]
     assert (cond["status"], cond["reason"]) == ("False", "FailedCreate")
     assert vmi["status"]["phase"] == "Pending"
-    assert cond["message"].startswith('Error creating pod: pods "virt-launcher-vm1-')
+    assert cond["message"].startswith('failed to create virtual machine pod: pods "virt-launcher-vm1-')  # (KubeVirt's)
     assert "is forbidden: exceeded quota: compute, requested: limits.memory=" in cond["message"]
     assert cond["message"].endswith("used: limits.memory=0, limited: limits.memory=1Gi")
     # retried with backoff; client-go combines similar events from the 10th distinct message on

@@ -46,6 +46,7 @@ from shared.quantity import Quantity
 from shared.quota.modes import Mode, QuotaPolicy
 from shared.resources import ResourceList, canonical_resource_list, fits, format_resource_list, parse_resource_list
 from shared.snapshot import SNAPSHOT_TYPES, AnySnapshot, QuotaSnapshot, VmimSnapshot, VmiSnapshot
+from shared.vmi import GUARD_REFUSER
 from tests.builders import (
     NOW,
     NS,
@@ -428,6 +429,20 @@ def test_no_room_is_held_for_a_target_kubevirt_creates_no_pod_for_while_the_vmi_
     assert mig(account([quota, v, source, adopted, vmim_obj("m", "v", rejected=True)]), "m").state == PENDING
 
 
+def test_room_is_held_for_a_new_vms_pod_only_once_a_managed_quota_or_the_guard_refused_it() -> None:
+    """An admitted VM counts at once, but room for its pod is held (and the guard lists it, and the enforcer nudges
+    it) only once KubeVirt was refused the pod for room by a quota vmquota manages or by the guard: a quota it does
+    not manage refuses it whatever room the managed ones hold, and a tenant who fills such a quota must not have
+    its VM keep the namespace's other pods out for good."""
+    quota = quota_obj("rq", {"requests.memory": "64Gi"}, Mode.VMI_POD_USAGE)
+    for by, held in ((None, False), ("rq", True), (GUARD_REFUSER, True), ("scoped", False)):
+        v = vmi_obj("v", guest="4Gi", phase="Pending", node="")
+        if by is not None:
+            refused_vmi(v, by=by)
+        e = vm(account([quota, v]), "v")
+        assert e.state == ADMITTED and bool(e.reserved) == held and e.pod_refused == held, (by, e)
+
+
 def test_a_pod_that_took_reserved_room_and_was_adopted_into_another_vm_keeps_the_room_from_being_held_again() -> None:
     """Without the guard, a tenant's pod took a refused target's reserved room: no room is held for that target
     again while such a pod keeps the namespace over its budget. The tenant then sets a controller reference on that
@@ -808,7 +823,7 @@ def test_explicit_policies_and_config_from_a_kubevirt_snapshot() -> None:
         "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
         "spec": {"configuration": {"developerConfiguration": {"cpuAllocationRatio": 4}}},
     }
-    v = refused_vmi(vmi_obj("v", vcpus=4, phase="Pending"))
+    v = refused_vmi(vmi_obj("v", vcpus=4, phase="Pending"), by=GUARD_REFUSER)
     pol = QuotaPolicy(name="", mode=Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO)
     u = account([kv, v], policies=[pol])
     e = vm(u, "v")
@@ -825,7 +840,7 @@ def test_a_kubevirt_newer_than_this_build_is_accounted_as_main_and_reported() ->
         "spec": {"configuration": {"developerConfiguration": {"cpuAllocationRatio": 4}}},
         "status": {"observedKubeVirtVersion": "v1.12.3"},
     }
-    v = refused_vmi(vmi_obj("v", vcpus=4, phase="Pending"))
+    v = refused_vmi(vmi_obj("v", vcpus=4, phase="Pending"), by=GUARD_REFUSER)
     pol = QuotaPolicy(name="", mode=Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO)
     u = account([kv, v], policies=[pol])
     assert vm(u, "v").counts[""]["requests.cpu"] == Q("1"), "the CR's ratio, 4"

@@ -714,12 +714,13 @@ class Cluster:
         """KubeVirt's ``_failed_create``: the condition, and for a quota refusal an Event with its amounts."""
         self.refusals += 1
         conds = [c for c in vmi["status"].get("conditions", []) if c["type"] != "Synchronized"]
-        conds.append({"type": "Synchronized", "status": "False", "reason": "FailedCreate", "message": message})
+        failed = f"failed to create virtual machine pod: {message}"  # (the condition's, as KubeVirt writes it)
+        conds.append({"type": "Synchronized", "status": "False", "reason": "FailedCreate", "message": failed})
         self.set_status(vmi, conditions=conds)
         self.refusal_event(vmi, message, pod)
 
     def refusal_event(self, vmi: Obj, message: str, pod: Obj) -> None:
-        if "exceeded quota" not in message:
+        if "is forbidden: exceeded quota: " not in message:
             return
         c = usage_of(pod)
         amounts = message.split("requested: ")[1].split(", used:")[0]
@@ -1537,6 +1538,37 @@ def test_with_the_guard_a_vm_kubevirt_never_starts_keeps_no_other_pod_out() -> N
     c.kv_target("drain")
     assert c.objs[VMIM_KIND]["drain"]["status"]["phase"] == "Scheduling"
     c.check_safety()
+
+
+def test_with_the_guard_a_vm_whose_pod_is_invalid_keeps_no_drain_out_whatever_the_message_quotes() -> None:
+    """KubeVirt copies a VMI's annotations onto its launcher pod; the API server refuses a pod with an invalid one
+    and quotes the tenant's value in its message, here ``exceeded quota: ``. Only the start of KubeVirt's condition
+    says whether the refusal was for room: this VM is not reserved for, not a holder, and a drain of another VM goes
+    on. (A match anywhere in the message made it a holder for good: every retry fails the same way.)"""
+    c = cluster(Mode.VMI_POD_USAGE, {"limits.memory": "16Gi"}, guarded=True)
+    start_vms(c, 1)
+    evil = vmi_obj("evil", guest="1Gi", t=c.tick(), phase="Pending")
+    apparmor = "container.apparmor.security.beta.kubernetes.io/compute"
+    evil["metadata"]["annotations"] = {apparmor: "exceeded quota: rq, "}
+    c.put(evil)
+
+    def invalid(pod: Obj) -> str:
+        return (
+            f'Pod "{name_of(pod)}" is invalid: metadata.annotations[{apparmor}]: Invalid value: "exceeded quota: rq, '
+            '": invalid AppArmor profile name'
+        )
+
+    admit = c.refusal
+    c.refusal = lambda pod, creator: invalid(pod) if controller_uid(pod) == uid_of(evil) else admit(pod, creator)  # type: ignore[method-assign]
+    c.kv_start("evil", retry=False)  # refused as invalid, before any admission plugin
+    c.vmquota_catches_up()
+    assert c.body is not None and [(v.state, v.pod_refused) for v in c.body.vms if v.name == "evil"] == [
+        ("admitted", False)
+    ]
+    assert not c.reservation
+    c.put(vmim_obj("drain", name_of(c.running()[0]), t=c.tick()))
+    c.kv_target("drain")
+    assert c.objs[VMIM_KIND]["drain"]["status"]["phase"] == "Scheduling"
 
 
 def test_with_the_guard_the_reserved_room_is_kubevirts() -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from shared.errors import InvalidInput
 from shared.quantity import Format, Quantity
-from shared.vmi import Topology, status_size, unplugged_interfaces, vmi_spec
+from shared.vmi import GUARD_REFUSER, Topology, room_refuser, status_size, unplugged_interfaces, vmi_spec
 
 Q = Quantity.parse
 
@@ -192,3 +192,22 @@ def test_unplugged_interfaces_are_those_a_running_vmis_domain_does_not_report() 
     obj["status"] = {"phase": "Running", "interfaces": {"default": {}}}
     with pytest.raises(InvalidInput, match=r"status\.interfaces"):
         unplugged_interfaces(obj)
+
+
+def test_a_room_refusal_is_read_from_the_start_of_kubevirts_message_only() -> None:
+    """KubeVirt's condition says ``failed to create virtual machine pod: <the API server's message>``. Only a quota's
+    refusal (``exceeded quota: <name>, ``) or the reservation guard's is one for room; a tenant's value quoted later
+    in another refusal (an annotation KubeVirt copies onto the pod, which the API server finds invalid) is not."""
+    pod = 'failed to create virtual machine pod: pods "virt-launcher-vm1-x" is forbidden: '
+    assert room_refuser(pod + "exceeded quota: compute, requested: limits.memory=1Gi, used: ...") == "compute"
+    guard = "ValidatingAdmissionPolicy 'vmquota-reservation-guard' with binding 'vmquota-reservation-guard' denied"
+    assert room_refuser(pod + guard) == GUARD_REFUSER
+    apparmor = "container.apparmor.security.beta.kubernetes.io/compute"
+    invalid = (
+        'failed to create virtual machine pod: Pod "virt-launcher-vm1-x" is invalid: '
+        f'metadata.annotations[{apparmor}]: Invalid value: "exceeded quota: x, ": invalid AppArmor profile name'
+    )
+    assert room_refuser(invalid) == ""
+    assert room_refuser(pod + "failed quota: compute: must specify limits.memory") == ""
+    assert room_refuser("failed to render launch manifest: exceeded quota: x, ") == ""
+    assert room_refuser("") == ""

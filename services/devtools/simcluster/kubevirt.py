@@ -10,8 +10,9 @@ What vmquota depends on behaves as in KubeVirt (see ``docs/simcluster.md``, "Con
 * **VMI controller** — renders the launcher pod with :func:`shared.kubevirt.render_launcher_pod` (plus an optional
   per-pod extra the renderer does not know: real clusters drift) and creates it. A refusal is a VMI Event
   ``Warning FailedCreate "Error creating pod: <API server message>"``, condition ``Synchronized=False`` reason
-  ``FailedCreate``, and a retry with per-item exponential backoff (KubeVirt's VMI controller has no ResourceQuota
-  informer: a quota change does not wake it). Phases Pending → Scheduling → Scheduled → Running follow the pod.
+  ``FailedCreate`` (``failed to create virtual machine pod: <API server message>``), and a retry with per-item
+  exponential backoff (KubeVirt's VMI controller has no ResourceQuota informer: a quota change does not wake it).
+  Phases Pending → Scheduling → Scheduled → Running follow the pod.
 * **Migration controller** — Pending → target pod (label ``kubevirt.io/migrationJobUID``, annotation
   ``kubevirt.io/migrationJobName``; a quota refusal sets ``migrationRejectedByResourceQuota`` and keeps the
   migration Pending, retried like pod creation, and at once when a ResourceQuota of the namespace is updated or
@@ -1102,13 +1103,17 @@ class KubeVirtSimulator:
         try:
             pod = self.render(vmi)
         except InvalidInput as e:
-            await self._failed_create(vmi, f"failed to render launch manifest: {e}")
+            await self._failed_create(
+                vmi, f"failed to render launch manifest: {e}", f"failed to render launch manifest: {e}"
+            )
             return
         try:
             created = await self.store.create(self.r_pods, pod, namespace=key[0])
         except ApiError as e:
             self.pods_refused += 1
-            await self._failed_create(vmi, f"Error creating pod: {e.message}")
+            await self._failed_create(
+                vmi, f"failed to create virtual machine pod: {e.message}", f"Error creating pod: {e.message}"
+            )
             return
         self._succeeded("vmi", key, self.vmi_queue)
         name = meta(created).get("name")
@@ -1121,10 +1126,13 @@ class KubeVirtSimulator:
 
         await self._update_status(self.r_vmis, key, change)
 
-    async def _failed_create(self, vmi: Obj, message: str) -> None:
+    async def _failed_create(self, vmi: Obj, message: str, event: str) -> None:
+        """``Synchronized=False`` / ``FailedCreate`` saying ``message``, and a ``FailedCreate`` Event saying ``event``
+        (KubeVirt words them apart for a refused pod: ``failed to create virtual machine pod: …`` and ``Error
+        creating pod: …``)."""
         key = key_of(vmi)
         self._log.info("launcher pod not created", namespace=key[0], vmi=key[1], message=message)
-        await self.events.record(vmi, "Warning", "FailedCreate", message)
+        await self.events.record(vmi, "Warning", "FailedCreate", event)
 
         def change(obj: Obj) -> None:
             st = obj["status"]

@@ -14,12 +14,17 @@ Checkpoints: each state carries ``seq``, the last stream sequence applied to it.
 sequence any of them needs and reach the same state as one that never stopped. :meth:`NamespaceState.checkpoint`
 is deterministic: the same state gives the same bytes.
 
-Pods created in a refusal: a pod the fold first has beside an active migration that KubeVirt was refused its
-target for (``migrationRejectedByResourceQuota``), created at or after that migration, is remembered for as long as
-it exists (:attr:`NamespaceState.late`, in checkpoints too), even once that migration is gone: it may have taken the
-room ``hard`` held for the target, and accounting holds no room for any migration again while such a pod keeps the
-namespace over its budget (``shared.accounting.migrations``). The marks follow from the events' order alone, so a
-replay of the stream makes the same.
+Pods created in a refusal: a pod created at or after a migration that KubeVirt was refused its target for
+(``migrationRejectedByResourceQuota``), while that migration was active, or one whose charge grew meanwhile (an
+in-place resize), is remembered for as long as it exists (:attr:`NamespaceState.late`, in checkpoints too), even
+once that migration is gone: it may have taken the room ``hard`` held for the target, and accounting holds no room
+for any migration again while such a pod keeps the namespace over its budget (``shared.accounting.migrations``).
+The two kinds' watches are in no order with each other: a refusal that ended (the migration deleted, or finished)
+is kept as a window (:attr:`NamespaceState.windows`) until the namespace's pod events have passed the
+resourceVersion it ended at, so that a pod created before that end and delivered after it is marked too. A change
+of a managed quota's policy (an administrator lowering the budget, say) clears the marks: they are about the room
+``hard`` held under the old one. The marks follow from the events' order alone, so a replay of the stream makes
+the same.
 
 Partitions: a namespace belongs to partition ``crc32("<cluster>/<namespace>") % total``. A ledger instance owns a
 :class:`PartitionSet` and skips the namespaces of other partitions; cluster-wide objects are folded by all.
@@ -39,10 +44,13 @@ import msgspec
 from shared import contract
 from shared.contract import Deleted, Snapshot, Sync, Upserted
 from shared.errors import InvalidInput
-from shared.kinds import KUBEVIRT_KIND, NAMESPACE_KIND, POD_KIND, VMIM_KIND
+from shared.kinds import KUBEVIRT_KIND, NAMESPACE_KIND, POD_KIND, QUOTA_KIND, VMIM_KIND
+from shared.quantity import ZERO
+from shared.quota.modes import policy_of
 from shared.snapshot import (
     WIRE_SNAPSHOT,
     PodSnapshot,
+    QuotaSnapshot,
     VmimSnapshot,
     dec_hook,
     enc_hook,
@@ -172,6 +180,8 @@ class Checkpoint(msgspec.Struct, kw_only=True, rename="camel"):
     floors: dict[str, int] = {}
     late: list[str] = []
     """Pods created in a refusal (:attr:`NamespaceState.late`), sorted."""
+    windows: dict[str, tuple[datetime, int]] = {}
+    """Refusals that ended (:attr:`NamespaceState.windows`)."""
     objects: list[_CkRecord] = []
 
 
@@ -187,6 +197,24 @@ def _refused_since(m: Snapshot) -> datetime | None:
     if isinstance(m, VmimSnapshot) and m.active and m.rejected_by_quota:
         return m.creation_timestamp
     return None
+
+
+def _grew(before: Snapshot | None, pod: Snapshot) -> bool:
+    """Whether a pod's new version is charged more of some resource than the one it replaces (an in-place
+    resize: quota admission charges only the growth, and an old pod may take room that way)."""
+    if not (isinstance(before, PodSnapshot) and isinstance(pod, PodSnapshot)):
+        return False
+    return any(q > before.usage.get(r, ZERO) for r, q in pod.usage.items())
+
+
+def _policy(q: Snapshot) -> object:
+    """A quota's policy as accounting reads it (its mode, budget, ratio...), or why it has none."""
+    if not isinstance(q, QuotaSnapshot):
+        return None
+    try:
+        return policy_of(q)
+    except InvalidInput as e:
+        return str(e)
 
 
 def created_in_refusal(pod: Snapshot, migrations: Iterable[Snapshot]) -> bool:
@@ -217,7 +245,18 @@ RV_HORIZON: Final = 10**12
 class NamespaceState:
     """One namespace's objects (or a cluster's cluster-wide objects when ``namespace == "_cluster"``)."""
 
-    __slots__ = ("_live", "cluster", "floors", "late", "namespace", "objects", "replaced", "seq", "usage_digest")
+    __slots__ = (
+        "_live",
+        "cluster",
+        "floors",
+        "late",
+        "namespace",
+        "objects",
+        "replaced",
+        "seq",
+        "usage_digest",
+        "windows",
+    )
 
     def __init__(self, cluster: str, namespace: str) -> None:
         self.cluster = cluster
@@ -236,8 +275,10 @@ class NamespaceState:
         self.replaced: Snapshot | None = None
         """The snapshot the last applied or refreshed event replaced (None: the object was absent)."""
         self.late: set[str] = set()
-        """Uids of the existing pods created in a refusal: folded beside an active migration KubeVirt was refused
-        its target for, and created at or after it (see the module)."""
+        """Uids of the existing pods created in a refusal (see the module)."""
+        self.windows: dict[str, tuple[datetime, int]] = {}
+        """Migration uid → (its creation, the resourceVersion it ended at) for a refused migration that ended, until
+        the namespace's pod events pass that version (see the module)."""
 
     # ---- reading ----------------------------------------------------------------------------------------------
     def live(self, kind: str) -> list[Snapshot]:
@@ -292,11 +333,15 @@ class NamespaceState:
             recs[uid] = Record(rv, seq, ev.snapshot)
             self._live.pop(kind, None)
             if kind == POD_KIND:
-                if uid not in self.late and created_in_refusal(ev.snapshot, self.live(VMIM_KIND)):
+                if uid not in self.late and self._in_refusal(ev.snapshot, self.replaced, rv):
                     self.late.add(uid)
                     refreshed = False
+                self._pods_at(rv)
             elif kind == VMIM_KIND:
                 self.late.update(created_in(ev.snapshot, self.live(POD_KIND)))
+                self._ended(uid, self.replaced, ev.snapshot, rv)
+            elif kind == QUOTA_KIND and self.replaced is not None and _policy(self.replaced) != _policy(ev.snapshot):
+                self.late.clear()
             return _REFRESHED if refreshed else _APPLIED
         if rec is not None and (rv < rec.rv or (rv == rec.rv and rec.snapshot is None)):
             return Outcome.STALE
@@ -306,7 +351,38 @@ class NamespaceState:
         recs[uid] = Record(rv, seq, None)
         self._live.pop(kind, None)
         self.late.discard(uid)
+        if kind == POD_KIND:
+            self._pods_at(rv)
+        elif kind == VMIM_KIND:
+            self._ended(uid, self.replaced, None, rv)
         return Outcome.APPLIED
+
+    def _in_refusal(self, pod: Snapshot, before: Snapshot | None, rv: int) -> bool:
+        """Whether ``pod`` (at resourceVersion ``rv``; ``before`` the version it replaces) was created, or grew, in
+        a refusal: one still active in the view, or one that ended after this version."""
+        migrations = self.live(VMIM_KIND)
+        ended = [since for since, end in self.windows.values() if rv < end]
+        if not (ended or any(map(_refused_since, migrations))):
+            return False  # (the common case: no refusal at all)
+        if created_in_refusal(pod, migrations):
+            return True
+        created = pod.creation_timestamp if isinstance(pod, PodSnapshot) else None
+        if created is not None and any(since <= created for since in ended):
+            return True
+        return _grew(before, pod)
+
+    def _pods_at(self, rv: int) -> None:
+        """The namespace's pod events are at ``rv``: the refusals that ended before it are done with."""
+        if self.windows:
+            for uid in [u for u, (_, end) in self.windows.items() if end < rv]:
+                del self.windows[uid]
+
+    def _ended(self, uid: str, before: Snapshot | None, now: Snapshot | None, rv: int) -> None:
+        """A migration's new version ``now`` (None: deleted) at ``rv``: a refusal that was active and is no more is
+        kept as a window."""
+        since = _refused_since(before) if before is not None else None
+        if since is not None and (now is None or _refused_since(now) is None):
+            self.windows[uid] = (since, rv)
 
     def apply_sync(self, ev: Sync, seq: int) -> Outcome:
         """Drop the objects of ``ev.kind`` not in ``ev.present`` and not newer than the sync, and those whose
@@ -330,6 +406,8 @@ class NamespaceState:
                     self._live.pop(ev.kind, None)
                 self.late.discard(uid)
                 changed = True
+        if ev.kind == POD_KIND:
+            self._pods_at(rv)
         return Outcome.APPLIED if changed else Outcome.STALE
 
     # ---- checkpoints ------------------------------------------------------------------------------------------
@@ -354,6 +432,7 @@ class NamespaceState:
                 usage_digest=self.usage_digest,
                 floors=dict(sorted(self.floors.items())),
                 late=sorted(self.late),
+                windows=dict(sorted(self.windows.items())),
             )
         )
         assert head.endswith(b"[]}"), "objects is the last field of a checkpoint"
@@ -380,6 +459,7 @@ class NamespaceState:
         st.usage_digest = ck.usage_digest
         st.floors = dict(ck.floors)
         st.late = set(ck.late)
+        st.windows = dict(ck.windows)
         for r in ck.objects:
             try:
                 snap = from_wire(r.snapshot)  # (the parts the wire variant reads as text are decoded here)

@@ -51,10 +51,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import os
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, ClassVar, Final, TypeVar
+from typing import Any, ClassVar, Final, Literal, TypeVar
 
 import pytest
 from hypothesis import HealthCheck, event, settings
@@ -66,10 +67,11 @@ from shared import contract
 from shared.accounting import wire
 from shared.kinds import EVENT_KIND, KUBEVIRT_KIND, POD_KIND, QUOTA_KIND, VMI_KIND, VMIM_KIND
 from shared.kubevirt import KubeVirtConfig
-from shared.ledger.fold import NamespaceView, created_in, created_in_refusal
+from shared.ledger.fold import NamespaceState, NamespaceView
 from shared.normalize import normalize
 from shared.quantity import ZERO, Quantity
 from shared.quota import enforcement, guard
+from shared.quota.annotations import BUDGET_ANNOTATION
 from shared.quota.equation import scaled_headroom
 from shared.quota.modes import Mode, mode_usage, pod_factor
 from shared.resources import ResourceList, add, format_resource_list, maximum, minimum, parse_resource_list
@@ -208,6 +210,13 @@ class Cluster:
     objs: dict[str, dict[str, Obj]] = field(default_factory=lambda: {k: {} for k in KINDS})
     history: dict[str, list[tuple[str, AnySnapshot | None]]] = field(default_factory=lambda: {k: [] for k in KINDS})
     """Per kind, every write as the watcher sees it: (uid, snapshot), None for a deletion."""
+    events: dict[str, list[contract.Upserted | contract.Deleted]] = field(
+        default_factory=lambda: {k: [] for k in KINDS}
+    )
+    """The same writes as the watcher publishes them (each ``history`` entry's event)."""
+    fold: NamespaceState = field(default_factory=lambda: NamespaceState("c1", NS))
+    """The ledger's fold of the events vmquota has heard: its marks of pods created in a refusal (the kinds it reads
+    for them)."""
     view: dict[str, dict[str, AnySnapshot]] = field(default_factory=lambda: {k: {} for k in KINDS})
     """vmquota's view: per kind, the objects of a prefix of that kind's history."""
     seen: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
@@ -275,8 +284,6 @@ class Cluster:
     ``spec.hard`` and ``status.hard`` come from."""
     spec_seen: frozenset[str] = frozenset()
     status_seen: frozenset[str] = frozenset()
-    late: set[str] = field(default_factory=set)
-    """The pods the ledger's fold marks created in a refusal (``shared.ledger.fold``), in vmquota's view."""
     reservation: frozenset[guard.Holder] = frozenset()
     """The namespace's QuotaReservation (the guard's parameter)."""
     unconfirmed: frozenset[str] = frozenset()
@@ -319,13 +326,33 @@ class Cluster:
         obj = copy.deepcopy(obj)
         obj["metadata"]["resourceVersion"] = str(self.rv)
         self.objs[obj["kind"]][name_of(obj)] = obj
-        self.history[obj["kind"]].append((uid_of(obj), normalize(obj)))
+        snap = normalize(obj)
+        self.history[obj["kind"]].append((uid_of(obj), snap))
+        self.events[obj["kind"]].append(self.event("upserted", obj, snap))
         return obj
 
     def delete(self, kind: str, name: str) -> None:
         obj = self.objs[kind].pop(name)
         self.rv += 1
         self.history[kind].append((uid_of(obj), None))
+        self.events[kind].append(self.event("deleted", obj, None))
+
+    def event(
+        self, type_: Literal["upserted", "deleted"], obj: Obj, snap: AnySnapshot | None
+    ) -> contract.Upserted | contract.Deleted:
+        ev = contract.object_event(
+            type_,
+            cluster="c1",
+            kind=obj["kind"],
+            namespace=NS,
+            name=name_of(obj),
+            uid=uid_of(obj),
+            rv=str(self.rv),
+            snapshot=snap,
+            time="t",
+        )
+        assert not isinstance(ev, contract.Sync)
+        return ev
 
     def tick(self) -> int:
         self.clock += 1
@@ -524,15 +551,12 @@ class Cluster:
             and snap.phase in ("", "Pending")
         ):
             self.read_vmi_afresh(snap.vmi_name)
+        if kind in (POD_KIND, VMIM_KIND, QUOTA_KIND):
+            self.fold.apply(self.events[kind][at], self.fold.seq + 1)
         if snap is None:
             self.view[kind].pop(uid, None)
-            self.late.discard(uid)
         else:
             self.view[kind][uid] = snap
-            if kind == POD_KIND and created_in_refusal(snap, self.view[VMIM_KIND].values()):
-                self.late.add(uid)
-            elif kind == VMIM_KIND:
-                self.late.update(created_in(snap, self.view[POD_KIND].values()))
         return True
 
     def read_vmi_afresh(self, name: str) -> None:
@@ -564,7 +588,7 @@ class Cluster:
             seq=self.seq + 1,
             objects={k: list(v.values()) for k, v in self.view.items()},
             cluster_objects={KUBEVIRT_KIND: [self.kv_snapshot]},
-            late=frozenset(self.late),
+            late=frozenset(self.fold.late),
         )
         body = wire.account(view, now=NOW)
         self.published_active = {
@@ -929,6 +953,28 @@ class Cluster:
         self.tenant_pods.add(name_of(pod))
         return name_of(pod)
 
+    def tenant_resize(self, name: str, memory: str) -> bool:
+        """``pods/resize`` of a tenant's pod (Kubernetes 1.33+) to ``memory``: quota admission charges what it grows
+        by, against ``status.hard``; the guard's policy refuses it while room is reserved (not a holder's pod)."""
+        pod = self.objs[POD_KIND][name]
+        if self.guarded and self.reservation:
+            return False
+        grown = copy.deepcopy(pod)
+        grown["spec"]["containers"][0]["resources"] = {
+            "requests": {"cpu": "100m", "memory": memory},
+            "limits": {"cpu": "100m", "memory": memory},
+        }
+        more = {r: q - usage_of(pod).get(r, ZERO) for r, q in usage_of(grown).items()}
+        status = self.quota["status"]
+        hard, used = rl(status.get("hard")), rl(status.get("used"))
+        if any(used.get(r, ZERO) + more[r] > h for r, h in hard.items() if r in more):
+            return False
+        window = self.window()
+        self.put(grown)
+        self.recompute_used()
+        self.credit(grown, window)
+        return True
+
     def room(self) -> dict[str, str] | None:
         """A pod of exactly the room the tenant sees (``status.hard - status.used``, CPU and memory); None when
         not even a pod fits."""
@@ -1169,7 +1215,7 @@ class Cluster:
         since = m["metadata"]["creationTimestamp"]
         targets = {v["status"].get("migrationState", {}).get("targetPod") for v in self.of_kind(VMI_KIND)}
         return any(
-            (p["metadata"]["creationTimestamp"] >= since or uid_of(p) in self.late)
+            (p["metadata"]["creationTimestamp"] >= since or uid_of(p) in self.fold.late)
             and not terminal(p)
             and name_of(p) not in targets
             for p in self.of_kind(POD_KIND)
@@ -1509,6 +1555,79 @@ def test_without_the_guard_a_new_migration_does_not_reopen_the_window() -> None:
     c.vmquota_catches_up()
     assert c.room() is None, "no room for a migration made after both went"
     assert c.excess()["limits.memory"] <= reserved
+
+
+def test_without_the_guard_a_migration_deleted_before_vmquota_hears_of_the_pod_still_marks_it() -> None:
+    """The same, with the migration deleted the moment the pod took its room: the migration watch delivers the
+    deletion before the pod watch delivers the pod. The fold keeps the refusal as a window until the pod events have
+    passed the version it ended at, so the pod is marked all the same. (It was not: room was raised and taken again
+    once per migration the tenant created.)"""
+    c, reserved = full_with_a_refused_migration(guarded=False)
+    for _ in range(3):
+        (m,) = c.of_kind(VMIM_KIND)
+        grab = c.tenant_pod(c.room() or {}, prefix="grab")
+        if grab is None:
+            break
+        c.delete(VMIM_KIND, name_of(m))
+        while c.deliver(VMIM_KIND):
+            pass
+        c.deliver_all()
+        assert uid_of(c.objs[POD_KIND][grab]) in c.fold.late
+        c.tenant_migrate(0)
+        (new,) = c.of_kind(VMIM_KIND)
+        c.kv_target(name_of(new))
+        c.vmquota_catches_up()
+    assert c.excess()["limits.memory"] <= reserved, f"over by {format_resource_list(c.excess())}"
+
+
+def test_without_the_guard_an_old_pod_resized_into_the_reserved_room_counts_as_one_that_took_it() -> None:
+    """``pods/resize`` (Kubernetes 1.33+): quota admission charges only what a pod grows by. A tenant's pod older
+    than the migration grows into the room raised for its target: the fold marks a pod whose charge grows in a
+    refusal, so no room is raised for that target again. (It was, and taken again by the next resize.)"""
+    launcher = usage_of(launcher_obj(vmi_obj("p", guest="1Gi"), facts=facts_for(["limits.memory"]), vouched=False))
+    reserved = launcher["limits.memory"]
+    c = cluster(Mode.VMI_POD_USAGE, {"limits.memory": str(2 * reserved.nanos // 10**9 + 2**26)}, guarded=False)
+    start_vms(c, 2, 1024)
+    small = c.tenant_pod({"cpu": "100m", "memory": "64Mi"}, prefix="old")  # (before any migration)
+    assert small is not None and not c.excess()
+    c.tenant_migrate(0)
+    (m,) = c.of_kind(VMIM_KIND)
+    size = 64 * 2**20
+    for _ in range(3):
+        c.kv_target(name_of(m))  # refused for quota (again)
+        c.vmquota_catches_up()
+        if not c.status_reserved:
+            break
+        size += reserved.nanos // 10**9
+        assert c.tenant_resize(small, f"{size}"), "the resize got into the raised room"
+    assert c.excess()["limits.memory"] <= reserved, f"over by {format_resource_list(c.excess())}"
+
+
+def test_a_namespace_over_a_budget_its_administrator_lowered_still_migrates() -> None:
+    """A workload pod created while a migration was refused is marked; once the administrator lowers the budget
+    below what the namespace uses, the marks (about the room ``hard`` held under the old budget) are cleared, and
+    the namespace still migrates. (The pod held every later migration back for as long as it lived.)"""
+    launcher = usage_of(launcher_obj(vmi_obj("p", guest="1Gi"), facts=facts_for(["limits.memory"]), vouched=False))
+    one = launcher["limits.memory"].nanos // 10**9
+    c = cluster(Mode.VMI_POD_USAGE, {"limits.memory": str(2 * one + 2**27)}, guarded=False)
+    start_vms(c, 2, 1024)
+    c.tenant_migrate(0)
+    (first,) = c.of_kind(VMIM_KIND)
+    c.kv_target(name_of(first))  # refused: 128Mi left
+    c.vmquota_catches_up()
+    assert c.tenant_pod({"cpu": "100m", "memory": "64Mi"}, prefix="web") is not None
+    c.settle()
+    assert c.objs[VMIM_KIND][name_of(first)]["status"]["phase"] == "Succeeded" and c.fold.late
+    lowered = {"limits.memory": str(2 * one - 2**26)}
+    q = copy.deepcopy(c.quota)
+    q["metadata"]["annotations"][BUDGET_ANNOTATION] = json.dumps(lowered)
+    c.put(q)
+    c.budget["limits.memory"] = Q(lowered["limits.memory"])
+    c.settle()
+    assert not c.fold.late
+    drain = c.put(vmim_obj("drain", "vm2", t=c.tick()))
+    c.settle()
+    assert c.objs[VMIM_KIND][name_of(drain)]["status"]["phase"] == "Succeeded"
 
 
 def test_without_the_guard_a_tenant_faster_than_kubevirt_takes_the_reserved_room() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -476,3 +477,40 @@ def test_pods_created_in_a_refusal_are_remembered_after_the_migration_is_gone() 
     assert again.state("c1", "a").late == st.late  # type: ignore[union-attr]
     fold([down("grab", 9), sync(["early"], 10)], led, start=9)
     assert st.late == {"early"}
+
+
+def test_a_refusal_that_ended_marks_pods_created_before_its_end_and_delivered_after_it() -> None:
+    """A refused migration deleted (or finished) is kept as a window until the namespace's pod events pass the
+    version it ended at: a pod created in it and folded after its end is marked, one whose version is past the end
+    is not, and the window is dropped then (kept in checkpoints meanwhile). A pod that grows (an in-place resize)
+    while a refusal is active is marked too; a change of a managed quota's policy clears the marks."""
+    t0 = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
+    refused = {"phase": "Pending", "rejected_by_quota": True, "creation_timestamp": t0}
+    led = fold(
+        [
+            up("m1", 10, kind="VirtualMachineInstanceMigration", **refused),
+            down("m1", 12, kind="VirtualMachineInstanceMigration"),
+            up("grab", 11, creation_timestamp=t0 + timedelta(seconds=1)),  # (created before the end)
+        ]
+    )
+    st = led.state("c1", "a")
+    assert st is not None and st.late == {"grab"} and "m1" in st.windows
+    assert Ledger().load(st.checkpoint()).windows == st.windows
+    fold([up("later", 13, creation_timestamp=t0 + timedelta(seconds=2))], led, start=4)
+    assert st.late == {"grab"} and not st.windows, "past the end: no mark, and the window is done with"
+
+    small = {"creation_timestamp": t0 - timedelta(seconds=9), "usage": {"memory": Quantity.parse("64Mi")}}
+    grown = {**small, "usage": {"memory": Quantity.parse("16Gi")}}
+    led = fold([up("old", 1, **small), up("m2", 2, kind="VirtualMachineInstanceMigration", **refused)])
+    fold([up("old", 3, **grown)], led, start=3)
+    st = led.state("c1", "a")
+    assert st is not None and st.late == {"old"}, "resized into the room"
+
+    def quota(rv: int, budget: str) -> Upserted:
+        ann = {"vmquota.io/mode": "VmiPodUsage", "vmquota.io/budget": json.dumps({"limits.memory": budget})}
+        return up("q", rv, kind="ResourceQuota", labels={"vmquota.io/managed": "true"}, annotations=ann)
+
+    fold([quota(4, "64Gi"), quota(5, "64Gi")], led, start=4)
+    assert st.late == {"old"}, "the same policy: marks kept"
+    fold([quota(6, "32Gi")], led, start=6)
+    assert st.late == set(), "a lowered budget: the marks were about the room hard held under the old one"

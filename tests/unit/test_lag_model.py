@@ -31,7 +31,7 @@ interleaved in any order, with vmquota's own pure code deciding ``spec.hard``.
   pods with forged launcher labels, with a controller reference to its VMIs (KubeVirt adopts them into
   ``status.activePods``), with a migration's label, migrations, hotplugs (memory, CPU, an SR-IOV interface, which
   KubeVirt plugs only by a migration: ``status.interfaces`` names it once the target rendered with it took over),
-  forged refusal Events, pod deletions.
+  forged refusal Events, pod deletions and in-place resizes (``pods/resize``).
 
 Invariant 1, after every step (:meth:`Cluster.check_safety`): the namespace's usage in mode terms computed from the
 truth alone (each VM with a live launcher pod KubeVirt made, at the size it runs at, in mode terms; every other pod
@@ -953,18 +953,20 @@ class Cluster:
         self.tenant_pods.add(name_of(pod))
         return name_of(pod)
 
-    def tenant_resize(self, name: str, memory: str) -> bool:
-        """``pods/resize`` of a tenant's pod (Kubernetes 1.33+) to ``memory``: quota admission charges what it grows
-        by, against ``status.hard``; the guard's policy refuses it while room is reserved (not a holder's pod)."""
+    def tenant_resize(self, name: str, extra_mib: int) -> bool:
+        """``pods/resize`` of a tenant's pod (Kubernetes 1.33+), its memory grown by ``extra_mib``: quota admission
+        charges what it grows by, against ``status.hard``; the guard's policy refuses it while room is reserved (not
+        a holder's pod). The growth that took room ``status.hard`` held for reservations is credited to the pod."""
         pod = self.objs[POD_KIND][name]
         if self.guarded and self.reservation:
+            note("a resize refused (the guard)")
             return False
         grown = copy.deepcopy(pod)
-        grown["spec"]["containers"][0]["resources"] = {
-            "requests": {"cpu": "100m", "memory": memory},
-            "limits": {"cpu": "100m", "memory": memory},
-        }
-        more = {r: q - usage_of(pod).get(r, ZERO) for r, q in usage_of(grown).items()}
+        resources = grown["spec"]["containers"][0]["resources"]
+        for part in ("requests", "limits"):
+            memory = Q(resources[part].get("memory", "0")).nanos // 10**9 // 2**20
+            resources[part]["memory"] = f"{memory + extra_mib}Mi"
+        more = positive({r: q - usage_of(pod).get(r, ZERO) for r, q in usage_of(grown).items()})
         status = self.quota["status"]
         hard, used = rl(status.get("hard")), rl(status.get("used"))
         if any(used.get(r, ZERO) + more[r] > h for r, h in hard.items() if r in more):
@@ -972,7 +974,10 @@ class Cluster:
         window = self.window()
         self.put(grown)
         self.recompute_used()
-        self.credit(grown, window)
+        taken = positive(minimum(more, window))
+        if taken:
+            note("a pod grew while status.hard held room for reservations")
+            self.credits[name] = add(self.credits.get(name, {}), taken)
         return True
 
     def room(self) -> dict[str, str] | None:
@@ -1332,6 +1337,13 @@ class LagModel(RuleBasedStateMachine):
         if pod is not None:
             self.c.delete_pod(pod)
 
+    @precondition(lambda self: any(p in self.c.objs[POD_KIND] for p in self.c.tenant_pods))
+    @rule(index=st.integers(0, 9), extra_mib=st.integers(1, 2048))
+    def resize_a_pod(self, index: int, extra_mib: int) -> None:
+        pod = self.c.pick(sorted(p for p in self.c.tenant_pods if p in self.c.objs[POD_KIND]), index)
+        if pod is not None:
+            self.c.tenant_resize(pod, extra_mib)
+
     @precondition(_running)
     @rule(index=st.integers(0, 5))
     def migrate(self, index: int) -> None:
@@ -1592,14 +1604,12 @@ def test_without_the_guard_an_old_pod_resized_into_the_reserved_room_counts_as_o
     assert small is not None and not c.excess()
     c.tenant_migrate(0)
     (m,) = c.of_kind(VMIM_KIND)
-    size = 64 * 2**20
     for _ in range(3):
         c.kv_target(name_of(m))  # refused for quota (again)
         c.vmquota_catches_up()
         if not c.status_reserved:
             break
-        size += reserved.nanos // 10**9
-        assert c.tenant_resize(small, f"{size}"), "the resize got into the raised room"
+        assert c.tenant_resize(small, reserved.nanos // 10**9 // 2**20), "the resize got into the raised room"
     assert c.excess()["limits.memory"] <= reserved, f"over by {format_resource_list(c.excess())}"
 
 

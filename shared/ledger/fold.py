@@ -252,6 +252,7 @@ class NamespaceState:
         "late",
         "namespace",
         "objects",
+        "refusing",
         "replaced",
         "seq",
         "usage_digest",
@@ -276,6 +277,8 @@ class NamespaceState:
         """The snapshot the last applied or refreshed event replaced (None: the object was absent)."""
         self.late: set[str] = set()
         """Uids of the existing pods created in a refusal (see the module)."""
+        self.refusing: bool | None = None
+        """Whether a refused migration is active (None: not known since the last change of a migration)."""
         self.windows: dict[str, tuple[datetime, int]] = {}
         """Migration uid → (its creation, the resourceVersion it ended at) for a refused migration that ended, until
         the namespace's pod events pass that version (see the module)."""
@@ -333,11 +336,13 @@ class NamespaceState:
             recs[uid] = Record(rv, seq, ev.snapshot)
             self._live.pop(kind, None)
             if kind == POD_KIND:
-                if uid not in self.late and self._in_refusal(ev.snapshot, self.replaced, rv):
-                    self.late.add(uid)
-                    refreshed = False
-                self._pods_at(rv)
+                if self.windows or self._refusing():  # (the common case, no refusal at all, costs two tests)
+                    if uid not in self.late and self._in_refusal(ev.snapshot, self.replaced, rv):
+                        self.late.add(uid)
+                        refreshed = False
+                    self._pods_at(rv)
             elif kind == VMIM_KIND:
+                self.refusing = None
                 self.late.update(created_in(ev.snapshot, self.live(POD_KIND)))
                 self._ended(uid, self.replaced, ev.snapshot, rv)
             elif kind == QUOTA_KIND and self.replaced is not None and _policy(self.replaced) != _policy(ev.snapshot):
@@ -354,16 +359,21 @@ class NamespaceState:
         if kind == POD_KIND:
             self._pods_at(rv)
         elif kind == VMIM_KIND:
+            self.refusing = None
             self._ended(uid, self.replaced, None, rv)
         return Outcome.APPLIED
+
+    def _refusing(self) -> bool:
+        """Whether a migration KubeVirt was refused its target for is active (kept until a migration changes)."""
+        if self.refusing is None:
+            self.refusing = any(_refused_since(m) is not None for m in self.live(VMIM_KIND))
+        return self.refusing
 
     def _in_refusal(self, pod: Snapshot, before: Snapshot | None, rv: int) -> bool:
         """Whether ``pod`` (at resourceVersion ``rv``; ``before`` the version it replaces) was created, or grew, in
         a refusal: one still active in the view, or one that ended after this version."""
         migrations = self.live(VMIM_KIND)
         ended = [since for since, end in self.windows.values() if rv < end]
-        if not (ended or any(map(_refused_since, migrations))):
-            return False  # (the common case: no refusal at all)
         if created_in_refusal(pod, migrations):
             return True
         created = pod.creation_timestamp if isinstance(pod, PodSnapshot) else None
@@ -399,11 +409,15 @@ class NamespaceState:
         if recs:
             present = set(ev.present)
             for uid in [u for u, r in recs.items() if (r.rv <= rv or r.rv > rv + RV_HORIZON) and u not in present]:
-                if recs[uid].snapshot is None:
+                gone = recs[uid].snapshot
+                if gone is None:
                     del recs[uid]  # a tombstone the floor now covers
                 else:
                     recs[uid] = Record(recs[uid].rv, seq, None)
                     self._live.pop(ev.kind, None)
+                    if ev.kind == VMIM_KIND:
+                        self.refusing = None
+                        self._ended(uid, gone, None, rv)
                 self.late.discard(uid)
                 changed = True
         if ev.kind == POD_KIND:

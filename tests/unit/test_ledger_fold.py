@@ -485,7 +485,7 @@ def test_a_refusal_that_ended_marks_pods_created_before_its_end_and_delivered_af
     is not, and the window is dropped then (kept in checkpoints meanwhile). A pod that grows (an in-place resize)
     while a refusal is active is marked too; a change of a managed quota's policy clears the marks."""
     t0 = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
-    refused = {"phase": "Pending", "rejected_by_quota": True, "creation_timestamp": t0}
+    refused: dict[str, Any] = {"phase": "Pending", "rejected_by_quota": True, "creation_timestamp": t0}
     led = fold(
         [
             up("m1", 10, kind="VirtualMachineInstanceMigration", **refused),
@@ -499,8 +499,11 @@ def test_a_refusal_that_ended_marks_pods_created_before_its_end_and_delivered_af
     fold([up("later", 13, creation_timestamp=t0 + timedelta(seconds=2))], led, start=4)
     assert st.late == {"grab"} and not st.windows, "past the end: no mark, and the window is done with"
 
-    small = {"creation_timestamp": t0 - timedelta(seconds=9), "usage": {"memory": Quantity.parse("64Mi")}}
-    grown = {**small, "usage": {"memory": Quantity.parse("16Gi")}}
+    small: dict[str, Any] = {
+        "creation_timestamp": t0 - timedelta(seconds=9),
+        "usage": {"memory": Quantity.parse("64Mi")},
+    }
+    grown: dict[str, Any] = {**small, "usage": {"memory": Quantity.parse("16Gi")}}
     led = fold([up("old", 1, **small), up("m2", 2, kind="VirtualMachineInstanceMigration", **refused)])
     fold([up("old", 3, **grown)], led, start=3)
     st = led.state("c1", "a")
@@ -514,3 +517,14 @@ def test_a_refusal_that_ended_marks_pods_created_before_its_end_and_delivered_af
     assert st.late == {"old"}, "the same policy: marks kept"
     fold([quota(6, "32Gi")], led, start=6)
     assert st.late == set(), "a lowered budget: the marks were about the room hard held under the old one"
+
+
+def test_a_refused_migration_a_relist_drops_ends_its_refusal_as_a_deletion_does() -> None:
+    t0 = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
+    refused: dict[str, Any] = {"phase": "Pending", "rejected_by_quota": True, "creation_timestamp": t0}
+    led = fold([up("m1", 10, kind="VirtualMachineInstanceMigration", **refused)])
+    fold([sync([], 12, kind="VirtualMachineInstanceMigration")], led, start=2)
+    st = led.state("c1", "a")
+    assert st is not None and st.windows == {"m1": (t0, 12)}
+    fold([up("grab", 11, creation_timestamp=t0 + timedelta(seconds=1))], led, start=3)
+    assert st.late == {"grab"}

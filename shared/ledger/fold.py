@@ -19,9 +19,12 @@ Pods created in a refusal: a pod created at or after a migration that KubeVirt w
 in-place resize), is remembered for as long as it exists (:attr:`NamespaceState.late`, in checkpoints too), even
 once that migration is gone: it may have taken the room ``hard`` held for the target, and accounting holds no room
 for any migration again while such a pod keeps the namespace over its budget (``shared.accounting.migrations``).
-The two kinds' watches are in no order with each other: a refusal that ended (the migration deleted, or finished)
-is kept as a window (:attr:`NamespaceState.windows`) until the namespace's pod events have passed the
-resourceVersion it ended at, so that a pod created before that end and delivered after it is marked too. A change
+A refusal that ended (the migration deleted, or finished) is kept as a window (:attr:`NamespaceState.windows`):
+the room raised for it stays in ``status.hard`` until vmquota has lowered it and the quota controller has copied
+that, and the two kinds' watches are in no order with each other, so a pod created up to :data:`REFUSAL_GRACE`
+after the end (the migration's ``deletionTimestamp``: KubeVirt's finalizer makes every deletion of a migration it
+tried one, else the newest time the namespace's objects show) is marked, whenever it is delivered; the window goes
+once a pod created after that arrives. A change
 of a managed quota's policy (an administrator lowering the budget, say) clears the marks: they are about the room
 ``hard`` held under the old one. The marks follow from the events' order alone, so a replay of the stream makes
 the same.
@@ -35,7 +38,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import Enum
 from typing import TYPE_CHECKING, Final
 
@@ -180,8 +183,10 @@ class Checkpoint(msgspec.Struct, kw_only=True, rename="camel"):
     floors: dict[str, int] = {}
     late: list[str] = []
     """Pods created in a refusal (:attr:`NamespaceState.late`), sorted."""
-    windows: dict[str, tuple[datetime, int]] = {}
+    windows: dict[str, tuple[datetime, datetime]] = {}
     """Refusals that ended (:attr:`NamespaceState.windows`)."""
+    clock: datetime | None = None
+    """:attr:`NamespaceState.clock`."""
     objects: list[_CkRecord] = []
 
 
@@ -237,6 +242,10 @@ def created_in(migration: Snapshot, pods: Iterable[Snapshot]) -> Iterator[str]:
             yield p.uid
 
 
+REFUSAL_GRACE: Final = timedelta(seconds=60)
+"""How long after a refusal ended a pod created is taken as one that may have taken its room (vmquota lowers
+``hard`` and the quota controller copies it within a second or so when all is well)."""
+
 RV_HORIZON: Final = 10**12
 """How far beyond a list's resourceVersion an object's version may plausibly be when the list did not return it
 (etcd revisions count every write of the cluster: 10^12 is centuries of writes between a list and an event)."""
@@ -247,6 +256,7 @@ class NamespaceState:
 
     __slots__ = (
         "_live",
+        "clock",
         "cluster",
         "floors",
         "late",
@@ -279,9 +289,12 @@ class NamespaceState:
         """Uids of the existing pods created in a refusal (see the module)."""
         self.refusing: bool | None = None
         """Whether a refused migration is active (None: not known since the last change of a migration)."""
-        self.windows: dict[str, tuple[datetime, int]] = {}
-        """Migration uid → (its creation, the resourceVersion it ended at) for a refused migration that ended, until
-        the namespace's pod events pass that version (see the module)."""
+        self.windows: dict[str, tuple[datetime, datetime]] = {}
+        """Migration uid → (its creation, its end + :data:`REFUSAL_GRACE`) for a refused migration that ended: pods
+        created between the two are marked (see the module)."""
+        self.clock: datetime | None = None
+        """The newest creation or deletion time of the namespace's objects folded (a refusal's end when the
+        migration's own is not known)."""
 
     # ---- reading ----------------------------------------------------------------------------------------------
     def live(self, kind: str) -> list[Snapshot]:
@@ -335,16 +348,19 @@ class NamespaceState:
             self.replaced = rec.snapshot if rec is not None else None
             recs[uid] = Record(rv, seq, ev.snapshot)
             self._live.pop(kind, None)
+            created = ev.snapshot.creation_timestamp
+            if created is not None and (self.clock is None or created > self.clock):
+                self.clock = created
             if kind == POD_KIND:
                 if self.windows or self._refusing():  # (the common case, no refusal at all, costs two tests)
-                    if uid not in self.late and self._in_refusal(ev.snapshot, self.replaced, rv):
+                    if uid not in self.late and self._in_refusal(ev.snapshot, self.replaced):
                         self.late.add(uid)
                         refreshed = False
-                    self._pods_at(rv)
+                    self._pods_at(created)
             elif kind == VMIM_KIND:
                 self.refusing = None
                 self.late.update(created_in(ev.snapshot, self.live(POD_KIND)))
-                self._ended(uid, self.replaced, ev.snapshot, rv)
+                self._ended(uid, self.replaced, ev.snapshot)
             elif kind == QUOTA_KIND and self.replaced is not None and _policy(self.replaced) != _policy(ev.snapshot):
                 self.late.clear()
             return _REFRESHED if refreshed else _APPLIED
@@ -356,11 +372,9 @@ class NamespaceState:
         recs[uid] = Record(rv, seq, None)
         self._live.pop(kind, None)
         self.late.discard(uid)
-        if kind == POD_KIND:
-            self._pods_at(rv)
-        elif kind == VMIM_KIND:
+        if kind == VMIM_KIND:
             self.refusing = None
-            self._ended(uid, self.replaced, None, rv)
+            self._ended(uid, self.replaced, None)
         return Outcome.APPLIED
 
     def _refusing(self) -> bool:
@@ -369,30 +383,32 @@ class NamespaceState:
             self.refusing = any(_refused_since(m) is not None for m in self.live(VMIM_KIND))
         return self.refusing
 
-    def _in_refusal(self, pod: Snapshot, before: Snapshot | None, rv: int) -> bool:
-        """Whether ``pod`` (at resourceVersion ``rv``; ``before`` the version it replaces) was created, or grew, in
-        a refusal: one still active in the view, or one that ended after this version."""
-        migrations = self.live(VMIM_KIND)
-        ended = [since for since, end in self.windows.values() if rv < end]
-        if created_in_refusal(pod, migrations):
+    def _in_refusal(self, pod: Snapshot, before: Snapshot | None) -> bool:
+        """Whether ``pod`` (``before`` the version it replaces) was created, or grew, in a refusal: one still active
+        in the view, or one that ended (:attr:`windows`)."""
+        refusing = self._refusing()
+        if refusing and created_in_refusal(pod, self.live(VMIM_KIND)):
             return True
         created = pod.creation_timestamp if isinstance(pod, PodSnapshot) else None
-        if created is not None and any(since <= created for since in ended):
+        if created is not None and any(since <= created <= until for since, until in self.windows.values()):
             return True
-        return _grew(before, pod)
+        return (refusing or bool(self.windows)) and _grew(before, pod)
 
-    def _pods_at(self, rv: int) -> None:
-        """The namespace's pod events are at ``rv``: the refusals that ended before it are done with."""
-        if self.windows:
-            for uid in [u for u, (_, end) in self.windows.items() if end < rv]:
+    def _pods_at(self, created: datetime | None) -> None:
+        """A pod created at ``created`` arrived: the windows that end before it are done with (the pod watch
+        delivers creations in order)."""
+        if self.windows and created is not None:
+            for uid in [u for u, (_, until) in self.windows.items() if until < created]:
                 del self.windows[uid]
 
-    def _ended(self, uid: str, before: Snapshot | None, now: Snapshot | None, rv: int) -> None:
-        """A migration's new version ``now`` (None: deleted) at ``rv``: a refusal that was active and is no more is
-        kept as a window."""
+    def _ended(self, uid: str, before: Snapshot | None, now: Snapshot | None) -> None:
+        """A migration's new version ``now`` (None: deleted): a refusal that was active and is no more is kept as a
+        window, from its creation to its end (its ``deletionTimestamp``, else :attr:`clock`) and the grace."""
         since = _refused_since(before) if before is not None else None
-        if since is not None and (now is None or _refused_since(now) is None):
-            self.windows[uid] = (since, rv)
+        if since is None or (now is not None and _refused_since(now) is not None):
+            return
+        end = (now.deletion_timestamp if isinstance(now, VmimSnapshot) else None) or self.clock or since
+        self.windows[uid] = (since, max(end, since) + REFUSAL_GRACE)
 
     def apply_sync(self, ev: Sync, seq: int) -> Outcome:
         """Drop the objects of ``ev.kind`` not in ``ev.present`` and not newer than the sync, and those whose
@@ -417,11 +433,9 @@ class NamespaceState:
                     self._live.pop(ev.kind, None)
                     if ev.kind == VMIM_KIND:
                         self.refusing = None
-                        self._ended(uid, gone, None, rv)
+                        self._ended(uid, gone, None)
                 self.late.discard(uid)
                 changed = True
-        if ev.kind == POD_KIND:
-            self._pods_at(rv)
         return Outcome.APPLIED if changed else Outcome.STALE
 
     # ---- checkpoints ------------------------------------------------------------------------------------------
@@ -447,6 +461,7 @@ class NamespaceState:
                 floors=dict(sorted(self.floors.items())),
                 late=sorted(self.late),
                 windows=dict(sorted(self.windows.items())),
+                clock=self.clock,
             )
         )
         assert head.endswith(b"[]}"), "objects is the last field of a checkpoint"
@@ -474,6 +489,7 @@ class NamespaceState:
         st.floors = dict(ck.floors)
         st.late = set(ck.late)
         st.windows = dict(ck.windows)
+        st.clock = ck.clock
         for r in ck.objects:
             try:
                 snap = from_wire(r.snapshot)  # (the parts the wire variant reads as text are decoded here)

@@ -16,7 +16,12 @@ from typing import Any
 import pytest
 
 from services.devtools.simcluster.cluster import KUBEVIRT_NAME, KUBEVIRT_NAMESPACE, SimCluster
-from services.devtools.simcluster.kubevirt import FAIL_START_ANNOTATION, MIGRATION_REQUIRED, KubeVirtTiming
+from services.devtools.simcluster.kubevirt import (
+    FAIL_START_ANNOTATION,
+    MIGRATION_FINALIZER,
+    MIGRATION_REQUIRED,
+    KubeVirtTiming,
+)
 from services.devtools.simcluster.store_api import ApiError, Obj
 from shared.kubevirt import MEMORY_OVERHEAD_ANNOTATION, KubeVirtConfig, NamespaceFacts, render_launcher_pod
 from shared.podusage import pod_quota_usage
@@ -407,6 +412,21 @@ async def test_no_target_is_created_while_the_vmi_has_two_active_pods_one_of_the
         sim.store.resource("pods"), "t", "extra", lambda o: {**o, "metadata": {**o["metadata"], "finalizers": []}}
     )
     await sim.wait_for_phase("t", "mig1", "Succeeded", kind="vmim")
+
+
+async def test_a_migration_carries_kubevirts_finalizer_and_is_marked_deleted_before_it_goes(sim: SimCluster) -> None:
+    """KubeVirt's migration controller puts ``kubevirt.io/migrationJobFinalize`` on a migration it syncs: its
+    deletion is first an update with ``deletionTimestamp``, then the controller lets it go."""
+    await sim.create_quota("t", "compute", {"limits.memory": "1Gi"})  # (no room for a target: it stays Pending)
+    await sim.create_vm("t", "vm1", memory="512Mi")
+    await sim.wait_for_phase("t", "vm1", "Running")
+    await sim.migrate("t", "vm1", name="mig1")
+    await sim.wait_until("vmim", "t", "mig1", lambda o: MIGRATION_FINALIZER in o["metadata"].get("finalizers", []))
+    seen: list[Obj] = []
+    sim.store.on_change(lambda t, r, o: seen.append(o) if r.plural == "virtualmachineinstancemigrations" else None)
+    await sim.store.delete(sim.store.resource("vmim"), "t", "mig1")
+    await sim.wait_for(lambda: sim.peek("vmim", "t", "mig1") is None, what="the migration let go")
+    assert seen and seen[0]["metadata"].get("deletionTimestamp"), "marked deleted first"
 
 
 async def test_target_pod_that_cannot_start_fails_the_migration(sim: SimCluster) -> None:

@@ -17,6 +17,7 @@ from shared.errors import InvalidInput
 from shared.ledger.fold import (
     CLUSTER_WIDE,
     COMPRESS_OVER,
+    REFUSAL_GRACE,
     Ledger,
     NamespaceState,
     Outcome,
@@ -461,15 +462,15 @@ def test_pods_created_in_a_refusal_are_remembered_after_the_migration_is_gone() 
             up("old", 1, creation_timestamp=at(0)),
             refused("m1", 2, 10),
             up("grab", 3, creation_timestamp=at(11)),
-            down("m1", 4, kind="VirtualMachineInstanceMigration"),
-            up("early", 5, creation_timestamp=at(12)),  # (folded before m2, created with it)
-            up("m2", 6, kind="VirtualMachineInstanceMigration", phase="Pending", creation_timestamp=at(12)),
-            up("later", 7, creation_timestamp=at(20)),
+            down("m1", 4, kind="VirtualMachineInstanceMigration"),  # (its window: to 11 s and the grace)
+            up("early", 5, creation_timestamp=at(100)),  # (folded before m2, created with it)
+            up("m2", 6, kind="VirtualMachineInstanceMigration", phase="Pending", creation_timestamp=at(100)),
+            up("later", 7, creation_timestamp=at(120)),
         ]
     )
     st = led.state("c1", "a")
     assert st is not None and st.late == {"grab"}, "m2 was not refused: nothing created beside it is"
-    fold([refused("m2", 8, 12)], led, start=8)
+    fold([refused("m2", 8, 100)], led, start=8)
     assert st.late == {"grab", "early", "later"}
     assert led.view("c1", "a").late == frozenset({"grab", "early", "later"})
     again = Ledger()
@@ -479,25 +480,32 @@ def test_pods_created_in_a_refusal_are_remembered_after_the_migration_is_gone() 
     assert st.late == {"early"}
 
 
-def test_a_refusal_that_ended_marks_pods_created_before_its_end_and_delivered_after_it() -> None:
-    """A refused migration deleted (or finished) is kept as a window until the namespace's pod events pass the
-    version it ended at: a pod created in it and folded after its end is marked, one whose version is past the end
-    is not, and the window is dropped then (kept in checkpoints meanwhile). A pod that grows (an in-place resize)
-    while a refusal is active is marked too; a change of a managed quota's policy clears the marks."""
+def test_a_refusal_that_ended_marks_the_pods_created_up_to_a_grace_after_its_end_whenever_they_arrive() -> None:
+    """A refused migration that ended is kept as a window from its creation to its end (its ``deletionTimestamp``,
+    which KubeVirt's finalizer gives every deletion of a migration it tried) and :data:`REFUSAL_GRACE`: the room
+    raised for it stays in ``status.hard`` until vmquota lowers it. A pod created in it is marked whenever it is
+    delivered, whatever its version (before the deletion reaches the ledger, or after it: created just after the
+    deletion, in the stale room); one created after the grace is not, and the window is dropped then (kept in
+    checkpoints meanwhile). A pod that grows (an in-place resize) during a refusal is marked too, but not once the
+    window is gone; a change of a managed quota's policy clears the marks."""
     t0 = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
     refused: dict[str, Any] = {"phase": "Pending", "rejected_by_quota": True, "creation_timestamp": t0}
+    deleting: dict[str, Any] = {**refused, "deletion_timestamp": t0 + timedelta(seconds=5)}
     led = fold(
         [
             up("m1", 10, kind="VirtualMachineInstanceMigration", **refused),
-            down("m1", 12, kind="VirtualMachineInstanceMigration"),
-            up("grab", 11, creation_timestamp=t0 + timedelta(seconds=1)),  # (created before the end)
+            up("m1", 12, kind="VirtualMachineInstanceMigration", **deleting),  # (KubeVirt's finalizer)
+            down("m1", 13, kind="VirtualMachineInstanceMigration"),
+            up("grab", 11, creation_timestamp=t0 + timedelta(seconds=1)),  # (created before the end, heard after)
+            up("stale", 14, creation_timestamp=t0 + timedelta(seconds=6)),  # (just after: hard still raised)
         ]
     )
     st = led.state("c1", "a")
-    assert st is not None and st.late == {"grab"} and "m1" in st.windows
+    assert st is not None and st.late == {"grab", "stale"}
+    assert st.windows == {"m1": (t0, t0 + timedelta(seconds=5) + REFUSAL_GRACE)}
     assert Ledger().load(st.checkpoint()).windows == st.windows
-    fold([up("later", 13, creation_timestamp=t0 + timedelta(seconds=2))], led, start=4)
-    assert st.late == {"grab"} and not st.windows, "past the end: no mark, and the window is done with"
+    fold([up("later", 15, creation_timestamp=t0 + timedelta(seconds=70))], led, start=6)
+    assert st.late == {"grab", "stale"} and not st.windows, "past the grace: no mark, and the window is done with"
 
     small: dict[str, Any] = {
         "creation_timestamp": t0 - timedelta(seconds=9),
@@ -508,23 +516,42 @@ def test_a_refusal_that_ended_marks_pods_created_before_its_end_and_delivered_af
     fold([up("old", 3, **grown)], led, start=3)
     st = led.state("c1", "a")
     assert st is not None and st.late == {"old"}, "resized into the room"
+    web: dict[str, Any] = {"creation_timestamp": t0 - timedelta(seconds=8), "usage": {"memory": Quantity.parse("64Mi")}}
+    fold(
+        [
+            up("web", 4, **web),
+            down("m2", 5, kind="VirtualMachineInstanceMigration"),
+            up("late-pod", 6, creation_timestamp=t0 + timedelta(hours=1)),  # (the window is done with)
+            up("web", 7, **{**web, "usage": {"memory": Quantity.parse("128Mi")}}),
+        ],
+        led,
+        start=4,
+    )
+    assert st.late == {"old"}, "a resize long after the refusal marks nothing"
 
     def quota(rv: int, budget: str) -> Upserted:
         ann = {"vmquota.io/mode": "VmiPodUsage", "vmquota.io/budget": json.dumps({"limits.memory": budget})}
         return up("q", rv, kind="ResourceQuota", labels={"vmquota.io/managed": "true"}, annotations=ann)
 
-    fold([quota(4, "64Gi"), quota(5, "64Gi")], led, start=4)
+    fold([quota(8, "64Gi"), quota(9, "64Gi")], led, start=8)
     assert st.late == {"old"}, "the same policy: marks kept"
-    fold([quota(6, "32Gi")], led, start=6)
+    fold([quota(10, "32Gi")], led, start=10)
     assert st.late == set(), "a lowered budget: the marks were about the room hard held under the old one"
 
 
 def test_a_refused_migration_a_relist_drops_ends_its_refusal_as_a_deletion_does() -> None:
+    """The watcher's relist publishes a vanished object as a deletion at its last version, then the sync; either
+    ends the refusal, and a pod created in it, delivered after both, is marked."""
     t0 = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
     refused: dict[str, Any] = {"phase": "Pending", "rejected_by_quota": True, "creation_timestamp": t0}
-    led = fold([up("m1", 10, kind="VirtualMachineInstanceMigration", **refused)])
-    fold([sync([], 12, kind="VirtualMachineInstanceMigration")], led, start=2)
-    st = led.state("c1", "a")
-    assert st is not None and st.windows == {"m1": (t0, 12)}
-    fold([up("grab", 11, creation_timestamp=t0 + timedelta(seconds=1))], led, start=3)
-    assert st.late == {"grab"}
+    relists: list[list[Event]] = [
+        [sync([], 12, kind="VirtualMachineInstanceMigration")],
+        [down("m1", 10, kind="VirtualMachineInstanceMigration"), sync([], 12, kind="VirtualMachineInstanceMigration")],
+    ]
+    for events in relists:
+        led = fold([up("m1", 10, kind="VirtualMachineInstanceMigration", **refused)])
+        fold(events, led, start=2)
+        st = led.state("c1", "a")
+        assert st is not None and set(st.windows) == {"m1"}
+        fold([up("grab", 11, creation_timestamp=t0 + timedelta(seconds=1))], led, start=5)
+        assert st.late == {"grab"}

@@ -165,6 +165,10 @@ def phase(obj: Mapping[str, Any]) -> str:
     return str(status(obj).get("phase") or "")
 
 
+MIGRATION_FINALIZER: Final = "kubevirt.io/migrationJobFinalize"
+"""The finalizer KubeVirt's migration controller puts on a migration it syncs, and takes off once it is deleted."""
+
+
 def deleting(obj: Mapping[str, Any]) -> bool:
     return bool(meta(obj).get("deletionTimestamp"))
 
@@ -1212,7 +1216,27 @@ class KubeVirtSimulator:
         vmim = self.cache.get("virtualmachineinstancemigrations", *key)
         if vmim is None:
             return
+        finalizers = meta(vmim).get("finalizers") or []
+        if deleting(vmim):  # (KubeVirt's finalizer: the migration is marked deleted first, then let go)
+            if MIGRATION_FINALIZER in finalizers:
+                await self._update(
+                    self.r_vmims,
+                    key,
+                    lambda o: o["metadata"].update(
+                        finalizers=[f for f in o["metadata"].get("finalizers") or [] if f != MIGRATION_FINALIZER]
+                    ),
+                )
+            return
         p = phase(vmim)
+        if p not in VMIM_FINAL and MIGRATION_FINALIZER not in finalizers:
+            await self._update(
+                self.r_vmims,
+                key,
+                lambda o: o["metadata"].update(
+                    finalizers=[*(o["metadata"].get("finalizers") or []), MIGRATION_FINALIZER]
+                ),
+            )
+            return
         if p in VMIM_FINAL:
             self._vmim_steps.clear(uid_of(vmim))
             await self._gc_migrations(vmim)

@@ -22,9 +22,9 @@ for any migration again while such a pod keeps the namespace over its budget (``
 A refusal that ended (the migration deleted, or finished) is kept as a window (:attr:`NamespaceState.windows`):
 the room raised for it stays in ``status.hard`` until vmquota has lowered it and the quota controller has copied
 that, and the two kinds' watches are in no order with each other, so a pod created up to :data:`REFUSAL_GRACE`
-after the end (the migration's ``deletionTimestamp``: KubeVirt's finalizer makes every deletion of a migration it
-tried one, else the newest time the namespace's objects show) is marked, whenever it is delivered; the window goes
-once a pod created after that arrives. A change
+after the end (the migration's ``deletionTimestamp``, which KubeVirt's finalizer gives a deletion; a tenant may
+take the finalizer off and delete at once, and then the end is the time the watcher published the deletion) is
+marked, whenever it is delivered; the window goes once a pod created after that arrives. A change
 of a managed quota's policy (an administrator lowering the budget, say) clears the marks: they are about the room
 ``hard`` held under the old one. The marks follow from the events' order alone, so a replay of the stream makes
 the same.
@@ -197,6 +197,15 @@ _CK_DECODER: Final = msgspec.json.Decoder(  # (records' snapshots read as the ev
 )
 
 
+def _time_of(text: str) -> datetime | None:
+    """An event's RFC 3339 publication time (None when it is not one)."""
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo is not None else None
+
+
 def _refused_since(m: Snapshot) -> datetime | None:
     """When an active migration KubeVirt was refused its target for was created (None: not such a migration)."""
     if isinstance(m, VmimSnapshot) and m.active and m.rejected_by_quota:
@@ -293,8 +302,7 @@ class NamespaceState:
         """Migration uid → (its creation, its end + :data:`REFUSAL_GRACE`) for a refused migration that ended: pods
         created between the two are marked (see the module)."""
         self.clock: datetime | None = None
-        """The newest creation or deletion time of the namespace's objects folded (a refusal's end when the
-        migration's own is not known)."""
+        """The newest creation time of the namespace's objects folded (a refusal's end is never before it)."""
 
     # ---- reading ----------------------------------------------------------------------------------------------
     def live(self, kind: str) -> list[Snapshot]:
@@ -360,7 +368,7 @@ class NamespaceState:
             elif kind == VMIM_KIND:
                 self.refusing = None
                 self.late.update(created_in(ev.snapshot, self.live(POD_KIND)))
-                self._ended(uid, self.replaced, ev.snapshot)
+                self._ended(uid, self.replaced, ev.snapshot, ev.time)
             elif kind == QUOTA_KIND and self.replaced is not None and _policy(self.replaced) != _policy(ev.snapshot):
                 self.late.clear()
             return _REFRESHED if refreshed else _APPLIED
@@ -374,7 +382,7 @@ class NamespaceState:
         self.late.discard(uid)
         if kind == VMIM_KIND:
             self.refusing = None
-            self._ended(uid, self.replaced, None)
+            self._ended(uid, self.replaced, None, ev.time)
         return Outcome.APPLIED
 
     def _refusing(self) -> bool:
@@ -401,14 +409,17 @@ class NamespaceState:
             for uid in [u for u, (_, until) in self.windows.items() if until < created]:
                 del self.windows[uid]
 
-    def _ended(self, uid: str, before: Snapshot | None, now: Snapshot | None) -> None:
-        """A migration's new version ``now`` (None: deleted): a refusal that was active and is no more is kept as a
-        window, from its creation to its end (its ``deletionTimestamp``, else :attr:`clock`) and the grace."""
+    def _ended(self, uid: str, before: Snapshot | None, now: Snapshot | None, published: str) -> None:
+        """A migration's new version ``now`` (None: deleted), in an event the watcher published at ``published``: a
+        refusal that was active and is no more is kept as a window, from its creation to its end and the grace.
+        The end is the migration's ``deletionTimestamp``, else the event's time (a tenant may take KubeVirt's
+        finalizer off its migration and delete it at once), else :attr:`clock`."""
         since = _refused_since(before) if before is not None else None
         if since is None or (now is not None and _refused_since(now) is not None):
             return
-        end = (now.deletion_timestamp if isinstance(now, VmimSnapshot) else None) or self.clock or since
-        self.windows[uid] = (since, max(end, since) + REFUSAL_GRACE)
+        end = (now.deletion_timestamp if isinstance(now, VmimSnapshot) else None) or _time_of(published)
+        end = max(t for t in (end, self.clock, since) if t is not None)
+        self.windows[uid] = (since, end + REFUSAL_GRACE)
 
     def apply_sync(self, ev: Sync, seq: int) -> Outcome:
         """Drop the objects of ``ev.kind`` not in ``ev.present`` and not newer than the sync, and those whose
@@ -433,7 +444,7 @@ class NamespaceState:
                     self._live.pop(ev.kind, None)
                     if ev.kind == VMIM_KIND:
                         self.refusing = None
-                        self._ended(uid, gone, None)
+                        self._ended(uid, gone, None, ev.time)
                 self.late.discard(uid)
                 changed = True
         return Outcome.APPLIED if changed else Outcome.STALE

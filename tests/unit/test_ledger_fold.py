@@ -7,6 +7,7 @@ import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -555,3 +556,18 @@ def test_a_refused_migration_a_relist_drops_ends_its_refusal_as_a_deletion_does(
         assert st is not None and set(st.windows) == {"m1"}
         fold([up("grab", 11, creation_timestamp=t0 + timedelta(seconds=1))], led, start=5)
         assert st.late == {"grab"}
+
+
+def test_a_migration_deleted_at_once_ends_its_refusal_when_the_watcher_published_the_deletion() -> None:
+    """A tenant may take KubeVirt's finalizer off its migration and delete it at once: no ``deletionTimestamp``.
+    The refusal then ends when the watcher published the deletion, not at the newest creation time the fold has
+    seen (which a quiet minute leaves behind)."""
+    t0 = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
+    refused: dict[str, Any] = {"phase": "Pending", "rejected_by_quota": True, "creation_timestamp": t0}
+    gone = down("m1", 12, kind="VirtualMachineInstanceMigration")
+    gone = msgspec.structs.replace(gone, time="2026-12-05T12:05:00.000Z")  # (five quiet minutes later)
+    led = fold([up("m1", 10, kind="VirtualMachineInstanceMigration", **refused), gone])
+    st = led.state("c1", "a")
+    assert st is not None and st.windows == {"m1": (t0, t0 + timedelta(minutes=5) + REFUSAL_GRACE)}
+    fold([up("grab", 13, creation_timestamp=t0 + timedelta(minutes=5, seconds=1))], led, start=3)
+    assert st.late == {"grab"}

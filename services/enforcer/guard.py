@@ -85,21 +85,30 @@ class GuardWriter:
         confirm the holders that still have the size their pod was reserved at; why the others wait, or "". A
         hotplug the ledger has not seen would make KubeVirt render the pod larger than its room: such a holder stays
         unconfirmed (its pods stay out, and a raise for it waits) until the ledger's next usage, with the new size,
-        is planned."""
-        why = ""
-        for sized in sorted(guard.reserved_sizes(usage)):
-            if self._sized.get(namespace, {}).get(sized.vmi) == sized:
-                continue
-            obj = await self.kube.get_vmi(namespace, sized.vmi)
-            if not guard.still_sized(sized, obj):
-                self._sized.get(namespace, {}).pop(sized.vmi, None)
-                why = why or f"VMI {sized.vmi} is not the size its pod was reserved at"
-                continue
-            # remembered only if listed now, after the read (a shrink meanwhile may have taken it off the list)
-            if sized.uid in {h.uid for h in self._listed.get(namespace, (frozenset(), frozenset(), ""))[0]}:
-                self._sized.setdefault(namespace, {})[sized.vmi] = sized
-        await self.write(namespace, grow=True)
-        return why
+        is planned. Another writer's version met meanwhile drops what was read (the list is read again): the VMIs
+        are read again until the list confirms every holder found at its size; raises when it keeps changing (the
+        quota is retried with backoff: an unconfirmed holder keeps the namespace's pods out)."""
+        sizes = sorted(guard.reserved_sizes(usage))
+        for _ in range(GUARD_CONFLICTS):
+            why, resized = "", set()
+            for sized in sizes:
+                if self._sized.get(namespace, {}).get(sized.vmi) == sized:
+                    continue
+                obj = await self.kube.get_vmi(namespace, sized.vmi)
+                if not guard.still_sized(sized, obj):
+                    self._sized.get(namespace, {}).pop(sized.vmi, None)
+                    why = why or f"VMI {sized.vmi} is not the size its pod was reserved at"
+                    resized.add(sized.uid)
+                    continue
+                # remembered only if listed now, after the read (a shrink meanwhile may have taken it off the list)
+                if sized.uid in {h.uid for h in self._listed.get(namespace, (frozenset(), frozenset(), ""))[0]}:
+                    self._sized.setdefault(namespace, {})[sized.vmi] = sized
+            await self.write(namespace, grow=True)
+            listed, unconfirmed, _ = self._listed.get(namespace, (frozenset(), frozenset(), ""))
+            uids = {h.uid for h in listed}
+            if not any(s.uid in unconfirmed and s.uid in uids and s.uid not in resized for s in sizes):
+                return why
+        raise KubeError(409, "Conflict", f"the QuotaReservation of {namespace} kept changing under the enforcer")
 
     def forget(self, key: Key) -> bool:
         """The quota is gone (or no longer managed): it carries nothing. True when it held holders (the namespace's

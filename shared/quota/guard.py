@@ -132,28 +132,25 @@ def carried(before: frozenset[Holder], quota: QuotaSnapshot, usage: UsageSnapsho
     return now if _same(asked, quota.spec_hard) else before | now
 
 
-def listed(obj: Mapping[str, Any] | None) -> frozenset[Holder]:
-    """The holders a ``QuotaReservation`` object lists (none for None or a malformed list)."""
+def _entries(obj: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    """The holder entries of a ``QuotaReservation`` object that have a uid (none for None or a malformed list)."""
     spec = (obj or {}).get("spec")
     items = spec.get("holders") if isinstance(spec, Mapping) else None
     if not isinstance(items, list):
-        return frozenset()
+        return []
+    return [h for h in items if isinstance(h, Mapping) and h.get("uid")]
+
+
+def listed(obj: Mapping[str, Any] | None) -> frozenset[Holder]:
+    """The holders a ``QuotaReservation`` object lists."""
     return frozenset(
-        Holder(str(h.get("uid", "")), str(h.get("name", "")), str(h.get("reason", "")))
-        for h in items
-        if isinstance(h, Mapping) and h.get("uid")
+        Holder(str(h.get("uid", "")), str(h.get("name", "")), str(h.get("reason", ""))) for h in _entries(obj)
     )
 
 
 def unconfirmed(obj: Mapping[str, Any] | None) -> frozenset[str]:
     """The uids of the holders a ``QuotaReservation`` object lists unconfirmed (``confirmed: false``)."""
-    spec = (obj or {}).get("spec")
-    items = spec.get("holders") if isinstance(spec, Mapping) else None
-    if not isinstance(items, list):
-        return frozenset()
-    return frozenset(
-        str(h["uid"]) for h in items if isinstance(h, Mapping) and h.get("uid") and h.get("confirmed") is False
-    )
+    return frozenset(str(h["uid"]) for h in _entries(obj) if h.get("confirmed") is False)
 
 
 def union(sets: Iterable[frozenset[Holder]]) -> frozenset[Holder]:

@@ -590,10 +590,7 @@ async def test_the_guard_lists_holders_before_a_raise_and_keeps_what_it_found_un
     sim.store.on_change(record)
     vms = [contract.VmState(name="vm1", uid="uid-vm1", state="running")]
     async with enforcer(bus, api, reservation_guard=True):
-        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
-        await sim.wait_quota_synced(NS, "compute")
-        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING, vms=vms)
-        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised")
+        await raised_for_vm1(sim, bus, vms)
         await sim.wait_quota_synced(NS, "compute")
         await sim.wait_until(
             guard.PLURAL, NS, guard.NAME, lambda o: {h.name for h in guard.listed(o)} == {"vm1"}, what="vm9 dropped"
@@ -601,6 +598,14 @@ async def test_the_guard_lists_holders_before_a_raise_and_keeps_what_it_found_un
     raised = next(i for i, w in enumerate(writes) if w == ("hard", {"80Gi"}))
     before = [w for w in writes[:raised] if w[0] == "guard"]
     assert before and before[-1][1] == {"vm1", "vm9"}, writes
+
+
+async def raised_for_vm1(sim: SimCluster, bus: Bus, vms: list[contract.VmState]) -> None:
+    """The enforcer adopted ``compute`` (64Gi), then raised it to 80Gi for vm1's migration (MIGRATING)."""
+    await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+    await sim.wait_quota_synced(NS, "compute")
+    await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING, vms=vms)
+    await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised")
 
 
 def listed_names(sim: SimCluster) -> set[str]:
@@ -616,10 +621,7 @@ async def test_a_shrink_of_the_guard_never_removes_what_another_writer_listed(
     await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
     vms = [contract.VmState(name="vm1", uid="uid-vm1", state="running")]
     async with enforcer(bus, api, reservation_guard=True) as (e, _):
-        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
-        await sim.wait_quota_synced(NS, "compute")
-        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING, vms=vms)
-        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised")
+        await raised_for_vm1(sim, bus, vms)
         assert listed_names(sim) == {"vm1"}
         newer = guard.Holder("uid-vm7", "vm7", "migration m7")
         await sim.apply(guard.reservation(NS, frozenset({newer}), [guard.DEFAULT_CREATOR]))  # the new leader's
@@ -879,10 +881,7 @@ async def test_with_the_guard_a_forged_quota_event_takes_no_holder_off_the_list(
     await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
     vms = [contract.VmState(name="vm1", uid="uid-vm1", state="running")]
     async with enforcer(bus, api, reservation_guard=True) as (e, _):
-        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
-        await sim.wait_quota_synced(NS, "compute")
-        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING, vms=vms)
-        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised")
+        await raised_for_vm1(sim, bus, vms)
         await sim.wait_quota_synced(NS, "compute")
         assert listed_names(sim) == {"vm1"}
         sim.quota.timing = QuotaTiming(sync_delay=3600.0)  # (the quota controller does not copy the lowering)

@@ -1576,10 +1576,31 @@ def test_without_the_guard_a_new_migration_does_not_reopen_the_window() -> None:
     assert c.excess()["limits.memory"] <= reserved
 
 
+def a_new_migration_refused(c: Cluster) -> None:
+    """The tenant migrates a VM, KubeVirt is refused its target, and vmquota catches up."""
+    c.tenant_migrate(0)
+    (new,) = c.of_kind(VMIM_KIND)
+    c.kv_target(name_of(new))
+    c.vmquota_catches_up()
+
+
+def delete_then_grab(c: Cluster, *, rounds: int, quiet: int = 0, finalizer: bool = True) -> None:
+    """``rounds`` times: ``quiet`` seconds pass, the tenant deletes its refused migration (through KubeVirt's
+    finalizer, or not), creates a pod of the room it sees before vmquota has lowered ``hard``, and migrates again."""
+    for _ in range(rounds):
+        c.clock += quiet
+        (m,) = c.of_kind(VMIM_KIND)
+        c.delete(VMIM_KIND, name_of(m), finalizer=finalizer)  # (status.hard still holds the raise)
+        if c.tenant_pod(c.room() or {}, prefix="grab") is None:
+            return
+        c.vmquota_catches_up()
+        a_new_migration_refused(c)
+
+
 def test_without_the_guard_a_migration_deleted_before_vmquota_hears_of_the_pod_still_marks_it() -> None:
     """The same, with the migration deleted the moment the pod took its room: the migration watch delivers the
-    deletion before the pod watch delivers the pod. The fold keeps the refusal as a window until the pod events have
-    passed the version it ended at, so the pod is marked all the same. (It was not: room was raised and taken again
+    deletion before the pod watch delivers the pod. The fold keeps the refusal as a window past its end, so the pod
+    is marked all the same. (It was not: room was raised and taken again
     once per migration the tenant created.)"""
     c, reserved = full_with_a_refused_migration(guarded=False)
     for _ in range(3):
@@ -1592,10 +1613,7 @@ def test_without_the_guard_a_migration_deleted_before_vmquota_hears_of_the_pod_s
             pass
         c.deliver_all()
         assert uid_of(c.objs[POD_KIND][grab]) in c.fold.late
-        c.tenant_migrate(0)
-        (new,) = c.of_kind(VMIM_KIND)
-        c.kv_target(name_of(new))
-        c.vmquota_catches_up()
+        a_new_migration_refused(c)
     assert c.excess()["limits.memory"] <= reserved, f"over by {format_resource_list(c.excess())}"
 
 
@@ -1605,16 +1623,7 @@ def test_without_the_guard_a_pod_created_just_after_the_migration_is_deleted_doe
     after a refusal's end (its ``deletionTimestamp``), so the next migration gets no room while that pod keeps the
     namespace over its budget. (It did: one reserved amount over the budget per round.)"""
     c, reserved = full_with_a_refused_migration(guarded=False)
-    for _ in range(3):
-        (m,) = c.of_kind(VMIM_KIND)
-        c.delete(VMIM_KIND, name_of(m))  # (status.hard still holds the raise)
-        if c.tenant_pod(c.room() or {}, prefix="grab") is None:
-            break
-        c.vmquota_catches_up()
-        c.tenant_migrate(0)
-        (new,) = c.of_kind(VMIM_KIND)
-        c.kv_target(name_of(new))
-        c.vmquota_catches_up()
+    delete_then_grab(c, rounds=3)
     assert c.excess()["limits.memory"] <= reserved, f"over by {format_resource_list(c.excess())}"
 
 
@@ -1625,17 +1634,7 @@ def test_without_the_guard_a_migration_deleted_without_its_finalizer_after_a_qui
     watcher published the deletion. (It was that old creation time: the window had closed before the pod was made,
     one reserved amount over the budget per round.)"""
     c, reserved = full_with_a_refused_migration(guarded=False)
-    for _ in range(3):
-        c.clock += 120
-        (m,) = c.of_kind(VMIM_KIND)
-        c.delete(VMIM_KIND, name_of(m), finalizer=False)
-        if c.tenant_pod(c.room() or {}, prefix="grab") is None:
-            break
-        c.vmquota_catches_up()
-        c.tenant_migrate(0)
-        (new,) = c.of_kind(VMIM_KIND)
-        c.kv_target(name_of(new))
-        c.vmquota_catches_up()
+    delete_then_grab(c, rounds=3, quiet=120, finalizer=False)
     assert c.excess()["limits.memory"] <= reserved, f"over by {format_resource_list(c.excess())}"
 
 

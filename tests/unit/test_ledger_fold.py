@@ -530,11 +530,20 @@ def test_a_refusal_that_ended_marks_the_pods_created_up_to_a_grace_after_its_end
     )
     assert st.late == {"old"}, "a resize long after the refusal marks nothing"
 
-    def quota(rv: int, budget: str) -> Upserted:
+    def quota(rv: int, budget: str, hard: str = "64Gi", status: str = "") -> Upserted:
         ann = {"vmquota.io/mode": "VmiPodUsage", "vmquota.io/budget": json.dumps({"limits.memory": budget})}
-        return up("q", rv, kind="ResourceQuota", labels={"vmquota.io/managed": "true"}, annotations=ann)
+        ann |= {"vmquota.io/status": status} if status else {}
+        return up(
+            "q",
+            rv,
+            kind="ResourceQuota",
+            labels={"vmquota.io/managed": "true"},
+            annotations=ann,
+            spec_hard={"limits.memory": Quantity.parse(hard)},
+        )
 
-    fold([quota(8, "64Gi"), quota(9, "64Gi")], led, start=8)
+    # the enforcer's own writes (a raise, its status line) change no policy: the tenant cannot clear the marks
+    fold([quota(8, "64Gi"), quota(9, "64Gi", hard="80Gi", status="raised for the migration of vm1")], led, start=8)
     assert st.late == {"old"}, "the same policy: marks kept"
     fold([quota(10, "32Gi")], led, start=10)
     assert st.late == set(), "a lowered budget: the marks were about the room hard held under the old one"

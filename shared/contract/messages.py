@@ -210,6 +210,15 @@ def now_rfc3339(now: datetime | None = None) -> str:
     return t.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def parse_rfc3339(text: str) -> datetime | None:
+    """A message's ``time`` (as :func:`now_rfc3339` writes it) as a time; None when it is not one with a zone."""
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo is not None else None
+
+
 def source(service: str, cluster: str) -> str:
     return f"{PREFIX}/{service}/{cluster}"
 

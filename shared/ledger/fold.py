@@ -40,7 +40,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, cast
 
 import msgspec
 
@@ -49,7 +49,7 @@ from shared.contract import Deleted, Snapshot, Sync, Upserted
 from shared.errors import InvalidInput
 from shared.kinds import KUBEVIRT_KIND, NAMESPACE_KIND, POD_KIND, QUOTA_KIND, VMIM_KIND
 from shared.quantity import ZERO
-from shared.quota.modes import policy_of
+from shared.quota.modes import policy_or_error
 from shared.snapshot import (
     WIRE_SNAPSHOT,
     PodSnapshot,
@@ -197,15 +197,6 @@ _CK_DECODER: Final = msgspec.json.Decoder(  # (records' snapshots read as the ev
 )
 
 
-def _time_of(text: str) -> datetime | None:
-    """An event's RFC 3339 publication time (None when it is not one)."""
-    try:
-        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return t if t.tzinfo is not None else None
-
-
 def _refused_since(m: Snapshot) -> datetime | None:
     """When an active migration KubeVirt was refused its target for was created (None: not such a migration)."""
     if isinstance(m, VmimSnapshot) and m.active and m.rejected_by_quota:
@@ -221,35 +212,7 @@ def _grew(before: Snapshot | None, pod: Snapshot) -> bool:
     return any(q > before.usage.get(r, ZERO) for r, q in pod.usage.items())
 
 
-def _policy(q: Snapshot) -> object:
-    """A quota's policy as accounting reads it (its mode, budget, ratio...), or why it has none."""
-    if not isinstance(q, QuotaSnapshot):
-        return None
-    try:
-        return policy_of(q)
-    except InvalidInput as e:
-        return str(e)
-
-
-def created_in_refusal(pod: Snapshot, migrations: Iterable[Snapshot]) -> bool:
-    """Whether ``pod`` was created at or after one of ``migrations`` that is active and that KubeVirt was refused
-    its target for."""
-    created = pod.creation_timestamp if isinstance(pod, PodSnapshot) else None
-    if created is None:
-        return False
-    return any(since is not None and since <= created for since in map(_refused_since, migrations))
-
-
-def created_in(migration: Snapshot, pods: Iterable[Snapshot]) -> Iterator[str]:
-    """The uids of ``pods`` created at or after ``migration``, when it is active and KubeVirt was refused its target
-    (the pods folded before it: the watches of two kinds are in no order with each other)."""
-    since = _refused_since(migration)
-    if since is None:
-        return
-    for p in pods:
-        if isinstance(p, PodSnapshot) and p.creation_timestamp is not None and p.creation_timestamp >= since:
-            yield p.uid
-
+_UNKNOWN: Final = object()
 
 REFUSAL_GRACE: Final = timedelta(seconds=60)
 """How long after a refusal ended a pod created is taken as one that may have taken its room (vmquota lowers
@@ -271,7 +234,7 @@ class NamespaceState:
         "late",
         "namespace",
         "objects",
-        "refusing",
+        "refused_from",
         "replaced",
         "seq",
         "usage_digest",
@@ -296,8 +259,8 @@ class NamespaceState:
         """The snapshot the last applied or refreshed event replaced (None: the object was absent)."""
         self.late: set[str] = set()
         """Uids of the existing pods created in a refusal (see the module)."""
-        self.refusing: bool | None = None
-        """Whether a refused migration is active (None: not known since the last change of a migration)."""
+        self.refused_from: datetime | object | None = _UNKNOWN
+        """:meth:`_refused_from`, or :data:`_UNKNOWN` since the last change of a migration."""
         self.windows: dict[str, tuple[datetime, datetime]] = {}
         """Migration uid → (its creation, its end + :data:`REFUSAL_GRACE`) for a refused migration that ended: pods
         created between the two are marked (see the module)."""
@@ -360,16 +323,27 @@ class NamespaceState:
             if created is not None and (self.clock is None or created > self.clock):
                 self.clock = created
             if kind == POD_KIND:
-                if self.windows or self._refusing():  # (the common case, no refusal at all, costs two tests)
+                if self.windows or self._refused_from() is not None:  # (the common case, no refusal, costs two tests)
                     if uid not in self.late and self._in_refusal(ev.snapshot, self.replaced):
                         self.late.add(uid)
                         refreshed = False
                     self._pods_at(created)
             elif kind == VMIM_KIND:
-                self.refusing = None
-                self.late.update(created_in(ev.snapshot, self.live(POD_KIND)))
+                self.refused_from = _UNKNOWN
+                since = _refused_since(ev.snapshot)
+                if since is not None and (self.replaced is None or _refused_since(self.replaced) is None):
+                    # (refused now: the pods folded before it, the watches of two kinds being in no order)
+                    self.late.update(
+                        p.uid for p in self._pods() if p.creation_timestamp and p.creation_timestamp >= since
+                    )
                 self._ended(uid, self.replaced, ev.snapshot, ev.time)
-            elif kind == QUOTA_KIND and self.replaced is not None and _policy(self.replaced) != _policy(ev.snapshot):
+            elif (
+                kind == QUOTA_KIND
+                and self.late
+                and isinstance(self.replaced, QuotaSnapshot)
+                and isinstance(ev.snapshot, QuotaSnapshot)
+                and policy_or_error(self.replaced) != policy_or_error(ev.snapshot)
+            ):
                 self.late.clear()
             return _REFRESHED if refreshed else _APPLIED
         if rec is not None and (rv < rec.rv or (rv == rec.rv and rec.snapshot is None)):
@@ -381,26 +355,32 @@ class NamespaceState:
         self._live.pop(kind, None)
         self.late.discard(uid)
         if kind == VMIM_KIND:
-            self.refusing = None
+            self.refused_from = _UNKNOWN
             self._ended(uid, self.replaced, None, ev.time)
         return Outcome.APPLIED
 
-    def _refusing(self) -> bool:
-        """Whether a migration KubeVirt was refused its target for is active (kept until a migration changes)."""
-        if self.refusing is None:
-            self.refusing = any(_refused_since(m) is not None for m in self.live(VMIM_KIND))
-        return self.refusing
+    def _refused_from(self) -> datetime | None:
+        """The creation of the oldest active migration KubeVirt was refused its target for (None: none is); kept
+        until a migration changes."""
+        if self.refused_from is _UNKNOWN:
+            times = [t for t in map(_refused_since, self.live(VMIM_KIND)) if t is not None]
+            self.refused_from = min(times, default=None)
+        return cast(datetime | None, self.refused_from)
+
+    def _pods(self) -> Iterator[PodSnapshot]:
+        return (p for p in self.live(POD_KIND) if isinstance(p, PodSnapshot))
 
     def _in_refusal(self, pod: Snapshot, before: Snapshot | None) -> bool:
         """Whether ``pod`` (``before`` the version it replaces) was created, or grew, in a refusal: one still active
         in the view, or one that ended (:attr:`windows`)."""
-        refusing = self._refusing()
-        if refusing and created_in_refusal(pod, self.live(VMIM_KIND)):
-            return True
+        since = self._refused_from()
         created = pod.creation_timestamp if isinstance(pod, PodSnapshot) else None
-        if created is not None and any(since <= created <= until for since, until in self.windows.values()):
+        if created is not None and (
+            (since is not None and since <= created)
+            or any(start <= created <= until for start, until in self.windows.values())
+        ):
             return True
-        return (refusing or bool(self.windows)) and _grew(before, pod)
+        return (since is not None or bool(self.windows)) and _grew(before, pod)
 
     def _pods_at(self, created: datetime | None) -> None:
         """A pod created at ``created`` arrived: the windows that end before it are done with (the pod watch
@@ -417,7 +397,7 @@ class NamespaceState:
         since = _refused_since(before) if before is not None else None
         if since is None or (now is not None and _refused_since(now) is not None):
             return
-        end = (now.deletion_timestamp if isinstance(now, VmimSnapshot) else None) or _time_of(published)
+        end = (now.deletion_timestamp if isinstance(now, VmimSnapshot) else None) or contract.parse_rfc3339(published)
         end = max(t for t in (end, self.clock, since) if t is not None)
         self.windows[uid] = (since, end + REFUSAL_GRACE)
 
@@ -443,7 +423,7 @@ class NamespaceState:
                     recs[uid] = Record(recs[uid].rv, seq, None)
                     self._live.pop(ev.kind, None)
                     if ev.kind == VMIM_KIND:
-                        self.refusing = None
+                        self.refused_from = _UNKNOWN
                         self._ended(uid, gone, None, ev.time)
                 self.late.discard(uid)
                 changed = True

@@ -11,9 +11,8 @@ from enum import IntEnum
 from typing import Final
 
 from shared.bounded import Bounded
-from shared.errors import InvalidInput
 from shared.kinds import EVENT_KIND, POD_KIND, QUOTA_KIND, VMI_KIND, VMIM_KIND
-from shared.quota.modes import policy_of
+from shared.quota.modes import policy_or_error
 from shared.resources import ResourceList
 from shared.snapshot import EventSnapshot, PodSnapshot, QuotaSnapshot, Snapshot, VmimSnapshot, VmiSnapshot
 
@@ -152,11 +151,7 @@ class Urgency:
 def _quota_terms(q: QuotaSnapshot) -> tuple[object, ...]:
     """What accounting reads of a quota: its policy (managed or not, mode, budget, ratio), or why it cannot
     be managed, and which resources its ``spec.hard`` names (whether the launcher pods get automatic limits)."""
-    try:
-        policy: object = policy_of(q)
-    except InvalidInput as e:
-        policy = str(e)
-    return (policy, frozenset(q.spec_hard))
+    return (policy_or_error(q), frozenset(q.spec_hard))
 
 
 def _vmi_size(v: VmiSnapshot) -> tuple[object, ...]:

@@ -287,6 +287,14 @@ def quota_scopes(q: QuotaSnapshot) -> tuple[ScopeRequirement, ...]:
     return tuple(out)
 
 
+def policy_or_error(q: QuotaSnapshot) -> QuotaPolicy | str | None:
+    """:func:`policy_of`, or why the quota's annotations give none (to compare two versions of a quota)."""
+    try:
+        return policy_of(q)
+    except InvalidInput as e:
+        return str(e)
+
+
 def policy_of(q: QuotaSnapshot) -> QuotaPolicy | None:
     """The policy of a managed quota snapshot (None when not opted in); InvalidInput on bad annotations."""
     return quota_policy(

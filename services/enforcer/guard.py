@@ -90,10 +90,11 @@ class GuardWriter:
         quota is retried with backoff: an unconfirmed holder keeps the namespace's pods out)."""
         sizes = sorted(guard.reserved_sizes(usage))
         for _ in range(GUARD_CONFLICTS):
-            why, resized = "", set()
+            why, resized, read = "", set(), False
             for sized in sizes:
                 if self._sized.get(namespace, {}).get(sized.vmi) == sized:
                     continue
+                read = True
                 obj = await self.kube.get_vmi(namespace, sized.vmi)
                 if not guard.still_sized(sized, obj):
                     self._sized.get(namespace, {}).pop(sized.vmi, None)
@@ -103,7 +104,8 @@ class GuardWriter:
                 # remembered only if listed now, after the read (a shrink meanwhile may have taken it off the list)
                 if sized.uid in {h.uid for h in self._listed.get(namespace, (frozenset(), frozenset(), ""))[0]}:
                     self._sized.setdefault(namespace, {})[sized.vmi] = sized
-            await self.write(namespace, grow=True)
+            if read:  # (nothing read: the list is as before()/after() just wrote it)
+                await self.write(namespace, grow=True)
             listed, unconfirmed, _ = self._listed.get(namespace, (frozenset(), frozenset(), ""))
             uids = {h.uid for h in listed}
             if not any(s.uid in unconfirmed and s.uid in uids and s.uid not in resized for s in sizes):

@@ -225,7 +225,7 @@ class Migrations(Vms):
             # window with each migration it creates)
             return (p.creation_timestamp is not None and p.creation_timestamp >= since) or p.uid in self.late
 
-        late = [
+        taking = [
             e.charged
             for p, e in zip(self.pods, self.pod_entries, strict=True)
             if e.role in (NON_VM, ORPHAN_LAUNCHER) and e.active and after(p)
@@ -236,11 +236,11 @@ class Migrations(Vms):
         # it its VMI's migration target (``status.migrationState.targetPod``, written at the hand-off)
         for v in self.vmis:
             target = v.migration.target_pod if v.migration is not None else ""
-            late.extend(charged for p, charged in self.launchers.get(vm_key(v), ()) if after(p) and p.name != target)
-        if not late:
+            taking.extend(charged for p, charged in self.launchers.get(vm_key(v), ()) if after(p) and p.name != target)
+        if not taking:
             return ""
         for q, rs in over_budget:
-            over = [r for r in rs if any(c.get(r, ZERO).nanos > 0 for c in late)]
+            over = [r for r in rs if any(c.get(r, ZERO).nanos > 0 for c in taking)]
             if over:
                 return f"quota {q.policy.name}: {', '.join(sorted(over))}" if q.policy.name else ", ".join(over)
         return ""

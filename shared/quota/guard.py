@@ -98,9 +98,9 @@ def reserved_sizes(usage: UsageSnapshot | None) -> frozenset[Sized]:
 
 
 def still_sized(sized: Sized, obj: Mapping[str, Any] | None) -> bool:
-    """Whether a VMI object (read afresh) is the one reserved for and still has the size its target was reserved
-    at. The policy keeps a holder's size from changing, but only from the moment it is listed: a hotplug between
-    the ledger's view and the listing would make KubeVirt render the target larger than the room."""
+    """Whether a VMI object (read afresh) is the one reserved for and still has the size its pod was reserved at.
+    The policy keeps a holder's size from changing, but only from the moment it is listed: a hotplug between the
+    ledger's view and the listing would make KubeVirt render the pod larger than the room."""
     if obj is None:
         return False
     try:

@@ -200,8 +200,14 @@ class StatusSize:
 
 
 def status_size(obj: Mapping[str, Any]) -> StatusSize:
-    """``status.currentCPUTopology`` and ``status.memory.guestCurrent`` (else ``guestRequested``) of a VMI: the size
-    it runs at now, which a hotplug request raises only once its migration hands over."""
+    """``status.currentCPUTopology`` and the larger of ``status.memory.guestRequested`` and ``guestCurrent`` of a
+    VMI: the size it runs at now, which a hotplug request raises only once its migration hands over.
+
+    ``guestRequested`` is virt-handler's record of the memory the domain was given (the spec, once a hotplug is
+    applied); ``guestCurrent`` is libvirt's current memory, which follows what the guest has brought online. A
+    guest (the tenant's) may keep hotplugged memory offline and bring it online at any time, with no pod and no
+    migration to refuse: counting the VM at ``guestCurrent`` would make the admitted growth room again. And a guest
+    that did not release memory after an unplug still holds it: the larger of the two counts."""
     status = obj.get("status")
     if not isinstance(status, Mapping):
         return StatusSize(None, None)
@@ -213,9 +219,10 @@ def status_size(obj: Mapping[str, Any]) -> StatusSize:
     guest: Quantity | None = None
     memst = status.get("memory")
     if isinstance(memst, Mapping):
-        for key in ("guestRequested", "guestCurrent"):  # (the guest's current memory wins when both are there)
+        for key in ("guestRequested", "guestCurrent"):
             if memst.get(key) is not None:
-                guest = _quantity(memst.get(key), f"status.memory.{key}")
+                reported = _quantity(memst.get(key), f"status.memory.{key}")
+                guest = reported if guest is None or reported > guest else guest
     return StatusSize(vcpus, guest)
 
 

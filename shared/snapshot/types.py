@@ -136,7 +136,7 @@ class VmiSnapshot(Snapshot, tag=VMI_KIND, frozen=True, kw_only=True):
     status_vcpus: int | None = None
     """``status.currentCPUTopology`` as a vCPU count (hotplug), when reported."""
     status_guest_memory: Quantity | None = None
-    """``status.memory.guestCurrent`` (else ``guestRequested``), when reported."""
+    """The larger of ``status.memory.guestRequested`` and ``guestCurrent``, when reported."""
     requests: dict[str, Quantity] = {}
     """Explicit ``spec.domain.resources.requests``."""
     limits: dict[str, Quantity] = {}

@@ -669,6 +669,32 @@ def test_a_guest_that_kept_hotplugged_memory_offline_migrates_without_growth() -
     assert mig(u, "evac").growth == {}
 
 
+@pytest.mark.parametrize("mode", [Mode.VIRTUAL_RESOURCES, Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO])
+@pytest.mark.parametrize("resource", ["requests.memory", "limits.memory"])
+def test_hotplugged_memory_the_guest_keeps_offline_is_no_room_for_another_vm(mode: Mode, resource: str) -> None:
+    """A hotplug to 8Gi was admitted and migrated, but the guest keeps the 4Gi it got offline (libvirt's current
+    memory, ``guestCurrent``, follows the guest). Counting the VM at 4Gi made the admitted growth room again: a new
+    8Gi VM was reserved and let in, and once the guest brought its memory online (no pod, no migration to refuse)
+    the namespace ran 16Gi of guest memory on a 12Gi budget. The VM counts at what its domain was given."""
+    budget = {resource: "12Gi"}
+    facts = facts_for(budget)
+
+    def hotplugged(online: str) -> dict[str, Any]:
+        v = vmi_obj("v", guest="8Gi")
+        v["spec"]["domain"]["memory"]["maxGuest"] = "16Gi"
+        v["status"]["memory"] = {"guestAtBoot": "4Gi", "guestCurrent": online, "guestRequested": "8Gi"}
+        return v
+
+    offline = hotplugged("4Gi")
+    pod = launcher_obj(offline, suffix="now", t=50, facts=facts)
+    quota = quota_obj("rq", budget, mode)
+    u = account([quota, offline, pod, refused_vmi(vmi_obj("p", guest="8Gi", t=100, phase="Pending"))])
+    assert vm(u, "v").counts["rq"][resource] == Q("8Gi")
+    assert vm(u, "p").state == REFUSED and "does not fit" in vm(u, "p").reason, vm(u, "p").reason
+    p_pod = launcher_obj(vmi_obj("p", guest="8Gi", t=100), suffix="p", t=101, facts=facts)
+    assert usage_of(pod)[resource] + usage_of(p_pod)[resource] > Q(hard_of(u)[resource]), "native quota refuses it"
+
+
 # ---- pods ----------------------------------------------------------------------------------------------------------
 
 

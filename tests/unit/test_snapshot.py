@@ -70,7 +70,7 @@ VMI: dict[str, Any] = {
         "phase": "Running",
         "nodeName": "node-a",
         "currentCPUTopology": {"sockets": 2, "cores": 1, "threads": 1},
-        "memory": {"guestCurrent": "4Gi", "guestRequested": "8Gi", "memoryOverhead": "300Mi"},
+        "memory": {"guestCurrent": "3584Mi", "guestRequested": "4Gi", "memoryOverhead": "300Mi"},
         "migrationState": {"migrationUid": "m-0", "sourceNode": "node-b", "targetNode": "node-a", "completed": True},
     },
 }
@@ -191,7 +191,8 @@ def test_vmi() -> None:
     assert (s.namespace, s.name, s.uid, s.resource_version) == ("tenant", "vm1", "u-1", "42")
     assert s.creation_timestamp == datetime(2025, 1, 1, tzinfo=UTC)
     assert s.vcpus == 4 and s.guest_memory == Quantity.parse("8Gi")
-    assert s.status_vcpus == 2 and s.status_guest_memory == Quantity.parse("4Gi")  # guestCurrent
+    # guestRequested: what the domain was given, of which the guest has 3.5Gi online (the hotplug to 8Gi pending)
+    assert s.status_vcpus == 2 and s.status_guest_memory == Quantity.parse("4Gi")
     assert s.memory_overhead == Quantity.parse("300Mi")
     assert format_resource_list(s.limits) == {"memory": "8Gi"}
     assert s.migration is not None and s.migration.completed and s.migration.source_node == "node-b"

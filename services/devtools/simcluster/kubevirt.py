@@ -983,8 +983,9 @@ class KubeVirtSimulator:
             if cpu_delta:
                 set_condition(conds, "HotVCPUChange", "True", probe=True)
             if mem_delta is not None:
+                # (``guestRequested`` stays: virt-handler writes it once the target's domain has the memory, and
+                # the VMI controller reads a spec other than it as a hotplug to carry out)
                 set_condition(conds, "HotMemoryChange", "True", probe=True)
-                st.setdefault("memory", {})["guestRequested"] = Quantity.parse(tguest).canonical()
 
         await self._update_status(self.r_vmis, key, conditions)
         if not in_flight:

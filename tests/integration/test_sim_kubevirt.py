@@ -303,6 +303,42 @@ async def test_an_interface_hotplug_is_plugged_in_place_or_by_a_workload_update_
     )
 
 
+def test_the_retry_backoff_is_scaled_by_the_speed_unless_it_runs_in_real_time() -> None:
+    scaled = KubeVirtTiming(speed=0.02).backoff()
+    real = KubeVirtTiming(speed=0.02, backoff_in_real_time=True).backoff()
+    assert [scaled.base(n) for n in range(3)] == pytest.approx([0.0001, 0.0002, 0.0004])
+    assert [real.base(n) for n in range(3)] == pytest.approx([0.005, 0.01, 0.02])  # (client-go's default)
+    assert (scaled.maximum, real.maximum) == pytest.approx((20.0, 1000.0))
+
+
+async def test_a_refused_target_is_tried_again_at_its_backoff_and_at_once_on_a_quota_update(sim: SimCluster) -> None:
+    """KubeVirt's migration controller retries a refused target with its per-item backoff and re-queues it at once
+    on any update of a quota of its namespace; the simulator counts each refused try by what made it."""
+    await sim.create_quota("t", "compute", {"limits.memory": "64Gi"})
+    await sim.wait_quota_synced("t", "compute")
+    await sim.create_vm("t", "vm1", memory="1Gi")
+    await sim.wait_for_phase("t", "vm1", "Running")
+    await sim.wait_quiet()
+    used = (await sim.get("resourcequotas", "t", "compute"))["status"]["used"]
+    await sim.set_quota_hard("t", "compute", used)  # full: the target is refused
+    await sim.wait_quota_synced("t", "compute")
+    refused = sim.kubevirt.target_refusals
+    await sim.migrate("t", "vm1", name="mig1")
+    await sim.wait_until(
+        "vmim", "t", "mig1", lambda o: "migrationRejectedByResourceQuota" in conditions(o), what="target refused"
+    )
+    await sim.wait_for(lambda: refused["backoff retry"] >= 3, what="three retries at the backoff")
+    assert refused["first try"] == 1 and refused["quota update"] == 0
+    # an update of the quota that makes no room: tried at once, refused again
+    await sim.set_quota_hard("t", "compute", {**used, "pods": "100"})
+    await sim.wait_for(lambda: refused["quota update"] >= 1, what="a try at the quota's update")
+    await sim.set_quota_hard("t", "compute", {"limits.memory": "64Gi"})
+    await sim.wait_for_phase("t", "mig1", "Succeeded", kind="vmim")
+    assert refused["first try"] == 1
+    events = await sim.events("t", "vm1", reason="FailedCreate")
+    assert sum(refused.values()) == sum(e.get("count", 1) for e in events)
+
+
 async def test_a_hotplug_applies_while_a_migration_is_pending_and_its_target_carries_the_new_size(
     sim: SimCluster,
 ) -> None:

@@ -16,7 +16,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -405,15 +405,18 @@ async def play(
     settle: float = 1.0,
     within: float = 30.0,
     progress: Callable[[str], None] | None = None,
+    real_time_backoff: bool = False,
 ) -> RunResult:
     """Run ``scenario`` once and check its expectations (when ``with_vmquota``, or when asked for the plain run).
-    ``progress`` is told what happens as it happens: the start-up and every step line of the result."""
+    ``progress`` is told what happens as it happens: the start-up and every step line of the result.
+    ``real_time_backoff``: KubeVirt retries refused pods at its own 5 ms backoff, not scaled by ``speed`` (for counts of
+    refused tries)."""
     result = RunResult(scenario=scenario.name, with_vmquota=with_vmquota, progress=progress)
     if progress is not None:
         progress("starting the simulated cluster" + (", nats-server and the services" if with_vmquota else ""))
-    timing = None
+    timing = KubeVirtTiming(speed=speed, backoff_in_real_time=real_time_backoff)
     if scenario.migration_step_seconds is not None:
-        timing = KubeVirtTiming(speed=speed, migration_step=scenario.migration_step_seconds / speed)
+        timing = replace(timing, migration_step=scenario.migration_step_seconds / speed)
     sim = SimCluster(
         speed=speed,
         kubevirt_version=scenario.kubevirt_version,

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -111,6 +111,10 @@ class KubeVirtTiming:
     """A terminal launcher pod (migration source) is deleted after this long."""
     backoff_base: float = 0.005
     backoff_cap: float = 1000.0
+    backoff_in_real_time: bool = False
+    """Pod-creation retries at ``backoff_base`` / ``backoff_cap`` as given, not scaled by ``speed``: KubeVirt's per-item
+    backoff races vmquota's reaction, which runs in real time, so a count of refused tries is KubeVirt's only when
+    its backoff is too."""
     parallel_wait: float = 5.0
     """Re-check of a migration held back by the parallel-migration limits."""
     unschedulable_timeout: float = 300.0
@@ -120,6 +124,11 @@ class KubeVirtTiming:
 
     def __call__(self, seconds: float) -> float:
         return seconds * self.speed
+
+    def backoff(self) -> Backoff:
+        """The controllers' per-item retry backoff (client-go's exponential failure rate limiter; no jitter)."""
+        scale = 1.0 if self.backoff_in_real_time else self.speed
+        return Backoff(initial=self.backoff_base * scale, maximum=self.backoff_cap * scale, jitter=0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -476,8 +485,7 @@ class KubeVirtSimulator:
         self.r_vms = store.resource("virtualmachines")
         self.r_vmis = store.resource("virtualmachineinstances")
         self.r_vmims = store.resource("virtualmachineinstancemigrations")
-        t = self.timing
-        backoff = Backoff(initial=t(t.backoff_base), maximum=t(t.backoff_cap), jitter=0.0)  # (client-go's, scaled)
+        backoff = self.timing.backoff()
         self.vm_queue: WorkQueue[Key] = WorkQueue("vm", self._sync_vm, backoff=backoff)
         self.vmi_queue: WorkQueue[Key] = WorkQueue("vmi", self._sync_vmi, backoff=backoff)
         self.migration_queue: WorkQueue[Key] = WorkQueue("migration", self._sync_migration, backoff=backoff)
@@ -498,6 +506,11 @@ class KubeVirtSimulator:
         self._kv_config: tuple[str, KubeVirtConfig] | None = None
         self._rendered: OrderedDict[tuple[str, str, str], tuple[KubeVirtConfig, NamespaceFacts, Obj]] = OrderedDict()
         self.pods_refused = 0
+        self.target_refusals: Counter[str] = Counter()
+        """Migration target pods refused, by what made KubeVirt try: ``first try``, ``backoff retry`` (its per-item
+        backoff expired) or ``quota update`` (a quota of the namespace changed and re-queued it)."""
+        self._woken: set[Key] = set()
+        """Migrations a quota update re-queued out of their backoff, until their next try."""
         cache.subscribe("virtualmachines", self._on_vm)
         cache.subscribe("virtualmachineinstances", self._on_vmi)
         cache.subscribe("virtualmachineinstancemigrations", self._on_vmim)
@@ -630,6 +643,7 @@ class KubeVirtSimulator:
             self._target_sizes.pop(uid, None)
             self._vmim_steps.clear(uid)
             self._retry_at.pop(("vmim", key), None)
+            self._woken.discard(key)
         else:
             self._vmim_by_uid[uid] = key
         self.migration_queue.add(key)
@@ -667,6 +681,7 @@ class KubeVirtSimulator:
         ns = key_of(obj)[0]
         for kind, key in [k for k in self._retry_at if k[0] == "vmim" and k[1][0] == ns]:
             del self._retry_at[(kind, key)]
+            self._woken.add(key)
             self.migration_queue.add(key)
 
     # ---- admission (KubeVirt's validating webhooks) ---------------------------------------------------------
@@ -1337,10 +1352,15 @@ class KubeVirtSimulator:
             return
         if FAIL_START_ANNOTATION in annotations_of(vmim):
             pod["metadata"]["annotations"][FAIL_START_ANNOTATION] = "true"
+        woken = key in self._woken
+        self._woken.discard(key)
         try:
             created = await self.store.create(self.r_pods, pod, namespace=key[0])
         except ApiError as e:
             self.pods_refused += 1
+            if e.code == 403 and "exceeded quota" in e.message:
+                retried = "backoff retry" if self.migration_queue.failures(key) else "first try"
+                self.target_refusals["quota update" if woken else retried] += 1
             self._log.info("migration target pod not created", namespace=key[0], migration=key[1], message=e.message)
             await self.events.record(vmi, "Warning", "FailedCreate", f"Error creating pod: {e.message}")
             if e.code == 403 and "exceeded quota" in e.message and not has_condition(vmim, REJECTED_BY_QUOTA):

@@ -395,6 +395,42 @@ async def test_a_second_hotplug_is_checked_like_the_first() -> None:
         assert guest_running(p, ns) == Quantity.parse("6Gi")
 
 
+async def test_hotplugged_memory_the_guest_keeps_offline_is_no_room_for_another_vm() -> None:
+    """virt-handler reports libvirt's current memory (``guestCurrent``), which follows what the guest brought
+    online: a guest that keeps the memory a hotplug gave it offline, then brings it online once another VM took the
+    room, needs no pod and no migration to do so. (Counted at ``guestCurrent``, vmb was admitted and ran: 16Gi of
+    guest memory on a 12Gi budget.)"""
+    async with pipeline(cpu_allocation_ratio=4) as p:
+        ns = "tenant-hot"
+        await p.managed_quota(ns, "vm-budget", HOT_BUDGET, mode="VirtualResourcesWithCPUAllocationRatio")
+        await p.start_vm(ns, "vma", sockets=1, memory="4Gi")
+        await p.sim.hotplug(ns, "vma", memory="8Gi")  # fits: 8 of 12Gi
+        await p.wait(lambda: guest_running(p, ns) == Quantity.parse("8Gi"), "the hotplug to finish")
+        await p.wait(lambda: len(p.launcher_pods(ns, "vma")) == 1, "the hotplug's source pod to go")
+        vmis = p.sim.store.resource("virtualmachineinstances")
+
+        def online(amount: str) -> Any:  # (virt-handler's report of the guest; the simulator's guests use it all)
+            def change(obj: Obj) -> Obj:
+                obj["status"]["memory"]["guestCurrent"] = amount
+                return obj
+
+            return change
+
+        await p.sim.store.mutate(vmis, ns, "vma", online("4Gi"), status=True)
+        await p.sim.create_vm(ns, "vmb", sockets=1, memory="8Gi")  # fits if vma counts at 4Gi
+
+        def vmb_refused() -> bool:
+            u = p.tap.usage.get(ns)
+            return u is not None and any(v.name == "vmb" and v.state == "refused" for v in u.vms)
+
+        await p.wait(vmb_refused, "the ledger to refuse vmb")
+        await p.sim.store.mutate(vmis, ns, "vma", online("8Gi"), status=True)
+        refusals = p.quota_refusal_count(ns, "vmb")
+        await p.wait(lambda: p.quota_refusal_count(ns, "vmb") > refusals + 1, "KubeVirt to try vmb's pod twice more")
+        assert p.vmi_phase(ns, "vmb") != "Running"
+        assert guest_running(p, ns) == Quantity.parse("8Gi")
+
+
 async def test_a_hotplug_and_a_new_vm_at_once_never_both_get_in() -> None:
     # (migrations of realistic length: one that ends before vmquota has seen its target pod, some 20-50 ms here,
     # leaves the source pod's room open for the rest of that time; docs/accounting.md, "Known limits")

@@ -1,4 +1,4 @@
-"""The simulated API server's ValidatingAdmissionPolicy evaluation (CEL, by cel-python) and its identities, against
+"""The simulated API server's ValidatingAdmissionPolicy evaluation (CEL, by cel-expr-python) and its identities, against
 the semantics of kube-apiserver's ``admission/plugin/policy/validating`` (v1.32): matching, parameters,
 ``parameterNotFoundAction``, ``failurePolicy``, the message rules and the denial's status — and the reservation
 guard policy vmquota ships (``deploy/components/reservation-guard/policy.yaml``), evaluated as the API server runs

@@ -16,16 +16,17 @@ For every write, each ``ValidatingAdmissionPolicyBinding`` whose policy exists i
    ``Invalid`` when unset). An expression that fails to evaluate refuses the request under
    ``failurePolicy: Fail`` (the default) and is ignored under ``Ignore``.
 
-Expressions are CEL, evaluated by the ``cel-python`` library with the variables Kubernetes binds (``object``,
-``oldObject``, ``request``, ``params``, ``namespaceObject``, ``variables``) and the Kubernetes CEL functions our
-shipped policies use (``join`` of the strings extension). Policies, bindings and parameters are read from the
-store at each request: the simulator has no informer lag (a real API server's policy and parameter informers
-trail writes by milliseconds; ``docs/accounting.md`` says what that leaves open).
+Expressions are CEL, evaluated by CEL's C++ implementation (the ``cel-expr-python`` bindings) with the variables
+Kubernetes binds (``object``, ``oldObject``, ``request``, ``params``, ``namespaceObject``, ``variables``) and the
+Kubernetes CEL libraries our shipped policies use (the strings extension: ``join``). Policies, bindings and
+parameters are read from the store at each request: the simulator has no informer lag (a real API server's policy
+and parameter informers trail writes by milliseconds; ``docs/accounting.md`` says what that leaves open).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -44,49 +45,49 @@ class _Unsupported(Exception):
     pass
 
 
-def _cel() -> Any:
+_VARIABLES: Final = ("object", "oldObject", "request", "params", "namespaceObject", "variables")
+
+
+@functools.cache
+def _cel() -> tuple[Any, Any]:
+    """CEL's C++ implementation (``cel-expr-python``, from the CEL project itself) with the extensions of Kubernetes'
+    CEL environment our shipped policies use (the strings library: ``join``), and the type of a value that is an
+    evaluation error (CEL returns errors as values). Every variable is ``dyn``: objects are evaluated as their
+    JSON, as Kubernetes evaluates those of a resource without a schema."""
     try:
-        import celpy
+        from cel_expr_python import cel
+        from cel_expr_python.ext.ext_strings import ExtStrings
     except ImportError as e:  # pragma: no cover - the sim extra brings it
         raise ApiError(
             500,
             "InternalError",
-            "ValidatingAdmissionPolicy evaluation needs the 'cel-python' package: pip install 'vmquota[sim]'",
+            "ValidatingAdmissionPolicy evaluation needs the 'cel-expr-python' package: pip install 'vmquota[sim]'",
         ) from e
-    return celpy
-
-
-def _k8s_functions() -> dict[str, Callable[..., Any]]:
-    from celpy import celtypes
-
-    def join(items: Any, sep: Any = "") -> Any:
-        return celtypes.StringType(str(sep).join(str(x) for x in items))
-
-    return {"join": join}
+    env = cel.NewEnv(variables={name: cel.Type.DYN for name in _VARIABLES}, extensions=[ExtStrings()])
+    return env, cel.Type.ERROR
 
 
 class _Program:
     """One compiled CEL expression."""
 
     def __init__(self, expression: str) -> None:
-        celpy = _cel()
-        env = celpy.Environment()
         self.expression = expression
         try:
-            self._program = env.program(env.compile(expression), functions=_k8s_functions())
-        except celpy.CELParseError as e:
+            self._program = _cel()[0].compile(expression)
+        except ApiError:
+            raise
+        except Exception as e:  # (the bindings raise a plain error naming the parse or check failure)
             raise _Unsupported(f"compilation failed: {e}") from e
 
     def run(self, activation: Mapping[str, Any]) -> Any:
-        """The value, or raise ``_Unsupported`` with the evaluation error."""
-        celpy = _cel()
+        """The value (plain Python: JSON types), or raise ``_Unsupported`` with the evaluation error."""
         try:
-            value = self._program.evaluate(dict(activation))
-        except celpy.CELEvalError as e:
-            raise _Unsupported(str(e.args[0] if e.args else e)) from e
-        if isinstance(value, celpy.CELEvalError):
-            raise _Unsupported(str(value.args[0] if value.args else value))
-        return value
+            value = self._program.eval(data=activation)
+        except Exception as e:
+            raise _Unsupported(str(e)) from e
+        if value.type() == _cel()[1]:
+            raise _Unsupported(str(value))
+        return value.plain_value()
 
 
 def _matches_rule(rule: Obj, op: Operation, res: Resource, subresource: str | None) -> bool:
@@ -258,12 +259,9 @@ class PolicySystem:
             for cond in pspec.get("matchConditions") or []:
                 if not bool(self._program(policy, str(cond.get("expression", ""))).run(activation)):
                     return
-            celtypes = _cel().celtypes
             for var in pspec.get("variables") or []:
                 value = self._program(policy, str(var.get("expression", ""))).run(activation)
-                activation["variables"] = celtypes.MapType(
-                    {**activation["variables"], celtypes.StringType(str(var.get("name", ""))): value}
-                )
+                activation["variables"] = {**activation["variables"], str(var.get("name", "")): value}
         except _Unsupported as e:
             if fail_closed:
                 self._deny(policy, binding, req, f"expression evaluation failed: {e}", "Invalid", actions)
@@ -294,7 +292,6 @@ class PolicySystem:
         return message or f"failed expression: {str(validation.get('expression', '')).strip()}"
 
     def _activation(self, req: _Request, params: Obj | None) -> dict[str, Any]:
-        celpy = _cel()
         user = current_user()
         kind = {"group": req.res.group, "version": req.res.version, "kind": req.res.kind}
         resource = {"group": req.res.group, "version": req.res.version, "resource": req.res.plural}
@@ -318,12 +315,12 @@ class PolicySystem:
                 ns["metadata"].pop("managedFields", None)
                 ns["metadata"].pop("ownerReferences", None)
         return {
-            "object": celpy.json_to_cel(req.new),
-            "oldObject": celpy.json_to_cel(req.old),
-            "request": celpy.json_to_cel(request),
-            "params": celpy.json_to_cel(params),
-            "namespaceObject": celpy.json_to_cel(ns),
-            "variables": celpy.celtypes.MapType({}),
+            "object": req.new,
+            "oldObject": req.old,
+            "request": request,
+            "params": params,
+            "namespaceObject": ns,
+            "variables": {},
         }
 
     def _deny(self, policy: Obj, binding: Obj, req: _Request, message: str, reason: str, actions: list[Any]) -> None:

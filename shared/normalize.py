@@ -179,6 +179,9 @@ def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
         guest_memory=vs.guest_memory,
         status_vcpus=size.vcpus,
         status_guest_memory=size.guest_memory,
+        memory_change=(
+            size.guest_requested is not None and vs.guest_memory is not None and size.guest_requested != vs.guest_memory
+        ),
         requests=dict(vs.requests),
         limits=dict(vs.limits),
         memory_overhead=overhead,

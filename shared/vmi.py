@@ -197,6 +197,9 @@ class StatusSize:
 
     vcpus: int | None
     guest_memory: Quantity | None
+    guest_requested: Quantity | None = None
+    """``status.memory.guestRequested`` alone: the memory virt-handler gave the domain (the spec, once a hotplug is
+    applied; KubeVirt's VMI controller reads a spec other than it as a memory change to carry out)."""
 
 
 def status_size(obj: Mapping[str, Any]) -> StatusSize:
@@ -217,13 +220,16 @@ def status_size(obj: Mapping[str, Any]) -> StatusSize:
         t = Topology(*(_count(topo, k, "status.currentCPUTopology") for k in ("sockets", "cores", "threads")))
         vcpus = t.vcpus
     guest: Quantity | None = None
+    requested: Quantity | None = None
     memst = status.get("memory")
     if isinstance(memst, Mapping):
         for key in ("guestRequested", "guestCurrent"):
             if memst.get(key) is not None:
                 reported = _quantity(memst.get(key), f"status.memory.{key}")
                 guest = reported if guest is None or reported > guest else guest
-    return StatusSize(vcpus, guest)
+                if key == "guestRequested":
+                    requested = reported
+    return StatusSize(vcpus, guest, requested)
 
 
 def unplugged_interfaces(obj: Mapping[str, Any]) -> list[int]:

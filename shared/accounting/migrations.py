@@ -125,11 +125,11 @@ class Migrations(Vms):
         the charges of the VM's other pods. Not to be changed."""
         grow = self.renderer.hotplug_growth(v)
         rendered = self.renderer.new_pod_usage(v)
-        if rendered is not None and grow:
-            # Growth is at most what the VM's pods lack of the target: a guest that did not bring hotplugged memory
-            # online reports the old size in a pod already sized for the new one (no growth again). The smallest
-            # of its pods: a tenant can add a pod (one KubeVirt adopts into the VMI), never shrink KubeVirt's
-            grow = capped_growth(grow, rendered, (source_usage, *others))
+        if rendered is not None and (grow or v.memory_change):
+            # Growth is at most what the VM's pods lack of the target: what a pod already has is no growth again.
+            # The smallest of its pods: a tenant can add a pod (one KubeVirt adopts into the VMI), never shrink
+            # KubeVirt's
+            grow = capped_growth(grow, rendered, (source_usage, *others), v.memory_change)
         estimate = add(source_usage, grow)
         if rendered is not None:
             # the source pod's real charge may exceed the rendering (overhead vmquota does not know), but only

@@ -26,9 +26,9 @@ from shared.accounting.sums import Sum
 from shared.kubevirt import KubeVirtConfig
 from shared.quantity import Quantity
 from shared.quota.equation import in_mode_terms
-from shared.quota.modes import QuotaPolicy, VmSize
+from shared.quota.modes import MEMORY_NAMES, QuotaPolicy, VmSize
 from shared.report import readable
-from shared.resources import ResourceList, growth, minimum, nonzero
+from shared.resources import ResourceList, growth, maximum, minimum, nonzero
 from shared.snapshot import (
     EventSnapshot,
     PodSnapshot,
@@ -63,9 +63,18 @@ def _needs(r: str, need: Quantity, left: Quantity, budget: Quantity) -> str:
     return f"{r} needs {n} but {lf} of {readable(budget, r)} is left"
 
 
-def capped_growth(grow: ResourceList, rendered: ResourceList, charges: Sequence[ResourceList]) -> ResourceList:
-    """``grow`` at most what the smallest of ``charges`` lacks of ``rendered``."""
-    return nonzero(minimum(grow, growth(rendered, functools.reduce(minimum, charges))))
+def capped_growth(
+    grow: ResourceList, rendered: ResourceList, charges: Sequence[ResourceList], memory_change: bool = False
+) -> ResourceList:
+    """A hotplug's growth in pod terms: ``grow`` (the rendering of the spec less the rendering at the size the VM
+    runs at) at most what the smallest of ``charges`` lacks of ``rendered``. With a memory change pending
+    (``VmiSnapshot.memory_change``) the memory resources are what that pod lacks, whatever ``grow`` says: KubeVirt
+    grows explicit memory requests and limits by the new size less the guest's current memory (the guest's to
+    report; an unplug too), so no rendering tells what the source pod has."""
+    lacks = growth(rendered, functools.reduce(minimum, charges))
+    if memory_change:
+        grow = maximum(grow, {r: q for r, q in lacks.items() if r in MEMORY_NAMES})
+    return nonzero(minimum(grow, lacks))
 
 
 def vm_size(v: VmiSnapshot) -> VmSize:

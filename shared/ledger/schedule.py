@@ -163,6 +163,7 @@ def _vmi_size(v: VmiSnapshot) -> tuple[object, ...]:
         v.guest_memory,
         v.status_vcpus,
         v.status_guest_memory,
+        v.memory_change,
         v.unplugged_interfaces,
         v.memory_overhead,
         id(v.spec),  # (explicit requests and limits are in it: domain.resources is kept)

@@ -153,6 +153,7 @@ def _vmi_from_wire(w: Any) -> VmiSnapshot:
         guest_memory=w.guest_memory,
         status_vcpus=w.status_vcpus,
         status_guest_memory=w.status_guest_memory,
+        memory_change=w.memory_change,
         requests=w.requests or NO_QUANTITIES,
         limits=w.limits or NO_QUANTITIES,
         memory_overhead=w.memory_overhead,

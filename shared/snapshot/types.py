@@ -137,6 +137,10 @@ class VmiSnapshot(Snapshot, tag=VMI_KIND, frozen=True, kw_only=True):
     """``status.currentCPUTopology`` as a vCPU count (hotplug), when reported."""
     status_guest_memory: Quantity | None = None
     """The larger of ``status.memory.guestRequested`` and ``guestCurrent``, when reported."""
+    memory_change: bool = False
+    """The spec's guest memory differs from ``status.memory.guestRequested``: a memory hotplug, or unplug, that
+    KubeVirt carries out by a migration (its VMI controller's ``requireMemoryHotplug``; KubeVirt grows explicit
+    memory requests and limits with it by the new size less the guest's current memory, an unplug too)."""
     requests: dict[str, Quantity] = {}
     """Explicit ``spec.domain.resources.requests``."""
     limits: dict[str, Quantity] = {}

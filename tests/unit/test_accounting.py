@@ -695,6 +695,67 @@ def test_hotplugged_memory_the_guest_keeps_offline_is_no_room_for_another_vm(mod
     assert usage_of(pod)[resource] + usage_of(p_pod)[resource] > Q(hard_of(u)[resource]), "native quota refuses it"
 
 
+def _memory_vmi(guest: str, requested: str, current: str, limits: str | None = None) -> dict[str, Any]:
+    v = vmi_obj("v", guest=guest, limits={"memory": limits} if limits else None)
+    v["spec"]["domain"]["memory"]["maxGuest"] = "16Gi"
+    v["status"]["memory"] = {"guestAtBoot": "2Gi", "guestRequested": requested, "guestCurrent": current}
+    return v
+
+
+def test_an_unplug_that_grows_explicit_memory_limits_is_growth_to_admit() -> None:
+    """A guest keeps 4Gi of a hotplug to 6Gi offline (``guestCurrent`` 2Gi), then the tenant unplugs to 5Gi:
+    KubeVirt grows the explicit limit by the new size less the guest's current memory (+3Gi) and migrates, since
+    the spec differs from ``guestRequested``. The target is charged 3Gi more than the pod: growth to admit, refused
+    when it does not fit. (It was reserved as an unchanged VM's migration: 2.9Gi over the budget per unplug, and
+    again at each next one.)"""
+    facts = facts_for(["limits.memory"])
+    before = _memory_vmi("6Gi", "6Gi", "2Gi", limits="6Gi")
+    pod = launcher_obj(before, facts=facts, t=1)
+    budget = usage_of(pod)["limits.memory"] + Q("64Mi")
+    quota = quota_obj("rq", {"limits.memory": budget.canonical()}, Mode.VMI_POD_USAGE)
+    unplugged = _memory_vmi("5Gi", "6Gi", "2Gi", limits="9Gi")  # 6Gi + (5Gi - 2Gi)
+    vouch(unplugged, pod)
+    u = account([quota, unplugged, pod, vmim_obj("m", "v", t=300, rejected=True)])
+    target = launcher_obj(unplugged, facts=facts, migration_uid="mig-m", node="n2", t=2)
+    grows = usage_of(target)["limits.memory"] - usage_of(pod)["limits.memory"]
+    assert grows == Q("3Gi")
+    assert mig(u, "m").state == GROWTH_REFUSED, mig(u, "m").reason
+    assert mig(u, "m").growth["limits.memory"] == grows
+    # with room for it, it is admitted, and the namespace stays within its budget once the target is the VM's pod
+    roomy = quota_obj("rq", {"limits.memory": (budget + grows).canonical()}, Mode.VMI_POD_USAGE)
+    assert mig(account([roomy, unplugged, pod, vmim_obj("m", "v", t=300, rejected=True)]), "m").state == PENDING
+
+
+def test_an_unplug_of_a_vm_without_explicit_memory_needs_no_room() -> None:
+    """Its target is smaller than its pod: no growth, reserved like any migration of an unchanged VM."""
+    before = _memory_vmi("6Gi", "6Gi", "2Gi")
+    pod = launcher_obj(before, t=1)
+    quota = quota_obj("rq", {"requests.memory": usage_of(pod)["requests.memory"].canonical()}, Mode.VMI_POD_USAGE)
+    unplugged = _memory_vmi("5Gi", "6Gi", "2Gi")
+    vouch(unplugged, pod)
+    u = account([quota, unplugged, pod, vmim_obj("m", "v", t=300, rejected=True)])
+    assert mig(u, "m").state == PENDING and mig(u, "m").growth == {}, mig(u, "m").reason
+
+
+def test_a_replug_after_an_unplug_the_guest_did_not_release_is_growth_in_pod_terms() -> None:
+    """Unplugged from 8Gi to 6Gi, migrated to a pod made for 6Gi, but the guest did not release the memory
+    (``guestCurrent`` 8Gi); then re-plugged to 8Gi. The status size (8Gi) equals the spec, yet the target is made
+    for 8Gi: in the pod-usage modes that is growth to admit. (It was charged once reserved, admitted never.)"""
+    pod = launcher_obj(_memory_vmi("6Gi", "6Gi", "8Gi"), t=1)
+    budget = usage_of(pod)["requests.memory"] + Q("64Mi")
+    quota = quota_obj("rq", {"requests.memory": budget.canonical()}, Mode.VMI_POD_USAGE)
+    replugged = _memory_vmi("8Gi", "6Gi", "8Gi")
+    vouch(replugged, pod)
+    u = account([quota, replugged, pod, vmim_obj("m", "v", t=300, rejected=True)])
+    assert mig(u, "m").state == GROWTH_REFUSED, mig(u, "m").reason
+    assert mig(u, "m").growth["requests.memory"] == Q("2Gi")
+    # in VM terms the guest had the 8Gi all along: counted, no growth
+    vm_terms = quota_obj("rq", {"requests.memory": "8Gi"}, Mode.VIRTUAL_RESOURCES)
+    u = account([vm_terms, replugged, pod, vmim_obj("m", "v", t=300, rejected=True)])
+    assert vm(u, "v").counts["rq"]["requests.memory"] == Q("8Gi")
+    assert mig(u, "m").state == PENDING, mig(u, "m").reason
+
+
 # ---- pods ----------------------------------------------------------------------------------------------------------
 
 
@@ -1106,6 +1167,8 @@ def test_urgent_changes_are_those_a_reservation_depends_on() -> None:
     added = msgspec.structs.replace(running, unplugged_interfaces=(1,))
     assert urgency(running, added) is Urgent.NOW, "an interface added by live update: growth to admit"
     assert urgency(added, running) is Urgent.NOW, "it is plugged: the target's growth is over"
+    unplug = msgspec.structs.replace(running, memory_change=True)
+    assert urgency(running, unplug) is Urgent.NOW, "a memory change (an unplug too): the target's growth changes"
     pod = _one(launcher_obj(vmi_obj("v")))
     assert urgency(None, pod) is Urgent.NO, "a new launcher pod ends a reservation but adds as much to P"
     assert urgency(pod, None) is Urgent.NO

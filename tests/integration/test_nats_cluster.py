@@ -85,18 +85,22 @@ async def test_migrations_go_on_while_nodes_of_a_3_node_cluster_are_killed_one_a
             try:
                 js = nc.jetstream()
                 ended: set[str] = set()
-                sub = await js.subscribe(
-                    f"{contract.PREFIX}.ev.{CLUSTER}.{NS}.vmim", stream=contract.EVENTS_STREAM, ordered_consumer=True
-                )
-                info = await js.stream_info(
-                    contract.EVENTS_STREAM, subjects_filter=f"{contract.PREFIX}.ev.{CLUSTER}.{NS}.vmim"
-                )
-                for _ in range(sum((info.state.subjects or {}).values())):
-                    ev = contract.decode_event((await sub.next_msg(timeout=10)).data)
-                    if isinstance(ev, contract.Upserted) and getattr(ev.snapshot, "phase", "") == "Succeeded":
-                        ended.add(ev.name)
-                await sub.unsubscribe()
-                assert ended == {mig for _, mig in migrations}, ended
+                subject = f"{contract.PREFIX}.ev.{CLUSTER}.{NS}.vmim"
+
+                async def every_end_stored() -> bool:
+                    # (the watcher may still be publishing the last end, retried after the node's death: read the
+                    # stream again until it holds them all)
+                    ended.clear()
+                    sub = await js.subscribe(subject, stream=contract.EVENTS_STREAM, ordered_consumer=True)
+                    info = await js.stream_info(contract.EVENTS_STREAM, subjects_filter=subject)
+                    for _ in range(sum((info.state.subjects or {}).values())):
+                        ev = contract.decode_event((await sub.next_msg(timeout=10)).data)
+                        if isinstance(ev, contract.Upserted) and getattr(ev.snapshot, "phase", "") == "Succeeded":
+                            ended.add(ev.name)
+                    await sub.unsubscribe()
+                    return ended == {mig for _, mig in migrations}
+
+                await wait_until(every_end_stored, 30, "every migration's end in the events stream", every=0.25)
                 kv = await js.key_value(contract.LEDGER_BUCKET)
 
                 async def checkpoints_read_back() -> bool:

@@ -71,9 +71,9 @@ PLAIN_POD_ROOM = 2
 namespace, the room a namespace can have (1 GiB + 128Mi) stays below a target pod's memory request (guest memory
 plus overhead): no target pod is ever admitted natively, only through vmquota."""
 SPEED = 0.02
-"""Simulator delays x 0.02: a VM starts in a few ms, a migration's phases take ~1 ms each. KubeVirt's retry
-backoff is not scaled (5 ms, doubling): it races vmquota's reaction, which runs in real time, and sets how often a
-target pod is refused before the raise is in ``status.hard``."""
+"""Simulator delays x 0.02: a VM starts in a few ms, a migration's phases take ~1 ms each. KubeVirt's rate
+limiter is not scaled (5 ms, doubling, and 10 retries a second overall): it races vmquota's reaction, which runs in
+real time, and sets how often a target pod is refused before the raise is in ``status.hard``."""
 TARGET_P99_MS = 100.0
 WITHIN = 120.0
 
@@ -347,9 +347,9 @@ def _percentile(values: list[float], p: float) -> float:
 
 
 def _causes(refused: dict[str, int], targets: int) -> str:
-    """``first try 1.0, backoff retry 2.1, quota update 1.2``: the simulated KubeVirt's refused target pods by
-    what made it try, per target pod (the open-loop phase)."""
-    order = ("first try", "backoff retry", "quota update")
+    """``first try 1.0, object update 1.0, backoff retry 0.4, quota update 1.2``: the simulated KubeVirt's refused
+    target pods by what made it try, per target pod (the open-loop phase)."""
+    order = ("first try", "object update", "backoff retry", "quota update")
     return ", ".join(f"{why} {refused.get(why, 0) / max(targets, 1):.1f}" for why in order)
 
 

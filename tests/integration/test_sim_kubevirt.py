@@ -309,11 +309,17 @@ def test_the_retry_backoff_is_scaled_by_the_speed_unless_it_runs_in_real_time() 
     assert [scaled.base(n) for n in range(3)] == pytest.approx([0.0001, 0.0002, 0.0004])
     assert [real.base(n) for n in range(3)] == pytest.approx([0.005, 0.01, 0.02])  # (client-go's default)
     assert (scaled.maximum, real.maximum) == pytest.approx((20.0, 1000.0))
+    # client-go's overall bucket: 10 retries a second, 100 at once (then each waits its turn)
+    bucket = KubeVirtTiming(speed=0.02, backoff_in_real_time=True).bucket()
+    assert [bucket.take(0.0) for _ in range(100)] == [0.0] * 100
+    assert bucket.take(0.0) == pytest.approx(0.1) and bucket.take(0.0) == pytest.approx(0.2)
+    assert KubeVirtTiming(speed=0.02).bucket().rate == pytest.approx(500.0)
 
 
 async def test_a_refused_target_is_tried_again_at_its_backoff_and_at_once_on_a_quota_update(sim: SimCluster) -> None:
     """KubeVirt's migration controller retries a refused target with its per-item backoff and re-queues it at once
-    on any update of a quota of its namespace; the simulator counts each refused try by what made it."""
+    on an update of the migration (its own condition write after the first refusal), of its VMI or pods, and of a
+    quota of its namespace; the simulator counts each refused try by what made it."""
     await sim.create_quota("t", "compute", {"limits.memory": "64Gi"})
     await sim.wait_quota_synced("t", "compute")
     await sim.create_vm("t", "vm1", memory="1Gi")
@@ -329,6 +335,7 @@ async def test_a_refused_target_is_tried_again_at_its_backoff_and_at_once_on_a_q
     )
     await sim.wait_for(lambda: refused["backoff retry"] >= 3, what="three retries at the backoff")
     assert refused["first try"] == 1 and refused["quota update"] == 0
+    assert refused["object update"] == 1, "the update of its condition re-queued it once"
     # an update of the quota that makes no room: tried at once, refused again
     await sim.set_quota_hard("t", "compute", {**used, "pods": "100"})
     await sim.wait_for(lambda: refused["quota update"] >= 1, what="a try at the quota's update")

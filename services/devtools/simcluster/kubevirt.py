@@ -43,7 +43,7 @@ from services.devtools.simcluster.registry import format_time
 from services.devtools.simcluster.store_api import ApiError, Obj, Operation, Resource, StoreAPI, WatchType
 from services.platform.logs import get_logger
 from services.platform.workqueue import WorkQueue
-from shared.backoff import Backoff
+from shared.backoff import Backoff, TokenBucket
 from shared.errors import InvalidInput
 from shared.kubevirt import (
     COMPUTE,
@@ -111,10 +111,15 @@ class KubeVirtTiming:
     """A terminal launcher pod (migration source) is deleted after this long."""
     backoff_base: float = 0.005
     backoff_cap: float = 1000.0
+    bucket_qps: float = 10.0
+    bucket_burst: int = 100
+    """The overall token bucket of each controller's rate limiter (client-go's default: 10 retries a second, 100 at
+    once), over all the objects the controller retries; a retry waits for the longer of it and the per-item
+    backoff."""
     backoff_in_real_time: bool = False
-    """Pod-creation retries at ``backoff_base`` / ``backoff_cap`` as given, not scaled by ``speed``: KubeVirt's per-item
-    backoff races vmquota's reaction, which runs in real time, so a count of refused tries is KubeVirt's only when
-    its backoff is too."""
+    """Pod-creation retries at ``backoff_base`` / ``backoff_cap`` and the bucket as given, not scaled by ``speed``:
+    KubeVirt's rate limiter races vmquota's reaction, which runs in real time, so a count of refused tries is
+    KubeVirt's only when its rate limiter is too."""
     parallel_wait: float = 5.0
     """Re-check of a migration held back by the parallel-migration limits."""
     unschedulable_timeout: float = 300.0
@@ -129,6 +134,11 @@ class KubeVirtTiming:
         """The controllers' per-item retry backoff (client-go's exponential failure rate limiter; no jitter)."""
         scale = 1.0 if self.backoff_in_real_time else self.speed
         return Backoff(initial=self.backoff_base * scale, maximum=self.backoff_cap * scale, jitter=0.0)
+
+    def bucket(self) -> TokenBucket:
+        """A controller's overall retry bucket (client-go's ``BucketRateLimiter``), full."""
+        scale = 1.0 if self.backoff_in_real_time else self.speed
+        return TokenBucket(rate=self.bucket_qps / scale, burst=self.bucket_burst)
 
 
 @dataclass(frozen=True, slots=True)
@@ -507,10 +517,13 @@ class KubeVirtSimulator:
         self._rendered: OrderedDict[tuple[str, str, str], tuple[KubeVirtConfig, NamespaceFacts, Obj]] = OrderedDict()
         self.pods_refused = 0
         self.target_refusals: Counter[str] = Counter()
-        """Migration target pods refused, by what made KubeVirt try: ``first try``, ``backoff retry`` (its per-item
-        backoff expired) or ``quota update`` (a quota of the namespace changed and re-queued it)."""
-        self._woken: set[Key] = set()
-        """Migrations a quota update re-queued out of their backoff, until their next try."""
+        """Migration target pods refused, by what made KubeVirt try: ``first try``, ``backoff retry`` (its rate
+        limiter's wait ended), ``quota update`` (a quota of the namespace changed) or ``object update`` (the
+        migration, its VMI or a pod of it changed: KubeVirt's own condition write after a refusal, say)."""
+        self._woken: dict[Key, str] = {}
+        """Migrations re-queued out of their backoff (by a quota update, or an update of the migration, its VMI or
+        a pod of it), until their next try: what woke them."""
+        self._buckets = {"vmi": self.timing.bucket(), "vmim": self.timing.bucket()}
         cache.subscribe("virtualmachines", self._on_vm)
         cache.subscribe("virtualmachineinstances", self._on_vmi)
         cache.subscribe("virtualmachineinstancemigrations", self._on_vmim)
@@ -628,7 +641,7 @@ class KubeVirtSimulator:
         self.vm_queue.add(key)
         for vmim in self.migrations_of(*key):
             if phase(vmim) not in VMIM_FINAL:
-                self.migration_queue.add(key_of(vmim))
+                self._wake_migration(key_of(vmim), "object update")
         if type_ == "DELETED":
             uid = uid_of(obj)
             self._vmi_steps.clear(uid)
@@ -643,10 +656,11 @@ class KubeVirtSimulator:
             self._target_sizes.pop(uid, None)
             self._vmim_steps.clear(uid)
             self._retry_at.pop(("vmim", key), None)
-            self._woken.discard(key)
+            self._woken.pop(key, None)
+            self.migration_queue.add(key)
         else:
             self._vmim_by_uid[uid] = key
-        self.migration_queue.add(key)
+            self._wake_migration(key, "object update")
         vmi_name = str((obj.get("spec") or {}).get("vmiName") or "")
         if vmi_name:
             self.vm_queue.add((key[0], vmi_name))
@@ -670,7 +684,15 @@ class KubeVirtSimulator:
                 self.vmi_queue.add((key[0], str(ref.get("name") or "")))
         job = lab.get(MIGRATION_JOB_LABEL)
         if job and job in self._vmim_by_uid:
-            self.migration_queue.add(self._vmim_by_uid[job])
+            self._wake_migration(self._vmim_by_uid[job], "object update")
+
+    def _wake_migration(self, key: Key, why: str) -> None:
+        """KubeVirt's migration controller re-queues a migration at once (``Queue.Add``, not rate limited) on an
+        update of it, of its VMI or of a pod of it, and of a quota of its namespace: a retry waiting out its backoff
+        runs now."""
+        if self._retry_at.pop(("vmim", key), None) is not None:
+            self._woken[key] = why
+        self.migration_queue.add(key)
 
     def _on_quota(self, type_: WatchType, obj: Obj, old: Obj | None) -> None:
         """KubeVirt's migration controller re-queues migrations refused for quota at once when a quota of their
@@ -679,10 +701,8 @@ class KubeVirtSimulator:
         if type_ == "ADDED":
             return
         ns = key_of(obj)[0]
-        for kind, key in [k for k in self._retry_at if k[0] == "vmim" and k[1][0] == ns]:
-            del self._retry_at[(kind, key)]
-            self._woken.add(key)
-            self.migration_queue.add(key)
+        for _, key in [k for k in self._retry_at if k[0] == "vmim" and k[1][0] == ns]:
+            self._wake_migration(key, "quota update")
 
     # ---- admission (KubeVirt's validating webhooks) ---------------------------------------------------------
     async def _admit_vm(
@@ -805,8 +825,11 @@ class KubeVirtSimulator:
         return True
 
     def _backoff(self, kind: str, key: Key, queue: WorkQueue) -> None:
-        delay = queue.add_rate_limited(key)
-        self._retry_at[(kind, key)] = asyncio.get_running_loop().time() + delay
+        """A failed try: retried after the longer of its per-item backoff and the controller's overall bucket
+        (client-go's ``DefaultControllerRateLimiter``: both are taken on every rate-limited retry)."""
+        now = asyncio.get_running_loop().time()
+        delay = queue.add_rate_limited(key, retry_after=self._buckets[kind].take(now))
+        self._retry_at[(kind, key)] = now + delay
 
     def _succeeded(self, kind: str, key: Key, queue: WorkQueue) -> None:
         queue.forget(key)
@@ -1352,25 +1375,26 @@ class KubeVirtSimulator:
             return
         if FAIL_START_ANNOTATION in annotations_of(vmim):
             pod["metadata"]["annotations"][FAIL_START_ANNOTATION] = "true"
-        woken = key in self._woken
-        self._woken.discard(key)
+        woken = self._woken.pop(key, "")
         try:
             created = await self.store.create(self.r_pods, pod, namespace=key[0])
         except ApiError as e:
             self.pods_refused += 1
             if e.code == 403 and "exceeded quota" in e.message:
                 retried = "backoff retry" if self.migration_queue.failures(key) else "first try"
-                self.target_refusals["quota update" if woken else retried] += 1
+                self.target_refusals[woken or retried] += 1
             self._log.info("migration target pod not created", namespace=key[0], migration=key[1], message=e.message)
             await self.events.record(vmi, "Warning", "FailedCreate", f"Error creating pod: {e.message}")
+            self._backoff("vmim", key, self.migration_queue)
             if e.code == 403 and "exceeded quota" in e.message and not has_condition(vmim, REJECTED_BY_QUOTA):
 
                 def reject(obj: Obj) -> None:
                     conds = obj["status"].setdefault("conditions", [])
                     conds.append({"type": REJECTED_BY_QUOTA, "status": "True", "lastProbeTime": now_rfc3339()})
 
+                # (as upstream, whose informer sees this write after the sync returned its error: the update
+                # re-queues the migration at once, and KubeVirt tries again before its backoff)
                 await self._update_status(self.r_vmims, key, reject)
-            self._backoff("vmim", key, self.migration_queue)
             return
         self._succeeded("vmim", key, self.migration_queue)
         self._targets[uid_of(vmim)] = uid_of(created)

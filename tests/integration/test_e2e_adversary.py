@@ -550,6 +550,48 @@ async def test_with_the_guard_a_tenant_cannot_take_room_reserved_for_a_migration
         assert await tenant.create(plain_pod(NS, "small", {"memory": "1Gi"}, {"memory": "1Gi", "cpu": "100m"}))
 
 
+async def test_with_the_guard_a_migration_whose_target_the_guard_refused_is_reserved_in_turn() -> None:
+    """The guard's refusal says ``exceeded quota``, which KubeVirt's migration controller reads as a quota refusal:
+    a second migration whose target the guard refused (the room is reserved for the first) gets
+    ``migrationRejectedByResourceQuota`` at once, so vmquota reserves it in turn and KubeVirt re-queues it on the
+    quota's update. (Without it the migration got no condition and no room until a retry after the first one's
+    reservation ended met quota itself: KubeVirt's rate-limited retry, seconds apart under a drain's load.)"""
+    async with pipeline(kubevirt_timing=PATIENT_KUBEVIRT, guard=True) as p:
+        await full_namespace(p, NS)
+        seen: list[str] = []  # vm2's refused tries, in order, until its migration carries the condition
+
+        def watch(type_: str, res: Any, obj: Obj) -> None:
+            meta = obj.get("metadata") or {}
+            if meta.get("namespace") != NS or type_ == "DELETED":
+                return
+            if res.plural == "virtualmachineinstancemigrations" and (obj.get("spec") or {}).get("vmiName") == "vm2":
+                if any(c.get("type") == "migrationRejectedByResourceQuota" for c in _conditions(obj)):
+                    seen.append("condition")
+            elif (
+                res.plural == "events"
+                and (obj.get("involvedObject") or {}).get("name") == "vm2"
+                and obj.get("reason") == "FailedCreate"
+                and "condition" not in seen
+            ):
+                seen.append("guard" if "'vmquota-reservation-guard'" in str(obj.get("message")) else "quota")
+
+        p.sim.store.on_change(watch)
+        m1 = await p.migrate(NS, "vm1")
+        await p.wait(lambda: bool(_holders(p)), "vm1's target to be reserved and its holder listed")
+        m2 = await p.migrate(NS, "vm2")
+        await p.wait(lambda: "condition" in seen, "vm2's migration to be marked refused for quota")
+        assert seen[0] == "guard", f"the guard did not refuse vm2's target first: {seen}"
+        assert "quota" not in seen[: seen.index("condition")], seen
+        await p.wait_migrated(NS, "vm1", m1)
+        await p.wait_migrated(NS, "vm2", m2)
+        await settled(p)
+        assert charged(p) <= BUDGET
+
+
+def _conditions(obj: Obj) -> list[Obj]:
+    return [c for c in (obj.get("status") or {}).get("conditions") or [] if isinstance(c, dict)]
+
+
 async def test_with_the_guard_a_hotplug_while_targets_are_reserved_waits_and_gets_no_room() -> None:
     """Two migrations of a full namespace, both targets refused and reserved; the moment vm1 is listed as a holder
     the tenant hotplugs it by 20Gi (more than the budget has left, less than that plus vm2's reserved room).

@@ -97,8 +97,8 @@ async def test_while_room_is_reserved_only_kubevirt_creates_and_only_for_a_holde
     assert err is not None and err.code == 403 and err.reason == "Forbidden"
     assert err.message == (
         "pods \"plain\" is forbidden: ValidatingAdmissionPolicy 'vmquota-reservation-guard' with binding "
-        "'vmquota-reservation-guard' denied request: vmquota: the room in this namespace is reserved for vm1 "
-        "(migration vm1-mig) until those pods exist; retry in a moment"
+        "'vmquota-reservation-guard' denied request: vmquota: exceeded quota: the room in this namespace is reserved "
+        "for vm1 (migration vm1-mig) until those pods exist; retry in a moment"
     )
     # a tenant's pod with the holder's controller reference is still the tenant's
     assert await create_as(sim, TENANT, pod("forged", owner_uid=HOLDER.uid)) is not None

@@ -28,6 +28,7 @@ from shared.quantity import Quantity
 from shared.resources import ResourceList, parse_resource_list
 from shared.snapshot import (
     EVACUATION_ANNOTATION,
+    HOT_MEMORY_CHANGE,
     POD_LABELS_KEPT,
     REJECTED_BY_QUOTA,
     WORKLOAD_UPDATE_ANNOTATION,
@@ -157,6 +158,12 @@ def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
             target_memory_overhead=tmo,
         )
     spec = mapping(obj, "spec", "")
+    # (virt-handler sets HotMemoryChange False when it could not apply the memory to the domain; KubeVirt then asks
+    # for a restart and carries the change out no more: nothing is pending)
+    memory_change_failed = any(
+        string(c, "type", w) == HOT_MEMORY_CHANGE and string(c, "status", w) == "False"
+        for w, c in _objects(status, "conditions", "status")
+    )
     refused_by = next(
         (
             who
@@ -180,7 +187,10 @@ def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
         status_vcpus=size.vcpus,
         status_guest_memory=size.guest_memory,
         memory_change=(
-            size.guest_requested is not None and vs.guest_memory is not None and size.guest_requested != vs.guest_memory
+            size.guest_requested is not None
+            and vs.guest_memory is not None
+            and size.guest_requested != vs.guest_memory
+            and not memory_change_failed
         ),
         requests=dict(vs.requests),
         limits=dict(vs.limits),

@@ -3,6 +3,8 @@ active migration's target pod exists), its pods believed up to its rendering; ``
 
 from __future__ import annotations
 
+import functools
+
 from shared.accounting.estimates import current_size
 from shared.accounting.pods import Pods
 from shared.accounting.results import (
@@ -12,7 +14,7 @@ from shared.accounting.results import (
 )
 from shared.accounting.state import capped_growth, fmt, vm_key, vm_size
 from shared.quota.equation import takes
-from shared.quota.modes import mode_usage
+from shared.quota.modes import MEMORY_NAMES, mode_usage
 from shared.resources import ResourceList, add, growth, maximum, minimum, nonzero, second_largest
 from shared.snapshot import (
     VMI_FINAL_PHASES,
@@ -131,6 +133,20 @@ class Vms(Pods):
             cap = {r: (q - grow[r]).clamp0() if r in grow else q for r, q in cap.items()}
         return cap
 
+    def _carries_memory_change(self, v: VmiSnapshot, charges: list[ResourceList]) -> bool:
+        """A memory change is pending (``VmiSnapshot.memory_change``) and every pod of the VM already has the memory
+        of the spec's rendering: virt-handler did not carry it out after the migration made the pod (it failed, say,
+        on a VMI label the tenant may edit), so the status still reports the old size in a pod made for the new
+        one, and its growth was admitted. The VM counts at its spec's memory: the old size would make that growth
+        room again, and the next migration, which finds nothing to grow in pod terms, would take it back unchecked."""
+        if not (v.memory_change and charges):
+            return False
+        rendered = self.renderer.vmi_usage(v)
+        if rendered is None:
+            return False
+        lacks = growth(rendered, functools.reduce(minimum, charges))
+        return not any(r in MEMORY_NAMES for r in nonzero(lacks))
+
     def _running_vm(self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]], migrating: bool) -> VmEntry:
         """A running VM counts at its current size (its status: a hotplug request counts once admitted, see
         :meth:`_decide_target`), or at its spec size while an active migration's target pod exists for it; in pod
@@ -149,7 +165,7 @@ class Vms(Pods):
         pod_max: ResourceList = {}
         for charged in charges:
             pod_max = maximum(pod_max, charged)
-        size = vm_size(v) if migrating else current_size(v)
+        size = vm_size(v) if migrating or self._carries_memory_change(v, charges) else current_size(v)
         # (a VM that cannot be rendered: hard holds no room for its pods)
         cap = (self.renderer.vmi_usage(v) or {}) if migrating else self._rendered_now(v, charges)
         believed = minimum(pod_max, cap)

@@ -43,6 +43,8 @@ VMI_NAME_LABEL: Final = "kubevirt.io/vmi-name"
 EVACUATION_ANNOTATION: Final = "kubevirt.io/evacuationMigration"
 WORKLOAD_UPDATE_ANNOTATION: Final = "kubevirt.io/workloadUpdateMigration"
 REJECTED_BY_QUOTA: Final = "migrationRejectedByResourceQuota"
+HOT_MEMORY_CHANGE: Final = "HotMemoryChange"
+"""The VMI condition of a memory change (KubeVirt's ``VirtualMachineInstanceMemoryChange``)."""
 POD_LABELS_KEPT: Final = (LAUNCHER_LABEL, CREATED_BY_LABEL, VM_NAME_LABEL, MIGRATION_JOB_LABEL)
 VMIM_ACTIVE_PHASES: Final = frozenset(
     {"", "Pending", "Scheduling", "Scheduled", "PreparingTarget", "TargetReady", "Running"}

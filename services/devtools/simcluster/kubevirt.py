@@ -1380,13 +1380,14 @@ class KubeVirtSimulator:
             created = await self.store.create(self.r_pods, pod, namespace=key[0])
         except ApiError as e:
             self.pods_refused += 1
-            if e.code == 403 and "exceeded quota" in e.message:
+            if "exceeded quota" in e.message:
                 retried = "backoff retry" if self.migration_queue.failures(key) else "first try"
                 self.target_refusals[woken or retried] += 1
             self._log.info("migration target pod not created", namespace=key[0], migration=key[1], message=e.message)
             await self.events.record(vmi, "Warning", "FailedCreate", f"Error creating pod: {e.message}")
             self._backoff("vmim", key, self.migration_queue)
-            if e.code == 403 and "exceeded quota" in e.message and not has_condition(vmim, REJECTED_BY_QUOTA):
+            if "exceeded quota" in e.message and not has_condition(vmim, REJECTED_BY_QUOTA):
+                # (upstream reads the words anywhere in any error: an invalid pod whose message quotes them too)
 
                 def reject(obj: Obj) -> None:
                     conds = obj["status"].setdefault("conditions", [])

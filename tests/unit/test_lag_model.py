@@ -393,7 +393,8 @@ class Cluster:
             if self.reservation and not (creator == KUBEVIRT and controller_uid(pod) in held):
                 return (
                     f"pods \"{name_of(pod)}\" is forbidden: ValidatingAdmissionPolicy 'vmquota-reservation-guard' "
-                    "with binding 'vmquota-reservation-guard' denied request: vmquota: the room is reserved"
+                    "with binding 'vmquota-reservation-guard' denied request: vmquota: exceeded quota: the room in "
+                    "this namespace is reserved"
                 )
         status = self.quota["status"]
         hard, used = rl(status.get("hard")), rl(status.get("used"))
@@ -846,9 +847,9 @@ class Cluster:
         message = self.create_pod(pod, creator=KUBEVIRT, vmi=name_of(vmi))
         if message is not None:
             self.refusals += 1
-            note(f"a target refused ({'quota' if 'exceeded quota' in message else 'the guard'})")
+            note(f"a target refused ({'the guard' if 'ValidatingAdmissionPolicy' in message else 'quota'})")
             self.tried_at[name] = self.attempt()
-            if "exceeded quota" in message:
+            if "exceeded quota" in message:  # (KubeVirt reads the words anywhere: the guard's refusal says them)
                 conds = m["status"].get("conditions", [])
                 if not any(c["type"] == "migrationRejectedByResourceQuota" for c in conds):
                     rejected = {"type": "migrationRejectedByResourceQuota", "status": "True"}

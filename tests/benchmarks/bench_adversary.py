@@ -68,8 +68,9 @@ async def _tenant_trials() -> list[Result]:
             "adversary: quota refusals per target pod",
             refusals / max(targets, 1),
             "refusals",
-            note="KubeVirt's first try is refused by design (no room before it tries); then its retries (5 ms "
-            "backoff, doubling, and at once on each quota update) until the raise is in status.hard",
+            note="KubeVirt's first try is refused by design (no room before it tries); then its tries until the "
+            "raise is in status.hard: at once on its own condition's update and on each quota update, otherwise at "
+            "its rate limiter's pace (5 ms, doubling; 10 a second overall)",
         ),
     ]
 

@@ -303,6 +303,20 @@ async def test_an_interface_hotplug_is_plugged_in_place_or_by_a_workload_update_
     )
 
 
+async def running_vm_in_a_full_quota(sim: SimCluster) -> dict[str, str]:
+    """vm1 (1Gi) running in namespace t, whose quota ``compute`` is then set to what is used: a migration target is
+    refused. The quota's ``status.used``."""
+    await sim.create_quota("t", "compute", {"limits.memory": "64Gi"})
+    await sim.wait_quota_synced("t", "compute")
+    await sim.create_vm("t", "vm1", memory="1Gi")
+    await sim.wait_for_phase("t", "vm1", "Running")
+    await sim.wait_quiet()
+    used: dict[str, str] = (await sim.get("resourcequotas", "t", "compute"))["status"]["used"]
+    await sim.set_quota_hard("t", "compute", used)  # full: the target is refused
+    await sim.wait_quota_synced("t", "compute")
+    return used
+
+
 def test_the_retry_backoff_is_scaled_by_the_speed_unless_it_runs_in_real_time() -> None:
     scaled = KubeVirtTiming(speed=0.02).backoff()
     real = KubeVirtTiming(speed=0.02, backoff_in_real_time=True).backoff()
@@ -320,14 +334,7 @@ async def test_a_refused_target_is_tried_again_at_its_backoff_and_at_once_on_a_q
     """KubeVirt's migration controller retries a refused target with its per-item backoff and re-queues it at once
     on an update of the migration (its own condition write after the first refusal), of its VMI or pods, and of a
     quota of its namespace; the simulator counts each refused try by what made it."""
-    await sim.create_quota("t", "compute", {"limits.memory": "64Gi"})
-    await sim.wait_quota_synced("t", "compute")
-    await sim.create_vm("t", "vm1", memory="1Gi")
-    await sim.wait_for_phase("t", "vm1", "Running")
-    await sim.wait_quiet()
-    used = (await sim.get("resourcequotas", "t", "compute"))["status"]["used"]
-    await sim.set_quota_hard("t", "compute", used)  # full: the target is refused
-    await sim.wait_quota_synced("t", "compute")
+    used = await running_vm_in_a_full_quota(sim)
     refused = sim.kubevirt.target_refusals
     await sim.migrate("t", "vm1", name="mig1")
     await sim.wait_until(
@@ -353,14 +360,7 @@ async def test_a_hotplug_applies_while_a_migration_is_pending_and_its_target_car
     or another hotplug is in progress: a migration whose target quota refuses has not started, so the hotplug
     patches the VMI, KubeVirt's next try renders the target at the new size, and no workload-update migration is
     made beside the one in flight (the completed migration makes the new size current)."""
-    await sim.create_quota("t", "compute", {"limits.memory": "64Gi"})
-    await sim.wait_quota_synced("t", "compute")
-    await sim.create_vm("t", "vm1", memory="1Gi")
-    await sim.wait_for_phase("t", "vm1", "Running")
-    await sim.wait_quiet()
-    used = (await sim.get("resourcequotas", "t", "compute"))["status"]["used"]
-    await sim.set_quota_hard("t", "compute", used)  # full: the target is refused
-    await sim.wait_quota_synced("t", "compute")
+    await running_vm_in_a_full_quota(sim)
     mig = await sim.migrate("t", "vm1", name="mig1")
     await sim.wait_until(
         "vmim", "t", "mig1", lambda o: "migrationRejectedByResourceQuota" in conditions(o), what="target refused"

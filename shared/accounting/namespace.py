@@ -38,7 +38,7 @@ from shared.kinds import (
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts
 from shared.kubevirt.config import fallback_note
 from shared.quota.equation import desired_hard
-from shared.quota.modes import QuotaPolicy, pod_factor, policy_of
+from shared.quota.modes import QuotaPolicy, pod_factor, policy_of, vmi_minimums
 from shared.resources import ResourceList
 from shared.snapshot import (
     EventSnapshot,
@@ -331,6 +331,7 @@ class _Accounting(Admission):
                 factors=q.factors,
                 hard=desired_hard(b, taken_, pods, reserved, q.factors, overlap, unvouched, self.target_reserved),
                 over_budget=tuple(sorted(r for r in b if q.counted(r) > b[r].nanos)),
+                vmi_minimums=vmi_minimums(q.policy.mode, b, q.factors, q.ratio),
             )
         return NamespaceUsage(
             namespace=self.namespace,

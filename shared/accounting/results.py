@@ -127,6 +127,8 @@ class QuotaUsage:
     hard: ResourceList
     over_budget: tuple[str, ...]
     """Budget resources where ``U + X/k > B``."""
+    vmi_minimums: Mapping[str, str] = field(default_factory=dict)
+    """``shared.quota.modes.vmi_minimums`` of the quota."""
 
 
 @dataclass(frozen=True, slots=True)

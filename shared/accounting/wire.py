@@ -84,6 +84,7 @@ def quota_terms(name: str, q: QuotaUsage, errors: list[str]) -> contract.QuotaTe
         taken=wire("taken", q.taken),
         hard=canonical_resource_list(q.hard),
         over_budget=list(q.over_budget),
+        vmi_minimums=dict(q.vmi_minimums),
     )
 
 

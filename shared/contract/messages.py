@@ -112,6 +112,10 @@ class QuotaTerms(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """``spec.hard`` the equation gives."""
     over_budget: list[str] = []
     """Resources where ``U + X/k > B``."""
+    vmi_minimums: dict[str, str] = {}
+    """What a VMI's explicit ``requests.memory`` / ``limits.memory`` must be per byte of guest memory, and its
+    ``requests.cpu`` / ``limits.cpu`` per vCPU, in the VM-term modes (``shared.quota.modes.vmi_minimums``): the
+    enforcer puts them on the quota for the reservation guard's rendering-model policy."""
 
 
 class VmState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

@@ -48,6 +48,7 @@ from shared.quota.annotations import (
     LAST_HARD_ANNOTATION,
     STATUS_ANNOTATION,
     USAGE_ANNOTATION,
+    VMI_MINIMUM_ANNOTATIONS,
 )
 from shared.quota.equation import within_charged
 from shared.quota.modes import Mode, is_managed, parse_budget, parse_mode, policy_of
@@ -71,7 +72,13 @@ __all__ = [
     "resolve_budget",
 ]
 
-OWN_ANNOTATIONS: Final = (BUDGET_ANNOTATION, LAST_HARD_ANNOTATION, STATUS_ANNOTATION, USAGE_ANNOTATION)
+OWN_ANNOTATIONS: Final = (
+    BUDGET_ANNOTATION,
+    LAST_HARD_ANNOTATION,
+    STATUS_ANNOTATION,
+    USAGE_ANNOTATION,
+    *VMI_MINIMUM_ANNOTATIONS.values(),
+)
 """The annotations the enforcer writes (and removes when it hands a quota back). The mode and ratio annotations
 belong to the administrator and are never written."""
 
@@ -359,7 +366,13 @@ def plan(
                     hard = within_charged(hard, parse_resource_list(terms.pods, "pods"), charged)
         except InvalidInput:
             agreed = False  # a malformed snapshot is refused before it gets here; wait for the next one
-    want = {BUDGET_ANNOTATION: rl_json(b.budget), LAST_HARD_ANNOTATION: rl_json(hard), STATUS_ANNOTATION: status}
+    want: dict[str, str | None] = {
+        BUDGET_ANNOTATION: rl_json(b.budget),
+        LAST_HARD_ANNOTATION: rl_json(hard),
+        STATUS_ANNOTATION: status,
+    }
+    if terms is not None and agreed:
+        want.update({key: terms.vmi_minimums.get(r) for r, key in VMI_MINIMUM_ANNOTATIONS.items()})
     annotations = _changed_annotations(q, want)
     set_hard = not same(hard, q.spec_hard)
     summary = (

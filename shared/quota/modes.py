@@ -164,6 +164,40 @@ def pod_factor(
     return Fraction(1)
 
 
+def vmi_minimums(
+    mode: Mode, budget: Mapping[str, Quantity], factors: Mapping[str, Fraction | None], ratio: Fraction
+) -> dict[str, str]:
+    """What a VMI's explicit ``spec.domain.resources`` must be at least, per unit of its size, for its launcher pod
+    to be charged at least ``k`` times what the mode counts it (the reservation guard's rendering-model policy
+    refuses a VMI below them). ``requests.memory`` and ``limits.memory`` per byte of guest memory,
+    ``requests.cpu`` and ``limits.cpu`` per vCPU; only for the resources the budget names in VM terms. Decimals
+    rounded down: the pod's overhead is the margin, and KubeVirt's own default request (guest x 100 / overcommit)
+    must pass."""
+    if mode not in (Mode.VIRTUAL_RESOURCES, Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO):
+        return {}
+    counted_cpu = Fraction(1) if mode is Mode.VIRTUAL_RESOURCES else 1 / ratio  # (what a vCPU counts)
+    out: dict[str, Fraction] = {}
+    for r in budget:
+        k = factors.get(r)
+        if k is None:
+            continue
+        if r in ("memory", "requests.memory"):
+            out["requests.memory"] = min(out.get("requests.memory", k), k)
+        elif r == "limits.memory":
+            out["limits.memory"] = k
+        elif r in CPU_REQUEST_NAMES:
+            out["requests.cpu"] = k * counted_cpu
+        elif r == "limits.cpu":
+            out["limits.cpu"] = k
+    return {r: _decimal_down(v) for r, v in sorted(out.items())}
+
+
+def _decimal_down(v: Fraction) -> str:
+    micro = (v.numerator * 1_000_000) // v.denominator
+    whole, frac = divmod(micro, 1_000_000)
+    return f"{whole}.{frac:06d}".rstrip("0").rstrip(".") if frac else str(whole)
+
+
 # ---- a managed quota's policy ----------------------------------------------------------------------------------
 
 

@@ -31,7 +31,7 @@ from shared.kubevirt.render import RENDER_ANNOTATIONS
 from shared.ledger.fold import PartitionSet
 from shared.quantity import Quantity
 from shared.quota import guard, modes
-from shared.quota.annotations import RATIO_ANNOTATION
+from shared.quota.annotations import MANAGED_LABEL, RATIO_ANNOTATION
 from shared.snapshot import HELD_SPEC_FIELDS
 from tests.exported import runner_env_vars
 
@@ -816,8 +816,17 @@ def test_single_cluster_with_the_reservation_guard(tmp_path: Path) -> None:
     assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(p["metadata"]["name"] for p in policies)
     by_name = {p["metadata"]["name"]: p for p in policies}
     for binding in bindings:
-        if "paramKind" in by_name[binding["spec"]["policyName"]]["spec"]:
+        kind = by_name[binding["spec"]["policyName"]]["spec"].get("paramKind")
+        if kind == {"apiVersion": f"{guard.GROUP}/{guard.VERSION}", "kind": RESERVATION_KIND}:
             assert binding["spec"]["paramRef"] == {"name": guard.NAME, "parameterNotFoundAction": "Allow"}
+        elif (
+            kind is not None
+        ):  # (the rendering-model policy: the namespace's managed quotas, which tenants cannot write)
+            assert kind == {"apiVersion": "v1", "kind": "ResourceQuota"}
+            assert binding["spec"]["paramRef"] == {
+                "selector": {"matchLabels": {MANAGED_LABEL: "true"}},
+                "parameterNotFoundAction": "Allow",
+            }
         else:
             assert "paramRef" not in binding["spec"]
     sized = by_name["vmquota-reservation-holder-size"]

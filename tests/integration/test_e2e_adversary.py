@@ -20,7 +20,7 @@ from services.devtools.simcluster.kubevirt import VMIM_ACTIVE, now_rfc3339, phas
 from services.devtools.simcluster.store_api import ApiError, Obj
 from shared.podusage import pod_quota_usage
 from shared.quantity import Quantity
-from shared.quota.annotations import NUDGE_ANNOTATION
+from shared.quota.annotations import NUDGE_ANNOTATION, VMI_MINIMUM_ANNOTATIONS
 from tests.integration.e2e import (
     PATIENT_KUBEVIRT,
     SLOW_MIGRATIONS,
@@ -548,6 +548,32 @@ async def test_with_the_guard_a_tenant_cannot_take_room_reserved_for_a_migration
         await p.wait(lambda: _holders(p) == [], "the reservation guard to empty")
         assert not unguarded, unguarded
         assert await tenant.create(plain_pod(NS, "small", {"memory": "1Gi"}, {"memory": "1Gi", "cpu": "100m"}))
+
+
+async def test_with_the_guard_vms_below_the_rendering_model_are_refused_and_the_budget_holds() -> None:
+    """Twelve VMs of 16Gi guest memory with requests.memory 1Gi each fit a 16Gi VirtualResources budget's room
+    natively (their pods are charged 1.3Gi): 192Gi of guest memory on 16Gi. The ledger publishes what a VMI's
+    explicit resources must be at least, the enforcer puts it on the quota, and the guard's rendering-model policy
+    refuses such VMIs; KubeVirt's VM controller says why on each VM, and a VM by the model starts."""
+    async with pipeline(guard=True) as p:
+        ns = "tenant-oc"
+        await p.managed_quota(ns, "vm-budget", {"requests.memory": "16Gi"}, mode="VirtualResources")
+        key = VMI_MINIMUM_ANNOTATIONS["requests.memory"]
+        await p.wait(lambda: key in (p.quota(ns, "vm-budget")["metadata"].get("annotations") or {}), "the minimums")
+        names = [f"oc{i}" for i in range(12)]
+        await asyncio.gather(*(p.sim.create_vm(ns, n, memory="16Gi", requests={"memory": "1Gi"}) for n in names))
+
+        async def all_told() -> bool:
+            for n in names:
+                events = await p.sim.events(ns, n, reason="FailedCreate")
+                if not any("below what quota vm-budget needs" in str(e.get("message")) for e in events):
+                    return False
+            return True
+
+        await p.wait(all_told, "KubeVirt to be refused every VMI, and say why on its VM")
+        assert not p.objects("vmi", ns), "a VMI below the rendering model was created"
+        await p.start_vm(ns, "by-the-model", memory="8Gi")
+        assert p.pod_usage(ns).get("requests.memory", Quantity.from_int(0)) <= Quantity.parse("16Gi")
 
 
 async def test_with_the_guard_a_migration_whose_target_the_guard_refused_is_reserved_in_turn() -> None:

@@ -22,6 +22,7 @@ from services.devtools.simcluster.cluster import SimCluster
 from services.devtools.simcluster.store_api import ApiError, Obj
 from shared.podusage import pod_quota_usage
 from shared.quota import guard
+from shared.quota.annotations import MANAGED_LABEL, VMI_MINIMUM_ANNOTATIONS
 from shared.resources import format_resource_list
 from tests.builders import vmi_obj
 
@@ -570,3 +571,55 @@ async def test_a_tenant_cannot_forge_the_reported_resources_that_resize_accounti
     assert code != 0 and "forbidden" in err.lower(), err
     q = await sim.get("resourcequotas", NS, "compute")
     assert q["status"]["used"]["limits.memory"] == "3Gi"
+
+
+# ---- the rendering-model policy ----------------------------------------------------------------------------------
+
+
+async def test_a_vmi_below_the_rendering_model_is_refused_where_a_quota_counts_vm_terms(sim: SimCluster) -> None:
+    """Explicit requests far below a VM's size make its launcher pod cheap, so native quota would let in far more
+    than a VM-term budget (twelve 16Gi VMs with requests.memory 1Gi in a 16Gi budget's room). Where a managed
+    quota carries the enforcer's minimums, such a VMI is refused at creation, by anyone; KubeVirt's own defaults
+    and VMIs at or above the minimums are admitted, and a namespace without them is not affected."""
+    await install(sim, GUARD_POLICY.read_text())
+
+    def vmi(name: str, **kw: Any) -> Obj:
+        obj = vmi_obj(name, namespace=NS, guest=kw.pop("guest", "16Gi"), **kw)
+        del obj["status"]
+        return obj
+
+    cheap = vmi("cheap", requests={"memory": "1Gi"})
+    assert await create_as(sim, TENANT, vmi("before", requests={"memory": "1Gi"})) is None, "no managed quota"
+    minimums = {"requests.memory": "0.666666", "requests.cpu": "0.1", "limits.cpu": "1"}
+    await sim.create_quota(
+        NS,
+        "vm-budget",
+        {"requests.memory": "16Gi", "requests.cpu": "4", "limits.cpu": "16"},
+        labels={MANAGED_LABEL: "true"},
+        annotations={VMI_MINIMUM_ANNOTATIONS[r]: v for r, v in minimums.items()},
+    )
+    err = await create_as(sim, TENANT, cheap)
+    assert err is not None and (err.code, err.reason) == (403, "Forbidden"), err
+    assert err.message.endswith(
+        "denied request: vmquota: explicit resources requests.memory of cheap below what quota vm-budget needs of "
+        "its launcher pod to count it in VM terms (at least requests.memory 0.666666 x the guest memory): raise "
+        "them or leave them unset"
+    ), err.message
+    # KubeVirt's VM controller creates VMIs: the same rule (an integer quantity too)
+    assert await create_as(sim, KUBEVIRT_CONTROLLER, vmi("cheap2", requests={"memory": 1 << 30})) is not None
+    # KubeVirt's default request with memory overcommit 150 (guest x 100 / 150), none at all, or the full size
+    assert await create_as(sim, TENANT, vmi("overcommit", requests={"memory": "10923Mi"})) is None
+    assert await create_as(sim, TENANT, vmi("plain")) is None
+    # vCPUs: 4 need 400m requested and 4 as a limit at least
+    err = await create_as(sim, TENANT, vmi("slow", vcpus=4, requests={"cpu": "100m"}, limits={"cpu": "2"}))
+    assert err is not None and " of slow below what quota vm-budget needs" in err.message, err
+    named = err.message.partition("explicit resources ")[2].partition(" of slow")[0]
+    assert sorted(named.split(", ")) == ["limits.cpu", "requests.cpu"], err.message  # (in the map's order)
+    assert await create_as(sim, TENANT, vmi("fast", vcpus=4, requests={"cpu": "400m"}, limits={"cpu": 4})) is None
+    # hugepages are charged as hugepages, not memory
+    huge = vmi("huge")
+    huge["spec"]["domain"]["memory"]["hugepages"] = {"pageSize": "2Mi"}
+    err = await create_as(sim, TENANT, huge)
+    assert err is not None and "huge is backed by hugepages" in err.message, err
+    # another namespace has no managed quota
+    assert await create_as(sim, TENANT, vmi_obj("cheap", namespace="other", requests={"memory": "1Mi"})) is None

@@ -798,11 +798,12 @@ def test_a_memory_change_kubevirt_gave_up_on_is_not_pending() -> None:
     assert pending()
 
 
-@pytest.mark.xfail(strict=True, reason="open: explicit requests below the rendering model (docs/accounting.md)")
+@pytest.mark.xfail(strict=True, reason="open without the guard: native room cannot hold such VMs back")
 def test_explicit_memory_overcommit_gets_past_a_vm_term_budget() -> None:
     """The room ``hard`` leaves natively, in a VM-term budget, must hold no more guest memory than the budget has
     left. A VM with ``requests.memory`` far below its guest memory is charged its request and overhead only, so
-    twelve 16Gi VMs fit a 16Gi budget's room at once."""
+    twelve 16Gi VMs fit a 16Gi budget's room at once. Only admission of the VMI closes it: the reservation guard's
+    rendering-model policy (``tests/integration/test_e2e_adversary.py -k rendering_model``)."""
     quota = quota_obj("rq", {"requests.memory": "16Gi"}, Mode.VIRTUAL_RESOURCES)
     room = Q(hard_of(account([quota]))["requests.memory"])
     charge = usage_of(launcher_obj(vmi_obj("v", guest="16Gi", requests={"memory": "1Gi"})))["requests.memory"]

@@ -27,6 +27,7 @@ from shared.quota.annotations import (
     RATIO_ANNOTATION,
     STATUS_ANNOTATION,
     USAGE_ANNOTATION,
+    VMI_MINIMUM_ANNOTATIONS,
 )
 from shared.quota.enforcement import Action
 from shared.snapshot import QuotaSnapshot
@@ -134,6 +135,25 @@ def test_adoption_with_usage_writes_hard_and_is_then_a_fixed_point() -> None:
     assert json.loads(after["metadata"]["annotations"][LAST_HARD_ANNOTATION]) == {"limits.memory": "81Gi"}
     again = enf.plan(snap(after), u)
     assert again.action is Action.NONE and not again.changes
+
+
+def test_the_ledgers_vmi_minimums_go_on_the_quota_and_off_it_again() -> None:
+    """What a VMI's explicit resources must be at least (the guard's rendering-model policy reads it) follows the
+    ledger's terms, and goes once the terms have none (a pod-terms mode) or the quota is released."""
+    budget = {"requests.memory": "16Gi"}
+    raw = adopted(budget, budget, annotations={STATUS_ANNOTATION: "Enforcing (VirtualResources)"})
+    raw["metadata"]["annotations"][MODE_ANNOTATION] = "VirtualResources"
+    minimums = {"requests.memory": "0.666666"}
+    u = usage({"compute": terms(budget, budget, mode="VirtualResources", vmi_minimums=minimums)})
+    p = enf.plan(snap(raw), u)
+    key = VMI_MINIMUM_ANNOTATIONS["requests.memory"]
+    assert p.annotations[key] == "0.666666" and not p.set_hard
+    after = apply(raw, enf.patch_body(p))
+    assert enf.plan(snap(after), u).action is Action.NONE, "a fixed point"
+    gone = enf.plan(snap(after), usage({"compute": terms(budget, budget, mode="VirtualResources")}))
+    assert key in gone.annotations and gone.annotations[key] is None
+    released = after | {"metadata": {**after["metadata"], "labels": {}}}
+    assert enf.plan(snap(released), u).annotations.get(key, "kept") is None
 
 
 def test_hard_follows_usage_and_drops_back_when_the_migration_ends() -> None:

@@ -22,6 +22,7 @@ from shared.quota.modes import (
     parse_mode,
     pod_factor,
     quota_policy,
+    vmi_minimums,
 )
 from shared.resources import format_resource_list, parse_resource_list
 
@@ -207,3 +208,26 @@ def test_bad_policy_annotations_name_quota_and_annotation(ann: dict[str, str], f
 def test_unsupported_scope_is_refused() -> None:
     with pytest.raises(InvalidInput, match="CrossNamespacePodAffinity"):
         quota_policy("rq", {MANAGED_LABEL: "true"}, {}, {}, (ScopeRequirement("CrossNamespacePodAffinity"),))
+
+
+def test_vmi_minimums_are_k_per_unit_of_size_in_the_vm_term_modes_only() -> None:
+    """A VMI's explicit amounts must be at least ``k`` times what the mode counts per byte of guest memory or per
+    vCPU, rounded down (KubeVirt's own default request, guest x 100 / overcommit, passes)."""
+    gi = Quantity.parse("16Gi")
+    budget = {"requests.memory": gi, "requests.cpu": Quantity.parse("4"), "limits.cpu": Quantity.parse("8")}
+    factors = {"requests.memory": Fraction(100, 150), "requests.cpu": Fraction(1, 10), "limits.cpu": Fraction(1)}
+    assert vmi_minimums(Mode.VIRTUAL_RESOURCES, budget, factors, Fraction(10)) == {
+        "limits.cpu": "1",
+        "requests.cpu": "0.1",
+        "requests.memory": "0.666666",
+    }
+    # the ratio mode counts vCPUs / its ratio: 4 (k = 4 / 10), so a vCPU needs a tenth of a core as KubeVirt renders
+    ratio = {"requests.cpu": Quantity.parse("4")}
+    assert vmi_minimums(
+        Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO, ratio, {"requests.cpu": Fraction(4, 10)}, Fraction(4)
+    ) == {"requests.cpu": "0.1"}
+    assert vmi_minimums(Mode.VMI_POD_USAGE, budget, factors, Fraction(10)) == {}
+    assert vmi_minimums(Mode.DEDICATED_VIRTUAL_RESOURCES, budget, factors, Fraction(10)) == {}
+    assert vmi_minimums(
+        Mode.VIRTUAL_RESOURCES, {"requests.memory": gi}, {"requests.memory": Fraction(1)}, Fraction(10)
+    ) == {"requests.memory": "1"}

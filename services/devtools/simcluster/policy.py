@@ -18,7 +18,8 @@ For every write, each ``ValidatingAdmissionPolicyBinding`` whose policy exists i
 
 Expressions are CEL, evaluated by CEL's C++ implementation (the ``cel-expr-python`` bindings) with the variables
 Kubernetes binds (``object``, ``oldObject``, ``request``, ``params``, ``namespaceObject``, ``variables``) and the
-Kubernetes CEL libraries our shipped policies use (the strings extension: ``join``). Policies, bindings and
+Kubernetes CEL libraries our shipped policies use (the strings extension: ``join``, ``substring``; the quantity
+library: ``quantity``, ``asApproximateFloat``). Policies, bindings and
 parameters are read from the store at each request: the simulator has no informer lag (a real API server's policy
 and parameter informers trail writes by milliseconds; ``docs/accounting.md`` says what that leaves open).
 """
@@ -36,6 +37,8 @@ from services.devtools.simcluster.auth import current_user
 from services.devtools.simcluster.selectors import LabelSelector
 from services.devtools.simcluster.store import Store
 from services.devtools.simcluster.store_api import ApiError, Obj, Operation, Resource
+from shared.errors import InvalidInput
+from shared.quantity import Quantity
 
 _REASON_CODES: Final = {"Unauthorized": 401, "Forbidden": 403, "Invalid": 422, "RequestEntityTooLarge": 413}
 _decode = msgspec.json.Decoder().decode
@@ -63,8 +66,29 @@ def _cel() -> tuple[Any, Any]:
             "InternalError",
             "ValidatingAdmissionPolicy evaluation needs the 'cel-expr-python' package: pip install 'vmquota[sim]'",
         ) from e
-    env = cel.NewEnv(variables={name: cel.Type.DYN for name in _VARIABLES}, extensions=[ExtStrings()])
+    quantity = [
+        # Kubernetes' quantity library, as far as the shipped policies use it: quantity(string) and its
+        # asApproximateFloat() (the quantity stands for its approximate value here)
+        cel.FunctionDecl(
+            "quantity", [cel.Overload("quantity_string", cel.Type.DOUBLE, [cel.Type.STRING], impl=_quantity)]
+        ),
+        cel.FunctionDecl(
+            "asApproximateFloat",
+            [cel.Overload("quantity_approximate", cel.Type.DOUBLE, [cel.Type.DOUBLE], is_member=True, impl=float)],
+        ),
+    ]
+    env = cel.NewEnv(
+        variables={name: cel.Type.DYN for name in _VARIABLES}, extensions=[ExtStrings()], functions=quantity
+    )
     return env, cel.Type.ERROR
+
+
+def _quantity(text: str) -> float:
+    """``quantity(text)`` of Kubernetes' CEL library (an invalid quantity is an evaluation error)."""
+    try:
+        return Quantity.parse(text).nanos / 1e9
+    except InvalidInput as e:
+        raise ValueError(f"invalid quantity {text!r}: {e}") from None
 
 
 class _Program:

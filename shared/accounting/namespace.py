@@ -331,7 +331,9 @@ class _Accounting(Admission):
                 factors=q.factors,
                 hard=desired_hard(b, taken_, pods, reserved, q.factors, overlap, unvouched, self.target_reserved),
                 over_budget=tuple(sorted(r for r in b if q.counted(r) > b[r].nanos)),
-                vmi_minimums=vmi_minimums(q.policy.mode, b, q.factors, q.ratio),
+                vmi_minimums=vmi_minimums(
+                    q.policy.mode, b, q.factors, q.ratio, cpu_by_ratio=self.config.cpu_request is None
+                ),
             )
         return NamespaceUsage(
             namespace=self.namespace,

@@ -165,14 +165,20 @@ def pod_factor(
 
 
 def vmi_minimums(
-    mode: Mode, budget: Mapping[str, Quantity], factors: Mapping[str, Fraction | None], ratio: Fraction
+    mode: Mode,
+    budget: Mapping[str, Quantity],
+    factors: Mapping[str, Fraction | None],
+    ratio: Fraction,
+    *,
+    cpu_by_ratio: bool = True,
 ) -> dict[str, str]:
     """What a VMI's explicit ``spec.domain.resources`` must be at least, per unit of its size, for its launcher pod
     to be charged at least ``k`` times what the mode counts it (the reservation guard's rendering-model policy
     refuses a VMI below them). ``requests.memory`` and ``limits.memory`` per byte of guest memory,
     ``requests.cpu`` and ``limits.cpu`` per vCPU; only for the resources the budget names in VM terms. Decimals
     rounded down: the pod's overhead is the margin, and KubeVirt's own default request (guest x 100 / overcommit)
-    must pass."""
+    must pass. ``cpu_by_ratio`` false (KubeVirt's ``cpuRequest`` is set: it gives every VMI that flat request,
+    whatever its vCPUs): no ``requests.cpu`` minimum, which every VMI of more vCPUs would fail."""
     if mode not in (Mode.VIRTUAL_RESOURCES, Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO):
         return {}
     counted_cpu = Fraction(1) if mode is Mode.VIRTUAL_RESOURCES else 1 / ratio  # (what a vCPU counts)
@@ -185,7 +191,7 @@ def vmi_minimums(
             out["requests.memory"] = min(out.get("requests.memory", k), k)
         elif r == "limits.memory":
             out["limits.memory"] = k
-        elif r in CPU_REQUEST_NAMES:
+        elif r in CPU_REQUEST_NAMES and cpu_by_ratio:
             out["requests.cpu"] = k * counted_cpu
         elif r == "limits.cpu":
             out["limits.cpu"] = k

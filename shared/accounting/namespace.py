@@ -36,7 +36,7 @@ from shared.kinds import (
     VMIM_KIND,
 )
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts
-from shared.kubevirt.config import fallback_note
+from shared.kubevirt.config import WEBHOOK_GUEST, fallback_note
 from shared.quota.equation import desired_hard
 from shared.quota.modes import QuotaPolicy, pod_factor, policy_of, vmi_minimums
 from shared.resources import ResourceList
@@ -332,7 +332,16 @@ class _Accounting(Admission):
                 hard=desired_hard(b, taken_, pods, reserved, q.factors, overlap, unvouched, self.target_reserved),
                 over_budget=tuple(sorted(r for r in b if q.counted(r) > b[r].nanos)),
                 vmi_minimums=vmi_minimums(
-                    q.policy.mode, b, q.factors, q.ratio, cpu_by_ratio=self.config.cpu_request is None
+                    q.policy.mode,
+                    b,
+                    q.factors,
+                    q.ratio,
+                    cpu_by_ratio=self.config.cpu_request is None,
+                    request_overcommit=(
+                        Fraction(self.config.memory_overcommit, 100)
+                        if self.config.profile.memory_request == WEBHOOK_GUEST
+                        else Fraction(1)
+                    ),
                 ),
             )
         return NamespaceUsage(

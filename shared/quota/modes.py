@@ -171,6 +171,7 @@ def vmi_minimums(
     ratio: Fraction,
     *,
     cpu_by_ratio: bool = True,
+    request_overcommit: Fraction = Fraction(1),
 ) -> dict[str, str]:
     """What a VMI's explicit ``spec.domain.resources`` must be at least, per unit of its size, for its launcher pod
     to be charged at least ``k`` times what the mode counts it (the reservation guard's rendering-model policy
@@ -178,7 +179,9 @@ def vmi_minimums(
     ``requests.cpu`` and ``limits.cpu`` per vCPU; only for the resources the budget names in VM terms. Decimals
     rounded down: the pod's overhead is the margin, and KubeVirt's own default request (guest x 100 / overcommit)
     must pass. ``cpu_by_ratio`` false (KubeVirt's ``cpuRequest`` is set: it gives every VMI that flat request,
-    whatever its vCPUs): no ``requests.cpu`` minimum, which every VMI of more vCPUs would fail."""
+    whatever its vCPUs): no ``requests.cpu`` minimum, which every VMI of more vCPUs would fail.
+    ``request_overcommit``: what KubeVirt divides an explicit memory request by when it renders the pod (v1.6.2
+    overcommits whatever request a VMI has: ``memoryOvercommit / 100``), so the request must be that much larger."""
     if mode not in (Mode.VIRTUAL_RESOURCES, Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO):
         return {}
     counted_cpu = Fraction(1) if mode is Mode.VIRTUAL_RESOURCES else 1 / ratio  # (what a vCPU counts)
@@ -188,7 +191,7 @@ def vmi_minimums(
         if k is None:
             continue
         if r in ("memory", "requests.memory"):
-            out["requests.memory"] = min(out.get("requests.memory", k), k)
+            out["requests.memory"] = min(out.get("requests.memory", k * request_overcommit), k * request_overcommit)
         elif r == "limits.memory":
             out["limits.memory"] = k
         elif r in CPU_REQUEST_NAMES and cpu_by_ratio:

@@ -602,11 +602,15 @@ async def test_a_vmi_below_the_rendering_model_is_refused_where_a_quota_counts_v
     assert err is not None and (err.code, err.reason) == (403, "Forbidden"), err
     assert err.message.endswith(
         "denied request: vmquota: explicit resources requests.memory of cheap below what quota vm-budget needs of "
-        "its launcher pod to count it in VM terms (at least requests.memory 0.666666 x the guest memory): raise "
-        "them or leave them unset"
+        "its launcher pod to count it in VM terms (at least requests.memory 0.666666 x the guest memory; a missing "
+        "memory request counts as its limit, a missing limit as its request): raise them or leave them unset (an "
+        "instancetype that overcommits memory cannot be used here)"
     ), err.message
     # KubeVirt's VM controller creates VMIs: the same rule (an integer quantity too)
     assert await create_as(sim, KUBEVIRT_CONTROLLER, vmi("cheap2", requests={"memory": 1 << 30})) is not None
+    # a missing request is the limit KubeVirt renders it from
+    err = await create_as(sim, TENANT, vmi("capped", limits={"memory": "1Gi"}))
+    assert err is not None and "explicit resources requests.memory of capped" in err.message, err
     # KubeVirt's default request with memory overcommit 150 (guest x 100 / 150), none at all, or the full size
     assert await create_as(sim, TENANT, vmi("overcommit", requests={"memory": "10923Mi"})) is None
     assert await create_as(sim, TENANT, vmi("plain")) is None
@@ -623,3 +627,16 @@ async def test_a_vmi_below_the_rendering_model_is_refused_where_a_quota_counts_v
     assert err is not None and "huge is backed by hugepages" in err.message, err
     # another namespace has no managed quota
     assert await create_as(sim, TENANT, vmi_obj("cheap", namespace="other", requests={"memory": "1Mi"})) is None
+    # a budget of limits.memory alone: a missing limit is KubeVirt's automatic one, a multiple of the request, so the
+    # request is what is checked
+    await sim.create_quota(
+        "other",
+        "limits-only",
+        {"limits.memory": "32Gi"},
+        labels={MANAGED_LABEL: "true"},
+        annotations={VMI_MINIMUM_ANNOTATIONS["limits.memory"]: "1"},
+    )
+    low = vmi_obj("low", namespace="other", guest="16Gi", requests={"memory": "10Gi"})
+    del low["status"]
+    err = await create_as(sim, TENANT, low)
+    assert err is not None and "explicit resources limits.memory of low" in err.message, err

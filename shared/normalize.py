@@ -158,23 +158,18 @@ def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
             target_memory_overhead=tmo,
         )
     spec = mapping(obj, "spec", "")
-    # (virt-handler sets HotMemoryChange False when it could not apply the memory to the domain; KubeVirt then asks
-    # for a restart and carries the change out no more: nothing is pending)
-    memory_change_failed = any(
-        string(c, "type", w) == HOT_MEMORY_CHANGE and string(c, "status", w) == "False"
-        for w, c in _objects(status, "conditions", "status")
-    )
-    refused_by = next(
-        (
-            who
-            for w, c in _objects(status, "conditions", "status")
-            if string(c, "type", w) == "Synchronized"
-            and string(c, "status", w) == "False"
-            and string(c, "reason", w) == "FailedCreate"
-            and (who := room_refuser(string(c, "message", w)))
-        ),
-        "",
-    )
+    memory_change_failed = False
+    refused_by = ""
+    for w, c in _objects(status, "conditions", "status"):
+        kind, state = string(c, "type", w), string(c, "status", w)
+        if kind == HOT_MEMORY_CHANGE and state == "False":
+            # (virt-handler could not apply the memory to the domain; KubeVirt asks for a restart and carries the
+            # change out no more: nothing is pending)
+            memory_change_failed = True
+        elif (
+            kind == "Synchronized" and state == "False" and string(c, "reason", w) == "FailedCreate" and not refused_by
+        ):
+            refused_by = room_refuser(string(c, "message", w))
     return VmiSnapshot(
         **ident,
         # (no labels: nothing renders or accounts from a VMI's labels, and a tenant's must not grow a ledger)

@@ -262,11 +262,17 @@ class _Accounting(Admission):
     def _policies(self, policies: Sequence[QuotaPolicy] | None) -> list[QuotaSums]:
         memo = self.memo
         kv_ratio, overcommit = self.config.cpu_allocation_ratio, self.config.memory_overcommit
-        terms: list[tuple[QuotaPolicy, Fraction, dict[str, Fraction | None]]] | None = None
+        terms: list[tuple[QuotaPolicy, Fraction, dict[str, Fraction | None], dict[str, str]]] | None = None
         if policies is None:
             # (a function of the quota objects and the configuration: the same while they are the same objects)
             slot = ("policies", self.namespace)
-            key = (tuple(map(id, self.quota_objs)), kv_ratio, overcommit)
+            key = (
+                tuple(map(id, self.quota_objs)),
+                kv_ratio,
+                overcommit,
+                self.config.cpu_request,
+                self.config.profile.memory_request,
+            )
             hit = memo.last(slot)
             if hit is not None and hit[0] == key:
                 terms, errors = hit[2]
@@ -278,17 +284,20 @@ class _Accounting(Admission):
                 memo.put_latest(slot, key, tuple(self.quota_objs), (terms, self.errors[before:]))
         alike: dict[tuple[int, ...], tuple[tuple[object, ...], SumValue]] = {}
         out: list[QuotaSums] = []
-        for pol, ratio, factors in terms:
+        for pol, ratio, factors, minimums in terms:
             terms_ = ("U", "P", "S", "D", "X", "W")
-            sums = [Sum(memo, ("sum", self.namespace, pol.name, term), alike) for term in terms_]
-            out.append(QuotaSums(pol, factors, ratio, *sums))
+            used, pods, reserved, overlap, unvouched, taken = (
+                Sum(memo, ("sum", self.namespace, pol.name, term), alike) for term in terms_
+            )
+            out.append(QuotaSums(pol, factors, ratio, used, pods, reserved, overlap, unvouched, taken, minimums))
         return out
 
     def _quota_terms(
         self, policies: Sequence[QuotaPolicy] | None, kv_ratio: Fraction, overcommit: int
-    ) -> list[tuple[QuotaPolicy, Fraction, dict[str, Fraction | None]]]:
+    ) -> list[tuple[QuotaPolicy, Fraction, dict[str, Fraction | None], dict[str, str]]]:
         """Each managed quota's policy (given, or read from the quota objects: an invalid one is reported in
-        ``errors`` and skipped), in name order, with its CPU allocation ratio and its factors ``k``."""
+        ``errors`` and skipped), in name order, with its CPU allocation ratio, its factors ``k`` and the minimums
+        of a VMI's explicit resources they give (:func:`~shared.quota.modes.vmi_minimums`)."""
         if policies is None:
             found: list[QuotaPolicy] = []
             for qo in self.quota_objs:
@@ -300,6 +309,9 @@ class _Accounting(Admission):
                 if pol is not None:
                     found.append(pol)
             policies = found
+        # (v1.6.2 overcommits an explicit memory request too)
+        webhook_guest = self.config.profile.memory_request == WEBHOOK_GUEST
+        request_overcommit = Fraction(overcommit, 100) if webhook_guest else Fraction(1)
         out = []
         for pol in sorted(policies, key=lambda p: p.name):
             ratio = pol.ratio(kv_ratio)
@@ -307,7 +319,15 @@ class _Accounting(Admission):
                 r: pod_factor(pol.mode, r, kubevirt_ratio=kv_ratio, memory_overcommit=overcommit, mode_ratio=ratio)
                 for r in pol.budget
             }
-            out.append((pol, ratio, factors))
+            minimums = vmi_minimums(
+                pol.mode,
+                pol.budget,
+                factors,
+                ratio,
+                cpu_by_ratio=self.config.cpu_request is None,
+                request_overcommit=request_overcommit,
+            )
+            out.append((pol, ratio, factors, minimums))
         return out
 
     def run(self) -> NamespaceUsage:
@@ -331,18 +351,7 @@ class _Accounting(Admission):
                 factors=q.factors,
                 hard=desired_hard(b, taken_, pods, reserved, q.factors, overlap, unvouched, self.target_reserved),
                 over_budget=tuple(sorted(r for r in b if q.counted(r) > b[r].nanos)),
-                vmi_minimums=vmi_minimums(
-                    q.policy.mode,
-                    b,
-                    q.factors,
-                    q.ratio,
-                    cpu_by_ratio=self.config.cpu_request is None,
-                    request_overcommit=(
-                        Fraction(self.config.memory_overcommit, 100)
-                        if self.config.profile.memory_request == WEBHOOK_GUEST
-                        else Fraction(1)
-                    ),
-                ),
+                vmi_minimums=q.vmi_minimums,
             )
         return NamespaceUsage(
             namespace=self.namespace,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from fractions import Fraction
 
@@ -63,6 +63,11 @@ def _needs(r: str, need: Quantity, left: Quantity, budget: Quantity) -> str:
     return f"{r} needs {n} but {lf} of {readable(budget, r)} is left"
 
 
+def smallest_lacks(rendered: ResourceList, charges: Sequence[ResourceList]) -> ResourceList:
+    """What the smallest of a VM's pod ``charges`` (per resource) lacks of the ``rendered`` pod."""
+    return growth(rendered, functools.reduce(minimum, charges))
+
+
 def capped_growth(
     grow: ResourceList, rendered: ResourceList, charges: Sequence[ResourceList], memory_change: bool = False
 ) -> ResourceList:
@@ -71,7 +76,7 @@ def capped_growth(
     (``VmiSnapshot.memory_change``) the memory resources are what that pod lacks, whatever ``grow`` says: KubeVirt
     grows explicit memory requests and limits by the new size less the guest's current memory (the guest's to
     report; an unplug too), so no rendering tells what the source pod has."""
-    lacks = growth(rendered, functools.reduce(minimum, charges))
+    lacks = smallest_lacks(rendered, charges)
     if memory_change:
         grow = maximum(grow, {r: q for r, q in lacks.items() if r in MEMORY_NAMES})
     return nonzero(minimum(grow, lacks))
@@ -98,6 +103,8 @@ class QuotaSums:
     overlap: Sum
     unvouched: Sum
     taken: Sum
+    vmi_minimums: dict[str, str] = field(default_factory=dict)
+    """:func:`~shared.quota.modes.vmi_minimums` of the quota."""
 
     def counted(self, r: str) -> int:
         """``U + X / k`` of ``r`` in nanos (rounded up): what admission counts as used. ``hard`` holds no room for

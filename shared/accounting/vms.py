@@ -3,8 +3,6 @@ active migration's target pod exists), its pods believed up to its rendering; ``
 
 from __future__ import annotations
 
-import functools
-
 from shared.accounting.estimates import current_size
 from shared.accounting.pods import Pods
 from shared.accounting.results import (
@@ -12,7 +10,7 @@ from shared.accounting.results import (
     STOPPED,
     VmEntry,
 )
-from shared.accounting.state import capped_growth, fmt, vm_key, vm_size
+from shared.accounting.state import capped_growth, fmt, smallest_lacks, vm_key, vm_size
 from shared.quota.equation import takes
 from shared.quota.modes import MEMORY_NAMES, mode_usage
 from shared.resources import ResourceList, add, growth, maximum, minimum, nonzero, second_largest
@@ -144,8 +142,7 @@ class Vms(Pods):
         rendered = self.renderer.vmi_usage(v)
         if rendered is None:
             return False
-        lacks = growth(rendered, functools.reduce(minimum, charges))
-        return not any(r in MEMORY_NAMES for r in nonzero(lacks))
+        return not any(r in MEMORY_NAMES for r in nonzero(smallest_lacks(rendered, charges)))
 
     def _running_vm(self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]], migrating: bool) -> VmEntry:
         """A running VM counts at its current size (its status: a hotplug request counts once admitted, see

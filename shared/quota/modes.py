@@ -191,7 +191,7 @@ def vmi_minimums(
         if k is None:
             continue
         if r in ("memory", "requests.memory"):
-            out["requests.memory"] = min(out.get("requests.memory", k * request_overcommit), k * request_overcommit)
+            out["requests.memory"] = k * request_overcommit  # (memory and requests.memory share one factor)
         elif r == "limits.memory":
             out["limits.memory"] = k
         elif r in CPU_REQUEST_NAMES and cpu_by_ratio:

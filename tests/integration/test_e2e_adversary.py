@@ -370,17 +370,23 @@ async def test_an_sriov_interface_that_does_not_fit_is_refused_and_the_tenant_to
         assert p.pod_usage(ns)["limits.memory"] <= budget
 
 
+async def hotplugged_vm(p: Pipeline, ns: str, memory: str) -> None:
+    """``HOT_BUDGET`` in the ratio mode, VM vma (4Gi) running, hotplugged to ``memory`` (it fits) and migrated: the
+    migration's source pod gone."""
+    await p.managed_quota(ns, "vm-budget", HOT_BUDGET, mode="VirtualResourcesWithCPUAllocationRatio")
+    await p.start_vm(ns, "vma", sockets=1, memory="4Gi")
+    await p.sim.hotplug(ns, "vma", memory=memory)
+    await p.wait(lambda: guest_running(p, ns) == Quantity.parse(memory), "the hotplug to finish")
+    await p.wait(lambda: len(p.launcher_pods(ns, "vma")) == 1, "the hotplug's source pod to go")
+
+
 async def test_a_second_hotplug_is_checked_like_the_first() -> None:
     """After a hotplug's migration the VM runs in the pod that migration made, which keeps its
     ``kubevirt.io/migrationJobUID`` label: a later hotplug must still be admitted in VM terms (the VM counts at
     its current size until then), not taken as already running at its new size."""
     async with pipeline(cpu_allocation_ratio=4) as p:
         ns = "tenant-hot"
-        await p.managed_quota(ns, "vm-budget", HOT_BUDGET, mode="VirtualResourcesWithCPUAllocationRatio")
-        await p.start_vm(ns, "vma", sockets=1, memory="4Gi")
-        await p.sim.hotplug(ns, "vma", memory="6Gi")  # fits: 6 of 12Gi
-        await p.wait(lambda: guest_running(p, ns) == Quantity.parse("6Gi"), "the first hotplug to finish")
-        await p.wait(lambda: len(p.launcher_pods(ns, "vma")) == 1, "the first hotplug's source pod to go")
+        await hotplugged_vm(p, ns, "6Gi")  # fits: 6 of 12Gi
         await p.sim.hotplug(ns, "vma", memory="16Gi")  # 10Gi more, 6Gi left
 
         def refused() -> bool:
@@ -402,11 +408,7 @@ async def test_hotplugged_memory_the_guest_keeps_offline_is_no_room_for_another_
     guest memory on a 12Gi budget.)"""
     async with pipeline(cpu_allocation_ratio=4) as p:
         ns = "tenant-hot"
-        await p.managed_quota(ns, "vm-budget", HOT_BUDGET, mode="VirtualResourcesWithCPUAllocationRatio")
-        await p.start_vm(ns, "vma", sockets=1, memory="4Gi")
-        await p.sim.hotplug(ns, "vma", memory="8Gi")  # fits: 8 of 12Gi
-        await p.wait(lambda: guest_running(p, ns) == Quantity.parse("8Gi"), "the hotplug to finish")
-        await p.wait(lambda: len(p.launcher_pods(ns, "vma")) == 1, "the hotplug's source pod to go")
+        await hotplugged_vm(p, ns, "8Gi")  # fits: 8 of 12Gi
         vmis = p.sim.store.resource("virtualmachineinstances")
 
         def online(amount: str) -> Any:  # (virt-handler's report of the guest; the simulator's guests use it all)

@@ -351,9 +351,6 @@ def plan(
         return _refuse(q, str(e), seq)
 
     terms = _terms(usage, q.name)
-    status = f"Enforcing ({mode.value})"
-    if terms is None and q.annotations.get(STATUS_ANNOTATION) != status:
-        status = f"Waiting for usage ({mode.value})"  # (an enforced quota stays so while its usage is missing)
     hard = dict(q.spec_hard)
     agreed = False
     if terms is not None and terms.mode == mode.value:
@@ -366,6 +363,12 @@ def plan(
                     hard = within_charged(hard, parse_resource_list(terms.pods, "pods"), charged)
         except InvalidInput:
             agreed = False  # a malformed snapshot is refused before it gets here; wait for the next one
+    status = f"Enforcing ({mode.value})"
+    if not agreed and (terms is not None or q.annotations.get(STATUS_ANNOTATION) != status):
+        # Usage accounted in this mode with this budget is not in yet: the quota is not enforced in it (and the
+        # rendering-model policy checks explicit resources against its fallback minimums meanwhile). An enforced
+        # quota stays so while its namespace's usage is missing altogether (a ledger restarting).
+        status = f"Waiting for usage ({mode.value})"
     want: dict[str, str | None] = {
         BUDGET_ANNOTATION: rl_json(b.budget),
         LAST_HARD_ANNOTATION: rl_json(hard),

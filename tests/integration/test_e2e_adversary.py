@@ -20,7 +20,13 @@ from services.devtools.simcluster.kubevirt import VMIM_ACTIVE, now_rfc3339, phas
 from services.devtools.simcluster.store_api import ApiError, Obj
 from shared.podusage import pod_quota_usage
 from shared.quantity import Quantity
-from shared.quota.annotations import NUDGE_ANNOTATION, VMI_MINIMUM_ANNOTATIONS
+from shared.quota.annotations import (
+    MANAGED_LABEL,
+    MODE_ANNOTATION,
+    NUDGE_ANNOTATION,
+    STATUS_ANNOTATION,
+    VMI_MINIMUM_ANNOTATIONS,
+)
 from tests.integration.e2e import (
     PATIENT_KUBEVIRT,
     SLOW_MIGRATIONS,
@@ -575,6 +581,50 @@ async def test_with_the_guard_vms_below_the_rendering_model_are_refused_and_the_
         await p.wait(all_told, "KubeVirt to be refused every VMI, and say why on its VM")
         assert not p.objects("vmi", ns), "a VMI below the rendering model was created"
         await p.start_vm(ns, "by-the-model", memory="8Gi")
+        assert p.pod_usage(ns).get("requests.memory", Quantity.from_int(0)) <= Quantity.parse("16Gi")
+
+
+async def test_with_the_guard_vms_below_the_rendering_model_are_refused_before_the_namespace_is_accounted() -> None:
+    """The tenant watches for its administrator to opt a quota in and creates twelve 16Gi VMs with requests.memory
+    1Gi at once: until the ledger has accounted the namespace the quota carries no minimums and `spec.hard` is the
+    budget as written, whose room the cheap pods fit (the ledger is stopped here to hold that moment open). Until
+    the quota is enforced in its mode, the rendering-model policy holds explicit resources to the VM's full size;
+    the VMs are refused, and stay so once the namespace is accounted. Fails without that fallback (the twelve VMs
+    run: 192Gi of guest memory on 16Gi)."""
+    async with pipeline(separate=True, guard=True) as p:
+        ns = "tenant-early"
+        await p.stack.stop_service("ledger")
+        await p.sim.create_namespace(ns)
+        await p.sim.create_quota(
+            ns,
+            "vm-budget",
+            {"requests.memory": "16Gi"},
+            labels={MANAGED_LABEL: "true"},
+            annotations={MODE_ANNOTATION: "VirtualResources"},
+        )
+
+        def status() -> str:
+            return str((p.quota(ns, "vm-budget")["metadata"].get("annotations") or {}).get(STATUS_ANNOTATION))
+
+        await p.wait(lambda: status() == "Waiting for usage (VirtualResources)", "the enforcer to adopt the quota")
+        names = [f"early{i}" for i in range(12)]
+        await asyncio.gather(*(p.sim.create_vm(ns, n, memory="16Gi", requests={"memory": "1Gi"}) for n in names))
+
+        async def all_told(words: str) -> bool:
+            for n in names:
+                events = await p.sim.events(ns, n, reason="FailedCreate")
+                if not any(words in str(e.get("message")) for e in events):
+                    return False
+            return True
+
+        await p.wait(lambda: all_told("until vmquota has accounted the namespace"), "KubeVirt to be refused every VMI")
+        assert not p.objects("vmi", ns), (
+            "a VMI below the rendering model was created before the namespace was accounted"
+        )
+        await p.stack.start_service("ledger")
+        await p.wait(lambda: status() == "Enforcing (VirtualResources)", "the namespace to be accounted")
+        await p.start_vm(ns, "by-the-model", memory="8Gi")
+        assert [v["metadata"]["name"] for v in p.objects("vmi", ns)] == ["by-the-model"]
         assert p.pod_usage(ns).get("requests.memory", Quantity.from_int(0)) <= Quantity.parse("16Gi")
 
 

@@ -22,7 +22,7 @@ from services.devtools.simcluster.cluster import SimCluster
 from services.devtools.simcluster.store_api import ApiError, Obj
 from shared.podusage import pod_quota_usage
 from shared.quota import guard
-from shared.quota.annotations import MANAGED_LABEL, VMI_MINIMUM_ANNOTATIONS
+from shared.quota.annotations import MANAGED_LABEL, MODE_ANNOTATION, STATUS_ANNOTATION, VMI_MINIMUM_ANNOTATIONS
 from shared.resources import format_resource_list
 from tests.builders import vmi_obj
 
@@ -640,3 +640,64 @@ async def test_a_vmi_below_the_rendering_model_is_refused_where_a_quota_counts_v
     del low["status"]
     err = await create_as(sim, TENANT, low)
     assert err is not None and "explicit resources limits.memory of low" in err.message, err
+
+
+async def test_until_a_vm_term_quota_is_accounted_a_vmi_is_held_to_its_full_size(sim: SimCluster) -> None:
+    """Between an administrator opting a quota in (or changing its mode or budget) and vmquota having accounted the
+    namespace so, the quota carries no minimums for it, and its `spec.hard` is the budget as written: a tenant
+    watching the quota could fit twelve 16Gi VMs with requests.memory 1Gi in a 16Gi VM-term budget's room then.
+    Until the status says the quota is enforced in its mode, every explicit resource must be at least the VM's
+    full size (1, which no accounted minimum exceeds); a VMI without explicit resources passes."""
+    await install(sim, GUARD_POLICY.read_text())
+
+    def vmi(name: str, **kw: Any) -> Obj:
+        obj = vmi_obj(name, namespace=NS, guest=kw.pop("guest", "16Gi"), **kw)
+        del obj["status"]
+        return obj
+
+    quota = await sim.create_quota(
+        NS,
+        "vm-budget",
+        {"requests.memory": "16Gi", "requests.cpu": "4"},
+        labels={MANAGED_LABEL: "true"},
+        annotations={MODE_ANNOTATION: " VirtualResources "},  # (the enforcer trims the mode; so does the policy)
+    )
+    err = await create_as(sim, TENANT, vmi("cheap", requests={"memory": "1Gi"}))
+    assert err is not None and (err.code, err.reason) == (403, "Forbidden"), err
+    assert (
+        "explicit resources requests.memory, limits.memory of cheap below what quota vm-budget needs of its launcher "
+        "pod to count it in VM terms (until vmquota has accounted the namespace in mode VirtualResources: at least "
+        "requests.memory 1 x the guest memory, limits.memory 1 x the guest memory;" in err.message
+    ), err.message
+    assert await create_as(sim, TENANT, vmi("plain")) is None
+    assert await create_as(sim, TENANT, vmi("whole", requests={"memory": "16Gi"}, limits={"memory": "16Gi"})) is None
+    # KubeVirt's default request with memory overcommit 150 waits for the accounted minimum
+    assert await create_as(sim, TENANT, vmi("overcommit", requests={"memory": "10923Mi"})) is not None
+    err = await create_as(sim, TENANT, vmi("slow", vcpus=4, requests={"cpu": "400m"}))
+    assert err is not None and "explicit resources requests.cpu of slow" in err.message, err
+    huge = vmi("huge")
+    huge["spec"]["domain"]["memory"]["hugepages"] = {"pageSize": "2Mi"}
+    assert await create_as(sim, TENANT, huge) is not None
+
+    async def annotate(annotations: dict[str, str]) -> None:
+        meta = quota["metadata"]
+        await sim.apply({**quota, "metadata": {**meta, "annotations": annotations}})
+
+    accounted = {
+        MODE_ANNOTATION: "VirtualResources",
+        STATUS_ANNOTATION: "Waiting for usage (VirtualResources)",
+        VMI_MINIMUM_ANNOTATIONS["requests.memory"]: "0.666666",
+        VMI_MINIMUM_ANNOTATIONS["requests.cpu"]: "0.1",
+    }
+    await annotate(accounted)
+    assert await create_as(sim, TENANT, vmi("overcommit", requests={"memory": "10923Mi"})) is not None, "waiting"
+    await annotate({**accounted, STATUS_ANNOTATION: "Enforcing (VirtualResources)"})
+    assert await create_as(sim, TENANT, vmi("overcommit", requests={"memory": "10923Mi"})) is None
+    assert await create_as(sim, TENANT, vmi("slow", vcpus=4, requests={"cpu": "400m"})) is None
+    assert await create_as(sim, TENANT, vmi("cheap", requests={"memory": "1Gi"})) is not None
+    # the administrator changes the mode: the minimums are of the old one until vmquota has accounted the new
+    await annotate({**accounted, MODE_ANNOTATION: "VirtualResourcesWithCPUAllocationRatio"})
+    assert await create_as(sim, TENANT, vmi("overcommit2", requests={"memory": "10923Mi"})) is not None
+    # a quota in a pod-terms mode holds nothing back, accounted or not
+    await annotate({MODE_ANNOTATION: "VmiPodUsage"})
+    assert await create_as(sim, TENANT, vmi("cheap2", requests={"memory": "1Gi"})) is None

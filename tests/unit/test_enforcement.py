@@ -177,9 +177,13 @@ def test_usage_in_another_mode_or_budget_is_not_applied() -> None:
     other_mode = usage(
         {"compute": terms({"limits.memory": "64Gi"}, {"limits.memory": "99Gi"}, mode="VirtualResources")}
     )
-    assert not enf.plan(snap(raw), other_mode).changes
     other_budget = usage({"compute": terms({"limits.memory": "50Gi"}, {"limits.memory": "99Gi"})})
-    assert not enf.plan(snap(raw), other_budget).changes
+    for other in (other_mode, other_budget):
+        p = enf.plan(snap(raw), other)
+        assert not p.set_hard, "hard follows only usage accounted in the quota's mode with its budget"
+        # and until then the quota is not enforced in them: the status says so (the rendering-model policy reads
+        # it), though it was enforced before
+        assert p.annotations == {STATUS_ANNOTATION: "Waiting for usage (VmiPodUsage)"}
 
 
 # ---- budget --------------------------------------------------------------------------------------------------
@@ -189,7 +193,9 @@ def test_budget_annotation_edit_takes_effect_through_the_ledger() -> None:
     raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "64Gi"})
     raw["metadata"]["annotations"][BUDGET_ANNOTATION] = '{"limits.memory": "80Gi"}'
     old = usage({"compute": terms({"limits.memory": "64Gi"}, {"limits.memory": "64Gi"})}, seq=3)
-    assert not enf.plan(snap(raw), old).changes, "the ledger has not accounted with the new budget yet"
+    waiting = enf.plan(snap(raw), old)
+    assert not waiting.set_hard, "the ledger has not accounted with the new budget yet"
+    assert waiting.annotations[STATUS_ANNOTATION] == "Waiting for usage (VmiPodUsage)"
     new = usage({"compute": terms({"limits.memory": "80Gi"}, {"limits.memory": "80Gi"})}, seq=4)
     p = enf.plan(snap(raw), new, previous=old)
     assert p.set_hard and p.hard_after == {"limits.memory": Quantity.parse("80Gi")}

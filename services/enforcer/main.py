@@ -35,9 +35,14 @@ async def main(rt: Runtime) -> None:
             )
             enforcer = Enforcer(bus, KubeQuotas(api), opts, metrics=rt.metrics)
             rt.health.set_ready(rt.name, True)  # connected: ready to lead or to stand by
-            rt.log(cluster=cluster).info(
-                "enforcer ready", dry_run=opts.dry_run, reservation_guard=opts.reservation_guard
-            )
+            log = rt.log(cluster=cluster)
+            log.info("enforcer ready", dry_run=opts.dry_run, reservation_guard=opts.reservation_guard)
+            if not opts.reservation_guard:
+                log.warning(
+                    "reservation guard off: a tenant's pod can take room held for a migration target or an admitted "
+                    "VM, and a VM overcommitting memory can get past a VM-term budget; install "
+                    "deploy/components/reservation-guard to close both (docs/accounting.md, 'Known limits')"
+                )
             await leader_elected(rt, lambda: enforcer.run(rt.stop))
         finally:
             await api.close()

@@ -4,6 +4,7 @@ the migration lifecycle, hotplug, stop, the parallel-migration limit, and ``vmqu
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import shutil
@@ -516,6 +517,40 @@ async def test_kubevirt_webhooks_refuse_bad_objects_naming_the_field(sim: SimClu
     await sim.migrate("t", "vm1", name="first", annotations={FAIL_START_ANNOTATION: "true"})
     with pytest.raises(ApiError, match="in-flight migration detected"):
         await sim.migrate("t", "vm1", name="second")
+
+
+async def test_a_new_vmi_carries_kubevirts_defaults_before_validating_admission() -> None:
+    """virt-api's mutating webhook sets a new VMI's defaults before any validating admission sees it (the
+    rendering-model policy reads them): requests.cpu from limits.cpu, the cluster's cpuRequest when it is not 100m,
+    the guest memory from the memory request, and the CPU topology from the CPU limit (after those requests)."""
+
+    def vmi(name: str, domain: Obj) -> Obj:
+        return {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstance",
+            "metadata": {"name": name, "namespace": "t"},
+            "spec": {"domain": domain},
+        }
+
+    seen: list[Obj] = []
+
+    async def look(op: str, res: Any, new: Obj | None, old: Obj | None, sub: str | None = None) -> None:
+        if op == "CREATE" and new is not None:
+            seen.append(copy.deepcopy(new["spec"]["domain"]))
+
+    async with SimCluster(speed=SPEED, serve_http=False, kubevirt_configuration={"cpuRequest": "250m"}) as s:
+        await s.create_namespace("t")
+        s.store.add_admission(s.store.resource("VirtualMachineInstance"), look, first=True)  # (a validating one)
+        await s.create(vmi("limited", {"resources": {"limits": {"cpu": "3"}, "requests": {"memory": "2Gi"}}}))
+        await s.create(vmi("flat", {"memory": {"guest": "1Gi"}}))
+        await s.create(vmi("sized", {"cpu": {"cores": 2}, "memory": {"guest": "1Gi"}}))
+    limited, flat, sized = seen
+    assert limited["resources"]["requests"] == {"memory": "2Gi", "cpu": "3"}
+    assert limited["memory"]["guest"] == "2Gi"
+    assert limited["cpu"] == {"sockets": 3, "cores": 1, "threads": 1}
+    assert flat["resources"]["requests"] == {"cpu": "250m"}  # (the cluster's flat request)
+    assert flat["cpu"] == {"sockets": 1, "cores": 1, "threads": 1}
+    assert sized["cpu"] == {"cores": 2}  # (a topology that is set is kept)
 
 
 async def test_workqueue_backoff_doubles_and_is_capped() -> None:

@@ -53,6 +53,7 @@ from shared.kubevirt import (
     RenderedPod,
     render_launcher_pod,
 )
+from shared.kubevirt.overhead import admitted_requests
 from shared.kubevirt.vm import API_VERSION, STARTING_STRATEGIES, owner_ref, run_strategy, vmi_from_vm
 from shared.quantity import Format, Quantity
 from shared.vmi import vmi_spec
@@ -541,7 +542,8 @@ class KubeVirtSimulator:
         return (self.vm_queue, self.vmi_queue, self.migration_queue, self.pod_queue)
 
     def install(self) -> None:
-        """Validating admission as KubeVirt's webhooks do it."""
+        """Admission as KubeVirt's webhooks do it: a new VMI's defaults, then validation."""
+        self.store.add_admission(self.r_vmis, self._default_vmi, mutating=True)
         self.store.add_admission(self.r_vms, self._admit_vm)
         self.store.add_admission(self.r_vmis, self._admit_vmi)
         self.store.add_admission(self.r_vmims, self._admit_vmim)
@@ -720,6 +722,41 @@ class KubeVirtSimulator:
                 f'admission webhook "virtualmachine-validator.kubevirt.io" denied the request: {e}',
             ) from None
         return None
+
+    async def _default_vmi(
+        self, op: Operation, res: Resource, new: Obj | None, old: Obj | None, subresource: str | None = None
+    ) -> Obj | None:
+        """virt-api's VMI mutating webhook at creation (pkg/defaults ``SetDefaultVirtualMachineInstanceSpec``), the
+        defaults admission policies see: the resource requests (``requests.cpu`` from ``limits.cpu``, the
+        cluster's ``cpuRequest`` when it is not 100m, and up to v1.6.3 ``requests.memory``), then the guest memory
+        (from the requests, the limits or the hugepage size) and the CPU topology (sockets from the CPU limit, else
+        request, when none is set)."""
+        if op != "CREATE" or new is None or subresource is not None:
+            return None
+        try:
+            before = vmi_spec(new)
+        except InvalidInput:
+            return None  # (the validating webhook refuses it)
+        out: Obj = copy_json(new)
+        domain = out.setdefault("spec", {}).setdefault("domain", {})
+        resources = domain.setdefault("resources", {})
+        requests = resources.setdefault("requests", {})
+        for name, value in admitted_requests(before, self.kubevirt_config()).items():
+            if name not in before.requests or before.requests[name].nanos == 0:
+                requests[name] = str(value)
+        if not requests:
+            del resources["requests"]
+        if not resources:
+            del domain["resources"]
+        after = vmi_spec(out)  # (guest memory and topology as KubeVirt defaults them, from these requests)
+        memory = domain.get("memory")
+        if after.guest_memory is not None and not (isinstance(memory, dict) and memory.get("guest") is not None):
+            domain["memory"] = {**(memory if isinstance(memory, dict) else {}), "guest": str(after.guest_memory)}
+        cpu = domain.get("cpu") if isinstance(domain.get("cpu"), dict) else {}
+        if not any(cpu.get(k) for k in ("sockets", "cores", "threads")):
+            topology = after.topology
+            domain["cpu"] = {**cpu, "sockets": topology.sockets, "cores": topology.cores, "threads": topology.threads}
+        return out
 
     async def _admit_vmi(
         self, op: Operation, res: Resource, new: Obj | None, old: Obj | None, subresource: str | None = None

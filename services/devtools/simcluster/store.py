@@ -512,6 +512,7 @@ class Store:
         self._dependents: dict[str, set[tuple[str, str, str]]] = {}
         self._watchers: dict[str, list[Watcher]] = {i.resource.key: [] for i in self.registry.infos}
         self._hooks: dict[str, list[AdmissionHook]] = {}
+        self._mutators: dict[str, list[AdmissionHook]] = {}
         self._callbacks: list[ChangeCallback] = []
         self._pressured: set[Watcher] = set()
         self._lock_obj: _WriteLock | None = None
@@ -768,7 +769,8 @@ class Store:
     async def _admit(
         self, op: Operation, res: Resource, new: Obj | None, old: Obj | None, subresource: str | None = None
     ) -> Obj:
-        for hook in self._hooks.get(res.key, ()):
+        # mutating admission (KubeVirt's defaults) before validating (policies, webhooks, quota), as the API server
+        for hook in (*self._mutators.get(res.key, ()), *self._hooks.get(res.key, ())):
             result = await hook(op, res, new, old, subresource)
             if result is not None and new is not None:
                 new = result
@@ -1273,8 +1275,8 @@ class Store:
 
     # --- hooks, callbacks, faults ------------------------------------------------------------------------------
 
-    def add_admission(self, res: Resource, hook: AdmissionHook, *, first: bool = False) -> None:
-        hooks = self._hooks.setdefault(res.key, [])
+    def add_admission(self, res: Resource, hook: AdmissionHook, *, first: bool = False, mutating: bool = False) -> None:
+        hooks = (self._mutators if mutating else self._hooks).setdefault(res.key, [])
         if first:
             hooks.insert(0, hook)
         else:

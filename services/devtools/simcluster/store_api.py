@@ -155,7 +155,10 @@ class StoreAPI(Protocol):
         one ERROR event with a 410 Gone Status and ends."""
         ...
 
-    def add_admission(self, res: Resource, hook: AdmissionHook, *, first: bool = False) -> None: ...
+    def add_admission(self, res: Resource, hook: AdmissionHook, *, first: bool = False, mutating: bool = False) -> None:
+        """Run ``hook`` on every write of ``res`` (``first``: before the hooks added so far); a hook returns the
+        object to store instead (a mutation) or None. ``mutating`` hooks all run before the validating ones."""
+        ...
 
     def on_change(self, callback: Callable[[WatchType, Resource, Obj], None]) -> None:
         """In-process informer: called synchronously after every committed write (for controllers' queues)."""

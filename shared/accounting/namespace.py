@@ -270,7 +270,6 @@ class _Accounting(Admission):
                 tuple(map(id, self.quota_objs)),
                 kv_ratio,
                 overcommit,
-                self.config.cpu_request,
                 self.config.profile.memory_request,
             )
             hit = memo.last(slot)
@@ -324,7 +323,6 @@ class _Accounting(Admission):
                 pol.budget,
                 factors,
                 ratio,
-                cpu_by_ratio=self.config.cpu_request is None,
                 request_overcommit=request_overcommit,
             )
             out.append((pol, ratio, factors, minimums))

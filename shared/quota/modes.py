@@ -170,7 +170,6 @@ def vmi_minimums(
     factors: Mapping[str, Fraction | None],
     ratio: Fraction,
     *,
-    cpu_by_ratio: bool = True,
     request_overcommit: Fraction = Fraction(1),
 ) -> dict[str, str]:
     """What a VMI's explicit ``spec.domain.resources`` must be at least, per unit of its size, for its launcher pod
@@ -178,8 +177,9 @@ def vmi_minimums(
     refuses a VMI below them). ``requests.memory`` and ``limits.memory`` per byte of guest memory,
     ``requests.cpu`` and ``limits.cpu`` per vCPU; only for the resources the budget names in VM terms. Decimals
     rounded down: the pod's overhead is the margin, and KubeVirt's own default request (guest x 100 / overcommit)
-    must pass. ``cpu_by_ratio`` false (KubeVirt's ``cpuRequest`` is set: it gives every VMI that flat request,
-    whatever its vCPUs): no ``requests.cpu`` minimum, which every VMI of more vCPUs would fail.
+    must pass. A cluster-wide ``cpuRequest`` (KubeVirt gives every VMI without one that flat request, whatever its
+    vCPUs) makes no exception: a VMI of more vCPUs than the flat request covers is below the minimum, else any such
+    VM would be cheaper than ``k`` assumes.
     ``request_overcommit``: what KubeVirt divides an explicit memory request by when it renders the pod (v1.6.2
     overcommits whatever request a VMI has: ``memoryOvercommit / 100``), so the request must be that much larger."""
     if mode not in (Mode.VIRTUAL_RESOURCES, Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO):
@@ -194,7 +194,7 @@ def vmi_minimums(
             out["requests.memory"] = k * request_overcommit  # (memory and requests.memory share one factor)
         elif r == "limits.memory":
             out["limits.memory"] = k
-        elif r in CPU_REQUEST_NAMES and cpu_by_ratio:
+        elif r in CPU_REQUEST_NAMES:
             out["requests.cpu"] = k * counted_cpu
         elif r == "limits.cpu":
             out["limits.cpu"] = k

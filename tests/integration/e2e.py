@@ -440,6 +440,7 @@ async def pipeline(
     separate: bool = False,
     speed: float = SPEED,
     cpu_allocation_ratio: float = 10,
+    kubevirt_configuration: Mapping[str, Any] | None = None,
     kubevirt_timing: KubeVirtTiming | None = None,
     seed: int = 7,
     guard: bool = False,
@@ -447,9 +448,11 @@ async def pipeline(
     extra_args: Sequence[str] = (),
 ) -> AsyncIterator[Pipeline]:
     """A simulated cluster with vmquota running against it (``separate``: one runner per service) and a bus tap;
-    ``guard``: with the reservation guard (the shipped policy in the cluster, the enforcer writing its parameter)."""
+    ``guard``: with the reservation guard (the shipped policy in the cluster, the enforcer writing its parameter);
+    ``kubevirt_configuration``: more of the KubeVirt CR's ``spec.configuration``."""
     sim = SimCluster(
         speed=speed,
+        kubevirt_configuration=kubevirt_configuration,
         developer_configuration={"cpuAllocationRatio": cpu_allocation_ratio},
         kubevirt_timing=kubevirt_timing,
         seed=seed,

@@ -16,6 +16,8 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+
 from services.devtools.simcluster.kubevirt import VMIM_ACTIVE, now_rfc3339, phase
 from services.devtools.simcluster.store_api import ApiError, Obj
 from shared.podusage import pod_quota_usage
@@ -626,6 +628,48 @@ async def test_with_the_guard_vms_below_the_rendering_model_are_refused_before_t
         await p.start_vm(ns, "by-the-model", memory="8Gi")
         assert [v["metadata"]["name"] for v in p.objects("vmi", ns)] == ["by-the-model"]
         assert p.pod_usage(ns).get("requests.memory", Quantity.from_int(0)) <= Quantity.parse("16Gi")
+
+
+@pytest.mark.parametrize(
+    "guard",
+    [
+        pytest.param(
+            False,
+            id="without_the_guard",
+            marks=pytest.mark.xfail(
+                strict=True, raises=AssertionError, reason="open without the guard: native room cannot tell vCPUs"
+            ),
+        ),
+        pytest.param(True, id="with_the_guard"),
+    ],
+)
+async def test_a_cluster_wide_cpu_request_does_not_get_vms_past_a_vm_term_cpu_budget(guard: bool) -> None:
+    """A cluster whose KubeVirt sets `cpuRequest` (here 50m) gives every VMI without a CPU request that flat
+    request, whatever its vCPUs: a `VirtualResources` budget of 4 vCPUs leaves 0.4 cores of native room (k = 1/10),
+    which seven 4-vCPU VMs fit at once (55m each with the overhead): 28 vCPUs on 4. The ledger publishes the
+    requests.cpu minimum in such a cluster too, and with the guard the rendering-model policy refuses such VMIs (a
+    VM that sets its CPU request by its vCPUs starts); without it the escape stays open. Fails without the minimum
+    (the seven run)."""
+    async with pipeline(guard=guard, kubevirt_configuration={"cpuRequest": "50m"}) as p:
+        ns = "tenant-flat"
+        await p.managed_quota(ns, "vm-budget", {"requests.cpu": "4"}, mode="VirtualResources")  # (enforced)
+        names = [f"flat{i}" for i in range(8)]
+        await asyncio.gather(*(p.sim.create_vm(ns, n, memory="1Gi", sockets=4) for n in names))
+
+        async def all_tried() -> bool:
+            for n in names:  # running, or refused (the VMI by the policy, or its pod by quota)
+                if p.sim.peek("virtualmachineinstances", ns, n) is not None and p.vmi_phase(ns, n) == "Running":
+                    continue
+                if not await p.sim.events(ns, n, reason="FailedCreate"):
+                    return False
+            return True
+
+        await p.wait(all_tried, "KubeVirt to have tried every VM")
+        running = len(p.running_vmis(ns))
+        assert running * 4 <= 4, f"{running} VMs of 4 vCPUs run on a budget of 4 vCPUs"
+        assert not p.objects("vmi", ns), "a VMI with the flat CPU request below the minimum was created"
+        await p.start_vm(ns, "by-its-vcpus", memory="1Gi", sockets=4, requests={"cpu": "400m"})
+        assert p.running_vmis(ns) == {"by-its-vcpus"}
 
 
 async def test_with_the_guard_a_migration_whose_target_the_guard_refused_is_reserved_in_turn() -> None:

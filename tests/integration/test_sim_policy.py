@@ -603,8 +603,9 @@ async def test_a_vmi_below_the_rendering_model_is_refused_where_a_quota_counts_v
     assert err.message.endswith(
         "denied request: vmquota: explicit resources requests.memory of cheap below what quota vm-budget needs of "
         "its launcher pod to count it in VM terms (at least requests.memory 0.666666 x the guest memory; a missing "
-        "memory request counts as its limit, a missing limit as its request): raise them or leave them unset (an "
-        "instancetype that overcommits memory cannot be used here)"
+        "memory request counts as its limit, a missing limit as its request): raise them, or leave them unset where "
+        "KubeVirt sizes them by the VM (an instancetype that overcommits memory, or a cluster-wide cpuRequest, "
+        "cannot be used here)"
     ), err.message
     # KubeVirt's VM controller creates VMIs: the same rule (an integer quantity too)
     assert await create_as(sim, KUBEVIRT_CONTROLLER, vmi("cheap2", requests={"memory": 1 << 30})) is not None
@@ -701,3 +702,40 @@ async def test_until_a_vm_term_quota_is_accounted_a_vmi_is_held_to_its_full_size
     # a quota in a pod-terms mode holds nothing back, accounted or not
     await annotate({MODE_ANNOTATION: "VmiPodUsage"})
     assert await create_as(sim, TENANT, vmi("cheap2", requests={"memory": "1Gi"})) is None
+
+
+async def test_the_rendering_model_policy_sees_kubevirts_defaults_and_the_io_thread_pool(sim: SimCluster) -> None:
+    """The policy runs after KubeVirt's VMI defaults, as a real API server runs mutating admission first: a VMI with
+    no CPU topology gets its sockets from its CPU limit, so a 100m request for 64 vCPUs is refused; and a VM-term
+    mode counts the supplemental IO-thread pool as vCPUs, so explicit CPU must cover it too."""
+    await install(sim, GUARD_POLICY.read_text())
+    await sim.create_quota(
+        NS,
+        "vm-budget",
+        {"requests.cpu": "4", "limits.cpu": "16"},
+        labels={MANAGED_LABEL: "true"},
+        annotations={VMI_MINIMUM_ANNOTATIONS["requests.cpu"]: "0.1", VMI_MINIMUM_ANNOTATIONS["limits.cpu"]: "1"},
+    )
+
+    def vmi(name: str, domain: Obj) -> Obj:
+        return {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstance",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"domain": {"memory": {"guest": "1Gi"}, **domain}},
+        }
+
+    untopped = vmi("untopped", {"resources": {"limits": {"cpu": "64"}, "requests": {"cpu": "100m"}}})
+    err = await create_as(sim, TENANT, untopped)
+    assert err is not None and "explicit resources requests.cpu of untopped" in err.message, err
+    assert await create_as(sim, TENANT, vmi("topped", {"resources": {"limits": {"cpu": "2"}}})) is None
+    pooled = {
+        "cpu": {"sockets": 1},
+        "ioThreadsPolicy": "supplementalPool",
+        "ioThreads": {"supplementalPoolThreadCount": 3},
+        "resources": {"limits": {"cpu": "1"}, "requests": {"cpu": "400m"}},
+    }
+    err = await create_as(sim, TENANT, vmi("pooled", pooled))
+    assert err is not None and "explicit resources limits.cpu of pooled" in err.message, err
+    pooled["resources"]["limits"]["cpu"] = "4"
+    assert await create_as(sim, TENANT, vmi("pooled", pooled)) is None

@@ -226,8 +226,6 @@ def test_vmi_minimums_are_k_per_unit_of_size_in_the_vm_term_modes_only() -> None
     assert vmi_minimums(
         Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO, ratio, {"requests.cpu": Fraction(4, 10)}, Fraction(4)
     ) == {"requests.cpu": "0.1"}
-    # KubeVirt's cpuRequest gives every VMI that flat request: no CPU request minimum (the model's gap, documented)
-    assert "requests.cpu" not in vmi_minimums(Mode.VIRTUAL_RESOURCES, budget, factors, Fraction(10), cpu_by_ratio=False)
     # v1.6.2 overcommits an explicit request too: the request must be the guest memory itself
     memory = {"requests.memory": gi}
     twice = vmi_minimums(

@@ -265,6 +265,20 @@ async def test_hotplug_starts_a_workload_update_migration_with_the_new_size(sim:
     assert "HotVCPUChange" not in conditions(vmi) and "HotMemoryChange" not in conditions(vmi)
 
 
+async def test_a_hotplug_grows_explicit_resources_only_where_the_template_has_them(sim: SimCluster) -> None:
+    """Upstream's VMICPUsPatch and memory hotplug: the CPU request and limit grow by the added vCPUs / ratio (100m
+    each at 10) only where the VM's template has them, so a request virt-api copied from the limit stays; the
+    memory limit, which the template has, grows by the new size less guestCurrent."""
+    await sim.create_vm("t", "vm1", sockets=1, memory="1Gi", limits={"cpu": "1", "memory": "2Gi"})
+    vmi = await sim.wait_for_phase("t", "vm1", "Running")
+    assert vmi["spec"]["domain"]["resources"]["requests"] == {"cpu": "1"}  # (virt-api's default, from the limit)
+    await sim.hotplug("t", "vm1", sockets=3, memory="3Gi")
+    vmi = await sim.wait_until("vmi", "t", "vm1", lambda o: o["spec"]["domain"]["cpu"]["sockets"] == 3)
+    resources = vmi["spec"]["domain"]["resources"]
+    assert resources["limits"] == {"cpu": "1200m", "memory": "4Gi"}, resources
+    assert resources["requests"] == {"cpu": "1"}, resources
+
+
 async def test_an_interface_hotplug_is_plugged_in_place_or_by_a_workload_update_migration(sim: SimCluster) -> None:
     """As upstream's network hotplug: a bridge interface added to a running VM's template is appended to the VMI's
     spec and plugged in place (``status.interfaces`` names it, no migration); an SR-IOV one is appended too but

@@ -1031,22 +1031,42 @@ class KubeVirtSimulator:
             return
         ratio = self.kubevirt_config().cpu_allocation_ratio
         cpu_step = Quantity.from_milli(cpu_delta * int(Fraction(1000) // ratio)) if cpu_delta else None
+        tres = tdomain.get("resources") or {}
+        current = (status(vmi).get("memory") or {}).get("guestCurrent") or guest
+
+        def nonzero(rl: object, name: str) -> bool:
+            try:
+                return isinstance(rl, Mapping) and rl.get(name) is not None and Quantity.parse(rl[name]).nanos != 0
+            except InvalidInput:
+                return False
 
         def patch(obj: Obj) -> None:
+            # upstream's VMICPUsPatch and memory hotplug: the VMI's CPU request and limit grow by the added vCPUs'
+            # share (1000 / ratio millicores each) only where the VM's template has them (a request the mutating
+            # webhook copied from the limit does not grow); the memory request, where the VMI has one, by the new
+            # size less guestCurrent, at least to the new size; the memory limit where the template has one
             d = obj.setdefault("spec", {}).setdefault("domain", {})
-            res = d.get("resources") or {}
-            if cpu_delta:
+            res = d.setdefault("resources", {})
+            if cpu_delta and cpu_step is not None:
                 d.setdefault("cpu", {})["sockets"] = want_sockets
                 for part in ("requests", "limits"):
-                    rl = res.get(part) or {}
-                    if "cpu" in rl and cpu_step is not None:
-                        rl["cpu"] = (Quantity.parse(rl["cpu"]) + cpu_step).canonical()
-            if mem_delta is not None:
-                d.setdefault("memory", {})["guest"] = Quantity.parse(tguest).canonical()
-                for part in ("requests", "limits"):
-                    rl = res.get(part) or {}
-                    if "memory" in rl:
-                        rl["memory"] = (Quantity.parse(rl["memory"]) + mem_delta).canonical()
+                    if nonzero(tres.get(part), "cpu"):
+                        rl = res.setdefault(part, {})
+                        rl["cpu"] = (Quantity.parse(rl.get("cpu") or 0) + cpu_step).canonical()
+            if mem_delta is not None and tguest is not None:
+                new_guest = Quantity.parse(tguest)
+                d.setdefault("memory", {})["guest"] = new_guest.canonical()
+                delta = new_guest - Quantity.parse(current)
+                if nonzero(res.get("requests"), "memory"):
+                    req = Quantity.parse(res["requests"]["memory"]) + delta
+                    if req < new_guest:
+                        req, delta = new_guest, new_guest - new_guest  # (upstream: the limit then grows by 0)
+                    res["requests"]["memory"] = req.canonical()
+                if nonzero(tres.get("limits"), "memory"):
+                    rl = res.setdefault("limits", {})
+                    rl["memory"] = (Quantity.parse(rl.get("memory") or 0) + delta).canonical()
+            if not res:
+                del d["resources"]
 
         updated = await self._update(self.r_vmis, key, patch)
         if updated is None:

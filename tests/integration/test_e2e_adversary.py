@@ -668,8 +668,57 @@ async def test_a_cluster_wide_cpu_request_does_not_get_vms_past_a_vm_term_cpu_bu
         running = len(p.running_vmis(ns))
         assert running * 4 <= 4, f"{running} VMs of 4 vCPUs run on a budget of 4 vCPUs"
         assert not p.objects("vmi", ns), "a VMI with the flat CPU request below the minimum was created"
-        await p.start_vm(ns, "by-its-vcpus", memory="1Gi", sockets=4, requests={"cpu": "400m"})
+        by_its_vcpus = {"cpu": {"maxSockets": 4}}  # (no CPU hotplug: its request covers the vCPUs it may have)
+        await p.start_vm(ns, "by-its-vcpus", memory="1Gi", sockets=4, requests={"cpu": "400m"}, domain=by_its_vcpus)
         assert p.running_vmis(ns) == {"by-its-vcpus"}
+
+
+@pytest.mark.parametrize(
+    ("budget", "limit", "max_sockets", "hotplugged"),
+    [
+        pytest.param("requests.cpu", "100m", 64, 64, id="a_request_copied_from_the_limit_does_not_grow"),
+        pytest.param("limits.cpu", "1", 32, 19, id="a_limit_grows_by_a_tenth_of_a_vcpu"),
+    ],
+)
+async def test_with_the_guard_a_cpu_hotplug_does_not_take_explicit_cpu_past_a_vm_term_budget(
+    budget: str, limit: str, max_sockets: int, hotplugged: int
+) -> None:
+    """KubeVirt grows a VMI's explicit CPU request and limit at a CPU hotplug by the added vCPUs / its CPU allocation
+    ratio, and only where the VM's template has them (VMICPUsPatch): a template with a CPU limit alone gets a
+    request copied from it by virt-api's defaults, which never grows, and a limit grows by a tenth of a vCPU per
+    vCPU at ratio 10 where the budget counts a whole one. A VM by the model at creation, hotplugged, then runs
+    with a target pod natively cheap: 64 vCPUs on a requests.cpu budget of 4, or 19 on a limits.cpu budget of 4.
+    The rendering-model policy holds explicit CPU to the vCPUs a hotplug may reach (cpu.maxSockets), so such a VM
+    is refused at its start. Fails without it (the hotplugged VM runs past the budget)."""
+    async with pipeline(guard=True) as p:
+        ns = "tenant-cpu-hotplug"
+        await p.managed_quota(ns, "vm-budget", {budget: "4"}, mode="VirtualResources")
+        cpu = {"maxSockets": max_sockets}
+        await p.sim.create_vm(ns, "vma", sockets=1, memory="1Gi", limits={"cpu": limit}, domain={"cpu": cpu})
+
+        async def decided() -> bool:
+            events = await p.sim.events(ns, "vma", reason="FailedCreate")
+            return p.sim.peek("vmi", ns, "vma") is not None or any("maxSockets" in str(e) for e in events)
+
+        await p.wait(decided, "KubeVirt to create vma's VMI or be refused it")
+        if p.sim.peek("vmi", ns, "vma") is not None:  # (admitted: the tenant hotplugs it)
+            await p.sim.wait_for_phase(ns, "vma", "Running")
+            await p.sim.hotplug(ns, "vma", sockets=hotplugged)
+
+            def outcome() -> bool:
+                vmi = p.sim.peek("vmi", ns, "vma") or {}
+                topology = (vmi.get("status") or {}).get("currentCPUTopology") or {}
+                grown = topology.get("sockets") == hotplugged and len(p.launcher_pods(ns, "vma")) == 1
+                refused = any(m.vmi == "vma" and m.state == "growth-refused" for m in p.tap.usage[ns].migrations)
+                return grown or refused
+
+            await p.wait(outcome, "the hotplug to be carried out or refused")
+            vmi = p.sim.peek("vmi", ns, "vma") or {}
+            vcpus = ((vmi.get("status") or {}).get("currentCPUTopology") or {}).get("sockets")
+            assert vcpus is None or vcpus <= 4, f"vma runs with {vcpus} vCPUs on a {budget} budget of 4"
+            return
+        events = await p.sim.events(ns, "vma", reason="FailedCreate")
+        assert any(f"vCPUs at its cpu.maxSockets {max_sockets}" in str(e.get("message")) for e in events), events
 
 
 async def test_with_the_guard_a_migration_whose_target_the_guard_refused_is_reserved_in_turn() -> None:

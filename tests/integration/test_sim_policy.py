@@ -729,7 +729,7 @@ async def test_the_rendering_model_policy_sees_kubevirts_defaults_and_the_io_thr
     err = await create_as(sim, TENANT, untopped)
     assert err is not None and "explicit resources requests.cpu of untopped" in err.message, err
     assert await create_as(sim, TENANT, vmi("topped", {"resources": {"limits": {"cpu": "2"}}})) is None
-    pooled = {
+    pooled: Obj = {
         "cpu": {"sockets": 1},
         "ioThreadsPolicy": "supplementalPool",
         "ioThreads": {"supplementalPoolThreadCount": 3},
@@ -739,3 +739,38 @@ async def test_the_rendering_model_policy_sees_kubevirts_defaults_and_the_io_thr
     assert err is not None and "explicit resources limits.cpu of pooled" in err.message, err
     pooled["resources"]["limits"]["cpu"] = "4"
     assert await create_as(sim, TENANT, vmi("pooled", pooled)) is None
+
+
+async def test_the_rendering_model_policy_holds_explicit_cpu_to_the_vcpus_a_hotplug_may_reach(sim: SimCluster) -> None:
+    """KubeVirt grows explicit CPU at a hotplug by the added vCPUs / its ratio only, and only where the VM's template
+    has it: explicit CPU must cover the vCPUs at cpu.maxSockets. Memory is grown by KubeVirt by the model."""
+    await install(sim, GUARD_POLICY.read_text())
+    await sim.create_quota(
+        NS,
+        "vm-budget",
+        {"requests.cpu": "4", "limits.cpu": "16"},
+        labels={MANAGED_LABEL: "true"},
+        annotations={VMI_MINIMUM_ANNOTATIONS["requests.cpu"]: "0.1", VMI_MINIMUM_ANNOTATIONS["limits.cpu"]: "1"},
+    )
+
+    def vmi(name: str, cpu: Obj, limits: Obj) -> Obj:
+        domain = {"cpu": cpu, "memory": {"guest": "1Gi"}, "resources": {"limits": limits}}
+        return {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstance",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"domain": domain},
+        }
+
+    err = await create_as(sim, TENANT, vmi("hot", {"sockets": 1, "maxSockets": 32}, {"cpu": "1"}))
+    assert err is not None, "a limit of one vCPU that a hotplug may take to 32"
+    # (its request is the limit, copied by KubeVirt's defaults, which a hotplug does not grow)
+    named = err.message.partition("explicit resources ")[2].partition(" of hot")[0]
+    assert sorted(named.split(", ")) == ["limits.cpu", "requests.cpu"], err.message  # (in the map's order)
+    assert "requests.cpu 0.1 x the vCPUs at its cpu.maxSockets 32" in err.message, err.message
+    assert "limits.cpu 1 x the vCPUs at its cpu.maxSockets 32" in err.message, err.message
+    assert "raise them (or lower cpu.maxSockets), or leave them unset" in err.message, err.message
+    assert await create_as(sim, TENANT, vmi("sized", {"sockets": 1, "maxSockets": 32}, {"cpu": "32"})) is None
+    assert await create_as(sim, TENANT, vmi("fixed", {"sockets": 2, "maxSockets": 2}, {"cpu": "2"})) is None
+    err = await create_as(sim, TENANT, vmi("cores", {"sockets": 1, "cores": 2, "maxSockets": 32}, {"cpu": "32"}))
+    assert err is not None and "explicit resources limits.cpu of cores" in err.message, "64 vCPUs at 32 sockets"

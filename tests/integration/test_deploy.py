@@ -811,7 +811,8 @@ def test_single_cluster_with_the_reservation_guard(tmp_path: Path) -> None:
     for policy in policies:
         policy["metadata"].pop("namespace", None)  # kustomize's namespace: the API server drops it (cluster-scoped)
     shipped = yaml.safe_load_all((DEPLOY / "components" / "reservation-guard" / "policy.yaml").read_text())
-    assert policies == [d for d in shipped if d["kind"] == "ValidatingAdmissionPolicy"]
+    shipped_by_name = {p["metadata"]["name"]: p for p in shipped if p["kind"] == "ValidatingAdmissionPolicy"}
+    assert {p["metadata"]["name"]: p for p in policies} == shipped_by_name  # (kustomize orders them by name)
     bindings = of_kind(objs, "ValidatingAdmissionPolicyBinding")
     assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(p["metadata"]["name"] for p in policies)
     by_name = {p["metadata"]["name"]: p for p in policies}

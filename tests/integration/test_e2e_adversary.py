@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from services.devtools.simcluster.auth import acting_as
 from services.devtools.simcluster.kubevirt import VMIM_ACTIVE, now_rfc3339, phase
 from services.devtools.simcluster.store_api import ApiError, Obj
 from shared.podusage import pod_quota_usage
@@ -719,6 +720,45 @@ async def test_with_the_guard_a_cpu_hotplug_does_not_take_explicit_cpu_past_a_vm
             return
         events = await p.sim.events(ns, "vma", reason="FailedCreate")
         assert any(f"vCPUs at its cpu.maxSockets {max_sockets}" in str(e.get("message")) for e in events), events
+
+
+async def test_with_the_guard_a_launcher_pod_shrunk_in_place_opens_no_room() -> None:
+    """A tenant shrinks its running VM's launcher pod in place (`pods/resize`, requests.memory 64Mi): once the
+    kubelet has done it, quota stops charging ~16Gi that the VM still counts in VM terms, and until vmquota lowers
+    `hard` the tenant, watching its quota, creates a pod of all the room it sees: 16Gi of VM and a 31.9Gi pod on a
+    32Gi budget. With the guard no VM's pod is resized. Fails without that policy."""
+    async with pipeline(guard=True) as p:
+        ns = "tenant-shrink"
+        await p.managed_quota(ns, "vm-budget", {"requests.memory": "32Gi"}, mode="VirtualResources")
+        await p.start_vm(ns, "vm1", memory="16Gi")
+        async with Tenant(p, ns) as tenant:
+            strikes: list[asyncio.Task[bool]] = []
+
+            def strike(type_: str, obj: Obj, old: Obj | None) -> None:  # the moment quota charges less
+                if strikes or old is None or obj["metadata"].get("namespace") != ns:
+                    return
+                used = rl((obj.get("status") or {}).get("used") or {}).get("requests.memory")
+                before = rl((old.get("status") or {}).get("used") or {}).get("requests.memory")
+                if used is not None and before is not None and used < before:
+                    room = (rl(obj["status"]["hard"])["requests.memory"] - used).canonical()
+                    pod = plain_pod(ns, "grab", {"memory": room, "cpu": "10m"}, {"memory": room})
+                    strikes.append(asyncio.get_running_loop().create_task(tenant.create_in_process(pod)))
+
+            p.sim.kubevirt.cache.subscribe("resourcequotas", strike)
+            [pod] = p.launcher_pods(ns, "vm1")
+            for c in pod["spec"]["containers"]:
+                if c["name"] == "compute":
+                    c["resources"]["requests"]["memory"] = "64Mi"
+            try:
+                with acting_as(tenant.user):
+                    await p.sim.store.update(p.sim.store.resource("pods"), pod, subresource="resize")
+            except ApiError as e:
+                assert "cannot be resized in place" in e.message, e.message
+                return
+            await p.wait(lambda: bool(strikes) and strikes[0].done(), "the quota to charge less, and the strike")
+            grab = p.sim.peek("pods", ns, "grab")
+            taken = rl(grab["spec"]["containers"][0]["resources"]["requests"]).get("memory") if grab else None
+            assert taken is None, f"16Gi of VM and a pod of {taken} on a 32Gi budget"
 
 
 async def test_with_the_guard_a_migration_whose_target_the_guard_refused_is_reserved_in_turn() -> None:

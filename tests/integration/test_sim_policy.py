@@ -519,6 +519,49 @@ async def test_a_pod_grows_in_place_only_by_resize_which_quota_and_the_guard_che
     assert await used() == "3584Mi"
 
 
+async def test_a_vms_pod_cannot_be_resized_in_place_by_anyone(sim: SimCluster, tmp_path: Path) -> None:
+    """A launcher pod shrunk in place would free room in status.hard that its VM still counts in VM terms until
+    vmquota lowers spec.hard (a tenant watching the quota takes it), and one grown would charge what nobody
+    admitted. KubeVirt never resizes its pods: with the guard no pod controlled by a VMI is resized, by anyone;
+    other pods are quota's business."""
+    tenant, manifest = await _tenant_and_app(sim, tmp_path, "1Gi")
+    await install(sim, GUARD_POLICY.read_text())
+    app = yaml.safe_load(manifest.read_text())
+    launcher = {**app, "metadata": {**app["metadata"], "name": "virt-launcher-vm1-abcde"}}
+    launcher["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstance",
+            "name": "vm1",
+            "uid": "u1",
+            "controller": True,
+        }
+    ]
+    await sim.create(launcher)
+    assert (await run_kubectl(tenant, tmp_path, "create", "-f", str(manifest)))[0] == 0
+    for memory in ("512Mi", "2Gi"):
+        code, out, err = await run_kubectl(
+            tenant, tmp_path, "patch", "pod", "virt-launcher-vm1-abcde", "--subresource=resize", "-p", _memory(memory)
+        )
+        assert code != 0, out
+        assert (
+            "ValidatingAdmissionPolicy 'vmquota-launcher-pod-size' with binding 'vmquota-launcher-pod-size' denied "
+            "request: vmquota: virt-launcher-vm1-abcde is a VM's pod, sized by KubeVirt from its VMI vm1, which "
+            "vmquota counts: it cannot be resized in place (change the VM instead)" in err
+        ), err
+    with acting_as(KUBEVIRT_CONTROLLER):  # (from anyone)
+        pod_now = await sim.get("pods", NS, "virt-launcher-vm1-abcde")
+        pod_now["spec"]["containers"][0]["resources"] = json.loads(_memory("512Mi"))["spec"]["containers"][0][
+            "resources"
+        ]
+        with pytest.raises(ApiError, match="cannot be resized in place"):
+            await sim.store.update(sim.store.resource("pods"), pod_now, subresource="resize")
+    code, out, err = await run_kubectl(
+        tenant, tmp_path, "patch", "pod", "app", "--subresource=resize", "-p", _memory("2Gi")
+    )
+    assert code == 0, err
+
+
 async def test_a_shrinking_resize_frees_quota_only_once_the_kubelet_reports_it(sim: SimCluster, tmp_path: Path) -> None:
     """InPlacePodVerticalScaling: the quota evaluator charges max(spec, status.resources, allocatedResources), so a
     resize down frees nothing until the kubelet reports the smaller size (component-helpers/resource)."""

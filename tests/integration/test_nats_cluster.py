@@ -89,15 +89,23 @@ async def test_migrations_go_on_while_nodes_of_a_3_node_cluster_are_killed_one_a
 
                 async def every_end_stored() -> bool:
                     # (the watcher may still be publishing the last end, retried after the node's death: read the
-                    # stream again until it holds them all)
+                    # stream again until it holds them all; a cluster still electing its stream's leader after the
+                    # restart times requests out meanwhile, which is a "not yet" too)
                     ended.clear()
-                    sub = await js.subscribe(subject, stream=contract.EVENTS_STREAM, ordered_consumer=True)
-                    info = await js.stream_info(contract.EVENTS_STREAM, subjects_filter=subject)
-                    for _ in range(sum((info.state.subjects or {}).values())):
-                        ev = contract.decode_event((await sub.next_msg(timeout=10)).data)
-                        if isinstance(ev, contract.Upserted) and getattr(ev.snapshot, "phase", "") == "Succeeded":
-                            ended.add(ev.name)
-                    await sub.unsubscribe()
+                    try:
+                        sub = await js.subscribe(subject, stream=contract.EVENTS_STREAM, ordered_consumer=True)
+                    except nats.errors.TimeoutError:
+                        return False
+                    try:
+                        info = await js.stream_info(contract.EVENTS_STREAM, subjects_filter=subject)
+                        for _ in range(sum((info.state.subjects or {}).values())):
+                            ev = contract.decode_event((await sub.next_msg(timeout=10)).data)
+                            if isinstance(ev, contract.Upserted) and getattr(ev.snapshot, "phase", "") == "Succeeded":
+                                ended.add(ev.name)
+                    except nats.errors.TimeoutError:
+                        return False
+                    finally:
+                        await sub.unsubscribe()
                     return ended == {mig for _, mig in migrations}
 
                 await wait_until(every_end_stored, 30, "every migration's end in the events stream", every=0.25)

@@ -61,6 +61,33 @@ def _int(raw: object) -> int:
     return raw if isinstance(raw, int) and not isinstance(raw, bool) else 0
 
 
+MAX_HOTPLUG_RATIO: Final = 4
+"""KubeVirt's default ``maxHotplugRatio``: a VM may be hotplugged to four times its sockets and guest memory."""
+MAX_HOTPLUG_VCPUS: Final = 512
+"""The most vCPUs KubeVirt's default ``maxSockets`` allows (``setupCPUHotplug``: any machine type's bound)."""
+
+
+def set_hotplug_maxima(domain: dict[str, Any], config: KubeVirtConfig) -> None:
+    """KubeVirt's hotplug defaults under its ``LiveUpdate`` rollout strategy (the default from v1.6 here), written
+    into a VMI's ``spec.domain`` where unset (``pkg/defaults`` ``setupCPUHotplug``/``setupMemoryHotplug``):
+    ``cpu.maxSockets`` four times the sockets, lowered to stay within 512 vCPUs but never below the sockets, and
+    ``memory.maxGuest`` four times the guest memory."""
+    if config.profile.minor < 6:
+        return
+    cpu = domain.get("cpu")
+    if isinstance(cpu, dict) and not _int(cpu.get("maxSockets")) and _int(cpu.get("sockets")):
+        sockets = _int(cpu.get("sockets"))  # (no sockets, no maximum: upstream multiplies the 0)
+        per_socket = max(1, _int(cpu.get("cores"))) * max(1, _int(cpu.get("threads")))
+        most = sockets * MAX_HOTPLUG_RATIO
+        if most * per_socket > MAX_HOTPLUG_VCPUS:
+            most = max(MAX_HOTPLUG_VCPUS // per_socket, sockets)
+        cpu["maxSockets"] = most
+    memory = domain.get("memory")
+    if isinstance(memory, dict) and memory.get("guest") is not None and not memory.get("maxGuest"):
+        guest = Quantity.parse(memory["guest"])
+        memory["maxGuest"] = guest.scale(MAX_HOTPLUG_RATIO).with_format(Format.BINARY_SI).canonical()
+
+
 def vmi_from_vm(vm: Mapping[str, Any], config: KubeVirtConfig) -> dict[str, Any]:
     """The VMI the VM controller creates: the template with KubeVirt's admission defaults written in."""
     m = _meta(vm)
@@ -75,14 +102,10 @@ def vmi_from_vm(vm: Mapping[str, Any], config: KubeVirtConfig) -> dict[str, Any]
     else:
         for k in ("sockets", "cores", "threads"):
             cpu.setdefault(k, 1)
-    live_update = config.profile.minor >= 6
-    if live_update and not cpu.get("maxSockets"):
-        cpu["maxSockets"] = _int(cpu["sockets"]) * 4
     memory = domain.setdefault("memory", {})
     if memory.get("guest") is None and size.guest_memory is not None:
         memory["guest"] = size.guest_memory.canonical()
-    if live_update and memory.get("guest") is not None and not memory.get("maxGuest"):
-        memory["maxGuest"] = Quantity.parse(memory["guest"]).scale(4).with_format(Format.BINARY_SI).canonical()
+    set_hotplug_maxima(domain, config)
     return {
         "apiVersion": API_VERSION,
         "kind": VMI_KIND,

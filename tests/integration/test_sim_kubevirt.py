@@ -557,14 +557,18 @@ async def test_a_new_vmi_carries_kubevirts_defaults_before_validating_admission(
         s.store.add_admission(s.store.resource("VirtualMachineInstance"), look, first=True)  # (a validating one)
         await s.create(vmi("limited", {"resources": {"limits": {"cpu": "3"}, "requests": {"memory": "2Gi"}}}))
         await s.create(vmi("flat", {"memory": {"guest": "1Gi"}}))
-        await s.create(vmi("sized", {"cpu": {"cores": 2}, "memory": {"guest": "1Gi"}}))
-    limited, flat, sized = seen
+        await s.create(vmi("sized", {"cpu": {"cores": 2, "threads": 0}, "memory": {"guest": "1Gi"}}))
+        await s.create(vmi("wide", {"cpu": {"sockets": 100, "cores": 2}, "memory": {"guest": "1Gi"}}))
+    limited, flat, sized, wide = seen
     assert limited["resources"]["requests"] == {"memory": "2Gi", "cpu": "3"}
     assert limited["memory"]["guest"] == "2Gi"
-    assert limited["cpu"] == {"sockets": 3, "cores": 1, "threads": 1}
+    # (and under the LiveUpdate rollout strategy, hotplug maxima: four times the sockets and the guest memory)
+    assert limited["cpu"] == {"sockets": 3, "cores": 1, "threads": 1, "maxSockets": 12}
+    assert limited["memory"] == {"guest": "2Gi", "maxGuest": "8Gi"}
     assert flat["resources"]["requests"] == {"cpu": "250m"}  # (the cluster's flat request)
-    assert flat["cpu"] == {"sockets": 1, "cores": 1, "threads": 1}
-    assert sized["cpu"] == {"cores": 2}  # (a topology that is set is kept)
+    assert flat["cpu"] == {"sockets": 1, "cores": 1, "threads": 1, "maxSockets": 4}
+    assert sized["cpu"] == {"cores": 2}  # (a topology that is set is kept; zeros are dropped; no sockets, no maximum)
+    assert wide["cpu"]["maxSockets"] == 256  # (at most 512 vCPUs)
 
 
 async def test_workqueue_backoff_doubles_and_is_capped() -> None:

@@ -54,7 +54,14 @@ from shared.kubevirt import (
     render_launcher_pod,
 )
 from shared.kubevirt.overhead import admitted_requests
-from shared.kubevirt.vm import API_VERSION, STARTING_STRATEGIES, owner_ref, run_strategy, vmi_from_vm
+from shared.kubevirt.vm import (
+    API_VERSION,
+    STARTING_STRATEGIES,
+    owner_ref,
+    run_strategy,
+    set_hotplug_maxima,
+    vmi_from_vm,
+)
 from shared.quantity import Format, Quantity
 from shared.vmi import vmi_spec
 
@@ -753,9 +760,12 @@ class KubeVirtSimulator:
         if after.guest_memory is not None and not (isinstance(memory, dict) and memory.get("guest") is not None):
             domain["memory"] = {**(memory if isinstance(memory, dict) else {}), "guest": str(after.guest_memory)}
         cpu = domain.get("cpu") if isinstance(domain.get("cpu"), dict) else {}
+        cpu = {k: v for k, v in cpu.items() if v != 0}  # (the webhook writes the spec back from Go: zeros go)
         if not any(cpu.get(k) for k in ("sockets", "cores", "threads")):
             topology = after.topology
-            domain["cpu"] = {**cpu, "sockets": topology.sockets, "cores": topology.cores, "threads": topology.threads}
+            cpu = {**cpu, "sockets": topology.sockets, "cores": topology.cores, "threads": topology.threads}
+        domain["cpu"] = cpu
+        set_hotplug_maxima(domain, self.kubevirt_config())
         return out
 
     async def _admit_vmi(
@@ -1011,7 +1021,7 @@ class KubeVirtSimulator:
         want_sockets, sockets = _int(tcpu.get("sockets")), _int(cpu.get("sockets"))
         max_sockets = _int(cpu.get("maxSockets"))
         cpu_delta = 0
-        if want_sockets > sockets and (not max_sockets or want_sockets <= max_sockets):
+        if want_sockets > sockets and max_sockets and want_sockets <= max_sockets:  # (else a restart is required)
             cores, threads = max(1, _int(cpu.get("cores"))), max(1, _int(cpu.get("threads")))
             cpu_delta = (want_sockets - sockets) * cores * threads
         mem_delta: Quantity | None = None

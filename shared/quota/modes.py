@@ -281,7 +281,9 @@ def check_budget(budget: Mapping[str, Quantity], where: str) -> None:
 
 
 def is_managed(labels: Mapping[str, str]) -> bool:
-    return labels.get(MANAGED_LABEL, "").strip().lower() == "true"
+    """Opted in: the label ``vmquota.io/managed`` is exactly ``true``, as the reservation guard's label selectors
+    match it (a ``True`` would be managed here and unguarded there)."""
+    return labels.get(MANAGED_LABEL) == "true"
 
 
 def quota_policy(

@@ -138,7 +138,7 @@ def test_pods_wanted_launchers_everywhere_others_in_managed_namespaces() -> None
 
 def test_quota_opt_in_label() -> None:
     assert quota_is_managed({"vmquota.io/managed": "true"})
-    assert quota_is_managed({"vmquota.io/managed": "True"})
+    assert not quota_is_managed({"vmquota.io/managed": "True"})  # (exactly "true", as label selectors match it)
     assert not quota_is_managed({"vmquota.io/managed": "false"})
     assert not quota_is_managed({})
     assert not quota_is_managed(None)

@@ -776,6 +776,63 @@ async def test_with_the_guard_a_launcher_pod_shrunk_in_place_opens_no_room(renam
             assert taken is None, f"16Gi of VM and a pod of {taken} on a 32Gi budget"
 
 
+async def test_with_the_guard_a_launcher_pod_is_not_shrunk_in_place_where_quotas_count_pods() -> None:
+    """In `VmiPodUsage` a shrink frees the budget as much as the charge, so a tenant may fill the room with a pod of
+    its own; but the VM's next migration target is rendered from its VMI at full size and reserved as the same VM
+    moving: 48.2Gi charged on a 32Gi budget once the source ends (16Gi VM shrunk to 64Mi, a 31.9Gi pod, a
+    migration). With the guard no pod is resized where a quota is managed, whatever it counts. Fails without it."""
+    async with pipeline(guard=True) as p:
+        ns = "tenant-pu"
+        await p.managed_quota(ns, "compute", {"requests.memory": "32Gi"}, mode="VmiPodUsage")
+        await p.start_vm(ns, "vm1", memory="16Gi")
+        async with Tenant(p, ns) as tenant:
+            [pod] = p.launcher_pods(ns, "vm1")
+            for c in pod["spec"]["containers"]:
+                if c["name"] == "compute":
+                    c["resources"]["requests"]["memory"] = "64Mi"
+            with acting_as(tenant.user), pytest.raises(ApiError) as refused:
+                await p.sim.store.update(p.sim.store.resource("pods"), pod, subresource="resize")
+            assert "pods in this namespace are not resized in place" in refused.value.message, refused.value.message
+
+
+async def test_with_the_guard_a_budget_written_back_by_gitops_lets_no_vm_in_before_vmquota_rewrites_it() -> None:
+    """GitOps (or an administrator) re-applies the quota's manifest: `spec.hard` is the budget again, in VM terms
+    and unscaled, while the status still says `Enforcing`. The tenant, watching the quota, creates four 9-vCPU VMs
+    as KubeVirt renders them (a pod requests vCPUs / 10) the moment `status.hard` shows it: 36 vCPUs on 4 (the
+    enforcer is stopped here to hold that moment open). The rendering-model policy takes a quota as enforced only
+    while its `spec.hard` is the one vmquota wrote (`vmquota.io/last-hard`). Fails without that check."""
+    async with pipeline(separate=True, guard=True) as p:
+        ns = "tenant-resync"
+        await p.managed_quota(ns, "vm-budget", {"requests.cpu": "4"}, mode="VirtualResources")
+        await p.stack.stop_service("enforcer")
+
+        def reapply(obj: Obj) -> Obj:
+            obj["spec"]["hard"] = {"requests.cpu": "4"}
+            return obj
+
+        await p.sim.store.mutate(p.sim.store.resource("resourcequotas"), ns, "vm-budget", reapply)
+        await p.wait(lambda: p.admission_hard(ns, "vm-budget") == rl({"requests.cpu": "4"}), "the quota's copy")
+        names = [f"plain{i}" for i in range(4)]
+        await asyncio.gather(*(p.sim.create_vm(ns, n, memory="1Gi", sockets=9) for n in names))
+
+        async def decided() -> bool:  # (each running, or refused with a reason)
+            for n in names:
+                if p.sim.peek("vmi", ns, n) is not None and p.vmi_phase(ns, n) == "Running":
+                    continue
+                if not await p.sim.events(ns, n, reason="FailedCreate"):
+                    return False
+            return True
+
+        await p.wait(decided, "KubeVirt to have tried every VM")
+        running = p.running_vmis(ns)
+        assert not running, f"{len(running)} VMs of 9 vCPUs run on a VirtualResources budget of 4 vCPUs"
+        events = await p.sim.events(ns, names[0], reason="FailedCreate")
+        assert any("its spec.hard is not the one vmquota wrote" in str(e.get("message")) for e in events), events
+        await p.stack.start_service("enforcer")
+        await p.wait_enforcing(ns, "vm-budget")
+        await p.start_vm(ns, "by-the-budget", memory="1Gi", sockets=2)
+
+
 async def test_with_the_guard_a_migration_whose_target_the_guard_refused_is_reserved_in_turn() -> None:
     """The guard's refusal says ``exceeded quota``, which KubeVirt's migration controller reads as a quota refusal:
     a second migration whose target the guard refused (the room is reserved for the first) gets

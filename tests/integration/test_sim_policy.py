@@ -22,7 +22,13 @@ from services.devtools.simcluster.cluster import SimCluster
 from services.devtools.simcluster.store_api import ApiError, Obj
 from shared.podusage import pod_quota_usage
 from shared.quota import guard
-from shared.quota.annotations import MANAGED_LABEL, MODE_ANNOTATION, STATUS_ANNOTATION, VMI_MINIMUM_ANNOTATIONS
+from shared.quota.annotations import (
+    LAST_HARD_ANNOTATION,
+    MANAGED_LABEL,
+    MODE_ANNOTATION,
+    STATUS_ANNOTATION,
+    VMI_MINIMUM_ANNOTATIONS,
+)
 from shared.resources import format_resource_list
 from tests.builders import vmi_obj
 
@@ -519,12 +525,13 @@ async def test_a_pod_grows_in_place_only_by_resize_which_quota_and_the_guard_che
     assert await used() == "3584Mi"
 
 
-async def test_no_pod_is_resized_in_place_where_a_quota_counts_vm_terms(sim: SimCluster, tmp_path: Path) -> None:
+async def test_no_pod_is_resized_in_place_where_a_quota_is_managed(sim: SimCluster, tmp_path: Path) -> None:
     """A launcher pod shrunk in place would free room in status.hard that its VM still counts in VM terms until
-    vmquota lowers spec.hard (a tenant watching the quota takes it), and one grown would charge what nobody
-    admitted. KubeVirt finds a VMI's pods by the uid of their controller reference, whose kind a tenant may rewrite,
-    so where a managed quota counts VM terms the guard refuses every resize, from anyone; where quotas count pods,
-    resizes are quota's business."""
+    vmquota lowers spec.hard (a tenant watching the quota takes it); where quotas count pods, the room it freed is
+    taken by another pod, and the VM's next migration target, rendered at full size, is reserved as the VM moving;
+    one grown would charge what nobody admitted. KubeVirt finds a VMI's pods by the uid of their controller
+    reference, whose kind a tenant may rewrite, so where a quota is managed the guard refuses every resize, from
+    anyone; elsewhere resizes are quota's business."""
     tenant, manifest = await _tenant_and_app(sim, tmp_path, "1Gi")
     await install(sim, GUARD_POLICY.read_text())
     app = yaml.safe_load(manifest.read_text())
@@ -541,28 +548,27 @@ async def test_no_pod_is_resized_in_place_where_a_quota_counts_vm_terms(sim: Sim
     await sim.create(launcher)
     assert (await run_kubectl(tenant, tmp_path, "create", "-f", str(manifest)))[0] == 0
 
-    async def resize(pod: str) -> tuple[int, str]:
+    async def resize(pod: str, memory: str = "2Gi") -> tuple[int, str]:
         code, out, err = await run_kubectl(
-            tenant, tmp_path, "patch", "pod", pod, "--subresource=resize", "-p", _memory("2Gi")
+            tenant, tmp_path, "patch", "pod", pod, "--subresource=resize", "-p", _memory(memory)
         )
         return code, out + err
 
-    quota = await sim.create_quota(
+    assert (await resize("app"))[0] == 0, "no managed quota: resizes are quota's business"
+    await sim.create_quota(
         NS,
         "vm-budget",
         {"limits.memory": "8Gi"},
         labels={MANAGED_LABEL: "true"},
         annotations={MODE_ANNOTATION: "VmiPodUsage"},
     )
-    assert (await resize("app"))[0] == 0, "a pod-terms quota: resizes are quota's business"
-    await sim.apply({**quota, "metadata": {**quota["metadata"], "annotations": {MODE_ANNOTATION: "VirtualResources"}}})
     for pod in ("virt-launcher-vm1-abcde", "app"):
-        code, out = await resize(pod)
+        code, out = await resize(pod, "512Mi")
         assert code != 0, out
         assert (
-            "ValidatingAdmissionPolicy 'vmquota-vm-terms-pod-resize' with binding 'vmquota-vm-terms-pod-resize' denied "
-            "request: vmquota: quota vm-budget counts VMs in VM terms, which their pods shrunk in place would get "
-            f"past: pods in this namespace are not resized in place (recreate {pod} instead)" in out
+            "ValidatingAdmissionPolicy 'vmquota-managed-pod-resize' with binding 'vmquota-managed-pod-resize' denied "
+            "request: vmquota: quota vm-budget counts VMs, which their pods resized in place would get past: pods in "
+            f"this namespace are not resized in place (recreate {pod} instead)" in out
         ), out
     with acting_as(KUBEVIRT_CONTROLLER):  # (from anyone)
         pod_now = await sim.get("pods", NS, "virt-launcher-vm1-abcde")
@@ -733,12 +739,19 @@ async def test_until_a_vm_term_quota_is_accounted_no_vmi_is_admitted(sim: SimClu
     accounted = {
         MODE_ANNOTATION: "VirtualResources",
         STATUS_ANNOTATION: "Waiting for usage (VirtualResources)",
+        LAST_HARD_ANNOTATION: '{"requests.cpu":"4","requests.memory":"16Gi"}',  # (the spec.hard it wrote)
         VMI_MINIMUM_ANNOTATIONS["requests.memory"]: "0.666666",
         VMI_MINIMUM_ANNOTATIONS["requests.cpu"]: "0.1",
     }
     await annotate(accounted)
     err = await create_as(sim, TENANT, vmi("plain", vcpus=9))
     assert err is not None and "(Waiting for usage (VirtualResources))" in err.message, err
+    # enforced, but spec.hard is not what vmquota wrote (a budget written back, unscaled, by GitOps say)
+    await annotate({**accounted, STATUS_ANNOTATION: "Enforcing (VirtualResources)", LAST_HARD_ANNOTATION: "{}"})
+    err = await create_as(sim, TENANT, vmi("plain", vcpus=9))
+    assert err is not None and "(Enforcing (VirtualResources), but its spec.hard is not the one vmquota wrote)" in (
+        err.message
+    ), err
     await annotate({**accounted, STATUS_ANNOTATION: "Enforcing (VirtualResources)"})
     assert await create_as(sim, TENANT, vmi("plain", vcpus=9)) is None
     assert await create_as(sim, TENANT, vmi("overcommit", requests={"memory": "10923Mi"})) is None

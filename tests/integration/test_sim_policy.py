@@ -739,7 +739,7 @@ async def test_until_a_vm_term_quota_is_accounted_no_vmi_is_admitted(sim: SimClu
     accounted = {
         MODE_ANNOTATION: "VirtualResources",
         STATUS_ANNOTATION: "Waiting for usage (VirtualResources)",
-        LAST_HARD_ANNOTATION: '{"requests.cpu":"4","requests.memory":"16Gi"}',  # (the spec.hard it wrote)
+        LAST_HARD_ANNOTATION: '{"requests.cpu":"4000m","requests.memory":"16Gi"}',  # (its spec.hard, by value)
         VMI_MINIMUM_ANNOTATIONS["requests.memory"]: "0.666666",
         VMI_MINIMUM_ANNOTATIONS["requests.cpu"]: "0.1",
     }

@@ -90,6 +90,16 @@ async def settled(p: Pipeline) -> None:
     await p.wait(accounted, "the ledger to account every pod")
 
 
+async def running_or_refused(p: Pipeline, ns: str, names: list[str]) -> bool:
+    """Every VM named runs, or KubeVirt was refused something for it (its VMI by a policy, or its pod by quota)."""
+    for n in names:
+        if p.sim.peek("vmi", ns, n) is not None and p.vmi_phase(ns, n) == "Running":
+            continue
+        if not await p.sim.events(ns, n, reason="FailedCreate"):
+            return False
+    return True
+
+
 async def test_pods_with_forged_launcher_labels_count_at_full_pod_usage() -> None:
     async with pipeline() as p:
         await full_namespace(p, NS)
@@ -664,15 +674,7 @@ async def test_a_cluster_wide_cpu_request_does_not_get_vms_past_a_vm_term_cpu_bu
         names = [f"flat{i}" for i in range(8)]
         await asyncio.gather(*(p.sim.create_vm(ns, n, memory="1Gi", sockets=4) for n in names))
 
-        async def all_tried() -> bool:
-            for n in names:  # running, or refused (the VMI by the policy, or its pod by quota)
-                if p.sim.peek("virtualmachineinstances", ns, n) is not None and p.vmi_phase(ns, n) == "Running":
-                    continue
-                if not await p.sim.events(ns, n, reason="FailedCreate"):
-                    return False
-            return True
-
-        await p.wait(all_tried, "KubeVirt to have tried every VM")
+        await p.wait(lambda: running_or_refused(p, ns, names), "KubeVirt to have tried every VM")
         running = len(p.running_vmis(ns))
         assert running * 4 <= 4, f"{running} VMs of 4 vCPUs run on a budget of 4 vCPUs"
         assert not p.objects("vmi", ns), "a VMI with the flat CPU request below the minimum was created"
@@ -815,15 +817,7 @@ async def test_with_the_guard_a_budget_written_back_by_gitops_lets_no_vm_in_befo
         names = [f"plain{i}" for i in range(4)]
         await asyncio.gather(*(p.sim.create_vm(ns, n, memory="1Gi", sockets=9) for n in names))
 
-        async def decided() -> bool:  # (each running, or refused with a reason)
-            for n in names:
-                if p.sim.peek("vmi", ns, n) is not None and p.vmi_phase(ns, n) == "Running":
-                    continue
-                if not await p.sim.events(ns, n, reason="FailedCreate"):
-                    return False
-            return True
-
-        await p.wait(decided, "KubeVirt to have tried every VM")
+        await p.wait(lambda: running_or_refused(p, ns, names), "KubeVirt to have tried every VM")
         running = p.running_vmis(ns)
         assert not running, f"{len(running)} VMs of 9 vCPUs run on a VirtualResources budget of 4 vCPUs"
         events = await p.sim.events(ns, names[0], reason="FailedCreate")

@@ -764,10 +764,8 @@ async def test_until_a_vm_term_quota_is_accounted_no_vmi_is_admitted(sim: SimClu
     assert await create_as(sim, TENANT, vmi("cheap2", requests={"memory": "1Gi"})) is None
 
 
-async def test_the_rendering_model_policy_sees_kubevirts_defaults_and_the_io_thread_pool(sim: SimCluster) -> None:
-    """The policy runs after KubeVirt's VMI defaults, as a real API server runs mutating admission first: a VMI with
-    no CPU topology gets its sockets from its CPU limit, so a 100m request for 64 vCPUs is refused; and a VM-term
-    mode counts the supplemental IO-thread pool as vCPUs, so explicit CPU must cover it too."""
+async def a_cpu_budget_in_vm_terms(sim: SimCluster) -> None:
+    """The shipped guard, and a managed quota of 4 vCPUs in VM terms: 0.1 core requested and 1 as a limit per vCPU."""
     await install(sim, GUARD_POLICY.read_text())
     await sim.create_quota(
         NS,
@@ -776,6 +774,13 @@ async def test_the_rendering_model_policy_sees_kubevirts_defaults_and_the_io_thr
         labels={MANAGED_LABEL: "true"},
         annotations={VMI_MINIMUM_ANNOTATIONS["requests.cpu"]: "0.1", VMI_MINIMUM_ANNOTATIONS["limits.cpu"]: "1"},
     )
+
+
+async def test_the_rendering_model_policy_sees_kubevirts_defaults_and_the_io_thread_pool(sim: SimCluster) -> None:
+    """The policy runs after KubeVirt's VMI defaults, as a real API server runs mutating admission first: a VMI with
+    no CPU topology gets its sockets from its CPU limit, so a 100m request for 64 vCPUs is refused; and a VM-term
+    mode counts the supplemental IO-thread pool as vCPUs, so explicit CPU must cover it too."""
+    await a_cpu_budget_in_vm_terms(sim)
 
     def vmi(name: str, domain: Obj) -> Obj:
         return {
@@ -812,14 +817,7 @@ async def test_the_rendering_model_policy_sees_kubevirts_defaults_and_the_io_thr
 async def test_the_rendering_model_policy_holds_explicit_cpu_to_the_vcpus_a_hotplug_may_reach(sim: SimCluster) -> None:
     """KubeVirt grows explicit CPU at a hotplug by the added vCPUs / its ratio only, and only where the VM's template
     has it: explicit CPU must cover the vCPUs at cpu.maxSockets. Memory is grown by KubeVirt by the model."""
-    await install(sim, GUARD_POLICY.read_text())
-    await sim.create_quota(
-        NS,
-        "vm-budget",
-        {"requests.cpu": "4", "limits.cpu": "16"},
-        labels={MANAGED_LABEL: "true"},
-        annotations={VMI_MINIMUM_ANNOTATIONS["requests.cpu"]: "0.1", VMI_MINIMUM_ANNOTATIONS["limits.cpu"]: "1"},
-    )
+    await a_cpu_budget_in_vm_terms(sim)
 
     def vmi(name: str, cpu: Obj, limits: Obj) -> Obj:
         domain = {"cpu": cpu, "memory": {"guest": "1Gi"}, "resources": {"limits": limits}}

@@ -275,8 +275,9 @@ class Plan:
 
 
 def _changed_annotations(q: QuotaSnapshot, want: Mapping[str, str | None]) -> dict[str, str | None]:
-    """The subset of ``want`` that differs from the quota. Our JSON annotations compare by value, so an
-    administrator's spelling of the same budget is left alone."""
+    """The subset of ``want`` that differs from the quota. The budget compares by value, so an administrator's
+    spelling of the same budget is left alone; ``vmquota.io/last-hard`` is rewritten unless it is the very text,
+    which the reservation guard's rendering-model policy reads."""
     out: dict[str, str | None] = {}
     for key, value in want.items():
         have = q.annotations.get(key)
@@ -286,7 +287,7 @@ def _changed_annotations(q: QuotaSnapshot, want: Mapping[str, str | None]) -> di
             continue
         if have == value:
             continue
-        if have is not None and key in (BUDGET_ANNOTATION, LAST_HARD_ANNOTATION):
+        if have is not None and key == BUDGET_ANNOTATION:  # (last-hard is vmquota's, and the guard reads its text)
             try:
                 if same(parse_budget(have, key), parse_budget(value, key)):
                     continue
@@ -311,6 +312,15 @@ def _base(q: QuotaSnapshot, action: Action, *, hard_after: ResourceList | None =
 
 def _terms(usage: UsageSnapshot | None, name: str) -> QuotaTerms | None:
     return None if usage is None else usage.quotas.get(name)
+
+
+def _ours(q: QuotaSnapshot, hard: Mapping[str, Quantity]) -> bool:
+    """``hard`` is what vmquota last wrote (``vmquota.io/last-hard``)."""
+    try:
+        last = _annotation_list(q, LAST_HARD_ANNOTATION)
+    except InvalidInput:
+        return False
+    return last is not None and same(hard, last)
 
 
 def pods_beyond_charged(q: QuotaSnapshot, usage: UsageSnapshot | None) -> bool:
@@ -364,10 +374,11 @@ def plan(
         except InvalidInput:
             agreed = False  # a malformed snapshot is refused before it gets here; wait for the next one
     status = f"Enforcing ({mode.value})"
-    if not agreed and (terms is not None or q.annotations.get(STATUS_ANNOTATION) != status):
+    if not agreed and (terms is not None or q.annotations.get(STATUS_ANNOTATION) != status or not _ours(q, hard)):
         # Usage accounted in this mode with this budget is not in yet: the quota is not enforced in it (and the
-        # rendering-model policy checks explicit resources against its fallback minimums meanwhile). An enforced
-        # quota stays so while its namespace's usage is missing altogether (a ledger restarting).
+        # reservation guard's rendering-model policy admits no VMI meanwhile). An enforced quota stays so while its
+        # namespace's usage is missing altogether (a ledger restarting), as long as spec.hard stays what vmquota
+        # wrote: not a budget someone wrote back into it, unscaled.
         status = f"Waiting for usage ({mode.value})"
     want: dict[str, str | None] = {
         BUDGET_ANNOTATION: rl_json(b.budget),

@@ -604,6 +604,35 @@ def test_re_applying_the_unchanged_manifest_is_no_budget_change() -> None:
     assert "set to the budget again" in p.reason and BUDGET_ANNOTATION not in p.annotations
 
 
+def test_a_budget_written_back_while_usage_is_missing_is_not_enforced() -> None:
+    """GitOps writes the budget back into an enforced VM-term quota's ``spec.hard`` (or a new one) while the
+    enforcer has no usage for it (a restart after the namespace's last usage aged out; the ledger not yet caught
+    up): the quota keeps that unscaled ``spec.hard`` until usage comes, so it is not enforced meanwhile, and the
+    status says so (the reservation guard admits no VMI in VM terms then). Were it left ``Enforcing`` with
+    ``last-hard`` written to match, VMs of KubeVirt's own rendering would get past the budget (36 vCPUs on 4)."""
+    enforcing = {STATUS_ANNOTATION: "Enforcing (VirtualResources)", MODE_ANNOTATION: "VirtualResources"}
+    for written in ({"requests.cpu": "4"}, {"requests.cpu": "36"}):
+        raw = adopted({"requests.cpu": "4"}, {"requests.cpu": "400m"}, annotations=enforcing)
+        raw["spec"]["hard"] = dict(written)
+        p = enf.plan(snap(raw), None)
+        assert p.annotations[STATUS_ANNOTATION] == "Waiting for usage (VirtualResources)", (written, p.annotations)
+    # spec.hard still vmquota's while the usage is missing (a ledger restarting): it stays enforced
+    raw = adopted({"requests.cpu": "4"}, {"requests.cpu": "400m"}, annotations=enforcing)
+    assert STATUS_ANNOTATION not in enf.plan(snap(raw), None).annotations
+
+
+def test_last_hard_is_rewritten_in_vmquotas_own_spelling() -> None:
+    """The reservation guard reads ``vmquota.io/last-hard``'s text: the same values spelled otherwise (a space, a
+    quantity in other units) are rewritten as vmquota writes them, where the budget's spelling is left alone."""
+    raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "64Gi"})
+    raw["metadata"]["annotations"][LAST_HARD_ANNOTATION] = '{"limits.memory": "65536Mi"}'
+    raw["metadata"]["annotations"][BUDGET_ANNOTATION] = '{"limits.memory": "65536Mi"}'
+    t = terms({"limits.memory": "64Gi"}, {"limits.memory": "64Gi"})
+    p = enf.plan(snap(raw), usage({"compute": t}))
+    assert p.annotations[LAST_HARD_ANNOTATION] == '{"limits.memory":"64Gi"}'
+    assert BUDGET_ANNOTATION not in p.annotations
+
+
 def test_a_tenants_many_long_migration_names_do_not_grow_the_usage_annotation() -> None:
     """Migration names are the tenant's: 40 pending migrations with 200-character names keep ``vmquota.io/usage``
     short (five names, then a count), so a tenant cannot grow the quota object with them."""

@@ -26,13 +26,18 @@ STATUS_ANNOTATION: Final = "vmquota.io/status"
 USAGE_ANNOTATION: Final = "vmquota.io/usage"
 """One line for people: use in the mode's terms against the budget, what is reserved and what ``hard`` is raised
 for, as of the last ``spec.hard`` write (it is updated only with writes that happen anyway)."""
+ENFORCED_BUDGET_ANNOTATION: Final = "vmquota.io/enforced-budget"
+"""The budget the ``spec.hard`` vmquota last wrote from the ledger's usage was computed for (JSON, canonical
+quantities): with the usage missing, a quota stays enforced only while its budget is still this one."""
 VMI_MINIMUM_ANNOTATIONS: Final = {
     r: f"vmquota.io/min.{r}" for r in ("requests.memory", "limits.memory", "requests.cpu", "limits.cpu")
 }
 """Resource → the annotation with what a VMI's explicit amount of it must be at least, per byte of guest memory or
 per vCPU (``shared.quota.modes.vmi_minimums``), on a managed quota in a VM-term mode: the reservation guard's
 rendering-model policy reads them (``deploy/components/reservation-guard``)."""
-REPORT_ANNOTATIONS: Final = frozenset({STATUS_ANNOTATION, USAGE_ANNOTATION, *VMI_MINIMUM_ANNOTATIONS.values()})
+REPORT_ANNOTATIONS: Final = frozenset(
+    {STATUS_ANNOTATION, USAGE_ANNOTATION, ENFORCED_BUDGET_ANNOTATION, *VMI_MINIMUM_ANNOTATIONS.values()}
+)
 """What the enforcer writes on a quota for people (its status line, the usage summary): no accounting reads them, so
 a change of them alone is not a change of the quota for the ledger (``shared.snapshot.same_content``)."""
 NUDGE_ANNOTATION: Final = "vmquota.io/retry"

@@ -45,6 +45,7 @@ from shared.errors import InvalidInput
 from shared.quantity import ZERO, Quantity
 from shared.quota.annotations import (
     BUDGET_ANNOTATION,
+    ENFORCED_BUDGET_ANNOTATION,
     LAST_HARD_ANNOTATION,
     STATUS_ANNOTATION,
     USAGE_ANNOTATION,
@@ -75,6 +76,7 @@ __all__ = [
 OWN_ANNOTATIONS: Final = (
     BUDGET_ANNOTATION,
     LAST_HARD_ANNOTATION,
+    ENFORCED_BUDGET_ANNOTATION,
     STATUS_ANNOTATION,
     USAGE_ANNOTATION,
     *VMI_MINIMUM_ANNOTATIONS.values(),
@@ -314,13 +316,15 @@ def _terms(usage: UsageSnapshot | None, name: str) -> QuotaTerms | None:
     return None if usage is None else usage.quotas.get(name)
 
 
-def _ours(q: QuotaSnapshot, hard: Mapping[str, Quantity]) -> bool:
-    """``hard`` is what vmquota last wrote (``vmquota.io/last-hard``)."""
+def _ours(q: QuotaSnapshot, hard: Mapping[str, Quantity], budget: Mapping[str, Quantity]) -> bool:
+    """``hard`` is what vmquota last wrote (``vmquota.io/last-hard``), for ``budget``
+    (``vmquota.io/enforced-budget``)."""
     try:
         last = _annotation_list(q, LAST_HARD_ANNOTATION)
+        enforced = _annotation_list(q, ENFORCED_BUDGET_ANNOTATION)
     except InvalidInput:
         return False
-    return last is not None and same(hard, last)
+    return last is not None and same(hard, last) and enforced is not None and same(budget, enforced)
 
 
 def pods_beyond_charged(q: QuotaSnapshot, usage: UsageSnapshot | None) -> bool:
@@ -374,11 +378,14 @@ def plan(
         except InvalidInput:
             agreed = False  # a malformed snapshot is refused before it gets here; wait for the next one
     status = f"Enforcing ({mode.value})"
-    if not agreed and (terms is not None or q.annotations.get(STATUS_ANNOTATION) != status or not _ours(q, hard)):
+    if not agreed and (
+        terms is not None or q.annotations.get(STATUS_ANNOTATION) != status or not _ours(q, hard, b.budget)
+    ):
         # Usage accounted in this mode with this budget is not in yet: the quota is not enforced in it (and the
         # reservation guard's rendering-model policy admits no VMI meanwhile). An enforced quota stays so while its
         # namespace's usage is missing altogether (a ledger restarting), as long as spec.hard stays what vmquota
-        # wrote: not a budget someone wrote back into it, unscaled.
+        # wrote (not a budget someone wrote back into it, unscaled) for the budget it still has (not one lowered
+        # since, which that spec.hard is too high for).
         status = f"Waiting for usage ({mode.value})"
     want: dict[str, str | None] = {
         BUDGET_ANNOTATION: rl_json(b.budget),
@@ -387,6 +394,7 @@ def plan(
     }
     if terms is not None and agreed:
         want.update({key: terms.vmi_minimums.get(r) for r, key in VMI_MINIMUM_ANNOTATIONS.items()})
+        want[ENFORCED_BUDGET_ANNOTATION] = rl_json(b.budget)
     annotations = _changed_annotations(q, want)
     set_hard = not same(hard, q.spec_hard)
     summary = (

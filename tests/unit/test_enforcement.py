@@ -21,6 +21,7 @@ from shared.quota import enforcement as enf
 from shared.quota import reports
 from shared.quota.annotations import (
     BUDGET_ANNOTATION,
+    ENFORCED_BUDGET_ANNOTATION,
     LAST_HARD_ANNOTATION,
     MANAGED_LABEL,
     MODE_ANNOTATION,
@@ -610,7 +611,11 @@ def test_a_budget_written_back_while_usage_is_missing_is_not_enforced() -> None:
     up): the quota keeps that unscaled ``spec.hard`` until usage comes, so it is not enforced meanwhile, and the
     status says so (the reservation guard admits no VMI in VM terms then). Were it left ``Enforcing`` with
     ``last-hard`` written to match, VMs of KubeVirt's own rendering would get past the budget (36 vCPUs on 4)."""
-    enforcing = {STATUS_ANNOTATION: "Enforcing (VirtualResources)", MODE_ANNOTATION: "VirtualResources"}
+    enforcing = {
+        STATUS_ANNOTATION: "Enforcing (VirtualResources)",
+        MODE_ANNOTATION: "VirtualResources",
+        ENFORCED_BUDGET_ANNOTATION: '{"requests.cpu":"4"}',
+    }
     for written in ({"requests.cpu": "4"}, {"requests.cpu": "36"}):
         raw = adopted({"requests.cpu": "4"}, {"requests.cpu": "400m"}, annotations=enforcing)
         raw["spec"]["hard"] = dict(written)
@@ -619,6 +624,15 @@ def test_a_budget_written_back_while_usage_is_missing_is_not_enforced() -> None:
     # spec.hard still vmquota's while the usage is missing (a ledger restarting): it stays enforced
     raw = adopted({"requests.cpu": "4"}, {"requests.cpu": "400m"}, annotations=enforcing)
     assert STATUS_ANNOTATION not in enf.plan(snap(raw), None).annotations
+    # ... but not once its budget is lowered (annotation vmquota.io/budget): that spec.hard was scaled for 4 vCPUs
+    raw = adopted({"requests.cpu": "4"}, {"requests.cpu": "400m"}, annotations=enforcing)
+    raw["metadata"]["annotations"][BUDGET_ANNOTATION] = '{"requests.cpu":"1"}'
+    assert enf.plan(snap(raw), None).annotations[STATUS_ANNOTATION] == "Waiting for usage (VirtualResources)"
+    # usage in the quota's mode and budget records the budget its spec.hard is for
+    t = terms({"requests.cpu": "4"}, {"requests.cpu": "400m"}, mode="VirtualResources")
+    raw = adopted({"requests.cpu": "4"}, {"requests.cpu": "400m"}, annotations={MODE_ANNOTATION: "VirtualResources"})
+    p = enf.plan(snap(raw), usage({"compute": t}))
+    assert p.annotations[ENFORCED_BUDGET_ANNOTATION] == '{"requests.cpu":"4"}', p.annotations
 
 
 def test_last_hard_is_rewritten_in_vmquotas_own_spelling() -> None:

@@ -125,7 +125,7 @@ class Migrations(Vms):
         the charges of the VM's other pods. Not to be changed."""
         grow = self.renderer.hotplug_growth(v)
         rendered = self.renderer.new_pod_usage(v)
-        if rendered is not None and (grow or v.memory_change):
+        if rendered is not None:
             # Growth is at most what the VM's pods lack of the target: what a pod already has is no growth again.
             # The smallest of its pods: a tenant can add a pod (one KubeVirt adopts into the VMI), never shrink
             # KubeVirt's

@@ -76,6 +76,8 @@ def capped_growth(
     (``VmiSnapshot.memory_change``) the memory resources are what that pod lacks, whatever ``grow`` says: KubeVirt
     grows explicit memory requests and limits by the new size less the guest's current memory (the guest's to
     report; an unplug too), so no rendering tells what the source pod has."""
+    if not grow and not memory_change:
+        return {}  # (nothing to cap)
     lacks = smallest_lacks(rendered, charges)
     if memory_change:
         grow = maximum(grow, {r: q for r, q in lacks.items() if r in MEMORY_NAMES})

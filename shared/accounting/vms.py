@@ -125,7 +125,7 @@ class Vms(Pods):
         status that does not report an interface, or memory, the pod was made with) is no growth."""
         cap = self.renderer.vmi_usage(v) or {}
         grow = self.renderer.hotplug_growth(v) if cap else {}
-        if (grow or (v.memory_change and cap)) and charges:
+        if cap and charges:
             grow = capped_growth(grow, cap, charges, v.memory_change)
         if grow:
             cap = {r: (q - grow[r]).clamp0() if r in grow else q for r, q in cap.items()}

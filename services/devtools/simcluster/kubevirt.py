@@ -62,7 +62,7 @@ from shared.kubevirt.vm import (
     set_hotplug_maxima,
     vmi_from_vm,
 )
-from shared.quantity import Format, Quantity
+from shared.quantity import ZERO, Format, Quantity
 from shared.vmi import vmi_spec
 
 # ---- names KubeVirt uses ---------------------------------------------------------------------------------------
@@ -744,11 +744,12 @@ class KubeVirtSimulator:
             before = vmi_spec(new)
         except InvalidInput:
             return None  # (the validating webhook refuses it)
+        config = self.kubevirt_config()
         out: Obj = copy_json(new)
         domain = out.setdefault("spec", {}).setdefault("domain", {})
         resources = domain.setdefault("resources", {})
         requests = resources.setdefault("requests", {})
-        for name, value in admitted_requests(before, self.kubevirt_config()).items():
+        for name, value in admitted_requests(before, config).items():
             if name not in before.requests or before.requests[name].nanos == 0:
                 requests[name] = str(value)
         if not requests:
@@ -765,7 +766,7 @@ class KubeVirtSimulator:
             topology = after.topology
             cpu = {**cpu, "sockets": topology.sockets, "cores": topology.cores, "threads": topology.threads}
         domain["cpu"] = cpu
-        set_hotplug_maxima(domain, self.kubevirt_config())
+        set_hotplug_maxima(domain, config)
         return out
 
     async def _admit_vmi(
@@ -1044,7 +1045,7 @@ class KubeVirtSimulator:
         tres = tdomain.get("resources") or {}
         current = (status(vmi).get("memory") or {}).get("guestCurrent") or guest
 
-        def nonzero(rl: object, name: str) -> bool:
+        def has(rl: object, name: str) -> bool:  # (a non-zero amount of name)
             try:
                 return isinstance(rl, Mapping) and rl.get(name) is not None and Quantity.parse(rl[name]).nanos != 0
             except InvalidInput:
@@ -1060,19 +1061,19 @@ class KubeVirtSimulator:
             if cpu_delta and cpu_step is not None:
                 d.setdefault("cpu", {})["sockets"] = want_sockets
                 for part in ("requests", "limits"):
-                    if nonzero(tres.get(part), "cpu"):
+                    if has(tres.get(part), "cpu"):
                         rl = res.setdefault(part, {})
                         rl["cpu"] = (Quantity.parse(rl.get("cpu") or 0) + cpu_step).canonical()
             if mem_delta is not None and tguest is not None:
                 new_guest = Quantity.parse(tguest)
                 d.setdefault("memory", {})["guest"] = new_guest.canonical()
                 delta = new_guest - Quantity.parse(current)
-                if nonzero(res.get("requests"), "memory"):
+                if has(res.get("requests"), "memory"):
                     req = Quantity.parse(res["requests"]["memory"]) + delta
                     if req < new_guest:
-                        req, delta = new_guest, new_guest - new_guest  # (upstream: the limit then grows by 0)
+                        req, delta = new_guest, ZERO  # (upstream: the limit then grows by nothing)
                     res["requests"]["memory"] = req.canonical()
-                if nonzero(tres.get("limits"), "memory"):
+                if has(tres.get("limits"), "memory"):
                     rl = res.setdefault("limits", {})
                     rl["memory"] = (Quantity.parse(rl.get("memory") or 0) + delta).canonical()
             if not res:

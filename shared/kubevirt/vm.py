@@ -12,6 +12,7 @@ from typing import Any, Final
 from shared.errors import InvalidInput
 from shared.kinds import VMI_KIND
 from shared.kubevirt.config import KubeVirtConfig
+from shared.kubevirt.overhead import admitted_requests
 from shared.quantity import Format, Quantity
 from shared.vmi import vmi_spec
 
@@ -88,24 +89,47 @@ def set_hotplug_maxima(domain: dict[str, Any], config: KubeVirtConfig) -> None:
         memory["maxGuest"] = guest.scale(MAX_HOTPLUG_RATIO).with_format(Format.BINARY_SI).canonical()
 
 
+def with_admission_defaults(vmi: Mapping[str, Any], config: KubeVirtConfig) -> dict[str, Any]:
+    """A copy of ``vmi`` with what virt-api's mutating webhook writes into a VMI at its creation, the VMI admission
+    policies see (``pkg/defaults`` ``SetDefaultVirtualMachineInstanceSpec``): the resource requests
+    (``requests.cpu`` from ``limits.cpu``, the cluster's ``cpuRequest`` when it is not 100m, and up to v1.6.3
+    ``requests.memory``), then the guest memory (from the requests, the limits or the hugepage size), the CPU
+    topology (sockets from the CPU limit, else request, when no count is set; counts of 0 dropped, as the webhook
+    writes the spec back from Go) and the hotplug maxima. Raises :class:`InvalidInput` for a spec KubeVirt's
+    validating webhook refuses."""
+    before = vmi_spec(vmi)
+    out: dict[str, Any] = copy.deepcopy(dict(vmi))
+    domain = out.setdefault("spec", {}).setdefault("domain", {})
+    resources = domain.setdefault("resources", {})
+    requests = resources.setdefault("requests", {})
+    for name, value in admitted_requests(before, config).items():
+        if name not in before.requests or before.requests[name].nanos == 0:
+            requests[name] = str(value)
+    if not requests:
+        del resources["requests"]
+    if not resources:
+        del domain["resources"]
+    after = vmi_spec(out)  # (guest memory and topology as KubeVirt defaults them, from these requests)
+    memory = domain.get("memory")
+    if after.guest_memory is not None and not (isinstance(memory, dict) and memory.get("guest") is not None):
+        domain["memory"] = {**(memory if isinstance(memory, dict) else {}), "guest": str(after.guest_memory)}
+    cpu = domain.get("cpu") if isinstance(domain.get("cpu"), dict) else {}
+    cpu = {k: v for k, v in cpu.items() if v != 0}
+    if not any(cpu.get(k) for k in ("sockets", "cores", "threads")):
+        topology = after.topology
+        cpu = {**cpu, "sockets": topology.sockets, "cores": topology.cores, "threads": topology.threads}
+    domain["cpu"] = cpu
+    set_hotplug_maxima(domain, config)
+    return out
+
+
 def vmi_from_vm(vm: Mapping[str, Any], config: KubeVirtConfig) -> dict[str, Any]:
-    """The VMI the VM controller creates: the template with KubeVirt's admission defaults written in."""
+    """The VMI the VM controller creates: the template, with KubeVirt's admission defaults written in."""
     m = _meta(vm)
     tmpl = (vm.get("spec") or {}).get("template") or {}
     tmeta = tmpl.get("metadata") or {}
-    spec: dict[str, Any] = copy.deepcopy(dict(tmpl.get("spec") or {}))
-    size = vmi_spec(vm)  # validates; InvalidInput names the VM and field
-    domain = spec.setdefault("domain", {})
-    cpu = domain.setdefault("cpu", {})
-    if not (_int(cpu.get("sockets")) or _int(cpu.get("cores")) or _int(cpu.get("threads"))):
-        cpu["sockets"], cpu["cores"], cpu["threads"] = size.topology.sockets, size.topology.cores, size.topology.threads
-    else:
-        for k in ("sockets", "cores", "threads"):
-            cpu.setdefault(k, 1)
-    memory = domain.setdefault("memory", {})
-    if memory.get("guest") is None and size.guest_memory is not None:
-        memory["guest"] = size.guest_memory.canonical()
-    set_hotplug_maxima(domain, config)
+    vmi_spec(vm)  # validates; InvalidInput names the VM and field
+    spec = with_admission_defaults({"spec": tmpl.get("spec") or {}}, config)["spec"]
     return {
         "apiVersion": API_VERSION,
         "kind": VMI_KIND,

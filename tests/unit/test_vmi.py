@@ -7,6 +7,8 @@ from typing import Any
 import pytest
 
 from shared.errors import InvalidInput
+from shared.kubevirt.config import KubeVirtConfig
+from shared.kubevirt.vm import vmi_from_vm, with_admission_defaults
 from shared.quantity import Format, Quantity
 from shared.vmi import GUARD_REFUSER, Topology, room_refuser, status_size, unplugged_interfaces, vmi_spec
 
@@ -217,3 +219,35 @@ def test_a_room_refusal_is_read_from_the_start_of_kubevirts_message_only() -> No
     assert room_refuser(pod + "failed quota: compute: must specify limits.memory") == ""
     assert room_refuser("failed to render launch manifest: exceeded quota: x, ") == ""
     assert room_refuser("") == ""
+
+
+@pytest.mark.parametrize(
+    "domain",
+    [
+        {"memory": {"guest": "1Gi"}},
+        {"resources": {"limits": {"cpu": "3"}, "requests": {"memory": "2Gi"}}},
+        {"cpu": {"cores": 2, "threads": 0}, "memory": {"guest": "1Gi"}},
+        {"cpu": {"sockets": 100, "cores": 2}, "resources": {"requests": {"memory": "4Gi"}}},
+    ],
+)
+@pytest.mark.parametrize("cpu_request", [None, "250m"])
+def test_the_vmi_a_vm_starts_is_the_one_kubevirt_stores(domain: dict[str, Any], cpu_request: str | None) -> None:
+    """``vmquota usage`` sizes a VM that has no VMI yet by :func:`vmi_from_vm`: the VMI virt-api's mutating webhook
+    stores for it, so writing the defaults in again changes nothing, and they include the webhook's requests (the
+    CPU request from the limit, the cluster's flat ``cpuRequest``) and its topology (counts of 0 dropped)."""
+    config = KubeVirtConfig(cpu_request=None if cpu_request is None else Q(cpu_request))
+    vm = {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": "a", "namespace": "ns", "uid": "u1"},
+        "spec": {"running": True, "template": {"spec": {"domain": domain}}},
+    }
+    started = vmi_from_vm(vm, config)
+    assert with_admission_defaults(started, config) == started
+    assert started["spec"] == with_admission_defaults({"spec": {"domain": domain}}, config)["spec"]
+    requests = started["spec"]["domain"].get("resources", {}).get("requests", {})
+    if "cpu" in domain.get("resources", {}).get("limits", {}):
+        assert requests["cpu"] == domain["resources"]["limits"]["cpu"]
+    elif cpu_request is not None:
+        assert requests["cpu"] == cpu_request
+    assert 0 not in started["spec"]["domain"]["cpu"].values()

@@ -53,14 +53,13 @@ from shared.kubevirt import (
     RenderedPod,
     render_launcher_pod,
 )
-from shared.kubevirt.overhead import admitted_requests
 from shared.kubevirt.vm import (
     API_VERSION,
     STARTING_STRATEGIES,
     owner_ref,
     run_strategy,
-    set_hotplug_maxima,
     vmi_from_vm,
+    with_admission_defaults,
 )
 from shared.quantity import ZERO, Format, Quantity
 from shared.vmi import vmi_spec
@@ -733,41 +732,14 @@ class KubeVirtSimulator:
     async def _default_vmi(
         self, op: Operation, res: Resource, new: Obj | None, old: Obj | None, subresource: str | None = None
     ) -> Obj | None:
-        """virt-api's VMI mutating webhook at creation (pkg/defaults ``SetDefaultVirtualMachineInstanceSpec``), the
-        defaults admission policies see: the resource requests (``requests.cpu`` from ``limits.cpu``, the
-        cluster's ``cpuRequest`` when it is not 100m, and up to v1.6.3 ``requests.memory``), then the guest memory
-        (from the requests, the limits or the hugepage size) and the CPU topology (sockets from the CPU limit, else
-        request, when none is set)."""
+        """virt-api's VMI mutating webhook at creation: the defaults admission policies see
+        (:func:`shared.kubevirt.vm.with_admission_defaults`)."""
         if op != "CREATE" or new is None or subresource is not None:
             return None
         try:
-            before = vmi_spec(new)
+            return with_admission_defaults(new, self.kubevirt_config())
         except InvalidInput:
             return None  # (the validating webhook refuses it)
-        config = self.kubevirt_config()
-        out: Obj = copy_json(new)
-        domain = out.setdefault("spec", {}).setdefault("domain", {})
-        resources = domain.setdefault("resources", {})
-        requests = resources.setdefault("requests", {})
-        for name, value in admitted_requests(before, config).items():
-            if name not in before.requests or before.requests[name].nanos == 0:
-                requests[name] = str(value)
-        if not requests:
-            del resources["requests"]
-        if not resources:
-            del domain["resources"]
-        after = vmi_spec(out)  # (guest memory and topology as KubeVirt defaults them, from these requests)
-        memory = domain.get("memory")
-        if after.guest_memory is not None and not (isinstance(memory, dict) and memory.get("guest") is not None):
-            domain["memory"] = {**(memory if isinstance(memory, dict) else {}), "guest": str(after.guest_memory)}
-        cpu = domain.get("cpu") if isinstance(domain.get("cpu"), dict) else {}
-        cpu = {k: v for k, v in cpu.items() if v != 0}  # (the webhook writes the spec back from Go: zeros go)
-        if not any(cpu.get(k) for k in ("sockets", "cores", "threads")):
-            topology = after.topology
-            cpu = {**cpu, "sockets": topology.sockets, "cores": topology.cores, "threads": topology.threads}
-        domain["cpu"] = cpu
-        set_hotplug_maxima(domain, config)
-        return out
 
     async def _admit_vmi(
         self, op: Operation, res: Resource, new: Obj | None, old: Obj | None, subresource: str | None = None

@@ -24,6 +24,7 @@ from shared.contract import Decision, Deleted, Sync, Upserted, UsageSnapshot
 from shared.kinds import EVENT_KIND, POD_KIND, VMI_KIND, VMIM_KIND
 from shared.report import readable_amounts, readable_list
 from shared.snapshot import EventSnapshot, PodSnapshot, VmimSnapshot, VmiSnapshot
+from shared.times import parse_rfc3339, rfc3339
 
 ObjectEvent = Upserted | Deleted | Sync
 
@@ -52,18 +53,6 @@ class Step:
         return {"time": self.time, "step": self.step, "detail": self.detail}
 
 
-def _rfc3339(t: datetime) -> str:
-    """UTC with milliseconds (every step's time in one width)."""
-    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
-
-
-def _parse(t: str) -> datetime | None:
-    try:
-        return datetime.fromisoformat(t.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def _items(rl: dict[str, str]) -> str:
     return ", ".join(f"{k} {v}" for k, v in readable_list(rl).items()) or "nothing"
 
@@ -80,17 +69,17 @@ _FAR = datetime(9999, 1, 1, tzinfo=UTC)
 def _ordered(steps: list[Step]) -> list[Step]:
     """In time order (a stable sort: steps at the same instant keep the order they were found in), each detail
     with how long after the first step it came."""
-    steps.sort(key=lambda s: _parse(s.time) or _FAR)
+    steps.sort(key=lambda s: parse_rfc3339(s.time) or _FAR)
     if not steps:
         return steps
-    start = _parse(steps[0].time)
+    start = parse_rfc3339(steps[0].time)
     out: list[Step] = []
     for s in steps:
-        at = _parse(s.time)
+        at = parse_rfc3339(s.time)
         delta = ""
         if start is not None and at is not None and at > start:
             delta = f" (+{(at - start).total_seconds():.3f}s)"
-        out.append(Step(_rfc3339(at) if at is not None else s.time, s.step, s.detail + delta))
+        out.append(Step(rfc3339(at) if at is not None else s.time, s.step, s.detail + delta))
     return out
 
 
@@ -111,7 +100,7 @@ def migration_timeline(
     steps: list[Step] = []
     created = snaps[0].creation_timestamp
     if created is not None:
-        steps.append(Step(_rfc3339(created), "created", f"migration of VMI {vmi}"))
+        steps.append(Step(rfc3339(created), "created", f"migration of VMI {vmi}"))
     steps.append(Step(mine[0].time, "seen", "published by the watcher"))
     end: str | None = None
     phase = ""
@@ -130,12 +119,12 @@ def migration_timeline(
                 if detail != said:
                     steps.append(Step(usage.time, "reserved", detail))
                     said = detail
-    lo = created or _parse(mine[0].time)  # (creationTimestamp has whole seconds: a lower bound)
-    hi = _parse(end) if end is not None else None
+    lo = created or parse_rfc3339(mine[0].time)  # (creationTimestamp has whole seconds: a lower bound)
+    hi = parse_rfc3339(end) if end is not None else None
     mention = (f"migration of {vmi}", f"migrations of {vmi}", f"{vmi},", f"and {vmi}")
     raised: set[str] = set()  # quotas raised for it: their next lowering ends its room, whatever it says
     for d in decisions:
-        at = _parse(d.time)
+        at = parse_rfc3339(d.time)
         if d.namespace != namespace or at is None or (lo is not None and at < lo):
             continue
         lowering = d.reason.startswith("lowered")
@@ -152,7 +141,7 @@ def migration_timeline(
             raised.discard(d.quota)
     refusals: dict[str, tuple[str, EventSnapshot]] = {}
     for e in _vmi_events(events, namespace, vmi):
-        at, s = _parse(e.time), e.snapshot
+        at, s = parse_rfc3339(e.time), e.snapshot
         if at is None or (lo is not None and at < lo) or (hi is not None and at > hi):
             continue  # (outside the migration: the VM's own start, or later)
         if isinstance(s, EventSnapshot) and s.quota_refusal:
@@ -212,7 +201,7 @@ def vm_timeline(
     steps: list[Step] = []
     first = mine[0].snapshot
     if isinstance(first, VmiSnapshot) and first.creation_timestamp is not None:
-        steps.append(Step(_rfc3339(first.creation_timestamp), "created", "VMI created"))
+        steps.append(Step(rfc3339(first.creation_timestamp), "created", "VMI created"))
     steps.append(Step(mine[0].time, "seen", "published by the watcher"))
     running = False
     for e in mine:

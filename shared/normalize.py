@@ -46,6 +46,7 @@ from shared.snapshot import (
     VmiSnapshot,
     VmSnapshot,
 )
+from shared.times import parse_rfc3339
 from shared.vmi import object_ref, room_refuser, status_size, unplugged_interfaces, vmi_spec
 
 # ---- normalisation: raw Kubernetes object -> snapshot -----------------------------------------------------------
@@ -83,14 +84,9 @@ def _time(obj: Mapping[str, Any], key: str, where: str) -> datetime | None:
         return None
     if isinstance(v, datetime):
         return v
-    if not isinstance(v, str):
-        raise InvalidInput(f"expected an RFC 3339 time, got {v!r}", path(where, key))
-    try:
-        t = datetime.fromisoformat(v.replace("Z", "+00:00"))
-    except ValueError:
-        raise InvalidInput(f"expected an RFC 3339 time, got {v!r}", path(where, key)) from None
-    if t.tzinfo is None:
-        raise InvalidInput(f"time {v!r} has no time zone", path(where, key))
+    t = parse_rfc3339(v)
+    if t is None:
+        raise InvalidInput(f"expected an RFC 3339 time with its zone, got {v!r}", path(where, key))
     return t
 
 

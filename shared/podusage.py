@@ -37,6 +37,7 @@ from shared.resources import (
     maximum,
     parse_resource_list,
 )
+from shared.times import parse_rfc3339
 
 _Entry = tuple[bool, bool, Mapping[str, "Quantity"], Mapping[str, "Quantity"]]
 """What the totals read of a container: init, restartable, requests, limits."""
@@ -210,15 +211,6 @@ _REQUEST_STANDARD = ("cpu", "memory", "ephemeral-storage")
 _LIMIT_STANDARD = ("cpu", "memory", "ephemeral-storage")
 
 
-def _parse_time(value: object) -> datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def counts_for_compute(
     phase: object, deletion_timestamp: datetime | None, grace_seconds: object, now: datetime | None = None
 ) -> bool:
@@ -241,7 +233,7 @@ def pod_counts_for_compute(pod: Mapping[str, Any], now: datetime | None = None) 
     if not isinstance(meta, Mapping):
         return counts_for_compute(phase, None, None, now)
     return counts_for_compute(
-        phase, _parse_time(meta.get("deletionTimestamp")), meta.get("deletionGracePeriodSeconds"), now
+        phase, parse_rfc3339(meta.get("deletionTimestamp")), meta.get("deletionGracePeriodSeconds"), now
     )
 
 

@@ -56,6 +56,7 @@ from shared.ledger.fold import (
 )
 from shared.ledger.schedule import URGENT_KINDS, Urgency, Urgent, schedule, waited_for
 from shared.ledger.usage import fit, usage_snapshot
+from shared.times import rfc3339
 
 Accountant = Callable[[NamespaceView], contract.UsageBody]
 """Accounting of one namespace (``shared.accounting`` through ``shared.accounting.wire``)."""
@@ -414,7 +415,7 @@ class LedgerService:
                 namespace=namespace,
                 seq=view.seq,
                 source=contract.source(self.opts.service, cluster),
-                time=contract.now_rfc3339(),
+                time=rfc3339(),
             )
             if digest == state.usage_digest:
                 continue

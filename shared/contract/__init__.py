@@ -39,9 +39,7 @@ from shared.contract.messages import UsageBody as UsageBody
 from shared.contract.messages import UsageSnapshot as UsageSnapshot
 from shared.contract.messages import VmState as VmState
 from shared.contract.messages import dead_letter as dead_letter
-from shared.contract.messages import now_rfc3339 as now_rfc3339
 from shared.contract.messages import object_event as object_event
-from shared.contract.messages import parse_rfc3339 as parse_rfc3339
 from shared.contract.messages import source as source
 from shared.contract.messages import sync_event as sync_event
 from shared.contract.streams import DAY as DAY

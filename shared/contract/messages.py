@@ -3,7 +3,6 @@ letters) with CloudEvents-style attributes, and the builders producers use."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
 import msgspec
@@ -25,6 +24,7 @@ from shared.kinds import (
     NAMESPACE_KIND,
 )
 from shared.snapshot import AnySnapshot
+from shared.times import rfc3339
 
 SCHEMA: Final = 1
 """Version of this contract. Raised only for an incompatible change; additive fields keep it."""
@@ -209,20 +209,6 @@ class DeadLetter(_Message, frozen=True, kw_only=True, tag=DEAD_LETTER):
     """The original payload (base64 in JSON)."""
 
 
-def now_rfc3339(now: datetime | None = None) -> str:
-    t = now or datetime.now(UTC)
-    return t.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def parse_rfc3339(text: str) -> datetime | None:
-    """A message's ``time`` (as :func:`now_rfc3339` writes it) as a time; None when it is not one with a zone."""
-    try:
-        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return t if t.tzinfo is not None else None
-
-
 def source(service: str, cluster: str) -> str:
     return f"{PREFIX}/{service}/{cluster}"
 
@@ -246,7 +232,7 @@ def object_event(
         "id": msg_id(cluster, kind, uid, rv, full),
         "source": source(producer, cluster),
         "subject": f"{namespace}/{name}" if namespace else name,
-        "time": time or now_rfc3339(),
+        "time": time or rfc3339(),
         "cluster": cluster,
         "kind": kind,
         "namespace": "" if kind == NAMESPACE_KIND else namespace,
@@ -277,7 +263,7 @@ def dead_letter(
     """A :class:`DeadLetter` for ``vmquota.dlq.<service>`` and its headers (``Vmquota-Reason``: the reason on one
     line, at most 512 characters, so an operator can filter without decoding). ``msg_id`` is the deduplication id,
     when there is one (the id is made from the time otherwise); ``subject`` defaults to ``original_subject``."""
-    now = time or now_rfc3339()
+    now = time or rfc3339()
     letter = DeadLetter(
         id=msg_id or f"dlq/{service}/{cluster or '-'}/{now}",
         source=source(service, cluster or "-"),
@@ -310,7 +296,7 @@ def sync_event(
         id=msg_id(cluster, kind, sync_uid(token), rv, SYNC),
         source=source(producer, cluster),
         subject=token,
-        time=time or now_rfc3339(),
+        time=time or rfc3339(),
         cluster=cluster,
         kind=kind,
         namespace=token,

@@ -61,6 +61,7 @@ from shared.snapshot import (
     same_content,
     wire_variant,
 )
+from shared.times import parse_rfc3339
 
 CLUSTER_WIDE: Final = contract.CLUSTER_TOKEN
 """The namespace key of a cluster's cluster-wide state."""
@@ -397,7 +398,7 @@ class NamespaceState:
         since = _refused_since(before) if before is not None else None
         if since is None or (now is not None and _refused_since(now) is not None):
             return
-        end = (now.deletion_timestamp if isinstance(now, VmimSnapshot) else None) or contract.parse_rfc3339(published)
+        end = (now.deletion_timestamp if isinstance(now, VmimSnapshot) else None) or parse_rfc3339(published)
         end = max(t for t in (end, self.clock, since) if t is not None)
         self.windows[uid] = (since, end + REFUSAL_GRACE)
 

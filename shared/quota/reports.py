@@ -14,7 +14,6 @@ from shared.contract import (
     Decision,
     MigrationState,
     VmState,
-    now_rfc3339,
     source,
 )
 from shared.errors import InvalidInput
@@ -24,6 +23,7 @@ from shared.quota.enforcement import VM_QUOTA_EXCEEDED, WARNING, Plan, patch_bod
 from shared.report import names_list
 from shared.report import readable as human_quantity
 from shared.resources import canonical_resource_list
+from shared.times import rfc3339
 
 # ---- reports -----------------------------------------------------------------------------------------------------
 
@@ -119,7 +119,7 @@ def decision(p: Plan, *, cluster: str, dry_run: bool, resource_version: str = ""
         id=mid,
         source=source("enforcer", cluster),
         subject=f"{p.namespace}/{p.name}",
-        time=time or now_rfc3339(),
+        time=time or rfc3339(),
         cluster=cluster,
         namespace=p.namespace,
         quota=p.name,

@@ -39,6 +39,7 @@ from shared.quota.annotations import (
     USAGE_ANNOTATION,
 )
 from shared.snapshot import VmiSnapshot, size_digest
+from shared.times import rfc3339
 from tests.builders import vmi_obj
 from tests.integration.e2e import full_namespace, install_guard, pipeline, rl
 
@@ -125,7 +126,7 @@ async def publish_usage(
         id=f"{CLUSTER}/usage/{NS}/{seq}",
         source=contract.source("ledger", CLUSTER),
         subject=NS,
-        time=contract.now_rfc3339(),
+        time=rfc3339(),
         cluster=CLUSTER,
         namespace=NS,
         seq=seq,

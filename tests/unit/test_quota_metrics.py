@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry
 
 from services.enforcer.quota_metrics import QuotaMetrics, base_units
 from shared import contract
+from shared.times import rfc3339
 
 
 def snapshot(seq: int, quotas: dict[str, contract.QuotaTerms], namespace: str = "tenant-a") -> contract.UsageSnapshot:
@@ -14,7 +15,7 @@ def snapshot(seq: int, quotas: dict[str, contract.QuotaTerms], namespace: str = 
         id=f"c1/usage/{namespace}/{seq}",
         source=contract.source("ledger", "c1"),
         subject=namespace,
-        time=contract.now_rfc3339(),
+        time=rfc3339(),
         cluster="c1",
         namespace=namespace,
         seq=seq,

@@ -14,6 +14,7 @@ from shared.accounting.wire import _vm_state, vms_json
 from shared.ledger.usage import usage_digest
 from shared.quantity import Quantity
 from shared.quota.modes import VmSize
+from shared.times import rfc3339
 
 names = st.text("abcxyz-0123456789", min_size=1, max_size=8)
 amounts = st.dictionaries(
@@ -100,7 +101,7 @@ def test_namespace_sums_beyond_int64_are_saturated_and_reported_not_refused() ->
         id="x",
         source="vmquota/ledger/c1",
         subject=acc.NS,
-        time=contract.now_rfc3339(),
+        time=rfc3339(),
         cluster="c1",
         namespace=acc.NS,
         seq=3,

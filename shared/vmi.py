@@ -263,20 +263,24 @@ def unplugged_interfaces(obj: Mapping[str, Any]) -> list[int]:
 
 GUARD_REFUSER: Final = "vmquota-reservation-guard"
 """:func:`room_refuser` of a refusal by the reservation guard's policy (``deploy/components/reservation-guard``)."""
+VM_TERMS_REFUSER: Final = "vmquota-vm-terms"
+""":func:`room_refuser` of a refusal by the guard's policy that admits no pod while a VM-term quota is not accounted:
+room vmquota makes once it is mends it too."""
+GUARD_REFUSERS: Final = frozenset({GUARD_REFUSER, VM_TERMS_REFUSER})
 
 _ROOM_REFUSAL: Final = re.compile(
     r'failed to create virtual machine pod: pods "[^"]*" is forbidden: '
-    r"(?:exceeded quota: ([^,]+), |ValidatingAdmissionPolicy '(" + GUARD_REFUSER + r")' )"
+    r"(?:exceeded quota: ([^,]+), |ValidatingAdmissionPolicy '(" + "|".join(sorted(GUARD_REFUSERS)) + r")' )"
 )
 
 
 def room_refuser(message: str) -> str:
     """Who refused KubeVirt a VMI's launcher pod for room, from its ``Synchronized=False`` / ``FailedCreate``
-    condition (KubeVirt's message, with the API server's refusal in it): the ResourceQuota's name, or
-    :data:`GUARD_REFUSER`; "" for any other failure (a manifest that does not render, a priority class that does not
-    exist, a pod the API server finds invalid), which room does not mend. Only the start of the message is read, as
-    KubeVirt and the API server write it: what follows may quote a value of the tenant's (an annotation KubeVirt
-    copies onto the pod), which must not pass for a refusal."""
+    condition (KubeVirt's message, with the API server's refusal in it): the ResourceQuota's name, or the name of
+    one of the guard's policies (:data:`GUARD_REFUSERS`); "" for any other failure (a manifest that does not
+    render, a priority class that does not exist, a pod the API server finds invalid), which room does not mend.
+    Only the start of the message is read, as KubeVirt and the API server write it: what follows may quote a value
+    of the tenant's (an annotation KubeVirt copies onto the pod), which must not pass for a refusal."""
     m = _ROOM_REFUSAL.match(message)
     if m is None:
         return ""

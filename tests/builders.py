@@ -26,7 +26,7 @@ from shared.quota.annotations import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNO
 from shared.quota.modes import VMI_NAMES, Mode, VmSize
 from shared.resources import ResourceList, format_resource_list, parse_resource_list
 from shared.snapshot import AnySnapshot, PodSnapshot, VmiSnapshot
-from shared.vmi import GUARD_REFUSER
+from shared.vmi import GUARD_REFUSERS
 
 NS = "tenant"
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -137,12 +137,12 @@ def launcher_obj(
 
 def refused_vmi(vmi: dict[str, Any], by: str = "rq") -> dict[str, Any]:
     """``vmi`` after KubeVirt was refused its launcher pod by the quota ``by`` (or by the reservation guard when
-    ``by`` is ``shared.vmi.GUARD_REFUSER``): condition ``Synchronized=False``, ``FailedCreate``, with the API
+    ``by`` is one of ``shared.vmi.GUARD_REFUSERS``): condition ``Synchronized=False``, ``FailedCreate``, with the API
     server's refusal in its message as KubeVirt writes it; changed in place."""
     name = vmi["metadata"]["name"]
     refusal = (
         f"ValidatingAdmissionPolicy '{by}' with binding '{by}' denied request: vmquota: the room is reserved"
-        if by == GUARD_REFUSER
+        if by in GUARD_REFUSERS
         else f"exceeded quota: {by}, requested: limits.memory=1Gi, used: limits.memory=0, limited: limits.memory=0"
     )
     message = f'failed to create virtual machine pod: pods "virt-launcher-{name}-x" is forbidden: {refusal}'

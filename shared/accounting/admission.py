@@ -18,7 +18,7 @@ from shared.resources import ResourceList, nonzero
 from shared.snapshot import (
     VmiSnapshot,
 )
-from shared.vmi import GUARD_REFUSER
+from shared.vmi import GUARD_REFUSERS
 
 
 class Admission(Migrations):
@@ -51,7 +51,7 @@ class Admission(Migrations):
         if not v.pod_refused:
             return False
         who = v.refused_by
-        return not who or who == GUARD_REFUSER or any(q.policy.name == who for q in self.quotas)
+        return not who or who in GUARD_REFUSERS or any(q.policy.name == who for q in self.quotas)
 
     def _admit(self, v: VmiSnapshot) -> None:
         """A pending VM (no launcher pod yet), in creation order: admitted iff it fits every managed quota. Room is

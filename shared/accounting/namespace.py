@@ -108,6 +108,7 @@ def account_view(
     policies: Sequence[QuotaPolicy] | None = None,
     memoize: bool = True,
     late: frozenset[str] = frozenset(),
+    departed: Mapping[str, VmiSnapshot] | None = None,
 ) -> NamespaceUsage:
     """Account one namespace: **the** entry of the accounting.
 
@@ -121,9 +122,19 @@ def account_view(
     VMI uid, resourceVersion, configuration and namespace facts; the configuration of the same KubeVirt
     snapshot), so that accounting a namespace again after one change costs little; the result is the same either
     way (False: the reference). ``late``: the uids of the pods created in a refusal, as the ledger's fold remembers
-    them (``shared.ledger.fold``; none without a history)."""
+    them (``shared.ledger.fold``; none without a history). ``departed``: launcher pods KubeVirt named in a VMI's
+    ``status.activePods`` and names no more, with that VMI as it last named them (the fold's memory, likewise): such
+    a pod that still runs counts as that VM."""
     return _Accounting(
-        kinds, namespace, now=now, config=config, policies=policies, memoize=memoize, shared_lists=True, late=late
+        kinds,
+        namespace,
+        now=now,
+        config=config,
+        policies=policies,
+        memoize=memoize,
+        shared_lists=True,
+        late=late,
+        departed=departed,
     ).run()
 
 
@@ -170,6 +181,7 @@ class _Accounting(Admission):
         memoize: bool,
         shared_lists: bool,
         late: frozenset[str] = frozenset(),
+        departed: Mapping[str, VmiSnapshot] | None = None,
     ) -> None:
         self.now = now
         self.late = late
@@ -201,7 +213,13 @@ class _Accounting(Admission):
         self.quotas_key = self.memo.token(tuple((q.policy.name, q.policy.mode, q.ratio) for q in self.quotas))
         """What a VM's counts depend on besides the VM: the quotas' names, modes and ratios."""
         self.vouched: dict[str, VmiSnapshot] = {pod: v for v in self.vmis for pod in v.active_pods}
-        """Launcher pods by uid, as KubeVirt names them in its VMIs' ``status.activePods``."""
+        """Launcher pods by uid, as KubeVirt names them in its VMIs' ``status.activePods`` (or named them: below)."""
+        self.departed: list[VmiSnapshot] = []
+        """VMIs gone, as they last named a launcher pod that KubeVirt names no more and that still exists: each counts
+        as a running VM with such pods (one whose VMI exists counts through it)."""
+        self.departed_pods: frozenset[str] = frozenset()
+        if departed:
+            self._departed(departed)
         self.vmi_by_name = {v.name: v for v in self.vmis}
         self.vmim_by_uid = {m.uid: m for m in self.vmims if m.uid}
         self.launchers: dict[str, list[tuple[PodSnapshot, ResourceList]]] = {}
@@ -212,6 +230,23 @@ class _Accounting(Admission):
         self.pending: list[VmiSnapshot] = []
         self.target_reserved: ResourceList = {}
         """The part of every quota's ``S`` reserved for migration targets."""
+
+    def _departed(self, departed: Mapping[str, VmiSnapshot]) -> None:
+        """Vouch for the launcher pods KubeVirt stopped naming (the fold's memory): a tenant takes a pod's controller
+        reference off, or deletes its VMI with ``propagationPolicy: Orphan``, and the guest may run on in it (for the
+        VMI's termination grace period, the tenant's to set); as a plain pod it would count its charge only, k times
+        less than the VM in the VM-term modes, while KubeVirt starts the VM again beside it."""
+        live = {v.uid: v for v in self.vmis}
+        existing = {p.uid for p in self.pods}
+        gone: dict[str, VmiSnapshot] = {}
+        found: set[str] = set()
+        for pod, v in sorted(departed.items()):
+            if pod in self.vouched or pod not in existing:
+                continue
+            self.vouched[pod] = live.get(v.uid) or gone.setdefault(v.uid, v)
+            found.add(pod)
+        self.departed = list(gone.values())
+        self.departed_pods = frozenset(found)
 
     def _split(self, kinds: Mapping[str, Sequence[Snapshot]]) -> None:
         """The objects of the namespace, by kind (see :func:`account_view`)."""

@@ -58,6 +58,7 @@ class Pods(State):
             "pods",
             tuple(map(id, self.pods)),
             tuple((v.uid, v.name, tuple(v.active_pods)) for v in self.vmis),
+            tuple(sorted((p, self.vouched[p].uid) for p in self.departed_pods)),
             tuple((m.uid, m.name) for m in self.vmims),
             deleting,
             self.quotas_key,
@@ -114,6 +115,15 @@ class Pods(State):
                 reason += "; terminal or past its grace period: count/pods only"
             return PodEntry(p.name, p.uid, role, "", active, charged, charged, reason)
         role = MIGRATION_TARGET if p.migration_job_uid else LAUNCHER
+        if p.uid in self.departed_pods:
+            role = LAUNCHER
+            if not active:
+                return PodEntry(p.name, p.uid, role, v.name, active, charged, charged, "finished: count/pods only")
+            reason = (
+                f"launcher pod of VM {v.name} (VMI uid {v.uid}), which KubeVirt named in its status.activePods and "
+                "names no more (its controller reference taken off): counted as that VM while it runs"
+            )
+            return PodEntry(p.name, p.uid, role, v.name, active, charged, {}, reason)
         if not active:
             # the evaluator still charges count/pods: count it too, or a VM refused on count/pods would get in
             reason = "terminal or past its grace period: count/pods only"

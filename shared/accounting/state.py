@@ -163,7 +163,13 @@ class State:
     quotas_key: int
     """What a VM's counts depend on besides the VM: the quotas' names, modes and ratios (a memo token)."""
     vouched: dict[str, VmiSnapshot]
-    """Launcher pods by uid, as KubeVirt names them in its VMIs' ``status.activePods``."""
+    """Launcher pods by uid, as KubeVirt names them in its VMIs' ``status.activePods`` (or named them, and the pod
+    still exists: ``departed_pods``)."""
+    departed: list[VmiSnapshot]
+    """VMIs gone, as they last named a launcher pod KubeVirt names no more that still exists (they count as running
+    VMs with such pods)."""
+    departed_pods: frozenset[str]
+    """The pods among ``vouched`` that no VMI names now."""
     vmi_by_name: dict[str, VmiSnapshot]
     vmim_by_uid: dict[str, VmimSnapshot]
     refusals_by_uid: dict[str, list[EventSnapshot]]

@@ -3,6 +3,8 @@ active migration's target pod exists), its pods believed up to its rendering; ``
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from shared.accounting.estimates import current_size
 from shared.accounting.pods import Pods
 from shared.accounting.results import (
@@ -40,7 +42,7 @@ class Vms(Pods):
         """Running VMs always count; the others are stopped or wait for admission. With a memo, the whole pass is
         remembered: it depends on the VMIs, their launcher pods (the pod pass's result), the active migrations and
         the quotas."""
-        objs = (*self.vmis, self.launchers)
+        objs = (*self.vmis, *self.departed, self.launchers)
         # (the active migrations decide whose pods are targets)
         active = tuple(sorted((m.uid, m.vmi_name) for m in self.vmims if m.active and m.uid))
         key = ("vms", tuple(map(id, objs)), active, self.quotas_key)
@@ -68,9 +70,12 @@ class Vms(Pods):
         every = [  # (each VM, each quota)
             (q.policy.name, added, took) for q, added, took in zip(self.quotas, accounted, takes, strict=True)
         ]
-        for v in self.vmis:
+        departed = {v.uid for v in self.departed}
+        for v in (*self.vmis, *self.departed):
             key = vm_key(v)
             vm_pods = self.launchers.get(key, [])
+            if v.uid in departed and not vm_pods:
+                continue  # (its pods finished: nothing runs)
             if not vm_pods:
                 if v.phase in VMI_FINAL_PHASES or v.deletion_timestamp is not None:
                     what = f"phase {v.phase}" if v.phase in VMI_FINAL_PHASES else "being deleted"
@@ -91,6 +96,12 @@ class Vms(Pods):
             memo_slot = ("running", namespace, key)
             memo_key = (tuple(map(id, memo_obj)), migrating, quotas_key)
             entry = memo.latest(memo_slot, memo_key, memo_obj, self._running_vm, v, vm_pods, migrating)
+            if v.uid in departed:
+                entry = replace(
+                    entry,
+                    reason="its VMI is gone, but a launcher pod KubeVirt made for it runs on (its controller "
+                    "reference taken off, or the VMI deleted with orphan propagation): counts as running",
+                )
             counts, takes_of = entry.counts, entry.taken
             for name, added, took in every:
                 added.append(counts[name])

@@ -15,6 +15,7 @@ from shared.accounting.namespace import account_view
 from shared.accounting.results import QuotaUsage, VmEntry
 from shared.ledger.fold import NamespaceView
 from shared.quantity import Quantity
+from shared.quota.modes import ratio_text
 from shared.resources import canonical_resource_list, saturated
 
 _VM_STATES: dict[tuple[str, str, str], tuple[VmEntry, contract.VmState, bytes]] = {}
@@ -76,6 +77,7 @@ def quota_terms(name: str, q: QuotaUsage, errors: list[str]) -> contract.QuotaTe
     return contract.QuotaTerms(
         mode=q.policy.mode.value,
         budget=canonical_resource_list(q.policy.budget),
+        cpu_allocation_ratio=ratio_text(q.policy.cpu_allocation_ratio),
         used=wire("used", q.used),
         pods=wire("pods", q.pods),
         reserved=wire("reserved", q.reserved),
@@ -96,6 +98,7 @@ def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageB
         view.namespace,
         now=now or datetime.now(UTC),
         late=view.late,
+        departed=view.departed,
     )
     errors = list(usage.errors)
     quotas = {name: quota_terms(name, q, errors) for name, q in sorted(usage.quotas.items())}

@@ -93,6 +93,10 @@ class QuotaTerms(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """The accounting mode (``VmiPodUsage``, ``VirtualResources``, ...)."""
     budget: dict[str, str] = {}
     """``B``: what the administrator allows."""
+    cpu_allocation_ratio: str = ""
+    """The quota's own CPU allocation ratio the terms were accounted with (``vmquota.io/cpu-allocation-ratio``, as a
+    fraction ``"4"``, ``"5/2"``); empty when it has none (KubeVirt's applies). The enforcer acts on terms only for
+    the mode, budget and ratio the quota has now."""
     used: dict[str, str] = {}
     """``U``: each admitted VM once in the mode's terms, plus every non-VM pod at its pod usage."""
     pods: dict[str, str] = {}

@@ -29,6 +29,14 @@ of a managed quota's policy (an administrator lowering the budget, say) clears t
 ``hard`` held under the old one. The marks follow from the events' order alone, so a replay of the stream makes
 the same.
 
+Launcher pods KubeVirt stopped naming: a pod a VMI's ``status.activePods`` named (KubeVirt writes it, for the
+pods the VMI controls) that the VMI names no more while the pod still runs — its controller reference taken off
+by the tenant, or by the garbage collector when the VMI was deleted with ``propagationPolicy: Orphan`` — may go on
+running the guest (virt-handler shuts a domain down gracefully, for the VMI's termination grace period). Such a
+pod is remembered with the VMI as it last named it (:attr:`NamespaceState.departed`, in checkpoints too) until the
+pod is gone or finished, so that accounting counts it as that VM, not as a plain pod at its (k times smaller)
+charge.
+
 Partitions: a namespace belongs to partition ``crc32("<cluster>/<namespace>") % total``. A ledger instance owns a
 :class:`PartitionSet` and skips the namespaces of other partitions; cluster-wide objects are folded by all.
 """
@@ -36,8 +44,8 @@ Partitions: a namespace belongs to partition ``crc32("<cluster>/<namespace>") % 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
 from typing import TYPE_CHECKING, Final, cast
@@ -47,7 +55,8 @@ import msgspec
 from shared import contract
 from shared.contract import Deleted, Snapshot, Sync, Upserted
 from shared.errors import InvalidInput
-from shared.kinds import KUBEVIRT_KIND, NAMESPACE_KIND, POD_KIND, QUOTA_KIND, VMIM_KIND
+from shared.kinds import KUBEVIRT_KIND, NAMESPACE_KIND, POD_KIND, QUOTA_KIND, VMI_KIND, VMIM_KIND
+from shared.podusage import TERMINAL_PHASES
 from shared.quantity import ZERO
 from shared.quota.modes import policy_or_error
 from shared.snapshot import (
@@ -55,6 +64,7 @@ from shared.snapshot import (
     PodSnapshot,
     QuotaSnapshot,
     VmimSnapshot,
+    VmiSnapshot,
     dec_hook,
     enc_hook,
     from_wire,
@@ -188,12 +198,18 @@ class Checkpoint(msgspec.Struct, kw_only=True, rename="camel"):
     """Refusals that ended (:attr:`NamespaceState.windows`)."""
     clock: datetime | None = None
     """:attr:`NamespaceState.clock`."""
+    departed: dict[str, VmiSnapshot] = {}
+    """:attr:`NamespaceState.departed`."""
     objects: list[_CkRecord] = []
 
 
 _CK_ENCODER: Final = msgspec.json.Encoder(order="deterministic", enc_hook=enc_hook)
 _CK_DECODER: Final = msgspec.json.Decoder(  # (records' snapshots read as the events decoder reads them)
-    wire_variant(Checkpoint, objects=list[wire_variant(_CkRecord, snapshot=WIRE_SNAPSHOT | None)]),  # type: ignore[misc]
+    wire_variant(
+        Checkpoint,
+        objects=list[wire_variant(_CkRecord, snapshot=WIRE_SNAPSHOT | None)],  # type: ignore[misc]
+        departed=dict[str, WIRE_SNAPSHOT],  # type: ignore[valid-type]
+    ),
     dec_hook=dec_hook,
 )
 
@@ -211,6 +227,11 @@ def _grew(before: Snapshot | None, pod: Snapshot) -> bool:
     if not (isinstance(before, PodSnapshot) and isinstance(pod, PodSnapshot)):
         return False
     return any(q > before.usage.get(r, ZERO) for r, q in pod.usage.items())
+
+
+def _finished(pod: Snapshot) -> bool:
+    """A pod that runs nothing any more (phase Succeeded or Failed)."""
+    return isinstance(pod, PodSnapshot) and pod.phase in TERMINAL_PHASES
 
 
 _UNKNOWN: Final = object()
@@ -231,6 +252,7 @@ class NamespaceState:
         "_live",
         "clock",
         "cluster",
+        "departed",
         "floors",
         "late",
         "namespace",
@@ -267,6 +289,9 @@ class NamespaceState:
         created between the two are marked (see the module)."""
         self.clock: datetime | None = None
         """The newest creation time of the namespace's objects folded (a refusal's end is never before it)."""
+        self.departed: dict[str, VmiSnapshot] = {}
+        """Pod uid → the VMI as it last named the pod in ``status.activePods``, for a pod it names no more that may
+        still run (see the module)."""
 
     # ---- reading ----------------------------------------------------------------------------------------------
     def live(self, kind: str) -> list[Snapshot]:
@@ -323,7 +348,11 @@ class NamespaceState:
             created = ev.snapshot.creation_timestamp
             if created is not None and (self.clock is None or created > self.clock):
                 self.clock = created
-            if kind == POD_KIND:
+            if kind == VMI_KIND:
+                self._named(self.replaced, ev.snapshot)
+            elif kind == POD_KIND:
+                if self.departed and uid in self.departed and _finished(ev.snapshot):
+                    del self.departed[uid]
                 if self.windows or self._refused_from() is not None:  # (the common case, no refusal, costs two tests)
                     if uid not in self.late and self._in_refusal(ev.snapshot, self.replaced):
                         self.late.add(uid)
@@ -355,10 +384,37 @@ class NamespaceState:
         recs[uid] = Record(rv, seq, None)
         self._live.pop(kind, None)
         self.late.discard(uid)
+        self._gone(kind, uid, self.replaced)
         if kind == VMIM_KIND:
             self.refused_from = _UNKNOWN
             self._ended(uid, self.replaced, None, ev.time)
         return Outcome.APPLIED
+
+    def _named(self, before: Snapshot | None, now: Snapshot | None) -> None:
+        """A VMI's new version ``now`` (None: deleted) replaced ``before``: the pods ``before`` named in
+        ``status.activePods`` that ``now`` does not are remembered with ``before`` while they may still run; those
+        ``now`` names are the VMI's again."""
+        named = now.active_pods if isinstance(now, VmiSnapshot) else {}
+        if self.departed:
+            for uid in named:
+                self.departed.pop(uid, None)
+        if not isinstance(before, VmiSnapshot) or not before.active_pods:
+            return
+        pods = self.objects.get(POD_KIND) or {}
+        for uid in before.active_pods:
+            if uid in named:
+                continue
+            rec = pods.get(uid)
+            # (a pod not folded yet may still arrive: the watches of two kinds are in no order with each other)
+            if rec is None or (rec.snapshot is not None and not _finished(rec.snapshot)):
+                self.departed[uid] = before
+
+    def _gone(self, kind: str, uid: str, before: Snapshot | None) -> None:
+        """An object of ``kind`` was deleted (or dropped by a sync), ``before`` its last version."""
+        if kind == VMI_KIND:
+            self._named(before, None)
+        elif kind == POD_KIND:
+            self.departed.pop(uid, None)
 
     def _refused_from(self) -> datetime | None:
         """The creation of the oldest active migration KubeVirt was refused its target for (None: none is); kept
@@ -423,10 +479,18 @@ class NamespaceState:
                 else:
                     recs[uid] = Record(recs[uid].rv, seq, None)
                     self._live.pop(ev.kind, None)
+                    self._gone(ev.kind, uid, gone)
                     if ev.kind == VMIM_KIND:
                         self.refused_from = _UNKNOWN
                         self._ended(uid, gone, None, ev.time)
                 self.late.discard(uid)
+                changed = True
+        if ev.kind == POD_KIND and self.departed:
+            # (a pod remembered before it was folded, which the list does not return: it is gone)
+            live = self.objects.get(POD_KIND) or {}
+            present = set(ev.present)
+            for uid in [u for u in self.departed if u not in present and u not in live]:
+                del self.departed[uid]
                 changed = True
         return Outcome.APPLIED if changed else Outcome.STALE
 
@@ -454,6 +518,7 @@ class NamespaceState:
                 late=sorted(self.late),
                 windows=dict(sorted(self.windows.items())),
                 clock=self.clock,
+                departed=dict(sorted(self.departed.items())),
             )
         )
         assert head.endswith(b"[]}"), "objects is the last field of a checkpoint"
@@ -482,6 +547,14 @@ class NamespaceState:
         st.late = set(ck.late)
         st.windows = dict(ck.windows)
         st.clock = ck.clock
+        for uid, wire in ck.departed.items():
+            try:
+                snap = from_wire(wire)
+            except msgspec.ValidationError as e:
+                raise InvalidInput(f"invalid checkpoint: {e}", "checkpoint") from None
+            if not isinstance(snap, VmiSnapshot):
+                raise InvalidInput(f"invalid checkpoint: departed.{uid} is not a VMI", "checkpoint")
+            st.departed[uid] = snap
         for r in ck.objects:
             try:
                 snap = from_wire(r.snapshot)  # (the parts the wire variant reads as text are decoded here)
@@ -505,6 +578,8 @@ class NamespaceView:
     """kind → snapshots of the cluster-wide objects (the KubeVirt CR)."""
     late: frozenset[str] = frozenset()
     """Uids of the pods created in a refusal (:attr:`NamespaceState.late`)."""
+    departed: Mapping[str, VmiSnapshot] = field(default_factory=dict)
+    """Launcher pods KubeVirt stopped naming that may still run (:attr:`NamespaceState.departed`)."""
 
 
 def checkpoint_key(cluster: str, namespace: str) -> str:
@@ -584,6 +659,7 @@ class Ledger:
             objects=st.live_objects() if st is not None else {},
             cluster_objects=cw.live_objects() if cw is not None else {},
             late=frozenset(st.late) if st is not None else frozenset(),
+            departed=dict(st.departed) if st is not None and st.departed else {},
         )
 
     def apply(self, ev: Upserted | Deleted | Sync, seq: int) -> Outcome:

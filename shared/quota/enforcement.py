@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from fnmatch import fnmatchcase
+from fractions import Fraction
 from typing import Any, Final
 
 from shared.contract import (
@@ -47,12 +48,13 @@ from shared.quota.annotations import (
     BUDGET_ANNOTATION,
     ENFORCED_BUDGET_ANNOTATION,
     LAST_HARD_ANNOTATION,
+    RATIO_ANNOTATION,
     STATUS_ANNOTATION,
     USAGE_ANNOTATION,
     VMI_MINIMUM_ANNOTATIONS,
 )
 from shared.quota.equation import within_charged
-from shared.quota.modes import Mode, is_managed, parse_budget, parse_mode, policy_of
+from shared.quota.modes import Mode, QuotaPolicy, is_managed, parse_budget, parse_mode, policy_of
 from shared.report import names_list, nonzero, readable_list, used_of_budget
 from shared.report import readable as human_quantity
 from shared.resources import ResourceList, canonical_resource_list, format_resource_list, parse_resource_list
@@ -187,14 +189,24 @@ def resolve_budget(q: QuotaSnapshot) -> Budget:
     return Budget(dict(q.spec_hard), adopting=True, note=note)
 
 
-def check_manageable(q: QuotaSnapshot) -> Mode:
-    """The mode of a managed quota; InvalidInput when the enforcer must refuse it (a scope, an unknown mode, an
+def check_manageable(q: QuotaSnapshot) -> QuotaPolicy:
+    """The policy of a managed quota; InvalidInput when the enforcer must refuse it (a scope, an unknown mode, an
     unreadable CPU allocation ratio or budget). The same rule the ledger's accounting applies
     (``shared.quota.modes.quota_policy``), so a quota the enforcer refuses never counts in admission either."""
     policy = policy_of(q)
     if policy is None:  # not labelled managed: callers only ask about managed quotas
         raise InvalidInput("the quota is not labelled vmquota.io/managed=true", f"{q.ref}: metadata.labels")
-    return policy.mode
+    return policy
+
+
+def policy_label(q: QuotaSnapshot, mode: Mode) -> str:
+    """What the status names the policy by: the mode, and in ``VirtualResourcesWithCPUAllocationRatio`` the quota's
+    own ratio as written (trimmed), so that the reservation guard's ``vmquota-vm-terms`` policy, which builds the
+    same text from the quota, sees a ratio changed since the status was written at once."""
+    raw = q.annotations.get(RATIO_ANNOTATION)
+    if mode is Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO and raw is not None:
+        return f"{mode.value}, ratio {raw.strip()}"
+    return mode.value
 
 
 def check_usage(u: UsageSnapshot) -> None:
@@ -316,6 +328,16 @@ def _terms(usage: UsageSnapshot | None, name: str) -> QuotaTerms | None:
     return None if usage is None else usage.quotas.get(name)
 
 
+def _same_ratio(terms: QuotaTerms, policy: QuotaPolicy) -> bool:
+    """The terms were accounted with the quota's own CPU allocation ratio as it is now (by value; none for none)."""
+    if not terms.cpu_allocation_ratio:
+        return policy.cpu_allocation_ratio is None
+    try:
+        return Fraction(terms.cpu_allocation_ratio) == policy.cpu_allocation_ratio
+    except (ValueError, ZeroDivisionError):
+        return False
+
+
 def _ours(q: QuotaSnapshot, hard: Mapping[str, Quantity], budget: Mapping[str, Quantity]) -> bool:
     """``hard`` is what vmquota last wrote (``vmquota.io/last-hard``), for ``budget``
     (``vmquota.io/enforced-budget``)."""
@@ -359,7 +381,7 @@ def plan(
     if not is_managed(q.labels):
         return _release(q, seq, managed=managed)
     try:
-        mode = check_manageable(q)
+        policy = check_manageable(q)
         b = resolve_budget(q)
     except InvalidInput as e:
         return _refuse(q, str(e), seq)
@@ -367,7 +389,8 @@ def plan(
     terms = _terms(usage, q.name)
     hard = dict(q.spec_hard)
     agreed = False
-    if terms is not None and terms.mode == mode.value:
+    mode = policy.mode
+    if terms is not None and terms.mode == mode.value and _same_ratio(terms, policy):
         try:
             ledger_budget = parse_resource_list(terms.budget, "budget")
             agreed = same(ledger_budget, b.budget)
@@ -377,7 +400,8 @@ def plan(
                     hard = within_charged(hard, parse_resource_list(terms.pods, "pods"), charged)
         except InvalidInput:
             agreed = False  # a malformed snapshot is refused before it gets here; wait for the next one
-    status = f"Enforcing ({mode.value})"
+    label = policy_label(q, mode)
+    status = f"Enforcing ({label})"
     if not agreed and (
         terms is not None or q.annotations.get(STATUS_ANNOTATION) != status or not _ours(q, hard, b.budget)
     ):
@@ -386,7 +410,7 @@ def plan(
         # namespace's usage is missing altogether (a ledger restarting), as long as spec.hard stays what vmquota
         # wrote (not a budget someone wrote back into it, unscaled) for the budget it still has (not one lowered
         # since, which that spec.hard is too high for).
-        status = f"Waiting for usage ({mode.value})"
+        status = f"Waiting for usage ({label})"
     want: dict[str, str | None] = {
         BUDGET_ANNOTATION: rl_json(b.budget),
         LAST_HARD_ANNOTATION: rl_json(hard),

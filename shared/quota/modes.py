@@ -233,6 +233,11 @@ class QuotaPolicy:
         return self.cpu_allocation_ratio if self.cpu_allocation_ratio is not None else kubevirt_ratio
 
 
+def ratio_text(ratio: Fraction | None) -> str:
+    """A quota's own CPU allocation ratio as usage terms carry it (``"4"``, ``"5/2"``; empty: none)."""
+    return "" if ratio is None else str(ratio)
+
+
 def parse_ratio(raw: object, where: str) -> Fraction:
     """A positive CPU allocation ratio (``"4"``, ``"2.5"``, ``4``)."""
     if isinstance(raw, bool) or not isinstance(raw, (int, str, Fraction)):

@@ -27,6 +27,7 @@ from shared.quota.annotations import (
     MANAGED_LABEL,
     MODE_ANNOTATION,
     NUDGE_ANNOTATION,
+    RATIO_ANNOTATION,
     STATUS_ANNOTATION,
     VMI_MINIMUM_ANNOTATIONS,
 )
@@ -827,6 +828,127 @@ async def test_with_the_guard_a_budget_written_back_by_gitops_lets_no_vm_in_befo
         await p.start_vm(ns, "by-the-budget", memory="1Gi", sockets=2)
 
 
+async def test_with_the_guard_a_vm_admitted_before_a_budget_is_written_back_gets_no_room_from_it() -> None:
+    """VMIs admitted while the quota was enforced, whose pods quota refused (four 9-vCPU VMs on a 4-vCPU
+    `VirtualResources` budget: `spec.hard` 400m), wait. GitOps then writes the budget back into `spec.hard`,
+    unscaled (the enforcer is stopped to hold the moment open); the tenant touches its VMIs, KubeVirt tries their
+    pods again at once, and no holder is listed: before, the pods fitted the unscaled room (36 vCPUs on 4), since
+    the check that the quota is enforced ran at VMI creation only. It runs at every pod creation now."""
+    async with pipeline(separate=True, guard=True) as p:
+        ns = "tenant-pending"
+        await p.managed_quota(ns, "vm-budget", {"requests.cpu": "4"}, mode="VirtualResources")
+        await p.wait(lambda: p.in_effect(ns, "vm-budget"), "status.hard to be the enforced 400m")
+        names = [f"plain{i}" for i in range(4)]
+        await asyncio.gather(*(p.sim.create_vm(ns, n, memory="1Gi", sockets=9) for n in names))
+        await p.wait(lambda: running_or_refused(p, ns, names), "KubeVirt to have tried every VM")
+        assert not p.running_vmis(ns) and len(p.objects("vmi", ns)) == 4, "admitted VMIs whose pods quota refused"
+        await p.stack.stop_service("enforcer")
+
+        def reapply(obj: Obj) -> Obj:
+            obj["spec"]["hard"] = {"requests.cpu": "4"}
+            return obj
+
+        await p.sim.store.mutate(p.sim.store.resource("resourcequotas"), ns, "vm-budget", reapply)
+        await p.wait(lambda: p.admission_hard(ns, "vm-budget") == rl({"requests.cpu": "4"}), "the quota's copy")
+        tried = {n: len(await p.sim.events(ns, n, reason="FailedCreate")) for n in names}
+
+        def poke(obj: Obj) -> Obj:  # (a tenant's annotation of its own: KubeVirt re-queues the VMI)
+            obj["metadata"].setdefault("annotations", {})["tenant.example/poke"] = "1"
+            return obj
+
+        for n in names:
+            await p.sim.store.mutate(p.sim.store.resource("virtualmachineinstances"), ns, n, poke)
+
+        async def tried_again() -> bool:
+            for n in names:
+                if len(await p.sim.events(ns, n, reason="FailedCreate")) <= tried[n]:
+                    return False
+            return True
+
+        await p.wait(tried_again, "KubeVirt to try every pod again")
+        running = p.running_vmis(ns)
+        assert not running, f"{len(running)} VMs of 9 vCPUs run on a VirtualResources budget of 4 vCPUs"
+        plain = plain_pod(ns, "in-the-slack", {"cpu": "3"}, {"cpu": "3"})  # (nor a pod in the room cheap pods leave)
+        with pytest.raises(ApiError, match="exceeded quota: quota vm-budget counts VMs"):
+            await p.sim.create(plain)
+
+
+async def test_with_the_guard_no_vm_gets_in_before_quota_admission_checks_the_enforced_hard() -> None:
+    """The enforcer writes the scaled `spec.hard` (400m for 4 vCPUs in `VirtualResources`), `last-hard` and
+    `Enforcing` in one patch, but quota admission checks `status.hard`, which the quota controller copies on its
+    next sync (stopped here to hold that moment open: kube-controller-manager busy or restarting). Before, four
+    9-vCPU VMs got in on the budget as written: 36 vCPUs on 4. The guard takes a quota as enforced only while
+    `status.hard` is no higher than what vmquota wrote."""
+    async with pipeline(separate=True, guard=True) as p:
+        ns = "tenant-copy"
+        await p.stack.stop_service("ledger")
+        await p.sim.create_namespace(ns)
+        await p.sim.create_quota(
+            ns,
+            "vm-budget",
+            {"requests.cpu": "4"},
+            labels={MANAGED_LABEL: "true"},
+            annotations={MODE_ANNOTATION: "VirtualResources"},
+        )
+        await p.wait(lambda: p.admission_hard(ns, "vm-budget") == rl({"requests.cpu": "4"}), "the quota's copy")
+        await p.sim.quota.stop()  # (the quota controller: admission goes on checking status.hard)
+        await p.stack.start_service("ledger")
+        await p.wait_enforcing(ns, "vm-budget")
+        assert p.hard(ns, "vm-budget") == rl({"requests.cpu": "400m"})
+        names = [f"plain{i}" for i in range(4)]
+        await asyncio.gather(*(p.sim.create_vm(ns, n, memory="1Gi", sockets=9) for n in names))
+        await p.wait(lambda: running_or_refused(p, ns, names), "KubeVirt to have tried every VM")
+        running = p.running_vmis(ns)
+        assert not running, (
+            f"{len(running)} VMs of 9 vCPUs run on a VirtualResources budget of 4 vCPUs: spec.hard "
+            f"{p.hard(ns, 'vm-budget')}, status.hard {p.admission_hard(ns, 'vm-budget')}"
+        )
+        await p.sim.quota.start()
+        await p.start_vm(ns, "by-the-budget", memory="1Gi", sockets=2)
+
+
+async def test_with_the_guard_a_cpu_allocation_ratio_changed_lets_no_vm_in_before_it_is_accounted() -> None:
+    """A quota in `VirtualResourcesWithCPUAllocationRatio` at its own ratio 10 (KubeVirt's): `requests.cpu: 4` is
+    40 vCPUs, `k` = 1, `spec.hard` 4. The administrator sets the ratio to 1: the same budget is 4 vCPUs now. Usage
+    accounted at ratio 10 kept the quota `Enforcing` (the mode and budget alone were compared) until the ledger
+    accounted again (stopped here to hold the moment open), and four 9-vCPU VMs at 900m each fitted: 36 vCPUs on 4.
+    Usage names the ratio it was accounted at, and so does the status, which the guard builds from the quota."""
+    async with pipeline(separate=True, guard=True) as p:
+        ns = "tenant-ratio"
+        await p.sim.create_namespace(ns)
+        await p.sim.create_quota(
+            ns,
+            "vm-budget",
+            {"requests.cpu": "4"},
+            labels={MANAGED_LABEL: "true"},
+            annotations={MODE_ANNOTATION: "VirtualResourcesWithCPUAllocationRatio", RATIO_ANNOTATION: "10"},
+        )
+        await p.wait_enforcing(ns, "vm-budget")
+        await p.stack.stop_service("ledger")
+
+        def to_ratio_1(obj: Obj) -> Obj:
+            obj["metadata"]["annotations"][RATIO_ANNOTATION] = "1"
+            return obj
+
+        await p.sim.store.mutate(p.sim.store.resource("resourcequotas"), ns, "vm-budget", to_ratio_1)
+
+        def status() -> str:
+            return str((p.quota(ns, "vm-budget")["metadata"].get("annotations") or {}).get(STATUS_ANNOTATION))
+
+        await p.wait(
+            lambda: status() == "Waiting for usage (VirtualResourcesWithCPUAllocationRatio, ratio 1)",
+            "the enforcer to wait for usage at the new ratio",
+        )
+        names = [f"plain{i}" for i in range(4)]
+        await asyncio.gather(*(p.sim.create_vm(ns, n, memory="1Gi", sockets=9) for n in names))
+        await p.wait(lambda: running_or_refused(p, ns, names), "KubeVirt to have tried every VM")
+        running = p.running_vmis(ns)
+        assert not running, f"{len(running)} VMs of 9 vCPUs run on a budget of 4 vCPUs at ratio 1 ({status()})"
+        await p.stack.start_service("ledger")
+        await p.wait(lambda: status() == "Enforcing (VirtualResourcesWithCPUAllocationRatio, ratio 1)", "usage")
+        assert p.hard(ns, "vm-budget") == rl({"requests.cpu": "400m"})
+
+
 async def test_with_the_guard_a_migration_whose_target_the_guard_refused_is_reserved_in_turn() -> None:
     """The guard's refusal says ``exceeded quota``, which KubeVirt's migration controller reads as a quota refusal:
     a second migration whose target the guard refused (the room is reserved for the first) gets
@@ -1021,3 +1143,101 @@ async def test_the_tenant_cannot_write_the_guard_quota_or_status() -> None:
 def _holders(p: Pipeline) -> list[Any] | None:
     obj = p.sim.peek("quotareservations", NS, "vmquota")
     return None if obj is None else list((obj.get("spec") or {}).get("holders") or [])
+
+
+# ---- launcher pods KubeVirt stops naming ------------------------------------------------------------------------
+
+
+def live_guest_vcpus(p: Pipeline, ns: str, vcpus_of: dict[str, int]) -> int:
+    """vCPUs of the guests whose launcher pod (recorded by uid while KubeVirt named it in ``status.activePods``)
+    still runs: what the namespace uses in `VirtualResources` terms."""
+    return sum(
+        vcpus_of[pod["metadata"]["uid"]]
+        for pod in p.pods(ns)
+        if pod["metadata"]["uid"] in vcpus_of and phase(pod) not in ("Succeeded", "Failed")
+    )
+
+
+def decided(p: Pipeline, ns: str, names: list[str]) -> bool:
+    """Each VM named runs, or the ledger has refused it: it does not fit (nothing will change that by itself)."""
+    usage = p.tap.usage.get(ns)
+    states = {v.name: v.state for v in usage.vms} if usage is not None else {}
+    return all(p.vmi_phase(ns, n) == "Running" or states.get(n) == "refused" for n in names)
+
+
+async def tenant_patch(tenant: Tenant, path: str, patch: Obj) -> None:
+    """The tenant's own merge patch over HTTPS (its `edit` role)."""
+    assert tenant.session is not None
+    headers = {"Content-Type": "application/merge-patch+json"}
+    async with tenant.session.patch(f"{tenant.url}{path}", json=patch, ssl=tenant.ssl, headers=headers) as resp:
+        assert resp.status == 200, await resp.text()
+
+
+async def test_with_the_guard_a_launcher_pod_taken_off_its_vmi_still_counts_as_its_vm() -> None:
+    """`VirtualResources`, `requests.cpu: 4` (4 vCPUs: 400m of native room at KubeVirt's ratio 10). The tenant runs
+    a 4-vCPU VM and takes the controller reference off its launcher pod (a pod's metadata is the tenant's). KubeVirt
+    names the pod no more in `status.activePods` and fails the VMI, while the pod, on a real cluster, runs the guest
+    for the VMI's termination grace period (the tenant's to set). Counted as a plain pod at its charge (0.4 of 4
+    vCPUs), it let two more VMs in: 10 vCPUs of guests on 4. The ledger's fold remembers the pods KubeVirt named, and
+    such a pod counts as its VM while it runs."""
+    async with pipeline(guard=True) as p:
+        ns = "tenant-detach"
+        await p.managed_quota(ns, "vm-budget", {"requests.cpu": "4"}, mode="VirtualResources")
+        vcpus_of: dict[str, int] = {}
+        async with Tenant(p, ns) as tenant:
+            await p.start_vm(ns, "vm-a", memory="1Gi", sockets=4, run_strategy="Once")
+            (pod,) = p.launcher_pods(ns, "vm-a")
+            vcpus_of[pod["metadata"]["uid"]] = 4
+            await tenant_patch(
+                tenant,
+                f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}",
+                {"metadata": {"ownerReferences": None}},
+            )
+            await p.wait(lambda: p.vmi_phase(ns, "vm-a") == "Failed", "KubeVirt to fail vm-a")
+            for name in ("vm-b", "vm-c"):
+                await p.sim.create_vm(ns, name, memory="1Gi", sockets=3, run_strategy="Once")
+            await p.wait(lambda: decided(p, ns, ["vm-b", "vm-c"]), "the VMs to run or be refused")
+            for name in ("vm-b", "vm-c"):
+                for pod in p.launcher_pods(ns, name):
+                    vcpus_of[pod["metadata"]["uid"]] = 3
+        used = live_guest_vcpus(p, ns, vcpus_of)
+        assert used <= 4, f"{used} vCPUs of live guests on a VirtualResources budget of 4 vCPUs"
+        departed = [v for v in p.tap.usage[ns].vms if v.name == "vm-a" and v.state == "running"]
+        assert departed, "the detached pod's VM counts as running"
+
+
+async def test_with_the_guard_a_vmi_deleted_with_orphan_propagation_does_not_restart_beside_its_guest() -> None:
+    """The same with one command and no pod edit: `kubectl delete vmi vm-a --cascade=orphan`. The garbage collector
+    takes the VMI's controller reference off its launcher pod instead of deleting it, and KubeVirt's VM controller
+    (`runStrategy: Always`) starts the VM again under the same name beside the guest still running in the old pod.
+    Before, the old pod counted its charge (0.3 of 3 vCPUs), the restarted VM got in, and each round added one
+    more guest: 9 vCPUs on 4 after two."""
+    async with pipeline(guard=True) as p:
+        ns = "tenant-orphan"
+        await p.managed_quota(ns, "vm-budget", {"requests.cpu": "4"}, mode="VirtualResources")
+        vcpus_of: dict[str, int] = {}
+        await p.start_vm(ns, "vm-a", memory="1Gi", sockets=3, run_strategy="Always")
+        async with Tenant(p, ns) as tenant:
+            assert tenant.session is not None
+            for _ in range(2):
+                vmi = p.sim.peek("vmi", ns, "vm-a")
+                assert vmi is not None
+                old = vmi["metadata"]["uid"]
+                for uid in (vmi.get("status") or {}).get("activePods", {}):
+                    vcpus_of[uid] = 3
+                url = f"{tenant.url}/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstances/vm-a"
+                async with tenant.session.delete(url, params={"propagationPolicy": "Orphan"}, ssl=tenant.ssl) as r:
+                    assert r.status == 200, await r.text()
+
+                def tried(old: str = old) -> bool:
+                    v = p.sim.peek("vmi", ns, "vm-a")
+                    return v is not None and v["metadata"]["uid"] != old
+
+                await p.wait(tried, "KubeVirt to start vm-a again")
+
+                await p.wait(lambda: decided(p, ns, ["vm-a"]), "vm-a to run or be refused")
+        vmi = p.sim.peek("vmi", ns, "vm-a")
+        for uid in ((vmi or {}).get("status") or {}).get("activePods", {}):
+            vcpus_of[uid] = 3
+        used = live_guest_vcpus(p, ns, vcpus_of)
+        assert used <= 4, f"{used} vCPUs of live guests on a VirtualResources budget of 4 vCPUs"

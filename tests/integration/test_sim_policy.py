@@ -11,7 +11,7 @@ import json
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 import pytest
@@ -26,6 +26,7 @@ from shared.quota.annotations import (
     LAST_HARD_ANNOTATION,
     MANAGED_LABEL,
     MODE_ANNOTATION,
+    RATIO_ANNOTATION,
     STATUS_ANNOTATION,
     VMI_MINIMUM_ANNOTATIONS,
 )
@@ -46,12 +47,22 @@ async def sim() -> AsyncIterator[SimCluster]:
         yield s
 
 
-def pod(name: str, *, owner_uid: str | None = None, controller: bool = True, namespace: str = NS) -> Obj:
+def pod(
+    name: str,
+    *,
+    owner_uid: str | None = None,
+    controller: bool = True,
+    namespace: str = NS,
+    requests: Obj | None = None,
+) -> Obj:
+    container: Obj = {"name": "c", "image": "busybox"}
+    if requests is not None:
+        container["resources"] = {"requests": requests}
     p: Obj = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+        "spec": {"containers": [container]},
     }
     if owner_uid is not None:
         p["metadata"]["ownerReferences"] = [
@@ -64,6 +75,10 @@ def pod(name: str, *, owner_uid: str | None = None, controller: bool = True, nam
             }
         ]
     return p
+
+
+SMALL: Final[Obj] = {"cpu": "100m", "memory": "64Mi"}
+"""A plain pod's requests that fit every quota of these tests."""
 
 
 async def create_as(sim: SimCluster, user: UserInfo, obj: Obj) -> ApiError | None:
@@ -709,7 +724,10 @@ async def test_until_a_vm_term_quota_is_accounted_no_vmi_is_admitted(sim: SimClu
     namespace so, the quota carries no minimums for it, and its `spec.hard` is the budget as written, not scaled by
     `k`: a tenant watching the quota could fit twelve 16Gi VMs with requests.memory 1Gi in a 16Gi VM-term budget's
     room then, or VMs of KubeVirt's own rendering ten times a CPU budget (a pod requests vCPUs / 10). Until the
-    status says the quota is enforced in its mode, no VMI is admitted there; a pod-terms quota holds nothing back."""
+    status says the quota is enforced in its mode (and ratio), with spec.hard what vmquota wrote and status.hard
+    no higher, no VMI and no pod is admitted there (the pod of a VMI admitted earlier, or a plain pod in the room
+    the cheaper launcher pods leave, would get in as well); a pod-terms quota holds nothing back, and a quota vmquota
+    Refused falls back to native quota for pods."""
     await install(sim, GUARD_POLICY.read_text())
 
     def vmi(name: str, **kw: Any) -> Obj:
@@ -724,6 +742,7 @@ async def test_until_a_vm_term_quota_is_accounted_no_vmi_is_admitted(sim: SimClu
         labels={MANAGED_LABEL: "true"},
         annotations={MODE_ANNOTATION: " VirtualResources "},  # (the enforcer trims the mode; so does the policy)
     )
+    await sim.wait_quota_synced(NS, "vm-budget")  # (status.hard, which quota admission checks, is spec.hard)
     for name, kw in (("cheap", {"requests": {"memory": "1Gi"}}), ("plain", {"vcpus": 9})):
         err = await create_as(sim, TENANT, vmi(name, **kw))
         assert err is not None and (err.code, err.reason) == (403, "Forbidden"), err
@@ -749,16 +768,62 @@ async def test_until_a_vm_term_quota_is_accounted_no_vmi_is_admitted(sim: SimClu
     # enforced, but spec.hard is not what vmquota wrote (a budget written back, unscaled, by GitOps say)
     await annotate({**accounted, STATUS_ANNOTATION: "Enforcing (VirtualResources)", LAST_HARD_ANNOTATION: "{}"})
     err = await create_as(sim, TENANT, vmi("plain", vcpus=9))
-    assert err is not None and "(Enforcing (VirtualResources), but its spec.hard is not the one vmquota wrote)" in (
-        err.message
+    but = "but its spec.hard is not the one vmquota wrote, or quota admission does not check it yet"
+    assert err is not None and f"(Enforcing (VirtualResources), {but})" in err.message, err
+    err = await create_as(sim, TENANT, pod("plain-pod", requests=SMALL))
+    assert err is not None and err.message.endswith(
+        "denied request: vmquota: exceeded quota: quota vm-budget counts VMs in mode VirtualResources and is not "
+        f"enforced in it yet (Enforcing (VirtualResources), {but}): no pod is created in this namespace until "
+        "vmquota has accounted it; retry in a moment"
     ), err
+    with acting_as(KUBEVIRT_CONTROLLER):  # (KubeVirt's own pods too: "exceeded quota" makes it retry on updates)
+        assert await create_as(sim, KUBEVIRT_CONTROLLER, pod("launcher", owner_uid="uid-vm1")) is not None
+    await annotate({**accounted, STATUS_ANNOTATION: "Refused: scoped quotas are not managed"})
+    assert await create_as(sim, TENANT, pod("while-refused", requests=SMALL)) is None, (
+        "a Refused quota is native quota for pods"
+    )
+    assert await create_as(sim, TENANT, vmi("while-refused")) is not None, "and starts no VM"
     await annotate({**accounted, STATUS_ANNOTATION: "Enforcing (VirtualResources)"})
     assert await create_as(sim, TENANT, vmi("plain", vcpus=9)) is None
+    assert await create_as(sim, TENANT, pod("enforced-pod", requests=SMALL)) is None
+    # spec.hard lowered and recorded, but the quota controller has not copied it: status.hard, which quota
+    # admission checks, is still the higher one
+    await sim.quota.stop()
+    quota = sim.peek("resourcequotas", NS, "vm-budget") or quota
+    await sim.apply(
+        {
+            **quota,
+            "metadata": {
+                **quota["metadata"],
+                "annotations": {
+                    **accounted,
+                    STATUS_ANNOTATION: "Enforcing (VirtualResources)",
+                    LAST_HARD_ANNOTATION: '{"requests.cpu":"400m","requests.memory":"16Gi"}',
+                },
+            },
+            "spec": {"hard": {"requests.memory": "16Gi", "requests.cpu": "400m"}},
+        }
+    )
+    err = await create_as(sim, TENANT, pod("before-the-copy", requests=SMALL))
+    assert err is not None and but in err.message, err
+    await sim.quota.start()
+    await sim.wait_quota_synced(NS, "vm-budget")
+    assert await create_as(sim, TENANT, pod("after-the-copy", requests=SMALL)) is None
+    quota = sim.peek("resourcequotas", NS, "vm-budget") or quota
+    accounted[LAST_HARD_ANNOTATION] = '{"requests.cpu":"400m","requests.memory":"16Gi"}'
     assert await create_as(sim, TENANT, vmi("overcommit", requests={"memory": "10923Mi"})) is None
     assert await create_as(sim, TENANT, vmi("cheap", requests={"memory": "1Gi"})) is not None
     # the administrator changes the mode: not enforced in the new one until vmquota has accounted it
     await annotate({**accounted, MODE_ANNOTATION: "VirtualResourcesWithCPUAllocationRatio"})
     assert await create_as(sim, TENANT, vmi("plain2")) is not None
+    # ... and in that mode, in the quota's own CPU allocation ratio: one changed since is not enforced yet
+    ratio_mode = "VirtualResourcesWithCPUAllocationRatio"
+    by_ratio = {**accounted, MODE_ANNOTATION: ratio_mode, RATIO_ANNOTATION: " 4 "}
+    await annotate({**by_ratio, STATUS_ANNOTATION: f"Enforcing ({ratio_mode}, ratio 4)"})
+    assert await create_as(sim, TENANT, vmi("plain2")) is None
+    await annotate({**by_ratio, RATIO_ANNOTATION: "1", STATUS_ANNOTATION: f"Enforcing ({ratio_mode}, ratio 4)"})
+    err = await create_as(sim, TENANT, pod("ratio-changed", requests=SMALL))
+    assert err is not None and "exceeded quota" in err.message, err
     # a quota in a pod-terms mode holds nothing back, accounted or not
     await annotate({MODE_ANNOTATION: "VmiPodUsage"})
     assert await create_as(sim, TENANT, vmi("cheap2", requests={"memory": "1Gi"})) is None

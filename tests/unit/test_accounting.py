@@ -46,7 +46,7 @@ from shared.quantity import Quantity
 from shared.quota.modes import Mode, QuotaPolicy
 from shared.resources import ResourceList, canonical_resource_list, fits, format_resource_list, parse_resource_list
 from shared.snapshot import SNAPSHOT_TYPES, AnySnapshot, QuotaSnapshot, VmimSnapshot, VmiSnapshot
-from shared.vmi import GUARD_REFUSER
+from shared.vmi import GUARD_REFUSER, VM_TERMS_REFUSER
 from tests.builders import (
     NOW,
     NS,
@@ -435,7 +435,7 @@ def test_room_is_held_for_a_new_vms_pod_only_once_a_managed_quota_or_the_guard_r
     not manage refuses it whatever room the managed ones hold, and a tenant who fills such a quota must not have
     its VM keep the namespace's other pods out for good."""
     quota = quota_obj("rq", {"requests.memory": "64Gi"}, Mode.VMI_POD_USAGE)
-    for by, held in ((None, False), ("rq", True), (GUARD_REFUSER, True), ("scoped", False)):
+    for by, held in ((None, False), ("rq", True), (GUARD_REFUSER, True), (VM_TERMS_REFUSER, True), ("scoped", False)):
         v = vmi_obj("v", guest="4Gi", phase="Pending", node="")
         if by is not None:
             refused_vmi(v, by=by)

@@ -683,3 +683,58 @@ def test_a_refused_vm_is_told_which_vms_hold_the_budget_largest_first_and_at_mos
     )
     alone = vm_refused_event("ns", vm, identity="e1", now=datetime(2026, 1, 1, tzinfo=UTC))
     assert alone["message"] == "VM new is not admitted: does not fit"
+
+
+# ---- the quota's own CPU allocation ratio ------------------------------------------------------------------------
+
+RATIO_MODE = "VirtualResourcesWithCPUAllocationRatio"
+
+
+def _enforced_at_ratio(ratio: str) -> dict[str, Any]:
+    """A budget of 4 requests.cpu in the ratio mode, enforced at the quota's own ratio ``ratio``."""
+    return adopted(
+        {"requests.cpu": "4"},
+        {"requests.cpu": "4"},
+        annotations={
+            MODE_ANNOTATION: RATIO_MODE,
+            RATIO_ANNOTATION: ratio,
+            STATUS_ANNOTATION: f"Enforcing ({RATIO_MODE}, ratio {ratio})",
+            ENFORCED_BUDGET_ANNOTATION: '{"requests.cpu":"4"}',
+        },
+    )
+
+
+def _terms_at(ratio: str) -> contract.UsageSnapshot:
+    return usage(
+        {"compute": terms({"requests.cpu": "4"}, {"requests.cpu": "4"}, mode=RATIO_MODE, cpu_allocation_ratio=ratio)}
+    )
+
+
+def test_usage_accounted_at_another_cpu_allocation_ratio_does_not_enforce_the_quota() -> None:
+    """The same budget means another number of vCPUs at another ratio (requests.cpu 4 is 40 vCPUs at 10, 4 at 1):
+    usage accounted at the old ratio is not usage for the quota as it is now, so the quota waits for the ledger, and
+    the reservation guard admits nothing meanwhile. Before, the mode and budget alone were compared: the quota stayed
+    Enforcing over a spec.hard scaled for 40 vCPUs."""
+    raw = _enforced_at_ratio("10")
+    fixed = enf.plan(snap(raw), _terms_at("10"))
+    assert STATUS_ANNOTATION not in fixed.annotations and not fixed.set_hard, "a fixed point at ratio 10"
+    raw["metadata"]["annotations"][RATIO_ANNOTATION] = "1"
+    p = enf.plan(snap(raw), _terms_at("10"))
+    assert p.annotations[STATUS_ANNOTATION] == f"Waiting for usage ({RATIO_MODE}, ratio 1)"
+    assert not p.set_hard, "spec.hard waits for usage accounted at the new ratio"
+    p = enf.plan(snap(raw), _terms_at("1"))
+    assert p.annotations[STATUS_ANNOTATION] == f"Enforcing ({RATIO_MODE}, ratio 1)"
+    spelled = _enforced_at_ratio("10")
+    spelled["metadata"]["annotations"][RATIO_ANNOTATION] = " 10.0 "  # (by value: the same ratio, respelled)
+    assert enf.plan(snap(spelled), _terms_at("10")).annotations[STATUS_ANNOTATION] == (
+        f"Enforcing ({RATIO_MODE}, ratio 10.0)"
+    )
+
+
+def test_a_cpu_allocation_ratio_changed_while_usage_is_missing_leaves_the_quota_waiting() -> None:
+    """With no usage for the namespace (a ledger restarting), an enforced quota stays Enforcing only for the policy
+    its spec.hard was computed for: the status names the ratio, so one changed since is seen without the ledger."""
+    raw = _enforced_at_ratio("10")
+    assert enf.plan(snap(raw), None).action is enf.Action.NONE
+    raw["metadata"]["annotations"][RATIO_ANNOTATION] = "1"
+    assert enf.plan(snap(raw), None).annotations[STATUS_ANNOTATION] == f"Waiting for usage ({RATIO_MODE}, ratio 1)"

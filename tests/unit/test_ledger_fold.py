@@ -580,3 +580,43 @@ def test_a_migration_deleted_at_once_ends_its_refusal_when_the_watcher_published
     assert st is not None and st.windows == {"m1": (t0, t0 + timedelta(minutes=5) + REFUSAL_GRACE)}
     fold([up("grab", 13, creation_timestamp=t0 + timedelta(minutes=5, seconds=1))], led, start=3)
     assert st.late == {"grab"}
+
+
+def test_a_launcher_pod_kubevirt_names_no_more_is_remembered_with_its_vmi_while_it_may_run() -> None:
+    """A pod a VMI's ``status.activePods`` named and names no more (its controller reference taken off, or the VMI
+    deleted with orphan propagation) may go on running the guest: the fold keeps the VMI as it last named the pod,
+    in checkpoints too, until the pod finishes or is gone. Pods the VMI still names, or that have finished, are not
+    remembered."""
+    vmi = "VirtualMachineInstance"
+    led = fold(
+        [
+            up("p1", 1, phase="Running"),
+            up("p2", 2, phase="Running"),
+            up("v1", 3, kind=vmi, phase="Running", active_pods={"p1": "n1", "p2": "n1"}),
+            up("v1", 4, kind=vmi, phase="Failed", active_pods={"p2": "n1"}),  # (p1 taken off)
+        ]
+    )
+    st = led.state("c1", "a")
+    assert st is not None and set(st.departed) == {"p1"}
+    named = st.departed["p1"]
+    assert named.phase == "Running" and set(named.active_pods) == {"p1", "p2"}, "the VMI as it last named p1"
+    assert led.view("c1", "a").departed == st.departed
+    again = Ledger()
+    again.load(st.checkpoint())
+    assert again.state("c1", "a").departed == st.departed  # type: ignore[union-attr]
+    fold([down("v1", 5, kind=vmi)], led, start=5)  # (deleted: p2 is no VMI's either now)
+    assert set(st.departed) == {"p1", "p2"}
+    fold([up("p2", 6, phase="Succeeded"), down("p1", 7)], led, start=6)
+    assert not st.departed, "a finished or deleted pod runs nothing"
+    fold(
+        [
+            up("p3", 8, phase="Succeeded"),
+            up("v2", 9, kind=vmi, phase="Running", active_pods={"p3": "n1", "p4": "n1"}),
+            down("v2", 10, kind=vmi),
+        ],
+        led,
+        start=8,
+    )
+    assert set(st.departed) == {"p4"}, "a pod not folded yet may still arrive; a finished one runs nothing"
+    fold([sync(["p3"], 11)], led, start=11)
+    assert not st.departed, "a relist without the pod: it is gone"

@@ -10,7 +10,15 @@ from shared.errors import InvalidInput
 from shared.kubevirt.config import KubeVirtConfig
 from shared.kubevirt.vm import vmi_from_vm, with_admission_defaults
 from shared.quantity import Format, Quantity
-from shared.vmi import GUARD_REFUSER, Topology, room_refuser, status_size, unplugged_interfaces, vmi_spec
+from shared.vmi import (
+    GUARD_REFUSER,
+    VM_TERMS_REFUSER,
+    Topology,
+    room_refuser,
+    status_size,
+    unplugged_interfaces,
+    vmi_spec,
+)
 
 Q = Quantity.parse
 
@@ -210,6 +218,8 @@ def test_a_room_refusal_is_read_from_the_start_of_kubevirts_message_only() -> No
     assert room_refuser(pod + "exceeded quota: compute, requested: limits.memory=1Gi, used: ...") == "compute"
     guard = "ValidatingAdmissionPolicy 'vmquota-reservation-guard' with binding 'vmquota-reservation-guard' denied"
     assert room_refuser(pod + guard) == GUARD_REFUSER
+    terms = "ValidatingAdmissionPolicy 'vmquota-vm-terms' with binding 'vmquota-vm-terms' denied request: vmquota:"
+    assert room_refuser(pod + terms) == VM_TERMS_REFUSER
     apparmor = "container.apparmor.security.beta.kubernetes.io/compute"
     invalid = (
         'failed to create virtual machine pod: Pod "virt-launcher-vm1-x" is invalid: '

@@ -10,7 +10,8 @@ For every write, each ``ValidatingAdmissionPolicyBinding`` whose policy exists i
    ``paramRef.namespace`` or, unset, in the namespace of the object being admitted. None found:
    ``parameterNotFoundAction: Allow`` skips the binding, ``Deny`` refuses the request;
 3. every ``matchCondition`` must be true (else the binding is skipped);
-4. ``variables`` are computed in order, then every ``validation`` must be true. A false one with the action
+4. ``variables`` are computed in order (one that fails to evaluate fails only what reads it, as Kubernetes
+   evaluates them lazily), then every ``validation`` must be true. A false one with the action
    ``Deny`` refuses the request with ``<resource> "<name>" is forbidden: ValidatingAdmissionPolicy '<policy>'
    with binding '<binding>' denied request: <message>``, the HTTP code of the validation's ``reason`` (422
    ``Invalid`` when unset). An expression that fails to evaluate refuses the request under
@@ -283,13 +284,19 @@ class PolicySystem:
             for cond in pspec.get("matchConditions") or []:
                 if not bool(self._program(policy, str(cond.get("expression", ""))).run(activation)):
                     return
-            for var in pspec.get("variables") or []:
-                value = self._program(policy, str(var.get("expression", ""))).run(activation)
-                activation["variables"] = {**activation["variables"], str(var.get("name", "")): value}
         except _Unsupported as e:
             if fail_closed:
                 self._deny(policy, binding, req, f"expression evaluation failed: {e}", "Invalid", actions)
             return
+        for var in pspec.get("variables") or []:
+            # Kubernetes evaluates a variable lazily, where an expression first reads it: one that fails to evaluate
+            # fails only the expressions that read it (and CEL's `||` and `&&` absorb such an error where the other
+            # side decides). A variable that fails is left unbound here, so that reading it fails the same way.
+            try:
+                value = self._program(policy, str(var.get("expression", ""))).run(activation)
+            except _Unsupported:
+                continue
+            activation["variables"] = {**activation["variables"], str(var.get("name", "")): value}
         for v in pspec.get("validations") or []:
             expression = str(v.get("expression", ""))
             try:

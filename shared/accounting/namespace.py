@@ -389,7 +389,10 @@ class _Accounting(Admission):
         return NamespaceUsage(
             namespace=self.namespace,
             quotas=results,
-            vms=tuple(self.vm_entries[vm_key(v)] for v in self.vmis),
+            vms=(
+                *(self.vm_entries[vm_key(v)] for v in self.vmis),
+                *(self.vm_entries[vm_key(v)] for v in self.departed if vm_key(v) in self.vm_entries),
+            ),
             migrations=tuple(self.mig_entries),
             pods=tuple(self.pod_entries),
             errors=tuple(self.errors + self.renderer.errors),

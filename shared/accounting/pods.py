@@ -88,7 +88,7 @@ class Pods(State):
             mig = self.vmim_by_uid.get(p.migration_job_uid) if p.migration_job_uid else None
             # an entry is a function of the pod, whether it is charged for compute and whose it is
             owner = None if v is None else (v.uid, v.name)
-            key = (id(p), active, owner, mig.name if mig is not None else None)
+            key = (id(p), active, owner, mig.name if mig is not None else None, p.uid in self.departed_pods)
             slot = ("pod", self.namespace, p.uid or p.name)
             entry = memo.latest(slot, key, (p,), self._pod_entry, p, v, active, mig)
             charged = entry.charged

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from shared.accounting.estimates import evidence_bound
 from shared.accounting.memo import Memo
-from shared.accounting.namespace import account_namespace, account_view
+from shared.accounting.namespace import account_namespace, account_view, by_kind
 from shared.accounting.results import (
     ADMITTED,
     GROWTH_REFUSED,
@@ -1502,3 +1502,28 @@ def test_a_refusal_never_reads_as_needing_what_is_left() -> None:
     assert _needs("limits.memory", q("17405661185"), q("17390000000"), q("64Gi")) == (
         "limits.memory needs 17405661185 but 17390M of 64Gi is left"
     )
+
+
+def test_a_launcher_pod_kubevirt_names_no_more_counts_as_its_vm_while_it_runs() -> None:
+    """A running VM's launcher pod whose controller reference the tenant took off is named by no VMI's
+    ``status.activePods`` any more, but the guest may run on in it: with the fold's memory of the VMI as it last
+    named the pod, the pod counts as that VM (4 vCPUs, not its 0.4 of charge), and a 3-vCPU VM no longer fits a
+    4-vCPU budget beside it. Without the memory (accounting from snapshots alone) it is a plain pod."""
+    quota = quota_obj("rq", {"requests.cpu": "4"}, Mode.VIRTUAL_RESOURCES)
+    old = vmi_obj("vm-a", vcpus=4)
+    pod = launcher_obj(old)
+    vouch(old, pod)
+    named = normalize(old)
+    assert isinstance(named, VmiSnapshot)
+    del pod["metadata"]["ownerReferences"]
+    old["status"]["phase"] = "Failed"
+    old["status"]["activePods"] = {}
+    waiting = vmi_obj("vm-b", vcpus=3, phase="Pending", node="")
+    for gone in (False, True):  # (the VMI failed, or it is gone as well)
+        _, kinds = by_kind(snaps([quota, pod, waiting] if gone else [quota, pod, old, waiting]), NS)
+        plain = account_view(kinds, NS, now=NOW)
+        assert vm(plain, "vm-b").state == ADMITTED, "a pod no VMI names is a plain pod at its charge"
+        remembered = account_view(kinds, NS, now=NOW, departed={pod["metadata"]["uid"]: named})
+        assert vm(remembered, "vm-b").state == REFUSED
+        assert vm(remembered, "vm-a").state == RUNNING and vm(remembered, "vm-a").counts["rq"]["requests.cpu"] == Q("4")
+        assert remembered.quotas["rq"].used["requests.cpu"] == Q("4")

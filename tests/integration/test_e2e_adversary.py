@@ -101,6 +101,26 @@ async def running_or_refused(p: Pipeline, ns: str, names: list[str]) -> bool:
     return True
 
 
+async def nine_vcpu_vms(p: Pipeline, ns: str) -> list[str]:
+    """The tenant creates four 9-vCPU VMs as KubeVirt renders them (a launcher pod requests vCPUs / 10: 905m):
+    36 vCPUs, in the room a 4-vCPU budget leaves when `spec.hard` is not scaled by `k`."""
+    names = [f"plain{i}" for i in range(4)]
+    await asyncio.gather(*(p.sim.create_vm(ns, n, memory="1Gi", sockets=9) for n in names))
+    return names
+
+
+async def write_budget_back(p: Pipeline, ns: str, quota: str, budget: dict[str, str]) -> None:
+    """GitOps (or an administrator) re-applies the quota's manifest: `spec.hard` is the budget as written again,
+    and quota admission checks it once the quota controller has copied it."""
+
+    def reapply(obj: Obj) -> Obj:
+        obj["spec"]["hard"] = dict(budget)
+        return obj
+
+    await p.sim.store.mutate(p.sim.store.resource("resourcequotas"), ns, quota, reapply)
+    await p.wait(lambda: p.admission_hard(ns, quota) == rl(budget), "the quota controller's copy")
+
+
 async def test_pods_with_forged_launcher_labels_count_at_full_pod_usage() -> None:
     async with pipeline() as p:
         await full_namespace(p, NS)
@@ -808,16 +828,8 @@ async def test_with_the_guard_a_budget_written_back_by_gitops_lets_no_vm_in_befo
         ns = "tenant-resync"
         await p.managed_quota(ns, "vm-budget", {"requests.cpu": "4"}, mode="VirtualResources")
         await p.stack.stop_service("enforcer")
-
-        def reapply(obj: Obj) -> Obj:
-            obj["spec"]["hard"] = {"requests.cpu": "4"}
-            return obj
-
-        await p.sim.store.mutate(p.sim.store.resource("resourcequotas"), ns, "vm-budget", reapply)
-        await p.wait(lambda: p.admission_hard(ns, "vm-budget") == rl({"requests.cpu": "4"}), "the quota's copy")
-        names = [f"plain{i}" for i in range(4)]
-        await asyncio.gather(*(p.sim.create_vm(ns, n, memory="1Gi", sockets=9) for n in names))
-
+        await write_budget_back(p, ns, "vm-budget", {"requests.cpu": "4"})
+        names = await nine_vcpu_vms(p, ns)
         await p.wait(lambda: running_or_refused(p, ns, names), "KubeVirt to have tried every VM")
         running = p.running_vmis(ns)
         assert not running, f"{len(running)} VMs of 9 vCPUs run on a VirtualResources budget of 4 vCPUs"
@@ -838,18 +850,11 @@ async def test_with_the_guard_a_vm_admitted_before_a_budget_is_written_back_gets
         ns = "tenant-pending"
         await p.managed_quota(ns, "vm-budget", {"requests.cpu": "4"}, mode="VirtualResources")
         await p.wait(lambda: p.in_effect(ns, "vm-budget"), "status.hard to be the enforced 400m")
-        names = [f"plain{i}" for i in range(4)]
-        await asyncio.gather(*(p.sim.create_vm(ns, n, memory="1Gi", sockets=9) for n in names))
+        names = await nine_vcpu_vms(p, ns)
         await p.wait(lambda: running_or_refused(p, ns, names), "KubeVirt to have tried every VM")
         assert not p.running_vmis(ns) and len(p.objects("vmi", ns)) == 4, "admitted VMIs whose pods quota refused"
         await p.stack.stop_service("enforcer")
-
-        def reapply(obj: Obj) -> Obj:
-            obj["spec"]["hard"] = {"requests.cpu": "4"}
-            return obj
-
-        await p.sim.store.mutate(p.sim.store.resource("resourcequotas"), ns, "vm-budget", reapply)
-        await p.wait(lambda: p.admission_hard(ns, "vm-budget") == rl({"requests.cpu": "4"}), "the quota's copy")
+        await write_budget_back(p, ns, "vm-budget", {"requests.cpu": "4"})
         tried = {n: len(await p.sim.events(ns, n, reason="FailedCreate")) for n in names}
 
         def poke(obj: Obj) -> Obj:  # (a tenant's annotation of its own: KubeVirt re-queues the VMI)
@@ -895,8 +900,7 @@ async def test_with_the_guard_no_vm_gets_in_before_quota_admission_checks_the_en
         await p.stack.start_service("ledger")
         await p.wait_enforcing(ns, "vm-budget")
         assert p.hard(ns, "vm-budget") == rl({"requests.cpu": "400m"})
-        names = [f"plain{i}" for i in range(4)]
-        await asyncio.gather(*(p.sim.create_vm(ns, n, memory="1Gi", sockets=9) for n in names))
+        names = await nine_vcpu_vms(p, ns)
         await p.wait(lambda: running_or_refused(p, ns, names), "KubeVirt to have tried every VM")
         running = p.running_vmis(ns)
         assert not running, (
@@ -939,8 +943,7 @@ async def test_with_the_guard_a_cpu_allocation_ratio_changed_lets_no_vm_in_befor
             lambda: status() == "Waiting for usage (VirtualResourcesWithCPUAllocationRatio, ratio 1)",
             "the enforcer to wait for usage at the new ratio",
         )
-        names = [f"plain{i}" for i in range(4)]
-        await asyncio.gather(*(p.sim.create_vm(ns, n, memory="1Gi", sockets=9) for n in names))
+        names = await nine_vcpu_vms(p, ns)
         await p.wait(lambda: running_or_refused(p, ns, names), "KubeVirt to have tried every VM")
         running = p.running_vmis(ns)
         assert not running, f"{len(running)} VMs of 9 vCPUs run on a budget of 4 vCPUs at ratio 1 ({status()})"

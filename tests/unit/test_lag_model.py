@@ -223,8 +223,11 @@ class Cluster:
     )
     """The same writes as the watcher publishes them (each ``history`` entry's event)."""
     fold: NamespaceState = field(default_factory=lambda: NamespaceState("c1", NS))
-    """The ledger's fold of the events vmquota has heard: its marks of pods created in a refusal (the kinds it reads
-    for them)."""
+    """The ledger's fold of the events vmquota has heard: its marks of pods created in a refusal, and the launcher
+    pods KubeVirt names no more (the kinds it reads for them)."""
+    detached: dict[str, Obj] = field(default_factory=dict)
+    """Launcher pods KubeVirt made whose controller reference the tenant took off (or the garbage collector, for a
+    VMI deleted with orphan propagation): pod name → the VMI as it was then. The guest runs on in the pod."""
     view: dict[str, dict[str, AnySnapshot]] = field(default_factory=lambda: {k: {} for k in KINDS})
     """vmquota's view: per kind, the objects of a prefix of that kind's history."""
     seen: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
@@ -569,7 +572,7 @@ class Cluster:
             and snap.phase in ("", "Pending")
         ):
             self.read_vmi_afresh(snap.vmi_name)
-        if kind in (POD_KIND, VMIM_KIND, QUOTA_KIND):
+        if kind in (POD_KIND, VMIM_KIND, QUOTA_KIND, VMI_KIND):
             self.fold.apply(self.events[kind][at], self.fold.seq + 1)
         if snap is None:
             self.view[kind].pop(uid, None)
@@ -592,6 +595,7 @@ class Cluster:
         if at >= self.seen[VMI_KIND]:  # (newer than the watch delivered: published now)
             self.view[VMI_KIND][uid] = snap  # type: ignore[assignment]
             self.read_at[uid] = at + 1
+            self.fold.apply(self.events[VMI_KIND][at], self.fold.seq + 1)
 
     def deliver_all(self) -> None:
         for kind in KINDS:
@@ -607,6 +611,7 @@ class Cluster:
             objects={k: list(v.values()) for k, v in self.view.items()},
             cluster_objects={KUBEVIRT_KIND: [self.kv_snapshot]},
             late=frozenset(self.fold.late),
+            departed=dict(self.fold.departed),
         )
         body = wire.account(view, now=NOW)
         self.published_active = {
@@ -811,6 +816,8 @@ class Cluster:
             return
         status = dict(vmi["status"])
         status["activePods"] = {uid_of(p): p["spec"].get("nodeName", "") for p in self.controlled(vmi, live=False)}
+        if status["phase"] == "Running" and not status["activePods"]:
+            status["phase"] = "Failed"  # (its pod is gone, as far as KubeVirt can tell: "pod does not exist")
         pods = self.vm_pods(vmi)
         if status["phase"] == "Scheduling" and pods:
             domain = vmi["spec"]["domain"]
@@ -1122,6 +1129,31 @@ class Cluster:
         self.put(new)
         note("a VM restarted")
 
+    def tenant_detach(self, index: int, *, orphan: bool) -> None:
+        """The tenant takes the controller reference off a running VM's launcher pod (a pod's metadata is its to
+        write), or deletes the VMI with ``propagationPolicy: Orphan`` (the garbage collector takes it off, KubeVirt
+        finishes the deletion at once, controlling no pod, and the VM controller starts the VM again under the same
+        name). The guest runs on in the pod (virt-handler shuts it down gracefully, for the VMI's grace period)."""
+        settled = [v for v in self.running() if self.vm_pods(v) and not self.migrations_of(v) and not self.deleting(v)]
+        vmi = self.pick(settled, index)
+        if vmi is None:
+            return
+        name = name_of(vmi)
+        for p in self.vm_pods(vmi):
+            meta = {**p["metadata"], "ownerReferences": []}
+            self.put(p | {"metadata": meta})
+            self.detached[name_of(p)] = copy.deepcopy(vmi)
+        if orphan:
+            self.delete(VMI_KIND, name)
+            new = vmi_obj(name, t=self.tick(), phase="Pending")
+            new["metadata"]["uid"] = f"uid-{self.fresh(name + '-')}"
+            new["spec"] = copy.deepcopy(vmi["spec"])
+            self.put(new)
+            self.credits.pop(name, None)
+            self.spent.pop(name, None)
+            self.nudges.discard(name)
+        note("a launcher pod detached from its VMI")
+
     def tenant_delete_migration(self, index: int, *, finalizer: bool = True) -> None:
         """A migration deleted (``finalizer`` False: the tenant took KubeVirt's finalizer off it first, which it may),
         as KubeVirt's migration controller (v1.9.0) takes it: handed off means the VMI's
@@ -1232,6 +1264,10 @@ class Cluster:
                 for p in pods:
                     pod = maximum(pod, usage_of(p))
                 total = add(total, mode_usage(mode, current_size(vmi), pod, ratio))
+        for name, was in self.detached.items():
+            guest = self.objs[POD_KIND].get(name)
+            if guest is not None and not terminal(guest):  # (the guest runs on in the pod its VMI controls no more)
+                total = add(total, mode_usage(mode, current_size(was), usage_of(guest), ratio))
         vmis = {uid_of(v) for v in self.of_kind(VMI_KIND)}
         for p in self.of_kind(POD_KIND):
             if name_of(p) in self.genuine:  # (a finished one is charged count/pods, and the VM counts once)
@@ -1658,6 +1694,19 @@ class LifecycleLagModel(LagModel):
         vmi = self.c.pick([v for v in self.c.of_kind(VMI_KIND) if self.c.deleting(v)], index)
         if vmi is not None:
             self.c.kv_stop(name_of(vmi))
+
+    @precondition(lambda self: bool(self.c.running()))
+    @rule(index=st.integers(0, 5), orphan=st.booleans())
+    def detach_a_launcher_pod(self, index: int, orphan: bool) -> None:
+        self.c.tenant_detach(index, orphan=orphan)
+
+    @precondition(lambda self: any(p in self.c.objs[POD_KIND] for p in self.c.detached))
+    @rule(index=st.integers(0, 5))
+    def a_detached_guest_shuts_down(self, index: int) -> None:
+        """virt-handler ends the guest of a pod KubeVirt controls no more, at the end of its grace period."""
+        name = self.c.pick(sorted(p for p in self.c.detached if p in self.c.objs[POD_KIND]), index)
+        if name is not None and not terminal(self.c.objs[POD_KIND][name]):
+            self.c.end_pod(name)
 
     @precondition(lambda self: bool(self.c.live_orphans()))
     @rule(index=st.integers(0, 5))
@@ -2360,3 +2409,26 @@ def test_a_target_orphaned_by_its_tenant_is_the_only_pod_over_the_budget(guarded
         c.settle()
         c.check_liveness()
         assert c.objs[VMIM_KIND]["again"]["status"]["phase"] == "Succeeded" and not c.excess()
+
+
+@pytest.mark.parametrize("orphan", [False, True], ids=["reference_taken_off", "deleted_with_orphan_propagation"])
+@pytest.mark.parametrize("guarded", [False, True], ids=["without_the_guard", "with_the_guard"])
+def test_a_guest_running_on_in_a_pod_its_vmi_controls_no_more_still_counts(orphan: bool, guarded: bool) -> None:
+    """A 2-vCPU VM on a 3-vCPU `VirtualResources` budget (its pod requests 200m: k = 1/10). The tenant takes the
+    controller reference off its launcher pod, or deletes its VMI with orphan propagation (and KubeVirt starts it
+    again), and creates another 2-vCPU VM: counted as a plain pod at its charge, the detached pod left room for it,
+    4 vCPUs of guests on 3. The fold remembers the VMI that named the pod, and the pod counts as that VM."""
+    c = cluster(Mode.VIRTUAL_RESOURCES, {"requests.cpu": "3"}, guarded=guarded)
+    c.tenant_vm(2, 512)
+    for _ in range(2):
+        c.kubevirt_round()
+        c.vmquota_catches_up()
+    assert len(c.running()) == 1
+    c.tenant_detach(0, orphan=orphan)
+    c.tenant_vm(2, 512)
+    for _ in range(3):
+        c.kubevirt_round()
+        c.vmquota_catches_up()
+        c.check_safety()
+    assert not c.excess(), f"{format_resource_list(c.usage())} of guests on a budget of 3 vCPUs"
+    assert c.fold.departed, "the fold remembers the detached pod"

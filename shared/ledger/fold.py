@@ -198,8 +198,10 @@ class Checkpoint(msgspec.Struct, kw_only=True, rename="camel"):
     """Refusals that ended (:attr:`NamespaceState.windows`)."""
     clock: datetime | None = None
     """:attr:`NamespaceState.clock`."""
-    departed: dict[str, VmiSnapshot] = {}
-    """:attr:`NamespaceState.departed`."""
+    departed: dict[str, str] = {}
+    """:attr:`NamespaceState.departed`: pod uid → VMI uid."""
+    departed_vmis: dict[str, VmiSnapshot] = {}
+    """The VMIs those name, once each (:attr:`NamespaceState.departed_vmis`)."""
     objects: list[_CkRecord] = []
 
 
@@ -208,7 +210,7 @@ _CK_DECODER: Final = msgspec.json.Decoder(  # (records' snapshots read as the ev
     wire_variant(
         Checkpoint,
         objects=list[wire_variant(_CkRecord, snapshot=WIRE_SNAPSHOT | None)],  # type: ignore[misc]
-        departed=dict[str, WIRE_SNAPSHOT],  # type: ignore[valid-type]
+        departed_vmis=dict[str, WIRE_SNAPSHOT],  # type: ignore[valid-type]
     ),
     dec_hook=dec_hook,
 )
@@ -253,6 +255,7 @@ class NamespaceState:
         "clock",
         "cluster",
         "departed",
+        "departed_vmis",
         "floors",
         "late",
         "namespace",
@@ -289,9 +292,13 @@ class NamespaceState:
         created between the two are marked (see the module)."""
         self.clock: datetime | None = None
         """The newest creation time of the namespace's objects folded (a refusal's end is never before it)."""
-        self.departed: dict[str, VmiSnapshot] = {}
-        """Pod uid → the VMI as it last named the pod in ``status.activePods``, for a pod it names no more that may
-        still run (see the module)."""
+        self.departed: dict[str, str] = {}
+        """Pod uid → the uid of the VMI that named the pod in ``status.activePods`` and names it no more, for a pod
+        that may still run (see the module)."""
+        self.departed_vmis: dict[str, VmiSnapshot] = {}
+        """VMI uid → the VMI as it last named such a pod, without its ``status.activePods`` (one copy per VMI, however
+        many pods it named: a tenant's VMI may control thousands). Entries no pod refers to any more are dropped at
+        the next checkpoint."""
 
     # ---- reading ----------------------------------------------------------------------------------------------
     def live(self, kind: str) -> list[Snapshot]:
@@ -401,13 +408,17 @@ class NamespaceState:
         if not isinstance(before, VmiSnapshot) or not before.active_pods:
             return
         pods = self.objects.get(POD_KIND) or {}
+        kept = False
         for uid in before.active_pods:
             if uid in named:
                 continue
             rec = pods.get(uid)
             # (a pod not folded yet may still arrive: the watches of two kinds are in no order with each other)
             if rec is None or (rec.snapshot is not None and not _finished(rec.snapshot)):
-                self.departed[uid] = before
+                self.departed[uid] = before.uid
+                kept = True
+        if kept:
+            self.departed_vmis[before.uid] = msgspec.structs.replace(before, active_pods={})
 
     def _gone(self, kind: str, uid: str, before: Snapshot | None) -> None:
         """An object of ``kind`` was deleted (or dropped by a sync), ``before`` its last version."""
@@ -494,7 +505,19 @@ class NamespaceState:
                 changed = True
         return Outcome.APPLIED if changed else Outcome.STALE
 
+    def departed_pods(self) -> dict[str, VmiSnapshot]:
+        """Pod uid → the VMI as it last named the pod, for the launcher pods KubeVirt names no more."""
+        vmis = self.departed_vmis
+        return {pod: vmis[vmi] for pod, vmi in self.departed.items()}
+
     # ---- checkpoints ------------------------------------------------------------------------------------------
+    def _departed_vmis(self) -> dict[str, VmiSnapshot]:
+        """:attr:`departed_vmis`, those no pod refers to any more dropped."""
+        used = set(self.departed.values())
+        for uid in [u for u in self.departed_vmis if u not in used]:
+            del self.departed_vmis[uid]
+        return dict(sorted(self.departed_vmis.items()))
+
     def checkpoint(self) -> bytes:
         """Deterministic JSON of this state."""
         return b"".join(self.checkpoint_parts(records=1 << 62))  # (the objects in one piece: one encode)
@@ -519,6 +542,7 @@ class NamespaceState:
                 windows=dict(sorted(self.windows.items())),
                 clock=self.clock,
                 departed=dict(sorted(self.departed.items())),
+                departed_vmis=self._departed_vmis(),
             )
         )
         assert head.endswith(b"[]}"), "objects is the last field of a checkpoint"
@@ -547,14 +571,15 @@ class NamespaceState:
         st.late = set(ck.late)
         st.windows = dict(ck.windows)
         st.clock = ck.clock
-        for uid, wire in ck.departed.items():
+        for uid, wire in ck.departed_vmis.items():
             try:
                 snap = from_wire(wire)
             except msgspec.ValidationError as e:
                 raise InvalidInput(f"invalid checkpoint: {e}", "checkpoint") from None
             if not isinstance(snap, VmiSnapshot):
-                raise InvalidInput(f"invalid checkpoint: departed.{uid} is not a VMI", "checkpoint")
-            st.departed[uid] = snap
+                raise InvalidInput(f"invalid checkpoint: departedVmis.{uid} is not a VMI", "checkpoint")
+            st.departed_vmis[uid] = snap
+        st.departed = {pod: vmi for pod, vmi in ck.departed.items() if vmi in st.departed_vmis}
         for r in ck.objects:
             try:
                 snap = from_wire(r.snapshot)  # (the parts the wire variant reads as text are decoded here)
@@ -659,7 +684,7 @@ class Ledger:
             objects=st.live_objects() if st is not None else {},
             cluster_objects=cw.live_objects() if cw is not None else {},
             late=frozenset(st.late) if st is not None else frozenset(),
-            departed=dict(st.departed) if st is not None and st.departed else {},
+            departed=st.departed_pods() if st is not None and st.departed else {},
         )
 
     def apply(self, ev: Upserted | Deleted | Sync, seq: int) -> Outcome:

@@ -54,7 +54,7 @@ from shared.quota.annotations import (
     VMI_MINIMUM_ANNOTATIONS,
 )
 from shared.quota.equation import within_charged
-from shared.quota.modes import Mode, QuotaPolicy, is_managed, parse_budget, parse_mode, policy_of
+from shared.quota.modes import Mode, QuotaPolicy, cel_trim, is_managed, parse_budget, parse_mode, policy_of
 from shared.report import names_list, nonzero, readable_list, used_of_budget
 from shared.report import readable as human_quantity
 from shared.resources import ResourceList, canonical_resource_list, format_resource_list, parse_resource_list
@@ -205,7 +205,7 @@ def policy_label(q: QuotaSnapshot, mode: Mode) -> str:
     same text from the quota, sees a ratio changed since the status was written at once."""
     raw = q.annotations.get(RATIO_ANNOTATION)
     if mode is Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO and raw is not None:
-        return f"{mode.value}, ratio {raw.strip()}"
+        return f"{mode.value}, ratio {cel_trim(raw)}"
     return mode.value
 
 

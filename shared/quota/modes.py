@@ -48,11 +48,26 @@ MODE_NAMES: Final = tuple(m.value for m in Mode)
 DEFAULT_MODE: Final = Mode.VMI_POD_USAGE
 
 
+CEL_SPACE: Final = (
+    "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000"
+)
+"""What CEL's ``trim()`` strips in Kubernetes (Go's ``unicode.IsSpace``). Python's ``str.strip()`` strips more
+(``\x1c`` to ``\x1f`` too): an annotation the reservation guard's policy reads with ``trim()`` is read the same way
+here, or the enforcer and the policy would disagree about what the quota says."""
+
+
+def cel_trim(text: str) -> str:
+    """``text`` as CEL's ``trim()`` leaves it."""
+    return text.strip(CEL_SPACE)
+
+
 def parse_mode(text: object, where: str = "mode") -> Mode:
-    """A mode by its exact public name; InvalidInput listing the valid names otherwise."""
+    """A mode by its exact public name (around it, what CEL's ``trim()`` strips); InvalidInput listing the valid
+    names otherwise."""
     if isinstance(text, str):
         try:
-            return Mode(text.strip())
+            return Mode(cel_trim(text))
         except ValueError:
             pass
     raise InvalidInput(f"unknown accounting mode {text!r} (expected one of {', '.join(MODE_NAMES)})", where)
@@ -243,7 +258,10 @@ def parse_ratio(raw: object, where: str) -> Fraction:
     if isinstance(raw, bool) or not isinstance(raw, (int, str, Fraction)):
         raise InvalidInput(f"expected a positive number, got {raw!r}", where)
     try:
-        value = Fraction(str(raw).strip())
+        text = cel_trim(str(raw))
+        if text != text.strip():  # (whitespace CEL's trim() keeps, which Fraction would skip)
+            raise ValueError
+        value = Fraction(text)
     except (ValueError, ZeroDivisionError):
         raise InvalidInput(f"expected a positive number, got {raw!r}", where) from None
     if value <= 0 or value > 1000:

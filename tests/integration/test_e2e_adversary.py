@@ -1162,10 +1162,15 @@ def live_guest_vcpus(p: Pipeline, ns: str, vcpus_of: dict[str, int]) -> int:
 
 
 def decided(p: Pipeline, ns: str, names: list[str]) -> bool:
-    """Each VM named runs, or the ledger has refused it: it does not fit (nothing will change that by itself)."""
+    """Each VM named runs, or the ledger has refused its VMI: it does not fit (nothing will change that by
+    itself)."""
     usage = p.tap.usage.get(ns)
-    states = {v.name: v.state for v in usage.vms} if usage is not None else {}
-    return all(p.vmi_phase(ns, n) == "Running" or states.get(n) == "refused" for n in names)
+    states = {v.uid: v.state for v in usage.vms} if usage is not None else {}
+    for n in names:
+        vmi = p.sim.peek("vmi", ns, n)
+        if vmi is None or not (p.vmi_phase(ns, n) == "Running" or states.get(vmi["metadata"]["uid"]) == "refused"):
+            return False
+    return True
 
 
 async def tenant_patch(tenant: Tenant, path: str, patch: Obj) -> None:

@@ -611,7 +611,7 @@ class Cluster:
             objects={k: list(v.values()) for k, v in self.view.items()},
             cluster_objects={KUBEVIRT_KIND: [self.kv_snapshot]},
             late=frozenset(self.fold.late),
-            departed=dict(self.fold.departed),
+            departed=self.fold.departed_pods(),
         )
         body = wire.account(view, now=NOW)
         self.published_active = {
@@ -2431,4 +2431,4 @@ def test_a_guest_running_on_in_a_pod_its_vmi_controls_no_more_still_counts(orpha
         c.vmquota_catches_up()
         c.check_safety()
     assert not c.excess(), f"{format_resource_list(c.usage())} of guests on a budget of 3 vCPUs"
-    assert c.fold.departed, "the fold remembers the detached pod"
+    assert c.fold.departed_pods(), "the fold remembers the detached pod"

@@ -598,12 +598,13 @@ def test_a_launcher_pod_kubevirt_names_no_more_is_remembered_with_its_vmi_while_
     )
     st = led.state("c1", "a")
     assert st is not None and set(st.departed) == {"p1"}
-    named = st.departed["p1"]
-    assert named.phase == "Running" and set(named.active_pods) == {"p1", "p2"}, "the VMI as it last named p1"
-    assert led.view("c1", "a").departed == st.departed
+    named = st.departed_pods()["p1"]
+    assert named.phase == "Running" and named.uid == "v1", "the VMI as it last named p1"
+    assert not named.active_pods, "kept without the pods it named: one copy per VMI, however many pods it named"
+    assert led.view("c1", "a").departed == st.departed_pods()
     again = Ledger()
     again.load(st.checkpoint())
-    assert again.state("c1", "a").departed == st.departed  # type: ignore[union-attr]
+    assert again.state("c1", "a").departed_pods() == st.departed_pods()  # type: ignore[union-attr]
     fold([down("v1", 5, kind=vmi)], led, start=5)  # (deleted: p2 is no VMI's either now)
     assert set(st.departed) == {"p1", "p2"}
     fold([up("p2", 6, phase="Succeeded"), down("p1", 7)], led, start=6)
@@ -620,3 +621,27 @@ def test_a_launcher_pod_kubevirt_names_no_more_is_remembered_with_its_vmi_while_
     assert set(st.departed) == {"p4"}, "a pod not folded yet may still arrive; a finished one runs nothing"
     fold([sync(["p3"], 11)], led, start=11)
     assert not st.departed, "a relist without the pod: it is gone"
+
+
+def test_a_vmi_that_named_many_pods_is_remembered_once_however_many_it_named() -> None:
+    """A tenant's VMI controls (and KubeVirt names) a thousand small pods of the tenant's, whose references the
+    tenant takes off one by one, or all at once by deleting the VMI with orphan propagation: the fold keeps one copy
+    of the VMI, without the pods it named, so that its checkpoint grows with the pods, not with their square."""
+    vmi = "VirtualMachineInstance"
+    n = 1000
+    pods = [f"p{i}" for i in range(n)]
+    named = {p: "n1" for p in pods}
+    events: list[Event] = [up(p, i + 1, phase="Pending") for i, p in enumerate(pods)]
+    events.append(up("v1", n + 1, kind=vmi, phase="Running", active_pods=named))
+    for i in range(1, n):  # (taken off one by one: a version of the VMI for each)
+        events.append(up("v1", n + 1 + i, kind=vmi, phase="Running", active_pods=dict(list(named.items())[i:])))
+    events.append(down("v1", 2 * n + 1, kind=vmi))
+    led = fold(events)
+    st = led.state("c1", "a")
+    assert st is not None and len(st.departed) == n and len(st.departed_vmis) == 1
+    size = len(st.checkpoint())
+    before = Ledger()
+    for i, ev in enumerate(events[:n]):
+        before.apply(ev, i + 1)
+    pods_alone = len(before.state("c1", "a").checkpoint())  # type: ignore[union-attr]
+    assert size < 2 * pods_alone, f"checkpoint {size} bytes, the pods alone {pods_alone}"

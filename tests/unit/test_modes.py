@@ -20,6 +20,7 @@ from shared.quota.modes import (
     VmSize,
     mode_usage,
     parse_mode,
+    parse_ratio,
     pod_factor,
     quota_policy,
     vmi_minimums,
@@ -241,3 +242,16 @@ def test_vmi_minimums_are_k_per_unit_of_size_in_the_vm_term_modes_only() -> None
     assert vmi_minimums(
         Mode.VIRTUAL_RESOURCES, {"requests.memory": gi}, {"requests.memory": Fraction(1)}, Fraction(10)
     ) == {"requests.memory": "1"}
+
+
+@pytest.mark.parametrize("space", ["\x1c", "\x1d", "\x1e", "\x1f"])
+def test_a_mode_or_ratio_is_trimmed_as_the_guards_cel_trims_it(space: str) -> None:
+    """The reservation guard's policy reads the mode and the quota's own ratio with CEL's ``trim()``, which strips
+    what Go's ``unicode.IsSpace`` calls space; Python's ``str.strip()`` strips ``\x1c`` to ``\x1f`` as well. A ratio
+    of ``"10\x1f"`` was 10 to the enforcer and ``10\x1f`` to the policy, whose status text then never matched the
+    enforcer's: the namespace admitted no pod for good. Such a mode or ratio is invalid now (the quota Refused)."""
+    with pytest.raises(InvalidInput):
+        parse_ratio("10" + space, "r")
+    with pytest.raises(InvalidInput):
+        parse_mode("VirtualResources" + space)
+    assert parse_ratio("\u00a010 \t", "r") == 10 and parse_mode(" VirtualResources\u3000") is Mode.VIRTUAL_RESOURCES

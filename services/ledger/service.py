@@ -43,6 +43,7 @@ from shared import contract
 from shared.accounting.namespace import ACCOUNTED_KINDS
 from shared.errors import InvalidInput
 from shared.ledger.fold import (
+    CHECKPOINT_PARTS,
     CLUSTER_WIDE,
     COMPRESS_OVER,
     Ledger,
@@ -51,7 +52,11 @@ from shared.ledger.fold import (
     Outcome,
     PartitionSet,
     checkpoint_key,
+    join_checkpoint,
+    manifest_parts,
     pack_checkpoint,
+    part_key,
+    split_checkpoint,
     unpack_checkpoint,
 )
 from shared.ledger.schedule import URGENT_KINDS, Urgency, Urgent, schedule, waited_for
@@ -88,6 +93,9 @@ class LedgerOptions:
     """Least time between two accounting rounds of one namespace for changes that end a reservation (at most
     ``debounce``): the steps of one migration's or VM's end, arriving together, are accounted once."""
     checkpoint_interval: float = 2.0
+    checkpoint_part_bytes: int = 0
+    """The largest piece of a checkpoint stored as one value (0: the bus's largest message, less headroom); a larger
+    checkpoint is stored in parts and a manifest (``shared.ledger.fold.split_checkpoint``)."""
     service: str = "ledger"
     kinds: frozenset[str] | None = ACCOUNTED_KINDS
     """The kinds folded (None: every kind); the others are skipped (VirtualMachines: accounting does not read
@@ -203,7 +211,7 @@ class LedgerService:
                     if parts[0] == "ns" and not self.opts.partitions.owns(parts[1], parts[2]):
                         continue
                     try:
-                        self.ledger.load(unpack_checkpoint(value))
+                        self.ledger.load(unpack_checkpoint(await self._whole(key, value)))
                     except InvalidInput as e:
                         log.error("unreadable checkpoint ignored: replaying from the start", key=key, error=str(e))
                         progress = -(10**18)  # forces a full replay below
@@ -217,6 +225,31 @@ class LedgerService:
         # version) is published now; an unchanged one is not (its digest is in the checkpoint).
         self.ledger.changed.update(self.ledger.namespaces())
         return progress
+
+    async def _whole(self, key: str, value: bytes) -> bytes:
+        """A stored checkpoint, its parts read and joined when it is a manifest (:func:`split_checkpoint`)."""
+        if not value.startswith(CHECKPOINT_PARTS):
+            return value
+        assert self.kv is not None
+        parts = []
+        for i in range(manifest_parts(value)):
+            try:
+                entry = await self.kv.get(part_key(key, i))
+            except nats.js.errors.KeyNotFoundError:
+                raise InvalidInput(f"part {i} of the checkpoint is missing", key) from None
+            parts.append(entry.value or b"")
+        return join_checkpoint(value, parts)
+
+    async def _put_checkpoint(self, key: str, data: bytes) -> None:
+        """Store one packed checkpoint: in parts first, then their manifest, when it is larger than a message."""
+        assert self.kv is not None
+        limit = self.opts.checkpoint_part_bytes or self.bus.max_payload - _PAYLOAD_HEADROOM
+        if len(data) > limit:
+            manifest, parts = split_checkpoint(data, limit)
+            for i, part in enumerate(parts):
+                await self.kv.put(part_key(key, i), part)
+            data = manifest
+        await self.kv.put(key, data)
 
     # ---- the loop ----------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -472,7 +505,7 @@ class LedgerService:
                         data = await asyncio.to_thread(pack_checkpoint, data) if len(data) > COMPRESS_OVER else data
                     else:
                         data = pack_checkpoint(self.ledger.states[k].checkpoint())
-                    puts.append(kv.put(checkpoint_key(*k), data))
+                    puts.append(self._put_checkpoint(checkpoint_key(*k), data))
                 await asyncio.gather(*puts)
             await kv.put(self.opts.progress_key, str(progress).encode())
         except (nats.errors.Error, OSError) as e:

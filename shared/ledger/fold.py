@@ -43,6 +43,7 @@ Partitions: a namespace belongs to partition ``crc32("<cluster>/<namespace>") % 
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -630,6 +631,42 @@ def unpack_checkpoint(data: bytes) -> bytes:
         return zlib.decompress(data[1:])
     except zlib.error as e:
         raise InvalidInput(f"a compressed checkpoint does not decompress: {e}") from e
+
+
+CHECKPOINT_PARTS: Final = b"m"
+"""Prefix of a stored checkpoint too large for one message: the manifest of its parts (:func:`split_checkpoint`)."""
+
+
+def part_key(key: str, index: int) -> str:
+    """Key of part ``index`` of the checkpoint stored under ``key`` (outside the ``ns.``/``cl.`` keys a load reads)."""
+    return f"part.{key}.{index}"
+
+
+def split_checkpoint(packed: bytes, limit: int) -> tuple[bytes, list[bytes]]:
+    """A packed checkpoint larger than ``limit`` bytes (the bus's largest message, less headroom) as a manifest for
+    its own key and the parts to store first under :func:`part_key`: one namespace with tens of thousands of pods
+    must not keep every checkpoint of the instance from being written. The manifest names the parts' count and the
+    digest of their whole, so parts left from a write that did not finish are never joined to another manifest."""
+    parts = [packed[i : i + limit] for i in range(0, len(packed), limit)]
+    digest = hashlib.sha256(packed).hexdigest()
+    return CHECKPOINT_PARTS + f"{len(parts)}:{digest}".encode(), parts
+
+
+def manifest_parts(manifest: bytes) -> int:
+    """How many parts a manifest names; InvalidInput for one that is not a manifest."""
+    count, _, digest = manifest[len(CHECKPOINT_PARTS) :].partition(b":")
+    if not manifest.startswith(CHECKPOINT_PARTS) or not count.isdigit() or int(count) < 1 or len(digest) != 64:
+        raise InvalidInput("an unreadable checkpoint manifest", "checkpoint")
+    return int(count)
+
+
+def join_checkpoint(manifest: bytes, parts: list[bytes]) -> bytes:
+    """The packed checkpoint a manifest and its parts make; InvalidInput when they do not make the one it names (a
+    part missing, or left from another write)."""
+    whole = b"".join(parts)
+    if len(parts) != manifest_parts(manifest) or hashlib.sha256(whole).hexdigest().encode() != manifest.split(b":")[1]:
+        raise InvalidInput("a checkpoint's parts do not make the checkpoint its manifest names", "checkpoint")
+    return whole
 
 
 class Ledger:

@@ -22,7 +22,7 @@ from services.platform.bus import Bus, NatsOptions
 from services.platform.publisher import publish_all
 from services.platform.runner import cancel
 from shared import contract
-from shared.ledger.fold import Ledger, NamespaceView, PartitionSet
+from shared.ledger.fold import Ledger, NamespaceView, PartitionSet, checkpoint_key, manifest_parts
 from shared.ledger.usage import usage_digest
 from shared.snapshot import KubeVirtSnapshot, NamespaceSnapshot, PodSnapshot
 from tests.conftest import NatsServer
@@ -110,7 +110,7 @@ async def publish(b: Bus, events: list[contract.Upserted | contract.Deleted], *,
     await publish_all(b, [(subject_of(e), contract.encode(e), e.id if msg_ids else None) for e in events])
 
 
-def options(partitions: PartitionSet | None = None) -> LedgerOptions:
+def options(partitions: PartitionSet | None = None, *, part_bytes: int = 0) -> LedgerOptions:
     return LedgerOptions(
         partitions=partitions or PartitionSet.all(4),
         cluster=CLUSTER,
@@ -118,6 +118,7 @@ def options(partitions: PartitionSet | None = None) -> LedgerOptions:
         idle=0.1,
         debounce=0.01,
         checkpoint_interval=0.05,
+        checkpoint_part_bytes=part_bytes,
     )
 
 
@@ -231,7 +232,13 @@ async def test_duplicates_and_stale_versions_are_harmless(nats_url: str) -> None
         await b.close()
 
 
-async def test_crash_and_restart_at_random_points_gives_the_same_state_and_usage(nats_url: str) -> None:
+@pytest.mark.parametrize("part_bytes", [0, 700], ids=["whole", "in_parts"])
+async def test_crash_and_restart_at_random_points_gives_the_same_state_and_usage(
+    nats_url: str, part_bytes: int
+) -> None:
+    """``in_parts``: every checkpoint larger than 700 bytes is stored as parts and a manifest, as one larger than
+    the bus's largest message is (a crash between a part and its manifest leaves parts the old manifest does not
+    name: that checkpoint is unreadable, and the ledger replays from the start)."""
     b = await _connect(nats_url)
     try:
         await b.ensure_streams(contract.streams())
@@ -241,7 +248,7 @@ async def test_crash_and_restart_at_random_points_gives_the_same_state_and_usage
         await publish(b, events[:600])
         published = 600
         for round_ in range(4):
-            run = Running(b, options())
+            run = Running(b, options(part_bytes=part_bytes))
             await wait_until(lambda: run.service.consumer is not None, what="started")  # noqa: B023
             kill_at = rnd.randrange(run.service.start_seq, published + 1) if run.service.start_seq <= published else 0
             await wait_until(functools.partial(run.applied_through, kill_at), what=f"round {round_}")
@@ -249,7 +256,7 @@ async def test_crash_and_restart_at_random_points_gives_the_same_state_and_usage
             if round_ == 1:  # more events arrive while the ledger is down
                 await publish(b, events[600:])
                 published = len(events)
-        run = Running(b, options())
+        run = Running(b, options(part_bytes=part_bytes))
         await wait_until(lambda: run.applied_through(published), what="final catch-up")
         reference, want = expected_usage(events)
         await wait_until(lambda: _usage_matches(b, want), what="same usage as a ledger that never stopped")
@@ -260,6 +267,33 @@ async def test_crash_and_restart_at_random_points_gives_the_same_state_and_usage
             st.usage_digest = ""
         assert run.service.ledger.fingerprint() == reference.fingerprint()
         assert mine  # compared above with digests cleared
+    finally:
+        await b.close()
+
+
+async def test_a_checkpoint_larger_than_a_message_is_stored_in_parts_and_loaded_from_them(nats_url: str) -> None:
+    """A namespace whose checkpoint is larger than the bus's largest message (a tenant with tens of thousands of
+    pods) is stored as parts and a manifest: it no longer fails the round, which kept every namespace's checkpoint
+    and the instance's progress from being written. A restart loads it from its parts and replays nothing."""
+    b = await _connect(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        world = World(random.Random(7), ["big"])
+        events = [world.next() for _ in range(200)]
+        await publish(b, events)
+        run = Running(b, options(part_bytes=1000))
+        await wait_until(lambda: run.applied_through(len(events)), what="the events folded")
+        await run.stop()
+        kv = await b.ensure_kv(contract.LEDGER_BUCKET)
+        key = checkpoint_key(CLUSTER, "big")
+        manifest = (await kv.get(key)).value or b""
+        assert manifest.startswith(b"m") and manifest_parts(manifest) > 1, manifest[:40]
+        again = Running(b, options(part_bytes=1000))
+        await wait_until(lambda: again.service.consumer is not None, what="started")
+        assert again.service.start_seq == len(events) + 1, "loaded from its parts: nothing replayed"
+        state = again.service.ledger.state(CLUSTER, "big")
+        assert state is not None and state.checkpoint() == run.service.ledger.state(CLUSTER, "big").checkpoint()  # type: ignore[union-attr]
+        await again.stop()
     finally:
         await b.close()
 

@@ -23,8 +23,11 @@ from shared.ledger.fold import (
     NamespaceState,
     Outcome,
     PartitionSet,
+    join_checkpoint,
+    manifest_parts,
     pack_checkpoint,
     partition_of,
+    split_checkpoint,
     unpack_checkpoint,
 )
 from shared.quantity import Quantity
@@ -645,3 +648,19 @@ def test_a_vmi_that_named_many_pods_is_remembered_once_however_many_it_named() -
         before.apply(ev, i + 1)
     pods_alone = len(before.state("c1", "a").checkpoint())  # type: ignore[union-attr]
     assert size < 2 * pods_alone, f"checkpoint {size} bytes, the pods alone {pods_alone}"
+
+
+def test_a_checkpoint_in_parts_joins_only_with_the_manifest_that_names_them() -> None:
+    """A checkpoint too large for one message is stored in parts, then a manifest naming their count and digest: the
+    parts join to it again; parts left from a write that did not finish (one of another checkpoint) or one missing
+    do not pass for it."""
+    packed = pack_checkpoint(b"[" + b"1," * COMPRESS_OVER + b"1]")
+    manifest, parts = split_checkpoint(packed, 1000)
+    assert len(parts) == manifest_parts(manifest) > 1 and all(len(p) <= 1000 for p in parts)
+    assert join_checkpoint(manifest, parts) == packed
+    _, other = split_checkpoint(pack_checkpoint(b"[" + b"2," * COMPRESS_OVER + b"2]"), 1000)
+    for wrong in (parts[:-1], [other[0], *parts[1:]]):
+        with pytest.raises(InvalidInput, match="do not make"):
+            join_checkpoint(manifest, wrong)
+    with pytest.raises(InvalidInput, match="manifest"):
+        manifest_parts(b"m0:" + b"0" * 64)

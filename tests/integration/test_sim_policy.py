@@ -905,3 +905,44 @@ async def test_the_rendering_model_policy_holds_explicit_cpu_to_the_vcpus_a_hotp
     assert await create_as(sim, TENANT, vmi("fixed", {"sockets": 2, "maxSockets": 2}, {"cpu": "2"})) is None
     err = await create_as(sim, TENANT, vmi("cores", {"sockets": 1, "cores": 2, "maxSockets": 32}, {"cpu": "32"}))
     assert err is not None and "explicit resources limits.cpu of cores" in err.message, "64 vCPUs at 32 sockets"
+
+
+async def test_an_enforced_vm_term_quota_with_an_empty_budget_freezes_nothing(sim: SimCluster) -> None:
+    """A managed `VirtualResources` quota with no budget yet (`kubectl create quota vm-budget`, no `--hard`) is
+    enforced (`last-hard` `{}`), but the API server serves its empty `spec.hard` and `status.hard` as absent: the
+    policy required both, and refused every pod of the namespace, KubeVirt's migration targets too, for as long as
+    the budget stayed empty. An empty budget limits nothing, and vmquota wrote it empty."""
+    await install(sim, GUARD_POLICY.read_text())
+    await sim.quota.stop()  # (the quota controller writes no status.hard for an empty spec.hard either)
+    annotations = {
+        MODE_ANNOTATION: "VirtualResources",
+        STATUS_ANNOTATION: "Enforcing (VirtualResources)",
+        LAST_HARD_ANNOTATION: "{}",
+    }
+    quota: Obj = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {
+            "name": "vm-budget",
+            "namespace": NS,
+            "labels": {MANAGED_LABEL: "true"},
+            "annotations": annotations,
+        },
+        "spec": {},
+    }
+    await sim.apply(quota)
+    assert await create_as(sim, TENANT, pod("plain-pod", requests=SMALL)) is None
+    with acting_as(KUBEVIRT_CONTROLLER):
+        assert await create_as(sim, KUBEVIRT_CONTROLLER, pod("target", owner_uid="uid-vm1")) is None
+    # ... but an empty spec.hard vmquota did not write (its last one limited something) is not in force
+    await sim.apply(
+        {
+            **quota,
+            "metadata": {
+                **quota["metadata"],
+                "annotations": {**annotations, LAST_HARD_ANNOTATION: '{"requests.cpu":"400m"}'},
+            },
+        }
+    )
+    err = await create_as(sim, TENANT, pod("after-a-write-back", requests=SMALL))
+    assert err is not None and "exceeded quota" in err.message, err

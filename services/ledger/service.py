@@ -53,9 +53,8 @@ from shared.ledger.fold import (
     PartitionSet,
     checkpoint_key,
     join_checkpoint,
-    manifest_parts,
     pack_checkpoint,
-    part_key,
+    part_keys,
     split_checkpoint,
     unpack_checkpoint,
 )
@@ -127,6 +126,8 @@ class LedgerService:
         self.health = health or Health()
         self.ledger = self._fresh_ledger()
         self.kv: KeyValue | None = None
+        self._parts: dict[str, list[str]] = {}
+        """Checkpoint key → the keys of the parts its stored manifest names (deleted once it is replaced)."""
         self.consumer: PullConsumer | None = None
         self.start_seq = 1
         self.applied = 0
@@ -193,6 +194,8 @@ class LedgerService:
         prefix_ns = f"ns.{self.opts.cluster}." if self.opts.cluster else "ns."
         prefix_cl = f"cl.{self.opts.cluster}." if self.opts.cluster else "cl."
         progress = 0
+        stored: list[tuple[str, bytes]] = []
+        parts: dict[str, bytes] = {}
         watcher = await self.kv.watch(">", ignore_deletes=True)
         try:
             while True:
@@ -206,17 +209,22 @@ class LedgerService:
                     except (UnicodeDecodeError, ValueError):
                         log.warning("unreadable progress key; replaying from the start", key=key)
                         progress = 0
+                elif key.startswith("part."):
+                    parts[key] = value
                 elif key.startswith(prefix_ns) or (key + ".").startswith(prefix_cl):
-                    parts = key.split(".")
-                    if parts[0] == "ns" and not self.opts.partitions.owns(parts[1], parts[2]):
+                    names = key.split(".")
+                    if names[0] == "ns" and not self.opts.partitions.owns(names[1], names[2]):
                         continue
-                    try:
-                        self.ledger.load(unpack_checkpoint(await self._whole(key, value)))
-                    except InvalidInput as e:
-                        log.error("unreadable checkpoint ignored: replaying from the start", key=key, error=str(e))
-                        progress = -(10**18)  # forces a full replay below
+                    stored.append((key, value))
         finally:
             await watcher.stop()  # type: ignore[no-untyped-call]
+        for key, value in stored:
+            try:
+                self.ledger.load(unpack_checkpoint(self._whole(key, value, parts)))
+            except InvalidInput as e:
+                log.error("unreadable checkpoint ignored: replaying from the start", key=key, error=str(e))
+                progress = -(10**18)  # forces a full replay below
+        await self._drop_unnamed_parts(parts)
         self.ledger.unsaved.clear()
         if progress < 0:
             self.ledger = self._fresh_ledger()
@@ -226,30 +234,58 @@ class LedgerService:
         self.ledger.changed.update(self.ledger.namespaces())
         return progress
 
-    async def _whole(self, key: str, value: bytes) -> bytes:
-        """A stored checkpoint, its parts read and joined when it is a manifest (:func:`split_checkpoint`)."""
+    def _whole(self, key: str, value: bytes, parts: dict[str, bytes]) -> bytes:
+        """A stored checkpoint, its parts (among ``parts``, the bucket's) joined when it is a manifest
+        (:func:`split_checkpoint`); the keys of those parts are remembered, to be deleted once replaced."""
         if not value.startswith(CHECKPOINT_PARTS):
             return value
+        keys = part_keys(key, value)
+        missing = [k for k in keys if k not in parts]
+        if missing:
+            raise InvalidInput(f"{len(missing)} of the {len(keys)} parts of the checkpoint are missing", key)
+        self._parts[key] = keys
+        return join_checkpoint(value, [parts[k] for k in keys])
+
+    async def _drop_unnamed_parts(self, parts: dict[str, bytes]) -> None:
+        """Delete the parts of this instance's namespaces that no stored manifest names (a write that did not finish
+        left them). Those of cluster-wide states are left: every instance writes those."""
+        named = {k for keys in self._parts.values() for k in keys}
+        prefix = f"part.ns.{self.opts.cluster}." if self.opts.cluster else "part.ns."
+        for key in sorted(parts):
+            names = key.split(".")
+            if key in named or not key.startswith(prefix) or not self.opts.partitions.owns(names[2], names[3]):
+                continue
+            await self._delete_part(key)
+
+    async def _delete_part(self, key: str) -> None:
         assert self.kv is not None
-        parts = []
-        for i in range(manifest_parts(value)):
-            try:
-                entry = await self.kv.get(part_key(key, i))
-            except nats.js.errors.KeyNotFoundError:
-                raise InvalidInput(f"part {i} of the checkpoint is missing", key) from None
-            parts.append(entry.value or b"")
-        return join_checkpoint(value, parts)
+        try:
+            await self.kv.delete(key)
+        except (nats.errors.Error, OSError) as e:  # (garbage only: the next start deletes it)
+            log.warning("checkpoint part not deleted", key=key, error=str(e) or type(e).__name__)
 
     async def _put_checkpoint(self, key: str, data: bytes) -> None:
-        """Store one packed checkpoint: in parts first, then their manifest, when it is larger than a message."""
+        """Store one packed checkpoint: when it is larger than a message, its parts first (keys named by their
+        content), then their manifest; then delete the parts the checkpoint stored before named."""
         assert self.kv is not None
-        limit = self.opts.checkpoint_part_bytes or self.bus.max_payload - _PAYLOAD_HEADROOM
+        keys: list[str] = []
+        limit = self.opts.checkpoint_part_bytes or self._message_limit()
         if len(data) > limit:
-            manifest, parts = split_checkpoint(data, limit)
-            for i, part in enumerate(parts):
-                await self.kv.put(part_key(key, i), part)
-            data = manifest
+            data, parts = split_checkpoint(data, limit)
+            keys = part_keys(key, data)
+            for k, part in zip(keys, parts, strict=True):
+                await self.kv.put(k, part)
         await self.kv.put(key, data)
+        old = self._parts.pop(key, [])
+        if keys:
+            self._parts[key] = keys
+        for k in old:
+            if k not in keys:
+                await self._delete_part(k)
+
+    def _message_limit(self) -> int:
+        """The largest value this service stores or message it publishes: the bus's, less headroom."""
+        return self.bus.max_payload - _PAYLOAD_HEADROOM
 
     # ---- the loop ----------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -399,7 +435,7 @@ class LedgerService:
     # ---- usage -------------------------------------------------------------------------------------------------
     def _fitted(self, msg: contract.UsageSnapshot, vms: list[contract.VmState]) -> bytes | None:
         """``msg`` as the bus takes it (``shared.ledger.usage.fit``), what was left out logged."""
-        limit = self.bus.max_payload - _PAYLOAD_HEADROOM
+        limit = self._message_limit()
         fitted = fit(msg, vms, limit)
         if fitted.size > limit:
             with structlog.contextvars.bound_contextvars(cluster=msg.cluster, namespace=msg.namespace, seq=msg.seq):
@@ -506,7 +542,13 @@ class LedgerService:
                     else:
                         data = pack_checkpoint(self.ledger.states[k].checkpoint())
                     puts.append(self._put_checkpoint(checkpoint_key(*k), data))
-                await asyncio.gather(*puts)
+                # (every write ends with its round: one left running would write an older checkpoint after the
+                # next round's, and the progress that round wrote would skip events it lacks)
+                failed = [
+                    r for r in await asyncio.gather(*puts, return_exceptions=True) if isinstance(r, BaseException)
+                ]
+                if failed:
+                    raise failed[0]
             await kv.put(self.opts.progress_key, str(progress).encode())
         except (nats.errors.Error, OSError) as e:
             # Not saved: try again next time (the states stay marked).

@@ -297,9 +297,10 @@ class NamespaceState:
         """Pod uid → the uid of the VMI that named the pod in ``status.activePods`` and names it no more, for a pod
         that may still run (see the module)."""
         self.departed_vmis: dict[str, VmiSnapshot] = {}
-        """VMI uid → the VMI as it last named such a pod, without its ``status.activePods`` (one copy per VMI, however
-        many pods it named: a tenant's VMI may control thousands). Entries no pod refers to any more are dropped at
-        the next checkpoint."""
+        """VMI uid → the version of the VMI before the latest one that stopped naming such a pod, without its
+        ``status.activePods`` (one copy per VMI, however many pods it named: a tenant's VMI may control thousands;
+        its size is the VM's a hotplug aside). Entries no pod refers to any more are dropped when the state is
+        checkpointed."""
 
     # ---- reading ----------------------------------------------------------------------------------------------
     def live(self, kind: str) -> list[Snapshot]:
@@ -498,16 +499,19 @@ class NamespaceState:
                 self.late.discard(uid)
                 changed = True
         if ev.kind == POD_KIND and self.departed:
-            # (a pod remembered before it was folded, which the list does not return: it is gone)
+            # (a pod remembered before it was folded, which a list newer than the VMI that named it does not
+            # return: it is gone; a list older than that VMI's version may predate the pod)
             live = self.objects.get(POD_KIND) or {}
             present = set(ev.present)
-            for uid in [u for u in self.departed if u not in present and u not in live]:
-                del self.departed[uid]
-                changed = True
+            vmis = self.departed_vmis
+            for uid in [u for u, v in self.departed.items() if u not in present and u not in live]:
+                if rv >= vmis[self.departed[uid]].rv_order:
+                    del self.departed[uid]
+                    changed = True
         return Outcome.APPLIED if changed else Outcome.STALE
 
     def departed_pods(self) -> dict[str, VmiSnapshot]:
-        """Pod uid → the VMI as it last named the pod, for the launcher pods KubeVirt names no more."""
+        """Pod uid → its VMI (:attr:`departed_vmis`), for the launcher pods KubeVirt names no more."""
         vmis = self.departed_vmis
         return {pod: vmis[vmi] for pod, vmi in self.departed.items()}
 
@@ -520,7 +524,7 @@ class NamespaceState:
         return dict(sorted(self.departed_vmis.items()))
 
     def checkpoint(self) -> bytes:
-        """Deterministic JSON of this state."""
+        """Deterministic JSON of this state (which drops the :attr:`departed_vmis` no pod refers to any more)."""
         return b"".join(self.checkpoint_parts(records=1 << 62))  # (the objects in one piece: one encode)
 
     def checkpoint_parts(self, records: int = 128) -> Iterator[bytes]:
@@ -580,7 +584,10 @@ class NamespaceState:
             if not isinstance(snap, VmiSnapshot):
                 raise InvalidInput(f"invalid checkpoint: departedVmis.{uid} is not a VMI", "checkpoint")
             st.departed_vmis[uid] = snap
-        st.departed = {pod: vmi for pod, vmi in ck.departed.items() if vmi in st.departed_vmis}
+        for pod, vmi in ck.departed.items():
+            if vmi not in st.departed_vmis:
+                raise InvalidInput(f"invalid checkpoint: departed.{pod} names VMI {vmi}, which it does not hold")
+            st.departed[pod] = vmi
         for r in ck.objects:
             try:
                 snap = from_wire(r.snapshot)  # (the parts the wire variant reads as text are decoded here)
@@ -637,34 +644,43 @@ CHECKPOINT_PARTS: Final = b"m"
 """Prefix of a stored checkpoint too large for one message: the manifest of its parts (:func:`split_checkpoint`)."""
 
 
-def part_key(key: str, index: int) -> str:
-    """Key of part ``index`` of the checkpoint stored under ``key`` (outside the ``ns.``/``cl.`` keys a load reads)."""
-    return f"part.{key}.{index}"
+def part_key(key: str, digest: str, index: int) -> str:
+    """Key of part ``index`` of the checkpoint with digest ``digest`` stored under ``key``: named by content, so that
+    writing a new checkpoint's parts leaves the parts the stored manifest names as they are (outside the
+    ``ns.``/``cl.`` keys a load reads)."""
+    return f"part.{key}.{digest[:16]}.{index}"
 
 
 def split_checkpoint(packed: bytes, limit: int) -> tuple[bytes, list[bytes]]:
     """A packed checkpoint larger than ``limit`` bytes (the bus's largest message, less headroom) as a manifest for
-    its own key and the parts to store first under :func:`part_key`: one namespace with tens of thousands of pods
+    its own key and the parts to store first, under :func:`part_keys`: one namespace with tens of thousands of pods
     must not keep every checkpoint of the instance from being written. The manifest names the parts' count and the
-    digest of their whole, so parts left from a write that did not finish are never joined to another manifest."""
+    digest of their whole; the parts' keys carry the digest, so a write that does not finish leaves the checkpoint
+    stored before it whole."""
     parts = [packed[i : i + limit] for i in range(0, len(packed), limit)]
     digest = hashlib.sha256(packed).hexdigest()
     return CHECKPOINT_PARTS + f"{len(parts)}:{digest}".encode(), parts
 
 
-def manifest_parts(manifest: bytes) -> int:
-    """How many parts a manifest names; InvalidInput for one that is not a manifest."""
+def read_manifest(manifest: bytes) -> tuple[int, str]:
+    """The parts' count and digest a manifest names; InvalidInput for one that is not a manifest."""
     count, _, digest = manifest[len(CHECKPOINT_PARTS) :].partition(b":")
     if not manifest.startswith(CHECKPOINT_PARTS) or not count.isdigit() or int(count) < 1 or len(digest) != 64:
         raise InvalidInput("an unreadable checkpoint manifest", "checkpoint")
-    return int(count)
+    return int(count), digest.decode()
+
+
+def part_keys(key: str, manifest: bytes) -> list[str]:
+    """The keys of the parts the manifest stored under ``key`` names."""
+    count, digest = read_manifest(manifest)
+    return [part_key(key, digest, i) for i in range(count)]
 
 
 def join_checkpoint(manifest: bytes, parts: list[bytes]) -> bytes:
-    """The packed checkpoint a manifest and its parts make; InvalidInput when they do not make the one it names (a
-    part missing, or left from another write)."""
+    """The packed checkpoint a manifest and its parts make; InvalidInput when they do not make the one it names."""
+    count, digest = read_manifest(manifest)
     whole = b"".join(parts)
-    if len(parts) != manifest_parts(manifest) or hashlib.sha256(whole).hexdigest().encode() != manifest.split(b":")[1]:
+    if len(parts) != count or hashlib.sha256(whole).hexdigest() != digest:
         raise InvalidInput("a checkpoint's parts do not make the checkpoint its manifest names", "checkpoint")
     return whole
 

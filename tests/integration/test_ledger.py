@@ -22,7 +22,7 @@ from services.platform.bus import Bus, NatsOptions
 from services.platform.publisher import publish_all
 from services.platform.runner import cancel
 from shared import contract
-from shared.ledger.fold import Ledger, NamespaceView, PartitionSet, checkpoint_key, manifest_parts
+from shared.ledger.fold import Ledger, NamespaceView, PartitionSet, checkpoint_key, part_keys, read_manifest
 from shared.ledger.usage import usage_digest
 from shared.snapshot import KubeVirtSnapshot, NamespaceSnapshot, PodSnapshot
 from tests.conftest import NatsServer
@@ -287,13 +287,110 @@ async def test_a_checkpoint_larger_than_a_message_is_stored_in_parts_and_loaded_
         kv = await b.ensure_kv(contract.LEDGER_BUCKET)
         key = checkpoint_key(CLUSTER, "big")
         manifest = (await kv.get(key)).value or b""
-        assert manifest.startswith(b"m") and manifest_parts(manifest) > 1, manifest[:40]
+        assert manifest.startswith(b"m") and read_manifest(manifest)[0] > 1, manifest[:40]
         again = Running(b, options(part_bytes=1000))
         await wait_until(lambda: again.service.consumer is not None, what="started")
         assert again.service.start_seq == len(events) + 1, "loaded from its parts: nothing replayed"
         state = again.service.ledger.state(CLUSTER, "big")
         assert state is not None and state.checkpoint() == run.service.ledger.state(CLUSTER, "big").checkpoint()  # type: ignore[union-attr]
         await again.stop()
+    finally:
+        await b.close()
+
+
+async def part_keys_stored(b: Bus) -> set[str]:
+    kv = await b.ensure_kv(contract.LEDGER_BUCKET)
+    try:
+        return {k for k in await kv.keys() if k.startswith("part.")}
+    except nats.js.errors.NoKeysError:
+        return set()
+
+
+async def test_checkpoint_parts_outlive_neither_their_manifest_nor_a_write_that_did_not_finish(nats_url: str) -> None:
+    """Parts are stored under keys named by their content, so a write that did not finish (its manifest never
+    written: a crash, a put that timed out) leaves the checkpoint stored before it whole, and the next start loads
+    it and deletes the parts no manifest names; and a checkpoint written again takes the parts of the one before
+    with it. (Parts overwritten in place made the stored checkpoint unreadable, and the next start replayed every
+    namespace of the instance from the start; parts of a shrunk checkpoint stayed in the bucket for good.)"""
+    b = await _connect(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        world = World(random.Random(8), ["big"])
+        events = [world.next() for _ in range(200)]
+        await publish(b, events)
+        run = Running(b, options(part_bytes=1000))
+        await wait_until(lambda: run.applied_through(len(events)), what="the events folded")
+        await run.stop()
+        kv = await b.ensure_kv(contract.LEDGER_BUCKET)
+        key = checkpoint_key(CLUSTER, "big")
+        manifest = (await kv.get(key)).value or b""
+        assert await part_keys_stored(b) == set(part_keys(key, manifest))
+        # a write that did not finish: another checkpoint's parts, no manifest for them
+        left = f"part.{key}.{'0' * 16}.0"
+        await kv.put(left, b"a part of a checkpoint whose manifest was never written")
+        again = Running(b, options(part_bytes=1000))
+        await wait_until(lambda: again.service.consumer is not None, what="started")
+        assert again.service.start_seq == len(events) + 1, "the stored checkpoint loaded whole: nothing replayed"
+        assert left not in await part_keys_stored(b), "the parts no manifest names are deleted"
+        # the namespace shrinks: its checkpoint takes fewer parts, and the old ones go
+        gone: list[contract.Upserted | contract.Deleted] = []
+        for uid, (ns, name) in sorted(world.live.items()):
+            world.rv += 1
+            gone.append(
+                contract.object_event(
+                    "deleted",
+                    cluster=CLUSTER,
+                    kind="Pod",
+                    namespace=ns,
+                    name=name,
+                    uid=uid,
+                    rv=str(world.rv),
+                    snapshot=None,
+                )
+            )
+        await publish(b, gone)
+        await wait_until(lambda: again.applied_through(len(events) + len(gone)), what="the deletions folded")
+        await again.stop()
+        smaller = (await kv.get(key)).value or b""
+        assert read_manifest(smaller)[0] < read_manifest(manifest)[0], "fewer parts (its pods' tombstones remain)"
+        assert await part_keys_stored(b) == set(part_keys(key, smaller)), "the old checkpoint's parts are gone"
+    finally:
+        await b.close()
+
+
+async def test_no_checkpoint_write_outlives_its_round(nats_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round writes many states at once; when one write fails, the round fails (the states stay unsaved) only
+    once the others have ended. A write left running (asyncio.gather gives up at the first error and cancels
+    nothing) could end after the next round's write of the same state, and put back an older checkpoint under a
+    progress that skips the events it lacks."""
+    b = await _connect(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        world = World(random.Random(9), ["a-ns", "b-ns"])
+        events = [world.next() for _ in range(60)]
+        await publish(b, events)
+        run = Running(b, options())
+        await wait_until(lambda: run.applied_through(len(events)), what="the events folded")
+        svc = run.service
+        real = svc._put_checkpoint
+        failed = asyncio.Event()
+        ended: list[str] = []
+
+        async def put(key: str, data: bytes) -> None:
+            if key.endswith(".a-ns"):
+                failed.set()
+                raise nats.errors.TimeoutError
+            await failed.wait()  # (this write is still out when the other fails)
+            await real(key, data)
+            ended.append(key)
+
+        monkeypatch.setattr(svc, "_put_checkpoint", put)
+        svc.ledger.unsaved.update({(CLUSTER, "a-ns"), (CLUSTER, "b-ns")})
+        assert await svc.checkpoint() == 0, "the round failed"
+        assert ended == [checkpoint_key(CLUSTER, "b-ns")], "and the other write had ended when it returned"
+        assert {(CLUSTER, "a-ns"), (CLUSTER, "b-ns")} <= svc.ledger.unsaved
+        monkeypatch.undo()
+        await run.stop()
     finally:
         await b.close()
 

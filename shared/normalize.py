@@ -25,6 +25,7 @@ from shared.kinds import (
 from shared.kubevirt.render import MEMORY_OVERHEAD_ANNOTATION, render_annotations
 from shared.podusage import pod_resources, quota_usage_of
 from shared.quantity import Quantity
+from shared.quota.modes import MAX_BUDGET_RESOURCES
 from shared.resources import ResourceList, parse_resource_list
 from shared.snapshot import (
     EVACUATION_ANNOTATION,
@@ -368,8 +369,11 @@ def parse_refusal(message: str, where: str = "message") -> tuple[str, ResourceLi
     if m is None:
         return "", {}
     quota, items = m.group(1).strip(), m.group(2)
+    listed = items.split(",")
+    if len(listed) > MAX_BUDGET_RESOURCES:  # (quota admission names only resources a quota limits)
+        raise InvalidInput(f"a quota refusal naming {len(listed)} resources (at most {MAX_BUDGET_RESOURCES})", where)
     out: ResourceList = {}
-    for item in items.split(","):
+    for item in listed:
         name, sep, value = item.strip().partition("=")
         if not sep or not name:
             raise InvalidInput(f"cannot read requested amount {item.strip()!r}", where)

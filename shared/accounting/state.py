@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from fractions import Fraction
+from typing import Final
 
 from shared.accounting.estimates import Renderer, evidence_bound
 from shared.accounting.memo import Memo
@@ -36,6 +37,9 @@ from shared.snapshot import (
     VmimSnapshot,
     VmiSnapshot,
 )
+
+_IGNORED_SHOWN: Final = 5
+"""Refused amounts a line about ignored ones names (the rest are counted)."""
 
 
 def event_order(e: EventSnapshot) -> tuple[bool, datetime, str, str]:
@@ -228,15 +232,20 @@ class State:
         large only reserves room the pod does not take, one too small would let it take room reserved for others."""
         out = dict(estimate)
         taken: ResourceList = {}
+        ignored: list[str] = []
         for r, amount in sorted(refused.items()):
             est = estimate.get(r)
             bound = evidence_bound(r, est) if est is not None else None
             if est is not None and bound is not None and 0 <= amount.nanos - est.nanos <= bound.nanos:
                 out[r] = taken[r] = amount
             elif est is None or bound is None or amount.nanos - est.nanos > bound.nanos:
-                within = f"{est} + up to {bound}" if est is not None else "nothing (not estimated)"
-                self.errors.append(
-                    f"{ref}: quota refusal amount {r}={amount} ignored: the estimate is {within}, and an Event "
-                    "may raise an estimate only within that bound"
-                )
+                within = f"{est} + up to {bound}" if est is not None else "not estimated"
+                ignored.append(f"{r}={amount} ({within})")
+        if ignored:  # (one line per refusal, however many resources the Event names: its text is the tenant's)
+            shown = ", ".join(ignored[:_IGNORED_SHOWN])
+            more = f" and {len(ignored) - _IGNORED_SHOWN} more" if len(ignored) > _IGNORED_SHOWN else ""
+            self.errors.append(
+                f"{ref}: quota refusal amounts ignored: {shown}{more}; an Event may raise an estimate only within "
+                "its bound"
+            )
         return out, taken

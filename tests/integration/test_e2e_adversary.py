@@ -1249,3 +1249,26 @@ async def test_with_the_guard_a_vmi_deleted_with_orphan_propagation_does_not_res
             vcpus_of[uid] = 3
         used = live_guest_vcpus(p, ns, vcpus_of)
         assert used <= 4, f"{used} vCPUs of live guests on a VirtualResources budget of 4 vCPUs"
+
+
+@pytest.mark.parametrize("guarded", [False, True], ids=["without_the_guard", "with_the_guard"])
+async def test_refusal_events_naming_many_made_up_resources_do_not_stall_a_migration(guarded: bool) -> None:
+    """The tenant writes sixty `FailedCreate` Events on its own VM (Events are its to write) whose `requested:`
+    names 120 made-up resources each, and one naming more than a quota may limit. The ledger ignored each
+    amount, as it must, but reported each in a line of the usage snapshot's `errors`, which every trimmed form kept:
+    the namespace's usage was not published any more, so the raise a migration's target waits for never came and
+    KubeVirt was refused it for quota as long as those Events existed. One line per refusal now, at most 50 in a
+    snapshot; the Event naming too many resources is no quota's refusal (a dead letter)."""
+    async with pipeline(guard=guarded) as p:
+        await full_namespace(p, NS)
+        vmi = p.sim.peek("vmi", NS, "vm1")
+        assert vmi is not None
+        for e in range(61):
+            names = ",".join(f"example.com/r{e:02d}x{i:04d}=1" for i in range(120 if e < 60 else 500))
+            message = (
+                'Error creating pod: pods "virt-launcher-vm1-x" is forbidden: exceeded quota: compute, '
+                f"requested: {names}, used: limits.memory=50Gi, limited: limits.memory=64Gi"
+            )
+            await p.sim.create(forged_refusal(vmi, f"vm1.forged{e}", message))
+        m = await p.migrate(NS, "vm1")
+        await p.wait_migrated(NS, "vm1", m)

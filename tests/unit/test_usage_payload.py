@@ -4,14 +4,27 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from shared import contract
 from shared.accounting.wire import account
-from shared.kinds import POD_KIND, QUOTA_KIND, VMI_KIND, VMIM_KIND
+from shared.errors import InvalidInput
+from shared.kinds import EVENT_KIND, POD_KIND, QUOTA_KIND, VMI_KIND, VMIM_KIND
 from shared.ledger.fold import NamespaceView
-from shared.ledger.usage import fit, usage_snapshot
+from shared.ledger.usage import MAX_ERRORS, fit, usage_snapshot
 from shared.quota import guard
-from shared.snapshot import PodSnapshot, QuotaSnapshot, VmimSnapshot, VmiSnapshot
-from tests.builders import NS, launcher_obj, quota_obj, refused_vmi, snaps, usage_of, vmi_obj, vmim_obj
+from shared.snapshot import EventSnapshot, PodSnapshot, QuotaSnapshot, VmimSnapshot, VmiSnapshot
+from tests.builders import (
+    NS,
+    launcher_obj,
+    quota_obj,
+    refusal_event,
+    refused_vmi,
+    snaps,
+    usage_of,
+    vmi_obj,
+    vmim_obj,
+)
 
 KINDS: dict[type[Any], str] = {
     VmiSnapshot: VMI_KIND,
@@ -70,3 +83,47 @@ def test_a_namespace_of_many_admitted_vms_keeps_them_by_name_and_uid() -> None:
     published = contract.decode_usage(data)
     assert len(guard.holders(published)) == 2000
     assert "the admitted ones without their counts and reasons" in published.errors[-1]
+
+
+def _objects(objs: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    kinds: dict[type[Any], str] = {**KINDS, EventSnapshot: EVENT_KIND}
+    objects: dict[str, list[Any]] = {}
+    for s in snaps(objs):
+        objects.setdefault(kinds[type(s)], []).append(s)
+    return objects
+
+
+def test_vmis_vmquota_cannot_estimate_do_not_keep_the_usage_off_the_bus() -> None:
+    """A tenant pads its namespace with 4,000 pending VMIs with long names whose hook-sidecar annotation is not
+    JSON (vmquota's renderer refuses it): each was one line of the snapshot's ``errors``, which the fit to the bus
+    kept in every form it tried, so nothing was published, every raise of the namespace (a migration's target's)
+    was held back, and a changed budget left the quota Waiting. ``errors`` carries at most 50 lines now."""
+    objs: list[dict[str, Any]] = [quota_obj("rq", {"requests.memory": "10Ti"})]
+    for i in range(4000):  # (names short enough for the VMs' states to fit: the snapshot's other limit)
+        v = vmi_obj("z" * 40 + f"{i:05d}", guest="1Mi", phase="Pending", node="", t=200 + i)
+        v["metadata"].setdefault("annotations", {})["hooks.kubevirt.io/hookSidecars"] = "not json"
+        objs.append(v)
+    body = account(NamespaceView("c", NS, 1, _objects(objs), {}))
+    assert len(body.errors) >= 4000, body.errors[:3]
+    msg, data = publish(body)
+    assert data is not None, "the snapshot is published"
+    assert len(msg.errors) == MAX_ERRORS and msg.errors[-1].startswith(f"and {len(body.errors) - MAX_ERRORS + 1} more")
+
+
+def test_refusal_events_naming_many_made_up_resources_do_not_keep_the_usage_off_the_bus() -> None:
+    """FailedCreate Events are anyone's to write in a namespace: the tenant's twenty Events about its refused VMI
+    name a hundred made-up resources each. The ledger ignores every amount, as it must, and reported each in a line
+    of ``errors``; it says so in one line per refusal now. An Event naming more resources than a quota may limit
+    is not a quota's refusal: the watcher refuses it (dead letter)."""
+    v = refused_vmi(vmi_obj("w", guest="1Gi", phase="Pending", node="", t=150))
+    objs: list[dict[str, Any]] = [quota_obj("rq", {"requests.memory": "64Gi"}), v]
+    for e in range(20):
+        names: dict[str, str] = {f"example.com/r{e:02d}x{i:04d}": "1" for i in range(100)}
+        objs.append(refusal_event("w", names, t=160 + e))
+    body = account(NamespaceView("c", NS, 1, _objects(objs), {}))
+    ignored = [line for line in body.errors if "quota refusal amounts ignored" in line]
+    assert len(ignored) == 1 and "and 1995 more" in ignored[0], body.errors
+    assert publish(body)[1] is not None
+    with pytest.raises(InvalidInput, match="naming 129 resources"):
+        too_many: dict[str, str] = {f"example.com/r{i:04d}": "1" for i in range(129)}
+        snaps([refusal_event("w", too_many, t=200)])

@@ -101,6 +101,14 @@ async def running_or_refused(p: Pipeline, ns: str, names: list[str]) -> bool:
     return True
 
 
+async def opt_in(p: Pipeline, ns: str, budget: dict[str, str], mode: str, *, ratio: str | None = None) -> None:
+    """The administrator opts namespace ``ns`` in: its quota ``vm-budget`` labelled managed, in ``mode`` (and with its
+    own CPU allocation ratio), not waiting for vmquota."""
+    annotations = {MODE_ANNOTATION: mode} | ({RATIO_ANNOTATION: ratio} if ratio is not None else {})
+    await p.sim.create_namespace(ns)
+    await p.sim.create_quota(ns, "vm-budget", budget, labels={MANAGED_LABEL: "true"}, annotations=annotations)
+
+
 async def nine_vcpu_vms(p: Pipeline, ns: str) -> list[str]:
     """The tenant creates four 9-vCPU VMs as KubeVirt renders them (a launcher pod requests vCPUs / 10: 905m):
     36 vCPUs, in the room a 4-vCPU budget leaves when `spec.hard` is not scaled by `k`."""
@@ -629,14 +637,7 @@ async def test_with_the_guard_no_vm_gets_in_before_the_namespace_is_accounted() 
     async with pipeline(separate=True, guard=True) as p:
         ns = "tenant-early"
         await p.stack.stop_service("ledger")
-        await p.sim.create_namespace(ns)
-        await p.sim.create_quota(
-            ns,
-            "vm-budget",
-            {"requests.memory": "16Gi", "requests.cpu": "4"},
-            labels={MANAGED_LABEL: "true"},
-            annotations={MODE_ANNOTATION: "VirtualResources"},
-        )
+        await opt_in(p, ns, {"requests.memory": "16Gi", "requests.cpu": "4"}, "VirtualResources")
 
         def status() -> str:
             return str((p.quota(ns, "vm-budget")["metadata"].get("annotations") or {}).get(STATUS_ANNOTATION))
@@ -887,14 +888,7 @@ async def test_with_the_guard_no_vm_gets_in_before_quota_admission_checks_the_en
     async with pipeline(separate=True, guard=True) as p:
         ns = "tenant-copy"
         await p.stack.stop_service("ledger")
-        await p.sim.create_namespace(ns)
-        await p.sim.create_quota(
-            ns,
-            "vm-budget",
-            {"requests.cpu": "4"},
-            labels={MANAGED_LABEL: "true"},
-            annotations={MODE_ANNOTATION: "VirtualResources"},
-        )
+        await opt_in(p, ns, {"requests.cpu": "4"}, "VirtualResources")
         await p.wait(lambda: p.admission_hard(ns, "vm-budget") == rl({"requests.cpu": "4"}), "the quota's copy")
         await p.sim.quota.stop()  # (the quota controller: admission goes on checking status.hard)
         await p.stack.start_service("ledger")
@@ -919,14 +913,7 @@ async def test_with_the_guard_a_cpu_allocation_ratio_changed_lets_no_vm_in_befor
     Usage names the ratio it was accounted at, and so does the status, which the guard builds from the quota."""
     async with pipeline(separate=True, guard=True) as p:
         ns = "tenant-ratio"
-        await p.sim.create_namespace(ns)
-        await p.sim.create_quota(
-            ns,
-            "vm-budget",
-            {"requests.cpu": "4"},
-            labels={MANAGED_LABEL: "true"},
-            annotations={MODE_ANNOTATION: "VirtualResourcesWithCPUAllocationRatio", RATIO_ANNOTATION: "10"},
-        )
+        await opt_in(p, ns, {"requests.cpu": "4"}, "VirtualResourcesWithCPUAllocationRatio", ratio="10")
         await p.wait_enforcing(ns, "vm-budget")
         await p.stack.stop_service("ledger")
 

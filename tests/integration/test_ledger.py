@@ -271,22 +271,29 @@ async def test_crash_and_restart_at_random_points_gives_the_same_state_and_usage
         await b.close()
 
 
+async def checkpointed_in_parts(
+    b: Bus, *, seed: int
+) -> tuple[World, list[contract.Upserted | contract.Deleted], Running, bytes]:
+    """200 events of the namespace ``big`` folded and checkpointed in parts of 1,000 bytes, the ledger stopped:
+    the world, its events, the stopped ledger and the manifest stored for ``big``."""
+    await b.ensure_streams(contract.streams())
+    world = World(random.Random(seed), ["big"])
+    events = [world.next() for _ in range(200)]
+    await publish(b, events)
+    run = Running(b, options(part_bytes=1000))
+    await wait_until(lambda: run.applied_through(len(events)), what="the events folded")
+    await run.stop()
+    kv = await b.ensure_kv(contract.LEDGER_BUCKET)
+    return world, events, run, (await kv.get(checkpoint_key(CLUSTER, "big"))).value or b""
+
+
 async def test_a_checkpoint_larger_than_a_message_is_stored_in_parts_and_loaded_from_them(nats_url: str) -> None:
     """A namespace whose checkpoint is larger than the bus's largest message (a tenant with tens of thousands of
     pods) is stored as parts and a manifest: it no longer fails the round, which kept every namespace's checkpoint
     and the instance's progress from being written. A restart loads it from its parts and replays nothing."""
     b = await _connect(nats_url)
     try:
-        await b.ensure_streams(contract.streams())
-        world = World(random.Random(7), ["big"])
-        events = [world.next() for _ in range(200)]
-        await publish(b, events)
-        run = Running(b, options(part_bytes=1000))
-        await wait_until(lambda: run.applied_through(len(events)), what="the events folded")
-        await run.stop()
-        kv = await b.ensure_kv(contract.LEDGER_BUCKET)
-        key = checkpoint_key(CLUSTER, "big")
-        manifest = (await kv.get(key)).value or b""
+        _, events, run, manifest = await checkpointed_in_parts(b, seed=7)
         assert manifest.startswith(b"m") and read_manifest(manifest)[0] > 1, manifest[:40]
         again = Running(b, options(part_bytes=1000))
         await wait_until(lambda: again.service.consumer is not None, what="started")
@@ -314,16 +321,9 @@ async def test_checkpoint_parts_outlive_neither_their_manifest_nor_a_write_that_
     namespace of the instance from the start; parts of a shrunk checkpoint stayed in the bucket for good.)"""
     b = await _connect(nats_url)
     try:
-        await b.ensure_streams(contract.streams())
-        world = World(random.Random(8), ["big"])
-        events = [world.next() for _ in range(200)]
-        await publish(b, events)
-        run = Running(b, options(part_bytes=1000))
-        await wait_until(lambda: run.applied_through(len(events)), what="the events folded")
-        await run.stop()
+        world, events, _, manifest = await checkpointed_in_parts(b, seed=8)
         kv = await b.ensure_kv(contract.LEDGER_BUCKET)
         key = checkpoint_key(CLUSTER, "big")
-        manifest = (await kv.get(key)).value or b""
         assert await part_keys_stored(b) == set(part_keys(key, manifest))
         # a write that did not finish: another checkpoint's parts, no manifest for them
         left = f"part.{key}.{'0' * 16}.0"

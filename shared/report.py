@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Final
 
-from shared.contract import Decision, UsageSnapshot
+from shared.contract import Decision, UsageSnapshot, error_count
 from shared.errors import InvalidInput
 from shared.quantity import NANO, Quantity
 from shared.quota.modes import Mode
@@ -179,7 +179,7 @@ def quota_rows(usage: Iterable[UsageSnapshot], decisions: Iterable[Decision] = (
 def _status(u: UsageSnapshot, over: Sequence[str], raised: Sequence[str], vms: Mapping[str, int]) -> str:
     parts: list[str] = []
     if u.errors:
-        parts.append(f"{len(u.errors)} error(s): {u.errors[0]}")
+        parts.append(f"{error_count(u.errors)} error(s): {u.errors[0]}")
     if over:
         parts.append(f"over budget: {', '.join(over)}")
     if raised:

@@ -25,6 +25,8 @@ from shared.contract.codec import decode_event_fast as decode_event_fast
 from shared.contract.codec import decode_event_plain as decode_event_plain
 from shared.contract.codec import decode_usage as decode_usage
 from shared.contract.codec import encode as encode
+from shared.contract.messages import MAX_ERROR_CHARS as MAX_ERROR_CHARS
+from shared.contract.messages import MAX_ERRORS as MAX_ERRORS
 from shared.contract.messages import SCHEMA as SCHEMA
 from shared.contract.messages import DeadLetter as DeadLetter
 from shared.contract.messages import Decision as Decision
@@ -38,7 +40,9 @@ from shared.contract.messages import Upserted as Upserted
 from shared.contract.messages import UsageBody as UsageBody
 from shared.contract.messages import UsageSnapshot as UsageSnapshot
 from shared.contract.messages import VmState as VmState
+from shared.contract.messages import capped_errors as capped_errors
 from shared.contract.messages import dead_letter as dead_letter
+from shared.contract.messages import error_count as error_count
 from shared.contract.messages import object_event as object_event
 from shared.contract.messages import source as source
 from shared.contract.messages import sync_event as sync_event

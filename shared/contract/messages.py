@@ -3,6 +3,7 @@ letters) with CloudEvents-style attributes, and the builders producers use."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final, Literal
 
 import msgspec
@@ -162,6 +163,30 @@ class MigrationState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """``pending``: the VMI's uid, the reservation guard's holder (also when a snapshot leaves out its VM states)."""
 
 
+MAX_ERRORS: Final = 50
+"""Lines of ``errors`` a usage snapshot carries (the last counts the rest, :func:`capped_errors`): what the tenant's
+objects say goes into them (a refusal Event naming many resources), and a snapshot too large for the bus would
+leave the namespace's quotas where they are, migrations waiting."""
+MAX_ERROR_CHARS: Final = 1000
+"""Characters of one line of ``errors`` (cut beyond, with an ellipsis)."""
+_MORE_ERRORS: Final = re.compile(r"and (\d+) more lines like these")
+
+
+def capped_errors(errors: list[str]) -> list[str]:
+    """``errors`` within :data:`MAX_ERRORS` lines of :data:`MAX_ERROR_CHARS` characters."""
+    out = [e if len(e) <= MAX_ERROR_CHARS else e[: MAX_ERROR_CHARS - 1] + "…" for e in errors[:MAX_ERRORS]]
+    if len(errors) > MAX_ERRORS:
+        out[-1] = f"and {len(errors) - MAX_ERRORS + 1} more lines like these"
+    return out
+
+
+def error_count(errors: list[str]) -> int:
+    """How many problems ``errors`` (as :func:`capped_errors` leaves them) stands for."""
+    if len(errors) == MAX_ERRORS and (m := _MORE_ERRORS.fullmatch(errors[-1])) is not None:
+        return MAX_ERRORS - 1 + int(m.group(1))
+    return len(errors)
+
+
 class UsageBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """What accounting says about a namespace: the content of a :class:`UsageSnapshot`."""
 
@@ -171,7 +196,8 @@ class UsageBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     migrations: list[MigrationState] = []
     """Migrations that are not finished."""
     errors: list[str] = []
-    """Problems that did not stop accounting (an invalid managed quota, an unreadable VMI)."""
+    """Problems that did not stop accounting (an invalid managed quota, an unreadable VMI); in a published snapshot
+    at most :data:`MAX_ERRORS` lines (:func:`capped_errors`, :func:`error_count`)."""
 
 
 class UsageSnapshot(_Message, frozen=True, kw_only=True, tag=USAGE):

@@ -5,7 +5,7 @@ fitted to what the bus takes (:func:`fit`). The ledger service only sends what t
 from __future__ import annotations
 
 import hashlib
-from typing import Final, NamedTuple, cast
+from typing import NamedTuple, cast
 
 import msgspec
 
@@ -24,8 +24,8 @@ def usage_snapshot(
 ) -> tuple[contract.UsageSnapshot, str]:
     """The usage snapshot of ``body`` (the namespace accounted at stream sequence ``seq``) and its content digest.
     Its VM states are encoded once, for the digest and the message alike."""
-    if len(body.errors) > MAX_ERRORS or any(len(e) > MAX_ERROR_CHARS for e in body.errors):
-        body = msgspec.structs.replace(body, errors=capped_errors(body.errors))
+    if len(body.errors) > contract.MAX_ERRORS or any(len(e) > contract.MAX_ERROR_CHARS for e in body.errors):
+        body = msgspec.structs.replace(body, errors=contract.capped_errors(body.errors))
     vms = vms_json(namespace, body.vms)
     digest = usage_digest(body, vms)
     msg = contract.UsageSnapshot(
@@ -42,22 +42,6 @@ def usage_snapshot(
         errors=body.errors,
     )
     return msg, digest
-
-
-MAX_ERRORS: Final = 50
-"""Lines of ``errors`` a usage snapshot carries (the rest are counted in the last): what the tenant's objects say
-goes into them (a refusal Event naming thousands of resources), and a snapshot too large for the bus would leave
-the namespace's quotas where they are, migrations waiting."""
-MAX_ERROR_CHARS: Final = 1000
-"""Characters of one line of ``errors`` (cut beyond, with an ellipsis)."""
-
-
-def capped_errors(errors: list[str]) -> list[str]:
-    """``errors`` within :data:`MAX_ERRORS` lines of :data:`MAX_ERROR_CHARS` characters."""
-    out = [e if len(e) <= MAX_ERROR_CHARS else e[: MAX_ERROR_CHARS - 1] + "…" for e in errors[:MAX_ERRORS]]
-    if len(errors) > MAX_ERRORS:
-        out[-1] = f"and {len(errors) - MAX_ERRORS + 1} more lines like these"
-    return out
 
 
 class Fitted(NamedTuple):

@@ -8,10 +8,11 @@ import pytest
 
 from shared import contract
 from shared.accounting.wire import account
+from shared.contract import MAX_ERRORS, error_count
 from shared.errors import InvalidInput
 from shared.kinds import EVENT_KIND, POD_KIND, QUOTA_KIND, VMI_KIND, VMIM_KIND
 from shared.ledger.fold import NamespaceView
-from shared.ledger.usage import MAX_ERRORS, fit, usage_snapshot
+from shared.ledger.usage import fit, usage_snapshot
 from shared.quota import guard
 from shared.snapshot import EventSnapshot, PodSnapshot, QuotaSnapshot, VmimSnapshot, VmiSnapshot
 from tests.builders import (
@@ -108,6 +109,7 @@ def test_vmis_vmquota_cannot_estimate_do_not_keep_the_usage_off_the_bus() -> Non
     msg, data = publish(body)
     assert data is not None, "the snapshot is published"
     assert len(msg.errors) == MAX_ERRORS and msg.errors[-1].startswith(f"and {len(body.errors) - MAX_ERRORS + 1} more")
+    assert error_count(msg.errors) == len(body.errors), "vmquota status counts them all"
 
 
 def test_refusal_events_naming_many_made_up_resources_do_not_keep_the_usage_off_the_bus() -> None:

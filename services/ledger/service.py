@@ -55,6 +55,7 @@ from shared.ledger.fold import (
     join_checkpoint,
     pack_checkpoint,
     part_keys,
+    part_of,
     split_checkpoint,
     unpack_checkpoint,
 )
@@ -191,8 +192,6 @@ class LedgerService:
 
     async def _load(self) -> int:
         assert self.kv is not None
-        prefix_ns = f"ns.{self.opts.cluster}." if self.opts.cluster else "ns."
-        prefix_cl = f"cl.{self.opts.cluster}." if self.opts.cluster else "cl."
         progress = 0
         stored: list[tuple[str, bytes]] = []
         parts: dict[str, bytes] = {}
@@ -209,12 +208,10 @@ class LedgerService:
                     except (UnicodeDecodeError, ValueError):
                         log.warning("unreadable progress key; replaying from the start", key=key)
                         progress = 0
-                elif key.startswith("part."):
-                    parts[key] = value
-                elif key.startswith(prefix_ns) or (key + ".").startswith(prefix_cl):
-                    names = key.split(".")
-                    if names[0] == "ns" and not self.opts.partitions.owns(names[1], names[2]):
-                        continue
+                elif (owner := part_of(key)) is not None:
+                    if self._loads(owner):
+                        parts[key] = value
+                elif self._loads(key):
                     stored.append((key, value))
         finally:
             await watcher.stop()  # type: ignore[no-untyped-call]
@@ -234,6 +231,19 @@ class LedgerService:
         self.ledger.changed.update(self.ledger.namespaces())
         return progress
 
+    def _loads(self, key: str) -> bool:
+        """Whether this instance loads the checkpoint stored under ``key``: its cluster's cluster-wide state, and the
+        namespaces of its partitions."""
+        names = key.split(".")
+        if names[0] == "cl" and len(names) == 2:
+            return self.opts.cluster is None or names[1] == self.opts.cluster
+        return (
+            names[0] == "ns"
+            and len(names) == 3
+            and (self.opts.cluster is None or names[1] == self.opts.cluster)
+            and self.opts.partitions.owns(names[1], names[2])
+        )
+
     def _whole(self, key: str, value: bytes, parts: dict[str, bytes]) -> bytes:
         """A stored checkpoint, its parts (among ``parts``, the bucket's) joined when it is a manifest
         (:func:`split_checkpoint`); the keys of those parts are remembered, to be deleted once replaced."""
@@ -247,15 +257,13 @@ class LedgerService:
         return join_checkpoint(value, [parts[k] for k in keys])
 
     async def _drop_unnamed_parts(self, parts: dict[str, bytes]) -> None:
-        """Delete the parts of this instance's namespaces that no stored manifest names (a write that did not finish
-        left them). Those of cluster-wide states are left: every instance writes those."""
+        """Delete the parts (of the checkpoints this instance loads) that no stored manifest names: a write that did
+        not finish left them. Those of cluster-wide states are left: every instance writes those."""
         named = {k for keys in self._parts.values() for k in keys}
-        prefix = f"part.ns.{self.opts.cluster}." if self.opts.cluster else "part.ns."
         for key in sorted(parts):
-            names = key.split(".")
-            if key in named or not key.startswith(prefix) or not self.opts.partitions.owns(names[2], names[3]):
-                continue
-            await self._delete_part(key)
+            owner = part_of(key)
+            if key not in named and owner is not None and owner.startswith("ns."):
+                await self._delete_part(key)
 
     async def _delete_part(self, key: str) -> None:
         assert self.kv is not None

@@ -173,7 +173,10 @@ _MORE_ERRORS: Final = re.compile(r"and (\d+) more lines like these")
 
 
 def capped_errors(errors: list[str]) -> list[str]:
-    """``errors`` within :data:`MAX_ERRORS` lines of :data:`MAX_ERROR_CHARS` characters."""
+    """``errors`` within :data:`MAX_ERRORS` lines of :data:`MAX_ERROR_CHARS` characters (the list itself when it
+    is)."""
+    if len(errors) <= MAX_ERRORS and all(len(e) <= MAX_ERROR_CHARS for e in errors):
+        return errors
     out = [e if len(e) <= MAX_ERROR_CHARS else e[: MAX_ERROR_CHARS - 1] + "…" for e in errors[:MAX_ERRORS]]
     if len(errors) > MAX_ERRORS:
         out[-1] = f"and {len(errors) - MAX_ERRORS + 1} more lines like these"

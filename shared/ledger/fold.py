@@ -504,10 +504,12 @@ class NamespaceState:
             live = self.objects.get(POD_KIND) or {}
             present = set(ev.present)
             vmis = self.departed_vmis
-            for uid in [u for u, v in self.departed.items() if u not in present and u not in live]:
-                if rv >= vmis[self.departed[uid]].rv_order:
-                    del self.departed[uid]
-                    changed = True
+            forgotten = [
+                u for u, v in self.departed.items() if u not in present and u not in live and rv >= vmis[v].rv_order
+            ]
+            for uid in forgotten:
+                del self.departed[uid]
+            changed = changed or bool(forgotten)
         return Outcome.APPLIED if changed else Outcome.STALE
 
     def departed_pods(self) -> dict[str, VmiSnapshot]:
@@ -649,6 +651,14 @@ def part_key(key: str, digest: str, index: int) -> str:
     writing a new checkpoint's parts leaves the parts the stored manifest names as they are (outside the
     ``ns.``/``cl.`` keys a load reads)."""
     return f"part.{key}.{digest[:16]}.{index}"
+
+
+def part_of(key: str) -> str | None:
+    """The checkpoint key a part's key (:func:`part_key`) belongs to; None for a key that is no part's."""
+    if not key.startswith("part."):
+        return None
+    owner, *rest = key[len("part.") :].rsplit(".", 2)
+    return owner if len(rest) == 2 else None
 
 
 def split_checkpoint(packed: bytes, limit: int) -> tuple[bytes, list[bytes]]:

@@ -24,8 +24,9 @@ def usage_snapshot(
 ) -> tuple[contract.UsageSnapshot, str]:
     """The usage snapshot of ``body`` (the namespace accounted at stream sequence ``seq``) and its content digest.
     Its VM states are encoded once, for the digest and the message alike."""
-    if len(body.errors) > contract.MAX_ERRORS or any(len(e) > contract.MAX_ERROR_CHARS for e in body.errors):
-        body = msgspec.structs.replace(body, errors=contract.capped_errors(body.errors))
+    errors = contract.capped_errors(body.errors)
+    if errors is not body.errors:
+        body = msgspec.structs.replace(body, errors=errors)
     vms = vms_json(namespace, body.vms)
     digest = usage_digest(body, vms)
     msg = contract.UsageSnapshot(

@@ -987,6 +987,12 @@ class Cluster:
         if pods:
             self.set_status(self.objs[VMI_KIND][name], phase="Succeeded")
             return
+        self.vmi_gone(vmi)
+        note("a VM stopped")
+
+    def vmi_gone(self, vmi: Obj) -> None:
+        """The VMI goes, and the garbage collector deletes the pods it owned."""
+        name = name_of(vmi)
         self.delete(VMI_KIND, name)
         for p in self.of_kind(POD_KIND):
             if uid_of(vmi) in {ref.get("uid") for ref in p["metadata"].get("ownerReferences", [])}:
@@ -994,7 +1000,14 @@ class Cluster:
         self.credits.pop(name, None)  # (a VM's credit is its VMI's: not a later VMI's of the same name)
         self.spent.pop(name, None)
         self.nudges.discard(name)
-        note("a VM stopped")
+
+    def start_again(self, vmi: Obj) -> None:
+        """The VM controller creates the VM's VMI again under the same name (a new uid, pending) from the VM's
+        template (the old VMI's spec, hotplugs included)."""
+        new = vmi_obj(name_of(vmi), t=self.tick(), phase="Pending")
+        new["metadata"]["uid"] = f"uid-{self.fresh(name_of(vmi) + '-')}"
+        new["spec"] = copy.deepcopy(vmi["spec"])
+        self.put(new)
 
     def live_orphans(self) -> list[str]:
         return sorted(p for p in self.orphans if p in self.objs[POD_KIND] and not terminal(self.objs[POD_KIND][p]))
@@ -1123,10 +1136,7 @@ class Cluster:
             self.stop(vmi)
         while self.vmi(name) is not None:
             self.kv_stop(name)
-        new = vmi_obj(name, t=self.tick(), phase="Pending")
-        new["metadata"]["uid"] = f"uid-{self.fresh(name + '-')}"
-        new["spec"] = copy.deepcopy(vmi["spec"])
-        self.put(new)
+        self.start_again(vmi)
         note("a VM restarted")
 
     def tenant_detach(self, index: int, *, orphan: bool) -> None:
@@ -1138,20 +1148,13 @@ class Cluster:
         vmi = self.pick(settled, index)
         if vmi is None:
             return
-        name = name_of(vmi)
         for p in self.vm_pods(vmi):
             meta = {**p["metadata"], "ownerReferences": []}
             self.put(p | {"metadata": meta})
             self.detached[name_of(p)] = copy.deepcopy(vmi)
-        if orphan:
-            self.delete(VMI_KIND, name)
-            new = vmi_obj(name, t=self.tick(), phase="Pending")
-            new["metadata"]["uid"] = f"uid-{self.fresh(name + '-')}"
-            new["spec"] = copy.deepcopy(vmi["spec"])
-            self.put(new)
-            self.credits.pop(name, None)
-            self.spent.pop(name, None)
-            self.nudges.discard(name)
+        if orphan:  # (the VMI's pods own nothing of it any more: the garbage collector deletes none)
+            self.vmi_gone(vmi)
+            self.start_again(vmi)
         note("a launcher pod detached from its VMI")
 
     def tenant_delete_migration(self, index: int, *, finalizer: bool = True) -> None:

@@ -35,6 +35,7 @@ from shared.quota.annotations import (
     LAST_HARD_ANNOTATION,
     MANAGED_LABEL,
     MODE_ANNOTATION,
+    RATIO_ANNOTATION,
     STATUS_ANNOTATION,
 )
 from shared.resources import ResourceList, add, format_resource_list, parse_resource_list
@@ -142,14 +143,18 @@ class Pipeline:
         hard: Mapping[str, str],
         *,
         mode: str = "VmiPodUsage",
+        ratio: str | None = None,
+        wait: bool = True,
     ) -> None:
-        """Create the namespace (if needed) and a managed quota; wait until the enforcer enforces it."""
+        """Create the namespace (if needed) and a managed quota in ``mode`` (with its own CPU allocation ratio);
+        ``wait``: until the enforcer enforces it."""
         if self.sim.peek("namespaces", None, namespace) is None:
             await self.sim.create_namespace(namespace)
-        annotations = {MODE_ANNOTATION: mode}
+        annotations = {MODE_ANNOTATION: mode} | ({RATIO_ANNOTATION: ratio} if ratio is not None else {})
         await self.sim.create_quota(namespace, name, hard, labels={MANAGED_LABEL: "true"}, annotations=annotations)
         self.quotas[(namespace, name)] = rl(hard)
-        await self.wait_enforcing(namespace, name)
+        if wait:
+            await self.wait_enforcing(namespace, name)
 
     async def wait_enforcing(self, namespace: str, name: str) -> None:
         def enforcing() -> bool:

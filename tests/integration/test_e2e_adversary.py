@@ -24,8 +24,6 @@ from services.devtools.simcluster.store_api import ApiError, Obj
 from shared.podusage import pod_quota_usage
 from shared.quantity import Quantity
 from shared.quota.annotations import (
-    MANAGED_LABEL,
-    MODE_ANNOTATION,
     NUDGE_ANNOTATION,
     RATIO_ANNOTATION,
     STATUS_ANNOTATION,
@@ -101,14 +99,6 @@ async def running_or_refused(p: Pipeline, ns: str, names: list[str]) -> bool:
     return True
 
 
-async def opt_in(p: Pipeline, ns: str, budget: dict[str, str], mode: str, *, ratio: str | None = None) -> None:
-    """The administrator opts namespace ``ns`` in: its quota ``vm-budget`` labelled managed, in ``mode`` (and with its
-    own CPU allocation ratio), not waiting for vmquota."""
-    annotations = {MODE_ANNOTATION: mode} | ({RATIO_ANNOTATION: ratio} if ratio is not None else {})
-    await p.sim.create_namespace(ns)
-    await p.sim.create_quota(ns, "vm-budget", budget, labels={MANAGED_LABEL: "true"}, annotations=annotations)
-
-
 async def nine_vcpu_vms(p: Pipeline, ns: str) -> list[str]:
     """The tenant creates four 9-vCPU VMs as KubeVirt renders them (a launcher pod requests vCPUs / 10: 905m):
     36 vCPUs, in the room a 4-vCPU budget leaves when `spec.hard` is not scaled by `k`."""
@@ -126,7 +116,7 @@ async def write_budget_back(p: Pipeline, ns: str, quota: str, budget: dict[str, 
         return obj
 
     await p.sim.store.mutate(p.sim.store.resource("resourcequotas"), ns, quota, reapply)
-    await p.wait(lambda: p.admission_hard(ns, quota) == rl(budget), "the quota controller's copy")
+    await p.wait_hard(ns, quota, rl(budget), "the quota controller's copy")
 
 
 async def test_pods_with_forged_launcher_labels_count_at_full_pod_usage() -> None:
@@ -637,7 +627,9 @@ async def test_with_the_guard_no_vm_gets_in_before_the_namespace_is_accounted() 
     async with pipeline(separate=True, guard=True) as p:
         ns = "tenant-early"
         await p.stack.stop_service("ledger")
-        await opt_in(p, ns, {"requests.memory": "16Gi", "requests.cpu": "4"}, "VirtualResources")
+        await p.managed_quota(
+            ns, "vm-budget", {"requests.memory": "16Gi", "requests.cpu": "4"}, mode="VirtualResources", wait=False
+        )
 
         def status() -> str:
             return str((p.quota(ns, "vm-budget")["metadata"].get("annotations") or {}).get(STATUS_ANNOTATION))
@@ -888,8 +880,8 @@ async def test_with_the_guard_no_vm_gets_in_before_quota_admission_checks_the_en
     async with pipeline(separate=True, guard=True) as p:
         ns = "tenant-copy"
         await p.stack.stop_service("ledger")
-        await opt_in(p, ns, {"requests.cpu": "4"}, "VirtualResources")
-        await p.wait(lambda: p.admission_hard(ns, "vm-budget") == rl({"requests.cpu": "4"}), "the quota's copy")
+        await p.managed_quota(ns, "vm-budget", {"requests.cpu": "4"}, mode="VirtualResources", wait=False)
+        await p.wait_hard(ns, "vm-budget", rl({"requests.cpu": "4"}), "the quota controller's copy")
         await p.sim.quota.stop()  # (the quota controller: admission goes on checking status.hard)
         await p.stack.start_service("ledger")
         await p.wait_enforcing(ns, "vm-budget")
@@ -913,8 +905,9 @@ async def test_with_the_guard_a_cpu_allocation_ratio_changed_lets_no_vm_in_befor
     Usage names the ratio it was accounted at, and so does the status, which the guard builds from the quota."""
     async with pipeline(separate=True, guard=True) as p:
         ns = "tenant-ratio"
-        await opt_in(p, ns, {"requests.cpu": "4"}, "VirtualResourcesWithCPUAllocationRatio", ratio="10")
-        await p.wait_enforcing(ns, "vm-budget")
+        await p.managed_quota(
+            ns, "vm-budget", {"requests.cpu": "4"}, mode="VirtualResourcesWithCPUAllocationRatio", ratio="10"
+        )
         await p.stack.stop_service("ledger")
 
         def to_ratio_1(obj: Obj) -> Obj:
@@ -1245,7 +1238,7 @@ async def test_refusal_events_naming_many_made_up_resources_do_not_stall_a_migra
     amount, as it must, but reported each in a line of the usage snapshot's `errors`, which every trimmed form kept:
     the namespace's usage was not published any more, so the raise a migration's target waits for never came and
     KubeVirt was refused it for quota as long as those Events existed. One line per refusal now, at most 50 in a
-    snapshot; the Event naming too many resources is no quota's refusal (a dead letter)."""
+    snapshot; the Event naming too many resources is no quota's refusal (tests/unit/test_usage_payload.py)."""
     async with pipeline(guard=guarded) as p:
         await full_namespace(p, NS)
         vmi = p.sim.peek("vmi", NS, "vm1")

@@ -16,6 +16,7 @@ from typing import Any
 
 import nats.js.errors
 import pytest
+from nats.js.kv import KeyValue
 
 from services.ledger.service import LedgerOptions, LedgerService
 from services.platform.bus import Bus, NatsOptions
@@ -237,8 +238,8 @@ async def test_crash_and_restart_at_random_points_gives_the_same_state_and_usage
     nats_url: str, part_bytes: int
 ) -> None:
     """``in_parts``: every checkpoint larger than 700 bytes is stored as parts and a manifest, as one larger than
-    the bus's largest message is (a crash between a part and its manifest leaves parts the old manifest does not
-    name: that checkpoint is unreadable, and the ledger replays from the start)."""
+    the bus's largest message is (a crash between a part and its manifest leaves the checkpoint stored before it
+    whole, and parts no manifest names, which the next start deletes)."""
     b = await _connect(nats_url)
     try:
         await b.ensure_streams(contract.streams())
@@ -305,8 +306,7 @@ async def test_a_checkpoint_larger_than_a_message_is_stored_in_parts_and_loaded_
         await b.close()
 
 
-async def part_keys_stored(b: Bus) -> set[str]:
-    kv = await b.ensure_kv(contract.LEDGER_BUCKET)
+async def part_keys_stored(kv: KeyValue) -> set[str]:
     try:
         return {k for k in await kv.keys() if k.startswith("part.")}
     except nats.js.errors.NoKeysError:
@@ -324,14 +324,14 @@ async def test_checkpoint_parts_outlive_neither_their_manifest_nor_a_write_that_
         world, events, _, manifest = await checkpointed_in_parts(b, seed=8)
         kv = await b.ensure_kv(contract.LEDGER_BUCKET)
         key = checkpoint_key(CLUSTER, "big")
-        assert await part_keys_stored(b) == set(part_keys(key, manifest))
+        assert await part_keys_stored(kv) == set(part_keys(key, manifest))
         # a write that did not finish: another checkpoint's parts, no manifest for them
         left = f"part.{key}.{'0' * 16}.0"
         await kv.put(left, b"a part of a checkpoint whose manifest was never written")
         again = Running(b, options(part_bytes=1000))
         await wait_until(lambda: again.service.consumer is not None, what="started")
         assert again.service.start_seq == len(events) + 1, "the stored checkpoint loaded whole: nothing replayed"
-        assert left not in await part_keys_stored(b), "the parts no manifest names are deleted"
+        assert left not in await part_keys_stored(kv), "the parts no manifest names are deleted"
         # the namespace shrinks: its checkpoint takes fewer parts, and the old ones go
         gone: list[contract.Upserted | contract.Deleted] = []
         for uid, (ns, name) in sorted(world.live.items()):
@@ -353,7 +353,7 @@ async def test_checkpoint_parts_outlive_neither_their_manifest_nor_a_write_that_
         await again.stop()
         smaller = (await kv.get(key)).value or b""
         assert read_manifest(smaller)[0] < read_manifest(manifest)[0], "fewer parts (its pods' tombstones remain)"
-        assert await part_keys_stored(b) == set(part_keys(key, smaller)), "the old checkpoint's parts are gone"
+        assert await part_keys_stored(kv) == set(part_keys(key, smaller)), "the old checkpoint's parts are gone"
     finally:
         await b.close()
 

@@ -776,8 +776,8 @@ async def test_until_a_vm_term_quota_is_accounted_no_vmi_is_admitted(sim: SimClu
         f"enforced in it yet (Enforcing (VirtualResources), {but}): no pod is created in this namespace until "
         "vmquota has accounted it; retry in a moment"
     ), err
-    with acting_as(KUBEVIRT_CONTROLLER):  # (KubeVirt's own pods too: "exceeded quota" makes it retry on updates)
-        assert await create_as(sim, KUBEVIRT_CONTROLLER, pod("launcher", owner_uid="uid-vm1")) is not None
+    # (KubeVirt's own pods too: "exceeded quota" makes it retry on updates)
+    assert await create_as(sim, KUBEVIRT_CONTROLLER, pod("launcher", owner_uid="uid-vm1")) is not None
     await annotate({**accounted, STATUS_ANNOTATION: "Refused: scoped quotas are not managed"})
     assert await create_as(sim, TENANT, pod("while-refused", requests=SMALL)) is None, (
         "a Refused quota is native quota for pods"
@@ -932,8 +932,7 @@ async def test_an_enforced_vm_term_quota_with_an_empty_budget_freezes_nothing(si
     }
     await sim.apply(quota)
     assert await create_as(sim, TENANT, pod("plain-pod", requests=SMALL)) is None
-    with acting_as(KUBEVIRT_CONTROLLER):
-        assert await create_as(sim, KUBEVIRT_CONTROLLER, pod("target", owner_uid="uid-vm1")) is None
+    assert await create_as(sim, KUBEVIRT_CONTROLLER, pod("target", owner_uid="uid-vm1")) is None
     # ... but an empty spec.hard vmquota did not write (its last one limited something) is not in force
     await sim.apply(
         {

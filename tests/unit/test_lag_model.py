@@ -1009,6 +1009,10 @@ class Cluster:
         new["spec"] = copy.deepcopy(vmi["spec"])
         self.put(new)
 
+    def live_detached(self) -> list[str]:
+        """The detached launcher pods whose guest still runs."""
+        return sorted(p for p in self.detached if p in self.objs[POD_KIND] and not terminal(self.objs[POD_KIND][p]))
+
     def live_orphans(self) -> list[str]:
         return sorted(p for p in self.orphans if p in self.objs[POD_KIND] and not terminal(self.objs[POD_KIND][p]))
 
@@ -1267,10 +1271,10 @@ class Cluster:
                 for p in pods:
                     pod = maximum(pod, usage_of(p))
                 total = add(total, mode_usage(mode, current_size(vmi), pod, ratio))
-        for name, was in self.detached.items():
-            guest = self.objs[POD_KIND].get(name)
-            if guest is not None and not terminal(guest):  # (the guest runs on in the pod its VMI controls no more)
-                total = add(total, mode_usage(mode, current_size(was), usage_of(guest), ratio))
+        for name in self.live_detached():  # (the guest runs on in the pod its VMI controls no more)
+            total = add(
+                total, mode_usage(mode, current_size(self.detached[name]), usage_of(self.objs[POD_KIND][name]), ratio)
+            )
         vmis = {uid_of(v) for v in self.of_kind(VMI_KIND)}
         for p in self.of_kind(POD_KIND):
             if name_of(p) in self.genuine:  # (a finished one is charged count/pods, and the VM counts once)
@@ -1703,12 +1707,12 @@ class LifecycleLagModel(LagModel):
     def detach_a_launcher_pod(self, index: int, orphan: bool) -> None:
         self.c.tenant_detach(index, orphan=orphan)
 
-    @precondition(lambda self: any(p in self.c.objs[POD_KIND] for p in self.c.detached))
+    @precondition(lambda self: bool(self.c.live_detached()))
     @rule(index=st.integers(0, 5))
     def a_detached_guest_shuts_down(self, index: int) -> None:
         """virt-handler ends the guest of a pod KubeVirt controls no more, at the end of its grace period."""
-        name = self.c.pick(sorted(p for p in self.c.detached if p in self.c.objs[POD_KIND]), index)
-        if name is not None and not terminal(self.c.objs[POD_KIND][name]):
+        name = self.c.pick(self.c.live_detached(), index)
+        if name is not None:
             self.c.end_pod(name)
 
     @precondition(lambda self: bool(self.c.live_orphans()))

@@ -643,10 +643,7 @@ def test_a_vmi_that_named_many_pods_is_remembered_once_however_many_it_named() -
     st = led.state("c1", "a")
     assert st is not None and len(st.departed) == n and len(st.departed_vmis) == 1
     size = len(st.checkpoint())
-    before = Ledger()
-    for i, ev in enumerate(events[:n]):
-        before.apply(ev, i + 1)
-    pods_alone = len(before.state("c1", "a").checkpoint())  # type: ignore[union-attr]
+    pods_alone = len(fold(events[:n]).state("c1", "a").checkpoint())  # type: ignore[union-attr]
     assert size < 2 * pods_alone, f"checkpoint {size} bytes, the pods alone {pods_alone}"
 
 

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from shared import contract
+from shared.accounting.namespace import by_kind
 from shared.accounting.wire import account
 from shared.contract import MAX_ERRORS, error_count
 from shared.errors import InvalidInput
-from shared.kinds import EVENT_KIND, POD_KIND, QUOTA_KIND, VMI_KIND, VMIM_KIND
 from shared.ledger.fold import NamespaceView
 from shared.ledger.usage import fit, usage_snapshot
 from shared.quota import guard
-from shared.snapshot import EventSnapshot, PodSnapshot, QuotaSnapshot, VmimSnapshot, VmiSnapshot
 from tests.builders import (
     NS,
     launcher_obj,
@@ -27,12 +26,10 @@ from tests.builders import (
     vmim_obj,
 )
 
-KINDS: dict[type[Any], str] = {
-    VmiSnapshot: VMI_KIND,
-    PodSnapshot: POD_KIND,
-    QuotaSnapshot: QUOTA_KIND,
-    VmimSnapshot: VMIM_KIND,
-}
+
+def view(objs: list[dict[str, Any]]) -> NamespaceView:
+    """The ledger's view of the namespace of ``objs``."""
+    return NamespaceView("c", NS, 1, cast(Any, by_kind(snaps(objs), NS)[1]), {})
 
 
 def publish(body: contract.UsageBody) -> tuple[contract.UsageSnapshot, bytes | None]:
@@ -52,10 +49,7 @@ def test_a_trimmed_usage_keeps_the_guards_holders_and_the_admitted_vms() -> None
     objs = [quota_obj("rq", {"requests.memory": budget.canonical()}), v, source, vmim_obj("m", "v", rejected=True)]
     objs.append(refused_vmi(vmi_obj("w", guest="1Gi", phase="Pending", node="", t=150)))  # admitted, KubeVirt refused
     objs += [vmi_obj("x" * 240 + f"{i:05d}", guest="8Gi", phase="Pending", node="", t=200 + i) for i in range(1500)]
-    objects: dict[str, list[Any]] = {}
-    for s in snaps(objs):
-        objects.setdefault(KINDS[type(s)], []).append(s)
-    body = account(NamespaceView("c", NS, 1, objects, {}))
+    body = account(view(objs))
     msg, data = publish(body)
     assert data is not None and len(contract.encode(msg)) > 1024 * 1024 > len(data)
     published = contract.decode_usage(data)
@@ -74,24 +68,13 @@ def test_a_namespace_of_many_admitted_vms_keeps_them_by_name_and_uid() -> None:
         v = refused_vmi(vmi_obj("y" * 240 + f"{i:05d}", guest="1Mi", phase="Pending", node="", t=200 + i))
         v["metadata"]["uid"] = f"{i:036d}"  # (as long as a real uid)
         objs.append(v)
-    objects: dict[str, list[Any]] = {}
-    for s in snaps(objs):
-        objects.setdefault(KINDS[type(s)], []).append(s)
-    body = account(NamespaceView("c", NS, 1, objects, {}))
+    body = account(view(objs))
     assert all(v.state == "admitted" for v in body.vms) and len(body.vms) == 2000
     _, data = publish(body)
     assert data is not None, "the snapshot was not published at all"
     published = contract.decode_usage(data)
     assert len(guard.holders(published)) == 2000
     assert "the admitted ones without their counts and reasons" in published.errors[-1]
-
-
-def _objects(objs: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    kinds: dict[type[Any], str] = {**KINDS, EventSnapshot: EVENT_KIND}
-    objects: dict[str, list[Any]] = {}
-    for s in snaps(objs):
-        objects.setdefault(kinds[type(s)], []).append(s)
-    return objects
 
 
 def test_vmis_vmquota_cannot_estimate_do_not_keep_the_usage_off_the_bus() -> None:
@@ -104,7 +87,7 @@ def test_vmis_vmquota_cannot_estimate_do_not_keep_the_usage_off_the_bus() -> Non
         v = vmi_obj("z" * 40 + f"{i:05d}", guest="1Mi", phase="Pending", node="", t=200 + i)
         v["metadata"].setdefault("annotations", {})["hooks.kubevirt.io/hookSidecars"] = "not json"
         objs.append(v)
-    body = account(NamespaceView("c", NS, 1, _objects(objs), {}))
+    body = account(view(objs))
     assert len(body.errors) >= 4000, body.errors[:3]
     msg, data = publish(body)
     assert data is not None, "the snapshot is published"
@@ -122,7 +105,7 @@ def test_refusal_events_naming_many_made_up_resources_do_not_keep_the_usage_off_
     for e in range(20):
         names: dict[str, str] = {f"example.com/r{e:02d}x{i:04d}": "1" for i in range(100)}
         objs.append(refusal_event("w", names, t=160 + e))
-    body = account(NamespaceView("c", NS, 1, _objects(objs), {}))
+    body = account(view(objs))
     ignored = [line for line in body.errors if "quota refusal amounts ignored" in line]
     assert len(ignored) == 1 and "and 1995 more" in ignored[0], body.errors
     assert publish(body)[1] is not None

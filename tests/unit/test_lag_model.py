@@ -1009,6 +1009,10 @@ class Cluster:
         new["spec"] = copy.deepcopy(vmi["spec"])
         self.put(new)
 
+    def was_detached(self, vmi: Obj) -> bool:
+        """The tenant took the launcher pod off this VMI (its guest runs on in a pod the VMI controls no more)."""
+        return any(uid_of(v) == uid_of(vmi) for v in self.detached.values())
+
     def live_detached(self) -> list[str]:
         """The detached launcher pods whose guest still runs."""
         return sorted(p for p in self.detached if p in self.objs[POD_KIND] and not terminal(self.objs[POD_KIND][p]))
@@ -1438,6 +1442,8 @@ class Cluster:
                 asks.append((vmi["metadata"]["creationTimestamp"], "VM", vmi, u))
             elif vmi["status"]["phase"] == "Running" and self.grown(vmi):
                 pods = self.vm_pods(vmi)
+                if not pods and self.was_detached(vmi):
+                    continue  # (the tenant took its launcher pod off it: the guest runs in a pod KubeVirt disowns)
                 assert pods, f"VM {name_of(vmi)} stopped running while its hotplug was refused"
                 old = mode_usage(mode, current_size(vmi), usage_of(pods[0]), ratio)
                 new = mode_usage(mode, spec_size(vmi), rendered_usage(vmi, self.config, self.facts), ratio)

@@ -19,6 +19,7 @@ import yaml
 
 from services.devtools.simcluster.auth import KUBEVIRT_CONTROLLER, UserInfo, acting_as
 from services.devtools.simcluster.cluster import SimCluster
+from services.devtools.simcluster.policy import MAX_MESSAGE_EXPRESSION_BYTES
 from services.devtools.simcluster.store_api import ApiError, Obj
 from shared.podusage import pod_quota_usage
 from shared.quota import guard
@@ -30,7 +31,8 @@ from shared.quota.annotations import (
     STATUS_ANNOTATION,
     VMI_MINIMUM_ANNOTATIONS,
 )
-from shared.resources import format_resource_list
+from shared.quota.enforcement import rl_json
+from shared.resources import format_resource_list, parse_resource_list
 from tests.builders import vmi_obj
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -945,3 +947,104 @@ async def test_an_enforced_vm_term_quota_with_an_empty_budget_freezes_nothing(si
     )
     err = await create_as(sim, TENANT, pod("after-a-write-back", requests=SMALL))
     assert err is not None and "exceeded quota" in err.message, err
+
+
+# ---- Kubernetes' limits on what a policy's expressions produce and cost -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "holders",
+    [
+        # a tenant's own migrations of its own VMs, refused for room: names of the longest lengths the API allows
+        [
+            guard.Holder(f"uid-{i}", f"vm{i:02d}".ljust(63, "x"), "migration " + f"m{i:02d}".ljust(253, "y"))
+            for i in range(16)
+        ],
+        # a drain of a large namespace: KubeVirt's evacuation migrations, refused for room while others are reserved
+        [guard.Holder(f"uid-{i}", f"vm-{i:04d}", f"migration kubevirt-evacuation-{i:05d}") for i in range(120)],
+    ],
+    ids=["tenant-long-names", "large-drain"],
+)
+async def test_the_guards_refusal_keeps_exceeded_quota_within_the_message_size_kubernetes_keeps(
+    sim: SimCluster, holders: list[guard.Holder]
+) -> None:
+    """KubeVirt reads a refused target pod as a quota refusal (``migrationRejectedByResourceQuota``, room reserved
+    in turn) only when the refusal says ``exceeded quota``. kube-apiserver discards a messageExpression result over
+    5 KiB and reports ``failed expression: ...`` instead, so the guard's message must stay under that size whatever
+    the holders' names are."""
+    await install(sim, GUARD_POLICY.read_text())
+    await reserve(sim, *holders)
+    err = await create_as(sim, TENANT, pod("plain"))
+    assert err is not None and err.code == 403
+    message = err.message.split("denied request: ", 1)[1]
+    assert message.startswith("vmquota: exceeded quota: the room in this namespace is reserved for "), message
+    assert f"{holders[0].name} ({holders[0].reason})" in message, "the holders' names, as far as they fit"
+    assert len(message.encode()) <= MAX_MESSAGE_EXPRESSION_BYTES
+
+
+PER_CALL_LIMIT: Final = 1_000_000
+"""kube-apiserver's cost limit for one CEL expression or variable (``PerCallLimit``,
+``k8s.io/apiserver/pkg/apis/cel/config.go``); past it the evaluation fails, which ``failurePolicy: Fail`` turns
+into a refusal."""
+
+
+def test_the_vm_terms_last_hard_lookup_stays_within_the_cel_cost_limit_for_a_large_quota() -> None:
+    """``variables.accounted`` looks every resource of ``spec.hard`` up in ``vmquota.io/last-hard`` by scanning the
+    whole annotation: Kubernetes charges each ``indexOf`` / ``substring`` on it a tenth of its length
+    (``k8s.io/apiserver/pkg/cel/library/cost.go``). With many resources of long names (per-StorageClass or
+    extended-resource budgets) the variable exceeds the per-call limit, and the policy, failing closed, refuses
+    every pod and VMI of the namespace, KubeVirt's migration targets included."""
+    doc = next(d for d in yaml.safe_load_all(GUARD_POLICY.read_text()) if d["metadata"]["name"] == "vmquota-vm-terms")
+    accounted = next(v["expression"] for v in doc["spec"]["variables"] if v["name"] == "accounted")
+    # the scans of the whole annotation made once per resource of spec.hard (in a comprehension over it)
+    per_resource = accounted.split("params.spec.hard.all(r,")[1:]
+    scans = sum(p.count("variables.lastHard.indexOf(") + p.count("variables.lastHard.substring(") for p in per_resource)
+    hard = {
+        f"sc-{i:03d}-{'x' * 50}.{'y' * 40}.storageclass.storage.k8s.io/requests.storage": "100Gi" for i in range(128)
+    }
+    last_hard = json.dumps(hard, separators=(",", ":"), sort_keys=True)  # (as the enforcer writes it)
+    cost = len(hard) * scans * (len(last_hard) // 10)
+    assert cost <= PER_CALL_LIMIT, (
+        f"{len(hard)} resources, last-hard {len(last_hard)} characters: about {cost:,} for the lookup alone, over "
+        f"Kubernetes' per-call limit of {PER_CALL_LIMIT:,}"
+    )
+
+
+async def test_a_vm_term_quota_of_many_long_resource_names_is_in_force_exactly_when_vmquota_wrote_it(
+    sim: SimCluster,
+) -> None:
+    """``variables.accounted`` reads ``vmquota.io/last-hard`` once, entry by entry, however many resources the budget
+    names: 128 of long names (a budget per extended resource) is in force when ``spec.hard`` is what vmquota wrote, by
+    value, and not when any entry differs, is missing or is extra."""
+    await install(sim, GUARD_POLICY.read_text())
+    hard = {f"requests.gpu-{i:03d}-{'x' * 50}.{'y' * 40}.example.com/accelerator": f"{i + 1}" for i in range(127)}
+    hard["requests.cpu"] = "4"
+    written = hard
+    annotations = {MODE_ANNOTATION: "VirtualResources", STATUS_ANNOTATION: "Enforcing (VirtualResources)"}
+    quota = await sim.create_quota(
+        NS,
+        "vm-budget",
+        hard,
+        labels={MANAGED_LABEL: "true"},
+        annotations={**annotations, LAST_HARD_ANNOTATION: rl_json(parse_resource_list(written))},
+    )
+    await sim.wait_quota_synced(NS, "vm-budget")
+    assert await create_as(sim, TENANT, pod("in-force", requests=SMALL)) is None
+    first = next(iter(hard))
+    for name, last in (
+        ("one-differs", {**written, first: "2Gi"}),
+        ("one-missing", {k: v for k, v in written.items() if k != first}),
+        ("one-extra", {**written, "requests.memory": "16Gi"}),
+    ):
+        meta = quota["metadata"]
+        await sim.apply(
+            {
+                **quota,
+                "metadata": {
+                    **meta,
+                    "annotations": {**annotations, LAST_HARD_ANNOTATION: rl_json(parse_resource_list(last))},
+                },
+            }
+        )
+        err = await create_as(sim, TENANT, pod(name, requests=SMALL))
+        assert err is not None and "is not the one vmquota wrote" in err.message, (name, err)

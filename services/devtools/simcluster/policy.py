@@ -15,12 +15,16 @@ For every write, each ``ValidatingAdmissionPolicyBinding`` whose policy exists i
    ``Deny`` refuses the request with ``<resource> "<name>" is forbidden: ValidatingAdmissionPolicy '<policy>'
    with binding '<binding>' denied request: <message>``, the HTTP code of the validation's ``reason`` (422
    ``Invalid`` when unset). An expression that fails to evaluate refuses the request under
-   ``failurePolicy: Fail`` (the default) and is ignored under ``Ignore``.
+   ``failurePolicy: Fail`` (the default) and is ignored under ``Ignore``. The message is the validation's
+   ``messageExpression`` when that gives one line of at most 5 KiB (kube-apiserver drops a longer one:
+   ``MaxEvaluatedMessageExpressionSizeBytes``), else its ``message``, else ``failed expression: <expression>``.
 
 Expressions are CEL, evaluated by CEL's C++ implementation (the ``cel-expr-python`` bindings) with the variables
 Kubernetes binds (``object``, ``oldObject``, ``request``, ``params``, ``namespaceObject``, ``variables``) and the
-Kubernetes CEL libraries our shipped policies use (the strings extension: ``join``, ``substring``; the quantity
-library: ``quantity``, ``asApproximateFloat``). Policies, bindings and
+Kubernetes CEL libraries our shipped policies use (the strings extension: ``join``, ``split``, ``substring``; the
+quantity library: ``quantity``, ``asApproximateFloat``). CEL's cost limits (one million per expression or variable,
+ten million per policy evaluation) are not modelled: the shipped policies are kept linear in what they read
+(``docs/accounting.md``, "The reservation guard"). Policies, bindings and
 parameters are read from the store at each request: the simulator has no informer lag (a real API server's policy
 and parameter informers trail writes by milliseconds; ``docs/accounting.md`` says what that leaves open).
 """
@@ -49,6 +53,8 @@ class _Unsupported(Exception):
     pass
 
 
+MAX_MESSAGE_EXPRESSION_BYTES: Final = 5 * 1024
+"""The longest ``messageExpression`` result kube-apiserver keeps (``k8s.io/apiserver/pkg/apis/cel/config.go``)."""
 _VARIABLES: Final = ("object", "oldObject", "request", "params", "namespaceObject", "variables")
 
 
@@ -317,7 +323,7 @@ class PolicySystem:
                 text = str(self._program(policy, str(expr)).run(activation)).strip()
             except _Unsupported:
                 text = ""
-            if text and "\n" not in text:
+            if text and "\n" not in text and len(text.encode()) <= MAX_MESSAGE_EXPRESSION_BYTES:
                 return text
         message = str(validation.get("message") or "").strip()
         return message or f"failed expression: {str(validation.get('expression', '')).strip()}"

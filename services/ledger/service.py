@@ -17,6 +17,16 @@ start of the stream when it has no progress, e.g. with a new partition layout); 
 below its own checkpointed sequence. Whatever the crash point, the states and the last usage published per
 namespace end up the same.
 
+Lost events. The events stream keeps what its limits allow (``--events-max-age``, its size), and anyone who can
+make objects can fill it: a ledger that is down for long, or replays from the start after losing its checkpoints,
+may find that the stream dropped events it had not read (``PullConsumer.take_loss``). Folding what is left would
+publish usage without the objects whose events are gone, a ``hard`` too high. Instead the ledger records a mark (the
+stream's last sequence then; key ``lost.<partitions>.<cluster filter>``, written at once), publishes no usage of a
+cluster until it has folded a relist of it answering that mark (``Ledger.whole``: the cluster's watcher publishes
+every object again, then a ``Sync`` whose ``answers`` is the mark), and asks each such cluster's watcher for one on
+``vmquota.relist.<cluster>``, again every few seconds (``relist_retry``) until it comes. Meanwhile the enforcer keeps
+the usage it had, as while the ledger is down.
+
 Partitions are filtered here, not by subject: every instance reads the whole events stream of its cluster filter
 and folds only the namespaces of its partitions (cluster-wide objects are folded by all).
 """
@@ -97,6 +107,9 @@ class LedgerOptions:
     """The largest piece of a checkpoint stored as one value (0: the bus's largest message, less headroom); a larger
     checkpoint is stored in parts and a manifest (``shared.ledger.fold.split_checkpoint``)."""
     service: str = "ledger"
+    relist_retry: tuple[float, float] = (2.0, 60.0)
+    """Seconds between relist requests to a cluster whose lost events wait for one: the first, and the most after
+    doubling."""
     kinds: frozenset[str] | None = ACCOUNTED_KINDS
     """The kinds folded (None: every kind); the others are skipped (VirtualMachines: accounting does not read
     them)."""
@@ -108,6 +121,11 @@ class LedgerOptions:
     @property
     def progress_key(self) -> str:
         return f"progress.{self.partitions.token()}.{self.cluster or 'all'}"
+
+    @property
+    def lost_key(self) -> str:
+        """Where this instance keeps its mark of events the stream lost before it read them (see the module)."""
+        return f"lost.{self.partitions.token()}.{self.cluster or 'all'}"
 
 
 class LedgerService:
@@ -131,6 +149,14 @@ class LedgerService:
         """Checkpoint key → the keys of the parts its stored manifest names (deleted once it is replaced)."""
         self.consumer: PullConsumer | None = None
         self.start_seq = 1
+        self.lost = 0
+        """The mark of the latest loss of events (0: none); see the module."""
+        self._lost_saved = True
+        self._relist_at = 0.0
+        """When the next relist request is due (monotonic)."""
+        self._relist_delay = opts.relist_retry[0]
+        self._withheld: set[str] = set()
+        """Clusters whose usage was withheld (logged once per cluster until whole again)."""
         self.applied = 0
         self.published = 0
         self.dead_letters = 0
@@ -155,6 +181,7 @@ class LedgerService:
         self._m_fold = self.metrics.fold_seconds.labels(service=svc)
         self._m_dlq = self.metrics.dlq.labels(service=svc)
         self._m_seq = self.metrics.applied_seq.labels(service=svc)
+        self._m_incomplete = self.metrics.incomplete.labels(service=svc)
 
     def _fresh_ledger(self) -> Ledger:
         return Ledger(self.opts.partitions, self.opts.kinds)
@@ -171,9 +198,10 @@ class LedgerService:
         progress = await self._load()
         last = await self._events_last_seq()
         if last is not None and progress > last:
-            log.warning("checkpoints are ahead of the events stream (recreated?): starting over", last_seq=last)
+            log.error("checkpoints are ahead of the events stream (recreated?): starting over", last_seq=last)
             self.ledger = self._fresh_ledger()
             progress = 0
+            await self._lose(max(1, last))  # (the events of the old stream are gone)
         self.start_seq = progress + 1
         log.info(
             "ledger starting",
@@ -208,6 +236,12 @@ class LedgerService:
                     except (UnicodeDecodeError, ValueError):
                         log.warning("unreadable progress key; replaying from the start", key=key)
                         progress = 0
+                elif key == self.opts.lost_key:
+                    try:
+                        self.lost = max(0, int(value.decode()))
+                    except (UnicodeDecodeError, ValueError):
+                        log.error("unreadable mark of lost events: every cluster waits for a relist", key=key)
+                        self.lost = 2**62
                 elif (owner := part_of(key)) is not None:
                     if self._loads(owner):
                         parts[key] = value
@@ -315,6 +349,7 @@ class LedgerService:
             start_seq=self.start_seq,
             batch=self.opts.batch,
             idle=self.opts.idle,
+            note_losses=True,
         )
         self.health.set_ready(self.opts.service, False)
         batches = self.consumer.batches()
@@ -325,9 +360,14 @@ class LedgerService:
                 self._waiting.clear()
                 idle = self._checkpoint_done()  # (raises what a finished round raised)
                 self.health.set_ready(self.opts.service, True)
+                loss = self.consumer.take_loss()
+                if loss is not None:  # (before the batch that comes after it is folded)
+                    await self._lose(loss.stream_last)
                 if batch:
                     await self._fold(batch)
                 now = time.monotonic()
+                if self.lost:
+                    await self._ask_for_relists(now)
                 if self.ledger.changed:
                     due, wait = self._due(now)
                     if due:
@@ -440,6 +480,74 @@ class LedgerService:
         self.dead_letters += 1
         self._m_dlq.inc()
 
+    # ---- lost events -------------------------------------------------------------------------------------------
+    async def _lose(self, mark: int) -> None:
+        """The stream lost events this ledger had not read, up to ``mark``: hold back the usage of every cluster until
+        a relist answering it is folded (see the module). The mark is kept before anything else is done."""
+        self.lost = max(self.lost, mark)
+        self._relist_at, self._relist_delay = 0.0, self.opts.relist_retry[0]
+        log.error(
+            "the events stream lost events this ledger had not read: usage is withheld until each cluster's "
+            "watcher has published everything again",
+            lost=self.lost,
+            clusters=self.ledger.clusters() or ([self.opts.cluster] if self.opts.cluster else []),
+        )
+        self._lost_saved = False
+        await self._save_lost()
+
+    async def _save_lost(self) -> None:
+        assert self.kv is not None
+        try:
+            await self.kv.put(self.opts.lost_key, str(self.lost).encode())
+            self._lost_saved = True
+        except (nats.errors.Error, OSError) as e:  # (tried again before the next checkpoint's progress)
+            log.warning("mark of lost events not saved yet", error=str(e) or type(e).__name__)
+
+    def _publishable(self, cluster: str) -> bool:
+        """Whether the cluster's usage may be published (logging when it is withheld, and when it is no more)."""
+        if self.ledger.whole(cluster, self.lost):
+            if cluster in self._withheld:
+                self._withheld.discard(cluster)
+                log.info("relist folded: usage published again", cluster=cluster, lost=self.lost)
+            return True
+        if cluster not in self._withheld:
+            self._withheld.add(cluster)
+            log.warning("usage withheld until the cluster's watcher has published everything again", cluster=cluster)
+        return False
+
+    def incomplete(self) -> list[str]:
+        """The clusters whose usage waits for a relist answering :attr:`lost` (the one this instance folds even
+        before it holds anything of it)."""
+        if not self.lost:
+            return []
+        clusters = set(self.ledger.clusters())
+        if self.opts.cluster is not None:
+            clusters.add(self.opts.cluster)
+        return sorted(c for c in clusters if not self.ledger.whole(c, self.lost))
+
+    async def _ask_for_relists(self, now: float) -> None:
+        """Ask the watcher of each cluster still waiting for a relist (core NATS: a request lost with a watcher's
+        restart is asked again, later and later)."""
+        waiting = self.incomplete()
+        self._m_incomplete.set(len(waiting))
+        if not waiting or now < self._relist_at:
+            return
+        if not self._lost_saved:
+            await self._save_lost()
+        request = contract.encode(
+            contract.RelistRequest(
+                lost=self.lost, requester=contract.source(self.opts.service, self.opts.cluster or "all")
+            )
+        )
+        for cluster in waiting:
+            try:
+                await self.bus.nc.publish(contract.relist_subject(cluster), request)
+            except (nats.errors.Error, OSError) as e:
+                log.warning("relist request not sent", cluster=cluster, error=str(e) or type(e).__name__)
+        log.info("relists requested", clusters=waiting, lost=self.lost)
+        self._relist_at = now + self._relist_delay
+        self._relist_delay = min(self._relist_delay * 2, self.opts.relist_retry[1])
+
     # ---- usage -------------------------------------------------------------------------------------------------
     def _fitted(self, msg: contract.UsageSnapshot, vms: list[contract.VmState]) -> bytes | None:
         """``msg`` as the bus takes it (``shared.ledger.usage.fit``), what was left out logged."""
@@ -479,6 +587,8 @@ class LedgerService:
             state = self.ledger.state(cluster, namespace)
             if state is None or namespace == CLUSTER_WIDE:
                 continue
+            if self.lost and not self._publishable(cluster):
+                continue  # (accounted again once a relist of the cluster is folded)
             view = self.ledger.view(cluster, namespace)
             try:
                 body = self.account(view)
@@ -557,6 +667,9 @@ class LedgerService:
                 ]
                 if failed:
                     raise failed[0]
+            if not self._lost_saved:  # (a progress past a loss whose mark is not kept would forget the loss)
+                await kv.put(self.opts.lost_key, str(self.lost).encode())
+                self._lost_saved = True
             await kv.put(self.opts.progress_key, str(progress).encode())
         except (nats.errors.Error, OSError) as e:
             # Not saved: try again next time (the states stay marked).

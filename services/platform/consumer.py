@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
 
 import nats
 import nats.errors
@@ -35,12 +36,28 @@ def _printable(differences: dict[str, tuple[object, object]]) -> dict[str, dict[
     return {k: {"expected": str(want), "found": str(have)} for k, (want, have) in differences.items()}
 
 
+@dataclass(frozen=True, slots=True)
+class Loss:
+    """Messages a consumer lost: from stream sequence ``first`` to before ``stream_first`` (the stream's first
+    message when the loss was noted; ``stream_last`` its last)."""
+
+    first: int
+    stream_first: int
+    stream_last: int
+
+
 class PullConsumer:
     """Read ``stream`` in stream order from ``start_seq``, through a durable pull consumer named ``durable``.
 
     ``batches()`` yields lists of messages (an empty list when nothing arrived within ``idle`` seconds, so the
     reader can run its timers). After yielding a batch the consumer takes it as applied: ``next_seq`` is the
     stream sequence it asks for when it has to re-create itself.
+
+    With ``note_losses``, messages the stream no longer holds (its retention dropped them) before this consumer read
+    them are a loss: the consumer notes it (:meth:`take_loss`) when it is created at a position the stream's first
+    message is past, and when a message comes after a jump while messages for it were pending and the stream's
+    first message is past the one it expected. (A jump while nothing was pending is the messages of other subjects;
+    a stream that keeps the last message of each subject drops older ones by design: its readers do not ask.)
 
     Every ``check_interval`` seconds (default: the bus's ``consumer_check``) and right after creating it, the consumer
     reads its durable's configuration back. Any other filter, deliver policy, ack policy or push delivery, or a
@@ -59,6 +76,7 @@ class PullConsumer:
         batch: int = 500,
         idle: float = 1.0,
         check_interval: float | None = None,
+        note_losses: bool = False,
     ) -> None:
         self.bus = bus
         self.stream = stream
@@ -82,6 +100,30 @@ class PullConsumer:
         self._epoch = -1
         self._expected_cseq = 1
         self._idle_fetches = 0
+        self._loss: Loss | None = None
+        self.note_losses = note_losses
+
+    def take_loss(self) -> Loss | None:
+        """The loss noted since the last call (the first position lost, and the stream's first and last sequence
+        when it was noted), if any; read it before applying the batch it came with."""
+        loss, self._loss = self._loss, None
+        return loss
+
+    async def _note_loss(self) -> bool:
+        """Note a loss if the stream's first message is past ``next_seq``; whether it is."""
+        state = (await self.bus.js.stream_info(self.stream)).state
+        if state.first_seq <= self.next_seq:
+            return False
+        first = self._loss.first if self._loss is not None else self.next_seq
+        self._loss = Loss(first, state.first_seq, state.last_seq)
+        log.error(
+            "the stream lost messages this consumer had not read",
+            stream=self.stream,
+            consumer=self.durable,
+            lost_from=first,
+            stream_first_seq=state.first_seq,
+        )
+        return True
 
     async def _recreate(self, why: str) -> None:
         if self._sub is not None:
@@ -109,6 +151,8 @@ class PullConsumer:
             mem_storage=True,
         )
         info = await self.bus.js.add_consumer(self.stream, cfg)
+        if self.note_losses:
+            await self._note_loss()
         self._created = info.created
         self._sub = await self.bus.js.pull_subscribe_bind(self.durable, stream=self.stream)
         self._expected_cseq = 1
@@ -210,11 +254,20 @@ class PullConsumer:
             attempt = 0
             self._idle_fetches = 0
             good: list[Msg] = []
+            checked = False
             for m in msgs:
                 at = position(m)
                 if at.consumer != self._expected_cseq or at.stream < self.next_seq:
                     why = f"gap: consumer sequence {at.consumer}, expected {self._expected_cseq}"
                     break
+                if at.stream > self.next_seq and self.pending and self.note_losses and not checked:
+                    checked = True  # (once a batch: what it delivered, the stream held)
+                    try:
+                        await self._note_loss()
+                    except (*TRANSIENT, nats.js.errors.APIError) as e:
+                        why = f"error: {type(e).__name__}"  # (read again from here, and checked on creation)
+                        log.warning("stream not read", consumer=self.durable, error=str(e) or type(e).__name__)
+                        break
                 self._expected_cseq += 1
                 self.next_seq = at.stream + 1
                 self.pending = at.pending

@@ -51,6 +51,12 @@ class Metrics:
         self.reconnects = Counter("vmquota_nats_reconnects", "Reconnections to NATS", ["service"], registry=r)
         self.dlq = Counter("vmquota_dlq", "Messages sent to the dead-letter subject", ["service"], registry=r)
         self.applied_seq = Gauge("vmquota_applied_sequence", "Last stream sequence applied", ["service"], registry=r)
+        self.incomplete = Gauge(
+            "vmquota_incomplete_clusters",
+            "Clusters whose events the stream lost before they were read, waiting for their watcher's relist",
+            ["service"],
+            registry=r,
+        )
 
     def declare(self, service: str) -> None:
         """Export ``service``'s dead letters and reconnections at 0 from the start: ``increase()`` (the alerts') does

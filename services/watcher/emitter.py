@@ -71,8 +71,10 @@ class Emitter:
             subject = self._subjects[key] = contract.event_subject(self.cluster, kind, namespace)
         return subject
 
-    def upsert(self, kind: str, obj: Obj, ident: Ident) -> bool:
-        """Queue an ``Upserted`` (or, when the object cannot be normalised, a dead letter); False for the latter."""
+    def upsert(self, kind: str, obj: Obj, ident: Ident, *, again: str = "") -> bool:
+        """Queue an ``Upserted`` (or, when the object cannot be normalised, a dead letter); False for the latter.
+        ``again``: a relist a consumer asked for, which publishes the version again under a message id of its own
+        (the stream may have dropped the first within its duplicate window: a flood of it does)."""
         try:
             snap = normalize(obj)
             ev = contract.object_event(
@@ -97,7 +99,7 @@ class Emitter:
         if len(data) > self.publisher.max_payload - 1024:  # room for the headers
             self.dead_letter(kind, obj, f"its event is {len(data)} bytes, over the bus's maximum message size", ident)
             return False
-        self.publisher.enqueue(Item(subject, data, ev.id, label=f"{kind}|upserted"))
+        self.publisher.enqueue(Item(subject, data, f"{ev.id}/{again}" if again else ev.id, label=f"{kind}|upserted"))
         return True
 
     def delete(
@@ -131,10 +133,16 @@ class Emitter:
             return
         self.publisher.enqueue(Item(subject, data, ev.id, label=f"{kind}|deleted"))
 
-    def sync(self, kind: str, namespace: str, rv: str, present: list[str]) -> None:
-        ev = contract.sync_event(cluster=self.cluster, kind=kind, namespace=namespace, rv=rv, present=present)
+    def sync(
+        self, kind: str, namespace: str, rv: str, present: list[str], *, answers: int = 0, again: str = ""
+    ) -> None:
+        """Queue a sync marker (``again``: of a relist a consumer asked for, under a message id of its round)."""
+        ev = contract.sync_event(
+            cluster=self.cluster, kind=kind, namespace=namespace, rv=rv, present=present, answers=answers
+        )
         subject = contract.event_subject(self.cluster, kind, namespace or contract.CLUSTER_TOKEN)
-        self.publisher.enqueue(Item(subject, contract.encode(ev), ev.id, label=f"{kind}|sync"))
+        mid = f"{ev.id}/{again}" if again else ev.id
+        self.publisher.enqueue(Item(subject, contract.encode(ev), mid, label=f"{kind}|sync"))
 
     def dead_letter(self, kind: str, obj: Obj, reason: str, ident: Ident | None) -> None:
         """Queue a :class:`shared.contract.DeadLetter` with the raw object, deduplicated per object version."""

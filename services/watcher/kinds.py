@@ -87,10 +87,10 @@ class QuotaListWatch(ListWatch):
         if change is not None:
             self.w.managed_changed([ident.namespace] if change else [], [] if change else [ident.namespace])
 
-    async def relist(self, reason: str) -> None:
+    async def relist(self, reason: str, *, again: str = "") -> None:
         self._listing = {}
         try:
-            await super().relist(reason)
+            await super().relist(reason, again=again)
         finally:
             self._listing = None
 

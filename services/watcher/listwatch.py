@@ -51,6 +51,10 @@ class ListWatch:
         """The last resourceVersion seen (list, event or bookmark): where a re-watch starts."""
         self.listed = asyncio.Event()
         """Set once the first list is published."""
+        self._republish: list[tuple[str, asyncio.Future[None]]] = []
+        """Callers of :meth:`republish` waiting for the loop's next list, with their round's name."""
+        self._interrupt = asyncio.Event()
+        """Set when :meth:`republish` wants the watch ended and everything listed again."""
         self.started = False
         """Set when the first list starts."""
         self.log = watcher.log.bind(kind=spec.kind)
@@ -98,11 +102,12 @@ class ListWatch:
             self.w.emitter.dead_letter(self.kind, obj, f"{where(self.kind, obj)}: {e}", None)
             return None
 
-    def upsert(self, obj: Obj, ident: Ident) -> None:
-        """Publish the object if this version is new to the loop, and remember it."""
-        if not is_newer(self.known.get(ident.uid), ident.rv):
+    def upsert(self, obj: Obj, ident: Ident, *, again: str = "") -> None:
+        """Publish the object if this version is new to the loop (``again``, the name of a relist a consumer asked
+        for: whatever it published), and remember it."""
+        if not again and not is_newer(self.known.get(ident.uid), ident.rv):
             return
-        self.w.emitter.upsert(self.kind, obj, ident)
+        self.w.emitter.upsert(self.kind, obj, ident, again=again)
         self.known.put(
             ident.uid,
             ident.namespace,
@@ -147,8 +152,9 @@ class ListWatch:
             self.known.pop(ident.uid)  # out of scope now (a pod of a namespace no longer managed)
 
     # ---- list ------------------------------------------------------------------------------------------------
-    async def list_into(self, namespace: str | None, listed: dict[str, Tracked]) -> str:
-        """List (one namespace or all), publish what is new, fill ``listed``; the list's resourceVersion."""
+    async def list_into(self, namespace: str | None, listed: dict[str, Tracked], *, again: str = "") -> str:
+        """List (one namespace or all), publish what is new (``again``: everything), fill ``listed``; the list's
+        resourceVersion."""
         list_rv = ""
         pages = kube.list_pages(
             self.w.api, self.spec, namespace=namespace, limit=self.w.config.page_size, timeouts=self.w.config.timeouts
@@ -171,14 +177,15 @@ class ListWatch:
                     listed[ident.uid] = Tracked(ident.namespace, ident.name, ident.rv)
                     if self.reads is not None:
                         await self.before_upsert(obj)
-                    self.upsert(obj, ident)
+                    self.upsert(obj, ident, again=again)
                     await self.w.publisher.room()
         if not list_rv.isdigit():
             raise KubeError(0, "BadList", f"the list of {self.spec.key} has resourceVersion {list_rv!r}")
         return list_rv
 
-    async def relist(self, reason: str) -> None:
-        """List everything, publish changes, deletions of vanished objects, then sync markers."""
+    async def relist(self, reason: str, *, again: str = "") -> None:
+        """List everything, publish changes (``again``: every object), deletions of vanished objects, then sync
+        markers."""
         m = self.w.metrics
         if m is not None:
             m.relists.labels(self.w.config.cluster, self.kind, reason).inc()
@@ -186,7 +193,7 @@ class ListWatch:
         before = self.known.namespaces()
         context = self.list_context()
         listed: dict[str, Tracked] = {}
-        list_rv = await self.list_into(None, listed)
+        list_rv = await self.list_into(None, listed, again=again)
         list_rv_int = int(list_rv)
         self.relisted()
         diff = diff_relist(self.known.snapshot(), listed, list_rv_int)
@@ -196,7 +203,7 @@ class ListWatch:
         plan = self.sync_plan(diff, before, context)
         await self.w.publisher.flush()
         for ns, present in sorted(plan.items()):
-            self.w.emitter.sync(self.kind, ns, list_rv, present)
+            self.w.emitter.sync(self.kind, ns, list_rv, present, again=again)
         self.rv = list_rv
         self.log.info(
             "listed",
@@ -235,6 +242,46 @@ class ListWatch:
                 await self.w.publisher.room()
         return count, loop.time() - started
 
+    def republish(self, again: str) -> asyncio.Future[None]:
+        """Have the loop end its watch, list everything and publish every object again, whatever it published before
+        (a consumer lost events: ``Watcher.republish``; ``again`` names the round); done once that list's sync
+        markers are queued."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._republish.append((again, done))
+        self._interrupt.set()
+        return done
+
+    async def _relist(self, reason: str) -> None:
+        """:meth:`relist`, publishing everything again when :meth:`republish` asked (its callers are then told)."""
+        waiting, self._republish = self._republish, []
+        self._interrupt.clear()
+        try:
+            await self.relist(reason, again=waiting[-1][0] if waiting else "")
+        except BaseException:
+            self._republish = waiting + self._republish  # (asked again by the next list)
+            if self._republish:
+                self._interrupt.set()
+            raise
+        for _, done in waiting:
+            if not done.done():
+                done.set_result(None)
+
+    async def _watch(self) -> tuple[int, float] | None:
+        """:meth:`watch_once`, ended early (None) when :meth:`republish` asks for a list."""
+        if self._interrupt.is_set():
+            return None
+        watch = asyncio.ensure_future(self.watch_once())
+        asked = asyncio.ensure_future(self._interrupt.wait())
+        try:
+            await asyncio.wait([watch, asked], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            asked.cancel()
+            if not watch.done():
+                watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+        return None if watch.cancelled() else watch.result()
+
     async def run(self) -> None:
         """List, then watch forever (until cancelled)."""
         cfg = self.w.config
@@ -246,11 +293,14 @@ class ListWatch:
         timeout_floor = cfg.timeouts.watch * 0.9
         while True:
             try:
-                if need_list:
-                    await self.relist(reason)
+                if need_list or self._republish:
+                    await self._relist(reason if need_list else "asked")
                     need_list = False
                     gone = 0
-                count, lasted = await self.watch_once()
+                watched = await self._watch()
+                if watched is None:
+                    continue  # (a list was asked for)
+                count, lasted = watched
                 if count == 0 and lasted < cfg.short_watch:
                     raise KubeError(0, "ShortWatch", f"the watch ended after {lasted:.2f}s without an event")
                 attempt = 0

@@ -13,11 +13,13 @@ ledger keeps their last state until the namespace is managed again and a new mar
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from kubernetes_asyncio.client import ApiClient
+from nats.aio.msg import Msg
 
 from services.platform.publisher import Publisher
 from services.watcher.emitter import Emitter
@@ -107,6 +109,9 @@ class Watcher:
             cls = LOOPS.get(spec.kind, ListWatch)
             self.loops[spec.kind] = cls(self, spec)
         self._group: asyncio.TaskGroup | None = None
+        self._asked = 0
+        """The largest ``lost`` of the relist requests received (:meth:`relist_asked`)."""
+        self._republishing: asyncio.Task[None] | None = None
 
     def cluster_namespaces(self) -> Iterable[str]:
         ns = self.loops.get(NAMESPACE_KIND)
@@ -130,19 +135,67 @@ class Watcher:
         task: asyncio.Task[None] = self._group.create_task(coro, name=name)
         return task
 
+    # ---- relists a consumer asks for ----------------------------------------------------------------------------
+    def relist_asked(self, data: bytes) -> None:
+        """A relist request (``vmquota.relist.<cluster>``): a consumer lost events of this cluster. Every object is
+        listed and published again, then a marker answering the request (:meth:`republish`); requests that come
+        while that runs are answered by the next round."""
+        try:
+            request = contract.decode_relist_request(data)
+        except InvalidInput as e:
+            self.log.warning("relist request ignored", error=str(e))
+            return
+        self.log.warning("relist asked: publishing everything again", requester=request.requester, lost=request.lost)
+        self._asked = max(self._asked, request.lost)
+        if self._republishing is None or self._republishing.done():
+            self._republishing = self.spawn(self.republish(), "republish")
+
+    async def republish(self) -> None:
+        """Have every loop list and publish every object again (namespaces and quotas first, as at the start), then
+        publish the marker that answers the requests received before it began: a sync of the cluster's namespaces
+        with ``answers`` (``shared.contract.Sync.answers``), after everything else is stored."""
+        namespaces = self.loops.get(NAMESPACE_KIND)
+        if namespaces is None:
+            self.log.error("cannot answer a relist request without watching namespaces")
+            return
+        first = [lw for k, lw in self.loops.items() if k in FIRST]
+        rest = [lw for k, lw in self.loops.items() if k not in FIRST]
+        while True:
+            answering = self._asked
+            again = f"relist-{answering}"
+            await asyncio.gather(*(lw.republish(again) for lw in first))
+            await asyncio.gather(*(lw.republish(again) for lw in rest))
+            await self.publisher.flush()
+            self.emitter.sync(NAMESPACE_KIND, "", namespaces.rv, sorted(namespaces.known), answers=answering)
+            await self.publisher.flush()
+            self.log.info("relist published", answers=answering)
+            if self._asked <= answering:
+                return
+
     async def run(self) -> None:
         first = [lw for k, lw in self.loops.items() if k in FIRST]
         rest = [lw for k, lw in self.loops.items() if k not in FIRST]
-        async with asyncio.TaskGroup() as group:
-            self._group = group
-            for lw in first:
-                group.create_task(lw.run(), name=f"watch-{lw.kind}")
-            for lw in first:
-                await lw.listed.wait()
-            for lw in rest:
-                group.create_task(lw.run(), name=f"watch-{lw.kind}")
-            for lw in rest:
-                await lw.listed.wait()
-            self.log.info("every resource listed", objects={k: len(lw.known) for k, lw in self.loops.items()})
-            if self.on_ready is not None:
-                self.on_ready()
+
+        async def asked(msg: Msg) -> None:
+            self.relist_asked(msg.data)
+
+        sub = None
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                sub = await self.publisher.bus.nc.subscribe(contract.relist_subject(self.config.cluster), cb=asked)
+                for lw in first:
+                    group.create_task(lw.run(), name=f"watch-{lw.kind}")
+                for lw in first:
+                    await lw.listed.wait()
+                for lw in rest:
+                    group.create_task(lw.run(), name=f"watch-{lw.kind}")
+                for lw in rest:
+                    await lw.listed.wait()
+                self.log.info("every resource listed", objects={k: len(lw.known) for k, lw in self.loops.items()})
+                if self.on_ready is not None:
+                    self.on_ready()
+        finally:
+            if sub is not None:
+                with contextlib.suppress(Exception):  # (gone with the connection)
+                    await sub.unsubscribe()

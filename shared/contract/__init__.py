@@ -15,7 +15,9 @@ Subjects (``docs/events.md`` documents every field with an example):
   :class:`Sync`); cluster-scoped objects (Namespace, the KubeVirt CR) use the namespace token ``_cluster``;
 * ``vmquota.usage.<cluster>.<namespace>`` — the ledger's :class:`UsageSnapshot` of a namespace;
 * ``vmquota.quota.<cluster>.<namespace>`` — the enforcer's :class:`Decision` on a quota;
-* ``vmquota.dlq.<service>`` — :class:`DeadLetter`: what a service could not use, with the reason.
+* ``vmquota.dlq.<service>`` — :class:`DeadLetter`: what a service could not use, with the reason;
+* ``vmquota.relist.<cluster>`` — core NATS, no stream: a ledger's :class:`RelistRequest` after the events stream
+  lost events of the cluster it had not read; the cluster's watcher answers on the events subjects.
 """
 
 from shared.contract.codec import decode_dead_letter as decode_dead_letter
@@ -23,6 +25,7 @@ from shared.contract.codec import decode_decision as decode_decision
 from shared.contract.codec import decode_event as decode_event
 from shared.contract.codec import decode_event_fast as decode_event_fast
 from shared.contract.codec import decode_event_plain as decode_event_plain
+from shared.contract.codec import decode_relist_request as decode_relist_request
 from shared.contract.codec import decode_usage as decode_usage
 from shared.contract.codec import encode as encode
 from shared.contract.messages import MAX_ERROR_CHARS as MAX_ERROR_CHARS
@@ -34,6 +37,7 @@ from shared.contract.messages import Deleted as Deleted
 from shared.contract.messages import MigrationState as MigrationState
 from shared.contract.messages import ObjectEvent as ObjectEvent
 from shared.contract.messages import QuotaTerms as QuotaTerms
+from shared.contract.messages import RelistRequest as RelistRequest
 from shared.contract.messages import Snapshot as Snapshot
 from shared.contract.messages import Sync as Sync
 from shared.contract.messages import Upserted as Upserted
@@ -75,6 +79,7 @@ from shared.contract.subjects import events_filter as events_filter
 from shared.contract.subjects import msg_id as msg_id
 from shared.contract.subjects import namespace_token as namespace_token
 from shared.contract.subjects import parse_event_subject as parse_event_subject
+from shared.contract.subjects import relist_subject as relist_subject
 from shared.contract.subjects import resource_version as resource_version
 from shared.contract.subjects import subject_kind as subject_kind
 from shared.contract.subjects import sync_uid as sync_uid

@@ -15,6 +15,7 @@ from shared.contract.messages import (
     Decision,
     Deleted,
     ObjectEvent,
+    RelistRequest,
     Sync,
     Upserted,
     UsageSnapshot,
@@ -46,6 +47,7 @@ _FAST_EVENT_DECODER: Final = msgspec.json.Decoder(_WireUpserted | _WireDeleted |
 _USAGE_DECODER: Final = msgspec.json.Decoder(UsageSnapshot)
 _DECISION_DECODER: Final = msgspec.json.Decoder(Decision)
 _DLQ_DECODER: Final = msgspec.json.Decoder(DeadLetter)
+_RELIST_DECODER: Final = msgspec.json.Decoder(RelistRequest)
 
 
 def encode(msg: msgspec.Struct) -> bytes:
@@ -179,3 +181,14 @@ def decode_decision(data: bytes) -> Decision:
 
 def decode_dead_letter(data: bytes) -> DeadLetter:
     return _decode_checked(_DLQ_DECODER, data, "dead letter", "deadletter")
+
+
+def decode_relist_request(data: bytes) -> RelistRequest:
+    """A relist request, validated; :class:`InvalidInput` saying what is wrong."""
+    try:
+        req = _RELIST_DECODER.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+        raise InvalidInput(f"invalid relist request: {e}", "relist") from None
+    if req.lost < 1:
+        raise InvalidInput(f"relist request with lost {req.lost} (at least 1)", "relist.lost")
+    return req

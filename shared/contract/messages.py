@@ -82,6 +82,13 @@ class Sync(_Message, frozen=True, kw_only=True, tag=SYNC):
     resource_version: str
     present: list[str]
     """UIDs of the objects that exist."""
+    answers: int = 0
+    """Set (> 0) only on the marker that ends a relist a consumer asked for because the events stream lost events of
+    this cluster before it read them (:class:`RelistRequest`): the largest ``lost`` of the requests the watcher had
+    received when that relist began. Every object of every kind the watcher follows was published again before
+    this marker, whatever had been published before, so a consumer that lost events holds the cluster's whole
+    state again once it has read a marker answering its request. Such a marker is a sync of the cluster's
+    namespaces (kind ``Namespace``), the relist's last message."""
 
 
 ObjectEvent = Upserted | Deleted | Sync
@@ -322,11 +329,13 @@ def sync_event(
     present: list[str],
     producer: str = "watcher",
     time: str | None = None,
+    answers: int = 0,
 ) -> Sync:
-    """A sync marker for ``kind`` in ``namespace`` (ignored for cluster-scoped kinds: ``_cluster``)."""
+    """A sync marker for ``kind`` in ``namespace`` (ignored for cluster-scoped kinds: ``_cluster``); ``answers``: see
+    :attr:`Sync.answers`."""
     token = namespace_token(kind, namespace)
     return Sync(
-        id=msg_id(cluster, kind, sync_uid(token), rv, SYNC),
+        id=msg_id(cluster, kind, sync_uid(token), rv, SYNC) + (f"/answers-{answers}" if answers else ""),
         source=source(producer, cluster),
         subject=token,
         time=time or rfc3339(),
@@ -335,4 +344,18 @@ def sync_event(
         namespace=token,
         resource_version=rv,
         present=sorted(present),
+        answers=answers,
     )
+
+
+class RelistRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """A consumer's request (core NATS, on :func:`~shared.contract.subjects.relist_subject`) that a cluster's watcher
+    publish every object again, then a marker that :attr:`Sync.answers` it: the events stream lost events the
+    consumer had not read (its retention dropped them). Only the ledger may publish it; a watcher that receives one
+    relists at most once at a time."""
+
+    lost: int
+    """The consumer's mark of its latest loss (a stream sequence at or after it): the marker answers it when it
+    carries as much."""
+    requester: str = ""
+    """Who asks (``vmquota/<service>/<cluster or all>``), for the watcher's log."""

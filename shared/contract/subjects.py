@@ -123,6 +123,12 @@ def decision_subject(cluster: str, namespace: str) -> str:
     return f"{PREFIX}.quota.{check_cluster(cluster)}.{check_namespace(namespace)}"
 
 
+def relist_subject(cluster: str) -> str:
+    """``vmquota.relist.<cluster>``: where a consumer that lost events of a cluster asks its watcher to publish
+    everything again (core NATS, not a stream)."""
+    return f"{PREFIX}.relist.{check_cluster(cluster)}"
+
+
 def dlq_subject(service: str) -> str:
     if not _DNS_LABEL.match(service):
         raise InvalidInput(f"service name {service!r} is not a DNS label", "service")

@@ -192,6 +192,8 @@ class Checkpoint(msgspec.Struct, kw_only=True, rename="camel"):
     namespace: str
     seq: int
     usage_digest: str = ""
+    answered: int = 0
+    """:attr:`NamespaceState.answered`."""
     floors: dict[str, int] = {}
     late: list[str] = []
     """Pods created in a refusal (:attr:`NamespaceState.late`), sorted."""
@@ -253,6 +255,7 @@ class NamespaceState:
 
     __slots__ = (
         "_live",
+        "answered",
         "clock",
         "cluster",
         "departed",
@@ -279,6 +282,10 @@ class NamespaceState:
         """kind → resourceVersion of the last sync: an unknown object at or below it is not resurrected."""
         self.usage_digest = ""
         """Digest of the last usage snapshot published for this namespace (kept by the service)."""
+        self.answered = 0
+        """Of a cluster-wide state: the largest relist request a marker of the cluster's watcher answered
+        (:attr:`Sync.answers <shared.contract.Sync.answers>`): every object of the cluster was published again before
+        it, so the cluster's states are whole for a ledger whose losses that covers (:meth:`Ledger.whole`)."""
         self._live: dict[str, list[Snapshot]] = {}
         """kind → :meth:`live` of that kind, until the kind changes (accounting reads a namespace on every change
         of it, mostly of one kind)."""
@@ -544,6 +551,7 @@ class NamespaceState:
                 namespace=self.namespace,
                 seq=self.seq,
                 usage_digest=self.usage_digest,
+                answered=self.answered,
                 floors=dict(sorted(self.floors.items())),
                 late=sorted(self.late),
                 windows=dict(sorted(self.windows.items())),
@@ -574,6 +582,7 @@ class NamespaceState:
         st = cls(ck.cluster, ck.namespace)
         st.seq = ck.seq
         st.usage_digest = ck.usage_digest
+        st.answered = ck.answered
         st.floors = dict(ck.floors)
         st.late = set(ck.late)
         st.windows = dict(ck.windows)
@@ -724,6 +733,18 @@ class Ledger:
             self.unsaved.add(key)  # even an empty state records the sequence it has seen
         return st
 
+    def whole(self, cluster: str, lost: int) -> bool:
+        """Whether the states of ``cluster`` hold everything, for a ledger whose events stream lost events it had not
+        read up to its mark ``lost`` (0: it never did): a relist answering that mark was folded since."""
+        if lost <= 0:
+            return True
+        cw = self.states.get((cluster, CLUSTER_WIDE))
+        return cw is not None and cw.answered >= lost
+
+    def clusters(self) -> list[str]:
+        """The clusters this ledger holds states of, sorted."""
+        return sorted({c for c, _ in self.states})
+
     def namespaces(self, cluster: str | None = None) -> Iterator[tuple[str, str]]:
         """Keys of the namespace states (not the cluster-wide ones), sorted."""
         for key in sorted(self.states):
@@ -783,6 +804,11 @@ class Ledger:
     def _apply_sync(self, ev: Sync, seq: int) -> Outcome:
         if self.kinds is not None and ev.kind not in self.kinds:
             return Outcome.UNTRACKED
+        if ev.answers and ev.kind == NAMESPACE_KIND:
+            cw = self._state((ev.cluster, CLUSTER_WIDE))
+            if ev.answers > cw.answered:
+                cw.answered = ev.answers
+                self._mark((ev.cluster, CLUSTER_WIDE))  # (every namespace of the cluster is accounted again)
         if ev.kind in CLUSTER_WIDE_KINDS:
             keys: Iterable[tuple[str, str]] = [(ev.cluster, CLUSTER_WIDE)]
         elif ev.kind == NAMESPACE_KIND:

@@ -10,7 +10,6 @@ import random
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,174 +17,33 @@ import nats.js.errors
 import pytest
 from nats.js.kv import KeyValue
 
-from services.ledger.service import LedgerOptions, LedgerService
-from services.platform.bus import Bus, NatsOptions
-from services.platform.publisher import publish_all
-from services.platform.runner import cancel
+from services.ledger.service import LedgerService
+from services.platform.bus import Bus
 from shared import contract
-from shared.ledger.fold import Ledger, NamespaceView, PartitionSet, checkpoint_key, part_keys, read_manifest
+from shared.ledger.fold import PartitionSet, checkpoint_key, part_keys, read_manifest
 from shared.ledger.usage import usage_digest
-from shared.snapshot import KubeVirtSnapshot, NamespaceSnapshot, PodSnapshot
+from shared.snapshot import NamespaceSnapshot
 from tests.conftest import NatsServer
+from tests.integration.ledgers import (
+    CLUSTER,
+    Running,
+    World,
+    connect_bus,
+    expected_usage,
+    last_usage,
+    options,
+    publish,
+    usage_of,
+)
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
-
-CLUSTER = "c1"
-
-
-def count_objects(view: NamespaceView) -> contract.UsageBody:
-    """A stand-in accountant for the service's plumbing: the live pods and their phases (a pure function of the
-    view, as the real one is)."""
-    pods = view.objects.get("Pod", [])
-    vms = [contract.VmState(name=p.name, uid=p.uid, phase=getattr(p, "phase", ""), state="running") for p in pods]
-    errors = [f"namespace object {s.name}" for s in view.objects.get("Namespace", [])]
-    return contract.UsageBody(vms=vms, errors=errors)
-
-
-@dataclass
-class World:
-    """Generates object events as a cluster would: one global resourceVersion, creates, updates and deletes."""
-
-    rnd: random.Random
-    namespaces: list[str]
-    rv: int = 100
-    live: dict[str, tuple[str, str]] = field(default_factory=dict)  # uid -> (namespace, name)
-    made: int = 0
-
-    def next(self) -> contract.Upserted | contract.Deleted:
-        self.rv += 1
-        roll = self.rnd.random()
-        if self.live and roll < 0.2:
-            uid = self.rnd.choice(sorted(self.live))
-            ns, name = self.live.pop(uid)
-            ev = contract.object_event(
-                "deleted", cluster=CLUSTER, kind="Pod", namespace=ns, name=name, uid=uid, rv=str(self.rv), snapshot=None
-            )
-        elif self.live and roll < 0.6:
-            uid = self.rnd.choice(sorted(self.live))
-            ns, name = self.live[uid]
-            ev = self._pod(uid, ns, name)
-        else:
-            self.made += 1
-            ns = self.rnd.choice(self.namespaces)
-            uid, name = f"uid-{self.made:05d}", f"pod-{self.made}"
-            self.live[uid] = (ns, name)
-            ev = self._pod(uid, ns, name)
-        return ev
-
-    def kubevirt(self) -> contract.Upserted | contract.Deleted:
-        """The cluster's KubeVirt CR at a new version (cluster-wide state, folded by every instance)."""
-        self.rv += 1
-        snap = KubeVirtSnapshot(
-            uid="kv-uid",
-            namespace="kubevirt",
-            name="kubevirt",
-            resource_version=str(self.rv),
-            cpu_allocation_ratio=str(self.rv % 7 + 1),
-        )
-        return contract.object_event(
-            "upserted",
-            cluster=CLUSTER,
-            kind="KubeVirt",
-            namespace="kubevirt",
-            name="kubevirt",
-            uid="kv-uid",
-            rv=str(self.rv),
-            snapshot=snap,
-        )
-
-    def _pod(self, uid: str, ns: str, name: str) -> contract.Upserted | contract.Deleted:
-        phase = self.rnd.choice(["Pending", "Running"])
-        snap = PodSnapshot(uid=uid, namespace=ns, name=name, resource_version=str(self.rv), phase=phase)
-        return contract.object_event(
-            "upserted", cluster=CLUSTER, kind="Pod", namespace=ns, name=name, uid=uid, rv=str(self.rv), snapshot=snap
-        )
-
-
-def subject_of(ev: contract.Upserted | contract.Deleted | contract.Sync) -> str:
-    return contract.event_subject(ev.cluster, ev.kind, ev.namespace or getattr(ev, "name", ""))
-
-
-async def publish(b: Bus, events: list[contract.Upserted | contract.Deleted], *, msg_ids: bool = True) -> None:
-    await publish_all(b, [(subject_of(e), contract.encode(e), e.id if msg_ids else None) for e in events])
-
-
-def options(partitions: PartitionSet | None = None, *, part_bytes: int = 0) -> LedgerOptions:
-    return LedgerOptions(
-        partitions=partitions or PartitionSet.all(4),
-        cluster=CLUSTER,
-        batch=64,
-        idle=0.1,
-        debounce=0.01,
-        checkpoint_interval=0.05,
-        checkpoint_part_bytes=part_bytes,
-    )
-
-
-class Running:
-    """A LedgerService task; ``crash()`` cancels it mid-flight (no clean stop), ``stop()`` stops it cleanly."""
-
-    def __init__(self, b: Bus, opts: LedgerOptions) -> None:
-        self.stop_event = asyncio.Event()
-        self.service = LedgerService(b, opts, count_objects)
-        self.task = asyncio.create_task(self.service.run(self.stop_event))
-
-    def applied_through(self, seq: int) -> bool:
-        if self.task.done():
-            self.task.result()  # surface a failure
-        c = self.service.consumer
-        return c is not None and c.next_seq > seq
-
-    async def crash(self) -> None:
-        await cancel(self.task)  # (until it is dead: nats-py can lose a cancellation on Python 3.11)
-        assert self.task.cancelled()
-
-    async def stop(self) -> None:
-        self.stop_event.set()
-        await asyncio.wait_for(self.task, 10)
-
-
-async def last_usage(b: Bus) -> dict[str, contract.UsageSnapshot]:
-    """The last usage snapshot of every namespace (the usage stream keeps one per subject)."""
-    out: dict[str, contract.UsageSnapshot] = {}
-    try:
-        info = await b.js.stream_info(contract.USAGE_STREAM, subjects_filter=">")
-    except nats.js.errors.NotFoundError:
-        return out  # the ledger has not created it yet
-    for subject in sorted(info.state.subjects or {}):
-        msg = await b.js.get_msg(contract.USAGE_STREAM, subject=subject, direct=False)
-        u = contract.decode_usage(msg.data or b"")
-        out[u.namespace] = u
-    return out
-
-
-def expected_usage(events: list[contract.Upserted | contract.Deleted]) -> tuple[Ledger, dict[str, str]]:
-    """A ledger that applied ``events`` without stopping, and the usage content (digest) of each namespace.
-    (A usage snapshot's ``seq`` is the sequence at which it was published, which depends on batching: an event
-    that does not change the content is not republished. The content is what must match.)"""
-    led = Ledger()
-    for i, ev in enumerate(events):
-        led.apply(ev, i + 1)
-    return led, {ns: usage_digest(count_objects(led.view(c, ns))) for c, ns in led.namespaces()}
-
-
-def usage_of(snapshots: dict[str, contract.UsageSnapshot]) -> dict[str, str]:
-    return {
-        ns: usage_digest(contract.UsageBody(quotas=u.quotas, vms=u.vms, migrations=u.migrations, errors=u.errors))
-        for ns, u in snapshots.items()
-    }
-
-
-async def _connect(url: str) -> Bus:
-    return await Bus.connect(NatsOptions(url=url, name="test"), connect_timeout=10)
-
 
 # ---- tests ------------------------------------------------------------------------------------------------------
 
 
 async def test_folds_events_and_publishes_usage_per_namespace(nats_url: str) -> None:
-    b = await _connect(nats_url)
+    b = await connect_bus(nats_url)
     try:
         await b.ensure_streams(contract.streams())
         world = World(random.Random(1), ["tenant-a", "tenant-b", "tenant-c"])
@@ -213,7 +71,7 @@ async def _usage_matches(b: Bus, want: dict[str, str]) -> bool:
 
 
 async def test_duplicates_and_stale_versions_are_harmless(nats_url: str) -> None:
-    b = await _connect(nats_url)
+    b = await connect_bus(nats_url)
     try:
         await b.ensure_streams(contract.streams())
         world = World(random.Random(2), ["tenant-a", "tenant-b"])
@@ -240,7 +98,7 @@ async def test_crash_and_restart_at_random_points_gives_the_same_state_and_usage
     """``in_parts``: every checkpoint larger than 700 bytes is stored as parts and a manifest, as one larger than
     the bus's largest message is (a crash between a part and its manifest leaves the checkpoint stored before it
     whole, and parts no manifest names, which the next start deletes)."""
-    b = await _connect(nats_url)
+    b = await connect_bus(nats_url)
     try:
         await b.ensure_streams(contract.streams())
         rnd = random.Random(4)
@@ -292,7 +150,7 @@ async def test_a_checkpoint_larger_than_a_message_is_stored_in_parts_and_loaded_
     """A namespace whose checkpoint is larger than the bus's largest message (a tenant with tens of thousands of
     pods) is stored as parts and a manifest: it no longer fails the round, which kept every namespace's checkpoint
     and the instance's progress from being written. A restart loads it from its parts and replays nothing."""
-    b = await _connect(nats_url)
+    b = await connect_bus(nats_url)
     try:
         _, events, run, manifest = await checkpointed_in_parts(b, seed=7)
         assert manifest.startswith(b"m") and read_manifest(manifest)[0] > 1, manifest[:40]
@@ -319,7 +177,7 @@ async def test_checkpoint_parts_outlive_neither_their_manifest_nor_a_write_that_
     it and deletes the parts no manifest names; and a checkpoint written again takes the parts of the one before
     with it. (Parts overwritten in place made the stored checkpoint unreadable, and the next start replayed every
     namespace of the instance from the start; parts of a shrunk checkpoint stayed in the bucket for good.)"""
-    b = await _connect(nats_url)
+    b = await connect_bus(nats_url)
     try:
         world, events, _, manifest = await checkpointed_in_parts(b, seed=8)
         kv = await b.ensure_kv(contract.LEDGER_BUCKET)
@@ -363,7 +221,7 @@ async def test_no_checkpoint_write_outlives_its_round(nats_url: str, monkeypatch
     once the others have ended. A write left running (asyncio.gather gives up at the first error and cancels
     nothing) could end after the next round's write of the same state, and put back an older checkpoint under a
     progress that skips the events it lacks."""
-    b = await _connect(nats_url)
+    b = await connect_bus(nats_url)
     try:
         await b.ensure_streams(contract.streams())
         world = World(random.Random(9), ["a-ns", "b-ns"])
@@ -396,7 +254,7 @@ async def test_no_checkpoint_write_outlives_its_round(nats_url: str, monkeypatch
 
 
 async def test_a_malformed_event_goes_to_the_dlq_and_the_ledger_keeps_going(nats_url: str) -> None:
-    b = await _connect(nats_url)
+    b = await connect_bus(nats_url)
     try:
         await b.ensure_streams(contract.streams())
         world = World(random.Random(5), ["tenant-a"])
@@ -430,7 +288,7 @@ async def test_a_malformed_event_goes_to_the_dlq_and_the_ledger_keeps_going(nats
 
 
 async def test_two_instances_with_disjoint_partitions_never_fold_the_same_namespace(nats_url: str) -> None:
-    b = await _connect(nats_url)
+    b = await connect_bus(nats_url)
     try:
         await b.ensure_streams(contract.streams())
         namespaces = [f"team-{i}" for i in range(12)]
@@ -477,7 +335,7 @@ async def test_a_usage_larger_than_the_bus_takes_is_published_without_its_vm_sta
     server = NatsServer(tmp_path / "nats", config_file=conf)
     server.workdir.mkdir()
     server.start()
-    b = await _connect(server.url)
+    b = await connect_bus(server.url)
     try:
         await b.ensure_streams(contract.streams())
         world = World(random.Random(8), [])
@@ -506,7 +364,7 @@ async def test_a_usage_larger_than_the_bus_takes_is_published_without_its_vm_sta
 
 
 async def test_ledger_continues_across_a_nats_server_restart(nats_server: NatsServer) -> None:
-    b = await _connect(nats_server.url)
+    b = await connect_bus(nats_server.url)
     try:
         await b.ensure_streams(contract.streams())
         world = World(random.Random(7), ["tenant-a", "tenant-b"])
@@ -552,7 +410,7 @@ async def test_the_real_accountant_publishes_the_quota_equation_terms(nats_url: 
             )
         )
     direct = acc.account(objs)  # accounting on the raw objects, without the bus or the ledger
-    b = await _connect(nats_url)
+    b = await connect_bus(nats_url)
     try:
         await b.ensure_streams(contract.streams())
         await publish(b, events)
@@ -628,7 +486,7 @@ async def test_vmquota_run_ledger_serves_health_metrics_and_stops_on_sigterm(nat
                 assert doc.get("service") is not None or "event" in doc
                 if doc.get("event") == "serving":
                     port = int(doc["http_port"])
-        b = await _connect(nats_url)
+        b = await connect_bus(nats_url)
         try:
             await b.ensure_streams(contract.streams_for("watcher"))  # the events stream is the watcher's
             world = World(random.Random(8), ["tenant-a"])

@@ -686,3 +686,44 @@ def test_vmquota_run_watcher_needs_a_cluster() -> None:
     )
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "--cluster" in out.stderr
+
+
+async def test_a_relist_request_publishes_every_object_again_then_the_marker_answering_it(
+    cluster: Cluster, tap: Tap, start_watcher: StartWatcher, sim_api: SimApi, nats_server: NatsServer
+) -> None:
+    """A ledger that lost events asks on ``vmquota.relist.<cluster>``: every object is published again (unchanged
+    ones too, under message ids of the round, so the stream's duplicate window drops none), each kind's syncs
+    follow, and a namespaces sync answering the request comes last; a later request gets a round of its own."""
+    await cluster.create("resourcequotas", quota("compute", managed=True), "a")
+    for i in range(3):
+        await cluster.create("pods", pod(f"p{i}"), "a")
+    await cluster.create("virtualmachineinstances", vmi("vm1"), "a")
+    await start_watcher()
+    await tap.wait("the first list", lambda: len(tap.live("a", "Pod")) == 3 and bool(tap.syncs("Pod", "a")))
+    await watches_open(sim_api)
+    before = len(tap.events)
+    nc = await nats.connect(nats_server.url)
+    try:
+        await nc.publish(contract.relist_subject(CLUSTER), b"not json")  # (ignored, with a warning)
+        ask = contract.encode(contract.RelistRequest(lost=41, requester="vmquota/ledger/all"))
+        await nc.publish(contract.relist_subject(CLUSTER), ask)
+        await nc.flush()
+
+        def answered(n: int) -> list[Sync]:
+            return [e for e in tap.events[before:] if isinstance(e, Sync) and e.answers == n]
+
+        await tap.wait("the marker", lambda: bool(answered(41)))
+        again = tap.events[before : tap.events.index(answered(41)[0])]
+        assert {e.name for e in again if isinstance(e, Upserted) and e.kind == "Pod"} == {"p0", "p1", "p2"}
+        assert {e.name for e in again if isinstance(e, Upserted) and e.kind == "VirtualMachineInstance"} == {"vm1"}
+        assert {e.kind for e in again if isinstance(e, Sync)} >= {"Pod", "VirtualMachineInstance", "ResourceQuota"}
+        (marker,) = answered(41)
+        assert marker.kind == "Namespace" and marker.namespace == contract.CLUSTER_TOKEN
+        assert {tap.ledger.state(CLUSTER, ns) is not None for ns in ("a", "b")} == {True}
+        assert tap.ledger.whole(CLUSTER, 41) and not tap.ledger.whole(CLUSTER, 42)
+
+        await nc.publish(contract.relist_subject(CLUSTER), contract.encode(contract.RelistRequest(lost=42)))
+        await tap.wait("the next round", lambda: bool(answered(42)))
+        assert tap.ledger.whole(CLUSTER, 42)
+    finally:
+        await nc.close()

@@ -1,0 +1,250 @@
+"""Events the stream dropped before the ledger read them, against a real nats-server.
+
+The events stream keeps what its limits allow (``StreamSizes.events``, ``--events-max-age``) and drops its oldest
+messages beyond them; anyone who can make objects can fill it. A ledger that replays it from the start (its
+checkpoints lost, a new partition layout) or that was down for long would fold what is left and publish usage
+without the objects whose events are gone: a ``hard`` too high. Instead it publishes no usage of the cluster until
+the cluster's watcher has published everything again, which it asks for on ``vmquota.relist.<cluster>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+from nats.aio.msg import Msg
+
+from services.ledger.service import LedgerOptions
+from services.platform.bus import Bus, position
+from services.platform.consumer import PullConsumer
+from shared import contract
+from shared.contract.streams import MiB, StreamSizes
+from shared.snapshot import PodSnapshot
+from tests.integration.ledgers import CLUSTER, Running, connect_bus, last_usage, options, publish
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+SMALL = StreamSizes(events=MiB // 16)
+"""The events stream's size, scaled down (4 GiB deployed): when it is full its oldest messages are dropped."""
+
+
+def pod(ns: str, name: str, rv: int) -> contract.Upserted | contract.Deleted:
+    snap = PodSnapshot(uid=f"uid-{name}", namespace=ns, name=name, resource_version=str(rv), phase="Running")
+    return contract.object_event(
+        "upserted", cluster=CLUSTER, kind="Pod", namespace=ns, name=name, uid=snap.uid, rv=str(rv), snapshot=snap
+    )
+
+
+async def small_stream(url: str) -> Bus:
+    b = await connect_bus(url)
+    b.stream_sizes = SMALL
+    await b.ensure_streams(contract.streams(sizes=SMALL))
+    return b
+
+
+async def flood(b: Bus, past: int, rv: int) -> int:
+    """A tenant's pods, created one after another, until the stream has dropped sequence ``past``; the next rv."""
+    n = 0
+    while (await b.js.stream_info(contract.EVENTS_STREAM)).state.first_seq <= past:
+        batch = []
+        for _ in range(50):
+            n += 1
+            rv += 1
+            batch.append(pod("mallory", f"flood-{n}", rv))
+        await publish(b, batch)
+    return rv + 1
+
+
+class Requests:
+    """The relist requests the ledger sends for the cluster (what its watcher hears)."""
+
+    def __init__(self) -> None:
+        self.received: list[contract.RelistRequest] = []
+        self.times: list[float] = []
+
+    async def listen(self, b: Bus) -> None:
+        async def heard(msg: Msg) -> None:
+            self.received.append(contract.decode_relist_request(msg.data))
+            self.times.append(asyncio.get_running_loop().time())
+
+        await b.nc.subscribe(contract.relist_subject(CLUSTER), cb=heard)
+
+
+async def relist(b: Bus, events: list[contract.Upserted | contract.Deleted], answers: int) -> None:
+    """What the watcher publishes when asked: every object again (message ids of the round), then the marker."""
+    await publish(b, events, msg_ids=False)
+    marker = contract.sync_event(cluster=CLUSTER, kind="Namespace", namespace="", rv="1", present=[], answers=answers)
+    await b.js.publish(contract.event_subject(CLUSTER, "Namespace", ""), contract.encode(marker))
+
+
+def names(usage: dict[str, contract.UsageSnapshot], ns: str) -> set[str]:
+    return {v.name for v in usage[ns].vms} if ns in usage else set()
+
+
+def slow_retry() -> LedgerOptions:
+    o = options()
+    return LedgerOptions(**{**{f: getattr(o, f) for f in o.__dataclass_fields__}, "relist_retry": (0.2, 0.4)})
+
+
+async def test_a_ledger_replaying_a_stream_that_dropped_its_head_publishes_nothing_until_the_watcher_relists(
+    nats_url: str,
+) -> None:
+    """No checkpoints (a new bucket, a new partition layout): the ledger replays from the start of a stream whose
+    oldest events a tenant's flood pushed out. Before, it published the victim's usage without its long-running
+    pods and reported nothing."""
+    b = await small_stream(nats_url)
+    requests = Requests()
+    await requests.listen(b)
+    try:
+        await publish(b, [pod("victim", "old-1", 101), pod("victim", "old-2", 102)])
+        rv = await flood(b, 2, 200)
+        await publish(b, [pod("victim", "new", rv)])
+        last = (await b.js.stream_info(contract.EVENTS_STREAM)).state.last_seq
+        run = Running(b, slow_retry())
+        await wait_until(lambda: run.applied_through(last) and len(requests.received) >= 2, what="asked twice")
+        assert run.service.lost >= last
+        assert {r.lost for r in requests.received} == {run.service.lost}
+        assert run.service.incomplete() == [CLUSTER]
+        assert await last_usage(b) == {}, "no usage of a cluster whose events were lost"
+
+        await relist(b, [pod("victim", "old-1", 101), pod("victim", "old-2", 102), pod("victim", "new", rv)], 1)
+        marked = (await b.js.stream_info(contract.EVENTS_STREAM)).state.last_seq
+        await wait_until(lambda: run.applied_through(marked), what="an older answer folded")
+        assert await last_usage(b) == {}, "a relist that answers an older request is not enough"
+
+        await relist(b, [], run.service.lost)
+        await wait_until(lambda: run.service.incomplete() == [], what="the relist folded")
+        await wait_until(lambda: _names_now(b, "victim", {"old-1", "old-2", "new"}), what="the victim's usage")
+        await run.stop()
+    finally:
+        await b.close()
+
+
+async def _names_now(b: Bus, ns: str, want: set[str]) -> bool:
+    return names(await last_usage(b), ns) == want
+
+
+async def test_a_ledger_down_while_the_stream_dropped_events_keeps_waiting_across_restarts(nats_url: str) -> None:
+    """Checkpoints kept, but the ledger was down while the stream dropped events it had not read (the victim's new
+    VM's pod among them). Before, it went on from the first message left and never knew; the mark it keeps now
+    survives a restart that checkpointed past the loss."""
+    b = await small_stream(nats_url)
+    requests = Requests()
+    await requests.listen(b)
+    try:
+        await publish(b, [pod("victim", "p1", 101)])
+        run = Running(b, options())
+        await wait_until(lambda: run.applied_through(1), what="p1 folded")
+        await wait_until(lambda: _names_now(b, "victim", {"p1"}), what="p1's usage")
+        await run.stop()
+        await publish(b, [pod("victim", "vm2-launcher", 102)])  # while the ledger is down
+        rv = await flood(b, 2, 200)
+        last = (await b.js.stream_info(contract.EVENTS_STREAM)).state.last_seq
+
+        run = Running(b, options())
+        await wait_until(lambda: run.applied_through(last) and bool(requests.received), what="a relist asked")
+        lost = run.service.lost
+        await run.stop()  # (its checkpoint's progress is past the loss now)
+        run = Running(b, options())
+        await wait_until(lambda: run.applied_through(last), what="restarted")
+        assert run.service.lost == lost and run.service.incomplete() == [CLUSTER]
+        assert names(await last_usage(b), "victim") == {"p1"}, "the usage from before the loss, as it was"
+
+        await relist(b, [pod("victim", "p1", 101), pod("victim", "vm2-launcher", 102)], lost)
+        await wait_until(lambda: _names_now(b, "victim", {"p1", "vm2-launcher"}), what="the victim's whole usage")
+        assert "mallory" in await last_usage(b)
+        await run.stop()
+        assert rv > 200
+    finally:
+        await b.close()
+
+
+async def test_the_consumer_notes_events_dropped_while_it_was_behind_and_not_those_of_other_clusters(
+    nats_url: str,
+) -> None:
+    """A reader behind the stream (events pending for it) whose next events the stream dropped learns of it before
+    it reads past them; a jump over other clusters' events while it had read everything is no loss."""
+    b = await small_stream(nats_url)
+    try:
+        await publish(b, [pod("victim", f"p{i}", 101 + i) for i in range(3)])
+        consumer = PullConsumer(
+            b,
+            stream=contract.EVENTS_STREAM,
+            durable="behind",
+            filter_subjects=[contract.events_filter(CLUSTER)],
+            batch=1,
+            note_losses=True,
+        )
+        batches = consumer.batches()
+        assert len(await anext(batches)) == 1 and consumer.pending == 2
+        assert consumer.take_loss() is None
+        await flood(b, 3, 200)
+        got = await anext(batches)
+        loss = consumer.take_loss()
+        assert loss is not None and loss.first == 2, loss
+        assert got and loss.stream_first <= position(got[0]).stream <= loss.stream_last
+        await batches.aclose()
+        await consumer.close()
+
+        def elsewhere(rv: int) -> contract.Upserted | contract.Deleted:
+            snap = PodSnapshot(uid="x", namespace="elsewhere", name="x", resource_version=str(rv))
+            return contract.object_event(
+                "upserted",
+                cluster="c2",
+                kind="Pod",
+                namespace="elsewhere",
+                name="x",
+                uid="x",
+                rv=str(rv),
+                snapshot=snap,
+            )
+
+        head = (await b.js.stream_info(contract.EVENTS_STREAM)).state.last_seq + 1
+        caught_up = PullConsumer(
+            b,
+            stream=contract.EVENTS_STREAM,
+            durable="caught-up",
+            filter_subjects=[contract.events_filter("c2")],
+            start_seq=head,
+            note_losses=True,
+        )
+        batches = caught_up.batches()
+        await publish(b, [elsewhere(1)])
+        assert len(await anext(batches)) == 1 and caught_up.pending == 0
+        await flood(b, (await b.js.stream_info(contract.EVENTS_STREAM)).state.last_seq, 900)
+        await publish(b, [elsewhere(2)])
+        while not (got := await anext(batches)):
+            pass
+        assert caught_up.take_loss() is None, "the events in between were another cluster's"
+        await batches.aclose()
+        await caught_up.close()
+    finally:
+        await b.close()
+
+
+async def test_requests_back_off_while_no_watcher_answers(nats_url: str) -> None:
+    """Asked again and again (a request is core NATS: one sent while the watcher restarts is lost), later and
+    later, and no more once the answer is folded."""
+    b = await small_stream(nats_url)
+    requests = Requests()
+    await requests.listen(b)
+    try:
+        await publish(b, [pod("victim", "p1", 101)])
+        await flood(b, 1, 200)
+        run = Running(b, slow_retry())
+        await wait_until(lambda: len(requests.received) >= 4, what="four requests", within=10)
+        at = requests.times[:4]
+        gaps = [later - earlier for earlier, later in itertools.pairwise(at)]
+        assert gaps[0] >= 0.15 and gaps[1] >= 0.35 and gaps[2] >= 0.35, gaps  # (0.2 s, doubled, at most 0.4 s)
+        await relist(b, [pod("victim", "p1", 101)], run.service.lost)
+        await wait_until(lambda: _names_now(b, "victim", {"p1"}), what="published")
+        asked = len(requests.received)
+        await wait_until(lambda: run.applied_through(0) and run.service.published >= 2, what="more rounds")
+        await publish(b, [pod("victim", "p2", 9000)])
+        await wait_until(lambda: _names_now(b, "victim", {"p1", "p2"}), what="a later change published")
+        assert len(requests.received) <= asked + 1, "(one may have been on its way)"
+        await run.stop()
+    finally:
+        await b.close()

@@ -117,6 +117,12 @@ async def main(args: argparse.Namespace) -> int:
             raise InvalidInput(
                 f"sequence {args.until_seq} is before the retained history (from {first})", "--until-seq"
             )
+        if first > 1 and not args.quiet:
+            print(
+                f"note: the events stream starts at sequence {first} (its retention dropped the older events): an "
+                "object with no event since is missing from the replay",
+                file=sys.stderr,
+            )
         checks: list[tuple[int, int, contract.Decision | contract.UsageSnapshot]] = []
         if args.verify:
             for m in await opsbus.read(js, contract.DECISIONS_STREAM, f.subject("quota")):

@@ -18,6 +18,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from services.devtools.natsserver import NatsServer
 from services.platform.bus import position
 from shared import contract, report
+from shared.snapshot import NamespaceSnapshot
 from tests.integration.e2e import CLUSTER, forged_refusal, full_namespace, pipeline, rl
 
 pytestmark = pytest.mark.integration
@@ -254,3 +255,34 @@ async def test_a_creds_file_is_read_and_a_server_that_refuses_it_is_one_line(tmp
         code, out, err = await vmquota("status", "--nats", server.url, "--nats-creds", str(creds))
         assert code == 1 and out == "" and err.count("\n") == 1, err
         assert err.startswith(f"vmquota status: NATS at {server.url} refused the credentials"), err
+
+
+async def test_replay_says_when_the_stream_dropped_its_oldest_events(nats_url: str) -> None:
+    """A replay of a stream whose retention dropped its oldest events is a replay of what is left: the command says
+    so, on stderr, so that an operator does not take a missing VM for a stopped one."""
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        spec = next(s for s in contract.streams() if s.name == contract.EVENTS_STREAM)
+        await js.add_stream(name=spec.name, subjects=list(spec.subjects))
+        for i in range(3):
+            ev = contract.object_event(
+                "upserted",
+                cluster=CLUSTER,
+                kind="Namespace",
+                namespace="",
+                name=f"ns{i}",
+                uid=f"u{i}",
+                rv=str(10 + i),
+                snapshot=NamespaceSnapshot(uid=f"u{i}", name=f"ns{i}", resource_version=str(10 + i)),
+            )
+            await js.publish(contract.event_subject(CLUSTER, "Namespace", ""), contract.encode(ev))
+        code, _, err = await vmquota("replay", "--nats", nats_url, "--until-seq", "3", "-o", "json")
+        assert code == 0 and "note:" not in err, err
+        await js.purge_stream(contract.EVENTS_STREAM, seq=2)  # (as its retention would: the oldest first)
+        code, out, err = await vmquota("replay", "--nats", nats_url, "--until-seq", "3", "-o", "json")
+        assert code == 0, err
+        assert err.startswith("note: the events stream starts at sequence 2 (its retention dropped the older"), err
+        assert json.loads(out)["events"] == 2
+    finally:
+        await nc.close()

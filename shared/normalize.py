@@ -48,7 +48,7 @@ from shared.snapshot import (
     VmSnapshot,
 )
 from shared.times import parse_rfc3339
-from shared.vmi import object_ref, room_refuser, status_size, unplugged_interfaces, vmi_spec
+from shared.vmi import has_hotplug_volumes, object_ref, room_refuser, status_size, unplugged_interfaces, vmi_spec
 
 # ---- normalisation: raw Kubernetes object -> snapshot -----------------------------------------------------------
 
@@ -193,6 +193,7 @@ def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
         pod_refused=bool(refused_by),
         refused_by=refused_by,
         priority_class_name=string(spec, "priorityClassName", "spec"),
+        hotplug_volumes=has_hotplug_volumes(obj),
         spec=dict(spec),
     )
 
@@ -272,12 +273,13 @@ def _pod(obj: Mapping[str, Any]) -> PodSnapshot:
         raise InvalidInput("missing", "spec")
     status = mapping(obj, "status", "")
     requests, limits = pod_resources(obj)
-    owner_name = owner_uid = ""
+    owner_name = owner_uid = owner_pod = ""
     for w, o in _objects(meta, "ownerReferences", "metadata"):
-        if o.get("kind") == VMI_KIND:
+        if o.get("kind") == VMI_KIND and not owner_uid:
             owner_name = string(o, "name", w)
             owner_uid = string(o, "uid", w)
-            break
+        elif o.get("kind") == POD_KIND and o.get("controller") is True and not owner_pod:
+            owner_pod = string(o, "uid", w)
     overhead = None
     if ann.get(MEMORY_OVERHEAD_ANNOTATION) is not None:
         overhead = _quantity(ann[MEMORY_OVERHEAD_ANNOTATION], f"metadata.annotations.{MEMORY_OVERHEAD_ANNOTATION}")
@@ -292,6 +294,7 @@ def _pod(obj: Mapping[str, Any]) -> PodSnapshot:
         deletion_grace_period_seconds=_int(meta, "deletionGracePeriodSeconds", "metadata"),
         owner_vmi_name=owner_name,
         owner_vmi_uid=owner_uid,
+        owner_pod_uid=owner_pod,
         requests=requests,
         limits=limits,
         usage=quota_usage_of(requests, limits),

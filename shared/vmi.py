@@ -261,6 +261,21 @@ def unplugged_interfaces(obj: Mapping[str, Any]) -> list[int]:
     ]
 
 
+def has_hotplug_volumes(obj: Mapping[str, Any]) -> bool:
+    """KubeVirt's ``controller.VMIHasHotplugVolumes``: a volume status with ``hotplugVolume``, or a DataVolume or
+    PersistentVolumeClaim volume marked ``hotpluggable``. A migration of such a VMI waits for an attachment pod beside
+    its target (``shared.kubevirt.render.attachment_pod_usage``)."""
+    status = mapping(obj, "status", "")
+    if any(isinstance(v.get("hotplugVolume"), Mapping) for v in objects(status, "volumeStatus", "status")):
+        return True
+    spec = mapping(obj, "spec", "")
+    for i, volume in enumerate(objects(spec, "volumes", "spec")):
+        for source in ("dataVolume", "persistentVolumeClaim"):
+            if mapping(volume, source, f"spec.volumes[{i}]").get("hotpluggable") is True:
+                return True
+    return False
+
+
 GUARD_REFUSER: Final = "vmquota-reservation-guard"
 """:func:`room_refuser` of a refusal by the reservation guard's policy (``deploy/components/reservation-guard``)."""
 VM_TERMS_REFUSER: Final = "vmquota-vm-terms"

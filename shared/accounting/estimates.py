@@ -13,6 +13,7 @@ from typing import Any, Final
 from shared.accounting.memo import MISS, Memo
 from shared.errors import InvalidInput
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
+from shared.kubevirt.render import attachment_pod_usage
 from shared.podusage import quota_usage_of
 from shared.quantity import Quantity
 from shared.quota.modes import VmSize
@@ -136,6 +137,10 @@ class Renderer:
             return self.vmi_usage(v)
         result: ResourceList | None = self._memoized(v, "new", lambda: self.usage(unpublished(v), v.ref))
         return result
+
+    def attachment_usage(self) -> ResourceList:
+        """What quota charges a hotplug attachment pod in this configuration. Not to be changed."""
+        return attachment_pod_usage(self.config)
 
     def held_digest(self, v: VmiSnapshot) -> str:
         """:func:`~shared.snapshot.size_digest` of the VMI (what the guard keeps of it while its room is open)."""

@@ -7,6 +7,7 @@ from datetime import datetime
 
 from shared.accounting.estimates import widened
 from shared.accounting.results import (
+    ATTACHMENT_RESERVED,
     GROWTH_REFUSED,
     NON_VM,
     NOT_TRIED,
@@ -39,8 +40,10 @@ def _migration_entry(
     grow: ResourceList | None = None,
     vmi_size: str = "",
     vmi_uid: str = "",
+    target_pod_uid: str = "",
 ) -> MigrationEntry:
-    """``vmi_size``, ``vmi_uid``: of the VMI a pending migration's target is reserved for."""
+    """``vmi_size``, ``vmi_uid``: of the VMI a pending migration's target is reserved for; ``target_pod_uid``: of the
+    target whose attachment pod is reserved."""
     return MigrationEntry(
         m.name,
         m.uid,
@@ -53,6 +56,7 @@ def _migration_entry(
         m.rejected_by_quota,
         vmi_size,
         vmi_uid,
+        target_pod_uid,
     )
 
 
@@ -91,10 +95,12 @@ class Migrations(Vms):
         targets = [pc for pc in vm_pods if m.uid and pc[0].migration_job_uid == m.uid]
         sources = [pc for pc in vm_pods if not (m.uid and pc[0].migration_job_uid == m.uid)]
         if targets:
+            target = targets[0][0]
             grow = growth(targets[0][1], _pick_source(sources, v)[1]) if sources else {}
-            return _migration_entry(
-                m, TARGET_CREATED, f"target pod {targets[0][0].name} exists: charged in P", None, grow
-            )
+            exists = f"target pod {target.name} exists: charged in P"
+            if v.hotplug_volumes and m.phase in ("", "Pending") and not self._attached(target):
+                return self._attachment(m, v, target, grow, exists)
+            return _migration_entry(m, TARGET_CREATED, exists, None, grow)
         if not sources:
             return _migration_entry(m, WAITING, "the VMI has no running launcher pod")
         source_pod, source_usage = _pick_source(sources, v)
@@ -111,6 +117,30 @@ class Migrations(Vms):
                 why.append(f"the amounts of a quota refusal: {fmt(taken)}")
         self.targets.append(Target(len(self.mig_entries), m, v, nonzero(estimate), dict(grow), why))
         return _migration_entry(m, NOT_TRIED, "")  # (replaced by the decision)
+
+    def _attached(self, pod: PodSnapshot) -> bool:
+        """Whether a pod controlled by ``pod`` exists: KubeVirt takes any such pod for its attachment pod
+        (``controller.AttachmentPods``) and creates none then."""
+        return any(p.owner_pod_uid == pod.uid for p in self.pods)
+
+    def _attachment(
+        self, m: VmimSnapshot, v: VmiSnapshot, target: PodSnapshot, grow: ResourceList, why: str
+    ) -> MigrationEntry:
+        """Reserve the hotplug attachment pod of a migration's target: KubeVirt keeps the migration of a VMI with
+        hotplugged volumes in ``Pending`` until it has created one beside the target (once the target is ready) and
+        that one is ready (``migration.go``, ``VMIHasHotplugVolumes``). ``hard`` holds no room for the source pod
+        once the target exists, so without the reservation a namespace with less than a launcher pod of its budget
+        left refuses the attachment pod, and the migration of a VM whose size did not change waits for as long as
+        the namespace stays so. KubeVirt marks no ``migrationRejectedByResourceQuota`` for it (only while the target
+        is missing), and the facts it is reserved on are KubeVirt's: the target (its status names the VMI's pods,
+        the migration its phase) and the VMI's hotplugged volumes. It counts as a plain pod once it exists, over the
+        budget by that much until the source's ends with the migration."""
+        att = self.renderer.attachment_usage()
+        for q in self.quotas:
+            q.reserved.add(att)
+        self.target_reserved = add(self.target_reserved, att)
+        why += f"; its hotplug attachment pod reserved ({fmt(att)}): KubeVirt goes on once it exists"
+        return _migration_entry(m, ATTACHMENT_RESERVED, why, att, grow, "", v.uid, target.uid)
 
     def _active(self, v: VmiSnapshot) -> int:
         """The VMI's active pods as KubeVirt's migration controller counts them (``VMIActivePodsCount``): those it

@@ -28,6 +28,9 @@ ORPHAN_LAUNCHER: Final = "orphan-launcher"
 # migration states
 PENDING: Final = "pending"
 TARGET_CREATED: Final = "target-created"
+ATTACHMENT_RESERVED: Final = "attachment-reserved"
+"""A migration whose target exists, of a VMI with hotplugged volumes: KubeVirt goes on only once it has an attachment
+pod beside the target, whose room is reserved."""
 QUEUED: Final = "queued"
 WAITING: Final = "waiting"
 NOT_TRIED: Final = "not-tried"
@@ -78,7 +81,8 @@ class MigrationEntry:
     state: str
     """``pending`` (target reserved: KubeVirt was refused it), ``not-tried`` (no room held: KubeVirt has not been
     refused a target pod), ``growth-refused`` (its hotplug growth does not fit), ``target-created``, ``queued``
-    (behind another migration of the VMI) or ``waiting`` (the VMI has no running launcher pod)."""
+    (behind another migration of the VMI), ``waiting`` (the VMI has no running launcher pod) or
+    ``attachment-reserved`` (its target exists and the room of its hotplug attachment pod is reserved)."""
     reason: str
     reserved: ResourceList = field(default_factory=dict)
     growth: ResourceList = field(default_factory=dict)
@@ -89,6 +93,9 @@ class MigrationEntry:
     from (the enforcer opens the room only while the VMI still has that size)."""
     vmi_uid: str = ""
     """A pending migration's: its VMI's uid (the reservation guard's holder, whatever else a snapshot carries)."""
+    target_pod_uid: str = ""
+    """``attachment-reserved``: the target pod's uid, which the attachment pod's controller reference names (the
+    reservation guard's holder)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,6 +116,7 @@ def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageB
             rejected_by_quota=m.rejected_by_quota,
             vmi_size=m.vmi_size,
             vmi_uid=m.vmi_uid,
+            target_pod_uid=m.target_pod_uid,
         )
         for m in usage.migrations
     ]

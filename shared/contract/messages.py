@@ -156,7 +156,8 @@ class MigrationState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     vmi: str
     phase: str = ""
     state: str = ""
-    """``pending`` (target reserved), ``not-tried``, ``growth-refused``, ``target-created``, ``queued`` or
+    """``pending`` (target reserved), ``not-tried``, ``growth-refused``, ``target-created``,
+    ``attachment-reserved`` (the target exists; its hotplug attachment pod is reserved), ``queued`` or
     ``waiting``."""
     reason: str = ""
     reserved: dict[str, str] = {}
@@ -168,6 +169,9 @@ class MigrationState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     with the reservation guard the enforcer opens the room only while the VMI still has it."""
     vmi_uid: str = ""
     """``pending``: the VMI's uid, the reservation guard's holder (also when a snapshot leaves out its VM states)."""
+    target_pod_uid: str = ""
+    """``attachment-reserved``: the target pod's uid, the reservation guard's holder for the attachment pod (whose
+    controller reference names it)."""
 
 
 MAX_ERRORS: Final = 50

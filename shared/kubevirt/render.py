@@ -23,6 +23,7 @@ from shared.fields import boolean, mapping, objects
 from shared.kinds import VM_KIND
 from shared.kubevirt.config import (
     EPHEMERAL_STORAGE,
+    HOTPLUG_ATTACHMENT,
     LATEST_MINOR,
     RENDERER,
     WEBHOOK_GUEST,
@@ -39,7 +40,7 @@ from shared.kubevirt.overhead import (
     wants_guaranteed_qos,
 )
 from shared.kubevirt.types import COMPUTE, NamespaceFacts, RenderedPod
-from shared.podusage import ContainerSpec, pod_totals
+from shared.podusage import ContainerSpec, pod_totals, quota_usage_of
 from shared.quantity import ZERO, Format, Quantity
 from shared.resources import ResourceList
 from shared.vmi import VmiSpec, vmi_spec
@@ -477,3 +478,26 @@ def _render(vmi: VmiSpec, config: KubeVirtConfig, ns: NamespaceFacts, published:
         memory_overhead=overhead,
         annotations={MEMORY_OVERHEAD_ANNOTATION: str(overhead.ceil())} if config.memory_overhead_report else {},
     )
+
+
+# ---- hotplug attachment pods -------------------------------------------------------------------------------------
+
+_ATTACHMENT_REQUESTS: Final = {"cpu": _Q("10m"), "memory": _Q("2M")}
+_ATTACHMENT_LIMITS: Final = {"cpu": _Q("100m"), "memory": _Q("80M")}
+
+
+def attachment_resources(config: KubeVirtConfig) -> tuple[ResourceList, ResourceList]:
+    """(requests, limits) of the one container of a hotplug attachment pod (``hp-volume-*``, which virt-controller
+    creates beside a launcher pod whose VMI has hotplugged volumes, a migration target's included:
+    ``RenderHotplugAttachmentPodTemplate``): 10m CPU and 2M of memory, limited to 100m and 80M, unless
+    ``supportContainerResources`` of type ``hotplug-attachment`` say otherwise (``hotplugContainerRequests``,
+    ``hotplugContainerLimits``)."""
+    o_req, o_lim = config.support_container_resources.get(HOTPLUG_ATTACHMENT, ({}, {}))
+    requests = {r: o_req.get(r, q) for r, q in _ATTACHMENT_REQUESTS.items()}
+    limits = {r: o_lim.get(r, q) for r, q in _ATTACHMENT_LIMITS.items()}
+    return requests, limits
+
+
+def attachment_pod_usage(config: KubeVirtConfig) -> ResourceList:
+    """What quota charges a hotplug attachment pod (:func:`attachment_resources`)."""
+    return quota_usage_of(*attachment_resources(config))

@@ -5,7 +5,8 @@ room in the namespace before the pod it is for exists, and native quota admissio
 optional reservation guard (``deploy/components/reservation-guard``) a ValidatingAdmissionPolicy in the API
 server closes that window: while the namespace's ``QuotaReservation`` (kind below, named :data:`NAME`) lists
 holders, a pod is admitted only when one of the ``creators`` (KubeVirt's virt-controller) creates it for one of the
-holder VMIs (its controller ``ownerReference``). The enforcer writes the holders *before* a raise that reserves
+holders (its controller ``ownerReference``: a holder VMI, or a migration target pod whose hotplug attachment pod is
+reserved). The enforcer writes the holders *before* a raise that reserves
 for them and removes them only once no quota's ``spec.hard`` carries their reservation any more
 (``docs/accounting.md``, "The reservation guard"). A second policy keeps a holder VMI's size while it is listed.
 A holder reserved at a size is listed *unconfirmed* first (``confirmed: false``: its size is kept, its pods are
@@ -41,12 +42,14 @@ NAME: Final = "vmquota"
 
 @dataclass(frozen=True, slots=True, order=True)
 class Holder:
-    """A VMI whose pod a reservation is for."""
+    """A VMI whose pod a reservation is for; or a migration's target pod, whose hotplug attachment pod it is for
+    (KubeVirt gives that pod a controller reference to the target pod, not to the VMI)."""
 
     uid: str
     name: str
     reason: str
-    """``launcher pod`` or ``migration <name>`` (shown to whoever is refused meanwhile)."""
+    """``launcher pod``, ``migration <name>`` or ``the attachment pod of migration <name>`` (shown to whoever is
+    refused meanwhile)."""
 
     def as_object(self) -> dict[str, str]:
         return {"uid": self.uid, "name": self.name, "reason": self.reason}
@@ -70,6 +73,11 @@ def _reservations(usage: UsageSnapshot | None) -> list[tuple[Holder, str]]:
         (Holder(m.vmi_uid or uids.get(m.vmi, ""), m.vmi, f"migration {m.name}"), m.vmi_size)
         for m in usage.migrations
         if m.state == "pending"
+    ]
+    out += [
+        (Holder(m.target_pod_uid, m.vmi, f"the attachment pod of migration {m.name}"), "")
+        for m in usage.migrations
+        if m.state == "attachment-reserved"
     ]
     return out
 

@@ -120,6 +120,7 @@ def _pod_from_wire(w: Any) -> PodSnapshot:
         deletion_grace_period_seconds=w.deletion_grace_period_seconds,
         owner_vmi_name=intern(w.owner_vmi_name),
         owner_vmi_uid=intern(w.owner_vmi_uid),
+        owner_pod_uid=w.owner_pod_uid,
         requests=requests,
         limits=limits,
         usage=usage,
@@ -163,6 +164,7 @@ def _vmi_from_wire(w: Any) -> VmiSnapshot:
         pod_refused=w.pod_refused,
         refused_by=w.refused_by,
         priority_class_name=w.priority_class_name,
+        hotplug_volumes=w.hotplug_volumes,
         spec=spec,
     )
 

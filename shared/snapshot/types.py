@@ -164,6 +164,9 @@ class VmiSnapshot(Snapshot, tag=VMI_KIND, frozen=True, kw_only=True):
     refused_by: str = ""
     """``shared.vmi.room_refuser`` of that condition: the refusing ResourceQuota's name, or the guard's."""
     priority_class_name: str = ""
+    hotplug_volumes: bool = False
+    """KubeVirt's ``VMIHasHotplugVolumes`` (a volume status with ``hotplugVolume``, or a hotpluggable DataVolume or
+    PVC): a migration of the VMI waits for an attachment pod beside its target."""
     spec: dict[str, Any] = {}
     """The parts of the VMI spec the launcher pod depends on (:func:`compact_vmi_spec`), to re-render it. Read-only:
     VMIs with the same such parts share one dict."""
@@ -224,6 +227,9 @@ class PodSnapshot(Snapshot, tag=POD_KIND, frozen=True, kw_only=True):
     deletion_grace_period_seconds: int | None = None
     owner_vmi_name: str = ""
     owner_vmi_uid: str = ""
+    owner_pod_uid: str = ""
+    """The uid of the pod its controller reference names, if a pod does (KubeVirt's hotplug attachment pods: of a
+    launcher pod; a tenant may write such a reference on its pods too)."""
     requests: dict[str, Quantity] = {}
     """Effective pod requests (``shared.podusage``), overhead included."""
     limits: dict[str, Quantity] = {}

@@ -78,6 +78,26 @@ async def test_seed_scenario_with_vmquota_migrates_and_restores_hard(name: str) 
 # ---- 2. concurrent and hotplug migrations ------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("guard", [False, True], ids=["without_the_guard", "with_the_guard"])
+async def test_a_vm_with_a_hotplugged_volume_migrates_where_less_than_a_launcher_pod_is_left(guard: bool) -> None:
+    """KubeVirt migrates a VMI with hotplugged volumes only once an attachment pod runs beside the target; once the
+    target exists ``hard`` holds no room for the source pod, so in a namespace with less than a launcher pod of its
+    budget left that attachment pod was refused and the migration (a node drain's) never went on. vmquota now
+    reserves it (with the guard, the target pod is its holder)."""
+    ns = "tenant"
+    async with pipeline(guard=guard) as p:
+        await full_namespace(p, ns)
+        await p.sim.attach_volume(ns, "vm1")
+        await p.wait(lambda: p.tap.terms(ns, "compute") is not None, "usage")
+        name = await p.migrate(ns, "vm1")
+        await p.wait_migrated(ns, "vm1", name)
+        owned = [(o, r) for o in p.pods(ns) for r in o["metadata"].get("ownerReferences", [])]
+        targets = {t["metadata"]["uid"] for t in p.target_pods(ns, name)}
+        attached = [o for o, r in owned if r.get("kind") == "Pod" and r.get("uid") in targets]
+        assert [o["metadata"]["labels"] for o in attached] == [{"kubevirt.io": "hotplug-disk"}]
+        await p.wait_hard(ns, "compute", rl({"limits.memory": "64Gi"}), "hard back to the budget")
+
+
 async def test_concurrent_migrations_of_a_fully_used_namespace() -> None:
     async with pipeline() as p:
         ns = "tenant-many"

@@ -27,6 +27,7 @@ from services.devtools.simcluster.store_api import ApiError, Obj
 from shared.kubevirt import MEMORY_OVERHEAD_ANNOTATION, KubeVirtConfig, NamespaceFacts, render_launcher_pod
 from shared.podusage import pod_quota_usage
 from shared.quantity import Quantity
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -366,6 +367,59 @@ async def test_a_refused_target_is_tried_again_at_its_backoff_and_at_once_on_a_q
     assert refused["first try"] == 1
     events = await sim.events("t", "vm1", reason="FailedCreate")
     assert sum(refused.values()) == sum(e.get("count", 1) for e in events)
+
+
+async def test_a_migration_of_a_vmi_with_a_hotplugged_volume_waits_for_its_targets_attachment_pod(
+    sim: SimCluster,
+) -> None:
+    """Upstream's migration controller: for a VMI with hotplugged volumes the migration stays Pending once the
+    target exists, until it has made an attachment pod beside the target (controlled by it, once the target runs)
+    and that pod runs; quota refuses the attachment pod like any pod (an Event on the migration, retried), and the
+    migration goes on once there is room for it."""
+    await sim.create_quota("t", "compute", {"limits.memory": "64Gi"})
+    await sim.create_vm("t", "vm1", memory="1Gi")
+    await sim.wait_for_phase("t", "vm1", "Running")
+    source_attachment = await sim.attach_volume("t", "vm1")
+    vmi = await sim.get("vmi", "t", "vm1")
+    assert vmi["status"]["volumeStatus"][0]["hotplugVolume"]["attachPodName"] == source_attachment["metadata"]["name"]
+    await sim.wait_quiet()
+    used = (await sim.get("resourcequotas", "t", "compute"))["status"]["used"]
+    charged = Quantity.parse(used["limits.memory"])  # (the launcher pod and its attachment pod)
+    attachment = Quantity.parse(source_attachment["spec"]["containers"][0]["resources"]["limits"]["memory"])
+    room = charged + (charged - attachment)  # room for a second launcher pod, not for an attachment pod beside it
+    await sim.set_quota_hard("t", "compute", {"limits.memory": room.canonical()})
+    await sim.wait_quota_synced("t", "compute")
+    await sim.migrate("t", "vm1", name="mig1")
+
+    def target_of() -> Obj | None:
+        pods = sim.cache.list("pods", "t")
+        return next((p for p in pods if "kubevirt.io/migrationJobUID" in p["metadata"].get("labels", {})), None)
+
+    await sim.wait_for(lambda: (t := target_of()) is not None and t["status"].get("phase") == "Running", what="target")
+    refused: list[Obj] = []
+
+    async def attachment_refused() -> bool:
+        refused[:] = await sim.events("t", "mig1", reason="FailedCreate")
+        return bool(refused)
+
+    await wait_until(attachment_refused, what="the attachment pod refused")
+    assert "Error creating attachment pod: " in refused[0]["message"] and "exceeded quota" in refused[0]["message"]
+    mig = await sim.get("vmim", "t", "mig1")
+    assert mig["status"]["phase"] == "Pending", "KubeVirt goes on only once the attachment pod runs"
+    await sim.set_quota_hard("t", "compute", {"limits.memory": "64Gi"})
+    await sim.wait_for_phase("t", "mig1", "Succeeded", kind="vmim")
+    target = target_of()
+    assert target is not None
+    attached = [
+        p
+        for p in sim.cache.list("pods", "t")
+        if any(
+            r.get("kind") == "Pod" and r.get("uid") == target["metadata"]["uid"]
+            for r in p["metadata"].get("ownerReferences", [])
+        )
+    ]
+    assert [p["metadata"]["labels"] for p in attached] == [{"kubevirt.io": "hotplug-disk"}]
+    assert attached[0]["spec"]["nodeName"] == target["spec"]["nodeName"], "beside its target"
 
 
 async def test_a_hotplug_applies_while_a_migration_is_pending_and_its_target_carries_the_new_size(

@@ -134,6 +134,27 @@ async def test_while_room_is_reserved_only_kubevirt_creates_and_only_for_a_holde
     assert await create_as(sim, TENANT, pod("elsewhere", namespace="other")) is None
 
 
+async def test_a_migration_targets_attachment_pod_gets_into_the_room_reserved_for_it(sim: SimCluster) -> None:
+    """KubeVirt gives a hotplug attachment pod a controller reference to the launcher pod it serves, not to the VMI:
+    while the room of a migration target's attachment pod is reserved, the target pod is the holder, and KubeVirt's
+    pod controlled by it gets in; a tenant's with the same reference does not, nor KubeVirt's for another pod."""
+    await install(sim, GUARD_POLICY.read_text())
+    holder = guard.Holder("uid-target", "vm1", "the attachment pod of migration vm1-mig")
+    await reserve(sim, holder)
+
+    def attachment(name: str, owner_uid: str) -> Obj:
+        obj = pod(name)
+        obj["metadata"]["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "Pod", "name": "virt-launcher-vm1-t", "uid": owner_uid, "controller": True}
+        ]
+        return obj
+
+    err = await create_as(sim, TENANT, attachment("forged", holder.uid))
+    assert err is not None and "reserved for vm1 (the attachment pod of migration vm1-mig)" in err.message, err
+    assert await create_as(sim, KUBEVIRT_CONTROLLER, attachment("other", "uid-another-pod")) is not None
+    assert await create_as(sim, KUBEVIRT_CONTROLLER, attachment("hp-volume-x", holder.uid)) is None
+
+
 async def test_a_holder_listed_unconfirmed_keeps_the_room_closed_to_its_own_pods_too(sim: SimCluster) -> None:
     """A holder listed ``confirmed: false`` (the enforcer has not yet read its VMI at the size its room was reserved
     at) closes the namespace like any holder, and admits not even KubeVirt's pods for it until it is confirmed."""

@@ -184,3 +184,17 @@ def test_holders_listed_unconfirmed_are_read_back_as_written() -> None:
     assert guard.listed(obj) == held and guard.unconfirmed(obj) == frozenset({"u2"})
     assert guard.unconfirmed(guard.reservation(NS, held, ["kv"])) == frozenset()
     assert guard.unconfirmed(None) == frozenset() and guard.unconfirmed({"spec": {"holders": "x"}}) == frozenset()
+
+
+def test_a_targets_attachment_pod_is_held_by_the_target_pod_and_listed_confirmed() -> None:
+    """KubeVirt's hotplug attachment pod names the target pod as its controller: that pod is the holder, with no
+    size to read (the attachment pod's rendering does not follow the VMI's), so it is listed confirmed."""
+    migrations = [
+        contract.MigrationState(
+            name="m1", vmi="vm1", state="attachment-reserved", vmi_uid="u1", target_pod_uid="pod-t1"
+        ),
+        contract.MigrationState(name="m2", vmi="vm2", state="target-created", target_pod_uid="pod-t2"),
+    ]
+    trimmed = usage([], migrations)
+    assert guard.holders(trimmed) == {guard.Holder("pod-t1", "vm1", "the attachment pod of migration m1")}
+    assert guard.reserved_sizes(trimmed) == frozenset()

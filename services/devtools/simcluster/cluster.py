@@ -28,7 +28,7 @@ from typing import Any, Final
 
 import yaml
 
-from services.devtools.simcluster.auth import Users
+from services.devtools.simcluster.auth import KUBEVIRT_CONTROLLER, Users, acting_as
 from services.devtools.simcluster.cache import Cache
 from services.devtools.simcluster.faults import Faults
 from services.devtools.simcluster.kubeconfig import write_kubeconfig
@@ -37,6 +37,7 @@ from services.devtools.simcluster.kubevirt import (
     KubeVirtSimConfig,
     KubeVirtSimulator,
     KubeVirtTiming,
+    attachment_pod,
     phase,
 )
 from services.devtools.simcluster.policy import PolicySystem
@@ -459,6 +460,36 @@ class SimCluster:
             return vm
 
         return await self.store.mutate(self.store.resource("virtualmachines"), namespace, name, change)
+
+    async def attach_volume(self, namespace: str, vmi: str, volume: str = "data") -> Obj:
+        """What KubeVirt does when a volume is hotplugged to a running VMI: an attachment pod beside its launcher pod
+        (``shared.kubevirt.render.attachment_resources``) and the volume's status with ``hotplugVolume``; the VMI's
+        migrations then wait for an attachment pod beside their target. Returns the attachment pod."""
+        vmi_obj = await self.get("vmi", namespace, vmi)
+        launcher = self.kubevirt.launcher_of(vmi_obj)
+        if launcher is None:
+            raise ValueError(f"VMI {namespace}/{vmi} runs in no launcher pod")
+        config = self.kubevirt.kubevirt_config()
+        with acting_as(KUBEVIRT_CONTROLLER):
+            pod = await self.create(attachment_pod(launcher, config, image=self.kubevirt.image(config)))
+
+        def hotplugged(obj: Obj) -> Obj:
+            statuses = obj.setdefault("status", {}).setdefault("volumeStatus", [])
+            statuses.append(
+                {
+                    "name": volume,
+                    "target": "sda",
+                    "phase": "Ready",
+                    "hotplugVolume": {"attachPodName": pod["metadata"]["name"], "attachPodUID": pod["metadata"]["uid"]},
+                }
+            )
+            return obj
+
+        with acting_as(KUBEVIRT_CONTROLLER):
+            await self.store.mutate(
+                self.store.resource("virtualmachineinstances"), namespace, vmi, hotplugged, status=True
+            )
+        return pod
 
     async def add_interface(self, namespace: str, name: str, interface: str, *, sriov: bool = False) -> Obj:
         """Add a bridge (or SR-IOV) interface on a Multus network of the same name to the VM's template (KubeVirt

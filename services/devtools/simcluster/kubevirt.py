@@ -16,7 +16,10 @@ What vmquota depends on behaves as in KubeVirt (see ``docs/simcluster.md``, "Con
 * **Migration controller** — Pending → target pod (label ``kubevirt.io/migrationJobUID``, annotation
   ``kubevirt.io/migrationJobName``; a quota refusal sets ``migrationRejectedByResourceQuota`` and keeps the
   migration Pending, retried like pod creation, and at once when a ResourceQuota of the namespace is updated or
-  deleted) → Scheduling → Scheduled (hand-off: VMI ``status.migrationState``)
+  deleted) → Scheduling → Scheduled (hand-off: VMI ``status.migrationState``); for a VMI with hotplugged volumes
+  (``shared.vmi.has_hotplug_volumes``) the migration stays Pending once the target exists until an attachment pod
+  (``hp-volume-*``, controlled by the target pod, created once the target runs; a refusal is an Event on the
+  migration and a retry) runs beside it
   → PreparingTarget → TargetReady → Running → Succeeded; the source pod then goes Succeeded and is deleted a bit
   later. At most ``parallel_migrations`` in the cluster and ``parallel_outbound_per_node`` per source node.
 * **Kubelet / scheduler** — every pod gets a node (honouring required pod anti-affinity on the hostname) and
@@ -53,6 +56,7 @@ from shared.kubevirt import (
     RenderedPod,
     render_launcher_pod,
 )
+from shared.kubevirt.render import attachment_resources
 from shared.kubevirt.vm import (
     API_VERSION,
     STARTING_STRATEGIES,
@@ -62,7 +66,7 @@ from shared.kubevirt.vm import (
     with_admission_defaults,
 )
 from shared.quantity import ZERO, Format, Quantity
-from shared.vmi import vmi_spec
+from shared.vmi import has_hotplug_volumes, vmi_spec
 
 # ---- names KubeVirt uses ---------------------------------------------------------------------------------------
 # Written here from upstream, not imported from the product (``shared.snapshot`` has some of them too): the
@@ -272,6 +276,60 @@ def sriov_interfaces(vmi: Mapping[str, Any]) -> set[str]:
     """Names of the VMI's SR-IOV interfaces (KubeVirt plugs a hotplugged one only by a migration)."""
     listed = (((vmi.get("spec") or {}).get("domain") or {}).get("devices") or {}).get("interfaces") or []
     return {str(i.get("name")) for i in listed if isinstance(i, Mapping) and "sriov" in i}
+
+
+def attachment_pod(owner: Mapping[str, Any], config: KubeVirtConfig, *, image: str) -> Obj:
+    """The hotplug attachment pod KubeVirt creates beside a launcher pod (``RenderHotplugAttachmentPodTemplate``):
+    ``hp-volume-*``, label ``kubevirt.io: hotplug-disk``, a controller reference to the launcher pod, one container
+    sized by :func:`shared.kubevirt.render.attachment_resources`, on the launcher pod's node."""
+    requests, limits = attachment_resources(config)
+    node = str((owner.get("spec") or {}).get("nodeName") or "")
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"hp-volume-{secrets.token_hex(3)[:5]}",
+            "namespace": key_of(owner)[0],
+            "labels": {APP_LABEL: "hotplug-disk"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": meta(owner).get("name"),
+                    "uid": uid_of(owner),
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "containers": [
+                {
+                    "name": "hotplug-disk",
+                    "image": image,
+                    "command": ["/bin/sh", "-c", "/usr/bin/container-disk --copy-path /path/hp"],
+                    "resources": {
+                        "requests": {r: q.canonical() for r, q in requests.items()},
+                        "limits": {r: q.canonical() for r, q in limits.items()},
+                    },
+                }
+            ],
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}
+                                ]
+                            }
+                        ]
+                    }
+                }
+            },
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
 
 
 def interfaces_status(names: list[str], pod_ip: object) -> list[Obj]:
@@ -693,6 +751,19 @@ class KubeVirtSimulator:
         job = lab.get(MIGRATION_JOB_LABEL)
         if job and job in self._vmim_by_uid:
             self._wake_migration(self._vmim_by_uid[job], "object update")
+        owner = self._controller_pod(obj)
+        if owner is not None:  # (an attachment pod: its migration target's migration is woken)
+            job = labels_of(owner).get(MIGRATION_JOB_LABEL)
+            if job and job in self._vmim_by_uid:
+                self._wake_migration(self._vmim_by_uid[job], "object update")
+
+    def _controller_pod(self, pod: Mapping[str, Any]) -> Obj | None:
+        """The pod a pod's controller reference names (``metav1.IsControlledBy``: kind Pod, by uid), if it exists."""
+        for ref in meta(pod).get("ownerReferences") or []:
+            if isinstance(ref, Mapping) and ref.get("controller") is True and ref.get("kind") == "Pod":
+                owner = self.cache.get("pods", key_of(pod)[0], str(ref.get("name") or ""))
+                return owner if owner is not None and uid_of(owner) == ref.get("uid") else None
+        return None
 
     def _wake_migration(self, key: Key, why: str) -> None:
         """KubeVirt's migration controller re-queues a migration at once (``Queue.Add``, not rate limited) on an
@@ -1334,6 +1405,8 @@ class KubeVirtSimulator:
         if p == "Pending":
             if target is None:
                 await self._create_target(vmim, vmi)
+            elif has_hotplug_volumes(vmi):
+                await self._attach(vmim, target)
             else:
                 await self._set_migration_phase(key, "Scheduling")
             return
@@ -1447,7 +1520,38 @@ class KubeVirtSimulator:
         )
         name = meta(created).get("name")
         await self.events.record(vmim, "Normal", "SuccessfulCreate", f"Created migration target pod {name}")
-        await self._set_migration_phase(key, "Scheduling", target_pod=str(name))
+        # (with hotplugged volumes it stays Pending until the target's attachment pod runs)
+        await self._set_migration_phase(
+            key, "Pending" if has_hotplug_volumes(vmi) else "Scheduling", target_pod=str(name)
+        )
+
+    async def _attach(self, vmim: Obj, target: Obj) -> None:
+        """A migration of a VMI with hotplugged volumes whose target exists (``migration.go``): once the target runs,
+        an attachment pod beside it, controlled by it (``createAttachmentPod``; any pod it controls counts, as
+        ``controller.AttachmentPods`` has it), and Scheduling only once that one runs. A refused attachment pod is a
+        ``FailedCreate`` Event on the migration and a retry with backoff; no condition (the target exists)."""
+        key = key_of(vmim)
+        if phase(target) != "Running":
+            return  # (woken by the target's updates)
+        attached = [
+            p for p in self.cache.list("pods", key[0]) if (o := self._controller_pod(p)) and uid_of(o) == uid_of(target)
+        ]
+        if attached:
+            if phase(attached[0]) == "Running":
+                await self._set_migration_phase(key, "Scheduling")
+            return  # (woken by its updates)
+        if self._blocked("vmim", key, self.migration_queue):
+            return
+        pod = attachment_pod(target, self.kubevirt_config(), image=self.image(self.kubevirt_config()))
+        try:
+            await self.store.create(self.r_pods, pod, namespace=key[0])
+        except ApiError as e:
+            self.pods_refused += 1
+            self._log.info("attachment pod not created", namespace=key[0], migration=key[1], message=e.message)
+            await self.events.record(vmim, "Warning", "FailedCreate", f"Error creating attachment pod: {e.message}")
+            self._backoff("vmim", key, self.migration_queue)
+            return
+        self._succeeded("vmim", key, self.migration_queue)
 
     async def _check_target_timeout(self, vmim: Obj, vmi: Obj, target: Obj) -> None:
         key, uid = key_of(vmim), uid_of(vmim)
@@ -1624,6 +1728,9 @@ class KubeVirtSimulator:
                     if node:
                         excluded.add(node)
         candidates = [n for n in self.config.nodes if n in self.schedulable and n not in excluded]
+        hosts = _required_hosts(pod)
+        if hosts is not None:
+            candidates = [n for n in candidates if n in hosts]
         if not candidates:
             return None
         return min(candidates, key=lambda n: (len(self.cache.by_index("pods", "node", n)), n))
@@ -1715,6 +1822,19 @@ class KubeVirtSimulator:
             st["phase"] = "Running"
 
         await self._update_status(self.r_pods, key, start)
+
+
+def _required_hosts(pod: Mapping[str, Any]) -> set[str] | None:
+    """The nodes a pod's required node affinity on ``kubernetes.io/hostname`` (``In``) allows, None without one."""
+    affinity = (((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    hosts: set[str] | None = None
+    for term in affinity.get("nodeSelectorTerms") or []:
+        for e in (term or {}).get("matchExpressions") or []:
+            if e.get("key") == "kubernetes.io/hostname" and e.get("operator") == "In":
+                hosts = (hosts or set()) | {str(v) for v in e.get("values") or []}
+    return hosts
 
 
 def _reported_resources(container: Mapping[str, Any]) -> dict[str, Any]:

@@ -19,13 +19,14 @@ namespace end up the same.
 
 Lost events. The events stream keeps what its limits allow (``--events-max-age``, its size), and anyone who can
 make objects can fill it: a ledger that is down for long, or replays from the start after losing its checkpoints,
-may find that the stream dropped events it had not read (``PullConsumer.take_loss``). Folding what is left would
-publish usage without the objects whose events are gone, a ``hard`` too high. Instead the ledger records a mark (the
-stream's last sequence then; key ``lost.<partitions>.<cluster filter>``, written at once), publishes no usage of a
-cluster until it has folded a relist of it answering that mark (``Ledger.whole``: the cluster's watcher publishes
-every object again, then a ``Sync`` whose ``answers`` is the mark), and asks each such cluster's watcher for one on
-``vmquota.relist.<cluster>``, again every few seconds (``relist_retry``) until it comes. Meanwhile the enforcer keeps
-the usage it had, as while the ledger is down.
+may find that the stream dropped events it had not read, or that it was created anew (``PullConsumer.take_loss``).
+Folding what is left would publish usage without the objects whose events are gone, a ``hard`` too high. Instead
+the ledger names the loss with a new token (key ``lost.<partitions>.<cluster filter>``, written at once), publishes
+no usage of a cluster until it has read a relist of it answering that token (``Ledger.whole``: the cluster's
+watcher publishes every object again, then a ``Sync`` whose ``answers`` name the token), and asks each such
+cluster's watcher for one on ``vmquota.relist.<cluster>``, again every few seconds (``relist_retry``) until it
+comes. A stream created anew also discards every state and checkpoint (their sequences are the old stream's).
+Meanwhile the enforcer keeps the usage it had, as while the ledger is down.
 
 Partitions are filtered here, not by subject: every instance reads the whole events stream of its cluster filter
 and folds only the namespaces of its partitions (cluster-wide objects are folded by all).
@@ -34,6 +35,7 @@ and folds only the namespaces of its partitions (cluster-wide objects are folded
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -78,6 +80,12 @@ Accountant = Callable[[NamespaceView], contract.UsageBody]
 
 
 log = structlog.get_logger("vmquota.ledger")
+
+
+def _token(last: int) -> str:
+    """A new token naming a loss of events (the stream's last sequence then, for a person, and a random part)."""
+    return f"{last}-{secrets.token_hex(6)}"
+
 
 _PAYLOAD_HEADROOM: Final = 4096
 """Bytes of the bus's maximum payload left for the message's headers and protocol line."""
@@ -149,8 +157,8 @@ class LedgerService:
         """Checkpoint key → the keys of the parts its stored manifest names (deleted once it is replaced)."""
         self.consumer: PullConsumer | None = None
         self.start_seq = 1
-        self.lost = 0
-        """The mark of the latest loss of events (0: none); see the module."""
+        self.lost = ""
+        """The token of the latest loss of events ("": none); see the module."""
         self._lost_saved = True
         self._relist_at = 0.0
         """When the next relist request is due (monotonic)."""
@@ -199,9 +207,9 @@ class LedgerService:
         last = await self._events_last_seq()
         if last is not None and progress > last:
             log.error("checkpoints are ahead of the events stream (recreated?): starting over", last_seq=last)
-            self.ledger = self._fresh_ledger()
+            await self._start_over()
             progress = 0
-            await self._lose(max(1, last))  # (the events of the old stream are gone)
+            await self._lose(last)  # (the events of the old stream are gone)
         self.start_seq = progress + 1
         log.info(
             "ledger starting",
@@ -237,11 +245,11 @@ class LedgerService:
                         log.warning("unreadable progress key; replaying from the start", key=key)
                         progress = 0
                 elif key == self.opts.lost_key:
-                    try:
-                        self.lost = max(0, int(value.decode()))
-                    except (UnicodeDecodeError, ValueError):
-                        log.error("unreadable mark of lost events: every cluster waits for a relist", key=key)
-                        self.lost = 2**62
+                    self.lost = value.decode(errors="replace")
+                    if self.lost and not contract.RELIST_TOKEN.match(self.lost):
+                        log.error("unreadable mark of lost events: every cluster waits for a new relist", key=key)
+                        self.lost = _token(0)
+                        self._lost_saved = False
                 elif (owner := part_of(key)) is not None:
                     if self._loads(owner):
                         parts[key] = value
@@ -362,6 +370,8 @@ class LedgerService:
                 self.health.set_ready(self.opts.service, True)
                 loss = self.consumer.take_loss()
                 if loss is not None:  # (before the batch that comes after it is folded)
+                    if loss.recreated:
+                        await self._start_over()
                     await self._lose(loss.stream_last)
                 if batch:
                     await self._fold(batch)
@@ -481,10 +491,11 @@ class LedgerService:
         self._m_dlq.inc()
 
     # ---- lost events -------------------------------------------------------------------------------------------
-    async def _lose(self, mark: int) -> None:
-        """The stream lost events this ledger had not read, up to ``mark``: hold back the usage of every cluster until
-        a relist answering it is folded (see the module). The mark is kept before anything else is done."""
-        self.lost = max(self.lost, mark)
+    async def _lose(self, last: int) -> None:
+        """The stream lost events this ledger had not read (its last sequence was ``last``): name the loss anew and
+        hold back the usage of every cluster until a relist answering it is read (see the module). The token is
+        kept before anything else is done."""
+        self.lost = _token(last)
         self._relist_at, self._relist_delay = 0.0, self.opts.relist_retry[0]
         log.error(
             "the events stream lost events this ledger had not read: usage is withheld until each cluster's "
@@ -498,14 +509,14 @@ class LedgerService:
     async def _save_lost(self) -> None:
         assert self.kv is not None
         try:
-            await self.kv.put(self.opts.lost_key, str(self.lost).encode())
+            await self.kv.put(self.opts.lost_key, self.lost.encode())
             self._lost_saved = True
         except (nats.errors.Error, OSError) as e:  # (tried again before the next checkpoint's progress)
             log.warning("mark of lost events not saved yet", error=str(e) or type(e).__name__)
 
     def _publishable(self, cluster: str) -> bool:
         """Whether the cluster's usage may be published (logging when it is withheld, and when it is no more)."""
-        if self.ledger.whole(cluster, self.lost):
+        if self.ledger.whole(cluster, self.lost, self._applied()):
             if cluster in self._withheld:
                 self._withheld.discard(cluster)
                 log.info("relist folded: usage published again", cluster=cluster, lost=self.lost)
@@ -523,7 +534,28 @@ class LedgerService:
         clusters = set(self.ledger.clusters())
         if self.opts.cluster is not None:
             clusters.add(self.opts.cluster)
-        return sorted(c for c in clusters if not self.ledger.whole(c, self.lost))
+        applied = self._applied()
+        return sorted(c for c in clusters if not self.ledger.whole(c, self.lost, applied))
+
+    def _applied(self) -> int:
+        """The stream sequence up to which this instance has folded the events stream."""
+        return (self.consumer.next_seq if self.consumer is not None else self.start_seq) - 1
+
+    async def _start_over(self) -> None:
+        """The events stream was created anew: every state, and every checkpoint this instance loads, holds the old
+        stream's sequences, which would skip the new stream's events. Drop them all (the watchers' relist brings
+        the objects back)."""
+        self.ledger = self._fresh_ledger()
+        self._parts.clear()
+        assert self.kv is not None
+        try:
+            keys = await self.kv.keys()
+        except nats.js.errors.NoKeysError:
+            keys = []
+        for key in keys:
+            owner = part_of(key)
+            if self._loads(owner if owner is not None else key) or key == self.opts.progress_key:
+                await self._delete_part(key)
 
     async def _ask_for_relists(self, now: float) -> None:
         """Ask the watcher of each cluster still waiting for a relist (core NATS: a request lost with a watcher's
@@ -536,7 +568,7 @@ class LedgerService:
             await self._save_lost()
         request = contract.encode(
             contract.RelistRequest(
-                lost=self.lost, requester=contract.source(self.opts.service, self.opts.cluster or "all")
+                token=self.lost, requester=contract.source(self.opts.service, self.opts.cluster or "all")
             )
         )
         for cluster in waiting:
@@ -668,7 +700,7 @@ class LedgerService:
                 if failed:
                     raise failed[0]
             if not self._lost_saved:  # (a progress past a loss whose mark is not kept would forget the loss)
-                await kv.put(self.opts.lost_key, str(self.lost).encode())
+                await kv.put(self.opts.lost_key, self.lost.encode())
                 self._lost_saved = True
             await kv.put(self.opts.progress_key, str(progress).encode())
         except (nats.errors.Error, OSError) as e:

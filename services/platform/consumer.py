@@ -39,11 +39,14 @@ def _printable(differences: dict[str, tuple[object, object]]) -> dict[str, dict[
 @dataclass(frozen=True, slots=True)
 class Loss:
     """Messages a consumer lost: from stream sequence ``first`` to before ``stream_first`` (the stream's first
-    message when the loss was noted; ``stream_last`` its last)."""
+    message when the loss was noted; ``stream_last`` its last); ``recreated``: the stream was created anew (its
+    last sequence was behind what the consumer had read), every message of the old one is lost and the consumer
+    reads the new one from its start."""
 
     first: int
     stream_first: int
     stream_last: int
+    recreated: bool = False
 
 
 class PullConsumer:
@@ -55,9 +58,11 @@ class PullConsumer:
 
     With ``note_losses``, messages the stream no longer holds (its retention dropped them) before this consumer read
     them are a loss: the consumer notes it (:meth:`take_loss`) when it is created at a position the stream's first
-    message is past, and when a message comes after a jump while messages for it were pending and the stream's
-    first message is past the one it expected. (A jump while nothing was pending is the messages of other subjects;
-    a stream that keeps the last message of each subject drops older ones by design: its readers do not ask.)
+    message is past, when it is created on a stream whose last message is behind what it had read (a stream created
+    anew: it then reads that one from its start), and when a message comes after a jump and the stream's first
+    message is past the one it expected (with a filter, what it jumped over may all have been other subjects':
+    such a reader is told of a loss only when the stream turned over past it, which a relist then mends). A stream
+    that keeps the last message of each subject drops older ones by design: its readers do not ask.
 
     Every ``check_interval`` seconds (default: the bus's ``consumer_check``) and right after creating it, the consumer
     reads its durable's configuration back. Any other filter, deliver policy, ack policy or push delivery, or a
@@ -109,13 +114,26 @@ class PullConsumer:
         loss, self._loss = self._loss, None
         return loss
 
-    async def _note_loss(self) -> bool:
-        """Note a loss if the stream's first message is past ``next_seq``; whether it is."""
+    async def _note_loss(self, *, creating: bool = False) -> bool:
+        """Note a loss if the stream's first message is past ``next_seq`` (``creating``: or its last one is behind
+        what was read: a stream created anew, whose start this consumer then reads from); whether it did."""
         state = (await self.bus.js.stream_info(self.stream)).state
+        if creating and state.last_seq < self.next_seq - 1:
+            log.error(
+                "the stream is behind what this consumer read: created anew, read from its start",
+                stream=self.stream,
+                consumer=self.durable,
+                read_to=self.next_seq - 1,
+                stream_last_seq=state.last_seq,
+            )
+            self._loss = Loss(1, max(1, state.first_seq), state.last_seq, recreated=True)
+            self.next_seq = max(1, state.first_seq)
+            return True
         if state.first_seq <= self.next_seq:
             return False
         first = self._loss.first if self._loss is not None else self.next_seq
-        self._loss = Loss(first, state.first_seq, state.last_seq)
+        recreated = self._loss is not None and self._loss.recreated
+        self._loss = Loss(first, state.first_seq, state.last_seq, recreated)
         log.error(
             "the stream lost messages this consumer had not read",
             stream=self.stream,
@@ -135,6 +153,8 @@ class PullConsumer:
         self._epoch = self.bus.epoch
         with contextlib.suppress(nats.js.errors.NotFoundError):
             await self.bus.js.delete_consumer(self.stream, self.durable)
+        if self.note_losses:
+            await self._note_loss(creating=True)
         cfg = ConsumerConfig(
             durable_name=self.durable,
             name=self.durable,
@@ -151,8 +171,6 @@ class PullConsumer:
             mem_storage=True,
         )
         info = await self.bus.js.add_consumer(self.stream, cfg)
-        if self.note_losses:
-            await self._note_loss()
         self._created = info.created
         self._sub = await self.bus.js.pull_subscribe_bind(self.durable, stream=self.stream)
         self._expected_cseq = 1
@@ -260,7 +278,7 @@ class PullConsumer:
                 if at.consumer != self._expected_cseq or at.stream < self.next_seq:
                     why = f"gap: consumer sequence {at.consumer}, expected {self._expected_cseq}"
                     break
-                if at.stream > self.next_seq and self.pending and self.note_losses and not checked:
+                if at.stream > self.next_seq and self.note_losses and not checked:
                     checked = True  # (once a batch: what it delivered, the stream held)
                     try:
                         await self._note_loss()

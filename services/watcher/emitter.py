@@ -5,6 +5,7 @@ subject with the reason (the raw object, capped)."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import Any, Final
 
 import msgspec
@@ -134,7 +135,7 @@ class Emitter:
         self.publisher.enqueue(Item(subject, data, ev.id, label=f"{kind}|deleted"))
 
     def sync(
-        self, kind: str, namespace: str, rv: str, present: list[str], *, answers: int = 0, again: str = ""
+        self, kind: str, namespace: str, rv: str, present: list[str], *, answers: Sequence[str] = (), again: str = ""
     ) -> None:
         """Queue a sync marker (``again``: of a relist a consumer asked for, under a message id of its round)."""
         ev = contract.sync_event(

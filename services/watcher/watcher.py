@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -109,8 +110,10 @@ class Watcher:
             cls = LOOPS.get(spec.kind, ListWatch)
             self.loops[spec.kind] = cls(self, spec)
         self._group: asyncio.TaskGroup | None = None
-        self._asked = 0
-        """The largest ``lost`` of the relist requests received (:meth:`relist_asked`)."""
+        self._asked: set[str] = set()
+        """Tokens of the relist requests received and not answered yet (:meth:`relist_asked`)."""
+        self._answered: deque[str] = deque(maxlen=256)
+        """Tokens this watcher answered (the latest)."""
         self._republishing: asyncio.Task[None] | None = None
 
     def cluster_namespaces(self) -> Iterable[str]:
@@ -139,38 +142,40 @@ class Watcher:
     def relist_asked(self, data: bytes) -> None:
         """A relist request (``vmquota.relist.<cluster>``): a consumer lost events of this cluster. Every object is
         listed and published again, then a marker answering the request (:meth:`republish`); requests that come
-        while that runs are answered by the next round."""
+        while that runs are answered by the next round, and a token answered already is not relisted again (the
+        consumer asks until it has read the answer, which may lie behind a backlog)."""
         try:
             request = contract.decode_relist_request(data)
         except InvalidInput as e:
             self.log.warning("relist request ignored", error=str(e))
             return
-        self.log.warning("relist asked: publishing everything again", requester=request.requester, lost=request.lost)
-        self._asked = max(self._asked, request.lost)
+        if request.token in self._answered or request.token in self._asked:
+            return
+        self.log.warning("relist asked: publishing everything again", requester=request.requester, token=request.token)
+        self._asked.add(request.token)
         if self._republishing is None or self._republishing.done():
             self._republishing = self.spawn(self.republish(), "republish")
 
     async def republish(self) -> None:
         """Have every loop list and publish every object again (namespaces and quotas first, as at the start), then
         publish the marker that answers the requests received before it began: a sync of the cluster's namespaces
-        with ``answers`` (``shared.contract.Sync.answers``), after everything else is stored."""
+        whose ``answers`` name their tokens (``shared.contract.Sync.answers``), after everything else is stored."""
         namespaces = self.loops.get(NAMESPACE_KIND)
         if namespaces is None:
             self.log.error("cannot answer a relist request without watching namespaces")
             return
         first = [lw for k, lw in self.loops.items() if k in FIRST]
         rest = [lw for k, lw in self.loops.items() if k not in FIRST]
-        while True:
-            answering = self._asked
-            again = f"relist-{answering}"
+        while self._asked:
+            answering, self._asked = sorted(self._asked), set()
+            again = f"relist-{contract.answers_key(answering)}"
             await asyncio.gather(*(lw.republish(again) for lw in first))
             await asyncio.gather(*(lw.republish(again) for lw in rest))
             await self.publisher.flush()
             self.emitter.sync(NAMESPACE_KIND, "", namespaces.rv, sorted(namespaces.known), answers=answering)
             await self.publisher.flush()
+            self._answered.extend(answering)
             self.log.info("relist published", answers=answering)
-            if self._asked <= answering:
-                return
 
     async def run(self) -> None:
         first = [lw for k, lw in self.loops.items() if k in FIRST]

@@ -30,6 +30,7 @@ from shared.contract.codec import decode_usage as decode_usage
 from shared.contract.codec import encode as encode
 from shared.contract.messages import MAX_ERROR_CHARS as MAX_ERROR_CHARS
 from shared.contract.messages import MAX_ERRORS as MAX_ERRORS
+from shared.contract.messages import RELIST_TOKEN as RELIST_TOKEN
 from shared.contract.messages import SCHEMA as SCHEMA
 from shared.contract.messages import DeadLetter as DeadLetter
 from shared.contract.messages import Decision as Decision
@@ -44,6 +45,7 @@ from shared.contract.messages import Upserted as Upserted
 from shared.contract.messages import UsageBody as UsageBody
 from shared.contract.messages import UsageSnapshot as UsageSnapshot
 from shared.contract.messages import VmState as VmState
+from shared.contract.messages import answers_key as answers_key
 from shared.contract.messages import capped_errors as capped_errors
 from shared.contract.messages import dead_letter as dead_letter
 from shared.contract.messages import error_count as error_count

@@ -10,6 +10,7 @@ import msgspec
 
 from shared.bounded import Bounded
 from shared.contract.messages import (
+    RELIST_TOKEN,
     SCHEMA,
     DeadLetter,
     Decision,
@@ -189,6 +190,6 @@ def decode_relist_request(data: bytes) -> RelistRequest:
         req = _RELIST_DECODER.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
         raise InvalidInput(f"invalid relist request: {e}", "relist") from None
-    if req.lost < 1:
-        raise InvalidInput(f"relist request with lost {req.lost} (at least 1)", "relist.lost")
+    if not RELIST_TOKEN.match(req.token):
+        raise InvalidInput(f"relist token {req.token!r} is not 1-64 letters, digits, '.', '_' or '-'", "relist.token")
     return req

@@ -3,7 +3,9 @@ letters) with CloudEvents-style attributes, and the builders producers use."""
 
 from __future__ import annotations
 
+import hashlib
 import re
+from collections.abc import Sequence
 from typing import Any, Final, Literal
 
 import msgspec
@@ -82,13 +84,13 @@ class Sync(_Message, frozen=True, kw_only=True, tag=SYNC):
     resource_version: str
     present: list[str]
     """UIDs of the objects that exist."""
-    answers: int = 0
-    """Set (> 0) only on the marker that ends a relist a consumer asked for because the events stream lost events of
-    this cluster before it read them (:class:`RelistRequest`): the largest ``lost`` of the requests the watcher had
-    received when that relist began. Every object of every kind the watcher follows was published again before
-    this marker, whatever had been published before, so a consumer that lost events holds the cluster's whole
-    state again once it has read a marker answering its request. Such a marker is a sync of the cluster's
-    namespaces (kind ``Namespace``), the relist's last message."""
+    answers: list[str] = []
+    """Only on the marker that ends a relist a consumer asked for because the events stream lost events of this
+    cluster before it read them (:class:`RelistRequest`): the tokens of the requests the watcher had received when
+    that relist began. Every object of every kind the watcher follows was published again before this marker,
+    whatever had been published before, so a consumer that lost events holds the cluster's whole state again once
+    it has read a marker answering its token. Such a marker is a sync of the cluster's namespaces (kind
+    ``Namespace``), the relist's last message."""
 
 
 ObjectEvent = Upserted | Deleted | Sync
@@ -333,13 +335,13 @@ def sync_event(
     present: list[str],
     producer: str = "watcher",
     time: str | None = None,
-    answers: int = 0,
+    answers: Sequence[str] = (),
 ) -> Sync:
     """A sync marker for ``kind`` in ``namespace`` (ignored for cluster-scoped kinds: ``_cluster``); ``answers``: see
     :attr:`Sync.answers`."""
     token = namespace_token(kind, namespace)
     return Sync(
-        id=msg_id(cluster, kind, sync_uid(token), rv, SYNC) + (f"/answers-{answers}" if answers else ""),
+        id=msg_id(cluster, kind, sync_uid(token), rv, SYNC) + (f"/answers-{answers_key(answers)}" if answers else ""),
         source=source(producer, cluster),
         subject=token,
         time=time or rfc3339(),
@@ -348,18 +350,26 @@ def sync_event(
         namespace=token,
         resource_version=rv,
         present=sorted(present),
-        answers=answers,
+        answers=sorted(set(answers)),
     )
+
+
+def answers_key(tokens: Sequence[str]) -> str:
+    """A short name of a set of relist tokens (message ids of the relist that answers them)."""
+    return hashlib.sha256("\n".join(sorted(set(tokens))).encode()).hexdigest()[:16]
 
 
 class RelistRequest(msgspec.Struct, frozen=True, kw_only=True):
     """A consumer's request (core NATS, on :func:`~shared.contract.subjects.relist_subject`) that a cluster's watcher
-    publish every object again, then a marker that :attr:`Sync.answers` it: the events stream lost events the
-    consumer had not read (its retention dropped them). Only the ledger may publish it; a watcher that receives one
-    relists at most once at a time."""
+    publish every object again, then a marker that answers it (:attr:`Sync.answers`): the events stream lost events
+    the consumer had not read (its retention dropped them, or the stream was created anew). Only the ledger may
+    publish it; a watcher that receives one relists at most once at a time, and not again for a token it answered."""
 
-    lost: int
-    """The consumer's mark of its latest loss (a stream sequence at or after it): the marker answers it when it
-    carries as much."""
+    token: str
+    """Names the loss (a new one for each: a relist that began before a loss does not answer it)."""
     requester: str = ""
     """Who asks (``vmquota/<service>/<cluster or all>``), for the watcher's log."""
+
+
+RELIST_TOKEN: Final = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+"""What a relist token may be."""

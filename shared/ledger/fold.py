@@ -192,7 +192,7 @@ class Checkpoint(msgspec.Struct, kw_only=True, rename="camel"):
     namespace: str
     seq: int
     usage_digest: str = ""
-    answered: int = 0
+    answered: dict[str, int] = {}
     """:attr:`NamespaceState.answered`."""
     floors: dict[str, int] = {}
     late: list[str] = []
@@ -245,6 +245,10 @@ REFUSAL_GRACE: Final = timedelta(seconds=60)
 """How long after a refusal ended a pod created is taken as one that may have taken its room (vmquota lowers
 ``hard`` and the quota controller copies it within a second or so when all is well)."""
 
+ANSWERS_KEPT: Final = 1024
+"""Relist tokens a cluster-wide state remembers as answered (the latest: one per loss a ledger instance noted, and a
+watcher ignores a token it answered, so one forgotten before its ledger read as far would be waited for in vain)."""
+
 RV_HORIZON: Final = 10**12
 """How far beyond a list's resourceVersion an object's version may plausibly be when the list did not return it
 (etcd revisions count every write of the cluster: 10^12 is centuries of writes between a list and an event)."""
@@ -282,10 +286,10 @@ class NamespaceState:
         """kind → resourceVersion of the last sync: an unknown object at or below it is not resurrected."""
         self.usage_digest = ""
         """Digest of the last usage snapshot published for this namespace (kept by the service)."""
-        self.answered = 0
-        """Of a cluster-wide state: the largest relist request a marker of the cluster's watcher answered
-        (:attr:`Sync.answers <shared.contract.Sync.answers>`): every object of the cluster was published again before
-        it, so the cluster's states are whole for a ledger whose losses that covers (:meth:`Ledger.whole`)."""
+        self.answered: dict[str, int] = {}
+        """Of a cluster-wide state: relist token → the stream sequence of the marker of the cluster's watcher that
+        answered it (:attr:`Sync.answers <shared.contract.Sync.answers>`: every object of the cluster was published
+        again before it), the latest :data:`ANSWERS_KEPT`; see :meth:`Ledger.whole`."""
         self._live: dict[str, list[Snapshot]] = {}
         """kind → :meth:`live` of that kind, until the kind changes (accounting reads a namespace on every change
         of it, mostly of one kind)."""
@@ -551,7 +555,7 @@ class NamespaceState:
                 namespace=self.namespace,
                 seq=self.seq,
                 usage_digest=self.usage_digest,
-                answered=self.answered,
+                answered=dict(sorted(self.answered.items())),
                 floors=dict(sorted(self.floors.items())),
                 late=sorted(self.late),
                 windows=dict(sorted(self.windows.items())),
@@ -582,7 +586,7 @@ class NamespaceState:
         st = cls(ck.cluster, ck.namespace)
         st.seq = ck.seq
         st.usage_digest = ck.usage_digest
-        st.answered = ck.answered
+        st.answered = dict(ck.answered)
         st.floors = dict(ck.floors)
         st.late = set(ck.late)
         st.windows = dict(ck.windows)
@@ -733,13 +737,17 @@ class Ledger:
             self.unsaved.add(key)  # even an empty state records the sequence it has seen
         return st
 
-    def whole(self, cluster: str, lost: int) -> bool:
-        """Whether the states of ``cluster`` hold everything, for a ledger whose events stream lost events it had not
-        read up to its mark ``lost`` (0: it never did): a relist answering that mark was folded since."""
-        if lost <= 0:
+    def whole(self, cluster: str, lost: str, applied: int) -> bool:
+        """Whether the states of ``cluster`` hold everything for a ledger that has read the events stream up to
+        ``applied`` and whose latest loss of events it had not read is named ``lost`` ("": it never lost any): a
+        marker answering that loss stands at or before ``applied``. (The cluster-wide state is shared by every
+        instance's checkpoints: another instance may have folded the marker, and this one's namespace states hold
+        the relist only once it has read as far.)"""
+        if not lost:
             return True
         cw = self.states.get((cluster, CLUSTER_WIDE))
-        return cw is not None and cw.answered >= lost
+        at = cw.answered.get(lost) if cw is not None else None
+        return at is not None and at <= applied
 
     def clusters(self) -> list[str]:
         """The clusters this ledger holds states of, sorted."""
@@ -806,8 +814,11 @@ class Ledger:
             return Outcome.UNTRACKED
         if ev.answers and ev.kind == NAMESPACE_KIND:
             cw = self._state((ev.cluster, CLUSTER_WIDE))
-            if ev.answers > cw.answered:
-                cw.answered = ev.answers
+            new = [t for t in ev.answers if t not in cw.answered]
+            if new:
+                cw.answered.update(dict.fromkeys(new, seq))
+                for t in sorted(cw.answered, key=cw.answered.__getitem__)[: max(0, len(cw.answered) - ANSWERS_KEPT)]:
+                    del cw.answered[t]
                 self._mark((ev.cluster, CLUSTER_WIDE))  # (every namespace of the cluster is accounted again)
         if ev.kind in CLUSTER_WIDE_KINDS:
             keys: Iterable[tuple[str, str]] = [(ev.cluster, CLUSTER_WIDE)]

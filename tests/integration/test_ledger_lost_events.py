@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from dataclasses import replace
 
 import pytest
 from nats.aio.msg import Msg
@@ -20,6 +21,7 @@ from services.platform.bus import Bus, position
 from services.platform.consumer import PullConsumer
 from shared import contract
 from shared.contract.streams import MiB, StreamSizes
+from shared.ledger.fold import PartitionSet
 from shared.snapshot import PodSnapshot
 from tests.integration.ledgers import CLUSTER, Running, connect_bus, last_usage, options, publish
 from tests.waiting import wait_until
@@ -72,8 +74,9 @@ class Requests:
         await b.nc.subscribe(contract.relist_subject(CLUSTER), cb=heard)
 
 
-async def relist(b: Bus, events: list[contract.Upserted | contract.Deleted], answers: int) -> None:
-    """What the watcher publishes when asked: every object again (message ids of the round), then the marker."""
+async def relist(b: Bus, events: list[contract.Upserted | contract.Deleted], *answers: str) -> None:
+    """What the watcher publishes when asked: every object again (message ids of the round), then the marker
+    answering the requests named ``answers``."""
     await publish(b, events, msg_ids=False)
     marker = contract.sync_event(cluster=CLUSTER, kind="Namespace", namespace="", rv="1", present=[], answers=answers)
     await b.js.publish(contract.event_subject(CLUSTER, "Namespace", ""), contract.encode(marker))
@@ -84,8 +87,7 @@ def names(usage: dict[str, contract.UsageSnapshot], ns: str) -> set[str]:
 
 
 def slow_retry() -> LedgerOptions:
-    o = options()
-    return LedgerOptions(**{**{f: getattr(o, f) for f in o.__dataclass_fields__}, "relist_retry": (0.2, 0.4)})
+    return replace(options(), relist_retry=(0.2, 0.4))
 
 
 async def test_a_ledger_replaying_a_stream_that_dropped_its_head_publishes_nothing_until_the_watcher_relists(
@@ -104,15 +106,16 @@ async def test_a_ledger_replaying_a_stream_that_dropped_its_head_publishes_nothi
         last = (await b.js.stream_info(contract.EVENTS_STREAM)).state.last_seq
         run = Running(b, slow_retry())
         await wait_until(lambda: run.applied_through(last) and len(requests.received) >= 2, what="asked twice")
-        assert run.service.lost >= last
-        assert {r.lost for r in requests.received} == {run.service.lost}
+        assert run.service.lost.startswith(f"{last}-"), "(the stream's last sequence then, and a random part)"
+        assert {r.token for r in requests.received} == {run.service.lost}
         assert run.service.incomplete() == [CLUSTER]
         assert await last_usage(b) == {}, "no usage of a cluster whose events were lost"
 
-        await relist(b, [pod("victim", "old-1", 101), pod("victim", "old-2", 102), pod("victim", "new", rv)], 1)
+        everything = [pod("victim", "old-1", 101), pod("victim", "old-2", 102), pod("victim", "new", rv)]
+        await relist(b, everything, "another-loss")
         marked = (await b.js.stream_info(contract.EVENTS_STREAM)).state.last_seq
-        await wait_until(lambda: run.applied_through(marked), what="an older answer folded")
-        assert await last_usage(b) == {}, "a relist that answers an older request is not enough"
+        await wait_until(lambda: run.applied_through(marked), what="another answer folded")
+        assert await last_usage(b) == {}, "a relist that answers another request is not enough"
 
         await relist(b, [], run.service.lost)
         await wait_until(lambda: run.service.incomplete() == [], what="the relist folded")
@@ -161,65 +164,177 @@ async def test_a_ledger_down_while_the_stream_dropped_events_keeps_waiting_acros
         await b.close()
 
 
-async def test_the_consumer_notes_events_dropped_while_it_was_behind_and_not_those_of_other_clusters(
-    nats_url: str,
-) -> None:
-    """A reader behind the stream (events pending for it) whose next events the stream dropped learns of it before
-    it reads past them; a jump over other clusters' events while it had read everything is no loss."""
+def elsewhere(rv: int, cluster: str = "c2") -> contract.Upserted | contract.Deleted:
+    """An event of another cluster."""
+    snap = PodSnapshot(uid="x", namespace="elsewhere", name="x", resource_version=str(rv))
+    return contract.object_event(
+        "upserted", cluster=cluster, kind="Pod", namespace="elsewhere", name="x", uid="x", rv=str(rv), snapshot=snap
+    )
+
+
+def reader(b: Bus, durable: str, cluster: str | None, **kw: int) -> PullConsumer:
+    return PullConsumer(
+        b,
+        stream=contract.EVENTS_STREAM,
+        durable=durable,
+        filter_subjects=[contract.events_filter(cluster)],
+        note_losses=True,
+        **kw,
+    )
+
+
+async def test_the_consumer_notes_events_dropped_before_it_read_them_behind_or_caught_up(nats_url: str) -> None:
+    """A reader whose next events the stream dropped learns of it before it reads past them: one behind the stream
+    (events pending for it), and one that had read everything when its next event came and went between two of its
+    fetches (it was busy: folding, publishing). Before, only the first was told."""
     b = await small_stream(nats_url)
     try:
         await publish(b, [pod("victim", f"p{i}", 101 + i) for i in range(3)])
-        consumer = PullConsumer(
-            b,
-            stream=contract.EVENTS_STREAM,
-            durable="behind",
-            filter_subjects=[contract.events_filter(CLUSTER)],
-            batch=1,
-            note_losses=True,
-        )
-        batches = consumer.batches()
-        assert len(await anext(batches)) == 1 and consumer.pending == 2
-        assert consumer.take_loss() is None
+        behind = reader(b, "behind", CLUSTER, batch=1)
+        batches = behind.batches()
+        assert len(await anext(batches)) == 1 and behind.pending == 2
+        assert behind.take_loss() is None
         await flood(b, 3, 200)
         got = await anext(batches)
-        loss = consumer.take_loss()
-        assert loss is not None and loss.first == 2, loss
+        loss = behind.take_loss()
+        assert loss is not None and loss.first == 2 and not loss.recreated, loss
         assert got and loss.stream_first <= position(got[0]).stream <= loss.stream_last
         await batches.aclose()
-        await consumer.close()
-
-        def elsewhere(rv: int) -> contract.Upserted | contract.Deleted:
-            snap = PodSnapshot(uid="x", namespace="elsewhere", name="x", resource_version=str(rv))
-            return contract.object_event(
-                "upserted",
-                cluster="c2",
-                kind="Pod",
-                namespace="elsewhere",
-                name="x",
-                uid="x",
-                rv=str(rv),
-                snapshot=snap,
-            )
+        await behind.close()
 
         head = (await b.js.stream_info(contract.EVENTS_STREAM)).state.last_seq + 1
-        caught_up = PullConsumer(
-            b,
-            stream=contract.EVENTS_STREAM,
-            durable="caught-up",
-            filter_subjects=[contract.events_filter("c2")],
-            start_seq=head,
-            note_losses=True,
-        )
+        caught_up = reader(b, "caught-up", None, start_seq=head)
         batches = caught_up.batches()
-        await publish(b, [elsewhere(1)])
+        await publish(b, [pod("victim", "p9", 900)])
         assert len(await anext(batches)) == 1 and caught_up.pending == 0
-        await flood(b, (await b.js.stream_info(contract.EVENTS_STREAM)).state.last_seq, 900)
+        await publish(b, [pod("victim", "dropped", 901)])  # (while the reader is busy)
+        await flood(b, head + 1, 1000)
+        while not (got := await anext(batches)):
+            pass
+        loss = caught_up.take_loss()
+        assert loss is not None and loss.first == head + 1, loss
+        await batches.aclose()
+        await caught_up.close()
+    finally:
+        await b.close()
+
+
+async def test_a_jump_over_other_clusters_events_the_stream_still_holds_is_no_loss(nats_url: str) -> None:
+    b = await small_stream(nats_url)
+    try:
+        head = (await b.js.stream_info(contract.EVENTS_STREAM)).state.last_seq + 1
+        one = reader(b, "one-cluster", "c2", start_seq=head)
+        batches = one.batches()
+        await publish(b, [elsewhere(1)])
+        assert len(await anext(batches)) == 1
+        await publish(b, [pod("victim", f"p{i}", 101 + i) for i in range(5)])  # (another cluster's, kept)
         await publish(b, [elsewhere(2)])
         while not (got := await anext(batches)):
             pass
-        assert caught_up.take_loss() is None, "the events in between were another cluster's"
+        assert position(got[0]).stream == head + 6 and one.take_loss() is None
         await batches.aclose()
-        await caught_up.close()
+        await one.close()
+    finally:
+        await b.close()
+
+
+async def test_an_instance_waits_for_its_own_reading_of_a_relist_another_instance_answered(nats_url: str) -> None:
+    """The cluster-wide checkpoint is every instance's: instance A (partition 1 of 2, the victim's) lost events and
+    stopped; instance B (partition 0) lost events later, read a relist that answered both losses, and checkpointed
+    it. When A starts again, its own namespace states are still from before the relist, which is ahead of it in
+    the stream: it must not publish the victim's usage until it has read that far. Before, it did, without the
+    lost pod."""
+    b = await small_stream(nats_url)
+    requests = Requests()
+    await requests.listen(b)
+    seen: list[set[str]] = []
+
+    async def heard(msg: Msg) -> None:
+        seen.append({v.name for v in contract.decode_usage(msg.data).vms})
+
+    await b.nc.subscribe(contract.usage_subject(CLUSTER, "victim"), cb=heard)
+    a_opts = replace(options(PartitionSet.parse("1", 2)), batch=4)
+    b_opts = replace(options(PartitionSet.parse("0", 2)), batch=4)
+    try:
+        await publish(b, [pod("victim", "p1", 101)])
+        run = Running(b, a_opts)
+        await wait_until(lambda: seen == [{"p1"}], what="p1's usage")
+        await run.stop()
+        await publish(b, [pod("victim", "vm2-launcher", 102)])  # while A is down
+        rv = await flood(b, 2, 200)
+        await publish(b, [pod("victim", "p3", rv)])
+        last = (await b.js.stream_info(contract.EVENTS_STREAM)).state.last_seq
+        run = Running(b, a_opts)
+        await wait_until(lambda: run.applied_through(last) and bool(requests.received), what="A notes its loss")
+        lost_a = run.service.lost
+        await run.stop()
+        run_b = Running(b, b_opts)  # (no progress for its layout: replays a stream whose head is gone)
+        await wait_until(lambda: bool(run_b.service.lost), what="B notes its loss")
+        await publish(b, [pod("alice", f"a{i}", rv + 1 + i) for i in range(24)])  # (partition 0: not A's)
+        everything = [pod("victim", "p1", 101), pod("victim", "vm2-launcher", 102), pod("victim", "p3", rv)]
+        await relist(b, everything, lost_a, run_b.service.lost)
+        marked = (await b.js.stream_info(contract.EVENTS_STREAM)).state.last_seq
+        await wait_until(lambda: run_b.applied_through(marked) and run_b.service.incomplete() == [], what="B whole")
+        await run_b.stop()
+
+        run = Running(b, a_opts)
+        await wait_until(lambda: run.applied_through(marked), what="A caught up")
+        await wait_until(lambda: {"p1", "vm2-launcher", "p3"} in seen, what="the victim's whole usage")
+        await run.stop()
+        assert {"p1", "p3"} not in seen, f"usage published without the lost pod: {seen}"
+    finally:
+        await b.close()
+
+
+async def test_a_running_ledger_whose_events_stream_is_created_anew_starts_over(nats_url: str) -> None:
+    """The events stream is deleted and created again while the ledger runs (its storage lost): every event of the
+    old one is gone, and the new one numbers from 1. Before, the consumer went on at its old position on the new
+    stream, noted nothing, and never read what the watchers published below it."""
+    b = await small_stream(nats_url)
+    requests = Requests()
+    await requests.listen(b)
+    try:
+        await publish(b, [pod("victim", "p1", 101), *(pod("mallory", f"m{i}", 110 + i) for i in range(49))])
+        run = Running(b, options())
+        await wait_until(lambda: run.applied_through(50), what="read 50")
+        await wait_until(lambda: _names_now(b, "victim", {"p1"}), what="p1's usage")
+        await b.js.delete_stream(contract.EVENTS_STREAM)
+        await b.ensure_streams(contract.streams(sizes=SMALL))
+        await publish(b, [pod("victim", "vm2-launcher", 300)])  # seq 1 of the new stream
+        await wait_until(lambda: bool(requests.received), what="a relist asked")
+        assert run.service.incomplete() == [CLUSTER]
+        await relist(b, [pod("victim", "vm2-launcher", 300)], requests.received[-1].token)
+        await wait_until(lambda: _names_now(b, "victim", {"vm2-launcher"}), what="the new stream's state")
+        await run.stop()
+        kv = await b.js.key_value(contract.LEDGER_BUCKET)
+        progress = int((await kv.get(options().progress_key)).value or b"0")
+        assert progress < 50, "the progress is the new stream's"
+    finally:
+        await b.close()
+
+
+async def test_an_unreadable_mark_is_a_new_loss_that_needs_a_relist_of_its_own(nats_url: str) -> None:
+    """A mark of lost events the ledger cannot read (a bad write) is a loss too; it names it anew, and only a relist
+    answering that name makes the cluster whole. Before, an unreadable mark became the largest number, the watcher
+    answered that, and every later loss of every instance counted as answered."""
+    b = await small_stream(nats_url)
+    requests = Requests()
+    await requests.listen(b)
+    try:
+        await publish(b, [pod("victim", "p1", 101)])
+        run = Running(b, options())
+        await wait_until(lambda: _names_now(b, "victim", {"p1"}), what="p1's usage")
+        await run.stop()
+        kv = await b.js.key_value(contract.LEDGER_BUCKET)
+        await kv.put(options().lost_key, b"not a token!")
+        run = Running(b, options())
+        await wait_until(lambda: bool(requests.received), what="asked")
+        token = requests.received[-1].token
+        assert contract.RELIST_TOKEN.match(token) and run.service.incomplete() == [CLUSTER]
+        await relist(b, [pod("victim", "p1", 101)], token)
+        await wait_until(lambda: run.service.incomplete() == [], what="answered")
+        await run.stop()
+        assert (await kv.get(options().lost_key)).value == token.encode(), "the new name is kept"
     finally:
         await b.close()
 

@@ -731,7 +731,7 @@ async def test_the_operator_commands_read_as_replay_and_say_which_user_as_subscr
 async def test_only_the_ledger_asks_a_clusters_watcher_to_relist(connect: Connect, per_cluster: Connect) -> None:
     """``vmquota.relist.<cluster>``: the ledger publishes, the watcher (of that cluster, in the two-cluster layout)
     hears it; nobody else may ask, and a cluster's watcher cannot listen in on another's."""
-    request = contract.encode(contract.RelistRequest(lost=7, requester="vmquota/ledger/all"))
+    request = contract.encode(contract.RelistRequest(token="loss-7", requester="vmquota/ledger/all"))
     w, led = await connect("watcher"), await connect("ledger")
     heard: asyncio.Queue[bytes] = asyncio.Queue()
 
@@ -741,7 +741,7 @@ async def test_only_the_ledger_asks_a_clusters_watcher_to_relist(connect: Connec
     await w.nc.subscribe(contract.relist_subject("c1"), cb=on_request)
     await w.nc.flush()
     await led.nc.publish(contract.relist_subject("c1"), request)
-    assert contract.decode_relist_request(await asyncio.wait_for(heard.get(), 5)).lost == 7
+    assert contract.decode_relist_request(await asyncio.wait_for(heard.get(), 5)).token == "loss-7"
     assert not w.errors and not led.errors
     for user in ("watcher", "enforcer", "subscriber", "replay"):
         c = w if user == "watcher" else await connect(user)
@@ -754,4 +754,4 @@ async def test_only_the_ledger_asks_a_clusters_watcher_to_relist(connect: Connec
     await wa.nc.subscribe(contract.relist_subject("cluster-b"))
     await wa.denied("subscription", "vmquota.relist.cluster-b")
     await ledger.nc.publish(contract.relist_subject("cluster-a"), request)
-    assert contract.decode_relist_request(await asyncio.wait_for(heard.get(), 5)).lost == 7
+    assert contract.decode_relist_request(await asyncio.wait_for(heard.get(), 5)).token == "loss-7"

@@ -693,37 +693,50 @@ async def test_a_relist_request_publishes_every_object_again_then_the_marker_ans
 ) -> None:
     """A ledger that lost events asks on ``vmquota.relist.<cluster>``: every object is published again (unchanged
     ones too, under message ids of the round, so the stream's duplicate window drops none), each kind's syncs
-    follow, and a namespaces sync answering the request comes last; a later request gets a round of its own."""
+    follow, and a namespaces sync answering the request comes last; a request for a token answered already is not
+    relisted again (the ledger asks until it has read the answer), a new one gets a round of its own."""
     await cluster.create("resourcequotas", quota("compute", managed=True), "a")
     for i in range(3):
         await cluster.create("pods", pod(f"p{i}"), "a")
     await cluster.create("virtualmachineinstances", vmi("vm1"), "a")
-    await start_watcher()
+    w = await start_watcher()
     await tap.wait("the first list", lambda: len(tap.live("a", "Pod")) == 3 and bool(tap.syncs("Pod", "a")))
     await watches_open(sim_api)
     before = len(tap.events)
     nc = await nats.connect(nats_server.url)
     try:
         await nc.publish(contract.relist_subject(CLUSTER), b"not json")  # (ignored, with a warning)
-        ask = contract.encode(contract.RelistRequest(lost=41, requester="vmquota/ledger/all"))
-        await nc.publish(contract.relist_subject(CLUSTER), ask)
-        await nc.flush()
 
-        def answered(n: int) -> list[Sync]:
-            return [e for e in tap.events[before:] if isinstance(e, Sync) and e.answers == n]
+        async def ask(token: str) -> None:
+            request = contract.RelistRequest(token=token, requester="vmquota/ledger/all")
+            await nc.publish(contract.relist_subject(CLUSTER), contract.encode(request))
+            await nc.flush()
 
-        await tap.wait("the marker", lambda: bool(answered(41)))
-        again = tap.events[before : tap.events.index(answered(41)[0])]
+        def answered(token: str) -> list[Sync]:
+            return [e for e in tap.events[before:] if isinstance(e, Sync) and token in e.answers]
+
+        def applied() -> int:
+            return max(st.seq for st in tap.ledger.states.values())
+
+        await ask("loss-41")
+        await tap.wait("the marker", lambda: bool(answered("loss-41")))
+        again = tap.events[before : tap.events.index(answered("loss-41")[0])]
         assert {e.name for e in again if isinstance(e, Upserted) and e.kind == "Pod"} == {"p0", "p1", "p2"}
         assert {e.name for e in again if isinstance(e, Upserted) and e.kind == "VirtualMachineInstance"} == {"vm1"}
         assert {e.kind for e in again if isinstance(e, Sync)} >= {"Pod", "VirtualMachineInstance", "ResourceQuota"}
-        (marker,) = answered(41)
+        (marker,) = answered("loss-41")
         assert marker.kind == "Namespace" and marker.namespace == contract.CLUSTER_TOKEN
+        assert marker.answers == ["loss-41"]
         assert {tap.ledger.state(CLUSTER, ns) is not None for ns in ("a", "b")} == {True}
-        assert tap.ledger.whole(CLUSTER, 41) and not tap.ledger.whole(CLUSTER, 42)
+        assert tap.ledger.whole(CLUSTER, "loss-41", applied()) and not tap.ledger.whole(CLUSTER, "loss-42", applied())
+        rounds = w.metric("vmquota_watcher_relists_total", kind="Pod", reason="asked")
 
-        await nc.publish(contract.relist_subject(CLUSTER), contract.encode(contract.RelistRequest(lost=42)))
-        await tap.wait("the next round", lambda: bool(answered(42)))
-        assert tap.ledger.whole(CLUSTER, 42)
+        # a ledger that has not read the answer yet asks again: one round answers a token
+        await ask("loss-41")
+        await ask("loss-42")
+        await tap.wait("the next round", lambda: bool(answered("loss-42")))
+        assert tap.ledger.whole(CLUSTER, "loss-42", applied())
+        assert w.metric("vmquota_watcher_relists_total", kind="Pod", reason="asked") == rounds + 1
+        assert len(answered("loss-41")) == 1
     finally:
         await nc.close()

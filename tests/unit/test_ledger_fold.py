@@ -16,6 +16,7 @@ from shared import contract
 from shared.contract import Deleted, Sync, Upserted
 from shared.errors import InvalidInput
 from shared.ledger.fold import (
+    ANSWERS_KEPT,
     CLUSTER_WIDE,
     COMPRESS_OVER,
     REFUSAL_GRACE,
@@ -236,32 +237,35 @@ def test_namespace_sync_applies_to_every_namespace_state_of_the_cluster() -> Non
     assert live_uids(led, "b") == {"p": 3}
 
 
-def answer(n: int, cluster: str = "c1", rv: int = 9) -> Sync:
-    """The marker that ends a relist answering the requests up to ``n``."""
+def answer(*tokens: str, cluster: str = "c1", rv: int = 9) -> Sync:
+    """The marker that ends a relist answering the requests named ``tokens``."""
     return contract.sync_event(
-        cluster=cluster, kind="Namespace", namespace="", rv=str(rv), present=["n-a"], answers=n, time="t"
+        cluster=cluster, kind="Namespace", namespace="", rv=str(rv), present=["n-a"], answers=tokens, time="t"
     )
 
 
-def test_a_cluster_is_whole_again_once_a_relist_answering_the_loss_is_folded_and_stays_so_across_checkpoints() -> None:
+def test_a_cluster_is_whole_again_once_a_relist_answering_its_loss_is_read_and_stays_so_across_checkpoints() -> None:
     led = fold([up("n-a", 1, ns="a", kind="Namespace"), up("p", 2), up("q", 3, cluster="c2")])
-    assert led.whole("c1", 0) and led.whole("c2", 0), "nothing lost: whole"
-    assert not led.whole("c1", 40) and not led.whole("c2", 40)
+    assert led.whole("c1", "", 3) and led.whole("c2", "", 3), "nothing lost: whole"
+    assert not led.whole("c1", "loss-1", 3) and not led.whole("c2", "loss-1", 3)
     led.changed.clear()
-    fold([answer(39)], led, start=4)
-    assert not led.whole("c1", 40), "an answer to an older loss"
-    fold([answer(40)], led, start=5)
-    assert led.whole("c1", 40) and not led.whole("c1", 41) and not led.whole("c2", 40)
+    fold([answer("loss-0")], led, start=4)
+    assert not led.whole("c1", "loss-1", 4), "an answer to another loss (a relist that began before this one)"
+    fold([answer("loss-1", "loss-9")], led, start=5)
+    assert led.whole("c1", "loss-1", 5) and led.whole("c1", "loss-9", 5) and not led.whole("c2", "loss-1", 5)
+    assert not led.whole("c1", "loss-1", 4), "not for a reader that has not read as far as the marker"
     assert ("c1", "a") in led.changed, "its namespaces are accounted again"
-    fold([answer(12)], led, start=6)
-    assert led.whole("c1", 40), "a later marker answering less takes nothing back"
+    fold([answer("loss-1")], led, start=6)
+    assert led.cluster_state("c1").answered["loss-1"] == 5, "the first marker that answered it"  # type: ignore[union-attr]
     cw = led.cluster_state("c1")
     assert cw is not None
     again = Ledger()
     again.load(cw.checkpoint())
-    assert again.whole("c1", 40) and not again.whole("c1", 41)
+    assert again.whole("c1", "loss-1", 5) and not again.whole("c1", "loss-1", 4) and not again.whole("c1", "x", 9)
     assert live_uids(led, "a", "Namespace") == {"n-a": 1}, "the marker is a namespaces sync as any"
     assert led.clusters() == ["c1", "c2"]
+    fold([answer(*(f"t{i:03d}" for i in range(ANSWERS_KEPT + 5)))], led, start=7)
+    assert len(cw.answered) == ANSWERS_KEPT, "the latest tokens only"
 
 
 # ---- routing and change tracking --------------------------------------------------------------------------------

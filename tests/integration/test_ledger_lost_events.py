@@ -129,6 +129,14 @@ async def _names_now(b: Bus, ns: str, want: set[str]) -> bool:
     return names(await last_usage(b), ns) == want
 
 
+async def usage_of_p1(b: Bus) -> None:
+    """The victim's pod p1 published, folded and its usage published by a ledger, which then stops cleanly."""
+    await publish(b, [pod("victim", "p1", 101)])
+    run = Running(b, options())
+    await wait_until(lambda: _names_now(b, "victim", {"p1"}), what="p1's usage")
+    await run.stop()
+
+
 async def test_a_ledger_down_while_the_stream_dropped_events_keeps_waiting_across_restarts(nats_url: str) -> None:
     """Checkpoints kept, but the ledger was down while the stream dropped events it had not read (the victim's new
     VM's pod among them). Before, it went on from the first message left and never knew; the mark it keeps now
@@ -137,11 +145,7 @@ async def test_a_ledger_down_while_the_stream_dropped_events_keeps_waiting_acros
     requests = Requests()
     await requests.listen(b)
     try:
-        await publish(b, [pod("victim", "p1", 101)])
-        run = Running(b, options())
-        await wait_until(lambda: run.applied_through(1), what="p1 folded")
-        await wait_until(lambda: _names_now(b, "victim", {"p1"}), what="p1's usage")
-        await run.stop()
+        await usage_of_p1(b)
         await publish(b, [pod("victim", "vm2-launcher", 102)])  # while the ledger is down
         rv = await flood(b, 2, 200)
         last = (await b.js.stream_info(contract.EVENTS_STREAM)).state.last_seq
@@ -321,10 +325,7 @@ async def test_an_unreadable_mark_is_a_new_loss_that_needs_a_relist_of_its_own(n
     requests = Requests()
     await requests.listen(b)
     try:
-        await publish(b, [pod("victim", "p1", 101)])
-        run = Running(b, options())
-        await wait_until(lambda: _names_now(b, "victim", {"p1"}), what="p1's usage")
-        await run.stop()
+        await usage_of_p1(b)
         kv = await b.js.key_value(contract.LEDGER_BUCKET)
         await kv.put(options().lost_key, b"not a token!")
         run = Running(b, options())

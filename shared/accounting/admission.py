@@ -43,6 +43,8 @@ class Admission(Migrations):
                 self._admit(item)
         for t in plain:  # the same VM, moving: it needs no admission, only (maybe) room for its second pod
             self._decide_target(t, admit=False)
+        for a in self.attachments:  # (and, beside a target, the hotplug attachment pod KubeVirt waits for)
+            self._decide_attachment(a)
 
     def _refused_for_room(self, v: VmiSnapshot) -> bool:
         """KubeVirt was refused the VMI's launcher pod by a managed quota or the reservation guard: room made for it

@@ -19,7 +19,7 @@ from shared.accounting.results import (
     MigrationEntry,
     VmEntry,
 )
-from shared.accounting.state import Target, capped_growth, fmt, vm_key, vm_size
+from shared.accounting.state import Attachment, Target, capped_growth, fmt, vm_key, vm_size
 from shared.accounting.vms import Vms
 from shared.quantity import ZERO
 from shared.quota.equation import takes
@@ -98,8 +98,9 @@ class Migrations(Vms):
             target = targets[0][0]
             grow = growth(targets[0][1], _pick_source(sources, v)[1]) if sources else {}
             exists = f"target pod {target.name} exists: charged in P"
-            if v.hotplug_volumes and m.phase in ("", "Pending") and not self._attached(target):
-                return self._attachment(m, v, target, grow, exists)
+            pending = v.hotplug_volumes and m.phase in ("", "Pending") and target.phase == "Running"
+            if pending and not self._attached(target):  # (decided once running VMs are counted)
+                self.attachments.append(Attachment(len(self.mig_entries), m, v, target, grow, exists))
             return _migration_entry(m, TARGET_CREATED, exists, None, grow)
         if not sources:
             return _migration_entry(m, WAITING, "the VMI has no running launcher pod")
@@ -123,24 +124,34 @@ class Migrations(Vms):
         (``controller.AttachmentPods``) and creates none then."""
         return any(p.owner_pod_uid == pod.uid for p in self.pods)
 
-    def _attachment(
-        self, m: VmimSnapshot, v: VmiSnapshot, target: PodSnapshot, grow: ResourceList, why: str
-    ) -> MigrationEntry:
+    def _decide_attachment(self, a: Attachment) -> None:
         """Reserve the hotplug attachment pod of a migration's target: KubeVirt keeps the migration of a VMI with
-        hotplugged volumes in ``Pending`` until it has created one beside the target (once the target is ready) and
+        hotplugged volumes in ``Pending`` until it has created one beside the target, once the target is ready, and
         that one is ready (``migration.go``, ``VMIHasHotplugVolumes``). ``hard`` holds no room for the source pod
         once the target exists, so without the reservation a namespace with less than a launcher pod of its budget
         left refuses the attachment pod, and the migration of a VM whose size did not change waits for as long as
         the namespace stays so. KubeVirt marks no ``migrationRejectedByResourceQuota`` for it (only while the target
         is missing), and the facts it is reserved on are KubeVirt's: the target (its status names the VMI's pods,
-        the migration its phase) and the VMI's hotplugged volumes. It counts as a plain pod once it exists, over the
-        budget by that much until the source's ends with the migration."""
+        the kubelet its phase), the migration's phase and the VMI's hotplugged volumes. It counts as a plain pod once
+        it exists, over the budget by that much until the source's ends with the migration. As for a target, room
+        that another pod took is not held again while that pod keeps the namespace over its budget."""
         att = self.renderer.attachment_usage()
+        t = Target(a.index, a.m, a.v, att, {}, [])
+        taken_by = self._room_taken(t, own=a.target.uid)
+        if taken_by:
+            why = (
+                f"{a.exists}; no room held for its hotplug attachment pod: the namespace is over its budget "
+                f"({taken_by}) with pods created after the migration; room is made again once they end"
+            )
+            self.mig_entries[a.index] = _migration_entry(a.m, WAITING, why, None, a.grow)
+            return
         for q in self.quotas:
             q.reserved.add(att)
         self.target_reserved = add(self.target_reserved, att)
-        why += f"; its hotplug attachment pod reserved ({fmt(att)}): KubeVirt goes on once it exists"
-        return _migration_entry(m, ATTACHMENT_RESERVED, why, att, grow, "", v.uid, target.uid)
+        why = f"{a.exists}; its hotplug attachment pod reserved ({fmt(att)}): KubeVirt goes on once it exists"
+        self.mig_entries[a.index] = _migration_entry(
+            a.m, ATTACHMENT_RESERVED, why, att, a.grow, "", a.v.uid, a.target.uid
+        )
 
     def _active(self, v: VmiSnapshot) -> int:
         """The VMI's active pods as KubeVirt's migration controller counts them (``VMIActivePodsCount``): those it
@@ -229,7 +240,7 @@ class Migrations(Vms):
             t.m, PENDING, "; ".join(why), t.estimate, t.grow, self.renderer.held_digest(t.v), t.v.uid
         )
 
-    def _room_taken(self, t: Target) -> str:
+    def _room_taken(self, t: Target, own: str = "") -> str:
         """Why a migration KubeVirt is refused gets no room again, or "": some quota is over its budget (``U + X/k
         > B``) in a resource the target is charged, and pods created after the migration (or in the same second),
         or in the refusal of an earlier one (:attr:`late`), are charged that resource, other than migration targets
@@ -258,7 +269,7 @@ class Migrations(Vms):
         taking = [
             e.charged
             for p, e in zip(self.pods, self.pod_entries, strict=True)
-            if e.role in (NON_VM, ORPHAN_LAUNCHER) and e.active and after(p)
+            if e.role in (NON_VM, ORPHAN_LAUNCHER) and e.active and after(p) and p.uid != own
         ]
         # a pod that took the room and was then adopted into a VMI (a controller reference is the tenant's to set,
         # on a running VMI or a pending one) is no plain pod any more, but it counts all the same, or the room would
@@ -266,7 +277,11 @@ class Migrations(Vms):
         # it its VMI's migration target (``status.migrationState.targetPod``, written at the hand-off)
         for v in self.vmis:
             target = v.migration.target_pod if v.migration is not None else ""
-            taking.extend(charged for p, charged in self.launchers.get(vm_key(v), ()) if after(p) and p.name != target)
+            taking.extend(
+                charged
+                for p, charged in self.launchers.get(vm_key(v), ())
+                if after(p) and p.name != target and p.uid != own
+            )
         if not taking:
             return ""
         for q, rs in over_budget:

@@ -148,6 +148,21 @@ class Target:
     why: list[str]
 
 
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    """A migration whose target exists and runs, of a VMI with hotplugged volumes, with no pod the target controls
+    yet: its hotplug attachment pod may be reserved (``Migrations._decide_attachment``)."""
+
+    index: int
+    """Its place among the migration entries."""
+    m: VmimSnapshot
+    v: VmiSnapshot
+    target: PodSnapshot
+    grow: ResourceList
+    exists: str
+    """Why its entry says the target exists."""
+
+
 class State:
     """The namespace's objects and what the passes found so far (set by :class:`~shared.accounting.namespace.
     Accounting` before the passes run)."""
@@ -185,6 +200,7 @@ class State:
     pod_entries: list[PodEntry]
     mig_entries: list[MigrationEntry]
     targets: list[Target]
+    attachments: list[Attachment]
     vm_entries: dict[str, VmEntry]
     pending: list[VmiSnapshot]
     target_reserved: ResourceList

@@ -1574,3 +1574,55 @@ def test_a_migration_of_a_vm_with_a_hotplugged_volume_gets_room_for_its_targets_
     assert [m.state for m in account([*base, scheduling, target]).migrations] == ["target-created"]
     del vmis[0]["status"]["volumeStatus"]  # (no hotplugged volume: KubeVirt makes no attachment pod)
     assert [m.state for m in account([*base, migration, target]).migrations] == ["target-created"]
+
+
+def _full_with_a_hotplugged_volume() -> tuple[list[dict[str, Any]], list[dict[str, Any]], NamespaceFacts]:
+    """Three 16Gi VMs, vm0 with a hotplugged volume, and a plain pod that takes what the budget leaves."""
+    quota = quota_obj("rq", {"limits.memory": "64Gi", "requests.cpu": "8"})
+    facts = facts_for(["limits.memory", "requests.cpu"])
+    vmis = [vmi_obj(f"vm{i}", guest="16Gi", limits={"memory": "16Gi"}, t=i) for i in range(3)]
+    vmis[0]["status"]["volumeStatus"] = [{"name": "data", "hotplugVolume": {"attachPodName": "hp-volume-src"}}]
+    base: list[dict[str, Any]] = [quota, *vmis, *(launcher_obj(v, facts=facts) for v in vmis)]
+    q = account(base).quotas["rq"]
+    left = {r: q.hard[r] - q.pods.get(r, Quantity.parse("0")) for r in q.hard}
+    filler = pod_obj(
+        "filler",
+        {"cpu": left["requests.cpu"].canonical()},
+        {"memory": f"{left['limits.memory'].nanos // 10**9}", "cpu": "1"},
+        t=50,
+    )
+    full = [*base, filler]
+    q = account(full).quotas["rq"]
+    assert fits({"limits.memory": Quantity.parse("1Mi")}, q.pods, q.hard) != [], "full"
+    return full, vmis, facts
+
+
+def test_a_pod_that_took_a_targets_attachment_room_is_not_followed_by_another() -> None:
+    """Without the guard the attachment pod's room is open to any pod until it exists: once a pod created after the
+    migration took it (the namespace over its budget by it), the room is not held again while that pod lives, as
+    for a target's (before, five pods got in one after the other on one migration's attachment room)."""
+    full, vmis, facts = _full_with_a_hotplugged_volume()
+    migration = vmim_obj("m1", "vm0", rejected=True)
+    target = launcher_obj(vmis[0], facts=facts, migration_uid="mig-m1", node="n2", t=200)
+    assert [m.state for m in account([*full, migration, target]).migrations] == ["attachment-reserved"]
+    takers: list[dict[str, Any]] = []
+    for i in range(5):
+        q = account([*full, migration, target, *takers]).quotas["rq"]
+        taker = pod_obj(f"taker{i}", {"cpu": "10m", "memory": "2M"}, {"cpu": "100m", "memory": "80M"}, t=201 + i)
+        if fits(usage_of(taker), q.pods, q.hard):
+            break
+        takers.append(taker)  # admitted by native quota
+    assert len(takers) == 1, f"{len(takers)} pods took the attachment room of one migration, one after the other"
+    (entry,) = account([*full, migration, target, *takers]).migrations
+    assert entry.state == "waiting" and "no room held for its hotplug attachment pod" in entry.reason, entry
+
+
+def test_a_targets_attachment_room_is_held_only_once_the_target_runs() -> None:
+    """virt-controller creates the attachment pod only once the target is ready (``migration.go``: otherwise
+    ``handlePendingPodTimeout``): room held before would be open to any pod (with the guard, the namespace closed)
+    while the target schedules, pulls its image or never starts."""
+    full, vmis, facts = _full_with_a_hotplugged_volume()
+    migration = vmim_obj("m1", "vm0", rejected=True)
+    pending = launcher_obj(vmis[0], facts=facts, migration_uid="mig-m1", node="", t=200, phase="Pending")
+    (entry,) = account([*full, migration, pending]).migrations
+    assert entry.state == "target-created" and not entry.reserved, entry

@@ -39,6 +39,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Final
 
 import nats.errors
@@ -131,6 +132,11 @@ class LedgerOptions:
         return f"progress.{self.partitions.token()}.{self.cluster or 'all'}"
 
     @property
+    def stream_key(self) -> str:
+        """Where this instance keeps when the events stream its progress counts in was created."""
+        return f"stream.{self.partitions.token()}.{self.cluster or 'all'}"
+
+    @property
     def lost_key(self) -> str:
         """Where this instance keeps its mark of events the stream lost before it read them (see the module)."""
         return f"lost.{self.partitions.token()}.{self.cluster or 'all'}"
@@ -159,6 +165,8 @@ class LedgerService:
         self.start_seq = 1
         self.lost = ""
         """The token of the latest loss of events ("": none); see the module."""
+        self._stream_created: datetime | None = None
+        """When the events stream the progress counts in was created (as kept in the bucket)."""
         self._lost_saved = True
         self._relist_at = 0.0
         """When the next relist request is due (monotonic)."""
@@ -244,6 +252,11 @@ class LedgerService:
                     except (UnicodeDecodeError, ValueError):
                         log.warning("unreadable progress key; replaying from the start", key=key)
                         progress = 0
+                elif key == self.opts.stream_key:
+                    try:
+                        self._stream_created = datetime.fromisoformat(value.decode())
+                    except (UnicodeDecodeError, ValueError):
+                        log.warning("unreadable creation time of the events stream; checked by sequences only", key=key)
                 elif key == self.opts.lost_key:
                     self.lost = value.decode(errors="replace")
                     if self.lost and not contract.RELIST_TOKEN.match(self.lost):
@@ -358,6 +371,7 @@ class LedgerService:
             batch=self.opts.batch,
             idle=self.opts.idle,
             note_losses=True,
+            stream_created=self._stream_created,
         )
         self.health.set_ready(self.opts.service, False)
         batches = self.consumer.batches()
@@ -547,6 +561,7 @@ class LedgerService:
         the objects back)."""
         self.ledger = self._fresh_ledger()
         self._parts.clear()
+        self._stream_created = None
         assert self.kv is not None
         try:
             keys = await self.kv.keys()
@@ -554,7 +569,10 @@ class LedgerService:
             keys = []
         for key in keys:
             owner = part_of(key)
-            if self._loads(owner if owner is not None else key) or key == self.opts.progress_key:
+            if self._loads(owner if owner is not None else key) or key in (
+                self.opts.progress_key,
+                self.opts.stream_key,
+            ):
                 await self._delete_part(key)
 
     async def _ask_for_relists(self, now: float) -> None:
@@ -702,6 +720,10 @@ class LedgerService:
             if not self._lost_saved:  # (a progress past a loss whose mark is not kept would forget the loss)
                 await kv.put(self.opts.lost_key, self.lost.encode())
                 self._lost_saved = True
+            created = self.consumer.stream_created
+            if created is not None and created != self._stream_created:  # (the stream the progress counts in)
+                await kv.put(self.opts.stream_key, created.isoformat().encode())
+                self._stream_created = created
             await kv.put(self.opts.progress_key, str(progress).encode())
         except (nats.errors.Error, OSError) as e:
             # Not saved: try again next time (the states stay marked).

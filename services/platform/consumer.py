@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 import nats
 import nats.errors
@@ -58,11 +59,12 @@ class PullConsumer:
 
     With ``note_losses``, messages the stream no longer holds (its retention dropped them) before this consumer read
     them are a loss: the consumer notes it (:meth:`take_loss`) when it is created at a position the stream's first
-    message is past, when it is created on a stream whose last message is behind what it had read (a stream created
-    anew: it then reads that one from its start), and when a message comes after a jump and the stream's first
-    message is past the one it expected (with a filter, what it jumped over may all have been other subjects':
-    such a reader is told of a loss only when the stream turned over past it, which a relist then mends). A stream
-    that keeps the last message of each subject drops older ones by design: its readers do not ask.
+    message is past, when it is created on a stream created anew (created at another time than the one it read, or
+    whose last message is behind what it had read: it then reads that one from its start), and when a message comes
+    after a jump and the stream's first message is past the one it expected (with a filter, what it jumped over may
+    all have been other subjects': such a reader is told of a loss only when the stream turned over past it, which a
+    relist then mends). A stream that keeps the last message of each subject drops older ones by design: its readers
+    do not ask.
 
     Every ``check_interval`` seconds (default: the bus's ``consumer_check``) and right after creating it, the consumer
     reads its durable's configuration back. Any other filter, deliver policy, ack policy or push delivery, or a
@@ -82,6 +84,7 @@ class PullConsumer:
         idle: float = 1.0,
         check_interval: float | None = None,
         note_losses: bool = False,
+        stream_created: datetime | None = None,
     ) -> None:
         self.bus = bus
         self.stream = stream
@@ -107,6 +110,9 @@ class PullConsumer:
         self._idle_fetches = 0
         self._loss: Loss | None = None
         self.note_losses = note_losses
+        self.stream_created = stream_created
+        """With ``note_losses``: when the stream this consumer read was created (the server's ``created``); a stream
+        created at another time is another stream, whatever its sequences."""
 
     def take_loss(self) -> Loss | None:
         """The loss noted since the last call (the first position lost, and the stream's first and last sequence
@@ -117,10 +123,13 @@ class PullConsumer:
     async def _note_loss(self, *, creating: bool = False) -> bool:
         """Note a loss if the stream's first message is past ``next_seq`` (``creating``: or its last one is behind
         what was read: a stream created anew, whose start this consumer then reads from); whether it did."""
-        state = (await self.bus.js.stream_info(self.stream)).state
-        if creating and state.last_seq < self.next_seq - 1:
+        info = await self.bus.js.stream_info(self.stream)
+        state = info.state
+        known, self.stream_created = self.stream_created, info.created or self.stream_created
+        anew = known is not None and info.created is not None and info.created != known
+        if creating and (anew or state.last_seq < self.next_seq - 1):
             log.error(
-                "the stream is behind what this consumer read: created anew, read from its start",
+                "the stream was created anew since this consumer read it: read from its start",
                 stream=self.stream,
                 consumer=self.durable,
                 read_to=self.next_seq - 1,

@@ -176,14 +176,15 @@ def elsewhere(rv: int, cluster: str = "c2") -> contract.Upserted | contract.Dele
     )
 
 
-def reader(b: Bus, durable: str, cluster: str | None, **kw: int) -> PullConsumer:
+def reader(b: Bus, durable: str, cluster: str | None, *, batch: int = 500, start_seq: int = 1) -> PullConsumer:
     return PullConsumer(
         b,
         stream=contract.EVENTS_STREAM,
         durable=durable,
         filter_subjects=[contract.events_filter(cluster)],
         note_losses=True,
-        **kw,
+        batch=batch,
+        start_seq=start_seq,
     )
 
 
@@ -313,6 +314,48 @@ async def test_a_running_ledger_whose_events_stream_is_created_anew_starts_over(
         kv = await b.js.key_value(contract.LEDGER_BUCKET)
         progress = int((await kv.get(options().progress_key)).value or b"0")
         assert progress < 50, "the progress is the new stream's"
+    finally:
+        await b.close()
+
+
+@pytest.mark.parametrize("running", [False, True], ids=["while_down", "while_running"])
+async def test_a_stream_created_anew_and_refilled_past_the_ledgers_position_is_a_loss(
+    nats_url: str, running: bool
+) -> None:
+    """The events stream is created anew and the watchers (a tenant's pods make as many events as it likes) publish
+    more on it than the ledger had read before it looks again: its sequences alone do not tell, its creation time
+    does. Before, the ledger went on from its old position on the new stream, on the old stream's states, and
+    published the victim's usage without the pod the new stream holds first."""
+    b = await small_stream(nats_url)
+    requests = Requests()
+    await requests.listen(b)
+    try:
+        await publish(b, [pod("victim", "p1", 101), *(pod("mallory", f"m{i}", 110 + i) for i in range(49))])
+        run = Running(b, options())
+        await wait_until(lambda: run.applied_through(50), what="read 50")
+        await wait_until(lambda: _names_now(b, "victim", {"p1"}), what="p1's usage")
+        if not running:
+            await run.stop()
+        await b.js.delete_stream(contract.EVENTS_STREAM)
+        await b.ensure_streams(contract.streams(sizes=SMALL))
+        await publish(
+            b,
+            [
+                pod("victim", "vm2-launcher", 300),  # the new stream's first
+                *(pod("mallory", f"n{i}", 400 + i) for i in range(53)),
+                pod("victim", "p3", 500),
+                *(pod("mallory", f"o{i}", 600 + i) for i in range(5)),
+            ],
+        )
+        if not running:
+            run = Running(b, options())
+        await wait_until(lambda: bool(requests.received), what="a relist asked", within=15)
+        assert run.service.incomplete() == [CLUSTER]
+        assert names(await last_usage(b), "victim") == {"p1"}, "nothing published from the old stream's states"
+        everything = [pod("victim", "vm2-launcher", 300), pod("victim", "p3", 500)]
+        await relist(b, everything, requests.received[-1].token)
+        await wait_until(lambda: _names_now(b, "victim", {"vm2-launcher", "p3"}), what="the new stream's state")
+        await run.stop()
     finally:
         await b.close()
 

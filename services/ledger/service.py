@@ -696,7 +696,7 @@ class LedgerService:
         try:
             for i in range(0, len(keys), 128):
                 chunk = keys[i : i + 128]
-                puts = []
+                puts: list[tuple[str, bytes]] = []
                 for k in chunk:
                     if pace:
                         await self._quiet()
@@ -709,11 +709,13 @@ class LedgerService:
                         data = await asyncio.to_thread(pack_checkpoint, data) if len(data) > COMPRESS_OVER else data
                     else:
                         data = pack_checkpoint(self.ledger.states[k].checkpoint())
-                    puts.append(self._put_checkpoint(checkpoint_key(*k), data))
+                    puts.append((checkpoint_key(*k), data))
                 # (every write ends with its round: one left running would write an older checkpoint after the
-                # next round's, and the progress that round wrote would skip events it lacks)
+                # next round's, and the progress that round wrote would skip events it lacks; the writes start
+                # together, once the chunk is encoded, so that a round cancelled meanwhile leaves none unstarted)
+                writes = [self._put_checkpoint(key, data) for key, data in puts]
                 failed = [
-                    r for r in await asyncio.gather(*puts, return_exceptions=True) if isinstance(r, BaseException)
+                    r for r in await asyncio.gather(*writes, return_exceptions=True) if isinstance(r, BaseException)
                 ]
                 if failed:
                     raise failed[0]

@@ -114,6 +114,8 @@ class Watcher:
         """Tokens of the relist requests received and not answered yet (:meth:`relist_asked`)."""
         self._answered: deque[str] = deque(maxlen=256)
         """Tokens this watcher answered (the latest)."""
+        self._answering: set[str] = set()
+        """Tokens the round that runs answers."""
         self._republishing: asyncio.Task[None] | None = None
 
     def cluster_namespaces(self) -> Iterable[str]:
@@ -149,7 +151,7 @@ class Watcher:
         except InvalidInput as e:
             self.log.warning("relist request ignored", error=str(e))
             return
-        if request.token in self._answered or request.token in self._asked:
+        if request.token in self._answered or request.token in self._asked or request.token in self._answering:
             return
         self.log.warning("relist asked: publishing everything again", requester=request.requester, token=request.token)
         self._asked.add(request.token)
@@ -168,6 +170,7 @@ class Watcher:
         rest = [lw for k, lw in self.loops.items() if k not in FIRST]
         while self._asked:
             answering, self._asked = sorted(self._asked), set()
+            self._answering = set(answering)
             again = f"relist-{contract.answers_key(answering)}"
             await asyncio.gather(*(lw.republish(again) for lw in first))
             await asyncio.gather(*(lw.republish(again) for lw in rest))
@@ -175,6 +178,7 @@ class Watcher:
             self.emitter.sync(NAMESPACE_KIND, "", namespaces.rv, sorted(namespaces.known), answers=answering)
             await self.publisher.flush()
             self._answered.extend(answering)
+            self._answering = set()
             self.log.info("relist published", answers=answering)
 
     async def run(self) -> None:

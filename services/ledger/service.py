@@ -385,6 +385,8 @@ class LedgerService:
                 loss = self.consumer.take_loss()
                 if loss is not None:  # (before the batch that comes after it is folded)
                     if loss.recreated:
+                        # (a round running would write the old stream's states and progress back)
+                        await self._end_checkpointing(clean=False)
                         await self._start_over()
                     await self._lose(loss.stream_last)
                 if batch:
@@ -434,7 +436,8 @@ class LedgerService:
 
     async def _end_checkpointing(self, clean: bool) -> None:
         """On the way out: let a running round finish after a clean stop (a failure is logged; the final checkpoint
-        writes its states again), cancel it when the loop failed (its error is the one that matters)."""
+        writes its states again), cancel it when the loop failed (its error is the one that matters) or the ledger
+        starts over on a stream created anew."""
         task, self._checkpointing = self._checkpointing, None
         if task is None:
             return

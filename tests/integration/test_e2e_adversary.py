@@ -341,6 +341,12 @@ def guest_running(p: Pipeline, ns: str) -> Quantity:
     return total
 
 
+def growth_refused(p: Pipeline, ns: str) -> bool:
+    """The ledger's latest usage of ``ns`` refuses a migration's growth (a hotplug, an interface) that does not fit."""
+    u = p.tap.usage.get(ns)
+    return u is not None and any(m.state == "growth-refused" for m in u.migrations)
+
+
 async def test_a_hotplug_that_does_not_fit_is_refused_and_the_tenant_told_why() -> None:
     async with pipeline(cpu_allocation_ratio=4) as p:
         ns = "tenant-hot"
@@ -349,13 +355,8 @@ async def test_a_hotplug_that_does_not_fit_is_refused_and_the_tenant_told_why() 
         await p.start_vm(ns, "vmb", sockets=1, memory="8Gi")
         await p.sim.hotplug(ns, "vma", memory="8Gi")  # 4Gi more, none left
 
-        def refused() -> bool:
-            u = p.tap.usage.get(ns)
-            return u is not None and any(m.state == "growth-refused" for m in u.migrations)
-
-        await p.wait(refused, "the ledger to refuse the hotplug's growth")
+        await p.wait(lambda: growth_refused(p, ns), "the ledger to refuse the hotplug's growth")
         (mig,) = [str(m["metadata"]["name"]) for m in p.objects("vmim", ns)]
-        told = [e for e in p.objects("events", ns) if e.get("reason") == "VMQuotaExceeded"]
         await p.wait(
             lambda: any(e.get("reason") == "VMQuotaExceeded" for e in p.objects("events", ns)), "the tenant's Event"
         )
@@ -388,11 +389,7 @@ async def test_an_sriov_interface_that_does_not_fit_is_refused_and_the_tenant_to
         await p.wait(lambda: now_rfc3339() > since, "the next second")
         await p.sim.add_interface(ns, "vma", "fast", sriov=True)
 
-        def refused() -> bool:
-            u = p.tap.usage.get(ns)
-            return u is not None and any(m.state == "growth-refused" for m in u.migrations)
-
-        await p.wait(refused, "the ledger to refuse the interface's growth")
+        await p.wait(lambda: growth_refused(p, ns), "the ledger to refuse the interface's growth")
         (mig,) = [str(m["metadata"]["name"]) for m in p.objects("vmim", ns)]
         await p.wait(
             lambda: any(e.get("reason") == "VMQuotaExceeded" for e in p.objects("events", ns)), "the tenant's Event"
@@ -427,11 +424,7 @@ async def test_a_second_hotplug_is_checked_like_the_first() -> None:
         await hotplugged_vm(p, ns, "6Gi")  # fits: 6 of 12Gi
         await p.sim.hotplug(ns, "vma", memory="16Gi")  # 10Gi more, 6Gi left
 
-        def refused() -> bool:
-            u = p.tap.usage.get(ns)
-            return u is not None and any(m.state == "growth-refused" for m in u.migrations)
-
-        await p.wait(refused, "the ledger to refuse the second hotplug's growth")
+        await p.wait(lambda: growth_refused(p, ns), "the ledger to refuse the second hotplug's growth")
         (mig,) = [m for m in p.objects("vmim", ns) if phase(m) not in ("Succeeded", "Failed")]
         refusals = p.quota_refusal_count(ns, "vma")
         await p.wait(lambda: p.quota_refusal_count(ns, "vma") > refusals, "KubeVirt to try the target again")

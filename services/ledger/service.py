@@ -48,7 +48,7 @@ import structlog
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
-from services.platform.bus import Bus, position
+from services.platform.bus import CALL_BACKOFF, Bus, position
 from services.platform.consumer import PullConsumer
 from services.platform.http import Health, Metrics
 from services.platform.publisher import Item, Publisher
@@ -215,9 +215,9 @@ class LedgerService:
         last = await self._events_last_seq()
         if last is not None and progress > last:
             log.error("checkpoints are ahead of the events stream (recreated?): starting over", last_seq=last)
+            await self._lose(last)  # (the events of the old stream are gone; kept before anything is deleted)
             await self._start_over()
             progress = 0
-            await self._lose(last)  # (the events of the old stream are gone)
         self.start_seq = progress + 1
         log.info(
             "ledger starting",
@@ -387,8 +387,10 @@ class LedgerService:
                     if loss.recreated:
                         # (a round running would write the old stream's states and progress back)
                         await self._end_checkpointing(clean=False)
+                        await self._lose(loss.stream_last)  # (kept before the progress is deleted)
                         await self._start_over()
-                    await self._lose(loss.stream_last)
+                    else:
+                        await self._lose(loss.stream_last)
                 if batch:
                     await self._fold(batch)
                 now = time.monotonic()
@@ -546,12 +548,15 @@ class LedgerService:
     def incomplete(self) -> list[str]:
         """The clusters whose usage waits for a relist answering :attr:`lost` (the one this instance folds even
         before it holds anything of it)."""
+        return self._waiting_at(self._applied())
+
+    def _waiting_at(self, applied: int) -> list[str]:
+        """:meth:`incomplete` for a reader that has read up to ``applied``."""
         if not self.lost:
             return []
         clusters = set(self.ledger.clusters())
         if self.opts.cluster is not None:
             clusters.add(self.opts.cluster)
-        applied = self._applied()
         return sorted(c for c in clusters if not self.ledger.whole(c, self.lost, applied))
 
     def _applied(self) -> int:
@@ -562,6 +567,13 @@ class LedgerService:
         """The events stream was created anew: every state, and every checkpoint this instance loads, holds the old
         stream's sequences, which would skip the new stream's events. Drop them all (the watchers' relist brings
         the objects back)."""
+        attempt = 0
+        while not self._lost_saved:  # (the loss's token is kept before anything is deleted)
+            if attempt == 5:
+                raise RuntimeError("the events stream was created anew and the loss cannot be kept: restarting")
+            await asyncio.sleep(CALL_BACKOFF.delay(attempt))
+            await self._save_lost()
+            attempt += 1
         self.ledger = self._fresh_ledger()
         self._parts.clear()
         self._stream_created = None
@@ -696,6 +708,7 @@ class LedgerService:
         self.ledger.unsaved.clear()
         self._last_checkpoint = time.monotonic()
         progress = self.consumer.next_seq - 1
+        created = self.consumer.stream_created  # (the stream ``progress`` counts in: taken with it)
         try:
             for i in range(0, len(keys), 128):
                 chunk = keys[i : i + 128]
@@ -725,11 +738,16 @@ class LedgerService:
             if not self._lost_saved:  # (a progress past a loss whose mark is not kept would forget the loss)
                 await kv.put(self.opts.lost_key, self.lost.encode())
                 self._lost_saved = True
-            created = self.consumer.stream_created
             if created is not None and created != self._stream_created:  # (the stream the progress counts in)
                 await kv.put(self.opts.stream_key, created.isoformat().encode())
                 self._stream_created = created
             await kv.put(self.opts.progress_key, str(progress).encode())
+            if self.lost and not self._waiting_at(progress):
+                # Every cluster's relist is read up to the progress just kept: the loss is mended for good (the
+                # cluster-wide checkpoint that records the answers is every instance's, and one that lags behind
+                # may write an older one over it).
+                await kv.put(self.opts.lost_key, b"")
+                self.lost = ""
         except (nats.errors.Error, OSError) as e:
             # Not saved: try again next time (the states stay marked).
             self.ledger.unsaved.update(keys)

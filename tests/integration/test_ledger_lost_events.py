@@ -21,7 +21,7 @@ from services.platform.bus import Bus, position
 from services.platform.consumer import PullConsumer
 from shared import contract
 from shared.contract.streams import MiB, StreamSizes
-from shared.ledger.fold import PartitionSet
+from shared.ledger.fold import CLUSTER_WIDE, NamespaceState, PartitionSet, checkpoint_key, pack_checkpoint
 from shared.snapshot import PodSnapshot
 from tests.integration.ledgers import CLUSTER, Running, connect_bus, last_usage, options, publish
 from tests.waiting import wait_until
@@ -378,7 +378,7 @@ async def test_an_unreadable_mark_is_a_new_loss_that_needs_a_relist_of_its_own(n
         await relist(b, [pod("victim", "p1", 101)], token)
         await wait_until(lambda: run.service.incomplete() == [], what="answered")
         await run.stop()
-        assert (await kv.get(options().lost_key)).value == token.encode(), "the new name is kept"
+        assert not (await kv.get(options().lost_key)).value, "mended once a checkpoint kept the relist read"
     finally:
         await b.close()
 
@@ -404,6 +404,72 @@ async def test_requests_back_off_while_no_watcher_answers(nats_url: str) -> None
         await publish(b, [pod("victim", "p2", 9000)])
         await wait_until(lambda: _names_now(b, "victim", {"p1", "p2"}), what="a later change published")
         assert len(requests.received) <= asked + 1, "(one may have been on its way)"
+        await run.stop()
+    finally:
+        await b.close()
+
+
+async def test_a_crash_while_starting_over_on_a_stream_created_anew_does_not_forget_the_loss(nats_url: str) -> None:
+    """The running ledger finds the events stream created anew: it keeps the loss's token before it deletes its
+    progress, stream key and checkpoints. Before, it deleted them first, and a crash at the token's put left a
+    bucket that said nothing: the next instance read the new stream as if nothing was lost and published the
+    victim's usage without its long-running pod."""
+    b = await small_stream(nats_url)
+    requests = Requests()
+    await requests.listen(b)
+    try:
+        await publish(b, [pod("victim", "p1", 101), *(pod("mallory", f"m{i}", 110 + i) for i in range(49))])
+        run = Running(b, options())
+        await wait_until(lambda: run.applied_through(50), what="read 50")
+        await wait_until(lambda: _names_now(b, "victim", {"p1"}), what="p1's usage")
+        keeping = asyncio.Event()
+
+        async def crash_here() -> None:  # (the process dies at the put of the token)
+            keeping.set()
+            await asyncio.Event().wait()
+
+        run.service._save_lost = crash_here  # type: ignore[method-assign]
+        await b.js.delete_stream(contract.EVENTS_STREAM)
+        await b.ensure_streams(contract.streams(sizes=SMALL))
+        await publish(b, [pod("victim", "vm2-launcher", 300)])  # (the new stream's first)
+        await asyncio.wait_for(keeping.wait(), 15)
+        await run.crash()
+
+        again = Running(b, options())
+        await wait_until(lambda: bool(requests.received), what="the new instance asks for a relist")
+        assert again.service.lost and again.service.incomplete() == [CLUSTER]
+        assert names(await last_usage(b), "victim") == {"p1"}, "nothing published from the new stream alone"
+        await again.stop()
+    finally:
+        await b.close()
+
+
+async def test_a_loss_mended_and_checkpointed_stays_mended_whatever_a_lagging_instance_writes(
+    nats_url: str,
+) -> None:
+    """The cluster-wide checkpoint is every instance's, and one that lags behind writes an older one over it,
+    without the answer to another instance's loss. An instance whose relist is read up to the progress it kept
+    forgets its loss then: before, restarted, it found its answer gone from that checkpoint and behind its progress,
+    waited for it for good, and the watcher, which had answered that token, did not relist again."""
+    b = await small_stream(nats_url)
+    requests = Requests()
+    await requests.listen(b)
+    a_opts = options(PartitionSet.parse("1", 2))
+    try:
+        kv = await b.ensure_kv(contract.LEDGER_BUCKET)
+        await kv.put(a_opts.lost_key, b"0-aaaaaaaaaaaa")  # (a loss A noted before)
+        await relist(b, [pod("victim", "p1", 101)], "0-aaaaaaaaaaaa")
+        run = Running(b, a_opts)
+        await wait_until(lambda: _names_now(b, "victim", {"p1"}), what="A whole: p1's usage")
+        await wait_until(lambda: not run.service.lost, what="the loss mended at a checkpoint")
+        await run.stop()
+        assert not (await kv.get(a_opts.lost_key)).value
+        older = NamespaceState(CLUSTER, CLUSTER_WIDE)  # (a lagging instance's cluster-wide state: no answer)
+        await kv.put(checkpoint_key(CLUSTER, CLUSTER_WIDE), pack_checkpoint(older.checkpoint()))
+        await publish(b, [pod("victim", "p2", 102)])
+        run = Running(b, a_opts)
+        await wait_until(lambda: _names_now(b, "victim", {"p1", "p2"}), what="A goes on")
+        assert run.service.incomplete() == [] and not requests.received
         await run.stop()
     finally:
         await b.close()

@@ -127,19 +127,23 @@ class LedgerOptions:
     def consumer_name(self) -> str:
         return f"vmquota-ledger-{self.partitions.token()}-{self.cluster or 'all'}"
 
+    def _instance_key(self, what: str) -> str:
+        """``<what>.<partitions>.<cluster or all>``: a key of this instance's own in the bucket."""
+        return f"{what}.{self.partitions.token()}.{self.cluster or 'all'}"
+
     @property
     def progress_key(self) -> str:
-        return f"progress.{self.partitions.token()}.{self.cluster or 'all'}"
+        return self._instance_key("progress")
 
     @property
     def stream_key(self) -> str:
         """Where this instance keeps when the events stream its progress counts in was created."""
-        return f"stream.{self.partitions.token()}.{self.cluster or 'all'}"
+        return self._instance_key("stream")
 
     @property
     def lost_key(self) -> str:
-        """Where this instance keeps its mark of events the stream lost before it read them (see the module)."""
-        return f"lost.{self.partitions.token()}.{self.cluster or 'all'}"
+        """Where this instance keeps the token of events the stream lost before it read them (see the module)."""
+        return self._instance_key("lost")
 
 
 class LedgerService:
@@ -321,6 +325,7 @@ class LedgerService:
                 await self._delete_part(key)
 
     async def _delete_part(self, key: str) -> None:
+        """Delete a checkpoint part no manifest names any more (a failure is logged: the next start deletes it)."""
         assert self.kv is not None
         try:
             await self.kv.delete(key)
@@ -525,12 +530,17 @@ class LedgerService:
         self._lost_saved = False
         await self._save_lost()
 
-    async def _save_lost(self) -> None:
+    async def _put_lost(self) -> None:
+        """Keep :attr:`lost` in the bucket (raising what the put raises)."""
         assert self.kv is not None
+        await self.kv.put(self.opts.lost_key, self.lost.encode())
+        self._lost_saved = True
+
+    async def _save_lost(self) -> None:
+        """:meth:`_put_lost`, a failure logged (tried again before the next checkpoint's progress)."""
         try:
-            await self.kv.put(self.opts.lost_key, self.lost.encode())
-            self._lost_saved = True
-        except (nats.errors.Error, OSError) as e:  # (tried again before the next checkpoint's progress)
+            await self._put_lost()
+        except (nats.errors.Error, OSError) as e:
             log.warning("mark of lost events not saved yet", error=str(e) or type(e).__name__)
 
     def _publishable(self, cluster: str) -> bool:
@@ -582,13 +592,11 @@ class LedgerService:
             keys = await self.kv.keys()
         except nats.js.errors.NoKeysError:
             keys = []
-        for key in keys:
-            owner = part_of(key)
-            if self._loads(owner if owner is not None else key) or key in (
-                self.opts.progress_key,
-                self.opts.stream_key,
-            ):
-                await self._delete_part(key)
+        owned = [key for key in keys if self._loads(part_of(key) or key)]
+        # (the stream key last: a failure or a crash before it leaves the old creation time, and the next start
+        # finds the stream created anew again and starts over again; a failure raises, the service restarts)
+        for key in [*owned, self.opts.progress_key, self.opts.stream_key]:
+            await self.kv.delete(key)
 
     async def _ask_for_relists(self, now: float) -> None:
         """Ask the watcher of each cluster still waiting for a relist (core NATS: a request lost with a watcher's
@@ -736,8 +744,7 @@ class LedgerService:
                 if failed:
                     raise failed[0]
             if not self._lost_saved:  # (a progress past a loss whose mark is not kept would forget the loss)
-                await kv.put(self.opts.lost_key, self.lost.encode())
-                self._lost_saved = True
+                await self._put_lost()
             if created is not None and created != self._stream_created:  # (the stream the progress counts in)
                 await kv.put(self.opts.stream_key, created.isoformat().encode())
                 self._stream_created = created

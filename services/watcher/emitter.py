@@ -53,6 +53,12 @@ def where(kind: str, obj: Obj) -> str:
     return f"{kind} {ns}/{name}" if ns else f"{kind} {name}"
 
 
+def _msg_id(event_id: str, again: str) -> str:
+    """The ``Nats-Msg-Id`` of an event: its id, or, published again by a relist a consumer asked for (``again``, the
+    round's name), an id of that round (the stream may have dropped the first within its duplicate window)."""
+    return f"{event_id}/{again}" if again else event_id
+
+
 class Emitter:
     """Turns raw objects into bus messages and queues them on the publisher (synchronously: see Publisher)."""
 
@@ -100,7 +106,7 @@ class Emitter:
         if len(data) > self.publisher.max_payload - 1024:  # room for the headers
             self.dead_letter(kind, obj, f"its event is {len(data)} bytes, over the bus's maximum message size", ident)
             return False
-        self.publisher.enqueue(Item(subject, data, f"{ev.id}/{again}" if again else ev.id, label=f"{kind}|upserted"))
+        self.publisher.enqueue(Item(subject, data, _msg_id(ev.id, again), label=f"{kind}|upserted"))
         return True
 
     def delete(
@@ -142,8 +148,7 @@ class Emitter:
             cluster=self.cluster, kind=kind, namespace=namespace, rv=rv, present=present, answers=answers
         )
         subject = contract.event_subject(self.cluster, kind, namespace or contract.CLUSTER_TOKEN)
-        mid = f"{ev.id}/{again}" if again else ev.id
-        self.publisher.enqueue(Item(subject, contract.encode(ev), mid, label=f"{kind}|sync"))
+        self.publisher.enqueue(Item(subject, contract.encode(ev), _msg_id(ev.id, again), label=f"{kind}|sync"))
 
     def dead_letter(self, kind: str, obj: Obj, reason: str, ident: Ident | None) -> None:
         """Queue a :class:`shared.contract.DeadLetter` with the raw object, deduplicated per object version."""

@@ -136,8 +136,7 @@ class Migrations(Vms):
         it exists, over the budget by that much until the source's ends with the migration. As for a target, room
         that another pod took is not held again while that pod keeps the namespace over its budget."""
         att = self.renderer.attachment_usage()
-        t = Target(a.index, a.m, a.v, att, {}, [])
-        taken_by = self._room_taken(t, own=a.target.uid)
+        taken_by = self._room_taken(a.m, att, own=a.target.uid)
         if taken_by:
             why = (
                 f"{a.exists}; no room held for its hotplug attachment pod: the namespace is over its budget "
@@ -145,9 +144,7 @@ class Migrations(Vms):
             )
             self.mig_entries[a.index] = _migration_entry(a.m, WAITING, why, None, a.grow)
             return
-        for q in self.quotas:
-            q.reserved.add(att)
-        self.target_reserved = add(self.target_reserved, att)
+        self._reserve_for_migration(att)
         why = f"{a.exists}; its hotplug attachment pod reserved ({fmt(att)}): KubeVirt goes on once it exists"
         self.mig_entries[a.index] = _migration_entry(
             a.m, ATTACHMENT_RESERVED, why, att, a.grow, "", a.v.uid, a.target.uid
@@ -223,7 +220,7 @@ class Migrations(Vms):
             )
             self.mig_entries[t.index] = _migration_entry(t.m, WAITING, "; ".join(why), None, t.grow)
             return
-        taken_by = self._room_taken(t)
+        taken_by = self._room_taken(t.m, t.estimate)
         if taken_by:
             why.insert(
                 0,
@@ -233,16 +230,22 @@ class Migrations(Vms):
             self.mig_entries[t.index] = _migration_entry(t.m, WAITING, "; ".join(why), None, t.grow)
             return
         why.insert(0, "target reserved: KubeVirt reported migrationRejectedByResourceQuota")
-        for q in self.quotas:
-            q.reserved.add(t.estimate)
-        self.target_reserved = add(self.target_reserved, t.estimate)
+        self._reserve_for_migration(t.estimate)
         self.mig_entries[t.index] = _migration_entry(
             t.m, PENDING, "; ".join(why), t.estimate, t.grow, self.renderer.held_digest(t.v), t.v.uid
         )
 
-    def _room_taken(self, t: Target, own: str = "") -> str:
-        """Why a migration KubeVirt is refused gets no room again, or "": some quota is over its budget (``U + X/k
-        > B``) in a resource the target is charged, and pods created after the migration (or in the same second),
+    def _reserve_for_migration(self, pod: ResourceList) -> None:
+        """Hold room in every quota for a pod a migration needs (its target, the target's attachment pod): ``S``,
+        and the part of it :func:`~shared.quota.equation.desired_hard` keeps ``D`` from taking."""
+        for q in self.quotas:
+            q.reserved.add(pod)
+        self.target_reserved = add(self.target_reserved, pod)
+
+    def _room_taken(self, m: VmimSnapshot, needs: ResourceList, own: str = "") -> str:
+        """Why a migration KubeVirt is refused gets no room again for a pod charged ``needs`` (its target, or the
+        target's attachment pod ``own`` waits for), or "": some quota is over its budget (``U + X/k > B``) in a
+        resource that pod is charged, and pods created after the migration (or in the same second),
         or in the refusal of an earlier one (:attr:`late`), are charged that resource, other than migration targets
         KubeVirt's status names (a VM's pods too: a controller reference is the tenant's to set).
         Room held for a target is open to any pod until the target exists (without the reservation guard): a pod
@@ -250,13 +253,11 @@ class Migrations(Vms):
         budget by one reserved amount at the most.
         A namespace over its budget for other reasons (its budget lowered, an upgrade's larger pods) still
         migrates."""
-        since = t.m.creation_timestamp
+        since = m.creation_timestamp
         if since is None:
             return ""
         # (over the budget first: rare, and cheap to tell; the pods created since only then)
-        over_budget = [
-            (q, [r for r, b in q.policy.budget.items() if r in t.estimate and q.over(r, b)]) for q in self.quotas
-        ]
+        over_budget = [(q, [r for r, b in q.policy.budget.items() if r in needs and q.over(r, b)]) for q in self.quotas]
         if not any(rs for _, rs in over_budget):
             return ""
 

@@ -129,6 +129,21 @@ async def _names_now(b: Bus, ns: str, want: set[str]) -> bool:
     return names(await last_usage(b), ns) == want
 
 
+async def read_fifty(b: Bus) -> Running:
+    """A ledger that read 50 events (the victim's p1, the tenant's pods) and published p1's usage."""
+    await publish(b, [pod("victim", "p1", 101), *(pod("mallory", f"m{i}", 110 + i) for i in range(49))])
+    run = Running(b, options())
+    await wait_until(lambda: run.applied_through(50), what="read 50")
+    await wait_until(lambda: _names_now(b, "victim", {"p1"}), what="p1's usage")
+    return run
+
+
+async def create_anew(b: Bus) -> None:
+    """The events stream deleted and created again (its storage lost): it numbers from 1."""
+    await b.js.delete_stream(contract.EVENTS_STREAM)
+    await b.ensure_streams(contract.streams(sizes=SMALL))
+
+
 async def usage_of_p1(b: Bus) -> None:
     """The victim's pod p1 published, folded and its usage published by a ledger, which then stops cleanly."""
     await publish(b, [pod("victim", "p1", 101)])
@@ -299,12 +314,8 @@ async def test_a_running_ledger_whose_events_stream_is_created_anew_starts_over(
     requests = Requests()
     await requests.listen(b)
     try:
-        await publish(b, [pod("victim", "p1", 101), *(pod("mallory", f"m{i}", 110 + i) for i in range(49))])
-        run = Running(b, options())
-        await wait_until(lambda: run.applied_through(50), what="read 50")
-        await wait_until(lambda: _names_now(b, "victim", {"p1"}), what="p1's usage")
-        await b.js.delete_stream(contract.EVENTS_STREAM)
-        await b.ensure_streams(contract.streams(sizes=SMALL))
+        run = await read_fifty(b)
+        await create_anew(b)
         await publish(b, [pod("victim", "vm2-launcher", 300)])  # seq 1 of the new stream
         await wait_until(lambda: bool(requests.received), what="a relist asked")
         assert run.service.incomplete() == [CLUSTER]
@@ -330,14 +341,10 @@ async def test_a_stream_created_anew_and_refilled_past_the_ledgers_position_is_a
     requests = Requests()
     await requests.listen(b)
     try:
-        await publish(b, [pod("victim", "p1", 101), *(pod("mallory", f"m{i}", 110 + i) for i in range(49))])
-        run = Running(b, options())
-        await wait_until(lambda: run.applied_through(50), what="read 50")
-        await wait_until(lambda: _names_now(b, "victim", {"p1"}), what="p1's usage")
+        run = await read_fifty(b)
         if not running:
             await run.stop()
-        await b.js.delete_stream(contract.EVENTS_STREAM)
-        await b.ensure_streams(contract.streams(sizes=SMALL))
+        await create_anew(b)
         await publish(
             b,
             [
@@ -418,10 +425,7 @@ async def test_a_crash_while_starting_over_on_a_stream_created_anew_does_not_for
     requests = Requests()
     await requests.listen(b)
     try:
-        await publish(b, [pod("victim", "p1", 101), *(pod("mallory", f"m{i}", 110 + i) for i in range(49))])
-        run = Running(b, options())
-        await wait_until(lambda: run.applied_through(50), what="read 50")
-        await wait_until(lambda: _names_now(b, "victim", {"p1"}), what="p1's usage")
+        run = await read_fifty(b)
         keeping = asyncio.Event()
 
         async def crash_here() -> None:  # (the process dies at the put of the token)
@@ -429,8 +433,7 @@ async def test_a_crash_while_starting_over_on_a_stream_created_anew_does_not_for
             await asyncio.Event().wait()
 
         run.service._save_lost = crash_here  # type: ignore[method-assign]
-        await b.js.delete_stream(contract.EVENTS_STREAM)
-        await b.ensure_streams(contract.streams(sizes=SMALL))
+        await create_anew(b)
         await publish(b, [pod("victim", "vm2-launcher", 300)])  # (the new stream's first)
         await asyncio.wait_for(keeping.wait(), 15)
         await run.crash()

@@ -1626,3 +1626,19 @@ def test_a_targets_attachment_room_is_held_only_once_the_target_runs() -> None:
     pending = launcher_obj(vmis[0], facts=facts, migration_uid="mig-m1", node="", t=200, phase="Pending")
     (entry,) = account([*full, migration, pending]).migrations
     assert entry.state == "target-created" and not entry.reserved, entry
+
+
+def test_a_tenants_pod_controlled_by_a_target_gets_no_room_from_its_attachment_reservation() -> None:
+    """A tenant may give its pod a controller reference to the migration target (KubeVirt then takes it for the
+    attachment pod and makes none): the reservation ends, and the pod counts at its full charge as any plain pod,
+    so it gains nothing beyond its own migration waiting."""
+    full, vmis, facts = _full_with_a_hotplugged_volume()
+    migration = vmim_obj("m1", "vm0", rejected=True)
+    target = launcher_obj(vmis[0], facts=facts, migration_uid="mig-m1", node="n2", t=200)
+    forged = _attachment_pod(target, "mine", t=201)
+    forged["spec"]["containers"][0]["resources"] = {"requests": {"memory": "4Gi"}, "limits": {"memory": "4Gi"}}
+    u = account([*full, migration, target, forged])
+    assert [m.state for m in u.migrations] == ["target-created"] and not u.quotas["rq"].reserved
+    (entry,) = [e for e in u.pods if e.name == "mine"]
+    assert entry.role == "non-vm" and entry.charged["limits.memory"] == Quantity.parse("4Gi")
+    assert "limits.memory" in u.quotas["rq"].over_budget, "it counts, and the namespace is over its budget by it"

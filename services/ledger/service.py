@@ -9,7 +9,8 @@ Loop: fetch a batch of events in stream order (``services.platform.consumer.Pull
   :class:`shared.contract.UsageSnapshot` on ``vmquota.usage.<cluster>.<namespace>`` if its content differs from the last
   one published (the digest is kept in the namespace's checkpoint);
 * every ``checkpoint_interval`` seconds, write each changed state to the KV bucket (key
-  ``ns.<cluster>.<namespace>`` / ``cl.<cluster>``), then this instance's progress (``progress.<partitions>.<cluster
+  ``ns.<cluster>.<namespace>``, or ``cl.<cluster>.<partitions>.<cluster filter>`` for this instance's own copy of
+  the cluster-wide state every instance folds), then this instance's progress (``progress.<partitions>.<cluster
   filter>``): the stream sequence up to which every state it owns is checkpointed.
 
 On start it loads the checkpoints of the namespaces it owns and replays the stream from progress + 1 (from the
@@ -88,6 +89,12 @@ def _token(last: int) -> str:
     return f"{last}-{secrets.token_hex(6)}"
 
 
+def _shared_cluster_key(key: str) -> bool:
+    """Whether ``key`` is ``cl.<cluster>``: the cluster-wide checkpoint every instance of an earlier version wrote."""
+    names = key.split(".")
+    return names[0] == "cl" and len(names) == 2
+
+
 _PAYLOAD_HEADROOM: Final = 4096
 """Bytes of the bus's maximum payload left for the message's headers and protocol line."""
 
@@ -127,9 +134,14 @@ class LedgerOptions:
     def consumer_name(self) -> str:
         return f"vmquota-ledger-{self.partitions.token()}-{self.cluster or 'all'}"
 
+    @property
+    def instance(self) -> str:
+        """``<partitions>.<cluster or all>``: what names this instance's own keys in the bucket."""
+        return f"{self.partitions.token()}.{self.cluster or 'all'}"
+
     def _instance_key(self, what: str) -> str:
         """``<what>.<partitions>.<cluster or all>``: a key of this instance's own in the bucket."""
-        return f"{what}.{self.partitions.token()}.{self.cluster or 'all'}"
+        return f"{what}.{self.instance}"
 
     @property
     def progress_key(self) -> str:
@@ -217,7 +229,7 @@ class LedgerService:
         self.kv = await self.bus.ensure_kv(contract.LEDGER_BUCKET)
         progress = await self._load()
         last = await self._events_last_seq()
-        if last is not None and progress > last:
+        if last is not None and max([progress, *(st.seq for st in self.ledger.states.values())]) > last:
             log.error("checkpoints are ahead of the events stream (recreated?): starting over", last_seq=last)
             await self._lose(last)  # (the events of the old stream are gone; kept before anything is deleted)
             await self._start_over()
@@ -242,6 +254,7 @@ class LedgerService:
         assert self.kv is not None
         progress = 0
         stored: list[tuple[str, bytes]] = []
+        earlier: list[tuple[str, bytes]] = []
         parts: dict[str, bytes] = {}
         watcher = await self.kv.watch(">", ignore_deletes=True)
         try:
@@ -271,17 +284,38 @@ class LedgerService:
                     if self._loads(owner):
                         parts[key] = value
                 elif self._loads(key):
-                    stored.append((key, value))
+                    (earlier if _shared_cluster_key(key) else stored).append((key, value))
         finally:
             await watcher.stop()  # type: ignore[no-untyped-call]
         for key, value in stored:
-            try:
-                self.ledger.load(unpack_checkpoint(self._whole(key, value, parts)))
-            except InvalidInput as e:
-                log.error("unreadable checkpoint ignored: replaying from the start", key=key, error=str(e))
+            if not self._load_one(key, value, parts):
                 progress = -(10**18)  # forces a full replay below
+        adopted: list[tuple[str, str]] = []
+        for key, value in earlier:
+            # An earlier version's cluster-wide state, which every instance wrote: taken only when this instance
+            # has none of its own, with the events after it replayed (it may be older than this instance's
+            # progress), and written under this instance's key at the next checkpoint.
+            cluster = key.split(".")[1]
+            if self.ledger.cluster_state(cluster) is not None:
+                continue
+            if not self._load_one(key, value, parts):
+                progress = -(10**18)
+                continue
+            state = self.ledger.cluster_state(cluster)
+            if state is None:
+                continue
+            adopted.append((cluster, CLUSTER_WIDE))
+            if state.seq < progress:
+                log.warning(
+                    "shared cluster-wide checkpoint of an earlier version: replaying the events stream from it",
+                    key=key,
+                    seq=state.seq,
+                    progress=progress,
+                )
+                progress = state.seq
         await self._drop_unnamed_parts(parts)
         self.ledger.unsaved.clear()
+        self.ledger.unsaved.update(adopted)
         if progress < 0:
             self.ledger = self._fresh_ledger()
             progress = 0
@@ -290,12 +324,24 @@ class LedgerService:
         self.ledger.changed.update(self.ledger.namespaces())
         return progress
 
+    def _load_one(self, key: str, value: bytes, parts: dict[str, bytes]) -> bool:
+        """Load one stored checkpoint; False (logged) when it cannot be read."""
+        try:
+            self.ledger.load(unpack_checkpoint(self._whole(key, value, parts)))
+        except InvalidInput as e:
+            log.error("unreadable checkpoint ignored: replaying from the start", key=key, error=str(e))
+            return False
+        return True
+
     def _loads(self, key: str) -> bool:
-        """Whether this instance loads the checkpoint stored under ``key``: its cluster's cluster-wide state, and the
-        namespaces of its partitions."""
+        """Whether this instance loads the checkpoint stored under ``key``: its own cluster-wide state of each cluster
+        of its filter (and the one every instance of an earlier version shared), and the namespaces of its
+        partitions."""
         names = key.split(".")
-        if names[0] == "cl" and len(names) == 2:
-            return self.opts.cluster is None or names[1] == self.opts.cluster
+        if names[0] == "cl" and len(names) >= 2:
+            return (self.opts.cluster is None or names[1] == self.opts.cluster) and (
+                len(names) == 2 or ".".join(names[2:]) == self.opts.instance
+            )
         return (
             names[0] == "ns"
             and len(names) == 3
@@ -317,11 +363,12 @@ class LedgerService:
 
     async def _drop_unnamed_parts(self, parts: dict[str, bytes]) -> None:
         """Delete the parts (of the checkpoints this instance loads) that no stored manifest names: a write that did
-        not finish left them. Those of cluster-wide states are left: every instance writes those."""
+        not finish left them. Those of the cluster-wide state an earlier version shared are left: every instance of
+        that version writes them."""
         named = {k for keys in self._parts.values() for k in keys}
         for key in sorted(parts):
             owner = part_of(key)
-            if key not in named and owner is not None and owner.startswith("ns."):
+            if key not in named and owner is not None and not _shared_cluster_key(owner):
                 await self._delete_part(key)
 
     async def _delete_part(self, key: str) -> None:
@@ -733,7 +780,7 @@ class LedgerService:
                         data = await asyncio.to_thread(pack_checkpoint, data) if len(data) > COMPRESS_OVER else data
                     else:
                         data = pack_checkpoint(self.ledger.states[k].checkpoint())
-                    puts.append((checkpoint_key(*k), data))
+                    puts.append((checkpoint_key(*k, self.opts.instance), data))
                 # (every write ends with its round: one left running would write an older checkpoint after the
                 # next round's, and the progress that round wrote would skip events it lacks; the writes start
                 # together, once the chunk is encoded, so that a round cancelled meanwhile leaves none unstarted)
@@ -750,9 +797,8 @@ class LedgerService:
                 self._stream_created = created
             await kv.put(self.opts.progress_key, str(progress).encode())
             if self.lost and not self._waiting_at(progress):
-                # Every cluster's relist is read up to the progress just kept: the loss is mended for good (the
-                # cluster-wide checkpoint that records the answers is every instance's, and one that lags behind
-                # may write an older one over it).
+                # Every cluster's relist is read up to the progress just kept: the loss is mended for good (its
+                # answer need not be kept any more: the cluster-wide state keeps the latest ``ANSWERS_KEPT``).
                 await kv.put(self.opts.lost_key, b"")
                 self.lost = ""
         except (nats.errors.Error, OSError) as e:

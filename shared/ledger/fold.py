@@ -630,9 +630,12 @@ class NamespaceView:
     """Launcher pods KubeVirt stopped naming that may still run (:attr:`NamespaceState.departed`)."""
 
 
-def checkpoint_key(cluster: str, namespace: str) -> str:
-    """Key of a state's checkpoint in the ledger's KV bucket: ``ns.<cluster>.<namespace>``, ``cl.<cluster>``."""
-    return f"cl.{cluster}" if namespace == CLUSTER_WIDE else f"ns.{cluster}.{namespace}"
+def checkpoint_key(cluster: str, namespace: str, instance: str) -> str:
+    """Key of a state's checkpoint in the ledger's KV bucket: ``ns.<cluster>.<namespace>``, written by the one owner
+    of the namespace's partition; ``cl.<cluster>.<instance>`` for the cluster-wide state, which every instance folds
+    and keeps apart (``instance``: ``<partitions>.<cluster or all>``): under one shared key, an instance lagging
+    behind wrote an older state over the one another's progress counted on."""
+    return f"cl.{cluster}.{instance}" if namespace == CLUSTER_WIDE else f"ns.{cluster}.{namespace}"
 
 
 COMPRESS_OVER: Final = 128 * 1024
@@ -740,9 +743,9 @@ class Ledger:
     def whole(self, cluster: str, lost: str, applied: int) -> bool:
         """Whether the states of ``cluster`` hold everything for a ledger that has read the events stream up to
         ``applied`` and whose latest loss of events it had not read is named ``lost`` ("": it never lost any): a
-        marker answering that loss stands at or before ``applied``. (The cluster-wide state is shared by every
-        instance's checkpoints: another instance may have folded the marker, and this one's namespace states hold
-        the relist only once it has read as far.)"""
+        marker answering that loss stands at or before ``applied``. (A cluster-wide state loaded from the checkpoint
+        an earlier version shared may hold a marker another instance folded: this one's namespace states hold the
+        relist only once it has read as far.)"""
         if not lost:
             return True
         cw = self.states.get((cluster, CLUSTER_WIDE))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import os
@@ -20,7 +21,16 @@ from nats.js.kv import KeyValue
 from services.ledger.service import LedgerService
 from services.platform.bus import Bus
 from shared import contract
-from shared.ledger.fold import PartitionSet, checkpoint_key, part_keys, read_manifest
+from shared.ledger.fold import (
+    CLUSTER_WIDE,
+    Ledger,
+    PartitionSet,
+    checkpoint_key,
+    pack_checkpoint,
+    part_keys,
+    read_manifest,
+    unpack_checkpoint,
+)
 from shared.ledger.usage import usage_digest
 from shared.snapshot import NamespaceSnapshot
 from tests.conftest import NatsServer
@@ -143,7 +153,7 @@ async def checkpointed_in_parts(
     await wait_until(lambda: run.applied_through(len(events)), what="the events folded")
     await run.stop()
     kv = await b.ensure_kv(contract.LEDGER_BUCKET)
-    return world, events, run, (await kv.get(checkpoint_key(CLUSTER, "big"))).value or b""
+    return world, events, run, (await kv.get(checkpoint_key(CLUSTER, "big", options().instance))).value or b""
 
 
 async def test_a_checkpoint_larger_than_a_message_is_stored_in_parts_and_loaded_from_them(nats_url: str) -> None:
@@ -181,7 +191,7 @@ async def test_checkpoint_parts_outlive_neither_their_manifest_nor_a_write_that_
     try:
         world, events, _, manifest = await checkpointed_in_parts(b, seed=8)
         kv = await b.ensure_kv(contract.LEDGER_BUCKET)
-        key = checkpoint_key(CLUSTER, "big")
+        key = checkpoint_key(CLUSTER, "big", options().instance)
         assert await part_keys_stored(kv) == set(part_keys(key, manifest))
         # a write that did not finish: another checkpoint's parts, no manifest for them
         left = f"part.{key}.{'0' * 16}.0"
@@ -245,7 +255,9 @@ async def test_no_checkpoint_write_outlives_its_round(nats_url: str, monkeypatch
         monkeypatch.setattr(svc, "_put_checkpoint", put)
         svc.ledger.unsaved.update({(CLUSTER, "a-ns"), (CLUSTER, "b-ns")})
         assert await svc.checkpoint() == 0, "the round failed"
-        assert ended == [checkpoint_key(CLUSTER, "b-ns")], "and the other write had ended when it returned"
+        assert ended == [checkpoint_key(CLUSTER, "b-ns", options().instance)], (
+            "and the other write had ended when it returned"
+        )
         assert {(CLUSTER, "a-ns"), (CLUSTER, "b-ns")} <= svc.ledger.unsaved
         monkeypatch.undo()
         await run.stop()
@@ -323,6 +335,92 @@ async def test_two_instances_with_disjoint_partitions_never_fold_the_same_namesp
         _, want = expected_usage(events)
         assert usage_of(await last_usage(b)) == want, "every namespace's usage, each from its one owner"
         assert one.service.opts.consumer_name != two.service.opts.consumer_name
+    finally:
+        await b.close()
+
+
+async def test_a_lagging_instance_never_writes_the_cluster_wide_state_another_restarts_from(nats_url: str) -> None:
+    """Every instance folds the KubeVirt CR. One that lags behind (here B, still folding the CR's first version
+    after A checkpointed its second and its progress past it) used to write its older cluster-wide state over A's
+    under the key they shared; A, restarted, loaded it and replayed from its own progress, past the CR's change:
+    it accounted every namespace with the old allocation ratio until the CR changed again."""
+    b = await connect_bus(nats_url)
+    gate, folded_first = asyncio.Event(), asyncio.Event()
+    lagging = ahead = again = None
+    try:
+        await b.ensure_streams(contract.streams())
+        world = World(random.Random(9), ["team-a", "team-b"])
+        first = world.kubevirt()
+        await publish(b, [first])  # (stream sequence 1)
+        lagging = Running(b, dataclasses.replace(options(PartitionSet.parse("1", 2)), batch=1))
+        fold = lagging.service._fold
+
+        async def slow_fold(batch: list[Any]) -> None:  # B reads the first version, and folds it only later
+            await gate.wait()
+            await fold(batch)
+            folded_first.set()
+            lagging.stop_event.set()  # (its final checkpoint writes the state as it is: the first version)
+
+        lagging.service._fold = slow_fold  # type: ignore[method-assign]
+        second = world.kubevirt()
+        events = [world.next() for _ in range(20)]
+        await publish(b, [second, *events])
+        a_opts = options(PartitionSet.parse("0", 2))
+        ahead = Running(b, a_opts)
+        await wait_until(lambda: ahead.applied_through(len(events) + 2), what="A read everything")
+        await ahead.stop()  # (its checkpoint: the second version, and a progress past it)
+        gate.set()
+        await asyncio.wait_for(folded_first.wait(), 10)
+        await lagging.stop()
+        cw = lagging.service.ledger.cluster_state(CLUSTER)
+        assert cw is not None and cw.seq == 1, "B wrote the first version after A's checkpoint"
+
+        again = Running(b, a_opts)
+        await wait_until(lambda: again.service.consumer is not None, what="A restarted")
+        state = again.service.ledger.cluster_state(CLUSTER)
+        assert state is not None
+        assert [s.resource_version for s in state.live_objects()["KubeVirt"]] == [second.resource_version]
+        await again.stop()
+    finally:
+        gate.set()
+        for run in (lagging, ahead, again):
+            if run is not None and not run.task.done():
+                await run.crash()
+        await b.close()
+
+
+async def test_the_shared_cluster_wide_state_of_an_earlier_version_is_taken_with_the_events_after_it(
+    nats_url: str,
+) -> None:
+    """Upgrading from the shared ``cl.<cluster>`` key: an instance with progress but no cluster-wide state of its own
+    takes the shared one, which may be older than its progress, and replays the events stream from it (not from
+    its progress, which would skip the CR's change), then keeps it under its own key."""
+    b = await connect_bus(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        world = World(random.Random(10), ["team-a"])
+        first, second = world.kubevirt(), world.kubevirt()
+        events = [world.next() for _ in range(10)]
+        await publish(b, [first, second, *events])
+        earlier = Ledger()
+        earlier.apply(first, 1)
+        cw = earlier.cluster_state(CLUSTER)
+        assert cw is not None
+        opts = options()
+        kv = await b.ensure_kv(contract.LEDGER_BUCKET)
+        await kv.put(f"cl.{CLUSTER}", pack_checkpoint(cw.checkpoint()))  # (a lagging instance wrote it last)
+        await kv.put(opts.progress_key, str(len(events) + 2).encode())
+        run = Running(b, opts)
+        await wait_until(lambda: run.applied_through(len(events) + 2), what="caught up")
+        await run.stop()
+        state = run.service.ledger.cluster_state(CLUSTER)
+        assert state is not None
+        assert [s.resource_version for s in state.live_objects()["KubeVirt"]] == [second.resource_version]
+        own = await kv.get(checkpoint_key(CLUSTER, CLUSTER_WIDE, opts.instance))
+        assert own.value
+        kept = Ledger().load(unpack_checkpoint(own.value)).live_objects()["KubeVirt"]
+        assert [s.resource_version for s in kept] == [second.resource_version], "kept under its own key"
+        assert run.service.start_seq == 2, "replayed from the shared state's sequence"
     finally:
         await b.close()
 

@@ -329,6 +329,28 @@ async def test_a_running_ledger_whose_events_stream_is_created_anew_starts_over(
         await b.close()
 
 
+async def test_an_instance_of_a_new_layout_drops_the_states_of_a_stream_created_anew(nats_url: str) -> None:
+    """A new partition layout has no progress, and so no record of the stream its checkpoints came from, yet it loads
+    the namespace states the old layout kept. On a stream created anew their sequences are the old stream's and
+    skipped the new one's events (here the victim's new launcher pod, at sequence 1): a state ahead of the stream
+    now starts over as a progress ahead of it does."""
+    b = await small_stream(nats_url)
+    requests = Requests()
+    await requests.listen(b)
+    try:
+        run = await read_fifty(b)
+        await run.stop()
+        await create_anew(b)
+        await publish(b, [pod("victim", "vm2-launcher", 300)])  # seq 1 of the new stream
+        again = Running(b, replace(options(PartitionSet.all(8)), relist_retry=(0.2, 0.4)))
+        await wait_until(lambda: bool(requests.received), what="a relist asked")
+        await relist(b, [pod("victim", "vm2-launcher", 300)], requests.received[-1].token)
+        await wait_until(lambda: _names_now(b, "victim", {"vm2-launcher"}), what="the new stream's state")
+        await again.stop()
+    finally:
+        await b.close()
+
+
 @pytest.mark.parametrize("running", [False, True], ids=["while_down", "while_running"])
 async def test_a_stream_created_anew_and_refilled_past_the_ledgers_position_is_a_loss(
     nats_url: str, running: bool
@@ -450,10 +472,11 @@ async def test_a_crash_while_starting_over_on_a_stream_created_anew_does_not_for
 async def test_a_loss_mended_and_checkpointed_stays_mended_whatever_a_lagging_instance_writes(
     nats_url: str,
 ) -> None:
-    """The cluster-wide checkpoint is every instance's, and one that lags behind writes an older one over it,
-    without the answer to another instance's loss. An instance whose relist is read up to the progress it kept
-    forgets its loss then: before, restarted, it found its answer gone from that checkpoint and behind its progress,
-    waited for it for good, and the watcher, which had answered that token, did not relist again."""
+    """An instance whose relist is read up to the progress it kept forgets its loss then, whatever other instances
+    write: before, another instance's older cluster-wide checkpoint (once shared; still so while an earlier version
+    runs beside this one during an upgrade) lacked the answer to its loss; restarted, it found its answer gone and
+    behind its progress, waited for it for good, and the watcher, which had answered that token, did not relist
+    again."""
     b = await small_stream(nats_url)
     requests = Requests()
     await requests.listen(b)
@@ -468,7 +491,9 @@ async def test_a_loss_mended_and_checkpointed_stays_mended_whatever_a_lagging_in
         await run.stop()
         assert not (await kv.get(a_opts.lost_key)).value
         older = NamespaceState(CLUSTER, CLUSTER_WIDE)  # (a lagging instance's cluster-wide state: no answer)
-        await kv.put(checkpoint_key(CLUSTER, CLUSTER_WIDE), pack_checkpoint(older.checkpoint()))
+        for instance in ("", options(PartitionSet.parse("0", 2)).instance):  # (an earlier version's shared key)
+            key = checkpoint_key(CLUSTER, CLUSTER_WIDE, instance).rstrip(".")
+            await kv.put(key, pack_checkpoint(older.checkpoint()))
         await publish(b, [pod("victim", "p2", 102)])
         run = Running(b, a_opts)
         await wait_until(lambda: _names_now(b, "victim", {"p1", "p2"}), what="A goes on")

@@ -15,6 +15,8 @@ Key = tuple[str, str]
 
 REPORT_QUEUE: Final = 10_000
 NUDGED_MAX: Final = 65_536
+TELLING_MAX: Final = 8
+"""Events on VMIs created at once (the rest wait their turn)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +50,10 @@ class EnforcerOptions:
     retry_max: float = 10.0
     nudge_interval: float = 0.2
     """Least seconds between two nudges of one VMI (``shared.quota.annotations.NUDGE_ANNOTATION``)."""
+    tell_interval: float = 60.0
+    """Least seconds between two Events telling one refused VMI why, when the cause changed: the amounts left in
+    a reason move with every pod of the namespace, and a tenant's pod churn must not make an Event per refused VMI
+    per change (the same cause is told once)."""
     usage_refresh_interval: float = 30.0
     """Least seconds between two writes of one quota's ``vmquota.io/usage`` summary when nothing else of the
     quota changes (``Action.REFRESH``); the summary also rides on every other write."""

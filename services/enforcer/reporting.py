@@ -13,7 +13,7 @@ from typing import Any
 import structlog
 
 from services.enforcer.kube import KubeError, Obj, QuotaApi
-from services.enforcer.options import NUDGED_MAX, REPORT_QUEUE, EnforcerMetrics, EnforcerOptions, Key
+from services.enforcer.options import NUDGED_MAX, REPORT_QUEUE, TELLING_MAX, EnforcerMetrics, EnforcerOptions, Key
 from services.platform.bus import Bus
 from services.platform.http import Metrics
 from shared import contract
@@ -48,8 +48,11 @@ class Reporter:
         self._nudged: dict[tuple[str, str], tuple[int, float]] = {}
         """(namespace, VMI uid) → the usage snapshot (its stream sequence) and the time of the last nudge."""
         self._told: dict[tuple[str, ...], None] = {}
-        """(namespace, migration uid) of hotplugs refused, and (namespace, VMI uid, reason) of VMs refused, told on
-        their VMI (once each)."""
+        """(namespace, migration uid) of hotplugs refused, told on their VMI (once each)."""
+        self._told_vmi: dict[tuple[str, str], tuple[str, float]] = {}
+        """(namespace, VMI uid) of VMs refused → the reason last told and when (monotonic)."""
+        self._telling = asyncio.Semaphore(TELLING_MAX)
+        """Events under way at once: however many VMIs there are to tell, the quota patches keep the API client."""
         self.side_tasks: set[asyncio.Task[None]] = set()
         """Nudges, VMI Events and guard shrinks under way (off the reconcile path)."""
         self.reported = 0
@@ -139,9 +142,7 @@ class Reporter:
                 body = reports.hotplug_refused_event(namespace, m, identity=self.opts.identity, now=self._now())
                 self.spawn(self._tell(namespace, body), f"tell-{namespace}-{m.name}")
         for v in u.vms:
-            if v.state == "refused" and v.uid and (namespace, v.uid, v.reason) not in self._told:
-                # once per cause: the same refusal in the next snapshots tells nothing new
-                self._remember_told((namespace, v.uid, v.reason))
+            if v.state == "refused" and v.uid and self._tell_again(namespace, v.uid, v.reason, now):
                 body = reports.vm_refused_event(
                     namespace, v, identity=self.opts.identity, now=self._now(), others=u.vms
                 )
@@ -156,6 +157,21 @@ class Reporter:
                 del self._nudged[next(iter(self._nudged))]
             self.spawn(self._nudge(namespace, v.name, str(at)), f"nudge-{namespace}-{v.name}")
 
+    def _tell_again(self, namespace: str, uid: str, reason: str, now: float) -> bool:
+        """Whether a VMI refused for ``reason`` is to be told why (and remember it): once per cause (the same
+        refusal in the next snapshots tells nothing new), and a changed cause at most every ``tell_interval``
+        seconds per VMI (the amounts left move with each pod of the namespace: a tenant churning one pod beside N
+        refused VMIs made N Events per change)."""
+        key = (namespace, uid)
+        last = self._told_vmi.get(key)
+        if last is not None and (last[0] == reason or now - last[1] < self.opts.tell_interval):
+            return False
+        self._told_vmi.pop(key, None)  # (the oldest first out)
+        self._told_vmi[key] = (reason, now)
+        if len(self._told_vmi) > NUDGED_MAX:
+            del self._told_vmi[next(iter(self._told_vmi))]
+        return True
+
     def _remember_told(self, key: tuple[str, ...]) -> None:
         self._told[key] = None
         if len(self._told) > NUDGED_MAX:
@@ -169,7 +185,8 @@ class Reporter:
 
     async def _tell(self, namespace: str, body: Obj) -> None:
         try:
-            await self.kube.create_event(namespace, body)
+            async with self._telling:
+                await self.kube.create_event(namespace, body)
         except KubeError as e:
             log.info("VMI event not created", namespace=namespace, vmi=body["involvedObject"]["name"], error=str(e))
 

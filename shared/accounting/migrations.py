@@ -3,6 +3,7 @@ only while KubeVirt is refused it, and a hotplug's growth is admitted like a new
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime
 
 from shared.accounting.estimates import widened
@@ -170,9 +171,13 @@ class Migrations(Vms):
             grow = capped_growth(grow, rendered, (source_usage, *others), v.memory_change)
         estimate = add(source_usage, grow)
         if rendered is not None:
-            # the source pod's real charge may exceed the rendering (overhead vmquota does not know), but only
-            # within the evidence bound: the "source" may be a tenant's pod KubeVirt adopted into the VMI
-            estimate = maximum(minimum(estimate, widened(rendered)), rendered)
+            # The source pod's real charge may exceed the rendering: overhead vmquota does not know, or containers a
+            # mutating webhook adds for the VMI's annotations, which KubeVirt copies to every pod of the VM (a
+            # service mesh's sidecar: the target gets it too). Followed up to the smallest charge of the VM's pods,
+            # each one KubeVirt named (a tenant can add a pod, one KubeVirt adopts into the VMI, never shrink
+            # KubeVirt's), or within the evidence bound of the rendering.
+            smallest = functools.reduce(minimum, others, source_usage)
+            estimate = maximum(minimum(estimate, maximum(widened(rendered), add(smallest, grow))), rendered)
         why = [f"target estimated from source pod {source_pod.name}"]
         if grow:
             why.append(f"hotplug growth {fmt(grow)}")

@@ -17,7 +17,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.accounting.estimates import evidence_bound
 from shared.accounting.memo import Memo
 from shared.accounting.namespace import account_namespace, account_view, by_kind
 from shared.accounting.results import (
@@ -402,6 +401,31 @@ def test_an_adopted_pod_does_not_hide_a_hotplugs_growth() -> None:
     u = account([quota, v, real, adopted, vmim_obj("kubevirt-workload-update-x", "v", rejected=True)])
     m = mig(u, "kubevirt-workload-update-x")
     assert m.state == GROWTH_REFUSED and m.growth["requests.memory"] >= Q("7Gi"), m
+
+
+def test_a_target_is_reserved_at_its_source_pods_charge_with_the_containers_a_webhook_added() -> None:
+    """KubeVirt copies a VMI's annotations to its launcher pods, and a mutating webhook (a service mesh's sidecar
+    injector) adds containers for them: to the source pod, and to the target alike. At full use the target's room
+    follows the source pod's charge: before, it stopped at the evidence bound of the rendering (an eighth of it),
+    and the refusals' amounts beyond it were ignored, so that a VM with an 8Gi sidecar beside 16Gi, or the 2 CPUs
+    of a mesh's default proxy limit beside 4 vCPUs, never migrated while its namespace stayed full."""
+    facts = facts_for(["limits.memory", "limits.cpu"])
+    for extra in ({"memory": "8Gi"}, {"cpu": "2"}):
+        v = vmi_obj("v", guest="16Gi", vcpus=4, limits={"memory": "16Gi", "cpu": "4"})
+        source = launcher_obj(v, facts=facts)
+        sidecar = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "100m", "memory": "128Mi"}}
+        sidecar["limits"].update(extra)
+        source["spec"]["containers"].append({"name": "istio-proxy", "resources": sidecar})
+        charged = usage_of(source)
+        budget = {r: charged[r].canonical() for r in ("limits.memory", "limits.cpu")}  # (full use)
+        quota = quota_obj("rq", budget, Mode.VMI_POD_USAGE)
+        refusal = refusal_event("v", {r: str(charged[r]) for r in ("limits.memory", "limits.cpu")}, t=110)
+        u = account([quota, v, source, vmim_obj("m", "v", rejected=True), refusal])
+        m = mig(u, "m")
+        assert m.state == PENDING, m
+        for r in ("limits.memory", "limits.cpu"):
+            assert m.reserved[r] >= charged[r], (extra, r, m.reserved)
+        assert not [e for e in u.errors if "ignored" in e], u.errors
 
 
 def test_no_room_is_held_for_a_target_kubevirt_creates_no_pod_for_while_the_vmi_has_two_active_pods() -> None:
@@ -1451,8 +1475,10 @@ def test_a_migration_target_is_estimated_afresh_not_with_the_overhead_published_
     fresh = usage_of(launcher_obj(fresh_vmi, migration_uid="mig-m", node="n2", vouched=False))
     reserved = mig(u, "m").reserved["requests.memory"]
     assert reserved >= fresh["requests.memory"]
-    # the estimate stays within the evidence bound of the fresh rendering, not at the stale 3Gi figure's
-    assert reserved <= fresh["requests.memory"] + evidence_bound("requests.memory", fresh["requests.memory"])
+    # and never more than the source pod's charge and the growth (the source may carry what the target will too:
+    # containers a webhook adds for the VMI's annotations; an estimate too large only holds room longer unused)
+    grew = mig(u, "m").growth.get("requests.memory", Q("0"))
+    assert reserved <= usage_of(source)["requests.memory"] + grew, (reserved, usage_of(source), mig(u, "m").growth)
 
 
 def test_a_failed_migrations_target_that_still_runs_counts_as_used_not_for_free() -> None:

@@ -57,15 +57,21 @@ class Admission(Migrations):
 
     def _admit(self, v: VmiSnapshot) -> None:
         """A pending VM (no launcher pod yet), in creation order: admitted iff it fits every managed quota. Room is
-        held for its pod (``S``, ``W``) once KubeVirt was refused it for room (:meth:`_refused_for_room`)."""
+        held for its pod (``S``, ``W``) once KubeVirt was refused it for room (:meth:`_refused_for_room`), unless
+        the refusal asked for more than the estimate's evidence bound: room held for the estimate would not let
+        that pod in, and with the guard its holder would keep every other pod of the namespace out meanwhile (a
+        webhook's containers, which the rendering does not know; or an Event that is not KubeVirt's, whose
+        tenant holds back its own VM). It starts when KubeVirt next tries it with the room the namespace has."""
         key = vm_key(v)
         refused = self._refused_for_room(v)
         size = vm_size(v)
         estimate = self.renderer.new_pod_usage(v) or {}
         taken: ResourceList = {}
         pod_est = dict(estimate)
+        beyond = False
         if refused:  # (a status condition only KubeVirt writes: it really tried to create the pod)
-            pod_est, taken = self._bounded(estimate, self._refusals(v, v.creation_timestamp), v.ref)
+            pod_est, taken, beyond = self._bounded(estimate, self._refusals(v, v.creation_timestamp), v.ref)
+            refused = not beyond
         pod_est = nonzero(pod_est)
         usages = {q.policy.name: mode_usage(q.policy.mode, size, pod_est, q.ratio) for q in self.quotas}
         misfit, parts = self._misfits(usages)
@@ -80,6 +86,11 @@ class Admission(Migrations):
                 q.reserved.add(pod_est)
         if refused:
             reason = "pending, admitted in creation order: launcher pod reserved"
+        elif beyond:
+            reason = (
+                "pending, admitted in creation order; no room is held for its launcher pod: a quota refusal asked "
+                "for more than its estimate's bound (see errors), which held room would not let in"
+            )
         else:
             reason = (
                 "pending, admitted in creation order; room is reserved for its launcher pod once KubeVirt is refused it"

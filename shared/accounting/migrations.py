@@ -114,7 +114,7 @@ class Migrations(Vms):
         why = list(reasons)
         if m.rejected_by_quota:  # (a status condition only KubeVirt writes: it really tried to create the pod)
             refused = self._refusals(v, m.creation_timestamp)
-            estimate, taken = self._bounded(estimate, refused, f"{m.ref} (VMI {v.name})")
+            estimate, taken, _ = self._bounded(estimate, refused, f"{m.ref} (VMI {v.name})")
             if taken:
                 why.append(f"the amounts of a quota refusal: {fmt(taken)}")
         self.targets.append(Target(len(self.mig_entries), m, v, nonzero(estimate), dict(grow), why))

@@ -239,13 +239,14 @@ class State:
 
     def _bounded(
         self, estimate: Mapping[str, Quantity], refused: Mapping[str, Quantity], ref: str
-    ) -> tuple[ResourceList, ResourceList]:
+    ) -> tuple[ResourceList, ResourceList, bool]:
         """The estimate with the amounts of quota refusals in place of estimated ones where they are larger, each
         only up to :func:`evidence_bound` above the estimate (an Event is anyone's to write: evidence, not truth);
-        the others are ignored, those beyond the bound reported. Returns the corrected estimate and the amounts
-        taken. Never smaller: a refusal is KubeVirt's word for a pod it tried to create, and that pod may have been
-        rendered from an older spec (a migration refused before a hotplug made its target larger); an estimate too
-        large only reserves room the pod does not take, one too small would let it take room reserved for others."""
+        the others are ignored, those beyond the bound (or of resources not estimated) reported. Returns the
+        corrected estimate, the amounts taken, and whether any amount was beyond the bound. Never smaller: a refusal
+        is KubeVirt's word for a pod it tried to create, and that pod may have been rendered from an older spec (a
+        migration refused before a hotplug made its target larger); an estimate too large only reserves room the pod
+        does not take, one too small would let it take room reserved for others."""
         out = dict(estimate)
         taken: ResourceList = {}
         ignored: list[str] = []
@@ -264,4 +265,4 @@ class State:
                 f"{ref}: quota refusal amounts ignored: {shown}{more}; an Event may raise an estimate only within "
                 "its bound"
             )
-        return out, taken
+        return out, taken, bool(ignored)

@@ -453,6 +453,25 @@ def test_no_room_is_held_for_a_target_kubevirt_creates_no_pod_for_while_the_vmi_
     assert mig(account([quota, v, source, adopted, vmim_obj("m", "v", rejected=True)]), "m").state == PENDING
 
 
+def test_no_room_is_held_for_a_new_vms_pod_a_refusal_says_is_larger_than_its_estimates_bound() -> None:
+    """KubeVirt was refused a new VM's launcher pod, and the refusal asks for more than the estimate's evidence
+    bound (a webhook's 8Gi sidecar; or an Event the tenant wrote). Room held for the estimate would not let that pod
+    in, and with the guard the VM, a holder, kept every other pod of the namespace out for as long as it waited:
+    it is admitted without room held (and without a nudge), the amounts reported. Within the bound, room is held
+    at the refusal's amounts."""
+    quota = quota_obj("rq", {"limits.memory": "64Gi"}, Mode.VMI_POD_USAGE)
+    rendered = usage_of(launcher_obj(vmi_obj("v", guest="16Gi", limits={"memory": "16Gi"}), vouched=False))
+    for more, held in (("8Gi", False), ("64Mi", True)):
+        v = refused_vmi(vmi_obj("v", guest="16Gi", limits={"memory": "16Gi"}, phase="Pending", node=""), by="rq")
+        asked = rendered["limits.memory"] + Quantity.parse(more)
+        u = account([quota, v, refusal_event("v", {"limits.memory": str(asked)}, t=5)])
+        e = vm(u, "v")
+        assert e.state == ADMITTED and e.pod_refused == held and bool(e.reserved) == held, (more, e)
+        assert bool([x for x in u.errors if "ignored" in x]) != held, u.errors
+        if held:
+            assert e.reserved["limits.memory"] == asked
+
+
 def test_room_is_held_for_a_new_vms_pod_only_once_a_managed_quota_or_the_guard_refused_it() -> None:
     """An admitted VM counts at once, but room for its pod is held (and the guard lists it, and the enforcer nudges
     it) only once KubeVirt was refused the pod for room by a quota vmquota manages or by the guard: a quota it does

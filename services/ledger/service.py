@@ -183,6 +183,9 @@ class LedgerService:
         """The token of the latest loss of events ("": none); see the module."""
         self._stream_created: datetime | None = None
         """When the events stream the progress counts in was created (as kept in the bucket)."""
+        self._others_created: datetime | None = None
+        """The latest creation time of the events stream other instances' progress counts in: for an instance with
+        none of its own (a new partition layout), the stream the checkpoints it loads come from."""
         self._lost_saved = True
         self._relist_at = 0.0
         """When the next relist request is due (monotonic)."""
@@ -274,6 +277,12 @@ class LedgerService:
                         self._stream_created = datetime.fromisoformat(value.decode())
                     except (UnicodeDecodeError, ValueError):
                         log.warning("unreadable creation time of the events stream; checked by sequences only", key=key)
+                elif key.startswith("stream."):
+                    try:
+                        other = datetime.fromisoformat(value.decode())
+                    except (UnicodeDecodeError, ValueError):
+                        continue
+                    self._others_created = max(other, self._others_created or other)
                 elif key == self.opts.lost_key:
                     self.lost = value.decode(errors="replace")
                     if self.lost and not contract.RELIST_TOKEN.match(self.lost):
@@ -423,7 +432,9 @@ class LedgerService:
             batch=self.opts.batch,
             idle=self.opts.idle,
             note_losses=True,
-            stream_created=self._stream_created,
+            # (with no progress of its own, the stream the checkpoints it loads were written in: a stream created
+            # anew since is noted as one, however far it has grown past their sequences)
+            stream_created=self._stream_created or self._others_created,
         )
         self.health.set_ready(self.opts.service, False)
         batches = self.consumer.batches()
@@ -633,7 +644,7 @@ class LedgerService:
             attempt += 1
         self.ledger = self._fresh_ledger()
         self._parts.clear()
-        self._stream_created = None
+        self._stream_created = self._others_created = None
         assert self.kv is not None
         try:
             keys = await self.kv.keys()

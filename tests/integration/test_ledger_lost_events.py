@@ -329,11 +329,15 @@ async def test_a_running_ledger_whose_events_stream_is_created_anew_starts_over(
         await b.close()
 
 
-async def test_an_instance_of_a_new_layout_drops_the_states_of_a_stream_created_anew(nats_url: str) -> None:
-    """A new partition layout has no progress, and so no record of the stream its checkpoints came from, yet it loads
-    the namespace states the old layout kept. On a stream created anew their sequences are the old stream's and
-    skipped the new one's events (here the victim's new launcher pod, at sequence 1): a state ahead of the stream
-    now starts over as a progress ahead of it does."""
+@pytest.mark.parametrize("grown", [False, True], ids=["shorter", "grown_past_them"])
+async def test_an_instance_of_a_new_layout_drops_the_states_of_a_stream_created_anew(
+    nats_url: str, grown: bool
+) -> None:
+    """A new partition layout has no progress of its own, yet it loads the namespace states the old layout kept. On a
+    stream created anew their sequences are the old stream's and skipped the new one's events (here the victim's new
+    launcher pod, at sequence 1). A state ahead of the stream now starts over as a progress ahead of it does; and,
+    the new stream grown past every loaded state (a tenant's churn), the other instances' record of the stream they
+    read tells it: the new layout's consumer takes it for its own."""
     b = await small_stream(nats_url)
     requests = Requests()
     await requests.listen(b)
@@ -341,7 +345,8 @@ async def test_an_instance_of_a_new_layout_drops_the_states_of_a_stream_created_
         run = await read_fifty(b)
         await run.stop()
         await create_anew(b)
-        await publish(b, [pod("victim", "vm2-launcher", 300)])  # seq 1 of the new stream
+        churn = [pod("mallory", f"n{i}", 400 + i) for i in range(60)] if grown else []
+        await publish(b, [pod("victim", "vm2-launcher", 300), *churn])  # seq 1 of the new stream
         again = Running(b, replace(options(PartitionSet.all(8)), relist_retry=(0.2, 0.4)))
         await wait_until(lambda: bool(requests.received), what="a relist asked")
         await relist(b, [pod("victim", "vm2-launcher", 300)], requests.received[-1].token)

@@ -51,6 +51,9 @@ class Reporter:
         """(namespace, migration uid) of hotplugs refused, told on their VMI (once each)."""
         self._told_vmi: dict[tuple[str, str], tuple[str, float]] = {}
         """(namespace, VMI uid) of VMs refused → the reason last told and when (monotonic)."""
+        self._later: dict[tuple[str, str], tuple[contract.VmState, list[contract.VmState]]] = {}
+        """(namespace, VMI uid) → the refusal to tell once ``tell_interval`` has passed since the last (a changed
+        cause), and the namespace's VMs then."""
         self._telling = asyncio.Semaphore(TELLING_MAX)
         """Events under way at once: however many VMIs there are to tell, the quota patches keep the API client."""
         self.side_tasks: set[asyncio.Task[None]] = set()
@@ -142,11 +145,10 @@ class Reporter:
                 body = reports.hotplug_refused_event(namespace, m, identity=self.opts.identity, now=self._now())
                 self.spawn(self._tell(namespace, body), f"tell-{namespace}-{m.name}")
         for v in u.vms:
-            if v.state == "refused" and v.uid and self._tell_again(namespace, v.uid, v.reason, now):
-                body = reports.vm_refused_event(
-                    namespace, v, identity=self.opts.identity, now=self._now(), others=u.vms
-                )
-                self.spawn(self._tell(namespace, body), f"tell-{namespace}-{v.name}")
+            if v.state == "refused" and v.uid:
+                self._tell_refused(namespace, v, u.vms, now)
+            elif v.uid:
+                self._later.pop((namespace, v.uid), None)  # (no longer refused: nothing to tell)
             if v.state != "admitted" or not v.pod_refused or not v.uid:
                 continue
             last = self._nudged.get((namespace, v.uid))
@@ -157,20 +159,39 @@ class Reporter:
                 del self._nudged[next(iter(self._nudged))]
             self.spawn(self._nudge(namespace, v.name, str(at)), f"nudge-{namespace}-{v.name}")
 
-    def _tell_again(self, namespace: str, uid: str, reason: str, now: float) -> bool:
-        """Whether a VMI refused for ``reason`` is to be told why (and remember it): once per cause (the same
-        refusal in the next snapshots tells nothing new), and a changed cause at most every ``tell_interval``
-        seconds per VMI (the amounts left move with each pod of the namespace: a tenant churning one pod beside N
-        refused VMIs made N Events per change)."""
-        key = (namespace, uid)
+    def _tell_refused(self, namespace: str, v: contract.VmState, others: list[contract.VmState], now: float) -> None:
+        """Tell a refused VMI why: once per cause (the same refusal in the next snapshots tells nothing new), and a
+        changed cause at most every ``tell_interval`` seconds per VMI (the amounts left move with each pod of the
+        namespace: a tenant churning one pod beside N refused VMIs made N Events per change); one changed sooner
+        is told once the interval has passed, as it is then, even if no usage comes meanwhile."""
+        key = (namespace, v.uid)
         last = self._told_vmi.get(key)
-        if last is not None and (last[0] == reason or now - last[1] < self.opts.tell_interval):
-            return False
+        if last is not None and last[0] == v.reason:
+            self._later.pop(key, None)  # (back to what was told)
+            return
+        wait = 0.0 if last is None else self.opts.tell_interval - (now - last[1])
+        if wait > 0:
+            if key not in self._later:
+                self.spawn(self._tell_later(key, wait), f"tell-later-{namespace}-{v.name}")
+            self._later[key] = (v, others)
+            return
+        self._tell_now(key, v, others, now)
+
+    def _tell_now(self, key: tuple[str, str], v: contract.VmState, others: list[contract.VmState], now: float) -> None:
+        """Tell VMI ``key`` why it is refused now (an Event) and remember it."""
         self._told_vmi.pop(key, None)  # (the oldest first out)
-        self._told_vmi[key] = (reason, now)
+        self._told_vmi[key] = (v.reason, now)
         if len(self._told_vmi) > NUDGED_MAX:
             del self._told_vmi[next(iter(self._told_vmi))]
-        return True
+        body = reports.vm_refused_event(key[0], v, identity=self.opts.identity, now=self._now(), others=others)
+        self.spawn(self._tell(key[0], body), f"tell-{key[0]}-{v.name}")
+
+    async def _tell_later(self, key: tuple[str, str], wait: float) -> None:
+        """Tell the cause VMI ``key`` was last refused for once ``wait`` seconds have passed (if it still is)."""
+        await asyncio.sleep(wait)
+        later = self._later.pop(key, None)
+        if later is not None:
+            self._tell_now(key, *later, time.monotonic())
 
     def _remember_told(self, key: tuple[str, ...]) -> None:
         self._told[key] = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 from datetime import datetime
+from typing import Final
 
 from shared.accounting.estimates import widened
 from shared.accounting.results import (
@@ -59,6 +60,11 @@ def _migration_entry(
         vmi_uid,
         target_pod_uid,
     )
+
+
+_NOT_HANDED_OFF: Final = frozenset({"", "Pending", "Scheduling", "Failed"})
+"""Phases of a migration before KubeVirt writes its VMI's ``status.migrationState`` (at ``Scheduled``, its target pod
+ready), and ``Failed``, which it may reach before (a migration of a VMI its tenant deleted and created again)."""
 
 
 def _pick_source(sources: list[tuple[PodSnapshot, ResourceList]], v: VmiSnapshot) -> tuple[PodSnapshot, ResourceList]:
@@ -282,7 +288,7 @@ class Migrations(Vms):
         # be held, and taken, again: a VM's pod created after the migration counts, unless KubeVirt's status names
         # it its VMI's migration target (``status.migrationState.targetPod``, written at the hand-off)
         for v in self.vmis:
-            target = v.migration.target_pod if v.migration is not None else ""
+            target = self._handed_off_to(v)
             taking.extend(
                 charged
                 for p, charged in self.launchers.get(vm_key(v), ())
@@ -295,6 +301,21 @@ class Migrations(Vms):
             if over:
                 return f"quota {q.policy.name}: {', '.join(sorted(over))}" if q.policy.name else ", ".join(over)
         return ""
+
+    def _handed_off_to(self, v: VmiSnapshot) -> str:
+        """The pod ``v``'s ``status.migrationState`` names its target, when KubeVirt wrote it: the migration it names
+        is one of ``v``'s that KubeVirt took past scheduling its target (a migration's status is KubeVirt's alone).
+        A VMI's status is the tenant's to write when it creates the VMI (KubeVirt's VMI has no status subresource,
+        and its webhook keeps the status of a create, but for the phase), and a migration state KubeVirt never
+        started stays as written: before, a pending VMI created naming the pod that took a refused target's room
+        as its migration target reopened that room once per such VMI."""
+        ms = v.migration
+        if ms is None or not ms.target_pod or not ms.migration_uid or v.phase in ("", "Pending"):
+            return ""  # (a pending VMI's status is all its creator's: KubeVirt migrates only a running one)
+        m = self.vmim_by_uid.get(ms.migration_uid)
+        if m is None or m.vmi_name != v.name or m.phase in _NOT_HANDED_OFF:
+            return ""
+        return ms.target_pod
 
     def _grown(self, t: Target, cur: VmEntry) -> dict[str, ResourceList]:
         """Per quota, what the migration's target adds to the VM's count in the mode's terms (hotplug growth;

@@ -451,6 +451,34 @@ def test_a_target_larger_than_its_source_beyond_the_bound_holds_no_room_for_good
     assert not (m.state == PENDING and m.reserved["limits.memory"] < asked), m
 
 
+def test_a_migration_state_a_tenant_wrote_when_it_created_its_vmi_does_not_reopen_the_reserved_room() -> None:
+    """KubeVirt v1.9.0 keeps the status a VMI is created with (the VMI has no status subresource; its webhook forces
+    only the phase to Pending), so a tenant may create a VMI whose ``status.migrationState.targetPod`` names the pod
+    that took a refused target's room, and adopt that pod into it. A VM's pod created after the migration counts as
+    taking the room unless KubeVirt's hand-off names it: before, the forged name reopened the room once per such
+    VMI (97Gi on a 64Gi budget with three). Now only a migration state naming one of the VMI's migrations that
+    KubeVirt took past scheduling its target exempts a pod; with the name of a real migration of another VMI, or
+    of a migration still scheduling, it does not either."""
+    quota = quota_obj("rq", {"limits.memory": "64Gi"})
+    facts = facts_for(["limits.memory"])
+    vmis = [vmi_obj(f"vm{i}", guest="16Gi", limits={"memory": "16Gi"}, t=i) for i in range(3)]
+    pods = [launcher_obj(v, facts=facts) for v in vmis]
+    m1 = vmim_obj("m1", "vm0", t=100, rejected=True)
+    u = account([quota, *vmis, *pods, m1])
+    assert mig(u, "m1").state == PENDING
+    grab = pod_obj("grab", {"memory": "1Gi"}, {"memory": "16Gi"}, t=101)
+    q = u.quotas["rq"]
+    assert fits(usage_of(grab), q.pods, q.hard) == [], "native admission lets it into the reserved room"
+    assert mig(account([quota, *vmis, *pods, m1, grab]), "m1").state == WAITING
+    for forged, phase in (("forged", "Pending"), ("mig-m1", "Running"), ("mig-other", "Scheduling")):
+        big = vmi_obj("big", guest="32Gi", limits={"memory": "32Gi"}, t=50, phase=phase)
+        big["status"]["migrationState"] = {"targetPod": "grab", "migrationUid": forged}
+        vouch(big, grab)  # (adopted into the VMI)
+        other = vmim_obj("other", "big", t=102, phase="Scheduling")
+        again = mig(account([quota, *vmis, *pods, m1, grab, big, other]), "m1")
+        assert again.state == WAITING and not again.reserved, (forged, again)
+
+
 def test_no_room_is_held_for_a_target_kubevirt_creates_no_pod_for_while_the_vmi_has_two_active_pods() -> None:
     """KubeVirt creates no migration target while the VMI has more than one active pod (here a tenant's pod it
     adopted): a refused migration of such a VMI holds no room (with the guard, its holder would keep every other
@@ -559,7 +587,8 @@ def test_a_pod_that_took_reserved_room_and_was_adopted_into_a_pending_vmi_keeps_
     vmis[1]["status"]["activePods"] = {}
     vouch(vmis[1], target)
     over = quota_obj("rq", {"limits.memory": "40Gi"})  # (its budget lowered below what runs)
-    objs = [over, *vmis, pods[0], pods[2], target, vmim_obj("m1", "vm0", t=100, rejected=True)]
+    m2 = vmim_obj("m2", "vm1", t=101, phase="Scheduled")  # (KubeVirt hands off at Scheduled)
+    objs = [over, *vmis, pods[0], pods[2], target, vmim_obj("m1", "vm0", t=100, rejected=True), m2]
     assert mig(account(objs), "m1").state == PENDING, "a namespace over its budget for other reasons still migrates"
 
 

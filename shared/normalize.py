@@ -26,7 +26,7 @@ from shared.kubevirt.render import MEMORY_OVERHEAD_ANNOTATION, render_annotation
 from shared.podusage import pod_resources, quota_usage_of
 from shared.quantity import Quantity
 from shared.quota.modes import MAX_BUDGET_RESOURCES
-from shared.resources import ResourceList, parse_resource_list
+from shared.resources import ResourceList, is_qualified_name, parse_resource_list
 from shared.snapshot import (
     EVACUATION_ANNOTATION,
     HOT_MEMORY_CHANGE,
@@ -378,7 +378,7 @@ def parse_refusal(message: str, where: str = "message") -> tuple[str, ResourceLi
     out: ResourceList = {}
     for item in listed:
         name, sep, value = item.strip().partition("=")
-        if not sep or not name:
+        if not sep or not is_qualified_name(name):  # (quota admission names resources; the text may be a tenant's)
             raise InvalidInput(f"cannot read requested amount {item.strip()!r}", where)
         out[name] = _quantity(value, f"{where} (requested {name})")
     return quota, out

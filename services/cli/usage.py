@@ -44,6 +44,7 @@ from shared.kubevirt.config import profile
 from shared.kubevirt.vm import STARTING_STRATEGIES, run_strategy, vmi_from_vm
 from shared.normalize import normalize
 from shared.quota.modes import MODE_NAMES, Mode, QuotaPolicy, is_managed, parse_mode, parse_ratio
+from shared.report import printable
 from shared.resources import ResourceList, canonical_resource_list
 from shared.snapshot import (
     SUPPORTED_KINDS,
@@ -338,6 +339,7 @@ def _brief(rl: ResourceList) -> str:
 
 
 def _table(rows: list[tuple[str, ...]], out: TextIO) -> None:
+    rows = [tuple(printable(cell) for cell in r) for r in rows]  # (reasons and names may carry a tenant's text)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         out.write("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() + "\n")
@@ -384,7 +386,7 @@ def write_table(results: Mapping[str, NamespaceUsage], out: TextIO) -> None:
         objs += [(POD_KIND, p.name, p.role, _brief(p.counts), p.reason) for p in u.pods]
         _table(objs, out)
         for e in u.errors:
-            out.write(f"warning: {e}\n")
+            out.write(f"warning: {printable(e)}\n")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,8 +15,10 @@ import yaml
 
 from services.cli.main import build_parser, main
 from services.cli.usage import account_all, build_config, build_policy, load_snapshots, namespace_json
+from shared.errors import InvalidInput
+from shared.normalize import parse_refusal
 from shared.quota.modes import Mode
-from tests.builders import launcher_obj, pod_obj, refusal_event, vmi_obj, vmim_obj
+from tests.builders import launcher_obj, pod_obj, quota_obj, refusal_event, refused_vmi, vmi_obj, vmim_obj
 
 
 def write(tmp_path: Path, objs: list[dict[str, Any]], name: str = "objs.yaml") -> str:
@@ -325,3 +327,19 @@ def test_without_a_managed_quota_or_mode_nothing_is_accounted_and_it_says_why(
     assert main(["usage", "--mode", "VirtualResources", "-f", both, "-o", "json"]) == 0  # --mode: the rest too
     out = json.loads(capsys.readouterr().out)["namespaces"]
     assert out["a"]["used"]["limits.memory"] == "16Gi" and "quotas" in out["b"]
+
+
+def test_a_tenants_event_text_reaches_the_table_escaped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A tenant's FailedCreate Event names a "resource" carrying terminal escapes (a title, a cleared screen). Before,
+    `vmquota usage` printed it raw in its warning line; now quota refusal names must be resource names (the Event is
+    unreadable, and said so), and every cell and warning is written escaped."""
+    evil = "\x1b]0;pwned\x07\x1b[2J\x1b[1;1Hlimits.memory"
+    with pytest.raises(InvalidInput, match="cannot read requested amount"):
+        parse_refusal(f"exceeded quota: rq, requested: {evil}=1Gi, used: limits.memory=0, limited: limits.memory=0")
+    vmi = refused_vmi(vmi_obj("vm1", guest="1Gi", phase="Pending", t=5))
+    vmi["metadata"]["annotations"] = {"note": "\x1b[2J"}
+    objs = [quota_obj("rq", {"limits.memory": "64Gi"}), vmi, refusal_event("vm1", {evil: "1Gi"}, t=6)]
+    main(["usage", "-f", write(tmp_path, objs)])
+    out = capsys.readouterr()
+    assert "\x1b" not in out.out and "\x1b" not in out.err, (out.out[-400:], out.err[-400:])
+    assert "cannot read requested amount" in out.out + out.err

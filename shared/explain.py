@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Final
 
 from shared.contract import Decision, Deleted, Sync, Upserted, UsageSnapshot
 from shared.kinds import EVENT_KIND, POD_KIND, VMI_KIND, VMIM_KIND
@@ -140,17 +141,23 @@ def migration_timeline(
             steps.append(Step(d.time, "lowered", f"quota {d.quota}: {d.reason}"))
             raised.discard(d.quota)
     refusals: dict[str, tuple[str, EventSnapshot]] = {}
+    # (an Event is anyone's in the namespace to write: one KubeVirt's status does not confirm is said to be an
+    # Event's word, and one about another incarnation of the VMI, by its uid, is not this migration's)
+    confirmed = any(s.rejected_by_quota for s in snaps)
+    word = "" if confirmed else " (an Event's word: KubeVirt's status never marked the migration refused by quota)"
+    incarnations = {v.uid for v in _of(events, VMI_KIND, namespace, vmi) if v.uid}
     for e in _vmi_events(events, namespace, vmi):
         at, s = parse_rfc3339(e.time), e.snapshot
         if at is None or (lo is not None and at < lo) or (hi is not None and at > hi):
             continue  # (outside the migration: the VM's own start, or later)
         if isinstance(s, EventSnapshot) and s.quota_refusal:
+            if s.involved_uid and incarnations and s.involved_uid not in incarnations:
+                continue
             if s.uid not in refusals:
-                steps.append(
-                    Step(e.time, "target-refused", f"quota {s.quota_name} refused a pod: {readable_amounts(s.message)}")
-                )
+                said = f"quota {s.quota_name} refused a pod: {readable_amounts(s.message)}{word}"
+                steps.append(Step(e.time, "target-refused", said))
             refusals[s.uid] = (e.time, s)
-    total = sum(s.count for _, s in refusals.values())
+    total = sum(min(s.count, _COUNT_SHOWN) for _, s in refusals.values())
     if total > 1:
         last = max(t for t, _ in refusals.values())
         steps.append(Step(last, "target-refused", f"refused {total} times in all (KubeVirt retries)"))
@@ -158,6 +165,10 @@ def migration_timeline(
     if target is not None:
         steps.append(Step(target[0], "target-admitted", f"target pod {target[1]} created"))
     return _ordered(steps)
+
+
+_COUNT_SHOWN: Final = 1_000_000
+"""The most an Event's ``count`` adds to the refusals a timeline sums (an Event's count is its writer's to say)."""
 
 
 def _vmi_events(events: Sequence[ObjectEvent], namespace: str, vmi: str) -> list[Upserted]:

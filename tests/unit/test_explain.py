@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
+
 from shared import contract
 from shared.explain import migration_timeline, vm_timeline
 from shared.snapshot import EventSnapshot, PodSnapshot, VmiMigrationState, VmimSnapshot, VmiSnapshot
@@ -129,3 +131,29 @@ def test_a_vms_timeline_and_the_ledgers_current_view() -> None:
     assert names[-2:] == ["stopped", "refused"], names
     assert "does not fit compute: limits.memory" in steps[-1].detail, steps[-1]
     assert vm_timeline(NS, "vm2", events(), [usage]) is None
+
+
+def test_a_refusal_only_an_event_says_is_shown_as_its_word_and_another_incarnations_is_left_out() -> None:
+    """An Event is anyone's in the namespace to write: a refusal KubeVirt's status
+    (``migrationRejectedByResourceQuota``) never confirmed is shown as an Event's word, one about another
+    incarnation of the VMI (its uid) is left out,
+    and an Event's count adds at most a million. Before, a tenant's Event read as the quota's refusal of the target,
+    counted 10**18 times."""
+    forged = refusal("forged", 10**18, 12)
+    other = refusal("other", 1, 13)
+    other = with_snapshot(other, involved_uid="an-earlier-vmi-uid")
+    steps = migration_timeline(NS, "mig1", [*events()[:4], forged, other, *events()[6:]], [])
+    assert steps is not None
+    refused = [s for s in steps if s.step == "target-refused"]
+    assert len(refused) == 2, refused  # (the forged Event and its total; the other incarnation's left out)
+    assert "an Event's word" in refused[0].detail
+    assert "1000000 times" in refused[1].detail or "1,000,000 times" in refused[1].detail, refused[1]
+    confirmed = [with_snapshot(e, rejected_by_quota=True) if e.kind == "VirtualMachineInstanceMigration" else e
+                 for e in events()]  # fmt: skip
+    shown = migration_timeline(NS, "mig1", confirmed, [])
+    assert shown is not None and all("an Event's word" not in s.detail for s in shown)
+
+
+def with_snapshot(e: Any, **changes: Any) -> Any:
+    """``e`` (an event with an EventSnapshot) with its snapshot changed."""
+    return msgspec.structs.replace(e, snapshot=msgspec.structs.replace(e.snapshot, **changes))

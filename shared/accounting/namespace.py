@@ -212,7 +212,7 @@ class _Accounting(Admission):
         self.renderer = Renderer(config, facts, self.memo)
         self.quotas_key = self.memo.token(tuple((q.policy.name, q.policy.mode, q.ratio) for q in self.quotas))
         """What a VM's counts depend on besides the VM: the quotas' names, modes and ratios."""
-        self.vouched: dict[str, VmiSnapshot] = {pod: v for v in self.vmis for pod in v.active_pods}
+        self.vouched: dict[str, VmiSnapshot] = {pod: v for v in self.vmis for pod in v.vouched_pods}
         """Launcher pods by uid, as KubeVirt names them in its VMIs' ``status.activePods`` (or named them: below)."""
         self.departed: list[VmiSnapshot] = []
         """VMIs gone, as they last named a launcher pod that KubeVirt names no more and that still exists: each counts

@@ -57,7 +57,7 @@ class Pods(State):
         key = (
             "pods",
             tuple(map(id, self.pods)),
-            tuple((v.uid, v.name, tuple(v.active_pods)) for v in self.vmis),
+            tuple((v.uid, v.name, tuple(v.vouched_pods)) for v in self.vmis),
             tuple(sorted((p, self.vouched[p].uid) for p in self.departed_pods)),
             tuple((m.uid, m.name) for m in self.vmims),
             deleting,

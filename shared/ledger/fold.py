@@ -414,15 +414,15 @@ class NamespaceState:
         """A VMI's new version ``now`` (None: deleted) replaced ``before``: the pods ``before`` named in
         ``status.activePods`` that ``now`` does not are remembered with ``before`` while they may still run; those
         ``now`` names are the VMI's again."""
-        named = now.active_pods if isinstance(now, VmiSnapshot) else {}
+        named = now.vouched_pods if isinstance(now, VmiSnapshot) else {}
         if self.departed:
             for uid in named:
                 self.departed.pop(uid, None)
-        if not isinstance(before, VmiSnapshot) or not before.active_pods:
+        if not isinstance(before, VmiSnapshot) or not before.vouched_pods:
             return
         pods = self.objects.get(POD_KIND) or {}
         kept = False
-        for uid in before.active_pods:
+        for uid in before.vouched_pods:
             if uid in named:
                 continue
             rec = pods.get(uid)

@@ -152,7 +152,8 @@ class VmiSnapshot(Snapshot, tag=VMI_KIND, frozen=True, kw_only=True):
     migration: VmiMigrationState | None = None
     active_pods: dict[str, str] = {}
     """``status.activePods``: pod uid → node of the launcher pods KubeVirt's VMI controller counts as the VMI's (a
-    field only KubeVirt writes: the one proof that a pod is a launcher pod, whatever its labels say)."""
+    field only KubeVirt writes once it has synced the VMI: the one proof that a pod is a launcher pod, whatever its
+    labels say; read it through :attr:`vouched_pods`)."""
     unplugged_interfaces: tuple[int, ...] = ()
     """Indexes in the spec's ``domain.devices.interfaces`` of interfaces added to the running VMI that its pod does
     not have yet (``shared.vmi.unplugged_interfaces``, from ``status.interfaces``, a field only KubeVirt writes):
@@ -174,6 +175,14 @@ class VmiSnapshot(Snapshot, tag=VMI_KIND, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         if type(self.spec) is not SharedSpec:  # (old writers sent the whole spec; the decoder hands out a kept one)
             _set(self, "spec", compact_vmi_spec(self.spec))
+
+    @property
+    def vouched_pods(self) -> dict[str, str]:
+        """:attr:`active_pods` once KubeVirt has synced the VMI: none while it is ``Pending``. KubeVirt keeps the
+        status a VMI is created with (its VMI has no status subresource; virt-api's webhook sets only the phase,
+        ``Pending``), and its VMI controller moves a VMI with a pod to ``Scheduling`` in the same write that lists
+        the pod (``lifecycle.go``): a pending VMI naming pods names them in its creator's words."""
+        return self.active_pods if self.phase not in ("", "Pending") else {}
 
     def as_object(self) -> dict[str, Any]:
         """A VMI object with what the renderer reads (metadata, spec, the published overhead)."""

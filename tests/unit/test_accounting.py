@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from shared import contract
 from shared.accounting.memo import Memo
 from shared.accounting.namespace import account_namespace, account_view, by_kind
 from shared.accounting.results import (
@@ -39,6 +40,7 @@ from shared.accounting.results import (
 from shared.accounting.sums import Sum
 from shared.errors import InvalidInput
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts
+from shared.ledger.fold import Ledger
 from shared.ledger.schedule import Urgency, Urgent, schedule, urgency
 from shared.normalize import normalize
 from shared.quantity import Quantity
@@ -1624,6 +1626,32 @@ def test_a_launcher_pod_kubevirt_names_no_more_counts_as_its_vm_while_it_runs() 
         assert vm(remembered, "vm-b").state == REFUSED
         assert vm(remembered, "vm-a").state == RUNNING and vm(remembered, "vm-a").counts["rq"]["requests.cpu"] == Q("4")
         assert remembered.quotas["rq"].used["requests.cpu"] == Q("4")
+
+
+def test_a_pod_a_pending_vmi_names_in_its_status_is_no_launcher_pod_nor_remembered_as_one() -> None:
+    """KubeVirt keeps the status a VMI is created with (but for its phase, ``Pending``), and its VMI controller lists
+    a pod in ``activePods`` in the same write that moves the VMI to ``Scheduling``. A tenant created a pending VMI
+    whose status named its 60Gi plain pod: the pod counted as that 1Gi VM, and once KubeVirt's first sync took it
+    off the list, the fold remembered it as a launcher pod KubeVirt had named, for as long as it ran (1Gi used of a
+    64Gi budget, not 61Gi). A pending VMI's ``activePods`` vouches for nothing."""
+    quota = quota_obj("rq", {"requests.memory": "64Gi"}, Mode.VIRTUAL_RESOURCES)
+    x = vmi_obj("x", guest="1Gi", phase="Pending", node="")
+    big = pod_obj("big", {"memory": "60Gi"}, {"memory": "60Gi"}, t=5)
+    vouch(x, big)  # (the tenant's words, at creation)
+    u = account([quota, x, big])
+    assert vm(u, "x").state == ADMITTED and u.quotas["rq"].used["requests.memory"] == Q("61Gi")
+    synced = copy.deepcopy(x)
+    synced["status"]["activePods"] = {}  # (KubeVirt's first sync)
+    ledger = Ledger()
+    for seq, obj in enumerate((quota, big, x, synced), start=1):
+        snap = normalize(obj)
+        meta = obj["metadata"]
+        ev = contract.object_event("upserted", cluster="c1", kind=obj["kind"], namespace=NS, name=meta["name"],
+                                   uid=meta["uid"], rv=str(100 + seq), snapshot=snap)  # fmt: skip
+        ledger.apply(ev, seq)
+    view = ledger.view("c1", NS)
+    assert not view.departed, "the fold remembers no pod a pending VMI named"
+    assert account_view(view.objects, NS, now=NOW).quotas["rq"].used["requests.memory"] == Q("61Gi")
 
 
 def _attachment_pod(owner: dict[str, Any], name: str, *, t: float) -> dict[str, Any]:

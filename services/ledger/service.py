@@ -299,16 +299,32 @@ class LedgerService:
         for key, value in stored:
             if not self._load_one(key, value, parts):
                 progress = -(10**18)  # forces a full replay below
+        progress, adopted = self._adopt_earlier(earlier, parts, progress)
+        await self._drop_unnamed_parts(parts)
+        self.ledger.unsaved.clear()
+        self.ledger.unsaved.update(adopted)
+        if progress < 0:
+            self.ledger = self._fresh_ledger()
+            progress = 0
+        # Recompute every namespace once: a usage not yet published before the stop (or computed by an older
+        # version) is published now; an unchanged one is not (its digest is in the checkpoint).
+        self.ledger.changed.update(self.ledger.namespaces())
+        return progress
+
+    def _adopt_earlier(
+        self, earlier: list[tuple[str, bytes]], parts: dict[str, bytes], progress: int
+    ) -> tuple[int, list[tuple[str, str]]]:
+        """Take the cluster-wide states an earlier version shared (``cl.<cluster>``, every instance wrote them) of
+        the clusters this instance has none of its own of: the replay starts from the oldest of them (it may be
+        older than this instance's progress), and each is written under this instance's key at the next checkpoint.
+        Returns the progress to replay from and the states taken."""
         adopted: list[tuple[str, str]] = []
         for key, value in earlier:
-            # An earlier version's cluster-wide state, which every instance wrote: taken only when this instance
-            # has none of its own, with the events after it replayed (it may be older than this instance's
-            # progress), and written under this instance's key at the next checkpoint.
             cluster = key.split(".")[1]
             if self.ledger.cluster_state(cluster) is not None:
                 continue
             if not self._load_one(key, value, parts):
-                progress = -(10**18)
+                progress = -(10**18)  # forces a full replay
                 continue
             state = self.ledger.cluster_state(cluster)
             if state is None:
@@ -322,16 +338,7 @@ class LedgerService:
                     progress=progress,
                 )
                 progress = state.seq
-        await self._drop_unnamed_parts(parts)
-        self.ledger.unsaved.clear()
-        self.ledger.unsaved.update(adopted)
-        if progress < 0:
-            self.ledger = self._fresh_ledger()
-            progress = 0
-        # Recompute every namespace once: a usage not yet published before the stop (or computed by an older
-        # version) is published now; an unchanged one is not (its digest is in the checkpoint).
-        self.ledger.changed.update(self.ledger.namespaces())
-        return progress
+        return progress, adopted
 
     def _load_one(self, key: str, value: bytes, parts: dict[str, bytes]) -> bool:
         """Load one stored checkpoint; False (logged) when it cannot be read."""

@@ -310,8 +310,8 @@ class Migrations(Vms):
         started stays as written: before, a pending VMI created naming the pod that took a refused target's room
         as its migration target reopened that room once per such VMI."""
         ms = v.migration
-        if ms is None or not ms.target_pod or not ms.migration_uid or v.phase in ("", "Pending"):
-            return ""  # (a pending VMI's status is all its creator's: KubeVirt migrates only a running one)
+        if ms is None or not ms.target_pod or not ms.migration_uid or not v.synced:
+            return ""  # (KubeVirt migrates only a running VMI)
         m = self.vmim_by_uid.get(ms.migration_uid)
         if m is None or m.vmi_name != v.name or m.phase in _NOT_HANDED_OFF:
             return ""

@@ -177,12 +177,17 @@ class VmiSnapshot(Snapshot, tag=VMI_KIND, frozen=True, kw_only=True):
             _set(self, "spec", compact_vmi_spec(self.spec))
 
     @property
+    def synced(self) -> bool:
+        """Whether KubeVirt has written the VMI's status: it is past ``Pending``. KubeVirt keeps the status a VMI is
+        created with (its VMI has no status subresource; virt-api's webhook sets only the phase, ``Pending``), and
+        only its own controllers move the phase on: a pending VMI's status is its creator's words."""
+        return self.phase not in ("", "Pending")
+
+    @property
     def vouched_pods(self) -> dict[str, str]:
-        """:attr:`active_pods` once KubeVirt has synced the VMI: none while it is ``Pending``. KubeVirt keeps the
-        status a VMI is created with (its VMI has no status subresource; virt-api's webhook sets only the phase,
-        ``Pending``), and its VMI controller moves a VMI with a pod to ``Scheduling`` in the same write that lists
-        the pod (``lifecycle.go``): a pending VMI naming pods names them in its creator's words."""
-        return self.active_pods if self.phase not in ("", "Pending") else {}
+        """:attr:`active_pods` once :attr:`synced` (KubeVirt's VMI controller moves a VMI with a pod to
+        ``Scheduling`` in the same write that lists the pod, ``lifecycle.go``); none while it is pending."""
+        return self.active_pods if self.synced else {}
 
     def as_object(self) -> dict[str, Any]:
         """A VMI object with what the renderer reads (metadata, spec, the published overhead)."""

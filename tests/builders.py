@@ -82,6 +82,14 @@ def vmi_obj(
     }
 
 
+def created_vmi(name: str, **kw: Any) -> dict[str, Any]:
+    """:func:`vmi_obj` as its creator writes it, with no status: KubeVirt keeps the status a VMI is created with
+    (its webhook sets only the phase and what its defaults own), so a status given to a create is a forgery."""
+    obj = vmi_obj(name, **kw)
+    del obj["status"]
+    return obj
+
+
 def facts_for(budget_keys: Iterable[str]) -> NamespaceFacts:
     keys = set(budget_keys)
     return NamespaceFacts(quota_has_limits_cpu="limits.cpu" in keys, quota_has_limits_memory="limits.memory" in keys)

@@ -14,7 +14,7 @@ from shared.accounting.results import (
 )
 from shared.accounting.state import capped_growth, fmt, smallest_lacks, vm_key, vm_size
 from shared.quota.equation import takes
-from shared.quota.modes import MEMORY_NAMES, mode_usage
+from shared.quota.modes import CPU_NAMES, MEMORY_NAMES, mode_usage
 from shared.resources import ResourceList, add, growth, maximum, minimum, nonzero, second_largest
 from shared.snapshot import (
     VMI_FINAL_PHASES,
@@ -142,18 +142,30 @@ class Vms(Pods):
             cap = {r: (q - grow[r]).clamp0() if r in grow else q for r, q in cap.items()}
         return cap
 
-    def _carries_memory_change(self, v: VmiSnapshot, charges: list[ResourceList]) -> bool:
-        """A memory change is pending (``VmiSnapshot.memory_change``) and every pod of the VM already has the memory
-        of the spec's rendering: virt-handler did not carry it out after the migration made the pod (it failed, say,
-        on a VMI label the tenant may edit), so the status still reports the old size in a pod made for the new
-        one, and its growth was admitted. The VM counts at its spec's memory: the old size would make that growth
-        room again, and the next migration, which finds nothing to grow in pod terms, would take it back unchecked."""
-        if not (v.memory_change and charges):
+    def _carries_change(self, v: VmiSnapshot, charges: list[ResourceList]) -> bool:
+        """The status reports the VM smaller than its spec — a CPU hotplug (``currentCPUTopology``) or a memory change
+        (``VmiSnapshot.memory_change``) pending — and every pod of the VM already has that resource of the spec's
+        rendering. The VM counts at its spec's size then: its pods were made for it, and the smaller size would
+        make the difference room for other VMs. Two ways there:
+
+        - virt-handler did not carry a memory change out after the migration made the pod (it failed, say, on a VMI
+          label the tenant may edit): the growth was admitted, and the next migration, which finds nothing to grow
+          in pod terms, would take it back unchecked;
+        - the tenant wrote ``status.currentCPUTopology`` when it created the VMI: KubeVirt keeps it (its VMI has no
+          status subresource, and its webhook sets the field only when a create has none) and renders the pod from
+          the spec.
+
+        A VM that cannot be rendered counts at its spec's size too: nothing shows its pods were made smaller."""
+        cpu = v.status_vcpus is not None and v.status_vcpus < v.vcpus
+        if not (cpu or v.memory_change) or not charges:
             return False
         rendered = self.renderer.vmi_usage(v)
         if rendered is None:
-            return False
-        return not any(r in MEMORY_NAMES for r in nonzero(smallest_lacks(rendered, charges)))
+            return True
+        lacks = nonzero(smallest_lacks(rendered, charges))
+        if cpu and not any(r in CPU_NAMES for r in lacks):
+            return True
+        return v.memory_change and not any(r in MEMORY_NAMES for r in lacks)
 
     def _running_vm(self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]], migrating: bool) -> VmEntry:
         """A running VM counts at its current size (its status: a hotplug request counts once admitted, see
@@ -173,7 +185,7 @@ class Vms(Pods):
         pod_max: ResourceList = {}
         for charged in charges:
             pod_max = maximum(pod_max, charged)
-        size = vm_size(v) if migrating or self._carries_memory_change(v, charges) else current_size(v)
+        size = vm_size(v) if migrating or self._carries_change(v, charges) else current_size(v)
         # (a VM that cannot be rendered: hard holds no room for its pods)
         cap = (self.renderer.vmi_usage(v) or {}) if migrating else self._rendered_now(v, charges)
         believed = minimum(pod_max, cap)

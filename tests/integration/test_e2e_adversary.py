@@ -29,6 +29,7 @@ from shared.quota.annotations import (
     STATUS_ANNOTATION,
     VMI_MINIMUM_ANNOTATIONS,
 )
+from tests.builders import created_vmi
 from tests.integration.e2e import (
     PATIENT_KUBEVIRT,
     SLOW_MIGRATIONS,
@@ -548,6 +549,33 @@ async def test_a_pod_kubevirt_adopts_into_a_vm_counts_in_full() -> None:
 
         await p.wait(decided, "the ledger to refuse a VM that fits only if the adopted pod were free")
         assert p.vmi_phase(ns, "vm2") != "Running"
+
+
+async def test_a_cpu_topology_written_into_a_new_vmis_status_does_not_shrink_its_vm() -> None:
+    """KubeVirt's VMI has no status subresource, and virt-api keeps the status a VMI is created with but for what
+    its webhook writes: a ``status.currentCPUTopology`` of one socket on a 16-vCPU VMI stays, and the launcher pod
+    is made for 16. Counted at its status, the VM took one vCPU of a 16-vCPU budget and an 8-vCPU VM ran beside
+    it: 24 vCPUs on 16."""
+    async with pipeline() as p:
+        ns = "tenant-topology"
+        await p.managed_quota(ns, "vm-budget", {"requests.cpu": "16"}, mode="VirtualResources")
+        forged = created_vmi("forged", vcpus=16, namespace=ns)
+        forged["status"] = {"currentCPUTopology": {"sockets": 1, "cores": 1, "threads": 1}}
+        async with Tenant(p, ns) as tenant:
+            with acting_as(tenant.user):
+                await p.sim.create(forged)
+        vmi = await p.sim.wait_for_phase(ns, "forged", "Running", within=30)
+        assert vmi["status"]["currentCPUTopology"]["sockets"] == 1, "the simulator did not keep the status"
+        await p.sim.create_vm(ns, "second", memory="1Gi", sockets=8)
+
+        def decided() -> bool:
+            u = p.tap.usage.get(ns)
+            return u is not None and any(v.name == "second" and v.state in ("refused", "running") for v in u.vms)
+
+        await p.wait(decided, "the ledger to decide the second VM")
+        (forged_vm,) = [v for v in p.tap.usage[ns].vms if v.name == "forged"]
+        assert Quantity.parse(forged_vm.counts["vm-budget"]["requests.cpu"]) == Quantity.from_int(16), forged_vm
+        assert p.vmi_phase(ns, "second") != "Running", "24 vCPUs run on a budget of 16"
 
 
 # ---- the reservation window: room raised for a pod that does not exist yet ---------------------------------------

@@ -40,7 +40,7 @@ from shared.quota.annotations import (
 )
 from shared.snapshot import VmiSnapshot, size_digest
 from shared.times import rfc3339
-from tests.builders import vmi_obj
+from tests.builders import created_vmi, vmi_obj
 from tests.integration.e2e import full_namespace, install_guard, pipeline, rl
 
 pytestmark = pytest.mark.integration
@@ -658,7 +658,7 @@ async def test_with_the_guard_room_for_a_target_opens_only_while_its_vmi_has_the
     listed), the ledger's next usage, at the VMI's size, raises. Fails when the enforcer raises without the read."""
     await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
     with acting_as(KUBEVIRT_CONTROLLER):
-        await sim.create(vmi_obj("vm1", guest="2Gi", namespace=NS))
+        await sim.create(created_vmi("vm1", guest="2Gi", namespace=NS))
     vmi = await sim.get("virtualmachineinstances", NS, "vm1")
     uid = str(vmi["metadata"]["uid"])
     vms = [contract.VmState(name="vm1", uid=uid, state="running")]
@@ -698,7 +698,7 @@ async def test_with_the_guard_a_holder_whose_room_hard_holds_already_waits_for_t
     await install_guard(sim)
     await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
     with acting_as(KUBEVIRT_CONTROLLER):
-        await sim.create(vmi_obj("vm1", guest="2Gi", namespace=NS))
+        await sim.create(created_vmi("vm1", guest="2Gi", namespace=NS))
     snap = normalize(await sim.get("virtualmachineinstances", NS, "vm1"))
     assert isinstance(snap, VmiSnapshot)
     vms = [contract.VmState(name="vm1", uid=snap.uid, state="running")]
@@ -750,7 +750,7 @@ async def test_with_the_guard_room_for_an_admitted_vm_opens_only_while_its_vmi_i
     raises. Fails when the enforcer raises without the read."""
     await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
     with acting_as(KUBEVIRT_CONTROLLER):
-        await sim.create(vmi_obj("vm1", phase="Pending", node="", namespace=NS))
+        await sim.create(created_vmi("vm1", phase="Pending", node="", namespace=NS))
     vmi = await sim.get("virtualmachineinstances", NS, "vm1")
     snap = normalize(vmi)
     assert isinstance(snap, VmiSnapshot)

@@ -27,6 +27,7 @@ from services.devtools.simcluster.store_api import ApiError, Obj
 from shared.kubevirt import MEMORY_OVERHEAD_ANNOTATION, KubeVirtConfig, NamespaceFacts, render_launcher_pod
 from shared.podusage import pod_quota_usage
 from shared.quantity import Quantity
+from tests.builders import created_vmi
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -110,7 +111,7 @@ async def test_vm_start_creates_vmi_and_the_rendered_launcher_pod(sim: SimCluste
     overhead = Quantity.parse(vmi["status"]["memory"]["memoryOverhead"])
     assert overhead.ceil() == int(pod["metadata"]["annotations"][MEMORY_OVERHEAD_ANNOTATION])
     phases = [p["phase"] for p in vmi["status"]["phaseTransitionTimestamps"]]
-    assert phases == ["Scheduling", "Scheduled", "Running"]
+    assert phases == ["Pending", "Scheduling", "Scheduled", "Running"]  # (virt-api writes the first)
     vm_now = await sim.wait_until("vm", "t", "vm1", lambda o: o.get("status", {}).get("printableStatus") == "Running")
     assert vm_now["status"]["ready"] is True
     created = {
@@ -125,6 +126,28 @@ async def test_vm_start_creates_vmi_and_the_rendered_launcher_pod(sim: SimCluste
         "limits.cpu": usage["limits.cpu"].canonical(),
         "limits.memory": usage["limits.memory"].canonical(),
     }
+
+
+async def test_a_vmi_keeps_the_status_it_is_created_with_but_for_what_virt_api_writes(sim: SimCluster) -> None:
+    """KubeVirt's VMI has no status subresource, and virt-api's webhook rewrites only the phase, the memory status
+    and (when the create has none) the current CPU topology of a create's status; the rest stays as written until
+    KubeVirt's controllers rewrite what they own."""
+    forged = created_vmi("forged", vcpus=4, guest="2Gi", namespace="t")
+    forged["status"] = {
+        "phase": "Running",
+        "currentCPUTopology": {"sockets": 1, "cores": 1, "threads": 1},
+        "memory": {"guestRequested": "1Mi", "guestCurrent": "1Mi", "memoryOverhead": "1Mi"},
+        "volumeStatus": [{"name": "disk", "hotplugVolume": {"attachPodName": "x"}}],
+    }
+    created = await sim.create(forged)
+    st = created["status"]
+    assert st["phase"] == "Pending" and [p["phase"] for p in st["phaseTransitionTimestamps"]] == ["Pending"]
+    assert st["currentCPUTopology"] == {"sockets": 1, "cores": 1, "threads": 1}
+    assert st["memory"] == {"guestAtBoot": "2Gi", "guestCurrent": "2Gi", "guestRequested": "2Gi"}
+    assert st["volumeStatus"] == forged["status"]["volumeStatus"]
+    plain = await sim.create(created_vmi("plain", vcpus=4, namespace="t"))
+    assert plain["status"]["currentCPUTopology"] == {"sockets": 4, "cores": 1, "threads": 1}
+    assert plain["status"]["phase"] == "Pending"
 
 
 async def test_kubevirt_cr_configuration_and_drift_reach_the_pod() -> None:

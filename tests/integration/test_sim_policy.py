@@ -33,7 +33,7 @@ from shared.quota.annotations import (
 )
 from shared.quota.enforcement import rl_json
 from shared.resources import format_resource_list, parse_resource_list
-from tests.builders import vmi_obj
+from tests.builders import created_vmi
 
 ROOT = Path(__file__).resolve().parents[2]
 GUARD_POLICY = ROOT / "deploy" / "components" / "reservation-guard" / "policy.yaml"
@@ -220,7 +220,7 @@ async def test_a_holder_vmis_size_cannot_change_while_its_room_is_reserved(sim: 
     await install(sim, GUARD_POLICY.read_text())
     with acting_as(KUBEVIRT_CONTROLLER):
         for name in ("vm1", "vm2"):
-            await sim.create(vmi_obj(name, namespace=NS))
+            await sim.create(created_vmi(name, namespace=NS))
     uid = str((await sim.get("virtualmachineinstances", NS, "vm1"))["metadata"]["uid"])
     await reserve(sim, guard.Holder(uid, "vm1", "migration vm1-mig"))
     err = await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", hotplug)
@@ -270,7 +270,7 @@ async def test_a_running_vmis_render_annotations_are_kept_from_everyone(sim: Sim
     annotations change freely."""
     await install(sim, GUARD_POLICY.read_text())
     with acting_as(KUBEVIRT_CONTROLLER):
-        await sim.create(vmi_obj("vm1", namespace=NS))
+        await sim.create(created_vmi("vm1", namespace=NS))
     err = await update_as(sim, TENANT, "vm1", sidecar)
     assert err is not None and err.code == 403, err
     assert err.message == (
@@ -291,7 +291,7 @@ async def test_a_running_vmis_render_annotations_are_kept_from_everyone(sim: Sim
     assert await update_as(sim, TENANT, "vm1", note) is None, "another annotation"
     meta = (await sim.get("virtualmachineinstances", NS, "vm1"))["metadata"]
     assert "hooks.kubevirt.io/hookSidecars" not in meta["annotations"] and meta["annotations"]["example.com/note"]
-    hooked = vmi_obj("vm2", namespace=NS)
+    hooked = created_vmi("vm2", namespace=NS)
     sidecar(hooked)
     with acting_as(KUBEVIRT_CONTROLLER):  # created with one: kept, and not removable either
         await sim.create(hooked)
@@ -311,7 +311,7 @@ async def test_only_kubevirt_changes_a_vmis_spec(sim: SimCluster) -> None:
     """KubeVirt's VMI update admission: a tenant may label its VMI but not change its spec (a hotplug reaches a
     VMI through KubeVirt's VM controller), so a pending VMI keeps the size vmquota admitted it at."""
     with acting_as(KUBEVIRT_CONTROLLER):
-        await sim.create(vmi_obj("vm1", namespace=NS))
+        await sim.create(created_vmi("vm1", namespace=NS))
     err = await update_as(sim, TENANT, "vm1", hotplug)
     assert err is not None and err.code == 422, err
     assert err.message.endswith("denied the request: update of VMI object is restricted"), err.message
@@ -681,9 +681,7 @@ async def test_a_vmi_below_the_rendering_model_is_refused_where_a_quota_counts_v
     await install(sim, GUARD_POLICY.read_text())
 
     def vmi(name: str, **kw: Any) -> Obj:
-        obj = vmi_obj(name, namespace=NS, guest=kw.pop("guest", "16Gi"), **kw)
-        del obj["status"]
-        return obj
+        return created_vmi(name, namespace=NS, guest=kw.pop("guest", "16Gi"), **kw)
 
     cheap = vmi("cheap", requests={"memory": "1Gi"})
     assert await create_as(sim, TENANT, vmi("before", requests={"memory": "1Gi"})) is None, "no managed quota"
@@ -726,7 +724,7 @@ async def test_a_vmi_below_the_rendering_model_is_refused_where_a_quota_counts_v
     err = await create_as(sim, TENANT, huge)
     assert err is not None and "huge is backed by hugepages" in err.message, err
     # another namespace has no managed quota
-    assert await create_as(sim, TENANT, vmi_obj("cheap", namespace="other", requests={"memory": "1Mi"})) is None
+    assert await create_as(sim, TENANT, created_vmi("cheap", namespace="other", requests={"memory": "1Mi"})) is None
     # a budget of limits.memory alone: a missing limit is KubeVirt's automatic one, a multiple of the request, so the
     # request is what is checked
     await sim.create_quota(
@@ -736,8 +734,7 @@ async def test_a_vmi_below_the_rendering_model_is_refused_where_a_quota_counts_v
         labels={MANAGED_LABEL: "true"},
         annotations={VMI_MINIMUM_ANNOTATIONS["limits.memory"]: "1"},
     )
-    low = vmi_obj("low", namespace="other", guest="16Gi", requests={"memory": "10Gi"})
-    del low["status"]
+    low = created_vmi("low", namespace="other", guest="16Gi", requests={"memory": "10Gi"})
     err = await create_as(sim, TENANT, low)
     assert err is not None and "explicit resources limits.memory of low" in err.message, err
 
@@ -754,9 +751,7 @@ async def test_until_a_vm_term_quota_is_accounted_no_vmi_is_admitted(sim: SimClu
     await install(sim, GUARD_POLICY.read_text())
 
     def vmi(name: str, **kw: Any) -> Obj:
-        obj = vmi_obj(name, namespace=NS, guest=kw.pop("guest", "16Gi"), **kw)
-        del obj["status"]
-        return obj
+        return created_vmi(name, namespace=NS, guest=kw.pop("guest", "16Gi"), **kw)
 
     quota = await sim.create_quota(
         NS,

@@ -283,7 +283,9 @@ class World:
             self.check_within_budget(f"VM {admitted[0].name}")
 
     # ---- operations
-    def add_vm(self, vcpus: int, guest_mib: int, explicit_limit: bool) -> None:
+    def add_vm(self, vcpus: int, guest_mib: int, explicit_limit: bool, forged_topology: bool = False) -> None:
+        """``forged_topology``: the tenant creates the VMI with a ``status.currentCPUTopology`` of one socket,
+        which KubeVirt keeps (its launcher pod is rendered from the spec all the same)."""
         name = self.fresh("vm")
         guest = f"{guest_mib}Mi"
         vmi = vmi_obj(
@@ -293,6 +295,7 @@ class World:
             t=self.tick(),
             phase="Pending",
             limits={"memory": guest} if explicit_limit else None,
+            status_vcpus=1 if forged_topology else None,
         )
         expect = self.mode_fits(vmi)
         before = self.account().quotas["rq"]
@@ -579,7 +582,9 @@ def worlds(draw: st.DrawFn) -> World:
     return world
 
 
-_VM_OP = st.tuples(st.just("vm"), st.integers(1, 6), st.sampled_from([512, 1024, 2048, 4096, 6144]), st.booleans())
+_VM_OP = st.tuples(
+    st.just("vm"), st.integers(1, 6), st.sampled_from([512, 1024, 2048, 4096, 6144]), st.booleans(), st.booleans()
+)
 _OP_BY_KIND: dict[str, st.SearchStrategy[tuple[Any, ...]]] = {
     "vm": _VM_OP,
     "migrate": st.tuples(st.just("migrate"), st.lists(st.integers(0, 10), min_size=1, max_size=3)),
@@ -613,7 +618,7 @@ OPS = st.sampled_from(
 def apply(world: World, op: tuple[Any, ...]) -> None:
     kind = op[0]
     if kind == "vm":
-        world.add_vm(op[1], op[2], op[3])
+        world.add_vm(op[1], op[2], op[3], op[4])
     elif kind == "pod":
         world.add_pod(op[1], op[2])
     elif kind == "delete_pod":

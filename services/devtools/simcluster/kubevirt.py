@@ -607,6 +607,7 @@ class KubeVirtSimulator:
 
     def install(self) -> None:
         """Admission as KubeVirt's webhooks do it: a new VMI's defaults, then validation."""
+        self.store.keep_status_on_create(self.r_vmis)  # (KubeVirt's VMI has no status subresource)
         self.store.add_admission(self.r_vmis, self._default_vmi, mutating=True)
         self.store.add_admission(self.r_vms, self._admit_vm)
         self.store.add_admission(self.r_vmis, self._admit_vmi)
@@ -803,14 +804,31 @@ class KubeVirtSimulator:
     async def _default_vmi(
         self, op: Operation, res: Resource, new: Obj | None, old: Obj | None, subresource: str | None = None
     ) -> Obj | None:
-        """virt-api's VMI mutating webhook at creation: the defaults admission policies see
-        (:func:`shared.kubevirt.vm.with_admission_defaults`)."""
+        """virt-api's VMI mutating webhook at creation (``vmi-mutator.go``): the defaults admission policies see
+        (:func:`shared.kubevirt.vm.with_admission_defaults`), and the status it is created with but for what the
+        webhook writes: the phase (``Pending``), the memory status from the guest memory, and the current CPU
+        topology from the spec's when the create has none (``pkg/defaults``). The rest of a tenant's status stays
+        until KubeVirt's controllers rewrite what they own."""
         if op != "CREATE" or new is None or subresource is not None:
             return None
         try:
-            return with_admission_defaults(new, self.kubevirt_config())
+            out = with_admission_defaults(new, self.kubevirt_config())
         except InvalidInput:
             return None  # (the validating webhook refuses it)
+        given = out.get("status")
+        st: Obj = dict(given) if isinstance(given, Mapping) else {}
+        st.pop("phase", None)
+        st.pop("phaseTransitionTimestamps", None)
+        domain = (out.get("spec") or {}).get("domain") or {}
+        guest = (domain.get("memory") or {}).get("guest")
+        if guest is not None:
+            st["memory"] = {"guestAtBoot": guest, "guestCurrent": guest, "guestRequested": guest}
+        cpu = domain.get("cpu")
+        if isinstance(cpu, Mapping) and st.get("currentCPUTopology") is None:
+            st["currentCPUTopology"] = {k: max(1, _int(cpu.get(k))) for k in ("sockets", "cores", "threads")}
+        set_phase(st, "Pending")
+        out["status"] = st
+        return out
 
     async def _admit_vmi(
         self, op: Operation, res: Resource, new: Obj | None, old: Obj | None, subresource: str | None = None
@@ -1301,7 +1319,6 @@ class KubeVirtSimulator:
         config = self.kubevirt_config()
         overhead = annotations_of(pod).get(MEMORY_OVERHEAD_ANNOTATION)
         pod_status = status(pod)
-        cpu = ((vmi.get("spec") or {}).get("domain") or {}).get("cpu") or {}
         guest = (((vmi.get("spec") or {}).get("domain") or {}).get("memory") or {}).get("guest")
 
         def change(obj: Obj) -> None:
@@ -1312,7 +1329,6 @@ class KubeVirtSimulator:
             st["launcherContainerImageVersion"] = self.image(config)
             st["migrationMethod"] = "LiveMigration"
             st["migrationTransport"] = "Unix"
-            st["currentCPUTopology"] = {k: max(1, _int(cpu.get(k))) for k in ("sockets", "cores", "threads")}
             if guest is not None:
                 mem = st.setdefault("memory", {})
                 mem.update({"guestAtBoot": guest, "guestCurrent": guest, "guestRequested": guest})

@@ -513,6 +513,7 @@ class Store:
         self._watchers: dict[str, list[Watcher]] = {i.resource.key: [] for i in self.registry.infos}
         self._hooks: dict[str, list[AdmissionHook]] = {}
         self._mutators: dict[str, list[AdmissionHook]] = {}
+        self._status_on_create: set[str] = set()
         self._callbacks: list[ChangeCallback] = []
         self._pressured: set[Watcher] = set()
         self._lock_obj: _WriteLock | None = None
@@ -751,7 +752,7 @@ class Store:
             meta["generation"] = 1
             for field in ("deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion", "managedFields"):
                 meta.pop(field, None)
-            if "status" in res.subresources and not keep_status:
+            if "status" in res.subresources and not keep_status and res.key not in self._status_on_create:
                 obj.pop("status", None)
             if res.plural == "pods" and not keep_status:
                 obj["status"] = {"phase": "Pending"}
@@ -1281,6 +1282,12 @@ class Store:
             hooks.insert(0, hook)
         else:
             hooks.append(hook)
+
+    def keep_status_on_create(self, res: Resource) -> None:
+        """A create of ``res`` keeps the status it is written with, for its mutating admission to rewrite: a
+        resource whose real kind has no status subresource (KubeVirt's VMI) but whose simulated controllers write
+        its status through one."""
+        self._status_on_create.add(res.key)
 
     def on_change(self, callback: ChangeCallback) -> None:
         """Call ``callback(type, resource, object)`` on every committed change; every callback of a change gets

@@ -160,6 +160,11 @@ class StoreAPI(Protocol):
         object to store instead (a mutation) or None. ``mutating`` hooks all run before the validating ones."""
         ...
 
+    def keep_status_on_create(self, res: Resource) -> None:
+        """A create of ``res`` keeps the status it is written with, for its mutating admission to rewrite (a kind
+        with no status subresource on a real server whose simulated controllers write status through one)."""
+        ...
+
     def on_change(self, callback: Callable[[WatchType, Resource, Obj], None]) -> None:
         """In-process informer: called synchronously after every committed write (for controllers' queues)."""
         ...

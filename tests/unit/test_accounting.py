@@ -430,6 +430,39 @@ def test_a_target_is_reserved_at_its_source_pods_charge_with_the_containers_a_we
         assert not [e for e in u.errors if "ignored" in e], u.errors
 
 
+def test_without_the_guard_a_source_larger_than_its_target_costs_no_more_than_its_charge() -> None:
+    """The price of following the source pod's charge: the tenant lowers the annotation that sizes its proxy before
+    migrating, so the target (no proxy) is 8Gi smaller than the room held for it, and takes that 8Gi with a plain
+    pod before the target exists (no guard). The namespace goes over its budget by no more than the room reserved
+    while source and target both run, and once the source ends it is back within the budget: the tenant had paid
+    for that room with its source pod's charge. Nothing is held for the migration again meanwhile."""
+    facts = facts_for(["limits.memory"])
+    v = vmi_obj("v", guest="16Gi", limits={"memory": "16Gi"})
+    source = launcher_obj(v, facts=facts)
+    proxy = {"requests": {"memory": "128Mi"}, "limits": {"memory": "8Gi"}}
+    source["spec"]["containers"].append({"name": "istio-proxy", "resources": proxy})
+    budget = usage_of(source)["limits.memory"]  # (full use)
+    quota = quota_obj("rq", {"limits.memory": budget.canonical()}, Mode.VMI_POD_USAGE)
+    m = vmim_obj("m", "v", t=100, rejected=True)
+    q = account([quota, v, source, m]).quotas["rq"]
+    reserved = q.hard["limits.memory"] - q.pods["limits.memory"]
+    assert reserved >= budget, "the target's room follows the source pod's charge"
+    target = launcher_obj(v, facts=facts, migration_uid="mig-m", node="n2", t=120, suffix="t")
+    excess = reserved - usage_of(target)["limits.memory"]
+    assert excess >= Q("8Gi")
+    grab = pod_obj("grab", {"memory": "64Mi"}, {"memory": excess.canonical()}, t=110)
+    u = account([quota, v, source, m, grab])
+    assert mig(u, "m").state != PENDING, "room held again for a migration whose room a pod took"
+    vouch(v, target)
+    during = account([quota, v, source, m, grab, target]).quotas["rq"]
+    assert during.pods["limits.memory"] <= budget + reserved, "over the budget by more than the room reserved"
+    done = vmi_obj("v", guest="16Gi", limits={"memory": "16Gi"}, node="n2")
+    vouch(done, target)
+    after = account([quota, done, vmim_obj("m", "v", t=100, phase="Succeeded"), grab, target]).quotas["rq"]
+    assert after.pods["limits.memory"] <= budget, "over the budget once the source ended"
+    assert after.hard["limits.memory"] <= budget, "room above the budget once the source ended"
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="open: a refusal's amounts beyond the evidence bound are not trusted for a migration (a tenant writes "

@@ -176,7 +176,9 @@ def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
         node_name=string(status, "nodeName", "status"),
         vcpus=vs.vcpus,
         guest_memory=vs.guest_memory,
-        status_vcpus=size.vcpus,
+        # (plus the IO thread pool the spec's count has: the topology alone would make every pool VM look
+        # smaller than its spec, a CPU change pending that never is)
+        status_vcpus=None if size.vcpus is None else size.vcpus + vs.vcpus - vs.topology.vcpus,
         status_guest_memory=size.guest_memory,
         memory_change=(
             size.guest_requested is not None

@@ -11,7 +11,7 @@ from shared.accounting.results import (
     REFUSED,
     VmEntry,
 )
-from shared.accounting.state import Target, created_key, fmt, vm_key, vm_size
+from shared.accounting.state import Target, created_key, fmt, size_change, vm_key, vm_size
 from shared.quota.equation import takes
 from shared.quota.modes import mode_usage
 from shared.resources import ResourceList, nonzero
@@ -32,7 +32,7 @@ class Admission(Migrations):
         ]
         plain: list[Target] = []
         for t in self.targets:
-            if t.grow:
+            if t.grow or size_change(t.v):  # (a VM-term growth its pods may not show: explicit CPU, say)
                 items.append((created_key(t.m), len(items), t))
             else:
                 plain.append(t)

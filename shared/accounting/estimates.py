@@ -19,6 +19,7 @@ from shared.quantity import Quantity
 from shared.quota.modes import VmSize
 from shared.resources import ResourceList, growth, is_byte_resource
 from shared.snapshot import VmiSnapshot, size_digest
+from shared.vmi import vmi_spec
 
 _EVIDENCE_SHARE: Final = 8
 """A refusal amount may differ from the estimate by an eighth of it ..."""
@@ -162,6 +163,36 @@ class Renderer:
         if not (grow_cpu or grow_mem or v.unplugged_interfaces):
             return {}
         target = unpublished(v)  # the published overhead is the source's; compute both sides alike
+        source = self._at_status(v, target, cpu=grow_cpu, memory=grow_mem)
+        if source is None:
+            return {}
+        after = self.usage(target, v.ref)
+        before = self.usage(source, v.ref)
+        if after is None or before is None:
+            return {}
+        return growth(after, before)
+
+    def spec_cpu_usage(self, v: VmiSnapshot) -> ResourceList | None:
+        """The launcher pod of the VMI at its spec's vCPUs and otherwise at the size it runs at (its status's guest
+        memory, without interfaces its pod does not have yet): what a pod made for the spec's vCPUs has at least,
+        whatever memory change or interface is pending beside them (None when it cannot be rendered)."""
+
+        def compute() -> ResourceList | None:
+            grow_mem = (
+                v.status_guest_memory is not None
+                and v.guest_memory is not None
+                and v.status_guest_memory < v.guest_memory
+            )
+            vmi = self._at_status(v, unpublished(v), cpu=False, memory=grow_mem)
+            return None if vmi is None else self.usage(vmi, v.ref)
+
+        result: ResourceList | None = self._memoized(v, "spec-cpu", compute)
+        return result
+
+    def _at_status(self, v: VmiSnapshot, target: dict[str, Any], *, cpu: bool, memory: bool) -> dict[str, Any] | None:
+        """A copy of the VMI object ``target`` made back to the size its status reports: its vCPUs (``cpu``), its
+        guest memory (``memory``), and without the interfaces its pod does not have yet; None when its spec does
+        not read."""
         source = copy.deepcopy(target)
         domain = source["spec"].setdefault("domain", {})
         if v.unplugged_interfaces:  # (an interface its pod does not have yet: the source is rendered without it)
@@ -175,22 +206,23 @@ class Renderer:
         # resources would show no growth where they are what quota charges
         resources = domain.get("resources")
         shrink: dict[str, Quantity] = {}
-        if grow_cpu and v.status_vcpus is not None:
-            cpu = dict(domain.get("cpu") or {})
-            per_socket = max(1, int(cpu.get("cores") or 1) * int(cpu.get("threads") or 1))
-            cpu["sockets"] = max(1, v.status_vcpus // per_socket)
-            domain["cpu"] = cpu
+        if cpu and v.status_vcpus is not None:
+            topology = dict(domain.get("cpu") or {})
+            per_socket = max(1, int(topology.get("cores") or 1) * int(topology.get("threads") or 1))
+            try:
+                spec = vmi_spec(target)
+            except InvalidInput:
+                return None  # (it does not render either: reported where it is rendered)
+            pool = spec.vcpus - spec.topology.vcpus  # (the IO thread pool: both counts carry it)
+            topology["sockets"] = max(1, (v.status_vcpus - pool) // per_socket)
+            domain["cpu"] = topology
             share = int(Fraction(1000) // self.config.cpu_allocation_ratio)
             shrink["cpu"] = Quantity.from_milli((v.vcpus - v.status_vcpus) * share)
-        if grow_mem and v.status_guest_memory is not None and v.guest_memory is not None:
-            memory = dict(domain.get("memory") or {})
-            memory["guest"] = v.status_guest_memory.canonical()
-            domain["memory"] = memory
+        if memory and v.status_guest_memory is not None and v.guest_memory is not None:
+            guest = dict(domain.get("memory") or {})
+            guest["guest"] = v.status_guest_memory.canonical()
+            domain["memory"] = guest
             shrink["memory"] = v.guest_memory - v.status_guest_memory
         if isinstance(resources, Mapping) and shrink:
             domain["resources"] = _shrunk(resources, shrink)
-        after = self.usage(target, v.ref)
-        before = self.usage(source, v.ref)
-        if after is None or before is None:
-            return {}
-        return growth(after, before)
+        return source

@@ -7,7 +7,7 @@ import functools
 from datetime import datetime
 from typing import Final
 
-from shared.accounting.estimates import widened
+from shared.accounting.estimates import current_size, widened
 from shared.accounting.results import (
     ATTACHMENT_RESERVED,
     GROWTH_REFUSED,
@@ -25,7 +25,7 @@ from shared.accounting.state import Attachment, Target, capped_growth, fmt, vm_k
 from shared.accounting.vms import Vms
 from shared.quantity import ZERO
 from shared.quota.equation import takes
-from shared.quota.modes import mode_usage
+from shared.quota.modes import VmSize, mode_usage
 from shared.resources import ResourceList, add, growth, maximum, minimum, nonzero
 from shared.snapshot import (
     PodSnapshot,
@@ -204,9 +204,12 @@ class Migrations(Vms):
         why = list(t.why)
         if admit:
             misfit, parts = self._misfits(grown)
-            if misfit:
+            over = self._over_at_spec(t.v, cur, grown) if not misfit else ""
+            if misfit or over:
                 why.append(
-                    "hotplug growth does not fit: " + "; ".join(parts) + "; the VM keeps running at its current size"
+                    "hotplug growth does not fit: "
+                    + ("; ".join(parts) or over)
+                    + "; the VM keeps running at its current size"
                 )
                 self.mig_entries[t.index] = _migration_entry(t.m, GROWTH_REFUSED, "; ".join(why), None, t.grow)
                 return
@@ -245,6 +248,27 @@ class Migrations(Vms):
         self.mig_entries[t.index] = _migration_entry(
             t.m, PENDING, "; ".join(why), t.estimate, t.grow, self.renderer.held_digest(t.v), t.v.uid
         )
+
+    def _over_at_spec(self, v: VmiSnapshot, cur: VmEntry, grown: dict[str, ResourceList]) -> str:
+        """Why vCPUs the VM counts at already, but were never admitted, do not fit, or "": a VM some pod of which
+        was made for its spec's vCPUs counts at them before its migration, which then grows by nothing
+        (``Vms._carried``); when that pod is not KubeVirt's own launcher pod (a tenant's, with a controller
+        reference to the VMI), the quotas the vCPUs count in must be within their budget with the VM at them."""
+        charges = [charged for _, charged in self.launchers.get(vm_key(v), [])]
+        some, _ = self._carried(v, charges, every=False)
+        every, _ = self._carried(v, charges, every=True)
+        if not some or every:
+            return ""  # (counted at its status; or KubeVirt made its pod at that size, admitted then)
+        before = VmSize(current_size(v).vcpus, cur.size.guest_memory)
+        parts = []
+        for q in self.quotas:
+            name = q.policy.name
+            pending = nonzero(growth(cur.counts[name], mode_usage(q.policy.mode, before, cur.pod_usage, q.ratio)))
+            over = q.misfits({r: grown[name].get(r, ZERO) for r in pending})
+            if over:
+                label = f"quota {name} ({q.policy.mode.value})" if name else f"({q.policy.mode.value})"
+                parts.append(f"{label} is over its budget in {', '.join(over)} with the VM at its new size")
+        return "; ".join(parts)
 
     def _reserve_for_migration(self, pod: ResourceList) -> None:
         """Hold room in every quota for a pod a migration needs (its target, the target's attachment pod): ``S``,

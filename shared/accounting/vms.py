@@ -3,6 +3,7 @@ active migration's target pod exists), its pods believed up to its rendering; ``
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 from shared.accounting.estimates import current_size
@@ -14,7 +15,7 @@ from shared.accounting.results import (
 )
 from shared.accounting.state import capped_growth, fmt, smallest_lacks, vm_key, vm_size
 from shared.quota.equation import takes
-from shared.quota.modes import CPU_NAMES, MEMORY_NAMES, mode_usage
+from shared.quota.modes import MEMORY_NAMES, VmSize, mode_usage
 from shared.resources import ResourceList, add, growth, maximum, minimum, nonzero, second_largest
 from shared.snapshot import (
     VMI_FINAL_PHASES,
@@ -142,30 +143,48 @@ class Vms(Pods):
             cap = {r: (q - grow[r]).clamp0() if r in grow else q for r, q in cap.items()}
         return cap
 
-    def _carries_change(self, v: VmiSnapshot, charges: list[ResourceList]) -> bool:
-        """The status reports the VM smaller than its spec — a CPU hotplug (``currentCPUTopology``) or a memory change
-        (``VmiSnapshot.memory_change``) pending — and every pod of the VM already has that resource of the spec's
-        rendering. The VM counts at its spec's size then: its pods were made for it, and the smaller size would
-        make the difference room for other VMs. Two ways there:
+    def _carried(self, v: VmiSnapshot, charges: list[ResourceList], *, every: bool) -> tuple[bool, bool]:
+        """Whether the VM's pods — some of them (the largest, per resource), or ``every`` one — were made for its
+        spec's vCPUs, and for its spec's guest memory, while its status reports it smaller (:func:`size_change`). A
+        running VM counts at its spec in what some pod carries, or the difference would be room for other VMs; when
+        every pod carries it, KubeVirt made the VM's pod at that size (starting or migrating it) and its growth was
+        admitted then. Two ways there:
 
-        - virt-handler did not carry a memory change out after the migration made the pod (it failed, say, on a VMI
-          label the tenant may edit): the growth was admitted, and the next migration, which finds nothing to grow
-          in pod terms, would take it back unchecked;
         - the tenant wrote ``status.currentCPUTopology`` when it created the VMI: KubeVirt keeps it (its VMI has no
           status subresource, and its webhook sets the field only when a create has none) and renders the pod from
-          the spec.
+          the spec. Some pod of the VM (the largest, per resource) has all of the rendering at the spec's vCPUs
+          (``Renderer.spec_cpu_usage``: whatever memory change or interface is pending beside them): a tenant can
+          add a pod to a VM (one KubeVirt adopts), never shrink KubeVirt's. A CPU hotplug KubeVirt has still to
+          carry out renders larger (the vCPUs' overhead at least) unless a tenant's pod is that large: it then
+          counts at once, and its migration is admitted all the same (``Migrations._decide_target``);
+        - virt-handler did not carry a memory change out after the migration made the pod (it failed, say, on a VMI
+          label the tenant may edit): every pod of the VM has the memory of the spec's rendering. The growth was
+          admitted, and the next migration, which finds nothing to grow in pod terms, would take it back unchecked.
 
         A VM that cannot be rendered counts at its spec's size too: nothing shows its pods were made smaller."""
-        cpu = v.status_vcpus is not None and v.status_vcpus < v.vcpus
-        if not (cpu or v.memory_change) or not charges:
-            return False
+        cpu_pending = v.status_vcpus is not None and v.status_vcpus < v.vcpus
+        if not (cpu_pending or v.memory_change) or not charges:
+            return False, False
         rendered = self.renderer.vmi_usage(v)
         if rendered is None:
-            return True
-        lacks = nonzero(smallest_lacks(rendered, charges))
-        if cpu and not any(r in CPU_NAMES for r in lacks):
-            return True
-        return v.memory_change and not any(r in MEMORY_NAMES for r in lacks)
+            return cpu_pending, v.memory_change
+        cpu = False
+        if cpu_pending:
+            at_spec_cpu = self.renderer.spec_cpu_usage(v)
+            pods = functools.reduce(minimum if every else maximum, charges)
+            cpu = at_spec_cpu is None or not nonzero(growth(at_spec_cpu, pods))
+        memory = v.memory_change and not any(r in MEMORY_NAMES for r in nonzero(smallest_lacks(rendered, charges)))
+        return cpu, memory
+
+    def _counted_size(self, v: VmiSnapshot, charges: list[ResourceList]) -> VmSize:
+        """The size a running VM that is not migrating counts at: its status (a size change counts once admitted),
+        but its spec in what some pod of it was made for (:meth:`_carried`)."""
+        now = current_size(v)
+        cpu, memory = self._carried(v, charges, every=False)
+        if not (cpu or memory):
+            return now
+        full = vm_size(v)
+        return VmSize(full.vcpus if cpu else now.vcpus, full.guest_memory if memory else now.guest_memory)
 
     def _running_vm(self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]], migrating: bool) -> VmEntry:
         """A running VM counts at its current size (its status: a hotplug request counts once admitted, see
@@ -185,7 +204,7 @@ class Vms(Pods):
         pod_max: ResourceList = {}
         for charged in charges:
             pod_max = maximum(pod_max, charged)
-        size = vm_size(v) if migrating or self._carries_change(v, charges) else current_size(v)
+        size = vm_size(v) if migrating else self._counted_size(v, charges)
         # (a VM that cannot be rendered: hard holds no room for its pods)
         cap = (self.renderer.vmi_usage(v) or {}) if migrating else self._rendered_now(v, charges)
         believed = minimum(pod_max, cap)

@@ -77,7 +77,6 @@ def parse_mode(text: object, where: str = "mode") -> Mode:
 
 CPU_REQUEST_NAMES: Final = frozenset({"cpu", "requests.cpu"})
 CPU_LIMIT_NAMES: Final = frozenset({"limits.cpu"})
-CPU_NAMES: Final = CPU_REQUEST_NAMES | CPU_LIMIT_NAMES
 MEMORY_NAMES: Final = frozenset({"memory", "requests.memory", "limits.memory"})
 POD_COUNT_NAMES: Final = frozenset({"pods", "count/pods"})
 VMI_INSTANCE_NAMES: Final = frozenset({"instances/vmi", "requests.instances/vmi"})

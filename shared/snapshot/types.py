@@ -136,7 +136,8 @@ class VmiSnapshot(Snapshot, tag=VMI_KIND, frozen=True, kw_only=True):
     guest_memory: Quantity | None = None
     """Guest memory of the spec, after KubeVirt's admission defaults."""
     status_vcpus: int | None = None
-    """``status.currentCPUTopology`` as a vCPU count (hotplug), when reported."""
+    """``status.currentCPUTopology`` as a vCPU count (hotplug), when reported, plus the supplemental IO thread pool
+    :attr:`vcpus` counts."""
     status_guest_memory: Quantity | None = None
     """The larger of ``status.memory.guestRequested`` and ``guestCurrent``, when reported."""
     memory_change: bool = False

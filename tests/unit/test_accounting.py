@@ -909,30 +909,6 @@ def test_a_memory_change_virt_handler_did_not_carry_out_counts_at_the_pod_it_mad
     assert mig(u, "m").growth, mig(u, "m").reason
 
 
-@pytest.mark.parametrize("mode", [Mode.VIRTUAL_RESOURCES, Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO])
-def test_a_cpu_topology_a_tenant_wrote_at_creation_does_not_shrink_its_vm(mode: Mode) -> None:
-    """A tenant creates a 16-vCPU VMI whose ``status.currentCPUTopology`` says one socket: KubeVirt keeps that
-    status (its VMI has no status subresource; its webhook sets ``currentCPUTopology`` only when a create has
-    none) and renders the launcher pod from the spec, 16 vCPUs. Counted at the status, the VM took one vCPU of a
-    16-vCPU budget, and an 8-vCPU VM started beside it: 24 vCPUs running on 16."""
-    budget = {"requests.cpu": "16"} if mode == Mode.VIRTUAL_RESOURCES else {"limits.cpu": "16"}
-    facts = facts_for(budget)
-    v = vmi_obj("v", vcpus=16, status_vcpus=1)
-    pod = launcher_obj(vmi_obj("v", vcpus=16), t=1, facts=facts)
-    vouch(v, pod)
-    quota = quota_obj("rq", budget, mode)
-    u = account([quota, v, pod, refused_vmi(vmi_obj("p", vcpus=8, t=100, phase="Pending"))])
-    cpu = next(iter(budget))
-    assert vm(u, "v").counts["rq"][cpu] == Q("16"), vm(u, "v").reason
-    assert vm(u, "p").state == REFUSED, vm(u, "p").reason
-    # a CPU hotplug KubeVirt has not carried out (its pod made for one vCPU) counts at the status until it is
-    small = launcher_obj(vmi_obj("v", vcpus=1), t=1, facts=facts)
-    w = vmi_obj("v", vcpus=16, status_vcpus=1)
-    vouch(w, small)
-    u = account([quota, w, small])
-    assert vm(u, "v").counts["rq"][cpu] == Q("1"), vm(u, "v").reason
-
-
 def test_a_memory_change_kubevirt_gave_up_on_is_not_pending() -> None:
     """virt-handler could not apply the memory to the domain and set ``HotMemoryChange`` False: KubeVirt asks for a
     restart and carries the change out no more. Nothing is pending, so an evacuation whose target a new version

@@ -8,6 +8,7 @@ status written at its creation"), and the size changes whose admission must hold
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -179,3 +180,59 @@ def test_a_cpu_hotplug_hidden_by_a_topology_forged_larger_is_not_reserved_unadmi
     u = account([quota, v, pod, vmim_obj("m", "v", t=100, rejected=True)])
     assert mig(u, "m").state in (GROWTH_REFUSED, WAITING), mig(u, "m").reason
     assert u.quotas["rq"].hard["limits.cpu"] <= Q("8"), u.quotas["rq"].hard
+
+
+_FORGERY_BACK = (
+    "open: a forged currentCPUTopology smaller than the spec counts again once the VM's pods no longer look made "
+    "for the spec (docs/accounting.md, Known limits)"
+)
+
+
+def dedicated(vmi: dict[str, Any]) -> dict[str, Any]:
+    vmi["spec"]["domain"]["cpu"]["dedicatedCpuPlacement"] = True
+    return vmi
+
+
+def forged_and_p(mode: Mode, v: dict[str, Any], pod: dict[str, Any], **kw: Any) -> tuple[Quantity, str]:
+    """What the forged VM ``v`` counts in vCPUs, and the state of an 8-vCPU VM created after it, on 16 vCPUs."""
+    budget = {"requests.cpu": "16"} if mode == Mode.VIRTUAL_RESOURCES else {"limits.cpu": "16"}
+    vouch(v, pod)
+    u = account(
+        [quota_obj("rq", budget, mode), v, pod, refused_vmi(vmi_obj("p", vcpus=8, t=100, phase="Pending"))], **kw
+    )
+    return vm(u, "v").counts["rq"][next(iter(budget))], vm(u, "p").state
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=_FORGERY_BACK)
+@pytest.mark.parametrize("mode", VM_TERMS)
+def test_a_hook_sidecar_annotation_added_after_the_pod_does_not_bring_a_forged_topology_back(mode: Mode) -> None:
+    """Without the guard a tenant may edit a running VMI's annotations: a hook sidecar's makes vmquota render a
+    container the pod does not have, the pod looks made for another size, and the VM counts at its forged vCPU."""
+    facts = facts_for(["requests.cpu", "limits.cpu"])
+    v = dedicated(vmi_obj("v", vcpus=16, status_vcpus=1))
+    v["metadata"]["annotations"] = {"hooks.kubevirt.io/hookSidecars": json.dumps([{"image": "x"}])}
+    pod = launcher_obj(dedicated(vmi_obj("v", vcpus=16)), t=1, facts=facts)
+    assert forged_and_p(mode, v, pod) == (Q("16"), REFUSED)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=_FORGERY_BACK)
+@pytest.mark.parametrize("mode", VM_TERMS)
+def test_a_cpu_hotplug_asked_past_a_forged_topology_does_not_bring_the_forgery_back(mode: Mode) -> None:
+    """A VM of the forged VMI's name adopts it and asks 32 sockets: KubeVirt patches the VMI's spec; the pod, made at
+    16, is not made for 32, and the VM counts at its forged vCPU while its guest runs 16."""
+    facts = facts_for(["requests.cpu", "limits.cpu"])
+    v = vmi_obj("v", vcpus=32, status_vcpus=1)
+    pod = launcher_obj(vmi_obj("v", vcpus=16), t=1, facts=facts)
+    assert forged_and_p(mode, v, pod) == (Q("16"), REFUSED)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=_FORGERY_BACK)
+@pytest.mark.parametrize("mode", VM_TERMS)
+def test_a_cluster_overhead_change_does_not_bring_a_forged_topology_back(mode: Mode) -> None:
+    """An administrator raises ``additionalGuestMemoryOverheadRatio`` (or an upgrade enlarges the overhead): the pod
+    made before lacks the new rendering's overhead, and every VM with a forged topology counts at it again."""
+    facts = facts_for(["requests.cpu", "limits.cpu"])
+    v = vmi_obj("v", vcpus=16, status_vcpus=1)
+    pod = launcher_obj(vmi_obj("v", vcpus=16), t=1, facts=facts)
+    config = KubeVirtConfig(additional_guest_memory_overhead_ratio="2")
+    assert forged_and_p(mode, v, pod, config=config) == (Q("16"), REFUSED)

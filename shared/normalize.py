@@ -124,6 +124,21 @@ def _identity(obj: Mapping[str, Any], *, namespaced: bool = True) -> dict[str, A
     }
 
 
+_NAME_MAX: Final = 253
+"""The longest name of a Kubernetes object or node (a DNS subdomain), and longer than any uid."""
+
+
+def _beyond_a_name(text: str) -> bool:
+    return len(text) > _NAME_MAX
+
+
+def _name_or_none(text: str) -> str:
+    """``text``, or "" when it is longer than any name: a VMI's status is its creator's to write when it creates the
+    VMI (KubeVirt's VMI has no status subresource, and virt-api keeps a create's status), and one longer than a name
+    can be is not KubeVirt's; kept, it could make the VMI's event too large for the bus, and the VMI unseen."""
+    return "" if _beyond_a_name(text) else text
+
+
 def _kept_annotations(annotations: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in annotations.items() if k not in _DROPPED_ANNOTATIONS}
 
@@ -154,6 +169,9 @@ def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
             failed=bool(ms.get("failed", False)),
             target_memory_overhead=tmo,
         )
+        if any(map(_beyond_a_name, (mig.migration_uid, mig.source_node, mig.target_node, mig.target_pod))):
+            mig = None  # (not KubeVirt's: its tenant wrote it when it created the VMI)
+    phase = string(status, "phase", "status")
     spec = mapping(obj, "spec", "")
     memory_change_failed = False
     refused_by = ""
@@ -166,14 +184,14 @@ def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
         elif (
             kind == "Synchronized" and state == "False" and string(c, "reason", w) == "FailedCreate" and not refused_by
         ):
-            refused_by = room_refuser(string(c, "message", w))
+            refused_by = _name_or_none(room_refuser(string(c, "message", w)))
     return VmiSnapshot(
         **ident,
         # (no labels: nothing renders or accounts from a VMI's labels, and a tenant's must not grow a ledger)
         annotations=render_annotations(vs.annotations),
         deletion_timestamp=_time(meta, "deletionTimestamp", "metadata"),
-        phase=string(status, "phase", "status"),
-        node_name=string(status, "nodeName", "status"),
+        phase=phase,
+        node_name=_name_or_none(string(status, "nodeName", "status")),
         vcpus=vs.vcpus,
         guest_memory=vs.guest_memory,
         # (plus the IO thread pool the spec's count has: the topology alone would make every pool VM look
@@ -190,7 +208,9 @@ def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
         limits=dict(vs.limits),
         memory_overhead=overhead,
         migration=mig,
-        active_pods=string_map(status, "activePods", "status"),
+        # (only once KubeVirt has synced the VMI, which rewrites it: a pending VMI's is its creator's words, which
+        # vouch for nothing, VmiSnapshot.vouched_pods, and must not make its event or the ledger grow)
+        active_pods=string_map(status, "activePods", "status") if phase not in ("", "Pending") else {},
         unplugged_interfaces=tuple(unplugged_interfaces(obj)),
         pod_refused=bool(refused_by),
         refused_by=refused_by,

@@ -13,12 +13,16 @@ from typing import Any
 
 import pytest
 
+from shared import contract
 from shared.accounting.results import GROWTH_REFUSED, REFUSED, WAITING, NamespaceUsage
 from shared.kubevirt import KubeVirtConfig
+from shared.normalize import normalize
 from shared.quantity import Quantity
 from shared.quota.modes import Mode
+from shared.snapshot import VmiSnapshot
 from tests.builders import (
     account,
+    created_vmi,
     facts_for,
     launcher_obj,
     pod_obj,
@@ -236,3 +240,48 @@ def test_a_cluster_overhead_change_does_not_bring_a_forged_topology_back(mode: M
     pod = launcher_obj(vmi_obj("v", vcpus=16), t=1, facts=facts)
     config = KubeVirtConfig(additional_guest_memory_overhead_ratio="2")
     assert forged_and_p(mode, v, pod, config=config) == (Q("16"), REFUSED)
+
+
+def _event_size(vmi: dict[str, Any]) -> int:
+    meta = vmi["metadata"]
+    snap = normalize({**vmi, "metadata": {**meta, "resourceVersion": "7"}})
+    event = contract.object_event(
+        "upserted",
+        cluster="c1",
+        kind="VirtualMachineInstance",
+        namespace=meta["namespace"],
+        name=meta["name"],
+        uid=meta["uid"],
+        rv="7",
+        snapshot=snap,
+    )
+    return len(contract.encode(event))
+
+
+def test_a_status_longer_than_kubevirt_writes_neither_hides_the_vmi_nor_grows_the_ledger() -> None:
+    """A migration state with a megabyte-long uid made a running VMI's event too large for the bus: dead-lettered, the
+    ledger never saw the VM, its launcher pod counted as a plain pod (400m for 4 vCPUs) and a 3-vCPU VM got into a
+    4-vCPU budget. A pending VMI's 13,000 ``activePods`` cost the ledger 3 MB each. Names longer than a name can be
+    are not KubeVirt's, and a pending VMI's pods vouch for nothing: neither is kept."""
+    honest = _event_size(vmi_obj("h", vcpus=4))
+    running = vmi_obj("h", vcpus=4)
+    running["status"]["migrationState"] = {"migrationUid": "x" * 1_100_000, "completed": True, "targetPod": "p"}
+    running["status"]["nodeName"] = "n" * 300_000
+    refused_vmi(running)
+    running["status"]["conditions"][0]["message"] = running["status"]["conditions"][0]["message"].replace(
+        "exceeded quota: rq", "exceeded quota: " + "q" * 400_000
+    )
+    pending = created_vmi("p")
+    pending["status"] = {"phase": "Pending", "activePods": {f"uid-{i:05}": "n1" for i in range(13_000)}}
+    for vmi in (running, pending):
+        assert _event_size(vmi) <= honest + 512, vmi["metadata"]["name"]
+    snap = normalize(running)
+    assert isinstance(snap, VmiSnapshot)
+    assert snap.migration is None and snap.node_name == "" and not snap.pod_refused
+    budget = {"requests.cpu": "4"}
+    pod = launcher_obj(vmi_obj("h", vcpus=4), facts=facts_for(budget))
+    vouch(running, pod)
+    second = refused_vmi(vmi_obj("s", vcpus=3, t=100, phase="Pending"))
+    u = account([quota_obj("rq", budget, Mode.VIRTUAL_RESOURCES), running, pod, second])
+    assert vm(u, "h").counts["rq"]["requests.cpu"] == Q("4")
+    assert vm(u, "s").state == REFUSED, vm(u, "s").reason

@@ -32,6 +32,7 @@ from shared.snapshot import (
     HOT_MEMORY_CHANGE,
     POD_LABELS_KEPT,
     REJECTED_BY_QUOTA,
+    VMI_WAITING_PHASES,
     WORKLOAD_UPDATE_ANNOTATION,
     AnySnapshot,
     Condition,
@@ -210,7 +211,7 @@ def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
         migration=mig,
         # (only once KubeVirt has synced the VMI, which rewrites it: a pending VMI's is its creator's words, which
         # vouch for nothing, VmiSnapshot.vouched_pods, and must not make its event or the ledger grow)
-        active_pods=string_map(status, "activePods", "status") if phase not in ("", "Pending") else {},
+        active_pods=string_map(status, "activePods", "status") if phase not in VMI_WAITING_PHASES else {},
         unplugged_interfaces=tuple(unplugged_interfaces(obj)),
         pod_refused=bool(refused_by),
         refused_by=refused_by,

@@ -8,7 +8,7 @@ import asyncio
 import time
 from collections.abc import Callable, Coroutine
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -141,7 +141,7 @@ class Reporter:
         now = time.monotonic()
         for m in u.migrations:
             if m.state == "growth-refused" and m.uid and (namespace, m.uid) not in self._told:
-                self._remember_told((namespace, m.uid))
+                _remember(self._told, (namespace, m.uid), None)
                 body = reports.hotplug_refused_event(namespace, m, identity=self.opts.identity, now=self._now())
                 self.spawn(self._tell(namespace, body), f"tell-{namespace}-{m.name}")
         for v in u.vms:
@@ -154,9 +154,7 @@ class Reporter:
             last = self._nudged.get((namespace, v.uid))
             if last is not None and (last[0] >= at or now - last[1] < self.opts.nudge_interval):
                 continue
-            self._nudged[(namespace, v.uid)] = (at, now)
-            if len(self._nudged) > NUDGED_MAX:
-                del self._nudged[next(iter(self._nudged))]
+            _remember(self._nudged, (namespace, v.uid), (at, now))
             self.spawn(self._nudge(namespace, v.name, str(at)), f"nudge-{namespace}-{v.name}")
 
     def _tell_refused(self, namespace: str, v: contract.VmState, others: list[contract.VmState], now: float) -> None:
@@ -180,9 +178,7 @@ class Reporter:
     def _tell_now(self, key: tuple[str, str], v: contract.VmState, others: list[contract.VmState], now: float) -> None:
         """Tell VMI ``key`` why it is refused now (an Event) and remember it."""
         self._told_vmi.pop(key, None)  # (the oldest first out)
-        self._told_vmi[key] = (v.reason, now)
-        if len(self._told_vmi) > NUDGED_MAX:
-            del self._told_vmi[next(iter(self._told_vmi))]
+        _remember(self._told_vmi, key, (v.reason, now))
         body = reports.vm_refused_event(key[0], v, identity=self.opts.identity, now=self._now(), others=others)
         self.spawn(self._tell(key[0], body), f"tell-{key[0]}-{v.name}")
 
@@ -192,11 +188,6 @@ class Reporter:
         later = self._later.pop(key, None)
         if later is not None:
             self._tell_now(key, *later, time.monotonic())
-
-    def _remember_told(self, key: tuple[str, ...]) -> None:
-        self._told[key] = None
-        if len(self._told) > NUDGED_MAX:
-            del self._told[next(iter(self._told))]
 
     def spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
         """Run ``work`` off the reconcile path (cancelled when the enforcer stops)."""
@@ -218,3 +209,14 @@ class Reporter:
         except KubeError as e:
             self.own.nudges.labels(outcome="failed").inc()
             log.info("VMI not nudged", namespace=namespace, vmi=name, error=str(e))
+
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def _remember(memory: dict[_K, _V], key: _K, value: _V) -> None:
+    """``memory[key] = value``, the oldest entry forgotten beyond ``NUDGED_MAX``: a tenant's churn must not grow it."""
+    memory[key] = value
+    if len(memory) > NUDGED_MAX:
+        del memory[next(iter(memory))]

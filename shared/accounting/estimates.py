@@ -156,14 +156,10 @@ class Renderer:
         return dict(result)  # it goes into a MigrationEntry: not the remembered one
 
     def _hotplug_growth(self, v: VmiSnapshot) -> ResourceList:
-        grow_cpu = v.status_vcpus is not None and v.status_vcpus < v.vcpus
-        grow_mem = (
-            v.status_guest_memory is not None and v.guest_memory is not None and v.status_guest_memory < v.guest_memory
-        )
-        if not (grow_cpu or grow_mem or v.unplugged_interfaces):
+        if not (v.fewer_vcpus or v.less_memory or v.unplugged_interfaces):
             return {}
         target = unpublished(v)  # the published overhead is the source's; compute both sides alike
-        source = self._at_status(v, target, cpu=grow_cpu, memory=grow_mem)
+        source = self._at_status(v, target, cpu=v.fewer_vcpus, memory=v.less_memory)
         if source is None:
             return {}
         after = self.usage(target, v.ref)
@@ -178,12 +174,7 @@ class Renderer:
         whatever memory change or interface is pending beside them (None when it cannot be rendered)."""
 
         def compute() -> ResourceList | None:
-            grow_mem = (
-                v.status_guest_memory is not None
-                and v.guest_memory is not None
-                and v.status_guest_memory < v.guest_memory
-            )
-            vmi = self._at_status(v, unpublished(v), cpu=False, memory=grow_mem)
+            vmi = self._at_status(v, unpublished(v), cpu=False, memory=v.less_memory)
             return None if vmi is None else self.usage(vmi, v.ref)
 
         result: ResourceList | None = self._memoized(v, "spec-cpu", compute)

@@ -252,14 +252,14 @@ class Migrations(Vms):
     def _over_at_spec(self, v: VmiSnapshot, cur: VmEntry, grown: dict[str, ResourceList]) -> str:
         """Why vCPUs the VM counts at already, but were never admitted, do not fit, or "": a VM some pod of which
         was made for its spec's vCPUs counts at them before its migration, which then grows by nothing
-        (``Vms._carried``); when that pod is not KubeVirt's own launcher pod (a tenant's, with a controller
+        (``Vms._carries_cpus``); when that pod is not KubeVirt's own launcher pod (a tenant's, with a controller
         reference to the VMI), the quotas the vCPUs count in must be within their budget with the VM at them."""
-        charges = [charged for _, charged in self.launchers.get(vm_key(v), [])]
-        some, _ = self._carried(v, charges, every=False)
-        every, _ = self._carried(v, charges, every=True)
-        if not some or every:
-            return ""  # (counted at its status; or KubeVirt made its pod at that size, admitted then)
-        before = VmSize(current_size(v).vcpus, cur.size.guest_memory)
+        now = current_size(v).vcpus
+        if cur.size.vcpus <= now:
+            return ""  # (counted at its status: the growth is admitted as such)
+        if self._carries_cpus(v, [charged for _, charged in self.launchers.get(vm_key(v), [])], every=True):
+            return ""  # (KubeVirt made its pod at that size, admitted then)
+        before = VmSize(now, cur.size.guest_memory)
         parts = []
         for q in self.quotas:
             name = q.policy.name

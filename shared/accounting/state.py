@@ -92,14 +92,7 @@ def size_change(v: VmiSnapshot) -> bool:
     """The VM's spec is larger than the size it runs at, a change KubeVirt carries out by a migration: more vCPUs
     than ``status.currentCPUTopology`` reports, or more guest memory than the status (a memory change,
     ``VmiSnapshot.memory_change``, that is not an unplug)."""
-    if v.status_vcpus is not None and v.status_vcpus < v.vcpus:
-        return True
-    return (
-        v.memory_change
-        and v.guest_memory is not None
-        and v.status_guest_memory is not None
-        and v.guest_memory > v.status_guest_memory
-    )
+    return v.fewer_vcpus or (v.memory_change and v.less_memory)
 
 
 def vm_size(v: VmiSnapshot) -> VmSize:

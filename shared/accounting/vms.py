@@ -143,9 +143,9 @@ class Vms(Pods):
             cap = {r: (q - grow[r]).clamp0() if r in grow else q for r, q in cap.items()}
         return cap
 
-    def _carried(self, v: VmiSnapshot, charges: list[ResourceList], *, every: bool) -> tuple[bool, bool]:
+    def _carries_cpus(self, v: VmiSnapshot, charges: list[ResourceList], *, every: bool) -> bool:
         """Whether the VM's pods — some of them (the largest, per resource), or ``every`` one — were made for its
-        spec's vCPUs, and for its spec's guest memory, while its status reports it smaller (:func:`size_change`). A
+        spec's vCPUs while its status reports fewer (and, :meth:`_carries_memory`, for its spec's guest memory). A
         running VM counts at its spec in what some pod carries, or the difference would be room for other VMs; when
         every pod carries it, KubeVirt made the VM's pod at that size (starting or migrating it) and its growth was
         admitted then. Two ways there:
@@ -162,29 +162,29 @@ class Vms(Pods):
           admitted, and the next migration, which finds nothing to grow in pod terms, would take it back unchecked.
 
         A VM that cannot be rendered counts at its spec's size too: nothing shows its pods were made smaller."""
-        cpu_pending = v.status_vcpus is not None and v.status_vcpus < v.vcpus
-        if not (cpu_pending or v.memory_change) or not charges:
-            return False, False
+        if not v.fewer_vcpus or not charges:
+            return False
+        at_spec_cpus = self.renderer.spec_cpu_usage(v) if self.renderer.vmi_usage(v) is not None else None
+        pods = functools.reduce(minimum if every else maximum, charges)
+        return at_spec_cpus is None or not nonzero(growth(at_spec_cpus, pods))
+
+    def _carries_memory(self, v: VmiSnapshot, charges: list[ResourceList]) -> bool:
+        """Every pod of the VM has the memory of the spec's rendering while a memory change is pending (the second
+        way of :meth:`_carries_cpus`; a VM that cannot be rendered too)."""
+        if not v.memory_change or not charges:
+            return False
         rendered = self.renderer.vmi_usage(v)
-        if rendered is None:
-            return cpu_pending, v.memory_change
-        cpu = False
-        if cpu_pending:
-            at_spec_cpu = self.renderer.spec_cpu_usage(v)
-            pods = functools.reduce(minimum if every else maximum, charges)
-            cpu = at_spec_cpu is None or not nonzero(growth(at_spec_cpu, pods))
-        memory = v.memory_change and not any(r in MEMORY_NAMES for r in nonzero(smallest_lacks(rendered, charges)))
-        return cpu, memory
+        return rendered is None or not any(r in MEMORY_NAMES for r in nonzero(smallest_lacks(rendered, charges)))
 
     def _counted_size(self, v: VmiSnapshot, charges: list[ResourceList]) -> VmSize:
         """The size a running VM that is not migrating counts at: its status (a size change counts once admitted),
-        but its spec in what some pod of it was made for (:meth:`_carried`)."""
+        but its spec in what some pod of it was made for (:meth:`_carries_cpus`, :meth:`_carries_memory`)."""
         now = current_size(v)
-        cpu, memory = self._carried(v, charges, every=False)
-        if not (cpu or memory):
+        cpus, memory = self._carries_cpus(v, charges, every=False), self._carries_memory(v, charges)
+        if not (cpus or memory):
             return now
         full = vm_size(v)
-        return VmSize(full.vcpus if cpu else now.vcpus, full.guest_memory if memory else now.guest_memory)
+        return VmSize(full.vcpus if cpus else now.vcpus, full.guest_memory if memory else now.guest_memory)
 
     def _running_vm(self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]], migrating: bool) -> VmEntry:
         """A running VM counts at its current size (its status: a hotplug request counts once admitted, see

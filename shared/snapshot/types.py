@@ -182,7 +182,21 @@ class VmiSnapshot(Snapshot, tag=VMI_KIND, frozen=True, kw_only=True):
         """Whether KubeVirt has written the VMI's status: it is past ``Pending``. KubeVirt keeps the status a VMI is
         created with (its VMI has no status subresource; virt-api's webhook sets only the phase, ``Pending``), and
         only its own controllers move the phase on: a pending VMI's status is its creator's words."""
-        return self.phase not in ("", "Pending")
+        return self.phase not in VMI_WAITING_PHASES
+
+    @property
+    def fewer_vcpus(self) -> bool:
+        """The status reports fewer vCPUs than the spec (a CPU hotplug not carried out, or a forged status)."""
+        return self.status_vcpus is not None and self.status_vcpus < self.vcpus
+
+    @property
+    def less_memory(self) -> bool:
+        """The status reports less guest memory than the spec."""
+        return (
+            self.status_guest_memory is not None
+            and self.guest_memory is not None
+            and self.status_guest_memory < self.guest_memory
+        )
 
     @property
     def vouched_pods(self) -> dict[str, str]:

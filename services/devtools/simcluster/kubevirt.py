@@ -255,6 +255,16 @@ def set_phase(st: Obj, new_phase: str) -> None:
     )
 
 
+def cpu_topology(cpu: Mapping[str, Any]) -> dict[str, int]:
+    """``status.currentCPUTopology`` as KubeVirt writes it from a spec's ``domain.cpu``."""
+    return {k: max(1, _int(cpu.get(k))) for k in ("sockets", "cores", "threads")}
+
+
+def guest_memory_status(guest: str) -> dict[str, str]:
+    """``status.memory`` as virt-api writes it from a spec's guest memory (at boot, current and requested)."""
+    return {"guestAtBoot": guest, "guestCurrent": guest, "guestRequested": guest}
+
+
 def interface_names(vmi: Mapping[str, Any], *, absent: bool = False) -> list[str]:
     """Names of the VMI's interfaces (without ``state: absent`` ones unless ``absent``): the pod network's
     ``default`` when the spec lists none (KubeVirt's default interface)."""
@@ -822,10 +832,10 @@ class KubeVirtSimulator:
         domain = (out.get("spec") or {}).get("domain") or {}
         guest = (domain.get("memory") or {}).get("guest")
         if guest is not None:
-            st["memory"] = {"guestAtBoot": guest, "guestCurrent": guest, "guestRequested": guest}
+            st["memory"] = guest_memory_status(guest)
         cpu = domain.get("cpu")
         if isinstance(cpu, Mapping) and st.get("currentCPUTopology") is None:
-            st["currentCPUTopology"] = {k: max(1, _int(cpu.get(k))) for k in ("sockets", "cores", "threads")}
+            st["currentCPUTopology"] = cpu_topology(cpu)
         set_phase(st, "Pending")
         out["status"] = st
         return out
@@ -1331,7 +1341,7 @@ class KubeVirtSimulator:
             st["migrationTransport"] = "Unix"
             if guest is not None:
                 mem = st.setdefault("memory", {})
-                mem.update({"guestAtBoot": guest, "guestCurrent": guest, "guestRequested": guest})
+                mem.update(guest_memory_status(guest))
                 if overhead is not None and config.memory_overhead_report:
                     mem["memoryOverhead"] = Quantity.parse(overhead).with_format(Format.BINARY_SI).canonical()
             st["interfaces"] = interfaces_status(interface_names(vmi), pod_status.get("podIP"))
@@ -1644,7 +1654,7 @@ class KubeVirtSimulator:
             ms = st.get("migrationState")
             if isinstance(ms, dict):
                 ms.update({"completed": True, "endTimestamp": now, "targetNodeDomainReadyTimestamp": now})
-            st["currentCPUTopology"] = {k: max(1, _int(cpu.get(k))) for k in ("sockets", "cores", "threads")}
+            st["currentCPUTopology"] = cpu_topology(cpu)
             if guest is not None:
                 mem = st.setdefault("memory", {})
                 mem["guestCurrent"] = guest

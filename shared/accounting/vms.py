@@ -132,7 +132,8 @@ class Vms(Pods):
 
     def _rendered_now(self, v: VmiSnapshot, charges: list[ResourceList]) -> ResourceList:
         """The VM's launcher pod as rendered at its current size: the spec's rendering less a hotplug's growth not
-        yet admitted (empty for a VM that cannot be rendered). The growth is at most what the smallest of its pods
+        yet admitted, at the spec's vCPUs where the VM counts at them (:meth:`_carries_cpus`; empty for a VM that
+        cannot be rendered). The growth is at most what the smallest of its pods
         (``charges``) lacks of that rendering, as for its migration's target: what its own pod has already (a
         status that does not report an interface, or memory, the pod was made with) is no growth."""
         cap = self.renderer.vmi_usage(v) or {}
@@ -141,6 +142,10 @@ class Vms(Pods):
             grow = capped_growth(grow, cap, charges, v.memory_change)
         if grow:
             cap = {r: (q - grow[r]).clamp0() if r in grow else q for r, q in cap.items()}
+        if cap and self._carries_cpus(v, charges, every=False):
+            # the spec's vCPUs count (some pod was made for them): their rendering is no growth still to admit, or
+            # a small pod adopted beside the VM's would leave what its launcher pod carries of them unvouched
+            cap = maximum(cap, self.renderer.spec_cpu_usage(v) or {})
         return cap
 
     def _carries_cpus(self, v: VmiSnapshot, charges: list[ResourceList], *, every: bool) -> bool:

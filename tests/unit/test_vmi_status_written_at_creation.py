@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from shared import contract
-from shared.accounting.results import GROWTH_REFUSED, REFUSED, WAITING, NamespaceUsage
+from shared.accounting.results import ADMITTED, GROWTH_REFUSED, REFUSED, WAITING, NamespaceUsage
 from shared.kubevirt import KubeVirtConfig
 from shared.normalize import normalize
 from shared.quantity import Quantity
@@ -100,6 +100,28 @@ def test_a_pod_a_tenant_adds_to_a_vm_with_a_forged_topology_does_not_shrink_it(m
     quota = quota_obj("rq", budget, mode)
     u = account([quota, v, pod, tiny, refused_vmi(vmi_obj("p", vcpus=8, t=100, phase="Pending"))])
     assert vm(u, "p").state == REFUSED, (vm(u, "v").counts["rq"]["limits.cpu"], vm(u, "p").reason)
+
+
+@pytest.mark.parametrize("mode", VM_TERMS)
+def test_a_pod_a_tenant_adds_to_a_vm_with_a_forged_topology_counts_no_more_than_itself(mode: Mode) -> None:
+    """The other side of the test above: the VM counts at its spec's vCPUs, and the launcher pod KubeVirt made for
+    them is no pod beyond it. Judged by the smallest pod, the spec's CPU was a growth still to admit, and what the
+    launcher pod carries of it counted again as charged beyond the VM's one launcher pod: a 1-vCPU VM was refused on
+    a 6-vCPU budget with 5 in use (found by the property tests)."""
+    budget = {"requests.cpu": "6"}
+    facts = facts_for(budget)
+    quota = quota_obj("rq", budget, mode)
+    v = vmi_obj("v", vcpus=3, status_vcpus=1)
+    pod = launcher_obj(vmi_obj("v", vcpus=3), t=1, facts=facts)
+    vouch(v, pod)
+    empty = pod_obj("empty", {}, {}, t=2)
+    empty["metadata"]["ownerReferences"] = controlled_pod(v, "x")["metadata"]["ownerReferences"]
+    vouch(v, empty)
+    o = vmi_obj("o", vcpus=2, t=3)
+    o_pod = launcher_obj(o, t=4, facts=facts)
+    u = account([quota, v, pod, empty, o, o_pod, refused_vmi(vmi_obj("p", vcpus=1, t=100, phase="Pending"))])
+    assert vm(u, "v").size.vcpus == 3
+    assert vm(u, "p").state == ADMITTED, vm(u, "p").reason
 
 
 @pytest.mark.parametrize("with_migration", [False, True])

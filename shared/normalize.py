@@ -22,6 +22,7 @@ from shared.kinds import (
     VMI_KIND,
     VMIM_KIND,
 )
+from shared.kubevirt.command import launched_vmi_uid
 from shared.kubevirt.render import MEMORY_OVERHEAD_ANNOTATION, render_annotations
 from shared.podusage import pod_resources, quota_usage_of
 from shared.quantity import Quantity
@@ -133,10 +134,10 @@ def _beyond_a_name(text: str) -> bool:
     return len(text) > _NAME_MAX
 
 
-def _name_or_none(text: str) -> str:
-    """``text``, or "" when it is longer than any name: a VMI's status is its creator's to write when it creates the
-    VMI (KubeVirt's VMI has no status subresource, and virt-api keeps a create's status), and one longer than a name
-    can be is not KubeVirt's; kept, it could make the VMI's event too large for the bus, and the VMI unseen."""
+def _as_a_name(text: str) -> str:
+    """``text``, or "" when it is longer than any name or uid can be: not the cluster's (a VMI's status is its
+    creator's to write when it creates the VMI, as virt-api keeps a create's status; a pod's command is its
+    creator's), and kept, it could make the object's event too large for the bus, and the object unseen."""
     return "" if _beyond_a_name(text) else text
 
 
@@ -185,14 +186,14 @@ def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
         elif (
             kind == "Synchronized" and state == "False" and string(c, "reason", w) == "FailedCreate" and not refused_by
         ):
-            refused_by = _name_or_none(room_refuser(string(c, "message", w)))
+            refused_by = _as_a_name(room_refuser(string(c, "message", w)))
     return VmiSnapshot(
         **ident,
         # (no labels: nothing renders or accounts from a VMI's labels, and a tenant's must not grow a ledger)
         annotations=render_annotations(vs.annotations),
         deletion_timestamp=_time(meta, "deletionTimestamp", "metadata"),
         phase=phase,
-        node_name=_name_or_none(string(status, "nodeName", "status")),
+        node_name=_as_a_name(string(status, "nodeName", "status")),
         vcpus=vs.vcpus,
         guest_memory=vs.guest_memory,
         # (plus the IO thread pool the spec's count has: the topology alone would make every pool VM look
@@ -317,6 +318,7 @@ def _pod(obj: Mapping[str, Any]) -> PodSnapshot:
         deletion_grace_period_seconds=_int(meta, "deletionGracePeriodSeconds", "metadata"),
         owner_vmi_name=owner_name,
         owner_vmi_uid=owner_uid,
+        command_vmi_uid=_as_a_name(launched_vmi_uid(spec.get("containers"))),
         owner_pod_uid=owner_pod,
         requests=requests,
         limits=limits,

@@ -19,6 +19,7 @@ from shared.accounting.results import (
     NamespaceUsage,
 )
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
+from shared.kubevirt.command import set_launcher_command
 from shared.normalize import normalize
 from shared.podusage import quota_usage_of
 from shared.quantity import Quantity
@@ -138,6 +139,7 @@ def launcher_obj(
         "spec": {**rendered.pod_spec(), "nodeName": node},
         "status": {"phase": phase},
     }
+    set_launcher_command(pod["spec"], meta["name"], meta["uid"], meta["namespace"])
     if vouched:
         vouch(vmi, pod)
     return pod

@@ -3,6 +3,8 @@ VMI's ``status.activePods`` says so), and what each plain pod adds to ``U`` and 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from fractions import Fraction
 from typing import Final
 
 from shared.accounting.results import (
@@ -15,6 +17,7 @@ from shared.accounting.results import (
 from shared.accounting.state import State, vm_key
 from shared.podusage import counts_for_compute
 from shared.quantity import Quantity
+from shared.quota.equation import in_mode_terms, takes
 from shared.resources import ResourceList
 from shared.snapshot import (
     PodSnapshot,
@@ -31,9 +34,25 @@ PodsFound = tuple[
     dict[str, list[tuple[PodSnapshot, ResourceList]]],
     tuple[ResourceList, ...],
     tuple[ResourceList, ...],
+    tuple[tuple[tuple[ResourceList, ...], tuple[ResourceList, ...]], ...],
 ]
-"""Pod entries, launcher pods per VM, and the lists every quota adds to ``P`` and to ``U`` (and to ``W``: a plain
-pod takes its charge)."""
+"""Pod entries, launcher pods per VM, the lists every quota adds to ``P`` and to ``U`` (and to ``W``: a plain pod
+takes its charge), and per quota what the pods of VMIs not in view add to ``U`` and to ``W``."""
+
+
+def made_for_unseen_vmi(p: PodSnapshot, seen: frozenset[str]) -> bool:
+    """Whether ``p`` names as its VMI (in its immutable launcher command, its owner reference or its label) one the
+    namespace has no VMI of: a launcher pod whose VMI vmquota cannot read (its event dead-lettered) or has not read
+    yet. Anyone may write such a name on a pod, and it only ever makes the pod count more."""
+    return any(uid and uid not in seen for uid in p.named_vmi_uids)
+
+
+def as_a_vm(charged: ResourceList, factors: Mapping[str, Fraction | None]) -> tuple[ResourceList, ResourceList]:
+    """What a pod ``charged`` so counts in ``U`` and takes in ``W`` if a VM runs in it: in the mode's terms its charge
+    over ``k`` per resource (as much as the VM it was made for counts, give or take its overhead), and it takes the
+    larger of its charge and ``k`` times that (:func:`~shared.quota.equation.takes`)."""
+    counted = {r: Quantity(in_mode_terms(q.nanos, factors.get(r)), q.format) for r, q in charged.items()}
+    return counted, {**charged, **takes(charged, counted, factors)}
 
 
 class Pods(State):
@@ -66,13 +85,15 @@ class Pods(State):
         self._apply_pods(self.memo.latest(("pods", self.namespace), key, tuple(self.pods), self._pods_pass))
 
     def _apply_pods(self, found: PodsFound) -> None:
-        entries, launchers, pod_usage, accounted = found
+        entries, launchers, pod_usage, accounted, unseen = found
         self.pod_entries = list(entries)
         self.launchers = launchers  # read only from here on
-        for q in self.quotas:  # (every managed quota covers every pod)
+        for q, (used, took) in zip(self.quotas, unseen, strict=True):  # (every managed quota covers every pod)
             q.pods.extend(pod_usage)
             q.used.extend(accounted)
             q.taken.extend(accounted)  # (a plain pod takes what it is charged)
+            q.used.extend(used)
+            q.taken.extend(took)
 
     def _pods_pass(self) -> PodsFound:
         """Every quota covers every pod (managed quotas are unscoped): one list of charges for all of them."""
@@ -80,6 +101,8 @@ class Pods(State):
         launchers: dict[str, list[tuple[PodSnapshot, ResourceList]]] = {}
         pod_usage: list[ResourceList] = []
         accounted: list[ResourceList] = []
+        unseen: list[ResourceList] = []
+        seen = frozenset(v.uid for v in (*self.vmis, *self.departed))
         memo = self.memo
         now = self.now
         for p in self.pods:
@@ -88,21 +111,36 @@ class Pods(State):
             mig = self.vmim_by_uid.get(p.migration_job_uid) if p.migration_job_uid else None
             # an entry is a function of the pod, whether it is charged for compute and whose it is
             owner = None if v is None else (v.uid, v.name)
-            key = (id(p), active, owner, mig.name if mig is not None else None, p.uid in self.departed_pods)
+            as_vm = v is None and active and made_for_unseen_vmi(p, seen)
+            key = (id(p), active, owner, mig.name if mig is not None else None, p.uid in self.departed_pods, as_vm)
             slot = ("pod", self.namespace, p.uid or p.name)
-            entry = memo.latest(slot, key, (p,), self._pod_entry, p, v, active, mig)
+            entry = memo.latest(slot, key, (p,), self._pod_entry, p, v, active, mig, as_vm)
             charged = entry.charged
             pod_usage.append(charged)
             if v is not None and active:  # a VM's running launcher pod: it counts through its VM
                 launchers.setdefault(vm_key(v), []).append((p, charged))
+            elif as_vm:
+                unseen.append(charged)
             else:
                 accounted.append(charged)
             entries.append(entry)
-        return tuple(entries), launchers, tuple(pod_usage), tuple(accounted)
+        per_quota = tuple(self._as_vms(q.factors, unseen) for q in self.quotas)
+        return tuple(entries), launchers, tuple(pod_usage), tuple(accounted), per_quota
 
-    def _pod_entry(self, p: PodSnapshot, v: VmiSnapshot | None, active: bool, mig: VmimSnapshot | None) -> PodEntry:
+    @staticmethod
+    def _as_vms(
+        factors: Mapping[str, Fraction | None], charges: list[ResourceList]
+    ) -> tuple[tuple[ResourceList, ...], tuple[ResourceList, ...]]:
+        """What the pods ``charges`` of VMIs not in view add to a quota's ``U`` and ``W`` (:func:`as_a_vm`)."""
+        both = [as_a_vm(c, factors) for c in charges]
+        return tuple(u for u, _ in both), tuple(w for _, w in both)
+
+    def _pod_entry(
+        self, p: PodSnapshot, v: VmiSnapshot | None, active: bool, mig: VmimSnapshot | None, as_vm: bool = False
+    ) -> PodEntry:
         """A pod's entry: what it is charged, and what it adds to ``U`` itself (nothing when it is the running
-        launcher pod of a VM, which counts through its VM)."""
+        launcher pod of a VM, which counts through its VM; its charge over ``k`` when it names a VMI not in view,
+        ``as_vm``)."""
         charged = p.usage if active else _POD_COUNT_ONLY  # shared, not copied: results are not to be changed
         if v is None:
             role = ORPHAN_LAUNCHER if p.is_launcher else NON_VM
@@ -111,6 +149,11 @@ class Pods(State):
                 if p.is_launcher
                 else "pod usage"
             )
+            if as_vm:
+                reason = (
+                    "made for a VMI that is not in view (its launcher command, owner reference or label names it): "
+                    "counts as the VM it may run, its pod usage over each quota's pod/mode factor k"
+                )
             if not active:
                 reason += "; terminal or past its grace period: count/pods only"
             return PodEntry(p.name, p.uid, role, "", active, charged, charged, reason)

@@ -120,6 +120,7 @@ def _pod_from_wire(w: Any) -> PodSnapshot:
         deletion_grace_period_seconds=w.deletion_grace_period_seconds,
         owner_vmi_name=intern(w.owner_vmi_name),
         owner_vmi_uid=intern(w.owner_vmi_uid),
+        command_vmi_uid=intern(w.command_vmi_uid),
         owner_pod_uid=w.owner_pod_uid,
         requests=requests,
         limits=limits,

@@ -256,6 +256,9 @@ class PodSnapshot(Snapshot, tag=POD_KIND, frozen=True, kw_only=True):
     deletion_grace_period_seconds: int | None = None
     owner_vmi_name: str = ""
     owner_vmi_uid: str = ""
+    command_vmi_uid: str = ""
+    """The VMI uid its ``compute`` container's ``virt-launcher-monitor`` command names
+    (:func:`shared.kubevirt.command.launched_vmi_uid`): the one mark of a launcher pod its tenant cannot take off."""
     owner_pod_uid: str = ""
     """The uid of the pod its controller reference names, if a pod does (KubeVirt's hotplug attachment pods: of a
     launcher pod; a tenant may write such a reference on its pods too)."""
@@ -281,6 +284,12 @@ class PodSnapshot(Snapshot, tag=POD_KIND, frozen=True, kw_only=True):
     def vmi_uid(self) -> str:
         """The VMI this launcher pod belongs to (``kubevirt.io/created-by``, else the owner reference)."""
         return self.labels.get(CREATED_BY_LABEL) or self.owner_vmi_uid
+
+    @property
+    def named_vmi_uids(self) -> tuple[str, str, str]:
+        """The VMI uids the pod names (each may be ""): in its launcher command (immutable), its owner reference and
+        its ``kubevirt.io/created-by`` label."""
+        return self.command_vmi_uid, self.owner_vmi_uid, self.labels.get(CREATED_BY_LABEL, "")
 
     @property
     def migration_job_uid(self) -> str:

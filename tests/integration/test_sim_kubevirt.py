@@ -25,6 +25,7 @@ from services.devtools.simcluster.kubevirt import (
 )
 from services.devtools.simcluster.store_api import ApiError, Obj
 from shared.kubevirt import MEMORY_OVERHEAD_ANNOTATION, KubeVirtConfig, NamespaceFacts, render_launcher_pod
+from shared.kubevirt.command import launched_vmi_uid
 from shared.podusage import pod_quota_usage
 from shared.quantity import Quantity
 from tests.builders import created_vmi
@@ -148,6 +149,37 @@ async def test_a_vmi_keeps_the_status_it_is_created_with_but_for_what_virt_api_w
     plain = await sim.create(created_vmi("plain", vcpus=4, namespace="t"))
     assert plain["status"]["currentCPUTopology"] == {"sockets": 4, "cores": 1, "threads": 1}
     assert plain["status"]["phase"] == "Pending"
+
+
+async def test_a_launcher_pods_command_names_its_vmi_for_good(sim: SimCluster) -> None:
+    """KubeVirt starts the ``compute`` container with ``virt-launcher-monitor --uid <VMI uid>``, and a pod's
+    containers cannot be changed but for their images: the one mark of a launcher pod its tenant cannot take off
+    (labels and owner references it can)."""
+    await sim.create_vm("t", "vm1", sockets=1, memory="1Gi")
+    vmi = await sim.wait_for_phase("t", "vm1", "Running")
+    [pod] = await sim.launcher_pods("t", "vm1")
+    assert launched_vmi_uid(pod["spec"]["containers"]) == vmi["metadata"]["uid"]
+    pods = sim.store.resource("Pod")
+
+    def rewrite(p: Obj) -> Obj:
+        for c in p["spec"]["containers"]:
+            if c["name"] == "compute":
+                c["command"] = ["/usr/bin/virt-launcher-monitor", "--uid", "someone-else"]
+        return p
+
+    with pytest.raises(ApiError) as err:
+        await sim.store.mutate(pods, "t", pod["metadata"]["name"], rewrite)
+    assert err.value.code == 422 and "pod updates may not change fields" in err.value.message
+
+    def strip(p: Obj) -> Obj:
+        p["metadata"]["ownerReferences"] = []
+        p["metadata"]["labels"] = {}
+        for c in p["spec"]["containers"]:
+            c["image"] = "elsewhere/image:1"
+        return p
+
+    stripped = await sim.store.mutate(pods, "t", pod["metadata"]["name"], strip)
+    assert launched_vmi_uid(stripped["spec"]["containers"]) == vmi["metadata"]["uid"]
 
 
 async def test_kubevirt_cr_configuration_and_drift_reach_the_pod() -> None:

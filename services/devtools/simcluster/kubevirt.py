@@ -56,6 +56,7 @@ from shared.kubevirt import (
     RenderedPod,
     render_launcher_pod,
 )
+from shared.kubevirt.command import set_launcher_command
 from shared.kubevirt.render import attachment_resources
 from shared.kubevirt.vm import (
     API_VERSION,
@@ -375,6 +376,7 @@ def launcher_pod(
         **rendered.annotations,
     }
     spec: Obj = rendered.pod_spec()
+    set_launcher_command(spec, name, uid, str(m.get("namespace") or ""))
     for c in [*spec.get("containers", []), *spec.get("initContainers", [])]:
         c["image"] = image
     if extra_overhead is not None and extra_overhead.nanos:

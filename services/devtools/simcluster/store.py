@@ -458,6 +458,18 @@ def _resources_of(pod: Obj) -> list[Any]:
     ]
 
 
+def _fixed_containers(pod: Obj) -> list[Any]:
+    """Each container as an update may not change it: all but its ``image`` (and ``resources``, see
+    :func:`_resources_of`). A launcher pod's command names its VMI for good."""
+    spec = pod.get("spec") or {}
+    return [
+        (field, {k: v for k, v in c.items() if k not in ("image", "resources")})
+        for field in ("containers", "initContainers")
+        for c in spec.get(field) or ()
+        if isinstance(c, dict)
+    ]
+
+
 def _resized(old: Obj, new: Obj) -> Obj:
     """A write to a pod's ``resize`` subresource (in-place vertical scaling, beta and on by default since
     Kubernetes 1.33): as the API server's resize strategy, only the containers' ``resources`` and
@@ -823,7 +835,9 @@ class Store:
                     "Forbidden: no new finalizers can be added if the object is being deleted, "
                     f"found new finalizers {added}",
                 )
-        if "resize" in res.subresources and _resources_of(new) != _resources_of(old):
+        if "resize" in res.subresources and (
+            _resources_of(new) != _resources_of(old) or _fixed_containers(new) != _fixed_containers(old)
+        ):
             raise _invalid(
                 res,
                 name,

@@ -1,0 +1,113 @@
+"""A launcher pod whose VMI vmquota has not seen: the watcher dead-lettered the VMI (a spec vmquota's parser refuses
+though KubeVirt accepts it, an event too large for the bus), or its event has not arrived yet. Counted as a plain pod
+at its charge, it counted ``k`` times less than the VM running in it in a VM-term mode's scaled resource (400m for 4
+vCPUs at KubeVirt's default ratio), and another VM fitted beside it. A pod that names a VMI the namespace has no VMI
+of counts its charge over ``k``; KubeVirt's command for the pod's ``compute`` container names the VMI, and a pod's
+containers cannot be changed, so taking the pod's labels and owner reference off changes nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shared.accounting.results import ADMITTED, NON_VM, REFUSED, NamespaceUsage
+from shared.kubevirt.command import LAUNCHER_MONITOR, launched_vmi_uid
+from shared.normalize import normalize
+from shared.quantity import Quantity
+from shared.quota.modes import Mode
+from shared.snapshot import PodSnapshot
+from tests.builders import account, facts_for, launcher_obj, pod_obj, quota_obj, refused_vmi, usage_of, vmi_obj
+
+Q = Quantity.parse
+BUDGET = {"requests.cpu": "4"}
+
+
+def vm(u: NamespaceUsage, name: str) -> Any:
+    return next(e for e in u.vms if e.name == name)
+
+
+def unseen_launcher(*, stripped: bool) -> dict[str, Any]:
+    """The running launcher pod of a 4-vCPU VM whose VMI vmquota never saw; ``stripped``: its tenant took its
+    labels and owner references off."""
+    pod = launcher_obj(vmi_obj("hidden", vcpus=4), facts=facts_for(BUDGET), vouched=False)
+    if stripped:
+        pod["metadata"]["labels"] = {}
+        pod["metadata"]["ownerReferences"] = []
+    return pod
+
+
+def fits_natively(u: NamespaceUsage, pod: dict[str, Any]) -> bool:
+    q = u.quotas["rq"]
+    return all(q.pods.get(r, Q("0")) + amount <= q.hard[r] for r, amount in usage_of(pod).items() if r in q.hard)
+
+
+@pytest.mark.parametrize("stripped", [False, True])
+@pytest.mark.parametrize("mode", [Mode.VIRTUAL_RESOURCES, Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO])
+def test_a_launcher_pod_whose_vmi_is_not_in_view_counts_as_the_vm_it_runs(mode: Mode, stripped: bool) -> None:
+    budget = {"requests.cpu": "4"} if mode == Mode.VIRTUAL_RESOURCES else {"requests.cpu": "400m"}
+    pod = unseen_launcher(stripped=stripped)
+    waiting = refused_vmi(vmi_obj("next", vcpus=3, t=100, phase="Pending", node=""))
+    u = account([quota_obj("rq", budget, mode), pod, waiting])
+    assert vm(u, "next").state == REFUSED, vm(u, "next").reason
+    assert u.quotas["rq"].used["requests.cpu"] >= Q(budget["requests.cpu"])
+    [entry] = u.pods
+    assert entry.role == NON_VM or not stripped
+    assert "not in view" in entry.reason
+    # and the refused VM's pod is refused natively too: the room hard leaves follows W, which takes k * U
+    assert not fits_natively(u, launcher_obj(vmi_obj("next", vcpus=3), facts=facts_for(budget), vouched=False))
+
+
+def test_a_pod_naming_a_vmi_in_view_is_a_plain_pod_at_its_charge() -> None:
+    """The VMI is in view (pending, say, KubeVirt not having named the pod in its status yet): its pod is a plain pod
+    at its charge, as before; the VM counts once, through its VMI."""
+    vmi = vmi_obj("v", vcpus=4, phase="Scheduling", node="")
+    pod = launcher_obj(vmi_obj("v", vcpus=4), facts=facts_for(BUDGET), vouched=False)
+    u = account([quota_obj("rq", BUDGET, Mode.VIRTUAL_RESOURCES), vmi, pod])
+    [entry] = u.pods
+    assert entry.counts == entry.charged and "not in view" not in entry.reason
+
+
+def test_in_pod_terms_a_pod_of_a_vmi_not_in_view_counts_its_charge() -> None:
+    """``VmiPodUsage`` counts every pod at its charge (``k`` is 1): nothing changes."""
+    pod = unseen_launcher(stripped=False)
+    u = account([quota_obj("rq", BUDGET, Mode.VMI_POD_USAGE), pod])
+    assert u.quotas["rq"].used["requests.cpu"] == usage_of(pod)["requests.cpu"]
+
+
+def test_a_tenants_plain_pod_naming_a_made_up_vmi_only_counts_more() -> None:
+    """Anyone may write a VMI's name on a pod: it makes the pod count more, never less."""
+    named = pod_obj("p", {"cpu": "200m"}, {"cpu": "200m"})
+    named["metadata"]["ownerReferences"] = [{"kind": "VirtualMachineInstance", "name": "x", "uid": "made-up"}]
+    waiting = refused_vmi(vmi_obj("next", vcpus=3, t=100, phase="Pending", node=""))
+    quota = quota_obj("rq", BUDGET, Mode.VIRTUAL_RESOURCES)
+    plain = account([quota, pod_obj("p", {"cpu": "200m"}, {"cpu": "200m"}), waiting])
+    assert vm(plain, "next").state == ADMITTED
+    u = account([quota, named, waiting])
+    assert u.quotas["rq"].used["requests.cpu"] == Q("2") and vm(u, "next").state == REFUSED
+
+
+def test_the_vmi_a_pods_command_names_is_read_only_from_kubevirts_command() -> None:
+    pod = unseen_launcher(stripped=True)
+    snap = normalize(pod)
+    assert isinstance(snap, PodSnapshot) and snap.command_vmi_uid == "uid-hidden"
+    compute = next(c for c in pod["spec"]["containers"] if c["name"] == "compute")
+    for command, uid in [
+        (["/bin/sh", "-c", f"{LAUNCHER_MONITOR} --uid x"], ""),
+        ([LAUNCHER_MONITOR, "--name", "n", "--uid"], ""),
+        ([LAUNCHER_MONITOR, "--uid", "u" * 300], ""),  # (no uid is that long)
+        ([LAUNCHER_MONITOR, "--uid", 7], ""),
+    ]:
+        compute["command"] = command
+        snap = normalize(pod)
+        assert isinstance(snap, PodSnapshot) and snap.command_vmi_uid == uid, command
+    assert launched_vmi_uid("not a list") == "" and launched_vmi_uid([{"name": "compute"}]) == ""
+
+
+def test_the_vm_is_admitted_once_its_vmi_is_in_view_and_fits() -> None:
+    """Once the VMI is seen (and names its pod), the pod counts through its VM as before."""
+    hidden = vmi_obj("hidden", vcpus=2)
+    pod = launcher_obj(hidden, facts=facts_for(BUDGET))
+    waiting = refused_vmi(vmi_obj("next", vcpus=2, t=100, phase="Pending", node=""))
+    u = account([quota_obj("rq", BUDGET, Mode.VIRTUAL_RESOURCES), hidden, pod, waiting])
+    assert vm(u, "next").state == ADMITTED, vm(u, "next").reason

@@ -36,9 +36,10 @@ and folds only the namespaces of its partitions (cluster-wide objects are folded
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
@@ -82,6 +83,15 @@ Accountant = Callable[[NamespaceView], contract.UsageBody]
 
 
 log = structlog.get_logger("vmquota.ledger")
+
+
+_HELD_UP: Final = 1.0
+"""Seconds past the consumer's ``idle`` after which the loop runs its timers without a batch."""
+
+
+async def _next_batch(batches: AsyncIterator[list[Msg]]) -> list[Msg] | None:
+    """The consumer's next batch (None: it ended)."""
+    return await anext(batches, None)
 
 
 def _token(last: int) -> str:
@@ -445,10 +455,26 @@ class LedgerService:
         )
         self.health.set_ready(self.opts.service, False)
         batches = self.consumer.batches()
+        coming: asyncio.Task[list[Msg] | None] | None = None
         clean = False
         try:
             self._waiting.set()
-            async for batch in batches:
+            while True:
+                if coming is None:
+                    coming = asyncio.create_task(_next_batch(batches), name="ledger-next-batch")
+                # the consumer yields at least every ``idle`` seconds; when it does not, a JetStream call waits for
+                # an answer (a loaded server answers one late, up to the call's timeout): the timers run meanwhile
+                done, _ = await asyncio.wait({coming}, timeout=self.consumer.idle + _HELD_UP)
+                if not done:
+                    if stop.is_set():
+                        break
+                    self._waiting.clear()
+                    await self._timers(time.monotonic())
+                    self._waiting.set()
+                    continue
+                batch, coming = coming.result(), None
+                if batch is None:
+                    break
                 self._waiting.clear()
                 idle = self._checkpoint_done()  # (raises what a finished round raised)
                 self.health.set_ready(self.opts.service, True)
@@ -464,14 +490,7 @@ class LedgerService:
                 if batch:
                     await self._fold(batch)
                 now = time.monotonic()
-                if self.lost:
-                    await self._ask_for_relists(now)
-                if self.ledger.changed:
-                    due, wait = self._due(now)
-                    if due:
-                        await self.publish_usage(due)
-                    # wake up in time for the namespaces still waiting, even when no event arrives
-                    self.consumer.idle = self.opts.idle if wait is None else max(0.01, min(self.opts.idle, wait))
+                await self._timers(now)
                 if (
                     idle
                     and self.ledger.unsaved
@@ -489,6 +508,10 @@ class LedgerService:
         finally:
             self._waiting.set()
             self.health.set_ready(self.opts.service, False)
+            if coming is not None:
+                coming.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await coming
             await batches.aclose()
             await self.consumer.close()
             await self._end_checkpointing(clean)
@@ -662,6 +685,19 @@ class LedgerService:
         # finds the stream created anew again and starts over again; a failure raises, the service restarts)
         for key in [*owned, self.opts.progress_key, self.opts.stream_key]:
             await self.kv.delete(key)
+
+    async def _timers(self, now: float) -> None:
+        """What the loop does whether or not events came: ask for the relists a loss waits for, and account and
+        publish the changed namespaces that are due."""
+        if self.lost:
+            await self._ask_for_relists(now)
+        if self.ledger.changed:
+            due, wait = self._due(now)
+            if due:
+                await self.publish_usage(due)
+            # wake up in time for the namespaces still waiting, even when no event arrives
+            assert self.consumer is not None
+            self.consumer.idle = self.opts.idle if wait is None else max(0.01, min(self.opts.idle, wait))
 
     async def _ask_for_relists(self, now: float) -> None:
         """Ask the watcher of each cluster still waiting for a relist (core NATS: a request lost with a watcher's

@@ -406,8 +406,8 @@ async def test_an_unreadable_mark_is_a_new_loss_that_needs_a_relist_of_its_own(n
         kv = await b.js.key_value(contract.LEDGER_BUCKET)
         await kv.put(options().lost_key, b"not a token!")
         run = Running(b, options())
-        # (the ledger asks between batches: a JetStream call the server leaves unanswered holds it until the call's
-        # timeout and the consumer's re-creation, as a loaded machine's server once did)
+        # (a JetStream call the server leaves unanswered while the ledger starts, reading its checkpoints, holds the
+        # first request up until the call's timeout)
         await wait_until(lambda: bool(requests.received), within=60, what="asked")
         token = requests.received[-1].token
         assert contract.RELIST_TOKEN.match(token) and run.service.incomplete() == [CLUSTER]
@@ -440,6 +440,35 @@ async def test_requests_back_off_while_no_watcher_answers(nats_url: str) -> None
         await publish(b, [pod("victim", "p2", 9000)])
         await wait_until(lambda: _names_now(b, "victim", {"p1", "p2"}), what="a later change published")
         assert len(requests.received) <= asked + 1, "(one may have been on its way)"
+        await run.stop()
+    finally:
+        await b.close()
+
+
+async def test_a_consumer_held_up_by_a_call_the_server_does_not_answer_still_asks_for_relists(nats_url: str) -> None:
+    """A loaded server can leave a JetStream call unanswered until the call's timeout (seconds; then the consumer is
+    re-created). The ledger asked for relists, and published what was due, only between the consumer's batches, so a
+    loss waited that long for its relist (over 20 s once, on a loaded machine). It runs its timers meanwhile, and
+    stops promptly."""
+    b = await small_stream(nats_url)
+    requests = Requests()
+    await requests.listen(b)
+    try:
+        await publish(b, [pod("victim", "p1", 101)])
+        await flood(b, 1, 200)
+        run = Running(b, slow_retry())
+        await wait_until(lambda: len(requests.received) >= 1, what="asked", within=10)
+        consumer = run.service.consumer
+        assert consumer is not None and consumer._sub is not None
+        never = asyncio.Event()
+
+        async def unanswered(*_: object, **__: object) -> list[Msg]:
+            await never.wait()
+            return []
+
+        consumer._sub.fetch = unanswered  # type: ignore[method-assign]
+        held = len(requests.received) + 1  # (one fetch may still be on its way)
+        await wait_until(lambda: len(requests.received) >= held + 3, what="asked while held up", within=10)
         await run.stop()
     finally:
         await b.close()

@@ -210,8 +210,12 @@ class _Accounting(Admission):
             quota_has_limits_memory="limits.memory" in hard_keys,
         )
         self.renderer = Renderer(config, facts, self.memo)
-        self.quotas_key = self.memo.token(tuple((q.policy.name, q.policy.mode, q.ratio) for q in self.quotas))
-        """What a VM's counts depend on besides the VM: the quotas' names, modes and ratios."""
+        self.quotas_key = self.memo.token(
+            tuple((q.policy.name, q.policy.mode, q.ratio, tuple(q.factors.items())) for q in self.quotas)
+        )
+        """What a VM's counts depend on besides the VM: the quotas' names, modes, ratios and factors (which follow the
+        resources their budgets name: a budget that comes to name ``requests.cpu`` changes what a pod of a VMI not in
+        view counts, and what a VM takes)."""
         self.vouched: dict[str, VmiSnapshot] = {pod: v for v in self.vmis for pod in v.vouched_pods}
         """Launcher pods by uid, as KubeVirt names them in its VMIs' ``status.activePods`` (or named them: below)."""
         self.departed: list[VmiSnapshot] = []

@@ -187,7 +187,7 @@ class State:
     quotas: list[QuotaSums]
     renderer: Renderer
     quotas_key: int
-    """What a VM's counts depend on besides the VM: the quotas' names, modes and ratios (a memo token)."""
+    """What a VM's counts depend on besides the VM: the quotas' names, modes, ratios and factors (a memo token)."""
     vouched: dict[str, VmiSnapshot]
     """Launcher pods by uid, as KubeVirt names them in its VMIs' ``status.activePods`` (or named them, and the pod
     still exists: ``departed_pods``)."""

@@ -11,13 +11,25 @@ from typing import Any
 
 import pytest
 
+from shared.accounting.namespace import account_view, by_kind
 from shared.accounting.results import ADMITTED, NON_VM, REFUSED, NamespaceUsage
 from shared.kubevirt.command import LAUNCHER_MONITOR, launched_vmi_uid
 from shared.normalize import normalize
 from shared.quantity import Quantity
 from shared.quota.modes import Mode
 from shared.snapshot import PodSnapshot
-from tests.builders import account, facts_for, launcher_obj, pod_obj, quota_obj, refused_vmi, usage_of, vmi_obj
+from tests.builders import (
+    NOW,
+    account,
+    facts_for,
+    launcher_obj,
+    pod_obj,
+    quota_obj,
+    refused_vmi,
+    snaps,
+    usage_of,
+    vmi_obj,
+)
 
 Q = Quantity.parse
 BUDGET = {"requests.cpu": "4"}
@@ -111,3 +123,24 @@ def test_the_vm_is_admitted_once_its_vmi_is_in_view_and_fits() -> None:
     waiting = refused_vmi(vmi_obj("next", vcpus=2, t=100, phase="Pending", node=""))
     u = account([quota_obj("rq", BUDGET, Mode.VIRTUAL_RESOURCES), hidden, pod, waiting])
     assert vm(u, "next").state == ADMITTED, vm(u, "next").reason
+
+
+def test_a_budget_that_comes_to_name_a_resource_is_accounted_afresh() -> None:
+    """The passes are remembered by the quotas' names, modes and ratios, and by their factors, which follow the
+    resources a budget names: an administrator adds ``requests.cpu`` to a budget while no pod or VMI changes (a
+    ledger's view keeps the same lists). Without the factors in the key, the pod of a VMI not in view kept counting
+    its charge and a 3-vCPU VM got into a 4-vCPU budget beside it."""
+    pod = launcher_obj(vmi_obj("hidden", vcpus=4), facts=facts_for(BUDGET), vouched=False)
+    waiting = refused_vmi(vmi_obj("next", vcpus=3, t=100, phase="Pending", node=""))
+    base = snaps([pod, waiting])
+    before = snaps([quota_obj("rq", {"requests.memory": "64Gi"}, Mode.VIRTUAL_RESOURCES)])
+    after = snaps([quota_obj("rq", {"requests.cpu": "4", "requests.memory": "64Gi"}, Mode.VIRTUAL_RESOURCES)])
+    ns, first = by_kind(base + before, distinct=True)
+    _, second = by_kind(base + after, distinct=True)
+    second = {**first, "ResourceQuota": second["ResourceQuota"]}  # (the same pod and VMI lists, as a ledger view)
+    account_view(first, ns, now=NOW)
+    remembered = account_view(second, ns, now=NOW)
+    fresh = account_view(second, ns, now=NOW, memoize=False)
+    assert remembered.quotas["rq"].used == fresh.quotas["rq"].used
+    assert remembered.quotas["rq"].hard == fresh.quotas["rq"].hard
+    assert vm(remembered, "next").state == REFUSED

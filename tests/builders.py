@@ -14,12 +14,13 @@ from typing import Any, cast
 from hypothesis import strategies as st
 
 from shared import contract
-from shared.accounting.namespace import account_namespace
+from shared.accounting.namespace import account_namespace, account_view
 from shared.accounting.results import (
     NamespaceUsage,
 )
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
 from shared.kubevirt.command import set_launcher_command
+from shared.ledger.fold import Ledger
 from shared.normalize import normalize
 from shared.podusage import quota_usage_of
 from shared.quantity import Quantity
@@ -254,6 +255,44 @@ def snaps(objs: Iterable[Mapping[str, Any]]) -> list[AnySnapshot]:
 
 def account(objs: Iterable[Mapping[str, Any]], **kw: Any) -> NamespaceUsage:
     return account_namespace(snaps(objs), now=NOW, **kw)
+
+
+def folded(versions: Iterable[Mapping[str, Any]], cluster: str = "c1") -> Ledger:
+    """A ledger that folded ``versions`` in order (objects, several versions of one among them), each an upsert at the
+    next resourceVersion and stream sequence."""
+    led = Ledger()
+    for seq, obj in enumerate(versions, 1):
+        meta = obj["metadata"]
+        snap = normalize({**obj, "metadata": {**meta, "resourceVersion": str(seq)}})
+        ev = contract.object_event(
+            "upserted",
+            cluster=cluster,
+            kind=obj["kind"],
+            namespace=meta.get("namespace", ""),
+            name=meta["name"],
+            uid=meta["uid"],
+            rv=str(seq),
+            snapshot=snap,
+            time=ts(seq),
+        )
+        led.apply(ev, seq)
+    return led
+
+
+def account_history(versions: Iterable[Mapping[str, Any]], namespace: str = NS, **kw: Any) -> NamespaceUsage:
+    """The namespace accounted as the ledger accounts it once it has folded ``versions`` in order: with its memory
+    of their history (pods created in a refusal, launcher pods KubeVirt named and names no more, what each launcher
+    pod was made for)."""
+    view = folded(versions).view("c1", namespace)
+    return account_view(
+        {**view.cluster_objects, **view.objects},
+        namespace,
+        now=NOW,
+        late=view.late,
+        departed=view.departed,
+        made_for=view.made_for,
+        **kw,
+    )
 
 
 def usage_snapshot(

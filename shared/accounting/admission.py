@@ -32,7 +32,7 @@ class Admission(Migrations):
         ]
         plain: list[Target] = []
         for t in self.targets:
-            if t.grow or size_change(t.v):  # (a VM-term growth its pods may not show: explicit CPU, say)
+            if t.grow or self._size_change(t.v):  # (a VM-term growth its pods may not show: explicit CPU, say)
                 items.append((created_key(t.m), len(items), t))
             else:
                 plain.append(t)
@@ -45,6 +45,16 @@ class Admission(Migrations):
             self._decide_target(t, admit=False)
         for a in self.attachments:  # (and, beside a target, the hotplug attachment pod KubeVirt waits for)
             self._decide_attachment(a)
+
+    def _size_change(self, v: VmiSnapshot) -> bool:
+        """The VM's spec is larger than the size it runs at (:func:`~shared.accounting.state.size_change`), or than
+        every pod of it was made for (:attr:`made_for`): a CPU hotplug its status does not show, the VMI created
+        with a ``currentCPUTopology`` as large as the spec it is later raised to (KubeVirt then sees no change, and
+        carries the new size out by the next migration all the same)."""
+        if size_change(v):
+            return True
+        made = [self._made_for(v, p) for p, _ in self.launchers.get(vm_key(v), ())]
+        return bool(made) and all(m is not None and m < v.vcpus for m in made)
 
     def _refused_for_room(self, v: VmiSnapshot) -> bool:
         """KubeVirt was refused the VMI's launcher pod by a managed quota or the reservation guard: room made for it

@@ -252,12 +252,12 @@ class Migrations(Vms):
     def _over_at_spec(self, v: VmiSnapshot, cur: VmEntry, grown: dict[str, ResourceList]) -> str:
         """Why vCPUs the VM counts at already, but were never admitted, do not fit, or "": a VM some pod of which
         was made for its spec's vCPUs counts at them before its migration, which then grows by nothing
-        (``Vms._carries_cpus``); when that pod is not KubeVirt's own launcher pod (a tenant's, with a controller
+        (``Vms._made_for_vcpus``); when that pod is not KubeVirt's own launcher pod (a tenant's, with a controller
         reference to the VMI), the quotas the vCPUs count in must be within their budget with the VM at them."""
         now = current_size(v).vcpus
         if cur.size.vcpus <= now:
             return ""  # (counted at its status: the growth is admitted as such)
-        if self._carries_cpus(v, [charged for _, charged in self.launchers.get(vm_key(v), [])], every=True):
+        if self._carries_cpus(v, self.launchers.get(vm_key(v), []), every=True):
             return ""  # (KubeVirt made its pod at that size, admitted then)
         before = VmSize(now, cur.size.guest_memory)
         parts = []

@@ -86,6 +86,7 @@ def account_namespace(
     namespace: str | None = None,
     memoize: bool = True,
     distinct: bool = False,
+    made_for: Mapping[str, tuple[str, int]] | None = None,
 ) -> NamespaceUsage:
     """Account one namespace from its snapshots in any order: :func:`by_kind`, then :func:`account_view`.
 
@@ -95,7 +96,14 @@ def account_namespace(
     result is unspecified). The other arguments as :func:`account_view`'s."""
     namespace, kinds = by_kind(objects, namespace, distinct=distinct)
     return _Accounting(
-        kinds, namespace, now=now, config=config, policies=policies, memoize=memoize, shared_lists=False
+        kinds,
+        namespace,
+        now=now,
+        config=config,
+        policies=policies,
+        memoize=memoize,
+        shared_lists=False,
+        made_for=made_for,
     ).run()
 
 
@@ -109,6 +117,7 @@ def account_view(
     memoize: bool = True,
     late: frozenset[str] = frozenset(),
     departed: Mapping[str, VmiSnapshot] | None = None,
+    made_for: Mapping[str, tuple[str, int]] | None = None,
 ) -> NamespaceUsage:
     """Account one namespace: **the** entry of the accounting.
 
@@ -124,7 +133,9 @@ def account_view(
     way (False: the reference). ``late``: the uids of the pods created in a refusal, as the ledger's fold remembers
     them (``shared.ledger.fold``; none without a history). ``departed``: launcher pods KubeVirt named in a VMI's
     ``status.activePods`` and names no more, with that VMI as it last named them (the fold's memory, likewise): such
-    a pod that still runs counts as that VM."""
+    a pod that still runs counts as that VM. ``made_for``: launcher pod uid → the VMI that named it and the vCPUs of
+    its spec then (likewise): a running VM counts at the vCPUs some pod of it was made for, whatever its status says
+    (without, at its spec's where a pod has the rendering at them)."""
     return _Accounting(
         kinds,
         namespace,
@@ -135,6 +146,7 @@ def account_view(
         shared_lists=True,
         late=late,
         departed=departed,
+        made_for=made_for,
     ).run()
 
 
@@ -182,9 +194,11 @@ class _Accounting(Admission):
         shared_lists: bool,
         late: frozenset[str] = frozenset(),
         departed: Mapping[str, VmiSnapshot] | None = None,
+        made_for: Mapping[str, tuple[str, int]] | None = None,
     ) -> None:
         self.now = now
         self.late = late
+        self.made_for: Mapping[str, tuple[str, int]] = made_for or {}
         self.errors: list[str] = []
         self.namespace = namespace
         self._split(kinds)
@@ -216,8 +230,13 @@ class _Accounting(Admission):
         """What a VM's counts depend on besides the VM: the quotas' names, modes, ratios and factors (which follow the
         resources their budgets name: a budget that comes to name ``requests.cpu`` changes what a pod of a VMI not in
         view counts, and what a VM takes)."""
-        self.vouched: dict[str, VmiSnapshot] = {pod: v for v in self.vmis for pod in v.vouched_pods}
-        """Launcher pods by uid, as KubeVirt names them in its VMIs' ``status.activePods`` (or named them: below)."""
+        made_by = {p.uid: p.command_vmi_uid for p in self.pods if p.command_vmi_uid}
+        self.vouched: dict[str, VmiSnapshot] = {
+            pod: v for v in self.vmis for pod in v.vouched_pods if made_by.get(pod, v.uid) == v.uid
+        }
+        """Launcher pods by uid, as KubeVirt names them in its VMIs' ``status.activePods`` (or named them: below),
+        but for a pod whose launcher command names another VMI: KubeVirt made it for that one, and a tenant moved its
+        controller reference to a VMI of its own (a small one, which would count in its stead)."""
         self.departed: list[VmiSnapshot] = []
         """VMIs gone, as they last named a launcher pod that KubeVirt names no more and that still exists: each counts
         as a running VM with such pods (one whose VMI exists counts through it)."""

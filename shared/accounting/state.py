@@ -184,6 +184,9 @@ class State:
     pods: list[PodSnapshot]
     late: frozenset[str]
     """Uids of the pods created in a refusal of a migration, as the ledger's fold remembers them."""
+    made_for: Mapping[str, tuple[str, int]]
+    """Launcher pod uid → the VMI that named it in ``status.activePods`` and the vCPUs of its spec then, as the
+    ledger's fold remembers them (``shared.ledger.fold``; none from snapshots alone)."""
     quotas: list[QuotaSums]
     renderer: Renderer
     quotas_key: int

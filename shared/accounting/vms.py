@@ -46,6 +46,8 @@ class Vms(Pods):
         objs = (*self.vmis, *self.departed, self.launchers)
         # (the active migrations decide whose pods are targets)
         active = tuple(sorted((m.uid, m.vmi_name) for m in self.vmims if m.active and m.uid))
+        # (what launcher pods were made for changes only with a VMI's version, the first to name the pod, and with a
+        # pod's deletion: both change the objects)
         key = ("vms", tuple(map(id, objs)), active, self.quotas_key)
         self._apply_vms(self.memo.latest(("vms", self.namespace), key, objs, self._vms_pass))
 
@@ -92,10 +94,12 @@ class Vms(Pods):
                     pending.append(v)
                 continue
             migrating = self._migrating(v, vm_pods)
-            # the entry is a function of the VMI, its active launcher pods, whether it migrates and the quotas
+            # the entry is a function of the VMI, its active launcher pods (and what they were made for), whether it
+            # migrates and the quotas
             memo_obj = (v, *(p for p, _ in vm_pods))
             memo_slot = ("running", namespace, key)
-            memo_key = (tuple(map(id, memo_obj)), migrating, quotas_key)
+            made = tuple(self._made_for(v, p) for p, _ in vm_pods) if self.made_for else ()
+            memo_key = (tuple(map(id, memo_obj)), migrating, quotas_key, made)
             entry = memo.latest(memo_slot, memo_key, memo_obj, self._running_vm, v, vm_pods, migrating)
             if v.uid in departed:
                 entry = replace(
@@ -130,66 +134,88 @@ class Vms(Pods):
                 return True
         return False
 
-    def _rendered_now(self, v: VmiSnapshot, charges: list[ResourceList]) -> ResourceList:
+    def _rendered_now(self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]]) -> ResourceList:
         """The VM's launcher pod as rendered at its current size: the spec's rendering less a hotplug's growth not
         yet admitted, at the spec's vCPUs where the VM counts at them (:meth:`_carries_cpus`; empty for a VM that
-        cannot be rendered). The growth is at most what the smallest of its pods
-        (``charges``) lacks of that rendering, as for its migration's target: what its own pod has already (a
-        status that does not report an interface, or memory, the pod was made with) is no growth."""
+        cannot be rendered). The growth is at most what the smallest of its pods lacks of that rendering, as for its
+        migration's target: what its own pod has already (a status that does not report an interface, or memory,
+        the pod was made with) is no growth."""
+        charges = [charged for _, charged in vm_pods]
         cap = self.renderer.vmi_usage(v) or {}
         grow = self.renderer.hotplug_growth(v) if cap else {}
         if cap and charges:
             grow = capped_growth(grow, cap, charges, v.memory_change)
         if grow:
             cap = {r: (q - grow[r]).clamp0() if r in grow else q for r, q in cap.items()}
-        if cap and self._carries_cpus(v, charges, every=False):
+        if cap and self._carries_cpus(v, vm_pods, every=False):
             # the spec's vCPUs count (some pod was made for them): their rendering is no growth still to admit, or
             # a small pod adopted beside the VM's would leave what its launcher pod carries of them unvouched
             cap = maximum(cap, self.renderer.spec_cpu_usage(v) or {})
         return cap
 
-    def _carries_cpus(self, v: VmiSnapshot, charges: list[ResourceList], *, every: bool) -> bool:
-        """Whether the VM's pods — some of them (the largest, per resource), or ``every`` one — were made for its
-        spec's vCPUs while its status reports fewer (and, :meth:`_carries_memory`, for its spec's guest memory). A
-        running VM counts at its spec in what some pod carries, or the difference would be room for other VMs; when
-        every pod carries it, KubeVirt made the VM's pod at that size (starting or migrating it) and its growth was
-        admitted then. Two ways there:
+    def _made_for_vcpus(self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]], *, every: bool) -> int:
+        """The vCPUs the VM's pods were made for — the most of any pod, or the least (``every``) — between what its
+        status reports and its spec. A running VM counts at the vCPUs some pod of it was made for, or the difference
+        would be room for other VMs; when every pod was made for them, KubeVirt made the VM's pod at that size
+        (starting or migrating it) and its growth was admitted then.
 
-        - the tenant wrote ``status.currentCPUTopology`` when it created the VMI: KubeVirt keeps it (its VMI has no
-          status subresource, and its webhook sets the field only when a create has none) and renders the pod from
-          the spec. Some pod of the VM (the largest, per resource) has all of the rendering at the spec's vCPUs
-          (``Renderer.spec_cpu_usage``: whatever memory change or interface is pending beside them): a tenant can
-          add a pod to a VM (one KubeVirt adopts), never shrink KubeVirt's. A CPU hotplug KubeVirt has still to
-          carry out renders larger (the vCPUs' overhead at least) unless a tenant's pod is that large: it then
-          counts at once, and its migration is admitted all the same (``Migrations._decide_target``);
-        - virt-handler did not carry a memory change out after the migration made the pod (it failed, say, on a VMI
-          label the tenant may edit): every pod of the VM has the memory of the spec's rendering. The growth was
-          admitted, and the next migration, which finds nothing to grow in pod terms, would take it back unchecked.
+        The tenant may write ``status.currentCPUTopology`` when it creates the VMI: KubeVirt keeps it (its VMI has no
+        status subresource, and its webhook sets the field only when a create has none) and renders the pod from
+        the spec. What a pod was made for is the ledger's memory (:attr:`made_for`: the spec's vCPUs in the VMI's
+        version that first named the pod), which nothing the tenant writes later changes. Without it (accounting from
+        snapshots alone, a pod named before the memory was kept), the pods' charges tell: the largest of them (per
+        resource; every one: the smallest) has all of the rendering at the spec's vCPUs (``Renderer.spec_cpu_usage``:
+        whatever memory change or interface is pending beside them), or the VM cannot be rendered (nothing shows
+        its pods were made smaller). A tenant can add a pod to a VM (one KubeVirt adopts), never shrink KubeVirt's;
+        an added pod was made for the spec as it was when KubeVirt named it, so a CPU hotplug pending then counts at
+        once, and its migration is admitted all the same (``Migrations._over_at_spec``)."""
+        now = v.status_vcpus if v.status_vcpus is not None else v.vcpus
+        known = [self._made_for(v, p) for p, _ in vm_pods]
+        made = [m for m in known if m is not None]
+        unknown = [charged for (_, charged), m in zip(vm_pods, known, strict=True) if m is None]
+        if unknown:
+            made.append(v.vcpus if v.fewer_vcpus and self._rendered_for_spec(v, unknown, every=every) else now)
+        if not made:
+            return now
+        return max(now, min(v.vcpus, min(made) if every else max(made)))
 
-        A VM that cannot be rendered counts at its spec's size too: nothing shows its pods were made smaller."""
-        if not v.fewer_vcpus or not charges:
-            return False
+    def _made_for(self, v: VmiSnapshot, p: PodSnapshot) -> int | None:
+        """The vCPUs ``v``'s pod ``p`` was made for, as the ledger remembers ``v`` naming it (None: not known)."""
+        first = self.made_for.get(p.uid)
+        return first[1] if first is not None and first[0] == v.uid else None
+
+    def _rendered_for_spec(self, v: VmiSnapshot, charges: list[ResourceList], *, every: bool) -> bool:
+        """The largest of ``charges`` per resource (``every``: the smallest) has the rendering at the spec's vCPUs,
+        or the VM cannot be rendered (see :meth:`_made_for_vcpus`)."""
         at_spec_cpus = self.renderer.spec_cpu_usage(v) if self.renderer.vmi_usage(v) is not None else None
         pods = functools.reduce(minimum if every else maximum, charges)
         return at_spec_cpus is None or not nonzero(growth(at_spec_cpus, pods))
 
+    def _carries_cpus(self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]], *, every: bool) -> bool:
+        """Whether the VM's pods — some of them, or ``every`` one — were made for its spec's vCPUs while its status
+        reports fewer (:meth:`_made_for_vcpus`)."""
+        return v.fewer_vcpus and bool(vm_pods) and self._made_for_vcpus(v, vm_pods, every=every) >= v.vcpus
+
     def _carries_memory(self, v: VmiSnapshot, charges: list[ResourceList]) -> bool:
-        """Every pod of the VM has the memory of the spec's rendering while a memory change is pending (the second
-        way of :meth:`_carries_cpus`; a VM that cannot be rendered too)."""
+        """Every pod of the VM has the memory of the spec's rendering while a memory change is pending: virt-handler
+        did not carry the change out after the migration made the pod (it failed, say, on a VMI label the tenant may
+        edit). The growth was admitted, and the next migration, which finds nothing to grow in pod terms, would take
+        it back unchecked. A VM that cannot be rendered too."""
         if not v.memory_change or not charges:
             return False
         rendered = self.renderer.vmi_usage(v)
         return rendered is None or not any(r in MEMORY_NAMES for r in nonzero(smallest_lacks(rendered, charges)))
 
-    def _counted_size(self, v: VmiSnapshot, charges: list[ResourceList]) -> VmSize:
+    def _counted_size(self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]]) -> VmSize:
         """The size a running VM that is not migrating counts at: its status (a size change counts once admitted),
-        but its spec in what some pod of it was made for (:meth:`_carries_cpus`, :meth:`_carries_memory`)."""
+        but the vCPUs some pod of it was made for (:meth:`_made_for_vcpus`) and its spec's memory where every pod
+        has it (:meth:`_carries_memory`)."""
         now = current_size(v)
-        cpus, memory = self._carries_cpus(v, charges, every=False), self._carries_memory(v, charges)
-        if not (cpus or memory):
+        vcpus = self._made_for_vcpus(v, vm_pods, every=False) if vm_pods else now.vcpus
+        memory = self._carries_memory(v, [charged for _, charged in vm_pods])
+        if vcpus == now.vcpus and not memory:
             return now
-        full = vm_size(v)
-        return VmSize(full.vcpus if cpus else now.vcpus, full.guest_memory if memory else now.guest_memory)
+        return VmSize(vcpus, vm_size(v).guest_memory if memory else now.guest_memory)
 
     def _running_vm(self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]], migrating: bool) -> VmEntry:
         """A running VM counts at its current size (its status: a hotplug request counts once admitted, see
@@ -209,9 +235,9 @@ class Vms(Pods):
         pod_max: ResourceList = {}
         for charged in charges:
             pod_max = maximum(pod_max, charged)
-        size = vm_size(v) if migrating else self._counted_size(v, charges)
+        size = vm_size(v) if migrating else self._counted_size(v, vm_pods)
         # (a VM that cannot be rendered: hard holds no room for its pods)
-        cap = (self.renderer.vmi_usage(v) or {}) if migrating else self._rendered_now(v, charges)
+        cap = (self.renderer.vmi_usage(v) or {}) if migrating else self._rendered_now(v, vm_pods)
         believed = minimum(pod_max, cap)
         counts = {q.policy.name: mode_usage(q.policy.mode, size, believed, q.ratio) for q in self.quotas}
         took = {q.policy.name: takes(believed, counts[q.policy.name], q.factors) for q in self.quotas}

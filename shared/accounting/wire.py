@@ -99,6 +99,7 @@ def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageB
         now=now or datetime.now(UTC),
         late=view.late,
         departed=view.departed,
+        made_for=view.made_for,
     )
     errors = list(usage.errors)
     quotas = {name: quota_terms(name, q, errors) for name, q in sorted(usage.quotas.items())}

@@ -37,6 +37,17 @@ pod is remembered with the VMI as it last named it (:attr:`NamespaceState.depart
 pod is gone or finished, so that accounting counts it as that VM, not as a plain pod at its (k times smaller)
 charge.
 
+What a launcher pod was made for: the vCPUs of its VMI's spec when the pod was created (:attr:`NamespaceState.
+made_for`, in checkpoints too, until the pod is gone). KubeVirt renders a pod from the spec, while the status's
+``currentCPUTopology``, which a VM counts at until its hotplug is admitted, is its creator's to write when it creates
+the VMI: accounting counts a running VM at the vCPUs some pod of it was made for, whatever the status says, and a VM
+whose spec has more vCPUs than every pod of it was made for as a size change to admit. The VMI is the one the pod's
+launcher command names (immutable; else its owner reference at creation), its spec the one in view when the pod is
+first folded, or, when a VMI names the pod in ``status.activePods`` before the pod's event arrives (the watches of two
+kinds are in no order), the smaller of the spec then and when the pod arrives (a spec's vCPUs only grow while the VM
+runs). A pod folded before its VMI was in view, or before this memory was kept, has none: accounting then judges by
+its charge.
+
 Partitions: a namespace belongs to partition ``crc32("<cluster>/<namespace>") % total``. A ledger instance owns a
 :class:`PartitionSet` and skips the namespaces of other partitions; cluster-wide objects are folded by all.
 """
@@ -205,6 +216,8 @@ class Checkpoint(msgspec.Struct, kw_only=True, rename="camel"):
     """:attr:`NamespaceState.departed`: pod uid → VMI uid."""
     departed_vmis: dict[str, VmiSnapshot] = {}
     """The VMIs those name, once each (:attr:`NamespaceState.departed_vmis`)."""
+    made_for: dict[str, tuple[str, int]] = {}
+    """:attr:`NamespaceState.made_for`: pod uid → (VMI uid, vCPUs)."""
     objects: list[_CkRecord] = []
 
 
@@ -266,6 +279,7 @@ class NamespaceState:
         "departed_vmis",
         "floors",
         "late",
+        "made_for",
         "namespace",
         "objects",
         "refused_from",
@@ -312,6 +326,9 @@ class NamespaceState:
         ``status.activePods`` (one copy per VMI, however many pods it named: a tenant's VMI may control thousands;
         its size is the VM's a hotplug aside). Entries no pod refers to any more are dropped when the state is
         checkpointed."""
+        self.made_for: dict[str, tuple[str, int]] = {}
+        """Pod uid → (the VMI's uid, the vCPUs of its spec) when the pod was created (see the module), while the pod
+        exists."""
 
     # ---- reading ----------------------------------------------------------------------------------------------
     def live(self, kind: str) -> list[Snapshot]:
@@ -371,6 +388,8 @@ class NamespaceState:
             if kind == VMI_KIND:
                 self._named(self.replaced, ev.snapshot)
             elif kind == POD_KIND:
+                if self.replaced is None and rec is None:
+                    self._made(uid, ev.snapshot)
                 if self.departed and uid in self.departed and _finished(ev.snapshot):
                     del self.departed[uid]
                 if self.windows or self._refused_from() is not None:  # (the common case, no refusal, costs two tests)
@@ -415,9 +434,17 @@ class NamespaceState:
         ``status.activePods`` that ``now`` does not are remembered with ``before`` while they may still run; those
         ``now`` names are the VMI's again."""
         named = now.vouched_pods if isinstance(now, VmiSnapshot) else {}
-        if self.departed:
+        if named:
+            assert isinstance(now, VmiSnapshot)
+            departed, made_for = self.departed, self.made_for
+            pods = self.objects.get(POD_KIND) or {}
             for uid in named:
-                self.departed.pop(uid, None)
+                # (named by another VMI, a pod is still remembered with the one it ran for: a tenant may move a
+                # launcher pod's controller reference to a VMI of its own, which then names it)
+                if departed and departed.get(uid) == now.uid:
+                    del departed[uid]
+                if uid not in made_for and uid not in pods:  # (named before its event arrived)
+                    made_for[uid] = (now.uid, now.vcpus)
         if not isinstance(before, VmiSnapshot) or not before.vouched_pods:
             return
         pods = self.objects.get(POD_KIND) or {}
@@ -433,12 +460,28 @@ class NamespaceState:
         if kept:
             self.departed_vmis[before.uid] = msgspec.structs.replace(before, active_pods={})
 
+    def _made(self, uid: str, pod: Snapshot) -> None:
+        """A pod folded for the first time: remember the vCPUs of the spec of the VMI it was made for, if in view
+        (see the module)."""
+        if not isinstance(pod, PodSnapshot):
+            return
+        vmi_uid = pod.command_vmi_uid or pod.owner_vmi_uid
+        rec = (self.objects.get(VMI_KIND) or {}).get(vmi_uid) if vmi_uid else None
+        vmi = rec.snapshot if rec is not None else None
+        early = self.made_for.get(uid)
+        if early is not None and early[0] != vmi_uid:
+            del self.made_for[uid]  # (named by a VMI it was not made for)
+            early = None
+        if isinstance(vmi, VmiSnapshot):
+            self.made_for[uid] = (vmi_uid, vmi.vcpus if early is None else min(early[1], vmi.vcpus))
+
     def _gone(self, kind: str, uid: str, before: Snapshot | None) -> None:
         """An object of ``kind`` was deleted (or dropped by a sync), ``before`` its last version."""
         if kind == VMI_KIND:
             self._named(before, None)
         elif kind == POD_KIND:
             self.departed.pop(uid, None)
+            self.made_for.pop(uid, None)
 
     def _refused_from(self) -> datetime | None:
         """The creation of the oldest active migration KubeVirt was refused its target for (None: none is); kept
@@ -509,6 +552,13 @@ class NamespaceState:
                         self._ended(uid, gone, None, ev.time)
                 self.late.discard(uid)
                 changed = True
+        if ev.kind == POD_KIND and self.made_for:
+            # (a pod named before it was folded, which the list does not return: gone, or named by a forgery; the
+            # VMI names it again if it exists)
+            live = self.objects.get(POD_KIND) or {}
+            present = set(ev.present)
+            for uid in [u for u in self.made_for if u not in present and u not in live]:
+                del self.made_for[uid]
         if ev.kind == POD_KIND and self.departed:
             # (a pod remembered before it was folded, which a list newer than the VMI that named it does not
             # return: it is gone; a list older than that VMI's version may predate the pod)
@@ -562,6 +612,7 @@ class NamespaceState:
                 clock=self.clock,
                 departed=dict(sorted(self.departed.items())),
                 departed_vmis=self._departed_vmis(),
+                made_for=dict(sorted(self.made_for.items())),
             )
         )
         assert head.endswith(b"[]}"), "objects is the last field of a checkpoint"
@@ -603,6 +654,7 @@ class NamespaceState:
             if vmi not in st.departed_vmis:
                 raise InvalidInput(f"invalid checkpoint: departed.{pod} names VMI {vmi}, which it does not hold")
             st.departed[pod] = vmi
+        st.made_for = dict(ck.made_for)
         for r in ck.objects:
             try:
                 snap = from_wire(r.snapshot)  # (the parts the wire variant reads as text are decoded here)
@@ -628,6 +680,8 @@ class NamespaceView:
     """Uids of the pods created in a refusal (:attr:`NamespaceState.late`)."""
     departed: Mapping[str, VmiSnapshot] = field(default_factory=dict)
     """Launcher pods KubeVirt stopped naming that may still run (:attr:`NamespaceState.departed`)."""
+    made_for: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    """The VMI and vCPUs each launcher pod was made for (:attr:`NamespaceState.made_for`)."""
 
 
 def checkpoint_key(cluster: str, namespace: str, instance: str) -> str:
@@ -780,6 +834,7 @@ class Ledger:
             cluster_objects=cw.live_objects() if cw is not None else {},
             late=frozenset(st.late) if st is not None else frozenset(),
             departed=st.departed_pods() if st is not None and st.departed else {},
+            made_for=st.made_for if st is not None else {},
         )
 
     def apply(self, ev: Upserted | Deleted | Sync, seq: int) -> Outcome:

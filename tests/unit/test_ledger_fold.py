@@ -712,3 +712,43 @@ def test_a_pod_relist_older_than_the_vmi_that_named_a_pod_keeps_the_pod_remember
     assert st is not None and set(st.departed) == {"p1"}, "a relist older than the VMI that named p1"
     fold([sync([], 60)], led, start=4)
     assert not st.departed
+
+
+def test_what_a_launcher_pod_was_made_for_is_remembered_from_its_vmi_when_it_was_created() -> None:
+    """The vCPUs of the spec of the VMI the pod's launcher command names, when the pod is first folded (or the
+    smaller of that and the spec of the VMI's version that named it before the pod's event arrived), in checkpoints
+    too, until the pod is gone: later versions (a hotplug asked) and another VMI naming the pod (a tenant moved its
+    controller reference) change nothing. A pod folded before its VMI was in view has nothing remembered."""
+    vmi = "VirtualMachineInstance"
+    led = fold(
+        [
+            up("v1", 1, kind=vmi, phase="Scheduling", vcpus=16),
+            up("p1", 2, phase="Running", command_vmi_uid="v1"),
+            up("v1", 3, kind=vmi, phase="Running", vcpus=16, active_pods={"p1": "n1"}),
+            up("v1", 4, kind=vmi, phase="Running", vcpus=32, active_pods={"p1": "n1"}),
+        ]
+    )
+    st = led.state("c1", "a")
+    assert st is not None and st.made_for == {"p1": ("v1", 16)}
+    assert led.view("c1", "a").made_for == {"p1": ("v1", 16)}
+    again = Ledger()
+    again.load(st.checkpoint())
+    assert again.state("c1", "a").made_for == {"p1": ("v1", 16)}  # type: ignore[union-attr]
+    fold(
+        [
+            up("v2", 5, kind=vmi, phase="Running", vcpus=2, active_pods={"p1": "n1", "p9": "n1"}),
+            up("v2", 6, kind=vmi, phase="Running", vcpus=4, active_pods={"p1": "n1", "p9": "n1"}),
+            up("p9", 7, phase="Running", command_vmi_uid="v2"),
+            up("p8", 8, phase="Running", command_vmi_uid="v3"),
+            up("v3", 9, kind=vmi, phase="Running", vcpus=8, active_pods={"p8": "n1"}),
+        ],
+        led,
+        start=5,
+    )
+    assert st.made_for == {"p1": ("v1", 16), "p9": ("v2", 2)}, "the smaller spec; nothing for p8"
+    fold([down("p1", 10)], led, start=10)
+    assert st.made_for == {"p9": ("v2", 2)}, "a pod gone was made for nothing"
+    fold([up("v4", 11, kind=vmi, phase="Running", vcpus=1, active_pods={"p7": "n1"})], led, start=11)
+    assert st.made_for["p7"] == ("v4", 1)
+    fold([sync(["p9"], 12)], led, start=12)
+    assert st.made_for == {"p9": ("v2", 2)}, "a relist without the pod: gone"

@@ -7,6 +7,7 @@ containers cannot be changed, so taking the pod's labels and owner reference off
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from shared.snapshot import PodSnapshot
 from tests.builders import (
     NOW,
     account,
+    account_history,
     facts_for,
     launcher_obj,
     pod_obj,
@@ -29,6 +31,7 @@ from tests.builders import (
     snaps,
     usage_of,
     vmi_obj,
+    vouch,
 )
 
 Q = Quantity.parse
@@ -144,3 +147,48 @@ def test_a_budget_that_comes_to_name_a_resource_is_accounted_afresh() -> None:
     assert remembered.quotas["rq"].used == fresh.quotas["rq"].used
     assert remembered.quotas["rq"].hard == fresh.quotas["rq"].hard
     assert vm(remembered, "next").state == REFUSED
+
+
+@pytest.mark.parametrize("forged", [False, True])
+def test_a_launcher_pod_moved_to_a_decoy_vmi_does_not_count_as_the_decoy(forged: bool) -> None:
+    """A tenant moves the launcher pod of a 4-vCPU VMI vmquota has not seen (or one it deleted, the pod orphaned) to
+    a controller reference to a small VMI of its own, which KubeVirt then lists the pod in: the pod counted through
+    the decoy (1 vCPU with an explicit 400m request, or a 4-vCPU decoy whose status says one socket), and a 3-vCPU
+    VM got into a 4-vCPU budget. The pod's launcher command names the VMI it was made for: it is no other's."""
+    pod = launcher_obj(vmi_obj("hidden", vcpus=4), facts=facts_for(BUDGET), vouched=False)
+    pod["metadata"]["ownerReferences"] = [
+        {"kind": "VirtualMachineInstance", "name": "decoy", "uid": "uid-decoy", "controller": True}
+    ]
+    pod["metadata"]["labels"] = {}
+    decoy = (
+        vmi_obj("decoy", vcpus=4, guest="2Gi", status_vcpus=1)
+        if forged
+        else vmi_obj("decoy", vcpus=1, requests={"cpu": "400m"})
+    )
+    vouch(decoy, pod)
+    waiting = refused_vmi(vmi_obj("next", vcpus=3, t=100, phase="Pending", node=""))
+    u = account([quota_obj("rq", BUDGET, Mode.VIRTUAL_RESOURCES), pod, decoy, waiting])
+    assert vm(u, "next").state == REFUSED, vm(u, "next").reason
+    [entry] = u.pods
+    assert entry.vmi == "" and "not in view" in entry.reason
+
+
+def test_a_launcher_pod_kubevirt_named_stays_its_vms_when_a_decoy_names_it() -> None:
+    """The same with a VMI the ledger saw: deleted with orphan propagation, its pod runs on and is remembered as its
+    VM's (``departed``). Named by the decoy, the fold forgot that, and the pod counted as the decoy."""
+    old = vmi_obj("hidden", vcpus=4)
+    pod = launcher_obj(old, facts=facts_for(BUDGET))
+    gone = copy.deepcopy(old)
+    gone["status"]["phase"] = "Failed"
+    gone["status"]["activePods"] = {}
+    moved = copy.deepcopy(pod)
+    moved["metadata"]["ownerReferences"] = [
+        {"kind": "VirtualMachineInstance", "name": "decoy", "uid": "uid-decoy", "controller": True}
+    ]
+    decoy = vmi_obj("decoy", vcpus=1, requests={"cpu": "400m"})
+    vouch(decoy, moved)
+    waiting = refused_vmi(vmi_obj("next", vcpus=3, t=100, phase="Pending", node=""))
+    quota = quota_obj("rq", BUDGET, Mode.VIRTUAL_RESOURCES)
+    u = account_history([quota, old, pod, gone, moved, decoy, waiting])
+    assert vm(u, "hidden").counts["rq"]["requests.cpu"] == Q("4"), vm(u, "hidden").reason
+    assert vm(u, "next").state == REFUSED, vm(u, "next").reason

@@ -22,6 +22,7 @@ from shared.quota.modes import Mode
 from shared.snapshot import VmiSnapshot
 from tests.builders import (
     account,
+    account_history,
     created_vmi,
     facts_for,
     launcher_obj,
@@ -189,7 +190,8 @@ def test_an_io_thread_pool_counts_while_a_cpu_hotplug_is_pending() -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="open: a topology forged larger than the spec hides a later CPU hotplug of the VM that adopts the VMI "
+    reason="open from snapshots alone (vmquota usage, explain): a topology forged larger than the spec hides a later "
+    "CPU hotplug of the VM that adopts the VMI; the ledger remembers what the pod was made for "
     "(docs/accounting.md, Known limits)",
 )
 def test_a_cpu_hotplug_hidden_by_a_topology_forged_larger_is_not_reserved_unadmitted() -> None:
@@ -209,8 +211,9 @@ def test_a_cpu_hotplug_hidden_by_a_topology_forged_larger_is_not_reserved_unadmi
 
 
 _FORGERY_BACK = (
-    "open: a forged currentCPUTopology smaller than the spec counts again once the VM's pods no longer look made "
-    "for the spec (docs/accounting.md, Known limits)"
+    "open from snapshots alone (vmquota usage, explain): a forged currentCPUTopology smaller than the spec counts "
+    "again once the VM's pods no longer look made for the spec; the ledger remembers what the pod was made for "
+    "(docs/accounting.md, Known limits)"
 )
 
 
@@ -262,6 +265,91 @@ def test_a_cluster_overhead_change_does_not_bring_a_forged_topology_back(mode: M
     pod = launcher_obj(vmi_obj("v", vcpus=16), t=1, facts=facts)
     config = KubeVirtConfig(additional_guest_memory_overhead_ratio="2")
     assert forged_and_p(mode, v, pod, config=config) == (Q("16"), REFUSED)
+
+
+# ---- with the ledger's memory of what each launcher pod was made for --------------------------------------------
+
+
+def forged_then(mode: Mode, first: dict[str, Any], now: dict[str, Any], pod: dict[str, Any], **kw: Any) -> Any:
+    """:func:`forged_and_p` as the ledger accounts it: it folded the VMI as KubeVirt first named its pod (``first``),
+    then as it is ``now``."""
+    budget = {"requests.cpu": "16"} if mode == Mode.VIRTUAL_RESOURCES else {"limits.cpu": "16"}
+    vouch(first, pod)
+    vouch(now, pod)
+    p = refused_vmi(vmi_obj("p", vcpus=8, t=100, phase="Pending"))
+    u = account_history([quota_obj("rq", budget, mode), first, pod, now, p], **kw)
+    return vm(u, "v").counts["rq"][next(iter(budget))], vm(u, "p").state
+
+
+@pytest.mark.parametrize("mode", VM_TERMS)
+def test_with_the_ledgers_memory_a_hook_sidecar_annotation_does_not_bring_a_forged_topology_back(mode: Mode) -> None:
+    """The ledger remembers what each launcher pod was made for: the spec's vCPUs in the VMI's version that first
+    named it. An annotation added later changes the rendering, not that."""
+    facts = facts_for(["requests.cpu", "limits.cpu"])
+    first = dedicated(vmi_obj("v", vcpus=16, status_vcpus=1))
+    now = dedicated(vmi_obj("v", vcpus=16, status_vcpus=1))
+    now["metadata"]["annotations"] = {"hooks.kubevirt.io/hookSidecars": json.dumps([{"image": "x"}])}
+    pod = launcher_obj(dedicated(vmi_obj("v", vcpus=16)), t=1, facts=facts)
+    assert forged_then(mode, first, now, pod) == (Q("16"), REFUSED)
+
+
+@pytest.mark.parametrize("mode", VM_TERMS)
+def test_with_the_ledgers_memory_a_cpu_hotplug_past_a_forged_topology_counts_what_the_pod_was_made_for(
+    mode: Mode,
+) -> None:
+    """The VM that adopted the forged VMI asks 32 sockets: it counts the 16 its pod was made for, not the forged 1,
+    until its growth is admitted."""
+    facts = facts_for(["requests.cpu", "limits.cpu"])
+    pod = launcher_obj(vmi_obj("v", vcpus=16), t=1, facts=facts)
+    first, now = vmi_obj("v", vcpus=16, status_vcpus=1), vmi_obj("v", vcpus=32, status_vcpus=1)
+    assert forged_then(mode, first, now, pod) == (Q("16"), REFUSED)
+
+
+@pytest.mark.parametrize("mode", VM_TERMS)
+def test_with_the_ledgers_memory_a_cluster_overhead_change_does_not_bring_a_forged_topology_back(mode: Mode) -> None:
+    facts = facts_for(["requests.cpu", "limits.cpu"])
+    pod = launcher_obj(vmi_obj("v", vcpus=16), t=1, facts=facts)
+    first, now = vmi_obj("v", vcpus=16, status_vcpus=1), vmi_obj("v", vcpus=16, status_vcpus=1)
+    config = KubeVirtConfig(additional_guest_memory_overhead_ratio="2")
+    assert forged_then(mode, first, now, pod, config=config) == (Q("16"), REFUSED)
+
+
+def test_with_the_ledgers_memory_a_cpu_hotplug_hidden_by_a_topology_forged_larger_is_admitted_first() -> None:
+    """The VMI was created at 2 vCPUs with a status of 16; its pod was made for 2. Raised to 16 (spec and status
+    agree, and KubeVirt sees no change), its migration's target is a size change all the same: admitted against the
+    budget, and refused on 8 cores."""
+    budget = {"limits.cpu": "8", "requests.cpu": "8", "limits.memory": "64Gi", "requests.memory": "64Gi"}
+    facts = facts_for(budget)
+    first = vmi_obj("v", vcpus=2, status_vcpus=16)
+    now = vmi_obj("v", vcpus=16, status_vcpus=16)
+    pod = launcher_obj(vmi_obj("v", vcpus=2), t=1, facts=facts)
+    vouch(first, pod)
+    vouch(now, pod)
+    u = account_history(
+        [quota_obj("rq", budget, Mode.VMI_POD_USAGE), first, pod, now, vmim_obj("m", "v", rejected=True)]
+    )
+    assert mig(u, "m").state == GROWTH_REFUSED, mig(u, "m").reason
+    assert u.quotas["rq"].hard["limits.cpu"] <= Q("8"), u.quotas["rq"].hard
+
+
+def test_an_honest_cpu_hotplug_counts_once_admitted_with_the_ledgers_memory() -> None:
+    """The memory changes nothing for a hotplug KubeVirt carries out: the VM's pod was made for 2 vCPUs, the VM
+    asks 4 and counts 2 until its migration's target, made for 4, is admitted and runs."""
+    budget = {"requests.cpu": "8"}
+    facts = facts_for(budget)
+    first = vmi_obj("v", vcpus=2)
+    pod = launcher_obj(first, t=1, facts=facts)
+    asked = vmi_obj("v", vcpus=4, status_vcpus=2)
+    vouch(asked, pod)
+    quota = quota_obj("rq", budget, Mode.VIRTUAL_RESOURCES)
+    u = account_history([quota, first, pod, asked])
+    assert vm(u, "v").counts["rq"]["requests.cpu"] == Q("2")
+    target = launcher_obj(vmi_obj("v", vcpus=4), t=5, facts=facts, migration_uid="mig-m", suffix="t")
+    moving = vmi_obj("v", vcpus=4, status_vcpus=2)
+    vouch(moving, pod)
+    vouch(moving, target)
+    u = account_history([quota, first, pod, asked, vmim_obj("m", "v", phase="Running"), target, moving])
+    assert vm(u, "v").counts["rq"]["requests.cpu"] == Q("4")
 
 
 def _event_size(vmi: dict[str, Any]) -> int:

@@ -86,7 +86,6 @@ def account_namespace(
     namespace: str | None = None,
     memoize: bool = True,
     distinct: bool = False,
-    made_for: Mapping[str, tuple[str, int]] | None = None,
 ) -> NamespaceUsage:
     """Account one namespace from its snapshots in any order: :func:`by_kind`, then :func:`account_view`.
 
@@ -96,14 +95,7 @@ def account_namespace(
     result is unspecified). The other arguments as :func:`account_view`'s."""
     namespace, kinds = by_kind(objects, namespace, distinct=distinct)
     return _Accounting(
-        kinds,
-        namespace,
-        now=now,
-        config=config,
-        policies=policies,
-        memoize=memoize,
-        shared_lists=False,
-        made_for=made_for,
+        kinds, namespace, now=now, config=config, policies=policies, memoize=memoize, shared_lists=False
     ).run()
 
 
@@ -133,9 +125,9 @@ def account_view(
     way (False: the reference). ``late``: the uids of the pods created in a refusal, as the ledger's fold remembers
     them (``shared.ledger.fold``; none without a history). ``departed``: launcher pods KubeVirt named in a VMI's
     ``status.activePods`` and names no more, with that VMI as it last named them (the fold's memory, likewise): such
-    a pod that still runs counts as that VM. ``made_for``: launcher pod uid → the VMI that named it and the vCPUs of
-    its spec then (likewise): a running VM counts at the vCPUs some pod of it was made for, whatever its status says
-    (without, at its spec's where a pod has the rendering at them)."""
+    a pod that still runs counts as that VM. ``made_for``: launcher pod uid → the VMI it was made for and the vCPUs
+    of its spec when it was created (likewise): a running VM counts at the vCPUs some pod of it was made for,
+    whatever its status says (without, at its spec's where a pod has the rendering at them)."""
     return _Accounting(
         kinds,
         namespace,

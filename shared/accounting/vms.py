@@ -161,14 +161,15 @@ class Vms(Pods):
 
         The tenant may write ``status.currentCPUTopology`` when it creates the VMI: KubeVirt keeps it (its VMI has no
         status subresource, and its webhook sets the field only when a create has none) and renders the pod from
-        the spec. What a pod was made for is the ledger's memory (:attr:`made_for`: the spec's vCPUs in the VMI's
-        version that first named the pod), which nothing the tenant writes later changes. Without it (accounting from
-        snapshots alone, a pod named before the memory was kept), the pods' charges tell: the largest of them (per
-        resource; every one: the smallest) has all of the rendering at the spec's vCPUs (``Renderer.spec_cpu_usage``:
-        whatever memory change or interface is pending beside them), or the VM cannot be rendered (nothing shows
-        its pods were made smaller). A tenant can add a pod to a VM (one KubeVirt adopts), never shrink KubeVirt's;
-        an added pod was made for the spec as it was when KubeVirt named it, so a CPU hotplug pending then counts at
-        once, and its migration is admitted all the same (``Migrations._over_at_spec``)."""
+        the spec. What a pod was made for is the ledger's memory (:attr:`made_for`: the spec's vCPUs of the VMI its
+        launcher command names when the pod was created), which nothing the tenant writes later changes. Without it
+        (accounting from snapshots alone, a pod folded before its VMI or before the memory was kept), the pods'
+        charges tell: the largest of them (per resource; every one: the smallest) has all of the rendering at the
+        spec's vCPUs (``Renderer.spec_cpu_usage``: whatever memory change or interface is pending beside them), or
+        the VM cannot be rendered (nothing shows its pods were made smaller). A tenant can add a pod to a VM (one
+        KubeVirt adopts), never shrink KubeVirt's; a pod it creates naming the VMI counts as made for the spec then,
+        so a CPU hotplug pending then counts at once, and its migration is admitted all the same
+        (``Migrations._over_at_spec``)."""
         now = v.status_vcpus if v.status_vcpus is not None else v.vcpus
         known = [self._made_for(v, p) for p, _ in vm_pods]
         made = [m for m in known if m is not None]
@@ -180,7 +181,7 @@ class Vms(Pods):
         return max(now, min(v.vcpus, min(made) if every else max(made)))
 
     def _made_for(self, v: VmiSnapshot, p: PodSnapshot) -> int | None:
-        """The vCPUs ``v``'s pod ``p`` was made for, as the ledger remembers ``v`` naming it (None: not known)."""
+        """The vCPUs ``v``'s pod ``p`` was made for, as the ledger remembers it made for ``v`` (None: not known)."""
         first = self.made_for.get(p.uid)
         return first[1] if first is not None and first[0] == v.uid else None
 

@@ -578,6 +578,48 @@ async def test_a_cpu_topology_written_into_a_new_vmis_status_does_not_shrink_its
         assert p.vmi_phase(ns, "second") != "Running", "24 vCPUs run on a budget of 16"
 
 
+async def test_an_annotation_added_to_a_vmi_with_a_forged_topology_does_not_shrink_its_vm() -> None:
+    """The same VMI; once it runs, its tenant adds a hook sidecar annotation (without the guard a running VMI's
+    annotations are the tenant's to edit). Judged by its pod's charge against the rendering, which now has the
+    sidecar's container, the pod no longer looked made for 16 vCPUs and the VM counted its forged one again: the
+    ledger remembers what the pod was made for when it was created."""
+    async with pipeline() as p:
+        ns = "tenant-topology"
+        await p.managed_quota(ns, "vm-budget", {"requests.cpu": "16"}, mode="VirtualResources")
+        forged = created_vmi("forged", vcpus=16, namespace=ns)
+        forged["spec"]["domain"]["cpu"]["dedicatedCpuPlacement"] = True  # (a hook sidecar then has CPU of its own)
+        forged["status"] = {"currentCPUTopology": {"sockets": 1, "cores": 1, "threads": 1}}
+        vmis = p.sim.store.resource("virtualmachineinstances")
+
+        def sidecar(obj: Obj) -> Obj:
+            obj["metadata"].setdefault("annotations", {})["hooks.kubevirt.io/hookSidecars"] = '[{"image": "x"}]'
+            return obj
+
+        async with Tenant(p, ns) as tenant:
+            with acting_as(tenant.user):
+                await p.sim.create(forged)
+            await p.sim.wait_for_phase(ns, "forged", "Running", within=30)
+
+            def counted(n: int) -> bool:
+                u = p.tap.usage.get(ns)
+                vms = [v for v in (u.vms if u is not None else ()) if v.name == "forged"]
+                return bool(vms) and Quantity.parse(vms[0].counts["vm-budget"]["requests.cpu"]) == Quantity.from_int(n)
+
+            await p.wait(lambda: counted(16), "the forged VM counted at 16")
+            with acting_as(tenant.user):
+                await p.sim.store.mutate(vmis, ns, "forged", sidecar)
+        # (the annotated version and the second VM's VMI come on one watch, in order: the ledger decides with both)
+        await p.sim.create_vm(ns, "second", memory="1Gi", sockets=8)
+
+        def decided() -> bool:
+            u = p.tap.usage.get(ns)
+            return u is not None and any(v.name == "second" and v.state in ("refused", "running") for v in u.vms)
+
+        await p.wait(decided, "the ledger to decide the second VM")
+        assert counted(16), [v for v in p.tap.usage[ns].vms if v.name == "forged"]
+        assert p.vmi_phase(ns, "second") != "Running", "24 vCPUs run on a budget of 16"
+
+
 # ---- the reservation window: room raised for a pod that does not exist yet ---------------------------------------
 
 

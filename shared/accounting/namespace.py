@@ -251,13 +251,15 @@ class _Accounting(Admission):
         """Vouch for the launcher pods KubeVirt stopped naming (the fold's memory): a tenant takes a pod's controller
         reference off, or deletes its VMI with ``propagationPolicy: Orphan``, and the guest may run on in it (for the
         VMI's termination grace period, the tenant's to set); as a plain pod it would count its charge only, k times
-        less than the VM in the VM-term modes, while KubeVirt starts the VM again beside it."""
+        less than the VM in the VM-term modes, while KubeVirt starts the VM again beside it. Only a pod whose
+        launcher command names the VMI can run its guest: a tenant's pod KubeVirt adopted into the VMI and let go of
+        again is a plain pod, not the VM running on."""
         live = {v.uid: v for v in self.vmis}
-        existing = {p.uid for p in self.pods}
+        made_for = {p.uid: p.command_vmi_uid for p in self.pods}
         gone: dict[str, VmiSnapshot] = {}
         found: set[str] = set()
         for pod, v in sorted(departed.items()):
-            if pod in self.vouched or pod not in existing:
+            if pod in self.vouched or made_for.get(pod) != v.uid:
                 continue
             self.vouched[pod] = live.get(v.uid) or gone.setdefault(v.uid, v)
             found.add(pod)

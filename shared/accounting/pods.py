@@ -41,10 +41,10 @@ takes its charge), and per quota what the pods of VMIs not in view add to ``U`` 
 
 
 def made_for_unseen_vmi(p: PodSnapshot, seen: frozenset[str]) -> bool:
-    """Whether ``p`` names as its VMI (in its immutable launcher command, its owner reference or its label) one the
-    namespace has no VMI of: a launcher pod whose VMI vmquota cannot read (its event dead-lettered) or has not read
-    yet. Anyone may write such a name on a pod, and it only ever makes the pod count more."""
-    return any(uid and uid not in seen for uid in p.named_vmi_uids)
+    """Whether ``p``'s launcher command (immutable: its labels and owner references the tenant may take off) names
+    a VMI the namespace has no VMI of: a launcher pod whose VMI vmquota cannot read (its event dead-lettered) or has
+    not read yet. Anyone may write such a command in a pod, and it only ever makes the pod count more."""
+    return bool(p.command_vmi_uid) and p.command_vmi_uid not in seen
 
 
 def as_a_vm(charged: ResourceList, factors: Mapping[str, Fraction | None]) -> tuple[ResourceList, ResourceList]:
@@ -151,8 +151,8 @@ class Pods(State):
             )
             if as_vm:
                 reason = (
-                    "made for a VMI that is not in view (its launcher command, owner reference or label names it): "
-                    "counts as the VM it may run, its pod usage over each quota's pod/mode factor k"
+                    "made for a VMI that is not in view (its launcher command names it): counts as the VM it may run, "
+                    "its pod usage over each quota's pod/mode factor k"
                 )
             if not active:
                 reason += "; terminal or past its grace period: count/pods only"

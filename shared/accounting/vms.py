@@ -154,31 +154,29 @@ class Vms(Pods):
         return cap
 
     def _made_for_vcpus(self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]], *, every: bool) -> int:
-        """The vCPUs the VM's pods were made for — the most of any pod, or the least (``every``) — between what its
-        status reports and its spec. A running VM counts at the vCPUs some pod of it was made for, or the difference
-        would be room for other VMs; when every pod was made for them, KubeVirt made the VM's pod at that size
-        (starting or migrating it) and its growth was admitted then.
+        """The vCPUs the VM's pods were made for — some pod (what it counts at), or ``every`` one (what KubeVirt made
+        its pod at, its growth admitted then) — between what its status reports and its spec. A running VM counts at
+        the vCPUs some pod of it was made for, or the difference would be room for other VMs.
 
         The tenant may write ``status.currentCPUTopology`` when it creates the VMI: KubeVirt keeps it (its VMI has no
         status subresource, and its webhook sets the field only when a create has none) and renders the pod from
-        the spec. What a pod was made for is the ledger's memory (:attr:`made_for`: the spec's vCPUs of the VMI its
-        launcher command names when the pod was created), which nothing the tenant writes later changes. Without it
-        (accounting from snapshots alone, a pod folded before its VMI or before the memory was kept), the pods'
-        charges tell: the largest of them (per resource; every one: the smallest) has all of the rendering at the
-        spec's vCPUs (``Renderer.spec_cpu_usage``: whatever memory change or interface is pending beside them), or
-        the VM cannot be rendered (nothing shows its pods were made smaller). A tenant can add a pod to a VM (one
-        KubeVirt adopts), never shrink KubeVirt's; a pod it creates naming the VMI counts as made for the spec then,
-        so a CPU hotplug pending then counts at once, and its migration is admitted all the same
-        (``Migrations._over_at_spec``)."""
+        the spec. Two things show what a pod was made for. Its charges: the largest of the VM's pods per resource
+        (``every``: the smallest) has all of the rendering at the spec's vCPUs (``Renderer.spec_cpu_usage``:
+        whatever memory change or interface is pending beside them), or the VM cannot be rendered; a change of the
+        rendering since (an annotation, the cluster's overhead, a hotplug asked past the spec the pod was made for)
+        hides it. And the ledger's memory (:attr:`made_for`: the spec's vCPUs of the VMI the pod's launcher command
+        names, as the ledger first saw it with the pod), which nothing written later changes, but which may be more
+        than the pod was made for (the watches of pods and VMIs are in no order: a hotplug asked at once may be seen
+        first). Some pod counts at what either shows (more is safe to count); every pod was made for what both show
+        (an admission is skipped only on that). A tenant can add a pod to a VM (one KubeVirt adopts), never shrink
+        KubeVirt's; a pod it creates naming the VMI counts as made for the spec then, so a CPU hotplug pending then
+        counts at once, and its migration is admitted all the same (``Migrations._over_at_spec``)."""
         now = v.status_vcpus if v.status_vcpus is not None else v.vcpus
-        known = [self._made_for(v, p) for p, _ in vm_pods]
-        made = [m for m in known if m is not None]
-        unknown = [charged for (_, charged), m in zip(vm_pods, known, strict=True) if m is None]
-        if unknown:
-            made.append(v.vcpus if v.fewer_vcpus and self._rendered_for_spec(v, unknown, every=every) else now)
-        if not made:
-            return now
-        return max(now, min(v.vcpus, min(made) if every else max(made)))
+        charges = [charged for _, charged in vm_pods]
+        by_charge = v.vcpus if v.fewer_vcpus and charges and self._rendered_for_spec(v, charges, every=every) else now
+        made = [m for m in (self._made_for(v, p) for p, _ in vm_pods) if m is not None]
+        most = min([by_charge, *made]) if every else max([by_charge, *made])
+        return max(now, min(v.vcpus, most))
 
     def _made_for(self, v: VmiSnapshot, p: PodSnapshot) -> int | None:
         """The vCPUs ``v``'s pod ``p`` was made for, as the ledger remembers it made for ``v`` (None: not known)."""

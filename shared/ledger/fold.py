@@ -43,10 +43,11 @@ made_for`, in checkpoints too, until the pod is gone). KubeVirt renders a pod fr
 the VMI: accounting counts a running VM at the vCPUs some pod of it was made for, whatever the status says, and a VM
 whose spec has more vCPUs than every pod of it was made for as a size change to admit. The VMI is the one the pod's
 launcher command names (immutable; else its owner reference at creation), its spec the one in view when the pod is
-first folded, or, when a VMI names the pod in ``status.activePods`` before the pod's event arrives (the watches of two
-kinds are in no order), the smaller of the spec then and when the pod arrives (a spec's vCPUs only grow while the VM
-runs). A pod folded before its VMI was in view, or before this memory was kept, has none: accounting then judges by
-its charge.
+first folded; when a VMI names the pod in ``status.activePods`` before that (the watches of two kinds are in no
+order), the smaller of the spec then and when the pod arrives (a spec's vCPUs only grow while the VM runs); for a pod
+folded before its VMI was in view (or before this memory was kept), the spec of the first version of its VMI that
+names it. So it is at least what the pod was made for, and maybe more (a hotplug asked at once, seen before the
+pod): accounting counts by it, and takes a pod as made at a size only where its charge shows it too.
 
 Partitions: a namespace belongs to partition ``crc32("<cluster>/<namespace>") % total``. A ledger instance owns a
 :class:`PartitionSet` and skips the namespaces of other partitions; cluster-wide objects are folded by all.
@@ -443,8 +444,13 @@ class NamespaceState:
                 # launcher pod's controller reference to a VMI of its own, which then names it)
                 if departed and departed.get(uid) == now.uid:
                     del departed[uid]
-                if uid not in made_for and uid not in pods:  # (named before its event arrived)
-                    made_for[uid] = (now.uid, now.vcpus)
+                if uid not in made_for:
+                    # (named before its event arrived, or folded before its VMI was in view: the spec now, which
+                    # the spec the pod was made for is at most; not a pod made for another VMI)
+                    rec = pods.get(uid)
+                    pod = rec.snapshot if rec is not None else None
+                    if not isinstance(pod, PodSnapshot) or (pod.command_vmi_uid or now.uid) == now.uid:
+                        made_for[uid] = (now.uid, now.vcpus)
         if not isinstance(before, VmiSnapshot) or not before.vouched_pods:
             return
         pods = self.objects.get(POD_KIND) or {}

@@ -286,12 +286,6 @@ class PodSnapshot(Snapshot, tag=POD_KIND, frozen=True, kw_only=True):
         return self.labels.get(CREATED_BY_LABEL) or self.owner_vmi_uid
 
     @property
-    def named_vmi_uids(self) -> tuple[str, str, str]:
-        """The VMI uids the pod names (each may be ""): in its launcher command (immutable), its owner reference and
-        its ``kubevirt.io/created-by`` label."""
-        return self.command_vmi_uid, self.owner_vmi_uid, self.labels.get(CREATED_BY_LABEL, "")
-
-    @property
     def migration_job_uid(self) -> str:
         return self.labels.get(MIGRATION_JOB_LABEL, "")
 

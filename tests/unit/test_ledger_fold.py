@@ -718,7 +718,8 @@ def test_what_a_launcher_pod_was_made_for_is_remembered_from_its_vmi_when_it_was
     """The vCPUs of the spec of the VMI the pod's launcher command names, when the pod is first folded (or the
     smaller of that and the spec of the VMI's version that named it before the pod's event arrived), in checkpoints
     too, until the pod is gone: later versions (a hotplug asked) and another VMI naming the pod (a tenant moved its
-    controller reference) change nothing. A pod folded before its VMI was in view has nothing remembered."""
+    controller reference) change nothing. A pod folded before its VMI was in view is remembered with the first version
+    of its VMI that names it; a VMI naming a pod made for another VMI is not remembered for it."""
     vmi = "VirtualMachineInstance"
     led = fold(
         [
@@ -741,14 +742,17 @@ def test_what_a_launcher_pod_was_made_for_is_remembered_from_its_vmi_when_it_was
             up("p9", 7, phase="Running", command_vmi_uid="v2"),
             up("p8", 8, phase="Running", command_vmi_uid="v3"),
             up("v3", 9, kind=vmi, phase="Running", vcpus=8, active_pods={"p8": "n1"}),
+            up("v3", 10, kind=vmi, phase="Running", vcpus=12, active_pods={"p8": "n1"}),
+            up("p6", 11, phase="Running", command_vmi_uid="v9"),
+            up("v2", 12, kind=vmi, phase="Running", vcpus=4, active_pods={"p1": "n1", "p9": "n1", "p6": "n1"}),
         ],
         led,
         start=5,
     )
-    assert st.made_for == {"p1": ("v1", 16), "p9": ("v2", 2)}, "the smaller spec; nothing for p8"
-    fold([down("p1", 10)], led, start=10)
+    assert st.made_for == {"p1": ("v1", 16), "p9": ("v2", 2), "p8": ("v3", 8)}, "nothing for p6 (made for v9)"
+    fold([down("p1", 13), down("p8", 14)], led, start=13)
     assert st.made_for == {"p9": ("v2", 2)}, "a pod gone was made for nothing"
-    fold([up("v4", 11, kind=vmi, phase="Running", vcpus=1, active_pods={"p7": "n1"})], led, start=11)
+    fold([up("v4", 15, kind=vmi, phase="Running", vcpus=1, active_pods={"p7": "n1"})], led, start=15)
     assert st.made_for["p7"] == ("v4", 1)
-    fold([sync(["p9"], 12)], led, start=12)
+    fold([sync(["p9", "p6"], 16)], led, start=16)
     assert st.made_for == {"p9": ("v2", 2)}, "a relist without the pod: gone"

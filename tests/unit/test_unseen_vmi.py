@@ -91,14 +91,19 @@ def test_in_pod_terms_a_pod_of_a_vmi_not_in_view_counts_its_charge() -> None:
 
 
 def test_a_tenants_plain_pod_naming_a_made_up_vmi_only_counts_more() -> None:
-    """Anyone may write a VMI's name on a pod: it makes the pod count more, never less."""
-    named = pod_obj("p", {"cpu": "200m"}, {"cpu": "200m"})
-    named["metadata"]["ownerReferences"] = [{"kind": "VirtualMachineInstance", "name": "x", "uid": "made-up"}]
+    """Anyone may write KubeVirt's launcher command in a pod: naming a VMI the namespace has none of makes the pod
+    count more, never less. An owner reference or a label naming one changes nothing (KubeVirt's own pods always
+    carry the command; a tenant's pod that only says so is a plain pod)."""
+    commanded = pod_obj("p", {"cpu": "200m"}, {"cpu": "200m"})
+    commanded["spec"]["containers"][0] |= {"name": "compute", "command": [LAUNCHER_MONITOR, "--uid", "made-up"]}
+    labelled = pod_obj("p", {"cpu": "200m"}, {"cpu": "200m"})
+    labelled["metadata"]["ownerReferences"] = [{"kind": "VirtualMachineInstance", "name": "x", "uid": "made-up"}]
+    labelled["metadata"]["labels"] = {"kubevirt.io/created-by": "made-up"}
     waiting = refused_vmi(vmi_obj("next", vcpus=3, t=100, phase="Pending", node=""))
     quota = quota_obj("rq", BUDGET, Mode.VIRTUAL_RESOURCES)
-    plain = account([quota, pod_obj("p", {"cpu": "200m"}, {"cpu": "200m"}), waiting])
-    assert vm(plain, "next").state == ADMITTED
-    u = account([quota, named, waiting])
+    for plain in (pod_obj("p", {"cpu": "200m"}, {"cpu": "200m"}), labelled):
+        assert vm(account([quota, plain, waiting]), "next").state == ADMITTED
+    u = account([quota, commanded, waiting])
     assert u.quotas["rq"].used["requests.cpu"] == Q("2") and vm(u, "next").state == REFUSED
 
 
@@ -192,3 +197,25 @@ def test_a_launcher_pod_kubevirt_named_stays_its_vms_when_a_decoy_names_it() -> 
     u = account_history([quota, old, pod, gone, moved, decoy, waiting])
     assert vm(u, "hidden").counts["rq"]["requests.cpu"] == Q("4"), vm(u, "hidden").reason
     assert vm(u, "next").state == REFUSED, vm(u, "next").reason
+
+
+def test_a_tenants_pod_kubevirt_let_go_of_is_a_plain_pod_not_the_vm() -> None:
+    """KubeVirt lists every pod with a controller reference to a VMI in its ``activePods``, a tenant's too; once the
+    VM finished, that pod runs on while no VMI names it. Only a pod whose launcher command names the VMI can run its
+    guest: the tenant's pod is a plain pod at its charge, and the finished VM counts nothing (found by the property
+    tests: remembered as the VM's, the pod kept the VM counting)."""
+    vmi = vmi_obj("v", vcpus=2)
+    pod = launcher_obj(vmi, facts=facts_for(BUDGET))
+    extra = pod_obj("extra", {"cpu": "100m"}, {"cpu": "100m"})
+    extra["metadata"]["ownerReferences"] = [
+        {"kind": "VirtualMachineInstance", "name": "v", "uid": "uid-v", "controller": True}
+    ]
+    vouch(vmi, extra)
+    done = copy.deepcopy(vmi)
+    done["status"] = {"phase": "Succeeded"}
+    ended = copy.deepcopy(pod)
+    ended["status"]["phase"] = "Succeeded"
+    quota = quota_obj("rq", BUDGET, Mode.VIRTUAL_RESOURCES)
+    u = account_history([quota, vmi, pod, extra, done, ended])
+    assert vm(u, "v").state == "stopped", vm(u, "v").reason
+    assert u.quotas["rq"].used["requests.cpu"] == Q("100m")

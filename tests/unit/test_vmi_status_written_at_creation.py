@@ -8,6 +8,7 @@ status written at its creation"), and the size changes whose admission must hold
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -330,6 +331,67 @@ def test_with_the_ledgers_memory_a_cpu_hotplug_hidden_by_a_topology_forged_large
     )
     assert mig(u, "m").state == GROWTH_REFUSED, mig(u, "m").reason
     assert u.quotas["rq"].hard["limits.cpu"] <= Q("8"), u.quotas["rq"].hard
+
+
+@pytest.mark.parametrize("order", ["hotplug_before_the_pod", "named_before_the_pod"])
+def test_with_the_ledgers_memory_a_hotplug_seen_before_the_pod_is_still_admitted(order: str) -> None:
+    """The watches of pods and VMIs are in no order: a CPU hotplug asked at once after the pod was created may be
+    folded before it, and the memory then says the pod was made for the new size. Taken as proof that KubeVirt made
+    the pod so (its growth admitted then), the hotplug's migration skipped the check: 16 vCPUs on 8. A pod counts
+    as made at a size for an admission only where its charge shows it too."""
+    budget = {"requests.cpu": "8"}
+    facts = facts_for(budget)
+    pod = launcher_obj(vmi_obj("v", vcpus=2), t=1, facts=facts)
+    asked = vmi_obj("v", vcpus=16, status_vcpus=2)
+    vouch(asked, pod)
+    quota = quota_obj("rq", budget, Mode.VIRTUAL_RESOURCES)
+    m = vmim_obj("m", "v", rejected=True)
+    if order == "hotplug_before_the_pod":
+        versions = [quota, vmi_obj("v", vcpus=2), vmi_obj("v", vcpus=16, status_vcpus=2), pod, asked, m]
+    else:
+        versions = [quota, asked, pod, m]
+    u = account_history(versions)
+    assert mig(u, "m").state == GROWTH_REFUSED, mig(u, "m").reason
+    assert not u.quotas["rq"].reserved, "no room for the 16-vCPU target"
+
+
+def test_with_the_ledgers_memory_a_target_made_larger_than_remembered_counts_at_its_size() -> None:
+    """A hotplug's target, made for 16 vCPUs, folded before the VMI's raised spec: the memory says 2. Once the
+    migration ended, and until KubeVirt updates the status, the VM counted 2 and an 8-vCPU VM got in (24 on 16).
+    Some pod counts at what its memory or its charge shows."""
+    budget = {"requests.cpu": "16"}
+    facts = facts_for(budget)
+    src = launcher_obj(vmi_obj("v", vcpus=2), t=1, facts=facts)
+    asked = vmi_obj("v", vcpus=16, status_vcpus=2)
+    vouch(asked, src)
+    m1 = vmim_obj("m1", "v", t=40, phase="Running")
+    tgt = launcher_obj(vmi_obj("v", vcpus=16), t=50, facts=facts, migration_uid="mig-m1", suffix="t")
+    done = vmim_obj("m1", "v", t=40, phase="Succeeded")
+    after = vmi_obj("v", vcpus=16, status_vcpus=2)
+    vouch(after, tgt)
+    src_done = copy.deepcopy(src)
+    src_done["status"]["phase"] = "Succeeded"
+    p = refused_vmi(vmi_obj("p", vcpus=8, t=100, phase="Pending"))
+    quota = quota_obj("rq", budget, Mode.VIRTUAL_RESOURCES)
+    u = account_history([quota, vmi_obj("v", vcpus=2), src, m1, tgt, asked, done, after, src_done, p])
+    assert vm(u, "v").counts["rq"]["requests.cpu"] == Q("16"), vm(u, "v").reason
+    assert vm(u, "p").state == REFUSED, vm(u, "p").reason
+
+
+def test_with_the_ledgers_memory_a_pod_folded_before_its_vmi_is_remembered_from_the_vmi() -> None:
+    """The pod's event came before its VMI's: it is remembered with the first version of its VMI that names it, and
+    an annotation added later does not bring the forged topology back."""
+    facts = facts_for(["requests.cpu", "limits.cpu"])
+    first = dedicated(vmi_obj("v", vcpus=16, status_vcpus=1))
+    now = copy.deepcopy(first)
+    now["metadata"]["annotations"] = {"hooks.kubevirt.io/hookSidecars": json.dumps([{"image": "x"}])}
+    pod = launcher_obj(dedicated(vmi_obj("v", vcpus=16)), t=1, facts=facts)
+    vouch(first, pod)
+    vouch(now, pod)
+    p = refused_vmi(vmi_obj("p", vcpus=8, t=100, phase="Pending"))
+    u = account_history([quota_obj("rq", {"requests.cpu": "16"}, Mode.VIRTUAL_RESOURCES), pod, first, now, p])
+    assert vm(u, "v").counts["rq"]["requests.cpu"] == Q("16")
+    assert vm(u, "p").state == REFUSED
 
 
 def test_an_honest_cpu_hotplug_counts_once_admitted_with_the_ledgers_memory() -> None:

@@ -126,8 +126,8 @@ def account_view(
     them (``shared.ledger.fold``; none without a history). ``departed``: launcher pods KubeVirt named in a VMI's
     ``status.activePods`` and names no more, with that VMI as it last named them (the fold's memory, likewise): such
     a pod that still runs counts as that VM. ``made_for``: launcher pod uid → the VMI it was made for and the vCPUs
-    of its spec when it was created (likewise): a running VM counts at the vCPUs some pod of it was made for,
-    whatever its status says (without, at its spec's where a pod has the rendering at them)."""
+    of that VMI's spec as the fold first saw the two together, at least what the pod was made for (likewise): a
+    running VM counts at the most vCPUs that or its pods' charges show, whatever its status says."""
     return _Accounting(
         kinds,
         namespace,
@@ -255,11 +255,11 @@ class _Accounting(Admission):
         launcher command names the VMI can run its guest: a tenant's pod KubeVirt adopted into the VMI and let go of
         again is a plain pod, not the VM running on."""
         live = {v.uid: v for v in self.vmis}
-        made_for = {p.uid: p.command_vmi_uid for p in self.pods}
+        commands = {p.uid: p.command_vmi_uid for p in self.pods}
         gone: dict[str, VmiSnapshot] = {}
         found: set[str] = set()
         for pod, v in sorted(departed.items()):
-            if pod in self.vouched or made_for.get(pod) != v.uid:
+            if pod in self.vouched or commands.get(pod) != v.uid:
                 continue
             self.vouched[pod] = live.get(v.uid) or gone.setdefault(v.uid, v)
             found.add(pod)

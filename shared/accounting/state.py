@@ -185,8 +185,8 @@ class State:
     late: frozenset[str]
     """Uids of the pods created in a refusal of a migration, as the ledger's fold remembers them."""
     made_for: Mapping[str, tuple[str, int]]
-    """Launcher pod uid → the VMI it was made for and the vCPUs of its spec when it was created, as the ledger's fold
-    remembers them (``shared.ledger.fold``; none from snapshots alone)."""
+    """Launcher pod uid → the VMI it was made for and the vCPUs of its spec as the ledger's fold first saw the two
+    together, at least what the pod was made for (``shared.ledger.fold``; none from snapshots alone)."""
     quotas: list[QuotaSums]
     renderer: Renderer
     quotas_key: int

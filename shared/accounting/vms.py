@@ -46,8 +46,8 @@ class Vms(Pods):
         objs = (*self.vmis, *self.departed, self.launchers)
         # (the active migrations decide whose pods are targets)
         active = tuple(sorted((m.uid, m.vmi_name) for m in self.vmims if m.active and m.uid))
-        # (what launcher pods were made for changes only with a VMI's version, the first to name the pod, and with a
-        # pod's deletion: both change the objects)
+        # (what a launcher pod was made for is taken when a pod or a VMI's version is folded, and dropped when a pod
+        # is deleted: each changes the objects)
         key = ("vms", tuple(map(id, objs)), active, self.quotas_key)
         self._apply_vms(self.memo.latest(("vms", self.namespace), key, objs, self._vms_pass))
 

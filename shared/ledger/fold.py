@@ -328,7 +328,7 @@ class NamespaceState:
         its size is the VM's a hotplug aside). Entries no pod refers to any more are dropped when the state is
         checkpointed."""
         self.made_for: dict[str, tuple[str, int]] = {}
-        """Pod uid → (the VMI's uid, the vCPUs of its spec) when the pod was created (see the module), while the pod
+        """Pod uid → (the VMI's uid, the vCPUs of its spec) as first seen with the pod (see the module), while the pod
         exists."""
 
     # ---- reading ----------------------------------------------------------------------------------------------
@@ -433,7 +433,8 @@ class NamespaceState:
     def _named(self, before: Snapshot | None, now: Snapshot | None) -> None:
         """A VMI's new version ``now`` (None: deleted) replaced ``before``: the pods ``before`` named in
         ``status.activePods`` that ``now`` does not are remembered with ``before`` while they may still run; those
-        ``now`` names are the VMI's again."""
+        ``now`` names are the VMI's again (not another VMI's: a tenant may move a pod's controller reference). The
+        pods ``now`` names that have no memory of what they were made for get the spec ``now`` has."""
         named = now.vouched_pods if isinstance(now, VmiSnapshot) else {}
         if named:
             assert isinstance(now, VmiSnapshot)

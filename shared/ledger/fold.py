@@ -460,8 +460,11 @@ class NamespaceState:
             if uid in named:
                 continue
             rec = pods.get(uid)
+            pod = rec.snapshot if rec is not None else None
+            if isinstance(pod, PodSnapshot) and pod.command_vmi_uid and pod.command_vmi_uid != before.uid:
+                continue  # (not made for it: a VMI letting go of it does not take the pod's memory over)
             # (a pod not folded yet may still arrive: the watches of two kinds are in no order with each other)
-            if rec is None or (rec.snapshot is not None and not _finished(rec.snapshot)):
+            if rec is None or (pod is not None and not _finished(pod)):
                 self.departed[uid] = before.uid
                 kept = True
         if kept:

@@ -197,6 +197,14 @@ def test_a_launcher_pod_kubevirt_named_stays_its_vms_when_a_decoy_names_it() -> 
     u = account_history([quota, old, pod, gone, moved, decoy, waiting])
     assert vm(u, "hidden").counts["rq"]["requests.cpu"] == Q("4"), vm(u, "hidden").reason
     assert vm(u, "next").state == REFUSED, vm(u, "next").reason
+    # and once the decoy lets go of it again (its reference taken off, the decoy finished): still the VM it runs
+    released = copy.deepcopy(moved)
+    released["metadata"]["ownerReferences"] = []
+    decoy_done = copy.deepcopy(decoy)
+    decoy_done["status"] = {"phase": "Succeeded"}
+    u = account_history([quota, old, pod, gone, moved, decoy, released, decoy_done, waiting])
+    assert vm(u, "hidden").counts["rq"]["requests.cpu"] == Q("4"), vm(u, "hidden").reason
+    assert vm(u, "next").state == REFUSED, vm(u, "next").reason
 
 
 def test_a_tenants_pod_kubevirt_let_go_of_is_a_plain_pod_not_the_vm() -> None:

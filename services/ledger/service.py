@@ -269,12 +269,21 @@ class LedgerService:
         stored: list[tuple[str, bytes]] = []
         earlier: list[tuple[str, bytes]] = []
         parts: dict[str, bytes] = {}
-        watcher = await self.kv.watch(">", ignore_deletes=True)
+        # nats-py's watcher sends its "all delivered" marker once the consumer reports nothing pending, which on a
+        # loaded machine can be before the client has handled what was delivered: read on until the newest write
+        # the bucket held before the watch (deletions too: it may be one) has come
+        newest = (await self.kv.status()).stream_info.state.last_seq
+        watcher = await self.kv.watch(">")
+        marked, seen = False, 0
         try:
-            while True:
+            while not (marked and seen >= newest):
                 entry = await watcher.updates(timeout=30.0)  # type: ignore[no-untyped-call]
                 if entry is None:
-                    break
+                    marked = True
+                    continue
+                seen = max(seen, entry.revision or 0)
+                if entry.operation is not None:  # (a deletion or a purge)
+                    continue
                 key, value = entry.key, entry.value or b""
                 if key == self.opts.progress_key:
                     try:

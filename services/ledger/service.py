@@ -36,10 +36,9 @@ and folds only the namespaces of its partitions (cluster-wide objects are folded
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
@@ -87,11 +86,6 @@ log = structlog.get_logger("vmquota.ledger")
 
 _HELD_UP: Final = 1.0
 """Seconds past the consumer's ``idle`` after which the loop runs its timers without a batch."""
-
-
-async def _next_batch(batches: AsyncIterator[list[Msg]]) -> list[Msg] | None:
-    """The consumer's next batch (None: it ended)."""
-    return await anext(batches, None)
 
 
 def _token(last: int) -> str:
@@ -463,27 +457,18 @@ class LedgerService:
             stream_created=self._stream_created or self._others_created,
         )
         self.health.set_ready(self.opts.service, False)
-        batches = self.consumer.batches()
-        coming: asyncio.Task[list[Msg] | None] | None = None
+        batches = self.consumer.batches_or_holdups(_HELD_UP)
         clean = False
         try:
             self._waiting.set()
-            while True:
-                if coming is None:
-                    coming = asyncio.create_task(_next_batch(batches), name="ledger-next-batch")
-                # the consumer yields at least every ``idle`` seconds; when it does not, a JetStream call waits for
-                # an answer (a loaded server answers one late, up to the call's timeout): the timers run meanwhile
-                done, _ = await asyncio.wait({coming}, timeout=self.consumer.idle + _HELD_UP)
-                if not done:
+            async for batch in batches:
+                if batch is None:  # (held up: a JetStream call waits for an answer; the timers run meanwhile)
                     if stop.is_set():
                         break
                     self._waiting.clear()
                     await self._timers(time.monotonic())
                     self._waiting.set()
                     continue
-                batch, coming = coming.result(), None
-                if batch is None:
-                    break
                 self._waiting.clear()
                 idle = self._checkpoint_done()  # (raises what a finished round raised)
                 self.health.set_ready(self.opts.service, True)
@@ -517,10 +502,6 @@ class LedgerService:
         finally:
             self._waiting.set()
             self.health.set_ready(self.opts.service, False)
-            if coming is not None:
-                coming.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await coming
             await batches.aclose()
             await self.consumer.close()
             await self._end_checkpointing(clean)

@@ -240,6 +240,36 @@ class PullConsumer:
             return False
         return True
 
+    async def batches_or_holdups(self, held_up: float) -> AsyncGenerator[list[Msg] | None, None]:
+        """:meth:`batches`, and None whenever none has come for ``idle + held_up`` seconds: :meth:`batches` yields at
+        least every ``idle`` seconds, but not while a JetStream call waits for an answer (a loaded server answers one
+        late, up to the call's timeout). A reader that runs timers between batches runs them at a None too. Closing
+        this generator closes :meth:`batches` (a call it waits in is cancelled)."""
+        batches = self.batches()
+        coming: asyncio.Task[list[Msg] | None] | None = None
+
+        async def following() -> list[Msg] | None:
+            return await anext(batches, None)
+
+        try:
+            while True:
+                if coming is None:
+                    coming = asyncio.create_task(following(), name=f"next-batch-{self.durable}")
+                done, _ = await asyncio.wait({coming}, timeout=self.idle + held_up)
+                if not done:
+                    yield None
+                    continue
+                batch, coming = coming.result(), None
+                if batch is None:
+                    return
+                yield batch
+        finally:
+            if coming is not None:
+                coming.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await coming
+            await batches.aclose()
+
     async def batches(self) -> AsyncGenerator[list[Msg], None]:
         why = "start"
         attempt = 0

@@ -222,9 +222,10 @@ class _Accounting(Admission):
         """What a VM's counts depend on besides the VM: the quotas' names, modes, ratios and factors (which follow the
         resources their budgets name: a budget that comes to name ``requests.cpu`` changes what a pod of a VMI not in
         view counts, and what a VM takes)."""
-        made_by = {p.uid: p.command_vmi_uid for p in self.pods if p.command_vmi_uid}
+        self.commands = {p.uid: p.command_vmi_uid for p in self.pods if p.command_vmi_uid}
+        """The VMI each pod's launcher command names (pods with one), by pod uid."""
         self.vouched: dict[str, VmiSnapshot] = {
-            pod: v for v in self.vmis for pod in v.vouched_pods if made_by.get(pod, v.uid) == v.uid
+            pod: v for v in self.vmis for pod in v.vouched_pods if self.commands.get(pod, v.uid) == v.uid
         }
         """Launcher pods by uid, as KubeVirt names them in its VMIs' ``status.activePods`` (or named them: below),
         but for a pod whose launcher command names another VMI: KubeVirt made it for that one, and a tenant moved its
@@ -255,11 +256,10 @@ class _Accounting(Admission):
         launcher command names the VMI can run its guest: a tenant's pod KubeVirt adopted into the VMI and let go of
         again is a plain pod, not the VM running on."""
         live = {v.uid: v for v in self.vmis}
-        commands = {p.uid: p.command_vmi_uid for p in self.pods}
         gone: dict[str, VmiSnapshot] = {}
         found: set[str] = set()
         for pod, v in sorted(departed.items()):
-            if pod in self.vouched or commands.get(pod) != v.uid:
+            if pod in self.vouched or self.commands.get(pod) != v.uid:
                 continue
             self.vouched[pod] = live.get(v.uid) or gone.setdefault(v.uid, v)
             found.add(pod)

@@ -172,8 +172,10 @@ class Vms(Pods):
         KubeVirt's; a pod it creates naming the VMI counts as made for the spec then, so a CPU hotplug pending then
         counts at once, and its migration is admitted all the same (``Migrations._over_at_spec``)."""
         now = v.status_vcpus if v.status_vcpus is not None else v.vcpus
+        if not v.fewer_vcpus:
+            return now  # (its status reports its spec's vCPUs or more: nothing shown can count more)
         charges = [charged for _, charged in vm_pods]
-        by_charge = v.vcpus if v.fewer_vcpus and charges and self._rendered_for_spec(v, charges, every=every) else now
+        by_charge = v.vcpus if charges and self._rendered_for_spec(v, charges, every=every) else now
         made = [m for m in (self._made_for(v, p) for p, _ in vm_pods) if m is not None]
         most = min([by_charge, *made]) if every else max([by_charge, *made])
         return max(now, min(v.vcpus, most))

@@ -436,10 +436,10 @@ class NamespaceState:
         ``now`` names are the VMI's again (not another VMI's: a tenant may move a pod's controller reference). The
         pods ``now`` names that have no memory of what they were made for get the spec ``now`` has."""
         named = now.vouched_pods if isinstance(now, VmiSnapshot) else {}
+        pods = self.objects.get(POD_KIND) or {}
         if named:
             assert isinstance(now, VmiSnapshot)
             departed, made_for = self.departed, self.made_for
-            pods = self.objects.get(POD_KIND) or {}
             for uid in named:
                 # (named by another VMI, a pod is still remembered with the one it ran for: a tenant may move a
                 # launcher pod's controller reference to a VMI of its own, which then names it)
@@ -454,7 +454,6 @@ class NamespaceState:
                         made_for[uid] = (now.uid, now.vcpus)
         if not isinstance(before, VmiSnapshot) or not before.vouched_pods:
             return
-        pods = self.objects.get(POD_KIND) or {}
         kept = False
         for uid in before.vouched_pods:
             if uid in named:

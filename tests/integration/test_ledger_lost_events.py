@@ -419,6 +419,14 @@ async def test_an_unreadable_mark_is_a_new_loss_that_needs_a_relist_of_its_own(n
         await b.close()
 
 
+async def victim_lost(b: Bus) -> Running:
+    """The victim's pod published, then flooded out of the stream before a ledger read it; a ledger started (asking
+    again after 0.2 s, doubling up to 0.4 s)."""
+    await publish(b, [pod("victim", "p1", 101)])
+    await flood(b, 1, 200)
+    return Running(b, slow_retry())
+
+
 async def test_requests_back_off_while_no_watcher_answers(nats_url: str) -> None:
     """Asked again and again (a request is core NATS: one sent while the watcher restarts is lost), later and
     later, and no more once the answer is folded."""
@@ -426,9 +434,7 @@ async def test_requests_back_off_while_no_watcher_answers(nats_url: str) -> None
     requests = Requests()
     await requests.listen(b)
     try:
-        await publish(b, [pod("victim", "p1", 101)])
-        await flood(b, 1, 200)
-        run = Running(b, slow_retry())
+        run = await victim_lost(b)
         await wait_until(lambda: len(requests.received) >= 4, what="four requests", within=10)
         at = requests.times[:4]
         gaps = [later - earlier for earlier, later in itertools.pairwise(at)]
@@ -454,9 +460,7 @@ async def test_a_consumer_held_up_by_a_call_the_server_does_not_answer_still_ask
     requests = Requests()
     await requests.listen(b)
     try:
-        await publish(b, [pod("victim", "p1", 101)])
-        await flood(b, 1, 200)
-        run = Running(b, slow_retry())
+        run = await victim_lost(b)
         await wait_until(lambda: len(requests.received) >= 1, what="asked", within=10)
         consumer = run.service.consumer
         assert consumer is not None and consumer._sub is not None

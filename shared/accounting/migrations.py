@@ -160,8 +160,10 @@ class Migrations(Vms):
     def _active(self, v: VmiSnapshot) -> int:
         """The VMI's active pods as KubeVirt's migration controller counts them (``VMIActivePodsCount``): those it
         controls (``status.activePods`` names them) that are not Succeeded or Failed, whether or not they are being
-        deleted (a pod past its grace period but not terminal is still active to KubeVirt)."""
-        return sum(1 for p in self.pods if p.phase not in ("Succeeded", "Failed") and self._owner(p) is v)
+        deleted (a pod past its grace period but not terminal is still active to KubeVirt), and whatever their
+        launcher command names (a tenant's pod KubeVirt adopted counts to KubeVirt, though not as the VM's)."""
+        named = v.vouched_pods
+        return sum(1 for p in self.pods if p.phase not in ("Succeeded", "Failed") and p.uid in named)
 
     def _target_estimate(
         self, v: VmiSnapshot, source_pod: PodSnapshot, source_usage: ResourceList, *others: ResourceList

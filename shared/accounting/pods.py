@@ -42,8 +42,11 @@ takes its charge), and per quota what the pods of VMIs not in view add to ``U`` 
 
 def made_for_unseen_vmi(p: PodSnapshot, seen: frozenset[str]) -> bool:
     """Whether ``p``'s launcher command (immutable: its labels and owner references the tenant may take off) names
-    a VMI the namespace has no VMI of: a launcher pod whose VMI vmquota cannot read (its event dead-lettered) or has
-    not read yet. Anyone may write such a command in a pod, and it only ever makes the pod count more."""
+    a VMI the namespace has no VMI of that KubeVirt has synced (``seen``): a launcher pod whose VMI vmquota cannot
+    read (its event dead-lettered) or has not read yet, or whose VMI is still pending as vmquota sees it (KubeVirt
+    names a new pod in the write that moves its VMI on, which the watches may bring after the pod): the VM may run
+    in it, and the pending VMI, which would count through it, does not count itself once its own pod takes its
+    room. Anyone may write such a command in a pod, and it only ever makes the pod count more."""
     return bool(p.command_vmi_uid) and p.command_vmi_uid not in seen
 
 
@@ -76,7 +79,7 @@ class Pods(State):
         key = (
             "pods",
             tuple(map(id, self.pods)),
-            tuple((v.uid, v.name, tuple(v.vouched_pods)) for v in self.vmis),
+            tuple((v.uid, v.name, v.synced, tuple(v.vouched_pods)) for v in self.vmis),
             tuple(sorted((p, self.vouched[p].uid) for p in self.departed_pods)),
             tuple((m.uid, m.name) for m in self.vmims),
             deleting,
@@ -102,7 +105,9 @@ class Pods(State):
         pod_usage: list[ResourceList] = []
         accounted: list[ResourceList] = []
         unseen: list[ResourceList] = []
-        seen = frozenset(v.uid for v in (*self.vmis, *self.departed))
+        # (a pending VMI does not vouch for its pod yet: its pod counts as the VM it may run; the VMI, admitted
+        # beside it, counts twice for a moment, or refused for want of the room its own pod took, not at all)
+        seen = frozenset(v.uid for v in (*self.vmis, *self.departed) if v.synced)
         memo = self.memo
         now = self.now
         for p in self.pods:

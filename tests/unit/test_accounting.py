@@ -40,6 +40,7 @@ from shared.accounting.results import (
 from shared.accounting.sums import Sum
 from shared.errors import InvalidInput
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts
+from shared.kubevirt.command import set_launcher_command
 from shared.ledger.fold import Ledger
 from shared.ledger.schedule import Urgency, Urgent, schedule, urgency
 from shared.normalize import normalize
@@ -537,6 +538,21 @@ def test_no_room_is_held_for_a_target_kubevirt_creates_no_pod_for_while_the_vmi_
     assert m.state == WAITING and not m.reserved, m
     adopted["status"]["phase"] = "Failed"  # (terminal: KubeVirt counts one pod again, and room is made at once)
     assert mig(account([quota, v, source, adopted, vmim_obj("m", "v", rejected=True)]), "m").state == PENDING
+
+
+def test_a_pod_kubevirt_adopted_whose_command_names_another_vmi_is_still_an_active_pod_to_kubevirt() -> None:
+    """The tenant's pod has a controller reference to its VMI (KubeVirt lists it in ``status.activePods``) and a
+    launcher command naming another VMI, so it is not the VM's pod to vmquota; KubeVirt counts it all the same and
+    creates no target: no room is held for one (it was reserved, and with the guard its holder kept every other pod
+    of the namespace out)."""
+    v, w = vmi_obj("v", guest="4Gi"), vmi_obj("w", guest="1Gi")
+    quota = quota_obj("rq", {"requests.memory": "64Gi"}, Mode.VMI_POD_USAGE)
+    adopted = launcher_obj(vmi_obj("v", guest="4Gi"), suffix="adopted", t=5, vouched=False)
+    set_launcher_command(adopted["spec"], "w", "uid-w", adopted["metadata"]["namespace"])
+    vouch(v, adopted)
+    u = account([quota, v, w, launcher_obj(v), launcher_obj(w), adopted, vmim_obj("m", "v", rejected=True)])
+    m = mig(u, "m")
+    assert m.state == WAITING and not m.reserved and "2 active pods" in m.reason, m
 
 
 def test_no_room_is_held_for_a_new_vms_pod_a_refusal_says_is_larger_than_its_estimates_bound() -> None:

@@ -227,3 +227,21 @@ def test_a_tenants_pod_kubevirt_let_go_of_is_a_plain_pod_not_the_vm() -> None:
     u = account_history([quota, vmi, pod, extra, done, ended])
     assert vm(u, "v").state == "stopped", vm(u, "v").reason
     assert u.quotas["rq"].used["requests.cpu"] == Q("100m")
+
+
+def test_the_pod_of_a_vmi_still_pending_as_vmquota_sees_it_counts_as_the_vm_it_may_run() -> None:
+    """KubeVirt names a new launcher pod in the write that moves its VMI past ``Pending``, which the watches may
+    bring after the pod. As a plain pod at its charge (400m for 4 vCPUs), the pod took the pending VMI's own room:
+    the VMI did not fit and counted nothing, and a 3-vCPU VM refused for room was admitted, with room reserved for
+    its pod: 7 vCPUs on 4. The pod of a VMI KubeVirt has not synced counts as the VM it may run."""
+    quota = quota_obj("rq", BUDGET, Mode.VIRTUAL_RESOURCES)
+    pod = launcher_obj(vmi_obj("v1", vcpus=4, t=10), facts=facts_for(BUDGET), vouched=False, t=11)
+    v1 = vmi_obj("v1", vcpus=4, t=10, phase="Pending", node="")
+    v2 = refused_vmi(vmi_obj("v2", vcpus=3, t=20, phase="Pending", node=""))
+    for u in (account_history([quota, v1, v2, pod]), account([quota, v1, v2, pod])):
+        assert vm(u, "v2").state == REFUSED, vm(u, "v2").reason
+        assert u.quotas["rq"].used["requests.cpu"] >= Q("4"), u.quotas["rq"].used
+    synced = vmi_obj("v1", vcpus=4, t=10)
+    vouch(synced, pod)
+    u = account([quota, synced, v2, pod])
+    assert vm(u, "v1").counts["rq"]["requests.cpu"] == Q("4") and vm(u, "v2").state == REFUSED

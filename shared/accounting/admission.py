@@ -53,7 +53,7 @@ class Admission(Migrations):
         carries the new size out by the next migration all the same)."""
         if size_change(v):
             return True
-        made = [self._made_for(v, p) for p, _ in self.launchers.get(vm_key(v), ())]
+        made = [self._made_for(v, p, fewest=True) for p, _ in self.launchers.get(vm_key(v), ())]
         return bool(made) and all(m is not None and m < v.vcpus for m in made)
 
     def _refused_for_room(self, v: VmiSnapshot) -> bool:

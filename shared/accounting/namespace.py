@@ -109,7 +109,7 @@ def account_view(
     memoize: bool = True,
     late: frozenset[str] = frozenset(),
     departed: Mapping[str, VmiSnapshot] | None = None,
-    made_for: Mapping[str, tuple[str, int]] | None = None,
+    made_for: Mapping[str, tuple[str, int, int]] | None = None,
 ) -> NamespaceUsage:
     """Account one namespace: **the** entry of the accounting.
 
@@ -125,9 +125,10 @@ def account_view(
     way (False: the reference). ``late``: the uids of the pods created in a refusal, as the ledger's fold remembers
     them (``shared.ledger.fold``; none without a history). ``departed``: launcher pods KubeVirt named in a VMI's
     ``status.activePods`` and names no more, with that VMI as it last named them (the fold's memory, likewise): such
-    a pod that still runs counts as that VM. ``made_for``: launcher pod uid → the VMI it was made for and the vCPUs
-    of that VMI's spec as the fold first saw the two together, at least what the pod was made for (likewise): a
-    running VM counts at the most vCPUs that or its pods' charges show, whatever its status says."""
+    a pod that still runs counts as that VM. ``made_for``: launcher pod uid → the VMI it was made for, the vCPUs
+    of that VMI's spec as the fold first saw the two together (at least what the pod was made for) and the fewest
+    the pod may have been made for (likewise): a running VM counts at the most vCPUs that or its pods' charges show,
+    whatever its status says, and is admitted as a size change unless the fewest and its charges show its spec."""
     return _Accounting(
         kinds,
         namespace,
@@ -186,11 +187,11 @@ class _Accounting(Admission):
         shared_lists: bool,
         late: frozenset[str] = frozenset(),
         departed: Mapping[str, VmiSnapshot] | None = None,
-        made_for: Mapping[str, tuple[str, int]] | None = None,
+        made_for: Mapping[str, tuple[str, int, int]] | None = None,
     ) -> None:
         self.now = now
         self.late = late
-        self.made_for: Mapping[str, tuple[str, int]] = made_for or {}
+        self.made_for: Mapping[str, tuple[str, int, int]] = made_for or {}
         self.errors: list[str] = []
         self.namespace = namespace
         self._split(kinds)

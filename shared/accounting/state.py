@@ -184,9 +184,10 @@ class State:
     pods: list[PodSnapshot]
     late: frozenset[str]
     """Uids of the pods created in a refusal of a migration, as the ledger's fold remembers them."""
-    made_for: Mapping[str, tuple[str, int]]
-    """Launcher pod uid → the VMI it was made for and the vCPUs of its spec as the ledger's fold first saw the two
-    together, at least what the pod was made for (``shared.ledger.fold``; none from snapshots alone)."""
+    made_for: Mapping[str, tuple[str, int, int]]
+    """Launcher pod uid → the VMI it was made for, the vCPUs of its spec as the ledger's fold first saw the two
+    together (at least what the pod was made for), and the fewest vCPUs the pod may have been made for
+    (``shared.ledger.fold``; none from snapshots alone)."""
     quotas: list[QuotaSums]
     renderer: Renderer
     quotas_key: int

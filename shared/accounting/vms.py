@@ -167,7 +167,8 @@ class Vms(Pods):
         hides it. And the ledger's memory (:attr:`made_for`: the spec's vCPUs of the VMI the pod's launcher command
         names, as the ledger first saw it with the pod), which nothing written later changes, but which may be more
         than the pod was made for (the watches of pods and VMIs are in no order: a hotplug asked at once may be seen
-        first). Some pod counts at what either shows (more is safe to count); every pod was made for what both show
+        first; ``every`` takes the fewest it may have been made for, which a spec grown before the VMI named a pod
+        lowers). Some pod counts at what either shows (more is safe to count); every pod was made for what both show
         (an admission is skipped only on that). A tenant can add a pod to a VM (one KubeVirt adopts), never shrink
         KubeVirt's; a pod it creates naming the VMI counts as made for the spec then, so a CPU hotplug pending then
         counts at once, and its migration is admitted all the same (``Migrations._over_at_spec``)."""
@@ -176,14 +177,18 @@ class Vms(Pods):
             return now  # (its status reports its spec's vCPUs or more: nothing shown can count more)
         charges = [charged for _, charged in vm_pods]
         by_charge = v.vcpus if charges and self._rendered_for_spec(v, charges, every=every) else now
-        made = [m for m in (self._made_for(v, p) for p, _ in vm_pods) if m is not None]
+        made = [m for m in (self._made_for(v, p, fewest=every) for p, _ in vm_pods) if m is not None]
         most = min([by_charge, *made]) if every else max([by_charge, *made])
         return max(now, min(v.vcpus, most))
 
-    def _made_for(self, v: VmiSnapshot, p: PodSnapshot) -> int | None:
-        """The vCPUs ``v``'s pod ``p`` was made for, as the ledger remembers it made for ``v`` (None: not known)."""
+    def _made_for(self, v: VmiSnapshot, p: PodSnapshot, *, fewest: bool = False) -> int | None:
+        """The vCPUs ``v``'s pod ``p`` was made for, as the ledger remembers it made for ``v`` (None: not known):
+        at least what it was made for, or (``fewest``) the fewest it may have been made for (its VMI's spec grew
+        before the VMI named it)."""
         first = self.made_for.get(p.uid)
-        return first[1] if first is not None and first[0] == v.uid else None
+        if first is None or first[0] != v.uid:
+            return None
+        return first[2] if fewest else first[1]
 
     def _rendered_for_spec(self, v: VmiSnapshot, charges: list[ResourceList], *, every: bool) -> bool:
         """The largest of ``charges`` per resource (``every``: the smallest) has the rendering at the spec's vCPUs,

@@ -47,7 +47,13 @@ first folded; when a VMI names the pod in ``status.activePods`` before that (the
 order), the smaller of the spec then and when the pod arrives (a spec's vCPUs only grow while the VM runs); for a pod
 folded before its VMI was in view (or before this memory was kept), the spec of the first version of its VMI that
 names it. So it is at least what the pod was made for, and maybe more (a hotplug asked at once, seen before the
-pod): accounting counts by it, and takes a pod as made at a size only where its charge shows it too.
+pod): accounting counts by it, and takes a pod as made at a size only where its charge shows it too. Beside it, the
+fewest vCPUs the pod may have been made for: a VMI's spec may grow before the VMI names its first pod (KubeVirt's VM
+controller carries a VM's new sockets into its VMI whatever the VMI's phase), and KubeVirt may have rendered that
+pod from the smaller spec; the fold keeps the smallest spec of such a VMI (:attr:`NamespaceState.grew_unnamed`)
+until it names a pod, and a pod made for it then may have been made for that. Admission takes a pod as made at a
+size only where that says so (a VMI created with a ``currentCPUTopology`` as large as the spec it is raised to as
+its pod is made gets no growth unadmitted); counting keeps the larger.
 
 Partitions: a namespace belongs to partition ``crc32("<cluster>/<namespace>") % total``. A ledger instance owns a
 :class:`PartitionSet` and skips the namespaces of other partitions; cluster-wide objects are folded by all.
@@ -219,6 +225,10 @@ class Checkpoint(msgspec.Struct, kw_only=True, rename="camel"):
     """The VMIs those name, once each (:attr:`NamespaceState.departed_vmis`)."""
     made_for: dict[str, tuple[str, int]] = {}
     """:attr:`NamespaceState.made_for`: pod uid → (VMI uid, vCPUs)."""
+    made_fewest: dict[str, int] = {}
+    """The fewest vCPUs of :attr:`NamespaceState.made_for`, for the pods where it is below the vCPUs."""
+    grew_unnamed: dict[str, int] = {}
+    """:attr:`NamespaceState.grew_unnamed`."""
     objects: list[_CkRecord] = []
 
 
@@ -279,6 +289,7 @@ class NamespaceState:
         "departed",
         "departed_vmis",
         "floors",
+        "grew_unnamed",
         "late",
         "made_for",
         "namespace",
@@ -327,9 +338,12 @@ class NamespaceState:
         ``status.activePods`` (one copy per VMI, however many pods it named: a tenant's VMI may control thousands;
         its size is the VM's a hotplug aside). Entries no pod refers to any more are dropped when the state is
         checkpointed."""
-        self.made_for: dict[str, tuple[str, int]] = {}
-        """Pod uid → (the VMI's uid, the vCPUs of its spec) as first seen with the pod (see the module), while the pod
-        exists."""
+        self.made_for: dict[str, tuple[str, int, int]] = {}
+        """Pod uid → (the VMI's uid, the vCPUs of its spec as first seen with the pod, the fewest vCPUs the pod may
+        have been made for) (see the module), while the pod exists."""
+        self.grew_unnamed: dict[str, int] = {}
+        """VMI uid → the fewest vCPUs of its spec, for a VMI whose spec grew while it named no pod, until it names
+        one (see the module)."""
 
     # ---- reading ----------------------------------------------------------------------------------------------
     def live(self, kind: str) -> list[Snapshot]:
@@ -387,6 +401,7 @@ class NamespaceState:
             if created is not None and (self.clock is None or created > self.clock):
                 self.clock = created
             if kind == VMI_KIND:
+                self._grown_unnamed(self.replaced, ev.snapshot)
                 self._named(self.replaced, ev.snapshot)
             elif kind == POD_KIND:
                 if self.replaced is None and rec is None:
@@ -451,7 +466,8 @@ class NamespaceState:
                     rec = pods.get(uid)
                     pod = rec.snapshot if rec is not None else None
                     if not isinstance(pod, PodSnapshot) or (pod.command_vmi_uid or now.uid) == now.uid:
-                        made_for[uid] = (now.uid, now.vcpus)
+                        made_for[uid] = (now.uid, now.vcpus, min(now.vcpus, self.grew_unnamed.get(now.uid, now.vcpus)))
+            self.grew_unnamed.pop(now.uid, None)
         if not isinstance(before, VmiSnapshot) or not before.vouched_pods:
             return
         kept = False
@@ -469,6 +485,17 @@ class NamespaceState:
         if kept:
             self.departed_vmis[before.uid] = msgspec.structs.replace(before, active_pods={})
 
+    def _grown_unnamed(self, before: Snapshot | None, now: Snapshot) -> None:
+        """A VMI's new version ``now`` replaced ``before``: a spec that grew while the VMI named no pod is
+        remembered at its smallest (:attr:`grew_unnamed`), until the VMI names a pod."""
+        if (
+            isinstance(before, VmiSnapshot)
+            and isinstance(now, VmiSnapshot)
+            and now.vcpus > before.vcpus
+            and not before.vouched_pods
+        ):
+            self.grew_unnamed[now.uid] = min(before.vcpus, self.grew_unnamed.get(now.uid, before.vcpus))
+
     def _made(self, uid: str, pod: Snapshot) -> None:
         """A pod folded for the first time: remember the vCPUs of the spec of the VMI it was made for, if in view
         (see the module)."""
@@ -482,12 +509,15 @@ class NamespaceState:
             del self.made_for[uid]  # (named by a VMI it was not made for)
             early = None
         if isinstance(vmi, VmiSnapshot):
-            self.made_for[uid] = (vmi_uid, vmi.vcpus if early is None else min(early[1], vmi.vcpus))
+            vcpus = vmi.vcpus if early is None else min(early[1], vmi.vcpus)
+            fewest = min(vcpus, self.grew_unnamed.get(vmi_uid, vcpus), early[2] if early is not None else vcpus)
+            self.made_for[uid] = (vmi_uid, vcpus, fewest)
 
     def _gone(self, kind: str, uid: str, before: Snapshot | None) -> None:
         """An object of ``kind`` was deleted (or dropped by a sync), ``before`` its last version."""
         if kind == VMI_KIND:
             self._named(before, None)
+            self.grew_unnamed.pop(uid, None)
         elif kind == POD_KIND:
             self.departed.pop(uid, None)
             self.made_for.pop(uid, None)
@@ -621,7 +651,9 @@ class NamespaceState:
                 clock=self.clock,
                 departed=dict(sorted(self.departed.items())),
                 departed_vmis=self._departed_vmis(),
-                made_for=dict(sorted(self.made_for.items())),
+                made_for={pod: (vmi, vcpus) for pod, (vmi, vcpus, _) in sorted(self.made_for.items())},
+                made_fewest={pod: f for pod, (_, vcpus, f) in sorted(self.made_for.items()) if f < vcpus},
+                grew_unnamed=dict(sorted(self.grew_unnamed.items())),
             )
         )
         assert head.endswith(b"[]}"), "objects is the last field of a checkpoint"
@@ -663,7 +695,10 @@ class NamespaceState:
             if vmi not in st.departed_vmis:
                 raise InvalidInput(f"invalid checkpoint: departed.{pod} names VMI {vmi}, which it does not hold")
             st.departed[pod] = vmi
-        st.made_for = dict(ck.made_for)
+        st.made_for = {
+            pod: (vmi, vcpus, min(vcpus, ck.made_fewest.get(pod, vcpus))) for pod, (vmi, vcpus) in ck.made_for.items()
+        }
+        st.grew_unnamed = dict(ck.grew_unnamed)
         for r in ck.objects:
             try:
                 snap = from_wire(r.snapshot)  # (the parts the wire variant reads as text are decoded here)
@@ -689,8 +724,9 @@ class NamespaceView:
     """Uids of the pods created in a refusal (:attr:`NamespaceState.late`)."""
     departed: Mapping[str, VmiSnapshot] = field(default_factory=dict)
     """Launcher pods KubeVirt stopped naming that may still run (:attr:`NamespaceState.departed`)."""
-    made_for: Mapping[str, tuple[str, int]] = field(default_factory=dict)
-    """The VMI and vCPUs each launcher pod was made for (:attr:`NamespaceState.made_for`)."""
+    made_for: Mapping[str, tuple[str, int, int]] = field(default_factory=dict)
+    """The VMI and vCPUs each launcher pod was made for, and the fewest it may have been made for
+    (:attr:`NamespaceState.made_for`)."""
 
 
 def checkpoint_key(cluster: str, namespace: str, instance: str) -> str:

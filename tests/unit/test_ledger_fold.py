@@ -730,11 +730,11 @@ def test_what_a_launcher_pod_was_made_for_is_remembered_from_its_vmi_when_it_was
         ]
     )
     st = led.state("c1", "a")
-    assert st is not None and st.made_for == {"p1": ("v1", 16)}
-    assert led.view("c1", "a").made_for == {"p1": ("v1", 16)}
+    assert st is not None and st.made_for == {"p1": ("v1", 16, 16)}
+    assert led.view("c1", "a").made_for == {"p1": ("v1", 16, 16)}
     again = Ledger()
     again.load(st.checkpoint())
-    assert again.state("c1", "a").made_for == {"p1": ("v1", 16)}  # type: ignore[union-attr]
+    assert again.state("c1", "a").made_for == {"p1": ("v1", 16, 16)}  # type: ignore[union-attr]
     fold(
         [
             up("v2", 5, kind=vmi, phase="Running", vcpus=2, active_pods={"p1": "n1", "p9": "n1"}),
@@ -749,10 +749,61 @@ def test_what_a_launcher_pod_was_made_for_is_remembered_from_its_vmi_when_it_was
         led,
         start=5,
     )
-    assert st.made_for == {"p1": ("v1", 16), "p9": ("v2", 2), "p8": ("v3", 8)}, "nothing for p6 (made for v9)"
+    assert st.made_for == {"p1": ("v1", 16, 16), "p9": ("v2", 2, 2), "p8": ("v3", 8, 8)}, "nothing for p6 (made for v9)"
     fold([down("p1", 13), down("p8", 14)], led, start=13)
-    assert st.made_for == {"p9": ("v2", 2)}, "a pod gone was made for nothing"
+    assert st.made_for == {"p9": ("v2", 2, 2)}, "a pod gone was made for nothing"
     fold([up("v4", 15, kind=vmi, phase="Running", vcpus=1, active_pods={"p7": "n1"})], led, start=15)
-    assert st.made_for["p7"] == ("v4", 1)
+    assert st.made_for["p7"] == ("v4", 1, 1)
     fold([sync(["p9", "p6"], 16)], led, start=16)
-    assert st.made_for == {"p9": ("v2", 2)}, "a relist without the pod: gone"
+    assert st.made_for == {"p9": ("v2", 2, 2)}, "a relist without the pod: gone"
+
+
+def test_a_spec_grown_before_its_vmi_named_a_pod_is_remembered_as_what_the_pod_may_have_been_made_for() -> None:
+    """KubeVirt's VM controller carries a VM's new sockets into its VMI whatever the VMI's phase, so the spec may grow
+    between the VMI's creation and its naming its first pod, which KubeVirt may have made from the smaller spec: the
+    fold keeps the smallest such spec until the VMI names a pod, and a pod made for it then may have been made for
+    that (the fewest), in checkpoints too. Whatever order the pod's event comes in; a spec grown once the VMI named a
+    pod (a hotplug) changes nothing of it."""
+    vmi = "VirtualMachineInstance"
+    for pod_at in range(4):
+        versions: list[Event] = [
+            up("v1", 1, kind=vmi, phase="Pending", vcpus=2),
+            up("v1", 2, kind=vmi, phase="Pending", vcpus=8),
+            up("v1", 3, kind=vmi, phase="Pending", vcpus=16),
+            up("v1", 5, kind=vmi, phase="Scheduling", vcpus=16, active_pods={"p1": "n1"}),
+        ]
+        versions.insert(pod_at + 1, up("p1", 4, phase="Pending", command_vmi_uid="v1"))
+        led = fold(versions)
+        st = led.state("c1", "a")
+        assert st is not None and st.made_for["p1"] == ("v1", [2, 8, 16, 16][pod_at], 2), pod_at
+        assert not st.grew_unnamed, "named a pod: nothing left to remember"
+        again = Ledger()
+        again.load(st.checkpoint())
+        assert again.state("c1", "a").made_for == st.made_for  # type: ignore[union-attr]
+    led = fold(
+        [
+            up("v1", 1, kind=vmi, phase="Pending", vcpus=2),
+            up("v1", 2, kind=vmi, phase="Pending", vcpus=16),
+        ]
+    )
+    st = led.state("c1", "a")
+    assert st is not None and st.grew_unnamed == {"v1": 2}
+    again = Ledger()
+    again.load(st.checkpoint())
+    assert again.state("c1", "a").grew_unnamed == {"v1": 2}  # type: ignore[union-attr]
+    fold(
+        [
+            up("v1", 3, kind=vmi, phase="Running", vcpus=16, active_pods={"p1": "n1"}),
+            up("v1", 4, kind=vmi, phase="Running", vcpus=32, active_pods={"p1": "n1"}),
+            up("p1", 5, phase="Running", command_vmi_uid="v1"),
+            up("p2", 6, phase="Running", command_vmi_uid="v1"),
+        ],
+        led,
+        start=3,
+    )
+    assert st.made_for == {"p1": ("v1", 16, 2), "p2": ("v1", 32, 32)}, "a hotplug once it named a pod: no fewest"
+    fold([down("v1", 7, kind=vmi)], led, start=7)
+    assert not st.grew_unnamed
+    led = fold([up("v1", 1, kind=vmi, phase="Pending", vcpus=2), up("v1", 2, kind=vmi, phase="Pending", vcpus=16)])
+    fold([down("v1", 3, kind=vmi)], led, start=3)
+    assert not led.state("c1", "a").grew_unnamed, "a VMI gone is forgotten"  # type: ignore[union-attr]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from shared import contract
-from shared.accounting.results import ADMITTED, GROWTH_REFUSED, REFUSED, WAITING, NamespaceUsage
+from shared.accounting.results import ADMITTED, GROWTH_REFUSED, PENDING, REFUSED, WAITING, NamespaceUsage
 from shared.kubevirt import KubeVirtConfig
 from shared.normalize import normalize
 from shared.quantity import Quantity
@@ -331,6 +331,49 @@ def test_with_the_ledgers_memory_a_cpu_hotplug_hidden_by_a_topology_forged_large
     )
     assert mig(u, "m").state == GROWTH_REFUSED, mig(u, "m").reason
     assert u.quotas["rq"].hard["limits.cpu"] <= Q("8"), u.quotas["rq"].hard
+
+
+@pytest.mark.parametrize("pod_seen", ["after_the_raise", "after_it_was_named"])
+def test_with_the_ledgers_memory_a_topology_forged_larger_and_raised_to_as_the_pod_is_made_is_admitted_first(
+    pod_seen: str,
+) -> None:
+    """The VMI was created at 2 vCPUs with a status of 16, and raised to 16 (through a VM that adopted it) while
+    KubeVirt made its pod, for 2. The raised spec reached the ledger before the pod: the memory said 16, and the
+    migration's target, rendered at 16, was reserved as the same VM moving (16 cores on 8). The smallest spec the VMI
+    had before it named its pod is what the pod may have been made for: admitted first, and refused."""
+    budget = {"limits.cpu": "8", "requests.cpu": "8", "limits.memory": "64Gi", "requests.memory": "64Gi"}
+    facts = facts_for(budget)
+    created = vmi_obj("v", vcpus=2, status_vcpus=16, phase="Pending")
+    raised = vmi_obj("v", vcpus=16, status_vcpus=16, phase="Pending")
+    named = vmi_obj("v", vcpus=16, status_vcpus=16)
+    pod = launcher_obj(vmi_obj("v", vcpus=2), t=1, facts=facts)
+    vouch(named, pod)
+    quota = quota_obj("rq", budget, Mode.VMI_POD_USAGE)
+    m = vmim_obj("m", "v", rejected=True)
+    if pod_seen == "after_the_raise":
+        versions = [quota, created, raised, pod, named, m]
+    else:
+        versions = [quota, created, raised, named, pod, m]
+    u = account_history(versions)
+    assert mig(u, "m").state == GROWTH_REFUSED, mig(u, "m").reason
+    assert u.quotas["rq"].hard["limits.cpu"] <= Q("8"), u.quotas["rq"].hard
+
+
+def test_with_the_ledgers_memory_a_vm_raised_before_its_pod_and_made_at_the_new_size_counts_and_migrates() -> None:
+    """The honest side of the fewest: a VM whose sockets were raised before its VMI named its pod, which KubeVirt
+    made for the new size, counts at it; its migration, with room in the budget, is reserved (it is a size change to
+    admit, and fits)."""
+    budget = {"requests.cpu": "16"}
+    facts = facts_for(budget)
+    created = vmi_obj("v", vcpus=2, phase="Pending")
+    raised = vmi_obj("v", vcpus=4, status_vcpus=4, phase="Pending")
+    named = vmi_obj("v", vcpus=4, status_vcpus=4)
+    pod = launcher_obj(vmi_obj("v", vcpus=4), t=1, facts=facts)
+    vouch(named, pod)
+    quota = quota_obj("rq", budget, Mode.VIRTUAL_RESOURCES)
+    u = account_history([quota, created, raised, named, pod, vmim_obj("m", "v", rejected=True)])
+    assert vm(u, "v").counts["rq"]["requests.cpu"] == Q("4"), vm(u, "v").reason
+    assert mig(u, "m").state == PENDING, mig(u, "m").reason
 
 
 @pytest.mark.parametrize("order", ["hotplug_before_the_pod", "named_before_the_pod"])

@@ -5,6 +5,7 @@ Functions return new dicts; inputs are never mutated. A resource that is absent 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from typing import Final
@@ -82,8 +83,10 @@ def is_quota_resource_name(name: str) -> bool:
     return name in STANDARD_QUOTA_RESOURCES or name.startswith(("hugepages-", "requests.hugepages-"))
 
 
+@functools.lru_cache(maxsize=1024)
 def natural_format(name: str) -> Format:
-    """The one form vmquota prints a resource's amounts in: binary units for byte resources, decimal for others."""
+    """The one form vmquota prints a resource's amounts in: binary units for byte resources, decimal for others
+    (remembered per name: every sum's total asks it of every resource)."""
     return Format.BINARY_SI if is_byte_resource(name) else Format.DECIMAL_SI
 
 

@@ -20,6 +20,7 @@ from nats.aio.msg import Msg
 
 from services.platform.bus import NatsOptions
 from services.platform.config import env
+from services.platform.identity import inbox_prefix, user_error
 from shared import contract
 from shared.errors import InvalidInput
 
@@ -122,7 +123,11 @@ async def connect(args: argparse.Namespace) -> Any:
     if args.nats_creds:
         kwargs["user_credentials"] = args.nats_creds
     if args.nats_user:
+        why = user_error(args.nats_user)
+        if why is not None:
+            raise BusUnavailable(why)
         kwargs["user"], kwargs["password"] = args.nats_user, args.nats_password or ""
+    kwargs["inbox_prefix"] = inbox_prefix(args.nats_user)
     errors: list[str] = []
 
     async def error_cb(e: Exception) -> None:

@@ -3,8 +3,10 @@
 * :func:`connect` reconnects forever (nats-py gives up after about two minutes by default) and reports
   disconnects, reconnects and errors through structlog and a callback instead of stdlib tracebacks.
 * :meth:`Bus.ensure_streams` creates or updates the streams of ``shared.contract.streams()`` idempotently.
-* :meth:`Bus.publish` sets ``Nats-Msg-Id`` and retries while JetStream is unavailable (a retry is safe: the server
-  drops the repeat within the duplicate window); ``services.platform.publisher`` keeps a window of acks in flight.
+* :meth:`Bus.publish` sets ``Nats-Msg-Id`` (tagged with the identity's key: ``services.platform.identity``) and
+  retries while JetStream is unavailable (a retry is safe: the server drops the repeat within the duplicate window);
+  ``services.platform.publisher`` keeps a window of acks in flight. A connection's replies come to its user's own
+  inbox, ``_INBOX.<user>``.
 * ``services.platform.consumer.PullConsumer`` reads a stream in order from a start sequence. It uses a durable
   pull consumer with ``AckPolicy.NONE`` (the reader keeps its own position, in its checkpoints) and re-creates it
   from the next sequence it needs after a reconnect, a gap in the consumer sequence, an API error, or when the
@@ -44,6 +46,7 @@ from nats.js.api import (
 )
 from nats.js.kv import KeyValue
 
+from services.platform.identity import id_key, inbox_prefix, keyed
 from shared import contract
 from shared.backoff import Backoff
 
@@ -214,6 +217,12 @@ class Bus:
         """``NatsOptions.stream_replicas``."""
         self.closing = False
         """:meth:`close` was called (a disconnect from then on is expected)."""
+        self.id_key: bytes | None = None
+        """The key of this identity's message-id tags (:func:`~services.platform.identity.id_key`; None: untagged)."""
+
+    def keyed(self, msg_id: str) -> str:
+        """``msg_id`` as this identity publishes it (:func:`~services.platform.identity.keyed`)."""
+        return keyed(msg_id, self.id_key)
 
     @property
     def max_payload(self) -> int:
@@ -269,6 +278,7 @@ class Bus:
             "max_reconnect_attempts": 1,
             "reconnect_time_wait": 0.5,
             "connect_timeout": 5,
+            "inbox_prefix": inbox_prefix(opts.user),
             "ping_interval": 10,
             "max_outstanding_pings": 3,
             "error_cb": error_cb,
@@ -302,6 +312,7 @@ class Bus:
                 attempt += 1
         nc.options["max_reconnect_attempts"] = -1  # (nats-py reads it on every reconnect)
         bus = cls(nc, on_reconnect)
+        bus.id_key = id_key(password=opts.password if opts.user else None, creds=opts.creds)
         bus.consumer_check = opts.consumer_check
         bus.stream_sizes = opts.stream_sizes
         bus.stream_replicas = opts.stream_replicas
@@ -400,7 +411,7 @@ class Bus:
         """Publish to JetStream and wait for the ack, retrying transient failures for up to ``deadline`` s."""
         hdrs = dict(headers or {})
         if msg_id is not None:
-            hdrs["Nats-Msg-Id"] = msg_id
+            hdrs["Nats-Msg-Id"] = self.keyed(msg_id)
         return await _retry(
             lambda: self.js.publish(subject, data, timeout=ack_timeout, headers=hdrs or None),
             what=f"publish {subject}",

@@ -196,7 +196,8 @@ class Publisher:
                 outstanding[order] = (item, loop.time(), self.bus.epoch)
                 headers = item.headers
                 if item.msg_id is not None:
-                    headers = {**headers, "Nats-Msg-Id": item.msg_id} if headers else {"Nats-Msg-Id": item.msg_id}
+                    mid = self.bus.keyed(item.msg_id)
+                    headers = {**headers, "Nats-Msg-Id": mid} if headers else {"Nats-Msg-Id": mid}
                 try:
                     await nc.publish(item.subject, item.data, reply=f"{self._prefix}{order}", headers=headers)
                 except (*TRANSIENT, nats.errors.ConnectionDrainingError):

@@ -26,6 +26,7 @@ import yaml
 from services.cli.main import build_parser
 from services.platform.bus import Bus, NatsOptions
 from services.platform.config import PLANNED, SERVICES
+from services.platform.identity import inbox_prefix
 from shared import contract
 from tests.conftest import nats_server_binary
 from tests.exported import runner_env_vars
@@ -288,7 +289,9 @@ def test_the_compose_stack_starts_as_local_processes(stack: Stack, tmp_path: Pat
         assert b"vmquota_" in metrics
 
     async def streams_present() -> set[str]:
-        nc = await nats.connect(url, user="replay", password=nats_env["VMQUOTA_NATS_REPLAY_PASSWORD"])
+        nc = await nats.connect(
+            url, user="replay", password=nats_env["VMQUOTA_NATS_REPLAY_PASSWORD"], inbox_prefix=inbox_prefix("replay")
+        )
         try:
             return {str(info.config.name) for info in await nc.jetstream().streams_info()}
         finally:
@@ -300,7 +303,12 @@ def test_the_compose_stack_starts_as_local_processes(stack: Stack, tmp_path: Pat
     if "watcher" in started:  # the watcher lists the simulated cluster and publishes under its cluster id
 
         async def demo_events() -> int:
-            nc = await nats.connect(url, user="replay", password=nats_env["VMQUOTA_NATS_REPLAY_PASSWORD"])
+            nc = await nats.connect(
+                url,
+                user="replay",
+                password=nats_env["VMQUOTA_NATS_REPLAY_PASSWORD"],
+                inbox_prefix=inbox_prefix("replay"),
+            )
             try:
                 cluster = env_of(services["watcher"])["VMQUOTA_CLUSTER"]
                 info = await nc.jetstream().stream_info(

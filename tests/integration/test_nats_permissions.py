@@ -25,6 +25,7 @@ from nats.js.client import JetStreamContext
 from services.devtools.natsserver import NatsServer
 from services.platform.bus import Bus, NatsOptions
 from services.platform.consumer import PullConsumer
+from services.platform.identity import inbox_prefix
 from services.platform.publisher import publish_all
 from services.platform.runner import cancel
 from shared import contract
@@ -117,6 +118,7 @@ async def connect(server: SecuredServer) -> AsyncIterator[Connect]:
             server.url,
             user=user,
             password=password if password is not None else server.passwords[user],
+            inbox_prefix=inbox_prefix(user),  # (as vmquota's clients: each user may hear its own inbox only)
             error_cb=on_error,
             allow_reconnect=False,
             connect_timeout=5,
@@ -589,8 +591,40 @@ def test_the_per_cluster_file_is_the_components_with_per_cluster_users() -> None
         assert theirs[user] == ours[user], user
 
 
+@dataclass
+class PerCluster:
+    """Connections to a nats-server with the two-cluster layout's users (a :class:`Connect`)."""
+
+    url: str
+    passwords: dict[str, str]
+    opened: list[Client] = field(default_factory=list)
+
+    async def __call__(self, user: str, password: str | None = None) -> Conn:
+        errors: list[str] = []
+        arrived = asyncio.Event()
+
+        async def on_error(e: Exception) -> None:
+            errors.append(str(e))
+            arrived.set()
+
+        nc = await nats.connect(
+            self.url,
+            user=user,
+            password=password if password is not None else self.passwords[user],
+            inbox_prefix=inbox_prefix(user),
+            error_cb=on_error,
+            connect_timeout=5,
+        )
+        self.opened.append(nc)
+        return Conn(nc, nc.jetstream(timeout=5), errors, arrived)
+
+    def options(self, user: str) -> NatsOptions:
+        """How vmquota's services connect as ``user``."""
+        return NatsOptions(url=self.url, user=user, password=self.passwords[user])
+
+
 @pytest.fixture
-async def per_cluster(tmp_path: Path) -> AsyncIterator[Connect]:
+async def per_cluster(tmp_path: Path) -> AsyncIterator[PerCluster]:
     """nats-server with the two-cluster layout's users."""
     passwords = {user: secrets.token_hex(16) for user in PER_CLUSTER_USERS}
     env = {f"VMQUOTA_NATS_{u.upper().replace('-', '_')}_PASSWORD": pw for u, pw in passwords.items()}
@@ -599,24 +633,11 @@ async def per_cluster(tmp_path: Path) -> AsyncIterator[Connect]:
         server.start()
     except RuntimeError as e:
         pytest.fail(str(e))
-    opened: list[Client] = []
-
-    async def _connect(user: str, password: str | None = None) -> Conn:
-        errors: list[str] = []
-        arrived = asyncio.Event()
-
-        async def on_error(e: Exception) -> None:
-            errors.append(str(e))
-            arrived.set()
-
-        nc = await nats.connect(server.url, user=user, password=passwords[user], error_cb=on_error, connect_timeout=5)
-        opened.append(nc)
-        return Conn(nc, nc.jetstream(timeout=5), errors, arrived)
-
+    conns = PerCluster(server.url, passwords)
     try:
-        yield _connect
+        yield conns
     finally:
-        for nc in opened:
+        for nc in conns.opened:
             if not nc.is_closed:
                 await nc.close()
         server.stop()
@@ -755,3 +776,53 @@ async def test_only_the_ledger_asks_a_clusters_watcher_to_relist(connect: Connec
     await wa.denied("subscription", "vmquota.relist.cluster-b")
     await ledger.nc.publish(contract.relist_subject("cluster-a"), request)
     assert contract.decode_relist_request(await asyncio.wait_for(heard.get(), 5)).token == "loss-7"
+
+
+async def test_no_user_hears_another_users_inbox(per_cluster: Connect) -> None:
+    """Each user may subscribe to its own inbox only: with ``_INBOX.>`` open to every user, cluster-a's watcher heard
+    the ledger's pull deliveries of cluster-b's events (and every JetStream answer of every other user). The ledger,
+    connected as vmquota's services connect, still reads."""
+    wa, wb = await per_cluster("watcher-cluster-a"), await per_cluster("watcher-cluster-b")
+    await wa.js.add_stream(stream_config(contract.EVENTS_STREAM))
+    heard: list[bytes] = []
+
+    async def hear(m: Msg) -> None:
+        heard.append(m.data)
+
+    for subject in ("_INBOX.>", "_INBOX.ledger.>"):
+        await wa.nc.subscribe(subject, cb=hear)
+        await wa.denied("subscription", subject)
+    b_subject, b_data = cluster_event("cluster-b", "secret-vm-uid")
+    await wb.js.publish(b_subject, b_data)
+    ledger = await per_cluster("ledger")
+    sub = await ledger.js.pull_subscribe("vmquota.ev.>", durable="ledger-x", stream=contract.EVENTS_STREAM)
+    assert b"secret-vm-uid" in (await sub.fetch(1, timeout=5))[0].data
+    await ledger.nc.flush()
+    await wa.nc.flush()
+    assert not heard, "cluster-a's watcher heard another user's inbox"
+    ledger.clean()
+
+
+async def test_a_clusters_watcher_cannot_suppress_another_clusters_events_by_their_ids(per_cluster: PerCluster) -> None:
+    """A stream drops a message whose ``Nats-Msg-Id`` it stored within its duplicate window, whoever published the
+    first: cluster-a's watcher, allowed only its own subjects, published a decoy with the id of a cluster-b event,
+    and cluster-b's real event was then dropped as a repeat. vmquota's clients tag their ids with a key from their own
+    secret: cluster-b's event is stored, and its own repeat is still dropped."""
+    wa = await per_cluster("watcher-cluster-a")
+    await wa.js.add_stream(stream_config(contract.EVENTS_STREAM))
+    b_subject, b_data = cluster_event("cluster-b", "victim-uid")
+    b_id = "cluster-b/VirtualMachineInstance/victim-uid/1/upserted"  # (contract.msg_id of the event)
+    a_subject, a_data = cluster_event("cluster-a", "decoy")
+    assert not (await wa.js.publish(a_subject, a_data, headers={"Nats-Msg-Id": b_id})).duplicate
+    opts = per_cluster.options("watcher-cluster-b")
+    bus = await Bus.connect(opts, connect_timeout=5)
+    try:
+        ack = await bus.publish(b_subject, b_data, msg_id=b_id)
+        assert not ack.duplicate, "cluster-b's event was dropped: cluster-a's watcher suppressed it"
+        again = await Bus.connect(opts, connect_timeout=5)  # (another replica of the same identity)
+        try:
+            assert (await again.publish(b_subject, b_data, msg_id=b_id)).duplicate, "a repeat is still dropped"
+        finally:
+            await again.close()
+    finally:
+        await bus.close()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from services.cli.main import build_parser
-from services.platform import runner
+from services.platform import identity, runner
 from services.platform.config import Config, config_from_args
 from services.platform.http import Health, Metrics
 from shared import contract
@@ -58,3 +58,30 @@ def test_consumer_check_and_ca(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     )
     with pytest.raises(InvalidInput, match="positive"):
         config("--nats-consumer-check", "0")
+
+
+@pytest.mark.parametrize("bad", ["a.b", "*", ">", "two words", "ünï"])
+def test_a_user_name_that_cannot_name_its_inbox_is_refused_at_start(bad: str) -> None:
+    """A connection's replies come to ``_INBOX.<user>`` (the server lets each user hear its own inbox only): a user
+    name that is not one subject token is refused at start, naming the flag."""
+    with pytest.raises(InvalidInput, match="names its inbox") as e:
+        config("--nats-user", bad)
+    assert e.value.where == "--nats-user (VMQUOTA_NATS_USER)"
+    assert config("--nats-user", "watcher-cluster-a").nats.user == "watcher-cluster-a"
+
+
+def test_message_ids_carry_a_tag_only_the_identitys_secret_gives(tmp_path: Path) -> None:
+    """The same id and secret give the same tagged id (a replica's or a restart's repeat is still dropped); another
+    secret gives another; no secret (a bus without authentication) leaves the id as it is."""
+    key = identity.id_key(password="pw-of-b", creds=None)
+    mid = "cluster-b/VirtualMachineInstance/u1/7/upserted"
+    tagged = identity.keyed(mid, key)
+    assert tagged.startswith(mid + "/") and len(tagged) == len(mid) + 17
+    assert tagged == identity.keyed(mid, identity.id_key(password="pw-of-b", creds=None))
+    assert tagged != identity.keyed(mid, identity.id_key(password="pw-of-a", creds=None))
+    assert tagged != identity.keyed(mid.replace("/7/", "/8/"), key)
+    assert identity.keyed(mid, identity.id_key(password=None, creds=None)) == mid
+    creds = tmp_path / "user.creds"
+    creds.write_text("-----BEGIN NATS USER JWT-----\nx\n")
+    assert identity.keyed(mid, identity.id_key(password=None, creds=str(creds))) not in (mid, tagged)
+    assert (identity.inbox_prefix("ledger"), identity.inbox_prefix(None)) == ("_INBOX.ledger", "_INBOX")

@@ -3,15 +3,18 @@ running VM and pod is counted; then the migrations without growth."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from shared.accounting.migrations import Migrations
+from shared.accounting.pods import as_a_vm
 from shared.accounting.results import (
     ADMITTED,
     REFUSED,
     VmEntry,
 )
 from shared.accounting.state import Target, created_key, fmt, size_change, vm_key, vm_size
+from shared.quantity import ZERO
 from shared.quota.equation import takes
 from shared.quota.modes import mode_usage
 from shared.resources import ResourceList, nonzero
@@ -48,13 +51,26 @@ class Admission(Migrations):
 
     def _size_change(self, v: VmiSnapshot) -> bool:
         """The VM's spec is larger than the size it runs at (:func:`~shared.accounting.state.size_change`), or than
-        every pod of it was made for (:attr:`made_for`): a CPU hotplug its status does not show, the VMI created
-        with a ``currentCPUTopology`` as large as the spec it is later raised to (KubeVirt then sees no change, and
-        carries the new size out by the next migration all the same)."""
+        some pod of it may have been made for (the fewest of :attr:`made_for`): a CPU hotplug its status does not
+        show, the VMI created with a ``currentCPUTopology`` as large as the spec it is later raised to (KubeVirt
+        then sees no change, and carries the new size out by the next migration all the same). Some pod, not every
+        one: a tenant can add a pod made for the raised spec to the VM (adopted into the VMI and let go of, it runs
+        on as the VM's), never take KubeVirt's away."""
         if size_change(v):
             return True
         made = [self._made_for(v, p, fewest=True) for p, _ in self.launchers.get(vm_key(v), ())]
-        return bool(made) and all(m is not None and m < v.vcpus for m in made)
+        return any(m is not None and m < v.vcpus for m in made)
+
+    def _beside_own(self, usages: Mapping[str, ResourceList], own: Sequence[ResourceList]) -> dict[str, ResourceList]:
+        """Per quota, what a pending VM needs beyond what its own launcher pods ``own`` already count as it (less
+        than nothing where they count more than the VM: their overhead)."""
+        out: dict[str, ResourceList] = {}
+        for q in self.quotas:
+            counted = [as_a_vm(c, q.factors)[0] for c in own]
+            u = usages[q.policy.name]
+            # (not clamped at zero: what its pods count beyond the VM, their overhead, is room it frees too)
+            out[q.policy.name] = {r: n - sum((c.get(r, ZERO) for c in counted), ZERO) for r, n in u.items()}
+        return out
 
     def _refused_for_room(self, v: VmiSnapshot) -> bool:
         """KubeVirt was refused the VMI's launcher pod by a managed quota or the reservation guard: room made for it
@@ -73,7 +89,11 @@ class Admission(Migrations):
         webhook's containers, which the rendering does not know; or an Event that is not KubeVirt's, whose
         tenant holds back its own VM). It starts when KubeVirt next tries it with the room the namespace has."""
         key = vm_key(v)
-        refused = self._refused_for_room(v)
+        # its own launcher pod may exist already, counted as the VM (KubeVirt names it in the write that moves the
+        # VMI on, which may come after the pod's event): no room is held for another, and the VM is not refused for
+        # the room its own pod takes (it counts beside its pod for that moment)
+        own = self.as_vm_pods.get(v.uid, ())
+        refused = self._refused_for_room(v) and not own
         size = vm_size(v)
         estimate = self.renderer.new_pod_usage(v) or {}
         taken: ResourceList = {}
@@ -84,18 +104,26 @@ class Admission(Migrations):
             refused = not beyond
         pod_est = nonzero(pod_est)
         usages = {q.policy.name: mode_usage(q.policy.mode, size, pod_est, q.ratio) for q in self.quotas}
-        misfit, parts = self._misfits(usages)
+        # (with its own pods: the VM at its size in their stead must fit, and it counts what it needs beyond them)
+        needs = self._beside_own(usages, own) if own else usages
+        misfit, parts = self._misfits(needs)
         if misfit:
             reason = "pending, does not fit: " + "; ".join(parts)
             self.vm_entries[key] = VmEntry(v.name, v.uid, v.phase, REFUSED, reason, size, pod_est, {}, {}, misfit)
             return
         for q in self.quotas:
-            q.used.add(usages[q.policy.name])
+            need = needs[q.policy.name]
+            q.used.add(usages[q.policy.name] if not own else {r: n.clamp0() for r, n in need.items()})
             if refused:
                 q.taken.add(takes({}, usages[q.policy.name], q.factors))
                 q.reserved.add(pod_est)
         if refused:
             reason = "pending, admitted in creation order: launcher pod reserved"
+        elif own:
+            reason = (
+                "pending, admitted in creation order; its launcher pod exists (KubeVirt has not named it in the VMI "
+                "yet) and counts as the VM (with what its size needs beyond that pod, if anything)"
+            )
         elif beyond:
             reason = (
                 "pending, admitted in creation order; no room is held for its launcher pod: a quota refusal asked "

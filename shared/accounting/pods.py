@@ -35,9 +35,11 @@ PodsFound = tuple[
     tuple[ResourceList, ...],
     tuple[ResourceList, ...],
     tuple[tuple[tuple[ResourceList, ...], tuple[ResourceList, ...]], ...],
+    dict[str, list[ResourceList]],
 ]
 """Pod entries, launcher pods per VM, the lists every quota adds to ``P`` and to ``U`` (and to ``W``: a plain pod
-takes its charge), and per quota what the pods of VMIs not in view add to ``U`` and to ``W``."""
+takes its charge), per quota what the pods of VMIs not in view add to ``U`` and to ``W``, and the charges of those
+pods by the VMI their command names."""
 
 
 def made_for_unseen_vmi(p: PodSnapshot, seen: frozenset[str]) -> bool:
@@ -88,9 +90,10 @@ class Pods(State):
         self._apply_pods(self.memo.latest(("pods", self.namespace), key, tuple(self.pods), self._pods_pass))
 
     def _apply_pods(self, found: PodsFound) -> None:
-        entries, launchers, pod_usage, accounted, unseen = found
+        entries, launchers, pod_usage, accounted, unseen, as_vms = found
         self.pod_entries = list(entries)
         self.launchers = launchers  # read only from here on
+        self.as_vm_pods = as_vms
         for q, (used, took) in zip(self.quotas, unseen, strict=True):  # (every managed quota covers every pod)
             q.pods.extend(pod_usage)
             q.used.extend(accounted)
@@ -105,6 +108,7 @@ class Pods(State):
         pod_usage: list[ResourceList] = []
         accounted: list[ResourceList] = []
         unseen: list[ResourceList] = []
+        as_vms: dict[str, list[ResourceList]] = {}
         # (a pending VMI does not vouch for its pod yet: its pod counts as the VM it may run; the VMI, admitted
         # beside it, counts twice for a moment, or refused for want of the room its own pod took, not at all)
         seen = frozenset(v.uid for v in (*self.vmis, *self.departed) if v.synced)
@@ -126,11 +130,12 @@ class Pods(State):
                 launchers.setdefault(vm_key(v), []).append((p, charged))
             elif as_vm:
                 unseen.append(charged)
+                as_vms.setdefault(p.command_vmi_uid, []).append(charged)
             else:
                 accounted.append(charged)
             entries.append(entry)
         per_quota = tuple(self._as_vms(q.factors, unseen) for q in self.quotas)
-        return tuple(entries), launchers, tuple(pod_usage), tuple(accounted), per_quota
+        return tuple(entries), launchers, tuple(pod_usage), tuple(accounted), per_quota, as_vms
 
     @staticmethod
     def _as_vms(

@@ -208,6 +208,9 @@ class State:
     """Quota refusals by the name of the VMI they are about."""
     launchers: dict[str, list[tuple[PodSnapshot, ResourceList]]]
     """The running launcher pods of each VM (by :func:`vm_key`) and what each is charged."""
+    as_vm_pods: dict[str, list[ResourceList]]
+    """The charges of the pods that count as the VM they may run (``pods.made_for_unseen_vmi``), by the VMI their
+    launcher command names (read only)."""
     pod_entries: list[PodEntry]
     mig_entries: list[MigrationEntry]
     targets: list[Target]

@@ -245,3 +245,27 @@ def test_the_pod_of_a_vmi_still_pending_as_vmquota_sees_it_counts_as_the_vm_it_m
     vouch(synced, pod)
     u = account([quota, synced, v2, pod])
     assert vm(u, "v1").counts["rq"]["requests.cpu"] == Q("4") and vm(u, "v2").state == REFUSED
+
+
+def test_a_pending_vmi_is_not_refused_for_the_room_its_own_pod_takes() -> None:
+    """An honest VM in a namespace with just enough room: its pod's event came before the VMI's move past
+    ``Pending``, and the pod counts as the VM. The VMI was refused for want of the room its own pod took, and the
+    tenant told its VM did not fit while it started. It is admitted, its size in its pod's stead, counted once, and
+    no room is held for a second pod (KubeVirt's old refusal condition is still on the VMI). A tenant's small pod
+    naming it does not make it count less than its size."""
+    quota = quota_obj("rq", BUDGET, Mode.VIRTUAL_RESOURCES)
+    v1 = refused_vmi(vmi_obj("v1", vcpus=4, t=10, phase="Pending", node=""))
+    pod = launcher_obj(vmi_obj("v1", vcpus=4, t=10), facts=facts_for(BUDGET), vouched=False, t=11)
+    for u in (account_history([quota, v1, pod]), account([quota, v1, pod])):
+        entry = vm(u, "v1")
+        assert entry.state == ADMITTED and not entry.reserved, entry.reason
+        assert not u.quotas["rq"].reserved, "no room for a second pod"
+        assert Q("4") <= u.quotas["rq"].used["requests.cpu"] < Q("4.5"), "counted once"
+    small = pod_obj("small", {"cpu": "10m"})
+    small["spec"]["containers"][0]["name"] = "compute"
+    small["spec"]["containers"][0]["command"] = [LAUNCHER_MONITOR, "--uid", "uid-v1"]
+    u = account([quota, v1, small])
+    assert vm(u, "v1").state == ADMITTED and u.quotas["rq"].used["requests.cpu"] >= Q("4"), u.quotas["rq"].used
+    too_big = refused_vmi(vmi_obj("v1", vcpus=6, t=10, phase="Pending", node=""))
+    u = account([quota, too_big, launcher_obj(vmi_obj("v1", vcpus=6, t=10), facts=facts_for(BUDGET), vouched=False)])
+    assert vm(u, "v1").state == REFUSED, "a VM that does not fit beside nothing is still refused"

@@ -359,6 +359,29 @@ def test_with_the_ledgers_memory_a_topology_forged_larger_and_raised_to_as_the_p
     assert u.quotas["rq"].hard["limits.cpu"] <= Q("8"), u.quotas["rq"].hard
 
 
+def test_with_the_ledgers_memory_a_pod_added_for_the_raised_spec_does_not_hide_the_size_change() -> None:
+    """The case above, and then the tenant adds a pod to the VM: one KubeVirt adopts (a controller reference to the
+    VMI), made once the VMI named its first pod, so remembered as made for the raised spec, and let go of again (it
+    runs on as the VM's pod, and KubeVirt no longer counts it active). Judged by every pod, that one hid the size
+    change, and the 16-vCPU target was reserved as the same VM moving (about 20 cores of ``limits.cpu`` on 8)."""
+    budget = {"limits.cpu": "8", "requests.cpu": "8", "limits.memory": "64Gi", "requests.memory": "64Gi"}
+    facts = facts_for(budget)
+    created = vmi_obj("v", vcpus=2, status_vcpus=16, phase="Pending")
+    raised = vmi_obj("v", vcpus=16, status_vcpus=16, phase="Pending")
+    named = vmi_obj("v", vcpus=16, status_vcpus=16)
+    pod = launcher_obj(vmi_obj("v", vcpus=2), t=1, facts=facts)
+    vouch(named, pod)
+    decoy = launcher_obj(vmi_obj("v", vcpus=2), suffix="decoy", t=2, facts=facts, vouched=False, controller=True)
+    adopted = copy.deepcopy(named)
+    vouch(adopted, decoy)
+    let_go = copy.deepcopy(named)
+    quota = quota_obj("rq", budget, Mode.VMI_POD_USAGE)
+    m = vmim_obj("m", "v", rejected=True, t=3)
+    u = account_history([quota, created, raised, pod, named, decoy, adopted, let_go, m])
+    assert mig(u, "m").state in (GROWTH_REFUSED, WAITING), mig(u, "m").reason
+    assert u.quotas["rq"].hard["limits.cpu"] <= Q("8"), u.quotas["rq"].hard
+
+
 def test_with_the_ledgers_memory_a_vm_raised_before_its_pod_and_made_at_the_new_size_counts_and_migrates() -> None:
     """The honest side of the fewest: a VM whose sockets were raised before its VMI named its pod, which KubeVirt
     made for the new size, counts at it; its migration, with room in the budget, is reserved (it is a size change to

@@ -333,6 +333,21 @@ def test_with_the_ledgers_memory_a_cpu_hotplug_hidden_by_a_topology_forged_large
     assert u.quotas["rq"].hard["limits.cpu"] <= Q("8"), u.quotas["rq"].hard
 
 
+EIGHT_CORES = {"limits.cpu": "8", "requests.cpu": "8", "limits.memory": "64Gi", "requests.memory": "64Gi"}
+EIGHT_FACTS = facts_for(EIGHT_CORES)
+
+
+def raised_while_made() -> tuple[dict[str, Any], ...]:
+    """An 8-core ``VmiPodUsage`` quota; a VMI created at 2 vCPUs with a status of 16 and raised to 16 while
+    ``Pending`` (through a VM that adopted it); its pod, made for 2; and the VMI's version that names the pod."""
+    created = vmi_obj("v", vcpus=2, status_vcpus=16, phase="Pending")
+    raised = vmi_obj("v", vcpus=16, status_vcpus=16, phase="Pending")
+    named = vmi_obj("v", vcpus=16, status_vcpus=16)
+    pod = launcher_obj(vmi_obj("v", vcpus=2), t=1, facts=EIGHT_FACTS)
+    vouch(named, pod)
+    return quota_obj("rq", EIGHT_CORES, Mode.VMI_POD_USAGE), created, raised, pod, named
+
+
 @pytest.mark.parametrize("pod_seen", ["after_the_raise", "after_it_was_named"])
 def test_with_the_ledgers_memory_a_topology_forged_larger_and_raised_to_as_the_pod_is_made_is_admitted_first(
     pod_seen: str,
@@ -341,14 +356,7 @@ def test_with_the_ledgers_memory_a_topology_forged_larger_and_raised_to_as_the_p
     KubeVirt made its pod, for 2. The raised spec reached the ledger before the pod: the memory said 16, and the
     migration's target, rendered at 16, was reserved as the same VM moving (16 cores on 8). The smallest spec the VMI
     had before it named its pod is what the pod may have been made for: admitted first, and refused."""
-    budget = {"limits.cpu": "8", "requests.cpu": "8", "limits.memory": "64Gi", "requests.memory": "64Gi"}
-    facts = facts_for(budget)
-    created = vmi_obj("v", vcpus=2, status_vcpus=16, phase="Pending")
-    raised = vmi_obj("v", vcpus=16, status_vcpus=16, phase="Pending")
-    named = vmi_obj("v", vcpus=16, status_vcpus=16)
-    pod = launcher_obj(vmi_obj("v", vcpus=2), t=1, facts=facts)
-    vouch(named, pod)
-    quota = quota_obj("rq", budget, Mode.VMI_POD_USAGE)
+    quota, created, raised, pod, named = raised_while_made()
     m = vmim_obj("m", "v", rejected=True)
     if pod_seen == "after_the_raise":
         versions = [quota, created, raised, pod, named, m]
@@ -364,18 +372,11 @@ def test_with_the_ledgers_memory_a_pod_added_for_the_raised_spec_does_not_hide_t
     VMI), made once the VMI named its first pod, so remembered as made for the raised spec, and let go of again (it
     runs on as the VM's pod, and KubeVirt no longer counts it active). Judged by every pod, that one hid the size
     change, and the 16-vCPU target was reserved as the same VM moving (about 20 cores of ``limits.cpu`` on 8)."""
-    budget = {"limits.cpu": "8", "requests.cpu": "8", "limits.memory": "64Gi", "requests.memory": "64Gi"}
-    facts = facts_for(budget)
-    created = vmi_obj("v", vcpus=2, status_vcpus=16, phase="Pending")
-    raised = vmi_obj("v", vcpus=16, status_vcpus=16, phase="Pending")
-    named = vmi_obj("v", vcpus=16, status_vcpus=16)
-    pod = launcher_obj(vmi_obj("v", vcpus=2), t=1, facts=facts)
-    vouch(named, pod)
-    decoy = launcher_obj(vmi_obj("v", vcpus=2), suffix="decoy", t=2, facts=facts, vouched=False, controller=True)
+    quota, created, raised, pod, named = raised_while_made()
+    decoy = launcher_obj(vmi_obj("v", vcpus=2), suffix="decoy", t=2, facts=EIGHT_FACTS, vouched=False, controller=True)
     adopted = copy.deepcopy(named)
     vouch(adopted, decoy)
     let_go = copy.deepcopy(named)
-    quota = quota_obj("rq", budget, Mode.VMI_POD_USAGE)
     m = vmim_obj("m", "v", rejected=True, t=3)
     u = account_history([quota, created, raised, pod, named, decoy, adopted, let_go, m])
     assert mig(u, "m").state in (GROWTH_REFUSED, WAITING), mig(u, "m").reason

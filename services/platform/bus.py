@@ -37,6 +37,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import (
+    DiscardPolicy,
     KeyValueConfig,
     PubAck,
     RetentionPolicy,
@@ -335,7 +336,13 @@ class Bus:
     # ---- streams and buckets -----------------------------------------------------------------------------------
     async def ensure_streams(self, specs: Iterable[contract.StreamSpec]) -> None:
         """Create each stream, or update it to the given limits when it exists (idempotent). The bus's
-        ``stream_sizes``, when set, give the streams' sizes."""
+        ``stream_sizes``, when set, give the streams' sizes.
+
+        No message of a stream may be deleted or purged (``deny_delete``, ``deny_purge``: the server refuses to
+        cancel either, and a roll-up needs the purge permission): a client that may update a stream (a stream's
+        owner, and in the two-cluster layout every cluster's watcher on the events stream) could otherwise turn
+        roll-ups on and erase every message with one header. Limits another client changed are put back at each
+        start (:meth:`_ensure_stream`)."""
         for spec in specs:
             max_bytes = self.stream_sizes.of(spec.name) if self.stream_sizes is not None else spec.max_bytes
             cfg = StreamConfig(
@@ -349,6 +356,12 @@ class Bus:
                 duplicate_window=spec.duplicate_window,
                 max_bytes=max_bytes,
                 num_replicas=self.stream_replicas,
+                max_msgs=-1,
+                max_msg_size=-1,
+                discard=DiscardPolicy.OLD,
+                deny_delete=True,
+                deny_purge=True,
+                allow_rollup_hdrs=False,
             )
             await _retry(functools.partial(self._ensure_stream, cfg), what=f"stream {spec.name}")
 
@@ -361,6 +374,14 @@ class Bus:
             log.info("stream created", stream=cfg.name)
             return
         have = info.config
+        if have.sealed:
+            # (no update unseals a stream: nothing more is stored in it until it is deleted and created again)
+            log.error(
+                "stream sealed by another client: it stores nothing more until an operator deletes it (the service "
+                "that owns it creates it again when it starts)",
+                stream=cfg.name,
+            )
+            return
         if (
             list(have.subjects or []) != cfg.subjects
             or float(have.max_age or 0) != float(cfg.max_age or 0)
@@ -369,6 +390,9 @@ class Bus:
             or (have.max_bytes or -1) != (cfg.max_bytes or -1)
             or sorted(src.name for src in have.sources or []) != sorted(src.name for src in cfg.sources or [])
             or (have.num_replicas or 1) != (cfg.num_replicas or 1)
+            or (have.max_msgs or -1, have.max_msg_size or -1) != (cfg.max_msgs, cfg.max_msg_size)
+            or (have.discard or DiscardPolicy.OLD) != cfg.discard
+            or (bool(have.deny_delete), bool(have.deny_purge), bool(have.allow_rollup_hdrs)) != (True, True, False)
         ):
             await self.js.update_stream(cfg)
             log.info("stream updated", stream=cfg.name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +48,41 @@ async def test_ensure_streams_is_idempotent_and_updates_limits(nats_url: str) ->
         await kv1.put("k", b"v")
         kv2 = await b.ensure_kv(contract.LEDGER_BUCKET)
         assert (await kv2.get("k")).value == b"v"
+    finally:
+        await b.close()
+
+
+async def test_no_client_can_erase_a_streams_messages_and_changed_limits_are_put_back(nats_url: str) -> None:
+    """A client that may update a stream (in the two-cluster layout, every cluster's watcher on the events stream)
+    turned roll-ups on and erased every cluster's events with one ``Nats-Rollup: all`` header, or set ``max_msgs: 1``,
+    which no start put back. The streams deny deleting and purging (which the server refuses to cancel, and roll-ups
+    need), and each start puts other limits back."""
+    b = await _connect(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        await b.js.publish("vmquota.ev.c2.ns.pod", b"{}")
+        cfg = (await b.js.stream_info(contract.EVENTS_STREAM)).config
+        for changed in (
+            dataclasses.replace(cfg, allow_rollup_hdrs=True),
+            dataclasses.replace(cfg, deny_purge=False),
+            dataclasses.replace(cfg, deny_delete=False),
+        ):
+            with pytest.raises(nats.js.errors.APIError):
+                await b.js.update_stream(changed)
+        with pytest.raises(nats.js.errors.APIError):
+            await b.js.purge_stream(contract.EVENTS_STREAM)
+        with pytest.raises(nats.js.errors.APIError):
+            await b.js.delete_msg(contract.EVENTS_STREAM, 1)
+        with pytest.raises(nats.js.errors.APIError):
+            await b.js.publish("vmquota.ev.c1.ns.pod", b"{}", headers={"Nats-Rollup": "all"})
+        await b.js.update_stream(dataclasses.replace(cfg, max_msgs=1, max_msg_size=64))
+        await b.ensure_streams(contract.streams())
+        again = (await b.js.stream_info(contract.EVENTS_STREAM)).config
+        assert (again.max_msgs, again.max_msg_size) == (-1, -1), "put back at the next start"
+        await b.js.publish("vmquota.ev.c1.ns.pod", b"{}")
+        assert (await b.js.stream_info(contract.EVENTS_STREAM)).state.messages == 2, "nothing was erased"
+        await b.js.update_stream(dataclasses.replace(again, sealed=True))
+        await b.ensure_streams(contract.streams())  # (a sealed stream is reported, not retried for ever)
     finally:
         await b.close()
 

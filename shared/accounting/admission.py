@@ -90,8 +90,8 @@ class Admission(Migrations):
         tenant holds back its own VM). It starts when KubeVirt next tries it with the room the namespace has."""
         key = vm_key(v)
         # its own launcher pod may exist already, counted as the VM (KubeVirt names it in the write that moves the
-        # VMI on, which may come after the pod's event): no room is held for another, and the VM is not refused for
-        # the room its own pod takes (it counts beside its pod for that moment)
+        # VMI on, which may come after the pod's event): no room is held for another, and the VM at its size stands
+        # in for that pod (not refused for the room its own pod takes, nor counted less than its size)
         own = self.as_vm_pods.get(v.uid, ())
         refused = self._refused_for_room(v) and not own
         size = vm_size(v)

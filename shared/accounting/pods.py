@@ -47,8 +47,8 @@ def made_for_unseen_vmi(p: PodSnapshot, seen: frozenset[str]) -> bool:
     a VMI the namespace has no VMI of that KubeVirt has synced (``seen``): a launcher pod whose VMI vmquota cannot
     read (its event dead-lettered) or has not read yet, or whose VMI is still pending as vmquota sees it (KubeVirt
     names a new pod in the write that moves its VMI on, which the watches may bring after the pod): the VM may run
-    in it, and the pending VMI, which would count through it, does not count itself once its own pod takes its
-    room. Anyone may write such a command in a pod, and it only ever makes the pod count more."""
+    in it (the pending VMI is admitted with its size in such pods' stead: ``Admission._admit``). Anyone may write
+    such a command in a pod, and it only ever makes the pod count more."""
     return bool(p.command_vmi_uid) and p.command_vmi_uid not in seen
 
 
@@ -109,8 +109,7 @@ class Pods(State):
         accounted: list[ResourceList] = []
         unseen: list[ResourceList] = []
         as_vms: dict[str, list[ResourceList]] = {}
-        # (a pending VMI does not vouch for its pod yet: its pod counts as the VM it may run; the VMI, admitted
-        # beside it, counts twice for a moment, or refused for want of the room its own pod took, not at all)
+        # (a pending VMI does not vouch for its pod yet: its pod counts as the VM it may run)
         seen = frozenset(v.uid for v in (*self.vmis, *self.departed) if v.synced)
         memo = self.memo
         now = self.now

@@ -19,8 +19,8 @@ from typing import Any
 from nats.aio.msg import Msg
 
 from services.platform.bus import NatsOptions
-from services.platform.config import env
-from services.platform.identity import inbox_prefix, user_error
+from services.platform.config import add_inbox_argument, env
+from services.platform.identity import inbox_prefix, prefix_error, user_error
 from shared import contract
 from shared.errors import InvalidInput
 
@@ -43,6 +43,7 @@ def add_bus_arguments(p: argparse.ArgumentParser, *, namespace: bool = True) -> 
     p.add_argument(
         "--nats-password", default=env("VMQUOTA_NATS_PASSWORD"), help="NATS password [VMQUOTA_NATS_PASSWORD]"
     )
+    add_inbox_argument(p)
     p.add_argument("--cluster", default=None, help="only this cluster (default: every cluster on the bus)")
     if namespace:
         p.add_argument("-n", "--namespace", default=None, help="only this namespace (default: all)")
@@ -127,7 +128,9 @@ async def connect(args: argparse.Namespace) -> Any:
         if why is not None:
             raise BusUnavailable(why)
         kwargs["user"], kwargs["password"] = args.nats_user, args.nats_password or ""
-    kwargs["inbox_prefix"] = inbox_prefix(args.nats_user)
+    if args.nats_inbox_prefix and (why := prefix_error(args.nats_inbox_prefix)) is not None:
+        raise BusUnavailable(why)
+    kwargs["inbox_prefix"] = inbox_prefix(args.nats_user, args.nats_inbox_prefix)
     errors: list[str] = []
 
     async def error_cb(e: Exception) -> None:

@@ -184,6 +184,9 @@ class NatsOptions:
     user: str | None = None
     password: str | None = field(default=None, repr=False)
     name: str = "vmquota"
+    inbox_prefix: str | None = None
+    """The prefix of this identity's reply subjects (None: ``_INBOX.<user>``, or ``_INBOX`` without a user name;
+    ``services.platform.identity``)."""
     ca: str | None = None
     """CA bundle (PEM) that signed the server's certificate, for ``tls://`` (default: the system's CAs)."""
     consumer_check: float = 30.0
@@ -279,7 +282,7 @@ class Bus:
             "max_reconnect_attempts": 1,
             "reconnect_time_wait": 0.5,
             "connect_timeout": 5,
-            "inbox_prefix": inbox_prefix(opts.user),
+            "inbox_prefix": inbox_prefix(opts.user, opts.inbox_prefix),
             "ping_interval": 10,
             "max_outstanding_pings": 3,
             "error_cb": error_cb,

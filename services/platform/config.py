@@ -11,7 +11,7 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from services.platform.identity import user_error
+from services.platform.identity import prefix_error, user_error
 from shared import contract
 from shared.errors import InvalidInput
 from shared.ledger.fold import PartitionSet
@@ -107,6 +107,16 @@ def _size_text(n: int) -> str:
     return str(n)
 
 
+def add_inbox_argument(p: argparse.ArgumentParser) -> None:
+    """``--nats-inbox-prefix``: where the server sends this identity's replies (``services.platform.identity``)."""
+    p.add_argument(
+        "--nats-inbox-prefix",
+        default=env("VMQUOTA_NATS_INBOX_PREFIX"),
+        help="prefix of this identity's reply subjects (default: _INBOX.<user>, or _INBOX with --nats-creds) "
+        "[VMQUOTA_NATS_INBOX_PREFIX]",
+    )
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("service", metavar="SERVICE", help=f"the service to run: {', '.join(PLANNED)} or all")
     p.add_argument("--cluster", default=env("VMQUOTA_CLUSTER"), help="cluster id, a DNS label [VMQUOTA_CLUSTER]")
@@ -120,6 +130,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--nats-password", default=env("VMQUOTA_NATS_PASSWORD"), help="NATS password [VMQUOTA_NATS_PASSWORD]"
     )
+    add_inbox_argument(p)
     p.add_argument(
         "--nats-ca",
         default=env("VMQUOTA_NATS_CA"),
@@ -290,6 +301,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
         raise InvalidInput("give either --nats-creds or --nats-user/--nats-password, not both", "--nats-creds")
     if args.nats_user and (why := user_error(args.nats_user)) is not None:
         raise InvalidInput(why, "--nats-user (VMQUOTA_NATS_USER)")
+    if args.nats_inbox_prefix and (why := prefix_error(args.nats_inbox_prefix)) is not None:
+        raise InvalidInput(why, "--nats-inbox-prefix (VMQUOTA_NATS_INBOX_PREFIX)")
     dry_run = args.dry_run if args.dry_run is not None else _env_bool("VMQUOTA_DRY_RUN", False)
     leader = args.leader_election if args.leader_election is not None else _env_bool("VMQUOTA_LEADER_ELECTION", True)
     guard = (
@@ -311,6 +324,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
             creds=args.nats_creds,
             user=args.nats_user,
             password=args.nats_password,
+            inbox_prefix=args.nats_inbox_prefix or None,
             ca=args.nats_ca,
             consumer_check=consumer_check,
             stream_sizes=sizes,

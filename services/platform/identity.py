@@ -10,7 +10,8 @@
   letters). An id goes out with a tag only the identity's own secret gives (:func:`keyed`): the same for every
   replica and restart of that identity, whose repeats are still dropped, and not to be guessed by another.
 
-A ``.creds`` identity (JWT) gets the default inbox: its permissions are its JWT's, and its operator gives it one.
+A ``.creds`` identity (JWT) has no user name here: it gets ``--nats-inbox-prefix`` (``VMQUOTA_NATS_INBOX_PREFIX``),
+which its JWT's permissions must let it subscribe under, or the default ``_INBOX``.
 """
 
 from __future__ import annotations
@@ -31,8 +32,17 @@ def user_error(user: str) -> str | None:
     return f"a NATS user name names its inbox ({DEFAULT_INBOX}.<user>): letters, digits, '-' and '_' only, got {user!r}"
 
 
-def inbox_prefix(user: str | None) -> str:
-    """The prefix of the identity's reply subjects: ``_INBOX.<user>``, or ``_INBOX`` without a user name."""
+def prefix_error(prefix: str) -> str | None:
+    """Why ``prefix`` cannot be an inbox prefix (subject tokens, no wildcards), or None."""
+    if all(_TOKEN.fullmatch(token) for token in prefix.split(".")):
+        return None
+    return f"an inbox prefix is subject tokens of letters, digits, '-' and '_' joined by '.', got {prefix!r}"
+
+
+def inbox_prefix(user: str | None, given: str | None = None) -> str:
+    """The prefix of the identity's reply subjects: ``given``, else ``_INBOX.<user>``, else ``_INBOX``."""
+    if given:
+        return given
     return f"{DEFAULT_INBOX}.{user}" if user else DEFAULT_INBOX
 
 

@@ -85,3 +85,16 @@ def test_message_ids_carry_a_tag_only_the_identitys_secret_gives(tmp_path: Path)
     creds.write_text("-----BEGIN NATS USER JWT-----\nx\n")
     assert identity.keyed(mid, identity.id_key(password=None, creds=str(creds))) not in (mid, tagged)
     assert (identity.inbox_prefix("ledger"), identity.inbox_prefix(None)) == ("_INBOX.ledger", "_INBOX")
+
+
+def test_an_inbox_prefix_can_be_given_for_a_creds_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``.creds`` identity has no user name to name its inbox by: its operator gives the prefix its JWT allows."""
+    monkeypatch.setenv("VMQUOTA_NATS_INBOX_PREFIX", "_INBOX.ledger-jwt")
+    c = config("--nats-creds", "/dev/null")
+    assert c.nats.inbox_prefix == "_INBOX.ledger-jwt"
+    assert identity.inbox_prefix(c.nats.user, c.nats.inbox_prefix) == "_INBOX.ledger-jwt"
+    assert identity.inbox_prefix(None, None) == "_INBOX" and identity.inbox_prefix("ledger", None) == "_INBOX.ledger"
+    for bad in ("_INBOX.>", "_INBOX.*", "_INBOX..x", "a b"):
+        with pytest.raises(InvalidInput, match="inbox prefix") as e:
+            config("--nats-inbox-prefix", bad)
+        assert e.value.where == "--nats-inbox-prefix (VMQUOTA_NATS_INBOX_PREFIX)"

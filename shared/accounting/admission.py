@@ -82,12 +82,13 @@ class Admission(Migrations):
         return not who or who in GUARD_REFUSERS or any(q.policy.name == who for q in self.quotas)
 
     def _admit(self, v: VmiSnapshot) -> None:
-        """A pending VM (no launcher pod yet), in creation order: admitted iff it fits every managed quota. Room is
-        held for its pod (``S``, ``W``) once KubeVirt was refused it for room (:meth:`_refused_for_room`), unless
-        the refusal asked for more than the estimate's evidence bound: room held for the estimate would not let
-        that pod in, and with the guard its holder would keep every other pod of the namespace out meanwhile (a
-        webhook's containers, which the rendering does not know; or an Event that is not KubeVirt's, whose
-        tenant holds back its own VM). It starts when KubeVirt next tries it with the room the namespace has."""
+        """A pending VM (no launcher pod named yet: one its command names may exist), in creation order: admitted iff it
+        fits every managed quota. Room is held for its pod (``S``, ``W``) once KubeVirt was refused it for room
+        (:meth:`_refused_for_room`), unless the refusal asked for more than the estimate's evidence bound: room
+        held for the estimate would not let that pod in, and with the guard its holder would keep every other
+        pod of the namespace out meanwhile (a webhook's containers, which the rendering does not know; or an
+        Event that is not KubeVirt's, whose tenant holds back its own VM). It starts when KubeVirt next tries it
+        with the room the namespace has."""
         key = vm_key(v)
         # its own launcher pod may exist already, counted as the VM (KubeVirt names it in the write that moves the
         # VMI on, which may come after the pod's event): no room is held for another, and the VM at its size stands

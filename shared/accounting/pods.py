@@ -38,8 +38,8 @@ PodsFound = tuple[
     dict[str, list[ResourceList]],
 ]
 """Pod entries, launcher pods per VM, the lists every quota adds to ``P`` and to ``U`` (and to ``W``: a plain pod
-takes its charge), per quota what the pods of VMIs not in view add to ``U`` and to ``W``, and the charges of those
-pods by the VMI their command names."""
+takes its charge), per quota what the pods of VMIs not in view (or still pending) add to ``U`` and to ``W``, and the
+charges of those pods by the VMI their command names."""
 
 
 def made_for_unseen_vmi(p: PodSnapshot, seen: frozenset[str]) -> bool:
@@ -140,7 +140,8 @@ class Pods(State):
     def _as_vms(
         factors: Mapping[str, Fraction | None], charges: list[ResourceList]
     ) -> tuple[tuple[ResourceList, ...], tuple[ResourceList, ...]]:
-        """What the pods ``charges`` of VMIs not in view add to a quota's ``U`` and ``W`` (:func:`as_a_vm`)."""
+        """What the pods ``charges`` of VMIs not in view (or still pending) add to a quota's ``U`` and ``W``
+        (:func:`as_a_vm`)."""
         both = [as_a_vm(c, factors) for c in charges]
         return tuple(u for u, _ in both), tuple(w for _, w in both)
 
@@ -148,8 +149,8 @@ class Pods(State):
         self, p: PodSnapshot, v: VmiSnapshot | None, active: bool, mig: VmimSnapshot | None, as_vm: bool = False
     ) -> PodEntry:
         """A pod's entry: what it is charged, and what it adds to ``U`` itself (nothing when it is the running
-        launcher pod of a VM, which counts through its VM; its charge over ``k`` when it names a VMI not in view,
-        ``as_vm``)."""
+        launcher pod of a VM, which counts through its VM; its charge over ``k`` when it names a VMI not in view or
+        still pending, ``as_vm``)."""
         charged = p.usage if active else _POD_COUNT_ONLY  # shared, not copied: results are not to be changed
         if v is None:
             role = ORPHAN_LAUNCHER if p.is_launcher else NON_VM
@@ -160,8 +161,8 @@ class Pods(State):
             )
             if as_vm:
                 reason = (
-                    "made for a VMI that is not in view (its launcher command names it): counts as the VM it may run, "
-                    "its pod usage over each quota's pod/mode factor k"
+                    "made for a VMI not in view or still pending (its launcher command names it): counts as the VM it "
+                    "may run, its pod usage over each quota's pod/mode factor k"
                 )
             if not active:
                 reason += "; terminal or past its grace period: count/pods only"

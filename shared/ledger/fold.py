@@ -41,12 +41,12 @@ What a launcher pod was made for: the vCPUs of its VMI's spec when the pod was c
 made_for`, in checkpoints too, until the pod is gone). KubeVirt renders a pod from the spec, while the status's
 ``currentCPUTopology``, which a VM counts at until its hotplug is admitted, is its creator's to write when it creates
 the VMI: accounting counts a running VM at the vCPUs some pod of it was made for, whatever the status says, and a VM
-whose spec has more vCPUs than every pod of it was made for as a size change to admit. The VMI is the one the pod's
-launcher command names (immutable; else its owner reference at creation), its spec the one in view when the pod is
-first folded; when a VMI names the pod in ``status.activePods`` before that (the watches of two kinds are in no
-order), the smaller of the spec then and when the pod arrives (a spec's vCPUs only grow while the VM runs); for a pod
-folded before its VMI was in view (or before this memory was kept), the spec of the first version of its VMI that
-names it. So it is at least what the pod was made for, and maybe more (a hotplug asked at once, seen before the
+whose spec has more vCPUs than the fewest some pod of it may have been made for as a size change to admit. The VMI is
+the one the pod's launcher command names (immutable; else its owner reference at creation), its spec the one in view
+when the pod is first folded; when a VMI names the pod in ``status.activePods`` before that (the watches of two kinds
+are in no order), the smaller of the spec then and when the pod arrives (a spec's vCPUs only grow while the VM runs);
+for a pod folded before its VMI was in view (or before this memory was kept), the spec of the first version of its VMI
+that names it. So it is at least what the pod was made for, and maybe more (a hotplug asked at once, seen before the
 pod): accounting counts by it, and takes a pod as made at a size only where its charge shows it too. Beside it, the
 fewest vCPUs the pod may have been made for: a VMI's spec may grow before the VMI names its first pod (KubeVirt's VM
 controller carries a VM's new sockets into its VMI whatever the VMI's phase), and KubeVirt may have rendered that

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from hypothesis import strategies as st
 
@@ -257,15 +257,24 @@ def account(objs: Iterable[Mapping[str, Any]], **kw: Any) -> NamespaceUsage:
     return account_namespace(snaps(objs), now=NOW, **kw)
 
 
+_DELETED: Final = "deleted by the test"
+
+
+def deleted(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """``obj`` deleted, as a version for :func:`folded` (a deletion event at its place)."""
+    return {**obj, _DELETED: True}
+
+
 def folded(versions: Iterable[Mapping[str, Any]], cluster: str = "c1") -> Ledger:
     """A ledger that folded ``versions`` in order (objects, several versions of one among them), each an upsert at the
-    next resourceVersion and stream sequence."""
+    next resourceVersion and stream sequence (a deletion for one made by :func:`deleted`)."""
     led = Ledger()
     for seq, obj in enumerate(versions, 1):
         meta = obj["metadata"]
-        snap = normalize({**obj, "metadata": {**meta, "resourceVersion": str(seq)}})
+        gone = bool(obj.get(_DELETED))
+        snap = None if gone else normalize({**obj, "metadata": {**meta, "resourceVersion": str(seq)}})
         ev = contract.object_event(
-            "upserted",
+            "deleted" if gone else "upserted",
             cluster=cluster,
             kind=obj["kind"],
             namespace=meta.get("namespace", ""),

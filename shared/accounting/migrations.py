@@ -313,7 +313,9 @@ class Migrations(Vms):
         # on a running VMI or a pending one) is no plain pod any more, but it counts all the same, or the room would
         # be held, and taken, again: a VM's pod created after the migration counts, unless KubeVirt's status names
         # it its VMI's migration target (``status.migrationState.targetPod``, written at the hand-off)
-        for v in self.vmis:
+        # (the VMs KubeVirt let go of too: a pod that took the room, made a VMI's and orphaned with it, runs on as
+        # that VM's)
+        for v in (*self.vmis, *self.departed):
             target = self._handed_off_to(v)
             taking.extend(
                 charged
@@ -334,12 +336,20 @@ class Migrations(Vms):
         A VMI's status is the tenant's to write when it creates the VMI (KubeVirt's VMI has no status subresource,
         and its webhook keeps the status of a create, but for the phase), and a migration state KubeVirt never
         started stays as written: before, a pending VMI created naming the pod that took a refused target's room
-        as its migration target reopened that room once per such VMI."""
+        as its migration target reopened that room once per such VMI, and so did a VMI created again under its name
+        naming that VMI's migration, which KubeVirt had carried out."""
         ms = v.migration
         if ms is None or not ms.target_pod or not ms.migration_uid or not v.synced:
             return ""  # (KubeVirt migrates only a running VMI)
         m = self.vmim_by_uid.get(ms.migration_uid)
         if m is None or m.vmi_name != v.name or m.phase in _NOT_HANDED_OFF:
+            return ""
+        if (
+            m.creation_timestamp is not None
+            and v.creation_timestamp is not None
+            and m.creation_timestamp < v.creation_timestamp
+        ):
+            # (a migration made before the VMI was of an earlier VMI of its name: a tenant created this one naming it)
             return ""
         return ms.target_pod
 

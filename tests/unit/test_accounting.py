@@ -54,6 +54,8 @@ from tests.builders import (
     NS,
     T0,
     account,
+    account_history,
+    deleted,
     facts_for,
     hard_of,
     launcher_obj,
@@ -513,6 +515,48 @@ def test_a_migration_state_a_tenant_wrote_when_it_created_its_vmi_does_not_reope
         other = vmim_obj("other", "big", t=102, phase="Scheduling")
         again = mig(account([quota, *vmis, *pods, m1, grab, big, other]), "m1")
         assert again.state == WAITING and not again.reserved, (forged, again)
+
+
+def test_a_vmi_created_again_naming_its_predecessors_migration_does_not_reopen_the_reserved_room() -> None:
+    """The tenant migrates its VMI ``x`` (KubeVirt carries it out and keeps the migration), deletes x and creates it
+    again with a ``status.migrationState`` naming that migration and the pod that took vm0's target room, which it
+    adopts into the new x. The migration is x's by name and past its hand-off, so the pod passed for the target
+    KubeVirt handed off to, and the room was held again, to be taken again. A migration made before the VMI was of
+    an earlier VMI of its name."""
+    quota = quota_obj("rq", {"limits.memory": "64Gi"})
+    facts = facts_for(["limits.memory"])
+    vmis = [vmi_obj(f"vm{i}", guest="16Gi", limits={"memory": "16Gi"}, t=i) for i in range(3)]
+    pods = [launcher_obj(v, facts=facts) for v in vmis]
+    mx = vmim_obj("mx", "x", t=20, phase="Succeeded")
+    m1 = vmim_obj("m1", "vm0", t=100, rejected=True)
+    grab = pod_obj("grab", {"memory": "1Gi"}, {"memory": "16Gi"}, t=101)
+    x = vmi_obj("x", guest="1Gi", limits={"memory": "1Gi"}, t=60)
+    x["status"]["migrationState"] = {"targetPod": "grab", "migrationUid": "mig-mx"}
+    vouch(x, grab)
+    again = mig(account([quota, *vmis, *pods, mx, m1, grab, x]), "m1")
+    assert again.state == WAITING and not again.reserved, again
+
+
+def test_a_pod_that_took_reserved_room_and_runs_on_orphaned_keeps_the_room_from_being_held_again() -> None:
+    """The pod that took vm0's target room, given a small VMI's launcher command and a controller reference to it
+    (KubeVirt lists it), and then orphaned: the tenant deleted that VMI with ``propagationPolicy: Orphan``. The pod
+    runs on as that VM's, remembered by the ledger; only the VMs in view were looked at for pods that took the room,
+    so room was held again, to be taken again, once per VMI so prepared."""
+    quota = quota_obj("rq", {"limits.memory": "64Gi"})
+    facts = facts_for(["limits.memory"])
+    vmis = [vmi_obj(f"vm{i}", guest="16Gi", limits={"memory": "16Gi"}, t=i) for i in range(3)]
+    pods = [launcher_obj(v, facts=facts) for v in vmis]
+    m1 = vmim_obj("m1", "vm0", t=100, rejected=True)
+    x = vmi_obj("x", guest="1Gi", limits={"memory": "1Gi"}, t=50)
+    grab = pod_obj("grab", {"memory": "1Gi"}, {"memory": "16Gi"}, t=101)
+    grab["spec"]["containers"][0]["name"] = "compute"
+    set_launcher_command(grab["spec"], "x", x["metadata"]["uid"], grab["metadata"]["namespace"])
+    named = copy.deepcopy(x)
+    vouch(named, grab)
+    u = account_history([quota, *vmis, *pods, x, m1, grab, named, deleted(named)])
+    assert vm(u, "x").state == RUNNING, "the orphaned pod runs on as x"
+    again = mig(u, "m1")
+    assert again.state == WAITING and not again.reserved, again
 
 
 def test_no_room_is_held_for_a_target_kubevirt_creates_no_pod_for_while_the_vmi_has_two_active_pods() -> None:

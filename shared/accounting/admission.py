@@ -17,7 +17,7 @@ from shared.accounting.state import Target, created_key, fmt, size_change, vm_ke
 from shared.quantity import ZERO
 from shared.quota.equation import takes
 from shared.quota.modes import mode_usage
-from shared.resources import ResourceList, nonzero
+from shared.resources import ResourceList, add, growth, nonzero
 from shared.snapshot import (
     VmiSnapshot,
 )
@@ -105,6 +105,16 @@ class Admission(Migrations):
             refused = not beyond
         pod_est = nonzero(pod_est)
         usages = {q.policy.name: mode_usage(q.policy.mode, size, pod_est, q.ratio) for q in self.quotas}
+        if taken:
+            # what a refusal's amounts raise the estimate by counts as the VM's, in the mode's terms: an Event is
+            # anyone's to write, and room held for it beyond the budget was open to any pod once the VM's own pod was
+            # in, without the guard (the rendering's own overhead beyond the mode's terms stays outside, as for
+            # every new VM)
+            inflated = growth(pod_est, estimate)
+            usages = {
+                name: add(u, as_a_vm(inflated, q.factors)[0])
+                for (name, u), q in zip(usages.items(), self.quotas, strict=True)
+            }
         # (with its own pods: the VM at its size in their stead must fit, and it counts what it needs beyond them)
         needs = self._beside_own(usages, own) if own else usages
         misfit, parts = self._misfits(needs)

@@ -618,6 +618,32 @@ def test_no_room_is_held_for_a_new_vms_pod_a_refusal_says_is_larger_than_its_est
             assert e.reserved["limits.memory"] == asked
 
 
+def test_what_a_refusal_within_the_bound_adds_to_a_new_vms_room_counts_in_the_budget() -> None:
+    """A ``VirtualResources`` budget of 80Gi, a 16Gi plain pod, and a 64Gi VM admitted, its pod refused. The tenant
+    writes a refusal Event asking 72Gi, within the evidence bound. The room held at those amounts took the 7.7Gi
+    beyond the VM's pod from outside the budget: once KubeVirt's real pod was in, a tenant's pod of that size got in
+    before vmquota lowered ``hard`` (87.7Gi in VM terms on 80Gi, the VM running). What a refusal raises the estimate
+    by counts as the VM's: it no longer fits there, and where it fits (a budget of 100Gi), no room beyond the budget
+    is left once its pod is in but the rendering's own overhead, as for every new VM."""
+    facts = facts_for({"requests.memory": "80Gi"})
+    rendered = usage_of(launcher_obj(vmi_obj("big", guest="64Gi"), facts=facts, vouched=False))["requests.memory"]
+    overhead = rendered - Quantity.parse("64Gi")
+    filler = pod_obj("filler", {"memory": "16Gi"}, t=1)
+    big = refused_vmi(vmi_obj("big", guest="64Gi", t=10, phase="Pending", node=""), by="rq")
+    forged = refusal_event("big", {"requests.memory": "72Gi"}, t=20)
+    for size, events, state in (("80Gi", [], ADMITTED), ("80Gi", [forged], REFUSED), ("100Gi", [forged], ADMITTED)):
+        quota = quota_obj("rq", {"requests.memory": size}, Mode.VIRTUAL_RESOURCES)
+        u = account([quota, filler, big, *events])
+        e = vm(u, "big")
+        assert e.state == state, (size, e.reason)
+        if state == ADMITTED:
+            q = u.quotas["rq"]
+            left = q.hard["requests.memory"] - q.pods["requests.memory"] - rendered  # (once KubeVirt's pod is in)
+            free = Quantity.parse(size) - Quantity.parse("80Gi")  # (the budget less the plain pod and the VM)
+            beyond = left - free
+            assert beyond <= overhead, f"{beyond} open beyond the budget once the VM's pod is in ({size})"
+
+
 def test_room_is_held_for_a_new_vms_pod_only_once_a_managed_quota_or_the_guard_refused_it() -> None:
     """An admitted VM counts at once, but room for its pod is held (and the guard lists it, and the enforcer nudges
     it) only once KubeVirt was refused the pod for room by a quota vmquota manages or by the guard: a quota it does

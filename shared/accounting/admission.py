@@ -16,7 +16,7 @@ from shared.accounting.results import (
 from shared.accounting.state import Target, created_key, fmt, size_change, vm_key, vm_size
 from shared.quantity import ZERO
 from shared.quota.equation import takes
-from shared.quota.modes import mode_usage
+from shared.quota.modes import DEFINED_RESOURCES, mode_usage
 from shared.resources import ResourceList, add, growth, nonzero
 from shared.snapshot import (
     VmiSnapshot,
@@ -109,12 +109,14 @@ class Admission(Migrations):
             # what a refusal's amounts raise the estimate by counts as the VM's, in the mode's terms: an Event is
             # anyone's to write, and room held for it beyond the budget was open to any pod once the VM's own pod was
             # in, without the guard (the rendering's own overhead beyond the mode's terms stays outside, as for
-            # every new VM)
+            # every new VM); only in the resources the mode counts in its own terms: in the others the VM counts its
+            # pod's usage, the raised estimate already
             inflated = growth(pod_est, estimate)
-            usages = {
-                name: add(u, as_a_vm(inflated, q.factors)[0])
-                for (name, u), q in zip(usages.items(), self.quotas, strict=True)
-            }
+            for q in self.quotas:
+                defined = DEFINED_RESOURCES[q.policy.mode]
+                raised = {r: n for r, n in inflated.items() if r in defined}
+                if raised:
+                    usages[q.policy.name] = add(usages[q.policy.name], as_a_vm(raised, q.factors)[0])
         # (with its own pods: the VM at its size in their stead must fit, and it counts what it needs beyond them)
         needs = self._beside_own(usages, own) if own else usages
         misfit, parts = self._misfits(needs)

@@ -347,9 +347,10 @@ class Migrations(Vms):
         if (
             m.creation_timestamp is not None
             and v.creation_timestamp is not None
-            and m.creation_timestamp < v.creation_timestamp
+            and m.creation_timestamp <= v.creation_timestamp
         ):
-            # (a migration made before the VMI was of an earlier VMI of its name: a tenant created this one naming it)
+            # (a migration made before the VMI, or in its second (times are to the second: no VMI runs and migrates
+            # within its first), was of an earlier VMI of its name: a tenant created this one naming it)
             return ""
         return ms.target_pod
 

@@ -527,14 +527,15 @@ def test_a_vmi_created_again_naming_its_predecessors_migration_does_not_reopen_t
     facts = facts_for(["limits.memory"])
     vmis = [vmi_obj(f"vm{i}", guest="16Gi", limits={"memory": "16Gi"}, t=i) for i in range(3)]
     pods = [launcher_obj(v, facts=facts) for v in vmis]
-    mx = vmim_obj("mx", "x", t=20, phase="Succeeded")
     m1 = vmim_obj("m1", "vm0", t=100, rejected=True)
     grab = pod_obj("grab", {"memory": "1Gi"}, {"memory": "16Gi"}, t=101)
-    x = vmi_obj("x", guest="1Gi", limits={"memory": "1Gi"}, t=60)
-    x["status"]["migrationState"] = {"targetPod": "grab", "migrationUid": "mig-mx"}
-    vouch(x, grab)
-    again = mig(account([quota, *vmis, *pods, mx, m1, grab, x]), "m1")
-    assert again.state == WAITING and not again.reserved, again
+    for made in (20, 60):  # (before the VMI, and in its second: times are to the second)
+        mx = vmim_obj("mx", "x", t=made, phase="Succeeded")
+        x = vmi_obj("x", guest="1Gi", limits={"memory": "1Gi"}, t=60)
+        x["status"]["migrationState"] = {"targetPod": "grab", "migrationUid": "mig-mx"}
+        vouch(x, grab)
+        again = mig(account([quota, *vmis, *pods, mx, m1, grab, x]), "m1")
+        assert again.state == WAITING and not again.reserved, (made, again)
 
 
 def test_a_pod_that_took_reserved_room_and_runs_on_orphaned_keeps_the_room_from_being_held_again() -> None:
@@ -642,6 +643,27 @@ def test_what_a_refusal_within_the_bound_adds_to_a_new_vms_room_counts_in_the_bu
             free = Quantity.parse(size) - Quantity.parse("80Gi")  # (the budget less the plain pod and the VM)
             beyond = left - free
             assert beyond <= overhead, f"{beyond} open beyond the budget once the VM's pod is in ({size})"
+
+
+def test_a_refusals_raise_counts_once_where_the_mode_counts_the_pods_usage() -> None:
+    """Where a mode counts a VM by its pod's usage (every resource in ``VmiPodUsage``; those a VM-term mode does not
+    define, ephemeral storage say), the raised estimate is counted already: adding the raise again refused a VM
+    whose pod, as KubeVirt asked for it, fitted the budget exactly."""
+    facts = facts_for({"requests.memory": "1Gi"})
+    est = usage_of(launcher_obj(vmi_obj("big", guest="8Gi"), facts=facts, vouched=False))
+    big = refused_vmi(vmi_obj("big", guest="8Gi", t=10, phase="Pending", node=""), by="rq")
+    memory = est["requests.memory"] + Quantity.parse("1Gi")
+    storage = est["requests.ephemeral-storage"] + Quantity.parse("200Mi")
+    for mode, budget, asked in (
+        (Mode.VMI_POD_USAGE, {"requests.memory": str(memory)}, {"requests.memory": str(memory)}),
+        (
+            Mode.VIRTUAL_RESOURCES,
+            {"requests.memory": "100Gi", "requests.ephemeral-storage": str(storage)},
+            {"requests.ephemeral-storage": str(storage)},
+        ),
+    ):
+        u = account([quota_obj("rq", budget, mode), big, refusal_event("big", asked, t=20)])
+        assert vm(u, "big").state == ADMITTED, (mode, vm(u, "big").reason)
 
 
 def test_room_is_held_for_a_new_vms_pod_only_once_a_managed_quota_or_the_guard_refused_it() -> None:

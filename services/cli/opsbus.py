@@ -20,7 +20,7 @@ from nats.aio.msg import Msg
 
 from services.platform.bus import NatsOptions
 from services.platform.config import add_inbox_argument, env
-from services.platform.identity import inbox_prefix, prefix_error, user_error
+from services.platform.identity import inbox_prefix, naming_error
 from shared import contract
 from shared.errors import InvalidInput
 
@@ -123,13 +123,10 @@ async def connect(args: argparse.Namespace) -> Any:
     kwargs: dict[str, Any] = {"servers": servers, "allow_reconnect": False, "connect_timeout": 3}
     if args.nats_creds:
         kwargs["user_credentials"] = args.nats_creds
+    if (naming := naming_error(args.nats_user, args.nats_inbox_prefix)) is not None:
+        raise BusUnavailable(naming[1])
     if args.nats_user:
-        why = user_error(args.nats_user)
-        if why is not None:
-            raise BusUnavailable(why)
         kwargs["user"], kwargs["password"] = args.nats_user, args.nats_password or ""
-    if args.nats_inbox_prefix and (why := prefix_error(args.nats_inbox_prefix)) is not None:
-        raise BusUnavailable(why)
     kwargs["inbox_prefix"] = inbox_prefix(args.nats_user, args.nats_inbox_prefix)
     errors: list[str] = []
 

@@ -11,7 +11,7 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from services.platform.identity import prefix_error, user_error
+from services.platform.identity import naming_error
 from shared import contract
 from shared.errors import InvalidInput
 from shared.ledger.fold import PartitionSet
@@ -299,10 +299,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
         raise InvalidInput("the consumer check interval must be positive", "--nats-consumer-check")
     if args.nats_user and args.nats_creds:
         raise InvalidInput("give either --nats-creds or --nats-user/--nats-password, not both", "--nats-creds")
-    if args.nats_user and (why := user_error(args.nats_user)) is not None:
-        raise InvalidInput(why, "--nats-user (VMQUOTA_NATS_USER)")
-    if args.nats_inbox_prefix and (why := prefix_error(args.nats_inbox_prefix)) is not None:
-        raise InvalidInput(why, "--nats-inbox-prefix (VMQUOTA_NATS_INBOX_PREFIX)")
+    if (naming := naming_error(args.nats_user, args.nats_inbox_prefix)) is not None:
+        raise InvalidInput(naming[1], naming[0])
     dry_run = args.dry_run if args.dry_run is not None else _env_bool("VMQUOTA_DRY_RUN", False)
     leader = args.leader_election if args.leader_election is not None else _env_bool("VMQUOTA_LEADER_ELECTION", True)
     guard = (

@@ -39,6 +39,15 @@ def prefix_error(prefix: str) -> str | None:
     return f"an inbox prefix is subject tokens of letters, digits, '-' and '_' joined by '.', got {prefix!r}"
 
 
+def naming_error(user: str | None, prefix: str | None) -> tuple[str, str] | None:
+    """The flag and why, when ``--nats-user`` cannot name an inbox or ``--nats-inbox-prefix`` is not one; else None."""
+    if user and (why := user_error(user)) is not None:
+        return "--nats-user (VMQUOTA_NATS_USER)", why
+    if prefix and (why := prefix_error(prefix)) is not None:
+        return "--nats-inbox-prefix (VMQUOTA_NATS_INBOX_PREFIX)", why
+    return None
+
+
 def inbox_prefix(user: str | None, given: str | None = None) -> str:
     """The prefix of the identity's reply subjects: ``given``, else ``_INBOX.<user>``, else ``_INBOX``."""
     if given:

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from shared.accounting.migrations import Migrations
-from shared.accounting.pods import as_a_vm
+from shared.accounting.pods import in_mode
 from shared.accounting.results import (
     ADMITTED,
     REFUSED,
@@ -66,7 +66,7 @@ class Admission(Migrations):
         than nothing where they count more than the VM: their overhead)."""
         out: dict[str, ResourceList] = {}
         for q in self.quotas:
-            counted = [as_a_vm(c, q.factors)[0] for c in own]
+            counted = [in_mode(c, q.factors) for c in own]
             u = usages[q.policy.name]
             # (not clamped at zero: what its pods count beyond the VM, their overhead, is room it frees too)
             out[q.policy.name] = {r: n - sum((c.get(r, ZERO) for c in counted), ZERO) for r, n in u.items()}
@@ -116,7 +116,7 @@ class Admission(Migrations):
                 defined = DEFINED_RESOURCES[q.policy.mode]
                 raised = {r: n for r, n in inflated.items() if r in defined}
                 if raised:
-                    usages[q.policy.name] = add(usages[q.policy.name], as_a_vm(raised, q.factors)[0])
+                    usages[q.policy.name] = add(usages[q.policy.name], in_mode(raised, q.factors))
         # (with its own pods: the VM at its size in their stead must fit, and it counts what it needs beyond them)
         needs = self._beside_own(usages, own) if own else usages
         misfit, parts = self._misfits(needs)

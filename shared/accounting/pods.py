@@ -52,11 +52,17 @@ def made_for_unseen_vmi(p: PodSnapshot, seen: frozenset[str]) -> bool:
     return bool(p.command_vmi_uid) and p.command_vmi_uid not in seen
 
 
+def in_mode(charged: ResourceList, factors: Mapping[str, Fraction | None]) -> ResourceList:
+    """Pod-terms amounts ``charged`` in the mode's terms: over ``k`` per resource
+    (:func:`~shared.quota.equation.in_mode_terms`)."""
+    return {r: Quantity(in_mode_terms(q.nanos, factors.get(r)), q.format) for r, q in charged.items()}
+
+
 def as_a_vm(charged: ResourceList, factors: Mapping[str, Fraction | None]) -> tuple[ResourceList, ResourceList]:
     """What a pod ``charged`` so counts in ``U`` and takes in ``W`` if a VM runs in it: in the mode's terms its charge
     over ``k`` per resource (as much as the VM it was made for counts, give or take its overhead), and it takes the
     larger of its charge and ``k`` times that (:func:`~shared.quota.equation.takes`)."""
-    counted = {r: Quantity(in_mode_terms(q.nanos, factors.get(r)), q.format) for r, q in charged.items()}
+    counted = in_mode(charged, factors)
     return counted, {**charged, **takes(charged, counted, factors)}
 
 
@@ -107,7 +113,6 @@ class Pods(State):
         launchers: dict[str, list[tuple[PodSnapshot, ResourceList]]] = {}
         pod_usage: list[ResourceList] = []
         accounted: list[ResourceList] = []
-        unseen: list[ResourceList] = []
         as_vms: dict[str, list[ResourceList]] = {}
         # (a pending VMI does not vouch for its pod yet: its pod counts as the VM it may run)
         seen = frozenset(v.uid for v in (*self.vmis, *self.departed) if v.synced)
@@ -128,11 +133,11 @@ class Pods(State):
             if v is not None and active:  # a VM's running launcher pod: it counts through its VM
                 launchers.setdefault(vm_key(v), []).append((p, charged))
             elif as_vm:
-                unseen.append(charged)
                 as_vms.setdefault(p.command_vmi_uid, []).append(charged)
             else:
                 accounted.append(charged)
             entries.append(entry)
+        unseen = [charged for charges in as_vms.values() for charged in charges]
         per_quota = tuple(self._as_vms(q.factors, unseen) for q in self.quotas)
         return tuple(entries), launchers, tuple(pod_usage), tuple(accounted), per_quota, as_vms
 

@@ -94,12 +94,11 @@ class Vms(Pods):
                     pending.append(v)
                 continue
             migrating = self._migrating(v, vm_pods)
-            # the entry is a function of the VMI, its active launcher pods (and what they were made for), whether it
-            # migrates and the quotas
+            # the entry is a function of the VMI, its active launcher pods (and what they were made for: see
+            # _running_vms), whether it migrates and the quotas
             memo_obj = (v, *(p for p, _ in vm_pods))
             memo_slot = ("running", namespace, key)
-            made = tuple(self._made_for(v, p) for p, _ in vm_pods) if self.made_for else ()
-            memo_key = (tuple(map(id, memo_obj)), migrating, quotas_key, made)
+            memo_key = (tuple(map(id, memo_obj)), migrating, quotas_key)
             entry = memo.latest(memo_slot, memo_key, memo_obj, self._running_vm, v, vm_pods, migrating)
             if v.uid in departed:
                 entry = replace(

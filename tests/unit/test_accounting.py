@@ -79,6 +79,13 @@ def vm(u: NamespaceUsage, name: str) -> Any:
     return next(e for e in u.vms if e.name == name)
 
 
+def full_64gi() -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """A ``VmiPodUsage`` quota of ``limits.memory: 64Gi`` and three running 16Gi VMs with their launcher pods."""
+    facts = facts_for(["limits.memory"])
+    vmis = [vmi_obj(f"vm{i}", guest="16Gi", limits={"memory": "16Gi"}, t=i) for i in range(3)]
+    return quota_obj("rq", {"limits.memory": "64Gi"}), vmis, [launcher_obj(v, facts=facts) for v in vmis]
+
+
 def mig(u: NamespaceUsage, name: str) -> Any:
     return next(e for e in u.migrations if e.name == name)
 
@@ -112,10 +119,7 @@ def test_a_target_whose_reserved_room_a_later_pod_took_holds_no_room_again() -> 
     after the migration can take it. vmquota then holds no room for that target again while the namespace is over
     its budget with such pods (else each raise could be taken again); a namespace over its budget with older pods
     (its budget lowered, say) still migrates."""
-    quota = quota_obj("rq", {"limits.memory": "64Gi"})
-    facts = facts_for(["limits.memory"])
-    vmis = [vmi_obj(f"vm{i}", guest="16Gi", limits={"memory": "16Gi"}, t=i) for i in range(3)]
-    pods = [launcher_obj(v, facts=facts) for v in vmis]
+    quota, vmis, pods = full_64gi()
     migration = vmim_obj("m1", "vm0", t=100, rejected=True)
     assert mig(account([quota, *vmis, *pods, migration]), "m1").state == PENDING
     grab = pod_obj("grab", {"memory": "1Gi"}, {"memory": "30Gi"}, t=101)  # (took the reserved room)
@@ -497,10 +501,7 @@ def test_a_migration_state_a_tenant_wrote_when_it_created_its_vmi_does_not_reope
     VMI (97Gi on a 64Gi budget with three). Now only a migration state naming one of the VMI's migrations that
     KubeVirt took past scheduling its target exempts a pod; with the name of a real migration of another VMI, or
     of a migration still scheduling, it does not either."""
-    quota = quota_obj("rq", {"limits.memory": "64Gi"})
-    facts = facts_for(["limits.memory"])
-    vmis = [vmi_obj(f"vm{i}", guest="16Gi", limits={"memory": "16Gi"}, t=i) for i in range(3)]
-    pods = [launcher_obj(v, facts=facts) for v in vmis]
+    quota, vmis, pods = full_64gi()
     m1 = vmim_obj("m1", "vm0", t=100, rejected=True)
     u = account([quota, *vmis, *pods, m1])
     assert mig(u, "m1").state == PENDING
@@ -523,10 +524,7 @@ def test_a_vmi_created_again_naming_its_predecessors_migration_does_not_reopen_t
     adopts into the new x. The migration is x's by name and past its hand-off, so the pod passed for the target
     KubeVirt handed off to, and the room was held again, to be taken again. A migration made before the VMI was of
     an earlier VMI of its name."""
-    quota = quota_obj("rq", {"limits.memory": "64Gi"})
-    facts = facts_for(["limits.memory"])
-    vmis = [vmi_obj(f"vm{i}", guest="16Gi", limits={"memory": "16Gi"}, t=i) for i in range(3)]
-    pods = [launcher_obj(v, facts=facts) for v in vmis]
+    quota, vmis, pods = full_64gi()
     m1 = vmim_obj("m1", "vm0", t=100, rejected=True)
     grab = pod_obj("grab", {"memory": "1Gi"}, {"memory": "16Gi"}, t=101)
     for made in (20, 60):  # (before the VMI, and in its second: times are to the second)
@@ -543,10 +541,7 @@ def test_a_pod_that_took_reserved_room_and_runs_on_orphaned_keeps_the_room_from_
     (KubeVirt lists it), and then orphaned: the tenant deleted that VMI with ``propagationPolicy: Orphan``. The pod
     runs on as that VM's, remembered by the ledger; only the VMs in view were looked at for pods that took the room,
     so room was held again, to be taken again, once per VMI so prepared."""
-    quota = quota_obj("rq", {"limits.memory": "64Gi"})
-    facts = facts_for(["limits.memory"])
-    vmis = [vmi_obj(f"vm{i}", guest="16Gi", limits={"memory": "16Gi"}, t=i) for i in range(3)]
-    pods = [launcher_obj(v, facts=facts) for v in vmis]
+    quota, vmis, pods = full_64gi()
     m1 = vmim_obj("m1", "vm0", t=100, rejected=True)
     x = vmi_obj("x", guest="1Gi", limits={"memory": "1Gi"}, t=50)
     grab = pod_obj("grab", {"memory": "1Gi"}, {"memory": "16Gi"}, t=101)
@@ -686,10 +681,7 @@ def test_a_pod_that_took_reserved_room_and_was_adopted_into_another_vm_keeps_the
     pod to another of its VMIs (KubeVirt adopts it): it is no plain pod any more, but its charge beyond that VM's
     launcher pod still counts, and no room is held again. (Room was held again, to be taken a second time: over the
     budget by as many reserved amounts as the tenant has VMs to adopt its pods.)"""
-    quota = quota_obj("rq", {"limits.memory": "64Gi"})
-    facts = facts_for(["limits.memory"])
-    vmis = [vmi_obj(f"vm{i}", guest="16Gi", limits={"memory": "16Gi"}, t=i) for i in range(3)]
-    pods = [launcher_obj(v, facts=facts) for v in vmis]
+    quota, vmis, pods = full_64gi()
     migration = vmim_obj("m1", "vm0", t=100, rejected=True)
     grab = pod_obj("grab", {"memory": "1Gi"}, {"memory": "30Gi"}, t=101)
     assert mig(account([quota, *vmis, *pods, migration, grab]), "m1").state == WAITING

@@ -81,6 +81,12 @@ def forged_launcher(name: str, vmi: Obj, memory: str) -> Obj:
     return pod
 
 
+def open_without_the_guard(why: str) -> list[Any]:
+    """Parameters ``False`` (without the guard: a strict expected failure, ``why``) and ``True`` (with it)."""
+    xfail = pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"open without the guard: {why}")
+    return [pytest.param(False, id="without_the_guard", marks=xfail), pytest.param(True, id="with_the_guard")]
+
+
 async def settled(p: Pipeline) -> None:
     """Until the ledger has accounted every pod there is (its usage snapshot's P is the simulator's)."""
 
@@ -506,6 +512,7 @@ async def test_a_pod_kubevirt_adopts_into_a_vm_counts_in_full() -> None:
         assert vmi is not None
         meta = vmi["metadata"]
         big = plain_pod(ns, "big", {"memory": "40Gi", "cpu": "100m"}, {"memory": "40Gi", "cpu": "100m"})
+        big["metadata"]["labels"] = {"kubevirt.io": "virt-launcher"}  # (KubeVirt sees no pod without the key)
         big["metadata"]["ownerReferences"] = [
             {
                 "apiVersion": "kubevirt.io/v1",
@@ -726,19 +733,7 @@ async def test_with_the_guard_no_vm_gets_in_before_the_namespace_is_accounted() 
         assert p.pod_usage(ns).get("requests.memory", Quantity.from_int(0)) <= Quantity.parse("16Gi")
 
 
-@pytest.mark.parametrize(
-    "guard",
-    [
-        pytest.param(
-            False,
-            id="without_the_guard",
-            marks=pytest.mark.xfail(
-                strict=True, raises=AssertionError, reason="open without the guard: native room cannot tell vCPUs"
-            ),
-        ),
-        pytest.param(True, id="with_the_guard"),
-    ],
-)
+@pytest.mark.parametrize("guard", open_without_the_guard("native room cannot tell vCPUs"))
 async def test_a_cluster_wide_cpu_request_does_not_get_vms_past_a_vm_term_cpu_budget(guard: bool) -> None:
     """A cluster whose KubeVirt sets `cpuRequest` (here 50m) gives every VMI without a CPU request that flat
     request, whatever its vCPUs: a `VirtualResources` budget of 4 vCPUs leaves 0.4 cores of native room (k = 1/10),
@@ -1217,12 +1212,14 @@ def decided(p: Pipeline, ns: str, names: list[str]) -> bool:
     return True
 
 
-async def tenant_patch(tenant: Tenant, path: str, patch: Obj) -> None:
-    """The tenant's own merge patch over HTTPS (its `edit` role)."""
+async def tenant_patch(tenant: Tenant, path: str, patch: Obj, expect: int = 200) -> str:
+    """The tenant's own merge patch over HTTPS (its `edit` role): the answer's body, whose status must be ``expect``."""
     assert tenant.session is not None
     headers = {"Content-Type": "application/merge-patch+json"}
     async with tenant.session.patch(f"{tenant.url}{path}", json=patch, ssl=tenant.ssl, headers=headers) as resp:
-        assert resp.status == 200, await resp.text()
+        text = await resp.text()
+        assert resp.status == expect, text
+        return text
 
 
 async def test_with_the_guard_a_launcher_pod_taken_off_its_vmi_still_counts_as_its_vm() -> None:
@@ -1318,41 +1315,84 @@ async def test_refusal_events_naming_many_made_up_resources_do_not_stall_a_migra
         await p.wait_migrated(NS, "vm1", m)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="open: a VM run in a pod its tenant made its pending VMI control gets past a VM-term budget natively "
-    "(docs/accounting.md, Known limits)",
+def owned_by_vmi(pod: Obj, vmi: Obj) -> Obj:
+    """``pod`` with a controller reference to ``vmi``: KubeVirt matches it by the uid alone."""
+    meta = vmi["metadata"]
+    ref = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": meta["name"], "uid": meta["uid"]}
+    pod["metadata"]["ownerReferences"] = [{**ref, "controller": True}]
+    return pod
+
+
+async def refused_big_vm_and_a_tiny_pod(p: Pipeline, tenant: Tenant) -> tuple[Obj, Obj]:
+    """The tenant's 16-vCPU VMI ``big`` (refused in a 4-vCPU budget), and a 10m pod with a controller reference to
+    it, not created yet."""
+    ns = tenant.ns
+    with acting_as(tenant.user):
+        await p.sim.create(created_vmi("big", vcpus=16, namespace=ns))
+    made = p.sim.peek("vmi", ns, "big")
+    assert made is not None
+    return made, owned_by_vmi(plain_pod(ns, "tiny", {"cpu": "10m", "memory": "16Mi"}, {}), made)
+
+
+async def never_runs(p: Pipeline, ns: str, vmi: str) -> None:
+    """Once the cluster is quiet, and for 3 s more, the VMI is not Running."""
+    await p.sim.wait_quiet()
+    with contextlib.suppress(Exception):  # (what is wanted: it never runs)
+        await p.sim.wait_for_phase(ns, vmi, "Running", within=3)
+    assert p.vmi_phase(ns, vmi) != "Running", f"{vmi} runs on a budget it does not fit"
+
+
+@pytest.mark.parametrize(
+    "guarded",
+    open_without_the_guard(
+        "a VM run in a pod its tenant made its pending VMI control gets past a VM-term budget natively "
+        "(docs/accounting.md, Known limits)"
+    ),
 )
-@pytest.mark.parametrize("guarded", [False, True], ids=["without_the_guard", "with_the_guard"])
 async def test_a_vm_that_does_not_fit_does_not_run_in_a_small_pod_its_tenant_made_for_it(guarded: bool) -> None:
     """A 16-vCPU VMI in a 4-vCPU ``VirtualResources`` budget: KubeVirt's launcher pod (1.6 cores at k = 1/10) is
-    refused natively, and vmquota refuses the VM. The tenant adds a 10m pod with a controller reference to the
-    pending VMI: native quota lets it in (400m of room), and KubeVirt takes the newest active pod a VMI controls for
-    its launcher pod, so the VMI runs in it. vmquota counts the VM (16 vCPUs: over the budget, nothing more is
-    admitted), but nothing in the pod path tells such a pod from one of KubeVirt's without a webhook."""
+    refused natively, and vmquota refuses the VM. The tenant adds a 10m pod labelled ``kubevirt.io`` (KubeVirt sees
+    no pod without that key) with a controller reference to the pending VMI: native quota lets it in (400m of room),
+    and KubeVirt takes the newest active pod a VMI controls for its launcher pod, so the VMI runs in it. vmquota
+    counts the VM (16 vCPUs: over the budget, nothing more is admitted), but nothing in the pod path tells such a pod
+    from one of KubeVirt's without a webhook. The guard lets only virt-controller create a pod with that label."""
     ns = "tenant-tiny"
     async with pipeline(guard=guarded) as p:
         await p.managed_quota(ns, "vm-budget", {"requests.cpu": "4"}, mode="VirtualResources")
         await p.wait_hard(ns, "vm-budget", rl({"requests.cpu": "400m"}))
         async with Tenant(p, ns) as tenant:
-            with acting_as(tenant.user):
-                await p.sim.create(created_vmi("big", vcpus=16, namespace=ns))
-            made = p.sim.peek("vmi", ns, "big")
-            assert made is not None
-            tiny = plain_pod(ns, "tiny", {"cpu": "10m", "memory": "16Mi"}, {})
-            meta = made["metadata"]
-            tiny["metadata"]["ownerReferences"] = [
-                {
-                    "apiVersion": "kubevirt.io/v1",
-                    "kind": "VirtualMachineInstance",
-                    "name": meta["name"],
-                    "uid": meta["uid"],
-                    "controller": True,
-                }
-            ]
+            _, tiny = await refused_big_vm_and_a_tiny_pod(p, tenant)
+            tiny["metadata"]["labels"] = {"kubevirt.io": "virt-launcher"}
+            if guarded:
+                assert not await tenant.create(tiny), "the tenant's pod labelled kubevirt.io was admitted"
+                assert "leave the label key kubevirt.io off tiny" in tenant.refusals[-1], tenant.refusals
+            else:
+                assert await tenant.create(tiny), tenant.refusals
+        await never_runs(p, ns, "big")
+
+
+async def test_with_the_guard_a_tenant_cannot_hand_its_pending_vmi_a_pod_later() -> None:
+    """The same refused 16-vCPU VMI, and the two ways to a pod KubeVirt would run it in once it exists: labelling a
+    tenant's pod ``kubevirt.io`` after creating it without (a pod without the key is admitted: KubeVirt does not see
+    it, and the VMI stays pending), and moving the controller reference of a running 1-vCPU VM's launcher pod, which
+    carries the key, to the pending VMI. The guard refuses both; taking a controller reference off stays open."""
+    ns = "tenant-tiny-later"
+    async with pipeline(guard=True) as p:
+        await p.managed_quota(ns, "vm-budget", {"requests.cpu": "4"}, mode="VirtualResources")
+        await p.start_vm(ns, "small", memory="1Gi", sockets=1)
+        async with Tenant(p, ns) as tenant:
+            made, tiny = await refused_big_vm_and_a_tiny_pod(p, tenant)
             assert await tenant.create(tiny), tenant.refusals
-        await p.sim.wait_quiet()
-        with contextlib.suppress(Exception):  # (what is wanted: it never runs)
-            await p.sim.wait_for_phase(ns, "big", "Running", within=3)
-        assert p.vmi_phase(ns, "big") != "Running", "a 16-vCPU VM runs on a 4-vCPU budget"
+            refused = await tenant_patch(
+                tenant, f"/api/v1/namespaces/{ns}/pods/tiny", {"metadata": {"labels": {"kubevirt.io": "x"}}}, 403
+            )
+            assert "leave the label key kubevirt.io off tiny" in refused, refused
+            (launcher,) = p.launcher_pods(ns, "small")
+            name = launcher["metadata"]["name"]
+            moved = owned_by_vmi(launcher, made)["metadata"]["ownerReferences"]
+            refused = await tenant_patch(
+                tenant, f"/api/v1/namespaces/{ns}/pods/{name}", {"metadata": {"ownerReferences": moved}}, 403
+            )
+            assert f"{name} keeps its controller reference, or loses it" in refused, refused
+        await never_runs(p, ns, "big")
+        assert p.vmi_phase(ns, "small") == "Running"

@@ -563,7 +563,13 @@ async def test_no_target_is_created_while_the_vmi_has_two_active_pods_one_of_the
         {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": "extra", "namespace": "t", "ownerReferences": [owner], "finalizers": ["t/hold"]},
+            "metadata": {
+                "name": "extra",
+                "namespace": "t",
+                "labels": {"kubevirt.io": "virt-launcher"},  # (KubeVirt sees no pod without the key)
+                "ownerReferences": [owner],
+                "finalizers": ["t/hold"],
+            },
             "spec": {"containers": [{"name": "c", "image": "busybox"}]},
         }
     )
@@ -579,6 +585,43 @@ async def test_no_target_is_created_while_the_vmi_has_two_active_pods_one_of_the
         sim.store.resource("pods"), "t", "extra", lambda o: {**o, "metadata": {**o["metadata"], "finalizers": []}}
     )
     await sim.wait_for_phase("t", "mig1", "Succeeded", kind="vmim")
+
+
+async def test_kubevirt_sees_only_pods_with_the_label_key_kubevirt_io(sim: SimCluster) -> None:
+    """virt-controller's VMI and migration controllers watch pods through an informer that selects the label key
+    ``kubevirt.io`` (``KubeVirtPod``): a pod the VMI controls without it is not the VMI's, so a pending VMI does not
+    run in it; once the pod carries the key (any value), KubeVirt takes it for the VMI's launcher pod."""
+    await sim.create_quota("t", "compute", {"requests.cpu": "1"})  # (KubeVirt's pod for 16 vCPUs does not fit)
+    await sim.wait_quota_synced("t", "compute")
+    vmi = await sim.create(created_vmi("big", vcpus=16, namespace="t"))
+    await sim.wait_until(
+        "vmi",
+        "t",
+        "big",
+        lambda o: any(c.get("reason") == "FailedCreate" for c in o.get("status", {}).get("conditions") or []),
+    )
+    owner: Obj = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": "big"}
+    owner |= {"uid": vmi["metadata"]["uid"], "controller": True}
+    small = {"requests": {"cpu": "10m"}}
+    tiny: Obj = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "tiny", "namespace": "t", "ownerReferences": [owner]},
+        "spec": {"containers": [{"name": "c", "image": "busybox", "resources": small}]},
+    }
+    await sim.create(tiny)
+    await sim.wait_until("pods", "t", "tiny", lambda o: o["status"].get("phase") == "Running")
+    await sim.wait_quiet()
+    now = await sim.get("vmi", "t", "big")
+    assert now["status"].get("phase") == "Pending" and not now["status"].get("activePods"), now["status"]
+    await sim.store.mutate(
+        sim.store.resource("pods"),
+        "t",
+        "tiny",
+        lambda o: {**o, "metadata": {**o["metadata"], "labels": {"kubevirt.io": "anything"}}},
+    )
+    running = await sim.wait_for_phase("t", "big", "Running")
+    assert list(running["status"]["activePods"]) == [(await sim.get("pods", "t", "tiny"))["metadata"]["uid"]]
 
 
 async def test_a_migration_carries_kubevirts_finalizer_and_is_marked_deleted_before_it_goes(sim: SimCluster) -> None:

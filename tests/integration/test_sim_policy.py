@@ -563,6 +563,17 @@ async def test_a_pod_grows_in_place_only_by_resize_which_quota_and_the_guard_che
     assert await used() == "3584Mi"
 
 
+async def managed_pod_terms_quota(sim: SimCluster) -> None:
+    """Quota ``vm-budget`` of 8Gi ``limits.memory``, managed in ``VmiPodUsage``: the namespace's guard parameter."""
+    await sim.create_quota(
+        NS,
+        "vm-budget",
+        {"limits.memory": "8Gi"},
+        labels={MANAGED_LABEL: "true"},
+        annotations={MODE_ANNOTATION: "VmiPodUsage"},
+    )
+
+
 async def test_no_pod_is_resized_in_place_where_a_quota_is_managed(sim: SimCluster, tmp_path: Path) -> None:
     """A launcher pod shrunk in place would free room in status.hard that its VM still counts in VM terms until
     vmquota lowers spec.hard (a tenant watching the quota takes it); where quotas count pods, the room it freed is
@@ -593,13 +604,7 @@ async def test_no_pod_is_resized_in_place_where_a_quota_is_managed(sim: SimClust
         return code, out + err
 
     assert (await resize("app"))[0] == 0, "no managed quota: resizes are quota's business"
-    await sim.create_quota(
-        NS,
-        "vm-budget",
-        {"limits.memory": "8Gi"},
-        labels={MANAGED_LABEL: "true"},
-        annotations={MODE_ANNOTATION: "VmiPodUsage"},
-    )
+    await managed_pod_terms_quota(sim)
     for pod in ("virt-launcher-vm1-abcde", "app"):
         code, out = await resize(pod, "512Mi")
         assert code != 0, out
@@ -614,6 +619,80 @@ async def test_no_pod_is_resized_in_place_where_a_quota_is_managed(sim: SimClust
         pod_now["spec"]["containers"][0]["resources"] = shrunk
         with pytest.raises(ApiError, match="not resized in place"):
             await sim.store.update(sim.store.resource("pods"), pod_now, subresource="resize")
+
+
+async def test_only_kubevirt_makes_the_pods_kubevirt_runs_vms_in_where_a_quota_is_managed(
+    sim: SimCluster, tmp_path: Path
+) -> None:
+    """KubeVirt's VMI and migration controllers see only pods with the label key ``kubevirt.io`` and take one whose
+    controller reference names a VMI's uid (whatever its kind) for that VMI's: a tenant's small pod so labelled and
+    owned would run a VM that does not fit. Where a quota is managed, only virt-controller creates a pod with that
+    label key, adds it to a pod, or adds or changes a controller reference on a pod that carries it; the tenant may
+    still change the label's value, rename a reference's kind, take a reference off, or drop the label."""
+    tenant, manifest = await _tenant_and_app(sim, tmp_path, "1Gi")
+    await install(sim, GUARD_POLICY.read_text())
+
+    def labelled(name: str, owner_uid: str | None = "u1", label: bool = True, namespace: str = NS) -> Obj:
+        p = pod(name, owner_uid=owner_uid, namespace=namespace)
+        p["spec"]["containers"][0]["resources"] = {"requests": SMALL, "limits": SMALL}
+        if label:
+            p["metadata"]["labels"] = {"kubevirt.io": "virt-launcher"}
+        return p
+
+    async def tenant_kubectl(*args: str) -> tuple[int, str]:
+        code, out, err = await run_kubectl(tenant, tmp_path, *args)
+        return code, out + err
+
+    def refusal(pod: str, what: str) -> str:
+        return (
+            "ValidatingAdmissionPolicy 'vmquota-kubevirt-pods' with binding 'vmquota-kubevirt-pods' denied request: "
+            "vmquota: quota vm-budget counts VMs, and KubeVirt runs a VM in a pod labelled kubevirt.io that its VMI "
+            f"controls: in this namespace only KubeVirt {what}"
+        )
+
+    assert await create_as(sim, TENANT, labelled("before")) is None, "no managed quota: the pods are anyone's"
+    await managed_pod_terms_quota(sim)
+    err = await create_as(sim, TENANT, labelled("forged"))
+    assert err is not None and err.code == 403 and err.reason == "Forbidden"
+    creates = "creates such a pod or labels one so (leave the label key kubevirt.io off forged)"
+    assert refusal("forged", creates) in err.message, err.message
+    err = await create_as(sim, TENANT, labelled("unowned", owner_uid=None))
+    assert err is not None and err.code == 403, "without a reference it is still a pod KubeVirt sees"
+    assert await create_as(sim, KUBEVIRT_CONTROLLER, labelled("virt-launcher-vm1-abcde")) is None
+    assert await create_as(sim, TENANT, labelled("unlabelled", label=False)) is None
+    assert (await tenant_kubectl("create", "-f", str(manifest)))[0] == 0, "a plain pod is the tenant's"
+
+    code, out = await tenant_kubectl("label", "pod", "unlabelled", "kubevirt.io=virt-launcher")
+    assert code != 0 and "leave the label key kubevirt.io off unlabelled" in out, out
+    kv = "virt-launcher-vm1-abcde"
+    code, out = await tenant_kubectl("label", "pod", kv, "kubevirt.io=other", "--overwrite")
+    assert code == 0, out
+
+    def refs(uid: str, kind: str = "VirtualMachineInstance") -> str:
+        ref = {"apiVersion": "kubevirt.io/v1", "kind": kind, "name": "vm9", "uid": uid, "controller": True}
+        return json.dumps({"metadata": {"ownerReferences": [ref]}})
+
+    moved = "makes such a pod another VMI's (virt-launcher-vm1-abcde keeps its controller reference, or loses it)"
+    code, out = await tenant_kubectl("patch", "pod", kv, "--type=merge", "-p", refs("u9"))
+    assert code != 0 and refusal(kv, moved) in out, out
+    code, out = await tenant_kubectl("patch", "pod", kv, "--type=merge", "-p", refs("u1", "VirtualMachineInstanceX"))
+    assert code == 0, out
+    code, out = await tenant_kubectl(
+        "patch", "pod", kv, "--type=merge", "-p", json.dumps({"metadata": {"ownerReferences": None}})
+    )
+    assert code == 0, out
+    code, out = await tenant_kubectl("patch", "pod", kv, "--type=merge", "-p", refs("u1"))
+    assert code != 0 and refusal(kv, moved) in out, "a reference taken off is not put back by the tenant"
+    with acting_as(KUBEVIRT_CONTROLLER):  # (KubeVirt may)
+        now = await sim.get("pods", NS, kv)
+        now["metadata"]["ownerReferences"] = json.loads(refs("u1"))["metadata"]["ownerReferences"]
+        await sim.store.update(sim.store.resource("pods"), now)
+    code, out = await tenant_kubectl("label", "pod", kv, "kubevirt.io-")
+    assert code == 0, out
+    code, out = await tenant_kubectl("label", "pod", kv, "kubevirt.io=virt-launcher")
+    assert code != 0 and f"leave the label key kubevirt.io off {kv}" in out, out
+    elsewhere = labelled("elsewhere", namespace="other")
+    assert await create_as(sim, UserInfo("mallory", tenant_of=frozenset({"other"})), elsewhere) is None
 
 
 async def test_a_shrinking_resize_frees_quota_only_once_the_kubelet_reports_it(sim: SimCluster, tmp_path: Path) -> None:

@@ -606,9 +606,11 @@ class KubeVirtSimulator:
         cache.subscribe("virtualmachineinstancemigrations", self._on_vmim)
         cache.subscribe("pods", self._on_pod)
         cache.subscribe("resourcequotas", self._on_quota)
-        cache.add_index("pods", "vmi", lambda p: _label_values(p, CREATED_BY_LABEL))
-        cache.add_index("pods", "controller", _controller_uid)
-        cache.add_index("pods", "migration", lambda p: _label_values(p, MIGRATION_JOB_LABEL))
+        cache.add_index("pods", "vmi", lambda p: _label_values(p, CREATED_BY_LABEL))  # (the scheduler's)
+        cache.add_index("pods", "controller", lambda p: _controller_uid(p) if kubevirt_sees(p) else ())
+        cache.add_index(
+            "pods", "migration", lambda p: _label_values(p, MIGRATION_JOB_LABEL) if kubevirt_sees(p) else ()
+        )
         cache.add_index("pods", "node", _pod_node)
         cache.add_index("virtualmachineinstancemigrations", "vmi", _vmim_vmi)
         cache.add_index("virtualmachineinstancemigrations", "phase", lambda m: (phase(m),))
@@ -755,6 +757,8 @@ class KubeVirtSimulator:
             self.pod_queue.add(key)
         else:
             self._pod_steps.clear(uid_of(obj))
+        if not kubevirt_sees(obj) and (old is None or not kubevirt_sees(old)):
+            return  # (the kubelet's and the scheduler's, not in virt-controller's pod informer)
         lab = labels_of(obj)
         if lab.get(APP_LABEL) == LAUNCHER and lab.get(VM_NAME_LABEL):
             self.vmi_queue.add((key[0], lab[VM_NAME_LABEL]))
@@ -775,7 +779,8 @@ class KubeVirtSimulator:
         for ref in meta(pod).get("ownerReferences") or []:
             if isinstance(ref, Mapping) and ref.get("controller") is True and ref.get("kind") == "Pod":
                 owner = self.cache.get("pods", key_of(pod)[0], str(ref.get("name") or ""))
-                return owner if owner is not None and uid_of(owner) == ref.get("uid") else None
+                seen = owner is not None and kubevirt_sees(owner) and uid_of(owner) == ref.get("uid")
+                return owner if seen else None
         return None
 
     def _wake_migration(self, key: Key, why: str) -> None:
@@ -958,8 +963,8 @@ class KubeVirtSimulator:
 
     # ---- pods of a VMI ---------------------------------------------------------------------------------------
     def pods_of(self, vmi: Mapping[str, Any]) -> list[Obj]:
-        """The pods the VMI controls (controller owner reference), as KubeVirt's ``IsControlledBy`` finds them;
-        labels play no part."""
+        """The pods the VMI controls (controller owner reference), as KubeVirt's ``IsControlledBy`` finds them
+        among the pods its informer sees (:func:`kubevirt_sees`); no other label plays a part."""
         pods = self.cache.by_index("pods", "controller", f"{key_of(vmi)[0]}/{uid_of(vmi)}")
         return sorted(
             pods, key=lambda p: (str(meta(p).get("creationTimestamp") or ""), int(meta(p).get("resourceVersion") or 0))
@@ -1883,6 +1888,13 @@ def _actuated(pod: Mapping[str, Any]) -> list[Any]:
         c = specs.get(cs.get("name")) if isinstance(cs, Mapping) else None
         out.append({**cs, **_reported_resources(c)} if c is not None and "resources" in cs else cs)
     return out
+
+
+def kubevirt_sees(pod: Mapping[str, Any]) -> bool:
+    """Whether virt-controller's VMI and migration controllers see the pod at all: their pod informer lists and
+    watches only pods carrying the label key ``kubevirt.io`` (``KubeVirtPod``, selector ``kubevirt.io``). A pod
+    without it is never a VMI's, whatever its controller reference says."""
+    return APP_LABEL in labels_of(pod)
 
 
 def _label_values(obj: Mapping[str, Any], label: str) -> tuple[str, ...]:

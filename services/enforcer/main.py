@@ -19,7 +19,9 @@ async def main(rt: Runtime) -> None:
     reconnects = rt.metrics.reconnects.labels(service=rt.name)
     bus = await Bus.connect(rt.nats_options(), on_reconnect=reconnects.inc, stop=rt.stop)
     try:
-        await bus.ensure_streams(contract.streams_for(rt.name, rt.config.events_max_age))
+        await bus.ensure_streams(
+            contract.streams_for(rt.name, rt.config.events_max_age), update=contract.keeps_streams(rt.name)
+        )
         api = await kube_client(rt.config.kubeconfig)
         try:
             opts = EnforcerOptions(

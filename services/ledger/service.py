@@ -231,7 +231,8 @@ class LedgerService:
         await self.bus.ensure_streams(
             contract.streams_for(
                 "ledger", self.opts.events_max_age, usage_history_max_age=self.opts.usage_history_max_age
-            )
+            ),
+            update=contract.keeps_streams("ledger"),  # (every stream: the one identity that may update them)
         )
         self.kv = await self.bus.ensure_kv(contract.LEDGER_BUCKET)
         progress = await self._load()

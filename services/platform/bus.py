@@ -2,7 +2,8 @@
 
 * :func:`connect` reconnects forever (nats-py gives up after about two minutes by default) and reports
   disconnects, reconnects and errors through structlog and a callback instead of stdlib tracebacks.
-* :meth:`Bus.ensure_streams` creates or updates the streams of ``shared.contract.streams()`` idempotently.
+* :meth:`Bus.ensure_streams` creates the streams of ``shared.contract.streams()`` idempotently, and for their keeper
+  (the ledger) updates them too.
 * :meth:`Bus.publish` sets ``Nats-Msg-Id`` (tagged with the identity's key: ``services.platform.identity``) and
   retries while JetStream is unavailable (a retry is safe: the server drops the repeat within the duplicate window);
   ``services.platform.publisher`` keeps a window of acks in flight. A connection's replies come to its user's own
@@ -62,6 +63,9 @@ CALL_BACKOFF: Final = Backoff(initial=0.1, maximum=2.0, jitter=0.2)
 """Between retries of a JetStream call, and re-creations of a failing consumer."""
 
 # Errors after which a publish or fetch is worth retrying (the server restarts, JetStream is not yet ready).
+STREAM_NAME_IN_USE: Final = 10058
+"""JetStream's error code for a create of a stream that exists with another configuration."""
+
 TRANSIENT = (
     nats.errors.TimeoutError,
     nats.errors.NoRespondersError,
@@ -337,15 +341,17 @@ class Bus:
                 await self.nc.close()
 
     # ---- streams and buckets -----------------------------------------------------------------------------------
-    async def ensure_streams(self, specs: Iterable[contract.StreamSpec]) -> None:
-        """Create each stream, or update it to the given limits when it exists (idempotent). The bus's
-        ``stream_sizes``, when set, give the streams' sizes.
+    async def ensure_streams(self, specs: Iterable[contract.StreamSpec], *, update: bool = True) -> None:
+        """Create each stream that does not exist; with ``update`` (the streams' keeper,
+        :data:`shared.contract.STREAM_KEEPER`), also update one that exists to the given limits (idempotent). The
+        bus's ``stream_sizes``, when set, give the streams' sizes. Without ``update`` a stream whose limits differ is
+        left as it is, with a warning: only the keeper may update streams (the NATS configurations grant it alone),
+        since a client that may update a stream may also seal it.
 
         No message of a stream may be deleted or purged (``deny_delete``, ``deny_purge``: the server refuses to
-        cancel either, and a roll-up needs the purge permission): a client that may update a stream (a stream's
-        owner, and in the two-cluster layout every cluster's watcher on the events stream) could otherwise turn
-        roll-ups on and erase every message with one header. Limits another client changed are put back at each
-        start (:meth:`_ensure_stream`)."""
+        cancel either, and a roll-up needs the purge permission): a client that may update a stream could otherwise
+        turn roll-ups on and erase every message with one header. Limits changed meanwhile are put back at the
+        keeper's start (:meth:`_ensure_stream`)."""
         for spec in specs:
             max_bytes = self.stream_sizes.of(spec.name) if self.stream_sizes is not None else spec.max_bytes
             cfg = StreamConfig(
@@ -366,16 +372,22 @@ class Bus:
                 deny_purge=True,
                 allow_rollup_hdrs=False,
             )
-            await _retry(functools.partial(self._ensure_stream, cfg), what=f"stream {spec.name}")
+            await _retry(functools.partial(self._ensure_stream, cfg, update=update), what=f"stream {spec.name}")
 
-    async def _ensure_stream(self, cfg: StreamConfig) -> None:
+    async def _ensure_stream(self, cfg: StreamConfig, *, update: bool) -> None:
         assert cfg.name is not None
         try:
             info = await self.js.stream_info(cfg.name)
         except nats.js.errors.NotFoundError:
-            await self.js.add_stream(cfg)
-            log.info("stream created", stream=cfg.name)
-            return
+            try:
+                await self.js.add_stream(cfg)
+            except nats.js.errors.BadRequestError as e:
+                if e.err_code != STREAM_NAME_IN_USE:
+                    raise
+                info = await self.js.stream_info(cfg.name)  # (another client created it meanwhile, otherwise)
+            else:
+                log.info("stream created", stream=cfg.name)
+                return
         have = info.config
         if have.sealed:
             # (no update unseals a stream: nothing more is stored in it until it is deleted and created again)
@@ -397,6 +409,13 @@ class Bus:
             or (have.discard or DiscardPolicy.OLD) != cfg.discard
             or (bool(have.deny_delete), bool(have.deny_purge), bool(have.allow_rollup_hdrs)) != (True, True, False)
         ):
+            if not update:
+                log.warning(
+                    "stream limits differ from this service's: the ledger, which keeps the streams, sets them at "
+                    "its start (this service only creates a stream that does not exist)",
+                    stream=cfg.name,
+                )
+                return
             await self.js.update_stream(cfg)
             log.info("stream updated", stream=cfg.name)
 

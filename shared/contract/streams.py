@@ -119,11 +119,23 @@ def streams(
 
 STREAM_OWNERS: Final[dict[str, frozenset[str]]] = {
     "watcher": frozenset({EVENTS_STREAM, DLQ_STREAM}),
-    "ledger": frozenset({USAGE_STREAM, USAGE_HISTORY_STREAM, DLQ_STREAM}),
+    "ledger": frozenset({EVENTS_STREAM, USAGE_STREAM, USAGE_HISTORY_STREAM, DECISIONS_STREAM, DLQ_STREAM}),
     "enforcer": frozenset({DECISIONS_STREAM, DLQ_STREAM}),
 }
-"""Which streams each service creates and updates at start-up (it writes them); the streams it only reads it
-waits for. Every service may write its rejects to the DLQ stream."""
+"""Which streams each service creates at start-up when they do not exist: those it writes (every service writes its
+rejects to the DLQ stream), and the ledger every stream; the streams it only reads it waits for."""
+
+STREAM_KEEPER: Final = "ledger"
+"""The one service that updates streams: at its start it puts back the limits of every stream that differ from its
+own. The others only create a stream that does not exist, and the server refuses a create that differs from the
+stream there. A client that may update a stream can also seal it, which nothing undoes: with one such identity, a
+watcher's or an enforcer's credential (in the two-cluster layout shared streams, every cluster's events, decisions
+and dead letters) can neither seal nor shorten a stream."""
+
+
+def keeps_streams(service: str) -> bool:
+    """Whether ``service`` updates the streams it ensures (puts their limits back), not only creates them."""
+    return service == STREAM_KEEPER
 
 
 def streams_for(

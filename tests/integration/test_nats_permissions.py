@@ -38,6 +38,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "deploy" / "components" / "nats" / "nats-server.conf"
 USERS = ("watcher", "ledger", "enforcer", "subscriber", "replay")
 DENIED_TIMEOUT = 0.3
+SMALL = contract.StreamSizes(*(16 * 2**20,) * 6)
+"""Streams of 16 MiB each: a test server's disk need not hold the defaults."""
 """A refused JetStream API request gets no answer: how long the test waits for one (the refusal itself arrives as
 an asynchronous -ERR, which the test waits for on its own deadline)."""
 
@@ -232,7 +234,8 @@ async def test_ledger_folds_events_checkpoints_and_publishes_usage(connect: Conn
     await led.denied("publish", "vmquota.quota.c1.tenant-a")
     await refused_request(led, f"$JS.API.STREAM.PURGE.{contract.EVENTS_STREAM}")
     await refused_request(led, f"$JS.API.STREAM.MSG.DELETE.{contract.EVENTS_STREAM}", b'{"seq": 1}')
-    await refused_request(led, f"$JS.API.STREAM.CREATE.{contract.DECISIONS_STREAM}", b'{"name":"VMQUOTA_DECISIONS"}')
+    await refused_request(led, "$JS.API.STREAM.CREATE.OTHER", b'{"name":"OTHER"}')  # (vmquota's streams only)
+    await refused_request(led, f"$JS.API.STREAM.DELETE.{contract.DECISIONS_STREAM}")
     assert (await led.js.stream_info(contract.EVENTS_STREAM)).state.messages == 3
 
 
@@ -351,6 +354,9 @@ def test_config_users_streams_and_env_match_the_bus_contract() -> None:
         user = block.split()[0]
         created = set(re.findall(r"\$JS\.API\.STREAM\.CREATE\.(VMQUOTA_\w+)", block))
         assert created == set(contract.STREAM_OWNERS.get(user, frozenset())), user
+        # and only the streams' keeper may update one (who may update a stream may seal it)
+        updated = set(re.findall(r"\$JS\.API\.STREAM\.UPDATE\.(VMQUOTA_\w+)", block))
+        assert updated == (created if contract.keeps_streams(user) else set()), user
     # the file is valid for the server itself, and refuses to load without the passwords
     env = {k: v for k, v in os.environ.items() if not k.startswith("VMQUOTA_NATS_")}
     missing = subprocess.run([nats_server_binary(), "-c", str(CONFIG), "-t"], env=env, capture_output=True, timeout=30)
@@ -589,6 +595,11 @@ def test_the_per_cluster_file_is_the_components_with_per_cluster_users() -> None
     assert set(theirs) == set(PER_CLUSTER_USERS)
     for user in ("ledger", "subscriber", "replay"):
         assert theirs[user] == ours[user], user
+    for user, block in theirs.items():  # (a cluster's users create what they write, and update nothing)
+        service = user.split("-cluster-")[0]
+        if service != user:
+            created = set(re.findall(r"\$JS\.API\.STREAM\.CREATE\.(VMQUOTA_\w+)", block))
+            assert created == set(contract.STREAM_OWNERS[service]) and "STREAM.UPDATE" not in block, user
 
 
 @dataclass
@@ -826,3 +837,40 @@ async def test_a_clusters_watcher_cannot_suppress_another_clusters_events_by_the
             await again.close()
     finally:
         await bus.close()
+
+
+async def test_no_clusters_watcher_or_enforcer_can_seal_or_shorten_the_shared_streams(per_cluster: PerCluster) -> None:
+    """In the two-cluster layout every cluster's watcher writes the one events stream, every enforcer the one
+    decisions stream, and all of them the dead letters. A client that may update a stream may seal it (which nothing
+    undoes: every cluster's events stop until an operator deletes it) or shorten it (keeping one message drops
+    every cluster's events): cluster-a's watcher could do both. Only the ledger, the streams' keeper, updates them
+    now; the others create a stream only while it does not exist, and the server refuses a create that differs from
+    the stream there, or that would seal it. Their services leave a stream whose limits differ as it is."""
+    ledger = await Bus.connect(per_cluster.options("ledger"), connect_timeout=5)
+    try:
+        await ledger.ensure_streams(
+            contract.streams_for("ledger", sizes=SMALL), update=contract.keeps_streams("ledger")
+        )
+    finally:
+        await ledger.close()
+    wa, ea = await per_cluster("watcher-cluster-a"), await per_cluster("enforcer-cluster-a")
+    writers = ((wa, contract.EVENTS_STREAM), (wa, contract.DLQ_STREAM), (ea, contract.DECISIONS_STREAM))
+    for conn, stream in writers:
+        have = (await conn.js.stream_info(stream)).config
+        sealed = json.dumps({**have.as_dict(), "sealed": True}).encode()
+        await refused_request(conn, f"$JS.API.STREAM.UPDATE.{stream}", sealed)
+        conn.errors.clear()
+        with pytest.raises(nats.js.errors.BadRequestError, match="already in use with a different configuration"):
+            await conn.js.add_stream(StreamConfig.from_response({**have.as_dict(), "max_msgs": 1}))
+    for user in ("watcher-cluster-a", "enforcer-cluster-a"):  # (as the services ensure them, with other limits)
+        bus = await Bus.connect(per_cluster.options(user), connect_timeout=5)
+        try:
+            await bus.ensure_streams(
+                contract.streams_for(user.split("-cluster-")[0], events_max_age=60.0, sizes=SMALL),
+                update=contract.keeps_streams(user),
+            )
+        finally:
+            await bus.close()
+    for conn, stream in writers:
+        cfg = (await conn.js.stream_info(stream)).config
+        assert not cfg.sealed and cfg.max_age == 30 * contract.DAY and cfg.max_msgs == -1, (stream, cfg)

@@ -1393,6 +1393,6 @@ async def test_with_the_guard_a_tenant_cannot_hand_its_pending_vmi_a_pod_later()
             refused = await tenant_patch(
                 tenant, f"/api/v1/namespaces/{ns}/pods/{name}", {"metadata": {"ownerReferences": moved}}, 403
             )
-            assert f"{name} keeps its controller reference, or loses it" in refused, refused
+            assert f"{name} keeps its controller reference, or loses it, and its labels" in refused, refused
         await never_runs(p, ns, "big")
         assert p.vmi_phase(ns, "small") == "Running"

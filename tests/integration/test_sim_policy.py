@@ -627,8 +627,10 @@ async def test_only_kubevirt_makes_the_pods_kubevirt_runs_vms_in_where_a_quota_i
     """KubeVirt's VMI and migration controllers see only pods with the label key ``kubevirt.io`` and take one whose
     controller reference names a VMI's uid (whatever its kind) for that VMI's: a tenant's small pod so labelled and
     owned would run a VM that does not fit. Where a quota is managed, only virt-controller creates a pod with that
-    label key, adds it to a pod, or adds or changes a controller reference on a pod that carries it; the tenant may
-    still change the label's value, rename a reference's kind, take a reference off, or drop the label."""
+    label key, adds it to a pod, or adds or changes a controller reference on a pod that carries it, or its labels
+    ``kubevirt.io``, ``kubevirt.io/created-by`` and ``kubevirt.io/migrationJobUID``; the tenant may
+    still rename a reference's kind, take a reference off, drop the label key, or change other labels; not the
+    labels KubeVirt's migration controller picks a migration's target pod by, whatever its owner."""
     tenant, manifest = await _tenant_and_app(sim, tmp_path, "1Gi")
     await install(sim, GUARD_POLICY.read_text())
 
@@ -665,14 +667,22 @@ async def test_only_kubevirt_makes_the_pods_kubevirt_runs_vms_in_where_a_quota_i
     code, out = await tenant_kubectl("label", "pod", "unlabelled", "kubevirt.io=virt-launcher")
     assert code != 0 and "leave the label key kubevirt.io off unlabelled" in out, out
     kv = "virt-launcher-vm1-abcde"
-    code, out = await tenant_kubectl("label", "pod", kv, "kubevirt.io=other", "--overwrite")
+    moved = (
+        "makes such a pod another VMI's or a migration's target (virt-launcher-vm1-abcde keeps its controller "
+        "reference, or loses it, and its labels kubevirt.io, kubevirt.io/created-by and kubevirt.io/migrationJobUID, "
+        "or loses kubevirt.io)"
+    )
+    # (the labels KubeVirt's migration controller picks a migration's target by, whatever the pod's owner)
+    for relabel in ("kubevirt.io=other", "kubevirt.io/created-by=u9", "kubevirt.io/migrationJobUID=m9"):
+        code, out = await tenant_kubectl("label", "pod", kv, relabel, "--overwrite")
+        assert code != 0 and refusal(kv, moved) in out, out
+    code, out = await tenant_kubectl("label", "pod", kv, "app=mine")
     assert code == 0, out
 
     def refs(uid: str, kind: str = "VirtualMachineInstance") -> str:
         ref = {"apiVersion": "kubevirt.io/v1", "kind": kind, "name": "vm9", "uid": uid, "controller": True}
         return json.dumps({"metadata": {"ownerReferences": [ref]}})
 
-    moved = "makes such a pod another VMI's (virt-launcher-vm1-abcde keeps its controller reference, or loses it)"
     code, out = await tenant_kubectl("patch", "pod", kv, "--type=merge", "-p", refs("u9"))
     assert code != 0 and refusal(kv, moved) in out, out
     code, out = await tenant_kubectl("patch", "pod", kv, "--type=merge", "-p", refs("u1", "VirtualMachineInstanceX"))

@@ -1396,3 +1396,32 @@ async def test_with_the_guard_a_tenant_cannot_hand_its_pending_vmi_a_pod_later()
             assert f"{name} keeps its controller reference, or loses it, and its labels" in refused, refused
         await never_runs(p, ns, "big")
         assert p.vmi_phase(ns, "small") == "Running"
+
+
+async def test_with_the_guard_a_migration_target_cannot_be_orphaned_to_hold_a_drain_back() -> None:
+    """A full 64Gi namespace; a migration of vm1 whose target KubeVirt created in the room vmquota reserved for it,
+    before KubeVirt handed the VMI off (here the target finds no node). A tenant that takes KubeVirt's finalizer off
+    the migration and deletes it leaves the target pod behind (KubeVirt never cancels the migration), and no status
+    of KubeVirt's names it a target: it counts as a pod that took a target's room, and no room is held for the
+    evacuation of vm2 (a node drain) while it keeps the namespace over its budget, until its virt-launcher gives up
+    (about three minutes; the tenant can do it again; `tests/unit/test_lag_model.py -k orphaned_target_does_not`).
+    With the guard only virt-controller takes the finalizer off: the deletion cancels the migration, KubeVirt
+    deletes its target, and the drain goes on."""
+    ns = "tenant-orphan"
+    async with pipeline(guard=True) as p:
+        await full_namespace(p, ns)
+        p.sim.kubevirt.schedulable = set()  # (no node for a new pod: the target waits, not handed off)
+        m = await p.migrate(ns, "vm1")
+        await p.wait(lambda: len(p.launcher_pods(ns, "vm1")) == 2, "vm1's target pod")
+        path = f"/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstancemigrations/{m}"
+        async with Tenant(p, ns) as tenant:
+            refused = await tenant_patch(tenant, path, {"metadata": {"finalizers": None}}, 403)
+            assert f"only KubeVirt takes kubevirt.io/migrationJobFinalize off {m}" in refused, refused
+            assert tenant.session is not None
+            async with tenant.session.delete(f"{tenant.url}{path}", ssl=tenant.ssl) as resp:
+                assert resp.status == 200, await resp.text()
+        await p.wait(lambda: p.sim.peek("vmim", ns, m) is None, f"migration {m} to go")
+        assert len(p.launcher_pods(ns, "vm1")) == 1, "the canceled migration's target is deleted"
+        p.sim.kubevirt.schedulable = set(p.sim.kubevirt.config.nodes)
+        drain = await p.migrate(ns, "vm2")
+        await p.wait_migrated(ns, "vm2", drain)

@@ -639,6 +639,27 @@ async def test_a_migration_carries_kubevirts_finalizer_and_is_marked_deleted_bef
     assert seen and seen[0]["metadata"].get("deletionTimestamp"), "marked deleted first"
 
 
+async def test_a_migration_deleted_before_its_hand_off_is_canceled_and_its_target_pod_deleted(
+    sim: SimCluster,
+) -> None:
+    """KubeVirt's migration controller fails a migration deleted before it handed the VMI off to the target and
+    deletes the target pod it created (``handlePreHandoffMigrationCancel``); its finalizer goes once the migration is
+    final. The target does not wait on after its migration is gone."""
+    await sim.create_vm("t", "vm1", memory="512Mi")
+    vmi = await sim.wait_for_phase("t", "vm1", "Running")
+    sim.kubevirt.schedulable = {vmi["status"]["nodeName"]}  # (the target finds no node: it stays Pending)
+    await sim.migrate("t", "vm1", name="mig1")
+    await sim.wait_for_phase("t", "mig1", "Scheduling", kind="vmim")
+    (target,) = [p for p in await sim.launcher_pods("t", "vm1") if p["status"].get("phase") == "Pending"]
+    seen: list[Obj] = []
+    sim.store.on_change(lambda t, r, o: seen.append(o) if r.plural == "virtualmachineinstancemigrations" else None)
+    await sim.store.delete(sim.store.resource("vmim"), "t", "mig1")
+    await sim.wait_for(lambda: sim.peek("vmim", "t", "mig1") is None, what="the migration let go")
+    assert any(o["status"].get("phase") == "Failed" and o["metadata"].get("deletionTimestamp") for o in seen)
+    assert sim.peek("pods", "t", target["metadata"]["name"]) is None, "the canceled migration's target is deleted"
+    assert [p["status"]["phase"] for p in await sim.launcher_pods("t", "vm1")] == ["Running"]
+
+
 async def test_target_pod_that_cannot_start_fails_the_migration(sim: SimCluster) -> None:
     await sim.create_vm("t", "vm1", memory="1Gi")
     vmi = await sim.wait_for_phase("t", "vm1", "Running")

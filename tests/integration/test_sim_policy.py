@@ -19,6 +19,7 @@ import yaml
 
 from services.devtools.simcluster.auth import KUBEVIRT_CONTROLLER, UserInfo, acting_as
 from services.devtools.simcluster.cluster import SimCluster
+from services.devtools.simcluster.kubevirt import MIGRATION_FINALIZER
 from services.devtools.simcluster.policy import MAX_MESSAGE_EXPRESSION_BYTES
 from services.devtools.simcluster.store_api import ApiError, Obj
 from shared.podusage import pod_quota_usage
@@ -703,6 +704,47 @@ async def test_only_kubevirt_makes_the_pods_kubevirt_runs_vms_in_where_a_quota_i
     assert code != 0 and f"leave the label key kubevirt.io off {kv}" in out, out
     elsewhere = labelled("elsewhere", namespace="other")
     assert await create_as(sim, UserInfo("mallory", tenant_of=frozenset({"other"})), elsewhere) is None
+
+
+async def test_only_kubevirt_takes_its_finalizer_off_a_migration_where_a_quota_is_managed(sim: SimCluster) -> None:
+    """With KubeVirt's finalizer a migration deleted before the hand-off is canceled and its target pod deleted; a
+    tenant that took the finalizer off first left the target behind, in room reserved for it. Where a quota is
+    managed only virt-controller takes it off; anyone may still delete the migration, or change other metadata."""
+    vmims = sim.store.resource("vmim")
+    for vm in ("vm1", "vm2"):
+        await sim.create_vm(NS, vm, memory="64Mi")
+        await sim.wait_for_phase(NS, vm, "Running")
+    sim.kubevirt.schedulable = set()  # (no node for a target: the migrations stay before their hand-off)
+
+    async def patch_as(user: UserInfo, name: str, metadata: Obj) -> ApiError | None:
+        with acting_as(user):
+            try:
+                await sim.store.patch(vmims, NS, name, {"metadata": metadata}, "merge")
+            except ApiError as e:
+                return e
+        return None
+
+    async def migration(name: str, vm: str) -> None:
+        await sim.migrate(NS, vm, name=name)
+        await sim.wait_until("vmim", NS, name, lambda o: MIGRATION_FINALIZER in o["metadata"].get("finalizers", []))
+
+    await install(sim, GUARD_POLICY.read_text())
+    await migration("before", "vm1")
+    assert await patch_as(TENANT, "before", {"finalizers": None}) is None, "no managed quota: the tenant's to change"
+    await managed_pod_terms_quota(sim)
+    await migration("held", "vm2")
+    err = await patch_as(TENANT, "held", {"finalizers": None})
+    assert err is not None and err.code == 403, err
+    assert (
+        "ValidatingAdmissionPolicy 'vmquota-migration-finalizer' with binding 'vmquota-migration-finalizer' denied "
+        "request: vmquota: quota vm-budget counts VMs, and a migration KubeVirt has not let go of cancels its target "
+        "pod when it is deleted: only KubeVirt takes kubevirt.io/migrationJobFinalize off held (delete the migration "
+        "instead)" in err.message
+    ), err.message
+    assert await patch_as(TENANT, "held", {"labels": {"mine": "yes"}}) is None, "other metadata stays the tenant's"
+    with acting_as(TENANT):  # (marked deleted: KubeVirt cancels it and takes its finalizer off)
+        await sim.store.delete(vmims, NS, "held")
+    await sim.wait_for(lambda: sim.peek("vmim", NS, "held") is None, what="KubeVirt to let the migration go")
 
 
 async def test_a_shrinking_resize_frees_quota_only_once_the_kubelet_reports_it(sim: SimCluster, tmp_path: Path) -> None:

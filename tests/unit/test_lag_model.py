@@ -2449,16 +2449,17 @@ def test_a_guest_running_on_in_a_pod_its_vmi_controls_no_more_still_counts(orpha
 
 @pytest.mark.xfail(
     strict=True,
-    reason="open: a target its tenant orphaned before KubeVirt's hand-off holds every migration of the namespace "
-    "until it ends (docs/accounting.md, Known limits)",
+    reason="open without the guard: a target its tenant orphaned before KubeVirt's hand-off holds every migration of "
+    "the namespace until it ends (docs/accounting.md, Known limits)",
 )
-def test_with_the_guard_an_orphaned_target_does_not_hold_a_later_drain_back() -> None:
-    """The tenant migrates vm1 (its target reserved and created in the guard's room), takes KubeVirt's finalizer
-    off the migration and deletes it before KubeVirt handed the VMI off to the target: the target is orphaned, and
-    no status of KubeVirt's names it a target. An evacuation of the tenant's other VM (a node drain), created
-    afterwards, whose size did not change, should still migrate, not wait for the orphan's virt-launcher to give up
-    (``--qemu-timeout``, about three minutes; the tenant can repeat it)."""
-    c, _ = full_with_a_refused_migration(guarded=True)
+def test_without_the_guard_an_orphaned_target_does_not_hold_a_later_drain_back() -> None:
+    """The tenant migrates vm1 (its target reserved and created in the room), takes KubeVirt's finalizer off the
+    migration and deletes it before KubeVirt handed the VMI off to the target: the target is orphaned, and no status
+    of KubeVirt's names it a target. An evacuation of the tenant's other VM (a node drain), created afterwards, whose
+    size did not change, should still migrate, not wait for the orphan's virt-launcher to give up
+    (``--qemu-timeout``, about three minutes; the tenant can repeat it). The guard keeps the finalizer from the
+    tenant (``tests/integration/test_e2e_adversary.py -k cannot_be_orphaned``)."""
+    c, _ = full_with_a_refused_migration(guarded=False)
     (m,) = c.of_kind(VMIM_KIND)
     c.kv_target(name_of(m))
     target = c.targets[name_of(m)]

@@ -1400,8 +1400,13 @@ class KubeVirtSimulator:
         if vmim is None:
             return
         finalizers = meta(vmim).get("finalizers") or []
-        if deleting(vmim):  # (KubeVirt's finalizer: the migration is marked deleted first, then let go)
-            if MIGRATION_FINALIZER in finalizers:
+        if deleting(vmim):
+            # KubeVirt's finalizer: a migration deleted before its hand-off is canceled (its target pod deleted, the
+            # migration failed: handlePreHandoffMigrationCancel); one handed off runs to its end (the simulator has
+            # no abort); the finalizer goes once it is final, and the migration with it
+            if MIGRATION_FINALIZER not in finalizers:
+                return
+            if phase(vmim) in VMIM_FINAL:
                 await self._update(
                     self.r_vmims,
                     key,
@@ -1409,7 +1414,14 @@ class KubeVirtSimulator:
                         finalizers=[f for f in o["metadata"].get("finalizers") or [] if f != MIGRATION_FINALIZER]
                     ),
                 )
-            return
+                return
+            vmi = self.cache.get("virtualmachineinstances", key[0], str((vmim.get("spec") or {}).get("vmiName") or ""))
+            handed_off = vmi is not None and (status(vmi).get("migrationState") or {}).get("migrationUid") == uid_of(
+                vmim
+            )
+            if not handed_off:
+                await self._fail_migration(vmim, vmi, "Migration failed due to being canceled")
+                return
         p = phase(vmim)
         if p not in VMIM_FINAL and MIGRATION_FINALIZER not in finalizers:
             await self._update(

@@ -19,9 +19,7 @@ async def main(rt: Runtime) -> None:
     reconnects = rt.metrics.reconnects.labels(service=rt.name)
     bus = await Bus.connect(rt.nats_options(), on_reconnect=reconnects.inc, stop=rt.stop)
     try:
-        await bus.ensure_streams(
-            contract.streams_for(rt.name, rt.config.events_max_age), update=contract.keeps_streams(rt.name)
-        )
+        await bus.wait_for_streams(contract.STREAMS_WRITTEN["enforcer"])
         api = await kube_client(rt.config.kubeconfig)
         try:
             opts = EnforcerOptions(

@@ -192,6 +192,9 @@ class LedgerService:
         none of its own (a new partition layout), the stream the checkpoints it loads come from."""
         self._lost_saved = True
         self._relist_at = 0.0
+        self._streams_at = (bus.epoch, 0.0)
+        """The bus's connection epoch and the time of the last :meth:`_ensure_streams`: the ledger keeps the streams
+        (``shared.contract.STREAM_KEEPER``), again after a reconnect and every ``bus.consumer_check`` seconds."""
         """When the next relist request is due (monotonic)."""
         self._relist_delay = opts.relist_retry[0]
         self._withheld: set[str] = set()
@@ -228,13 +231,7 @@ class LedgerService:
     # ---- start-up ----------------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Ensure the streams and the bucket, load checkpoints, choose the replay start."""
-        await self.bus.ensure_streams(
-            contract.streams_for(
-                "ledger", self.opts.events_max_age, usage_history_max_age=self.opts.usage_history_max_age
-            ),
-            update=contract.keeps_streams("ledger"),  # (every stream: the one identity that may update them)
-        )
-        self.kv = await self.bus.ensure_kv(contract.LEDGER_BUCKET)
+        await self._ensure_streams()
         progress = await self._load()
         last = await self._events_last_seq()
         if last is not None and max([progress, *(st.seq for st in self.ledger.states.values())]) > last:
@@ -249,6 +246,18 @@ class LedgerService:
             states=len(self.ledger.states),
             start_seq=self.start_seq,
         )
+
+    async def _ensure_streams(self) -> None:
+        """Create the streams that are missing and put back limits that differ: every stream, as their keeper (the
+        one identity the NATS configurations let create or update one; the watchers and enforcers wait for them),
+        and the checkpoint bucket."""
+        await self.bus.ensure_streams(
+            contract.streams_for(
+                "ledger", self.opts.events_max_age, usage_history_max_age=self.opts.usage_history_max_age
+            )
+        )
+        self.kv = await self.bus.ensure_kv(contract.LEDGER_BUCKET)
+        self._streams_at = (self.bus.epoch, time.monotonic())
 
     async def _events_last_seq(self) -> int | None:
         try:
@@ -678,8 +687,12 @@ class LedgerService:
             await self.kv.delete(key)
 
     async def _timers(self, now: float) -> None:
-        """What the loop does whether or not events came: ask for the relists a loss waits for, and account and
-        publish the changed namespaces that are due."""
+        """What the loop does whether or not events came: keep the streams (after a reconnect, and every
+        ``bus.consumer_check``: a server that lost its store, a stream an operator deleted), ask for the relists a
+        loss waits for, and account and publish the changed namespaces that are due."""
+        epoch, at = self._streams_at
+        if epoch != self.bus.epoch or now >= at + self.bus.consumer_check:
+            await self._ensure_streams()
         if self.lost:
             await self._ask_for_relists(now)
         if self.ledger.changed:

@@ -2,8 +2,8 @@
 
 * :func:`connect` reconnects forever (nats-py gives up after about two minutes by default) and reports
   disconnects, reconnects and errors through structlog and a callback instead of stdlib tracebacks.
-* :meth:`Bus.ensure_streams` creates the streams of ``shared.contract.streams()`` idempotently, and for their keeper
-  (the ledger) updates them too.
+* :meth:`Bus.ensure_streams` creates or updates the streams of ``shared.contract.streams()`` idempotently (the
+  streams' keeper, the ledger, does); :meth:`Bus.wait_for_streams` waits for them (the other services).
 * :meth:`Bus.publish` sets ``Nats-Msg-Id`` (tagged with the identity's key: ``services.platform.identity``) and
   retries while JetStream is unavailable (a retry is safe: the server drops the repeat within the duplicate window);
   ``services.platform.publisher`` keeps a window of acks in flight. A connection's replies come to its user's own
@@ -341,17 +341,15 @@ class Bus:
                 await self.nc.close()
 
     # ---- streams and buckets -----------------------------------------------------------------------------------
-    async def ensure_streams(self, specs: Iterable[contract.StreamSpec], *, update: bool = True) -> None:
-        """Create each stream that does not exist; with ``update`` (the streams' keeper,
-        :data:`shared.contract.STREAM_KEEPER`), also update one that exists to the given limits (idempotent). The
-        bus's ``stream_sizes``, when set, give the streams' sizes. Without ``update`` a stream whose limits differ is
-        left as it is, with a warning: only the keeper may update streams (the NATS configurations grant it alone),
-        since a client that may update a stream may also seal it.
+    async def ensure_streams(self, specs: Iterable[contract.StreamSpec]) -> None:
+        """Create each stream, or update it to the given limits when it exists (idempotent): what the streams'
+        keeper does (:data:`shared.contract.STREAM_KEEPER`, the one identity the NATS configurations let create or
+        update a stream; the others :meth:`wait_for_streams`). The bus's ``stream_sizes``, when set, give the
+        streams' sizes.
 
         No message of a stream may be deleted or purged (``deny_delete``, ``deny_purge``: the server refuses to
-        cancel either, and a roll-up needs the purge permission): a client that may update a stream could otherwise
-        turn roll-ups on and erase every message with one header. Limits changed meanwhile are put back at the
-        keeper's start (:meth:`_ensure_stream`)."""
+        cancel either) and no roll-up header is taken (``allow_rollup_hdrs`` off). Limits that differ are put back
+        (:meth:`_ensure_stream`)."""
         for spec in specs:
             max_bytes = self.stream_sizes.of(spec.name) if self.stream_sizes is not None else spec.max_bytes
             cfg = StreamConfig(
@@ -372,9 +370,31 @@ class Bus:
                 deny_purge=True,
                 allow_rollup_hdrs=False,
             )
-            await _retry(functools.partial(self._ensure_stream, cfg, update=update), what=f"stream {spec.name}")
+            await _retry(functools.partial(self._ensure_stream, cfg), what=f"stream {spec.name}")
 
-    async def _ensure_stream(self, cfg: StreamConfig, *, update: bool) -> None:
+    async def wait_for_streams(self, names: Iterable[str]) -> None:
+        """Until every stream named exists: a service that does not keep the streams waits for the keeper to
+        create them (at its start, after a reconnect, and after a server that lost its store came back). Logs once
+        per stream while it waits."""
+        told: set[str] = set()
+        for name in sorted(names):
+            attempt = 0
+            while True:
+                try:
+                    await self.js.stream_info(name)
+                    break
+                except nats.js.errors.NotFoundError:
+                    if name not in told:
+                        told.add(name)
+                        log.warning("waiting for a stream the ledger creates", stream=name)
+                except TRANSIENT as e:
+                    log.warning("nats call failed, retrying", what=f"stream {name}", error=str(e) or type(e).__name__)
+                await asyncio.sleep(CALL_BACKOFF.delay(attempt))
+                attempt += 1
+            if name in told:
+                log.info("stream is there", stream=name)
+
+    async def _ensure_stream(self, cfg: StreamConfig) -> None:
         assert cfg.name is not None
         try:
             info = await self.js.stream_info(cfg.name)
@@ -392,8 +412,8 @@ class Bus:
         if have.sealed:
             # (no update unseals a stream: nothing more is stored in it until it is deleted and created again)
             log.error(
-                "stream sealed by another client: it stores nothing more until an operator deletes it (the service "
-                "that owns it creates it again when it starts)",
+                "stream sealed: it stores nothing more until an operator deletes it (the ledger then creates it "
+                "again within --nats-consumer-check)",
                 stream=cfg.name,
             )
             return
@@ -409,13 +429,6 @@ class Bus:
             or (have.discard or DiscardPolicy.OLD) != cfg.discard
             or (bool(have.deny_delete), bool(have.deny_purge), bool(have.allow_rollup_hdrs)) != (True, True, False)
         ):
-            if not update:
-                log.warning(
-                    "stream limits differ from this service's: the ledger, which keeps the streams, sets them at "
-                    "its start (this service only creates a stream that does not exist)",
-                    stream=cfg.name,
-                )
-                return
             await self.js.update_stream(cfg)
             log.info("stream updated", stream=cfg.name)
 

@@ -59,11 +59,11 @@ from shared.contract.streams import EVENTS_STREAM as EVENTS_STREAM
 from shared.contract.streams import LEDGER_BUCKET as LEDGER_BUCKET
 from shared.contract.streams import STREAM_KEEPER as STREAM_KEEPER
 from shared.contract.streams import STREAM_OWNERS as STREAM_OWNERS
+from shared.contract.streams import STREAMS_WRITTEN as STREAMS_WRITTEN
 from shared.contract.streams import USAGE_HISTORY_STREAM as USAGE_HISTORY_STREAM
 from shared.contract.streams import USAGE_STREAM as USAGE_STREAM
 from shared.contract.streams import StreamSizes as StreamSizes
 from shared.contract.streams import StreamSpec as StreamSpec
-from shared.contract.streams import keeps_streams as keeps_streams
 from shared.contract.streams import parse_duration as parse_duration
 from shared.contract.streams import parse_size as parse_size
 from shared.contract.streams import streams as streams

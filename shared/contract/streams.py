@@ -1,5 +1,5 @@
-"""The streams and the bucket on the bus: what each keeps and for how long, who owns which, and the sizes and durations
-an operator gives them."""
+"""The streams and the bucket on the bus: what each keeps and for how long, who keeps them and who writes which, and
+the sizes and durations an operator gives them."""
 
 from __future__ import annotations
 
@@ -117,25 +117,26 @@ def streams(
     )
 
 
+STREAM_KEEPER: Final = "ledger"
+"""The one service that creates and updates streams (and its bucket): at its start, after a reconnect and every
+``--nats-consumer-check`` it creates what is missing and puts back limits that differ from its own. The others
+only wait for the streams they use. Who may create or update a stream decides everything about it — sealed
+(which nothing undoes), its limits, roll-ups allowed, messages republished to another's subjects — so one
+identity, the central one, may: not a watcher's or an enforcer's credential, which in the two-cluster layout every
+cluster has for the events, decisions and dead-letter streams all clusters share."""
+
 STREAM_OWNERS: Final[dict[str, frozenset[str]]] = {
+    STREAM_KEEPER: frozenset({EVENTS_STREAM, USAGE_STREAM, USAGE_HISTORY_STREAM, DECISIONS_STREAM, DLQ_STREAM}),
+}
+"""Which streams each service creates and updates: the keeper every one."""
+
+STREAMS_WRITTEN: Final[dict[str, frozenset[str]]] = {
     "watcher": frozenset({EVENTS_STREAM, DLQ_STREAM}),
-    "ledger": frozenset({EVENTS_STREAM, USAGE_STREAM, USAGE_HISTORY_STREAM, DECISIONS_STREAM, DLQ_STREAM}),
+    "ledger": frozenset({USAGE_STREAM, DLQ_STREAM}),
     "enforcer": frozenset({DECISIONS_STREAM, DLQ_STREAM}),
 }
-"""Which streams each service creates at start-up when they do not exist: those it writes (every service writes its
-rejects to the DLQ stream), and the ledger every stream; the streams it only reads it waits for."""
-
-STREAM_KEEPER: Final = "ledger"
-"""The one service that updates streams: at its start it puts back the limits of every stream that differ from its
-own. The others only create a stream that does not exist, and the server refuses a create that differs from the
-stream there. A client that may update a stream can also seal it, which nothing undoes: with one such identity, a
-watcher's or an enforcer's credential (in the two-cluster layout shared streams, every cluster's events, decisions
-and dead letters) can neither seal nor shorten a stream."""
-
-
-def keeps_streams(service: str) -> bool:
-    """Whether ``service`` updates the streams it ensures (puts their limits back), not only creates them."""
-    return service == STREAM_KEEPER
+"""The streams each service publishes to (every service writes its rejects to the DLQ stream): a service that does
+not keep them waits for them at its start and after a reconnect."""
 
 
 def streams_for(
@@ -144,8 +145,9 @@ def streams_for(
     sizes: StreamSizes = StreamSizes(),
     usage_history_max_age: float = 7 * DAY,
 ) -> tuple[StreamSpec, ...]:
-    """The streams ``service`` owns (all of them for an unknown service name, e.g. ``all`` or a test)."""
-    owned = STREAM_OWNERS.get(service)
+    """The streams ``service`` creates and updates (all of them for an unknown service name, e.g. ``all`` or a test;
+    none for a service that only waits for them)."""
+    owned = STREAM_OWNERS.get(service, frozenset()) if service in STREAMS_WRITTEN else None
     every = streams(events_max_age, sizes=sizes, usage_history_max_age=usage_history_max_age)
     return tuple(s for s in every if owned is None or s.name in owned)
 

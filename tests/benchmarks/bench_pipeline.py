@@ -174,7 +174,7 @@ async def _measure(workdir: Path, mode: str, arg: str, count: int, fold: Ledger 
     child: asyncio.subprocess.Process | None = None
     try:
         bus = await Bus.connect(NatsOptions(url=server.url))
-        await bus.ensure_streams(contract.streams_for("watcher"))
+        await bus.ensure_streams(contract.streams_for("ledger"))
         child = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",

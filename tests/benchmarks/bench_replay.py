@@ -34,7 +34,7 @@ TARGET_RATIO = 50.0
 
 
 async def _fill(bus: Bus, events: list[bytes]) -> None:
-    await bus.ensure_streams(contract.streams_for("watcher"))
+    await bus.ensure_streams(contract.streams_for("ledger"))
     items = []
     for data in events:
         ev = contract.decode_event(data)

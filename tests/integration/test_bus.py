@@ -459,7 +459,7 @@ async def test_the_commands_reader_gives_every_message_once_in_order(
     monkeypatch.setattr(opsbus, "_BUFFERED", buffered)
     b = await _connect(nats_url)
     try:
-        await b.ensure_streams(contract.streams_for("watcher"))
+        await b.ensure_streams(contract.streams_for("ledger"))
         first = (await b.js.stream_info(contract.EVENTS_STREAM)).state.last_seq
         for i in range(300):
             await b.js.publish(f"vmquota.ev.c1.ns{i % 3}.pod", str(i).encode())

@@ -266,8 +266,8 @@ def test_the_compose_stack_starts_as_local_processes(stack: Stack, tmp_path: Pat
     kc = yaml.safe_load(kubeconfig.read_text())
     assert kc["clusters"][0]["cluster"]["server"].startswith("https://127.0.0.1:")
 
-    if "watcher" in missing:  # the events stream is the watcher's (STREAM_OWNERS); stand in for it until it lands
-        asyncio.run(create_streams(url, "watcher", nats_env["VMQUOTA_NATS_WATCHER_PASSWORD"]))
+    if "ledger" in missing:  # the ledger keeps every stream (STREAM_KEEPER); stand in for it until it lands
+        asyncio.run(create_streams(url, "ledger", nats_env["VMQUOTA_NATS_LEDGER_PASSWORD"]))
 
     started: dict[str, int] = {}
     for name in ("watcher", "ledger", "enforcer"):
@@ -297,8 +297,8 @@ def test_the_compose_stack_starts_as_local_processes(stack: Stack, tmp_path: Pat
         finally:
             await nc.close()
 
-    # every started service connected as its own user and created the streams it owns
-    want = set().union(*(contract.STREAM_OWNERS[n] for n in started))
+    # every started service connected as its own user, and the ledger created every stream
+    want = set().union(*(contract.STREAM_OWNERS.get(n, frozenset()) for n in started))
     wait_for("streams", lambda: want <= asyncio.run(streams_present()), procs, stack)
     if "watcher" in started:  # the watcher lists the simulated cluster and publishes under its cluster id
 

@@ -8,12 +8,14 @@ import functools
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import nats.errors
 import nats.js.errors
 import pytest
 from nats.js.kv import KeyValue
@@ -480,6 +482,31 @@ async def test_ledger_continues_across_a_nats_server_restart(nats_server: NatsSe
         await b.close()
 
 
+async def test_the_ledger_creates_the_streams_again_after_the_server_lost_its_store(nats_server: NatsServer) -> None:
+    """The ledger keeps every stream (``shared.contract.STREAM_KEEPER``: the watchers and enforcers may not create
+    one, and wait for them): it creates them at its start, and again once a server that lost its store is back (a
+    reconnect), so that the watchers publish again."""
+    b = await connect_bus(nats_server.url)
+    every = {s.name for s in contract.streams()}
+
+    async def streams_there() -> bool:
+        try:
+            return every <= {str(i.config.name) for i in await b.js.streams_info()}
+        except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError):
+            return False  # (the server is still coming back)
+
+    try:
+        run = Running(b, options())
+        await wait_until(streams_there, what="the streams, created at the ledger's start")
+        nats_server.kill()
+        shutil.rmtree(nats_server.store)  # a new, empty volume
+        nats_server.start()
+        await wait_until(streams_there, within=30, what="the streams, created again after the reconnect")
+        await run.stop()
+    finally:
+        await b.close()
+
+
 async def test_the_real_accountant_publishes_the_quota_equation_terms(nats_url: str) -> None:
     """Seed scenario 1 through the bus: three 16Gi VMs under ``limits.memory: 64Gi``, one migrating. The ledger's
     usage carries, per managed quota, what ``shared.accounting`` computes from the same objects directly."""
@@ -586,7 +613,7 @@ async def test_vmquota_run_ledger_serves_health_metrics_and_stops_on_sigterm(nat
                     port = int(doc["http_port"])
         b = await connect_bus(nats_url)
         try:
-            await b.ensure_streams(contract.streams_for("watcher"))  # the events stream is the watcher's
+            await b.ensure_streams(contract.streams_for("ledger"))  # (the ledger keeps every stream)
             world = World(random.Random(8), ["tenant-a"])
             events = [world.next() for _ in range(20)]
             await publish(b, events)

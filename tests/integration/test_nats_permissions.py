@@ -38,10 +38,10 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "deploy" / "components" / "nats" / "nats-server.conf"
 USERS = ("watcher", "ledger", "enforcer", "subscriber", "replay")
 DENIED_TIMEOUT = 0.3
-SMALL = contract.StreamSizes(*(16 * 2**20,) * 6)
-"""Streams of 16 MiB each: a test server's disk need not hold the defaults."""
 """A refused JetStream API request gets no answer: how long the test waits for one (the refusal itself arrives as
 an asynchronous -ERR, which the test waits for on its own deadline)."""
+SMALL = contract.StreamSizes(*(16 * 2**20,) * 6)
+"""Streams of 16 MiB each: a test server's disk need not hold the defaults."""
 
 
 def password_env(passwords: dict[str, str]) -> dict[str, str]:
@@ -167,9 +167,16 @@ async def refused_request(conn: Conn, subject: str, payload: bytes = b"") -> Non
     await conn.denied("publish", subject)
 
 
+async def kept(connect: Connect, *streams: str) -> None:
+    """The streams created, as the ledger creates them: the one identity that may create or update a stream."""
+    led = await connect("ledger")
+    for name in streams:
+        await led.js.add_stream(stream_config(name))
+
+
 async def watcher_publishes(connect: Connect) -> Conn:
     w = await connect("watcher")
-    await w.js.add_stream(stream_config(contract.EVENTS_STREAM))
+    await kept(connect, contract.EVENTS_STREAM)
     for i in range(3):
         subject, data, headers = event(f"u{i}", str(10 + i))
         ack = await w.js.publish(subject, data, headers=headers)
@@ -181,7 +188,7 @@ async def watcher_publishes(connect: Connect) -> Conn:
 
 async def test_watcher_publishes_events_and_nothing_else(connect: Connect) -> None:
     w = await watcher_publishes(connect)
-    await w.js.add_stream(stream_config(contract.DLQ_STREAM))
+    await kept(connect, contract.DLQ_STREAM)
     await w.js.publish(contract.dlq_subject("watcher"), b"{}")
     w.clean()
 
@@ -192,6 +199,7 @@ async def test_watcher_publishes_events_and_nothing_else(connect: Connect) -> No
     await w.nc.subscribe("vmquota.>")
     await w.denied("subscription", "vmquota.>")
     await refused_request(w, f"$JS.API.STREAM.CREATE.{contract.USAGE_STREAM}", b'{"name":"VMQUOTA_USAGE"}')
+    await refused_request(w, f"$JS.API.STREAM.CREATE.{contract.EVENTS_STREAM}", b'{"name":"VMQUOTA_EVENTS"}')
     await refused_request(w, f"$JS.API.STREAM.DELETE.{contract.EVENTS_STREAM}")
     await refused_request(w, f"$JS.API.CONSUMER.CREATE.{contract.EVENTS_STREAM}")
     assert (await w.js.stream_info(contract.EVENTS_STREAM)).state.messages == 3  # nothing was deleted
@@ -256,8 +264,7 @@ async def test_enforcer_reads_usage_and_quota_events_and_publishes_decisions(con
     last = await enf.js.get_last_msg(contract.USAGE_STREAM, contract.usage_subject("c1", "tenant-a"))
     assert last.data == b'{"seq": 3}'
 
-    await enf.js.add_stream(stream_config(contract.DECISIONS_STREAM))
-    await enf.js.add_stream(stream_config(contract.DLQ_STREAM))
+    await kept(connect, contract.DECISIONS_STREAM, contract.DLQ_STREAM)
     ack = await enf.js.publish(contract.decision_subject("c1", "tenant-a"), b"{}")
     assert ack.stream == contract.DECISIONS_STREAM
     await enf.js.publish(contract.dlq_subject("enforcer"), b"{}")
@@ -274,7 +281,7 @@ async def test_enforcer_reads_usage_and_quota_events_and_publishes_decisions(con
 async def test_subscriber_reads_and_cannot_write(connect: Connect) -> None:
     await watcher_publishes(connect)
     enf = await connect("enforcer")
-    await enf.js.add_stream(stream_config(contract.DECISIONS_STREAM))
+    await kept(connect, contract.DECISIONS_STREAM)
 
     sub = await connect("subscriber")
     received: asyncio.Queue[Msg] = asyncio.Queue()
@@ -354,9 +361,11 @@ def test_config_users_streams_and_env_match_the_bus_contract() -> None:
         user = block.split()[0]
         created = set(re.findall(r"\$JS\.API\.STREAM\.CREATE\.(VMQUOTA_\w+)", block))
         assert created == set(contract.STREAM_OWNERS.get(user, frozenset())), user
-        # and only the streams' keeper may update one (who may update a stream may seal it)
+        # (who may create or update a stream decides everything about it: the keeper alone)
         updated = set(re.findall(r"\$JS\.API\.STREAM\.UPDATE\.(VMQUOTA_\w+)", block))
-        assert updated == (created if contract.keeps_streams(user) else set()), user
+        assert updated == created, user
+        looked_up = set(re.findall(r"\$JS\.API\.STREAM\.INFO\.(VMQUOTA_\w+)", block))
+        assert set(contract.STREAMS_WRITTEN.get(user, frozenset())) <= looked_up, f"{user} waits for what it writes"
     # the file is valid for the server itself, and refuses to load without the passwords
     env = {k: v for k, v in os.environ.items() if not k.startswith("VMQUOTA_NATS_")}
     missing = subprocess.run([nats_server_binary(), "-c", str(CONFIG), "-t"], env=env, capture_output=True, timeout=30)
@@ -371,7 +380,8 @@ def test_config_users_streams_and_env_match_the_bus_contract() -> None:
 
 
 async def test_the_services_bus_helpers_work_with_their_users(server: SecuredServer) -> None:
-    """The code paths the services use (services/platform/bus.py) under each service's own user: streams each one owns,
+    """The code paths the services use (services/platform/bus.py) under each service's own user: the streams the
+    ledger keeps and the others wait for,
     publishing, the ledger's checkpoint bucket, durable pull consumers and dead letters."""
 
     async def as_user(user: str) -> Bus:
@@ -391,8 +401,9 @@ async def test_the_services_bus_helpers_work_with_their_users(server: SecuredSer
             ledger = await as_user("ledger")
             enforcer = await as_user("enforcer")
             buses += [watcher, ledger, enforcer]
-            for service, b in (("watcher", watcher), ("ledger", ledger), ("enforcer", enforcer)):
-                await b.ensure_streams(contract.streams_for(service))
+            await ledger.ensure_streams(contract.streams_for("ledger", sizes=SMALL))  # (it keeps every stream)
+            for service, b in (("watcher", watcher), ("enforcer", enforcer)):
+                await b.wait_for_streams(contract.STREAMS_WRITTEN[service])
             items = [event(f"u{i}", str(i + 1)) for i in range(3)]
             stored, dups = await publish_all(watcher, [(s, d, h["Nats-Msg-Id"]) for s, d, h in items])
             assert (stored, dups) == (3, 0)
@@ -595,11 +606,10 @@ def test_the_per_cluster_file_is_the_components_with_per_cluster_users() -> None
     assert set(theirs) == set(PER_CLUSTER_USERS)
     for user in ("ledger", "subscriber", "replay"):
         assert theirs[user] == ours[user], user
-    for user, block in theirs.items():  # (a cluster's users create what they write, and update nothing)
+    for user, block in theirs.items():  # (a cluster's users neither create nor update a stream)
         service = user.split("-cluster-")[0]
         if service != user:
-            created = set(re.findall(r"\$JS\.API\.STREAM\.CREATE\.(VMQUOTA_\w+)", block))
-            assert created == set(contract.STREAM_OWNERS[service]) and "STREAM.UPDATE" not in block, user
+            assert "STREAM.CREATE" not in block and "STREAM.UPDATE" not in block, user
 
 
 @dataclass
@@ -670,7 +680,7 @@ def cluster_event(cluster: str, uid: str, kind: str = "ResourceQuota") -> tuple[
 
 async def test_a_clusters_watcher_publishes_only_its_clusters_events(per_cluster: Connect) -> None:
     wa = await per_cluster("watcher-cluster-a")
-    await wa.js.add_stream(stream_config(contract.EVENTS_STREAM))
+    await kept(per_cluster, contract.EVENTS_STREAM)
     subject, data = cluster_event("cluster-a", "u1")
     assert (await wa.js.publish(subject, data)).stream == contract.EVENTS_STREAM
     wa.clean()
@@ -688,7 +698,7 @@ async def test_a_clusters_watcher_publishes_only_its_clusters_events(per_cluster
 
 async def test_a_clusters_enforcer_reads_and_decides_only_for_its_cluster(per_cluster: Connect) -> None:
     wa, wb = await per_cluster("watcher-cluster-a"), await per_cluster("watcher-cluster-b")
-    await wa.js.add_stream(stream_config(contract.EVENTS_STREAM))
+    await kept(per_cluster, contract.EVENTS_STREAM)
     for w, cluster in ((wa, "cluster-a"), (wb, "cluster-b")):
         subject, data = cluster_event(cluster, f"q-{cluster}")
         await w.js.publish(subject, data)
@@ -698,7 +708,7 @@ async def test_a_clusters_enforcer_reads_and_decides_only_for_its_cluster(per_cl
         await led.js.publish(contract.usage_subject(cluster, "tenant-a"), cluster.encode())
 
     ea = await per_cluster("enforcer-cluster-a")
-    await ea.js.add_stream(stream_config(contract.DECISIONS_STREAM))
+    await kept(per_cluster, contract.DECISIONS_STREAM)
     # the enforcer's own consumers, as services/enforcer/service.py names and filters them
     b = Bus(ea.nc)
     for kind, stream, filter_ in (
@@ -794,7 +804,7 @@ async def test_no_user_hears_another_users_inbox(per_cluster: Connect) -> None:
     the ledger's pull deliveries of cluster-b's events (and every JetStream answer of every other user). The ledger,
     connected as vmquota's services connect, still reads."""
     wa, wb = await per_cluster("watcher-cluster-a"), await per_cluster("watcher-cluster-b")
-    await wa.js.add_stream(stream_config(contract.EVENTS_STREAM))
+    await kept(per_cluster, contract.EVENTS_STREAM)
     heard: list[bytes] = []
 
     async def hear(m: Msg) -> None:
@@ -820,7 +830,7 @@ async def test_a_clusters_watcher_cannot_suppress_another_clusters_events_by_the
     and cluster-b's real event was then dropped as a repeat. vmquota's clients tag their ids with a key from their own
     secret: cluster-b's event is stored, and its own repeat is still dropped."""
     wa = await per_cluster("watcher-cluster-a")
-    await wa.js.add_stream(stream_config(contract.EVENTS_STREAM))
+    await kept(per_cluster, contract.EVENTS_STREAM)
     b_subject, b_data = cluster_event("cluster-b", "victim-uid")
     b_id = "cluster-b/VirtualMachineInstance/victim-uid/1/upserted"  # (contract.msg_id of the event)
     a_subject, a_data = cluster_event("cluster-a", "decoy")
@@ -839,38 +849,41 @@ async def test_a_clusters_watcher_cannot_suppress_another_clusters_events_by_the
         await bus.close()
 
 
-async def test_no_clusters_watcher_or_enforcer_can_seal_or_shorten_the_shared_streams(per_cluster: PerCluster) -> None:
+async def test_no_clusters_watcher_or_enforcer_can_create_or_update_the_shared_streams(per_cluster: PerCluster) -> None:
     """In the two-cluster layout every cluster's watcher writes the one events stream, every enforcer the one
-    decisions stream, and all of them the dead letters. A client that may update a stream may seal it (which nothing
-    undoes: every cluster's events stop until an operator deletes it) or shorten it (keeping one message drops
-    every cluster's events): cluster-a's watcher could do both. Only the ledger, the streams' keeper, updates them
-    now; the others create a stream only while it does not exist, and the server refuses a create that differs from
-    the stream there, or that would seal it. Their services leave a stream whose limits differ as it is."""
-    ledger = await Bus.connect(per_cluster.options("ledger"), connect_timeout=5)
-    try:
-        await ledger.ensure_streams(
-            contract.streams_for("ledger", sizes=SMALL), update=contract.keeps_streams("ledger")
-        )
-    finally:
-        await ledger.close()
+    decisions stream, and all of them the dead letters. Who may update a stream may seal it (which nothing undoes:
+    every cluster's events stop until an operator deletes it) or shorten it; who may create a missing one (after an
+    operator deleted it, or the server lost its store) decides all of it, down to republishing cluster-a's messages
+    under cluster-b's subjects or into the usage stream. Only the ledger, the streams' keeper, creates and updates
+    them; the watchers and enforcers wait for them."""
     wa, ea = await per_cluster("watcher-cluster-a"), await per_cluster("enforcer-cluster-a")
     writers = ((wa, contract.EVENTS_STREAM), (wa, contract.DLQ_STREAM), (ea, contract.DECISIONS_STREAM))
+    for conn, stream in writers:  # (missing: a create that would reroute another cluster's messages)
+        spec = {s.name: s for s in contract.streams()}[stream]
+        rerouted = {
+            "name": stream,
+            "subjects": list(spec.subjects),
+            "republish": {"src": ">", "dest": "vmquota.usage.x"},
+        }
+        await refused_request(conn, f"$JS.API.STREAM.CREATE.{stream}", json.dumps(rerouted).encode())
+        conn.errors.clear()
+    waiting = [
+        asyncio.create_task(Bus(conn.nc).wait_for_streams(contract.STREAMS_WRITTEN[user.split("-cluster-")[0]]))
+        for conn, user in ((wa, "watcher-cluster-a"), (ea, "enforcer-cluster-a"))
+    ]
+    done, _ = await asyncio.wait(waiting, timeout=DENIED_TIMEOUT)  # (what should not happen, for a while)
+    assert not done, "the services wait for the streams the ledger creates"
+    ledger = await Bus.connect(per_cluster.options("ledger"), connect_timeout=5)
+    try:
+        await ledger.ensure_streams(contract.streams_for("ledger", sizes=SMALL))
+    finally:
+        await ledger.close()
+    async with asyncio.timeout(10):
+        await asyncio.gather(*waiting)
     for conn, stream in writers:
         have = (await conn.js.stream_info(stream)).config
+        assert have.republish is None and not have.sealed and have.max_age == 30 * contract.DAY, (stream, have)
         sealed = json.dumps({**have.as_dict(), "sealed": True}).encode()
         await refused_request(conn, f"$JS.API.STREAM.UPDATE.{stream}", sealed)
+        await refused_request(conn, f"$JS.API.STREAM.CREATE.{stream}", json.dumps(have.as_dict()).encode())
         conn.errors.clear()
-        with pytest.raises(nats.js.errors.BadRequestError, match="already in use with a different configuration"):
-            await conn.js.add_stream(StreamConfig.from_response({**have.as_dict(), "max_msgs": 1}))
-    for user in ("watcher-cluster-a", "enforcer-cluster-a"):  # (as the services ensure them, with other limits)
-        bus = await Bus.connect(per_cluster.options(user), connect_timeout=5)
-        try:
-            await bus.ensure_streams(
-                contract.streams_for(user.split("-cluster-")[0], events_max_age=60.0, sizes=SMALL),
-                update=contract.keeps_streams(user),
-            )
-        finally:
-            await bus.close()
-    for conn, stream in writers:
-        cfg = (await conn.js.stream_info(stream)).config
-        assert not cfg.sealed and cfg.max_age == 30 * contract.DAY and cfg.max_msgs == -1, (stream, cfg)

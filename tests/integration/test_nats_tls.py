@@ -112,12 +112,17 @@ def tls_server(tmp_path: Path) -> Iterator[TlsServer]:
 
 
 async def test_services_connect_with_tls_and_the_ca(tls_server: TlsServer) -> None:
-    opts = NatsOptions(
-        url=tls_server.url, user="watcher", password=tls_server.passwords["watcher"], ca=str(tls_server.ca)
-    )
-    b = await Bus.connect(opts, connect_timeout=5)
+    def options(user: str) -> NatsOptions:
+        return NatsOptions(url=tls_server.url, user=user, password=tls_server.passwords[user], ca=str(tls_server.ca))
+
+    keeper = await Bus.connect(options("ledger"), connect_timeout=5)
     try:
-        await b.ensure_streams(contract.streams_for("watcher"))
+        await keeper.ensure_streams(contract.streams_for("ledger", sizes=contract.StreamSizes(*(16 * 2**20,) * 6)))
+    finally:
+        await keeper.close()
+    b = await Bus.connect(options("watcher"), connect_timeout=5)
+    try:
+        await b.wait_for_streams(contract.STREAMS_WRITTEN["watcher"])
         ack = await b.publish("vmquota.ev.c1.ns.pod", b"{}")
         assert ack.stream == contract.EVENTS_STREAM
         assert b.nc.connected_url is not None and b.nc.connected_url.scheme == "tls"

@@ -29,7 +29,7 @@ from nats.aio.msg import Msg
 
 from services.devtools.simcluster.store import Store
 from services.devtools.simcluster.store_api import Obj
-from services.platform.bus import NatsOptions
+from services.platform.bus import Bus, NatsOptions
 from services.platform.config import Config
 from services.platform.http import Health, Metrics
 from services.platform.lease import LeaseTiming
@@ -622,6 +622,13 @@ async def test_a_bus_that_lost_its_store_gets_the_current_state_again(
     nats_server.kill()
     shutil.rmtree(nats_server.store)  # a new, empty volume
     nats_server.start()
+    # the ledger creates the streams again (after its reconnect: tests/integration/test_ledger.py -k lost_its_store);
+    # the watcher waits for them, and lists and publishes everything again
+    keeper = await Bus.connect(NatsOptions(url=nats_server.url), connect_timeout=10)
+    try:
+        await keeper.ensure_streams(contract.streams_for("ledger", sizes=contract.StreamSizes(*(16 * 2**20,) * 6)))
+    finally:
+        await keeper.close()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 30
     while True:

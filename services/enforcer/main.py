@@ -19,7 +19,7 @@ async def main(rt: Runtime) -> None:
     reconnects = rt.metrics.reconnects.labels(service=rt.name)
     bus = await Bus.connect(rt.nats_options(), on_reconnect=reconnects.inc, stop=rt.stop)
     try:
-        await bus.wait_for_streams(contract.STREAMS_WRITTEN["enforcer"])
+        await bus.wait_for_streams(contract.STREAMS_USED["enforcer"])
         api = await kube_client(rt.config.kubeconfig)
         try:
             opts = EnforcerOptions(

@@ -49,7 +49,7 @@ import structlog
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
-from services.platform.bus import CALL_BACKOFF, Bus, position
+from services.platform.bus import CALL_BACKOFF, TRANSIENT, Bus, position
 from services.platform.consumer import PullConsumer
 from services.platform.http import Health, Metrics
 from services.platform.publisher import Item, Publisher
@@ -193,6 +193,7 @@ class LedgerService:
         self._lost_saved = True
         self._relist_at = 0.0
         self._streams_at = (bus.epoch, 0.0)
+        self._streams_failing = False
         """The bus's connection epoch and the time of the last :meth:`_ensure_streams`: the ledger keeps the streams
         (``shared.contract.STREAM_KEEPER``), again after a reconnect and every ``bus.consumer_check`` seconds."""
         """When the next relist request is due (monotonic)."""
@@ -247,17 +248,37 @@ class LedgerService:
             start_seq=self.start_seq,
         )
 
-    async def _ensure_streams(self) -> None:
+    async def _ensure_streams(self, deadline: float = 60.0) -> None:
         """Create the streams that are missing and put back limits that differ: every stream, as their keeper (the
         one identity the NATS configurations let create or update one; the watchers and enforcers wait for them),
-        and the checkpoint bucket."""
+        and the checkpoint bucket. A transient error is retried for ``deadline`` seconds, then raised."""
         await self.bus.ensure_streams(
             contract.streams_for(
                 "ledger", self.opts.events_max_age, usage_history_max_age=self.opts.usage_history_max_age
-            )
+            ),
+            deadline=deadline,
         )
-        self.kv = await self.bus.ensure_kv(contract.LEDGER_BUCKET)
+        self.kv = await self.bus.ensure_kv(contract.LEDGER_BUCKET, deadline=deadline)
         self._streams_at = (self.bus.epoch, time.monotonic())
+
+    async def _keep_streams(self, now: float) -> None:
+        """:meth:`_ensure_streams` after a reconnect and every ``bus.consumer_check``, without holding the loop: one
+        try (a few seconds at most), and while NATS does not answer, another a second later, logged once per
+        outage; the service goes on meanwhile, as through any outage."""
+        epoch, at = self._streams_at
+        if epoch == self.bus.epoch and now < at + self.bus.consumer_check:
+            return
+        try:
+            await self._ensure_streams(deadline=0.0)
+        except TRANSIENT as e:
+            if not self._streams_failing:
+                log.warning("streams not checked yet: NATS does not answer", error=str(e) or type(e).__name__)
+            self._streams_failing = True
+            self._streams_at = (self.bus.epoch, now - self.bus.consumer_check + 1.0)
+            return
+        if self._streams_failing:
+            log.info("streams checked again")
+        self._streams_failing = False
 
     async def _events_last_seq(self) -> int | None:
         try:
@@ -690,9 +711,7 @@ class LedgerService:
         """What the loop does whether or not events came: keep the streams (after a reconnect, and every
         ``bus.consumer_check``: a server that lost its store, a stream an operator deleted), ask for the relists a
         loss waits for, and account and publish the changed namespaces that are due."""
-        epoch, at = self._streams_at
-        if epoch != self.bus.epoch or now >= at + self.bus.consumer_check:
-            await self._ensure_streams()
+        await self._keep_streams(now)
         if self.lost:
             await self._ask_for_relists(now)
         if self.ledger.changed:

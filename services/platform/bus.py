@@ -63,6 +63,9 @@ CALL_BACKOFF: Final = Backoff(initial=0.1, maximum=2.0, jitter=0.2)
 """Between retries of a JetStream call, and re-creations of a failing consumer."""
 
 # Errors after which a publish or fetch is worth retrying (the server restarts, JetStream is not yet ready).
+WAIT_LOG_INTERVAL: Final = 60.0
+"""Seconds between two log lines of a service waiting for a stream."""
+
 STREAM_NAME_IN_USE: Final = 10058
 """JetStream's error code for a create of a stream that exists with another configuration."""
 
@@ -341,7 +344,7 @@ class Bus:
                 await self.nc.close()
 
     # ---- streams and buckets -----------------------------------------------------------------------------------
-    async def ensure_streams(self, specs: Iterable[contract.StreamSpec]) -> None:
+    async def ensure_streams(self, specs: Iterable[contract.StreamSpec], *, deadline: float = 60.0) -> None:
         """Create each stream, or update it to the given limits when it exists (idempotent): what the streams'
         keeper does (:data:`shared.contract.STREAM_KEEPER`, the one identity the NATS configurations let create or
         update a stream; the others :meth:`wait_for_streams`). The bus's ``stream_sizes``, when set, give the
@@ -349,7 +352,7 @@ class Bus:
 
         No message of a stream may be deleted or purged (``deny_delete``, ``deny_purge``: the server refuses to
         cancel either) and no roll-up header is taken (``allow_rollup_hdrs`` off). Limits that differ are put back
-        (:meth:`_ensure_stream`)."""
+        (:meth:`_ensure_stream`). A transient error is retried for ``deadline`` seconds, then raised."""
         for spec in specs:
             max_bytes = self.stream_sizes.of(spec.name) if self.stream_sizes is not None else spec.max_bytes
             cfg = StreamConfig(
@@ -370,29 +373,34 @@ class Bus:
                 deny_purge=True,
                 allow_rollup_hdrs=False,
             )
-            await _retry(functools.partial(self._ensure_stream, cfg), what=f"stream {spec.name}")
+            await _retry(functools.partial(self._ensure_stream, cfg), what=f"stream {spec.name}", deadline=deadline)
 
     async def wait_for_streams(self, names: Iterable[str]) -> None:
-        """Until every stream named exists: a service that does not keep the streams waits for the keeper to
-        create them (at its start, after a reconnect, and after a server that lost its store came back). Logs once
-        per stream while it waits."""
-        told: set[str] = set()
+        """Until every stream named exists: a service that does not keep the streams waits for the keeper, the ledger,
+        to create them (at its start, after a reconnect, and after a server that lost its store came back). While it
+        waits it says so about once a minute, with what to check."""
+        loop = asyncio.get_running_loop()
         for name in sorted(names):
-            attempt = 0
+            attempt, since, told = 0, loop.time(), -1.0
             while True:
                 try:
                     await self.js.stream_info(name)
                     break
                 except nats.js.errors.NotFoundError:
-                    if name not in told:
-                        told.add(name)
-                        log.warning("waiting for a stream the ledger creates", stream=name)
+                    why = "the ledger creates it: is the ledger running?"
                 except TRANSIENT as e:
-                    log.warning("nats call failed, retrying", what=f"stream {name}", error=str(e) or type(e).__name__)
+                    why = (
+                        f"no answer ({str(e) or type(e).__name__}): is NATS up, and does its configuration let this "
+                        f"user look the stream up ($JS.API.STREAM.INFO.{name})?"
+                    )
+                now = loop.time()
+                if told < 0 or now - told >= WAIT_LOG_INTERVAL:
+                    told = now
+                    log.warning("waiting for a stream", stream=name, waited_s=round(now - since, 1), why=why)
                 await asyncio.sleep(CALL_BACKOFF.delay(attempt))
                 attempt += 1
-            if name in told:
-                log.info("stream is there", stream=name)
+            if told >= 0:
+                log.info("stream is there", stream=name, waited_s=round(loop.time() - since, 1))
 
     async def _ensure_stream(self, cfg: StreamConfig) -> None:
         assert cfg.name is not None
@@ -430,9 +438,11 @@ class Bus:
             or (bool(have.deny_delete), bool(have.deny_purge), bool(have.allow_rollup_hdrs)) != (True, True, False)
         ):
             await self.js.update_stream(cfg)
-            log.info("stream updated", stream=cfg.name)
+            # (a warning: limits someone changed, or ledger instances given different stream flags, which then
+            # put their own back in turn every check)
+            log.warning("stream limits differed from this ledger's: put back", stream=cfg.name)
 
-    async def ensure_kv(self, bucket: str, *, history: int = 1) -> KeyValue:
+    async def ensure_kv(self, bucket: str, *, history: int = 1, deadline: float = 60.0) -> KeyValue:
         """Open the key-value bucket, creating it when missing, at its size (the bus's ``stream_sizes``, or the
         default); an existing bucket of another size is updated to it."""
         sizes = self.stream_sizes or contract.StreamSizes()
@@ -454,7 +464,7 @@ class Bus:
                 log.info("bucket updated", bucket=bucket, max_bytes=max_bytes, replicas=self.stream_replicas)
             return kv
 
-        return await _retry(once, what=f"bucket {bucket}")
+        return await _retry(once, what=f"bucket {bucket}", deadline=deadline)
 
     # ---- publishing --------------------------------------------------------------------------------------------
     async def publish(

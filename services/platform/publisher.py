@@ -17,7 +17,7 @@ published.
 While NATS is away the republishing goes on with backoff (``room()`` and ``flush()`` then hold the producers
 back, and they go on once it is back); only an error that retrying cannot cure fails the publisher — among them
 no stream storing the subject for ``no_stream_after`` seconds (a stream deleted, or lost with a server's memory
-storage: the service re-creates its streams when it starts) —: ``failed`` is set, every waiter raises
+storage: the service restarts and waits for the ledger to create it again) —: ``failed`` is set, every waiter raises
 :class:`PublisherFailed`, and the service stops rather than lose messages.
 """
 
@@ -258,8 +258,8 @@ class Publisher:
                 raise
             except nats.js.errors.NoStreamResponseError as e:
                 # JetStream answers, but no stream stores the subject (deleted, or lost with a server's memory
-                # storage): waiting does not bring it back. Fail: the service stops and re-creates its streams
-                # when it starts again.
+                # storage): waiting here does not bring it back. Fail: the service stops, and when it starts again
+                # it waits for the ledger, which keeps the streams, to create it.
                 log.error("no stream stores the subject; publishing stops", subject=item.subject, error=str(e))
                 self._fail(e)
                 return

@@ -98,7 +98,7 @@ async def serve(rt: Runtime, tuning: Tuning = Tuning()) -> None:
                 publisher.start()
                 while True:
                     reconnected.clear()
-                    await bus.wait_for_streams(contract.STREAMS_WRITTEN[SERVICE])
+                    await bus.wait_for_streams(contract.STREAMS_USED[SERVICE])
                     if not await watch_until_reconnect(api, publisher):
                         break
                     # What the server kept is unknown (a restart may have lost its store): list and publish all

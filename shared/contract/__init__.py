@@ -59,7 +59,7 @@ from shared.contract.streams import EVENTS_STREAM as EVENTS_STREAM
 from shared.contract.streams import LEDGER_BUCKET as LEDGER_BUCKET
 from shared.contract.streams import STREAM_KEEPER as STREAM_KEEPER
 from shared.contract.streams import STREAM_OWNERS as STREAM_OWNERS
-from shared.contract.streams import STREAMS_WRITTEN as STREAMS_WRITTEN
+from shared.contract.streams import STREAMS_USED as STREAMS_USED
 from shared.contract.streams import USAGE_HISTORY_STREAM as USAGE_HISTORY_STREAM
 from shared.contract.streams import USAGE_STREAM as USAGE_STREAM
 from shared.contract.streams import StreamSizes as StreamSizes

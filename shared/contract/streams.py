@@ -130,13 +130,13 @@ STREAM_OWNERS: Final[dict[str, frozenset[str]]] = {
 }
 """Which streams each service creates and updates: the keeper every one."""
 
-STREAMS_WRITTEN: Final[dict[str, frozenset[str]]] = {
+STREAMS_USED: Final[dict[str, frozenset[str]]] = {
     "watcher": frozenset({EVENTS_STREAM, DLQ_STREAM}),
-    "ledger": frozenset({USAGE_STREAM, DLQ_STREAM}),
-    "enforcer": frozenset({DECISIONS_STREAM, DLQ_STREAM}),
+    "ledger": frozenset({EVENTS_STREAM, USAGE_STREAM, DLQ_STREAM}),
+    "enforcer": frozenset({DECISIONS_STREAM, DLQ_STREAM, USAGE_STREAM, EVENTS_STREAM}),
 }
-"""The streams each service publishes to (every service writes its rejects to the DLQ stream): a service that does
-not keep them waits for them at its start and after a reconnect."""
+"""The streams each service publishes to or reads (every service writes its rejects to the DLQ stream): a service
+that does not keep them waits for them (:meth:`services.platform.bus.Bus.wait_for_streams`) before it is ready."""
 
 
 def streams_for(
@@ -147,7 +147,7 @@ def streams_for(
 ) -> tuple[StreamSpec, ...]:
     """The streams ``service`` creates and updates (all of them for an unknown service name, e.g. ``all`` or a test;
     none for a service that only waits for them)."""
-    owned = STREAM_OWNERS.get(service, frozenset()) if service in STREAMS_WRITTEN else None
+    owned = STREAM_OWNERS.get(service, frozenset()) if service in STREAMS_USED else None
     every = streams(events_max_age, sizes=sizes, usage_history_max_age=usage_history_max_age)
     return tuple(s for s in every if owned is None or s.name in owned)
 

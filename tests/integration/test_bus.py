@@ -276,8 +276,9 @@ async def test_an_ack_that_never_comes_is_published_again_not_awaited_forever(na
 
 async def test_a_publisher_whose_stream_is_gone_fails_instead_of_waiting_forever(nats_url: str) -> None:
     """JetStream answers but no stream stores the subject (deleted, or lost with a memory-storage server): waiting
-    does not bring it back. The publisher fails after ``no_stream_after`` seconds (the service then stops and
-    re-creates its streams when it starts) instead of republishing forever, and every waiter is told."""
+    does not bring it back. The publisher fails after ``no_stream_after`` seconds (the service then stops, and waits
+    for the ledger to create the stream again when it starts) instead of republishing forever, and every waiter is
+    told."""
     b = await _connect(nats_url)
     try:
         await b.ensure_streams(contract.streams())

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -502,6 +503,33 @@ async def test_the_ledger_creates_the_streams_again_after_the_server_lost_its_st
         shutil.rmtree(nats_server.store)  # a new, empty volume
         nats_server.start()
         await wait_until(streams_there, within=30, what="the streams, created again after the reconnect")
+        await run.stop()
+    finally:
+        await b.close()
+
+
+async def test_the_ledger_checks_the_streams_without_holding_its_loop_through_an_outage(
+    nats_server: NatsServer,
+) -> None:
+    """The ledger keeps the streams every ``consumer_check`` seconds from its loop. While NATS does not answer, one
+    check is one try, not a minute of retries: the loop goes on (its timers, a consumer's re-creation once NATS is
+    back), and the service does not die of an outage longer than a minute, which it did."""
+    b = await connect_bus(nats_server.url)
+    b.consumer_check = 0.2
+    try:
+        await b.ensure_streams(contract.streams())
+        run = Running(b, options())
+        await wait_until(lambda: run.service.kv is not None, what="the ledger started")
+        nats_server.kill()
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await asyncio.wait_for(run.service._timers(time.monotonic() + 1.0), 20)  # (what its loop runs)
+        assert loop.time() - began < 20 and run.service._streams_failing and not run.task.done()
+        nats_server.start()
+        world = World(random.Random(9), ["tenant-a"])
+        await publish(b, [world.next() for _ in range(5)])
+        await wait_until(lambda: run.applied_through(5), within=30, what="the events after the outage")
+        await wait_until(lambda: not run.service._streams_failing, within=30, what="the streams checked again")
         await run.stop()
     finally:
         await b.close()

@@ -365,7 +365,7 @@ def test_config_users_streams_and_env_match_the_bus_contract() -> None:
         updated = set(re.findall(r"\$JS\.API\.STREAM\.UPDATE\.(VMQUOTA_\w+)", block))
         assert updated == created, user
         looked_up = set(re.findall(r"\$JS\.API\.STREAM\.INFO\.(VMQUOTA_\w+)", block))
-        assert set(contract.STREAMS_WRITTEN.get(user, frozenset())) <= looked_up, f"{user} waits for what it writes"
+        assert set(contract.STREAMS_USED.get(user, frozenset())) <= looked_up, f"{user} waits for what it uses"
     # the file is valid for the server itself, and refuses to load without the passwords
     env = {k: v for k, v in os.environ.items() if not k.startswith("VMQUOTA_NATS_")}
     missing = subprocess.run([nats_server_binary(), "-c", str(CONFIG), "-t"], env=env, capture_output=True, timeout=30)
@@ -403,7 +403,7 @@ async def test_the_services_bus_helpers_work_with_their_users(server: SecuredSer
             buses += [watcher, ledger, enforcer]
             await ledger.ensure_streams(contract.streams_for("ledger", sizes=SMALL))  # (it keeps every stream)
             for service, b in (("watcher", watcher), ("enforcer", enforcer)):
-                await b.wait_for_streams(contract.STREAMS_WRITTEN[service])
+                await b.wait_for_streams(contract.STREAMS_USED[service])
             items = [event(f"u{i}", str(i + 1)) for i in range(3)]
             stored, dups = await publish_all(watcher, [(s, d, h["Nats-Msg-Id"]) for s, d, h in items])
             assert (stored, dups) == (3, 0)
@@ -868,7 +868,7 @@ async def test_no_clusters_watcher_or_enforcer_can_create_or_update_the_shared_s
         await refused_request(conn, f"$JS.API.STREAM.CREATE.{stream}", json.dumps(rerouted).encode())
         conn.errors.clear()
     waiting = [
-        asyncio.create_task(Bus(conn.nc).wait_for_streams(contract.STREAMS_WRITTEN[user.split("-cluster-")[0]]))
+        asyncio.create_task(Bus(conn.nc).wait_for_streams(contract.STREAMS_USED[user.split("-cluster-")[0]]))
         for conn, user in ((wa, "watcher-cluster-a"), (ea, "enforcer-cluster-a"))
     ]
     done, _ = await asyncio.wait(waiting, timeout=DENIED_TIMEOUT)  # (what should not happen, for a while)

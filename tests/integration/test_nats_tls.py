@@ -122,7 +122,7 @@ async def test_services_connect_with_tls_and_the_ca(tls_server: TlsServer) -> No
         await keeper.close()
     b = await Bus.connect(options("watcher"), connect_timeout=5)
     try:
-        await b.wait_for_streams(contract.STREAMS_WRITTEN["watcher"])
+        await b.wait_for_streams(contract.STREAMS_USED["watcher"])
         ack = await b.publish("vmquota.ev.c1.ns.pod", b"{}")
         assert ack.stream == contract.EVENTS_STREAM
         assert b.nc.connected_url is not None and b.nc.connected_url.scheme == "tls"

@@ -62,12 +62,13 @@ _CONNECT_BACKOFF: Final = Backoff(initial=0.2, maximum=5.0, jitter=0.2)
 CALL_BACKOFF: Final = Backoff(initial=0.1, maximum=2.0, jitter=0.2)
 """Between retries of a JetStream call, and re-creations of a failing consumer."""
 
-# Errors after which a publish or fetch is worth retrying (the server restarts, JetStream is not yet ready).
 WAIT_LOG_INTERVAL: Final = 60.0
 """Seconds between two log lines of a service waiting for a stream."""
 
 STREAM_NAME_IN_USE: Final = 10058
 """JetStream's error code for a create of a stream that exists with another configuration."""
+
+# Errors after which a publish or fetch is worth retrying (the server restarts, JetStream is not yet ready).
 
 TRANSIENT = (
     nats.errors.TimeoutError,
@@ -197,7 +198,8 @@ class NatsOptions:
     ca: str | None = None
     """CA bundle (PEM) that signed the server's certificate, for ``tls://`` (default: the system's CAs)."""
     consumer_check: float = 30.0
-    """Seconds between two checks of a :class:`PullConsumer`'s durable against the configuration it created."""
+    """Seconds between two checks of a :class:`PullConsumer`'s durable against the configuration it created, and
+    between two of the ledger's checks of the streams (``LedgerService._keep_streams``)."""
     stream_sizes: contract.StreamSizes | None = None
     """The sizes :meth:`Bus.ensure_streams` and :meth:`Bus.ensure_kv` give the streams and the bucket (None: those
     of the stream specs, and the default for the bucket)."""
@@ -221,7 +223,8 @@ class Bus:
         """Incremented on every reconnect."""
         self._on_reconnect = on_reconnect
         self.consumer_check = 30.0
-        """Default ``check_interval`` of the :class:`PullConsumer` s on this bus (``NatsOptions.consumer_check``)."""
+        """Default ``check_interval`` of the :class:`PullConsumer` s on this bus, and the ledger's interval between two
+        checks of the streams (``NatsOptions.consumer_check``)."""
         self.stream_sizes: contract.StreamSizes | None = None
         """``NatsOptions.stream_sizes``."""
         self.stream_replicas = 1

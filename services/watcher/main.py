@@ -5,7 +5,8 @@ the Lease ``vmquota-watcher-<cluster>`` (``services.platform.runner.leader_elect
 cluster.
 When it loses the Lease its work is cancelled and the process fails, so it restarts as a follower; a new leader
 lists everything again and the message ids make the repeats no-ops on the server. After NATS reconnects, the
-leader ensures its streams and starts over the same way (a restarted server may have lost its store).
+leader waits for its streams (which the ledger keeps) and starts over the same way (a restarted server may have
+lost its store).
 """
 
 from __future__ import annotations

@@ -610,6 +610,8 @@ def test_the_per_cluster_file_is_the_components_with_per_cluster_users() -> None
         service = user.split("-cluster-")[0]
         if service != user:
             assert "STREAM.CREATE" not in block and "STREAM.UPDATE" not in block, user
+            looked_up = set(re.findall(r"\$JS\.API\.STREAM\.INFO\.(VMQUOTA_\w+)", block))
+            assert set(contract.STREAMS_USED[service]) <= looked_up, f"{user} waits for what it uses"
 
 
 @dataclass

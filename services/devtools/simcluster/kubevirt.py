@@ -12,8 +12,11 @@ What vmquota depends on behaves as in KubeVirt (see ``docs/simcluster.md``, "Con
   ``Warning FailedCreate "Error creating pod: <API server message>"``, condition ``Synchronized=False`` reason
   ``FailedCreate`` (``failed to create virtual machine pod: <API server message>``), and a retry with per-item
   exponential backoff (KubeVirt's VMI controller has no ResourceQuota informer: a quota change does not wake it).
-  Phases Pending → Scheduling → Scheduled → Running follow the pod.
-* **Migration controller** — Pending → target pod (label ``kubevirt.io/migrationJobUID``, annotation
+  Phases Pending → Scheduling → Scheduled → Running follow the pod. It and the migration controller see only pods
+  carrying the label key ``kubevirt.io`` (:func:`kubevirt_sees`, as upstream's ``KubeVirtPod`` informer).
+* **Migration controller** — puts ``kubevirt.io/migrationJobFinalize`` on each migration; one deleted before the
+  hand-off is canceled (its target pod deleted, the migration failed: ``handlePreHandoffMigrationCancel``).
+  Pending → target pod (label ``kubevirt.io/migrationJobUID``, annotation
   ``kubevirt.io/migrationJobName``; a quota refusal sets ``migrationRejectedByResourceQuota`` and keeps the
   migration Pending, retried like pod creation, and at once when a ResourceQuota of the namespace is updated or
   deleted) → Scheduling → Scheduled (hand-off: VMI ``status.migrationState``); for a VMI with hotplugged volumes

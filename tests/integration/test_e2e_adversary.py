@@ -1425,3 +1425,34 @@ async def test_with_the_guard_a_migration_target_cannot_be_orphaned_to_hold_a_dr
         p.sim.kubevirt.schedulable = set(p.sim.kubevirt.config.nodes)
         drain = await p.migrate(ns, "vm2")
         await p.wait_migrated(ns, "vm2", drain)
+
+
+async def test_with_the_guard_a_migration_target_cannot_be_taken_out_of_kubevirts_sight() -> None:
+    """The same full namespace and vm1's target, created in reserved room before the hand-off. A tenant that takes
+    the label key ``kubevirt.io`` off the target (KubeVirt's controllers see no pod without it) orphans it as surely
+    as by the finalizer: the migration fails for its missing target, KubeVirt never deletes the pod, which stays in
+    the reserved room (65.3Gi charged on 64Gi), counted as vm1's second pod, and the evacuation of vm2 waits for it
+    to end. With the guard only virt-controller removes that key; the controller reference the tenant may take off,
+    and KubeVirt, which finds a migration's target by its labels, still cancels it with its migration."""
+    ns = "tenant-unlabel"
+    async with pipeline(guard=True) as p:
+        await full_namespace(p, ns)
+        p.sim.kubevirt.schedulable = set()  # (no node for a new pod: the target waits, not handed off)
+        m = await p.migrate(ns, "vm1")
+        await p.wait(lambda: len(p.launcher_pods(ns, "vm1")) == 2, "vm1's target pod")
+        (target,) = [x for x in p.launcher_pods(ns, "vm1") if x["status"].get("phase") == "Pending"]
+        name = target["metadata"]["name"]
+        path = f"/api/v1/namespaces/{ns}/pods/{name}"
+        async with Tenant(p, ns) as tenant:
+            refused = await tenant_patch(tenant, path, {"metadata": {"labels": {"kubevirt.io": None}}}, 403)
+            assert f"{name} keeps its controller reference, or loses it, and its labels" in refused, refused
+            await tenant_patch(tenant, path, {"metadata": {"ownerReferences": None}})
+            assert tenant.session is not None
+            vmim = f"/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstancemigrations/{m}"
+            async with tenant.session.delete(f"{tenant.url}{vmim}", ssl=tenant.ssl) as resp:
+                assert resp.status == 200, await resp.text()
+        await p.wait(lambda: p.sim.peek("vmim", ns, m) is None, f"migration {m} to go")
+        await p.wait(lambda: p.sim.peek("pods", ns, name) is None, "KubeVirt to delete the canceled target")
+        p.sim.kubevirt.schedulable = set(p.sim.kubevirt.config.nodes)
+        drain = await p.migrate(ns, "vm2")
+        await p.wait_migrated(ns, "vm2", drain)

@@ -1398,61 +1398,63 @@ async def test_with_the_guard_a_tenant_cannot_hand_its_pending_vmi_a_pod_later()
         assert p.vmi_phase(ns, "small") == "Running"
 
 
+async def target_before_the_hand_off(p: Pipeline, ns: str) -> tuple[str, str]:
+    """A full 64Gi namespace and a migration of vm1 whose target KubeVirt created in the room vmquota reserved for
+    it, before KubeVirt handed the VMI off (the target finds no node): the migration's name and the target's."""
+    await full_namespace(p, ns)
+    p.sim.kubevirt.schedulable = set()  # (no node for a new pod: the target waits, not handed off)
+    m = await p.migrate(ns, "vm1")
+    await p.wait(lambda: len(p.launcher_pods(ns, "vm1")) == 2, "vm1's target pod")
+    (target,) = [x for x in p.launcher_pods(ns, "vm1") if x["status"].get("phase") == "Pending"]
+    return m, str(target["metadata"]["name"])
+
+
+async def deleted_and_the_drain_goes_on(p: Pipeline, tenant: Tenant, m: str, target: str) -> None:
+    """The tenant deletes the migration; KubeVirt cancels it and deletes its target; an evacuation of vm2 (a node
+    drain) made afterwards migrates."""
+    ns = tenant.ns
+    assert tenant.session is not None
+    path = f"{tenant.url}/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstancemigrations/{m}"
+    async with tenant.session.delete(path, ssl=tenant.ssl) as resp:
+        assert resp.status == 200, await resp.text()
+    await p.wait(lambda: p.sim.peek("vmim", ns, m) is None, f"migration {m} to go")
+    await p.wait(lambda: p.sim.peek("pods", ns, target) is None, "KubeVirt to delete the canceled migration's target")
+    p.sim.kubevirt.schedulable = set(p.sim.kubevirt.config.nodes)
+    drain = await p.migrate(ns, "vm2")
+    await p.wait_migrated(ns, "vm2", drain)
+
+
 async def test_with_the_guard_a_migration_target_cannot_be_orphaned_to_hold_a_drain_back() -> None:
-    """A full 64Gi namespace; a migration of vm1 whose target KubeVirt created in the room vmquota reserved for it,
-    before KubeVirt handed the VMI off (here the target finds no node). A tenant that takes KubeVirt's finalizer off
-    the migration and deletes it leaves the target pod behind (KubeVirt never cancels the migration), and no status
-    of KubeVirt's names it a target: it counts as a pod that took a target's room, and no room is held for the
-    evacuation of vm2 (a node drain) while it keeps the namespace over its budget, until its virt-launcher gives up
-    (about three minutes; the tenant can do it again; `tests/unit/test_lag_model.py -k orphaned_target_does_not`).
-    With the guard only virt-controller takes the finalizer off: the deletion cancels the migration, KubeVirt
-    deletes its target, and the drain goes on."""
+    """A migration of vm1 whose target KubeVirt created in reserved room, before the hand-off. A tenant that takes
+    KubeVirt's finalizer off the migration and deletes it leaves the target pod behind (KubeVirt never cancels the
+    migration), and no status of KubeVirt's names it a target: it counts as a pod that took a target's room, and no
+    room is held for the evacuation of vm2 (a node drain) while it keeps the namespace over its budget, until its
+    virt-launcher gives up (about three minutes; the tenant can do it again;
+    `tests/unit/test_lag_model.py -k orphaned_target_does_not`). With the guard only virt-controller takes the
+    finalizer off: the deletion cancels the migration, KubeVirt deletes its target, and the drain goes on."""
     ns = "tenant-orphan"
     async with pipeline(guard=True) as p:
-        await full_namespace(p, ns)
-        p.sim.kubevirt.schedulable = set()  # (no node for a new pod: the target waits, not handed off)
-        m = await p.migrate(ns, "vm1")
-        await p.wait(lambda: len(p.launcher_pods(ns, "vm1")) == 2, "vm1's target pod")
-        path = f"/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstancemigrations/{m}"
+        m, target = await target_before_the_hand_off(p, ns)
         async with Tenant(p, ns) as tenant:
+            path = f"/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstancemigrations/{m}"
             refused = await tenant_patch(tenant, path, {"metadata": {"finalizers": None}}, 403)
             assert f"only KubeVirt takes kubevirt.io/migrationJobFinalize off {m}" in refused, refused
-            assert tenant.session is not None
-            async with tenant.session.delete(f"{tenant.url}{path}", ssl=tenant.ssl) as resp:
-                assert resp.status == 200, await resp.text()
-        await p.wait(lambda: p.sim.peek("vmim", ns, m) is None, f"migration {m} to go")
-        assert len(p.launcher_pods(ns, "vm1")) == 1, "the canceled migration's target is deleted"
-        p.sim.kubevirt.schedulable = set(p.sim.kubevirt.config.nodes)
-        drain = await p.migrate(ns, "vm2")
-        await p.wait_migrated(ns, "vm2", drain)
+            await deleted_and_the_drain_goes_on(p, tenant, m, target)
 
 
 async def test_with_the_guard_a_migration_target_cannot_be_taken_out_of_kubevirts_sight() -> None:
-    """The same full namespace and vm1's target, created in reserved room before the hand-off. A tenant that takes
-    the label key ``kubevirt.io`` off the target (KubeVirt's controllers see no pod without it) orphans it as surely
-    as by the finalizer: the migration fails for its missing target, KubeVirt never deletes the pod, which stays in
-    the reserved room (65.3Gi charged on 64Gi), counted as vm1's second pod, and the evacuation of vm2 waits for it
-    to end. With the guard only virt-controller removes that key; the controller reference the tenant may take off,
-    and KubeVirt, which finds a migration's target by its labels, still cancels it with its migration."""
+    """The same migration and target. A tenant that takes the label key ``kubevirt.io`` off the target (KubeVirt's
+    controllers see no pod without it) orphans it as surely as by the finalizer: the migration fails for its missing
+    target, KubeVirt never deletes the pod, which stays in the reserved room (65.3Gi charged on 64Gi), counted as
+    vm1's second pod, and the evacuation of vm2 waits for it to end. With the guard only virt-controller removes
+    that key; the controller reference the tenant may take off, and KubeVirt, which finds a migration's target by its
+    labels, still cancels it with its migration."""
     ns = "tenant-unlabel"
     async with pipeline(guard=True) as p:
-        await full_namespace(p, ns)
-        p.sim.kubevirt.schedulable = set()  # (no node for a new pod: the target waits, not handed off)
-        m = await p.migrate(ns, "vm1")
-        await p.wait(lambda: len(p.launcher_pods(ns, "vm1")) == 2, "vm1's target pod")
-        (target,) = [x for x in p.launcher_pods(ns, "vm1") if x["status"].get("phase") == "Pending"]
-        name = target["metadata"]["name"]
-        path = f"/api/v1/namespaces/{ns}/pods/{name}"
+        m, target = await target_before_the_hand_off(p, ns)
         async with Tenant(p, ns) as tenant:
+            path = f"/api/v1/namespaces/{ns}/pods/{target}"
             refused = await tenant_patch(tenant, path, {"metadata": {"labels": {"kubevirt.io": None}}}, 403)
-            assert f"{name} keeps its controller reference, or loses it, and its labels" in refused, refused
+            assert f"{target} keeps its controller reference, or loses it, and its labels" in refused, refused
             await tenant_patch(tenant, path, {"metadata": {"ownerReferences": None}})
-            assert tenant.session is not None
-            vmim = f"/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstancemigrations/{m}"
-            async with tenant.session.delete(f"{tenant.url}{vmim}", ssl=tenant.ssl) as resp:
-                assert resp.status == 200, await resp.text()
-        await p.wait(lambda: p.sim.peek("vmim", ns, m) is None, f"migration {m} to go")
-        await p.wait(lambda: p.sim.peek("pods", ns, name) is None, "KubeVirt to delete the canceled target")
-        p.sim.kubevirt.schedulable = set(p.sim.kubevirt.config.nodes)
-        drain = await p.migrate(ns, "vm2")
-        await p.wait_migrated(ns, "vm2", drain)
+            await deleted_and_the_drain_goes_on(p, tenant, m, target)

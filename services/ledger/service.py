@@ -192,11 +192,12 @@ class LedgerService:
         none of its own (a new partition layout), the stream the checkpoints it loads come from."""
         self._lost_saved = True
         self._relist_at = 0.0
+        """When the next relist request is due (monotonic)."""
         self._streams_at = (bus.epoch, 0.0)
-        self._streams_failing = False
         """The bus's connection epoch and the time of the last :meth:`_ensure_streams`: the ledger keeps the streams
         (``shared.contract.STREAM_KEEPER``), again after a reconnect and every ``bus.consumer_check`` seconds."""
-        """When the next relist request is due (monotonic)."""
+        self._streams_failing = False
+        """Whether the last check of the streams found NATS not answering (logged once per outage)."""
         self._relist_delay = opts.relist_retry[0]
         self._withheld: set[str] = set()
         """Clusters whose usage was withheld (logged once per cluster until whole again)."""

@@ -69,7 +69,6 @@ STREAM_NAME_IN_USE: Final = 10058
 """JetStream's error code for a create of a stream that exists with another configuration."""
 
 # Errors after which a publish or fetch is worth retrying (the server restarts, JetStream is not yet ready).
-
 TRANSIENT = (
     nats.errors.TimeoutError,
     nats.errors.NoRespondersError,

@@ -18,8 +18,7 @@ While NATS is away the republishing goes on with backoff (``room()`` and ``flush
 back, and they go on once it is back); only an error that retrying cannot cure fails the publisher — among them
 no stream storing the subject for ``no_stream_after`` seconds (a stream deleted, or lost with a server's memory
 storage: the service restarts and waits for the ledger to create it again; the ledger creates it at its start) —:
-``failed`` is set, every waiter raises
-:class:`PublisherFailed`, and the service stops rather than lose messages.
+``failed`` is set, every waiter raises :class:`PublisherFailed`, and the service stops rather than lose messages.
 """
 
 from __future__ import annotations

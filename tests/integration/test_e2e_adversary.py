@@ -1242,7 +1242,7 @@ async def test_a_launcher_pod_taken_off_its_vmi_still_counts_as_its_vm(guarded: 
             path = f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}"
             if guarded:
                 refused = await tenant_patch(tenant, path, {"metadata": {"ownerReferences": None}}, 403)
-                assert "keeps its controller reference and its labels" in refused, refused
+                assert "keeps its controller reference, its labels" in refused, refused
                 return
             await tenant_patch(tenant, path, {"metadata": {"ownerReferences": None}})
             await p.wait(lambda: p.vmi_phase(ns, "vm-a") == "Failed", "KubeVirt to fail vm-a")
@@ -1396,7 +1396,7 @@ async def test_with_the_guard_a_tenant_cannot_hand_its_pending_vmi_a_pod_later()
             refused = await tenant_patch(
                 tenant, f"/api/v1/namespaces/{ns}/pods/{name}", {"metadata": {"ownerReferences": moved}}, 403
             )
-            assert f"{name} keeps its controller reference and its labels" in refused, refused
+            assert f"{name} keeps its controller reference, its labels" in refused, refused
         await never_runs(p, ns, "big")
         assert p.vmi_phase(ns, "small") == "Running"
 
@@ -1458,7 +1458,7 @@ async def test_with_the_guard_a_migration_target_cannot_be_taken_out_of_kubevirt
         async with Tenant(p, ns) as tenant:
             path = f"/api/v1/namespaces/{ns}/pods/{target}"
             refused = await tenant_patch(tenant, path, {"metadata": {"labels": {"kubevirt.io": None}}}, 403)
-            assert f"{target} keeps its controller reference and its labels" in refused, refused
+            assert f"{target} keeps its controller reference, its labels" in refused, refused
             await tenant_patch(tenant, path, {"metadata": {"ownerReferences": None}}, 403)
             await deleted_and_the_drain_goes_on(p, tenant, m, target)
 
@@ -1493,5 +1493,5 @@ async def test_with_the_guard_a_migration_targets_attachment_pod_cannot_be_taken
         async with Tenant(p, ns) as tenant:
             path = f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}"
             refused = await tenant_patch(tenant, path, {"metadata": {"ownerReferences": None}}, 403)
-            assert "keeps its controller reference and its labels" in refused, refused
+            assert "keeps its controller reference, its labels" in refused, refused
         await p.wait_migrated(ns, "vm1", m)

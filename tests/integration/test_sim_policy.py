@@ -674,13 +674,19 @@ async def test_only_kubevirt_makes_the_pods_kubevirt_runs_vms_in_where_a_quota_i
     kv = "virt-launcher-vm1-abcde"
     moved = (
         "makes such a pod another VMI's or a migration's target (virt-launcher-vm1-abcde keeps its controller "
-        "reference and its labels kubevirt.io, kubevirt.io/created-by and kubevirt.io/migrationJobUID)"
+        "reference, its labels kubevirt.io, kubevirt.io/created-by and kubevirt.io/migrationJobUID and its annotation "
+        "kubevirt.io/memory-overhead-bytes)"
     )
     # (the labels KubeVirt's migration controller picks a migration's target by, whatever the pod's owner)
     for relabel in ("kubevirt.io=other", "kubevirt.io/created-by=u9", "kubevirt.io/migrationJobUID=m9"):
         code, out = await tenant_kubectl("label", "pod", kv, relabel, "--overwrite")
         assert code != 0 and refusal(kv, moved) in out, out
     code, out = await tenant_kubectl("label", "pod", kv, "app=mine")
+    assert code == 0, out
+    # (virt-controller copies it into the VMI's status: the overhead vmquota reads as KubeVirt's)
+    code, out = await tenant_kubectl("annotate", "pod", kv, "kubevirt.io/memory-overhead-bytes=0")
+    assert code != 0 and refusal(kv, moved) in out, out
+    code, out = await tenant_kubectl("annotate", "pod", kv, "mine=yes")
     assert code == 0, out
 
     def refs(uid: str, kind: str = "VirtualMachineInstance") -> str:

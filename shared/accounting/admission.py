@@ -3,6 +3,7 @@ running VM and pod is counted; then the migrations without growth."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
@@ -17,7 +18,7 @@ from shared.accounting.state import Target, created_key, fmt, size_change, vm_ke
 from shared.quantity import ZERO
 from shared.quota.equation import takes
 from shared.quota.modes import DEFINED_RESOURCES, mode_usage
-from shared.resources import ResourceList, add, growth, nonzero
+from shared.resources import ResourceList, add, growth, nonzero, positive_part
 from shared.snapshot import (
     VmiSnapshot,
 )
@@ -66,10 +67,10 @@ class Admission(Migrations):
         than nothing where they count more than the VM: their overhead)."""
         out: dict[str, ResourceList] = {}
         for q in self.quotas:
-            counted = [in_mode(c, q.factors) for c in own]
-            u = usages[q.policy.name]
+            empty: ResourceList = {}
+            counted = functools.reduce(add, (in_mode(c, q.factors) for c in own), empty)
             # (not clamped at zero: what its pods count beyond the VM, their overhead, is room it frees too)
-            out[q.policy.name] = {r: n - sum((c.get(r, ZERO) for c in counted), ZERO) for r, n in u.items()}
+            out[q.policy.name] = {r: n - counted.get(r, ZERO) for r, n in usages[q.policy.name].items()}
         return out
 
     def _refused_for_room(self, v: VmiSnapshot) -> bool:
@@ -126,7 +127,7 @@ class Admission(Migrations):
             return
         for q in self.quotas:
             need = needs[q.policy.name]
-            q.used.add(usages[q.policy.name] if not own else {r: n.clamp0() for r, n in need.items()})
+            q.used.add(usages[q.policy.name] if not own else positive_part(need))
             if refused:
                 q.taken.add(takes({}, usages[q.policy.name], q.factors))
                 q.reserved.add(pod_est)

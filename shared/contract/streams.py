@@ -147,9 +147,9 @@ def streams_for(
 ) -> tuple[StreamSpec, ...]:
     """The streams ``service`` creates and updates (all of them for an unknown service name, e.g. ``all`` or a test;
     none for a service that only waits for them)."""
-    owned = STREAM_OWNERS.get(service, frozenset()) if service in STREAMS_USED else None
-    every = streams(events_max_age, sizes=sizes, usage_history_max_age=usage_history_max_age)
-    return tuple(s for s in every if owned is None or s.name in owned)
+    if service in STREAMS_USED and service != STREAM_KEEPER:
+        return ()  # (it waits for them)
+    return streams(events_max_age, sizes=sizes, usage_history_max_age=usage_history_max_age)
 
 
 _DURATION: Final = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d|w)")

@@ -466,7 +466,7 @@ class NamespaceState:
                     rec = pods.get(uid)
                     pod = rec.snapshot if rec is not None else None
                     if not isinstance(pod, PodSnapshot) or (pod.command_vmi_uid or now.uid) == now.uid:
-                        made_for[uid] = (now.uid, now.vcpus, min(now.vcpus, self.grew_unnamed.get(now.uid, now.vcpus)))
+                        made_for[uid] = (now.uid, now.vcpus, self._fewest(now.uid, now.vcpus))
             self.grew_unnamed.pop(now.uid, None)
         if not isinstance(before, VmiSnapshot) or not before.vouched_pods:
             return
@@ -496,6 +496,11 @@ class NamespaceState:
         ):
             self.grew_unnamed[now.uid] = min(before.vcpus, self.grew_unnamed.get(now.uid, before.vcpus))
 
+    def _fewest(self, vmi_uid: str, vcpus: int) -> int:
+        """The fewest vCPUs a pod made now for the VMI ``vmi_uid``, whose spec has ``vcpus``, may have been made for
+        (:attr:`grew_unnamed`)."""
+        return min(vcpus, self.grew_unnamed.get(vmi_uid, vcpus))
+
     def _made(self, uid: str, pod: Snapshot) -> None:
         """A pod folded for the first time: remember the vCPUs of the spec of the VMI it was made for, if in view
         (see the module)."""
@@ -510,7 +515,7 @@ class NamespaceState:
             early = None
         if isinstance(vmi, VmiSnapshot):
             vcpus = vmi.vcpus if early is None else min(early[1], vmi.vcpus)
-            fewest = min(vcpus, self.grew_unnamed.get(vmi_uid, vcpus), early[2] if early is not None else vcpus)
+            fewest = min(self._fewest(vmi_uid, vcpus), early[2] if early is not None else vcpus)
             self.made_for[uid] = (vmi_uid, vcpus, fewest)
 
     def _gone(self, kind: str, uid: str, before: Snapshot | None) -> None:

@@ -1403,6 +1403,7 @@ class KubeVirtSimulator:
         if vmim is None:
             return
         finalizers = meta(vmim).get("finalizers") or []
+        vmi = self.cache.get("virtualmachineinstances", key[0], str((vmim.get("spec") or {}).get("vmiName") or ""))
         if deleting(vmim):
             # KubeVirt's finalizer: a migration deleted before its hand-off is canceled (its target pod deleted, the
             # migration failed: handlePreHandoffMigrationCancel); one handed off runs to its end (the simulator has
@@ -1418,7 +1419,6 @@ class KubeVirtSimulator:
                     ),
                 )
                 return
-            vmi = self.cache.get("virtualmachineinstances", key[0], str((vmim.get("spec") or {}).get("vmiName") or ""))
             handed_off = vmi is not None and (status(vmi).get("migrationState") or {}).get("migrationUid") == uid_of(
                 vmim
             )
@@ -1439,7 +1439,6 @@ class KubeVirtSimulator:
             self._vmim_steps.clear(uid_of(vmim))
             await self._gc_migrations(vmim)
             return
-        vmi = self.cache.get("virtualmachineinstances", key[0], str((vmim.get("spec") or {}).get("vmiName") or ""))
         if vmi is None or deleting(vmi):
             await self._fail_migration(vmim, None, "Migration failed because vmi does not exist.")
             return

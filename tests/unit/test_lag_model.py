@@ -40,12 +40,15 @@ interleaved in any order, with vmquota's own pure code deciding ``spec.hard``.
 Invariant 1, after every step (:meth:`Cluster.check_safety`): the namespace's usage in mode terms computed from the
 truth alone (each VM with a live launcher pod KubeVirt made, at the size it runs at, in mode terms; every other pod
 at what native quota charges it) exceeds the budget by no more than the known limits of ``docs/accounting.md``
-allow: with the guard, only a forged target of a real migration (a tenant's pod with a controller reference and the
-migration's label, up to the VM's rendered launcher pod) and a migration target orphaned by its tenant (its
-migration deleted without KubeVirt's finalizer before the hand-off: nothing deletes it), at its charge; without
-it, also the room ``status.hard`` holds for reservations when a pod got in (the reservation window, and the
-fast-migration window that is the same room after the target got in), credited to the pod (a VM's launcher pod: to
-its VM, in mode terms) for as long as it lives.
+allow: with the guard, nothing (its ``vmquota-kubevirt-pods`` policy keeps the tenant from making a pod KubeVirt
+sees, so from forging a migration's target, and from taking a controller reference off KubeVirt's pods; its
+``vmquota-migration-finalizer`` policy keeps KubeVirt's finalizer on migrations, so no target is orphaned); without
+it, a forged target of a real migration (a tenant's pod with a controller reference and the migration's label, up
+to the VM's rendered launcher pod), a migration target orphaned by its tenant (its migration deleted without
+KubeVirt's finalizer before the hand-off: nothing deletes it), at its charge, and the room ``status.hard`` holds
+for reservations when a pod got in (the reservation window, and the fast-migration window that is the same room
+after the target got in), credited to the pod (a VM's launcher pod: to its VM, in mode terms) for as long as it
+lives.
 
 Invariant 2, at the end of every run (:meth:`Cluster.settle`, :meth:`Cluster.check_liveness`): with every event
 delivered and every controller run to a fixed point, no migration of a VM whose size does not change is left
@@ -112,6 +115,8 @@ KUBEVIRT: Final = guard.DEFAULT_CREATOR
 TENANT: Final = "mallory"
 KINDS: Final = (VMI_KIND, VMIM_KIND, POD_KIND, QUOTA_KIND, EVENT_KIND)
 MIGRATION_LABEL: Final = "kubevirt.io/migrationJobUID"
+KUBEVIRT_POD_LABEL: Final = "kubevirt.io"
+"""The label key of every pod KubeVirt makes: its controllers see only pods that carry it (``KubeVirtPod``)."""
 ACTIVE_MIGRATION: Final = frozenset({"Pending", "Scheduling", "Running"})
 # Each switch below, True, makes the model allow one product bug the machine found (each reproduced by a plain test
 # further down). Fixed ones are False, so the machine fails if one comes back (it found each within a few hundred
@@ -175,6 +180,11 @@ def controller_uid(pod: Obj) -> str | None:
         if ref.get("controller"):
             return str(ref["uid"])
     return None
+
+
+def kubevirt_sees(pod: Obj) -> bool:
+    """KubeVirt's VMI and migration controllers see only pods labelled with the key ``kubevirt.io``."""
+    return KUBEVIRT_POD_LABEL in pod["metadata"].get("labels", {})
 
 
 def rl(d: dict[str, Any] | None) -> ResourceList:
@@ -735,8 +745,13 @@ class Cluster:
         return "deletionTimestamp" in vmi["metadata"]
 
     def controlled(self, vmi: Obj, *, live: bool = True) -> list[Obj]:
-        """The pods the VMI controls (a controller owner reference to it: KubeVirt's ``IsControlledBy``)."""
-        return [p for p in self.of_kind(POD_KIND) if controller_uid(p) == uid_of(vmi) and not (live and terminal(p))]
+        """The pods the VMI controls as KubeVirt sees them: a controller owner reference to it (``IsControlledBy``),
+        on a pod KubeVirt's pod informer sees at all (:func:`kubevirt_sees`)."""
+        return [
+            p
+            for p in self.of_kind(POD_KIND)
+            if controller_uid(p) == uid_of(vmi) and kubevirt_sees(p) and not (live and terminal(p))
+        ]
 
     def vm_pods(self, vmi: Obj) -> list[Obj]:
         """The VM's live launcher pods KubeVirt made."""
@@ -1090,10 +1105,15 @@ class Cluster:
                 amounts[resource] = min(left).canonical()
         return amounts if set(amounts) == {"cpu", "memory"} else None
 
-    def tenant_dressed_pod(self, index: int, requests: dict[str, str] | None, *, adopt: bool, label: bool) -> None:
+    def tenant_dressed_pod(
+        self, index: int, requests: dict[str, str] | None, *, adopt: bool, label: bool, before_managed: bool = False
+    ) -> None:
         """A tenant's pod dressed as one of a VMI's: launcher labels and an owner reference (a *controller*
         reference with ``adopt``: KubeVirt then lists it in ``status.activePods``), with ``label`` the label of the
-        VMI's active migration. ``requests`` None: the size of the VMI's launcher pod."""
+        VMI's active migration. ``requests`` None: the size of the VMI's launcher pod. With the guard the
+        ``vmquota-kubevirt-pods`` policy lets no one but virt-controller create a pod labelled ``kubevirt.io``: the
+        tenant's pod carries every other label and the reference, and KubeVirt does not see it; ``before_managed``:
+        a pod made before the namespace's quota was managed, where the policy did not apply yet."""
         vmi = self.pick(self.running(), index)
         if vmi is None:
             return
@@ -1104,17 +1124,20 @@ class Cluster:
                 "memory": rendered.get("requests.memory", Q("64Mi")).canonical(),
             }
         labels = {
-            "kubevirt.io": "virt-launcher",
+            KUBEVIRT_POD_LABEL: "virt-launcher",
             "kubevirt.io/created-by": uid_of(vmi),
             "vm.kubevirt.io/name": name_of(vmi),
         }
+        if self.guarded and not before_managed:
+            del labels[KUBEVIRT_POD_LABEL]
+            note("a dressed pod without the label key kubevirt.io (the guard refuses it with the key)")
         migrations = self.migrations_of(vmi)
         if label and migrations:
             labels[MIGRATION_LABEL] = uid_of(migrations[0])
         ref: dict[str, Any] = {"kind": "VirtualMachineInstance", "name": name_of(vmi), "uid": uid_of(vmi)}
         if adopt:
             ref["controller"] = True
-            self.adopting = True
+            self.adopting = self.adopting or KUBEVIRT_POD_LABEL in labels
         self.tenant_pod(requests, prefix="forged", labels=labels, ownerReferences=[ref])
 
     def tenant_migrate(self, index: int) -> None:
@@ -1151,7 +1174,12 @@ class Cluster:
         """The tenant takes the controller reference off a running VM's launcher pod (a pod's metadata is its to
         write), or deletes the VMI with ``propagationPolicy: Orphan`` (the garbage collector takes it off, KubeVirt
         finishes the deletion at once, controlling no pod, and the VM controller starts the VM again under the same
-        name). The guest runs on in the pod (virt-handler shuts it down gracefully, for the VMI's grace period)."""
+        name). The guest runs on in the pod (virt-handler shuts it down gracefully, for the VMI's grace period).
+        With the guard the ``vmquota-kubevirt-pods`` policy refuses the tenant's change of a controller reference on
+        a pod labelled ``kubevirt.io``; the garbage collector's orphaning is allowed."""
+        if self.guarded and not orphan:
+            note("a controller reference's removal refused (the guard)")
+            return
         settled = [v for v in self.running() if self.vm_pods(v) and not self.migrations_of(v) and not self.deleting(v)]
         vmi = self.pick(settled, index)
         if vmi is None:
@@ -1171,7 +1199,12 @@ class Cluster:
         ``status.migrationState.migrationUid`` is this migration's. With the finalizer KubeVirt ends the target of
         an unfinished migration (cancelled before the hand-off, aborted after it) before the migration goes; without
         it nothing runs for the deleted migration: after the hand-off virt-handler completes it from the VMI's
-        ``migrationState``, and a target made before the hand-off is left running, an orphan the VMI controls."""
+        ``migrationState``, and a target made before the hand-off is left running, an orphan the VMI controls.
+        With the guard the ``vmquota-migration-finalizer`` policy refuses the tenant's removal of the finalizer: the
+        migration is deleted with it."""
+        if self.guarded and not finalizer:
+            note("a migration finalizer's removal refused (the guard)")
+            finalizer = True
         migrations = self.of_kind(VMIM_KIND)
         unfinished = [m for m in migrations if m["status"]["phase"] in ACTIVE_MIGRATION]
         m = self.pick(unfinished or migrations, index)  # (a finished one when none is left)
@@ -1296,7 +1329,7 @@ class Cluster:
         out: ResourceList = {}
         for name in sorted(self.tenant_pods):
             p = self.objs[POD_KIND].get(name)
-            if p is None or terminal(p):
+            if p is None or terminal(p) or not kubevirt_sees(p):
                 continue
             vmi = next((v for v in self.of_kind(VMI_KIND) if uid_of(v) == controller_uid(p)), None)
             label = p["metadata"].get("labels", {}).get(MIGRATION_LABEL)
@@ -1306,6 +1339,8 @@ class Cluster:
         return out
 
     def allowance(self) -> ResourceList:
+        """What the known limits let the namespace's usage exceed the budget by now: with the guard nothing (no
+        forged target, no orphan, no window), without it the forged targets and the credits of live pods."""
         total = self.forged_targets()
         live = set(self.objs[POD_KIND]) | {n for n, v in self.objs[VMI_KIND].items() if self.vm_pods(v)}
         for holder, taken in self.credits.items():
@@ -1388,13 +1423,9 @@ class Cluster:
 
     def blocked(self, vmi: Obj) -> bool:
         """The tenant's own pods keep KubeVirt from creating the VMI's target: a pod of the tenant's in the VMI, or a
-        target the tenant orphaned (KubeVirt creates no target while the VMI controls more than one live pod), or,
-        with the guard, a forged target of a real migration anywhere in the namespace (the known limit: it is charged
-        in ``D`` but not counted as used, so a VM admitted beside it may find no room in ``hard``, and while it waits
-        as a holder the guard keeps every other pod out)."""
-        if any(name_of(p) in self.tenant_pods or name_of(p) in self.orphans for p in self.controlled(vmi)):
-            return True
-        return self.guarded and bool(self.forged_targets())
+        target the tenant orphaned (KubeVirt creates no target while the VMI controls more than one live pod). With
+        the guard neither can be (only a pod made before the namespace was managed)."""
+        return any(name_of(p) in self.tenant_pods or name_of(p) in self.orphans for p in self.controlled(vmi))
 
     def held_back(self, m: Obj) -> bool:
         """Without the guard, pods created at or after a migration keep the namespace over its budget (they took
@@ -1402,10 +1433,8 @@ class Cluster:
         for it again until they end (docs/accounting.md, "The reservation window, without the guard"), so the
         migration waits for them; so do pods created in the refusal of an earlier migration (the fold's marks: one
         that took that migration's room). KubeVirt's migration targets its VMIs' status names do not count. With the
-        guard only a target orphaned by its tenant takes the namespace over its budget so (it took the room reserved
-        for its own migration's target): every migration of the namespace, made before it or after, waits for it to
-        end (docs/accounting.md, "A migration target orphaned by its tenant": nothing else gets in)."""
-        if self.guarded and not self.live_orphans():
+        guard no pod takes a reserved room."""
+        if self.guarded:
             return False
         used = self.usage(admission=True)
         if not any(used.get(r, ZERO) > b for r, b in self.budget.items() if r in self.setup.enforced):
@@ -2353,7 +2382,7 @@ def test_with_the_guard_a_pod_kubevirt_adopted_into_a_refused_vm_holds_no_room_t
     c.kv_target(name_of(refused))
     assert refused["spec"]["vmiName"] == "vm2" and c.objs[VMIM_KIND][name_of(refused)]["status"].get("conditions")
     c.delete_pod(grab)
-    c.tenant_dressed_pod(1, None, adopt=True, label=False)
+    c.tenant_dressed_pod(1, None, adopt=True, label=False, before_managed=True)
     c.kv_sync("vm2")
     assert len(c.controlled(c.objs[VMI_KIND]["vm2"])) == 2
     c.tenant_migrate(0)
@@ -2398,7 +2427,8 @@ def test_a_target_orphaned_by_its_tenant_is_the_only_pod_over_the_budget(guarded
     deletes the target (KubeVirt v1.9.0's migration controller does nothing for a migration that is gone). The
     namespace is over its budget by that pod and nothing else gets in; the VM cannot migrate again while its VMI
     controls two live pods, and does once virt-launcher in the orphan gives up. With the finalizer KubeVirt ends the
-    target before the migration goes."""
+    target before the migration goes; with the guard the tenant cannot take it off (``vmquota-migration-finalizer``),
+    so its deletion cancels the migration the same way."""
     for finalizer in (True, False):
         c, pod = full_with_a_refused_migration(guarded=guarded)
         (m,) = c.of_kind(VMIM_KIND)
@@ -2408,8 +2438,8 @@ def test_a_target_orphaned_by_its_tenant_is_the_only_pod_over_the_budget(guarded
         c.vmquota_catches_up()
         c.tenant_delete_migration(0, finalizer=finalizer)
         c.check_safety()
-        if finalizer:
-            assert terminal(c.objs[POD_KIND][target]) and not c.excess()
+        if finalizer or guarded:
+            assert terminal(c.objs[POD_KIND][target]) and not c.excess() and not c.orphans
             continue
         assert c.orphans == {target} and c.excess() == {"limits.memory": pod}
         c.vmquota_catches_up()
@@ -2430,7 +2460,9 @@ def test_a_guest_running_on_in_a_pod_its_vmi_controls_no_more_still_counts(orpha
     """A 2-vCPU VM on a 3-vCPU `VirtualResources` budget (its pod requests 200m: k = 1/10). The tenant takes the
     controller reference off its launcher pod, or deletes its VMI with orphan propagation (and KubeVirt starts it
     again), and creates another 2-vCPU VM: counted as a plain pod at its charge, the detached pod left room for it,
-    4 vCPUs of guests on 3. The fold remembers the VMI that named the pod, and the pod counts as that VM."""
+    4 vCPUs of guests on 3. The fold remembers the VMI that named the pod, and the pod counts as that VM. With the
+    guard the tenant cannot take the reference off (``vmquota-kubevirt-pods``); the garbage collector's orphaning
+    still goes ahead."""
     c = cluster(Mode.VIRTUAL_RESOURCES, {"requests.cpu": "3"}, guarded=guarded)
     c.tenant_vm(2, 512)
     for _ in range(2):
@@ -2444,6 +2476,9 @@ def test_a_guest_running_on_in_a_pod_its_vmi_controls_no_more_still_counts(orpha
         c.vmquota_catches_up()
         c.check_safety()
     assert not c.excess(), f"{format_resource_list(c.usage())} of guests on a budget of 3 vCPUs"
+    if guarded and not orphan:
+        assert not c.fold.departed_pods() and all(controller_uid(p) for p in c.of_kind(POD_KIND)), "refused"
+        return
     assert c.fold.departed_pods(), "the fold remembers the detached pod"
 
 

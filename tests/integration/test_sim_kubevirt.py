@@ -625,18 +625,60 @@ async def test_kubevirt_sees_only_pods_with_the_label_key_kubevirt_io(sim: SimCl
 
 
 async def test_a_migration_carries_kubevirts_finalizer_and_is_marked_deleted_before_it_goes(sim: SimCluster) -> None:
-    """KubeVirt's migration controller puts ``kubevirt.io/migrationJobFinalize`` on a migration it syncs: its
-    deletion is first an update with ``deletionTimestamp``, then the controller lets it go."""
+    """virt-api's webhook puts ``kubevirt.io/migrationJobFinalize`` on a migration as it is created
+    (``migration-create-mutator``): its deletion is first an update with ``deletionTimestamp``, then the
+    controller lets it go."""
     await sim.create_quota("t", "compute", {"limits.memory": "1Gi"})  # (no room for a target: it stays Pending)
     await sim.create_vm("t", "vm1", memory="512Mi")
     await sim.wait_for_phase("t", "vm1", "Running")
-    await sim.migrate("t", "vm1", name="mig1")
-    await sim.wait_until("vmim", "t", "mig1", lambda o: MIGRATION_FINALIZER in o["metadata"].get("finalizers", []))
+    created = await sim.migrate("t", "vm1", name="mig1")
+    assert MIGRATION_FINALIZER in created["metadata"].get("finalizers", []), created["metadata"]
     seen: list[Obj] = []
     sim.store.on_change(lambda t, r, o: seen.append(o) if r.plural == "virtualmachineinstancemigrations" else None)
     await sim.store.delete(sim.store.resource("vmim"), "t", "mig1")
     await sim.wait_for(lambda: sim.peek("vmim", "t", "mig1") is None, what="the migration let go")
     assert seen and seen[0]["metadata"].get("deletionTimestamp"), "marked deleted first"
+
+
+async def test_kubevirt_does_not_put_back_a_migration_finalizer_someone_took_off(sim: SimCluster) -> None:
+    """Only the webhook adds the finalizer, at creation; upstream's migration controller only removes it. A
+    migration whose finalizer was taken off goes at once when deleted (what the reservation guard keeps tenants
+    from doing where a quota is managed: ``tests/integration/test_sim_policy.py -k finalizer_off``)."""
+    await sim.create_quota("t", "compute", {"limits.memory": "1Gi"})  # (no room for a target: it stays Pending)
+    await sim.create_vm("t", "vm1", memory="512Mi")
+    await sim.wait_for_phase("t", "vm1", "Running")
+    await sim.migrate("t", "vm1", name="mig1")
+    vmims = sim.store.resource("vmim")
+    taken = await sim.store.patch(vmims, "t", "mig1", {"metadata": {"finalizers": None}}, "merge")
+    await sim.wait_until(
+        "vmim", "t", "mig1", lambda o: o["metadata"]["resourceVersion"] != taken["metadata"]["resourceVersion"]
+    )  # (KubeVirt synced the migration since: it wrote its refusal or its phase)
+    await sim.wait_quiet()
+    assert not (await sim.get("vmim", "t", "mig1"))["metadata"].get("finalizers")
+    await sim.store.delete(vmims, "t", "mig1")
+    assert sim.peek("vmim", "t", "mig1") is None
+
+
+async def test_a_migrations_spec_and_its_vmi_label_are_kept_while_it_runs(sim: SimCluster) -> None:
+    """virt-api's ``migration-update-admitter`` (v1.9.0) refuses any change of a migration's spec, from anyone, and
+    of its ``kubevirt.io/vmi-name`` label while the migration is not final."""
+    await sim.create_quota("t", "compute", {"limits.memory": "1Gi"})  # (no room for a target: it stays Pending)
+    await sim.create_vm("t", "vm1", memory="512Mi")
+    await sim.create_vm("t", "vm2", memory="128Mi")
+    await sim.wait_for_phase("t", "vm1", "Running")
+    await sim.wait_for_phase("t", "vm2", "Running")
+    await sim.migrate("t", "vm1", name="mig1")
+    vmims = sim.store.resource("vmim")
+    for change, words in [
+        ({"spec": {"vmiName": "vm2"}}, "update of Migration object's spec is restricted"),
+        ({"metadata": {"labels": {"kubevirt.io/vmi-name": None}}}, "can't be removed from an in-flight migration"),
+        ({"metadata": {"labels": {"kubevirt.io/vmi-name": "vm2"}}}, "can't be modified on an in-flight migration"),
+    ]:
+        with pytest.raises(ApiError) as err:
+            await sim.store.patch(vmims, "t", "mig1", change, "merge")
+        assert err.value.code == 422 and words in err.value.message, err.value.message
+    kept = await sim.store.patch(vmims, "t", "mig1", {"metadata": {"labels": {"other": "x"}}}, "merge")
+    assert kept["spec"]["vmiName"] == "vm1" and kept["metadata"]["labels"]["kubevirt.io/vmi-name"] == "vm1"
 
 
 async def test_a_migration_deleted_before_its_hand_off_is_canceled_and_its_target_pod_deleted(

@@ -14,8 +14,9 @@ What vmquota depends on behaves as in KubeVirt (see ``docs/simcluster.md``, "Con
   exponential backoff (KubeVirt's VMI controller has no ResourceQuota informer: a quota change does not wake it).
   Phases Pending → Scheduling → Scheduled → Running follow the pod. It and the migration controller see only pods
   carrying the label key ``kubevirt.io`` (:func:`kubevirt_sees`, as upstream's ``KubeVirtPod`` informer).
-* **Migration controller** — puts ``kubevirt.io/migrationJobFinalize`` on each migration; one deleted before the
-  hand-off is canceled (its target pod deleted, the migration failed: ``handlePreHandoffMigrationCancel``).
+* **Migration controller** — virt-api's webhook puts ``kubevirt.io/migrationJobFinalize`` on each new migration
+  (nothing puts it back once it is taken off) and keeps a migration's spec; one deleted before the hand-off is
+  canceled (its target pod deleted, the migration failed: ``handlePreHandoffMigrationCancel``).
   Pending → target pod (label ``kubevirt.io/migrationJobUID``, annotation
   ``kubevirt.io/migrationJobName``; a quota refusal sets ``migrationRejectedByResourceQuota`` and keeps the
   migration Pending, retried like pod creation, and at once when a ResourceQuota of the namespace is updated or
@@ -880,6 +881,13 @@ class KubeVirtSimulator:
     async def _admit_vmim(
         self, op: Operation, res: Resource, new: Obj | None, old: Obj | None, subresource: str | None = None
     ) -> Obj | None:
+        """virt-api's migration webhooks: a new migration gets the ``kubevirt.io/vmi-name`` label and KubeVirt's
+        finalizer (``migration-create-mutator``), and is refused for a VMI that cannot migrate; an update (by
+        anyone) may not change the spec, nor that label while the migration is not final
+        (``migration-update-admitter``, v1.9.0)."""
+        if op == "UPDATE" and new is not None and old is not None and subresource is None:
+            self._admit_vmim_update(new, old)
+            return None
         if op != "CREATE" or new is None:
             return None
         prefix = 'admission webhook "migration-create-validator.kubevirt.io" denied the request'
@@ -900,8 +908,23 @@ class KubeVirtSimulator:
                     f"{prefix}: in-flight migration detected. Active migration job ({uid_of(other)}) is currently "
                     f"already in progress for VMI {vmi_name}.",
                 )
-        new.setdefault("metadata", {}).setdefault("labels", {})[VMI_NAME_LABEL] = vmi_name
+        metadata = new.setdefault("metadata", {})
+        metadata.setdefault("labels", {})[VMI_NAME_LABEL] = vmi_name
+        metadata["finalizers"] = [*(metadata.get("finalizers") or []), MIGRATION_FINALIZER]
         return new
+
+    @staticmethod
+    def _admit_vmim_update(new: Obj, old: Obj) -> None:
+        prefix = 'admission webhook "migration-update-validator.kubevirt.io" denied the request'
+        if (new.get("spec") or {}) != (old.get("spec") or {}):
+            raise ApiError(422, "Invalid", f"{prefix}: update of Migration object's spec is restricted")
+        old_labels = meta(old).get("labels") or {}
+        if phase(old) not in VMIM_FINAL and VMI_NAME_LABEL in old_labels:
+            label = (meta(new).get("labels") or {}).get(VMI_NAME_LABEL)
+            if label is None:
+                raise ApiError(422, "Invalid", f"{prefix}: selector label can't be removed from an in-flight migration")
+            if label != old_labels[VMI_NAME_LABEL]:
+                raise ApiError(422, "Invalid", f"{prefix}: selector label can't be modified on an in-flight migration")
 
     # ---- writes ----------------------------------------------------------------------------------------------
     async def _update_status(self, res: Resource, key: Key, change: Callable[[Obj], None]) -> Obj | None:
@@ -1426,15 +1449,6 @@ class KubeVirtSimulator:
                 await self._fail_migration(vmim, vmi, "Migration failed due to being canceled")
                 return
         p = phase(vmim)
-        if p not in VMIM_FINAL and MIGRATION_FINALIZER not in finalizers:
-            await self._update(
-                self.r_vmims,
-                key,
-                lambda o: o["metadata"].update(
-                    finalizers=[*(o["metadata"].get("finalizers") or []), MIGRATION_FINALIZER]
-                ),
-            )
-            return
         if p in VMIM_FINAL:
             self._vmim_steps.clear(uid_of(vmim))
             await self._gc_migrations(vmim)

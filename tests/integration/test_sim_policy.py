@@ -20,7 +20,8 @@ import yaml
 from services.devtools.simcluster.auth import ADMIN, KUBEVIRT_CONTROLLER, UserInfo, acting_as
 from services.devtools.simcluster.cluster import SimCluster
 from services.devtools.simcluster.kubevirt import MIGRATION_FINALIZER
-from services.devtools.simcluster.policy import MAX_MESSAGE_EXPRESSION_BYTES
+from services.devtools.simcluster.policy import MAX_MESSAGE_EXPRESSION_BYTES, _matches_rule
+from services.devtools.simcluster.registry import DEFAULT_REGISTRY
 from services.devtools.simcluster.store_api import ApiError, Obj
 from shared.podusage import pod_quota_usage
 from shared.quota import guard
@@ -1204,3 +1205,33 @@ async def test_a_vm_term_quota_of_many_long_resource_names_is_in_force_exactly_w
         )
         err = await create_as(sim, TENANT, pod(name, requests=SMALL))
         assert err is not None and "is not the one vmquota wrote" in err.message, (name, err)
+
+
+@pytest.mark.parametrize(
+    ("entry", "subresource", "matches"),
+    [
+        ("pods", None, True),
+        ("pods", "status", False),
+        ("pods/*", None, True),
+        ("pods/*", "binding", True),
+        ("pods/status", "status", True),
+        ("pods/status", None, False),
+        ("*", None, True),
+        ("*", "status", False),
+        ("*/*", None, True),
+        ("*/*", "resize", True),
+        ("*/resize", "resize", True),
+        ("*/resize", None, False),
+        ("services", None, False),
+    ],
+)
+def test_a_rules_resources_match_as_kube_apiserver_matches_them(
+    entry: str, subresource: str | None, matches: bool
+) -> None:
+    """The API server's ``rules.Matcher``: an entry is ``resource[/subresource]``, ``*`` for any of either; an entry
+    without a subresource matches the main resource only, so ``pods/*`` is pods and all their subresources."""
+    rule = {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["*"], "resources": [entry]}
+    info = DEFAULT_REGISTRY.by_url("", "v1", "pods")
+    assert info is not None
+    pods = info.resource
+    assert _matches_rule(rule, "UPDATE", pods, subresource) is matches

@@ -168,6 +168,71 @@ async def test_status_subresource_semantics() -> None:
     assert seeded["status"] == {"used": {}}
 
 
+async def test_a_pod_update_changes_only_what_kube_apiserver_lets_it() -> None:
+    """``ValidatePodUpdate``: a plain update may change containers' images, ``activeDeadlineSeconds``,
+    ``terminationGracePeriodSeconds``, add tolerations and remove scheduling gates; nothing else of the spec
+    (``nodeName`` is set by a binding, container resources through ``resize``)."""
+    store = Store()
+    await with_namespace(store)
+    po = store.resource("pods")
+    gates = [{"name": "a"}, {"name": "b"}]
+    await store.create(
+        po, pod("p", tolerations=[{"key": "k", "operator": "Exists"}], schedulingGates=gates), namespace="a"
+    )
+    allowed: list[Obj] = [
+        {"spec": {"containers": [{"name": "c", "image": "alpine"}]}},
+        {"spec": {"activeDeadlineSeconds": 60, "terminationGracePeriodSeconds": 5}},
+        {"spec": {"tolerations": [{"key": "k", "operator": "Exists"}, {"key": "x", "operator": "Exists"}]}},
+        {"spec": {"schedulingGates": [{"name": "b"}]}},
+    ]
+    for change in allowed:
+        await store.patch(po, "a", "p", change, "merge")
+    refused: list[Obj] = [
+        {"spec": {"nodeName": "n1"}},
+        {"spec": {"overhead": {"cpu": "1"}}},
+        {"spec": {"resources": {"requests": {"cpu": "100"}}}},
+        {"spec": {"priorityClassName": "high"}},
+        {"spec": {"containers": [{"name": "c", "image": "alpine", "command": ["sh"]}]}},
+        {"spec": {"containers": [{"name": "c", "image": "alpine", "resources": {"requests": {"cpu": "9"}}}]}},
+        {"spec": {"ephemeralContainers": [{"name": "e", "image": "busybox"}]}},
+        {"spec": {"tolerations": []}},
+        {"spec": {"schedulingGates": [{"name": "b"}, {"name": "c"}]}},
+    ]
+    for change in refused:
+        with pytest.raises(ApiError) as err:
+            await store.patch(po, "a", "p", change, "merge")
+        assert err.value.code == 422 and "pod updates may not change fields" in err.value.message, change
+    now = await store.get(po, "a", "p")
+    assert now["spec"]["containers"][0]["image"] == "alpine" and "nodeName" not in now["spec"]
+
+
+async def test_a_pod_is_bound_to_a_node_once_through_its_binding() -> None:
+    """``pods/binding`` (kube-apiserver's ``BindingREST``): admission sees a CREATE of the subresource with the
+    ``Binding``; the pod gets ``nodeName`` and ``PodScheduled=True`` in one write; binding it again is a 409."""
+    store = Store()
+    await with_namespace(store)
+    po = store.resource("pods")
+    await store.create(po, pod("p"), namespace="a")
+    seen: list[tuple[Operation, str | None, Obj | None]] = []
+
+    async def hook(
+        op: Operation, res: Resource, new: Obj | None, old: Obj | None, subresource: str | None = None
+    ) -> Obj | None:
+        seen.append((op, subresource, new))
+        return None
+
+    store.add_admission(po, hook)
+    bound = await store.bind(po, "a", "p", "n1")
+    assert bound["spec"]["nodeName"] == "n1"
+    assert [c["status"] for c in bound["status"]["conditions"] if c["type"] == "PodScheduled"] == ["True"]
+    ((op, sub, binding),) = seen
+    assert (op, sub) == ("CREATE", "binding") and binding is not None and binding["kind"] == "Binding"
+    assert binding["target"] == {"apiVersion": "v1", "kind": "Node", "name": "n1"}
+    with pytest.raises(ApiError) as err:
+        await store.bind(po, "a", "p", "n2")
+    assert err.value.code == 409 and 'already assigned to node "n1"' in err.value.message
+
+
 async def test_finalizers_keep_an_object_until_the_last_one_goes() -> None:
     s = Store()
     await with_namespace(s)

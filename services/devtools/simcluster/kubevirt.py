@@ -1836,15 +1836,11 @@ class KubeVirtSimulator:
                 self.pod_queue.add_after(key, self.timing(self.timing.schedule_delay) * 10, progress=False)
                 return
 
-            def bind(obj: Obj) -> None:
-                obj.setdefault("spec", {})["nodeName"] = chosen
-
-            await self._update(self.r_pods, key, bind)
-            await self._update_status(
-                self.r_pods,
-                key,
-                lambda o: set_condition(o["status"].setdefault("conditions", []), "PodScheduled", "True"),
-            )
+            try:
+                await self.store.bind(self.r_pods, key[0], key[1], chosen)
+            except ApiError as e:
+                if e.code not in (404, 409):  # (gone, or bound or deleted meanwhile: the next sync sees it)
+                    raise
             return
         if not self._pod_steps.elapsed(uid, "start", self.timing(self.timing.start_delay), key):
             return

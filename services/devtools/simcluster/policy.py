@@ -126,15 +126,12 @@ def _matches_rule(rule: Obj, op: Operation, res: Resource, subresource: str | No
         values = rule.get(field) or []
         return "*" in values or value in values
 
-    resource = f"{res.plural}/{subresource}" if subresource else res.plural
-    resources = rule.get("resources") or []
-    resource_ok = (
-        "*" in resources
-        or resource in resources
-        or (subresource is not None and f"{res.plural}/*" in resources)
-        or (subresource is not None and f"*/{subresource}" in resources)
-        or (subresource is None and "*/*" in resources)
-    )
+    def resource_matches(entry: str) -> bool:  # (the API server's rules.Matcher: "pods/*" is pods and its
+        # subresources, "*" every main resource and no subresource, "*/*" everything)
+        name, _, sub = entry.partition("/")
+        return name in ("*", res.plural) and sub in ("*", subresource or "")
+
+    resource_ok = any(resource_matches(str(entry)) for entry in rule.get("resources") or ())
     return has("apiGroups", res.group) and has("apiVersions", res.version) and has("operations", op) and resource_ok
 
 

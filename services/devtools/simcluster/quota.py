@@ -555,7 +555,7 @@ class ResourceQuotaSystem:
         self, op: Operation, res: Resource, new: Obj | None, old: Obj | None, subresource: str | None = None
     ) -> Obj | None:
         resize = op == "UPDATE" and subresource == "resize"
-        if not (op == "CREATE" or resize) or new is None:
+        if not ((op == "CREATE" and subresource is None) or resize) or new is None:
             return None
         _validate_pod_resources(new)
         pod = default_pod(new)

@@ -34,7 +34,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 
@@ -458,16 +458,45 @@ def _resources_of(pod: Obj) -> list[Any]:
     ]
 
 
-def _fixed_containers(pod: Obj) -> list[Any]:
-    """Each container as an update may not change it: all but its ``image`` (and ``resources``, see
-    :func:`_resources_of`). A launcher pod's command names its VMI for good."""
-    spec = pod.get("spec") or {}
-    return [
-        (field, {k: v for k, v in c.items() if k not in ("image", "resources")})
-        for field in ("containers", "initContainers")
-        for c in spec.get(field) or ()
-        if isinstance(c, dict)
-    ]
+_POD_SPEC_UPDATABLE: Final = (
+    "activeDeadlineSeconds",
+    "terminationGracePeriodSeconds",
+    "tolerations",
+    "schedulingGates",
+)
+"""The pod spec fields an update may change (kube-apiserver's ``ValidatePodUpdate``), besides containers' images."""
+
+
+def _fixed_pod_spec(pod: Obj) -> Obj:
+    """A pod's spec as an update may not change it (``ValidatePodUpdate``): all but its containers' and init
+    containers' ``image`` (and their ``resources``, see :func:`_resources_of`) and :data:`_POD_SPEC_UPDATABLE`,
+    whose changes are checked apart. ``nodeName`` is set only by a binding, ephemeral containers only through their
+    subresource; a launcher pod's command names its VMI for good."""
+    spec = dict(pod.get("spec") or {})
+    for field in ("containers", "initContainers"):
+        if field in spec:
+            spec[field] = [
+                {k: v for k, v in c.items() if k not in ("image", "resources")} if isinstance(c, dict) else c
+                for c in spec[field] or ()
+            ]
+    for field in _POD_SPEC_UPDATABLE:
+        spec.pop(field, None)
+    return spec
+
+
+def _pod_update_allowed(old: Obj, new: Obj) -> bool:
+    """What ``ValidatePodUpdate`` lets a plain update change: images, ``activeDeadlineSeconds``,
+    ``terminationGracePeriodSeconds``, tolerations added, scheduling gates removed (container resources only through
+    ``resize``). (Two relaxations are not modelled: a negative grace period may only become 1, and a deadline only
+    shrink; a gated pod's node selector and affinity may not be added to either.)"""
+    if _fixed_pod_spec(new) != _fixed_pod_spec(old) or _resources_of(new) != _resources_of(old):
+        return False
+    new_spec, old_spec = new.get("spec") or {}, old.get("spec") or {}
+    tolerations = new_spec.get("tolerations") or []
+    gates = old_spec.get("schedulingGates") or []
+    return all(t in tolerations for t in old_spec.get("tolerations") or ()) and all(
+        g in gates for g in new_spec.get("schedulingGates") or ()
+    )
 
 
 def _resized(old: Obj, new: Obj) -> Obj:
@@ -835,9 +864,7 @@ class Store:
                     "Forbidden: no new finalizers can be added if the object is being deleted, "
                     f"found new finalizers {added}",
                 )
-        if "resize" in res.subresources and (
-            _resources_of(new) != _resources_of(old) or _fixed_containers(new) != _fixed_containers(old)
-        ):
+        if "resize" in res.subresources and not _pod_update_allowed(old, new):
             raise _invalid(
                 res,
                 name,
@@ -995,6 +1022,44 @@ class Store:
         raw = await self._write_existing(res, namespace, name, build, subresource="status" if status else None)
         result: Obj = _decode(raw)
         return result
+
+    async def bind(self, res: Resource, namespace: str, name: str, node: str) -> Obj:
+        """``POST pods/<name>/binding``, as the scheduler binds a pod (kube-apiserver's ``BindingREST``): admission
+        sees a CREATE of the ``binding`` subresource with the ``Binding`` as its object; the pod gets ``nodeName``
+        and the condition ``PodScheduled=True`` in one write. A pod already bound, or being deleted, is a 409."""
+        info = self.info(res)
+        ns = self._scope(res, namespace)
+        async with self._lock:
+            stored = self._find(res, ns, name)
+            if stored is None:
+                raise _not_found(res, name)
+            binding: Obj = {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {"name": name, "namespace": ns},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+            }
+            await self._admit("CREATE", res, binding, None, "binding")
+            pod: Obj = _decode(stored.raw)
+            bound = (pod.get("spec") or {}).get("nodeName")
+            why = (
+                f"pod {name} is being deleted, cannot be assigned to a host"
+                if pod["metadata"].get("deletionTimestamp")
+                else f'pod {name} is already assigned to node "{bound}"'
+                if bound
+                else ""
+            )
+            if why:
+                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{name}": {why}')
+            pod.setdefault("spec", {})["nodeName"] = node
+            status = pod.setdefault("status", {})
+            others = [c for c in status.get("conditions") or () if c.get("type") != "PodScheduled"]
+            scheduled = {"type": "PodScheduled", "status": "True", "lastProbeTime": None}
+            status["conditions"] = [*others, scheduled | {"lastTransitionTime": self._now()}]
+            pod["metadata"]["resourceVersion"] = str(stored.rv)
+            result = self._commit("MODIFIED", info, ns, name, pod, stored)
+        await self._relieve()
+        return _decode(result.raw)  # type: ignore[no-any-return]
 
     async def delete(
         self,

@@ -137,6 +137,11 @@ class StoreAPI(Protocol):
         object (or None: no change). Runs admission like an update. Never 409s."""
         ...
 
+    async def bind(self, res: Resource, namespace: str, name: str, node: str) -> Obj:
+        """Bind a pod to a node (``pods/binding``, as the scheduler does): ``spec.nodeName`` can be set no other
+        way. 409 when the pod is bound already or being deleted."""
+        ...
+
     async def delete(self, res: Resource, namespace: str | None, name: str) -> Obj:
         """With finalizers: sets deletionTimestamp and returns the object; without: removes it (DELETED event)."""
         ...

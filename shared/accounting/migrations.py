@@ -28,6 +28,7 @@ from shared.quota.equation import takes
 from shared.quota.modes import VmSize, mode_usage
 from shared.resources import ResourceList, add, growth, maximum, minimum, nonzero
 from shared.snapshot import (
+    LAUNCHER_LABEL,
     PodSnapshot,
     VmimSnapshot,
     VmiSnapshot,
@@ -127,9 +128,36 @@ class Migrations(Vms):
         return _migration_entry(m, NOT_TRIED, "")  # (replaced by the decision)
 
     def _attached(self, pod: PodSnapshot) -> bool:
-        """Whether a pod controlled by ``pod`` exists: KubeVirt takes any such pod for its attachment pod
-        (``controller.AttachmentPods``) and creates none then."""
-        return any(p.owner_pod_uid == pod.uid for p in self.pods)
+        """Whether a pod controlled by ``pod`` exists that KubeVirt sees (labelled with the key ``kubevirt.io``, as
+        its pod informer selects): KubeVirt takes any such pod for its attachment pod (``controller.AttachmentPods``)
+        and creates none then."""
+        return any(p.owner_pod_uid == pod.uid and LAUNCHER_LABEL in p.labels for p in self.pods)
+
+    def _attachment_pods(self) -> dict[str, ResourceList]:
+        """The hotplug attachment pods beside active migrations' targets, with their charges, which room reserved for
+        them covers (``_decide_attachment``: beyond the budget, as the target's): for each target of a VMI with
+        hotplugged volumes, the oldest live pod KubeVirt sees that the target controls, if it is charged no more
+        than an attachment pod. A tenant's pod so dressed is the one KubeVirt takes (it creates none then), so the
+        room it took is the room held for KubeVirt's own; one charged more got in through other room."""
+        rendered = self.renderer.attachment_usage()
+        out: dict[str, ResourceList] = {}
+        for m in self.vmims:
+            v = self.vmi_by_name.get(m.vmi_name) if m.active and m.uid else None
+            if v is None or not v.hotplug_volumes:
+                continue
+            for target, _ in self.launchers.get(vm_key(v), ()):
+                if target.migration_job_uid != m.uid:
+                    continue
+                beside = [
+                    (p, e.charged)
+                    for p, e in zip(self.pods, self.pod_entries, strict=True)
+                    if p.owner_pod_uid == target.uid and LAUNCHER_LABEL in p.labels and e.active and e.role == NON_VM
+                ]
+                if beside:
+                    p, charged = min(beside, key=lambda pc: (pc[0].creation_timestamp or datetime.min, pc[0].name))
+                    if not nonzero(growth(charged, rendered)):
+                        out[p.uid] = charged
+        return out
 
     def _decide_attachment(self, a: Attachment) -> None:
         """Reserve the hotplug attachment pod of a migration's target: KubeVirt keeps the migration of a VMI with
@@ -297,6 +325,17 @@ class Migrations(Vms):
         over_budget = [(q, [r for r, b in q.policy.budget.items() if r in needs and q.over(r, b)]) for q in self.quotas]
         if not any(rs for _, rs in over_budget):
             return ""
+        # KubeVirt's attachment pods beside active targets got in through room held for them beyond the budget: the
+        # namespace is not over its budget by them, and they took no other pod's room (or a namespace migrating a VM
+        # with hotplugged volumes at its budget held every other migration back until that one ended)
+        beside = self._attachment_pods()
+        if beside:
+            less: ResourceList = {}
+            for charged in beside.values():
+                less = add(less, charged)
+            over_budget = [(q, [r for r in rs if q.over(r, q.policy.budget[r], less.get(r))]) for q, rs in over_budget]
+            if not any(rs for _, rs in over_budget):
+                return ""
 
         def after(p: PodSnapshot) -> bool:
             # (creation times are to the second: the same second counts; a pod created in the refusal of an earlier
@@ -307,7 +346,7 @@ class Migrations(Vms):
         taking = [
             e.charged
             for p, e in zip(self.pods, self.pod_entries, strict=True)
-            if e.role in (NON_VM, ORPHAN_LAUNCHER) and e.active and after(p) and p.uid != own
+            if e.role in (NON_VM, ORPHAN_LAUNCHER) and e.active and after(p) and p.uid != own and p.uid not in beside
         ]
         # a pod that took the room and was then adopted into a VMI (a controller reference is the tenant's to set,
         # on a running VMI or a pending one) is no plain pod any more, but it counts all the same, or the room would

@@ -124,9 +124,10 @@ class QuotaSums:
         ``X`` at all, so in the mode's terms it costs ``X / k``: a VM admitted beside it then gets in natively."""
         return self.used.get(r) + in_mode_terms(self.unvouched.get(r), self.factors.get(r))
 
-    def over(self, r: str, budget: Quantity) -> bool:
-        """A natively enforced (scaled) resource ``r`` that admission counts above its ``budget``."""
-        return self.factors.get(r) is not None and self.counted(r) > budget.nanos
+    def over(self, r: str, budget: Quantity, less: Quantity | None = None) -> bool:
+        """A natively enforced (scaled) resource ``r`` that admission counts above its ``budget`` (``less`` that
+        much, in ``U``)."""
+        return self.factors.get(r) is not None and self.counted(r) - (less.nanos if less else 0) > budget.nanos
 
     def misfits(self, u: Mapping[str, Quantity]) -> tuple[str, ...]:
         """Natively enforced budget resources that ``U + X/k + u`` would exceed."""

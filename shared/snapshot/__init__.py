@@ -29,6 +29,7 @@ from shared.snapshot.hooks import enc_hook as enc_hook
 from shared.snapshot.sharing import shared_resources as shared_resources
 from shared.snapshot.types import EVACUATION_ANNOTATION as EVACUATION_ANNOTATION
 from shared.snapshot.types import HOT_MEMORY_CHANGE as HOT_MEMORY_CHANGE
+from shared.snapshot.types import LAUNCHER_LABEL as LAUNCHER_LABEL
 from shared.snapshot.types import MIGRATION_JOB_LABEL as MIGRATION_JOB_LABEL
 from shared.snapshot.types import POD_LABELS_KEPT as POD_LABELS_KEPT
 from shared.snapshot.types import REJECTED_BY_QUOTA as REJECTED_BY_QUOTA

@@ -1832,6 +1832,9 @@ def test_a_migration_of_a_vm_with_a_hotplugged_volume_gets_room_for_its_targets_
     assert fits(usage_of(attachment), q.pods, q.hard) == [], (q.hard, q.pods)
     attached = account([*base, migration, target, attachment])
     assert [m.state for m in attached.migrations] == ["target-created"] and not attached.quotas["rq"].reserved
+    unseen = _attachment_pod(target, "not-seen", t=201)
+    unseen["metadata"]["labels"] = {}  # (KubeVirt's pod informer does not see it: it makes its own attachment pod)
+    assert [m.state for m in account([*base, migration, target, unseen]).migrations] == ["attachment-reserved"]
     scheduling = vmim_obj("m1", "vm0", phase="Scheduling")
     assert [m.state for m in account([*base, scheduling, target]).migrations] == ["target-created"]
     del vmis[0]["status"]["volumeStatus"]  # (no hotplugged volume: KubeVirt makes no attachment pod)
@@ -1904,3 +1907,31 @@ def test_a_tenants_pod_controlled_by_a_target_gets_no_room_from_its_attachment_r
     (entry,) = [e for e in u.pods if e.name == "mine"]
     assert entry.role == "non-vm" and entry.charged["limits.memory"] == Quantity.parse("4Gi")
     assert "limits.memory" in u.quotas["rq"].over_budget, "it counts, and the namespace is over its budget by it"
+
+
+def test_a_targets_attachment_pod_in_the_room_held_for_it_holds_no_other_migration_back() -> None:
+    """The attachment pod gets into room held for it beyond the budget, and counts as a plain pod: the namespace
+    is over its budget by it while vm0 migrates. A drain's migration of vm1, refused meanwhile, found the namespace
+    over its budget with a pod created after it (the attachment pod) and got no room until vm0's migration ended
+    (on a real cluster KubeVirt waits for that pod to be ready, for as long as that takes). The room held for it,
+    for a pod charged no more than an attachment pod, keeps no other migration out; a pod KubeVirt does not see (no
+    label key ``kubevirt.io``) is no attachment pod, and a look-alike charged more got in through other room."""
+    full, vmis, facts = _full_with_a_hotplugged_volume()
+    first = vmim_obj("m1", "vm0", t=150, phase="Scheduling")
+    drain = vmim_obj("m2", "vm1", t=199, rejected=True)
+    target = launcher_obj(vmis[0], facts=facts, migration_uid="mig-m1", node="n2", t=200)
+    attachment = _attachment_pod(target, "hp-volume-tgt", t=201)
+    u = account([*full, first, drain, target, attachment])
+    assert "limits.memory" in u.quotas["rq"].over_budget, "over its budget by the attachment pod"
+    assert {m.name: m.state for m in u.migrations} == {"m1": "target-created", "m2": "pending"}, u.migrations
+    unseen = copy.deepcopy(attachment)
+    unseen["metadata"]["labels"] = {}  # (KubeVirt's pod informer does not see it: it is no attachment pod)
+    u = account([*full, first, drain, target, unseen])
+    assert {m.name: m.state for m in u.migrations} == {"m1": "target-created", "m2": "waiting"}, u.migrations
+    larger = copy.deepcopy(attachment)
+    larger["spec"]["containers"][0]["resources"] = {"requests": {"memory": "4Gi"}, "limits": {"memory": "4Gi"}}
+    u = account([*full, first, drain, target, larger])
+    assert {m.name: m.state for m in u.migrations} == {"m1": "target-created", "m2": "waiting"}, u.migrations
+    later = vmim_obj("m2", "vm1", t=201, rejected=True)  # (only the look-alike is created after it)
+    u = account([*full, first, later, target, larger])
+    assert {m.name: m.state for m in u.migrations} == {"m1": "target-created", "m2": "waiting"}, u.migrations

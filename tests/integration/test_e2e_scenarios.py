@@ -122,13 +122,12 @@ async def test_a_drain_beside_a_migrating_vm_with_a_hotplugged_volume_gets_room_
         room = rl(status["hard"])["limits.memory"] - rl(status["used"])["limits.memory"]
         await p.sim.create(plain_pod(ns, "filler", {"cpu": "10m", "memory": "64Mi"}, {"memory": str(room)}))
         first = await p.migrate(ns, "vm1")
-        targets = lambda: {t["metadata"]["uid"] for t in p.target_pods(ns, first)}  # noqa: E731
-        await p.wait(
-            lambda: any(
-                r.get("uid") in targets() for o in p.pods(ns) for r in o["metadata"].get("ownerReferences", [])
-            ),
-            "vm1's target's attachment pod",
-        )
+
+        def attached() -> bool:
+            targets = {t["metadata"]["uid"] for t in p.target_pods(ns, first)}
+            return any(r.get("uid") in targets for o in p.pods(ns) for r in o["metadata"].get("ownerReferences", []))
+
+        await p.wait(attached, "vm1's target's attachment pod")
         drain = await p.migrate(ns, "vm2")
 
         def reserved_or_over() -> bool:

@@ -355,6 +355,42 @@ def growth_refused(p: Pipeline, ns: str) -> bool:
     return u is not None and any(m.state == "growth-refused" for m in u.migrations)
 
 
+def domain_vcpus(p: Pipeline, ns: str) -> int:
+    """The vCPUs the namespace's guests run with now (the simulator's truth: what virt-launcher started each live
+    launcher pod's domain with)."""
+    started = p.sim.kubevirt.domain_vcpus
+    return sum(
+        started[pod["metadata"]["uid"]]
+        for pod in p.pods(ns)
+        if pod["metadata"]["uid"] in started and phase(pod) not in ("Succeeded", "Failed")
+    )
+
+
+@pytest.mark.parametrize("guarded", open_without_the_guard("a VMI's size is KubeVirt's to change before it runs"))
+async def test_a_cpu_hotplug_before_the_vm_starts_does_not_run_unadmitted(guarded: bool) -> None:
+    """`VirtualResources`, 4 vCPUs. vm-x runs 2; vm-a (1 socket) is admitted and KubeVirt made its launcher pod,
+    for 1 vCPU, which waits for a node. The tenant raises vm-a's sockets to 4: KubeVirt's VM controller patches them
+    into the VMI whatever its phase (``handleCPUChangeRequest``), and virt-launcher starts the domain from the VMI's
+    spec, at 4 vCPUs, in a pod charged for 1, while the VMI's status keeps the size it was created with: 6 vCPUs of
+    guests on 4. With the guard a VMI that does not run yet keeps its CPU, memory and resources (the
+    ``vmquota-vmi-start-size`` policy): KubeVirt applies the change once the VMI runs, as a hotplug by migration,
+    whose growth does not fit and is refused."""
+    async with pipeline(guard=guarded) as p:
+        ns = "tenant-early-cpu"
+        await p.managed_quota(ns, "vm-budget", {"requests.cpu": "4"}, mode="VirtualResources")
+        await p.start_vm(ns, "vm-x", memory="1Gi", sockets=2)
+        p.sim.kubevirt.schedulable = set()  # (no node for vm-a's pod yet: its VMI is scheduling)
+        await p.sim.create_vm(ns, "vm-a", memory="1Gi", sockets=1)
+        await p.wait(lambda: p.vmi_phase(ns, "vm-a") == "Scheduling", "vm-a's launcher pod, waiting for a node")
+        await p.sim.hotplug(ns, "vm-a", sockets=4)  # (the tenant's VM: its template is the tenant's to edit)
+        await p.sim.wait_quiet()
+        p.sim.kubevirt.schedulable = set(p.sim.kubevirt.config.nodes)
+        await p.wait(lambda: p.vmi_phase(ns, "vm-a") == "Running", "vm-a to run")
+        await p.wait(lambda: growth_refused(p, ns), "the ledger to refuse vm-a's growth")
+        used = domain_vcpus(p, ns)
+        assert used <= 4, f"{used} vCPUs of guests on a VirtualResources budget of 4 vCPUs"
+
+
 async def test_a_hotplug_that_does_not_fit_is_refused_and_the_tenant_told_why() -> None:
     async with pipeline(cpu_allocation_ratio=4) as p:
         ns = "tenant-hot"

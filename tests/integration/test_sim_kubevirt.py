@@ -22,6 +22,7 @@ from services.devtools.simcluster.kubevirt import (
     MIGRATION_FINALIZER,
     MIGRATION_REQUIRED,
     KubeVirtTiming,
+    phase,
 )
 from services.devtools.simcluster.store_api import ApiError, Obj
 from shared.kubevirt import MEMORY_OVERHEAD_ANNOTATION, KubeVirtConfig, NamespaceFacts, render_launcher_pod
@@ -319,6 +320,34 @@ async def test_hotplug_starts_a_workload_update_migration_with_the_new_size(sim:
     assert vmi["status"]["currentCPUTopology"]["sockets"] == 2
     assert vmi["status"]["memory"]["guestCurrent"] == "2Gi"
     assert "HotVCPUChange" not in conditions(vmi) and "HotMemoryChange" not in conditions(vmi)
+
+
+async def test_a_cpu_hotplug_before_the_vm_runs_starts_the_domain_at_the_new_size_in_the_old_pod(
+    sim: SimCluster,
+) -> None:
+    """Upstream's VM controller patches raised sockets into a VMI whatever its phase (``handleCPUChangeRequest``), and
+    virt-launcher starts the domain from the VMI's spec: the guest runs 3 vCPUs in a pod made for 1, while the VMI's
+    ``status.currentCPUTopology`` keeps the size it was created with; once it runs, ``HotVCPUChange`` and a
+    workload-update migration follow, whose target carries the 3 vCPUs. Guest memory is not raised before the VMI
+    runs (memory hotplug needs a migratable VMI)."""
+    sim.kubevirt.schedulable = set()  # (the launcher pod waits for a node)
+    await sim.create_vm("t", "vm1", sockets=1, memory="1Gi")
+    await sim.wait_for_phase("t", "vm1", "Scheduling")
+    await sim.hotplug("t", "vm1", sockets=3, memory="2Gi")
+    vmi = await sim.wait_until("vmi", "t", "vm1", lambda o: o["spec"]["domain"]["cpu"]["sockets"] == 3)
+    assert vmi["spec"]["domain"]["memory"]["guest"] == "1Gi" and phase(vmi) == "Scheduling"
+    (pod,) = await sim.launcher_pods("t", "vm1")
+    assert resources_by_container(pod)["compute"]["requests"]["cpu"] == "100m", "made for 1 vCPU"
+    sim.kubevirt.schedulable = set(sim.kubevirt.config.nodes)
+    running = await sim.wait_for_phase("t", "vm1", "Running")
+    assert running["status"]["currentCPUTopology"]["sockets"] == 1
+    assert sim.kubevirt.domain_vcpus[pod["metadata"]["uid"]] == 3
+    await sim.wait_for(lambda: bool(sim.cache.list("virtualmachineinstancemigrations", "t")), what="a migration")
+    (mig,) = await sim.list_objects("vmim", "t")
+    assert mig["metadata"]["name"].startswith("kubevirt-workload-update-")
+    await sim.wait_for_phase("t", mig["metadata"]["name"], "Succeeded", kind="vmim")
+    vmi = await sim.get("vmi", "t", "vm1")
+    assert vmi["status"]["currentCPUTopology"]["sockets"] == 3 and "HotVCPUChange" not in conditions(vmi)
 
 
 async def test_a_hotplug_grows_explicit_resources_only_where_the_template_has_them(sim: SimCluster) -> None:

@@ -263,6 +263,44 @@ async def test_a_holder_vmis_size_cannot_change_while_its_room_is_reserved(sim: 
     assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", hotplug) is None, "once it holds nothing"
 
 
+async def test_a_vmi_keeps_its_size_until_it_runs_where_a_quota_is_managed(sim: SimCluster) -> None:
+    """KubeVirt's VM controller patches a CPU hotplug into a VMI whatever its phase, and virt-launcher starts the
+    domain from the spec, in a pod made for the old size: where a quota is managed, the policy refuses a change of
+    the ``cpu``, ``memory`` or ``resources`` of a VMI's domain, from anyone, until the VMI runs; its other updates,
+    its status and a VMI elsewhere are not affected."""
+    await install(sim, GUARD_POLICY.read_text())
+    sim.kubevirt.schedulable = set()  # (no node for the launcher pods: the VMIs wait, scheduling)
+    with acting_as(KUBEVIRT_CONTROLLER):
+        for name in ("vm1", "vm2"):
+            await sim.create(created_vmi(name, namespace=NS))
+    await sim.wait_for_phase(NS, "vm1", "Scheduling")
+
+    def sockets(obj: Obj) -> None:
+        obj["spec"]["domain"]["cpu"]["sockets"] = 2
+
+    assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm2", sockets) is None, "no managed quota: no rule"
+    await managed_pod_terms_quota(sim)
+    err = await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", sockets)
+    assert err is not None and err.code == 403, err
+    assert err.message == (
+        'virtualmachineinstances.kubevirt.io "vm1" is forbidden: ValidatingAdmissionPolicy '
+        "'vmquota-vmi-start-size' with binding 'vmquota-vmi-start-size' denied request: vmquota: quota vm-budget "
+        "counts VMs, and vm1 does not run yet: its launcher pod was made for the size it has, and its domain starts "
+        "from its spec, so its cpu can change once it runs (a hotplug then); retry in a moment"
+    )
+    for change in (hotplug, lambda o: o["spec"]["domain"].update(resources={"requests": {"memory": "2Gi"}})):
+        assert await update_as(sim, TENANT, "vm1", change) is not None
+        assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", change) is not None
+
+    def label(obj: Obj) -> None:
+        obj["metadata"].setdefault("labels", {})["touched"] = "yes"
+
+    assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", label) is None, "an update that keeps the size"
+    sim.kubevirt.schedulable = set(sim.kubevirt.config.nodes)
+    await sim.wait_for_phase(NS, "vm1", "Running")
+    assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", sockets) is None, "a hotplug of a running VMI"
+
+
 def sidecar(obj: Obj) -> None:
     obj["metadata"].setdefault("annotations", {})["hooks.kubevirt.io/hookSidecars"] = '[{"image": "x"}]'
 

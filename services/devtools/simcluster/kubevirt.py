@@ -260,6 +260,19 @@ def set_phase(st: Obj, new_phase: str) -> None:
     )
 
 
+VMI_NOT_STARTED: Final = frozenset({"", "Pending", "Scheduling", "Scheduled"})
+"""VMI phases before virt-handler has started the domain (it writes ``Running`` once it has)."""
+
+
+def _vcpus(cpu: Mapping[str, Any]) -> int:
+    return max(1, _int(cpu.get("sockets"))) * max(1, _int(cpu.get("cores"))) * max(1, _int(cpu.get("threads")))
+
+
+def vcpus_of(vmi: Mapping[str, Any]) -> int:
+    """The vCPUs of a VMI's spec (sockets times cores times threads)."""
+    return _vcpus((((vmi.get("spec") or {}).get("domain") or {}).get("cpu")) or {})
+
+
 def cpu_topology(cpu: Mapping[str, Any]) -> dict[str, int]:
     """``status.currentCPUTopology`` as KubeVirt writes it from a spec's ``domain.cpu``."""
     return {k: max(1, _int(cpu.get(k))) for k in ("sockets", "cores", "threads")}
@@ -593,6 +606,9 @@ class KubeVirtSimulator:
         rendered from (what the VM runs with once it moves there; a hotplug applied later needs another
         migration)."""
         self._started_once: set[str] = set()
+        self.domain_vcpus: dict[str, int] = {}
+        """Launcher pod uid → the vCPUs virt-launcher started its domain with (the VMI's spec then, not the status):
+        the ground truth of what a guest runs, for tests."""
         self._source_done: set[str] = set()
         self._kv_config: tuple[str, KubeVirtConfig] | None = None
         self._rendered: OrderedDict[tuple[str, str, str], tuple[KubeVirtConfig, NamespaceFacts, Obj]] = OrderedDict()
@@ -1044,6 +1060,8 @@ class KubeVirtSimulator:
                 await self._delete(self.r_vmis, key)
             elif p == "Running":
                 await self._hotplug(vm, vmi)
+            elif p in VMI_NOT_STARTED:
+                await self._hotplug(vm, vmi, running=False)
         await self._vm_status(vm, key, strategy)
 
     async def _start_vm(self, vm: Obj) -> None:
@@ -1102,19 +1120,25 @@ class KubeVirtSimulator:
 
         await self._update_status(self.r_vms, key, change)
 
-    async def _hotplug(self, vm: Obj, vmi: Obj) -> None:
+    async def _hotplug(self, vm: Obj, vmi: Obj, *, running: bool = True) -> None:
         """Raised sockets or guest memory on a running VM: patch the VMI, then a workload-update migration.
 
         As upstream's live-update handlers: refused while the VMI is migrating (``IsMigrating``: a migration has
         started and not ended) or another hotplug is in progress (a ``HotVCPUChange``/``HotMemoryChange``
         condition), applied otherwise, also while a migration is pending (its target, rendered from the VMI at
         KubeVirt's next try, then carries the new size). The workload-update migration waits until no migration
-        of the VMI is in flight (upstream's workload updater)."""
+        of the VMI is in flight (upstream's workload updater).
+
+        Not ``running`` (the VMI not started yet): raised sockets are patched into its spec all the same
+        (``handleCPUChangeRequest`` looks at no phase; memory needs a migratable VMI), and virt-launcher starts
+        the domain from that spec; the VMI controller marks ``HotVCPUChange`` once it runs, its status still
+        reporting the size it was created with (:meth:`_sync_cpu_change`)."""
         key = key_of(vmi)
         in_flight = any(phase(m) not in VMIM_FINAL for m in self.migrations_of(*key))
-        vmi = await self._hotplug_interfaces(vm, vmi)
+        if running:
+            vmi = await self._hotplug_interfaces(vm, vmi)
         if any(has_condition(vmi, c, "True") for c in ("HotVCPUChange", "HotMemoryChange", MIGRATION_REQUIRED)):
-            if not in_flight:
+            if not in_flight and running:
                 await self._workload_update(vm, key)
             return
         ms = status(vmi).get("migrationState")
@@ -1136,7 +1160,7 @@ class KubeVirtSimulator:
             (domain.get("memory") or {}).get("maxGuest"),
         )
         try:
-            if tguest is not None and guest is not None:
+            if tguest is not None and guest is not None and running:
                 want, have = Quantity.parse(tguest), Quantity.parse(guest)
                 if want > have and (max_guest is None or want <= Quantity.parse(max_guest)):
                     mem_delta = want - have
@@ -1184,7 +1208,7 @@ class KubeVirtSimulator:
                 del d["resources"]
 
         updated = await self._update(self.r_vmis, key, patch)
-        if updated is None:
+        if updated is None or not running:
             return
 
         def conditions(obj: Obj) -> None:
@@ -1300,6 +1324,21 @@ class KubeVirtSimulator:
                 self._vmi_steps.clear(uid, "boot")
         elif pod_phase in POD_TERMINAL:
             await self._update_status(self.r_vmis, key, lambda o: set_phase(o["status"], pod_phase))
+        if p == "Running":
+            await self._sync_cpu_change(vmi)
+
+    async def _sync_cpu_change(self, vmi: Obj) -> None:
+        """A running VMI whose spec has more sockets than its ``status.currentCPUTopology`` is marked
+        ``HotVCPUChange`` (upstream's ``requireCPUHotplug``/``syncHotplugCondition``): the workload updater then
+        migrates it, and the target carries the spec's vCPUs."""
+        want = _int((((vmi.get("spec") or {}).get("domain") or {}).get("cpu") or {}).get("sockets"))
+        have = _int((status(vmi).get("currentCPUTopology") or {}).get("sockets"))
+        if want > have > 0 and not has_condition(vmi, "HotVCPUChange", "True"):
+            await self._update_status(
+                self.r_vmis,
+                key_of(vmi),
+                lambda o: set_condition(o["status"].setdefault("conditions", []), "HotVCPUChange", "True", probe=True),
+            )
 
     def active_pods_status(self, vmi: Mapping[str, Any]) -> dict[str, str]:
         """``status.activePods`` as KubeVirt's VMI controller writes it: every pod the VMI controls, uid → node."""
@@ -1359,6 +1398,7 @@ class KubeVirtSimulator:
 
     async def _vmi_running(self, vmi: Obj, pod: Obj) -> None:
         node = str((pod.get("spec") or {}).get("nodeName") or "")
+        self.domain_vcpus[uid_of(pod)] = vcpus_of(vmi)  # (virt-launcher defines the domain from the VMI's spec)
         config = self.kubevirt_config()
         overhead = annotations_of(pod).get(MEMORY_OVERHEAD_ANNOTATION)
         pod_status = status(pod)
@@ -1709,6 +1749,8 @@ class KubeVirtSimulator:
             lab = obj.setdefault("metadata", {}).setdefault("labels", {})
             lab[NODE_NAME_LABEL] = node
             lab.pop(MIGRATION_TARGET_NODE_LABEL, None)
+
+        self.domain_vcpus[uid_of(target)] = _vcpus(cpu)
 
         await self._update(self.r_vmis, key, relabel)
         updated = await self._update_status(self.r_vmis, key, change)

@@ -669,6 +669,30 @@ async def test_a_migration_carries_kubevirts_finalizer_and_is_marked_deleted_bef
     assert seen and seen[0]["metadata"].get("deletionTimestamp"), "marked deleted first"
 
 
+async def test_a_migration_of_a_vmi_that_does_not_run_yet_waits_for_it(sim: SimCluster) -> None:
+    """virt-api admits a migration of any VMI that is not final (``migration-create-admitter``, v1.9.0), and the
+    migration controller creates its target only once the VMI runs; a finished VMI's migration is refused."""
+    sim.kubevirt.schedulable = set()  # (the launcher pod waits for a node)
+    await sim.create_vm("t", "vm1", memory="512Mi", run_strategy="Once")
+    await sim.wait_for_phase("t", "vm1", "Scheduling")
+    await sim.migrate("t", "vm1", name="early")
+    await sim.wait_for_phase("t", "early", "Pending", kind="vmim")
+    await sim.wait_quiet()
+    assert len(await sim.launcher_pods("t", "vm1")) == 1, "no target while the VMI does not run"
+    sim.kubevirt.schedulable = set(sim.kubevirt.config.nodes)
+    await sim.wait_for_phase("t", "vm1", "Running")
+    await sim.wait_for_phase("t", "early", "Succeeded", kind="vmim")
+    await sim.store.delete(sim.store.resource("vmi"), "t", "vm1")
+    await sim.create(created_vmi("done", namespace="t"))
+    await sim.wait_for_phase("t", "done", "Running")
+    await sim.store.mutate(
+        sim.store.resource("vmi"), "t", "done", lambda o: {**o, "status": {"phase": "Succeeded"}}, status=True
+    )
+    with pytest.raises(ApiError) as err:
+        await sim.migrate("t", "done")
+    assert err.value.code == 422 and "Cannot migrate VMI in finalized state." in err.value.message
+
+
 async def test_kubevirt_does_not_put_back_a_migration_finalizer_someone_took_off(sim: SimCluster) -> None:
     """Only the webhook adds the finalizer, at creation; upstream's migration controller only removes it. A
     migration whose finalizer was taken off goes at once when deleted (what the reservation guard keeps tenants

@@ -914,8 +914,12 @@ class KubeVirtSimulator:
         vmi = self.cache.get("virtualmachineinstances", ns, vmi_name)
         if vmi is None:
             raise ApiError(422, "Invalid", f'{prefix}: the VMI "{ns}/{vmi_name}" does not exist')
-        if phase(vmi) != "Running" or deleting(vmi):
-            raise ApiError(422, "Invalid", f'{prefix}: Cannot migrate VMI "{ns}/{vmi_name}": it is not running')
+        if phase(vmi) in VMI_FINAL:  # (one that does not run yet is admitted: its migration waits for it)
+            raise ApiError(422, "Invalid", f"{prefix}: Cannot migrate VMI in finalized state.")
+        for c in status(vmi).get("conditions") or ():
+            if isinstance(c, Mapping) and c.get("type") == "LiveMigratable" and c.get("status") == "False":
+                why = f"Reason: {c.get('reason', '')}, Message: {c.get('message', '')}"
+                raise ApiError(422, "Invalid", f"{prefix}: Cannot migrate VMI, {why}")
         for other in self.migrations_of(ns, vmi_name):
             if phase(other) not in VMIM_FINAL:
                 raise ApiError(
@@ -1504,6 +1508,8 @@ class KubeVirtSimulator:
             await self._update_status(self.r_vmims, key, lambda o: set_phase(o["status"], "Pending"))
             return
         if p == "Pending":
+            if target is None and phase(vmi) != "Running":
+                return  # (upstream: "target pod not created because vmi is not running"; woken by its updates)
             if target is None:
                 await self._create_target(vmim, vmi)
             elif has_hotplug_volumes(vmi):

@@ -253,6 +253,25 @@ async def test_refused_pod_is_not_stored_and_not_charged(sim: SimCluster) -> Non
     assert q["metadata"]["resourceVersion"] == synced["metadata"]["resourceVersion"]
 
 
+async def test_a_pods_overhead_is_its_runtime_classs_only(sim: SimCluster) -> None:
+    """kube-apiserver's RuntimeClass admission (before quota): ``spec.overhead`` set without a RuntimeClass is
+    refused; the simulated cluster has no RuntimeClass, so a pod naming one is refused as naming a missing one."""
+    await sim.create_quota("t", "compute", {"limits.memory": "8Gi"})
+    await sim.wait_quota_synced("t", "compute")
+    overhead = pod("o", container("c", limits={"memory": "1Gi"}))
+    overhead["spec"]["overhead"] = {"memory": "1Gi"}
+    named = pod("r", container("c", limits={"memory": "1Gi"}))
+    named["spec"]["runtimeClassName"] = "kata"
+    for refused, why in (
+        (overhead, "Pod Overhead set without corresponding RuntimeClass defined Overhead"),
+        (named, 'RuntimeClass "kata" not found'),
+    ):
+        with pytest.raises(ApiError) as err:
+            await sim.create(refused)
+        name = refused["metadata"]["name"]
+        assert (err.value.code, err.value.message) == (403, f'pods "{name}" is forbidden: pod rejected: {why}')
+
+
 async def test_spec_hard_takes_effect_only_after_the_controller_copies_it() -> None:
     async with SimCluster(speed=1.0, serve_http=False, quota_timing=QuotaTiming(sync_delay=0.3)) as sim:
         await sim.create_namespace("t")

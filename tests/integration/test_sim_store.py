@@ -286,6 +286,38 @@ async def test_deleting_a_namespace_deletes_its_objects_then_itself() -> None:
     assert [n["metadata"]["name"] for n in (await s.list(ns))[0]] == ["b"]
 
 
+@pytest.mark.parametrize(
+    ("refs", "error"),
+    [
+        ([{"apiVersion": "v1", "kind": "Pod", "name": "a"}], 'metadata.ownerReferences.uid: Invalid value: "": must'),
+        ([{"apiVersion": "kubevirt.io/", "kind": "X", "name": "a", "uid": "u"}], "version must not be empty"),
+        ([{"apiVersion": "v1", "name": "a", "uid": "u"}], "metadata.ownerReferences.kind"),
+        (
+            [
+                {"apiVersion": "v1", "kind": "Pod", "name": "a", "uid": "u1", "controller": True},
+                {"apiVersion": "v1", "kind": "Pod", "name": "b", "uid": "u2", "controller": True},
+            ],
+            'Only one reference can have Controller set to true. Found "true" in references for Pod/a and Pod/b',
+        ),
+    ],
+)
+async def test_owner_references_are_validated_as_kube_apiserver_does(refs: list[Obj], error: str) -> None:
+    """``ValidateOwnerReferences``: an apiVersion with a version, a kind, a name and a uid, one controller at most;
+    on create and on update."""
+    store = Store()
+    await with_namespace(store)
+    po = store.resource("pods")
+    owned = pod("p")
+    owned["metadata"]["ownerReferences"] = refs
+    with pytest.raises(ApiError) as err:
+        await store.create(po, owned, namespace="a")
+    assert err.value.code == 422 and error in err.value.message, err.value.message
+    await store.create(po, pod("p"), namespace="a")
+    with pytest.raises(ApiError) as err:
+        await store.patch(po, "a", "p", {"metadata": {"ownerReferences": refs}}, "merge")
+    assert err.value.code == 422 and error in err.value.message, err.value.message
+
+
 async def test_garbage_collection_follows_owner_references() -> None:
     s = Store()
     await with_namespace(s)

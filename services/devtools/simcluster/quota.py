@@ -451,6 +451,22 @@ def default_pod(pod: Obj) -> Obj:
     return pod
 
 
+def _runtime_class_admission(pod: Mapping[str, Any]) -> None:
+    """kube-apiserver's RuntimeClass admission, which runs before quota: a pod's ``spec.overhead`` is its
+    RuntimeClass's, set by the plugin; one set without a RuntimeClass is refused. The simulated cluster has no
+    RuntimeClass, so a pod that names one is refused as naming one that does not exist."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    name = meta.get("name") or meta.get("generateName") or ""
+    why = ""
+    if spec.get("runtimeClassName"):
+        why = f'RuntimeClass "{spec["runtimeClassName"]}" not found'
+    elif spec.get("overhead"):
+        why = "Pod Overhead set without corresponding RuntimeClass defined Overhead"
+    if why:
+        raise ApiError(403, "Forbidden", f'pods "{name}" is forbidden: pod rejected: {why}')
+
+
 def _validate_pod_resources(pod: Mapping[str, Any]) -> None:
     meta = pod.get("metadata") or {}
     name = meta.get("name") or meta.get("generateName") or ""
@@ -557,6 +573,8 @@ class ResourceQuotaSystem:
         resize = op == "UPDATE" and subresource == "resize"
         if not ((op == "CREATE" and subresource is None) or resize) or new is None:
             return None
+        if not resize:
+            _runtime_class_admission(new)
         _validate_pod_resources(new)
         pod = default_pod(new)
         ns = str((pod.get("metadata") or {}).get("namespace") or "")

@@ -699,6 +699,7 @@ class Store:
                 continue
             if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
                 raise _invalid(res, name_hint, f"metadata.{field}", "Invalid value: must be a map of strings")
+        self._check_owner_references(res, name_hint, meta.get("ownerReferences"))
         for field, want in (("kind", res.kind), ("apiVersion", res.api_version)):
             have = obj.get(field)
             if have is None or have == "":
@@ -709,6 +710,39 @@ class Store:
                     f"for {res.key}"
                 )
         return meta
+
+    @staticmethod
+    def _check_owner_references(res: Resource, name: str, refs: Any) -> None:
+        """kube-apiserver's ``ValidateOwnerReferences``: each reference names an ``apiVersion`` with a version, a
+        ``kind``, a ``name`` and a ``uid``, and at most one is the controller."""
+        if refs is None:
+            return
+        field = "metadata.ownerReferences"
+        if not isinstance(refs, list) or not all(isinstance(r, dict) for r in refs):
+            raise _invalid(res, name, field, "Invalid value: must be a list of objects")
+        controller = ""
+        for ref in refs:
+            version = str(ref.get("apiVersion") or "").rpartition("/")[2]
+            for key, value, why in (
+                ("apiVersion", version, "version must not be empty"),
+                ("kind", ref.get("kind"), "must not be empty"),
+                ("name", ref.get("name"), "must not be empty"),
+                ("uid", ref.get("uid"), "must not be empty"),
+            ):
+                if not value:
+                    have = str(ref.get(key) or "")
+                    raise _invalid(res, name, f"{field}.{key}", f'Invalid value: "{have}": {why}')
+            if ref.get("controller") is True:
+                this = f"{ref['kind']}/{ref['name']}"
+                if controller:
+                    raise _invalid(
+                        res,
+                        name,
+                        field,
+                        'Invalid value: Only one reference can have Controller set to true. Found "true" in '
+                        f"references for {controller} and {this}",
+                    )
+                controller = this
 
     def _validate_name(self, res: Resource, name: str) -> None:
         pattern, what = (

@@ -272,6 +272,23 @@ async def test_a_pods_overhead_is_its_runtime_classs_only(sim: SimCluster) -> No
         assert (err.value.code, err.value.message) == (403, f'pods "{name}" is forbidden: pod rejected: {why}')
 
 
+async def test_a_cross_namespace_affinity_quota_holds_only_such_pods(sim: SimCluster) -> None:
+    """``CrossNamespacePodAffinity`` (with ``pods: 0``, the documented way to forbid cross-namespace affinity) matches
+    a pod with a pod (anti-)affinity term that names namespaces or has a namespace selector; a
+    ``VolumeAttributesClass`` scope is a volume claim's and matches no pod."""
+    await sim.create_quota("t", "no-cross", {"pods": "0"}, scopes=["CrossNamespacePodAffinity"])
+    await sim.create_quota("t", "volumes", {"pods": "0"}, scopes=["VolumeAttributesClass"])
+    for name in ("no-cross", "volumes"):
+        await sim.wait_quota_synced("t", name)
+    await sim.create(pod("plain", container("c", limits={"memory": "64Mi"})))
+    crossing = pod("crossing", container("c", limits={"memory": "64Mi"}))
+    term = {"topologyKey": "kubernetes.io/hostname", "labelSelector": {}, "namespaceSelector": {}}
+    crossing["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    with pytest.raises(ApiError) as err:
+        await sim.create(crossing)
+    assert err.value.code == 403 and "exceeded quota: no-cross, requested: pods=1" in err.value.message
+
+
 async def test_spec_hard_takes_effect_only_after_the_controller_copies_it() -> None:
     async with SimCluster(speed=1.0, serve_http=False, quota_timing=QuotaTiming(sync_delay=0.3)) as sim:
         await sim.create_namespace("t")
@@ -315,9 +332,9 @@ async def test_invalid_quotas_and_pods_are_refused_naming_the_field(sim: SimClus
     assert err.value.code == 422
     assert 'ResourceQuota "bad" is invalid: spec.hard.limits.memory' in err.value.message
     with pytest.raises(ApiError) as err:
-        await sim.create_quota("t", "scoped", {"pods": "1"}, scopes=["CrossNamespacePodAffinity"])
+        await sim.create_quota("t", "scoped", {"pods": "1"}, scopes=["Unknown"])
     assert err.value.code == 422
-    assert "spec.scopes[0]: scope CrossNamespacePodAffinity is not supported" in err.value.message
+    assert "spec.scopes[0]: Unsupported value: 'Unknown'" in err.value.message
     with pytest.raises(ApiError) as err:
         await sim.create(pod("p", container("c", limits={"memory": "-1Gi"})))
     assert err.value.code == 422

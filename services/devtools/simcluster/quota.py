@@ -59,8 +59,18 @@ POD_RESOURCES: Final = frozenset(
 )
 # BACKWARD COMPATIBILITY in Kubernetes: quota on these makes every container specify them.
 VALIDATION_SET: Final = frozenset({"cpu", "memory", "requests.cpu", "requests.memory", "limits.cpu", "limits.memory"})
-POD_SCOPES: Final = ("Terminating", "NotTerminating", "BestEffort", "NotBestEffort", "PriorityClass")
-UNSUPPORTED_SCOPES: Final = ("CrossNamespacePodAffinity", "VolumeAttributesClass")
+POD_SCOPES: Final = (
+    "Terminating",
+    "NotTerminating",
+    "BestEffort",
+    "NotBestEffort",
+    "PriorityClass",
+    "CrossNamespacePodAffinity",
+    "VolumeAttributesClass",
+)
+"""The quota scopes (``VolumeAttributesClass`` is a persistent volume claim's: it matches no pod)."""
+VALUED_SCOPES: Final = ("PriorityClass", "VolumeAttributesClass")
+"""Scopes a selector may match with ``In``, ``NotIn`` and ``DoesNotExist`` (the others only with ``Exists``)."""
 SCOPE_OPERATORS: Final = ("In", "NotIn", "Exists", "DoesNotExist")
 _ZERO: Final = Quantity(0, Format.DECIMAL_SI)
 
@@ -133,7 +143,7 @@ def quota_selectors(quota: Mapping[str, Any]) -> list[ScopeSelector]:
         values = e.get("values") or []
         if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
             raise InvalidInput("expected a list of strings", f"{where}.values")
-        if name != "PriorityClass" and op != "Exists":
+        if name not in VALUED_SCOPES and op != "Exists":
             raise InvalidInput(
                 f"must be 'Exists' when scope is any of ResourceQuotaScopeTerminating, ...: {name}", where
             )
@@ -150,8 +160,6 @@ def _quoted(values: Iterable[str]) -> str:
 
 
 def _scope_name(raw: object, where: str) -> str:
-    if raw in UNSUPPORTED_SCOPES:
-        raise InvalidInput(f"scope {raw} is not supported by the simulated cluster", where)
     if raw not in POD_SCOPES:
         raise InvalidInput(f"Unsupported value: {raw!r}: supported values: {_quoted(POD_SCOPES)}", where)
     return str(raw)
@@ -210,6 +218,23 @@ def pod_matches_scope(sel: ScopeSelector, pod: Mapping[str, Any]) -> bool:
         if sel.operator == "In":
             return pc in sel.values
         return pc not in sel.values
+    if sel.scope == "CrossNamespacePodAffinity":
+        return _cross_namespace_affinity(spec)
+    return False
+
+
+def _cross_namespace_affinity(spec: Mapping[str, Any]) -> bool:
+    """``usesCrossNamespacePodAffinity``: a pod (anti-)affinity term, required or preferred, that names namespaces or
+    has a namespace selector."""
+    affinity = spec.get("affinity") or {}
+    for kind in ("podAffinity", "podAntiAffinity"):
+        terms = affinity.get(kind) or {}
+        required = terms.get("requiredDuringSchedulingIgnoredDuringExecution") or []
+        preferred = [
+            w.get("podAffinityTerm") or {} for w in terms.get("preferredDuringSchedulingIgnoredDuringExecution") or []
+        ]
+        if any(t.get("namespaces") or t.get("namespaceSelector") is not None for t in (*required, *preferred)):
+            return True
     return False
 
 

@@ -97,7 +97,7 @@ async def test_a_vm_with_a_hotplugged_volume_migrates_where_less_than_a_launcher
         owned = [(o, r) for o in p.pods(ns) for r in o["metadata"].get("ownerReferences", [])]
         targets = {t["metadata"]["uid"] for t in p.target_pods(ns, name)}
         attached = [o for o, r in owned if r.get("kind") == "Pod" and r.get("uid") in targets]
-        assert [o["metadata"]["labels"] for o in attached] == [{"kubevirt.io": "hotplug-disk"}]
+        assert [o["metadata"]["labels"]["kubevirt.io"] for o in attached] == ["hotplug-disk"]
         await p.wait_hard(ns, "compute", rl({"limits.memory": "64Gi"}), "hard back to the budget")
 
 

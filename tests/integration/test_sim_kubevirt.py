@@ -502,7 +502,11 @@ async def test_a_migration_of_a_vmi_with_a_hotplugged_volume_waits_for_its_targe
             for r in p["metadata"].get("ownerReferences", [])
         )
     ]
-    assert [p["metadata"]["labels"] for p in attached] == [{"kubevirt.io": "hotplug-disk"}]
+    mig = await sim.get("vmim", "t", "mig1")
+    assert [p["metadata"]["labels"] for p in attached] == [
+        {"kubevirt.io": "hotplug-disk", "kubevirt.io/migrationJobUID": mig["metadata"]["uid"]}
+    ], "createAttachmentPod labels it with its migration"
+    assert attached[0]["metadata"]["annotations"]["kubevirt.io/migrationJobName"] == "mig1"
     assert attached[0]["spec"]["nodeName"] == target["spec"]["nodeName"], "beside its target"
 
 

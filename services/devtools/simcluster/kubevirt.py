@@ -1650,6 +1650,10 @@ class KubeVirtSimulator:
         if self._blocked("vmim", key, self.migration_queue):
             return
         pod = attachment_pod(target, self.kubevirt_config(), image=self.image(self.kubevirt_config()))
+        # (as createAttachmentPod: the migration's label and name on it; its label kubevirt.io: hotplug-disk keeps it
+        # from being taken for the target, which listMatchingTargetPods wants labelled virt-launcher)
+        pod["metadata"].setdefault("labels", {})[MIGRATION_JOB_LABEL] = uid_of(vmim)
+        pod["metadata"].setdefault("annotations", {})[MIGRATION_JOB_NAME_ANNOTATION] = key[1]
         try:
             await self.store.create(self.r_pods, pod, namespace=key[0])
         except ApiError as e:

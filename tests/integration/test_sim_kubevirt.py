@@ -21,6 +21,7 @@ from services.devtools.simcluster.kubevirt import (
     FAIL_START_ANNOTATION,
     MIGRATION_FINALIZER,
     MIGRATION_REQUIRED,
+    VMI_FINALIZER,
     KubeVirtTiming,
     phase,
 )
@@ -671,6 +672,37 @@ async def test_a_migration_carries_kubevirts_finalizer_and_is_marked_deleted_bef
     await sim.store.delete(sim.store.resource("vmim"), "t", "mig1")
     await sim.wait_for(lambda: sim.peek("vmim", "t", "mig1") is None, what="the migration let go")
     assert seen and seen[0]["metadata"].get("deletionTimestamp"), "marked deleted first"
+
+
+async def test_a_deleted_vmi_outlives_its_pods_which_kubevirt_deletes(sim: SimCluster) -> None:
+    """virt-api puts ``kubevirt.io/foregroundDeleteVirtualMachine`` on every VMI; a deleted VMI stays until KubeVirt
+    has deleted the pods it controls (``deleteAllMatchingPods``), turns ``Succeeded``, and then lets it go. Deleted
+    with orphan propagation, the garbage collector first takes the VMI's controller reference off its pods, which
+    stay."""
+    await sim.create_vm("t", "vm1", memory="512Mi", run_strategy="Once")
+    vmi = await sim.wait_for_phase("t", "vm1", "Running")
+    assert VMI_FINALIZER in vmi["metadata"]["finalizers"]
+    (pod,) = await sim.launcher_pods("t", "vm1")
+    seen: list[tuple[str, str, str]] = []
+    sim.store.on_change(
+        lambda t, r, o: (
+            seen.append((r.plural, t, str((o.get("status") or {}).get("phase") or "")))
+            if r.plural in ("pods", "virtualmachineinstances")
+            else None
+        )
+    )
+    await sim.store.delete(sim.store.resource("vmi"), "t", "vm1")
+    await sim.wait_for(lambda: sim.peek("vmi", "t", "vm1") is None, what="the VMI let go")
+    order = [(kind, t, ph) for kind, t, ph in seen if t == "DELETED" or ph == "Succeeded"]
+    assert order[0][:2] == ("pods", "DELETED") and order[-1] == ("virtualmachineinstances", "DELETED", "Succeeded")
+    assert sim.peek("pods", "t", pod["metadata"]["name"]) is None
+    await sim.create_vm("t", "vm2", memory="512Mi", run_strategy="Once")
+    await sim.wait_for_phase("t", "vm2", "Running")
+    (kept,) = await sim.launcher_pods("t", "vm2")
+    await sim.store.delete(sim.store.resource("vmi"), "t", "vm2", propagation="Orphan")
+    await sim.wait_for(lambda: sim.peek("vmi", "t", "vm2") is None, what="the VMI let go")
+    after = sim.peek("pods", "t", kept["metadata"]["name"])
+    assert after is not None and "ownerReferences" not in after["metadata"] and phase(after) == "Running"
 
 
 async def test_a_migration_of_a_vmi_that_does_not_run_yet_waits_for_it(sim: SimCluster) -> None:

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 import yaml
 
-from services.devtools.simcluster.auth import ADMIN, KUBEVIRT_CONTROLLER, UserInfo, acting_as
+from services.devtools.simcluster.auth import ADMIN, GARBAGE_COLLECTOR, KUBEVIRT_CONTROLLER, UserInfo, acting_as
 from services.devtools.simcluster.cluster import SimCluster
 from services.devtools.simcluster.kubevirt import MIGRATION_FINALIZER
 from services.devtools.simcluster.policy import MAX_MESSAGE_EXPRESSION_BYTES, _matches_rule
@@ -39,8 +39,7 @@ from tests.builders import created_vmi
 
 ROOT = Path(__file__).resolve().parents[2]
 GUARD_POLICY = ROOT / "deploy" / "components" / "reservation-guard" / "policy.yaml"
-COLLECTOR = UserInfo("system:serviceaccount:kube-system:generic-garbage-collector")
-"""kube-controller-manager's garbage collector (with --use-service-account-credentials)."""
+COLLECTOR = GARBAGE_COLLECTOR
 NS = "t1"
 TENANT = UserInfo("mallory", tenant_of=frozenset({NS}))
 

@@ -48,6 +48,12 @@ KUBEVIRT_CONTROLLER: Final = UserInfo(
 )
 """The identity KubeVirt's virt-controller creates launcher and migration target pods with."""
 CONTROLLER_MANAGER: Final = UserInfo("system:kube-controller-manager", ("system:authenticated",))
+GARBAGE_COLLECTOR: Final = UserInfo(
+    "system:serviceaccount:kube-system:generic-garbage-collector",
+    ("system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"),
+)
+"""kube-controller-manager's garbage collector (with ``--use-service-account-credentials``): it takes an orphaned
+owner's references off its dependents."""
 
 _CURRENT: ContextVar[UserInfo] = ContextVar("simcluster_user", default=CONTROLLER_MANAGER)
 

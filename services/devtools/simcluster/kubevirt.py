@@ -201,6 +201,9 @@ def phase(obj: Mapping[str, Any]) -> str:
 
 
 MIGRATION_FINALIZER: Final = "kubevirt.io/migrationJobFinalize"
+VMI_FINALIZER: Final = "kubevirt.io/foregroundDeleteVirtualMachine"
+"""virt-api puts it on every VMI it admits; the VMI controller takes it off a deleted VMI once the pods it controls
+are gone."""
 """The finalizer KubeVirt's migration controller puts on a migration it syncs, and takes off once it is deleted."""
 
 
@@ -865,6 +868,9 @@ class KubeVirtSimulator:
             st["currentCPUTopology"] = cpu_topology(cpu)
         set_phase(st, "Pending")
         out["status"] = st
+        metadata = out.setdefault("metadata", {})
+        if VMI_FINALIZER not in (metadata.get("finalizers") or []):
+            metadata["finalizers"] = [*(metadata.get("finalizers") or []), VMI_FINALIZER]
         return out
 
     async def _admit_vmi(
@@ -1301,7 +1307,10 @@ class KubeVirtSimulator:
     # ---- VMI controller --------------------------------------------------------------------------------------
     async def _sync_vmi(self, key: Key) -> None:
         vmi = self.cache.get("virtualmachineinstances", *key)
-        if vmi is None or deleting(vmi):
+        if vmi is None:
+            return
+        if deleting(vmi):
+            await self._sync_deleted_vmi(vmi)
             return
         uid = uid_of(vmi)
         p = phase(vmi)
@@ -1330,6 +1339,32 @@ class KubeVirtSimulator:
             await self._update_status(self.r_vmis, key, lambda o: set_phase(o["status"], pod_phase))
         if p == "Running":
             await self._sync_cpu_change(vmi)
+
+    async def _sync_deleted_vmi(self, vmi: Obj) -> None:
+        """A VMI being deleted (``lifecycle.go``): KubeVirt deletes the pods it controls (``deleteAllMatchingPods``),
+        the VMI turns final once none is left (``Succeeded`` once running: virt-handler shut its domain down), and
+        KubeVirt's finalizer goes once no pod it controls exists (``allPodsDeleted``), and the VMI with it. A pod
+        whose controller reference the garbage collector took off (the VMI deleted with orphan propagation) is
+        not the VMI's any more."""
+        key = key_of(vmi)
+        controlled = self.pods_of(vmi)
+        for pod in controlled:
+            if not deleting(pod) or phase(pod) in POD_TERMINAL:
+                await self._delete(self.r_pods, key_of(pod))
+        if controlled:
+            return  # (woken by their deletion)
+        if phase(vmi) not in VMI_FINAL:
+            done = "Succeeded" if phase(vmi) == "Running" else "Failed"
+            await self._update_status(self.r_vmis, key, lambda o: set_phase(o["status"], done))
+            return
+        if VMI_FINALIZER in (meta(vmi).get("finalizers") or []):
+            await self._update(
+                self.r_vmis,
+                key,
+                lambda o: o["metadata"].update(
+                    finalizers=[f for f in o["metadata"].get("finalizers") or [] if f != VMI_FINALIZER]
+                ),
+            )
 
     async def _sync_cpu_change(self, vmi: Obj) -> None:
         """A running VMI whose spec has more sockets than its ``status.currentCPUTopology`` is marked

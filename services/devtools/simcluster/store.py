@@ -38,6 +38,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+from services.devtools.simcluster.auth import GARBAGE_COLLECTOR, acting_as
 from services.devtools.simcluster.patch import json_patch, merge_patch, strategic_merge_patch
 from services.devtools.simcluster.registry import DEFAULT_REGISTRY, Registry, ResourceInfo, format_time
 from services.devtools.simcluster.selectors import (
@@ -1157,6 +1158,9 @@ class Store:
         await self._admit("DELETE", res, None, old)
         if res.plural == "namespaces" and not res.group:
             return await self._delete_namespace(info, name, stored, old)
+        if not collect and self.garbage_collection:
+            await self._orphan_dependents(stored.uid)
+            stored = self._find(res, ns, name) or stored
         if stored.finalizers:
             new: Obj = _decode(stored.raw)
             new["metadata"]["deletionTimestamp"] = self._now()
@@ -1195,6 +1199,28 @@ class Store:
         result = self._commit("DELETED", self.info(ns_res), "", name, obj, stored)
         await self._after_removal(ns_res, "", stored.uid)
         return result.raw
+
+    async def _orphan_dependents(self, uid: str) -> None:
+        """The garbage collector's orphaning (``propagationPolicy: Orphan``): it takes the owner's references off
+        each dependent, as its own identity (admission sees it so), before the owner goes."""
+
+        def without(stored: _Stored) -> Obj | None:
+            obj: Obj = _decode(stored.raw)
+            refs = obj["metadata"].get("ownerReferences") or []
+            kept = [r for r in refs if not (isinstance(r, dict) and r.get("uid") == uid)]
+            if len(kept) == len(refs):
+                return None
+            if kept:
+                obj["metadata"]["ownerReferences"] = kept
+            else:
+                obj["metadata"].pop("ownerReferences", None)
+            obj["metadata"]["resourceVersion"] = str(stored.rv)
+            return obj
+
+        for key, dns, dname in sorted(self._dependents.get(uid, ())):
+            # (gone meanwhile, or refused: the collector would retry later)
+            with acting_as(GARBAGE_COLLECTOR), contextlib.suppress(ApiError):
+                await self._write_existing(self.registry.resource(key), dns, dname, without, subresource=None)
 
     async def _after_removal(self, res: Resource, ns: str, uid: str, *, collect: bool = True) -> None:
         if ns:

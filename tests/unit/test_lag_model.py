@@ -32,8 +32,9 @@ interleaved in any order, with vmquota's own pure code deciding ``spec.hard``.
   (``guard.carried``), as ``services/enforcer/service.py`` does; then it nudges admitted VMIs KubeVirt was refused;
 * **the tenant**: VMIs, plain pods of any size and of exactly the room it sees (``status.hard - status.used``),
   pods with forged launcher labels, with a controller reference to its VMIs (KubeVirt adopts them into
-  ``status.activePods``), with a migration's label, migrations, hotplugs (memory, CPU, an SR-IOV interface, which
-  KubeVirt plugs only by a migration: ``status.interfaces`` names it once the target rendered with it took over),
+  ``status.activePods``), with a migration's label, migrations (of VMs not running yet too), hotplugs (memory, CPU,
+  an SR-IOV interface, which KubeVirt plugs only by a migration: ``status.interfaces`` names it once the target
+  rendered with it took over),
   forged refusal Events, pod deletions and in-place resizes (``pods/resize``), VM stops and restarts (the same name,
   a new uid), migration deletions with or without KubeVirt's finalizer, and deletions of a migration's target pod.
 
@@ -1140,9 +1141,18 @@ class Cluster:
             self.adopting = self.adopting or KUBEVIRT_POD_LABEL in labels
         self.tenant_pod(requests, prefix="forged", labels=labels, ownerReferences=[ref])
 
-    def tenant_migrate(self, index: int) -> None:
-        """A migration (KubeVirt's webhook: of a running VMI with no migration in flight)."""
-        vmi = self.pick([v for v in self.running() if not self.migrations_of(v)], index)
+    def tenant_migrate(self, index: int, *, starting: bool = False) -> None:
+        """A migration (KubeVirt's webhook: of a VMI that is not final with no migration in flight): of a running
+        VMI, or (``starting``) of one that does not run yet, whose target KubeVirt creates once it runs."""
+        if starting:
+            candidates = [
+                v
+                for v in self.of_kind(VMI_KIND)
+                if v["status"]["phase"] in ("Pending", "Scheduling") and not self.deleting(v)
+            ]
+        else:
+            candidates = self.running()
+        vmi = self.pick([v for v in candidates if not self.migrations_of(v)], index)
         if vmi is not None:
             self.put(vmim_obj(self.fresh("mig"), name_of(vmi), t=self.tick()))
 
@@ -1579,6 +1589,11 @@ class LagModel(RuleBasedStateMachine):
     def migrate_again(self, index: int) -> None:
         """(a second rule: migrations are what the model is about)"""
         self.c.tenant_migrate(index)
+
+    @precondition(lambda self: any(v["status"]["phase"] == "Pending" for v in self.c.objs[VMI_KIND].values()))
+    @rule(index=st.integers(0, 5))
+    def migrate_a_vm_not_running_yet(self, index: int) -> None:
+        self.c.tenant_migrate(index, starting=True)
 
     @precondition(_running)
     @rule(index=st.integers(0, 5), extra_mib=st.sampled_from([0, 256, 1024]), extra_cpus=st.integers(0, 1))

@@ -201,10 +201,11 @@ def phase(obj: Mapping[str, Any]) -> str:
 
 
 MIGRATION_FINALIZER: Final = "kubevirt.io/migrationJobFinalize"
+"""The finalizer virt-api puts on every new migration; the migration controller takes it off a deleted one once it
+is final."""
 VMI_FINALIZER: Final = "kubevirt.io/foregroundDeleteVirtualMachine"
 """virt-api puts it on every VMI it admits; the VMI controller takes it off a deleted VMI once the pods it controls
 are gone."""
-"""The finalizer KubeVirt's migration controller puts on a migration it syncs, and takes off once it is deleted."""
 
 
 def deleting(obj: Mapping[str, Any]) -> bool:

@@ -391,6 +391,50 @@ async def test_a_cpu_hotplug_before_the_vm_starts_does_not_run_unadmitted(guarde
         assert used <= 4, f"{used} vCPUs of guests on a VirtualResources budget of 4 vCPUs"
 
 
+@pytest.mark.parametrize("guarded", open_without_the_guard("a VMI's size is KubeVirt's to change while it migrates"))
+async def test_a_cpu_hotplug_while_a_migration_target_waits_does_not_run_unadmitted(guarded: bool) -> None:
+    """`VirtualResources`, 4 vCPUs: vm-x runs 2, vm-a 1. The tenant migrates vm-a; KubeVirt makes the target pod for
+    1 vCPU, which waits for a node (the migration has not started, so KubeVirt does not hold hotplugs back). The
+    tenant raises vm-a's sockets to 4: KubeVirt patches them into the VMI, and the migration's end gives the target's
+    domain the spec's 4 vCPUs (``finalizeMigration``, ``hotplugCPU``) in a pod charged for 1: 6 vCPUs of guests on
+    4. With the guard a VMI with a second pod, or a migration in flight, keeps its size (``vmquota-vmi-start-size``):
+    KubeVirt applies the change once the migration is over, as a hotplug by migration, whose growth does not fit."""
+    async with pipeline(guard=guarded) as p:
+        ns = "tenant-migrating-cpu"
+        await p.managed_quota(ns, "vm-budget", {"requests.cpu": "4"}, mode="VirtualResources")
+        await p.start_vm(ns, "vm-x", memory="1Gi", sockets=2)
+        await p.start_vm(ns, "vm-a", memory="1Gi", sockets=1)
+        p.sim.kubevirt.schedulable = set()  # (the target waits for a node: the migration has not started)
+        first = await p.migrate(ns, "vm-a")
+        await p.wait(lambda: bool(p.target_pods(ns, first)), "vm-a's target pod, made for 1 vCPU")
+        await p.wait(lambda: len(vmi_of(p, ns, "vm-a")["status"].get("activePods") or {}) == 2, "KubeVirt to list it")
+        await p.sim.hotplug(ns, "vm-a", sockets=4)  # (the tenant's VM: its template is the tenant's to edit)
+        await p.sim.wait_quiet()
+        p.sim.kubevirt.schedulable = set(p.sim.kubevirt.config.nodes)
+        await p.wait_migration(ns, first)
+        await p.wait(lambda: vmi_sockets(p, ns, "vm-a") == 4, "KubeVirt to apply the CPU change")
+        await p.wait(
+            lambda: growth_refused(p, ns) or status_sockets(p, ns, "vm-a") == 4, "the change refused or carried out"
+        )
+        await p.sim.wait_quiet()
+        used = domain_vcpus(p, ns)
+        assert used <= 4, f"{used} vCPUs of guests on a VirtualResources budget of 4 vCPUs"
+
+
+def vmi_of(p: Pipeline, ns: str, name: str) -> Obj:
+    vmi = p.sim.peek("vmi", ns, name)
+    assert vmi is not None, f"VMI {ns}/{name} is gone"
+    return vmi
+
+
+def vmi_sockets(p: Pipeline, ns: str, name: str) -> int:
+    return int(vmi_of(p, ns, name)["spec"]["domain"]["cpu"]["sockets"])
+
+
+def status_sockets(p: Pipeline, ns: str, name: str) -> int:
+    return int((vmi_of(p, ns, name)["status"].get("currentCPUTopology") or {}).get("sockets") or 0)
+
+
 async def test_a_hotplug_that_does_not_fit_is_refused_and_the_tenant_told_why() -> None:
     async with pipeline(cpu_allocation_ratio=4) as p:
         ns = "tenant-hot"

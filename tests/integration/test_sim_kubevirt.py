@@ -351,6 +351,29 @@ async def test_a_cpu_hotplug_before_the_vm_runs_starts_the_domain_at_the_new_siz
     assert vmi["status"]["currentCPUTopology"]["sockets"] == 3 and "HotVCPUChange" not in conditions(vmi)
 
 
+async def test_a_cpu_hotplug_after_a_target_was_made_is_carried_out_at_the_migrations_end(sim: SimCluster) -> None:
+    """A migration whose target pod was made for 1 vCPU has not started; the VM's sockets are raised to 3, which
+    KubeVirt patches into the VMI (it is not migrating yet). At the migration's end virt-handler gives the target's
+    domain the spec's vCPUs whatever its pod was made for (``finalizeMigration``: ``hotplugCPU``), writes them into
+    ``currentCPUTopology`` and takes ``HotVCPUChange`` off."""
+    await sim.create_vm("t", "vm1", sockets=1, memory="1Gi")
+    await sim.wait_for_phase("t", "vm1", "Running")
+    sim.kubevirt.schedulable = set()  # (the target waits for a node)
+    await sim.migrate("t", "vm1", name="mig1")
+    await sim.wait_for(lambda: len(sim.cache.list("pods", "t")) == 2, what="the target pod")
+    await sim.hotplug("t", "vm1", sockets=3)
+    await sim.wait_until("vmi", "t", "vm1", lambda o: o["spec"]["domain"]["cpu"]["sockets"] == 3)
+    sim.kubevirt.schedulable = set(sim.kubevirt.config.nodes)
+    await sim.wait_for_phase("t", "mig1", "Succeeded", kind="vmim")
+    target = next(
+        p for p in await sim.launcher_pods("t", "vm1") if "kubevirt.io/migrationJobUID" in p["metadata"]["labels"]
+    )
+    assert resources_by_container(target)["compute"]["requests"]["cpu"] == "100m", "made for 1 vCPU"
+    assert sim.kubevirt.domain_vcpus[target["metadata"]["uid"]] == 3
+    vmi = await sim.get("vmi", "t", "vm1")
+    assert vmi["status"]["currentCPUTopology"]["sockets"] == 3 and "HotVCPUChange" not in conditions(vmi)
+
+
 async def test_a_hotplug_grows_explicit_resources_only_where_the_template_has_them(sim: SimCluster) -> None:
     """Upstream's VMICPUsPatch and memory hotplug: the CPU request and limit grow by the added vCPUs / ratio (100m
     each at 10) only where the VM's template has them, so a request virt-api copied from the limit stays; the

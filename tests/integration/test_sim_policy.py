@@ -297,6 +297,23 @@ async def test_a_vmi_keeps_its_size_until_it_runs_where_a_quota_is_managed(sim: 
     assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", label) is None, "an update that keeps the size"
     sim.kubevirt.schedulable = set(sim.kubevirt.config.nodes)
     await sim.wait_for_phase(NS, "vm1", "Running")
+    await sim.wait_quiet()
+
+    def migrating(obj: Obj) -> None:  # (KubeVirt's hand-off: the migration not completed; a second pod listed in
+        # status.activePods counts the same: tests/integration/test_e2e_adversary.py -k migration_target_waits)
+        obj["status"]["migrationState"] = {"migrationUid": "m1", "targetPod": "target"}
+
+    def ended(obj: Obj) -> None:
+        obj["status"]["migrationState"]["completed"] = True
+
+    assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", migrating, status=True) is None
+    err = await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", sockets)
+    assert (
+        err is not None
+        and err.code == 403
+        and "vm1 migrates: its target pod was made for the size it has" in (err.message)
+    ), err
+    assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", ended, status=True) is None
     assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", sockets) is None, "a hotplug of a running VMI"
 
 

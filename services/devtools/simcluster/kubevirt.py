@@ -1752,7 +1752,10 @@ class KubeVirtSimulator:
 
     async def _complete(self, vmim: Obj, vmi: Obj, target: Obj) -> None:
         """The migration finished: the VMI moves to the target; the sizes its target was rendered at become current
-        (a hotplug applied since keeps its condition, and the workload updater migrates again)."""
+        (a memory hotplug applied since keeps its condition, and the workload updater migrates again). A CPU hotplug
+        is carried out whatever the target was rendered for, as virt-handler's ``finalizeMigration`` does
+        (``hotplugCPU``: with ``HotVCPUChange`` set, the domain gets the spec's vCPUs, ``currentCPUTopology``
+        follows the spec and the condition goes; only dedicated CPUs are checked against the pod)."""
         key = key_of(vmi)
         node = str((target.get("spec") or {}).get("nodeName") or "")
         source = self.launcher_of(vmi)
@@ -1760,6 +1763,9 @@ class KubeVirtSimulator:
         now_cpu, now_guest = spec_domain.get("cpu") or {}, (spec_domain.get("memory") or {}).get("guest")
         now_ifaces = interface_names(vmi)
         cpu, guest, ifaces = self._target_sizes.get(uid_of(vmim), (now_cpu, now_guest, now_ifaces))
+        hot_cpu = has_condition(vmi, "HotVCPUChange", "True")
+        if hot_cpu:
+            cpu = now_cpu
         caught_up = cpu == now_cpu and guest == now_guest
         # what the target was rendered with, and what was plugged in place meanwhile (a bridge interface)
         listed = listed_interfaces(vmi)
@@ -1785,8 +1791,9 @@ class KubeVirtSimulator:
                     mem["memoryOverhead"] = Quantity.parse(overhead).with_format(Format.BINARY_SI).canonical()
             st["interfaces"] = interfaces_status(ifaces, pod_ip)
             conds = st.setdefault("conditions", [])
-            if caught_up:
+            if caught_up or hot_cpu:
                 remove_condition(conds, "HotVCPUChange")
+            if caught_up:
                 remove_condition(conds, "HotMemoryChange")
             if plugged:
                 remove_condition(conds, MIGRATION_REQUIRED)

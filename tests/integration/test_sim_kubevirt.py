@@ -506,12 +506,15 @@ async def test_a_migration_of_a_vmi_with_a_hotplugged_volume_waits_for_its_targe
     await sim.wait_for(lambda: (t := target_of()) is not None and t["status"].get("phase") == "Running", what="target")
     refused: list[Obj] = []
 
-    async def attachment_refused() -> bool:
-        refused[:] = await sim.events("t", "mig1", reason="FailedCreate")
+    async def attachment_refused() -> bool:  # (an Event on the VMI, as createAttachmentPod records it)
+        events = await sim.events("t", "vm1", reason="FailedCreate")
+        refused[:] = [e for e in events if "Error creating attachment pod: " in e["message"]]
         return bool(refused)
 
     await wait_until(attachment_refused, what="the attachment pod refused")
-    assert "Error creating attachment pod: " in refused[0]["message"] and "exceeded quota" in refused[0]["message"]
+    assert (
+        refused[0]["involvedObject"]["kind"] == "VirtualMachineInstance" and "exceeded quota" in refused[0]["message"]
+    )
     mig = await sim.get("vmim", "t", "mig1")
     assert mig["status"]["phase"] == "Pending", "KubeVirt goes on only once the attachment pod runs"
     await sim.set_quota_hard("t", "compute", {"limits.memory": "64Gi"})
@@ -627,7 +630,8 @@ async def test_no_target_is_created_while_the_vmi_has_two_active_pods_one_of_the
                 "ownerReferences": [owner],
                 "finalizers": ["t/hold"],
             },
-            "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+            # (its containers run on for its grace period once it is deleted)
+            "spec": {"containers": [{"name": "c", "image": "busybox"}], "terminationGracePeriodSeconds": 3600},
         }
     )
     await sim.wait_until("pods", "t", "extra", lambda o: o["status"].get("phase") == "Running")
@@ -681,6 +685,24 @@ async def test_kubevirt_sees_only_pods_with_the_label_key_kubevirt_io(sim: SimCl
     assert list(running["status"]["activePods"]) == [(await sim.get("pods", "t", "tiny"))["metadata"]["uid"]]
 
 
+async def test_validating_admission_sees_a_migration_as_virt_apis_mutator_made_it(sim: SimCluster) -> None:
+    """virt-api's create mutator is a mutating webhook: validating admission (policies, virt-api's validator) sees
+    the new migration with its ``kubevirt.io/vmi-name`` label and KubeVirt's finalizer already on."""
+    seen: list[Obj] = []
+
+    async def look(op: str, res: Any, new: Obj | None, old: Obj | None, sub: str | None = None) -> Obj | None:
+        if op == "CREATE" and new is not None:
+            seen.append(copy.deepcopy(new["metadata"]))
+        return None
+
+    sim.store.add_admission(sim.store.resource("vmim"), look, first=True)  # (as admission policies run)
+    await sim.create_vm("t", "vm1", memory="512Mi")
+    await sim.wait_for_phase("t", "vm1", "Running")
+    await sim.migrate("t", "vm1", name="mig1")
+    ((meta,),) = [seen]
+    assert meta["labels"]["kubevirt.io/vmi-name"] == "vm1" and MIGRATION_FINALIZER in meta["finalizers"]
+
+
 async def test_a_migration_carries_kubevirts_finalizer_and_is_marked_deleted_before_it_goes(sim: SimCluster) -> None:
     """virt-api's webhook puts ``kubevirt.io/migrationJobFinalize`` on a migration as it is created
     (``migration-create-mutator``): its deletion is first an update with ``deletionTimestamp``, then the
@@ -728,6 +750,51 @@ async def test_a_deleted_vmi_outlives_its_pods_which_kubevirt_deletes(sim: SimCl
     assert after is not None and "ownerReferences" not in after["metadata"] and phase(after) == "Running"
 
 
+async def test_a_deleted_vmi_whose_pod_a_finalizer_holds_is_final_and_its_pod_ends_after_its_grace(
+    sim: SimCluster,
+) -> None:
+    """A finalizer of the tenant's on the launcher pod keeps the pod, not the guest: the deleted VMI turns final once
+    its pods are deleted (virt-handler shut the domain down), the kubelet ends the pod at the end of its grace period,
+    and KubeVirt lets the VMI go once the pod is gone."""
+    await sim.create_vm("t", "vm1", memory="512Mi", run_strategy="Once")
+    await sim.wait_for_phase("t", "vm1", "Running")
+    (pod,) = await sim.launcher_pods("t", "vm1")
+    pods = sim.store.resource("pods")
+    name = pod["metadata"]["name"]
+    await sim.store.patch(pods, "t", name, {"metadata": {"finalizers": ["example.com/hold"]}}, "merge")
+    await sim.store.delete(sim.store.resource("vmi"), "t", "vm1")
+    vmi = await sim.wait_until("vmi", "t", "vm1", lambda o: phase(o) == "Succeeded")
+    assert vmi["metadata"].get("deletionTimestamp") and VMI_FINALIZER in vmi["metadata"]["finalizers"]
+    await sim.wait_until("pods", "t", name, lambda o: phase(o) == "Succeeded")
+    await sim.store.patch(pods, "t", name, {"metadata": {"finalizers": None}}, "merge")
+    await sim.wait_for(lambda: sim.peek("vmi", "t", "vm1") is None, what="the VMI let go")
+
+
+async def test_a_gated_pod_is_not_scheduled_until_its_gates_go(sim: SimCluster) -> None:
+    """The scheduler leaves a pod with scheduling gates alone (``PodScheduled=False``, ``SchedulingGated``), and its
+    binding is refused; once its gates are removed it is bound and runs."""
+    pods = sim.store.resource("pods")
+    gated: Obj = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "gated", "namespace": "t"},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}], "schedulingGates": [{"name": "example.com/wait"}]},
+    }
+    await sim.create(gated)
+    held = await sim.wait_until(
+        "pods",
+        "t",
+        "gated",
+        lambda o: any(c.get("reason") == "SchedulingGated" for c in o["status"].get("conditions", [])),
+    )
+    assert "nodeName" not in held["spec"] and held["status"]["phase"] == "Pending"
+    with pytest.raises(ApiError) as err:
+        await sim.store.bind(pods, "t", "gated", "node01")
+    assert err.value.code == 409 and "has non-empty .spec.schedulingGates" in err.value.message
+    await sim.store.patch(pods, "t", "gated", {"spec": {"schedulingGates": None}}, "merge")
+    await sim.wait_until("pods", "t", "gated", lambda o: o["status"].get("phase") == "Running")
+
+
 async def test_a_migration_of_a_vmi_that_does_not_run_yet_waits_for_it(sim: SimCluster) -> None:
     """virt-api admits a migration of any VMI that is not final (``migration-create-admitter``, v1.9.0), and the
     migration controller creates its target only once the VMI runs; a finished VMI's migration is refused."""
@@ -741,6 +808,9 @@ async def test_a_migration_of_a_vmi_that_does_not_run_yet_waits_for_it(sim: SimC
     sim.kubevirt.schedulable = set(sim.kubevirt.config.nodes)
     await sim.wait_for_phase("t", "vm1", "Running")
     await sim.wait_for_phase("t", "early", "Succeeded", kind="vmim")
+    await sim.wait_until(  # (upstream's updateStatus takes KubeVirt's finalizer off every final migration)
+        "vmim", "t", "early", lambda o: MIGRATION_FINALIZER not in (o["metadata"].get("finalizers") or [])
+    )
     await sim.store.delete(sim.store.resource("vmi"), "t", "vm1")
     await sim.create(created_vmi("done", namespace="t"))
     await sim.wait_for_phase("t", "done", "Running")

@@ -649,6 +649,7 @@ class KubeVirtSimulator:
         self.store.add_admission(self.r_vmis, self._default_vmi, mutating=True)
         self.store.add_admission(self.r_vms, self._admit_vm)
         self.store.add_admission(self.r_vmis, self._admit_vmi)
+        self.store.add_admission(self.r_vmims, self._default_vmim, mutating=True)
         self.store.add_admission(self.r_vmims, self._admit_vmim)
 
     async def start(self) -> None:
@@ -904,9 +905,8 @@ class KubeVirtSimulator:
     async def _admit_vmim(
         self, op: Operation, res: Resource, new: Obj | None, old: Obj | None, subresource: str | None = None
     ) -> Obj | None:
-        """virt-api's migration webhooks: a new migration gets the ``kubevirt.io/vmi-name`` label and KubeVirt's
-        finalizer (``migration-create-mutator``), and is refused for a VMI that cannot migrate; an update (by
-        anyone) may not change the spec, nor that label while the migration is not final
+        """virt-api's migration validators: a new migration is refused for a VMI that cannot migrate; an update (by
+        anyone) may not change the spec, nor the ``kubevirt.io/vmi-name`` label while the migration is not final
         (``migration-update-admitter``, v1.9.0)."""
         if op == "UPDATE" and new is not None and old is not None and subresource is None:
             self._admit_vmim_update(new, old)
@@ -935,8 +935,17 @@ class KubeVirtSimulator:
                     f"{prefix}: in-flight migration detected. Active migration job ({uid_of(other)}) is currently "
                     f"already in progress for VMI {vmi_name}.",
                 )
+        return None
+
+    async def _default_vmim(
+        self, op: Operation, res: Resource, new: Obj | None, old: Obj | None, subresource: str | None = None
+    ) -> Obj | None:
+        """virt-api's ``migration-create-mutator``: a new migration gets the ``kubevirt.io/vmi-name`` label and
+        KubeVirt's finalizer, before any validating admission (policies, the create validator) sees it."""
+        if op != "CREATE" or new is None or subresource is not None:
+            return None
         metadata = new.setdefault("metadata", {})
-        metadata.setdefault("labels", {})[VMI_NAME_LABEL] = vmi_name
+        metadata.setdefault("labels", {})[VMI_NAME_LABEL] = str((new.get("spec") or {}).get("vmiName") or "")
         metadata["finalizers"] = [*(metadata.get("finalizers") or []), MIGRATION_FINALIZER]
         return new
 
@@ -1352,12 +1361,12 @@ class KubeVirtSimulator:
         for pod in controlled:
             if not deleting(pod) or phase(pod) in POD_TERMINAL:
                 await self._delete(self.r_pods, key_of(pod))
-        if controlled:
-            return  # (woken by their deletion)
-        if phase(vmi) not in VMI_FINAL:
+        if phase(vmi) not in VMI_FINAL:  # (its pods deleted or going: virt-handler shut the domain down)
             done = "Succeeded" if phase(vmi) == "Running" else "Failed"
             await self._update_status(self.r_vmis, key, lambda o: set_phase(o["status"], done))
             return
+        if controlled:
+            return  # (woken by their deletion)
         if VMI_FINALIZER in (meta(vmi).get("finalizers") or []):
             await self._update(
                 self.r_vmis,
@@ -1531,11 +1540,21 @@ class KubeVirtSimulator:
         p = phase(vmim)
         if p in VMIM_FINAL:
             self._vmim_steps.clear(uid_of(vmim))
+            if MIGRATION_FINALIZER in finalizers:  # (upstream's updateStatus takes it off every final migration)
+                await self._update(
+                    self.r_vmims,
+                    key,
+                    lambda o: o["metadata"].update(
+                        finalizers=[f for f in o["metadata"].get("finalizers") or [] if f != MIGRATION_FINALIZER]
+                    ),
+                )
             await self._gc_migrations(vmim)
             return
-        if vmi is None or deleting(vmi):
+        if vmi is None:
             await self._fail_migration(vmim, None, "Migration failed because vmi does not exist.")
             return
+        if deleting(vmi) and phase(vmi) not in VMI_FINAL:
+            return  # (upstream's sync does nothing for a VMI being deleted; woken by its updates)
         if phase(vmi) in VMI_FINAL:
             await self._fail_migration(vmim, vmi, "Migration failed vmi shutdown during migration.")
             return
@@ -1672,7 +1691,7 @@ class KubeVirtSimulator:
         """A migration of a VMI with hotplugged volumes whose target exists (``migration.go``): once the target runs,
         an attachment pod beside it, controlled by it (``createAttachmentPod``; any pod it controls counts, as
         ``controller.AttachmentPods`` has it), and Scheduling only once that one runs. A refused attachment pod is a
-        ``FailedCreate`` Event on the migration and a retry with backoff; no condition (the target exists)."""
+        ``FailedCreate`` Event on the VMI and a retry with backoff; no condition (the target exists)."""
         key = key_of(vmim)
         if phase(target) != "Running":
             return  # (woken by the target's updates)
@@ -1695,7 +1714,9 @@ class KubeVirtSimulator:
         except ApiError as e:
             self.pods_refused += 1
             self._log.info("attachment pod not created", namespace=key[0], migration=key[1], message=e.message)
-            await self.events.record(vmim, "Warning", "FailedCreate", f"Error creating attachment pod: {e.message}")
+            vmi = self.cache.get("virtualmachineinstances", key[0], str((vmim.get("spec") or {}).get("vmiName") or ""))
+            message = f"Error creating attachment pod: {e.message}"
+            await self.events.record(vmi or vmim, "Warning", "FailedCreate", message)  # (on the VMI, as upstream)
             self._backoff("vmim", key, self.migration_queue)
             return
         self._succeeded("vmim", key, self.migration_queue)
@@ -1893,7 +1914,19 @@ class KubeVirtSimulator:
 
     async def _sync_pod(self, key: Key) -> None:
         pod = self.cache.get("pods", *key)
-        if pod is None or deleting(pod):
+        if pod is None:
+            return
+        if deleting(pod):  # (held by a finalizer: the kubelet stops its containers at the end of its grace period)
+            grace = float((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+            stopping = self._pod_steps.elapsed(uid_of(pod), "terminate", self.timing(grace), key, progress=False)
+            if phase(pod) == "Running" and stopping:
+                await self._update_status(
+                    self.r_pods,
+                    key,
+                    lambda o: (
+                        None if o["status"].get("phase") in POD_TERMINAL else _terminate(o["status"], "Completed", 0)
+                    ),
+                )
             return
         uid = uid_of(pod)
         p = phase(pod) or "Pending"
@@ -1914,6 +1947,19 @@ class KubeVirtSimulator:
         if p != "Pending":
             return
         node = (pod.get("spec") or {}).get("nodeName")
+        if not node and (pod.get("spec") or {}).get("schedulingGates"):  # (the scheduler waits for them to go)
+            await self._update_status(
+                self.r_pods,
+                key,
+                lambda o: set_condition(
+                    o["status"].setdefault("conditions", []),
+                    "PodScheduled",
+                    "False",
+                    "SchedulingGated",
+                    "Scheduling is blocked due to non-empty scheduling gates",
+                ),
+            )
+            return
         if not node:
             if not self._pod_steps.elapsed(uid, "schedule", self.timing(self.timing.schedule_delay), key):
                 return

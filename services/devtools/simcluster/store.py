@@ -1061,7 +1061,8 @@ class Store:
     async def bind(self, res: Resource, namespace: str, name: str, node: str) -> Obj:
         """``POST pods/<name>/binding``, as the scheduler binds a pod (kube-apiserver's ``BindingREST``): admission
         sees a CREATE of the ``binding`` subresource with the ``Binding`` as its object; the pod gets ``nodeName``
-        and the condition ``PodScheduled=True`` in one write. A pod already bound, or being deleted, is a 409."""
+        and the condition ``PodScheduled=True`` in one write. A pod already bound, being deleted or with scheduling
+        gates is a 409."""
         info = self.info(res)
         ns = self._scope(res, namespace)
         async with self._lock:
@@ -1082,6 +1083,8 @@ class Store:
                 if pod["metadata"].get("deletionTimestamp")
                 else f'pod {name} is already assigned to node "{bound}"'
                 if bound
+                else f"pod {name} has non-empty .spec.schedulingGates"
+                if (pod.get("spec") or {}).get("schedulingGates")
                 else ""
             )
             if why:

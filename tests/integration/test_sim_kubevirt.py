@@ -819,7 +819,7 @@ async def test_a_migration_of_a_vmi_that_does_not_run_yet_waits_for_it(sim: SimC
     )
     with pytest.raises(ApiError) as err:
         await sim.migrate("t", "done")
-    assert err.value.code == 422 and "Cannot migrate VMI in finalized state." in err.value.message
+    assert err.value.code == 400 and "Cannot migrate VMI in finalized state." in err.value.message
 
 
 async def test_kubevirt_does_not_put_back_a_migration_finalizer_someone_took_off(sim: SimCluster) -> None:
@@ -922,7 +922,7 @@ async def test_kubevirt_webhooks_refuse_bad_objects_naming_the_field(sim: SimClu
     assert "VirtualMachine t/badmem: spec.template.spec.domain.memory.guest" in err.value.message
     with pytest.raises(ApiError) as err:
         await sim.migrate("t", "ghost")
-    assert err.value.code == 422 and "does not exist" in err.value.message
+    assert err.value.code == 400 and "does not exist" in err.value.message  # (virt-api's ToAdmissionResponseError)
     await sim.create_vm("t", "vm1", memory="1Gi")
     await sim.wait_for_phase("t", "vm1", "Running")
     await sim.migrate("t", "vm1", name="first", annotations={FAIL_START_ANNOTATION: "true"})

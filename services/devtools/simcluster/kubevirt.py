@@ -918,20 +918,21 @@ class KubeVirtSimulator:
         vmi_name = (new.get("spec") or {}).get("vmiName")
         if not isinstance(vmi_name, str) or not vmi_name:
             raise ApiError(422, "Invalid", f"{prefix}: spec.vmiName: Required value")
+        # (these refusals are virt-api's ToAdmissionResponseError: 400; a spec's causes are 422)
         vmi = self.cache.get("virtualmachineinstances", ns, vmi_name)
         if vmi is None:
-            raise ApiError(422, "Invalid", f'{prefix}: the VMI "{ns}/{vmi_name}" does not exist')
+            raise ApiError(400, "BadRequest", f'{prefix}: the VMI "{ns}/{vmi_name}" does not exist')
         if phase(vmi) in VMI_FINAL:  # (one that does not run yet is admitted: its migration waits for it)
-            raise ApiError(422, "Invalid", f"{prefix}: Cannot migrate VMI in finalized state.")
+            raise ApiError(400, "BadRequest", f"{prefix}: Cannot migrate VMI in finalized state.")
         for c in status(vmi).get("conditions") or ():
             if isinstance(c, Mapping) and c.get("type") == "LiveMigratable" and c.get("status") == "False":
                 why = f"Reason: {c.get('reason', '')}, Message: {c.get('message', '')}"
-                raise ApiError(422, "Invalid", f"{prefix}: Cannot migrate VMI, {why}")
+                raise ApiError(400, "BadRequest", f"{prefix}: Cannot migrate VMI, {why}")
         for other in self.migrations_of(ns, vmi_name):
             if phase(other) not in VMIM_FINAL:
                 raise ApiError(
-                    422,
-                    "Invalid",
+                    400,
+                    "BadRequest",
                     f"{prefix}: in-flight migration detected. Active migration job ({uid_of(other)}) is currently "
                     f"already in progress for VMI {vmi_name}.",
                 )

@@ -64,6 +64,9 @@ CALL_BACKOFF: Final = Backoff(initial=0.1, maximum=2.0, jitter=0.2)
 
 WAIT_LOG_INTERVAL: Final = 60.0
 """Seconds between two log lines of a service waiting for a stream."""
+WAIT_WARN_AFTER: Final = 10.0
+"""Seconds a service waits for a stream before it says so as a warning: services started together wait for the
+ledger a moment, which is no trouble (an info line says so at once)."""
 
 STREAM_NAME_IN_USE: Final = 10058
 """JetStream's error code for a create of a stream that exists with another configuration."""
@@ -379,11 +382,12 @@ class Bus:
 
     async def wait_for_streams(self, names: Iterable[str]) -> None:
         """Until every stream named exists: a service that does not keep the streams waits for the keeper, the ledger,
-        to create them (at its start, after a reconnect, and after a server that lost its store came back). While it
-        waits it says so about once a minute, with what to check."""
+        to create them (at its start, after a reconnect, and after a server that lost its store came back). It says
+        so at once as information, then as a warning after :data:`WAIT_WARN_AFTER` seconds and about once a minute,
+        with what to check."""
         loop = asyncio.get_running_loop()
         for name in sorted(names):
-            attempt, since, told = 0, loop.time(), -1.0
+            attempt, since, told, warned = 0, loop.time(), -1.0, False
             while True:
                 try:
                     await self.js.stream_info(name)
@@ -395,10 +399,13 @@ class Bus:
                         f"no answer ({str(e) or type(e).__name__}): is NATS up, and does its configuration let this "
                         f"user look the stream up ($JS.API.STREAM.INFO.{name})?"
                     )
-                now = loop.time()
-                if told < 0 or now - told >= WAIT_LOG_INTERVAL:
+                now, waited = loop.time(), round(loop.time() - since, 1)
+                if told < 0:  # (at once, as information: services started together wait for the ledger a moment)
+                    log.info("waiting for a stream", stream=name, waited_s=waited, why=why)
                     told = now
-                    log.warning("waiting for a stream", stream=name, waited_s=round(now - since, 1), why=why)
+                elif waited >= WAIT_WARN_AFTER and (not warned or now - told >= WAIT_LOG_INTERVAL):
+                    log.warning("waiting for a stream", stream=name, waited_s=waited, why=why)
+                    told, warned = now, True
                 await asyncio.sleep(CALL_BACKOFF.delay(attempt))
                 attempt += 1
             if told >= 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -49,6 +50,34 @@ async def test_ensure_streams_is_idempotent_and_updates_limits(nats_url: str) ->
         kv2 = await b.ensure_kv(contract.LEDGER_BUCKET)
         assert (await kv2.get("k")).value == b"v"
     finally:
+        await b.close()
+
+
+async def test_a_service_waiting_for_a_stream_says_so_at_once_and_warns_only_when_it_takes_long(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Services started together wait for the ledger a moment, which is no trouble: the first line is information;
+    a warning, with what to check, follows only once the wait has lasted ``WAIT_WARN_AFTER`` (10 s)."""
+    from structlog.testing import capture_logs
+
+    from services.platform import bus as bus_module
+    from tests.waiting import wait_until
+
+    monkeypatch.setattr(bus_module, "WAIT_WARN_AFTER", 0.3)
+    b = await _connect(nats_url)
+    try:
+        with capture_logs() as logs:
+            waiting = asyncio.create_task(b.wait_for_streams(["VMQUOTA_LATE"]))
+            await wait_until(lambda: any(e["log_level"] == "warning" for e in logs), what="the warning")
+            said = [e for e in logs if e["event"] == "waiting for a stream"]
+            assert [e["log_level"] for e in said] == ["info", "warning"], said
+            assert said[0]["waited_s"] < 0.3 <= said[1]["waited_s"] and "is the ledger running?" in said[1]["why"]
+            await b.js.add_stream(name="VMQUOTA_LATE", subjects=["vmquota-late.>"])
+            await asyncio.wait_for(waiting, 10)
+            assert logs[-1]["event"] == "stream is there", logs[-1]
+    finally:
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await b.js.delete_stream("VMQUOTA_LATE")
         await b.close()
 
 

@@ -820,6 +820,12 @@ def test_single_cluster_with_the_reservation_guard(tmp_path: Path) -> None:
         kind = by_name[binding["spec"]["policyName"]]["spec"].get("paramKind")
         if kind == {"apiVersion": f"{guard.GROUP}/{guard.VERSION}", "kind": RESERVATION_KIND}:
             assert binding["spec"]["paramRef"] == {"name": guard.NAME, "parameterNotFoundAction": "Allow"}
+        elif kind == {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstanceMigration"}:
+            # (the migration-size policy: every migration of the namespace, each carrying virt-api's label)
+            assert binding["spec"]["paramRef"] == {
+                "selector": {"matchExpressions": [{"key": "kubevirt.io/vmi-name", "operator": "Exists"}]},
+                "parameterNotFoundAction": "Allow",
+            }
         elif (
             kind is not None
         ):  # (the rendering-model policy: the namespace's managed quotas, which tenants cannot write)

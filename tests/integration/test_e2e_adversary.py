@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from services.devtools.simcluster.auth import acting_as
-from services.devtools.simcluster.kubevirt import VMIM_ACTIVE, now_rfc3339, phase
+from services.devtools.simcluster.kubevirt import VMIM_ACTIVE, KubeVirtTiming, now_rfc3339, phase
 from services.devtools.simcluster.store_api import ApiError, Obj
 from shared.podusage import pod_quota_usage
 from shared.quantity import Quantity
@@ -34,6 +34,7 @@ from tests.builders import created_vmi
 from tests.integration.e2e import (
     PATIENT_KUBEVIRT,
     SLOW_MIGRATIONS,
+    SPEED,
     Pipeline,
     Tenant,
     forged_refusal,
@@ -518,6 +519,22 @@ async def test_a_second_hotplug_is_checked_like_the_first() -> None:
         await p.wait(lambda: p.quota_refusal_count(ns, "vma") > refusals, "KubeVirt to try the target again")
         assert not p.target_pods(ns, str(mig["metadata"]["name"])), "the second hotplug's target pod got in"
         assert guest_running(p, ns) == Quantity.parse("6Gi")
+
+
+@pytest.mark.parametrize("guarded", [False, True], ids=["without_the_guard", "with_the_guard"])
+async def test_a_hotplug_that_fits_after_a_migration_is_carried_out_while_its_source_pod_lingers(guarded: bool) -> None:
+    """(liveness) KubeVirt does not delete a finished migration's source pod (it stays `Succeeded`, listed in the VMI's
+    `status.activePods`, until its migrations are garbage-collected): a hotplug that fits, asked after a migration,
+    is carried out, with the guard too (a rule counting the VMI's listed pods held every later hotplug back)."""
+    lingering = KubeVirtTiming(speed=SPEED, terminal_pod_cleanup=1e6)  # (as upstream: finished pods stay)
+    async with pipeline(cpu_allocation_ratio=4, guard=guarded, kubevirt_timing=lingering) as p:
+        ns = "tenant-hot"
+        await p.managed_quota(ns, "vm-budget", HOT_BUDGET, mode="VirtualResourcesWithCPUAllocationRatio")
+        await p.start_vm(ns, "vma", sockets=1, memory="4Gi")
+        await p.wait_migration(ns, await p.migrate(ns, "vma"))
+        await p.wait(lambda: len(vmi_of(p, ns, "vma")["status"]["activePods"]) == 2, "the source pod listed, finished")
+        await p.sim.hotplug(ns, "vma", memory="6Gi")  # fits: 6 of 12Gi
+        await p.wait(lambda: guest_running(p, ns) == Quantity.parse("6Gi"), "the hotplug to be carried out")
 
 
 async def test_hotplugged_memory_the_guest_keeps_offline_is_no_room_for_another_vm() -> None:

@@ -272,6 +272,32 @@ async def test_a_pods_overhead_is_its_runtime_classs_only(sim: SimCluster) -> No
         assert (err.value.code, err.value.message) == (403, f'pods "{name}" is forbidden: pod rejected: {why}')
 
 
+async def test_a_pod_a_finalizer_holds_is_charged_through_its_grace_period(sim: SimCluster) -> None:
+    """A pod is deleted gracefully: its ``deletionTimestamp`` is the end of its grace period, and quota charges it
+    until then or until the kubelet has ended it (a pod held by a finalizer stays; one without goes at once)."""
+    await sim.create_quota("t", "compute", {"limits.memory": "4Gi"})
+    await sim.wait_quota_synced("t", "compute")
+    held = pod("held", container("c", limits={"memory": "1Gi"}), terminationGracePeriodSeconds=3600)
+    held["metadata"]["finalizers"] = ["example.com/hold"]
+    await sim.create(held)
+    await sim.wait_until("pods", "t", "held", lambda o: o["status"].get("phase") == "Running")
+    deleted = await sim.store.delete(sim.store.resource("pods"), "t", "held")
+    assert deleted["metadata"]["deletionGracePeriodSeconds"] == 3600
+    await sim.store.mutate(  # (any write of the quota makes the controller recalculate it)
+        sim.store.resource("resourcequotas"),
+        "t",
+        "compute",
+        lambda o: {**o, "spec": {"hard": {"limits.memory": "5Gi"}}},
+    )
+    q = await sim.wait_until(
+        "resourcequotas", "t", "compute", lambda o: o["status"].get("hard", {}).get("limits.memory") == "5Gi"
+    )
+    assert q["status"]["used"]["limits.memory"] == "1Gi", "charged through its grace period"
+    with pytest.raises(ApiError) as err:
+        await sim.create(pod("more", container("c", limits={"memory": "4500Mi"})))
+    assert err.value.code == 403
+
+
 async def test_a_cross_namespace_affinity_quota_holds_only_such_pods(sim: SimCluster) -> None:
     """``CrossNamespacePodAffinity`` (with ``pods: 0``, the documented way to forbid cross-namespace affinity) matches
     a pod with a pod (anti-)affinity term that names namespaces or has a namespace selector; a

@@ -1918,7 +1918,7 @@ class KubeVirtSimulator:
         if pod is None:
             return
         if deleting(pod):  # (held by a finalizer: the kubelet stops its containers at the end of its grace period)
-            grace = float((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+            grace = float(meta(pod).get("deletionGracePeriodSeconds") or 0)
             stopping = self._pod_steps.elapsed(uid_of(pod), "terminate", self.timing(grace), key, progress=False)
             if phase(pod) == "Running" and stopping:
                 await self._update_status(

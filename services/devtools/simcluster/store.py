@@ -468,6 +468,12 @@ _POD_SPEC_UPDATABLE: Final = (
 """The pod spec fields an update may change (kube-apiserver's ``ValidatePodUpdate``), besides containers' images."""
 
 
+def _pod_grace(pod: Obj) -> int:
+    """A pod's ``terminationGracePeriodSeconds`` (30 when unset), the grace period of its deletion."""
+    grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds")
+    return grace if isinstance(grace, int) and not isinstance(grace, bool) and grace >= 0 else 30
+
+
 def _fixed_pod_spec(pod: Obj) -> Obj:
     """A pod's spec as an update may not change it (``ValidatePodUpdate``): all but its containers' and init
     containers' ``image`` (and their ``resources``, see :func:`_resources_of`) and :data:`_POD_SPEC_UPDATABLE`,
@@ -1166,8 +1172,11 @@ class Store:
             stored = self._find(res, ns, name) or stored
         if stored.finalizers:
             new: Obj = _decode(stored.raw)
-            new["metadata"]["deletionTimestamp"] = self._now()
-            new["metadata"]["deletionGracePeriodSeconds"] = 0
+            # (a pod is deleted gracefully, as kube-apiserver does: its deletionTimestamp is when its grace period
+            # ends, and quota charges it until then, or until the kubelet has ended it)
+            grace = _pod_grace(new) if "resize" in res.subresources else 0
+            new["metadata"]["deletionTimestamp"] = format_time(self._clock() + grace)
+            new["metadata"]["deletionGracePeriodSeconds"] = grace
             return self._commit("MODIFIED", info, ns, name, new, stored).raw
         result = self._commit("DELETED", info, ns, name, old, stored)
         await self._after_removal(res, ns, stored.uid, collect=collect)

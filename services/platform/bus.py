@@ -399,7 +399,8 @@ class Bus:
                         f"no answer ({str(e) or type(e).__name__}): is NATS up, and does its configuration let this "
                         f"user look the stream up ($JS.API.STREAM.INFO.{name})?"
                     )
-                now, waited = loop.time(), round(loop.time() - since, 1)
+                now = loop.time()
+                waited = round(now - since, 1)
                 if told < 0:  # (at once, as information: services started together wait for the ledger a moment)
                     log.info("waiting for a stream", stream=name, waited_s=waited, why=why)
                     told = now

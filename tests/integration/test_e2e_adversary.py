@@ -398,7 +398,7 @@ async def test_a_cpu_hotplug_while_a_migration_target_waits_does_not_run_unadmit
     1 vCPU, which waits for a node (the migration has not started, so KubeVirt does not hold hotplugs back). The
     tenant raises vm-a's sockets to 4: KubeVirt patches them into the VMI, and the migration's end gives the target's
     domain the spec's 4 vCPUs (``finalizeMigration``, ``hotplugCPU``) in a pod charged for 1: 6 vCPUs of guests on
-    4. With the guard a VMI with a second pod, or a migration in flight, keeps its size (``vmquota-vmi-start-size``):
+    4. With the guard a VMI keeps its size while a migration of it is not final (``vmquota-vmi-migration-size``):
     KubeVirt applies the change once the migration is over, as a hotplug by migration, whose growth does not fit."""
     async with pipeline(guard=guarded) as p:
         ns = "tenant-migrating-cpu"

@@ -32,6 +32,7 @@ and parameter informers trail writes by milliseconds; ``docs/accounting.md`` say
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -98,11 +99,17 @@ def _quantity(text: str) -> float:
         raise ValueError(f"invalid quantity {text!r}: {e}") from None
 
 
+_ACTIVATION_NAMES: Final = ("object", "oldObject", "request", "params", "namespaceObject", "variables", "authorizer")
+
+
 class _Program:
     """One compiled CEL expression."""
 
     def __init__(self, expression: str) -> None:
         self.expression = expression
+        self.reads = frozenset(n for n in _ACTIVATION_NAMES if re.search(rf"\b{n}\b", expression))
+        """The activation's names the expression reads: only those are handed to CEL (each run converts what it is
+        given, and an object and its old version are most of that)."""
         try:
             self._program = _cel()[0].compile(expression)
         except ApiError:
@@ -113,7 +120,7 @@ class _Program:
     def run(self, activation: Mapping[str, Any]) -> Any:
         """The value (plain Python: JSON types), or raise ``_Unsupported`` with the evaluation error."""
         try:
-            value = self._program.eval(data=activation)
+            value = self._program.eval(data={k: v for k, v in activation.items() if k in self.reads})
         except Exception as e:
             raise _Unsupported(str(e)) from e
         if value.type() == _cel()[1]:

@@ -826,6 +826,9 @@ def test_single_cluster_with_the_reservation_guard(tmp_path: Path) -> None:
                 "selector": {"matchExpressions": [{"key": "kubevirt.io/vmi-name", "operator": "Exists"}]},
                 "parameterNotFoundAction": "Allow",
             }
+        elif kind == {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance"}:
+            # (the migration-hotplug policy: every VMI of the namespace)
+            assert binding["spec"]["paramRef"] == {"selector": {}, "parameterNotFoundAction": "Allow"}
         elif (
             kind is not None
         ):  # (the rendering-model policy: the namespace's managed quotas, which tenants cannot write)
@@ -841,7 +844,7 @@ def test_single_cluster_with_the_reservation_guard(tmp_path: Path) -> None:
     assert all(f"object.spec.{f} == oldObject.spec.{f}" in frozen for f in HELD_SPEC_FIELDS), (
         "the policy keeps what the enforcer compares"
     )
-    for name in ("vmquota-kubevirt-pods", "vmquota-migration-finalizer"):  # (KubeVirt's identity, written twice)
+    for name in ("vmquota-kubevirt-pods", "vmquota-migration-finalizer", "vmquota-migration-hotplug"):
         [creators] = [v["expression"] for v in by_name[name]["spec"]["variables"] if v["name"] == "creators"]
         assert re.findall(r"'([^']+)'", creators) == [guard.DEFAULT_CREATOR], f"{name}: KubeVirt is the guard's creator"
     kept = by_name["vmquota-vmi-render-annotations"]

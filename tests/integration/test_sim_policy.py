@@ -332,6 +332,43 @@ async def test_a_vmi_keeps_its_size_while_a_migration_of_it_is_not_final(sim: Si
     assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", sockets) is None, "once the migration is over"
 
 
+async def test_only_kubevirt_migrates_a_vmi_with_a_cpu_hotplug_pending(sim: SimCluster) -> None:
+    """KubeVirt renders a migration's target from its own cache of the VMI, which may miss the VM controller's latest
+    patch of its sockets, and the migration's end gives the guest the spec's vCPUs: a migration of a VMI whose spec
+    asks more sockets than its status runs is KubeVirt's to make (its own carries the hotplug out); the tenant
+    migrates it once that is over, and migrates its other VMIs freely."""
+    await install(sim, GUARD_POLICY.read_text())
+    with acting_as(KUBEVIRT_CONTROLLER):
+        for name in ("vm1", "vm2"):
+            await sim.create(created_vmi(name, namespace=NS))
+    for name in ("vm1", "vm2"):
+        await sim.wait_for_phase(NS, name, "Running")
+
+    def sockets(obj: Obj) -> None:  # (the VM controller's patch of a CPU hotplug)
+        obj["spec"]["domain"]["cpu"]["sockets"] = 2
+
+    assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", sockets) is None
+
+    def migration(name: str, vmi: str) -> Obj:
+        return {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstanceMigration",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"vmiName": vmi},
+        }
+
+    err = await create_as(sim, TENANT, migration("mine", "vm1"))
+    assert err is not None and err.code == 403, err
+    assert err.message == (
+        'virtualmachineinstancemigrations.kubevirt.io "mine" is forbidden: ValidatingAdmissionPolicy '
+        "'vmquota-migration-hotplug' with binding 'vmquota-migration-hotplug' denied request: vmquota: vm1 has a CPU "
+        "hotplug pending (2 sockets asked, 1 running), which KubeVirt carries out with a migration of its own: migrate "
+        "it once that is over"
+    )
+    assert await create_as(sim, TENANT, migration("other", "vm2")) is None, "a VMI with no hotplug pending"
+    assert await create_as(sim, KUBEVIRT_CONTROLLER, migration("kubevirts", "vm1")) is None, "KubeVirt's own"
+
+
 def sidecar(obj: Obj) -> None:
     obj["metadata"].setdefault("annotations", {})["hooks.kubevirt.io/hookSidecars"] = '[{"image": "x"}]'
 

@@ -468,6 +468,11 @@ _POD_SPEC_UPDATABLE: Final = (
 """The pod spec fields an update may change (kube-apiserver's ``ValidatePodUpdate``), besides containers' images."""
 
 
+def _is_pod(res: Resource) -> bool:
+    """Pods are updated, resized and deleted by rules of their own."""
+    return res.plural == "pods" and not res.group
+
+
 def _pod_grace(pod: Obj) -> int:
     """A pod's ``terminationGracePeriodSeconds`` (30 when unset), the grace period of its deletion."""
     grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds")
@@ -613,11 +618,15 @@ class Store:
 
     # --- reads --------------------------------------------------------------------------------------------------
 
-    def get_raw(self, res: Resource, namespace: str | None, name: str) -> bytes:
-        stored = self._find(res, self._scope(res, namespace), name)
+    def _existing(self, res: Resource, ns: str, name: str) -> _Stored:
+        """The stored object, or the API server's 404."""
+        stored = self._find(res, ns, name)
         if stored is None:
             raise _not_found(res, name)
-        return stored.raw
+        return stored
+
+    def get_raw(self, res: Resource, namespace: str | None, name: str) -> bytes:
+        return self._existing(res, self._scope(res, namespace), name).raw
 
     async def get(self, res: Resource, namespace: str | None, name: str) -> Obj:
         obj: Obj = _decode(self.get_raw(res, namespace, name))
@@ -873,7 +882,7 @@ class Store:
             else:
                 result.pop("status", None)
             return result, old
-        if subresource == "resize" and "resize" in res.subresources:
+        if subresource == "resize" and _is_pod(res):
             return _resized(old, new), old
         if subresource is not None:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
@@ -905,7 +914,7 @@ class Store:
                     "Forbidden: no new finalizers can be added if the object is being deleted, "
                     f"found new finalizers {added}",
                 )
-        if "resize" in res.subresources and not _pod_update_allowed(old, new):
+        if _is_pod(res) and not _pod_update_allowed(old, new):
             raise _invalid(
                 res,
                 name,
@@ -932,9 +941,7 @@ class Store:
         info = self.info(res)
         ns = self._scope(res, namespace)
         async with self._lock:
-            stored = self._find(res, ns, name)
-            if stored is None:
-                raise _not_found(res, name)
+            stored = self._existing(res, ns, name)
             requested = build(stored)
             if requested is None:
                 return stored.raw
@@ -1072,9 +1079,7 @@ class Store:
         info = self.info(res)
         ns = self._scope(res, namespace)
         async with self._lock:
-            stored = self._find(res, ns, name)
-            if stored is None:
-                raise _not_found(res, name)
+            stored = self._existing(res, ns, name)
             binding: Obj = {
                 "apiVersion": "v1",
                 "kind": "Binding",
@@ -1139,9 +1144,7 @@ class Store:
         self, res: Resource, ns: str, name: str, preconditions: Mapping[str, Any] | None, collect: bool
     ) -> bytes:
         info = self.info(res)
-        stored = self._find(res, ns, name)
-        if stored is None:
-            raise _not_found(res, name)
+        stored = self._existing(res, ns, name)
         if preconditions:
             want_uid = preconditions.get("uid")
             if want_uid and want_uid != stored.uid:
@@ -1174,7 +1177,7 @@ class Store:
             new: Obj = _decode(stored.raw)
             # (a pod is deleted gracefully, as kube-apiserver does: its deletionTimestamp is when its grace period
             # ends, and quota charges it until then, or until the kubelet has ended it)
-            grace = _pod_grace(new) if "resize" in res.subresources else 0
+            grace = _pod_grace(new) if _is_pod(res) else 0
             new["metadata"]["deletionTimestamp"] = format_time(self._clock() + grace)
             new["metadata"]["deletionGracePeriodSeconds"] = grace
             return self._commit("MODIFIED", info, ns, name, new, stored).raw

@@ -212,6 +212,16 @@ async def update_as(
     return None
 
 
+async def guarded_vmis(sim: SimCluster, *, running: bool = False) -> None:
+    """The shipped guard installed, and VMIs ``vm1`` and ``vm2`` created by KubeVirt (``running``: and running)."""
+    await install(sim, GUARD_POLICY.read_text())
+    with acting_as(KUBEVIRT_CONTROLLER):
+        for name in ("vm1", "vm2"):
+            await sim.create(created_vmi(name, namespace=NS))
+    for name in ("vm1", "vm2") if running else ():
+        await sim.wait_for_phase(NS, name, "Running")
+
+
 def hotplug(obj: Obj) -> None:
     obj["spec"]["domain"]["memory"]["guest"] = "2Gi"
 
@@ -220,10 +230,7 @@ async def test_a_holder_vmis_size_cannot_change_while_its_room_is_reserved(sim: 
     """A hotplug KubeVirt applies to a holder VMI (its migration target's room reserved) would make the next try
     of the target larger than its room: the policy refuses changes of the holder's ``cpu``, ``memory`` and
     ``resources`` until it is off the list, whoever writes them, and lets every other VMI update through."""
-    await install(sim, GUARD_POLICY.read_text())
-    with acting_as(KUBEVIRT_CONTROLLER):
-        for name in ("vm1", "vm2"):
-            await sim.create(created_vmi(name, namespace=NS))
+    await guarded_vmis(sim)
     uid = str((await sim.get("virtualmachineinstances", NS, "vm1"))["metadata"]["uid"])
     await reserve(sim, guard.Holder(uid, "vm1", "migration vm1-mig"))
     err = await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", hotplug)
@@ -267,11 +274,8 @@ async def test_a_vmi_keeps_its_size_until_it_runs_where_a_quota_is_managed(sim: 
     domain from the spec, in a pod made for the old size: where a quota is managed, the policy refuses a change of
     the ``cpu``, ``memory`` or ``resources`` of a VMI's domain, from anyone, until the VMI runs; its other updates,
     its status and a VMI elsewhere are not affected."""
-    await install(sim, GUARD_POLICY.read_text())
     sim.kubevirt.schedulable = set()  # (no node for the launcher pods: the VMIs wait, scheduling)
-    with acting_as(KUBEVIRT_CONTROLLER):
-        for name in ("vm1", "vm2"):
-            await sim.create(created_vmi(name, namespace=NS))
+    await guarded_vmis(sim)
     await sim.wait_for_phase(NS, "vm1", "Scheduling")
 
     def sockets(obj: Obj) -> None:
@@ -306,12 +310,7 @@ async def test_a_vmi_keeps_its_size_while_a_migration_of_it_is_not_final(sim: Si
     """A migration's end gives the target's domain the spec's vCPUs whatever its pod was made for: the ninth policy
     refuses a change of a VMI's size, from anyone, while a migration of it has not Succeeded or Failed, from its
     creation on (before its target exists); other VMIs, and the same VMI once the migration is final, change."""
-    await install(sim, GUARD_POLICY.read_text())
-    with acting_as(KUBEVIRT_CONTROLLER):
-        for name in ("vm1", "vm2"):
-            await sim.create(created_vmi(name, namespace=NS))
-    for name in ("vm1", "vm2"):
-        await sim.wait_for_phase(NS, name, "Running")
+    await guarded_vmis(sim, running=True)
     sim.kubevirt.schedulable = set()  # (the target waits for a node: the migration stays before its hand-off)
     await sim.migrate(NS, "vm1", name="m1")
 
@@ -337,12 +336,7 @@ async def test_only_kubevirt_migrates_a_vmi_with_a_cpu_hotplug_pending(sim: SimC
     patch of its sockets, and the migration's end gives the guest the spec's vCPUs: a migration of a VMI whose spec
     asks more sockets than its status runs is KubeVirt's to make (its own carries the hotplug out); the tenant
     migrates it once that is over, and migrates its other VMIs freely."""
-    await install(sim, GUARD_POLICY.read_text())
-    with acting_as(KUBEVIRT_CONTROLLER):
-        for name in ("vm1", "vm2"):
-            await sim.create(created_vmi(name, namespace=NS))
-    for name in ("vm1", "vm2"):
-        await sim.wait_for_phase(NS, name, "Running")
+    await guarded_vmis(sim, running=True)
 
     def sockets(obj: Obj) -> None:  # (the VM controller's patch of a CPU hotplug)
         obj["spec"]["domain"]["cpu"]["sockets"] = 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
 import os
 import shutil
@@ -881,6 +882,35 @@ async def test_a_migration_deleted_before_its_hand_off_is_canceled_and_its_targe
     await sim.wait_for(lambda: sim.peek("vmim", "t", "mig1") is None, what="the migration let go")
     assert any(o["status"].get("phase") == "Failed" and o["metadata"].get("deletionTimestamp") for o in seen)
     assert sim.peek("pods", "t", target["metadata"]["name"]) is None, "the canceled migration's target is deleted"
+    assert [p["status"]["phase"] for p in await sim.launcher_pods("t", "vm1")] == ["Running"]
+
+
+async def test_a_migration_deleted_after_its_hand_off_is_aborted_and_the_vmi_stays_on_its_source(
+    sim: SimCluster,
+) -> None:
+    """Deleting a migration KubeVirt handed off aborts it unless the domain has moved already: the migration
+    controller asks for the abort in the VMI's migration state (``markMigrationAbortInVmiStatus``), virt-handler
+    aborts, the migration fails, the target pod goes, and the VMI runs on on its source."""
+    await sim.create_vm("t", "vm1", memory="512Mi")
+    vmi = await sim.wait_for_phase("t", "vm1", "Running")
+    source = vmi["status"]["nodeName"]
+    sim.kubevirt.timing = dataclasses.replace(sim.kubevirt.timing, migration_step=60.0)  # (held once handed off)
+    await sim.migrate("t", "vm1", name="mig1")
+
+    def handed_off_to() -> str:
+        return str(
+            ((sim.peek("vmi", "t", "vm1") or {}).get("status", {}).get("migrationState") or {}).get("targetPod") or ""
+        )
+
+    await sim.wait_for(lambda: bool(handed_off_to()), what="the hand-off")
+    target = handed_off_to()
+    await sim.store.delete(sim.store.resource("vmim"), "t", "mig1")
+    await sim.wait_for(lambda: sim.peek("vmim", "t", "mig1") is None, what="the migration let go")
+    after = await sim.get("vmi", "t", "vm1")
+    state = after["status"]["migrationState"]
+    assert state["abortRequested"] and state["abortStatus"] == "Succeeded" and state["failed"], state
+    assert after["status"]["nodeName"] == source and after["status"]["phase"] == "Running"
+    assert sim.peek("pods", "t", target) is None, "the aborted migration's target is deleted"
     assert [p["status"]["phase"] for p in await sim.launcher_pods("t", "vm1")] == ["Running"]
 
 

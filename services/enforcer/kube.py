@@ -1,5 +1,5 @@
-"""The enforcer's Kubernetes calls: read a ResourceQuota, merge-patch it, create an Event, nudge a VMI, write a
-namespace's QuotaReservation and read a VMI (the reservation guard).
+"""The enforcer's Kubernetes calls: read a ResourceQuota, merge-patch it, create an Event, nudge a VMI, cancel a
+migration, write a namespace's QuotaReservation and read a VMI (the reservation guard).
 
 Each goes through kubernetes-asyncio's generated ``CoreV1Api`` method via :mod:`services.platform.kube` (raw responses
 decoded with msgspec, an explicit ``_request_timeout``, every failure a :class:`~services.platform.kube.KubeError`), so
@@ -20,6 +20,7 @@ from shared.quota.annotations import NUDGE_ANNOTATION
 __all__ = ["MERGE_PATCH", "KubeError", "KubeQuotas", "Obj", "QuotaApi", "version_of"]
 
 MERGE_PATCH: Final = "application/merge-patch+json"
+_FINAL_MIGRATION: Final = frozenset({"Succeeded", "Failed"})
 
 
 class QuotaApi(Protocol):
@@ -34,6 +35,8 @@ class QuotaApi(Protocol):
     async def create_event(self, namespace: str, body: Obj) -> None: ...
 
     async def nudge_vmi(self, namespace: str, name: str, token: str) -> None: ...
+
+    async def cancel_migration(self, namespace: str, name: str, uid: str) -> bool: ...
 
     async def get_vmi(self, namespace: str, name: str) -> Obj | None: ...
 
@@ -96,6 +99,45 @@ class KubeQuotas:
             _request_timeout=self.timeout,
             _content_type=MERGE_PATCH,
         )
+
+    async def cancel_migration(self, namespace: str, name: str, uid: str) -> bool:
+        """Delete the migration ``name`` if it is still the one of ``uid`` and not final (KubeVirt cancels a deleted
+        migration before its hand-off and aborts it after); False when it is gone, another or final. The delete has
+        the uid and the version read as preconditions, so a migration that moved on meanwhile is read again. RBAC:
+        ``get`` and ``delete`` on ``virtualmachineinstancemigrations``."""
+        for _ in range(3):
+            m = await call_object_or_none(
+                self.custom.get_namespaced_custom_object,
+                "kubevirt.io",
+                "v1",
+                namespace,
+                "virtualmachineinstancemigrations",
+                name,
+                _request_timeout=self.timeout,
+            )
+            meta = (m or {}).get("metadata") or {}
+            phase = ((m or {}).get("status") or {}).get("phase")
+            if m is None or meta.get("uid") != uid or meta.get("deletionTimestamp") or phase in _FINAL_MIGRATION:
+                return False
+            body = {"preconditions": {"uid": uid, "resourceVersion": version_of(m)}}
+            try:
+                await call_bytes(
+                    self.custom.delete_namespaced_custom_object,
+                    "kubevirt.io",
+                    "v1",
+                    namespace,
+                    "virtualmachineinstancemigrations",
+                    name,
+                    body=cast(Any, body),
+                    _request_timeout=self.timeout,
+                )
+                return True
+            except KubeError as e:
+                if e.not_found:
+                    return False
+                if not e.conflict:
+                    raise
+        return False
 
     async def get_vmi(self, namespace: str, name: str) -> Obj | None:
         """The VMI as the API server has it now (a quorum read), None when there is none (RBAC: ``get`` on

@@ -95,6 +95,11 @@ class EnforcerMetrics:
             "VMIs touched so that KubeVirt retries a refused launcher pod at once, by outcome",
             "outcome",
         )
+        self.cancels = counter(
+            "vmquota_enforcer_cancels",
+            "Migrations deleted because their end would carry out a size change that does not fit, by outcome",
+            "outcome",
+        )
         self.reaction = Histogram(
             "vmquota_enforcer_reaction_seconds",
             "From receiving a usage snapshot or quota event to the patch that applies it",

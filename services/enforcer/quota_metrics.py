@@ -6,8 +6,8 @@ and resource each quota names; a quota (or a resource) that the namespace's next
 its series. Cardinality: at most 4 x (managed quotas) x (resources per quota).
 
 With them, per namespace, ``vmquota_namespace_vms{service, cluster, namespace, state}`` (running, admitted, refused,
-stopped) and ``vmquota_namespace_migrations{..., state}`` (pending, growth-refused, ...): how many are in each state
-the snapshot names (a state none is in has no series). Cardinality: a few series per namespace.
+stopped) and ``vmquota_namespace_migrations{..., state}`` (pending, growth-refused, cancel, ...): how many are in
+each state the snapshot names (a state none is in has no series). Cardinality: a few series per namespace.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""What the enforcer says besides ``spec.hard``, all off the write path: each decision as a Kubernetes Event on the
-quota and a ``Decision`` on the bus, a Warning Event on a VMI the ledger refused (or whose hotplug it refused), and
-the nudge of a VMI KubeVirt was refused a launcher pod for once there is room (:class:`Reporter`)."""
+"""What the enforcer does besides ``spec.hard``, all off the write path: each decision as a Kubernetes Event on the
+quota and a ``Decision`` on the bus, a Warning Event on a VMI the ledger refused (or whose hotplug it refused), the
+nudge of a VMI KubeVirt was refused a launcher pod for once there is room, and the cancel of a migration whose end
+would carry out a size change that does not fit (:class:`Reporter`)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,8 @@ class Reporter:
         """(namespace, VMI uid) → the usage snapshot (its stream sequence) and the time of the last nudge."""
         self._told: dict[tuple[str, ...], None] = {}
         """(namespace, migration uid) of hotplugs refused, told on their VMI (once each)."""
+        self._canceled: dict[tuple[str, str], None] = {}
+        """(namespace, migration uid) of migrations canceled, or being canceled (once each; forgotten when it fails)."""
         self._told_vmi: dict[tuple[str, str], tuple[str, float]] = {}
         """(namespace, VMI uid) of VMs refused → the reason last told and when (monotonic)."""
         self._later: dict[tuple[str, str], tuple[contract.VmState, list[contract.VmState]]] = {}
@@ -156,6 +159,32 @@ class Reporter:
                 continue
             _remember(self._nudged, (namespace, v.uid), (at, now))
             self.spawn(self._nudge(namespace, v.name, str(at)), f"nudge-{namespace}-{v.name}")
+
+    def cancel(self, namespace: str, u: contract.UsageSnapshot) -> None:
+        """Cancel each migration usage ``u`` says is to be (``cancel``: its end would carry out a size change of its
+        VM that does not fit) by deleting it, and tell its VMI why; once per migration, at once (the size change is
+        carried out at the migration's end, whatever quota admission says meanwhile). A failed cancel is logged and
+        tried again with the next usage snapshot."""
+        for m in u.migrations:
+            if m.state == "cancel" and m.uid and (namespace, m.uid) not in self._canceled:
+                _remember(self._canceled, (namespace, m.uid), None)
+                self.spawn(self._cancel(namespace, m), f"cancel-{namespace}-{m.name}")
+
+    async def _cancel(self, namespace: str, m: contract.MigrationState) -> None:
+        try:
+            canceled = await self.kube.cancel_migration(namespace, m.name, m.uid)
+        except KubeError as e:
+            self._canceled.pop((namespace, m.uid), None)
+            self.own.cancels.labels(outcome="failed").inc()
+            log.warning("migration not canceled", namespace=namespace, migration=m.name, vmi=m.vmi, error=str(e))
+            return
+        self.own.cancels.labels(outcome="canceled" if canceled else "gone").inc()
+        if not canceled:
+            log.info("migration to cancel is gone or final", namespace=namespace, migration=m.name, vmi=m.vmi)
+            return
+        log.warning("migration canceled", namespace=namespace, migration=m.name, vmi=m.vmi, reason=m.reason)
+        body = reports.hotplug_refused_event(namespace, m, identity=self.opts.identity, now=self._now())
+        await self._tell(namespace, body)
 
     def _tell_refused(self, namespace: str, v: contract.VmState, others: list[contract.VmState], now: float) -> None:
         """Tell a refused VMI why: once per cause (the same refusal in the next snapshots tells nothing new), and a

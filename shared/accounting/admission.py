@@ -7,17 +7,19 @@ import functools
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-from shared.accounting.migrations import Migrations
+from shared.accounting.estimates import current_size
+from shared.accounting.migrations import Migrations, migration_entry
 from shared.accounting.pods import in_mode
 from shared.accounting.results import (
     ADMITTED,
+    CANCEL,
     REFUSED,
     VmEntry,
 )
-from shared.accounting.state import Target, created_key, fmt, size_change, vm_key, vm_size
+from shared.accounting.state import CreatedTarget, Target, created_key, fmt, size_change, vm_key, vm_size
 from shared.quantity import ZERO
 from shared.quota.equation import takes
-from shared.quota.modes import DEFINED_RESOURCES, mode_usage
+from shared.quota.modes import DEFINED_RESOURCES, VmSize, mode_usage
 from shared.resources import ResourceList, add, growth, nonzero, positive_part
 from shared.snapshot import (
     VmiSnapshot,
@@ -31,6 +33,7 @@ class Admission(Migrations):
     def _admissions(self) -> None:
         """Pending VMs and hotplug growth, in creation order (a VMI's, a migration's), after every running VM and
         pod is counted; then the migrations without growth."""
+        attach = [c for c in self.created if not self._cancel_unadmitted(c) and c.attach]
         items: list[tuple[tuple[bool, datetime, str, str], int, VmiSnapshot | Target]] = [
             (created_key(v), i, v) for i, v in enumerate(self.pending)
         ]
@@ -47,8 +50,57 @@ class Admission(Migrations):
                 self._admit(item)
         for t in plain:  # the same VM, moving: it needs no admission, only (maybe) room for its second pod
             self._decide_target(t, admit=False)
-        for a in self.attachments:  # (and, beside a target, the hotplug attachment pod KubeVirt waits for)
+        for a in attach:  # (and, beside a target, the hotplug attachment pod KubeVirt waits for)
             self._decide_attachment(a)
+
+    def _cancel_unadmitted(self, c: CreatedTarget) -> bool:
+        """Whether migration ``c``, whose target exists, is to be canceled (its entry then says so): its VM's spec
+        is larger than the size it runs at (:meth:`_size_change`; what every pod of it but the target was made for),
+        and with the VM counted at its spec, as it is
+        while its target exists, some quota is over its budget in a resource the change grows. The migration's end
+        would carry the change out unadmitted: virt-handler gives the domain the spec's vCPUs at the end of every
+        migration whatever its target was made for (``finalizeMigration``, ``hotplugCPU``), and its memory whatever
+        it was made for where the VMI's pod-memory label says so (a label the tenant may write). A target made
+        for less than the spec got in without the growth being admitted: KubeVirt rendered it from a VMI its cache
+        had before the change (a drain's migration the moment after a hotplug), or the change came while the
+        target waited (without the reservation guard; with it, in the moment before kube-apiserver's cache has the
+        migration). The enforcer deletes such a migration: KubeVirt cancels one not yet handed off and aborts one
+        that was, and the VM keeps running at its current size; a migration KubeVirt makes again is rendered at the
+        new size, whose growth is admitted, or refused, like any hotplug's."""
+        v = c.v
+        if not self._size_change(v):
+            return False
+        key = vm_key(v)
+        cur = self.vm_entries.get(key)
+        if cur is None:
+            return False
+        # What it runs at: what every pod of it but the target was made for (a tenant can add a pod made for the new
+        # size, one KubeVirt adopts into the VMI, never shrink KubeVirt's; and the ledger remembers a pod as made for
+        # its VMI's spec as it first saw it with the pod, so a target rendered from the VMI before the change, first
+        # seen after it, would look made for it)
+        others = [pc for pc in self.launchers.get(key, []) if pc[0] is not c.target]
+        now = current_size(v)
+        vcpus = self._made_for_vcpus(v, others, every=True) if others else now.vcpus
+        memory = vm_size(v).guest_memory if self._carries_memory(v, [ch for _, ch in others]) else now.guest_memory
+        before = VmSize(vcpus, memory)
+        parts = []
+        for q in self.quotas:
+            name = q.policy.name
+            grows = nonzero(growth(cur.counts[name], mode_usage(q.policy.mode, before, cur.pod_usage, q.ratio)))
+            over = [r for r, b in q.policy.budget.items() if r in grows and q.over(r, b)]
+            if over:
+                label = f"quota {name} ({q.policy.mode.value})" if name else f"({q.policy.mode.value})"
+                parts.append(f"{label} is over its budget in {', '.join(over)} with the VM at its new size")
+        if not parts:
+            return False
+        why = (
+            f"{c.exists}; its end would give the VM its spec's size, which was never admitted and does not fit: "
+            + "; ".join(parts)
+            + "; canceled (KubeVirt cancels the migration, or aborts it once handed off), and the VM keeps running "
+            "at its current size"
+        )
+        self.mig_entries[c.index] = migration_entry(c.m, CANCEL, why, None, c.grow)
+        return True
 
     def _size_change(self, v: VmiSnapshot) -> bool:
         """The VM's spec is larger than the size it runs at (:func:`~shared.accounting.state.size_change`), or than

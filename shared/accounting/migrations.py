@@ -21,7 +21,7 @@ from shared.accounting.results import (
     MigrationEntry,
     VmEntry,
 )
-from shared.accounting.state import Attachment, Target, capped_growth, fmt, vm_key, vm_size
+from shared.accounting.state import CreatedTarget, Target, capped_growth, fmt, vm_key, vm_size
 from shared.accounting.vms import Vms
 from shared.quantity import ZERO
 from shared.quota.equation import takes
@@ -35,7 +35,7 @@ from shared.snapshot import (
 )
 
 
-def _migration_entry(
+def migration_entry(
     m: VmimSnapshot,
     state: str,
     reason: str,
@@ -94,10 +94,10 @@ class Migrations(Vms):
         :class:`Target`, decided once running VMs are counted (:meth:`_decide_targets`)."""
         v = self.vmi_by_name.get(m.vmi_name)
         if v is None:
-            return _migration_entry(m, WAITING, "VMI not found")
+            return migration_entry(m, WAITING, "VMI not found")
         key = vm_key(v)
         if key in seen:
-            return _migration_entry(m, QUEUED, "queued behind an older migration of the same VMI")
+            return migration_entry(m, QUEUED, "queued behind an older migration of the same VMI")
         seen.add(key)
         vm_pods = self.launchers.get(key, [])
         targets = [pc for pc in vm_pods if m.uid and pc[0].migration_job_uid == m.uid]
@@ -106,12 +106,13 @@ class Migrations(Vms):
             target = targets[0][0]
             grow = growth(targets[0][1], _pick_source(sources, v)[1]) if sources else {}
             exists = f"target pod {target.name} exists: charged in P"
-            pending = v.hotplug_volumes and m.phase in ("", "Pending") and target.phase == "Running"
-            if pending and not self._attached(target):  # (decided once running VMs are counted)
-                self.attachments.append(Attachment(len(self.mig_entries), m, v, target, grow, exists))
-            return _migration_entry(m, TARGET_CREATED, exists, None, grow)
+            attach = v.hotplug_volumes and m.phase in ("", "Pending") and target.phase == "Running"
+            attach = attach and not self._attached(target)
+            # (decided once running VMs are counted)
+            self.created.append(CreatedTarget(len(self.mig_entries), m, v, target, grow, exists, attach))
+            return migration_entry(m, TARGET_CREATED, exists, None, grow)
         if not sources:
-            return _migration_entry(m, WAITING, "the VMI has no running launcher pod")
+            return migration_entry(m, WAITING, "the VMI has no running launcher pod")
         source_pod, source_usage = _pick_source(sources, v)
         others = tuple(u for p, u in sources if p is not source_pod)
         # (a function of the VMI and the VM's pods, as long as they are the same objects)
@@ -125,7 +126,7 @@ class Migrations(Vms):
             if taken:
                 why.append(f"the amounts of a quota refusal: {fmt(taken)}")
         self.targets.append(Target(len(self.mig_entries), m, v, nonzero(estimate), dict(grow), why))
-        return _migration_entry(m, NOT_TRIED, "")  # (replaced by the decision)
+        return migration_entry(m, NOT_TRIED, "")  # (replaced by the decision)
 
     def _attached(self, pod: PodSnapshot) -> bool:
         """Whether a pod controlled by ``pod`` exists that KubeVirt sees (labelled with the key ``kubevirt.io``, as
@@ -159,7 +160,7 @@ class Migrations(Vms):
                         out[p.uid] = charged
         return out
 
-    def _decide_attachment(self, a: Attachment) -> None:
+    def _decide_attachment(self, a: CreatedTarget) -> None:
         """Reserve the hotplug attachment pod of a migration's target: KubeVirt keeps the migration of a VMI with
         hotplugged volumes in ``Pending`` until it has created one beside the target, once the target is ready, and
         that one is ready (``migration.go``, ``VMIHasHotplugVolumes``). ``hard`` holds no room for the source pod
@@ -177,11 +178,11 @@ class Migrations(Vms):
                 f"{a.exists}; no room held for its hotplug attachment pod: the namespace is over its budget "
                 f"({taken_by}) with pods created after the migration; room is made again once they end"
             )
-            self.mig_entries[a.index] = _migration_entry(a.m, WAITING, why, None, a.grow)
+            self.mig_entries[a.index] = migration_entry(a.m, WAITING, why, None, a.grow)
             return
         self._reserve_for_migration(att)
         why = f"{a.exists}; its hotplug attachment pod reserved ({fmt(att)}): KubeVirt goes on once it exists"
-        self.mig_entries[a.index] = _migration_entry(
+        self.mig_entries[a.index] = migration_entry(
             a.m, ATTACHMENT_RESERVED, why, att, a.grow, "", a.v.uid, a.target.uid
         )
 
@@ -241,7 +242,7 @@ class Migrations(Vms):
                     + ("; ".join(parts) or over)
                     + "; the VM keeps running at its current size"
                 )
-                self.mig_entries[t.index] = _migration_entry(t.m, GROWTH_REFUSED, "; ".join(why), None, t.grow)
+                self.mig_entries[t.index] = migration_entry(t.m, GROWTH_REFUSED, "; ".join(why), None, t.grow)
                 return
             why.append("hotplug growth admitted in creation order")
         for q in self.quotas:
@@ -251,7 +252,7 @@ class Migrations(Vms):
             why.append(
                 "no room held: KubeVirt has not been refused its target pod (room is made once it is, and only then)"
             )
-            self.mig_entries[t.index] = _migration_entry(t.m, NOT_TRIED, "; ".join(why), None, t.grow)
+            self.mig_entries[t.index] = migration_entry(t.m, NOT_TRIED, "; ".join(why), None, t.grow)
             return
         pods = self._active(t.v)
         if pods > 1:
@@ -262,7 +263,7 @@ class Migrations(Vms):
                 f"no room held: KubeVirt creates no target pod while the VMI has {pods} active pods (room is made "
                 "as soon as it has one)"
             )
-            self.mig_entries[t.index] = _migration_entry(t.m, WAITING, "; ".join(why), None, t.grow)
+            self.mig_entries[t.index] = migration_entry(t.m, WAITING, "; ".join(why), None, t.grow)
             return
         taken_by = self._room_taken(t.m, t.estimate)
         if taken_by:
@@ -271,11 +272,11 @@ class Migrations(Vms):
                 f"no room held: the namespace is over its budget ({taken_by}) with pods created after the migration "
                 "(the room reserved for its target was taken by another pod); room is made again once they end",
             )
-            self.mig_entries[t.index] = _migration_entry(t.m, WAITING, "; ".join(why), None, t.grow)
+            self.mig_entries[t.index] = migration_entry(t.m, WAITING, "; ".join(why), None, t.grow)
             return
         why.insert(0, "target reserved: KubeVirt reported migrationRejectedByResourceQuota")
         self._reserve_for_migration(t.estimate)
-        self.mig_entries[t.index] = _migration_entry(
+        self.mig_entries[t.index] = migration_entry(
             t.m, PENDING, "; ".join(why), t.estimate, t.grow, self.renderer.held_digest(t.v), t.v.uid
         )
 

@@ -21,7 +21,7 @@ from shared.accounting.results import (
     QuotaUsage,
     VmEntry,
 )
-from shared.accounting.state import Attachment, QuotaSums, Target, created_key, vm_key
+from shared.accounting.state import CreatedTarget, QuotaSums, Target, created_key, vm_key
 from shared.accounting.sums import Sum, SumValue
 from shared.errors import InvalidInput
 from shared.kinds import (
@@ -243,7 +243,7 @@ class _Accounting(Admission):
         self.pod_entries: list[PodEntry] = []
         self.mig_entries: list[MigrationEntry] = []
         self.targets: list[Target] = []
-        self.attachments: list[Attachment] = []
+        self.created: list[CreatedTarget] = []
         self.vm_entries: dict[str, VmEntry] = {}
         self.pending: list[VmiSnapshot] = []
         self.target_reserved: ResourceList = {}

@@ -157,9 +157,10 @@ class Target:
 
 
 @dataclass(frozen=True, slots=True)
-class Attachment:
-    """A migration whose target exists and runs, of a VMI with hotplugged volumes, with no pod the target controls
-    yet: its hotplug attachment pod may be reserved (``Migrations._decide_attachment``)."""
+class CreatedTarget:
+    """A migration whose target pod exists: its end may carry out a size change that was never admitted
+    (``Admission._cancel_unadmitted``), and, of a VMI with hotplugged volumes whose target runs with no pod it controls
+    yet (``attach``), its hotplug attachment pod may be reserved (``Migrations._decide_attachment``)."""
 
     index: int
     """Its place among the migration entries."""
@@ -169,6 +170,7 @@ class Attachment:
     grow: ResourceList
     exists: str
     """Why its entry says the target exists."""
+    attach: bool
 
 
 class State:
@@ -215,7 +217,7 @@ class State:
     pod_entries: list[PodEntry]
     mig_entries: list[MigrationEntry]
     targets: list[Target]
-    attachments: list[Attachment]
+    created: list[CreatedTarget]
     vm_entries: dict[str, VmEntry]
     pending: list[VmiSnapshot]
     target_reserved: ResourceList

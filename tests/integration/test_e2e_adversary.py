@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -392,14 +393,18 @@ async def test_a_cpu_hotplug_before_the_vm_starts_does_not_run_unadmitted(guarde
         assert used <= 4, f"{used} vCPUs of guests on a VirtualResources budget of 4 vCPUs"
 
 
-@pytest.mark.parametrize("guarded", open_without_the_guard("a VMI's size is KubeVirt's to change while it migrates"))
+@pytest.mark.parametrize(
+    "guarded", [pytest.param(False, id="without_the_guard"), pytest.param(True, id="with_the_guard")]
+)
 async def test_a_cpu_hotplug_while_a_migration_target_waits_does_not_run_unadmitted(guarded: bool) -> None:
     """`VirtualResources`, 4 vCPUs: vm-x runs 2, vm-a 1. The tenant migrates vm-a; KubeVirt makes the target pod for
     1 vCPU, which waits for a node (the migration has not started, so KubeVirt does not hold hotplugs back). The
     tenant raises vm-a's sockets to 4: KubeVirt patches them into the VMI, and the migration's end gives the target's
     domain the spec's 4 vCPUs (``finalizeMigration``, ``hotplugCPU``) in a pod charged for 1: 6 vCPUs of guests on
     4. With the guard a VMI keeps its size while a migration of it is not final (``vmquota-vmi-migration-size``):
-    KubeVirt applies the change once the migration is over, as a hotplug by migration, whose growth does not fit."""
+    KubeVirt applies the change once the migration is over, as a hotplug by migration, whose growth does not fit.
+    Without it, the migration whose end would carry the change out is canceled (the VM counts at its spec while its
+    target exists, and the namespace is over its budget with it), and the tenant told why on its VMI."""
     async with pipeline(guard=guarded) as p:
         ns = "tenant-migrating-cpu"
         await p.managed_quota(ns, "vm-budget", {"requests.cpu": "4"}, mode="VirtualResources")
@@ -411,8 +416,20 @@ async def test_a_cpu_hotplug_while_a_migration_target_waits_does_not_run_unadmit
         await p.wait(lambda: len(vmi_of(p, ns, "vm-a")["status"].get("activePods") or {}) == 2, "KubeVirt to list it")
         await p.sim.hotplug(ns, "vm-a", sockets=4)  # (the tenant's VM: its template is the tenant's to edit)
         await p.sim.wait_quiet()
+        if not guarded:
+            await p.wait(lambda: p.sim.peek("vmim", ns, first) is None, "the migration canceled")
+            await p.wait(
+                lambda: any(
+                    e.get("reason") == "VMQuotaExceeded"
+                    and f"migration {first}:" in e["message"]
+                    and "canceled" in e["message"]
+                    for e in p.objects("events", ns)
+                ),
+                "the tenant told why on its VMI",
+            )
         p.sim.kubevirt.schedulable = set(p.sim.kubevirt.config.nodes)
-        await p.wait_migration(ns, first)
+        if guarded:
+            await p.wait_migration(ns, first)
         await p.wait(lambda: vmi_sockets(p, ns, "vm-a") == 4, "KubeVirt to apply the CPU change")
         await p.wait(
             lambda: growth_refused(p, ns) or status_sockets(p, ns, "vm-a") == 4, "the change refused or carried out"
@@ -420,6 +437,37 @@ async def test_a_cpu_hotplug_while_a_migration_target_waits_does_not_run_unadmit
         await p.sim.wait_quiet()
         used = domain_vcpus(p, ns)
         assert used <= 4, f"{used} vCPUs of guests on a VirtualResources budget of 4 vCPUs"
+
+
+@pytest.mark.parametrize(
+    "guarded", [pytest.param(False, id="without_the_guard"), pytest.param(True, id="with_the_guard")]
+)
+async def test_a_target_rendered_from_the_vmi_before_a_cpu_hotplug_does_not_run_it_unadmitted(guarded: bool) -> None:
+    """`VirtualResources`, 5 vCPUs: vm-x runs 2, vm-a 1. The tenant raises vm-a's sockets to 4: KubeVirt patches them
+    into the VMI, and its workload-update migration's target is rendered from its cache of the VMI before the patch,
+    made for 1 vCPU (a drain's migration created the moment after a hotplug, too; with the guard, tenants may not
+    migrate such a VM, KubeVirt and administrators may). The target fits the room natively, and the migration's end
+    would give the domain the spec's 4 vCPUs (``finalizeMigration``, ``hotplugCPU``): 6 vCPUs of guests on 5. The
+    migration is canceled (here before its hand-off: the target waits for a node), and KubeVirt's next migration,
+    rendered at the new size, has its growth refused."""
+    async with pipeline(guard=guarded) as p:
+        ns = "tenant-stale-target"
+        await p.managed_quota(ns, "vm-budget", {"requests.cpu": "5"}, mode="VirtualResources")
+        await p.start_vm(ns, "vm-x", memory="1Gi", sockets=2)
+        await p.start_vm(ns, "vm-a", memory="1Gi", sockets=1)
+        p.sim.kubevirt.render_from[(ns, "vm-a")] = copy.deepcopy(vmi_of(p, ns, "vm-a"))
+        p.sim.kubevirt.schedulable = set()  # (the target waits for a node)
+        await p.sim.hotplug(ns, "vm-a", sockets=4)  # (the tenant's VM: its template is the tenant's to edit)
+        await p.wait(lambda: bool(p.objects("vmim", ns)), "KubeVirt's workload-update migration")
+        first = str(p.objects("vmim", ns)[0]["metadata"]["name"])
+        await p.wait(lambda: p.sim.peek("vmim", ns, first) is None, "the migration canceled")
+        await p.wait(lambda: len(p.launcher_pods(ns, "vm-a")) == 1, "its target pod deleted")
+        p.sim.kubevirt.schedulable = set(p.sim.kubevirt.config.nodes)
+        await p.wait(lambda: growth_refused(p, ns), "KubeVirt's next migration, its growth refused")
+        await p.sim.wait_quiet()
+        assert status_sockets(p, ns, "vm-a") == 1
+        used = domain_vcpus(p, ns)
+        assert used <= 5, f"{used} vCPUs of guests on a VirtualResources budget of 5 vCPUs"
 
 
 def vmi_of(p: Pipeline, ns: str, name: str) -> Obj:

@@ -322,6 +322,9 @@ class BeatenOnce:
     async def nudge_vmi(self, namespace: str, name: str, token: str) -> None:
         await self.inner.nudge_vmi(namespace, name, token)
 
+    async def cancel_migration(self, namespace: str, name: str, uid: str) -> bool:
+        return await self.inner.cancel_migration(namespace, name, uid)
+
     async def put_reservation(self, namespace: str, body: Obj, resource_version: str) -> str:
         return await self.inner.put_reservation(namespace, body, resource_version)
 

@@ -22,6 +22,7 @@ from shared.accounting.memo import Memo
 from shared.accounting.namespace import account_namespace, account_view, by_kind
 from shared.accounting.results import (
     ADMITTED,
+    CANCEL,
     GROWTH_REFUSED,
     LAUNCHER,
     MIGRATION_TARGET,
@@ -392,6 +393,69 @@ def test_cpu_hotplug_growth_of_a_vm_with_an_explicit_cpu_request_is_admitted_lik
     u = account([quota, other, *pods, grown, source, vmim_obj("m", "v", rejected=True)])
     assert mig(u, "m").state == GROWTH_REFUSED, mig(u, "m")
     assert mig(u, "m").growth["requests.cpu"] == Q("200m")
+
+
+def stale_target(budget_cpus: str) -> tuple[dict[str, Any], ...]:
+    """A ``VirtualResources`` budget of ``budget_cpus`` vCPUs; vm-x runs 2 vCPUs, vm-a 1 and asks 4 (a CPU hotplug
+    KubeVirt has not carried out), and a migration of vm-a whose target KubeVirt made for 1 vCPU: rendered from the
+    VMI its cache had before the change, or made before the change came."""
+    quota = quota_obj("rq", {"requests.cpu": budget_cpus}, Mode.VIRTUAL_RESOURCES)
+    other = vmi_obj("vm-x", vcpus=2, t=1)
+    grown = vmi_obj("vm-a", vcpus=4, status_vcpus=1, t=2)
+    before = vmi_obj("vm-a", vcpus=1, t=2)
+    source = launcher_obj(before, vouched=False)
+    target = launcher_obj(before, migration_uid="mig-m", node="n2", t=200, vouched=False)
+    vouch(grown, source)
+    vouch(grown, target)
+    return quota, other, launcher_obj(other), grown, source, target, vmim_obj("m", "vm-a", phase="Scheduling")
+
+
+def test_a_migration_whose_end_would_carry_out_a_hotplug_that_does_not_fit_is_canceled() -> None:
+    """virt-handler gives the domain the spec's vCPUs at the end of a migration whatever its target was made for
+    (``finalizeMigration``, ``hotplugCPU``): the migration of vm-a would run 6 vCPUs of guests on a budget of 4."""
+    u = account(list(stale_target("4")))
+    m = mig(u, "m")
+    assert m.state == CANCEL, m
+    assert "over its budget in requests.cpu" in m.reason and "keeps running at its current size" in m.reason
+    assert not m.reserved and not u.quotas["rq"].reserved
+
+
+def test_a_target_the_ledger_first_saw_beside_the_grown_spec_is_canceled_all_the_same() -> None:
+    """The ledger remembers a pod as made for its VMI's spec as it first saw it with the pod: the stale target,
+    created after the hotplug, is remembered as made for 4 vCPUs, which is no evidence that the VM ran at them
+    before; what it runs at is judged without the target."""
+    quota, other, other_pod, grown, source, target, migration = stale_target("5")
+    before = vmi_obj("vm-a", vcpus=1, t=2)
+    vouch(before, source)
+    u = account_history([quota, other, other_pod, before, source, grown, migration, target])
+    m = mig(u, "m")
+    assert m.state == CANCEL, m
+
+
+def test_a_pod_made_for_the_new_size_beside_the_vm_does_not_keep_its_migration_from_being_canceled() -> None:
+    """The tenant's pod with a controller reference to the VMI, made for its new size, which KubeVirt adopts: the VM
+    counts at that size already, but KubeVirt's own pod was made for the old one."""
+    quota, other, other_pod, grown, source, target, migration = stale_target("5")
+    adopted = launcher_obj(grown, suffix="-t", t=150, controller=True)
+    u = account([quota, other, other_pod, grown, source, adopted, target, migration])
+    assert mig(u, "m").state == CANCEL, mig(u, "m")
+
+
+def test_a_migration_whose_end_carries_out_a_hotplug_that_fits_is_not_canceled() -> None:
+    u = account(list(stale_target("6")))
+    assert mig(u, "m").state == TARGET_CREATED
+    assert format_resource_list(u.quotas["rq"].used)["requests.cpu"] == "6"  # (the VM at its spec while it moves)
+
+
+def test_a_migration_of_a_vm_whose_size_does_not_change_is_not_canceled_over_the_budget() -> None:
+    """A namespace over its budget (lowered below what runs) still migrates a VM whose size does not change."""
+    quota, other, other_pod, _, source, target, migration = stale_target("2")
+    same = vmi_obj("vm-a", vcpus=1, t=2)
+    vouch(same, source)
+    vouch(same, target)
+    u = account([quota, other, other_pod, same, source, target, migration])
+    assert u.quotas["rq"].over_budget == ("requests.cpu",)
+    assert mig(u, "m").state == TARGET_CREATED
 
 
 def test_an_adopted_pod_does_not_hide_a_hotplugs_growth() -> None:

@@ -24,6 +24,7 @@ from services.devtools.simcluster.kubevirt import (
     MIGRATION_REQUIRED,
     VMI_FINALIZER,
     KubeVirtTiming,
+    has_condition,
     phase,
 )
 from services.devtools.simcluster.store_api import ApiError, Obj
@@ -889,12 +890,17 @@ async def test_a_migration_deleted_after_its_hand_off_is_aborted_and_the_vmi_sta
     sim: SimCluster,
 ) -> None:
     """Deleting a migration KubeVirt handed off aborts it unless the domain has moved already: the migration
-    controller asks for the abort in the VMI's migration state (``markMigrationAbortInVmiStatus``), virt-handler
-    aborts, the migration fails, the target pod goes, and the VMI runs on on its source."""
+    controller marks it ``AbortRequested``, and once it runs asks for the abort in the VMI's migration state
+    (``markMigrationAbortInVmiStatus``); virt-handler aborts, the migration fails, the target pod goes, and the VMI
+    runs on on its source."""
     await sim.create_vm("t", "vm1", memory="512Mi")
     vmi = await sim.wait_for_phase("t", "vm1", "Running")
     source = vmi["status"]["nodeName"]
-    sim.kubevirt.timing = dataclasses.replace(sim.kubevirt.timing, migration_step=60.0)  # (held once handed off)
+    sim.kubevirt.timing = dataclasses.replace(
+        sim.kubevirt.timing, migration_step=10.0
+    )  # (each phase after hand-off, times the speed)
+    seen: list[Obj] = []
+    sim.store.on_change(lambda t, r, o: seen.append(o) if r.plural == "virtualmachineinstancemigrations" else None)
     await sim.migrate("t", "vm1", name="mig1")
 
     def handed_off_to() -> str:
@@ -910,6 +916,8 @@ async def test_a_migration_deleted_after_its_hand_off_is_aborted_and_the_vmi_sta
     state = after["status"]["migrationState"]
     assert state["abortRequested"] and state["abortStatus"] == "Succeeded" and state["failed"], state
     assert after["status"]["nodeName"] == source and after["status"]["phase"] == "Running"
+    asked = [o["status"].get("phase") for o in seen if has_condition(o, "AbortRequested")]
+    assert asked[0] != "Running" and "Running" in asked, f"asked in {asked}: it went on until it ran"
     assert sim.peek("pods", "t", target) is None, "the aborted migration's target is deleted"
     assert [p["status"]["phase"] for p in await sim.launcher_pods("t", "vm1")] == ["Running"]
 

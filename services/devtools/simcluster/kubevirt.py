@@ -17,7 +17,7 @@ What vmquota depends on behaves as in KubeVirt (see ``docs/simcluster.md``, "Con
 * **Migration controller** — virt-api's webhook puts ``kubevirt.io/migrationJobFinalize`` on each new migration
   (nothing puts it back once it is taken off) and keeps a migration's spec; one deleted before the hand-off is
   canceled (its target pod deleted, the migration failed: ``handlePreHandoffMigrationCancel``), one deleted after it
-  aborted unless its domain has moved already.
+  aborted once it runs, unless its domain has moved already.
   Pending → target pod (label ``kubevirt.io/migrationJobUID``, annotation
   ``kubevirt.io/migrationJobName``; a quota refusal sets ``migrationRejectedByResourceQuota`` and keeps the
   migration Pending, retried like pod creation, and at once when a ResourceQuota of the namespace is updated or
@@ -107,6 +107,8 @@ VMI_FINAL: Final = frozenset({"Succeeded", "Failed"})
 VMIM_FINAL: Final = frozenset({"Succeeded", "Failed"})
 VMIM_ACTIVE: Final = frozenset({"Scheduling", "Scheduled", "PreparingTarget", "TargetReady", "Running"})
 POD_TERMINAL: Final = frozenset({"Succeeded", "Failed"})
+ABORT_REQUESTED: Final = "AbortRequested"
+"""The condition KubeVirt's migration controller puts on a migration deleted before it is final."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1523,10 +1525,11 @@ class KubeVirtSimulator:
         finalizers = meta(vmim).get("finalizers") or []
         vmi = self.cache.get("virtualmachineinstances", key[0], str((vmim.get("spec") or {}).get("vmiName") or ""))
         if deleting(vmim):
-            # KubeVirt's finalizer: a migration deleted before its hand-off is canceled (its target pod deleted, the
-            # migration failed: handlePreHandoffMigrationCancel); one handed off is aborted unless its domain has
-            # moved already (markMigrationAbortInVmiStatus, then virt-handler's abort: the VMI stays on its source);
-            # the finalizer goes once it is final, and the migration with it
+            # KubeVirt's finalizer: a migration deleted before its hand-off is canceled (condition AbortRequested,
+            # its target pod deleted, the migration failed: handlePreHandoffMigrationCancel); one handed off gets the
+            # condition and goes on until it runs, when its abort is asked in the VMI's migration state
+            # (markMigrationAbortInVmiStatus) and virt-handler aborts it unless the domain has moved already (the VMI
+            # stays on its source); the finalizer goes once it is final, and the migration with it
             if MIGRATION_FINALIZER not in finalizers:
                 return
             if phase(vmim) in VMIM_FINAL:
@@ -1541,11 +1544,17 @@ class KubeVirtSimulator:
             handed_off = vmi is not None and (status(vmi).get("migrationState") or {}).get("migrationUid") == uid_of(
                 vmim
             )
+            if not has_condition(vmim, ABORT_REQUESTED):
+
+                def ask(o: Obj) -> None:
+                    set_condition(o["status"].setdefault("conditions", []), ABORT_REQUESTED, "True", probe=True)
+
+                await self._update_status(self.r_vmims, key, ask)
             if not handed_off:
                 await self._fail_migration(vmim, vmi, "Migration failed due to being canceled")
                 return
             assert vmi is not None
-            if not self._completed(vmi, vmim):
+            if phase(vmim) == "Running" and not self._completed(vmi, vmim):
                 await self._update_migration_state(vmi, lambda ms: ms.update(abortRequested=True))
                 await self._fail_migration(vmim, vmi, "Live migration aborted", aborted=True)
                 return

@@ -70,6 +70,12 @@ class Admission(Migrations):
         v = c.v
         if not self._size_change(v):
             return False
+        shows = nonzero(self.renderer.hotplug_growth(v))
+        at_spec = self.renderer.new_pod_usage(v) if shows else None
+        if at_spec is not None and not any(r in shows for r in nonzero(growth(at_spec, c.charged))):
+            # made for the spec, in every resource the change shows in: the change got in as the pod it needs (a VM
+            # whose domain started at its spec, its status lagging, migrates whatever the budget says)
+            return False
         key = vm_key(v)
         cur = self.vm_entries.get(key)
         if cur is None:

@@ -109,7 +109,8 @@ class Migrations(Vms):
             attach = v.hotplug_volumes and m.phase in ("", "Pending") and target.phase == "Running"
             attach = attach and not self._attached(target)
             # (decided once running VMs are counted)
-            self.created.append(CreatedTarget(len(self.mig_entries), m, v, target, grow, exists, attach))
+            index = len(self.mig_entries)
+            self.created.append(CreatedTarget(index, m, v, target, targets[0][1], grow, exists, attach))
             return migration_entry(m, TARGET_CREATED, exists, None, grow)
         if not sources:
             return migration_entry(m, WAITING, "the VMI has no running launcher pod")

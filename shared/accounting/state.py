@@ -167,6 +167,8 @@ class CreatedTarget:
     m: VmimSnapshot
     v: VmiSnapshot
     target: PodSnapshot
+    charged: ResourceList
+    """What quota charges the target."""
     grow: ResourceList
     exists: str
     """Why its entry says the target exists."""

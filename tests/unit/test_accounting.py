@@ -441,6 +441,28 @@ def test_a_pod_made_for_the_new_size_beside_the_vm_does_not_keep_its_migration_f
     assert mig(u, "m").state == CANCEL, mig(u, "m")
 
 
+def test_a_vm_whose_domain_started_at_its_spec_is_not_canceled_over_the_budget() -> None:
+    """Raised to 4 vCPUs while pending, the VMI's launcher pod (and so its domain) was made for 4 while its status
+    keeps the 1 it was created with until a migration ends; an administrator then lowers the budget below what runs.
+    Its migration, whose target is made for 4 too, changes nothing: it is not canceled (it was, and every later
+    migration of the VM with it)."""
+    quota = quota_obj("rq", {"requests.cpu": "3"}, Mode.VIRTUAL_RESOURCES)
+    other = vmi_obj("vm-x", vcpus=2, t=1)
+    created = vmi_obj("vm-a", vcpus=1, status_vcpus=1, t=2, phase="Pending")
+    raised = vmi_obj("vm-a", vcpus=4, status_vcpus=1, t=2, phase="Pending")
+    running = vmi_obj("vm-a", vcpus=4, status_vcpus=1, t=2)
+    source = launcher_obj(running, t=5, vouched=False)
+    target = launcher_obj(running, migration_uid="mig-m", node="n2", t=200, vouched=False)
+    vouch(running, source)
+    moving = vmi_obj("vm-a", vcpus=4, status_vcpus=1, t=2)
+    vouch(moving, source)
+    vouch(moving, target)
+    history = [quota, other, launcher_obj(other), created, raised, source, running]
+    assert format_resource_list(account_history(history).quotas["rq"].used)["requests.cpu"] == "6"
+    u = account_history([*history, vmim_obj("m", "vm-a", phase="Scheduling"), target, moving])
+    assert mig(u, "m").state == TARGET_CREATED, mig(u, "m")
+
+
 def test_a_migration_whose_end_carries_out_a_hotplug_that_fits_is_not_canceled() -> None:
     u = account(list(stale_target("6")))
     assert mig(u, "m").state == TARGET_CREATED

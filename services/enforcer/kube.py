@@ -103,41 +103,37 @@ class KubeQuotas:
     async def cancel_migration(self, namespace: str, name: str, uid: str) -> bool:
         """Delete the migration ``name`` if it is still the one of ``uid`` and not final (KubeVirt cancels a deleted
         migration before its hand-off and aborts it after); False when it is gone, another or final. The delete has
-        the uid and the version read as preconditions, so a migration that moved on meanwhile is read again. RBAC:
-        ``get`` and ``delete`` on ``virtualmachineinstancemigrations``."""
-        for _ in range(3):
-            m = await call_object_or_none(
-                self.custom.get_namespaced_custom_object,
+        the uid as precondition (a migration of the same name made since is left alone; one that turned final in
+        between is deleted harmlessly). RBAC: ``get`` and ``delete`` on ``virtualmachineinstancemigrations``."""
+        m = await call_object_or_none(
+            self.custom.get_namespaced_custom_object,
+            "kubevirt.io",
+            "v1",
+            namespace,
+            "virtualmachineinstancemigrations",
+            name,
+            _request_timeout=self.timeout,
+        )
+        meta = (m or {}).get("metadata") or {}
+        phase = ((m or {}).get("status") or {}).get("phase")
+        if m is None or meta.get("uid") != uid or meta.get("deletionTimestamp") or phase in _FINAL_MIGRATION:
+            return False
+        try:
+            await call_bytes(
+                self.custom.delete_namespaced_custom_object,
                 "kubevirt.io",
                 "v1",
                 namespace,
                 "virtualmachineinstancemigrations",
                 name,
+                body=cast(Any, {"preconditions": {"uid": uid}}),
                 _request_timeout=self.timeout,
             )
-            meta = (m or {}).get("metadata") or {}
-            phase = ((m or {}).get("status") or {}).get("phase")
-            if m is None or meta.get("uid") != uid or meta.get("deletionTimestamp") or phase in _FINAL_MIGRATION:
+        except KubeError as e:
+            if e.not_found or e.conflict:  # (gone, or another of its name)
                 return False
-            body = {"preconditions": {"uid": uid, "resourceVersion": version_of(m)}}
-            try:
-                await call_bytes(
-                    self.custom.delete_namespaced_custom_object,
-                    "kubevirt.io",
-                    "v1",
-                    namespace,
-                    "virtualmachineinstancemigrations",
-                    name,
-                    body=cast(Any, body),
-                    _request_timeout=self.timeout,
-                )
-                return True
-            except KubeError as e:
-                if e.not_found:
-                    return False
-                if not e.conflict:
-                    raise
-        return False
+            raise
+        return True
 
     async def get_vmi(self, namespace: str, name: str) -> Obj | None:
         """The VMI as the API server has it now (a quorum read), None when there is none (RBAC: ``get`` on

@@ -164,20 +164,31 @@ class Reporter:
         """Cancel each migration usage ``u`` says is to be (``cancel``: its end would carry out a size change of its
         VM that does not fit) by deleting it, and tell its VMI why; once per migration, at once (the size change is
         carried out at the migration's end, whatever quota admission says meanwhile). A failed cancel is logged and
-        tried again with the next usage snapshot."""
+        tried again with the next usage snapshot. Dry-run: logged once per migration, nothing deleted."""
         for m in u.migrations:
             if m.state == "cancel" and m.uid and (namespace, m.uid) not in self._canceled:
                 _remember(self._canceled, (namespace, m.uid), None)
+                if self.opts.dry_run:
+                    self.own.cancels.labels(outcome="dry-run").inc()
+                    log.warning("dry run: migration not canceled", namespace=namespace, migration=m.name, vmi=m.vmi)
+                    continue
                 self.spawn(self._cancel(namespace, m), f"cancel-{namespace}-{m.name}")
 
     async def _cancel(self, namespace: str, m: contract.MigrationState) -> None:
-        try:
-            canceled = await self.kube.cancel_migration(namespace, m.name, m.uid)
-        except KubeError as e:
-            self._canceled.pop((namespace, m.uid), None)
-            self.own.cancels.labels(outcome="failed").inc()
-            log.warning("migration not canceled", namespace=namespace, migration=m.name, vmi=m.vmi, error=str(e))
-            return
+        """Cancel one migration: a transient failure is tried again at once after a backoff (the migration's end
+        does not wait), three times; then it is forgotten, and the next usage snapshot that asks tries again."""
+        for attempt in range(3):
+            try:
+                canceled = await self.kube.cancel_migration(namespace, m.name, m.uid)
+                break
+            except KubeError as e:
+                if e.retryable and attempt < 2:
+                    await asyncio.sleep(self._backoff.delay(attempt))
+                    continue
+                self._canceled.pop((namespace, m.uid), None)
+                self.own.cancels.labels(outcome="failed").inc()
+                log.warning("migration not canceled", namespace=namespace, migration=m.name, vmi=m.vmi, error=str(e))
+                return
         self.own.cancels.labels(outcome="canceled" if canceled else "gone").inc()
         if not canceled:
             log.info("migration to cancel is gone or final", namespace=namespace, migration=m.name, vmi=m.vmi)

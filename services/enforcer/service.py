@@ -259,7 +259,7 @@ class Enforcer:
         """Act only once both inputs have been read to their end: planning with the quotas but not yet the usage
         (or the other way round) would write a transient state after every restart."""
         self._caught_up[what] = True
-        if what == "usage" and not self.opts.dry_run:
+        if what == "usage":
             # (the cancels the latest usage of each namespace asks: those of the snapshots replayed before it may
             # have been undone since)
             for ns, u in self.usage.items():
@@ -339,7 +339,7 @@ class Enforcer:
         self._usage_at[u.namespace] = at
         self.usage[u.namespace] = u
         self.quota_metrics.observe(u)
-        if self._caught_up["usage"] and not self.opts.dry_run and not self._stopped:
+        if self._caught_up["usage"] and not self._stopped:
             self.reporter.cancel(u.namespace, u)
         self._touch_namespace(u.namespace)
 

@@ -40,8 +40,9 @@ from shared.quota.annotations import (
 )
 from shared.snapshot import VmiSnapshot, size_digest
 from shared.times import rfc3339
-from tests.builders import created_vmi, vmi_obj
+from tests.builders import created_vmi, usage_snapshot, vmi_obj
 from tests.integration.e2e import full_namespace, install_guard, pipeline, rl
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -1226,3 +1227,90 @@ async def test_summary_writes_have_their_own_rate_bound(
         )
         assert refreshed == 4, refreshed
         assert took >= 0.9, f"4 refreshes at 2/s with a burst of 2 take a second; took {took:.2f} s"
+
+
+# ---- the cancel of a migration whose end would carry out a size change that does not fit -------------------------
+
+
+async def test_a_migration_is_canceled_only_while_it_is_the_one_asked_and_not_final(
+    sim: SimCluster, api: client.ApiClient
+) -> None:
+    """``cancel_migration`` deletes the migration of that name only while it has that uid and is not final (KubeVirt
+    then cancels it); one made since under the name, and one that ended, are left alone."""
+    kube = KubeQuotas(api)
+    await sim.create_vm(NS, "vm1", memory="512Mi")
+    vmi = await sim.wait_for_phase(NS, "vm1", "Running")
+    sim.kubevirt.schedulable = {vmi["status"]["nodeName"]}  # (the target finds no node: the migration waits)
+    await sim.migrate(NS, "vm1", name="mig1")
+    waiting = await sim.wait_for_phase(NS, "mig1", "Scheduling", kind="vmim")
+    assert not await kube.cancel_migration(NS, "mig1", "another-uid")
+    assert sim.peek("vmim", NS, "mig1") is not None
+    assert await kube.cancel_migration(NS, "mig1", waiting["metadata"]["uid"])
+    await sim.wait_for(lambda: sim.peek("vmim", NS, "mig1") is None, what="KubeVirt to cancel it")
+    assert not await kube.cancel_migration(NS, "mig1", waiting["metadata"]["uid"])  # (gone)
+    sim.kubevirt.schedulable = set(sim.kubevirt.config.nodes)
+    await sim.migrate(NS, "vm1", name="mig2")
+    done = await sim.wait_for_phase(NS, "mig2", "Succeeded", kind="vmim")
+    assert not await kube.cancel_migration(NS, "mig2", done["metadata"]["uid"])
+    assert sim.peek("vmim", NS, "mig2") is not None, "a final migration is left alone"
+
+
+class FlakyCancels(BeatenOnce):
+    """The enforcer's calls, but the first ``fail`` cancels fail with ``status``."""
+
+    def __init__(self, inner: KubeQuotas, sim: SimCluster, status: int, fail: int) -> None:
+        super().__init__(inner, sim)
+        self.status, self.fail, self.cancels = status, fail, 0
+
+    async def cancel_migration(self, namespace: str, name: str, uid: str) -> bool:
+        self.cancels += 1
+        if self.cancels <= self.fail:
+            raise KubeError(self.status, "ServiceUnavailable" if self.status == 503 else "Forbidden", "no")
+        return await self.inner.cancel_migration(namespace, name, uid)
+
+
+@pytest.mark.parametrize(("status", "tries"), [(503, 3), (403, 1)])
+async def test_a_cancel_that_fails_is_tried_again(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, status: int, tries: int
+) -> None:
+    """A transient failure is tried again at once (twice, after a backoff); any other is forgotten, and the next
+    usage snapshot asking the cancel tries again. Each cancel tells the VMI why, once."""
+    await sim.create_vm(NS, "vm1", memory="512Mi")
+    vmi = await sim.wait_for_phase(NS, "vm1", "Running")
+    sim.kubevirt.schedulable = {vmi["status"]["nodeName"]}
+    await sim.migrate(NS, "vm1", name="mig1")
+    m = await sim.wait_for_phase(NS, "mig1", "Scheduling", kind="vmim")
+    calls = FlakyCancels(KubeQuotas(api), sim, status, fail=2)
+    e = Enforcer(bus, calls, EnforcerOptions(cluster=CLUSTER, retry_base=0.001), metrics=Metrics())
+    state = contract.MigrationState(
+        name="mig1", uid=m["metadata"]["uid"], vmi="vm1", phase="Scheduling", state="cancel", reason="its end would"
+    )
+    asked = usage_snapshot(NS, 1, migrations=[state])
+    e.reporter.cancel(NS, asked)
+    await wait_until(lambda: not e.reporter.side_tasks, what="the cancel")
+    assert calls.cancels == tries
+    if status == 403:
+        assert sim.peek("vmim", NS, "mig1") is not None
+        e.reporter.cancel(NS, asked)  # (the next snapshot)
+        await wait_until(lambda: not e.reporter.side_tasks, what="the cancel")
+        e.reporter.cancel(NS, asked)
+        await wait_until(lambda: not e.reporter.side_tasks, what="the cancel")
+        assert calls.cancels == 3, "tried with each snapshot until it went through, then no more"
+    await sim.wait_for(lambda: sim.peek("vmim", NS, "mig1") is None, what="KubeVirt to cancel it")
+    told = [ev for ev in await sim.events(NS, "vm1", reason="VMQuotaExceeded") if "mig1" in ev["message"]]
+    assert len(told) == 1, told
+
+
+async def test_a_dry_run_cancels_nothing(sim: SimCluster, bus: Bus, api: client.ApiClient) -> None:
+    calls = FlakyCancels(KubeQuotas(api), sim, 503, fail=0)
+    metrics = Metrics()
+    e = Enforcer(bus, calls, EnforcerOptions(cluster=CLUSTER, dry_run=True), metrics=metrics)
+    state = contract.MigrationState(name="mig1", uid="u1", vmi="vm1", phase="Scheduling", state="cancel")
+    e.reporter.cancel(NS, usage_snapshot(NS, 1, migrations=[state]))
+    e.reporter.cancel(NS, usage_snapshot(NS, 2, migrations=[state]))
+    await wait_until(lambda: not e.reporter.side_tasks, what="nothing under way")
+    assert calls.cancels == 0
+    seen = metrics.registry.get_sample_value(
+        "vmquota_enforcer_cancels_total", {"service": "enforcer", "outcome": "dry-run"}
+    )
+    assert seen == 1.0, "reported once"

@@ -126,6 +126,10 @@ UNVOUCHED_TARGET_BUG: Final = False
 """With the guard: the room a source pod's end opens while vmquota sees the migration's target pod but not yet
 KubeVirt's ``status.activePods`` naming it (``test_with_the_guard_a_source_pod_ending_before_vmquota_sees_its_
 target_vouched_opens_no_room``)."""
+LATE_CANCEL_BUG: Final = False
+"""A migration whose target was made for fewer vCPUs than its VMI's spec completes before vmquota has reacted to it
+(the known limit "a cancel that comes too late"; the model assumes vmquota, its view caught up, is faster than a
+migration)."""
 SPENT_NUDGE_BUG: Final = False
 """The final settle lets KubeVirt retry, after its backoff, a VMI whose nudge it spent on a try that native quota
 refused (``test_a_nudge_waits_for_the_quota_controller_to_copy_the_raise``: the enforcer nudges once quota
@@ -308,6 +312,12 @@ class Cluster:
     ``status_specs``: in the view ``spec.hard`` and ``status.hard`` come from."""
     spec_specs: dict[str, tuple[int, Quantity | None]] = field(default_factory=dict)
     status_specs: dict[str, tuple[int, Quantity | None]] = field(default_factory=dict)
+    decided: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """Migration name -> its state and its VMI's spec vCPUs in the latest usage snapshot the ledger made from a view
+    that had every write (vmquota caught up)."""
+    reacted: dict[str, int] = field(default_factory=dict)
+    """Migration name -> the VMI spec vCPUs the enforcer last acted on for it from such a snapshot (a migration whose
+    target was made for fewer completes only once vmquota reacted to that spec: ``kv_complete``)."""
     published_seen: frozenset[str] = frozenset()
     """Every pod in the view the latest usage snapshot was made from; ``spec_`` and ``status_seen``: in the view
     ``spec.hard`` and ``status.hard`` come from."""
@@ -635,6 +645,9 @@ class Cluster:
         self.published_specs = {
             uid: (v.vcpus, v.guest_memory) for uid, v in self.view[VMI_KIND].items() if isinstance(v, VmiSnapshot)
         }
+        if all(self.seen[k] == len(self.history[k]) for k in KINDS):
+            vcpus = {v.name: v.vcpus for v in self.view[VMI_KIND].values() if isinstance(v, VmiSnapshot)}
+            self.decided.update({m.name: (m.state, vcpus.get(m.vmi, 0)) for m in body.migrations})
         vouched = {pod for pods in self.published_active.values() for pod in pods}
         self.published_seen = frozenset(self.view[POD_KIND])
         self.published_pods = {
@@ -701,6 +714,15 @@ class Cluster:
             self.guard_write(grow=False)
             if not p.changes or p.action is enforcement.Action.REFRESH:
                 self.guard_confirm(usage)  # (the enforcer's no-change path)
+        if usage is not None:  # (the cancels, at once: ``Reporter.cancel``)
+            for e in usage.migrations:
+                m = self.objs[VMIM_KIND].get(e.name)
+                if e.state == "cancel" and m is not None and uid_of(m) == e.uid:
+                    self.delete_migration(m, finalizer=True)
+                    note("a migration canceled (its end would carry out a size change that does not fit)")
+        for name, (state, vcpus) in self.decided.items():
+            if state in ("cancel", "target-created"):
+                self.reacted[name] = vcpus
         in_effect = rl(self.quota["status"].get("hard")) == rl(self.quota["spec"]["hard"])
         if usage is not None and in_effect:  # (nudges once quota admission checks what was written)
             for v in usage.vms:
@@ -940,6 +962,9 @@ class Cluster:
         target = self.objs[POD_KIND].get(self.targets.get(name, ""))
         if vmi is None or target is None:
             return
+        spec_vcpus = int(vmi["spec"]["domain"]["cpu"]["sockets"])
+        if self.target_sizes[name][0] < spec_vcpus and self.reacted.get(name) != spec_vcpus and not LATE_CANCEL_BUG:
+            return  # (vmquota, caught up, cancels such a migration before the domain moves, or lets it go on)
         node = target["spec"]["nodeName"]
         sources = [p for p in self.vm_pods(vmi) if name_of(p) != name_of(target)]
         if sources:
@@ -1225,8 +1250,11 @@ class Cluster:
         migrations = self.of_kind(VMIM_KIND)
         unfinished = [m for m in migrations if m["status"]["phase"] in ACTIVE_MIGRATION]
         m = self.pick(unfinished or migrations, index)  # (a finished one when none is left)
-        if m is None:
-            return
+        if m is not None:
+            self.delete_migration(m, finalizer=finalizer)
+
+    def delete_migration(self, m: Obj, *, finalizer: bool) -> None:
+        """Migration ``m`` deleted, as KubeVirt takes it (see :meth:`tenant_delete_migration`)."""
         name = name_of(m)
         target = self.objs[POD_KIND].get(self.targets.get(name, ""))
         vmi = self.vmi(m["spec"]["vmiName"])
@@ -1265,9 +1293,10 @@ class Cluster:
     def tenant_hotplug(self, index: int, extra_mib: int, extra_cpus: int) -> None:
         """Memory or CPU hotplug of a running VM: its VMI's spec grows, its status keeps the current size. KubeVirt
         applies none while the VMI migrates (handed off); the guard none while a migration of it is not final
-        (``vmquota-vmi-migration-size``). Without the guard a hotplug while a migration's target waits (made, not
-        handed off) is a known limit this model leaves out: the migration's end gives the target's domain the spec's
-        vCPUs in a pod made for fewer (``tests/integration/test_e2e_adversary.py -k migration_target_waits``)."""
+        (``vmquota-vmi-migration-size``). Without it a hotplug while a migration's target waits (made, not handed
+        off) goes through: the migration's end would give the target's domain the spec's vCPUs in a pod made for
+        fewer, and vmquota cancels it when the growth does not fit (``kv_complete`` waits for vmquota to react: the
+        known limit "a cancel that comes too late")."""
         vmi = self.pick([v for v in self.running() if not self.grown(v)], index)
         if vmi is None:
             return
@@ -1280,8 +1309,6 @@ class Cluster:
         if self.guarded and self.migration_size_policy and self.migrations_of(vmi):
             note("a hotplug refused (the guard: a migration of the VMI is not final)")
             return
-        if any(self.targets.get(name_of(m)) in self.objs[POD_KIND] for m in self.migrations_of(vmi)):
-            return  # (without the guard: the known limit left out)
         grown = copy.deepcopy(vmi)
         domain = grown["spec"]["domain"]
         domain["cpu"]["sockets"] += extra_cpus
@@ -1619,6 +1646,27 @@ class LagModel(RuleBasedStateMachine):
     def hotplug(self, index: int, extra_mib: int, extra_cpus: int) -> None:
         if extra_mib or extra_cpus:
             self.c.tenant_hotplug(index, extra_mib, extra_cpus)
+
+    @precondition(
+        lambda self: any(
+            m["status"]["phase"] == "Scheduling" and self.c.targets.get(name_of(m)) in self.c.objs[POD_KIND]
+            for m in self.c.objs[VMIM_KIND].values()
+        )
+    )
+    @rule(index=st.integers(0, 5), extra_cpus=st.integers(1, 2))
+    def hotplug_beside_a_waiting_target(self, index: int, extra_cpus: int) -> None:
+        """A CPU hotplug of a VM whose migration's target waits (KubeVirt applies it; the guard refuses it unless
+        its parameters lag): the migration's end would carry it out whatever the target was made for."""
+        waiting = {
+            m["spec"]["vmiName"]
+            for m in self.c.objs[VMIM_KIND].values()
+            if m["status"]["phase"] == "Scheduling" and self.c.targets.get(name_of(m)) in self.c.objs[POD_KIND]
+        }
+        hotpluggable = [v for v in self.c.running() if not self.c.grown(v)]  # (what tenant_hotplug picks from)
+        picked = self.c.pick([i for i, v in enumerate(hotpluggable) if name_of(v) in waiting], index)
+        if picked is not None:
+            note("a CPU hotplug beside a waiting target")
+            self.c.tenant_hotplug(picked, 0, extra_cpus)
 
     @precondition(_running)
     @rule(index=st.integers(0, 5))
@@ -2218,6 +2266,41 @@ def test_a_hotplug_target_vmquota_reserved_at_the_old_size_gets_no_growth_unadmi
     c.settle()
     c.check_liveness()
     assert not c.excess(), f"over by {format_resource_list(c.excess())}"
+
+
+@pytest.mark.parametrize("guarded", [False, True], ids=["without_the_guard", "with_the_guard"])
+def test_a_migration_whose_end_would_carry_out_a_cpu_hotplug_that_does_not_fit_is_canceled(guarded: bool) -> None:
+    """``VirtualResources``, 3 vCPUs: two VMs of 1 vCPU run; the tenant migrates one, whose target (made for 1 vCPU)
+    gets into the room left, and raises that VM's sockets by 2 while the target waits (with the guard, as if the
+    ninth policy's parameters lagged). The migration's end would give the domain 3 vCPUs: 4 on a budget of 3.
+    vmquota, once it sees the target and the raise, cancels the migration; KubeVirt's next one is rendered at the new
+    size and its growth refused."""
+    c = cluster(Mode.VIRTUAL_RESOURCES, {"requests.cpu": "3"}, guarded=guarded)
+    c.migration_size_policy = False
+    start_vms(c, 2)
+    c.tenant_migrate(0)
+    (m,) = c.of_kind(VMIM_KIND)
+    c.kv_target(name_of(m))  # (refused: the room left is the budget's, not a launcher pod's overhead)
+    c.vmquota_catches_up()
+    c.kv_target(name_of(m))
+    assert name_of(m) in c.targets, "the target gets into the room reserved for it"
+    vm = m["spec"]["vmiName"]
+    c.kv_sync(vm)  # (KubeVirt lists it in the VMI's activePods)
+    c.vmquota_catches_up()  # (with the guard, its VMI no longer holds room: a hotplug is not refused for it)
+    c.tenant_hotplug(next(i for i, v in enumerate(c.running()) if name_of(v) == vm), 0, 2)
+    assert int(c.objs[VMI_KIND][vm]["spec"]["domain"]["cpu"]["sockets"]) == 3
+    c.kv_hand_off(name_of(m))
+    c.kv_complete(name_of(m))
+    assert c.objs[VMIM_KIND][name_of(m)]["status"]["phase"] == "Running", "it waits for vmquota"
+    c.check_safety()
+    c.vmquota_catches_up()
+    assert name_of(m) not in c.objs[VMIM_KIND], "the migration is canceled"
+    assert c.objs[VMI_KIND][vm]["status"]["currentCPUTopology"]["sockets"] == 1
+    c.check_safety()
+    c.settle()
+    c.check_liveness()
+    assert not c.excess(), f"over by {format_resource_list(c.excess())}"
+    assert c.objs[VMI_KIND][vm]["status"]["currentCPUTopology"]["sockets"] == 1, "its growth does not fit"
 
 
 def vmi_guest(c: Cluster, name: str) -> str:

@@ -1653,7 +1653,7 @@ class LagModel(RuleBasedStateMachine):
             for m in self.c.objs[VMIM_KIND].values()
         )
     )
-    @rule(index=st.integers(0, 5), extra_cpus=st.integers(1, 2))
+    @rule(index=st.integers(0, 5), extra_cpus=st.sampled_from([1, 4, 16]))
     def hotplug_beside_a_waiting_target(self, index: int, extra_cpus: int) -> None:
         """A CPU hotplug of a VM whose migration's target waits (KubeVirt applies it; the guard refuses it unless
         its parameters lag): the migration's end would carry it out whatever the target was made for."""

@@ -97,7 +97,7 @@ class EnforcerMetrics:
         )
         self.cancels = counter(
             "vmquota_enforcer_cancels",
-            "Migrations deleted because their end would carry out a size change that does not fit, by outcome",
+            "Migrations deleted because their end would carry out a size change never admitted, by outcome",
             "outcome",
         )
         self.reaction = Histogram(

@@ -1,7 +1,7 @@
 """What the enforcer does besides ``spec.hard``, all off the write path: each decision as a Kubernetes Event on the
 quota and a ``Decision`` on the bus, a Warning Event on a VMI the ledger refused (or whose hotplug it refused), the
 nudge of a VMI KubeVirt was refused a launcher pod for once there is room, and the cancel of a migration whose end
-would carry out a size change that does not fit (:class:`Reporter`)."""
+would carry out a size change never admitted (:class:`Reporter`)."""
 
 from __future__ import annotations
 
@@ -162,7 +162,7 @@ class Reporter:
 
     def cancel(self, namespace: str, u: contract.UsageSnapshot) -> None:
         """Cancel each migration usage ``u`` says is to be (``cancel``: its end would carry out a size change of its
-        VM that does not fit) by deleting it, and tell its VMI why; once per migration, at once (the size change is
+        VM never admitted) by deleting it, and tell its VMI why; once per migration, at once (the size change is
         carried out at the migration's end, whatever quota admission says meanwhile). A failed cancel is logged and
         tried again with the next usage snapshot. Dry-run: logged once per migration, nothing deleted."""
         for m in u.migrations:

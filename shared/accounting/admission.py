@@ -20,8 +20,9 @@ from shared.accounting.state import CreatedTarget, Target, created_key, fmt, siz
 from shared.quantity import ZERO
 from shared.quota.equation import takes
 from shared.quota.modes import DEFINED_RESOURCES, VmSize, mode_usage
-from shared.resources import ResourceList, add, growth, nonzero, positive_part
+from shared.resources import ResourceList, add, growth, maximum, minimum, nonzero, positive_part
 from shared.snapshot import (
+    PodSnapshot,
     VmiSnapshot,
 )
 from shared.vmi import GUARD_REFUSERS
@@ -55,36 +56,85 @@ class Admission(Migrations):
 
     def _cancel_unadmitted(self, c: CreatedTarget) -> bool:
         """Whether migration ``c``, whose target exists, is to be canceled (its entry then says so): its VM's spec
-        is larger than the size it runs at (:meth:`_size_change`; what every pod of it but the target was made for),
-        and with the VM counted at its spec, as it is
-        while its target exists, some quota is over its budget in a resource the change grows. The migration's end
-        would carry the change out unadmitted: virt-handler gives the domain the spec's vCPUs at the end of every
+        is larger than the size it runs at (:meth:`_size_change`), and its end would carry the change out without
+        the growth having passed quota admission. virt-handler gives the domain the spec's vCPUs at the end of every
         migration whatever its target was made for (``finalizeMigration``, ``hotplugCPU``), and its memory whatever
-        it was made for where the VMI's pod-memory label says so (a label the tenant may write). A target made
-        for less than the spec got in without the growth being admitted: KubeVirt rendered it from a VMI its cache
-        had before the change (a drain's migration the moment after a hotplug), or the change came while the
-        target waited (without the reservation guard; with it, in the moment before kube-apiserver's cache has the
-        migration). The enforcer deletes such a migration: KubeVirt cancels one not yet handed off and aborts one
-        that was, and the VM keeps running at its current size; a migration KubeVirt makes again is rendered at the
-        new size, whose growth is admitted, or refused, like any hotplug's."""
+        it was made for where the VMI's pod-memory label says so (a label the tenant may write).
+
+        A target made for the size the VM runs at (:meth:`_made_before_the_change`) got in without the growth:
+        KubeVirt rendered it from a VMI its cache had before the change (a drain's migration the moment after a
+        hotplug), or the change came while the target waited (without the reservation guard; with it, in the
+        moment before kube-apiserver's cache has the migration). Such a migration is canceled whatever the budget
+        says: its growth was never in any pod native quota admitted, and a ``status.hard`` the quota controller has
+        not lowered yet lets other pods into the room it takes. A target made for the change got in with its
+        growth, through quota admission. Where the pods cannot show the change (an explicit CPU request KubeVirt does
+        not grow), the budget decides: canceled when, with the VM counted at its spec, as it is while its target
+        exists, some quota is over its budget in a resource the change grows.
+
+        The enforcer deletes a migration so marked: KubeVirt cancels one not yet handed off and aborts one that was,
+        and the VM keeps running at its current size; a migration KubeVirt makes again is rendered at the new size,
+        whose growth is admitted, or refused, like any hotplug's."""
         v = c.v
         if not self._size_change(v):
             return False
-        shows = nonzero(self.renderer.hotplug_growth(v))
-        at_spec = self.renderer.new_pod_usage(v) if shows else None
-        if at_spec is not None and not any(r in shows for r in nonzero(growth(at_spec, c.charged))):
-            # made for the spec, in every resource the change shows in: the change got in as the pod it needs (a VM
-            # whose domain started at its spec, its status lagging, migrates whatever the budget says)
-            return False
         key = vm_key(v)
-        cur = self.vm_entries.get(key)
-        if cur is None:
-            return False
-        # What it runs at: what every pod of it but the target was made for (a tenant can add a pod made for the new
-        # size, one KubeVirt adopts into the VMI, never shrink KubeVirt's; and the ledger remembers a pod as made for
-        # its VMI's spec as it first saw it with the pod, so a target rendered from the VMI before the change, first
-        # seen after it, would look made for it)
+        # the pods it runs in: every pod of it but the target (a tenant can add a pod made for the new size, one
+        # KubeVirt adopts into the VMI, never shrink KubeVirt's; and the ledger remembers a pod as made for its VMI's
+        # spec as it first saw it with the pod, so a target rendered from the VMI before the change, first seen after
+        # it, would look made for it)
         others = [pc for pc in self.launchers.get(key, []) if pc[0] is not c.target]
+        before = self._made_before_the_change(v, c.charged, others)
+        if before is False:
+            return False
+        if before:
+            why = (
+                f"{c.exists}, made for the size the VM runs at, not its spec's; its end would give the VM its spec's "
+                "size, whose growth was never admitted"
+            )
+        else:
+            parts = self._over_with_the_change(v, others)
+            if not parts:
+                return False
+            why = f"{c.exists}; its end would give the VM its spec's size, which was never admitted and does not fit: "
+            why += "; ".join(parts)
+        why += "; canceled (KubeVirt cancels the migration, or aborts it once handed off), the VM keeps running at its "
+        why += "current size"
+        self.mig_entries[c.index] = migration_entry(c.m, CANCEL, why, None, c.grow)
+        return True
+
+    def _made_before_the_change(
+        self, v: VmiSnapshot, target: ResourceList, others: list[tuple[PodSnapshot, ResourceList]]
+    ) -> bool | None:
+        """Whether a target charged ``target`` was made for the size the VM runs at in ``others`` (its pods but the
+        target), not for its spec. The change shows in the pods as the growth between the renderings at the two
+        sizes (the vCPUs' CPU and memory overhead, guest memory): a target made before the change is charged like
+        the pods the VM runs in, one made for it half that growth more at least (half: a rendering a little off
+        KubeVirt's must not make a target made for the spec look made before it), against the largest of them (a
+        tenant's pod KubeVirt adopted may be smaller than any of KubeVirt's). False too when every pod the VM runs in
+        already has the spec's rendering (its domain started at the spec, say: the VMI raised while pending), whose
+        migration changes nothing; None when the pods cannot show the change (nothing grows in what quota charges,
+        or the VMI does not render)."""
+        grow = nonzero(self.renderer.hotplug_growth(v))
+        charges = [charged for _, charged in others]
+        if not grow or not charges:
+            return None
+        half = {r: q.nanos // 2 for r, q in grow.items()}
+        at_spec = self.renderer.new_pod_usage(v)
+        smallest = functools.reduce(minimum, charges)
+        if at_spec is not None and all(
+            smallest.get(r, ZERO).nanos >= at_spec.get(r, ZERO).nanos - half[r] for r in grow
+        ):
+            return False
+        largest = functools.reduce(maximum, charges)
+        return not any(target.get(r, ZERO).nanos >= largest.get(r, ZERO).nanos + half[r] for r in grow)
+
+    def _over_with_the_change(self, v: VmiSnapshot, others: list[tuple[PodSnapshot, ResourceList]]) -> list[str]:
+        """Why the quotas, with the VM counted at its spec (as it is while its target exists), are over their budget
+        in a resource the change grows against what the VM runs at (what every pod of it in ``others``, all but the
+        target, was made for), or nothing."""
+        cur = self.vm_entries.get(vm_key(v))
+        if cur is None:
+            return []
         now = current_size(v)
         vcpus = self._made_for_vcpus(v, others, every=True) if others else now.vcpus
         memory = vm_size(v).guest_memory if self._carries_memory(v, [ch for _, ch in others]) else now.guest_memory
@@ -97,16 +147,7 @@ class Admission(Migrations):
             if over:
                 label = f"quota {name} ({q.policy.mode.value})" if name else f"({q.policy.mode.value})"
                 parts.append(f"{label} is over its budget in {', '.join(over)} with the VM at its new size")
-        if not parts:
-            return False
-        why = (
-            f"{c.exists}; its end would give the VM its spec's size, which was never admitted and does not fit: "
-            + "; ".join(parts)
-            + "; canceled (KubeVirt cancels the migration, or aborts it once handed off), and the VM keeps running "
-            "at its current size"
-        )
-        self.mig_entries[c.index] = migration_entry(c.m, CANCEL, why, None, c.grow)
-        return True
+        return parts
 
     def _size_change(self, v: VmiSnapshot) -> bool:
         """The VM's spec is larger than the size it runs at (:func:`~shared.accounting.state.size_change`), or than

@@ -36,8 +36,9 @@ WAITING: Final = "waiting"
 NOT_TRIED: Final = "not-tried"
 GROWTH_REFUSED: Final = "growth-refused"
 CANCEL: Final = "cancel"
-"""A migration whose target exists and whose end would carry out a size change of its VM that does not fit: the
-enforcer deletes it (``Admission._cancel_unadmitted``)."""
+"""A migration whose target exists and whose end would carry out a size change of its VM never admitted (its target
+made before the change, or, where pods cannot show it, a change that does not fit): the enforcer deletes it
+(``Admission._cancel_unadmitted``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +85,7 @@ class MigrationEntry:
     state: str
     """``pending`` (target reserved: KubeVirt was refused it), ``not-tried`` (no room held: KubeVirt has not been
     refused a target pod), ``growth-refused`` (its hotplug growth does not fit), ``target-created``, ``cancel``
-    (its target exists, and its end would carry out a size change that does not fit: the enforcer deletes it),
+    (its target exists, and its end would carry out a size change never admitted: the enforcer deletes it),
     ``queued`` (behind another migration of the VMI), ``waiting`` (the VMI has no running launcher pod) or
     ``attachment-reserved`` (its target exists and the room of its hotplug attachment pod is reserved)."""
     reason: str

@@ -159,7 +159,7 @@ class MigrationState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     phase: str = ""
     state: str = ""
     """``pending`` (target reserved), ``not-tried``, ``growth-refused``, ``target-created``, ``cancel`` (the target
-    exists, and the migration's end would carry out a size change that does not fit: the enforcer deletes it),
+    exists, and the migration's end would carry out a size change never admitted: the enforcer deletes it),
     ``attachment-reserved`` (the target exists; its hotplug attachment pod is reserved), ``queued`` or
     ``waiting``."""
     reason: str = ""

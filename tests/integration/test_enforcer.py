@@ -1229,7 +1229,7 @@ async def test_summary_writes_have_their_own_rate_bound(
         assert took >= 0.9, f"4 refreshes at 2/s with a burst of 2 take a second; took {took:.2f} s"
 
 
-# ---- the cancel of a migration whose end would carry out a size change that does not fit -------------------------
+# ---- the cancel of a migration whose end would carry out a size change never admitted -------------------------
 
 
 async def test_a_migration_is_canceled_only_while_it_is_the_one_asked_and_not_final(

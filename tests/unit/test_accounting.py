@@ -416,7 +416,7 @@ def test_a_migration_whose_end_would_carry_out_a_hotplug_that_does_not_fit_is_ca
     u = account(list(stale_target("4")))
     m = mig(u, "m")
     assert m.state == CANCEL, m
-    assert "over its budget in requests.cpu" in m.reason and "keeps running at its current size" in m.reason
+    assert "made for the size the VM runs at" in m.reason and "keeps running at its current size" in m.reason
     assert not m.reserved and not u.quotas["rq"].reserved
 
 
@@ -463,10 +463,60 @@ def test_a_vm_whose_domain_started_at_its_spec_is_not_canceled_over_the_budget()
     assert mig(u, "m").state == TARGET_CREATED, mig(u, "m")
 
 
-def test_a_migration_whose_end_carries_out_a_hotplug_that_fits_is_not_canceled() -> None:
+def test_a_target_made_before_a_hotplug_is_canceled_even_when_the_growth_fits() -> None:
+    """The growth fits the budget, but it was never in a pod quota admitted: until the quota controller copies the
+    lowered ``hard``, the room it takes is open to other pods."""
     u = account(list(stale_target("6")))
+    m = mig(u, "m")
+    assert m.state == CANCEL, m
+    assert "made for the size the VM runs at" in m.reason
+
+
+def test_a_target_made_for_a_hotplug_that_fits_is_not_canceled() -> None:
+    quota, other, other_pod, grown, source, _, migration = stale_target("6")
+    target = launcher_obj(grown, migration_uid="mig-m", node="n2", t=200, vouched=False)
+    vouch(grown, target)
+    u = account([quota, other, other_pod, grown, source, target, migration])
     assert mig(u, "m").state == TARGET_CREATED
     assert format_resource_list(u.quotas["rq"].used)["requests.cpu"] == "6"  # (the VM at its spec while it moves)
+
+
+@pytest.mark.parametrize("budget", ["4", "6"])
+def test_a_target_made_before_a_hotplug_under_a_cluster_wide_cpu_request_is_canceled(budget: str) -> None:
+    """A KubeVirt CR with ``cpuRequest`` gives every VMI the same ``requests.cpu``, which a CPU hotplug does not grow:
+    the vCPUs' memory overhead still tells a target made before the change from one made for it."""
+    config = KubeVirtConfig(cpu_request=Q("200m"))
+    facts = facts_for({"requests.cpu": budget})
+    quota = quota_obj("rq", {"requests.cpu": budget}, Mode.VIRTUAL_RESOURCES)
+    defaulted: dict[str, Any] = {"requests": {"cpu": "200m"}}
+    other = vmi_obj("vm-x", vcpus=2, t=1, **defaulted)
+    grown = vmi_obj("vm-a", vcpus=4, status_vcpus=1, t=2, **defaulted)
+    before = vmi_obj("vm-a", vcpus=1, t=2, **defaulted)
+    source = launcher_obj(before, config=config, facts=facts)  # (named by the VMI before the change)
+    target = launcher_obj(before, config=config, facts=facts, migration_uid="mig-m", node="n2", t=200, vouched=False)
+    vouch(grown, source)
+    vouch(grown, target)
+    other_pod = launcher_obj(other, config=config, facts=facts)
+    history = [quota, other, other_pod, before, source, grown, vmim_obj("m", "vm-a", phase="Scheduling"), target]
+    assert mig(account_history(history, config=config), "m").state == CANCEL
+    made_for_it = launcher_obj(grown, config=config, facts=facts, migration_uid="mig-m", node="n2", t=200)
+    history = [*history[:-1], made_for_it]
+    assert mig(account_history(history, config=config), "m").state == TARGET_CREATED
+
+
+@pytest.mark.parametrize(("budget", "state"), [("4", CANCEL), ("20", TARGET_CREATED)])
+def test_where_pods_cannot_show_a_size_change_the_budget_decides_its_migration(budget: str, state: str) -> None:
+    """A VMI vmquota cannot render (nothing tells what its pods were made for): its migration is canceled when, with
+    the VM at its spec, the budget is exceeded."""
+    quota, other, other_pod, grown, source, target, migration = stale_target(budget)
+    del grown["spec"]["domain"]["memory"]
+    created = vmi_obj("vm-a", vcpus=1, t=2)
+    vouch(created, source)
+    u = account_history([quota, other, other_pod, created, source, grown, migration, target])
+    assert any("vm-a" in e for e in u.errors), u.errors
+    m = mig(u, "m")
+    assert m.state == state, m
+    assert state != CANCEL or "over its budget in requests.cpu" in m.reason
 
 
 def test_a_migration_of_a_vm_whose_size_does_not_change_is_not_canceled_over_the_budget() -> None:

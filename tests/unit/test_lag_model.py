@@ -719,7 +719,7 @@ class Cluster:
                 m = self.objs[VMIM_KIND].get(e.name)
                 if e.state == "cancel" and m is not None and uid_of(m) == e.uid:
                     self.delete_migration(m, finalizer=True)
-                    note("a migration canceled (its end would carry out a size change that does not fit)")
+                    note("a migration canceled (its end would carry out a size change never admitted)")
         for name, (state, vcpus) in self.decided.items():
             if state in ("cancel", "target-created"):
                 self.reacted[name] = vcpus
@@ -2301,6 +2301,38 @@ def test_a_migration_whose_end_would_carry_out_a_cpu_hotplug_that_does_not_fit_i
     c.check_liveness()
     assert not c.excess(), f"over by {format_resource_list(c.excess())}"
     assert c.objs[VMI_KIND][vm]["status"]["currentCPUTopology"]["sockets"] == 1, "its growth does not fit"
+
+
+def test_a_target_made_before_a_hotplug_whose_growth_fits_is_canceled_all_the_same() -> None:
+    """The machine's own find: one 1-vCPU VM on a budget of 4 (``limits.cpu``, ratio 2) migrates, and its target
+    waits when the tenant adds a vCPU. The growth fits, and the migration went on once vmquota had lowered
+    ``spec.hard``; but ``status.hard``, which native admission reads, still held the room the growth took, and a
+    pod of that room put the namespace 985m over its budget. A target made for the size the VM runs at is canceled
+    whatever the budget says; KubeVirt's next target, made for the spec, passes quota admission."""
+    quota = quota_obj("rq", {"limits.cpu": "4000m"}, Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO, ratio="2")
+    setup = Setup(
+        Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO,
+        KubeVirtConfig(cpu_allocation_ratio=Fraction(4)),
+        Fraction(2),
+        {"limits.cpu": "4000m"},
+        quota,
+    )
+    machine = LagModel()
+    machine.start(setup=setup, vms=[(1, 512)])
+    machine.migrate(index=0)
+    machine.within_the_budget()
+    machine.kubevirt_creates_a_target_and_lists_it(index=0)
+    machine.within_the_budget()
+    machine.hotplug_beside_a_waiting_target(extra_cpus=1, index=0)
+    machine.within_the_budget()
+    machine.vmquota_reacts()
+    machine.within_the_budget()
+    machine.kubevirt_finishes_a_migration_at_once(index=0)
+    machine.within_the_budget()
+    assert not any(
+        m["spec"]["vmiName"] == "vm1" and m["status"]["phase"] == "Succeeded" for m in machine.c.of_kind(VMIM_KIND)
+    )
+    machine.teardown()
 
 
 def vmi_guest(c: Cluster, name: str) -> str:

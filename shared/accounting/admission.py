@@ -67,11 +67,11 @@ class Admission(Migrations):
         moment before kube-apiserver's cache has the migration). Such a migration is canceled whatever the budget
         says: its growth was never in any pod native quota admitted, and a ``status.hard`` the quota controller has
         not lowered yet lets other pods into the room it takes. A target made for the change got in with its
-        growth, through quota admission. Where the pods cannot show the change (an explicit CPU request KubeVirt does
-        not grow), the budget decides: canceled when, with the VM counted at its spec, as it is while its target
-        exists, some quota is over its budget in a resource the change grows.
+        growth, through quota admission. Where the pods cannot show the change (nothing grows in what quota charges,
+        or the VMI does not render), the budget decides: canceled when, with the VM counted at its spec, as it is
+        while its target exists, some quota is over its budget in a resource the change grows.
 
-        The enforcer deletes a migration so marked: KubeVirt cancels one not yet handed off and aborts one that was,
+        The enforcer deletes a migration so marked: KubeVirt cancels one not yet handed off and aborts one that runs,
         and the VM keeps running at its current size; a migration KubeVirt makes again is rendered at the new size,
         whose growth is admitted, or refused, like any hotplug's."""
         v = c.v
@@ -97,7 +97,7 @@ class Admission(Migrations):
                 return False
             why = f"{c.exists}; its end would give the VM its spec's size, which was never admitted and does not fit: "
             why += "; ".join(parts)
-        why += "; canceled (KubeVirt cancels the migration, or aborts it once handed off), the VM keeps running at its "
+        why += "; canceled (KubeVirt cancels the migration, or aborts it once it runs), the VM keeps running at its "
         why += "current size"
         self.mig_entries[c.index] = migration_entry(c.m, CANCEL, why, None, c.grow)
         return True
@@ -138,16 +138,11 @@ class Admission(Migrations):
         now = current_size(v)
         vcpus = self._made_for_vcpus(v, others, every=True) if others else now.vcpus
         memory = vm_size(v).guest_memory if self._carries_memory(v, [ch for _, ch in others]) else now.guest_memory
-        before = VmSize(vcpus, memory)
-        parts = []
-        for q in self.quotas:
-            name = q.policy.name
-            grows = nonzero(growth(cur.counts[name], mode_usage(q.policy.mode, before, cur.pod_usage, q.ratio)))
-            over = [r for r, b in q.policy.budget.items() if r in grows and q.over(r, b)]
-            if over:
-                label = f"quota {name} ({q.policy.mode.value})" if name else f"({q.policy.mode.value})"
-                parts.append(f"{label} is over its budget in {', '.join(over)} with the VM at its new size")
-        return parts
+        return self._over_with(
+            cur,
+            VmSize(vcpus, memory),
+            lambda q, grows: [r for r, b in q.policy.budget.items() if r in grows and q.over(r, b)],
+        )
 
     def _size_change(self, v: VmiSnapshot) -> bool:
         """The VM's spec is larger than the size it runs at (:func:`~shared.accounting.state.size_change`), or than

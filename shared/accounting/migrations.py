@@ -4,6 +4,7 @@ only while KubeVirt is refused it, and a hotplug's growth is admitted like a new
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Final
 
@@ -21,7 +22,7 @@ from shared.accounting.results import (
     MigrationEntry,
     VmEntry,
 )
-from shared.accounting.state import CreatedTarget, Target, capped_growth, fmt, vm_key, vm_size
+from shared.accounting.state import CreatedTarget, QuotaSums, Target, capped_growth, fmt, vm_key, vm_size
 from shared.accounting.vms import Vms
 from shared.quantity import ZERO
 from shared.quota.equation import takes
@@ -291,16 +292,27 @@ class Migrations(Vms):
             return ""  # (counted at its status: the growth is admitted as such)
         if self._carries_cpus(v, self.launchers.get(vm_key(v), []), every=True):
             return ""  # (KubeVirt made its pod at that size, admitted then)
-        before = VmSize(now, cur.size.guest_memory)
+        parts = self._over_with(
+            cur,
+            VmSize(now, cur.size.guest_memory),
+            lambda q, pending: q.misfits({r: grown[q.policy.name].get(r, ZERO) for r in pending}),
+        )
+        return "; ".join(parts)
+
+    def _over_with(
+        self, cur: VmEntry, before: VmSize, over: Callable[[QuotaSums, ResourceList], Sequence[str]]
+    ) -> list[str]:
+        """Why quotas are over their budget with the VM at its new size: per quota, the resources ``over`` finds
+        among those the VM's count (``cur``, at its spec) grows by against its count at the size ``before``."""
         parts = []
         for q in self.quotas:
-            name = q.policy.name
-            pending = nonzero(growth(cur.counts[name], mode_usage(q.policy.mode, before, cur.pod_usage, q.ratio)))
-            over = q.misfits({r: grown[name].get(r, ZERO) for r in pending})
-            if over:
-                label = f"quota {name} ({q.policy.mode.value})" if name else f"({q.policy.mode.value})"
-                parts.append(f"{label} is over its budget in {', '.join(over)} with the VM at its new size")
-        return "; ".join(parts)
+            grows = nonzero(
+                growth(cur.counts[q.policy.name], mode_usage(q.policy.mode, before, cur.pod_usage, q.ratio))
+            )
+            rs = over(q, grows)
+            if rs:
+                parts.append(f"{q.label} is over its budget in {', '.join(rs)} with the VM at its new size")
+        return parts
 
     def _reserve_for_migration(self, pod: ResourceList) -> None:
         """Hold room in every quota for a pod a migration needs (its target, the target's attachment pod): ``S``,

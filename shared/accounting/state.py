@@ -129,6 +129,12 @@ class QuotaSums:
         much, in ``U``)."""
         return self.factors.get(r) is not None and self.counted(r) - (less.nanos if less else 0) > budget.nanos
 
+    @property
+    def label(self) -> str:
+        """How reasons name the quota: ``quota <name> (<mode>)``, or ``(<mode>)`` for one with no name."""
+        mode = f"({self.policy.mode.value})"
+        return f"quota {self.policy.name} {mode}" if self.policy.name else mode
+
     def misfits(self, u: Mapping[str, Quantity]) -> tuple[str, ...]:
         """Natively enforced budget resources that ``U + X/k + u`` would exceed."""
         return tuple(
@@ -252,8 +258,7 @@ class State:
             budget = q.policy.budget
             left = {r: Quantity(max(budget[r].nanos - q.counted(r), 0), budget[r].format) for r in rs}
             detail = ", ".join(_needs(r, u[r], left[r], budget[r]) for r in rs)
-            name = f"quota {q.policy.name} ({q.policy.mode.value})" if q.policy.name else f"({q.policy.mode.value})"
-            parts.append(f"{name}: {detail}")
+            parts.append(f"{q.label}: {detail}")
         return misfit, parts
 
     def _bounded(

@@ -107,26 +107,26 @@ class Admission(Migrations):
     ) -> bool | None:
         """Whether a target charged ``target`` was made for the size the VM runs at in ``others`` (its pods but the
         target), not for its spec. The change shows in the pods as the growth between the renderings at the two
-        sizes (the vCPUs' CPU and memory overhead, guest memory): a target made before the change is charged like
-        the pods the VM runs in, one made for it half that growth more at least (half: a rendering a little off
-        KubeVirt's must not make a target made for the spec look made before it), against the largest of them (a
-        tenant's pod KubeVirt adopted may be smaller than any of KubeVirt's). False too when every pod the VM runs in
-        already has the spec's rendering (its domain started at the spec, say: the VMI raised while pending), whose
-        migration changes nothing; None when the pods cannot show the change (nothing grows in what quota charges,
-        or the VMI does not render)."""
+        sizes (the vCPUs' CPU and memory overhead, guest memory). In each resource where the pods the VM runs in lack
+        at least half of it (the smallest of them, against the rendering at the spec: a tenant can add a pod,
+        never shrink KubeVirt's), a target made for the change has at least half of it more than the largest of them
+        (half: a rendering a little off KubeVirt's must not make a target made for the spec look made before it, and
+        a KubeVirt setting that keeps a resource from growing, a cluster-wide ``cpuRequest``, leaves it out). False
+        too when they lack nothing (its domain started at the spec, say: the VMI raised while pending), and the
+        migration changes nothing; None when the pods cannot show the change (nothing grows in what quota charges, or
+        the VMI does not render)."""
         grow = nonzero(self.renderer.hotplug_growth(v))
+        at_spec = self.renderer.new_pod_usage(v)
         charges = [charged for _, charged in others]
-        if not grow or not charges:
+        if not grow or at_spec is None or not charges:
             return None
         half = {r: q.nanos // 2 for r, q in grow.items()}
-        at_spec = self.renderer.new_pod_usage(v)
         smallest = functools.reduce(minimum, charges)
-        if at_spec is not None and all(
-            smallest.get(r, ZERO).nanos >= at_spec.get(r, ZERO).nanos - half[r] for r in grow
-        ):
+        lacking = [r for r in grow if at_spec.get(r, ZERO).nanos - smallest.get(r, ZERO).nanos >= half[r]]
+        if not lacking:
             return False
         largest = functools.reduce(maximum, charges)
-        return not any(target.get(r, ZERO).nanos >= largest.get(r, ZERO).nanos + half[r] for r in grow)
+        return any(target.get(r, ZERO).nanos < largest.get(r, ZERO).nanos + half[r] for r in lacking)
 
     def _over_with_the_change(self, v: VmiSnapshot, others: list[tuple[PodSnapshot, ResourceList]]) -> list[str]:
         """Why the quotas, with the VM counted at its spec (as it is while its target exists), are over their budget

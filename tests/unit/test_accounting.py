@@ -472,6 +472,16 @@ def test_a_target_made_before_a_hotplug_is_canceled_even_when_the_growth_fits() 
     assert "made for the size the VM runs at" in m.reason
 
 
+def test_a_target_made_before_a_cpu_hotplug_is_canceled_however_large_its_memory() -> None:
+    """A target charged more memory than the VM's pods (a hook sidecar's container the tenant annotated the VMI with,
+    without the guard) but the CPU of the size the VM runs at: the vCPUs' growth is not in it."""
+    quota, other, other_pod, grown, source, _, migration = stale_target("5")
+    larger = launcher_obj(vmi_obj("vm-a", vcpus=1, guest="3Gi", t=2), migration_uid="mig-m", node="n2", t=200)
+    vouch(grown, larger)
+    u = account([quota, other, other_pod, grown, source, larger, migration])
+    assert mig(u, "m").state == CANCEL, mig(u, "m")
+
+
 def test_a_target_made_for_a_hotplug_that_fits_is_not_canceled() -> None:
     quota, other, other_pod, grown, source, _, migration = stale_target("6")
     target = launcher_obj(grown, migration_uid="mig-m", node="n2", t=200, vouched=False)

@@ -82,11 +82,14 @@ class Admission(Migrations):
         # KubeVirt adopts into the VMI, never shrink KubeVirt's; and the ledger remembers a pod as made for its VMI's
         # spec as it first saw it with the pod, so a target rendered from the VMI before the change, first seen after
         # it, would look made for it)
-        others = [pc for pc in self.launchers.get(key, []) if pc[0] is not c.target]
-        before = self._made_before_the_change(v, c.charged, others)
-        if before is False:
+        labelled = {p.uid for p, _ in c.labelled}
+        others = [pc for pc in self.launchers.get(key, []) if pc[0].uid not in labelled]
+        # (every pod carrying the migration's label is judged: a tenant's pod so labelled, older than KubeVirt's
+        # target and made for the spec, must not stand in for it)
+        judged = [self._made_before_the_change(v, charged, others) for _, charged in c.labelled]
+        if not any(judged) and False in judged:
             return False
-        if before:
+        if any(judged):
             why = (
                 f"{c.exists}, made for the size the VM runs at, not its spec's; its end would give the VM its spec's "
                 "size, whose growth was never admitted"
@@ -112,9 +115,10 @@ class Admission(Migrations):
         never shrink KubeVirt's), a target made for the change has at least half of it more than the largest of them
         (half: a rendering a little off KubeVirt's must not make a target made for the spec look made before it, and
         a KubeVirt setting that keeps a resource from growing, a cluster-wide ``cpuRequest``, leaves it out). False
-        too when they lack nothing (its domain started at the spec, say: the VMI raised while pending), and the
-        migration changes nothing; None when the pods cannot show the change (nothing grows in what quota charges, or
-        the VMI does not render)."""
+        when they lack nothing and the ledger saw each made for the spec's vCPUs (its domain started at the spec: the
+        VMI raised while pending), and the migration changes nothing; None when the pods cannot show the change
+        (nothing grows in what quota charges, they are charged the spec's rendering or more without having been made
+        for it, or the VMI does not render)."""
         grow = nonzero(self.renderer.hotplug_growth(v))
         at_spec = self.renderer.new_pod_usage(v)
         charges = [charged for _, charged in others]
@@ -124,7 +128,13 @@ class Admission(Migrations):
         smallest = functools.reduce(minimum, charges)
         lacking = [r for r in grow if at_spec.get(r, ZERO).nanos - smallest.get(r, ZERO).nanos >= half[r]]
         if not lacking:
-            return False
+            # they show the spec: made for it when the ledger saw each made when the spec was what it is now (a VMI
+            # raised while pending); a charge larger than the rendering (containers a webhook adds, or those of an
+            # annotation the tenant took off the VMI since) shows nothing, and the budget decides
+            made = [self._made_for(v, p) for p, _ in others]
+            if not v.memory_change and all(m is not None and m >= v.vcpus for m in made):
+                return False
+            return None
         largest = functools.reduce(maximum, charges)
         return any(target.get(r, ZERO).nanos < largest.get(r, ZERO).nanos + half[r] for r in lacking)
 

@@ -111,7 +111,7 @@ class Migrations(Vms):
             attach = attach and not self._attached(target)
             # (decided once running VMs are counted)
             index = len(self.mig_entries)
-            self.created.append(CreatedTarget(index, m, v, target, targets[0][1], grow, exists, attach))
+            self.created.append(CreatedTarget(index, m, v, target, tuple(targets), grow, exists, attach))
             return migration_entry(m, TARGET_CREATED, exists, None, grow)
         if not sources:
             return migration_entry(m, WAITING, "the VMI has no running launcher pod")

@@ -173,8 +173,9 @@ class CreatedTarget:
     m: VmimSnapshot
     v: VmiSnapshot
     target: PodSnapshot
-    charged: ResourceList
-    """What quota charges the target."""
+    labelled: tuple[tuple[PodSnapshot, ResourceList], ...]
+    """Every pod of the VM that carries the migration's label, the target among them, with what quota charges each
+    (the tenant may label a pod of its own so, one KubeVirt adopted into the VMI)."""
     grow: ResourceList
     exists: str
     """Why its entry says the target exists."""

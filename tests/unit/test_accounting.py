@@ -482,6 +482,45 @@ def test_a_target_made_before_a_cpu_hotplug_is_canceled_however_large_its_memory
     assert mig(u, "m").state == CANCEL, mig(u, "m")
 
 
+def test_a_tenants_older_pod_labelled_as_the_target_does_not_stand_in_for_it() -> None:
+    """A pod of the tenant's, made for the spec, with the migration's label, a controller reference to the VMI (which
+    KubeVirt adopts) and ``kubevirt.io: decoy`` (KubeVirt sees it, its target lookup does not): older than KubeVirt's
+    target, it was taken for the target, and the stale target went unjudged."""
+    quota, other, other_pod, grown, source, target, migration = stale_target("4")
+    decoy = launcher_obj(grown, suffix="decoy", migration_uid="mig-m", t=50, controller=True, vouched=False)
+    decoy["metadata"]["labels"]["kubevirt.io"] = "decoy"
+    vouch(grown, decoy)
+    u = account([quota, other, other_pod, grown, source, decoy, target, migration])
+    assert mig(u, "m").state == CANCEL, mig(u, "m")
+
+
+def guaranteed_vmi(vcpus: int, cpu: str, sidecars: int, **kw: Any) -> dict[str, Any]:
+    """vm-a with equal CPU and memory requests and limits (Guaranteed: hook sidecars are charged 200m/64M each)."""
+    res = {"cpu": cpu, "memory": "1Gi"}
+    v = vmi_obj("vm-a", vcpus=vcpus, t=2, requests=res, limits=res, **kw)
+    if sidecars:
+        hooks = json.dumps([{"image": f"hook{i}"} for i in range(sidecars)])
+        v["metadata"]["annotations"] = {"hooks.kubevirt.io/hookSidecars": hooks}
+    return v
+
+
+def test_a_sidecar_annotation_taken_off_the_vmi_does_not_make_a_stale_target_pass() -> None:
+    """Source and target made with two hook sidecars at 1 vCPU; the tenant takes the annotation off and raises the
+    sockets to 4 (KubeVirt grows the explicit CPU by 3 x 100m): the spec's rendering is smaller than the pods, which
+    then lacked nothing of it, and the stale target went through, unjudged by the budget too (6 vCPUs on 4)."""
+    quota = quota_obj("rq", {"requests.cpu": "4"}, Mode.VIRTUAL_RESOURCES)
+    other = vmi_obj("vm-x", vcpus=2, t=1)
+    before = guaranteed_vmi(1, "1", 2)
+    grown = guaranteed_vmi(4, "1300m", 0, status_vcpus=1)
+    source = launcher_obj(before)
+    target = launcher_obj(before, migration_uid="mig-m", node="n2", t=200, vouched=False)
+    vouch(grown, source)
+    vouch(grown, target)
+    history = [quota, other, launcher_obj(other), before, source, grown, vmim_obj("m", "vm-a", phase="Scheduling")]
+    m = mig(account_history([*history, target]), "m")
+    assert m.state == CANCEL and "over its budget in requests.cpu" in m.reason, m
+
+
 def test_a_target_made_for_a_hotplug_that_fits_is_not_canceled() -> None:
     quota, other, other_pod, grown, source, _, migration = stale_target("6")
     target = launcher_obj(grown, migration_uid="mig-m", node="n2", t=200, vouched=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Final
 
 from shared.accounting.estimates import current_size
 from shared.accounting.migrations import Migrations, migration_entry
@@ -19,13 +20,15 @@ from shared.accounting.results import (
 from shared.accounting.state import CreatedTarget, Target, created_key, fmt, size_change, vm_key, vm_size
 from shared.quantity import ZERO
 from shared.quota.equation import takes
-from shared.quota.modes import DEFINED_RESOURCES, VmSize, mode_usage
+from shared.quota.modes import CPU_LIMIT_NAMES, CPU_REQUEST_NAMES, DEFINED_RESOURCES, VmSize, mode_usage
 from shared.resources import ResourceList, add, growth, maximum, minimum, nonzero, positive_part
 from shared.snapshot import (
     PodSnapshot,
     VmiSnapshot,
 )
 from shared.vmi import GUARD_REFUSERS
+
+_CPU_NAMES: Final = CPU_REQUEST_NAMES | CPU_LIMIT_NAMES
 
 
 class Admission(Migrations):
@@ -114,9 +117,11 @@ class Admission(Migrations):
         at least half of it (the smallest of them, against the rendering at the spec: a tenant can add a pod,
         never shrink KubeVirt's), a target made for the change has at least half of it more than the largest of them
         (half: a rendering a little off KubeVirt's must not make a target made for the spec look made before it, and
-        a KubeVirt setting that keeps a resource from growing, a cluster-wide ``cpuRequest``, leaves it out). False
-        when they lack nothing and the ledger saw each made for the spec's vCPUs (its domain started at the spec: the
-        VMI raised while pending), and the migration changes nothing; None when the pods cannot show the change
+        a KubeVirt setting that keeps a resource from growing, a cluster-wide ``cpuRequest``, leaves it out; a vCPU
+        change such a setting keeps out of every CPU resource is not shown by the rest: None unless the target lacks
+        something). False when they lack nothing and the ledger saw each made for the spec's vCPUs (its domain
+        started at the spec: the VMI raised while pending), and the migration changes nothing; None when the pods
+        cannot show the change
         (nothing grows in what quota charges, they are charged the spec's rendering or more without having been made
         for it, or the VMI does not render)."""
         grow = nonzero(self.renderer.hotplug_growth(v))
@@ -136,7 +141,13 @@ class Admission(Migrations):
                 return False
             return None
         largest = functools.reduce(maximum, charges)
-        return any(target.get(r, ZERO).nanos < largest.get(r, ZERO).nanos + half[r] for r in lacking)
+        if any(target.get(r, ZERO).nanos < largest.get(r, ZERO).nanos + half[r] for r in lacking):
+            return True
+        if self._runs_at_vcpus(v, others) < v.vcpus and not any(r in _CPU_NAMES for r in lacking):
+            # the vCPUs' part shows in no CPU resource (a cluster-wide ``cpuRequest``): their memory overhead is lost
+            # beside a guest memory change, so what the target has shows nothing of them, and the budget decides
+            return None
+        return False
 
     def _over_with_the_change(self, v: VmiSnapshot, others: list[tuple[PodSnapshot, ResourceList]]) -> list[str]:
         """Why the quotas, with the VM counted at its spec (as it is while its target exists), are over their budget
@@ -146,7 +157,9 @@ class Admission(Migrations):
         if cur is None:
             return []
         now = current_size(v)
-        vcpus = self._made_for_vcpus(v, others, every=True) if others else now.vcpus
+        vcpus = (
+            min(self._made_for_vcpus(v, others, every=True), self._runs_at_vcpus(v, others)) if others else now.vcpus
+        )
         memory = vm_size(v).guest_memory if self._carries_memory(v, [ch for _, ch in others]) else now.guest_memory
         return self._over_with(
             cur,

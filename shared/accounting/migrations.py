@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Final
 
-from shared.accounting.estimates import current_size, widened
+from shared.accounting.estimates import widened
 from shared.accounting.results import (
     ATTACHMENT_RESERVED,
     GROWTH_REFUSED,
@@ -69,6 +69,15 @@ _NOT_HANDED_OFF: Final = frozenset({"", "Pending", "Scheduling", "Failed"})
 ready), and ``Failed``, which it may reach before (a migration of a VMI its tenant deleted and created again)."""
 
 
+def _before(p: PodSnapshot, m: VmimSnapshot) -> bool:
+    """Pod ``p`` was created before migration ``m`` (to the second: the same second is not before)."""
+    return (
+        p.creation_timestamp is not None
+        and m.creation_timestamp is not None
+        and p.creation_timestamp < m.creation_timestamp
+    )
+
+
 def _pick_source(sources: list[tuple[PodSnapshot, ResourceList]], v: VmiSnapshot) -> tuple[PodSnapshot, ResourceList]:
     """The migration source: the VMI's newest pod on its node, else its newest pod."""
     on_node = [pc for pc in sources if v.node_name and pc[0].node_name == v.node_name]
@@ -101,8 +110,10 @@ class Migrations(Vms):
             return migration_entry(m, QUEUED, "queued behind an older migration of the same VMI")
         seen.add(key)
         vm_pods = self.launchers.get(key, [])
-        targets = [pc for pc in vm_pods if m.uid and pc[0].migration_job_uid == m.uid]
-        sources = [pc for pc in vm_pods if not (m.uid and pc[0].migration_job_uid == m.uid)]
+        # (a pod with the migration's label created before the migration is none of KubeVirt's targets: the tenant
+        # labelled one of the VM's pods so, its source maybe)
+        targets = [pc for pc in vm_pods if m.uid and pc[0].migration_job_uid == m.uid and not _before(pc[0], m)]
+        sources = [pc for pc in vm_pods if not any(pc is t for t in targets)]
         if targets:
             target = targets[0][0]
             grow = growth(targets[0][1], _pick_source(sources, v)[1]) if sources else {}
@@ -287,7 +298,7 @@ class Migrations(Vms):
         was made for its spec's vCPUs counts at them before its migration, which then grows by nothing
         (``Vms._made_for_vcpus``); when that pod is not KubeVirt's own launcher pod (a tenant's, with a controller
         reference to the VMI), the quotas the vCPUs count in must be within their budget with the VM at them."""
-        now = current_size(v).vcpus
+        now = self._runs_at_vcpus(v, self.launchers.get(vm_key(v), []))
         if cur.size.vcpus <= now:
             return ""  # (counted at its status: the growth is admitted as such)
         if self._carries_cpus(v, self.launchers.get(vm_key(v), []), every=True):

@@ -180,6 +180,13 @@ class Vms(Pods):
         most = min([by_charge, *made]) if every else max([by_charge, *made])
         return max(now, min(v.vcpus, most))
 
+    def _runs_at_vcpus(self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]]) -> int:
+        """The fewest vCPUs the VM may run at: its status's, or fewer where the ledger saw a pod of it made for fewer
+        (the fewest it may have been made for): a status forged larger than the spec at creation, and the spec raised
+        to it since, is no size the domain runs at."""
+        made = [self._made_for(v, p, fewest=True) for p, _ in vm_pods]
+        return min([current_size(v).vcpus, *(m for m in made if m is not None)])
+
     def _made_for(self, v: VmiSnapshot, p: PodSnapshot, *, fewest: bool = False) -> int | None:
         """The vCPUs ``v``'s pod ``p`` was made for, as the ledger remembers it made for ``v`` (None: not known):
         at least what it was made for, or (``fewest``) the fewest it may have been made for (its VMI's spec grew

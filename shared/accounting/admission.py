@@ -80,16 +80,17 @@ class Admission(Migrations):
         v = c.v
         if not self._size_change(v):
             return False
-        key = vm_key(v)
-        # the pods it runs in: every pod of it but the target (a tenant can add a pod made for the new size, one
-        # KubeVirt adopts into the VMI, never shrink KubeVirt's; and the ledger remembers a pod as made for its VMI's
-        # spec as it first saw it with the pod, so a target rendered from the VMI before the change, first seen after
-        # it, would look made for it)
-        labelled = {p.uid for p, _ in c.labelled}
-        others = [pc for pc in self.launchers.get(key, []) if pc[0].uid not in labelled]
-        # (every pod carrying the migration's label is judged: a tenant's pod so labelled, older than KubeVirt's
-        # target and made for the spec, must not stand in for it)
-        judged = [self._made_before_the_change(v, charged, others) for _, charged in c.labelled]
+        pods = self.launchers.get(vm_key(v), [])
+        # Every pod carrying the migration's label is judged, each against all the VM's other pods, labelled or not:
+        # a tenant's pod so labelled and made for the spec must not stand in for KubeVirt's target, nor the source,
+        # labelled so by the tenant, leave the pods the target is judged against. (A tenant can add a pod made for
+        # the new size, one KubeVirt adopts into the VMI, never shrink KubeVirt's; and the ledger remembers a pod as
+        # made for its VMI's spec as it first saw it with the pod, so a target rendered from the VMI before the
+        # change, first seen after it, would look made for it.)
+        judged = [
+            self._made_before_the_change(v, charged, [pc for pc in pods if pc[0].uid != p.uid])
+            for p, charged in c.labelled
+        ]
         if not any(judged) and False in judged:
             return False
         if any(judged):
@@ -98,7 +99,9 @@ class Admission(Migrations):
                 "size, whose growth was never admitted"
             )
         else:
-            parts = self._over_with_the_change(v, others)
+            parts = self._over_with_the_change(
+                v, [pc for pc in pods if pc[0].uid not in {p.uid for p, _ in c.labelled}]
+            )
             if not parts:
                 return False
             why = f"{c.exists}; its end would give the VM its spec's size, which was never admitted and does not fit: "

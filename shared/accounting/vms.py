@@ -182,10 +182,20 @@ class Vms(Pods):
 
     def _runs_at_vcpus(self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]]) -> int:
         """The fewest vCPUs the VM may run at: its status's, or fewer where the ledger saw a pod of it made for fewer
-        (the fewest it may have been made for): a status forged larger than the spec at creation, and the spec raised
-        to it since, is no size the domain runs at."""
-        made = [self._made_for(v, p, fewest=True) for p, _ in vm_pods]
-        return min([current_size(v).vcpus, *(m for m in made if m is not None)])
+        (the fewest it may have been made for) and its charge lacks the rendering at the spec's vCPUs: a status forged
+        larger than the spec at creation, and the spec raised to it since, is no size the domain runs at. (A pod the
+        ledger saw before the VMI's raise reached it is remembered made for fewer than it was: its charge shows
+        better.)"""
+        at_spec = self.renderer.spec_cpu_usage(v) if self.renderer.vmi_usage(v) is not None else None
+        now = current_size(v).vcpus
+        made = [
+            m
+            for p, charged in vm_pods
+            if (m := self._made_for(v, p, fewest=True)) is not None
+            and m < now
+            and (at_spec is None or nonzero(growth(at_spec, charged)))
+        ]
+        return min([now, *made])
 
     def _made_for(self, v: VmiSnapshot, p: PodSnapshot, *, fewest: bool = False) -> int | None:
         """The vCPUs ``v``'s pod ``p`` was made for, as the ledger remembers it made for ``v`` (None: not known):

@@ -591,6 +591,56 @@ def test_the_source_labelled_as_the_migrations_target_is_no_target() -> None:
     assert mig(account_history(history), "m").state == CANCEL
 
 
+def test_the_source_labelled_as_the_target_of_a_migration_made_before_it_is_judged_all_the_same() -> None:
+    """The tenant migrates its VM while it is pending (KubeVirt admits it; the migration waits), so that the source
+    pod is created after the migration, then labels the source as the target and has KubeVirt adopt a pod made for
+    the spec: each labelled pod is judged against all the VM's other pods, and KubeVirt's stale target against the
+    source (it went through: 6 vCPUs on 4)."""
+    quota = quota_obj("rq", {"requests.cpu": "4"}, Mode.VIRTUAL_RESOURCES)
+    other = vmi_obj("vm-x", vcpus=2, t=1)
+    pending = vmi_obj("vm-a", vcpus=1, t=2, phase="Pending")
+    before = vmi_obj("vm-a", vcpus=1, t=2)
+    source = launcher_obj(before, vouched=False, t=5)
+    vouch(before, source)
+    grown = vmi_obj("vm-a", vcpus=4, status_vcpus=1, t=2)
+    target = launcher_obj(vmi_obj("vm-a", vcpus=1, t=2), migration_uid="mig-m", node="n2", t=200, vouched=False)
+    vouch(grown, source)
+    vouch(grown, target)
+    relabelled = copy.deepcopy(source)
+    relabelled["metadata"]["labels"].update({"kubevirt.io/migrationJobUID": "mig-m", "kubevirt.io": "decoy"})
+    adopted = launcher_obj(grown, suffix="adopted", t=300, controller=True, vouched=False)
+    adopting = copy.deepcopy(grown)
+    vouch(adopting, adopted)
+    history = [quota, other, launcher_obj(other), pending, vmim_obj("m", "vm-a", t=3), source, before, grown]
+    history += [vmim_obj("m", "vm-a", phase="Scheduling", t=3), target, relabelled, adopted, adopting]
+    assert mig(account_history(history), "m").state == CANCEL
+
+
+def test_a_drain_after_a_hotplug_carried_out_is_not_refused_for_a_pod_remembered_made_for_less() -> None:
+    """The ledger folded the first hotplug's target (made for 4 vCPUs) before the VMI raised to 4: it remembers it
+    made for 1. Once the status caught up, the budget was lowered below what runs: a drain's migration of the VM,
+    whose size does not change, was refused, and its target canceled (the pod's charge shows what it was made
+    for)."""
+    quota = quota_obj("rq", {"requests.cpu": "5"}, Mode.VIRTUAL_RESOURCES)
+    other = vmi_obj("vm-x", vcpus=2, t=1)
+    small = vmi_obj("vm-a", vcpus=1, t=2)
+    source = launcher_obj(small, t=5)
+    raised = vmi_obj("vm-a", vcpus=4, status_vcpus=1, t=2)
+    vouch(raised, source)
+    first = launcher_obj(raised, migration_uid="mig-m1", node="n2", t=100, vouched=False)
+    moved = vmi_obj("vm-a", vcpus=4, status_vcpus=4, t=2, node="n2")
+    vouch(moved, first)
+    history = [quota, other, launcher_obj(other), small, source, vmim_obj("m1", "vm-a", t=90), first, raised]
+    history += [vmim_obj("m1", "vm-a", t=90, phase="Succeeded"), moved, deleted(source)]
+    drain = vmim_obj("m2", "vm-a", t=300, rejected=True)
+    assert mig(account_history([*history, drain]), "m2").state == PENDING
+    second = launcher_obj(moved, migration_uid="mig-m2", node="n3", t=310, vouched=False)
+    moving = copy.deepcopy(moved)
+    vouch(moving, second)
+    scheduling = vmim_obj("m2", "vm-a", t=300, phase="Scheduling")
+    assert mig(account_history([*history, scheduling, second, moving]), "m2").state == TARGET_CREATED
+
+
 def test_a_target_made_for_a_hotplug_that_fits_is_not_canceled() -> None:
     quota, other, other_pod, grown, source, _, migration = stale_target("6")
     target = launcher_obj(grown, migration_uid="mig-m", node="n2", t=200, vouched=False)

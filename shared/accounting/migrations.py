@@ -106,13 +106,20 @@ class Migrations(Vms):
         if v is None:
             return migration_entry(m, WAITING, "VMI not found")
         key = vm_key(v)
-        if key in seen:
-            return migration_entry(m, QUEUED, "queued behind an older migration of the same VMI")
-        seen.add(key)
         vm_pods = self.launchers.get(key, [])
         # (a pod with the migration's label created before the migration is none of KubeVirt's targets: the tenant
         # labelled one of the VM's pods so, its source maybe)
         targets = [pc for pc in vm_pods if m.uid and pc[0].migration_job_uid == m.uid and not _before(pc[0], m)]
+        if key in seen:
+            if targets:
+                # (KubeVirt goes on with whichever migration of the VMI its workers reach first: a younger one's
+                # target is judged for the cancel like the oldest's)
+                exists = f"target pod {targets[0][0].name} exists"
+                self.created.append(
+                    CreatedTarget(len(self.mig_entries), m, v, targets[0][0], tuple(targets), {}, exists, False)
+                )
+            return migration_entry(m, QUEUED, "queued behind an older migration of the same VMI")
+        seen.add(key)
         sources = [pc for pc in vm_pods if not any(pc is t for t in targets)]
         if targets:
             target = targets[0][0]

@@ -641,6 +641,15 @@ def test_a_drain_after_a_hotplug_carried_out_is_not_refused_for_a_pod_remembered
     assert mig(account_history([*history, scheduling, second, moving]), "m2").state == TARGET_CREATED
 
 
+def test_a_stale_target_of_a_migration_queued_behind_an_older_one_is_canceled() -> None:
+    """KubeVirt goes on with whichever migration of a VMI its workers reach first, not the oldest: a younger
+    migration's stale target went unjudged while the older one waited (``growth-refused``)."""
+    quota, other, other_pod, grown, source, target, migration = stale_target("4")
+    older = vmim_obj("m0", "vm-a", t=90)
+    u = account([quota, other, other_pod, grown, source, target, older, migration])
+    assert mig(u, "m").state == CANCEL, mig(u, "m")
+
+
 def test_a_target_made_for_a_hotplug_that_fits_is_not_canceled() -> None:
     quota, other, other_pod, grown, source, _, migration = stale_target("6")
     target = launcher_obj(grown, migration_uid="mig-m", node="n2", t=200, vouched=False)

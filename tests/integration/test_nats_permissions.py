@@ -785,7 +785,8 @@ async def test_only_the_ledger_asks_a_clusters_watcher_to_relist(connect: Connec
     await w.nc.subscribe(contract.relist_subject("c1"), cb=on_request)
     await w.nc.flush()
     await led.nc.publish(contract.relist_subject("c1"), request)
-    assert contract.decode_relist_request(await asyncio.wait_for(heard.get(), 5)).token == "loss-7"
+    await led.nc.flush()  # (on the wire, and the server done with it, before the wait)
+    assert contract.decode_relist_request(await asyncio.wait_for(heard.get(), 10)).token == "loss-7"
     assert not w.errors and not led.errors
     for user in ("watcher", "enforcer", "subscriber", "replay"):
         c = w if user == "watcher" else await connect(user)
@@ -798,7 +799,8 @@ async def test_only_the_ledger_asks_a_clusters_watcher_to_relist(connect: Connec
     await wa.nc.subscribe(contract.relist_subject("cluster-b"))
     await wa.denied("subscription", "vmquota.relist.cluster-b")
     await ledger.nc.publish(contract.relist_subject("cluster-a"), request)
-    assert contract.decode_relist_request(await asyncio.wait_for(heard.get(), 5)).token == "loss-7"
+    await ledger.nc.flush()
+    assert contract.decode_relist_request(await asyncio.wait_for(heard.get(), 10)).token == "loss-7"
 
 
 async def test_no_user_hears_another_users_inbox(per_cluster: Connect) -> None:

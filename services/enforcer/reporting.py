@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -122,17 +122,24 @@ class Reporter:
         self.metrics.events_out.labels(service=self.opts.service).inc()
         if not dry:
             body = reports.event_body(p, identity=self.opts.identity, now=self._now())
-            for attempt in range(3):
-                try:
-                    await self.kube.create_event(p.namespace, body)
-                    break
-                except KubeError as e:
-                    if e.status == 409:  # same name: already recorded
-                        break
-                    if not e.retryable or attempt == 2:
-                        raise
-                    await asyncio.sleep(self._backoff.delay(attempt))
+            try:
+                await self._retrying(lambda: self.kube.create_event(p.namespace, body))
+            except KubeError as e:
+                if e.status != 409:  # (same name: already recorded)
+                    raise
         self.reported += 1
+
+    async def _retrying(self, call: Callable[[], Awaitable[_R]]) -> _R:
+        """``call()``, a transient failure tried again after a backoff, three tries in all (the last failure
+        raised)."""
+        for attempt in range(2):
+            try:
+                return await call()
+            except KubeError as e:
+                if not e.retryable:
+                    raise
+                await asyncio.sleep(self._backoff.delay(attempt))
+        return await call()
 
     # ---- the tenant's VMIs -------------------------------------------------------------------------------------
     def tell_and_nudge(self, namespace: str, u: contract.UsageSnapshot, at: int) -> None:
@@ -177,18 +184,13 @@ class Reporter:
     async def _cancel(self, namespace: str, m: contract.MigrationState) -> None:
         """Cancel one migration: a transient failure is tried again at once after a backoff (the migration's end
         does not wait), three times; then it is forgotten, and the next usage snapshot that asks tries again."""
-        for attempt in range(3):
-            try:
-                canceled = await self.kube.cancel_migration(namespace, m.name, m.uid)
-                break
-            except KubeError as e:
-                if e.retryable and attempt < 2:
-                    await asyncio.sleep(self._backoff.delay(attempt))
-                    continue
-                self._canceled.pop((namespace, m.uid), None)
-                self.own.cancels.labels(outcome="failed").inc()
-                log.warning("migration not canceled", namespace=namespace, migration=m.name, vmi=m.vmi, error=str(e))
-                return
+        try:
+            canceled = await self._retrying(lambda: self.kube.cancel_migration(namespace, m.name, m.uid))
+        except KubeError as e:
+            self._canceled.pop((namespace, m.uid), None)
+            self.own.cancels.labels(outcome="failed").inc()
+            log.warning("migration not canceled", namespace=namespace, migration=m.name, vmi=m.vmi, error=str(e))
+            return
         self.own.cancels.labels(outcome="canceled" if canceled else "gone").inc()
         if not canceled:
             log.info("migration to cancel is gone or final", namespace=namespace, migration=m.name, vmi=m.vmi)
@@ -251,6 +253,7 @@ class Reporter:
             log.info("VMI not nudged", namespace=namespace, vmi=name, error=str(e))
 
 
+_R = TypeVar("_R")
 _K = TypeVar("_K")
 _V = TypeVar("_V")
 

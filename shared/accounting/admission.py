@@ -87,6 +87,7 @@ class Admission(Migrations):
         # the new size, one KubeVirt adopts into the VMI, never shrink KubeVirt's; and the ledger remembers a pod as
         # made for its VMI's spec as it first saw it with the pod, so a target rendered from the VMI before the
         # change, first seen after it, would look made for it.)
+        labelled = {p.uid for p, _ in c.labelled}
         judged = [
             self._made_before_the_change(v, charged, [pc for pc in pods if pc[0].uid != p.uid])
             for p, charged in c.labelled
@@ -99,9 +100,7 @@ class Admission(Migrations):
                 "size, whose growth was never admitted"
             )
         else:
-            parts = self._over_with_the_change(
-                v, [pc for pc in pods if pc[0].uid not in {p.uid for p, _ in c.labelled}]
-            )
+            parts = self._over_with_the_change(v, [pc for pc in pods if pc[0].uid not in labelled])
             if not parts:
                 return False
             why = f"{c.exists}; its end would give the VM its spec's size, which was never admitted and does not fit: "
@@ -124,9 +123,8 @@ class Admission(Migrations):
         change such a setting keeps out of every CPU resource is not shown by the rest: None unless the target lacks
         something). False when they lack nothing and the ledger saw each made for the spec's vCPUs (its domain
         started at the spec: the VMI raised while pending), and the migration changes nothing; None when the pods
-        cannot show the change
-        (nothing grows in what quota charges, they are charged the spec's rendering or more without having been made
-        for it, or the VMI does not render)."""
+        cannot show the change (nothing grows in what quota charges, they are charged the spec's rendering or more
+        without having been made for it, or the VMI does not render)."""
         grow = nonzero(self.renderer.hotplug_growth(v))
         at_spec = self.renderer.new_pod_usage(v)
         charges = [charged for _, charged in others]

@@ -186,14 +186,14 @@ class Vms(Pods):
         larger than the spec at creation, and the spec raised to it since, is no size the domain runs at. (A pod the
         ledger saw before the VMI's raise reached it is remembered made for fewer than it was: its charge shows
         better.)"""
-        at_spec = self.renderer.spec_cpu_usage(v) if self.renderer.vmi_usage(v) is not None else None
         now = current_size(v).vcpus
+        renders = self.renderer.vmi_usage(v) is not None
         made = [
             m
             for p, charged in vm_pods
             if (m := self._made_for(v, p, fewest=True)) is not None
             and m < now
-            and (at_spec is None or nonzero(growth(at_spec, charged)))
+            and not (renders and self._rendered_for_spec(v, [charged], every=True))
         ]
         return min([now, *made])
 

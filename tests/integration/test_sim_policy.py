@@ -226,6 +226,11 @@ def hotplug(obj: Obj) -> None:
     obj["spec"]["domain"]["memory"]["guest"] = "2Gi"
 
 
+def two_sockets(obj: Obj) -> None:
+    """A CPU hotplug to 2 sockets (the VM controller's patch of one)."""
+    obj["spec"]["domain"]["cpu"]["sockets"] = 2
+
+
 async def test_a_holder_vmis_size_cannot_change_while_its_room_is_reserved(sim: SimCluster) -> None:
     """A hotplug KubeVirt applies to a holder VMI (its migration target's room reserved) would make the next try
     of the target larger than its room: the policy refuses changes of the holder's ``cpu``, ``memory`` and
@@ -242,9 +247,6 @@ async def test_a_holder_vmis_size_cannot_change_while_its_room_is_reserved(sim: 
         "retry in a moment"
     )
 
-    def sockets(obj: Obj) -> None:
-        obj["spec"]["domain"]["cpu"]["sockets"] = 2
-
     def resources(obj: Obj) -> None:
         obj["spec"]["domain"]["resources"] = {"requests": {"memory": "2Gi"}}
 
@@ -252,7 +254,7 @@ async def test_a_holder_vmis_size_cannot_change_while_its_room_is_reserved(sim: 
         obj["spec"]["domain"].setdefault("devices", {})["interfaces"] = [{"name": "vf", "sriov": {}}]
         obj["spec"]["networks"] = [{"name": "vf", "multus": {"networkName": "sriov"}}]
 
-    for change in (sockets, resources, interface):
+    for change in (two_sockets, resources, interface):
         assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", change) is not None, change.__name__
 
     def label(obj: Obj) -> None:
@@ -278,12 +280,9 @@ async def test_a_vmi_keeps_its_size_until_it_runs_where_a_quota_is_managed(sim: 
     await guarded_vmis(sim)
     await sim.wait_for_phase(NS, "vm1", "Scheduling")
 
-    def sockets(obj: Obj) -> None:
-        obj["spec"]["domain"]["cpu"]["sockets"] = 2
-
-    assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm2", sockets) is None, "no managed quota: no rule"
+    assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm2", two_sockets) is None, "no managed quota: no rule"
     await managed_pod_terms_quota(sim)
-    err = await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", sockets)
+    err = await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", two_sockets)
     assert err is not None and err.code == 403, err
     assert err.message == (
         'virtualmachineinstances.kubevirt.io "vm1" is forbidden: ValidatingAdmissionPolicy '
@@ -303,7 +302,7 @@ async def test_a_vmi_keeps_its_size_until_it_runs_where_a_quota_is_managed(sim: 
     await sim.wait_for_phase(NS, "vm1", "Running")
     await sim.wait_quiet()
 
-    assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", sockets) is None, "a hotplug of a running VMI"
+    assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", two_sockets) is None, "a hotplug of a running VMI"
 
 
 async def test_a_vmi_keeps_its_size_while_a_migration_of_it_is_not_final(sim: SimCluster) -> None:
@@ -338,10 +337,7 @@ async def test_only_kubevirt_migrates_a_vmi_with_a_cpu_hotplug_pending(sim: SimC
     migrates it once that is over, and migrates its other VMIs freely."""
     await guarded_vmis(sim, running=True)
 
-    def sockets(obj: Obj) -> None:  # (the VM controller's patch of a CPU hotplug)
-        obj["spec"]["domain"]["cpu"]["sockets"] = 2
-
-    assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", sockets) is None
+    assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", two_sockets) is None
 
     def migration(name: str, vmi: str) -> Obj:
         return {

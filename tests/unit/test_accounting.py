@@ -574,6 +574,18 @@ def test_a_cpu_and_memory_hotplug_under_a_cluster_wide_cpu_request_is_not_judged
     assert m.state == CANCEL and "over its budget in requests.cpu" in m.reason, m
 
 
+def relabelled_and_adopted(source: dict[str, Any], grown: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tenant's moves without the guard: the VM's source pod labelled as migration ``m``'s target, with
+    ``kubevirt.io: decoy`` (KubeVirt's target lookup skips it), and a pod made for ``grown`` with a controller
+    reference to the VMI, which KubeVirt adopts. Returns the relabelled source, that pod and the VMI naming it."""
+    relabelled = copy.deepcopy(source)
+    relabelled["metadata"]["labels"].update({"kubevirt.io/migrationJobUID": "mig-m", "kubevirt.io": "decoy"})
+    adopted = launcher_obj(grown, suffix="adopted", t=300, controller=True, vouched=False)
+    adopting = copy.deepcopy(grown)
+    vouch(adopting, adopted)
+    return [relabelled, adopted, adopting]
+
+
 def test_the_source_labelled_as_the_migrations_target_is_no_target() -> None:
     """Without the guard the tenant labels KubeVirt's source pod with the migration's label (and ``kubevirt.io:
     decoy``, which KubeVirt's target lookup skips), then has KubeVirt adopt a pod made for the spec: the VM's other
@@ -582,11 +594,7 @@ def test_the_source_labelled_as_the_migrations_target_is_no_target() -> None:
     quota, other, other_pod, grown, source, target, migration = stale_target("4")
     created = vmi_obj("vm-a", vcpus=1, t=2)
     vouch(created, source)
-    relabelled = copy.deepcopy(source)
-    relabelled["metadata"]["labels"].update({"kubevirt.io/migrationJobUID": "mig-m", "kubevirt.io": "decoy"})
-    adopted = launcher_obj(grown, suffix="adopted", t=300, controller=True, vouched=False)
-    adopting = copy.deepcopy(grown)
-    vouch(adopting, adopted)
+    relabelled, adopted, adopting = relabelled_and_adopted(source, grown)
     history = [quota, other, other_pod, created, source, grown, migration, target, relabelled, adopted, adopting]
     assert mig(account_history(history), "m").state == CANCEL
 
@@ -606,11 +614,7 @@ def test_the_source_labelled_as_the_target_of_a_migration_made_before_it_is_judg
     target = launcher_obj(vmi_obj("vm-a", vcpus=1, t=2), migration_uid="mig-m", node="n2", t=200, vouched=False)
     vouch(grown, source)
     vouch(grown, target)
-    relabelled = copy.deepcopy(source)
-    relabelled["metadata"]["labels"].update({"kubevirt.io/migrationJobUID": "mig-m", "kubevirt.io": "decoy"})
-    adopted = launcher_obj(grown, suffix="adopted", t=300, controller=True, vouched=False)
-    adopting = copy.deepcopy(grown)
-    vouch(adopting, adopted)
+    relabelled, adopted, adopting = relabelled_and_adopted(source, grown)
     history = [quota, other, launcher_obj(other), pending, vmim_obj("m", "vm-a", t=3), source, before, grown]
     history += [vmim_obj("m", "vm-a", phase="Scheduling", t=3), target, relabelled, adopted, adopting]
     assert mig(account_history(history), "m").state == CANCEL

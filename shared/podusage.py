@@ -28,6 +28,7 @@ from typing import Any, Final
 
 from shared.bounded import Bounded
 from shared.errors import InvalidInput, InvalidQuantity
+from shared.kinds import FINAL_PHASES
 from shared.quantity import MAX_NANOS, NANO, Format, Quantity
 from shared.resources import (
     ResourceList,
@@ -203,7 +204,6 @@ def _totals(
 
 # ---- a pod object as the ResourceQuota evaluator charges it ----------------------------------------------------
 
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 _ONE: Final = Quantity.from_int(1)
 _EMPTY: Final[Mapping[str, Any]] = {}
 _parse: Final = Quantity.parse
@@ -216,7 +216,7 @@ def counts_for_compute(
 ) -> bool:
     """False for pods the quota evaluator charges only ``count/pods``: phase Succeeded/Failed, or terminating
     past ``deletionTimestamp + deletionGracePeriodSeconds`` (``now`` defaults to the current UTC time)."""
-    if phase in TERMINAL_PHASES:
+    if phase in FINAL_PHASES:
         return False
     if deletion_timestamp is not None and isinstance(grace_seconds, int) and not isinstance(grace_seconds, bool):
         current = now or datetime.now(UTC)

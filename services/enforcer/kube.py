@@ -13,14 +13,13 @@ from typing import Any, Final, Protocol, cast
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from services.platform.kube import KubeError, Obj, call_bytes, call_object, call_object_or_none
-from shared.kinds import QUOTA_KIND
+from shared.kinds import FINAL_PHASES, QUOTA_KIND
 from shared.quota import guard
 from shared.quota.annotations import NUDGE_ANNOTATION
 
 __all__ = ["MERGE_PATCH", "KubeError", "KubeQuotas", "Obj", "QuotaApi", "version_of"]
 
 MERGE_PATCH: Final = "application/merge-patch+json"
-_FINAL_MIGRATION: Final = frozenset({"Succeeded", "Failed"})
 
 
 class QuotaApi(Protocol):
@@ -116,7 +115,7 @@ class KubeQuotas:
         )
         meta = (m or {}).get("metadata") or {}
         phase = ((m or {}).get("status") or {}).get("phase")
-        if m is None or meta.get("uid") != uid or meta.get("deletionTimestamp") or phase in _FINAL_MIGRATION:
+        if m is None or meta.get("uid") != uid or meta.get("deletionTimestamp") or phase in FINAL_PHASES:
             return False
         try:
             await call_bytes(

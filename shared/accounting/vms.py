@@ -14,11 +14,11 @@ from shared.accounting.results import (
     VmEntry,
 )
 from shared.accounting.state import capped_growth, fmt, smallest_lacks, vm_key, vm_size
+from shared.kinds import FINAL_PHASES
 from shared.quota.equation import takes
 from shared.quota.modes import MEMORY_NAMES, VmSize, mode_usage
 from shared.resources import ResourceList, add, growth, maximum, minimum, nonzero, second_largest
 from shared.snapshot import (
-    VMI_FINAL_PHASES,
     VMI_WAITING_PHASES,
     PodSnapshot,
     VmiSnapshot,
@@ -80,8 +80,8 @@ class Vms(Pods):
             if v.uid in departed and not vm_pods:
                 continue  # (its pods finished: nothing runs)
             if not vm_pods:
-                if v.phase in VMI_FINAL_PHASES or v.deletion_timestamp is not None:
-                    what = f"phase {v.phase}" if v.phase in VMI_FINAL_PHASES else "being deleted"
+                if v.phase in FINAL_PHASES or v.deletion_timestamp is not None:
+                    what = f"phase {v.phase}" if v.phase in FINAL_PHASES else "being deleted"
                     reason = f"{what}, no running launcher pod: counts nothing"
                     entries.append((key, VmEntry(v.name, v.uid, v.phase, STOPPED, reason, vm_size(v), {}, {})))
                 elif v.phase not in VMI_WAITING_PHASES:

@@ -74,8 +74,7 @@ import msgspec
 from shared import contract
 from shared.contract import Deleted, Snapshot, Sync, Upserted
 from shared.errors import InvalidInput
-from shared.kinds import KUBEVIRT_KIND, NAMESPACE_KIND, POD_KIND, QUOTA_KIND, VMI_KIND, VMIM_KIND
-from shared.podusage import TERMINAL_PHASES
+from shared.kinds import FINAL_PHASES, KUBEVIRT_KIND, NAMESPACE_KIND, POD_KIND, QUOTA_KIND, VMI_KIND, VMIM_KIND
 from shared.quantity import ZERO
 from shared.quota.modes import policy_or_error
 from shared.snapshot import (
@@ -260,7 +259,7 @@ def _grew(before: Snapshot | None, pod: Snapshot) -> bool:
 
 def _finished(pod: Snapshot) -> bool:
     """A pod that runs nothing any more (phase Succeeded or Failed)."""
-    return isinstance(pod, PodSnapshot) and pod.phase in TERMINAL_PHASES
+    return isinstance(pod, PodSnapshot) and pod.phase in FINAL_PHASES
 
 
 _UNKNOWN: Final = object()

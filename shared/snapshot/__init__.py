@@ -36,7 +36,6 @@ from shared.snapshot.types import REJECTED_BY_QUOTA as REJECTED_BY_QUOTA
 from shared.snapshot.types import SCHEMA as SCHEMA
 from shared.snapshot.types import SNAPSHOT_TYPES as SNAPSHOT_TYPES
 from shared.snapshot.types import SUPPORTED_KINDS as SUPPORTED_KINDS
-from shared.snapshot.types import VMI_FINAL_PHASES as VMI_FINAL_PHASES
 from shared.snapshot.types import VMI_WAITING_PHASES as VMI_WAITING_PHASES
 from shared.snapshot.types import WORKLOAD_UPDATE_ANNOTATION as WORKLOAD_UPDATE_ANNOTATION
 from shared.snapshot.types import AnySnapshot as AnySnapshot

@@ -49,7 +49,6 @@ POD_LABELS_KEPT: Final = (LAUNCHER_LABEL, CREATED_BY_LABEL, VM_NAME_LABEL, MIGRA
 VMIM_ACTIVE_PHASES: Final = frozenset(
     {"", "Pending", "Scheduling", "Scheduled", "PreparingTarget", "TargetReady", "Running"}
 )
-VMI_FINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
 VMI_WAITING_PHASES: Final = frozenset({"", "Pending"})
 """Phases of a VMI whose launcher pod KubeVirt has yet to create (its phase moves on once the pod exists)."""
 

@@ -24,12 +24,11 @@ from services.devtools.demo.scenario import UNMANAGED, Scenario
 from services.devtools.simcluster.cluster import SimCluster
 from services.devtools.simcluster.kubevirt import KubeVirtTiming
 from services.devtools.simcluster.store_api import ApiError, Obj, Resource, WatchType
+from shared.kinds import FINAL_PHASES
 from shared.quantity import Quantity
 from shared.quota.annotations import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION, RATIO_ANNOTATION
 from shared.resources import ResourceList, format_resource_list, parse_resource_list
 from shared.snapshot import MIGRATION_JOB_LABEL
-
-FINAL_MIGRATION = ("Succeeded", "Failed")
 
 
 @dataclass
@@ -212,7 +211,7 @@ class Observer:
                 involved = (obj.get("involvedObject") or {}).get("name") or ""
                 self.result.refusals.append(f"{ns}/{involved}: {message}")
                 mig = self.result.migrations.get(involved)
-                if mig is not None and mig.uid and mig.admitted is None and mig.phase not in FINAL_MIGRATION:
+                if mig is not None and mig.uid and mig.admitted is None and mig.phase not in FINAL_PHASES:
                     mig.quota_refusals += 1
 
 
@@ -536,7 +535,7 @@ async def _run_step(
                 raise outcome
         records = [m for m in (result.migrations[vm.name] for vm in vms) if m.phase != "Rejected"]
         await _settle(
-            sim, observer, lambda: all(m.phase in FINAL_MIGRATION for m in records), settle=settle, within=within
+            sim, observer, lambda: all(m.phase in FINAL_PHASES for m in records), settle=settle, within=within
         )
     elif step.action in ("start", "stop"):
         running = step.action == "start"
@@ -561,7 +560,7 @@ async def _run_step(
             sockets=step.sockets,
             memory=step.memory.canonical() if isinstance(step.memory, Quantity) else None,
         )
-        await _settle(sim, observer, lambda: record.phase in FINAL_MIGRATION, settle=settle, within=within)
+        await _settle(sim, observer, lambda: record.phase in FINAL_PHASES, settle=settle, within=within)
 
 
 def _check(scenario: Scenario, result: RunResult) -> None:

@@ -53,6 +53,7 @@ from services.platform.logs import get_logger
 from services.platform.workqueue import WorkQueue
 from shared.backoff import Backoff, TokenBucket
 from shared.errors import InvalidInput
+from shared.kinds import FINAL_PHASES
 from shared.kubevirt import (
     COMPUTE,
     MEMORY_OVERHEAD_ANNOTATION,
@@ -103,10 +104,7 @@ _RENDERED_MAX: Final = 1024
 COMPONENT: Final = "virtualmachine-controller"
 VMI_KIND_NAME: Final = "VirtualMachineInstance"
 
-VMI_FINAL: Final = frozenset({"Succeeded", "Failed"})
-VMIM_FINAL: Final = frozenset({"Succeeded", "Failed"})
 VMIM_ACTIVE: Final = frozenset({"Scheduling", "Scheduled", "PreparingTarget", "TargetReady", "Running"})
-POD_TERMINAL: Final = frozenset({"Succeeded", "Failed"})
 ABORT_REQUESTED: Final = "AbortRequested"
 """The condition KubeVirt's migration controller puts on a migration deleted before it is final."""
 
@@ -753,7 +751,7 @@ class KubeVirtSimulator:
         self.vmi_queue.add(key)
         self.vm_queue.add(key)
         for vmim in self.migrations_of(*key):
-            if phase(vmim) not in VMIM_FINAL:
+            if phase(vmim) not in FINAL_PHASES:
                 self._wake_migration(key_of(vmim), "object update")
         if type_ == "DELETED":
             uid = uid_of(obj)
@@ -777,7 +775,7 @@ class KubeVirtSimulator:
         vmi_name = str((obj.get("spec") or {}).get("vmiName") or "")
         if vmi_name:
             self.vm_queue.add((key[0], vmi_name))
-        if phase(obj) in VMIM_FINAL and (old is None or phase(old) not in VMIM_FINAL):
+        if phase(obj) in FINAL_PHASES and (old is None or phase(old) not in FINAL_PHASES):
             # a slot is free: migrations held back by the parallel limits may go
             for waiting in ("", "Pending"):
                 for other in self.cache.by_index("virtualmachineinstancemigrations", "phase", waiting):
@@ -929,14 +927,14 @@ class KubeVirtSimulator:
         vmi = self.cache.get("virtualmachineinstances", ns, vmi_name)
         if vmi is None:
             raise ApiError(400, "BadRequest", f'{prefix}: the VMI "{ns}/{vmi_name}" does not exist')
-        if phase(vmi) in VMI_FINAL:  # (one that does not run yet is admitted: its migration waits for it)
+        if phase(vmi) in FINAL_PHASES:  # (one that does not run yet is admitted: its migration waits for it)
             raise ApiError(400, "BadRequest", f"{prefix}: Cannot migrate VMI in finalized state.")
         for c in status(vmi).get("conditions") or ():
             if isinstance(c, Mapping) and c.get("type") == "LiveMigratable" and c.get("status") == "False":
                 why = f"Reason: {c.get('reason', '')}, Message: {c.get('message', '')}"
                 raise ApiError(400, "BadRequest", f"{prefix}: Cannot migrate VMI, {why}")
         for other in self.migrations_of(ns, vmi_name):
-            if phase(other) not in VMIM_FINAL:
+            if phase(other) not in FINAL_PHASES:
                 raise ApiError(
                     400,
                     "BadRequest",
@@ -963,7 +961,7 @@ class KubeVirtSimulator:
         if (new.get("spec") or {}) != (old.get("spec") or {}):
             raise ApiError(422, "Invalid", f"{prefix}: update of Migration object's spec is restricted")
         old_labels = meta(old).get("labels") or {}
-        if phase(old) not in VMIM_FINAL and VMI_NAME_LABEL in old_labels:
+        if phase(old) not in FINAL_PHASES and VMI_NAME_LABEL in old_labels:
             label = (meta(new).get("labels") or {}).get(VMI_NAME_LABEL)
             if label is None:
                 raise ApiError(422, "Invalid", f"{prefix}: selector label can't be removed from an in-flight migration")
@@ -1041,12 +1039,12 @@ class KubeVirtSimulator:
         )
 
     def active_pods(self, vmi: Mapping[str, Any]) -> list[Obj]:
-        return [p for p in self.pods_of(vmi) if phase(p) not in POD_TERMINAL and not deleting(p)]
+        return [p for p in self.pods_of(vmi) if phase(p) not in FINAL_PHASES and not deleting(p)]
 
     def active_pods_count(self, vmi: Mapping[str, Any]) -> int:
         """The VMI's active pods as KubeVirt's migration controller counts them (``VMIActivePodsCount``): every pod
         it controls that is not Succeeded or Failed, a pod being deleted too."""
-        return sum(1 for p in self.pods_of(vmi) if phase(p) not in POD_TERMINAL)
+        return sum(1 for p in self.pods_of(vmi) if phase(p) not in FINAL_PHASES)
 
     def launcher_of(self, vmi: Mapping[str, Any]) -> Obj | None:
         """The pod the VMI runs in: the newest active pod on ``status.nodeName``; before it runs, the newest active
@@ -1083,7 +1081,7 @@ class KubeVirtSimulator:
         elif not deleting(vmi):
             p = phase(vmi)
             stop = strategy == "Halted"
-            restart = (strategy == "Always" and p in VMI_FINAL) or (strategy == "RerunOnFailure" and p == "Failed")
+            restart = (strategy == "Always" and p in FINAL_PHASES) or (strategy == "RerunOnFailure" and p == "Failed")
             if stop or restart:
                 await self._delete(self.r_vmis, key)
             elif p == "Running":
@@ -1162,7 +1160,7 @@ class KubeVirtSimulator:
         the domain from that spec; the VMI controller marks ``HotVCPUChange`` once it runs, its status still
         reporting the size it was created with (:meth:`_sync_cpu_change`)."""
         key = key_of(vmi)
-        in_flight = any(phase(m) not in VMIM_FINAL for m in self.migrations_of(*key))
+        in_flight = any(phase(m) not in FINAL_PHASES for m in self.migrations_of(*key))
         if running:
             vmi = await self._hotplug_interfaces(vm, vmi)
         if any(has_condition(vmi, c, "True") for c in ("HotVCPUChange", "HotMemoryChange", MIGRATION_REQUIRED)):
@@ -1334,7 +1332,7 @@ class KubeVirtSimulator:
         p = phase(vmi)
         await self._cleanup_terminal_pods(vmi)
         await self._set_active_pods(vmi)
-        if p in VMI_FINAL:
+        if p in FINAL_PHASES:
             return
         pod = self.launcher_of(vmi)
         if pod is None:
@@ -1353,7 +1351,7 @@ class KubeVirtSimulator:
             elif p == "Scheduled" and self._vmi_steps.elapsed(uid, "boot", self.timing(self.timing.boot_delay), key):
                 await self._vmi_running(vmi, pod)
                 self._vmi_steps.clear(uid, "boot")
-        elif pod_phase in POD_TERMINAL:
+        elif pod_phase in FINAL_PHASES:
             await self._update_status(self.r_vmis, key, lambda o: set_phase(o["status"], pod_phase))
         if p == "Running":
             await self._sync_cpu_change(vmi)
@@ -1367,9 +1365,9 @@ class KubeVirtSimulator:
         key = key_of(vmi)
         controlled = self.pods_of(vmi)
         for pod in controlled:
-            if not deleting(pod) or phase(pod) in POD_TERMINAL:
+            if not deleting(pod) or phase(pod) in FINAL_PHASES:
                 await self._delete(self.r_pods, key_of(pod))
-        if phase(vmi) not in VMI_FINAL:  # (its pods deleted or going: virt-handler shut the domain down)
+        if phase(vmi) not in FINAL_PHASES:  # (its pods deleted or going: virt-handler shut the domain down)
             done = "Succeeded" if phase(vmi) == "Running" else "Failed"
             await self._update_status(self.r_vmis, key, lambda o: set_phase(o["status"], done))
             return
@@ -1493,7 +1491,7 @@ class KubeVirtSimulator:
         delay = self.timing(self.timing.terminal_pod_cleanup)
         for pod in self.pods_of(vmi):
             if (
-                phase(pod) in POD_TERMINAL
+                phase(pod) in FINAL_PHASES
                 and not deleting(pod)
                 and self._vmi_steps.elapsed(uid_of(pod), "cleanup", delay, key)
             ):
@@ -1532,7 +1530,7 @@ class KubeVirtSimulator:
             # stays on its source); the finalizer goes once it is final, and the migration with it
             if MIGRATION_FINALIZER not in finalizers:
                 return
-            if phase(vmim) in VMIM_FINAL:
+            if phase(vmim) in FINAL_PHASES:
                 await self._update(
                     self.r_vmims,
                     key,
@@ -1559,7 +1557,7 @@ class KubeVirtSimulator:
                 await self._fail_migration(vmim, vmi, "Live migration aborted", aborted=True)
                 return
         p = phase(vmim)
-        if p in VMIM_FINAL:
+        if p in FINAL_PHASES:
             self._vmim_steps.clear(uid_of(vmim))
             if MIGRATION_FINALIZER in finalizers:  # (upstream's updateStatus takes it off every final migration)
                 await self._update(
@@ -1574,9 +1572,9 @@ class KubeVirtSimulator:
         if vmi is None:
             await self._fail_migration(vmim, None, "Migration failed because vmi does not exist.")
             return
-        if deleting(vmi) and phase(vmi) not in VMI_FINAL:
+        if deleting(vmi) and phase(vmi) not in FINAL_PHASES:
             return  # (upstream's sync does nothing for a VMI being deleted; woken by its updates)
-        if phase(vmi) in VMI_FINAL:
+        if phase(vmi) in FINAL_PHASES:
             await self._fail_migration(vmim, vmi, "Migration failed vmi shutdown during migration.")
             return
         target = self._target_pod(vmim)
@@ -1871,7 +1869,7 @@ class KubeVirtSimulator:
     async def _fail_migration(self, vmim: Obj, vmi: Obj | None, message: str, *, aborted: bool = False) -> None:
         key = key_of(vmim)
         target = self._target_pod(vmim)
-        if target is not None and phase(target) not in POD_TERMINAL and not deleting(target):
+        if target is not None and phase(target) not in FINAL_PHASES and not deleting(target):
             await self._delete(self.r_pods, key_of(target))
         if vmi is not None:
             ms = status(vmi).get("migrationState") or {}
@@ -1894,7 +1892,7 @@ class KubeVirtSimulator:
         """Keep the newest finished migrations per VMI."""
         ns = key_of(vmim)[0]
         vmi_name = (vmim.get("spec") or {}).get("vmiName")
-        done = [m for m in self.migrations_of(ns, str(vmi_name)) if phase(m) in VMIM_FINAL and not deleting(m)]
+        done = [m for m in self.migrations_of(ns, str(vmi_name)) if phase(m) in FINAL_PHASES and not deleting(m)]
         if len(done) <= self.config.finished_migrations_kept:
             return
         done.sort(key=lambda m: (str(meta(m).get("creationTimestamp") or ""), int(meta(m).get("resourceVersion") or 0)))
@@ -1918,7 +1916,7 @@ class KubeVirtSimulator:
             else:
                 others = self.cache.list("pods", ns)
             for p in others:
-                if phase(p) in POD_TERMINAL or uid_of(p) == uid_of(pod):
+                if phase(p) in FINAL_PHASES or uid_of(p) == uid_of(pod):
                     continue
                 if all(labels_of(p).get(k) == v for k, v in match.items()):
                     node = (p.get("spec") or {}).get("nodeName")
@@ -1944,20 +1942,20 @@ class KubeVirtSimulator:
                     self.r_pods,
                     key,
                     lambda o: (
-                        None if o["status"].get("phase") in POD_TERMINAL else _terminate(o["status"], "Completed", 0)
+                        None if o["status"].get("phase") in FINAL_PHASES else _terminate(o["status"], "Completed", 0)
                     ),
                 )
             return
         uid = uid_of(pod)
         p = phase(pod) or "Pending"
-        if uid in self._source_done and p not in POD_TERMINAL:
+        if uid in self._source_done and p not in FINAL_PHASES:
             if self._pod_steps.elapsed(uid, "shutdown", self.timing(self.timing.source_shutdown_delay), key):
                 self._source_done.discard(uid)
                 await self._update_status(
                     self.r_pods,
                     key,
                     lambda o: (
-                        None if o["status"].get("phase") in POD_TERMINAL else _terminate(o["status"], "Completed", 0)
+                        None if o["status"].get("phase") in FINAL_PHASES else _terminate(o["status"], "Completed", 0)
                     ),
                 )
             return
@@ -2098,7 +2096,7 @@ def _controller_uid(obj: Mapping[str, Any]) -> tuple[str, ...]:
 
 def _pod_node(pod: Mapping[str, Any]) -> tuple[str, ...]:
     node = (pod.get("spec") or {}).get("nodeName")
-    return (str(node),) if node and phase(pod) not in POD_TERMINAL else ()
+    return (str(node),) if node and phase(pod) not in FINAL_PHASES else ()
 
 
 def _vmim_vmi(vmim: Mapping[str, Any]) -> tuple[str, ...]:

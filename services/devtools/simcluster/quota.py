@@ -28,8 +28,8 @@ from services.devtools.simcluster.store_api import ApiError, Obj, Operation, Res
 from services.platform.logs import get_logger
 from services.platform.workqueue import WorkQueue
 from shared.errors import InvalidInput
+from shared.kinds import FINAL_PHASES
 from shared.podusage import (
-    TERMINAL_PHASES,
     is_quota_extended_resource,
     pod_counts_for_compute,
     pod_level_set,
@@ -423,7 +423,7 @@ class PodUsageCache:
         found = self._known.get(uid)
         if found is not None and found[0] == rv and meta.get("deletionTimestamp") is None:
             status = pod.get("status")
-            if not isinstance(status, Mapping) or status.get("phase") not in TERMINAL_PHASES:
+            if not isinstance(status, Mapping) or status.get("phase") not in FINAL_PHASES:
                 return found[1]  # (the common case: a pod that counts whatever the time, charged as before)
         if not pod_counts_for_compute(pod, now):
             return pod_quota_usage(pod, now)

@@ -145,11 +145,13 @@ def streams_for(
     sizes: StreamSizes = StreamSizes(),
     usage_history_max_age: float = 7 * DAY,
 ) -> tuple[StreamSpec, ...]:
-    """The streams ``service`` creates and updates (all of them for an unknown service name, e.g. ``all`` or a test;
-    none for a service that only waits for them)."""
-    if service in STREAMS_USED and service != STREAM_KEEPER:
+    """The streams ``service`` creates and updates (:data:`STREAM_OWNERS`; all of them for an unknown service name,
+    e.g. ``all`` or a test; none for a service that only waits for them)."""
+    if service in STREAMS_USED and service not in STREAM_OWNERS:
         return ()  # (it waits for them)
-    return streams(events_max_age, sizes=sizes, usage_history_max_age=usage_history_max_age)
+    owned = STREAM_OWNERS.get(service)
+    every = streams(events_max_age, sizes=sizes, usage_history_max_age=usage_history_max_age)
+    return tuple(s for s in every if owned is None or s.name in owned)
 
 
 _DURATION: Final = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d|w)")

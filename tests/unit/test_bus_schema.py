@@ -165,6 +165,15 @@ def test_every_stream_owns_its_subjects() -> None:
     assert by_name[contract.USAGE_STREAM].max_msgs_per_subject == 1
 
 
+def test_each_service_creates_the_streams_it_owns_and_waits_for_the_rest() -> None:
+    # what the NATS configurations let each identity create (tests/integration/test_nats_permissions.py) is what
+    # the service creates
+    for service in contract.STREAMS_USED:
+        names = {s.name for s in contract.streams_for(service)}
+        assert names == contract.STREAM_OWNERS.get(service, frozenset()), service
+    assert {s.name for s in contract.streams_for("all")} == {s.name for s in contract.streams()}
+
+
 @pytest.mark.parametrize(
     ("text", "seconds"), [("30d", 30 * 86400.0), ("1h30m", 5400.0), ("500ms", 0.5), ("90", 90.0), ("2w", 1209600.0)]
 )

@@ -144,10 +144,40 @@ class Admission(Migrations):
         largest = functools.reduce(maximum, charges)
         if any(target.get(r, ZERO).nanos < largest.get(r, ZERO).nanos + half[r] for r in lacking):
             return True
+        if self._made_for_fewer_vcpus(v, target, largest, grow, at_spec, lacking):
+            return True
         if self._runs_at_vcpus(v, others) < v.vcpus and not any(r in _CPU_NAMES for r in lacking):
             # the vCPUs' part shows in no CPU resource (a cluster-wide ``cpuRequest``): their memory overhead is lost
             # beside a guest memory change, so what the target has shows nothing of them, and the budget decides
             return None
+        return False
+
+    def _made_for_fewer_vcpus(
+        self,
+        v: VmiSnapshot,
+        target: ResourceList,
+        largest: ResourceList,
+        grow: ResourceList,
+        at_spec: ResourceList,
+        lacking: list[str],
+    ) -> bool:
+        """Whether a target that has half of the change was made for fewer vCPUs than the spec's all the same: a
+        size admitted on the way (the spec raised again while the target waited, or KubeVirt's cache had the first
+        of two raises). In a CPU resource it lacks at least half of what one vCPU adds, both against the rendering
+        at the spec and against the largest of the other pods grown by the change: the first holds whatever the
+        cluster's configuration was when the other pods were made (an allocation ratio changed since), the second
+        whatever the rendering's error is. The rest, memory, is left to the half of the change: what a vCPU adds
+        to memory (its overhead) is within the rendering's error, and so is a guest memory a little short of the
+        spec's (Known limits)."""
+        added = v.vcpus - current_size(v).vcpus
+        if added < 2:
+            return False  # (the half of the change is less than one vCPU's share)
+        for r in lacking:
+            if r not in _CPU_NAMES:
+                continue
+            short = target.get(r, ZERO).nanos + grow[r].nanos // (2 * added)
+            if short < at_spec.get(r, ZERO).nanos and short < largest.get(r, ZERO).nanos + grow[r].nanos:
+                return True
         return False
 
     def _over_with_the_change(self, v: VmiSnapshot, others: list[tuple[PodSnapshot, ResourceList]]) -> list[str]:

@@ -36,6 +36,7 @@ from shared.accounting.results import (
     STOPPED,
     TARGET_CREATED,
     WAITING,
+    MigrationEntry,
     NamespaceUsage,
 )
 from shared.accounting.sums import Sum
@@ -521,6 +522,27 @@ def test_a_sidecar_annotation_taken_off_the_vmi_does_not_make_a_stale_target_pas
     assert m.state == CANCEL and "over its budget in requests.cpu" in m.reason, m
 
 
+def hotplug_target(budget: str, made_for: int, spec: int, *, target_first: bool = True) -> MigrationEntry:
+    """vm-a runs 1 vCPU beside vm-x's 2 on a ``VirtualResources`` budget of ``budget`` vCPUs; raised to
+    ``made_for`` vCPUs (its migration admitted: the target reserved), KubeVirt's target is made for them, and the
+    spec is ``spec`` vCPUs by the time the target exists (seen before or after the raise). Returns the migration."""
+    quota = quota_obj("rq", {"requests.cpu": budget}, Mode.VIRTUAL_RESOURCES)
+    other = vmi_obj("vm-x", vcpus=2, t=1)
+    before = vmi_obj("vm-a", vcpus=1, t=2)
+    source = launcher_obj(before, t=5)
+    made = vmi_obj("vm-a", vcpus=made_for, status_vcpus=1, t=2)
+    vouch(made, source)
+    target = launcher_obj(made, migration_uid="mig-m", node="n2", t=200, vouched=False)
+    history = [quota, other, launcher_obj(other), before, source, made, vmim_obj("m", "vm-a", rejected=True)]
+    assert mig(account_history(history), "m").state == PENDING  # (the raise fits: its target reserved)
+    raised = vmi_obj("vm-a", vcpus=spec, status_vcpus=1, t=2)
+    vouch(raised, source)
+    vouch(raised, target)
+    tail = [target, raised] if target_first else [raised, target]
+    m: MigrationEntry = mig(account_history([*history, vmim_obj("m", "vm-a", phase="Scheduling"), *tail]), "m")
+    return m
+
+
 @pytest.mark.parametrize("target_first", [True, False], ids=["target_seen_first", "raise_seen_first"])
 def test_a_target_made_for_a_size_admitted_on_the_way_does_not_carry_a_further_raise(target_first: bool) -> None:
     """vm-a runs 1 vCPU and is raised to 4 (fits: 2 + 4 of 6): its growth admitted, KubeVirt's target made for 4.
@@ -528,38 +550,13 @@ def test_a_target_made_for_a_size_admitted_on_the_way_does_not_carry_a_further_r
     to 6 over the source, which read as made for the spec: the migration went on and its end gave the guest 6
     vCPUs, 2 of them never admitted (8 on 6). (With the guard the same target comes from KubeVirt rendering it from
     a cache that had the first of two quick raises.)"""
-    quota = quota_obj("rq", {"requests.cpu": "6"}, Mode.VIRTUAL_RESOURCES)
-    other = vmi_obj("vm-x", vcpus=2, t=1)
-    before = vmi_obj("vm-a", vcpus=1, t=2)
-    source = launcher_obj(before, t=5)
-    mid = vmi_obj("vm-a", vcpus=4, status_vcpus=1, t=2)
-    vouch(mid, source)
-    target = launcher_obj(mid, migration_uid="mig-m", node="n2", t=200, vouched=False)
-    history = [quota, other, launcher_obj(other), before, source, mid, vmim_obj("m", "vm-a", rejected=True)]
-    assert mig(account_history(history), "m").state == PENDING  # (the raise to 4 fits: its target reserved)
-    raised = vmi_obj("vm-a", vcpus=6, status_vcpus=1, t=2)
-    vouch(raised, source)
-    vouch(raised, target)
-    tail = [target, raised] if target_first else [raised, target]
-    u = account_history([*history, vmim_obj("m", "vm-a", phase="Scheduling"), *tail])
-    assert mig(u, "m").state == CANCEL, mig(u, "m")
-    assert "made for the size the VM runs at" in mig(u, "m").reason or "fewer vCPUs" in mig(u, "m").reason
+    m = hotplug_target("6", 4, 6, target_first=target_first)
+    assert m.state == CANCEL and "made for the size the VM runs at" in m.reason, m
 
 
 def test_a_target_made_for_the_spec_of_a_many_vcpu_hotplug_is_not_canceled() -> None:
     """The other side of the rule above: KubeVirt's target made for the spec (1 to 6 vCPUs, admitted) goes on."""
-    quota = quota_obj("rq", {"requests.cpu": "8"}, Mode.VIRTUAL_RESOURCES)
-    other = vmi_obj("vm-x", vcpus=2, t=1)
-    before = vmi_obj("vm-a", vcpus=1, t=2)
-    source = launcher_obj(before, t=5)
-    raised = vmi_obj("vm-a", vcpus=6, status_vcpus=1, t=2)
-    vouch(raised, source)
-    target = launcher_obj(raised, migration_uid="mig-m", node="n2", t=200, vouched=False)
-    history = [quota, other, launcher_obj(other), before, source, raised, vmim_obj("m", "vm-a", rejected=True)]
-    assert mig(account_history(history), "m").state == PENDING
-    vouch(raised, target)
-    u = account_history([*history, vmim_obj("m", "vm-a", phase="Scheduling"), target, raised])
-    assert mig(u, "m").state == TARGET_CREATED, mig(u, "m")
+    assert hotplug_target("8", 6, 6).state == TARGET_CREATED
 
 
 @pytest.mark.xfail(

@@ -182,19 +182,16 @@ class Admission(Migrations):
 
     def _over_with_the_change(self, v: VmiSnapshot, others: list[tuple[PodSnapshot, ResourceList]]) -> list[str]:
         """Why the quotas, with the VM counted at its spec (as it is while its target exists), are over their budget
-        in a resource the change grows against what the VM runs at (what every pod of it in ``others``, all but the
-        target, was made for), or nothing."""
+        in a resource the change grows against the size it runs at (``Vms._runs_at_vcpus`` of its pods in
+        ``others``, all but the target; the spec's guest memory where they all carry it), or nothing."""
         cur = self.vm_entries.get(vm_key(v))
         if cur is None:
             return []
         now = current_size(v)
-        vcpus = (
-            min(self._made_for_vcpus(v, others, every=True), self._runs_at_vcpus(v, others)) if others else now.vcpus
-        )
         memory = vm_size(v).guest_memory if self._carries_memory(v, [ch for _, ch in others]) else now.guest_memory
         return self._over_with(
             cur,
-            VmSize(vcpus, memory),
+            VmSize(self._runs_at_vcpus(v, others), memory),
             lambda q, grows: [r for r, b in q.policy.budget.items() if r in grows and q.over(r, b)],
         )
 

@@ -22,9 +22,11 @@ from services.devtools.simcluster.kubevirt import (
     FAIL_START_ANNOTATION,
     MIGRATION_FINALIZER,
     MIGRATION_REQUIRED,
+    POD_MEMORY_REQUESTS_LABEL,
     VMI_FINALIZER,
     KubeVirtTiming,
     has_condition,
+    memory_covered,
     phase,
 )
 from services.devtools.simcluster.store_api import ApiError, Obj
@@ -374,6 +376,53 @@ async def test_a_cpu_hotplug_after_a_target_was_made_is_carried_out_at_the_migra
     assert sim.kubevirt.domain_vcpus[target["metadata"]["uid"]] == 3
     vmi = await sim.get("vmi", "t", "vm1")
     assert vmi["status"]["currentCPUTopology"]["sockets"] == 3 and "HotVCPUChange" not in conditions(vmi)
+
+
+async def test_a_memory_hotplug_after_a_target_was_made_is_carried_out_where_the_hand_off_label_covers_it(
+    sim: SimCluster,
+) -> None:
+    """A migration whose target pod was made for 1Gi has not started; the VM's guest memory is raised to 2Gi. At the
+    hand-off virt-controller labels the VMI with the target's compute memory request; at the end virt-handler
+    (``hotplugMemory``) gives the guest the spec's memory where that label covers the target's memory overhead and
+    the VMI's memory request: a VMI that sets guest memory only has none, so a pod made for 1Gi runs a 2Gi guest.
+    The label goes once the migration ends."""
+    await sim.create_vm("t", "vm1", sockets=1, memory="1Gi")
+    await sim.wait_for_phase("t", "vm1", "Running")
+    sim.kubevirt.schedulable = set()  # (the target waits for a node)
+    await sim.migrate("t", "vm1", name="mig1")
+    await sim.wait_for(lambda: len(sim.cache.list("pods", "t")) == 2, what="the target pod")
+    await sim.hotplug("t", "vm1", memory="2Gi")
+    await sim.wait_until("vmi", "t", "vm1", lambda o: o["spec"]["domain"]["memory"]["guest"] == "2Gi")
+    sim.kubevirt.schedulable = set(sim.kubevirt.config.nodes)
+    labelled = await sim.wait_until(
+        "vmi", "t", "vm1", lambda o: "kubevirt.io/vmi-pod-memory-resource-requests" in o["metadata"]["labels"]
+    )
+    target = next(
+        p for p in await sim.launcher_pods("t", "vm1") if "kubevirt.io/migrationJobUID" in p["metadata"]["labels"]
+    )
+    made = Quantity.parse(resources_by_container(target)["compute"]["requests"]["memory"])
+    assert made < Quantity.parse("2Gi"), "made for 1Gi"
+    assert Quantity.parse(labelled["metadata"]["labels"]["kubevirt.io/vmi-pod-memory-resource-requests"]) == made
+    await sim.wait_for_phase("t", "mig1", "Succeeded", kind="vmim")
+    vmi = await sim.get("vmi", "t", "vm1")
+    assert vmi["status"]["memory"]["guestRequested"] == "2Gi"
+    assert "kubevirt.io/vmi-pod-memory-resource-requests" not in vmi["metadata"]["labels"]
+
+
+def test_a_memory_change_the_hand_off_label_does_not_cover_is_not_carried_out() -> None:
+    """``hotplugMemory``'s check: the label against the target's overhead plus the VMI's memory request."""
+    vmi: Obj = {
+        "metadata": {"labels": {POD_MEMORY_REQUESTS_LABEL: "1224Mi"}},
+        "spec": {"domain": {"resources": {"requests": {"memory": "2Gi"}}}},
+        "status": {"migrationState": {"targetMemoryOverhead": "200Mi"}},
+    }
+    assert not memory_covered(vmi)  # (the target made for a 1Gi request)
+    vmi["spec"]["domain"]["resources"]["requests"]["memory"] = "1Gi"
+    assert memory_covered(vmi)
+    del vmi["spec"]["domain"]["resources"]
+    assert memory_covered(vmi)  # (guest memory only: the overhead alone is checked)
+    vmi["metadata"]["labels"][POD_MEMORY_REQUESTS_LABEL] = "not-a-quantity"
+    assert not memory_covered(vmi)
 
 
 async def test_a_hotplug_grows_explicit_resources_only_where_the_template_has_them(sim: SimCluster) -> None:

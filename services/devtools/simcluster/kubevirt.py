@@ -90,6 +90,10 @@ MIGRATION_JOB_LABEL: Final = "kubevirt.io/migrationJobUID"
 MIGRATION_JOB_NAME_ANNOTATION: Final = "kubevirt.io/migrationJobName"
 MIGRATION_TARGET_NODE_LABEL: Final = "kubevirt.io/migrationTargetNodeName"
 VMI_NAME_LABEL: Final = "kubevirt.io/vmi-name"
+POD_MEMORY_REQUESTS_LABEL: Final = "kubevirt.io/vmi-pod-memory-resource-requests"
+"""VMI label: virt-controller sets it at the hand-off of a VMI with a memory change pending to the target's compute
+container memory request (its hugepages too); virt-handler carries the change out at the migration's end only where
+it covers the target's memory overhead and the spec's memory request (``hotplugMemory``), and takes it off."""
 DOMAIN_ANNOTATION: Final = "kubevirt.io/domain"
 WORKLOAD_UPDATE_ANNOTATION: Final = "kubevirt.io/workloadUpdateMigration"
 WORKLOAD_UPDATE_PREFIX: Final = "kubevirt-workload-update-"
@@ -286,6 +290,34 @@ def cpu_topology(cpu: Mapping[str, Any]) -> dict[str, int]:
 def guest_memory_status(guest: str) -> dict[str, str]:
     """``status.memory`` as virt-api writes it from a spec's guest memory (at boot, current and requested)."""
     return {"guestAtBoot": guest, "guestCurrent": guest, "guestRequested": guest}
+
+
+def compute_memory_request(pod: Mapping[str, Any]) -> Quantity:
+    """What virt-controller labels a VMI with at a memory hotplug's hand-off (``getTargetPodMemoryRequests``): the
+    memory request of the target's compute container and its hugepages."""
+    total = ZERO
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        if isinstance(c, Mapping) and c.get("name") == COMPUTE:
+            requests = (c.get("resources") or {}).get("requests") or {}
+            for r in ("memory", "hugepages-2Mi", "hugepages-1Gi"):
+                if r in requests:
+                    total = total + Quantity.parse(requests[r])
+    return total.with_format(Format.BINARY_SI)
+
+
+def memory_covered(vmi: Mapping[str, Any]) -> bool:
+    """Whether virt-handler carries a VMI's memory change out at the end of its migration (``hotplugMemory``): the
+    label :data:`POD_MEMORY_REQUESTS_LABEL` covers the target's memory overhead and the spec's memory request (none
+    in a VMI that sets guest memory only). The label is a VMI label: anyone who may update the VMI may write it."""
+    raw = ((vmi.get("metadata") or {}).get("labels") or {}).get(POD_MEMORY_REQUESTS_LABEL)
+    try:
+        labelled = Quantity.parse(raw)
+        required = Quantity.parse((status(vmi).get("migrationState") or {}).get("targetMemoryOverhead") or 0)
+        requests = ((((vmi.get("spec") or {}).get("domain") or {}).get("resources") or {}).get("requests")) or {}
+        required = required + Quantity.parse(requests.get("memory") or 0)
+    except InvalidInput:
+        return False  # (upstream: "cannot parse Memory requests from VMI label")
+    return labelled >= required
 
 
 def interface_names(vmi: Mapping[str, Any], *, absent: bool = False) -> list[str]:
@@ -1771,12 +1803,11 @@ class KubeVirtSimulator:
         overhead = annotations_of(target).get(MEMORY_OVERHEAD_ANNOTATION)
         if overhead is not None:
             state["targetMemoryOverhead"] = Quantity.parse(overhead).with_format(Format.BINARY_SI).canonical()
+        labels = {MIGRATION_TARGET_NODE_LABEL: target_node}
+        if has_condition(vmi, "HotMemoryChange", "True"):
+            labels[POD_MEMORY_REQUESTS_LABEL] = compute_memory_request(target).canonical()
         await self._update(
-            self.r_vmis,
-            key_of(vmi),
-            lambda o: (
-                o.setdefault("metadata", {}).setdefault("labels", {}).update({MIGRATION_TARGET_NODE_LABEL: target_node})
-            ),
+            self.r_vmis, key_of(vmi), lambda o: o.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
         )
         await self._update_status(self.r_vmis, key_of(vmi), lambda o: o["status"].update({"migrationState": state}))
         await self.events.record(
@@ -1807,6 +1838,10 @@ class KubeVirtSimulator:
         hot_cpu = has_condition(vmi, "HotVCPUChange", "True")
         if hot_cpu:
             cpu = now_cpu
+        if has_condition(vmi, "HotMemoryChange", "True"):
+            # (``hotplugMemory``: the spec's guest memory, whatever the target was made for, where the label covers
+            # it; otherwise the change fails and the memory stays, the VMI controller's next sync asking again)
+            guest = now_guest if memory_covered(vmi) else None
         caught_up = cpu == now_cpu and guest == now_guest
         # what the target was rendered with, and what was plugged in place meanwhile (a bridge interface)
         listed = listed_interfaces(vmi)
@@ -1843,6 +1878,7 @@ class KubeVirtSimulator:
             lab = obj.setdefault("metadata", {}).setdefault("labels", {})
             lab[NODE_NAME_LABEL] = node
             lab.pop(MIGRATION_TARGET_NODE_LABEL, None)
+            lab.pop(POD_MEMORY_REQUESTS_LABEL, None)
 
         self.domain_vcpus[uid_of(target)] = _vcpus(cpu)
 

@@ -130,6 +130,8 @@ class Admission(Migrations):
         charges = [charged for _, charged in others]
         if not grow or at_spec is None or not charges:
             return None
+        if self._short_of_the_spec_cpu(v, target, grow, at_spec):
+            return True
         half = {r: q.nanos // 2 for r, q in grow.items()}
         smallest = functools.reduce(minimum, charges)
         lacking = [r for r in grow if at_spec.get(r, ZERO).nanos - smallest.get(r, ZERO).nanos >= half[r]]
@@ -144,41 +146,30 @@ class Admission(Migrations):
         largest = functools.reduce(maximum, charges)
         if any(target.get(r, ZERO).nanos < largest.get(r, ZERO).nanos + half[r] for r in lacking):
             return True
-        if self._made_for_fewer_vcpus(v, target, largest, grow, at_spec, lacking):
-            return True
         if self._runs_at_vcpus(v, others) < v.vcpus and not any(r in _CPU_NAMES for r in lacking):
             # the vCPUs' part shows in no CPU resource (a cluster-wide ``cpuRequest``): their memory overhead is lost
             # beside a guest memory change, so what the target has shows nothing of them, and the budget decides
             return None
         return False
 
-    def _made_for_fewer_vcpus(
-        self,
-        v: VmiSnapshot,
-        target: ResourceList,
-        largest: ResourceList,
-        grow: ResourceList,
-        at_spec: ResourceList,
-        lacking: list[str],
+    def _short_of_the_spec_cpu(
+        self, v: VmiSnapshot, target: ResourceList, grow: ResourceList, at_spec: ResourceList
     ) -> bool:
-        """Whether a target that has half of the change was made for fewer vCPUs than the spec's all the same: a
-        size admitted on the way (the spec raised again while the target waited, or KubeVirt's cache had the first
-        of two raises). In a CPU resource it lacks at least half of what one vCPU adds, both against the rendering
-        at the spec and against the largest of the other pods grown by the change: the first holds whatever the
-        cluster's configuration was when the other pods were made (an allocation ratio changed since), the second
-        whatever the rendering's error is. The rest, memory, is left to the half of the change: what a vCPU adds
-        to memory (its overhead) is within the rendering's error, and so is a guest memory a little short of the
-        spec's (Known limits)."""
+        """Whether a target lacks, in a CPU resource the change grows, at least half of what one added vCPU adds
+        against the rendering at the spec: made for fewer vCPUs than the spec's, whatever it carries beside them (a
+        size admitted on the way, the spec raised again while the target waited or KubeVirt's cache having the
+        first of two raises; a hook sidecar added to the VMI before the migration). vmquota renders CPU as KubeVirt
+        does (the vCPUs over the allocation ratio, explicit CPU grown by the added vCPUs' share, sidecars), in the
+        cluster's configuration now, as KubeVirt renders a new target: an allocation ratio changed since the VM's
+        other pods were made changes nothing here. Memory has no such measure (the vCPUs' overhead, and a guest
+        memory a little short of the spec's, are within the rendering's error): it is left to the half of the
+        change (:meth:`_made_before_the_change`)."""
         added = v.vcpus - current_size(v).vcpus
-        if added < 2:
-            return False  # (the half of the change is less than one vCPU's share)
-        for r in lacking:
-            if r not in _CPU_NAMES:
-                continue
-            short = target.get(r, ZERO).nanos + grow[r].nanos // (2 * added)
-            if short < at_spec.get(r, ZERO).nanos and short < largest.get(r, ZERO).nanos + grow[r].nanos:
-                return True
-        return False
+        return added > 0 and any(
+            target.get(r, ZERO).nanos + q.nanos // (2 * added) < at_spec.get(r, ZERO).nanos
+            for r, q in grow.items()
+            if r in _CPU_NAMES
+        )
 
     def _over_with_the_change(self, v: VmiSnapshot, others: list[tuple[PodSnapshot, ResourceList]]) -> list[str]:
         """Why the quotas, with the VM counted at its spec (as it is while its target exists), are over their budget

@@ -455,16 +455,7 @@ async def test_a_target_rendered_from_the_vmi_before_a_cpu_hotplug_does_not_run_
         await p.managed_quota(ns, "vm-budget", {"requests.cpu": "5"}, mode="VirtualResources")
         await p.start_vm(ns, "vm-x", memory="1Gi", sockets=2)
         await p.start_vm(ns, "vm-a", memory="1Gi", sockets=1)
-        p.sim.kubevirt.render_from[(ns, "vm-a")] = copy.deepcopy(vmi_of(p, ns, "vm-a"))
-        p.sim.kubevirt.schedulable = set()  # (the target waits for a node)
-        await p.sim.hotplug(ns, "vm-a", sockets=4)  # (the tenant's VM: its template is the tenant's to edit)
-        await p.wait(lambda: bool(p.objects("vmim", ns)), "KubeVirt's workload-update migration")
-        first = str(p.objects("vmim", ns)[0]["metadata"]["name"])
-        await p.wait(lambda: p.sim.peek("vmim", ns, first) is None, "the migration canceled")
-        await p.wait(lambda: len(p.launcher_pods(ns, "vm-a")) == 1, "its target pod deleted")
-        p.sim.kubevirt.schedulable = set(p.sim.kubevirt.config.nodes)
-        await p.wait(lambda: growth_refused(p, ns), "KubeVirt's next migration, its growth refused")
-        await p.sim.wait_quiet()
+        await stale_target_canceled(p, ns, "vm-a", sockets=4)
         assert status_sockets(p, ns, "vm-a") == 1
         used = domain_vcpus(p, ns)
         assert used <= 5, f"{used} vCPUs of guests on a VirtualResources budget of 5 vCPUs"
@@ -474,7 +465,7 @@ async def test_a_target_rendered_from_the_vmi_before_a_cpu_hotplug_does_not_run_
 async def test_a_target_rendered_from_the_vmi_before_a_memory_hotplug_does_not_run_it_unadmitted(guarded: bool) -> None:
     """`VirtualResources`, 4Gi of guest memory: vm-x and vm-a run 1Gi each. The tenant raises vm-a's guest memory
     to 4Gi; KubeVirt's workload-update migration's target is rendered from its cache of the VMI before the patch,
-    made for 1Gi, and fits the room natively. Its end would give the guest the spec's 3Gi: virt-handler checks
+    made for 1Gi, and fits the room natively. Its end would give the guest the spec's 4Gi: virt-handler checks
     the target's memory request (the label virt-controller sets at the hand-off) against its overhead and the
     VMI's memory request only, which a VMI that sets guest memory alone does not have (5Gi on 4Gi). The migration
     is canceled, and KubeVirt's next one, rendered at the new size, has its growth refused."""
@@ -483,18 +474,26 @@ async def test_a_target_rendered_from_the_vmi_before_a_memory_hotplug_does_not_r
         await p.managed_quota(ns, "vm-budget", {"requests.memory": "4Gi"}, mode="VirtualResources")
         await p.start_vm(ns, "vm-x", memory="1Gi", sockets=1)
         await p.start_vm(ns, "vm-a", memory="1Gi", sockets=1)
-        p.sim.kubevirt.render_from[(ns, "vm-a")] = copy.deepcopy(vmi_of(p, ns, "vm-a"))
-        p.sim.kubevirt.schedulable = set()  # (the target waits for a node)
-        await p.sim.hotplug(ns, "vm-a", memory="4Gi")
-        await p.wait(lambda: bool(p.objects("vmim", ns)), "KubeVirt's workload-update migration")
-        first = str(p.objects("vmim", ns)[0]["metadata"]["name"])
-        await p.wait(lambda: p.sim.peek("vmim", ns, first) is None, "the migration canceled")
-        await p.wait(lambda: len(p.launcher_pods(ns, "vm-a")) == 1, "its target pod deleted")
-        p.sim.kubevirt.schedulable = set(p.sim.kubevirt.config.nodes)
-        await p.wait(lambda: growth_refused(p, ns), "KubeVirt's next migration, its growth refused")
-        await p.sim.wait_quiet()
+        await stale_target_canceled(p, ns, "vm-a", memory="4Gi")
         guests = {v["metadata"]["name"]: v["status"]["memory"]["guestCurrent"] for v in p.objects("vmi", ns)}
         assert guests == {"vm-x": "1Gi", "vm-a": "1Gi"}, f"guest memory {guests} on a budget of 4Gi"
+
+
+async def stale_target_canceled(p: Pipeline, ns: str, vm: str, **change: Any) -> None:
+    """The tenant hotplugs ``change`` into running ``vm`` (its template is the tenant's to edit), and KubeVirt
+    renders its workload-update migration's target from its cache of the VMI before the patch; the target waits
+    for a node until vmquota has canceled that migration and KubeVirt deleted it; then KubeVirt's next migration,
+    rendered at the new size, has its growth refused, and the cluster settles."""
+    p.sim.kubevirt.render_from[(ns, vm)] = copy.deepcopy(vmi_of(p, ns, vm))
+    p.sim.kubevirt.schedulable = set()  # (the target waits for a node)
+    await p.sim.hotplug(ns, vm, **change)
+    await p.wait(lambda: bool(p.objects("vmim", ns)), "KubeVirt's workload-update migration")
+    first = str(p.objects("vmim", ns)[0]["metadata"]["name"])
+    await p.wait(lambda: p.sim.peek("vmim", ns, first) is None, "the migration canceled")
+    await p.wait(lambda: len(p.launcher_pods(ns, vm)) == 1, "its target pod deleted")
+    p.sim.kubevirt.schedulable = set(p.sim.kubevirt.config.nodes)
+    await p.wait(lambda: growth_refused(p, ns), "KubeVirt's next migration, its growth refused")
+    await p.sim.wait_quiet()
 
 
 def vmi_of(p: Pipeline, ns: str, name: str) -> Obj:

@@ -1640,7 +1640,8 @@ async def test_with_the_guard_a_migration_targets_attachment_pod_cannot_be_taken
     that controller reference off made KubeVirt wait for another attachment pod, and the one taken off, a plain pod
     created in a refusal, stayed for good (nothing ends an idle attachment pod, and no owner collects it): the
     namespace over its budget by it, and no room held for any later migration of the namespace. With the guard only
-    virt-controller and the garbage collector take a controller reference off a pod labelled ``kubevirt.io``."""
+    virt-controller and the garbage collector take a controller reference off a pod labelled ``kubevirt.io``, and
+    only virt-controller deletes such a pod leaving its dependents to the garbage collector's orphaning."""
     ns = "tenant-attach"
     async with pipeline(guard=True, kubevirt_timing=SLOW_MIGRATIONS) as p:
         await full_namespace(p, ns)
@@ -1665,4 +1666,10 @@ async def test_with_the_guard_a_migration_targets_attachment_pod_cannot_be_taken
             path = f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}"
             refused = await tenant_patch(tenant, path, {"metadata": {"ownerReferences": None}}, 403)
             assert "keeps its controller reference, its labels" in refused, refused
+            # (nor through the garbage collector: the target pod deleted leaving its dependents behind)
+            assert tenant.session is not None
+            target = f"{tenant.url}/api/v1/namespaces/{ns}/pods/{pod['metadata']['ownerReferences'][0]['name']}"
+            async with tenant.session.delete(target, json={"propagationPolicy": "Orphan"}, ssl=tenant.ssl) as resp:
+                text = await resp.text()
+                assert resp.status == 403 and "leaving the pods it controls behind" in text, text
         await p.wait_migrated(ns, "vm1", m)

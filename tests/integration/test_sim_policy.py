@@ -732,7 +732,8 @@ async def test_only_kubevirt_makes_the_pods_kubevirt_runs_vms_in_where_a_quota_i
     still rename a reference's kind or change other labels; not take a controller reference off (the garbage
     collector does, orphaning), nor change the labels KubeVirt's
     migration controller picks a migration's target pod by, whatever its owner, nor drop the label key (a target
-    taken out of KubeVirt's sight so is not deleted with its canceled migration)."""
+    taken out of KubeVirt's sight so is not deleted with its canceled migration), nor delete such a pod leaving its
+    dependents behind (the garbage collector would take their references off for it)."""
     tenant, manifest = await _tenant_and_app(sim, tmp_path, "1Gi")
     await install(sim, GUARD_POLICY.read_text())
 
@@ -806,6 +807,15 @@ async def test_only_kubevirt_makes_the_pods_kubevirt_runs_vms_in_where_a_quota_i
             await sim.store.update(sim.store.resource("pods"), now)
     code, out = await tenant_kubectl("label", "pod", kv, "kubevirt.io-")  # (out of KubeVirt's sight: not deleted)
     assert code != 0 and refusal(kv, moved) in out, out
+    # (deleted leaving the pods it controls behind, a migration target's attachment pod: the garbage collector would
+    # take their controller references off as itself)
+    orphans = f"deletes such a pod leaving the pods it controls behind (delete {kv} without propagationPolicy Orphan)"
+    code, out = await tenant_kubectl("delete", "pod", kv, "--cascade=orphan", "--wait=false")
+    assert code != 0 and refusal(kv, orphans) in out, out
+    code, out = await tenant_kubectl("delete", "pod", "unlabelled", "--cascade=orphan", "--wait=false")
+    assert code == 0, out
+    code, out = await tenant_kubectl("delete", "pod", kv, "--wait=false")
+    assert code == 0, f"a delete that collects its dependents is the tenant's: {out}"
     elsewhere = labelled("elsewhere", namespace="other")
     assert await create_as(sim, UserInfo("mallory", tenant_of=frozenset({"other"})), elsewhere) is None
 

@@ -42,7 +42,7 @@ import msgspec
 from services.devtools.simcluster.auth import current_user
 from services.devtools.simcluster.selectors import LabelSelector
 from services.devtools.simcluster.store import Store
-from services.devtools.simcluster.store_api import ApiError, Obj, Operation, Resource
+from services.devtools.simcluster.store_api import DELETE_OPTIONS, ApiError, Obj, Operation, Resource
 from shared.errors import InvalidInput
 from shared.quantity import Quantity
 
@@ -348,6 +348,7 @@ class PolicySystem:
             "operation": req.op,
             "userInfo": user.as_request(),
             "dryRun": False,
+            "options": DELETE_OPTIONS.get() if req.op == "DELETE" else None,
         }
         ns = None
         if req.res.namespaced and req.namespace:

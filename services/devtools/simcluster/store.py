@@ -48,6 +48,7 @@ from services.devtools.simcluster.selectors import (
     parse_label_selector,
 )
 from services.devtools.simcluster.store_api import (
+    DELETE_OPTIONS,
     AdmissionHook,
     ApiError,
     Obj,
@@ -1136,12 +1137,23 @@ class Store:
     ) -> bytes:
         ns = self._scope(res, namespace)
         async with self._lock:
-            raw = await self._delete_locked(res, ns, name, preconditions, propagation != "Orphan")
+            options: Obj = {"apiVersion": "meta.k8s.io/v1", "kind": "DeleteOptions"}
+            if propagation:
+                options["propagationPolicy"] = propagation
+            if preconditions:
+                options["preconditions"] = dict(preconditions)
+            raw = await self._delete_locked(res, ns, name, preconditions, propagation != "Orphan", options)
         await self._relieve()
         return raw
 
     async def _delete_locked(
-        self, res: Resource, ns: str, name: str, preconditions: Mapping[str, Any] | None, collect: bool
+        self,
+        res: Resource,
+        ns: str,
+        name: str,
+        preconditions: Mapping[str, Any] | None,
+        collect: bool,
+        options: Obj | None = None,
     ) -> bytes:
         info = self.info(res)
         stored = self._existing(res, ns, name)
@@ -1167,7 +1179,12 @@ class Store:
         old: Obj = _decode(stored.raw)
         if stored.deleting:
             return stored.raw
-        await self._admit("DELETE", res, None, old)
+        # (admission sees the request's DeleteOptions; the garbage collector's deletes of dependents have their own)
+        token = DELETE_OPTIONS.set(options or {"apiVersion": "meta.k8s.io/v1", "kind": "DeleteOptions"})
+        try:
+            await self._admit("DELETE", res, None, old)
+        finally:
+            DELETE_OPTIONS.reset(token)
         if res.plural == "namespaces" and not res.group:
             return await self._delete_namespace(info, name, stored, old)
         if not collect and self.garbage_collection:

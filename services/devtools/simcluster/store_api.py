@@ -8,6 +8,7 @@ layer (``server.py``) and the in-process controllers (``quota.py``, ``kubevirt.p
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -72,6 +73,9 @@ class WatchEvent:
 # object (mutating) or raise ApiError (validating, e.g. quota 403). Hooks run in registration order, inside the
 # store's write lock, before the resourceVersion is assigned.
 AdmissionHook = Callable[[Operation, Resource, Obj | None, Obj | None, str | None], Awaitable[Obj | None]]
+
+DELETE_OPTIONS: ContextVar[Obj | None] = ContextVar("simcluster_delete_options", default=None)
+"""The ``DeleteOptions`` of the delete being admitted (admission's ``request.options``), None otherwise."""
 
 
 class StoreAPI(Protocol):

@@ -161,9 +161,10 @@ class Admission(Migrations):
         first of two raises; a hook sidecar added to the VMI before the migration). vmquota renders CPU as KubeVirt
         does (the vCPUs over the allocation ratio, explicit CPU grown by the added vCPUs' share, sidecars), in the
         cluster's configuration now, as KubeVirt renders a new target: an allocation ratio changed since the VM's
-        other pods were made changes nothing here. Memory has no such measure (the vCPUs' overhead, and a guest
-        memory a little short of the spec's, are within the rendering's error): it is left to the half of the
-        change (:meth:`_made_before_the_change`)."""
+        other pods were made changes nothing here (one changed, or automatic CPU limits turned on, since the target
+        was made cancels that migration once; KubeVirt renders the next in the new configuration). Memory has no
+        such measure (the vCPUs' overhead, and a guest memory a little short of the spec's, are within the
+        rendering's error): it is left to the half of the change (:meth:`_made_before_the_change`)."""
         added = v.vcpus - current_size(v).vcpus
         return added > 0 and any(
             target.get(r, ZERO).nanos + q.nanos // (2 * added) < at_spec.get(r, ZERO).nanos

@@ -773,7 +773,7 @@ async def test_only_kubevirt_makes_the_pods_kubevirt_runs_vms_in_where_a_quota_i
     moved = (
         "makes such a pod another VMI's or a migration's target (virt-launcher-vm1-abcde keeps its controller "
         "reference, its labels kubevirt.io, kubevirt.io/created-by and kubevirt.io/migrationJobUID and its annotation "
-        "kubevirt.io/memory-overhead-bytes)"
+        "kubevirt.io/memory-overhead-bytes, and gets no finalizer orphan)"
     )
     # (the labels KubeVirt's migration controller picks a migration's target by, whatever the pod's owner)
     for relabel in ("kubevirt.io=other", "kubevirt.io/created-by=u9", "kubevirt.io/migrationJobUID=m9"):
@@ -812,10 +812,23 @@ async def test_only_kubevirt_makes_the_pods_kubevirt_runs_vms_in_where_a_quota_i
     orphans = f"deletes such a pod leaving the pods it controls behind (delete {kv} without propagationPolicy Orphan)"
     code, out = await tenant_kubectl("delete", "pod", kv, "--cascade=orphan", "--wait=false")
     assert code != 0 and refusal(kv, orphans) in out, out
+    # (nor by the finalizer orphan, which has a delete without a policy orphan them)
+    orphan = json.dumps({"metadata": {"finalizers": ["orphan"]}})
+    code, out = await tenant_kubectl("patch", "pod", kv, "--type=merge", "-p", orphan)
+    assert code != 0 and refusal(kv, moved) in out, out
+    # (nor by an eviction, which deletes the pod with its own deleteOptions, no delete admitted)
+    pods = sim.store.resource("pods")
+    with acting_as(TENANT), pytest.raises(ApiError) as evicted:
+        await sim.store.evict(pods, NS, kv, {"propagationPolicy": "Orphan"})
+    assert evicted.value.code == 403 and "evicts a pod leaving the pods it controls behind" in evicted.value.message
     code, out = await tenant_kubectl("delete", "pod", "unlabelled", "--cascade=orphan", "--wait=false")
     assert code == 0, out
     code, out = await tenant_kubectl("delete", "pod", kv, "--wait=false")
     assert code == 0, f"a delete that collects its dependents is the tenant's: {out}"
+    assert await create_as(sim, KUBEVIRT_CONTROLLER, labelled("virt-launcher-vm2-fghij")) is None
+    with acting_as(TENANT):
+        await sim.store.evict(pods, NS, "virt-launcher-vm2-fghij")  # (as kubectl drain evicts: the tenant's too)
+    assert sim.store.peek(pods, NS, "virt-launcher-vm2-fghij") is None
     elsewhere = labelled("elsewhere", namespace="other")
     assert await create_as(sim, UserInfo("mallory", tenant_of=frozenset({"other"})), elsewhere) is None
 

@@ -1111,6 +1111,23 @@ class Store:
         await self._relieve()
         return _decode(result.raw)  # type: ignore[no-any-return]
 
+    async def evict(self, res: Resource, namespace: str, name: str, delete_options: Obj | None = None) -> None:
+        """``POST pods/<name>/eviction`` (kube-apiserver's ``EvictionREST``), without PodDisruptionBudgets:
+        admission sees a CREATE of the ``eviction`` subresource with the ``Eviction`` as its object, and the pod is
+        then deleted with the Eviction's ``deleteOptions`` (their ``propagationPolicy`` too) through the storage,
+        with no admission of a pod delete, as upstream deletes it."""
+        ns = self._scope(res, namespace)
+        options: Obj = {"apiVersion": "meta.k8s.io/v1", "kind": "DeleteOptions", **(delete_options or {})}
+        eviction: Obj = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": ns}}
+        if delete_options is not None:
+            eviction["deleteOptions"] = options
+        orphan = options.get("propagationPolicy") == "Orphan" or options.get("orphanDependents") is True
+        async with self._lock:
+            self._existing(res, ns, name)
+            await self._admit("CREATE", res, eviction, None, "eviction")
+            await self._delete_locked(res, ns, name, options.get("preconditions"), not orphan, options, admit=False)
+        await self._relieve()
+
     async def delete(
         self,
         res: Resource,
@@ -1154,6 +1171,8 @@ class Store:
         preconditions: Mapping[str, Any] | None,
         collect: bool,
         options: Obj | None = None,
+        *,
+        admit: bool = True,
     ) -> bytes:
         info = self.info(res)
         stored = self._existing(res, ns, name)
@@ -1182,7 +1201,8 @@ class Store:
         # (admission sees the request's DeleteOptions; the garbage collector's deletes of dependents have their own)
         token = DELETE_OPTIONS.set(options or {"apiVersion": "meta.k8s.io/v1", "kind": "DeleteOptions"})
         try:
-            await self._admit("DELETE", res, None, old)
+            if admit:
+                await self._admit("DELETE", res, None, old)
         finally:
             DELETE_OPTIONS.reset(token)
         if res.plural == "namespaces" and not res.group:

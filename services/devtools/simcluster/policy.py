@@ -102,6 +102,21 @@ def _quantity(text: str) -> float:
 _ACTIVATION_NAMES: Final = ("object", "oldObject", "request", "params", "namespaceObject", "variables", "authorizer")
 
 
+class _Activation:
+    """What one validation's expressions see (``data``: plain JSON values by name). The expressions that read no
+    variable share one conversion of it to CEL's values, made when the first of them runs: an object and its old
+    version are most of what each run would otherwise convert again."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+        self._converted: Any = None
+
+    def converted(self) -> Any:
+        if self._converted is None:
+            self._converted = _cel()[0].Activation(data={k: v for k, v in self.data.items() if k != "variables"})
+        return self._converted
+
+
 class _Program:
     """One compiled CEL expression."""
 
@@ -117,10 +132,13 @@ class _Program:
         except Exception as e:  # (the bindings raise a plain error naming the parse or check failure)
             raise _Unsupported(f"compilation failed: {e}") from e
 
-    def run(self, activation: Mapping[str, Any]) -> Any:
+    def run(self, activation: _Activation) -> Any:
         """The value (plain Python: JSON types), or raise ``_Unsupported`` with the evaluation error."""
         try:
-            value = self._program.eval(data={k: v for k, v in activation.items() if k in self.reads})
+            if "variables" in self.reads:
+                value = self._program.eval(data={k: v for k, v in activation.data.items() if k in self.reads})
+            else:
+                value = self._program.eval(activation=activation.converted())
         except Exception as e:
             raise _Unsupported(str(e)) from e
         if value.type() == _cel()[1]:
@@ -289,7 +307,7 @@ class PolicySystem:
         self, policy: Obj, binding: Obj, req: _Request, param: Obj | None, actions: list[Any], fail_closed: bool
     ) -> None:
         pspec = policy.get("spec") or {}
-        activation = self._activation(req, param)
+        activation = _Activation(self._activation(req, param))
         try:
             for cond in pspec.get("matchConditions") or []:
                 if not bool(self._program(policy, str(cond.get("expression", ""))).run(activation)):
@@ -306,7 +324,7 @@ class PolicySystem:
                 value = self._program(policy, str(var.get("expression", ""))).run(activation)
             except _Unsupported:
                 continue
-            activation["variables"] = {**activation["variables"], str(var.get("name", "")): value}
+            activation.data["variables"] = {**activation.data["variables"], str(var.get("name", "")): value}
         for v in pspec.get("validations") or []:
             expression = str(v.get("expression", ""))
             try:
@@ -320,7 +338,7 @@ class PolicySystem:
                 message = self._message(policy, v, activation)
                 self._deny(policy, binding, req, message, str(v.get("reason") or "Invalid"), actions)
 
-    def _message(self, policy: Obj, validation: Obj, activation: Mapping[str, Any]) -> str:
+    def _message(self, policy: Obj, validation: Obj, activation: _Activation) -> str:
         expr = validation.get("messageExpression")
         if expr:
             try:

@@ -115,9 +115,11 @@ class Admission(Migrations):
     ) -> bool | None:
         """Whether a target charged ``target`` was made for the size the VM runs at in ``others`` (its pods but the
         target), not for its spec. The change shows in the pods as the growth between the renderings at the two
-        sizes (the vCPUs' CPU and memory overhead, guest memory). In each resource where the pods the VM runs in lack
-        at least half of it (the smallest of them, against the rendering at the spec: a tenant can add a pod,
-        never shrink KubeVirt's), a target made for the change has at least half of it more than the largest of them
+        sizes (the vCPUs' CPU and memory overhead, guest memory). A target short of the spec's CPU by half of one
+        added vCPU's share was made before it (:meth:`_short_of_the_spec_cpu`). In each resource where the pods the
+        VM runs in lack at least half of it (the smallest of them, against the rendering at the spec: a tenant can
+        add a pod, never shrink KubeVirt's), a target made for the change has at least half of it more than the
+        largest of them
         (half: a rendering a little off KubeVirt's must not make a target made for the spec look made before it, and
         a KubeVirt setting that keeps a resource from growing, a cluster-wide ``cpuRequest``, leaves it out; a vCPU
         change such a setting keeps out of every CPU resource is not shown by the rest: None unless the target lacks

@@ -198,7 +198,7 @@ class Admission(Migrations):
         on as the VM's), never take KubeVirt's away."""
         if size_change(v):
             return True
-        made = [self._made_for(v, p, fewest=True) for p, _ in self.launchers.get(vm_key(v), ())]
+        made = [self._made_for_fewer(v, p) for p, _ in self.launchers.get(vm_key(v), ())]
         return any(m is not None and m < v.vcpus for m in made)
 
     def _beside_own(self, usages: Mapping[str, ResourceList], own: Sequence[ResourceList]) -> dict[str, ResourceList]:

@@ -191,11 +191,21 @@ class Vms(Pods):
         made = [
             m
             for p, charged in vm_pods
-            if (m := self._made_for(v, p, fewest=True)) is not None
+            if (m := self._made_for_fewer(v, p)) is not None
             and m < now
             and not (renders and self._rendered_for_spec(v, [charged], every=True))
         ]
         return min([now, *made])
+
+    def _made_for_fewer(self, v: VmiSnapshot, p: PodSnapshot) -> int | None:
+        """The fewest vCPUs the ledger remembers ``v``'s pod ``p`` may have been made for, where that may lower the
+        size the VM runs at (:meth:`_runs_at_vcpus`, ``Admission._size_change``): not for the target of the VMI's
+        last migration, which KubeVirt's status says completed. virt-handler gave its domain the spec's vCPUs then
+        where a CPU hotplug was pending, and the status reports what it runs at since; the ledger's memory of such a
+        target may be of the spec before the hotplug it was made for (the watches of pods and VMIs are in no order),
+        and a KubeVirt upgrade or configuration change since leaves its charge unlike any rendering now: that memory
+        made a drain of a VM whose size does not change a size change, refused and then canceled."""
+        return None if _moved_into(v, p) else self._made_for(v, p, fewest=True)
 
     def _made_for(self, v: VmiSnapshot, p: PodSnapshot, *, fewest: bool = False) -> int | None:
         """The vCPUs ``v``'s pod ``p`` was made for, as the ledger remembers it made for ``v`` (None: not known):
@@ -310,3 +320,10 @@ class Vms(Pods):
             f"phase {v.phase}, no running launcher pod in status.activePods: counts at its rendering, nothing reserved"
         )
         return VmEntry(v.name, v.uid, v.phase, RUNNING, reason, size, cap, counts, taken=took)
+
+
+def _moved_into(v: VmiSnapshot, p: PodSnapshot) -> bool:
+    """``p`` is the target of ``v``'s last migration, which KubeVirt's status says completed (a status the tenant
+    may write only when it creates the VMI, before any pod of it exists under its generated name)."""
+    m = v.migration
+    return m is not None and m.completed and not m.failed and bool(m.target_pod) and m.target_pod == p.name

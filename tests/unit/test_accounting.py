@@ -696,11 +696,10 @@ def test_the_source_labelled_as_the_target_of_a_migration_made_before_it_is_judg
     assert mig(account_history(history), "m").state == CANCEL
 
 
-def test_a_drain_after_a_hotplug_carried_out_is_not_refused_for_a_pod_remembered_made_for_less() -> None:
-    """The ledger folded the first hotplug's target (made for 4 vCPUs) before the VMI raised to 4: it remembers it
-    made for 1. Once the status caught up, the budget was lowered below what runs: a drain's migration of the VM,
-    whose size does not change, was refused, and its target canceled (the pod's charge shows what it was made
-    for)."""
+def carried_out_hotplug() -> list[dict[str, Any]]:
+    """vm-a, raised from 1 to 4 vCPUs, was migrated (m1) and runs 4 in m1's target, KubeVirt's status naming it the
+    completed migration's target; the ledger folded that target before the VMI's raise, so it remembers it made
+    for 1. The budget was lowered below what runs since (5 vCPUs for 6)."""
     quota = quota_obj("rq", {"requests.cpu": "5"}, Mode.VIRTUAL_RESOURCES)
     other = vmi_obj("vm-x", vcpus=2, t=1)
     small = vmi_obj("vm-a", vcpus=1, t=2)
@@ -710,15 +709,37 @@ def test_a_drain_after_a_hotplug_carried_out_is_not_refused_for_a_pod_remembered
     first = launcher_obj(raised, migration_uid="mig-m1", node="n2", t=100, vouched=False)
     moved = vmi_obj("vm-a", vcpus=4, status_vcpus=4, t=2, node="n2")
     vouch(moved, first)
+    moved["status"]["migrationState"] = {"migrationUid": "mig-m1", "targetPod": first["metadata"]["name"]}
+    moved["status"]["migrationState"]["completed"] = True
     history = [quota, other, launcher_obj(other), small, source, vmim_obj("m1", "vm-a", t=90), first, raised]
-    history += [vmim_obj("m1", "vm-a", t=90, phase="Succeeded"), moved, deleted(source)]
+    return [*history, vmim_obj("m1", "vm-a", t=90, phase="Succeeded"), moved, deleted(source)]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        KubeVirtConfig(),
+        KubeVirtConfig(version="main"),
+        KubeVirtConfig(cpu_allocation_ratio=Fraction(5)),
+        KubeVirtConfig(additional_guest_memory_overhead_ratio="1.5"),
+    ],
+    ids=["unchanged", "kubevirt_upgraded", "allocation_ratio_lowered", "overhead_ratio_set"],
+)
+def test_a_drain_after_a_hotplug_carried_out_is_not_refused_for_a_pod_remembered_made_for_less(
+    config: KubeVirtConfig,
+) -> None:
+    """A drain's migration of the VM, whose size does not change, was refused and its target canceled: after the
+    upgrade of KubeVirt or a change of its configuration since m1 (``config``), the pod's charge no longer shows
+    the rendering at the spec, and the ledger's memory of it made for 1 made the drain a size change. The target
+    of a migration KubeVirt's status says completed runs what the status says."""
+    history = carried_out_hotplug()
     drain = vmim_obj("m2", "vm-a", t=300, rejected=True)
-    assert mig(account_history([*history, drain]), "m2").state == PENDING
-    second = launcher_obj(moved, migration_uid="mig-m2", node="n3", t=310, vouched=False)
-    moving = copy.deepcopy(moved)
+    assert mig(account_history([*history, drain], config=config), "m2").state == PENDING
+    moving = copy.deepcopy(history[-2])
+    second = launcher_obj(moving, migration_uid="mig-m2", node="n3", t=310, vouched=False, config=config)
     vouch(moving, second)
     scheduling = vmim_obj("m2", "vm-a", t=300, phase="Scheduling")
-    assert mig(account_history([*history, scheduling, second, moving]), "m2").state == TARGET_CREATED
+    assert mig(account_history([*history, scheduling, second, moving], config=config), "m2").state == TARGET_CREATED
 
 
 def test_a_stale_target_of_a_migration_queued_behind_an_older_one_is_canceled() -> None:

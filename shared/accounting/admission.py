@@ -20,7 +20,14 @@ from shared.accounting.results import (
 from shared.accounting.state import CreatedTarget, Target, created_key, fmt, size_change, vm_key, vm_size
 from shared.quantity import ZERO
 from shared.quota.equation import takes
-from shared.quota.modes import CPU_LIMIT_NAMES, CPU_REQUEST_NAMES, DEFINED_RESOURCES, VmSize, mode_usage
+from shared.quota.modes import (
+    CPU_LIMIT_NAMES,
+    CPU_REQUEST_NAMES,
+    DEFINED_RESOURCES,
+    MEMORY_NAMES,
+    VmSize,
+    mode_usage,
+)
 from shared.resources import ResourceList, add, growth, maximum, minimum, nonzero, positive_part
 from shared.snapshot import (
     PodSnapshot,
@@ -116,11 +123,11 @@ class Admission(Migrations):
         """Whether a target charged ``target`` was made for the size the VM runs at in ``others`` (its pods but the
         target), not for its spec. The change shows in the pods as the growth between the renderings at the two
         sizes (the vCPUs' CPU and memory overhead, guest memory). A target short of the spec's CPU by half of one
-        added vCPU's share was made before it (:meth:`_short_of_the_spec_cpu`). In each resource where the pods the
-        VM runs in lack at least half of it (the smallest of them, against the rendering at the spec: a tenant can
-        add a pod, never shrink KubeVirt's), a target made for the change has at least half of it more than the
-        largest of them
-        (half: a rendering a little off KubeVirt's must not make a target made for the spec look made before it, and
+        added vCPU's share, or its memory by half of a guest memory change, was made before it
+        (:meth:`_short_of_the_spec`). In each resource where the pods the VM runs in lack at least half of it (the
+        smallest of them, against the rendering at the spec: a tenant can add a pod, never shrink KubeVirt's), a
+        target made for the change has at least half of it more than the largest of them (half: a rendering a
+        little off KubeVirt's must not make a target made for the spec look made before it, and
         a KubeVirt setting that keeps a resource from growing, a cluster-wide ``cpuRequest``, leaves it out; a vCPU
         change such a setting keeps out of every CPU resource is not shown by the rest: None unless the target lacks
         something). False when they lack nothing and the ledger saw each made for the spec's vCPUs (its domain
@@ -132,7 +139,7 @@ class Admission(Migrations):
         charges = [charged for _, charged in others]
         if not grow or at_spec is None or not charges:
             return None
-        if self._short_of_the_spec_cpu(v, target, grow, at_spec):
+        if self._short_of_the_spec(v, target, grow, at_spec):
             return True
         half = {r: q.nanos // 2 for r, q in grow.items()}
         smallest = functools.reduce(minimum, charges)
@@ -154,24 +161,29 @@ class Admission(Migrations):
             return None
         return False
 
-    def _short_of_the_spec_cpu(
+    def _short_of_the_spec(
         self, v: VmiSnapshot, target: ResourceList, grow: ResourceList, at_spec: ResourceList
     ) -> bool:
-        """Whether a target lacks, in a CPU resource the change grows, at least half of what one added vCPU adds
-        against the rendering at the spec: made for fewer vCPUs than the spec's, whatever it carries beside them (a
-        size admitted on the way, the spec raised again while the target waited or KubeVirt's cache having the
-        first of two raises; a hook sidecar added to the VMI before the migration). vmquota renders CPU as KubeVirt
+        """Whether a target lacks, in a resource the change grows, a measure of it against the rendering at the spec,
+        whatever it carries beside it: made for less than the spec (a size admitted on the way, the spec raised
+        again while the target waited or KubeVirt's cache having the first of two raises; hook sidecars added to the
+        VMI before the migration, which put a target made for the old size more than half of the change above the
+        VM's other pods). In CPU the measure is half of what one added vCPU adds: vmquota renders CPU as KubeVirt
         does (the vCPUs over the allocation ratio, explicit CPU grown by the added vCPUs' share, sidecars), in the
-        cluster's configuration now, as KubeVirt renders a new target: an allocation ratio changed since the VM's
-        other pods were made changes nothing here (one changed, or automatic CPU limits turned on, since the target
-        was made cancels that migration once; KubeVirt renders the next in the new configuration). Memory has no
-        such measure (the vCPUs' overhead, and a guest memory a little short of the spec's, are within the
-        rendering's error): it is left to the half of the change (:meth:`_made_before_the_change`)."""
+        cluster's configuration now, as KubeVirt renders a new target, so an allocation ratio changed since the
+        VM's other pods were made changes nothing here (one changed, or automatic CPU limits turned on, since the
+        target was made cancels that migration once; KubeVirt renders the next in the new configuration). In memory,
+        with a guest memory change pending, it is half of the change: what the vCPUs alone add to memory (their
+        overhead), and a guest memory a little short of the spec's, are within the rendering's error."""
         added = v.vcpus - current_size(v).vcpus
-        return added > 0 and any(
-            target.get(r, ZERO).nanos + q.nanos // (2 * added) < at_spec.get(r, ZERO).nanos
+
+        def short(r: str, by: int) -> bool:
+            return target.get(r, ZERO).nanos + by < at_spec.get(r, ZERO).nanos
+
+        return any(
+            (r in _CPU_NAMES and added > 0 and short(r, q.nanos // (2 * added)))
+            or (r in MEMORY_NAMES and v.memory_change and short(r, q.nanos // 2))
             for r, q in grow.items()
-            if r in _CPU_NAMES
         )
 
     def _over_with_the_change(self, v: VmiSnapshot, others: list[tuple[PodSnapshot, ResourceList]]) -> list[str]:

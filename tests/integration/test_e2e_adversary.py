@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import json
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -477,6 +479,65 @@ async def test_a_target_rendered_from_the_vmi_before_a_memory_hotplug_does_not_r
         await stale_target_canceled(p, ns, "vm-a", memory="4Gi")
         guests = {v["metadata"]["name"]: v["status"]["memory"]["guestCurrent"] for v in p.objects("vmi", ns)}
         assert guests == {"vm-x": "1Gi", "vm-a": "1Gi"}, f"guest memory {guests} on a budget of 4Gi"
+
+
+@pytest.mark.parametrize(
+    "qos",
+    [
+        pytest.param({"domain": {"cpu": {"dedicatedCpuPlacement": True}}}, id="dedicated_cpus"),
+        pytest.param(
+            {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
+            id="requests_equal_limits_and_a_forged_pod_memory_label",
+        ),
+    ],
+)
+async def test_hook_sidecars_added_before_a_migration_do_not_hide_a_memory_hotplug_from_the_cancel(
+    qos: dict[str, Any],
+) -> None:
+    """Without the guard. `VirtualResources`, 4Gi of guest memory: vm-x runs 2Gi, vm-a 1Gi (Guaranteed QoS, where a
+    hook sidecar is charged 64M). The tenant adds 16 hook sidecars to vm-a's running VMI and migrates it: KubeVirt's
+    target, made with them at 1Gi, waits for a node. The tenant raises vm-a's guest memory to 2.5Gi, and rewrites
+    the VMI label virt-handler checks the target's memory request by once virt-controller set it. The target lacked
+    the whole change, but its sidecars put it more than half of the change above the source pod, which read as made
+    for the change: at its end the guest got 2.5Gi (4.5Gi on 4Gi). It is canceled."""
+    async with pipeline(guard=False, kubevirt_timing=SLOW_MIGRATIONS) as p:
+        ns = "tenant-padded-target"
+        vmis = p.sim.store.resource("virtualmachineinstances")
+        await p.managed_quota(ns, "vm-budget", {"requests.memory": "4Gi"}, mode="VirtualResources")
+        await p.start_vm(ns, "vm-x", memory="2Gi", sockets=1)
+        await p.start_vm(ns, "vm-a", memory="1Gi", sockets=1, **qos)
+
+        def metadata(part: str, key: str, value: str) -> Callable[[Obj], Obj]:
+            def change(obj: Obj) -> Obj:
+                obj["metadata"].setdefault(part, {})[key] = value
+                return obj
+
+            return change
+
+        sidecars = json.dumps([{"image": "registry.example/hook:1"} for _ in range(16)])
+        await p.sim.store.mutate(vmis, ns, "vm-a", metadata("annotations", "hooks.kubevirt.io/hookSidecars", sidecars))
+        p.sim.kubevirt.schedulable = set()  # (the target waits for a node: the migration has not started)
+        first = await p.migrate(ns, "vm-a")
+        await p.wait(lambda: bool(p.target_pods(ns, first)), "vm-a's target pod, made for 1Gi with the sidecars")
+        await p.sim.hotplug(ns, "vm-a", memory="2560Mi")
+        await p.sim.wait_quiet()
+        p.sim.kubevirt.schedulable = set(p.sim.kubevirt.config.nodes)
+
+        async def forge_the_label() -> None:
+            label = "kubevirt.io/vmi-pod-memory-resource-requests"
+            while True:
+                if (vmi_of(p, ns, "vm-a")["metadata"].get("labels") or {}).get(label) not in (None, "100Gi"):
+                    await p.sim.store.mutate(vmis, ns, "vm-a", metadata("labels", label, "100Gi"))
+                await asyncio.sleep(0.01)
+
+        forger = asyncio.create_task(forge_the_label())
+        try:
+            await p.wait(lambda: p.sim.peek("vmim", ns, first) is None, "the migration canceled")
+        finally:
+            forger.cancel()
+        await p.sim.wait_quiet()
+        guests = {v["metadata"]["name"]: v["status"]["memory"]["guestCurrent"] for v in p.objects("vmi", ns)}
+        assert guests == {"vm-x": "2Gi", "vm-a": "1Gi"}, f"guest memory {guests} on a budget of 4Gi"
 
 
 async def stale_target_canceled(p: Pipeline, ns: str, vm: str, **change: Any) -> None:

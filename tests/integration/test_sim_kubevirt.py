@@ -409,6 +409,26 @@ async def test_a_memory_hotplug_after_a_target_was_made_is_carried_out_where_the
     assert "kubevirt.io/vmi-pod-memory-resource-requests" not in vmi["metadata"]["labels"]
 
 
+async def test_a_migration_without_a_memory_change_pending_leaves_the_guest_memory(sim: SimCluster) -> None:
+    """``hotplugMemory`` acts only with ``HotMemoryChange``: a target rendered with more guest memory than the VMI
+    runs (here from a copy of the VMI that says so) changes nothing of the guest's memory at the migration's end,
+    and the VMI's memory overhead becomes the target's (``updateMemoryOverheadStatusFromPod``)."""
+    await sim.create_vm("t", "vm1", sockets=1, memory="1Gi")
+    vmi = await sim.wait_for_phase("t", "vm1", "Running")
+    larger = json.loads(json.dumps(vmi))
+    larger["spec"]["domain"]["memory"]["guest"] = "2Gi"
+    sim.kubevirt.render_from[("t", "vm1")] = larger
+    await sim.migrate("t", "vm1", name="mig1")
+    await sim.wait_for_phase("t", "mig1", "Succeeded", kind="vmim")
+    vmi = await sim.get("vmi", "t", "vm1")
+    assert vmi["status"]["memory"]["guestCurrent"] == "1Gi" and vmi["status"]["memory"]["guestRequested"] == "1Gi"
+    target = next(
+        p for p in await sim.launcher_pods("t", "vm1") if "kubevirt.io/migrationJobUID" in p["metadata"]["labels"]
+    )
+    overhead = Quantity.parse(target["metadata"]["annotations"][MEMORY_OVERHEAD_ANNOTATION])
+    assert Quantity.parse(vmi["status"]["memory"]["memoryOverhead"]) == overhead
+
+
 def test_a_memory_change_the_hand_off_label_does_not_cover_is_not_carried_out() -> None:
     """``hotplugMemory``'s check: the label against the target's overhead plus the VMI's memory request."""
     vmi: Obj = {

@@ -1838,10 +1838,10 @@ class KubeVirtSimulator:
         hot_cpu = has_condition(vmi, "HotVCPUChange", "True")
         if hot_cpu:
             cpu = now_cpu
-        if has_condition(vmi, "HotMemoryChange", "True"):
-            # (``hotplugMemory``: the spec's guest memory, whatever the target was made for, where the label covers
-            # it; otherwise the change fails and the memory stays, the VMI controller's next sync asking again)
-            guest = now_guest if memory_covered(vmi) else None
+        # (``hotplugMemory``: with a memory change pending, the spec's guest memory, whatever the target was made
+        # for, where the label covers it; otherwise, or with none pending, the memory stays, and the VMI controller's
+        # next sync asks again where the spec differs)
+        guest = now_guest if has_condition(vmi, "HotMemoryChange", "True") and memory_covered(vmi) else None
         caught_up = cpu == now_cpu and guest == now_guest
         # what the target was rendered with, and what was plugged in place meanwhile (a bridge interface)
         listed = listed_interfaces(vmi)
@@ -1859,12 +1859,12 @@ class KubeVirtSimulator:
                 ms.update({"completed": True, "endTimestamp": now, "targetNodeDomainReadyTimestamp": now})
             st["currentCPUTopology"] = cpu_topology(cpu)
             if guest is not None:
-                mem = st.setdefault("memory", {})
-                mem["guestCurrent"] = guest
-                mem["guestRequested"] = guest
-                overhead = annotations_of(target).get(MEMORY_OVERHEAD_ANNOTATION)
-                if overhead is not None and "memoryOverhead" in mem:
-                    mem["memoryOverhead"] = Quantity.parse(overhead).with_format(Format.BINARY_SI).canonical()
+                st.setdefault("memory", {}).update({"guestCurrent": guest, "guestRequested": guest})
+            mem = st.get("memory")
+            overhead = annotations_of(target).get(MEMORY_OVERHEAD_ANNOTATION)
+            if isinstance(mem, dict) and overhead is not None and "memoryOverhead" in mem:
+                # (the VMI controller's ``updateMemoryOverheadStatusFromPod``: the active pod's, now the target's)
+                mem["memoryOverhead"] = Quantity.parse(overhead).with_format(Format.BINARY_SI).canonical()
             st["interfaces"] = interfaces_status(ifaces, pod_ip)
             conds = st.setdefault("conditions", [])
             if caught_up or hot_cpu:

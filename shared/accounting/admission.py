@@ -44,7 +44,10 @@ class Admission(Migrations):
     def _admissions(self) -> None:
         """Pending VMs and hotplug growth, in creation order (a VMI's, a migration's), after every running VM and
         pod is counted; then the migrations without growth."""
-        attach = [c for c in self.created if not self._cancel_unadmitted(c) and c.attach]
+        attach = []
+        for c in self.created:  # (a migration to cancel needs no room for its target's attachment pod)
+            if not self._cancel_unadmitted(c) and c.attach:
+                attach.append(c)
         items: list[tuple[tuple[bool, datetime, str, str], int, VmiSnapshot | Target]] = [
             (created_key(v), i, v) for i, v in enumerate(self.pending)
         ]

@@ -305,10 +305,11 @@ class Migrations(Vms):
         was made for its spec's vCPUs counts at them before its migration, which then grows by nothing
         (``Vms._made_for_vcpus``); when that pod is not KubeVirt's own launcher pod (a tenant's, with a controller
         reference to the VMI), the quotas the vCPUs count in must be within their budget with the VM at them."""
-        now = self._runs_at_vcpus(v, self.launchers.get(vm_key(v), []))
+        vm_pods = self.launchers.get(vm_key(v), [])
+        now = self._runs_at_vcpus(v, vm_pods)
         if cur.size.vcpus <= now:
             return ""  # (counted at its status: the growth is admitted as such)
-        if self._carries_cpus(v, self.launchers.get(vm_key(v), []), every=True):
+        if self._carries_cpus(v, vm_pods, every=True):
             return ""  # (KubeVirt made its pod at that size, admitted then)
         parts = self._over_with(
             cur,

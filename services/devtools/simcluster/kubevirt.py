@@ -638,10 +638,9 @@ class KubeVirtSimulator:
         self._vmim_by_uid: dict[str, Key] = {}
         self._targets: dict[str, str] = {}
         """Migration uid → uid of the target pod created for it."""
-        self._target_sizes: dict[str, tuple[Obj, Any, list[str]]] = {}
-        """Migration uid → the VMI's ``spec.domain.cpu``, ``memory.guest`` and interface names its target pod was
-        rendered from (what the VM runs with once it moves there; a hotplug applied later needs another
-        migration)."""
+        self._target_sizes: dict[str, tuple[Obj, list[str]]] = {}
+        """Migration uid → the VMI's ``spec.domain.cpu`` and interface names its target pod was rendered from (what
+        the VM runs with once it moves there, but a hotplug virt-handler carries out at its end)."""
         self._started_once: set[str] = set()
         self.render_from: dict[Key, Obj] = {}
         """A fault for tests: VMI (namespace, name) → an older copy of it, which the next target pod of the VMI is
@@ -1727,11 +1726,7 @@ class KubeVirtSimulator:
         self._succeeded("vmim", key, self.migration_queue)
         self._targets[uid_of(vmim)] = uid_of(created)
         rendered = (cached.get("spec") or {}).get("domain") or {}
-        self._target_sizes[uid_of(vmim)] = (
-            copy_json(rendered.get("cpu") or {}),
-            (rendered.get("memory") or {}).get("guest"),
-            interface_names(cached),
-        )
+        self._target_sizes[uid_of(vmim)] = (copy_json(rendered.get("cpu") or {}), interface_names(cached))
         name = meta(created).get("name")
         await self.events.record(vmim, "Normal", "SuccessfulCreate", f"Created migration target pod {name}")
         # (with hotplugged volumes it stays Pending until the target's attachment pod runs)
@@ -1823,9 +1818,10 @@ class KubeVirtSimulator:
         await self._update_status(self.r_vmis, key_of(vmi), change)
 
     async def _complete(self, vmim: Obj, vmi: Obj, target: Obj) -> None:
-        """The migration finished: the VMI moves to the target; the sizes its target was rendered at become current
-        (a memory hotplug applied since keeps its condition, and the workload updater migrates again). A CPU hotplug
-        is carried out whatever the target was rendered for, as virt-handler's ``finalizeMigration`` does
+        """The migration finished: the VMI moves to the target; the vCPUs and interfaces its target was rendered
+        with become current. A memory hotplug is carried out as virt-handler's ``hotplugMemory`` does
+        (:func:`memory_covered`; one that fails keeps its condition, and the workload updater migrates again). A CPU
+        hotplug is carried out whatever the target was rendered for, as virt-handler's ``finalizeMigration`` does
         (``hotplugCPU``: with ``HotVCPUChange`` set, the domain gets the spec's vCPUs, ``currentCPUTopology``
         follows the spec and the condition goes; only dedicated CPUs are checked against the pod)."""
         key = key_of(vmi)
@@ -1834,7 +1830,7 @@ class KubeVirtSimulator:
         spec_domain = (vmi.get("spec") or {}).get("domain") or {}
         now_cpu, now_guest = spec_domain.get("cpu") or {}, (spec_domain.get("memory") or {}).get("guest")
         now_ifaces = interface_names(vmi)
-        cpu, guest, ifaces = self._target_sizes.get(uid_of(vmim), (now_cpu, now_guest, now_ifaces))
+        cpu, ifaces = self._target_sizes.get(uid_of(vmim), (now_cpu, now_ifaces))
         hot_cpu = has_condition(vmi, "HotVCPUChange", "True")
         if hot_cpu:
             cpu = now_cpu

@@ -619,6 +619,20 @@ def test_a_hotplug_to_a_topology_forged_larger_at_creation_is_admitted_from_what
     assert m.state == GROWTH_REFUSED, m
 
 
+def test_a_migration_state_forged_at_creation_does_not_hide_a_topology_forged_larger() -> None:
+    """The same VMI created with a ``status.migrationState`` forged too, naming a completed migration's target (the
+    tenant may write a VMI's status only when it creates it): the target of a completed migration does not lower
+    the size the VM runs at, but the launcher pod KubeVirt makes afterwards has a name generated then, which no
+    status written before can name, so its memory of being made for 1 vCPU still counts."""
+    history, _, _ = forged_larger("4")
+    forged = {"migrationUid": "forged", "targetPod": "virt-launcher-vm-a-guess", "completed": True}
+    for obj in history:
+        if obj["kind"] == "VirtualMachineInstance" and obj["metadata"]["name"] == "vm-a":
+            obj["status"]["migrationState"] = dict(forged)
+    m = mig(account_history([*history, vmim_obj("m", "vm-a", rejected=True)]), "m")
+    assert m.state == GROWTH_REFUSED, m
+
+
 def test_a_stale_target_of_a_vm_raised_to_a_topology_forged_larger_is_canceled() -> None:
     history, raised, small = forged_larger("4")
     target = launcher_obj(small, migration_uid="mig-m", node="n2", t=200, vouched=False)

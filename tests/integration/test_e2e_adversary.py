@@ -540,6 +540,48 @@ async def test_hook_sidecars_added_before_a_migration_do_not_hide_a_memory_hotpl
         assert guests == {"vm-x": "2Gi", "vm-a": "1Gi"}, f"guest memory {guests} on a budget of 4Gi"
 
 
+async def test_a_second_quick_memory_raise_beside_an_admitted_hotplugs_target_is_canceled_where_it_does_not_fit() -> (
+    None
+):
+    """`VirtualResources`, 6Gi of guest memory: vm-x runs 2Gi, vm-a 1Gi. The tenant raises vm-a's guest memory to
+    4Gi, which fits: KubeVirt's workload-update migration gets room for its target, made for 4Gi, which waits for a
+    node. The tenant had raised its VM again, to 5Gi, at once, and KubeVirt's VM controller, from a cache of the VMI
+    without the first hotplug's ``HotMemoryChange`` condition, patched that into the VMI too (the write below stands
+    in for that race). The target lacks 1Gi of the spec's, less than half of the change from 1Gi, which read as made
+    for the spec, and the migration's end gave the guest the spec's 5Gi (7Gi on 6Gi). It is canceled, the VM at its
+    spec not fitting; KubeVirt's next migration, rendered at 5Gi, has its growth refused."""
+    async with pipeline(guard=False, kubevirt_timing=SLOW_MIGRATIONS) as p:
+        ns = "tenant-raised-twice"
+        await p.managed_quota(ns, "vm-budget", {"requests.memory": "6Gi"}, mode="VirtualResources")
+        await p.start_vm(ns, "vm-x", memory="2Gi", sockets=1)
+        await p.start_vm(ns, "vm-a", memory="1Gi", sockets=1)
+        p.sim.kubevirt.schedulable = set()  # (the target waits for a node)
+        await p.sim.hotplug(ns, "vm-a", memory="4Gi")
+        await p.wait(lambda: bool(p.objects("vmim", ns)), "KubeVirt's workload-update migration")
+        first = str(p.objects("vmim", ns)[0]["metadata"]["name"])
+        await p.wait(lambda: bool(p.target_pods(ns, first)), "its target, made for 4Gi, in the room admitted for it")
+
+        def guest_5gi(path: tuple[str, ...]) -> Callable[[Obj], Obj]:
+            def change(obj: Obj) -> Obj:
+                spec = obj
+                for key in path:
+                    spec = spec[key]
+                spec["domain"]["memory"]["guest"] = "5Gi"
+                return obj
+
+            return change
+
+        store = p.sim.store
+        await store.mutate(store.resource("virtualmachines"), ns, "vm-a", guest_5gi(("spec", "template", "spec")))
+        await store.mutate(store.resource("virtualmachineinstances"), ns, "vm-a", guest_5gi(("spec",)))
+        await p.wait(lambda: p.sim.peek("vmim", ns, first) is None, "the migration canceled")
+        p.sim.kubevirt.schedulable = set(p.sim.kubevirt.config.nodes)
+        await p.wait(lambda: growth_refused(p, ns), "KubeVirt's next migration, its growth refused")
+        await p.sim.wait_quiet()
+        guests = {v["metadata"]["name"]: v["status"]["memory"]["guestCurrent"] for v in p.objects("vmi", ns)}
+        assert guests == {"vm-x": "2Gi", "vm-a": "1Gi"}, f"guest memory {guests} on a budget of 6Gi"
+
+
 async def stale_target_canceled(p: Pipeline, ns: str, vm: str, **change: Any) -> None:
     """The tenant hotplugs ``change`` into running ``vm`` (its template is the tenant's to edit), and KubeVirt
     renders its workload-update migration's target from its cache of the VMI before the patch; the target waits

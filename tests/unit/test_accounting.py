@@ -1439,6 +1439,42 @@ def test_a_memory_change_virt_handler_did_not_carry_out_counts_at_the_pod_it_mad
     assert mig(u, "m").growth, mig(u, "m").reason
 
 
+def memory_raised_while_the_target_waits(mode: Mode, budget: str, raised_to: str) -> MigrationEntry:
+    """vm-x runs 2Gi of guest memory and v 1Gi on a ``budget`` of ``requests.memory``; v's memory is raised to 4Gi,
+    whose growth fits (its target reserved), KubeVirt's target is made for 4Gi, and the ledger then sees the spec
+    at ``raised_to``. Returns the migration."""
+    quota = quota_obj("rq", {"requests.memory": budget}, mode)
+    other = vmi_obj("x", guest="2Gi", t=1)
+    before = _memory_vmi("1Gi", "1Gi", "1Gi")
+    source = launcher_obj(before, t=5)
+    made = _memory_vmi("4Gi", "1Gi", "1Gi")
+    vouch(made, source)
+    history = [quota, other, launcher_obj(other, t=1), before, source, made, vmim_obj("m", "v", rejected=True)]
+    assert mig(account_history(history), "m").state == PENDING  # (the raise fits: its target reserved)
+    target = launcher_obj(made, migration_uid="mig-m", node="n2", t=200, vouched=False)
+    raised = _memory_vmi(raised_to, "1Gi", "1Gi")
+    vouch(raised, source)
+    vouch(raised, target)
+    history += [vmim_obj("m", "v", phase="Scheduling"), target, raised]
+    m: MigrationEntry = mig(account_history(history), "m")
+    return m
+
+
+@pytest.mark.parametrize("mode", [Mode.VIRTUAL_RESOURCES, Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO])
+def test_a_memory_raise_while_the_target_waits_goes_on_only_where_it_fits(mode: Mode) -> None:
+    """v's memory hotplug from 1Gi to 4Gi is admitted (2Gi + 4Gi of 6Gi) and KubeVirt's target made for 4Gi; the
+    ledger then sees the spec at 5Gi (the tenant raised its VM twice at once, and KubeVirt's VM controller patched
+    the second raise into the VMI from a cache without the first's ``HotMemoryChange`` condition), less than half of
+    the change from 1Gi, which the target was not short of by the memory measure: the migration went on, and
+    virt-handler gave the guest the spec's 5Gi (a VMI setting guest memory alone has no memory request to check the
+    target's against), 7Gi on 6Gi. A target short of the spec's memory at all goes on only where the VM fits at its
+    spec; one made for the spec whatever."""
+    m = memory_raised_while_the_target_waits(mode, "6Gi", "5Gi")
+    assert m.state == CANCEL and "over its budget in requests.memory" in m.reason, m
+    assert memory_raised_while_the_target_waits(mode, "7Gi", "5Gi").state == TARGET_CREATED
+    assert memory_raised_while_the_target_waits(mode, "6Gi", "4Gi").state == TARGET_CREATED
+
+
 def test_a_memory_change_kubevirt_gave_up_on_is_not_pending() -> None:
     """virt-handler could not apply the memory to the domain and set ``HotMemoryChange`` False: KubeVirt asks for a
     restart and carries the change out no more. Nothing is pending, so an evacuation whose target a new version

@@ -152,7 +152,7 @@ class Reporter:
         for m in u.migrations:
             if m.state == "growth-refused" and m.uid and (namespace, m.uid) not in self._told:
                 _remember(self._told, (namespace, m.uid), None)
-                body = reports.hotplug_refused_event(namespace, m, identity=self.opts.identity, now=self._now())
+                body = reports.size_change_refused_event(namespace, m, identity=self.opts.identity, now=self._now())
                 self.spawn(self._tell(namespace, body), f"tell-{namespace}-{m.name}")
         for v in u.vms:
             if v.state == "refused" and v.uid:
@@ -196,7 +196,7 @@ class Reporter:
             log.info("migration to cancel is gone or final", namespace=namespace, migration=m.name, vmi=m.vmi)
             return
         log.warning("migration canceled", namespace=namespace, migration=m.name, vmi=m.vmi, reason=m.reason)
-        body = reports.hotplug_refused_event(namespace, m, identity=self.opts.identity, now=self._now())
+        body = reports.size_change_refused_event(namespace, m, identity=self.opts.identity, now=self._now())
         await self._tell(namespace, body)
 
     def _tell_refused(self, namespace: str, v: contract.VmState, others: list[contract.VmState], now: float) -> None:

@@ -37,9 +37,12 @@ def event_body(p: Plan, *, identity: str, now: datetime) -> dict[str, Any]:
     return _event(involved, p.event_reason, p.event_type, p.reason, action=p.action.value, identity=identity, now=now)
 
 
-def hotplug_refused_event(namespace: str, migration: MigrationState, *, identity: str, now: datetime) -> dict[str, Any]:
-    """The Warning Event that tells a tenant, on its VMI, why a hotplug does not happen: its growth does not fit
-    the budget (the migration's reason says by how much), and the VM keeps running at its current size."""
+def size_change_refused_event(
+    namespace: str, migration: MigrationState, *, identity: str, now: datetime
+) -> dict[str, Any]:
+    """The Warning Event that tells a tenant, on its VMI, why a size change (a hotplug) does not happen: its growth
+    does not fit the budget, or the migration whose end would carry it out unadmitted was canceled (the
+    migration's reason says which, and by how much); the VM keeps running at its current size."""
     involved = {"apiVersion": "kubevirt.io/v1", "kind": VMI_KIND, "namespace": namespace}
     involved["name"] = migration.vmi
     message = f"migration {migration.name}: {migration.reason}"

@@ -844,7 +844,12 @@ def test_single_cluster_with_the_reservation_guard(tmp_path: Path) -> None:
     assert all(f"object.spec.{f} == oldObject.spec.{f}" in frozen for f in HELD_SPEC_FIELDS), (
         "the policy keeps what the enforcer compares"
     )
-    for name in ("vmquota-kubevirt-pods", "vmquota-migration-finalizer", "vmquota-migration-hotplug"):
+    for name in (
+        "vmquota-kubevirt-pods",
+        "vmquota-migration-finalizer",
+        "vmquota-migration-hotplug",
+        "vmquota-vmi-orphaning",
+    ):
         [creators] = [v["expression"] for v in by_name[name]["spec"]["variables"] if v["name"] == "creators"]
         assert re.findall(r"'([^']+)'", creators) == [guard.DEFAULT_CREATOR], f"{name}: KubeVirt is the guard's creator"
     kept = by_name["vmquota-vmi-render-annotations"]

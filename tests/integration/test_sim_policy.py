@@ -876,6 +876,48 @@ async def test_only_kubevirt_takes_its_finalizer_off_a_migration_where_a_quota_i
     await sim.wait_for(lambda: sim.peek("vmim", NS, "held") is None, what="KubeVirt to let the migration go")
 
 
+async def test_only_kubevirt_deletes_a_vmi_leaving_its_pods_behind_where_a_quota_is_managed(
+    sim: SimCluster, tmp_path: Path
+) -> None:
+    """A VMI deleted with ``--cascade=orphan`` (or given the finalizer ``orphan`` and deleted plainly) has the garbage
+    collector take its controller reference off its launcher pods, which go on running the guest: deleted so during
+    a migration, both of its pods stay charged over the budget. Where a quota is managed only virt-controller and
+    cluster administrators delete a VMI so; its plain delete, and every other change of it, stay the tenant's."""
+    tenant, _ = await _tenant_and_app(sim, tmp_path, "1Gi")
+    for vm in ("vm1", "vm2", "vm3"):
+        await sim.create_vm(NS, vm, memory="64Mi")
+        await sim.wait_for_phase(NS, vm, "Running")
+    await install(sim, GUARD_POLICY.read_text())
+
+    async def tenant_kubectl(*args: str) -> tuple[int, str]:
+        code, out, err = await run_kubectl(tenant, tmp_path, *args)
+        return code, out + err
+
+    def refusal(vmi: str) -> str:
+        return (
+            "ValidatingAdmissionPolicy 'vmquota-vmi-orphaning' with binding 'vmquota-vmi-orphaning' denied request: "
+            "vmquota: quota vm-budget counts VMs, and a VMI deleted leaving its pods behind goes on running its guest "
+            f"in them: only KubeVirt deletes {vmi} so in this namespace (delete it without propagationPolicy Orphan, "
+            "and without the finalizer orphan)"
+        )
+
+    code, out = await tenant_kubectl("delete", "vmi", "vm1", "--cascade=orphan", "--wait=false")
+    assert code == 0, f"no managed quota: the tenant's to delete so: {out}"
+    await managed_pod_terms_quota(sim)
+    code, out = await tenant_kubectl("delete", "vmi", "vm2", "--cascade=orphan", "--wait=false")
+    assert code != 0 and refusal("vm2") in out, out
+    code, out = await tenant_kubectl(
+        "patch", "vmi", "vm2", "--type=merge", "-p", '{"metadata":{"finalizers":["orphan"]}}'
+    )
+    assert code != 0 and refusal("vm2") in out, out
+    code, out = await tenant_kubectl("label", "vmi", "vm2", "mine=yes")
+    assert code == 0, f"other metadata stays the tenant's: {out}"
+    with acting_as(ADMIN):  # (an administrator may)
+        await sim.store.delete(sim.store.resource("virtualmachineinstances"), NS, "vm3", propagation="Orphan")
+    code, out = await tenant_kubectl("delete", "vmi", "vm2", "--wait=false")
+    assert code == 0, f"a delete that collects its pods is the tenant's: {out}"
+
+
 async def test_a_shrinking_resize_frees_quota_only_once_the_kubelet_reports_it(sim: SimCluster, tmp_path: Path) -> None:
     """InPlacePodVerticalScaling: the quota evaluator charges max(spec, status.resources, allocatedResources), so a
     resize down frees nothing until the kubelet reports the smaller size (component-helpers/resource)."""

@@ -136,9 +136,8 @@ class Admission(Migrations):
         something). False when they lack nothing and the ledger saw each made for the spec's vCPUs (its domain
         started at the spec: the VMI raised while pending), and the migration changes nothing; None when the pods
         cannot show the change (nothing grows in what quota charges, they are charged the spec's rendering or more
-        without having been made for it, or the VMI does not render), or the target is short of the spec's memory
-        by less than the measure (a rendering a little off KubeVirt's, or made for a memory raise admitted on the
-        way and the spec raised again by less)."""
+        without having been made for it, or the VMI does not render), or, with a guest memory change pending, the
+        target's memory is not the rendering at the spec's (short of it by less than the measure, or beyond it)."""
         grow = nonzero(self.renderer.hotplug_growth(v))
         at_spec = self.renderer.new_pod_usage(v)
         charges = [charged for _, charged in others]
@@ -165,11 +164,13 @@ class Admission(Migrations):
             # beside a guest memory change, so what the target has shows nothing of them, and the budget decides
             return None
         if v.memory_change and any(
-            target.get(r, ZERO).nanos < at_spec.get(r, ZERO).nanos for r in grow if r in MEMORY_NAMES
+            target.get(r, ZERO).nanos != at_spec.get(r, ZERO).nanos for r in grow if r in MEMORY_NAMES
         ):
-            # short of the spec's memory by less than the measure: a rendering a little off KubeVirt's, or a target
-            # made for a raise admitted on the way, the spec raised again by less since (virt-handler gives the guest
-            # the spec's memory all the same): the budget decides
+            # not the spec's memory as vmquota renders it: short of it by less than the measure (a rendering a little
+            # off KubeVirt's, or a target made for a raise admitted on the way, the spec raised again by less since),
+            # or beyond it (containers the VMI no longer asks for: hook sidecars whose annotation the tenant took off
+            # at the raise, charged more than the raise); virt-handler gives the guest the spec's memory all the
+            # same, so the budget decides
             return None
         return False
 
@@ -206,7 +207,10 @@ class Admission(Migrations):
         if cur is None:
             return []
         now = current_size(v)
-        memory = vm_size(v).guest_memory if self._carries_memory(v, [ch for _, ch in others]) else now.guest_memory
+        # (a VMI that does not render carries nothing shown: the size it runs at is its status's)
+        renders = self.renderer.vmi_usage(v) is not None
+        carries = renders and self._carries_memory(v, [ch for _, ch in others])
+        memory = vm_size(v).guest_memory if carries else now.guest_memory
         return self._over_with(
             cur,
             VmSize(self._runs_at_vcpus(v, others), memory),

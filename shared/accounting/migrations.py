@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Final
 
-from shared.accounting.estimates import widened
+from shared.accounting.estimates import current_size, widened
 from shared.accounting.results import (
     ATTACHMENT_RESERVED,
     GROWTH_REFUSED,
@@ -301,19 +301,26 @@ class Migrations(Vms):
         )
 
     def _over_at_spec(self, v: VmiSnapshot, cur: VmEntry, grown: dict[str, ResourceList]) -> str:
-        """Why vCPUs the VM counts at already, but were never admitted, do not fit, or "": a VM some pod of which
+        """Why a size the VM counts at already, but was never admitted, does not fit, or "": a VM some pod of which
         was made for its spec's vCPUs counts at them before its migration, which then grows by nothing
         (``Vms._made_for_vcpus``); when that pod is not KubeVirt's own launcher pod (a tenant's, with a controller
-        reference to the VMI), the quotas the vCPUs count in must be within their budget with the VM at them."""
+        reference to the VMI), the quotas the vCPUs count in must be within their budget with the VM at them. So
+        must those its spec's guest memory counts in where the VM counts at it only because vmquota cannot render
+        the VMI (``Vms._carries_memory``), while KubeVirt may: its migration's end gives the guest that memory."""
         vm_pods = self.launchers.get(vm_key(v), [])
-        now = self._runs_at_vcpus(v, vm_pods)
-        if cur.size.vcpus <= now:
-            return ""  # (counted at its status: the growth is admitted as such)
-        if self._carries_cpus(v, vm_pods, every=True):
-            return ""  # (KubeVirt made its pod at that size, admitted then)
+        vcpus = self._runs_at_vcpus(v, vm_pods)
+        if cur.size.vcpus <= vcpus or self._carries_cpus(v, vm_pods, every=True):
+            # (counted at its status, the growth admitted as such; or KubeVirt made its pod at that size, admitted
+            # then)
+            vcpus = cur.size.vcpus
+        memory = cur.size.guest_memory
+        if v.memory_change and self.renderer.vmi_usage(v) is None:
+            memory = current_size(v).guest_memory
+        if vcpus == cur.size.vcpus and memory == cur.size.guest_memory:
+            return ""
         parts = self._over_with(
             cur,
-            VmSize(now, cur.size.guest_memory),
+            VmSize(vcpus, memory),
             lambda q, pending: q.misfits({r: grown[q.policy.name].get(r, ZERO) for r in pending}),
         )
         return "; ".join(parts)

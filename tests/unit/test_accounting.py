@@ -1439,24 +1439,42 @@ def test_a_memory_change_virt_handler_did_not_carry_out_counts_at_the_pod_it_mad
     assert mig(u, "m").growth, mig(u, "m").reason
 
 
-def memory_raised_while_the_target_waits(mode: Mode, budget: str, raised_to: str) -> MigrationEntry:
+def memory_raised_while_the_target_waits(
+    mode: Mode,
+    budget: str,
+    raised_to: str,
+    *,
+    sidecars: str | None = None,
+    sidecars_then: str | None = None,
+    config: KubeVirtConfig | None = None,
+) -> MigrationEntry:
     """vm-x runs 2Gi of guest memory and v 1Gi on a ``budget`` of ``requests.memory``; v's memory is raised to 4Gi,
     whose growth fits (its target reserved), KubeVirt's target is made for 4Gi, and the ledger then sees the spec
-    at ``raised_to``. Returns the migration."""
+    at ``raised_to``. ``sidecars_then``/``sidecars``: v's hook sidecars annotation until then, and at the raise;
+    ``config``: KubeVirt's. Returns the migration."""
+
+    def v(guest: str, hooks: str | None) -> dict[str, Any]:
+        obj = _memory_vmi(guest, "1Gi", "1Gi")
+        if hooks is not None:
+            obj["metadata"]["annotations"] = {"hooks.kubevirt.io/hookSidecars": hooks}
+        return obj
+
+    config = config or KubeVirtConfig()
     quota = quota_obj("rq", {"requests.memory": budget}, mode)
     other = vmi_obj("x", guest="2Gi", t=1)
-    before = _memory_vmi("1Gi", "1Gi", "1Gi")
-    source = launcher_obj(before, t=5)
-    made = _memory_vmi("4Gi", "1Gi", "1Gi")
+    before = v("1Gi", sidecars_then)
+    source = launcher_obj(before, t=5, config=config)
+    made = v("4Gi", sidecars_then)
     vouch(made, source)
-    history = [quota, other, launcher_obj(other, t=1), before, source, made, vmim_obj("m", "v", rejected=True)]
-    assert mig(account_history(history), "m").state == PENDING  # (the raise fits: its target reserved)
-    target = launcher_obj(made, migration_uid="mig-m", node="n2", t=200, vouched=False)
-    raised = _memory_vmi(raised_to, "1Gi", "1Gi")
+    history = [quota, other, launcher_obj(other, t=1, config=config), before, source, made]
+    history.append(vmim_obj("m", "v", rejected=True))
+    assert mig(account_history(history, config=config), "m").state == PENDING  # (the raise fits: target reserved)
+    target = launcher_obj(made, migration_uid="mig-m", node="n2", t=200, vouched=False, config=config)
+    raised = v(raised_to, sidecars)
     vouch(raised, source)
     vouch(raised, target)
     history += [vmim_obj("m", "v", phase="Scheduling"), target, raised]
-    m: MigrationEntry = mig(account_history(history), "m")
+    m: MigrationEntry = mig(account_history(history, config=config), "m")
     return m
 
 
@@ -1473,6 +1491,47 @@ def test_a_memory_raise_while_the_target_waits_goes_on_only_where_it_fits(mode: 
     assert m.state == CANCEL and "over its budget in requests.memory" in m.reason, m
     assert memory_raised_while_the_target_waits(mode, "7Gi", "5Gi").state == TARGET_CREATED
     assert memory_raised_while_the_target_waits(mode, "6Gi", "4Gi").state == TARGET_CREATED
+
+
+@pytest.mark.parametrize("hooks", ["not json", "{}"], ids=["not_json", "not_a_list"])
+def test_a_memory_raise_beside_a_vmi_vmquota_cannot_render_is_judged_at_the_size_it_runs_at(hooks: str) -> None:
+    """The same second raise, to 5Gi, with the VMI's hook sidecars annotation made unreadable to vmquota (without
+    the guard a running VMI's annotations are the tenant's; KubeVirt's target exists already). Where the pods cannot
+    show a change the budget decides, but a VMI that does not render counted at its spec's memory as the size it runs
+    at, so the change grew nothing and the migration went on: 7Gi on 6Gi."""
+    m = memory_raised_while_the_target_waits(Mode.VIRTUAL_RESOURCES, "6Gi", "5Gi", sidecars=hooks)
+    assert m.state == CANCEL and "over its budget in requests.memory" in m.reason, m
+
+
+def test_a_memory_raise_of_a_vmi_vmquota_cannot_render_is_admitted_only_where_it_fits() -> None:
+    """v runs 1Gi beside vm-x's 2Gi on 6Gi; the VMI no longer renders for vmquota (an annotation it cannot read)
+    and its guest memory is raised to 5Gi. It counts at its spec's memory already (a VM that does not render), so
+    the growth was nothing and KubeVirt's target got room: its end gave the guest 5Gi (7Gi on 6Gi)."""
+    quota = quota_obj("rq", {"requests.memory": "6Gi"}, Mode.VIRTUAL_RESOURCES)
+    other = vmi_obj("x", guest="2Gi", t=1)
+    before = _memory_vmi("1Gi", "1Gi", "1Gi")
+    source = launcher_obj(before, t=5)
+    raised = _memory_vmi("5Gi", "1Gi", "1Gi")
+    raised["metadata"]["annotations"] = {"hooks.kubevirt.io/hookSidecars": "not json"}
+    vouch(raised, source)
+    history = [quota, other, launcher_obj(other, t=1), before, source, raised, vmim_obj("m", "v", rejected=True)]
+    m = mig(account_history(history), "m")
+    assert m.state == GROWTH_REFUSED and "over its budget in requests.memory" in m.reason, m
+
+
+@pytest.mark.parametrize("fill", ["4608Mi", "6Gi"], ids=["beyond_the_raise", "short_of_the_raise"])
+def test_hook_sidecars_taken_off_at_a_memory_raise_do_not_make_its_target_look_made_for_it(fill: str) -> None:
+    """The cluster charges hook sidecars 512Mi each (``supportContainerResources``); v has two when its raise to
+    4Gi is admitted, so KubeVirt's target is made for 4Gi and 1Gi of sidecars. The tenant takes the annotation off
+    at a second raise: to 4.5Gi, the target has more memory than the spec's rendering, which read as made for it
+    (6.5Gi on 6Gi); to 6Gi, less (8Gi on 6Gi). A target whose memory is not the rendering at the spec's goes on only
+    where the VM fits at its spec. (Raised by exactly what the sidecars carry, the target is the spec's rendering:
+    Known limits.)"""
+    sidecar = {"memory": Q("512Mi")}
+    config = KubeVirtConfig(support_container_resources={"sidecar": (sidecar, sidecar)})
+    hooks = json.dumps([{"image": "registry.example/hook:1"}, {"image": "registry.example/hook:2"}])
+    m = memory_raised_while_the_target_waits(Mode.VIRTUAL_RESOURCES, "6Gi", fill, sidecars_then=hooks, config=config)
+    assert m.state == CANCEL and "over its budget in requests.memory" in m.reason, m
 
 
 def test_a_memory_change_kubevirt_gave_up_on_is_not_pending() -> None:

@@ -224,7 +224,6 @@ def _vmi(obj: Mapping[str, Any]) -> VmiSnapshot:
 
 def _vm(obj: Mapping[str, Any]) -> VmSnapshot:
     ident = _identity(obj)
-    meta = mapping(obj, "metadata", "")
     spec = mapping(obj, "spec", "")
     strategy = string(spec, "runStrategy", "spec")
     running = spec.get("running")
@@ -238,7 +237,7 @@ def _vm(obj: Mapping[str, Any]) -> VmSnapshot:
     status = mapping(obj, "status", "")
     return VmSnapshot(
         **ident,
-        labels=string_map(meta, "labels", "metadata"),
+        # (no labels, as for a VMI: nothing reads a VM's, and a tenant's would only grow the events stream)
         run_strategy=strategy,
         printable_status=string(status, "printableStatus", "status"),
         vcpus=vs.vcpus,
@@ -409,6 +408,10 @@ def parse_refusal(message: str, where: str = "message") -> tuple[str, ResourceLi
     return quota, out
 
 
+EVENT_MESSAGE_KEPT: Final = 2048
+"""The characters of a quota refusal's message an Event's snapshot keeps."""
+
+
 def _event(obj: Mapping[str, Any]) -> EventSnapshot:
     ident = _identity(obj)
     inv = mapping(obj, "involvedObject", "") or mapping(obj, "regarding", "")
@@ -433,14 +436,16 @@ def _event(obj: Mapping[str, Any]) -> EventSnapshot:
     count = _int(obj, "count", "", None)
     if count is None:
         count = _int(series, "count", "series", 1)
+    # (an Event is anyone's to write, with any involved object: what is kept is bounded as a name is, and the message
+    # only for a quota refusal, which explanations quote)
     return EventSnapshot(
         **ident,
         reason=reason,
-        type=string(obj, "type", ""),
+        type=_as_a_name(string(obj, "type", "")),
         involved_kind=kind,
-        involved_name=string(inv, "name", "involvedObject"),
-        involved_uid=string(inv, "uid", "involvedObject"),
-        message=message[:2048],
+        involved_name=_as_a_name(string(inv, "name", "involvedObject")),
+        involved_uid=_as_a_name(string(inv, "uid", "involvedObject")),
+        message=message[:EVENT_MESSAGE_KEPT] if quota else "",
         quota_name=quota,
         requested=requested,
         count=count or 1,

@@ -65,7 +65,7 @@ import hashlib
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import TYPE_CHECKING, Final, cast
 
@@ -74,11 +74,21 @@ import msgspec
 from shared import contract
 from shared.contract import Deleted, Snapshot, Sync, Upserted
 from shared.errors import InvalidInput
-from shared.kinds import FINAL_PHASES, KUBEVIRT_KIND, NAMESPACE_KIND, POD_KIND, QUOTA_KIND, VMI_KIND, VMIM_KIND
+from shared.kinds import (
+    EVENT_KIND,
+    FINAL_PHASES,
+    KUBEVIRT_KIND,
+    NAMESPACE_KIND,
+    POD_KIND,
+    QUOTA_KIND,
+    VMI_KIND,
+    VMIM_KIND,
+)
 from shared.quantity import ZERO
 from shared.quota.modes import policy_or_error
 from shared.snapshot import (
     WIRE_SNAPSHOT,
+    EventSnapshot,
     PodSnapshot,
     QuotaSnapshot,
     VmimSnapshot,
@@ -264,9 +274,26 @@ def _finished(pod: Snapshot) -> bool:
 
 _UNKNOWN: Final = object()
 
+
+def _event_age(uid: str, rec: Record) -> tuple[bool, datetime, int, str]:
+    """The order in which a namespace's Events are dropped beyond :data:`EVENTS_KEPT`: tombstones first, then by
+    the time each last happened (a repeat of KubeVirt's refusal renews it), by the order folded (a function of the
+    events alone: a replay, or a state restored from a checkpoint, keeps the same)."""
+    s = rec.snapshot
+    if not isinstance(s, EventSnapshot):
+        return (False, datetime.min.replace(tzinfo=UTC), rec.seq, uid)
+    return (True, s.last_timestamp or s.creation_timestamp or datetime.min.replace(tzinfo=UTC), rec.seq, uid)
+
+
 REFUSAL_GRACE: Final = timedelta(seconds=60)
 """How long after a refusal ended a pod created is taken as one that may have taken its room (vmquota lowers
 ``hard`` and the quota controller copies it within a second or so when all is well)."""
+
+EVENTS_KEPT: Final = 1024
+"""The ``FailedCreate`` Events (and their tombstones) a namespace's state keeps, the newest: an Event is anyone's
+to write, for any VMI, so a tenant could otherwise grow the ledger and its checkpoints by as many as the API server
+takes in the Events' lifetime (an hour by default). Accounting reads them as evidence of what KubeVirt was refused,
+each VMI's latest; a namespace whose tenant writes more loses the oldest, its own VMs' evidence only."""
 
 ANSWERS_KEPT: Final = 1024
 """Relist tokens a cluster-wide state remembers as answered (the latest: one per loss a ledger instance noted, and a
@@ -421,6 +448,9 @@ class NamespaceState:
                         p.uid for p in self._pods() if p.creation_timestamp and p.creation_timestamp >= since
                     )
                 self._ended(uid, self.replaced, ev.snapshot, ev.time)
+            elif kind == EVENT_KIND:
+                if len(recs) > EVENTS_KEPT:
+                    del recs[min(recs, key=lambda u: _event_age(u, recs[u]))]
             elif (
                 kind == QUOTA_KIND
                 and self.late

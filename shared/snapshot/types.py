@@ -222,7 +222,6 @@ class VmiSnapshot(Snapshot, tag=VMI_KIND, frozen=True, kw_only=True):
 
 
 class VmSnapshot(Snapshot, tag=VM_KIND, frozen=True, kw_only=True):
-    labels: dict[str, str] = {}
     run_strategy: str = ""
     """``spec.runStrategy``, or ``Always``/``Halted`` from ``spec.running``."""
     printable_status: str = ""

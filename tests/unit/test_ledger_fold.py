@@ -19,6 +19,7 @@ from shared.ledger.fold import (
     ANSWERS_KEPT,
     CLUSTER_WIDE,
     COMPRESS_OVER,
+    EVENTS_KEPT,
     REFUSAL_GRACE,
     Ledger,
     NamespaceState,
@@ -807,3 +808,47 @@ def test_a_spec_grown_before_its_vmi_named_a_pod_is_remembered_as_what_the_pod_m
     led = fold([up("v1", 1, kind=vmi, phase="Pending", vcpus=2), up("v1", 2, kind=vmi, phase="Pending", vcpus=16)])
     fold([down("v1", 3, kind=vmi)], led, start=3)
     assert not led.state("c1", "a").grew_unnamed, "a VMI gone is forgotten"  # type: ignore[union-attr]
+
+
+def test_a_namespaces_events_are_kept_to_the_newest_few_whatever_its_tenant_writes() -> None:
+    """An Event is anyone's to write, for any VMI, existing or not: a tenant writing refusals as fast as the API
+    server takes them grew the ledger and its checkpoints by all of them (5,000: 13 MiB of memory, a 7.5 MiB
+    checkpoint). A namespace's state keeps the newest Events, tombstones going first; KubeVirt's latest refusal of
+    a VMI stays, another namespace's Events are untouched, and a replay or a restored checkpoint keeps the same."""
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+    flood = EVENTS_KEPT + 500
+
+    def event(uid: str, rv: int, at: int, ns: str = "a", vmi: str = "no-such-vmi") -> Upserted:
+        when = base + timedelta(seconds=at)
+        return up(
+            uid,
+            rv,
+            ns=ns,
+            kind="Event",
+            reason="FailedCreate",
+            involved_kind="VirtualMachineInstance",
+            involved_name=vmi,
+            quota_name="rq",
+            last_timestamp=when,
+        )
+
+    events: list[Event] = [event("other", 1, 0, ns="b"), event("gone", 2, 0), down("gone", 3, kind="Event")]
+    events += [event(f"spam-{i}", 10 + i, 1 + i) for i in range(flood)]
+    events.append(event("kubevirt", 10 + flood, 1 + flood, vmi="vm1"))
+    led = fold(events)
+
+    def state(ledger: Ledger, ns: str = "a") -> NamespaceState:
+        st = ledger.state("c1", ns)
+        assert st is not None
+        return st
+
+    kept = state(led).objects["Event"]
+    assert len(kept) == EVENTS_KEPT, len(kept)
+    assert "kubevirt" in kept and "gone" not in kept and "spam-0" not in kept and f"spam-{flood - 1}" in kept
+    assert "other" in state(led, "b").objects["Event"]
+    again = fold(events)
+    assert sorted(state(again).objects["Event"]) == sorted(kept)
+    restored = NamespaceState.from_checkpoint(unpack_checkpoint(pack_checkpoint(state(led).checkpoint())))
+    restored.apply(event("later", 20 + flood, 2 + flood), 20 + flood)
+    fresh = fold([*events, event("later", 20 + flood, 2 + flood)])
+    assert sorted(restored.objects["Event"]) == sorted(state(fresh).objects["Event"])

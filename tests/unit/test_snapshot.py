@@ -258,6 +258,23 @@ def test_event_without_a_quota_refusal() -> None:
     assert parse_refusal("nothing here") == ("", {})
 
 
+def test_an_event_keeps_no_more_than_names_and_a_refusals_message() -> None:
+    """An Event is anyone's to write: one naming a 900,000-character VMI fit the bus, and twenty of them made an
+    11 MiB checkpoint of one namespace; any Event kept its message. Fields longer than any name or uid are dropped,
+    and the message is kept only for a quota refusal, which explanations quote."""
+    e = copy.deepcopy(EVENT)
+    e["involvedObject"] = {**e["involvedObject"], "name": "v" * 900_000, "uid": "u" * 900_000}
+    e["type"] = "W" * 900_000
+    s = normalize(e)
+    assert isinstance(s, EventSnapshot) and (s.involved_name, s.involved_uid, s.type) == ("", "", "")
+    assert s.quota_refusal and s.message == EVENT["message"]
+    assert len(snapshot.encode(s)) < 4096
+    e = copy.deepcopy(EVENT)
+    e["message"] = "Error creating pod: " + "x" * 1_000_000
+    s = normalize(e)
+    assert isinstance(s, EventSnapshot) and not s.quota_refusal and s.message == ""
+
+
 def test_kubevirt_cr() -> None:
     s = normalize(KUBEVIRT)
     assert isinstance(s, KubeVirtSnapshot)
@@ -269,6 +286,11 @@ def test_vm_and_namespace() -> None:
     vm = normalize(VM)
     assert isinstance(vm, VmSnapshot) and vm.run_strategy == "Always" and vm.vcpus == 2
     assert vm.guest_memory == Quantity.parse("2Gi") and vm.printable_status == "Running"
+    # (nothing reads a VM's labels: a tenant's would only grow the events stream, up to a message a label)
+    padded = normalize(
+        {**VM, "metadata": {**VM["metadata"], "labels": {f"example.com/p{i}": "x" * 63 for i in range(99)}}}
+    )
+    assert b"example.com/p" not in snapshot.encode(padded) and padded == vm
     ns = normalize(NAMESPACE)
     assert isinstance(ns, NamespaceSnapshot) and ns.labels == {"team": "a"} and ns.namespace == ""
 

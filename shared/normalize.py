@@ -425,6 +425,8 @@ def _event(obj: Mapping[str, Any]) -> EventSnapshot:
         )
     message = string(obj, "message", "") or string(obj, "note", "")
     quota, requested = parse_refusal(message)
+    if _beyond_a_name(quota):
+        quota, requested = "", {}  # (no quota is named so: not a quota's refusal)
     series = mapping(obj, "series", "")
     last = (
         _time(obj, "lastTimestamp", "")

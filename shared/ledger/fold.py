@@ -65,7 +65,7 @@ import hashlib
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from enum import Enum
 from typing import TYPE_CHECKING, Final, cast
 
@@ -88,7 +88,6 @@ from shared.quantity import ZERO
 from shared.quota.modes import policy_or_error
 from shared.snapshot import (
     WIRE_SNAPSHOT,
-    EventSnapshot,
     PodSnapshot,
     QuotaSnapshot,
     VmimSnapshot,
@@ -275,14 +274,13 @@ def _finished(pod: Snapshot) -> bool:
 _UNKNOWN: Final = object()
 
 
-def _event_age(uid: str, rec: Record) -> tuple[bool, datetime, int, str]:
-    """The order in which a namespace's Events are dropped beyond :data:`EVENTS_KEPT`: tombstones first, then by
-    the time each last happened (a repeat of KubeVirt's refusal renews it), by the order folded (a function of the
-    events alone: a replay, or a state restored from a checkpoint, keeps the same)."""
-    s = rec.snapshot
-    if not isinstance(s, EventSnapshot):
-        return (False, datetime.min.replace(tzinfo=UTC), rec.seq, uid)
-    return (True, s.last_timestamp or s.creation_timestamp or datetime.min.replace(tzinfo=UTC), rec.seq, uid)
+def _drop_oldest_event(recs: dict[str, Record]) -> None:
+    """Drop one of a namespace's Events beyond :data:`EVENTS_KEPT`: a tombstone first, else the Event folded
+    longest ago (its last version: a repeat of KubeVirt's refusal renews it). Not by the times an Event states,
+    which are its writer's: a tenant's dated ahead would outlast every refusal of KubeVirt's. The fold's order is a
+    function of the events alone (checkpoints keep each record's), so a replay, or a state restored from a
+    checkpoint, drops the same."""
+    del recs[min(recs, key=lambda u: (recs[u].snapshot is not None, recs[u].seq, u))]
 
 
 REFUSAL_GRACE: Final = timedelta(seconds=60)
@@ -290,10 +288,11 @@ REFUSAL_GRACE: Final = timedelta(seconds=60)
 ``hard`` and the quota controller copies it within a second or so when all is well)."""
 
 EVENTS_KEPT: Final = 1024
-"""The ``FailedCreate`` Events (and their tombstones) a namespace's state keeps, the newest: an Event is anyone's
-to write, for any VMI, so a tenant could otherwise grow the ledger and its checkpoints by as many as the API server
-takes in the Events' lifetime (an hour by default). Accounting reads them as evidence of what KubeVirt was refused,
-each VMI's latest; a namespace whose tenant writes more loses the oldest, its own VMs' evidence only."""
+"""The ``FailedCreate`` Events (with their tombstones) a namespace's state keeps, the latest folded: an Event is
+anyone's to write, for any VMI, so a tenant could otherwise grow the ledger and its checkpoints by as many as the
+API server takes in the Events' lifetime (an hour by default), and their deletions by as many tombstones.
+Accounting reads them as evidence of what KubeVirt was refused, each VMI's latest; a namespace whose tenant writes
+more loses the oldest, its own VMs' evidence only (:func:`_drop_oldest_event`)."""
 
 ANSWERS_KEPT: Final = 1024
 """Relist tokens a cluster-wide state remembers as answered (the latest: one per loss a ledger instance noted, and a
@@ -448,9 +447,8 @@ class NamespaceState:
                         p.uid for p in self._pods() if p.creation_timestamp and p.creation_timestamp >= since
                     )
                 self._ended(uid, self.replaced, ev.snapshot, ev.time)
-            elif kind == EVENT_KIND:
-                if len(recs) > EVENTS_KEPT:
-                    del recs[min(recs, key=lambda u: _event_age(u, recs[u]))]
+            elif kind == EVENT_KIND and len(recs) > EVENTS_KEPT:
+                _drop_oldest_event(recs)
             elif (
                 kind == QUOTA_KIND
                 and self.late
@@ -472,6 +470,8 @@ class NamespaceState:
         if kind == VMIM_KIND:
             self.refused_from = _UNKNOWN
             self._ended(uid, self.replaced, None, ev.time)
+        elif kind == EVENT_KIND and len(recs) > EVENTS_KEPT:
+            _drop_oldest_event(recs)  # (the deletion of an Event dropped before leaves a tombstone: one of them)
         return Outcome.APPLIED
 
     def _named(self, before: Snapshot | None, now: Snapshot | None) -> None:

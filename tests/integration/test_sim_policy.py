@@ -879,41 +879,66 @@ async def test_only_kubevirt_takes_its_finalizer_off_a_migration_where_a_quota_i
 async def test_only_kubevirt_deletes_a_vmi_leaving_its_pods_behind_where_a_quota_is_managed(
     sim: SimCluster, tmp_path: Path
 ) -> None:
-    """A VMI deleted with ``--cascade=orphan`` (or given the finalizer ``orphan`` and deleted plainly) has the garbage
-    collector take its controller reference off its launcher pods, which go on running the guest: deleted so during
-    a migration, both of its pods stay charged over the budget. Where a quota is managed only virt-controller and
-    cluster administrators delete a VMI so; its plain delete, and every other change of it, stay the tenant's."""
+    """A VMI deleted with ``--cascade=orphan`` (or naming no policy while it carries the finalizer ``orphan``) has
+    the garbage collector take its controller reference off its launcher pods, which go on running the guest:
+    deleted so during a migration, both of its pods stay charged over the budget. Where a quota is managed only
+    virt-controller and cluster administrators delete a VMI so, and no VMI gets that finalizer but from an
+    administrator (KubeVirt copies a VM template's finalizers into the VMI it creates); a plain delete, and every
+    other change of a VMI, stay the tenant's."""
     tenant, _ = await _tenant_and_app(sim, tmp_path, "1Gi")
-    for vm in ("vm1", "vm2", "vm3"):
+    for vm in ("vm1", "vm2", "vm3", "vm4"):
         await sim.create_vm(NS, vm, memory="64Mi")
         await sim.wait_for_phase(NS, vm, "Running")
     await install(sim, GUARD_POLICY.read_text())
+    vmis = sim.store.resource("virtualmachineinstances")
 
     async def tenant_kubectl(*args: str) -> tuple[int, str]:
         code, out, err = await run_kubectl(tenant, tmp_path, *args)
         return code, out + err
 
-    def refusal(vmi: str) -> str:
-        return (
-            "ValidatingAdmissionPolicy 'vmquota-vmi-orphaning' with binding 'vmquota-vmi-orphaning' denied request: "
-            "vmquota: quota vm-budget counts VMs, and a VMI deleted leaving its pods behind goes on running its guest "
-            f"in them: only KubeVirt deletes {vmi} so in this namespace (delete it without propagationPolicy Orphan, "
-            "and without the finalizer orphan)"
-        )
+    reason = (
+        "ValidatingAdmissionPolicy 'vmquota-vmi-orphaning' with binding 'vmquota-vmi-orphaning' denied request: "
+        "vmquota: quota vm-budget counts VMs, and a VMI deleted leaving its pods behind goes on running its guest in "
+        "them: "
+    )
+    deletes = reason + "only KubeVirt deletes {} so in this namespace (delete it with propagationPolicy Background or "
+    deletes += "Foreground"
+    gets = (
+        reason + "no VMI gets the finalizer orphan in this namespace (take it off {}, and off the template of its VM)"
+    )
+    finalizer = '{"metadata":{"finalizers":["orphan"]}}'
 
     code, out = await tenant_kubectl("delete", "vmi", "vm1", "--cascade=orphan", "--wait=false")
     assert code == 0, f"no managed quota: the tenant's to delete so: {out}"
     await managed_pod_terms_quota(sim)
     code, out = await tenant_kubectl("delete", "vmi", "vm2", "--cascade=orphan", "--wait=false")
-    assert code != 0 and refusal("vm2") in out, out
-    code, out = await tenant_kubectl(
-        "patch", "vmi", "vm2", "--type=merge", "-p", '{"metadata":{"finalizers":["orphan"]}}'
-    )
-    assert code != 0 and refusal("vm2") in out, out
+    assert code != 0 and deletes.format("vm2") + ")" in out, out
+    code, out = await tenant_kubectl("patch", "vmi", "vm2", "--type=merge", "-p", finalizer)
+    assert code != 0 and gets.format("vm2") in out, out
+    templated = created_vmi("vm9", namespace=NS)
+    templated["metadata"]["finalizers"] = ["orphan"]
+    with acting_as(KUBEVIRT_CONTROLLER), pytest.raises(ApiError) as refused:  # (a VM template's finalizers)
+        await sim.create(templated)
+    assert refused.value.code == 403 and gets.format("vm9") in refused.value.message
     code, out = await tenant_kubectl("label", "vmi", "vm2", "mine=yes")
     assert code == 0, f"other metadata stays the tenant's: {out}"
-    with acting_as(ADMIN):  # (an administrator may)
-        await sim.store.delete(sim.store.resource("virtualmachineinstances"), NS, "vm3", propagation="Orphan")
+    with acting_as(ADMIN):  # (an administrator may; and a VMI that carries the finalizer orphan, deleted naming no
+        # policy, orphans its pods, as kube-apiserver does)
+        await sim.store.delete(vmis, NS, "vm3", propagation="Orphan")
+        await sim.store.patch(vmis, NS, "vm4", json.loads(finalizer), "merge")
+    pods = await sim.launcher_pods(NS, "vm4")
+    assert pods
+    with acting_as(TENANT), pytest.raises(ApiError) as refused:  # (naming no policy: kubectl names Background)
+        await sim.store.delete(vmis, NS, "vm4")
+    assert refused.value.code == 403
+    assert deletes.format("vm4") + ": it carries the finalizer orphan, which a delete naming no policy follows)" in (
+        refused.value.message
+    )
+    with acting_as(ADMIN):
+        await sim.store.delete(vmis, NS, "vm4")
+    for pod in pods:
+        left = sim.store.peek(sim.store.resource("pods"), NS, pod["metadata"]["name"])
+        assert left is not None and not left["metadata"].get("ownerReferences"), "orphaned, as kube-apiserver does"
     code, out = await tenant_kubectl("delete", "vmi", "vm2", "--wait=false")
     assert code == 0, f"a delete that collects its pods is the tenant's: {out}"
 

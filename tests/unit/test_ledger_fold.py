@@ -810,11 +810,12 @@ def test_a_spec_grown_before_its_vmi_named_a_pod_is_remembered_as_what_the_pod_m
     assert not led.state("c1", "a").grew_unnamed, "a VMI gone is forgotten"  # type: ignore[union-attr]
 
 
-def test_a_namespaces_events_are_kept_to_the_newest_few_whatever_its_tenant_writes() -> None:
+def test_a_namespaces_events_are_kept_to_the_latest_few_whatever_its_tenant_writes() -> None:
     """An Event is anyone's to write, for any VMI, existing or not: a tenant writing refusals as fast as the API
     server takes them grew the ledger and its checkpoints by all of them (5,000: 13 MiB of memory, a 7.5 MiB
-    checkpoint). A namespace's state keeps the newest Events, tombstones going first; KubeVirt's latest refusal of
-    a VMI stays, another namespace's Events are untouched, and a replay or a restored checkpoint keeps the same."""
+    checkpoint), and their deletions (their expiry, an hour later) by as many tombstones. A namespace's state keeps
+    the Events folded last, tombstones going first, whatever times they state (a tenant's dated ahead outlasted
+    KubeVirt's refusals); another namespace's are untouched, and a replay or a restored checkpoint keeps the same."""
     base = datetime(2026, 1, 1, tzinfo=UTC)
     flood = EVENTS_KEPT + 500
 
@@ -832,16 +833,16 @@ def test_a_namespaces_events_are_kept_to_the_newest_few_whatever_its_tenant_writ
             last_timestamp=when,
         )
 
-    events: list[Event] = [event("other", 1, 0, ns="b"), event("gone", 2, 0), down("gone", 3, kind="Event")]
-    events += [event(f"spam-{i}", 10 + i, 1 + i) for i in range(flood)]
-    events.append(event("kubevirt", 10 + flood, 1 + flood, vmi="vm1"))
-    led = fold(events)
-
     def state(ledger: Ledger, ns: str = "a") -> NamespaceState:
         st = ledger.state("c1", ns)
         assert st is not None
         return st
 
+    # (dated ahead of everything KubeVirt writes)
+    events: list[Event] = [event("other", 1, 0, ns="b"), event("gone", 2, 0), down("gone", 3, kind="Event")]
+    events += [event(f"spam-{i}", 10 + i, 10**8 + i) for i in range(flood)]
+    events.append(event("kubevirt", 10 + flood, 1, vmi="vm1"))
+    led = fold(events)
     kept = state(led).objects["Event"]
     assert len(kept) == EVENTS_KEPT, len(kept)
     assert "kubevirt" in kept and "gone" not in kept and "spam-0" not in kept and f"spam-{flood - 1}" in kept
@@ -849,6 +850,12 @@ def test_a_namespaces_events_are_kept_to_the_newest_few_whatever_its_tenant_writ
     again = fold(events)
     assert sorted(state(again).objects["Event"]) == sorted(kept)
     restored = NamespaceState.from_checkpoint(unpack_checkpoint(pack_checkpoint(state(led).checkpoint())))
-    restored.apply(event("later", 20 + flood, 2 + flood), 20 + flood)
-    fresh = fold([*events, event("later", 20 + flood, 2 + flood)])
+    later = event("later", 20 + flood, 2)
+    restored.apply(later, 20 + flood)
+    fresh = fold([*events, later])
     assert sorted(restored.objects["Event"]) == sorted(state(fresh).objects["Event"])
+    # the flood's Events expire: their deletions, of Events dropped long since, leave no more than the bound
+    expired: list[Event] = [down(f"spam-{i}", 30 + flood + i, kind="Event") for i in range(flood)]
+    led = fold(expired, led, start=len(events) + 1)
+    assert len(state(led).objects["Event"]) <= EVENTS_KEPT
+    assert "kubevirt" in state(led).objects["Event"]

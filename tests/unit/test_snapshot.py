@@ -273,6 +273,9 @@ def test_an_event_keeps_no_more_than_names_and_a_refusals_message() -> None:
     e["message"] = "Error creating pod: " + "x" * 1_000_000
     s = normalize(e)
     assert isinstance(s, EventSnapshot) and not s.quota_refusal and s.message == ""
+    e["message"] = "exceeded quota: " + "q" * 900_000 + ", requested: limits.memory=1Gi, used: x"
+    s = normalize(e)
+    assert isinstance(s, EventSnapshot) and not s.quota_refusal and s.message == "" and s.requested == {}
 
 
 def test_kubevirt_cr() -> None:

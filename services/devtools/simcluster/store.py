@@ -460,6 +460,10 @@ def _resources_of(pod: Obj) -> list[Any]:
     ]
 
 
+ORPHAN_FINALIZER: Final = "orphan"
+"""kube-apiserver's ``metav1.FinalizerOrphanDependents``: a delete naming no propagation policy of an object that
+carries it orphans the object's dependents."""
+
 _POD_SPEC_UPDATABLE: Final = (
     "activeDeadlineSeconds",
     "terminationGracePeriodSeconds",
@@ -1207,9 +1211,22 @@ class Store:
             DELETE_OPTIONS.reset(token)
         if res.plural == "namespaces" and not res.group:
             return await self._delete_namespace(info, name, stored, old)
+        # (kube-apiserver's shouldOrphanDependents: a delete naming no policy follows the object's finalizer orphan)
+        named = options is not None and ("propagationPolicy" in options or "orphanDependents" in options)
+        if collect and not named and ORPHAN_FINALIZER in (old["metadata"].get("finalizers") or ()):
+            collect = False
         if not collect and self.garbage_collection:
             await self._orphan_dependents(stored.uid)
             stored = self._find(res, ns, name) or stored
+            kept = _decode(stored.raw)
+            finalizers = kept["metadata"].get("finalizers") or []
+            if ORPHAN_FINALIZER in finalizers:
+                # (the garbage collector takes the finalizer off once it has orphaned the dependents)
+                kept["metadata"]["finalizers"] = [f for f in finalizers if f != ORPHAN_FINALIZER] or None
+                if kept["metadata"]["finalizers"] is None:
+                    del kept["metadata"]["finalizers"]
+                stored = self._commit("MODIFIED", info, ns, name, kept, stored)
+                old = kept
         if stored.finalizers:
             new: Obj = _decode(stored.raw)
             # (a pod is deleted gracefully, as kube-apiserver does: its deletionTimestamp is when its grace period

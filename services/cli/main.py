@@ -42,9 +42,20 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def _version() -> str:
+    """The installed package's version (``pyproject.toml``), or ``unknown`` when run from a tree not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vmquota")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser(only: str | None = None, prog: str = "vmquota") -> argparse.ArgumentParser:
     """The full parser, or with ``only`` one sub-command's arguments (the others are listed, not loaded)."""
     parser = argparse.ArgumentParser(prog=prog, description="VM-aware, migration-safe ResourceQuotas for KubeVirt")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (module, help_text) in COMMANDS.items():

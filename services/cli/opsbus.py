@@ -18,7 +18,7 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
-from services.platform.bus import NatsOptions
+from services.platform.bus import NatsOptions, check_nats_options
 from services.platform.config import add_inbox_argument, env
 from services.platform.identity import inbox_prefix, naming_error
 from shared import contract
@@ -119,6 +119,7 @@ async def connect(args: argparse.Namespace) -> Any:
 
     if args.nats_creds and args.nats_user:
         raise BusUnavailable("give either --nats-creds or --nats-user/--nats-password, not both")
+    check_nats_options(str(args.nats), args.nats_creds)
     servers = NatsOptions(url=str(args.nats)).servers
     kwargs: dict[str, Any] = {"servers": servers, "allow_reconnect": False, "connect_timeout": 3}
     if args.nats_creds:

@@ -1,7 +1,8 @@
 """``vmquota render``: the launcher pods KubeVirt would create for VMIs/VMs, with their requests, limits and memory
 overhead, for a given KubeVirt version and configuration.
 
-Exit codes: 0 rendered; 2 malformed input or options (one line on stderr naming the object and field).
+Exit codes: 0 rendered; 2 malformed input or options, or nothing to render (one line on stderr naming the object
+and field).
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from fractions import Fraction
 from typing import Any, TextIO
 
 from services.platform.inputs import kubevirt_fields, load_objects
 from shared.errors import InvalidInput
 from shared.kinds import VM_KIND, VMI_KIND
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, RenderedPod, render_launcher_pod
+from shared.kubevirt.config import positive_ratio
 from shared.quantity import Quantity
 from shared.resources import format_resource_list
 from shared.vmi import VmiSpec, object_ref, vmi_spec
@@ -70,10 +71,7 @@ def build_config(args: argparse.Namespace, notes: TextIO) -> KubeVirtConfig:
     if args.arch is not None:
         fields["arch"] = args.arch
     if args.cpu_allocation_ratio is not None:
-        try:
-            fields["cpu_allocation_ratio"] = Fraction(args.cpu_allocation_ratio)
-        except (ValueError, ZeroDivisionError):
-            raise InvalidInput(f"not a number: {args.cpu_allocation_ratio!r}", "--cpu-allocation-ratio") from None
+        fields["cpu_allocation_ratio"] = positive_ratio(args.cpu_allocation_ratio, "--cpu-allocation-ratio")
     try:
         return KubeVirtConfig(**fields)
     except InvalidInput as e:
@@ -206,6 +204,8 @@ def run(args: argparse.Namespace) -> int:
         namespace = build_namespace(args)
         objects = load_objects(args.filename)
         rows = render_objects(objects, config, namespace, sys.stderr)
+        if not rows:
+            raise InvalidInput(f"nothing to render: no {VM_KIND} or {VMI_KIND} in the input", args.filename)
     except InvalidInput as e:
         return _fail(str(e))
     print(f"note: {profile_note(config)}", file=sys.stderr)

@@ -20,11 +20,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 async def rows(js: Any, f: opsbus.Filter) -> list[report.QuotaRow]:
-    usage = await opsbus.read(js, contract.USAGE_STREAM, f.subject("usage"))
+    return (await _read(js, f))[0]
+
+
+async def _read(js: Any, f: opsbus.Filter) -> tuple[list[report.QuotaRow], list[str]]:
+    """The rows, and the errors of the usage snapshots read (a namespace whose every quota vmquota refuses has no
+    row: its errors say why)."""
+    usage = [contract.decode_usage(m.data) for m in await opsbus.read(js, contract.USAGE_STREAM, f.subject("usage"))]
     decisions = await opsbus.read(js, contract.DECISIONS_STREAM, f.subject("quota"))
-    return report.quota_rows(
-        (contract.decode_usage(m.data) for m in usage), (contract.decode_decision(m.data) for m in decisions)
-    )
+    found = report.quota_rows(usage, (contract.decode_decision(m.data) for m in decisions))
+    return found, [e for u in usage for e in u.errors]
 
 
 def render(found: list[report.QuotaRow], output: str) -> str:
@@ -38,9 +43,14 @@ async def main(args: argparse.Namespace) -> int:
     nc = await opsbus.connect(args)
     try:
         js = nc.jetstream()
-        found = await rows(js, f)
+        found, errors = await _read(js, f)
         if not found and (f.cluster or f.namespace) and not args.watch:  # (one line, as any bad input)
-            print(f"vmquota status: no managed quota matches {f.cluster or '*'}/{f.namespace or '*'}", file=sys.stderr)
+            where = f"{f.cluster or '*'}/{f.namespace or '*'}"
+            refused = [e for e in errors if ": not managed: " in e]
+            if refused:  # (the quotas of it vmquota refuses: the first says why)
+                print(f"vmquota status: no managed quota in force in {where}: {refused[0]}", file=sys.stderr)
+            else:
+                print(f"vmquota status: no managed quota matches {where}", file=sys.stderr)
             return 1
         print(render(found, args.output))
         if not args.watch:

@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 from services.devtools.simcluster.cluster import DEFAULT_KUBEVIRT_VERSION, SimCluster, load_seed_file
-from services.platform.logs import configure, get_logger
+from services.devtools.speed import check_speed
+from services.platform.logs import check_level, configure, get_logger
 from shared.errors import InvalidInput
 from shared.quantity import Quantity
 
@@ -42,12 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="memory every launcher pod gets on top of the rendered overhead (simulates drift), e.g. 64Mi",
     )
     parser.add_argument("--token", help="bearer token clients must send (default: random)")
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--log-level", default="info", help="debug, info, warning or error (default info)")
 
 
 def _options(args: argparse.Namespace) -> dict[str, object]:
-    if args.speed <= 0:
-        raise InvalidInput(f"must be greater than 0, got {args.speed}", "--speed")
+    check_speed(args.speed)
+    check_level(args.log_level)
     if not 0 <= args.port <= 65535:
         raise InvalidInput(f"must be a port number, got {args.port}", "--port")
     nodes = [n.strip() for n in str(args.nodes).split(",") if n.strip()]

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import yaml
 
-from services.platform.logs import configure, get_logger
+from services.devtools.speed import check_speed
+from services.platform.logs import check_level, configure, get_logger
 from shared.errors import InvalidInput
 
 DEFAULT_KUBECONFIG = "vmquota.kubeconfig"
@@ -136,8 +137,8 @@ def _check(args: argparse.Namespace) -> Path:
     """Every option checked before anything starts; the kubeconfig's absolute path."""
     _check_port(args.nats_port, "--nats-port")
     _check_port(args.api_port, "--api-port")
-    if args.speed <= 0:
-        raise InvalidInput(f"must be greater than 0, got {args.speed}", "--speed")
+    check_speed(args.speed)
+    check_level(args.log_level)
     out = Path(args.kubeconfig_out).resolve()
     _check_kubeconfig_out(out)
     return out

@@ -51,6 +51,7 @@ from nats.js.kv import KeyValue
 from services.platform.identity import id_key, inbox_prefix, keyed
 from shared import contract
 from shared.backoff import Backoff
+from shared.errors import InvalidInput
 
 log = structlog.get_logger("vmquota.bus")
 T = TypeVar("T")
@@ -213,6 +214,56 @@ class NatsOptions:
         """``url`` is one URL or a comma-separated list (the servers of a cluster; the client also learns the
         others from the one it reaches)."""
         return [u.strip() for u in self.url.split(",") if u.strip()]
+
+
+_NATS_SCHEMES: Final = ("nats", "tls", "ws", "wss")
+
+
+def check_nats_options(url: str, creds: str | None = None, ca: str | None = None) -> None:
+    """Before anything connects: ``url`` is one NATS URL or a comma-separated list of them, and the credentials
+    file and CA bundle, when given, are readable files of their kind. :class:`InvalidInput` names the flag (a bad
+    argument is the operator's to fix, not a bus to wait for)."""
+    from urllib.parse import urlsplit
+
+    flag = "--nats (VMQUOTA_NATS)"
+    servers = [u.strip() for u in url.split(",") if u.strip()]
+    if not servers:
+        raise InvalidInput("names no server", flag)
+    for server in servers:
+        try:
+            parts = urlsplit(server if "://" in server else f"nats://{server}")
+            port = parts.port
+        except ValueError:
+            parts, port = None, None
+        if parts is None or parts.scheme not in _NATS_SCHEMES or not parts.hostname or (port is not None and port <= 0):
+            raise InvalidInput(
+                f"{server!r} is not a NATS URL (e.g. nats://nats:4222, tls://nats:4222, or host:port)", flag
+            )
+    if creds:
+        text = _readable(creds, "--nats-creds (VMQUOTA_NATS_CREDS)")
+        if "BEGIN NATS USER JWT" not in text or "BEGIN USER NKEY SEED" not in text:
+            raise InvalidInput(
+                f"{creds} is not a NATS credentials file (a user JWT and an NKEY seed, as `nsc` writes it)",
+                "--nats-creds (VMQUOTA_NATS_CREDS)",
+            )
+    if ca:
+        _readable(ca, "--nats-ca (VMQUOTA_NATS_CA)")
+        try:
+            ssl.create_default_context(cafile=ca)
+        except (ssl.SSLError, ValueError) as e:
+            raise InvalidInput(f"{ca} is not a PEM CA bundle ({e})", "--nats-ca (VMQUOTA_NATS_CA)") from None
+
+
+def _readable(path: str, flag: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read(1 << 20)
+    except FileNotFoundError:
+        raise InvalidInput(f"no such file: {path}", flag) from None
+    except IsADirectoryError:
+        raise InvalidInput(f"{path} is a directory, not a file", flag) from None
+    except OSError as e:
+        raise InvalidInput(f"cannot read {path}: {e.strerror or e}", flag) from None
 
 
 class Bus:

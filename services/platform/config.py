@@ -123,7 +123,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--nats",
         default=env("VMQUOTA_NATS", "nats://127.0.0.1:4222"),
-        help="NATS URL, or a comma-separated list of a cluster's [VMQUOTA_NATS]",
+        help="NATS URL, or a comma-separated list of a cluster's servers [VMQUOTA_NATS]",
     )
     p.add_argument("--nats-creds", default=env("VMQUOTA_NATS_CREDS"), help="NATS .creds file [VMQUOTA_NATS_CREDS]")
     p.add_argument("--nats-user", default=env("VMQUOTA_NATS_USER"), help="NATS user [VMQUOTA_NATS_USER]")
@@ -153,7 +153,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=env("VMQUOTA_HTTP_PORT", "8080"),
         help="port of /healthz, /readyz and /metrics; 0 picks a free one [VMQUOTA_HTTP_PORT, 8080]",
     )
-    p.add_argument("--log-level", default=env("VMQUOTA_LOG_LEVEL", "info"), help="[VMQUOTA_LOG_LEVEL, info]")
+    p.add_argument(
+        "--log-level",
+        default=env("VMQUOTA_LOG_LEVEL", "info"),
+        help="debug, info, warning or error [VMQUOTA_LOG_LEVEL, info]",
+    )
     p.add_argument(
         "--partitions",
         default=env("VMQUOTA_PARTITIONS", "16"),
@@ -299,6 +303,11 @@ def config_from_args(args: argparse.Namespace) -> Config:
         raise InvalidInput("the consumer check interval must be positive", "--nats-consumer-check")
     if args.nats_user and args.nats_creds:
         raise InvalidInput("give either --nats-creds or --nats-user/--nats-password, not both", "--nats-creds")
+    from services.platform.bus import check_nats_options
+    from services.platform.logs import check_level
+
+    check_nats_options(str(args.nats), args.nats_creds, args.nats_ca)
+    check_level(args.log_level, "--log-level (VMQUOTA_LOG_LEVEL)")
     if (naming := naming_error(args.nats_user, args.nats_inbox_prefix)) is not None:
         raise InvalidInput(naming[1], naming[0])
     dry_run = args.dry_run if args.dry_run is not None else _env_bool("VMQUOTA_DRY_RUN", False)

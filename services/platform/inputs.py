@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
@@ -54,14 +55,17 @@ def read_text(path: str) -> tuple[str, str]:
 def _documents(name: str, text: str) -> Iterator[tuple[int, object]]:
     stripped = text.lstrip()
     if stripped[:1] in ("{", "["):
+        json_error: str
         try:
             yield 1, json.loads(text)
             return
         except ValueError as e:
-            json_error = e
+            json_error = str(e)
+        except RecursionError:
+            json_error = "nested too deeply"
         try:  # flow-style YAML also starts with a brace
             docs = list(yaml.load_all(text, Loader=_Loader))
-        except yaml.YAMLError:
+        except (yaml.YAMLError, RecursionError):
             raise InvalidInput(f"invalid JSON: {json_error}", f"{name}: document 1") from None
         yield from enumerate(docs, 1)
         return
@@ -71,6 +75,15 @@ def _documents(name: str, text: str) -> Iterator[tuple[int, object]]:
             yield index, doc
     except yaml.YAMLError as e:
         raise InvalidInput(yaml_problem(e), f"{name}: document {index + 1}") from None
+    except RecursionError:
+        raise InvalidInput("invalid YAML: nested too deeply", f"{name}: document {index + 1}") from None
+
+
+def load_documents(path: str | Path) -> tuple[str, list[object]]:
+    """(display name, the YAML or JSON documents of a file, empty ones skipped); InvalidInput naming the file when
+    it cannot be read or parsed (a file that is not UTF-8 text, nesting too deep: one line, never a traceback)."""
+    name, text = read_text(str(path))
+    return name, [doc for _, doc in _documents(name, text) if doc is not None]
 
 
 def yaml_problem(e: yaml.YAMLError) -> str:

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from typing import Any, Final
 
 import structlog
+
+from shared.errors import InvalidInput
+
+LEVELS: Final = ("debug", "info", "warning", "error")
+
+
+def check_level(level: str, where: str = "--log-level") -> None:
+    """One of :data:`LEVELS` (any case); :class:`InvalidInput` otherwise, before anything starts."""
+    if level.lower() not in LEVELS:
+        raise InvalidInput(f"{level!r} is not a log level (expected one of {', '.join(LEVELS)})", where)
 
 
 def configure(level: str = "info", *, stream: Any = None) -> None:

@@ -158,23 +158,29 @@ _DURATION: Final = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d|w)")
 _UNIT_SECONDS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": DAY, "w": 7 * DAY}
 
 
+MAX_DURATION: Final = 100 * 365 * 86400.0
+"""The longest duration any flag takes: 100 years (a stream's age limit is int64 nanoseconds, 292 years)."""
+
+
 def parse_duration(text: str, where: str = "duration") -> float:
-    """``30d``, ``12h``, ``1h30m``, ``90s``, ``500ms`` or a plain number of seconds → seconds."""
+    """``30d``, ``12h``, ``1h30m``, ``90s``, ``500ms`` or a plain number of seconds → seconds (at most
+    :data:`MAX_DURATION`)."""
     s = text.strip()
     try:
         value = float(s)
     except ValueError:
-        pos, total = 0, 0.0
+        pos, value = 0, 0.0
         for m in _DURATION.finditer(s):
             if m.start() != pos:
                 break
-            total += float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+            value += float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
             pos = m.end()
         if pos != len(s) or not s:
             raise InvalidInput(f"{text!r} is not a duration (e.g. 30d, 12h, 1h30m, 90s)", where) from None
-        return total
     if value < 0 or value != value:
         raise InvalidInput(f"{text!r} is not a duration (e.g. 30d, 12h, 1h30m, 90s)", where)
+    if value > MAX_DURATION:
+        raise InvalidInput(f"{text!r} is longer than 100 years", where)
     return value
 
 

@@ -20,7 +20,11 @@ def _files(tmp: Path) -> dict[str, str]:
     (tmp / "not-a-kubeconfig").write_text("just: text\n")
     (tmp / "no-context").write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\n")
     (tmp / "theirs").write_text("apiVersion: v1\nkind: Config\ncurrent-context: prod\nclusters: []\n")
-    return {k: str(tmp / k) for k in ("bad_yaml", "not-a-kubeconfig", "no-context", "theirs")}
+    (tmp / "deep").write_text("[" * 100_000 + "]" * 100_000)  # (past any parser's recursion)
+    (tmp / "junk").write_bytes(bytes(range(256)))
+    (tmp / "empty").write_text("")
+    names = ("bad_yaml", "not-a-kubeconfig", "no-context", "theirs", "deep", "junk", "empty")
+    return {k: str(tmp / k) for k in names}
 
 
 # (argv with {file} placeholders, exit code, a phrase the line must hold)
@@ -38,7 +42,31 @@ CASES: list[tuple[list[str], int, str]] = [
     (["demo", "--speed", "0"], 2, "--speed: must be between"),
     (["demo", "--scenario-file", "{missing}"], 2, "missing"),
     (["demo", "--scenario-file", "{bad_yaml}"], 2, "bad_yaml"),
-    (["simulate", "--speed", "0"], 2, "--speed: must be greater than 0"),
+    (["simulate", "--speed", "0"], 2, "--speed: must be between"),
+    (["simulate", "--speed", "1e400"], 2, "--speed: must be between"),
+    (["simulate", "--seed-file", "{junk}"], 2, "is not UTF-8 text"),
+    (["simulate", "--seed-file", "{deep}"], 2, "nested too deeply"),
+    (["demo", "--scenario-file", "{junk}"], 2, "is not UTF-8 text"),
+    (["demo", "--scenario-file", "{deep}"], 2, "nested too deeply"),
+    (["demo", "--scenario-file", "{empty}"], 2, "the file is empty"),
+    (["render", "-f", "{deep}"], 2, "nested too deeply"),
+    (["render", "-f", "{empty}"], 2, "nothing to render"),
+    (["usage", "-f", "{deep}"], 2, "nested too deeply"),
+    (["render", "-f", "-", "--cpu-allocation-ratio", "1e400"], 2, "must be between 0.001 and 1000, got '1e400'"),
+    (["render", "-f", "-", "--cpu-allocation-ratio", "1e-400"], 2, "must be between 0.001 and 1000"),
+    (["run", "ledger", "--nats", "notaurl::"], 2, "'notaurl::' is not a NATS URL"),
+    (["run", "ledger", "--nats-ca", "{missing}"], 2, "--nats-ca (VMQUOTA_NATS_CA): no such file"),
+    (["run", "ledger", "--nats-ca", "{bad_yaml}"], 2, "is not a PEM CA bundle"),
+    (["run", "ledger", "--nats-creds", "{missing}"], 2, "--nats-creds (VMQUOTA_NATS_CREDS): no such file"),
+    (["run", "ledger", "--nats-creds", "{bad_yaml}"], 2, "is not a NATS credentials file"),
+    (["run", "ledger", "--log-level", "chatty"], 2, "'chatty' is not a log level"),
+    (["run", "ledger", "--events-max-age", "1e400"], 2, "longer than 100 years"),
+    (["status", "--nats", "notaurl::"], 2, "is not a NATS URL"),
+    (["status", "--nats-creds", "{missing}", "--nats", UNREACHABLE_NATS], 2, "no such file"),
+    (["tail", "--no-follow", "--since", "1e400", "--nats", UNREACHABLE_NATS], 2, "--since"),
+    (["replay", "--at", "1e400", "--nats", UNREACHABLE_NATS], 2, "--at"),
+    (["up", "--nats-port", "0", "--speed", "1e400"], 2, "--speed"),
+    (["up", "--nats-port", "0", "--log-level", "chatty"], 2, "is not a log level"),
     (["simulate", "--seed-file", "{missing}"], 2, "missing"),
     (["simulate", "--port", "70000"], 2, "--port"),
     (["usage", "--mode", "Bogus", "-f", "{bad_yaml}"], 2, "Bogus"),
@@ -117,3 +145,17 @@ def test_without_the_devtools_the_product_commands_and_the_help_work(tmp_path: P
     for argv, phrase in ((["--help"], "usage: vmquota"), (["run", "--help"], "usage: vmquota run")):
         proc = without("services.devtools", argv, tmp_path)
         assert proc.returncode == 0 and phrase in proc.stdout, proc.stderr[-2000:]
+
+
+def test_the_version_is_the_packages() -> None:
+    """An operator upgrading needs to know which release runs: ``vmquota --version`` says the installed one."""
+    from importlib.metadata import version
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.cli.main", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == f"vmquota {version('vmquota')}", proc

@@ -79,6 +79,12 @@ async def test_status_tail_and_replay_after_a_migration_at_full_quota() -> None:
         assert row["status"] == "ok"
         code, out, err = await vmquota("status", "--nats", url, "-n", "no-such-namespace")
         assert code == 1 and out == "" and err == "vmquota status: no managed quota matches */no-such-namespace\n"
+        # a namespace whose only managed quota vmquota refuses has no row: the line says why
+        await p.managed_quota("tenant-bogus", "vm-budget", {"limits.memory": "8Gi"}, mode="Bogus", wait=False)
+        await p.wait(lambda: bool((u := p.tap.usage.get("tenant-bogus")) and u.errors), "the refused quota's usage")
+        code, out, err = await vmquota("status", "--nats", url, "-n", "tenant-bogus")
+        assert code == 1 and out == "" and len(err.splitlines()) == 1, err
+        assert err.startswith("vmquota status: no managed quota in force in */tenant-bogus: ") and "Bogus" in err, err
         code, out, _ = await vmquota("status", "--nats", url)
         used = report.readable_list(terms.used)["limits.memory"]
         assert code == 0 and f"limits.memory {used}/64Gi" in out and "tenant-a" in out, out

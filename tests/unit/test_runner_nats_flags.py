@@ -13,6 +13,17 @@ from services.platform.config import Config, config_from_args
 from services.platform.http import Health, Metrics
 from shared import contract
 from shared.errors import InvalidInput
+from tests.certs import write_certificates
+
+CREDS = """-----BEGIN NATS USER JWT-----
+eyJ0eXAiOiJKV1QiLCJhbGciOiJlZDI1NTE5LW5rZXkifQ.e30.c2ln
+------END NATS USER JWT------
+
+-----BEGIN USER NKEY SEED-----
+SUAEXAMPLEEXAMPLEEXAMPLEEXAMPLEEXAMPLEEXAMPLEEXAMPLEEXAMPLE
+------END USER NKEY SEED------
+"""
+"""The shape of a ``.creds`` file as ``nsc`` writes it (not a working identity)."""
 
 
 def config(*args: str) -> Config:
@@ -43,8 +54,8 @@ def test_bad_sizes_name_the_flag(bad: str) -> None:
 
 
 def test_consumer_check_and_ca(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_certificates(tmp_path)
     ca = tmp_path / "ca.crt"
-    ca.write_text("-----BEGIN CERTIFICATE-----\n")
     monkeypatch.setenv("VMQUOTA_NATS_CA", str(ca))
     c = config("--nats-consumer-check", "1m")
     assert c.nats.consumer_check == 60.0 and c.nats.ca == str(ca)
@@ -87,10 +98,12 @@ def test_message_ids_carry_a_tag_only_the_identitys_secret_gives(tmp_path: Path)
     assert (identity.inbox_prefix("ledger"), identity.inbox_prefix(None)) == ("_INBOX.ledger", "_INBOX")
 
 
-def test_an_inbox_prefix_can_be_given_for_a_creds_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_inbox_prefix_can_be_given_for_a_creds_identity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A ``.creds`` identity has no user name to name its inbox by: its operator gives the prefix its JWT allows."""
     monkeypatch.setenv("VMQUOTA_NATS_INBOX_PREFIX", "_INBOX.ledger-jwt")
-    c = config("--nats-creds", "/dev/null")
+    creds = tmp_path / "ledger.creds"
+    creds.write_text(CREDS)
+    c = config("--nats-creds", str(creds))
     assert c.nats.inbox_prefix == "_INBOX.ledger-jwt"
     assert identity.inbox_prefix(c.nats.user, c.nats.inbox_prefix) == "_INBOX.ledger-jwt"
     assert identity.inbox_prefix(None, None) == "_INBOX" and identity.inbox_prefix("ledger", None) == "_INBOX.ledger"
@@ -98,3 +111,31 @@ def test_an_inbox_prefix_can_be_given_for_a_creds_identity(monkeypatch: pytest.M
         with pytest.raises(InvalidInput, match="inbox prefix") as e:
             config("--nats-inbox-prefix", bad)
         assert e.value.where == "--nats-inbox-prefix (VMQUOTA_NATS_INBOX_PREFIX)"
+
+
+def test_the_bus_options_are_checked_before_anything_connects(tmp_path: Path) -> None:
+    """A NATS URL, a credentials file and a CA bundle that cannot be what they say are one line naming the flag at
+    start: before, a bad URL or CA crashed the service once it tried to connect (a JSON dump of the exception), and
+    a missing credentials file made it wait for a bus that was there."""
+    write_certificates(tmp_path)
+    junk = tmp_path / "junk"
+    junk.write_text("just: text\n")
+    cases = [
+        (("--nats", "notaurl::"), "--nats (VMQUOTA_NATS)", "is not a NATS URL"),
+        (("--nats", "http://nats:4222"), "--nats (VMQUOTA_NATS)", "is not a NATS URL"),
+        (("--nats", " , "), "--nats (VMQUOTA_NATS)", "names no server"),
+        (("--nats-ca", str(tmp_path / "none")), "--nats-ca (VMQUOTA_NATS_CA)", "no such file"),
+        (("--nats-ca", str(junk)), "--nats-ca (VMQUOTA_NATS_CA)", "is not a PEM CA bundle"),
+        (("--nats-ca", str(tmp_path)), "--nats-ca (VMQUOTA_NATS_CA)", "is a directory"),
+        (("--nats-creds", str(junk)), "--nats-creds (VMQUOTA_NATS_CREDS)", "is not a NATS credentials file"),
+        (("--log-level", "chatty"), "--log-level (VMQUOTA_LOG_LEVEL)", "is not a log level"),
+        (("--events-max-age", "1e400"), "--events-max-age", "longer than 100 years"),
+    ]
+    for args, where, what in cases:
+        with pytest.raises(InvalidInput, match=what) as e:
+            config(*args)
+        assert e.value.where == where, (args, e.value)
+    good = config(
+        "--nats", "tls://a:4222, b:4222,nats://c", "--nats-ca", str(tmp_path / "ca.crt"), "--log-level", "DEBUG"
+    )
+    assert good.nats.servers == ["tls://a:4222", "b:4222", "nats://c"]

@@ -99,7 +99,7 @@ def test_ratios_may_be_fractional() -> None:
         (["expect", "vms", "vm2"], "Gone", "expect.vms.vm2", "Running, Refused, Stopped"),
         (["expect", "hard_after"], {"a/other": {"cpu": "1"}}, "expect.hard_after", "unknown key(s) a/other"),
         (["kubevirt"], {"version": "v0.1"}, "scenario", "v0.1"),
-        (["kubevirt"], {"cpuAllocationRatio": 0}, "kubevirt.cpuAllocationRatio", "greater than 0"),
+        (["kubevirt"], {"cpuAllocationRatio": 0}, "kubevirt.cpuAllocationRatio", "between 0.001 and 1000"),
         (["namespaces", 0, "quotas", 0, "cpuAllocationRatio"], 2000, "quotas[0].cpuAllocationRatio", "at most 1000"),
         (["namespaces", 0, "quotas", 0, "cpuAllocationRatio"], "x", "quotas[0].cpuAllocationRatio", "positive"),
     ],
@@ -112,11 +112,14 @@ def test_mistakes_are_named(path: list[Any], value: Any, where: str, what: str) 
 
 
 def test_load_scenario_reports_file_problems(tmp_path: Path) -> None:
-    with pytest.raises(InvalidInput, match="cannot read scenario file"):
+    with pytest.raises(InvalidInput, match="no such file"):
         load_scenario(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: [unclosed\n")
     with pytest.raises(InvalidInput, match="invalid YAML"):
+        load_scenario(bad)
+    bad.write_text("name: a\n---\nname: b\n")
+    with pytest.raises(InvalidInput, match="expected one scenario, got 2 documents"):
         load_scenario(bad)
     good = tmp_path / "good.yaml"
     good.write_text(yaml.safe_dump(GOOD))

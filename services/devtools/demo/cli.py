@@ -10,6 +10,7 @@ from typing import TextIO
 
 from services.devtools.demo.play import RunResult, dumps, play
 from services.devtools.demo.scenario import Scenario, builtin_scenarios, load_scenario
+from services.devtools.speed import check_speed
 from services.platform import runner
 from shared.errors import InvalidInput
 from shared.quantity import Quantity
@@ -32,16 +33,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--log-level", default="error", help="log level of the embedded services (their logs go to stderr) [error]"
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr while it plays")
-
-
-MIN_SPEED, MAX_SPEED = 0.001, 10.0
-
-
-def _check_speed(speed: float) -> None:
-    if not MIN_SPEED <= speed <= MAX_SPEED:
-        raise InvalidInput(
-            f"must be between {MIN_SPEED} and {MAX_SPEED} (1.0 is KubeVirt's own timing), got {speed}", "--speed"
-        )
 
 
 class Progress:
@@ -147,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
 
     require_tls_support()
     try:
-        _check_speed(args.speed)
+        check_speed(args.speed)
         scenarios = [load_scenario(args.scenario_file)] if args.scenario_file else builtin_scenarios()
     except InvalidInput as e:
         print(f"vmquota demo: {e}", file=sys.stderr)

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from services.platform.inputs import yaml_problem
+from services.platform.inputs import load_documents
 from shared.errors import InvalidInput
 from shared.kubevirt import profile
 from shared.kubevirt.config import positive_ratio
@@ -335,16 +335,11 @@ def _parse(data: object) -> Scenario:
 
 
 def load_scenario(path: str | Path) -> Scenario:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise InvalidInput(f"cannot read scenario file: {e.strerror}", str(p)) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise InvalidInput(yaml_problem(e), str(p)) from None
-    return parse_scenario(data, str(p))
+    name, docs = load_documents(path)
+    if len(docs) != 1:
+        why = "the file is empty" if not docs else f"expected one scenario, got {len(docs)} documents"
+        raise InvalidInput(why, name)
+    return parse_scenario(docs[0], name)
 
 
 def builtin_scenarios() -> list[Scenario]:

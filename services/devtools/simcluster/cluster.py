@@ -24,9 +24,7 @@ import tempfile
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final
-
-import yaml
+from typing import Any, Final, cast
 
 from services.devtools.simcluster.auth import KUBEVIRT_CONTROLLER, Users, acting_as
 from services.devtools.simcluster.cache import Cache
@@ -45,7 +43,7 @@ from services.devtools.simcluster.quota import QuotaTiming, ResourceQuotaSystem
 from services.devtools.simcluster.server import RunningServer, start_server
 from services.devtools.simcluster.store import Store
 from services.devtools.simcluster.store_api import ApiError, Obj
-from services.platform.inputs import yaml_problem
+from services.platform.inputs import load_documents
 from services.platform.logs import get_logger
 from shared.errors import InvalidInput
 from shared.kubevirt.vm import API_VERSION
@@ -594,16 +592,8 @@ class SimCluster:
 
 def load_seed_file(path: str | Path) -> list[Obj]:
     """The YAML (or JSON) documents of a seed file; InvalidInput naming the file when it cannot be read."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise InvalidInput(f"cannot read: {e.strerror}", str(p)) from None
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as e:
-        raise InvalidInput(yaml_problem(e), str(p)) from None
+    name, docs = load_documents(path)
     for i, d in enumerate(docs):
         if not isinstance(d, dict):
-            raise InvalidInput(f"document {i} is not an object", str(p))
-    return docs
+            raise InvalidInput(f"document {i} is not an object", name)
+    return cast(list[Obj], docs)

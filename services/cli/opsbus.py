@@ -59,7 +59,10 @@ class Filter:
         cluster = args.cluster
         namespace = getattr(args, "namespace", None)
         if cluster is not None:
-            contract.check_cluster(cluster)
+            try:
+                contract.check_cluster(cluster)
+            except InvalidInput as e:
+                raise InvalidInput(e.message, "--cluster") from None
         if namespace is not None:
             contract.check_namespace(namespace, "--namespace")
         return cls(cluster, namespace)

@@ -37,8 +37,10 @@ def check_kube_access(kubeconfig: str | None) -> None:
             doc = yaml.safe_load(f)
     except FileNotFoundError:
         raise InvalidInput(f"no such file: {kubeconfig}", flag) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InvalidInput(f"cannot read {kubeconfig}: {getattr(e, 'strerror', None) or e}", flag) from None
+    except UnicodeDecodeError:
+        raise InvalidInput(f"{kubeconfig} is not UTF-8 text (not a kubeconfig)", flag) from None
+    except OSError as e:
+        raise InvalidInput(f"cannot read {kubeconfig}: {e.strerror or e}", flag) from None
     except yaml.YAMLError as e:
         from services.platform.inputs import yaml_problem
 

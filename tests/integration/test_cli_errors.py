@@ -62,6 +62,8 @@ CASES: list[tuple[list[str], int, str]] = [
     (["run", "ledger", "--log-level", "chatty"], 2, "'chatty' is not a log level"),
     (["run", "ledger", "--events-max-age", "1e400"], 2, "longer than 100 years"),
     (["status", "--nats", "notaurl::"], 2, "is not a NATS URL"),
+    (["status", "--cluster", "BAD_", "--nats", UNREACHABLE_NATS], 2, "vmquota status: --cluster: cluster id 'BAD_'"),
+    (["run", "watcher", "--cluster", "c1", "--kubeconfig", "{junk}"], 2, "junk is not UTF-8 text (not a kubeconfig)"),
     (["status", "--nats-creds", "{missing}", "--nats", UNREACHABLE_NATS], 2, "no such file"),
     (["tail", "--no-follow", "--since", "1e400", "--nats", UNREACHABLE_NATS], 2, "--since"),
     (["replay", "--at", "1e400", "--nats", UNREACHABLE_NATS], 2, "--at"),

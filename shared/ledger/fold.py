@@ -274,13 +274,16 @@ def _finished(pod: Snapshot) -> bool:
 _UNKNOWN: Final = object()
 
 
-def _drop_oldest_event(recs: dict[str, Record]) -> None:
-    """Drop one of a namespace's Events beyond :data:`EVENTS_KEPT`: a tombstone first, else the Event folded
-    longest ago (its last version: a repeat of KubeVirt's refusal renews it). Not by the times an Event states,
-    which are its writer's: a tenant's dated ahead would outlast every refusal of KubeVirt's. The fold's order is a
-    function of the events alone (checkpoints keep each record's), so a replay, or a state restored from a
-    checkpoint, drops the same."""
-    del recs[min(recs, key=lambda u: (recs[u].snapshot is not None, recs[u].seq, u))]
+def _kept_in_fold_order(recs: dict[str, Record], uid: str) -> None:
+    """A namespace's Events, ``uid`` just folded: kept in the order folded (the dict's, ascending ``seq``: the one
+    folded moves to the end) and no more than :data:`EVENTS_KEPT`, the one folded longest ago dropped (its last
+    version: a repeat of KubeVirt's refusal renews it). Not by the times an Event states, which are its writer's: a
+    tenant's dated ahead would outlast every refusal of KubeVirt's. Constant time: a tenant's flood costs the ledger,
+    which folds every namespace in one order, no more per Event than any other. The order is a function of the
+    events alone (a state restored from a checkpoint is put in it again), so a replay drops the same."""
+    recs[uid] = recs.pop(uid)
+    if len(recs) > EVENTS_KEPT:
+        del recs[next(iter(recs))]
 
 
 REFUSAL_GRACE: Final = timedelta(seconds=60)
@@ -290,9 +293,9 @@ REFUSAL_GRACE: Final = timedelta(seconds=60)
 EVENTS_KEPT: Final = 1024
 """The ``FailedCreate`` Events (with their tombstones) a namespace's state keeps, the latest folded: an Event is
 anyone's to write, for any VMI, so a tenant could otherwise grow the ledger and its checkpoints by as many as the
-API server takes in the Events' lifetime (an hour by default), and their deletions by as many tombstones.
-Accounting reads them as evidence of what KubeVirt was refused, each VMI's latest; a namespace whose tenant writes
-more loses the oldest, its own VMs' evidence only (:func:`_drop_oldest_event`)."""
+API server takes in the Events' lifetime (an hour by default). Accounting reads them as evidence of what KubeVirt
+was refused, each VMI's latest; a namespace whose tenant writes more loses the oldest, its own VMs' evidence only
+(:func:`_kept_in_fold_order`); the deletion of one it does not hold leaves no tombstone."""
 
 ANSWERS_KEPT: Final = 1024
 """Relist tokens a cluster-wide state remembers as answered (the latest: one per loss a ledger instance noted, and a
@@ -447,8 +450,8 @@ class NamespaceState:
                         p.uid for p in self._pods() if p.creation_timestamp and p.creation_timestamp >= since
                     )
                 self._ended(uid, self.replaced, ev.snapshot, ev.time)
-            elif kind == EVENT_KIND and len(recs) > EVENTS_KEPT:
-                _drop_oldest_event(recs)
+            elif kind == EVENT_KIND:
+                _kept_in_fold_order(recs, uid)
             elif (
                 kind == QUOTA_KIND
                 and self.late
@@ -462,6 +465,11 @@ class NamespaceState:
             return Outcome.STALE
         if rec is None and rv <= self.floors.get(kind, -1):
             return Outcome.STALE
+        if rec is None and kind == EVENT_KIND:
+            # (an Event this state does not hold, dropped beyond EVENTS_KEPT or never seen: no tombstone, or the
+            # expiry of a tenant's flood would fill the bound again; a late older version of it brings back only
+            # what an Event's writer could write anew)
+            return Outcome.STALE
         self.replaced = rec.snapshot if rec is not None else None
         recs[uid] = Record(rv, seq, None)
         self._live.pop(kind, None)
@@ -470,8 +478,8 @@ class NamespaceState:
         if kind == VMIM_KIND:
             self.refused_from = _UNKNOWN
             self._ended(uid, self.replaced, None, ev.time)
-        elif kind == EVENT_KIND and len(recs) > EVENTS_KEPT:
-            _drop_oldest_event(recs)  # (the deletion of an Event dropped before leaves a tombstone: one of them)
+        elif kind == EVENT_KIND:
+            _kept_in_fold_order(recs, uid)
         return Outcome.APPLIED
 
     def _named(self, before: Snapshot | None, now: Snapshot | None) -> None:
@@ -740,6 +748,9 @@ class NamespaceState:
                 raise InvalidInput(f"invalid checkpoint: {e}", "checkpoint") from None
             uid = snap.uid or r.uid if snap is not None else r.uid  # (the snapshot's interned string, as folding keys)
             st.objects.setdefault(r.kind, {})[uid] = Record(r.rv, r.seq, snap)
+        events = st.objects.get(EVENT_KIND)
+        if events:  # (in the order folded, as folding keeps them: ``_kept_in_fold_order``)
+            st.objects[EVENT_KIND] = dict(sorted(events.items(), key=lambda item: item[1].seq))
         return st
 
 

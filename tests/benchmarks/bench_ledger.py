@@ -22,7 +22,7 @@ from services.ledger.service import LedgerOptions, LedgerService
 from services.platform.bus import Bus, NatsOptions
 from shared import contract
 from shared.accounting.wire import account
-from shared.ledger.fold import Ledger, PartitionSet
+from shared.ledger.fold import EVENTS_KEPT, Ledger, PartitionSet
 from shared.normalize import normalize
 from tests.benchmarks.common import Result, rate
 
@@ -77,6 +77,36 @@ def make_events(n: int, objects: int, cluster: str = CLUSTER) -> list[tuple[str,
             snapshot=normalize(pod),
         )
         out.append((contract.event_subject(cluster, "Pod", ns), contract.encode(ev), ev.id))
+    return out
+
+
+def make_event_flood(n: int, cluster: str = CLUSTER) -> list[tuple[str, bytes, str]]:
+    """``n`` ``FailedCreate`` Events a tenant writes in one namespace, each new (a flood far past ``EVENTS_KEPT``)."""
+    out: list[tuple[str, bytes, str]] = []
+    ns = "tenant-flood"
+    for k in range(n):
+        obj = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"vm.{k:08x}", "namespace": ns, "uid": f"ev-{k:08d}", "resourceVersion": str(k + 1)},
+            "involvedObject": {"kind": "VirtualMachineInstance", "name": f"no-such-vm-{k}", "namespace": ns},
+            "reason": "FailedCreate",
+            "type": "Warning",
+            "message": 'Error creating pod: pods "virt-launcher-x" is forbidden: exceeded quota: rq, requested: '
+            "limits.memory=1Gi, used: limits.memory=1Gi, limited: limits.memory=1Gi",
+            "lastTimestamp": "2026-01-01T00:00:00Z",
+        }
+        ev = contract.object_event(
+            "upserted",
+            cluster=cluster,
+            kind="Event",
+            namespace=ns,
+            name=f"vm.{k:08x}",
+            uid=f"ev-{k:08d}",
+            rv=str(k + 1),
+            snapshot=normalize(obj),
+        )
+        out.append((contract.event_subject(cluster, "Event", ns), contract.encode(ev), ev.id))
     return out
 
 
@@ -246,6 +276,14 @@ async def run_async() -> list[Result]:
     results = [
         Result("ledger fold, in process (decode + apply)", fold_rate(events), "events/s", target=100_000),
         Result("ledger memory per tracked object", memory_per_object(events), "bytes", note="launcher-pod snapshots"),
+        Result(
+            "ledger fold of a tenant's Event flood, in process",
+            fold_rate(make_event_flood(EVENTS)),
+            "events/s",
+            target=100_000,
+            note=f"{EVENTS} new Events in one namespace, past the {EVENTS_KEPT} it keeps (the ledger folds every "
+            "namespace in one order)",
+        ),
     ]
     with tempfile.TemporaryDirectory() as tmp:
         server = NatsServer(Path(tmp))

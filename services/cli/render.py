@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 from typing import Any, TextIO
 
 from services.platform.inputs import kubevirt_fields, load_objects
@@ -71,7 +72,12 @@ def build_config(args: argparse.Namespace, notes: TextIO) -> KubeVirtConfig:
     if args.arch is not None:
         fields["arch"] = args.arch
     if args.cpu_allocation_ratio is not None:
-        fields["cpu_allocation_ratio"] = positive_ratio(args.cpu_allocation_ratio, "--cpu-allocation-ratio")
+        ratio = positive_ratio(args.cpu_allocation_ratio, "--cpu-allocation-ratio")
+        if not Fraction(1, 1000) <= ratio <= 1000:  # (beyond these, a launcher pod's CPU is no quantity anyone means)
+            raise InvalidInput(
+                f"must be between 0.001 and 1000, got {args.cpu_allocation_ratio!r}", "--cpu-allocation-ratio"
+            )
+        fields["cpu_allocation_ratio"] = ratio
     try:
         return KubeVirtConfig(**fields)
     except InvalidInput as e:

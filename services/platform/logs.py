@@ -10,7 +10,7 @@ import structlog
 
 from shared.errors import InvalidInput
 
-LEVELS: Final = ("debug", "info", "warning", "error")
+LEVELS: Final = ("debug", "info", "warning", "warn", "error", "critical")
 
 
 def check_level(level: str, where: str = "--log-level") -> None:

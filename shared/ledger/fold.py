@@ -620,12 +620,16 @@ class NamespaceState:
         recs = self.objects.get(ev.kind)
         if recs:
             present = set(ev.present)
-            for uid in [u for u, r in recs.items() if (r.rv <= rv or r.rv > rv + RV_HORIZON) and u not in present]:
+            dropped = [u for u, r in recs.items() if (r.rv <= rv or r.rv > rv + RV_HORIZON) and u not in present]
+            events = ev.kind == EVENT_KIND
+            for uid in sorted(dropped) if events else dropped:
                 gone = recs[uid].snapshot
                 if gone is None:
                     del recs[uid]  # a tombstone the floor now covers
                 else:
                     recs[uid] = Record(recs[uid].rv, seq, None)
+                    if events:  # (folded now: last in the order kept, in the order a checkpoint restores them)
+                        recs[uid] = recs.pop(uid)
                     self._live.pop(ev.kind, None)
                     self._gone(ev.kind, uid, gone)
                     if ev.kind == VMIM_KIND:

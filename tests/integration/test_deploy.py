@@ -33,6 +33,7 @@ from shared.quantity import Quantity
 from shared.quota import guard, modes
 from shared.quota.annotations import MANAGED_LABEL, RATIO_ANNOTATION
 from shared.snapshot import HELD_SPEC_FIELDS
+from tests.certs import write_certificates
 from tests.exported import runner_env_vars
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -508,7 +509,9 @@ def vmquota_parser() -> Any:
 
 
 @pytest.mark.parametrize("path", OVERLAYS, ids=rel)
-def test_containers_run_the_cli_with_flags_and_env_it_reads(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_containers_run_the_cli_with_flags_and_env_it_reads(
+    path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     objs = render(path)
     parser = vmquota_parser()
     known_env = runner_env_vars()
@@ -543,6 +546,13 @@ def test_containers_run_the_cli_with_flags_and_env_it_reads(path: Path, monkeypa
         if "VMQUOTA_EVENTS_MAX_AGE" in filled:
             contract.parse_duration(filled["VMQUOTA_EVENTS_MAX_AGE"])
         assert filled["VMQUOTA_NATS"].startswith(("nats://", "tls://"))
+        if "VMQUOTA_NATS_CA" in filled:
+            # (a file the kubelet mounts from a Secret, which the runner reads at start: a CA bundle stands in)
+            mounts = [v["mountPath"] for v in c.get("volumeMounts") or ()]
+            ca = filled["VMQUOTA_NATS_CA"]
+            assert any(ca.startswith(m.rstrip("/") + "/") for m in mounts), f"{ca} is in no volume the pod mounts"
+            write_certificates(tmp_path)
+            filled["VMQUOTA_NATS_CA"] = str(tmp_path / "ca.crt")
         if service in SERVICES:  # the runner's own validation accepts the pod's configuration
             with monkeypatch.context() as m:
                 for k, v in filled.items():

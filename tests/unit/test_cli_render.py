@@ -231,7 +231,7 @@ def test_instancetype_hint(monkeypatch, capsys):
     [
         (["--kubevirt-version", "v2.1"], "error: --kubevirt-version: unsupported KubeVirt version 'v2.1'"),
         (["--cpu-allocation-ratio", "abc"], "error: --cpu-allocation-ratio: expected a number"),
-        (["--cpu-allocation-ratio", "0"], "error: --cpu-allocation-ratio: must be between 0.001 and 1000, got '0'"),
+        (["--cpu-allocation-ratio", "0"], "error: --cpu-allocation-ratio: must be greater than 0, got '0'"),
         (["--namespace-label", "novalue"], "error: --namespace-label: expected KEY=VALUE"),
         (["--kubevirt-config", "/nonexistent/kv.yaml"], "error: /nonexistent/kv.yaml: no such file"),
     ],

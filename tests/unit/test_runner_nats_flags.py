@@ -139,3 +139,5 @@ def test_the_bus_options_are_checked_before_anything_connects(tmp_path: Path) ->
         "--nats", "tls://a:4222, b:4222,nats://c", "--nats-ca", str(tmp_path / "ca.crt"), "--log-level", "DEBUG"
     )
     assert good.nats.servers == ["tls://a:4222", "b:4222", "nats://c"]
+    for level in ("warn", "WARNING", "critical", "error", "debug"):  # (the names the logging module knows)
+        assert config("--log-level", level).log_level == level

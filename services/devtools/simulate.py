@@ -19,6 +19,7 @@ from services.devtools.simcluster.cluster import DEFAULT_KUBEVIRT_VERSION, SimCl
 from services.devtools.speed import check_speed
 from services.platform.logs import check_level, configure, get_logger
 from shared.errors import InvalidInput
+from shared.kubevirt.config import profile
 from shared.quantity import Quantity
 
 
@@ -49,6 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _options(args: argparse.Namespace) -> dict[str, object]:
     check_speed(args.speed)
     check_level(args.log_level)
+    try:
+        profile(args.kubevirt_version)  # (the simulated KubeVirt renders its pods as that release does)
+    except InvalidInput as e:
+        raise InvalidInput(e.message, "--kubevirt-version") from None
     if not 0 <= args.port <= 65535:
         raise InvalidInput(f"must be a port number, got {args.port}", "--port")
     nodes = [n.strip() for n in str(args.nodes).split(",") if n.strip()]

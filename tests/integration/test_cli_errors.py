@@ -44,6 +44,7 @@ CASES: list[tuple[list[str], int, str]] = [
     (["demo", "--scenario-file", "{bad_yaml}"], 2, "bad_yaml"),
     (["simulate", "--speed", "0"], 2, "--speed: must be between"),
     (["simulate", "--speed", "1e400"], 2, "--speed: must be between"),
+    (["simulate", "--kubevirt-version", "v9"], 2, "--kubevirt-version: unsupported KubeVirt version 'v9'"),
     (["simulate", "--seed-file", "{junk}"], 2, "is not UTF-8 text"),
     (["simulate", "--seed-file", "{deep}"], 2, "nested too deeply"),
     (["demo", "--scenario-file", "{junk}"], 2, "is not UTF-8 text"),

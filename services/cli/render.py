@@ -133,10 +133,19 @@ def _cpu(q: Quantity | None) -> str:
     return "-" if q is None else q.canonical()
 
 
+def _partial(pod: RenderedPod, resource: str) -> bool:
+    """Some container the pod runs sets no limit of ``resource``: the pod's limit is none, and what quota charges
+    as ``limits.<resource>`` is the sum over the containers that set one."""
+    return any(resource not in c.limits for c in pod.containers if not c.init or c.restartable)
+
+
 def write_table(rows: Sequence[tuple[VmiSpec, RenderedPod]], out: TextIO) -> None:
     header = ("NAMESPACE", "NAME", "KIND", "VCPUS", "GUEST", "CPU REQ", "CPU LIM", "MEM REQ", "MEM LIM", "OVERHEAD")
     table = [header]
+    partial = False
     for spec, pod in rows:
+        marks = {r: "*" if _partial(pod, r) and pod.limits.get(r) is not None else "" for r in ("cpu", "memory")}
+        partial = partial or any(marks.values())
         table.append(
             (
                 spec.namespace or "-",
@@ -145,15 +154,20 @@ def write_table(rows: Sequence[tuple[VmiSpec, RenderedPod]], out: TextIO) -> Non
                 str(spec.vcpus),
                 _bytes(spec.guest_memory),
                 _cpu(pod.requests.get("cpu")),
-                _cpu(pod.limits.get("cpu")),
+                _cpu(pod.limits.get("cpu")) + marks["cpu"],
                 _bytes(pod.requests.get("memory")),
-                _bytes(pod.limits.get("memory")),
+                _bytes(pod.limits.get("memory")) + marks["memory"],
                 _bytes(pod.memory_overhead),
             )
         )
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     for r in table:
         out.write("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() + "\n")
+    if partial:
+        out.write(
+            "(*: some container sets no such limit, so the pod has none: the sum over those that set one. A quota "
+            "naming limits.cpu or limits.memory refuses such a pod, and KubeVirt sets the limits: --quota-has)\n"
+        )
 
 
 def _instancetype_hint(obj: Mapping[str, Any]) -> str:

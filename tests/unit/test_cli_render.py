@@ -100,9 +100,13 @@ def test_table_output(vmis, capsys):
     assert code == 0
     lines = out.splitlines()
     assert lines[0].split()[:5] == ["NAMESPACE", "NAME", "KIND", "VCPUS", "GUEST"]
-    assert lines[1].split()[:7] == ["tenant-a", "vmi1", "VMI", "2", "1Gi", "205m", "15m"]
+    # (the compute container sets no limit: the pod has none, and 15m is its sidecar's; the note says so)
+    assert lines[1].split()[:7] == ["tenant-a", "vmi1", "VMI", "2", "1Gi", "205m", "15m*"]
     assert lines[2].split()[:5] == ["tenant-a", "vm2", "VM", "1", "2Gi"]
     assert lines[1].split()[-1] == "278Mi"
+    assert lines[-1].startswith("(*: some container sets no such limit, so the pod has none")
+    code, out, _ = run(["-f", str(vmis), "--quota-has", "limits.cpu,limits.memory"], capsys=capsys)
+    assert code == 0 and "*" not in out, out
 
 
 def test_stdin(monkeypatch, capsys):

@@ -1516,7 +1516,7 @@ async def test_a_launcher_pod_taken_off_its_vmi_still_counts_as_its_vm(guarded: 
             path = f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}"
             if guarded:
                 refused = await tenant_patch(tenant, path, {"metadata": {"ownerReferences": None}}, 403)
-                assert "keeps its controller reference, its labels" in refused, refused
+                assert "keeps its owner references, its labels" in refused, refused
                 return
             await tenant_patch(tenant, path, {"metadata": {"ownerReferences": None}})
             await p.wait(lambda: p.vmi_phase(ns, "vm-a") == "Failed", "KubeVirt to fail vm-a")
@@ -1676,7 +1676,7 @@ async def test_with_the_guard_a_tenant_cannot_hand_its_pending_vmi_a_pod_later()
             refused = await tenant_patch(
                 tenant, f"/api/v1/namespaces/{ns}/pods/{name}", {"metadata": {"ownerReferences": moved}}, 403
             )
-            assert f"{name} keeps its controller reference, its labels" in refused, refused
+            assert f"{name} keeps its owner references, its labels" in refused, refused
         await never_runs(p, ns, "big")
         assert p.vmi_phase(ns, "small") == "Running"
 
@@ -1738,7 +1738,7 @@ async def test_with_the_guard_a_migration_target_cannot_be_taken_out_of_kubevirt
         async with Tenant(p, ns) as tenant:
             path = f"/api/v1/namespaces/{ns}/pods/{target}"
             refused = await tenant_patch(tenant, path, {"metadata": {"labels": {"kubevirt.io": None}}}, 403)
-            assert f"{target} keeps its controller reference, its labels" in refused, refused
+            assert f"{target} keeps its owner references, its labels" in refused, refused
             await tenant_patch(tenant, path, {"metadata": {"ownerReferences": None}}, 403)
             await deleted_and_the_drain_goes_on(p, tenant, m, target)
 
@@ -1774,7 +1774,7 @@ async def test_with_the_guard_a_migration_targets_attachment_pod_cannot_be_taken
         async with Tenant(p, ns) as tenant:
             path = f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}"
             refused = await tenant_patch(tenant, path, {"metadata": {"ownerReferences": None}}, 403)
-            assert "keeps its controller reference, its labels" in refused, refused
+            assert "keeps its owner references, its labels" in refused, refused
             # (nor through the garbage collector: the target pod deleted leaving its dependents behind)
             assert tenant.session is not None
             target = f"{tenant.url}/api/v1/namespaces/{ns}/pods/{pod['metadata']['ownerReferences'][0]['name']}"

@@ -771,8 +771,8 @@ async def test_only_kubevirt_makes_the_pods_kubevirt_runs_vms_in_where_a_quota_i
     assert code != 0 and "leave the label key kubevirt.io off unlabelled" in out, out
     kv = "virt-launcher-vm1-abcde"
     moved = (
-        "makes such a pod another VMI's or a migration's target (virt-launcher-vm1-abcde keeps its controller "
-        "reference, its labels kubevirt.io, kubevirt.io/created-by and kubevirt.io/migrationJobUID and its annotation "
+        "makes such a pod another VMI's or a migration's target (virt-launcher-vm1-abcde keeps its owner "
+        "references, its labels kubevirt.io, kubevirt.io/created-by and kubevirt.io/migrationJobUID and its annotation "
         "kubevirt.io/memory-overhead-bytes, and gets no finalizer orphan)"
     )
     # (the labels KubeVirt's migration controller picks a migration's target by, whatever the pod's owner)
@@ -795,6 +795,12 @@ async def test_only_kubevirt_makes_the_pods_kubevirt_runs_vms_in_where_a_quota_i
     assert code != 0 and refusal(kv, moved) in out, out
     code, out = await tenant_kubectl("patch", "pod", kv, "--type=merge", "-p", refs("u1", "VirtualMachineInstanceX"))
     assert code == 0, out
+    # (a second owner, not a controller: one that exists has the garbage collector, deleting the VMI in the
+    # foreground, take the VMI's reference off the pod instead of deleting it)
+    second = {"apiVersion": "v1", "kind": "ConfigMap", "name": "mine", "uid": "u-cm"}
+    add = json.dumps([{"op": "add", "path": "/metadata/ownerReferences/-", "value": second}])
+    code, out = await tenant_kubectl("patch", "pod", kv, "--type=json", "-p", add)
+    assert code != 0 and refusal(kv, moved) in out, out
     off = json.dumps({"metadata": {"ownerReferences": None}})
     code, out = await tenant_kubectl("patch", "pod", kv, "--type=merge", "-p", off)
     assert code != 0 and refusal(kv, moved) in out, "a controller reference taken off (an attachment pod's too)"
@@ -913,6 +919,9 @@ async def test_only_kubevirt_deletes_a_vmi_leaving_its_pods_behind_where_a_quota
     await managed_pod_terms_quota(sim)
     code, out = await tenant_kubectl("delete", "vmi", "vm2", "--cascade=orphan", "--wait=false")
     assert code != 0 and deletes.format("vm2") + ")" in out, out
+    with acting_as(TENANT), pytest.raises(ApiError) as refused:  # (the older option, as a request body gives it)
+        await sim.store.delete_raw(vmis, NS, "vm2", options={"orphanDependents": True})
+    assert refused.value.code == 403 and deletes.format("vm2") in refused.value.message
     code, out = await tenant_kubectl("patch", "vmi", "vm2", "--type=merge", "-p", finalizer)
     assert code != 0 and gets.format("vm2") in out, out
     templated = created_vmi("vm9", namespace=NS)
@@ -928,12 +937,12 @@ async def test_only_kubevirt_deletes_a_vmi_leaving_its_pods_behind_where_a_quota
         await sim.store.patch(vmis, NS, "vm4", json.loads(finalizer), "merge")
     pods = await sim.launcher_pods(NS, "vm4")
     assert pods
-    with acting_as(TENANT), pytest.raises(ApiError) as refused:  # (naming no policy: kubectl names Background)
-        await sim.store.delete(vmis, NS, "vm4")
-    assert refused.value.code == 403
-    assert deletes.format("vm4") + ": it carries the finalizer orphan, which a delete naming no policy follows)" in (
-        refused.value.message
-    )
+    carries = reason + "vm4 carries the finalizer orphan, which a delete naming no policy follows, KubeVirt's when "
+    carries += "the VM stops too: take it off first"
+    for user in (TENANT, KUBEVIRT_CONTROLLER):  # (naming no policy: kubectl names Background, KubeVirt's stop none)
+        with acting_as(user), pytest.raises(ApiError) as refused:
+            await sim.store.delete(vmis, NS, "vm4")
+        assert refused.value.code == 403 and carries in refused.value.message, refused.value.message
     with acting_as(ADMIN):
         await sim.store.delete(vmis, NS, "vm4")
     for pod in pods:

@@ -660,13 +660,12 @@ class ApiServer:
     async def _delete(self, request: web.Request, res: Resource, namespace: str | None, name: str) -> web.Response:
         opts = await self._delete_options(request)
         preconditions = opts.get("preconditions")
-        orphan = opts.get("propagationPolicy") == "Orphan" or opts.get("orphanDependents") is True
         raw = await self.store.delete_raw(
             res,
             namespace,
             name,
             preconditions=preconditions if isinstance(preconditions, dict) else None,
-            propagation="Orphan" if orphan else opts.get("propagationPolicy"),
+            options=opts,
         )
         return web.Response(body=raw, content_type=JSON)
 
@@ -681,11 +680,7 @@ class ApiServer:
         for raw in items:
             meta = _decode(raw)["metadata"]
             with contextlib.suppress(ApiError):
-                deleted.append(
-                    await self.store.delete_raw(
-                        res, meta.get("namespace"), meta["name"], propagation=opts.get("propagationPolicy")
-                    )
-                )
+                deleted.append(await self.store.delete_raw(res, meta.get("namespace"), meta["name"], options=opts))
         meta_out = _encode({"resourceVersion": str(self.store.resource_version)})
         head = b'{"kind":"' + res.kind.encode() + b'List","apiVersion":"' + res.api_version.encode() + b'","metadata":'
         return web.Response(body=head + meta_out + b',"items":[' + b",".join(deleted) + b"]}", content_type=JSON)

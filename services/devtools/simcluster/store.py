@@ -1155,15 +1155,19 @@ class Store:
         *,
         preconditions: Mapping[str, Any] | None = None,
         propagation: str | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> bytes:
+        """``options``: a request's ``DeleteOptions`` as given (admission sees them so: ``orphanDependents`` too),
+        else built from ``propagation`` and ``preconditions``."""
         ns = self._scope(res, namespace)
         async with self._lock:
-            options: Obj = {"apiVersion": "meta.k8s.io/v1", "kind": "DeleteOptions"}
+            opts: Obj = {"apiVersion": "meta.k8s.io/v1", "kind": "DeleteOptions", **(options or {})}
             if propagation:
-                options["propagationPolicy"] = propagation
+                opts["propagationPolicy"] = propagation
             if preconditions:
-                options["preconditions"] = dict(preconditions)
-            raw = await self._delete_locked(res, ns, name, preconditions, propagation != "Orphan", options)
+                opts["preconditions"] = dict(preconditions)
+            orphan = opts.get("propagationPolicy") == "Orphan" or opts.get("orphanDependents") is True
+            raw = await self._delete_locked(res, ns, name, preconditions, not orphan, opts)
         await self._relieve()
         return raw
 

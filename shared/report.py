@@ -24,6 +24,7 @@ from typing import Any, Final
 
 from shared.contract import Decision, UsageSnapshot, error_count
 from shared.errors import InvalidInput
+from shared.kinds import QUOTA_KIND
 from shared.quantity import NANO, Quantity
 from shared.quota.modes import Mode
 from shared.resources import is_byte_resource
@@ -174,6 +175,13 @@ def quota_rows(usage: Iterable[UsageSnapshot], decisions: Iterable[Decision] = (
             )
     rows.sort(key=lambda r: (r.cluster, r.namespace, r.name))
     return rows
+
+
+def refused_quota(errors: Iterable[str]) -> str | None:
+    """The first line of a usage snapshot's ``errors`` that says a quota is not managed (the ledger's own, about a
+    ResourceQuota: a tenant cannot make one, while its objects' lines may quote what it wrote), for a terminal."""
+    prefix = f"{QUOTA_KIND} "
+    return next((printable(e) for e in errors if e.startswith(prefix) and ": not managed: " in e), None)
 
 
 def _status(u: UsageSnapshot, over: Sequence[str], raised: Sequence[str], vms: Mapping[str, int]) -> str:

@@ -46,9 +46,9 @@ async def main(args: argparse.Namespace) -> int:
         found, errors = await _read(js, f)
         if not found and (f.cluster or f.namespace) and not args.watch:  # (one line, as any bad input)
             where = f"{f.cluster or '*'}/{f.namespace or '*'}"
-            refused = [e for e in errors if ": not managed: " in e]
+            refused = report.refused_quota(errors)
             if refused:  # (the quotas of it vmquota refuses: the first says why)
-                print(f"vmquota status: no managed quota in force in {where}: {refused[0]}", file=sys.stderr)
+                print(f"vmquota status: no managed quota in force in {where}: {refused}", file=sys.stderr)
             else:
                 print(f"vmquota status: no managed quota matches {where}", file=sys.stderr)
             return 1

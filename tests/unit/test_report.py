@@ -99,3 +99,16 @@ def test_names_from_the_bus_cannot_drive_the_operators_terminal_in_the_status_ta
     (row,) = report.quota_rows([u])
     table = report.status_table([row], wide=True)
     assert "\x1b" not in table and "q\\x1b[2J" in table
+
+
+def test_the_reason_a_namespace_has_no_quota_in_force_is_the_ledgers_not_a_tenants() -> None:
+    """``vmquota status`` names why a namespace has no managed quota in force from its usage's errors: only a line
+    the ledger wrote about a ResourceQuota (which a tenant cannot make) says so, not a line quoting an Event's
+    text the tenant wrote to look like one, and what it prints cannot drive the terminal."""
+    forged = "Event tenant-a/vm1.x: cannot read requested amount 'a: not managed: \x1b[2Jall is well'"
+    real = "ResourceQuota tenant-a/vm-budget: not managed: vmquota.io/mode: unknown mode 'Bogus\x1b[2J'"
+    assert report.refused_quota([forged]) is None
+    line = report.refused_quota([forged, real])
+    assert (
+        line is not None and line.startswith("ResourceQuota tenant-a/vm-budget: not managed: ") and "\x1b" not in line
+    )

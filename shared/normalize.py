@@ -396,6 +396,8 @@ def parse_refusal(message: str, where: str = "message") -> tuple[str, ResourceLi
     if m is None:
         return "", {}
     quota, items = m.group(1).strip(), m.group(2)
+    if _beyond_a_name(quota):
+        return "", {}  # (no quota is named so: not a quota's refusal, whoever wrote the message)
     listed = items.split(",")
     if len(listed) > MAX_BUDGET_RESOURCES:  # (quota admission names only resources a quota limits)
         raise InvalidInput(f"a quota refusal naming {len(listed)} resources (at most {MAX_BUDGET_RESOURCES})", where)
@@ -425,8 +427,6 @@ def _event(obj: Mapping[str, Any]) -> EventSnapshot:
         )
     message = string(obj, "message", "") or string(obj, "note", "")
     quota, requested = parse_refusal(message)
-    if _beyond_a_name(quota):
-        quota, requested = "", {}  # (no quota is named so: not a quota's refusal)
     series = mapping(obj, "series", "")
     last = (
         _time(obj, "lastTimestamp", "")

@@ -239,31 +239,21 @@ def check_nats_options(url: str, creds: str | None = None, ca: str | None = None
             raise InvalidInput(
                 f"{server!r} is not a NATS URL (e.g. nats://nats:4222, tls://nats:4222, or host:port)", flag
             )
+    from services.platform.inputs import read_setting_file
+
     if creds:
-        text = _readable(creds, "--nats-creds (VMQUOTA_NATS_CREDS)")
+        text = read_setting_file(creds, "--nats-creds (VMQUOTA_NATS_CREDS)", lenient=True)
         if "BEGIN NATS USER JWT" not in text or "BEGIN USER NKEY SEED" not in text:
             raise InvalidInput(
                 f"{creds} is not a NATS credentials file (a user JWT and an NKEY seed, as `nsc` writes it)",
                 "--nats-creds (VMQUOTA_NATS_CREDS)",
             )
     if ca:
-        _readable(ca, "--nats-ca (VMQUOTA_NATS_CA)")
+        read_setting_file(ca, "--nats-ca (VMQUOTA_NATS_CA)", lenient=True)
         try:
             ssl.create_default_context(cafile=ca)
         except (ssl.SSLError, ValueError) as e:
             raise InvalidInput(f"{ca} is not a PEM CA bundle ({e})", "--nats-ca (VMQUOTA_NATS_CA)") from None
-
-
-def _readable(path: str, flag: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read(1 << 20)
-    except FileNotFoundError:
-        raise InvalidInput(f"no such file: {path}", flag) from None
-    except IsADirectoryError:
-        raise InvalidInput(f"{path} is a directory, not a file", flag) from None
-    except OSError as e:
-        raise InvalidInput(f"cannot read {path}: {e.strerror or e}", flag) from None
 
 
 class Bus:

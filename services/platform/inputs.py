@@ -52,6 +52,25 @@ def read_text(path: str) -> tuple[str, str]:
         raise InvalidInput(e.strerror or str(e), path) from None
 
 
+def read_setting_file(path: str, flag: str, *, shown: str | None = None, kind: str = "", lenient: bool = False) -> str:
+    """The text of a file a setting names (a kubeconfig, a CA bundle, a credentials file); :class:`InvalidInput`
+    naming the setting ``flag`` when it cannot be read, the file ``shown`` as the operator gave it (``path``
+    otherwise). Not UTF-8 text is an error (``kind`` says what it should have been) unless ``lenient``: the
+    setting's own check then says what the text is not."""
+    shown = shown or path
+    try:
+        with open(path, encoding="utf-8", errors="replace" if lenient else "strict") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise InvalidInput(f"no such file: {shown}", flag) from None
+    except IsADirectoryError:
+        raise InvalidInput(f"{shown} is a directory, not a file", flag) from None
+    except UnicodeDecodeError:
+        raise InvalidInput(f"{shown} is not UTF-8 text{f' (not {kind})' if kind else ''}", flag) from None
+    except OSError as e:
+        raise InvalidInput(f"cannot read {shown}: {e.strerror or e}", flag) from None
+
+
 def _documents(name: str, text: str) -> Iterator[tuple[int, object]]:
     stripped = text.lstrip()
     if stripped[:1] in ("{", "["):

@@ -31,19 +31,12 @@ def check_kube_access(kubeconfig: str | None) -> None:
         return
     import yaml
 
-    path = os.path.expanduser(kubeconfig)
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f)
-    except FileNotFoundError:
-        raise InvalidInput(f"no such file: {kubeconfig}", flag) from None
-    except UnicodeDecodeError:
-        raise InvalidInput(f"{kubeconfig} is not UTF-8 text (not a kubeconfig)", flag) from None
-    except OSError as e:
-        raise InvalidInput(f"cannot read {kubeconfig}: {e.strerror or e}", flag) from None
-    except yaml.YAMLError as e:
-        from services.platform.inputs import yaml_problem
+    from services.platform.inputs import read_setting_file, yaml_problem
 
+    text = read_setting_file(os.path.expanduser(kubeconfig), flag, shown=kubeconfig, kind="a kubeconfig")
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
         raise InvalidInput(f"{kubeconfig}: {yaml_problem(e)}", flag) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("clusters"), list):
         raise InvalidInput(f"{kubeconfig} is not a kubeconfig (no clusters list)", flag)

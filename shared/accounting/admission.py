@@ -206,14 +206,9 @@ class Admission(Migrations):
         cur = self.vm_entries.get(vm_key(v))
         if cur is None:
             return []
-        now = current_size(v)
-        # (a VMI that does not render carries nothing shown: the size it runs at is its status's)
-        renders = self.renderer.vmi_usage(v) is not None
-        carries = renders and self._carries_memory(v, [ch for _, ch in others])
-        memory = vm_size(v).guest_memory if carries else now.guest_memory
         return self._over_with(
             cur,
-            VmSize(self._runs_at_vcpus(v, others), memory),
+            VmSize(self._runs_at_vcpus(v, others), self._runs_at_memory(v, others)),
             lambda q, grows: [r for r, b in q.policy.budget.items() if r in grows and q.over(r, b)],
         )
 

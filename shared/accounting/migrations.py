@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Final
 
-from shared.accounting.estimates import current_size, widened
+from shared.accounting.estimates import widened
 from shared.accounting.results import (
     ATTACHMENT_RESERVED,
     GROWTH_REFUSED,
@@ -313,9 +313,7 @@ class Migrations(Vms):
             # (counted at its status, the growth admitted as such; or KubeVirt made its pod at that size, admitted
             # then)
             vcpus = cur.size.vcpus
-        memory = cur.size.guest_memory
-        if v.memory_change and self.renderer.vmi_usage(v) is None:
-            memory = current_size(v).guest_memory
+        memory = self._runs_at_memory(v, vm_pods)
         if vcpus == cur.size.vcpus and memory == cur.size.guest_memory:
             return ""
         parts = self._over_with(

@@ -15,6 +15,7 @@ from shared.accounting.results import (
 )
 from shared.accounting.state import capped_growth, fmt, smallest_lacks, vm_key, vm_size
 from shared.kinds import FINAL_PHASES
+from shared.quantity import Quantity
 from shared.quota.equation import takes
 from shared.quota.modes import MEMORY_NAMES, VmSize, mode_usage
 from shared.resources import ResourceList, add, growth, maximum, minimum, nonzero, second_largest
@@ -196,6 +197,14 @@ class Vms(Pods):
             and not (renders and self._rendered_for_spec(v, [charged], every=True))
         ]
         return min([now, *made])
+
+    def _runs_at_memory(self, v: VmiSnapshot, vm_pods: list[tuple[PodSnapshot, ResourceList]]) -> Quantity:
+        """The guest memory the VM runs at when a size change of it is judged: its status's, or its spec's where
+        every pod of it has the spec's rendering (:meth:`_carries_memory`), never only because vmquota cannot
+        render it (it then counts at its spec's memory for what others may use, while KubeVirt may carry a raise
+        out)."""
+        carries = self.renderer.vmi_usage(v) is not None and self._carries_memory(v, [ch for _, ch in vm_pods])
+        return vm_size(v).guest_memory if carries else current_size(v).guest_memory
 
     def _made_for_fewer(self, v: VmiSnapshot, p: PodSnapshot) -> int | None:
         """The fewest vCPUs the ledger remembers ``v``'s pod ``p`` may have been made for, where that may lower the

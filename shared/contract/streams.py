@@ -158,7 +158,7 @@ _DURATION: Final = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d|w)")
 _UNIT_SECONDS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": DAY, "w": 7 * DAY}
 
 
-MAX_DURATION: Final = 100 * 365 * 86400.0
+MAX_DURATION: Final = 100 * 365 * DAY
 """The longest duration any flag takes: 100 years (a stream's age limit is int64 nanoseconds, 292 years)."""
 
 

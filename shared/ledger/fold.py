@@ -628,8 +628,8 @@ class NamespaceState:
                     del recs[uid]  # a tombstone the floor now covers
                 else:
                     recs[uid] = Record(recs[uid].rv, seq, None)
-                    if events:  # (folded now: last in the order kept, in the order a checkpoint restores them)
-                        recs[uid] = recs.pop(uid)
+                    if events:  # (folded now, in the order a checkpoint restores tombstones of one relist)
+                        _kept_in_fold_order(recs, uid)
                     self._live.pop(ev.kind, None)
                     self._gone(ev.kind, uid, gone)
                     if ev.kind == VMIM_KIND:

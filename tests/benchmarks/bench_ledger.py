@@ -58,56 +58,58 @@ def launcher_pod(i: int, rv: int, ns: str) -> dict[str, object]:
     }
 
 
+def upserted(cluster: str, obj: dict[str, Any]) -> tuple[str, bytes, str]:
+    """The watcher's message of object ``obj`` upserted, as (subject, data, msg-id)."""
+    meta = obj["metadata"]
+    kind, ns = obj["kind"], meta["namespace"]
+    ev = contract.object_event(
+        "upserted",
+        cluster=cluster,
+        kind=kind,
+        namespace=ns,
+        name=meta["name"],
+        uid=meta["uid"],
+        rv=meta["resourceVersion"],
+        snapshot=normalize(obj),
+    )
+    return contract.event_subject(cluster, kind, ns), contract.encode(ev), ev.id
+
+
 def make_events(n: int, objects: int, cluster: str = CLUSTER) -> list[tuple[str, bytes, str]]:
     """``n`` upserts of ``objects`` distinct pods spread over NAMESPACES namespaces, as (subject, data, msg-id)."""
-    out: list[tuple[str, bytes, str]] = []
-    for k in range(n):
-        i = k % objects
-        ns = f"tenant-{i % NAMESPACES}"
-        rv = 1000 + k
-        pod = launcher_pod(i, rv, ns)
-        ev = contract.object_event(
-            "upserted",
-            cluster=cluster,
-            kind="Pod",
-            namespace=ns,
-            name=f"virt-launcher-vm{i}-abcde",
-            uid=f"pod-uid-{i:06d}",
-            rv=str(rv),
-            snapshot=normalize(pod),
-        )
-        out.append((contract.event_subject(cluster, "Pod", ns), contract.encode(ev), ev.id))
-    return out
+    return [
+        upserted(cluster, launcher_pod(k % objects, 1000 + k, f"tenant-{k % objects % NAMESPACES}")) for k in range(n)
+    ]
 
 
 def make_event_flood(n: int, cluster: str = CLUSTER) -> list[tuple[str, bytes, str]]:
     """``n`` ``FailedCreate`` Events a tenant writes in one namespace, each new (a flood far past ``EVENTS_KEPT``)."""
-    out: list[tuple[str, bytes, str]] = []
     ns = "tenant-flood"
-    for k in range(n):
-        obj = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"vm.{k:08x}", "namespace": ns, "uid": f"ev-{k:08d}", "resourceVersion": str(k + 1)},
-            "involvedObject": {"kind": "VirtualMachineInstance", "name": f"no-such-vm-{k}", "namespace": ns},
-            "reason": "FailedCreate",
-            "type": "Warning",
-            "message": 'Error creating pod: pods "virt-launcher-x" is forbidden: exceeded quota: rq, requested: '
-            "limits.memory=1Gi, used: limits.memory=1Gi, limited: limits.memory=1Gi",
-            "lastTimestamp": "2026-01-01T00:00:00Z",
-        }
-        ev = contract.object_event(
-            "upserted",
-            cluster=cluster,
-            kind="Event",
-            namespace=ns,
-            name=f"vm.{k:08x}",
-            uid=f"ev-{k:08d}",
-            rv=str(k + 1),
-            snapshot=normalize(obj),
+    message = (
+        'Error creating pod: pods "virt-launcher-x" is forbidden: exceeded quota: rq, requested: limits.memory=1Gi, '
+        "used: limits.memory=1Gi, limited: limits.memory=1Gi"
+    )
+    return [
+        upserted(
+            cluster,
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {
+                    "name": f"vm.{k:08x}",
+                    "namespace": ns,
+                    "uid": f"ev-{k:08d}",
+                    "resourceVersion": str(k + 1),
+                },
+                "involvedObject": {"kind": "VirtualMachineInstance", "name": f"no-such-vm-{k}", "namespace": ns},
+                "reason": "FailedCreate",
+                "type": "Warning",
+                "message": message,
+                "lastTimestamp": "2026-01-01T00:00:00Z",
+            },
         )
-        out.append((contract.event_subject(cluster, "Event", ns), contract.encode(ev), ev.id))
-    return out
+        for k in range(n)
+    ]
 
 
 def fold_rate(events: list[tuple[str, bytes, str]]) -> float:

@@ -464,6 +464,17 @@ ORPHAN_FINALIZER: Final = "orphan"
 """kube-apiserver's ``metav1.FinalizerOrphanDependents``: a delete naming no propagation policy of an object that
 carries it orphans the object's dependents."""
 
+
+def _orphans(options: Mapping[str, Any] | None, finalizers: Iterable[str]) -> bool:
+    """kube-apiserver's ``shouldOrphanDependents``: a delete's ``propagationPolicy``, else its ``orphanDependents``,
+    else, naming neither, the object's finalizer ``orphan``."""
+    if options and "propagationPolicy" in options:
+        return bool(options["propagationPolicy"] == "Orphan")
+    if options and "orphanDependents" in options:
+        return options["orphanDependents"] is True
+    return ORPHAN_FINALIZER in finalizers
+
+
 _POD_SPEC_UPDATABLE: Final = (
     "activeDeadlineSeconds",
     "terminationGracePeriodSeconds",
@@ -1125,11 +1136,10 @@ class Store:
         eviction: Obj = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": ns}}
         if delete_options is not None:
             eviction["deleteOptions"] = options
-        orphan = options.get("propagationPolicy") == "Orphan" or options.get("orphanDependents") is True
         async with self._lock:
             self._existing(res, ns, name)
             await self._admit("CREATE", res, eviction, None, "eviction")
-            await self._delete_locked(res, ns, name, options.get("preconditions"), not orphan, options, admit=False)
+            await self._delete_locked(res, ns, name, options, admit=False)
         await self._relieve()
 
     async def delete(
@@ -1166,8 +1176,7 @@ class Store:
                 opts["propagationPolicy"] = propagation
             if preconditions:
                 opts["preconditions"] = dict(preconditions)
-            orphan = opts.get("propagationPolicy") == "Orphan" or opts.get("orphanDependents") is True
-            raw = await self._delete_locked(res, ns, name, preconditions, not orphan, opts)
+            raw = await self._delete_locked(res, ns, name, opts)
         await self._relieve()
         return raw
 
@@ -1176,15 +1185,16 @@ class Store:
         res: Resource,
         ns: str,
         name: str,
-        preconditions: Mapping[str, Any] | None,
-        collect: bool,
         options: Obj | None = None,
         *,
         admit: bool = True,
     ) -> bytes:
+        """Delete with the request's ``options`` (None: a controller's delete, naming no policy): its
+        preconditions, its propagation (:func:`_orphans`), admitted unless ``admit`` is False."""
         info = self.info(res)
         stored = self._existing(res, ns, name)
-        if preconditions:
+        preconditions = (options or {}).get("preconditions")
+        if isinstance(preconditions, Mapping):
             want_uid = preconditions.get("uid")
             if want_uid and want_uid != stored.uid:
                 raise ApiError(
@@ -1215,10 +1225,7 @@ class Store:
             DELETE_OPTIONS.reset(token)
         if res.plural == "namespaces" and not res.group:
             return await self._delete_namespace(info, name, stored, old)
-        # (kube-apiserver's shouldOrphanDependents: a delete naming no policy follows the object's finalizer orphan)
-        named = options is not None and ("propagationPolicy" in options or "orphanDependents" in options)
-        if collect and not named and ORPHAN_FINALIZER in (old["metadata"].get("finalizers") or ()):
-            collect = False
+        collect = not _orphans(options, old["metadata"].get("finalizers") or ())
         if not collect and self.garbage_collection:
             await self._orphan_dependents(stored.uid)
             stored = self._find(res, ns, name) or stored
@@ -1257,7 +1264,7 @@ class Store:
             for obj_name in sorted(names or ()):
                 current = self._find(r, name, obj_name)
                 if current is not None and not current.deleting:
-                    await self._delete_locked(r, name, obj_name, None, True)
+                    await self._delete_locked(r, name, obj_name)
         finished = await self._finish_namespace(name)
         return finished or result.raw
 
@@ -1307,7 +1314,7 @@ class Store:
             if current is None or current.deleting:
                 continue
             if all(owner not in self._owners for owner in current.owners):
-                await self._delete_locked(dres, dns, dname, None, True)
+                await self._delete_locked(dres, dns, dname)
 
     # --- commit and fan-out ---------------------------------------------------------------------------------------
 

@@ -794,13 +794,17 @@ async def test_only_kubevirt_makes_the_pods_kubevirt_runs_vms_in_where_a_quota_i
     code, out = await tenant_kubectl("patch", "pod", kv, "--type=merge", "-p", refs("u9"))
     assert code != 0 and refusal(kv, moved) in out, out
     code, out = await tenant_kubectl("patch", "pod", kv, "--type=merge", "-p", refs("u1", "VirtualMachineInstanceX"))
-    assert code == 0, out
+    assert code != 0 and refusal(kv, moved) in out, "the reference's kind changed, its uid kept"
     # (a second owner, not a controller: one that exists has the garbage collector, deleting the VMI in the
-    # foreground, take the VMI's reference off the pod instead of deleting it)
-    second = {"apiVersion": "v1", "kind": "ConfigMap", "name": "mine", "uid": "u-cm"}
-    add = json.dumps([{"op": "add", "path": "/metadata/ownerReferences/-", "value": second}])
-    code, out = await tenant_kubectl("patch", "pod", kv, "--type=json", "-p", add)
-    assert code != 0 and refusal(kv, moved) in out, out
+    # foreground, take the VMI's reference off the pod instead of deleting it; one with the VMI's uid and another
+    # kind or name is dangling to the garbage collector, which then takes off every reference with that uid)
+    for second in (
+        {"apiVersion": "v1", "kind": "ConfigMap", "name": "mine", "uid": "u-cm"},
+        {"apiVersion": "v1", "kind": "ConfigMap", "name": "nope", "uid": "u1"},
+    ):
+        add = json.dumps([{"op": "add", "path": "/metadata/ownerReferences/-", "value": second}])
+        code, out = await tenant_kubectl("patch", "pod", kv, "--type=json", "-p", add)
+        assert code != 0 and refusal(kv, moved) in out, (second, out)
     off = json.dumps({"metadata": {"ownerReferences": None}})
     code, out = await tenant_kubectl("patch", "pod", kv, "--type=merge", "-p", off)
     assert code != 0 and refusal(kv, moved) in out, "a controller reference taken off (an attachment pod's too)"

@@ -88,6 +88,12 @@ _HELD_UP: Final = 1.0
 """Seconds past the consumer's ``idle`` after which the loop runs its timers without a batch."""
 
 
+MENDED: Final = b"mended"
+"""The mark of lost events once every loss is mended. Not an empty value: a reader of the bus can have JetStream
+store an empty message under any subject (a pull request's status reply, aimed at ``$KV.VMQUOTA_LEDGER.<key>``),
+and an empty mark read as "nothing lost" forgot a loss. Anything but this value and a token is a new loss."""
+
+
 def _token(last: int) -> str:
     """A new token naming a loss of events (the stream's last sequence then, for a person, and a random part)."""
     return f"{last}-{secrets.token_hex(6)}"
@@ -329,8 +335,8 @@ class LedgerService:
                         continue
                     self._others_created = max(other, self._others_created or other)
                 elif key == self.opts.lost_key:
-                    self.lost = value.decode(errors="replace")
-                    if self.lost and not contract.RELIST_TOKEN.match(self.lost):
+                    self.lost = "" if value == MENDED else value.decode(errors="replace")
+                    if value != MENDED and not contract.RELIST_TOKEN.match(self.lost):
                         log.error("unreadable mark of lost events: every cluster waits for a new relist", key=key)
                         self.lost = _token(0)
                         self._lost_saved = False
@@ -809,10 +815,11 @@ class LedgerService:
                 continue
             # No Nats-Msg-Id: after a crash the same sequence may be published again with the same content,
             # but an earlier content must never be dropped as a "duplicate" of what a crashed run sent before
-            # it. Sent at once (acks awaited below), and the loop let run so the connection writes it out
-            # before the next namespace is accounted.
+            # it. Chained (``Item.chained``): the stream stores no copy of an older snapshot after a newer one,
+            # whoever has JetStream deliver it there. Sent at once (acks awaited below), and the loop let run so
+            # the connection writes it out before the next namespace is accounted.
             await publisher.room()
-            publisher.enqueue(Item(contract.usage_subject(cluster, namespace), data, None))
+            publisher.enqueue(Item(contract.usage_subject(cluster, namespace), data, None, chained=True))
             await asyncio.sleep(0)
             sent.append((state, digest, (cluster, namespace)))
         await publisher.flush()  # while NATS is away: until it is back (the publisher republishes)
@@ -877,7 +884,7 @@ class LedgerService:
             if self.lost and not self._waiting_at(progress):
                 # Every cluster's relist is read up to the progress just kept: the loss is mended for good (its
                 # answer need not be kept any more: the cluster-wide state keeps the latest ``ANSWERS_KEPT``).
-                await kv.put(self.opts.lost_key, b"")
+                await kv.put(self.opts.lost_key, MENDED)
                 self.lost = ""
         except (nats.errors.Error, OSError) as e:
             # Not saved: try again next time (the states stay marked).

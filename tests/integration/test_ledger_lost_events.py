@@ -16,7 +16,7 @@ from dataclasses import replace
 import pytest
 from nats.aio.msg import Msg
 
-from services.ledger.service import LedgerOptions
+from services.ledger.service import MENDED, LedgerOptions
 from services.platform.bus import Bus, position
 from services.platform.consumer import PullConsumer
 from shared import contract
@@ -394,17 +394,20 @@ async def test_a_stream_created_anew_and_refilled_past_the_ledgers_position_is_a
         await b.close()
 
 
-async def test_an_unreadable_mark_is_a_new_loss_that_needs_a_relist_of_its_own(nats_url: str) -> None:
+@pytest.mark.parametrize("mark", [b"not a token!", b""], ids=["garbled", "empty"])
+async def test_an_unreadable_mark_is_a_new_loss_that_needs_a_relist_of_its_own(nats_url: str, mark: bytes) -> None:
     """A mark of lost events the ledger cannot read (a bad write) is a loss too; it names it anew, and only a relist
     answering that name makes the cluster whole. Before, an unreadable mark became the largest number, the watcher
-    answered that, and every later loss of every instance counted as answered."""
+    answered that, and every later loss of every instance counted as answered. An empty one too: a reader of the bus
+    can have JetStream store an empty message under the mark's key (a pull request's status reply aimed there), and
+    the ledger took it for "nothing lost" and published usage without the objects whose events were lost."""
     b = await small_stream(nats_url)
     requests = Requests()
     await requests.listen(b)
     try:
         await usage_of_p1(b)
         kv = await b.js.key_value(contract.LEDGER_BUCKET)
-        await kv.put(options().lost_key, b"not a token!")
+        await kv.put(options().lost_key, mark)
         run = Running(b, options())
         # (a JetStream call the server leaves unanswered while the ledger starts, reading its checkpoints, holds the
         # first request up until the call's timeout)
@@ -414,7 +417,7 @@ async def test_an_unreadable_mark_is_a_new_loss_that_needs_a_relist_of_its_own(n
         await relist(b, [pod("victim", "p1", 101)], token)
         await wait_until(lambda: run.service.incomplete() == [], what="answered")
         await run.stop()
-        assert not (await kv.get(options().lost_key)).value, "mended once a checkpoint kept the relist read"
+        assert (await kv.get(options().lost_key)).value == MENDED, "mended once a checkpoint kept the relist read"
     finally:
         await b.close()
 
@@ -529,7 +532,7 @@ async def test_a_loss_mended_and_checkpointed_stays_mended_whatever_a_lagging_in
         await wait_until(lambda: _names_now(b, "victim", {"p1"}), what="A whole: p1's usage")
         await wait_until(lambda: not run.service.lost, what="the loss mended at a checkpoint")
         await run.stop()
-        assert not (await kv.get(a_opts.lost_key)).value
+        assert (await kv.get(a_opts.lost_key)).value == MENDED
         older = NamespaceState(CLUSTER, CLUSTER_WIDE)  # (a lagging instance's cluster-wide state: no answer)
         for instance in ("", options(PartitionSet.parse("0", 2)).instance):  # (an earlier version's shared key)
             key = checkpoint_key(CLUSTER, CLUSTER_WIDE, instance).rstrip(".")

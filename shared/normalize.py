@@ -5,6 +5,7 @@ what accounting reads is kept.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -305,7 +306,10 @@ def _pod(obj: Mapping[str, Any]) -> PodSnapshot:
             owner_pod = string(o, "uid", w)
     overhead = None
     if ann.get(MEMORY_OVERHEAD_ANNOTATION) is not None:
-        overhead = _quantity(ann[MEMORY_OVERHEAD_ANNOTATION], f"metadata.annotations.{MEMORY_OVERHEAD_ANNOTATION}")
+        # (anyone who may write the pod may write it: one that is no quantity is as if KubeVirt published none, as
+        # when it is taken off, and the pod is counted all the same, not dead-lettered)
+        with contextlib.suppress(InvalidInput):
+            overhead = Quantity.parse(ann[MEMORY_OVERHEAD_ANNOTATION])
     deadline = _int(spec, "activeDeadlineSeconds", "spec")
     best_effort = not any(rl[r].nanos > 0 for rl in (requests, limits) for r in _QOS_RESOURCES if r in rl)
     return PodSnapshot(

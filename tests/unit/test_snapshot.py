@@ -216,6 +216,18 @@ def test_pod() -> None:
     assert not s.best_effort and not s.terminating_scope
 
 
+@pytest.mark.parametrize("overhead", ["garbage", "1e999", ""])
+def test_a_pod_whose_overhead_annotation_cannot_be_read_is_still_a_pod(overhead: str) -> None:
+    """Anyone who may write a pod may write its annotations: one vmquota cannot read as a quantity is as if KubeVirt
+    had published no overhead (what taking it off does), and the pod, with its charge, is counted. Before, the whole
+    pod was a dead letter, and the ledger kept no pod, or the version before the annotation, in its place."""
+    p = copy.deepcopy(POD)
+    p["metadata"]["annotations"]["kubevirt.io/memory-overhead-bytes"] = overhead
+    s = normalize(p)
+    assert isinstance(s, PodSnapshot) and s.memory_overhead is None
+    assert s.usage == pod_quota_usage(p, datetime(2025, 1, 1, tzinfo=UTC)) and s.is_launcher
+
+
 def test_pod_scope_facts() -> None:
     p = copy.deepcopy(POD)
     p["spec"]["containers"][0]["resources"] = {}
@@ -360,12 +372,6 @@ def _with(obj: dict[str, Any], path: str | tuple[str, ...], value: Any) -> dict[
             "spec.containers.0.resources.requests.cpu",
             "1e100",
             "Pod tenant/virt-launcher-vm1-abcde: spec.containers[0].resources.requests.cpu",
-        ),
-        (
-            POD,
-            ("metadata", "annotations", "kubevirt.io/memory-overhead-bytes"),
-            "x",
-            "Pod tenant/virt-launcher-vm1-abcde: metadata.annotations.kubevirt.io/memory-overhead-bytes",
         ),
         (
             POD,

@@ -15,6 +15,7 @@ import importlib.util
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from shared.errors import MissingDependency
 
@@ -52,9 +53,16 @@ def _version() -> str:
         return "unknown"
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument error is one line, as every other bad input (argparse prints the whole usage before it)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(only: str | None = None, prog: str = "vmquota") -> argparse.ArgumentParser:
     """The full parser, or with ``only`` one sub-command's arguments (the others are listed, not loaded)."""
-    parser = argparse.ArgumentParser(prog=prog, description="VM-aware, migration-safe ResourceQuotas for KubeVirt")
+    parser = _Parser(prog=prog, description="VM-aware, migration-safe ResourceQuotas for KubeVirt")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True

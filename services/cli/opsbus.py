@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import contextlib
 import re
+import ssl
 import sys
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Coroutine
@@ -19,15 +20,15 @@ from typing import Any
 from nats.aio.msg import Msg
 
 from services.platform.bus import NatsOptions, check_nats_options
-from services.platform.config import add_inbox_argument, env
+from services.platform.config import add_ca_argument, add_inbox_argument, env
 from services.platform.identity import inbox_prefix, naming_error
 from shared import contract
 from shared.errors import InvalidInput
 
 
 def add_bus_arguments(p: argparse.ArgumentParser, *, namespace: bool = True) -> None:
-    """``--nats``, ``--nats-creds``/``--nats-user``/``--nats-password`` (as ``vmquota run``), ``--cluster`` and
-    ``-n/--namespace`` filters."""
+    """``--nats``, ``--nats-creds``/``--nats-user``/``--nats-password``, ``--nats-ca`` (as ``vmquota run``),
+    ``--cluster`` and ``-n/--namespace`` filters."""
     p.add_argument(
         "--nats",
         default=env("VMQUOTA_NATS", "nats://127.0.0.1:4222"),
@@ -44,6 +45,7 @@ def add_bus_arguments(p: argparse.ArgumentParser, *, namespace: bool = True) -> 
         "--nats-password", default=env("VMQUOTA_NATS_PASSWORD"), help="NATS password [VMQUOTA_NATS_PASSWORD]"
     )
     add_inbox_argument(p)
+    add_ca_argument(p)
     p.add_argument("--cluster", default=None, help="only this cluster (default: every cluster on the bus)")
     if namespace:
         p.add_argument("-n", "--namespace", default=None, help="only this namespace (default: all)")
@@ -120,11 +122,16 @@ async def connect(args: argparse.Namespace) -> Any:
     import nats
     import nats.errors
 
+    from services.platform.logs import quiet_library_noise
+
+    quiet_library_noise()  # (asyncio's warning at every close of a tls:// connection)
     if args.nats_creds and args.nats_user:
         raise BusUnavailable("give either --nats-creds or --nats-user/--nats-password, not both")
-    check_nats_options(str(args.nats), args.nats_creds)
+    check_nats_options(str(args.nats), args.nats_creds, args.nats_ca)
     servers = NatsOptions(url=str(args.nats)).servers
     kwargs: dict[str, Any] = {"servers": servers, "allow_reconnect": False, "connect_timeout": 3}
+    if args.nats_ca:
+        kwargs["tls"] = ssl.create_default_context(cafile=args.nats_ca)
     if args.nats_creds:
         kwargs["user_credentials"] = args.nats_creds
     if (naming := naming_error(args.nats_user, args.nats_inbox_prefix)) is not None:

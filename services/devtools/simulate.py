@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from services.devtools.simcluster.cluster import DEFAULT_KUBEVIRT_VERSION, SimCluster, load_seed_file
+from services.devtools.simcluster.kubeconfig import check_kubeconfig_out
 from services.devtools.speed import check_speed
 from services.platform.logs import check_level, configure, get_logger
 from shared.errors import InvalidInput
@@ -69,6 +70,10 @@ def _options(args: argparse.Namespace) -> dict[str, object]:
         if args.memory_overcommit <= 0:
             raise InvalidInput(f"must be greater than 0, got {args.memory_overcommit}", "--memory-overcommit")
         dev["memoryOvercommit"] = args.memory_overcommit
+    kubeconfig = None
+    if args.kubeconfig_out:
+        kubeconfig = Path(args.kubeconfig_out).resolve()
+        check_kubeconfig_out(kubeconfig)
     extra = None
     if args.extra_memory_overhead is not None:
         try:
@@ -80,7 +85,7 @@ def _options(args: argparse.Namespace) -> dict[str, object]:
         "host": args.host,
         "port": args.port,
         "token": args.token,
-        "kubeconfig_path": Path(args.kubeconfig_out) if args.kubeconfig_out else None,
+        "kubeconfig_path": kubeconfig,
         "kubevirt_version": args.kubevirt_version,
         "developer_configuration": dev or None,
         "nodes": nodes,
@@ -99,7 +104,7 @@ async def _serve(args: argparse.Namespace) -> int:
     try:
         await sim.start()
     except OSError as e:
-        raise InvalidInput(f"cannot listen on {args.host}:{args.port}: {e.strerror}", "--port") from None
+        raise InvalidInput(f"cannot listen on {args.host}:{args.port}: {e.strerror}", "--host/--port") from None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

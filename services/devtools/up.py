@@ -19,8 +19,7 @@ import socket
 import sys
 from pathlib import Path
 
-import yaml
-
+from services.devtools.simcluster.kubeconfig import check_kubeconfig_out
 from services.devtools.speed import check_speed
 from services.platform.logs import check_level, configure, get_logger
 from shared.errors import InvalidInput
@@ -72,35 +71,6 @@ def _check_port(port: int, flag: str) -> None:
             ) from None
 
 
-def _check_kubeconfig_out(out: Path) -> None:
-    """Refuse to overwrite (and on stop delete) a file that is not a kubeconfig an earlier ``vmquota up`` or
-    ``vmquota simulate`` wrote: ``--kubeconfig-out ~/.kube/config`` must not cost anyone their credentials."""
-    if not out.parent.is_dir():
-        raise InvalidInput(f"the folder {str(out.parent)!r} does not exist", "--kubeconfig-out")
-    if not out.exists():
-        return
-    try:
-        existing = yaml.safe_load(out.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        existing = None
-    servers = [
-        str((c.get("cluster") or {}).get("server", ""))
-        for c in (existing.get("clusters") or [] if isinstance(existing, dict) else [])
-        if isinstance(c, dict)
-    ]
-    ours = (
-        isinstance(existing, dict)
-        and existing.get("current-context") == "simcluster"
-        and bool(servers)
-        and all(s.startswith(("https://127.0.0.1:", "http://127.0.0.1:")) for s in servers)
-    )
-    if not ours:
-        raise InvalidInput(
-            f"{str(out)!r} exists and is not a kubeconfig vmquota wrote: remove it or choose another path",
-            "--kubeconfig-out",
-        )
-
-
 def guide(kubeconfig: Path, nats_url: str, *, example: bool) -> str:
     """What to try, as shell lines."""
     env = f"export KUBECONFIG={kubeconfig} VMQUOTA_NATS={nats_url}"
@@ -140,7 +110,7 @@ def _check(args: argparse.Namespace) -> Path:
     check_speed(args.speed)
     check_level(args.log_level)
     out = Path(args.kubeconfig_out).resolve()
-    _check_kubeconfig_out(out)
+    check_kubeconfig_out(out)
     return out
 
 

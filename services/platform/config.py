@@ -117,6 +117,16 @@ def add_inbox_argument(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_ca_argument(p: argparse.ArgumentParser) -> None:
+    """``--nats-ca``: the CA bundle a ``tls://`` server's certificate is checked against."""
+    p.add_argument(
+        "--nats-ca",
+        default=env("VMQUOTA_NATS_CA"),
+        help="CA bundle (PEM) of the NATS server's certificate, for tls:// URLs; default: the system's CAs "
+        "[VMQUOTA_NATS_CA]",
+    )
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("service", metavar="SERVICE", help=f"the service to run: {', '.join(PLANNED)} or all")
     p.add_argument("--cluster", default=env("VMQUOTA_CLUSTER"), help="cluster id, a DNS label [VMQUOTA_CLUSTER]")
@@ -131,12 +141,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--nats-password", default=env("VMQUOTA_NATS_PASSWORD"), help="NATS password [VMQUOTA_NATS_PASSWORD]"
     )
     add_inbox_argument(p)
-    p.add_argument(
-        "--nats-ca",
-        default=env("VMQUOTA_NATS_CA"),
-        help="CA bundle (PEM) of the NATS server's certificate, for tls:// URLs; default: the system's CAs "
-        "[VMQUOTA_NATS_CA]",
-    )
+    add_ca_argument(p)
     p.add_argument(
         "--nats-consumer-check",
         default=env("VMQUOTA_NATS_CONSUMER_CHECK", "30s"),

@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
 
 import yaml
 
@@ -35,13 +35,38 @@ _Loader.yaml_implicit_resolvers = {
 }
 
 
+MAX_OBJECTS_TEXT: Final = 256 * 2**20
+"""Most characters a file of objects (``-f``, a seed or scenario file) may hold: a ``kubectl get -o yaml`` of
+tens of thousands of VMs and pods fits; ``/dev/zero`` or a runaway pipe is refused instead of read until the
+machine's memory is gone."""
+
+MAX_SETTING_TEXT: Final = 16 * 2**20
+"""Most characters a file a setting names (a kubeconfig, a CA bundle, a credentials file) may hold."""
+
+
+def _read_at_most(f: TextIO, limit: int) -> str:
+    """All of ``f``, or :class:`InvalidInput` once it holds more than ``limit`` characters (never more read)."""
+    text = f.read(limit + 1)
+    if len(text) > limit:
+        raise InvalidInput(f"is larger than {limit // 2**20} MiB")
+    return text
+
+
 def read_text(path: str) -> tuple[str, str]:
-    """(display name, text) of a file or ``-`` (stdin)."""
+    """(display name, text) of a file or ``-`` (stdin), at most :data:`MAX_OBJECTS_TEXT` characters. A named pipe
+    (``-f <(kubectl get ...)``) is read as a file is, so one with no writer waits for one, as ``cat`` does."""
     if path == "-":
-        return "<stdin>", sys.stdin.read()
+        try:
+            return "<stdin>", _read_at_most(sys.stdin, MAX_OBJECTS_TEXT)
+        except InvalidInput as e:
+            raise e.at("<stdin>") from None
+        except UnicodeDecodeError:
+            raise InvalidInput("is not UTF-8 text", "<stdin>") from None
     try:
         with open(path, encoding="utf-8") as f:
-            return path, f.read()
+            return path, _read_at_most(f, MAX_OBJECTS_TEXT)
+    except InvalidInput as e:
+        raise e.at(path) from None
     except FileNotFoundError:
         raise InvalidInput("no such file", path) from None
     except IsADirectoryError:
@@ -60,7 +85,9 @@ def read_setting_file(path: str, flag: str, *, shown: str | None = None, kind: s
     shown = shown or path
     try:
         with open(path, encoding="utf-8", errors="replace" if lenient else "strict") as f:
-            return f.read()
+            return _read_at_most(f, MAX_SETTING_TEXT)
+    except InvalidInput as e:
+        raise InvalidInput(f"{shown} {e.message}", flag) from None
     except FileNotFoundError:
         raise InvalidInput(f"no such file: {shown}", flag) from None
     except IsADirectoryError:

@@ -37,6 +37,22 @@ def configure(level: str = "info", *, stream: Any = None) -> None:
     )
     # Libraries that log through stdlib logging (nats-py, aiohttp) go to the same stream as plain lines.
     logging.basicConfig(level=max(lvl, logging.WARNING), stream=out, format="%(message)s", force=True)
+    quiet_library_noise()
+
+
+class _NoEofNoise(logging.Filter):
+    """Drops asyncio's warning that a TLS transport ignores ``eof_received()`` returning true (nats-py's protocol
+    does, and every close of a ``tls://`` connection logged it: a second line after a command's one line)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("returning true from eof_received()")
+
+
+def quiet_library_noise() -> None:
+    """Install :class:`_NoEofNoise` on asyncio's logger (once)."""
+    asyncio_log = logging.getLogger("asyncio")
+    if not any(isinstance(f, _NoEofNoise) for f in asyncio_log.filters):
+        asyncio_log.addFilter(_NoEofNoise())
 
 
 def get_logger(**context: Any) -> Any:

@@ -84,10 +84,19 @@ CASES: list[tuple[list[str], int, str]] = [
     (["up", "--nats-port", "70000"], 2, "--nats-port: must be a port number"),
     (["up", "--nats-port", "0", "--kubeconfig-out", "{theirs}"], 2, "is not a kubeconfig vmquota wrote"),
     (["up", "--nats-port", "0", "--speed", "0"], 2, "--speed"),
+    (["render", "-f", "/dev/zero"], 2, "/dev/zero: is larger than 256 MiB"),  # (read to a bound, not to the end)
+    (["run", "watcher", "--cluster", "c1", "--kubeconfig", "/dev/zero"], 2, "/dev/zero is larger than 16 MiB"),
+    (["run", "ledger", "--nats-creds", "/dev/zero"], 2, "/dev/zero is larger than 16 MiB"),
+    (["simulate", "--kubeconfig-out", "{theirs}"], 2, "is not a kubeconfig vmquota wrote"),
+    (["simulate", "--kubeconfig-out", "{missing}/kc"], 2, "--kubeconfig-out: the folder"),
+    (["status", "--nats-ca", "{missing}", "--nats", UNREACHABLE_NATS], 2, "--nats-ca (VMQUOTA_NATS_CA): no such file"),
+    (["simulate", "--memory-overcommit", "nan"], 2, "invalid int value: 'nan' (see vmquota simulate --help)"),
+    (["render", "--arch"], 2, "vmquota render: argument --arch: expected one argument"),
+    ([], 2, "the following arguments are required: COMMAND"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("argv", "code", "phrase"), CASES, ids=[" ".join(c[0][:3]) for c in CASES])
+@pytest.mark.parametrize(("argv", "code", "phrase"), CASES, ids=[" ".join(c[0][:3]) or "(none)" for c in CASES])
 def test_a_bad_input_is_one_line_and_an_exit_code(tmp_path: Path, argv: list[str], code: int, phrase: str) -> None:
     files = {**_files(tmp_path), "missing": str(tmp_path / "missing")}
     args = [a.format(**files) if a.startswith("{") else a for a in argv]

@@ -4,9 +4,12 @@ refused. The certificate is made here (the cluster gets it from the Secret vmquo
 
 from __future__ import annotations
 
+import asyncio
+import os
 import secrets
 import shutil
 import ssl
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,3 +90,30 @@ async def test_a_client_without_the_ca_or_without_tls_is_refused(tls_server: Tls
     with pytest.raises((ssl.SSLError, nats.errors.NoServersError, OSError)):
         await nats.connect(tls_server.url, user="watcher", password=password, tls=plain, allow_reconnect=False)
     assert "tls" in (COMPONENT / "nats-server-tls.conf").read_text()
+
+
+@pytest.mark.parametrize("how", ["flag", "environment"])
+async def test_the_operator_commands_trust_the_bus_by_its_ca(tls_server: TlsServer, how: str) -> None:
+    """``vmquota status`` (as ``tail``, ``replay`` and ``explain``) reads the component's TLS bus with ``--nats-ca``
+    or ``VMQUOTA_NATS_CA``, as the services do; before, they had neither, and failed to verify its certificate."""
+    keeper = await Bus.connect(
+        NatsOptions(url=tls_server.url, user="ledger", password=tls_server.passwords["ledger"], ca=str(tls_server.ca)),
+        connect_timeout=5,
+    )
+    try:
+        await keeper.ensure_streams(contract.streams_for("ledger", sizes=contract.StreamSizes(*(16 * 2**20,) * 6)))
+    finally:
+        await keeper.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VMQUOTA_")}
+    args = [sys.executable, "-m", "services.cli.main", "status", "--nats", tls_server.url, "--nats-user", "replay"]
+    args += ["--nats-password", tls_server.passwords["replay"]]
+    if how == "flag":
+        args += ["--nats-ca", str(tls_server.ca)]
+    else:
+        env["VMQUOTA_NATS_CA"] = str(tls_server.ca)
+    done = await asyncio.create_subprocess_exec(
+        *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(done.communicate(), 60)
+    assert done.returncode == 0 and not err.strip(), (done.returncode, err.decode())
+    assert b"no managed quota" in out, out

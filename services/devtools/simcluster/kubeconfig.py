@@ -10,6 +10,8 @@ from typing import Any
 
 import yaml
 
+from shared.errors import InvalidInput
+
 
 def kubeconfig(
     server: str, token: str, *, ca_pem: bytes | None = None, name: str = "simcluster", namespace: str | None = None
@@ -50,3 +52,34 @@ def write_kubeconfig(
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(text)
     return out
+
+
+def check_kubeconfig_out(out: Path, flag: str = "--kubeconfig-out") -> None:
+    """Refuse to write a kubeconfig where the folder does not exist, or over a file that is not a kubeconfig an
+    earlier ``vmquota up`` or ``vmquota simulate`` wrote: ``--kubeconfig-out ~/.kube/config`` must not cost anyone
+    their credentials."""
+    from services.platform.inputs import read_setting_file
+
+    if not out.parent.is_dir():
+        raise InvalidInput(f"the folder {str(out.parent)!r} does not exist", flag)
+    if not out.exists():
+        return
+    try:
+        existing = yaml.safe_load(read_setting_file(str(out), flag))
+    except (InvalidInput, yaml.YAMLError):
+        existing = None
+    servers = [
+        str((c.get("cluster") or {}).get("server", ""))
+        for c in (existing.get("clusters") or [] if isinstance(existing, dict) else [])
+        if isinstance(c, dict)
+    ]
+    ours = (
+        isinstance(existing, dict)
+        and existing.get("current-context") == "simcluster"
+        and bool(servers)
+        and all(s.startswith(("https://127.0.0.1:", "http://127.0.0.1:")) for s in servers)
+    )
+    if not ours:
+        raise InvalidInput(
+            f"{str(out)!r} exists and is not a kubeconfig vmquota wrote: remove it or choose another path", flag
+        )

@@ -80,9 +80,9 @@ class _Ack(msgspec.Struct):
 
 _ACK_DECODER: Final = msgspec.json.Decoder(_Ack)
 _NEVER: Final = 1 << 62
-_WRONG_LAST_TRIES: Final = 100
-"""Refusals for a wrong last sequence a chained item takes before the publisher fails: each names the sequence to
-expect next, so more than a few means something writes the subject as fast as this publisher learns it."""
+_WRONG_LAST_AT_ONCE: Final = 3
+"""Refusals for a wrong last sequence a chained item is published again after at once: each names the sequence to
+expect next, so more than a few in a row means something writes the subject as fast as this publisher learns it."""
 
 
 class PublisherFailed(RuntimeError):
@@ -308,13 +308,17 @@ class Publisher:
                 await asyncio.sleep(_REPUBLISH_BACKOFF.delay(attempt))
                 attempt += 1
             except nats.js.errors.APIError as e:
-                if not item.chained or e.err_code != _WRONG_LAST or wrong_last >= _WRONG_LAST_TRIES:
+                if not item.chained or e.err_code != _WRONG_LAST:
                     self._fail(e)
                     return
                 # (another message of the subject came in between: a copy a reader had JetStream deliver, or an
-                # earlier owner's publish; this one supersedes it)
+                # earlier owner's publish; this one supersedes it. Never a failure: a reader that keeps writing the
+                # subject would stop the service. Again at once, then at the backoff's pace.)
                 self._learn_last(item.subject, str(e.description or ""))
                 wrong_last += 1
+                if wrong_last >= _WRONG_LAST_AT_ONCE:
+                    log.warning("the subject keeps changing under a chained message", subject=item.subject)
+                    await asyncio.sleep(_REPUBLISH_BACKOFF.delay(wrong_last - _WRONG_LAST_AT_ONCE))
                 continue
             except Exception as e:
                 self._fail(e)

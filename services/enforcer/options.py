@@ -17,6 +17,9 @@ REPORT_QUEUE: Final = 10_000
 NUDGED_MAX: Final = 65_536
 TELLING_MAX: Final = 8
 """Events on VMIs created at once (the rest wait their turn)."""
+NUDGING_MAX: Final = 16
+"""Nudges of VMIs under way at once (the rest wait their turn): a tenant with thousands of VMIs to nudge must not
+take the API client's connections from every namespace's quota patches."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,15 @@ from typing import Any, TypeVar
 import structlog
 
 from services.enforcer.kube import KubeError, Obj, QuotaApi
-from services.enforcer.options import NUDGED_MAX, REPORT_QUEUE, TELLING_MAX, EnforcerMetrics, EnforcerOptions, Key
+from services.enforcer.options import (
+    NUDGED_MAX,
+    NUDGING_MAX,
+    REPORT_QUEUE,
+    TELLING_MAX,
+    EnforcerMetrics,
+    EnforcerOptions,
+    Key,
+)
 from services.platform.bus import Bus
 from services.platform.http import Metrics
 from shared import contract
@@ -59,6 +67,9 @@ class Reporter:
         cause), and the namespace's VMs then."""
         self._telling = asyncio.Semaphore(TELLING_MAX)
         """Events under way at once: however many VMIs there are to tell, the quota patches keep the API client."""
+        self._nudging = asyncio.Semaphore(NUDGING_MAX)
+        """Nudges under way at once, for the same reason (apart from Events: a tenant's refusals to tell must not
+        hold back another's nudge)."""
         self.side_tasks: set[asyncio.Task[None]] = set()
         """Nudges, VMI Events and guard shrinks under way (off the reconcile path)."""
         self.reported = 0
@@ -246,7 +257,8 @@ class Reporter:
 
     async def _nudge(self, namespace: str, name: str, token: str) -> None:
         try:
-            await self.kube.nudge_vmi(namespace, name, token)
+            async with self._nudging:
+                await self.kube.nudge_vmi(namespace, name, token)
             self.own.nudges.labels(outcome="applied").inc()
         except KubeError as e:
             self.own.nudges.labels(outcome="failed").inc()

@@ -1,0 +1,69 @@
+"""The enforcer's writes to tenants' VMIs, off the reconcile path (services/enforcer/reporting.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import cast
+
+from prometheus_client import CollectorRegistry
+
+from services.enforcer.kube import QuotaApi
+from services.enforcer.options import NUDGING_MAX, EnforcerMetrics, EnforcerOptions
+from services.enforcer.reporting import Reporter
+from services.platform.bus import Bus
+from services.platform.http import Metrics
+from shared import contract
+from tests.waiting import wait_until
+
+
+class _SlowNudges:
+    """An API server whose VMI patches wait until released: how many are under way at once is what is counted."""
+
+    def __init__(self) -> None:
+        self.under_way = self.most = 0
+        self.nudged: list[str] = []
+        self.release = asyncio.Event()
+
+    async def nudge_vmi(self, namespace: str, name: str, token: str) -> None:
+        self.under_way += 1
+        self.most = max(self.most, self.under_way)
+        try:
+            await self.release.wait()
+            self.nudged.append(name)
+        finally:
+            self.under_way -= 1
+
+
+async def test_a_tenants_many_nudges_take_a_bounded_share_of_the_api_client() -> None:
+    """A tenant with a thousand admitted VMIs whose launcher pods were refused had a thousand VMI patches under way at
+    once, on the API client every namespace's quota patches share. At most ``NUDGING_MAX`` are; every one is made."""
+    kube = _SlowNudges()
+    registry = CollectorRegistry()
+    reporter = Reporter(
+        cast(Bus, None),  # (nudges do not touch the bus)
+        cast(QuotaApi, kube),
+        EnforcerOptions(cluster="c1"),
+        Metrics(registry),
+        EnforcerMetrics(registry),
+        lambda: datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    vms = [contract.VmState(name=f"vm{i}", uid=f"u{i}", state="admitted", pod_refused=True) for i in range(1000)]
+    usage = contract.UsageSnapshot(
+        id="u1",
+        source="test",
+        subject="tenant",
+        time="2026-01-01T00:00:00Z",
+        cluster="c1",
+        namespace="tenant",
+        seq=1,
+        vms=vms,
+    )
+    reporter.tell_and_nudge("tenant", usage, 1)
+    await wait_until(lambda: kube.under_way == NUDGING_MAX, 10, "the first nudges under way")
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert kube.most == NUDGING_MAX
+    kube.release.set()
+    await wait_until(lambda: len(kube.nudged) == len(vms), 10, "every VMI nudged")
+    assert kube.most == NUDGING_MAX

@@ -121,6 +121,8 @@ class Enforcer:
         self.patched = 0
         self.conflicts = 0
         self.dead_letters = 0
+        self.older_usage = 0
+        """Usage snapshots ignored as older than the one held (copies a reader of the bus had stored)."""
 
     # ---- running -----------------------------------------------------------------------------------------------
     def _consumer(self, kind: str, stream: str, subject: str) -> PullConsumer:
@@ -330,11 +332,24 @@ class Enforcer:
         except InvalidInput as e:
             await self._dead_letter(m, contract.USAGE_STREAM, str(e))
             return
-        # Ordered by the stream sequence the server assigned, never by the snapshot's own ``seq`` (what the
-        # producer says it folded): a forged snapshot claiming a huge ``seq`` must not shadow the real ones.
-        # Redelivery after a reconnect never goes back in the stream, so a lower sequence is a replay.
+        # Later in the stream (a redelivery after a reconnect never goes back in it), and not older than the
+        # snapshot held: a copy of an older snapshot that a reader of the bus had JetStream deliver into the stream
+        # (docs/operations.md, "What a reader can still write") comes later in the stream, but was folded no further
+        # and published no later than the one held.
         at = position(m).stream
         if at <= self._usage_at.get(u.namespace, 0):
+            return
+        held = self.usage.get(u.namespace)
+        if held is not None and enforcement.usage_is_older(u, held):
+            self.older_usage += 1
+            log.warning(
+                "usage snapshot older than the one held ignored (a copy)",
+                namespace=u.namespace,
+                seq=u.seq,
+                time=u.time,
+                held_seq=held.seq,
+                held_time=held.time,
+            )
             return
         self._usage_at[u.namespace] = at
         self.usage[u.namespace] = u

@@ -815,11 +815,10 @@ class LedgerService:
                 continue
             # No Nats-Msg-Id: after a crash the same sequence may be published again with the same content,
             # but an earlier content must never be dropped as a "duplicate" of what a crashed run sent before
-            # it. Chained (``Item.chained``): the stream stores no copy of an older snapshot after a newer one,
-            # whoever has JetStream deliver it there. Sent at once (acks awaited below), and the loop let run so
-            # the connection writes it out before the next namespace is accounted.
+            # it. Sent at once (acks awaited below), and the loop let run so the connection writes it out
+            # before the next namespace is accounted.
             await publisher.room()
-            publisher.enqueue(Item(contract.usage_subject(cluster, namespace), data, None, chained=True))
+            publisher.enqueue(Item(contract.usage_subject(cluster, namespace), data, None))
             await asyncio.sleep(0)
             sent.append((state, digest, (cluster, namespace)))
         await publisher.flush()  # while NATS is away: until it is back (the publisher republishes)

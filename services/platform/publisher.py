@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -46,12 +45,6 @@ log = structlog.get_logger("vmquota.publisher")
 _REPUBLISH_BACKOFF: Final = Backoff(initial=1.0, maximum=30.0, jitter=0.2)
 
 
-EXPECTED_LAST: Final = "Nats-Expected-Last-Subject-Sequence"
-_WRONG_LAST: Final = 10071
-"""JetStream's error code for a message whose :data:`EXPECTED_LAST` is not its subject's last sequence."""
-_WRONG_LAST_SEQ: Final = re.compile(r"wrong last sequence: (\d+)")
-
-
 @dataclass(frozen=True, slots=True)
 class Item:
     subject: str
@@ -60,15 +53,6 @@ class Item:
     headers: dict[str, str] | None = None
     label: str = ""
     """For the ``on_stored`` callback (the watcher passes the kind and event type)."""
-    chained: bool = False
-    """Stored only as the message after its subject's last one (:data:`EXPECTED_LAST`, which JetStream checks and
-    keeps with the message). A copy of it that JetStream itself delivers into the stream later (a consumer's
-    deliveries keep the headers, and a reader may aim them at any subject: a pull request's reply subject, a push
-    consumer's deliver subject) names a sequence that is no longer the last, and is refused: an older snapshot
-    cannot be stored over a newer one. The publisher learns each subject's last sequence from its acks, and from
-    JetStream's refusal when another message came in between (its own publish supersedes whatever that was): at
-    most one chained message of a subject may be unsettled at a time (the ledger publishes a namespace's usage
-    once per round, and flushes the round)."""
 
 
 class _Ack(msgspec.Struct):
@@ -80,9 +64,6 @@ class _Ack(msgspec.Struct):
 
 _ACK_DECODER: Final = msgspec.json.Decoder(_Ack)
 _NEVER: Final = 1 << 62
-_WRONG_LAST_AT_ONCE: Final = 3
-"""Refusals for a wrong last sequence a chained item is published again after at once: each names the sequence to
-expect next, so more than a few in a row means something writes the subject as fast as this publisher learns it."""
 
 
 class PublisherFailed(RuntimeError):
@@ -122,8 +103,6 @@ class Publisher:
         self._window_open = asyncio.Event()
         self._changed = asyncio.Event()
         self._prefix = ""
-        self._last: dict[str, int] = {}
-        """subject → the stream sequence of its last message, as far as this publisher knows (chained items)."""
         self._sub: Subscription | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -215,7 +194,7 @@ class Publisher:
                     await self._window_open.wait()
                 order, item = queue.popleft()
                 outstanding[order] = (item, loop.time(), self.bus.epoch)
-                headers = self._headers(item)
+                headers = item.headers
                 if item.msg_id is not None:
                     mid = self.bus.keyed(item.msg_id)
                     headers = {**headers, "Nats-Msg-Id": mid} if headers else {"Nats-Msg-Id": mid}
@@ -247,24 +226,9 @@ class Publisher:
         except msgspec.DecodeError:
             ack = _Ack(error={"description": "unreadable ack"})
         if ack.error is not None:
-            if item.chained and ack.error.get("err_code") == _WRONG_LAST:
-                self._learn_last(item.subject, str(ack.error.get("description", "")))
             self._retry(order, item)
             return
-        if item.chained:
-            self._last[item.subject] = ack.seq
         self._settle(item, ack.duplicate)
-
-    def _headers(self, item: Item) -> dict[str, str] | None:
-        if not item.chained:
-            return item.headers
-        return {**(item.headers or {}), EXPECTED_LAST: str(self._last.get(item.subject, 0))}
-
-    def _learn_last(self, subject: str, refusal: str) -> None:
-        """The last sequence JetStream's refusal of a chained item names (``wrong last sequence: N``)."""
-        m = _WRONG_LAST_SEQ.search(refusal)
-        if m is not None:
-            self._last[subject] = int(m.group(1))
 
     def _settle(self, item: Item, duplicate: bool) -> None:
         if self.on_stored is not None:
@@ -283,15 +247,11 @@ class Publisher:
             self._window_open.set()
 
     async def _republish(self, order: int, item: Item) -> None:
-        attempt = wrong_last = 0
+        attempt = 0
         while True:
             try:
                 ack = await self.bus.publish(
-                    item.subject,
-                    item.data,
-                    msg_id=item.msg_id,
-                    headers=self._headers(item),
-                    deadline=self.no_stream_after,
+                    item.subject, item.data, msg_id=item.msg_id, headers=item.headers, deadline=self.no_stream_after
                 )
                 break
             except asyncio.CancelledError:
@@ -307,25 +267,10 @@ class Publisher:
                 log.warning("publish still failing, retrying", subject=item.subject, error=str(e) or type(e).__name__)
                 await asyncio.sleep(_REPUBLISH_BACKOFF.delay(attempt))
                 attempt += 1
-            except nats.js.errors.APIError as e:
-                if not item.chained or e.err_code != _WRONG_LAST:
-                    self._fail(e)
-                    return
-                # (another message of the subject came in between: a copy a reader had JetStream deliver, or an
-                # earlier owner's publish; this one supersedes it. Never a failure: a reader that keeps writing the
-                # subject would stop the service. Again at once, then at the backoff's pace.)
-                self._learn_last(item.subject, str(e.description or ""))
-                wrong_last += 1
-                if wrong_last >= _WRONG_LAST_AT_ONCE:
-                    log.warning("the subject keeps changing under a chained message", subject=item.subject)
-                    await asyncio.sleep(_REPUBLISH_BACKOFF.delay(wrong_last - _WRONG_LAST_AT_ONCE))
-                continue
             except Exception as e:
                 self._fail(e)
                 return
         self._retrying.pop(order, None)
-        if item.chained:
-            self._last[item.subject] = ack.seq
         self._settle(item, bool(ack.duplicate))
 
     async def _expire(self) -> None:

@@ -59,6 +59,7 @@ from shared.report import names_list, nonzero, readable_list, used_of_budget
 from shared.report import readable as human_quantity
 from shared.resources import ResourceList, canonical_resource_list, format_resource_list, parse_resource_list
 from shared.snapshot import QuotaSnapshot
+from shared.times import parse_rfc3339
 
 __all__ = [
     "DEFAULT_EXCLUDED_NAMESPACES",
@@ -221,6 +222,18 @@ def check_usage(u: UsageSnapshot) -> None:
             for f in ("budget", "used", "pods", "reserved", "overlap", "unvouched", "taken", "hard")
         }
         check_hard_bound(lists, where)
+
+
+def usage_is_older(u: UsageSnapshot, held: UsageSnapshot) -> bool:
+    """Whether snapshot ``u`` of a namespace was folded no further (``seq``) and published no later (``time``) than
+    ``held``, the one the enforcer holds: a copy of an older snapshot (or of ``held``), which a reader of the bus
+    can have JetStream store after it. A snapshot folded further, or published later (the ledger's own republish;
+    the events stream created anew starts the sequences again), is not. Times that cannot be read compare as not
+    older."""
+    if u.seq > held.seq:
+        return False
+    t, h = parse_rfc3339(u.time), parse_rfc3339(held.time)
+    return t is not None and h is not None and t <= h
 
 
 def check_hard_bound(terms: Mapping[str, ResourceList], where: str) -> None:

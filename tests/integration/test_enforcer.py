@@ -816,6 +816,30 @@ async def test_a_forged_usage_snapshot_neither_opens_room_nor_shadows_the_real_o
         assert "exceeds budget + pods + reserved = 64Gi" in reason, reason
 
 
+async def test_a_copy_of_an_older_usage_snapshot_stored_after_the_newer_one_is_ignored(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """A reader of the bus can have JetStream store a copy of any stored message after the newer ones
+    (tests/integration/test_nats_permissions.py -k copies_and_empty): a copy of the snapshot that raised `hard` for
+    a migration, stored after the one that lowered it again, raised it again (80Gi on a 64Gi budget) until the
+    namespace's next change. A snapshot folded no further and published no later than the one held is ignored; the
+    ledger's next one, folded further, applies."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    async with enforcer(bus, api) as (e, _):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "raised for the migration")
+        raised = (await read_stream(bus, contract.USAGE_STREAM, contract.usage_subject(CLUSTER, NS), bool))[-1]
+        await publish_usage(bus, 6, terms("64Gi", "64Gi"))
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "lowered after it")
+        await bus.publish(contract.usage_subject(CLUSTER, NS), raised.data)  # (the copy: the same bytes, later)
+        await sim.wait_for(lambda: e.older_usage == 1, within=5, what="the copy ignored")
+        assert e.usage[NS].seq == 6
+        await publish_usage(bus, 7, terms("64Gi", "64Gi"))
+        await sim.wait_for(lambda: e.usage[NS].seq == 7, within=5, what="the next snapshot applied")
+        assert hard(await sim.get("resourcequotas", NS, "compute")) == {"limits.memory": "64Gi"}
+
+
 async def test_a_phantom_pod_on_the_bus_opens_no_room(
     sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
 ) -> None:

@@ -27,7 +27,7 @@ from services.devtools.natsserver import NatsServer
 from services.platform.bus import Bus, NatsOptions
 from services.platform.consumer import PullConsumer
 from services.platform.identity import inbox_prefix
-from services.platform.publisher import Item, Publisher, publish_all
+from services.platform.publisher import publish_all
 from services.platform.runner import cancel
 from shared import contract
 from shared.snapshot import VmiSnapshot
@@ -321,72 +321,69 @@ async def test_subscriber_reads_and_cannot_write(connect: Connect) -> None:
     await refused_request(sub, f"$JS.API.CONSUMER.CREATE.{contract.DECISIONS_STREAM}", b"{}")  # ordered: replay's
 
 
-async def test_a_reader_cannot_have_an_older_usage_snapshot_stored_over_a_newer_one(
+async def test_a_reader_can_have_copies_and_empty_messages_stored_in_the_usage_stream(
     server: SecuredServer, connect: Connect
 ) -> None:
-    """JetStream delivers a pull request's messages to whatever reply subject the request names, without asking
-    whether the requester may publish there, and a stream that captures that subject stores the delivery, headers
-    and original subject kept (a push consumer's deliver subject likewise). The read-only subscriber so had an old
-    usage snapshot stored over the current one (into the events stream, and back), and the enforcer raised `hard`
-    to it again. The ledger publishes each snapshot chained to its subject's last message: a copy names a sequence
-    that is no longer the last, and the stream refuses it. A snapshot published without the chain still gets
-    copied (the control), and the ledger's next snapshot supersedes whatever a reader put on the subject."""
-    opts = NatsOptions(url=server.url, user="ledger", password=server.passwords["ledger"], name="test-ledger")
-    ledger = await Bus.connect(opts, connect_timeout=5)
-    publisher = Publisher(ledger, window=4)
+    """What the enforcer's refusal of older usage and the ledger's never-empty mark of lost events exist for: JetStream
+    delivers a pull request's messages to whatever reply subject the request names, without asking whether the
+    requester may publish there, and a stream that captures that subject stores the delivery, headers and original
+    subject kept; a pull that finds nothing is answered with an empty status message, stored under the reply subject.
+    The read-only subscriber so has an old usage snapshot stored after the current one (into the events stream, and
+    back), and an empty message on any subject of the streams or the ledger's bucket (docs/operations.md, "What a
+    reader can still write"; tests/integration/test_enforcer.py -k older_usage)."""
+    ledger = await connect("ledger")
+    keeper = await Bus.connect(
+        NatsOptions(url=server.url, user="ledger", password=server.passwords["ledger"], name="keeper"),
+        connect_timeout=5,
+    )
     try:
-        await ledger.ensure_streams(contract.streams_for("ledger", sizes=SMALL))
-        publisher.start()
-        usage, control = contract.usage_subject("c1", "tenant-a"), contract.usage_subject("c1", "tenant-b")
-
-        async def publish(subject: str, data: bytes, *, chained: bool = True) -> None:
-            publisher.enqueue(Item(subject, data, None, chained=chained))
-            await publisher.flush()
-
-        sub, reader = await connect("subscriber"), await connect("replay")
-
-        async def pull_into(stream: str, reply: str, batch: int, subjects: str = "vmquota.usage.c1.>") -> None:
-            config = {"durable_name": "subscriber", "deliver_policy": "all", "ack_policy": "none"}
-            config["filter_subject"] = subjects
-            create = json.dumps({"stream_name": stream, "config": config}).encode()
-            answer = await sub.nc.request(f"$JS.API.CONSUMER.CREATE.{stream}.subscriber", create, timeout=5)
-            assert "error" not in json.loads(answer.data), answer.data
-            pull = json.dumps({"batch": batch, "no_wait": True}).encode()
-            await sub.nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.subscriber", pull, reply=reply)
-            await sub.nc.flush()
-
-        async def last(stream: str, subject: str) -> tuple[int, bytes]:
-            with contextlib.suppress(nats.js.errors.NotFoundError):
-                m = await reader.js.get_last_msg(stream, subject)
-                return m.seq or 0, m.data or b""
-            return 0, b""
-
-        async def stored(stream: str, subject: str, data: bytes) -> None:
-            async def there() -> bool:
-                return (await last(stream, subject))[1] == data
-
-            await wait_until(there, 10, f"{data!r} stored in {stream}")
-
-        await publish(usage, b'{"old": 1}')
-        await publish(control, b'{"control": 1}', chained=False)
-        await pull_into(contract.USAGE_STREAM, "vmquota.ev.c1.x.pod", 2)  # (the events stream captures the reply)
-        await stored(contract.EVENTS_STREAM, control, b'{"control": 1}')
-        await stored(contract.EVENTS_STREAM, usage, b'{"old": 1}')
-        await publish(usage, b'{"new": 2}')
-        await publish(control, b'{"control": 2}', chained=False)
-        current = await last(contract.USAGE_STREAM, usage)
-        await pull_into(contract.EVENTS_STREAM, usage, 2)  # (back into the usage stream, in stream order)
-        await stored(contract.USAGE_STREAM, control, b'{"control": 1}')  # (the control's copy came after)
-        assert await last(contract.USAGE_STREAM, usage) == current, "an older snapshot stored over the newer one"
-
-        # (a pull that finds nothing answers with an empty status message, stored as is under the reply subject)
-        await pull_into(contract.DECISIONS_STREAM, usage, 1, subjects="vmquota.quota.>")
-        await stored(contract.USAGE_STREAM, usage, b"")
-        await publish(usage, b'{"newer": 3}')
-        assert (await last(contract.USAGE_STREAM, usage))[1] == b'{"newer": 3}'
+        await keeper.ensure_streams(contract.streams_for("ledger", sizes=SMALL))
+        await keeper.ensure_kv(contract.LEDGER_BUCKET)
     finally:
-        await publisher.close()
-        await ledger.close()
+        await keeper.close()
+    usage = contract.usage_subject("c1", "tenant-a")
+    sub, reader = await connect("subscriber"), await connect("replay")
+
+    async def pull_into(stream: str, reply: str, subjects: str) -> None:
+        config = {"durable_name": "subscriber", "deliver_policy": "all", "ack_policy": "none"}
+        config["filter_subject"] = subjects
+        create = json.dumps({"stream_name": stream, "config": config}).encode()
+        answer = await sub.nc.request(f"$JS.API.CONSUMER.CREATE.{stream}.subscriber", create, timeout=5)
+        assert "error" not in json.loads(answer.data), answer.data
+        pull = json.dumps({"batch": 1, "no_wait": True}).encode()
+        await sub.nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.subscriber", pull, reply=reply)
+        await sub.nc.flush()
+
+    async def last(stream: str, subject: str) -> tuple[int, bytes]:
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            m = await reader.js.get_last_msg(stream, subject)
+            return m.seq or 0, m.data or b""
+        return 0, b""
+
+    async def stored(stream: str, subject: str, data: bytes) -> None:
+        async def there() -> bool:
+            return (await last(stream, subject))[1] == data
+
+        await wait_until(there, 10, f"{data!r} stored in {stream}")
+
+    await ledger.js.publish(usage, b'{"old": 1}')
+    await pull_into(contract.USAGE_STREAM, "vmquota.ev.c1.x.pod", usage)  # (the events stream captures the reply)
+    await stored(contract.EVENTS_STREAM, usage, b'{"old": 1}')
+    current = await ledger.js.publish(usage, b'{"new": 2}')
+    await pull_into(contract.EVENTS_STREAM, usage, usage)  # (back into the usage stream)
+    await stored(contract.USAGE_STREAM, usage, b'{"old": 1}')
+    assert (await last(contract.USAGE_STREAM, usage))[0] > current.seq, "the copy is stored after the current one"
+    key = f"$KV.{contract.LEDGER_BUCKET}.lost.x"
+    await pull_into(contract.DECISIONS_STREAM, key, "vmquota.quota.>")  # (nothing to deliver: a status answer)
+    marks: list[bytes | None] = []
+
+    async def marked() -> bool:
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            marks.append((await ledger.js.get_last_msg(f"KV_{contract.LEDGER_BUCKET}", key)).data)
+        return bool(marks)
+
+    await wait_until(marked, 10, "a message under the key of a ledger's mark of lost events")
+    assert not marks[0], marks
 
 
 async def test_replay_reads_streams_with_ordered_consumers_only(connect: Connect) -> None:

@@ -738,3 +738,25 @@ def test_a_cpu_allocation_ratio_changed_while_usage_is_missing_leaves_the_quota_
     assert enf.plan(snap(raw), None).action is enf.Action.NONE
     raw["metadata"]["annotations"][RATIO_ANNOTATION] = "1"
     assert enf.plan(snap(raw), None).annotations[STATUS_ANNOTATION] == f"Waiting for usage ({RATIO_MODE}, ratio 1)"
+
+
+@pytest.mark.parametrize(
+    ("seq", "time", "older"),
+    [
+        (5, "2026-01-01T00:00:00.000Z", True),  # (the held one again: a copy of it)
+        (4, "2025-12-31T23:59:59.000Z", True),  # (an older one: folded less, published before)
+        (5, "2025-12-31T23:59:59.000Z", True),  # (folded as far, published before: time moved its terms)
+        (6, "2025-12-31T23:59:59.000Z", False),  # (folded further: an instance whose clock is behind)
+        (5, "2026-01-01T00:00:00.001Z", False),  # (the ledger's own republish of the same fold)
+        (1, "2026-01-01T00:00:01.000Z", False),  # (the events stream created anew: its sequences start again)
+        (4, "not a time", False),
+    ],
+)
+def test_a_usage_snapshot_is_older_when_folded_no_further_and_published_no_later(
+    seq: int, time: str, older: bool
+) -> None:
+    """What the enforcer ignores as a copy of an older snapshot that a reader of the bus had stored after the one it
+    holds (``tests/integration/test_enforcer.py -k older_usage``)."""
+    held = usage_snapshot("tenant", 5)
+    u = msgspec.structs.replace(usage_snapshot("tenant", seq), time=time)
+    assert enf.usage_is_older(u, held) is older

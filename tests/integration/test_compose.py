@@ -253,6 +253,7 @@ def test_the_compose_stack_starts_as_local_processes(stack: Stack, tmp_path: Pat
     cli = [sys.executable, "-m", "services.cli.main"]
     sim_cmd = list(services["simcluster"]["command"])
     kubeconfig = tmp_path / "state" / "kubeconfig"
+    kubeconfig.parent.mkdir()  # (the volume compose mounts there)
     sim_cmd[sim_cmd.index("--port") + 1] = "0"
     assert sim_cmd[sim_cmd.index("--host") + 1] == "0.0.0.0", "the published port needs a wildcard bind"
     sim_cmd[sim_cmd.index("--host") + 1] = "127.0.0.1"

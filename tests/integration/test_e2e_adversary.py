@@ -1083,9 +1083,10 @@ async def test_with_the_guard_a_launcher_pod_shrunk_in_place_opens_no_room(renam
     """A tenant shrinks its running VM's launcher pod in place (`pods/resize`, requests.memory 64Mi): once the
     kubelet has done it, quota stops charging ~16Gi that the VM still counts in VM terms, and until vmquota lowers
     `hard` the tenant, watching its quota, creates a pod of all the room it sees: 16Gi of VM and a 31.9Gi pod on a
-    32Gi budget. First rewriting the kind of the pod's controller reference keeps it the VM's pod (KubeVirt compares
-    uids) but hid it from a rule on that kind. With the guard no pod is resized where a quota counts VM terms.
-    Fails without that policy."""
+    32Gi budget. First rewriting the kind of the pod's controller reference kept it the VM's pod (KubeVirt compares
+    uids) but hid it from a rule on that kind; `vmquota-kubevirt-pods` now keeps owner references whole, so the
+    rewrite is refused too. With the guard no pod is resized where a quota counts VM terms. Fails without that
+    policy."""
     async with pipeline(guard=True) as p:
         ns = "tenant-shrink"
         await p.managed_quota(ns, "vm-budget", {"requests.memory": "32Gi"}, mode="VirtualResources")
@@ -1117,7 +1118,10 @@ async def test_with_the_guard_a_launcher_pod_shrunk_in_place_opens_no_room(renam
                             c["resources"]["requests"]["memory"] = "64Mi"
                     await p.sim.store.update(pods, pod, subresource="resize")
             except ApiError as e:
-                assert "pods in this namespace are not resized in place" in e.message, e.message
+                refusal = (
+                    "keeps its owner references" if rename_kind else "pods in this namespace are not resized in place"
+                )
+                assert refusal in e.message, e.message
                 return
             await p.wait(lambda: bool(strikes) and strikes[0].done(), "the quota to charge less, and the strike")
             grab = p.sim.peek("pods", ns, "grab")

@@ -330,11 +330,12 @@ async def test_a_vmi_keeps_its_size_while_a_migration_of_it_is_not_final(sim: Si
     assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", sockets) is None, "once the migration is over"
 
 
-async def test_only_kubevirt_migrates_a_vmi_with_a_cpu_hotplug_pending(sim: SimCluster) -> None:
+async def test_only_kubevirt_migrates_a_vmi_with_a_cpu_or_memory_hotplug_pending(sim: SimCluster) -> None:
     """KubeVirt renders a migration's target from its own cache of the VMI, which may miss the VM controller's latest
-    patch of its sockets, and the migration's end gives the guest the spec's vCPUs: a migration of a VMI whose spec
-    asks more sockets than its status runs is KubeVirt's to make (its own carries the hotplug out); the tenant
-    migrates it once that is over, and migrates its other VMIs freely."""
+    patch of its sockets or guest memory, and the migration's end gives the guest the spec's vCPUs and memory: a
+    migration of a VMI whose spec asks more sockets, or more guest memory, than its status runs is KubeVirt's to make
+    (its own carries the hotplug out); the tenant migrates it once that is over, and migrates its other VMIs
+    freely. The memory case was let through."""
     await guarded_vmis(sim, running=True)
 
     assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", two_sockets) is None
@@ -357,6 +358,16 @@ async def test_only_kubevirt_migrates_a_vmi_with_a_cpu_hotplug_pending(sim: SimC
     )
     assert await create_as(sim, TENANT, migration("other", "vm2")) is None, "a VMI with no hotplug pending"
     assert await create_as(sim, KUBEVIRT_CONTROLLER, migration("kubevirts", "vm1")) is None, "KubeVirt's own"
+
+    # (a memory hotplug the same: hotplugMemory gives the guest the spec's memory at the migration's end)
+    await sim.wait_for_phase(NS, "other", "Succeeded", kind="vmim")
+    assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm2", hotplug) is None
+    err = await create_as(sim, TENANT, migration("mine-too", "vm2"))
+    assert err is not None and err.code == 403, err
+    assert err.message.endswith(
+        "vmquota: vm2 has a memory hotplug pending (2Gi asked, 1Gi running), which KubeVirt carries out with a "
+        "migration of its own: migrate it once that is over"
+    ), err.message
 
 
 def sidecar(obj: Obj) -> None:

@@ -1445,3 +1445,40 @@ def test_a_rules_resources_match_as_kube_apiserver_matches_them(
     assert info is not None
     pods = info.resource
     assert _matches_rule(rule, "UPDATE", pods, subresource) is matches
+
+
+async def test_only_administrators_make_decentralized_migrations_where_a_quota_is_managed(sim: SimCluster) -> None:
+    """A decentralized live migration brings a guest in with the domain of the VM it leaves, into a receiving VMI's
+    pod rendered and admitted from that VMI's own spec, and KubeVirt compares no sizes: a tenant making both ends
+    could run a large guest in a receiver counted small. Where a quota is managed, only cluster administrators make
+    a migration with ``spec.sendTo`` or ``spec.receive``; a plain one is the tenant's, and so is every migration
+    elsewhere."""
+
+    def migration(name: str, vm: str, **spec: Obj) -> Obj:
+        return {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstanceMigration",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"vmiName": vm, **spec},
+        }
+
+    for vm in ("vm1", "vm2", "vm3"):  # (one migration of a VMI at a time)
+        await sim.create_vm(NS, vm, memory="64Mi")
+        await sim.wait_for_phase(NS, vm, "Running")
+    sim.kubevirt.schedulable = set()  # (no node for a target: the migrations stay pending)
+    receive = {"receive": {"migrationID": "m-1"}}
+    send = {"sendTo": {"migrationID": "m-1", "connectURL": "remote.example:9185"}}
+    await install(sim, GUARD_POLICY.read_text())
+    assert await create_as(sim, TENANT, migration("before", "vm1", **receive)) is None, "no managed quota: the tenant's"
+    await managed_pod_terms_quota(sim)
+    for name, spec in (("receiving", receive), ("sending", send)):
+        err = await create_as(sim, TENANT, migration(name, "vm3", **spec))
+        assert err is not None and err.code == 403, err
+        assert (
+            "ValidatingAdmissionPolicy 'vmquota-decentralized-migrations' with binding "
+            "'vmquota-decentralized-migrations' denied request: vmquota: quota vm-budget counts VMs, and a "
+            f"decentralized migration brings a guest in at the size of the VM it leaves, into a pod made for the "
+            f"receiving VMI: in this namespace only cluster administrators make {name}" in err.message
+        ), err.message
+    assert await create_as(sim, ADMIN, migration("by-an-admin", "vm2", **receive)) is None
+    assert await create_as(sim, TENANT, migration("plain", "vm3")) is None, "a migration within the cluster"

@@ -28,6 +28,7 @@ from services.platform.http import Metrics
 from shared import contract
 from shared.backoff import Backoff
 from shared.quota import enforcement, reports
+from shared.quota.annotations import USAGE_FROM_ANNOTATION
 from shared.quota.enforcement import Plan
 
 log = structlog.get_logger("vmquota.enforcer")
@@ -98,6 +99,7 @@ class Reporter:
         """Dry-run: report a plan once (the same plan again says nothing new)."""
         body = enforcement.patch_body(p)
         body["metadata"].pop("resourceVersion", None)
+        (body["metadata"].get("annotations") or {}).pop(USAGE_FROM_ANNOTATION, None)  # (each snapshot's own)
         fingerprint = repr(sorted(body.items()))
         if self._dry_seen.get(key) == fingerprint:
             return

@@ -54,7 +54,7 @@ from shared.errors import InvalidInput
 from shared.kinds import QUOTA_KIND
 from shared.normalize import normalize
 from shared.quota import enforcement
-from shared.quota.annotations import MANAGED_LABEL, USAGE_ANNOTATION
+from shared.quota.annotations import MANAGED_LABEL, USAGE_ANNOTATION, USAGE_FROM_ANNOTATION
 from shared.quota.enforcement import Action
 from shared.snapshot import QuotaSnapshot, same_content
 
@@ -339,16 +339,15 @@ class Enforcer:
         at = position(m).stream
         if at <= self._usage_at.get(u.namespace, 0):
             return
-        held = self.usage.get(u.namespace)
-        if held is not None and enforcement.usage_is_older(u, held):
+        mark = self._usage_mark(u.namespace)
+        if mark is not None and enforcement.usage_is_older(u, mark):
             self.older_usage += 1
             log.warning(
                 "usage snapshot older than the one held ignored (a copy)",
                 namespace=u.namespace,
                 seq=u.seq,
                 time=u.time,
-                held_seq=held.seq,
-                held_time=held.time,
+                held=mark,
             )
             return
         self._usage_at[u.namespace] = at
@@ -357,6 +356,21 @@ class Enforcer:
         if self._caught_up["usage"] and not self._stopped:
             self.reporter.cancel(u.namespace, u)
         self._touch_namespace(u.namespace)
+
+    def _usage_mark(self, namespace: str) -> str | None:
+        """What a namespace's next usage snapshot must not be older than: the one held, or, before one is (the
+        enforcer has just started), the newest a quota of the namespace was last written from (its
+        ``vmquota.io/usage-from``, which only the enforcer writes)."""
+        held = self.usage.get(namespace)
+        if held is not None:
+            return enforcement.usage_mark(held)
+        marks = []
+        for name in self.quotas.names(namespace):
+            q = self.quotas.get((namespace, name))
+            mark = q.annotations.get(USAGE_FROM_ANNOTATION) if q is not None and self.quotas.vouched(q) else None
+            if mark is not None:
+                marks.append(mark)
+        return max(marks, key=enforcement.mark_order, default=None)
 
     async def _dead_letter(self, m: Msg, stream: str, reason: str) -> None:
         seq = position(m).stream

@@ -26,6 +26,10 @@ STATUS_ANNOTATION: Final = "vmquota.io/status"
 USAGE_ANNOTATION: Final = "vmquota.io/usage"
 """One line for people: use in the mode's terms against the budget, what is reserved and what ``hard`` is raised
 for, as of the last ``spec.hard`` write (it is updated only with writes that happen anyway)."""
+USAGE_FROM_ANNOTATION: Final = "vmquota.io/usage-from"
+"""The usage snapshot the enforcer's last write of the quota was planned from, as ``<seq> <time>``
+(:func:`shared.quota.enforcement.usage_mark`): an enforcer that starts ignores a snapshot older than it, a copy a
+reader of the bus had stored after the newer ones (docs/operations.md, "What a reader can still write")."""
 ENFORCED_BUDGET_ANNOTATION: Final = "vmquota.io/enforced-budget"
 """The budget the ``spec.hard`` vmquota last wrote from the ledger's usage was computed for (JSON, canonical
 quantities): with the usage missing, a quota stays enforced only while its budget is still this one."""
@@ -36,7 +40,13 @@ VMI_MINIMUM_ANNOTATIONS: Final = {
 per vCPU (``shared.quota.modes.vmi_minimums``), on a managed quota in a VM-term mode: the reservation guard's
 rendering-model policy reads them (``deploy/components/reservation-guard``)."""
 REPORT_ANNOTATIONS: Final = frozenset(
-    {STATUS_ANNOTATION, USAGE_ANNOTATION, ENFORCED_BUDGET_ANNOTATION, *VMI_MINIMUM_ANNOTATIONS.values()}
+    {
+        STATUS_ANNOTATION,
+        USAGE_ANNOTATION,
+        USAGE_FROM_ANNOTATION,
+        ENFORCED_BUDGET_ANNOTATION,
+        *VMI_MINIMUM_ANNOTATIONS.values(),
+    }
 )
 """What the enforcer writes on a quota for people (its status line, the usage summary): no accounting reads them, so
 a change of them alone is not a change of the quota for the ledger (``shared.snapshot.same_content``)."""

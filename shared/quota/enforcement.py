@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
 from fnmatch import fnmatchcase
 from fractions import Fraction
@@ -51,6 +52,7 @@ from shared.quota.annotations import (
     RATIO_ANNOTATION,
     STATUS_ANNOTATION,
     USAGE_ANNOTATION,
+    USAGE_FROM_ANNOTATION,
     VMI_MINIMUM_ANNOTATIONS,
 )
 from shared.quota.equation import within_charged
@@ -82,6 +84,7 @@ OWN_ANNOTATIONS: Final = (
     ENFORCED_BUDGET_ANNOTATION,
     STATUS_ANNOTATION,
     USAGE_ANNOTATION,
+    USAGE_FROM_ANNOTATION,
     *VMI_MINIMUM_ANNOTATIONS.values(),
 )
 """The annotations the enforcer writes (and removes when it hands a quota back). The mode and ratio annotations
@@ -224,16 +227,39 @@ def check_usage(u: UsageSnapshot) -> None:
         check_hard_bound(lists, where)
 
 
-def usage_is_older(u: UsageSnapshot, held: UsageSnapshot) -> bool:
-    """Whether snapshot ``u`` of a namespace was folded no further (``seq``) and published no later (``time``) than
-    ``held``, the one the enforcer holds: a copy of an older snapshot (or of ``held``), which a reader of the bus
-    can have JetStream store after it. A snapshot folded further, or published later (the ledger's own republish;
-    the events stream created anew starts the sequences again), is not. Times that cannot be read compare as not
-    older."""
-    if u.seq > held.seq:
+def usage_mark(u: UsageSnapshot) -> str:
+    """``<seq> <time>`` of a usage snapshot: what :func:`usage_is_older` compares (:data:`USAGE_FROM_ANNOTATION`)."""
+    return f"{u.seq} {u.time}"
+
+
+def mark_order(mark: str) -> tuple[datetime, int]:
+    """A :func:`usage_mark` as something to sort by: its time, then its ``seq`` (one that cannot be read first)."""
+    seq, _, time = mark.partition(" ")
+    t = parse_rfc3339(time)
+    try:
+        return (t if t is not None else _EPOCH, int(seq))
+    except ValueError:
+        return (_EPOCH, 0)
+
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def usage_is_older(u: UsageSnapshot, mark: str) -> bool:
+    """Whether snapshot ``u`` of a namespace was folded no further (``seq``) and published before (``time``) the
+    one ``mark`` (:func:`usage_mark`) stands for, which the enforcer holds or last wrote a quota from: a copy of an
+    older snapshot, which a reader of the bus can have JetStream store after the newer ones. A snapshot folded
+    further, or published later (the ledger's own republish; the events stream created anew starts the sequences
+    again), is not, nor the same one again. A mark or a time that cannot be read compares as not older."""
+    seq, _, time = mark.partition(" ")
+    try:
+        held_seq = int(seq)
+    except ValueError:
         return False
-    t, h = parse_rfc3339(u.time), parse_rfc3339(held.time)
-    return t is not None and h is not None and t <= h
+    if u.seq > held_seq:
+        return False
+    t, h = parse_rfc3339(u.time), parse_rfc3339(time)
+    return t is not None and h is not None and t < h
 
 
 def check_hard_bound(terms: Mapping[str, ResourceList], where: str) -> None:
@@ -441,6 +467,8 @@ def plan(
         action = Action.REFRESH if summary else Action.NONE  # (paced by the enforcer: see Action.REFRESH)
         return _base(q, action, mode=mode.value, budget=b.budget, usage_seq=seq, annotations=summary)
     annotations.update(summary)  # (rides on a write that happens anyway)
+    if usage is not None and agreed:  # (so does the mark of the snapshot it is planned from)
+        annotations.update(_changed_annotations(q, {USAGE_FROM_ANNOTATION: usage_mark(usage)}))
 
     parts: list[str] = []
     event_reason = ADJUSTED

@@ -37,6 +37,7 @@ from shared.quota.annotations import (
     MANAGED_LABEL,
     STATUS_ANNOTATION,
     USAGE_ANNOTATION,
+    USAGE_FROM_ANNOTATION,
 )
 from shared.snapshot import VmiSnapshot, size_digest
 from shared.times import rfc3339
@@ -822,8 +823,9 @@ async def test_a_copy_of_an_older_usage_snapshot_stored_after_the_newer_one_is_i
     """A reader of the bus can have JetStream store a copy of any stored message after the newer ones
     (tests/integration/test_nats_permissions.py -k copies_and_empty): a copy of the snapshot that raised `hard` for
     a migration, stored after the one that lowered it again, raised it again (80Gi on a 64Gi budget) until the
-    namespace's next change. A snapshot folded no further and published no later than the one held is ignored; the
-    ledger's next one, folded further, applies."""
+    namespace's next change. A snapshot folded no further and published before the one held is ignored, and before
+    one is held (an enforcer that has just started), before the one a quota was last written from
+    (``vmquota.io/usage-from``, which tenants cannot write); the ledger's next one, folded further, applies."""
     await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
     async with enforcer(bus, api) as (e, _):
         await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
@@ -837,6 +839,13 @@ async def test_a_copy_of_an_older_usage_snapshot_stored_after_the_newer_one_is_i
         assert e.usage[NS].seq == 6
         await publish_usage(bus, 7, terms("64Gi", "64Gi"))
         await sim.wait_for(lambda: e.usage[NS].seq == 7, within=5, what="the next snapshot applied")
+        assert hard(await sim.get("resourcequotas", NS, "compute")) == {"limits.memory": "64Gi"}
+    # (an enforcer that starts after a copy was stored holds no snapshot yet: the quota says what it was written from)
+    await bus.publish(contract.usage_subject(CLUSTER, NS), raised.data)
+    assert notes(await sim.get("resourcequotas", NS, "compute"))[USAGE_FROM_ANNOTATION].startswith("6 ")
+    async with enforcer(bus, api) as (e, _):
+        await sim.wait_for(lambda: e.older_usage == 1, within=5, what="the copy ignored at start")
+        assert NS not in e.usage
         assert hard(await sim.get("resourcequotas", NS, "compute")) == {"limits.memory": "64Gi"}
 
 

@@ -743,7 +743,7 @@ def test_a_cpu_allocation_ratio_changed_while_usage_is_missing_leaves_the_quota_
 @pytest.mark.parametrize(
     ("seq", "time", "older"),
     [
-        (5, "2026-01-01T00:00:00.000Z", True),  # (the held one again: a copy of it)
+        (5, "2026-01-01T00:00:00.000Z", False),  # (the held one again: the same content)
         (4, "2025-12-31T23:59:59.000Z", True),  # (an older one: folded less, published before)
         (5, "2025-12-31T23:59:59.000Z", True),  # (folded as far, published before: time moved its terms)
         (6, "2025-12-31T23:59:59.000Z", False),  # (folded further: an instance whose clock is behind)
@@ -757,6 +757,8 @@ def test_a_usage_snapshot_is_older_when_folded_no_further_and_published_no_later
 ) -> None:
     """What the enforcer ignores as a copy of an older snapshot that a reader of the bus had stored after the one it
     holds (``tests/integration/test_enforcer.py -k older_usage``)."""
-    held = usage_snapshot("tenant", 5)
+    held = enf.usage_mark(usage_snapshot("tenant", 5))
     u = msgspec.structs.replace(usage_snapshot("tenant", seq), time=time)
     assert enf.usage_is_older(u, held) is older
+    assert not enf.usage_is_older(u, "unreadable"), "a mark that cannot be read holds nothing back"
+    assert enf.mark_order(held) == (datetime(2026, 1, 1, tzinfo=UTC), 5)

@@ -359,7 +359,8 @@ class VmquotaStack:
         async with aiohttp.ClientSession() as session:
             while True:
                 if proc.returncode is not None:
-                    raise RuntimeError(f"vmquota run {name} exited with {proc.returncode} during start-up")
+                    tail = self._log_tail(name)
+                    raise RuntimeError(f"vmquota run {name} exited with {proc.returncode} during start-up:\n{tail}")
                 with contextlib.suppress(aiohttp.ClientError, OSError):
                     async with session.get(f"http://127.0.0.1:{port}/readyz") as resp:
                         if resp.status == 200:
@@ -367,6 +368,14 @@ class VmquotaStack:
                 if loop.time() > deadline:
                     raise TimeoutError(f"vmquota run {name} not ready after {within}s")
                 await asyncio.sleep(0.05)  # polling an HTTP endpoint of another process: nothing to wait on
+
+    def _log_tail(self, name: str, lines: int = 20) -> str:
+        """The last lines of a service process's log (what it said before it exited)."""
+        try:
+            text = (Path(self.nats.workdir) / f"{name}.log").read_text(errors="replace")
+        except OSError as e:
+            return f"(no log: {e.strerror})"
+        return "\n".join(text.splitlines()[-lines:])
 
     async def stop_service(self, name: str, *, kill: bool = False) -> int | None:
         """Stop one service process: SIGTERM (graceful stop) or ``kill`` (SIGKILL). Returns its exit status."""

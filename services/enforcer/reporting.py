@@ -71,6 +71,8 @@ class Reporter:
         self._nudging = asyncio.Semaphore(NUDGING_MAX)
         """Nudges under way at once, for the same reason (apart from Events: a tenant's refusals to tell must not
         hold back another's nudge)."""
+        self._nudge_queued: set[tuple[str, str]] = set()
+        """(namespace, VMI uid) of nudges queued or under way: no second one is queued meanwhile."""
         self.side_tasks: set[asyncio.Task[None]] = set()
         """Nudges, VMI Events and guard shrinks under way (off the reconcile path)."""
         self.reported = 0
@@ -177,8 +179,11 @@ class Reporter:
             last = self._nudged.get((namespace, v.uid))
             if last is not None and (last[0] >= at or now - last[1] < self.opts.nudge_interval):
                 continue
+            if (namespace, v.uid) in self._nudge_queued:  # (its turn has not come: one is enough)
+                continue
             _remember(self._nudged, (namespace, v.uid), (at, now))
-            self.spawn(self._nudge(namespace, v.name, str(at)), f"nudge-{namespace}-{v.name}")
+            self._nudge_queued.add((namespace, v.uid))
+            self.spawn(self._nudge(namespace, v.name, v.uid, str(at)), f"nudge-{namespace}-{v.name}")
 
     def cancel(self, namespace: str, u: contract.UsageSnapshot) -> None:
         """Cancel each migration usage ``u`` says is to be (``cancel``: its end would carry out a size change of its
@@ -257,7 +262,7 @@ class Reporter:
         except KubeError as e:
             log.info("VMI event not created", namespace=namespace, vmi=body["involvedObject"]["name"], error=str(e))
 
-    async def _nudge(self, namespace: str, name: str, token: str) -> None:
+    async def _nudge(self, namespace: str, name: str, uid: str, token: str) -> None:
         try:
             async with self._nudging:
                 await self.kube.nudge_vmi(namespace, name, token)
@@ -265,6 +270,8 @@ class Reporter:
         except KubeError as e:
             self.own.nudges.labels(outcome="failed").inc()
             log.info("VMI not nudged", namespace=namespace, vmi=name, error=str(e))
+        finally:
+            self._nudge_queued.discard((namespace, uid))
 
 
 _R = TypeVar("_R")

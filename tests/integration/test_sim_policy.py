@@ -1482,3 +1482,8 @@ async def test_only_administrators_make_decentralized_migrations_where_a_quota_i
         ), err.message
     assert await create_as(sim, ADMIN, migration("by-an-admin", "vm2", **receive)) is None
     assert await create_as(sim, TENANT, migration("plain", "vm3")) is None, "a migration within the cluster"
+    vmims = sim.store.resource("vmim")
+    for user in (KUBEVIRT_CONTROLLER, TENANT):  # (KubeVirt's own updates of it: annotations, labels, finalizers)
+        with acting_as(user):
+            metadata = {"annotations": {f"by-{user.username.rsplit(':', 1)[-1]}": "x"}, "finalizers": ["mine"]}
+            await sim.store.patch(vmims, NS, "by-an-admin", {"metadata": metadata}, "merge")

@@ -6,6 +6,7 @@ import asyncio
 from datetime import UTC, datetime
 from typing import cast
 
+import msgspec
 from prometheus_client import CollectorRegistry
 
 from services.enforcer.kube import QuotaApi
@@ -64,6 +65,13 @@ async def test_a_tenants_many_nudges_take_a_bounded_share_of_the_api_client() ->
     for _ in range(5):
         await asyncio.sleep(0)
     assert kube.most == NUDGING_MAX
+    # (the next snapshots, past the nudge interval: a VMI whose nudge waits its turn gets no second one)
+    later = msgspec.structs.replace(usage, seq=2)
+    reporter.opts = EnforcerOptions(cluster="c1", nudge_interval=0.0)
+    reporter.tell_and_nudge("tenant", later, 2)
+    assert len(reporter.side_tasks) == len(vms)
     kube.release.set()
     await wait_until(lambda: len(kube.nudged) == len(vms), 10, "every VMI nudged")
-    assert kube.most == NUDGING_MAX
+    assert kube.most == NUDGING_MAX and sorted(kube.nudged) == sorted(v.name for v in vms)
+    reporter.tell_and_nudge("tenant", msgspec.structs.replace(usage, seq=3), 3)
+    await wait_until(lambda: len(kube.nudged) == 2 * len(vms), 10, "nudged again once the first were made")

@@ -68,18 +68,23 @@ def check_kubeconfig_out(out: Path, flag: str = "--kubeconfig-out") -> None:
         existing = yaml.safe_load(read_setting_file(str(out), flag))
     except (InvalidInput, yaml.YAMLError):
         existing = None
-    servers = [
-        str((c.get("cluster") or {}).get("server", ""))
-        for c in (existing.get("clusters") or [] if isinstance(existing, dict) else [])
-        if isinstance(c, dict)
-    ]
-    ours = (
-        isinstance(existing, dict)
-        and existing.get("current-context") == "simcluster"
-        and bool(servers)
-        and all(s.startswith(("https://127.0.0.1:", "http://127.0.0.1:")) for s in servers)
-    )
-    if not ours:
+    if not _ours(existing):
         raise InvalidInput(
             f"{str(out)!r} exists and is not a kubeconfig vmquota wrote: remove it or choose another path", flag
         )
+
+
+def _ours(doc: object) -> bool:
+    """Whether ``doc`` is a kubeconfig as :func:`kubeconfig` writes it: one cluster, one user (with a token and
+    nothing else) and one context, all named ``simcluster``, whatever the server's address (``--host``)."""
+    if not isinstance(doc, dict) or doc.get("current-context") != "simcluster":
+        return False
+    named = [doc.get(k) for k in ("clusters", "users", "contexts")]
+    if not all(isinstance(items, list) and len(items) == 1 and isinstance(items[0], dict) for items in named):
+        return False
+    cluster, user, context = (items[0] for items in named)  # type: ignore[index]
+    return (
+        all(item.get("name") == "simcluster" for item in (cluster, user, context))
+        and isinstance(user.get("user"), dict)
+        and set(user["user"]) == {"token"}
+    )

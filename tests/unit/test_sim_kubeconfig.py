@@ -1,0 +1,43 @@
+"""Where ``vmquota up`` and ``vmquota simulate`` may write their kubeconfig (``--kubeconfig-out``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from services.devtools.simcluster.kubeconfig import check_kubeconfig_out, write_kubeconfig
+from shared.errors import InvalidInput
+
+
+@pytest.mark.parametrize("server", ["https://127.0.0.1:6443", "https://[::1]:6443", "https://localhost:6443"])
+def test_a_kubeconfig_vmquota_wrote_may_be_written_again_whatever_its_host(tmp_path: Path, server: str) -> None:
+    """``simulate --host ::1`` (or ``localhost``, or an address) writes its own address: the next run found that
+    file "not a kubeconfig vmquota wrote" and refused to start."""
+    out = write_kubeconfig(tmp_path / "kc", server, "token")
+    check_kubeconfig_out(out)
+    check_kubeconfig_out(tmp_path / "new")
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"current-context": "prod", "clusters": [{"name": "prod", "cluster": {"server": "https://10.0.0.1:6443"}}]},
+        {  # (named as vmquota names it, but with a user's client certificate: someone's own)
+            "current-context": "simcluster",
+            "clusters": [{"name": "simcluster", "cluster": {"server": "https://127.0.0.1:6443"}}],
+            "users": [{"name": "simcluster", "user": {"client-key-data": "x", "client-certificate-data": "y"}}],
+            "contexts": [{"name": "simcluster", "context": {"cluster": "simcluster", "user": "simcluster"}}],
+        },
+        "not a kubeconfig",
+    ],
+    ids=["another", "a-certificate", "text"],
+)
+def test_a_file_vmquota_did_not_write_is_never_overwritten(tmp_path: Path, doc: object) -> None:
+    out = tmp_path / "config"
+    out.write_text(yaml.safe_dump(doc))
+    with pytest.raises(InvalidInput, match="is not a kubeconfig vmquota wrote"):
+        check_kubeconfig_out(out)
+    with pytest.raises(InvalidInput, match="does not exist"):
+        check_kubeconfig_out(tmp_path / "missing" / "kc")

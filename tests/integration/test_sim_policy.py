@@ -1447,6 +1447,28 @@ def test_a_rules_resources_match_as_kube_apiserver_matches_them(
     assert _matches_rule(rule, "UPDATE", pods, subresource) is matches
 
 
+async def test_a_vmi_whose_guest_keeps_hotplugged_memory_offline_is_migrated_by_its_tenant(sim: SimCluster) -> None:
+    """A memory hotplug KubeVirt carried out (``guestRequested`` at the spec) whose memory the guest keeps offline
+    (``guestCurrent`` below it) is no hotplug pending: KubeVirt makes no migration for it again, and the rule that
+    leaves such migrations to KubeVirt refused every migration of the VM by anyone else, for good."""
+    await guarded_vmis(sim, running=True)
+
+    def requested(obj: Obj) -> None:
+        obj["status"]["memory"].update({"guestRequested": "2Gi", "guestCurrent": "1Gi"})
+
+    assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", requested, status=True) is None
+    assert await update_as(sim, KUBEVIRT_CONTROLLER, "vm1", hotplug) is None
+    v = await sim.get("virtualmachineinstances", NS, "vm1")
+    assert (v["spec"]["domain"]["memory"]["guest"], v["status"]["memory"]["guestCurrent"]) == ("2Gi", "1Gi")
+    migration = {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstanceMigration",
+        "metadata": {"name": "mine", "namespace": NS},
+        "spec": {"vmiName": "vm1"},
+    }
+    assert await create_as(sim, TENANT, migration) is None
+
+
 async def test_only_administrators_make_decentralized_migrations_where_a_quota_is_managed(sim: SimCluster) -> None:
     """A decentralized live migration brings a guest in with the domain of the VM it leaves, into a receiving VMI's
     pod rendered and admitted from that VMI's own spec, and KubeVirt compares no sizes: a tenant making both ends

@@ -33,5 +33,9 @@ class InvalidQuantity(InvalidInput):
     """A Kubernetes quantity string that does not parse, is negative where that is not allowed, or is absurd."""
 
 
+SIM_INSTALL = "pip install 'vmquota[sim]' (from a source checkout: pip install -e '.[sim]')"
+"""The install line that adds the development tools' packages (the simulated cluster, nats-server, CEL)."""
+
+
 class MissingDependency(RuntimeError):
     """An optional package the command needs is not installed; the message names the install line that adds it."""

@@ -228,7 +228,9 @@ def status_table(rows: Sequence[QuotaRow], *, wide: bool = False) -> str:
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     text = "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table)
     text += "\n(VMS: running/starting/refused)"
-    if any(r.mode in SCALED_MODES for r in rows):
+    if not wide:
+        text += "\n(-o wide: what the pods are charged, what is reserved, and hard)"
+    elif any(r.mode in SCALED_MODES for r in rows):  # (about the HARD column: only beside it)
         text += f"\nNote: {SCALE_NOTE}."
     return text
 

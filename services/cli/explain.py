@@ -91,7 +91,7 @@ async def main(args: argparse.Namespace) -> int:
         raise opsbus.NotFound(
             f"no {kind} {args.ref} in the retained history of {contract.EVENTS_STREAM}"
             + (f" of cluster {args.cluster}" if args.cluster else "")
-            + ": check the name, or it is older than --events-max-age"
+            + ": check the name, or it is older than the events stream keeps (the ledger's --events-max-age)"
         )
     if args.output == "json":
         out: dict[str, Any] = {

@@ -17,12 +17,12 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from shared.errors import MissingDependency
+from shared.errors import SIM_INSTALL, MissingDependency
 
 DEVTOOLS = "services.devtools"
 NO_DEVTOOLS = (
     "is a development tool, not part of this installation (the production image leaves services.devtools out): "
-    "use the devtools image, or pip install 'vmquota[sim]'"
+    f"use the devtools image, or {SIM_INSTALL}"
 )
 
 # sub-command -> (module, one-line help)
@@ -33,7 +33,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("services.devtools.simulate", "run a simulated KubeVirt cluster until interrupted"),
     "run": ("services.platform.runner", "run a service: watcher, ledger, enforcer or all"),
     "demo": ("services.devtools.demo.cli", "play the seed scenarios (or a scenario file) without and with vmquota"),
-    "status": ("services.cli.status", "show every managed quota: budget, use in VM terms, reservations, hard"),
+    "status": (
+        "services.cli.status",
+        "show every managed quota: budget and use in VM terms (-o wide: pods, reservations, hard)",
+    ),
     "tail": ("services.cli.tail", "follow decisions, usage or events on the bus, one line per message"),
     "explain": (
         "services.cli.explain",

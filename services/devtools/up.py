@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import shutil
 import signal
 import socket
 import sys
@@ -74,6 +75,10 @@ def _check_port(port: int, flag: str) -> None:
 def guide(kubeconfig: Path, nats_url: str, *, example: bool) -> str:
     """What to try, as shell lines."""
     env = f"export KUBECONFIG={kubeconfig} VMQUOTA_NATS={nats_url}"
+    here = Path(sys.executable).parent  # (where this vmquota is: a venv's bin is not on a new shell's PATH)
+    if shutil.which("vmquota") is None or Path(str(shutil.which("vmquota"))).parent != here:
+        env += f' PATH="{here}:$PATH"'
+
     lines = [
         "vmquota is up: a simulated KubeVirt cluster, nats-server, and the watcher, ledger and enforcer.",
         "",

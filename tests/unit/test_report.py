@@ -71,6 +71,8 @@ def test_rows_take_hard_from_the_last_written_decision_and_name_the_migrations()
     table = report.status_table([row], wide=True)
     assert "requests.cpu 8/8" in table and "Note: hard = pods + reserved + k * budget - taken - overlap" in table
     assert report.status_table([]) == "no managed quotas found"
+    narrow = report.status_table([row])
+    assert "HARD" not in narrow and "Note:" not in narrow and "-o wide" in narrow, "the note is about a column"
 
 
 def test_a_kubernetes_quota_message_reads_in_readable_amounts() -> None:

@@ -43,7 +43,7 @@ from services.devtools.simcluster.auth import current_user
 from services.devtools.simcluster.selectors import LabelSelector
 from services.devtools.simcluster.store import Store
 from services.devtools.simcluster.store_api import DELETE_OPTIONS, ApiError, Obj, Operation, Resource
-from shared.errors import InvalidInput
+from shared.errors import SIM_INSTALL, InvalidInput
 from shared.quantity import Quantity
 
 _REASON_CODES: Final = {"Unauthorized": 401, "Forbidden": 403, "Invalid": 422, "RequestEntityTooLarge": 413}
@@ -72,7 +72,7 @@ def _cel() -> tuple[Any, Any]:
         raise ApiError(
             500,
             "InternalError",
-            "ValidatingAdmissionPolicy evaluation needs the 'cel-expr-python' package: pip install 'vmquota[sim]'",
+            f"ValidatingAdmissionPolicy evaluation needs the 'cel-expr-python' package: {SIM_INSTALL}",
         ) from e
     quantity = [
         # Kubernetes' quantity library, as far as the shipped policies use it: quantity(string) and its

@@ -53,7 +53,7 @@ from services.devtools.simcluster.registry import AGE, NAME, ResourceInfo
 from services.devtools.simcluster.store import PatchType, Store, Watcher, WatchItem
 from services.devtools.simcluster.store_api import ApiError, Obj, Resource
 from services.platform.logs import configure, get_logger
-from shared.errors import MissingDependency
+from shared.errors import SIM_INSTALL, MissingDependency
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
@@ -793,7 +793,7 @@ def require_tls_support() -> None:
         import cryptography  # noqa: F401
     except ImportError:
         raise MissingDependency(
-            "the simulated cluster serves HTTPS and needs the 'cryptography' package: pip install 'vmquota[sim]'"
+            f"the simulated cluster serves HTTPS and needs the 'cryptography' package: {SIM_INSTALL}"
         ) from None
 
 
@@ -810,7 +810,7 @@ def self_signed_certificate(host: str = "127.0.0.1") -> tuple[bytes, bytes]:
         from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
     except ImportError:  # pragma: no cover - depends on the installation
         raise MissingDependency(
-            "the simulated cluster serves HTTPS and needs the 'cryptography' package: pip install 'vmquota[sim]'"
+            f"the simulated cluster serves HTTPS and needs the 'cryptography' package: {SIM_INSTALL}"
         ) from None
 
     key = ec.generate_private_key(ec.SECP256R1())

@@ -335,7 +335,7 @@ class Enforcer:
         # Later in the stream (a redelivery after a reconnect never goes back in it), and not older than the
         # snapshot held: a copy of an older snapshot that a reader of the bus had JetStream deliver into the stream
         # (docs/operations.md, "What a reader can still write") comes later in the stream, but was folded no further
-        # and published no later than the one held.
+        # and published before the one held.
         at = position(m).stream
         if at <= self._usage_at.get(u.namespace, 0):
             return

@@ -232,14 +232,20 @@ def usage_mark(u: UsageSnapshot) -> str:
     return f"{u.seq} {u.time}"
 
 
-def mark_order(mark: str) -> tuple[datetime, int]:
-    """A :func:`usage_mark` as something to sort by: its time, then its ``seq`` (one that cannot be read first)."""
+def _read_mark(mark: str) -> tuple[int, datetime] | None:
+    """``(seq, time)`` of a :func:`usage_mark`, or None when it cannot be read."""
     seq, _, time = mark.partition(" ")
     t = parse_rfc3339(time)
     try:
-        return (t if t is not None else _EPOCH, int(seq))
+        return (int(seq), t) if t is not None else None
     except ValueError:
-        return (_EPOCH, 0)
+        return None
+
+
+def mark_order(mark: str) -> tuple[datetime, int]:
+    """A :func:`usage_mark` as something to sort by: its time, then its ``seq`` (one that cannot be read first)."""
+    read = _read_mark(mark)
+    return (read[1], read[0]) if read is not None else (_EPOCH, 0)
 
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
@@ -251,15 +257,8 @@ def usage_is_older(u: UsageSnapshot, mark: str) -> bool:
     older snapshot, which a reader of the bus can have JetStream store after the newer ones. A snapshot folded
     further, or published later (the ledger's own republish; the events stream created anew starts the sequences
     again), is not, nor the same one again. A mark or a time that cannot be read compares as not older."""
-    seq, _, time = mark.partition(" ")
-    try:
-        held_seq = int(seq)
-    except ValueError:
-        return False
-    if u.seq > held_seq:
-        return False
-    t, h = parse_rfc3339(u.time), parse_rfc3339(time)
-    return t is not None and h is not None and t < h
+    held, t = _read_mark(mark), parse_rfc3339(u.time)
+    return held is not None and t is not None and u.seq <= held[0] and t < held[1]
 
 
 def check_hard_bound(terms: Mapping[str, ResourceList], where: str) -> None:

@@ -16,7 +16,7 @@ What each step rests on:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
@@ -157,14 +157,20 @@ def migration_timeline(
                 said = f"quota {s.quota_name} refused a pod: {readable_amounts(s.message)}{word}"
                 steps.append(Step(e.time, "target-refused", said))
             refusals[s.uid] = (e.time, s)
-    total = sum(min(s.count, _COUNT_SHOWN) for _, s in refusals.values())
-    if total > 1:
-        last = max(t for t, _ in refusals.values())
-        steps.append(Step(last, "target-refused", f"refused {total} times in all (KubeVirt retries)"))
+    steps += _retries(refusals, "target-refused")
     target = _target_pod(events, namespace, vmi, uid)
     if target is not None:
         steps.append(Step(target[0], "target-admitted", f"target pod {target[1]} created"))
     return _ordered(steps)
+
+
+def _retries(refusals: Mapping[str, tuple[str, EventSnapshot]], kind: str) -> list[Step]:
+    """One step summing the refusal Events (uid → (time, Event)) when there are more than one: KubeVirt's retries,
+    each Event's ``count`` up to :data:`_COUNT_SHOWN`."""
+    total = sum(min(s.count, _COUNT_SHOWN) for _, s in refusals.values())
+    if total <= 1:
+        return []
+    return [Step(max(t for t, _ in refusals.values()), kind, f"refused {total} times in all (KubeVirt retries)")]
 
 
 _COUNT_SHOWN: Final = 1_000_000
@@ -226,14 +232,18 @@ def vm_timeline(
             elif s.phase in ("Succeeded", "Failed") and running:
                 steps.append(Step(e.time, "stopped", f"phase {s.phase}"))
             running = s.phase == "Running"
-    seen: set[str] = set()
+    refusals: dict[str, tuple[str, EventSnapshot]] = {}
+    said_by: set[str] = set()
     for e in _vmi_events(events, namespace, name):
         s = e.snapshot
-        if isinstance(s, EventSnapshot) and s.quota_refusal and s.uid not in seen:
-            seen.add(s.uid)
-            steps.append(
-                Step(e.time, "refused", f"quota {s.quota_name} refused its pod: {readable_amounts(s.message)}")
-            )
+        if isinstance(s, EventSnapshot) and s.quota_refusal:
+            if s.quota_name not in said_by:  # (the first of each quota's; its retries are counted below)
+                said_by.add(s.quota_name)
+                steps.append(
+                    Step(e.time, "refused", f"quota {s.quota_name} refused its pod: {readable_amounts(s.message)}")
+                )
+            refusals[s.uid] = (e.time, s)
+    steps += _retries(refusals, "refused")
     said = ""
     for usage in usages:
         for v in usage.vms:

@@ -130,6 +130,9 @@ def test_a_vms_timeline_and_the_ledgers_current_view() -> None:
     assert names[:4] == ["created", "seen", "refused", "running"], names
     assert names[-2:] == ["stopped", "refused"], names
     assert "does not fit compute: limits.memory" in steps[-1].detail, steps[-1]
+    said = [s.detail for s in steps if s.step == "refused"]
+    assert sum("refused its pod" in d for d in said) == 1, "a quota's retries are one line, then their count"
+    assert any(d.startswith("refused 7 times in all (KubeVirt retries)") for d in said), said
     assert vm_timeline(NS, "vm2", events(), [usage]) is None
 
 

@@ -299,11 +299,12 @@ def _pod(obj: Mapping[str, Any]) -> PodSnapshot:
     requests, limits = pod_resources(obj)
     owner_name = owner_uid = owner_pod = ""
     for w, o in _objects(meta, "ownerReferences", "metadata"):
+        # (names and uids of any length are Kubernetes' to accept in an owner reference: bounded as names are)
         if o.get("kind") == VMI_KIND and not owner_uid:
-            owner_name = string(o, "name", w)
-            owner_uid = string(o, "uid", w)
+            owner_name = _as_a_name(string(o, "name", w))
+            owner_uid = _as_a_name(string(o, "uid", w))
         elif o.get("kind") == POD_KIND and o.get("controller") is True and not owner_pod:
-            owner_pod = string(o, "uid", w)
+            owner_pod = _as_a_name(string(o, "uid", w))
     overhead = None
     if ann.get(MEMORY_OVERHEAD_ANNOTATION) is not None:
         # (anyone who may write the pod may write it: one that is no quantity is as if KubeVirt published none, as

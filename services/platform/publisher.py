@@ -98,6 +98,8 @@ class Publisher:
         self._retry_tasks: set[asyncio.Task[None]] = set()
         self.enqueued = 0
         """Messages enqueued; also the order number of the last one."""
+        self.dropped = 0
+        """Messages larger than the server takes, dropped (:meth:`_drop`)."""
         self.failed: BaseException | None = None
         self._queue_ready = asyncio.Event()
         self._window_open = asyncio.Event()
@@ -203,6 +205,9 @@ class Publisher:
                 except (*TRANSIENT, nats.errors.ConnectionDrainingError):
                     if outstanding.pop(order, None) is not None:
                         self._retry(order, item)
+                except nats.errors.MaxPayloadError as e:
+                    outstanding.pop(order, None)
+                    self._drop(item, e)
                 self._changed.set()
         except asyncio.CancelledError:
             raise
@@ -229,6 +234,22 @@ class Publisher:
             self._retry(order, item)
             return
         self._settle(item, ack.duplicate)
+
+    def _drop(self, item: Item, e: Exception) -> None:
+        """A message larger than the server takes: no retry stores it, and it must not stop the others (the
+        services check what they send; a dead letter quoting a tenant's megabyte once did not). Logged, counted,
+        and settled unstored."""
+        self.dropped += 1
+        log.error(
+            "message larger than the server takes: dropped",
+            subject=item.subject,
+            bytes=len(item.data),
+            label=item.label,
+            error=str(e) or type(e).__name__,
+        )
+        if len(self._outstanding) < self.window:
+            self._window_open.set()
+        self._changed.set()
 
     def _settle(self, item: Item, duplicate: bool) -> None:
         if self.on_stored is not None:
@@ -262,6 +283,10 @@ class Publisher:
                 # it waits for the ledger, which keeps the streams, to create it.
                 log.error("no stream stores the subject; publishing stops", subject=item.subject, error=str(e))
                 self._fail(e)
+                return
+            except nats.errors.MaxPayloadError as e:
+                self._retrying.pop(order, None)
+                self._drop(item, e)
                 return
             except TRANSIENT as e:  # NATS is away longer than Bus.publish's deadline: keep trying
                 log.warning("publish still failing, retrying", subject=item.subject, error=str(e) or type(e).__name__)

@@ -153,6 +153,7 @@ class Emitter:
     def dead_letter(self, kind: str, obj: Obj, reason: str, ident: Ident | None) -> None:
         """Queue a :class:`shared.contract.DeadLetter` with the raw object, deduplicated per object version."""
         payload = _encode_raw(obj)
+        reason = contract.short_reason(reason)  # (it may quote the tenant's text: logged and published once, short)
         limit = min(_MAX_DLQ_PAYLOAD, self.publisher.max_payload // 2)
         if len(payload) > limit:
             reason = f"{reason} (object of {len(payload)} bytes; payload truncated)"

@@ -30,6 +30,7 @@ from shared.contract.codec import decode_usage as decode_usage
 from shared.contract.codec import encode as encode
 from shared.contract.messages import MAX_ERROR_CHARS as MAX_ERROR_CHARS
 from shared.contract.messages import MAX_ERRORS as MAX_ERRORS
+from shared.contract.messages import MAX_REASON as MAX_REASON
 from shared.contract.messages import RELIST_TOKEN as RELIST_TOKEN
 from shared.contract.messages import SCHEMA as SCHEMA
 from shared.contract.messages import DeadLetter as DeadLetter
@@ -50,6 +51,7 @@ from shared.contract.messages import capped_errors as capped_errors
 from shared.contract.messages import dead_letter as dead_letter
 from shared.contract.messages import error_count as error_count
 from shared.contract.messages import object_event as object_event
+from shared.contract.messages import short_reason as short_reason
 from shared.contract.messages import source as source
 from shared.contract.messages import sync_event as sync_event
 from shared.contract.streams import DAY as DAY

@@ -294,6 +294,18 @@ def object_event(
     return Deleted(snapshot=snapshot, **common)
 
 
+MAX_REASON: Final = 2048
+"""Most characters of a dead letter's reason: a reason may quote the input it could not read, which is a tenant's
+(an Event's message of a megabyte), and a letter larger than the bus takes stopped the publisher that sent it."""
+
+
+def short_reason(reason: str) -> str:
+    """``reason``, cut to :data:`MAX_REASON` characters with a note of how many more there were."""
+    if len(reason) <= MAX_REASON:
+        return reason
+    return f"{reason[:MAX_REASON]}... ({len(reason) - MAX_REASON} more characters)"
+
+
 def dead_letter(
     service: str,
     reason: str,
@@ -308,9 +320,11 @@ def dead_letter(
     time: str | None = None,
 ) -> tuple[DeadLetter, dict[str, str]]:
     """A :class:`DeadLetter` for ``vmquota.dlq.<service>`` and its headers (``Vmquota-Reason``: the reason on one
-    line, at most 512 characters, so an operator can filter without decoding). ``msg_id`` is the deduplication id,
+    line, at most 512 characters, so an operator can filter without decoding); the reason at most
+    :data:`MAX_REASON` characters (:func:`short_reason`). ``msg_id`` is the deduplication id,
     when there is one (the id is made from the time otherwise); ``subject`` defaults to ``original_subject``."""
     now = time or rfc3339()
+    reason = short_reason(reason)
     letter = DeadLetter(
         id=msg_id or f"dlq/{service}/{cluster or '-'}/{now}",
         source=source(service, cluster or "-"),

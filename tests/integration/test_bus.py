@@ -325,6 +325,28 @@ async def test_a_publisher_whose_stream_is_gone_fails_instead_of_waiting_forever
         await b.close()
 
 
+async def test_a_message_larger_than_the_server_takes_is_dropped_not_the_publisher(nats_url: str) -> None:
+    """No retry stores a message larger than the server's max_payload: it is dropped and counted, and the
+    messages after it are published. Before, it failed the publisher, and the service with it (a dead letter that
+    quoted a tenant's megabyte stopped the watcher for every namespace)."""
+    b = await _connect(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        publisher = Publisher(b, window=4)
+        publisher.start()
+        try:
+            subject = contract.usage_subject("c1", "ns")
+            publisher.enqueue(Item(subject, b"x" * (b.max_payload + 1), None))
+            publisher.enqueue(Item(subject, b'{"after": 1}', None))
+            await asyncio.wait_for(publisher.flush(), 10)
+            assert publisher.failed is None and publisher.dropped == 1
+            assert (await b.js.get_last_msg(contract.USAGE_STREAM, subject)).data == b'{"after": 1}'
+        finally:
+            await publisher.close()
+    finally:
+        await b.close()
+
+
 async def until(condition: Callable[[], bool], within: float) -> None:
     """Poll ``condition`` (a reader task appends to a list) until it holds, for at most ``within`` seconds."""
     async with asyncio.timeout(within):

@@ -530,6 +530,48 @@ async def test_malformed_object_goes_to_the_dead_letter_subject(
     await tap.wait("its deletion", lambda: bool(tap.of(Deleted, "Pod", "absurd")))
 
 
+async def test_a_tenants_event_of_a_megabyte_is_a_short_dead_letter_and_the_watcher_goes_on(
+    cluster: Cluster, tap: Tap, start_watcher: StartWatcher
+) -> None:
+    """Anyone may write an Event about any VMI, in any namespace: one whose refusal text is a megabyte could not be
+    read, and the dead letter quoting it was larger than the bus takes, which stopped the watcher's publisher and
+    the watcher with it, for every namespace (and again at each restart, while the Event lasts). The reason is cut
+    short, and a message the bus cannot take is dropped, never the publisher."""
+    w = await start_watcher()
+    await tap.wait("the namespaces", lambda: len(tap.of(Upserted, "Namespace")) == 4)
+    huge = failed_create("huge", "v")
+    huge["message"] = "exceeded quota: q, requested: " + "!" * 2**20 + ", used: "
+    await cluster.create("events", huge, "b")
+    await cluster.create("pods", pod("after"), "a")
+    await tap.wait("the dead letter and the next pod", lambda: bool(tap.dead) and tap.live("a", "Pod") == ["after"])
+    assert len(tap.dead[0].reason) <= contract.MAX_REASON + 64, len(tap.dead[0].reason)
+    assert "more characters)" in tap.dead[0].reason
+    assert not w.task.done()
+
+
+async def test_an_owner_reference_of_a_megabyte_hides_no_version_of_a_pod(
+    cluster: Cluster, tap: Tap, start_watcher: StartWatcher, sim_api: SimApi
+) -> None:
+    """Kubernetes takes an owner reference's uid of any length: one of a megabyte made every later version of the
+    pod too large for the bus (a dead letter each), and the ledger kept an old one. Kept only as long as a uid can
+    be, the pod's versions go on being published."""
+    await start_watcher()
+    await tap.wait("the namespaces", lambda: len(tap.of(Upserted, "Namespace")) == 4)
+    await cluster.create("pods", pod("p"), "b")
+    await tap.wait("the pod", lambda: tap.live("b", "Pod") == ["p"])
+    store = sim_api.store
+    big = {"apiVersion": "v1", "kind": "Pod", "name": "n", "uid": "x" * 2**20, "controller": True}
+    await store.patch(store.resource("pods"), "b", "p", {"metadata": {"ownerReferences": [big]}}, "merge")
+    latest = await store.patch(store.resource("pods"), "b", "p", {"metadata": {"labels": {"z": "1"}}}, "merge")
+    rv = latest["metadata"]["resourceVersion"]
+
+    def published() -> bool:
+        return any(e.resource_version == rv for e in tap.of(Upserted, "Pod", "p"))
+
+    await tap.wait("the pod's latest version", published)
+    assert not tap.dead
+
+
 async def test_two_watchers_one_publishes_the_other_takes_over(
     cluster: Cluster, tap: Tap, start_watcher: StartWatcher
 ) -> None:

@@ -44,7 +44,7 @@ from shared.kubevirt.config import profile
 from shared.kubevirt.vm import STARTING_STRATEGIES, run_strategy, vmi_from_vm
 from shared.normalize import normalize
 from shared.quota.modes import MODE_NAMES, Mode, QuotaPolicy, is_managed, parse_mode, parse_ratio
-from shared.report import printable
+from shared.report import printable, readable
 from shared.resources import ResourceList, canonical_resource_list
 from shared.snapshot import (
     SUPPORTED_KINDS,
@@ -335,7 +335,7 @@ def _brief(rl: ResourceList) -> str:
     shown = [k for k in _TABLE_NAMES if k in rl] + sorted(
         k for k in rl if k not in _TABLE_NAMES and k not in _TABLE_SKIP
     )
-    return " ".join(f"{k}={rl[k]}" for k in shown) or "-"
+    return " ".join(f"{k}={readable(rl[k], k)}" for k in shown) or "-"
 
 
 def _table(rows: list[tuple[str, ...]], out: TextIO) -> None:
@@ -372,7 +372,7 @@ def write_table(results: Mapping[str, NamespaceUsage], out: TextIO) -> None:
             )
             rows: list[tuple[str, ...]] = [head]
             for r in names:
-                rows.append((r, *(str(rl[r]) if r in rl else "-" for rl in lists)))
+                rows.append((r, *(readable(rl[r], r) if r in rl else "-" for rl in lists)))
             _table(rows, out)
             if q.over_budget:
                 out.write(f"over budget: {', '.join(q.over_budget)}\n")

@@ -343,3 +343,23 @@ def test_a_tenants_event_text_reaches_the_table_escaped(tmp_path: Path, capsys: 
     out = capsys.readouterr()
     assert "\x1b" not in out.out and "\x1b" not in out.err, (out.out[-400:], out.err[-400:])
     assert "cannot read requested amount" in out.out + out.err
+
+
+def test_the_table_shows_amounts_readably_and_the_json_exactly(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A pod charged 17521053376 bytes: the table says 16.3Gi, as ``vmquota status`` would (it mixed 64Gi with raw
+    byte counts), and the JSON keeps the exact quantity."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "t"},
+        "spec": {"containers": [{"name": "c", "resources": {"requests": {"memory": "17521053376", "cpu": "1"}}}]},
+    }
+    path = write(tmp_path, [pod])
+    assert main(["usage", "--mode", "VmiPodUsage", "-f", path]) == 0
+    table = capsys.readouterr().out
+    assert "requests.memory  16.3Gi" in table and "17521053376" not in table, table
+    assert main(["usage", "--mode", "VmiPodUsage", "-f", path, "-o", "json"]) == 0
+    used = json.loads(capsys.readouterr().out)["namespaces"]["t"]["used"]
+    assert used["requests.memory"] == "17521053376", used

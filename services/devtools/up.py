@@ -104,7 +104,13 @@ def guide(kubeconfig: Path, nats_url: str, *, example: bool) -> str:
         ]
     else:
         lines += ["", "Load an example tenant with: vmquota up --example"]
-    lines += ["", "Ctrl-C stops everything."]
+    lines += [
+        "",
+        "The services log warnings as JSON lines below; the one that the reservation guard is off is expected here",
+        "(the simulated cluster runs without it; docs/accounting.md, \"The reservation guard\").",
+        "",
+        "Ctrl-C stops everything.",
+    ]
     return "\n".join(lines)
 
 

@@ -107,7 +107,7 @@ def guide(kubeconfig: Path, nats_url: str, *, example: bool) -> str:
     lines += [
         "",
         "The services log warnings as JSON lines below; the one that the reservation guard is off is expected here",
-        "(the simulated cluster runs without it; docs/accounting.md, \"The reservation guard\").",
+        '(the simulated cluster runs without it; docs/accounting.md, "The reservation guard").',
         "",
         "Ctrl-C stops everything.",
     ]

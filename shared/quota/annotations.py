@@ -31,8 +31,10 @@ USAGE_FROM_ANNOTATION: Final = "vmquota.io/usage-from"
 (:func:`shared.quota.enforcement.usage_mark`): an enforcer that starts ignores a snapshot older than it, a copy a
 reader of the bus had stored after the newer ones (docs/operations.md, "What a reader can still write")."""
 ENFORCED_BUDGET_ANNOTATION: Final = "vmquota.io/enforced-budget"
-"""The budget the ``spec.hard`` vmquota last wrote from the ledger's usage was computed for (JSON, canonical
-quantities): with the usage missing, a quota stays enforced only while its budget is still this one."""
+"""The budget the ``spec.hard`` vmquota last wrote from the ledger's usage was computed for, as the text of
+``vmquota.io/budget`` then (an administrator's spelling kept): with the usage missing, a quota stays enforced only
+while its budget is still this one, and the reservation guard admits VMs in VM terms only while the budget
+annotation's text is this one (a budget lowered through it was open at the old one until the enforcer wrote)."""
 VMI_MINIMUM_ANNOTATIONS: Final = {
     r: f"vmquota.io/min.{r}" for r in ("requests.memory", "limits.memory", "requests.cpu", "limits.cpu")
 }

@@ -456,7 +456,11 @@ def plan(
     }
     if terms is not None and agreed:
         want.update({key: terms.vmi_minimums.get(r) for r, key in VMI_MINIMUM_ANNOTATIONS.items()})
-        want[ENFORCED_BUDGET_ANNOTATION] = rl_json(b.budget)
+        # (the budget annotation's text as it is after this write: an administrator's spelling of the same budget is
+        # left alone, and the reservation guard tells a budget changed since by comparing the two texts)
+        kept = q.annotations.get(BUDGET_ANNOTATION)
+        rewritten = _changed_annotations(q, {BUDGET_ANNOTATION: want[BUDGET_ANNOTATION]})
+        want[ENFORCED_BUDGET_ANNOTATION] = want[BUDGET_ANNOTATION] if rewritten or kept is None else kept
     annotations = _changed_annotations(q, want)
     set_hard = not same(hard, q.spec_hard)
     summary = (

@@ -1164,7 +1164,28 @@ async def test_with_the_guard_a_budget_written_back_by_gitops_lets_no_vm_in_befo
         running = p.running_vmis(ns)
         assert not running, f"{len(running)} VMs of 9 vCPUs run on a VirtualResources budget of 4 vCPUs"
         events = await p.sim.events(ns, names[0], reason="FailedCreate")
-        assert any("its spec.hard is not the one vmquota wrote" in str(e.get("message")) for e in events), events
+        assert any("changed since vmquota wrote it" in str(e.get("message")) for e in events), events
+        await p.stack.start_service("enforcer")
+        await p.wait_enforcing(ns, "vm-budget")
+        await p.start_vm(ns, "by-the-budget", memory="1Gi", sockets=2)
+
+
+async def test_with_the_guard_a_budget_lowered_through_its_annotation_lets_no_vm_in_before_vmquota_reacts() -> None:
+    """An administrator lowers a `VirtualResources` budget from 40 vCPUs to 4 through `vmquota.io/budget`, as the
+    docs say to: `spec.hard` (4 cores, 40 vCPUs at k = 1/10) and the status `Enforcing` stay until the enforcer
+    reacts (stopped here to hold that moment open), and a tenant watching the quota had four 9-vCPU VMs in, 36 vCPUs
+    on the new budget of 4. The rendering-model policy takes the quota as enforced only while its budget
+    annotation is the text `spec.hard` was computed for (`vmquota.io/enforced-budget`). Fails without that check."""
+    async with pipeline(separate=True, guard=True) as p:
+        ns = "tenant-lowered"
+        await p.managed_quota(ns, "vm-budget", {"requests.cpu": "40"}, mode="VirtualResources")
+        await p.wait(lambda: p.in_effect(ns, "vm-budget"), "status.hard to be the enforced 4 cores")
+        await p.stack.stop_service("enforcer")
+        await p.set_budget(ns, "vm-budget", {"requests.cpu": "4"})
+        names = await nine_vcpu_vms(p, ns)
+        await p.wait(lambda: running_or_refused(p, ns, names), "KubeVirt to have tried every VM")
+        running = p.running_vmis(ns)
+        assert not running, f"{len(running)} VMs of 9 vCPUs run on a VirtualResources budget lowered to 4 vCPUs"
         await p.stack.start_service("enforcer")
         await p.wait_enforcing(ns, "vm-budget")
         await p.start_vm(ns, "by-the-budget", memory="1Gi", sockets=2)

@@ -26,6 +26,8 @@ from services.devtools.simcluster.store_api import ApiError, Obj
 from shared.podusage import pod_quota_usage
 from shared.quota import guard
 from shared.quota.annotations import (
+    BUDGET_ANNOTATION,
+    ENFORCED_BUDGET_ANNOTATION,
     LAST_HARD_ANNOTATION,
     MANAGED_LABEL,
     MODE_ANNOTATION,
@@ -1124,12 +1126,15 @@ async def test_until_a_vm_term_quota_is_accounted_no_vmi_is_admitted(sim: SimClu
         meta = quota["metadata"]
         await sim.apply({**quota, "metadata": {**meta, "annotations": annotations}})
 
+    budget = '{"requests.memory": "16Gi", "requests.cpu": "4"}'  # (the administrator's spelling, kept)
     accounted = {
         MODE_ANNOTATION: "VirtualResources",
         STATUS_ANNOTATION: "Waiting for usage (VirtualResources)",
         LAST_HARD_ANNOTATION: '{"requests.cpu":"4000m","requests.memory":"16Gi"}',  # (its spec.hard, by value)
         VMI_MINIMUM_ANNOTATIONS["requests.memory"]: "0.666666",
         VMI_MINIMUM_ANNOTATIONS["requests.cpu"]: "0.1",
+        BUDGET_ANNOTATION: budget,
+        ENFORCED_BUDGET_ANNOTATION: budget,
     }
     await annotate(accounted)
     err = await create_as(sim, TENANT, vmi("plain", vcpus=9))
@@ -1137,7 +1142,7 @@ async def test_until_a_vm_term_quota_is_accounted_no_vmi_is_admitted(sim: SimClu
     # enforced, but spec.hard is not what vmquota wrote (a budget written back, unscaled, by GitOps say)
     await annotate({**accounted, STATUS_ANNOTATION: "Enforcing (VirtualResources)", LAST_HARD_ANNOTATION: "{}"})
     err = await create_as(sim, TENANT, vmi("plain", vcpus=9))
-    but = "but its spec.hard is not the one vmquota wrote, or quota admission does not check it yet"
+    but = "but its budget or spec.hard changed since vmquota wrote it, or quota admission does not check it yet"
     assert err is not None and f"(Enforcing (VirtualResources), {but})" in err.message, err
     err = await create_as(sim, TENANT, pod("plain-pod", requests=SMALL))
     assert err is not None and err.message.endswith(
@@ -1152,6 +1157,12 @@ async def test_until_a_vm_term_quota_is_accounted_no_vmi_is_admitted(sim: SimClu
         "a Refused quota is native quota for pods"
     )
     assert await create_as(sim, TENANT, vmi("while-refused")) is not None, "and starts no VM"
+    # enforced, but the administrator has lowered the budget through its annotation since: spec.hard is still the
+    # one for the old budget (a tenant watching the quota had four 9-vCPU VMs in on a new budget of 4)
+    lowered = '{"requests.memory": "16Gi", "requests.cpu": "1"}'
+    await annotate({**accounted, STATUS_ANNOTATION: "Enforcing (VirtualResources)", BUDGET_ANNOTATION: lowered})
+    err = await create_as(sim, TENANT, vmi("plain", vcpus=9))
+    assert err is not None and f"(Enforcing (VirtualResources), {but})" in err.message, err
     await annotate({**accounted, STATUS_ANNOTATION: "Enforcing (VirtualResources)"})
     assert await create_as(sim, TENANT, vmi("plain", vcpus=9)) is None
     assert await create_as(sim, TENANT, pod("enforced-pod", requests=SMALL)) is None
@@ -1287,6 +1298,8 @@ async def test_an_enforced_vm_term_quota_with_an_empty_budget_freezes_nothing(si
         MODE_ANNOTATION: "VirtualResources",
         STATUS_ANNOTATION: "Enforcing (VirtualResources)",
         LAST_HARD_ANNOTATION: "{}",
+        BUDGET_ANNOTATION: "{}",
+        ENFORCED_BUDGET_ANNOTATION: "{}",
     }
     quota: Obj = {
         "apiVersion": "v1",
@@ -1387,7 +1400,12 @@ async def test_a_vm_term_quota_of_many_long_resource_names_is_in_force_exactly_w
     hard = {f"requests.gpu-{i:03d}-{'x' * 50}.{'y' * 40}.example.com/accelerator": f"{i + 1}" for i in range(127)}
     hard["requests.cpu"] = "4"
     written = hard
-    annotations = {MODE_ANNOTATION: "VirtualResources", STATUS_ANNOTATION: "Enforcing (VirtualResources)"}
+    annotations = {
+        MODE_ANNOTATION: "VirtualResources",
+        STATUS_ANNOTATION: "Enforcing (VirtualResources)",
+        BUDGET_ANNOTATION: rl_json(parse_resource_list(hard)),
+        ENFORCED_BUDGET_ANNOTATION: rl_json(parse_resource_list(hard)),
+    }
     quota = await sim.create_quota(
         NS,
         "vm-budget",
@@ -1414,7 +1432,7 @@ async def test_a_vm_term_quota_of_many_long_resource_names_is_in_force_exactly_w
             }
         )
         err = await create_as(sim, TENANT, pod(name, requests=SMALL))
-        assert err is not None and "is not the one vmquota wrote" in err.message, (name, err)
+        assert err is not None and "changed since vmquota wrote it" in err.message, (name, err)
 
 
 @pytest.mark.parametrize(

@@ -633,6 +633,13 @@ def test_a_budget_written_back_while_usage_is_missing_is_not_enforced() -> None:
     raw = adopted({"requests.cpu": "4"}, {"requests.cpu": "400m"}, annotations={MODE_ANNOTATION: "VirtualResources"})
     p = enf.plan(snap(raw), usage({"compute": t}))
     assert p.annotations[ENFORCED_BUDGET_ANNOTATION] == '{"requests.cpu":"4"}', p.annotations
+    # ... as the budget annotation's text, an administrator's spelling kept: the reservation guard compares the two
+    # texts, and admits VMs in VM terms only while they are the same (a budget lowered through the annotation was
+    # open at the old one until the enforcer wrote)
+    spelled = '{ "requests.cpu": 4 }'
+    raw["metadata"]["annotations"][BUDGET_ANNOTATION] = spelled
+    p = enf.plan(snap(raw), usage({"compute": t}))
+    assert p.annotations[ENFORCED_BUDGET_ANNOTATION] == spelled and BUDGET_ANNOTATION not in p.annotations
 
 
 def test_last_hard_is_rewritten_in_vmquotas_own_spelling() -> None:

@@ -76,7 +76,8 @@ def guide(kubeconfig: Path, nats_url: str, *, example: bool) -> str:
     """What to try, as shell lines."""
     env = f"export KUBECONFIG={kubeconfig} VMQUOTA_NATS={nats_url}"
     here = Path(sys.executable).parent  # (where this vmquota is: a venv's bin is not on a new shell's PATH)
-    if shutil.which("vmquota") is None or Path(str(shutil.which("vmquota"))).parent != here:
+    found = shutil.which("vmquota")
+    if found is None or Path(found).parent != here:
         env += f' PATH="{here}:$PATH"'
 
     lines = [

@@ -247,13 +247,15 @@ class Publisher:
             label=item.label,
             error=str(e) or type(e).__name__,
         )
-        if len(self._outstanding) < self.window:
-            self._window_open.set()
-        self._changed.set()
+        self._moved()
 
     def _settle(self, item: Item, duplicate: bool) -> None:
         if self.on_stored is not None:
             self.on_stored(item, duplicate)
+        self._moved()
+
+    def _moved(self) -> None:
+        """A message left the window: wake the sender (room in it) and the producers (``room``, ``flush``)."""
         if len(self._outstanding) < self.window:
             self._window_open.set()
         self._changed.set()

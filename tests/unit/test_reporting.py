@@ -15,6 +15,7 @@ from services.enforcer.reporting import Reporter
 from services.platform.bus import Bus
 from services.platform.http import Metrics
 from shared import contract
+from tests.builders import usage_snapshot
 from tests.waiting import wait_until
 
 
@@ -50,16 +51,7 @@ async def test_a_tenants_many_nudges_take_a_bounded_share_of_the_api_client() ->
         lambda: datetime(2026, 1, 1, tzinfo=UTC),
     )
     vms = [contract.VmState(name=f"vm{i}", uid=f"u{i}", state="admitted", pod_refused=True) for i in range(1000)]
-    usage = contract.UsageSnapshot(
-        id="u1",
-        source="test",
-        subject="tenant",
-        time="2026-01-01T00:00:00Z",
-        cluster="c1",
-        namespace="tenant",
-        seq=1,
-        vms=vms,
-    )
+    usage = usage_snapshot("tenant", 1, vms=vms)
     reporter.tell_and_nudge("tenant", usage, 1)
     await wait_until(lambda: kube.under_way == NUDGING_MAX, 10, "the first nudges under way")
     for _ in range(5):

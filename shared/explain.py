@@ -23,7 +23,8 @@ from typing import Final
 
 from shared.contract import Decision, Deleted, Sync, Upserted, UsageSnapshot
 from shared.kinds import EVENT_KIND, POD_KIND, VMI_KIND, VMIM_KIND
-from shared.report import readable_amounts, readable_list
+from shared.quota.enforcement import migrations_named
+from shared.report import readable_list, refusal_amounts
 from shared.snapshot import EventSnapshot, PodSnapshot, VmimSnapshot, VmiSnapshot
 from shared.times import parse_rfc3339, rfc3339
 
@@ -122,7 +123,6 @@ def migration_timeline(
                     said = detail
     lo = created or parse_rfc3339(mine[0].time)  # (creationTimestamp has whole seconds: a lower bound)
     hi = parse_rfc3339(end) if end is not None else None
-    mention = (f"migration of {vmi}", f"migrations of {vmi}", f"{vmi},", f"and {vmi}")
     raised: set[str] = set()  # quotas raised for it: their next lowering ends its room, whatever it says
     for d in decisions:
         at = parse_rfc3339(d.time)
@@ -131,7 +131,7 @@ def migration_timeline(
         lowering = d.reason.startswith("lowered")
         if hi is not None and at > hi and not (lowering and d.quota in raised):
             continue  # (after its end only the lowering of its room: a later migration of the VM is another's)
-        if any(m in d.reason for m in mention):
+        if vmi in migrations_named(d.reason):
             steps.append(Step(d.time, "lowered" if lowering else "raised", f"quota {d.quota}: {d.reason}"))
             if lowering:
                 raised.discard(d.quota)
@@ -154,7 +154,7 @@ def migration_timeline(
             if s.involved_uid and incarnations and s.involved_uid not in incarnations:
                 continue
             if s.uid not in refusals:
-                said = f"quota {s.quota_name} refused a pod: {readable_amounts(s.message)}{word}"
+                said = f"quota {s.quota_name} refused a pod: {refusal_amounts(s.message)}{word}"
                 steps.append(Step(e.time, "target-refused", said))
             refusals[s.uid] = (e.time, s)
     steps += _retries(refusals, "target-refused")
@@ -240,7 +240,7 @@ def vm_timeline(
             if s.quota_name not in said_by:  # (the first of each quota's; its retries are counted below)
                 said_by.add(s.quota_name)
                 steps.append(
-                    Step(e.time, "refused", f"quota {s.quota_name} refused its pod: {readable_amounts(s.message)}")
+                    Step(e.time, "refused", f"quota {s.quota_name} refused its pod: {refusal_amounts(s.message)}")
                 )
             refusals[s.uid] = (e.time, s)
     steps += _retries(refusals, "refused")

@@ -28,6 +28,7 @@ from shared.kinds import QUOTA_KIND
 from shared.quantity import NANO, Quantity
 from shared.quota.modes import Mode
 from shared.resources import is_byte_resource
+from shared.text import printable
 
 _BINARY_UNITS: Final = (("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10))
 
@@ -64,13 +65,28 @@ def readable_amounts(text: str) -> str:
     return _AMOUNT.sub(one, text)
 
 
-def printable(text: str) -> str:
-    """``text`` for a terminal: every character that is not printable (escape sequences, newlines) written as its
-    Python escape. What the commands print can come from a tenant (an Event's message, an object's name): it must
-    not move the cursor, recolour or rewrite what an operator reads, nor split one line into several."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+_ITEM: Final = r"[A-Za-z0-9./_-]+=[0-9][0-9.]*[A-Za-z]*"
+_REFUSAL_PART: Final = re.compile(rf"\b(requested|used|limited): ({_ITEM}(?:,{_ITEM})*)")
+REFUSAL_ITEMS_SHOWN: Final = 8
+"""The most amounts a refusal's summary shows of each part (quota admission names only the resources a quota
+limits; the rest of a longer list is counted)."""
+
+
+def refusal_amounts(message: str) -> str:
+    """What a quota refusal's message (``exceeded quota: rq, requested: limits.memory=35032106752, used: ...,
+    limited: ...``) says it requested, used and limited, readable (``requested limits.memory=32.6Gi; used ...``);
+    nothing else of it. The message is anyone's to write in the namespace (an Event): shown whole, a tenant padded
+    it until text of its own read as a line of the command's, whereas a resource name and an amount hold no space."""
+    parts: dict[str, str] = {}
+    for m in _REFUSAL_PART.finditer(message):
+        if m[1] in parts:
+            continue
+        items = m[2].split(",")
+        more = f" (and {len(items) - REFUSAL_ITEMS_SHOWN} more)" if len(items) > REFUSAL_ITEMS_SHOWN else ""
+        parts[m[1]] = readable_amounts(",".join(items[:REFUSAL_ITEMS_SHOWN])) + more
+    if not parts:
+        return "no amounts it names can be read"
+    return "; ".join(f"{k} {parts[k]}" for k in ("requested", "used", "limited") if k in parts)
 
 
 def readable_list(rl: Mapping[str, str]) -> dict[str, str]:

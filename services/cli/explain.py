@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from services.cli import opsbus
-from shared import contract, explain, report
+from shared import contract, explain, text
 from shared.errors import InvalidInput
 
 
@@ -106,7 +106,7 @@ async def main(args: argparse.Namespace) -> int:
         print(f"{args.what} {args.ref}" + (f" (cluster {cluster})" if cluster else ""))
         width = max(len(s.step) for s in steps)
         for s in steps:
-            print(report.printable(f"  {s.time}  {s.step.ljust(width)}  {s.detail}"))
+            print(text.printable(f"  {s.time}  {s.step.ljust(width)}  {s.detail}"))
     return 0
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from services.cli import opsbus
 from services.platform.bus import position
-from shared import contract, report
+from shared import contract, report, text
 from shared.accounting.namespace import ACCOUNTED_KINDS
 from shared.accounting.wire import account
 from shared.errors import InvalidInput
@@ -185,7 +185,7 @@ async def main(args: argparse.Namespace) -> int:
                     f"{len(differences)} difference(s)"
                 )
                 for diff in differences:
-                    print(report.printable(f"  {diff}"))
+                    print(text.printable(f"  {diff}"))
         return 1 if differences else 0
     finally:
         await nc.close()

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from nats.aio.msg import Msg
 
 from services.cli import opsbus
-from shared import contract, report
+from shared import contract, report, text
 from shared.errors import InvalidInput
 
 
@@ -62,7 +62,7 @@ def line(what: str, data: bytes, letter: contract.DeadLetter | None = None) -> s
         present = f"{len(ev.present)} present at rv {ev.resource_version}"
         return f"{ev.time} {ev.cluster} sync {ev.kind} {ev.namespace}: {present}"
     verb = "upserted" if isinstance(ev, contract.Upserted) else "deleted"
-    where = f"{ev.namespace}/{ev.name}" if ev.namespace else ev.name
+    where = f"{ev.namespace}/{text.name(ev.name)}" if ev.namespace else text.name(ev.name)
     return f"{ev.time} {ev.cluster} {verb} {ev.kind} {where} rv {ev.resource_version}"
 
 
@@ -73,9 +73,9 @@ def show(what: str, m: Msg, output: str, letter: contract.DeadLetter | None = No
         except ValueError as e:  # (whoever may publish on the subject may publish anything: one line, and go on)
             return json.dumps({"unreadable": m.subject, "error": f"not JSON: {e}"}, separators=(",", ":"))
     try:
-        return report.printable(line(what, m.data, letter))
+        return text.printable(line(what, m.data, letter))
     except InvalidInput as e:
-        return report.printable(f"(unreadable message at {m.subject}: {e})")
+        return text.printable(f"(unreadable message at {m.subject}: {e})")
 
 
 def _letter(data: bytes) -> contract.DeadLetter | None:

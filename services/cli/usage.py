@@ -44,7 +44,7 @@ from shared.kubevirt.config import profile
 from shared.kubevirt.vm import STARTING_STRATEGIES, run_strategy, vmi_from_vm
 from shared.normalize import normalize
 from shared.quota.modes import MODE_NAMES, Mode, QuotaPolicy, is_managed, parse_mode, parse_ratio
-from shared.report import printable, readable
+from shared.report import readable
 from shared.resources import ResourceList, canonical_resource_list
 from shared.snapshot import (
     SUPPORTED_KINDS,
@@ -54,6 +54,7 @@ from shared.snapshot import (
     VmiSnapshot,
     is_cluster_scoped,
 )
+from shared.text import printable
 from shared.vmi import object_ref
 
 EXIT_INVALID = 2

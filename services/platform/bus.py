@@ -549,8 +549,9 @@ class Bus:
         stream_seq: int = 0,
         payload: bytes = b"",
     ) -> None:
-        """Publish a :class:`shared.contract.DeadLetter` on ``vmquota.dlq.<service>`` (deduplicated per original
-        stream sequence, so a replay after a restart does not repeat it)."""
+        """Publish a :class:`shared.contract.DeadLetter` on ``vmquota.dlq.<service>.<cluster>.<namespace>`` (the
+        namespace of ``original_subject``; deduplicated per original stream sequence, so a replay after a restart
+        does not repeat it)."""
         mid = f"dlq/{service}/{stream}/{stream_seq}" if stream_seq else None
         letter, headers = contract.dead_letter(
             service,
@@ -562,7 +563,9 @@ class Bus:
             payload=payload,
             msg_id=mid,
         )
-        await self.publish(contract.dlq_subject(service), contract.encode(letter), msg_id=mid, headers=headers)
+        from_cluster, namespace = contract.subject_scope(original_subject)
+        subject = contract.dlq_subject(service, cluster or from_cluster, namespace)
+        await self.publish(subject, contract.encode(letter), msg_id=mid, headers=headers)
 
 
 async def _retry(fn: Callable[[], Awaitable[T]], *, what: str, deadline: float = 60.0) -> T:

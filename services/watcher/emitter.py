@@ -13,11 +13,13 @@ import msgspec
 from services.platform.publisher import Item, Publisher
 from services.watcher.kube import Obj
 from services.watcher.metrics import SERVICE, WatcherMetrics
-from shared import contract
+from shared import contract, text
 from shared.errors import InvalidInput
 from shared.normalize import normalize
 
-_MAX_DLQ_PAYLOAD: Final = 512 * 1024
+_MAX_DLQ_PAYLOAD: Final = 32 * 1024
+"""The most of an object's JSON a dead letter carries (the start of it is what tells what went wrong); with
+:data:`shared.contract.streams.DLQ_PER_SUBJECT` it bounds what one namespace takes of the dead-letter stream."""
 _encode_raw: Final = msgspec.json.Encoder().encode
 
 
@@ -45,12 +47,13 @@ class Ident:
 
 
 def where(kind: str, obj: Obj) -> str:
-    """How a message names an object: its kind and namespace/name."""
+    """How a message names an object: its kind and namespace/name (an Event's name may hold spaces and any letter:
+    those are escaped, :func:`shared.text.name`)."""
     meta = obj.get("metadata")
     if not isinstance(meta, dict):
         return kind
-    ns, name = meta.get("namespace"), meta.get("name")
-    return f"{kind} {ns}/{name}" if ns else f"{kind} {name}"
+    ns, name = text.name(str(meta.get("namespace"))), text.name(str(meta.get("name")))
+    return f"{kind} {ns}/{name}" if meta.get("namespace") else f"{kind} {name}"
 
 
 def _msg_id(event_id: str, again: str) -> str:
@@ -67,7 +70,6 @@ class Emitter:
         self.publisher = publisher
         self.metrics = metrics
         self.log = log
-        self.dlq_subject = contract.dlq_subject(SERVICE)
         self._subjects: dict[tuple[str, str], str] = {}
 
     def subject(self, kind: str, namespace: str) -> str:
@@ -166,12 +168,13 @@ class Emitter:
             original = contract.event_subject(self.cluster, kind, ns)
         except InvalidInput:
             original = ""
+        dlq = contract.dlq_subject(SERVICE, self.cluster, contract.namespace_token(kind, ns))
         mid = f"dlq/{SERVICE}/{self.cluster}/{kind}/{ident.uid}/{ident.rv_text}" if ident is not None else None
         letter, headers = contract.dead_letter(
             SERVICE,
             reason,
             cluster=self.cluster,
-            subject=f"{ns}/{name}" if ns else name,
+            subject=f"{ns}/{text.name(name)}" if ns else text.name(name),
             original_subject=original,
             payload=payload,
             msg_id=mid,
@@ -179,6 +182,4 @@ class Emitter:
         self.log.warning("object sent to the dead-letter subject", kind=kind, namespace=ns, name=name, reason=reason)
         if self.metrics is not None:
             self.metrics.errors.labels(self.cluster, kind, "dlq").inc()
-        self.publisher.enqueue(
-            Item(self.dlq_subject, contract.encode(letter), mid, headers, label=f"{kind}|deadletter")
-        )
+        self.publisher.enqueue(Item(dlq, contract.encode(letter), mid, headers, label=f"{kind}|deadletter"))

@@ -56,6 +56,7 @@ from shared.contract.messages import source as source
 from shared.contract.messages import sync_event as sync_event
 from shared.contract.streams import DAY as DAY
 from shared.contract.streams import DECISIONS_STREAM as DECISIONS_STREAM
+from shared.contract.streams import DLQ_PER_SUBJECT as DLQ_PER_SUBJECT
 from shared.contract.streams import DLQ_STREAM as DLQ_STREAM
 from shared.contract.streams import EVENTS_STREAM as EVENTS_STREAM
 from shared.contract.streams import LEDGER_BUCKET as LEDGER_BUCKET
@@ -88,5 +89,6 @@ from shared.contract.subjects import parse_event_subject as parse_event_subject
 from shared.contract.subjects import relist_subject as relist_subject
 from shared.contract.subjects import resource_version as resource_version
 from shared.contract.subjects import subject_kind as subject_kind
+from shared.contract.subjects import subject_scope as subject_scope
 from shared.contract.subjects import sync_uid as sync_uid
 from shared.contract.subjects import usage_subject as usage_subject

@@ -27,6 +27,7 @@ from shared.kinds import (
     NAMESPACE_KIND,
 )
 from shared.snapshot import AnySnapshot
+from shared.text import printable
 from shared.times import rfc3339
 
 SCHEMA: Final = 1
@@ -319,8 +320,9 @@ def dead_letter(
     msg_id: str | None = None,
     time: str | None = None,
 ) -> tuple[DeadLetter, dict[str, str]]:
-    """A :class:`DeadLetter` for ``vmquota.dlq.<service>`` and its headers (``Vmquota-Reason``: the reason on one
-    line, at most 512 characters, so an operator can filter without decoding); the reason at most
+    """A :class:`DeadLetter` and its headers (``Vmquota-Reason``: the reason on one line, at most 512 characters,
+    every character a terminal would act on escaped (a NATS client prints headers as they are), so an operator
+    can filter without decoding); the reason at most
     :data:`MAX_REASON` characters (:func:`short_reason`). ``msg_id`` is the deduplication id,
     when there is one (the id is made from the time otherwise); ``subject`` defaults to ``original_subject``."""
     now = time or rfc3339()
@@ -338,7 +340,7 @@ def dead_letter(
         stream_seq=stream_seq,
         payload=payload,
     )
-    return letter, {"Vmquota-Reason": reason[:512].replace("\r", " ").replace("\n", " ")}
+    return letter, {"Vmquota-Reason": printable(reason)[:512]}
 
 
 def sync_event(

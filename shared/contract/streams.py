@@ -113,9 +113,20 @@ def streams(
             sources=(USAGE_STREAM,),
         ),
         StreamSpec(DECISIONS_STREAM, (f"{PREFIX}.quota.>",), max_age=events_max_age, max_bytes=sizes.decisions),
-        StreamSpec(DLQ_STREAM, (f"{PREFIX}.dlq.>",), max_age=events_max_age, max_bytes=sizes.dlq),
+        StreamSpec(
+            DLQ_STREAM,
+            (f"{PREFIX}.dlq.>",),
+            max_age=events_max_age,
+            max_bytes=sizes.dlq,
+            max_msgs_per_subject=DLQ_PER_SUBJECT,
+        ),
     )
 
+
+DLQ_PER_SUBJECT: Final = 256
+"""The most dead letters the stream keeps per subject, that is per service, cluster and namespace (the oldest go
+first). A tenant writes what its namespace's letters are made of (an Event's message is free text), as often as
+it likes; without this bound one namespace's flood evicted every other's letters from the whole stream."""
 
 STREAM_KEEPER: Final = "ledger"
 """The one service that creates and updates streams (and its bucket): at its start, after a reconnect and every

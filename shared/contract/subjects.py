@@ -129,10 +129,29 @@ def relist_subject(cluster: str) -> str:
     return f"{PREFIX}.relist.{check_cluster(cluster)}"
 
 
-def dlq_subject(service: str) -> str:
+UNKNOWN_TOKEN: Final = "_"
+"""Cluster or namespace token of a dead letter whose input names none that can be read."""
+
+
+def dlq_subject(service: str, cluster: str = "", namespace: str = "") -> str:
+    """``vmquota.dlq.<service>.<cluster>.<namespace>``: a dead letter's subject names the cluster and namespace of
+    what could not be used (``_cluster`` for a cluster-scoped object, ``_`` where none can be read), so that the
+    dead-letter stream's per-subject limit (:data:`shared.contract.streams.DLQ_PER_SUBJECT`) bounds what one
+    namespace's objects, which its tenant writes, can take of it."""
     if not _DNS_LABEL.match(service):
         raise InvalidInput(f"service name {service!r} is not a DNS label", "service")
-    return f"{PREFIX}.dlq.{service}"
+    c = cluster if _DNS_LABEL.match(cluster) else UNKNOWN_TOKEN
+    n = namespace if namespace == CLUSTER_TOKEN or _DNS_LABEL.match(namespace) else UNKNOWN_TOKEN
+    return f"{PREFIX}.dlq.{service}.{c}.{n}"
+
+
+def subject_scope(subject: str) -> tuple[str, str]:
+    """The cluster and namespace tokens of an event or usage subject (``vmquota.ev.<cluster>.<namespace>.<kind>``,
+    ``vmquota.usage.<cluster>.<namespace>``), unchecked; empty for a subject of another shape."""
+    parts = subject.split(".")
+    if len(parts) >= 4 and parts[0] == PREFIX and parts[1] in ("ev", "usage"):
+        return parts[2], parts[3]
+    return "", ""
 
 
 @dataclass(frozen=True, slots=True)

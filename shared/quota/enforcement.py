@@ -29,6 +29,7 @@ namespace's latest :class:`~shared.contract.UsageSnapshot`, one of:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -616,6 +617,19 @@ def _vmis(migrations: Sequence[MigrationState], *, reserving: bool) -> list[str]
 
 def _names(names: Sequence[str]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+_MIGRATIONS_OF: Final = re.compile(r"(?: for the |: the )migrations? of ([^;]+?)(?: ended)?(?:;|$)")
+
+
+def migrations_named(reason: str) -> frozenset[str]:
+    """The VMIs whose migrations a decision's reason names (``... for the migrations of vm1, vm2 and vm3``, ``...:
+    the migration of vm1 ended``), each whole: the migration of ``vm1`` is not named by one of ``vm10``."""
+    m = _MIGRATIONS_OF.search(reason)
+    if m is None:
+        return frozenset()
+    first, _, last = m[1].rpartition(" and ")
+    return frozenset([*(first.split(", ") if first else ()), last])
 
 
 def _hard_change(

@@ -264,7 +264,7 @@ async def test_dead_letter_carries_the_original(nats_url: str) -> None:
             )
         info = await b.js.stream_info(contract.DLQ_STREAM)
         assert info.state.messages == 1
-        msg = await b.js.get_msg(contract.DLQ_STREAM, subject="vmquota.dlq.ledger", seq=None, direct=False)
+        msg = await b.js.get_msg(contract.DLQ_STREAM, subject="vmquota.dlq.ledger.c1.ns", seq=None, direct=False)
         letter = contract.decode_dead_letter(msg.data or b"")
         assert letter.reason == "not a JSON event"
         assert (letter.original_subject, letter.stream_seq, letter.payload) == (

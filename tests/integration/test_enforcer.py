@@ -525,7 +525,7 @@ async def test_malformed_input_goes_to_the_dead_letter_subject(
         await bus.publish(contract.event_subject(CLUSTER, "ResourceQuota", NS), b"\xff not json")
         await publish_usage(bus, 6, terms("64Gi", "80Gi"), MIGRATING)
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "the next good snapshot applies")
-        msgs = await read_stream(bus, contract.DLQ_STREAM, contract.dlq_subject("enforcer"), lambda ms: len(ms) >= 3)
+        msgs = await read_stream(bus, contract.DLQ_STREAM, "vmquota.dlq.enforcer.>", lambda ms: len(ms) >= 3)
         letters = [contract.decode_dead_letter(m.data) for m in msgs]
         reasons = sorted(d.reason for d in letters)
         assert len(letters) == 3 and e.dead_letters == 3
@@ -812,7 +812,7 @@ async def test_a_forged_usage_snapshot_neither_opens_room_nor_shadows_the_real_o
         await publish_usage(bus, 6, terms("64Gi", "64Gi"))  # the real ledger's next snapshot
         q = await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "the real snapshot wins")
         assert hard(q) == {"limits.memory": "64Gi"} and e.dead_letters == 1
-        msgs = await read_stream(bus, contract.DLQ_STREAM, contract.dlq_subject("enforcer"), lambda ms: len(ms) >= 1)
+        msgs = await read_stream(bus, contract.DLQ_STREAM, "vmquota.dlq.enforcer.>", lambda ms: len(ms) >= 1)
         reason = contract.decode_dead_letter(msgs[0].data).reason
         assert "exceeds budget + pods + reserved = 64Gi" in reason, reason
 

@@ -197,7 +197,7 @@ async def test_watcher_publishes_events_and_nothing_else(connect: Connect) -> No
     await w.nc.publish(contract.usage_subject("c1", "tenant-a"), b"forged")
     await w.denied("publish", "vmquota.usage.c1.tenant-a")
     await w.nc.publish(contract.dlq_subject("ledger"), b"{}")
-    await w.denied("publish", "vmquota.dlq.ledger")
+    await w.denied("publish", contract.dlq_subject("ledger"))
     await w.nc.subscribe("vmquota.>")
     await w.denied("subscription", "vmquota.>")
     await refused_request(w, f"$JS.API.STREAM.CREATE.{contract.USAGE_STREAM}", b'{"name":"VMQUOTA_USAGE"}')

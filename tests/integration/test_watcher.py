@@ -549,6 +549,44 @@ async def test_a_tenants_event_of_a_megabyte_is_a_short_dead_letter_and_the_watc
     assert not w.task.done()
 
 
+async def test_one_namespaces_flood_of_dead_letters_leaves_another_namespaces_letters(
+    cluster: Cluster, tap: Tap, start_watcher: StartWatcher, nats_server: NatsServer
+) -> None:
+    """A tenant writes Events as often as it likes, each a dead letter when its refusal does not read: with one
+    subject for every namespace's letters, a flood evicted every other namespace's letters from the stream. Each
+    namespace's letters now have a subject of their own, kept to DLQ_PER_SUBJECT letters, each at most 32 KiB of
+    the object (here the stream is scaled down from 512 MiB to 8 MiB)."""
+    bus = await Bus.connect(
+        NatsOptions(url=nats_server.url, name="test", stream_sizes=contract.StreamSizes(dlq=8 * 2**20)),
+        connect_timeout=10,
+    )
+    try:
+        await bus.ensure_streams(s for s in contract.streams() if s.name == contract.DLQ_STREAM)
+        await start_watcher()
+        await tap.wait("the namespaces", lambda: len(tap.of(Upserted, "Namespace")) == 4)
+        mine = failed_create("mine", "v")
+        mine["message"] = "exceeded quota: q, requested: junk, used: "
+        await cluster.create("events", mine, "a")
+        await tap.wait("namespace a's dead letter", lambda: any("Event a/mine" in d.reason for d in tap.dead))
+        flood = 400
+        for i in range(flood):
+            junk = failed_create(f"junk-{i}", "v")
+            junk["involvedObject"]["namespace"] = "b"
+            junk["message"] = "exceeded quota: q, requested: junk, used: " + "A" * 16 * 2**10
+            await cluster.create("events", junk, "b")
+        await tap.wait("the flood", lambda: sum("Event b/junk-" in d.reason for d in tap.dead) == flood, within=60)
+        info = await bus.js.stream_info(contract.DLQ_STREAM)
+        reasons = []
+        for seq in range(info.state.first_seq, info.state.last_seq + 1):
+            with contextlib.suppress(nats.js.errors.NotFoundError):  # (the per-subject limit deletes inside)
+                letter = await bus.js.get_msg(contract.DLQ_STREAM, seq)
+                reasons.append(contract.decode_dead_letter(letter.data or b"").reason)
+    finally:
+        await bus.close()
+    assert any("Event a/mine" in r for r in reasons), "namespace b's flood evicted namespace a's dead letter"
+    assert sum("Event b/junk-" in r for r in reasons) == contract.DLQ_PER_SUBJECT
+
+
 async def test_an_owner_reference_of_a_megabyte_hides_no_version_of_a_pod(
     cluster: Cluster, tap: Tap, start_watcher: StartWatcher, sim_api: SimApi
 ) -> None:

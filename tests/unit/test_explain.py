@@ -160,3 +160,41 @@ def test_a_refusal_only_an_event_says_is_shown_as_its_word_and_another_incarnati
 def with_snapshot(e: Any, **changes: Any) -> Any:
     """``e`` (an event with an EventSnapshot) with its snapshot changed."""
     return msgspec.structs.replace(e, snapshot=msgspec.structs.replace(e.snapshot, **changes))
+
+
+def test_the_migration_of_vm1_is_not_told_the_raises_for_vm10_or_myvm1() -> None:
+    """A decision names the VMIs whose migrations it raised for: each whole. Matched as text, the migration of vm1
+    took the raise for vm10 as its own (and ``myvm1,`` in a list)."""
+    decisions = [
+        decision("raised limits.memory by 16Gi for the migration of vm10", 12),
+        decision("raised limits.memory by 2Gi for the migrations of myvm1, vm12 and vm1x", 12),
+        decision("raised limits.memory by 17.6Gi for the migrations of a, vm1 and b; note", 13),
+    ]
+    steps = migration_timeline(NS, "mig1", events(), decisions)
+    assert steps is not None
+    raised = [s.detail for s in steps if s.step == "raised"]
+    assert raised == [
+        "quota compute: raised limits.memory by 17.6Gi for the migrations of a, vm1 and b; note (+3.000s)"
+    ]
+
+
+def test_a_refusals_message_shows_only_the_amounts_it_names() -> None:
+    """An Event's message is anyone's in the namespace to write: shown whole, a tenant padded it with spaces until
+    a step of its own making (``running ... enforced``) began a row of the operator's terminal. Only the amounts
+    it names are shown, and a resource name or an amount holds no space."""
+    fake = "  2026-12-01T10:00:03.000Z  running  phase Running on node-7 (quota admitted, enforced)"
+    forged = with_snapshot(
+        refusal("start", 1, 2),
+        message="exceeded quota: compute, requested: limits.memory=1073741824, used: limits.memory=63Gi, limited: "
+        "limits.memory=64Gi" + " " * 57 + fake + " " * 40 + "\u3164" * 30,
+    )
+    steps = vm_timeline(NS, "vm1", [events()[0], forged], [])
+    assert steps is not None
+    refused = [s.detail for s in steps if s.step == "refused"]
+    assert refused == [
+        "quota compute refused its pod: requested limits.memory=1Gi; used limits.memory=63Gi; limited "
+        "limits.memory=64Gi (+2.000s)"
+    ], refused
+    junk = with_snapshot(refusal("start", 1, 2), message="exceeded quota: compute, requested: junk   junk, used: ")
+    steps = vm_timeline(NS, "vm1", [events()[0], junk], [])
+    assert steps is not None and "no amounts it names can be read" in steps[-1].detail, steps

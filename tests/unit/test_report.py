@@ -88,11 +88,6 @@ def test_a_kubernetes_quota_message_reads_in_readable_amounts() -> None:
     assert report.readable_amounts("no amounts here, version=1.2.3x") == "no amounts here, version=1.2.3x"
 
 
-def test_what_a_tenant_wrote_cannot_drive_the_operators_terminal() -> None:
-    assert report.printable("vm1 refused: limits.memory 16Gi") == "vm1 refused: limits.memory 16Gi"
-    assert report.printable("a\x1b[2Jb\nc\td") == "a\\x1b[2Jb\\nc\\td"
-
-
 def test_names_from_the_bus_cannot_drive_the_operators_terminal_in_the_status_table() -> None:
     """`vmquota status` and `vmquota replay` print names and states that bus messages carry: a message forged with a
     publisher's credential must not move the cursor or clear the screen of the operator reading them."""

@@ -22,14 +22,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from fractions import Fraction
 from functools import lru_cache
 from typing import Any, Final
 
 from shared.bounded import Bounded
-from shared.errors import InvalidInput, InvalidQuantity
+from shared.errors import InvalidInput
 from shared.kinds import FINAL_PHASES
-from shared.quantity import MAX_NANOS, NANO, Format, Quantity
+from shared.quantity import MAX_NANOS, Format, Quantity
 from shared.resources import (
     ResourceList,
     add,
@@ -37,6 +36,7 @@ from shared.resources import (
     is_qualified_name,
     maximum,
     parse_resource_list,
+    saturated,
 )
 from shared.times import parse_rfc3339
 
@@ -89,7 +89,6 @@ def _effective(containers: Iterable[_Entry], limits: bool) -> ResourceList:
         else:  # a plain init container: its resources + the sidecars started before it
             run = {k: q.nanos for k, q in rl.items()}
             run_fmt = {k: q.format for k, q in rl.items()}
-            over = False
             for k, n in side.items():
                 cur = run.get(k)
                 if cur is None:
@@ -98,10 +97,7 @@ def _effective(containers: Iterable[_Entry], limits: bool) -> ResourceList:
                 else:
                     if cur == 0:
                         run_fmt[k] = side_fmt[k]
-                    n = run[k] = n + cur
-                    over = over or n > MAX_NANOS
-            if over:
-                _check_range(run)
+                    run[k] = n + cur
         for k, n in run.items():  # peak = max(peak, run)
             cur = peak.get(k)
             if cur is None or n > cur:
@@ -128,15 +124,9 @@ def _quantity(nanos: int, fmt: Format) -> Quantity:
     return q
 
 
-def _too_large(nanos: int) -> int:
-    raise InvalidQuantity(f"{Fraction(nanos, NANO)} is larger than Kubernetes can represent")
-
-
 def _accumulate(sums: dict[str, int], fmts: dict[str, Format], rl: Mapping[str, Quantity]) -> None:
     """``sums += rl`` in integer nanos, keeping the format ``Quantity`` addition keeps (the first non-zero
-    operand's). A sum past the range is reported for the first resource of the sum that is (as adding whole lists
-    and then checking reports it), not for the first one met while adding."""
-    over = False
+    operand's)."""
     for k, q in rl.items():
         cur = sums.get(k)
         if cur is None:
@@ -145,16 +135,7 @@ def _accumulate(sums: dict[str, int], fmts: dict[str, Format], rl: Mapping[str, 
         else:
             if cur == 0:
                 fmts[k] = q.format
-            n = sums[k] = cur + q.nanos
-            over = over or n > MAX_NANOS
-    if over:
-        _check_range(sums)
-
-
-def _check_range(sums: Mapping[str, int]) -> None:
-    for n in sums.values():
-        if abs(n) > MAX_NANOS:
-            _too_large(n)
+            sums[k] = cur + q.nanos
 
 
 def pod_totals(
@@ -196,10 +177,17 @@ def _totals(
     if overhead:
         requests = add(requests, overhead)
         limits = {k: (v + overhead[k] if k in overhead and v.nanos != 0 else v) for k, v in limits.items()}
-        for v in (*requests.values(), *limits.values()):
-            if abs(v.nanos) > MAX_NANOS:
-                _too_large(v.nanos)
-    return requests, limits
+    # A pod's totals past what a quantity holds (an int64 of base units) are cut to it: Kubernetes takes decimal
+    # quantities of any size and adds them exactly, so such a pod exists, and refused, it went unaccounted while
+    # native quota charged the rest of it. No quota holds that much, so what is cut changes no admission.
+    return _within_range(requests), _within_range(limits)
+
+
+def _within_range(rl: ResourceList) -> ResourceList:
+    for v in rl.values():
+        if v.nanos > MAX_NANOS or v.nanos < -MAX_NANOS:
+            return saturated(rl)[0]
+    return rl
 
 
 # ---- a pod object as the ResourceQuota evaluator charges it ----------------------------------------------------

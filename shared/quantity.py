@@ -9,8 +9,9 @@ the format it was written in, exactly like ``k8s.io/apimachinery/pkg/api/resourc
   ``1.5Gi`` → ``1536Mi``, a binary value under 1024 or with a fraction falls back to decimal SI);
 * arithmetic never uses floats.
 
-Values are limited to what Kubernetes can hold in an int64 of base units (about 9.2e18); larger input is
-refused with :class:`~shared.errors.InvalidQuantity`, as is a negative value unless explicitly allowed.
+A value beyond what an int64 of base units holds (about 9.2e18) is cut to that: the API server caps a binary value
+(``10Ei``) so, and keeps a decimal one (``1e19``, ``20E``) exactly, which no quota can hold either. A negative value
+is refused with :class:`~shared.errors.InvalidQuantity` unless explicitly allowed.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from shared.errors import InvalidQuantity
 NANO: Final = 1_000_000_000
 MAX_BASE_UNITS: Final = 2**63 - 1
 MAX_NANOS: Final = MAX_BASE_UNITS * NANO
+_EXPONENT_COMPUTED: Final = 100
+"""Past ``e100`` (or ``e-100``) a value of at most 64 characters is beyond the range (or below a nano) whatever its
+digits: the exponent is taken as 100 (-100), so that ``1e999999999`` costs no more than ``1e100``."""
 
 
 class Format(Enum):
@@ -108,8 +112,9 @@ class Quantity:
             if em is None:
                 raise InvalidQuantity(f"invalid quantity {s!r}: bad exponent {full!r}")
             exponent = int(em.group(1))
-            if abs(exponent) > 40:
-                raise InvalidQuantity(f"quantity {s!r} is out of range")
+            # (an exponent this far out is not computed: a nonzero value is beyond the range, or below a nano,
+            # which rounds up to one, as the API server rounds it)
+            exponent = max(-_EXPONENT_COMPUTED, min(_EXPONENT_COMPUTED, exponent))
             factor = Fraction(10) ** exponent
             fmt = Format.DECIMAL_EXPONENT
         elif suffix in _BINARY:
@@ -129,8 +134,8 @@ class Quantity:
         nanos = _ceil_div(value.numerator, value.denominator)  # precision finer than nano rounds up
         if sign == "-":
             nanos = -nanos
-        if abs(nanos) > MAX_NANOS:
-            raise InvalidQuantity(f"quantity {s!r} is larger than Kubernetes can represent")
+        if abs(nanos) > MAX_NANOS:  # (the API server caps a binary value so and keeps a decimal one exactly)
+            nanos = MAX_NANOS if nanos > 0 else -MAX_NANOS
         return Quantity(nanos, fmt)
 
     @classmethod

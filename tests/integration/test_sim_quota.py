@@ -18,6 +18,7 @@ from services.devtools.simcluster.quota import (
     QuotaTiming,
     admit_pod,
     compute_usage,
+    default_pod,
     missing_constraints,
     pretty,
 )
@@ -452,3 +453,51 @@ def test_the_controllers_sum_is_quantity_addition_in_pod_order(charges: list[dic
             if k in c:
                 want[k] = want[k] + c[k]
     assert format_resource_list(used) == format_resource_list(want)
+
+
+@pytest.mark.parametrize(
+    ("resources", "containers", "requests", "limits"),
+    [
+        # only pod-level limits: the requests are those limits (TestPodResourcesDefaults, Kubernetes v1.35)
+        ({"limits": {"cpu": "4", "memory": "4Gi"}}, [{}], {"cpu": "4", "memory": "4Gi"}, {"cpu": "4", "memory": "4Gi"}),
+        # pod limits, containers' requests: cpu and memory default to the containers' aggregate
+        (
+            {"limits": {"cpu": "5m", "memory": "7Mi"}, "requests": {}},
+            [{"requests": {"cpu": "2m", "memory": "1Mi"}}, {"requests": {"cpu": "1m", "memory": "5Mi"}}],
+            {"cpu": "3m", "memory": "6Mi"},
+            {"cpu": "5m", "memory": "7Mi"},
+        ),
+        # a hugepage limit of the containers becomes the pod's, and its request too
+        (
+            {"limits": {"cpu": "1"}},
+            [{"limits": {"hugepages-2Mi": "4Mi"}}],
+            {"cpu": "1", "hugepages-2Mi": "4Mi"},
+            {"cpu": "1", "hugepages-2Mi": "4Mi"},
+        ),
+        # only pod-level requests: nothing is defaulted
+        ({"requests": {"cpu": "1"}}, [{}], {"cpu": "1"}, None),
+    ],
+)
+def test_pod_level_requests_default_as_the_api_server_defaults_them(
+    resources: dict[str, Any], containers: list[dict[str, Any]], requests: dict[str, str], limits: Any
+) -> None:
+    """A pod with only pod-level limits was charged no ``requests.*`` in the simulated cluster, where the API server
+    defaults its requests to those limits (``defaultPodRequests``): its native quota admitted what a real one
+    refuses."""
+    pod = {
+        "metadata": {"name": "p", "namespace": "t"},
+        "spec": {
+            "resources": resources,
+            "containers": [{"name": f"c{i}", "resources": r} for i, r in enumerate(containers)],
+        },
+    }
+    spec = default_pod(pod)["spec"]["resources"]
+    assert spec.get("requests") == requests and spec.get("limits") == limits
+    q = {
+        "metadata": {"name": "q", "namespace": "t"},
+        "spec": {"hard": {"requests.cpu": "10m"}},
+        "status": {"hard": {"requests.cpu": "10m"}, "used": {"requests.cpu": "0"}},
+    }
+    if Quantity.parse(requests["cpu"]) > Quantity.parse("10m"):
+        with pytest.raises(ApiError, match="exceeded quota"):
+            admit_pod(pod, [q])

@@ -207,7 +207,7 @@ def test_malformed_object_names_object_and_field(capsys: pytest.CaptureFixture[s
     v = vmi_obj("vm1", guest="lots")
     err = bad(capsys, "--mode", "VirtualResources", "-f", write(tmp_path, [v]))
     assert "VirtualMachineInstance tenant/vm1: spec.domain.memory.guest" in err
-    p = pod_obj("web", {"cpu": "10Ei"})
+    p = pod_obj("web", {"cpu": "1K"})
     err = bad(capsys, "--mode", "VmiPodUsage", "-f", write(tmp_path, [p]))
     assert "Pod tenant/web: spec.containers[0].resources.requests.cpu" in err
 

@@ -20,7 +20,7 @@ from shared.errors import InvalidInput
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, render_launcher_pod
 from shared.normalize import normalize, parse_refusal
 from shared.podusage import pod_quota_usage
-from shared.quantity import Quantity
+from shared.quantity import MAX_NANOS, Quantity
 from shared.resources import format_resource_list
 from shared.snapshot import (
     SCHEMA,
@@ -216,7 +216,7 @@ def test_pod() -> None:
     assert not s.best_effort and not s.terminating_scope
 
 
-@pytest.mark.parametrize("overhead", ["garbage", "1e999", ""])
+@pytest.mark.parametrize("overhead", ["garbage", "-1", "1e", ""])
 def test_a_pod_whose_overhead_annotation_cannot_be_read_is_still_a_pod(overhead: str) -> None:
     """Anyone who may write a pod may write its annotations: one vmquota cannot read as a quantity is as if KubeVirt
     had published no overhead (what taking it off does), and the pod, with its charge, is counted. Before, the whole
@@ -226,6 +226,21 @@ def test_a_pod_whose_overhead_annotation_cannot_be_read_is_still_a_pod(overhead:
     s = normalize(p)
     assert isinstance(s, PodSnapshot) and s.memory_overhead is None
     assert s.usage == pod_quota_usage(p, datetime(2025, 1, 1, tzinfo=UTC)) and s.is_launcher
+
+
+@pytest.mark.parametrize("storage", ["1e19", "10E", "1e30", "10Ei"])
+def test_a_pod_asking_past_what_a_quantity_holds_is_counted(storage: str) -> None:
+    """The API server keeps a decimal quantity of any size (and caps a binary one): a tenant's pod asking for
+    ``1e19`` of ephemeral storage, which no budget names, exists and is charged its memory. Its snapshot could not
+    be made, the watcher dead-lettered it, and vmquota's usage and reports left it out; now the amount is cut to
+    what a quantity holds and the pod is counted."""
+    p = copy.deepcopy(POD)
+    p["spec"]["containers"][0]["resources"]["requests"]["ephemeral-storage"] = storage
+    s = normalize(p)
+    assert isinstance(s, PodSnapshot)
+    assert s.usage["requests.ephemeral-storage"].nanos == MAX_NANOS
+    plain = normalize(POD)
+    assert isinstance(plain, PodSnapshot) and s.usage["requests.memory"] == plain.usage["requests.memory"]
 
 
 def test_pod_scope_facts() -> None:
@@ -357,7 +372,7 @@ def _with(obj: dict[str, Any], path: str | tuple[str, ...], value: Any) -> dict[
     ("obj", "path", "value", "where"),
     [
         (VMI, "spec.domain.memory.guest", "lots", "VirtualMachineInstance tenant/vm1: spec.domain.memory.guest"),
-        (VMI, "spec.domain.memory.guest", "10Ei", "VirtualMachineInstance tenant/vm1: spec.domain.memory.guest"),
+        (VMI, "spec.domain.memory.guest", "1K", "VirtualMachineInstance tenant/vm1: spec.domain.memory.guest"),
         (VMI, "spec.domain.cpu.sockets", -1, "VirtualMachineInstance tenant/vm1: spec.domain.cpu.sockets"),
         (VMI, "status.memory.memoryOverhead", "x", "VirtualMachineInstance tenant/vm1: status.memory.memoryOverhead"),
         (
@@ -370,7 +385,7 @@ def _with(obj: dict[str, Any], path: str | tuple[str, ...], value: Any) -> dict[
         (
             POD,
             "spec.containers.0.resources.requests.cpu",
-            "1e100",
+            "1K",
             "Pod tenant/virt-launcher-vm1-abcde: spec.containers[0].resources.requests.cpu",
         ),
         (

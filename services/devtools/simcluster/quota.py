@@ -30,11 +30,14 @@ from services.platform.workqueue import WorkQueue
 from shared.errors import InvalidInput
 from shared.kinds import FINAL_PHASES
 from shared.podusage import (
+    is_pod_level_resource,
     is_quota_extended_resource,
+    pod_containers,
     pod_counts_for_compute,
     pod_level_set,
     pod_quota_usage,
     pod_resources,
+    pod_totals,
     quota_usage_of,
 )
 from shared.quantity import Format, Quantity
@@ -468,12 +471,46 @@ def default_pod(pod: Obj) -> Obj:
     spec = pod.get("spec")
     if isinstance(spec, dict) and isinstance(spec.get("overhead"), Mapping):
         spec["overhead"] = canonical_quantities(spec["overhead"])
+    if isinstance(spec, dict) and isinstance(spec.get("resources"), dict):
+        _default_pod_level(pod, spec["resources"])
     status = pod.get("status")
     if not isinstance(status, dict):
         status = pod["status"] = {}
     status.setdefault("phase", "Pending")
     status["qosClass"] = qos_class(pod)
     return pod
+
+
+def _default_pod_level(pod: Obj, res: dict[str, Any]) -> None:
+    """``defaultHugePagePodLimits`` and ``defaultPodRequests`` (``SetDefaults_Pod``, after the containers'): where
+    ``spec.resources`` is set, a hugepage limit the containers set becomes the pod's unless the pod requests that
+    size; then, where the pod has limits, a missing pod-level request of cpu or memory defaults to the containers'
+    aggregate request, and any other missing one to the pod-level limit. (A pod with only pod-level limits is
+    charged ``requests.*`` at those limits.)"""
+    for part in ("requests", "limits"):
+        if isinstance(res.get(part), Mapping):
+            res[part] = canonical_quantities(res[part])
+    req = dict(res.get("requests") or {})
+    lim = dict(res.get("limits") or {})
+    if not req and not lim:
+        return
+    try:
+        aggregate_requests, aggregate_limits = pod_totals(pod_containers(pod))
+    except InvalidInput:
+        return  # (validation refuses it)
+    for k, q in aggregate_limits.items():
+        if k.startswith("hugepages-") and k not in req and k not in lim:
+            lim[k] = q.canonical()
+    if not lim:
+        return
+    res["limits"] = lim
+    for k, q in aggregate_requests.items():
+        if k in ("cpu", "memory") and k not in req:
+            req[k] = q.canonical()
+    for k, v in lim.items():
+        if is_pod_level_resource(k) and k not in req:
+            req[k] = v
+    res["requests"] = req
 
 
 def _runtime_class_admission(pod: Mapping[str, Any]) -> None:

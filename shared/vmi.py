@@ -153,9 +153,9 @@ def _vmi_spec(obj: Mapping[str, Any]) -> VmiSpec:
     guest: Quantity | None
     if mem.get("guest") is not None:
         guest = _quantity(mem.get("guest"), f"{mwhere}.guest")
-    elif "memory" in requests:
+    elif "memory" in requests and requests["memory"].nanos:  # (setGuestMemory skips a zero request, and a zero limit)
         guest = requests["memory"]
-    elif "memory" in limits:
+    elif "memory" in limits and limits["memory"].nanos:
         guest = limits["memory"]
     else:
         guest = hugepage_size

@@ -1,5 +1,6 @@
-"""The enforcer's Kubernetes calls: read a ResourceQuota, merge-patch it, create an Event, nudge a VMI, cancel a
-migration, write a namespace's QuotaReservation and read a VMI (the reservation guard).
+"""The enforcer's Kubernetes calls: read a ResourceQuota, merge-patch it (and its ``status.hard``), create an
+Event, nudge a VMI, cancel a migration, write a namespace's QuotaReservation and read a VMI (the reservation
+guard).
 
 Each goes through kubernetes-asyncio's generated ``CoreV1Api`` method via :mod:`services.platform.kube` (raw responses
 decoded with msgspec, an explicit ``_request_timeout``, every failure a :class:`~services.platform.kube.KubeError`), so
@@ -30,6 +31,8 @@ class QuotaApi(Protocol):
     async def list_quotas(self, label_selector: str) -> list[Obj]: ...
 
     async def patch_quota(self, namespace: str, name: str, body: Obj) -> Obj: ...
+
+    async def patch_quota_status(self, namespace: str, name: str, body: Obj) -> Obj: ...
 
     async def create_event(self, namespace: str, body: Obj) -> None: ...
 
@@ -73,6 +76,18 @@ class KubeQuotas:
     async def patch_quota(self, namespace: str, name: str, body: Obj) -> Obj:
         return await call_object(
             self.core.patch_namespaced_resource_quota,
+            name,
+            namespace,
+            body,
+            _request_timeout=self.timeout,
+            _content_type=MERGE_PATCH,
+        )
+
+    async def patch_quota_status(self, namespace: str, name: str, body: Obj) -> Obj:
+        """Merge-patch the quota's ``status`` subresource (RBAC: ``patch`` on ``resourcequotas/status``): only
+        ``status.hard``, with what the quota controller would copy there from ``spec.hard``."""
+        return await call_object(
+            self.core.patch_namespaced_resource_quota_status,
             name,
             namespace,
             body,

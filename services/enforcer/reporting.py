@@ -53,7 +53,7 @@ class Reporter:
         self.own = own
         self._now = now
         self._backoff = Backoff(initial=opts.retry_base, maximum=opts.retry_max, jitter=0.2)
-        self._queue: asyncio.Queue[tuple[Plan, str]] = asyncio.Queue(REPORT_QUEUE)
+        self._queue: asyncio.Queue[tuple[Plan, str, str | None]] = asyncio.Queue(REPORT_QUEUE)
         self._dry_seen: dict[Key, str] = {}
         self._nudged: dict[tuple[str, str], tuple[int, float]] = {}
         """(namespace, VMI uid) → the usage snapshot (its stream sequence) and the time of the last nudge."""
@@ -78,9 +78,10 @@ class Reporter:
         self.reported = 0
 
     # ---- decisions ---------------------------------------------------------------------------------------------
-    def decision(self, p: Plan, resource_version: str) -> None:
-        """A write of ``p`` went out (``resource_version``: the quota's version after it): log it and queue its
-        Event and bus decision."""
+    def decision(self, p: Plan, resource_version: str, at: str | None = None) -> None:
+        """A write of ``p`` went out (``resource_version``: the quota's version after it; ``at``: when its first
+        write went out, the decision's time: quota admission may act on ``status.hard`` before the last one
+        returns): log it and queue its Event and bus decision."""
         self.own.decisions.labels(action=p.action.value).inc()
         log.info(
             "quota decision",
@@ -93,7 +94,7 @@ class Reporter:
             resource_version=resource_version or p.resource_version,
         )
         try:
-            self._queue.put_nowait((p, resource_version))
+            self._queue.put_nowait((p, resource_version, at))
         except asyncio.QueueFull:
             log.error("report queue full; decision not published", namespace=p.namespace, quota=p.name)
 
@@ -113,9 +114,9 @@ class Reporter:
 
     async def run(self) -> None:
         while True:
-            p, rv = await self._queue.get()
+            p, rv, at = await self._queue.get()
             try:
-                await self._publish(p, rv)
+                await self._publish(p, rv, at)
             except Exception as e:  # a report is best effort: the quota itself is already right
                 log.error("report failed", namespace=p.namespace, quota=p.name, error=str(e) or type(e).__name__)
             finally:
@@ -128,9 +129,9 @@ class Reporter:
     def idle(self) -> bool:
         return self._queue.empty()
 
-    async def _publish(self, p: Plan, rv: str) -> None:
+    async def _publish(self, p: Plan, rv: str, at: str | None) -> None:
         dry = self.opts.dry_run
-        d = reports.decision(p, cluster=self.opts.cluster, dry_run=dry, resource_version=rv)
+        d = reports.decision(p, cluster=self.opts.cluster, dry_run=dry, resource_version=rv, time=at)
         await self.bus.publish(
             contract.decision_subject(self.opts.cluster, p.namespace), contract.encode(d), msg_id=d.id
         )

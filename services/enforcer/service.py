@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -38,7 +39,7 @@ from nats.aio.msg import Msg
 
 from services.enforcer.guard import GuardWriter
 from services.enforcer.known import KnownQuotas
-from services.enforcer.kube import KubeError, Obj, QuotaApi
+from services.enforcer.kube import KubeError, Obj, QuotaApi, version_of
 from services.enforcer.options import EnforcerMetrics, EnforcerOptions, Key
 from services.enforcer.quota_metrics import QuotaMetrics
 from services.enforcer.reporting import Reporter
@@ -57,6 +58,7 @@ from shared.quota import enforcement
 from shared.quota.annotations import MANAGED_LABEL, USAGE_ANNOTATION, USAGE_FROM_ANNOTATION
 from shared.quota.enforcement import Action
 from shared.snapshot import QuotaSnapshot, same_content
+from shared.times import rfc3339
 
 log = structlog.get_logger("vmquota.enforcer")
 
@@ -105,6 +107,9 @@ class Enforcer:
             hold_retries=True,  # (a quota waiting for its retry is not written sooner, whatever arrives)
             on_retry=self._on_retry,
         )
+        self.status_writes = True
+        """Whether the enforcer writes ``status.hard`` with ``spec.hard``; off for good once the API server refuses
+        it (403: a ClusterRole without ``patch`` on ``resourcequotas/status``)."""
         self._lagging: set[Key] = set()
         """Quotas whose ``status.hard`` had not caught up with ``spec.hard`` when last reconciled: a quota event that
         only changes status is then acted on. The namespace's nudges wait for it (a nudge KubeVirt acts on before
@@ -485,12 +490,15 @@ class Enforcer:
         paced = False  # (a write of this reconciliation waited for its rate bound already)
         failed = ""  # the precondition of the last patch that conflicted
         fresh: QuotaSnapshot | None = None  # the copy read from the API server for this round, if any
+        at = ""  # when this round's first write went out
         while quota is not None:
             usage = self.usage.get(ns)
             charged = quota.status_used if quota is fresh else None
             p = enforcement.plan(
                 quota, usage, self._acted.get(key), managed=self.quotas.vouched(quota), charged=charged
             )
+            if not self.status_writes:
+                p = p.spec_only()
             if (
                 p.raises
                 and quota is not fresh
@@ -539,8 +547,11 @@ class Enforcer:
                     if newer is not None and newer.rv_order > quota.rv_order:
                         quota = newer
                     continue
+            # (the decision's time is its first write's: quota admission may act on status.hard before spec.hard
+            # is written, whose precondition the admission's own write of status.used then fails)
+            at = at or rfc3339()
             try:
-                raw = await self.kube.patch_quota(ns, name, enforcement.patch_body(p))
+                raw = await self._write(p)
             except KubeError as e:
                 if e.not_found:
                     self._forget(key, quota.rv_order)
@@ -582,8 +593,36 @@ class Enforcer:
                 self.own.reaction.observe(time.monotonic() - since)
             if usage is not None:
                 self._acted[key] = usage
-            self.reporter.decision(p, after.resource_version)
+            self.reporter.decision(p, after.resource_version, at)
             return
+
+    async def _write(self, p: enforcement.Plan) -> Obj:
+        """Write a plan: ``status.hard`` first where the plan sets it (quota admission checks it from then on), then
+        ``spec.hard`` and the annotations, on the version the first write made. The quota as the last write
+        returned it. A failed second write leaves ``status.hard`` ahead of ``spec.hard``: the plan made from the
+        quota's next version writes ``spec.hard`` (or ``status.hard`` back, when the usage moved on)."""
+        ns, name = p.key
+        if p.set_status:
+            try:
+                raw = await self.kube.patch_quota_status(ns, name, enforcement.status_body(p))
+            except KubeError as e:
+                if e.status != 403:
+                    raise
+                # (RBAC without patch on resourcequotas/status, an upgrade's manifests not applied yet: the quota
+                # controller copies spec.hard, a sync later, as before)
+                self.status_writes = False
+                log.warning(
+                    "status.hard not written: the API server does not let the enforcer patch resourcequotas/status "
+                    "(apply its ClusterRole); the quota controller copies spec.hard a sync later",
+                    namespace=ns,
+                    quota=name,
+                    error=e.message,
+                )
+            else:
+                if not p.set_hard and not p.annotations:
+                    return raw
+                p = dataclasses.replace(p, resource_version=version_of(raw))
+        return await self.kube.patch_quota(ns, name, enforcement.patch_body(p))
 
     def _summary_due(self, key: Key) -> None:
         if not self._stopped:

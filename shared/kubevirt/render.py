@@ -393,6 +393,8 @@ def _hook_sidecar_count(vmi: VmiSpec) -> int:
         value = json.loads(raw)
     except ValueError:
         raise InvalidInput("is not valid JSON", f"metadata.annotations.{HOOK_SIDECARS_ANNOTATION}") from None
+    if value is None:  # (Go's json.Unmarshal of null into the list leaves it empty: KubeVirt renders no sidecar)
+        return 0
     if not isinstance(value, list):
         raise InvalidInput("expected a JSON list of sidecars", f"metadata.annotations.{HOOK_SIDECARS_ANNOTATION}")
     return len(value)

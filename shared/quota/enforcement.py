@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from fnmatch import fnmatchcase
@@ -306,6 +306,10 @@ class Plan:
     reason: str = ""
     """One line: what changes and why."""
     usage_seq: int = 0
+    status_hard: ResourceList = field(default_factory=dict)
+    """The quota's ``status.hard`` when the plan was made: what quota admission checks."""
+    charged_names: frozenset[str] = frozenset()
+    """The resources the quota's ``status.used`` has a value for."""
 
     @property
     def set_hard(self) -> bool:
@@ -313,8 +317,28 @@ class Plan:
         return not same(self.hard_after, self.hard_before)
 
     @property
+    def set_status(self) -> bool:
+        """``status.hard`` is to be written too, before ``spec.hard``: what the quota controller would copy there on
+        its next sync, written at once, so that quota admission checks the new ``hard`` from the write on (a lower
+        one closes its room then, a raise opens it for KubeVirt's retry that the write itself wakes), not a sync
+        later. Only for the resources the controller has synced already (the same names in ``status.hard``, each
+        with a value in ``status.used``): a quota admission finds no usage for refuses every pod."""
+        return (
+            self.action in (Action.ADJUST, Action.ADOPT)
+            and bool(self.status_hard)
+            and self.hard_after.keys() == self.status_hard.keys()
+            and self.hard_after.keys() <= self.charged_names
+            and not same(self.hard_after, self.status_hard)
+        )
+
+    @property
     def changes(self) -> bool:
-        return self.set_hard or bool(self.annotations)
+        return self.set_hard or bool(self.annotations) or self.set_status
+
+    def spec_only(self) -> Plan:
+        """The plan without its write of ``status.hard`` (an enforcer the API server does not let write it leaves
+        the copy to the quota controller)."""
+        return replace(self, status_hard={}) if self.set_status else self
 
     @property
     def raises(self) -> bool:
@@ -359,6 +383,8 @@ def _base(q: QuotaSnapshot, action: Action, *, hard_after: ResourceList | None =
         action=action,
         hard_before=dict(q.spec_hard),
         hard_after=dict(q.spec_hard) if hard_after is None else hard_after,
+        status_hard=dict(q.status_hard),
+        charged_names=frozenset(q.status_used),
         **kw,
     )
 
@@ -468,6 +494,12 @@ def plan(
         _changed_annotations(q, {USAGE_ANNOTATION: usage_summary(terms, usage)}) if terms is not None and agreed else {}
     )
     if not set_hard and not annotations:
+        repair = _base(q, Action.ADJUST, mode=mode.value, budget=b.budget, usage_seq=seq, annotations=summary)
+        if agreed and repair.set_status:
+            # status.hard is not the spec.hard vmquota wrote (a write of it whose spec.hard never followed, or the
+            # quota controller's copy of an older spec.hard that came after it): quota admission checks it, and the
+            # controller copies spec.hard again only when spec.hard changes, or at its resync (minutes)
+            return replace(repair, reason=f"status.hard set to spec.hard: {_items(hard)}")
         action = Action.REFRESH if summary else Action.NONE  # (paced by the enforcer: see Action.REFRESH)
         return _base(q, action, mode=mode.value, budget=b.budget, usage_seq=seq, annotations=summary)
     annotations.update(summary)  # (rides on a write that happens anyway)
@@ -686,6 +718,16 @@ def _hard_change(
 
 
 # ---- the patch ---------------------------------------------------------------------------------------------------
+
+
+def status_body(p: Plan) -> dict[str, Any]:
+    """The JSON merge patch of ``status.hard`` for a plan that :attr:`~Plan.set_status` (of the ``status``
+    subresource): the plan's ``hard``, under the plan's resourceVersion as precondition. The same names as the
+    ``status.hard`` it replaces, so nothing is removed, and ``status.used`` is left as it is."""
+    return {
+        "metadata": {"resourceVersion": p.resource_version},
+        "status": {"hard": canonical_resource_list(p.hard_after)},
+    }
 
 
 def patch_body(p: Plan) -> dict[str, Any]:

@@ -64,7 +64,7 @@ Rule = tuple[str, str, str]
 """(API group, resource, verb)."""
 
 METHOD: Final = re.compile(
-    r"^(get|read|list|patch|create|replace|delete)_(?:namespaced_|cluster_)?([a-z_]+?)(?:_for_all_namespaces)?$"
+    r"^(get|read|list|patch|create|replace|delete)_(?:namespaced_|cluster_)?([a-z_]+?)(_status)?(?:_for_all_namespaces)?$"
 )
 VERBS: Final = {
     **{"get": "get", "read": "get", "list": "list", "patch": "patch"},
@@ -117,7 +117,8 @@ def calls_of(module: Any) -> set[Rule]:
                 assert group is not None and plural is not None, f"{module.__name__}: {ast.unparse(node)}"
                 found.add((group, plural, VERBS[m[1]]))
             else:
-                found.add(("coordination.k8s.io" if m[2] == "lease" else "", _plural(m[2]), VERBS[m[1]]))
+                resource = _plural(m[2]) + ("/status" if m[3] else "")
+                found.add(("coordination.k8s.io" if m[2] == "lease" else "", resource, VERBS[m[1]]))
     return found
 
 

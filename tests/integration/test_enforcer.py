@@ -19,7 +19,7 @@ from services.devtools.simcluster.auth import KUBEVIRT_CONTROLLER, acting_as
 from services.devtools.simcluster.cluster import SimCluster
 from services.devtools.simcluster.quota import QuotaTiming
 from services.devtools.simcluster.store_api import ApiError, Obj
-from services.enforcer.kube import KubeQuotas
+from services.enforcer.kube import KubeQuotas, QuotaApi
 from services.enforcer.options import EnforcerOptions
 from services.enforcer.service import Enforcer
 from services.platform.bus import Bus, NatsOptions
@@ -155,8 +155,12 @@ def terms(budget: str, hard: str) -> dict[str, contract.QuotaTerms]:
 
 
 @contextlib.asynccontextmanager
-async def enforcer(bus: Bus, api: client.ApiClient, **opts: Any) -> AsyncIterator[tuple[Enforcer, asyncio.Task[None]]]:
-    e = Enforcer(bus, KubeQuotas(api), EnforcerOptions(cluster=CLUSTER, idle=0.1, **opts), metrics=Metrics())
+async def enforcer(
+    bus: Bus, api: client.ApiClient, *, calls: QuotaApi | None = None, **opts: Any
+) -> AsyncIterator[tuple[Enforcer, asyncio.Task[None]]]:
+    """A running enforcer (``calls``: its Kubernetes calls, when not the API server's as they are)."""
+    kube = calls if calls is not None else KubeQuotas(api)
+    e = Enforcer(bus, kube, EnforcerOptions(cluster=CLUSTER, idle=0.1, **opts), metrics=Metrics())
     stop = asyncio.Event()
     task = asyncio.create_task(e.run(stop))
     try:
@@ -317,6 +321,10 @@ class BeatenOnce:
 
     async def list_quotas(self, label_selector: str) -> list[Obj]:
         return await self.inner.list_quotas(label_selector)
+
+    async def patch_quota_status(self, namespace: str, name: str, body: Obj) -> Obj:
+        self.calls.append("status")
+        return await self.inner.patch_quota_status(namespace, name, body)
 
     async def create_event(self, namespace: str, body: Obj) -> None:
         await self.inner.create_event(namespace, body)
@@ -919,6 +927,7 @@ async def test_with_the_guard_a_forged_quota_event_takes_no_holder_off_the_list(
     await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
     vms = [contract.VmState(name="vm1", uid="uid-vm1", state="running")]
     async with enforcer(bus, api, reservation_guard=True) as (e, _):
+        e.status_writes = False  # (the enforcer writes status.hard itself: as one whose ClusterRole does not let it)
         await raised_for_vm1(sim, bus, vms)
         await sim.wait_quota_synced(NS, "compute")
         assert listed_names(sim) == {"vm1"}
@@ -1177,15 +1186,13 @@ class NudgeRecorder(BeatenOnce):
 async def test_a_vmi_is_nudged_once_quota_admission_has_the_raise(
     sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
 ) -> None:
-    """A nudge KubeVirt acts on before the quota controller copied the raise to ``status.hard`` is refused, and
-    nothing would nudge again (the usage does not change): the enforcer nudges once ``status.hard`` is what it
-    wrote, whenever the quota controller gets to it."""
+    """A nudge KubeVirt acts on before quota admission has the raise (``status.hard``) is refused, and nothing would
+    nudge again (the usage does not change): an enforcer that does not write ``status.hard`` itself nudges once it
+    is what it wrote, whenever the quota controller gets to it."""
     await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
     calls = NudgeRecorder(KubeQuotas(api), sim)
-    e = Enforcer(bus, calls, EnforcerOptions(cluster=CLUSTER, idle=0.1), metrics=Metrics())
-    stop = asyncio.Event()
-    task = asyncio.create_task(e.run(stop))
-    try:
+    async with enforcer(bus, api, calls=calls) as (e, _):
+        e.status_writes = False
         await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
         await sim.wait_quota_synced(NS, "compute")
         sim.quota.timing = QuotaTiming(sync_delay=0.3)  # (the quota controller copies spec.hard 0.3 s later)
@@ -1194,9 +1201,6 @@ async def test_a_vmi_is_nudged_once_quota_admission_has_the_raise(
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "the raise")
         await sim.wait_for(lambda: bool(calls.nudged_at), within=10, what="the nudge")
         assert calls.nudged_at[0] == {"limits.memory": "80Gi"}, "nudged before quota admission had the raise"
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 20)
 
 
 async def test_the_usage_summary_alone_is_written_at_most_once_per_interval(
@@ -1347,3 +1351,55 @@ async def test_a_dry_run_cancels_nothing(sim: SimCluster, bus: Bus, api: client.
         "vmquota_enforcer_cancels_total", {"service": "enforcer", "outcome": "dry-run"}
     )
     assert seen == 1.0, "reported once"
+
+
+class StatusRefused(BeatenOnce):
+    """The enforcer's calls, with the API server refusing ``resourcequotas/status`` (a ClusterRole without it)."""
+
+    async def patch_quota_status(self, namespace: str, name: str, body: Obj) -> Obj:
+        self.calls.append("status")
+        raise KubeError(403, "Forbidden", 'resourcequotas "compute" is forbidden: cannot patch resource status')
+
+    async def patch_quota(self, namespace: str, name: str, body: Obj) -> Obj:
+        return await self.inner.patch_quota(namespace, name, body)
+
+
+async def test_quota_admission_checks_what_the_enforcer_writes_from_the_write_on(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """Quota admission checks ``status.hard``, which the quota controller copies from ``spec.hard`` a sync later:
+    until then a raise is not there for KubeVirt's retry that the write wakes (a refusal per migration target), and
+    a lowered ``hard`` leaves its room open. The enforcer writes ``status.hard`` first, then ``spec.hard``; with a
+    quota controller that copies nothing, admission has both the raise and the lowering at once."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    await sim.wait_quota_synced(NS, "compute")
+    async with enforcer(bus, api) as (e, _):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        sim.quota.timing = QuotaTiming(sync_delay=3600.0)  # (the quota controller copies nothing from now on)
+        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
+        q = await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "the raise")
+        assert q["status"]["hard"] == {"limits.memory": "80Gi"}, "quota admission does not have the raise"
+        assert q["status"]["used"], "status.used is the quota controller's and admission's, left as it was"
+        await publish_usage(bus, 6, terms("64Gi", "64Gi"))
+        q = await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "the lowering")
+        assert q["status"]["hard"] == {"limits.memory": "64Gi"}, "the lowered room stays open to quota admission"
+        assert e.status_writes
+
+
+async def test_an_enforcer_the_api_server_does_not_let_write_status_writes_spec_hard_as_before(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """A ClusterRole without ``patch`` on ``resourcequotas/status`` (an upgrade's manifests not applied yet): the
+    403 is logged once, and the enforcer writes ``spec.hard`` alone, for the quota controller to copy, instead of
+    retrying the quota for ever."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    await sim.wait_quota_synced(NS, "compute")
+    calls = StatusRefused(KubeQuotas(api), sim)
+    async with enforcer(bus, api, calls=calls) as (e, _):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "the raise")
+        await sim.wait_quota_synced(NS, "compute")
+        await publish_usage(bus, 6, terms("64Gi", "64Gi"))
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "the lowering")
+        assert not e.status_writes and calls.calls.count("status") == 1, calls.calls

@@ -171,7 +171,8 @@ async def test_status_tail_and_replay_after_a_migration_at_full_quota() -> None:
         assert code == 0, err
         assert out.startswith(f"vm {NS}/vm1 (cluster {CLUSTER})") and " running " in out, out
 
-        # a tenant's Event on its VMI, its message written to take over the operator's terminal: printed escaped
+        # a tenant's Event on its VMI, its message written to take over the operator's terminal: only the amounts
+        # it names are shown
         vmi = p.sim.peek("vmi", NS, "vm2")
         assert vmi is not None
         hostile = (
@@ -183,11 +184,11 @@ async def test_status_tail_and_replay_after_a_migration_at_full_quota() -> None:
 
         async def told() -> bool:
             code, out, _ = await vmquota("explain", "vm", f"{NS}/vm2", "--nats", url)
-            return code == 0 and "is forbidden" in out
+            return code == 0 and "refused its pod: requested limits.memory=1Gi; used limits.memory=64Gi" in out
 
         await p.wait(told, "the hostile Event in vm2's timeline")
         code, out, err = await vmquota("explain", "vm", f"{NS}/vm2", "--nats", url)
-        assert code == 0 and "\x1b" not in out and "\\x1b[2J\\x1b[Hall is well\\nvm2" in out, out
+        assert code == 0 and "\x1b" not in out and "all is well" not in out, out
         assert all(line.startswith(("vm ", "  ")) for line in out.splitlines()), "one line per step"
         code, out, err = await vmquota("explain", "migration", f"{NS}/no-such-migration", "--nats", url)
         assert code == 1 and not out and len(err.strip().splitlines()) == 1, err

@@ -501,3 +501,23 @@ def test_pod_level_requests_default_as_the_api_server_defaults_them(
     if Quantity.parse(requests["cpu"]) > Quantity.parse("10m"):
         with pytest.raises(ApiError, match="exceeded quota"):
             admit_pod(pod, [q])
+
+
+async def test_the_quota_controller_leaves_a_status_hard_written_by_another_until_spec_hard_changes(
+    sim: SimCluster,
+) -> None:
+    """The quota controller's informer ignores updates that change only ``status`` ("all driven by this
+    controller"): a ``status.hard`` another writer put there stays until ``spec.hard`` changes or the periodic
+    resync. The simulated controller synced on any update whose ``status.hard`` differed from ``spec.hard``, and
+    wrote the older ``spec.hard`` back at once."""
+    await sim.create_quota("t", "compute", {"limits.memory": "8Gi"})
+    await sim.wait_quota_synced("t", "compute")
+    quotas = sim.store.resource("resourcequotas")
+    status = {"status": {"hard": {"limits.memory": "12Gi"}}}
+    await sim.store.patch(quotas, "t", "compute", status, "merge", subresource="status")
+    await sim.wait_quiet()
+    q = await sim.get("resourcequotas", "t", "compute")
+    assert q["status"]["hard"] == {"limits.memory": "12Gi"} and q["spec"]["hard"] == {"limits.memory": "8Gi"}
+    await sim.store.patch(quotas, "t", "compute", {"spec": {"hard": {"limits.memory": "10Gi"}}}, "merge")
+    synced = await sim.wait_quota_synced("t", "compute")
+    assert synced["status"]["hard"] == {"limits.memory": "10Gi"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from datetime import UTC, datetime
 from typing import Any
@@ -88,6 +89,15 @@ def apply(raw: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def write(raw: dict[str, Any], p: enf.Plan) -> dict[str, Any]:
+    """What the enforcer writes for a plan: ``status.hard`` first where the plan sets it, then the rest on the
+    version that made."""
+    if p.set_status:
+        raw = apply(raw, enf.status_body(p))
+        p = dataclasses.replace(p, resource_version=raw["metadata"]["resourceVersion"])
+    return apply(raw, enf.patch_body(p))
+
+
 def adopted(budget: dict[str, str], hard: dict[str, str], **kw: Any) -> dict[str, Any]:
     ann = {
         BUDGET_ANNOTATION: enf.rl_json({k: Quantity.parse(v) for k, v in budget.items()}),
@@ -130,7 +140,7 @@ def test_adoption_with_usage_writes_hard_and_is_then_a_fixed_point() -> None:
         "raised limits.memory by 17Gi for the migration of vm1"
     )
     assert p.annotations[STATUS_ANNOTATION] == "Enforcing (VmiPodUsage)"
-    after = apply(raw, enf.patch_body(p))
+    after = write(raw, p)
     assert after["spec"]["hard"] == {"limits.memory": "81Gi"}
     assert json.loads(after["metadata"]["annotations"][BUDGET_ANNOTATION]) == {"limits.memory": "64Gi"}
     assert json.loads(after["metadata"]["annotations"][LAST_HARD_ANNOTATION]) == {"limits.memory": "81Gi"}
@@ -149,7 +159,7 @@ def test_the_ledgers_vmi_minimums_go_on_the_quota_and_off_it_again() -> None:
     p = enf.plan(snap(raw), u)
     key = VMI_MINIMUM_ANNOTATIONS["requests.memory"]
     assert p.annotations[key] == "0.666666" and not p.set_hard
-    after = apply(raw, enf.patch_body(p))
+    after = write(raw, p)
     assert enf.plan(snap(after), u).action is Action.NONE, "a fixed point"
     gone = enf.plan(snap(after), usage({"compute": terms(budget, budget, mode="VirtualResources")}))
     assert key in gone.annotations and gone.annotations[key] is None
@@ -163,7 +173,7 @@ def test_hard_follows_usage_and_drops_back_when_the_migration_ends() -> None:
     p = enf.plan(snap(raw), during)
     assert p.action is Action.ADJUST and p.event_reason == enf.ADJUSTED
     assert p.reason == "raised limits.memory by 16.2Gi for the migration of vm1"
-    raw = apply(raw, enf.patch_body(p))
+    raw = write(raw, p)
     done = usage({"compute": terms({"limits.memory": "64Gi"}, {"limits.memory": "64Gi"})}, seq=9)
     back = enf.plan(snap(raw), done, previous=during)
     assert back.hard_after == {"limits.memory": Quantity.parse("64Gi")}
@@ -223,7 +233,7 @@ def test_foreign_write_to_spec_hard_becomes_the_budget_and_is_reported() -> None
         "spec.hard was changed outside vmquota to limits.cpu=8, limits.memory=100Gi: taken as the new budget "
         "(was limits.memory=64Gi)"
     )
-    raw = apply(raw, enf.patch_body(p))
+    raw = write(raw, p)
     assert not enf.plan(snap(raw), u).changes
     agreed = usage({"compute": terms({"limits.memory": "100Gi", "limits.cpu": "8"}, {"limits.memory": "116Gi"})})
     p2 = enf.plan(snap(raw), agreed)
@@ -275,7 +285,7 @@ def test_scoped_quota_is_refused(spec_extra: dict[str, Any], field: str) -> None
     assert not p.set_hard and set(p.annotations) == {STATUS_ANNOTATION}
     status = p.annotations[STATUS_ANNOTATION] or ""
     assert status.startswith(f"Refused: ResourceQuota tenant-a/compute: {field}") and "scoped quotas" in status
-    assert not enf.plan(snap(apply(raw, enf.patch_body(p))), None).changes, "reported once"
+    assert not enf.plan(snap(write(raw, p)), None).changes, "reported once"
 
 
 def test_unknown_mode_is_refused_and_an_adopted_quota_falls_back_to_its_budget() -> None:
@@ -289,7 +299,7 @@ def test_unknown_mode_is_refused_and_an_adopted_quota_falls_back_to_its_budget()
     p = enf.plan(snap(was), None)
     assert p.action is Action.REFUSE and p.set_hard and p.hard_after == {"limits.memory": Quantity.parse("64Gi")}
     assert p.reason.endswith("spec.hard set back to the budget limits.memory=64Gi (native quota)")
-    fixed = apply(was, enf.patch_body(p))
+    fixed = write(was, p)
     fixed["metadata"]["annotations"][MODE_ANNOTATION] = "VirtualResources"
     u = usage({"compute": terms({"limits.memory": "64Gi"}, {"limits.memory": "70Gi"}, mode="VirtualResources")})
     p = enf.plan(snap(fixed), u)
@@ -572,7 +582,7 @@ def test_the_usage_annotation_rides_on_hard_writes_and_alone_is_a_refresh() -> N
     assert p.annotations[USAGE_ANNOTATION] == (
         "used limits.memory 49Gi/64Gi; reserved limits.memory 16.2Gi; raised for mig-1"
     )
-    after = apply(raw, enf.patch_body(p))
+    after = write(raw, p)
     moved = terms(
         {"limits.memory": "64Gi"},
         {"limits.memory": "81604378625"},
@@ -584,9 +594,7 @@ def test_the_usage_annotation_rides_on_hard_writes_and_alone_is_a_refresh() -> N
     assert dict(refresh.annotations) == {
         USAGE_ANNOTATION: "used limits.memory 49.9Gi/64Gi; reserved limits.memory 16.2Gi; raised for mig-1"
     }
-    assert enf.plan(snap(apply(after, enf.patch_body(refresh))), usage({"compute": moved}, MIGRATING)).action is (
-        enf.Action.NONE
-    )
+    assert enf.plan(snap(write(after, refresh)), usage({"compute": moved}, MIGRATING)).action is (enf.Action.NONE)
     after["metadata"]["labels"] = {}
     released = enf.plan(snap(after), None, managed=True)
     assert released.annotations[USAGE_ANNOTATION] is None
@@ -769,3 +777,41 @@ def test_a_usage_snapshot_is_older_when_folded_no_further_and_published_no_later
     assert enf.usage_is_older(u, held) is older
     assert not enf.usage_is_older(u, "unreadable"), "a mark that cannot be read holds nothing back"
     assert enf.mark_order(held) == (datetime(2026, 1, 1, tzinfo=UTC), 5)
+
+
+def test_status_hard_is_written_with_spec_hard_where_the_quota_controller_has_synced_it() -> None:
+    """``status.hard`` is what quota admission checks: a plan writes it too, first, with the same ``hard``; only
+    for the resources the quota controller has synced (the same names, each with a value in ``status.used``),
+    since admission refuses every pod for a limited resource it finds no usage of."""
+    raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "64Gi"})
+    u = usage({"compute": terms({"limits.memory": "64Gi"}, {"limits.memory": "81Gi"})}, MIGRATING)
+    p = enf.plan(snap(raw), u)
+    assert p.set_hard and p.set_status
+    assert enf.status_body(p) == {"metadata": {"resourceVersion": "10"}, "status": {"hard": {"limits.memory": "81Gi"}}}
+    after = write(raw, p)
+    assert after["status"] == {"hard": {"limits.memory": "81Gi"}, "used": {"limits.memory": "1Gi"}}
+    assert not enf.plan(snap(after), u).changes, "written once"
+    assert not p.spec_only().set_status and p.spec_only().set_hard
+    unsynced = copy.deepcopy(raw)
+    unsynced["status"] = {"hard": {"limits.memory": "64Gi"}, "used": {}}
+    assert not enf.plan(snap(unsynced), u).set_status, "no usage for the resource in status.used"
+    other = copy.deepcopy(raw)
+    other["status"]["hard"]["pods"] = "10"
+    other["status"]["used"]["pods"] = "1"
+    assert not enf.plan(snap(other), u).set_status, "names the quota controller removes"
+
+
+@pytest.mark.parametrize("left", ["81Gi", "64Gi"])
+def test_a_status_hard_that_is_not_the_spec_hard_written_is_written_again(left: str) -> None:
+    """``status.hard`` written and ``spec.hard`` not (the enforcer stopped between the two writes, or the quota
+    controller's copy of an older ``spec.hard`` came after ours): the quota controller copies again only when
+    ``spec.hard`` changes, or at its resync minutes later, so the enforcer writes it, raised or lowered."""
+    raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "72Gi"})
+    u = usage({"compute": terms({"limits.memory": "64Gi"}, {"limits.memory": "72Gi"})}, MIGRATING)
+    raw = write(raw, enf.plan(snap(raw), u))  # (the annotations a first write records)
+    assert not enf.plan(snap(raw), u).changes
+    raw["status"]["hard"] = {"limits.memory": left}
+    p = enf.plan(snap(raw), u)
+    assert p.action is Action.ADJUST and p.set_status and not p.set_hard and not p.annotations
+    assert p.reason == "status.hard set to spec.hard: limits.memory=72Gi"
+    assert write(raw, p)["status"]["hard"] == {"limits.memory": "72Gi"}

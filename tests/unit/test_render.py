@@ -642,6 +642,12 @@ def test_hook_sidecars():
     with pytest.raises(InvalidInput) as e:
         render(vmi(annotations={"hooks.kubevirt.io/hookSidecars": "[oops"}))
     assert "hookSidecars" in str(e.value)
+    # JSON null: Go's json.Unmarshal leaves KubeVirt's list empty, and it renders no sidecar (vmquota could not
+    # render such a VM, so it held no room for its migration targets)
+    plain = render(vmi())
+    assert [c.name for c in render(vmi(annotations={"hooks.kubevirt.io/hookSidecars": "null"})).containers] == [
+        c.name for c in plain.containers
+    ]
 
 
 def test_gpu_device_plugin_resources():

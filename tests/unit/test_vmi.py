@@ -73,6 +73,9 @@ def test_supplemental_pool_adds_to_vcpus_not_topology():
         ({"resources": {"requests": {"memory": "1Gi"}, "limits": {"memory": "2Gi"}}}, "1Gi"),
         ({"resources": {"limits": {"memory": "2Gi"}}}, "2Gi"),
         ({"memory": {"hugepages": {"pageSize": "1Gi"}}}, "1Gi"),
+        # setGuestMemory skips a zero request (KubeVirt's admission takes requests 0 with limits 8Gi)
+        ({"resources": {"requests": {"memory": "0"}, "limits": {"memory": "8Gi"}}}, "8Gi"),
+        ({"resources": {"requests": {"memory": "0"}}, "memory": {"hugepages": {"pageSize": "2Mi"}}}, "2Mi"),
         ({}, None),
     ],
 )

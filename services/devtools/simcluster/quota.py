@@ -668,10 +668,12 @@ class ResourceQuotaSystem:
     def _on_quota(self, type_: WatchType, obj: Obj, old: Obj | None) -> None:
         if type_ == "DELETED":
             return
+        # Only a new quota or a change of spec.hard: "We ignore all updates to quota.Status because they are all
+        # driven by this controller" (resource_quota_controller.go, the informer's UpdateFunc), so a status.hard
+        # someone else wrote stays until spec.hard changes or the periodic full resync
         spec_hard = canonical_quantities((obj.get("spec") or {}).get("hard") or {})
-        status_hard = canonical_quantities((obj.get("status") or {}).get("hard"))
         old_hard = canonical_quantities(((old or {}).get("spec") or {}).get("hard"))
-        if old is None or old_hard != spec_hard or status_hard != spec_hard:
+        if old is None or old_hard != spec_hard:
             self._priority.add_after(key_of(obj), self.timing(self.timing.sync_delay))
 
     def _on_pod(self, type_: WatchType, obj: Obj, old: Obj | None) -> None:

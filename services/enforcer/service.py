@@ -495,10 +495,18 @@ class Enforcer:
             usage = self.usage.get(ns)
             charged = quota.status_used if quota is fresh else None
             p = enforcement.plan(
-                quota, usage, self._acted.get(key), managed=self.quotas.vouched(quota), charged=charged
+                quota,
+                usage,
+                self._acted.get(key),
+                managed=self.quotas.vouched(quota),
+                charged=charged,
+                status=self.status_writes,
             )
-            if not self.status_writes:
-                p = p.spec_only()
+            if p.set_status and not p.set_hard and quota is not fresh and not self.opts.dry_run:
+                # status.hard alone is to be written (a repair): the copy saying it differs from spec.hard is the
+                # bus's word, which may be forged with the quota's real resourceVersion; plan from the API server's
+                quota = fresh = await self._read(key, quota)
+                continue
             if (
                 p.raises
                 and quota is not fresh

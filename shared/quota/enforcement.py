@@ -342,9 +342,13 @@ class Plan:
 
     @property
     def raises(self) -> bool:
-        """``spec.hard`` grows for some resource (room opens): the enforcer reads the quota's ``status.used`` from
-        the API server first (see :func:`shared.quota.equation.within_charged`)."""
-        return any(r not in self.hard_before or (q - self.hard_before[r]).nanos > 0 for r, q in self.hard_after.items())
+        """Room opens for some resource: ``spec.hard`` grows, or ``status.hard``, which quota admission checks and the
+        plan writes, grows (a repair, or a lowering of ``spec.hard`` still above ``status.hard``). The enforcer then
+        reads the quota's ``status.used`` from the API server first (see
+        :func:`shared.quota.equation.within_charged`), and with the guard waits for unconfirmed holders."""
+        if any(r not in self.hard_before or (q - self.hard_before[r]).nanos > 0 for r, q in self.hard_after.items()):
+            return True
+        return self.set_status and any((q - self.status_hard[r]).nanos > 0 for r, q in self.hard_after.items())
 
     @property
     def key(self) -> tuple[str, str]:
@@ -435,13 +439,28 @@ def plan(
     *,
     managed: bool = False,
     charged: Mapping[str, Quantity] | None = None,
+    status: bool = True,
 ) -> Plan:
     """What the enforcer does to quota ``q`` given the namespace's latest usage snapshot. ``previous`` (the usage
     snapshot the enforcer acted on before, if it remembers one) only sharpens the reason line. ``managed``: the
     caller has seen the API server return this quota (its uid) labelled managed, so a release may set
     ``spec.hard`` back to the budget even where that raises it. ``charged``: the quota's ``status.used`` as the
     API server returned it just now; ``hard`` then holds no room for pods the usage counts in ``P`` beyond what
-    the API server charges (:func:`shared.quota.equation.within_charged`)."""
+    the API server charges (:func:`shared.quota.equation.within_charged`). ``status``: the enforcer may write
+    ``status.hard`` (False: ``spec.hard`` alone, for the quota controller to copy)."""
+    p = _plan(q, usage, previous, managed=managed, charged=charged, write_status=status)
+    return p if status else p.spec_only()
+
+
+def _plan(
+    q: QuotaSnapshot,
+    usage: UsageSnapshot | None,
+    previous: UsageSnapshot | None,
+    *,
+    managed: bool,
+    charged: Mapping[str, Quantity] | None,
+    write_status: bool,
+) -> Plan:
     seq = usage.seq if usage is not None else 0
     if not is_managed(q.labels):
         return _release(q, seq, managed=managed)
@@ -495,7 +514,7 @@ def plan(
     )
     if not set_hard and not annotations:
         repair = _base(q, Action.ADJUST, mode=mode.value, budget=b.budget, usage_seq=seq, annotations=summary)
-        if agreed and repair.set_status:
+        if write_status and agreed and repair.set_status:
             # status.hard is not the spec.hard vmquota wrote (a write of it whose spec.hard never followed, or the
             # quota controller's copy of an older spec.hard that came after it): quota admission checks it, and the
             # controller copies spec.hard again only when spec.hard changes, or at its resync (minutes)

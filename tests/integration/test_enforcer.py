@@ -885,6 +885,50 @@ async def test_a_phantom_pod_on_the_bus_opens_no_room(
         assert hard(q) == {"limits.memory": "24Gi"}, hard(q)
 
 
+async def test_a_phantom_pod_and_a_quota_copy_forged_at_the_real_version_open_no_room_through_status_hard(
+    sim: SimCluster, bus: Bus, api: client.ApiClient
+) -> None:
+    """The phantom pod of the test above, with a quota copy forged at the quota's real resourceVersion (the watcher's
+    credentials, published before the watcher's own event) whose ``spec.hard`` and ``last-hard`` already say what
+    the phantom asks: planned from that copy, ``spec.hard`` was what the usage asks and only ``status.hard``
+    differed, so the enforcer wrote 124Gi into it on the copy's word, with no read of what the API server charges,
+    and quota admission took a 100Gi pod past the 64Gi budget. A write of ``status.hard`` alone is planned from the
+    API server's copy."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    async with enforcer(bus, api) as (e, _):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        await sim.wait_quota_synced(NS, "compute")
+        small = {"name": "c", "image": "x", "resources": {"limits": {"memory": "1Gi"}}}
+        await sim.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "small", "namespace": NS},
+                          "spec": {"containers": [small]}})  # fmt: skip
+        # (quota admission's write of status.used: a version the enforcer has not heard of, forged first)
+        real = await wait_quota(sim, lambda o: o["status"]["used"].get("limits.memory") == "1Gi", "charged")
+        lie = json.loads(json.dumps(real))
+        lie["spec"]["hard"] = {"limits.memory": "124Gi"}
+        lie["metadata"]["annotations"][LAST_HARD_ANNOTATION] = '{"limits.memory":"124Gi"}'
+        await publish_quota(bus, lie)
+        phantom = {
+            "compute": contract.QuotaTerms(
+                mode="VmiPodUsage",
+                budget={"limits.memory": "64Gi"},
+                used={"limits.memory": "40Gi"},
+                pods={"limits.memory": "100Gi"},
+                hard={"limits.memory": "124Gi"},
+            )
+        }
+        patched = e.patched
+        seen: list[str] = []  # every status.hard quota admission checked meanwhile
+
+        def settled() -> bool:
+            q = sim.peek("resourcequotas", NS, "compute") or {}
+            seen.append(((q.get("status") or {}).get("hard") or {}).get("limits.memory", ""))
+            return e.patched > patched and e.idle()
+
+        await publish_usage(bus, 7, phantom)
+        await sim.wait_for(settled, within=10, what="the enforcer's writes")
+        assert all(Quantity.parse(h) <= Quantity.parse("64Gi") for h in seen if h), seen
+
+
 FORGED_RV = "9999999999999999999"
 
 

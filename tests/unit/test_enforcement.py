@@ -815,3 +815,20 @@ def test_a_status_hard_that_is_not_the_spec_hard_written_is_written_again(left: 
     assert p.action is Action.ADJUST and p.set_status and not p.set_hard and not p.annotations
     assert p.reason == "status.hard set to spec.hard: limits.memory=72Gi"
     assert write(raw, p)["status"]["hard"] == {"limits.memory": "72Gi"}
+
+
+def test_a_write_that_raises_status_hard_is_a_raise() -> None:
+    """Quota admission checks ``status.hard``: a plan that raises it (a repair, or a lowering of ``spec.hard`` that
+    stays above ``status.hard``) opens room, and goes through the gates of a raise (the read of what the API
+    server charges; with the guard, the wait for unconfirmed holders). Compared with ``spec.hard`` alone it did
+    not. A plan that does not write ``status.hard`` is as before."""
+    raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "81Gi"})
+    u = usage({"compute": terms({"limits.memory": "64Gi"}, {"limits.memory": "81Gi"})}, MIGRATING)
+    raw = write(raw, enf.plan(snap(raw), u))
+    raw["status"]["hard"] = {"limits.memory": "64Gi"}
+    p = enf.plan(snap(raw), u)
+    assert p.set_status and not p.set_hard and p.raises
+    lowered = usage({"compute": terms({"limits.memory": "64Gi"}, {"limits.memory": "72Gi"})}, MIGRATING)
+    p = enf.plan(snap(raw), lowered)
+    assert p.set_hard and p.set_status and p.raises, "spec.hard lowered to 72Gi, status.hard raised from 64Gi"
+    assert not enf.plan(snap(raw), lowered, status=False).raises

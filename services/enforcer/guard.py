@@ -12,6 +12,7 @@ listing on): the room may be in ``hard`` already, and a pod rendered at another 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Iterable
 from typing import Final
 
 import structlog
@@ -31,9 +32,14 @@ GUARD_CONFLICTS: Final = 5
 class GuardWriter:
     """What each namespace's ``QuotaReservation`` must list, and the writes that make it so."""
 
-    def __init__(self, kube: QuotaApi, creators: tuple[str, ...]) -> None:
+    def __init__(
+        self, kube: QuotaApi, creators: tuple[str, ...], managed: Callable[[str], Iterable[str]] = lambda ns: ()
+    ) -> None:
         self.kube = kube
         self.creators = creators
+        self.managed = managed
+        """The names of a namespace's managed quotas the enforcer knows (a shrink keeps what is listed while one of
+        them has not been reconciled since the start: an earlier enforcer's raise may still be in it)."""
         self._carried: dict[str, dict[str, frozenset[guard.Holder]]] = {}
         """namespace → quota name → the holders whose reservations the quota's ``spec.hard`` carries now."""
         self._writing: dict[str, dict[str, frozenset[guard.Holder]]] = {}
@@ -165,7 +171,8 @@ class GuardWriter:
                     [*self._carried.get(namespace, {}).values(), *self._writing.get(namespace, {}).values()]
                 )
                 have, unconfirmed, rv = await self._state(namespace)
-                if grow:
+                carried = self._carried.get(namespace, {})
+                if grow or any(name not in carried for name in self.managed(namespace)):
                     want |= have
                 waiting = self._waiting(namespace, want, have, unconfirmed)
                 if (want, waiting) == (have, unconfirmed):

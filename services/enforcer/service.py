@@ -57,6 +57,7 @@ from shared.normalize import normalize
 from shared.quota import enforcement
 from shared.quota.annotations import MANAGED_LABEL, USAGE_ANNOTATION, USAGE_FROM_ANNOTATION
 from shared.quota.enforcement import Action
+from shared.quota.modes import is_managed
 from shared.snapshot import QuotaSnapshot, same_content
 from shared.times import rfc3339
 
@@ -107,6 +108,8 @@ class Enforcer:
             hold_retries=True,  # (a quota waiting for its retry is not written sooner, whatever arrives)
             on_retry=self._on_retry,
         )
+        self._reconciled_at: dict[Key, int] = {}
+        """The namespace's usage position (``_usage_at``) each quota was last reconciled from, to the end."""
         self.status_writes = True
         """Whether the enforcer writes ``status.hard`` with ``spec.hard``; off for good once the API server refuses
         it (403: a ClusterRole without ``patch`` on ``resourcequotas/status``)."""
@@ -122,7 +125,7 @@ class Enforcer:
         self._warm = False
         self._stopped = False
         self.reporter = Reporter(bus, kube, opts, self.metrics, self.own, self._now)
-        self.guard = GuardWriter(kube, opts.guard_creators)
+        self.guard = GuardWriter(kube, opts.guard_creators, self._managed_names)
         self.patched = 0
         self.conflicts = 0
         self.dead_letters = 0
@@ -402,6 +405,7 @@ class Enforcer:
         self._verify.discard(key)
         self._acted.pop(key, None)
         self._lagging.discard(key)
+        self._reconciled_at.pop(key, None)
         self.summaries.forget(key)
         self.reporter.forget(key)
         held = self.guard.forget(key)
@@ -440,6 +444,7 @@ class Enforcer:
     async def _reconcile_key(self, key: Key) -> None:
         """Reconcile one quota (the work queue's handler). A failed Kubernetes call raises, and the queue retries the
         quota after its backoff; so does a bug (it must cost one quota a retry, not the enforcer)."""
+        at = self._usage_at.get(key[0], 0)
         try:
             await self._reconcile(key)
         except InvalidInput as e:  # the API server returned an object we cannot read
@@ -451,20 +456,29 @@ class Enforcer:
             log.error("reconcile failed", namespace=key[0], quota=key[1], error=repr(e), exc_info=e)
             raise KubeError(0, type(e).__name__, str(e)) from e
         self._queue.forget(key)
+        self._reconciled_at[key] = at
         self._tell_when_in_effect(key)
 
     def _tell_when_in_effect(self, key: Key) -> None:
         """Tell the namespace's VMIs what the usage says (refusals, nudges) once quota admission checks what was
-        written: ``status.hard`` (the quota controller's copy of ``spec.hard``) equals ``spec.hard``; until then
-        wait for the quota event that says so."""
+        written, in every managed quota of the namespace: each reconciled from the namespace's latest usage, and
+        its ``status.hard`` (the quota controller's copy of ``spec.hard``) equal to ``spec.hard``; until then wait
+        for the reconciliation or the quota event that says so. (A nudge goes once per usage snapshot: sent when the
+        first of two quotas had the room, KubeVirt's retry met the second's refusal, and nothing nudged again.)"""
         quota = self.quotas.get(key)
         if quota is not None and not enforcement.same(quota.spec_hard, quota.status_hard):
             self._lagging.add(key)
             return
         self._lagging.discard(key)
-        u = self.usage.get(key[0])
+        ns = key[0]
+        at = self._usage_at.get(ns, 0)
+        for name in self._managed_names(ns):
+            other = (ns, name)
+            if self._reconciled_at.get(other, -1) < at or (other != key and other in self._lagging):
+                return  # (that quota tells, once its reconciliation or quota event says it is in effect)
+        u = self.usage.get(ns)
         if u is not None and not self.opts.dry_run and not self._stopped:
-            self.reporter.tell_and_nudge(key[0], u, self._usage_at.get(key[0], 0))
+            self.reporter.tell_and_nudge(ns, u, at)
 
     def _on_retry(self, key: Key, e: BaseException, attempt: int, delay: float) -> None:
         """The work queue retries ``key`` in ``delay`` seconds (its backoff, never shorter than a ``Retry-After``
@@ -631,6 +645,14 @@ class Enforcer:
                     return raw
                 p = dataclasses.replace(p, resource_version=version_of(raw))
         return await self.kube.patch_quota(ns, name, enforcement.patch_body(p))
+
+    def _managed_names(self, namespace: str) -> list[str]:
+        """The names of the namespace's known quotas labelled managed."""
+        return [
+            name
+            for name in self.quotas.names(namespace)
+            if (q := self.quotas.get((namespace, name))) is not None and is_managed(q.labels)
+        ]
 
     def _summary_due(self, key: Key) -> None:
         if not self._stopped:

@@ -1447,3 +1447,52 @@ async def test_an_enforcer_the_api_server_does_not_let_write_status_writes_spec_
         await publish_usage(bus, 6, terms("64Gi", "64Gi"))
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "the lowering")
         assert not e.status_writes and calls.calls.count("status") == 1, calls.calls
+
+
+class SlowSecondQuota(NudgeRecorder):
+    """The enforcer's calls, with every write of quota ``gpu`` 0.3 s late, recording both quotas' ``status.hard``
+    when a VMI is nudged."""
+
+    def __init__(self, inner: KubeQuotas, sim: SimCluster) -> None:
+        super().__init__(inner, sim)
+        self.both_at: list[tuple[dict[str, str], dict[str, str]]] = []
+
+    async def nudge_vmi(self, namespace: str, name: str, token: str) -> None:
+        status = [(self.sim.peek("resourcequotas", NS, q) or {}).get("status") or {} for q in ("compute", "gpu")]
+        self.both_at.append((dict(status[0].get("hard") or {}), dict(status[1].get("hard") or {})))
+        await self.inner.nudge_vmi(namespace, name, token)
+
+    async def patch_quota_status(self, namespace: str, name: str, body: Obj) -> Obj:
+        if name == "gpu":
+            await asyncio.sleep(0.3)
+        return await self.inner.patch_quota_status(namespace, name, body)
+
+    async def patch_quota(self, namespace: str, name: str, body: Obj) -> Obj:
+        if name == "gpu":
+            await asyncio.sleep(0.3)
+        return await self.inner.patch_quota(namespace, name, body)
+
+
+async def test_a_vmi_is_nudged_once_every_managed_quota_of_its_namespace_has_the_raise(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """Two managed quotas, both raised for an admitted VM whose launcher pod KubeVirt was refused. A VMI is nudged
+    once per usage snapshot: nudged when the first quota had the room, KubeVirt's retry met the second's refusal,
+    and nothing nudged again (KubeVirt's backoff, up to minutes). The nudge waits for every managed quota."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    await sim.create_quota(NS, "gpu", {"requests.nvidia.com/gpu": "2"}, labels=MANAGED)
+    calls = SlowSecondQuota(KubeQuotas(api), sim)
+    async with enforcer(bus, api, calls=calls):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        await sim.wait_quota_synced(NS, "compute")
+        await sim.wait_quota_synced(NS, "gpu")
+        gpus = contract.QuotaTerms(
+            mode="VmiPodUsage",
+            budget={"requests.nvidia.com/gpu": "2"},
+            reserved={"requests.nvidia.com/gpu": "1"},
+            hard={"requests.nvidia.com/gpu": "3"},
+        )
+        vm = contract.VmState(name="vm9", uid="uid-vm9", state="admitted", pod_refused=True)
+        await publish_usage(bus, 5, {**terms("64Gi", "80Gi"), "gpu": gpus}, vms=[vm])
+        await sim.wait_for(lambda: bool(calls.both_at), within=10, what="the nudge")
+        assert calls.both_at[0] == ({"limits.memory": "80Gi"}, {"requests.nvidia.com/gpu": "3"}), calls.both_at

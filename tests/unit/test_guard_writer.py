@@ -11,8 +11,8 @@ from services.enforcer.kube import KubeError
 from shared import contract
 from shared.normalize import normalize
 from shared.quota import guard
-from shared.snapshot import VmiSnapshot, size_digest
-from tests.builders import NS, usage_snapshot, vmi_obj
+from shared.snapshot import QuotaSnapshot, VmiSnapshot, size_digest
+from tests.builders import NS, quota_obj, usage_snapshot, vmi_obj
 
 VMI = vmi_obj("vm1")
 
@@ -125,3 +125,32 @@ async def test_another_writers_version_met_while_confirming_does_not_leave_the_h
     api.during_read = api.outside_write
     assert await writer.confirm(NS, usage()) == ""
     assert guard.unconfirmed(api.obj) == frozenset() and {h.name for h in guard.listed(api.obj)} == {"vm1"}
+
+
+async def test_after_a_restart_a_shrink_keeps_the_holders_a_quota_not_reconciled_yet_may_carry() -> None:
+    """Two managed quotas, both raised by the previous enforcer for vm1's target, vm1 listed; the migration ends
+    while the enforcer is down. The new one reconciles quota ``cpu`` first: its shrink took vm1 off the list while
+    quota ``mem`` still held the raise in ``spec.hard`` and ``status.hard`` (its room open to every pod) until it was
+    reconciled too. A quota of the namespace not reconciled since the start keeps what is listed."""
+    api = VersionedApi()
+    held = guard.reservation(NS, frozenset({guard.Holder("uid-vm1", "vm1", "migration m1")}), [guard.DEFAULT_CREATOR])
+    held["metadata"]["resourceVersion"] = "1"
+    api.obj, api.version = copy.deepcopy(held), 1
+    names = {"cpu", "mem"}
+    writer = GuardWriter(api, (guard.DEFAULT_CREATOR,), lambda ns: sorted(names))  # type: ignore[arg-type]
+    budgets = {"cpu": {"requests.cpu": "4"}, "mem": {"requests.memory": "8Gi"}}
+    quotas = {n: contract.QuotaTerms(mode="VmiPodUsage", budget=b, hard=b) for n, b in budgets.items()}
+    u = usage_snapshot(NS, 2, quotas=quotas)  # (the migration is over: nothing reserved)
+    for name in ("cpu", "mem"):
+        await writer.before((NS, name), u)
+        await writer.after((NS, name), quota_snapshot(name, budgets[name]), u)
+        listed = {h.name for h in guard.listed(api.obj)}
+        assert listed == ({"vm1"} if name == "cpu" else set()), (name, listed)
+
+
+def quota_snapshot(name: str, hard: dict[str, str]) -> QuotaSnapshot:
+    obj = quota_obj(name, hard)
+    obj["status"] = {"hard": dict(hard), "used": {}}
+    snap = normalize(obj)
+    assert isinstance(snap, QuotaSnapshot)
+    return snap

@@ -763,6 +763,12 @@ async def test_a_clusters_watcher_publishes_only_its_clusters_events(per_cluster
     assert (await wb.js.publish(subject, data)).stream == contract.EVENTS_STREAM
     await wb.nc.publish(contract.event_subject("cluster-a", "Pod", "tenant-a"), b"{}")
     await wb.denied("publish", "vmquota.ev.cluster-a.tenant-a.pod")
+    # dead letters too: a cluster's watcher writes its own cluster's, so it cannot evict another's (256 per subject)
+    await wb.nc.publish(contract.dlq_subject("watcher", "cluster-a", "tenant-a"), b"{}")
+    await wb.denied("publish", "vmquota.dlq.watcher.cluster-a.tenant-a")
+    await kept(per_cluster, contract.DLQ_STREAM)
+    letter = contract.dlq_subject("watcher", "cluster-b", "tenant-a")
+    assert (await wb.js.publish(letter, b"{}")).stream == contract.DLQ_STREAM
 
 
 async def test_a_clusters_enforcer_reads_and_decides_only_for_its_cluster(per_cluster: Connect) -> None:

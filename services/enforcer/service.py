@@ -620,31 +620,43 @@ class Enforcer:
 
     async def _write(self, p: enforcement.Plan) -> Obj:
         """Write a plan: ``status.hard`` first where the plan sets it (quota admission checks it from then on), then
-        ``spec.hard`` and the annotations, on the version the first write made. The quota as the last write
-        returned it. A failed second write leaves ``status.hard`` ahead of ``spec.hard``: the plan made from the
-        quota's next version writes ``spec.hard`` (or ``status.hard`` back, when the usage moved on)."""
+        ``spec.hard`` and the annotations, on the version the first write made; with the reservation guard, a raise
+        of a quota counted in VM terms the other way round (:attr:`~shared.quota.enforcement.Plan.
+        spec_first_if_guarded`). The quota as the last write returned it. A failed second write leaves the two
+        apart: the plan made from the quota's next version writes what is missing (``status.hard`` from the API
+        server's copy), and the quota controller copies a new ``spec.hard`` anyway."""
         ns, name = p.key
+        if p.set_status and self.opts.reservation_guard and p.spec_first_if_guarded:
+            raw = await self.kube.patch_quota(ns, name, enforcement.patch_body(p))
+            with contextlib.suppress(KubeError):  # (a 409: admission's write of status.used came between)
+                raw = await self._write_status(dataclasses.replace(p, resource_version=version_of(raw))) or raw
+            return raw
         if p.set_status:
-            try:
-                raw = await self.kube.patch_quota_status(ns, name, enforcement.status_body(p))
-            except KubeError as e:
-                if e.status != 403:
-                    raise
-                # (RBAC without patch on resourcequotas/status, an upgrade's manifests not applied yet: the quota
-                # controller copies spec.hard, a sync later, as before)
-                self.status_writes = False
-                log.warning(
-                    "status.hard not written: the API server does not let the enforcer patch resourcequotas/status "
-                    "(apply its ClusterRole); the quota controller copies spec.hard a sync later",
-                    namespace=ns,
-                    quota=name,
-                    error=e.message,
-                )
-            else:
+            written = await self._write_status(p)
+            if written is not None:
                 if not p.set_hard and not p.annotations:
-                    return raw
-                p = dataclasses.replace(p, resource_version=version_of(raw))
+                    return written
+                p = dataclasses.replace(p, resource_version=version_of(written))
         return await self.kube.patch_quota(ns, name, enforcement.patch_body(p))
+
+    async def _write_status(self, p: enforcement.Plan) -> Obj | None:
+        """Write the plan's ``status.hard``; None when the API server does not let the enforcer (a 403: RBAC without
+        ``patch`` on ``resourcequotas/status``, an upgrade's manifests not applied yet), which turns the writes of
+        ``status.hard`` off: the quota controller copies ``spec.hard``, a sync later, as before."""
+        try:
+            return await self.kube.patch_quota_status(*p.key, enforcement.status_body(p))
+        except KubeError as e:
+            if e.status != 403:
+                raise
+            self.status_writes = False
+            log.warning(
+                "status.hard not written: the API server does not let the enforcer patch resourcequotas/status "
+                "(apply its ClusterRole); the quota controller copies spec.hard a sync later",
+                namespace=p.namespace,
+                quota=p.name,
+                error=e.message,
+            )
+            return None
 
     def _managed_names(self, namespace: str) -> list[str]:
         """The names of the namespace's known quotas labelled managed."""

@@ -57,7 +57,16 @@ from shared.quota.annotations import (
     VMI_MINIMUM_ANNOTATIONS,
 )
 from shared.quota.equation import within_charged
-from shared.quota.modes import Mode, QuotaPolicy, cel_trim, is_managed, parse_budget, parse_mode, policy_of
+from shared.quota.modes import (
+    VM_TERM_MODES,
+    Mode,
+    QuotaPolicy,
+    cel_trim,
+    is_managed,
+    parse_budget,
+    parse_mode,
+    policy_of,
+)
 from shared.report import names_list, nonzero, readable_list, used_of_budget
 from shared.report import readable as human_quantity
 from shared.resources import ResourceList, canonical_resource_list, format_resource_list, parse_resource_list
@@ -341,12 +350,26 @@ class Plan:
         return replace(self, status_hard={}) if self.set_status else self
 
     @property
+    def raises_spec(self) -> bool:
+        """``spec.hard`` grows for some resource."""
+        return any(r not in self.hard_before or (q - self.hard_before[r]).nanos > 0 for r, q in self.hard_after.items())
+
+    @property
+    def spec_first_if_guarded(self) -> bool:
+        """With the reservation guard, ``spec.hard`` is written before ``status.hard``: a raise of a quota that counts
+        in VM terms. The guard's ``vmquota-vm-terms`` takes such a quota as enforced only while ``status.hard`` is no
+        higher than ``spec.hard`` (a lowering the quota controller has not copied leaves room open): written first,
+        a raised ``status.hard`` had every pod of the namespace refused until ``spec.hard`` followed, KubeVirt's
+        retry that the write woke included. Otherwise ``status.hard`` first (a lowering closes its room at once)."""
+        return self.set_status and self.mode in VM_TERM_MODES and self.raises_spec
+
+    @property
     def raises(self) -> bool:
         """Room opens for some resource: ``spec.hard`` grows, or ``status.hard``, which quota admission checks and the
         plan writes, grows (a repair, or a lowering of ``spec.hard`` still above ``status.hard``). The enforcer then
         reads the quota's ``status.used`` from the API server first (see
         :func:`shared.quota.equation.within_charged`), and with the guard waits for unconfirmed holders."""
-        if any(r not in self.hard_before or (q - self.hard_before[r]).nanos > 0 for r, q in self.hard_after.items()):
+        if self.raises_spec:
             return True
         return self.set_status and any((q - self.status_hard[r]).nanos > 0 for r, q in self.hard_after.items())
 

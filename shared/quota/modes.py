@@ -46,6 +46,8 @@ class Mode(StrEnum):
 
 MODE_NAMES: Final = tuple(m.value for m in Mode)
 DEFAULT_MODE: Final = Mode.VMI_POD_USAGE
+VM_TERM_MODES: Final = frozenset({Mode.VIRTUAL_RESOURCES.value, Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO.value})
+"""The modes whose quotas the reservation guard's ``vmquota-vm-terms`` policy reads (its match condition)."""
 
 
 CEL_SPACE: Final = (

@@ -35,6 +35,7 @@ from shared.quota.annotations import (
     BUDGET_ANNOTATION,
     LAST_HARD_ANNOTATION,
     MANAGED_LABEL,
+    MODE_ANNOTATION,
     STATUS_ANNOTATION,
     USAGE_ANNOTATION,
     USAGE_FROM_ANNOTATION,
@@ -1496,3 +1497,55 @@ async def test_a_vmi_is_nudged_once_every_managed_quota_of_its_namespace_has_the
         await publish_usage(bus, 5, {**terms("64Gi", "80Gi"), "gpu": gpus}, vms=[vm])
         await sim.wait_for(lambda: bool(calls.both_at), within=10, what="the nudge")
         assert calls.both_at[0] == ({"limits.memory": "80Gi"}, {"requests.nvidia.com/gpu": "3"}), calls.both_at
+
+
+async def test_with_the_guard_a_raise_in_vm_terms_never_has_status_hard_above_spec_hard(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """The guard's ``vmquota-vm-terms`` takes a quota counted in VM terms as enforced only while ``status.hard`` is
+    no higher than ``spec.hard`` (a lowering not copied yet leaves room open): a raise written ``status.hard``
+    first had every pod of the namespace refused until ``spec.hard`` followed, KubeVirt's retry of the migration
+    target that the write woke included (a refusal per target more in ``bench_migration_guard``). Such a raise is
+    written ``spec.hard`` first; a lowering still ``status.hard`` first."""
+    budget = {"requests.memory": "16Gi"}
+    await sim.create_quota(NS, "compute", budget, labels=MANAGED, annotations={MODE_ANNOTATION: "VirtualResources"})
+    await sim.wait_quota_synced(NS, "compute")
+    seen: list[tuple[str, str]] = []  # (spec.hard, status.hard) at every write of the quota
+
+    def look() -> None:
+        q = sim.peek("resourcequotas", NS, "compute") or {}
+        spec = (q.get("spec") or {}).get("hard") or {}
+        status = (q.get("status") or {}).get("hard") or {}
+        seen.append((spec.get("requests.memory", ""), status.get("requests.memory", "")))
+
+    def memory(hard: str, reserved: str = "") -> dict[str, contract.QuotaTerms]:
+        return {
+            "compute": contract.QuotaTerms(
+                mode="VirtualResources",
+                budget=budget,
+                reserved={"requests.memory": reserved} if reserved else {},
+                hard={"requests.memory": hard},
+            )
+        }
+
+    async with enforcer(bus, api, reservation_guard=True) as (e, _):
+        await publish_usage(bus, 5, memory("16Gi"))
+        await wait_quota(sim, lambda o: notes(o).get(STATUS_ANNOTATION, "").startswith("Enforcing"), "enforced")
+        patched = e.patched
+        await publish_usage(bus, 6, memory("20Gi", "4Gi"), MIGRATING)
+
+        def raised() -> bool:
+            look()
+            return e.patched > patched and e.idle() and seen[-1] == ("20Gi", "20Gi")
+
+        await sim.wait_for(raised, within=10, what="the raise, in spec.hard and status.hard")
+        assert all(Quantity.parse(st) <= Quantity.parse(sp) for sp, st in seen if sp and st), seen
+        patched = e.patched
+        await publish_usage(bus, 7, memory("16Gi"))
+
+        def lowered() -> bool:
+            look()
+            return e.patched > patched and e.idle() and seen[-1] == ("16Gi", "16Gi")
+
+        await sim.wait_for(lowered, within=10, what="the lowering")
+        assert ("20Gi", "16Gi") in seen, "a lowering closes its room with its first write"

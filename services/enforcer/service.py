@@ -449,6 +449,7 @@ class Enforcer:
             await self._reconcile(key)
         except InvalidInput as e:  # the API server returned an object we cannot read
             log.error("quota not readable", namespace=key[0], quota=key[1], error=str(e))
+            self._reconciled(key, at)  # (as far as it goes: the namespace's other quotas are not held back for it)
             return
         except KubeError:
             raise
@@ -456,8 +457,12 @@ class Enforcer:
             log.error("reconcile failed", namespace=key[0], quota=key[1], error=repr(e), exc_info=e)
             raise KubeError(0, type(e).__name__, str(e)) from e
         self._queue.forget(key)
-        self._reconciled_at[key] = at
+        self._reconciled(key, at)
         self._tell_when_in_effect(key)
+
+    def _reconciled(self, key: Key, at: int) -> None:
+        if self.quotas.get(key) is not None:  # (not one forgotten meanwhile: a quota made again is another's)
+            self._reconciled_at[key] = at
 
     def _tell_when_in_effect(self, key: Key) -> None:
         """Tell the namespace's VMIs what the usage says (refusals, nudges) once quota admission checks what was
@@ -474,6 +479,9 @@ class Enforcer:
         at = self._usage_at.get(ns, 0)
         for name in self._managed_names(ns):
             other = (ns, name)
+            q = self.quotas.get(other)
+            if q is None or not self.quotas.vouched(q) or (other != key and self._queue.failures(other)):
+                continue  # (one only the bus has told of, or whose calls fail: no hold on the others' nudges)
             if self._reconciled_at.get(other, -1) < at or (other != key and other in self._lagging):
                 return  # (that quota tells, once its reconciliation or quota event says it is in effect)
         u = self.usage.get(ns)
@@ -516,20 +524,12 @@ class Enforcer:
                 charged=charged,
                 status=self.status_writes,
             )
-            if p.set_status and not p.set_hard and quota is not fresh and not self.opts.dry_run:
-                # status.hard alone is to be written (a repair): the copy saying it differs from spec.hard is the
-                # bus's word, which may be forged with the quota's real resourceVersion; plan from the API server's
-                quota = fresh = await self._read(key, quota)
-                continue
-            if (
-                p.raises
-                and quota is not fresh
-                and not self.opts.dry_run
-                and enforcement.pods_beyond_charged(quota, usage)
-            ):
-                # Room opens while the usage counts pods beyond what this copy says the API server charges: read
-                # what it charges now (status.used), so that a pod the cluster never admitted opens no room. (In
-                # the usual case P <= status.used and the patch's precondition vouches for the copy: no read.)
+            if (p.raises or (p.set_status and not p.set_hard)) and quota is not fresh and not self.opts.dry_run:
+                # Room opens (or status.hard alone is written, a repair): plan from the quota as the API server has
+                # it, with what it charges now (status.used), so that a pod the cluster never admitted opens no room.
+                # The copy at hand is a quota event's, the bus's word: forged at the quota's real resourceVersion,
+                # which the patch's precondition takes, with a status.used as large as a phantom pod, it had hard
+                # raised for that pod with no read (123Gi of room on a 64Gi budget).
                 quota = fresh = await self._read(key, quota)
                 continue
             later = p.action is Action.REFRESH and (self.opts.dry_run or self.summaries.later(key))

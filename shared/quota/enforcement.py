@@ -441,20 +441,6 @@ def _ours(q: QuotaSnapshot, hard: Mapping[str, Quantity], budget: Mapping[str, Q
     return last is not None and same(hard, last) and enforced is not None and same(budget, enforced)
 
 
-def pods_beyond_charged(q: QuotaSnapshot, usage: UsageSnapshot | None) -> bool:
-    """The usage counts pods in ``P`` beyond the ``status.used`` of the copy of ``q`` at hand, for some resource:
-    the sign of a pod the cluster never admitted (or of a copy older than the usage), for the enforcer to read
-    the quota from the API server before it raises ``hard``."""
-    terms = usage.quotas.get(q.name) if usage is not None else None
-    if terms is None or not q.status_used:
-        return False
-    try:
-        pods = parse_resource_list(terms.pods, "pods")
-    except InvalidInput:
-        return False
-    return any((pods[r] - q.status_used[r]).nanos > 0 for r in pods if r in q.status_used)
-
-
 def plan(
     q: QuotaSnapshot,
     usage: UsageSnapshot | None,

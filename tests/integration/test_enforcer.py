@@ -886,15 +886,18 @@ async def test_a_phantom_pod_on_the_bus_opens_no_room(
         assert hard(q) == {"limits.memory": "24Gi"}, hard(q)
 
 
-async def test_a_phantom_pod_and_a_quota_copy_forged_at_the_real_version_open_no_room_through_status_hard(
-    sim: SimCluster, bus: Bus, api: client.ApiClient
+@pytest.mark.parametrize("forged", ["hard", "used"])
+async def test_a_phantom_pod_and_a_quota_copy_forged_at_the_real_version_open_no_room(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, forged: str
 ) -> None:
     """The phantom pod of the test above, with a quota copy forged at the quota's real resourceVersion (the watcher's
-    credentials, published before the watcher's own event) whose ``spec.hard`` and ``last-hard`` already say what
-    the phantom asks: planned from that copy, ``spec.hard`` was what the usage asks and only ``status.hard``
-    differed, so the enforcer wrote 124Gi into it on the copy's word, with no read of what the API server charges,
-    and quota admission took a 100Gi pod past the 64Gi budget. A write of ``status.hard`` alone is planned from the
-    API server's copy."""
+    credentials, published before the watcher's own event), which the patch's precondition takes:
+    - ``hard``: its ``spec.hard`` and ``last-hard`` already say what the phantom asks, so only ``status.hard``
+      differed and the enforcer wrote 124Gi into it on the copy's word (a write of ``status.hard`` alone);
+    - ``used``: its ``status.used`` is as large as the phantom, so the usage counted no pod beyond what the copy
+      said the API server charges, and the enforcer raised ``hard`` to 124Gi with no read.
+    Either way quota admission had 123Gi of room on a 64Gi budget. Every raise, and every write of ``status.hard``
+    alone, is planned from the API server's copy."""
     await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
     async with enforcer(bus, api) as (e, _):
         await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
@@ -903,10 +906,14 @@ async def test_a_phantom_pod_and_a_quota_copy_forged_at_the_real_version_open_no
         await sim.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "small", "namespace": NS},
                           "spec": {"containers": [small]}})  # fmt: skip
         # (quota admission's write of status.used: a version the enforcer has not heard of, forged first)
-        real = await wait_quota(sim, lambda o: o["status"]["used"].get("limits.memory") == "1Gi", "charged")
-        lie = json.loads(json.dumps(real))
-        lie["spec"]["hard"] = {"limits.memory": "124Gi"}
-        lie["metadata"]["annotations"][LAST_HARD_ANNOTATION] = '{"limits.memory":"124Gi"}'
+        await wait_quota(sim, lambda o: o["status"]["used"].get("limits.memory") == "1Gi", "charged")
+        await sim.wait_quiet()  # (the quota controller's sync after it too: the version the writes will meet)
+        lie = json.loads(json.dumps(await sim.get("resourcequotas", NS, "compute")))
+        if forged == "hard":
+            lie["spec"]["hard"] = {"limits.memory": "124Gi"}
+            lie["metadata"]["annotations"][LAST_HARD_ANNOTATION] = '{"limits.memory":"124Gi"}'
+        else:
+            lie["status"]["used"] = {"limits.memory": "100Gi"}
         await publish_quota(bus, lie)
         phantom = {
             "compute": contract.QuotaTerms(
@@ -1549,3 +1556,65 @@ async def test_with_the_guard_a_raise_in_vm_terms_never_has_status_hard_above_sp
 
         await sim.wait_for(lowered, within=10, what="the lowering")
         assert ("20Gi", "16Gi") in seen, "a lowering closes its room with its first write"
+
+
+class FailingQuota(NudgeRecorder):
+    """The enforcer's calls, with every call for the quota named ``failing`` answered 500, recording nudges."""
+
+    def __init__(self, inner: KubeQuotas, sim: SimCluster) -> None:
+        super().__init__(inner, sim)
+        self.failing = ""
+        self.nudges: list[str] = []
+
+    async def nudge_vmi(self, namespace: str, name: str, token: str) -> None:
+        self.nudges.append(name)
+        await self.inner.nudge_vmi(namespace, name, token)
+
+    def _check(self, name: str) -> None:
+        if name == self.failing:
+            raise KubeError(500, "InternalError", "the API server failed")
+
+    async def get_quota(self, namespace: str, name: str) -> Obj:
+        self._check(name)
+        return await self.inner.get_quota(namespace, name)
+
+    async def patch_quota(self, namespace: str, name: str, body: Obj) -> Obj:
+        self._check(name)
+        return await self.inner.patch_quota(namespace, name, body)
+
+    async def patch_quota_status(self, namespace: str, name: str, body: Obj) -> Obj:
+        self._check(name)
+        return await self.inner.patch_quota_status(namespace, name, body)
+
+
+async def test_a_quota_only_the_bus_tells_of_or_whose_calls_fail_holds_no_nudge_back(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """The nudge waits for every managed quota of the namespace, but not for one only a quota event tells of (a
+    forged one, the watcher's credentials, that never exists: it held every nudge of the namespace back for good)
+    nor for one whose calls fail (an unrelated quota's 500s held back a VM that fits)."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    await sim.create_quota(NS, "gpu", {"requests.nvidia.com/gpu": "2"}, labels=MANAGED)
+    calls = FailingQuota(KubeQuotas(api), sim)
+    async with enforcer(bus, api, calls=calls) as (e, _):
+        real = await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        await sim.wait_quota_synced(NS, "gpu")
+        ghost = json.loads(json.dumps(real))
+        ghost["metadata"].update(name="ghost", uid="uid-ghost", resourceVersion="1")
+        ghost["status"] = {"hard": {"limits.memory": "4Gi"}, "used": {"limits.memory": "0"}}
+        ghost["metadata"]["annotations"] = {
+            BUDGET_ANNOTATION: '{"limits.memory":"8Gi"}',
+            LAST_HARD_ANNOTATION: '{"limits.memory":"8Gi"}',
+            STATUS_ANNOTATION: "Waiting for usage (VmiPodUsage)",
+        }
+        ghost["spec"]["hard"] = {"limits.memory": "8Gi"}
+        await publish_quota(bus, ghost)
+        await sim.wait_for(lambda: e.quotas.get((NS, "ghost")) is not None and e.idle(), within=5, what="the ghost")
+        calls.failing = "gpu"
+        gpus = contract.QuotaTerms(
+            mode="VmiPodUsage", budget={"requests.nvidia.com/gpu": "2"}, hard={"requests.nvidia.com/gpu": "1"}
+        )  # (a lowering of gpu, whose calls fail: nothing to do with the VM, which has no GPU)
+        vm = contract.VmState(name="vm9", uid="uid-vm9", state="admitted", pod_refused=True)
+        await publish_usage(bus, 5, {**terms("64Gi", "80Gi"), "gpu": gpus}, vms=[vm])
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "the raise")
+        await sim.wait_for(lambda: bool(calls.nudges), within=10, what="the nudge")

@@ -33,6 +33,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import Final
 
 import structlog
 from nats.aio.msg import Msg
@@ -58,10 +59,16 @@ from shared.quota import enforcement
 from shared.quota.annotations import MANAGED_LABEL, USAGE_ANNOTATION, USAGE_FROM_ANNOTATION
 from shared.quota.enforcement import Action
 from shared.quota.modes import is_managed
+from shared.resources import ResourceList
 from shared.snapshot import QuotaSnapshot, same_content
 from shared.times import rfc3339
 
 log = structlog.get_logger("vmquota.enforcer")
+
+
+NUDGE_PAST_FAILURES: Final = 3
+"""A managed quota whose reconciliation failed this many times in a row holds the namespace's nudges back no more
+(one failure, a 429 say, is retried in milliseconds: a nudge sent before it had the room would be spent)."""
 
 
 class Enforcer:
@@ -480,8 +487,9 @@ class Enforcer:
         for name in self._managed_names(ns):
             other = (ns, name)
             q = self.quotas.get(other)
-            if q is None or not self.quotas.vouched(q) or (other != key and self._queue.failures(other)):
-                continue  # (one only the bus has told of, or whose calls fail: no hold on the others' nudges)
+            failing = other != key and self._queue.failures(other) >= NUDGE_PAST_FAILURES
+            if q is None or not self.quotas.vouched(q) or failing:
+                continue  # (one only the bus has told of, or whose calls keep failing: no hold on the others')
             if self._reconciled_at.get(other, -1) < at or (other != key and other in self._lagging):
                 return  # (that quota tells, once its reconciliation or quota event says it is in effect)
         u = self.usage.get(ns)
@@ -501,6 +509,10 @@ class Enforcer:
             attempt=attempt,
             retry_in=round(delay, 3),
         )
+        if attempt == NUDGE_PAST_FAILURES:  # (it holds the namespace's nudges back no more: they may go now)
+            for name in self._managed_names(key[0]):
+                if name != key[1] and self._queue.failures((key[0], name)) < NUDGE_PAST_FAILURES:
+                    self._tell_when_in_effect((key[0], name))
 
     async def _reconcile(self, key: Key) -> None:
         ns, name = key
@@ -620,16 +632,28 @@ class Enforcer:
 
     async def _write(self, p: enforcement.Plan) -> Obj:
         """Write a plan: ``status.hard`` first where the plan sets it (quota admission checks it from then on), then
-        ``spec.hard`` and the annotations, on the version the first write made; with the reservation guard, a raise
-        of a quota counted in VM terms the other way round (:attr:`~shared.quota.enforcement.Plan.
-        spec_first_if_guarded`). The quota as the last write returned it. A failed second write leaves the two
-        apart: the plan made from the quota's next version writes what is missing (``status.hard`` from the API
-        server's copy), and the quota controller copies a new ``spec.hard`` anyway."""
+        ``spec.hard`` and the annotations, on the version the first write made. With the reservation guard, a quota
+        counted in VM terms never has ``status.hard`` above ``spec.hard`` on the way: its lowerings go to
+        ``status.hard`` first, then ``spec.hard``, then its raises to ``status.hard``
+        (:meth:`~shared.quota.enforcement.Plan.lowered_status`). The quota as the last write returned it. A failed
+        write raises, but for the last one there (``spec.hard`` is written: the quota is reconciled again); the
+        quota is planned again, from the API server's copy, and writes what is missing."""
         ns, name = p.key
-        if p.set_status and self.opts.reservation_guard and p.spec_first_if_guarded:
+        if p.set_status and self.opts.reservation_guard and p.in_vm_terms:
+            lowered = p.lowered_status()
+            if not enforcement.same(lowered, p.status_hard):
+                done = await self._write_status(p, lowered)
+                if done is not None:
+                    p = dataclasses.replace(p, resource_version=version_of(done), status_hard=lowered)
             raw = await self.kube.patch_quota(ns, name, enforcement.patch_body(p))
-            with contextlib.suppress(KubeError):  # (a 409: admission's write of status.used came between)
-                raw = await self._write_status(dataclasses.replace(p, resource_version=version_of(raw))) or raw
+            if self.status_writes and not enforcement.same(p.hard_after, p.status_hard):
+                try:
+                    raw = await self._write_status(dataclasses.replace(p, resource_version=version_of(raw))) or raw
+                except KubeError as e:
+                    # (spec.hard is written, and reported as such; the quota is reconciled again and writes the
+                    # raise to status.hard from the API server's copy, unless the quota controller's copy came first)
+                    log.info("status.hard not written yet", namespace=ns, quota=name, status=e.status, error=str(e))
+                    self._queue.add(p.key)
             return raw
         if p.set_status:
             written = await self._write_status(p)
@@ -639,12 +663,12 @@ class Enforcer:
                 p = dataclasses.replace(p, resource_version=version_of(written))
         return await self.kube.patch_quota(ns, name, enforcement.patch_body(p))
 
-    async def _write_status(self, p: enforcement.Plan) -> Obj | None:
-        """Write the plan's ``status.hard``; None when the API server does not let the enforcer (a 403: RBAC without
-        ``patch`` on ``resourcequotas/status``, an upgrade's manifests not applied yet), which turns the writes of
-        ``status.hard`` off: the quota controller copies ``spec.hard``, a sync later, as before."""
+    async def _write_status(self, p: enforcement.Plan, hard: ResourceList | None = None) -> Obj | None:
+        """Write the plan's ``status.hard`` (or ``hard``); None when the API server does not let the enforcer (a 403:
+        RBAC without ``patch`` on ``resourcequotas/status``, an upgrade's manifests not applied yet), which turns the
+        writes of ``status.hard`` off: the quota controller copies ``spec.hard``, a sync later, as before."""
         try:
-            return await self.kube.patch_quota_status(*p.key, enforcement.status_body(p))
+            return await self.kube.patch_quota_status(*p.key, enforcement.status_body(p, hard))
         except KubeError as e:
             if e.status != 403:
                 raise

@@ -355,13 +355,19 @@ class Plan:
         return any(r not in self.hard_before or (q - self.hard_before[r]).nanos > 0 for r, q in self.hard_after.items())
 
     @property
-    def spec_first_if_guarded(self) -> bool:
-        """With the reservation guard, ``spec.hard`` is written before ``status.hard``: a raise of a quota that counts
-        in VM terms. The guard's ``vmquota-vm-terms`` takes such a quota as enforced only while ``status.hard`` is no
-        higher than ``spec.hard`` (a lowering the quota controller has not copied leaves room open): written first,
-        a raised ``status.hard`` had every pod of the namespace refused until ``spec.hard`` followed, KubeVirt's
-        retry that the write woke included. Otherwise ``status.hard`` first (a lowering closes its room at once)."""
-        return self.set_status and self.mode in VM_TERM_MODES and self.raises_spec
+    def in_vm_terms(self) -> bool:
+        """The quota counts in VM terms: the reservation guard's ``vmquota-vm-terms`` reads it, and takes it as
+        enforced only while ``status.hard`` is no higher than ``spec.hard`` (a lowering the quota controller has not
+        copied leaves room open), refusing every pod and VMI of the namespace otherwise."""
+        return self.mode in VM_TERM_MODES
+
+    def lowered_status(self) -> ResourceList:
+        """``status.hard`` with only the plan's lowerings: for each resource the smaller of it and the plan's
+        ``hard``. Written before ``spec.hard``, then the plan's ``hard`` after it, ``status.hard`` is never above
+        ``spec.hard`` on the way (a raise written to ``status.hard`` first, or the lowered part of a plan that raises
+        another resource written to ``spec.hard`` first, had ``vmquota-vm-terms`` refuse every pod until the second
+        write)."""
+        return {r: min(q, self.status_hard[r]) for r, q in self.hard_after.items()}
 
     @property
     def raises(self) -> bool:
@@ -748,13 +754,13 @@ def _hard_change(
 # ---- the patch ---------------------------------------------------------------------------------------------------
 
 
-def status_body(p: Plan) -> dict[str, Any]:
+def status_body(p: Plan, hard: Mapping[str, Quantity] | None = None) -> dict[str, Any]:
     """The JSON merge patch of ``status.hard`` for a plan that :attr:`~Plan.set_status` (of the ``status``
-    subresource): the plan's ``hard``, under the plan's resourceVersion as precondition. The same names as the
-    ``status.hard`` it replaces, so nothing is removed, and ``status.used`` is left as it is."""
+    subresource): the plan's ``hard`` (or ``hard``), under the plan's resourceVersion as precondition. The same
+    names as the ``status.hard`` it replaces, so nothing is removed, and ``status.used`` is left as it is."""
     return {
         "metadata": {"resourceVersion": p.resource_version},
-        "status": {"hard": canonical_resource_list(p.hard_after)},
+        "status": {"hard": canonical_resource_list(p.hard_after if hard is None else hard)},
     }
 
 

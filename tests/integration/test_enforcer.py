@@ -1506,56 +1506,53 @@ async def test_a_vmi_is_nudged_once_every_managed_quota_of_its_namespace_has_the
         assert calls.both_at[0] == ({"limits.memory": "80Gi"}, {"requests.nvidia.com/gpu": "3"}), calls.both_at
 
 
-async def test_with_the_guard_a_raise_in_vm_terms_never_has_status_hard_above_spec_hard(
-    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+@pytest.mark.parametrize("cpu", ["8", "6"])
+async def test_with_the_guard_a_quota_in_vm_terms_never_has_status_hard_above_spec_hard(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None, cpu: str
 ) -> None:
     """The guard's ``vmquota-vm-terms`` takes a quota counted in VM terms as enforced only while ``status.hard`` is
-    no higher than ``spec.hard`` (a lowering not copied yet leaves room open): a raise written ``status.hard``
-    first had every pod of the namespace refused until ``spec.hard`` followed, KubeVirt's retry of the migration
-    target that the write woke included (a refusal per target more in ``bench_migration_guard``). Such a raise is
-    written ``spec.hard`` first; a lowering still ``status.hard`` first."""
-    budget = {"requests.memory": "16Gi"}
+    no higher than ``spec.hard`` (a lowering not copied yet leaves room open), and refuses every pod and VMI of the
+    namespace otherwise. Written ``status.hard`` first, a raise was refused so until ``spec.hard`` followed
+    (``bench_migration_guard``: 694 of its refusals); written ``spec.hard`` first, the lowered part of a plan that
+    raises another resource (``cpu`` 8 to 6 beside a memory raise) was. The lowerings go to ``status.hard`` first,
+    then ``spec.hard``, then the raises to ``status.hard``; a lowering still closes its room with its first write."""
+    budget = {"requests.memory": "16Gi", "requests.cpu": "8"}
     await sim.create_quota(NS, "compute", budget, labels=MANAGED, annotations={MODE_ANNOTATION: "VirtualResources"})
     await sim.wait_quota_synced(NS, "compute")
-    seen: list[tuple[str, str]] = []  # (spec.hard, status.hard) at every write of the quota
+    seen: list[tuple[dict[str, str], dict[str, str]]] = []  # (spec.hard, status.hard) at every write of the quota
 
     def look() -> None:
         q = sim.peek("resourcequotas", NS, "compute") or {}
-        spec = (q.get("spec") or {}).get("hard") or {}
-        status = (q.get("status") or {}).get("hard") or {}
-        seen.append((spec.get("requests.memory", ""), status.get("requests.memory", "")))
+        seen.append((dict((q.get("spec") or {}).get("hard") or {}), dict((q.get("status") or {}).get("hard") or {})))
 
-    def memory(hard: str, reserved: str = "") -> dict[str, contract.QuotaTerms]:
+    def wanted(memory: str, cpu: str, reserved: str = "") -> dict[str, contract.QuotaTerms]:
         return {
             "compute": contract.QuotaTerms(
                 mode="VirtualResources",
                 budget=budget,
                 reserved={"requests.memory": reserved} if reserved else {},
-                hard={"requests.memory": hard},
+                hard={"requests.memory": memory, "requests.cpu": cpu},
             )
         }
 
+    async def written(seq: int, terms: dict[str, contract.QuotaTerms], want: dict[str, str], *mig: Any) -> None:
+        patched = e.patched
+        await publish_usage(bus, seq, terms, *mig)
+
+        def done() -> bool:
+            look()
+            return e.patched > patched and e.idle() and seen[-1] == (want, want)
+
+        await sim.wait_for(done, within=10, what=f"hard {want}")
+
     async with enforcer(bus, api, reservation_guard=True) as (e, _):
-        await publish_usage(bus, 5, memory("16Gi"))
+        await publish_usage(bus, 5, wanted("16Gi", "8"))
         await wait_quota(sim, lambda o: notes(o).get(STATUS_ANNOTATION, "").startswith("Enforcing"), "enforced")
-        patched = e.patched
-        await publish_usage(bus, 6, memory("20Gi", "4Gi"), MIGRATING)
-
-        def raised() -> bool:
-            look()
-            return e.patched > patched and e.idle() and seen[-1] == ("20Gi", "20Gi")
-
-        await sim.wait_for(raised, within=10, what="the raise, in spec.hard and status.hard")
-        assert all(Quantity.parse(st) <= Quantity.parse(sp) for sp, st in seen if sp and st), seen
-        patched = e.patched
-        await publish_usage(bus, 7, memory("16Gi"))
-
-        def lowered() -> bool:
-            look()
-            return e.patched > patched and e.idle() and seen[-1] == ("16Gi", "16Gi")
-
-        await sim.wait_for(lowered, within=10, what="the lowering")
-        assert ("20Gi", "16Gi") in seen, "a lowering closes its room with its first write"
+        await written(6, wanted("20Gi", cpu, "4Gi"), {"requests.memory": "20Gi", "requests.cpu": cpu}, MIGRATING)
+        await written(7, wanted("16Gi", cpu), {"requests.memory": "16Gi", "requests.cpu": cpu})
+    above = [(sp, st) for sp, st in seen if any(Quantity.parse(st[r]) > Quantity.parse(sp[r]) for r in sp if r in st)]
+    assert not above, above
+    assert ({"requests.memory": "20Gi", "requests.cpu": cpu}, {"requests.memory": "16Gi", "requests.cpu": cpu}) in seen
 
 
 class FailingQuota(NudgeRecorder):
@@ -1564,6 +1561,7 @@ class FailingQuota(NudgeRecorder):
     def __init__(self, inner: KubeQuotas, sim: SimCluster) -> None:
         super().__init__(inner, sim)
         self.failing = ""
+        self.failures_left = -1  # (how many more calls fail; -1: every one)
         self.nudges: list[str] = []
 
     async def nudge_vmi(self, namespace: str, name: str, token: str) -> None:
@@ -1571,8 +1569,9 @@ class FailingQuota(NudgeRecorder):
         await self.inner.nudge_vmi(namespace, name, token)
 
     def _check(self, name: str) -> None:
-        if name == self.failing:
-            raise KubeError(500, "InternalError", "the API server failed")
+        if name == self.failing and self.failures_left != 0:
+            self.failures_left -= 1
+            raise KubeError(429, "TooManyRequests", "the API server is busy")
 
     async def get_quota(self, namespace: str, name: str) -> Obj:
         self._check(name)
@@ -1618,3 +1617,28 @@ async def test_a_quota_only_the_bus_tells_of_or_whose_calls_fail_holds_no_nudge_
         await publish_usage(bus, 5, {**terms("64Gi", "80Gi"), "gpu": gpus}, vms=[vm])
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "the raise")
         await sim.wait_for(lambda: bool(calls.nudges), within=10, what="the nudge")
+
+
+async def test_one_failure_of_another_quota_does_not_spend_the_nudge(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """A quota whose calls keep failing holds no nudge back, but one failure (a 429, retried in milliseconds) does:
+    the VM needs that quota's raise too, and a nudge sent before it had the room was the snapshot's only one."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    await sim.create_quota(NS, "gpu", {"requests.nvidia.com/gpu": "2"}, labels=MANAGED)
+    calls = FailingQuota(KubeQuotas(api), sim)
+    async with enforcer(bus, api, calls=calls):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        await sim.wait_quota_synced(NS, "gpu")
+        calls.failing, calls.failures_left = "gpu", 1
+        gpus = contract.QuotaTerms(
+            mode="VmiPodUsage",
+            budget={"requests.nvidia.com/gpu": "2"},
+            reserved={"requests.nvidia.com/gpu": "1"},
+            hard={"requests.nvidia.com/gpu": "3"},
+        )
+        vm = contract.VmState(name="vm9", uid="uid-vm9", state="admitted", pod_refused=True)
+        await publish_usage(bus, 5, {**terms("64Gi", "80Gi"), "gpu": gpus}, vms=[vm])
+        await sim.wait_for(lambda: bool(calls.nudges), within=10, what="the nudge")
+        q = sim.peek("resourcequotas", NS, "gpu") or {}
+        assert q["status"]["hard"] == {"requests.nvidia.com/gpu": "3"}, "nudged before the gpu quota had the room"

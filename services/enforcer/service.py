@@ -115,6 +115,8 @@ class Enforcer:
             hold_retries=True,  # (a quota waiting for its retry is not written sooner, whatever arrives)
             on_retry=self._on_retry,
         )
+        self._status_behind: set[Key] = set()
+        """Quotas whose last write of ``status.hard`` failed after ``spec.hard`` was written."""
         self._reconciled_at: dict[Key, int] = {}
         """The namespace's usage position (``_usage_at``) each quota was last reconciled from, to the end."""
         self.status_writes = True
@@ -463,7 +465,11 @@ class Enforcer:
         except Exception as e:
             log.error("reconcile failed", namespace=key[0], quota=key[1], error=repr(e), exc_info=e)
             raise KubeError(0, type(e).__name__, str(e)) from e
-        self._queue.forget(key)
+        if key in self._status_behind:  # (spec.hard written, status.hard not: again after the backoff)
+            self._status_behind.discard(key)
+            self._queue.add_rate_limited(key)
+        else:
+            self._queue.forget(key)
         self._reconciled(key, at)
         self._tell_when_in_effect(key)
 
@@ -633,13 +639,14 @@ class Enforcer:
     async def _write(self, p: enforcement.Plan) -> Obj:
         """Write a plan: ``status.hard`` first where the plan sets it (quota admission checks it from then on), then
         ``spec.hard`` and the annotations, on the version the first write made. With the reservation guard, a quota
-        counted in VM terms never has ``status.hard`` above ``spec.hard`` on the way: its lowerings go to
-        ``status.hard`` first, then ``spec.hard``, then its raises to ``status.hard``
+        counted in VM terms never has ``status.hard`` above ``spec.hard`` on the way (unless the API server refuses
+        the enforcer ``status``): its lowerings go to ``status.hard`` first, then ``spec.hard``, then its raises to
+        ``status.hard``
         (:meth:`~shared.quota.enforcement.Plan.lowered_status`). The quota as the last write returned it. A failed
         write raises, but for the last one there (``spec.hard`` is written: the quota is reconciled again); the
         quota is planned again, from the API server's copy, and writes what is missing."""
         ns, name = p.key
-        if p.set_status and self.opts.reservation_guard and p.in_vm_terms:
+        if p.set_status and p.set_hard and self.opts.reservation_guard and p.in_vm_terms:
             lowered = p.lowered_status()
             if not enforcement.same(lowered, p.status_hard):
                 done = await self._write_status(p, lowered)
@@ -650,10 +657,11 @@ class Enforcer:
                 try:
                     raw = await self._write_status(dataclasses.replace(p, resource_version=version_of(raw))) or raw
                 except KubeError as e:
-                    # (spec.hard is written, and reported as such; the quota is reconciled again and writes the
-                    # raise to status.hard from the API server's copy, unless the quota controller's copy came first)
+                    # (spec.hard is written, and reported as such; the quota is reconciled again after the queue's
+                    # backoff and writes status.hard from the API server's copy, unless the quota controller's copy
+                    # came first)
                     log.info("status.hard not written yet", namespace=ns, quota=name, status=e.status, error=str(e))
-                    self._queue.add(p.key)
+                    self._status_behind.add(p.key)
             return raw
         if p.set_status:
             written = await self._write_status(p)

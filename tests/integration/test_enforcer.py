@@ -1642,3 +1642,48 @@ async def test_one_failure_of_another_quota_does_not_spend_the_nudge(
         await sim.wait_for(lambda: bool(calls.nudges), within=10, what="the nudge")
         q = sim.peek("resourcequotas", NS, "gpu") or {}
         assert q["status"]["hard"] == {"requests.nvidia.com/gpu": "3"}, "nudged before the gpu quota had the room"
+
+
+class StatusFails(FailingQuota):
+    """The enforcer's calls, with every write of ``status.hard`` that raises memory past 16Gi answered 500."""
+
+    def __init__(self, inner: KubeQuotas, sim: SimCluster) -> None:
+        super().__init__(inner, sim)
+        self.status_writes = 0
+
+    async def patch_quota_status(self, namespace: str, name: str, body: Obj) -> Obj:
+        self.status_writes += 1
+        if Quantity.parse(body["status"]["hard"]["requests.memory"]) > Quantity.parse("16Gi"):
+            raise KubeError(500, "InternalError", "the API server failed")
+        return await self.inner.patch_quota_status(namespace, name, body)
+
+
+async def test_with_the_guard_a_failing_status_write_after_spec_hard_is_retried_with_backoff(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """``spec.hard`` written, the write of ``status.hard`` after it failing every time: the quota was queued again at
+    once, its round counted as a success, so it spun (39 writes of each in 3 s, in the review) and reported each
+    round a decision for a write that had failed. It is retried after the queue's backoff, and a round whose
+    writes all failed reports nothing."""
+    budget = {"requests.memory": "16Gi", "requests.cpu": "8"}
+    await sim.create_quota(NS, "compute", budget, labels=MANAGED, annotations={MODE_ANNOTATION: "VirtualResources"})
+    await sim.wait_quota_synced(NS, "compute")
+    calls = StatusFails(KubeQuotas(api), sim)
+    terms_of = {
+        "compute": contract.QuotaTerms(
+            mode="VirtualResources",
+            budget=budget,
+            reserved={"requests.memory": "4Gi"},
+            hard={"requests.memory": "20Gi", "requests.cpu": "6"},
+        )
+    }
+    async with enforcer(bus, api, calls=calls, reservation_guard=True) as (e, _):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        sim.quota.timing = QuotaTiming(sync_delay=2.0)  # (the quota controller copies 2 s after spec.hard changes)
+        patched, tried = e.patched, calls.status_writes
+        await publish_usage(bus, 6, terms_of, MIGRATING)
+        await wait_quota(sim, lambda o: hard(o) == {"requests.memory": "20Gi", "requests.cpu": "6"}, "spec.hard")
+        synced = await sim.wait_quota_synced(NS, "compute", within=10)
+        assert synced["status"]["hard"] == {"requests.memory": "20Gi", "requests.cpu": "6"}
+        assert calls.status_writes - tried <= 8, calls.status_writes - tried  # (backoff 0.2 s, doubling: 2 s)
+        assert e.patched - patched <= 2, e.patched - patched  # (the lowering of cpu and the spec.hard; no more)

@@ -542,12 +542,13 @@ class Enforcer:
                 charged=charged,
                 status=self.status_writes,
             )
-            if (p.raises or (p.set_status and not p.set_hard)) and quota is not fresh and not self.opts.dry_run:
-                # Room opens (or status.hard alone is written, a repair): plan from the quota as the API server has
-                # it, with what it charges now (status.used), so that a pod the cluster never admitted opens no room.
-                # The copy at hand is a quota event's, the bus's word: forged at the quota's real resourceVersion,
-                # which the patch's precondition takes, with a status.used as large as a phantom pod, it had hard
-                # raised for that pod with no read (123Gi of room on a 64Gi budget).
+            if (p.set_hard or p.set_status) and quota is not fresh and not self.opts.dry_run:
+                # hard moves: plan from the quota as the API server has it, with what it charges now (status.used),
+                # so that a pod the cluster never admitted opens no room. The copy at hand is a quota event's, the
+                # bus's word: forged at the quota's real resourceVersion, which the patch's precondition takes, with
+                # a status.used as large as a phantom pod, it had hard raised for that pod with no read (123Gi of
+                # room on a 64Gi budget); with spec.hard and status.hard above what the usage asks, a raise for it
+                # looked like a lowering.
                 quota = fresh = await self._read(key, quota)
                 continue
             later = p.action is Action.REFRESH and (self.opts.dry_run or self.summaries.later(key))

@@ -886,7 +886,7 @@ async def test_a_phantom_pod_on_the_bus_opens_no_room(
         assert hard(q) == {"limits.memory": "24Gi"}, hard(q)
 
 
-@pytest.mark.parametrize("forged", ["hard", "used"])
+@pytest.mark.parametrize("forged", ["hard", "used", "above"])
 async def test_a_phantom_pod_and_a_quota_copy_forged_at_the_real_version_open_no_room(
     sim: SimCluster, bus: Bus, api: client.ApiClient, forged: str
 ) -> None:
@@ -895,9 +895,11 @@ async def test_a_phantom_pod_and_a_quota_copy_forged_at_the_real_version_open_no
     - ``hard``: its ``spec.hard`` and ``last-hard`` already say what the phantom asks, so only ``status.hard``
       differed and the enforcer wrote 124Gi into it on the copy's word (a write of ``status.hard`` alone);
     - ``used``: its ``status.used`` is as large as the phantom, so the usage counted no pod beyond what the copy
-      said the API server charges, and the enforcer raised ``hard`` to 124Gi with no read.
-    Either way quota admission had 123Gi of room on a 64Gi budget. Every raise, and every write of ``status.hard``
-    alone, is planned from the API server's copy."""
+      said the API server charges, and the enforcer raised ``hard`` to 124Gi with no read;
+    - ``above``: its ``spec.hard`` and ``status.hard`` above what the phantom asks, so the raise to 124Gi looked
+      like a lowering, which went without a read.
+    Each way quota admission had 123Gi of room on a 64Gi budget. Every write that moves ``hard`` is planned from
+    the API server's copy."""
     await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
     async with enforcer(bus, api) as (e, _):
         await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
@@ -912,8 +914,11 @@ async def test_a_phantom_pod_and_a_quota_copy_forged_at_the_real_version_open_no
         if forged == "hard":
             lie["spec"]["hard"] = {"limits.memory": "124Gi"}
             lie["metadata"]["annotations"][LAST_HARD_ANNOTATION] = '{"limits.memory":"124Gi"}'
-        else:
+        elif forged == "used":
             lie["status"]["used"] = {"limits.memory": "100Gi"}
+        else:
+            lie["spec"]["hard"] = lie["status"]["hard"] = {"limits.memory": "200Gi"}
+            lie["metadata"]["annotations"][LAST_HARD_ANNOTATION] = '{"limits.memory":"200Gi"}'
         await publish_quota(bus, lie)
         phantom = {
             "compute": contract.QuotaTerms(

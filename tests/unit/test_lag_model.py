@@ -670,7 +670,7 @@ class Cluster:
         usage = self.published
         q = self.quota_snapshot()
         p = enforcement.plan(q, usage, managed=True)
-        if p.raises:  # (the enforcer plans a raise from the API server's copy, with what it charges)
+        if p.set_hard or p.set_status:  # (the enforcer plans a move of hard from the API server's copy and charge)
             p = enforcement.plan(q, usage, managed=True, charged=q.status_used)
         if p.changes and p.action is not enforcement.Action.REFRESH:  # (the summary alone: no room moves)
             if self.guarded:

@@ -658,11 +658,14 @@ class Enforcer:
                 try:
                     raw = await self._write_status(dataclasses.replace(p, resource_version=version_of(raw))) or raw
                 except KubeError as e:
-                    # (spec.hard is written, and reported as such; the quota is reconciled again after the queue's
-                    # backoff and writes status.hard from the API server's copy, unless the quota controller's copy
-                    # came first)
+                    # (spec.hard is written, and reported as such; the quota is reconciled again, at once after a
+                    # conflict, else after the queue's backoff, and writes status.hard from the API server's copy,
+                    # unless the quota controller's copy came first)
                     log.info("status.hard not written yet", namespace=ns, quota=name, status=e.status, error=str(e))
-                    self._status_behind.add(p.key)
+                    if e.conflict:  # (another writer's progress, quota admission's usually: again at once)
+                        self._queue.add(p.key)
+                    else:
+                        self._status_behind.add(p.key)
             return raw
         if p.set_status:
             written = await self._write_status(p)

@@ -112,6 +112,12 @@ class Reporter:
     def forget(self, key: Key) -> None:
         self._dry_seen.pop(key, None)
 
+    def nudge_again(self, namespace: str) -> None:
+        """Let the namespace's VMIs be nudged again for the usage snapshot they were nudged for (a quota whose calls
+        kept failing, which the nudge did not wait for, has the room now), at once."""
+        for k in [k for k in self._nudged if k[0] == namespace]:
+            self._nudged[k] = (-1, float("-inf"))
+
     async def run(self) -> None:
         while True:
             p, rv, at = await self._queue.get()

@@ -115,6 +115,8 @@ class Enforcer:
             hold_retries=True,  # (a quota waiting for its retry is not written sooner, whatever arrives)
             on_retry=self._on_retry,
         )
+        self._nudged_past: dict[str, set[Key]] = {}
+        """namespace → the quotas its last tell did not wait for (their calls kept failing)."""
         self._status_behind: set[Key] = set()
         """Quotas whose last write of ``status.hard`` failed after ``spec.hard`` was written."""
         self._reconciled_at: dict[Key, int] = {}
@@ -490,14 +492,25 @@ class Enforcer:
         self._lagging.discard(key)
         ns = key[0]
         at = self._usage_at.get(ns, 0)
+        passed: set[Key] = set()
         for name in self._managed_names(ns):
             other = (ns, name)
             q = self.quotas.get(other)
             failing = other != key and self._queue.failures(other) >= NUDGE_PAST_FAILURES
+            if failing:
+                passed.add(other)
             if q is None or not self.quotas.vouched(q) or failing:
                 continue  # (one only the bus has told of, or whose calls keep failing: no hold on the others')
             if self._reconciled_at.get(other, -1) < at or (other != key and other in self._lagging):
                 return  # (that quota tells, once its reconciliation or quota event says it is in effect)
+        if key in self._nudged_past.get(ns, ()):
+            # (the namespace's VMIs were nudged without waiting for this quota, whose calls kept failing: it has
+            # what the usage asks now, and a VMI nudged before it had the room would wait for KubeVirt's backoff)
+            self.reporter.nudge_again(ns)
+        if passed:
+            self._nudged_past[ns] = passed
+        else:
+            self._nudged_past.pop(ns, None)
         u = self.usage.get(ns)
         if u is not None and not self.opts.dry_run and not self._stopped:
             self.reporter.tell_and_nudge(ns, u, at)

@@ -21,7 +21,7 @@ from services.devtools.simcluster.quota import QuotaTiming
 from services.devtools.simcluster.store_api import ApiError, Obj
 from services.enforcer.kube import KubeQuotas, QuotaApi
 from services.enforcer.options import EnforcerOptions
-from services.enforcer.service import Enforcer
+from services.enforcer.service import NUDGE_PAST_FAILURES, Enforcer
 from services.platform.bus import Bus, NatsOptions
 from services.platform.http import Metrics
 from services.platform.kube import KubeError
@@ -1462,6 +1462,19 @@ async def test_an_enforcer_the_api_server_does_not_let_write_status_writes_spec_
         assert not e.status_writes and calls.calls.count("status") == 1, calls.calls
 
 
+async def raise_both_for_vm9(bus: Bus) -> None:
+    """Usage with quota ``compute`` raised by 16Gi and quota ``gpu`` by one GPU, for the admitted VM vm9 whose launcher
+    pod KubeVirt was refused (it is nudged once both have the room)."""
+    gpus = contract.QuotaTerms(
+        mode="VmiPodUsage",
+        budget={"requests.nvidia.com/gpu": "2"},
+        reserved={"requests.nvidia.com/gpu": "1"},
+        hard={"requests.nvidia.com/gpu": "3"},
+    )
+    vm = contract.VmState(name="vm9", uid="uid-vm9", state="admitted", pod_refused=True)
+    await publish_usage(bus, 5, {**terms("64Gi", "80Gi"), "gpu": gpus}, vms=[vm])
+
+
 class SlowSecondQuota(NudgeRecorder):
     """The enforcer's calls, with every write of quota ``gpu`` 0.3 s late, recording both quotas' ``status.hard``
     when a VMI is nudged."""
@@ -1499,14 +1512,7 @@ async def test_a_vmi_is_nudged_once_every_managed_quota_of_its_namespace_has_the
         await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
         await sim.wait_quota_synced(NS, "compute")
         await sim.wait_quota_synced(NS, "gpu")
-        gpus = contract.QuotaTerms(
-            mode="VmiPodUsage",
-            budget={"requests.nvidia.com/gpu": "2"},
-            reserved={"requests.nvidia.com/gpu": "1"},
-            hard={"requests.nvidia.com/gpu": "3"},
-        )
-        vm = contract.VmState(name="vm9", uid="uid-vm9", state="admitted", pod_refused=True)
-        await publish_usage(bus, 5, {**terms("64Gi", "80Gi"), "gpu": gpus}, vms=[vm])
+        await raise_both_for_vm9(bus)
         await sim.wait_for(lambda: bool(calls.both_at), within=10, what="the nudge")
         assert calls.both_at[0] == ({"limits.memory": "80Gi"}, {"requests.nvidia.com/gpu": "3"}), calls.both_at
 
@@ -1568,9 +1574,13 @@ class FailingQuota(NudgeRecorder):
         self.failing = ""
         self.failures_left = -1  # (how many more calls fail; -1: every one)
         self.nudges: list[str] = []
+        self.gpu_at: list[dict[str, str]] = []  # (the gpu quota's status.hard at each nudge)
 
     async def nudge_vmi(self, namespace: str, name: str, token: str) -> None:
         self.nudges.append(name)
+        self.gpu_at.append(
+            dict(((self.sim.peek("resourcequotas", NS, "gpu") or {}).get("status") or {}).get("hard") or {})
+        )
         await self.inner.nudge_vmi(namespace, name, token)
 
     def _check(self, name: str) -> None:
@@ -1636,14 +1646,7 @@ async def test_one_failure_of_another_quota_does_not_spend_the_nudge(
         await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
         await sim.wait_quota_synced(NS, "gpu")
         calls.failing, calls.failures_left = "gpu", 1
-        gpus = contract.QuotaTerms(
-            mode="VmiPodUsage",
-            budget={"requests.nvidia.com/gpu": "2"},
-            reserved={"requests.nvidia.com/gpu": "1"},
-            hard={"requests.nvidia.com/gpu": "3"},
-        )
-        vm = contract.VmState(name="vm9", uid="uid-vm9", state="admitted", pod_refused=True)
-        await publish_usage(bus, 5, {**terms("64Gi", "80Gi"), "gpu": gpus}, vms=[vm])
+        await raise_both_for_vm9(bus)
         await sim.wait_for(lambda: bool(calls.nudges), within=10, what="the nudge")
         q = sim.peek("resourcequotas", NS, "gpu") or {}
         assert q["status"]["hard"] == {"requests.nvidia.com/gpu": "3"}, "nudged before the gpu quota had the room"
@@ -1692,3 +1695,21 @@ async def test_with_the_guard_a_failing_status_write_after_spec_hard_is_retried_
         assert synced["status"]["hard"] == {"requests.memory": "20Gi", "requests.cpu": "6"}
         assert calls.status_writes - tried <= 8, calls.status_writes - tried  # (backoff 0.2 s, doubling: 2 s)
         assert e.patched - patched <= 2, e.patched - patched  # (the lowering of cpu and the spec.hard; no more)
+
+
+async def test_a_vmi_nudged_past_a_failing_quota_is_nudged_again_once_that_quota_has_the_room(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """The nudge does not wait for a quota whose reconciliation failed three times in a row; when that quota's
+    calls succeed again (a burst of 429s under a second) it has the VM's room only after the nudge, which went
+    once per usage snapshot: the VM waited for KubeVirt's backoff. Its VMIs are nudged again once it has it."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    await sim.create_quota(NS, "gpu", {"requests.nvidia.com/gpu": "2"}, labels=MANAGED)
+    failing = FailingQuota(KubeQuotas(api), sim)  # (the gpu quota's calls fail three times, then succeed)
+    async with enforcer(bus, api, calls=failing):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        await sim.wait_quota_synced(NS, "gpu")
+        failing.failing, failing.failures_left = "gpu", NUDGE_PAST_FAILURES
+        await raise_both_for_vm9(bus)
+        room = {"requests.nvidia.com/gpu": "3"}
+        await sim.wait_for(lambda: room in failing.gpu_at, within=15, what="a nudge once the gpu quota has the room")

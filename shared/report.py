@@ -26,7 +26,7 @@ from shared.contract import Decision, UsageSnapshot, error_count
 from shared.errors import InvalidInput
 from shared.kinds import QUOTA_KIND
 from shared.quantity import NANO, Quantity
-from shared.quota.modes import Mode
+from shared.quota.modes import VM_TERM_MODES
 from shared.resources import is_byte_resource
 from shared.text import printable
 
@@ -49,7 +49,9 @@ def readable(q: Quantity, resource: str) -> str:
     return q.canonical()
 
 
-_AMOUNT: Final = re.compile(r"([A-Za-z0-9./_-]+)=([0-9][0-9.]*[A-Za-z]*)")
+_RESOURCE: Final = r"[A-Za-z0-9./_-]+"
+_QUANTITY: Final = r"[0-9][0-9.]*[A-Za-z]*"
+_AMOUNT: Final = re.compile(rf"({_RESOURCE})=({_QUANTITY})")
 
 
 def readable_amounts(text: str) -> str:
@@ -65,7 +67,7 @@ def readable_amounts(text: str) -> str:
     return _AMOUNT.sub(one, text)
 
 
-_ITEM: Final = r"[A-Za-z0-9./_-]+=[0-9][0-9.]*[A-Za-z]*"
+_ITEM: Final = f"{_RESOURCE}={_QUANTITY}"
 _REFUSAL_PART: Final = re.compile(rf"\b(requested|used|limited): ({_ITEM}(?:,{_ITEM})*)")
 REFUSAL_ITEMS_SHOWN: Final = 8
 """The most amounts a refusal's summary shows of each part (quota admission names only the resources a quota
@@ -100,7 +102,8 @@ def readable_list(rl: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-SCALED_MODES: Final = frozenset({Mode.VIRTUAL_RESOURCES.value, Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO.value})
+SCALED_MODES: Final = VM_TERM_MODES
+"""The modes whose ``hard`` is in pod terms scaled by ``k``: those counting vCPUs and guest memory."""
 SCALE_NOTE: Final = (
     "hard = pods + reserved + k * budget - taken - overlap (docs/accounting.md, the quota equation): k is what a "
     "launcher pod is charged per unit the mode counts (requests.cpu = vCPUs / ratio: k < 1), so in a scaled mode "

@@ -57,6 +57,10 @@ class KnownQuotas:
         """Names of the namespace's known quotas (a copy: the caller may forget some)."""
         return list(self._names.get(namespace, ()))
 
+    def of(self, namespace: str) -> list[QuotaSnapshot]:
+        """The namespace's known quotas."""
+        return [self._quotas[(namespace, name)] for name in self._names.get(namespace, ())]
+
     def vouched(self, snap: QuotaSnapshot) -> bool:
         """The API server returned this quota (its uid) labelled managed."""
         return snap.uid in self._vouched

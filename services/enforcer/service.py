@@ -383,12 +383,11 @@ class Enforcer:
         held = self.usage.get(namespace)
         if held is not None:
             return enforcement.usage_mark(held)
-        marks = []
-        for name in self.quotas.names(namespace):
-            q = self.quotas.get((namespace, name))
-            mark = q.annotations.get(USAGE_FROM_ANNOTATION) if q is not None and self.quotas.vouched(q) else None
-            if mark is not None:
-                marks.append(mark)
+        marks = [
+            mark
+            for q in self.quotas.of(namespace)
+            if self.quotas.vouched(q) and (mark := q.annotations.get(USAGE_FROM_ANNOTATION)) is not None
+        ]
         return max(marks, key=enforcement.mark_order, default=None)
 
     async def _dead_letter(self, m: Msg, stream: str, reason: str) -> None:
@@ -493,13 +492,14 @@ class Enforcer:
         ns = key[0]
         at = self._usage_at.get(ns, 0)
         passed: set[Key] = set()
-        for name in self._managed_names(ns):
-            other = (ns, name)
-            q = self.quotas.get(other)
+        for q in self.quotas.of(ns):
+            other = (ns, q.name)
+            if not is_managed(q.labels):
+                continue
             failing = other != key and self._queue.failures(other) >= NUDGE_PAST_FAILURES
             if failing:
                 passed.add(other)
-            if q is None or not self.quotas.vouched(q) or failing:
+            if not self.quotas.vouched(q) or failing:
                 continue  # (one only the bus has told of, or whose calls keep failing: no hold on the others')
             if self._reconciled_at.get(other, -1) < at or (other != key and other in self._lagging):
                 return  # (that quota tells, once its reconciliation or quota event says it is in effect)
@@ -709,11 +709,7 @@ class Enforcer:
 
     def _managed_names(self, namespace: str) -> list[str]:
         """The names of the namespace's known quotas labelled managed."""
-        return [
-            name
-            for name in self.quotas.names(namespace)
-            if (q := self.quotas.get((namespace, name))) is not None and is_managed(q.labels)
-        ]
+        return [q.name for q in self.quotas.of(namespace) if is_managed(q.labels)]
 
     def _summary_due(self, key: Key) -> None:
         if not self._stopped:

@@ -1462,6 +1462,21 @@ async def test_an_enforcer_the_api_server_does_not_let_write_status_writes_spec_
         assert not e.status_writes and calls.calls.count("status") == 1, calls.calls
 
 
+@contextlib.asynccontextmanager
+async def two_quotas_enforced(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, calls: QuotaApi
+) -> AsyncIterator[tuple[Enforcer, Obj]]:
+    """Managed quotas ``compute`` (64Gi of memory) and ``gpu`` (2 GPUs), adopted by an enforcer making ``calls`` and
+    synced by the quota controller: the enforcer, and ``compute`` as adopted."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    await sim.create_quota(NS, "gpu", {"requests.nvidia.com/gpu": "2"}, labels=MANAGED)
+    async with enforcer(bus, api, calls=calls) as (e, _):
+        adopted = await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        await sim.wait_quota_synced(NS, "compute")
+        await sim.wait_quota_synced(NS, "gpu")
+        yield e, adopted
+
+
 async def raise_both_for_vm9(bus: Bus) -> None:
     """Usage with quota ``compute`` raised by 16Gi and quota ``gpu`` by one GPU, for the admitted VM vm9 whose launcher
     pod KubeVirt was refused (it is nudged once both have the room)."""
@@ -1505,13 +1520,8 @@ async def test_a_vmi_is_nudged_once_every_managed_quota_of_its_namespace_has_the
     """Two managed quotas, both raised for an admitted VM whose launcher pod KubeVirt was refused. A VMI is nudged
     once per usage snapshot: nudged when the first quota had the room, KubeVirt's retry met the second's refusal,
     and nothing nudged again (KubeVirt's backoff, up to minutes). The nudge waits for every managed quota."""
-    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
-    await sim.create_quota(NS, "gpu", {"requests.nvidia.com/gpu": "2"}, labels=MANAGED)
     calls = SlowSecondQuota(KubeQuotas(api), sim)
-    async with enforcer(bus, api, calls=calls):
-        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
-        await sim.wait_quota_synced(NS, "compute")
-        await sim.wait_quota_synced(NS, "gpu")
+    async with two_quotas_enforced(sim, bus, api, calls):
         await raise_both_for_vm9(bus)
         await sim.wait_for(lambda: bool(calls.both_at), within=10, what="the nudge")
         assert calls.both_at[0] == ({"limits.memory": "80Gi"}, {"requests.nvidia.com/gpu": "3"}), calls.both_at
@@ -1607,12 +1617,8 @@ async def test_a_quota_only_the_bus_tells_of_or_whose_calls_fail_holds_no_nudge_
     """The nudge waits for every managed quota of the namespace, but not for one only a quota event tells of (a
     forged one, the watcher's credentials, that never exists: it held every nudge of the namespace back for good)
     nor for one whose calls fail (an unrelated quota's 500s held back a VM that fits)."""
-    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
-    await sim.create_quota(NS, "gpu", {"requests.nvidia.com/gpu": "2"}, labels=MANAGED)
     calls = FailingQuota(KubeQuotas(api), sim)
-    async with enforcer(bus, api, calls=calls) as (e, _):
-        real = await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
-        await sim.wait_quota_synced(NS, "gpu")
+    async with two_quotas_enforced(sim, bus, api, calls) as (e, real):
         ghost = json.loads(json.dumps(real))
         ghost["metadata"].update(name="ghost", uid="uid-ghost", resourceVersion="1")
         ghost["status"] = {"hard": {"limits.memory": "4Gi"}, "used": {"limits.memory": "0"}}
@@ -1639,12 +1645,8 @@ async def test_one_failure_of_another_quota_does_not_spend_the_nudge(
 ) -> None:
     """A quota whose calls keep failing holds no nudge back, but one failure (a 429, retried in milliseconds) does:
     the VM needs that quota's raise too, and a nudge sent before it had the room was the snapshot's only one."""
-    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
-    await sim.create_quota(NS, "gpu", {"requests.nvidia.com/gpu": "2"}, labels=MANAGED)
     calls = FailingQuota(KubeQuotas(api), sim)
-    async with enforcer(bus, api, calls=calls):
-        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
-        await sim.wait_quota_synced(NS, "gpu")
+    async with two_quotas_enforced(sim, bus, api, calls):
         calls.failing, calls.failures_left = "gpu", 1
         await raise_both_for_vm9(bus)
         await sim.wait_for(lambda: bool(calls.nudges), within=10, what="the nudge")
@@ -1703,12 +1705,8 @@ async def test_a_vmi_nudged_past_a_failing_quota_is_nudged_again_once_that_quota
     """The nudge does not wait for a quota whose reconciliation failed three times in a row; when that quota's
     calls succeed again (a burst of 429s under a second) it has the VM's room only after the nudge, which went
     once per usage snapshot: the VM waited for KubeVirt's backoff. Its VMIs are nudged again once it has it."""
-    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
-    await sim.create_quota(NS, "gpu", {"requests.nvidia.com/gpu": "2"}, labels=MANAGED)
     failing = FailingQuota(KubeQuotas(api), sim)  # (the gpu quota's calls fail three times, then succeed)
-    async with enforcer(bus, api, calls=failing):
-        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
-        await sim.wait_quota_synced(NS, "gpu")
+    async with two_quotas_enforced(sim, bus, api, failing):
         failing.failing, failing.failures_left = "gpu", NUDGE_PAST_FAILURES
         await raise_both_for_vm9(bus)
         room = {"requests.nvidia.com/gpu": "3"}

@@ -771,7 +771,7 @@ def test_operations_guide_documents_every_flag_and_variable() -> None:
     assert not undocumented, f"flags missing from docs/operations.md: {sorted(undocumented)}"
     missing_env = {v for v in runner_env_vars() if f"`{v}`" not in doc}
     assert not missing_env, f"environment variables missing from docs/operations.md: {sorted(missing_env)}"
-    for service in ("watcher", "ledger", "enforcer", "subscriber", "replay"):
+    for service in ("watcher", "ledger", "enforcer", "subscriber", "replay", "listener"):
         assert f"`{service}`" in doc
 
 

@@ -32,13 +32,14 @@ from services.platform.runner import cancel
 from shared import contract
 from shared.snapshot import VmiSnapshot
 from tests.conftest import nats_server_binary
+from tests.integration.natscluster import _free_ports
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "deploy" / "components" / "nats" / "nats-server.conf"
-USERS = ("watcher", "ledger", "enforcer", "subscriber", "replay")
+USERS = ("watcher", "ledger", "enforcer", "subscriber", "replay", "listener")
 DENIED_TIMEOUT = 0.3
 """A refused JetStream API request gets no answer: how long the test waits for one (the refusal itself arrives as
 an asynchronous -ERR, which the test waits for on its own deadline)."""
@@ -321,6 +322,19 @@ async def test_subscriber_reads_and_cannot_write(connect: Connect) -> None:
     await refused_request(sub, f"$JS.API.CONSUMER.CREATE.{contract.DECISIONS_STREAM}", b"{}")  # ordered: replay's
 
 
+async def keeper_streams(server: SecuredServer) -> None:
+    """Every stream and the bucket, as the ledger creates them."""
+    keeper = await Bus.connect(
+        NatsOptions(url=server.url, user="ledger", password=server.passwords["ledger"], name="keeper"),
+        connect_timeout=5,
+    )
+    try:
+        await keeper.ensure_streams(contract.streams_for("ledger", sizes=SMALL))
+        await keeper.ensure_kv(contract.LEDGER_BUCKET)
+    finally:
+        await keeper.close()
+
+
 async def test_a_reader_can_have_copies_and_empty_messages_stored_in_the_usage_stream(
     server: SecuredServer, connect: Connect
 ) -> None:
@@ -332,15 +346,7 @@ async def test_a_reader_can_have_copies_and_empty_messages_stored_in_the_usage_s
     back), and an empty message on any subject of the streams or the ledger's bucket (docs/operations.md, "What a
     reader can still write"; tests/integration/test_enforcer.py -k older_usage)."""
     ledger = await connect("ledger")
-    keeper = await Bus.connect(
-        NatsOptions(url=server.url, user="ledger", password=server.passwords["ledger"], name="keeper"),
-        connect_timeout=5,
-    )
-    try:
-        await keeper.ensure_streams(contract.streams_for("ledger", sizes=SMALL))
-        await keeper.ensure_kv(contract.LEDGER_BUCKET)
-    finally:
-        await keeper.close()
+    await keeper_streams(server)
     usage = contract.usage_subject("c1", "tenant-a")
     sub, reader = await connect("subscriber"), await connect("replay")
 
@@ -384,6 +390,124 @@ async def test_a_reader_can_have_copies_and_empty_messages_stored_in_the_usage_s
 
     await wait_until(marked, 10, "a message under the key of a ledger's mark of lost events")
     assert not marks[0], marks
+
+
+async def heard(nc: Client, subject: str, publish: Callable[[], Awaitable[object]]) -> Msg:
+    """The first message ``nc`` hears on ``subject`` while ``publish`` is repeated (a new subscription can miss a
+    message published right after it is registered), within a deadline."""
+    sub = await nc.subscribe(subject)
+    await nc.flush()
+    async with asyncio.timeout(10):
+        while True:
+            await publish()
+            with contextlib.suppress(nats.errors.TimeoutError):
+                return await sub.next_msg(timeout=0.3)
+
+
+async def test_the_listener_hears_usage_and_decisions_and_can_have_nothing_stored(
+    server: SecuredServer, connect: Connect
+) -> None:
+    """The user for services not trusted as much as the bus (docs/operations.md, "A listener"): it hears usage and
+    decisions, and publishes nothing, so neither a JetStream API request nor a pull whose reply subject a stream
+    captures (what ``subscriber`` can do, the test above) is open to it: nothing it sends is stored."""
+    await keeper_streams(server)
+    ledger, enf, lis = await connect("ledger"), await connect("enforcer"), await connect("listener")
+    usage, decision = contract.usage_subject("c1", "tenant-a"), contract.decision_subject("c1", "tenant-a")
+    got = await heard(lis.nc, "vmquota.usage.>", lambda: ledger.js.publish(usage, b'{"u": 1}'))
+    assert (got.subject, got.data) == (usage, b'{"u": 1}')
+    got = await heard(lis.nc, "vmquota.quota.>", lambda: enf.js.publish(decision, b'{"d": 1}'))
+    assert (got.subject, got.data) == (decision, b'{"d": 1}')
+    lis.clean()
+    before = {
+        s: (await ledger.js.stream_info(s)).state.messages for s in (contract.USAGE_STREAM, contract.EVENTS_STREAM)
+    }
+
+    await lis.nc.publish(usage, b'{"forged": 1}')
+    await lis.denied("publish", usage)
+    pull = json.dumps({"batch": 1, "no_wait": True}).encode()
+    await lis.nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{contract.USAGE_STREAM}.subscriber", pull, reply=usage)
+    await lis.denied("publish", f"$JS.API.CONSUMER.MSG.NEXT.{contract.USAGE_STREAM}.subscriber")
+    await refused_request(lis, f"$JS.API.STREAM.INFO.{contract.USAGE_STREAM}")
+    await refused_request(lis, f"$JS.API.CONSUMER.CREATE.{contract.DECISIONS_STREAM}", b"{}")
+    for subject in ("vmquota.ev.>", "vmquota.dlq.>", "_INBOX.>", f"$KV.{contract.LEDGER_BUCKET}.>"):
+        await lis.nc.subscribe(subject)
+        await lis.denied("subscription", subject)
+    await lis.nc.flush()
+    after = {s: (await ledger.js.stream_info(s)).state.messages for s in before}
+    assert after == before, "the listener had something stored"
+
+
+async def test_a_server_fed_by_the_listener_as_a_leaf_node_keeps_history_and_writes_nothing_back(
+    tmp_path: Path,
+) -> None:
+    """How a service not trusted as much as the bus keeps history (docs/operations.md, "A listener"): its own
+    nats-server connects to vmquota's as a leaf node with the listener's credentials and stores what it hears in a
+    stream of its own. Whatever is published or delivered on that server, vmquota's subjects included, stays there."""
+    passwords = {user: secrets.token_hex(16) for user in USERS}
+    hub_dir, leaf_dir = tmp_path / "hub", tmp_path / "leaf"
+    hub_dir.mkdir()
+    leaf_dir.mkdir()
+    (hub_dir / "vmquota.conf").write_text(CONFIG.read_text())
+    [leaf_port] = _free_ports(1)
+    (hub_dir / "hub.conf").write_text(f"include ./vmquota.conf\nleafnodes {{ listen: 127.0.0.1:{leaf_port} }}\n")
+    hub = NatsServer(hub_dir, config_file=hub_dir / "hub.conf", env=password_env(passwords))
+    leaf: NatsServer | None = None
+    clients: list[Client] = []
+    try:
+        hub.start()
+        assert hub.proc is not None
+        remote = f"nats-leaf://listener:{passwords['listener']}@127.0.0.1:{leaf_port}"
+        (leaf_dir / "leaf.conf").write_text(f'leafnodes {{ remotes: [{{ url: "{remote}" }}] }}\n')
+        leaf = NatsServer(leaf_dir, config_file=leaf_dir / "leaf.conf").start()
+        server = SecuredServer(hub.url, passwords, hub.proc)
+        await keeper_streams(server)
+        ledger = await nats.connect(
+            hub.url, user="ledger", password=passwords["ledger"], inbox_prefix=inbox_prefix("ledger")
+        )
+        own = await nats.connect(leaf.url)
+        clients += [ledger, own]
+        ledger_js, own_js = ledger.jetstream(timeout=5), own.jetstream(timeout=5)
+        await own_js.add_stream(StreamConfig(name="HEARD", subjects=["vmquota.usage.>", "vmquota.quota.>"]))
+        usage = contract.usage_subject("c1", "tenant-a")
+
+        async def history() -> int:
+            return (await own_js.stream_info("HEARD")).state.messages
+
+        async def stored() -> bool:
+            return await history() > 0
+
+        deadline = asyncio.get_running_loop().time() + 10
+        while not await stored():  # (the leaf's interest reaches the hub a moment after the stream exists)
+            await ledger_js.publish(usage, b'{"u": 1}')
+            assert asyncio.get_running_loop().time() < deadline, "the leaf never stored usage"
+            with contextlib.suppress(TimeoutError):
+                await wait_until(stored, 0.3, "usage stored on the leaf")
+        assert (await own_js.get_last_msg("HEARD", usage)).data == b'{"u": 1}'
+        in_vmquota = (await ledger_js.stream_info(contract.USAGE_STREAM)).state.last_seq
+        n = await history()
+
+        # what the subscriber could do to vmquota's streams, done on the leaf: a forged usage message, and a pull
+        # whose reply subject a stream captures
+        await own.publish(usage, b'{"forged": 1}')
+        await own_js.add_consumer("HEARD", ConsumerConfig(durable_name="mine", ack_policy=AckPolicy.NONE))
+        await own.publish("$JS.API.CONSUMER.MSG.NEXT.HEARD.mine", json.dumps({"batch": 1}).encode(), reply=usage)
+        answer = await own.request(f"$JS.API.STREAM.INFO.{contract.USAGE_STREAM}", b"", timeout=5)
+        assert json.loads(answer.data)["error"]["code"] == 404, "the leaf's JetStream API is its own"
+
+        async def both_stored() -> bool:
+            return await history() >= n + 2
+
+        await wait_until(both_stored, 10, "the forged message and the copy stored on the leaf")
+        await ledger.flush()
+        last_seq = (await ledger_js.stream_info(contract.USAGE_STREAM)).state.last_seq
+        assert last_seq == in_vmquota, "something the leaf sent was stored in vmquota's usage stream"
+    finally:
+        for nc in clients:
+            if not nc.is_closed:
+                await nc.close()
+        if leaf is not None:
+            leaf.stop()
+        hub.stop()
 
 
 async def test_replay_reads_streams_with_ordered_consumers_only(connect: Connect) -> None:
@@ -654,6 +778,7 @@ PER_CLUSTER_USERS = (
     "ledger",
     "subscriber",
     "replay",
+    "listener",
 )
 
 
@@ -671,7 +796,7 @@ def test_the_per_cluster_file_is_the_components_with_per_cluster_users() -> None
     )
     ours, theirs = user_blocks(shared), user_blocks(per_cluster)
     assert set(theirs) == set(PER_CLUSTER_USERS)
-    for user in ("ledger", "subscriber", "replay"):
+    for user in ("ledger", "subscriber", "replay", "listener"):
         assert theirs[user] == ours[user], user
     for user, block in theirs.items():  # (a cluster's users neither create nor update a stream)
         service = user.split("-cluster-")[0]

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.integration
 COMPONENT = Path(__file__).resolve().parents[2] / "deploy" / "components" / "nats"
 MOUNT = "/etc/nats/tls/"
 """Where the StatefulSet mounts the Secret vmquota-nats-tls (the TLS configuration's paths)."""
-USERS = ("watcher", "ledger", "enforcer", "subscriber", "replay")
+USERS = ("watcher", "ledger", "enforcer", "subscriber", "replay", "listener")
 
 
 @dataclass

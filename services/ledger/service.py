@@ -16,7 +16,9 @@ Loop: fetch a batch of events in stream order (``services.platform.consumer.Pull
 On start it loads the checkpoints of the namespaces it owns and replays the stream from progress + 1 (from the
 start of the stream when it has no progress, e.g. with a new partition layout); a state skips the events at or
 below its own checkpointed sequence. Whatever the crash point, the states and the last usage published per
-namespace end up the same.
+namespace end up the same. Until it has folded what the stream held at its start (``replay_to``), it publishes no
+usage and writes no checkpoint: each state on the way is older than one published before the crash, which the
+enforcer would take as current (a migration's raise that had ended, back for a moment).
 
 Lost events. The events stream keeps what its limits allow (``--events-max-age``, its size), and anyone who can
 make objects can fill it: a ledger that is down for long, or replays from the start after losing its checkpoints,
@@ -189,6 +191,9 @@ class LedgerService:
         """Checkpoint key → the keys of the parts its stored manifest names (deleted once it is replaced)."""
         self.consumer: PullConsumer | None = None
         self.start_seq = 1
+        self.replay_to = 0
+        """The events stream's last sequence when this instance started: until it has folded that far (or read all
+        there is of its cluster), it replays what an instance before it had folded and published (see the module)."""
         self.lost = ""
         """The token of the latest loss of events ("": none); see the module."""
         self._stream_created: datetime | None = None
@@ -248,11 +253,13 @@ class LedgerService:
             await self._start_over()
             progress = 0
         self.start_seq = progress + 1
+        self.replay_to = last if last is not None and last >= self.start_seq else 0
         log.info(
             "ledger starting",
             partitions=self.opts.partitions.token(),
             states=len(self.ledger.states),
             start_seq=self.start_seq,
+            replay_to=self.replay_to,
         )
 
     async def _ensure_streams(self, deadline: float = 60.0) -> None:
@@ -521,11 +528,13 @@ class LedgerService:
                         await self._lose(loss.stream_last)
                 if batch:
                     await self._fold(batch)
+                    self._replayed()
                 now = time.monotonic()
                 await self._timers(now)
                 if (
                     idle
                     and self.ledger.unsaved
+                    and not self.replay_to
                     and not stop.is_set()
                     and now - self._last_checkpoint >= self.opts.checkpoint_interval
                 ):
@@ -543,8 +552,19 @@ class LedgerService:
             await batches.aclose()
             await self.consumer.close()
             await self._end_checkpointing(clean)
-        await self.checkpoint()  # a clean stop leaves nothing to replay (it publishes what is pending first)
+        if self.replay_to:  # (what it folded is older than what was published: the next start replays it again)
+            log.info("ledger stopped during its replay: nothing published or checkpointed", replay_to=self.replay_to)
+        else:
+            await self.checkpoint()  # a clean stop leaves nothing to replay (it publishes what is pending first)
         log.info("ledger stopped", applied=self.applied, published=self.published, seq=self.consumer.next_seq - 1)
+
+    def _replayed(self) -> None:
+        """End the replay once this instance has folded what the stream held at its start, or all there is of its
+        cluster (``pending``: the tail of the stream may be another cluster's)."""
+        assert self.consumer is not None
+        if self.replay_to and (self._applied() >= self.replay_to or self.consumer.pending == 0):
+            log.info("replay folded: usage published again", replay_to=self.replay_to, applied=self._applied())
+            self.replay_to = 0
 
     def _checkpoint_done(self) -> bool:
         """Whether no checkpoint round is running (raising what a finished round raised)."""
@@ -721,7 +741,7 @@ class LedgerService:
         await self._keep_streams(now)
         if self.lost:
             await self._ask_for_relists(now)
-        if self.ledger.changed:
+        if self.ledger.changed and not self.replay_to:
             due, wait = self._due(now)
             if due:
                 await self.publish_usage(due)

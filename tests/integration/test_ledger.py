@@ -19,6 +19,7 @@ from typing import Any
 import nats.errors
 import nats.js.errors
 import pytest
+from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
 from services.ledger.service import LedgerService
@@ -139,6 +140,52 @@ async def test_crash_and_restart_at_random_points_gives_the_same_state_and_usage
             st.usage_digest = ""
         assert run.service.ledger.fingerprint() == reference.fingerprint()
         assert mine  # compared above with digests cleared
+    finally:
+        await b.close()
+
+
+async def test_a_ledger_restarted_after_a_crash_publishes_no_usage_older_than_what_was_published_before(
+    nats_url: str,
+) -> None:
+    """A ledger that crashed between checkpoints replays the events after its last one. Each usage it published on
+    the way was an older state than the one it had published before the crash: the enforcer, which takes a later
+    publication of an earlier fold (its own republish), raised ``hard`` again for a migration that had ended, and a
+    tenant watching the quota had a launcher pod's worth of room over the budget (16.3Gi on 64Gi) for the moments
+    until the replay's next batch. A replay publishes nothing until it has folded what the stream held at its start."""
+    b = await connect_bus(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        world = World(random.Random(7), ["tenant-a"])
+        events = [world.next() for _ in range(60)]
+        await publish(b, events[:10])
+        run = Running(b, options())
+        await wait_until(lambda: run.applied_through(10), what="the first events folded")
+        await run.stop()  # (a checkpoint at 10)
+
+        await publish(b, events[10:])
+        quiet = dataclasses.replace(options(), checkpoint_interval=3600)
+        run = Running(b, quiet)
+        run.service._last_checkpoint = time.monotonic()  # (no checkpoint before the crash)
+        _, want = expected_usage(events)
+        await wait_until(lambda: _usage_matches(b, want), what="the usage of all 60 events published")
+        await run.crash()
+
+        heard: list[str] = []
+
+        async def on_usage(m: Msg) -> None:
+            u = contract.decode_usage(m.data)
+            heard.append(usage_of({u.namespace: u})[u.namespace])
+
+        sub = await b.nc.subscribe(contract.usage_subject(CLUSTER, "tenant-a"), cb=on_usage)
+        await b.nc.flush()
+        run = Running(b, dataclasses.replace(options(), batch=2))  # (a replay in 25 batches)
+        await wait_until(lambda: run.service.consumer is not None, what="started")
+        assert run.service.start_seq == 11, "replays from the checkpoint at 10"
+        await wait_until(lambda: run.applied_through(60), what="the replay")
+        await wait_until(lambda: bool(heard), what="the usage published again")
+        await run.stop()
+        await sub.unsubscribe()
+        assert heard and set(heard) == {want["tenant-a"]}, f"{len(set(heard)) - 1} older usages published"
     finally:
         await b.close()
 

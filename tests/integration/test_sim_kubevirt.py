@@ -608,6 +608,24 @@ async def test_a_migration_of_a_vmi_with_a_hotplugged_volume_waits_for_its_targe
     assert attached[0]["spec"]["nodeName"] == target["spec"]["nodeName"], "beside its target"
 
 
+async def test_a_migration_waiting_for_its_attachment_pod_fails_when_its_target_goes_down(
+    sim: SimCluster,
+) -> None:
+    """Upstream's ``updateStatus`` fails a migration whose target pod is down (``PodIsDown``: Succeeded or Failed)
+    in any phase, Pending included: the simulator left a migration of a VMI with hotplugged volumes (Pending until
+    its target's attachment pod runs) Pending for good once its target failed."""
+    await sim.create_vm("t", "vm1", memory="1Gi")
+    await sim.wait_for_phase("t", "vm1", "Running")
+    await sim.attach_volume("t", "vm1")
+    await sim.migrate("t", "vm1", name="mig1", target_fails=True)
+    await sim.wait_for_phase("t", "mig1", "Failed", kind="vmim")
+    failed = await sim.events("t", "mig1", reason="FailedMigration")
+    assert any("target pod shutdown during migration" in e["message"] for e in failed), failed
+
+    await sim.migrate("t", "vm1", name="mig2")  # (and the next migration goes ahead)
+    await sim.wait_for_phase("t", "mig2", "Succeeded", kind="vmim")
+
+
 async def test_a_hotplug_applies_while_a_migration_is_pending_and_its_target_carries_the_new_size(
     sim: SimCluster,
 ) -> None:

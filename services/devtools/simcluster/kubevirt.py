@@ -1617,6 +1617,8 @@ class KubeVirtSimulator:
                 return  # (upstream: "target pod not created because vmi is not running"; woken by its updates)
             if target is None:
                 await self._create_target(vmim, vmi)
+            elif phase(target) in FINAL_PHASES:  # (upstream's PodIsDown, in any phase: here while it waits to attach)
+                await self._fail_migration(vmim, vmi, "Migration failed because target pod shutdown during migration")
             elif has_hotplug_volumes(vmi):
                 await self._attach(vmim, target)
             else:

@@ -528,6 +528,7 @@ class LedgerService:
                         await self._lose(loss.stream_last)
                 if batch:
                     await self._fold(batch)
+                if self.replay_to:
                     self._replayed()
                 now = time.monotonic()
                 await self._timers(now)
@@ -560,9 +561,9 @@ class LedgerService:
 
     def _replayed(self) -> None:
         """End the replay once this instance has folded what the stream held at its start, or all there is of its
-        cluster (``pending``: the tail of the stream may be another cluster's)."""
+        cluster (the tail of the stream may be another cluster's, or filtered out: ``drained``)."""
         assert self.consumer is not None
-        if self.replay_to and (self._applied() >= self.replay_to or self.consumer.pending == 0):
+        if self._applied() >= self.replay_to or self.consumer.drained:
             log.info("replay folded: usage published again", replay_to=self.replay_to, applied=self._applied())
             self.replay_to = 0
 

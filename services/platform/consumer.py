@@ -95,6 +95,9 @@ class PullConsumer:
         self.idle = idle
         self.pending = 0
         """Messages left in the stream for this consumer after the last batch (the lag)."""
+        self.drained = False
+        """Whether the last batch left nothing in the stream for this consumer: a batch with nothing pending after it,
+        or a fetch that waited ``idle`` and found nothing (not an error's empty batch)."""
         self.recreations = 0
         self.check_interval = check_interval if check_interval is not None else bus.consumer_check
         self.repairs = 0
@@ -296,6 +299,7 @@ class PullConsumer:
                             msgs += await self._sub.fetch(backlog, timeout=self.idle)
                 except TimeoutError:  # nats.errors.TimeoutError, or asyncio's when the fetch deadline runs out first
                     self._idle_fetches += 1
+                    self.drained = True
                     if self._idle_fetches % 5 == 0 and not await self._consumer_exists():
                         why = "consumer vanished"
                         continue
@@ -328,6 +332,7 @@ class PullConsumer:
                 self._expected_cseq += 1
                 self.next_seq = at.stream + 1
                 self.pending = at.pending
+                self.drained = at.pending == 0
                 good.append(m)
             if good:
                 yield good

@@ -36,7 +36,7 @@ from shared.ledger.fold import (
     unpack_checkpoint,
 )
 from shared.ledger.usage import usage_digest
-from shared.snapshot import NamespaceSnapshot
+from shared.snapshot import NamespaceSnapshot, PodSnapshot
 from tests.conftest import NatsServer
 from tests.integration.ledgers import (
     CLUSTER,
@@ -186,6 +186,41 @@ async def test_a_ledger_restarted_after_a_crash_publishes_no_usage_older_than_wh
         await run.stop()
         await sub.unsubscribe()
         assert heard and set(heard) == {want["tenant-a"]}, f"{len(set(heard)) - 1} older usages published"
+    finally:
+        await b.close()
+
+
+async def test_a_replay_ends_where_the_stream_holds_only_other_clusters_events(nats_url: str) -> None:
+    """The events stream is shared by every cluster: a ledger of one cluster whose replay waited for the stream's
+    last sequence at its start, another cluster's event, would never publish or checkpoint again until an event of
+    its own cluster came. It ends its replay once its consumer has nothing left to read."""
+    b = await connect_bus(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        world = World(random.Random(3), ["tenant-a"])
+        await publish(b, [world.next() for _ in range(10)])
+        run = Running(b, options())
+        await wait_until(lambda: run.applied_through(10), what="the first events folded")
+        await run.stop()
+        others = [
+            contract.object_event(
+                "upserted",
+                cluster="c2",
+                kind="Pod",
+                namespace="tenant-b",
+                name=f"p{i}",
+                uid=f"c2-{i}",
+                rv=str(i + 1),
+                snapshot=PodSnapshot(uid=f"c2-{i}", namespace="tenant-b", name=f"p{i}", resource_version=str(i + 1)),
+            )
+            for i in range(20)
+        ]
+        await publish(b, others)
+        run = Running(b, options())
+        await wait_until(lambda: run.service.consumer is not None, what="started")
+        assert run.service.replay_to == 30, "the stream's last sequence at the start"
+        await wait_until(lambda: run.service.replay_to == 0, what="the replay ended")
+        await run.stop()
     finally:
         await b.close()
 

@@ -13,7 +13,8 @@ from typing import Any, Final, Protocol, cast
 
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
-from services.platform.kube import KubeError, Obj, call_bytes, call_object, call_object_or_none
+from services.platform.kube import NETWORK, KubeError, Obj, call_bytes, call_object, call_object_or_none
+from services.platform.lease import Fence
 from shared.kinds import FINAL_PHASES, QUOTA_KIND
 from shared.quota import guard
 from shared.quota.annotations import NUDGE_ANNOTATION
@@ -48,12 +49,20 @@ class QuotaApi(Protocol):
 
 
 class KubeQuotas:
-    """:class:`QuotaApi` over a kubernetes-asyncio ``ApiClient``; every call times out after ``timeout`` s."""
+    """:class:`QuotaApi` over a kubernetes-asyncio ``ApiClient``; every call times out after ``timeout`` s. Its writes
+    go out only while ``fence`` allows (``services.platform.lease.Fence``: an enforcer that may have lost its Lease
+    writes nothing, a quota's ``hard`` least of all); a refused write is a network-class :class:`KubeError`
+    (``NotLeading``), retried as any failed call until the work is stopped."""
 
-    def __init__(self, api: ApiClient, *, timeout: float = 5.0) -> None:
+    def __init__(self, api: ApiClient, *, timeout: float = 5.0, fence: Fence | None = None) -> None:
         self.core = CoreV1Api(api)
         self.custom = CustomObjectsApi(api)
         self.timeout = timeout
+        self.fence = fence if fence is not None else Fence()
+
+    def _may_write(self) -> None:
+        if not self.fence.allows():
+            raise KubeError(NETWORK, "NotLeading", "the Lease may have passed to another replica: nothing written")
 
     async def get_quota(self, namespace: str, name: str) -> Obj:
         return await call_object(
@@ -74,6 +83,7 @@ class KubeQuotas:
         return [{"apiVersion": "v1", "kind": QUOTA_KIND, **i} for i in items if isinstance(i, dict)]
 
     async def patch_quota(self, namespace: str, name: str, body: Obj) -> Obj:
+        self._may_write()
         return await call_object(
             self.core.patch_namespaced_resource_quota,
             name,
@@ -86,6 +96,7 @@ class KubeQuotas:
     async def patch_quota_status(self, namespace: str, name: str, body: Obj) -> Obj:
         """Merge-patch the quota's ``status`` subresource (RBAC: ``patch`` on ``resourcequotas/status``): only
         ``status.hard``, with what the quota controller would copy there from ``spec.hard``."""
+        self._may_write()
         return await call_object(
             self.core.patch_namespaced_resource_quota_status,
             name,
@@ -96,11 +107,13 @@ class KubeQuotas:
         )
 
     async def create_event(self, namespace: str, body: Obj) -> None:
+        self._may_write()
         await call_bytes(self.core.create_namespaced_event, namespace, cast(Any, body), _request_timeout=self.timeout)
 
     async def nudge_vmi(self, namespace: str, name: str, token: str) -> None:
         """Merge-patch the VMI's :data:`NUDGE_ANNOTATION` to ``token`` (RBAC: ``patch`` on
         ``virtualmachineinstances``, nothing else of KubeVirt's)."""
+        self._may_write()
         body = {"metadata": {"annotations": {NUDGE_ANNOTATION: token}}}
         await call_bytes(
             self.custom.patch_namespaced_custom_object,
@@ -119,6 +132,7 @@ class KubeQuotas:
         migration before its hand-off and aborts it after); False when it is gone, another or final. The delete has
         the uid as precondition (a migration of the same name made since is left alone; one that turned final in
         between is deleted harmlessly). RBAC: ``get`` and ``delete`` on ``virtualmachineinstancemigrations``."""
+        self._may_write()
         m = await call_object_or_none(
             self.custom.get_namespaced_custom_object,
             "kubevirt.io",
@@ -181,6 +195,7 @@ class KubeQuotas:
         replaced whole) with that version as precondition, or a create. Another writer in between is a 409
         (:attr:`KubeError.conflict`), for a create too. Returns the new resourceVersion. RBAC: ``create``/``patch``
         on ``quotareservations.vmquota.io``."""
+        self._may_write()
         if resource_version:
             patch = {"metadata": {"resourceVersion": resource_version}, "spec": body["spec"]}
             try:

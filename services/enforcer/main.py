@@ -7,6 +7,7 @@ from services.enforcer.options import EnforcerOptions
 from services.enforcer.service import Enforcer
 from services.platform.bus import Bus
 from services.platform.kubeclient import kube_client
+from services.platform.lease import Fence
 from services.platform.runner import Runtime, leader_elected
 from shared import contract
 from shared.errors import InvalidInput
@@ -33,7 +34,8 @@ async def main(rt: Runtime) -> None:
                 resync_interval=rt.config.resync_interval,
                 usage_refresh_interval=rt.config.usage_refresh_interval,
             )
-            enforcer = Enforcer(bus, KubeQuotas(api), opts, metrics=rt.metrics)
+            fence = Fence()  # (held while this replica leads: its writes check it)
+            enforcer = Enforcer(bus, KubeQuotas(api, fence=fence), opts, metrics=rt.metrics)
             rt.health.set_ready(rt.name, True)  # connected: ready to lead or to stand by
             log = rt.log(cluster=cluster)
             log.info("enforcer ready", dry_run=opts.dry_run, reservation_guard=opts.reservation_guard)
@@ -43,7 +45,7 @@ async def main(rt: Runtime) -> None:
                     "VM, and a VM overcommitting memory can get past a VM-term budget; install "
                     "deploy/components/reservation-guard to close both (docs/accounting.md, 'Known limits')"
                 )
-            await leader_elected(rt, lambda: enforcer.run(rt.stop))
+            await leader_elected(rt, lambda: enforcer.run(rt.stop), fence=fence)
         finally:
             await api.close()
     finally:

@@ -242,7 +242,7 @@ class Enforcer:
                     continue
                 if isinstance(snap, QuotaSnapshot):
                     listed.add((snap.namespace, snap.name))
-                    if self.quotas.remember_truth(snap):
+                    if self.quotas.remember_truth(snap) or self._astray(snap):
                         self._schedule((snap.namespace, snap.name))
             for key in [k for k in self.quotas if k not in listed]:
                 self._verify.add(key)
@@ -328,13 +328,26 @@ class Enforcer:
         # its status (quota admission's and the quota controller's writes, on every admitted pod) changes no plan.
         if not self.quotas.remember(snap):
             return
-        if held is None or not same_content(held, snap):
+        if held is None or not same_content(held, snap) or self._astray(snap):
             self._schedule(key)
         elif key in self._lagging:  # (a status-only version: quota admission may have what was written now)
             if self.opts.reservation_guard and not self.opts.dry_run:
                 self._schedule(key)  # (the reconciliation tells and nudges once it is done)
             else:
                 self._tell_when_in_effect(key)
+
+    def _astray(self, snap: QuotaSnapshot) -> bool:
+        """A version that only its status tells apart is planned again when its ``status.hard`` is not its
+        ``spec.hard`` (``enforcement.status_astray``) and the enforcer may write it: a late write of an enforcer that
+        lost its Lease had quota admission check a raise, with room for any pod, until the namespace's next change.
+        Not while the quota is being reconciled: its own writes of ``status.hard`` and ``spec.hard`` go one after
+        the other, and the reconciliation plans from what the last one returns."""
+        return (
+            self.status_writes
+            and not self.opts.dry_run
+            and enforcement.status_astray(snap)
+            and not self._queue.processing((snap.namespace, snap.name))
+        )
 
     def _gone_on_the_bus(self, key: Key) -> None:
         """The quota events say the quota is gone: the API server decides (a forged deletion must not make the
@@ -360,14 +373,7 @@ class Enforcer:
             return
         mark = self._usage_mark(u.namespace)
         if mark is not None and enforcement.usage_is_older(u, mark):
-            self.older_usage += 1
-            log.warning(
-                "usage snapshot older than the one held ignored (a copy)",
-                namespace=u.namespace,
-                seq=u.seq,
-                time=u.time,
-                held=mark,
-            )
+            self._older_usage("usage snapshot older than the one held ignored (a copy)", u, mark, time=u.time)
             return
         self._usage_at[u.namespace] = at
         self.usage[u.namespace] = u
@@ -564,6 +570,8 @@ class Enforcer:
                 # looked like a lowering.
                 quota = fresh = await self._read(key, quota)
                 continue
+            if (p.set_hard or p.set_status) and usage is not None and self._written_from_newer(quota, usage):
+                return
             later = p.action is Action.REFRESH and (self.opts.dry_run or self.summaries.later(key))
             if not p.changes or later:
                 if self.opts.reservation_guard and not self.opts.dry_run:
@@ -649,6 +657,23 @@ class Enforcer:
                 self._acted[key] = usage
             self.reporter.decision(p, after.resource_version, at)
             return
+
+    def _written_from_newer(self, quota: QuotaSnapshot, usage: contract.UsageSnapshot) -> bool:
+        """The quota, as the API server has it, was last written from a newer usage snapshot than ``usage``
+        (``vmquota.io/usage-from``, which only the enforcer writes): another enforcer, the leader after this one
+        lost its Lease while paused, wrote from usage this one has not read yet (its consumer lags). Writing from
+        the older usage would bring back what the newer one ended (a migration's raise: room for any pod); the
+        newer snapshot comes, and is planned from then."""
+        mark = quota.annotations.get(USAGE_FROM_ANNOTATION)
+        if mark is None or not self.quotas.vouched(quota) or not enforcement.usage_is_older(usage, mark):
+            return False
+        why = "quota written from newer usage than this enforcer holds: nothing written until it has that usage"
+        self._older_usage(why, usage, mark, quota=quota.name)
+        return True
+
+    def _older_usage(self, why: str, u: contract.UsageSnapshot, mark: str, **context: str) -> None:
+        self.older_usage += 1
+        log.warning(why, namespace=u.namespace, seq=u.seq, held=mark, **context)
 
     async def _write(self, p: enforcement.Plan) -> Obj:
         """Write a plan: ``status.hard`` first where the plan sets it (quota admission checks it from then on), then

@@ -10,6 +10,11 @@ things the services need from it: readiness that tells the truth, and a hand-ove
   the Lease (another candidate may take it ``lease_duration`` after the last renewal).
 * On a graceful stop the leader releases the Lease (no holder, a duration of one second: client-go's
   ``ReleaseOnCancel``), so a standby takes over at its next poll instead of after ``lease_duration``.
+* :class:`Fence`: whether the leader may still write. A renewal that began at ``t`` keeps the Lease this
+  candidate's until at least ``t + lease_duration`` (a standby waits that long after it saw the record change), so
+  a write sent before ``t + renew_deadline`` lands in time unless the network holds it longer than the difference.
+  The work's writes check it, so that a leader paused (a node stall, SIGSTOP) past that moment sends nothing once
+  it resumes, before its next renewal fails: a new leader may have acted meanwhile.
 * :attr:`Elector.healthy`: the last call to the API server succeeded (leading, or a standby that sees a valid
   holder). An error is logged once per distinct cause (a missing lease namespace says so and what to do), not on
   every retry.
@@ -18,6 +23,7 @@ things the services need from it: readiness that tells the truth, and a hand-ove
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -54,6 +60,21 @@ class LeaseLost(RuntimeError):
     pass
 
 
+class Fence:
+    """Whether this process may write as the leader now: always without leader election (as made), until a
+    moment the :class:`Elector` sets with it (see the module)."""
+
+    def __init__(self) -> None:
+        self._until = math.inf
+
+    def hold_until(self, until: float) -> None:
+        """Writes are allowed until the monotonic time ``until``."""
+        self._until = until
+
+    def allows(self) -> bool:
+        return time.monotonic() < self._until
+
+
 class Elector:
     """One candidate for the Lease ``namespace/name``."""
 
@@ -66,8 +87,10 @@ class Elector:
         timing: LeaseTiming,
         *,
         on_health: Callable[[bool], None] | None = None,
+        fence: Fence | None = None,
     ) -> None:
-        """``on_health(ok)`` is called after every call to the API server (readiness follows it)."""
+        """``on_health(ok)`` is called after every call to the API server (readiness follows it); ``fence`` is
+        held while this candidate leads (closed until then)."""
         from kubernetes_asyncio import client
 
         self.coordination = client.CoordinationV1Api(api)
@@ -84,10 +107,22 @@ class Elector:
         self._lease: Obj | None = None
         self._last_error = ""
         self._on_health = on_health
+        self.fence = fence if fence is not None else Fence()
+        self.fence.hold_until(-math.inf)
 
     # ---- one attempt -------------------------------------------------------------------------------------------
     async def try_acquire_or_renew(self) -> bool:
-        """One round: True when this candidate holds the Lease afterwards."""
+        """One round: True when this candidate holds the Lease afterwards (the fence held until this round's
+        start plus ``renew_deadline``)."""
+        started = time.monotonic()
+        won = await self._round()
+        if won:
+            self.fence.hold_until(started + self.timing.renew_deadline)
+        elif not self.leading:
+            self.fence.hold_until(-math.inf)
+        return won
+
+    async def _round(self) -> bool:
         now = datetime.now(UTC)
         try:
             lease = await call_object_or_none(self.coordination.read_namespaced_lease, self.name, self.namespace)
@@ -192,6 +227,7 @@ class Elector:
         """Give the Lease up (a graceful stop of the leader): no holder, a duration of one second. As client-go
         does, the record is read first and released only while it still names this candidate: a renewal cancelled
         in flight may have reached the server, so the copy held from the last renewal can be stale."""
+        self.fence.hold_until(-math.inf)
         if self._lease is None:
             return
         self._lease = None

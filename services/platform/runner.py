@@ -32,7 +32,7 @@ from shared.errors import InvalidInput
 
 if TYPE_CHECKING:  # the clients are imported when a service runs, not when the CLI builds its parser
     from services.platform.bus import NatsOptions
-    from services.platform.lease import LeaseTiming
+    from services.platform.lease import Fence, LeaseTiming
 
 
 @dataclass
@@ -223,12 +223,19 @@ def lease_name(service: str, cluster: str | None) -> str:
     return f"vmquota-{service}-{cluster or 'all'}"
 
 
-async def leader_elected(rt: Runtime, work: Callable[[], Awaitable[None]], timing: LeaseTiming | None = None) -> None:
+async def leader_elected(
+    rt: Runtime,
+    work: Callable[[], Awaitable[None]],
+    timing: LeaseTiming | None = None,
+    *,
+    fence: Fence | None = None,
+) -> None:
     """Run ``work()`` while this process holds the Lease ``vmquota-<service>-<cluster>`` in ``--lease-namespace``
     (or at once with ``--no-leader-election``); ``services.platform.lease`` has the rules. Losing the Lease stops
     the work and raises, so the process restarts as a follower instead of acting on a stale view; a graceful stop
     releases it, so that a standby takes over at once. The process is ready (``/readyz``) only while the Lease API
-    answers: leading, or a standby that sees a valid holder."""
+    answers: leading, or a standby that sees a valid holder. ``fence`` is held while the Lease is
+    (``services.platform.lease.Fence``): the work's writes check it."""
     if not rt.config.leader_election:
         await work()
         return
@@ -246,6 +253,7 @@ async def leader_elected(rt: Runtime, work: Callable[[], Awaitable[None]], timin
             rt.config.identity,
             timing or LeaseTiming(),
             on_health=lambda ok: rt.health.set_ready(component, ok),
+            fence=fence,
         )
         rt.log(lease=lease).info("waiting for the lease", lease_namespace=rt.config.lease_namespace)
         await run_leading(elector, work, rt.stop)

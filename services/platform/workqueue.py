@@ -129,6 +129,10 @@ class WorkQueue(Generic[K]):
         return self._failures.get(key, 0)
 
     # ---- state --------------------------------------------------------------------------------------------
+    def processing(self, key: K) -> bool:
+        """Whether ``key`` is being processed now."""
+        return key in self._processing
+
     def idle(self) -> bool:
         """Nothing ready, nothing being processed, no pending progress (retries do not count)."""
         return not self._ready and not self._processing and not self._dirty and self._delayed_progress == 0

@@ -271,6 +271,15 @@ def usage_is_older(u: UsageSnapshot, mark: str) -> bool:
     return held is not None and t is not None and u.seq <= held[0] and t < held[1]
 
 
+def status_astray(q: QuotaSnapshot) -> bool:
+    """``status.hard`` names the resources ``spec.hard`` names, one of them at another amount: quota admission
+    checks an amount ``spec.hard`` does not say (a write of ``status.hard`` whose ``spec.hard`` never followed, an
+    enforcer's that lost its Lease in between and whose successor had nothing to write; or the quota controller's
+    copy of an older ``spec.hard``), which the controller copies over only when ``spec.hard`` changes or at its
+    resync, minutes later. A quota that says so is planned again whatever else changed (:func:`plan` repairs it)."""
+    return bool(q.status_hard) and q.status_hard.keys() == q.spec_hard.keys() and not same(q.status_hard, q.spec_hard)
+
+
 def check_hard_bound(terms: Mapping[str, ResourceList], where: str) -> None:
     """What a usage snapshot may ask for: ``hard <= B + P + S`` for every resource, and only the budget's
     resources. The equation gives ``hard = P + S + R`` with ``R = k * B - W - D`` (or zero), ``k <= 1`` and

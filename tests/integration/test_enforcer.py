@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -25,6 +26,7 @@ from services.enforcer.service import NUDGE_PAST_FAILURES, Enforcer
 from services.platform.bus import Bus, NatsOptions
 from services.platform.http import Metrics
 from services.platform.kube import KubeError
+from services.platform.lease import Fence
 from services.platform.runner import cancel
 from shared import contract
 from shared.errors import InvalidInput
@@ -1711,3 +1713,191 @@ async def test_a_vmi_nudged_past_a_failing_quota_is_nudged_again_once_that_quota
         await raise_both_for_vm9(bus)
         room = {"requests.nvidia.com/gpu": "3"}
         await sim.wait_for(lambda: room in failing.gpu_at, within=15, what="a nudge once the gpu quota has the room")
+
+
+# ---- an enforcer that lost its Lease (a leader paused past its renew deadline) --------------------------------
+
+
+class Paused:
+    """An enforcer's Kubernetes calls that wait while ``running`` is clear (the process paused: a node stall,
+    SIGSTOP); with ``writes_only`` its reads go on (paused after its read of the quota, before its write)."""
+
+    def __init__(self, inner: KubeQuotas, *, writes_only: bool = False) -> None:
+        self.inner = inner
+        self.writes_only = writes_only
+        self.running = asyncio.Event()
+        self.running.set()
+        self.waiting = asyncio.Event()
+        self.writes: list[str] = []
+        self.after_resumed: Callable[[], object] | None = None
+        """Called once the first write held by the pause is answered (its Lease renewal came back refused)."""
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self.inner, name)
+        writes = name.startswith("patch_quota")
+        if not callable(target) or (self.writes_only and not writes):
+            return target
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            held = not self.running.is_set()
+            if held:
+                self.waiting.set()
+                await self.running.wait()
+            try:
+                answer = await target(*args, **kwargs)
+                if writes:
+                    self.writes.append(name)  # (answered: the write went out)
+                return answer
+            finally:
+                if held and writes and self.after_resumed is not None:
+                    self.after_resumed()
+
+        return call
+
+
+def gate_inputs(e: Enforcer, quotas: asyncio.Event, usage: asyncio.Event) -> None:
+    """Hold the enforcer's input handlers until ``quotas`` / ``usage`` are set (a paused process reads nothing; a
+    lagging usage consumer reads its usage late)."""
+    on_quota, on_usage = e._on_quota_message, e._on_usage_message
+
+    async def quota_msg(m: Any) -> None:
+        await quotas.wait()
+        await on_quota(m)
+
+    async def usage_msg(m: Any) -> None:
+        await usage.wait()
+        await on_usage(m)
+
+    e._on_quota_message, e._on_usage_message = quota_msg, usage_msg  # type: ignore[method-assign]
+
+
+def status_hard(q: Obj) -> dict[str, str]:
+    return dict((q.get("status") or {}).get("hard") or {})
+
+
+async def tenant_pod(sim: SimCluster, name: str) -> bool:
+    """Whether the tenant (``edit`` in the namespace) gets a 16Gi pod in, through admission as any client."""
+    user = sim.users.authenticate(f"Bearer {sim.add_tenant('mallory', [NS])}")
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "containers": [
+                {"name": "c", "image": "x", "resources": {"requests": {"memory": "1Gi"}, "limits": {"memory": "16Gi"}}}
+            ]
+        },
+    }
+    try:
+        with acting_as(user):
+            await sim.create(pod)
+    except ApiError:
+        return False
+    return True
+
+
+async def namespace_full(sim: SimCluster) -> None:
+    for i in range(4):
+        assert await tenant_pod(sim, f"app-{i}")
+
+
+async def test_an_enforcer_behind_on_usage_writes_nothing_from_usage_older_than_the_quota_was_written_from(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """Enforcer A raised ``hard`` for a migration (usage seq 5) and was paused. The migration ended (seq 6); B, the
+    leader once A's Lease expired, lowered ``hard`` and wrote ``vmquota.io/usage-from: 6``. A resumed with its quota
+    events coming in and its usage consumer behind (seq 5): it read the quota and wrote ``hard`` from seq 5, and the
+    tenant watching the quota had a 16Gi pod in (80Gi on 64Gi), 9 times of 9. A write is not planned from usage
+    older than the one the quota, as the API server has it, was last written from."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    await publish_usage(bus, 4, terms("64Gi", "64Gi"))
+    a_calls = Paused(KubeQuotas(api))
+    a_quotas, a_usage = asyncio.Event(), asyncio.Event()
+    a_quotas.set()
+    a_usage.set()
+    async with enforcer(bus, api, calls=a_calls) as (a, _):
+        gate_inputs(a, a_quotas, a_usage)
+        await wait_quota(sim, lambda o: notes(o).get(USAGE_FROM_ANNOTATION, "").startswith("4 "), "A enforcing")
+        await sim.wait_quota_synced(NS, "compute")
+        await namespace_full(sim)
+        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
+        await wait_quota(sim, lambda o: status_hard(o) == {"limits.memory": "80Gi"}, "A raised for the migration")
+        await sim.wait_for(a.idle, within=5, what="A idle")
+        a_calls.running.clear()  # A is paused: no input, no call
+        a_quotas.clear()
+        a_usage.clear()
+        await publish_usage(bus, 6, terms("64Gi", "64Gi"))  # the migration ended
+        async with enforcer(bus, api, service="enforcer-b") as (b, _):
+            q = await wait_quota(
+                sim,
+                lambda o: hard(o) == {"limits.memory": "64Gi"} and status_hard(o) == {"limits.memory": "64Gi"},
+                "B lowered hard",
+            )
+            assert notes(q)[USAGE_FROM_ANNOTATION].startswith("6 ")
+            await sim.wait_for(b.idle, within=5, what="B idle")
+            written = len(a_calls.writes)
+            a_calls.running.set()  # A resumes: its calls and quota events go on, its usage still at seq 5
+            a_quotas.set()
+            await sim.wait_for(
+                lambda: a.older_usage > 0 or len(a_calls.writes) > written, within=5, what="A's reconciliation"
+            )
+            await sim.wait_for(a.idle, within=5, what="A idle")
+            assert a_calls.writes[written:] == [], "A wrote hard from usage older than B wrote it from"
+            assert status_hard(await sim.get("resourcequotas", NS, "compute")) == {"limits.memory": "64Gi"}
+            assert not await tenant_pod(sim, "grab")
+            a_usage.set()
+
+
+async def test_a_status_hard_an_enforcer_wrote_after_losing_its_lease_is_set_back_to_spec_hard(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """Enforcer A planned a raise (seq 5), read the quota and was paused before its write of ``status.hard``. The
+    migration went (seq 6, no pod changed: the quota's version stayed); B, the new leader, had nothing to write. A
+    resumed, its write (its precondition still current) landed as its Lease renewal came back refused, and A
+    stopped: ``status.hard`` 80Gi over a ``spec.hard`` of 64Gi, which B ignored as a status-only version, in its
+    resyncs too, so quota admission checked 80Gi until the namespace's next change (or the quota controller's
+    resync, minutes): the tenant's 16Gi pod got in, 11 times of 11. B sets ``status.hard`` back to ``spec.hard``."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    await publish_usage(bus, 4, terms("64Gi", "64Gi"))
+    a_calls = Paused(KubeQuotas(api), writes_only=True)
+    async with enforcer(bus, api, calls=a_calls) as (a, a_task):
+        await wait_quota(sim, lambda o: notes(o).get(USAGE_FROM_ANNOTATION, "").startswith("4 "), "A enforcing")
+        await sim.wait_quota_synced(NS, "compute")
+        await namespace_full(sim)
+        await sim.wait_for(a.idle, within=5, what="A idle")
+        written = len(a_calls.writes)
+        a_calls.running.clear()  # A is paused right before its next write
+        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
+        await sim.wait_for(a_calls.waiting.is_set, within=5, what="A about to write the raise")
+        await publish_usage(bus, 6, terms("64Gi", "64Gi"))  # the tenant deleted its refused migration
+        async with enforcer(bus, api, service="enforcer-b") as (b, _):
+            await sim.wait_for(
+                lambda: b.idle() and b.usage.get(NS) is not None and b.usage[NS].seq == 6, within=5, what="B at seq 6"
+            )
+            assert b.patched == 0, "hard is what seq 6 asks: B writes nothing"
+            a_calls.after_resumed = a_task.cancel  # (LeaseLost: A stops once its write is answered)
+            a_calls.running.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await a_task
+            assert a_calls.writes[written:] == ["patch_quota_status"], a_calls.writes
+            await wait_quota(sim, lambda o: status_hard(o) == {"limits.memory": "64Gi"}, "status.hard set back", 5)
+            assert hard(await sim.get("resourcequotas", NS, "compute")) == {"limits.memory": "64Gi"}
+            assert not await tenant_pod(sim, "grab")
+
+
+async def test_an_enforcer_writes_nothing_while_its_fence_is_closed(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """Past its renew deadline an enforcer may no longer lead (``services.platform.lease.Fence``): its writes are
+    refused before they go out (a network-class error, retried with backoff), and go out once a renewal opens the
+    fence again."""
+    fence = Fence()
+    fence.hold_until(-math.inf)
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    await publish_usage(bus, 4, terms("64Gi", "64Gi"))
+    async with enforcer(bus, api, calls=KubeQuotas(api, fence=fence)) as (e, _):
+        await sim.wait_for(lambda: e._queue.failures(("tenant-a", "compute")) >= 1, within=5, what="a refused write")
+        assert BUDGET_ANNOTATION not in notes(await sim.get("resourcequotas", NS, "compute")), "nothing written"
+        assert e.patched == 0
+        fence.hold_until(math.inf)
+        await wait_quota(sim, lambda o: notes(o).get(USAGE_FROM_ANNOTATION, "").startswith("4 "), "adopted")

@@ -825,6 +825,33 @@ async def test_leader_election_runs_one_replica_at_a_time_and_hands_over(sim_api
             await asyncio.wait_for(task, 10)
 
 
+async def test_the_fence_lets_a_leader_write_only_within_its_renew_deadline(sim_api: Any) -> None:
+    """A leader paused past its renew deadline (a node stall, SIGSTOP) resumes before its next renewal tells it the
+    Lease is gone, and a standby may lead by then: the fence its writes check is closed from the deadline on
+    (``services.platform.lease.Fence``), and open again only once a renewal succeeds; a standby's is closed."""
+    from services.platform.kubeclient import kube_client
+    from services.platform.lease import Elector, Fence, LeaseTiming
+
+    store = sim_api.store
+    await store.create(store.resource("namespaces"), {"metadata": {"name": "vmquota-system"}})
+    timing = LeaseTiming(lease_duration=3, renew_deadline=0.5, retry_period=0.2)
+    api = await kube_client(str(sim_api.kubeconfig))
+    try:
+        fence, other = Fence(), Fence()
+        assert fence.allows(), "without leader election every write is allowed"
+        leader = Elector(api, "vmquota-system", "vmquota-enforcer-c1", "a", timing, fence=fence)
+        standby = Elector(api, "vmquota-system", "vmquota-enforcer-c1", "b", timing, fence=other)
+        assert not fence.allows() and not other.allows(), "closed until the Lease is held"
+        assert await leader.try_acquire_or_renew() and fence.allows()
+        assert not await standby.try_acquire_or_renew() and not other.allows()
+        await wait_until(lambda: not fence.allows(), 2.0, "the fence closed at the renew deadline")
+        assert await leader.try_acquire_or_renew() and fence.allows(), "a renewal opens it again"
+        await leader.release()
+        assert not fence.allows(), "released: closed"
+    finally:
+        await api.close()
+
+
 async def test_a_renewal_the_leader_never_saw_answered_does_not_keep_the_lease_from_release(sim_api: Any) -> None:
     """A renewal cancelled in flight can still reach the API server, so the copy of the Lease the leader holds is
     then one version behind. The release on a graceful stop reads the Lease again and still frees it: the standby

@@ -815,6 +815,18 @@ def test_a_status_hard_that_is_not_the_spec_hard_written_is_written_again(left: 
     assert p.action is Action.ADJUST and p.set_status and not p.set_hard and not p.annotations
     assert p.reason == "status.hard set to spec.hard: limits.memory=72Gi"
     assert write(raw, p)["status"]["hard"] == {"limits.memory": "72Gi"}
+    assert enf.status_astray(snap(raw)), "a version that says so is planned again"
+
+
+def test_a_quota_is_astray_only_where_status_hard_names_what_spec_hard_does_at_another_amount() -> None:
+    raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "64Gi"})
+    assert not enf.status_astray(snap(raw))
+    raw["status"]["hard"] = {"limits.memory": "65536Mi"}
+    assert not enf.status_astray(snap(raw)), "the same amount, spelled otherwise"
+    raw["status"]["hard"] = {"limits.memory": "64Gi", "pods": "10"}
+    assert not enf.status_astray(snap(raw)), "other names: the quota controller's to sync"
+    raw["status"]["hard"] = {}
+    assert not enf.status_astray(snap(raw)), "not synced yet"
 
 
 def test_a_write_that_raises_status_hard_is_a_raise() -> None:

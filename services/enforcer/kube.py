@@ -146,6 +146,7 @@ class KubeQuotas:
         phase = ((m or {}).get("status") or {}).get("phase")
         if m is None or meta.get("uid") != uid or meta.get("deletionTimestamp") or phase in FINAL_PHASES:
             return False
+        self._may_write()  # (again: the read took its time)
         try:
             await call_bytes(
                 self.custom.delete_namespaced_custom_object,
@@ -214,6 +215,7 @@ class KubeQuotas:
             except KubeError as e:
                 if not e.not_found:
                     raise
+        self._may_write()  # (again: the patch took its time)
         written = await call_object(
             self.custom.create_namespaced_custom_object,
             guard.GROUP,

@@ -118,6 +118,11 @@ class Enforcer:
         self._nudged_past: dict[str, set[Key]] = {}
         """namespace → the quotas its last tell did not wait for (their calls kept failing)."""
         self._status_behind: set[Key] = set()
+        self._astray_seen: set[Key] = set()
+        """Quotas a version with ``status.hard`` astray came for while they were being reconciled (``_astray``):
+        read and planned again once that is done."""
+        self._own_versions: dict[Key, set[str]] = {}
+        """The versions the writes of a quota's reconciliation in progress made."""
         """Quotas whose last write of ``status.hard`` failed after ``spec.hard`` was written."""
         self._reconciled_at: dict[Key, int] = {}
         """The namespace's usage position (``_usage_at``) each quota was last reconciled from, to the end."""
@@ -340,14 +345,20 @@ class Enforcer:
         """A version that only its status tells apart is planned again when its ``status.hard`` is not its
         ``spec.hard`` (``enforcement.status_astray``) and the enforcer may write it: a late write of an enforcer that
         lost its Lease had quota admission check a raise, with room for any pod, until the namespace's next change.
-        Not while the quota is being reconciled: its own writes of ``status.hard`` and ``spec.hard`` go one after
-        the other, and the reconciliation plans from what the last one returns."""
-        return (
-            self.status_writes
-            and not self.opts.dry_run
-            and enforcement.status_astray(snap)
-            and not self._queue.processing((snap.namespace, snap.name))
-        )
+        While the quota is being reconciled (its own writes of ``status.hard`` and ``spec.hard`` go one after the
+        other), only once that is done, and only if the newest version held still says so."""
+        if not self._repairs(snap):
+            return False
+        key = (snap.namespace, snap.name)
+        if self._queue.processing(key):
+            if snap.resource_version not in self._own_versions.get(key, ()):  # (not a step of its own writes)
+                self._astray_seen.add(key)
+            return False
+        return True
+
+    def _repairs(self, snap: QuotaSnapshot) -> bool:
+        """``status.hard`` is not ``spec.hard`` (``enforcement.status_astray``), and this enforcer writes it."""
+        return self.status_writes and not self.opts.dry_run and enforcement.status_astray(snap)
 
     def _gone_on_the_bus(self, key: Key) -> None:
         """The quota events say the quota is gone: the API server decides (a forged deletion must not make the
@@ -472,11 +483,17 @@ class Enforcer:
         except Exception as e:
             log.error("reconcile failed", namespace=key[0], quota=key[1], error=repr(e), exc_info=e)
             raise KubeError(0, type(e).__name__, str(e)) from e
+        finally:
+            self._own_versions.pop(key, None)
         if key in self._status_behind:  # (spec.hard written, status.hard not: again after the backoff)
             self._status_behind.discard(key)
             self._queue.add_rate_limited(key)
         else:
             self._queue.forget(key)
+            if key in self._astray_seen:  # (another writer's version astray came meanwhile: read and plan again)
+                self._astray_seen.discard(key)
+                self._verify.add(key)
+                self._queue.add(key)
         self._reconciled(key, at)
         self._tell_when_in_effect(key)
 
@@ -691,7 +708,7 @@ class Enforcer:
                 done = await self._write_status(p, lowered)
                 if done is not None:
                     p = dataclasses.replace(p, resource_version=version_of(done), status_hard=lowered)
-            raw = await self.kube.patch_quota(ns, name, enforcement.patch_body(p))
+            raw = self._own(p.key, await self.kube.patch_quota(ns, name, enforcement.patch_body(p)))
             if self.status_writes and not enforcement.same(p.hard_after, p.status_hard):
                 try:
                     raw = await self._write_status(dataclasses.replace(p, resource_version=version_of(raw))) or raw
@@ -711,14 +728,19 @@ class Enforcer:
                 if not p.set_hard and not p.annotations:
                     return written
                 p = dataclasses.replace(p, resource_version=version_of(written))
-        return await self.kube.patch_quota(ns, name, enforcement.patch_body(p))
+        return self._own(p.key, await self.kube.patch_quota(ns, name, enforcement.patch_body(p)))
+
+    def _own(self, key: Key, raw: Obj) -> Obj:
+        """``raw``, a write's answer, noted as a version of the quota's reconciliation in progress (``_astray``)."""
+        self._own_versions.setdefault(key, set()).add(version_of(raw))
+        return raw
 
     async def _write_status(self, p: enforcement.Plan, hard: ResourceList | None = None) -> Obj | None:
         """Write the plan's ``status.hard`` (or ``hard``); None when the API server does not let the enforcer (a 403:
         RBAC without ``patch`` on ``resourcequotas/status``, an upgrade's manifests not applied yet), which turns the
         writes of ``status.hard`` off: the quota controller copies ``spec.hard``, a sync later, as before."""
         try:
-            return await self.kube.patch_quota_status(*p.key, enforcement.status_body(p, hard))
+            return self._own(p.key, await self.kube.patch_quota_status(*p.key, enforcement.status_body(p, hard)))
         except KubeError as e:
             if e.status != 403:
                 raise

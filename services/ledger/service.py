@@ -529,7 +529,7 @@ class LedgerService:
                 if batch:
                     await self._fold(batch)
                 if self.replay_to:
-                    self._replayed()
+                    await self._replayed(bool(batch))
                 now = time.monotonic()
                 await self._timers(now)
                 if (
@@ -559,11 +559,14 @@ class LedgerService:
             await self.checkpoint()  # a clean stop leaves nothing to replay (it publishes what is pending first)
         log.info("ledger stopped", applied=self.applied, published=self.published, seq=self.consumer.next_seq - 1)
 
-    def _replayed(self) -> None:
+    async def _replayed(self, folded: bool) -> None:
         """End the replay once this instance has folded what the stream held at its start, or all there is of its
-        cluster (the tail of the stream may be another cluster's, or filtered out: ``drained``)."""
+        cluster (the tail of the stream may be another cluster's): its last batch left nothing pending, or, after
+        an empty one, the server says nothing is (an empty batch alone may be a fetch that timed out on a loaded
+        server with the replay's events still pending)."""
         assert self.consumer is not None
-        if self._applied() >= self.replay_to or self.consumer.drained:
+        done = self._applied() >= self.replay_to or (folded and self.consumer.drained)
+        if done or (not folded and await self.consumer.nothing_pending()):
             log.info("replay folded: usage published again", replay_to=self.replay_to, applied=self._applied())
             self.replay_to = 0
 

@@ -96,8 +96,8 @@ class PullConsumer:
         self.pending = 0
         """Messages left in the stream for this consumer after the last batch (the lag)."""
         self.drained = False
-        """Whether the last batch left nothing in the stream for this consumer: a batch with nothing pending after it,
-        or a fetch that waited ``idle`` and found nothing (not an error's empty batch)."""
+        """Whether the last batch left nothing in the stream for this consumer (nothing pending after it, as the
+        server said with its last message; an empty batch says nothing: see :meth:`nothing_pending`)."""
         self.recreations = 0
         self.check_interval = check_interval if check_interval is not None else bus.consumer_check
         self.repairs = 0
@@ -236,6 +236,17 @@ class PullConsumer:
         )
         return "configuration changed: " + ", ".join(sorted(differences))
 
+    async def nothing_pending(self) -> bool:
+        """Whether the server has nothing left for this consumer (its ``num_pending``; False when it does not
+        answer). An empty batch does not say so: a fetch that timed out may be asyncio's, the server answering later
+        than ``idle`` (a loaded server) with messages still pending."""
+        try:
+            info = await self.bus.js.consumer_info(self.stream, self.durable)
+        except (*TRANSIENT, nats.js.errors.APIError):
+            return False
+        pending: int = info.num_pending
+        return pending == 0
+
     async def _consumer_exists(self) -> bool:
         try:
             await self.bus.js.consumer_info(self.stream, self.durable)
@@ -299,7 +310,6 @@ class PullConsumer:
                             msgs += await self._sub.fetch(backlog, timeout=self.idle)
                 except TimeoutError:  # nats.errors.TimeoutError, or asyncio's when the fetch deadline runs out first
                     self._idle_fetches += 1
-                    self.drained = True
                     if self._idle_fetches % 5 == 0 and not await self._consumer_exists():
                         why = "consumer vanished"
                         continue

@@ -419,6 +419,10 @@ class NamespaceState:
             if rec is not None:
                 if rv <= rec.rv:  # a repeat, an older version, or the version a deletion already covers
                     return Outcome.STALE
+                if rec.snapshot is None and rv <= self.floors.get(kind, -1):
+                    # (a sync dropped it, leaving the version it held: absent at the sync's, newer than this one;
+                    # an old watcher leader's publish in flight across a hand-over, which never saw the deletion)
+                    return Outcome.STALE
                 refreshed = compare and rec.snapshot is not None and same_content(rec.snapshot, ev.snapshot)
             elif rv <= self.floors.get(kind, -1):
                 return Outcome.STALE  # absent at the last sync, which is newer: a stale producer

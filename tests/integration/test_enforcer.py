@@ -32,7 +32,7 @@ from shared import contract
 from shared.errors import InvalidInput
 from shared.normalize import normalize
 from shared.quantity import Quantity
-from shared.quota import guard
+from shared.quota import enforcement, guard
 from shared.quota.annotations import (
     BUDGET_ANNOTATION,
     LAST_HARD_ANNOTATION,
@@ -1848,6 +1848,22 @@ async def test_an_enforcer_behind_on_usage_writes_nothing_from_usage_older_than_
             a_usage.set()
 
 
+async def paused_before_a_raise(sim: SimCluster, bus: Bus, a: Enforcer, a_calls: Paused) -> int:
+    """Enforcer A, making ``a_calls``, enforces a full namespace (seq 4), then plans a raise for a migration (seq 5)
+    and is paused right before its write; how many writes it had made before."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    await publish_usage(bus, 4, terms("64Gi", "64Gi"))
+    await wait_quota(sim, lambda o: notes(o).get(USAGE_FROM_ANNOTATION, "").startswith("4 "), "A enforcing")
+    await sim.wait_quota_synced(NS, "compute")
+    await namespace_full(sim)
+    await sim.wait_for(a.idle, within=5, what="A idle")
+    written = len(a_calls.writes)
+    a_calls.running.clear()
+    await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
+    await sim.wait_for(a_calls.waiting.is_set, within=5, what="A about to write the raise")
+    return written
+
+
 async def test_a_status_hard_an_enforcer_wrote_after_losing_its_lease_is_set_back_to_spec_hard(
     sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
 ) -> None:
@@ -1857,18 +1873,9 @@ async def test_a_status_hard_an_enforcer_wrote_after_losing_its_lease_is_set_bac
     stopped: ``status.hard`` 80Gi over a ``spec.hard`` of 64Gi, which B ignored as a status-only version, in its
     resyncs too, so quota admission checked 80Gi until the namespace's next change (or the quota controller's
     resync, minutes): the tenant's 16Gi pod got in, 11 times of 11. B sets ``status.hard`` back to ``spec.hard``."""
-    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
-    await publish_usage(bus, 4, terms("64Gi", "64Gi"))
     a_calls = Paused(KubeQuotas(api), writes_only=True)
     async with enforcer(bus, api, calls=a_calls) as (a, a_task):
-        await wait_quota(sim, lambda o: notes(o).get(USAGE_FROM_ANNOTATION, "").startswith("4 "), "A enforcing")
-        await sim.wait_quota_synced(NS, "compute")
-        await namespace_full(sim)
-        await sim.wait_for(a.idle, within=5, what="A idle")
-        written = len(a_calls.writes)
-        a_calls.running.clear()  # A is paused right before its next write
-        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
-        await sim.wait_for(a_calls.waiting.is_set, within=5, what="A about to write the raise")
+        written = await paused_before_a_raise(sim, bus, a, a_calls)
         await publish_usage(bus, 6, terms("64Gi", "64Gi"))  # the tenant deleted its refused migration
         async with enforcer(bus, api, service="enforcer-b") as (b, _):
             await sim.wait_for(
@@ -1901,3 +1908,63 @@ async def test_an_enforcer_writes_nothing_while_its_fence_is_closed(
         assert e.patched == 0
         fence.hold_until(math.inf)
         await wait_quota(sim, lambda o: notes(o).get(USAGE_FROM_ANNOTATION, "").startswith("4 "), "adopted")
+
+
+class HeldAfterRead:
+    """An enforcer's Kubernetes calls whose read of a quota, once ``hold`` is cleared, is answered and then held
+    (the reconciliation goes on with the copy it read, once ``hold`` is set)."""
+
+    def __init__(self, inner: KubeQuotas) -> None:
+        self.inner = inner
+        self.hold = asyncio.Event()
+        self.hold.set()
+        self.read = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def get_quota(self, namespace: str, name: str) -> Obj:
+        answer = await self.inner.get_quota(namespace, name)
+        if not self.hold.is_set():
+            self.read.set()
+            await self.hold.wait()
+        return answer
+
+
+async def test_a_late_status_hard_that_lands_while_the_leader_reconciles_the_quota_is_set_back_too(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """As ``-k after_losing_its_lease``, but A's late write of ``status.hard`` lands while B is reconciling the same
+    quota (a read in flight, planned from the version before A's write, with nothing to write): the quota event
+    that says so came while the quota was being reconciled, was not planned from, and nothing planned the quota
+    again (80Gi checked over a 64Gi ``spec.hard`` until the namespace's next change, 6 times of 7). It is planned
+    again once that reconciliation is done, if the newest version still says so."""
+    a_calls = Paused(KubeQuotas(api), writes_only=True)
+    async with enforcer(bus, api, calls=a_calls) as (a, a_task):
+        written = await paused_before_a_raise(sim, bus, a, a_calls)
+        await publish_usage(bus, 6, terms("64Gi", "64Gi"))
+        b_calls = HeldAfterRead(KubeQuotas(api))
+        async with enforcer(bus, api, calls=b_calls, service="enforcer-b") as (b, _):
+            await sim.wait_for(
+                lambda: b.idle() and b.usage.get(NS) is not None and b.usage[NS].seq == 6, within=5, what="B at seq 6"
+            )
+            assert b.patched == 0
+            key = (NS, "compute")
+            b_calls.hold.clear()
+            b._verify.add(key)  # (B reconciles the quota, reading it: e.g. the guard's shrinks, a resync's verify)
+            b._schedule(key)
+            await sim.wait_for(b_calls.read.is_set, within=5, what="B read the quota (before A's write)")
+            a_calls.after_resumed = a_task.cancel
+            a_calls.running.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await a_task
+            assert a_calls.writes[written:] == ["patch_quota_status"], a_calls.writes
+            await sim.wait_for(
+                lambda: (q := b.quotas.get(key)) is not None and bool(enforcement.status_astray(q)),
+                within=5,
+                what="B heard A's write",
+            )
+            b_calls.hold.set()
+            await sim.wait_for(b.idle, within=5, what="B idle")
+            await wait_quota(sim, lambda o: status_hard(o) == {"limits.memory": "64Gi"}, "status.hard set back", 5)
+            assert not await tenant_pod(sim, "grab")

@@ -144,6 +144,45 @@ async def test_crash_and_restart_at_random_points_gives_the_same_state_and_usage
         await b.close()
 
 
+async def crashed_between_checkpoints(b: Bus) -> str:
+    """A ledger that checkpointed at 10 of 60 events of ``tenant-a``, published the usage of all 60 and crashed
+    before its next checkpoint; the usage content (digest) it published last."""
+    world = World(random.Random(7), ["tenant-a"])
+    events = [world.next() for _ in range(60)]
+    await publish(b, events[:10])
+    run = Running(b, options())
+    await wait_until(lambda: run.applied_through(10), what="the first events folded")
+    await run.stop()  # (a checkpoint at 10)
+    await publish(b, events[10:])
+    run = Running(b, dataclasses.replace(options(), checkpoint_interval=3600))
+    run.service._last_checkpoint = time.monotonic()  # (no checkpoint before the crash)
+    _, want = expected_usage(events)
+    await wait_until(lambda: _usage_matches(b, want), what="the usage of all 60 events published")
+    await run.crash()
+    return want["tenant-a"]
+
+
+async def usage_heard_in_a_replay(b: Bus) -> list[str]:
+    """The usage contents a ledger restarted after :func:`crashed_between_checkpoints` publishes for ``tenant-a``
+    until it has replayed the 60 events and published again (in batches of 2)."""
+    heard: list[str] = []
+
+    async def on_usage(m: Msg) -> None:
+        u = contract.decode_usage(m.data)
+        heard.append(usage_of({u.namespace: u})[u.namespace])
+
+    sub = await b.nc.subscribe(contract.usage_subject(CLUSTER, "tenant-a"), cb=on_usage)
+    await b.nc.flush()
+    run = Running(b, dataclasses.replace(options(), batch=2))
+    await wait_until(lambda: run.service.consumer is not None, what="started")
+    assert run.service.start_seq == 11, "replays from the checkpoint at 10"
+    await wait_until(lambda: run.applied_through(60), what="the replay")
+    await wait_until(lambda: bool(heard), what="the usage published again")
+    await run.stop()
+    await sub.unsubscribe()
+    return heard
+
+
 async def test_a_ledger_restarted_after_a_crash_publishes_no_usage_older_than_what_was_published_before(
     nats_url: str,
 ) -> None:
@@ -155,37 +194,37 @@ async def test_a_ledger_restarted_after_a_crash_publishes_no_usage_older_than_wh
     b = await connect_bus(nats_url)
     try:
         await b.ensure_streams(contract.streams())
-        world = World(random.Random(7), ["tenant-a"])
-        events = [world.next() for _ in range(60)]
-        await publish(b, events[:10])
-        run = Running(b, options())
-        await wait_until(lambda: run.applied_through(10), what="the first events folded")
-        await run.stop()  # (a checkpoint at 10)
+        want = await crashed_between_checkpoints(b)
+        heard = await usage_heard_in_a_replay(b)
+        assert set(heard) == {want}, f"{len(set(heard) - {want})} older usages published"
+    finally:
+        await b.close()
 
-        await publish(b, events[10:])
-        quiet = dataclasses.replace(options(), checkpoint_interval=3600)
-        run = Running(b, quiet)
-        run.service._last_checkpoint = time.monotonic()  # (no checkpoint before the crash)
-        _, want = expected_usage(events)
-        await wait_until(lambda: _usage_matches(b, want), what="the usage of all 60 events published")
-        await run.crash()
 
-        heard: list[str] = []
+async def test_a_replay_is_not_ended_by_a_fetch_that_timed_out_with_events_pending(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fetch's timeout is also asyncio's when the server answers later than ``idle`` (a loaded server) while the
+    stream still holds the replay's events: taken for a consumer with nothing left, it ended the replay at the
+    checkpoint's state, older than what was published before the crash."""
+    from nats.js.client import JetStreamContext
 
-        async def on_usage(m: Msg) -> None:
-            u = contract.decode_usage(m.data)
-            heard.append(usage_of({u.namespace: u})[u.namespace])
+    b = await connect_bus(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        want = await crashed_between_checkpoints(b)
+        fetch = JetStreamContext.PullSubscription.fetch
+        slow = [True]
 
-        sub = await b.nc.subscribe(contract.usage_subject(CLUSTER, "tenant-a"), cb=on_usage)
-        await b.nc.flush()
-        run = Running(b, dataclasses.replace(options(), batch=2))  # (a replay in 25 batches)
-        await wait_until(lambda: run.service.consumer is not None, what="started")
-        assert run.service.start_seq == 11, "replays from the checkpoint at 10"
-        await wait_until(lambda: run.applied_through(60), what="the replay")
-        await wait_until(lambda: bool(heard), what="the usage published again")
-        await run.stop()
-        await sub.unsubscribe()
-        assert heard and set(heard) == {want["tenant-a"]}, f"{len(set(heard)) - 1} older usages published"
+        async def slow_first_fetch(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if slow[0]:  # (the server answered the first pull after ``idle``: 50 events still pending)
+                slow[0] = False
+                raise nats.errors.TimeoutError
+            return await fetch(self, *args, **kwargs)
+
+        monkeypatch.setattr(JetStreamContext.PullSubscription, "fetch", slow_first_fetch)
+        heard = await usage_heard_in_a_replay(b)
+        assert set(heard) == {want}, f"{len(set(heard) - {want})} older usages published"
     finally:
         await b.close()
 

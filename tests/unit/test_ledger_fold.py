@@ -224,6 +224,21 @@ def test_sync_prunes_tombstones_and_its_version_guards_instead() -> None:
     assert led.apply(up("u9", 11), 101) is Outcome.APPLIED, "a new object after the list is kept"
 
 
+@pytest.mark.parametrize("kind", ["Pod", "VirtualMachineInstanceMigration"])
+def test_an_object_a_sync_dropped_is_not_brought_back_by_a_version_older_than_the_sync(kind: str) -> None:
+    """A watcher leader hand-over: the old leader had the object's version 7 in flight (watched, not yet published)
+    when it stalled; the tenant deleted the object, and the new leader's list at 9 did not return it, so its sync
+    dropped it, leaving a tombstone at the version the ledger held, 6. The old leader's 7 then came: newer than the
+    tombstone, it was kept as live, a refused migration that no longer existed with it, and ``hard`` held room for
+    a target that would never come, which a tenant's plain pod took (16.3Gi over a 64Gi budget) until the next
+    relist of the kind, hours away. What a sync says absent at its version stays so below it."""
+    led = fold([up("m1", 6, kind=kind), sync([], 9, kind=kind)])
+    assert live_uids(led, kind=kind) == {}
+    assert led.apply(up("m1", 7, kind=kind), 10) is Outcome.STALE, "absent at the sync's version, 9"
+    assert live_uids(led, kind=kind) == {}
+    assert led.apply(up("m1", 12, kind=kind), 11) is Outcome.APPLIED, "a version after the list is the object's"
+
+
 def test_namespace_sync_applies_to_every_namespace_state_of_the_cluster() -> None:
     led = fold(
         [

@@ -477,6 +477,7 @@ class Enforcer:
         except InvalidInput as e:  # the API server returned an object we cannot read
             log.error("quota not readable", namespace=key[0], quota=key[1], error=str(e))
             self._reconciled(key, at)  # (as far as it goes: the namespace's other quotas are not held back for it)
+            self._astray_since(key)
             return
         except KubeError:
             raise
@@ -490,12 +491,17 @@ class Enforcer:
             self._queue.add_rate_limited(key)
         else:
             self._queue.forget(key)
-            if key in self._astray_seen:  # (another writer's version astray came meanwhile: read and plan again)
-                self._astray_seen.discard(key)
-                self._verify.add(key)
-                self._queue.add(key)
+            self._astray_since(key)
         self._reconciled(key, at)
         self._tell_when_in_effect(key)
+
+    def _astray_since(self, key: Key) -> None:
+        """At the end of a reconciliation: another writer's version astray came meanwhile (``_astray``): read the
+        quota and plan again. (A reconciliation that failed is retried, and this runs at the retry's end.)"""
+        if key in self._astray_seen:
+            self._astray_seen.discard(key)
+            self._verify.add(key)
+            self._queue.add(key)
 
     def _reconciled(self, key: Key, at: int) -> None:
         if self.quotas.get(key) is not None:  # (not one forgotten meanwhile: a quota made again is another's)

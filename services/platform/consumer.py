@@ -237,15 +237,18 @@ class PullConsumer:
         return "configuration changed: " + ", ".join(sorted(differences))
 
     async def nothing_pending(self) -> bool:
-        """Whether the server has nothing left for this consumer (its ``num_pending``; False when it does not
-        answer). An empty batch does not say so: a fetch that timed out may be asyncio's, the server answering later
-        than ``idle`` (a loaded server) with messages still pending."""
+        """Whether the server has nothing left for this consumer that it has not read: none pending
+        (``num_pending``) and none delivered past what it has read (False when the server does not answer). An
+        empty batch does not say so: a fetch that timed out may be asyncio's, the server answering later than
+        ``idle`` (a loaded server), with messages still pending or delivered into the subscription's queue (no acks:
+        a message the server sent is no longer pending)."""
         try:
             info = await self.bus.js.consumer_info(self.stream, self.durable)
         except (*TRANSIENT, nats.js.errors.APIError):
             return False
-        pending: int = info.num_pending
-        return pending == 0
+        pending: int = info.num_pending or 0
+        delivered: int = (info.delivered.stream_seq or 0) if info.delivered is not None else 0
+        return pending == 0 and delivered < self.next_seq
 
     async def _consumer_exists(self) -> bool:
         try:

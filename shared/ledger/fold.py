@@ -200,6 +200,12 @@ class Record(msgspec.Struct, frozen=True, gc=False):
     snapshot: Snapshot | None
 
 
+UNSEEN: Final = -1
+"""The resourceVersion of a record a sync made for an object it lists as present that this state holds no version
+of (the events stream lost its events): a placeholder, not a tombstone: the object's version, whatever it is, is
+taken when it comes (the relist that answers the loss publishes it), and a sync that no longer lists it drops it."""
+
+
 class _CkRecord(msgspec.Struct, array_like=True):
     kind: str
     uid: str
@@ -419,7 +425,7 @@ class NamespaceState:
             if rec is not None:
                 if rv <= rec.rv:  # a repeat, an older version, or the version a deletion already covers
                     return Outcome.STALE
-                if rec.snapshot is None and rv <= self.floors.get(kind, -1):
+                if rec.snapshot is None and rec.rv != UNSEEN and rv <= self.floors.get(kind, -1):
                     # (a sync dropped it, leaving the version it held: absent at the sync's, newer than this one;
                     # an old watcher leader's publish in flight across a hand-over, which never saw the deletion)
                     return Outcome.STALE
@@ -622,6 +628,16 @@ class NamespaceState:
         if changed:
             self.floors[ev.kind] = rv
         recs = self.objects.get(ev.kind)
+        if ev.kind != EVENT_KIND and ev.kind != NAMESPACE_KIND:  # (a namespace sync lists every namespace's uid)
+            # (an object the list returned that this state holds no version of: its events were lost; below the
+            # floor now, its version must still be taken when the relist publishes it again)
+            unseen = [u for u in ev.present if recs is None or u not in recs]
+            if unseen:
+                if recs is None:
+                    recs = self.objects[ev.kind] = {}
+                for uid in unseen:
+                    recs[uid] = Record(UNSEEN, seq, None)
+                changed = True
         if recs:
             present = set(ev.present)
             dropped = [u for u, r in recs.items() if (r.rv <= rv or r.rv > rv + RV_HORIZON) and u not in present]

@@ -1730,7 +1730,9 @@ class Paused:
         self.waiting = asyncio.Event()
         self.writes: list[str] = []
         self.after_resumed: Callable[[], object] | None = None
-        """Called once the first write held by the pause is answered (its Lease renewal came back refused)."""
+        """Called once the first write held by the pause is answered (its Lease renewal came back refused); no
+        write goes out after it."""
+        self.stopped = False
 
     def __getattr__(self, name: str) -> Any:
         target = getattr(self.inner, name)
@@ -1739,6 +1741,8 @@ class Paused:
             return target
 
         async def call(*args: Any, **kwargs: Any) -> Any:
+            if writes and self.stopped:  # (the work is being cancelled: nothing more goes out)
+                await asyncio.Event().wait()
             held = not self.running.is_set()
             if held:
                 self.waiting.set()
@@ -1750,6 +1754,7 @@ class Paused:
                 return answer
             finally:
                 if held and writes and self.after_resumed is not None:
+                    self.stopped = True
                     self.after_resumed()
 
         return call
@@ -1931,19 +1936,30 @@ class HeldAfterRead:
         return answer
 
 
+class HeldAfterUnreadableRead(HeldAfterRead):
+    """As :class:`HeldAfterRead`, but the held read answers an object the enforcer cannot read (InvalidInput)."""
+
+    async def get_quota(self, namespace: str, name: str) -> Obj:
+        held = not self.hold.is_set()
+        answer = await super().get_quota(namespace, name)
+        return {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {}} if held else answer
+
+
+@pytest.mark.parametrize("readable", [True, False], ids=["planned", "unreadable"])
 async def test_a_late_status_hard_that_lands_while_the_leader_reconciles_the_quota_is_set_back_too(
-    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None, readable: bool
 ) -> None:
     """As ``-k after_losing_its_lease``, but A's late write of ``status.hard`` lands while B is reconciling the same
     quota (a read in flight, planned from the version before A's write, with nothing to write): the quota event
     that says so came while the quota was being reconciled, was not planned from, and nothing planned the quota
-    again (80Gi checked over a 64Gi ``spec.hard`` until the namespace's next change, 6 times of 7). It is planned
-    again once that reconciliation is done, if the newest version still says so."""
+    again (80Gi checked over a 64Gi ``spec.hard`` until the namespace's next change, 6 times of 7); the same when
+    B's reconciliation ends with a quota it cannot read ("quota not readable"). It is read and planned again once
+    that reconciliation is done."""
     a_calls = Paused(KubeQuotas(api), writes_only=True)
     async with enforcer(bus, api, calls=a_calls) as (a, a_task):
         written = await paused_before_a_raise(sim, bus, a, a_calls)
         await publish_usage(bus, 6, terms("64Gi", "64Gi"))
-        b_calls = HeldAfterRead(KubeQuotas(api))
+        b_calls = HeldAfterRead(KubeQuotas(api)) if readable else HeldAfterUnreadableRead(KubeQuotas(api))
         async with enforcer(bus, api, calls=b_calls, service="enforcer-b") as (b, _):
             await sim.wait_for(
                 lambda: b.idle() and b.usage.get(NS) is not None and b.usage[NS].seq == 6, within=5, what="B at seq 6"

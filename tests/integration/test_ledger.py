@@ -144,10 +144,10 @@ async def test_crash_and_restart_at_random_points_gives_the_same_state_and_usage
         await b.close()
 
 
-async def crashed_between_checkpoints(b: Bus) -> str:
-    """A ledger that checkpointed at 10 of 60 events of ``tenant-a``, published the usage of all 60 and crashed
-    before its next checkpoint; the usage content (digest) it published last."""
-    world = World(random.Random(7), ["tenant-a"])
+async def crashed_between_checkpoints(b: Bus, seed: int = 7) -> str:
+    """A ledger that checkpointed at 10 of 60 events of ``tenant-a`` (made by ``World(Random(seed))``), published
+    the usage of all 60 and crashed before its next checkpoint; the usage content (digest) it published last."""
+    world = World(random.Random(seed), ["tenant-a"])
     events = [world.next() for _ in range(60)]
     await publish(b, events[:10])
     run = Running(b, options())
@@ -162,9 +162,9 @@ async def crashed_between_checkpoints(b: Bus) -> str:
     return want["tenant-a"]
 
 
-async def usage_heard_in_a_replay(b: Bus) -> list[str]:
+async def usage_heard_in_a_replay(b: Bus, want: str, batch: int = 2) -> list[str]:
     """The usage contents a ledger restarted after :func:`crashed_between_checkpoints` publishes for ``tenant-a``
-    until it has replayed the 60 events and published again (in batches of 2)."""
+    (reading ``batch`` events at a time) until it has replayed the 60 events and published ``want`` again."""
     heard: list[str] = []
 
     async def on_usage(m: Msg) -> None:
@@ -173,11 +173,11 @@ async def usage_heard_in_a_replay(b: Bus) -> list[str]:
 
     sub = await b.nc.subscribe(contract.usage_subject(CLUSTER, "tenant-a"), cb=on_usage)
     await b.nc.flush()
-    run = Running(b, dataclasses.replace(options(), batch=2))
+    run = Running(b, dataclasses.replace(options(), batch=batch))
     await wait_until(lambda: run.service.consumer is not None, what="started")
     assert run.service.start_seq == 11, "replays from the checkpoint at 10"
     await wait_until(lambda: run.applied_through(60), what="the replay")
-    await wait_until(lambda: bool(heard), what="the usage published again")
+    await wait_until(lambda: bool(heard) and heard[-1] == want, what="the usage published again")
     await run.stop()
     await sub.unsubscribe()
     return heard
@@ -195,7 +195,7 @@ async def test_a_ledger_restarted_after_a_crash_publishes_no_usage_older_than_wh
     try:
         await b.ensure_streams(contract.streams())
         want = await crashed_between_checkpoints(b)
-        heard = await usage_heard_in_a_replay(b)
+        heard = await usage_heard_in_a_replay(b, want)
         assert set(heard) == {want}, f"{len(set(heard) - {want})} older usages published"
     finally:
         await b.close()
@@ -223,7 +223,7 @@ async def test_a_replay_is_not_ended_by_a_fetch_that_timed_out_with_events_pendi
             return await fetch(self, *args, **kwargs)
 
         monkeypatch.setattr(JetStreamContext.PullSubscription, "fetch", slow_first_fetch)
-        heard = await usage_heard_in_a_replay(b)
+        heard = await usage_heard_in_a_replay(b, want)
         assert set(heard) == {want}, f"{len(set(heard) - {want})} older usages published"
     finally:
         await b.close()
@@ -992,3 +992,43 @@ async def test_a_missing_lease_namespace_is_one_clear_error_and_not_ready(sim_ap
         finally:
             rt.stop.set()
             await asyncio.wait_for(task, 10)
+
+
+async def test_a_replay_is_not_ended_by_a_fetch_whose_late_answer_took_the_last_event(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fetch that timed out on asyncio's side while the loaded server did deliver its message (late, into the
+    subscription's queue): with no acks that message is no longer pending on the server, and the replay ended one
+    event short, on the server's word that nothing was pending: the usage published then was older than what was
+    published before the crash. Nothing delivered past what the ledger has read, too."""
+    from nats.js.client import JetStreamContext
+
+    from services.platform.bus import position
+
+    b = await connect_bus(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        want = await crashed_between_checkpoints(b, seed=8)
+        world = World(random.Random(8), ["tenant-a"])
+        events = [world.next() for _ in range(60)]
+        _, before_last = expected_usage(events[:59])
+        assert before_last["tenant-a"] != want, "the last event changes the usage"
+        fetch = JetStreamContext.PullSubscription.fetch
+        late = [False]
+
+        async def late_answer(self: Any, *args: Any, **kwargs: Any) -> Any:
+            msgs = await fetch(self, *args, **kwargs)
+            if not late[0] and msgs and position(msgs[-1]).stream == 60:
+                late[0] = True  # (the server answered after ``idle``: the message lands in the queue afterwards)
+                for m in msgs:
+                    self._sub._pending_queue.put_nowait(m)
+                    self._sub._pending_size += len(m.data)
+                raise nats.errors.TimeoutError
+            return msgs
+
+        monkeypatch.setattr(JetStreamContext.PullSubscription, "fetch", late_answer)
+        heard = await usage_heard_in_a_replay(b, want, batch=1)
+        assert late[0], "the last event's fetch answered late"
+        assert set(heard) == {want}, f"{len(set(heard) - {want})} older usages published"
+    finally:
+        await b.close()

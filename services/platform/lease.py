@@ -60,19 +60,28 @@ class LeaseLost(RuntimeError):
     pass
 
 
+def _clock() -> float:
+    """Seconds that go on while the host is suspended too (Linux' ``CLOCK_BOOTTIME``; ``time.monotonic`` stops):
+    a leader resumed from a suspend must not take the suspended time for time it still leads."""
+    return time.clock_gettime(_BOOTTIME) if _BOOTTIME is not None else time.monotonic()
+
+
+_BOOTTIME: int | None = getattr(time, "CLOCK_BOOTTIME", None)
+
+
 class Fence:
     """Whether this process may write as the leader now: always without leader election (as made), until a
-    moment the :class:`Elector` sets with it (see the module)."""
+    moment the :class:`Elector` sets with it (see the module), on :func:`_clock`."""
 
     def __init__(self) -> None:
         self._until = math.inf
 
     def hold_until(self, until: float) -> None:
-        """Writes are allowed until the monotonic time ``until``."""
+        """Writes are allowed until ``until`` (:func:`_clock`)."""
         self._until = until
 
     def allows(self) -> bool:
-        return time.monotonic() < self._until
+        return _clock() < self._until
 
 
 class Elector:
@@ -114,7 +123,7 @@ class Elector:
     async def try_acquire_or_renew(self) -> bool:
         """One round: True when this candidate holds the Lease afterwards (the fence held until this round's
         start plus ``renew_deadline``)."""
-        started = time.monotonic()
+        started = _clock()
         won = await self._round()
         if won:
             self.fence.hold_until(started + self.timing.renew_deadline)

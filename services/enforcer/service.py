@@ -118,12 +118,12 @@ class Enforcer:
         self._nudged_past: dict[str, set[Key]] = {}
         """namespace → the quotas its last tell did not wait for (their calls kept failing)."""
         self._status_behind: set[Key] = set()
+        """Quotas whose last write of ``status.hard`` failed after ``spec.hard`` was written."""
         self._astray_seen: set[Key] = set()
         """Quotas a version with ``status.hard`` astray came for while they were being reconciled (``_astray``):
         read and planned again once that is done."""
         self._own_versions: dict[Key, set[str]] = {}
         """The versions the writes of a quota's reconciliation in progress made."""
-        """Quotas whose last write of ``status.hard`` failed after ``spec.hard`` was written."""
         self._reconciled_at: dict[Key, int] = {}
         """The namespace's usage position (``_usage_at``) each quota was last reconciled from, to the end."""
         self.status_writes = True

@@ -200,12 +200,6 @@ class Record(msgspec.Struct, frozen=True, gc=False):
     snapshot: Snapshot | None
 
 
-UNSEEN: Final = -1
-"""The resourceVersion of a record a sync made for an object it lists as present that this state holds no version
-of (the events stream lost its events): a placeholder, not a tombstone: the object's version, whatever it is, is
-taken when it comes (the relist that answers the loss publishes it), and a sync that no longer lists it drops it."""
-
-
 class _CkRecord(msgspec.Struct, array_like=True):
     kind: str
     uid: str
@@ -405,10 +399,12 @@ class NamespaceState:
         return sum(len(v) for v in self.objects.values())
 
     # ---- folding ----------------------------------------------------------------------------------------------
-    def apply(self, ev: Upserted | Deleted, seq: int, *, compare: bool = True) -> Outcome:
+    def apply(self, ev: Upserted | Deleted, seq: int, *, compare: bool = True, floored: bool = True) -> Outcome:
         """Apply an upsert or a deletion found at stream sequence ``seq``. ``compare``: tell a version that changes
         nothing accounting reads (:attr:`Outcome.REFRESHED`) from others (False: report every newer version as
-        :attr:`Outcome.APPLIED`, e.g. when the namespace is to be accounted anyway)."""
+        :attr:`Outcome.APPLIED`, e.g. when the namespace is to be accounted anyway). ``floored``: an upsert of an
+        object this state holds no version of, or only a tombstone, at or below the last sync's resourceVersion is
+        a stale producer's (False while the cluster's lost events are being mended: :attr:`Ledger.mending`)."""
         if seq <= self.seq:
             return Outcome.CHECKPOINTED
         self.seq = seq
@@ -425,12 +421,12 @@ class NamespaceState:
             if rec is not None:
                 if rv <= rec.rv:  # a repeat, an older version, or the version a deletion already covers
                     return Outcome.STALE
-                if rec.snapshot is None and rec.rv != UNSEEN and rv <= self.floors.get(kind, -1):
+                if rec.snapshot is None and floored and rv <= self.floors.get(kind, -1):
                     # (a sync dropped it, leaving the version it held: absent at the sync's, newer than this one;
                     # an old watcher leader's publish in flight across a hand-over, which never saw the deletion)
                     return Outcome.STALE
                 refreshed = compare and rec.snapshot is not None and same_content(rec.snapshot, ev.snapshot)
-            elif rv <= self.floors.get(kind, -1):
+            elif floored and rv <= self.floors.get(kind, -1):
                 return Outcome.STALE  # absent at the last sync, which is newer: a stale producer
             self.replaced = rec.snapshot if rec is not None else None
             recs[uid] = Record(rv, seq, ev.snapshot)
@@ -628,16 +624,6 @@ class NamespaceState:
         if changed:
             self.floors[ev.kind] = rv
         recs = self.objects.get(ev.kind)
-        if ev.kind != EVENT_KIND and ev.kind != NAMESPACE_KIND:  # (a namespace sync lists every namespace's uid)
-            # (an object the list returned that this state holds no version of: its events were lost; below the
-            # floor now, its version must still be taken when the relist publishes it again)
-            unseen = [u for u in ev.present if recs is None or u not in recs]
-            if unseen:
-                if recs is None:
-                    recs = self.objects[ev.kind] = {}
-                for uid in unseen:
-                    recs[uid] = Record(UNSEEN, seq, None)
-                changed = True
         if recs:
             present = set(ev.present)
             dropped = [u for u, r in recs.items() if (r.rv <= rv or r.rv > rv + RV_HORIZON) and u not in present]
@@ -894,6 +880,11 @@ class Ledger:
         """Namespaces whose live objects (or whose cluster-wide objects) changed: recompute their usage."""
         self.unsaved: set[tuple[str, str]] = set()
         """States changed since their last checkpoint."""
+        self.mending: frozenset[str] = frozenset()
+        """Clusters whose lost events are being mended (their relist is not folded yet; the ledger service sets
+        it): an object's version is taken there however old, as the relist publishes every object again at its
+        version, below a sync marker folded after the loss that listed it (the stream having lost its creation).
+        Usage waits for the relist (:meth:`whole`), whose markers drop what a stale producer brings back."""
 
     def state(self, cluster: str, namespace: str) -> NamespaceState | None:
         return self.states.get((cluster, namespace))
@@ -969,7 +960,8 @@ class Ledger:
             if not self.partitions.owns(*key):
                 return Outcome.FOREIGN
             st = self._state(key)
-        outcome = st.apply(ev, seq, compare=key not in self.changed)  # a namespace to account anyway: no need
+        # (a namespace to account anyway: no need to compare)
+        outcome = st.apply(ev, seq, compare=key not in self.changed, floored=ev.cluster not in self.mending)
         self.replaced, st.replaced = st.replaced, None  # (held for this call only)
         if outcome is _APPLIED:
             if key[1] == CLUSTER_WIDE:

@@ -125,6 +125,34 @@ async def test_a_ledger_replaying_a_stream_that_dropped_its_head_publishes_nothi
         await b.close()
 
 
+async def test_an_object_whose_creation_the_stream_lost_is_in_the_usage_after_the_relist_that_answers_the_loss(
+    nats_url: str,
+) -> None:
+    """A tenant's flood pushed the victim's pods out of the stream before the ledger read them, and a relist of the
+    namespace's pods (a watch restart) came after: its sync listed them, raising the floor above their versions.
+    The relist that answers the loss published them again at those versions, which were refused as a stale
+    producer's: the ledger, whole again, published the victim's usage without them."""
+    b = await small_stream(nats_url)
+    requests = Requests()
+    await requests.listen(b)
+    try:
+        old = [pod("victim", "old-1", 101), pod("victim", "old-2", 102)]
+        await publish(b, old)
+        rv = await flood(b, 2, 200)
+        listed = contract.sync_event(
+            cluster=CLUSTER, kind="Pod", namespace="victim", rv=str(rv), present=["uid-old-1", "uid-old-2"]
+        )
+        await b.js.publish(contract.event_subject(CLUSTER, "Pod", "victim"), contract.encode(listed))
+        run = Running(b, slow_retry())
+        await wait_until(lambda: bool(requests.received) and run.service.lost != "", what="the loss noted")
+        await relist(b, old, run.service.lost)
+        await wait_until(lambda: run.service.incomplete() == [], what="the relist folded")
+        await wait_until(lambda: _names_now(b, "victim", {"old-1", "old-2"}), what="the victim's usage with its pods")
+        await run.stop()
+    finally:
+        await b.close()
+
+
 async def _names_now(b: Bus, ns: str, want: set[str]) -> bool:
     return names(await last_usage(b), ns) == want
 

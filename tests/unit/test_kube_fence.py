@@ -16,9 +16,9 @@ from services.platform.lease import Fence
 async def test_a_migration_is_not_deleted_once_the_fence_closed_during_its_read(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``cancel_migration`` checks the fence, then reads the migration (up to its 5 s timeout), then deletes it
-    without checking again: a replica paused, or slowed, past its renew deadline during the read sends the delete
-    after a standby may have taken over (the fence's margin, lease_duration - renew_deadline, is the timeout)."""
+    """``cancel_migration`` reads the migration (up to its 5 s timeout) before it deletes it: checked only before
+    the read, a replica paused, or slowed, past its renew deadline during the read sent the delete after a standby
+    may have taken over (the fence's margin, lease_duration - renew_deadline, is that timeout). It checks again."""
     fence = Fence()
     sent: list[str] = []
 
@@ -45,7 +45,7 @@ async def test_a_migration_is_not_deleted_once_the_fence_closed_during_its_read(
 async def test_a_reservation_is_not_created_once_the_fence_closed_during_its_patch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``put_reservation`` checks the fence, patches (a 404), then creates without checking again."""
+    """``put_reservation`` patches, and on a 404 creates: the fence is checked again before the create."""
     fence = Fence()
     sent: list[str] = []
 

@@ -527,8 +527,6 @@ class LedgerService:
                     else:
                         await self._lose(loss.stream_last)
                 if batch:
-                    # (where lost events are being mended, the relist's versions are taken however old)
-                    self.ledger.mending = frozenset(self.incomplete()) if self.lost else frozenset()
                     await self._fold(batch)
                 if self.replay_to:
                     await self._replayed(bool(batch))

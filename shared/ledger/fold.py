@@ -200,6 +200,12 @@ class Record(msgspec.Struct, frozen=True, gc=False):
     snapshot: Snapshot | None
 
 
+UNSEEN: Final = -1
+"""The resourceVersion of a record a sync made for an object it lists as present that this state holds no version
+of (the events stream lost its events): a placeholder, not a tombstone: the object's version, whatever it is, is
+taken when it comes (the relist that answers the loss publishes it), and a sync that no longer lists it drops it."""
+
+
 class _CkRecord(msgspec.Struct, array_like=True):
     kind: str
     uid: str
@@ -399,12 +405,10 @@ class NamespaceState:
         return sum(len(v) for v in self.objects.values())
 
     # ---- folding ----------------------------------------------------------------------------------------------
-    def apply(self, ev: Upserted | Deleted, seq: int, *, compare: bool = True, floored: bool = True) -> Outcome:
+    def apply(self, ev: Upserted | Deleted, seq: int, *, compare: bool = True) -> Outcome:
         """Apply an upsert or a deletion found at stream sequence ``seq``. ``compare``: tell a version that changes
         nothing accounting reads (:attr:`Outcome.REFRESHED`) from others (False: report every newer version as
-        :attr:`Outcome.APPLIED`, e.g. when the namespace is to be accounted anyway). ``floored``: an upsert of an
-        object this state holds no version of, or only a tombstone, at or below the last sync's resourceVersion is
-        a stale producer's (False while the cluster's lost events are being mended: :attr:`Ledger.mending`)."""
+        :attr:`Outcome.APPLIED`, e.g. when the namespace is to be accounted anyway)."""
         if seq <= self.seq:
             return Outcome.CHECKPOINTED
         self.seq = seq
@@ -421,12 +425,12 @@ class NamespaceState:
             if rec is not None:
                 if rv <= rec.rv:  # a repeat, an older version, or the version a deletion already covers
                     return Outcome.STALE
-                if rec.snapshot is None and floored and rv <= self.floors.get(kind, -1):
+                if rec.snapshot is None and rec.rv != UNSEEN and rv <= self.floors.get(kind, -1):
                     # (a sync dropped it, leaving the version it held: absent at the sync's, newer than this one;
                     # an old watcher leader's publish in flight across a hand-over, which never saw the deletion)
                     return Outcome.STALE
                 refreshed = compare and rec.snapshot is not None and same_content(rec.snapshot, ev.snapshot)
-            elif floored and rv <= self.floors.get(kind, -1):
+            elif rv <= self.floors.get(kind, -1):
                 return Outcome.STALE  # absent at the last sync, which is newer: a stale producer
             self.replaced = rec.snapshot if rec is not None else None
             recs[uid] = Record(rv, seq, ev.snapshot)
@@ -438,7 +442,7 @@ class NamespaceState:
                 self._grown_unnamed(self.replaced, ev.snapshot)
                 self._named(self.replaced, ev.snapshot)
             elif kind == POD_KIND:
-                if self.replaced is None and rec is None:
+                if self.replaced is None and (rec is None or rec.rv == UNSEEN):  # (a pod's first version)
                     self._made(uid, ev.snapshot)
                 if self.departed and uid in self.departed and _finished(ev.snapshot):
                     del self.departed[uid]
@@ -521,8 +525,9 @@ class NamespaceState:
             pod = rec.snapshot if rec is not None else None
             if isinstance(pod, PodSnapshot) and pod.command_vmi_uid and pod.command_vmi_uid != before.uid:
                 continue  # (not made for it: a VMI letting go of it does not take the pod's memory over)
-            # (a pod not folded yet may still arrive: the watches of two kinds are in no order with each other)
-            if rec is None or (pod is not None and not _finished(pod)):
+            # (a pod not folded yet may still arrive: the watches of two kinds are in no order with each other; so
+            # may one a sync listed whose events were lost)
+            if rec is None or rec.rv == UNSEEN or (pod is not None and not _finished(pod)):
                 self.departed[uid] = before.uid
                 kept = True
         if kept:
@@ -624,6 +629,18 @@ class NamespaceState:
         if changed:
             self.floors[ev.kind] = rv
         recs = self.objects.get(ev.kind)
+        # (only a sync no older than the floor: an old watcher leader's, in flight across a hand-over, lists what a
+        # newer one dropped; a namespace sync lists every namespace's uid)
+        if rv == self.floors[ev.kind] and ev.kind != EVENT_KIND and ev.kind != NAMESPACE_KIND:
+            # (an object the list returned that this state holds no version of: its events were lost; below the
+            # floor now, its version must still be taken when the relist publishes it again)
+            unseen = [u for u in ev.present if recs is None or u not in recs]
+            if unseen:
+                if recs is None:
+                    recs = self.objects[ev.kind] = {}
+                for uid in unseen:
+                    recs[uid] = Record(UNSEEN, seq, None)
+                changed = True
         if recs:
             present = set(ev.present)
             dropped = [u for u, r in recs.items() if (r.rv <= rv or r.rv > rv + RV_HORIZON) and u not in present]
@@ -880,11 +897,6 @@ class Ledger:
         """Namespaces whose live objects (or whose cluster-wide objects) changed: recompute their usage."""
         self.unsaved: set[tuple[str, str]] = set()
         """States changed since their last checkpoint."""
-        self.mending: frozenset[str] = frozenset()
-        """Clusters whose lost events are being mended (their relist is not folded yet; the ledger service sets
-        it): an object's version is taken there however old, as the relist publishes every object again at its
-        version, below a sync marker folded after the loss that listed it (the stream having lost its creation).
-        Usage waits for the relist (:meth:`whole`), whose markers drop what a stale producer brings back."""
 
     def state(self, cluster: str, namespace: str) -> NamespaceState | None:
         return self.states.get((cluster, namespace))
@@ -960,8 +972,7 @@ class Ledger:
             if not self.partitions.owns(*key):
                 return Outcome.FOREIGN
             st = self._state(key)
-        # (a namespace to account anyway: no need to compare)
-        outcome = st.apply(ev, seq, compare=key not in self.changed, floored=ev.cluster not in self.mending)
+        outcome = st.apply(ev, seq, compare=key not in self.changed)  # a namespace to account anyway: no need
         self.replaced, st.replaced = st.replaced, None  # (held for this call only)
         if outcome is _APPLIED:
             if key[1] == CLUSTER_WIDE:

@@ -920,17 +920,109 @@ def test_the_events_a_namespace_keeps_are_the_same_from_a_checkpoint_as_from_the
     assert restored.checkpoint() == st_whole.checkpoint()
 
 
-@pytest.mark.parametrize("kind", ["VirtualMachineInstance", "Pod", "Event"])
-def test_an_object_whose_creation_the_stream_lost_comes_back_with_the_relist_that_answers_the_loss(kind: str) -> None:
-    """The events stream lost the creation of a VMI at version 7 (the ledger had not read it); a sync at 9, folded
-    after the loss, listed it, but the ledger held no record of it, so the sync only raised the floor to 9. The
-    relist that answers the loss publishes every object again, the VMI at its version 7 (unchanged since): at or
-    below the floor, it was refused as a stale producer's, and the ledger, whole again, published usage without
-    the VM until the VMI changed. While a cluster's loss is being mended, versions are taken however old."""
-    led = fold([up("p0", 5, kind=kind)])  # seq 1; seq 2 (v1 at 7) is lost
-    led.apply(sync(["p0", "v1"], 9, kind=kind), 3)
-    led.mending = frozenset({"c1"})
-    assert led.apply(up("v1", 7, kind=kind), 4) is Outcome.APPLIED, "listed at 9: it exists"
-    assert live_uids(led, kind=kind) == {"p0": 5, "v1": 7}
-    led.mending = frozenset()
-    assert led.apply(up("v2", 8, kind=kind), 5) is Outcome.STALE, "mended: a version below the floor is stale again"
+def test_an_object_whose_creation_the_stream_lost_comes_back_with_the_relist_that_answers_the_loss() -> None:
+    """The events stream lost the creation of a VMI at version 7 (the ledger had not read it); the next sync, at 9,
+    listed it, but the ledger held no record of it, so the sync only raised the floor to 9. The relist that answers
+    the loss publishes every object again, the VMI at its version 7 (unchanged since): at or below the floor, it was
+    refused, and the ledger, whole again, published usage without the VM (room for a tenant past its budget) until
+    the VMI changed. A sync keeps a placeholder for what it lists and the state holds no version of; a later sync
+    that no longer lists it drops it."""
+    led = fold([up("p0", 5, kind="VirtualMachineInstance")])  # seq 1; seq 2 (the VMI v1 at 7) is lost
+    led.apply(sync(["p0", "v1"], 9, kind="VirtualMachineInstance"), 3)
+    assert led.apply(up("v1", 7, kind="VirtualMachineInstance"), 4) is Outcome.APPLIED, "listed at 9: it exists"
+    assert live_uids(led, kind="VirtualMachineInstance") == {"p0": 5, "v1": 7}
+    led.apply(sync(["p0"], 11, kind="VirtualMachineInstance"), 5)
+    assert live_uids(led, kind="VirtualMachineInstance") == {"p0": 5}
+    led.apply(sync(["p0", "v2"], 12, kind="VirtualMachineInstance"), 6)
+    state = led.state("c1", "a")
+    assert state is not None and state.get("VirtualMachineInstance", "v2") is not None, "a placeholder"
+    assert live_uids(led, kind="VirtualMachineInstance") == {"p0": 5}, "not a live object"
+    led.apply(sync(["p0"], 13, kind="VirtualMachineInstance"), 7)
+    assert state is not None and state.get("VirtualMachineInstance", "v2") is None, "a placeholder no longer listed"
+
+
+@pytest.mark.parametrize("kind", ["Pod", "VirtualMachineInstanceMigration"])
+def test_a_stale_sync_listing_a_deleted_object_does_not_let_its_old_leaders_version_bring_it_back(
+    kind: str,
+) -> None:
+    """A watcher leader hand-over with the old leader A stalled holding its relist's marker (a list at 5 that
+    returned m1) and then a watched version of m1 at 7, both unpublished. The tenant deleted m1 at 8; the new leader
+    B published the deletion and its own marker at 10, which pruned the tombstone. A's marker at 5 then came: below
+    the floor, it made a placeholder for m1 (no record held), and A's version 7 was taken on it as live, a deleted
+    refused migration back, as in ``-k not_brought_back``. A sync older than the floor makes no placeholder."""
+    led = fold([up("m1", 6, kind=kind), down("m1", 8, kind=kind), sync([], 10, kind=kind)])
+    state = led.state("c1", "a")
+    assert state is not None and state.get(kind, "m1") is None, "tombstone pruned by B's marker at 10"
+    led.apply(sync(["m1"], 5, kind=kind), 4)  # A's marker in flight: listed at 5, below the floor
+    assert led.apply(up("m1", 7, kind=kind), 5) is Outcome.STALE, "absent at 10: A's version 7 is stale"
+    assert live_uids(led, kind=kind) == {}
+
+
+def test_a_pod_whose_creation_the_stream_lost_is_remembered_made_for_its_vmi_as_any_pod() -> None:
+    """A pod whose launcher command names a VMI in view (which does not name it in ``status.activePods``), its
+    creation lost by the stream, listed by a sync (a placeholder) and published again by the relist that answers
+    the loss: its first version is folded onto the placeholder, and is remembered made for the VMI as the same pod
+    folded without the placeholder."""
+    vmi = "VirtualMachineInstance"
+    vmi_v = up("v1", 1, kind=vmi, phase="Running", vcpus=16)
+    pod = up("p1", 2, phase="Running", command_vmi_uid="v1")
+    plain = fold([vmi_v, pod])
+    assert plain.state("c1", "a").made_for == {"p1": ("v1", 16, 16)}  # type: ignore[union-attr]
+    lost = fold([vmi_v])  # seq 2, the pod's creation, lost
+    fold([sync(["p1"], 4)], lost, start=3)  # lists p1: a placeholder
+    fold([vmi_v, pod], lost, start=4)  # the relist answering the loss
+    st_lost = lost.state("c1", "a")
+    assert st_lost is not None and live_uids(lost) == {"p1": 2}
+    assert st_lost.made_for == {"p1": ("v1", 16, 16)}, "what the relisted pod was made for"
+
+
+LOST_CREATION_LEFT_OUT = (
+    "open: a Namespace or an Event whose creation the stream lost, listed by a sync after the loss, is refused when"
+    " the relist publishes it below that sync (docs/accounting.md, Known limits)"
+)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=LOST_CREATION_LEFT_OUT,
+)
+def test_a_namespace_whose_creation_the_stream_lost_comes_back_with_the_relist_that_answers_the_loss() -> None:
+    """As ``-k creation_the_stream_lost``, for the namespace's ``Namespace`` object (its labels are what the
+    rendering of the namespace's VMs reads). The stream dropped its oldest events, the Namespace's creation at 7
+    among them, but not a pod's at 8; the cluster's Namespace sync at 9 listed it, and the Namespace kind is left
+    out of placeholders (a namespace sync lists every namespace), so the relist answering the loss, publishing it
+    at 7, is refused until the Namespace changes."""
+    led = fold([up("p1", 8)], start=2)  # seq 1, the Namespace "a" at 7, lost
+    led.apply(sync(["n-a"], 9, ns="_cluster", kind="Namespace"), 3)
+    assert led.apply(up("n-a", 7, ns="a", kind="Namespace"), 4) is Outcome.APPLIED, "listed at 9: it exists"
+    assert live_uids(led, "a", "Namespace") == {"n-a": 7}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=LOST_CREATION_LEFT_OUT,
+)
+def test_an_event_whose_creation_the_stream_lost_comes_back_with_the_relist_that_answers_the_loss() -> None:
+    """As ``-k creation_the_stream_lost``, for a ``FailedCreate`` Event (KubeVirt's refusal, the evidence
+    accounting reads): the Event kind is left out of placeholders (they would escape the bound on a namespace's
+    Events), so its creation lost and a sync at 9 listing it, the relist answering the loss publishing it at 7 is
+    refused until KubeVirt writes the Event again."""
+    led = fold([up("p1", 8)], start=2)  # seq 1, the Event at 7, lost
+    led.apply(sync(["e1"], 9, kind="Event"), 3)
+    assert led.apply(up("e1", 7, kind="Event"), 4) is Outcome.APPLIED, "listed at 9: it exists"
+
+
+def test_a_launcher_pod_held_as_a_placeholder_that_its_vmi_names_no_more_is_remembered_with_it() -> None:
+    """A VMI naming a pod no more keeps it remembered when the state has no record of it (it may still arrive) or
+    a live one; a placeholder (the pod's creation lost, a sync listed it: it exists) is such a pod, not a tombstone:
+    taken as one, the pod once relisted counted as a plain pod at its (k times smaller) charge."""
+    vmi = "VirtualMachineInstance"
+    naming = up("v1", 3, kind=vmi, phase="Running", active_pods={"p1": "n1"})
+    let_go = up("v1", 5, kind=vmi, phase="Running")  # (p1's controller reference taken off)
+    pod = up("p1", 2, phase="Running", command_vmi_uid="v1")
+    plain = fold([naming, let_go, pod], start=2)  # seq 1, p1's creation, lost; no sync between
+    assert set(plain.state("c1", "a").departed) == {"p1"}  # type: ignore[union-attr]
+    led = fold([naming, sync(["p1"], 4), let_go, pod], start=2)  # the sync at 4 lists p1: a placeholder
+    st_ = led.state("c1", "a")
+    assert st_ is not None and live_uids(led) == {"p1": 2}
+    assert set(st_.departed) == {"p1"}, "the pod its VMI named no more, still running"

@@ -629,9 +629,11 @@ class NamespaceState:
         if changed:
             self.floors[ev.kind] = rv
         recs = self.objects.get(ev.kind)
-        # (only a sync no older than the floor: an old watcher leader's, in flight across a hand-over, lists what a
-        # newer one dropped; a namespace sync lists every namespace's uid)
-        if rv == self.floors[ev.kind] and ev.kind != EVENT_KIND and ev.kind != NAMESPACE_KIND:
+        # (only a sync no older than the floor makes or drops placeholders: an old watcher leader's, in flight across
+        # a hand-over, lists what a newer one dropped, and lacks what was created after its list; a namespace sync
+        # lists every namespace's uid)
+        top = rv == self.floors[ev.kind]
+        if top and ev.kind != EVENT_KIND and ev.kind != NAMESPACE_KIND:
             # (an object the list returned that this state holds no version of: its events were lost; below the
             # floor now, its version must still be taken when the relist publishes it again)
             unseen = [u for u in ev.present if recs is None or u not in recs]
@@ -643,7 +645,11 @@ class NamespaceState:
                 changed = True
         if recs:
             present = set(ev.present)
-            dropped = [u for u, r in recs.items() if (r.rv <= rv or r.rv > rv + RV_HORIZON) and u not in present]
+            dropped = [
+                u
+                for u, r in recs.items()
+                if ((r.rv <= rv and (top or r.rv != UNSEEN)) or r.rv > rv + RV_HORIZON) and u not in present
+            ]
             events = ev.kind == EVENT_KIND
             for uid in sorted(dropped) if events else dropped:
                 gone = recs[uid].snapshot

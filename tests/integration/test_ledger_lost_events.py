@@ -125,24 +125,30 @@ async def test_a_ledger_replaying_a_stream_that_dropped_its_head_publishes_nothi
         await b.close()
 
 
+@pytest.mark.parametrize("stale_marker", [False, True], ids=["listed", "and_an_old_leaders_marker"])
 async def test_an_object_whose_creation_the_stream_lost_is_in_the_usage_after_the_relist_that_answers_the_loss(
-    nats_url: str,
+    nats_url: str, stale_marker: bool
 ) -> None:
     """A tenant's flood pushed the victim's pods out of the stream before the ledger read them, and a relist of the
     namespace's pods (a watch restart) came after: its sync listed them, raising the floor above their versions.
     The relist that answers the loss published them again at those versions, which were refused as a stale
-    producer's: the ledger, whole again, published the victim's usage without them."""
+    producer's: the ledger, whole again, published the victim's usage without them. ``and_an_old_leaders_marker``:
+    an old watcher leader's Pod marker in flight lands next, a list at 150 (below the floor, before the pods
+    existed) that does not list them; it dropped the placeholders the newer marker made."""
     b = await small_stream(nats_url)
     requests = Requests()
     await requests.listen(b)
     try:
-        old = [pod("victim", "old-1", 101), pod("victim", "old-2", 102)]
+        old = [pod("victim", "old-1", 301), pod("victim", "old-2", 302)]
         await publish(b, old)
-        rv = await flood(b, 2, 200)
+        rv = await flood(b, 2, 400)
         listed = contract.sync_event(
             cluster=CLUSTER, kind="Pod", namespace="victim", rv=str(rv), present=["uid-old-1", "uid-old-2"]
         )
         await b.js.publish(contract.event_subject(CLUSTER, "Pod", "victim"), contract.encode(listed))
+        if stale_marker:
+            stale = contract.sync_event(cluster=CLUSTER, kind="Pod", namespace="victim", rv="150", present=[])
+            await b.js.publish(contract.event_subject(CLUSTER, "Pod", "victim"), contract.encode(stale))
         run = Running(b, slow_retry())
         await wait_until(lambda: bool(requests.received) and run.service.lost != "", what="the loss noted")
         await relist(b, old, run.service.lost)
@@ -572,3 +578,34 @@ async def test_a_loss_mended_and_checkpointed_stays_mended_whatever_a_lagging_in
         await run.stop()
     finally:
         await b.close()
+
+
+async def test_a_stale_publish_between_the_relists_kind_marker_and_its_answer_is_refused(
+    nats_url: str,
+) -> None:
+    """The relist's Pod marker (``gone`` absent: deleted) is followed, before the final marker that answers, by an
+    old watcher leader's publish in flight of ``gone`` at an older version: refused (below the floor, no
+    placeholder), so the ledger, whole again, publishes the victim's usage without it."""
+    b = await small_stream(nats_url)
+    requests = Requests()
+    await requests.listen(b)
+    try:
+        await publish(b, [pod("victim", "keep", 101), pod("victim", "gone", 102)])
+        rv = await flood(b, 2, 200)
+        run = Running(b, slow_retry())
+        await wait_until(lambda: bool(requests.received) and run.service.lost != "", what="the loss noted")
+        await publish(b, [pod("victim", "keep", 101)], msg_ids=False)
+        marker = contract.sync_event(cluster=CLUSTER, kind="Pod", namespace="victim", rv=str(rv), present=["uid-keep"])
+        await b.js.publish(contract.event_subject(CLUSTER, "Pod", "victim"), contract.encode(marker))
+        await publish(b, [pod("victim", "gone", 150)], msg_ids=False)  # the old leader's, in flight
+        await relist(b, [], run.service.lost)
+        await wait_until(lambda: run.service.incomplete() == [], what="the relist folded")
+        await wait_until(lambda: _victim_published(b), what="the victim's usage")
+        assert names(await last_usage(b), "victim") == {"keep"}
+        await run.stop()
+    finally:
+        await b.close()
+
+
+async def _victim_published(b: Bus) -> bool:
+    return "victim" in await last_usage(b)

@@ -162,7 +162,9 @@ async def test_status_tail_and_replay_after_a_migration_at_full_quota() -> None:
         # a snapshot replaced within milliseconds can be missing from it, as docs/events.md says)
         assert steps.index("raised") < steps.index("target-admitted")
         assert steps.index("target-admitted") < steps.index("succeeded")
-        assert steps.index("succeeded") <= steps.index("lowered")
+        # (the room is lowered once the target exists, which holds the source pod's room no more: before or after
+        # KubeVirt marks the migration succeeded, whichever comes first)
+        assert steps.index("target-admitted") < steps.index("lowered")
         times = [s["time"] for s in timeline["steps"]]
         assert times == sorted(times, key=lambda t: t.replace("Z", "+00:00")), times
         raise_step = next(s for s in timeline["steps"] if s["step"] == "raised")

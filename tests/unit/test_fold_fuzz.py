@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from shared.ledger.fold import Ledger
-from tests.unit.test_ledger_fold import Event, answer, down, sync, up
+from tests.fold_events import Event, answer, down, sync, up
 
 POD, VMI, VMIM = "Pod", "VirtualMachineInstance", "VirtualMachineInstanceMigration"
 KINDS = (POD, VMI, VMIM)

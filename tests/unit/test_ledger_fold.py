@@ -33,46 +33,8 @@ from shared.ledger.fold import (
     unpack_checkpoint,
 )
 from shared.quantity import Quantity
-from shared.snapshot import SNAPSHOT_TYPES, PodSnapshot
-
-Event = Upserted | Deleted | Sync
-
-
-def make_snapshot(kind: str, uid: str, rv: int, ns: str, name: str, **fields: Any) -> contract.Snapshot:
-    extra: dict[str, Any] = {"vmi_name": "vm"} if kind == "VirtualMachineInstanceMigration" else {}
-    namespace = "" if kind == "Namespace" else ns
-    snap = SNAPSHOT_TYPES[kind](name=name, namespace=namespace, uid=uid, resource_version=str(rv), **extra, **fields)
-    return snap  # type: ignore[return-value]
-
-
-def up(uid: str, rv: int, ns: str = "a", kind: str = "Pod", cluster: str = "c1", **fields: Any) -> Upserted:
-    name = ns if kind == "Namespace" else f"{kind.lower()}-{uid}"
-    ev = contract.object_event(
-        "upserted",
-        cluster=cluster,
-        kind=kind,
-        namespace=ns,
-        name=name,
-        uid=uid,
-        rv=str(rv),
-        snapshot=make_snapshot(kind, uid, rv, ns, name, **fields),
-        time="t",
-    )
-    assert isinstance(ev, Upserted)
-    return ev
-
-
-def down(uid: str, rv: int, ns: str = "a", kind: str = "Pod", cluster: str = "c1") -> Deleted:
-    name = ns if kind == "Namespace" else f"{kind.lower()}-{uid}"
-    ev = contract.object_event(
-        "deleted", cluster=cluster, kind=kind, namespace=ns, name=name, uid=uid, rv=str(rv), snapshot=None, time="t"
-    )
-    assert isinstance(ev, Deleted)
-    return ev
-
-
-def sync(present: list[str], rv: int, ns: str = "a", kind: str = "Pod", cluster: str = "c1") -> Sync:
-    return contract.sync_event(cluster=cluster, kind=kind, namespace=ns, rv=str(rv), present=present, time="t")
+from shared.snapshot import PodSnapshot
+from tests.fold_events import Event, answer, down, sync, up
 
 
 def fold(events: list[Event], ledger: Ledger | None = None, start: int = 1) -> Ledger:
@@ -251,13 +213,6 @@ def test_namespace_sync_applies_to_every_namespace_state_of_the_cluster() -> Non
     assert live_uids(led, "a", "Namespace") == {"n-a": 1}
     assert live_uids(led, "b", "Namespace") == {}
     assert live_uids(led, "b") == {"p": 3}
-
-
-def answer(*tokens: str, cluster: str = "c1", rv: int = 9) -> Sync:
-    """The marker that ends a relist answering the requests named ``tokens``."""
-    return contract.sync_event(
-        cluster=cluster, kind="Namespace", namespace="", rv=str(rv), present=["n-a"], answers=tokens, time="t"
-    )
 
 
 def test_a_cluster_is_whole_again_once_a_relist_answering_its_loss_is_read_and_stays_so_across_checkpoints() -> None:

@@ -102,8 +102,6 @@ def readable_list(rl: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-SCALED_MODES: Final = VM_TERM_MODES
-"""The modes whose ``hard`` is in pod terms scaled by ``k``: those counting vCPUs and guest memory."""
 SCALE_NOTE: Final = (
     "hard = pods + reserved + k * budget - taken - overlap (docs/accounting.md, the quota equation): k is what a "
     "launcher pod is charged per unit the mode counts (requests.cpu = vCPUs / ratio: k < 1), so in a scaled mode "
@@ -249,7 +247,7 @@ def status_table(rows: Sequence[QuotaRow], *, wide: bool = False) -> str:
     text += "\n(VMS: running/starting/refused)"
     if not wide:
         text += "\n(-o wide: what the pods are charged, what is reserved, and hard)"
-    elif any(r.mode in SCALED_MODES for r in rows):  # (about the HARD column: only beside it)
+    elif any(r.mode in VM_TERM_MODES for r in rows):  # (hard scaled by k; about the HARD column only beside it)
         text += f"\nNote: {SCALE_NOTE}."
     return text
 

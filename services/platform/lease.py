@@ -60,13 +60,13 @@ class LeaseLost(RuntimeError):
     pass
 
 
+_BOOTTIME: int | None = getattr(time, "CLOCK_BOOTTIME", None)
+
+
 def _clock() -> float:
     """Seconds that go on while the host is suspended too (Linux' ``CLOCK_BOOTTIME``; ``time.monotonic`` stops):
     a leader resumed from a suspend must not take the suspended time for time it still leads."""
     return time.clock_gettime(_BOOTTIME) if _BOOTTIME is not None else time.monotonic()
-
-
-_BOOTTIME: int | None = getattr(time, "CLOCK_BOOTTIME", None)
 
 
 class Fence:

@@ -74,6 +74,14 @@ class Requests:
         await b.nc.subscribe(contract.relist_subject(CLUSTER), cb=heard)
 
 
+async def listened_stream(url: str) -> tuple[Bus, Requests]:
+    """:func:`small_stream`, and the relist requests the ledger sends for the cluster, heard."""
+    b = await small_stream(url)
+    requests = Requests()
+    await requests.listen(b)
+    return b, requests
+
+
 async def relist(b: Bus, events: list[contract.Upserted | contract.Deleted], *answers: str) -> None:
     """What the watcher publishes when asked: every object again (message ids of the round), then the marker
     answering the requests named ``answers``."""
@@ -96,9 +104,7 @@ async def test_a_ledger_replaying_a_stream_that_dropped_its_head_publishes_nothi
     """No checkpoints (a new bucket, a new partition layout): the ledger replays from the start of a stream whose
     oldest events a tenant's flood pushed out. Before, it published the victim's usage without its long-running
     pods and reported nothing."""
-    b = await small_stream(nats_url)
-    requests = Requests()
-    await requests.listen(b)
+    b, requests = await listened_stream(nats_url)
     try:
         await publish(b, [pod("victim", "old-1", 101), pod("victim", "old-2", 102)])
         rv = await flood(b, 2, 200)
@@ -135,9 +141,7 @@ async def test_an_object_whose_creation_the_stream_lost_is_in_the_usage_after_th
     producer's: the ledger, whole again, published the victim's usage without them. ``and_an_old_leaders_marker``:
     an old watcher leader's Pod marker in flight lands next, a list at 150 (below the floor, before the pods
     existed) that does not list them; it dropped the placeholders the newer marker made."""
-    b = await small_stream(nats_url)
-    requests = Requests()
-    await requests.listen(b)
+    b, requests = await listened_stream(nats_url)
     try:
         old = [pod("victim", "old-1", 301), pod("victim", "old-2", 302)]
         await publish(b, old)
@@ -190,9 +194,7 @@ async def test_a_ledger_down_while_the_stream_dropped_events_keeps_waiting_acros
     """Checkpoints kept, but the ledger was down while the stream dropped events it had not read (the victim's new
     VM's pod among them). Before, it went on from the first message left and never knew; the mark it keeps now
     survives a restart that checkpointed past the loss."""
-    b = await small_stream(nats_url)
-    requests = Requests()
-    await requests.listen(b)
+    b, requests = await listened_stream(nats_url)
     try:
         await usage_of_p1(b)
         await publish(b, [pod("victim", "vm2-launcher", 102)])  # while the ledger is down
@@ -298,9 +300,7 @@ async def test_an_instance_waits_for_its_own_reading_of_a_relist_another_instanc
     it. When A starts again, its own namespace states are still from before the relist, which is ahead of it in
     the stream: it must not publish the victim's usage until it has read that far. Before, it did, without the
     lost pod."""
-    b = await small_stream(nats_url)
-    requests = Requests()
-    await requests.listen(b)
+    b, requests = await listened_stream(nats_url)
     seen: list[set[str]] = []
 
     async def heard(msg: Msg) -> None:
@@ -344,9 +344,7 @@ async def test_a_running_ledger_whose_events_stream_is_created_anew_starts_over(
     """The events stream is deleted and created again while the ledger runs (its storage lost): every event of the
     old one is gone, and the new one numbers from 1. Before, the consumer went on at its old position on the new
     stream, noted nothing, and never read what the watchers published below it."""
-    b = await small_stream(nats_url)
-    requests = Requests()
-    await requests.listen(b)
+    b, requests = await listened_stream(nats_url)
     try:
         run = await read_fifty(b)
         await create_anew(b)
@@ -372,9 +370,7 @@ async def test_an_instance_of_a_new_layout_drops_the_states_of_a_stream_created_
     launcher pod, at sequence 1). A state ahead of the stream now starts over as a progress ahead of it does; and,
     the new stream grown past every loaded state (a tenant's churn), the other instances' record of the stream they
     read tells it: the new layout's consumer takes it for its own."""
-    b = await small_stream(nats_url)
-    requests = Requests()
-    await requests.listen(b)
+    b, requests = await listened_stream(nats_url)
     try:
         run = await read_fifty(b)
         await run.stop()
@@ -398,9 +394,7 @@ async def test_a_stream_created_anew_and_refilled_past_the_ledgers_position_is_a
     more on it than the ledger had read before it looks again: its sequences alone do not tell, its creation time
     does. Before, the ledger went on from its old position on the new stream, on the old stream's states, and
     published the victim's usage without the pod the new stream holds first."""
-    b = await small_stream(nats_url)
-    requests = Requests()
-    await requests.listen(b)
+    b, requests = await listened_stream(nats_url)
     try:
         run = await read_fifty(b)
         if not running:
@@ -435,9 +429,7 @@ async def test_an_unreadable_mark_is_a_new_loss_that_needs_a_relist_of_its_own(n
     answered that, and every later loss of every instance counted as answered. An empty one too: a reader of the bus
     can have JetStream store an empty message under the mark's key (a pull request's status reply aimed there), and
     the ledger took it for "nothing lost" and published usage without the objects whose events were lost."""
-    b = await small_stream(nats_url)
-    requests = Requests()
-    await requests.listen(b)
+    b, requests = await listened_stream(nats_url)
     try:
         await usage_of_p1(b)
         kv = await b.js.key_value(contract.LEDGER_BUCKET)
@@ -467,9 +459,7 @@ async def victim_lost(b: Bus) -> Running:
 async def test_requests_back_off_while_no_watcher_answers(nats_url: str) -> None:
     """Asked again and again (a request is core NATS: one sent while the watcher restarts is lost), later and
     later, and no more once the answer is folded."""
-    b = await small_stream(nats_url)
-    requests = Requests()
-    await requests.listen(b)
+    b, requests = await listened_stream(nats_url)
     try:
         run = await victim_lost(b)
         await wait_until(lambda: len(requests.received) >= 4, what="four requests", within=10)
@@ -493,9 +483,7 @@ async def test_a_consumer_held_up_by_a_call_the_server_does_not_answer_still_ask
     re-created). The ledger asked for relists, and published what was due, only between the consumer's batches, so a
     loss waited that long for its relist (over 20 s once, on a loaded machine). It runs its timers meanwhile, and
     stops promptly."""
-    b = await small_stream(nats_url)
-    requests = Requests()
-    await requests.listen(b)
+    b, requests = await listened_stream(nats_url)
     try:
         run = await victim_lost(b)
         await wait_until(lambda: len(requests.received) >= 1, what="asked", within=10)
@@ -520,9 +508,7 @@ async def test_a_crash_while_starting_over_on_a_stream_created_anew_does_not_for
     progress, stream key and checkpoints. Before, it deleted them first, and a crash at the token's put left a
     bucket that said nothing: the next instance read the new stream as if nothing was lost and published the
     victim's usage without its long-running pod."""
-    b = await small_stream(nats_url)
-    requests = Requests()
-    await requests.listen(b)
+    b, requests = await listened_stream(nats_url)
     try:
         run = await read_fifty(b)
         keeping = asyncio.Event()
@@ -554,9 +540,7 @@ async def test_a_loss_mended_and_checkpointed_stays_mended_whatever_a_lagging_in
     runs beside this one during an upgrade) lacked the answer to its loss; restarted, it found its answer gone and
     behind its progress, waited for it for good, and the watcher, which had answered that token, did not relist
     again."""
-    b = await small_stream(nats_url)
-    requests = Requests()
-    await requests.listen(b)
+    b, requests = await listened_stream(nats_url)
     a_opts = options(PartitionSet.parse("1", 2))
     try:
         kv = await b.ensure_kv(contract.LEDGER_BUCKET)
@@ -586,9 +570,7 @@ async def test_a_stale_publish_between_the_relists_kind_marker_and_its_answer_is
     """The relist's Pod marker (``gone`` absent: deleted) is followed, before the final marker that answers, by an
     old watcher leader's publish in flight of ``gone`` at an older version: refused (below the floor, no
     placeholder), so the ledger, whole again, publishes the victim's usage without it."""
-    b = await small_stream(nats_url)
-    requests = Requests()
-    await requests.listen(b)
+    b, requests = await listened_stream(nats_url)
     try:
         await publish(b, [pod("victim", "keep", 101), pod("victim", "gone", 102)])
         rv = await flood(b, 2, 200)

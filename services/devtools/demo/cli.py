@@ -14,7 +14,8 @@ from services.devtools.speed import check_speed
 from services.platform import runner
 from shared.errors import InvalidInput
 from shared.quantity import Quantity
-from shared.report import SCALE_NOTE, SCALED_MODES, readable
+from shared.quota.modes import VM_TERM_MODES
+from shared.report import SCALE_NOTE, readable
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -78,7 +79,7 @@ def _print_run(r: RunResult, out: TextIO, modes: Mapping[str, str]) -> None:
         )
     scaled = False
     for key, q in sorted(r.quotas.items()):
-        scaled = scaled or (r.with_vmquota and modes.get(key) in SCALED_MODES and q.hard_before != q.budget)
+        scaled = scaled or (r.with_vmquota and modes.get(key) in VM_TERM_MODES and q.hard_before != q.budget)
         print(f"    quota {key}: budget {_fmt_hard(q.budget)}", file=out)
         print(f"      spec.hard before the steps: {_fmt_hard(q.hard_before)}", file=out)
         if q.hard_max != q.hard_before:

@@ -24,9 +24,12 @@ Kubernetes binds (``object``, ``oldObject``, ``request``, ``params``, ``namespac
 Kubernetes CEL libraries our shipped policies use (the strings extension: ``join``, ``split``, ``substring``; the
 quantity library: ``quantity``, ``asApproximateFloat``). CEL's cost limits (one million per expression or variable,
 ten million per policy evaluation) are not modelled: the shipped policies are kept linear in what they read
-(``docs/accounting.md``, "The reservation guard"). Policies, bindings and
-parameters are read from the store at each request: the simulator has no informer lag (a real API server's policy
-and parameter informers trail writes by milliseconds; ``docs/accounting.md`` says what that leaves open).
+(``docs/accounting.md``, "The reservation guard"). Policies, bindings and parameters are read from the store at
+each request (each version decoded once): the simulator has no informer lag (a real API server's policy and
+parameter informers trail writes by milliseconds; ``docs/accounting.md`` says what that leaves open). CEL is handed,
+of each object, only the fields an expression selects (``_read_paths``; the shipped policies' expressions evaluate
+alike either way, ``tests/unit/test_sim_policy_projection.py``): converting whole objects to CEL's values, once per
+parameter, was most of the simulator's time with the guard installed.
 """
 
 from __future__ import annotations
@@ -100,21 +103,38 @@ def _quantity(text: str) -> float:
 
 
 _ACTIVATION_NAMES: Final = ("object", "oldObject", "request", "params", "namespaceObject", "variables", "authorizer")
+_ROOT_USE: Final = re.compile(r"(?<![.\w])(" + "|".join(_ACTIVATION_NAMES) + r")((?:\.[A-Za-z_]\w*)*)(\s*\()?")
+"""A name of the activation where an expression reads it, the field selections that follow it, and whether the last
+of them is a call (a method: ``object.metadata.name.startsWith(...)``)."""
+
+Path = tuple[str, ...]
 
 
-class _Activation:
-    """What one validation's expressions see (``data``: plain JSON values by name). The expressions that read no
-    variable share one conversion of it to CEL's values, made when the first of them runs: an object and its old
-    version are most of what each run would otherwise convert again."""
+def _read_paths(expression: str) -> dict[str, frozenset[Path]]:
+    """The activation's names the expression reads, each with the field paths under which it reads them: every
+    use of a name followed by field selections reads at most the subtree at the end of them (whatever follows, an
+    index, a macro or more selections on another line, reads inside that subtree); any other use reads it whole
+    (the empty path). A name in a string literal or a shadowing macro variable only adds to what is kept."""
+    out: dict[str, set[Path]] = {}
+    for m in _ROOT_USE.finditer(expression):
+        path = tuple(m.group(2).split(".")[1:])
+        if m.group(3) and path:  # (the last selection is a method's name)
+            path = path[:-1]
+        out.setdefault(m.group(1), set()).add(path)
+    return {name: frozenset(paths) for name, paths in out.items()}
 
-    def __init__(self, data: dict[str, Any]) -> None:
-        self.data = data
-        self._converted: Any = None
 
-    def converted(self) -> Any:
-        if self._converted is None:
-            self._converted = _cel()[0].Activation(data={k: v for k, v in self.data.items() if k != "variables"})
-        return self._converted
+def _project(value: Any, paths: frozenset[Path]) -> Any:
+    """``value`` with only what ``paths`` reach (a subtree whole at each path's end). An expression reading only
+    through those paths evaluates alike, a missing field's error and ``has()`` included; lists and scalars are
+    kept whole."""
+    if () in paths or not isinstance(value, dict):
+        return value
+    under: dict[str, set[Path]] = {}
+    for path in paths:
+        if path[0] in value:
+            under.setdefault(path[0], set()).add(path[1:])
+    return {key: _project(value[key], frozenset(rest)) for key, rest in under.items()}
 
 
 class _Program:
@@ -122,9 +142,11 @@ class _Program:
 
     def __init__(self, expression: str) -> None:
         self.expression = expression
-        self.reads = frozenset(n for n in _ACTIVATION_NAMES if re.search(rf"\b{n}\b", expression))
-        """The activation's names the expression reads: only those are handed to CEL (each run converts what it is
-        given, and an object and its old version are most of that)."""
+        self.reads = _read_paths(expression)
+        """The activation's names the expression reads, and the paths it reads them through: only those are handed
+        to CEL. Each run converts what it is given to CEL's values, and the objects (an object and its old
+        version, a parameter) are most of that when handed whole: a policy with a parameter per object of a
+        namespace runs its match conditions once per parameter."""
         try:
             self._program = _cel()[0].compile(expression)
         except ApiError:
@@ -132,18 +154,44 @@ class _Program:
         except Exception as e:  # (the bindings raise a plain error naming the parse or check failure)
             raise _Unsupported(f"compilation failed: {e}") from e
 
-    def run(self, activation: _Activation) -> Any:
-        """The value (plain Python: JSON types), or raise ``_Unsupported`` with the evaluation error."""
+    def run(self, data: Mapping[str, Any], shared: _Shared | None = None) -> Any:
+        """The value (plain Python: JSON types) with the activation ``data`` (converted once for every expression
+        of ``shared`` that reads no variable), or raise ``_Unsupported`` with the evaluation error."""
         try:
-            if "variables" in self.reads:
-                value = self._program.eval(data={k: v for k, v in activation.data.items() if k in self.reads})
+            if shared is not None and "variables" not in self.reads:
+                value = self._program.eval(activation=shared.converted())
             else:
-                value = self._program.eval(activation=activation.converted())
+                value = self._program.eval(data=_projected(data, self.reads))
         except Exception as e:
             raise _Unsupported(str(e)) from e
         if value.type() == _cel()[1]:
             raise _Unsupported(str(value))
         return value.plain_value()
+
+
+def _projected(data: Mapping[str, Any], reads: Mapping[str, frozenset[Path]]) -> dict[str, Any]:
+    return {name: _project(data[name], paths) for name, paths in reads.items() if name in data}
+
+
+class _Shared:
+    """One conversion to CEL's values, for the expressions of a policy's variables and validations that read no
+    variable: what all of them read of the activation, converted when the first of them runs (an object and its
+    old version are most of what each run would otherwise convert again)."""
+
+    def __init__(self, data: Mapping[str, Any], programs: list[_Program]) -> None:
+        self.data = data
+        self.programs = programs
+        self._converted: Any = None
+
+    def converted(self) -> Any:
+        if self._converted is None:
+            reads: dict[str, frozenset[Path]] = {}
+            for program in self.programs:
+                if "variables" not in program.reads:
+                    for name, paths in program.reads.items():
+                        reads[name] = reads.get(name, frozenset()) | paths
+            self._converted = _cel()[0].Activation(data=_projected(self.data, reads))
+        return self._converted
 
 
 def _matches_rule(rule: Obj, op: Operation, res: Resource, subresource: str | None) -> bool:
@@ -191,6 +239,12 @@ class PolicySystem:
         self._bindings = store.resource("validatingadmissionpolicybindings")
         self._namespaces = store.resource("namespaces")
         self._compiled: dict[tuple[str, str], _Program] = {}
+        self._decoded: dict[int, tuple[bytes, Obj]] = {}
+        """id of a stored object's JSON → (that JSON, its decoding): what each request reads of policies, bindings
+        and parameters is decoded once per version (a write stores new JSON). The decodings are only read."""
+        self._rule_matches: dict[tuple[int, Operation, Resource, str | None], tuple[Obj, bool]] = {}
+        """(id of a decoded ``matchConstraints`` or ``matchResources``, operation, resource, subresource) → (that
+        object, whether its rules match): the object is held, so its id is not another's while the entry is."""
         self.denied = 0
 
     def install(self) -> None:
@@ -207,7 +261,17 @@ class PolicySystem:
         return prog
 
     def _all(self, res: Resource) -> list[Obj]:
-        return [_decode(raw) for raw in self.store.list_raw(res, None)[0]]
+        return self._all_in(res, None)
+
+    def _decode(self, raw: bytes) -> Obj:
+        held = self._decoded.get(id(raw))
+        if held is not None and held[0] is raw:
+            return held[1]
+        if len(self._decoded) > 65536:
+            self._decoded.clear()
+        obj: Obj = _decode(raw)
+        self._decoded[id(raw)] = (raw, obj)
+        return obj
 
     async def _admit(
         self, op: Operation, res: Resource, new: Obj | None, old: Obj | None, subresource: str | None = None
@@ -235,11 +299,7 @@ class PolicySystem:
     def _matches(self, constraints: Obj | None, req: _Request, *, required: bool) -> bool:
         if not constraints:
             return not required
-        rules = constraints.get("resourceRules") or []
-        if not any(_matches_rule(r, req.op, req.res, req.subresource) for r in rules):
-            return False
-        excluded = constraints.get("excludeResourceRules") or []
-        if any(_matches_rule(r, req.op, req.res, req.subresource) for r in excluded):
+        if not self._rules_match(constraints, req):
             return False
         if req.res.namespaced and not _selected(
             constraints.get("namespaceSelector"), self._namespace_labels(req.namespace)
@@ -247,6 +307,23 @@ class PolicySystem:
             return False
         selector = constraints.get("objectSelector")
         return any(_selected(selector, _labels(o)) for o in (req.new, req.old) if o is not None)
+
+    def _rules_match(self, constraints: Obj, req: _Request) -> bool:
+        """Whether the request's operation and resource match ``resourceRules`` and no ``excludeResourceRules``;
+        held per constraints object (a decoded version's, see ``_decoded``) and request kind."""
+        key = (id(constraints), req.op, req.res, req.subresource)
+        held = self._rule_matches.get(key)
+        if held is not None and held[0] is constraints:
+            return held[1]
+        rules = constraints.get("resourceRules") or []
+        excluded = constraints.get("excludeResourceRules") or []
+        found = any(_matches_rule(r, req.op, req.res, req.subresource) for r in rules) and not any(
+            _matches_rule(r, req.op, req.res, req.subresource) for r in excluded
+        )
+        if len(self._rule_matches) > 65536:
+            self._rule_matches.clear()
+        self._rule_matches[key] = (constraints, found)
+        return found
 
     def _params(self, policy: Obj, binding: Obj, req: _Request) -> list[Obj | None]:
         """The parameter objects to evaluate with (``[None]`` when the policy takes none, ``[]`` when none is found
@@ -283,7 +360,7 @@ class PolicySystem:
         return params
 
     def _all_in(self, res: Resource, namespace: str | None) -> list[Obj]:
-        return [_decode(raw) for raw in self.store.list_raw(res, namespace)[0]]
+        return [self._decode(raw) for raw in self.store.list_raw(res, namespace)[0]]
 
     def _check(self, policy: Obj, binding: Obj, req: _Request) -> None:
         pspec = policy.get("spec") or {}
@@ -300,14 +377,21 @@ class PolicySystem:
             if fail_closed:
                 self._deny(policy, binding, req, f"failed to configure binding: {e}", "Invalid", actions)
             return
+        base = self._activation(req) if params else {}
         for param in params:
-            self._validate(policy, binding, req, param, actions, fail_closed)
+            self._validate(policy, binding, req, {**base, "params": param, "variables": {}}, actions, fail_closed)
 
     def _validate(
-        self, policy: Obj, binding: Obj, req: _Request, param: Obj | None, actions: list[Any], fail_closed: bool
+        self,
+        policy: Obj,
+        binding: Obj,
+        req: _Request,
+        activation: dict[str, Any],
+        actions: list[Any],
+        fail_closed: bool,
     ) -> None:
+        """Run the policy with one parameter (``activation``: what its expressions see)."""
         pspec = policy.get("spec") or {}
-        activation = _Activation(self._activation(req, param))
         try:
             for cond in pspec.get("matchConditions") or []:
                 if not bool(self._program(policy, str(cond.get("expression", ""))).run(activation)):
@@ -316,29 +400,34 @@ class PolicySystem:
             if fail_closed:
                 self._deny(policy, binding, req, f"expression evaluation failed: {e}", "Invalid", actions)
             return
-        for var in pspec.get("variables") or []:
+        variables = [
+            (str(var.get("name", "")), self._program(policy, str(var.get("expression", ""))))
+            for var in pspec.get("variables") or []
+        ]
+        validations = [(v, self._program(policy, str(v.get("expression", "")))) for v in pspec.get("validations") or []]
+        shared = _Shared(activation, [p for _, p in variables] + [p for _, p in validations])
+        for name, program in variables:
             # Kubernetes evaluates a variable lazily, where an expression first reads it: one that fails to evaluate
             # fails only the expressions that read it (and CEL's `||` and `&&` absorb such an error where the other
             # side decides). A variable that fails is left unbound here, so that reading it fails the same way.
             try:
-                value = self._program(policy, str(var.get("expression", ""))).run(activation)
+                value = program.run(activation, shared)
             except _Unsupported:
                 continue
-            activation.data["variables"] = {**activation.data["variables"], str(var.get("name", "")): value}
-        for v in pspec.get("validations") or []:
-            expression = str(v.get("expression", ""))
+            activation["variables"] = {**activation["variables"], name: value}
+        for v, program in validations:
             try:
-                ok = bool(self._program(policy, expression).run(activation))
+                ok = bool(program.run(activation, shared))
             except _Unsupported as e:
                 if fail_closed:
-                    message = f"expression '{expression}' resulted in error: {e}"
+                    message = f"expression '{program.expression}' resulted in error: {e}"
                     self._deny(policy, binding, req, message, "Invalid", actions)
                 continue
             if not ok:
                 message = self._message(policy, v, activation)
                 self._deny(policy, binding, req, message, str(v.get("reason") or "Invalid"), actions)
 
-    def _message(self, policy: Obj, validation: Obj, activation: _Activation) -> str:
+    def _message(self, policy: Obj, validation: Obj, activation: dict[str, Any]) -> str:
         expr = validation.get("messageExpression")
         if expr:
             try:
@@ -350,7 +439,8 @@ class PolicySystem:
         message = str(validation.get("message") or "").strip()
         return message or f"failed expression: {str(validation.get('expression', '')).strip()}"
 
-    def _activation(self, req: _Request, params: Obj | None) -> dict[str, Any]:
+    def _activation(self, req: _Request) -> dict[str, Any]:
+        """What a policy's expressions see of the request, but its parameter and variables."""
         user = current_user()
         kind = {"group": req.res.group, "version": req.res.version, "kind": req.res.kind}
         resource = {"group": req.res.group, "version": req.res.version, "resource": req.res.plural}
@@ -378,9 +468,7 @@ class PolicySystem:
             "object": req.new,
             "oldObject": req.old,
             "request": request,
-            "params": params,
             "namespaceObject": ns,
-            "variables": {},
         }
 
     def _deny(self, policy: Obj, binding: Obj, req: _Request, message: str, reason: str, actions: list[Any]) -> None:

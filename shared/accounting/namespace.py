@@ -110,6 +110,7 @@ def account_view(
     late: frozenset[str] = frozenset(),
     departed: Mapping[str, VmiSnapshot] | None = None,
     made_for: Mapping[str, tuple[str, int, int]] | None = None,
+    settled: frozenset[str] = frozenset(),
 ) -> NamespaceUsage:
     """Account one namespace: **the** entry of the accounting.
 
@@ -123,12 +124,14 @@ def account_view(
     VMI uid, resourceVersion, configuration and namespace facts; the configuration of the same KubeVirt
     snapshot), so that accounting a namespace again after one change costs little; the result is the same either
     way (False: the reference). ``late``: the uids of the pods created in a refusal, as the ledger's fold remembers
-    them (``shared.ledger.fold``; none without a history). ``departed``: launcher pods KubeVirt named in a VMI's
-    ``status.activePods`` and names no more, with that VMI as it last named them (the fold's memory, likewise): such
-    a pod that still runs counts as that VM. ``made_for``: launcher pod uid → the VMI it was made for, the vCPUs
-    of that VMI's spec as the fold first saw the two together (at least what the pod was made for) and the fewest
-    the pod may have been made for (likewise): a running VM counts at the most vCPUs that or its pods' charges show,
-    whatever its status says, and is admitted as a size change unless the fewest and its charges show its spec."""
+    them (``shared.ledger.fold``; none without a history), and ``settled`` those a change of a quota's policy found
+    created since a migration (likewise; their creation after a migration no longer holds it back). ``departed``:
+    launcher pods KubeVirt named in a VMI's ``status.activePods`` and names no more, with that VMI as it last named
+    them (the fold's memory, likewise): such a pod that still runs counts as that VM. ``made_for``: launcher pod uid
+    → the VMI it was made for, the vCPUs of that VMI's spec as the fold first saw the two together (at least what
+    the pod was made for) and the fewest the pod may have been made for (likewise): a running VM counts at the most
+    vCPUs that or its pods' charges show, whatever its status says, and is admitted as a size change unless the
+    fewest and its charges show its spec."""
     return _Accounting(
         kinds,
         namespace,
@@ -140,6 +143,7 @@ def account_view(
         late=late,
         departed=departed,
         made_for=made_for,
+        settled=settled,
     ).run()
 
 
@@ -188,9 +192,11 @@ class _Accounting(Admission):
         late: frozenset[str] = frozenset(),
         departed: Mapping[str, VmiSnapshot] | None = None,
         made_for: Mapping[str, tuple[str, int, int]] | None = None,
+        settled: frozenset[str] = frozenset(),
     ) -> None:
         self.now = now
         self.late = late
+        self.settled = settled
         self.made_for: Mapping[str, tuple[str, int, int]] = made_for or {}
         self.errors: list[str] = []
         self.namespace = namespace

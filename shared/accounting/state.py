@@ -196,6 +196,9 @@ class State:
     pods: list[PodSnapshot]
     late: frozenset[str]
     """Uids of the pods created in a refusal of a migration, as the ledger's fold remembers them."""
+    settled: frozenset[str]
+    """Uids of the pods a change of a quota's policy found created since a migration, as the ledger's fold
+    remembers them: their creation after a migration no longer holds it back."""
     made_for: Mapping[str, tuple[str, int, int]]
     """Launcher pod uid → the VMI it was made for, the vCPUs of its spec as the ledger's fold first saw the two
     together (at least what the pod was made for), and the fewest vCPUs the pod may have been made for

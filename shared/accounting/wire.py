@@ -98,6 +98,7 @@ def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageB
         view.namespace,
         now=now or datetime.now(UTC),
         late=view.late,
+        settled=view.settled,
         departed=view.departed,
         made_for=view.made_for,
     )

@@ -26,8 +26,11 @@ after the end (the migration's ``deletionTimestamp``, which KubeVirt's finalizer
 take the finalizer off and delete at once, and then the end is the time the watcher published the deletion) is
 marked, whenever it is delivered; the window goes once a pod created after that arrives. A change
 of a managed quota's policy (an administrator lowering the budget, say) clears the marks: they are about the room
-``hard`` held under the old one. The marks follow from the events' order alone, so a replay of the stream makes
-the same.
+``hard`` held under the old one. For the same reason the pods it finds created since the oldest migration are
+*settled* (:attr:`NamespaceState.settled`): their creation after a migration no longer holds it back, and they are
+marked again only by growing in a refusal (a pod that took room the budget left, and then the budget lowered below
+what runs, held the migration back for as long as it ran). The marks follow from the events' order alone, so a
+replay of the stream makes the same.
 
 Launcher pods KubeVirt stopped naming: a pod a VMI's ``status.activePods`` named (KubeVirt writes it, for the
 pods the VMI controls) that the VMI names no more while the pod still runs — its controller reference taken off
@@ -229,6 +232,8 @@ class Checkpoint(msgspec.Struct, kw_only=True, rename="camel"):
     floors: dict[str, int] = {}
     late: list[str] = []
     """Pods created in a refusal (:attr:`NamespaceState.late`), sorted."""
+    settled: list[str] = []
+    """:attr:`NamespaceState.settled`, sorted."""
     windows: dict[str, tuple[datetime, datetime]] = {}
     """Refusals that ended (:attr:`NamespaceState.windows`)."""
     clock: datetime | None = None
@@ -331,6 +336,7 @@ class NamespaceState:
         "refused_from",
         "replaced",
         "seq",
+        "settled",
         "usage_digest",
         "windows",
     )
@@ -357,6 +363,9 @@ class NamespaceState:
         """The snapshot the last applied or refreshed event replaced (None: the object was absent)."""
         self.late: set[str] = set()
         """Uids of the existing pods created in a refusal (see the module)."""
+        self.settled: set[str] = set()
+        """Uids of the existing pods a change of a managed quota's policy found created since a migration (see the
+        module): they took nothing the new policy holds room for, and no longer count as created after it."""
         self.refused_from: datetime | object | None = _UNKNOWN
         """:meth:`_refused_from`, or :data:`_UNKNOWN` since the last change of a migration."""
         self.windows: dict[str, tuple[datetime, datetime]] = {}
@@ -447,7 +456,7 @@ class NamespaceState:
                 if self.departed and uid in self.departed and _finished(ev.snapshot):
                     del self.departed[uid]
                 if self.windows or self._refused_from() is not None:  # (the common case, no refusal, costs two tests)
-                    if uid not in self.late and self._in_refusal(ev.snapshot, self.replaced):
+                    if uid not in self.late and self._in_refusal(ev.snapshot, self.replaced, uid in self.settled):
                         self.late.add(uid)
                         refreshed = False
                     self._pods_at(created)
@@ -457,19 +466,22 @@ class NamespaceState:
                 if since is not None and (self.replaced is None or _refused_since(self.replaced) is None):
                     # (refused now: the pods folded before it, the watches of two kinds being in no order)
                     self.late.update(
-                        p.uid for p in self._pods() if p.creation_timestamp and p.creation_timestamp >= since
+                        p.uid
+                        for p in self._pods()
+                        if p.creation_timestamp and p.creation_timestamp >= since and p.uid not in self.settled
                     )
                 self._ended(uid, self.replaced, ev.snapshot, ev.time)
             elif kind == EVENT_KIND:
                 _kept_in_fold_order(recs, uid)
             elif (
                 kind == QUOTA_KIND
-                and self.late
+                and (self.late or self.live(VMIM_KIND))
                 and isinstance(self.replaced, QuotaSnapshot)
                 and isinstance(ev.snapshot, QuotaSnapshot)
                 and policy_or_error(self.replaced) != policy_or_error(ev.snapshot)
             ):
                 self.late.clear()
+                self._settle()
             return _REFRESHED if refreshed else _APPLIED
         if rec is not None and (rv < rec.rv or (rv == rec.rv and rec.snapshot is None)):
             return Outcome.STALE
@@ -484,6 +496,7 @@ class NamespaceState:
         recs[uid] = Record(rv, seq, None)
         self._live.pop(kind, None)
         self.late.discard(uid)
+        self.settled.discard(uid)
         self._gone(kind, uid, self.replaced)
         if kind == VMIM_KIND:
             self.refused_from = _UNKNOWN
@@ -586,14 +599,34 @@ class NamespaceState:
     def _pods(self) -> Iterator[PodSnapshot]:
         return (p for p in self.live(POD_KIND) if isinstance(p, PodSnapshot))
 
-    def _in_refusal(self, pod: Snapshot, before: Snapshot | None) -> bool:
+    def _settle(self) -> None:
+        """A managed quota's policy changed: the pods created since the oldest active migration took room the old
+        policy held, if any, and their creation holds no migration back any more (:attr:`settled`), as the marks
+        do not."""
+        times = [
+            m.creation_timestamp
+            for m in self.live(VMIM_KIND)
+            if isinstance(m, VmimSnapshot) and m.active and m.creation_timestamp is not None
+        ]
+        oldest = min(times, default=None)
+        self.settled = (
+            {p.uid for p in self._pods() if p.creation_timestamp is not None and p.creation_timestamp >= oldest}
+            if oldest is not None
+            else set()
+        )
+
+    def _in_refusal(self, pod: Snapshot, before: Snapshot | None, settled: bool = False) -> bool:
         """Whether ``pod`` (``before`` the version it replaces) was created, or grew, in a refusal: one still active
-        in the view, or one that ended (:attr:`windows`)."""
+        in the view, or one that ended (:attr:`windows`). A ``settled`` pod (:attr:`settled`) only by growing."""
         since = self._refused_from()
         created = pod.creation_timestamp if isinstance(pod, PodSnapshot) else None
-        if created is not None and (
-            (since is not None and since <= created)
-            or any(start <= created <= until for start, until in self.windows.values())
+        if (
+            not settled
+            and created is not None
+            and (
+                (since is not None and since <= created)
+                or any(start <= created <= until for start, until in self.windows.values())
+            )
         ):
             return True
         return (since is not None or bool(self.windows)) and _grew(before, pod)
@@ -665,6 +698,7 @@ class NamespaceState:
                         self.refused_from = _UNKNOWN
                         self._ended(uid, gone, None, ev.time)
                 self.late.discard(uid)
+                self.settled.discard(uid)
                 changed = True
         if ev.kind == POD_KIND and self.made_for:
             # (a pod named before it was folded, which the list does not return: gone, or named by a forgery; the
@@ -722,6 +756,7 @@ class NamespaceState:
                 answered=dict(sorted(self.answered.items())),
                 floors=dict(sorted(self.floors.items())),
                 late=sorted(self.late),
+                settled=sorted(self.settled),
                 windows=dict(sorted(self.windows.items())),
                 clock=self.clock,
                 departed=dict(sorted(self.departed.items())),
@@ -756,6 +791,7 @@ class NamespaceState:
         st.answered = dict(ck.answered)
         st.floors = dict(ck.floors)
         st.late = set(ck.late)
+        st.settled = set(ck.settled)
         st.windows = dict(ck.windows)
         st.clock = ck.clock
         for uid, wire in ck.departed_vmis.items():
@@ -800,6 +836,8 @@ class NamespaceView:
     """kind → snapshots of the cluster-wide objects (the KubeVirt CR)."""
     late: frozenset[str] = frozenset()
     """Uids of the pods created in a refusal (:attr:`NamespaceState.late`)."""
+    settled: frozenset[str] = frozenset()
+    """Uids of the pods a change of policy found created since a migration (:attr:`NamespaceState.settled`)."""
     departed: Mapping[str, VmiSnapshot] = field(default_factory=dict)
     """Launcher pods KubeVirt stopped naming that may still run (:attr:`NamespaceState.departed`)."""
     made_for: Mapping[str, tuple[str, int, int]] = field(default_factory=dict)
@@ -956,6 +994,7 @@ class Ledger:
             objects=st.live_objects() if st is not None else {},
             cluster_objects=cw.live_objects() if cw is not None else {},
             late=frozenset(st.late) if st is not None else frozenset(),
+            settled=frozenset(st.settled) if st is not None else frozenset(),
             departed=st.departed_pods() if st is not None and st.departed else {},
             made_for=st.made_for if st is not None else {},
         )

@@ -23,7 +23,17 @@ from shared.quantity import Quantity
 from shared.quota.enforcement import BUDGET_CHANGED
 from shared.resources import ResourceList, add, format_resource_list, parse_resource_list
 from shared.times import parse_rfc3339
-from tests.integration.e2e import SPEED, WITHIN, Pipeline, full_namespace, on, pipeline, plain_pod, rl
+from tests.integration.e2e import (
+    PATIENT_KUBEVIRT,
+    SPEED,
+    WITHIN,
+    Pipeline,
+    full_namespace,
+    on,
+    pipeline,
+    plain_pod,
+    rl,
+)
 
 SCENARIOS = {s.name: s for s in builtin_scenarios()}
 
@@ -387,6 +397,33 @@ async def test_budget_annotation_edited_mid_migration() -> None:
             "a decision with the new budget",
         )
         await p.wait(lambda: bool(p.quota_events(ns, "compute", BUDGET_CHANGED)), "a BudgetChanged event")
+
+
+@pytest.mark.parametrize("guard", [False, True], ids=["without_the_guard", "with_the_guard"])
+async def test_a_budget_lowered_below_what_runs_mid_migration_still_migrates_beside_a_pod_made_since(
+    guard: bool,
+) -> None:
+    """A tenant's small pod created just after a migration, in room the budget left (not the room held for the
+    target), then an administrator lowering the budget below what runs while the target is reserved: the namespace
+    is over its budget for the administrator's reason, and the migration still gets its room. Before, the pod's
+    creation after the migration held it back for as long as the pod ran (a VM's pod would run for good)."""
+    async with pipeline(kubevirt_timing=PATIENT_KUBEVIRT, guard=guard) as p:
+        ns = "tenant-lowered-mid-migration"
+        await full_namespace(p, ns)
+        room = p.hard(ns, "compute")["limits.memory"] - p.pod_usage(ns)["limits.memory"]
+        fill = format_resource_list({"memory": room - Quantity.parse("64Mi")})
+        await p.sim.create(plain_pod(ns, "filler", fill, fill))
+        mig = await p.migrate(ns, "vm1")
+        await p.sim.create(plain_pod(ns, "small", {"memory": "32Mi"}, {"memory": "32Mi"}))
+
+        def reserved() -> bool:
+            snap = p.tap.usage.get(ns)
+            return snap is not None and any(m.name == mig and m.state == "pending" for m in snap.migrations)
+
+        await p.wait(reserved, "room reserved for the target")
+        await p.set_budget(ns, "compute", {"limits.memory": "60Gi"})
+        await p.wait_migrated(ns, "vm1", mig)
+        assert any(o["metadata"]["name"] == "small" for o in p.objects("pods", ns)), "the small pod ran throughout"
 
 
 async def test_foreign_write_to_spec_hard_becomes_the_budget() -> None:

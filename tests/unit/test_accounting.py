@@ -131,6 +131,28 @@ def test_a_target_whose_reserved_room_a_later_pod_took_holds_no_room_again() -> 
     assert mig(account([quota, *vmis, *pods, migration, older]), "m1").state == PENDING
 
 
+@pytest.mark.parametrize("later", ["after", "same second"])
+def test_a_pod_created_after_a_migration_in_room_the_budget_left_does_not_hold_it_back_once_the_budget_is_lowered(
+    later: str,
+) -> None:
+    """A pod created after a migration (or in its second) that took room the budget left, not the room reserved for
+    the target, and then an administrator's lowering of the budget below what runs: the namespace is over its budget
+    for the administrator's reason, and the migration still gets its room (it waited for good before, while that
+    pod ran: a VM's pod runs for good). A pod created once the budget is lowered still counts as taking the room."""
+    quota, vmis, pods = full_64gi()
+    filler = pod_obj("filler", {"memory": "1Gi"}, {"memory": "15Gi"}, t=50)
+    migration = vmim_obj("m1", "vm0", t=100, rejected=True)
+    small = pod_obj("small", {"memory": "32Mi"}, {"memory": "32Mi"}, t=101 if later == "after" else 100)
+    base = [quota, *vmis, *pods, filler, migration]
+    assert mig(account_history([*base, small]), "m1").state == PENDING, "the small pod took the budget's room"
+    lowered = quota_obj("rq", {"limits.memory": "64Gi"}, budget={"limits.memory": "60Gi"})
+    held = mig(account_history([*base, small, lowered]), "m1")
+    assert held.state == PENDING and held.reserved, held
+    grab = pod_obj("grab", {"memory": "1Gi"}, {"memory": "8Gi"}, t=102)  # (created once the budget is lowered)
+    taken = mig(account_history([*base, small, lowered, grab]), "m1")
+    assert taken.state == WAITING and "taken by another pod" in taken.reason, taken
+
+
 def test_seed_1_migration_at_full_use_succeeds_and_hard_comes_back() -> None:
     quota = quota_obj("rq", {"limits.memory": "64Gi"})
     facts = facts_for(["limits.memory"])

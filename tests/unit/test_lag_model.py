@@ -636,6 +636,7 @@ class Cluster:
             objects={k: list(v.values()) for k, v in self.view.items()},
             cluster_objects={KUBEVIRT_KIND: [self.kv_snapshot]},
             late=frozenset(self.fold.late),
+            settled=frozenset(self.fold.settled),
             departed=self.fold.departed_pods(),
         )
         body = wire.account(view, now=NOW)

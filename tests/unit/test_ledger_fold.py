@@ -551,23 +551,65 @@ def test_a_refusal_that_ended_marks_the_pods_created_up_to_a_grace_after_its_end
     )
     assert st.late == {"old"}, "a resize long after the refusal marks nothing"
 
-    def quota(rv: int, budget: str, hard: str = "64Gi", status: str = "") -> Upserted:
-        ann = {"vmquota.io/mode": "VmiPodUsage", "vmquota.io/budget": json.dumps({"limits.memory": budget})}
-        ann |= {"vmquota.io/status": status} if status else {}
-        return up(
-            "q",
-            rv,
-            kind="ResourceQuota",
-            labels={"vmquota.io/managed": "true"},
-            annotations=ann,
-            spec_hard={"limits.memory": Quantity.parse(hard)},
-        )
-
     # the enforcer's own writes (a raise, its status line) change no policy: the tenant cannot clear the marks
     fold([quota(8, "64Gi"), quota(9, "64Gi", hard="80Gi", status="raised for the migration of vm1")], led, start=8)
     assert st.late == {"old"}, "the same policy: marks kept"
     fold([quota(10, "32Gi")], led, start=10)
     assert st.late == set(), "a lowered budget: the marks were about the room hard held under the old one"
+
+
+def quota(rv: int, budget: str, hard: str = "64Gi", status: str = "") -> Upserted:
+    """A version of the managed quota ``q`` (``VmiPodUsage``, a ``limits.memory`` budget)."""
+    ann = {"vmquota.io/mode": "VmiPodUsage", "vmquota.io/budget": json.dumps({"limits.memory": budget})}
+    ann |= {"vmquota.io/status": status} if status else {}
+    return up(
+        "q",
+        rv,
+        kind="ResourceQuota",
+        labels={"vmquota.io/managed": "true"},
+        annotations=ann,
+        spec_hard={"limits.memory": Quantity.parse(hard)},
+    )
+
+
+def test_a_change_of_policy_settles_the_pods_created_since_a_migration_and_they_stay_so() -> None:
+    """A change of a managed quota's policy settles the pods created since the oldest active migration: their
+    creation after it no longer holds it back (``shared.accounting.migrations``), and they are not marked again by
+    a later version, or by a migration refused later, but by growing in a refusal. A pod created after the change
+    is not settled and is marked as before. Settled pods are kept in checkpoints and dropped with the pod."""
+    t0 = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
+    refused: dict[str, Any] = {"phase": "Pending", "rejected_by_quota": True, "creation_timestamp": t0}
+    small: dict[str, Any] = {"creation_timestamp": t0, "usage": {"memory": Quantity.parse("32Mi")}}
+    led = fold(
+        [
+            quota(1, "64Gi"),
+            up("before", 2, creation_timestamp=t0 - timedelta(seconds=30)),
+            up("m1", 3, kind="VirtualMachineInstanceMigration", **refused),
+            up("small", 4, **small),
+        ]
+    )
+    st = led.state("c1", "a")
+    assert st is not None and st.late == {"small"} and not st.settled
+    fold([quota(5, "64Gi", hard="80Gi", status="raised for the migration of vm1")], led, start=5)
+    assert st.late == {"small"} and not st.settled, "the enforcer's own write changes no policy"
+    fold([quota(6, "60Gi")], led, start=6)
+    assert st.late == set() and st.settled == {"small"}, "created since the migration, found by the change"
+    assert led.view("c1", "a").settled == frozenset({"small"})
+    assert Ledger().load(st.checkpoint()).settled == st.settled
+    fold(
+        [
+            up("small", 7, **small, labels={"touched": "yes"}),  # (a later version: not marked again)
+            up("m2", 8, kind="VirtualMachineInstanceMigration", **refused),  # (a later refusal: likewise)
+            up("grab", 9, creation_timestamp=t0 + timedelta(seconds=2)),  # (created after the change)
+        ],
+        led,
+        start=7,
+    )
+    assert st.late == {"grab"} and st.settled == {"small"}
+    fold([up("small", 10, **{**small, "usage": {"memory": Quantity.parse("8Gi")}})], led, start=10)
+    assert st.late == {"grab", "small"}, "grown in a refusal: marked"
+    fold([down("small", 11)], led, start=11)
+    assert not st.settled and st.late == {"grab"}
 
 
 def test_a_refused_migration_a_relist_drops_ends_its_refusal_as_a_deletion_does() -> None:

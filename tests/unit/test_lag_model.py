@@ -37,6 +37,8 @@ interleaved in any order, with vmquota's own pure code deciding ``spec.hard``.
   rendered with it took over),
   forged refusal Events, pod deletions and in-place resizes (``pods/resize``), VM stops and restarts (the same name,
   a new uid), migration deletions with or without KubeVirt's finalizer, and deletions of a migration's target pod.
+* **an administrator** (:class:`BudgetLagModel`): lowers the budget, perhaps below what runs (vmquota catching up
+  at once); what ran beyond it then is allowed to stay, and the liveness check holds as before.
 
 Invariant 1, after every step (:meth:`Cluster.check_safety`): the namespace's usage in mode terms computed from the
 truth alone (each VM with a live launcher pod KubeVirt made, at the size it runs at, in mode terms; every other pod
@@ -88,6 +90,7 @@ from shared.quota.modes import Mode, mode_usage, pod_factor
 from shared.resources import ResourceList, add, format_resource_list, maximum, minimum, parse_resource_list
 from shared.snapshot import AnySnapshot, PodSnapshot, QuotaSnapshot, VmimSnapshot, VmiSnapshot
 from tests.builders import (
+    COUNT_NAMES,
     CPU_NAMES,
     MEM_NAMES,
     NOW,
@@ -275,6 +278,9 @@ class Cluster:
     """Targets KubeVirt made whose migration the tenant deleted without KubeVirt's finalizer before the hand-off:
     nothing deletes them (the known limit "a migration target orphaned by its tenant"); its VMI controls them."""
     credits: dict[str, ResourceList] = field(default_factory=dict)
+    lowered: ResourceList = field(default_factory=dict)
+    """What ran beyond the budget when an administrator last lowered it below (Kubernetes lets ``used`` exceed
+    ``hard``; nothing new gets in while it does)."""
     """What known limits let a pod (a tenant's pod by name, a VM by its VMI's name) take beyond the budget, in mode
     terms: the reserved room in ``status.hard`` when it got in (without the guard)."""
     adopting: bool = False
@@ -1399,9 +1405,10 @@ class Cluster:
         return out
 
     def allowance(self) -> ResourceList:
-        """What the known limits let the namespace's usage exceed the budget by now: with the guard nothing (no
-        forged target, no orphan, no window), without it the forged targets and the credits of live pods."""
-        total = self.forged_targets()
+        """What the known limits let the namespace's usage exceed the budget by now: what ran beyond a budget its
+        administrator lowered; with the guard nothing more (no forged target, no orphan, no window), without it the
+        forged targets and the credits of live pods."""
+        total = add(self.forged_targets(), self.lowered)
         live = set(self.objs[POD_KIND]) | {n for n, v in self.objs[VMI_KIND].items() if self.vm_pods(v)}
         live |= {name_of(self.detached[p]) for p in self.live_detached()}  # (its guest runs on: it counts as its VM)
         for holder, taken in self.credits.items():
@@ -1488,6 +1495,27 @@ class Cluster:
         the guard neither can be (only a pod made before the namespace was managed)."""
         return any(name_of(p) in self.tenant_pods or name_of(p) in self.orphans for p in self.controlled(vmi))
 
+    def lower_the_budget(self, percent: int) -> None:
+        """An administrator lowers the budget to ``percent`` of itself through ``vmquota.io/budget``, as the docs say
+        to, perhaps below what runs, and vmquota catches up before anything else happens (the lag of the change
+        itself is not modelled: without the guard, the old ``hard`` admits pods until the enforcer's write)."""
+        budget: dict[str, str] = {}
+        for r, q in self.budget.items():
+            units = q.nanos * percent // 100
+            if r.endswith("memory") or "memory/" in r:
+                budget[r] = f"{units // (1024 * 1024 * 10**9)}Mi"
+            elif r in COUNT_NAMES or "instances" in r:
+                budget[r] = str(units // 10**9)
+            else:
+                budget[r] = f"{units // 10**6}m"
+        quota = copy.deepcopy(self.quota)
+        quota["metadata"].setdefault("annotations", {})[BUDGET_ANNOTATION] = json.dumps(budget)
+        self.put(quota)
+        self.budget = parse_resource_list(budget)
+        used = self.usage()
+        self.lowered = positive({r: used.get(r, ZERO) - self.budget[r] for r in self.setup.enforced})
+        self.vmquota_catches_up()
+
     def held_back(self, m: Obj) -> bool:
         """Without the guard, pods created at or after a migration keep the namespace over its budget (they took
         the room reserved for its target: the tenant's, or a VM's KubeVirt started meanwhile): vmquota holds no room
@@ -1503,7 +1531,10 @@ class Cluster:
         since = m["metadata"]["creationTimestamp"]
         targets = {v["status"].get("migrationState", {}).get("targetPod") for v in self.of_kind(VMI_KIND)}
         return any(
-            (p["metadata"]["creationTimestamp"] >= since or uid_of(p) in self.fold.late)
+            (
+                (p["metadata"]["creationTimestamp"] >= since and uid_of(p) not in self.fold.settled)
+                or uid_of(p) in self.fold.late
+            )
             and not terminal(p)
             and name_of(p) not in targets
             for p in self.of_kind(POD_KIND)
@@ -1849,6 +1880,20 @@ class GuardedLifecycleLagModel(LifecycleLagModel):
     guarded = True
 
 
+class BudgetLagModel(LagModel):
+    """The model with an administrator lowering the budget, perhaps below what runs: the namespace may stay over it
+    by what ran then, and its migrations still get their room (a pod the tenant made just after a migration, in room
+    the budget left, held the migration back for as long as it ran: ``shared.ledger.fold``, settled pods)."""
+
+    @rule(percent=st.sampled_from([40, 75, 90]))
+    def administrator_lowers_the_budget(self, percent: int) -> None:
+        self.c.lower_the_budget(percent)
+
+
+class GuardedBudgetLagModel(BudgetLagModel):
+    guarded = True
+
+
 _MACHINE_SETTINGS = settings(
     max_examples=200,
     stateful_step_count=50,
@@ -1871,6 +1916,10 @@ TestLifecycleLagModelWithoutTheGuard = LifecycleLagModel.TestCase
 TestLifecycleLagModelWithoutTheGuard.settings = _LIFECYCLE_SETTINGS
 TestLifecycleLagModelWithTheGuard = GuardedLifecycleLagModel.TestCase
 TestLifecycleLagModelWithTheGuard.settings = _LIFECYCLE_SETTINGS
+TestBudgetLagModelWithoutTheGuard = BudgetLagModel.TestCase
+TestBudgetLagModelWithoutTheGuard.settings = _LIFECYCLE_SETTINGS
+TestBudgetLagModelWithTheGuard = GuardedBudgetLagModel.TestCase
+TestBudgetLagModelWithTheGuard.settings = _LIFECYCLE_SETTINGS
 
 
 # ---- what the machine found, as plain reproductions ------------------------------------------------------------

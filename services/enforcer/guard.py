@@ -17,7 +17,7 @@ from typing import Final
 
 import structlog
 
-from services.enforcer.kube import KubeError, QuotaApi, version_of
+from services.enforcer.kube import KubeError, Obj, QuotaApi, version_of
 from services.enforcer.options import Key
 from shared import contract
 from shared.quota import guard
@@ -126,11 +126,27 @@ class GuardWriter:
         return any(held)
 
     async def shrink(self, namespace: str) -> None:
-        """Best effort: the next write in the namespace shrinks it otherwise."""
-        try:
-            await self.write(namespace, grow=False)
-        except Exception as e:
-            log.warning("reservation guard not shrunk", namespace=namespace, error=str(e) or type(e).__name__)
+        """Take off what no quota of the namespace carries (one gone, or no longer managed); raises when it could
+        not (the caller retries: a namespace left with no managed quota has no later write that would)."""
+        await self.write(namespace, grow=False)
+
+    def observe(self, namespace: str, obj: Obj) -> bool:
+        """The namespace's QuotaReservation as the API server listed it: held to be that when nothing is held (an
+        earlier enforcer's), read again at the next write when what is held is another version (a write whose
+        answer was lost; a listing may also be older than a write of this enforcer's, so it is not taken as is).
+        True when it lists holders."""
+        held = self._listed.get(namespace)
+        if held is None:
+            self._listed[namespace] = (guard.listed(obj), guard.unconfirmed(obj), version_of(obj))
+        elif held[2] != version_of(obj):
+            self._listed.pop(namespace, None)
+            self._sized.pop(namespace, None)
+        return bool(guard.listed(obj))
+
+    def holds_listed(self, namespace: str) -> bool:
+        """Whether the namespace's QuotaReservation lists holders, as last read, listed or written."""
+        held = self._listed.get(namespace)
+        return held is not None and bool(held[0])
 
     async def _state(self, namespace: str) -> tuple[frozenset[guard.Holder], frozenset[str], str]:
         """What the namespace's QuotaReservation lists, which of them unconfirmed, and its resourceVersion: as last
@@ -161,19 +177,27 @@ class GuardWriter:
     async def write(self, namespace: str, *, grow: bool) -> None:
         """Make the namespace's QuotaReservation list every holder a quota of the namespace carries or is being
         written with (with ``grow``, never fewer than it lists now). Each write is conditional on the version
-        last seen: a grow that meets another writer's version reads it and adds to it; a shrink that does is
-        dropped (another enforcer — a new leader — wrote what it knows, and removing what it listed could open its
-        room). A failed grow raises."""
+        last seen: one that meets another writer's version reads it and plans again from it, and a shrink then
+        keeps what that writer listed beyond what the shrink started from (another enforcer's holders — a new
+        leader's, should a write of a replica past its renew deadline get through — guard room it raised; this
+        enforcer's own write whose answer was lost adds nothing it does not know). Until each managed quota of the
+        namespace is reconciled since the start, a shrink keeps what is listed. A write that fails otherwise may
+        have landed: what the writer holds listed is read again next time. A failed write raises (the caller
+        retries: a shrink dropped left holders listed for nothing, the namespace's other pods kept out)."""
         lock = self._locks.setdefault(namespace, asyncio.Lock())
         async with lock:
+            known: frozenset[guard.Holder] | None = None  # what was listed when the write was planned
             for _ in range(GUARD_CONFLICTS):
                 want = guard.union(
                     [*self._carried.get(namespace, {}).values(), *self._writing.get(namespace, {}).values()]
                 )
                 have, unconfirmed, rv = await self._state(namespace)
+                known = have if known is None else known
                 carried = self._carried.get(namespace, {})
                 if grow or any(name not in carried for name in self.managed(namespace)):
                     want |= have
+                else:
+                    want |= have - known
                 waiting = self._waiting(namespace, want, have, unconfirmed)
                 if (want, waiting) == (have, unconfirmed):
                     return
@@ -181,13 +205,10 @@ class GuardWriter:
                 try:
                     written = await self.kube.put_reservation(namespace, body, rv)
                 except KubeError as e:
+                    self._listed.pop(namespace, None)  # read again (another writer's version, or it may have landed)
+                    self._sized.pop(namespace, None)
                     if not e.conflict:
                         raise
-                    self._listed.pop(namespace, None)  # read again
-                    self._sized.pop(namespace, None)
-                    if not grow:
-                        log.info("reservation guard shrink dropped: another writer came first", namespace=namespace)
-                        return
                     continue
                 self._listed[namespace] = (want, waiting, written)
                 uids = {h.uid for h in want}

@@ -47,6 +47,8 @@ class QuotaApi(Protocol):
 
     async def get_reservation(self, namespace: str) -> Obj | None: ...
 
+    async def list_reservations(self) -> list[Obj]: ...
+
 
 class KubeQuotas:
     """:class:`QuotaApi` over a kubernetes-asyncio ``ApiClient``; every call times out after ``timeout`` s. Its writes
@@ -189,6 +191,19 @@ class KubeQuotas:
             guard.NAME,
             _request_timeout=self.timeout,
         )
+
+    async def list_reservations(self) -> list[Obj]:
+        """Every namespace's QuotaReservation (``list`` on ``quotareservations.vmquota.io``): at the start and at
+        each resync, the enforcer takes in what its writes' lost answers hid, and finds the holders listed in a
+        namespace left with no managed quota."""
+        found = await call_object(
+            self.custom.list_cluster_custom_object,
+            guard.GROUP,
+            guard.VERSION,
+            guard.PLURAL,
+            _request_timeout=self.timeout,
+        )
+        return [i for i in found.get("items") or () if isinstance(i, dict)]
 
     async def put_reservation(self, namespace: str, body: Obj, resource_version: str) -> str:
         """Write the namespace's QuotaReservation ``body`` (:mod:`shared.quota.guard`) over the version the caller last

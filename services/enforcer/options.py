@@ -13,6 +13,10 @@ from shared.quota import enforcement, guard
 Key = tuple[str, str]
 """(namespace, quota name)."""
 
+RESERVATION: Final = ""
+"""The quota name of a work queue key that stands for the namespace's QuotaReservation alone (no quota's name is
+empty): its holders taken off when no managed quota of the namespace is left to carry them."""
+
 REPORT_QUEUE: Final = 10_000
 NUDGED_MAX: Final = 65_536
 TELLING_MAX: Final = 8

@@ -41,7 +41,7 @@ from nats.aio.msg import Msg
 from services.enforcer.guard import GuardWriter
 from services.enforcer.known import KnownQuotas
 from services.enforcer.kube import KubeError, Obj, QuotaApi, version_of
-from services.enforcer.options import EnforcerMetrics, EnforcerOptions, Key
+from services.enforcer.options import RESERVATION, EnforcerMetrics, EnforcerOptions, Key
 from services.enforcer.quota_metrics import QuotaMetrics
 from services.enforcer.reporting import Reporter
 from services.enforcer.summary import SummaryPacer
@@ -117,8 +117,10 @@ class Enforcer:
         )
         self._nudged_past: dict[str, set[Key]] = {}
         """namespace → the quotas its last tell did not wait for (their calls kept failing)."""
-        self._status_behind: set[Key] = set()
-        """Quotas whose last write of ``status.hard`` failed after ``spec.hard`` was written."""
+        self._again: set[Key] = set()
+        """Quotas to reconcile again after the work queue's backoff though their reconciliation returned: the last
+        write of ``status.hard`` failed after ``spec.hard`` was written, or the namespace's QuotaReservation could
+        not be shrunk after a write of ``hard`` (the write is done and reported)."""
         self._astray_seen: set[Key] = set()
         """Quotas a version with ``status.hard`` astray came for while they were being reconciled (``_astray``):
         read and planned again once that is done."""
@@ -168,6 +170,7 @@ class Enforcer:
         with bound:
             log.info("enforcer starting")
             await self._list_managed_quotas()
+            await self._list_reservations()
             self._queue.start()
             tasks = [
                 asyncio.create_task(self._consume("quotas", quotas, self._on_quota_message), name="enforcer-quotas"),
@@ -217,6 +220,27 @@ class Enforcer:
         if items is not None:
             log.info("managed quotas listed", count=len(items))
 
+    async def _list_reservations(self) -> None:
+        """With the guard, at the start and at each resync: every QuotaReservation as the API server has it is what
+        the guard's writer holds it to be from then on (a write whose answer was lost landed perhaps), and a
+        namespace whose one lists holders is touched: its quotas reconciled, or, with none managed, its holders
+        taken off (a write of theirs that failed before a restart, or an earlier enforcer's, would otherwise keep
+        its pods out for good). A failure only logs: the next resync lists again."""
+        if not self.opts.reservation_guard or self.opts.dry_run:
+            return
+        try:
+            items = await self.kube.list_reservations()
+        except KubeError as e:
+            log.warning("could not list the QuotaReservations", error=str(e))
+            return
+        for obj in items:
+            ns = str((obj.get("metadata") or {}).get("namespace") or "")
+            if ns and self.guard.observe(ns, obj):
+                if self.quotas.names(ns):
+                    self._touch_namespace(ns)
+                else:
+                    self._schedule((ns, RESERVATION))
+
     async def _list_or_log(self) -> list[Obj] | None:
         try:
             return await self.kube.list_quotas(f"{MANAGED_LABEL}=true")
@@ -252,6 +276,7 @@ class Enforcer:
             for key in [k for k in self.quotas if k not in listed]:
                 self._verify.add(key)
                 self._schedule(key)
+            await self._list_reservations()
 
     async def _drain(self, within: float = 10.0) -> None:
         """Let in-flight reconciliations and queued reports finish (bounded; what is left is then cancelled)."""
@@ -437,16 +462,22 @@ class Enforcer:
         self.reporter.forget(key)
         held = self.guard.forget(key)
         self._quota_patches.pop(key, None)
-        if held and self.opts.reservation_guard and not self.opts.dry_run:
-            # (the quota carries nothing any more: its holders would keep the namespace's pods out for nothing)
-            self.reporter.spawn(self.guard.shrink(key[0]), f"guard-{key[0]}")
+        if not self.opts.reservation_guard or self.opts.dry_run:
+            return
+        if held or (not self.quotas.names(key[0]) and self.guard.holds_listed(key[0])):
+            # (the quota carries nothing any more: its holders would keep the namespace's pods out for nothing;
+            # retried until done, as no later write of the namespace may come)
+            self._schedule((key[0], RESERVATION))
 
     def _touch_namespace(self, namespace: str) -> None:
         if not self._warm:
             self._held.add(namespace)
             return
-        for name in self.quotas.names(namespace):
+        names = self.quotas.names(namespace)
+        for name in names:
             self._schedule((namespace, name))
+        if not names and self.opts.reservation_guard and self.guard.holds_listed(namespace):
+            self._schedule((namespace, RESERVATION))  # (holders listed, and no managed quota left to carry them)
 
     def _schedule(self, key: Key) -> None:
         if self._stopped:
@@ -472,6 +503,12 @@ class Enforcer:
         """Reconcile one quota (the work queue's handler). A failed Kubernetes call raises, and the queue retries the
         quota after its backoff; so does a bug (it must cost one quota a retry, not the enforcer)."""
         at = self._usage_at.get(key[0], 0)
+        if key[1] == RESERVATION:
+            if not self.opts.dry_run:
+                await self.guard.shrink(key[0])  # (a failure raises: the queue retries after its backoff)
+            self._since.pop(key, None)
+            self._queue.forget(key)
+            return
         try:
             await self._reconcile(key)
         except InvalidInput as e:  # the API server returned an object we cannot read
@@ -486,8 +523,8 @@ class Enforcer:
             raise KubeError(0, type(e).__name__, str(e)) from e
         finally:
             self._own_versions.pop(key, None)
-        if key in self._status_behind:  # (spec.hard written, status.hard not: again after the backoff)
-            self._status_behind.discard(key)
+        if key in self._again:  # (spec.hard written, status.hard or the guard's shrink not: after the backoff)
+            self._again.discard(key)
             self._queue.add_rate_limited(key)
         else:
             self._queue.forget(key)
@@ -664,7 +701,7 @@ class Enforcer:
                 continue
             after = self.quotas.from_api(raw)
             if self.opts.reservation_guard:
-                await self.guard.after(key, after, usage)
+                await self._guard_after(key, after, usage)
             self.patched += 1
             if USAGE_ANNOTATION in p.annotations:
                 self.summaries.written(key)
@@ -680,6 +717,16 @@ class Enforcer:
                 self._acted[key] = usage
             self.reporter.decision(p, after.resource_version, at)
             return
+
+    async def _guard_after(self, key: Key, quota: QuotaSnapshot, usage: contract.UsageSnapshot | None) -> None:
+        """``guard.after`` once ``hard`` is written: a failure to shrink the QuotaReservation is retried after the
+        work queue's backoff (the write is done, and reported; a holder left listed for nothing keeps the
+        namespace's other pods out)."""
+        try:
+            await self.guard.after(key, quota, usage)
+        except KubeError as e:
+            log.warning("reservation guard not shrunk; again after a backoff", namespace=key[0], error=str(e))
+            self._again.add(key)
 
     def _written_from_newer(self, quota: QuotaSnapshot, usage: contract.UsageSnapshot) -> bool:
         """The quota, as the API server has it, was last written from a newer usage snapshot than ``usage``
@@ -726,7 +773,7 @@ class Enforcer:
                     if e.conflict:  # (another writer's progress, quota admission's usually: again at once)
                         self._queue.add(p.key)
                     else:
-                        self._status_behind.add(p.key)
+                        self._again.add(p.key)
             return raw
         if p.set_status:
             written = await self._write_status(p)

@@ -393,7 +393,7 @@ def test_the_derived_calls_are_what_the_code_does() -> None:
     assert ("", "resourcequotas", "patch") in CLUSTER_RULES["enforcer"]
     assert ("kubevirt.io", "virtualmachineinstances", "patch") in CLUSTER_RULES["enforcer"]
     assert ("", "pods", "watch") in CLUSTER_RULES["watcher"]
-    assert enforcer_rules()[1] == {(guard.GROUP, guard.PLURAL, v) for v in ("get", "create", "patch")} | {
+    assert enforcer_rules()[1] == {(guard.GROUP, guard.PLURAL, v) for v in ("get", "list", "create", "patch")} | {
         ("kubevirt.io", "virtualmachineinstances", "get")
     }
     assert lease_rules() == {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
@@ -799,8 +799,8 @@ def test_single_cluster_with_the_nats_component_uncommented(tmp_path: Path) -> N
 
 def test_single_cluster_with_the_reservation_guard(tmp_path: Path) -> None:
     """The optional guard: the CRD, the policies the simulator's tests evaluate (pods; a holder VMI's size), the
-    enforcer switched on, and exactly four more verbs for the enforcer (get, create and patch of QuotaReservations,
-    get of VMIs)."""
+    enforcer switched on, and exactly five more verbs for the enforcer (get, list, create and patch of
+    QuotaReservations, get of VMIs)."""
     copy = tmp_path / "deploy"
     shutil.copytree(DEPLOY, copy)
     overlay = copy / "overlays" / "single-cluster" / "kustomization.yaml"

@@ -347,6 +347,9 @@ class BeatenOnce:
     async def get_reservation(self, namespace: str) -> Obj | None:
         return await self.inner.get_reservation(namespace)
 
+    async def list_reservations(self) -> list[Obj]:
+        return await self.inner.list_reservations()
+
     async def patch_quota(self, namespace: str, name: str, body: Obj) -> Obj:
         self.calls.append("patch")
         if self.calls.count("patch") == 1 and self.enforcer is not None:
@@ -663,6 +666,79 @@ async def test_a_deleted_quota_takes_its_holders_off_the_guard(
         assert listed_names(sim) == {"vm1"}
         await sim.store.delete(sim.store.resource("resourcequotas"), NS, "compute")
         await sim.wait_for(lambda: listed_names(sim) == set(), within=5, what="the holders taken off")
+
+
+async def holders_taken_off(sim: SimCluster) -> None:
+    await sim.wait_for(lambda: listed_names(sim) == set(), within=10, what="the holders taken off")
+    assert await tenant_pod(sim, "after"), "the namespace's pods get in again"
+
+
+async def test_a_guard_write_whose_answer_was_lost_is_read_again_before_the_next(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """The listing of a holder lands and its answer is lost; the tenant deletes its migration before the retry, so
+    nothing is reserved any more. The retry's shrink planned from what the enforcer held listed (nothing) and wrote
+    nothing: the holder stayed, and every new pod of the namespace was refused, until another reservation there
+    or a restart (75 of 75 tries over 75 s)."""
+    await install_guard(sim)
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    vms = [contract.VmState(name="vm1", uid="uid-vm1", state="running")]
+    calls = ReservationAnswersLost(KubeQuotas(api), sim)
+    async with enforcer(bus, api, calls=calls, reservation_guard=True):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        await sim.wait_quota_synced(NS, "compute")
+        calls.lose = 1
+        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING, vms=vms)
+        await sim.wait_for(lambda: calls.lose == 0 and listed_names(sim) == {"vm1"}, within=5, what="a lost answer")
+        await publish_usage(bus, 6, terms("64Gi", "64Gi"), vms=vms)  # (the migration deleted)
+        await holders_taken_off(sim)
+
+
+async def test_a_guard_shrink_that_meets_another_version_is_planned_again_not_dropped(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """A shrink whose write meets a conflict (here injected; this enforcer's own earlier write whose answer was lost
+    makes one) reads the QuotaReservation again and shrinks from it. It was dropped, and the holder kept the
+    namespace's pods out until the namespace's next change (none in a quiet one)."""
+    await install_guard(sim)
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    vms = [contract.VmState(name="vm1", uid="uid-vm1", state="running")]
+    async with enforcer(bus, api, reservation_guard=True):
+        await raised_for_vm1(sim, bus, vms)
+        await sim.wait_quota_synced(NS, "compute")
+        assert listed_names(sim) == {"vm1"}
+        conflict = sim.faults.fail(409, verbs=["patch"], resources=[guard.PLURAL], count=1)
+        await publish_usage(bus, 6, terms("64Gi", "64Gi"), vms=vms)  # (the target got in: the raise ends)
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "hard lowered")
+        await sim.wait_quota_synced(NS, "compute")
+        await holders_taken_off(sim)
+        assert conflict.injected == 1
+
+
+@pytest.mark.parametrize("restarted", [False, True], ids=["retried", "after_a_restart"])
+async def test_a_deleted_quotas_holders_are_taken_off_though_the_first_tries_fail(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None, restarted: bool
+) -> None:
+    """The quota that carried a raise is deleted, and the shrink of the QuotaReservation fails: once, or for as long
+    as this enforcer runs. No later write of the namespace comes (it has no managed quota left), and a shrink was
+    tried once: the holder stayed, the namespace's pods kept out for good, across restarts. Now the shrink is
+    retried after the work queue's backoff, and an enforcer lists the QuotaReservations at its start."""
+    await install_guard(sim)
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    vms = [contract.VmState(name="vm1", uid="uid-vm1", state="running")]
+    async with enforcer(bus, api, reservation_guard=True):
+        await raised_for_vm1(sim, bus, vms)
+        assert listed_names(sim) == {"vm1"}
+        failing = sim.faults.fail(500, verbs=["patch"], resources=[guard.PLURAL], count=None if restarted else 1)
+        await sim.store.delete(sim.store.resource("resourcequotas"), NS, "compute")
+        await sim.wait_for(lambda: failing.injected >= 1, within=5, what="a failed shrink")
+        if not restarted:
+            await holders_taken_off(sim)
+            return
+    sim.faults.clear()
+    assert listed_names(sim) == {"vm1"}
+    async with enforcer(bus, api, reservation_guard=True):
+        await holders_taken_off(sim)
 
 
 async def test_with_the_guard_room_for_a_target_opens_only_while_its_vmi_has_the_size_it_was_reserved_at(
@@ -1240,6 +1316,20 @@ class NudgeRecorder(BeatenOnce):
 
     async def patch_quota(self, namespace: str, name: str, body: Obj) -> Obj:
         return await self.inner.patch_quota(namespace, name, body)
+
+
+class ReservationAnswersLost(NudgeRecorder):
+    """The enforcer's calls as they are, but the next ``lose`` writes of the QuotaReservation land and their answer
+    is lost (a timeout after the API server wrote)."""
+
+    lose = 0
+
+    async def put_reservation(self, namespace: str, body: Obj, resource_version: str) -> str:
+        written = await self.inner.put_reservation(namespace, body, resource_version)
+        if self.lose > 0:
+            self.lose -= 1
+            raise KubeError(504, "Timeout", "the answer was lost (the write landed)")
+        return written
 
 
 async def test_a_vmi_is_nudged_once_quota_admission_has_the_raise(

@@ -29,7 +29,7 @@ class QuotaApi(Protocol):
 
     async def get_quota(self, namespace: str, name: str) -> Obj: ...
 
-    async def list_quotas(self, label_selector: str) -> list[Obj]: ...
+    async def list_quotas(self, label_selector: str, namespace: str | None = None) -> list[Obj]: ...
 
     async def patch_quota(self, namespace: str, name: str, body: Obj) -> Obj: ...
 
@@ -71,14 +71,22 @@ class KubeQuotas:
             self.core.read_namespaced_resource_quota, name, namespace, _request_timeout=self.timeout
         )
 
-    async def list_quotas(self, label_selector: str) -> list[Obj]:
-        """Every ResourceQuota matching ``label_selector`` in all namespaces (items get ``kind`` set, as a list's
-        items lack it)."""
-        listing = await call_object(
-            self.core.list_resource_quota_for_all_namespaces,
-            label_selector=label_selector,
-            _request_timeout=self.timeout,
-        )
+    async def list_quotas(self, label_selector: str, namespace: str | None = None) -> list[Obj]:
+        """Every ResourceQuota matching ``label_selector`` in all namespaces, or in ``namespace`` (items get ``kind``
+        set, as a list's items lack it)."""
+        if namespace is None:
+            listing = await call_object(
+                self.core.list_resource_quota_for_all_namespaces,
+                label_selector=label_selector,
+                _request_timeout=self.timeout,
+            )
+        else:
+            listing = await call_object(
+                self.core.list_namespaced_resource_quota,
+                namespace,
+                label_selector=label_selector,
+                _request_timeout=self.timeout,
+            )
         items = listing.get("items")
         if not isinstance(items, list):
             raise KubeError(0, "BadResponse", "the quota list has no items")

@@ -505,7 +505,7 @@ class Enforcer:
         at = self._usage_at.get(key[0], 0)
         if key[1] == RESERVATION:
             if not self.opts.dry_run:
-                await self.guard.shrink(key[0])  # (a failure raises: the queue retries after its backoff)
+                await self._shrink_unmanaged(key[0])  # (a failure raises: the queue retries after its backoff)
             self._since.pop(key, None)
             self._queue.forget(key)
             return
@@ -717,6 +717,19 @@ class Enforcer:
                 self._acted[key] = usage
             self.reporter.decision(p, after.resource_version, at)
             return
+
+    async def _shrink_unmanaged(self, namespace: str) -> None:
+        """Take the holders off the namespace's QuotaReservation once the API server shows no managed quota there.
+        One it shows is reconciled instead, and its holders are kept meanwhile: what the enforcer knows may lack it
+        (its listing at the start failed, and the events stream is past the quota's last change), and taking off
+        the holder of a raise it carries opens that room to every pod."""
+        listed = await self.kube.list_quotas(f"{MANAGED_LABEL}=true", namespace)
+        for raw in listed:
+            with contextlib.suppress(InvalidInput):
+                snap = self.quotas.from_api(raw, truth=True)
+                self._schedule((snap.namespace, snap.name))
+        if not listed:
+            await self.guard.shrink(namespace)
 
     async def _guard_after(self, key: Key, quota: QuotaSnapshot, usage: contract.UsageSnapshot | None) -> None:
         """``guard.after`` once ``hard`` is written: a failure to shrink the QuotaReservation is retried after the

@@ -24,12 +24,12 @@ the room raised for it stays in ``status.hard`` until vmquota has lowered it and
 that, and the two kinds' watches are in no order with each other, so a pod created up to :data:`REFUSAL_GRACE`
 after the end (the migration's ``deletionTimestamp``, which KubeVirt's finalizer gives a deletion; a tenant may
 take the finalizer off and delete at once, and then the end is the time the watcher published the deletion) is
-marked, whenever it is delivered; the window goes once a pod created after that arrives. A change
-of a managed quota's policy (an administrator lowering the budget, say) clears the marks: they are about the room
-``hard`` held under the old one. For the same reason the pods it finds created since the oldest migration are
-*settled* (:attr:`NamespaceState.settled`): their creation after a migration no longer holds it back, and they are
-marked again only by growing in a refusal (a pod that took room the budget left, and then the budget lowered below
-what runs, held the migration back for as long as it ran). The marks follow from the events' order alone, so a
+marked, whenever it is delivered; the window goes once a pod created after that arrives. A change of a managed
+quota's policy (an administrator lowering the budget, say) clears the marks: they are about the room ``hard`` held
+under the old one. For the same reason the pods it finds created since the oldest active migration, or in a window,
+are *settled* (:attr:`NamespaceState.settled`): their creation after a migration no longer holds it back, and they
+are marked again only by growing in a refusal (a pod that took room the budget left, and then the budget lowered
+below what runs, held the migration back for as long as it ran). The marks follow from the events' order alone, so a
 replay of the stream makes the same.
 
 Launcher pods KubeVirt stopped naming: a pod a VMI's ``status.activePods`` named (KubeVirt writes it, for the
@@ -475,7 +475,7 @@ class NamespaceState:
                 _kept_in_fold_order(recs, uid)
             elif (
                 kind == QUOTA_KIND
-                and (self.late or self.live(VMIM_KIND))
+                and (self.late or self.windows or self.live(VMIM_KIND))
                 and isinstance(self.replaced, QuotaSnapshot)
                 and isinstance(ev.snapshot, QuotaSnapshot)
                 and policy_or_error(self.replaced) != policy_or_error(ev.snapshot)
@@ -600,20 +600,20 @@ class NamespaceState:
         return (p for p in self.live(POD_KIND) if isinstance(p, PodSnapshot))
 
     def _settle(self) -> None:
-        """A managed quota's policy changed: the pods created since the oldest active migration took room the old
-        policy held, if any, and their creation holds no migration back any more (:attr:`settled`), as the marks
-        do not."""
-        times = [
+        """A managed quota's policy changed: the pods created since the oldest active migration, or in the window
+        of a refusal that ended, took room the old policy held, if any, and their creation holds no migration back
+        any more (:attr:`settled`, which a later change adds to), as the marks do not."""
+        starts = [
             m.creation_timestamp
             for m in self.live(VMIM_KIND)
             if isinstance(m, VmimSnapshot) and m.active and m.creation_timestamp is not None
         ]
-        oldest = min(times, default=None)
-        self.settled = (
-            {p.uid for p in self._pods() if p.creation_timestamp is not None and p.creation_timestamp >= oldest}
-            if oldest is not None
-            else set()
-        )
+        starts += [start for start, _ in self.windows.values()]
+        oldest = min(starts, default=None)
+        if oldest is not None:
+            self.settled |= {
+                p.uid for p in self._pods() if p.creation_timestamp is not None and p.creation_timestamp >= oldest
+            }
 
     def _in_refusal(self, pod: Snapshot, before: Snapshot | None, settled: bool = False) -> bool:
         """Whether ``pod`` (``before`` the version it replaces) was created, or grew, in a refusal: one still active

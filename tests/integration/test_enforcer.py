@@ -322,8 +322,8 @@ class BeatenOnce:
         self.calls.append("get")
         return await self.inner.get_quota(namespace, name)
 
-    async def list_quotas(self, label_selector: str) -> list[Obj]:
-        return await self.inner.list_quotas(label_selector)
+    async def list_quotas(self, label_selector: str, namespace: str | None = None) -> list[Obj]:
+        return await self.inner.list_quotas(label_selector, namespace)
 
     async def patch_quota_status(self, namespace: str, name: str, body: Obj) -> Obj:
         self.calls.append("status")
@@ -739,6 +739,33 @@ async def test_a_deleted_quotas_holders_are_taken_off_though_the_first_tries_fai
     assert listed_names(sim) == {"vm1"}
     async with enforcer(bus, api, reservation_guard=True):
         await holders_taken_off(sim)
+
+
+async def test_a_holder_is_kept_while_the_api_server_shows_a_managed_quota_the_enforcer_does_not_know(
+    sim: SimCluster, bus: Bus, api: client.ApiClient
+) -> None:
+    """The quota is not in the events stream (its last change older than the stream's max age: no mirror here) and
+    carries vm1's raise, vm1 listed. A restarted enforcer's listing of the managed quotas fails once: it knows no
+    quota in the namespace, and lists its QuotaReservation with a holder. It took the holder off, `hard` still
+    80Gi for vm1's target, and a tenant's 16Gi pod got in (80Gi used on a 64Gi budget). The holders of a namespace
+    the enforcer knows no managed quota of are taken off only once the API server shows none there."""
+    await install_guard(sim)
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    vms = [contract.VmState(name="vm1", uid="uid-vm1", state="running")]
+    async with enforcer(bus, api, reservation_guard=True):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        await sim.wait_quota_synced(NS, "compute")
+        await namespace_full(sim)  # (4 x 16Gi: the budget used; the raise's room is the target's)
+        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING, vms=vms)
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised")
+        await sim.wait_quota_synced(NS, "compute")
+        assert listed_names(sim) == {"vm1"}
+    failing = sim.faults.fail(503, verbs=["list"], resources=["resourcequotas"], count=1)
+    async with enforcer(bus, api, reservation_guard=True) as (e, _):
+        await sim.wait_for(lambda: failing.injected == 1 and e.idle(), within=10, what="the enforcer idle")
+        assert hard(await sim.get("resourcequotas", NS, "compute")) == {"limits.memory": "80Gi"}
+        assert listed_names(sim) == {"vm1"}, "the holder of a raise the quota carries was taken off"
+        assert not await tenant_pod(sim, "grab"), "a tenant's pod took the room of vm1's target"
 
 
 async def test_with_the_guard_room_for_a_target_opens_only_while_its_vmi_has_the_size_it_was_reserved_at(

@@ -612,6 +612,46 @@ def test_a_change_of_policy_settles_the_pods_created_since_a_migration_and_they_
     assert not st.settled and st.late == {"grab"}
 
 
+@pytest.mark.parametrize("changes", [1, 2])
+def test_a_pod_made_in_the_window_of_an_ended_refusal_is_settled_too_and_stays_so(changes: int) -> None:
+    """The refusal a pod was made in ended before the change of policy (it is kept as a window), or a second change
+    comes once it ended and another migration is refused: the pod is settled all the same, and stays so. Before,
+    the change settled only the pods since the oldest active migration and replaced what an earlier one settled,
+    and the pod's next version (any update) marked it again for the window it was made in: the later migration
+    waited for as long as it ran."""
+    t0 = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
+    refused: dict[str, Any] = {"phase": "Pending", "rejected_by_quota": True, "creation_timestamp": t0}
+    later = {**refused, "creation_timestamp": t0 + timedelta(seconds=5)}
+    small: dict[str, Any] = {
+        "creation_timestamp": t0 + timedelta(seconds=1),
+        "usage": {"memory": Quantity.parse("32Mi")},
+    }
+    led = fold(
+        [
+            quota(1, "64Gi"),
+            up("m1", 2, kind="VirtualMachineInstanceMigration", **refused),
+            up("small", 3, **small),
+        ]
+    )
+    st = led.state("c1", "a")
+    assert st is not None
+    if changes == 2:
+        fold([quota(4, "60Gi")], led, start=4)
+        assert st.settled == {"small"}
+    fold(
+        [
+            down("m1", 5, kind="VirtualMachineInstanceMigration"),
+            up("m2", 6, kind="VirtualMachineInstanceMigration", **later),
+            quota(7, "58Gi"),
+        ],
+        led,
+        start=5,
+    )
+    assert st.windows and st.settled == {"small"} and not st.late
+    fold([up("small", 8, **small, labels={"touched": "yes"})], led, start=8)
+    assert not st.late, "a later version of a settled pod is not marked for the window it was made in"
+
+
 def test_a_refused_migration_a_relist_drops_ends_its_refusal_as_a_deletion_does() -> None:
     """The watcher's relist publishes a vanished object as a deletion at its last version, then the sync; either
     ends the refusal, and a pod created in it, delivered after both, is marked."""

@@ -348,15 +348,13 @@ class Migrations(Vms):
     def _room_taken(self, m: VmimSnapshot, needs: ResourceList, own: str = "") -> str:
         """Why a migration KubeVirt is refused gets no room again for a pod charged ``needs`` (its target, or the
         target's attachment pod ``own`` waits for), or "": some quota is over its budget (``U + X/k > B``) in a
-        resource that pod is charged, and pods created after the migration (or in the same second; but those a change
-        of a quota's policy found, :attr:`settled`), or in the refusal of an earlier one (:attr:`late`), are charged
-        that resource, other than migration targets
-        KubeVirt's status names (a VM's pods too: a controller reference is the tenant's to set).
-        Room held for a target is open to any pod until the target exists (without the reservation guard): a pod
-        that took it must not be followed by another once vmquota raises again, so a namespace goes over its
-        budget by one reserved amount at the most.
-        A namespace over its budget for other reasons (its budget lowered, an upgrade's larger pods) still
-        migrates."""
+        resource that pod is charged, and pods created after the migration (or in the same second; but those a
+        change of a quota's policy found, :attr:`settled`), or in the refusal of an earlier one (:attr:`late`),
+        are charged that resource, other than migration targets KubeVirt's status names (a VM's pods too: a
+        controller reference is the tenant's to set). Room held for a target is open to any pod until the target
+        exists (without the reservation guard): a pod that took it must not be followed by another once vmquota
+        raises again, so a namespace goes over its budget by one reserved amount at the most. A namespace over
+        its budget for other reasons (its budget lowered, an upgrade's larger pods) still migrates."""
         since = m.creation_timestamp
         if since is None:
             return ""

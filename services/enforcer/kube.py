@@ -211,7 +211,10 @@ class KubeQuotas:
             guard.PLURAL,
             _request_timeout=self.timeout,
         )
-        return [i for i in found.get("items") or () if isinstance(i, dict)]
+        items = found.get("items")
+        if not isinstance(items, list):
+            raise KubeError(0, "BadResponse", "the QuotaReservation list has no items")
+        return [i for i in items if isinstance(i, dict)]
 
     async def put_reservation(self, namespace: str, body: Obj, resource_version: str) -> str:
         """Write the namespace's QuotaReservation ``body`` (:mod:`shared.quota.guard`) over the version the caller last

@@ -234,9 +234,10 @@ class Enforcer:
             log.warning("could not list the QuotaReservations", error=str(e))
             return
         for obj in items:
-            ns = str((obj.get("metadata") or {}).get("namespace") or "")
+            meta = obj.get("metadata")
+            ns = str(meta.get("namespace") or "") if isinstance(meta, dict) else ""
             if ns and self.guard.observe(ns, obj):
-                if self.quotas.names(ns):
+                if self._managed_names(ns):
                     self._touch_namespace(ns)
                 else:
                     self._schedule((ns, RESERVATION))
@@ -464,7 +465,7 @@ class Enforcer:
         self._quota_patches.pop(key, None)
         if not self.opts.reservation_guard or self.opts.dry_run:
             return
-        if held or (not self.quotas.names(key[0]) and self.guard.holds_listed(key[0])):
+        if held or (not self._managed_names(key[0]) and self.guard.holds_listed(key[0])):
             # (the quota carries nothing any more: its holders would keep the namespace's pods out for nothing;
             # retried until done, as no later write of the namespace may come)
             self._schedule((key[0], RESERVATION))
@@ -473,10 +474,9 @@ class Enforcer:
         if not self._warm:
             self._held.add(namespace)
             return
-        names = self.quotas.names(namespace)
-        for name in names:
+        for name in self.quotas.names(namespace):
             self._schedule((namespace, name))
-        if not names and self.opts.reservation_guard and self.guard.holds_listed(namespace):
+        if self.opts.reservation_guard and not self._managed_names(namespace) and self.guard.holds_listed(namespace):
             self._schedule((namespace, RESERVATION))  # (holders listed, and no managed quota left to carry them)
 
     def _schedule(self, key: Key) -> None:

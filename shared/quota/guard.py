@@ -28,6 +28,8 @@ from shared.errors import InvalidInput
 from shared.kinds import RESERVATION_KIND
 from shared.normalize import normalize
 from shared.quantity import Quantity
+from shared.quota.enforcement import OWN_ANNOTATIONS
+from shared.quota.modes import is_managed
 from shared.resources import parse_resource_list
 from shared.snapshot import QuotaSnapshot, VmiSnapshot, size_digest
 
@@ -128,8 +130,14 @@ def carried(before: frozenset[Holder], quota: QuotaSnapshot, usage: UsageSnapsho
     """The holders whose reservations a quota's limits carry now: the usage snapshot's, when its ``spec.hard`` is
     what that snapshot asks of it *and* quota admission already checks against it (``status.hard``: the quota
     controller copies ``spec.hard`` there on its next sync, so a lowered ``spec.hard`` leaves the old room open
-    until then); otherwise what it carried ``before`` as well."""
+    until then); otherwise what it carried ``before`` as well. A quota vmquota does not manage carries none once
+    none of the enforcer's annotations is on it (never managed, or handed back, with ``spec.hard`` set back to
+    its budget) and admission checks its ``spec.hard``: it has no terms in a usage, and kept what it carried
+    ``before`` for good (a namespace's quota of object counts beside the managed one kept every holder listed, and
+    every other new pod of the namespace out)."""
     now = holders(usage)
+    if not is_managed(quota.labels) and not any(k in quota.annotations for k in OWN_ANNOTATIONS):
+        return frozenset() if _same(quota.spec_hard, quota.status_hard) else before | now
     terms = usage.quotas.get(quota.name) if usage is not None else None
     if terms is None or not _same(quota.spec_hard, quota.status_hard):
         return before | now

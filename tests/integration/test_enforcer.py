@@ -741,6 +741,57 @@ async def test_a_deleted_quotas_holders_are_taken_off_though_the_first_tries_fai
         await holders_taken_off(sim)
 
 
+async def test_an_odd_listing_of_the_reservations_stops_nothing(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """A QuotaReservation item whose metadata is not an object in the API server's answer: the enforcer raised
+    AttributeError at its start (and would have at a resync, ending it). It is skipped."""
+
+    class OddReservations(NudgeRecorder):
+        async def list_reservations(self) -> list[Obj]:
+            return [{"metadata": "x"}, {"metadata": {"namespace": 5}}]
+
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    async with enforcer(bus, api, calls=OddReservations(KubeQuotas(api), sim), reservation_guard=True) as (_, task):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        assert not task.done()
+
+
+@pytest.mark.parametrize("end", ["migration_over", "managed_quota_deleted", "label_taken_off"])
+async def test_a_quota_vmquota_does_not_manage_keeps_no_holder_listed(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None, end: str
+) -> None:
+    """A namespace with a quota of object counts beside the managed one (or the managed one's label taken off, so
+    that it is handed back): the quota vmquota does not manage has no terms in a usage, and kept every holder it
+    had seen carried for good. After vm1's raise the holder stayed listed, and every other new pod of the
+    namespace was refused, whether the migration ended, the managed quota was deleted, or it was handed back,
+    across restarts too."""
+    await install_guard(sim)
+    if end != "label_taken_off":
+        await sim.create_quota(NS, "objects", {"count/configmaps": "100"})
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    vms = [contract.VmState(name="vm1", uid="uid-vm1", state="running")]
+    async with enforcer(bus, api, reservation_guard=True):
+        await raised_for_vm1(sim, bus, vms)
+        await sim.wait_quota_synced(NS, "compute")
+        assert listed_names(sim) == {"vm1"}
+        if end == "migration_over":
+            await publish_usage(bus, 6, terms("64Gi", "64Gi"), vms=vms)
+        elif end == "managed_quota_deleted":
+            await sim.store.delete(sim.store.resource("resourcequotas"), NS, "compute")
+        else:
+
+            def unlabel(obj: Obj) -> Obj:
+                obj["metadata"]["labels"].pop(MANAGED_LABEL, None)
+                return obj
+
+            await sim.store.mutate(sim.store.resource("resourcequotas"), NS, "compute", unlabel)
+            await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "the quota handed back")
+            await sim.wait_quota_synced(NS, "compute")
+            await publish_usage(bus, 6, {}, vms=vms)  # (the ledger: no managed quota, no migration)
+        await holders_taken_off(sim)
+
+
 async def test_a_holder_is_kept_while_the_api_server_shows_a_managed_quota_the_enforcer_does_not_know(
     sim: SimCluster, bus: Bus, api: client.ApiClient
 ) -> None:

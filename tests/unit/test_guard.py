@@ -13,6 +13,7 @@ from shared import contract
 from shared.kubevirt.render import RENDER_ANNOTATIONS
 from shared.normalize import normalize
 from shared.quota import guard
+from shared.quota.annotations import BUDGET_ANNOTATION, MANAGED_LABEL
 from shared.snapshot import QuotaSnapshot, VmiSnapshot, compact_vmi_spec, size_digest
 from tests.builders import usage_snapshot, vmi_obj
 
@@ -26,11 +27,14 @@ def usage(
     return usage_snapshot(NS, quotas={"compute": terms}, vms=vms, migrations=migrations)
 
 
-def quota(spec: str, status: str) -> QuotaSnapshot:
+def quota(spec: str, status: str, *, managed: bool = True, annotations: dict[str, str] | None = None) -> QuotaSnapshot:
+    meta: dict[str, Any] = {"name": "compute", "namespace": NS, "uid": "q1", "resourceVersion": "5"}
+    meta |= {"labels": {MANAGED_LABEL: "true"}} if managed else {}
+    meta |= {"annotations": annotations} if annotations else {}
     raw: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "ResourceQuota",
-        "metadata": {"name": "compute", "namespace": NS, "uid": "q1", "resourceVersion": "5"},
+        "metadata": meta,
         "spec": {"hard": {"limits.memory": spec}},
         "status": {"hard": {"limits.memory": status}},
     }
@@ -82,6 +86,21 @@ def test_a_quota_stops_carrying_a_reservation_only_once_admission_checks_the_low
     # spec.hard is not (yet) what the snapshot asks: keep what was carried, and the snapshot's
     newer = usage(VMS, MIGRATIONS, hard="80Gi")
     assert guard.carried(frozenset(), quota("64Gi", "64Gi"), newer) == before
+
+
+def test_a_quota_vmquota_does_not_manage_carries_nothing_once_handed_back_and_synced() -> None:
+    """A quota not labelled managed has no terms in a usage: it carried what it carried ``before`` for good, and a
+    namespace's quota of object counts beside the managed one kept every holder listed, every other pod out. It
+    carries none once none of the enforcer's annotations is on it (never managed, or handed back) and admission
+    checks its ``spec.hard``; until then (a label just taken off, the release not written or not copied yet)
+    what it carried and the usage's holders, as a managed quota."""
+    before = guard.holders(usage(VMS, MIGRATIONS))
+    now = usage(VMS, MIGRATIONS, hard="80Gi")
+    assert guard.carried(before, quota("100", "100", managed=False), now) == frozenset(), "never managed"
+    released = quota("64Gi", "80Gi", managed=False)
+    assert guard.carried(before, released, now) == before, "handed back, admission still checks the raise"
+    label_off = quota("80Gi", "80Gi", managed=False, annotations={BUDGET_ANNOTATION: '{"limits.memory": "64Gi"}'})
+    assert guard.carried(before, label_off, now) == before, "its label off, the release not written yet"
 
 
 @given(st.lists(st.tuples(st.sampled_from(["running", "admitted", "refused", "stopped"]), st.booleans()), max_size=6))

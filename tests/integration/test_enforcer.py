@@ -673,6 +673,20 @@ async def holders_taken_off(sim: SimCluster) -> None:
     assert await tenant_pod(sim, "after"), "the namespace's pods get in again"
 
 
+@contextlib.asynccontextmanager
+async def listed_for_vm1(sim: SimCluster, bus: Bus, api: client.ApiClient) -> AsyncIterator[list[contract.VmState]]:
+    """The guard installed, ``compute`` (64Gi) managed, and an enforcer running that raised it to 80Gi for vm1's
+    migration, vm1 listed; yields the usage's VMs."""
+    await install_guard(sim)
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    vms = [contract.VmState(name="vm1", uid="uid-vm1", state="running")]
+    async with enforcer(bus, api, reservation_guard=True):
+        await raised_for_vm1(sim, bus, vms)
+        await sim.wait_quota_synced(NS, "compute")
+        assert listed_names(sim) == {"vm1"}
+        yield vms
+
+
 async def test_a_guard_write_whose_answer_was_lost_is_read_again_before_the_next(
     sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
 ) -> None:
@@ -700,13 +714,7 @@ async def test_a_guard_shrink_that_meets_another_version_is_planned_again_not_dr
     """A shrink whose write meets a conflict (here injected; this enforcer's own earlier write whose answer was lost
     makes one) reads the QuotaReservation again and shrinks from it. It was dropped, and the holder kept the
     namespace's pods out until the namespace's next change (none in a quiet one)."""
-    await install_guard(sim)
-    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
-    vms = [contract.VmState(name="vm1", uid="uid-vm1", state="running")]
-    async with enforcer(bus, api, reservation_guard=True):
-        await raised_for_vm1(sim, bus, vms)
-        await sim.wait_quota_synced(NS, "compute")
-        assert listed_names(sim) == {"vm1"}
+    async with listed_for_vm1(sim, bus, api) as vms:
         conflict = sim.faults.fail(409, verbs=["patch"], resources=[guard.PLURAL], count=1)
         await publish_usage(bus, 6, terms("64Gi", "64Gi"), vms=vms)  # (the target got in: the raise ends)
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "hard lowered")
@@ -723,12 +731,7 @@ async def test_a_deleted_quotas_holders_are_taken_off_though_the_first_tries_fai
     as this enforcer runs. No later write of the namespace comes (it has no managed quota left), and a shrink was
     tried once: the holder stayed, the namespace's pods kept out for good, across restarts. Now the shrink is
     retried after the work queue's backoff, and an enforcer lists the QuotaReservations at its start."""
-    await install_guard(sim)
-    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
-    vms = [contract.VmState(name="vm1", uid="uid-vm1", state="running")]
-    async with enforcer(bus, api, reservation_guard=True):
-        await raised_for_vm1(sim, bus, vms)
-        assert listed_names(sim) == {"vm1"}
+    async with listed_for_vm1(sim, bus, api):
         failing = sim.faults.fail(500, verbs=["patch"], resources=[guard.PLURAL], count=None if restarted else 1)
         await sim.store.delete(sim.store.resource("resourcequotas"), NS, "compute")
         await sim.wait_for(lambda: failing.injected >= 1, within=5, what="a failed shrink")
@@ -766,15 +769,9 @@ async def test_a_quota_vmquota_does_not_manage_keeps_no_holder_listed(
     had seen carried for good. After vm1's raise the holder stayed listed, and every other new pod of the
     namespace was refused, whether the migration ended, the managed quota was deleted, or it was handed back,
     across restarts too."""
-    await install_guard(sim)
     if end != "label_taken_off":
         await sim.create_quota(NS, "objects", {"count/configmaps": "100"})
-    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
-    vms = [contract.VmState(name="vm1", uid="uid-vm1", state="running")]
-    async with enforcer(bus, api, reservation_guard=True):
-        await raised_for_vm1(sim, bus, vms)
-        await sim.wait_quota_synced(NS, "compute")
-        assert listed_names(sim) == {"vm1"}
+    async with listed_for_vm1(sim, bus, api) as vms:
         if end == "migration_over":
             await publish_usage(bus, 6, terms("64Gi", "64Gi"), vms=vms)
         elif end == "managed_quota_deleted":

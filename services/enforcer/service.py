@@ -55,7 +55,7 @@ from shared.backoff import Backoff, TokenBucket
 from shared.errors import InvalidInput
 from shared.kinds import QUOTA_KIND
 from shared.normalize import normalize
-from shared.quota import enforcement
+from shared.quota import enforcement, guard
 from shared.quota.annotations import MANAGED_LABEL, USAGE_ANNOTATION, USAGE_FROM_ANNOTATION
 from shared.quota.enforcement import Action
 from shared.quota.modes import is_managed
@@ -719,16 +719,23 @@ class Enforcer:
             return
 
     async def _shrink_unmanaged(self, namespace: str) -> None:
-        """Take the holders off the namespace's QuotaReservation once the API server shows no managed quota there.
-        One it shows is reconciled instead, and its holders are kept meanwhile: what the enforcer knows may lack it
-        (its listing at the start failed, and the events stream is past the quota's last change), and taking off
-        the holder of a raise it carries opens that room to every pod."""
-        listed = await self.kube.list_quotas(f"{MANAGED_LABEL}=true", namespace)
-        for raw in listed:
-            with contextlib.suppress(InvalidInput):
+        """Take the holders off the namespace's QuotaReservation once the API server shows no quota there whose
+        limits may hold room vmquota raised (``guard.may_carry``: one labelled managed, or one handed back whose
+        release is not written or not copied yet). One it shows is reconciled instead, and the holders are kept
+        meanwhile: what the enforcer knows may lack it (its listing at the start failed, and the events stream is
+        past the quota's last change), and taking off the holder of a raise it carries opens that room to every
+        pod."""
+        pending = False
+        for raw in await self.kube.list_quotas("", namespace):
+            try:
                 snap = self.quotas.from_api(raw, truth=True)
+            except InvalidInput:
+                pending = True  # (a quota that cannot be read may carry anything)
+                continue
+            if guard.may_carry(snap):
+                pending = True
                 self._schedule((snap.namespace, snap.name))
-        if not listed:
+        if not pending:
             await self.guard.shrink(namespace)
 
     async def _guard_after(self, key: Key, quota: QuotaSnapshot, usage: contract.UsageSnapshot | None) -> None:

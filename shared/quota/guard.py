@@ -126,6 +126,17 @@ def _same(a: Mapping[str, Quantity], b: Mapping[str, Quantity]) -> bool:
     return a.keys() == b.keys() and all(a[r] == b[r] for r in a)
 
 
+def may_carry(quota: QuotaSnapshot) -> bool:
+    """Whether a quota's limits may hold room vmquota raised: it is labelled managed, or it bears an annotation of
+    the enforcer's (its label taken off, the release not written yet), or admission does not check its ``spec.hard``
+    yet (a release not copied to ``status.hard``)."""
+    return (
+        is_managed(quota.labels)
+        or any(k in quota.annotations for k in OWN_ANNOTATIONS)
+        or not _same(quota.spec_hard, quota.status_hard)
+    )
+
+
 def carried(before: frozenset[Holder], quota: QuotaSnapshot, usage: UsageSnapshot | None) -> frozenset[Holder]:
     """The holders whose reservations a quota's limits carry now: the usage snapshot's, when its ``spec.hard`` is
     what that snapshot asks of it *and* quota admission already checks against it (``status.hard``: the quota
@@ -135,9 +146,9 @@ def carried(before: frozenset[Holder], quota: QuotaSnapshot, usage: UsageSnapsho
     its budget) and admission checks its ``spec.hard``: it has no terms in a usage, and kept what it carried
     ``before`` for good (a namespace's quota of object counts beside the managed one kept every holder listed, and
     every other new pod of the namespace out)."""
+    if not may_carry(quota):
+        return frozenset()
     now = holders(usage)
-    if not is_managed(quota.labels) and not any(k in quota.annotations for k in OWN_ANNOTATIONS):
-        return frozenset() if _same(quota.spec_hard, quota.status_hard) else before | now
     terms = usage.quotas.get(quota.name) if usage is not None else None
     if terms is None or not _same(quota.spec_hard, quota.status_hard):
         return before | now

@@ -789,6 +789,42 @@ async def test_a_quota_vmquota_does_not_manage_keeps_no_holder_listed(
         await holders_taken_off(sim)
 
 
+async def test_a_holder_is_kept_while_a_quota_handed_back_still_holds_its_raise(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """The managed quota's label is taken off while no enforcer runs, `hard` raised for vm1's target, vm1 listed,
+    and the ledger reserves nothing any more; the enforcer that starts cannot write the release yet. The namespace
+    has no managed quota, and its holders were taken off at once, the raise still in `spec.hard` and
+    `status.hard`: a tenant's 16Gi pod took the room. They come off once the release is written and copied."""
+    await install_guard(sim)
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    vms = [contract.VmState(name="vm1", uid="uid-vm1", state="running")]
+    async with enforcer(bus, api, reservation_guard=True):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        await sim.wait_quota_synced(NS, "compute")
+        await namespace_full(sim)
+        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING, vms=vms)
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised")
+        await sim.wait_quota_synced(NS, "compute")
+        assert listed_names(sim) == {"vm1"}
+
+    def unlabel(obj: Obj) -> Obj:
+        obj["metadata"]["labels"].pop(MANAGED_LABEL, None)
+        return obj
+
+    await sim.store.mutate(sim.store.resource("resourcequotas"), NS, "compute", unlabel)
+    await publish_usage(bus, 6, {}, vms=vms)  # (the ledger: no managed quota, no migration; the raise is stale)
+    failing = sim.faults.fail(500, verbs=["patch"], resources=["resourcequotas"])
+    async with enforcer(bus, api, reservation_guard=True):
+        await sim.wait_for(lambda: failing.injected >= 2, within=10, what="the release failing")
+        assert hard(await sim.get("resourcequotas", NS, "compute")) == {"limits.memory": "80Gi"}
+        assert listed_names(sim) == {"vm1"}, "the holder of the raise the handed-back quota holds was taken off"
+        assert not await tenant_pod(sim, "grab"), "a tenant's pod took the room of vm1's target"
+        sim.faults.clear()
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "the release written")
+        await sim.wait_for(lambda: listed_names(sim) == set(), within=10, what="the holders taken off")
+
+
 async def test_a_holder_is_kept_while_the_api_server_shows_a_managed_quota_the_enforcer_does_not_know(
     sim: SimCluster, bus: Bus, api: client.ApiClient
 ) -> None:

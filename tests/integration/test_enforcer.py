@@ -620,10 +620,13 @@ async def test_the_guard_lists_holders_before_a_raise_and_keeps_what_it_found_un
     assert before and before[-1][1] == {"vm1", "vm9"}, writes
 
 
-async def raised_for_vm1(sim: SimCluster, bus: Bus, vms: list[contract.VmState]) -> None:
-    """The enforcer adopted ``compute`` (64Gi), then raised it to 80Gi for vm1's migration (MIGRATING)."""
+async def raised_for_vm1(sim: SimCluster, bus: Bus, vms: list[contract.VmState], *, full: bool = False) -> None:
+    """The enforcer adopted ``compute`` (64Gi), then raised it to 80Gi for vm1's migration (MIGRATING); ``full``:
+    the tenant's pods use the budget first (4 x 16Gi), so the raise's room is the target's."""
     await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
     await sim.wait_quota_synced(NS, "compute")
+    if full:
+        await namespace_full(sim)
     await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING, vms=vms)
     await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised")
 
@@ -674,14 +677,16 @@ async def holders_taken_off(sim: SimCluster) -> None:
 
 
 @contextlib.asynccontextmanager
-async def listed_for_vm1(sim: SimCluster, bus: Bus, api: client.ApiClient) -> AsyncIterator[list[contract.VmState]]:
+async def listed_for_vm1(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, *, full: bool = False
+) -> AsyncIterator[list[contract.VmState]]:
     """The guard installed, ``compute`` (64Gi) managed, and an enforcer running that raised it to 80Gi for vm1's
-    migration, vm1 listed; yields the usage's VMs."""
+    migration, vm1 listed (``full``: see :func:`raised_for_vm1`); yields the usage's VMs."""
     await install_guard(sim)
     await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
     vms = [contract.VmState(name="vm1", uid="uid-vm1", state="running")]
     async with enforcer(bus, api, reservation_guard=True):
-        await raised_for_vm1(sim, bus, vms)
+        await raised_for_vm1(sim, bus, vms, full=full)
         await sim.wait_quota_synced(NS, "compute")
         assert listed_names(sim) == {"vm1"}
         yield vms
@@ -796,17 +801,8 @@ async def test_a_holder_is_kept_while_a_quota_handed_back_still_holds_its_raise(
     and the ledger reserves nothing any more; the enforcer that starts cannot write the release yet. The namespace
     has no managed quota, and its holders were taken off at once, the raise still in `spec.hard` and
     `status.hard`: a tenant's 16Gi pod took the room. They come off once the release is written and copied."""
-    await install_guard(sim)
-    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
-    vms = [contract.VmState(name="vm1", uid="uid-vm1", state="running")]
-    async with enforcer(bus, api, reservation_guard=True):
-        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
-        await sim.wait_quota_synced(NS, "compute")
-        await namespace_full(sim)
-        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING, vms=vms)
-        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised")
-        await sim.wait_quota_synced(NS, "compute")
-        assert listed_names(sim) == {"vm1"}
+    async with listed_for_vm1(sim, bus, api, full=True) as vms:
+        pass
 
     def unlabel(obj: Obj) -> Obj:
         obj["metadata"]["labels"].pop(MANAGED_LABEL, None)
@@ -833,17 +829,8 @@ async def test_a_holder_is_kept_while_the_api_server_shows_a_managed_quota_the_e
     quota in the namespace, and lists its QuotaReservation with a holder. It took the holder off, `hard` still
     80Gi for vm1's target, and a tenant's 16Gi pod got in (80Gi used on a 64Gi budget). The holders of a namespace
     the enforcer knows no managed quota of are taken off only once the API server shows none there."""
-    await install_guard(sim)
-    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
-    vms = [contract.VmState(name="vm1", uid="uid-vm1", state="running")]
-    async with enforcer(bus, api, reservation_guard=True):
-        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
-        await sim.wait_quota_synced(NS, "compute")
-        await namespace_full(sim)  # (4 x 16Gi: the budget used; the raise's room is the target's)
-        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING, vms=vms)
-        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised")
-        await sim.wait_quota_synced(NS, "compute")
-        assert listed_names(sim) == {"vm1"}
+    async with listed_for_vm1(sim, bus, api, full=True):
+        pass
     failing = sim.faults.fail(503, verbs=["list"], resources=["resourcequotas"], count=1)
     async with enforcer(bus, api, reservation_guard=True) as (e, _):
         await sim.wait_for(lambda: failing.injected == 1 and e.idle(), within=10, what="the enforcer idle")

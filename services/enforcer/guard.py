@@ -126,9 +126,10 @@ class GuardWriter:
         return any(held)
 
     async def shrink(self, namespace: str) -> None:
-        """Take off what no quota of the namespace carries (one gone, or no longer managed); raises when it could
-        not (the caller retries: a namespace left with no managed quota has no later write that would)."""
-        await self.write(namespace, grow=False)
+        """Take off what no quota of the namespace carries, once the API server showed no quota there that may hold
+        room vmquota raised (``guard.may_carry``); raises when it could not (the caller retries: a namespace left
+        with no managed quota has no later write that would)."""
+        await self.write(namespace, grow=False, checked=True)
 
     def observe(self, namespace: str, obj: Obj) -> bool:
         """The namespace's QuotaReservation as the API server listed it: held to be that when nothing is held (an
@@ -174,14 +175,16 @@ class GuardWriter:
                 out.add(h.uid)
         return frozenset(out)
 
-    async def write(self, namespace: str, *, grow: bool) -> None:
+    async def write(self, namespace: str, *, grow: bool, checked: bool = False) -> None:
         """Make the namespace's QuotaReservation list every holder a quota of the namespace carries or is being
         written with (with ``grow``, never fewer than it lists now). Each write is conditional on the version
         last seen: one that meets another writer's version reads it and plans again from it, and a shrink then
         keeps what that writer listed beyond what the shrink started from (another enforcer's holders — a new
         leader's, should a write of a replica past its renew deadline get through — guard room it raised; this
         enforcer's own write whose answer was lost adds nothing it does not know). Until each managed quota of the
-        namespace is reconciled since the start, a shrink keeps what is listed. A write that fails otherwise may
+        namespace is reconciled since the start, a shrink keeps what is listed, and so does one in a namespace the
+        writer knows no managed quota of, unless ``checked`` (the API server showed none that may carry a raise:
+        one the writer does not know may, a listing at the start having failed). A write that fails otherwise may
         have landed: what the writer holds listed is read again next time. A failed write raises (the caller
         retries: a shrink dropped left holders listed for nothing, the namespace's other pods kept out)."""
         lock = self._locks.setdefault(namespace, asyncio.Lock())
@@ -194,7 +197,8 @@ class GuardWriter:
                 have, unconfirmed, rv = await self._state(namespace)
                 known = have if known is None else known
                 carried = self._carried.get(namespace, {})
-                if grow or any(name not in carried for name in self.managed(namespace)):
+                managed = self.managed(namespace)
+                if grow or (not managed and not checked) or any(name not in carried for name in managed):
                     want |= have
                 else:
                     want |= have - known

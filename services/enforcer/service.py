@@ -504,10 +504,12 @@ class Enforcer:
         quota after its backoff; so does a bug (it must cost one quota a retry, not the enforcer)."""
         at = self._usage_at.get(key[0], 0)
         if key[1] == RESERVATION:
-            if not self.opts.dry_run:
-                await self._shrink_unmanaged(key[0])  # (a failure raises: the queue retries after its backoff)
-            self._since.pop(key, None)
-            self._queue.forget(key)
+            # (a failure raises: the queue retries after its backoff; so it does while a quota may carry a raise)
+            if self.opts.dry_run or await self._shrink_unmanaged(key[0]):
+                self._since.pop(key, None)
+                self._queue.forget(key)
+            else:
+                self._queue.add_rate_limited(key)
             return
         try:
             await self._reconcile(key)
@@ -718,25 +720,30 @@ class Enforcer:
             self.reporter.decision(p, after.resource_version, at)
             return
 
-    async def _shrink_unmanaged(self, namespace: str) -> None:
+    async def _shrink_unmanaged(self, namespace: str) -> bool:
         """Take the holders off the namespace's QuotaReservation once the API server shows no quota there whose
-        limits may hold room vmquota raised (``guard.may_carry``: one labelled managed, or one handed back whose
-        release is not written or not copied yet). One it shows is reconciled instead, and the holders are kept
-        meanwhile: what the enforcer knows may lack it (its listing at the start failed, and the events stream is
-        past the quota's last change), and taking off the holder of a raise it carries opens that room to every
-        pod."""
-        pending = False
+        limits may hold room vmquota raised (``guard.may_carry``). A managed quota it shows is reconciled instead,
+        and the holders are left to that quota's reconciliations: what the enforcer knows may lack it (its listing
+        at the start failed, and the events stream is past the quota's last change), and taking off the holder of a
+        raise it carries opens that room to every pod. False when the holders wait for a quota handed back whose
+        release is not written or not copied yet (tried again after the work queue's backoff)."""
+        managed = handed_back = False
         for raw in await self.kube.list_quotas("", namespace):
             try:
                 snap = self.quotas.from_api(raw, truth=True)
             except InvalidInput:
-                pending = True  # (a quota that cannot be read may carry anything)
+                handed_back = True  # (a quota that cannot be read may carry anything)
                 continue
             if guard.may_carry(snap):
-                pending = True
                 self._schedule((snap.namespace, snap.name))
-        if not pending:
-            await self.guard.shrink(namespace)
+                managed = managed or is_managed(snap.labels)
+                handed_back = handed_back or not is_managed(snap.labels)
+        if managed:
+            return True
+        if handed_back:
+            return False
+        await self.guard.shrink(namespace)
+        return True
 
     async def _guard_after(self, key: Key, quota: QuotaSnapshot, usage: contract.UsageSnapshot | None) -> None:
         """``guard.after`` once ``hard`` is written: a failure to shrink the QuotaReservation is retried after the

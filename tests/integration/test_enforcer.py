@@ -839,6 +839,35 @@ async def test_a_holder_is_kept_while_the_api_server_shows_a_managed_quota_the_e
         assert not await tenant_pod(sim, "grab"), "a tenant's pod took the room of vm1's target"
 
 
+async def test_a_quota_vmquota_does_not_manage_takes_off_no_holder_of_a_managed_quota_not_known_yet(
+    sim: SimCluster, bus: Bus, api: client.ApiClient
+) -> None:
+    """As ``-k does_not_know``, with a quota of object counts beside ``compute``: the restarted enforcer's listings
+    of the quotas fail a few times, and the other quota's event comes meanwhile. Its reconciliation, carrying no
+    holder, shrank the QuotaReservation to nothing, the enforcer knowing no managed quota in the namespace: vm1 was
+    off, ``compute`` still 80Gi, until the namespace-only key's listing found ``compute``, and a tenant's 16Gi pod
+    got in meanwhile. A shrink in a namespace the enforcer knows no managed quota of keeps what is listed, unless
+    the API server showed none there."""
+    emptied: list[Obj] = []
+
+    def watch(type_: str, res: Any, obj: Obj) -> None:
+        if res.plural == guard.PLURAL and not guard.listed(obj):
+            emptied.append(obj)
+
+    await sim.create_quota(NS, "objects", {"count/configmaps": "100"})
+    async with listed_for_vm1(sim, bus, api, full=True):
+        pass
+    sim.store.on_change(watch)
+    failing = sim.faults.fail(503, verbs=["list"], resources=["resourcequotas"], count=4)
+    async with enforcer(bus, api, reservation_guard=True) as (e, _):
+        await sim.wait_for(lambda: failing.injected >= 2, within=10, what="listings failing")
+        await publish_quota(bus, await sim.get("resourcequotas", NS, "objects"))
+        await sim.wait_for(lambda: failing.injected == 4 and e.idle(), within=15, what="the enforcer idle")
+        assert not emptied, "the holder of the raise compute carries was taken off"
+        assert listed_names(sim) == {"vm1"}
+        assert not await tenant_pod(sim, "grab")
+
+
 async def test_with_the_guard_room_for_a_target_opens_only_while_its_vmi_has_the_size_it_was_reserved_at(
     sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
 ) -> None:

@@ -33,13 +33,27 @@ class GuardWriter:
     """What each namespace's ``QuotaReservation`` must list, and the writes that make it so."""
 
     def __init__(
-        self, kube: QuotaApi, creators: tuple[str, ...], managed: Callable[[str], Iterable[str]] = lambda ns: ()
+        self,
+        kube: QuotaApi,
+        creators: tuple[str, ...],
+        carrying: Callable[[str], Iterable[str]] = lambda ns: (),
+        complete: Callable[[], bool] = lambda: True,
+        unsure: Callable[[str], None] = lambda ns: None,
     ) -> None:
         self.kube = kube
         self.creators = creators
-        self.managed = managed
-        """The names of a namespace's managed quotas the enforcer knows (a shrink keeps what is listed while one of
-        them has not been reconciled since the start: an earlier enforcer's raise may still be in it)."""
+        self.carrying = carrying
+        """The names of a namespace's quotas the enforcer knows whose limits may hold room vmquota raised
+        (``guard.may_carry``: managed, or handed back with the release pending): a shrink keeps what is listed
+        while one of them has not been reconciled since the start (an earlier enforcer's raise may still be in
+        it)."""
+        self.complete = complete
+        """Whether the enforcer has listed the managed quotas from the API server since its start (until then, a
+        quota it does not know may carry a raise)."""
+        self.unsure = unsure
+        """Called with a namespace whose shrink kept what is listed for want of knowing its quotas (no quota known
+        there that may carry a raise, or no listing yet): the caller has the API server show them, then
+        :meth:`shrink`."""
         self._carried: dict[str, dict[str, frozenset[guard.Holder]]] = {}
         """namespace → quota name → the holders whose reservations the quota's ``spec.hard`` carries now."""
         self._writing: dict[str, dict[str, frozenset[guard.Holder]]] = {}
@@ -67,7 +81,8 @@ class GuardWriter:
         ns, name = key
         before = self._carried.get(ns, {}).get(name)
         if before is None:  # first time since the start: it may carry what the QuotaReservation lists
-            before = (await self._state(ns))[0]
+            async with self._locks.setdefault(ns, asyncio.Lock()):  # (not while another write is under way)
+                before = (await self._state(ns))[0]
         self._carried.setdefault(ns, {})[name] = guard.carried(before, quota, usage)
         self._writing.get(ns, {}).pop(name, None)  # (only now: until then its holders are what the write keeps)
         self._reserved_at(ns, usage)
@@ -182,9 +197,10 @@ class GuardWriter:
         keeps what that writer listed beyond what the shrink started from (another enforcer's holders — a new
         leader's, should a write of a replica past its renew deadline get through — guard room it raised; this
         enforcer's own write whose answer was lost adds nothing it does not know). Until each managed quota of the
-        namespace is reconciled since the start, a shrink keeps what is listed, and so does one in a namespace the
-        writer knows no managed quota of, unless ``checked`` (the API server showed none that may carry a raise:
-        one the writer does not know may, a listing at the start having failed). A write that fails otherwise may
+        namespace that may carry a raise is reconciled since the start, a shrink keeps what is listed, and so does
+        one in a namespace the writer knows no such quota of, or before the managed quotas were listed, unless
+        ``checked`` (the API server has just shown the namespace's quotas: one the writer does not know may carry a
+        raise, a listing at the start having failed); :attr:`unsure` is then told. A write that fails otherwise may
         have landed: what the writer holds listed is read again next time. A failed write raises (the caller
         retries: a shrink dropped left holders listed for nothing, the namespace's other pods kept out)."""
         lock = self._locks.setdefault(namespace, asyncio.Lock())
@@ -197,8 +213,11 @@ class GuardWriter:
                 have, unconfirmed, rv = await self._state(namespace)
                 known = have if known is None else known
                 carried = self._carried.get(namespace, {})
-                managed = self.managed(namespace)
-                if grow or (not managed and not checked) or any(name not in carried for name in managed):
+                carrying = list(self.carrying(namespace))
+                unknown = not grow and not checked and (not carrying or not self.complete())
+                if unknown and have - want:
+                    self.unsure(namespace)
+                if grow or unknown or any(name not in carried for name in carrying):
                     want |= have
                 else:
                     want |= have - known

@@ -143,7 +143,15 @@ class Enforcer:
         self._warm = False
         self._stopped = False
         self.reporter = Reporter(bus, kube, opts, self.metrics, self.own, self._now)
-        self.guard = GuardWriter(kube, opts.guard_creators, self._managed_names)
+        self._quotas_listed = False
+        """The managed quotas were listed from the API server since the start."""
+        self.guard = GuardWriter(
+            kube,
+            opts.guard_creators,
+            self._carrying_names,
+            lambda: self._quotas_listed,
+            lambda ns: self._schedule((ns, RESERVATION)),
+        )
         self.patched = 0
         self.conflicts = 0
         self.dead_letters = 0
@@ -218,6 +226,7 @@ class Enforcer:
                 continue
             self._held.add(snap.namespace)
         if items is not None:
+            self._quotas_listed = True
             log.info("managed quotas listed", count=len(items))
 
     async def _list_reservations(self) -> None:
@@ -237,10 +246,8 @@ class Enforcer:
             meta = obj.get("metadata")
             ns = str(meta.get("namespace") or "") if isinstance(meta, dict) else ""
             if ns and self.guard.observe(ns, obj):
-                if self._managed_names(ns):
-                    self._touch_namespace(ns)
-                else:
-                    self._schedule((ns, RESERVATION))
+                self._touch_namespace(ns)
+                self._schedule((ns, RESERVATION))  # (the API server shows the namespace's quotas, then a shrink)
 
     async def _list_or_log(self) -> list[Obj] | None:
         try:
@@ -263,6 +270,7 @@ class Enforcer:
             items = await self._list_or_log()
             if items is None:
                 continue
+            self._quotas_listed = True
             listed: set[Key] = set()
             for raw in items:
                 try:
@@ -465,7 +473,7 @@ class Enforcer:
         self._quota_patches.pop(key, None)
         if not self.opts.reservation_guard or self.opts.dry_run:
             return
-        if held or (not self._managed_names(key[0]) and self.guard.holds_listed(key[0])):
+        if held or (not self._carrying_names(key[0]) and self.guard.holds_listed(key[0])):
             # (the quota carries nothing any more: its holders would keep the namespace's pods out for nothing;
             # retried until done, as no later write of the namespace may come)
             self._schedule((key[0], RESERVATION))
@@ -476,7 +484,7 @@ class Enforcer:
             return
         for name in self.quotas.names(namespace):
             self._schedule((namespace, name))
-        if self.opts.reservation_guard and not self._managed_names(namespace) and self.guard.holds_listed(namespace):
+        if self.opts.reservation_guard and not self._carrying_names(namespace) and self.guard.holds_listed(namespace):
             self._schedule((namespace, RESERVATION))  # (holders listed, and no managed quota left to carry them)
 
     def _schedule(self, key: Key) -> None:
@@ -504,12 +512,10 @@ class Enforcer:
         quota after its backoff; so does a bug (it must cost one quota a retry, not the enforcer)."""
         at = self._usage_at.get(key[0], 0)
         if key[1] == RESERVATION:
-            # (a failure raises: the queue retries after its backoff; so it does while a quota may carry a raise)
-            if self.opts.dry_run or await self._shrink_unmanaged(key[0]):
-                self._since.pop(key, None)
-                self._queue.forget(key)
-            else:
-                self._queue.add_rate_limited(key)
+            if not self.opts.dry_run:
+                await self._shrink_checked(key[0])  # (a failure raises: the queue retries after its backoff)
+            self._since.pop(key, None)
+            self._queue.forget(key)
             return
         try:
             await self._reconcile(key)
@@ -720,30 +726,28 @@ class Enforcer:
             self.reporter.decision(p, after.resource_version, at)
             return
 
-    async def _shrink_unmanaged(self, namespace: str) -> bool:
-        """Take the holders off the namespace's QuotaReservation once the API server shows no quota there whose
-        limits may hold room vmquota raised (``guard.may_carry``). A managed quota it shows is reconciled instead,
-        and the holders are left to that quota's reconciliations: what the enforcer knows may lack it (its listing
-        at the start failed, and the events stream is past the quota's last change), and taking off the holder of a
-        raise it carries opens that room to every pod. False when the holders wait for a quota handed back whose
-        release is not written or not copied yet (tried again after the work queue's backoff)."""
-        managed = handed_back = False
+    async def _shrink_checked(self, namespace: str) -> None:
+        """Have the API server show the namespace's quotas, then let its QuotaReservation shrink (``guard.shrink``):
+        what the enforcer knows may lack a quota whose limits hold room vmquota raised (its listing at the start
+        failed, the events stream is past the quota's last change), and taking off the holder of such a raise opens
+        that room to every pod. Each quota that may carry one (``guard.may_carry``: managed, or handed back with its
+        release pending) is reconciled, and its holders are kept until it is; a quota that cannot be read keeps
+        them all."""
+        unreadable = False
         for raw in await self.kube.list_quotas("", namespace):
             try:
                 snap = self.quotas.from_api(raw, truth=True)
             except InvalidInput:
-                handed_back = True  # (a quota that cannot be read may carry anything)
+                unreadable = True
                 continue
             if guard.may_carry(snap):
                 self._schedule((snap.namespace, snap.name))
-                managed = managed or is_managed(snap.labels)
-                handed_back = handed_back or not is_managed(snap.labels)
-        if managed:
-            return True
-        if handed_back:
-            return False
-        await self.guard.shrink(namespace)
-        return True
+        if not unreadable:
+            await self.guard.shrink(namespace)
+
+    def _carrying_names(self, namespace: str) -> list[str]:
+        """The names of the namespace's known quotas whose limits may hold room vmquota raised."""
+        return [q.name for q in self.quotas.of(namespace) if guard.may_carry(q)]
 
     async def _guard_after(self, key: Key, quota: QuotaSnapshot, usage: contract.UsageSnapshot | None) -> None:
         """``guard.after`` once ``hard`` is written: a failure to shrink the QuotaReservation is retried after the

@@ -10,7 +10,7 @@ import gc
 import json
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import pytest
@@ -868,6 +868,67 @@ async def test_a_quota_vmquota_does_not_manage_takes_off_no_holder_of_a_managed_
         assert not await tenant_pod(sim, "grab")
 
 
+def emptied_while_raised(sim: SimCluster) -> list[dict[str, str]]:
+    """The ``status.hard`` of ``compute`` at each write of the QuotaReservation that lists nobody, from now on."""
+    found: list[dict[str, str]] = []
+
+    def watch(type_: str, res: Any, obj: Obj) -> None:
+        if res.plural == guard.PLURAL and not guard.listed(obj):
+            q = sim.peek("resourcequotas", NS, "compute") or {}
+            found.append(dict((q.get("status") or {}).get("hard") or {}))
+
+    sim.store.on_change(watch)
+    return found
+
+
+OTHER_TERMS: Final = {
+    "other": contract.QuotaTerms(
+        mode="VmiPodUsage", budget={"limits.memory": "1000Gi"}, reserved={}, hard={"limits.memory": "1000Gi"}
+    )
+}
+
+
+@pytest.mark.parametrize("compute", ["handed_back", "not_known"])
+async def test_a_shrink_after_a_restart_waits_for_every_quota_that_may_carry_a_raise(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None, compute: str
+) -> None:
+    """``compute`` carries vm1's raise (80Gi), vm1 listed, and a second managed quota ``other`` is beside it; the
+    enforcer restarts and the ledger reserves nothing any more. ``handed_back``: compute's label was taken off
+    while no enforcer ran, and its release cannot be written yet; ``not_known``: the restarted enforcer's listings
+    of the quotas fail a few times, and compute's last change is not in the events stream. ``other``'s
+    reconciliation shrank the QuotaReservation to nothing, compute still 80Gi, and a tenant's 16Gi pod got in. A
+    shrink keeps what is listed until every quota the API server shows that may carry a raise is reconciled."""
+    async with listed_for_vm1(sim, bus, api, full=True) as vms:
+        pass
+    if compute == "handed_back":
+
+        def unlabel(obj: Obj) -> Obj:
+            obj["metadata"]["labels"].pop(MANAGED_LABEL, None)
+            return obj
+
+        await sim.store.mutate(sim.store.resource("resourcequotas"), NS, "compute", unlabel)
+    await sim.create_quota(NS, "other", {"limits.memory": "1000Gi"}, labels=MANAGED)
+    usage = OTHER_TERMS if compute == "handed_back" else {**terms("64Gi", "64Gi"), **OTHER_TERMS}
+    await publish_usage(bus, 6, usage, vms=vms)  # (vm1's migration over: no reservation)
+    emptied = emptied_while_raised(sim)
+    if compute == "handed_back":
+        calls = ComputeWritesFail(KubeQuotas(api), sim)
+        async with enforcer(bus, api, calls=calls, reservation_guard=True):
+            await sim.wait_until("resourcequotas", NS, "other", lambda o: BUDGET_ANNOTATION in notes(o), within=15)
+            await sim.wait_for(lambda: calls.failed >= 2, within=10, what="compute's release failing")
+            assert hard(await sim.get("resourcequotas", NS, "compute")) == {"limits.memory": "80Gi"}
+            assert listed_names(sim) == {"vm1"} and not emptied, "the holder of compute's raise came off"
+            assert not await tenant_pod(sim, "grab"), "a tenant's pod took the room of vm1's target"
+        return
+    failing = sim.faults.fail(503, verbs=["list"], resources=["resourcequotas"], count=4)
+    async with enforcer(bus, api, reservation_guard=True) as (e, _):
+        await sim.wait_for(lambda: failing.injected >= 1, within=10, what="the listings failing")
+        await publish_quota(bus, await sim.get("resourcequotas", NS, "other"))
+        await sim.wait_for(lambda: failing.injected == 4 and e.idle(), within=15, what="the enforcer idle")
+        assert hard(await sim.get("resourcequotas", NS, "compute")) == {"limits.memory": "64Gi"}, "lowered once known"
+        assert emptied and all(h == {"limits.memory": "64Gi"} for h in emptied), f"emptied at {emptied}"
+
+
 async def test_with_the_guard_room_for_a_target_opens_only_while_its_vmi_has_the_size_it_was_reserved_at(
     sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
 ) -> None:
@@ -1443,6 +1504,24 @@ class NudgeRecorder(BeatenOnce):
 
     async def patch_quota(self, namespace: str, name: str, body: Obj) -> Obj:
         return await self.inner.patch_quota(namespace, name, body)
+
+
+class ComputeWritesFail(NudgeRecorder):
+    """The enforcer's calls as they are, but every write of ``compute`` fails (counted in ``failed``)."""
+
+    failed = 0
+
+    async def patch_quota(self, namespace: str, name: str, body: Obj) -> Obj:
+        if name == "compute":
+            self.failed += 1
+            raise KubeError(500, "InternalError", "compute's write fails")
+        return await self.inner.patch_quota(namespace, name, body)
+
+    async def patch_quota_status(self, namespace: str, name: str, body: Obj) -> Obj:
+        if name == "compute":
+            self.failed += 1
+            raise KubeError(500, "InternalError", "compute's status write fails")
+        return await self.inner.patch_quota_status(namespace, name, body)
 
 
 class ReservationAnswersLost(NudgeRecorder):

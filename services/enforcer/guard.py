@@ -71,7 +71,9 @@ class GuardWriter:
     async def before(self, key: Key, usage: contract.UsageSnapshot | None) -> None:
         """A write of ``spec.hard`` from ``usage`` is about to go out: its holders are listed first. Raises when they
         could not be (no raise goes out unguarded; the quota is retried with backoff)."""
-        self._writing.setdefault(key[0], {})[key[1]] = guard.holders(usage)
+        writing = self._writing.setdefault(key[0], {})
+        # (with those of an earlier write that failed: it may have landed, its answer lost)
+        writing[key[1]] = writing.get(key[1], frozenset()) | guard.holders(usage)
         self._reserved_at(key[0], usage)
         await self.write(key[0], grow=True)
 
@@ -83,8 +85,10 @@ class GuardWriter:
         if before is None:  # first time since the start: it may carry what the QuotaReservation lists
             async with self._locks.setdefault(ns, asyncio.Lock()):  # (not while another write is under way)
                 before = (await self._state(ns))[0]
-        self._carried.setdefault(ns, {})[name] = guard.carried(before, quota, usage)
-        self._writing.get(ns, {}).pop(name, None)  # (only now: until then its holders are what the write keeps)
+        # (the write's holders, and those of earlier writes that failed but may have landed, count as carried before
+        # it; popped only now: until then they are what the write keeps)
+        written = self._writing.get(ns, {}).pop(name, frozenset())
+        self._carried.setdefault(ns, {})[name] = guard.carried(before | written, quota, usage)
         self._reserved_at(ns, usage)
         await self.write(ns, grow=False)
 

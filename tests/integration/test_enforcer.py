@@ -929,6 +929,40 @@ async def test_a_shrink_after_a_restart_waits_for_every_quota_that_may_carry_a_r
         assert emptied and all(h == {"limits.memory": "64Gi"} for h in emptied), f"emptied at {emptied}"
 
 
+async def test_a_holder_of_a_raise_whose_answer_was_lost_is_kept_until_admission_checks_the_lowering(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """Without ``status.hard`` writes (no RBAC on ``resourcequotas/status``): the raise for vm1 lands with its
+    answer lost, the quota's reads fail for a while, the quota controller copies the raise, and the migration is
+    deleted. The lowering then planned holders from the new usage alone (none), the landed raise's forgotten: the
+    holder came off while ``status.hard`` still held the raise (the controller slow to copy the lowering), and a
+    tenant's 16Gi pod got in (80Gi used on 64Gi). The holders of a write that failed count until one lands."""
+    await install_guard(sim)
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    vms = [contract.VmState(name="vm1", uid="uid-vm1", state="running")]
+    calls = RaiseAnswerLostThenReadsFail(KubeQuotas(api), sim)
+    async with enforcer(bus, api, calls=calls, reservation_guard=True) as (e, _):
+        e.status_writes = False
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        await sim.wait_quota_synced(NS, "compute")
+        await namespace_full(sim)
+        calls.lose = 1
+        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING, vms=vms)
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised (its answer lost)")
+        await sim.wait_quota_synced(NS, "compute")
+        assert listed_names(sim) == {"vm1"}
+        emptied = emptied_while_raised(sim)
+        sim.quota.timing = QuotaTiming(sync_delay=3600.0)  # (the quota controller slow to copy the lowering)
+        await publish_usage(bus, 6, terms("64Gi", "64Gi"), vms=vms)  # (the migration deleted)
+        await sim.wait_for(lambda: e.usage.get(NS) is not None and e.usage[NS].seq == 6, within=5, what="usage 6")
+        calls.block = False
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "hard lowered")
+        await sim.wait_for(lambda: e.idle(), within=10, what="the enforcer idle")
+        assert not emptied, f"the holder came off while status.hard was {emptied}"
+        assert listed_names(sim) == {"vm1"}
+        assert not await tenant_pod(sim, "grab"), "a tenant's pod took the room status.hard still held"
+
+
 async def test_with_the_guard_room_for_a_target_opens_only_while_its_vmi_has_the_size_it_was_reserved_at(
     sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
 ) -> None:
@@ -1522,6 +1556,27 @@ class ComputeWritesFail(NudgeRecorder):
             self.failed += 1
             raise KubeError(500, "InternalError", "compute's status write fails")
         return await self.inner.patch_quota_status(namespace, name, body)
+
+
+class RaiseAnswerLostThenReadsFail(NudgeRecorder):
+    """The enforcer's calls as they are, but the next ``lose`` writes of ``compute`` land with their answer lost,
+    and ``compute``'s reads then fail while ``block``."""
+
+    lose = 0
+    block = False
+
+    async def patch_quota(self, namespace: str, name: str, body: Obj) -> Obj:
+        written = await self.inner.patch_quota(namespace, name, body)
+        if name == "compute" and self.lose > 0:
+            self.lose -= 1
+            self.block = True
+            raise KubeError(504, "Timeout", "the answer was lost (the write landed)")
+        return written
+
+    async def get_quota(self, namespace: str, name: str) -> Obj:
+        if name == "compute" and self.block:
+            raise KubeError(500, "InternalError", "read fails")
+        return await self.inner.get_quota(namespace, name)
 
 
 class ReservationAnswersLost(NudgeRecorder):

@@ -145,9 +145,10 @@ class GuardWriter:
         return any(held)
 
     async def shrink(self, namespace: str) -> None:
-        """Take off what no quota of the namespace carries, once the API server showed no quota there that may hold
-        room vmquota raised (``guard.may_carry``); raises when it could not (the caller retries: a namespace left
-        with no managed quota has no later write that would)."""
+        """Take off what no quota of the namespace carries, the API server having just shown the namespace's quotas
+        (a shrink still keeps what is listed while one that may hold room vmquota raised, ``guard.may_carry``, is
+        not reconciled since the start); raises when it could not (the caller retries: a namespace left with no
+        managed quota has no later write that would)."""
         await self.write(namespace, grow=False, checked=True)
 
     def observe(self, namespace: str, obj: Obj) -> bool:

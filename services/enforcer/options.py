@@ -15,7 +15,7 @@ Key = tuple[str, str]
 
 RESERVATION: Final = ""
 """The quota name of a work queue key that stands for the namespace's QuotaReservation alone (no quota's name is
-empty): its holders taken off when no managed quota of the namespace is left to carry them."""
+empty): the namespace's quotas read from the API server, then the holders none of them carries taken off."""
 
 REPORT_QUEUE: Final = 10_000
 NUDGED_MAX: Final = 65_536

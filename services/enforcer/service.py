@@ -230,11 +230,12 @@ class Enforcer:
             log.info("managed quotas listed", count=len(items))
 
     async def _list_reservations(self) -> None:
-        """With the guard, at the start and at each resync: every QuotaReservation as the API server has it is what
-        the guard's writer holds it to be from then on (a write whose answer was lost landed perhaps), and a
-        namespace whose one lists holders is touched: its quotas reconciled, or, with none managed, its holders
-        taken off (a write of theirs that failed before a restart, or an earlier enforcer's, would otherwise keep
-        its pods out for good). A failure only logs: the next resync lists again."""
+        """With the guard, at the start and at each resync: every QuotaReservation as the API server has it is taken
+        in by the guard's writer (a write whose answer was lost landed perhaps), and a namespace whose one lists
+        holders has its quotas reconciled and its namespace-only key scheduled (its quotas read from the API
+        server, then the holders none of them carries taken off: a write that failed before a restart, or an
+        earlier enforcer's, would otherwise keep its pods out for good). A failure only logs: the next resync lists
+        again."""
         if not self.opts.reservation_guard or self.opts.dry_run:
             return
         try:

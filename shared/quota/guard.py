@@ -27,8 +27,7 @@ from shared.contract import UsageSnapshot
 from shared.errors import InvalidInput
 from shared.kinds import RESERVATION_KIND
 from shared.normalize import normalize
-from shared.quantity import Quantity
-from shared.quota.enforcement import OWN_ANNOTATIONS
+from shared.quota.enforcement import OWN_ANNOTATIONS, same
 from shared.quota.modes import is_managed
 from shared.resources import parse_resource_list
 from shared.snapshot import QuotaSnapshot, VmiSnapshot, size_digest
@@ -122,10 +121,6 @@ def still_sized(sized: Sized, obj: Mapping[str, Any] | None) -> bool:
     return size_digest(snap.spec, snap.annotations) == sized.size
 
 
-def _same(a: Mapping[str, Quantity], b: Mapping[str, Quantity]) -> bool:
-    return a.keys() == b.keys() and all(a[r] == b[r] for r in a)
-
-
 def may_carry(quota: QuotaSnapshot) -> bool:
     """Whether a quota's limits may hold room vmquota raised: it is labelled managed, or it bears an annotation of
     the enforcer's (its label taken off, the release not written yet), or admission does not check its ``spec.hard``
@@ -133,7 +128,7 @@ def may_carry(quota: QuotaSnapshot) -> bool:
     return (
         is_managed(quota.labels)
         or any(k in quota.annotations for k in OWN_ANNOTATIONS)
-        or not _same(quota.spec_hard, quota.status_hard)
+        or not same(quota.spec_hard, quota.status_hard)
     )
 
 
@@ -150,13 +145,13 @@ def carried(before: frozenset[Holder], quota: QuotaSnapshot, usage: UsageSnapsho
         return frozenset()
     now = holders(usage)
     terms = usage.quotas.get(quota.name) if usage is not None else None
-    if terms is None or not _same(quota.spec_hard, quota.status_hard):
+    if terms is None or not same(quota.spec_hard, quota.status_hard):
         return before | now
     try:
         asked = parse_resource_list(terms.hard, "hard")
     except InvalidInput:
         return before | now
-    return now if _same(asked, quota.spec_hard) else before | now
+    return now if same(asked, quota.spec_hard) else before | now
 
 
 def _entries(obj: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:

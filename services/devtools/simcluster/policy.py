@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import msgspec
 
@@ -49,6 +49,7 @@ from services.devtools.simcluster.store_api import DELETE_OPTIONS, ApiError, Obj
 from shared.errors import SIM_INSTALL, InvalidInput
 from shared.quantity import Quantity
 
+V = TypeVar("V")
 _REASON_CODES: Final = {"Unauthorized": 401, "Forbidden": 403, "Invalid": 422, "RequestEntityTooLarge": 413}
 _decode = msgspec.json.Decoder().decode
 
@@ -194,6 +195,23 @@ class _Shared:
         return self._converted
 
 
+HELD_MAX: Final = 65536
+"""Entries each of the policy system's caches of :func:`_held` keeps at most (emptied when full)."""
+
+
+def _held(cache: dict[Hashable, tuple[Any, V]], obj: Any, key: Hashable, make: Callable[[], V]) -> V:
+    """``make()``, kept in ``cache`` under ``key`` (which names ``obj`` by its ``id``) for as long as ``obj`` is the
+    object held with it: the entry holds ``obj``, so its id is no other object's while the entry is kept."""
+    entry = cache.get(key)
+    if entry is not None and entry[0] is obj:
+        return entry[1]
+    if len(cache) >= HELD_MAX:
+        cache.clear()
+    value = make()
+    cache[key] = (obj, value)
+    return value
+
+
 def _matches_rule(rule: Obj, op: Operation, res: Resource, subresource: str | None) -> bool:
     def has(field: str, value: str) -> bool:
         values = rule.get(field) or []
@@ -239,12 +257,12 @@ class PolicySystem:
         self._bindings = store.resource("validatingadmissionpolicybindings")
         self._namespaces = store.resource("namespaces")
         self._compiled: dict[tuple[str, str], _Program] = {}
-        self._decoded: dict[int, tuple[bytes, Obj]] = {}
-        """id of a stored object's JSON → (that JSON, its decoding): what each request reads of policies, bindings
+        self._decoded: dict[Hashable, tuple[Any, Obj]] = {}
+        """(see :func:`_held`) a stored object's JSON → its decoding: what each request reads of policies, bindings
         and parameters is decoded once per version (a write stores new JSON). The decodings are only read."""
-        self._rule_matches: dict[tuple[int, Operation, Resource, str | None], tuple[Obj, bool]] = {}
-        """(id of a decoded ``matchConstraints`` or ``matchResources``, operation, resource, subresource) → (that
-        object, whether its rules match): the object is held, so its id is not another's while the entry is."""
+        self._rule_matches: dict[Hashable, tuple[Any, bool]] = {}
+        """(see :func:`_held`) a decoded ``matchConstraints`` or ``matchResources`` with an operation, resource and
+        subresource → whether its rules match."""
         self.denied = 0
 
     def install(self) -> None:
@@ -264,14 +282,7 @@ class PolicySystem:
         return self._all_in(res, None)
 
     def _decode(self, raw: bytes) -> Obj:
-        held = self._decoded.get(id(raw))
-        if held is not None and held[0] is raw:
-            return held[1]
-        if len(self._decoded) > 65536:
-            self._decoded.clear()
-        obj: Obj = _decode(raw)
-        self._decoded[id(raw)] = (raw, obj)
-        return obj
+        return _held(self._decoded, raw, id(raw), lambda: _decode(raw))
 
     async def _admit(
         self, op: Operation, res: Resource, new: Obj | None, old: Obj | None, subresource: str | None = None
@@ -311,19 +322,15 @@ class PolicySystem:
     def _rules_match(self, constraints: Obj, req: _Request) -> bool:
         """Whether the request's operation and resource match ``resourceRules`` and no ``excludeResourceRules``;
         held per constraints object (a decoded version's, see ``_decoded``) and request kind."""
-        key = (id(constraints), req.op, req.res, req.subresource)
-        held = self._rule_matches.get(key)
-        if held is not None and held[0] is constraints:
-            return held[1]
-        rules = constraints.get("resourceRules") or []
-        excluded = constraints.get("excludeResourceRules") or []
-        found = any(_matches_rule(r, req.op, req.res, req.subresource) for r in rules) and not any(
-            _matches_rule(r, req.op, req.res, req.subresource) for r in excluded
-        )
-        if len(self._rule_matches) > 65536:
-            self._rule_matches.clear()
-        self._rule_matches[key] = (constraints, found)
-        return found
+
+        def found() -> bool:
+            rules = constraints.get("resourceRules") or []
+            excluded = constraints.get("excludeResourceRules") or []
+            return any(_matches_rule(r, req.op, req.res, req.subresource) for r in rules) and not any(
+                _matches_rule(r, req.op, req.res, req.subresource) for r in excluded
+            )
+
+        return _held(self._rule_matches, constraints, (id(constraints), req.op, req.res, req.subresource), found)
 
     def _params(self, policy: Obj, binding: Obj, req: _Request) -> list[Obj | None]:
         """The parameter objects to evaluate with (``[None]`` when the policy takes none, ``[]`` when none is found

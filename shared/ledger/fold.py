@@ -88,7 +88,7 @@ from shared.kinds import (
     VMIM_KIND,
 )
 from shared.quantity import ZERO
-from shared.quota.modes import policy_or_error
+from shared.quota.modes import policy_changed
 from shared.snapshot import (
     WIRE_SNAPSHOT,
     PodSnapshot,
@@ -478,7 +478,7 @@ class NamespaceState:
                 and (self.late or self.windows or self.live(VMIM_KIND))
                 and isinstance(self.replaced, QuotaSnapshot)
                 and isinstance(ev.snapshot, QuotaSnapshot)
-                and policy_or_error(self.replaced) != policy_or_error(ev.snapshot)
+                and policy_changed(self.replaced, ev.snapshot)
             ):
                 self.late.clear()
                 self._settle()

@@ -12,7 +12,7 @@ from typing import Final
 
 from shared.bounded import Bounded
 from shared.kinds import EVENT_KIND, POD_KIND, QUOTA_KIND, VMI_KIND, VMIM_KIND
-from shared.quota.modes import policy_or_error
+from shared.quota.modes import policy_changed
 from shared.resources import ResourceList
 from shared.snapshot import EventSnapshot, PodSnapshot, QuotaSnapshot, Snapshot, VmimSnapshot, VmiSnapshot
 
@@ -61,7 +61,10 @@ def urgency(old: Snapshot | None, new: Snapshot | None) -> Urgent:
     if isinstance(obj, QuotaSnapshot):  # (the enforcer's own writes, of spec.hard and its annotations, are not)
         if not isinstance(old, QuotaSnapshot) or not isinstance(new, QuotaSnapshot):
             return Urgent.NOW
-        return Urgent.NOW if _quota_terms(old) != _quota_terms(new) else Urgent.NO
+        # (what accounting reads of a quota: its policy, or why it cannot be managed, and which resources its
+        # spec.hard names: whether the launcher pods get automatic limits)
+        changed = policy_changed(old, new) or old.spec_hard.keys() != new.spec_hard.keys()
+        return Urgent.NOW if changed else Urgent.NO
     if isinstance(obj, VmiSnapshot):
         if not isinstance(new, VmiSnapshot):
             return Urgent.SOON
@@ -146,12 +149,6 @@ class Urgency:
             return Urgent.NO
         self._last.keep(key, amounts)
         return Urgent.NOW
-
-
-def _quota_terms(q: QuotaSnapshot) -> tuple[object, ...]:
-    """What accounting reads of a quota: its policy (managed or not, mode, budget, ratio), or why it cannot
-    be managed, and which resources its ``spec.hard`` names (whether the launcher pods get automatic limits)."""
-    return (policy_or_error(q), frozenset(q.spec_hard))
 
 
 def _vmi_size(v: VmiSnapshot) -> tuple[object, ...]:

@@ -365,6 +365,21 @@ def policy_or_error(q: QuotaSnapshot) -> QuotaPolicy | str | None:
         return str(e)
 
 
+def policy_changed(a: QuotaSnapshot, b: QuotaSnapshot) -> bool:
+    """Whether two versions of a quota give different policies, or reasons for none. A version that changed nothing
+    a policy is read from (a write of its status, quota admission's at each pod) gives the same, and is not read."""
+    if (a.name, a.labels, a.annotations, a.spec_hard, a.scopes, a.scope_selector) == (
+        b.name,
+        b.labels,
+        b.annotations,
+        b.spec_hard,
+        b.scopes,
+        b.scope_selector,
+    ):
+        return False
+    return policy_or_error(a) != policy_or_error(b)
+
+
 def policy_of(q: QuotaSnapshot) -> QuotaPolicy | None:
     """The policy of a managed quota snapshot (None when not opted in); InvalidInput on bad annotations."""
     return quota_policy(

@@ -67,6 +67,9 @@ class GuardWriter:
         self._sized: dict[str, dict[str, guard.Sized]] = {}
         """namespace → VMI name → the size it was read at while listed as a holder (it cannot change while it
         stays listed: the policy keeps it; dropped when the listing drops it or another writer wrote the list)."""
+        self._opened: dict[str, set[str]] = {}
+        """namespace → uids of the holders whose pods a write let in (listed, and confirmed) that the list kept out
+        before it, since :meth:`opened` last took them."""
 
     async def before(self, key: Key, usage: contract.UsageSnapshot | None) -> None:
         """A write of ``spec.hard`` from ``usage`` is about to go out: its holders are listed first. Raises when they
@@ -136,6 +139,13 @@ class GuardWriter:
             if not any(s.uid in unconfirmed and s.uid in uids and s.uid not in resized for s in sizes):
                 return why
         raise KubeError(409, "Conflict", f"the QuotaReservation of {namespace} kept changing under the enforcer")
+
+    def opened(self, namespace: str) -> frozenset[str]:
+        """The uids of the holders whose pods the writes since the last call let in (taken: the next call returns
+        only those let in after). KubeVirt does not watch the QuotaReservation: a holder confirmed where ``hard``
+        held its room already, with no write of a quota after it, waits for KubeVirt's backoff unless its VMI is
+        touched (the caller's nudge)."""
+        return frozenset(self._opened.pop(namespace, ()))
 
     def forget(self, key: Key) -> bool:
         """The quota is gone (or no longer managed): it carries nothing. True when it held holders (the namespace's
@@ -239,6 +249,11 @@ class GuardWriter:
                         raise
                     continue
                 self._listed[namespace] = (want, waiting, written)
+                let_in = {h.uid for h in want if h.uid not in waiting} - {
+                    h.uid for h in have if h.uid not in unconfirmed
+                }
+                if let_in:
+                    self._opened.setdefault(namespace, set()).update(let_in)
                 uids = {h.uid for h in want}
                 sized = self._sized.get(namespace, {})
                 for vmi in [v for v, s in sized.items() if s.uid not in uids]:

@@ -27,7 +27,7 @@ from services.platform.bus import Bus
 from services.platform.http import Metrics
 from shared import contract
 from shared.backoff import Backoff
-from shared.quota import enforcement, reports
+from shared.quota import enforcement, guard, reports
 from shared.quota.annotations import USAGE_FROM_ANNOTATION
 from shared.quota.enforcement import Plan
 
@@ -164,12 +164,18 @@ class Reporter:
         return await call()
 
     # ---- the tenant's VMIs -------------------------------------------------------------------------------------
-    def tell_and_nudge(self, namespace: str, u: contract.UsageSnapshot, at: int) -> None:
+    def tell_and_nudge(
+        self, namespace: str, u: contract.UsageSnapshot, at: int, opened: frozenset[str] = frozenset()
+    ) -> None:
         """Once a quota of the namespace carries what usage ``u`` (stream sequence ``at``) asks: tell each VMI whose
         hotplug the ledger refused why (a Warning Event, once per migration), and each VMI the ledger refused why
         (once per cause), and touch each VMI the ledger admitted whose launcher pod KubeVirt was refused (KubeVirt's
         VMI controller does not watch quotas), once per usage snapshot and at most every ``nudge_interval`` seconds
-        per VMI. Off the reconcile path; a failed nudge is only logged (the next usage snapshot brings another)."""
+        per VMI. ``opened``: the uids of the reservation guard's holders whose pods its QuotaReservation let in with
+        no write of a quota after it (KubeVirt's migration controller re-queues on a quota's update, not on the
+        QuotaReservation's): their VMIs are touched too, each once, whatever the two bounds above say (one touch
+        per holder let in, which only the enforcer's own writes make). Off the reconcile path; a failed nudge is
+        only logged (the next usage snapshot brings another)."""
         now = time.monotonic()
         for m in u.migrations:
             if m.state == "growth-refused" and m.uid and (namespace, m.uid) not in self._told:
@@ -186,11 +192,19 @@ class Reporter:
             last = self._nudged.get((namespace, v.uid))
             if last is not None and (last[0] >= at or now - last[1] < self.opts.nudge_interval):
                 continue
-            if (namespace, v.uid) in self._nudge_queued:  # (its turn has not come: one is enough)
-                continue
-            _remember(self._nudged, (namespace, v.uid), (at, now))
-            self._nudge_queued.add((namespace, v.uid))
-            self.spawn(self._nudge(namespace, v.name, v.uid, str(at)), f"nudge-{namespace}-{v.name}")
+            self._nudge_once(namespace, v.name, v.uid, at, now, str(at))
+        for h in guard.holders(u) if opened else ():
+            if h.uid in opened:
+                self._nudge_once(namespace, h.name, h.uid, at, now, f"{at}-let-in")
+
+    def _nudge_once(self, namespace: str, name: str, uid: str, at: int, now: float, token: str) -> None:
+        """Touch VMI ``name`` (``token`` its annotation's value: a patch that changes nothing is no update KubeVirt
+        sees), unless a touch of it (``uid``) is queued or under way already: one is enough."""
+        if (namespace, uid) in self._nudge_queued:  # (its turn has not come: one is enough)
+            return
+        _remember(self._nudged, (namespace, uid), (at, now))
+        self._nudge_queued.add((namespace, uid))
+        self.spawn(self._nudge(namespace, name, uid, token), f"nudge-{namespace}-{name}")
 
     def cancel(self, namespace: str, u: contract.UsageSnapshot) -> None:
         """Cancel each migration usage ``u`` says is to be (``cancel``: its end would carry out a size change of its

@@ -136,6 +136,9 @@ class Enforcer:
         only changes status is then acted on. The namespace's nudges wait for it (a nudge KubeVirt acts on before
         quota admission has the raise is refused, and nothing would nudge again), and with the guard the quota is
         reconciled again, so that the holders shrink once admission applies the lower limit."""
+        self._let_in: dict[str, set[str]] = {}
+        """namespace → uids of the reservation guard's holders its QuotaReservation let in with no write of a quota
+        after it, to nudge once the namespace's quotas are in effect (``GuardWriter.opened``)."""
         self.summaries = SummaryPacer(opts.usage_refresh_interval, opts.refresh_rate, self._summary_due)
         self._held: set[str] = set()
         """Namespaces touched before both inputs were read to their end (acted on once they are)."""
@@ -588,7 +591,7 @@ class Enforcer:
             self._nudged_past.pop(ns, None)
         u = self.usage.get(ns)
         if u is not None and not self.opts.dry_run and not self._stopped:
-            self.reporter.tell_and_nudge(ns, u, at)
+            self.reporter.tell_and_nudge(ns, u, at, frozenset(self._let_in.pop(ns, ())))
 
     def _on_retry(self, key: Key, e: BaseException, attempt: int, delay: float) -> None:
         """The work queue retries ``key`` in ``delay`` seconds (its backoff, never shorter than a ``Retry-After``
@@ -652,6 +655,8 @@ class Enforcer:
                     why = await self.guard.confirm(ns, usage)
                     if why:
                         log.info("holder unconfirmed until the ledger catches up", namespace=ns, reason=why)
+                    # (holders let in where hard held their room already: no write of a quota wakes KubeVirt)
+                    self._let_in.setdefault(ns, set()).update(self.guard.opened(ns))
                 self._since.pop(key, None)
                 return
             if self.opts.dry_run:
@@ -681,9 +686,16 @@ class Enforcer:
             # (the decision's time is its first write's: quota admission may act on status.hard before spec.hard
             # is written, whose precondition the admission's own write of status.used then fails)
             at = at or rfc3339()
+            # (the write wakes the migrations KubeVirt was refused for quota: the holders let in before it need no
+            # nudge, unless it fails)
+            let_in = self._let_in.pop(ns, set())
+            if self.opts.reservation_guard:
+                let_in |= self.guard.opened(ns)
             try:
                 raw = await self._write(p)
             except KubeError as e:
+                if let_in:
+                    self._let_in.setdefault(ns, set()).update(let_in)
                 if e.not_found:
                     self._forget(key, quota.rv_order)
                     return

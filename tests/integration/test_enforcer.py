@@ -692,6 +692,31 @@ async def listed_for_vm1(
         yield vms
 
 
+async def test_with_the_guard_a_holder_let_in_where_hard_held_its_room_already_is_nudged(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """vm1's target got in as vm2's migration was refused (by the guard: vm1 was listed), and the room vm1's target
+    was raised for is vm2's now: ``hard`` stays, and only the QuotaReservation changes, which KubeVirt does not
+    watch. vm2's retry waited for KubeVirt's backoff (812 ms in ``bench_migration_guard``, after three refused
+    tries; more after more). Its VMI is touched once its holder is let in; vm1's, listed before a raise that woke
+    KubeVirt, is not."""
+    await install_guard(sim)
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    vms = [contract.VmState(name=vm, uid=f"uid-{vm}", state="running") for vm in ("vm1", "vm2")]
+    calls = NudgeRecorder(KubeQuotas(api), sim)
+    async with enforcer(bus, api, calls=calls, reservation_guard=True):
+        await raised_for_vm1(sim, bus, vms, full=True)
+        await sim.wait_quota_synced(NS, "compute")
+        assert listed_names(sim) == {"vm1"}
+        turn = contract.MigrationState(name="m2", vmi="vm2", state="pending", reserved={"limits.memory": "16Gi"})
+        await publish_usage(bus, 6, terms("64Gi", "80Gi"), [turn], vms=vms)
+        await sim.wait_for(lambda: listed_names(sim) == {"vm2"}, within=5, what="vm2 listed in vm1's place")
+        await sim.wait_for(lambda: "vm2" in calls.nudged, within=5, what="vm2's VMI nudged")
+        assert calls.nudged == ["vm2"], calls.nudged
+        assert calls.nudged_at == [{"limits.memory": "80Gi"}], "nudged before quota admission had the room"
+        assert hard(sim.peek("resourcequotas", NS, "compute") or {}) == {"limits.memory": "80Gi"}
+
+
 async def test_a_guard_write_whose_answer_was_lost_is_read_again_before_the_next(
     sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
 ) -> None:
@@ -1530,10 +1555,13 @@ class NudgeRecorder(BeatenOnce):
     def __init__(self, inner: KubeQuotas, sim: SimCluster) -> None:
         super().__init__(inner, sim)
         self.nudged_at: list[dict[str, str]] = []
+        self.nudged: list[str] = []
+        """The VMIs nudged, in order."""
 
     async def nudge_vmi(self, namespace: str, name: str, token: str) -> None:
         q = self.sim.peek("resourcequotas", NS, "compute") or {}
         self.nudged_at.append(dict((q.get("status") or {}).get("hard") or {}))
+        self.nudged.append(name)
         await self.inner.nudge_vmi(namespace, name, token)
 
     async def patch_quota(self, namespace: str, name: str, body: Obj) -> Obj:

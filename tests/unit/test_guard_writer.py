@@ -154,3 +154,4 @@ def quota_snapshot(name: str, hard: dict[str, str]) -> QuotaSnapshot:
     snap = normalize(obj)
     assert isinstance(snap, QuotaSnapshot)
     return snap
+

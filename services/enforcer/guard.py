@@ -106,6 +106,9 @@ class GuardWriter:
         before = self._carried.get(ns, {}).get(name)
         if before is None:
             return True
+        # (with the holders of a write of hard that failed, which after() counts: it may have landed, and the copy
+        # at hand, a quota event's, may be older than it)
+        before = before | self._writing.get(ns, {}).get(name, frozenset())
         return bool(before - guard.carried(before, quota, usage))
 
     async def confirm(self, namespace: str, usage: contract.UsageSnapshot | None) -> str:

@@ -988,6 +988,49 @@ async def test_a_holder_of_a_raise_whose_answer_was_lost_is_kept_until_admission
         assert not await tenant_pod(sim, "grab"), "a tenant's pod took the room status.hard still held"
 
 
+async def test_a_holder_of_a_raise_whose_answer_was_lost_is_kept_while_the_quota_events_lag(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """With ``status.hard`` writes: the raise for vm1 lands with its answer lost, the quota's events lag (the watcher
+    or the bus behind, or the enforcer's consumer busy with quota admission's writes, which a tenant's pods make),
+    and the migration is deleted. The retry planned from the copy of the quota it had, from before the raise: it
+    asked for what the new usage asks, nothing to write, and nothing to read first, for the shrink was judged
+    without the holders of the failed write; then the shrink counted them against that copy and took vm1 off while
+    ``status.hard`` held its raise (3 of 3 runs; a tenant's 16Gi pod got in, 80Gi used on 64Gi)."""
+    await install_guard(sim)
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    vms = [contract.VmState(name="vm1", uid="uid-vm1", state="running")]
+    calls = RaiseAnswerLostThenReadsFail(KubeQuotas(api), sim)
+    quotas_in, usage_in = asyncio.Event(), asyncio.Event()
+    quotas_in.set()
+    usage_in.set()
+    async with enforcer(bus, api, calls=calls, reservation_guard=True) as (e, _):
+        gate_inputs(e, quotas_in, usage_in)
+        await publish_usage(bus, 4, terms("64Gi", "64Gi"), vms=vms)
+        await wait_quota(sim, lambda o: notes(o).get(USAGE_FROM_ANNOTATION, "").startswith("4 "), "enforcing")
+        await sim.wait_quota_synced(NS, "compute")
+        await namespace_full(sim)
+        await sim.wait_for(
+            lambda: e.quotas.get((NS, "compute")) == e.quotas.from_api(sim.peek("resourcequotas", NS, "compute") or {}),
+            within=5,
+            what="the enforcer's copy of the full quota",
+        )
+        quotas_in.clear()  # (the quota events lag from here on)
+        calls.lose = 1
+        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING, vms=vms)
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised (its answer lost)")
+        await sim.wait_quota_synced(NS, "compute")
+        assert listed_names(sim) == {"vm1"}
+        emptied = emptied_while_raised(sim)
+        await publish_usage(bus, 6, terms("64Gi", "64Gi"), vms=vms)  # (the migration deleted)
+        await sim.wait_for(lambda: e.usage.get(NS) is not None and e.usage[NS].seq == 6, within=5, what="usage 6")
+        calls.block = False
+        await sim.wait_for(lambda: not listed_names(sim), within=10, what="vm1 off the list")
+        assert emptied == [{"limits.memory": "64Gi"}], f"vm1 off while status.hard was {emptied}"
+        quotas_in.set()
+        assert status_hard(sim.peek("resourcequotas", NS, "compute") or {}) == {"limits.memory": "64Gi"}
+
+
 async def test_with_the_guard_room_for_a_target_opens_only_while_its_vmi_has_the_size_it_was_reserved_at(
     sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
 ) -> None:

@@ -155,3 +155,25 @@ def quota_snapshot(name: str, hard: dict[str, str]) -> QuotaSnapshot:
     assert isinstance(snap, QuotaSnapshot)
     return snap
 
+
+def _usage(hard: str, migrating: bool) -> contract.UsageSnapshot:
+    terms = contract.QuotaTerms(mode="VmiPodUsage", budget={"limits.memory": "64Gi"}, hard={"limits.memory": hard})
+    pending = [contract.MigrationState(name="m1", vmi="vm1", vmi_uid="uid-vm1", state="pending")]
+    return usage_snapshot(NS, quotas={"compute": terms}, migrations=pending if migrating else [])
+
+
+async def test_the_holders_of_a_failed_write_make_a_shrink_read_the_quota_first() -> None:
+    """A raise for vm1 listed it (``before``), and its write failed with its answer lost: it may have landed. Then
+    the migration is deleted, and the copy of the quota at hand is one from before the raise (its quota event
+    lags). ``shrinks`` said nothing would come off, so the enforcer read nothing, and ``after`` took vm1 off against
+    that copy while ``status.hard`` held the raise. ``shrinks`` counts those holders, as ``after`` does."""
+    api = Api()
+    writer = GuardWriter(api, (guard.DEFAULT_CREATOR,), lambda ns: ["compute"])  # type: ignore[arg-type]
+    key, before_the_raise = (NS, "compute"), quota_snapshot("compute", {"limits.memory": "64Gi"})
+    await writer.after(key, before_the_raise, _usage("64Gi", migrating=False))
+    await writer.before(key, _usage("80Gi", migrating=True))  # (and the write of 80Gi fails, its answer lost)
+    assert {h.name for h in guard.listed(api.written[-1])} == {"vm1"}
+    assert writer.shrinks(key, before_the_raise, _usage("64Gi", migrating=False)), "no read before vm1 comes off"
+    landed = quota_snapshot("compute", {"limits.memory": "80Gi"})  # (what the read finds: the raise landed)
+    await writer.after(key, landed, _usage("64Gi", migrating=False))
+    assert {h.name for h in guard.listed(api.written[-1])} == {"vm1"}, "vm1 off while status.hard holds its raise"

@@ -177,6 +177,17 @@ class GuardWriter:
             self._sized.pop(namespace, None)
         return bool(guard.listed(obj))
 
+    def absent(self, present: set[str]) -> list[str]:
+        """The API server listed the QuotaReservations of the namespaces ``present`` only: what is held of any other
+        is dropped (read again at the next write). Returns the namespaces of those that were held to list holders
+        (deleted by someone else while they guarded room: they are to be written again)."""
+        gone = [ns for ns in self._listed if ns not in present]
+        held = [ns for ns in gone if self._listed[ns][0]]
+        for ns in gone:
+            self._listed.pop(ns, None)
+            self._sized.pop(ns, None)
+        return held
+
     def holds_listed(self, namespace: str) -> bool:
         """Whether the namespace's QuotaReservation lists holders, as last read, listed or written."""
         held = self._listed.get(namespace)

@@ -237,8 +237,10 @@ class Enforcer:
         in by the guard's writer (a write whose answer was lost landed perhaps), and a namespace whose one lists
         holders has its quotas reconciled and its namespace-only key scheduled (its quotas read from the API
         server, then the holders none of them carries taken off: a write that failed before a restart, or an
-        earlier enforcer's, would otherwise keep its pods out for good). A failure only logs: the next resync lists
-        again."""
+        earlier enforcer's, would otherwise keep its pods out for good). One held to list holders that the API server
+        lists no more (deleted by hand) is written again, its namespace's quotas reconciled: the writer, taking its
+        holders for listed, wrote nothing for them, and the room it guards was open to every pod. A failure only
+        logs: the next resync lists again."""
         if not self.opts.reservation_guard or self.opts.dry_run:
             return
         try:
@@ -246,12 +248,16 @@ class Enforcer:
         except KubeError as e:
             log.warning("could not list the QuotaReservations", error=str(e))
             return
+        present = set()
         for obj in items:
             meta = obj.get("metadata")
             ns = str(meta.get("namespace") or "") if isinstance(meta, dict) else ""
+            present.add(ns)
             if ns and self.guard.observe(ns, obj):
                 self._touch_namespace(ns)
                 self._schedule((ns, RESERVATION))  # (the API server shows the namespace's quotas, then a shrink)
+        for ns in self.guard.absent(present):
+            self._touch_namespace(ns)  # (deleted by someone else: listed again from the quotas' reservations)
 
     async def _list_or_log(self) -> list[Obj] | None:
         try:

@@ -988,6 +988,26 @@ async def test_a_holder_of_a_raise_whose_answer_was_lost_is_kept_until_admission
         assert not await tenant_pod(sim, "grab"), "a tenant's pod took the room status.hard still held"
 
 
+async def test_a_quota_reservation_deleted_by_hand_while_it_guards_a_raise_is_written_again(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """An administrator (or a tool pruning what it did not create) deletes the namespace's QuotaReservation while it
+    lists vm1 for the raise ``hard`` carries. The enforcer took vm1 for listed and wrote nothing for it again: the
+    room stayed open to every pod for as long as the reservation lasted. Its next listing of the QuotaReservations
+    finds the one it held gone, and it is written again."""
+    await install_guard(sim)
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    vms = [contract.VmState(name="vm1", uid="uid-vm1", state="running")]
+    async with enforcer(bus, api, reservation_guard=True, resync_interval=0.2):
+        await raised_for_vm1(sim, bus, vms, full=True)
+        await sim.wait_quota_synced(NS, "compute")
+        assert listed_names(sim) == {"vm1"}
+        await sim.store.delete(sim.store.resource(guard.PLURAL), NS, guard.NAME)
+        assert not listed_names(sim)
+        await sim.wait_for(lambda: listed_names(sim) == {"vm1"}, within=5, what="the QuotaReservation written again")
+        assert not await tenant_pod(sim, "grab"), "a tenant's pod took the room the QuotaReservation guards"
+
+
 async def test_a_holder_of_a_raise_whose_answer_was_lost_is_kept_while_the_quota_events_lag(
     sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
 ) -> None:

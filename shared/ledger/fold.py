@@ -24,7 +24,8 @@ the room raised for it stays in ``status.hard`` until vmquota has lowered it and
 that, and the two kinds' watches are in no order with each other, so a pod created up to :data:`REFUSAL_GRACE`
 after the end (the migration's ``deletionTimestamp``, which KubeVirt's finalizer gives a deletion; a tenant may
 take the finalizer off and delete at once, and then the end is the time the watcher published the deletion) is
-marked, whenever it is delivered; the window goes once a pod created after that arrives. A change of a managed
+marked, whenever it is delivered; the window goes once a pod created after that arrives (beyond
+:data:`WINDOWS_KEPT`, the two that end first are kept as one spanning both). A change of a managed
 quota's policy (an administrator lowering the budget, say) clears the marks: they are about the room ``hard`` held
 under the old one. For the same reason the pods it finds created since the oldest active migration, or in a window,
 are *settled* (:attr:`NamespaceState.settled`): their creation after a migration no longer holds it back, and they
@@ -300,6 +301,12 @@ def _kept_in_fold_order(recs: dict[str, Record], uid: str) -> None:
 REFUSAL_GRACE: Final = timedelta(seconds=60)
 """How long after a refusal ended a pod created is taken as one that may have taken its room (vmquota lowers
 ``hard`` and the quota controller copies it within a second or so when all is well)."""
+
+WINDOWS_KEPT: Final = 32
+"""Windows of ended refusals a namespace keeps apart (:attr:`NamespaceState.windows`); beyond, the two that end first
+are kept as one that spans both. A window goes once a pod created after its end is folded, so only a namespace that
+creates no pod keeps many: a tenant refused migration after migration kept one per migration, each scanned at every
+pod event and written into every checkpoint."""
 
 EVENTS_KEPT: Final = 1024
 """The ``FailedCreate`` Events (with their tombstones) a namespace's state keeps, the latest folded: an Event is
@@ -649,6 +656,11 @@ class NamespaceState:
         end = (now.deletion_timestamp if isinstance(now, VmimSnapshot) else None) or parse_rfc3339(published)
         end = max(t for t in (end, self.clock, since) if t is not None)
         self.windows[uid] = (since, end + REFUSAL_GRACE)
+        if len(self.windows) > WINDOWS_KEPT:  # (the two that end first, as one: a pod in either is in it)
+            ends_first = sorted(self.windows.items(), key=lambda w: (w[1][1], w[0]))
+            (a, (a_start, a_end)), (b, (b_start, b_end)) = ends_first[:2]
+            del self.windows[a]
+            self.windows[b] = (min(a_start, b_start), max(a_end, b_end))
 
     def apply_sync(self, ev: Sync, seq: int) -> Outcome:
         """Drop the objects of ``ev.kind`` not in ``ev.present`` and not newer than the sync, and those whose

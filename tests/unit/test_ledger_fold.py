@@ -21,6 +21,7 @@ from shared.ledger.fold import (
     COMPRESS_OVER,
     EVENTS_KEPT,
     REFUSAL_GRACE,
+    WINDOWS_KEPT,
     Ledger,
     NamespaceState,
     Outcome,
@@ -500,6 +501,30 @@ def test_pods_created_in_a_refusal_are_remembered_after_the_migration_is_gone() 
     assert again.state("c1", "a").late == st.late  # type: ignore[union-attr]
     fold([down("grab", 9), sync(["early"], 10)], led, start=9)
     assert st.late == {"early"}
+
+
+def test_the_windows_of_ended_refusals_are_kept_within_a_bound_and_still_mark_what_they_covered() -> None:
+    """A window goes once a pod created after its end arrives: a tenant that creates no pod and has migration after
+    migration refused (created, refused, deleted) kept one per migration (1,000 windows in 112 KB of checkpoint for
+    1,000 of them), each scanned at every pod event. Beyond :data:`WINDOWS_KEPT` the two that end first are kept
+    as one spanning both: a pod created in any of the windows, delivered late, is still marked."""
+    t0 = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
+    events: list[Event] = []
+    for i in range(200):
+        created = t0 + timedelta(minutes=2 * i)
+        refused: dict[str, Any] = {"phase": "Pending", "rejected_by_quota": True, "creation_timestamp": created}
+        events += [
+            up(f"m{i}", 2 * i + 1, kind="VirtualMachineInstanceMigration", **refused),
+            down(f"m{i}", 2 * i + 2, kind="VirtualMachineInstanceMigration"),
+        ]
+    led = fold(events)
+    st = led.state("c1", "a")
+    assert st is not None
+    assert 1 < len(st.windows) <= WINDOWS_KEPT, len(st.windows)
+    assert Ledger().load(st.checkpoint()).windows == st.windows
+    firsts = [t0 + timedelta(minutes=2 * i, seconds=1) for i in (0, 57, 199)]  # (in the first, one merged, the last)
+    fold([up(f"p{i}", 1000 + i, creation_timestamp=t) for i, t in enumerate(firsts)], led, start=len(events) + 1)
+    assert st.late == {"p0", "p1", "p2"}
 
 
 def test_a_refusal_that_ended_marks_the_pods_created_up_to_a_grace_after_its_end_whenever_they_arrive() -> None:

@@ -16,7 +16,8 @@ is deterministic: the same state gives the same bytes.
 
 Pods created in a refusal: a pod created at or after a migration that KubeVirt was refused its target for
 (``migrationRejectedByResourceQuota``), while that migration was active, or one whose charge grew meanwhile (an
-in-place resize), is remembered for as long as it exists (:attr:`NamespaceState.late`, in checkpoints too), even
+in-place resize) or while any migration was active (the room of a target's hotplug attachment pod is held with no
+refusal), is remembered for as long as it exists (:attr:`NamespaceState.late`, in checkpoints too), even
 once that migration is gone: it may have taken the room ``hard`` held for the target, and accounting holds no room
 for any migration again while such a pod keeps the namespace over its budget (``shared.accounting.migrations``).
 A refusal that ended (the migration deleted, or finished) is kept as a window (:attr:`NamespaceState.windows`):
@@ -338,6 +339,7 @@ class NamespaceState:
         "grew_unnamed",
         "late",
         "made_for",
+        "migrating",
         "namespace",
         "objects",
         "refused_from",
@@ -375,6 +377,8 @@ class NamespaceState:
         module): they took nothing the new policy holds room for, and no longer count as created after it."""
         self.refused_from: datetime | object | None = _UNKNOWN
         """:meth:`_refused_from`, or :data:`_UNKNOWN` since the last change of a migration."""
+        self.migrating: bool | object = _UNKNOWN
+        """:meth:`_migrating`, or :data:`_UNKNOWN` since the last change of a migration."""
         self.windows: dict[str, tuple[datetime, datetime]] = {}
         """Migration uid → (its creation, its end + :data:`REFUSAL_GRACE`) for a refused migration that ended: pods
         created between the two are marked (see the module)."""
@@ -462,13 +466,13 @@ class NamespaceState:
                     self._made(uid, ev.snapshot)
                 if self.departed and uid in self.departed and _finished(ev.snapshot):
                     del self.departed[uid]
-                if self.windows or self._refused_from() is not None:  # (the common case, no refusal, costs two tests)
+                if self.windows or self._migrating():  # (the common case, no migration, costs two tests)
                     if uid not in self.late and self._in_refusal(ev.snapshot, self.replaced, uid in self.settled):
                         self.late.add(uid)
                         refreshed = False
                     self._pods_at(created)
             elif kind == VMIM_KIND:
-                self.refused_from = _UNKNOWN
+                self.refused_from = self.migrating = _UNKNOWN
                 since = _refused_since(ev.snapshot)
                 if since is not None and (self.replaced is None or _refused_since(self.replaced) is None):
                     # (refused now: the pods folded before it, the watches of two kinds being in no order)
@@ -506,7 +510,7 @@ class NamespaceState:
         self.settled.discard(uid)
         self._gone(kind, uid, self.replaced)
         if kind == VMIM_KIND:
-            self.refused_from = _UNKNOWN
+            self.refused_from = self.migrating = _UNKNOWN
             self._ended(uid, self.replaced, None, ev.time)
         elif kind == EVENT_KIND:
             _kept_in_fold_order(recs, uid)
@@ -603,6 +607,14 @@ class NamespaceState:
             self.refused_from = min(times, default=None)
         return cast(datetime | None, self.refused_from)
 
+    def _migrating(self) -> bool:
+        """Whether a migration is active (a pod that grows meanwhile may take room ``hard`` holds for it, one KubeVirt
+        was refused or not: a target's hotplug attachment pod is reserved with no refusal); kept until a migration
+        changes."""
+        if self.migrating is _UNKNOWN:
+            self.migrating = any(isinstance(m, VmimSnapshot) and m.active for m in self.live(VMIM_KIND))
+        return bool(self.migrating)
+
     def _pods(self) -> Iterator[PodSnapshot]:
         return (p for p in self.live(POD_KIND) if isinstance(p, PodSnapshot))
 
@@ -623,8 +635,9 @@ class NamespaceState:
             }
 
     def _in_refusal(self, pod: Snapshot, before: Snapshot | None, settled: bool = False) -> bool:
-        """Whether ``pod`` (``before`` the version it replaces) was created, or grew, in a refusal: one still active
-        in the view, or one that ended (:attr:`windows`). A ``settled`` pod (:attr:`settled`) only by growing."""
+        """Whether ``pod`` (``before`` the version it replaces) was created in a refusal (one still active in the
+        view, or one that ended: :attr:`windows`), or grew in one or while a migration is active. A ``settled`` pod
+        (:attr:`settled`) only by growing."""
         since = self._refused_from()
         created = pod.creation_timestamp if isinstance(pod, PodSnapshot) else None
         if (
@@ -636,7 +649,7 @@ class NamespaceState:
             )
         ):
             return True
-        return (since is not None or bool(self.windows)) and _grew(before, pod)
+        return (since is not None or bool(self.windows) or self._migrating()) and _grew(before, pod)
 
     def _pods_at(self, created: datetime | None) -> None:
         """A pod created at ``created`` arrived: the windows that end before it are done with (the pod watch
@@ -707,7 +720,7 @@ class NamespaceState:
                     self._live.pop(ev.kind, None)
                     self._gone(ev.kind, uid, gone)
                     if ev.kind == VMIM_KIND:
-                        self.refused_from = _UNKNOWN
+                        self.refused_from = self.migrating = _UNKNOWN
                         self._ended(uid, gone, None, ev.time)
                 self.late.discard(uid)
                 self.settled.discard(uid)

@@ -2429,6 +2429,34 @@ def test_a_pod_that_took_a_targets_attachment_room_is_not_followed_by_another() 
     assert entry.state == "waiting" and "no room held for its hotplug attachment pod" in entry.reason, entry
 
 
+def test_without_the_guard_an_old_pod_resized_into_an_attachment_room_is_not_followed_by_another_resize() -> None:
+    """The target got in at KubeVirt's first try (no refusal: no ``migrationRejectedByResourceQuota``), and its
+    attachment pod is reserved. A pod created before the migration is resized in place into that room (quota
+    admission charges only the growth). The ledger's fold marked growth only in a refusal, and the pod is older
+    than the migration: the room was held again and taken again, 10m a round (8195m on an 8-core budget after 30
+    rounds, and rising). Growth while a migration is active marks the pod, as a creation after it does."""
+    full, vmis, facts = _full_with_a_hotplugged_volume()
+    filler = next(p for p in full if p["metadata"]["name"] == "filler")
+    migration = vmim_obj("m1", "vm0", t=100)
+    target = launcher_obj(vmis[0], facts=facts, migration_uid="mig-m1", node="n2", t=200)
+    history = [*full, migration, target]
+    assert [m.state for m in account_history(history).migrations] == ["attachment-reserved"]
+    grown = 0
+    for _ in range(10):
+        q = account_history(history).quotas["rq"]
+        room = (q.hard["requests.cpu"] - q.pods["requests.cpu"]).nanos // 10**6
+        if room <= 0:
+            break
+        grown += room  # (native quota admits the resize: its growth fits status.hard)
+        resized = copy.deepcopy(filler)
+        requests = resized["spec"]["containers"][0]["resources"]["requests"]
+        requests["cpu"] = f"{Quantity.parse(requests['cpu']).nanos // 10**6 + grown}m"
+        history.append(resized)
+    (entry,) = account_history(history).migrations
+    assert grown == 10, f"{grown}m of growth took the attachment room of one migration, round after round"
+    assert entry.state == "waiting" and "no room held for its hotplug attachment pod" in entry.reason, entry
+
+
 def test_a_targets_attachment_room_is_held_only_once_the_target_runs() -> None:
     """virt-controller creates the attachment pod only once the target is ready (``migration.go``: otherwise
     ``handlePendingPodTimeout``): room held before would be open to any pod (with the guard, the namespace closed)

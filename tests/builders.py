@@ -265,11 +265,22 @@ def deleted(obj: Mapping[str, Any]) -> dict[str, Any]:
     return {**obj, _DELETED: True}
 
 
+_PUBLISHED: Final = "published at, by the test"
+
+
+def published(obj: Mapping[str, Any], seconds: float) -> dict[str, Any]:
+    """``obj`` as a version for :func:`folded` whose event the watcher published at ``ts(seconds)`` (else at the
+    version's place in the list, in seconds)."""
+    return {**obj, _PUBLISHED: seconds}
+
+
 def folded(versions: Iterable[Mapping[str, Any]], cluster: str = "c1") -> Ledger:
     """A ledger that folded ``versions`` in order (objects, several versions of one among them), each an upsert at the
-    next resourceVersion and stream sequence (a deletion for one made by :func:`deleted`)."""
+    next resourceVersion and stream sequence (a deletion for one made by :func:`deleted`; one published at a time of
+    its own by :func:`published`)."""
     led = Ledger()
-    for seq, obj in enumerate(versions, 1):
+    for seq, version in enumerate(versions, 1):
+        obj = {k: v for k, v in version.items() if k != _PUBLISHED}
         meta = obj["metadata"]
         gone = bool(obj.get(_DELETED))
         snap = None if gone else normalize({**obj, "metadata": {**meta, "resourceVersion": str(seq)}})
@@ -282,7 +293,7 @@ def folded(versions: Iterable[Mapping[str, Any]], cluster: str = "c1") -> Ledger
             uid=meta["uid"],
             rv=str(seq),
             snapshot=snap,
-            time=ts(seq),
+            time=ts(version.get(_PUBLISHED, seq)),
         )
         led.apply(ev, seq)
     return led

@@ -31,8 +31,10 @@ quota's policy (an administrator lowering the budget, say) clears the marks: the
 under the old one. For the same reason the pods it finds created since the oldest active migration, or in a window,
 are *settled* (:attr:`NamespaceState.settled`): their creation after a migration no longer holds it back, and they
 are marked again only by growing in a refusal (a pod that took room the budget left, and then the budget lowered
-below what runs, held the migration back for as long as it ran). The marks follow from the events' order alone, so a
-replay of the stream makes the same.
+below what runs, held the migration back for as long as it ran). What was created by the time the change was
+published and is folded after it — a pod, or a migration's first version, the watches of two kinds being in no
+order — is settled as the change would have settled it (:attr:`NamespaceState.settled_until`). The marks follow
+from the events' order alone, so a replay of the stream makes the same.
 
 Launcher pods KubeVirt stopped naming: a pod a VMI's ``status.activePods`` named (KubeVirt writes it, for the
 pods the VMI controls) that the VMI names no more while the pod still runs — its controller reference taken off
@@ -236,6 +238,8 @@ class Checkpoint(msgspec.Struct, kw_only=True, rename="camel"):
     """Pods created in a refusal (:attr:`NamespaceState.late`), sorted."""
     settled: list[str] = []
     """:attr:`NamespaceState.settled`, sorted."""
+    settled_until: datetime | None = None
+    """:attr:`NamespaceState.settled_until`."""
     windows: dict[str, tuple[datetime, datetime]] = {}
     """Refusals that ended (:attr:`NamespaceState.windows`)."""
     clock: datetime | None = None
@@ -346,6 +350,7 @@ class NamespaceState:
         "replaced",
         "seq",
         "settled",
+        "settled_until",
         "usage_digest",
         "windows",
     )
@@ -375,6 +380,10 @@ class NamespaceState:
         self.settled: set[str] = set()
         """Uids of the existing pods a change of a managed quota's policy found created since a migration (see the
         module): they took nothing the new policy holds room for, and no longer count as created after it."""
+        self.settled_until: datetime | None = None
+        """When the latest change of a managed quota's policy was published: a pod created by then whose creation,
+        or a migration created by then whose first version, is folded after the change is settled as the change
+        would have settled it (the watches of two kinds are in no order)."""
         self.refused_from: datetime | object | None = _UNKNOWN
         """:meth:`_refused_from`, or :data:`_UNKNOWN` since the last change of a migration."""
         self.migrating: bool | object = _UNKNOWN
@@ -464,6 +473,8 @@ class NamespaceState:
             elif kind == POD_KIND:
                 if self.replaced is None and (rec is None or rec.rv == UNSEEN):  # (a pod's first version)
                     self._made(uid, ev.snapshot)
+                    if self.settled_until is not None and created is not None and created <= self.settled_until:
+                        self.settled.add(uid)  # (created before a change of policy folded before it)
                 if self.departed and uid in self.departed and _finished(ev.snapshot):
                     del self.departed[uid]
                 if self.windows or self._migrating():  # (the common case, no migration, costs two tests)
@@ -473,6 +484,8 @@ class NamespaceState:
                     self._pods_at(created)
             elif kind == VMIM_KIND:
                 self.refused_from = self.migrating = _UNKNOWN
+                if self.replaced is None and self.settled_until is not None:
+                    self._settle_late(ev.snapshot)
                 since = _refused_since(ev.snapshot)
                 if since is not None and (self.replaced is None or _refused_since(self.replaced) is None):
                     # (refused now: the pods folded before it, the watches of two kinds being in no order)
@@ -486,13 +499,15 @@ class NamespaceState:
                 _kept_in_fold_order(recs, uid)
             elif (
                 kind == QUOTA_KIND
-                and (self.late or self.windows or self.live(VMIM_KIND))
                 and isinstance(self.replaced, QuotaSnapshot)
                 and isinstance(ev.snapshot, QuotaSnapshot)
                 and policy_changed(self.replaced, ev.snapshot)
             ):
                 self.late.clear()
                 self._settle()
+                at = parse_rfc3339(ev.time) or self.clock
+                if at is not None and (self.settled_until is None or at > self.settled_until):
+                    self.settled_until = at
             return _REFRESHED if refreshed else _APPLIED
         if rec is not None and (rv < rec.rv or (rv == rec.rv and rec.snapshot is None)):
             return Outcome.STALE
@@ -633,6 +648,18 @@ class NamespaceState:
             self.settled |= {
                 p.uid for p in self._pods() if p.creation_timestamp is not None and p.creation_timestamp >= oldest
             }
+
+    def _settle_late(self, migration: Snapshot) -> None:
+        """A migration's first version, folded after a change of policy (:attr:`settled_until`): the pods created
+        between its creation and the change are settled, as the change would have settled them had the migration
+        been folded before it."""
+        start = migration.creation_timestamp if isinstance(migration, VmimSnapshot) else None
+        until = self.settled_until
+        if start is None or until is None or start > until:
+            return
+        self.settled |= {
+            p.uid for p in self._pods() if p.creation_timestamp is not None and start <= p.creation_timestamp <= until
+        }
 
     def _in_refusal(self, pod: Snapshot, before: Snapshot | None, settled: bool = False) -> bool:
         """Whether ``pod`` (``before`` the version it replaces) was created in a refusal (one still active in the
@@ -782,6 +809,7 @@ class NamespaceState:
                 floors=dict(sorted(self.floors.items())),
                 late=sorted(self.late),
                 settled=sorted(self.settled),
+                settled_until=self.settled_until,
                 windows=dict(sorted(self.windows.items())),
                 clock=self.clock,
                 departed=dict(sorted(self.departed.items())),
@@ -817,6 +845,7 @@ class NamespaceState:
         st.floors = dict(ck.floors)
         st.late = set(ck.late)
         st.settled = set(ck.settled)
+        st.settled_until = ck.settled_until
         st.windows = dict(ck.windows)
         st.clock = ck.clock
         for uid, wire in ck.departed_vmis.items():

@@ -62,6 +62,7 @@ from tests.builders import (
     hard_of,
     launcher_obj,
     pod_obj,
+    published,
     quota_obj,
     refusal_event,
     refused_vmi,
@@ -150,6 +151,29 @@ def test_a_pod_created_after_a_migration_in_room_the_budget_left_does_not_hold_i
     assert held.state == PENDING and held.reserved, held
     grab = pod_obj("grab", {"memory": "1Gi"}, {"memory": "8Gi"}, t=102)  # (created once the budget is lowered)
     taken = mig(account_history([*base, small, lowered, grab]), "m1")
+    assert taken.state == WAITING and "taken by another pod" in taken.reason, taken
+
+
+@pytest.mark.parametrize("late", ["pod", "migration", "both"])
+def test_a_budget_lowered_settles_what_was_created_before_it_whatever_is_folded_after_it(late: str) -> None:
+    """The same as above, with the pod's creation (or the migration's refused first version, or both) folded after
+    the administrator's change: the watches of two kinds are in no order. The change settled only what was folded
+    before it, the pod was then marked as created in the refusal, and the migration waited for as long as the pod
+    ran. What was created before the change (its event published at 105 s here) is settled whenever it is folded;
+    a pod created after it still counts as taking the room."""
+    quota, vmis, pods = full_64gi()
+    filler = pod_obj("filler", {"memory": "1Gi"}, {"memory": "15Gi"}, t=50)
+    migration = vmim_obj("m1", "vm0", t=100, rejected=True)
+    small = pod_obj("small", {"memory": "32Mi"}, {"memory": "32Mi"}, t=101)
+    lowered = published(quota_obj("rq", {"limits.memory": "64Gi"}, budget={"limits.memory": "60Gi"}), 105)
+    before = [quota, *vmis, *pods, filler] + ([] if late in ("migration", "both") else [migration])
+    after = ([] if late == "pod" else [migration]) + ([small] if late in ("pod", "both") else [])
+    if late == "migration":
+        before.append(small)
+    held = mig(account_history([*before, lowered, *after]), "m1")
+    assert held.state == PENDING and held.reserved, held
+    grab = pod_obj("grab", {"memory": "1Gi"}, {"memory": "8Gi"}, t=106)  # (created once the budget is lowered)
+    taken = mig(account_history([*before, lowered, *after, grab]), "m1")
     assert taken.state == WAITING and "taken by another pod" in taken.reason, taken
 
 

@@ -16,8 +16,8 @@ is deterministic: the same state gives the same bytes.
 
 Pods created in a refusal: a pod created at or after a migration that KubeVirt was refused its target for
 (``migrationRejectedByResourceQuota``), while that migration was active, or one whose charge grew meanwhile (an
-in-place resize) or while any migration was active (the room of a target's hotplug attachment pod is held with no
-refusal), is remembered for as long as it exists (:attr:`NamespaceState.late`, in checkpoints too), even
+in-place resize) or while room may be held for a migration target's hotplug attachment pod (which KubeVirt marks no
+refusal for), is remembered for as long as it exists (:attr:`NamespaceState.late`, in checkpoints too), even
 once that migration is gone: it may have taken the room ``hard`` held for the target, and accounting holds no room
 for any migration again while such a pod keeps the namespace over its budget (``shared.accounting.migrations``).
 A refusal that ended (the migration deleted, or finished) is kept as a window (:attr:`NamespaceState.windows`):
@@ -283,6 +283,12 @@ def _grew(before: Snapshot | None, pod: Snapshot) -> bool:
     return any(q > before.usage.get(r, ZERO) for r, q in pod.usage.items())
 
 
+def _hotplugged(vmi: Snapshot | None) -> bool:
+    """Whether a VMI version has hotplugged volumes (KubeVirt then makes an attachment pod beside a migration's
+    target)."""
+    return isinstance(vmi, VmiSnapshot) and vmi.hotplug_volumes
+
+
 def _finished(pod: Snapshot) -> bool:
     """A pod that runs nothing any more (phase Succeeded or Failed)."""
     return isinstance(pod, PodSnapshot) and pod.phase in FINAL_PHASES
@@ -335,6 +341,7 @@ class NamespaceState:
     __slots__ = (
         "_live",
         "answered",
+        "attaching",
         "clock",
         "cluster",
         "departed",
@@ -343,7 +350,6 @@ class NamespaceState:
         "grew_unnamed",
         "late",
         "made_for",
-        "migrating",
         "namespace",
         "objects",
         "refused_from",
@@ -386,8 +392,9 @@ class NamespaceState:
         would have settled it (the watches of two kinds are in no order)."""
         self.refused_from: datetime | object | None = _UNKNOWN
         """:meth:`_refused_from`, or :data:`_UNKNOWN` since the last change of a migration."""
-        self.migrating: bool | object = _UNKNOWN
-        """:meth:`_migrating`, or :data:`_UNKNOWN` since the last change of a migration."""
+        self.attaching: bool | object = _UNKNOWN
+        """:meth:`_attaching`, or :data:`_UNKNOWN` since the last change of a migration or of a VMI's hotplugged
+        volumes."""
         self.windows: dict[str, tuple[datetime, datetime]] = {}
         """Migration uid → (its creation, its end + :data:`REFUSAL_GRACE`) for a refused migration that ended: pods
         created between the two are marked (see the module)."""
@@ -470,6 +477,8 @@ class NamespaceState:
             if kind == VMI_KIND:
                 self._grown_unnamed(self.replaced, ev.snapshot)
                 self._named(self.replaced, ev.snapshot)
+                if _hotplugged(self.replaced) != _hotplugged(ev.snapshot):
+                    self.attaching = _UNKNOWN
             elif kind == POD_KIND:
                 if self.replaced is None and (rec is None or rec.rv == UNSEEN):  # (a pod's first version)
                     self._made(uid, ev.snapshot)
@@ -477,13 +486,13 @@ class NamespaceState:
                         self.settled.add(uid)  # (created before a change of policy folded before it)
                 if self.departed and uid in self.departed and _finished(ev.snapshot):
                     del self.departed[uid]
-                if self.windows or self._migrating():  # (the common case, no migration, costs two tests)
+                if self.windows or self._refused_from() is not None or self._attaching():  # (none: three tests)
                     if uid not in self.late and self._in_refusal(ev.snapshot, self.replaced, uid in self.settled):
                         self.late.add(uid)
                         refreshed = False
                     self._pods_at(created)
             elif kind == VMIM_KIND:
-                self.refused_from = self.migrating = _UNKNOWN
+                self.refused_from = self.attaching = _UNKNOWN
                 if self.replaced is None and self.settled_until is not None:
                     self._settle_late(ev.snapshot)
                 since = _refused_since(ev.snapshot)
@@ -525,7 +534,7 @@ class NamespaceState:
         self.settled.discard(uid)
         self._gone(kind, uid, self.replaced)
         if kind == VMIM_KIND:
-            self.refused_from = self.migrating = _UNKNOWN
+            self.refused_from = self.attaching = _UNKNOWN
             self._ended(uid, self.replaced, None, ev.time)
         elif kind == EVENT_KIND:
             _kept_in_fold_order(recs, uid)
@@ -610,6 +619,8 @@ class NamespaceState:
         if kind == VMI_KIND:
             self._named(before, None)
             self.grew_unnamed.pop(uid, None)
+            if _hotplugged(before):
+                self.attaching = _UNKNOWN
         elif kind == POD_KIND:
             self.departed.pop(uid, None)
             self.made_for.pop(uid, None)
@@ -622,13 +633,21 @@ class NamespaceState:
             self.refused_from = min(times, default=None)
         return cast(datetime | None, self.refused_from)
 
-    def _migrating(self) -> bool:
-        """Whether a migration is active (a pod that grows meanwhile may take room ``hard`` holds for it, one KubeVirt
-        was refused or not: a target's hotplug attachment pod is reserved with no refusal); kept until a migration
-        changes."""
-        if self.migrating is _UNKNOWN:
-            self.migrating = any(isinstance(m, VmimSnapshot) and m.active for m in self.live(VMIM_KIND))
-        return bool(self.migrating)
+    def _attaching(self) -> bool:
+        """Whether room may be held for a migration target's hotplug attachment pod, which KubeVirt marks no refusal
+        for: a migration is active and ``Pending`` whose VMI has hotplugged volumes (``shared.accounting.migrations``
+        reserves the attachment pod once the target runs). A pod that grows meanwhile may take that room; kept until a
+        migration changes or a VMI's hotplugged volumes do."""
+        if self.attaching is _UNKNOWN:
+            pending = {
+                m.vmi_name
+                for m in self.live(VMIM_KIND)
+                if isinstance(m, VmimSnapshot) and m.active and m.phase in ("", "Pending")
+            }
+            self.attaching = bool(pending) and any(
+                isinstance(v, VmiSnapshot) and v.hotplug_volumes and v.name in pending for v in self.live(VMI_KIND)
+            )
+        return bool(self.attaching)
 
     def _pods(self) -> Iterator[PodSnapshot]:
         return (p for p in self.live(POD_KIND) if isinstance(p, PodSnapshot))
@@ -663,8 +682,8 @@ class NamespaceState:
 
     def _in_refusal(self, pod: Snapshot, before: Snapshot | None, settled: bool = False) -> bool:
         """Whether ``pod`` (``before`` the version it replaces) was created in a refusal (one still active in the
-        view, or one that ended: :attr:`windows`), or grew in one or while a migration is active. A ``settled`` pod
-        (:attr:`settled`) only by growing."""
+        view, or one that ended: :attr:`windows`), or grew in one or while room may be held for a hotplug attachment
+        pod (:meth:`_attaching`). A ``settled`` pod (:attr:`settled`) only by growing."""
         since = self._refused_from()
         created = pod.creation_timestamp if isinstance(pod, PodSnapshot) else None
         if (
@@ -676,7 +695,7 @@ class NamespaceState:
             )
         ):
             return True
-        return (since is not None or bool(self.windows) or self._migrating()) and _grew(before, pod)
+        return (since is not None or bool(self.windows) or self._attaching()) and _grew(before, pod)
 
     def _pods_at(self, created: datetime | None) -> None:
         """A pod created at ``created`` arrived: the windows that end before it are done with (the pod watch
@@ -747,7 +766,7 @@ class NamespaceState:
                     self._live.pop(ev.kind, None)
                     self._gone(ev.kind, uid, gone)
                     if ev.kind == VMIM_KIND:
-                        self.refused_from = self.migrating = _UNKNOWN
+                        self.refused_from = self.attaching = _UNKNOWN
                         self._ended(uid, gone, None, ev.time)
                 self.late.discard(uid)
                 self.settled.discard(uid)

@@ -31,9 +31,10 @@ quota's policy (an administrator lowering the budget, say) clears the marks: the
 under the old one. For the same reason the pods it finds created since the oldest active migration, or in a window,
 are *settled* (:attr:`NamespaceState.settled`): their creation after a migration no longer holds it back, and they
 are marked again only by growing in a refusal (a pod that took room the budget left, and then the budget lowered
-below what runs, held the migration back for as long as it ran). What was created by the time the change was
-published and is folded after it — a pod, or a migration's first version, the watches of two kinds being in no
-order — is settled as the change would have settled it (:attr:`NamespaceState.settled_until`). The marks follow
+below what runs, held the migration back for as long as it ran). What was created a second before the second the
+change was published in (:data:`SETTLE_MARGIN`) and is folded after it — a pod, or a migration's first version, the
+watches of two kinds being in no order — is settled as the change would have settled it
+(:attr:`NamespaceState.settled_until`). The marks follow
 from the events' order alone, so a replay of the stream makes the same.
 
 Launcher pods KubeVirt stopped naming: a pod a VMI's ``status.activePods`` named (KubeVirt writes it, for the
@@ -313,6 +314,11 @@ REFUSAL_GRACE: Final = timedelta(seconds=60)
 """How long after a refusal ended a pod created is taken as one that may have taken its room (vmquota lowers
 ``hard`` and the quota controller copies it within a second or so when all is well)."""
 
+SETTLE_MARGIN: Final = timedelta(seconds=1)
+"""What a change of policy settles ends this long before the second it was published in
+(:attr:`NamespaceState.settled_until`): a pod created in that second, stamped to the second, may have come after the
+change, and the watcher's clock may run a little ahead of the API server's."""
+
 WINDOWS_KEPT: Final = 32
 """Windows of ended refusals a namespace keeps apart (:attr:`NamespaceState.windows`); beyond, the two that end first
 are kept as one that spans both. A window goes once a pod created after its end is folded, so only a namespace that
@@ -387,9 +393,9 @@ class NamespaceState:
         """Uids of the existing pods a change of a managed quota's policy found created since a migration (see the
         module): they took nothing the new policy holds room for, and no longer count as created after it."""
         self.settled_until: datetime | None = None
-        """When the latest change of a managed quota's policy was published: a pod created by then whose creation,
-        or a migration created by then whose first version, is folded after the change is settled as the change
-        would have settled it (the watches of two kinds are in no order)."""
+        """:data:`SETTLE_MARGIN` before the second the latest change of a managed quota's policy was published in: a
+        pod created by then whose creation, or a migration created by then whose first version, is folded after the
+        change is settled as the change would have settled it (the watches of two kinds are in no order)."""
         self.refused_from: datetime | object | None = _UNKNOWN
         """:meth:`_refused_from`, or :data:`_UNKNOWN` since the last change of a migration."""
         self.attaching: bool | object = _UNKNOWN
@@ -514,9 +520,13 @@ class NamespaceState:
             ):
                 self.late.clear()
                 self._settle()
-                at = parse_rfc3339(ev.time) or self.clock
-                if at is not None and (self.settled_until is None or at > self.settled_until):
-                    self.settled_until = at
+                # (a creation time is to the second, the API server's; a publish time the watcher's, finer: a pod
+                # stamped in the second the change was published, or the one before, may have come after it)
+                at = parse_rfc3339(ev.time)
+                if at is not None:
+                    at = at.replace(microsecond=0) - SETTLE_MARGIN
+                    if self.settled_until is None or at > self.settled_until:
+                        self.settled_until = at
             return _REFRESHED if refreshed else _APPLIED
         if rec is not None and (rv < rec.rv or (rv == rec.rv and rec.snapshot is None)):
             return Outcome.STALE

@@ -177,6 +177,28 @@ def test_a_budget_lowered_settles_what_was_created_before_it_whatever_is_folded_
     assert taken.state == WAITING and "taken by another pod" in taken.reason, taken
 
 
+def test_pods_created_in_the_second_a_budget_change_was_published_are_not_settled() -> None:
+    """The budget is lowered and the watcher publishes the change at 105.4 s (its clock); vmquota holds room for the
+    refused target under the new policy within that second. A pod's creation time is to the second: pods the tenant
+    created in the rest of that second were stamped 105 s, before the publish time, and settled, so each took the
+    room and it was held again (three 8Gi pods in one target's room, 28Gi over 60Gi). What a change settles ends a
+    second before the second it was published in."""
+    quota, vmis, pods = full_64gi()
+    filler = pod_obj("filler", {"memory": "1Gi"}, {"memory": "15Gi"}, t=50)
+    migration = vmim_obj("m1", "vm0", t=100, rejected=True)
+    lowered = published(quota_obj("rq", {"limits.memory": "64Gi"}, budget={"limits.memory": "60Gi"}), 105.4)
+    history: list[dict[str, Any]] = [quota, *vmis, *pods, filler, migration, lowered]
+    first = mig(account_history(history), "m1")
+    assert first.state == PENDING and first.reserved, first
+    grabs = 0
+    for i in range(3):
+        history.append(pod_obj(f"grab{i}", {"memory": "1Gi"}, {"memory": "8Gi"}, t=105))
+        grabs += 1
+        if mig(account_history(history), "m1").state == WAITING:
+            break
+    assert grabs == 1, f"{grabs} pods of 8Gi took the room held for one target"
+
+
 def _drain_after_a_resize(during_a_migration: bool) -> Any:
     """A full ``VmiPodUsage`` namespace: VM ``o`` migrates with no refusal and no hotplugged volume (no room is held
     for it), and an app pod is resized in place, inside the budget, during that migration or before it. The

@@ -137,8 +137,8 @@ class Enforcer:
         quota admission has the raise is refused, and nothing would nudge again), and with the guard the quota is
         reconciled again, so that the holders shrink once admission applies the lower limit."""
         self._let_in: dict[str, set[str]] = {}
-        """namespace → uids of the reservation guard's holders its QuotaReservation let in with no write of a quota
-        after it, to nudge once the namespace's quotas are in effect (``GuardWriter.opened``)."""
+        """namespace → uids of the reservation guard's holders its QuotaReservation let in before a write of a quota
+        that failed, to nudge once the namespace's quotas are in effect with those ``GuardWriter.opened`` holds."""
         self.summaries = SummaryPacer(opts.usage_refresh_interval, opts.refresh_rate, self._summary_due)
         self._held: set[str] = set()
         """Namespaces touched before both inputs were read to their end (acted on once they are)."""
@@ -597,7 +597,12 @@ class Enforcer:
             self._nudged_past.pop(ns, None)
         u = self.usage.get(ns)
         if u is not None and not self.opts.dry_run and not self._stopped:
-            self.reporter.tell_and_nudge(ns, u, at, frozenset(self._let_in.pop(ns, ())))
+            # (the holders the QuotaReservation let in since the namespace's last write of a quota, which woke
+            # KubeVirt: a raise waiting for the ledger, a shrink or a write where hard held their room already)
+            let_in = self._let_in.pop(ns, set())
+            if self.opts.reservation_guard:
+                let_in |= self.guard.opened(ns)
+            self.reporter.tell_and_nudge(ns, u, at, frozenset(let_in))
 
     def _on_retry(self, key: Key, e: BaseException, attempt: int, delay: float) -> None:
         """The work queue retries ``key`` in ``delay`` seconds (its backoff, never shorter than a ``Retry-After``
@@ -661,8 +666,6 @@ class Enforcer:
                     why = await self.guard.confirm(ns, usage)
                     if why:
                         log.info("holder unconfirmed until the ledger catches up", namespace=ns, reason=why)
-                    # (holders let in where hard held their room already: no write of a quota wakes KubeVirt)
-                    self._let_in.setdefault(ns, set()).update(self.guard.opened(ns))
                 self._since.pop(key, None)
                 return
             if self.opts.dry_run:

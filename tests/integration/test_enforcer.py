@@ -717,6 +717,32 @@ async def test_with_the_guard_a_holder_let_in_where_hard_held_its_room_already_i
         assert hard(sim.peek("resourcequotas", NS, "compute") or {}) == {"limits.memory": "80Gi"}
 
 
+async def test_with_the_guard_a_holder_let_in_while_another_holders_raise_waits_for_the_ledger_is_nudged(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """As above, vm2 takes the room vm1's target was raised for, while vm3's target needs a raise that waits for the
+    ledger (vm3's VMI is not the size it was reserved at: a hotplug the ledger has not seen; here it is not found,
+    which reads the same). The listing that let vm2 in went out before that raise, and the enforcer returned there
+    without taking it in: vm2 was never nudged (45 s), waiting for KubeVirt's backoff."""
+    await install_guard(sim)
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    vms = [contract.VmState(name=vm, uid=f"uid-{vm}", state="running") for vm in ("vm1", "vm2", "vm3")]
+    calls = NudgeRecorder(KubeQuotas(api), sim)
+    async with enforcer(bus, api, calls=calls, reservation_guard=True):
+        await raised_for_vm1(sim, bus, vms, full=True)
+        await sim.wait_quota_synced(NS, "compute")
+        turn = contract.MigrationState(name="m2", vmi="vm2", state="pending", reserved={"limits.memory": "16Gi"})
+        third = contract.MigrationState(
+            name="m3", vmi="vm3", state="pending", reserved={"limits.memory": "16Gi"}, vmi_size="a size"
+        )
+        await publish_usage(bus, 6, terms("64Gi", "96Gi"), [turn, third], vms=vms)
+        await sim.wait_for(lambda: "vm2" in calls.nudged, within=5, what="vm2's VMI nudged")
+        reservation = sim.peek(guard.PLURAL, NS, guard.NAME)
+        assert "uid-vm2" not in guard.unconfirmed(reservation), "vm2 is let in by the QuotaReservation"
+        assert "uid-vm3" in guard.unconfirmed(reservation), "vm3's raise waits for the ledger"
+        assert hard(sim.peek("resourcequotas", NS, "compute") or {}) == {"limits.memory": "80Gi"}
+
+
 async def test_a_guard_write_whose_answer_was_lost_is_read_again_before_the_next(
     sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
 ) -> None:

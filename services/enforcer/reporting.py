@@ -71,6 +71,8 @@ class Reporter:
         self._nudging = asyncio.Semaphore(NUDGING_MAX)
         """Nudges under way at once, for the same reason (apart from Events: a tenant's refusals to tell must not
         hold back another's nudge)."""
+        self._let_ins = 0
+        """Nudges of holders let in so far (each touch's annotation value differs)."""
         self._nudge_queued: set[tuple[str, str]] = set()
         """(namespace, VMI uid) of nudges queued or under way: no second one is queued meanwhile."""
         self.side_tasks: set[asyncio.Task[None]] = set()
@@ -195,7 +197,8 @@ class Reporter:
             self._nudge_once(namespace, v.name, v.uid, at, now, str(at))
         for h in guard.holders(u) if opened else ():
             if h.uid in opened:
-                self._nudge_once(namespace, h.name, h.uid, at, now, f"{at}-let-in")
+                self._let_ins += 1  # (each its own value: one let in again with no new usage is touched again)
+                self._nudge_once(namespace, h.name, h.uid, at, now, f"{at}-let-in-{self._let_ins}")
 
     def _nudge_once(self, namespace: str, name: str, uid: str, at: int, now: float, token: str) -> None:
         """Touch VMI ``name`` (``token`` its annotation's value: a patch that changes nothing is no update KubeVirt

@@ -67,3 +67,40 @@ async def test_a_tenants_many_nudges_take_a_bounded_share_of_the_api_client() ->
     assert kube.most == NUDGING_MAX and sorted(kube.nudged) == sorted(v.name for v in vms)
     reporter.tell_and_nudge("tenant", msgspec.structs.replace(usage, seq=3), 3)
     await wait_until(lambda: len(kube.nudged) == 2 * len(vms), 10, "nudged again once the first were made")
+
+
+class _Tokens:
+    """An API server that records each VMI patch's annotation value."""
+
+    def __init__(self) -> None:
+        self.tokens: list[tuple[str, str]] = []
+
+    async def nudge_vmi(self, namespace: str, name: str, token: str) -> None:
+        self.tokens.append((name, token))
+
+
+async def test_a_holder_let_in_again_with_no_new_usage_is_touched_with_another_value() -> None:
+    """A holder let in, put back to unconfirmed (its listing read again after a failed write) and let in again with
+    no new usage was touched with the same annotation value: a patch that changes nothing is no update, and KubeVirt
+    saw none. Each let-in's touch has a value of its own."""
+    kube = _Tokens()
+    registry = CollectorRegistry()
+    reporter = Reporter(
+        cast(Bus, None),
+        cast(QuotaApi, kube),
+        EnforcerOptions(cluster="c1"),
+        Metrics(registry),
+        EnforcerMetrics(registry),
+        lambda: datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    pending = contract.MigrationState(name="m1", vmi="vm1", vmi_uid="uid-vm1", state="pending")
+    usage = usage_snapshot("tenant", 7, migrations=[pending])
+    for n in (1, 2):
+        reporter.tell_and_nudge("tenant", usage, 7, frozenset({"uid-vm1"}))
+        await wait_until(lambda: not reporter.side_tasks, 10, "the holder's VMI touched")
+        assert len(kube.tokens) == n
+    assert [name for name, _ in kube.tokens] == ["vm1", "vm1"]
+    assert kube.tokens[0][1] != kube.tokens[1][1], kube.tokens
+    await wait_until(lambda: not reporter.side_tasks, 10, "the touches done")
+    reporter.tell_and_nudge("tenant", usage, 7)
+    assert not reporter.side_tasks and len(kube.tokens) == 2, "touched again with nothing let in"

@@ -290,6 +290,13 @@ def _hotplugged(vmi: Snapshot | None) -> bool:
     return isinstance(vmi, VmiSnapshot) and vmi.hotplug_volumes
 
 
+def _target_phase(pod: Snapshot | None) -> str:
+    """The phase of a pod labelled a migration's target (``kubevirt.io/migrationJobUID``), or "" for any other."""
+    if isinstance(pod, PodSnapshot) and pod.migration_job_uid:
+        return pod.phase or "?"
+    return ""
+
+
 def _finished(pod: Snapshot) -> bool:
     """A pod that runs nothing any more (phase Succeeded or Failed)."""
     return isinstance(pod, PodSnapshot) and pod.phase in FINAL_PHASES
@@ -399,8 +406,8 @@ class NamespaceState:
         self.refused_from: datetime | object | None = _UNKNOWN
         """:meth:`_refused_from`, or :data:`_UNKNOWN` since the last change of a migration."""
         self.attaching: bool | object = _UNKNOWN
-        """:meth:`_attaching`, or :data:`_UNKNOWN` since the last change of a migration or of a VMI's hotplugged
-        volumes."""
+        """:meth:`_attaching`, or :data:`_UNKNOWN` since the last change of a migration, of a VMI's hotplugged
+        volumes or of a migration target's phase."""
         self.windows: dict[str, tuple[datetime, datetime]] = {}
         """Migration uid → (its creation, its end + :data:`REFUSAL_GRACE`) for a refused migration that ended: pods
         created between the two are marked (see the module)."""
@@ -492,6 +499,8 @@ class NamespaceState:
                         self.settled.add(uid)  # (created before a change of policy folded before it)
                 if self.departed and uid in self.departed and _finished(ev.snapshot):
                     del self.departed[uid]
+                if _target_phase(self.replaced) != _target_phase(ev.snapshot):
+                    self.attaching = _UNKNOWN
                 if self.windows or self._refused_from() is not None or self._attaching():  # (none: three tests)
                     if uid not in self.late and self._in_refusal(ev.snapshot, self.replaced, uid in self.settled):
                         self.late.add(uid)
@@ -634,6 +643,8 @@ class NamespaceState:
         elif kind == POD_KIND:
             self.departed.pop(uid, None)
             self.made_for.pop(uid, None)
+            if _target_phase(before):
+                self.attaching = _UNKNOWN
 
     def _refused_from(self) -> datetime | None:
         """The creation of the oldest active migration KubeVirt was refused its target for (None: none is); kept
@@ -645,17 +656,20 @@ class NamespaceState:
 
     def _attaching(self) -> bool:
         """Whether room may be held for a migration target's hotplug attachment pod, which KubeVirt marks no refusal
-        for: a migration is active and ``Pending`` whose VMI has hotplugged volumes (``shared.accounting.migrations``
-        reserves the attachment pod once the target runs). A pod that grows meanwhile may take that room; kept until a
-        migration changes or a VMI's hotplugged volumes do."""
+        for: a migration is active and ``Pending``, its VMI has hotplugged volumes, and a pod labelled its target runs
+        (``shared.accounting.migrations`` reserves the attachment pod then). A pod that grows meanwhile may take that
+        room; kept until a migration changes, a VMI's hotplugged volumes do, or a pod labelled a migration's target
+        comes, goes or changes its phase."""
         if self.attaching is _UNKNOWN:
             pending = {
-                m.vmi_name
+                m.uid: m.vmi_name
                 for m in self.live(VMIM_KIND)
                 if isinstance(m, VmimSnapshot) and m.active and m.phase in ("", "Pending")
             }
-            self.attaching = bool(pending) and any(
-                isinstance(v, VmiSnapshot) and v.hotplug_volumes and v.name in pending for v in self.live(VMI_KIND)
+            running = {p.migration_job_uid for p in self._pods() if p.phase == "Running"} if pending else set()
+            hot = {pending[u] for u in running if u in pending}
+            self.attaching = bool(hot) and any(
+                isinstance(v, VmiSnapshot) and v.hotplug_volumes and v.name in hot for v in self.live(VMI_KIND)
             )
         return bool(self.attaching)
 

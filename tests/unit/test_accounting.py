@@ -199,33 +199,40 @@ def test_pods_created_in_the_second_a_budget_change_was_published_are_not_settle
     assert grabs == 1, f"{grabs} pods of 8Gi took the room held for one target"
 
 
-def _drain_after_a_resize(during_a_migration: bool) -> Any:
-    """A full ``VmiPodUsage`` namespace: VM ``o`` migrates with no refusal and no hotplugged volume (no room is held
-    for it), and an app pod is resized in place, inside the budget, during that migration or before it. The
-    migration ends. Later a KubeVirt change of the memory overhead drains VM ``v``, whose size did not change: its
-    target renders larger, the namespace over its budget for no tenant's reason."""
+def _drain_after_a_resize(during: str) -> Any:
+    """A full ``VmiPodUsage`` namespace: VM ``o`` migrates with no refusal (no room is held for it), and an app pod
+    is resized in place, inside the budget, ``during`` its migration (``running``; ``queued``: the migration Pending
+    with no target, as KubeVirt's parallel-migration limits keep one in a drain, VM ``o`` with a hotplugged volume)
+    or before it (""). The migration ends. Later a KubeVirt change of the memory overhead drains VM ``v``, whose size
+    did not change: its target renders larger, the namespace over its budget for no tenant's reason."""
     plain, ratio = KubeVirtConfig(), KubeVirtConfig(additional_guest_memory_overhead_ratio="2.0")
     v = vmi_obj("v", guest="1Gi")
     source = launcher_obj(v, config=plain, facts=NamespaceFacts())
     other = vmi_obj("o", guest="8Gi", t=5)
+    if during == "queued":
+        other["status"]["volumeStatus"] = [{"name": "data", "hotplugVolume": {"attachPodName": "hp-volume-src"}}]
     other_pod = launcher_obj(other, config=ratio, facts=NamespaceFacts(), suffix="o")
     app, grown = pod_obj("app", {"memory": "100Mi"}, t=10), pod_obj("app", {"memory": "200Mi"}, t=10)
     budget = usage_of(other_pod)["requests.memory"] + usage_of(source)["requests.memory"] + Q("264Mi")
     quota = quota_obj("rq", {"requests.memory": budget.canonical()}, Mode.VMI_POD_USAGE)
-    running, done = vmim_obj("m0", "o", t=100, phase="Running"), vmim_obj("m0", "o", t=100, phase="Succeeded")
+    phase = "Pending" if during == "queued" else "Running"
+    running, done = vmim_obj("m0", "o", t=100, phase=phase), vmim_obj("m0", "o", t=100, phase="Succeeded")
     history = [quota, v, source, other, other_pod, app]
-    history += [running, grown] if during_a_migration else [grown, running]
+    history += [running, grown] if during else [grown, running]
     history += [done, deleted(done), vmim_obj("drain", "v", t=300, rejected=True)]
     return mig(account_history(history, config=ratio), "drain")
 
 
-def test_a_resize_during_a_migration_no_room_was_held_for_holds_no_later_drain_back() -> None:
+@pytest.mark.parametrize("during", ["running", "queued"])
+def test_a_resize_during_a_migration_no_room_was_held_for_holds_no_later_drain_back(during: str) -> None:
     """A pod that grows while any migration is active was marked as one that took a migration's room: an app pod
     resized (a vertical autoscaler) during a migration no room was held for held a later drain back, in a namespace
-    over its budget for KubeVirt's reason, for as long as the app ran. Growth is marked in a refusal, or while room
-    may be held for a hotplug attachment pod (``test_..._resized_into_an_attachment_...``)."""
-    assert _drain_after_a_resize(during_a_migration=False).state == PENDING
-    drain = _drain_after_a_resize(during_a_migration=True)
+    over its budget for KubeVirt's reason, for as long as the app ran; and so, marked while a migration of a VM with
+    hotplugged volumes was Pending, did one resized while that migration waited with no target. Growth is marked in a
+    refusal, or while room may be held for a hotplug attachment pod, its target running
+    (``test_..._resized_into_an_attachment_...``)."""
+    assert _drain_after_a_resize("").state == PENDING
+    drain = _drain_after_a_resize(during)
     assert drain.state == PENDING, f"{drain.state}: {drain.reason}"
 
 

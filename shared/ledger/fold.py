@@ -34,8 +34,8 @@ are marked again only by growing in a refusal (a pod that took room the budget l
 below what runs, held the migration back for as long as it ran). What was created a second before the second the
 change was published in (:data:`SETTLE_MARGIN`) and is folded after it — a pod, or a migration's first version, the
 watches of two kinds being in no order — is settled as the change would have settled it
-(:attr:`NamespaceState.settled_until`). The marks follow
-from the events' order alone, so a replay of the stream makes the same.
+(:attr:`NamespaceState.settled_until`). The marks follow from the events' order alone, so a replay of the stream
+makes the same.
 
 Launcher pods KubeVirt stopped naming: a pod a VMI's ``status.activePods`` named (KubeVirt writes it, for the
 pods the VMI controls) that the VMI names no more while the pod still runs — its controller reference taken off
@@ -496,7 +496,7 @@ class NamespaceState:
                 if self.replaced is None and (rec is None or rec.rv == UNSEEN):  # (a pod's first version)
                     self._made(uid, ev.snapshot)
                     if self.settled_until is not None and created is not None and created <= self.settled_until:
-                        self.settled.add(uid)  # (created before a change of policy folded before it)
+                        self.settled.add(uid)  # (created before a change of policy that reached the fold first)
                 if self.departed and uid in self.departed and _finished(ev.snapshot):
                     del self.departed[uid]
                 if _target_phase(self.replaced) != _target_phase(ev.snapshot):

@@ -980,6 +980,18 @@ async def test_a_shrink_after_a_restart_waits_for_every_quota_that_may_carry_a_r
         assert emptied and all(h == {"limits.memory": "64Gi"} for h in emptied), f"emptied at {emptied}"
 
 
+async def raised_for_vm1_answer_lost(
+    sim: SimCluster, bus: Bus, calls: RaiseAnswerLostThenReadsFail, vms: list[contract.VmState]
+) -> None:
+    """The raise to 80Gi for vm1's migration (MIGRATING) lands with its answer lost, vm1 listed, and the quota
+    controller has copied it."""
+    calls.lose = 1
+    await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING, vms=vms)
+    await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised (its answer lost)")
+    await sim.wait_quota_synced(NS, "compute")
+    assert listed_names(sim) == {"vm1"}
+
+
 async def test_a_holder_of_a_raise_whose_answer_was_lost_is_kept_until_admission_checks_the_lowering(
     sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
 ) -> None:
@@ -997,11 +1009,7 @@ async def test_a_holder_of_a_raise_whose_answer_was_lost_is_kept_until_admission
         await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
         await sim.wait_quota_synced(NS, "compute")
         await namespace_full(sim)
-        calls.lose = 1
-        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING, vms=vms)
-        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised (its answer lost)")
-        await sim.wait_quota_synced(NS, "compute")
-        assert listed_names(sim) == {"vm1"}
+        await raised_for_vm1_answer_lost(sim, bus, calls, vms)
         emptied = emptied_while_raised(sim)
         sim.quota.timing = QuotaTiming(sync_delay=3600.0)  # (the quota controller slow to copy the lowering)
         await publish_usage(bus, 6, terms("64Gi", "64Gi"), vms=vms)  # (the migration deleted)
@@ -1062,11 +1070,7 @@ async def test_a_holder_of_a_raise_whose_answer_was_lost_is_kept_while_the_quota
             what="the enforcer's copy of the full quota",
         )
         quotas_in.clear()  # (the quota events lag from here on)
-        calls.lose = 1
-        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING, vms=vms)
-        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised (its answer lost)")
-        await sim.wait_quota_synced(NS, "compute")
-        assert listed_names(sim) == {"vm1"}
+        await raised_for_vm1_answer_lost(sim, bus, calls, vms)
         emptied = emptied_while_raised(sim)
         await publish_usage(bus, 6, terms("64Gi", "64Gi"), vms=vms)  # (the migration deleted)
         await sim.wait_for(lambda: e.usage.get(NS) is not None and e.usage[NS].seq == 6, within=5, what="usage 6")

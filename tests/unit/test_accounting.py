@@ -10,7 +10,7 @@ import json
 import random
 from collections.abc import Mapping
 from fractions import Fraction
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import pytest
@@ -43,13 +43,13 @@ from shared.accounting.sums import Sum
 from shared.errors import InvalidInput
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts
 from shared.kubevirt.command import set_launcher_command
-from shared.ledger.fold import Ledger
+from shared.ledger.fold import Ledger, NamespaceState
 from shared.ledger.schedule import Urgency, Urgent, schedule, urgency
 from shared.normalize import normalize
 from shared.quantity import Quantity
 from shared.quota.modes import Mode, QuotaPolicy
 from shared.resources import ResourceList, canonical_resource_list, fits, format_resource_list, parse_resource_list
-from shared.snapshot import SNAPSHOT_TYPES, AnySnapshot, QuotaSnapshot, VmimSnapshot, VmiSnapshot
+from shared.snapshot import MIGRATION_JOB_LABEL, SNAPSHOT_TYPES, AnySnapshot, QuotaSnapshot, VmimSnapshot, VmiSnapshot
 from shared.vmi import GUARD_REFUSER, VM_TERMS_REFUSER
 from tests.builders import (
     NOW,
@@ -59,6 +59,7 @@ from tests.builders import (
     account_history,
     deleted,
     facts_for,
+    folded,
     hard_of,
     launcher_obj,
     pod_obj,
@@ -2538,6 +2539,174 @@ def test_without_the_guard_an_old_pod_resized_into_an_attachment_room_is_not_fol
     (entry,) = account_history(history).migrations
     assert grown == 10, f"{grown}m of growth took the attachment room of one migration, round after round"
     assert entry.state == "waiting" and "no room held for its hotplug attachment pod" in entry.reason, entry
+
+
+def _resized_by(pod: dict[str, Any], cpu_m: int) -> dict[str, Any]:
+    """``pod``'s next version, its CPU request ``cpu_m`` millicores larger (an in-place resize)."""
+    out = copy.deepcopy(pod)
+    requests = out["spec"]["containers"][0]["resources"]["requests"]
+    requests["cpu"] = f"{Quantity.parse(requests['cpu']).nanos // 10**6 + cpu_m}m"
+    return out
+
+
+@pytest.mark.parametrize("heard", ["at_once", "after_the_deletion"])
+def test_without_the_guard_an_attachment_room_taken_is_not_held_again_at_the_next_migration(heard: str) -> None:
+    """Migration after migration of vm0 (a hotplugged volume, no refusal), each deleted by the tenant once its
+    attachment room is held and an old pod was resized into it. The ledger marked growth only while that room may be
+    held when it heard of the resize: one it heard of after the deletion (the tenant slowing the pod watch with its
+    own pods' updates) was not marked, and the room was held again at the next migration and taken again, 10m of
+    CPU a round without bound. An attachment room no longer held is kept as a window, as a refusal that ended."""
+    full, vmis, facts = _full_with_a_hotplugged_volume()
+    filler = next(p for p in full if p["metadata"]["name"] == "filler")
+    history: list[dict[str, Any]] = list(full)
+    grown = 0
+    for i in range(5):
+        migration = vmim_obj(f"m{i}", "vm0", t=100 + 100 * i)
+        target = launcher_obj(vmis[0], facts=facts, migration_uid=f"mig-m{i}", node="n2", t=150 + 100 * i)
+        history += [migration, target]
+        q = account_history(history).quotas["rq"]
+        grown += max(0, (q.hard["requests.cpu"] - q.pods["requests.cpu"]).nanos // 10**6)
+        ended = [deleted(migration), deleted(target)]
+        resize = _resized_by(filler, grown)
+        history += [*ended, resize] if heard == "after_the_deletion" else [resize, *ended]
+    assert grown == 10, f"{grown}m of growth took the attachment rooms of 5 migrations"
+
+
+def test_without_the_guard_an_attachment_room_taken_by_a_new_pod_is_not_held_again_at_the_next_migration() -> None:
+    """The same with a pod created into the room (10m of CPU): older than the next migration and not marked, it let
+    the room be held again and taken again, one attachment pod's worth per migration the tenant made."""
+    full, vmis, facts = _full_with_a_hotplugged_volume()
+    history: list[dict[str, Any]] = list(full)
+    got_in = 0
+    for r in range(4):
+        t = 100 + 100 * r
+        migration = vmim_obj(f"m{r}", "vm0", t=t)
+        target = launcher_obj(vmis[0], facts=facts, migration_uid=f"mig-m{r}", node="n2", suffix=f"t{r}", t=t + 10)
+        history += [migration, target]
+        u = account_history(history)
+        (entry,) = u.migrations
+        if entry.state != "attachment-reserved":
+            break
+        q = u.quotas["rq"]
+        room = (q.hard["requests.cpu"] - q.pods["requests.cpu"]).nanos // 10**6
+        got_in += 1  # (a pod of that room's CPU is admitted natively)
+        history += [pod_obj(f"taker{r}", {"cpu": f"{room}m"}, t=t + 11), deleted(migration), deleted(target)]
+    assert got_in == 1, f"{got_in} pods took the attachment rooms of successive migrations"
+
+
+def test_without_the_guard_an_attachment_room_is_not_taken_again_while_the_vmis_volumes_flap() -> None:
+    """One migration; the VMI shows no hotplugged volume in one version (an unplug, or a status write: a VMI has no
+    status subresource), folded before an old pod's resize into the attachment room, and shows it again in the
+    next: the resize was not marked, and the same room was held again and taken again, round after round."""
+    full, vmis, facts = _full_with_a_hotplugged_volume()
+    filler = next(p for p in full if p["metadata"]["name"] == "filler")
+    plain = copy.deepcopy(vmis[0])
+    plain["status"]["volumeStatus"] = []
+    migration = vmim_obj("m1", "vm0", t=100)
+    target = launcher_obj(vmis[0], facts=facts, migration_uid="mig-m1", node="n2", t=200)
+    history: list[dict[str, Any]] = [*full, migration, target]
+    grown = 0
+    for _ in range(5):
+        q = account_history(history).quotas["rq"]
+        room = (q.hard["requests.cpu"] - q.pods["requests.cpu"]).nanos // 10**6
+        if room <= 0:
+            break
+        grown += room
+        history += [copy.deepcopy(plain), _resized_by(filler, grown), copy.deepcopy(vmis[0])]
+    assert grown == 10, f"{grown}m of growth in one migration's attachment room"
+
+
+_ATTACH_OPS: Final = (
+    *("target-running", "target-pending", "relabel", "attached", "detached", "target-gone"),
+    *("vmim-pending", "vmim-running", "vmim-gone", "volumes-off", "volumes-on"),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(_ATTACH_OPS), max_size=10))
+def test_the_folds_attachment_rooms_follow_its_objects_after_every_event(ops: list[str]) -> None:
+    """The fold keeps which migrations room may be held for whose target's attachment pod (``attaching``), derived
+    from a migration's phase, its VMI's hotplugged volumes, its target's label and phase and an attachment pod:
+    after every event it is what those objects say, whatever their order. It was not recomputed when a running
+    pod's ``migrationJobUID`` was rewritten (the tenant's to write without the guard): a resize into the room
+    held for that target went unmarked, round after round."""
+    full, vmis, facts = _full_with_a_hotplugged_volume()
+    plain = copy.deepcopy(vmis[0])
+    plain["status"]["volumeStatus"] = []
+    target = launcher_obj(vmis[0], facts=facts, migration_uid="mig-m1", node="n2", t=200)
+    attachment = _attachment_pod(target, "hp-volume-tgt", t=201)
+    history: list[dict[str, Any]] = [*full, vmim_obj("m1", "vm0", t=100)]
+    for op in ops:
+        if op == "target-gone":
+            history.append(deleted(target))
+        elif op.startswith("target") or op == "relabel":
+            target = copy.deepcopy(target)
+            if op == "relabel":
+                labels = target["metadata"]["labels"]
+                labels[MIGRATION_JOB_LABEL] = "other" if labels.get(MIGRATION_JOB_LABEL) == "mig-m1" else "mig-m1"
+            else:
+                target["status"]["phase"] = "Pending" if op == "target-pending" else "Running"
+            history.append(target)
+        elif op in ("attached", "detached"):
+            history.append(attachment if op == "attached" else deleted(attachment))
+        elif op.startswith("vmim"):
+            migration = vmim_obj("m1", "vm0", t=100, phase=op.removeprefix("vmim-").capitalize())
+            history.append(deleted(migration) if op == "vmim-gone" else migration)
+        else:
+            history.append(copy.deepcopy(plain if op == "volumes-off" else vmis[0]))
+        state = folded(history).state("c1", NS)
+        assert state is not None
+        assert state.attaching == state._attachments()[0], (ops, state.attaching)
+        restored = NamespaceState.from_checkpoint(state.checkpoint())
+        assert restored.attaching == state.attaching
+
+
+def test_without_the_guard_an_attachment_room_of_a_target_relabelled_is_not_taken_again() -> None:
+    """The target's first version carried another ``migrationJobUID`` (the tenant's patch, without the guard), then
+    this migration's: the fold did not see that room may be held for its attachment pod, and an old pod resized
+    into it had it held again and took it again, 100m of CPU in 10 rounds."""
+    full, vmis, facts = _full_with_a_hotplugged_volume()
+    filler = next(p for p in full if p["metadata"]["name"] == "filler")
+    target = launcher_obj(vmis[0], facts=facts, migration_uid="mig-m1", node="n2", t=200)
+    other = copy.deepcopy(target)
+    other["metadata"]["labels"][MIGRATION_JOB_LABEL] = "other"
+    history = [*full, vmim_obj("m1", "vm0", t=100), other, target]
+    assert [m.state for m in account_history(history).migrations] == ["attachment-reserved"]
+    grown = 0
+    for _ in range(10):
+        q = account_history(history).quotas["rq"]
+        room = (q.hard["requests.cpu"] - q.pods["requests.cpu"]).nanos // 10**6
+        if room <= 0:
+            break
+        grown += room
+        history.append(_resized_by(filler, grown))
+    assert grown == 10, f"{grown}m of growth took the attachment room of one migration, round after round"
+
+
+def test_a_resize_once_the_attachment_pod_exists_holds_no_later_drain_back() -> None:
+    """Once the target's attachment pod exists accounting holds no room for it (the migration still ``Pending`` until
+    that pod is ready), and the room held for it went to it: an app resized then (a vertical autoscaler), inside the
+    budget, was marked as one that took it, and held a later drain back, in a namespace over its budget for
+    KubeVirt's reason, for as long as the app ran."""
+    plain, ratio = KubeVirtConfig(), KubeVirtConfig(additional_guest_memory_overhead_ratio="2.0")
+    v = vmi_obj("v", guest="1Gi")
+    source = launcher_obj(v, config=plain, facts=NamespaceFacts())
+    other = vmi_obj("o", guest="8Gi", t=5)
+    other["status"]["volumeStatus"] = [{"name": "data", "hotplugVolume": {"attachPodName": "hp-volume-src"}}]
+    other_pod = launcher_obj(other, config=ratio, facts=NamespaceFacts(), suffix="o")
+    app, grown = pod_obj("app", {"memory": "100Mi"}, t=10), pod_obj("app", {"memory": "200Mi"}, t=10)
+    budget = usage_of(other_pod)["requests.memory"] + usage_of(source)["requests.memory"] + Q("264Mi")
+    quota = quota_obj("rq", {"requests.memory": budget.canonical()}, Mode.VMI_POD_USAGE)
+    pending, failed = vmim_obj("m0", "o", t=100, phase="Pending"), vmim_obj("m0", "o", t=100, phase="Failed")
+    target = launcher_obj(
+        other, config=ratio, facts=NamespaceFacts(), migration_uid="mig-m0", node="n2", t=200, vouched=False
+    )
+    attachment = _attachment_pod(target, "hp-volume-tgt", t=201)
+    history = [quota, v, source, other, other_pod, app, pending, target, attachment, grown]
+    history += [failed, deleted(target), deleted(attachment), deleted(failed)]
+    history.append(vmim_obj("drain", "v", t=300, rejected=True))
+    drain = mig(account_history(history, config=ratio), "drain")
+    assert drain.state == PENDING, f"{drain.state}: {drain.reason}"
 
 
 def test_a_targets_attachment_room_is_held_only_once_the_target_runs() -> None:

@@ -75,6 +75,11 @@ class Reporter:
         """Nudges of holders let in so far (each touch's annotation value differs)."""
         self._nudge_queued: set[tuple[str, str]] = set()
         """(namespace, VMI uid) of nudges queued or under way: no second one is queued meanwhile."""
+        self._nudge_sent: set[tuple[str, str]] = set()
+        """Those of :attr:`_nudge_queued` whose patch is under way (KubeVirt may have acted on it already)."""
+        self._nudge_again: dict[tuple[str, str], tuple[str, str]] = {}
+        """(namespace, VMI uid) → (VMI name, annotation value) of a nudge asked for while one of that VMI was under
+        way, made once that one is done."""
         self.side_tasks: set[asyncio.Task[None]] = set()
         """Nudges, VMI Events and guard shrinks under way (off the reconcile path)."""
         self.reported = 0
@@ -198,11 +203,18 @@ class Reporter:
         for h in guard.holders(u) if opened else ():
             if h.uid in opened:
                 self._let_ins += 1  # (each its own value: one let in again with no new usage is touched again)
-                self._nudge_once(namespace, h.name, h.uid, at, now, f"{at}-let-in-{self._let_ins}")
+                self._nudge_once(namespace, h.name, h.uid, at, now, f"{at}-let-in-{self._let_ins}", follow=True)
 
-    def _nudge_once(self, namespace: str, name: str, uid: str, at: int, now: float, token: str) -> None:
+    def _nudge_once(
+        self, namespace: str, name: str, uid: str, at: int, now: float, token: str, *, follow: bool = False
+    ) -> None:
         """Touch VMI ``name`` (``token`` its annotation's value: a patch that changes nothing is no update KubeVirt
-        sees), unless a touch of it (``uid``) is queued or under way already: one is enough."""
+        sees), unless a touch of it (``uid``) is queued or under way already: one is enough. With ``follow`` (a
+        holder let in) one under way is not: it may have reached KubeVirt before the holder was let in, and this one
+        follows it."""
+        if follow and (namespace, uid) in self._nudge_sent:
+            self._nudge_again[(namespace, uid)] = (name, token)
+            return
         if (namespace, uid) in self._nudge_queued:  # (its turn has not come: one is enough)
             return
         _remember(self._nudged, (namespace, uid), (at, now))
@@ -287,15 +299,25 @@ class Reporter:
             log.info("VMI event not created", namespace=namespace, vmi=body["involvedObject"]["name"], error=str(e))
 
     async def _nudge(self, namespace: str, name: str, uid: str, token: str) -> None:
+        """Touch the VMI, a transient failure tried again after a backoff (three tries: a holder let in is touched
+        once, and no later usage snapshot touches it again)."""
+        key = (namespace, uid)
         try:
             async with self._nudging:
-                await self.kube.nudge_vmi(namespace, name, token)
+                self._nudge_sent.add(key)
+                await self._retrying(lambda: self.kube.nudge_vmi(namespace, name, token))
             self.own.nudges.labels(outcome="applied").inc()
         except KubeError as e:
             self.own.nudges.labels(outcome="failed").inc()
             log.info("VMI not nudged", namespace=namespace, vmi=name, error=str(e))
         finally:
-            self._nudge_queued.discard((namespace, uid))
+            self._nudge_queued.discard(key)
+            self._nudge_sent.discard(key)
+            again = self._nudge_again.pop(key, None)
+            task = asyncio.current_task()
+            if again is not None and not (task is not None and task.cancelling()):  # (not when the enforcer stops)
+                self._nudge_queued.add(key)
+                self.spawn(self._nudge(namespace, again[0], uid, again[1]), f"nudge-{namespace}-{again[0]}")
 
 
 _R = TypeVar("_R")

@@ -9,7 +9,7 @@ from typing import cast
 import msgspec
 from prometheus_client import CollectorRegistry
 
-from services.enforcer.kube import QuotaApi
+from services.enforcer.kube import KubeError, QuotaApi
 from services.enforcer.options import NUDGING_MAX, EnforcerMetrics, EnforcerOptions
 from services.enforcer.reporting import Reporter
 from services.platform.bus import Bus
@@ -104,3 +104,71 @@ async def test_a_holder_let_in_again_with_no_new_usage_is_touched_with_another_v
     await wait_until(lambda: not reporter.side_tasks, 10, "the touches done")
     reporter.tell_and_nudge("tenant", usage, 7)
     assert not reporter.side_tasks and len(kube.tokens) == 2, "touched again with nothing let in"
+
+
+class _FirstAnswerWaits:
+    """An API server that has each VMI patch at once, but answers the first only when released."""
+
+    def __init__(self) -> None:
+        self.tokens: list[tuple[str, str]] = []
+        self.release = asyncio.Event()
+
+    async def nudge_vmi(self, namespace: str, name: str, token: str) -> None:
+        self.tokens.append((name, token))  # (the patch is in: KubeVirt may act on it now)
+        if len(self.tokens) == 1:
+            await self.release.wait()  # (its answer is on its way)
+
+
+async def test_a_holder_let_in_while_a_touch_of_its_vmi_is_under_way_is_touched_again() -> None:
+    """A touch of an admitted VM's VMI went out while its holder was still unconfirmed (KubeVirt's retry then refused
+    by the guard); the holder was let in while that touch's answer was on its way. The touch under way counted as
+    enough, and the VMI waited for KubeVirt's backoff. One asked for while one is under way follows it; one asked
+    for while one waits its turn does not."""
+    kube = _FirstAnswerWaits()
+    registry = CollectorRegistry()
+    reporter = Reporter(
+        cast(Bus, None),
+        cast(QuotaApi, kube),
+        EnforcerOptions(cluster="c1", nudge_interval=0.0),
+        Metrics(registry),
+        EnforcerMetrics(registry),
+        lambda: datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    vm = contract.VmState(name="vm1", uid="uid-vm1", state="admitted", pod_refused=True)
+    reporter.tell_and_nudge("tenant", usage_snapshot("tenant", 6, vms=[vm]), 6)
+    await wait_until(lambda: len(kube.tokens) == 1, 10, "the first touch under way")
+    reporter.tell_and_nudge("tenant", usage_snapshot("tenant", 7, vms=[vm]), 7, frozenset({"uid-vm1"}))
+    kube.release.set()
+    await wait_until(lambda: not reporter.side_tasks, 10, "the touches done")
+    assert len(kube.tokens) == 2 and kube.tokens[1][1] != kube.tokens[0][1], kube.tokens
+
+
+class _FirstFails:
+    """An API server whose first VMI patch fails (a transient error)."""
+
+    def __init__(self) -> None:
+        self.tokens: list[tuple[str, str]] = []
+
+    async def nudge_vmi(self, namespace: str, name: str, token: str) -> None:
+        self.tokens.append((name, token))
+        if len(self.tokens) == 1:
+            raise KubeError(503, "ServiceUnavailable", "try again")
+
+
+async def test_a_touch_that_fails_once_is_tried_again() -> None:
+    """A holder is let in once; no later usage snapshot touches its VMI again (it was never refused a launcher
+    pod): a touch that failed once left it to KubeVirt's backoff. A transient failure is tried again."""
+    kube = _FirstFails()
+    registry = CollectorRegistry()
+    reporter = Reporter(
+        cast(Bus, None),
+        cast(QuotaApi, kube),
+        EnforcerOptions(cluster="c1", retry_base=0.001),
+        Metrics(registry),
+        EnforcerMetrics(registry),
+        lambda: datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    pending = contract.MigrationState(name="m1", vmi="vm1", vmi_uid="uid-vm1", state="pending")
+    reporter.tell_and_nudge("tenant", usage_snapshot("tenant", 7, migrations=[pending]), 7, frozenset({"uid-vm1"}))
+    await wait_until(lambda: not reporter.side_tasks, 10, "the touch done")
+    assert [name for name, _ in kube.tokens] == ["vm1", "vm1"], kube.tokens

@@ -181,8 +181,8 @@ class Reporter:
         per VMI. ``opened``: the uids of the reservation guard's holders whose pods its QuotaReservation let in with
         no write of a quota after it (KubeVirt's migration controller re-queues on a quota's update, not on the
         QuotaReservation's): their VMIs are touched too, each once, whatever the two bounds above say (one touch
-        per holder let in, which only the enforcer's own writes make). Off the reconcile path; a failed nudge is
-        only logged (the next usage snapshot brings another)."""
+        per holder let in, which only the enforcer's own writes make). Off the reconcile path; a nudge that fails is
+        tried again after a backoff, three tries in all, then logged."""
         now = time.monotonic()
         for m in u.migrations:
             if m.state == "growth-refused" and m.uid and (namespace, m.uid) not in self._told:

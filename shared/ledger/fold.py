@@ -19,15 +19,14 @@ Pods created in a refusal: a pod created at or after a migration that KubeVirt w
 in-place resize), is remembered for as long as it exists (:attr:`NamespaceState.late`, in checkpoints too), even
 once that migration is gone: it may have taken the room ``hard`` held for the target, and accounting holds no room
 for any migration again while such a pod keeps the namespace over its budget (``shared.accounting.migrations``). So
-is one created or grown while room may be held for a migration target's hotplug attachment pod, which KubeVirt marks
-no refusal for (:attr:`NamespaceState.attaching`). A refusal that ended (the migration deleted, or finished; or the
-room of its attachment pod no longer held) is kept as a window (:attr:`NamespaceState.windows`): the room raised for
-it stays in ``status.hard`` until vmquota has lowered it and the quota controller has copied that, and the two
-kinds' watches are in no order with each other, so a pod created up to :data:`REFUSAL_GRACE` after the end (the
-migration's ``deletionTimestamp``, which KubeVirt's finalizer gives a deletion; a tenant may take the finalizer off
-and delete at once, and then the end is the time the watcher published the deletion) is
-marked, whenever it is delivered; the window goes once a pod created after that arrives (beyond
-:data:`WINDOWS_KEPT`, the two that end first are kept as one spanning both). A change of a managed
+is one grown while room may be held for a migration target's hotplug attachment pod, which KubeVirt marks no refusal
+for (:attr:`NamespaceState.attaching`). A refusal that ended (the migration deleted, or finished) is kept as a window
+(:attr:`NamespaceState.windows`): the room raised for it stays in ``status.hard`` until vmquota has lowered it and
+the quota controller has copied that, and the two kinds' watches are in no order with each other, so a pod created
+up to :data:`REFUSAL_GRACE` after the end (the migration's ``deletionTimestamp``, which KubeVirt's finalizer gives
+a deletion; a tenant may take the finalizer off and delete at once, and then the end is the time the watcher
+published the deletion) is marked, whenever it is delivered; the window goes once a pod created after that arrives
+(beyond :data:`WINDOWS_KEPT`, the two that end first are kept as one spanning both). A change of a managed
 quota's policy (an administrator lowering the budget, say) clears the marks: they are about the room ``hard`` held
 under the old one. For the same reason the pods it finds created since the oldest active migration, or in a window,
 are *settled* (:attr:`NamespaceState.settled`): their creation after a migration no longer holds it back, and they
@@ -410,11 +409,10 @@ class NamespaceState:
         change is settled as the change would have settled it (the watches of two kinds are in no order)."""
         self.refused_from: datetime | object | None = _UNKNOWN
         """:meth:`_refused_from`, or :data:`_UNKNOWN` since the last change of a migration."""
-        self.attaching: dict[str, datetime] = {}
-        """Migration uid → its creation, for the migrations room may be held for whose target's hotplug attachment pod
-        (:meth:`_attachments`; derived from the objects, recomputed when a migration, a VMI's hotplugged volumes or a
-        migration target's phase changes): pods created or grown meanwhile are marked as in a refusal, and one that
-        leaves it is kept as a window, as a refusal that ended."""
+        self.attaching: set[str] = set()
+        """The migrations room may be held for whose target's hotplug attachment pod (:meth:`_attachments`; derived
+        from the objects, recomputed when a migration, a VMI's hotplugged volumes or what a pod says of migration
+        targets and attachment pods changes): a pod that grows meanwhile is marked as in a refusal."""
         self.windows: dict[str, tuple[datetime, datetime]] = {}
         """Migration uid → (its creation, its end + :data:`REFUSAL_GRACE`) for a refused migration that ended: pods
         created between the two are marked (see the module)."""
@@ -498,7 +496,7 @@ class NamespaceState:
                 self._grown_unnamed(self.replaced, ev.snapshot)
                 self._named(self.replaced, ev.snapshot)
                 if _hotplugged(self.replaced) != _hotplugged(ev.snapshot):
-                    self._reattach(ev.time)
+                    self.attaching = self._attachments()
             elif kind == POD_KIND:
                 if self.replaced is None and (rec is None or rec.rv == UNSEEN):  # (a pod's first version)
                     self._made(uid, ev.snapshot)
@@ -507,7 +505,7 @@ class NamespaceState:
                 if self.departed and uid in self.departed and _finished(ev.snapshot):
                     del self.departed[uid]
                 if _attach_facts(self.replaced) != _attach_facts(ev.snapshot):
-                    self._reattach(ev.time)
+                    self.attaching = self._attachments()
                 if self.windows or self.attaching or self._refused_from() is not None:  # (none: three tests)
                     if uid not in self.late and self._in_refusal(ev.snapshot, self.replaced, uid in self.settled):
                         self.late.add(uid)
@@ -526,7 +524,7 @@ class NamespaceState:
                         if p.creation_timestamp and p.creation_timestamp >= since and p.uid not in self.settled
                     )
                 self._ended(uid, self.replaced, ev.snapshot, ev.time)
-                self._reattach(ev.time)
+                self.attaching = self._attachments()
             elif kind == EVENT_KIND:
                 _kept_in_fold_order(recs, uid)
             elif (
@@ -559,11 +557,11 @@ class NamespaceState:
         self._live.pop(kind, None)
         self.late.discard(uid)
         self.settled.discard(uid)
-        self._gone(kind, uid, self.replaced, ev.time)
+        self._gone(kind, uid, self.replaced)
         if kind == VMIM_KIND:
             self.refused_from = _UNKNOWN
             self._ended(uid, self.replaced, None, ev.time)
-            self._reattach(ev.time)
+            self.attaching = self._attachments()
         elif kind == EVENT_KIND:
             _kept_in_fold_order(recs, uid)
         return Outcome.APPLIED
@@ -642,19 +640,18 @@ class NamespaceState:
             fewest = min(self._fewest(vmi_uid, vcpus), early[2] if early is not None else vcpus)
             self.made_for[uid] = (vmi_uid, vcpus, fewest)
 
-    def _gone(self, kind: str, uid: str, before: Snapshot | None, published: str) -> None:
-        """An object of ``kind`` was deleted (or dropped by a sync), ``before`` its last version, in an event the
-        watcher published at ``published``."""
+    def _gone(self, kind: str, uid: str, before: Snapshot | None) -> None:
+        """An object of ``kind`` was deleted (or dropped by a sync), ``before`` its last version."""
         if kind == VMI_KIND:
             self._named(before, None)
             self.grew_unnamed.pop(uid, None)
             if _hotplugged(before):
-                self._reattach(published)
+                self.attaching = self._attachments()
         elif kind == POD_KIND:
             self.departed.pop(uid, None)
             self.made_for.pop(uid, None)
             if any(_attach_facts(before)):
-                self._reattach(published)
+                self.attaching = self._attachments()
 
     def _refused_from(self) -> datetime | None:
         """The creation of the oldest active migration KubeVirt was refused its target for (None: none is); kept
@@ -664,44 +661,28 @@ class NamespaceState:
             self.refused_from = min(times, default=None)
         return cast(datetime | None, self.refused_from)
 
-    def _attachments(self) -> tuple[dict[str, datetime], set[str]]:
+    def _attachments(self) -> set[str]:
         """The migrations room may be held for whose target's hotplug attachment pod, which KubeVirt marks no refusal
-        for, with their creation: active and ``Pending``, their VMI with hotplugged volumes, and a pod labelled their
-        target running that no pod KubeVirt sees is the attachment pod of yet (``shared.accounting.migrations``
-        reserves the attachment pod then); and those whose target has that pod now (its room went to it)."""
+        for: active and ``Pending``, their VMI with hotplugged volumes, and a pod labelled their target running that
+        no pod KubeVirt sees is the attachment pod of yet (``shared.accounting.migrations`` reserves the attachment
+        pod then)."""
         pending = {
-            m.uid: m
+            m.uid: m.vmi_name
             for m in self.live(VMIM_KIND)
-            if isinstance(m, VmimSnapshot) and m.active and m.phase in ("", "Pending") and m.creation_timestamp
+            if isinstance(m, VmimSnapshot) and m.active and m.phase in ("", "Pending")
         }
         if not pending:
-            return {}, set()
+            return set()
         hot = {v.name for v in self.live(VMI_KIND) if isinstance(v, VmiSnapshot) and v.hotplug_volumes}
         attached = {p.owner_pod_uid for p in self._pods() if p.owner_pod_uid and LAUNCHER_LABEL in p.labels}
-        open_: dict[str, datetime] = {}
-        done: set[str] = set()
-        for p in self._pods():
-            m = pending.get(p.migration_job_uid) if p.phase == "Running" else None
-            if m is None or m.vmi_name not in hot or m.creation_timestamp is None:
-                continue
-            if p.uid in attached:
-                done.add(m.uid)
-            else:
-                open_[m.uid] = m.creation_timestamp
-        return open_, done
-
-    def _reattach(self, published: str) -> None:
-        """Something :meth:`_attachments` reads changed, in an event the watcher published at ``published``: the
-        migrations it names no more are kept as windows, from their creation to that time and the grace (the room
-        held for the attachment pod stays in ``status.hard`` until vmquota has lowered it), as a refusal that ended;
-        but for those whose target has its attachment pod now, which that room went to (a resize the ledger hears of
-        later did not take it, or the attachment pod would not have got in)."""
-        now, attached = self._attachments()
-        for uid, start in self.attaching.items():
-            if uid not in now and uid not in attached:
-                end = max(t for t in (parse_rfc3339(published), self.clock, start) if t is not None)
-                self._window(uid, start, end + REFUSAL_GRACE)
-        self.attaching = now
+        return {
+            p.migration_job_uid
+            for p in self._pods()
+            if p.phase == "Running"
+            and p.uid not in attached
+            and p.migration_job_uid in pending
+            and pending[p.migration_job_uid] in hot
+        }
 
     def _pods(self) -> Iterator[PodSnapshot]:
         return (p for p in self.live(POD_KIND) if isinstance(p, PodSnapshot))
@@ -735,9 +716,9 @@ class NamespaceState:
         }
 
     def _in_refusal(self, pod: Snapshot, before: Snapshot | None, settled: bool = False) -> bool:
-        """Whether ``pod`` (``before`` the version it replaces) was created, or grew, in a refusal or while room may be
-        held for a target's hotplug attachment pod (:attr:`attaching`), one still active in the view or one that
-        ended (:attr:`windows`). A ``settled`` pod (:attr:`settled`) only by growing."""
+        """Whether ``pod`` (``before`` the version it replaces) was created, or grew, in a refusal (one still active in
+        the view, or one that ended: :attr:`windows`), or grew while room may be held for a target's hotplug
+        attachment pod (:attr:`attaching`). A ``settled`` pod (:attr:`settled`) only by growing."""
         since = self._refused_from()
         created = pod.creation_timestamp if isinstance(pod, PodSnapshot) else None
         if (
@@ -745,7 +726,6 @@ class NamespaceState:
             and created is not None
             and (
                 (since is not None and since <= created)
-                or any(start <= created for start in self.attaching.values())
                 or any(start <= created <= until for start, until in self.windows.values())
             )
         ):
@@ -769,13 +749,7 @@ class NamespaceState:
             return
         end = (now.deletion_timestamp if isinstance(now, VmimSnapshot) else None) or parse_rfc3339(published)
         end = max(t for t in (end, self.clock, since) if t is not None)
-        self._window(uid, since, end + REFUSAL_GRACE)
-
-    def _window(self, uid: str, start: datetime, until: datetime) -> None:
-        """Keep a window from ``start`` to ``until`` for migration ``uid`` (with the one it has already, as one that
-        spans both: a refusal, then its target's attachment pod's room)."""
-        held = self.windows.get(uid)
-        self.windows[uid] = (min(start, held[0]), max(until, held[1])) if held is not None else (start, until)
+        self.windows[uid] = (since, end + REFUSAL_GRACE)
         if len(self.windows) > WINDOWS_KEPT:  # (the two that end first, as one: a pod in either is in it)
             ends_first = sorted(self.windows.items(), key=lambda w: (w[1][1], w[0]))
             (a, (a_start, a_end)), (b, (b_start, b_end)) = ends_first[:2]
@@ -825,11 +799,11 @@ class NamespaceState:
                     if events:  # (folded now, in the order a checkpoint restores tombstones of one relist)
                         _kept_in_fold_order(recs, uid)
                     self._live.pop(ev.kind, None)
-                    self._gone(ev.kind, uid, gone, ev.time)
+                    self._gone(ev.kind, uid, gone)
                     if ev.kind == VMIM_KIND:
                         self.refused_from = _UNKNOWN
                         self._ended(uid, gone, None, ev.time)
-                        self._reattach(ev.time)
+                        self.attaching = self._attachments()
                 self.late.discard(uid)
                 self.settled.discard(uid)
                 changed = True
@@ -955,7 +929,7 @@ class NamespaceState:
         events = st.objects.get(EVENT_KIND)
         if events:  # (in the order folded, as folding keeps them: ``_kept_in_fold_order``)
             st.objects[EVENT_KIND] = dict(sorted(events.items(), key=lambda item: item[1].seq))
-        st.attaching = st._attachments()[0]  # (derived from the objects, as folding keeps it)
+        st.attaching = st._attachments()  # (derived from the objects, as folding keeps it)
         return st
 
 

@@ -2549,13 +2549,22 @@ def _resized_by(pod: dict[str, Any], cpu_m: int) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.parametrize("heard", ["at_once", "after_the_deletion"])
+_ATTACHMENT_LIMIT: Final = pytest.mark.xfail(
+    strict=True,
+    reason="open without the guard: the fold marks growth while an attachment pod's room may be held, not a pod "
+    "created into it, a resize heard of after that, or one while the VMI's volumes flapped (docs/accounting.md, "
+    "Known limits)",
+)
+
+
+@pytest.mark.parametrize("heard", ["at_once", pytest.param("after_the_deletion", marks=_ATTACHMENT_LIMIT)])
 def test_without_the_guard_an_attachment_room_taken_is_not_held_again_at_the_next_migration(heard: str) -> None:
     """Migration after migration of vm0 (a hotplugged volume, no refusal), each deleted by the tenant once its
     attachment room is held and an old pod was resized into it. The ledger marked growth only while that room may be
     held when it heard of the resize: one it heard of after the deletion (the tenant slowing the pod watch with its
-    own pods' updates) was not marked, and the room was held again at the next migration and taken again, 10m of
-    CPU a round without bound. An attachment room no longer held is kept as a window, as a refusal that ended."""
+    own pods' updates) is not marked, and the room is held again at the next migration and taken again, 10m of
+    CPU a round without bound: a known limit without the guard (a window kept as for a refusal that ended marked
+    KubeVirt's own target and attachment pods at every such migration, holding later drains back)."""
     full, vmis, facts = _full_with_a_hotplugged_volume()
     filler = next(p for p in full if p["metadata"]["name"] == "filler")
     history: list[dict[str, Any]] = list(full)
@@ -2572,6 +2581,7 @@ def test_without_the_guard_an_attachment_room_taken_is_not_held_again_at_the_nex
     assert grown == 10, f"{grown}m of growth took the attachment rooms of 5 migrations"
 
 
+@_ATTACHMENT_LIMIT
 def test_without_the_guard_an_attachment_room_taken_by_a_new_pod_is_not_held_again_at_the_next_migration() -> None:
     """The same with a pod created into the room (10m of CPU): older than the next migration and not marked, it let
     the room be held again and taken again, one attachment pod's worth per migration the tenant made."""
@@ -2594,6 +2604,7 @@ def test_without_the_guard_an_attachment_room_taken_by_a_new_pod_is_not_held_aga
     assert got_in == 1, f"{got_in} pods took the attachment rooms of successive migrations"
 
 
+@_ATTACHMENT_LIMIT
 def test_without_the_guard_an_attachment_room_is_not_taken_again_while_the_vmis_volumes_flap() -> None:
     """One migration; the VMI shows no hotplugged volume in one version (an unplug, or a status write: a VMI has no
     status subresource), folded before an old pod's resize into the attachment room, and shows it again in the
@@ -2656,7 +2667,7 @@ def test_the_folds_attachment_rooms_follow_its_objects_after_every_event(ops: li
             history.append(copy.deepcopy(plain if op == "volumes-off" else vmis[0]))
         state = folded(history).state("c1", NS)
         assert state is not None
-        assert state.attaching == state._attachments()[0], (ops, state.attaching)
+        assert state.attaching == state._attachments(), (ops, state.attaching)
         restored = NamespaceState.from_checkpoint(state.checkpoint())
         assert restored.attaching == state.attaching
 
@@ -2706,6 +2717,49 @@ def test_a_resize_once_the_attachment_pod_exists_holds_no_later_drain_back() -> 
     history += [failed, deleted(target), deleted(attachment), deleted(failed)]
     history.append(vmim_obj("drain", "v", t=300, rejected=True))
     drain = mig(account_history(history, config=ratio), "drain")
+    assert drain.state == PENDING, f"{drain.state}: {drain.reason}"
+
+
+@pytest.mark.parametrize("migration", ["kept", "deleted"])
+def test_an_ordinary_migration_of_a_vm_with_hotplugged_volumes_holds_no_later_drain_back(migration: str) -> None:
+    """KubeVirt's own migration of a VM with a hotplugged volume (target created, running, its attachment pod, the
+    migration on to Succeeded, the source gone; the migration then deleted, by KubeVirt's clean-up of finalized
+    migrations or the tenant), then a drain in a namespace over its budget for KubeVirt's reason (an overhead ratio
+    set after). Keeping an attachment pod's room as a window, with the pods created in it, marked that target, now
+    the VM's launcher pod, and the drain waited for as long as the VM ran: no pod of KubeVirt's is marked."""
+    plain, ratio = KubeVirtConfig(), KubeVirtConfig(additional_guest_memory_overhead_ratio="2.0")
+    v = vmi_obj("v", guest="1Gi")
+    source_v = launcher_obj(v, config=plain, facts=NamespaceFacts())
+    o = vmi_obj("o", guest="8Gi", t=5)
+    o["status"]["volumeStatus"] = [{"name": "data", "hotplugVolume": {"attachPodName": "hp-volume-src"}}]
+    source_o = launcher_obj(o, config=plain, facts=NamespaceFacts(), suffix="o")
+    attached_to_source = _attachment_pod(source_o, "hp-volume-src", t=6)
+    budget = usage_of(source_o)["requests.memory"] + usage_of(source_v)["requests.memory"] + Q("264Mi")
+    quota = quota_obj("rq", {"requests.memory": budget.canonical()}, Mode.VMI_POD_USAGE)
+    starting = launcher_obj(
+        o,
+        config=plain,
+        facts=NamespaceFacts(),
+        migration_uid="mig-m0",
+        node="n2",
+        t=200,
+        phase="Pending",
+        vouched=False,
+    )
+    target = copy.deepcopy(starting)
+    target["status"]["phase"] = "Running"
+    attachment = _attachment_pod(target, "hp-volume-tgt", t=201)
+    moved = copy.deepcopy(o)
+    moved["status"]["activePods"] = {}
+    vouch(moved, target)
+    moved["status"]["migrationState"] = {"migrationUid": "mig-m0", "targetPod": target["metadata"]["name"]}
+    history = [quota, v, source_v, o, source_o, attached_to_source, vmim_obj("m0", "o", t=100), starting, target]
+    history += [attachment, *(vmim_obj("m0", "o", t=100, phase=p) for p in ("Scheduling", "Running", "Succeeded"))]
+    history += [moved, deleted(source_o), deleted(attached_to_source)]
+    if migration == "deleted":
+        history.append(deleted(vmim_obj("m0", "o", t=100, phase="Succeeded")))
+    assert not folded(history).view("c1", NS).late
+    drain = mig(account_history([*history, vmim_obj("drain", "v", t=300, rejected=True)], config=ratio), "drain")
     assert drain.state == PENDING, f"{drain.state}: {drain.reason}"
 
 

@@ -302,10 +302,14 @@ class Reporter:
         """Touch the VMI, a transient failure tried again after a backoff (three tries: a holder let in is touched
         once, and no later usage snapshot touches it again)."""
         key = (namespace, uid)
-        try:
-            async with self._nudging:
+
+        async def touch() -> None:
+            async with self._nudging:  # (per try: a backoff between tries holds no other VMI's turn)
                 self._nudge_sent.add(key)
-                await self._retrying(lambda: self.kube.nudge_vmi(namespace, name, token))
+                await self.kube.nudge_vmi(namespace, name, token)
+
+        try:
+            await self._retrying(touch)
             self.own.nudges.labels(outcome="applied").inc()
         except KubeError as e:
             self.own.nudges.labels(outcome="failed").inc()

@@ -6,6 +6,7 @@ would carry out a size change never admitted (:class:`Reporter`)."""
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
@@ -71,8 +72,11 @@ class Reporter:
         self._nudging = asyncio.Semaphore(NUDGING_MAX)
         """Nudges under way at once, for the same reason (apart from Events: a tenant's refusals to tell must not
         hold back another's nudge)."""
-        self._let_ins = 0
-        """Nudges of holders let in so far (each touch's annotation value differs)."""
+        self._touches = 0
+        """Nudges asked for so far. Each touch's annotation value is the usage snapshot's sequence, this process's
+        :attr:`_epoch` and this count, so that it changes the VMI: a patch that changes nothing is no update KubeVirt
+        sees (a nudge again for the same usage, an enforcer that took over from another, a holder let in again)."""
+        self._epoch = secrets.token_hex(3)
         self._nudge_queued: set[tuple[str, str]] = set()
         """(namespace, VMI uid) of nudges queued or under way: no second one is queued meanwhile."""
         self._nudge_sent: set[tuple[str, str]] = set()
@@ -199,19 +203,17 @@ class Reporter:
             last = self._nudged.get((namespace, v.uid))
             if last is not None and (last[0] >= at or now - last[1] < self.opts.nudge_interval):
                 continue
-            self._nudge_once(namespace, v.name, v.uid, at, now, str(at))
+            self._nudge_once(namespace, v.name, v.uid, at, now)
         for h in guard.holders(u) if opened else ():
             if h.uid in opened:
-                self._let_ins += 1  # (each its own value: one let in again with no new usage is touched again)
-                self._nudge_once(namespace, h.name, h.uid, at, now, f"{at}-let-in-{self._let_ins}", follow=True)
+                self._nudge_once(namespace, h.name, h.uid, at, now, follow=True)
 
-    def _nudge_once(
-        self, namespace: str, name: str, uid: str, at: int, now: float, token: str, *, follow: bool = False
-    ) -> None:
-        """Touch VMI ``name`` (``token`` its annotation's value: a patch that changes nothing is no update KubeVirt
-        sees), unless a touch of it (``uid``) is queued or under way already: one is enough. With ``follow`` (a
-        holder let in) one under way is not: it may have reached KubeVirt before the holder was let in, and this one
-        follows it."""
+    def _nudge_once(self, namespace: str, name: str, uid: str, at: int, now: float, *, follow: bool = False) -> None:
+        """Touch VMI ``name`` (its annotation set to a value of its own, :attr:`_touches`), unless a touch of it
+        (``uid``) is queued or under way already: one is enough. With ``follow`` (a holder let in) one under way is
+        not: it may have reached KubeVirt before the holder was let in, and this one follows it."""
+        self._touches += 1
+        token = f"{at}.{self._epoch}.{self._touches}"
         if follow and (namespace, uid) in self._nudge_sent:
             self._nudge_again[(namespace, uid)] = (name, token)
             return

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import cast
 
 import msgspec
+import pytest
 from prometheus_client import CollectorRegistry
 
 from services.enforcer.kube import KubeError, QuotaApi
@@ -122,8 +123,7 @@ class _FirstAnswerWaits:
 async def test_a_holder_let_in_while_a_touch_of_its_vmi_is_under_way_is_touched_again() -> None:
     """A touch of an admitted VM's VMI went out while its holder was still unconfirmed (KubeVirt's retry then refused
     by the guard); the holder was let in while that touch's answer was on its way. The touch under way counted as
-    enough, and the VMI waited for KubeVirt's backoff. One asked for while one is under way follows it; one asked
-    for while one waits its turn does not."""
+    enough, and the VMI waited for KubeVirt's backoff. One asked for while one is under way follows it."""
     kube = _FirstAnswerWaits()
     registry = CollectorRegistry()
     reporter = Reporter(
@@ -172,3 +172,51 @@ async def test_a_touch_that_fails_once_is_tried_again() -> None:
     reporter.tell_and_nudge("tenant", usage_snapshot("tenant", 7, migrations=[pending]), 7, frozenset({"uid-vm1"}))
     await wait_until(lambda: not reporter.side_tasks, 10, "the touch done")
     assert [name for name, _ in kube.tokens] == ["vm1", "vm1"], kube.tokens
+
+
+class _Annotations:
+    """An API server keeping each VMI's nudge annotation: a merge patch to the value it has is no update."""
+
+    def __init__(self) -> None:
+        self.value: dict[str, str] = {}
+        self.updates: list[tuple[str, str]] = []
+        """(VMI, value) of the patches that changed something: what KubeVirt sees."""
+
+    async def nudge_vmi(self, namespace: str, name: str, token: str) -> None:
+        if self.value.get(name) != token:
+            self.value[name] = token
+            self.updates.append((name, token))
+
+
+def _reporter_over(kube: _Annotations) -> Reporter:
+    registry = CollectorRegistry()
+    return Reporter(
+        cast(Bus, None),
+        cast(QuotaApi, kube),
+        EnforcerOptions(cluster="c1", nudge_interval=0.0),
+        Metrics(registry),
+        EnforcerMetrics(registry),
+        lambda: datetime(2026, 1, 1, tzinfo=UTC),
+    )
+
+
+@pytest.mark.parametrize("before", ["nothing", "nudge_again", "a_new_leader"])
+async def test_a_touch_for_the_same_usage_again_is_an_update_kubevirt_sees(before: str) -> None:
+    """An admitted VM refused its launcher pod was touched with the usage snapshot's sequence as the annotation's
+    value. Touched again for the same usage — the namespace's VMIs nudged again once a quota whose calls kept failing
+    had the room, or an enforcer that took over — with its holder let in, the patch repeated that value: it changed
+    nothing, and KubeVirt saw no update. Every touch has a value of its own."""
+    kube = _Annotations()
+    reporter = _reporter_over(kube)
+    vm = contract.VmState(name="vm1", uid="uid-vm1", state="admitted", pod_refused=True)
+    usage = usage_snapshot("tenant", 7, vms=[vm])
+    reporter.tell_and_nudge("tenant", usage, 7)
+    await wait_until(lambda: not reporter.side_tasks, 10, "the first touch done")
+    assert len(kube.updates) == 1
+    if before == "nudge_again":
+        reporter.nudge_again("tenant")
+    elif before == "a_new_leader":
+        reporter = _reporter_over(kube)
+    reporter.tell_and_nudge("tenant", usage, 7, frozenset({"uid-vm1"}))
+    await wait_until(lambda: not reporter.side_tasks, 10, "the let-in's touch done")
+    assert len(kube.updates) == 2, f"the touch made no update KubeVirt sees: {kube.updates}"

@@ -334,7 +334,8 @@ WINDOWS_KEPT: Final = 32
 """Windows of ended refusals a namespace keeps apart (:attr:`NamespaceState.windows`); beyond, the two that end first
 are kept as one that spans both. A window goes once a pod created after its end is folded, so only a namespace that
 creates no pod keeps many: a tenant refused migration after migration kept one per migration, each scanned at every
-pod event and written into every checkpoint."""
+pod event and written into every checkpoint. (A pod created between two windows so kept and folded after both is
+taken as created in them.)"""
 
 EVENTS_KEPT: Final = 1024
 """The ``FailedCreate`` Events (with their tombstones) a namespace's state keeps, the latest folded: an Event is

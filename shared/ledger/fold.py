@@ -291,6 +291,14 @@ def _hotplugged(vmi: Snapshot | None) -> bool:
     return isinstance(vmi, VmiSnapshot) and vmi.hotplug_volumes
 
 
+def _attach_phase(migration: Snapshot | None) -> tuple[str, bool] | None:
+    """What :meth:`NamespaceState._attachments` reads of a migration version: its VMI, and whether it is active and
+    ``Pending``."""
+    if not isinstance(migration, VmimSnapshot):
+        return None
+    return (migration.vmi_name, migration.active and migration.phase in ("", "Pending"))
+
+
 def _attach_facts(pod: Snapshot | None) -> tuple[str, str, str]:
     """What :meth:`NamespaceState._attachments` reads of a pod version: the migration it is labelled the target of
     (``kubevirt.io/migrationJobUID``) with its phase, and the pod it is KubeVirt's attachment pod of (one KubeVirt
@@ -513,7 +521,6 @@ class NamespaceState:
                         refreshed = False
                     self._pods_at(created)
             elif kind == VMIM_KIND:
-                self.refused_from = _UNKNOWN
                 if self.replaced is None and self.settled_until is not None:
                     self._settle_late(ev.snapshot)
                 since = _refused_since(ev.snapshot)
@@ -524,8 +531,7 @@ class NamespaceState:
                         for p in self._pods()
                         if p.creation_timestamp and p.creation_timestamp >= since and p.uid not in self.settled
                     )
-                self._ended(uid, self.replaced, ev.snapshot, ev.time)
-                self.attaching = self._attachments()
+                self._migration_changed(uid, self.replaced, ev.snapshot, ev.time)
             elif kind == EVENT_KIND:
                 _kept_in_fold_order(recs, uid)
             elif (
@@ -560,9 +566,7 @@ class NamespaceState:
         self.settled.discard(uid)
         self._gone(kind, uid, self.replaced)
         if kind == VMIM_KIND:
-            self.refused_from = _UNKNOWN
-            self._ended(uid, self.replaced, None, ev.time)
-            self.attaching = self._attachments()
+            self._migration_changed(uid, self.replaced, None, ev.time)
         elif kind == EVENT_KIND:
             _kept_in_fold_order(recs, uid)
         return Outcome.APPLIED
@@ -654,6 +658,15 @@ class NamespaceState:
             if any(_attach_facts(before)):
                 self.attaching = self._attachments()
 
+    def _migration_changed(self, uid: str, before: Snapshot | None, now: Snapshot | None, published: str) -> None:
+        """A migration's version ``now`` (None: deleted, or dropped by a sync) replaced ``before``, in an event the
+        watcher published at ``published``: what the state keeps of migrations follows (the oldest refusal, the
+        window of one that ended, the attachment pods' rooms)."""
+        self.refused_from = _UNKNOWN
+        self._ended(uid, before, now, published)
+        if _attach_phase(before) != _attach_phase(now):
+            self.attaching = self._attachments()
+
     def _refused_from(self) -> datetime | None:
         """The creation of the oldest active migration KubeVirt was refused its target for (None: none is); kept
         until a migration changes."""
@@ -700,9 +713,7 @@ class NamespaceState:
         starts += [start for start, _ in self.windows.values()]
         oldest = min(starts, default=None)
         if oldest is not None:
-            self.settled |= {
-                p.uid for p in self._pods() if p.creation_timestamp is not None and p.creation_timestamp >= oldest
-            }
+            self._settle_between(oldest, None)
 
     def _settle_late(self, migration: Snapshot) -> None:
         """A migration's first version, folded after a change of policy (:attr:`settled_until`): the pods created
@@ -710,10 +721,17 @@ class NamespaceState:
         been folded before it."""
         start = migration.creation_timestamp if isinstance(migration, VmimSnapshot) else None
         until = self.settled_until
-        if start is None or until is None or start > until:
-            return
+        if start is not None and until is not None and start <= until:
+            self._settle_between(start, until)
+
+    def _settle_between(self, start: datetime, until: datetime | None) -> None:
+        """Settle the pods created from ``start`` on (to ``until``, when given)."""
         self.settled |= {
-            p.uid for p in self._pods() if p.creation_timestamp is not None and start <= p.creation_timestamp <= until
+            p.uid
+            for p in self._pods()
+            if p.creation_timestamp is not None
+            and start <= p.creation_timestamp
+            and (until is None or p.creation_timestamp <= until)
         }
 
     def _in_refusal(self, pod: Snapshot, before: Snapshot | None, settled: bool = False) -> bool:
@@ -802,9 +820,7 @@ class NamespaceState:
                     self._live.pop(ev.kind, None)
                     self._gone(ev.kind, uid, gone)
                     if ev.kind == VMIM_KIND:
-                        self.refused_from = _UNKNOWN
-                        self._ended(uid, gone, None, ev.time)
-                        self.attaching = self._attachments()
+                        self._migration_changed(uid, gone, None, ev.time)
                 self.late.discard(uid)
                 self.settled.discard(uid)
                 changed = True

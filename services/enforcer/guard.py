@@ -173,8 +173,7 @@ class GuardWriter:
         if held is None:
             self._listed[namespace] = (guard.listed(obj), guard.unconfirmed(obj), version_of(obj))
         elif held[2] != version_of(obj):
-            self._listed.pop(namespace, None)
-            self._sized.pop(namespace, None)
+            self._unheld(namespace)
         return bool(guard.listed(obj))
 
     def absent(self, present: set[str]) -> list[str]:
@@ -184,9 +183,14 @@ class GuardWriter:
         gone = [ns for ns in self._listed if ns not in present]
         held = [ns for ns in gone if self._listed[ns][0]]
         for ns in gone:
-            self._listed.pop(ns, None)
-            self._sized.pop(ns, None)
+            self._unheld(ns)
         return held
+
+    def _unheld(self, namespace: str) -> None:
+        """Forget what is held of the namespace's QuotaReservation, and the sizes read while it listed them: read
+        again at the next write."""
+        self._listed.pop(namespace, None)
+        self._sized.pop(namespace, None)
 
     def holds_listed(self, namespace: str) -> bool:
         """Whether the namespace's QuotaReservation lists holders, as last read, listed or written."""
@@ -257,8 +261,7 @@ class GuardWriter:
                 try:
                     written = await self.kube.put_reservation(namespace, body, rv)
                 except KubeError as e:
-                    self._listed.pop(namespace, None)  # read again (another writer's version, or it may have landed)
-                    self._sized.pop(namespace, None)
+                    self._unheld(namespace)  # (another writer's version, or it may have landed)
                     if not e.conflict:
                         raise
                     continue

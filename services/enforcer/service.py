@@ -483,7 +483,7 @@ class Enforcer:
         self._quota_patches.pop(key, None)
         if not self.opts.reservation_guard or self.opts.dry_run:
             return
-        if held or (not self._carrying_names(key[0]) and self.guard.holds_listed(key[0])):
+        if held or self._holders_left(key[0]):
             # (the quota carries nothing any more: its holders would keep the namespace's pods out for nothing;
             # retried until done, as no later write of the namespace may come)
             self._schedule((key[0], RESERVATION))
@@ -494,7 +494,7 @@ class Enforcer:
             return
         for name in self.quotas.names(namespace):
             self._schedule((namespace, name))
-        if self.opts.reservation_guard and not self._carrying_names(namespace) and self.guard.holds_listed(namespace):
+        if self.opts.reservation_guard and self._holders_left(namespace):
             self._schedule((namespace, RESERVATION))  # (holders listed, and no managed quota left to carry them)
 
     def _schedule(self, key: Key) -> None:
@@ -599,10 +599,7 @@ class Enforcer:
         if u is not None and not self.opts.dry_run and not self._stopped:
             # (the holders the QuotaReservation let in since the namespace's last write of a quota, which woke
             # KubeVirt: a raise waiting for the ledger, a shrink or a write where hard held their room already)
-            let_in = self._let_in.pop(ns, set())
-            if self.opts.reservation_guard:
-                let_in |= self.guard.opened(ns)
-            self.reporter.tell_and_nudge(ns, u, at, frozenset(let_in))
+            self.reporter.tell_and_nudge(ns, u, at, frozenset(self._take_let_in(ns)))
 
     def _on_retry(self, key: Key, e: BaseException, attempt: int, delay: float) -> None:
         """The work queue retries ``key`` in ``delay`` seconds (its backoff, never shorter than a ``Retry-After``
@@ -697,9 +694,7 @@ class Enforcer:
             at = at or rfc3339()
             # (the write wakes the migrations KubeVirt was refused for quota: the holders let in before it need no
             # nudge, unless it fails)
-            let_in = self._let_in.pop(ns, set())
-            if self.opts.reservation_guard:
-                let_in |= self.guard.opened(ns)
+            let_in = self._take_let_in(ns)
             try:
                 raw = await self._write(p)
             except KubeError as e:
@@ -766,6 +761,19 @@ class Enforcer:
                 self._schedule((snap.namespace, snap.name))
         if not unreadable:
             await self.guard.shrink(namespace)
+
+    def _take_let_in(self, namespace: str) -> set[str]:
+        """The holders the namespace's QuotaReservation let in that no nudge or write of a quota has woken KubeVirt for
+        yet (taken)."""
+        let_in = self._let_in.pop(namespace, set())
+        if self.opts.reservation_guard:
+            let_in |= self.guard.opened(namespace)
+        return let_in
+
+    def _holders_left(self, namespace: str) -> bool:
+        """Whether the namespace's QuotaReservation lists holders while no quota the enforcer knows there may carry a
+        raise (they would keep its pods out for nothing)."""
+        return not self._carrying_names(namespace) and self.guard.holds_listed(namespace)
 
     def _carrying_names(self, namespace: str) -> list[str]:
         """The names of the namespace's known quotas whose limits may hold room vmquota raised."""

@@ -220,6 +220,10 @@ class Reporter:
         if (namespace, uid) in self._nudge_queued:  # (its turn has not come: one is enough)
             return
         _remember(self._nudged, (namespace, uid), (at, now))
+        self._start_nudge(namespace, name, uid, token)
+
+    def _start_nudge(self, namespace: str, name: str, uid: str, token: str) -> None:
+        """Queue the touch of VMI ``name`` (``uid``) with annotation value ``token``."""
         self._nudge_queued.add((namespace, uid))
         self.spawn(self._nudge(namespace, name, uid, token), f"nudge-{namespace}-{name}")
 
@@ -322,8 +326,7 @@ class Reporter:
             again = self._nudge_again.pop(key, None)
             task = asyncio.current_task()
             if again is not None and not (task is not None and task.cancelling()):  # (not when the enforcer stops)
-                self._nudge_queued.add(key)
-                self.spawn(self._nudge(namespace, again[0], uid, again[1]), f"nudge-{namespace}-{again[0]}")
+                self._start_nudge(namespace, again[0], uid, again[1])
 
 
 _R = TypeVar("_R")

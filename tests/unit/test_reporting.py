@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
-from typing import cast
+from typing import Any, cast
 
 import msgspec
 import pytest
@@ -18,6 +18,19 @@ from services.platform.http import Metrics
 from shared import contract
 from tests.builders import usage_snapshot
 from tests.waiting import wait_until
+
+
+def _reporter(kube: object, **opts: Any) -> Reporter:
+    """A reporter whose Kubernetes calls are ``kube``'s (nudges do not touch the bus), with options ``opts``."""
+    registry = CollectorRegistry()
+    return Reporter(
+        cast(Bus, None),
+        cast(QuotaApi, kube),
+        EnforcerOptions(cluster="c1", **opts),
+        Metrics(registry),
+        EnforcerMetrics(registry),
+        lambda: datetime(2026, 1, 1, tzinfo=UTC),
+    )
 
 
 class _SlowNudges:
@@ -42,15 +55,7 @@ async def test_a_tenants_many_nudges_take_a_bounded_share_of_the_api_client() ->
     """A tenant with a thousand admitted VMIs whose launcher pods were refused had a thousand VMI patches under way at
     once, on the API client every namespace's quota patches share. At most ``NUDGING_MAX`` are; every one is made."""
     kube = _SlowNudges()
-    registry = CollectorRegistry()
-    reporter = Reporter(
-        cast(Bus, None),  # (nudges do not touch the bus)
-        cast(QuotaApi, kube),
-        EnforcerOptions(cluster="c1"),
-        Metrics(registry),
-        EnforcerMetrics(registry),
-        lambda: datetime(2026, 1, 1, tzinfo=UTC),
-    )
+    reporter = _reporter(kube)
     vms = [contract.VmState(name=f"vm{i}", uid=f"u{i}", state="admitted", pod_refused=True) for i in range(1000)]
     usage = usage_snapshot("tenant", 1, vms=vms)
     reporter.tell_and_nudge("tenant", usage, 1)
@@ -85,15 +90,7 @@ async def test_a_holder_let_in_again_with_no_new_usage_is_touched_with_another_v
     no new usage was touched with the same annotation value: a patch that changes nothing is no update, and KubeVirt
     saw none. Each let-in's touch has a value of its own."""
     kube = _Tokens()
-    registry = CollectorRegistry()
-    reporter = Reporter(
-        cast(Bus, None),
-        cast(QuotaApi, kube),
-        EnforcerOptions(cluster="c1"),
-        Metrics(registry),
-        EnforcerMetrics(registry),
-        lambda: datetime(2026, 1, 1, tzinfo=UTC),
-    )
+    reporter = _reporter(kube)
     pending = contract.MigrationState(name="m1", vmi="vm1", vmi_uid="uid-vm1", state="pending")
     usage = usage_snapshot("tenant", 7, migrations=[pending])
     for n in (1, 2):
@@ -125,15 +122,7 @@ async def test_a_holder_let_in_while_a_touch_of_its_vmi_is_under_way_is_touched_
     by the guard); the holder was let in while that touch's answer was on its way. The touch under way counted as
     enough, and the VMI waited for KubeVirt's backoff. One asked for while one is under way follows it."""
     kube = _FirstAnswerWaits()
-    registry = CollectorRegistry()
-    reporter = Reporter(
-        cast(Bus, None),
-        cast(QuotaApi, kube),
-        EnforcerOptions(cluster="c1", nudge_interval=0.0),
-        Metrics(registry),
-        EnforcerMetrics(registry),
-        lambda: datetime(2026, 1, 1, tzinfo=UTC),
-    )
+    reporter = _reporter(kube, nudge_interval=0.0)
     vm = contract.VmState(name="vm1", uid="uid-vm1", state="admitted", pod_refused=True)
     reporter.tell_and_nudge("tenant", usage_snapshot("tenant", 6, vms=[vm]), 6)
     await wait_until(lambda: len(kube.tokens) == 1, 10, "the first touch under way")
@@ -159,15 +148,7 @@ async def test_a_touch_that_fails_once_is_tried_again() -> None:
     """A holder is let in once; no later usage snapshot touches its VMI again (it was never refused a launcher
     pod): a touch that failed once left it to KubeVirt's backoff. A transient failure is tried again."""
     kube = _FirstFails()
-    registry = CollectorRegistry()
-    reporter = Reporter(
-        cast(Bus, None),
-        cast(QuotaApi, kube),
-        EnforcerOptions(cluster="c1", retry_base=0.001),
-        Metrics(registry),
-        EnforcerMetrics(registry),
-        lambda: datetime(2026, 1, 1, tzinfo=UTC),
-    )
+    reporter = _reporter(kube, retry_base=0.001)
     pending = contract.MigrationState(name="m1", vmi="vm1", vmi_uid="uid-vm1", state="pending")
     reporter.tell_and_nudge("tenant", usage_snapshot("tenant", 7, migrations=[pending]), 7, frozenset({"uid-vm1"}))
     await wait_until(lambda: not reporter.side_tasks, 10, "the touch done")
@@ -188,18 +169,6 @@ class _Annotations:
             self.updates.append((name, token))
 
 
-def _reporter_over(kube: _Annotations) -> Reporter:
-    registry = CollectorRegistry()
-    return Reporter(
-        cast(Bus, None),
-        cast(QuotaApi, kube),
-        EnforcerOptions(cluster="c1", nudge_interval=0.0),
-        Metrics(registry),
-        EnforcerMetrics(registry),
-        lambda: datetime(2026, 1, 1, tzinfo=UTC),
-    )
-
-
 @pytest.mark.parametrize("before", ["nothing", "nudge_again", "a_new_leader"])
 async def test_a_touch_for_the_same_usage_again_is_an_update_kubevirt_sees(before: str) -> None:
     """An admitted VM refused its launcher pod was touched with the usage snapshot's sequence as the annotation's
@@ -207,7 +176,7 @@ async def test_a_touch_for_the_same_usage_again_is_an_update_kubevirt_sees(befor
     had the room, or an enforcer that took over — with its holder let in, the patch repeated that value: it changed
     nothing, and KubeVirt saw no update. Every touch has a value of its own."""
     kube = _Annotations()
-    reporter = _reporter_over(kube)
+    reporter = _reporter(kube, nudge_interval=0.0)
     vm = contract.VmState(name="vm1", uid="uid-vm1", state="admitted", pod_refused=True)
     usage = usage_snapshot("tenant", 7, vms=[vm])
     reporter.tell_and_nudge("tenant", usage, 7)
@@ -216,7 +185,7 @@ async def test_a_touch_for_the_same_usage_again_is_an_update_kubevirt_sees(befor
     if before == "nudge_again":
         reporter.nudge_again("tenant")
     elif before == "a_new_leader":
-        reporter = _reporter_over(kube)
+        reporter = _reporter(kube, nudge_interval=0.0)
     reporter.tell_and_nudge("tenant", usage, 7, frozenset({"uid-vm1"}))
     await wait_until(lambda: not reporter.side_tasks, 10, "the let-in's touch done")
     assert len(kube.updates) == 2, f"the touch made no update KubeVirt sees: {kube.updates}"

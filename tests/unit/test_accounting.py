@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any, Final
 
@@ -200,25 +200,37 @@ def test_pods_created_in_the_second_a_budget_change_was_published_are_not_settle
     assert grabs == 1, f"{grabs} pods of 8Gi took the room held for one target"
 
 
+def _drained_later(
+    hotplugged: bool, o_rendered: KubeVirtConfig | None = None
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any], KubeVirtConfig]:
+    """A ``VmiPodUsage`` namespace sized for its two VMs and an app pod: ``v`` (whose drain a test asks for later)
+    and ``o`` (``hotplugged``: with a hotplugged volume; its pod rendered with ``o_rendered``, by default the
+    memory overhead KubeVirt is changed to later). Returns the quota, the VMs and their pods, VMI ``o``, its pod, and
+    that later configuration, under which ``v``'s target renders larger: the namespace over its budget for no
+    tenant's reason."""
+    plain, ratio = KubeVirtConfig(), KubeVirtConfig(additional_guest_memory_overhead_ratio="2.0")
+    v = vmi_obj("v", guest="1Gi")
+    source = launcher_obj(v, config=plain, facts=NamespaceFacts())
+    o = vmi_obj("o", guest="8Gi", t=5)
+    if hotplugged:
+        o["status"]["volumeStatus"] = [{"name": "data", "hotplugVolume": {"attachPodName": "hp-volume-src"}}]
+    o_pod = launcher_obj(o, config=o_rendered or ratio, facts=NamespaceFacts(), suffix="o")
+    budget = usage_of(o_pod)["requests.memory"] + usage_of(source)["requests.memory"] + Q("264Mi")
+    quota = quota_obj("rq", {"requests.memory": budget.canonical()}, Mode.VMI_POD_USAGE)
+    return [quota, v, source, o, o_pod], o, o_pod, ratio
+
+
 def _drain_after_a_resize(during: str) -> Any:
     """A full ``VmiPodUsage`` namespace: VM ``o`` migrates with no refusal (no room is held for it), and an app pod
     is resized in place, inside the budget, ``during`` its migration (``running``; ``queued``: the migration Pending
     with no target, as KubeVirt's parallel-migration limits keep one in a drain, VM ``o`` with a hotplugged volume)
     or before it (""). The migration ends. Later a KubeVirt change of the memory overhead drains VM ``v``, whose size
     did not change: its target renders larger, the namespace over its budget for no tenant's reason."""
-    plain, ratio = KubeVirtConfig(), KubeVirtConfig(additional_guest_memory_overhead_ratio="2.0")
-    v = vmi_obj("v", guest="1Gi")
-    source = launcher_obj(v, config=plain, facts=NamespaceFacts())
-    other = vmi_obj("o", guest="8Gi", t=5)
-    if during == "queued":
-        other["status"]["volumeStatus"] = [{"name": "data", "hotplugVolume": {"attachPodName": "hp-volume-src"}}]
-    other_pod = launcher_obj(other, config=ratio, facts=NamespaceFacts(), suffix="o")
+    objects, _, _, ratio = _drained_later(hotplugged=during == "queued")
     app, grown = pod_obj("app", {"memory": "100Mi"}, t=10), pod_obj("app", {"memory": "200Mi"}, t=10)
-    budget = usage_of(other_pod)["requests.memory"] + usage_of(source)["requests.memory"] + Q("264Mi")
-    quota = quota_obj("rq", {"requests.memory": budget.canonical()}, Mode.VMI_POD_USAGE)
     phase = "Pending" if during == "queued" else "Running"
     running, done = vmim_obj("m0", "o", t=100, phase=phase), vmim_obj("m0", "o", t=100, phase="Succeeded")
-    history = [quota, v, source, other, other_pod, app]
+    history = [*objects, app]
     history += [running, grown] if during else [grown, running]
     history += [done, deleted(done), vmim_obj("drain", "v", t=300, rejected=True)]
     return mig(account_history(history, config=ratio), "drain")
@@ -2525,20 +2537,32 @@ def test_without_the_guard_an_old_pod_resized_into_an_attachment_room_is_not_fol
     target = launcher_obj(vmis[0], facts=facts, migration_uid="mig-m1", node="n2", t=200)
     history = [*full, migration, target]
     assert [m.state for m in account_history(history).migrations] == ["attachment-reserved"]
-    grown = 0
-    for _ in range(10):
-        q = account_history(history).quotas["rq"]
-        room = (q.hard["requests.cpu"] - q.pods["requests.cpu"]).nanos // 10**6
-        if room <= 0:
-            break
-        grown += room  # (native quota admits the resize: its growth fits status.hard)
-        resized = copy.deepcopy(filler)
-        requests = resized["spec"]["containers"][0]["resources"]["requests"]
-        requests["cpu"] = f"{Quantity.parse(requests['cpu']).nanos // 10**6 + grown}m"
-        history.append(resized)
+    grown = _grown_round_after_round(history, lambda grown: [_resized_by(filler, grown)])
     (entry,) = account_history(history).migrations
     assert grown == 10, f"{grown}m of growth took the attachment room of one migration, round after round"
     assert entry.state == "waiting" and "no room held for its hotplug attachment pod" in entry.reason, entry
+
+
+def _cpu_room(u: NamespaceUsage) -> int:
+    """The millicores of ``requests.cpu`` quota ``rq``'s ``hard`` leaves beside what its pods are charged."""
+    q = u.quotas["rq"]
+    return (q.hard["requests.cpu"] - q.pods["requests.cpu"]).nanos // 10**6
+
+
+def _grown_round_after_round(
+    history: list[dict[str, Any]], versions: Callable[[int], list[dict[str, Any]]], rounds: int = 10
+) -> int:
+    """A tenant grows into the CPU room ``hard`` leaves, round after round, while there is some (native quota admits
+    a resize whose growth fits ``status.hard``): ``versions(grown)`` are what each round adds to ``history``. The
+    millicores grown in all."""
+    grown = 0
+    for _ in range(rounds):
+        room = _cpu_room(account_history(history))
+        if room <= 0:
+            break
+        grown += room
+        history += versions(grown)
+    return grown
 
 
 def _resized_by(pod: dict[str, Any], cpu_m: int) -> dict[str, Any]:
@@ -2573,8 +2597,7 @@ def test_without_the_guard_an_attachment_room_taken_is_not_held_again_at_the_nex
         migration = vmim_obj(f"m{i}", "vm0", t=100 + 100 * i)
         target = launcher_obj(vmis[0], facts=facts, migration_uid=f"mig-m{i}", node="n2", t=150 + 100 * i)
         history += [migration, target]
-        q = account_history(history).quotas["rq"]
-        grown += max(0, (q.hard["requests.cpu"] - q.pods["requests.cpu"]).nanos // 10**6)
+        grown += max(0, _cpu_room(account_history(history)))
         ended = [deleted(migration), deleted(target)]
         resize = _resized_by(filler, grown)
         history += [*ended, resize] if heard == "after_the_deletion" else [resize, *ended]
@@ -2597,8 +2620,7 @@ def test_without_the_guard_an_attachment_room_taken_by_a_new_pod_is_not_held_aga
         (entry,) = u.migrations
         if entry.state != "attachment-reserved":
             break
-        q = u.quotas["rq"]
-        room = (q.hard["requests.cpu"] - q.pods["requests.cpu"]).nanos // 10**6
+        room = _cpu_room(u)
         got_in += 1  # (a pod of that room's CPU is admitted natively)
         history += [pod_obj(f"taker{r}", {"cpu": f"{room}m"}, t=t + 11), deleted(migration), deleted(target)]
     assert got_in == 1, f"{got_in} pods took the attachment rooms of successive migrations"
@@ -2616,14 +2638,9 @@ def test_without_the_guard_an_attachment_room_is_not_taken_again_while_the_vmis_
     migration = vmim_obj("m1", "vm0", t=100)
     target = launcher_obj(vmis[0], facts=facts, migration_uid="mig-m1", node="n2", t=200)
     history: list[dict[str, Any]] = [*full, migration, target]
-    grown = 0
-    for _ in range(5):
-        q = account_history(history).quotas["rq"]
-        room = (q.hard["requests.cpu"] - q.pods["requests.cpu"]).nanos // 10**6
-        if room <= 0:
-            break
-        grown += room
-        history += [copy.deepcopy(plain), _resized_by(filler, grown), copy.deepcopy(vmis[0])]
+    grown = _grown_round_after_round(
+        history, lambda grown: [copy.deepcopy(plain), _resized_by(filler, grown), copy.deepcopy(vmis[0])], rounds=5
+    )
     assert grown == 10, f"{grown}m of growth in one migration's attachment room"
 
 
@@ -2683,14 +2700,7 @@ def test_without_the_guard_an_attachment_room_of_a_target_relabelled_is_not_take
     other["metadata"]["labels"][MIGRATION_JOB_LABEL] = "other"
     history = [*full, vmim_obj("m1", "vm0", t=100), other, target]
     assert [m.state for m in account_history(history).migrations] == ["attachment-reserved"]
-    grown = 0
-    for _ in range(10):
-        q = account_history(history).quotas["rq"]
-        room = (q.hard["requests.cpu"] - q.pods["requests.cpu"]).nanos // 10**6
-        if room <= 0:
-            break
-        grown += room
-        history.append(_resized_by(filler, grown))
+    grown = _grown_round_after_round(history, lambda grown: [_resized_by(filler, grown)])
     assert grown == 10, f"{grown}m of growth took the attachment room of one migration, round after round"
 
 
@@ -2699,21 +2709,14 @@ def test_a_resize_once_the_attachment_pod_exists_holds_no_later_drain_back() -> 
     that pod is ready), and the room held for it went to it: an app resized then (a vertical autoscaler), inside the
     budget, was marked as one that took it, and held a later drain back, in a namespace over its budget for
     KubeVirt's reason, for as long as the app ran."""
-    plain, ratio = KubeVirtConfig(), KubeVirtConfig(additional_guest_memory_overhead_ratio="2.0")
-    v = vmi_obj("v", guest="1Gi")
-    source = launcher_obj(v, config=plain, facts=NamespaceFacts())
-    other = vmi_obj("o", guest="8Gi", t=5)
-    other["status"]["volumeStatus"] = [{"name": "data", "hotplugVolume": {"attachPodName": "hp-volume-src"}}]
-    other_pod = launcher_obj(other, config=ratio, facts=NamespaceFacts(), suffix="o")
+    objects, other, _, ratio = _drained_later(hotplugged=True)
     app, grown = pod_obj("app", {"memory": "100Mi"}, t=10), pod_obj("app", {"memory": "200Mi"}, t=10)
-    budget = usage_of(other_pod)["requests.memory"] + usage_of(source)["requests.memory"] + Q("264Mi")
-    quota = quota_obj("rq", {"requests.memory": budget.canonical()}, Mode.VMI_POD_USAGE)
     pending, failed = vmim_obj("m0", "o", t=100, phase="Pending"), vmim_obj("m0", "o", t=100, phase="Failed")
     target = launcher_obj(
         other, config=ratio, facts=NamespaceFacts(), migration_uid="mig-m0", node="n2", t=200, vouched=False
     )
     attachment = _attachment_pod(target, "hp-volume-tgt", t=201)
-    history = [quota, v, source, other, other_pod, app, pending, target, attachment, grown]
+    history = [*objects, app, pending, target, attachment, grown]
     history += [failed, deleted(target), deleted(attachment), deleted(failed)]
     history.append(vmim_obj("drain", "v", t=300, rejected=True))
     drain = mig(account_history(history, config=ratio), "drain")
@@ -2727,15 +2730,9 @@ def test_an_ordinary_migration_of_a_vm_with_hotplugged_volumes_holds_no_later_dr
     migrations or the tenant), then a drain in a namespace over its budget for KubeVirt's reason (an overhead ratio
     set after). Keeping an attachment pod's room as a window, with the pods created in it, marked that target, now
     the VM's launcher pod, and the drain waited for as long as the VM ran: no pod of KubeVirt's is marked."""
-    plain, ratio = KubeVirtConfig(), KubeVirtConfig(additional_guest_memory_overhead_ratio="2.0")
-    v = vmi_obj("v", guest="1Gi")
-    source_v = launcher_obj(v, config=plain, facts=NamespaceFacts())
-    o = vmi_obj("o", guest="8Gi", t=5)
-    o["status"]["volumeStatus"] = [{"name": "data", "hotplugVolume": {"attachPodName": "hp-volume-src"}}]
-    source_o = launcher_obj(o, config=plain, facts=NamespaceFacts(), suffix="o")
+    plain = KubeVirtConfig()
+    objects, o, source_o, ratio = _drained_later(hotplugged=True, o_rendered=plain)
     attached_to_source = _attachment_pod(source_o, "hp-volume-src", t=6)
-    budget = usage_of(source_o)["requests.memory"] + usage_of(source_v)["requests.memory"] + Q("264Mi")
-    quota = quota_obj("rq", {"requests.memory": budget.canonical()}, Mode.VMI_POD_USAGE)
     starting = launcher_obj(
         o,
         config=plain,
@@ -2753,7 +2750,7 @@ def test_an_ordinary_migration_of_a_vm_with_hotplugged_volumes_holds_no_later_dr
     moved["status"]["activePods"] = {}
     vouch(moved, target)
     moved["status"]["migrationState"] = {"migrationUid": "mig-m0", "targetPod": target["metadata"]["name"]}
-    history = [quota, v, source_v, o, source_o, attached_to_source, vmim_obj("m0", "o", t=100), starting, target]
+    history = [*objects, attached_to_source, vmim_obj("m0", "o", t=100), starting, target]
     history += [attachment, *(vmim_obj("m0", "o", t=100, phase=p) for p in ("Scheduling", "Running", "Succeeded"))]
     history += [moved, deleted(source_o), deleted(attached_to_source)]
     if migration == "deleted":

@@ -115,10 +115,10 @@ class GuardWriter:
         """Read every VMI whose pod ``usage`` reserves (its holder is listed, so its size can no longer change) and
         confirm the holders that still have the size their pod was reserved at; why the others wait, or "". A
         hotplug the ledger has not seen would make KubeVirt render the pod larger than its room: such a holder stays
-        unconfirmed (its pods stay out, and a raise for it waits) until the ledger's next usage, with the new size,
-        is planned. Another writer's version met meanwhile drops what was read (the list is read again): the VMIs
-        are read again until the list confirms every holder found at its size; raises when it keeps changing (the
-        quota is retried with backoff: an unconfirmed holder keeps the namespace's pods out)."""
+        unconfirmed (its pods stay out; a raise for it goes out, open to no pod) until the ledger's next usage, with
+        the new size, is planned. Another writer's version met meanwhile drops what was read (the list is read
+        again): the VMIs are read again until the list confirms every holder found at its size; raises when it keeps
+        changing (the quota is retried with backoff: an unconfirmed holder keeps the namespace's pods out)."""
         sizes = sorted(guard.reserved_sizes(usage))
         for _ in range(GUARD_CONFLICTS):
             why, resized, read = "", set(), False

@@ -673,9 +673,12 @@ class Enforcer:
                 await self.guard.before(key, usage)  # the holders are listed before their room opens
                 why = await self.guard.confirm(ns, usage)  # (and admitted once their VMIs are read at their size)
                 if why and p.raises:
-                    log.info("raise waits for the ledger", namespace=ns, quota=name, reason=why)
+                    # The raise goes out all the same: an unconfirmed holder's pods are kept out by the guard, so
+                    # its room opens to no pod, and the other holders' raise cannot wait on it. It did wait: a tenant
+                    # that deleted and made again a small pending VMI of its own, each time KubeVirt was refused its
+                    # pod, kept every raise of the namespace back, a drain's migration with them.
+                    log.info("raise written with a holder unconfirmed", namespace=ns, quota=name, reason=why)
                     self.own.patches.labels(outcome="resized").inc()
-                    return
             if p.resource_version == failed:
                 # The same version conflicted before: no other writer's progress explains it (a version that
                 # moves on is quota admission at work, retried at once). Back off, jittered and growing.

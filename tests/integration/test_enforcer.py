@@ -718,18 +718,17 @@ async def test_with_the_guard_a_holder_let_in_where_hard_held_its_room_already_i
         assert hard(sim.peek("resourcequotas", NS, "compute") or {}) == {"limits.memory": "80Gi"}
 
 
-async def test_with_the_guard_a_holder_let_in_while_another_holders_raise_waits_for_the_ledger_is_nudged(
+async def test_with_the_guard_a_holder_unconfirmed_holds_no_other_holders_raise_back(
     sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
 ) -> None:
-    """As above, vm2 takes the room vm1's target was raised for, while vm3's target needs a raise that waits for the
-    ledger (vm3's VMI is not the size it was reserved at: a hotplug the ledger has not seen; here it is not found,
-    which reads the same). The listing that let vm2 in went out before that raise, and the enforcer returned there
-    without taking it in: vm2 was never nudged (45 s), waiting for KubeVirt's backoff."""
+    """vm2 takes the room vm1's target was raised for, and vm3's target needs a raise, but vm3's VMI is not the
+    size it was reserved at (a hotplug the ledger has not seen; here it is not found, which reads the same). The
+    raise goes out with vm3 unconfirmed (its pods stay out) and vm2 let in. It waited for the ledger, whole: a
+    tenant that kept one holder unconfirmed kept every raise of the namespace back."""
     await install_guard(sim)
     await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
     vms = [contract.VmState(name=vm, uid=f"uid-{vm}", state="running") for vm in ("vm1", "vm2", "vm3")]
-    calls = NudgeRecorder(KubeQuotas(api), sim)
-    async with enforcer(bus, api, calls=calls, reservation_guard=True):
+    async with enforcer(bus, api, reservation_guard=True):
         await raised_for_vm1(sim, bus, vms, full=True)
         await sim.wait_quota_synced(NS, "compute")
         turn = contract.MigrationState(name="m2", vmi="vm2", state="pending", reserved={"limits.memory": "16Gi"})
@@ -737,11 +736,59 @@ async def test_with_the_guard_a_holder_let_in_while_another_holders_raise_waits_
             name="m3", vmi="vm3", state="pending", reserved={"limits.memory": "16Gi"}, vmi_size="a size"
         )
         await publish_usage(bus, 6, terms("64Gi", "96Gi"), [turn, third], vms=vms)
-        await sim.wait_for(lambda: "vm2" in calls.nudged, within=5, what="vm2's VMI nudged")
-        reservation = sim.peek(guard.PLURAL, NS, guard.NAME)
-        assert "uid-vm2" not in guard.unconfirmed(reservation), "vm2 is let in by the QuotaReservation"
-        assert "uid-vm3" in guard.unconfirmed(reservation), "vm3's raise waits for the ledger"
-        assert hard(sim.peek("resourcequotas", NS, "compute") or {}) == {"limits.memory": "80Gi"}
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "96Gi"}, "hard raised for vm2 and vm3")
+        await sim.wait_for(lambda: listed_names(sim) == {"vm2", "vm3"}, within=5, what="vm2 and vm3 listed")
+        assert guard.unconfirmed(sim.peek(guard.PLURAL, NS, guard.NAME)) == {"uid-vm3"}, "vm2 let in, vm3 kept out"
+
+
+async def test_with_the_guard_a_tenant_replacing_its_pending_vmi_holds_no_drain_back(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """A drain migrates vm1 (its size unchanged) while the tenant's small VM waits for its launcher pod, a holder.
+    Each time, the tenant deletes that VMI and makes it again, so each usage reserves a pod for a VMI the enforcer
+    no longer finds (under the same name, another uid). The raise waited for those holders to be confirmed, which
+    never came: the drain's target was refused for as long as the tenant went on, and every deleted VMI's uid
+    stayed listed. Now the raise goes out, and what no usage reserves any more comes off the list."""
+    await install_guard(sim)
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    with acting_as(KUBEVIRT_CONTROLLER):
+        await sim.create(created_vmi("vm1", guest="2Gi", namespace=NS))  # the drained VM, running
+        await sim.create(created_vmi("s", phase="Pending", node="", namespace=NS))  # the tenant's VMI, made again
+    vm1 = normalize(await sim.get("virtualmachineinstances", NS, "vm1"))
+    small = normalize(await sim.get("virtualmachineinstances", NS, "s"))
+    assert isinstance(vm1, VmiSnapshot) and isinstance(small, VmiSnapshot)
+    drain = [
+        msgspec.structs.replace(m, vmi_size=size_digest(vm1.spec, vm1.annotations), vmi_uid=vm1.uid) for m in MIGRATING
+    ]
+
+    def replaced(i: int) -> list[contract.VmState]:  # (what the ledger saw: the uid of a VMI the tenant deleted)
+        deleted = contract.VmState(
+            name="s",
+            uid=f"uid-of-deleted-s-{i}",
+            state="admitted",
+            vmi_size=size_digest(small.spec, small.annotations),
+            pod_refused=True,
+        )
+        return [contract.VmState(name="vm1", uid=vm1.uid, state="running"), deleted]
+
+    async def raised_and_listed(i: int) -> None:
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": f"{80 + i}Gi"}, f"raise {i}")
+        await sim.wait_for(
+            lambda: (
+                {h.uid for h in guard.listed(sim.peek(guard.PLURAL, NS, guard.NAME))}
+                == {vm1.uid, f"uid-of-deleted-s-{i}"}
+            ),
+            within=5,
+            what=f"only vm1 and the latest replaced VMI listed ({i})",
+        )
+
+    async with enforcer(bus, api, reservation_guard=True):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        await sim.wait_quota_synced(NS, "compute")
+        for i in range(4):
+            await publish_usage(bus, 5 + i, terms("64Gi", f"{80 + i}Gi"), drain, vms=replaced(i))
+            await raised_and_listed(i)
+        assert guard.unconfirmed(sim.peek(guard.PLURAL, NS, guard.NAME)) == {"uid-of-deleted-s-3"}
 
 
 async def test_a_guard_write_whose_answer_was_lost_is_read_again_before_the_next(
@@ -1087,8 +1134,10 @@ async def test_with_the_guard_room_for_a_target_opens_only_while_its_vmi_has_the
 ) -> None:
     """The policy keeps a holder VMI's size only once it is listed; a hotplug just before that, which the ledger
     has not seen, would make KubeVirt's next try of the target larger than its room. After listing the holder the
-    enforcer reads the VMI: a usage that reserved the target at another size raises nothing (its holder stays
-    listed), the ledger's next usage, at the VMI's size, raises. Fails when the enforcer raises without the read."""
+    enforcer reads the VMI: a usage that reserved the target at another size is raised for, but its holder stays
+    unconfirmed and KubeVirt's pod for it stays out; the ledger's next usage, at the VMI's size, confirms it. Fails
+    when the enforcer confirms without the read."""
+    await install_guard(sim)
     await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
     with acting_as(KUBEVIRT_CONTROLLER):
         await sim.create(created_vmi("vm1", guest="2Gi", namespace=NS))
@@ -1108,16 +1157,54 @@ async def test_with_the_guard_room_for_a_target_opens_only_while_its_vmi_has_the
         await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
         await sim.wait_quota_synced(NS, "compute")
         await publish_usage(bus, 5, terms("64Gi", "80Gi"), migrating(before), vms=vms)
-
-        def waited() -> float:
-            labels = {"service": "enforcer", "outcome": "resized"}
-            return e.metrics.registry.get_sample_value("vmquota_enforcer_patches_total", labels) or 0.0
-
-        await sim.wait_for(lambda: waited() >= 1, within=5, what="the raise to wait")
-        assert listed_names(sim) == {"vm1"}, "the holder is listed (its size kept) while the raise waits"
-        assert hard(await sim.get("resourcequotas", NS, "compute")) == {"limits.memory": "64Gi"}
+        await kept_out_until_confirmed(
+            sim, e, holder_pod("virt-launcher-vm1-target", "vm1", uid, "3Gi"), "reserved for vm1 (migration m1)"
+        )
         await publish_usage(bus, 6, terms("64Gi", "80Gi"), migrating(now), vms=vms)
-        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised at the VMI's size")
+        await admitted_once_confirmed(sim, holder_pod("virt-launcher-vm1-target", "vm1", uid, "3Gi"))
+
+
+async def kept_out_until_confirmed(sim: SimCluster, e: Enforcer, pod: Obj, reserved_for: str) -> None:
+    """``compute`` is raised to 80Gi, with vm1 its holder listed unconfirmed (its VMI read at another size than the
+    usage reserved it at), and in effect: KubeVirt's ``pod`` for vm1 is refused all the same, saying
+    ``reserved_for``."""
+    await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised")
+    await sim.wait_quota_synced(NS, "compute")
+    labels = {"service": "enforcer", "outcome": "resized"}
+    assert e.metrics.registry.get_sample_value("vmquota_enforcer_patches_total", labels) == 1.0
+    assert guard.unconfirmed(sim.peek(guard.PLURAL, NS, guard.NAME)) == {pod["metadata"]["ownerReferences"][0]["uid"]}
+    with acting_as(KUBEVIRT_CONTROLLER), pytest.raises(ApiError) as refused:
+        await sim.create(pod)
+    assert reserved_for in str(refused.value)
+
+
+async def admitted_once_confirmed(sim: SimCluster, pod: Obj) -> None:
+    """The ledger's next usage reserves the holder at its VMI's size: it is confirmed, and KubeVirt's ``pod`` gets
+    in."""
+    await sim.wait_for(
+        lambda: not guard.unconfirmed(sim.peek(guard.PLURAL, NS, guard.NAME)), within=5, what="the holder confirmed"
+    )
+    with acting_as(KUBEVIRT_CONTROLLER):
+        await sim.create(pod)
+
+
+def holder_pod(name: str, vmi: str, uid: str, memory: str) -> Obj:
+    """A pod KubeVirt makes for the VMI ``vmi`` (its controller owner reference), of ``memory``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "ownerReferences": [
+                {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": vmi}
+                | {"uid": uid, "controller": True}
+            ],
+        },
+        "spec": {
+            "containers": [{"name": "compute", "image": "virt-launcher", "resources": {"limits": {"memory": memory}}}]
+        },
+    }
 
 
 async def test_with_the_guard_a_holder_whose_room_hard_holds_already_waits_for_the_read_of_its_vmi(
@@ -1141,21 +1228,7 @@ async def test_with_the_guard_a_holder_whose_room_hard_holds_already_waits_for_t
     def migrating(size: str) -> list[contract.MigrationState]:
         return [msgspec.structs.replace(m, vmi_size=size, vmi_uid=snap.uid) for m in MIGRATING]
 
-    target = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": "virt-launcher-vm1-target",
-            "namespace": NS,
-            "ownerReferences": [
-                {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": "vm1"}
-                | {"uid": snap.uid, "controller": True}
-            ],
-        },
-        "spec": {
-            "containers": [{"name": "compute", "image": "virt-launcher", "resources": {"limits": {"memory": "3Gi"}}}]
-        },
-    }
+    target = holder_pod("virt-launcher-vm1-target", "vm1", snap.uid, "3Gi")
     async with enforcer(bus, api, reservation_guard=True):
         await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
         await sim.wait_quota_synced(NS, "compute")
@@ -1178,9 +1251,10 @@ async def test_with_the_guard_room_for_an_admitted_vm_opens_only_while_its_vmi_i
     sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
 ) -> None:
     """KubeVirt keeps a pending VMI's spec, not its metadata: a tenant can add a rendering annotation (hook
-    sidecars) between the ledger's read and the holder's listing. The enforcer reads an admitted VM's VMI too before
-    raising for its launcher pod: a usage that admitted it as it was raises nothing; one from the VMI as it is
-    raises. Fails when the enforcer raises without the read."""
+    sidecars) between the ledger's read and the holder's listing. The enforcer reads an admitted VM's VMI too: a
+    usage that admitted it as it was leaves its holder unconfirmed, KubeVirt's pod for it out; one from the VMI as
+    it is confirms it. Fails when the enforcer confirms without the read. (The guard's policies are installed
+    after the annotation: ``vmquota-vmi-render-annotations`` refuses it, another layer of the same defence.)"""
     await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
     with acting_as(KUBEVIRT_CONTROLLER):
         await sim.create(created_vmi("vm1", phase="Pending", node="", namespace=NS))
@@ -1197,6 +1271,7 @@ async def test_with_the_guard_room_for_an_admitted_vm_opens_only_while_its_vmi_i
             "vm1",
             lambda o: {**o, "metadata": {**o["metadata"], "annotations": sidecars}},
         )
+    await install_guard(sim)
 
     def admitted(size: str) -> list[contract.VmState]:  # (KubeVirt was refused its pod: it is a holder)
         return [contract.VmState(name="vm1", uid=snap.uid, state="admitted", vmi_size=size, pod_refused=True)]
@@ -1205,15 +1280,10 @@ async def test_with_the_guard_room_for_an_admitted_vm_opens_only_while_its_vmi_i
         await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
         await sim.wait_quota_synced(NS, "compute")
         await publish_usage(bus, 5, terms("64Gi", "80Gi"), vms=admitted(before))
-
-        def waited() -> float:
-            labels = {"service": "enforcer", "outcome": "resized"}
-            return e.metrics.registry.get_sample_value("vmquota_enforcer_patches_total", labels) or 0.0
-
-        await sim.wait_for(lambda: waited() >= 1, within=5, what="the raise to wait")
-        assert hard(await sim.get("resourcequotas", NS, "compute")) == {"limits.memory": "64Gi"}
+        launcher = holder_pod("virt-launcher-vm1-abcde", "vm1", snap.uid, "3Gi")
+        await kept_out_until_confirmed(sim, e, launcher, "reserved for vm1")
         await publish_usage(bus, 6, terms("64Gi", "80Gi"), vms=admitted(now))
-        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised for the VMI as it is")
+        await admitted_once_confirmed(sim, launcher)
 
 
 # ---- hostile input on the bus ------------------------------------------------------------------------------------

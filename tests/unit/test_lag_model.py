@@ -28,8 +28,9 @@ interleaved in any order, with vmquota's own pure code deciding ``spec.hard``.
   API server has it (a patch's precondition makes that the copy it writes from) and the latest usage snapshot,
   with ``within_charged`` when the usage counts pods beyond ``status.used``, and with the guard grows the holders
   (``shared.quota.guard.holders``) before its write, a holder reserved at a size unconfirmed until its VMI, read
-  then, has that size (``guard.still_sized``; a raise for a holder that does not waits), and shrinks them after
-  (``guard.carried``), as ``services/enforcer/service.py`` does; then it nudges admitted VMIs KubeVirt was refused;
+  then, has that size (``guard.still_sized``; a raise goes out with one that does not: its pods stay out), and
+  shrinks them after (``guard.carried``), as ``services/enforcer/service.py`` does; then it nudges admitted VMIs
+  KubeVirt was refused;
 * **the tenant**: VMIs, plain pods of any size and of exactly the room it sees (``status.hard - status.used``),
   pods with forged launcher labels, with a controller reference to its VMIs (KubeVirt adopts them into
   ``status.activePods``), with a migration's label, migrations (of VMs not running yet too), hotplugs (memory, CPU,
@@ -685,8 +686,7 @@ class Cluster:
                 self.sizes = {s.uid: s for s in guard.reserved_sizes(usage) if s.uid}
                 self.guard_write(grow=True)  # the holders are listed before their room opens
                 if not self.guard_confirm(usage) and p.raises:
-                    note("a raise waits: a VMI is not the size its target was reserved at")
-                    return
+                    note("a raise written with a holder unconfirmed: a VMI is not the size it was reserved at")
             body = enforcement.patch_body(p)
             quota = copy.deepcopy(self.quota)
             assert body["metadata"]["resourceVersion"] == quota["metadata"]["resourceVersion"]
@@ -2742,3 +2742,41 @@ def test_without_the_guard_an_orphaned_target_does_not_hold_a_later_drain_back()
         f"the drain of {drain['spec']['vmiName']} is {phase_now} beside the orphan: it waits for the orphan's "
         "virt-launcher to give up (about three minutes)"
     )
+
+
+@pytest.mark.parametrize("churn", ["none", "same-name", "fresh-names"])
+def test_with_the_guard_a_tenant_replacing_its_pending_vmi_holds_no_drain_back(churn: str) -> None:
+    """Two 1Gi VMs and 128Mi more make a ``requests.memory`` budget in VM terms: a 128Mi VM fits it, its launcher
+    pod does not fit natively, so KubeVirt is refused the pod and the VM is reserved, a holder. A drain migrates
+    vm1 (its size unchanged), and each time the VM waits, the tenant deletes its VMI and makes it again (under the
+    same name, or another). The enforcer read a VMI the usage no longer matched, left its holder unconfirmed, and
+    wrote none of the namespace's raise: the drain's target was refused for as long as the tenant went on (20 of 20
+    rounds)."""
+    probe = launcher_obj(vmi_obj("probe", guest="1024Mi"), facts=facts_for(["requests.memory"]), vouched=False)
+    pod = usage_of(probe)["requests.memory"]
+    budget = (pod + pod + Quantity.parse("128Mi")).canonical()
+    c = cluster(Mode.VIRTUAL_RESOURCES, {"requests.memory": budget}, guarded=True)
+    start_vms(c, 2, 1024)
+    assert len(c.running()) == 2 and not c.excess()
+    drained = name_of(c.running()[0])
+    small = c.tenant_vm(1, 128)
+    c.put(vmim_obj("drain", drained, t=c.tick()))
+    for _ in range(20):
+        c.kubevirt_round()
+        c.deliver_all()
+        c.publish()
+        if churn != "none" and c.objs[VMI_KIND][small]["status"]["phase"] == "Pending":
+            c.vmi_gone(c.objs[VMI_KIND][small])  # (between the ledger's view and the enforcer's read)
+            if churn == "fresh-names":
+                small = c.tenant_vm(1, 128)
+            else:
+                again = vmi_obj(small, guest="128Mi", t=c.tick(), phase="Pending")
+                again["metadata"]["uid"] = f"uid-{c.fresh(small + '-')}"
+                c.put(again)
+        c.enforce()
+        c.quota_sync()
+        assert not c.excess(), f"over by {format_resource_list(c.excess())}"
+        if c.objs[VMIM_KIND]["drain"]["status"]["phase"] != "Pending":
+            break
+    phase = c.objs[VMIM_KIND]["drain"]["status"]["phase"]
+    assert phase != "Pending", f"the drain still waits after 20 rounds: {len(c.reservation)} holders listed"

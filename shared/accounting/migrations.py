@@ -265,9 +265,7 @@ class Migrations(Vms):
                 self.mig_entries[t.index] = migration_entry(t.m, GROWTH_REFUSED, "; ".join(why), None, t.grow)
                 return
             why.append("hotplug growth admitted in creation order")
-        for q in self.quotas:
-            q.used.add(grown[q.policy.name])
-            q.taken.add(takes({}, grown[q.policy.name], q.factors))
+            self._count_growth(grown)  # (admitted: the VM's usage from now on, whatever becomes of its target)
         if not t.m.rejected_by_quota:
             why.append(
                 "no room held: KubeVirt has not been refused its target pod (room is made once it is, and only then)"
@@ -295,6 +293,14 @@ class Migrations(Vms):
             self.mig_entries[t.index] = migration_entry(t.m, WAITING, "; ".join(why), None, t.grow)
             return
         why.insert(0, "target reserved: KubeVirt reported migrationRejectedByResourceQuota")
+        if not admit:
+            # A larger pod for KubeVirt's reasons (an upgrade's overhead, a refusal's amounts): what the VM counts
+            # more once it exists, counted while its room is held, not before. It is no pod's charge yet, so it
+            # puts no namespace over its budget for another migration (``_room_taken``). Counted for every target
+            # as it was, a tenant's refused migration of its own VM with a refusal Event forged as large as the
+            # evidence bound lets, and a small pod made in that refusal, had the namespace over its budget with
+            # nothing over it, and held a drain's migration back for as long as the tenant kept the three.
+            self._count_growth(grown, projected=True)
         self._reserve_for_migration(t.estimate)
         self.mig_entries[t.index] = migration_entry(
             t.m, PENDING, "; ".join(why), t.estimate, t.grow, self.renderer.held_digest(t.v), t.v.uid
@@ -431,6 +437,15 @@ class Migrations(Vms):
             # within its first), was of an earlier VMI of its name: a tenant created this one naming it)
             return ""
         return ms.target_pod
+
+    def _count_growth(self, grown: dict[str, ResourceList], *, projected: bool = False) -> None:
+        """Count what a migration's target adds to its VM (:meth:`_grown`) in ``U``; ``projected``: a pod's that
+        does not exist yet, which :meth:`_room_taken` leaves out of what puts a namespace over its budget."""
+        for q in self.quotas:
+            q.used.add(grown[q.policy.name])
+            q.taken.add(takes({}, grown[q.policy.name], q.factors))
+            if projected:
+                q.projected = add(q.projected, grown[q.policy.name])
 
     def _grown(self, t: Target, cur: VmEntry) -> dict[str, ResourceList]:
         """Per quota, what the migration's target adds to the VM's count in the mode's terms (hotplug growth;

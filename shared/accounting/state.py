@@ -118,6 +118,9 @@ class QuotaSums:
     taken: Sum
     vmi_minimums: dict[str, str] = field(default_factory=dict)
     """:func:`~shared.quota.modes.vmi_minimums` of the quota."""
+    projected: ResourceList = field(default_factory=dict)
+    """What ``used`` counts of migration targets that do not exist yet, beyond what was admitted: room held for a
+    larger pod, no pod's charge."""
 
     def counted(self, r: str) -> int:
         """``U + X / k`` of ``r`` in nanos (rounded up): what admission counts as used. ``hard`` holds no room for
@@ -126,8 +129,11 @@ class QuotaSums:
 
     def over(self, r: str, budget: Quantity, less: Quantity | None = None) -> bool:
         """A natively enforced (scaled) resource ``r`` that admission counts above its ``budget`` (``less`` that
-        much, in ``U``)."""
-        return self.factors.get(r) is not None and self.counted(r) - (less.nanos if less else 0) > budget.nanos
+        much, in ``U``), by what pods are charged: not by the growth of targets still to be made (``projected``)."""
+        if self.factors.get(r) is None:
+            return False
+        projected = self.projected.get(r)
+        return self.counted(r) - (less.nanos if less else 0) - (projected.nanos if projected else 0) > budget.nanos
 
     @property
     def label(self) -> str:

@@ -296,6 +296,36 @@ async def test_a_forged_refusal_event_does_not_inflate_a_reservation() -> None:
         assert highest <= BUDGET + Quantity.parse("20Gi"), f"hard was raised to {highest} for a ~17Gi target pod"
 
 
+@pytest.mark.parametrize("guard", [False, True], ids=["without_the_guard", "with_the_guard"])
+async def test_a_forged_refusal_of_a_tenants_own_migration_holds_no_drain_back(guard: bool) -> None:
+    """The tenant forges a refusal Event on its VMI 1Gi larger than the source pod (within the evidence bound;
+    dated ahead of KubeVirt's own), migrates that VM (refused: the namespace has no room for its target), and makes
+    a pod in the room its budget leaves (in that refusal: marked). vmquota counted the target's larger estimate in
+    ``U`` before holding any room, so the namespace looked over its budget with the marked pod in it: an
+    administrator's drain of the tenant's other VM was refused for as long as the tenant kept the three (still
+    ``Pending`` after 15 s, 3 of 3 runs; the pods charged 63.5Gi of 64Gi all along)."""
+    async with pipeline(guard=guard) as p, Tenant(p, NS) as tenant:
+        await full_namespace(p, NS)
+        vmi = p.sim.peek("vmi", NS, "vm1")
+        assert vmi is not None
+        (source,) = p.launcher_pods(NS, "vm1")
+        forged_amount = pod_quota_usage(source)["limits.memory"] + Quantity.parse("1Gi")
+        message = (
+            'Error creating pod: pods "virt-launcher-vm1-x" is forbidden: exceeded quota: compute, '
+            f"requested: limits.memory={forged_amount}, used: limits.memory=50Gi, limited: limits.memory=64Gi"
+        )
+        ahead = {"lastTimestamp": "2099-01-01T00:00:00Z", "firstTimestamp": "2099-01-01T00:00:00Z"}
+        await p.sim.create(forged_refusal(vmi, "vm1.forged", message, **ahead))
+        room = BUDGET - charged(p)
+        await p.migrate(NS, "vm1")
+        small = {"memory": str(room - Quantity.parse("512Mi")), "cpu": "10m"}
+        pod = plain_pod(NS, "z", {"memory": "64Mi", "cpu": "10m"}, small)
+        assert await tenant.create_in_process(pod), "the pod fits the room the budget leaves"
+        drain = await p.migrate(NS, "vm2")  # an administrator's, of a VM whose size does not change
+        await p.wait_migrated(NS, "vm2", drain)
+        assert charged(p) <= BUDGET
+
+
 async def test_a_migration_kubevirt_holds_back_holds_no_room() -> None:
     async with pipeline() as p:
         await full_namespace(p, NS)

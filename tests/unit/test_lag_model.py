@@ -2780,3 +2780,37 @@ def test_with_the_guard_a_tenant_replacing_its_pending_vmi_holds_no_drain_back(c
             break
     phase = c.objs[VMIM_KIND]["drain"]["status"]["phase"]
     assert phase != "Pending", f"the drain still waits after 20 rounds: {len(c.reservation)} holders listed"
+
+
+@pytest.mark.parametrize("guarded", [False, True], ids=["without_the_guard", "with_the_guard"])
+def test_a_forged_refusal_of_a_tenants_own_migration_holds_no_drain_back(guarded: bool) -> None:
+    """Two 1Gi VMs and 64Mi of room. The tenant migrates its own VM (refused: no room for a second pod), makes a
+    64Mi pod in the room the budget leaves (in that refusal: the ledger marks it), and forges a refusal Event on its
+    VMI 128Mi larger than the source pod (within the evidence bound), dated ahead of KubeVirt's own. vmquota counted
+    the target's larger estimate in ``U`` before it held any room: the namespace looked over its budget with the
+    marked pod in it, and an administrator's drain of the other VM waited for as long as the tenant kept the three
+    (50 of 50 rounds; within the budget in truth all along)."""
+    probe = launcher_obj(vmi_obj("probe", guest="1024Mi"), facts=facts_for(["limits.memory"]), vouched=False)
+    pod = usage_of(probe)["limits.memory"]
+    c = cluster(Mode.VMI_POD_USAGE, {"limits.memory": (pod + pod + Q("64Mi")).canonical()}, guarded=guarded)
+    start_vms(c, 2, 1024)
+    assert len(c.running()) == 2 and not c.excess()
+    c.tenant_migrate(0)
+    (mine,) = c.of_kind(VMIM_KIND)
+    assert c.tenant_pod({"cpu": "10m", "memory": "64Mi"}, prefix="z") is not None, "the pod fits the budget"
+    forged = refusal_event(mine["spec"]["vmiName"], {"limits.memory": (pod + Q("128Mi")).canonical()}, t=c.tick())
+    forged["lastTimestamp"] = ts(10**8)
+    c.put(forged)
+    c.kv_target(name_of(mine))
+    c.vmquota_catches_up()
+    other = next(name_of(v) for v in c.running() if name_of(v) != mine["spec"]["vmiName"])
+    c.put(vmim_obj("drain", other, t=c.tick()))
+    for _ in range(10):
+        c.kubevirt_round()
+        c.vmquota_catches_up()
+        assert not c.excess(), f"over by {format_resource_list(c.excess())}"
+        if c.objs[VMIM_KIND]["drain"]["status"]["phase"] != "Pending":
+            break
+    entry = next((e for e in c.published.migrations if e.name == "drain"), None) if c.published else None
+    phase = c.objs[VMIM_KIND]["drain"]["status"]["phase"]
+    assert phase != "Pending", f"the drain waits: {entry.state if entry else ''}: {entry.reason if entry else ''}"

@@ -241,19 +241,18 @@ class State:
     target_reserved: ResourceList
     """The part of every quota's ``S`` reserved for migration targets."""
 
-    def _refusals(self, v: VmiSnapshot, since: datetime | None) -> ResourceList:
-        """Merged ``requested:`` amounts of the VMI's quota refusals at or after ``since`` (later events win)."""
+    def _refusals(self, v: VmiSnapshot, since: datetime | None) -> list[ResourceList]:
+        """The ``requested:`` amounts of each of the VMI's quota refusals at or after ``since``, in event order."""
         by_name = self.refusals_by_name.get(v.name, ())
         if v.uid:  # the events that name this uid, and those that name no uid but this VMI's name
             found = [*self.refusals_by_uid.get(v.uid, ()), *(e for e in by_name if not e.involved_uid)]
         else:
             found = list(by_name)
-        out: ResourceList = {}
-        for e in sorted(found, key=event_order):
-            if since is not None and e.last_timestamp is not None and e.last_timestamp < since:
-                continue
-            out.update(e.requested)
-        return out
+        return [
+            e.requested
+            for e in sorted(found, key=event_order)
+            if since is None or e.last_timestamp is None or e.last_timestamp >= since
+        ]
 
     def _misfits(self, usages: Mapping[str, ResourceList]) -> tuple[dict[str, tuple[str, ...]], list[str]]:
         """Per quota, the budget resources ``U + usages[quota]`` would exceed, and a line for each."""
@@ -272,27 +271,34 @@ class State:
         return misfit, parts
 
     def _bounded(
-        self, estimate: Mapping[str, Quantity], refused: Mapping[str, Quantity], ref: str
+        self, estimate: Mapping[str, Quantity], refusals: Sequence[Mapping[str, Quantity]], ref: str
     ) -> tuple[ResourceList, ResourceList, bool]:
         """The estimate with the amounts of quota refusals in place of estimated ones where they are larger, each
         only up to :func:`evidence_bound` above the estimate (an Event is anyone's to write: evidence, not truth);
-        the others are ignored, those beyond the bound (or of resources not estimated) reported. Returns the
-        corrected estimate, the amounts taken, and whether any amount was beyond the bound. Never smaller: a refusal
-        is KubeVirt's word for a pod it tried to create, and that pod may have been rendered from an older spec (a
-        migration refused before a hotplug made its target larger); an estimate too large only reserves room the pod
-        does not take, one too small would let it take room reserved for others."""
+        the others are ignored, those beyond the bound (or of resources not estimated) reported. Of the refusals'
+        amounts within the bound the largest is taken, whatever an Event says of its time: a tenant's Event dated
+        ahead of KubeVirt's, smaller or beyond the bound, took the place of KubeVirt's amounts, and a target
+        KubeVirt renders larger than vmquota's estimate then had room for the estimate only, refused for as long as
+        the Event was kept. Returns the corrected estimate, the amounts taken, and whether any amount was beyond the
+        bound. Never smaller: a refusal is KubeVirt's word for a pod it tried to create, and that pod may have been
+        rendered from an older spec (a migration refused before a hotplug made its target larger); an estimate too
+        large only reserves room the pod does not take, one too small would let it take room reserved for
+        others."""
         out = dict(estimate)
         taken: ResourceList = {}
         ignored: list[str] = []
-        for r, amount in sorted(refused.items()):
-            est = estimate.get(r)
-            bound = evidence_bound(r, est) if est is not None else None
-            if est is not None and bound is not None and 0 <= amount.nanos - est.nanos <= bound.nanos:
-                out[r] = taken[r] = amount
-            elif est is None or bound is None or amount.nanos - est.nanos > bound.nanos:
-                within = f"{est} + up to {bound}" if est is not None else "not estimated"
-                ignored.append(f"{r}={amount} ({within})")
+        for refused in refusals:
+            for r, amount in sorted(refused.items()):
+                est = estimate.get(r)
+                bound = evidence_bound(r, est) if est is not None else None
+                if est is not None and bound is not None and 0 <= amount.nanos - est.nanos <= bound.nanos:
+                    if amount.nanos > out[r].nanos or r not in taken:
+                        out[r] = taken[r] = amount
+                elif est is None or bound is None or amount.nanos - est.nanos > bound.nanos:
+                    within = f"{est} + up to {bound}" if est is not None else "not estimated"
+                    ignored.append(f"{r}={amount} ({within})")
         if ignored:  # (one line per refusal, however many resources the Event names: its text is the tenant's)
+            ignored = list(dict.fromkeys(ignored))
             shown = ", ".join(ignored[:_IGNORED_SHOWN])
             more = f" and {len(ignored) - _IGNORED_SHOWN} more" if len(ignored) > _IGNORED_SHOWN else ""
             self.errors.append(

@@ -437,6 +437,24 @@ def test_refusal_amounts_after_the_migration_correct_its_target_estimate() -> No
     assert u.quotas["rq"].used["limits.memory"] == Q("9Gi")
 
 
+@pytest.mark.parametrize("forged", ["smaller", "beyond_the_bound"])
+def test_a_refusal_dated_ahead_does_not_take_the_place_of_kubevirts_amounts(forged: str) -> None:
+    """KubeVirt's refusal of a drain's target says 9Gi (a webhook's container: more than vmquota's estimate, within
+    the bound). The tenant adds a refusal Event on the VMI dated ahead of KubeVirt's, smaller or beyond the bound.
+    When later events won, it took the place of KubeVirt's amounts: the target had room for the estimate only, and
+    KubeVirt's 9Gi pod was refused for as long as the Event was kept."""
+    quota = quota_obj("rq", {"limits.memory": "64Gi"})
+    v = vmi_obj("v", guest="4Gi")
+    pod = launcher_obj(v, facts=facts_for(["limits.memory"]))
+    kubevirts = refusal_event("v", {"limits.memory": "9Gi"}, t=150)
+    amount = {"smaller": "8Gi", "beyond_the_bound": "90Gi"}[forged]
+    dated_ahead = refusal_event("v", {"limits.memory": amount}, t=10**8) | {"metadata": {"name": "v.forged"}}
+    dated_ahead["metadata"] |= {"namespace": NS, "uid": "ev-forged", "creationTimestamp": ts(160)}
+    u = account([quota, v, pod, vmim_obj("m", "v", t=100, rejected=True), kubevirts, dated_ahead])
+    m = mig(u, "m")
+    assert m.state == PENDING and m.reserved["limits.memory"] == Q("9Gi"), m.reserved
+
+
 def test_only_the_oldest_active_migration_of_a_vmi_reserves() -> None:
     quota = quota_obj("rq", {"requests.memory": "64Gi"})
     v = vmi_obj("v")

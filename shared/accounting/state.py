@@ -297,7 +297,7 @@ class State:
                 elif est is None or bound is None or amount.nanos - est.nanos > bound.nanos:
                     within = f"{est} + up to {bound}" if est is not None else "not estimated"
                     ignored.append(f"{r}={amount} ({within})")
-        if ignored:  # (one line per refusal, however many resources the Event names: its text is the tenant's)
+        if ignored:  # (one line for the pod, however many Events and resources: their text is the tenant's)
             ignored = list(dict.fromkeys(ignored))
             shown = ", ".join(ignored[:_IGNORED_SHOWN])
             more = f" and {len(ignored) - _IGNORED_SHOWN} more" if len(ignored) > _IGNORED_SHOWN else ""

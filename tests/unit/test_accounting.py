@@ -960,6 +960,60 @@ def test_a_migration_of_a_vm_whose_size_does_not_change_is_not_canceled_over_the
     assert mig(u, "m").state == TARGET_CREATED
 
 
+def dedicated(vmi: dict[str, Any]) -> dict[str, Any]:
+    """``vmi`` with dedicated CPUs (Guaranteed QoS: a hook sidecar's container is charged)."""
+    vmi["spec"]["domain"]["cpu"]["dedicatedCpuPlacement"] = True
+    return vmi
+
+
+def drain_of_a_topology_forged_smaller(
+    *, sidecar: bool = False, cpus: Callable[[dict[str, Any]], dict[str, Any]] = dedicated
+) -> list[dict[str, Any]]:
+    """A 4-vCPU VMI (its CPUs made by ``cpus``) created with ``status.currentCPUTopology`` at one socket (KubeVirt
+    keeps a VMI's status written at its creation, and renders its pod from the spec: the ledger sees the pod made
+    for 4 vCPUs), never resized, and an administrator's drain whose target KubeVirt made for the spec, like the
+    source; ``sidecar``: the tenant then adds a hook sidecar to the running VMI, which KubeVirt renders no pod it
+    made already with."""
+    facts = facts_for(["requests.cpu", "limits.cpu"])
+    source = launcher_obj(cpus(vmi_obj("v", vcpus=4)), t=1, facts=facts)
+    target = launcher_obj(
+        cpus(vmi_obj("v", vcpus=4)), migration_uid="mig-drain", node="n2", t=101, facts=facts, suffix="t"
+    )
+    created = cpus(vmi_obj("v", vcpus=4, status_vcpus=1))
+    vouch(created, source)
+    running = cpus(vmi_obj("v", vcpus=4, status_vcpus=1))
+    if sidecar:
+        running["metadata"]["annotations"] = {"hooks.kubevirt.io/hookSidecars": json.dumps([{"image": "x"}])}
+    vouch(running, source)
+    vouch(running, target)
+    drain = vmim_obj("drain", "v", t=100, phase="Scheduling")
+    return [created, source, drain, target, running]
+
+
+@pytest.mark.parametrize("mode", [Mode.VIRTUAL_RESOURCES, Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO])
+def test_a_sidecar_added_once_a_drains_target_exists_does_not_cancel_the_drain(mode: Mode) -> None:
+    """Without the guard (its ``vmquota-vmi-render-annotations`` refuses the annotation). The VM's size never
+    changes, and the ledger saw its pods made for its spec; its status, written smaller at its creation, made it
+    look like a CPU hotplug's, and the sidecar had the drain's target look made for less than the spec: vmquota
+    canceled the administrator's migration, and every retry of it, the tenant taking the annotation off before
+    KubeVirt rendered each next target."""
+    budget = {"requests.cpu": "64"} if mode is Mode.VIRTUAL_RESOURCES else {"limits.cpu": "64"}
+    quota = quota_obj("rq", budget, mode)
+    plain = drain_of_a_topology_forged_smaller()
+    assert mig(account_history([quota, *plain]), "drain").state != CANCEL
+    m = mig(account_history([quota, *plain, drain_of_a_topology_forged_smaller(sidecar=True)[-1]]), "drain")
+    assert m.state != CANCEL, m.reason
+
+
+def test_a_cpu_allocation_ratio_changed_once_a_drains_target_exists_does_not_cancel_the_drain() -> None:
+    """With the guard too: the same VM, and KubeVirt's CPU allocation ratio lowered (10 to 5) while the drain's
+    target exists. The target, rendered at 10, looked made for less than the spec rendered at 5."""
+    quota = quota_obj("rq", {"requests.cpu": "64"}, Mode.VIRTUAL_RESOURCES)
+    objs = [quota, *drain_of_a_topology_forged_smaller(cpus=lambda vmi: vmi)]
+    m = mig(account_history(objs, config=KubeVirtConfig(cpu_allocation_ratio=Fraction(5))), "drain")
+    assert m.state != CANCEL, m.reason
+
+
 def test_an_adopted_pod_does_not_hide_a_hotplugs_growth() -> None:
     """The tenant creates a copy of its launcher pod rendered at the size it is about to hotplug to, with a
     controller reference to its VMI on the VMI's node (KubeVirt lists it in activePods, and it is the newest pod:

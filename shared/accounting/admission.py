@@ -133,36 +133,28 @@ class Admission(Migrations):
         little off KubeVirt's must not make a target made for the spec look made before it, and
         a KubeVirt setting that keeps a resource from growing, a cluster-wide ``cpuRequest``, leaves it out; a vCPU
         change such a setting keeps out of every CPU resource is not shown by the rest: None unless the target lacks
-        something). False, before any of that, when the ledger saw each of them made for the spec's vCPUs (its
-        domain started at the spec) and no guest memory change is pending: the migration changes nothing; None when
-        the pods cannot show the change (nothing grows in what quota charges, they are charged the spec's rendering
-        or more without having been made for it, or the VMI does not render), or, with a guest memory change
-        pending, the target's memory is not the rendering at the spec's (short of it by less than the measure, or
-        beyond it)."""
+        something). False when they lack nothing and the ledger saw each made for the spec's vCPUs (its domain
+        started at the spec: the VMI raised while pending), and the migration changes nothing; None when the pods
+        cannot show the change (nothing grows in what quota charges, they are charged the spec's rendering or more
+        without having been made for it, or the VMI does not render), or, with a guest memory change pending, the
+        target's memory is not the rendering at the spec's (short of it by less than the measure, or beyond it)."""
         grow = nonzero(self.renderer.hotplug_growth(v))
         at_spec = self.renderer.new_pod_usage(v)
         charges = [charged for _, charged in others]
         if not grow or at_spec is None or not charges:
             return None
-        if not v.memory_change and all(
-            m is not None and m >= v.vcpus for m in (self._made_for(v, p) for p, _ in others)
-        ):
-            # The ledger saw each of the VM's other pods made for the spec's vCPUs (its domain started at the spec:
-            # a VMI raised while pending, or created with a ``currentCPUTopology`` smaller than its spec): the
-            # migration changes nothing, whatever the target is rendered with beside it. Judged after the rendering,
-            # a hook sidecar the tenant added to such a VMI once a drain's target existed (or a change of KubeVirt's
-            # CPU allocation ratio then) had the target look made for less than the spec: the drain was canceled,
-            # and every retry of it, the tenant taking the annotation off before KubeVirt rendered the next target.
-            return False
         if self._short_of_the_spec(v, target, grow, at_spec):
             return True
         half = {r: q.nanos // 2 for r, q in grow.items()}
         smallest = functools.reduce(minimum, charges)
         lacking = [r for r in grow if at_spec.get(r, ZERO).nanos - smallest.get(r, ZERO).nanos >= half[r]]
         if not lacking:
-            # they show the spec without having been seen made for it: a charge larger than the rendering
-            # (containers a webhook adds, or those of an annotation the tenant took off the VMI since) shows nothing,
-            # and the budget decides
+            # they show the spec: made for it when the ledger saw each made when the spec was what it is now (a VMI
+            # raised while pending); a charge larger than the rendering (containers a webhook adds, or those of an
+            # annotation the tenant took off the VMI since) shows nothing, and the budget decides
+            made = [self._made_for(v, p) for p, _ in others]
+            if not v.memory_change and all(m is not None and m >= v.vcpus for m in made):
+                return False
             return None
         largest = functools.reduce(maximum, charges)
         if any(target.get(r, ZERO).nanos < largest.get(r, ZERO).nanos + half[r] for r in lacking):

@@ -990,13 +990,23 @@ def drain_of_a_topology_forged_smaller(
     return [created, source, drain, target, running]
 
 
+FORGED_TOPOLOGY_DRAIN: Final = pytest.mark.xfail(
+    strict=True,
+    reason="open: a drain of a VM whose status was written smaller at its creation is judged as a CPU hotplug's "
+    "(docs/accounting.md, Known limits)",
+)
+
+
+@FORGED_TOPOLOGY_DRAIN
 @pytest.mark.parametrize("mode", [Mode.VIRTUAL_RESOURCES, Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO])
 def test_a_sidecar_added_once_a_drains_target_exists_does_not_cancel_the_drain(mode: Mode) -> None:
     """Without the guard (its ``vmquota-vmi-render-annotations`` refuses the annotation). The VM's size never
-    changes, and the ledger saw its pods made for its spec; its status, written smaller at its creation, made it
-    look like a CPU hotplug's, and the sidecar had the drain's target look made for less than the spec: vmquota
-    canceled the administrator's migration, and every retry of it, the tenant taking the annotation off before
-    KubeVirt rendered each next target."""
+    changes, and the ledger saw its pods made for its spec; its status, written smaller at its creation, makes it
+    look like a CPU hotplug's, and the sidecar has the drain's target look made for less than the spec: vmquota
+    cancels the administrator's migration, and every retry of it, the tenant taking the annotation off before
+    KubeVirt renders each next target. (Trusting the ledger's memory of what the pods were made for would close
+    it, but that memory is an upper bound: a hotplug folded before a pod's first event passes for the size the pod
+    was made for.)"""
     budget = {"requests.cpu": "64"} if mode is Mode.VIRTUAL_RESOURCES else {"limits.cpu": "64"}
     quota = quota_obj("rq", budget, mode)
     plain = drain_of_a_topology_forged_smaller()
@@ -1005,9 +1015,10 @@ def test_a_sidecar_added_once_a_drains_target_exists_does_not_cancel_the_drain(m
     assert m.state != CANCEL, m.reason
 
 
+@FORGED_TOPOLOGY_DRAIN
 def test_a_cpu_allocation_ratio_changed_once_a_drains_target_exists_does_not_cancel_the_drain() -> None:
     """With the guard too: the same VM, and KubeVirt's CPU allocation ratio lowered (10 to 5) while the drain's
-    target exists. The target, rendered at 10, looked made for less than the spec rendered at 5."""
+    target exists. The target, rendered at 10, looks made for less than the spec rendered at 5."""
     quota = quota_obj("rq", {"requests.cpu": "64"}, Mode.VIRTUAL_RESOURCES)
     objs = [quota, *drain_of_a_topology_forged_smaller(cpus=lambda vmi: vmi)]
     m = mig(account_history(objs, config=KubeVirtConfig(cpu_allocation_ratio=Fraction(5))), "drain")

@@ -84,6 +84,9 @@ class Reporter:
         self._nudge_again: dict[tuple[str, str], tuple[str, str]] = {}
         """(namespace, VMI uid) → (VMI name, annotation value) of a nudge asked for while one of that VMI was under
         way, made once that one is done."""
+        self._nudge_later: dict[tuple[str, str], tuple[str, int]] = {}
+        """(namespace, VMI uid) → (VMI name, usage sequence) of a nudge asked for within ``nudge_interval`` of the
+        last one of that VMI, made once the interval has passed (one per VMI, with the latest usage)."""
         self.side_tasks: set[asyncio.Task[None]] = set()
         """Nudges, VMI Events and guard shrinks under way (off the reconcile path)."""
         self.reported = 0
@@ -182,11 +185,13 @@ class Reporter:
         hotplug the ledger refused why (a Warning Event, once per migration), and each VMI the ledger refused why
         (once per cause), and touch each VMI the ledger admitted whose launcher pod KubeVirt was refused (KubeVirt's
         VMI controller does not watch quotas), once per usage snapshot and at most every ``nudge_interval`` seconds
-        per VMI. ``opened``: the uids of the reservation guard's holders whose pods its QuotaReservation let in with
-        no write of a quota after it (KubeVirt's migration controller re-queues on a quota's update, not on the
-        QuotaReservation's): their VMIs are touched too, each once, whatever the two bounds above say (one touch
-        per holder let in, which only the enforcer's own writes make). Off the reconcile path; a nudge that fails is
-        tried again after a backoff, three tries in all, then logged."""
+        per VMI (one asked for sooner is made when the interval has passed: an earlier touch may have had KubeVirt
+        try before the room this usage holds was made, and no later usage may come). ``opened``: the uids of the
+        reservation guard's holders whose pods its QuotaReservation let in with no write of a quota after it
+        (KubeVirt's migration controller re-queues on a quota's update, not on the QuotaReservation's): their VMIs
+        are touched too, each once, whatever the two bounds above say (one touch per holder let in, which only the
+        enforcer's own writes make). Off the reconcile path; a nudge that fails is tried again after a backoff,
+        three tries in all, then logged."""
         now = time.monotonic()
         for m in u.migrations:
             if m.state == "growth-refused" and m.uid and (namespace, m.uid) not in self._told:
@@ -201,20 +206,42 @@ class Reporter:
             if v.state != "admitted" or not v.pod_refused or not v.uid:
                 continue
             last = self._nudged.get((namespace, v.uid))
-            if last is not None and (last[0] >= at or now - last[1] < self.opts.nudge_interval):
+            if last is not None and last[0] >= at:
+                continue
+            if last is not None and now - last[1] < self.opts.nudge_interval:
+                # (dropped, it was the one nudge that mattered: a VM refused during a migration is nudged in vain
+                # at each usage until the source pod ends, and the touch for the usage with room came within the
+                # interval of the last vain one; it then waited for KubeVirt's backoff, doubled by each vain try)
+                self._nudge_after(namespace, v.name, v.uid, at, last[1] + self.opts.nudge_interval)
                 continue
             self._nudge_once(namespace, v.name, v.uid, at, now)
         for h in guard.holders(u) if opened else ():
             if h.uid in opened:
-                self._nudge_once(namespace, h.name, h.uid, at, now, follow=True)
+                self._nudge_once(namespace, h.name, h.uid, at, now)
 
-    def _nudge_once(self, namespace: str, name: str, uid: str, at: int, now: float, *, follow: bool = False) -> None:
+    def _nudge_after(self, namespace: str, name: str, uid: str, at: int, due: float) -> None:
+        """Touch VMI ``name`` for usage ``at`` at monotonic time ``due`` (one waiting per VMI: a later usage's
+        replaces what it touches for)."""
+        key = (namespace, uid)
+        waiting = key in self._nudge_later
+        self._nudge_later[key] = (name, at)
+        if waiting:
+            return
+
+        async def later() -> None:
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            name_now, at_now = self._nudge_later.pop(key, (name, at))
+            self._nudge_once(namespace, name_now, uid, at_now, time.monotonic())
+
+        self.spawn(later(), f"nudge-later-{namespace}-{name}")
+
+    def _nudge_once(self, namespace: str, name: str, uid: str, at: int, now: float) -> None:
         """Touch VMI ``name`` (its annotation set to a value of its own, :attr:`_touches`), unless a touch of it
-        (``uid``) is queued or under way already: one is enough. With ``follow`` (a holder let in) one under way is
-        not: it may have reached KubeVirt before the holder was let in, and this one follows it."""
+        (``uid``) is queued already: one is enough. One under way is not: it may have reached KubeVirt before the
+        room this touch is for was made (a holder let in, a usage with room), and this one follows it."""
         self._touches += 1
         token = f"{at}.{self._epoch}.{self._touches}"
-        if follow and (namespace, uid) in self._nudge_sent:
+        if (namespace, uid) in self._nudge_sent:
             self._nudge_again[(namespace, uid)] = (name, token)
             return
         if (namespace, uid) in self._nudge_queued:  # (its turn has not come: one is enough)

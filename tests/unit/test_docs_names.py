@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import importlib
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+from _pytest.mark.expression import Expression
 
 from tests.exported import every_service_metrics, sample_names
 
@@ -56,3 +60,60 @@ def test_every_dotted_name_the_docs_cite_imports() -> None:
     assert "shared.quota.modes.quota_policy" in cited  # (backticked names are read)
     missing = {name: at for name, at in cited.items() if not _resolves(name)}
     assert not missing, f"names the docs cite that the code does not have: {missing}"
+
+
+SELECTOR = re.compile(r"(tests/[\w/]+\.py)\s+-k\s+(?:\"([^\"]+)\"|'([^']+)'|([^\s`]+))")
+
+
+def _selectors() -> dict[tuple[str, str], str]:
+    """Each ``tests/<file>.py -k <expression>`` the docs cite in backticks (across line breaks), with where."""
+    found: dict[tuple[str, str], str] = {}
+    for doc in DOCS:
+        text = doc.read_text()
+        for span in re.finditer(r"`([^`]+)`", text):
+            flat = " ".join(span.group(1).split())
+            at = f"{doc.relative_to(ROOT)}:{text.count(chr(10), 0, span.start()) + 1}"
+            for m in SELECTOR.finditer(flat):
+                expr = next(g for g in m.groups()[1:] if g is not None)
+                found.setdefault((m.group(1), expr), at)
+    return found
+
+
+def test_every_test_selector_the_docs_cite_selects_a_test() -> None:
+    """``pytest <file> -k <expression>``, as a reader runs it, selects at least one test: a test renamed or removed
+    leaves a doc pointing at nothing."""
+    cited = _selectors()
+    assert any(f == "tests/unit/test_accounting.py" for f, _ in cited)  # (the docs' selectors are read)
+    files = sorted({f for f, _ in cited})
+    assert all((ROOT / f).is_file() for f in files), [f for f in files if not (ROOT / f).is_file()]
+    listed = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    ids = [line for line in listed.stdout.splitlines() if "::" in line]
+    assert ids, listed.stdout[-2000:] + listed.stderr[-2000:]
+    by_file: dict[str, list[list[str]]] = {}
+    for nodeid in ids:
+        path, _, rest = nodeid.partition("::")
+        # (what ``-k`` matches: the names of the test and of what holds it, its module's file name among them)
+        by_file.setdefault(path, []).append([Path(path).name, *rest.split("::")])
+    empty = {}
+    for (file, expr), at in cited.items():
+        compiled = Expression.compile(expr)
+        if not any(compiled.evaluate(_Keywords(names)) for names in by_file.get(file, [])):
+            empty[f"{file} -k {expr}"] = at
+    assert not empty, f"test selectors the docs cite that select nothing: {empty}"
+
+
+class _Keywords:
+    """``-k``'s match of a name: a case-insensitive part of one of a test's ``names``."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = [n.lower() for n in names]
+
+    def __call__(self, name: str, /, **kwargs: str | int | bool | None) -> bool:
+        return any(name.lower() in n for n in self.names)

@@ -204,6 +204,7 @@ class Reporter:
             elif v.uid:
                 self._later.pop((namespace, v.uid), None)  # (no longer refused: nothing to tell)
             if v.state != "admitted" or not v.pod_refused or not v.uid:
+                self._nudge_later.pop((namespace, v.uid), None)  # (its pod got in, or it is refused: none is due)
                 continue
             last = self._nudged.get((namespace, v.uid))
             if last is not None and last[0] >= at:
@@ -221,7 +222,7 @@ class Reporter:
 
     def _nudge_after(self, namespace: str, name: str, uid: str, at: int, due: float) -> None:
         """Touch VMI ``name`` for usage ``at`` at monotonic time ``due`` (one waiting per VMI: a later usage's
-        replaces what it touches for)."""
+        replaces what it touches for; a usage that no longer asks for it takes it back)."""
         key = (namespace, uid)
         waiting = key in self._nudge_later
         self._nudge_later[key] = (name, at)
@@ -230,8 +231,9 @@ class Reporter:
 
         async def later() -> None:
             await asyncio.sleep(max(0.0, due - time.monotonic()))
-            name_now, at_now = self._nudge_later.pop(key, (name, at))
-            self._nudge_once(namespace, name_now, uid, at_now, time.monotonic())
+            latest = self._nudge_later.pop(key, None)
+            if latest is not None:  # (none when a usage since no longer asks for it)
+                self._nudge_once(namespace, latest[0], uid, latest[1], time.monotonic())
 
         self.spawn(later(), f"nudge-later-{namespace}-{name}")
 

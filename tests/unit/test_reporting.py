@@ -150,6 +150,20 @@ async def test_a_usage_with_room_within_the_nudge_interval_of_a_vain_touch_is_nu
     assert kube.tokens[1][1].startswith("8."), kube.tokens
 
 
+async def test_a_nudge_waiting_for_the_interval_is_taken_back_once_its_vm_no_longer_needs_one() -> None:
+    """A touch waits for the interval; the next usage has the VM running (its pod got in): it is not made."""
+    kube = _Tokens()
+    reporter = _reporter(kube)
+    vm = contract.VmState(name="vm1", uid="uid-vm1", state="admitted", pod_refused=True)
+    reporter.tell_and_nudge("tenant", usage_snapshot("tenant", 6, vms=[vm]), 6)
+    await wait_until(lambda: len(kube.tokens) == 1, 10, "the first touch")
+    reporter.tell_and_nudge("tenant", usage_snapshot("tenant", 7, vms=[vm]), 7)
+    running = msgspec.structs.replace(vm, state="running", pod_refused=False)
+    reporter.tell_and_nudge("tenant", usage_snapshot("tenant", 8, vms=[running]), 8)
+    await wait_until(lambda: not reporter.side_tasks, 10, "the waiting touch's turn")
+    assert len(kube.tokens) == 1, kube.tokens
+
+
 async def test_a_usage_with_room_while_a_vain_touch_is_under_way_is_nudged_after_it() -> None:
     """As above, with the vain touch's answer still on its way when the usage with room came: the touch under way
     counted as enough, though KubeVirt may have tried (and been refused) before the room was made."""

@@ -18,6 +18,7 @@ from services.enforcer.kube import KubeError, Obj, QuotaApi
 from services.enforcer.options import (
     NUDGED_MAX,
     NUDGING_MAX,
+    NUDGING_PER_NAMESPACE,
     REPORT_QUEUE,
     TELLING_MAX,
     EnforcerMetrics,
@@ -72,6 +73,9 @@ class Reporter:
         self._nudging = asyncio.Semaphore(NUDGING_MAX)
         """Nudges under way at once, for the same reason (apart from Events: a tenant's refusals to tell must not
         hold back another's nudge)."""
+        self._nudging_in: dict[str, tuple[asyncio.Semaphore, int]] = {}
+        """namespace → its share of :attr:`_nudging` (``NUDGING_PER_NAMESPACE``), and how many nudges use or wait
+        for it (dropped at none)."""
         self._touches = 0
         """Nudges asked for so far. Each touch's annotation value is the usage snapshot's sequence, this process's
         :attr:`_epoch` and this count, so that it changes the VMI: a patch that changes nothing is no update KubeVirt
@@ -339,9 +343,20 @@ class Reporter:
         key = (namespace, uid)
 
         async def touch() -> None:
-            async with self._nudging:  # (per try: a backoff between tries holds no other VMI's turn)
-                self._nudge_sent.add(key)
-                await self.kube.nudge_vmi(namespace, name, token)
+            # (per try: a backoff between tries holds no other VMI's turn; the namespace's share first, so that its
+            # backlog waits behind its own nudges, not ahead of another namespace's)
+            share, users = self._nudging_in.get(namespace) or (asyncio.Semaphore(NUDGING_PER_NAMESPACE), 0)
+            self._nudging_in[namespace] = (share, users + 1)
+            try:
+                async with share, self._nudging:
+                    self._nudge_sent.add(key)
+                    await self.kube.nudge_vmi(namespace, name, token)
+            finally:
+                share, users = self._nudging_in[namespace]
+                if users > 1:
+                    self._nudging_in[namespace] = (share, users - 1)
+                else:
+                    del self._nudging_in[namespace]
 
         try:
             await self._retrying(touch)

@@ -648,10 +648,7 @@ class Enforcer:
                 # a status.used as large as a phantom pod, it had hard raised for that pod with no read (123Gi of
                 # room on a 64Gi budget); with spec.hard and status.hard above what the usage asks, a raise for it
                 # looked like a lowering.
-                if self.opts.reservation_guard and p.raises:
-                    quota = fresh = await self._read_listing(key, quota, usage)
-                else:
-                    quota = fresh = await self._read(key, quota)
+                quota = fresh = await self._read(key, quota)
                 continue
             if (p.set_hard or p.set_status) and usage is not None and self._written_from_newer(quota, usage):
                 return
@@ -905,28 +902,6 @@ class Enforcer:
                 self._forget(key, held.rv_order)
                 return None
             raise
-
-    async def _read_listing(
-        self, key: Key, held: QuotaSnapshot, usage: contract.UsageSnapshot | None
-    ) -> QuotaSnapshot | None:
-        """:meth:`_read`, while the holders of the raise the copy at hand plans are listed and their VMIs read
-        (``guard.before``, ``guard.confirm``): a raise waits for both, and listing holders only keeps pods out, so
-        neither waits for the other (one round trip fewer on the way to a migration's room). The plan from the copy
-        read decides; holders listed for a raise it no longer plans come off at the guard's next shrink (at once, when
-        it plans no write)."""
-        reading = asyncio.ensure_future(self._read(key, held))
-        try:
-            await self.guard.before(key, usage)
-            await self.guard.confirm(key[0], usage)
-        except BaseException:
-            reading.cancel()
-            with contextlib.suppress(BaseException):
-                await reading
-            raise
-        quota = await reading
-        if quota is None:
-            self._forget(key, held.rv_order)  # (again: the listing may have come after the read found it gone)
-        return quota
 
     # ---- introspection (tests, health) -------------------------------------------------------------------------
     def idle(self) -> bool:

@@ -791,25 +791,6 @@ async def test_with_the_guard_a_tenant_replacing_its_pending_vmi_holds_no_drain_
         assert guard.unconfirmed(sim.peek(guard.PLURAL, NS, guard.NAME)) == {"uid-of-deleted-s-3"}
 
 
-async def test_with_the_guard_a_raise_lists_its_holders_while_the_quota_is_read(
-    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
-) -> None:
-    """A raise reads the quota from the API server and lists its holders; both must be done before it goes out,
-    and neither needs the other. One after the other, they were one round trip more on every migration's way to
-    its room (the guard's chain of calls was its latency tail in ``bench_migration_guard``)."""
-    await install_guard(sim)
-    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
-    vms = [contract.VmState(name="vm1", uid="uid-vm1", state="running")]
-    calls = ListingWaitsForARead(KubeQuotas(api), sim)
-    async with enforcer(bus, api, calls=calls, reservation_guard=True):
-        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
-        await sim.wait_quota_synced(NS, "compute")
-        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING, vms=vms)
-        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised")
-        assert listed_names(sim) == {"vm1"}
-        assert calls.overlapped >= 1 and calls.apart == 0, (calls.overlapped, calls.apart)
-
-
 async def test_a_guard_write_whose_answer_was_lost_is_read_again_before_the_next(
     sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
 ) -> None:
@@ -1749,33 +1730,6 @@ class NudgeRecorder(BeatenOnce):
 
     async def patch_quota(self, namespace: str, name: str, body: Obj) -> Obj:
         return await self.inner.patch_quota(namespace, name, body)
-
-
-class ListingWaitsForARead(NudgeRecorder):
-    """The enforcer's calls as they are, but a write of the QuotaReservation waits (up to ``within``) for a read of
-    the quota to be under way; ``overlapped``/``apart`` count the writes that found one and those that did not."""
-
-    within = 5.0
-    overlapped = apart = 0
-
-    def __init__(self, inner: KubeQuotas, sim: SimCluster) -> None:
-        super().__init__(inner, sim)
-        self._reading = asyncio.Event()
-
-    async def get_quota(self, namespace: str, name: str) -> Obj:
-        self._reading.set()
-        try:
-            return await self.inner.get_quota(namespace, name)
-        finally:
-            self._reading.clear()
-
-    async def put_reservation(self, namespace: str, body: Obj, resource_version: str) -> str:
-        try:
-            await asyncio.wait_for(self._reading.wait(), self.within)
-            self.overlapped += 1
-        except TimeoutError:
-            self.apart += 1
-        return await self.inner.put_reservation(namespace, body, resource_version)
 
 
 class ComputeWritesFail(NudgeRecorder):

@@ -626,6 +626,7 @@ class Enforcer:
             quota = await self._read(key, quota)
             self._verify.discard(key)
         conflicts = reads = repeats = 0
+        unconfirmed = False  # (the write planned last goes out with a holder left unconfirmed)
         paced = False  # (a write of this reconciliation waited for its rate bound already)
         failed = ""  # the precondition of the last patch that conflicted
         fresh: QuotaSnapshot | None = None  # the copy read from the API server for this round, if any
@@ -672,13 +673,13 @@ class Enforcer:
             if self.opts.reservation_guard:
                 await self.guard.before(key, usage)  # the holders are listed before their room opens
                 why = await self.guard.confirm(ns, usage)  # (and admitted once their VMIs are read at their size)
-                if why and p.raises:
+                unconfirmed = bool(why and p.raises)
+                if unconfirmed:
                     # The raise goes out all the same: an unconfirmed holder's pods are kept out by the guard, so
                     # its room opens to no pod, and the other holders' raise cannot wait on it. It did wait: a tenant
                     # that deleted and made again a small pending VMI of its own, each time KubeVirt was refused its
                     # pod, kept every raise of the namespace back, a drain's migration with them.
-                    log.info("raise written with a holder unconfirmed", namespace=ns, quota=name, reason=why)
-                    self.own.patches.labels(outcome="resized").inc()
+                    log.info("raise with a holder unconfirmed", namespace=ns, quota=name, reason=why)
             if p.resource_version == failed:
                 # The same version conflicted before: no other writer's progress explains it (a version that
                 # moves on is quota admission at work, retried at once). Back off, jittered and growing.
@@ -738,6 +739,8 @@ class Enforcer:
                 self.own.patches.labels(outcome="refreshed").inc()
                 return
             self.own.patches.labels(outcome="applied").inc()
+            if unconfirmed:  # (counted once written: a pass that was paced, or met a conflict, wrote nothing)
+                self.own.patches.labels(outcome="resized").inc()
             since = self._since.pop(key, None)
             if since is not None:
                 self.own.reaction.observe(time.monotonic() - since)

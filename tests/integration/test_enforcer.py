@@ -1136,7 +1136,8 @@ async def test_with_the_guard_room_for_a_target_opens_only_while_its_vmi_has_the
     has not seen, would make KubeVirt's next try of the target larger than its room. After listing the holder the
     enforcer reads the VMI: a usage that reserved the target at another size is raised for, but its holder stays
     unconfirmed and KubeVirt's pod for it stays out; the ledger's next usage, at the VMI's size, confirms it. Fails
-    when the enforcer confirms without the read."""
+    when the enforcer confirms without the read. (One patch a second per quota: the raise waits for its turn after
+    the adoption, and is counted ``resized`` once, when written, not at each pass.)"""
     await install_guard(sim)
     await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
     with acting_as(KUBEVIRT_CONTROLLER):
@@ -1153,7 +1154,7 @@ async def test_with_the_guard_room_for_a_target_opens_only_while_its_vmi_has_the
     def migrating(size: str) -> list[contract.MigrationState]:
         return [msgspec.structs.replace(m, vmi_size=size) for m in MIGRATING]
 
-    async with enforcer(bus, api, reservation_guard=True) as (e, _):
+    async with enforcer(bus, api, reservation_guard=True, quota_patch_rate=1.0) as (e, _):
         await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
         await sim.wait_quota_synced(NS, "compute")
         await publish_usage(bus, 5, terms("64Gi", "80Gi"), migrating(before), vms=vms)

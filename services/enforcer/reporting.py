@@ -88,9 +88,10 @@ class Reporter:
         self._nudge_again: dict[tuple[str, str], tuple[str, str]] = {}
         """(namespace, VMI uid) → (VMI name, annotation value) of a nudge asked for while one of that VMI was under
         way, made once that one is done."""
-        self._nudge_later: dict[tuple[str, str], tuple[str, int]] = {}
-        """(namespace, VMI uid) → (VMI name, usage sequence) of a nudge asked for within ``nudge_interval`` of the
-        last one of that VMI, made once the interval has passed (one per VMI, with the latest usage)."""
+        self._nudge_later: dict[str, dict[str, tuple[str, int, int]]] = {}
+        """namespace → VMI uid → (VMI name, usage sequence, the wait's number) of a nudge asked for within
+        ``nudge_interval`` of the last one of that VMI, made once the interval has passed (one per VMI, with the
+        latest usage; taken back by a touch of it meanwhile, and by a usage that no longer asks for it)."""
         self.side_tasks: set[asyncio.Task[None]] = set()
         """Nudges, VMI Events and guard shrinks under way (off the reconcile path)."""
         self.reported = 0
@@ -197,6 +198,7 @@ class Reporter:
         enforcer's own writes make). Off the reconcile path; a nudge that fails is tried again after a backoff,
         three tries in all, then logged."""
         now = time.monotonic()
+        asked: set[str] = set()
         for m in u.migrations:
             if m.state == "growth-refused" and m.uid and (namespace, m.uid) not in self._told:
                 _remember(self._told, (namespace, m.uid), None)
@@ -208,8 +210,8 @@ class Reporter:
             elif v.uid:
                 self._later.pop((namespace, v.uid), None)  # (no longer refused: nothing to tell)
             if v.state != "admitted" or not v.pod_refused or not v.uid:
-                self._nudge_later.pop((namespace, v.uid), None)  # (its pod got in, or it is refused: none is due)
                 continue
+            asked.add(v.uid)
             last = self._nudged.get((namespace, v.uid))
             if last is not None and last[0] >= at:
                 continue
@@ -220,6 +222,9 @@ class Reporter:
                 self._nudge_after(namespace, v.name, v.uid, at, last[1] + self.opts.nudge_interval)
                 continue
             self._nudge_once(namespace, v.name, v.uid, at, now)
+        waiting = self._nudge_later.get(namespace)
+        for uid in [uid for uid in waiting or () if uid not in asked]:  # (its pod got in, it is refused or gone)
+            self._unwait(namespace, uid)
         for h in guard.holders(u) if opened else ():
             if h.uid in opened:
                 self._nudge_once(namespace, h.name, h.uid, at, now)
@@ -227,24 +232,34 @@ class Reporter:
     def _nudge_after(self, namespace: str, name: str, uid: str, at: int, due: float) -> None:
         """Touch VMI ``name`` for usage ``at`` at monotonic time ``due`` (one waiting per VMI: a later usage's
         replaces what it touches for; a usage that no longer asks for it takes it back)."""
-        key = (namespace, uid)
-        waiting = key in self._nudge_later
-        self._nudge_later[key] = (name, at)
-        if waiting:
+        waiting = self._nudge_later.setdefault(namespace, {})
+        earlier = waiting.get(uid)
+        if earlier is not None:  # (that wait makes it, for this usage)
+            waiting[uid] = (name, at, earlier[2])
             return
+        self._touches += 1
+        number = self._touches
+        waiting[uid] = (name, at, number)
 
         async def later() -> None:
             await asyncio.sleep(max(0.0, due - time.monotonic()))
-            latest = self._nudge_later.pop(key, None)
-            if latest is not None:  # (none when a usage since no longer asks for it)
+            latest = self._nudge_later.get(namespace, {}).get(uid)
+            if latest is not None and latest[2] == number:  # (not when taken back, nor another wait's since)
                 self._nudge_once(namespace, latest[0], uid, latest[1], time.monotonic())
 
         self.spawn(later(), f"nudge-later-{namespace}-{name}")
+
+    def _unwait(self, namespace: str, uid: str) -> None:
+        """Take back the nudge of VMI ``uid`` waiting for the interval, if any."""
+        waiting = self._nudge_later.get(namespace)
+        if waiting is not None and waiting.pop(uid, None) is not None and not waiting:
+            del self._nudge_later[namespace]
 
     def _nudge_once(self, namespace: str, name: str, uid: str, at: int, now: float) -> None:
         """Touch VMI ``name`` (its annotation set to a value of its own, :attr:`_touches`), unless a touch of it
         (``uid``) is queued already: one is enough. One under way is not: it may have reached KubeVirt before the
         room this touch is for was made (a holder let in, a usage with room), and this one follows it."""
+        self._unwait(namespace, uid)  # (this touch is the one it waited to make)
         self._touches += 1
         token = f"{at}.{self._epoch}.{self._touches}"
         if (namespace, uid) in self._nudge_sent:

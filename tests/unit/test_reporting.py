@@ -174,18 +174,27 @@ async def test_a_usage_with_room_within_the_nudge_interval_of_a_vain_touch_is_nu
     assert kube.tokens[1][1].startswith("8."), kube.tokens
 
 
-async def test_a_nudge_waiting_for_the_interval_is_taken_back_once_its_vm_no_longer_needs_one() -> None:
-    """A touch waits for the interval; the next usage has the VM running (its pod got in): it is not made."""
+@pytest.mark.parametrize("then", ["running", "gone", "touched"])
+async def test_a_nudge_waiting_for_the_interval_is_taken_back_once_no_longer_due(then: str) -> None:
+    """A touch waits for the interval; then the next usage has the VM running (its pod got in), or no longer lists
+    it (deleted), or the VMI is touched meanwhile for a newer usage (a holder let in): the waiting touch is not
+    made. (A VMI the usage no longer listed was touched all the same, and one touched meanwhile twice within the
+    interval, the older usage's sequence recorded last.)"""
     kube = _Tokens()
     reporter = _reporter(kube)
     vm = contract.VmState(name="vm1", uid="uid-vm1", state="admitted", pod_refused=True)
     reporter.tell_and_nudge("tenant", usage_snapshot("tenant", 6, vms=[vm]), 6)
     await wait_until(lambda: len(kube.tokens) == 1, 10, "the first touch")
     reporter.tell_and_nudge("tenant", usage_snapshot("tenant", 7, vms=[vm]), 7)
-    running = msgspec.structs.replace(vm, state="running", pod_refused=False)
-    reporter.tell_and_nudge("tenant", usage_snapshot("tenant", 8, vms=[running]), 8)
+    if then == "touched":
+        pending = contract.MigrationState(name="m1", vmi="vm1", vmi_uid="uid-vm1", state="pending")
+        opened = usage_snapshot("tenant", 9, vms=[vm], migrations=[pending])
+        reporter.tell_and_nudge("tenant", opened, 9, frozenset({"uid-vm1"}))
+    else:
+        vms = [msgspec.structs.replace(vm, state="running", pod_refused=False)] if then == "running" else []
+        reporter.tell_and_nudge("tenant", usage_snapshot("tenant", 8, vms=vms), 8)
     await wait_until(lambda: not reporter.side_tasks, 10, "the waiting touch's turn")
-    assert len(kube.tokens) == 1, kube.tokens
+    assert [t.split(".")[0] for _, t in kube.tokens] == (["6", "9"] if then == "touched" else ["6"]), kube.tokens
 
 
 async def test_a_usage_with_room_while_a_vain_touch_is_under_way_is_nudged_after_it() -> None:

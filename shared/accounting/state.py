@@ -279,15 +279,19 @@ class State:
         amounts within the bound the largest is taken, whatever an Event says of its time: a tenant's Event dated
         ahead of KubeVirt's, smaller or beyond the bound, took the place of KubeVirt's amounts, and a target
         KubeVirt renders larger than vmquota's estimate then had room for the estimate only, refused for as long as
-        the Event was kept. Returns the corrected estimate, the amounts taken, and whether any amount was beyond the
-        bound. Never smaller: a refusal is KubeVirt's word for a pod it tried to create, and that pod may have been
-        rendered from an older spec (a migration refused before a hotplug made its target larger); an estimate too
-        large only reserves room the pod does not take, one too small would let it take room reserved for
-        others."""
+        the Event was kept. Returns the corrected estimate, the amounts taken, and whether the latest refusal (in
+        event order) has an amount beyond the bound: what KubeVirt asks for now, as far as Events tell (an older
+        refusal beyond it, of a webhook's container since removed, say, must not keep the pod from room for as long
+        as its Event lasts; a tenant's Event dated ahead only holds back its own VM). Never smaller: a refusal is
+        KubeVirt's word for a pod it tried to create, and that pod may have been rendered from an older spec (a
+        migration refused before a hotplug made its target larger); an estimate too large only reserves room the
+        pod does not take, one too small would let it take room reserved for others."""
         out = dict(estimate)
         taken: ResourceList = {}
         ignored: list[str] = []
+        beyond = False
         for refused in refusals:
+            beyond = False
             for r, amount in sorted(refused.items()):
                 est = estimate.get(r)
                 bound = evidence_bound(r, est) if est is not None else None
@@ -297,6 +301,7 @@ class State:
                 elif est is None or bound is None or amount.nanos - est.nanos > bound.nanos:
                     within = f"{est} + up to {bound}" if est is not None else "not estimated"
                     ignored.append(f"{r}={amount} ({within})")
+                    beyond = True
         if ignored:  # (one line for the pod, however many Events and resources: their text is the tenant's)
             ignored = list(dict.fromkeys(ignored))
             shown = ", ".join(ignored[:_IGNORED_SHOWN])
@@ -305,4 +310,4 @@ class State:
                 f"{ref}: quota refusal amounts ignored: {shown}{more}; an Event may raise an estimate only within "
                 "its bound"
             )
-        return out, taken, bool(ignored)
+        return out, taken, beyond

@@ -1245,6 +1245,20 @@ def test_no_room_is_held_for_a_new_vms_pod_a_refusal_says_is_larger_than_its_est
             assert e.reserved["limits.memory"] == asked
 
 
+def test_an_older_refusal_beyond_the_bound_keeps_no_room_from_a_new_vms_pod_kubevirt_asks_for_now() -> None:
+    """KubeVirt was refused a new VM's pod at 8Gi beyond the rendering (a webhook's sidecar, since removed), then at
+    64Mi beyond it. The latest refusal is what KubeVirt asks for now: room is held at it, though the older Event
+    lasts (an hour): any amount beyond the bound since the VMI was made held the VM back, no room and no nudge."""
+    quota = quota_obj("rq", {"limits.memory": "64Gi"}, Mode.VMI_POD_USAGE)
+    rendered = usage_of(launcher_obj(vmi_obj("v", guest="16Gi", limits={"memory": "16Gi"}), vouched=False))
+    v = refused_vmi(vmi_obj("v", guest="16Gi", limits={"memory": "16Gi"}, phase="Pending", node=""), by="rq")
+    older = refusal_event("v", {"limits.memory": str(rendered["limits.memory"] + Q("8Gi"))}, t=5)
+    now = rendered["limits.memory"] + Q("64Mi")
+    u = account([quota, v, older, refusal_event("v", {"limits.memory": str(now)}, t=6)])
+    e = vm(u, "v")
+    assert e.state == ADMITTED and e.pod_refused and e.reserved["limits.memory"] == now, e
+
+
 def test_what_a_refusal_within_the_bound_adds_to_a_new_vms_room_counts_in_the_budget() -> None:
     """A ``VirtualResources`` budget of 80Gi, a 16Gi plain pod, and a 64Gi VM admitted, its pod refused. The tenant
     writes a refusal Event asking 72Gi, within the evidence bound. The room held at those amounts took the 7.7Gi

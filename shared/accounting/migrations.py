@@ -29,7 +29,6 @@ from shared.quota.equation import takes
 from shared.quota.modes import VmSize, mode_usage
 from shared.resources import ResourceList, add, growth, maximum, minimum, nonzero
 from shared.snapshot import (
-    LAUNCHER_LABEL,
     PodSnapshot,
     VmimSnapshot,
     VmiSnapshot,
@@ -152,7 +151,7 @@ class Migrations(Vms):
         """Whether a pod controlled by ``pod`` exists that KubeVirt sees (labelled with the key ``kubevirt.io``, as
         its pod informer selects): KubeVirt takes any such pod for its attachment pod (``controller.AttachmentPods``)
         and creates none then."""
-        return any(p.owner_pod_uid == pod.uid and LAUNCHER_LABEL in p.labels for p in self.pods)
+        return any(p.attachment_of == pod.uid for p in self.pods)
 
     def _attachment_pods(self) -> dict[str, ResourceList]:
         """The hotplug attachment pods beside active migrations' targets, with their charges, which room reserved for
@@ -172,7 +171,7 @@ class Migrations(Vms):
                 beside = [
                     (p, e.charged)
                     for p, e in zip(self.pods, self.pod_entries, strict=True)
-                    if p.owner_pod_uid == target.uid and LAUNCHER_LABEL in p.labels and e.active and e.role == NON_VM
+                    if p.attachment_of == target.uid and e.active and e.role == NON_VM
                 ]
                 if beside:
                     p, charged = min(beside, key=lambda pc: (pc[0].creation_timestamp or datetime.min, pc[0].name))

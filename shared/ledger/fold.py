@@ -95,7 +95,6 @@ from shared.kinds import (
 from shared.quantity import ZERO
 from shared.quota.modes import policy_changed
 from shared.snapshot import (
-    LAUNCHER_LABEL,
     WIRE_SNAPSHOT,
     PodSnapshot,
     QuotaSnapshot,
@@ -306,7 +305,7 @@ def _attach_facts(pod: Snapshot | None) -> tuple[str, str, str]:
     if not isinstance(pod, PodSnapshot):
         return ("", "", "")
     job = pod.migration_job_uid
-    return (job, pod.phase if job else "", pod.owner_pod_uid if LAUNCHER_LABEL in pod.labels else "")
+    return (job, pod.phase if job else "", pod.attachment_of)
 
 
 def _finished(pod: Snapshot) -> bool:
@@ -688,7 +687,7 @@ class NamespaceState:
         if not pending:
             return set()
         hot = {v.name for v in self.live(VMI_KIND) if isinstance(v, VmiSnapshot) and v.hotplug_volumes}
-        attached = {p.owner_pod_uid for p in self._pods() if p.owner_pod_uid and LAUNCHER_LABEL in p.labels}
+        attached = {p.attachment_of for p in self._pods()}
         return {
             p.migration_job_uid
             for p in self._pods()

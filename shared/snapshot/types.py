@@ -287,6 +287,12 @@ class PodSnapshot(Snapshot, tag=POD_KIND, frozen=True, kw_only=True):
     def migration_job_uid(self) -> str:
         return self.labels.get(MIGRATION_JOB_LABEL, "")
 
+    @property
+    def attachment_of(self) -> str:
+        """The uid of the pod KubeVirt takes this one for the hotplug attachment pod of (``AttachmentPods``: a pod
+        its informer sees, with the label key ``kubevirt.io``, that the pod controls), or ""."""
+        return self.owner_pod_uid if LAUNCHER_LABEL in self.labels else ""
+
 
 class QuotaSnapshot(Snapshot, tag=QUOTA_KIND, frozen=True, kw_only=True):
     labels: dict[str, str] = {}

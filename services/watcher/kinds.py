@@ -67,7 +67,7 @@ def _rejected_by_quota(obj: Obj) -> bool:
         snap = normalize(obj)
     except InvalidInput:
         return False
-    return isinstance(snap, VmimSnapshot) and snap.rejected_by_quota and snap.phase in ("", "Pending")
+    return isinstance(snap, VmimSnapshot) and snap.rejected_by_quota and snap.pending
 
 
 class QuotaListWatch(ListWatch):

@@ -124,7 +124,7 @@ class Migrations(Vms):
             target = targets[0][0]
             grow = growth(targets[0][1], _pick_source(sources, v)[1]) if sources else {}
             exists = f"target pod {target.name} exists: charged in P"
-            attach = v.hotplug_volumes and m.phase in ("", "Pending") and target.phase == "Running"
+            attach = v.hotplug_volumes and m.pending and target.phase == "Running"
             attach = attach and not self._attached(target)
             # (decided once running VMs are counted)
             index = len(self.mig_entries)

@@ -295,7 +295,7 @@ def _attach_phase(migration: Snapshot | None) -> tuple[str, bool] | None:
     ``Pending``."""
     if not isinstance(migration, VmimSnapshot):
         return None
-    return (migration.vmi_name, migration.active and migration.phase in ("", "Pending"))
+    return (migration.vmi_name, migration.active and migration.pending)
 
 
 def _attach_facts(pod: Snapshot | None) -> tuple[str, str, str]:
@@ -680,9 +680,7 @@ class NamespaceState:
         no pod KubeVirt sees is the attachment pod of yet (``shared.accounting.migrations`` reserves the attachment
         pod then)."""
         pending = {
-            m.uid: m.vmi_name
-            for m in self.live(VMIM_KIND)
-            if isinstance(m, VmimSnapshot) and m.active and m.phase in ("", "Pending")
+            m.uid: m.vmi_name for m in self.live(VMIM_KIND) if isinstance(m, VmimSnapshot) and m.active and m.pending
         }
         if not pending:
             return set()

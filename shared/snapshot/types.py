@@ -244,6 +244,12 @@ class VmimSnapshot(Snapshot, tag=VMIM_KIND, frozen=True, kw_only=True):
     def active(self) -> bool:
         return self.phase in VMIM_ACTIVE_PHASES and self.deletion_timestamp is None
 
+    @property
+    def pending(self) -> bool:
+        """``Pending`` (or no phase yet): KubeVirt has not gone past the target's creation (and, for a VMI with
+        hotplugged volumes, its attachment pod's)."""
+        return self.phase in ("", "Pending")
+
 
 class PodSnapshot(Snapshot, tag=POD_KIND, frozen=True, kw_only=True):
     labels: dict[str, str] = {}

@@ -150,6 +150,12 @@ class GuardWriter:
         touched (the caller's nudge)."""
         return frozenset(self._opened.pop(namespace, ()))
 
+    def reopen(self, namespace: str, uids: frozenset[str]) -> None:
+        """Give back holders :meth:`opened` returned that nothing woke KubeVirt for after all (the write of a quota
+        that was to wake it failed): the next call returns them again."""
+        if uids:
+            self._opened.setdefault(namespace, set()).update(uids)
+
     def forget(self, key: Key) -> bool:
         """The quota is gone (or no longer managed): it carries nothing. True when it held holders (the namespace's
         QuotaReservation should then shrink: they would keep its pods out for nothing)."""

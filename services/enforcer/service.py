@@ -136,9 +136,6 @@ class Enforcer:
         only changes status is then acted on. The namespace's nudges wait for it (a nudge KubeVirt acts on before
         quota admission has the raise is refused, and nothing would nudge again), and with the guard the quota is
         reconciled again, so that the holders shrink once admission applies the lower limit."""
-        self._let_in: dict[str, set[str]] = {}
-        """namespace → uids of the reservation guard's holders its QuotaReservation let in before a write of a quota
-        that failed, to nudge once the namespace's quotas are in effect with those ``GuardWriter.opened`` holds."""
         self.summaries = SummaryPacer(opts.usage_refresh_interval, opts.refresh_rate, self._summary_due)
         self._held: set[str] = set()
         """Namespaces touched before both inputs were read to their end (acted on once they are)."""
@@ -599,7 +596,7 @@ class Enforcer:
         if u is not None and not self.opts.dry_run and not self._stopped:
             # (the holders the QuotaReservation let in since the namespace's last write of a quota, which woke
             # KubeVirt: a raise waiting for the ledger, a shrink or a write where hard held their room already)
-            self.reporter.tell_and_nudge(ns, u, at, frozenset(self._take_let_in(ns)))
+            self.reporter.tell_and_nudge(ns, u, at, self.guard.opened(ns))
 
     def _on_retry(self, key: Key, e: BaseException, attempt: int, delay: float) -> None:
         """The work queue retries ``key`` in ``delay`` seconds (its backoff, never shorter than a ``Retry-After``
@@ -698,12 +695,11 @@ class Enforcer:
             at = at or rfc3339()
             # (the write wakes the migrations KubeVirt was refused for quota: the holders let in before it need no
             # nudge, unless it fails)
-            let_in = self._take_let_in(ns)
+            let_in = self.guard.opened(ns)
             try:
                 raw = await self._write(p)
             except KubeError as e:
-                if let_in:
-                    self._let_in.setdefault(ns, set()).update(let_in)
+                self.guard.reopen(ns, let_in)  # (not woken: nudged once the namespace's quotas are in effect)
                 if e.not_found:
                     self._forget(key, quota.rv_order)
                     return
@@ -767,14 +763,6 @@ class Enforcer:
                 self._schedule((snap.namespace, snap.name))
         if not unreadable:
             await self.guard.shrink(namespace)
-
-    def _take_let_in(self, namespace: str) -> set[str]:
-        """The holders the namespace's QuotaReservation let in that no nudge or write of a quota has woken KubeVirt for
-        yet (taken)."""
-        let_in = self._let_in.pop(namespace, set())
-        if self.opts.reservation_guard:
-            let_in |= self.guard.opened(namespace)
-        return let_in
 
     def _holders_left(self, namespace: str) -> bool:
         """Whether the namespace's QuotaReservation lists holders while no quota the enforcer knows there may carry a

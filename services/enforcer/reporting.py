@@ -88,8 +88,8 @@ class Reporter:
         self._nudge_again: dict[tuple[str, str], tuple[str, str]] = {}
         """(namespace, VMI uid) → (VMI name, annotation value) of a nudge asked for while one of that VMI was under
         way, made once that one is done."""
-        self._nudge_later: dict[str, dict[str, tuple[str, int, int]]] = {}
-        """namespace → VMI uid → (VMI name, usage sequence, the wait's number) of a nudge asked for within
+        self._nudge_later: dict[str, dict[str, tuple[str, int, object]]] = {}
+        """namespace → VMI uid → (VMI name, usage sequence, the wait it is for) of a nudge asked for within
         ``nudge_interval`` of the last one of that VMI, made once the interval has passed (one per VMI, with the
         latest usage; taken back by a touch of it meanwhile, and by a usage that no longer asks for it)."""
         self.side_tasks: set[asyncio.Task[None]] = set()
@@ -237,14 +237,13 @@ class Reporter:
         if earlier is not None:  # (that wait makes it, for this usage)
             waiting[uid] = (name, at, earlier[2])
             return
-        self._touches += 1
-        number = self._touches
-        waiting[uid] = (name, at, number)
+        wait = object()
+        waiting[uid] = (name, at, wait)
 
         async def later() -> None:
             await asyncio.sleep(max(0.0, due - time.monotonic()))
             latest = self._nudge_later.get(namespace, {}).get(uid)
-            if latest is not None and latest[2] == number:  # (not when taken back, nor another wait's since)
+            if latest is not None and latest[2] is wait:  # (not when taken back, nor another wait's since)
                 self._nudge_once(namespace, latest[0], uid, latest[1], time.monotonic())
 
         self.spawn(later(), f"nudge-later-{namespace}-{name}")

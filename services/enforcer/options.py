@@ -25,9 +25,10 @@ NUDGING_MAX: Final = 16
 """Nudges of VMIs under way at once (the rest wait their turn): a tenant with thousands of VMIs to nudge must not
 take the API client's connections from every namespace's quota patches."""
 NUDGING_PER_NAMESPACE: Final = 4
-"""Of those, the most one namespace's nudges may hold or wait for at once (the rest of its nudges wait behind its
-own): with one queue for all, a tenant with hundreds of VMIs to nudge again and again kept another namespace's VM
-waiting behind them all for its touch (1.3 s with 500 VMIs and 40 ms a patch, growing with both)."""
+"""Of those, the most one namespace's nudges may hold at once (the nudge queue's share per namespace: the rest of
+its nudges wait behind its own): with one queue for all, a tenant with hundreds of VMIs to nudge again and again
+kept another namespace's VM waiting behind them all for its touch (1.3 s with 500 VMIs and 40 ms a patch, growing
+with both)."""
 
 
 @dataclass(frozen=True, slots=True)

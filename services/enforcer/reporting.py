@@ -9,6 +9,7 @@ import asyncio
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -27,6 +28,8 @@ from services.enforcer.options import (
 )
 from services.platform.bus import Bus
 from services.platform.http import Metrics
+from services.platform.runner import cancel
+from services.platform.workqueue import WorkQueue
 from shared import contract
 from shared.backoff import Backoff
 from shared.quota import enforcement, guard, reports
@@ -34,6 +37,24 @@ from shared.quota.annotations import USAGE_FROM_ANNOTATION
 from shared.quota.enforcement import Plan
 
 log = structlog.get_logger("vmquota.enforcer")
+
+NudgeKey = tuple[str, str]
+"""(namespace, VMI uid)."""
+
+
+@dataclass(slots=True)
+class _Touch:
+    """A touch of a VMI asked for: its name, the usage snapshot (stream sequence) it is for, the monotonic time it
+    may be made at, and its annotation value (empty while it waits for that time: it is made, and given one, then)."""
+
+    name: str
+    at: int
+    due: float
+    token: str = ""
+
+
+def _namespace_of(key: NudgeKey) -> str:
+    return key[0]
 
 
 class Reporter:
@@ -70,30 +91,26 @@ class Reporter:
         cause), and the namespace's VMs then."""
         self._telling = asyncio.Semaphore(TELLING_MAX)
         """Events under way at once: however many VMIs there are to tell, the quota patches keep the API client."""
-        self._nudging = asyncio.Semaphore(NUDGING_MAX)
-        """Nudges under way at once, for the same reason (apart from Events: a tenant's refusals to tell must not
-        hold back another's nudge)."""
-        self._nudging_in: dict[str, tuple[asyncio.Semaphore, int]] = {}
-        """namespace → its share of :attr:`_nudging` (``NUDGING_PER_NAMESPACE``), and how many nudges use or wait
-        for it (dropped at none)."""
         self._touches = 0
-        """Nudges asked for so far. Each touch's annotation value is the usage snapshot's sequence, this process's
+        """Touches made so far. Each touch's annotation value is the usage snapshot's sequence, this process's
         :attr:`_epoch` and this count, so that it changes the VMI: a patch that changes nothing is no update KubeVirt
         sees (a nudge again for the same usage, an enforcer that took over from another, a holder let in again)."""
         self._epoch = secrets.token_hex(3)
-        self._nudge_queued: set[tuple[str, str]] = set()
-        """(namespace, VMI uid) of nudges queued or under way: no second one is queued meanwhile."""
-        self._nudge_sent: set[tuple[str, str]] = set()
-        """Those of :attr:`_nudge_queued` whose patch is under way (KubeVirt may have acted on it already)."""
-        self._nudge_again: dict[tuple[str, str], tuple[str, str]] = {}
-        """(namespace, VMI uid) → (VMI name, annotation value) of a nudge asked for while one of that VMI was under
-        way, made once that one is done."""
-        self._nudge_later: dict[str, dict[str, tuple[str, int, object]]] = {}
-        """namespace → VMI uid → (VMI name, usage sequence, the wait it is for) of a nudge asked for within
-        ``nudge_interval`` of the last one of that VMI, made once the interval has passed (one per VMI, with the
-        latest usage; taken back by a touch of it meanwhile, and by a usage that no longer asks for it)."""
+        self._touch: dict[str, dict[str, _Touch]] = {}
+        """namespace → VMI uid → the touch asked for of it and not yet made (one per VMI: a later one replaces it)."""
+        self._nudges: WorkQueue[NudgeKey] = WorkQueue(
+            "nudge",
+            self._nudge,
+            workers=NUDGING_MAX,
+            backoff=self._backoff,
+            share=(_namespace_of, NUDGING_PER_NAMESPACE),
+            on_retry=self._nudge_retry,
+        )
+        """The VMIs to touch. A VMI asked for while its touch is under way is touched once more after it (that one
+        may have reached KubeVirt before the room the new one is for was made); one asked for while waiting its turn
+        is touched once, with the latest value. The queue owns the retries."""
         self.side_tasks: set[asyncio.Task[None]] = set()
-        """Nudges, VMI Events and guard shrinks under way (off the reconcile path)."""
+        """VMI Events and cancels under way (off the reconcile path)."""
         self.reported = 0
 
     # ---- decisions ---------------------------------------------------------------------------------------------
@@ -212,67 +229,93 @@ class Reporter:
             if v.state != "admitted" or not v.pod_refused or not v.uid:
                 continue
             asked.add(v.uid)
-            last = self._nudged.get((namespace, v.uid))
+            key = (namespace, v.uid)
+            last = self._nudged.get(key)
             if last is not None and last[0] >= at:
                 continue
             if last is not None and now - last[1] < self.opts.nudge_interval:
-                # (dropped, it was the one nudge that mattered: a VM refused during a migration is nudged in vain
-                # at each usage until the source pod ends, and the touch for the usage with room came within the
-                # interval of the last vain one; it then waited for KubeVirt's backoff, doubled by each vain try)
-                self._nudge_after(namespace, v.name, v.uid, at, last[1] + self.opts.nudge_interval)
+                # (not dropped, it may be the one nudge that matters: a VM refused during a migration is nudged in
+                # vain at each usage until the source pod ends, and the touch for the usage with room came within
+                # the interval of the last vain one; dropped, it waited for KubeVirt's backoff, doubled by each try)
+                self._ask(key, v.name, at, last[1] + self.opts.nudge_interval, now)
                 continue
-            self._nudge_once(namespace, v.name, v.uid, at, now)
-        waiting = self._nudge_later.get(namespace)
-        for uid in [uid for uid in waiting or () if uid not in asked]:  # (its pod got in, it is refused or gone)
-            self._unwait(namespace, uid)
+            self._ask(key, v.name, at, 0.0, now)
+        for uid, t in list(self._touch.get(namespace, {}).items()):
+            if not t.token and uid not in asked:  # (a wait taken back: its pod got in, it is refused or gone)
+                self._done((namespace, uid), t)
         for h in guard.holders(u) if opened else ():
             if h.uid in opened:
-                self._nudge_once(namespace, h.name, h.uid, at, now)
+                self._ask((namespace, h.uid), h.name, at, 0.0, now)
 
-    def _nudge_after(self, namespace: str, name: str, uid: str, at: int, due: float) -> None:
-        """Touch VMI ``name`` for usage ``at`` at monotonic time ``due`` (one waiting per VMI: a later usage's
-        replaces what it touches for; a usage that no longer asks for it takes it back)."""
-        waiting = self._nudge_later.setdefault(namespace, {})
-        earlier = waiting.get(uid)
-        if earlier is not None:  # (that wait makes it, for this usage)
-            waiting[uid] = (name, at, earlier[2])
+    def _ask(self, key: NudgeKey, name: str, at: int, due: float, now: float) -> None:
+        """Touch VMI ``name`` (``key``) for usage ``at`` at monotonic time ``due`` (0: at once). A touch that waits
+        for its time keeps it for a later usage (one waits per VMI); one due already takes a later usage's place,
+        and a touch asked for at once replaces one that waits."""
+        self._nudges.start()  # (its workers, once)
+        t = self._asked(key)
+        if t is not None and not self._nudges.processing(key) and (t.token or due > now):
+            t.name, t.at = name, at  # (the touch asked for before makes this one too)
             return
-        wait = object()
-        waiting[uid] = (name, at, wait)
+        if due > now:
+            self._touch.setdefault(key[0], {})[key[1]] = _Touch(name, at, due)
+            self._nudges.add_after(key, due - now)
+            return
+        self._touch.setdefault(key[0], {})[key[1]] = self._made(name, at, now, key)
+        self._nudges.add(key)
 
-        async def later() -> None:
-            await asyncio.sleep(max(0.0, due - time.monotonic()))
-            latest = self._nudge_later.get(namespace, {}).get(uid)
-            if latest is not None and latest[2] is wait:  # (not when taken back, nor another wait's since)
-                self._nudge_once(namespace, latest[0], uid, latest[1], time.monotonic())
+    def _asked(self, key: NudgeKey) -> _Touch | None:
+        return self._touch.get(key[0], {}).get(key[1])
 
-        self.spawn(later(), f"nudge-later-{namespace}-{name}")
+    def _done(self, key: NudgeKey, t: _Touch) -> None:
+        """Forget touch ``t`` of VMI ``key``, unless another took its place."""
+        asked = self._touch.get(key[0])
+        if asked is not None and asked.get(key[1]) is t:
+            del asked[key[1]]
+            if not asked:
+                del self._touch[key[0]]
 
-    def _unwait(self, namespace: str, uid: str) -> None:
-        """Take back the nudge of VMI ``uid`` waiting for the interval, if any."""
-        waiting = self._nudge_later.get(namespace)
-        if waiting is not None and waiting.pop(uid, None) is not None and not waiting:
-            del self._nudge_later[namespace]
-
-    def _nudge_once(self, namespace: str, name: str, uid: str, at: int, now: float) -> None:
-        """Touch VMI ``name`` (its annotation set to a value of its own, :attr:`_touches`), unless a touch of it
-        (``uid``) is queued already: one is enough. One under way is not: it may have reached KubeVirt before the
-        room this touch is for was made (a holder let in, a usage with room), and this one follows it."""
-        self._unwait(namespace, uid)  # (this touch is the one it waited to make)
+    def _made(self, name: str, at: int, now: float, key: NudgeKey) -> _Touch:
+        """The touch of VMI ``name`` for usage ``at`` made now: its own annotation value, and the time remembered."""
         self._touches += 1
-        token = f"{at}.{self._epoch}.{self._touches}"
-        if (namespace, uid) in self._nudge_sent:
-            self._nudge_again[(namespace, uid)] = (name, token)
-            return
-        if (namespace, uid) in self._nudge_queued:  # (its turn has not come: one is enough)
-            return
-        _remember(self._nudged, (namespace, uid), (at, now))
-        self._start_nudge(namespace, name, uid, token)
+        _remember(self._nudged, key, (at, now))
+        return _Touch(name, at, 0.0, f"{at}.{self._epoch}.{self._touches}")
 
-    def _start_nudge(self, namespace: str, name: str, uid: str, token: str) -> None:
-        """Queue the touch of VMI ``name`` (``uid``) with annotation value ``token``."""
-        self._nudge_queued.add((namespace, uid))
-        self.spawn(self._nudge(namespace, name, uid, token), f"nudge-{namespace}-{name}")
+    async def _nudge(self, key: NudgeKey) -> None:
+        """Touch the VMI asked for (the nudge queue's handler), unless it waits for its time or was taken back; a
+        transient failure is raised for the queue to retry after its backoff, three tries in all (a holder let in
+        is touched once, and no later usage snapshot touches it again), then logged."""
+        t = self._asked(key)
+        if t is None:
+            return
+        now = time.monotonic()
+        if not t.token:
+            if t.due > now:  # (an older wait's time came: this one's has not)
+                self._nudges.add_after(key, t.due - now)
+                return
+            t = self._touch[key[0]][key[1]] = self._made(t.name, t.at, now, key)
+        try:
+            await self.kube.nudge_vmi(key[0], t.name, t.token)
+        except KubeError as e:
+            if e.retryable and self._nudges.failures(key) < 2:
+                raise
+            self.own.nudges.labels(outcome="failed").inc()
+            log.info("VMI not nudged", namespace=key[0], vmi=t.name, error=str(e))
+        else:
+            self.own.nudges.labels(outcome="applied").inc()
+        self._nudges.forget(key)
+        self._done(key, t)
+
+    def _nudge_retry(self, key: NudgeKey, error: BaseException, attempt: int, delay: float) -> None:
+        log.debug("VMI nudge retried", namespace=key[0], uid=key[1], attempt=attempt, error=str(error))
+
+    def settled(self) -> bool:
+        """No Event, cancel or nudge under way, queued or waiting for its time."""
+        return not self.side_tasks and self._nudges.empty()
+
+    async def stop(self) -> None:
+        """Stop what is under way (the enforcer stops)."""
+        await self._nudges.stop()
+        await cancel(*self.side_tasks)
 
     def cancel(self, namespace: str, u: contract.UsageSnapshot) -> None:
         """Cancel each migration usage ``u`` says is to be (``cancel``: its end would carry out a size change of its
@@ -350,41 +393,6 @@ class Reporter:
                 await self.kube.create_event(namespace, body)
         except KubeError as e:
             log.info("VMI event not created", namespace=namespace, vmi=body["involvedObject"]["name"], error=str(e))
-
-    async def _nudge(self, namespace: str, name: str, uid: str, token: str) -> None:
-        """Touch the VMI, a transient failure tried again after a backoff (three tries: a holder let in is touched
-        once, and no later usage snapshot touches it again)."""
-        key = (namespace, uid)
-
-        async def touch() -> None:
-            # (per try: a backoff between tries holds no other VMI's turn; the namespace's share first, so that its
-            # backlog waits behind its own nudges, not ahead of another namespace's)
-            share, users = self._nudging_in.get(namespace) or (asyncio.Semaphore(NUDGING_PER_NAMESPACE), 0)
-            self._nudging_in[namespace] = (share, users + 1)
-            try:
-                async with share, self._nudging:
-                    self._nudge_sent.add(key)
-                    await self.kube.nudge_vmi(namespace, name, token)
-            finally:
-                share, users = self._nudging_in[namespace]
-                if users > 1:
-                    self._nudging_in[namespace] = (share, users - 1)
-                else:
-                    del self._nudging_in[namespace]
-
-        try:
-            await self._retrying(touch)
-            self.own.nudges.labels(outcome="applied").inc()
-        except KubeError as e:
-            self.own.nudges.labels(outcome="failed").inc()
-            log.info("VMI not nudged", namespace=namespace, vmi=name, error=str(e))
-        finally:
-            self._nudge_queued.discard(key)
-            self._nudge_sent.discard(key)
-            again = self._nudge_again.pop(key, None)
-            task = asyncio.current_task()
-            if again is not None and not (task is not None and task.cancelling()):  # (not when the enforcer stops)
-                self._start_nudge(namespace, again[0], uid, again[1])
 
 
 _R = TypeVar("_R")

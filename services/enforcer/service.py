@@ -207,7 +207,8 @@ class Enforcer:
                 if graceful:
                     await self._drain()
                 await self._queue.stop()
-                await cancel(*self.reporter.side_tasks, *tasks[2:])
+                await self.reporter.stop()
+                await cancel(*tasks[2:])
                 await quotas.close()
                 await usage.close()
                 log.info("enforcer stopped", graceful=graceful, patched=self.patched, conflicts=self.conflicts)

@@ -6,7 +6,9 @@ raised is retried after its per-key backoff.
 Delayed adds are *progress* (a step that will happen) unless they are retries, so :meth:`WorkQueue.idle` tells a
 quiet queue from a busy one; :meth:`WorkQueue.empty` also counts retries. With ``hold_retries`` a key waiting for
 its retry is not processed early when it is added again: its retry runs with the latest state anyway, and a server
-that failed is not called sooner than its backoff (the enforcer's quota writes).
+that failed is not called sooner than its backoff (the enforcer's quota writes). With ``share`` at most so many keys of
+one group are processed at once, and a group's backlog waits behind its own keys, not ahead of another group's (the
+enforcer's nudges: one tenant's hundreds of VMIs must not hold back another tenant's one).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ class WorkQueue(Generic[K]):
 
     ``handler(key)`` processes one key. When it raises, the key is retried after its backoff (``backoff``, never
     shorter than an error's ``retry_after`` up to the backoff's maximum); ``on_retry`` hears of it (by default a
-    warning is logged). :meth:`forget` resets a key's backoff (call it when the key succeeded)."""
+    warning is logged). :meth:`forget` resets a key's backoff (call it when the key succeeded). ``share``: (the group
+    of a key, how many keys of one group may be processed at once)."""
 
     def __init__(
         self,
@@ -46,9 +49,12 @@ class WorkQueue(Generic[K]):
         backoff: Backoff = CLIENT_GO_BACKOFF,
         hold_retries: bool = False,
         on_retry: RetryHook[K] | None = None,
+        share: tuple[Callable[[K], Hashable], int] | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("a work queue needs a worker")
+        if share is not None and share[1] < 1:
+            raise ValueError("a group's share must be at least one key")
         self.name = name
         self._handler = handler
         self._backoff = backoff
@@ -56,6 +62,12 @@ class WorkQueue(Generic[K]):
         self._on_retry = on_retry
         self._workers_n = workers
         self._ready: deque[K] = deque()
+        self._share = share
+        self._in_group: dict[Hashable, int] = {}
+        """With ``share``: group → how many of its keys are being processed (dropped at none)."""
+        self._parked: dict[Hashable, deque[K]] = {}
+        """With ``share``: group → its ready keys taken off :attr:`_ready` while the group had its share processed,
+        in order; one goes back to the front of :attr:`_ready` each time one of the group's keys is done."""
         self._queued: set[K] = set()
         self._processing: set[K] = set()
         self._dirty: set[K] = set()
@@ -135,14 +147,14 @@ class WorkQueue(Generic[K]):
 
     def idle(self) -> bool:
         """Nothing ready, nothing being processed, no pending progress (retries do not count)."""
-        return not self._ready and not self._processing and not self._dirty and self._delayed_progress == 0
+        return not self._queued and not self._processing and not self._dirty and self._delayed_progress == 0
 
     def empty(self) -> bool:
         """Nothing ready, being processed or waiting, retries included."""
         return self.idle() and not self._delayed
 
     def __len__(self) -> int:
-        return len(self._ready) + len(self._delayed)
+        return len(self._queued) + len(self._delayed)
 
     # ---- running ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -174,6 +186,8 @@ class WorkQueue(Generic[K]):
             self._timer[1].cancel()
             self._timer = None
         self._ready.clear()
+        self._parked.clear()
+        self._in_group.clear()
         self._queued.clear()
         self._delayed.clear()
         self._delayed_progress = 0
@@ -206,13 +220,43 @@ class WorkQueue(Generic[K]):
     def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
         self._timer = (when, loop.call_at(when, self._due))
 
+    def _take(self) -> K | None:
+        """The next ready key to process (None: none may be now), parking those whose group has its share."""
+        while self._ready:
+            key = self._ready.popleft()
+            if self._share is not None:
+                group = self._share[0](key)
+                if self._in_group.get(group, 0) >= self._share[1]:
+                    self._parked.setdefault(group, deque()).append(key)
+                    continue
+                self._in_group[group] = self._in_group.get(group, 0) + 1
+            return key
+        return None
+
+    def _done(self, key: K) -> None:
+        """With ``share``: ``key`` is no longer processed; its group's oldest parked key, if any, is ready first."""
+        if self._share is None:
+            return
+        group = self._share[0](key)
+        left = self._in_group[group] - 1
+        if left:
+            self._in_group[group] = left
+        else:
+            del self._in_group[group]
+        parked = self._parked.get(group)
+        if parked:
+            self._ready.appendleft(parked.popleft())
+            if not parked:
+                del self._parked[group]
+            self._has_ready.set()
+
     async def _worker(self) -> None:
         while True:
-            if not self._ready or self._stopping:
+            key = None if self._stopping else self._take()
+            if key is None:
                 self._has_ready.clear()
                 await self._has_ready.wait()
                 continue
-            key = self._ready.popleft()
             self._queued.discard(key)
             self._processing.add(key)
             self._settled.clear()
@@ -229,6 +273,7 @@ class WorkQueue(Generic[K]):
                     self._log.warning("sync failed, retrying", key=str(key), error=str(e), retry_in=round(delay, 6))
             finally:
                 self._processing.discard(key)
+                self._done(key)
                 if not self._processing:
                     self._settled.set()
                 if key in self._dirty:

@@ -186,3 +186,42 @@ async def test_a_drain_lets_what_is_processed_finish_and_starts_nothing_new() ->
         assert done == ["a"]
     finally:
         await q.stop()
+
+
+async def test_a_groups_backlog_waits_behind_its_own_share_not_ahead_of_another_group() -> None:
+    """With ``share``, at most so many keys of one group are processed at once, whatever the workers; a key of
+    another group added after a group's long backlog is processed at once, and the backlog all in turn, in order."""
+    release = asyncio.Event()
+    under_way: dict[str, int] = {}
+    most: dict[str, int] = {}
+    done: list[tuple[str, int]] = []
+    started: list[int] = []
+
+    async def handle(key: tuple[str, int]) -> None:
+        group = key[0]
+        if group == "busy":
+            started.append(key[1])
+        under_way[group] = under_way.get(group, 0) + 1
+        most[group] = max(most.get(group, 0), under_way[group])
+        try:
+            if group == "busy":
+                await release.wait()
+            done.append(key)
+        finally:
+            under_way[group] -= 1
+
+    q: WorkQueue[tuple[str, int]] = WorkQueue("t", handle, workers=8, share=(lambda k: k[0], 3))
+    q.start()
+    try:
+        for i in range(50):
+            q.add(("busy", i))
+        q.add(("other", 0))
+        await wait_until(lambda: ("other", 0) in done, 5.0, "the other group's key, past the backlog", every=0.001)
+        assert most == {"busy": 3, "other": 1} and under_way["busy"] == 3
+        assert not q.idle() and len(q) == 47
+        release.set()
+        await wait_until(q.idle, 5.0, "the backlog done", every=0.001)
+        assert started == list(range(50)) and len(done) == 51 and most["busy"] == 3
+        assert len(q) == 0
+    finally:
+        await q.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -19,11 +20,21 @@ from shared import contract
 from tests.builders import usage_snapshot
 from tests.waiting import wait_until
 
+_made: list[Reporter] = []
+
+
+@pytest.fixture(autouse=True)
+async def _stopped() -> AsyncIterator[None]:
+    """Each reporter a test made stopped after it (its nudge queue's workers)."""
+    yield
+    while _made:
+        await _made.pop().stop()
+
 
 def _reporter(kube: object, **opts: Any) -> Reporter:
     """A reporter whose Kubernetes calls are ``kube``'s (nudges do not touch the bus), with options ``opts``."""
     registry = CollectorRegistry()
-    return Reporter(
+    reporter = Reporter(
         cast(Bus, None),
         cast(QuotaApi, kube),
         EnforcerOptions(cluster="c1", **opts),
@@ -31,6 +42,8 @@ def _reporter(kube: object, **opts: Any) -> Reporter:
         EnforcerMetrics(registry),
         lambda: datetime(2026, 1, 1, tzinfo=UTC),
     )
+    _made.append(reporter)
+    return reporter
 
 
 class _SlowNudges:
@@ -72,7 +85,6 @@ async def test_a_tenants_many_nudges_take_a_bounded_share_of_the_api_client() ->
     later = msgspec.structs.replace(usage, seq=2)
     reporter.opts = EnforcerOptions(cluster="c1", nudge_interval=0.0)
     reporter.tell_and_nudge("tenant", later, 2)
-    assert len(reporter.side_tasks) == len(vms)
     kube.release.set()
     await wait_until(lambda: len(kube.nudged) == len(vms) + NUDGING_PER_NAMESPACE, 10, "every VMI nudged")
     assert kube.most == NUDGING_PER_NAMESPACE and sorted(set(kube.nudged)) == sorted(v.name for v in vms)
@@ -120,13 +132,13 @@ async def test_a_holder_let_in_again_with_no_new_usage_is_touched_with_another_v
     usage = usage_snapshot("tenant", 7, migrations=[pending])
     for n in (1, 2):
         reporter.tell_and_nudge("tenant", usage, 7, frozenset({"uid-vm1"}))
-        await wait_until(lambda: not reporter.side_tasks, 10, "the holder's VMI touched")
+        await wait_until(lambda: reporter.settled(), 10, "the holder's VMI touched")
         assert len(kube.tokens) == n
     assert [name for name, _ in kube.tokens] == ["vm1", "vm1"]
     assert kube.tokens[0][1] != kube.tokens[1][1], kube.tokens
-    await wait_until(lambda: not reporter.side_tasks, 10, "the touches done")
+    await wait_until(lambda: reporter.settled(), 10, "the touches done")
     reporter.tell_and_nudge("tenant", usage, 7)
-    assert not reporter.side_tasks and len(kube.tokens) == 2, "touched again with nothing let in"
+    assert reporter.settled() and len(kube.tokens) == 2, "touched again with nothing let in"
 
 
 class _FirstAnswerWaits:
@@ -153,7 +165,7 @@ async def test_a_holder_let_in_while_a_touch_of_its_vmi_is_under_way_is_touched_
     await wait_until(lambda: len(kube.tokens) == 1, 10, "the first touch under way")
     reporter.tell_and_nudge("tenant", usage_snapshot("tenant", 7, vms=[vm]), 7, frozenset({"uid-vm1"}))
     kube.release.set()
-    await wait_until(lambda: not reporter.side_tasks, 10, "the touches done")
+    await wait_until(lambda: reporter.settled(), 10, "the touches done")
     assert len(kube.tokens) == 2 and kube.tokens[1][1] != kube.tokens[0][1], kube.tokens
 
 
@@ -170,7 +182,7 @@ async def test_a_usage_with_room_within_the_nudge_interval_of_a_vain_touch_is_nu
     await wait_until(lambda: len(kube.tokens) == 1, 10, "the first touch")
     reporter.tell_and_nudge("tenant", usage_snapshot("tenant", 7, vms=[vm]), 7)  # (room now)
     reporter.tell_and_nudge("tenant", usage_snapshot("tenant", 8, vms=[vm]), 8)  # (one touch waits, for the latest)
-    await wait_until(lambda: len(kube.tokens) == 2 and not reporter.side_tasks, 10, "the usage with room's touch")
+    await wait_until(lambda: len(kube.tokens) == 2 and reporter.settled(), 10, "the usage with room's touch")
     assert kube.tokens[1][1].startswith("8."), kube.tokens
 
 
@@ -193,7 +205,7 @@ async def test_a_nudge_waiting_for_the_interval_is_taken_back_once_no_longer_due
     else:
         vms = [msgspec.structs.replace(vm, state="running", pod_refused=False)] if then == "running" else []
         reporter.tell_and_nudge("tenant", usage_snapshot("tenant", 8, vms=vms), 8)
-    await wait_until(lambda: not reporter.side_tasks, 10, "the waiting touch's turn")
+    await wait_until(lambda: reporter.settled(), 10, "the waiting touch's turn")
     assert [t.split(".")[0] for _, t in kube.tokens] == (["6", "9"] if then == "touched" else ["6"]), kube.tokens
 
 
@@ -207,7 +219,7 @@ async def test_a_usage_with_room_while_a_vain_touch_is_under_way_is_nudged_after
     await wait_until(lambda: len(kube.tokens) == 1, 10, "the first touch under way")
     reporter.tell_and_nudge("tenant", usage_snapshot("tenant", 7, vms=[vm]), 7)
     kube.release.set()
-    await wait_until(lambda: not reporter.side_tasks, 10, "the touches done")
+    await wait_until(lambda: reporter.settled(), 10, "the touches done")
     assert len(kube.tokens) == 2 and kube.tokens[1][1].startswith("7."), kube.tokens
 
 
@@ -230,7 +242,7 @@ async def test_a_touch_that_fails_once_is_tried_again() -> None:
     reporter = _reporter(kube, retry_base=0.001)
     pending = contract.MigrationState(name="m1", vmi="vm1", vmi_uid="uid-vm1", state="pending")
     reporter.tell_and_nudge("tenant", usage_snapshot("tenant", 7, migrations=[pending]), 7, frozenset({"uid-vm1"}))
-    await wait_until(lambda: not reporter.side_tasks, 10, "the touch done")
+    await wait_until(lambda: reporter.settled(), 10, "the touch done")
     assert [name for name, _ in kube.tokens] == ["vm1", "vm1"], kube.tokens
 
 
@@ -259,12 +271,12 @@ async def test_a_touch_for_the_same_usage_again_is_an_update_kubevirt_sees(befor
     vm = contract.VmState(name="vm1", uid="uid-vm1", state="admitted", pod_refused=True)
     usage = usage_snapshot("tenant", 7, vms=[vm])
     reporter.tell_and_nudge("tenant", usage, 7)
-    await wait_until(lambda: not reporter.side_tasks, 10, "the first touch done")
+    await wait_until(lambda: reporter.settled(), 10, "the first touch done")
     assert len(kube.updates) == 1
     if before == "nudge_again":
         reporter.nudge_again("tenant")
     elif before == "a_new_leader":
         reporter = _reporter(kube, nudge_interval=0.0)
     reporter.tell_and_nudge("tenant", usage, 7, frozenset({"uid-vm1"}))
-    await wait_until(lambda: not reporter.side_tasks, 10, "the let-in's touch done")
+    await wait_until(lambda: reporter.settled(), 10, "the let-in's touch done")
     assert len(kube.updates) == 2, f"the touch made no update KubeVirt sees: {kube.updates}"

@@ -548,6 +548,58 @@ async def test_a_refused_target_is_tried_again_at_its_backoff_and_at_once_on_a_q
     assert sum(refused.values()) == sum(e.get("count", 1) for e in events)
 
 
+_HOLD_TARGETS = [
+    {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": "hold-targets"},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}
+                ]
+            },
+            "validations": [
+                {
+                    "expression": "!('kubevirt.io/migrationJobUID' in object.metadata.labels)",
+                    "message": "migration targets are held back",
+                }
+            ],
+        },
+    },
+    {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": "hold-targets"},
+        "spec": {"policyName": "hold-targets", "validationActions": ["Deny"]},
+    },
+]
+
+
+async def test_a_quota_update_re_queues_only_the_migrations_refused_for_quota() -> None:
+    """Upstream's migration controller re-queues on a quota's update the migrations whose status carries
+    ``migrationRejectedByResourceQuota`` (``updateResourceQuota`` at v1.9.0), which only an error that says
+    ``exceeded quota`` sets. The simulator woke every migration waiting out a backoff in the namespace, so a target
+    refused for another reason was retried at vmquota's next quota write instead of at KubeVirt's backoff."""
+    timing = KubeVirtTiming(speed=SPEED, backoff_base=30.0, backoff_in_real_time=True)
+    async with SimCluster(speed=SPEED, serve_http=False, kubevirt_timing=timing) as sim:
+        await sim.create_namespace("t")
+        await sim.create_quota("t", "compute", {"limits.memory": "64Gi"})
+        await sim.wait_quota_synced("t", "compute")
+        await sim.create_vm("t", "vm1", memory="1Gi")
+        await sim.wait_for_phase("t", "vm1", "Running")
+        for obj in _HOLD_TARGETS:
+            await sim.create(copy.deepcopy(obj))
+        await sim.migrate("t", "vm1", name="mig1")
+        await sim.wait_for(lambda: sim.kubevirt.waits_out_backoff("vmim", ("t", "mig1")), what="the target refused")
+        events = await sim.events("t", "vm1", reason="FailedCreate")
+        assert any("held back" in e["message"] for e in events), events
+        assert "migrationRejectedByResourceQuota" not in conditions(await sim.get("vmim", "t", "mig1"))
+        await sim.set_quota_hard("t", "compute", {"limits.memory": "65Gi"})  # (a quota update; cache fed at once)
+        assert sim.kubevirt.waits_out_backoff("vmim", ("t", "mig1")), "re-queued by a quota update"
+
+
 async def test_a_migration_of_a_vmi_with_a_hotplugged_volume_waits_for_its_targets_attachment_pod(
     sim: SimCluster,
 ) -> None:

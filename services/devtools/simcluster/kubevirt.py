@@ -853,14 +853,17 @@ class KubeVirtSimulator:
         self.migration_queue.add(key)
 
     def _on_quota(self, type_: WatchType, obj: Obj, old: Obj | None) -> None:
-        """KubeVirt's migration controller re-queues migrations refused for quota at once when a quota of their
-        namespace is updated or deleted (not created). The VMI controller does not watch quotas: a VMI whose pod was
+        """KubeVirt's migration controller re-queues at once, when a quota of their namespace is updated or deleted
+        (not created), the migrations whose status carries ``migrationRejectedByResourceQuota`` (set on an error
+        that says ``exceeded quota``; ``updateResourceQuota`` at v1.9.0): a target refused for any other reason
+        waits out its backoff, whatever the quotas do. The VMI controller does not watch quotas: a VMI whose pod was
         refused waits for its backoff to expire."""
         if type_ == "ADDED":
             return
         ns = key_of(obj)[0]
-        for _, key in [k for k in self._retry_at if k[0] == "vmim" and k[1][0] == ns]:
-            self._wake_migration(key, "quota update")
+        for vmim in self.cache.list("virtualmachineinstancemigrations", ns):
+            if has_condition(vmim, REJECTED_BY_QUOTA):
+                self._wake_migration(key_of(vmim), "quota update")
 
     # ---- admission (KubeVirt's validating webhooks) ---------------------------------------------------------
     async def _admit_vm(
@@ -1055,6 +1058,12 @@ class KubeVirtSimulator:
         now = asyncio.get_running_loop().time()
         delay = queue.add_rate_limited(key, retry_after=self._buckets[kind].take(now))
         self._retry_at[(kind, key)] = now + delay
+
+    def waits_out_backoff(self, kind: str, key: Key) -> bool:
+        """Whether the last try of a VMI (``vmi``) or migration (``vmim``) failed and its retry waits for its
+        backoff, nothing having re-queued it since."""
+        until = self._retry_at.get((kind, key))
+        return until is not None and until > asyncio.get_running_loop().time()
 
     def _succeeded(self, kind: str, key: Key, queue: WorkQueue) -> None:
         queue.forget(key)

@@ -279,10 +279,10 @@ class State:
         amounts within the bound the largest is taken, whatever an Event says of its time: a tenant's Event dated
         ahead of KubeVirt's, smaller or beyond the bound, took the place of KubeVirt's amounts, and a target
         KubeVirt renders larger than vmquota's estimate then had room for the estimate only, refused for as long as
-        the Event was kept. Returns the corrected estimate, the amounts taken, and whether the latest refusal (in
-        event order) has an amount beyond the bound: what KubeVirt asks for now, as far as Events tell (an older
-        refusal beyond it, of a webhook's container since removed, say, must not keep the pod from room for as long
-        as its Event lasts; a tenant's Event dated ahead only holds back its own VM). Never smaller: a refusal is
+        the Event was kept. Returns the corrected estimate, the amounts taken, and whether any refusal has an amount
+        beyond the bound: whichever Event is the latest is the tenant's to decide (its time, or a later Event of its
+        own), and a later one within the bound had room held, and a guard holder made, for a VM whose pod KubeVirt
+        renders beyond it (a webhook's container), which then took room reserved for others. Never smaller: a refusal is
         KubeVirt's word for a pod it tried to create, and that pod may have been rendered from an older spec (a
         migration refused before a hotplug made its target larger); an estimate too large only reserves room the
         pod does not take, one too small would let it take room reserved for others."""
@@ -291,7 +291,6 @@ class State:
         ignored: list[str] = []
         beyond = False
         for refused in refusals:
-            beyond = False
             for r, amount in sorted(refused.items()):
                 est = estimate.get(r)
                 bound = evidence_bound(r, est) if est is not None else None

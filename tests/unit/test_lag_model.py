@@ -342,6 +342,9 @@ class Cluster:
     writing: frozenset[guard.Holder] = frozenset()
     guard_writes: int = 0
     refusals: int = 0
+    injected: dict[str, dict[str, str]] = field(default_factory=dict)
+    """VMI name → the resources of a container a mutating webhook adds to its launcher pods (a mesh's sidecar,
+    sized by an annotation the tenant sets): pods KubeVirt makes larger than vmquota's rendering."""
 
     def __post_init__(self) -> None:
         kv = kubevirt_cr(self.setup.config)
@@ -365,6 +368,14 @@ class Cluster:
         self.put(quota)
         self.recompute_used()
         self.vmquota_catches_up()  # (vmquota manages the quota before the first VM: no VM predates its hard)
+
+    def launcher(self, vmi: Obj, **kw: Any) -> Obj:
+        """The launcher pod KubeVirt makes for ``vmi`` (``launcher_obj``), with what a webhook injects into it."""
+        pod = launcher_obj(vmi, **kw)
+        extra = self.injected.get(name_of(vmi))
+        if extra is not None:
+            pod["spec"]["containers"].append({"name": "injected", "resources": {"requests": extra, "limits": extra}})
+        return pod
 
     # ---- the store ------------------------------------------------------------------------------------------------
     def put(self, obj: Obj) -> Obj:
@@ -838,7 +849,7 @@ class Cluster:
         if refused and not retry and not nudged:
             return
         self.nudges.discard(name)
-        pod = launcher_obj(
+        pod = self.launcher(
             vmi,
             config=self.config,
             facts=self.facts,
@@ -903,7 +914,7 @@ class Cluster:
         if not retry and self.tried_at.get(name) == self.attempt():
             return
         node = "n2" if vmi["status"].get("nodeName") == "n1" else "n1"
-        pod = launcher_obj(
+        pod = self.launcher(
             vmi,
             config=self.config,
             facts=self.facts,
@@ -2780,6 +2791,38 @@ def test_with_the_guard_a_tenant_replacing_its_pending_vmi_holds_no_drain_back(c
             break
     phase = c.objs[VMIM_KIND]["drain"]["status"]["phase"]
     assert phase != "Pending", f"the drain still waits after 20 rounds: {len(c.reservation)} holders listed"
+
+
+@pytest.mark.parametrize("forged", [False, True], ids=["kubevirts_refusal_only", "with_a_later_forged_refusal"])
+@pytest.mark.parametrize("guarded", [False, True], ids=["without_the_guard", "with_the_guard"])
+def test_a_later_forged_refusal_makes_no_holder_of_a_vm_whose_pod_a_webhook_enlarges(
+    guarded: bool, forged: bool
+) -> None:
+    """A 16Gi VM runs, and the budget leaves room for a 1Gi VM's pod and 64Mi. The tenant migrates its VM (refused:
+    room is held for the target, the VM a holder), and creates a 1Gi VM whose annotation has the cluster's webhook
+    add an 8Gi container to its pods: KubeVirt's refusal asks for 8Gi beyond the rendering, beyond the evidence
+    bound, so no room is held for that VM. The tenant then writes a refusal of its own, later, within the bound.
+    Only the latest refusal decided: room was held at the forged amount, the VM made a confirmed holder, and
+    KubeVirt's 9Gi pod of it took the room held for the migration's target as well (with the guard, 7.9Gi over the
+    budget; without it, the reservation window, which the model allows). Any refusal beyond the bound decides."""
+    facts = facts_for(["limits.memory"])
+    big = usage_of(launcher_obj(vmi_obj("p", guest="16384Mi"), facts=facts, vouched=False))["limits.memory"]
+    small = usage_of(launcher_obj(vmi_obj("p", guest="1024Mi"), facts=facts, vouched=False))["limits.memory"]
+    c = cluster(Mode.VMI_POD_USAGE, {"limits.memory": (big + small + Q("64Mi")).canonical()}, guarded=guarded)
+    start_vms(c, 1, 16384)
+    c.tenant_migrate(0)
+    (m,) = c.of_kind(VMIM_KIND)
+    c.kv_target(name_of(m))  # (refused: no room for a second 16Gi pod)
+    b = c.tenant_vm(1, 1024)
+    c.injected[b] = {"cpu": "10m", "memory": "8Gi"}
+    c.kv_start(b, retry=True)  # (refused: KubeVirt asks for its rendering and 8Gi)
+    assert c.objs[VMI_KIND][b]["status"]["phase"] == "Pending"
+    if forged:
+        c.put(refusal_event(b, {"limits.memory": (small + Q("64Mi")).canonical()}, t=c.tick()))
+    c.vmquota_catches_up()
+    c.kv_start(b, retry=True)  # (KubeVirt's next try: its backoff, or vmquota's nudge)
+    c.kv_target(name_of(m))
+    c.check_safety()
 
 
 @pytest.mark.parametrize("guarded", [False, True], ids=["without_the_guard", "with_the_guard"])

@@ -264,7 +264,9 @@ class Admission(Migrations):
         pod_est = dict(estimate)
         beyond = False
         if refused:  # (a status condition only KubeVirt writes: it really tried to create the pod)
-            pod_est, taken, beyond = self._bounded(estimate, self._refusals(v, v.creation_timestamp), v.ref)
+            remembered = self.refused.get(v.uid)  # (the fold's: KubeVirt's refusal may have been deleted or pushed out)
+            refusals = [*self._refusals(v, v.creation_timestamp), *([remembered] if remembered else [])]
+            pod_est, taken, beyond = self._bounded(estimate, refusals, v.ref)
             refused = not beyond
         pod_est = nonzero(pod_est)
         usages = {q.policy.name: mode_usage(q.policy.mode, size, pod_est, q.ratio) for q in self.quotas}

@@ -111,6 +111,7 @@ def account_view(
     departed: Mapping[str, VmiSnapshot] | None = None,
     made_for: Mapping[str, tuple[str, int, int]] | None = None,
     settled: frozenset[str] = frozenset(),
+    refused: Mapping[str, ResourceList] | None = None,
 ) -> NamespaceUsage:
     """Account one namespace: **the** entry of the accounting.
 
@@ -131,7 +132,9 @@ def account_view(
     → the VMI it was made for, the vCPUs of that VMI's spec as the fold first saw the two together (at least what
     the pod was made for) and the fewest the pod may have been made for (likewise): a running VM counts at the most
     vCPUs that or its pods' charges show, whatever its status says, and is admitted as a size change unless the
-    fewest and its charges show its spec."""
+    fewest and its charges show its spec. ``refused``: pending VMI uid → the largest amounts of the quota refusals
+    that named it (likewise): evidence of what KubeVirt was refused that outlasts the Events, which the tenant may
+    delete or push out."""
     return _Accounting(
         kinds,
         namespace,
@@ -144,6 +147,7 @@ def account_view(
         departed=departed,
         made_for=made_for,
         settled=settled,
+        refused=refused,
     ).run()
 
 
@@ -193,11 +197,13 @@ class _Accounting(Admission):
         departed: Mapping[str, VmiSnapshot] | None = None,
         made_for: Mapping[str, tuple[str, int, int]] | None = None,
         settled: frozenset[str] = frozenset(),
+        refused: Mapping[str, ResourceList] | None = None,
     ) -> None:
         self.now = now
         self.late = late
         self.settled = settled
         self.made_for: Mapping[str, tuple[str, int, int]] = made_for or {}
+        self.refused: Mapping[str, ResourceList] = refused or {}
         self.errors: list[str] = []
         self.namespace = namespace
         self._split(kinds)

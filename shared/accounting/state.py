@@ -209,6 +209,9 @@ class State:
     """Launcher pod uid → the VMI it was made for, the vCPUs of its spec as the ledger's fold first saw the two
     together (at least what the pod was made for), and the fewest vCPUs the pod may have been made for
     (``shared.ledger.fold``; none from snapshots alone)."""
+    refused: Mapping[str, ResourceList]
+    """Pending VMI uid → the largest amounts of the quota refusals that named it, as the ledger's fold remembers
+    them (``NamespaceState.refused``; none from snapshots alone): they outlast the Events."""
     quotas: list[QuotaSums]
     renderer: Renderer
     quotas_key: int

@@ -101,6 +101,7 @@ def account(view: NamespaceView, now: datetime | None = None) -> contract.UsageB
         settled=view.settled,
         departed=view.departed,
         made_for=view.made_for,
+        refused=view.refused,
     )
     errors = list(usage.errors)
     quotas = {name: quota_terms(name, q, errors) for name, q in sorted(usage.quotas.items())}

@@ -63,6 +63,12 @@ until it names a pod, and a pod made for it then may have been made for that. Ad
 size only where that says so (a VMI created with a ``currentCPUTopology`` as large as the spec it is raised to as
 its pod is made gets no growth unadmitted); counting keeps the larger.
 
+What a pending VMI was refused: the largest ``requested:`` amounts of each resource of the quota refusals that name
+its uid (:attr:`NamespaceState.refused`, in checkpoints too, until the VMI is no longer pending or is gone). A refusal
+beyond the evidence bound keeps room from being held for a new VM's pod (``shared.accounting.admission``), and its
+Event is not enough to keep: a tenant may delete it, or push it out of the Events a state keeps (:data:`EVENTS_KEPT`)
+with its own, and a refusal of its own within the bound then had room held for a pod KubeVirt renders beyond it.
+
 Partitions: a namespace belongs to partition ``crc32("<cluster>/<namespace>") % total``. A ledger instance owns a
 :class:`PartitionSet` and skips the namespaces of other partitions; cluster-wide objects are folded by all.
 """
@@ -94,8 +100,11 @@ from shared.kinds import (
 )
 from shared.quantity import ZERO
 from shared.quota.modes import policy_changed
+from shared.resources import ResourceList, canonical_resource_list, maximum, parse_resource_list
 from shared.snapshot import (
+    VMI_WAITING_PHASES,
     WIRE_SNAPSHOT,
+    EventSnapshot,
     PodSnapshot,
     QuotaSnapshot,
     VmimSnapshot,
@@ -255,6 +264,8 @@ class Checkpoint(msgspec.Struct, kw_only=True, rename="camel"):
     """The fewest vCPUs of :attr:`NamespaceState.made_for`, for the pods where it is below the vCPUs."""
     grew_unnamed: dict[str, int] = {}
     """:attr:`NamespaceState.grew_unnamed`."""
+    refused: dict[str, dict[str, str]] = {}
+    """:attr:`NamespaceState.refused`, the amounts as quantities' text."""
     objects: list[_CkRecord] = []
 
 
@@ -377,6 +388,7 @@ class NamespaceState:
         "made_for",
         "namespace",
         "objects",
+        "refused",
         "refused_from",
         "replaced",
         "seq",
@@ -440,6 +452,11 @@ class NamespaceState:
         self.grew_unnamed: dict[str, int] = {}
         """VMI uid → the fewest vCPUs of its spec, for a VMI whose spec grew while it named no pod, until it names
         one (see the module)."""
+        self.refused: dict[str, ResourceList] = {}
+        """VMI uid → the largest ``requested:`` amounts of the quota refusals folded that name it, for a pending VMI
+        (see :meth:`_refusal`). Its Events are not enough: a tenant may delete KubeVirt's, or push it out of the ones a
+        state keeps (:data:`EVENTS_KEPT`) with its own, and a refusal of its own within the evidence bound then had
+        room held for a VM whose pod KubeVirt renders beyond it, which took the room held for others."""
 
     # ---- reading ----------------------------------------------------------------------------------------------
     def live(self, kind: str) -> list[Snapshot]:
@@ -503,6 +520,7 @@ class NamespaceState:
             if kind == VMI_KIND:
                 self._grown_unnamed(self.replaced, ev.snapshot)
                 self._named(self.replaced, ev.snapshot)
+                self._pending(uid, ev.snapshot)
                 if _hotplugged(self.replaced) != _hotplugged(ev.snapshot):
                     self.attaching = self._attachments()
             elif kind == POD_KIND:
@@ -533,6 +551,7 @@ class NamespaceState:
                 self._migration_changed(uid, self.replaced, ev.snapshot, ev.time)
             elif kind == EVENT_KIND:
                 _kept_in_fold_order(recs, uid)
+                self._refusal(ev.snapshot)
             elif (
                 kind == QUOTA_KIND
                 and isinstance(self.replaced, QuotaSnapshot)
@@ -611,6 +630,32 @@ class NamespaceState:
         if kept:
             self.departed_vmis[before.uid] = msgspec.structs.replace(before, active_pods={})
 
+    def _refusal(self, event: Snapshot) -> None:
+        """An Event's version folded: a quota refusal naming a pending VMI's uid adds its amounts to what is
+        remembered of that VMI's refusals (:attr:`refused`), the largest of each resource."""
+        if not isinstance(event, EventSnapshot) or not event.quota_refusal or not event.involved_uid:
+            return
+        rec = (self.objects.get(VMI_KIND) or {}).get(event.involved_uid)
+        if rec is not None and isinstance(rec.snapshot, VmiSnapshot) and rec.snapshot.phase in VMI_WAITING_PHASES:
+            self.refused[event.involved_uid] = maximum(self.refused.get(event.involved_uid, {}), event.requested)
+
+    def _pending(self, uid: str, vmi: Snapshot) -> None:
+        """A VMI's version folded: while it is pending its refusals are remembered (those folded before it, from the
+        Events kept), and forgotten once it is not (its pod exists: a migration's refusals are read from its
+        Events since the migration was made)."""
+        if not isinstance(vmi, VmiSnapshot) or vmi.phase not in VMI_WAITING_PHASES:
+            self.refused.pop(uid, None)
+            return
+        if uid in self.refused:
+            return
+        remembered: ResourceList = {}
+        for rec in (self.objects.get(EVENT_KIND) or {}).values():
+            e = rec.snapshot
+            if isinstance(e, EventSnapshot) and e.quota_refusal and e.involved_uid == uid:
+                remembered = maximum(remembered, e.requested)
+        if remembered:
+            self.refused[uid] = remembered
+
     def _grown_unnamed(self, before: Snapshot | None, now: Snapshot) -> None:
         """A VMI's new version ``now`` replaced ``before``: a spec that grew while the VMI named no pod is
         remembered at its smallest (:attr:`grew_unnamed`), until the VMI names a pod."""
@@ -649,6 +694,7 @@ class NamespaceState:
         if kind == VMI_KIND:
             self._named(before, None)
             self.grew_unnamed.pop(uid, None)
+            self.refused.pop(uid, None)
             if _hotplugged(before):
                 self.attaching = self._attachments()
         elif kind == POD_KIND:
@@ -886,6 +932,7 @@ class NamespaceState:
                 made_for={pod: (vmi, vcpus) for pod, (vmi, vcpus, _) in sorted(self.made_for.items())},
                 made_fewest={pod: f for pod, (_, vcpus, f) in sorted(self.made_for.items()) if f < vcpus},
                 grew_unnamed=dict(sorted(self.grew_unnamed.items())),
+                refused={vmi: canonical_resource_list(rl) for vmi, rl in sorted(self.refused.items())},
             )
         )
         assert head.endswith(b"[]}"), "objects is the last field of a checkpoint"
@@ -933,6 +980,10 @@ class NamespaceState:
             pod: (vmi, vcpus, min(vcpus, ck.made_fewest.get(pod, vcpus))) for pod, (vmi, vcpus) in ck.made_for.items()
         }
         st.grew_unnamed = dict(ck.grew_unnamed)
+        try:
+            st.refused = {vmi: parse_resource_list(amounts) for vmi, amounts in ck.refused.items()}
+        except InvalidInput as e:
+            raise InvalidInput(f"invalid checkpoint: refused: {e}", "checkpoint") from None
         for r in ck.objects:
             try:
                 snap = from_wire(r.snapshot)  # (the parts the wire variant reads as text are decoded here)
@@ -967,6 +1018,8 @@ class NamespaceView:
     made_for: Mapping[str, tuple[str, int, int]] = field(default_factory=dict)
     """The VMI and vCPUs each launcher pod was made for, and the fewest it may have been made for
     (:attr:`NamespaceState.made_for`)."""
+    refused: Mapping[str, ResourceList] = field(default_factory=dict)
+    """The largest amounts of the quota refusals of each pending VMI (:attr:`NamespaceState.refused`)."""
 
 
 def checkpoint_key(cluster: str, namespace: str, instance: str) -> str:
@@ -1121,6 +1174,7 @@ class Ledger:
             settled=frozenset(st.settled) if st is not None else frozenset(),
             departed=st.departed_pods() if st is not None and st.departed else {},
             made_for=st.made_for if st is not None else {},
+            refused=st.refused if st is not None else {},
         )
 
     def apply(self, ev: Upserted | Deleted | Sync, seq: int) -> Outcome:

@@ -81,7 +81,7 @@ from shared import contract
 from shared.accounting import wire
 from shared.kinds import EVENT_KIND, KUBEVIRT_KIND, POD_KIND, QUOTA_KIND, VMI_KIND, VMIM_KIND
 from shared.kubevirt import KubeVirtConfig
-from shared.ledger.fold import NamespaceState, NamespaceView
+from shared.ledger.fold import EVENTS_KEPT, NamespaceState, NamespaceView
 from shared.normalize import normalize
 from shared.quantity import ZERO, Quantity
 from shared.quota import enforcement, guard
@@ -615,9 +615,11 @@ class Cluster:
             and snap.phase in ("", "Pending")
         ):
             self.read_vmi_afresh(snap.vmi_name)
-        if kind in (POD_KIND, VMIM_KIND, QUOTA_KIND, VMI_KIND):
-            self.fold.apply(self.events[kind][at], self.fold.seq + 1)
-        if snap is None:
+        self.fold.apply(self.events[kind][at], self.fold.seq + 1)
+        if kind == EVENT_KIND:  # (the Events the ledger's fold keeps: the latest folded, at most EVENTS_KEPT)
+            kept = self.fold.objects.get(EVENT_KIND, {})
+            self.view[kind] = {u: r.snapshot for u, r in kept.items() if r.snapshot is not None}
+        elif snap is None:
             self.view[kind].pop(uid, None)
         else:
             self.view[kind][uid] = snap
@@ -656,6 +658,7 @@ class Cluster:
             late=frozenset(self.fold.late),
             settled=frozenset(self.fold.settled),
             departed=self.fold.departed_pods(),
+            refused=dict(self.fold.refused),
         )
         body = wire.account(view, now=NOW)
         self.published_active = {
@@ -2824,6 +2827,36 @@ def test_a_later_forged_refusal_makes_no_holder_of_a_vm_whose_pod_a_webhook_enla
         c.put(refusal_event(b, {"limits.memory": (small + Q("64Mi")).canonical()}, t=c.tick()))
     c.vmquota_catches_up()
     c.kv_start(b, retry=True)  # (KubeVirt's next try: its backoff, or vmquota's nudge)
+    c.kv_target(name_of(m))
+    c.check_safety()
+
+
+@pytest.mark.parametrize("how", ["flooded_out", "deleted"])
+def test_kubevirts_refusal_beyond_the_bound_flooded_out_or_deleted_still_makes_no_holder(how: str) -> None:
+    """As above, with the guard, and KubeVirt's refusal beyond the bound gone from what the ledger holds before the
+    tenant's own refusal within it comes: deleted by the tenant, or pushed out by as many Events of the tenant's as
+    a namespace's state keeps (``shared.ledger.fold.EVENTS_KEPT``)."""
+    facts = facts_for(["limits.memory"])
+    big = usage_of(launcher_obj(vmi_obj("p", guest="16384Mi"), facts=facts, vouched=False))["limits.memory"]
+    small = usage_of(launcher_obj(vmi_obj("p", guest="1024Mi"), facts=facts, vouched=False))["limits.memory"]
+    c = cluster(Mode.VMI_POD_USAGE, {"limits.memory": (big + small + Q("64Mi")).canonical()}, guarded=True)
+    start_vms(c, 1, 16384)
+    c.tenant_migrate(0)
+    (m,) = c.of_kind(VMIM_KIND)
+    c.kv_target(name_of(m))
+    b = c.tenant_vm(1, 1024)
+    c.injected[b] = {"cpu": "10m", "memory": "8Gi"}
+    c.kv_start(b, retry=True)
+    c.vmquota_catches_up()
+    (kubevirts,) = [e for e in c.objs[EVENT_KIND] if b in e]
+    if how == "deleted":
+        c.delete(EVENT_KIND, kubevirts)
+    else:
+        for i in range(EVENTS_KEPT):
+            c.put(refusal_event(f"nothing{i}", {"limits.memory": "1Mi"}, t=c.tick()))
+    c.put(refusal_event(b, {"limits.memory": (small + Q("64Mi")).canonical()}, t=c.tick()))
+    c.vmquota_catches_up()
+    c.kv_start(b, retry=True)
     c.kv_target(name_of(m))
     c.check_safety()
 

@@ -851,6 +851,51 @@ def test_what_a_launcher_pod_was_made_for_is_remembered_from_its_vmi_when_it_was
     assert st.made_for == {"p9": ("v2", 2, 2)}, "a relist without the pod: gone"
 
 
+def test_a_pending_vmis_refusals_are_remembered_at_their_largest_when_their_events_are_gone() -> None:
+    """KubeVirt's refusal of a new VM's pod beyond the evidence bound keeps room from being held for it (a webhook's
+    container the rendering does not know); a tenant could delete that Event, or push it out of the Events a state
+    keeps with its own, and a refusal of its own within the bound then had room held for a pod KubeVirt renders
+    beyond it. The fold remembers each pending VMI's refusals (those folded before the VMI too), the largest amount
+    of each resource, in checkpoints too, until the VMI is no longer pending or is gone."""
+    vmi, ev = "VirtualMachineInstance", "Event"
+    gi = Quantity.parse
+
+    def refusal(uid: str, rv: int, vmi_uid: str, **requested: str) -> Upserted:
+        return up(
+            uid,
+            rv,
+            kind=ev,
+            reason="FailedCreate",
+            involved_kind=vmi,
+            involved_uid=vmi_uid,
+            quota_name="rq",
+            requested={r.replace("_", "."): gi(q) for r, q in requested.items()},
+        )
+
+    led = fold(
+        [
+            refusal("e0", 1, "v1", limits_memory="3Gi"),  # (folded before its VMI: the watches are in no order)
+            up("v1", 2, kind=vmi, phase="Pending"),
+            refusal("e1", 3, "v1", limits_memory="9Gi", limits_cpu="1"),
+            refusal("e2", 4, "v1", limits_memory="2Gi", limits_cpu="2"),
+            refusal("e3", 5, "v9", limits_memory="1Gi"),  # (no such VMI)
+            down("e1", 6, kind=ev),
+        ]
+    )
+    st = led.state("c1", "a")
+    assert st is not None
+    largest = {"limits.memory": gi("9Gi"), "limits.cpu": gi("2")}
+    assert st.refused == {"v1": largest}, "the Event deleted still counts"
+    assert led.view("c1", "a").refused == {"v1": largest}
+    again = Ledger()
+    again.load(st.checkpoint())
+    assert again.state("c1", "a").refused == {"v1": largest}  # type: ignore[union-attr]
+    fold([up("v1", 7, kind=vmi, phase="Scheduling"), up("v2", 8, kind=vmi, phase="Pending")], led, start=7)
+    assert st.refused == {}, "a VMI past Pending: its migrations' refusals are read from their Events"
+    fold([refusal("e4", 9, "v2", limits_memory="1Gi"), down("v2", 10, kind=vmi)], led, start=9)
+    assert st.refused == {}, "a VMI gone"
+
+
 def test_a_spec_grown_before_its_vmi_named_a_pod_is_remembered_as_what_the_pod_may_have_been_made_for() -> None:
     """KubeVirt's VM controller carries a VM's new sockets into its VMI whatever the VMI's phase, so the spec may grow
     between the VMI's creation and its naming its first pod, which KubeVirt may have made from the smaller spec: the

@@ -2799,18 +2799,11 @@ def test_with_the_guard_a_tenant_replacing_its_pending_vmi_holds_no_drain_back(c
     assert phase != "Pending", f"the drain still waits after 20 rounds: {len(c.reservation)} holders listed"
 
 
-@pytest.mark.parametrize("forged", [False, True], ids=["kubevirts_refusal_only", "with_a_later_forged_refusal"])
-@pytest.mark.parametrize("guarded", [False, True], ids=["without_the_guard", "with_the_guard"])
-def test_a_later_forged_refusal_makes_no_holder_of_a_vm_whose_pod_a_webhook_enlarges(
-    guarded: bool, forged: bool
-) -> None:
+def _enlarged_vm_beside_a_refused_migration(guarded: bool) -> tuple[Cluster, str, str, Quantity]:
     """A 16Gi VM runs, and the budget leaves room for a 1Gi VM's pod and 64Mi. The tenant migrates its VM (refused:
     room is held for the target, the VM a holder), and creates a 1Gi VM whose annotation has the cluster's webhook
     add an 8Gi container to its pods: KubeVirt's refusal asks for 8Gi beyond the rendering, beyond the evidence
-    bound, so no room is held for that VM. The tenant then writes a refusal of its own, later, within the bound.
-    Only the latest refusal decided: room was held at the forged amount, the VM made a confirmed holder, and
-    KubeVirt's 9Gi pod of it took the room held for the migration's target as well (with the guard, 7.9Gi over the
-    budget; without it, the reservation window, which the model allows). Any refusal beyond the bound decides."""
+    bound, so no room is held for that VM. The cluster, the migration, the new VM and its rendered pod's memory."""
     facts = facts_for(["limits.memory"])
     big = usage_of(launcher_obj(vmi_obj("p", guest="16384Mi"), facts=facts, vouched=False))["limits.memory"]
     small = usage_of(launcher_obj(vmi_obj("p", guest="1024Mi"), facts=facts, vouched=False))["limits.memory"]
@@ -2823,11 +2816,25 @@ def test_a_later_forged_refusal_makes_no_holder_of_a_vm_whose_pod_a_webhook_enla
     c.injected[b] = {"cpu": "10m", "memory": "8Gi"}
     c.kv_start(b, retry=True)  # (refused: KubeVirt asks for its rendering and 8Gi)
     assert c.objs[VMI_KIND][b]["status"]["phase"] == "Pending"
+    c.vmquota_catches_up()
+    return c, name_of(m), b, small
+
+
+@pytest.mark.parametrize("forged", [False, True], ids=["kubevirts_refusal_only", "with_a_later_forged_refusal"])
+@pytest.mark.parametrize("guarded", [False, True], ids=["without_the_guard", "with_the_guard"])
+def test_a_later_forged_refusal_makes_no_holder_of_a_vm_whose_pod_a_webhook_enlarges(
+    guarded: bool, forged: bool
+) -> None:
+    """(``_enlarged_vm_beside_a_refused_migration``.) The tenant then writes a refusal of its own, later, within the
+    bound. Only the latest refusal decided: room was held at the forged amount, the VM made a confirmed holder, and
+    KubeVirt's 9Gi pod of it took the room held for the migration's target as well (with the guard, 7.9Gi over the
+    budget; without it, the reservation window, which the model allows). Any refusal beyond the bound decides."""
+    c, m, b, small = _enlarged_vm_beside_a_refused_migration(guarded)
     if forged:
         c.put(refusal_event(b, {"limits.memory": (small + Q("64Mi")).canonical()}, t=c.tick()))
     c.vmquota_catches_up()
     c.kv_start(b, retry=True)  # (KubeVirt's next try: its backoff, or vmquota's nudge)
-    c.kv_target(name_of(m))
+    c.kv_target(m)
     c.check_safety()
 
 
@@ -2836,18 +2843,7 @@ def test_kubevirts_refusal_beyond_the_bound_flooded_out_or_deleted_still_makes_n
     """As above, with the guard, and KubeVirt's refusal beyond the bound gone from what the ledger holds before the
     tenant's own refusal within it comes: deleted by the tenant, or pushed out by as many Events of the tenant's as
     a namespace's state keeps (``shared.ledger.fold.EVENTS_KEPT``)."""
-    facts = facts_for(["limits.memory"])
-    big = usage_of(launcher_obj(vmi_obj("p", guest="16384Mi"), facts=facts, vouched=False))["limits.memory"]
-    small = usage_of(launcher_obj(vmi_obj("p", guest="1024Mi"), facts=facts, vouched=False))["limits.memory"]
-    c = cluster(Mode.VMI_POD_USAGE, {"limits.memory": (big + small + Q("64Mi")).canonical()}, guarded=True)
-    start_vms(c, 1, 16384)
-    c.tenant_migrate(0)
-    (m,) = c.of_kind(VMIM_KIND)
-    c.kv_target(name_of(m))
-    b = c.tenant_vm(1, 1024)
-    c.injected[b] = {"cpu": "10m", "memory": "8Gi"}
-    c.kv_start(b, retry=True)
-    c.vmquota_catches_up()
+    c, m, b, small = _enlarged_vm_beside_a_refused_migration(True)
     (kubevirts,) = [e for e in c.objs[EVENT_KIND] if b in e]
     if how == "deleted":
         c.delete(EVENT_KIND, kubevirts)
@@ -2857,7 +2853,7 @@ def test_kubevirts_refusal_beyond_the_bound_flooded_out_or_deleted_still_makes_n
     c.put(refusal_event(b, {"limits.memory": (small + Q("64Mi")).canonical()}, t=c.tick()))
     c.vmquota_catches_up()
     c.kv_start(b, retry=True)
-    c.kv_target(name_of(m))
+    c.kv_target(m)
     c.check_safety()
 
 

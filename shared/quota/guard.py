@@ -39,6 +39,10 @@ DEFAULT_CREATOR: Final = "system:serviceaccount:kubevirt:kubevirt-controller"
 """Who creates launcher and migration target pods in a default KubeVirt install (virt-controller's account)."""
 NAME: Final = "vmquota"
 """The one ``QuotaReservation`` per namespace (the policy binding's ``paramRef.name``)."""
+ROOM_CHECKED: Final = frozenset({"cpu", "memory", "requests.cpu", "requests.memory", "limits.cpu", "limits.memory"})
+"""The resources whose room a holder's pod is held to (``room``): those the policy computes a pod's charge in, as
+quota admission does (its containers and restartable init containers together, or an init container at a time,
+and the pod's overhead)."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -51,9 +55,15 @@ class Holder:
     reason: str
     """``launcher pod``, ``migration <name>`` or ``the attachment pod of migration <name>`` (shown to whoever is
     refused meanwhile)."""
+    room: tuple[tuple[str, str], ...] = ()
+    """(resource, amount) of the room reserved for the holder's pod, in the resources of :data:`ROOM_CHECKED` a
+    managed quota limits: the policy admits no pod of it charged more (room is pooled in ``hard``: a pod larger than
+    its own, a webhook's container sized by an annotation the tenant changed between KubeVirt's tries, would take
+    the room held for other holders). Empty: not held to a size (an attachment pod, rendered by KubeVirt alone)."""
 
-    def as_object(self) -> dict[str, str]:
-        return {"uid": self.uid, "name": self.name, "reason": self.reason}
+    def as_object(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"uid": self.uid, "name": self.name, "reason": self.reason}
+        return out | ({"room": dict(self.room)} if self.room else {})
 
 
 def _reservations(usage: UsageSnapshot | None) -> list[tuple[Holder, str]]:
@@ -65,13 +75,18 @@ def _reservations(usage: UsageSnapshot | None) -> list[tuple[Holder, str]]:
     if usage is None:
         return []
     uids = {v.name: v.uid for v in usage.vms if v.uid}
+    limited = {r for t in usage.quotas.values() for r in t.hard if r in ROOM_CHECKED}
+
+    def room(reserved: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted((r, q) for r, q in reserved.items() if r in limited))
+
     out = [
-        (Holder(v.uid, v.name, "launcher pod"), v.vmi_size)
+        (Holder(v.uid, v.name, "launcher pod", room(v.reserved)), v.vmi_size)
         for v in usage.vms
         if v.state == "admitted" and v.pod_refused
     ]
     out += [
-        (Holder(m.vmi_uid or uids.get(m.vmi, ""), m.vmi, f"migration {m.name}"), m.vmi_size)
+        (Holder(m.vmi_uid or uids.get(m.vmi, ""), m.vmi, f"migration {m.name}", room(m.reserved)), m.vmi_size)
         for m in usage.migrations
         if m.state == "pending"
     ]
@@ -166,8 +181,16 @@ def _entries(obj: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
 def listed(obj: Mapping[str, Any] | None) -> frozenset[Holder]:
     """The holders a ``QuotaReservation`` object lists."""
     return frozenset(
-        Holder(str(h.get("uid", "")), str(h.get("name", "")), str(h.get("reason", ""))) for h in _entries(obj)
+        Holder(str(h.get("uid", "")), str(h.get("name", "")), str(h.get("reason", "")), _room(h.get("room")))
+        for h in _entries(obj)
     )
+
+
+def _room(room: object) -> tuple[tuple[str, str], ...]:
+    """A listed holder's ``room``, as :attr:`Holder.room` (none for a malformed one)."""
+    if not isinstance(room, Mapping):
+        return ()
+    return tuple(sorted((str(r), str(q)) for r, q in room.items()))
 
 
 def unconfirmed(obj: Mapping[str, Any] | None) -> frozenset[str]:

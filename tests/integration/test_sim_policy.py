@@ -23,7 +23,9 @@ from services.devtools.simcluster.kubevirt import MIGRATION_FINALIZER
 from services.devtools.simcluster.policy import MAX_MESSAGE_EXPRESSION_BYTES, _matches_rule
 from services.devtools.simcluster.registry import DEFAULT_REGISTRY
 from services.devtools.simcluster.store_api import ApiError, Obj
+from shared.normalize import parse_refusal
 from shared.podusage import pod_quota_usage
+from shared.quantity import Quantity
 from shared.quota import guard
 from shared.quota.annotations import (
     BUDGET_ANNOTATION,
@@ -37,6 +39,7 @@ from shared.quota.annotations import (
 )
 from shared.quota.enforcement import rl_json
 from shared.resources import format_resource_list, parse_resource_list
+from shared.vmi import GUARD_REFUSER, room_refuser
 from tests.builders import created_vmi
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,6 +140,67 @@ async def test_while_room_is_reserved_only_kubevirt_creates_and_only_for_a_holde
     assert await create_as(sim, KUBEVIRT_CONTROLLER, pod("target", owner_uid=HOLDER.uid)) is None
     # other namespaces have their own parameter (none here)
     assert await create_as(sim, TENANT, pod("elsewhere", namespace="other")) is None
+
+
+def _sized_pod(name: str, shape: str) -> Obj:
+    """KubeVirt's pod for the holder, of a shape whose charge quota admission computes otherwise than a plain sum."""
+    p = pod(name, owner_uid=HOLDER.uid)
+    main: Obj = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "1536Mi"}}
+    p["spec"]["containers"] = [{"name": "compute", "image": "x", "resources": main}]
+    if shape in ("init", "sidecar"):
+        big: Obj = {"requests": {"cpu": "1500m", "memory": "2Gi"}, "limits": {"cpu": "1500m", "memory": "2Gi"}}
+        small: Obj = {"requests": {"cpu": "100m", "memory": "100Mi"}, "limits": {"cpu": 1, "memory": 104857600}}
+        side: Obj = {"name": "side", "image": "x", "resources": small}
+        if shape == "sidecar":  # (a restartable one, first: it runs beside the next init container too)
+            side["restartPolicy"] = "Always"
+        p["spec"]["initContainers"] = [side, {"name": "big-init", "image": "x", "resources": big}]
+    if shape == "injected":  # (a webhook's container, sized by an annotation)
+        extra: Obj = {"requests": {"cpu": "10m", "memory": "8Gi"}, "limits": {"cpu": "10m", "memory": "8Gi"}}
+        p["spec"]["containers"].append({"name": "proxy", "image": "x", "resources": extra})
+    return p
+
+
+@pytest.mark.parametrize("shape", ["plain", "init", "sidecar", "injected"])
+async def test_a_holders_pod_is_admitted_up_to_the_room_reserved_for_it_charged_as_quota_admission_charges_it(
+    sim: SimCluster, shape: str
+) -> None:
+    """``hard`` pools every holder's room: a holder's pod larger than its own (a webhook's container sized by an
+    annotation the tenant changed after the refusal its room was held at) took the room held for other holders.
+    The guard holds a holder's pod to its room, in the resources listed, charged as quota admission charges it (the
+    larger of the containers with the restartable init containers and of each init container, plus the overhead);
+    its refusal names what the pod asks, as vmquota reads a quota's refusal. (The simulated cluster has no
+    RuntimeClass to give a pod an overhead: ``tests/unit/test_guard_charge.py`` has the policy's charge with one.)"""
+    await install(sim, GUARD_POLICY.read_text())
+    charged = pod_quota_usage(_sized_pod("probe", shape))
+    resources = ("requests.cpu", "requests.memory", "limits.cpu", "limits.memory", "cpu", "memory")
+    room = tuple(sorted((r, charged[r].canonical()) for r in resources))
+    await reserve(sim, guard.Holder(HOLDER.uid, HOLDER.name, HOLDER.reason, room))
+    assert await create_as(sim, KUBEVIRT_CONTROLLER, _sized_pod("fits", shape)) is None, "its room, exactly"
+    for r in resources:
+        less = charged[r] - Quantity.parse("1m" if r.endswith("cpu") else "1")
+        short = tuple(sorted((x, less.canonical() if x == r else q) for x, q in room))
+        await reserve(sim, guard.Holder(HOLDER.uid, HOLDER.name, HOLDER.reason, short))
+        err = await create_as(sim, KUBEVIRT_CONTROLLER, _sized_pod(f"over-{r.replace('.', '-')}", shape))
+        assert err is not None and err.code == 403, r
+        quota, asked = parse_refusal(err.message)
+        assert quota == GUARD_REFUSER and asked == {x: charged[x] for x in resources}, (r, err.message)
+        assert room_refuser(f"failed to create virtual machine pod: {err.message}") == GUARD_REFUSER
+
+
+async def test_while_a_holders_room_changes_its_pod_fits_either_room_listed(sim: SimCluster) -> None:
+    """A refusal's amounts raise the room held for a holder: until no quota carries the old room, the holder is
+    listed once per room, each counted in the budget by the usage that reserved it, and its pod may be as large as
+    either (held to the smaller, it waited for the old entry to go, which wakes nobody)."""
+    await install(sim, GUARD_POLICY.read_text())
+    charged = pod_quota_usage(_sized_pod("probe", "plain"))["limits.memory"]
+    old = guard.Holder(
+        HOLDER.uid, HOLDER.name, HOLDER.reason, (("limits.memory", (charged - Quantity.parse("1")).canonical()),)
+    )
+    new = guard.Holder(HOLDER.uid, HOLDER.name, HOLDER.reason, (("limits.memory", charged.canonical()),))
+    await reserve(sim, old)
+    assert await create_as(sim, KUBEVIRT_CONTROLLER, _sized_pod("old", "plain")) is not None
+    await reserve(sim, old, new)
+    assert await create_as(sim, KUBEVIRT_CONTROLLER, _sized_pod("either", "plain")) is None
 
 
 async def test_a_migration_targets_attachment_pod_gets_into_the_room_reserved_for_it(sim: SimCluster) -> None:

@@ -1253,7 +1253,8 @@ def test_a_refusal_beyond_the_bound_holds_no_room_for_a_new_vms_pod_whatever_a_l
     then took the room reserved for others (over the budget by 7.9Gi with the guard:
     ``tests/unit/test_lag_model.py -k later_forged_refusal``). Which refusal is the latest is the tenant's to decide,
     so any beyond the bound since the VMI was made holds no room (the price: a webhook's container since removed
-    keeps its VM from room while that Event lasts, an hour; the VM starts when the namespace has room for it)."""
+    keeps its VM from room while it is pending, the ledger's fold remembering its refusals; the VM starts when the
+    namespace has room for it)."""
     quota = quota_obj("rq", {"limits.memory": "64Gi"}, Mode.VMI_POD_USAGE)
     rendered = usage_of(launcher_obj(vmi_obj("v", guest="16Gi", limits={"memory": "16Gi"}), vouched=False))
     v = refused_vmi(vmi_obj("v", guest="16Gi", limits={"memory": "16Gi"}, phase="Pending", node=""), by="rq")

@@ -76,6 +76,32 @@ def test_holders_are_admitted_vms_and_reserved_migration_targets() -> None:
     assert [h["uid"] for h in body["spec"]["holders"]] == ["u1", "u2", "u3"]
 
 
+def test_a_holder_is_listed_with_its_room_in_the_resources_a_quota_limits_that_the_policy_charges() -> None:
+    """The room reserved for a holder's pod goes with it, so that the policy admits no pod of it charged more (the
+    room of every holder is pooled in ``hard``): in the resources a managed quota limits among the ones the policy
+    computes a pod's charge in; an attachment pod's holder is held to none. Listed, it reads back the same."""
+    reserved = {"limits.memory": "1100Mi", "requests.memory": "1100Mi", "requests.cpu": "100m", "pods": "1"}
+    vms = [contract.VmState(name="vm2", uid="u2", state="admitted", pod_refused=True, reserved=reserved)]
+    migrations = [
+        contract.MigrationState(name="m1", vmi="vm1", vmi_uid="u1", state="pending", reserved=reserved),
+        contract.MigrationState(name="m5", vmi="vm5", state="attachment-reserved", target_pod_uid="t5"),
+    ]
+    held = guard.holders(usage(vms, migrations))
+    room = (("limits.memory", "1100Mi"),)  # (the quota limits limits.memory only)
+    assert held == {
+        guard.Holder("u2", "vm2", "launcher pod", room),
+        guard.Holder("u1", "vm1", "migration m1", room),
+        guard.Holder("t5", "vm5", "the attachment pod of migration m5"),
+    }
+    body = guard.reservation(NS, held, ["kv"])
+    assert [h.get("room") for h in body["spec"]["holders"]] == [
+        None,
+        {"limits.memory": "1100Mi"},
+        {"limits.memory": "1100Mi"},
+    ]
+    assert guard.listed(body) == held
+
+
 def test_a_quota_stops_carrying_a_reservation_only_once_admission_checks_the_lower_hard() -> None:
     before = guard.holders(usage(VMS, MIGRATIONS))
     after = usage([contract.VmState(name="vm1", uid="u1", state="running")], [])

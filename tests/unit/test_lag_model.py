@@ -446,12 +446,22 @@ class Cluster:
         in."""
         if self.guarded:
             held = {h.uid for h in self.reservation} - self.unconfirmed
+            denied = (
+                f"pods \"{name_of(pod)}\" is forbidden: ValidatingAdmissionPolicy 'vmquota-reservation-guard' "
+                "with binding 'vmquota-reservation-guard' denied request: vmquota: exceeded quota: "
+            )
             if self.reservation and not (creator == KUBEVIRT and controller_uid(pod) in held):
-                return (
-                    f"pods \"{name_of(pod)}\" is forbidden: ValidatingAdmissionPolicy 'vmquota-reservation-guard' "
-                    "with binding 'vmquota-reservation-guard' denied request: vmquota: exceeded quota: the room in "
-                    "this namespace is reserved"
-                )
+                return denied + "the room in this namespace is reserved"
+            c = usage_of(pod)
+            mine = [h.room for h in self.reservation if h.uid == controller_uid(pod)]
+            rooms = [room for room in mine if room]
+            if (
+                rooms
+                and len(rooms) == len(mine)
+                and all(any(r in c and c[r] > Q(q) for r, q in room) for room in rooms)
+            ):
+                requested = ",".join(f"{r}={c[r].canonical()}" for r, _ in rooms[0] if r in c)
+                return denied + f"vmquota-reservation-guard, requested: {requested}, used: 0, limited: its room"
         status = self.quota["status"]
         hard, used = rl(status.get("hard")), rl(status.get("used"))
         c = usage_of(pod)
@@ -834,7 +844,7 @@ class Cluster:
         self.refusal_event(vmi, message, pod)
 
     def refusal_event(self, vmi: Obj, message: str, pod: Obj) -> None:
-        if "is forbidden: exceeded quota: " not in message:
+        if "exceeded quota: " not in message or "requested: " not in message:  # (a quota's, or the guard's room)
             return
         c = usage_of(pod)
         amounts = message.split("requested: ")[1].split(", used:")[0]
@@ -2855,6 +2865,41 @@ def test_kubevirts_refusal_beyond_the_bound_flooded_out_or_deleted_still_makes_n
     c.kv_start(b, retry=True)
     c.kv_target(m)
     c.check_safety()
+
+
+def test_with_the_guard_a_holders_pod_grown_by_a_webhook_after_its_refusal_takes_no_other_holders_room() -> None:
+    """With the guard, a 16Gi VM's migration is refused (room held for its target), and the tenant's new 1Gi VM,
+    whose annotation has the cluster's webhook add a 100Mi container to its pods, is refused while a pod of the
+    tenant's takes the room, within the evidence bound: once that pod is gone, room is held for the VM at what the
+    refusal asked, and the VM is a confirmed holder. The tenant then changes the annotation, and KubeVirt's next try
+    renders the container at 8Gi: the guard let any pod KubeVirt made for a confirmed holder in, and ``hard`` pools
+    every holder's room, so the 9Gi pod took the room held for the migration's target too (7.75Gi over the
+    budget). A holder's pod is held to its own room; its refusal names what it asks, beyond the bound here (no room
+    is held for it again), and the migration goes on."""
+    facts = facts_for(["limits.memory"])
+    big = usage_of(launcher_obj(vmi_obj("p", guest="16384Mi"), facts=facts, vouched=False))["limits.memory"]
+    small = usage_of(launcher_obj(vmi_obj("p", guest="1024Mi"), facts=facts, vouched=False))["limits.memory"]
+    c = cluster(Mode.VMI_POD_USAGE, {"limits.memory": (big + small + Q("256Mi")).canonical()}, guarded=True)
+    start_vms(c, 1, 16384)
+    filler = c.tenant_pod({"cpu": "10m", "memory": "200Mi"}, prefix="fill")
+    assert filler is not None
+    c.tenant_migrate(0)
+    (m,) = c.of_kind(VMIM_KIND)
+    c.kv_target(name_of(m))  # (refused: no room for a second 16Gi pod)
+    b = c.tenant_vm(1, 1024)
+    c.injected[b] = {"cpu": "10m", "memory": "100Mi"}
+    c.kv_start(b, retry=True)  # (refused: the filler has the room)
+    c.delete(POD_KIND, filler)
+    c.recompute_used()
+    c.vmquota_catches_up()
+    assert b in {h.name for h in c.reservation} and not c.unconfirmed, c.reservation
+    c.injected[b] = {"cpu": "10m", "memory": "8Gi"}
+    for _ in range(5):
+        c.kv_start(b, retry=True)
+        c.kv_target(name_of(m))
+        c.check_safety()
+        c.vmquota_catches_up()
+    assert c.objs[VMIM_KIND][name_of(m)]["status"]["phase"] != "Pending", "the migration still waits"
 
 
 @pytest.mark.parametrize("guarded", [False, True], ids=["without_the_guard", "with_the_guard"])

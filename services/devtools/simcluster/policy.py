@@ -22,14 +22,14 @@ For every write, each ``ValidatingAdmissionPolicyBinding`` whose policy exists i
 Expressions are CEL, evaluated by CEL's C++ implementation (the ``cel-expr-python`` bindings) with the variables
 Kubernetes binds (``object``, ``oldObject``, ``request``, ``params``, ``namespaceObject``, ``variables``) and the
 Kubernetes CEL libraries our shipped policies use (the strings extension: ``join``, ``split``, ``substring``; the
-quantity library: ``quantity``, ``asApproximateFloat``). CEL's cost limits (one million per expression or variable,
-ten million per policy evaluation) are not modelled: the shipped policies are kept linear in what they read
-(``docs/accounting.md``, "The reservation guard"). Policies, bindings and parameters are read from the store at
-each request (each version decoded once): the simulator has no informer lag (a real API server's policy and
-parameter informers trail writes by milliseconds; ``docs/accounting.md`` says what that leaves open). CEL is handed,
-of each object, only the fields an expression selects (``_read_paths``; the shipped policies' expressions evaluate
-alike either way, ``tests/unit/test_sim_policy_projection.py``): converting whole objects to CEL's values, once per
-parameter, was most of the simulator's time with the guard installed.
+quantity library: ``quantity``, ``asApproximateFloat``; the lists library: ``sum``, ``max`` of doubles). CEL's cost
+limits (one million per expression or variable, ten million per policy evaluation) are not modelled: the shipped
+policies are kept linear in what they read (``docs/accounting.md``, "The reservation guard"). Policies, bindings and
+parameters are read from the store at each request (each version decoded once): the simulator has no informer lag (a
+real API server's policy and parameter informers trail writes by milliseconds; ``docs/accounting.md`` says what that
+leaves open). CEL is handed, of each object, only the fields an expression selects (``_read_paths``; the shipped
+policies' expressions evaluate alike either way, ``tests/unit/test_sim_policy_projection.py``): converting whole
+objects to CEL's values, once per parameter, was most of the simulator's time with the guard installed.
 """
 
 from __future__ import annotations
@@ -88,11 +88,41 @@ def _cel() -> tuple[Any, Any]:
             "asApproximateFloat",
             [cel.Overload("quantity_approximate", cel.Type.DOUBLE, [cel.Type.DOUBLE], is_member=True, impl=float)],
         ),
+        # Kubernetes' lists library, as far as they use it: sum() and max() of a list of doubles
+        cel.FunctionDecl(
+            "sum",
+            [
+                cel.Overload(
+                    "list_double_sum", cel.Type.DOUBLE, [cel.Type.List(cel.Type.DOUBLE)], is_member=True, impl=_sum
+                )
+            ],
+        ),
+        cel.FunctionDecl(
+            "max",
+            [
+                cel.Overload(
+                    "list_double_max", cel.Type.DOUBLE, [cel.Type.List(cel.Type.DOUBLE)], is_member=True, impl=_max
+                )
+            ],
+        ),
     ]
     env = cel.NewEnv(
         variables={name: cel.Type.DYN for name in _VARIABLES}, extensions=[ExtStrings()], functions=quantity
     )
     return env, cel.Type.ERROR
+
+
+def _sum(values: Any) -> float:
+    """``list.sum()``: 0.0 for an empty list."""
+    return float(sum(values, 0.0))
+
+
+def _max(values: Any) -> float:
+    """``list.max()``: an evaluation error for an empty list, as Kubernetes'."""
+    found = list(values)
+    if not found:
+        raise ValueError("max() of an empty list")
+    return float(max(found))
 
 
 def _quantity(text: str) -> float:

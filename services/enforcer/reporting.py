@@ -249,11 +249,13 @@ class Reporter:
 
     def _ask(self, key: NudgeKey, name: str, at: int, due: float, now: float) -> None:
         """Touch VMI ``name`` (``key``) for usage ``at`` at monotonic time ``due`` (0: at once). A touch that waits
-        for its time keeps it for a later usage (one waits per VMI); one due already takes a later usage's place,
-        and a touch asked for at once replaces one that waits."""
+        for its time keeps it for a later usage (one waits per VMI); one due already and not tried yet takes a later
+        usage's place, and a touch asked for at once replaces one that waits; one under way or waiting to retry is
+        followed by this one."""
         self._nudges.start()  # (its workers, once)
         t = self._asked(key)
-        if t is not None and not self._nudges.processing(key) and (t.token or due > now):
+        tried = self._nudges.processing(key) or self._nudges.failures(key) > 0  # (under way, or waiting to retry)
+        if t is not None and not tried and (t.token or due > now):
             t.name, t.at = name, at  # (the touch asked for before makes this one too)
             return
         if due > now:
@@ -275,7 +277,10 @@ class Reporter:
                 del self._touch[key[0]]
 
     def _made(self, name: str, at: int, now: float, key: NudgeKey) -> _Touch:
-        """The touch of VMI ``name`` for usage ``at`` made now: its own annotation value, and the time remembered."""
+        """The touch of VMI ``name`` for usage ``at`` made now: its own annotation value, the time remembered, and
+        three tries of its own. (One tried already may have reached KubeVirt, answer lost, before the room this one
+        is for was made: its value again would be no update.)"""
+        self._nudges.forget(key)
         self._touches += 1
         _remember(self._nudged, key, (at, now))
         return _Touch(name, at, 0.0, f"{at}.{self._epoch}.{self._touches}")

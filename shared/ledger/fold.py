@@ -63,8 +63,9 @@ until it names a pod, and a pod made for it then may have been made for that. Ad
 size only where that says so (a VMI created with a ``currentCPUTopology`` as large as the spec it is raised to as
 its pod is made gets no growth unadmitted); counting keeps the larger.
 
-What a pending VMI was refused: the largest ``requested:`` amounts of each resource of the quota refusals that name
-its uid (:attr:`NamespaceState.refused`, in checkpoints too, until the VMI is no longer pending or is gone). A refusal
+What a pending VMI was refused: the largest ``requested:`` amounts of each resource a quota of the namespace limits,
+of the quota refusals that name its uid (:attr:`NamespaceState.refused`, in checkpoints too, until the VMI is no
+longer pending or is gone). A refusal
 beyond the evidence bound keeps room from being held for a new VM's pod (``shared.accounting.admission``), and its
 Event is not enough to keep: a tenant may delete it, or push it out of the Events a state keeps (:data:`EVENTS_KEPT`)
 with its own, and a refusal of its own within the bound then had room held for a pod KubeVirt renders beyond it.
@@ -98,7 +99,7 @@ from shared.kinds import (
     VMI_KIND,
     VMIM_KIND,
 )
-from shared.quantity import ZERO
+from shared.quantity import ZERO, Quantity
 from shared.quota.modes import policy_changed
 from shared.resources import ResourceList, canonical_resource_list, maximum, parse_resource_list
 from shared.snapshot import (
@@ -520,7 +521,7 @@ class NamespaceState:
             if kind == VMI_KIND:
                 self._grown_unnamed(self.replaced, ev.snapshot)
                 self._named(self.replaced, ev.snapshot)
-                self._pending(uid, ev.snapshot)
+                self._pending(uid, ev.snapshot, self.replaced is None)
                 if _hotplugged(self.replaced) != _hotplugged(ev.snapshot):
                     self.attaching = self._attachments()
             elif kind == POD_KIND:
@@ -632,29 +633,34 @@ class NamespaceState:
 
     def _refusal(self, event: Snapshot) -> None:
         """An Event's version folded: a quota refusal naming a pending VMI's uid adds its amounts to what is
-        remembered of that VMI's refusals (:attr:`refused`), the largest of each resource."""
+        remembered of that VMI's refusals (:attr:`refused`), the largest of each resource, in the resources a quota
+        of the namespace limits (a quota refuses no other; a tenant's Events may name any number of others)."""
         if not isinstance(event, EventSnapshot) or not event.quota_refusal or not event.involved_uid:
             return
         rec = (self.objects.get(VMI_KIND) or {}).get(event.involved_uid)
         if rec is not None and isinstance(rec.snapshot, VmiSnapshot) and rec.snapshot.phase in VMI_WAITING_PHASES:
-            self.refused[event.involved_uid] = maximum(self.refused.get(event.involved_uid, {}), event.requested)
+            self._remember_refusal(event.involved_uid, event.requested)
 
-    def _pending(self, uid: str, vmi: Snapshot) -> None:
-        """A VMI's version folded: while it is pending its refusals are remembered (those folded before it, from the
-        Events kept), and forgotten once it is not (its pod exists: a migration's refusals are read from its
-        Events since the migration was made)."""
+    def _remember_refusal(self, uid: str, requested: Mapping[str, Quantity]) -> None:
+        limited = {r for q in self.live(QUOTA_KIND) if isinstance(q, QuotaSnapshot) for r in q.spec_hard}
+        amounts = {r: a for r, a in requested.items() if r in limited}
+        if amounts:
+            self.refused[uid] = maximum(self.refused.get(uid, {}), amounts)
+
+    def _pending(self, uid: str, vmi: Snapshot, first: bool) -> None:
+        """A VMI's version folded (``first``: the first this state holds): while it is pending its refusals are
+        remembered (at its first version, those folded before it, from the Events kept: the watches of two kinds
+        are in no order; later ones as they are folded), and forgotten once it is not (its pod exists: a
+        migration's refusals are read from its Events since the migration was made)."""
         if not isinstance(vmi, VmiSnapshot) or vmi.phase not in VMI_WAITING_PHASES:
             self.refused.pop(uid, None)
             return
-        if uid in self.refused:
+        if not first:
             return
-        remembered: ResourceList = {}
         for rec in (self.objects.get(EVENT_KIND) or {}).values():
             e = rec.snapshot
             if isinstance(e, EventSnapshot) and e.quota_refusal and e.involved_uid == uid:
-                remembered = maximum(remembered, e.requested)
-        if remembered:
-            self.refused[uid] = remembered
+                self._remember_refusal(uid, e.requested)
 
     def _grown_unnamed(self, before: Snapshot | None, now: Snapshot) -> None:
         """A VMI's new version ``now`` replaced ``before``: a spec that grew while the VMI named no pod is

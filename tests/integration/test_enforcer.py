@@ -712,7 +712,7 @@ async def test_with_the_guard_a_holder_let_in_where_hard_held_its_room_already_i
         await publish_usage(bus, 6, terms("64Gi", "80Gi"), [turn], vms=vms)
         await sim.wait_for(lambda: listed_names(sim) == {"vm2"}, within=5, what="vm2 listed in vm1's place")
         await sim.wait_for(lambda: "vm2" in calls.nudged, within=5, what="vm2's VMI nudged")
-        await sim.wait_for(lambda: e.idle() and not e.reporter.side_tasks, within=5, what="the enforcer idle")
+        await sim.wait_for(lambda: e.idle() and e.reporter.settled(), within=5, what="the enforcer idle")
         assert calls.nudged == ["vm2"], calls.nudged
         assert calls.nudged_at == [{"limits.memory": "80Gi"}], "nudged before quota admission had the room"
         assert hard(sim.peek("resourcequotas", NS, "compute") or {}) == {"limits.memory": "80Gi"}

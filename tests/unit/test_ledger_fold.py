@@ -869,30 +869,33 @@ def test_a_pending_vmis_refusals_are_remembered_at_their_largest_when_their_even
             involved_kind=vmi,
             involved_uid=vmi_uid,
             quota_name="rq",
-            requested={r.replace("_", "."): gi(q) for r, q in requested.items()},
+            requested={r.replace("_", ".", 1).replace("_", "/"): gi(q) for r, q in requested.items()},
         )
 
+    limited = {"limits.memory": gi("64Gi"), "limits.cpu": gi("64")}
     led = fold(
         [
+            up("q1", 1, kind="ResourceQuota", spec_hard=limited),
             refusal("e0", 1, "v1", limits_memory="3Gi"),  # (folded before its VMI: the watches are in no order)
             up("v1", 2, kind=vmi, phase="Pending"),
             refusal("e1", 3, "v1", limits_memory="9Gi", limits_cpu="1"),
             refusal("e2", 4, "v1", limits_memory="2Gi", limits_cpu="2"),
             refusal("e3", 5, "v9", limits_memory="1Gi"),  # (no such VMI)
-            down("e1", 6, kind=ev),
+            refusal("e4", 6, "v1", limits_memory="1Gi", example_com_r1="1", example_com_r2="1"),
+            down("e1", 7, kind=ev),
         ]
     )
     st = led.state("c1", "a")
     assert st is not None
     largest = {"limits.memory": gi("9Gi"), "limits.cpu": gi("2")}
-    assert st.refused == {"v1": largest}, "the Event deleted still counts"
+    assert st.refused == {"v1": largest}, "the Event deleted still counts; no resource no quota limits"
     assert led.view("c1", "a").refused == {"v1": largest}
     again = Ledger()
     again.load(st.checkpoint())
     assert again.state("c1", "a").refused == {"v1": largest}  # type: ignore[union-attr]
-    fold([up("v1", 7, kind=vmi, phase="Scheduling"), up("v2", 8, kind=vmi, phase="Pending")], led, start=7)
+    fold([up("v1", 8, kind=vmi, phase="Scheduling"), up("v2", 9, kind=vmi, phase="Pending")], led, start=9)
     assert st.refused == {}, "a VMI past Pending: its migrations' refusals are read from their Events"
-    fold([refusal("e4", 9, "v2", limits_memory="1Gi"), down("v2", 10, kind=vmi)], led, start=9)
+    fold([refusal("e5", 10, "v2", limits_memory="1Gi"), down("v2", 11, kind=vmi)], led, start=11)
     assert st.refused == {}, "a VMI gone"
 
 

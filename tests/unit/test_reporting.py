@@ -280,3 +280,34 @@ async def test_a_touch_for_the_same_usage_again_is_an_update_kubevirt_sees(befor
     reporter.tell_and_nudge("tenant", usage, 7, frozenset({"uid-vm1"}))
     await wait_until(lambda: reporter.settled(), 10, "the let-in's touch done")
     assert len(kube.updates) == 2, f"the touch made no update KubeVirt sees: {kube.updates}"
+
+
+class _AppliedThenAnswerLost:
+    """An API server that applies each VMI patch, but whose first answer is lost (a transient error after the write:
+    the retry sends a value the VMI has already, no update KubeVirt sees)."""
+
+    def __init__(self) -> None:
+        self.applied: list[str] = []
+        self.calls = 0
+
+    async def nudge_vmi(self, namespace: str, name: str, token: str) -> None:
+        self.calls += 1
+        if not self.applied or self.applied[-1] != token:
+            self.applied.append(token)
+        if self.calls == 1:
+            raise KubeError(503, "ServiceUnavailable", "the answer was lost")
+
+
+async def test_a_holder_let_in_while_a_touch_waits_to_retry_is_touched_with_a_value_of_its_own() -> None:
+    """A touch went out, its answer lost, and waited for its retry when the VMI's holder was let in: the touch
+    asked for then was merged into that retry, which repeated a value the VMI had already (no update KubeVirt sees),
+    and a holder let in is touched once: the VM waited for KubeVirt's backoff. A touch waiting to retry is followed
+    by one of its own, as one under way is."""
+    kube = _AppliedThenAnswerLost()
+    reporter = _reporter(kube, nudge_interval=0.0)  # (retries after 0.2 s)
+    vm = contract.VmState(name="vm1", uid="uid-vm1", state="admitted", pod_refused=True)
+    reporter.tell_and_nudge("tenant", usage_snapshot("tenant", 6, vms=[vm]), 6)
+    await wait_until(lambda: kube.calls == 1, 10, "the first touch applied, its answer lost: its retry waits")
+    reporter.tell_and_nudge("tenant", usage_snapshot("tenant", 7, vms=[vm]), 7, frozenset({"uid-vm1"}))
+    await wait_until(reporter.settled, 10, "the touches done")
+    assert len(kube.applied) == 2 and kube.applied[1].startswith("7."), kube.applied

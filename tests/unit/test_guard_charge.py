@@ -56,7 +56,7 @@ _sizes = st.tuples(st.integers(1, 4000), st.integers(1, 16384))
 @st.composite
 def _pods(draw: st.DrawFn) -> dict[str, Any]:
     """A pod of app containers, init containers (the restartable ones first: quota admission adds a restartable one
-    only to the init containers after it, the policy to every one) and perhaps an overhead."""
+    only to the init containers after it, the policy to every one), perhaps pod-level resources and an overhead."""
     spec: dict[str, Any] = {
         "containers": [
             _container(f"c{i}", req, draw(st.one_of(st.none(), st.just(req), _sizes)))
@@ -67,9 +67,21 @@ def _pods(draw: st.DrawFn) -> dict[str, Any]:
     inits = [_container(f"i{i}", req, req) for i, req in enumerate(draw(st.lists(_sizes, max_size=2)))]
     if sidecars or inits:
         spec["initContainers"] = sidecars + inits
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns"}, "spec": spec}
+    if draw(st.booleans()):  # (pod-level resources, Kubernetes 1.32+: no smaller than the containers', as validated)
+        aggregate = pod_quota_usage(pod)
+        extra = draw(_sizes)
+
+        def level(part: str) -> dict[str, str]:
+            cpu, memory = aggregate[f"{part}.cpu"].nanos // 10**6, aggregate[f"{part}.memory"].nanos // 10**9
+            return {"cpu": f"{cpu + extra[0]}m", "memory": f"{memory + extra[1] * 2**20}"}
+
+        spec["resources"] = {"requests": level("requests")}
+        if "limits.cpu" in aggregate and "limits.memory" in aggregate:
+            spec["resources"]["limits"] = level("limits")
     if draw(st.booleans()):
         spec["overhead"] = _amount(*draw(_sizes))
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns"}, "spec": spec}
+    return pod
 
 
 @settings(max_examples=200, deadline=None)

@@ -1268,6 +1268,20 @@ def test_a_refusal_beyond_the_bound_holds_no_room_for_a_new_vms_pod_whatever_a_l
     assert any("quota refusal amounts ignored" in err for err in u.errors), u.errors
 
 
+def test_a_refusal_in_a_resource_no_managed_quota_limits_holds_no_room_back() -> None:
+    """A pending VM was refused while its quota limited ``limits.memory``; its administrator then made the budget
+    ``requests.memory``. The old refusal's 16Gi of ``limits.memory`` was beyond the bound of an estimate that has
+    none of it (no automatic limits now): no room was held for the VM and it was not nudged, waiting for KubeVirt's
+    backoff. A refusal's amounts in a resource no managed quota limits are no matter."""
+    quota = quota_obj("rq", {"requests.memory": "64Gi"}, Mode.VMI_POD_USAGE)
+    v = refused_vmi(vmi_obj("v", guest="16Gi", phase="Pending", node=""), by="rq")
+    rendered = usage_of(launcher_obj(vmi_obj("v", guest="16Gi"), vouched=False))
+    old = refusal_event("v", {"limits.memory": str(rendered["requests.memory"])}, t=5)
+    new = refusal_event("v", {"requests.memory": str(rendered["requests.memory"])}, t=6)
+    e = vm(account([quota, v, old, new]), "v")
+    assert e.state == ADMITTED and e.pod_refused and e.reserved, e
+
+
 def test_what_a_refusal_within_the_bound_adds_to_a_new_vms_room_counts_in_the_budget() -> None:
     """A ``VirtualResources`` budget of 80Gi, a 16Gi plain pod, and a 64Gi VM admitted, its pod refused. The tenant
     writes a refusal Event asking 72Gi, within the evidence bound. The room held at those amounts took the 7.7Gi

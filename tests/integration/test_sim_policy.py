@@ -154,13 +154,26 @@ def _sized_pod(name: str, shape: str) -> Obj:
         if shape == "sidecar":  # (a restartable one, first: it runs beside the next init container too)
             side["restartPolicy"] = "Always"
         p["spec"]["initContainers"] = [side, {"name": "big-init", "image": "x", "resources": big}]
+    if shape == "native-sidecar":  # (Istio's native sidecar: an init container, then the proxy, restartable)
+        small_vm: Obj = {"requests": {"cpu": "100m", "memory": "1300Mi"}, "limits": {"cpu": "1", "memory": "1300Mi"}}
+        p["spec"]["containers"][0]["resources"] = small_vm
+        lim: Obj = {"requests": {"cpu": "10m", "memory": "40Mi"}, "limits": {"cpu": "2", "memory": "1Gi"}}
+        proxy: Obj = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "2", "memory": "1Gi"}}
+        p["spec"]["initContainers"] = [
+            {"name": "istio-init", "image": "x", "resources": lim},
+            {"name": "istio-proxy", "image": "x", "resources": proxy, "restartPolicy": "Always"},
+        ]
+    if shape == "pod-level-limits":  # (no smaller than any one container's limit, smaller than their sum)
+        proxy = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "2", "memory": "1Gi"}}
+        p["spec"]["containers"].append({"name": "proxy", "image": "x", "resources": proxy})
+        p["spec"]["resources"] = {"limits": {"cpu": "2", "memory": "2Gi"}}
     if shape == "injected":  # (a webhook's container, sized by an annotation)
         extra: Obj = {"requests": {"cpu": "10m", "memory": "8Gi"}, "limits": {"cpu": "10m", "memory": "8Gi"}}
         p["spec"]["containers"].append({"name": "proxy", "image": "x", "resources": extra})
     return p
 
 
-@pytest.mark.parametrize("shape", ["plain", "init", "sidecar", "injected"])
+@pytest.mark.parametrize("shape", ["plain", "init", "sidecar", "native-sidecar", "pod-level-limits", "injected"])
 async def test_a_holders_pod_is_admitted_up_to_the_room_reserved_for_it_charged_as_quota_admission_charges_it(
     sim: SimCluster, shape: str
 ) -> None:
@@ -1591,3 +1604,22 @@ async def test_only_administrators_make_decentralized_migrations_where_a_quota_i
         with acting_as(user):
             metadata = {"annotations": {f"by-{user.username.rsplit(':', 1)[-1]}": "x"}, "finalizers": ["mine"]}
             await sim.store.patch(vmims, NS, "by-an-admin", {"metadata": metadata}, "merge")
+
+
+async def test_no_vmi_is_created_with_a_node_name_where_a_quota_is_managed(sim: SimCluster) -> None:
+    """KubeVirt keeps a status written at a VMI's creation and takes only a pod on its ``status.nodeName`` for a
+    pending VMI's launcher pod: for a VMI created with another node's name it made pod after pod (15 of a 1Gi VM
+    until a 40Gi quota was full), each KubeVirt's, for the guard's holder and within its room, so the guard let
+    them all into the room held for other holders. Where a quota is managed, no VMI is created with a node name."""
+
+    def forged(name: str) -> Obj:
+        vmi = created_vmi(name, namespace=NS, guest="64Mi")
+        vmi["status"] = {"nodeName": "nowhere"}
+        return vmi
+
+    await install(sim, GUARD_POLICY.read_text())
+    await managed_pod_terms_quota(sim)
+    err = await create_as(sim, TENANT, forged("vm-forged"))
+    assert err is not None and err.code == 403, err
+    assert "'vmquota-vmi-node-name'" in err.message and "create it without a status" in err.message, err.message
+    assert await create_as(sim, TENANT, created_vmi("vm-plain", namespace=NS, guest="64Mi")) is None

@@ -83,6 +83,19 @@ def is_quota_resource_name(name: str) -> bool:
     return name in STANDARD_QUOTA_RESOURCES or name.startswith(("hugepages-", "requests.hugepages-"))
 
 
+def charged_alike(names: Iterable[str]) -> frozenset[str]:
+    """``names`` with the names a quota charges the same amount under: a request and its bare name (``cpu`` and
+    ``requests.cpu``, ``memory``, ``ephemeral-storage``, ``hugepages-<size>``), which a refusal may name either."""
+    out: set[str] = set()
+    for name in names:
+        out.add(name)
+        if name.startswith("requests."):
+            out.add(name.removeprefix("requests."))
+        elif not name.startswith("limits.") and "/" not in name:
+            out.add(f"requests.{name}")
+    return frozenset(out)
+
+
 @functools.lru_cache(maxsize=1024)
 def natural_format(name: str) -> Format:
     """The one form vmquota prints a resource's amounts in: binary units for byte resources, decimal for others

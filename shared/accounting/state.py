@@ -29,7 +29,7 @@ from shared.quantity import Quantity
 from shared.quota.equation import in_mode_terms
 from shared.quota.modes import MEMORY_NAMES, QuotaPolicy, VmSize
 from shared.report import readable
-from shared.resources import ResourceList, growth, maximum, minimum, nonzero
+from shared.resources import ResourceList, charged_alike, growth, maximum, minimum, nonzero
 from shared.snapshot import (
     EventSnapshot,
     PodSnapshot,
@@ -295,7 +295,7 @@ class State:
         taken: ResourceList = {}
         ignored: list[str] = []
         beyond = False
-        limited = {r for q in self.quotas for r in q.policy.budget}
+        limited = charged_alike(r for q in self.quotas for r in q.policy.budget)
         for refused in refusals:
             for r, amount in sorted(refused.items()):
                 if r not in limited:  # (no room is held in it: a quota since changed, or not a managed one's)

@@ -101,7 +101,7 @@ from shared.kinds import (
 )
 from shared.quantity import ZERO, Quantity
 from shared.quota.modes import policy_changed
-from shared.resources import ResourceList, canonical_resource_list, maximum, parse_resource_list
+from shared.resources import ResourceList, canonical_resource_list, charged_alike, maximum, parse_resource_list
 from shared.snapshot import (
     VMI_WAITING_PHASES,
     WIRE_SNAPSHOT,
@@ -642,7 +642,7 @@ class NamespaceState:
             self._remember_refusal(event.involved_uid, event.requested)
 
     def _remember_refusal(self, uid: str, requested: Mapping[str, Quantity]) -> None:
-        limited = {r for q in self.live(QUOTA_KIND) if isinstance(q, QuotaSnapshot) for r in q.spec_hard}
+        limited = charged_alike(r for q in self.live(QUOTA_KIND) if isinstance(q, QuotaSnapshot) for r in q.spec_hard)
         amounts = {r: a for r, a in requested.items() if r in limited}
         if amounts:
             self.refused[uid] = maximum(self.refused.get(uid, {}), amounts)

@@ -1282,6 +1282,20 @@ def test_a_refusal_in_a_resource_no_managed_quota_limits_holds_no_room_back() ->
     assert e.state == ADMITTED and e.pod_refused and e.reserved, e
 
 
+def test_a_refusal_beyond_the_bound_under_another_name_of_a_budgeted_charge_holds_no_room() -> None:
+    """Quota charges ``memory`` and ``requests.memory`` alike. A refusal 8Gi beyond the bound naming
+    ``requests.memory`` (an unmanaged quota's, or the managed one's before its budget was renamed) beside one within
+    it naming ``memory``, the budget's: the first was skipped as of a resource no managed quota limits, and room was
+    held at the second for a pod KubeVirt renders 8Gi larger."""
+    quota = quota_obj("rq", {"memory": "64Gi"}, Mode.VMI_POD_USAGE)
+    rendered = usage_of(launcher_obj(vmi_obj("v", guest="16Gi"), vouched=False))
+    v = refused_vmi(vmi_obj("v", guest="16Gi", phase="Pending", node=""), by="rq")
+    beyond = refusal_event("v", {"requests.memory": str(rendered["requests.memory"] + Q("8Gi"))}, t=5, quota="other")
+    within = refusal_event("v", {"memory": str(rendered["memory"] + Q("64Mi"))}, t=6)
+    e = vm(account([quota, v, beyond, within]), "v")
+    assert e.state == ADMITTED and not e.pod_refused and not e.reserved, e
+
+
 def test_what_a_refusal_within_the_bound_adds_to_a_new_vms_room_counts_in_the_budget() -> None:
     """A ``VirtualResources`` budget of 80Gi, a 16Gi plain pod, and a 64Gi VM admitted, its pod refused. The tenant
     writes a refusal Event asking 72Gi, within the evidence bound. The room held at those amounts took the 7.7Gi

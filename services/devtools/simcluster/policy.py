@@ -24,12 +24,13 @@ Kubernetes binds (``object``, ``oldObject``, ``request``, ``params``, ``namespac
 Kubernetes CEL libraries our shipped policies use (the strings extension: ``join``, ``split``, ``substring``; the
 quantity library: ``quantity``, ``asApproximateFloat``; the lists library: ``sum``, ``max`` of doubles). CEL's cost
 limits (one million per expression or variable, ten million per policy evaluation) are not modelled: the shipped
-policies are kept linear in what they read (``docs/accounting.md``, "The reservation guard"). Policies, bindings and
-parameters are read from the store at each request (each version decoded once): the simulator has no informer lag (a
-real API server's policy and parameter informers trail writes by milliseconds; ``docs/accounting.md`` says what that
-leaves open). CEL is handed, of each object, only the fields an expression selects (``_read_paths``; the shipped
-policies' expressions evaluate alike either way, ``tests/unit/test_sim_policy_projection.py``): converting whole
-objects to CEL's values, once per parameter, was most of the simulator's time with the guard installed.
+policies are kept within them (``docs/accounting.md``, "The reservation guard", "Within the API server's CEL
+limits"). Policies, bindings and parameters are read from the store at each request (each version decoded once): the
+simulator has no informer lag (a real API server's policy and parameter informers trail writes by milliseconds;
+``docs/accounting.md`` says what that leaves open). CEL is handed, of each object, only the fields an expression
+selects (``_read_paths``; the shipped policies' expressions evaluate alike either way,
+``tests/unit/test_sim_policy_projection.py``): converting whole objects to CEL's values, once per parameter, was
+most of the simulator's time with the guard installed.
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ For every write, each ``ValidatingAdmissionPolicyBinding`` whose policy exists i
    ``paramRef.namespace`` or, unset, in the namespace of the object being admitted. None found:
    ``parameterNotFoundAction: Allow`` skips the binding, ``Deny`` refuses the request;
 3. every ``matchCondition`` must be true (else the binding is skipped);
-4. ``variables`` are computed in order (one that fails to evaluate fails only what reads it, as Kubernetes
-   evaluates them lazily), then every ``validation`` must be true. A false one with the action
+4. every ``validation`` must be true; a ``variable`` is evaluated where an expression first reads it, as Kubernetes
+   evaluates them (one nothing reads, or behind a ``&&`` or ``||`` the other side decides, is not; one that fails
+   fails only what reads it: ``_Variables``). A false one with the action
    ``Deny`` refuses the request with ``<resource> "<name>" is forbidden: ValidatingAdmissionPolicy '<policy>'
    with binding '<binding>' denied request: <message>``, the HTTP code of the validation's ``reason`` (422
    ``Invalid`` when unset). An expression that fails to evaluate refuses the request under
@@ -226,6 +227,51 @@ class _Shared:
         return self._converted
 
 
+_MISSING_KEY: Final = re.compile(r'Key not found in map : "([^"]*)"')
+
+
+class _Variables:
+    """A policy's variables, each evaluated where an expression first reads it, as Kubernetes evaluates them: a
+    variable nothing reads, or one behind a ``&&`` or ``||`` the other side decides, is never evaluated, and one
+    that fails to evaluate fails only the expressions that read it (left unbound, reading it fails the same way).
+    An expression is run with the variables evaluated so far; reading one not evaluated yet fails as a missing key,
+    which evaluates it and runs the expression again (a failure of an object's own missing key of the same name
+    evaluates that variable in vain, and fails again)."""
+
+    def __init__(self, programs: Mapping[str, _Program], activation: dict[str, Any], shared: _Shared) -> None:
+        self.programs = programs
+        self.activation = activation
+        self.shared = shared
+        self._failed: set[str] = set()
+
+    def run(self, program: _Program, *, shared: bool = True) -> Any:
+        """``program``'s value (``shared``: it is one of the programs the shared conversion was made for)."""
+        while True:
+            try:
+                return program.run(self.activation, self.shared if shared else None)
+            except _Unsupported as e:
+                name = self._unevaluated(str(e))
+                if name is None:
+                    raise
+                self._evaluate(name)
+
+    def _unevaluated(self, error: str) -> str | None:
+        m = _MISSING_KEY.search(error)
+        name = m.group(1) if m else None
+        if name is None or name not in self.programs or name in self._failed:
+            return None
+        return None if name in self.activation["variables"] else name
+
+    def _evaluate(self, name: str) -> None:
+        self._failed.add(name)  # (until it has a value: a variable reading itself fails)
+        try:
+            value = self.run(self.programs[name])
+        except _Unsupported:
+            return
+        self._failed.discard(name)
+        self.activation["variables"] = {**self.activation["variables"], name: value}
+
+
 HELD_MAX: Final = 65536
 """Entries each of the policy system's caches of :func:`_held` keeps at most (emptied when full)."""
 
@@ -438,38 +484,30 @@ class PolicySystem:
             if fail_closed:
                 self._deny(policy, binding, req, f"expression evaluation failed: {e}", "Invalid", actions)
             return
-        variables = [
-            (str(var.get("name", "")), self._program(policy, str(var.get("expression", ""))))
+        variables = {
+            str(var.get("name", "")): self._program(policy, str(var.get("expression", "")))
             for var in pspec.get("variables") or []
-        ]
+        }
         validations = [(v, self._program(policy, str(v.get("expression", "")))) for v in pspec.get("validations") or []]
-        shared = _Shared(activation, [p for _, p in variables] + [p for _, p in validations])
-        for name, program in variables:
-            # Kubernetes evaluates a variable lazily, where an expression first reads it: one that fails to evaluate
-            # fails only the expressions that read it (and CEL's `||` and `&&` absorb such an error where the other
-            # side decides). A variable that fails is left unbound here, so that reading it fails the same way.
-            try:
-                value = program.run(activation, shared)
-            except _Unsupported:
-                continue
-            activation["variables"] = {**activation["variables"], name: value}
+        shared = _Shared(activation, [*variables.values(), *(p for _, p in validations)])
+        lazy = _Variables(variables, activation, shared)
         for v, program in validations:
             try:
-                ok = bool(program.run(activation, shared))
+                ok = bool(lazy.run(program))
             except _Unsupported as e:
                 if fail_closed:
                     message = f"expression '{program.expression}' resulted in error: {e}"
                     self._deny(policy, binding, req, message, "Invalid", actions)
                 continue
             if not ok:
-                message = self._message(policy, v, activation)
+                message = self._message(policy, v, lazy)
                 self._deny(policy, binding, req, message, str(v.get("reason") or "Invalid"), actions)
 
-    def _message(self, policy: Obj, validation: Obj, activation: dict[str, Any]) -> str:
+    def _message(self, policy: Obj, validation: Obj, lazy: _Variables) -> str:
         expr = validation.get("messageExpression")
         if expr:
             try:
-                text = str(self._program(policy, str(expr)).run(activation)).strip()
+                text = str(lazy.run(self._program(policy, str(expr)), shared=False)).strip()
             except _Unsupported:
                 text = ""
             if text and "\n" not in text and len(text.encode()) <= MAX_MESSAGE_EXPRESSION_BYTES:

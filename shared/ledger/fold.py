@@ -65,10 +65,10 @@ its pod is made gets no growth unadmitted); counting keeps the larger.
 
 What a pending VMI was refused: the largest ``requested:`` amounts of each resource a quota of the namespace limits,
 of the quota refusals that name its uid (:attr:`NamespaceState.refused`, in checkpoints too, until the VMI is no
-longer pending or is gone). A refusal
-beyond the evidence bound keeps room from being held for a new VM's pod (``shared.accounting.admission``), and its
-Event is not enough to keep: a tenant may delete it, or push it out of the Events a state keeps (:data:`EVENTS_KEPT`)
-with its own, and a refusal of its own within the bound then had room held for a pod KubeVirt renders beyond it.
+longer pending or is gone). A refusal beyond the evidence bound keeps room from being held for a new VM's pod
+(``shared.accounting.admission``), and its Event is not enough to keep: a tenant may delete it, or push it out of
+the Events a state keeps (:data:`EVENTS_KEPT`) with its own, and a refusal of its own within the bound then had room
+held for a pod KubeVirt renders beyond it.
 
 Partitions: a namespace belongs to partition ``crc32("<cluster>/<namespace>") % total``. A ledger instance owns a
 :class:`PartitionSet` and skips the namespaces of other partitions; cluster-wide objects are folded by all.

@@ -10,6 +10,7 @@ from shared.errors import InvalidInput
 from shared.quantity import Format, Quantity
 from shared.resources import (
     add,
+    charged_alike,
     equal,
     fits,
     format_resource_list,
@@ -112,3 +113,22 @@ _lists = st.dictionaries(
 def test_add_then_sub_is_identity(a: dict[str, Quantity], b: dict[str, Quantity]) -> None:
     assert equal(sub(add(a, b), b), a)
     assert equal(add(a, growth(b, a)), maximum(a, b))
+
+
+def test_a_request_and_its_bare_name_are_charged_alike() -> None:
+    """Quota charges ``cpu`` and ``requests.cpu`` the same amount (memory, ephemeral storage and hugepages likewise); a
+    limit, an object count and an extended resource have one name each."""
+    assert charged_alike(["cpu", "requests.memory", "hugepages-2Mi"]) == {
+        "cpu",
+        "requests.cpu",
+        "memory",
+        "requests.memory",
+        "hugepages-2Mi",
+        "requests.hugepages-2Mi",
+    }
+    assert charged_alike(["limits.cpu", "requests.nvidia.com/gpu", "count/pods"]) == {
+        "limits.cpu",
+        "requests.nvidia.com/gpu",
+        "nvidia.com/gpu",
+        "count/pods",
+    }

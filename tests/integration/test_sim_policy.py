@@ -1642,3 +1642,56 @@ def test_the_guards_charge_stays_within_the_cel_cost_limit_for_a_pod_of_many_ini
     names = 1 + containers * (63 + 1)  # (initOrder: every name of 63 characters between commas)
     cost = containers * (names // 10)  # (one search per init container, in one variable or the other)
     assert cost * 2 <= PER_CALL_LIMIT, f"about {cost:,} for the places of {containers} init containers"
+
+
+LAZY_POLICY = """
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {name: lazy}
+spec:
+  failurePolicy: %(failure)s
+  paramKind: {apiVersion: vmquota.io/v1alpha1, kind: QuotaReservation}
+  matchConstraints:
+    resourceRules:
+      - {apiGroups: [""], apiVersions: ["v1"], operations: ["CREATE"], resources: ["pods"]}
+  variables:
+    - {name: broken, expression: "params.spec.prefix.size() > 0"}
+    - {name: named, expression: "object.metadata.name.startsWith('ok-')"}
+  validations:
+    - expression: "%(expression)s"
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {name: lazy}
+spec:
+  policyName: lazy
+  validationActions: [Deny]
+  paramRef: {name: rules, parameterNotFoundAction: Allow}
+"""
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "params.spec.prefix == 'x' || variables.named",  # an object's missing field on the left of ||
+        "variables.broken || variables.named",  # a variable that fails, on the left of ||
+        "[1, 2].exists(i, i == 1 ? params.spec.prefix == 'x' : variables.named)",  # in a macro
+    ],
+)
+async def test_an_error_absorbed_by_the_other_side_does_not_hide_a_variable(sim: SimCluster, expression: str) -> None:
+    """CEL's ``||`` is true when either side is, whatever error the other gives (and ``exists`` when any element
+    is): Kubernetes evaluates ``variables.named`` where the expression reads it, so the pod is admitted (and was
+    here when variables were evaluated up front). The first error CEL reports is the left side's, not the
+    unevaluated variable's."""
+    await install(sim, LAZY_POLICY % {"failure": "Fail", "expression": expression})
+    await rules(sim, None)  # params.spec.prefix: no such key, and variables.broken fails
+    assert await create_as(sim, TENANT, pod("ok-1")) is None
+
+
+async def test_a_failed_variable_does_not_hide_a_false_one_under_ignore(sim: SimCluster) -> None:
+    """``err && false`` is false in CEL: Kubernetes denies; with the error reported instead, failurePolicy Ignore
+    lets the pod in (the shape of vmquota-migration-hotplug's ``!variables.cpuPending && !variables.memoryPending``)."""
+    await install(sim, LAZY_POLICY % {"failure": "Ignore", "expression": "variables.broken && variables.named"})
+    await rules(sim, None)
+    err = await create_as(sim, TENANT, pod("bad-1"))
+    assert err is not None and err.code == 422, err

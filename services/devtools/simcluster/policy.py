@@ -236,7 +236,11 @@ class _Variables:
     that fails to evaluate fails only the expressions that read it (left unbound, reading it fails the same way).
     An expression is run with the variables evaluated so far; reading one not evaluated yet fails as a missing key,
     which evaluates it and runs the expression again (a failure of an object's own missing key of the same name
-    evaluates that variable in vain, and fails again)."""
+    evaluates that variable in vain, and fails again). CEL reports one error of an expression, the first: one that
+    is not such a key (an object's missing field, a variable that failed) may stand where the other side of a ``||``
+    or ``&&``, or another element of a macro, reads a variable not evaluated yet that would decide; so every variable
+    the expression reads is evaluated then, and it runs once more, as it would with all of them (a variable's value
+    is the same whenever it is evaluated)."""
 
     def __init__(self, programs: Mapping[str, _Program], activation: dict[str, Any], shared: _Shared) -> None:
         self.programs = programs
@@ -251,9 +255,22 @@ class _Variables:
                 return program.run(self.activation, self.shared if shared else None)
             except _Unsupported as e:
                 name = self._unevaluated(str(e))
-                if name is None:
+                if name is not None:
+                    self._evaluate(name)
+                    continue
+                pending = [n for n in self._read_by(program) if n not in self.activation["variables"]]
+                pending = [n for n in pending if n not in self._failed]
+                if not pending:
                     raise
-                self._evaluate(name)
+                for n in pending:
+                    self._evaluate(n)
+
+    def _read_by(self, program: _Program) -> list[str]:
+        """The variables ``program`` reads (all of them where it reads ``variables`` whole)."""
+        paths = program.reads.get("variables", frozenset())
+        if () in paths:
+            return list(self.programs)
+        return [n for n in self.programs if (n,) in {p[:1] for p in paths}]
 
     def _unevaluated(self, error: str) -> str | None:
         m = _MISSING_KEY.search(error)

@@ -527,8 +527,9 @@ spec:
       - {apiGroups: [""], apiVersions: ["v1"], operations: ["CREATE"], resources: ["pods"]}
   matchConditions:
     - {name: not-exempt, expression: "!has(object.metadata.labels) || !('exempt' in object.metadata.labels)"}
+  variables: %(variables)s
   validations:
-    - expression: "object.metadata.name.startsWith(params.spec.prefix)"
+    - expression: "%(expression)s"
       %(message)s
 ---
 apiVersion: admissionregistration.k8s.io/v1
@@ -549,8 +550,18 @@ def policy(
     action: str = "Deny",
     not_found: str = "Allow",
     match: str = "",
+    variables: str = "[]",
+    expression: str = "object.metadata.name.startsWith(params.spec.prefix)",
 ) -> str:
-    return POLICY % {"failure": failure, "message": message, "action": action, "not_found": not_found, "match": match}
+    return POLICY % {
+        "failure": failure,
+        "message": message,
+        "action": action,
+        "not_found": not_found,
+        "match": match,
+        "variables": variables,
+        "expression": expression,
+    }
 
 
 async def rules(sim: SimCluster, prefix: Any) -> None:
@@ -1644,30 +1655,10 @@ def test_the_guards_charge_stays_within_the_cel_cost_limit_for_a_pod_of_many_ini
     assert cost * 2 <= PER_CALL_LIMIT, f"about {cost:,} for the places of {containers} init containers"
 
 
-LAZY_POLICY = """
-apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingAdmissionPolicy
-metadata: {name: lazy}
-spec:
-  failurePolicy: %(failure)s
-  paramKind: {apiVersion: vmquota.io/v1alpha1, kind: QuotaReservation}
-  matchConstraints:
-    resourceRules:
-      - {apiGroups: [""], apiVersions: ["v1"], operations: ["CREATE"], resources: ["pods"]}
-  variables:
-    - {name: broken, expression: "params.spec.prefix.size() > 0"}
-    - {name: named, expression: "object.metadata.name.startsWith('ok-')"}
-  validations:
-    - expression: "%(expression)s"
----
-apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingAdmissionPolicyBinding
-metadata: {name: lazy}
-spec:
-  policyName: lazy
-  validationActions: [Deny]
-  paramRef: {name: rules, parameterNotFoundAction: Allow}
-"""
+LAZY_VARIABLES = (
+    '[{name: broken, expression: "params.spec.prefix.size() > 0"}, '
+    "{name: named, expression: \"object.metadata.name.startsWith('ok-')\"}]"
+)
 
 
 @pytest.mark.parametrize(
@@ -1683,7 +1674,7 @@ async def test_an_error_absorbed_by_the_other_side_does_not_hide_a_variable(sim:
     is): Kubernetes evaluates ``variables.named`` where the expression reads it, so the pod is admitted (and was
     here when variables were evaluated up front). The first error CEL reports is the left side's, not the
     unevaluated variable's."""
-    await install(sim, LAZY_POLICY % {"failure": "Fail", "expression": expression})
+    await install(sim, policy(variables=LAZY_VARIABLES, expression=expression))
     await rules(sim, None)  # params.spec.prefix: no such key, and variables.broken fails
     assert await create_as(sim, TENANT, pod("ok-1")) is None
 
@@ -1691,7 +1682,9 @@ async def test_an_error_absorbed_by_the_other_side_does_not_hide_a_variable(sim:
 async def test_a_failed_variable_does_not_hide_a_false_one_under_ignore(sim: SimCluster) -> None:
     """``err && false`` is false in CEL: Kubernetes denies; with the error reported instead, failurePolicy Ignore
     lets the pod in (the shape of vmquota-migration-hotplug's ``!variables.cpuPending && !variables.memoryPending``)."""
-    await install(sim, LAZY_POLICY % {"failure": "Ignore", "expression": "variables.broken && variables.named"})
+    await install(
+        sim, policy(failure="Ignore", variables=LAZY_VARIABLES, expression="variables.broken && variables.named")
+    )
     await rules(sim, None)
     err = await create_as(sim, TENANT, pod("bad-1"))
     assert err is not None and err.code == 422, err

@@ -294,7 +294,6 @@ class State:
         out = dict(estimate)
         taken: ResourceList = {}
         ignored: list[str] = []
-        beyond = False
         limited = charged_alike(r for q in self.quotas for r in q.policy.budget)
         for refused in refusals:
             for r, amount in sorted(refused.items()):
@@ -308,7 +307,6 @@ class State:
                 elif est is None or bound is None or amount.nanos - est.nanos > bound.nanos:
                     within = f"{est} + up to {bound}" if est is not None else "not estimated"
                     ignored.append(f"{r}={amount} ({within})")
-                    beyond = True
         if ignored:  # (one line for the pod, however many Events and resources: their text is the tenant's)
             ignored = list(dict.fromkeys(ignored))
             shown = ", ".join(ignored[:_IGNORED_SHOWN])
@@ -317,4 +315,4 @@ class State:
                 f"{ref}: quota refusal amounts ignored: {shown}{more}; an Event may raise an estimate only within "
                 "its bound"
             )
-        return out, taken, beyond
+        return out, taken, bool(ignored)

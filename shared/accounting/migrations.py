@@ -32,6 +32,7 @@ from shared.snapshot import (
     PodSnapshot,
     VmimSnapshot,
     VmiSnapshot,
+    awaits_attachment_pod,
 )
 
 
@@ -124,8 +125,7 @@ class Migrations(Vms):
             target = targets[0][0]
             grow = growth(targets[0][1], _pick_source(sources, v)[1]) if sources else {}
             exists = f"target pod {target.name} exists: charged in P"
-            attach = v.hotplug_volumes and m.pending and target.phase == "Running"
-            attach = attach and not self._attached(target)
+            attach = awaits_attachment_pod(m, v, target, {p.attachment_of for p in self.pods})
             # (decided once running VMs are counted)
             index = len(self.mig_entries)
             self.created.append(CreatedTarget(index, m, v, target, tuple(targets), grow, exists, attach))
@@ -146,12 +146,6 @@ class Migrations(Vms):
                 why.append(f"the amounts of a quota refusal: {fmt(taken)}")
         self.targets.append(Target(len(self.mig_entries), m, v, nonzero(estimate), dict(grow), why))
         return migration_entry(m, NOT_TRIED, "")  # (replaced by the decision)
-
-    def _attached(self, pod: PodSnapshot) -> bool:
-        """Whether a pod controlled by ``pod`` exists that KubeVirt sees (labelled with the key ``kubevirt.io``, as
-        its pod informer selects): KubeVirt takes any such pod for its attachment pod (``controller.AttachmentPods``)
-        and creates none then."""
-        return any(p.attachment_of == pod.uid for p in self.pods)
 
     def _attachment_pods(self) -> dict[str, ResourceList]:
         """The hotplug attachment pods beside active migrations' targets, with their charges, which room reserved for

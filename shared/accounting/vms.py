@@ -20,7 +20,6 @@ from shared.quota.equation import takes
 from shared.quota.modes import MEMORY_NAMES, VmSize, mode_usage
 from shared.resources import ResourceList, add, growth, maximum, minimum, nonzero, second_largest
 from shared.snapshot import (
-    VMI_WAITING_PHASES,
     PodSnapshot,
     VmiSnapshot,
 )
@@ -85,7 +84,7 @@ class Vms(Pods):
                     what = f"phase {v.phase}" if v.phase in FINAL_PHASES else "being deleted"
                     reason = f"{what}, no running launcher pod: counts nothing"
                     entries.append((key, VmEntry(v.name, v.uid, v.phase, STOPPED, reason, vm_size(v), {}, {})))
-                elif v.phase not in VMI_WAITING_PHASES:
+                elif v.synced:
                     entry = self._unseen_pod_vm(v)
                     for name, added, took in every:
                         added.append(entry.counts[name])

@@ -103,13 +103,13 @@ from shared.quantity import ZERO, Quantity
 from shared.quota.modes import policy_changed
 from shared.resources import ResourceList, canonical_resource_list, charged_alike, maximum, parse_resource_list
 from shared.snapshot import (
-    VMI_WAITING_PHASES,
     WIRE_SNAPSHOT,
     EventSnapshot,
     PodSnapshot,
     QuotaSnapshot,
     VmimSnapshot,
     VmiSnapshot,
+    awaits_attachment_pod,
     dec_hook,
     enc_hook,
     from_wire,
@@ -638,7 +638,7 @@ class NamespaceState:
         if not isinstance(event, EventSnapshot) or not event.quota_refusal or not event.involved_uid:
             return
         rec = (self.objects.get(VMI_KIND) or {}).get(event.involved_uid)
-        if rec is not None and isinstance(rec.snapshot, VmiSnapshot) and rec.snapshot.phase in VMI_WAITING_PHASES:
+        if rec is not None and isinstance(rec.snapshot, VmiSnapshot) and not rec.snapshot.synced:
             self._remember_refusal(event.involved_uid, event.requested)
 
     def _remember_refusal(self, uid: str, requested: Mapping[str, Quantity]) -> None:
@@ -652,7 +652,7 @@ class NamespaceState:
         remembered (at its first version, those folded before it, from the Events kept: the watches of two kinds
         are in no order; later ones as they are folded), and forgotten once it is not (its pod exists: a
         migration's refusals are read from its Events since the migration was made)."""
-        if not isinstance(vmi, VmiSnapshot) or vmi.phase not in VMI_WAITING_PHASES:
+        if not isinstance(vmi, VmiSnapshot) or vmi.synced:
             self.refused.pop(uid, None)
             return
         if not first:
@@ -728,23 +728,19 @@ class NamespaceState:
 
     def _attachments(self) -> set[str]:
         """The migrations room may be held for whose target's hotplug attachment pod, which KubeVirt marks no refusal
-        for: active and ``Pending``, their VMI with hotplugged volumes, and a pod labelled their target running that
-        no pod KubeVirt sees is the attachment pod of yet (``shared.accounting.migrations`` reserves the attachment
-        pod then)."""
-        pending = {
-            m.uid: m.vmi_name for m in self.live(VMIM_KIND) if isinstance(m, VmimSnapshot) and m.active and m.pending
-        }
+        for: those a pod labelled their target awaits one for (:func:`~shared.snapshot.awaits_attachment_pod`;
+        ``shared.accounting.migrations`` reserves the attachment pod of the target KubeVirt's status names)."""
+        pending = {m.uid: m for m in self.live(VMIM_KIND) if isinstance(m, VmimSnapshot) and m.active and m.pending}
         if not pending:
             return set()
-        hot = {v.name for v in self.live(VMI_KIND) if isinstance(v, VmiSnapshot) and v.hotplug_volumes}
+        vmis = {v.name: v for v in self.live(VMI_KIND) if isinstance(v, VmiSnapshot)}
         attached = {p.attachment_of for p in self._pods()}
         return {
             p.migration_job_uid
             for p in self._pods()
-            if p.phase == "Running"
-            and p.uid not in attached
-            and p.migration_job_uid in pending
-            and pending[p.migration_job_uid] in hot
+            if (m := pending.get(p.migration_job_uid)) is not None
+            and (v := vmis.get(m.vmi_name)) is not None
+            and awaits_attachment_pod(m, v, p, attached)
         }
 
     def _pods(self) -> Iterator[PodSnapshot]:

@@ -51,6 +51,7 @@ from shared.snapshot.types import VmiMigrationState as VmiMigrationState
 from shared.snapshot.types import VmimSnapshot as VmimSnapshot
 from shared.snapshot.types import VmiSnapshot as VmiSnapshot
 from shared.snapshot.types import VmSnapshot as VmSnapshot
+from shared.snapshot.types import awaits_attachment_pod as awaits_attachment_pod
 from shared.snapshot.types import is_cluster_scoped as is_cluster_scoped
 from shared.snapshot.types import labelled_launcher as labelled_launcher
 from shared.snapshot.types import same_content as same_content

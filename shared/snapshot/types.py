@@ -4,7 +4,7 @@ tells accounting anything)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from datetime import datetime
 from typing import Any, ClassVar, Final
 
@@ -298,6 +298,22 @@ class PodSnapshot(Snapshot, tag=POD_KIND, frozen=True, kw_only=True):
         """The uid of the pod KubeVirt takes this one for the hotplug attachment pod of (``AttachmentPods``: a pod
         its informer sees, with the label key ``kubevirt.io``, that the pod controls), or ""."""
         return self.owner_pod_uid if LAUNCHER_LABEL in self.labels else ""
+
+
+def awaits_attachment_pod(
+    migration: VmimSnapshot, vmi: VmiSnapshot, target: PodSnapshot, attached: Container[str]
+) -> bool:
+    """Whether KubeVirt waits for a hotplug attachment pod beside a migration's target: the migration is active and
+    ``Pending``, its VMI has hotplugged volumes, the target runs, and no pod KubeVirt sees is the target's attachment
+    pod yet (``attached``: the :attr:`PodSnapshot.attachment_of` of the namespace's pods). KubeVirt marks no refusal
+    of such a pod, so room for it is held on this alone."""
+    return (
+        migration.active
+        and migration.pending
+        and bool(vmi.hotplug_volumes)
+        and target.phase == "Running"
+        and target.uid not in attached
+    )
 
 
 class QuotaSnapshot(Snapshot, tag=QUOTA_KIND, frozen=True, kw_only=True):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, Final
 
@@ -38,7 +38,7 @@ from shared.resources import (
     parse_resource_list,
     saturated,
 )
-from shared.times import parse_rfc3339
+from shared.times import go_seconds, parse_rfc3339
 
 _Entry = tuple[bool, bool, Mapping[str, "Quantity"], Mapping[str, "Quantity"]]
 """What the totals read of a container: init, restartable, requests, limits."""
@@ -203,12 +203,14 @@ def counts_for_compute(
     phase: object, deletion_timestamp: datetime | None, grace_seconds: object, now: datetime | None = None
 ) -> bool:
     """False for pods the quota evaluator charges only ``count/pods``: phase Succeeded/Failed, or terminating
-    past ``deletionTimestamp + deletionGracePeriodSeconds`` (``now`` defaults to the current UTC time)."""
+    past ``deletionTimestamp + deletionGracePeriodSeconds`` (``now`` defaults to the current UTC time). The grace
+    period as Go's arithmetic has it (:func:`~shared.times.go_seconds`): a tenant's pod deleted with a grace period of
+    ten to the fourteenth seconds is charged as Kubernetes charges it, and stops no accounting."""
     if phase in FINAL_PHASES:
         return False
     if deletion_timestamp is not None and isinstance(grace_seconds, int) and not isinstance(grace_seconds, bool):
         current = now or datetime.now(UTC)
-        if current > deletion_timestamp + timedelta(seconds=grace_seconds):
+        if current - deletion_timestamp > go_seconds(grace_seconds):
             return False
     return True
 

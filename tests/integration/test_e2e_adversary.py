@@ -147,6 +147,32 @@ async def test_pods_with_forged_launcher_labels_count_at_full_pod_usage() -> Non
         assert roles == {"vm1", "vm2", "vm3"}
 
 
+async def test_a_pod_deleted_with_a_grace_period_of_centuries_stops_no_namespaces_accounting() -> None:
+    """The tenant gives its pod a grace period of 10^14 seconds and a finalizer of its own, and deletes it: Kubernetes
+    puts no bound on a grace period, and its end wraps in Go's int64 nanoseconds. vmquota's charge of the pod added
+    it to the deletion time in Python and overflowed: the ledger stopped, for every namespace, at every restart."""
+    async with pipeline() as p:
+        await p.managed_quota(NS, "compute", {"limits.memory": "4Gi"})
+        hold = plain_pod(NS, "hold", {"memory": "64Mi", "cpu": "100m"}, {"memory": "64Mi", "cpu": "100m"})
+        hold["metadata"]["finalizers"] = ["tenant.example/hold"]
+        hold["spec"]["terminationGracePeriodSeconds"] = 10**14
+        await p.sim.create(hold)
+        pods = p.sim.store.resource("pods")
+        await p.sim.store.delete(pods, NS, "hold")
+        deleted = p.sim.peek("pods", NS, "hold")
+        assert deleted is not None and deleted["metadata"]["deletionGracePeriodSeconds"] == 10**14
+        # another tenant's namespace, accounted after it: its quota is enforced and its VM counted
+        await p.managed_quota("tenant-z", "compute", {"limits.memory": "4Gi"})
+        await p.start_vm("tenant-z", "vm1", memory="1Gi")
+
+        def counted() -> bool:
+            snap = p.tap.usage.get("tenant-z")
+            return snap is not None and any(v.name == "vm1" and v.state == "running" for v in snap.vms)
+
+        await p.wait(counted, "the other namespace's VM counted")
+        assert p.sim.peek("pods", NS, "hold") is not None, "the tenant's pod is still held by its finalizer"
+
+
 async def test_a_pod_created_as_a_migration_source_ends_takes_no_room() -> None:
     async with pipeline(kubevirt_timing=SLOW_MIGRATIONS) as p:
         await full_namespace(p, NS)

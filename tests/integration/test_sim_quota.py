@@ -4,6 +4,8 @@ quota controller's copy of spec.hard and recomputation of status.used."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp
@@ -26,6 +28,7 @@ from services.devtools.simcluster.store_api import ApiError
 from shared.podusage import pod_quota_usage
 from shared.quantity import Quantity
 from shared.resources import add, format_resource_list, parse_resource_list
+from shared.times import parse_rfc3339
 
 pytestmark = pytest.mark.integration
 
@@ -297,6 +300,21 @@ async def test_a_pod_a_finalizer_holds_is_charged_through_its_grace_period(sim: 
     with pytest.raises(ApiError) as err:
         await sim.create(pod("more", container("c", limits={"memory": "4500Mi"})))
     assert err.value.code == 403
+
+
+async def test_a_grace_period_past_gos_durations_wraps_as_kube_apiserver_wraps_it(sim: SimCluster) -> None:
+    """kube-apiserver sets a deleted pod's ``deletionTimestamp`` to now plus ``time.Duration(grace) * time.Second``,
+    int64 nanoseconds that wrap, and keeps the grace period as asked: a grace period of 10^14 seconds ends some 200
+    years away, not three million; the simulator wrote a timestamp no RFC 3339 reader takes."""
+    held = pod("held", container("c", limits={"memory": "1Gi"}), terminationGracePeriodSeconds=10**14)
+    held["metadata"]["finalizers"] = ["example.com/hold"]
+    await sim.create(held)
+    before = datetime.now(UTC).replace(microsecond=0)
+    deleted = await sim.store.delete(sim.store.resource("pods"), "t", "held")
+    assert deleted["metadata"]["deletionGracePeriodSeconds"] == 10**14
+    ends = parse_rfc3339(deleted["metadata"]["deletionTimestamp"])
+    wrapped = timedelta(microseconds=ctypes.c_int64(10**14 * 10**9).value // 1000)  # (Go's int64, by C's)
+    assert ends is not None and abs(ends - (before + wrapped)) <= timedelta(seconds=2), ends
 
 
 async def test_a_cross_namespace_affinity_quota_holds_only_such_pods(sim: SimCluster) -> None:

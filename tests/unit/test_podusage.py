@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -140,6 +141,24 @@ def test_terminating_pod_past_grace_counts_only_object_count() -> None:
     assert counts_for_compute("Running", T0, 0, T0)
     assert not counts_for_compute("Running", T0, 0, T0 + timedelta(microseconds=1))
     assert counts_for_compute("Running", T0, None, T0 + timedelta(days=1))  # no grace period: still charged
+
+
+def _go_int64(n: int) -> int:
+    """``n`` as Go's int64 arithmetic leaves it (two's complement), by ctypes' C int64, not the code under test."""
+    return ctypes.c_int64(n).value
+
+
+@pytest.mark.parametrize("grace", [10**14, 3 * 10**11, 2**63 - 1, 10**10, -5])
+def test_a_grace_period_of_any_size_is_charged_as_gos_arithmetic_charges_it(grace: int) -> None:
+    """A tenant may delete its pod with any grace period (``kubectl delete --grace-period=100000000000000``, the pod
+    kept by a finalizer): Kubernetes multiplies it into int64 nanoseconds, which wrap. It was charged with Python's
+    unbounded arithmetic, which raised past timedelta's range and stopped the ledger for every namespace."""
+    end_ns = _go_int64(grace * 1_000_000_000)
+    for after_ns in (end_ns - 1_000, end_ns + 1_000, 0, 1_000, 86_400 * 10**9):
+        now = T0 + timedelta(microseconds=after_ns // 1_000)
+        assert counts_for_compute("Running", T0, grace, now) == (not after_ns > end_ns), (grace, after_ns)
+    p = pod(deletionTimestamp="2025-01-01T00:00:00Z", deletionGracePeriodSeconds=grace)
+    assert pod_quota_usage(p, T0 + timedelta(days=1))  # (charged, or count/pods only: never an error)
 
 
 @pytest.mark.parametrize(

@@ -58,6 +58,7 @@ from services.devtools.simcluster.store_api import (
     WatchType,
 )
 from services.platform.logs import get_logger
+from shared.times import go_seconds
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
@@ -1243,7 +1244,7 @@ class Store:
             # (a pod is deleted gracefully, as kube-apiserver does: its deletionTimestamp is when its grace period
             # ends, and quota charges it until then, or until the kubelet has ended it)
             grace = _pod_grace(new) if _is_pod(res) else 0
-            new["metadata"]["deletionTimestamp"] = format_time(self._clock() + grace)
+            new["metadata"]["deletionTimestamp"] = format_time(self._clock() + go_seconds(grace).total_seconds())
             new["metadata"]["deletionGracePeriodSeconds"] = grace
             return self._commit("MODIFIED", info, ns, name, new, stored).raw
         result = self._commit("DELETED", info, ns, name, old, stored)

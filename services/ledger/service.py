@@ -824,6 +824,14 @@ class LedgerService:
                 with structlog.contextvars.bound_contextvars(cluster=cluster, namespace=namespace, seq=view.seq):
                     log.error("accounting failed; usage not published", error=str(e))
                 continue
+            except Exception as e:  # (a defect accounting one namespace stops no other namespace's)
+                with structlog.contextvars.bound_contextvars(cluster=cluster, namespace=namespace, seq=view.seq):
+                    log.error(
+                        "accounting failed on a defect; usage not published (accounted again at the namespace's next "
+                        "change): please report it",
+                        error=f"{type(e).__name__}: {e}",
+                    )
+                continue
             msg, digest = usage_snapshot(
                 body,
                 cluster=cluster,

@@ -28,6 +28,7 @@ from shared import contract
 from shared.ledger.fold import (
     CLUSTER_WIDE,
     Ledger,
+    NamespaceView,
     PartitionSet,
     checkpoint_key,
     pack_checkpoint,
@@ -43,6 +44,7 @@ from tests.integration.ledgers import (
     Running,
     World,
     connect_bus,
+    count_objects,
     expected_usage,
     last_usage,
     options,
@@ -76,6 +78,40 @@ async def test_folds_events_and_publishes_usage_per_namespace(nats_url: str) -> 
             entry = await kv.get(f"ns.{CLUSTER}.{ns}")
             assert entry.value and b'"namespace":"' + ns.encode() + b'"' in entry.value
         assert int((await kv.get(run.service.opts.progress_key)).value or b"0") == len(events)
+    finally:
+        await b.close()
+
+
+async def test_a_defect_accounting_one_namespace_stops_no_other_namespaces_usage(nats_url: str) -> None:
+    """An accountant that raises what it was never meant to (a tenant's object reaching a defect) on one namespace:
+    the service went down with it, and at every restart, so no namespace had its usage published any more."""
+
+    def failing_on_a(view: NamespaceView) -> contract.UsageBody:
+        if view.namespace == "tenant-a":
+            raise OverflowError("a defect")
+        return count_objects(view)
+
+    b = await connect_bus(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        world = World(random.Random(3), ["tenant-a", "tenant-b"])
+        events = [world.next() for _ in range(40)]
+        await publish(b, events)
+        stop = asyncio.Event()
+        service = LedgerService(b, options(), failing_on_a)
+        task = asyncio.create_task(service.run(stop))
+        _, want = expected_usage(events)
+
+        async def b_published() -> bool:
+            if task.done():
+                task.result()  # (surface the failure)
+            published = usage_of(await last_usage(b))
+            return published.get("tenant-b") == want["tenant-b"]
+
+        await wait_until(b_published, what="tenant-b's usage")
+        assert "tenant-a" not in usage_of(await last_usage(b))
+        stop.set()
+        await asyncio.wait_for(task, 10)
     finally:
         await b.close()
 

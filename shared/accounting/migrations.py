@@ -139,12 +139,13 @@ class Migrations(Vms):
         args = (v, source_pod, source_usage, *others)
         estimate, grow, reasons = self.memo.latest(slot, tuple(map(id, args)), args, self._target_estimate, *args)
         why = list(reasons)
+        explained = nonzero(estimate)
         if m.rejected_by_quota:  # (a status condition only KubeVirt writes: it really tried to create the pod)
             refused = self._refusals(v, m.creation_timestamp)
             estimate, taken, _ = self._bounded(estimate, refused, f"{m.ref} (VMI {v.name})")
             if taken:
                 why.append(f"the amounts of a quota refusal: {fmt(taken)}")
-        self.targets.append(Target(len(self.mig_entries), m, v, nonzero(estimate), dict(grow), why))
+        self.targets.append(Target(len(self.mig_entries), m, v, nonzero(estimate), dict(grow), why, explained))
         return migration_entry(m, NOT_TRIED, "")  # (replaced by the decision)
 
     def _attachment_pods(self) -> dict[str, ResourceList]:
@@ -286,18 +287,50 @@ class Migrations(Vms):
             self.mig_entries[t.index] = migration_entry(t.m, WAITING, "; ".join(why), None, t.grow)
             return
         why.insert(0, "target reserved: KubeVirt reported migrationRejectedByResourceQuota")
+        room = t.estimate
         if not admit:
-            # A larger pod for KubeVirt's reasons (an upgrade's overhead, a refusal's amounts): what the VM counts
-            # more once it exists, counted while its room is held, not before. It is no pod's charge yet, so it
-            # puts no namespace over its budget for another migration (``_room_taken``). Counted for every target
-            # as it was, a tenant's refused migration of its own VM with a refusal Event forged as large as the
-            # evidence bound lets, and a small pod made in that refusal, had the namespace over its budget with
-            # nothing over it, and held a drain's migration back for as long as the tenant kept the three.
+            grown, room = self._unexplained(t, cur, grown, why)
+            # A larger pod for KubeVirt's reasons (an upgrade's overhead): what the VM counts more once it exists,
+            # counted while its room is held, not before. It is no pod's charge yet, so it puts no namespace over
+            # its budget for another migration (``_room_taken``). Counted for every target as it was, a tenant's
+            # refused migration of its own VM with a refusal Event forged as large as the evidence bound lets, and a
+            # small pod made in that refusal, had the namespace over its budget with nothing over it, and held a
+            # drain's migration back for as long as the tenant kept the three.
             self._count_growth(grown, projected=True)
-        self._reserve_for_migration(t.estimate)
+        self._reserve_for_migration(room)
         self.mig_entries[t.index] = migration_entry(
-            t.m, PENDING, "; ".join(why), t.estimate, t.grow, self.renderer.held_digest(t.v), t.v.uid
+            t.m, PENDING, "; ".join(why), room, t.grow, self.renderer.held_digest(t.v), t.v.uid
         )
+
+    def _unexplained(
+        self, t: Target, cur: VmEntry, grown: dict[str, ResourceList], why: list[str]
+    ) -> tuple[dict[str, ResourceList], ResourceList]:
+        """What a refusal's amounts ask of a target beyond what the VM's pods and KubeVirt's rendering explain
+        (``t.explained``), where a quota counts it (pod terms): growth, admitted like a hotplug's. It has no cause
+        vmquota can vouch for: a container a mutating webhook sizes by the VMI's metadata, which the tenant writes
+        and KubeVirt copies to every pod (raised while the VM ran, it grew the VM past a pod-terms budget at each
+        migration, 1.44Gi over at the first), or an Event the tenant forged. Where it fits, it counts as the VM's
+        usage while the room is held; where it does not, room is held for the target as explained: KubeVirt's
+        target as large as its source gets in (a forged Event holds no drain back), a larger one waits for room.
+        Returns the growth still to count while the room is held, and the room to hold."""
+        if t.explained == t.estimate:
+            return grown, t.estimate
+        base = self._grown_at(t.v, cur, t.explained)
+        extra = {name: growth(g, base[name]) for name, g in grown.items()}
+        if not any(extra.values()):
+            return grown, t.estimate
+        asked = fmt(growth(t.estimate, t.explained))
+        misfit, parts = self._misfits(grown)
+        if not any(set(rs) & extra[name].keys() for name, rs in misfit.items()):
+            why.append(f"what the refusal asks beyond the VM's pods and its rendering ({asked}) admitted as growth")
+            self._count_growth(extra)
+            return base, t.estimate
+        why.append(
+            f"the refusal asks {asked} more than the VM's pods and its rendering explain, growth that does not fit: "
+            + "; ".join(parts)
+            + f"; room held for the target as they explain it ({fmt(t.explained)}): a larger one waits for room"
+        )
+        return base, t.explained
 
     def _over_at_spec(self, v: VmiSnapshot, cur: VmEntry, grown: dict[str, ResourceList]) -> str:
         """Why a size the VM counts at already, but was never admitted, does not fit, or "": a VM some pod of which
@@ -443,10 +476,14 @@ class Migrations(Vms):
     def _grown(self, t: Target, cur: VmEntry) -> dict[str, ResourceList]:
         """Per quota, what the migration's target adds to the VM's count in the mode's terms (hotplug growth;
         an upgrade's larger pod in pod terms). Not to be changed."""
-        full = vm_size(t.v)
+        return self._grown_at(t.v, cur, t.estimate)
+
+    def _grown_at(self, v: VmiSnapshot, cur: VmEntry, estimate: ResourceList) -> dict[str, ResourceList]:
+        """:meth:`_grown` with a target charged ``estimate``."""
+        full = vm_size(v)
         return {
             q.policy.name: growth(
-                mode_usage(q.policy.mode, full, maximum(cur.pod_usage, t.estimate), q.ratio), cur.counts[q.policy.name]
+                mode_usage(q.policy.mode, full, maximum(cur.pod_usage, estimate), q.ratio), cur.counts[q.policy.name]
             )
             for q in self.quotas
         }

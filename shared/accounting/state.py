@@ -166,6 +166,8 @@ class Target:
     estimate: ResourceList
     grow: ResourceList
     why: list[str]
+    explained: ResourceList
+    """The estimate before any refusal's amounts: what the VM's pods and KubeVirt's rendering explain."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -327,6 +327,27 @@ def forged_refusal(vmi: Obj, name: str, message: str, **extra: Any) -> Obj:
     }
 
 
+INJECT: Final = "sidecar.istio.io/inject"
+
+
+def install_sidecar_injector(p: Pipeline, memory: str, *, sized_by: str = "") -> None:
+    """A mutating webhook as a service mesh's: it adds a proxy container to each pod labelled :data:`INJECT` (KubeVirt
+    copies the VMI's labels and annotations to its launcher pods, a target's too); its memory limit ``memory``, or
+    the value of the pod's label ``sized_by`` where it has one (a per-workload size, the tenant's to write)."""
+    pods = p.sim.store.resource("pods")
+
+    async def inject(op: str, res: Any, new: Obj | None, old: Obj | None, sub: str | None = None) -> Obj | None:
+        labels = ((new or {}).get("metadata") or {}).get("labels") or {}
+        if op != "CREATE" or new is None or labels.get(INJECT) != "true":
+            return None
+        limit = labels.get(sized_by, memory) if sized_by else memory
+        proxy = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "2", "memory": limit}}
+        new["spec"]["containers"].append({"name": "istio-proxy", "image": "proxyv2", "resources": proxy})
+        return new
+
+    p.sim.store.add_admission(pods, inject, first=True, mutating=True)
+
+
 def plain_pod(ns: str, name: str, requests: dict[str, str], limits: dict[str, str]) -> Obj:
     """A pod that is not a VM's (create it with ``sim.create``)."""
     return {

@@ -35,6 +35,7 @@ from shared.quota.annotations import (
 )
 from tests.builders import created_vmi
 from tests.integration.e2e import (
+    INJECT,
     PATIENT_KUBEVIRT,
     SLOW_MIGRATIONS,
     SPEED,
@@ -44,6 +45,7 @@ from tests.integration.e2e import (
     full_namespace,
     give_back_grabbed_room,
     grab_reserved_room,
+    install_sidecar_injector,
     pipeline,
     plain_pod,
     rl,
@@ -171,6 +173,44 @@ async def test_a_pod_deleted_with_a_grace_period_of_centuries_stops_no_namespace
 
         await p.wait(counted, "the other namespace's VM counted")
         assert p.sim.peek("pods", NS, "hold") is not None, "the tenant's pod is still held by its finalizer"
+
+
+@pytest.mark.parametrize("guard", [False, True], ids=["without_the_guard", "with_the_guard"])
+async def test_a_vm_a_webhook_enlarges_by_its_label_does_not_migrate_past_a_pod_terms_budget(guard: bool) -> None:
+    """`VmiPodUsage`, `limits.memory: 17Gi`, a 16Gi VM whose pods a mesh's injector gives a proxy sized by a label
+    (KubeVirt copies the VMI's labels to its pods, and the VMI's labels are the tenant's). The tenant raises the
+    label by 1.5Gi, within the evidence bound of the pod, and migrates the VM: the refusal of KubeVirt's target
+    raised the target's room, the target got in, and the VM ran on 837Mi over the budget, never admitted. Room is
+    held for the target as the VM's pods explain it: the larger one waits until the budget has room for it."""
+    ns, size = "tenant-grow", "proxy-memory"
+    async with pipeline(guard=guard) as p:
+        install_sidecar_injector(p, "64Mi", sized_by=size)
+        await p.managed_quota(ns, "compute", {"limits.memory": "17Gi"})
+        await p.start_vm(ns, "vm1", memory="16Gi", limits={"memory": "16Gi"}, labels={INJECT: "true"})
+        budget = rl({"limits.memory": "17Gi"})["limits.memory"]
+        assert p.pod_usage(ns)["limits.memory"] <= budget
+        vmis = p.sim.store.resource("virtualmachineinstances")
+
+        def grown(obj: Obj) -> Obj:
+            obj["metadata"].setdefault("labels", {})[size] = "1600Mi"
+            return obj
+
+        async with Tenant(p, ns) as tenant:
+            with acting_as(tenant.user):
+                await p.sim.store.mutate(vmis, ns, "vm1", grown)
+                name = await p.migrate(ns, "vm1")
+
+        def waits() -> bool:
+            assert p.pod_usage(ns)["limits.memory"] <= budget, "the VM grew past the budget"
+            entry = next((m for m in p.tap.usage[ns].migrations if m.name == name), None) if ns in p.tap.usage else None
+            return entry is not None and "more than the VM's pods and its rendering explain" in entry.reason
+
+        await p.wait(waits, "the growth refused and the target held to the room its pods explain")
+        assert phase(p.migration(ns, name)) == "Pending"
+        await p.set_budget(ns, "compute", {"limits.memory": "19Gi"})
+        await p.wait_migrated(ns, "vm1", name)
+        (target,) = p.launcher_pods(ns, "vm1")
+        assert [c["resources"]["limits"]["memory"] for c in target["spec"]["containers"]][-1] == "1600Mi"
 
 
 async def test_a_pod_created_as_a_migration_source_ends_takes_no_room() -> None:

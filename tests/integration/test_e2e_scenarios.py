@@ -11,24 +11,25 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
-from typing import Any
 
 import pytest
 
 from services.devtools.demo.play import play
 from services.devtools.demo.scenario import builtin_scenarios
 from services.devtools.simcluster.kubevirt import KubeVirtTiming, phase
-from services.devtools.simcluster.store_api import ApiError, Obj
+from services.devtools.simcluster.store_api import ApiError
 from shared.quantity import Quantity
 from shared.quota.enforcement import BUDGET_CHANGED
 from shared.resources import ResourceList, add, format_resource_list, parse_resource_list
 from shared.times import parse_rfc3339
 from tests.integration.e2e import (
+    INJECT,
     PATIENT_KUBEVIRT,
     SPEED,
     WITHIN,
     Pipeline,
     full_namespace,
+    install_sidecar_injector,
     on,
     pipeline,
     plain_pod,
@@ -148,24 +149,6 @@ async def test_a_drain_beside_a_migrating_vm_with_a_hotplugged_volume_gets_room_
         await p.wait(reserved_or_over, "room for the drain, or vm1's migration over", within=120)
         assert phase(p.migration(ns, first)) != "Succeeded", "the drain got room only once vm1's migration ended"
         await p.wait_migrated(ns, "vm2", drain)
-
-
-def install_sidecar_injector(p: Pipeline, memory: str) -> None:
-    """A mutating webhook as a service mesh's: it adds a proxy container to each pod that asks for one (KubeVirt
-    copies the VMI's labels and annotations to its launcher pods, a target's too)."""
-    pods = p.sim.store.resource("pods")
-
-    async def inject(op: str, res: Any, new: Obj | None, old: Obj | None, sub: str | None = None) -> Obj | None:
-        if op != "CREATE" or new is None or ((new.get("metadata") or {}).get("labels") or {}).get(INJECT) != "true":
-            return None
-        proxy = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "2", "memory": memory}}
-        new["spec"]["containers"].append({"name": "istio-proxy", "image": "proxyv2", "resources": proxy})
-        return new
-
-    p.sim.store.add_admission(pods, inject, first=True, mutating=True)
-
-
-INJECT = "sidecar.istio.io/inject"
 
 
 @pytest.mark.parametrize("guard", [False, True], ids=["without_the_guard", "with_the_guard"])

@@ -2934,3 +2934,74 @@ def test_a_forged_refusal_of_a_tenants_own_migration_holds_no_drain_back(guarded
     entry = next((e for e in c.published.migrations if e.name == "drain"), None) if c.published else None
     phase = c.objs[VMIM_KIND]["drain"]["status"]["phase"]
     assert phase != "Pending", f"the drain waits: {entry.state if entry else ''}: {entry.reason if entry else ''}"
+
+
+def _migrated(c: Cluster, m: str) -> None:
+    """KubeVirt's steps of migration ``m`` until it succeeds (or six rounds of refusals), vmquota catching up."""
+    for _ in range(6):
+        c.kv_target(m)
+        c.vmquota_catches_up()
+        c.kv_hand_off(m)
+        c.kv_complete(m)
+        c.kv_source_ends(m)
+        c.vmquota_catches_up()
+        if c.objs[VMIM_KIND][m]["status"]["phase"] == "Succeeded":
+            return
+
+
+@pytest.mark.parametrize("guarded", [False, True], ids=["without_the_guard", "with_the_guard"])
+@pytest.mark.parametrize("then", ["label_set_back", "budget_raised"])
+def test_a_vm_a_webhook_enlarges_by_a_label_does_not_grow_past_a_pod_terms_budget_by_migrating(
+    guarded: bool, then: str
+) -> None:
+    """`VmiPodUsage`, `limits.memory` a 16Gi VM's pod and 64Mi. A mutating webhook sizes a container by the VMI's
+    metadata, which KubeVirt copies to its pods and the tenant writes. The tenant raises it by 1.5Gi (within the
+    evidence bound of the pod) and migrates its VM: KubeVirt's target is refused, the refusal's amounts raised the
+    target's room, and the VM ran on in its larger pod, never admitted: 1.44Gi over the budget, and again at every
+    migration (5.94Gi after four). Growth that neither the VM's pods nor KubeVirt's rendering explain is admitted
+    like any growth: it does not fit, so room is held for the pod as they explain it, and the larger target waits;
+    it gets in once the growth fits, and a target as large as its source gets in at once."""
+    facts = facts_for(["limits.memory"])
+    pod = usage_of(launcher_obj(vmi_obj("p", guest="16384Mi"), facts=facts, vouched=False))["limits.memory"]
+    c = cluster(Mode.VMI_POD_USAGE, {"limits.memory": (pod + Q("64Mi")).canonical()}, guarded=guarded)
+    start_vms(c, 1, 16384)
+    (vm,) = c.running()
+    c.injected[name_of(vm)] = {"cpu": "10m", "memory": "1536Mi"}
+    c.tenant_migrate(0)
+    (m,) = (name_of(x) for x in c.of_kind(VMIM_KIND))
+    _migrated(c, m)
+    assert not c.excess(), f"over the budget by {format_resource_list(c.excess())}"
+    entry = next(e for e in c.published.migrations if e.name == m) if c.published else None
+    assert entry is not None and "more than the VM's pods and its rendering explain" in entry.reason, entry
+    assert c.objs[VMIM_KIND][m]["status"]["phase"] == "Pending", "the larger target waits"
+    if then == "label_set_back":
+        del c.injected[name_of(vm)]
+    else:
+        raised = {"limits.memory": (pod + Q("1600Mi")).canonical()}
+        q = copy.deepcopy(c.quota)
+        q["metadata"]["annotations"][BUDGET_ANNOTATION] = json.dumps(raised)
+        c.put(q)
+        c.budget["limits.memory"] = Q(raised["limits.memory"])
+        c.vmquota_catches_up()
+    _migrated(c, m)
+    assert not c.excess(), f"over the budget by {format_resource_list(c.excess())}"
+    assert c.objs[VMIM_KIND][m]["status"]["phase"] == "Succeeded"
+
+
+@pytest.mark.parametrize("guarded", [False, True], ids=["without_the_guard", "with_the_guard"])
+def test_a_forged_refusal_on_a_drain_of_a_vm_at_the_budget_holds_the_drain_back_no_longer(guarded: bool) -> None:
+    """The other side of admitting what a refusal asks beyond the VM's pods: the tenant forges a refusal Event within
+    the evidence bound on the VMI an administrator drains, in a namespace at its budget. The growth does not fit, but
+    room for the pod as its pods explain it is still held: KubeVirt's target, as large as the source, gets in."""
+    facts = facts_for(["limits.memory"])
+    pod = usage_of(launcher_obj(vmi_obj("p", guest="1024Mi"), facts=facts, vouched=False))["limits.memory"]
+    c = cluster(Mode.VMI_POD_USAGE, {"limits.memory": (pod + pod + Q("64Mi")).canonical()}, guarded=guarded)
+    start_vms(c, 2, 1024)
+    vmi = name_of(c.running()[0])
+    c.put(vmim_obj("drain", vmi, t=c.tick()))
+    forged = refusal_event(vmi, {"limits.memory": (pod + Q("128Mi")).canonical()}, t=c.tick())
+    forged["lastTimestamp"] = ts(10**8)
+    c.put(forged)
+    _migrated(c, "drain")
+    assert not c.excess(), f"over by {format_resource_list(c.excess())}"
+    assert c.objs[VMIM_KIND]["drain"]["status"]["phase"] == "Succeeded"

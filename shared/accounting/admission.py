@@ -247,11 +247,16 @@ class Admission(Migrations):
     def _admit(self, v: VmiSnapshot) -> None:
         """A pending VM (no launcher pod named yet: one its command names may exist), in creation order: admitted iff it
         fits every managed quota. Room is held for its pod (``S``, ``W``) once KubeVirt was refused it for room
-        (:meth:`_refused_for_room`), unless the refusal asked for more than the estimate's evidence bound: room
-        held for the estimate would not let that pod in, and with the guard its holder would keep every other
-        pod of the namespace out meanwhile (a webhook's containers, which the rendering does not know; or an
-        Event that is not KubeVirt's, whose tenant holds back its own VM). It starts when KubeVirt next tries it
-        with the room the namespace has."""
+        (:meth:`_refused_for_room`), at the size the latest refusal asked within the estimate's evidence bound;
+        none when it asked for more: room held for the estimate would not let that pod in, and with the guard its
+        holder would keep every other pod of the namespace out meanwhile (a webhook's containers, which the
+        rendering does not know; or an Event that is not KubeVirt's, whose tenant holds back its own VM). It starts
+        when KubeVirt next tries it with the room the namespace has, and the refusal of that try decides then.
+        The latest, not the largest: what made a pod larger (a webhook's container, KubeVirt's overhead ratio) may
+        have gone, and a VM whose pod needs vmquota's room (its overhead, in the VM-term modes) was kept pending for
+        good by a refusal from before. Latest in the order the ledger folded them (:attr:`refused`; else by the
+        times its Events state): a refusal of the tenant's own after KubeVirt's decides for its own VM only, as with
+        the guard a holder's pod is held to the room held for it."""
         key = vm_key(v)
         # its own launcher pod may exist already, counted as the VM (KubeVirt names it in the write that moves the
         # VMI on, which may come after the pod's event): no room is held for another, and the VM at its size stands
@@ -264,9 +269,11 @@ class Admission(Migrations):
         pod_est = dict(estimate)
         beyond = False
         if refused:  # (a status condition only KubeVirt writes: it really tried to create the pod)
-            remembered = self.refused.get(v.uid)  # (the fold's: KubeVirt's refusal may have been deleted or pushed out)
-            refusals = [*self._refusals(v, v.creation_timestamp), *([remembered] if remembered else [])]
-            pod_est, taken, beyond = self._bounded(estimate, refusals, v.ref)
+            latest = self.refused.get(v.uid)  # (the fold's: its Event may have been deleted or pushed out)
+            if latest is None:
+                found = self._refusals(v, v.creation_timestamp)
+                latest = found[-1] if found else None
+            pod_est, taken, beyond = self._bounded(estimate, [latest] if latest else [], v.ref)
             refused = not beyond
         pod_est = nonzero(pod_est)
         usages = {q.policy.name: mode_usage(q.policy.mode, size, pod_est, q.ratio) for q in self.quotas}

@@ -281,18 +281,16 @@ class State:
         """The estimate with the amounts of quota refusals in place of estimated ones where they are larger, each only
         up to :func:`evidence_bound` above the estimate (an Event is anyone's to write: evidence, not truth); the
         others are ignored, those beyond the bound (or of resources not estimated) reported. Of the refusals'
-        amounts within the bound the largest is taken, whatever an Event says of its time: a tenant's Event dated
-        ahead of KubeVirt's, smaller or beyond the bound, took the place of KubeVirt's amounts, and a target
-        KubeVirt renders larger than vmquota's estimate then had room for the estimate only, refused for as long as
-        the Event was kept. Amounts in resources no managed quota limits are no matter (a refusal from before its
-        quota's budget changed: the VM waited for KubeVirt's backoff, no room held). Returns the corrected estimate,
-        the amounts taken, and whether any refusal has an amount beyond the bound: whichever Event is the latest is
-        the tenant's to decide (its time, or a later Event of its own), and a later one within the bound had room
-        held, and a guard holder made, for a VM whose pod KubeVirt renders beyond it (a webhook's container), which
-        then took room reserved for others. Never smaller: a refusal is KubeVirt's word for a pod it tried to
-        create, and that pod may have been rendered from an older spec (a migration refused before a hotplug made
-        its target larger); an estimate too large only reserves room the pod does not take, one too small would let
-        it take room reserved for others."""
+        amounts within the bound the largest is taken, whatever an Event says of its time (a migration's target: a
+        tenant's Event dated ahead of KubeVirt's, smaller or beyond the bound, took the place of KubeVirt's amounts,
+        and a target KubeVirt renders larger than vmquota's estimate then had room for the estimate only, refused for
+        as long as the Event was kept; a pending VM's pod is given its latest refusal alone, ``Admission._admit``).
+        Amounts in resources no managed quota limits are no matter (a refusal from before its quota's budget
+        changed: the VM waited for KubeVirt's backoff, no room held). Returns the corrected estimate, the amounts
+        taken, and whether any refusal has an amount beyond the bound. Never smaller: a refusal is KubeVirt's word
+        for a pod it tried to create, and that pod may have been rendered from an older spec (a migration refused
+        before a hotplug made its target larger); an estimate too large only reserves room the pod does not take,
+        one too small would let it take room reserved for others."""
         out = dict(estimate)
         taken: ResourceList = {}
         ignored: list[str] = []

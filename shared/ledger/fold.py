@@ -63,12 +63,14 @@ until it names a pod, and a pod made for it then may have been made for that. Ad
 size only where that says so (a VMI created with a ``currentCPUTopology`` as large as the spec it is raised to as
 its pod is made gets no growth unadmitted); counting keeps the larger.
 
-What a pending VMI was refused: the largest ``requested:`` amounts of each resource a quota of the namespace limits,
-of the quota refusals that name its uid (:attr:`NamespaceState.refused`, in checkpoints too, until the VMI is no
-longer pending or is gone). A refusal beyond the evidence bound keeps room from being held for a new VM's pod
-(``shared.accounting.admission``), and its Event is not enough to keep: a tenant may delete it, or push it out of
-the Events a state keeps (:data:`EVENTS_KEPT`) with its own, and a refusal of its own within the bound then had room
-held for a pod KubeVirt renders beyond it.
+What a pending VMI was refused last: the ``requested:`` amounts, in the resources a quota of the namespace limits, of
+the latest quota refusal folded that names its uid (:attr:`NamespaceState.refused`, in checkpoints too, until the
+VMI is no longer pending or is gone). It decides whether room is held for a new VM's pod, and at what size
+(``shared.accounting.admission``): a refusal is evidence of the pod KubeVirt made then, and what made it larger (a
+webhook's container, KubeVirt's overhead ratio) may have gone since. Kept apart from its Event, which its tenant may
+delete or push out of the Events a state keeps (:data:`EVENTS_KEPT`); latest in the order folded, not by the times
+an Event states, which its writer dates. A later refusal of the tenant's own decides for its own VM only: with the
+reservation guard, a holder's pod is held to the room held for it.
 
 Partitions: a namespace belongs to partition ``crc32("<cluster>/<namespace>") % total``. A ledger instance owns a
 :class:`PartitionSet` and skips the namespaces of other partitions; cluster-wide objects are folded by all.
@@ -101,7 +103,7 @@ from shared.kinds import (
 )
 from shared.quantity import ZERO, Quantity
 from shared.quota.modes import policy_changed
-from shared.resources import ResourceList, canonical_resource_list, charged_alike, maximum, parse_resource_list
+from shared.resources import ResourceList, canonical_resource_list, charged_alike, parse_resource_list
 from shared.snapshot import (
     WIRE_SNAPSHOT,
     EventSnapshot,
@@ -454,10 +456,8 @@ class NamespaceState:
         """VMI uid → the fewest vCPUs of its spec, for a VMI whose spec grew while it named no pod, until it names
         one (see the module)."""
         self.refused: dict[str, ResourceList] = {}
-        """VMI uid → the largest ``requested:`` amounts of the quota refusals folded that name it, for a pending VMI
-        (see :meth:`_refusal`). Its Events are not enough: a tenant may delete KubeVirt's, or push it out of the ones a
-        state keeps (:data:`EVENTS_KEPT`) with its own, and a refusal of its own within the evidence bound then had
-        room held for a VM whose pod KubeVirt renders beyond it, which took the room held for others."""
+        """VMI uid → the ``requested:`` amounts of the latest quota refusal folded that names it, for a pending VMI
+        (see the module and :meth:`_refusal`)."""
 
     # ---- reading ----------------------------------------------------------------------------------------------
     def live(self, kind: str) -> list[Snapshot]:
@@ -632,9 +632,9 @@ class NamespaceState:
             self.departed_vmis[before.uid] = msgspec.structs.replace(before, active_pods={})
 
     def _refusal(self, event: Snapshot) -> None:
-        """An Event's version folded: a quota refusal naming a pending VMI's uid adds its amounts to what is
-        remembered of that VMI's refusals (:attr:`refused`), the largest of each resource, in the resources a quota
-        of the namespace limits (a quota refuses no other; a tenant's Events may name any number of others)."""
+        """An Event's version folded: a quota refusal naming a pending VMI's uid is what is remembered of that
+        VMI's refusals now (:attr:`refused`), in the resources a quota of the namespace limits (a quota refuses no
+        other; a tenant's Events may name any number of others; one that names none of them leaves the last)."""
         if not isinstance(event, EventSnapshot) or not event.quota_refusal or not event.involved_uid:
             return
         rec = (self.objects.get(VMI_KIND) or {}).get(event.involved_uid)
@@ -645,13 +645,13 @@ class NamespaceState:
         limited = charged_alike(r for q in self.live(QUOTA_KIND) if isinstance(q, QuotaSnapshot) for r in q.spec_hard)
         amounts = {r: a for r, a in requested.items() if r in limited}
         if amounts:
-            self.refused[uid] = maximum(self.refused.get(uid, {}), amounts)
+            self.refused[uid] = amounts
 
     def _pending(self, uid: str, vmi: Snapshot, first: bool) -> None:
-        """A VMI's version folded (``first``: the first this state holds): while it is pending its refusals are
-        remembered (at its first version, those folded before it, from the Events kept: the watches of two kinds
-        are in no order; later ones as they are folded), and forgotten once it is not (its pod exists: a
-        migration's refusals are read from its Events since the migration was made)."""
+        """A VMI's version folded (``first``: the first this state holds): while it is pending its latest refusal is
+        remembered (at its first version, the latest folded before it, from the Events kept, in the order folded:
+        the watches of two kinds are in no order; later ones as they are folded), and forgotten once it is not (its
+        pod exists: a migration's refusals are read from its Events since the migration was made)."""
         if not isinstance(vmi, VmiSnapshot) or vmi.synced:
             self.refused.pop(uid, None)
             return
@@ -1021,7 +1021,7 @@ class NamespaceView:
     """The VMI and vCPUs each launcher pod was made for, and the fewest it may have been made for
     (:attr:`NamespaceState.made_for`)."""
     refused: Mapping[str, ResourceList] = field(default_factory=dict)
-    """The largest amounts of the quota refusals of each pending VMI (:attr:`NamespaceState.refused`)."""
+    """The amounts of the latest quota refusal of each pending VMI (:attr:`NamespaceState.refused`)."""
 
 
 def checkpoint_key(cluster: str, namespace: str, instance: str) -> str:

@@ -1246,26 +1246,29 @@ def test_no_room_is_held_for_a_new_vms_pod_a_refusal_says_is_larger_than_its_est
 
 
 @pytest.mark.parametrize("order", ["kubevirts_first", "kubevirts_last"])
-def test_a_refusal_beyond_the_bound_holds_no_room_for_a_new_vms_pod_whatever_a_later_one_says(order: str) -> None:
-    """KubeVirt was refused a new VM's pod at 8Gi beyond the rendering (a webhook's container the tenant's annotation
-    sizes), and the tenant wrote a refusal of its own, 64Mi beyond it. The latest refusal decided: dated after
-    KubeVirt's, the tenant's had room held at its amount and the VM made a guard holder, and KubeVirt's pod of it
-    then took the room reserved for others (over the budget by 7.9Gi with the guard:
-    ``tests/unit/test_lag_model.py -k later_forged_refusal``). Which refusal is the latest is the tenant's to decide,
-    so any beyond the bound since the VMI was made holds no room (the price: a webhook's container since removed
-    keeps its VM from room while it is pending, the ledger's fold remembering its refusals; the VM starts when the
-    namespace has room for it)."""
+def test_the_latest_refusal_decides_the_room_held_for_a_new_vms_pod(order: str) -> None:
+    """A new VM's pod was refused at 8Gi beyond the rendering (a webhook's container) and at 64Mi beyond it. The latest
+    decides: what made a pod larger may have gone since (the webhook removed, KubeVirt's overhead ratio lowered), and
+    while the largest decided, a VM whose pod needs vmquota's room stayed pending for good
+    (``tests/unit/test_lag_model.py -k "webhook_since_removed or overhead_ratio_was_lowered"``). A later refusal
+    of the tenant's own within the bound decides for its own VM only: with the guard, its holder's pod is held to its
+    room (``tests/unit/test_lag_model.py -k "later_forged_refusal or flooded_out_or_deleted"``); without it, room
+    held is open to any pod until its pod exists, the reservation window."""
     quota = quota_obj("rq", {"limits.memory": "64Gi"}, Mode.VMI_POD_USAGE)
     rendered = usage_of(launcher_obj(vmi_obj("v", guest="16Gi", limits={"memory": "16Gi"}), vouched=False))
     v = refused_vmi(vmi_obj("v", guest="16Gi", limits={"memory": "16Gi"}, phase="Pending", node=""), by="rq")
-    kubevirts = refusal_event("v", {"limits.memory": str(rendered["limits.memory"] + Q("8Gi"))}, t=5)
-    forged = refusal_event("v", {"limits.memory": str(rendered["limits.memory"] + Q("64Mi"))}, t=6)
+    beyond = refusal_event("v", {"limits.memory": str(rendered["limits.memory"] + Q("8Gi"))}, t=5)
+    within = refusal_event("v", {"limits.memory": str(rendered["limits.memory"] + Q("64Mi"))}, t=6)
     if order == "kubevirts_last":
-        kubevirts["lastTimestamp"], forged["lastTimestamp"] = forged["lastTimestamp"], kubevirts["lastTimestamp"]
-    u = account([quota, v, kubevirts, forged])
+        beyond["lastTimestamp"], within["lastTimestamp"] = within["lastTimestamp"], beyond["lastTimestamp"]
+    u = account([quota, v, beyond, within])
     e = vm(u, "v")
-    assert e.state == ADMITTED and not e.pod_refused and not e.reserved, e
-    assert any("quota refusal amounts ignored" in err for err in u.errors), u.errors
+    if order == "kubevirts_last":
+        assert e.state == ADMITTED and not e.pod_refused and not e.reserved, e
+        assert any("quota refusal amounts ignored" in err for err in u.errors), u.errors
+    else:
+        assert e.state == ADMITTED and e.pod_refused, e
+        assert e.reserved["limits.memory"] == rendered["limits.memory"] + Q("64Mi"), e
 
 
 def test_a_refusal_in_a_resource_no_managed_quota_limits_holds_no_room_back() -> None:
@@ -1284,15 +1287,15 @@ def test_a_refusal_in_a_resource_no_managed_quota_limits_holds_no_room_back() ->
 
 def test_a_refusal_beyond_the_bound_under_another_name_of_a_budgeted_charge_holds_no_room() -> None:
     """Quota charges ``memory`` and ``requests.memory`` alike. A refusal 8Gi beyond the bound naming
-    ``requests.memory`` (an unmanaged quota's, or the managed one's before its budget was renamed) beside one within
-    it naming ``memory``, the budget's: the first was skipped as of a resource no managed quota limits, and room was
-    held at the second for a pod KubeVirt renders 8Gi larger."""
+    ``requests.memory`` (an unmanaged quota's, or the managed one's before its budget was renamed) after one within
+    it naming ``memory``, the budget's: the latest, it was skipped as of a resource no managed quota limits, and room
+    was held at the earlier for a pod KubeVirt renders 8Gi larger."""
     quota = quota_obj("rq", {"memory": "64Gi"}, Mode.VMI_POD_USAGE)
     rendered = usage_of(launcher_obj(vmi_obj("v", guest="16Gi"), vouched=False))
     v = refused_vmi(vmi_obj("v", guest="16Gi", phase="Pending", node=""), by="rq")
-    beyond = refusal_event("v", {"requests.memory": str(rendered["requests.memory"] + Q("8Gi"))}, t=5, quota="other")
-    within = refusal_event("v", {"memory": str(rendered["memory"] + Q("64Mi"))}, t=6)
-    e = vm(account([quota, v, beyond, within]), "v")
+    within = refusal_event("v", {"memory": str(rendered["memory"] + Q("64Mi"))}, t=5)
+    beyond = refusal_event("v", {"requests.memory": str(rendered["requests.memory"] + Q("8Gi"))}, t=6, quota="other")
+    e = vm(account([quota, v, within, beyond]), "v")
     assert e.state == ADMITTED and not e.pod_refused and not e.reserved, e
 
 

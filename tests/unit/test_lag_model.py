@@ -2832,13 +2832,12 @@ def _enlarged_vm_beside_a_refused_migration(guarded: bool) -> tuple[Cluster, str
 
 @pytest.mark.parametrize("forged", [False, True], ids=["kubevirts_refusal_only", "with_a_later_forged_refusal"])
 @pytest.mark.parametrize("guarded", [False, True], ids=["without_the_guard", "with_the_guard"])
-def test_a_later_forged_refusal_makes_no_holder_of_a_vm_whose_pod_a_webhook_enlarges(
-    guarded: bool, forged: bool
-) -> None:
+def test_a_later_forged_refusal_lets_no_pod_a_webhook_enlarges_into_others_room(guarded: bool, forged: bool) -> None:
     """(``_enlarged_vm_beside_a_refused_migration``.) The tenant then writes a refusal of its own, later, within the
     bound. Only the latest refusal decided: room was held at the forged amount, the VM made a confirmed holder, and
     KubeVirt's 9Gi pod of it took the room held for the migration's target as well (with the guard, 7.9Gi over the
-    budget; without it, the reservation window, which the model allows). Any refusal beyond the bound decides."""
+    budget; without it, the reservation window, which the model allows). The latest refusal decides the room held
+    (``Admission._admit``), and with the guard a holder's pod is held to that room."""
     c, m, b, small = _enlarged_vm_beside_a_refused_migration(guarded)
     if forged:
         c.put(refusal_event(b, {"limits.memory": (small + Q("64Mi")).canonical()}, t=c.tick()))
@@ -2849,10 +2848,10 @@ def test_a_later_forged_refusal_makes_no_holder_of_a_vm_whose_pod_a_webhook_enla
 
 
 @pytest.mark.parametrize("how", ["flooded_out", "deleted"])
-def test_kubevirts_refusal_beyond_the_bound_flooded_out_or_deleted_still_makes_no_holder(how: str) -> None:
+def test_kubevirts_refusal_beyond_the_bound_flooded_out_or_deleted_lets_no_pod_into_others_room(how: str) -> None:
     """As above, with the guard, and KubeVirt's refusal beyond the bound gone from what the ledger holds before the
     tenant's own refusal within it comes: deleted by the tenant, or pushed out by as many Events of the tenant's as
-    a namespace's state keeps (``shared.ledger.fold.EVENTS_KEPT``)."""
+    a namespace's state keeps (``shared.ledger.fold.EVENTS_KEPT``). The guard holds KubeVirt's pod to the room."""
     c, m, b, small = _enlarged_vm_beside_a_refused_migration(True)
     (kubevirts,) = [e for e in c.objs[EVENT_KIND] if b in e]
     if how == "deleted":
@@ -3005,3 +3004,62 @@ def test_a_forged_refusal_on_a_drain_of_a_vm_at_the_budget_holds_the_drain_back_
     _migrated(c, "drain")
     assert not c.excess(), f"over by {format_resource_list(c.excess())}"
     assert c.objs[VMIM_KIND]["drain"]["status"]["phase"] == "Succeeded"
+
+
+def _set_overhead_ratio(c: Cluster, ratio: str) -> None:
+    """An administrator sets KubeVirt's ``additionalGuestMemoryOverheadRatio`` (the rendering follows it)."""
+    kv = kubevirt_cr(c.config)
+    kv["spec"]["configuration"]["additionalGuestMemoryOverheadRatio"] = ratio
+    kv["metadata"]["resourceVersion"] = str(c.tick() + 10)
+    c.config = KubeVirtConfig.from_cr(kv)
+    c.kv_snapshot = normalize(kv)
+
+
+def _starts(c: Cluster, name: str, tries: int = 20) -> None:
+    """KubeVirt's tries of VM ``name``'s pod (its backoff), vmquota caught up between them: it must start."""
+    for _ in range(tries):
+        c.vmquota_catches_up()
+        c.kv_start(name, retry=True)
+        c.kubevirt_round()
+    entry = next((v for v in c.published.vms if v.name == name), None) if c.published else None
+    phase = c.objs[VMI_KIND][name]["status"]["phase"]
+    assert phase != "Pending", (
+        f"{name} pending after {tries} tries: {entry.state if entry else ''}: {entry.reason if entry else ''}"
+    )
+    c.check_safety()
+
+
+@pytest.mark.parametrize("guarded", [False, True], ids=["without_the_guard", "with_the_guard"])
+@pytest.mark.parametrize("sidecar", ["1Gi", "200Mi"], ids=["beyond_the_bound", "within_the_bound"])
+def test_a_vm_whose_first_pod_a_webhook_since_removed_enlarged_starts(guarded: bool, sidecar: str) -> None:
+    """`VirtualResources`, `requests.memory: 2Gi`, a 2Gi VM: it fits in VM terms, and its pod (guest and overhead)
+    only through room vmquota holds. Its first pod had a webhook's sidecar; the administrator removes the webhook,
+    and KubeVirt's later tries are refused at vmquota's estimate. vmquota decided by the refusals at their largest:
+    beyond the bound, it held no room, for as long as the VM was pending; within it, what the sidecar raised the
+    estimate by counted as the VM's, which then did not fit. Nothing else would give the VM room: 20 of 20 tries
+    refused. The latest refusal decides (a tenant's later one is its own VM's loss; with the guard, a holder's pod
+    is held to its room)."""
+    c = cluster(Mode.VIRTUAL_RESOURCES, {"requests.memory": "2Gi"}, guarded=guarded)
+    b = c.tenant_vm(1, 2048)
+    c.injected[b] = {"cpu": "10m", "memory": sidecar}
+    c.kv_start(b, retry=True)
+    c.vmquota_catches_up()
+    del c.injected[b]
+    _starts(c, b)
+
+
+@pytest.mark.parametrize("guarded", [False, True], ids=["without_the_guard", "with_the_guard"])
+@pytest.mark.parametrize("before", ["4.0", "2.0"], ids=["beyond_the_bound", "within_the_bound"])
+def test_a_vm_refused_before_the_overhead_ratio_was_lowered_starts(guarded: bool, before: str) -> None:
+    """No tenant's doing: KubeVirt's overhead ratio was 4.0 (or 2.0) when a 2Gi VM's pod was refused in a 2Gi
+    `requests.memory` budget; the administrator sets it back to 1.0. The refusal's amounts, against the new
+    estimate, were beyond its bound (or within, raising the VM's count past its budget), and were decided by
+    for as long as the VM was pending."""
+    c = cluster(Mode.VIRTUAL_RESOURCES, {"requests.memory": "2Gi"}, guarded=guarded)
+    _set_overhead_ratio(c, before)
+    c.vmquota_catches_up()
+    b = c.tenant_vm(1, 2048)
+    c.kv_start(b, retry=True)
+    c.vmquota_catches_up()
+    _set_overhead_ratio(c, "1.0")
+    _starts(c, b)

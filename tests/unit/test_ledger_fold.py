@@ -851,12 +851,12 @@ def test_what_a_launcher_pod_was_made_for_is_remembered_from_its_vmi_when_it_was
     assert st.made_for == {"p9": ("v2", 2, 2)}, "a relist without the pod: gone"
 
 
-def test_a_pending_vmis_refusals_are_remembered_at_their_largest_when_their_events_are_gone() -> None:
-    """KubeVirt's refusal of a new VM's pod beyond the evidence bound keeps room from being held for it (a webhook's
-    container the rendering does not know); a tenant could delete that Event, or push it out of the Events a state
-    keeps with its own, and a refusal of its own within the bound then had room held for a pod KubeVirt renders
-    beyond it. The fold remembers each pending VMI's refusals (those folded before the VMI too), the largest amount
-    of each resource, in checkpoints too, until the VMI is no longer pending or is gone."""
+def test_a_pending_vmis_latest_refusal_is_remembered_when_its_event_is_gone() -> None:
+    """A new VM's pod is held room for at what its latest refusal asked, none when beyond the evidence bound
+    (``shared.accounting.admission``); a tenant could delete that Event, or push it out of the Events a state keeps
+    with its own. The fold remembers each pending VMI's latest refusal in the order folded (one folded before the
+    VMI too), in the resources a quota limits (one naming none of them leaves the last), in checkpoints too, until
+    the VMI is no longer pending or is gone."""
     vmi, ev = "VirtualMachineInstance", "Event"
     gi = Quantity.parse
 
@@ -882,20 +882,24 @@ def test_a_pending_vmis_refusals_are_remembered_at_their_largest_when_their_even
             refusal("e2", 4, "v1", limits_memory="2Gi", limits_cpu="2"),
             refusal("e3", 5, "v9", limits_memory="1Gi"),  # (no such VMI)
             refusal("e4", 6, "v1", limits_memory="1Gi", example_com_r1="1", example_com_r2="1"),
-            down("e1", 7, kind=ev),
+            refusal("e5", 7, "v1", example_com_r1="1"),  # (no resource a quota limits: the last stays)
+            down("e4", 8, kind=ev),
         ]
     )
     st = led.state("c1", "a")
     assert st is not None
-    largest = {"limits.memory": gi("9Gi"), "limits.cpu": gi("2")}
-    assert st.refused == {"v1": largest}, "the Event deleted still counts; no resource no quota limits"
-    assert led.view("c1", "a").refused == {"v1": largest}
+    latest = {"limits.memory": gi("1Gi")}
+    assert st.refused == {"v1": latest}, "the Event deleted still counts; no resource no quota limits"
+    assert led.view("c1", "a").refused == {"v1": latest}
     again = Ledger()
     again.load(st.checkpoint())
-    assert again.state("c1", "a").refused == {"v1": largest}  # type: ignore[union-attr]
-    fold([up("v1", 8, kind=vmi, phase="Scheduling"), up("v2", 9, kind=vmi, phase="Pending")], led, start=9)
+    assert again.state("c1", "a").refused == {"v1": latest}  # type: ignore[union-attr]
+    first = fold([up("q1", 1, kind="ResourceQuota", spec_hard=limited), refusal("e0", 1, "v1", limits_memory="3Gi")])
+    fold([up("v1", 2, kind=vmi, phase="Pending")], first, start=3)
+    assert first.state("c1", "a").refused == {"v1": {"limits.memory": gi("3Gi")}}  # type: ignore[union-attr]
+    fold([up("v1", 9, kind=vmi, phase="Scheduling"), up("v2", 10, kind=vmi, phase="Pending")], led, start=10)
     assert st.refused == {}, "a VMI past Pending: its migrations' refusals are read from their Events"
-    fold([refusal("e5", 10, "v2", limits_memory="1Gi"), down("v2", 11, kind=vmi)], led, start=11)
+    fold([refusal("e6", 11, "v2", limits_memory="1Gi"), down("v2", 12, kind=vmi)], led, start=12)
     assert st.refused == {}, "a VMI gone"
 
 

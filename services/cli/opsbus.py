@@ -19,7 +19,7 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
-from services.platform.bus import NatsOptions, check_nats_options
+from services.platform.bus import Client, NatsOptions, check_nats_options, wants_tls
 from services.platform.config import add_ca_argument, add_inbox_argument, env
 from services.platform.identity import inbox_prefix, naming_error
 from shared import contract
@@ -146,7 +146,9 @@ async def connect(args: argparse.Namespace) -> Any:
 
     try:
         # (nats-py keeps retrying a first connection that is refused: the deadline is ours)
-        return await asyncio.wait_for(nats.connect(**kwargs, error_cb=error_cb, max_reconnect_attempts=0), 5.0)
+        nc = Client(wants_tls=wants_tls(servers, args.nats_ca))
+        await asyncio.wait_for(nc.connect(**kwargs, error_cb=error_cb, max_reconnect_attempts=0), 5.0)
+        return nc
     except (OSError, TimeoutError, nats.errors.Error) as e:
         why = (errors[-1] if errors else "") or str(e) or type(e).__name__
         if "uthorization" in why:

@@ -256,6 +256,40 @@ def check_nats_options(url: str, creds: str | None = None, ca: str | None = None
             raise InvalidInput(f"{ca} is not a PEM CA bundle ({e})", "--nats-ca (VMQUOTA_NATS_CA)") from None
 
 
+class TlsRequired(nats.errors.Error):
+    """TLS was asked for, and the server did not offer it: nothing was sent."""
+
+    def __str__(self) -> str:
+        return "nats: secure connection required, and the server did not offer TLS (nothing was sent to it)"
+
+
+class Client(NATS):
+    """nats-py's client, refusing to send its ``CONNECT`` (the credentials) in plaintext where TLS was asked for: a
+    ``tls://`` URL or a CA bundle. nats-py 2.16 upgrades a connection only when the server's first ``INFO`` says
+    ``tls_required``, so a server without TLS, or anyone between that takes the flag out, was sent the password
+    in the clear; nats.go refuses such a server (``checkForSecure``), and so does this. Every connection, a
+    reconnect's too, is checked."""
+
+    def __init__(self, *, wants_tls: bool) -> None:
+        super().__init__()
+        self.wants_tls = wants_tls
+
+    def _connect_command(self) -> bytes:
+        server = self._current_server
+        scheme = server.uri.scheme if server is not None else ""
+        upgraded = self.options.get("tls_handshake_first") or (
+            bool(self._server_info.get("tls_required")) and scheme != "ws"
+        )
+        if self.wants_tls and scheme != "wss" and not upgraded:
+            raise TlsRequired()
+        return bytes(super()._connect_command())
+
+
+def wants_tls(servers: list[str], ca: str | None) -> bool:
+    """Whether TLS was asked for: a ``tls://`` URL among ``servers``, or a CA bundle."""
+    return bool(ca) or any(s.strip().lower().startswith("tls://") for s in servers)
+
+
 class Bus:
     """A connection to NATS with JetStream, counting reconnects (``epoch``) so consumers can re-create themselves."""
 
@@ -354,7 +388,7 @@ class Bus:
         deadline = loop.time() + connect_timeout if connect_timeout > 0 else None
         attempt = 0
         while True:
-            nc = NATS()
+            nc = Client(wants_tls=wants_tls(opts.servers, opts.ca))
             try:
                 await _unless_stopped(nc.connect(**kwargs), stop, on_stop=nc.close)
                 break

@@ -117,3 +117,59 @@ async def test_the_operator_commands_trust_the_bus_by_its_ca(tls_server: TlsServ
     out, err = await asyncio.wait_for(done.communicate(), 60)
     assert done.returncode == 0 and not err.strip(), (done.returncode, err.decode())
     assert b"no managed quota" in out, out
+
+
+class _Recorder:
+    """A TCP relay in front of a real nats-server without TLS, keeping what the client sent: a server that does not
+    offer TLS, or anyone between the client and the server that takes the offer out of its first ``INFO``."""
+
+    def __init__(self, upstream: str) -> None:
+        host, _, port = upstream.removeprefix("nats://").rpartition(":")
+        self.upstream = (host, int(port))
+        self.sent = bytearray()
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return f"tls://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, keep: bool) -> None:
+            while data := await src.read(65536):
+                if keep:
+                    self.sent += data
+                dst.write(data)
+                await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer, True), pipe(up_reader, writer, False), return_exceptions=True)
+
+
+async def test_a_tls_url_served_without_tls_is_sent_no_credentials(nats_url: str) -> None:
+    """A ``tls://`` URL whose server does not offer TLS: nats-py upgrades only when the server's first ``INFO`` asks
+    for it, and sent its ``CONNECT``, the password in it, in the clear. The services' client and the operator
+    commands' refuse such a server before sending anything."""
+    recorder = _Recorder(nats_url)
+    async with recorder as url:
+        with pytest.raises(nats.errors.NoServersError):
+            await Bus.connect(NatsOptions(url=url, user="ledger", password="s3cret-ledger"), connect_timeout=0.5)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VMQUOTA_")}
+        args = [sys.executable, "-m", "services.cli.main", "status", "--nats", url, "--nats-user", "replay"]
+        done = await asyncio.create_subprocess_exec(
+            *args,
+            "--nats-password",
+            "s3cret-replay",
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, err = await asyncio.wait_for(done.communicate(), 60)
+        assert done.returncode == 1 and "did not offer TLS" in err.decode(), err.decode()
+        assert len(err.decode().strip().splitlines()) == 1, err.decode()
+    assert recorder.sent == b"", bytes(recorder.sent)

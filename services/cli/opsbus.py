@@ -12,10 +12,10 @@ import re
 import ssl
 import sys
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from nats.aio.msg import Msg
 
@@ -24,6 +24,8 @@ from services.platform.config import add_ca_argument, add_inbox_argument, env
 from services.platform.identity import inbox_prefix, naming_error
 from shared import contract
 from shared.errors import InvalidInput
+
+T = TypeVar("T")
 
 
 def add_bus_arguments(p: argparse.ArgumentParser, *, namespace: bool = True) -> None:
@@ -160,6 +162,35 @@ _BUFFERED = 10_000
 """Messages :func:`messages` holds that its reader has not taken; then the subscription waits."""
 
 
+def decoded(msgs: Iterable[Msg], decode: Callable[[bytes], T]) -> list[T]:
+    """``decode`` of each message's data, but for those it refuses: one such message (which the enforcer
+    dead-letters) must not hide every other namespace's; a note on stderr counts them, with the first one's
+    reason."""
+    out: list[T] = []
+    refused: list[str] = []
+    for m in msgs:
+        try:
+            out.append(decode(m.data))
+        except InvalidInput as e:
+            refused.append(f"{m.subject}: {e}")
+    if refused:
+        print(f"note: {len(refused)} unreadable message(s) skipped, the first {refused[0]}", file=sys.stderr)
+    return out
+
+
+async def stream_info(js: Any, stream: str) -> Any:
+    """The state of ``stream``, or :class:`BusUnavailable` saying why not (it does not exist; the credentials may
+    not read it; the server does not answer)."""
+    from nats.js.errors import NotFoundError
+
+    try:
+        return await js.stream_info(stream)
+    except NotFoundError:
+        raise BusUnavailable(f"the stream {stream} does not exist on this server: is vmquota running?") from None
+    except Exception as e:  # permissions, timeouts
+        raise BusUnavailable(f"cannot read the stream {stream}: {e or type(e).__name__}") from None
+
+
 async def read(js: Any, stream: str, subject: str, *, since: datetime | None = None) -> list[Msg]:
     """Every message of ``stream`` on ``subject`` stored now (from ``since``, when given), in stream order,
     through an ordered consumer."""
@@ -178,14 +209,8 @@ async def messages(
     """The messages of ``stream`` on ``subject`` (from ``since``; with ``new_only`` none stored before) in stream
     order; with ``follow``, then every new one as it is stored, until cancelled."""
     from nats.js.api import DeliverPolicy
-    from nats.js.errors import NotFoundError
 
-    try:
-        info = await js.stream_info(stream)
-    except NotFoundError:
-        raise BusUnavailable(f"the stream {stream} does not exist on this server: is vmquota running?") from None
-    except Exception as e:  # permissions, timeouts
-        raise BusUnavailable(f"cannot read the stream {stream}: {e or type(e).__name__}") from None
+    info = await stream_info(js, stream)
     if not follow and info.state.messages == 0:
         return
     opts: dict[str, Any] = {"deliver_policy": DeliverPolicy.ALL}

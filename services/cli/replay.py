@@ -111,7 +111,7 @@ async def main(args: argparse.Namespace) -> int:
     nc = await opsbus.connect(args)
     try:
         js = nc.jetstream()
-        info = await js.stream_info(contract.EVENTS_STREAM)
+        info = await opsbus.stream_info(js, contract.EVENTS_STREAM)
         first = info.state.first_seq
         if args.until_seq is not None and args.until_seq < first:
             raise InvalidInput(
@@ -126,7 +126,10 @@ async def main(args: argparse.Namespace) -> int:
         checks: list[tuple[int, int, contract.Decision | contract.UsageSnapshot]] = []
         if args.verify:
             for m in await opsbus.read(js, contract.DECISIONS_STREAM, f.subject("quota")):
-                d = contract.decode_decision(m.data)
+                try:
+                    d = contract.decode_decision(m.data)
+                except InvalidInput:
+                    continue  # (not a decision: none of the enforcer's to check)
                 if not d.dry_run and d.usage_seq and (at_ns is None or position(m).time_ns <= at_ns):
                     checks.append((d.usage_seq, 0, d))
             for m in await _history(js, f.subject("usage")):

@@ -26,9 +26,11 @@ async def rows(js: Any, f: opsbus.Filter) -> list[report.QuotaRow]:
 async def _read(js: Any, f: opsbus.Filter) -> tuple[list[report.QuotaRow], list[str]]:
     """The rows, and the errors of the usage snapshots read (a namespace whose every quota vmquota refuses has no
     row: its errors say why)."""
-    usage = [contract.decode_usage(m.data) for m in await opsbus.read(js, contract.USAGE_STREAM, f.subject("usage"))]
-    decisions = await opsbus.read(js, contract.DECISIONS_STREAM, f.subject("quota"))
-    found = report.quota_rows(usage, (contract.decode_decision(m.data) for m in decisions))
+    usage = opsbus.decoded(await opsbus.read(js, contract.USAGE_STREAM, f.subject("usage")), contract.decode_usage)
+    decisions = opsbus.decoded(
+        await opsbus.read(js, contract.DECISIONS_STREAM, f.subject("quota")), contract.decode_decision
+    )
+    found = report.quota_rows(usage, decisions)
     return found, [e for u in usage for e in u.errors]
 
 

@@ -16,7 +16,7 @@ import pytest
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from services.devtools.natsserver import NatsServer
-from services.platform.bus import position
+from services.platform.bus import Bus, NatsOptions, position
 from shared import contract, report
 from shared.snapshot import NamespaceSnapshot
 from tests.integration.e2e import CLUSTER, forged_refusal, full_namespace, pipeline, rl
@@ -295,3 +295,35 @@ async def test_replay_says_when_the_stream_dropped_its_oldest_events(nats_url: s
         assert json.loads(out)["events"] == 2
     finally:
         await nc.close()
+
+
+async def test_replay_on_a_bus_without_the_events_stream_is_one_line(nats_url: str) -> None:
+    """A bus the ledger never ran on (or credentials that may not read it): `status`, `tail` and `explain` said so in
+    one line, `replay` printed a traceback."""
+    code, out, err = await vmquota("replay", "--nats", nats_url)
+    assert code == 1 and out == "" and err.count("\n") == 1, err
+    assert (
+        err
+        == f"vmquota replay: the stream {contract.EVENTS_STREAM} does not exist on this server: is vmquota running?\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "subject"),
+    [(["status"], "vmquota.usage.c1.other"), (["replay", "--verify"], "vmquota.quota.c1.other")],
+    ids=["status", "replay-verify"],
+)
+async def test_one_unreadable_message_takes_no_command_down(nats_url: str, argv: list[str], subject: str) -> None:
+    """One message on the usage or decisions stream that is not what its subject says (the enforcer dead-letters
+    it): `status` and `replay --verify` stopped with it, as if the operator's input were wrong, and showed no
+    namespace; the usage stream keeps it for as long as its subject's last message. Skipped, with a note."""
+    keeper = await Bus.connect(NatsOptions(url=nats_url), connect_timeout=5)
+    try:
+        await keeper.ensure_streams(contract.streams_for("ledger", sizes=contract.StreamSizes(*(16 * 2**20,) * 6)))
+        await keeper.js.publish(subject, b"not json")
+    finally:
+        await keeper.close()
+    code, _, err = await vmquota(*argv, "--nats", nats_url)
+    assert code == 0, err
+    if argv == ["status"]:
+        assert err.startswith(f"note: 1 unreadable message(s) skipped, the first {subject}: "), err

@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from shared.errors import InvalidInput
+
 if TYPE_CHECKING:  # the clients are imported when a service runs, not when the CLI builds its parser
     from aiohttp import web
     from prometheus_client import CollectorRegistry
@@ -143,7 +145,14 @@ async def start_http(port: int, metrics: Metrics, health: Health) -> tuple[web.A
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host="0.0.0.0", port=port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as e:  # (in use: two services on one host both default to 8080; or a port below 1024)
+        await runner.cleanup()
+        raise InvalidInput(
+            f"cannot listen on 0.0.0.0:{port} ({e.strerror or e}): give another port, or 0 for a free one",
+            "--http-port (VMQUOTA_HTTP_PORT)",
+        ) from None
     server = site._server
     sockets = getattr(server, "sockets", None) or []
     bound = sockets[0].getsockname()[1] if sockets else port

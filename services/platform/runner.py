@@ -78,7 +78,11 @@ def run(args: argparse.Namespace) -> int:
     for name in service_names(config.service):
         resolve(name)  # imported now, so that tune_gc() below freezes the modules
     tune_gc()
-    return asyncio.run(serve(config))
+    try:
+        return asyncio.run(serve(config))
+    except InvalidInput as e:  # (a setting found wrong once serving: the HTTP port taken)
+        print(f"vmquota run: {e}", file=sys.stderr)
+        return 2
 
 
 GC_THRESHOLDS = (50_000, 50, 1000)

@@ -171,3 +171,37 @@ def test_the_version_is_the_packages() -> None:
         check=False,
     )
     assert proc.returncode == 0 and proc.stdout.strip() == f"vmquota {version('vmquota')}", proc
+
+
+def test_an_http_port_in_use_is_one_line(tmp_path: Path) -> None:
+    """`vmquota run watcher` and `vmquota run ledger` both default to port 8080: the second one started on a host
+    printed an `OSError` traceback."""
+    import socket
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VMQUOTA_", "KUBERNETES_"))}
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "services.cli.main",
+                "run",
+                "ledger",
+                "--nats",
+                UNREACHABLE_NATS,
+                "--http-port",
+                str(port),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env=env,
+            cwd=tmp_path,
+        )
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and "Traceback" not in err and len(err.splitlines()) == 1, err[-2000:]
+    assert err.startswith(f"vmquota run: --http-port (VMQUOTA_HTTP_PORT): cannot listen on 0.0.0.0:{port} ("), err

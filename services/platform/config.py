@@ -176,7 +176,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--events-max-age",
         default=env("VMQUOTA_EVENTS_MAX_AGE", "30d"),
-        help="how long the events stream keeps events, e.g. 30d, 12h [VMQUOTA_EVENTS_MAX_AGE, 30d]",
+        help="how long the events stream keeps events, e.g. 30d, 12h; a minute at least, or 0 for no age limit "
+        "[VMQUOTA_EVENTS_MAX_AGE, 30d]",
     )
     p.add_argument(
         "--stream-replicas",
@@ -187,7 +188,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--usage-history-max-age",
         default=env("VMQUOTA_USAGE_HISTORY_MAX_AGE", "7d"),
-        help="ledger: how long the usage history stream keeps every snapshot [VMQUOTA_USAGE_HISTORY_MAX_AGE, 7d]",
+        help="ledger: how long the usage history stream keeps every snapshot; a minute at least, or 0 for no age "
+        "limit [VMQUOTA_USAGE_HISTORY_MAX_AGE, 7d]",
     )
     defaults = contract.StreamSizes()
     for name, what in SIZE_FLAGS.items():
@@ -265,6 +267,16 @@ def service_names(service: str) -> list[str]:
     return [n for n in PLANNED if n in SERVICES] if service == "all" else [service]
 
 
+def _stream_age(text: str, flag: str) -> float:
+    """How long a stream keeps its messages: 0 (no age limit: its size limit only), or a minute at least (JetStream
+    refuses less than 100 ms, and the service retried forever; a stream that drops what it keeps within seconds
+    drops events before the ledger has read them)."""
+    age = contract.parse_duration(text, flag)
+    if 0 < age < 60:
+        raise InvalidInput(f"{text!r} is shorter than a minute (0 keeps messages until the stream's size limit)", flag)
+    return age
+
+
 def config_from_args(args: argparse.Namespace) -> Config:
     """Validate the flags; :class:`InvalidInput` names the flag."""
     service = args.service
@@ -292,8 +304,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
         raise InvalidInput(e.message, flag) from None
     from services.platform.bus import NatsOptions
 
-    max_age = contract.parse_duration(args.events_max_age, "--events-max-age")
-    history_age = contract.parse_duration(args.usage_history_max_age, "--usage-history-max-age")
+    max_age = _stream_age(args.events_max_age, "--events-max-age")
+    history_age = _stream_age(args.usage_history_max_age, "--usage-history-max-age")
     sizes = contract.StreamSizes(
         **{
             name: contract.parse_size(getattr(args, f"{name}_max_bytes"), f"--{name.replace('_', '-')}-max-bytes")

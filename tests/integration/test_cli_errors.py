@@ -38,6 +38,8 @@ CASES: list[tuple[list[str], int, str]] = [
     (["run", "ledger", "--http-port", "70000"], 2, "is not a port number"),
     (["run", "ledger", "--partitions", "many"], 2, "--partitions"),
     (["run", "ledger", "--events-max-age", "forever"], 2, "--events-max-age"),
+    (["run", "ledger", "--events-max-age", "50ms"], 2, "--events-max-age: '50ms' is shorter than a minute"),
+    (["run", "ledger", "--usage-history-max-age", "30s"], 2, "'30s' is shorter than a minute"),
     (["run", "nothing"], 2, "unknown service 'nothing'"),
     (["demo", "--speed", "0"], 2, "--speed: must be between"),
     (["demo", "--scenario-file", "{missing}"], 2, "missing"),

@@ -5,6 +5,7 @@ The client is imported when a service runs, not when the command line builds its
 from __future__ import annotations
 
 import os
+import ssl
 import urllib.parse
 import urllib.request
 from typing import TYPE_CHECKING, Any
@@ -61,9 +62,22 @@ async def kube_client(kubeconfig: str | None) -> Any:
             kconfig.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
     except (kconfig.ConfigException, OSError, ValueError) as e:
         raise InvalidInput(f"cannot use it: {e}", "--kubeconfig (VMQUOTA_KUBECONFIG)") from None
+    try:
+        host = urllib.parse.urlsplit(cfg.host or "")
+        usable = host.scheme in ("http", "https") and bool(host.hostname)
+    except ValueError:
+        usable = False
+    if not usable:  # (else every request fails, retried forever)
+        raise InvalidInput(
+            f"cannot use it: its cluster's server {cfg.host or ''!r} is not an http(s) URL",
+            "--kubeconfig (VMQUOTA_KUBECONFIG)",
+        )
     if not cfg.proxy:
         cfg.proxy = env_proxy(cfg.host or "")
-    api = client.ApiClient(configuration=cfg)
+    try:  # (the TLS context is made here: a CA or client certificate that is not one fails now)
+        api = client.ApiClient(configuration=cfg)
+    except (ssl.SSLError, OSError, ValueError) as e:
+        raise InvalidInput(f"cannot use it: {e}", "--kubeconfig (VMQUOTA_KUBECONFIG)") from None
     _resolve_env_once(api)
     return api
 

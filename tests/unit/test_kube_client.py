@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from services.platform.kubeclient import env_proxy, kube_client
+from shared.errors import InvalidInput
 
 KUBECONFIG = """apiVersion: v1
 kind: Config
@@ -72,3 +73,26 @@ async def test_client_without_proxy(clean_env: pytest.MonkeyPatch, tmp_path: Pat
         assert api.rest_client.pool_manager.trust_env is False
     finally:
         await api.close()
+
+
+@pytest.mark.parametrize(
+    ("cluster", "phrase"),
+    [
+        ('{server: "https://api.example.test:6443", certificate-authority-data: bm90IGEgY2VydA==}', "cannot use it: "),
+        ("{insecure-skip-tls-verify: true}", "is not an http(s) URL"),
+        ('{server: "ht!tp://::bad", insecure-skip-tls-verify: true}', "is not an http(s) URL"),
+    ],
+    ids=["ca-not-a-certificate", "no-server", "not-a-url"],
+)
+async def test_an_unusable_kubeconfig_is_one_line_naming_the_flag(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path, cluster: str, phrase: str
+) -> None:
+    """A kubeconfig whose CA data is not a certificate ended the watcher with an SSL traceback; one with no server,
+    or one that is not a URL, had every request fail, retried forever."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        KUBECONFIG.replace('{server: "https://api.example.test:6443", insecure-skip-tls-verify: true}', cluster)
+    )
+    with pytest.raises(InvalidInput) as e:
+        await kube_client(str(path))
+    assert e.value.where == "--kubeconfig (VMQUOTA_KUBECONFIG)" and phrase in e.value.message, e.value

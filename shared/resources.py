@@ -32,6 +32,11 @@ _QUALIFIED_NAME_RE: Final = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-
 _DNS1123_SUBDOMAIN_RE: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
+def is_dns_subdomain(value: str) -> bool:
+    """``validation.IsDNS1123Subdomain``: what most kinds' object names must be (a VM's, a quota's)."""
+    return 0 < len(value) <= 253 and _DNS1123_SUBDOMAIN_RE.match(value) is not None
+
+
 def is_qualified_name(value: str) -> bool:
     """``validation.IsQualifiedName``: an optional DNS-1123 subdomain prefix and ``/``, then a name of at most 63
     characters of ``[-A-Za-z0-9_.]`` that starts and ends alphanumeric."""

@@ -102,6 +102,11 @@ def test_ratios_may_be_fractional() -> None:
         (["kubevirt"], {"cpuAllocationRatio": 0}, "kubevirt.cpuAllocationRatio", "greater than 0"),
         (["namespaces", 0, "quotas", 0, "cpuAllocationRatio"], 2000, "quotas[0].cpuAllocationRatio", "at most 1000"),
         (["namespaces", 0, "quotas", 0, "cpuAllocationRatio"], "x", "quotas[0].cpuAllocationRatio", "positive"),
+        # names and resources the API server refuses (the demo ended in a traceback, or waited 10 s for a quota)
+        (["vms", 0, "name"], "VM_1", "vms[0].name", "'VM_1' is not a DNS subdomain"),
+        (["namespaces", 0, "name"], "Tenant_A", "namespaces[0].name", "'Tenant_A' is not a DNS label"),
+        (["namespaces", 0, "quotas", 0, "name"], "Bad_Q", "quotas[0].name", "'Bad_Q' is not a DNS subdomain"),
+        (["namespaces", 0, "quotas", 0, "hard"], {"bogus.resource": "1"}, "hard.bogus.resource", "not a resource"),
     ],
 )
 def test_mistakes_are_named(path: list[Any], value: Any, where: str, what: str) -> None:

@@ -16,12 +16,13 @@ from typing import Any
 import yaml
 
 from services.platform.inputs import load_documents
+from shared.contract import check_namespace
 from shared.errors import InvalidInput
 from shared.kubevirt import profile
 from shared.kubevirt.config import positive_ratio
 from shared.quantity import Quantity
 from shared.quota.modes import parse_mode, parse_ratio
-from shared.resources import ResourceList, parse_resource_list
+from shared.resources import ResourceList, is_dns_subdomain, is_quota_resource_name, parse_resource_list
 
 UNMANAGED = "unmanaged"
 VM_STATES = ("Running", "Refused", "Stopped")
@@ -148,10 +149,25 @@ def _keys(
     return obj
 
 
-def _name(obj: object, where: str) -> str:
+def _name(obj: object, where: str, *, dns: bool = True) -> str:
+    """An object's name, as the API server takes it (a DNS subdomain: lower-case letters, digits, '-' and '.'); a
+    namespace's is a DNS label (:func:`shared.contract.check_namespace`)."""
     if not isinstance(obj, str) or not obj:
         raise InvalidInput(f"expected a non-empty name, got {obj!r}", where)
+    if dns and not is_dns_subdomain(obj):
+        what = "lower-case letters, digits, '-' and '.'; the API server refuses it"
+        raise InvalidInput(f"{obj!r} is not a DNS subdomain ({what})", where)
     return obj
+
+
+def _hard(obj: object, where: str) -> ResourceList:
+    """A quota's ``hard``: resources a ResourceQuota holds (the API server refuses others)."""
+    hard = parse_resource_list(obj, where)
+    for name in hard:
+        if not is_quota_resource_name(name):
+            what = "a resource a ResourceQuota holds (e.g. limits.memory, requests.cpu)"
+            raise InvalidInput(f"{name!r} is not {what}", f"{where}.{name}")
+    return hard
 
 
 def _int(obj: object, where: str, lo: int = 0, hi: int = 1024) -> int:
@@ -222,11 +238,11 @@ def _parse(data: object) -> Scenario:
                 QuotaDef(
                     name=_name(qd["name"], f"{qw}.name"),
                     mode=mode,
-                    hard=parse_resource_list(qd["hard"], f"{qw}.hard"),
+                    hard=_hard(qd["hard"], f"{qw}.hard"),
                     cpu_allocation_ratio=None if qratio is None else _quota_ratio(qratio, f"{qw}.cpuAllocationRatio"),
                 )
             )
-        namespaces.append(NamespaceDef(_name(nd["name"], f"{w}.name"), dict(labels), tuple(quotas)))
+        namespaces.append(NamespaceDef(check_namespace(nd["name"], f"{w}.name"), dict(labels), tuple(quotas)))
     ns_names = {n.name for n in namespaces}
     if len(ns_names) != len(namespaces):
         raise InvalidInput("namespace names must be unique", "namespaces")
@@ -322,7 +338,7 @@ def _parse(data: object) -> Scenario:
     hard_raw = _keys(ex.get("hard_after") or {}, "expect.hard_after", quota_keys)
     hard_after = {k: parse_resource_list(v, f"expect.hard_after.{k}") for k, v in hard_raw.items()}
     return Scenario(
-        name=_name(top["name"], "name"),
+        name=_name(top["name"], "name", dns=False),  # (the scenario's own: no object's)
         description=str(top.get("description") or "").strip(),
         kubevirt_version=version,
         migration_step_seconds=step_seconds,

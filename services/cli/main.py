@@ -85,17 +85,27 @@ def _available(module: str) -> bool:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "vmquota") -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:  # (Ctrl-C while the modules load, too: exit 130, no traceback)
+        return _main(list(sys.argv[1:] if argv is None else argv), prog)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _main(argv: list[str], prog: str) -> int:
     chosen = next((a for a in argv if not a.startswith("-")), None)
     if chosen in COMMANDS and not _available(COMMANDS[chosen][0]):
         print(f"{prog} {chosen}: {NO_DEVTOOLS}", file=sys.stderr)
         return 1
-    args = build_parser(chosen if chosen in COMMANDS else None, prog).parse_args(argv)
+    args, extra = build_parser(chosen if chosen in COMMANDS else None, prog).parse_known_args(argv)
+    if extra:  # (argparse blames the top-level command for a sub-command's unknown flag)
+        print(
+            f"{prog} {args.command}: unrecognized arguments: {' '.join(extra)} (see {prog} {args.command} --help)",
+            file=sys.stderr,
+        )
+        return 2
     mod = importlib.import_module(args._module)
     try:
         code: int = mod.run(args)
-    except KeyboardInterrupt:
-        return 130
     except MissingDependency as e:  # one line with the install line that fixes it, whichever command needs it
         print(f"{prog} {args.command}: {e}", file=sys.stderr)
         return 1

@@ -166,7 +166,11 @@ class PartitionSet:
                 raise InvalidInput(
                     f"{part.strip()!r} is not a partition number or range (e.g. 0-7)", "owned-partitions"
                 ) from None
-            if lo < 0 or hi >= total or lo > hi:
+            if lo > hi:
+                raise InvalidInput(
+                    f"partition range {part.strip()!r} runs backwards (e.g. {hi}-{lo})", "owned-partitions"
+                )
+            if lo < 0 or hi >= total:
                 raise InvalidInput(f"partition range {part.strip()!r} is outside 0-{total - 1}", "owned-partitions")
             owned.update(range(lo, hi + 1))
         return cls(total, frozenset(owned))

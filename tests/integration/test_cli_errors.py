@@ -41,6 +41,8 @@ CASES: list[tuple[list[str], int, str]] = [
     (["run", "ledger", "--events-max-age", "50ms"], 2, "--events-max-age: '50ms' is shorter than a minute"),
     (["run", "ledger", "--usage-history-max-age", "30s"], 2, "'30s' is shorter than a minute"),
     (["run", "nothing"], 2, "unknown service 'nothing'"),
+    (["run", "ledger", "--owned-partitions", "9-3"], 2, "partition range '9-3' runs backwards (e.g. 3-9)"),
+    (["render", "-f", "x", "--mode", "y"], 2, "vmquota render: unrecognized arguments: --mode y (see vmquota render"),
     (["demo", "--speed", "0"], 2, "--speed: must be between"),
     (["demo", "--scenario-file", "{missing}"], 2, "missing"),
     (["demo", "--scenario-file", "{bad_yaml}"], 2, "bad_yaml"),
@@ -207,3 +209,19 @@ def test_an_http_port_in_use_is_one_line(tmp_path: Path) -> None:
     err = proc.stderr.strip()
     assert proc.returncode == 2 and "Traceback" not in err and len(err.splitlines()) == 1, err[-2000:]
     assert err.startswith(f"vmquota run: --http-port (VMQUOTA_HTTP_PORT): cannot listen on 0.0.0.0:{port} ("), err
+
+
+def test_ctrl_c_while_the_modules_load_is_exit_130(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C in the first moments, while a command's modules were still being imported, printed a
+    KeyboardInterrupt traceback: only the command's run caught it."""
+    from services.cli import main as cli
+
+    def interrupted(*_: object, **__: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    try:
+        code = cli.main(["status"])
+    except KeyboardInterrupt:  # (caught here: one escaping would stop the test session)
+        pytest.fail("KeyboardInterrupt escaped main()")
+    assert code == 130

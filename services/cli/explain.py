@@ -50,9 +50,7 @@ async def _read(js: Any, stream: str, subject: str, decode: Callable[[bytes], M]
 
 async def main(args: argparse.Namespace) -> int:
     namespace, name = parse_ref(args.ref)
-    f = opsbus.Filter(cluster=args.cluster, namespace=namespace)
-    if args.cluster is not None:
-        contract.check_cluster(args.cluster)
+    f = opsbus.Filter.checked(args.cluster, namespace)
     nc = await opsbus.connect(args)
     try:
         js = nc.jetstream()

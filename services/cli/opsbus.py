@@ -60,8 +60,11 @@ class Filter:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Filter:
-        cluster = args.cluster
-        namespace = getattr(args, "namespace", None)
+        return cls.checked(args.cluster, getattr(args, "namespace", None))
+
+    @classmethod
+    def checked(cls, cluster: str | None, namespace: str | None) -> Filter:
+        """A filter of ``--cluster`` and ``--namespace``, each a name the bus's subjects can hold."""
         if cluster is not None:
             try:
                 contract.check_cluster(cluster)

@@ -85,6 +85,7 @@ CASES: list[tuple[list[str], int, str]] = [
     (["replay", "--at", "noon-ish", "--nats", UNREACHABLE_NATS], 2, "--at"),
     (["explain", "migration", "no-slash", "--nats", UNREACHABLE_NATS], 2, "expected NAMESPACE/NAME"),
     (["explain", "vm", "tenant-a/vm1", "--nats", UNREACHABLE_NATS], 1, "check --nats (VMQUOTA_NATS)"),
+    (["explain", "vm", "a/v", "--cluster", "BAD_"], 2, "vmquota explain: --cluster: cluster id 'BAD_' is not"),
     (["up", "--nats-port", "70000"], 2, "--nats-port: must be a port number"),
     (["up", "--nats-port", "0", "--kubeconfig-out", "{theirs}"], 2, "is not a kubeconfig vmquota wrote"),
     (["up", "--nats-port", "0", "--speed", "0"], 2, "--speed"),

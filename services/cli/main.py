@@ -66,6 +66,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(only: str | None = None, prog: str = "vmquota") -> argparse.ArgumentParser:
     """The full parser, or with ``only`` one sub-command's arguments (the others are listed, not loaded)."""
     parser = _Parser(prog=prog, description="VM-aware, migration-safe ResourceQuotas for KubeVirt")
+    parser.set_defaults(_prog=prog)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True

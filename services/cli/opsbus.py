@@ -281,16 +281,21 @@ async def messages(
             await sub.unsubscribe()
 
 
-def run_command(name: str, main: Callable[[], Coroutine[Any, Any, int]]) -> int:
+def command_name(args: argparse.Namespace) -> str:
+    """How the command was called, for its messages: ``vmquota status``, or ``kubectl vmquota status``."""
+    return f"{getattr(args, '_prog', 'vmquota')} {args.command}"
+
+
+def run_command(args: argparse.Namespace, main: Callable[[], Coroutine[Any, Any, int]]) -> int:
     """Run an operator command: its exit code; a bad input or an unavailable bus is one line on stderr, exit 2
     (1 for a bus that cannot be used)."""
     try:
         return asyncio.run(main())
     except InvalidInput as e:
-        print(f"vmquota {name}: {e}", file=sys.stderr)
+        print(f"{command_name(args)}: {e}", file=sys.stderr)
         return 2
     except (BusUnavailable, NotFound) as e:
-        print(f"vmquota {name}: {e}", file=sys.stderr)
+        print(f"{command_name(args)}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -30,6 +30,7 @@ from shared.accounting.namespace import ACCOUNTED_KINDS
 from shared.accounting.wire import account
 from shared.errors import InvalidInput
 from shared.ledger.fold import Ledger
+from shared.times import rfc3339
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -106,6 +107,10 @@ async def main(args: argparse.Namespace) -> int:
     f = opsbus.Filter.from_args(args)
     now = datetime.now(UTC)
     at = opsbus.parse_since(args.at, now, "--at") if args.at is not None else None
+    if at is not None and at > now:
+        raise InvalidInput(
+            f"{args.at!r} is in the future (a replay shows the state as it was; now is {rfc3339(now)})", "--at"
+        )
     at_ns = opsbus.exact_nanos(args.at, at) if at is not None else None
     when = at or now
     nc = await opsbus.connect(args)
@@ -252,4 +257,4 @@ def _verify(r: Replay, d: contract.Decision, differences: list[str]) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    return opsbus.run_command("replay", lambda: main(args))
+    return opsbus.run_command(args, lambda: main(args))

@@ -50,9 +50,9 @@ async def main(args: argparse.Namespace) -> int:
             where = f"{f.cluster or '*'}/{f.namespace or '*'}"
             refused = report.refused_quota(errors)
             if refused:  # (the quotas of it vmquota refuses: the first says why)
-                print(f"vmquota status: no managed quota in force in {where}: {refused}", file=sys.stderr)
+                print(f"{opsbus.command_name(args)}: no managed quota in force in {where}: {refused}", file=sys.stderr)
             else:
-                print(f"vmquota status: no managed quota matches {where}", file=sys.stderr)
+                print(f"{opsbus.command_name(args)}: no managed quota matches {where}", file=sys.stderr)
             return 1
         print(render(found, args.output))
         if not args.watch:
@@ -83,4 +83,4 @@ async def main(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    return opsbus.run_command("status", lambda: main(args))
+    return opsbus.run_command(args, lambda: main(args))

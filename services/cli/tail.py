@@ -106,4 +106,4 @@ async def main(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    return opsbus.run_command("tail", lambda: main(args))
+    return opsbus.run_command(args, lambda: main(args))

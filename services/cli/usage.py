@@ -30,6 +30,7 @@ from services.platform.inputs import cr_fields, kubevirt_fields, load_objects
 from shared.accounting.namespace import account_namespace
 from shared.accounting.results import NamespaceUsage, QuotaUsage, VmEntry
 from shared.accounting.wire import quota_terms
+from shared.contract import check_namespace
 from shared.errors import InvalidInput
 from shared.kinds import (
     CLUSTER_SCOPED_KINDS,
@@ -392,6 +393,7 @@ def write_table(results: Mapping[str, NamespaceUsage], out: TextIO) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        check_namespace(args.namespace, "-n/--namespace")
         policy = build_policy(args, sys.stderr)
         if args.kubevirt_version is not None:  # options first: one error line, before any note about the file
             try:

@@ -86,6 +86,8 @@ CASES: list[tuple[list[str], int, str]] = [
     (["explain", "migration", "no-slash", "--nats", UNREACHABLE_NATS], 2, "expected NAMESPACE/NAME"),
     (["explain", "vm", "tenant-a/vm1", "--nats", UNREACHABLE_NATS], 1, "check --nats (VMQUOTA_NATS)"),
     (["explain", "vm", "a/v", "--cluster", "BAD_"], 2, "vmquota explain: --cluster: cluster id 'BAD_' is not"),
+    (["replay", "--at", "9999-12-31", "--nats", UNREACHABLE_NATS], 2, "--at: '9999-12-31' is in the future"),
+    (["usage", "-f", "{missing}", "-n", "Bad_NS"], 2, "-n/--namespace: namespace 'Bad_NS' is not a DNS label"),
     (["up", "--nats-port", "70000"], 2, "--nats-port: must be a port number"),
     (["up", "--nats-port", "0", "--kubeconfig-out", "{theirs}"], 2, "is not a kubeconfig vmquota wrote"),
     (["up", "--nats-port", "0", "--speed", "0"], 2, "--speed"),
@@ -226,3 +228,19 @@ def test_ctrl_c_while_the_modules_load_is_exit_130(monkeypatch: pytest.MonkeyPat
     except KeyboardInterrupt:  # (caught here: one escaping would stop the test session)
         pytest.fail("KeyboardInterrupt escaped main()")
     assert code == 130
+
+
+def test_a_command_run_as_kubectl_vmquota_says_so_in_its_errors(tmp_path: Path) -> None:
+    """kubectl runs ``kubectl-vmquota`` for ``kubectl vmquota``: the bus commands' errors began ``vmquota status:``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VMQUOTA_", "KUBERNETES_"))}
+    code = "import sys; from services.cli.main import kubectl_main; sys.exit(kubectl_main())"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "status", "--nats", UNREACHABLE_NATS],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 1 and proc.stderr.startswith("kubectl vmquota status: cannot reach NATS"), proc.stderr

@@ -103,21 +103,28 @@ CASES: list[tuple[list[str], int, str]] = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("argv", "code", "phrase"), CASES, ids=[" ".join(c[0][:3]) or "(none)" for c in CASES])
-def test_a_bad_input_is_one_line_and_an_exit_code(tmp_path: Path, argv: list[str], code: int, phrase: str) -> None:
-    files = {**_files(tmp_path), "missing": str(tmp_path / "missing")}
-    args = [a.format(**files) if a.startswith("{") else a for a in argv]
+def _run(argv: list[str], cwd: Path, *, entry: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The command line ``argv`` as a person runs it (``entry``: how the program is started, ``vmquota`` by
+    default), without the environment's vmquota settings; no input."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VMQUOTA_", "KUBERNETES_"))}
-    proc = subprocess.run(
-        [sys.executable, "-m", "services.cli.main", *args],
+    start = entry or ["-m", "services.cli.main"]
+    return subprocess.run(
+        [sys.executable, *start, *argv],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
         env=env,
-        cwd=tmp_path,
+        cwd=cwd,
         input="",
     )
+
+
+@pytest.mark.parametrize(("argv", "code", "phrase"), CASES, ids=[" ".join(c[0][:3]) or "(none)" for c in CASES])
+def test_a_bad_input_is_one_line_and_an_exit_code(tmp_path: Path, argv: list[str], code: int, phrase: str) -> None:
+    files = {**_files(tmp_path), "missing": str(tmp_path / "missing")}
+    args = [a.format(**files) if a.startswith("{") else a for a in argv]
+    proc = _run(args, tmp_path)
     err = proc.stderr.strip()
     assert proc.returncode == code, f"exit {proc.returncode}, stderr: {err[-2000:]}"
     assert "Traceback" not in err and len(err.splitlines()) == 1, f"not one line:\n{err[-2000:]}"
@@ -185,30 +192,11 @@ def test_an_http_port_in_use_is_one_line(tmp_path: Path) -> None:
     printed an `OSError` traceback."""
     import socket
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VMQUOTA_", "KUBERNETES_"))}
     with socket.socket() as taken:
         taken.bind(("0.0.0.0", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "services.cli.main",
-                "run",
-                "ledger",
-                "--nats",
-                UNREACHABLE_NATS,
-                "--http-port",
-                str(port),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-            env=env,
-            cwd=tmp_path,
-        )
+        proc = _run(["run", "ledger", "--nats", UNREACHABLE_NATS, "--http-port", str(port)], tmp_path)
     err = proc.stderr.strip()
     assert proc.returncode == 2 and "Traceback" not in err and len(err.splitlines()) == 1, err[-2000:]
     assert err.startswith(f"vmquota run: --http-port (VMQUOTA_HTTP_PORT): cannot listen on 0.0.0.0:{port} ("), err
@@ -232,15 +220,6 @@ def test_ctrl_c_while_the_modules_load_is_exit_130(monkeypatch: pytest.MonkeyPat
 
 def test_a_command_run_as_kubectl_vmquota_says_so_in_its_errors(tmp_path: Path) -> None:
     """kubectl runs ``kubectl-vmquota`` for ``kubectl vmquota``: the bus commands' errors began ``vmquota status:``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VMQUOTA_", "KUBERNETES_"))}
-    code = "import sys; from services.cli.main import kubectl_main; sys.exit(kubectl_main())"
-    proc = subprocess.run(
-        [sys.executable, "-c", code, "status", "--nats", UNREACHABLE_NATS],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=env,
-        cwd=tmp_path,
-    )
+    kubectl = ["-c", "import sys; from services.cli.main import kubectl_main; sys.exit(kubectl_main())"]
+    proc = _run(["status", "--nats", UNREACHABLE_NATS], tmp_path, entry=kubectl)
     assert proc.returncode == 1 and proc.stderr.startswith("kubectl vmquota status: cannot reach NATS"), proc.stderr

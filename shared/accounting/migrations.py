@@ -4,7 +4,7 @@ only while KubeVirt is refused it, and a hotplug's growth is admitted like a new
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Final
 
@@ -205,8 +205,9 @@ class Migrations(Vms):
         controls (``status.activePods`` names them) that are not Succeeded or Failed, whether or not they are being
         deleted (a pod past its grace period but not terminal is still active to KubeVirt), and whatever their
         launcher command names (a tenant's pod KubeVirt adopted counts to KubeVirt, though not as the VM's)."""
-        named = v.vouched_pods
-        return sum(1 for p in self.pods if p.phase not in ("Succeeded", "Failed") and p.uid in named)
+        if self._running_pods is None:  # (once per accounting: a VMI's named pods are few, the namespace's many)
+            self._running_pods = frozenset(p.uid for p in self.pods if p.phase not in ("Succeeded", "Failed"))
+        return sum(1 for uid in v.vouched_pods if uid in self._running_pods)
 
     def _target_estimate(
         self, v: VmiSnapshot, source_pod: PodSnapshot, source_usage: ResourceList, *others: ResourceList
@@ -397,7 +398,7 @@ class Migrations(Vms):
         # KubeVirt's attachment pods beside active targets got in through room held for them beyond the budget: the
         # namespace is not over its budget by them, and they took no other pod's room (or a namespace migrating a VM
         # with hotplugged volumes at its budget held every other migration back until that one ended)
-        beside = self._attachment_pods()
+        beside = self._beside()
         if beside:
             less: ResourceList = {}
             for charged in beside.values():
@@ -405,40 +406,67 @@ class Migrations(Vms):
             over_budget = [(q, [r for r in rs if q.over(r, q.policy.budget[r], less.get(r))]) for q, rs in over_budget]
             if not any(rs for _, rs in over_budget):
                 return ""
-
-        def after(p: PodSnapshot) -> bool:
-            # (creation times are to the second: the same second counts; a pod created in the refusal of an earlier
-            # migration too, which the ledger remembers once that migration is gone: a tenant must not reopen the
-            # window with each migration it creates)
-            return (
-                p.creation_timestamp is not None and p.creation_timestamp >= since and p.uid not in self.settled
-            ) or p.uid in self.late
-
-        taking = [
-            e.charged
-            for p, e in zip(self.pods, self.pod_entries, strict=True)
-            if e.role in (NON_VM, ORPHAN_LAUNCHER) and e.active and after(p) and p.uid != own and p.uid not in beside
-        ]
-        # a pod that took the room and was then adopted into a VMI (a controller reference is the tenant's to set,
-        # on a running VMI or a pending one) is no plain pod any more, but it counts all the same, or the room would
-        # be held, and taken, again: a VM's pod created after the migration counts, unless KubeVirt's status names
-        # it its VMI's migration target (``status.migrationState.targetPod``, written at the hand-off)
-        # (the VMs KubeVirt let go of too: a pod that took the room, made a VMI's and orphaned with it, runs on as
-        # that VM's)
-        for v in (*self.vmis, *self.departed):
-            target = self._handed_off_to(v)
-            taking.extend(
-                charged
-                for p, charged in self.launchers.get(vm_key(v), ())
-                if after(p) and p.name != target and p.uid != own
-            )
-        if not taking:
-            return ""
+        if own:  # (an attachment pod's room: rare, each pod looked at)
+            taking = [c for p, c in self._room_takers(own) if self._after(p, since)]
+            charged_in = frozenset(r for c in taking for r, n in c.items() if n.nanos > 0)
+        else:  # (a target's: the pods that may take room are the same for every migration of the pass)
+            latest, late = self._takers()
+            charged_in = late | {r for r, t in latest.items() if t >= since}
         for q, rs in over_budget:
-            over = [r for r in rs if any(c.get(r, ZERO).nanos > 0 for c in taking)]
+            over = [r for r in rs if r in charged_in]
             if over:
                 return f"quota {q.policy.name}: {', '.join(sorted(over))}" if q.policy.name else ", ".join(over)
         return ""
+
+    def _after(self, p: PodSnapshot, since: datetime) -> bool:
+        """Whether ``p`` came in a migration's refusal (created at ``since`` or after, or in the refusal of an earlier
+        one): creation times are to the second, so the same second counts; a pod created in the refusal of an earlier
+        migration too, which the ledger remembers once that migration is gone (a tenant must not reopen the window
+        with each migration it creates); not one a change of a quota's policy settled."""
+        return (
+            p.creation_timestamp is not None and p.creation_timestamp >= since and p.uid not in self.settled
+        ) or p.uid in self.late
+
+    def _room_takers(self, own: str) -> Iterator[tuple[PodSnapshot, ResourceList]]:
+        """The pods that may have taken room held for a migration's pod (``own``, the pod it waits beside, aside),
+        with their charges: the plain pods and launchers of no VM that are active, but KubeVirt's attachment pods
+        beside targets; and the VMs' pods but the target KubeVirt's status names (a pod that took the room and was
+        then adopted into a VMI, its controller reference the tenant's to set, on a running VMI or a pending one, is
+        no plain pod any more, but it counts all the same, or the room would be held, and taken, again; the VMs
+        KubeVirt let go of too: a pod that took the room, made a VMI's and orphaned with it, runs on as that VM's)."""
+        beside = self._beside()
+        for p, e in zip(self.pods, self.pod_entries, strict=True):
+            if e.role in (NON_VM, ORPHAN_LAUNCHER) and e.active and p.uid != own and p.uid not in beside:
+                yield p, e.charged
+        for v in (*self.vmis, *self.departed):
+            target = self._handed_off_to(v)
+            yield from ((p, c) for p, c in self.launchers.get(vm_key(v), ()) if p.name != target and p.uid != own)
+
+    def _takers(self) -> tuple[dict[str, datetime], frozenset[str]]:
+        """Of :meth:`_room_takers` (none aside), per resource, the newest creation of one charged it and not
+        settled, and the resources one of those created in a refusal (``late``) is charged: whether some pod came in
+        a migration's refusal charged a resource is then one look per migration. Once per accounting (many refused
+        migrations in a namespace over its budget cost the ledger seconds when each looked at every pod)."""
+        if self._takers_found is None:
+            latest: dict[str, datetime] = {}
+            late: set[str] = set()
+            for p, charged in self._room_takers(""):
+                positive = [r for r, q in charged.items() if q.nanos > 0]
+                if p.uid in self.late:
+                    late.update(positive)
+                created = p.creation_timestamp
+                if created is not None and p.uid not in self.settled:
+                    for r in positive:
+                        if r not in latest or latest[r] < created:
+                            latest[r] = created
+            self._takers_found = (latest, frozenset(late))
+        return self._takers_found
+
+    def _beside(self) -> dict[str, ResourceList]:
+        """:meth:`_attachment_pods`, once per accounting (the pods and migrations it reads are counted by then)."""
+        if self._beside_found is None:
+            self._beside_found = self._attachment_pods()
+        return self._beside_found
 
     def _handed_off_to(self, v: VmiSnapshot) -> str:
         """The pod ``v``'s ``status.migrationState`` names its target, when KubeVirt wrote it: the migration it names

@@ -135,6 +135,20 @@ def one_change_at_a_time(objs: list[AnySnapshot], kinds: tuple[type, ...]) -> An
     return step
 
 
+def _refused_over_budget(vms: int) -> dict[str, list[AnySnapshot]]:
+    """A namespace over its budget (64 CPUs for ``vms`` running VMs) whose every VM KubeVirt was refused a target
+    for: a budget lowered before a drain, or a tenant that migrates each of its VMs once a pod of its own took a
+    refused target's room. The view the ledger accounts."""
+    from tests.builders import folded, launcher_obj, quota_obj, vmi_obj, vmim_obj
+
+    objs: list[dict[str, Any]] = [quota_obj("rq", {"requests.cpu": "64", "requests.memory": "64Gi"})]
+    for i in range(vms):
+        vmi = vmi_obj(f"v{i}")
+        objs += [vmi, launcher_obj(vmi), vmim_obj(f"m{i}", f"v{i}", rejected=True)]
+    view = folded(objs).view("c1", "tenant")
+    return {**view.cluster_objects, **view.objects}
+
+
 def run() -> list[Result]:
     results: list[Result] = []
     config = KubeVirtConfig()
@@ -184,6 +198,23 @@ def run() -> list[Result]:
                 note="memoised: estimates, running VMs, the pod pass and sums of unchanged objects are reused",
             )
         )
+
+    over = _refused_over_budget(2000)
+
+    def account_over() -> int:
+        account_view(over, "tenant", now=now, config=config, memoize=False)
+        return 1
+
+    results.append(
+        Result(
+            "account a 2,000-VM namespace over its budget, every VM's migration refused (ms)",
+            1000 / rate(account_over, 1.0),
+            "ms",
+            target=1000.0,
+            higher_is_better=False,
+            note="each refused migration asks whether pods that came in a refusal took its room: once per pass",
+        )
+    )
 
     raw = _launcher(v, config, NamespaceFacts())
     wire = encode(normalize(raw))

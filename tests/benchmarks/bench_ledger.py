@@ -112,6 +112,22 @@ def make_event_flood(n: int, cluster: str = CLUSTER) -> list[tuple[str, bytes, s
     ]
 
 
+def make_labelled_pod_flood(n: int, cluster: str = CLUSTER) -> list[tuple[str, bytes, str]]:
+    """A namespace with a migration ``Pending``, then ``n`` pods its tenant labels the target of some migration
+    (``kubevirt.io/migrationJobUID``), each new: the fold passed over every pod of the namespace for each of them."""
+    from tests.builders import launcher_obj, pod_obj, vmi_obj, vmim_obj
+
+    vmi = vmi_obj("vm")
+    objs: list[dict[str, Any]] = [vmi, launcher_obj(vmi), vmim_obj("m", "vm")]
+    for k in range(n):
+        pod = pod_obj(f"p{k}", {"cpu": "1m"}, t=10 + k)
+        pod["metadata"]["labels"] = {"kubevirt.io/migrationJobUID": f"job-{k}"}
+        objs.append(pod)
+    for rv, obj in enumerate(objs, start=1):
+        obj["metadata"] |= {"namespace": "tenant-labels", "resourceVersion": str(rv)}
+    return [upserted(cluster, obj) for obj in objs]
+
+
 def fold_rate(events: list[tuple[str, bytes, str]]) -> float:
     datas = [d for _, d, _ in events]
 
@@ -285,6 +301,13 @@ async def run_async() -> list[Result]:
             target=100_000,
             note=f"{EVENTS} new Events in one namespace, past the {EVENTS_KEPT} it keeps (the ledger folds every "
             "namespace in one order)",
+        ),
+        Result(
+            "ledger fold of a tenant's labelled pods, a migration Pending, in process",
+            fold_rate(make_labelled_pod_flood(EVENTS)),
+            "events/s",
+            target=100_000,
+            note=f"{EVENTS} pods in one namespace labelled the target of a migration (kubevirt.io/migrationJobUID)",
         ),
     ]
     with tempfile.TemporaryDirectory() as tmp:

@@ -111,11 +111,12 @@ from shared.snapshot import (
     QuotaSnapshot,
     VmimSnapshot,
     VmiSnapshot,
-    awaits_attachment_pod,
     dec_hook,
     enc_hook,
     from_wire,
+    migration_awaits_attachment,
     same_content,
+    target_awaits_attachment,
     wire_variant,
 )
 from shared.times import parse_rfc3339
@@ -384,7 +385,9 @@ class NamespaceState:
     __slots__ = (
         "_live",
         "answered",
+        "attach_refs",
         "attaching",
+        "awaiting",
         "clock",
         "cluster",
         "departed",
@@ -440,6 +443,12 @@ class NamespaceState:
         self.pending_jobs: frozenset[str] | object = _UNKNOWN
         """:meth:`_pending_jobs`, or :data:`_UNKNOWN` since the last change of a migration."""
         self.attaching: set[str] = set()
+        self.attach_refs: dict[str, int] = {}
+        """Pod uid → how many existing pods name it as the pod they are KubeVirt's attachment pod of
+        (:attr:`PodSnapshot.attachment_of`); derived from the objects, kept as pods change."""
+        self.awaiting: dict[str, int] = {}
+        """Migration uid → how many existing pods labelled its target run with no attachment pod yet (what
+        :meth:`_attachments` asks of the pods); derived from the objects, kept as pods change."""
         """The migrations room may be held for whose target's hotplug attachment pod (:meth:`_attachments`; derived
         from the objects, recomputed when a migration, a VMI's hotplugged volumes or what a pod says of migration
         targets and attachment pods changes): a pod that grows meanwhile is marked as in a refusal."""
@@ -538,8 +547,8 @@ class NamespaceState:
                         self.settled.add(uid)  # (created before a change of policy that reached the fold first)
                 if self.departed and uid in self.departed and _finished(ev.snapshot):
                     del self.departed[uid]
-                if _attach_facts(self.replaced) != _attach_facts(ev.snapshot) and (
-                    self._attach_matters(self.replaced) or self._attach_matters(ev.snapshot)
+                if _attach_facts(self.replaced) != _attach_facts(ev.snapshot) and self._pod_attach(
+                    uid, self.replaced, ev.snapshot
                 ):
                     self.attaching = self._attachments()
                 if self.windows or self.attaching or self._refused_from() is not None:  # (none: three tests)
@@ -715,7 +724,7 @@ class NamespaceState:
         elif kind == POD_KIND:
             self.departed.pop(uid, None)
             self.made_for.pop(uid, None)
-            if any(_attach_facts(before)) and self._attach_matters(before):
+            if any(_attach_facts(before)) and self._pod_attach(uid, before, None):
                 self.attaching = self._attachments()
 
     def _migration_changed(self, uid: str, before: Snapshot | None, now: Snapshot | None, published: str) -> None:
@@ -744,36 +753,71 @@ class NamespaceState:
             )
         return cast(frozenset[str], self.pending_jobs)
 
-    def _attach_matters(self, pod: Snapshot | None) -> bool:
-        """Whether a version of a pod can change :meth:`_attachments`: it is labelled the target of an active
-        ``Pending`` migration, or it is the attachment pod of a pod so labelled. Any other pod leaves it as it is: a
-        tenant's pods labelled with a migration's key, made or relabelled by the thousand, each cost the fold a pass
-        over every pod of the namespace while a migration was ``Pending`` (8,000 such pods: 8.3 s to fold)."""
-        job, _, of = _attach_facts(pod)
-        pending = self._pending_jobs()
-        if not pending:
-            return False
-        if job in pending:
-            return True
-        rec = (self.objects.get(POD_KIND) or {}).get(of) if of else None
-        return rec is not None and isinstance(rec.snapshot, PodSnapshot) and rec.snapshot.migration_job_uid in pending
+    def _awaits(self, uid: str, pod: Snapshot | None) -> str:
+        """The migration whose target ``pod`` (of ``uid``) is labelled and that awaits an attachment pod beside it:
+        the pod runs, and no existing pod is its attachment pod; else ""."""
+        if not isinstance(pod, PodSnapshot) or not pod.migration_job_uid:
+            return ""
+        return pod.migration_job_uid if target_awaits_attachment(pod, self.attach_refs) else ""
+
+    def _pod_attach(self, uid: str, before: Snapshot | None, now: Snapshot | None) -> bool:
+        """A pod's version ``now`` (None: gone) replaced ``before``: :attr:`attach_refs` and :attr:`awaiting`
+        follow, for the pod and the pods it names (or named) its attachment pod's owner; True when an active
+        ``Pending`` migration's target came to await an attachment pod or stopped awaiting one (:attr:`attaching`
+        then changes). A constant cost: a tenant's pods labelled the target of a migration, made or relabelled by
+        the thousand while one is ``Pending``, each had the fold pass over every pod of the namespace (8,000: 8.3 s
+        to fold)."""
+        pods = self.objects.get(POD_KIND) or {}
+        refs = {r for r in (_attach_facts(before)[2], _attach_facts(now)[2]) if r and r != uid}
+
+        def current(ref: str) -> Snapshot | None:
+            rec = pods.get(ref)
+            return rec.snapshot if rec is not None else None
+
+        was = [self._awaits(uid, before), *(self._awaits(r, current(r)) for r in refs)]
+        for ref, step in ((_attach_facts(before)[2], -1), (_attach_facts(now)[2], 1)):
+            if ref:
+                n = self.attach_refs.get(ref, 0) + step
+                if n > 0:
+                    self.attach_refs[ref] = n
+                else:
+                    self.attach_refs.pop(ref, None)
+        is_ = [self._awaits(uid, now), *(self._awaits(r, current(r)) for r in refs)]
+        crossed = False
+        pending = None
+        for job, step in [*((j, -1) for j in was if j), *((j, 1) for j in is_ if j)]:
+            n = self.awaiting.get(job, 0) + step
+            if n > 0:
+                self.awaiting[job] = n
+            else:
+                self.awaiting.pop(job, None)
+            if (n == 0 and step < 0) or (n == 1 and step > 0):
+                pending = self._pending_jobs() if pending is None else pending
+                crossed = crossed or job in pending
+        return crossed
+
+    def _index_attachments(self) -> None:
+        """:attr:`attach_refs` and :attr:`awaiting` from the objects (a state restored from a checkpoint)."""
+        self.attach_refs, self.awaiting = {}, {}
+        for p in self._pods():
+            if p.attachment_of:
+                self.attach_refs[p.attachment_of] = self.attach_refs.get(p.attachment_of, 0) + 1
+        for p in self._pods():
+            job = self._awaits(p.uid, p)
+            if job:
+                self.awaiting[job] = self.awaiting.get(job, 0) + 1
 
     def _attachments(self) -> set[str]:
         """The migrations room may be held for whose target's hotplug attachment pod, which KubeVirt marks no refusal
-        for: those a pod labelled their target awaits one for (:func:`~shared.snapshot.awaits_attachment_pod`;
-        ``shared.accounting.migrations`` reserves the attachment pod of the target KubeVirt's status names)."""
-        pending = {m.uid: m for m in self.live(VMIM_KIND) if isinstance(m, VmimSnapshot) and m.active and m.pending}
-        if not pending:
+        for: active and ``Pending``, their VMI with hotplugged volumes, and a pod labelled their target that runs
+        with no attachment pod yet (:attr:`awaiting`; ``shared.snapshot.awaits_attachment_pod``, of which this asks
+        the migration's half of each migration and keeps the target's half of each pod; ``shared.accounting.
+        migrations`` reserves the attachment pod of the target KubeVirt's status names)."""
+        awaited = [m for m in self.live(VMIM_KIND) if isinstance(m, VmimSnapshot) and self.awaiting.get(m.uid)]
+        if not awaited:
             return set()
         vmis = {v.name: v for v in self.live(VMI_KIND) if isinstance(v, VmiSnapshot)}
-        attached = {p.attachment_of for p in self._pods()}
-        return {
-            p.migration_job_uid
-            for p in self._pods()
-            if (m := pending.get(p.migration_job_uid)) is not None
-            and (v := vmis.get(m.vmi_name)) is not None
-            and awaits_attachment_pod(m, v, p, attached)
-        }
+        return {m.uid for m in awaited if m.vmi_name in vmis and migration_awaits_attachment(m, vmis[m.vmi_name])}
 
     def _pods(self) -> Iterator[PodSnapshot]:
         """The existing pods, in no order (:meth:`live` sorts them, again after every change of a pod)."""
@@ -1029,7 +1073,8 @@ class NamespaceState:
         events = st.objects.get(EVENT_KIND)
         if events:  # (in the order folded, as folding keeps them: ``_kept_in_fold_order``)
             st.objects[EVENT_KIND] = dict(sorted(events.items(), key=lambda item: item[1].seq))
-        st.attaching = st._attachments()  # (derived from the objects, as folding keeps it)
+        st._index_attachments()  # (derived from the objects, as folding keeps them)
+        st.attaching = st._attachments()
         return st
 
 

@@ -54,7 +54,9 @@ from shared.snapshot.types import VmSnapshot as VmSnapshot
 from shared.snapshot.types import awaits_attachment_pod as awaits_attachment_pod
 from shared.snapshot.types import is_cluster_scoped as is_cluster_scoped
 from shared.snapshot.types import labelled_launcher as labelled_launcher
+from shared.snapshot.types import migration_awaits_attachment as migration_awaits_attachment
 from shared.snapshot.types import same_content as same_content
+from shared.snapshot.types import target_awaits_attachment as target_awaits_attachment
 from shared.snapshot.vmispec import HELD_SPEC_FIELDS as HELD_SPEC_FIELDS
 from shared.snapshot.vmispec import compact_vmi_spec as compact_vmi_spec
 from shared.snapshot.vmispec import prune_vmi_spec as prune_vmi_spec

@@ -303,17 +303,22 @@ class PodSnapshot(Snapshot, tag=POD_KIND, frozen=True, kw_only=True):
 def awaits_attachment_pod(
     migration: VmimSnapshot, vmi: VmiSnapshot, target: PodSnapshot, attached: Container[str]
 ) -> bool:
-    """Whether KubeVirt waits for a hotplug attachment pod beside a migration's target: the migration is active and
-    ``Pending``, its VMI has hotplugged volumes, the target runs, and no pod KubeVirt sees is the target's attachment
-    pod yet (``attached``: the :attr:`PodSnapshot.attachment_of` of the namespace's pods). KubeVirt marks no refusal
-    of such a pod, so room for it is held on this alone."""
-    return (
-        migration.active
-        and migration.pending
-        and bool(vmi.hotplug_volumes)
-        and target.phase == "Running"
-        and target.uid not in attached
-    )
+    """Whether KubeVirt waits for a hotplug attachment pod beside a migration's target: the migration may wait for
+    one (:func:`migration_awaits_attachment`), and its target does (:func:`target_awaits_attachment`). KubeVirt marks
+    no refusal of such a pod, so room for it is held on this alone."""
+    return migration_awaits_attachment(migration, vmi) and target_awaits_attachment(target, attached)
+
+
+def migration_awaits_attachment(migration: VmimSnapshot, vmi: VmiSnapshot) -> bool:
+    """The migration is active and ``Pending``, and its VMI has hotplugged volumes: once its target runs, KubeVirt
+    goes on only with an attachment pod beside it."""
+    return migration.active and migration.pending and bool(vmi.hotplug_volumes)
+
+
+def target_awaits_attachment(target: PodSnapshot, attached: Container[str]) -> bool:
+    """The target runs, and no pod KubeVirt sees is its attachment pod yet (``attached``: the
+    :attr:`PodSnapshot.attachment_of` of the namespace's pods)."""
+    return target.phase == "Running" and target.uid not in attached
 
 
 class QuotaSnapshot(Snapshot, tag=QUOTA_KIND, frozen=True, kw_only=True):

@@ -113,15 +113,17 @@ def make_event_flood(n: int, cluster: str = CLUSTER) -> list[tuple[str, bytes, s
 
 
 def make_labelled_pod_flood(n: int, cluster: str = CLUSTER) -> list[tuple[str, bytes, str]]:
-    """A namespace with a migration ``Pending``, then ``n`` pods its tenant labels the target of some migration
-    (``kubevirt.io/migrationJobUID``), each new: the fold passed over every pod of the namespace for each of them."""
+    """A namespace with a migration ``Pending``, then ``n`` pods its tenant labels the target of a migration
+    (``kubevirt.io/migrationJobUID``), that one's or another's, each new: the fold passed over every pod of the
+    namespace for each of them."""
     from tests.builders import launcher_obj, pod_obj, vmi_obj, vmim_obj
 
-    vmi = vmi_obj("vm")
-    objs: list[dict[str, Any]] = [vmi, launcher_obj(vmi), vmim_obj("m", "vm")]
-    for k in range(n):
+    vmi, migration = vmi_obj("vm"), vmim_obj("m", "vm")
+    objs: list[dict[str, Any]] = [vmi, launcher_obj(vmi), migration]
+    for k in range(n):  # (half of them that migration's uid, which it is Pending for: the costlier)
         pod = pod_obj(f"p{k}", {"cpu": "1m"}, t=10 + k)
-        pod["metadata"]["labels"] = {"kubevirt.io/migrationJobUID": f"job-{k}"}
+        job = migration["metadata"]["uid"] if k % 2 else f"job-{k}"
+        pod["metadata"]["labels"] = {"kubevirt.io/migrationJobUID": job}
         objs.append(pod)
     for rv, obj in enumerate(objs, start=1):
         obj["metadata"] |= {"namespace": "tenant-labels", "resourceVersion": str(rv)}

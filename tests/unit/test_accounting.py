@@ -49,7 +49,16 @@ from shared.normalize import normalize
 from shared.quantity import Quantity
 from shared.quota.modes import Mode, QuotaPolicy
 from shared.resources import ResourceList, canonical_resource_list, fits, format_resource_list, parse_resource_list
-from shared.snapshot import MIGRATION_JOB_LABEL, SNAPSHOT_TYPES, AnySnapshot, QuotaSnapshot, VmimSnapshot, VmiSnapshot
+from shared.snapshot import (
+    MIGRATION_JOB_LABEL,
+    SNAPSHOT_TYPES,
+    AnySnapshot,
+    PodSnapshot,
+    QuotaSnapshot,
+    VmimSnapshot,
+    VmiSnapshot,
+    awaits_attachment_pod,
+)
 from shared.vmi import GUARD_REFUSER, VM_TERMS_REFUSER
 from tests.builders import (
     NOW,
@@ -2784,7 +2793,24 @@ def test_without_the_guard_an_attachment_room_is_not_taken_again_while_the_vmis_
 _ATTACH_OPS: Final = (
     *("target-running", "target-pending", "relabel", "attached", "detached", "target-gone"),
     *("vmim-pending", "vmim-running", "vmim-gone", "volumes-off", "volumes-on"),
+    *("second-target", "second-gone", "attached-to-second", "self-owned"),
 )
+
+
+def _attaching_of(state: NamespaceState) -> set[str]:
+    """What the fold's ``attaching`` must be, from its objects alone, as the accounting decides it of each target
+    (``shared.snapshot.awaits_attachment_pod``): the oracle the fold's kept counts are held to."""
+    pods = [p for p in state.live("Pod") if isinstance(p, PodSnapshot)]
+    attached = {p.attachment_of for p in pods}
+    vmis = {v.name: v for v in state.live("VirtualMachineInstance") if isinstance(v, VmiSnapshot)}
+    migrations = {m.uid: m for m in state.live("VirtualMachineInstanceMigration") if isinstance(m, VmimSnapshot)}
+    return {
+        p.migration_job_uid
+        for p in pods
+        if (m := migrations.get(p.migration_job_uid)) is not None
+        and (v := vmis.get(m.vmi_name)) is not None
+        and awaits_attachment_pod(m, v, p, attached)
+    }
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -2800,10 +2826,33 @@ def test_the_folds_attachment_rooms_follow_its_objects_after_every_event(ops: li
     plain["status"]["volumeStatus"] = []
     target = launcher_obj(vmis[0], facts=facts, migration_uid="mig-m1", node="n2", t=200)
     attachment = _attachment_pod(target, "hp-volume-tgt", t=201)
+    second = launcher_obj(vmis[0], facts=facts, migration_uid="mig-m1", node="n3", t=202)
+    second["metadata"] |= {"name": "second-target", "uid": "uid-second-target"}
     history: list[dict[str, Any]] = [*full, vmim_obj("m1", "vm0", t=100)]
     for op in ops:
         if op == "target-gone":
             history.append(deleted(target))
+        elif op in ("second-target", "second-gone"):
+            history.append(second if op == "second-target" else deleted(second))
+        elif op == "attached-to-second":  # (the attachment pod's controller reference moved to the other target)
+            attachment = copy.deepcopy(attachment)
+            ref = attachment["metadata"]["ownerReferences"][0]
+            ref["uid"] = (
+                second["metadata"]["uid"] if ref["uid"] == target["metadata"]["uid"] else target["metadata"]["uid"]
+            )
+            history.append(attachment)
+        elif op == "self-owned":  # (the tenant names the target its own attachment pod's owner)
+            target = copy.deepcopy(target)
+            refs = target["metadata"].get("ownerReferences") or []
+            own = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": target["metadata"]["name"],
+                "uid": target["metadata"]["uid"],
+                "controller": True,
+            }
+            target["metadata"]["ownerReferences"] = [] if own in refs else [own]
+            history.append(target)
         elif op.startswith("target") or op == "relabel":
             target = copy.deepcopy(target)
             if op == "relabel":
@@ -2821,9 +2870,10 @@ def test_the_folds_attachment_rooms_follow_its_objects_after_every_event(ops: li
             history.append(copy.deepcopy(plain if op == "volumes-off" else vmis[0]))
         state = folded(history).state("c1", NS)
         assert state is not None
-        assert state.attaching == state._attachments(), (ops, state.attaching)
+        assert state.attaching == _attaching_of(state), (ops, state.attaching)
         restored = NamespaceState.from_checkpoint(state.checkpoint())
         assert restored.attaching == state.attaching
+        assert (restored.attach_refs, restored.awaiting) == (state.attach_refs, state.awaiting), ops
 
 
 def test_without_the_guard_an_attachment_room_of_a_target_relabelled_is_not_taken_again() -> None:

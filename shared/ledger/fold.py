@@ -538,7 +538,9 @@ class NamespaceState:
                 self._grown_unnamed(self.replaced, ev.snapshot)
                 self._named(self.replaced, ev.snapshot)
                 self._pending(uid, ev.snapshot, self.replaced is None)
-                if _hotplugged(self.replaced) != _hotplugged(ev.snapshot):
+                # (a VMI made while the fold holds another of its name, a VM restarted across a relist, changes which
+                # of the two a migration's VMI is too)
+                if _hotplugged(self.replaced) != _hotplugged(ev.snapshot) or (self.replaced is None and self.awaiting):
                     self.attaching = self._attachments()
             elif kind == POD_KIND:
                 if self.replaced is None and (rec is None or rec.rv == UNSEEN):  # (a pod's first version)
@@ -719,7 +721,7 @@ class NamespaceState:
             self._named(before, None)
             self.grew_unnamed.pop(uid, None)
             self.refused.pop(uid, None)
-            if _hotplugged(before):
+            if _hotplugged(before) or self.awaiting:  # (another VMI of its name may be the migration's now)
                 self.attaching = self._attachments()
         elif kind == POD_KIND:
             self.departed.pop(uid, None)

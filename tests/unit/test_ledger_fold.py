@@ -34,7 +34,7 @@ from shared.ledger.fold import (
     unpack_checkpoint,
 )
 from shared.quantity import Quantity
-from shared.snapshot import PodSnapshot
+from shared.snapshot import MIGRATION_JOB_LABEL, PodSnapshot
 from tests.fold_events import Event, answer, down, sync, up
 
 
@@ -1350,3 +1350,27 @@ def test_an_old_leaders_marker_in_flight_does_not_drop_a_placeholder(kind: str) 
     assert state is not None and state.get(kind, "v1") is not None, "the placeholder dropped by a stale marker"
     led.apply(up("v1", 17, kind=kind), 5)  # the relist answering the loss
     assert live_uids(led, kind=kind) == {"p0": 5, "v1": 17}
+
+
+def test_a_relist_that_drops_a_recreated_vmis_old_version_recomputes_which_targets_await_an_attachment_pod() -> None:
+    """A VM restarted across a watch gap: the relist brings its new VMI (same name, a hotplugged volume) while the
+    fold still holds the old one, then its sync marker drops the old one, beside a Pending migration whose target
+    runs with no attachment pod. Which of the two VMIs a migration's is changed with neither's volumes, and the fold
+    kept ``attaching`` empty after the drop (a pod grown into the attachment pod's room then went unmarked)."""
+    from tests.unit.test_accounting import _attaching_of
+
+    state = NamespaceState("c1", "a")
+    mig = up("m0", 1, kind="VirtualMachineInstanceMigration", phase="Pending")
+    old = up("zz-old", 2, kind="VirtualMachineInstance", hotplug_volumes=False)
+    new = up("aa-new", 4, kind="VirtualMachineInstance", hotplug_volumes=True)
+    events = [
+        msgspec.structs.replace(mig, snapshot=msgspec.structs.replace(mig.snapshot, vmi_name="vm")),
+        msgspec.structs.replace(old, snapshot=msgspec.structs.replace(old.snapshot, name="vm")),
+        up("p0", 3, labels={MIGRATION_JOB_LABEL: "m0"}, phase="Running"),
+        msgspec.structs.replace(new, snapshot=msgspec.structs.replace(new.snapshot, name="vm")),
+    ]
+    for seq, ev in enumerate(events, 1):
+        state.apply(ev, seq)
+        assert state.attaching == _attaching_of(state)
+    state.apply_sync(sync(["aa-new"], 5, kind="VirtualMachineInstance"), 5)
+    assert state.attaching == _attaching_of(state) == {"m0"}

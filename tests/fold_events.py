@@ -8,7 +8,8 @@ from typing import Any
 
 from shared import contract
 from shared.contract import Deleted, Sync, Upserted
-from shared.snapshot import SNAPSHOT_TYPES
+from shared.ledger.fold import NamespaceState
+from shared.snapshot import SNAPSHOT_TYPES, PodSnapshot, VmimSnapshot, VmiSnapshot, awaits_attachment_pod
 
 Event = Upserted | Deleted | Sync
 
@@ -55,3 +56,19 @@ def answer(*tokens: str, cluster: str = "c1", rv: int = 9) -> Sync:
     return contract.sync_event(
         cluster=cluster, kind="Namespace", namespace="", rv=str(rv), present=["n-a"], answers=tokens, time="t"
     )
+
+
+def attaching_of(state: NamespaceState) -> set[str]:
+    """What the fold's ``attaching`` must be, from its objects alone, as the accounting decides it of each target
+    (``shared.snapshot.awaits_attachment_pod``): the oracle the fold's kept counts are held to."""
+    pods = [p for p in state.live("Pod") if isinstance(p, PodSnapshot)]
+    attached = {p.attachment_of for p in pods}
+    vmis = {v.name: v for v in state.live("VirtualMachineInstance") if isinstance(v, VmiSnapshot)}
+    migrations = {m.uid: m for m in state.live("VirtualMachineInstanceMigration") if isinstance(m, VmimSnapshot)}
+    return {
+        p.migration_job_uid
+        for p in pods
+        if (m := migrations.get(p.migration_job_uid)) is not None
+        and (v := vmis.get(m.vmi_name)) is not None
+        and awaits_attachment_pod(m, v, p, attached)
+    }

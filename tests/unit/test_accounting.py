@@ -53,11 +53,9 @@ from shared.snapshot import (
     MIGRATION_JOB_LABEL,
     SNAPSHOT_TYPES,
     AnySnapshot,
-    PodSnapshot,
     QuotaSnapshot,
     VmimSnapshot,
     VmiSnapshot,
-    awaits_attachment_pod,
 )
 from shared.vmi import GUARD_REFUSER, VM_TERMS_REFUSER
 from tests.builders import (
@@ -84,6 +82,7 @@ from tests.builders import (
     vmim_obj,
     vouch,
 )
+from tests.fold_events import attaching_of
 
 Q = Quantity.parse
 
@@ -2797,22 +2796,6 @@ _ATTACH_OPS: Final = (
 )
 
 
-def _attaching_of(state: NamespaceState) -> set[str]:
-    """What the fold's ``attaching`` must be, from its objects alone, as the accounting decides it of each target
-    (``shared.snapshot.awaits_attachment_pod``): the oracle the fold's kept counts are held to."""
-    pods = [p for p in state.live("Pod") if isinstance(p, PodSnapshot)]
-    attached = {p.attachment_of for p in pods}
-    vmis = {v.name: v for v in state.live("VirtualMachineInstance") if isinstance(v, VmiSnapshot)}
-    migrations = {m.uid: m for m in state.live("VirtualMachineInstanceMigration") if isinstance(m, VmimSnapshot)}
-    return {
-        p.migration_job_uid
-        for p in pods
-        if (m := migrations.get(p.migration_job_uid)) is not None
-        and (v := vmis.get(m.vmi_name)) is not None
-        and awaits_attachment_pod(m, v, p, attached)
-    }
-
-
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.sampled_from(_ATTACH_OPS), max_size=10))
 def test_the_folds_attachment_rooms_follow_its_objects_after_every_event(ops: list[str]) -> None:
@@ -2870,7 +2853,7 @@ def test_the_folds_attachment_rooms_follow_its_objects_after_every_event(ops: li
             history.append(copy.deepcopy(plain if op == "volumes-off" else vmis[0]))
         state = folded(history).state("c1", NS)
         assert state is not None
-        assert state.attaching == _attaching_of(state), (ops, state.attaching)
+        assert state.attaching == attaching_of(state), (ops, state.attaching)
         restored = NamespaceState.from_checkpoint(state.checkpoint())
         assert restored.attaching == state.attaching
         assert (restored.attach_refs, restored.awaiting) == (state.attach_refs, state.awaiting), ops

@@ -35,7 +35,7 @@ from shared.ledger.fold import (
 )
 from shared.quantity import Quantity
 from shared.snapshot import MIGRATION_JOB_LABEL, PodSnapshot
-from tests.fold_events import Event, answer, down, sync, up
+from tests.fold_events import Event, answer, attaching_of, down, sync, up
 
 
 def fold(events: list[Event], ledger: Ledger | None = None, start: int = 1) -> Ledger:
@@ -1357,8 +1357,6 @@ def test_a_relist_that_drops_a_recreated_vmis_old_version_recomputes_which_targe
     fold still holds the old one, then its sync marker drops the old one, beside a Pending migration whose target
     runs with no attachment pod. Which of the two VMIs a migration's is changed with neither's volumes, and the fold
     kept ``attaching`` empty after the drop (a pod grown into the attachment pod's room then went unmarked)."""
-    from tests.unit.test_accounting import _attaching_of
-
     state = NamespaceState("c1", "a")
     mig = up("m0", 1, kind="VirtualMachineInstanceMigration", phase="Pending")
     old = up("zz-old", 2, kind="VirtualMachineInstance", hotplug_volumes=False)
@@ -1371,6 +1369,6 @@ def test_a_relist_that_drops_a_recreated_vmis_old_version_recomputes_which_targe
     ]
     for seq, ev in enumerate(events, 1):
         state.apply(ev, seq)
-        assert state.attaching == _attaching_of(state)
+        assert state.attaching == attaching_of(state)
     state.apply_sync(sync(["aa-new"], 5, kind="VirtualMachineInstance"), 5)
-    assert state.attaching == _attaching_of(state) == {"m0"}
+    assert state.attaching == attaching_of(state) == {"m0"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import nats.js.errors
@@ -113,9 +114,11 @@ def options(partitions: PartitionSet | None = None, *, part_bytes: int = 0) -> L
 class Running:
     """A LedgerService task; ``crash()`` cancels it mid-flight (no clean stop), ``stop()`` stops it cleanly."""
 
-    def __init__(self, b: Bus, opts: LedgerOptions) -> None:
+    def __init__(
+        self, b: Bus, opts: LedgerOptions, account: Callable[[NamespaceView], contract.UsageBody] = count_objects
+    ) -> None:
         self.stop_event = asyncio.Event()
-        self.service = LedgerService(b, opts, count_objects)
+        self.service = LedgerService(b, opts, account)
         self.task = asyncio.create_task(self.service.run(self.stop_event))
 
     def applied_through(self, seq: int) -> bool:

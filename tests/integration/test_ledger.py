@@ -97,21 +97,16 @@ async def test_a_defect_accounting_one_namespace_stops_no_other_namespaces_usage
         world = World(random.Random(3), ["tenant-a", "tenant-b"])
         events = [world.next() for _ in range(40)]
         await publish(b, events)
-        stop = asyncio.Event()
-        service = LedgerService(b, options(), failing_on_a)
-        task = asyncio.create_task(service.run(stop))
+        run = Running(b, options(), failing_on_a)
         _, want = expected_usage(events)
 
         async def b_published() -> bool:
-            if task.done():
-                task.result()  # (surface the failure)
-            published = usage_of(await last_usage(b))
-            return published.get("tenant-b") == want["tenant-b"]
+            run.applied_through(0)  # (surfaces a failure of the service)
+            return usage_of(await last_usage(b)).get("tenant-b") == want["tenant-b"]
 
         await wait_until(b_published, what="tenant-b's usage")
         assert "tenant-a" not in usage_of(await last_usage(b))
-        stop.set()
-        await asyncio.wait_for(task, 10)
+        await run.stop()
     finally:
         await b.close()
 

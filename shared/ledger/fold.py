@@ -327,6 +327,18 @@ def _attach_facts(pod: Snapshot | None) -> tuple[str, str, str]:
     return (job, pod.phase if job else "", pod.attachment_of)
 
 
+def _count(counts: dict[str, int], key: str, step: int) -> int:
+    """Add ``step`` to ``counts[key]`` (nothing for an empty key), dropping it at zero; the count now."""
+    if not key:
+        return 0
+    n = counts.get(key, 0) + step
+    if n > 0:
+        counts[key] = n
+    else:
+        counts.pop(key, None)
+    return n
+
+
 def _finished(pod: Snapshot) -> bool:
     """A pod that runs nothing any more (phase Succeeded or Failed)."""
     return isinstance(pod, PodSnapshot) and pod.phase in FINAL_PHASES
@@ -443,15 +455,15 @@ class NamespaceState:
         self.pending_jobs: frozenset[str] | object = _UNKNOWN
         """:meth:`_pending_jobs`, or :data:`_UNKNOWN` since the last change of a migration."""
         self.attaching: set[str] = set()
+        """The migrations room may be held for whose target's hotplug attachment pod (:meth:`_attachments`; derived
+        from the objects, recomputed when a migration, a VMI's hotplugged volumes or what a pod says of migration
+        targets and attachment pods changes): a pod that grows meanwhile is marked as in a refusal."""
         self.attach_refs: dict[str, int] = {}
         """Pod uid → how many existing pods name it as the pod they are KubeVirt's attachment pod of
         (:attr:`PodSnapshot.attachment_of`); derived from the objects, kept as pods change."""
         self.awaiting: dict[str, int] = {}
         """Migration uid → how many existing pods labelled its target run with no attachment pod yet (what
         :meth:`_attachments` asks of the pods); derived from the objects, kept as pods change."""
-        """The migrations room may be held for whose target's hotplug attachment pod (:meth:`_attachments`; derived
-        from the objects, recomputed when a migration, a VMI's hotplugged volumes or what a pod says of migration
-        targets and attachment pods changes): a pod that grows meanwhile is marked as in a refusal."""
         self.windows: dict[str, tuple[datetime, datetime]] = {}
         """Migration uid → (its creation, its end + :data:`REFUSAL_GRACE`) for a refused migration that ended: pods
         created between the two are marked (see the module)."""
@@ -755,9 +767,9 @@ class NamespaceState:
             )
         return cast(frozenset[str], self.pending_jobs)
 
-    def _awaits(self, uid: str, pod: Snapshot | None) -> str:
-        """The migration whose target ``pod`` (of ``uid``) is labelled and that awaits an attachment pod beside it:
-        the pod runs, and no existing pod is its attachment pod; else ""."""
+    def _awaits(self, pod: Snapshot | None) -> str:
+        """The migration whose target ``pod`` is labelled and that awaits an attachment pod beside it: the pod runs,
+        and no existing pod is its attachment pod; else ""."""
         if not isinstance(pod, PodSnapshot) or not pod.migration_job_uid:
             return ""
         return pod.migration_job_uid if target_awaits_attachment(pod, self.attach_refs) else ""
@@ -770,44 +782,22 @@ class NamespaceState:
         the thousand while one is ``Pending``, each had the fold pass over every pod of the namespace (8,000: 8.3 s
         to fold)."""
         pods = self.objects.get(POD_KIND) or {}
-        refs = {r for r in (_attach_facts(before)[2], _attach_facts(now)[2]) if r and r != uid}
-
-        def current(ref: str) -> Snapshot | None:
-            rec = pods.get(ref)
-            return rec.snapshot if rec is not None else None
-
-        was = [self._awaits(uid, before), *(self._awaits(r, current(r)) for r in refs)]
-        for ref, step in ((_attach_facts(before)[2], -1), (_attach_facts(now)[2], 1)):
-            if ref:
-                n = self.attach_refs.get(ref, 0) + step
-                if n > 0:
-                    self.attach_refs[ref] = n
-                else:
-                    self.attach_refs.pop(ref, None)
-        is_ = [self._awaits(uid, now), *(self._awaits(r, current(r)) for r in refs)]
-        crossed = False
-        pending = None
-        for job, step in [*((j, -1) for j in was if j), *((j, 1) for j in is_ if j)]:
-            n = self.awaiting.get(job, 0) + step
-            if n > 0:
-                self.awaiting[job] = n
-            else:
-                self.awaiting.pop(job, None)
-            if (n == 0 and step < 0) or (n == 1 and step > 0):
-                pending = self._pending_jobs() if pending is None else pending
-                crossed = crossed or job in pending
-        return crossed
+        of_before, of_now = _attach_facts(before)[2], _attach_facts(now)[2]
+        others = [pods[r].snapshot for r in {of_before, of_now} - {"", uid} if r in pods]
+        was = [self._awaits(before), *map(self._awaits, others)]
+        _count(self.attach_refs, of_before, -1)
+        _count(self.attach_refs, of_now, 1)
+        now_ = [self._awaits(now), *map(self._awaits, others)]
+        crossed = [job for job in was if job and _count(self.awaiting, job, -1) == 0]
+        crossed += [job for job in now_ if job and _count(self.awaiting, job, 1) == 1]
+        return bool(crossed) and not self._pending_jobs().isdisjoint(crossed)
 
     def _index_attachments(self) -> None:
-        """:attr:`attach_refs` and :attr:`awaiting` from the objects (a state restored from a checkpoint)."""
+        """:attr:`attach_refs` and :attr:`awaiting` from the objects (a state restored from a checkpoint): each pod
+        counted as if it had just come."""
         self.attach_refs, self.awaiting = {}, {}
-        for p in self._pods():
-            if p.attachment_of:
-                self.attach_refs[p.attachment_of] = self.attach_refs.get(p.attachment_of, 0) + 1
-        for p in self._pods():
-            job = self._awaits(p.uid, p)
-            if job:
-                self.awaiting[job] = self.awaiting.get(job, 0) + 1
+        for uid, rec in (self.objects.get(POD_KIND) or {}).items():
+            self._pod_attach(uid, None, rec.snapshot)
 
     def _attachments(self) -> set[str]:
         """The migrations room may be held for whose target's hotplug attachment pod, which KubeVirt marks no refusal

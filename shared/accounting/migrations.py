@@ -24,6 +24,7 @@ from shared.accounting.results import (
 )
 from shared.accounting.state import CreatedTarget, QuotaSums, Target, capped_growth, fmt, vm_key, vm_size
 from shared.accounting.vms import Vms
+from shared.kinds import FINAL_PHASES
 from shared.quantity import ZERO
 from shared.quota.equation import takes
 from shared.quota.modes import VmSize, mode_usage
@@ -125,7 +126,7 @@ class Migrations(Vms):
             target = targets[0][0]
             grow = growth(targets[0][1], _pick_source(sources, v)[1]) if sources else {}
             exists = f"target pod {target.name} exists: charged in P"
-            attach = awaits_attachment_pod(m, v, target, {p.attachment_of for p in self.pods})
+            attach = awaits_attachment_pod(m, v, target, self._attachment_owners)
             # (decided once running VMs are counted)
             index = len(self.mig_entries)
             self.created.append(CreatedTarget(index, m, v, target, tuple(targets), grow, exists, attach))
@@ -205,8 +206,6 @@ class Migrations(Vms):
         controls (``status.activePods`` names them) that are not Succeeded or Failed, whether or not they are being
         deleted (a pod past its grace period but not terminal is still active to KubeVirt), and whatever their
         launcher command names (a tenant's pod KubeVirt adopted counts to KubeVirt, though not as the VM's)."""
-        if self._running_pods is None:  # (once per accounting: a VMI's named pods are few, the namespace's many)
-            self._running_pods = frozenset(p.uid for p in self.pods if p.phase not in ("Succeeded", "Failed"))
         return sum(1 for uid in v.vouched_pods if uid in self._running_pods)
 
     def _target_estimate(
@@ -398,7 +397,7 @@ class Migrations(Vms):
         # KubeVirt's attachment pods beside active targets got in through room held for them beyond the budget: the
         # namespace is not over its budget by them, and they took no other pod's room (or a namespace migrating a VM
         # with hotplugged volumes at its budget held every other migration back until that one ended)
-        beside = self._beside()
+        beside = self._beside
         if beside:
             less: ResourceList = {}
             for charged in beside.values():
@@ -410,7 +409,7 @@ class Migrations(Vms):
             taking = [c for p, c in self._room_takers(own) if self._after(p, since)]
             charged_in = frozenset(r for c in taking for r, n in c.items() if n.nanos > 0)
         else:  # (a target's: the pods that may take room are the same for every migration of the pass)
-            latest, late = self._takers()
+            latest, late = self._takers
             charged_in = late | {r for r, t in latest.items() if t >= since}
         for q, rs in over_budget:
             over = [r for r in rs if r in charged_in]
@@ -434,7 +433,7 @@ class Migrations(Vms):
         then adopted into a VMI, its controller reference the tenant's to set, on a running VMI or a pending one, is
         no plain pod any more, but it counts all the same, or the room would be held, and taken, again; the VMs
         KubeVirt let go of too: a pod that took the room, made a VMI's and orphaned with it, runs on as that VM's)."""
-        beside = self._beside()
+        beside = self._beside
         for p, e in zip(self.pods, self.pod_entries, strict=True):
             if e.role in (NON_VM, ORPHAN_LAUNCHER) and e.active and p.uid != own and p.uid not in beside:
                 yield p, e.charged
@@ -442,31 +441,42 @@ class Migrations(Vms):
             target = self._handed_off_to(v)
             yield from ((p, c) for p, c in self.launchers.get(vm_key(v), ()) if p.name != target and p.uid != own)
 
+    @functools.cached_property
     def _takers(self) -> tuple[dict[str, datetime], frozenset[str]]:
         """Of :meth:`_room_takers` (none aside), per resource, the newest creation of one charged it and not
         settled, and the resources one of those created in a refusal (``late``) is charged: whether some pod came in
-        a migration's refusal charged a resource is then one look per migration. Once per accounting (many refused
-        migrations in a namespace over its budget cost the ledger seconds when each looked at every pod)."""
-        if self._takers_found is None:
-            latest: dict[str, datetime] = {}
-            late: set[str] = set()
-            for p, charged in self._room_takers(""):
-                positive = [r for r, q in charged.items() if q.nanos > 0]
-                if p.uid in self.late:
-                    late.update(positive)
-                created = p.creation_timestamp
-                if created is not None and p.uid not in self.settled:
-                    for r in positive:
-                        if r not in latest or latest[r] < created:
-                            latest[r] = created
-            self._takers_found = (latest, frozenset(late))
-        return self._takers_found
+        a migration's refusal charged a resource is then one look per migration. Once per accounting, when first
+        asked, the passes done (many refused migrations in a namespace over its budget cost the ledger seconds when
+        each looked at every pod)."""
+        latest: dict[str, datetime] = {}
+        late: set[str] = set()
+        for p, charged in self._room_takers(""):
+            positive = [r for r, q in charged.items() if q.nanos > 0]
+            if p.uid in self.late:
+                late.update(positive)
+            created = p.creation_timestamp
+            if created is not None and p.uid not in self.settled:
+                for r in positive:
+                    if r not in latest or latest[r] < created:
+                        latest[r] = created
+        return latest, frozenset(late)
 
+    @functools.cached_property
     def _beside(self) -> dict[str, ResourceList]:
-        """:meth:`_attachment_pods`, once per accounting (the pods and migrations it reads are counted by then)."""
-        if self._beside_found is None:
-            self._beside_found = self._attachment_pods()
-        return self._beside_found
+        """:meth:`_attachment_pods`, once per accounting, when first asked (the pods and migrations it reads are
+        counted by then)."""
+        return self._attachment_pods()
+
+    @functools.cached_property
+    def _running_pods(self) -> frozenset[str]:
+        """The uids of the pods not Succeeded or Failed (once per accounting, when first asked: a VMI's named pods are
+        few, the namespace's many)."""
+        return frozenset(p.uid for p in self.pods if p.phase not in FINAL_PHASES)
+
+    @functools.cached_property
+    def _attachment_owners(self) -> frozenset[str]:
+        """The uids of the pods some pod is KubeVirt's attachment pod of (once per accounting, when first asked)."""
+        return frozenset(p.attachment_of for p in self.pods if p.attachment_of)
 
     def _handed_off_to(self, v: VmiSnapshot) -> str:
         """The pod ``v``'s ``status.migrationState`` names its target, when KubeVirt wrote it: the migration it names

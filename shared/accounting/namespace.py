@@ -258,7 +258,6 @@ class _Accounting(Admission):
         self.created: list[CreatedTarget] = []
         self.vm_entries: dict[str, VmEntry] = {}
         self.pending: list[VmiSnapshot] = []
-        self._takers_found = self._beside_found = self._running_pods = None
         self.target_reserved: ResourceList = {}
         """The part of every quota's ``S`` reserved for migration targets."""
 

@@ -214,12 +214,6 @@ class State:
     refused: Mapping[str, ResourceList]
     """Pending VMI uid → the amounts of the latest quota refusal that named it, as the ledger's fold remembers them
     (``NamespaceState.refused``; none from snapshots alone): they outlast the Events."""
-    _takers_found: tuple[dict[str, datetime], frozenset[str]] | None
-    """``Migrations._takers``, once found (per accounting)."""
-    _beside_found: dict[str, ResourceList] | None
-    """``Migrations._beside``, once found (per accounting)."""
-    _running_pods: frozenset[str] | None
-    """The uids of the pods not Succeeded or Failed, once found (``Migrations._active``)."""
     quotas: list[QuotaSums]
     renderer: Renderer
     quotas_key: int

@@ -258,8 +258,8 @@ class _Variables:
                 if name is not None:
                     self._evaluate(name)
                     continue
-                pending = [n for n in self._read_by(program) if n not in self.activation["variables"]]
-                pending = [n for n in pending if n not in self._failed]
+                done = self.activation["variables"]
+                pending = [n for n in self._read_by(program) if n not in done and n not in self._failed]
                 if not pending:
                     raise
                 for n in pending:
@@ -270,7 +270,8 @@ class _Variables:
         paths = program.reads.get("variables", frozenset())
         if () in paths:
             return list(self.programs)
-        return [n for n in self.programs if (n,) in {p[:1] for p in paths}]
+        read = {p[0] for p in paths if p}
+        return [n for n in self.programs if n in read]
 
     def _unevaluated(self, error: str) -> str | None:
         m = _MISSING_KEY.search(error)

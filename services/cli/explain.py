@@ -37,15 +37,8 @@ M = TypeVar("M", contract.Decision, contract.UsageSnapshot)
 
 async def _read(js: Any, stream: str, subject: str, decode: Callable[[bytes], M], cluster: str | None) -> list[M]:
     """The readable messages of ``stream`` on ``subject`` (of ``cluster``), oldest first."""
-    out: list[M] = []
-    for m in await opsbus.read(js, stream, subject):
-        try:
-            msg = decode(m.data)
-        except InvalidInput:
-            continue  # (dead-lettered by the service that reads it)
-        if cluster is None or msg.cluster == cluster:
-            out.append(msg)
-    return out
+    found, _ = opsbus.readable(await opsbus.read(js, stream, subject), decode)
+    return [msg for _, msg in found if cluster is None or msg.cluster == cluster]
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -54,12 +47,8 @@ async def main(args: argparse.Namespace) -> int:
     nc = await opsbus.connect(args)
     try:
         js = nc.jetstream()
-        events: list[contract.Upserted | contract.Deleted | contract.Sync] = []
-        for m in await opsbus.read(js, contract.EVENTS_STREAM, f.subject("ev")):
-            try:
-                events.append(contract.decode_event(m.data))
-            except InvalidInput:
-                continue  # (dead-lettered by the ledger)
+        read, _ = opsbus.readable(await opsbus.read(js, contract.EVENTS_STREAM, f.subject("ev")), contract.decode_event)
+        events = [e for _, e in read]  # (one that does not decode is dead-lettered by the ledger)
         clusters = sorted(
             {
                 e.cluster

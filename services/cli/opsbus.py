@@ -165,20 +165,17 @@ _BUFFERED = 10_000
 """Messages :func:`messages` holds that its reader has not taken; then the subscription waits."""
 
 
-def decoded(msgs: Iterable[Msg], decode: Callable[[bytes], T]) -> list[T]:
-    """``decode`` of each message's data, but for those it refuses: one such message (which the enforcer
-    dead-letters) must not hide every other namespace's; a note on stderr counts them, with the first one's
-    reason."""
-    out: list[T] = []
+def readable(msgs: Iterable[Msg], decode: Callable[[bytes], T]) -> tuple[list[tuple[Msg, T]], list[str]]:
+    """Each message with ``decode`` of its data, but those it refuses (the service that reads them dead-letters
+    them: one must not hide the others), and why each of those was refused (``subject: reason``)."""
+    out: list[tuple[Msg, T]] = []
     refused: list[str] = []
     for m in msgs:
         try:
-            out.append(decode(m.data))
+            out.append((m, decode(m.data)))
         except InvalidInput as e:
             refused.append(f"{m.subject}: {e}")
-    if refused:
-        print(f"note: {len(refused)} unreadable message(s) skipped, the first {refused[0]}", file=sys.stderr)
-    return out
+    return out, refused
 
 
 async def stream_info(js: Any, stream: str) -> Any:

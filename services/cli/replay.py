@@ -130,18 +130,15 @@ async def main(args: argparse.Namespace) -> int:
             )
         checks: list[tuple[int, int, contract.Decision | contract.UsageSnapshot]] = []
         if args.verify:
-            for m in await opsbus.read(js, contract.DECISIONS_STREAM, f.subject("quota")):
-                try:
-                    d = contract.decode_decision(m.data)
-                except InvalidInput:
-                    continue  # (not a decision: none of the enforcer's to check)
+            # (a message that does not decode is no decision or usage of the services' to check: skipped)
+            decided, _ = opsbus.readable(
+                await opsbus.read(js, contract.DECISIONS_STREAM, f.subject("quota")), contract.decode_decision
+            )
+            for m, d in decided:
                 if not d.dry_run and d.usage_seq and (at_ns is None or position(m).time_ns <= at_ns):
                     checks.append((d.usage_seq, 0, d))
-            for m in await _history(js, f.subject("usage")):
-                try:
-                    u = contract.decode_usage(m.data)
-                except InvalidInput:
-                    continue  # (dead-lettered by the enforcer)
+            used, _ = opsbus.readable(await _history(js, f.subject("usage")), contract.decode_usage)
+            for m, u in used:
                 if u.seq and (at_ns is None or position(m).time_ns <= at_ns):
                     checks.append((u.seq, 1, u))
             checks.sort(key=lambda c: (c[0], c[1]))

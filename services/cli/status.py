@@ -26,12 +26,17 @@ async def rows(js: Any, f: opsbus.Filter) -> list[report.QuotaRow]:
 async def _read(js: Any, f: opsbus.Filter) -> tuple[list[report.QuotaRow], list[str]]:
     """The rows, and the errors of the usage snapshots read (a namespace whose every quota vmquota refuses has no
     row: its errors say why)."""
-    usage = opsbus.decoded(await opsbus.read(js, contract.USAGE_STREAM, f.subject("usage")), contract.decode_usage)
-    decisions = opsbus.decoded(
+    usage, bad = opsbus.readable(
+        await opsbus.read(js, contract.USAGE_STREAM, f.subject("usage")), contract.decode_usage
+    )
+    decided, bad_decisions = opsbus.readable(
         await opsbus.read(js, contract.DECISIONS_STREAM, f.subject("quota")), contract.decode_decision
     )
-    found = report.quota_rows(usage, decisions)
-    return found, [e for u in usage for e in u.errors]
+    bad += bad_decisions
+    if bad:  # (one such message must not hide every other namespace's)
+        print(f"note: {len(bad)} unreadable message(s) skipped, the first {bad[0]}", file=sys.stderr)
+    found = report.quota_rows([u for _, u in usage], (d for _, d in decided))
+    return found, [e for _, u in usage for e in u.errors]
 
 
 def render(found: list[report.QuotaRow], output: str) -> str:

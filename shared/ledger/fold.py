@@ -27,7 +27,8 @@ up to :data:`REFUSAL_GRACE` after the end (the migration's ``deletionTimestamp``
 a deletion; a tenant may take the finalizer off and delete at once, and then the end is the time the watcher
 published the deletion) is marked, whenever it is delivered; the window goes once a pod created after that arrives
 (beyond :data:`WINDOWS_KEPT`, the two that end first are kept as one spanning both). A change of a managed
-quota's policy (an administrator lowering the budget, say) clears the marks: they are about the room ``hard`` held
+quota's policy (an administrator lowering the budget, say; or replacing the quota, whose creation settles what was
+created before it) clears the marks: they are about the room ``hard`` held
 under the old one. For the same reason the pods it finds created since the oldest active migration, or in a window,
 are *settled* (:attr:`NamespaceState.settled`): their creation after a migration no longer holds it back, and they
 are marked again only by growing in a refusal (a pod that took room the budget left, and then the budget lowered
@@ -102,7 +103,7 @@ from shared.kinds import (
     VMIM_KIND,
 )
 from shared.quantity import ZERO, Quantity
-from shared.quota.modes import policy_changed
+from shared.quota.modes import policy_changed, policy_or_error
 from shared.resources import ResourceList, canonical_resource_list, charged_alike, parse_resource_list
 from shared.snapshot import (
     WIRE_SNAPSHOT,
@@ -601,21 +602,8 @@ class NamespaceState:
             elif kind == EVENT_KIND:
                 _kept_in_fold_order(recs, uid)
                 self._refusal(ev.snapshot)
-            elif (
-                kind == QUOTA_KIND
-                and isinstance(self.replaced, QuotaSnapshot)
-                and isinstance(ev.snapshot, QuotaSnapshot)
-                and policy_changed(self.replaced, ev.snapshot)
-            ):
-                self.late.clear()
-                self._settle()
-                # (a creation time is to the second, the API server's; a publish time the watcher's, finer: a pod
-                # stamped in the second the change was published, or the one before, may have come after it)
-                at = parse_rfc3339(ev.time)
-                if at is not None:
-                    at = at.replace(microsecond=0) - SETTLE_MARGIN
-                    if self.settled_until is None or at > self.settled_until:
-                        self.settled_until = at
+            elif kind == QUOTA_KIND and isinstance(ev.snapshot, QuotaSnapshot):
+                self._quota_changed(self.replaced, ev.snapshot, ev.time)
             return _REFRESHED if refreshed else _APPLIED
         if rec is not None and (rv < rec.rv or (rv == rec.rv and rec.snapshot is None)):
             return Outcome.STALE
@@ -846,10 +834,41 @@ class NamespaceState:
         """The existing pods, in no order (:meth:`live` sorts them, again after every change of a pod)."""
         return (r.snapshot for r in (self.objects.get(POD_KIND) or {}).values() if isinstance(r.snapshot, PodSnapshot))
 
-    def _settle(self) -> None:
+    def _quota_changed(self, before: Snapshot | None, now: QuotaSnapshot, published: str) -> None:
+        """A quota's version ``now`` replaced ``before`` (None: it was absent), in an event the watcher published at
+        ``published``: a change of a managed quota's policy clears the marks and settles (see the module). So does a
+        managed quota's creation, as an administrator replacing a quota (a delete and a create, ``kubectl replace
+        --force``, a GitOps tool's) changes the policy as an edit does (the migration waited for as long as the pod
+        ran, as before the edit was settled), but only for what was created before it: its creation is the API
+        server's time, however late its first version is folded."""
+        if isinstance(before, QuotaSnapshot):
+            if not policy_changed(before, now):
+                return
+            self.late.clear()
+            self._settle()
+            # (a creation time is to the second, the API server's; a publish time the watcher's, finer: a pod stamped
+            # in the second the change was published, or the one before, may have come after it)
+            at = parse_rfc3339(published)
+            if at is None:
+                return
+            at = at.replace(microsecond=0) - SETTLE_MARGIN
+        elif before is None and policy_or_error(now) is not None:
+            at = now.creation_timestamp or parse_rfc3339(published)
+            if at is None:
+                return
+            at = at.replace(microsecond=0) - SETTLE_MARGIN
+            self._settle(at)
+            self.late -= self.settled
+        else:
+            return
+        if self.settled_until is None or at > self.settled_until:
+            self.settled_until = at
+
+    def _settle(self, until: datetime | None = None) -> None:
         """A managed quota's policy changed: the pods created since the oldest active migration, or in the window
-        of a refusal that ended, took room the old policy held, if any, and their creation holds no migration back
-        any more (:attr:`settled`, which a later change adds to), as the marks do not."""
+        of a refusal that ended (up to ``until``, when given), took room the old policy held, if any, and their
+        creation holds no migration back any more (:attr:`settled`, which a later change adds to), as the marks do
+        not."""
         starts = [
             m.creation_timestamp
             for m in self.live(VMIM_KIND)
@@ -858,7 +877,7 @@ class NamespaceState:
         starts += [start for start, _ in self.windows.values()]
         oldest = min(starts, default=None)
         if oldest is not None:
-            self._settle_between(oldest, None)
+            self._settle_between(oldest, until)
 
     def _settle_late(self, migration: Snapshot) -> None:
         """A migration's first version, folded after a change of policy (:attr:`settled_until`): the pods created

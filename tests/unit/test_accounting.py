@@ -163,6 +163,33 @@ def test_a_pod_created_after_a_migration_in_room_the_budget_left_does_not_hold_i
     assert taken.state == WAITING and "taken by another pod" in taken.reason, taken
 
 
+@pytest.mark.parametrize("order", ["recreated, then the pod created after it", "the pod folded first"])
+def test_a_budget_lowered_by_replacing_the_quota_settles_what_was_created_before_it_as_an_edit_does(order: str) -> None:
+    """As above, with the administrator lowering the budget by replacing the quota (a delete and a create: ``kubectl
+    replace --force``, a GitOps tool's): a new uid, so no edit of a policy; the migration waited for as long as the
+    pod that took the budget's room ran, node drains included. A managed quota's creation settles what was created
+    before it (its creation time, the API server's, however late its first version is folded); a pod created after
+    it still counts as taking the room."""
+    quota, vmis, pods = full_64gi()
+    filler = pod_obj("filler", {"memory": "1Gi"}, {"memory": "15Gi"}, t=50)
+    migration = vmim_obj("m1", "vm0", t=100, rejected=True)
+    small = pod_obj("small", {"memory": "32Mi"}, {"memory": "32Mi"}, t=101)
+    base = [quota, *vmis, *pods, filler, migration, small]
+    lowered = quota_obj("rq", {"limits.memory": "64Gi"}, budget={"limits.memory": "60Gi"})
+    meta = {**lowered["metadata"], "uid": "rq-rq-2", "creationTimestamp": ts(104)}
+    recreated = {**lowered, "metadata": meta}
+    held = mig(account_history([*base, deleted(quota), recreated]), "m1")
+    assert held.state == PENDING and held.reserved, held
+    grab = pod_obj("grab", {"memory": "1Gi"}, {"memory": "8Gi"}, t=106)  # (created once the quota is replaced)
+    history = (
+        [*base, deleted(quota), recreated, grab]
+        if order.startswith("recreated")
+        else [*base, deleted(quota), grab, recreated]
+    )
+    taken = mig(account_history(history), "m1")
+    assert taken.state == WAITING and "taken by another pod" in taken.reason, taken
+
+
 @pytest.mark.parametrize("late", ["pod", "migration", "both"])
 def test_a_budget_lowered_settles_what_was_created_before_it_whatever_is_folded_after_it(late: str) -> None:
     """The same as above, with the pod's creation (or the migration's refused first version, or both) folded after

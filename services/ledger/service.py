@@ -642,17 +642,20 @@ class LedgerService:
         cluster = msg.subject.split(".")[2] if msg.subject.count(".") >= 4 else ""
         with structlog.contextvars.bound_contextvars(subject=msg.subject, seq=seq, cluster=cluster):
             log.warning("event rejected to the dead-letter subject", reason=reason)
-        await self.bus.publish_dead_letter(
-            self.opts.service,
-            reason,
-            cluster=cluster,
-            original_subject=msg.subject,
-            stream=contract.EVENTS_STREAM,
-            stream_seq=seq,
-            payload=msg.data,
-        )
-        self.dead_letters += 1
-        self._m_dlq.inc()
+            self.dead_letters += 1
+            self._m_dlq.inc()
+            try:
+                await self.bus.publish_dead_letter(
+                    self.opts.service,
+                    reason,
+                    cluster=cluster,
+                    original_subject=msg.subject,
+                    stream=contract.EVENTS_STREAM,
+                    stream_seq=seq,
+                    payload=msg.data,
+                )
+            except Exception as e:  # the reject is logged above; a letter the bus refuses must not stop the ledger
+                log.error("dead letter not published", error=str(e) or type(e).__name__)
 
     # ---- lost events -------------------------------------------------------------------------------------------
     async def _lose(self, last: int) -> None:

@@ -596,6 +596,7 @@ class Bus:
             stream_seq=stream_seq,
             payload=payload,
             msg_id=mid,
+            limit=self.max_payload // 2,
         )
         from_cluster, namespace = contract.subject_scope(original_subject)
         subject = contract.dlq_subject(service, cluster or from_cluster, namespace)

@@ -17,9 +17,6 @@ from shared import contract, text
 from shared.errors import InvalidInput
 from shared.normalize import normalize
 
-_MAX_DLQ_PAYLOAD: Final = 32 * 1024
-"""The most of an object's JSON a dead letter carries (the start of it is what tells what went wrong); with
-:data:`shared.contract.streams.DLQ_PER_SUBJECT` it bounds what one namespace takes of the dead-letter stream."""
 _encode_raw: Final = msgspec.json.Encoder().encode
 
 
@@ -156,10 +153,6 @@ class Emitter:
         """Queue a :class:`shared.contract.DeadLetter` with the raw object, deduplicated per object version."""
         payload = _encode_raw(obj)
         reason = contract.short_reason(reason)  # (it may quote the tenant's text: logged and published once, short)
-        limit = min(_MAX_DLQ_PAYLOAD, self.publisher.max_payload // 2)
-        if len(payload) > limit:
-            reason = f"{reason} (object of {len(payload)} bytes; payload truncated)"
-            payload = payload[:limit]
         raw_meta = obj.get("metadata")
         meta: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
         ns = ident.namespace if ident is not None else str(meta.get("namespace") or "")
@@ -178,7 +171,9 @@ class Emitter:
             original_subject=original,
             payload=payload,
             msg_id=mid,
+            limit=self.publisher.max_payload // 2,
         )
+        reason = letter.reason
         self.log.warning("object sent to the dead-letter subject", kind=kind, namespace=ns, name=name, reason=reason)
         if self.metrics is not None:
             self.metrics.errors.labels(self.cluster, kind, "dlq").inc()

@@ -28,6 +28,7 @@ from shared.contract.codec import decode_event_plain as decode_event_plain
 from shared.contract.codec import decode_relist_request as decode_relist_request
 from shared.contract.codec import decode_usage as decode_usage
 from shared.contract.codec import encode as encode
+from shared.contract.messages import MAX_DLQ_PAYLOAD as MAX_DLQ_PAYLOAD
 from shared.contract.messages import MAX_ERROR_CHARS as MAX_ERROR_CHARS
 from shared.contract.messages import MAX_ERRORS as MAX_ERRORS
 from shared.contract.messages import MAX_REASON as MAX_REASON

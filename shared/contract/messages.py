@@ -307,6 +307,13 @@ def short_reason(reason: str) -> str:
     return f"{reason[:MAX_REASON]}... ({len(reason) - MAX_REASON} more characters)"
 
 
+MAX_DLQ_PAYLOAD: Final = 32 * 1024
+"""The most of the refused message (or object) a dead letter carries: the start of it is what tells what went wrong.
+A letter carries its payload in base64, a third larger: a whole message near the server's ``max_payload`` made a
+letter the server refused, and the service that could not publish it stopped at the same message at every start.
+With :data:`shared.contract.streams.DLQ_PER_SUBJECT` it bounds what one subject takes of the dead-letter stream."""
+
+
 def dead_letter(
     service: str,
     reason: str,
@@ -319,13 +326,19 @@ def dead_letter(
     payload: bytes = b"",
     msg_id: str | None = None,
     time: str | None = None,
+    limit: int = MAX_DLQ_PAYLOAD,
 ) -> tuple[DeadLetter, dict[str, str]]:
     """A :class:`DeadLetter` and its headers (``Vmquota-Reason``: the reason on one line, at most 512 characters,
     every character a terminal would act on escaped (a NATS client prints headers as they are), so an operator
     can filter without decoding); the reason at most
     :data:`MAX_REASON` characters (:func:`short_reason`). ``msg_id`` is the deduplication id,
-    when there is one (the id is made from the time otherwise); ``subject`` defaults to ``original_subject``."""
+    when there is one (the id is made from the time otherwise); ``subject`` defaults to ``original_subject``. The
+    payload is cut to its first ``limit`` bytes (at most :data:`MAX_DLQ_PAYLOAD`), which the reason then says."""
     now = time or rfc3339()
+    limit = max(0, min(limit, MAX_DLQ_PAYLOAD))
+    if len(payload) > limit:  # (said first: a reason may be cut)
+        reason = f"payload of {len(payload)} bytes, truncated to its first {limit}: {reason}"
+        payload = payload[:limit]
     reason = short_reason(reason)
     letter = DeadLetter(
         id=msg_id or f"dlq/{service}/{cluster or '-'}/{now}",

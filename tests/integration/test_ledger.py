@@ -454,6 +454,36 @@ async def test_a_malformed_event_goes_to_the_dlq_and_the_ledger_keeps_going(nats
         await b.close()
 
 
+async def test_an_unreadable_event_near_the_servers_max_payload_is_dead_lettered_cut_and_the_ledger_goes_on(
+    nats_url: str,
+) -> None:
+    """A dead letter carries the refused message in base64, a third larger: an unreadable event of 800 KB (any
+    watcher's credentials may publish one; a newer watcher's schema during an upgrade too) made a letter the server
+    refused, and the ledger stopped with ``MaxPayloadError`` at the same message at every start, for every cluster.
+    The letter carries the message's first ``MAX_DLQ_PAYLOAD`` bytes and says so; the ledger folds what follows."""
+    b = await connect_bus(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        world = World(random.Random(5), ["tenant-a"])
+        good = [world.next() for _ in range(3)]
+        await publish(b, good[:1])
+        huge = b'{"type":"io.vmquota.event.upserted","x":"' + b"a" * 800_000
+        await b.publish("vmquota.ev.c1.tenant-a.pod", huge)
+        await publish(b, good[1:])
+        run = Running(b, options())
+        await wait_until(lambda: run.applied_through(4) or run.task.done(), what="ledger caught up")
+        assert not run.task.done(), run.task.exception()
+        await wait_until(lambda: run.service.dead_letters == 1, what="a dead letter")
+        letter = contract.decode_dead_letter((await b.js.get_msg(contract.DLQ_STREAM, seq=1)).data or b"")
+        assert letter.stream_seq == 2 and letter.payload == huge[: contract.MAX_DLQ_PAYLOAD], len(letter.payload)
+        assert f"payload of {len(huge)} bytes, truncated" in letter.reason, letter.reason
+        state = run.service.ledger.state(CLUSTER, "tenant-a")
+        assert state is not None and len(state.live("Pod")) == sum(isinstance(e, contract.Upserted) for e in good)
+        await run.stop()
+    finally:
+        await b.close()
+
+
 async def test_two_instances_with_disjoint_partitions_never_fold_the_same_namespace(nats_url: str) -> None:
     b = await connect_bus(nats_url)
     try:

@@ -21,11 +21,15 @@ from nats.js.api import (
     ConsumerConfig,
     ConsumerInfo,
     DeliverPolicy,
+    ReplayPolicy,
 )
 
 from services.platform.bus import CALL_BACKOFF, TRANSIENT, Bus, position
 
 log = structlog.get_logger("vmquota.bus")
+
+HEADERS_ONLY = "Nats-Msg-Size"
+"""The header a consumer set to deliver headers only puts in place of a message's body."""
 
 
 def _value(policy: object) -> object:
@@ -68,8 +72,11 @@ class PullConsumer:
 
     Every ``check_interval`` seconds (default: the bus's ``consumer_check``) and right after creating it, the consumer
     reads its durable's configuration back. Any other filter, deliver policy, ack policy or push delivery, or a
-    durable created by someone else (another creation time), means another client changed it: the consumer logs an
-    error with the differences and re-creates its durable from ``next_seq``.
+    durable created by someone else (another creation time), one that delivers headers only, is paused or replays at
+    the original pace, means another client changed it: the consumer logs an error with the differences and
+    re-creates its durable from ``next_seq``. So it does before it passes over messages (a batch that jumps ahead in
+    the stream: a filter another client narrowed passes over messages for good), and when a message comes without
+    its body (headers only): both are read again from a durable as created.
     """
 
     def __init__(
@@ -209,6 +216,12 @@ class PullConsumer:
             "ack_policy": (AckPolicy.NONE.value, _value(have.ack_policy)),
             "durable_name": (self.durable, have.durable_name),
             "deliver_subject": (None, have.deliver_subject or None),
+            # (a durable told to deliver headers only gives every message empty: read as malformed, dead-lettered
+            # and passed by; one paused delivers nothing; one replaying at the original pace, the stream's history
+            # at the speed it was written)
+            "headers_only": (False, bool(have.headers_only)),
+            "pause_until": (None, have.pause_until or None),
+            "replay_policy": (ReplayPolicy.INSTANT.value, _value(have.replay_policy or ReplayPolicy.INSTANT)),
         }
         if self._created is not None:
             checks["created"] = (self._created, info.created)
@@ -223,8 +236,11 @@ class PullConsumer:
         except nats.js.errors.NotFoundError:
             return "consumer vanished"
         differences = self.differences(info)
-        if not differences:
-            return ""
+        return self._changed(differences) if differences else ""
+
+    def _changed(self, differences: dict[str, tuple[object, object]]) -> str:
+        """Another client changed the durable (``differences``: field → (expected, found)): note and log it; the
+        reason to re-create it."""
         self.repairs += 1
         self.last_differences = differences
         log.error(
@@ -334,13 +350,23 @@ class PullConsumer:
                 if at.consumer != self._expected_cseq or at.stream < self.next_seq:
                     why = f"gap: consumer sequence {at.consumer}, expected {self._expected_cseq}"
                     break
-                if at.stream > self.next_seq and self.note_losses and not checked:
-                    checked = True  # (once a batch: what it delivered, the stream held)
+                if not m.data and m.headers and HEADERS_ONLY in m.headers:
+                    # (the durable was changed to deliver headers only since it was checked: read this message
+                    # again, whole, from a durable as created, rather than pass it by as malformed)
+                    why = self._changed({"headers_only": (False, True)})
+                    break
+                if at.stream > self.next_seq and not checked:
+                    # (once a batch: what it passed over, it passed over as created, not by a filter another client
+                    # narrowed since the last check; and, noting losses, what it delivered the stream held)
+                    checked = True
                     try:
-                        await self._note_loss()
+                        why = await self._check()
+                        if not why and self.note_losses:
+                            await self._note_loss()
                     except (*TRANSIENT, nats.js.errors.APIError) as e:
                         why = f"error: {type(e).__name__}"  # (read again from here, and checked on creation)
                         log.warning("stream not read", consumer=self.durable, error=str(e) or type(e).__name__)
+                    if why:
                         break
                 self._expected_cseq += 1
                 self.next_seq = at.stream + 1

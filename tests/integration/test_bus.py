@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -399,6 +400,100 @@ async def test_consumer_repairs_a_durable_tampered_with(nats_url: str) -> None:
         assert "filter_subjects" in c.last_differences
         info = await other.js.consumer_info(contract.EVENTS_STREAM, "t4")
         assert info.config.filter_subject == "vmquota.ev.c1.>"
+        await c.close()
+    finally:
+        await b.close()
+        await other.close()
+
+
+async def test_a_durable_changed_to_deliver_headers_only_loses_no_message(nats_url: str) -> None:
+    """Another client with the right to create consumers on the stream (the operator's replay, any consumer of a
+    single-cluster bus) updates the reader's durable in place to deliver headers only: every message then came empty,
+    was read as malformed, dead-lettered and passed by, and the check, which compared no such field, re-created the
+    durable from after them (a ledger's events, an enforcer's usage snapshot lowering a migration's raise: lost for
+    good). The first message without its body has the durable re-created from it at once, whatever the check's
+    period; the check finds such a durable too."""
+    b = await Bus.connect(NatsOptions(url=nats_url, name="test", consumer_check=3600), connect_timeout=10)
+    other = await _connect(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        await publish_all(b, [("vmquota.ev.c1.ns.pod", b"x", None) for _ in range(3)])
+        c = PullConsumer(
+            b, stream=contract.EVENTS_STREAM, durable="t5", filter_subjects=["vmquota.ev.c1.>"], batch=10, idle=0.1
+        )
+        seen: list[tuple[int, bytes]] = []
+
+        async def read() -> None:
+            async for batch in c.batches():
+                seen.extend((m.metadata.sequence.stream, m.data) for m in batch)
+
+        reader = asyncio.create_task(read())
+        try:
+            await until(lambda: len(seen) >= 3, 10)
+            config = {
+                "name": "t5",
+                "durable_name": "t5",
+                "filter_subject": "vmquota.ev.c1.>",
+                "deliver_policy": "by_start_sequence",
+                "opt_start_seq": 1,
+                "ack_policy": "none",
+                "max_waiting": 16,
+                "inactive_threshold": 3_600_000_000_000,
+                "mem_storage": True,
+                "num_replicas": 1,
+                "headers_only": True,
+            }
+            body = json.dumps({"stream_name": contract.EVENTS_STREAM, "config": config}).encode()
+            answer = await other.nc.request(f"$JS.API.CONSUMER.CREATE.{contract.EVENTS_STREAM}.t5", body, 5)
+            assert "error" not in json.loads(answer.data), answer.data
+            info = await other.js.consumer_info(contract.EVENTS_STREAM, "t5")
+            assert "headers_only" in c.differences(info)
+            await publish_all(other, [("vmquota.ev.c1.ns.pod", b"y", None) for _ in range(5)])
+            await until(lambda: len(seen) >= 8, 10)
+        finally:
+            await runner.cancel(reader)
+        assert seen == [(i, b"x" if i <= 3 else b"y") for i in range(1, 9)], "every message once, whole, in order"
+        assert c.repairs == 1 and "headers_only" in c.last_differences
+        info = await other.js.consumer_info(contract.EVENTS_STREAM, "t5")
+        assert not info.config.headers_only
+        await c.close()
+    finally:
+        await b.close()
+        await other.close()
+
+
+async def test_a_durable_whose_filter_another_client_narrowed_passes_over_nothing(nats_url: str) -> None:
+    """Another client with the right to create consumers on the stream narrows the reader's filter in place (to one
+    namespace): the messages of the others were passed over, and the check, every 30 s, re-created the durable from
+    after them: lost for good. A batch that jumps ahead in the stream has the durable checked before it is taken."""
+    b = await Bus.connect(NatsOptions(url=nats_url, name="test", consumer_check=3600), connect_timeout=10)
+    other = await _connect(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        c = PullConsumer(
+            b, stream=contract.EVENTS_STREAM, durable="t6", filter_subjects=["vmquota.ev.c1.>"], batch=10, idle=0.1
+        )
+        seen: list[int] = []
+
+        async def read() -> None:
+            async for batch in c.batches():
+                seen.extend(m.metadata.sequence.stream for m in batch)
+
+        reader = asyncio.create_task(read())
+        try:
+            await publish_all(b, [("vmquota.ev.c1.a.pod", b"x", None)])
+            await until(lambda: len(seen) >= 1, 10)
+            info = await other.js.consumer_info(contract.EVENTS_STREAM, "t6")
+            narrowed = dataclasses.replace(info.config, filter_subject="vmquota.ev.c1.a.>")
+            await other.js.add_consumer(contract.EVENTS_STREAM, narrowed)
+            info = await other.js.consumer_info(contract.EVENTS_STREAM, "t6")
+            assert info.config.filter_subject == "vmquota.ev.c1.a.>", "the server took the narrowed filter"
+            await publish_all(other, [(f"vmquota.ev.c1.{ns}.pod", b"y", None) for ns in "babab"])
+            await until(lambda: len(seen) >= 6, 10)
+        finally:
+            await runner.cancel(reader)
+        assert seen == list(range(1, 7)), "every message once, in order"
+        assert c.repairs == 1 and "filter_subjects" in c.last_differences
         await c.close()
     finally:
         await b.close()

@@ -325,6 +325,9 @@ async def test_an_instance_waits_for_its_own_reading_of_a_relist_another_instanc
         run_b = Running(b, b_opts)  # (no progress for its layout: replays a stream whose head is gone)
         await wait_until(lambda: bool(run_b.service.lost), what="B notes its loss")
         await publish(b, [pod("alice", f"a{i}", rv + 1 + i) for i in range(24)])  # (partition 0: not A's)
+        published = (await b.js.stream_info(contract.EVENTS_STREAM)).state.last_seq
+        # (B read them: the losses they made, the small stream turning over, noted before the relist answers them)
+        await wait_until(lambda: run_b.applied_through(published), what="B read the pods")
         everything = [pod("victim", "p1", 101), pod("victim", "vm2-launcher", 102), pod("victim", "p3", rv)]
         await relist(b, everything, lost_a, run_b.service.lost)
         marked = (await b.js.stream_info(contract.EVENTS_STREAM)).state.last_seq

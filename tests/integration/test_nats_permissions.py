@@ -888,7 +888,8 @@ async def test_a_clusters_watcher_publishes_only_its_clusters_events(per_cluster
     assert (await wb.js.publish(subject, data)).stream == contract.EVENTS_STREAM
     await wb.nc.publish(contract.event_subject("cluster-a", "Pod", "tenant-a"), b"{}")
     await wb.denied("publish", "vmquota.ev.cluster-a.tenant-a.pod")
-    # dead letters too: a cluster's watcher writes its own cluster's, so it cannot evict another's (256 per subject)
+    # dead letters too: a cluster's watcher writes its own cluster's subjects only (it can still fill the shared
+    # stream's bytes with letters of its own, which drops the oldest of every cluster: docs/operations.md)
     await wb.nc.publish(contract.dlq_subject("watcher", "cluster-a", "tenant-a"), b"{}")
     await wb.denied("publish", "vmquota.dlq.watcher.cluster-a.tenant-a")
     await kept(per_cluster, contract.DLQ_STREAM)

@@ -141,6 +141,38 @@ async def _unless_stopped(
     return work.result()
 
 
+_ATTEMPT_LIMIT: Final = 15.0
+"""How long one try of the first connection may take (nats-py's: two tries of 5 s and a wait between)."""
+
+_AFTER_ERROR: Final = 2.0
+"""How long a try of the first connection may go on once the client reported an error: nats-py 2.16 reports a
+failed TLS handshake (a certificate that does not verify) and then never returns, and the service said nothing."""
+
+_AUTH_REFUSED: Final = "Authorization Violation"
+"""What the server answers to a user or password it does not know."""
+
+
+async def _connect_once(nc: Client, kwargs: dict[str, Any], reported: asyncio.Event) -> None:
+    """``nc.connect(**kwargs)``, given up with a TimeoutError after :data:`_ATTEMPT_LIMIT`, or :data:`_AFTER_ERROR`
+    after the client ``reported`` an error (its error callback sets it)."""
+    work = asyncio.ensure_future(nc.connect(**kwargs))
+    said = asyncio.ensure_future(reported.wait())
+    try:
+        done, _ = await asyncio.wait({work, said}, timeout=_ATTEMPT_LIMIT, return_when=asyncio.FIRST_COMPLETED)
+        if work not in done and said in done:
+            done, _ = await asyncio.wait({work}, timeout=_AFTER_ERROR)
+        if work not in done:
+            raise TimeoutError("no answer from the server")
+        work.result()
+    finally:
+        said.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await nc.close()
+
+
 class Position(NamedTuple):
     """Where a JetStream message is (what nats-py's ``msg.metadata`` gives of it)."""
 
@@ -337,11 +369,13 @@ class Bus:
         holder: list[Bus] = []
         errors = LogThrottle(30.0)
         first: list[str] = []
+        reported = asyncio.Event()
 
         async def error_cb(e: Exception) -> None:
             why = str(e) or type(e).__name__
             if not holder:
                 first.append(why)  # (the first connection: the retry loop below says why, with its backoff)
+                reported.set()
                 return
             repeated = errors.admit(why)
             if repeated is not None:
@@ -389,16 +423,20 @@ class Bus:
         attempt = 0
         while True:
             nc = Client(wants_tls=wants_tls(opts.servers, opts.ca))
+            reported.clear()
             try:
-                await _unless_stopped(nc.connect(**kwargs), stop, on_stop=nc.close)
+                await _unless_stopped(_connect_once(nc, kwargs, reported), stop, on_stop=nc.close)
                 break
             except (TimeoutError, nats.errors.NoServersError, OSError) as e:
                 delay = _CONNECT_BACKOFF.delay(attempt)
                 if deadline is not None and loop.time() + delay > deadline:
                     raise
-                why = first[-1] if first and isinstance(e, nats.errors.NoServersError) else str(e) or type(e).__name__
+                why = first[-1] if first and isinstance(e, (nats.errors.NoServersError, TimeoutError)) else str(e)
+                why = why or type(e).__name__
                 first.clear()
-                log.warning("nats not reachable, retrying", url=opts.url, error=why, retry_in=round(delay, 2))
+                refused = _AUTH_REFUSED in why
+                event = "nats refused the credentials, retrying" if refused else "nats not reachable, retrying"
+                log.warning(event, url=opts.url, error=why, retry_in=round(delay, 2))
                 await _unless_stopped(asyncio.sleep(delay), stop)
                 attempt += 1
         nc.options["max_reconnect_attempts"] = -1  # (nats-py reads it on every reconnect)

@@ -21,6 +21,7 @@ from services.devtools.natsserver import NatsServer
 from services.platform.bus import Bus, NatsOptions
 from shared import contract
 from tests.certs import write_certificates
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -173,3 +174,38 @@ async def test_a_tls_url_served_without_tls_is_sent_no_credentials(nats_url: str
         assert done.returncode == 1 and "did not offer TLS" in err.decode(), err.decode()
         assert len(err.decode().strip().splitlines()) == 1, err.decode()
     assert recorder.sent == b"", bytes(recorder.sent)
+
+
+@pytest.mark.parametrize(
+    "mistake", ["a CA that did not sign the server's certificate", "a password the server refuses"]
+)
+async def test_a_service_says_why_its_first_connection_fails(
+    tls_server: TlsServer, tmp_path: Path, mistake: str
+) -> None:
+    """A service pointed at a server whose certificate its CA does not verify (a wrong ``ca.crt`` in the Secret, a
+    certificate whose names miss the address dialled) hung in its first connection forever, not one line logged:
+    nats-py reports the failed handshake and never returns. And a refused password was logged as a server not
+    reachable. Each try now ends, and says why."""
+    from structlog.testing import capture_logs
+
+    if mistake.startswith("a CA"):
+        other = tmp_path / "other"
+        other.mkdir()
+        write_certificates(other)
+        opts = NatsOptions(
+            url=tls_server.url, ca=str(other / "ca.crt"), user="ledger", password=tls_server.passwords["ledger"]
+        )
+        event, cause = "nats not reachable, retrying", "CERTIFICATE_VERIFY_FAILED"
+    else:
+        opts = NatsOptions(url=tls_server.url, ca=str(tls_server.ca), user="ledger", password="not-the-password")
+        event, cause = "nats refused the credentials, retrying", "Authorization Violation"
+    with capture_logs() as logs:
+        task = asyncio.create_task(Bus.connect(opts))
+        try:
+            await wait_until(lambda: task.done() or any(e["event"] == event for e in logs), what=event)
+            assert not task.done(), task.exception()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    said = [e for e in logs if e["event"] == event]
+    assert cause in said[0]["error"], said[0]

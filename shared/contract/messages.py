@@ -242,6 +242,9 @@ class Decision(_Message, frozen=True, kw_only=True, tag=DECISION):
     reason: str = ""
     usage_seq: int = 0
     """``seq`` of the usage snapshot it was computed from."""
+    charged: dict[str, str] = {}
+    """The quota's ``status.used`` as the API server returned it when ``hard`` was planned, in the resources of
+    ``hard_after``: ``hard`` holds no room for pods the usage counts beyond it (empty: planned without a read)."""
     dry_run: bool = False
 
 

@@ -328,6 +328,10 @@ class Plan:
     """The quota's ``status.hard`` when the plan was made: what quota admission checks."""
     charged_names: frozenset[str] = frozenset()
     """The resources the quota's ``status.used`` has a value for."""
+    charged: ResourceList = field(default_factory=dict)
+    """The quota's ``status.used`` the plan held ``hard`` within (:func:`~shared.quota.equation.within_charged`), in
+    the resources of ``hard_after``: what a decision records, so that ``hard`` is derived again from the usage and
+    it (``vmquota replay --verify``)."""
 
     @property
     def set_hard(self) -> bool:
@@ -473,6 +477,8 @@ def plan(
     the API server charges (:func:`shared.quota.equation.within_charged`). ``status``: the enforcer may write
     ``status.hard`` (False: ``spec.hard`` alone, for the quota controller to copy)."""
     p = _plan(q, usage, previous, managed=managed, charged=charged, write_status=status)
+    if charged is not None:
+        p = replace(p, charged={r: charged[r] for r in p.hard_after if r in charged})
     return p if status else p.spec_only()
 
 

@@ -132,5 +132,6 @@ def decision(p: Plan, *, cluster: str, dry_run: bool, resource_version: str = ""
         hard_after=canonical_resource_list(p.hard_after),
         reason=p.reason,
         usage_seq=p.usage_seq,
+        charged=canonical_resource_list(p.charged),
         dry_run=dry_run,
     )

@@ -194,11 +194,16 @@ def quota_rows(usage: Iterable[UsageSnapshot], decisions: Iterable[Decision] = (
     return rows
 
 
-def refused_quota(errors: Iterable[str]) -> str | None:
-    """The first line of a usage snapshot's ``errors`` that says a quota is not managed (the ledger's own, about a
+def refused_quotas(errors: Iterable[str]) -> list[str]:
+    """The lines of usage snapshots' ``errors`` that say a quota is not managed (the ledger's own, about a
     ResourceQuota: a tenant cannot make one, while its objects' lines may quote what it wrote), for a terminal."""
     prefix = f"{QUOTA_KIND} "
-    return next((printable(e) for e in errors if e.startswith(prefix) and ": not managed: " in e), None)
+    return [printable(e) for e in errors if e.startswith(prefix) and ": not managed: " in e]
+
+
+def refused_quota(errors: Iterable[str]) -> str | None:
+    """The first of :func:`refused_quotas`."""
+    return next(iter(refused_quotas(errors)), None)
 
 
 def _status(u: UsageSnapshot, over: Sequence[str], raised: Sequence[str], vms: Mapping[str, int]) -> str:

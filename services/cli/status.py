@@ -60,6 +60,8 @@ async def main(args: argparse.Namespace) -> int:
                 print(f"{opsbus.command_name(args)}: no managed quota matches {where}", file=sys.stderr)
             return 1
         print(render(found, args.output))
+        for line in report.refused_quotas(errors):  # (a quota an administrator opted in that is not in force)
+            print(f"refused: {line}", file=sys.stderr)
         if not args.watch:
             return 0
         changes: asyncio.Queue[None] = asyncio.Queue()

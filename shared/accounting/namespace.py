@@ -369,7 +369,8 @@ class _Accounting(Admission):
                 try:
                     pol = policy_of(qo)
                 except InvalidInput as err:
-                    self.errors.append(f"{qo.ref}: not managed: {err}")
+                    why = str(err).removeprefix(f"{qo.ref}: ")  # (said once: the line begins with the quota)
+                    self.errors.append(f"{qo.ref}: not managed: {why}")
                     continue
                 if pol is not None:
                     found.append(pol)

@@ -85,9 +85,12 @@ async def test_status_tail_and_replay_after_a_migration_at_full_quota() -> None:
         code, out, err = await vmquota("status", "--nats", url, "-n", "tenant-bogus")
         assert code == 1 and out == "" and len(err.splitlines()) == 1, err
         assert err.startswith("vmquota status: no managed quota in force in */tenant-bogus: ") and "Bogus" in err, err
-        code, out, _ = await vmquota("status", "--nats", url)
+        assert err.count("ResourceQuota tenant-bogus/vm-budget") == 1, f"the quota named once: {err}"
+        code, out, err = await vmquota("status", "--nats", url)
         used = report.readable_list(terms.used)["limits.memory"]
         assert code == 0 and f"limits.memory {used}/64Gi" in out and "tenant-a" in out, out
+        # without a filter, a quota opted in and refused has no row either: it is named on stderr, not left out
+        assert err.startswith("refused: ResourceQuota tenant-bogus/vm-budget: not managed: ") and "Bogus" in err, err
 
         # tail: the decisions as lines, oldest first
         code, out, err = await vmquota("tail", "--nats", url, "--no-follow", "-n", NS)

@@ -383,6 +383,10 @@ API server takes in the Events' lifetime (an hour by default). Accounting reads 
 was refused, each VMI's latest; a namespace whose tenant writes more loses the oldest, its own VMs' evidence only
 (:func:`_kept_in_fold_order`); the deletion of one it does not hold leaves no tombstone."""
 
+ACCOUNTED_OBJECT_KINDS: Final = frozenset({POD_KIND, VMI_KIND, VMIM_KIND, QUOTA_KIND, EVENT_KIND})
+"""The namespaced kinds whose floors a deleted namespace's state raises (:meth:`NamespaceState._compact`), seen or
+not."""
+
 TOMBSTONES_KEPT: Final = 4096
 """The tombstones of one kind (Events aside, which :data:`EVENTS_KEPT` bounds) a namespace's state keeps between
 two sync markers, the latest folded. A sync prunes the tombstones it covers, but a watcher relists only at its start,
@@ -626,7 +630,37 @@ class NamespaceState:
             _kept_in_fold_order(recs, uid)
         else:
             self._entomb(kind, recs, uid)
+        if kind == NAMESPACE_KIND:
+            self._compact()
         return Outcome.APPLIED
+
+    def _compact(self) -> None:
+        """The namespace was deleted: Kubernetes deletes a Namespace once every object in it is gone, so none of its
+        objects exists, whatever this state holds (the watcher sends no deletion of the plain pods of a namespace
+        that stopped being managed, its quota deleted first). They are dropped, tombstones too, and each kind's
+        floor raised to the newest version seen, the Namespace's deletion's at least, so that no late version
+        brings one back (a namespace made again under the name is newer); what the state remembers of its objects
+        goes with them. A namespace deleted used to keep all that (a sync lists only namespaces that exist) in
+        memory and in its checkpoint for as long as the ledger ran."""
+        top = max((r.rv for recs in self.objects.values() for r in recs.values()), default=-1)
+        for kind in {*self.objects, *ACCOUNTED_OBJECT_KINDS} - {NAMESPACE_KIND}:
+            self.floors[kind] = max(self.floors.get(kind, -1), top)
+            self.objects.pop(kind, None)
+        self.tombs.clear()
+        self._live.clear()
+        self.late.clear()
+        self.settled.clear()
+        self.windows.clear()
+        self.departed.clear()
+        self.departed_vmis.clear()
+        self.made_for.clear()
+        self.grew_unnamed.clear()
+        self.refused.clear()
+        self.attach_refs.clear()
+        self.awaiting.clear()
+        self.attaching = set()
+        self.refused_from = _UNKNOWN
+        self.pending_jobs = _UNKNOWN
 
     def _entomb(self, kind: str, recs: dict[str, Record], uid: str) -> None:
         """``recs[uid]`` of ``kind`` just became a tombstone: the latest :data:`TOMBSTONES_KEPT` are kept, the one

@@ -1079,6 +1079,37 @@ def test_the_tombstones_a_tenants_churn_leaves_between_two_relists_are_bounded()
         assert len(state.objects["Pod"]) == 3
 
 
+def test_a_deleted_namespace_keeps_nothing_of_its_objects_and_takes_none_back() -> None:
+    """Kubernetes deletes a Namespace once every object in it is gone, but the ledger kept what it held of it for as
+    long as it ran: the plain pods of a namespace that stopped being managed (the watcher sends no deletion of them),
+    every tombstone (a sync lists only namespaces that exist), in memory, in the checkpoint, at every start. Its
+    deletion drops all of it and raises the floors, so that a late older version brings nothing back; a namespace
+    made again under the name is newer and folds as any."""
+    ns = "ci-1"
+    events: list[Event] = [
+        up("n1", 1, ns=ns, kind="Namespace"),
+        up("plain", 2, ns=ns),
+        up("launcher", 3, ns=ns),
+        up("vmi", 4, ns=ns, kind="VirtualMachineInstance"),
+        down("launcher", 5, ns=ns),
+        up("e1", 6, ns=ns, kind="Event", reason="FailedCreate", involved_kind="VirtualMachineInstance"),
+        down("n1", 9, ns=ns, kind="Namespace"),
+    ]
+    folds = _cut_folds(events)
+    assert all(f.fingerprint() == folds[0].fingerprint() for f in folds), "the same from checkpoints and replay"
+    led = folds[0]
+    state = led.state("c1", ns)
+    assert state is not None
+    assert {k: len(v) for k, v in state.objects.items()} == {"Namespace": 1}, state.objects
+    assert len(state.checkpoint()) < 600, state.checkpoint()
+    seq = len(events)
+    assert led.apply(down("vmi", 7, ns=ns, kind="VirtualMachineInstance"), seq + 1) is Outcome.STALE
+    assert led.apply(up("late", 8, ns=ns), seq + 2) is Outcome.STALE, "older than the namespace's deletion"
+    assert led.apply(up("n2", 10, ns=ns, kind="Namespace"), seq + 3) is Outcome.APPLIED, "made again"
+    assert led.apply(up("p2", 11, ns=ns), seq + 4) is Outcome.APPLIED
+    assert sorted(live_uids(led, ns=ns)) == ["p2"]
+
+
 _TOMB_OPS = st.lists(
     st.tuples(st.sampled_from(["up", "down", "down", "sync"]), st.integers(0, 7), st.sets(st.integers(0, 7))),
     max_size=40,

@@ -29,7 +29,11 @@ from services.platform.bus import CALL_BACKOFF, TRANSIENT, Bus, position
 log = structlog.get_logger("vmquota.bus")
 
 HEADERS_ONLY = "Nats-Msg-Size"
-"""The header a consumer set to deliver headers only puts in place of a message's body."""
+"""The header a consumer set to deliver headers only puts in place of a message's body (a publisher may set it too)."""
+
+JUMP_CHECK_GAP = 0.25
+"""Least time between two checks of the durable that jumps ahead in the stream start (a filter on a stream of many
+subjects, or one that keeps the last message of each, jumps at nearly every message)."""
 
 
 def _value(policy: object) -> object:
@@ -74,9 +78,11 @@ class PullConsumer:
     reads its durable's configuration back. Any other filter, deliver policy, ack policy or push delivery, or a
     durable created by someone else (another creation time), one that delivers headers only, is paused or replays at
     the original pace, means another client changed it: the consumer logs an error with the differences and
-    re-creates its durable from ``next_seq``. So it does before it passes over messages (a batch that jumps ahead in
-    the stream: a filter another client narrowed passes over messages for good), and when a message comes without
-    its body (headers only): both are read again from a durable as created.
+    re-creates its durable from ``next_seq``. It checks beside the reading when it passes over messages (a jump ahead
+    in the stream, at most every :data:`JUMP_CHECK_GAP`: a filter another client narrowed passes over messages for
+    good), and a durable found changed is re-created from the first jump since the last check, what came meanwhile
+    read again (readers fold by sequence and version); and before it gives on a message without its body (headers
+    only: if the server says so, it is read again, whole; else a publisher set the header, and it is given on).
     """
 
     def __init__(
@@ -114,6 +120,13 @@ class PullConsumer:
         self._created: object = None
         """The server's creation time of the durable this consumer created."""
         self._next_check = 0.0
+        self._unchecked_from: int | None = None
+        """The earliest position (a ``next_seq``) this consumer passed over messages from, by a jump ahead in the
+        stream, since the durable was last checked: re-read from there if a check finds it changed."""
+        self._checking: asyncio.Task[str] | None = None
+        """A check of the durable running beside the reading, for the jumps from ``_checking_from`` on."""
+        self._checking_from: int | None = None
+        self._checked_at = -JUMP_CHECK_GAP
         self._sub: JetStreamContext.PullSubscription | None = None
         self._epoch = -1
         self._expected_cseq = 1
@@ -162,7 +175,54 @@ class PullConsumer:
         )
         return True
 
+    def _unverified(self) -> None:
+        """Read again from the earliest position messages were passed over from since the durable was last found as
+        created (the durable is re-created: whatever it was meanwhile, what it passed over is read again; the readers
+        fold by sequence and version, so a message read twice changes nothing)."""
+        if self._checking is not None:
+            self._checking.cancel()
+            self._checking = None
+        starts = [p for p in (self._unchecked_from, self._checking_from) if p is not None]
+        self._unchecked_from = self._checking_from = None
+        if starts and min(starts) < self.next_seq:
+            log.warning(
+                "reading again what was passed over since the consumer was last checked",
+                stream=self.stream,
+                consumer=self.durable,
+                from_seq=min(starts),
+                next_seq=self.next_seq,
+            )
+            self.next_seq = min(starts)
+
+    def _check_beside(self) -> None:
+        """Start a check of the durable beside the reading for the jumps not checked yet, at most every
+        :data:`JUMP_CHECK_GAP` seconds."""
+        now = asyncio.get_running_loop().time()
+        if self._unchecked_from is None or self._checking is not None or now < self._checked_at + JUMP_CHECK_GAP:
+            return
+        self._checked_at = now
+        self._checking_from, self._unchecked_from = self._unchecked_from, None
+        self._checking = asyncio.create_task(self._check(), name=f"check-{self.durable}")
+
+    def _checked_beside(self) -> str:
+        """The outcome of a check run beside the reading that has ended: the reason to re-create the durable
+        (re-reading from what it covered), or ""."""
+        task, self._checking = self._checking, None
+        assert task is not None
+        covered, self._checking_from = self._checking_from, None
+        try:
+            why = task.result()
+        except (*TRANSIENT, nats.js.errors.APIError) as e:  # (not known: the next check covers it too)
+            log.warning("consumer not checked", consumer=self.durable, error=str(e) or type(e).__name__)
+            if covered is not None:
+                self._unchecked_from = min(covered, self._unchecked_from or covered)
+            return ""
+        if why:
+            self._checking_from = covered  # (read again from it as the durable is re-created: _unverified)
+        return why
+
     async def _recreate(self, why: str) -> None:
+        self._unverified()
         if self._sub is not None:
             try:
                 await self._sub.unsubscribe()
@@ -314,10 +374,15 @@ class PullConsumer:
                 if self.bus.epoch != self._epoch:
                     why = "reconnected"
                     continue
+                if self._checking is not None and self._checking.done():
+                    why = self._checked_beside()
+                    if why:
+                        continue
                 if asyncio.get_running_loop().time() >= self._next_check:
                     why = await self._check()
                     if why:
                         continue
+                self._check_beside()
                 assert self._sub is not None
                 try:
                     # One message first: nats-py's fetch(n) holds a long-poll open until n messages or the
@@ -344,39 +409,50 @@ class PullConsumer:
             attempt = 0
             self._idle_fetches = 0
             good: list[Msg] = []
-            checked = False
+            checked = bodiless = False
             for m in msgs:
                 at = position(m)
                 if at.consumer != self._expected_cseq or at.stream < self.next_seq:
                     why = f"gap: consumer sequence {at.consumer}, expected {self._expected_cseq}"
                     break
-                if not m.data and m.headers and HEADERS_ONLY in m.headers:
-                    # (the durable was changed to deliver headers only since it was checked: read this message
-                    # again, whole, from a durable as created, rather than pass it by as malformed)
-                    why = self._changed({"headers_only": (False, True)})
-                    break
-                if at.stream > self.next_seq and not checked:
-                    # (once a batch: what it passed over, it passed over as created, not by a filter another client
-                    # narrowed since the last check; and, noting losses, what it delivered the stream held)
-                    checked = True
+                if not m.data and m.headers and HEADERS_ONLY in m.headers and not bodiless:
+                    # (once a batch: the durable may have been changed to deliver headers only since it was
+                    # checked; if the server says so, this message is read again, whole, from a durable as created,
+                    # rather than passed by as malformed; a publisher may have set the header, and then it is one)
+                    bodiless = True
                     try:
                         why = await self._check()
-                        if not why and self.note_losses:
-                            await self._note_loss()
                     except (*TRANSIENT, nats.js.errors.APIError) as e:
-                        why = f"error: {type(e).__name__}"  # (read again from here, and checked on creation)
-                        log.warning("stream not read", consumer=self.durable, error=str(e) or type(e).__name__)
+                        why = f"error: {type(e).__name__}"
                     if why:
                         break
+                if at.stream > self.next_seq:
+                    # (a jump: what it passed over, it passed over as created, not by a filter another client
+                    # narrowed since the last check: a check beside the reading finds that out, and the durable is
+                    # then re-created from here)
+                    if self._unchecked_from is None:
+                        self._unchecked_from = self.next_seq
+                    if self.note_losses and not checked:
+                        checked = True  # (once a batch: what it delivered, the stream held)
+                        try:
+                            await self._note_loss()
+                        except (*TRANSIENT, nats.js.errors.APIError) as e:
+                            why = f"error: {type(e).__name__}"  # (read again from here, and checked on creation)
+                            log.warning("stream not read", consumer=self.durable, error=str(e) or type(e).__name__)
+                            break
                 self._expected_cseq += 1
                 self.next_seq = at.stream + 1
                 self.pending = at.pending
                 self.drained = at.pending == 0
                 good.append(m)
+            self._check_beside()
             if good:
                 yield good
 
     async def close(self) -> None:
+        if self._checking is not None:
+            self._checking.cancel()
+            self._checking = None
         if self._sub is not None:
             try:
                 await self._sub.unsubscribe()

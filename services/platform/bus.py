@@ -145,8 +145,9 @@ _ATTEMPT_LIMIT: Final = 15.0
 """How long one try of the first connection may take (nats-py's: two tries of 5 s and a wait between)."""
 
 _AFTER_ERROR: Final = 2.0
-"""How long a try of the first connection may go on once the client reported an error: nats-py 2.16 reports a
-failed TLS handshake (a certificate that does not verify) and then never returns, and the service said nothing."""
+"""How long a try of the first connection may go on once the client reported a TLS or credentials error: nats-py 2.16
+reports a failed TLS handshake (a certificate that does not verify) and then never returns, and the service said
+nothing. (Another error, a node of several that is down, leaves the client to try the next.)"""
 
 _AUTH_REFUSED: Final = "Authorization Violation"
 """What the server answers to a user or password it does not know."""
@@ -375,7 +376,8 @@ class Bus:
             why = str(e) or type(e).__name__
             if not holder:
                 first.append(why)  # (the first connection: the retry loop below says why, with its backoff)
-                reported.set()
+                if isinstance(e, ssl.SSLError) or _AUTH_REFUSED in why:  # (not a node that is down: the next may do)
+                    reported.set()
                 return
             repeated = errors.admit(why)
             if repeated is not None:

@@ -549,6 +549,36 @@ async def test_a_tenants_event_of_a_megabyte_is_a_short_dead_letter_and_the_watc
     assert not w.task.done()
 
 
+async def test_a_tenants_object_nested_past_the_decoders_depth_stops_no_watcher(
+    cluster: Cluster, tap: Tap, start_watcher: StartWatcher
+) -> None:
+    """A field KubeVirt keeps unknown (a VM's template metadata; a VMI's ``spec.domain.clock``) nests 1,200 deep,
+    which the API server takes (Go's decoder goes to 10,000): msgspec raised RecursionError, which nothing caught,
+    and the watcher stopped for every namespace, again at every start (its list met the object). The object is read
+    with what is nested past 64 levels as null, and published; a watcher started afterwards lists it too."""
+    w = await start_watcher()
+    await tap.wait("the namespaces", lambda: len(tap.of(Upserted, "Namespace")) == 4)
+    nested: Any = 1
+    for _ in range(1200):
+        nested = {"x": nested}
+    template = {"metadata": {"annotations": {}, "x": nested}, "spec": {"domain": {"devices": {}}}}
+    vm = {"metadata": {"name": "deep"}, "spec": {"running": False, "template": template}}
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(5000)  # (the simulator's store is Python, which the API server is not)
+    try:
+        await cluster.create("virtualmachines", vm, "b")
+    finally:
+        sys.setrecursionlimit(limit)
+    await cluster.create("pods", pod("after"), "a")
+    await tap.wait("the VM and the next pod", lambda: bool(tap.of(Upserted, "VirtualMachine", "deep")))
+    await tap.wait("the next pod", lambda: tap.live("a", "Pod") == ["after"])
+    await w.stop()
+    again = await start_watcher("w2")
+    await cluster.create("pods", pod("later"), "a")
+    await tap.wait("the restarted watcher's next pod", lambda: tap.live("a", "Pod") == ["after", "later"])
+    assert not again.task.done()
+
+
 async def test_one_namespaces_flood_of_dead_letters_leaves_another_namespaces_letters(
     cluster: Cluster, tap: Tap, start_watcher: StartWatcher, nats_server: NatsServer
 ) -> None:

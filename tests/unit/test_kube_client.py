@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from services.platform.kube import MAX_DEPTH, decode_json, shallow
 from services.platform.kubeclient import env_proxy, kube_client
 from shared.errors import InvalidInput
 
@@ -96,3 +101,49 @@ async def test_an_unusable_kubeconfig_is_one_line_naming_the_flag(
     with pytest.raises(InvalidInput) as e:
         await kube_client(str(path))
     assert e.value.where == "--kubeconfig (VMQUOTA_KUBECONFIG)" and phrase in e.value.message, e.value
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='ab"\\[]{}\u00e9 ', max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(alphabet='k"\\[]{', max_size=3), inner, max_size=3)
+    ),
+    max_leaves=25,
+)
+
+
+def _pruned(value: Any, depth: int, level: int = 0) -> Any:
+    """What :func:`shallow` must make of ``value``: every array and object deeper than ``depth`` as None."""
+    if isinstance(value, (list, dict)):
+        if level >= depth:
+            return None
+        if isinstance(value, list):
+            return [_pruned(v, depth, level + 1) for v in value]
+        return {k: _pruned(v, depth, level + 1) for k, v in value.items()}
+    return value
+
+
+@settings(max_examples=400, deadline=None)
+@given(value=_JSON, depth=st.integers(0, 4))
+def test_shallow_replaces_what_is_nested_deeper_than_the_depth_and_keeps_the_rest(value: Any, depth: int) -> None:
+    """Strings with brackets, quotes and escapes in them, at any depth, are kept as they are."""
+    data = msgspec.json.encode(value)
+    assert msgspec.json.decode(shallow(data, depth)) == _pruned(value, depth)
+
+
+def test_a_document_nested_deeper_than_the_decoder_goes_is_read_with_its_deep_parts_as_null() -> None:
+    """msgspec raises RecursionError (not DecodeError) past Python's recursion limit, which a tenant's VMI reaches
+    through a field KubeVirt keeps unknown (``spec.domain.clock``): the watcher stopped, at every start."""
+    body = (
+        b'{"kind":"VirtualMachineInstance","metadata":{"name":"vm\\"1"},"spec":{"domain":{"clock":'
+        + (b'{"x":' * 5000 + b"1" + b"}" * 5000)
+        + b"}}}"
+    )
+    with pytest.raises(RecursionError):
+        msgspec.json.decode(body)
+    doc = decode_json(body)
+    assert doc["metadata"] == {"name": 'vm"1'} and doc["kind"] == "VirtualMachineInstance"
+    clock = doc["spec"]["domain"]["clock"]
+    for _ in range(MAX_DEPTH - 4):  # (the clock is the document's fourth level)
+        clock = clock["x"]
+    assert clock == {"x": None}

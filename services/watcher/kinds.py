@@ -120,6 +120,15 @@ class PodListWatch(ListWatch):
         now = self.w.managed.epochs()
         return {ns: diff.present.get(ns, []) for ns, e in now.items() if epochs.get(ns) == e}
 
+    def judged(self, vanished: list[tuple[str, Tracked]], context: Any) -> list[tuple[str, Tracked]]:
+        """Only in namespaces whose managed state did not change during the list: one that became managed meanwhile
+        had its pods listed by its backfill (the list skipped them, unmanaged then), and a pod the backfill published
+        was taken for vanished and published deleted while it ran (the backfill's sync, already on the bus, kept the
+        ledger from taking it back: the namespace undercounted until the pod changed)."""
+        epochs: dict[str, int] = context
+        now = self.w.managed.epochs()
+        return [(uid, t) for uid, t in vanished if epochs.get(t.namespace) == now.get(t.namespace)]
+
     def became_managed(self, namespace: str) -> None:
         if not self.started:
             return  # the first list will cover it

@@ -31,6 +31,7 @@ from services.watcher.loop import (
     is_newer,
     sync_namespaces,
 )
+from shared import contract
 from shared.errors import InvalidInput
 from shared.kinds import CLUSTER_SCOPED_KINDS, POD_KIND
 from shared.snapshot import labelled_launcher
@@ -82,8 +83,12 @@ class ListWatch:
         spaces = sync_namespaces(diff, before, self.w.cluster_namespaces())
         return {ns: diff.present.get(ns, []) for ns in spaces}
 
+    def judged(self, vanished: list[tuple[str, Tracked]], context: Any) -> list[tuple[str, Tracked]]:
+        """Of the objects a list lacks, those it speaks for (``context``: :meth:`list_context`): all of them."""
+        return vanished
+
     def list_context(self) -> Any:
-        """Taken before a list starts; handed to ``sync_plan``."""
+        """Taken before a list starts; handed to ``sync_plan`` and ``judged``."""
         return None
 
     reads: str | None = None
@@ -197,7 +202,7 @@ class ListWatch:
         list_rv_int = int(list_rv)
         self.relisted()
         diff = diff_relist(self.known.snapshot(), listed, list_rv_int)
-        for uid, t in diff.vanished:
+        for uid, t in self.judged(diff.vanished, context):
             self.known.pop(uid)
             self.w.emitter.delete(self.kind, None, uid=uid, namespace=t.namespace, name=t.name, rv=str(t.rv), obj=None)
         plan = self.sync_plan(diff, before, context)
@@ -227,9 +232,13 @@ class ListWatch:
         async with contextlib.aclosing(stream):  # close the connection at once when handling fails
             async for ev in stream:
                 if ev.type == "BOOKMARK":
-                    rv = (ev.object.get("metadata") or {}).get("resourceVersion")
-                    if isinstance(rv, str) and rv:
-                        self.rv = rv
+                    meta = ev.object.get("metadata")
+                    rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+                    # (a version that is not one, from a proxy or a broken server: every watch sent it was refused
+                    # with a 400, backed off and sent again, and the kind's events stopped for good)
+                    with contextlib.suppress(InvalidInput):
+                        contract.resource_version(rv, "a bookmark's resourceVersion")
+                        self.rv = str(rv)
                     continue
                 if ev.type == "ERROR":
                     raise kube.error_from_status(ev.object)

@@ -320,7 +320,7 @@ class Enforcer:
                 lag_gauge.set(consumer.pending)
             if seq_gauge is not None:
                 seq_gauge.set(consumer.next_seq - 1)
-            if not self._caught_up[what] and (not batch or consumer.pending == 0):
+            if not self._caught_up[what] and not consumer.failing and (not batch or consumer.pending == 0):
                 self._caught_up_with(what, consumer)
 
     def _caught_up_with(self, what: str, consumer: PullConsumer) -> None:

@@ -112,6 +112,9 @@ class PullConsumer:
         """Whether the last batch left nothing in the stream for this consumer (nothing pending after it, as the
         server said with its last message; an empty batch says nothing: see :meth:`nothing_pending`)."""
         self.recreations = 0
+        self.failing = False
+        """Whether the last batch was an empty one given for an error (the durable could not be made or read: a
+        permission refused, the stream missing), not for an idle read: it says nothing of being caught up."""
         self.check_interval = check_interval if check_interval is not None else bus.consumer_check
         self.repairs = 0
         """Re-creations because the durable was not what this consumer had created."""
@@ -393,6 +396,7 @@ class PullConsumer:
                         with contextlib.suppress(TimeoutError):  # the backlog may have been purged meanwhile
                             msgs += await self._sub.fetch(backlog, timeout=self.idle)
                 except TimeoutError:  # nats.errors.TimeoutError, or asyncio's when the fetch deadline runs out first
+                    self.failing = False
                     self._idle_fetches += 1
                     if self._idle_fetches % 5 == 0 and not await self._consumer_exists():
                         why = "consumer vanished"
@@ -402,10 +406,12 @@ class PullConsumer:
             except (*TRANSIENT, nats.js.errors.APIError) as e:
                 log.warning("consumer error, re-creating", consumer=self.durable, error=str(e) or type(e).__name__)
                 why = f"error: {type(e).__name__}"
+                self.failing = True
                 await asyncio.sleep(CALL_BACKOFF.delay(attempt))
                 attempt += 1
                 yield []  # the reader runs its timers and sees a stop while the stream is unavailable
                 continue
+            self.failing = False
             attempt = 0
             self._idle_fetches = 0
             good: list[Msg] = []

@@ -541,6 +541,26 @@ async def test_a_durable_whose_filter_another_client_narrowed_passes_over_nothin
         await other.close()
 
 
+async def test_an_empty_batch_says_whether_the_consumer_read_or_failed(nats_url: str) -> None:
+    """An empty batch is given both when nothing came within ``idle`` and when the durable could not be made or read
+    (a permission refused, a stream missing): an enforcer took the second for caught up, and logged "usage caught up"
+    with a consumer that never existed. ``failing`` tells them apart."""
+    b = await Bus.connect(NatsOptions(url=nats_url, name="test"), connect_timeout=10)
+    try:
+        missing = PullConsumer(b, stream="VMQUOTA_NOPE", durable="t8", filter_subjects=["vmquota.nope.>"], idle=0.1)
+        batches = missing.batches()
+        assert await anext(batches) == [] and missing.failing
+        await batches.aclose()
+        await b.ensure_streams(contract.streams())
+        idle = PullConsumer(b, stream=contract.EVENTS_STREAM, durable="t9", filter_subjects=["vmquota.ev.>"], idle=0.1)
+        batches = idle.batches()
+        assert await anext(batches) == [] and not idle.failing
+        await batches.aclose()
+        await idle.close()
+    finally:
+        await b.close()
+
+
 async def test_every_stream_and_the_bucket_have_a_size_limit(nats_url: str) -> None:
     """Each stream and the checkpoint bucket are bounded in bytes as well as in age, so together they fit the
     volume (the NATS component's 10Gi); the sizes are settings, and a changed size is applied to what exists."""

@@ -631,36 +631,37 @@ class NamespaceState:
         else:
             self._entomb(kind, recs, uid)
         if kind == NAMESPACE_KIND:
-            self._compact()
+            self._compact(rv, ev.time)
         return Outcome.APPLIED
 
-    def _compact(self) -> None:
-        """The namespace was deleted: Kubernetes deletes a Namespace once every object in it is gone, so none of its
-        objects exists, whatever this state holds (the watcher sends no deletion of the plain pods of a namespace
-        that stopped being managed, its quota deleted first). They are dropped, tombstones too, and each kind's
-        floor raised to the newest version seen, the Namespace's deletion's at least, so that no late version
-        brings one back (a namespace made again under the name is newer); what the state remembers of its objects
-        goes with them. A namespace deleted used to keep all that (a sync lists only namespaces that exist) in
-        memory and in its checkpoint for as long as the ledger ran."""
-        top = max((r.rv for recs in self.objects.values() for r in recs.values()), default=-1)
+    def _compact(self, deleted_at: int, published: str) -> None:
+        """The namespace was deleted at version ``deleted_at`` (published at ``published``): Kubernetes deletes a
+        Namespace once every object in it is gone, so none of those this state holds at or below that version exists,
+        whatever the state says (the watcher sends no deletion of the plain pods of a namespace that stopped being
+        managed, its quota deleted first). They are dropped, tombstones too, each kind's floor raised to the
+        deletion's version so that no late version brings one back, and what the state remembers of them goes with
+        them. A namespace made again under the name is newer: its objects, which another kind's watch may have
+        brought before this deletion, are kept. A namespace deleted used to keep all that (a sync lists only
+        namespaces that exist) in memory and in its checkpoint for as long as the ledger ran."""
+        for kind in [k for k in self.objects if k != NAMESPACE_KIND]:
+            recs = self.objects[kind]
+            tombs = self.tombs.get(kind)
+            for uid in [u for u, r in recs.items() if r.rv <= deleted_at]:
+                gone = recs.pop(uid).snapshot
+                if tombs:
+                    tombs.pop(uid, None)
+                if gone is not None:
+                    self.late.discard(uid)
+                    self.settled.discard(uid)
+                    self._gone(kind, uid, gone)
+                    if kind == VMIM_KIND:
+                        self._migration_changed(uid, gone, None, published)
+            self._live.pop(kind, None)
+            if not recs:
+                del self.objects[kind]
         for kind in {*self.objects, *ACCOUNTED_OBJECT_KINDS} - {NAMESPACE_KIND}:
-            self.floors[kind] = max(self.floors.get(kind, -1), top)
-            self.objects.pop(kind, None)
-        self.tombs.clear()
-        self._live.clear()
-        self.late.clear()
-        self.settled.clear()
-        self.windows.clear()
-        self.departed.clear()
-        self.departed_vmis.clear()
-        self.made_for.clear()
-        self.grew_unnamed.clear()
-        self.refused.clear()
-        self.attach_refs.clear()
-        self.awaiting.clear()
-        self.attaching = set()
-        self.refused_from = _UNKNOWN
-        self.pending_jobs = _UNKNOWN
+            self.floors[kind] = max(self.floors.get(kind, -1), deleted_at)
+        self.departed_vmis = self._departed_vmis()
 
     def _entomb(self, kind: str, recs: dict[str, Record], uid: str) -> None:
         """``recs[uid]`` of ``kind`` just became a tombstone: the latest :data:`TOMBSTONES_KEPT` are kept, the one

@@ -1110,6 +1110,24 @@ def test_a_deleted_namespace_keeps_nothing_of_its_objects_and_takes_none_back() 
     assert sorted(live_uids(led, ns=ns)) == ["p2"]
 
 
+def test_a_namespace_made_again_keeps_what_came_before_the_old_ones_deletion_was_folded() -> None:
+    """The namespace is deleted (at 9) and made again under its name at once; the pod watch brings the new
+    namespace's pod (at 11) before the Namespace watch brings the old one's deletion: the pod is newer than the
+    deletion, and kept."""
+    ns = "ci-2"
+    led = fold(
+        [
+            up("n1", 1, ns=ns, kind="Namespace"),
+            up("old", 2, ns=ns),
+            up("new", 11, ns=ns),
+            down("n1", 9, ns=ns, kind="Namespace"),
+            up("n2", 10, ns=ns, kind="Namespace"),
+        ]
+    )
+    assert sorted(live_uids(led, ns=ns)) == ["new"]
+    assert live_uids(led, ns=ns, kind="Namespace") == {"n2": 10}
+
+
 _TOMB_OPS = st.lists(
     st.tuples(st.sampled_from(["up", "down", "down", "sync"]), st.integers(0, 7), st.sets(st.integers(0, 7))),
     max_size=40,

@@ -31,6 +31,10 @@ log = structlog.get_logger("vmquota.bus")
 HEADERS_ONLY = "Nats-Msg-Size"
 """The header a consumer set to deliver headers only puts in place of a message's body (a publisher may set it too)."""
 
+REWINDS = 3
+"""How often in a row the reading goes back to the same position for a durable found changed before it reads on
+(see ``PullConsumer._unverified``)."""
+
 JUMP_CHECK_GAP = 0.25
 """Least time between two checks of the durable that jumps ahead in the stream start (a filter on a stream of many
 subjects, or one that keeps the last message of each, jumps at nearly every message)."""
@@ -130,6 +134,11 @@ class PullConsumer:
         """A check of the durable running beside the reading, for the jumps from ``_checking_from`` on."""
         self._checking_from: int | None = None
         self._checked_at = -JUMP_CHECK_GAP
+        self._rewound = (0, 0)
+        """The position the reading last went back to, and how often in a row."""
+        self._as_created: dict[str, tuple[object, object]] = {}
+        """How the durable differed from what this consumer asks for as the server made it (a server that takes a
+        field otherwise): not another client's change, and not repaired again at every check."""
         self._sub: JetStreamContext.PullSubscription | None = None
         self._epoch = -1
         self._expected_cseq = 1
@@ -187,15 +196,24 @@ class PullConsumer:
             self._checking = None
         starts = [p for p in (self._unchecked_from, self._checking_from) if p is not None]
         self._unchecked_from = self._checking_from = None
-        if starts and min(starts) < self.next_seq:
-            log.warning(
-                "reading again what was passed over since the consumer was last checked",
-                stream=self.stream,
-                consumer=self.durable,
-                from_seq=min(starts),
-                next_seq=self.next_seq,
+        if not starts or min(starts) >= self.next_seq:
+            return
+        start = min(starts)
+        times = self._rewound[1] + 1 if self._rewound[0] == start else 1
+        self._rewound = (start, times)
+        where = {"stream": self.stream, "consumer": self.durable, "from_seq": start, "next_seq": self.next_seq}
+        if times > REWINDS:
+            # (changed again each time it is made, faster than it is checked: reading that stretch again would never
+            # end, and reading on may have passed messages over; a reader that notes losses has them mended)
+            log.error(
+                "the durable is changed as soon as it is made: reading on, what it passed over may be lost", **where
             )
-            self.next_seq = min(starts)
+            if self.note_losses:
+                first = min(start, self._loss.first) if self._loss is not None else start
+                self._loss = Loss(first, self.next_seq, self.next_seq - 1)
+            return
+        log.warning("reading again what was passed over since the consumer was last checked", **where)
+        self.next_seq = start
 
     def _check_beside(self) -> None:
         """Start a check of the durable beside the reading for the jumps not checked yet, at most every
@@ -259,8 +277,8 @@ class PullConsumer:
         self._idle_fetches = 0
         self.recreations += 1
         log.info("consumer created", stream=self.stream, consumer=self.durable, start_seq=self.next_seq, why=why)
-        differences = self.differences(info)
-        if differences:  # (a server that ignores a field, or another client in between)
+        differences = self._as_created = self.differences(info)
+        if differences:  # (a server that takes a field otherwise)
             log.error(
                 "consumer created with another configuration",
                 stream=self.stream,
@@ -298,7 +316,8 @@ class PullConsumer:
             info = await self.bus.js.consumer_info(self.stream, self.durable)
         except nats.js.errors.NotFoundError:
             return "consumer vanished"
-        differences = self.differences(info)
+        made = self._as_created
+        differences = {k: v for k, v in self.differences(info).items() if made.get(k) != v}
         return self._changed(differences) if differences else ""
 
     def _changed(self, differences: dict[str, tuple[object, object]]) -> str:

@@ -541,6 +541,92 @@ async def test_a_durable_whose_filter_another_client_narrowed_passes_over_nothin
         await other.close()
 
 
+async def test_a_durable_changed_each_time_it_is_made_does_not_hold_the_reader_in_one_place(nats_url: str) -> None:
+    """Another client narrows the reader's filter again every 50 ms: each check found it changed, the durable was made
+    again from the first jump since the last check, and narrowed again before the next: the reader went back to the
+    same position for good (5,270 messages read, 510 distinct, none past sequence 1,019 of 4,000). After a few such
+    returns to one position it reads on, and the loss is noted for a reader that notes losses (the ledger: a
+    relist mends it)."""
+    b = await Bus.connect(NatsOptions(url=nats_url, name="test", consumer_check=3600), connect_timeout=10)
+    other = await _connect(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        await publish_all(b, [(f"vmquota.ev.c{1 + i % 2}.a.pod", b"x", None) for i in range(2000)])
+        c = PullConsumer(
+            b,
+            stream=contract.EVENTS_STREAM,
+            durable="t10",
+            filter_subjects=["vmquota.ev.c1.>"],
+            batch=10,
+            idle=0.1,
+            note_losses=True,
+        )
+        seen: list[int] = []
+        losses: list[Any] = []
+
+        async def read() -> None:
+            async for batch in c.batches():
+                if (loss := c.take_loss()) is not None:
+                    losses.append(loss)
+                seen.extend(m.metadata.sequence.stream for m in batch)
+                await asyncio.sleep(0.01)
+
+        async def tamper() -> None:
+            while True:
+                with contextlib.suppress(Exception):
+                    info = await other.js.consumer_info(contract.EVENTS_STREAM, "t10")
+                    if info.config.filter_subject != "vmquota.ev.c1.a.>":
+                        narrowed = dataclasses.replace(info.config, filter_subject="vmquota.ev.c1.a.>")
+                        await other.js.add_consumer(contract.EVENTS_STREAM, narrowed)
+                await asyncio.sleep(0.05)
+
+        reader = asyncio.create_task(read())
+        tampering = asyncio.create_task(tamper())
+        try:
+            await until(lambda: bool(seen) and max(seen) >= 1999, 60)
+        finally:
+            await runner.cancel(tampering)
+            await runner.cancel(reader)
+        assert c.repairs >= 1 and losses, (c.repairs, losses)
+        await c.close()
+    finally:
+        await b.close()
+        await other.close()
+
+
+async def test_a_field_the_server_takes_otherwise_is_not_repaired_at_every_check(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that keeps a field otherwise than asked (here: told so) made the durable look changed at every
+    check, and each repair read again from the first jump since: the reader stayed in place for good. What the
+    server made is the durable as created."""
+    b = await Bus.connect(NatsOptions(url=nats_url, name="test", consumer_check=0.2), connect_timeout=10)
+    try:
+        await b.ensure_streams(contract.streams())
+        await publish_all(b, [(f"vmquota.ev.c{1 + i % 2}.a.pod", b"x", None) for i in range(200)])
+        c = PullConsumer(
+            b, stream=contract.EVENTS_STREAM, durable="t11", filter_subjects=["vmquota.ev.c1.>"], batch=5, idle=0.1
+        )
+        real = c.differences
+        monkeypatch.setattr(c, "differences", lambda info: {**real(info), "replay_policy": ("instant", "original")})
+        seen: list[int] = []
+
+        async def read() -> None:
+            async for batch in c.batches():
+                seen.extend(m.metadata.sequence.stream for m in batch)
+                await asyncio.sleep(0.02)
+
+        reader = asyncio.create_task(read())
+        try:
+            await until(lambda: len(set(seen)) == 100, 30)
+        finally:
+            await runner.cancel(reader)
+        assert c.repairs == 0 and c.recreations == 1, (c.repairs, c.recreations)
+        await c.close()
+    finally:
+        await b.close()
+
+
 async def test_an_empty_batch_says_whether_the_consumer_read_or_failed(nats_url: str) -> None:
     """An empty batch is given both when nothing came within ``idle`` and when the durable could not be made or read
     (a permission refused, a stream missing): an enforcer took the second for caught up, and logged "usage caught up"

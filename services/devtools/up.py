@@ -154,10 +154,14 @@ async def _up(args: argparse.Namespace, out: Path) -> int:
         log.info("up", api=sim.url, nats=stack.nats.url, cluster=args.cluster)
         await stop.wait()
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-        await stack.stop()
-        await sim.stop()
+        # (a second Ctrl-C may break a stop that hangs; a second SIGTERM, which supervisors and `timeout` send, must
+        # not: it killed the process mid-stop and left the nats-server running, holding its port)
+        loop.remove_signal_handler(signal.SIGINT)
+        try:
+            await stack.stop()
+            await sim.stop()
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
     if args.output == "text":
         print("vmquota stopped.", flush=True)
     return 0

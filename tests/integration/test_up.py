@@ -154,3 +154,42 @@ async def test_up_says_which_flag_fixes_a_busy_nats_port(tmp_path: Path) -> None
     assert code == 2
     assert err.strip().count("\n") == 0, err
     assert f"127.0.0.1:{port} is in use" in err and "--nats-port 0" in err, err
+
+
+async def test_a_second_sigterm_while_up_stops_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Supervisors and ``timeout`` send SIGTERM twice: the second, while the stack stopped, killed ``vmquota up``
+    (143), left its kubeconfig and its nats-server running, holding its port for the next ``vmquota up``."""
+    kubeconfig = tmp_path / "vmquota.kubeconfig"
+    proc = await asyncio.create_subprocess_exec(
+        *VMQUOTA,
+        "up",
+        *("--nats-port", "0", "--api-port", "0", "--kubeconfig-out", str(kubeconfig), "-o", "json"),
+        *("--log-level", "info"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 90)
+    assert line, (await proc.stderr.read()).decode()[-2000:]
+    nats = json.loads(line)["nats"]
+    host, port = nats.removeprefix("nats://").rsplit(":", 1)
+    proc.send_signal(signal.SIGTERM)
+    said: list[bytes] = []
+    while not said or b"stopped" not in said[-1]:  # (the stack is stopping: its first service said so)
+        said.append(await asyncio.wait_for(proc.stderr.readline(), 30))
+        assert said[-1], b"".join(said).decode()[-2000:]
+    proc.send_signal(signal.SIGTERM)
+    code = await asyncio.wait_for(proc.wait(), 30)
+    assert code == 0, (b"".join(said) + await proc.stderr.read()).decode()[-2000:]
+    assert not kubeconfig.exists()
+
+    async def nats_gone() -> bool:
+        try:
+            _, writer = await asyncio.open_connection(host, int(port))
+        except OSError:
+            return True
+        writer.close()
+        return False
+
+    await wait_until(nats_gone, within=10, what="the nats-server stopped")

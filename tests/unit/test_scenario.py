@@ -16,6 +16,8 @@ from services.devtools.demo.scenario import builtin_scenarios, load_scenario, pa
 from shared.errors import InvalidInput
 from shared.quantity import Quantity
 
+SCENARIOS = Path(__file__).resolve().parents[2] / "services" / "devtools" / "demo" / "scenarios"
+
 GOOD: dict[str, Any] = {
     "name": "t",
     "namespaces": [{"name": "a", "quotas": [{"name": "q", "mode": "VmiPodUsage", "hard": {"limits.memory": "8Gi"}}]}],
@@ -160,3 +162,19 @@ def test_running_a_service_loads_neither_the_simulator_nor_the_demo() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert "usage: vmquota run" in proc.stdout
     assert proc.stdout.strip().splitlines()[-1] == "loaded="
+
+
+def test_a_migration_with_no_phase_yet_or_none_at_all_is_named_as_a_scenario_states_it() -> None:
+    """A step that made no migration (a hotplug of a stopped VM) has no phase: the run said ``expected Pending, got
+    Pending`` and failed, and its JSON gave a phase of ``""``."""
+    from services.devtools.demo.play import MigrationRecord, RunResult, _check
+
+    none = MigrationRecord(vm="vm1", namespace="tenant-a")
+    unset = MigrationRecord(vm="vm2", namespace="tenant-a", name="vm2-mig", uid="u2")
+    assert (none.shown_phase, unset.shown_phase) == ("(no migration)", "Pending")
+    doc = yaml.safe_load((SCENARIOS / "1-full-quota-migration.yaml").read_text())
+    doc["expect"] = {"migrations": {"vm1": "Pending", "vm2": "Pending"}}
+    scenario = parse_scenario(doc)
+    result = RunResult(scenario="s", with_vmquota=True, migrations={"vm1": none, "vm2": unset})
+    _check(scenario, result)
+    assert result.failures == ["migration of vm1: expected Pending, got (no migration)"]

@@ -64,7 +64,7 @@ def _print_run(r: RunResult, out: TextIO, modes: Mapping[str, str]) -> None:
     for vm, m in sorted(r.migrations.items()):
         unblock = f", target pod admitted after {m.unblock_ms:.0f} ms" if m.unblock_ms is not None else ""
         refusals = f", {m.quota_refusals} quota refusal(s) of its target pod" if m.quota_refusals else ""
-        print(f"    migration of {vm}: {m.phase or 'Pending'}{unblock}{refusals}", file=out)
+        print(f"    migration of {vm}: {m.shown_phase}{unblock}{refusals}", file=out)
     for line in r.tenant:
         print(f"    tenant: {line}", file=out)
     states = ", ".join(f"{vm} {st}" for vm, st in sorted(r.vms.items()))

@@ -43,6 +43,12 @@ class MigrationRecord:
     quota_refusals: int = 0
 
     @property
+    def shown_phase(self) -> str:
+        """The phase as a scenario states it: ``Pending`` while KubeVirt has set none, ``(no migration)`` when none
+        was created (a hotplug of a stopped VM)."""
+        return self.phase or ("Pending" if self.uid or self.name else "(no migration)")
+
+    @property
     def unblock_ms(self) -> float | None:
         if self.created is None or self.admitted is None:
             return None
@@ -88,7 +94,7 @@ class RunResult:
             "passed": self.passed,
             "failures": list(self.failures),
             "migrations": {
-                vm: {"phase": m.phase, "unblock_ms": m.unblock_ms, "quota_refusals": m.quota_refusals}
+                vm: {"phase": m.shown_phase, "unblock_ms": m.unblock_ms, "quota_refusals": m.quota_refusals}
                 for vm, m in sorted(self.migrations.items())
             },
             "vms": dict(sorted(self.vms.items())),
@@ -575,9 +581,9 @@ async def _run_step(
 def _check(scenario: Scenario, result: RunResult) -> None:
     ex = scenario.expect
     for vm, want in ex.migrations.items():
-        got = result.migrations[vm].phase if vm in result.migrations else "(no migration)"
+        got = result.migrations[vm].shown_phase if vm in result.migrations else "(no migration)"
         if got != want:
-            result.failures.append(f"migration of {vm}: expected {want}, got {got or 'Pending'}")
+            result.failures.append(f"migration of {vm}: expected {want}, got {got}")
     for vm, want in ex.vms.items():
         got = result.vms.get(vm, "(unknown)")
         if got != want:

@@ -562,12 +562,18 @@ class Enforcer:
 
     def _tell_when_in_effect(self, key: Key) -> None:
         """Tell the namespace's VMIs what the usage says (refusals, nudges) once quota admission checks what was
-        written, in every managed quota of the namespace: each reconciled from the namespace's latest usage, and
-        its ``status.hard`` (the quota controller's copy of ``spec.hard``) equal to ``spec.hard``; until then wait
-        for the reconciliation or the quota event that says so. (A nudge goes once per usage snapshot: sent when the
+        written, in every managed quota of the namespace: each reconciled from the namespace's latest usage, its
+        ``status.hard`` (the quota controller's copy of ``spec.hard``) equal to ``spec.hard``, and its ``status.used``
+        leaving room for what the usage reserves (``enforcement.admits_reserved``: the quota controller uncharges a
+        pod that ended a moment after the ledger hears of it); until then wait for the reconciliation or the quota
+        event that says so. (A nudge goes once per usage snapshot: sent when the
         first of two quotas had the room, KubeVirt's retry met the second's refusal, and nothing nudged again.)"""
         quota = self.quotas.get(key)
-        if quota is not None and not enforcement.same(quota.spec_hard, quota.status_hard):
+        usage = self.usage.get(key[0])
+        if quota is not None and (
+            not enforcement.same(quota.spec_hard, quota.status_hard)
+            or not enforcement.admits_reserved(quota, usage.quotas.get(quota.name) if usage is not None else None)
+        ):
             self._lagging.add(key)
             return
         self._lagging.discard(key)

@@ -1720,12 +1720,15 @@ class NudgeRecorder(BeatenOnce):
     def __init__(self, inner: KubeQuotas, sim: SimCluster) -> None:
         super().__init__(inner, sim)
         self.nudged_at: list[dict[str, str]] = []
+        self.used_at: list[dict[str, str]] = []
+        """What the quota's ``status.used`` was at each nudge."""
         self.nudged: list[str] = []
         """The VMIs nudged, in order."""
 
     async def nudge_vmi(self, namespace: str, name: str, token: str) -> None:
         q = self.sim.peek("resourcequotas", NS, "compute") or {}
         self.nudged_at.append(dict((q.get("status") or {}).get("hard") or {}))
+        self.used_at.append(dict((q.get("status") or {}).get("used") or {}))
         self.nudged.append(name)
         await self.inner.nudge_vmi(namespace, name, token)
 
@@ -1804,6 +1807,34 @@ async def test_a_vmi_is_nudged_once_quota_admission_has_the_raise(
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "the raise")
         await sim.wait_for(lambda: bool(calls.nudged_at), within=10, what="the nudge")
         assert calls.nudged_at[0] == {"limits.memory": "80Gi"}, "nudged before quota admission had the raise"
+
+
+async def test_a_vmi_is_nudged_once_quota_admission_has_uncharged_the_pod_whose_end_made_its_room(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """A VM stops, the ledger admits a waiting one in its room, the enforcer raises and nudges, all in some 30 ms:
+    the quota controller had not uncharged the stopped VM's pod yet (``status.used``), KubeVirt's retry was refused,
+    and nothing nudged again (the usage does not change): the VM started at KubeVirt's backoff, 163 s after its room
+    appeared. The nudge waits until ``status.used`` leaves room for what the usage reserves."""
+    ending = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "stopped-vm-pod", "namespace": NS},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {"memory": "70Gi"}}}]},
+    }
+    await sim.create(ending)  # (before the quota: charged 70Gi of it)
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    calls = NudgeRecorder(KubeQuotas(api), sim)
+    async with enforcer(bus, api, calls=calls):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        await sim.wait_quota_synced(NS, "compute")
+        vm = contract.VmState(name="vm9", uid="uid-vm9", state="admitted", pod_refused=True)
+        await publish_usage(bus, 5, terms("64Gi", "80Gi"), vms=[vm])  # (the ledger: the 70Gi pod has ended)
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "the raise")
+        await sim.wait_quota_synced(NS, "compute")
+        await sim.store.delete(sim.store.resource("pods"), NS, "stopped-vm-pod")  # (the quota controller's recount)
+        await sim.wait_for(lambda: bool(calls.nudged), within=10, what="the nudge")
+        assert calls.used_at[0].get("limits.memory", "0") == "0", f"nudged while charged {calls.used_at[0]}"
 
 
 async def test_the_usage_summary_alone_is_written_at_most_once_per_interval(

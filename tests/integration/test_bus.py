@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import nats.js.errors
@@ -406,21 +406,18 @@ async def test_consumer_repairs_a_durable_tampered_with(nats_url: str) -> None:
         await other.close()
 
 
-async def test_a_durable_changed_to_deliver_headers_only_loses_no_message(nats_url: str) -> None:
-    """Another client with the right to create consumers on the stream (the operator's replay, any consumer of a
-    single-cluster bus) updates the reader's durable in place to deliver headers only: every message then came empty,
-    was read as malformed, dead-lettered and passed by, and the check, which compared no such field, re-created the
-    durable from after them (a ledger's events, an enforcer's usage snapshot lowering a migration's raise: lost for
-    good). The first message without its body has the durable re-created from it at once, whatever the check's
-    period; the check finds such a durable too."""
+@contextlib.asynccontextmanager
+async def reading(
+    nats_url: str, durable: str, filters: list[str]
+) -> AsyncIterator[tuple[PullConsumer, list[tuple[int, bytes]], Bus]]:
+    """A consumer of the events stream read by a task of its own into a list of (stream sequence, data), whose
+    durable is checked only when the test makes it (the periodic check an hour apart), and another client beside it
+    (with the right to create consumers on the stream)."""
     b = await Bus.connect(NatsOptions(url=nats_url, name="test", consumer_check=3600), connect_timeout=10)
     other = await _connect(nats_url)
     try:
         await b.ensure_streams(contract.streams())
-        await publish_all(b, [("vmquota.ev.c1.ns.pod", b"x", None) for _ in range(3)])
-        c = PullConsumer(
-            b, stream=contract.EVENTS_STREAM, durable="t5", filter_subjects=["vmquota.ev.c1.>"], batch=10, idle=0.1
-        )
+        c = PullConsumer(b, stream=contract.EVENTS_STREAM, durable=durable, filter_subjects=filters, batch=10, idle=0.1)
         seen: list[tuple[int, bytes]] = []
 
         async def read() -> None:
@@ -429,37 +426,49 @@ async def test_a_durable_changed_to_deliver_headers_only_loses_no_message(nats_u
 
         reader = asyncio.create_task(read())
         try:
-            await until(lambda: len(seen) >= 3, 10)
-            config = {
-                "name": "t5",
-                "durable_name": "t5",
-                "filter_subject": "vmquota.ev.c1.>",
-                "deliver_policy": "by_start_sequence",
-                "opt_start_seq": 1,
-                "ack_policy": "none",
-                "max_waiting": 16,
-                "inactive_threshold": 3_600_000_000_000,
-                "mem_storage": True,
-                "num_replicas": 1,
-                "headers_only": True,
-            }
-            body = json.dumps({"stream_name": contract.EVENTS_STREAM, "config": config}).encode()
-            answer = await other.nc.request(f"$JS.API.CONSUMER.CREATE.{contract.EVENTS_STREAM}.t5", body, 5)
-            assert "error" not in json.loads(answer.data), answer.data
-            info = await other.js.consumer_info(contract.EVENTS_STREAM, "t5")
-            assert "headers_only" in c.differences(info)
-            await publish_all(other, [("vmquota.ev.c1.ns.pod", b"y", None) for _ in range(5)])
-            await until(lambda: len(seen) >= 8, 10)
+            yield c, seen, other
         finally:
             await runner.cancel(reader)
+            await c.close()
+    finally:
+        await b.close()
+        await other.close()
+
+
+async def test_a_durable_changed_to_deliver_headers_only_loses_no_message(nats_url: str) -> None:
+    """Another client with the right to create consumers on the stream (the operator's replay, any consumer of a
+    single-cluster bus) updates the reader's durable in place to deliver headers only: every message then came empty,
+    was read as malformed, dead-lettered and passed by, and the check, which compared no such field, re-created the
+    durable from after them (a ledger's events, an enforcer's usage snapshot lowering a migration's raise: lost for
+    good). The first message without its body has the durable re-created from it at once, whatever the check's
+    period; the check finds such a durable too."""
+    async with reading(nats_url, "t5", ["vmquota.ev.c1.>"]) as (c, seen, other):
+        await publish_all(other, [("vmquota.ev.c1.ns.pod", b"x", None) for _ in range(3)])
+        await until(lambda: len(seen) >= 3, 10)
+        config = {
+            "name": "t5",
+            "durable_name": "t5",
+            "filter_subject": "vmquota.ev.c1.>",
+            "deliver_policy": "by_start_sequence",
+            "opt_start_seq": 1,
+            "ack_policy": "none",
+            "max_waiting": 16,
+            "inactive_threshold": 3_600_000_000_000,
+            "mem_storage": True,
+            "num_replicas": 1,
+            "headers_only": True,
+        }
+        body = json.dumps({"stream_name": contract.EVENTS_STREAM, "config": config}).encode()
+        answer = await other.nc.request(f"$JS.API.CONSUMER.CREATE.{contract.EVENTS_STREAM}.t5", body, 5)
+        assert "error" not in json.loads(answer.data), answer.data
+        info = await other.js.consumer_info(contract.EVENTS_STREAM, "t5")
+        assert "headers_only" in c.differences(info)
+        await publish_all(other, [("vmquota.ev.c1.ns.pod", b"y", None) for _ in range(5)])
+        await until(lambda: len(seen) >= 8, 10)
         assert seen == [(i, b"x" if i <= 3 else b"y") for i in range(1, 9)], "every message once, whole, in order"
         assert c.repairs == 1 and "headers_only" in c.last_differences
         info = await other.js.consumer_info(contract.EVENTS_STREAM, "t5")
         assert not info.config.headers_only
-        await c.close()
-    finally:
-        await b.close()
-        await other.close()
 
 
 async def test_a_message_a_publisher_gave_the_headers_only_header_holds_no_reader_back(nats_url: str) -> None:
@@ -468,34 +477,14 @@ async def test_a_message_a_publisher_gave_the_headers_only_header_holds_no_reade
     reader re-create its durable from it, get it again, and so on, 470 times a second, for good: no cluster's events
     read any more. The server is asked; a durable as created gives the message on, to be dead-lettered as
     malformed."""
-    b = await Bus.connect(NatsOptions(url=nats_url, name="test", consumer_check=3600), connect_timeout=10)
-    other = await _connect(nats_url)
-    try:
-        await b.ensure_streams(contract.streams())
-        c = PullConsumer(
-            b, stream=contract.EVENTS_STREAM, durable="t7", filter_subjects=["vmquota.ev.>"], batch=10, idle=0.1
-        )
-        seen: list[tuple[int, bytes]] = []
-
-        async def read() -> None:
-            async for batch in c.batches():
-                seen.extend((m.metadata.sequence.stream, m.data) for m in batch)
-
-        reader = asyncio.create_task(read())
-        try:
-            await other.js.publish("vmquota.ev.c1.a.pod", b"x")
-            await until(lambda: len(seen) >= 1, 10)
-            await other.js.publish("vmquota.ev.c2.evil.pod", b"", headers={HEADERS_ONLY: "0"})
-            await other.js.publish("vmquota.ev.c1.a.pod", b"y")
-            await until(lambda: len(seen) >= 3, 10)
-        finally:
-            await runner.cancel(reader)
+    async with reading(nats_url, "t7", ["vmquota.ev.>"]) as (c, seen, other):
+        await other.js.publish("vmquota.ev.c1.a.pod", b"x")
+        await until(lambda: len(seen) >= 1, 10)
+        await other.js.publish("vmquota.ev.c2.evil.pod", b"", headers={HEADERS_ONLY: "0"})
+        await other.js.publish("vmquota.ev.c1.a.pod", b"y")
+        await until(lambda: len(seen) >= 3, 10)
         assert seen == [(1, b"x"), (2, b""), (3, b"y")], seen
         assert c.repairs == 0 and c.recreations == 1, (c.repairs, c.recreations)
-        await c.close()
-    finally:
-        await b.close()
-        await other.close()
 
 
 async def test_a_durable_whose_filter_another_client_narrowed_passes_over_nothing(nats_url: str) -> None:
@@ -505,40 +494,21 @@ async def test_a_durable_whose_filter_another_client_narrowed_passes_over_nothin
     the batch is taken: a filter on a stream of many subjects jumps at nearly every message), and a durable found
     changed is re-created from where the first jump since the last check began: what was passed over is read, and
     what came under the narrowed filter read again (the readers fold by sequence and version)."""
-    b = await Bus.connect(NatsOptions(url=nats_url, name="test", consumer_check=3600), connect_timeout=10)
-    other = await _connect(nats_url)
-    try:
-        await b.ensure_streams(contract.streams())
-        c = PullConsumer(
-            b, stream=contract.EVENTS_STREAM, durable="t6", filter_subjects=["vmquota.ev.c1.>"], batch=10, idle=0.1
-        )
-        seen: list[int] = []
-
-        async def read() -> None:
-            async for batch in c.batches():
-                seen.extend(m.metadata.sequence.stream for m in batch)
-
-        reader = asyncio.create_task(read())
-        try:
-            await publish_all(b, [("vmquota.ev.c1.a.pod", b"x", None)])
-            await until(lambda: len(seen) >= 1, 10)
-            info = await other.js.consumer_info(contract.EVENTS_STREAM, "t6")
-            narrowed = dataclasses.replace(info.config, filter_subject="vmquota.ev.c1.a.>")
-            await other.js.add_consumer(contract.EVENTS_STREAM, narrowed)
-            info = await other.js.consumer_info(contract.EVENTS_STREAM, "t6")
-            assert info.config.filter_subject == "vmquota.ev.c1.a.>", "the server took the narrowed filter"
-            await publish_all(other, [(f"vmquota.ev.c1.{ns}.pod", b"y", None) for ns in "babab"])
-            await until(lambda: set(seen) == set(range(1, 7)), 10)
-        finally:
-            await runner.cancel(reader)
+    async with reading(nats_url, "t6", ["vmquota.ev.c1.>"]) as (c, read, other):
+        await publish_all(other, [("vmquota.ev.c1.a.pod", b"x", None)])
+        await until(lambda: len(read) >= 1, 10)
+        info = await other.js.consumer_info(contract.EVENTS_STREAM, "t6")
+        narrowed = dataclasses.replace(info.config, filter_subject="vmquota.ev.c1.a.>")
+        await other.js.add_consumer(contract.EVENTS_STREAM, narrowed)
+        info = await other.js.consumer_info(contract.EVENTS_STREAM, "t6")
+        assert info.config.filter_subject == "vmquota.ev.c1.a.>", "the server took the narrowed filter"
+        await publish_all(other, [(f"vmquota.ev.c1.{ns}.pod", b"y", None) for ns in "babab"])
+        await until(lambda: {s for s, _ in read} == set(range(1, 7)), 10)
+        seen = [s for s, _ in read]
         again = seen.index(2)
         assert seen[:again] == [1, *[s for s in seen[1:again] if s in (3, 5)]], seen
         assert seen[again:] == [2, 3, 4, 5, 6], f"read again from the first jump, in order: {seen}"
         assert c.repairs == 1 and "filter_subjects" in c.last_differences
-        await c.close()
-    finally:
-        await b.close()
-        await other.close()
 
 
 async def test_a_durable_changed_each_time_it_is_made_does_not_hold_the_reader_in_one_place(nats_url: str) -> None:

@@ -1005,6 +1005,24 @@ def test_a_namespaces_events_are_kept_to_the_latest_few_whatever_its_tenant_writ
     assert "kubevirt" in state(led).objects["Event"]
 
 
+def _whole_and_from_a_checkpoint(events: list[Event], cut: int) -> tuple[NamespaceState, NamespaceState] | None:
+    """Namespace ``a``'s state folded from every event, and restored from a checkpoint taken after the first ``cut``
+    of them with the rest folded into it (None: nothing of ``a`` by the cut)."""
+    cut = min(cut, len(events))
+    first = fold(events[:cut]).state("c1", "a")
+    if first is None:
+        return None
+    restored = NamespaceState.from_checkpoint(unpack_checkpoint(pack_checkpoint(first.checkpoint())))
+    for i, ev in enumerate(events[cut:], start=cut + 1):
+        if isinstance(ev, Sync):
+            restored.apply_sync(ev, i)
+        else:
+            restored.apply(ev, i)
+    whole = fold(events).state("c1", "a")
+    assert whole is not None
+    return whole, restored
+
+
 _EVENT_OPS = st.lists(
     st.tuples(st.sampled_from(["up", "down", "sync"]), st.integers(0, 5), st.sets(st.integers(0, 5))),
     max_size=30,
@@ -1030,21 +1048,11 @@ def test_the_events_a_namespace_keeps_are_the_same_from_a_checkpoint_as_from_the
             events.append(down(f"e{n}", rv, kind="Event"))
         else:
             events.append(sync([f"e{p}" for p in sorted(present)], rv, kind="Event"))
-    cut = min(cut, len(events))
     with mock.patch("shared.ledger.fold.EVENTS_KEPT", 3):
-        whole = fold(events)
-        first = fold(events[:cut])
-        st_first = first.state("c1", "a")
-        if st_first is None:
-            return
-        restored = NamespaceState.from_checkpoint(unpack_checkpoint(pack_checkpoint(st_first.checkpoint())))
-        for i, ev in enumerate(events[cut:], start=cut + 1):
-            if isinstance(ev, Sync):
-                restored.apply_sync(ev, i)
-            else:
-                restored.apply(ev, i)
-    st_whole = whole.state("c1", "a")
-    assert st_whole is not None
+        folds = _whole_and_from_a_checkpoint(events, cut)
+    if folds is None:
+        return
+    st_whole, restored = folds
     assert list(restored.objects.get("Event", {})) == list(st_whole.objects.get("Event", {}))
     assert restored.checkpoint() == st_whole.checkpoint()
 
@@ -1152,21 +1160,11 @@ def test_the_tombstones_a_namespace_keeps_are_the_same_from_a_checkpoint_as_from
             events.append(down(f"p{n}", rv))
         else:
             events.append(sync([f"p{p}" for p in sorted(present)], rv))
-    cut = min(cut, len(events))
     with mock.patch("shared.ledger.fold.TOMBSTONES_KEPT", 3):
-        whole = fold(events)
-        first = fold(events[:cut])
-        st_first = first.state("c1", "a")
-        if st_first is None:
-            return
-        restored = NamespaceState.from_checkpoint(unpack_checkpoint(pack_checkpoint(st_first.checkpoint())))
-        for i, ev in enumerate(events[cut:], start=cut + 1):
-            if isinstance(ev, Sync):
-                restored.apply_sync(ev, i)
-            else:
-                restored.apply(ev, i)
-    st_whole = whole.state("c1", "a")
-    assert st_whole is not None
+        folds = _whole_and_from_a_checkpoint(events, cut)
+    if folds is None:
+        return
+    st_whole, restored = folds
     assert len(st_whole.tombs.get("Pod", {})) <= 3
     assert {k: list(v) for k, v in restored.tombs.items() if v} == {k: list(v) for k, v in st_whole.tombs.items() if v}
     assert restored.checkpoint() == st_whole.checkpoint()

@@ -564,15 +564,15 @@ class Enforcer:
         """Tell the namespace's VMIs what the usage says (refusals, nudges) once quota admission checks what was
         written, in every managed quota of the namespace: each reconciled from the namespace's latest usage, its
         ``status.hard`` (the quota controller's copy of ``spec.hard``) equal to ``spec.hard``, and its ``status.used``
-        leaving room for what the usage reserves (``enforcement.admits_reserved``: the quota controller uncharges a
-        pod that ended a moment after the ledger hears of it); until then wait for the reconciliation or the quota
-        event that says so. (A nudge goes once per usage snapshot: sent when the
+        down to what the usage counts of the pods where it reserves room (``enforcement.charged_as_counted``: the
+        quota controller uncharges a pod that ended a moment after the ledger hears of it); until then wait for the
+        reconciliation or the quota event that says so. (A nudge goes once per usage snapshot: sent when the
         first of two quotas had the room, KubeVirt's retry met the second's refusal, and nothing nudged again.)"""
         quota = self.quotas.get(key)
         usage = self.usage.get(key[0])
         if quota is not None and (
             not enforcement.same(quota.spec_hard, quota.status_hard)
-            or not enforcement.admits_reserved(quota, usage.quotas.get(quota.name) if usage is not None else None)
+            or not enforcement.charged_as_counted(quota, usage.quotas.get(quota.name) if usage is not None else None)
         ):
             self._lagging.add(key)
             return

@@ -460,21 +460,25 @@ def _ours(q: QuotaSnapshot, hard: Mapping[str, Quantity], budget: Mapping[str, Q
     return last is not None and same(hard, last) and enforced is not None and same(budget, enforced)
 
 
-def admits_reserved(q: QuotaSnapshot, terms: QuotaTerms | None) -> bool:
-    """Whether quota admission, as quota ``q`` has it now (``status.hard`` and ``status.used``), has room for what the
-    usage ``terms`` reserve (``S``) in every resource it limits. A pod that ended is uncharged by the quota
+def charged_as_counted(q: QuotaSnapshot, terms: QuotaTerms | None) -> bool:
+    """Whether quota admission charges no more than the usage ``terms`` count of the namespace's pods (``status.used``
+    at most ``P``) in every resource the usage reserves room in (``S``). A pod that ended is uncharged by the quota
     controller a moment after the ledger hears of it: a nudge sent before was refused, and nothing nudged again (the
-    usage does not change), so the VM waited for KubeVirt's backoff (163 s after its room appeared). True when nothing
-    is reserved or a figure is missing or unreadable (nothing to hold the nudge for)."""
+    usage does not change), so the VM waited for KubeVirt's backoff (163 s after its room appeared). Native
+    admission checks each pod against the room; ``hard`` holds room for ``S`` beside ``P``, so once ``status.used``
+    has come down to ``P`` each reserved pod fits as the usage says, whatever ``R`` is (negative during a migration:
+    the sum of ``S`` need not fit). True when nothing is reserved or a figure is missing or unreadable (nothing to
+    hold a nudge for)."""
     if terms is None or not terms.reserved:
         return True
     try:
         reserved = parse_resource_list(terms.reserved, "reserved")
+        pods = parse_resource_list(terms.pods, "pods")
     except InvalidInput:
         return True
-    for r, limit in q.status_hard.items():
-        want, used = reserved.get(r), q.status_used.get(r)
-        if want is not None and want.nanos > 0 and used is not None and limit < used + want:
+    for r in q.status_hard:
+        want, used, counted = reserved.get(r), q.status_used.get(r), pods.get(r)
+        if want is not None and want.nanos > 0 and used is not None and counted is not None and counted < used:
             return False
     return True
 

@@ -1829,7 +1829,8 @@ async def test_a_vmi_is_nudged_once_quota_admission_has_uncharged_the_pod_whose_
         await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
         await sim.wait_quota_synced(NS, "compute")
         vm = contract.VmState(name="vm9", uid="uid-vm9", state="admitted", pod_refused=True)
-        await publish_usage(bus, 5, terms("64Gi", "80Gi"), vms=[vm])  # (the ledger: the 70Gi pod has ended)
+        counted = {"compute": msgspec.structs.replace(terms("64Gi", "80Gi")["compute"], pods={"limits.memory": "0"})}
+        await publish_usage(bus, 5, counted, vms=[vm])  # (the ledger: the 70Gi pod has ended)
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "the raise")
         await sim.wait_quota_synced(NS, "compute")
         await sim.store.delete(sim.store.resource("pods"), NS, "stopped-vm-pod")  # (the quota controller's recount)

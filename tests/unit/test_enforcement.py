@@ -848,3 +848,23 @@ def test_a_write_that_raises_status_hard_is_a_raise() -> None:
     p = enf.plan(snap(raw), lowered)
     assert p.set_hard and p.set_status and p.raises, "spec.hard lowered to 72Gi, status.hard raised from 64Gi"
     assert not enf.plan(snap(raw), lowered, status=False).raises
+
+
+def test_a_nudge_is_held_while_admission_charges_pods_the_usage_no_longer_counts_and_only_then() -> None:
+    """The quota controller uncharges a pod that ended a moment after the ledger hears of it: a nudge sent meanwhile
+    was refused, and the VM waited for KubeVirt's backoff (163 s). Held while ``status.used`` is above ``P`` where
+    room is reserved; not by the sum of what is reserved against the room: during a migration ``R`` is negative, and
+    a first version of the hold kept back a VM that fit natively (one of two admitted) until the migration ended."""
+    budget = {"cpu": "4"}
+
+    def quota(hard: str, used: str) -> QuotaSnapshot:
+        raw = raw_quota({"cpu": hard})
+        raw["status"]["used"] = {"cpu": used}
+        return snap(raw)
+
+    # (a running VM, one migrating with both its pods, two VMs admitted: P 3, S 2, hard 4 = P + S + R, R = -1)
+    during = terms(budget, {"cpu": "4"}, pods={"cpu": "3"}, reserved={"cpu": "2"})
+    assert enf.charged_as_counted(quota("4", "3"), during), "one of the two fits natively: nudge"
+    assert not enf.charged_as_counted(quota("4", "4"), during), "a pod that ended is still charged: hold"
+    assert enf.charged_as_counted(quota("4", "4"), terms(budget, {"cpu": "4"}, pods={"cpu": "3"})), "none reserved"
+    assert enf.charged_as_counted(quota("4", "4"), terms(budget, {"cpu": "4"}, reserved={"cpu": "2"})), "P unknown"

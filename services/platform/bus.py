@@ -153,6 +153,23 @@ _AUTH_REFUSED: Final = "Authorization Violation"
 """What the server answers to a user or password it does not know."""
 
 
+def _why_not_connected(reported: list[str], decisive: list[str], e: BaseException) -> tuple[str, str]:
+    """The retry line of a first connection that failed with ``e``: the event and the cause it names. The client
+    ``reported`` these errors, of which the ``decisive`` ones (a refused password, a TLS error) end the try. The first
+    decisive error is the cause whatever the client reported after it (its second try of the same server may end in a
+    timeout or a closed connection instead); else the last error reported, for a try that ended without its own
+    reason; else ``e``."""
+    if decisive:
+        why = decisive[0]
+    elif reported and isinstance(e, (nats.errors.NoServersError, TimeoutError)):
+        why = reported[-1]
+    else:
+        why = str(e)
+    why = why or type(e).__name__
+    refused = _AUTH_REFUSED in why
+    return ("nats refused the credentials, retrying" if refused else "nats not reachable, retrying"), why
+
+
 async def _connect_once(nc: Client, kwargs: dict[str, Any], reported: asyncio.Event) -> None:
     """``nc.connect(**kwargs)``, given up with a TimeoutError after :data:`_ATTEMPT_LIMIT`, or :data:`_AFTER_ERROR`
     after the client ``reported`` an error (its error callback sets it)."""
@@ -370,6 +387,7 @@ class Bus:
         holder: list[Bus] = []
         errors = LogThrottle(30.0)
         first: list[str] = []
+        decisive: list[str] = []
         reported = asyncio.Event()
 
         async def error_cb(e: Exception) -> None:
@@ -377,6 +395,7 @@ class Bus:
             if not holder:
                 first.append(why)  # (the first connection: the retry loop below says why, with its backoff)
                 if isinstance(e, ssl.SSLError) or _AUTH_REFUSED in why:  # (not a node that is down: the next may do)
+                    decisive.append(why)
                     reported.set()
                 return
             repeated = errors.admit(why)
@@ -433,11 +452,9 @@ class Bus:
                 delay = _CONNECT_BACKOFF.delay(attempt)
                 if deadline is not None and loop.time() + delay > deadline:
                     raise
-                why = first[-1] if first and isinstance(e, (nats.errors.NoServersError, TimeoutError)) else str(e)
-                why = why or type(e).__name__
+                event, why = _why_not_connected(first, decisive, e)
                 first.clear()
-                refused = _AUTH_REFUSED in why
-                event = "nats refused the credentials, retrying" if refused else "nats not reachable, retrying"
+                decisive.clear()
                 log.warning(event, url=opts.url, error=why, retry_in=round(delay, 2))
                 await _unless_stopped(asyncio.sleep(delay), stop)
                 attempt += 1

@@ -128,6 +128,7 @@ class Reporter:
             hard=enforcement.rl_json(p.hard_after),
             usage_seq=p.usage_seq,
             resource_version=resource_version or p.resource_version,
+            **({"status_only": True} if p.status_only else {}),
         )
         try:
             self._queue.put_nowait((p, resource_version, at))

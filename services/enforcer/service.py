@@ -704,7 +704,7 @@ class Enforcer:
             # nudge, unless it fails)
             let_in = self.guard.opened(ns)
             try:
-                raw = await self._write(p)
+                raw = await self._write(p, at)
             except KubeError as e:
                 self.guard.reopen(ns, let_in)  # (not woken: nudged once the namespace's quotas are in effect)
                 if e.not_found:
@@ -807,7 +807,7 @@ class Enforcer:
         self.older_usage += 1
         log.warning(why, namespace=u.namespace, seq=u.seq, held=mark, **context)
 
-    async def _write(self, p: enforcement.Plan) -> Obj:
+    async def _write(self, p: enforcement.Plan, at: str) -> Obj:
         """Write a plan: ``status.hard`` first where the plan sets it (quota admission checks it from then on), then
         ``spec.hard`` and the annotations, on the version the first write made. With the reservation guard, a quota
         counted in VM terms never has ``status.hard`` above ``spec.hard`` on the way (unless the API server refuses
@@ -815,7 +815,9 @@ class Enforcer:
         ``status.hard``
         (:meth:`~shared.quota.enforcement.Plan.lowered_status`). The quota as the last write returned it. A failed
         write raises, but for the last one there (``spec.hard`` is written: the quota is reconciled again); the
-        quota is planned again, from the API server's copy, and writes what is missing."""
+        quota is planned again, from the API server's copy, and writes what is missing. A ``status.hard`` written
+        whose ``spec.hard`` then met a newer version is reported as a decision of its own (``at``: its time), since
+        quota admission let pods in by it (:meth:`~shared.quota.enforcement.Plan.status_written`)."""
         ns, name = p.key
         if p.set_status and p.set_hard and self.opts.reservation_guard and p.in_vm_terms:
             lowered = p.lowered_status()
@@ -843,6 +845,12 @@ class Enforcer:
                 if not p.set_hard and not p.annotations:
                     return written
                 p = dataclasses.replace(p, resource_version=version_of(written))
+                try:
+                    return self._own(p.key, await self.kube.patch_quota(ns, name, enforcement.patch_body(p)))
+                except KubeError as e:
+                    if e.conflict:
+                        self.reporter.decision(p.status_written(), version_of(written), at)
+                    raise
         return self._own(p.key, await self.kube.patch_quota(ns, name, enforcement.patch_body(p)))
 
     def _own(self, key: Key, raw: Obj) -> Obj:

@@ -231,7 +231,7 @@ class UsageSnapshot(_Message, frozen=True, kw_only=True, tag=USAGE):
 
 
 class Decision(_Message, frozen=True, kw_only=True, tag=DECISION):
-    """What the enforcer did (or, dry-run, would do) to one quota's ``spec.hard``."""
+    """What the enforcer did (or, dry-run, would do) to one quota's ``spec.hard`` (and ``status.hard``)."""
 
     namespace: str
     quota: str
@@ -246,6 +246,10 @@ class Decision(_Message, frozen=True, kw_only=True, tag=DECISION):
     """The quota's ``status.used`` as the API server returned it when ``hard`` was planned, in the resources of
     ``hard_after``: ``hard`` holds no room for pods the usage counts beyond it (empty: planned without a read)."""
     dry_run: bool = False
+    status_only: bool = False
+    """Only ``status.hard`` was written, which quota admission checks: the write of ``spec.hard`` after it met a newer
+    version of the quota, and the quota was planned again from that (``hard_before`` is then the ``status.hard``
+    written over). The decision records a ``hard`` that was in effect, whatever the next one writes."""
 
 
 class DeadLetter(_Message, frozen=True, kw_only=True, tag=DEAD_LETTER):

@@ -332,6 +332,8 @@ class Plan:
     """The quota's ``status.used`` the plan held ``hard`` within (:func:`~shared.quota.equation.within_charged`), in
     the resources of ``hard_after``: what a decision records, so that ``hard`` is derived again from the usage and
     it (``vmquota replay --verify``)."""
+    status_only: bool = False
+    """Only ``status.hard`` was written (:meth:`status_written`)."""
 
     @property
     def set_hard(self) -> bool:
@@ -391,6 +393,14 @@ class Plan:
         if self.raises_spec:
             return True
         return self.set_status and any((q - self.status_hard[r]).nanos > 0 for r, q in self.hard_after.items())
+
+    def status_written(self) -> Plan:
+        """The plan as far as it was written when its ``status.hard`` went out and its ``spec.hard`` did not: the
+        write of ``spec.hard`` after it met a newer version of the quota (quota admission's, usually charging the pod
+        the raise let in), which is planned again. Quota admission checked the plan's ``hard`` from the first write
+        on, and lets pods in by it: a decision records it (``status_only``), whatever the next plan writes."""
+        why = f"{self.reason}; status.hard only: spec.hard met a newer version of the quota and is planned again"
+        return replace(self, hard_before=self.status_hard, status_only=True, reason=why)
 
     @property
     def key(self) -> tuple[str, str]:

@@ -134,4 +134,5 @@ def decision(p: Plan, *, cluster: str, dry_run: bool, resource_version: str = ""
         usage_seq=p.usage_seq,
         charged=canonical_resource_list(p.charged),
         dry_run=dry_run,
+        status_only=p.status_only,
     )

@@ -2040,6 +2040,50 @@ async def test_an_enforcer_the_api_server_does_not_let_write_status_writes_spec_
         assert not e.status_writes and calls.calls.count("status") == 1, calls.calls
 
 
+class AdmittedBetween(BeatenOnce):
+    """The enforcer's calls, with quota admission charging a pod (``status.used`` grows) right after the enforcer's
+    first write of ``status.hard`` that raises it: the pod the raise let in, before the enforcer's ``spec.hard``
+    patch, whose precondition then fails."""
+
+    async def patch_quota_status(self, namespace: str, name: str, body: Obj) -> Obj:
+        written = await self.inner.patch_quota_status(namespace, name, body)
+        if written["status"]["hard"] == {"limits.memory": "80Gi"} and "admitted" not in self.calls:
+            self.calls.append("admitted")
+
+            def admit(obj: Obj) -> Obj:
+                obj["status"]["used"] = {"limits.memory": "80Gi"}
+                return obj
+
+            res = self.sim.store.resource("resourcequotas")
+            await self.sim.store.mutate(res, namespace, name, admit, status=True)
+        return written
+
+    async def patch_quota(self, namespace: str, name: str, body: Obj) -> Obj:
+        self.calls.append("patch")
+        return await self.inner.patch_quota(namespace, name, body)
+
+
+async def test_a_raise_in_status_hard_alone_is_reported_as_a_decision(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """The enforcer writes ``status.hard`` first; quota admission lets the pod in by it and charges it, so the
+    ``spec.hard`` patch after it conflicts, and the quota is planned again. The raise admission acted on was reported
+    nowhere: the decisions showed no raise for a pod let in past the budget, and ``replay --verify`` could not check
+    it. It is a decision of its own (``statusOnly``), at the status write's version."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    await sim.wait_quota_synced(NS, "compute")
+    calls = AdmittedBetween(KubeQuotas(api), sim)
+    async with enforcer(bus, api, calls=calls) as (e, _):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
+        ds = await decisions(bus, lambda ds: any(d.status_only for d in ds))
+        (only,) = [d for d in ds if d.status_only]
+        assert only.hard_after == {"limits.memory": "80Gi"} and only.hard_before == {"limits.memory": "64Gi"}, only
+        assert "status.hard only" in only.reason, only.reason
+        assert e.conflicts >= 1 and "admitted" in calls.calls, calls.calls
+        assert next(d for d in ds if d.hard_after == {"limits.memory": "80Gi"}) is only, "reported in order"
+
+
 @contextlib.asynccontextmanager
 async def two_quotas_enforced(
     sim: SimCluster, bus: Bus, api: client.ApiClient, calls: QuotaApi

@@ -60,6 +60,9 @@ class QuotaRecord:
     budget: ResourceList
     hard_before: ResourceList = field(default_factory=dict)
     hard_max: ResourceList = field(default_factory=dict)
+    """The highest ``hard`` in effect during the steps, per resource: of ``spec.hard`` and of ``status.hard``, which
+    quota admission checks (the enforcer writes it first; when its write of ``spec.hard`` then meets a newer version,
+    the raise may have been in ``status.hard`` alone)."""
     hard_after: ResourceList = field(default_factory=dict)
     timeline: list[tuple[float, ResourceList]] = field(default_factory=list)
 
@@ -183,7 +186,8 @@ class Observer:
                 if not rec.timeline or rec.timeline[-1][1] != hard:
                     rec.timeline.append((now - self.t0, hard))
                 if self.recording:
-                    for r, q in hard.items():
+                    in_status = (obj.get("status") or {}).get("hard") or {}
+                    for r, q in [*hard.items(), *parse_resource_list(in_status, "status.hard").items()]:
                         if r not in rec.hard_max or q > rec.hard_max[r]:
                             rec.hard_max[r] = q
             used = parse_resource_list(((obj.get("status") or {}).get("used")) or {}, "status.used")

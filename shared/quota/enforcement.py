@@ -399,8 +399,7 @@ class Plan:
         write of ``spec.hard`` after it met a newer version of the quota (quota admission's, usually charging the pod
         the raise let in), which is planned again. Quota admission checked the plan's ``hard`` from the first write
         on, and lets pods in by it: a decision records it (``status_only``), whatever the next plan writes."""
-        why = f"{self.reason}; status.hard only: spec.hard met a newer version of the quota and is planned again"
-        return replace(self, hard_before=self.status_hard, status_only=True, reason=why)
+        return replace(self, hard_before=self.status_hard, status_only=True)
 
     @property
     def key(self) -> tuple[str, str]:

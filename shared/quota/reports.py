@@ -31,10 +31,15 @@ EVENT_COMPONENT: Final = "vmquota-enforcer"
 EVENT_MESSAGE_MAX: Final = 1024
 
 
+STATUS_ONLY_NOTE: Final = " (in status.hard, which quota admission checks: spec.hard met a newer version of the quota)"
+"""What the Event of a decision that wrote ``status.hard`` alone adds to its reason."""
+
+
 def event_body(p: Plan, *, identity: str, now: datetime) -> dict[str, Any]:
     """The core/v1 Event recording a change on the quota (``kubectl get events`` lists it)."""
     involved = {"apiVersion": "v1", "kind": QUOTA_KIND, "namespace": p.namespace, "name": p.name, "uid": p.uid}
-    return _event(involved, p.event_reason, p.event_type, p.reason, action=p.action.value, identity=identity, now=now)
+    message = f"{p.reason}{STATUS_ONLY_NOTE if p.status_only else ''}"
+    return _event(involved, p.event_reason, p.event_type, message, action=p.action.value, identity=identity, now=now)
 
 
 def size_change_refused_event(

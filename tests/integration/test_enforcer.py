@@ -2079,7 +2079,7 @@ async def test_a_raise_in_status_hard_alone_is_reported_as_a_decision(
         ds = await decisions(bus, lambda ds: any(d.status_only for d in ds))
         (only,) = [d for d in ds if d.status_only]
         assert only.hard_after == {"limits.memory": "80Gi"} and only.hard_before == {"limits.memory": "64Gi"}, only
-        assert "status.hard only" in only.reason, only.reason
+        assert only.reason.startswith("raised limits.memory by 16Gi"), only.reason
         assert e.conflicts >= 1 and "admitted" in calls.calls, calls.calls
         assert next(d for d in ds if d.hard_after == {"limits.memory": "80Gi"}) is only, "reported in order"
 

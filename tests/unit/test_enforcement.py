@@ -475,6 +475,23 @@ def test_event_and_decision_bodies() -> None:
     assert contract.decode_decision(contract.encode(d)) == d
     dry = reports.decision(p, cluster="c1", dry_run=True)
     assert dry.dry_run and dry.id.startswith("c1/decision/q-uid-1/10/dry-run-")
+    assert not d.status_only
+
+
+def test_a_status_hard_written_alone_is_a_decision_from_what_it_wrote_over() -> None:
+    """The enforcer wrote ``status.hard``, and its ``spec.hard`` met a newer version: the decision records the raise
+    in effect, from the ``status.hard`` it wrote over, and its Event says where the raise is."""
+    raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "64Gi"})
+    raw["status"] = {"hard": {"limits.memory": "60Gi"}, "used": {"limits.memory": "60Gi"}}
+    u = usage({"compute": terms({"limits.memory": "64Gi"}, {"limits.memory": "80Gi"})}, MIGRATING)
+    p = enf.plan(snap(raw), u)
+    assert p.set_status and p.set_hard
+    only = p.status_written()
+    d = reports.decision(only, cluster="c1", dry_run=False, resource_version="12")
+    assert d.status_only and (d.hard_before, d.hard_after) == ({"limits.memory": "60Gi"}, {"limits.memory": "80Gi"})
+    assert d.reason == p.reason and contract.decode_decision(contract.encode(d)) == d
+    ev = reports.event_body(only, identity="pod-1", now=datetime(2026, 1, 2, tzinfo=UTC))
+    assert ev["message"] == p.reason + reports.STATUS_ONLY_NOTE
 
 
 def test_check_usage_refuses_malformed_terms() -> None:

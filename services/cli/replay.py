@@ -30,7 +30,7 @@ from shared.accounting.namespace import ACCOUNTED_KINDS
 from shared.accounting.wire import account
 from shared.errors import InvalidInput
 from shared.ledger.fold import Ledger
-from shared.quota.equation import within_charged
+from shared.quota.enforcement import hard_from
 from shared.resources import canonical_resource_list, parse_resource_list
 from shared.times import rfc3339
 
@@ -251,9 +251,7 @@ def _verify(r: Replay, d: contract.Decision, differences: list[str]) -> int:
     if d.charged:  # (the enforcer held hard within what the API server charged: so does the replay)
         try:
             charged = parse_resource_list(d.charged, "charged")
-            hard = canonical_resource_list(
-                within_charged(parse_resource_list(t.hard, "hard"), parse_resource_list(t.pods, "pods"), charged)
-            )
+            hard = canonical_resource_list(hard_from(t, charged))
         except InvalidInput as e:
             differences.append(f"{d.cluster}/{d.namespace}/{d.quota} at {d.time}: {e}")
             return 1

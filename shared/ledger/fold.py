@@ -881,21 +881,19 @@ class NamespaceState:
                 return
             self.late.clear()
             self._settle()
-            # (a creation time is to the second, the API server's; a publish time the watcher's, finer: a pod stamped
-            # in the second the change was published, or the one before, may have come after it)
-            at = parse_rfc3339(published)
-            if at is None:
-                return
-            at = at.replace(microsecond=0) - SETTLE_MARGIN
+            stamp = parse_rfc3339(published)
         elif before is None and policy_or_error(now) is not None:
-            at = now.creation_timestamp or parse_rfc3339(published)
-            if at is None:
-                return
-            at = at.replace(microsecond=0) - SETTLE_MARGIN
-            self._settle(at)
-            self.late -= self.settled
+            stamp = now.creation_timestamp or parse_rfc3339(published)
         else:
             return
+        if stamp is None:
+            return
+        # (a creation time is to the second, the API server's; a publish time the watcher's, finer: a pod stamped in
+        # the second of the change, or the one before, may have come after it)
+        at = stamp.replace(microsecond=0) - SETTLE_MARGIN
+        if before is None:
+            self._settle(at)
+            self.late -= self.settled
         if self.settled_until is None or at > self.settled_until:
             self.settled_until = at
 

@@ -492,6 +492,17 @@ def charged_as_counted(q: QuotaSnapshot, terms: QuotaTerms | None) -> bool:
     return True
 
 
+def hard_from(terms: QuotaTerms, charged: Mapping[str, Quantity] | None) -> ResourceList:
+    """The ``hard`` the enforcer writes from a quota's published terms: the ledger's ``hard``, held within what the
+    API server charges when ``charged`` (the quota's ``status.used`` as read) is given
+    (:func:`~shared.quota.equation.within_charged`). What ``vmquota replay --verify`` derives a decision's ``hard``
+    with, too. Raises :class:`InvalidInput` for malformed terms."""
+    hard = parse_resource_list(terms.hard, "hard")
+    if charged is None:
+        return hard
+    return within_charged(hard, parse_resource_list(terms.pods, "pods"), charged)
+
+
 def plan(
     q: QuotaSnapshot,
     usage: UsageSnapshot | None,
@@ -541,9 +552,7 @@ def _plan(
             ledger_budget = parse_resource_list(terms.budget, "budget")
             agreed = same(ledger_budget, b.budget)
             if agreed:
-                hard = parse_resource_list(terms.hard, "hard")
-                if charged is not None:
-                    hard = within_charged(hard, parse_resource_list(terms.pods, "pods"), charged)
+                hard = hard_from(terms, charged)
         except InvalidInput:
             agreed = False  # a malformed snapshot is refused before it gets here; wait for the next one
     label = policy_label(q, mode)

@@ -714,6 +714,7 @@ class Enforcer:
                     raise
                 conflicts += 1
                 failed = p.resource_version
+                at = ""  # (what took effect is reported: the next decision's time is its own first write's)
                 self.conflicts += 1
                 self.own.patches.labels(outcome="conflict").inc()
                 if conflicts >= self.opts.max_conflicts:

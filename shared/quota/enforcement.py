@@ -124,6 +124,10 @@ class Action(StrEnum):
     ``usage_refresh_interval`` per quota, and reports nothing (it is not a decision)."""
 
 
+HANDING_BACK: Final = frozenset({Action.RELEASE, Action.REFUSE})
+"""The actions that hand a quota back to native quota."""
+
+
 # ---- formatting --------------------------------------------------------------------------------------------------
 
 
@@ -333,7 +337,9 @@ class Plan:
     the resources of ``hard_after``: what a decision records, so that ``hard`` is derived again from the usage and
     it (``vmquota replay --verify``)."""
     status_only: bool = False
-    """Only ``status.hard`` was written (:meth:`status_written`)."""
+    """Of the two, ``status.hard`` alone is written: a repair of it (``spec.hard`` as it is), or a plan written as far
+    as its ``status.hard`` (:meth:`status_written`). Its decision's ``hard_before`` is the ``status.hard`` written
+    over."""
 
     @property
     def set_hard(self) -> bool:
@@ -346,14 +352,28 @@ class Plan:
         its next sync, written at once, so that quota admission checks the new ``hard`` from the write on (a lower
         one closes its room then, a raise opens it for KubeVirt's retry that the write itself wakes), not a sync
         later. Only for the resources the controller has synced already (the same names in ``status.hard``, each
-        with a value in ``status.used``): a quota admission finds no usage for refuses every pod."""
+        with a value in ``status.used``): a quota admission finds no usage for refuses every pod. A quota handed back
+        (released or refused) has ``status.hard`` lowered only where it is above the ``hard`` handed back: a raise
+        written to ``status.hard`` whose ``spec.hard`` never followed (the label taken off between the two writes)
+        stayed open until the quota controller's resync, minutes later; native quota copies the rest."""
         return (
-            self.action in (Action.ADJUST, Action.ADOPT)
+            (self.action in (Action.ADJUST, Action.ADOPT) or (self.action in HANDING_BACK and self._status_above))
             and bool(self.status_hard)
             and self.hard_after.keys() == self.status_hard.keys()
             and self.hard_after.keys() <= self.charged_names
             and not same(self.hard_after, self.status_hard)
         )
+
+    @property
+    def status_after(self) -> ResourceList:
+        """The ``status.hard`` the plan writes where it :attr:`set_status`: its ``hard``, or for a quota handed back
+        only the lowerings of it (:meth:`lowered_status`: native quota copies the rest)."""
+        return self.lowered_status() if self.action in HANDING_BACK else self.hard_after
+
+    @property
+    def _status_above(self) -> bool:
+        """``status.hard`` is above the plan's ``hard`` for some resource."""
+        return any(r in self.hard_after and (q - self.hard_after[r]).nanos > 0 for r, q in self.status_hard.items())
 
     @property
     def changes(self) -> bool:
@@ -392,14 +412,14 @@ class Plan:
         :func:`shared.quota.equation.within_charged`), and with the guard waits for unconfirmed holders."""
         if self.raises_spec:
             return True
-        return self.set_status and any((q - self.status_hard[r]).nanos > 0 for r, q in self.hard_after.items())
+        return self.set_status and any((q - self.status_hard[r]).nanos > 0 for r, q in self.status_after.items())
 
     def status_written(self) -> Plan:
         """The plan as far as it was written when its ``status.hard`` went out and its ``spec.hard`` did not: the
         write of ``spec.hard`` after it met a newer version of the quota (quota admission's, usually charging the pod
         the raise let in), which is planned again. Quota admission checked the plan's ``hard`` from the first write
         on, and lets pods in by it: a decision records it (``status_only``), whatever the next plan writes."""
-        return replace(self, hard_before=self.status_hard, status_only=True)
+        return replace(self, status_only=True)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -589,7 +609,8 @@ def _plan(
             # status.hard is not the spec.hard vmquota wrote (a write of it whose spec.hard never followed, or the
             # quota controller's copy of an older spec.hard that came after it): quota admission checks it, and the
             # controller copies spec.hard again only when spec.hard changes, or at its resync (minutes)
-            return replace(repair, reason=f"status.hard set to spec.hard: {_items(hard)}")
+            verb = "lowered" if repair._status_above else "raised"
+            return replace(repair, status_only=True, reason=f"{verb} status.hard to spec.hard: {_items(hard)}")
         action = Action.REFRESH if summary else Action.NONE  # (paced by the enforcer: see Action.REFRESH)
         return _base(q, action, mode=mode.value, budget=b.budget, usage_seq=seq, annotations=summary)
     annotations.update(summary)  # (rides on a write that happens anyway)
@@ -812,11 +833,11 @@ def _hard_change(
 
 def status_body(p: Plan, hard: Mapping[str, Quantity] | None = None) -> dict[str, Any]:
     """The JSON merge patch of ``status.hard`` for a plan that :attr:`~Plan.set_status` (of the ``status``
-    subresource): the plan's ``hard`` (or ``hard``), under the plan's resourceVersion as precondition. The same
+    subresource): :attr:`~Plan.status_after` (or ``hard``), under the plan's resourceVersion as precondition. The same
     names as the ``status.hard`` it replaces, so nothing is removed, and ``status.used`` is left as it is."""
     return {
         "metadata": {"resourceVersion": p.resource_version},
-        "status": {"hard": canonical_resource_list(p.hard_after if hard is None else hard)},
+        "status": {"hard": canonical_resource_list(p.status_after if hard is None else hard)},
     }
 
 

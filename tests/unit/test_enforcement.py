@@ -365,6 +365,31 @@ def test_a_release_raises_spec_hard_only_for_a_quota_the_api_server_showed_manag
     }
 
 
+@pytest.mark.parametrize("how", ["released", "refused"])
+def test_a_quota_handed_back_has_a_status_hard_raise_whose_spec_hard_never_followed_set_back(how: str) -> None:
+    """The enforcer wrote a raise to ``status.hard``, and before its ``spec.hard`` followed the quota was handed back
+    (its label taken off, or its policy made invalid). ``spec.hard`` already equals the budget, so nothing changed
+    it, and the quota controller copies it only at its resync, minutes later: quota admission checked the raise on a
+    quota vmquota no longer managed. The plan sets ``status.hard`` back where it is above what is handed back, and
+    raises it nowhere."""
+    raw = adopted({"limits.memory": "64Gi", "pods": "10"}, {"limits.memory": "64Gi", "pods": "10"})
+    if how == "released":
+        raw["metadata"]["labels"] = {}
+    else:
+        raw["metadata"]["annotations"][MODE_ANNOTATION] = "NoSuchMode"
+    raw["status"] = {
+        "hard": {"limits.memory": "80Gi", "pods": "5"},
+        "used": {"limits.memory": "64Gi", "pods": "5"},
+    }
+    p = enf.plan(snap(raw), None, managed=True)
+    assert p.action is (Action.RELEASE if how == "released" else Action.REFUSE) and not p.set_hard
+    assert p.set_status and not p.raises
+    assert write(raw, p)["status"]["hard"] == {"limits.memory": "64Gi", "pods": "5"}
+    below = copy.deepcopy(raw)
+    below["status"]["hard"] = {"limits.memory": "60Gi", "pods": "10"}
+    assert not enf.plan(snap(below), None, managed=True).set_status, "native quota copies a raise itself"
+
+
 def test_quotas_in_excluded_namespaces() -> None:
     patterns = enf.DEFAULT_EXCLUDED_NAMESPACES
     assert enf.excluded("kube-system", patterns) and enf.excluded("kube-public", patterns)
@@ -834,7 +859,10 @@ def test_a_status_hard_that_is_not_the_spec_hard_written_is_written_again(left: 
     raw["status"]["hard"] = {"limits.memory": left}
     p = enf.plan(snap(raw), u)
     assert p.action is Action.ADJUST and p.set_status and not p.set_hard and not p.annotations
-    assert p.reason == "status.hard set to spec.hard: limits.memory=72Gi"
+    verb = "lowered" if left == "81Gi" else "raised"
+    assert p.reason == f"{verb} status.hard to spec.hard: limits.memory=72Gi" and p.status_only
+    d = reports.decision(p, cluster="c1", dry_run=False, resource_version="12")
+    assert (d.hard_before, d.hard_after) == ({"limits.memory": left}, {"limits.memory": "72Gi"}), d
     assert write(raw, p)["status"]["hard"] == {"limits.memory": "72Gi"}
     assert enf.status_astray(snap(raw)), "a version that says so is planned again"
 

@@ -24,7 +24,7 @@ from services.devtools.demo.scenario import UNMANAGED, Scenario
 from services.devtools.simcluster.cluster import SimCluster
 from services.devtools.simcluster.kubevirt import KubeVirtTiming
 from services.devtools.simcluster.store_api import ApiError, Obj, Resource, WatchType
-from shared.kinds import FINAL_PHASES
+from shared.kinds import FINAL_PHASES, VMI_KIND
 from shared.quantity import Quantity
 from shared.quota.annotations import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION, RATIO_ANNOTATION
 from shared.resources import ResourceList, format_resource_list, parse_resource_list
@@ -128,6 +128,11 @@ class Observer:
         self.t0 = time.monotonic()
         self.recording = False
         self.last_write = time.monotonic()
+        self.slowest = 0.0
+        """The longest time seen from KubeVirt's first refusal of a pod for a VMI to the creation of one: vmquota's
+        reaction on this machine, of which the quiet that ends a wait is a multiple (:meth:`quiet_for`)."""
+        self._refused_since: dict[str, float] = {}
+        """``namespace/VMI`` → when KubeVirt was first refused a pod for it, none created since."""
         self._quota_keys = {f"{n.name}/{q.name}" for n in scenario.namespaces for q in n.quotas}
         self._by_uid: dict[str, MigrationRecord] = {}
         self._tenants: dict[str, Quantity] = {}
@@ -173,6 +178,17 @@ class Observer:
         self.result.tenant_admitted += 1
         self.result.tenant.append(f"a {size} pod {why}: ADMITTED")
 
+    def quiet_for(self, settle: float) -> float:
+        """How long nothing may be written for a wait to end: ``settle``, or :data:`QUIET_PER_REACTION` times the
+        slowest reaction seen, if longer. On a slow or loaded machine a quiet of ``settle`` alone ended a step while
+        vmquota was still at work (the raise for a refused pod not written yet), and what was read then was not the
+        outcome."""
+        return max(settle, QUIET_PER_REACTION * self.slowest)
+
+    def quiet(self, settle: float) -> bool:
+        """Nothing was written for :meth:`quiet_for` seconds."""
+        return time.monotonic() - self.last_write >= self.quiet_for(settle)
+
     def __call__(self, type_: WatchType, res: Resource, obj: Obj) -> None:
         now = time.monotonic()
         self.last_write = now
@@ -211,6 +227,10 @@ class Observer:
             if (meta.get("labels") or {}).get("kubevirt.io") == "virt-launcher":
                 self._sources_ended.add(ns)
         elif kind == "Pod" and type_ == "ADDED":
+            owner: Obj = next((o for o in meta.get("ownerReferences") or [] if o.get("kind") == VMI_KIND), {})
+            since = self._refused_since.pop(f"{ns}/{owner.get('name') or ''}", None)
+            if since is not None:
+                self.slowest = max(self.slowest, now - since)
             uid = (meta.get("labels") or {}).get(MIGRATION_JOB_LABEL)
             mig = self._by_uid.get(uid or "")
             if mig is not None and mig.admitted is None:
@@ -220,10 +240,14 @@ class Observer:
             if obj.get("reason") == "FailedCreate" and "exceeded quota" in message:
                 involved = (obj.get("involvedObject") or {}).get("name") or ""
                 self.result.refusals.append(f"{ns}/{involved}: {message}")
+                self._refused_since.setdefault(f"{ns}/{involved}", now)
                 mig = self.result.migrations.get(involved)
                 if mig is not None and mig.uid and mig.admitted is None and mig.phase not in FINAL_PHASES:
                     mig.quota_refusals += 1
 
+
+QUIET_PER_REACTION: Final = 3.0
+"""The quiet that ends a wait, in multiples of the slowest reaction seen (:meth:`Observer.quiet_for`)."""
 
 STARTUP_QUIET: Final = 2.0
 """The least quiet (seconds, real time) that ends the wait for a scenario's VMs to start without all of them
@@ -231,14 +255,15 @@ running: a VM that stays refused ends it so."""
 
 
 async def _settle(sim: SimCluster, observer: Observer, done: Any, *, settle: float, within: float) -> bool:
-    """Wait until ``done()`` holds, or the cluster is quiet and nothing was written for ``settle`` seconds (the
-    outcome is then final, e.g. a migration that quota keeps refusing). False when ``within`` passed first."""
+    """Wait until ``done()`` holds, or the cluster is quiet and nothing was written for ``settle`` seconds, or longer
+    on a machine where vmquota was seen to react slower (:meth:`Observer.quiet_for`): the outcome is then final, e.g.
+    a migration that quota keeps refusing. False when ``within`` passed first."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
     while loop.time() < deadline:
         if done():
             return True
-        if sim.idle() and time.monotonic() - observer.last_write >= settle:
+        if sim.idle() and observer.quiet(settle):
             return True
         with contextlib.suppress(TimeoutError):
             await sim.wait_for(done, within=min(0.05, max(0.0, deadline - loop.time())), what="scenario step")
@@ -482,7 +507,7 @@ async def play(
             return all(_vm_state(sim, v.namespace, v.name, set()) == "Running" for v in initial)
 
         def steady() -> bool:
-            return sim.idle() and time.monotonic() - observer.last_write >= settle
+            return sim.idle() and observer.quiet(settle)
 
         # (quiet for longer: a VM refused for a moment starts once vmquota reacts, which on a loaded machine may
         # take longer than a step's quiet; the steps then ran with a VM missing, a migration needed no raise)

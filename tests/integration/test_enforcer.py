@@ -435,7 +435,7 @@ async def test_server_errors_back_off_and_converge(
             "vmquota_enforcer_patches_total", {"service": "enforcer", "outcome": "error"}
         )
         assert errors == 3, "each failed patch was retried once, after its backoff"
-        await sim.wait_for(e.idle, within=5, what="enforcer idle")
+        await sim.wait_for(e.idle, within=20, what="enforcer idle")
 
 
 async def test_dry_run_reports_and_writes_nothing(
@@ -448,10 +448,10 @@ async def test_dry_run_reports_and_writes_nothing(
         dry = [d for d in ds if d.hard_after == {"limits.memory": "80Gi"}]
         assert dry and all(d.dry_run for d in ds)
         assert "raised limits.memory by 16Gi for the migration of vm1" in dry[-1].reason
-        await sim.wait_for(e.idle, within=5, what="enforcer idle")
+        await sim.wait_for(e.idle, within=20, what="enforcer idle")
         reported = e.reporter.reported
         await publish_usage(bus, 6, terms("64Gi", "80Gi"), MIGRATING)  # same content again
-        await sim.wait_for(lambda: NS in e.usage and e.usage[NS].seq == 6 and e.idle(), within=5, what="seq 6")
+        await sim.wait_for(lambda: NS in e.usage and e.usage[NS].seq == 6 and e.idle(), within=20, what="seq 6")
         assert e.reporter.reported == reported, "a dry run reports each plan once"
     q = sim.peek("resourcequotas", NS, "compute")
     assert q is not None
@@ -468,7 +468,7 @@ async def test_restart_mid_way_converges_to_the_same_hard(
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "first enforcer raised hard")
         slow = sim.faults.add_latency(0.3, verbs=["patch"], resources=["resourcequotas"])
         await publish_usage(bus, 6, terms("64Gi", "72Gi"), MIGRATING)
-        await sim.wait_for(lambda: not first._queue.idle(), within=5, what="a patch in flight")
+        await sim.wait_for(lambda: not first._queue.idle(), within=20, what="a patch in flight")
         task.cancel()  # a crash (or a lost Lease) in the middle of a patch
         with contextlib.suppress(asyncio.CancelledError):
             await task
@@ -476,13 +476,13 @@ async def test_restart_mid_way_converges_to_the_same_hard(
     await publish_usage(bus, 7, terms("64Gi", "64Gi"))
     async with enforcer(bus, api) as (second, _):
         q = await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "second enforcer converged")
-        await sim.wait_for(second.idle, within=5, what="second enforcer idle")
+        await sim.wait_for(second.idle, within=20, what="second enforcer idle")
     q = sim.peek("resourcequotas", NS, "compute") or q
     assert hard(q) == {"limits.memory": "64Gi"}
     assert json.loads(notes(q)[BUDGET_ANNOTATION]) == {"limits.memory": "64Gi"}, "the budget never moved"
     assert json.loads(notes(q)[LAST_HARD_ANNOTATION]) == {"limits.memory": "64Gi"}
     async with enforcer(bus, api) as (third, _):
-        await sim.wait_for(third.idle, within=5, what="third enforcer idle")
+        await sim.wait_for(third.idle, within=20, what="third enforcer idle")
         assert third.patched == 0, "a restart with nothing new changes nothing"
 
 
@@ -532,10 +532,10 @@ async def test_malformed_input_goes_to_the_dead_letter_subject(
     async with enforcer(bus, api) as (e, _):
         await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
         await bus.publish(contract.usage_subject(CLUSTER, NS), b'{"type": "io.vmquota.usage", "not": "usage"}')
-        await sim.wait_for(lambda: e.dead_letters == 1, within=5, what="the first reject")
+        await sim.wait_for(lambda: e.dead_letters == 1, within=20, what="the first reject")
         # The usage stream keeps one message per namespace: each is read before the next replaces it.
         await publish_usage(bus, 5, terms("64Gi", "a lot"))
-        await sim.wait_for(lambda: e.dead_letters == 2, within=5, what="the second reject")
+        await sim.wait_for(lambda: e.dead_letters == 2, within=20, what="the second reject")
         await bus.publish(contract.event_subject(CLUSTER, "ResourceQuota", NS), b"\xff not json")
         await publish_usage(bus, 6, terms("64Gi", "80Gi"), MIGRATING)
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "the next good snapshot applies")
@@ -563,14 +563,23 @@ async def test_seed_scenario_1_the_migration_gets_in_and_hard_comes_back() -> No
         await p.wait_hard(NS, "compute", rl({"limits.memory": "64Gi"}), "hard back to the budget")
         assert p.budget(NS, "compute") == rl({"limits.memory": "64Gi"})
 
-        raised = [d for d in p.tap.decisions if d.reason.startswith("raised limits.memory by")]
-        assert raised, [d.reason for d in p.tap.decisions]
-        assert raised[0].reason.endswith("for the migration of vm1") and not raised[0].dry_run
-        target = rl(raised[0].hard_after)["limits.memory"] - rl(raised[0].hard_before)["limits.memory"]
+        def for_the_migration() -> list[contract.Decision]:
+            # (a decision may raise hard back after one that held it within what the API server charged, too)
+            return [
+                d
+                for d in p.tap.decisions
+                if d.reason.startswith("raised limits.memory by") and d.reason.endswith("for the migration of vm1")
+            ]
+
+        # (a decision reaches the bus after its write: the raise may come to the tap after hard is back)
+        await p.wait(lambda: bool(for_the_migration()), "the raise on the bus")
+        raised = for_the_migration()[0]
+        assert not raised.dry_run
+        target = rl(raised.hard_after)["limits.memory"] - rl(raised.hard_before)["limits.memory"]
         assert target > rl({"limits.memory": "16Gi"})["limits.memory"], "the target pod charges 16Gi + overhead"
         await p.wait(lambda: any(d.reason.startswith("lowered limits.memory") for d in p.tap.decisions), "the lowering")
         events = p.quota_events(NS, "compute", "QuotaAdjusted")
-        assert any(e["message"] == raised[0].reason for e in events), "the decision is on the quota as an Event"
+        assert any(e["message"].startswith(raised.reason) for e in events), "the decision is on the quota as an Event"
         assert all(e["involvedObject"]["uid"] == p.quota(NS, "compute")["metadata"]["uid"] for e in events)
 
 
@@ -651,7 +660,7 @@ async def test_a_shrink_of_the_guard_never_removes_what_another_writer_listed(
         await publish_usage(bus, 6, terms("64Gi", "64Gi"), vms=vms)  # the old one's migration is over
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "hard lowered")
         await sim.wait_quota_synced(NS, "compute")
-        await sim.wait_for(lambda: (NS, "compute") not in e._lagging and e.idle(), within=5, what="enforcer idle")
+        await sim.wait_for(lambda: (NS, "compute") not in e._lagging and e.idle(), within=20, what="enforcer idle")
         assert listed_names(sim) == {"vm7"}, "the old enforcer's shrink removed what the new one listed"
 
 
@@ -668,7 +677,7 @@ async def test_a_deleted_quota_takes_its_holders_off_the_guard(
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "hard raised")
         assert listed_names(sim) == {"vm1"}
         await sim.store.delete(sim.store.resource("resourcequotas"), NS, "compute")
-        await sim.wait_for(lambda: listed_names(sim) == set(), within=5, what="the holders taken off")
+        await sim.wait_for(lambda: listed_names(sim) == set(), within=20, what="the holders taken off")
 
 
 async def holders_taken_off(sim: SimCluster) -> None:
@@ -710,9 +719,9 @@ async def test_with_the_guard_a_holder_let_in_where_hard_held_its_room_already_i
         assert listed_names(sim) == {"vm1"}
         turn = contract.MigrationState(name="m2", vmi="vm2", state="pending", reserved={"limits.memory": "16Gi"})
         await publish_usage(bus, 6, terms("64Gi", "80Gi"), [turn], vms=vms)
-        await sim.wait_for(lambda: listed_names(sim) == {"vm2"}, within=5, what="vm2 listed in vm1's place")
-        await sim.wait_for(lambda: "vm2" in calls.nudged, within=5, what="vm2's VMI nudged")
-        await sim.wait_for(lambda: e.idle() and e.reporter.settled(), within=5, what="the enforcer idle")
+        await sim.wait_for(lambda: listed_names(sim) == {"vm2"}, within=20, what="vm2 listed in vm1's place")
+        await sim.wait_for(lambda: "vm2" in calls.nudged, within=20, what="vm2's VMI nudged")
+        await sim.wait_for(lambda: e.idle() and e.reporter.settled(), within=20, what="the enforcer idle")
         assert calls.nudged == ["vm2"], calls.nudged
         assert calls.nudged_at == [{"limits.memory": "80Gi"}], "nudged before quota admission had the room"
         assert hard(sim.peek("resourcequotas", NS, "compute") or {}) == {"limits.memory": "80Gi"}
@@ -737,7 +746,7 @@ async def test_with_the_guard_a_holder_unconfirmed_holds_no_other_holders_raise_
         )
         await publish_usage(bus, 6, terms("64Gi", "96Gi"), [turn, third], vms=vms)
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "96Gi"}, "hard raised for vm2 and vm3")
-        await sim.wait_for(lambda: listed_names(sim) == {"vm2", "vm3"}, within=5, what="vm2 and vm3 listed")
+        await sim.wait_for(lambda: listed_names(sim) == {"vm2", "vm3"}, within=20, what="vm2 and vm3 listed")
         assert guard.unconfirmed(sim.peek(guard.PLURAL, NS, guard.NAME)) == {"uid-vm3"}, "vm2 let in, vm3 kept out"
 
 
@@ -778,7 +787,7 @@ async def test_with_the_guard_a_tenant_replacing_its_pending_vmi_holds_no_drain_
                 {h.uid for h in guard.listed(sim.peek(guard.PLURAL, NS, guard.NAME))}
                 == {vm1.uid, f"uid-of-deleted-s-{i}"}
             ),
-            within=5,
+            within=20,
             what=f"only vm1 and the latest replaced VMI listed ({i})",
         )
 
@@ -807,7 +816,7 @@ async def test_a_guard_write_whose_answer_was_lost_is_read_again_before_the_next
         await sim.wait_quota_synced(NS, "compute")
         calls.lose = 1
         await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING, vms=vms)
-        await sim.wait_for(lambda: calls.lose == 0 and listed_names(sim) == {"vm1"}, within=5, what="a lost answer")
+        await sim.wait_for(lambda: calls.lose == 0 and listed_names(sim) == {"vm1"}, within=20, what="a lost answer")
         await publish_usage(bus, 6, terms("64Gi", "64Gi"), vms=vms)  # (the migration deleted)
         await holders_taken_off(sim)
 
@@ -838,7 +847,7 @@ async def test_a_deleted_quotas_holders_are_taken_off_though_the_first_tries_fai
     async with listed_for_vm1(sim, bus, api):
         failing = sim.faults.fail(500, verbs=["patch"], resources=[guard.PLURAL], count=None if restarted else 1)
         await sim.store.delete(sim.store.resource("resourcequotas"), NS, "compute")
-        await sim.wait_for(lambda: failing.injected >= 1, within=5, what="a failed shrink")
+        await sim.wait_for(lambda: failing.injected >= 1, within=20, what="a failed shrink")
         if not restarted:
             await holders_taken_off(sim)
             return
@@ -1061,7 +1070,7 @@ async def test_a_holder_of_a_raise_whose_answer_was_lost_is_kept_until_admission
         emptied = emptied_while_raised(sim)
         sim.quota.timing = QuotaTiming(sync_delay=3600.0)  # (the quota controller slow to copy the lowering)
         await publish_usage(bus, 6, terms("64Gi", "64Gi"), vms=vms)  # (the migration deleted)
-        await sim.wait_for(lambda: e.usage.get(NS) is not None and e.usage[NS].seq == 6, within=5, what="usage 6")
+        await sim.wait_for(lambda: e.usage.get(NS) is not None and e.usage[NS].seq == 6, within=20, what="usage 6")
         calls.block = False
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "hard lowered")
         await sim.wait_for(lambda: e.idle(), within=10, what="the enforcer idle")
@@ -1086,7 +1095,7 @@ async def test_a_quota_reservation_deleted_by_hand_while_it_guards_a_raise_is_wr
         assert listed_names(sim) == {"vm1"}
         await sim.store.delete(sim.store.resource(guard.PLURAL), NS, guard.NAME)
         assert not listed_names(sim)
-        await sim.wait_for(lambda: listed_names(sim) == {"vm1"}, within=5, what="the QuotaReservation written again")
+        await sim.wait_for(lambda: listed_names(sim) == {"vm1"}, within=20, what="the QuotaReservation written again")
         assert not await tenant_pod(sim, "grab"), "a tenant's pod took the room the QuotaReservation guards"
 
 
@@ -1114,14 +1123,14 @@ async def test_a_holder_of_a_raise_whose_answer_was_lost_is_kept_while_the_quota
         await namespace_full(sim)
         await sim.wait_for(
             lambda: e.quotas.get((NS, "compute")) == e.quotas.from_api(sim.peek("resourcequotas", NS, "compute") or {}),
-            within=5,
+            within=20,
             what="the enforcer's copy of the full quota",
         )
         quotas_in.clear()  # (the quota events lag from here on)
         await raised_for_vm1_answer_lost(sim, bus, calls, vms)
         emptied = emptied_while_raised(sim)
         await publish_usage(bus, 6, terms("64Gi", "64Gi"), vms=vms)  # (the migration deleted)
-        await sim.wait_for(lambda: e.usage.get(NS) is not None and e.usage[NS].seq == 6, within=5, what="usage 6")
+        await sim.wait_for(lambda: e.usage.get(NS) is not None and e.usage[NS].seq == 6, within=20, what="usage 6")
         calls.block = False
         await sim.wait_for(lambda: not listed_names(sim), within=10, what="vm1 off the list")
         assert emptied == [{"limits.memory": "64Gi"}], f"vm1 off while status.hard was {emptied}"
@@ -1183,7 +1192,7 @@ async def admitted_once_confirmed(sim: SimCluster, pod: Obj) -> None:
     """The ledger's next usage reserves the holder at its VMI's size: it is confirmed, and KubeVirt's ``pod`` gets
     in."""
     await sim.wait_for(
-        lambda: not guard.unconfirmed(sim.peek(guard.PLURAL, NS, guard.NAME)), within=5, what="the holder confirmed"
+        lambda: not guard.unconfirmed(sim.peek(guard.PLURAL, NS, guard.NAME)), within=20, what="the holder confirmed"
     )
     with acting_as(KUBEVIRT_CONTROLLER):
         await sim.create(pod)
@@ -1234,7 +1243,7 @@ async def test_with_the_guard_a_holder_whose_room_hard_holds_already_waits_for_t
         await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
         await sim.wait_quota_synced(NS, "compute")
         await publish_usage(bus, 5, terms("64Gi", "64Gi"), migrating(before), vms=vms)  # (no raise)
-        await sim.wait_for(lambda: listed_names(sim) == {"vm1"}, within=5, what="vm1 listed")
+        await sim.wait_for(lambda: listed_names(sim) == {"vm1"}, within=20, what="vm1 listed")
         reservation = sim.peek(guard.PLURAL, NS, guard.NAME)
         assert guard.unconfirmed(reservation) == {snap.uid}, "listed unconfirmed: read larger than reserved"
         with acting_as(KUBEVIRT_CONTROLLER), pytest.raises(ApiError) as refused:
@@ -1242,7 +1251,7 @@ async def test_with_the_guard_a_holder_whose_room_hard_holds_already_waits_for_t
         assert "reserved for vm1 (migration m1)" in str(refused.value)
         await publish_usage(bus, 6, terms("64Gi", "64Gi"), migrating(now), vms=vms)
         await sim.wait_for(
-            lambda: not guard.unconfirmed(sim.peek(guard.PLURAL, NS, guard.NAME)), within=5, what="vm1 confirmed"
+            lambda: not guard.unconfirmed(sim.peek(guard.PLURAL, NS, guard.NAME)), within=20, what="vm1 confirmed"
         )
         with acting_as(KUBEVIRT_CONTROLLER):
             await sim.create(target)
@@ -1305,7 +1314,7 @@ async def test_a_forged_usage_snapshot_neither_opens_room_nor_shadows_the_real_o
             )
         }
         await publish_usage(bus, 10**15, forged)
-        await sim.wait_for(lambda: e.dead_letters == 1, within=5, what="the forged snapshot refused")
+        await sim.wait_for(lambda: e.dead_letters == 1, within=20, what="the forged snapshot refused")
         await publish_usage(bus, 10**15 + 1, terms("64Gi", "80Gi"), MIGRATING)  # within the bound, huge seq
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "the bounded forgery applies")
         await publish_usage(bus, 6, terms("64Gi", "64Gi"))  # the real ledger's next snapshot
@@ -1334,16 +1343,16 @@ async def test_a_copy_of_an_older_usage_snapshot_stored_after_the_newer_one_is_i
         await publish_usage(bus, 6, terms("64Gi", "64Gi"))
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "lowered after it")
         await bus.publish(contract.usage_subject(CLUSTER, NS), raised.data)  # (the copy: the same bytes, later)
-        await sim.wait_for(lambda: e.older_usage == 1, within=5, what="the copy ignored")
+        await sim.wait_for(lambda: e.older_usage == 1, within=20, what="the copy ignored")
         assert e.usage[NS].seq == 6
         await publish_usage(bus, 7, terms("64Gi", "64Gi"))
-        await sim.wait_for(lambda: e.usage[NS].seq == 7, within=5, what="the next snapshot applied")
+        await sim.wait_for(lambda: e.usage[NS].seq == 7, within=20, what="the next snapshot applied")
         assert hard(await sim.get("resourcequotas", NS, "compute")) == {"limits.memory": "64Gi"}
     # (an enforcer that starts after a copy was stored holds no snapshot yet: the quota says what it was written from)
     await bus.publish(contract.usage_subject(CLUSTER, NS), raised.data)
     assert notes(await sim.get("resourcequotas", NS, "compute"))[USAGE_FROM_ANNOTATION].startswith("6 ")
     async with enforcer(bus, api) as (e, _):
-        await sim.wait_for(lambda: e.older_usage == 1, within=5, what="the copy ignored at start")
+        await sim.wait_for(lambda: e.older_usage == 1, within=20, what="the copy ignored at start")
         assert NS not in e.usage
         assert hard(await sim.get("resourcequotas", NS, "compute")) == {"limits.memory": "64Gi"}
 
@@ -1484,14 +1493,14 @@ async def test_with_the_guard_a_forged_quota_event_takes_no_holder_off_the_list(
         assert q["status"]["hard"] == {"limits.memory": "80Gi"}
         lie = forged(q)
         lie["status"]["hard"] = dict(q["spec"]["hard"])
-        await sim.wait_for(lambda: e.idle(), within=5, what="enforcer idle")
+        await sim.wait_for(lambda: e.idle(), within=20, what="enforcer idle")
         before = e.quotas.get((NS, "compute"))
         await publish_quota(bus, lie)
 
         def heard() -> bool:  # (the forged version kept, or the API server's read since: another snapshot)
             return e.quotas.get((NS, "compute")) is not before and e.idle()
 
-        await sim.wait_for(heard, within=5, what="the forged event heard and acted on")
+        await sim.wait_for(heard, within=20, what="the forged event heard and acted on")
         assert listed_names(sim) == {"vm1"}, "a holder went on a quota event's word"
 
 
@@ -1503,7 +1512,7 @@ async def test_a_forged_deletion_does_not_make_the_enforcer_forget_a_quota(
     async with enforcer(bus, api) as (e, _):
         q = await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "raised")
         await publish_quota(bus, forged(q), deleted=True)
-        await sim.wait_for(lambda: e.idle() and not e._verify, within=5, what="the deletion checked")
+        await sim.wait_for(lambda: e.idle() and not e._verify, within=20, what="the deletion checked")
         await publish_usage(bus, 6, terms("64Gi", "64Gi"))
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "still enforced", 5)
 
@@ -1533,7 +1542,7 @@ async def test_annotations_alone_open_no_room_and_excluded_namespaces_are_left_a
     async with enforcer(bus, api) as (e, _):
         q = await wait_quota(sim, lambda o: BUDGET_ANNOTATION not in notes(o), "our annotations removed")
         assert hard(q) == {"limits.memory": "8Gi"}, "a release never raises a quota vmquota was not seen managing"
-        await sim.wait_for(lambda: e.idle() and ("kubevirt", "compute") in e._excluded, within=5, what="excluded")
+        await sim.wait_for(lambda: e.idle() and ("kubevirt", "compute") in e._excluded, within=20, what="excluded")
         k = sim.peek("resourcequotas", "kubevirt", "compute")
         assert k is not None and hard(k) == {"limits.memory": "8Gi"} and BUDGET_ANNOTATION not in notes(k)
 
@@ -1549,10 +1558,10 @@ async def test_a_conflict_storm_is_backed_off_not_hammered(
         await sim.wait_quota_synced(NS, "compute")
         storm = sim.faults.fail(409, 1.0, verbs=["patch"], resources=["resourcequotas"])
         await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
-        await sim.wait_for(lambda: storm.injected >= 3, within=5, what="the storm under way")
+        await sim.wait_for(lambda: storm.injected >= 3, within=20, what="the storm under way")
         start, loop = storm.injected, asyncio.get_running_loop()
         t0 = loop.time()
-        await sim.wait_for(lambda: loop.time() - t0 >= 2.0, within=5, what="two seconds of storm")
+        await sim.wait_for(lambda: loop.time() - t0 >= 2.0, within=20, what="two seconds of storm")
         attempts = storm.injected - start
         assert attempts <= 12, f"{attempts} patches in 2 s of a 409 storm"
         sim.faults.failures.remove(storm)
@@ -1707,7 +1716,7 @@ async def test_a_paced_write_carries_what_arrived_while_it_waited(
             labels = {"service": "enforcer", "outcome": "paced"}
             return e.metrics.registry.get_sample_value("vmquota_enforcer_patches_total", labels) or 0.0
 
-        await sim.wait_for(lambda: paced() >= 1, within=5, what="the write to wait for its turn")
+        await sim.wait_for(lambda: paced() >= 1, within=20, what="the write to wait for its turn")
         await publish_usage(bus, 2, terms("64Gi", "80Gi"), MIGRATING)  # ... and this one arrives meanwhile
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "the latest usage applied")
     assert {"limits.memory": "70Gi"} not in written, f"a write planned before it waited went out: {written}"
@@ -2062,6 +2071,11 @@ class AdmittedBetween(BeatenOnce):
         self.calls.append("patch")
         return await self.inner.patch_quota(namespace, name, body)
 
+    async def get_quota(self, namespace: str, name: str) -> Obj:
+        if "admitted" in self.calls:  # (the read after the conflict: the next write goes out 20 ms after the first)
+            await asyncio.sleep(0.02)
+        return await super().get_quota(namespace, name)
+
 
 async def test_a_raise_in_status_hard_alone_is_reported_as_a_decision(
     sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
@@ -2082,6 +2096,10 @@ async def test_a_raise_in_status_hard_alone_is_reported_as_a_decision(
         assert only.reason.startswith("raised limits.memory by 16Gi"), only.reason
         assert e.conflicts >= 1 and "admitted" in calls.calls, calls.calls
         assert next(d for d in ds if d.hard_after == {"limits.memory": "80Gi"}) is only, "reported in order"
+        ds = await decisions(bus, lambda ds: len([d for d in ds if d.hard_after == {"limits.memory": "80Gi"}]) == 2)
+        spec = [d for d in ds if d.hard_after == {"limits.memory": "80Gi"}][1]
+        assert not spec.status_only and spec.hard_before == {"limits.memory": "64Gi"}, "spec.hard followed"
+        assert spec.time > only.time, "each decision has the time of its own first write"
 
 
 @contextlib.asynccontextmanager
@@ -2251,7 +2269,7 @@ async def test_a_quota_only_the_bus_tells_of_or_whose_calls_fail_holds_no_nudge_
         }
         ghost["spec"]["hard"] = {"limits.memory": "8Gi"}
         await publish_quota(bus, ghost)
-        await sim.wait_for(lambda: e.quotas.get((NS, "ghost")) is not None and e.idle(), within=5, what="the ghost")
+        await sim.wait_for(lambda: e.quotas.get((NS, "ghost")) is not None and e.idle(), within=20, what="the ghost")
         calls.failing = "gpu"
         gpus = contract.QuotaTerms(
             mode="VmiPodUsage", budget={"requests.nvidia.com/gpu": "2"}, hard={"requests.nvidia.com/gpu": "1"}
@@ -2447,7 +2465,7 @@ async def test_an_enforcer_behind_on_usage_writes_nothing_from_usage_older_than_
         await namespace_full(sim)
         await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
         await wait_quota(sim, lambda o: status_hard(o) == {"limits.memory": "80Gi"}, "A raised for the migration")
-        await sim.wait_for(a.idle, within=5, what="A idle")
+        await sim.wait_for(a.idle, within=20, what="A idle")
         a_calls.running.clear()  # A is paused: no input, no call
         a_quotas.clear()
         a_usage.clear()
@@ -2459,14 +2477,14 @@ async def test_an_enforcer_behind_on_usage_writes_nothing_from_usage_older_than_
                 "B lowered hard",
             )
             assert notes(q)[USAGE_FROM_ANNOTATION].startswith("6 ")
-            await sim.wait_for(b.idle, within=5, what="B idle")
+            await sim.wait_for(b.idle, within=20, what="B idle")
             written = len(a_calls.writes)
             a_calls.running.set()  # A resumes: its calls and quota events go on, its usage still at seq 5
             a_quotas.set()
             await sim.wait_for(
-                lambda: a.older_usage > 0 or len(a_calls.writes) > written, within=5, what="A's reconciliation"
+                lambda: a.older_usage > 0 or len(a_calls.writes) > written, within=20, what="A's reconciliation"
             )
-            await sim.wait_for(a.idle, within=5, what="A idle")
+            await sim.wait_for(a.idle, within=20, what="A idle")
             assert a_calls.writes[written:] == [], "A wrote hard from usage older than B wrote it from"
             assert status_hard(await sim.get("resourcequotas", NS, "compute")) == {"limits.memory": "64Gi"}
             assert not await tenant_pod(sim, "grab")
@@ -2481,11 +2499,11 @@ async def paused_before_a_raise(sim: SimCluster, bus: Bus, a: Enforcer, a_calls:
     await wait_quota(sim, lambda o: notes(o).get(USAGE_FROM_ANNOTATION, "").startswith("4 "), "A enforcing")
     await sim.wait_quota_synced(NS, "compute")
     await namespace_full(sim)
-    await sim.wait_for(a.idle, within=5, what="A idle")
+    await sim.wait_for(a.idle, within=20, what="A idle")
     written = len(a_calls.writes)
     a_calls.running.clear()
     await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
-    await sim.wait_for(a_calls.waiting.is_set, within=5, what="A about to write the raise")
+    await sim.wait_for(a_calls.waiting.is_set, within=20, what="A about to write the raise")
     return written
 
 
@@ -2504,7 +2522,7 @@ async def test_a_status_hard_an_enforcer_wrote_after_losing_its_lease_is_set_bac
         await publish_usage(bus, 6, terms("64Gi", "64Gi"))  # the tenant deleted its refused migration
         async with enforcer(bus, api, service="enforcer-b") as (b, _):
             await sim.wait_for(
-                lambda: b.idle() and b.usage.get(NS) is not None and b.usage[NS].seq == 6, within=5, what="B at seq 6"
+                lambda: b.idle() and b.usage.get(NS) is not None and b.usage[NS].seq == 6, within=20, what="B at seq 6"
             )
             assert b.patched == 0, "hard is what seq 6 asks: B writes nothing"
             a_calls.after_resumed = a_task.cancel  # (LeaseLost: A stops once its write is answered)
@@ -2528,7 +2546,7 @@ async def test_an_enforcer_writes_nothing_while_its_fence_is_closed(
     await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
     await publish_usage(bus, 4, terms("64Gi", "64Gi"))
     async with enforcer(bus, api, calls=KubeQuotas(api, fence=fence)) as (e, _):
-        await sim.wait_for(lambda: e._queue.failures(("tenant-a", "compute")) >= 1, within=5, what="a refused write")
+        await sim.wait_for(lambda: e._queue.failures(("tenant-a", "compute")) >= 1, within=20, what="a refused write")
         assert BUDGET_ANNOTATION not in notes(await sim.get("resourcequotas", NS, "compute")), "nothing written"
         assert e.patched == 0
         fence.hold_until(math.inf)
@@ -2582,14 +2600,14 @@ async def test_a_late_status_hard_that_lands_while_the_leader_reconciles_the_quo
         b_calls = HeldAfterRead(KubeQuotas(api)) if readable else HeldAfterUnreadableRead(KubeQuotas(api))
         async with enforcer(bus, api, calls=b_calls, service="enforcer-b") as (b, _):
             await sim.wait_for(
-                lambda: b.idle() and b.usage.get(NS) is not None and b.usage[NS].seq == 6, within=5, what="B at seq 6"
+                lambda: b.idle() and b.usage.get(NS) is not None and b.usage[NS].seq == 6, within=20, what="B at seq 6"
             )
             assert b.patched == 0
             key = (NS, "compute")
             b_calls.hold.clear()
             b._verify.add(key)  # (B reconciles the quota, reading it: e.g. the guard's shrinks, a resync's verify)
             b._schedule(key)
-            await sim.wait_for(b_calls.read.is_set, within=5, what="B read the quota (before A's write)")
+            await sim.wait_for(b_calls.read.is_set, within=20, what="B read the quota (before A's write)")
             a_calls.after_resumed = a_task.cancel
             a_calls.running.set()
             with contextlib.suppress(asyncio.CancelledError):
@@ -2597,10 +2615,10 @@ async def test_a_late_status_hard_that_lands_while_the_leader_reconciles_the_quo
             assert a_calls.writes[written:] == ["patch_quota_status"], a_calls.writes
             await sim.wait_for(
                 lambda: (q := b.quotas.get(key)) is not None and bool(enforcement.status_astray(q)),
-                within=5,
+                within=20,
                 what="B heard A's write",
             )
             b_calls.hold.set()
-            await sim.wait_for(b.idle, within=5, what="B idle")
+            await sim.wait_for(b.idle, within=20, what="B idle")
             await wait_quota(sim, lambda o: status_hard(o) == {"limits.memory": "64Gi"}, "status.hard set back", 5)
             assert not await tenant_pod(sim, "grab")

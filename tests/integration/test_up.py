@@ -127,7 +127,7 @@ async def test_up_runs_the_stack_the_guide_works_and_ctrl_c_ends_it(tmp_path: Pa
     took = loop.time() - stopped_at
     stderr = (await proc.stderr.read()).decode()  # type: ignore[union-attr]
     assert code == 0, stderr[-2000:]
-    assert took < 5.0, f"a stop took {took:.1f}s"
+    assert took < 8.0, f"a stop took {took:.1f}s"
     errors = [line for line in stderr.splitlines() if '"level": "error"' in line]
     assert not errors, f"a clean stop logs no error (the services stop before the nats-server): {errors}"
     assert '"nats disconnected"' not in stderr, "a service's own close is no disconnect to warn about"

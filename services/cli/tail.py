@@ -45,7 +45,8 @@ def line(what: str, data: bytes, letter: contract.DeadLetter | None = None) -> s
     if what == "decisions":
         d = contract.decode_decision(data)
         dry = " [dry-run]" if d.dry_run else ""
-        return f"{d.time} {d.cluster} {d.namespace}/{d.quota} ({d.mode}){dry}: {d.reason}"
+        only = " [status.hard only]" if d.status_only else ""
+        return f"{d.time} {d.cluster} {d.namespace}/{d.quota} ({d.mode}){dry}{only}: {d.reason}"
     if what == "dead-letters":
         dl = letter or contract.decode_dead_letter(data)
         was = f" (was {dl.original_subject}" + (f", {dl.stream} seq {dl.stream_seq})" if dl.stream_seq else ")")

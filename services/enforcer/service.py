@@ -817,8 +817,8 @@ class Enforcer:
         (:meth:`~shared.quota.enforcement.Plan.lowered_status`). The quota as the last write returned it. A failed
         write raises, but for the last one there (``spec.hard`` is written: the quota is reconciled again); the
         quota is planned again, from the API server's copy, and writes what is missing. A ``status.hard`` written
-        whose ``spec.hard`` then met a newer version is reported as a decision of its own (``at``: its time), since
-        quota admission let pods in by it (:meth:`~shared.quota.enforcement.Plan.status_written`)."""
+        whose ``spec.hard`` then failed is reported as a decision of its own (``at``: its time), since quota admission
+        let pods in by it (:meth:`~shared.quota.enforcement.Plan.status_written`)."""
         ns, name = p.key
         if p.set_status and p.set_hard and self.opts.reservation_guard and p.in_vm_terms:
             lowered = p.lowered_status()
@@ -848,9 +848,10 @@ class Enforcer:
                 p = dataclasses.replace(p, resource_version=version_of(written))
                 try:
                     return self._own(p.key, await self.kube.patch_quota(ns, name, enforcement.patch_body(p)))
-                except KubeError as e:
-                    if e.conflict:
-                        self.reporter.decision(p.status_written(), version_of(written), at)
+                except Exception:
+                    # (whatever the failure, quota admission checks what went out; an answer lost may hide a patch
+                    # that landed, which the next plan then finds written)
+                    self.reporter.decision(p.status_written(), version_of(written), at)
                     raise
         return self._own(p.key, await self.kube.patch_quota(ns, name, enforcement.patch_body(p)))
 

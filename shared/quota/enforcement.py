@@ -337,9 +337,9 @@ class Plan:
     the resources of ``hard_after``: what a decision records, so that ``hard`` is derived again from the usage and
     it (``vmquota replay --verify``)."""
     status_only: bool = False
-    """Of the two, ``status.hard`` alone is written: a repair of it (``spec.hard`` as it is), or a plan written as far
-    as its ``status.hard`` (:meth:`status_written`). Its decision's ``hard_before`` is the ``status.hard`` written
-    over."""
+    """Of the two, ``status.hard`` alone is written: a plan that writes it and leaves ``spec.hard`` as it is (a repair,
+    a quota handed back), or one written as far as its ``status.hard`` (:meth:`status_written`). Its decision's
+    ``hard_before`` and ``hard_after`` are those of ``status.hard``."""
 
     @property
     def set_hard(self) -> bool:
@@ -416,9 +416,10 @@ class Plan:
 
     def status_written(self) -> Plan:
         """The plan as far as it was written when its ``status.hard`` went out and its ``spec.hard`` did not: the
-        write of ``spec.hard`` after it met a newer version of the quota (quota admission's, usually charging the pod
-        the raise let in), which is planned again. Quota admission checked the plan's ``hard`` from the first write
-        on, and lets pods in by it: a decision records it (``status_only``), whatever the next plan writes."""
+        write of ``spec.hard`` after it failed (it met a newer version of the quota, quota admission's charging the
+        pod the raise let in, usually; or the API server failed it), and the quota is planned again. Quota admission
+        checked the plan's ``hard`` from the first write on, and lets pods in by it: a decision records it
+        (``status_only``), whatever the next plan writes."""
         return replace(self, status_only=True)
 
     @property
@@ -542,7 +543,9 @@ def plan(
     p = _plan(q, usage, previous, managed=managed, charged=charged, write_status=status)
     if charged is not None:
         p = replace(p, charged={r: charged[r] for r in p.hard_after if r in charged})
-    return p if status else p.spec_only()
+    if not status:
+        return p.spec_only()
+    return replace(p, status_only=True) if p.set_status and not p.set_hard else p
 
 
 def _plan(
@@ -609,8 +612,9 @@ def _plan(
             # status.hard is not the spec.hard vmquota wrote (a write of it whose spec.hard never followed, or the
             # quota controller's copy of an older spec.hard that came after it): quota admission checks it, and the
             # controller copies spec.hard again only when spec.hard changes, or at its resync (minutes)
-            verb = "lowered" if repair._status_above else "raised"
-            return replace(repair, status_only=True, reason=f"{verb} status.hard to spec.hard: {_items(hard)}")
+            # ("lowered" only where nothing opens: what ends a migration's room reads so, shared.explain)
+            verb = "raised" if repair.raises else "lowered"
+            return replace(repair, reason=f"{verb} status.hard to spec.hard: {_items(hard)}")
         action = Action.REFRESH if summary else Action.NONE  # (paced by the enforcer: see Action.REFRESH)
         return _base(q, action, mode=mode.value, budget=b.budget, usage_seq=seq, annotations=summary)
     annotations.update(summary)  # (rides on a write that happens anyway)

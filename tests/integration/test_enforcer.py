@@ -2077,6 +2077,40 @@ class AdmittedBetween(BeatenOnce):
         return await super().get_quota(namespace, name)
 
 
+class SpecFailsOnceAfterRaise(BeatenOnce):
+    """The enforcer's calls, with the ``spec.hard`` patch after the first ``status.hard`` raise failed by the API
+    server (a 500)."""
+
+    async def patch_quota_status(self, namespace: str, name: str, body: Obj) -> Obj:
+        written = await self.inner.patch_quota_status(namespace, name, body)
+        if written["status"]["hard"] == {"limits.memory": "80Gi"}:
+            self.calls.append("raised")
+        return written
+
+    async def patch_quota(self, namespace: str, name: str, body: Obj) -> Obj:
+        self.calls.append("patch")
+        if self.calls[-2:] == ["raised", "patch"] and self.calls.count("raised") == 1:
+            raise KubeError(500, "InternalError", "etcdserver: request timed out")
+        return await self.inner.patch_quota(namespace, name, body)
+
+
+async def test_a_raise_in_status_hard_whose_spec_hard_failed_is_reported_as_a_decision(
+    sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
+) -> None:
+    """Not only a conflict: whatever failed the ``spec.hard`` patch, quota admission checked the raise from the
+    ``status.hard`` write on (and a usage that moves on before the work queue's retry leaves it unrecorded)."""
+    await sim.create_quota(NS, "compute", {"limits.memory": "64Gi"}, labels=MANAGED)
+    await sim.wait_quota_synced(NS, "compute")
+    calls = SpecFailsOnceAfterRaise(KubeQuotas(api), sim)
+    async with enforcer(bus, api, calls=calls):
+        await wait_quota(sim, lambda o: BUDGET_ANNOTATION in notes(o), "adoption")
+        await publish_usage(bus, 5, terms("64Gi", "80Gi"), MIGRATING)
+        ds = await decisions(bus, lambda ds: any(d.status_only for d in ds))
+        (only,) = [d for d in ds if d.status_only]
+        assert (only.hard_before, only.hard_after) == ({"limits.memory": "64Gi"}, {"limits.memory": "80Gi"}), only
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "80Gi"}, "spec.hard after the retry")
+
+
 async def test_a_raise_in_status_hard_alone_is_reported_as_a_decision(
     sim: SimCluster, bus: Bus, api: client.ApiClient, mirror: None
 ) -> None:

@@ -867,6 +867,33 @@ def test_a_status_hard_that_is_not_the_spec_hard_written_is_written_again(left: 
     assert enf.status_astray(snap(raw)), "a version that says so is planned again"
 
 
+def test_a_repair_that_opens_room_anywhere_says_raised() -> None:
+    """``vmquota explain`` takes a decision whose reason starts "lowered" as the end of a migration's room: a repair
+    that lowers one resource and raises another opens room, and says so."""
+    budget = {"limits.cpu": "8", "limits.memory": "64Gi"}
+    raw = adopted(budget, budget)
+    u = usage({"compute": terms(budget, budget)})
+    raw["status"] = {"hard": dict(budget), "used": {"limits.cpu": "1", "limits.memory": "1Gi"}}
+    raw = write(raw, enf.plan(snap(raw), u))
+    raw["status"]["hard"] = {"limits.cpu": "10", "limits.memory": "60Gi"}
+    p = enf.plan(snap(raw), u)
+    assert p.raises and p.status_only and p.reason.startswith("raised status.hard to spec.hard"), p.reason
+
+
+def test_a_write_of_status_hard_beside_annotations_is_status_only() -> None:
+    """``spec.hard`` stays and annotations change: the decision reports the ``status.hard`` admission checks, not
+    a ``spec.hard`` that moved nowhere."""
+    raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "72Gi"})
+    u = usage({"compute": terms({"limits.memory": "64Gi"}, {"limits.memory": "72Gi"})}, MIGRATING)
+    raw = write(raw, enf.plan(snap(raw), u))
+    raw["status"]["hard"] = {"limits.memory": "80Gi"}
+    raw["metadata"]["annotations"][STATUS_ANNOTATION] = "Waiting for usage (VmiPodUsage)"
+    p = enf.plan(snap(raw), u)
+    assert p.set_status and not p.set_hard and p.annotations and p.status_only
+    d = reports.decision(p, cluster="c1", dry_run=False, resource_version="13")
+    assert (d.hard_before, d.hard_after) == ({"limits.memory": "80Gi"}, {"limits.memory": "72Gi"}), d
+
+
 def test_a_quota_is_astray_only_where_status_hard_names_what_spec_hard_does_at_another_amount() -> None:
     raw = adopted({"limits.memory": "64Gi"}, {"limits.memory": "64Gi"})
     assert not enf.status_astray(snap(raw))

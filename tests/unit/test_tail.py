@@ -38,3 +38,22 @@ def test_a_dead_letters_reason_cannot_drive_the_operators_terminal() -> None:
     )
     text = tail.show("dead-letters", message("vmquota.dlq.ledger", contract.encode(letter)), "text")
     assert "\x1b" not in text and "Invalid value '\\x1b[2J'" in text, text
+
+
+def test_a_decision_in_status_hard_alone_says_so() -> None:
+    """Two decisions of one raise, one in ``status.hard`` alone and then one in ``spec.hard``, read the same reason:
+    the line tells them apart."""
+    d = contract.Decision(
+        id="c1/decision/q/12",
+        source="vmquota/enforcer/c1",
+        subject="tenant/compute",
+        time="2026-12-05T12:00:00.000Z",
+        cluster="c1",
+        namespace="tenant",
+        quota="compute",
+        mode="VmiPodUsage",
+        reason="raised limits.memory by 16Gi for the migration of vm1",
+        status_only=True,
+    )
+    text = tail.show("decisions", message("vmquota.quota.c1.tenant", contract.encode(d)), "text")
+    assert "[status.hard only]: raised limits.memory by 16Gi" in text, text

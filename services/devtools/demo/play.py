@@ -129,10 +129,12 @@ class Observer:
         self.recording = False
         self.last_write = time.monotonic()
         self.slowest = 0.0
-        """The longest time seen from KubeVirt's first refusal of a pod for a VMI to the creation of one: vmquota's
-        reaction on this machine, of which the quiet that ends a wait is a multiple (:meth:`quiet_for`)."""
-        self._refused_since: dict[str, float] = {}
-        """``namespace/VMI`` → when KubeVirt was first refused a pod for it, none created since."""
+        """With vmquota, the longest time seen from KubeVirt's refusal of a pod for a VMI, or a quota of its namespace
+        charging less after it, to the creation of one: vmquota's reaction on this machine, of which the quiet that
+        ends a wait is a multiple (:meth:`quiet_for`)."""
+        self._refused_since: dict[str, dict[str, float]] = {}
+        """namespace → VMI → since when KubeVirt was refused a pod for it (or a quota of the namespace last charged
+        less after that), none created since."""
         self._quota_keys = {f"{n.name}/{q.name}" for n in scenario.namespaces for q in n.quotas}
         self._by_uid: dict[str, MigrationRecord] = {}
         self._tenants: dict[str, Quantity] = {}
@@ -182,8 +184,8 @@ class Observer:
         """How long nothing may be written for a wait to end: ``settle``, or :data:`QUIET_PER_REACTION` times the
         slowest reaction seen, if longer. On a slow or loaded machine a quiet of ``settle`` alone ended a step while
         vmquota was still at work (the raise for a refused pod not written yet), and what was read then was not the
-        outcome."""
-        return max(settle, QUIET_PER_REACTION * self.slowest)
+        outcome. At most :data:`QUIET_MAX`."""
+        return max(settle, min(QUIET_PER_REACTION * self.slowest, QUIET_MAX))
 
     def quiet(self, settle: float) -> bool:
         """Nothing was written for :meth:`quiet_for` seconds."""
@@ -210,6 +212,11 @@ class Observer:
             before = self._used.get(ns)
             self._used[ns] = used
             dropped = before is not None and any(q < before.get(r, q) for r, q in used.items())
+            waiting = self._refused_since.get(ns)
+            if waiting and dropped:
+                # (room freed: the time a VM waits for a later step to free its room is not a reaction, the one from
+                # that step on is)
+                self._refused_since[ns] = dict.fromkeys(waiting, now)
             if ns in self._tenants and ns in self._sources_ended and dropped:
                 self.strike(ns, "the moment the quota stopped charging the migration's source pod")
         elif kind == "VirtualMachineInstanceMigration" and type_ != "DELETED":
@@ -228,8 +235,8 @@ class Observer:
                 self._sources_ended.add(ns)
         elif kind == "Pod" and type_ == "ADDED":
             owner: Obj = next((o for o in meta.get("ownerReferences") or [] if o.get("kind") == VMI_KIND), {})
-            since = self._refused_since.pop(f"{ns}/{owner.get('name') or ''}", None)
-            if since is not None:
+            since = self._refused_since.get(ns, {}).pop(str(owner.get("name") or ""), None)
+            if since is not None and self.result.with_vmquota:
                 self.slowest = max(self.slowest, now - since)
             uid = (meta.get("labels") or {}).get(MIGRATION_JOB_LABEL)
             mig = self._by_uid.get(uid or "")
@@ -240,7 +247,7 @@ class Observer:
             if obj.get("reason") == "FailedCreate" and "exceeded quota" in message:
                 involved = (obj.get("involvedObject") or {}).get("name") or ""
                 self.result.refusals.append(f"{ns}/{involved}: {message}")
-                self._refused_since.setdefault(f"{ns}/{involved}", now)
+                self._refused_since.setdefault(ns, {}).setdefault(involved, now)
                 mig = self.result.migrations.get(involved)
                 if mig is not None and mig.uid and mig.admitted is None and mig.phase not in FINAL_PHASES:
                     mig.quota_refusals += 1
@@ -248,6 +255,9 @@ class Observer:
 
 QUIET_PER_REACTION: Final = 3.0
 """The quiet that ends a wait, in multiples of the slowest reaction seen (:meth:`Observer.quiet_for`)."""
+
+QUIET_MAX: Final = 10.0
+"""The longest quiet that ends a wait (seconds): a machine slower than that is told by the outcome, not waited for."""
 
 STARTUP_QUIET: Final = 2.0
 """The least quiet (seconds, real time) that ends the wait for a scenario's VMs to start without all of them

@@ -193,13 +193,16 @@ class Pipeline:
         status_hard = parse_resource_list((q.get("status") or {}).get("hard"), "status.hard")
         return status_hard == self.hard(namespace, name)
 
-    async def wait_hard(self, namespace: str, name: str, want: Mapping[str, Any], what: str = "") -> None:
+    async def wait_hard(
+        self, namespace: str, name: str, want: Mapping[str, Any], what: str = "", *, within: float = WITHIN
+    ) -> None:
         """Until ``spec.hard`` equals ``want`` (by value, resource by resource) and is in effect; the error shows
         both."""
         try:
             await self.wait(
                 lambda: self.hard(namespace, name) == dict(want) and self.in_effect(namespace, name),
                 what or f"spec.hard of {name}",
+                within=within,
             )
         except TimeoutError as e:
             got = format_resource_list(self.hard(namespace, name))

@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -261,7 +262,8 @@ def test_the_compose_stack_starts_as_local_processes(stack: Stack, tmp_path: Pat
     sim_cmd[sim_cmd.index("--kubeconfig-out") + 1] = str(kubeconfig)
     sim = stack.start("simcluster", [*cli, *sim_cmd, "--log-level", "warning"], {})
     assert sim.stdout is not None
-    line = sim.stdout.readline()  # the simulator prints one JSON line when it serves
+    ready, _, _ = select.select([sim.stdout], [], [], 60)  # (a simulator that never serves fails, not hangs)
+    line = sim.stdout.readline() if ready else b""  # the simulator prints one JSON line when it serves
     assert line, f"simcluster printed nothing:\n{stack.log('simcluster')}"
     assert json.loads(line)["kubeconfig"] == str(kubeconfig) and kubeconfig.stat().st_size > 0
     kc = yaml.safe_load(kubeconfig.read_text())
@@ -324,15 +326,18 @@ def test_the_compose_stack_starts_as_local_processes(stack: Stack, tmp_path: Pat
     if {"watcher", "ledger", "enforcer"} <= set(started):  # the guide's `vmquota status`, as the operators' user
 
         def example_in_status() -> bool:
-            status = subprocess.run(
-                [*cli, "status", "-o", "json", "--nats", url, "--nats-user", "replay", "--nats-password",
-                 nats_env["VMQUOTA_NATS_REPLAY_PASSWORD"]],
-                capture_output=True, text=True, timeout=30, check=False,
-            )  # fmt: skip
+            try:
+                status = subprocess.run(
+                    [*cli, "status", "-o", "json", "--nats", url, "--nats-user", "replay", "--nats-password",
+                     nats_env["VMQUOTA_NATS_REPLAY_PASSWORD"]],
+                    capture_output=True, text=True, timeout=30, check=False,
+                )  # fmt: skip
+            except subprocess.TimeoutExpired:  # (a loaded machine: asked again)
+                return False
             rows = json.loads(status.stdout)["quotas"] if status.returncode == 0 else []
             return any(r["namespace"] == "tenant-a" and r["name"] == "vm-size" for r in rows)
 
-        wait_for("the example tenant in vmquota status", example_in_status, procs, stack)
+        wait_for("the example tenant in vmquota status", example_in_status, procs, stack, timeout=90)
     assert all(p.poll() is None for p in procs), "every process still runs"
     if missing:
         pytest.skip(f"started nats, simcluster and {', '.join(started)}; not yet in the runner: {', '.join(missing)}")

@@ -429,7 +429,10 @@ async def test_managed_namespace_pods_are_listed_and_synced(
     # New pods of the managed namespace follow; when it stops being managed, other pods are not published again.
     await cluster.create("pods", pod("web-new", launcher=False), "b")
     await tap.wait("a new pod", lambda: "web-new" in tap.live("b", "Pod"))
+    quota_versions = len(tap.of(Upserted, "ResourceQuota", "compute"))
     await cluster.relabel("resourcequotas", "b", "compute", {"vmquota.io/managed": "false"})
+    # (the quota's watch and the pods' are two streams: the pods are changed once the watcher has the quota's change)
+    await tap.wait("the quota's change", lambda: len(tap.of(Upserted, "ResourceQuota", "compute")) > quota_versions)
     await cluster.relabel("pods", "b", "web-0", {"tier": "gold"})
     await cluster.relabel("pods", "b", "launcher", {"tier": "gold"})
     await tap.wait("the launcher's change", lambda: len(tap.of(Upserted, "Pod", "launcher")) == 2)

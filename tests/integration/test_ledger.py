@@ -420,6 +420,14 @@ async def test_no_checkpoint_write_outlives_its_round(nats_url: str, monkeypatch
         await b.close()
 
 
+async def letters_stored(b: Bus, n: int) -> bool:
+    """Whether the dead-letter stream holds ``n`` letters (the ledger counts a letter as it sends it, and the server
+    stores it a moment later); more is a failure."""
+    stored = (await b.js.stream_info(contract.DLQ_STREAM)).state.messages
+    assert stored <= n, f"{stored} dead letters stored, {n} expected"
+    return stored == n
+
+
 async def test_a_malformed_event_goes_to_the_dlq_and_the_ledger_keeps_going(nats_url: str) -> None:
     b = await connect_bus(nats_url)
     try:
@@ -434,8 +442,7 @@ async def test_a_malformed_event_goes_to_the_dlq_and_the_ledger_keeps_going(nats
         run = Running(b, options())
         await wait_until(lambda: run.applied_through(4), what="ledger caught up")
         await wait_until(lambda: run.service.dead_letters == 2, what="two dead letters")
-        info = await b.js.stream_info(contract.DLQ_STREAM)
-        assert info.state.messages == 2
+        await wait_until(lambda: letters_stored(b, 2), what="two dead letters stored")
         letters = [
             contract.decode_dead_letter((await b.js.get_msg(contract.DLQ_STREAM, seq=s)).data or b"") for s in (1, 2)
         ]
@@ -474,6 +481,7 @@ async def test_an_unreadable_event_near_the_servers_max_payload_is_dead_lettered
         await wait_until(lambda: run.applied_through(4) or run.task.done(), what="ledger caught up")
         assert not run.task.done(), run.task.exception()
         await wait_until(lambda: run.service.dead_letters == 1, what="a dead letter")
+        await wait_until(lambda: letters_stored(b, 1), what="the dead letter stored")
         letter = contract.decode_dead_letter((await b.js.get_msg(contract.DLQ_STREAM, seq=1)).data or b"")
         assert letter.stream_seq == 2 and letter.payload == huge[: contract.MAX_DLQ_PAYLOAD], len(letter.payload)
         assert f"payload of {len(huge)} bytes, truncated" in letter.reason, letter.reason

@@ -31,7 +31,7 @@ EVENT_COMPONENT: Final = "vmquota-enforcer"
 EVENT_MESSAGE_MAX: Final = 1024
 
 
-STATUS_ONLY_NOTE: Final = " (in status.hard, which quota admission checks: spec.hard met a newer version of the quota)"
+STATUS_ONLY_NOTE: Final = " (written to status.hard, which quota admission checks; spec.hard not changed)"
 """What the Event of a decision that wrote ``status.hard`` alone adds to its reason."""
 
 

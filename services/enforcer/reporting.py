@@ -125,7 +125,7 @@ class Reporter:
             quota=p.name,
             action=p.action.value,
             reason=p.reason,
-            hard=enforcement.rl_json(p.status_after if p.status_only else p.hard_after),
+            hard=enforcement.rl_json(p.written_after),
             usage_seq=p.usage_seq,
             resource_version=resource_version or p.resource_version,
             **({"status_only": True} if p.status_only else {}),

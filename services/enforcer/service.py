@@ -569,10 +569,9 @@ class Enforcer:
         reconciliation or the quota event that says so. (A nudge goes once per usage snapshot: sent when the
         first of two quotas had the room, KubeVirt's retry met the second's refusal, and nothing nudged again.)"""
         quota = self.quotas.get(key)
-        usage = self.usage.get(key[0])
         if quota is not None and (
             not enforcement.same(quota.spec_hard, quota.status_hard)
-            or not enforcement.charged_as_counted(quota, usage.quotas.get(quota.name) if usage is not None else None)
+            or not enforcement.charged_as_counted(quota, enforcement.terms_of(self.usage.get(key[0]), quota.name))
         ):
             self._lagging.add(key)
             return
@@ -840,20 +839,19 @@ class Enforcer:
                     else:
                         self._again.add(p.key)
             return raw
-        if p.set_status:
-            written = await self._write_status(p)
+        written = await self._write_status(p) if p.set_status else None
+        if written is not None:
+            if not p.set_hard and not p.annotations:
+                return written
+            p = dataclasses.replace(p, resource_version=version_of(written))
+        try:
+            return self._own(p.key, await self.kube.patch_quota(ns, name, enforcement.patch_body(p)))
+        except Exception:
             if written is not None:
-                if not p.set_hard and not p.annotations:
-                    return written
-                p = dataclasses.replace(p, resource_version=version_of(written))
-                try:
-                    return self._own(p.key, await self.kube.patch_quota(ns, name, enforcement.patch_body(p)))
-                except Exception:
-                    # (whatever the failure, quota admission checks what went out; an answer lost may hide a patch
-                    # that landed, which the next plan then finds written)
-                    self.reporter.decision(p.status_written(), version_of(written), at)
-                    raise
-        return self._own(p.key, await self.kube.patch_quota(ns, name, enforcement.patch_body(p)))
+                # (whatever the failure, quota admission checks what went out; an answer lost may hide a patch that
+                # landed, which the next plan then finds written)
+                self.reporter.decision(p.status_written(), version_of(written), at)
+            raise
 
     def _own(self, key: Key, raw: Obj) -> Obj:
         """``raw``, a write's answer, noted as a version of the quota's reconciliation in progress (``_astray``)."""

@@ -414,6 +414,18 @@ class Plan:
             return True
         return self.set_status and any((q - self.status_hard[r]).nanos > 0 for r, q in self.status_after.items())
 
+    @property
+    def written_before(self) -> ResourceList:
+        """The ``hard`` a decision of the plan records as written over: ``status.hard``'s when :attr:`status_only`,
+        else ``spec.hard``'s."""
+        return self.status_hard if self.status_only else self.hard_before
+
+    @property
+    def written_after(self) -> ResourceList:
+        """The ``hard`` a decision of the plan records as written: :attr:`status_after` when :attr:`status_only`,
+        else ``spec.hard``'s."""
+        return self.status_after if self.status_only else self.hard_after
+
     def status_written(self) -> Plan:
         """The plan as far as it was written when its ``status.hard`` went out and its ``spec.hard`` did not: the
         write of ``spec.hard`` after it failed (it met a newer version of the quota, quota admission's charging the
@@ -465,7 +477,8 @@ def _base(q: QuotaSnapshot, action: Action, *, hard_after: ResourceList | None =
     )
 
 
-def _terms(usage: UsageSnapshot | None, name: str) -> QuotaTerms | None:
+def terms_of(usage: UsageSnapshot | None, name: str) -> QuotaTerms | None:
+    """Quota ``name``'s terms in a namespace's usage snapshot, if both are there."""
     return None if usage is None else usage.quotas.get(name)
 
 
@@ -566,7 +579,7 @@ def _plan(
     except InvalidInput as e:
         return _refuse(q, str(e), seq)
 
-    terms = _terms(usage, q.name)
+    terms = terms_of(usage, q.name)
     hard = dict(q.spec_hard)
     agreed = False
     mode = policy.mode
@@ -630,7 +643,7 @@ def _plan(
     elif b.adopting:
         event_reason = ADOPTED
         parts.append(f"adopted in mode {mode.value} with budget {_items(b.budget)}")
-    old = _terms(previous, q.name)
+    old = terms_of(previous, q.name)
     budget_moved = old is not None and terms is not None and old.budget != terms.budget
     if set_hard:
         parts.append(_hard_change(q.spec_hard, hard, b.budget, terms, usage, previous, budget_moved=budget_moved))

@@ -16,6 +16,7 @@ is refused with :class:`~shared.errors.InvalidQuantity` unless explicitly allowe
 
 from __future__ import annotations
 
+import decimal
 import re
 from enum import Enum
 from fractions import Fraction
@@ -28,8 +29,13 @@ NANO: Final = 1_000_000_000
 MAX_BASE_UNITS: Final = 2**63 - 1
 MAX_NANOS: Final = MAX_BASE_UNITS * NANO
 _EXPONENT_COMPUTED: Final = 100
-"""Past ``e100`` (or ``e-100``) a value of at most 64 characters is beyond the range (or below a nano) whatever its
-digits: the exponent is taken as 100 (-100), so that ``1e999999999`` costs no more than ``1e100``."""
+"""An exponent more than this past the number of characters of a value's digits makes a nonzero value beyond the
+range (or below a nano, which rounds up to one, as the API server rounds it), whatever the digits: it is taken as
+that far out, so that ``1e999999999`` costs no more than ``1e101``."""
+_SHORT: Final = 64
+"""The longest quantity text kept in the parse cache. A longer one is parsed all the same (the API server parses any
+length, and keeps a decimal value's digits as written: a pod can carry a 67-digit limit, which quota charges like
+any other pod's), but not kept."""
 
 
 class Format(Enum):
@@ -77,7 +83,7 @@ class Quantity:
     def parse(cls, text: object, *, allow_negative: bool = False) -> Quantity:
         """Parse a quantity as Kubernetes does. Integers are accepted as plain numbers (JSON ``"cpu": 2``)."""
         if type(text) is str:  # the common case first: one cached lookup
-            q = cls._parse_str(text)
+            q = cls._parse_str(text) if len(text) <= _SHORT else _parse(text)
             if q.nanos < 0 and not allow_negative:
                 raise InvalidQuantity(f"quantity {text!r} must not be negative")
             return q
@@ -90,7 +96,8 @@ class Quantity:
                 if text != text or text in (float("inf"), float("-inf")):
                     raise InvalidQuantity(f"invalid quantity {text!r}")
                 text = repr(text)
-            q = cls._parse_str(str(text))  # no trimming: the API server refuses " 1Gi" too
+            text = str(text)  # (no trimming: the API server refuses " 1Gi" too)
+            q = cls._parse_str(text) if len(text) <= _SHORT else _parse(text)
         if q.nanos < 0 and not allow_negative:
             raise InvalidQuantity(f"quantity {text!r} must not be negative")
         return q
@@ -99,44 +106,7 @@ class Quantity:
     @lru_cache(maxsize=4096)
     def _parse_str(s: str) -> Quantity:
         # cached: quantities are immutable and the same few strings ("1Gi", "100m") recur in every object
-        if not s or len(s) > 64:
-            raise InvalidQuantity(f"invalid quantity {s!r}" if s else "empty quantity")
-        m = _RE.match(s)
-        if m is None:
-            raise InvalidQuantity(f"invalid quantity {s!r}")
-        sign, number, suffix, exp_digits = m.groups()
-        fmt: Format
-        if exp_digits is not None or _EXP_RE.match(suffix or ""):
-            full = (suffix or "") + (exp_digits or "")
-            em = _EXP_RE.match(full)
-            if em is None:
-                raise InvalidQuantity(f"invalid quantity {s!r}: bad exponent {full!r}")
-            exponent = int(em.group(1))
-            # (an exponent this far out is not computed: a nonzero value is beyond the range, or below a nano,
-            # which rounds up to one, as the API server rounds it)
-            exponent = max(-_EXPONENT_COMPUTED, min(_EXPONENT_COMPUTED, exponent))
-            factor = Fraction(10) ** exponent
-            fmt = Format.DECIMAL_EXPONENT
-        elif suffix in _BINARY:
-            factor = Fraction(2 ** _BINARY[suffix])
-            fmt = Format.BINARY_SI
-        elif suffix in _DECIMAL:
-            factor = Fraction(10) ** _DECIMAL[suffix]
-            fmt = Format.DECIMAL_SI
-        else:
-            raise InvalidQuantity(f"invalid quantity {s!r}: unknown suffix {suffix!r}")
-        if "." in number:
-            whole, _, frac = number.partition(".")
-            mantissa = Fraction(int(whole or "0") * 10 ** len(frac) + int(frac or "0"), 10 ** len(frac))
-        else:
-            mantissa = Fraction(int(number))
-        value = mantissa * factor * NANO
-        nanos = _ceil_div(value.numerator, value.denominator)  # precision finer than nano rounds up
-        if sign == "-":
-            nanos = -nanos
-        if abs(nanos) > MAX_NANOS:  # (the API server caps a binary value so and keeps a decimal one exactly)
-            nanos = MAX_NANOS if nanos > 0 else -MAX_NANOS
-        return Quantity(nanos, fmt)
+        return _parse(s)
 
     @classmethod
     def from_int(cls, value: int, fmt: Format = Format.DECIMAL_SI) -> Quantity:
@@ -218,6 +188,50 @@ class Quantity:
 
 
 ZERO: Final = Quantity(0)
+
+
+def _parse(s: str) -> Quantity:
+    """The quantity ``s`` writes, of any length. Exact: the digits are scaled in decimal arithmetic with room for every
+    one of them (a context as wide as the digits, times ``2**60 * 10**9`` at most), and rounded up to the nano."""
+    if not s:
+        raise InvalidQuantity("empty quantity")
+    m = _RE.match(s)
+    if m is None:
+        raise InvalidQuantity(f"invalid quantity {_shown(s)}")
+    sign, number, suffix, exp_digits = m.groups()
+    fmt: Format
+    power2 = 0
+    if exp_digits is not None or _EXP_RE.match(suffix or ""):
+        full = (suffix or "") + (exp_digits or "")
+        em = _EXP_RE.match(full)
+        if em is None:
+            raise InvalidQuantity(f"invalid quantity {_shown(s)}: bad exponent {_shown(full)}")
+        scale10 = _exponent(em.group(1), len(number) + _EXPONENT_COMPUTED)
+        fmt = Format.DECIMAL_EXPONENT
+    elif suffix in _BINARY:
+        scale10, power2, fmt = 0, _BINARY[suffix], Format.BINARY_SI
+    elif suffix in _DECIMAL:
+        scale10, fmt = _DECIMAL[suffix], Format.DECIMAL_SI
+    else:
+        raise InvalidQuantity(f"invalid quantity {_shown(s)}: unknown suffix {_shown(suffix)}")
+    ctx = decimal.Context(prec=len(number) + 40, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN)
+    value = ctx.multiply(ctx.scaleb(decimal.Decimal(number), scale10 + 9), 1 << power2)
+    # (precision finer than nano rounds up; the API server caps a binary value past int64 and keeps a decimal one
+    # exactly, which no quota holds either)
+    nanos = MAX_NANOS if value > MAX_NANOS else int(value.to_integral_value(decimal.ROUND_CEILING, ctx))
+    return Quantity(-nanos if sign == "-" else nanos, fmt)
+
+
+def _exponent(text: str, bound: int) -> int:
+    """An exponent's text (``-12``) as a number, taken no further out than ``bound`` (:data:`_EXPONENT_COMPUTED`)."""
+    digits = text.lstrip("+-").lstrip("0")
+    e = bound if len(digits) > len(str(bound)) else min(bound, int(digits or "0"))
+    return -e if text.startswith("-") else e
+
+
+def _shown(text: str) -> str:
+    """``text`` quoted for an error message, cut after 64 characters."""
+    return repr(text if len(text) <= _SHORT else text[:_SHORT] + "...")
 
 
 def _format(nanos: int, fmt: Format) -> str:

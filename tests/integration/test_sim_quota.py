@@ -386,6 +386,18 @@ async def test_invalid_quotas_and_pods_are_refused_naming_the_field(sim: SimClus
     assert "spec.containers[0].resources.limits.memory" in err.value.message
 
 
+async def test_a_pod_whose_limit_is_written_in_67_digits_is_admitted_and_charged(sim: SimCluster) -> None:
+    """kube-apiserver parses a quantity of any length (a decimal one is kept as written, beyond int64): such a pod
+    is admitted and quota charges what it asks. The simulated cluster refused it as invalid, so no test could reach
+    what vmquota makes of it."""
+    await sim.create_quota("t", "compute", {"requests.memory": "8Gi"})
+    await sim.wait_quota_synced("t", "compute")
+    digits = "1234567890123456789012345678901234567890123456789012345678901234567"
+    await sim.create(pod("long", container("c", {"memory": "1Gi"}, {"ephemeral-storage": digits})))
+    q = await sim.get("resourcequotas", "t", "compute")
+    assert q["status"]["used"]["requests.memory"] == "1Gi"
+
+
 async def test_refusal_over_https_is_a_403_status(tmp_path: Any) -> None:
     async with SimCluster(speed=SPEED) as sim:
         await sim.create_namespace("t")

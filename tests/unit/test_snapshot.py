@@ -228,12 +228,14 @@ def test_a_pod_whose_overhead_annotation_cannot_be_read_is_still_a_pod(overhead:
     assert s.usage == pod_quota_usage(p, datetime(2025, 1, 1, tzinfo=UTC)) and s.is_launcher
 
 
-@pytest.mark.parametrize("storage", ["1e19", "10E", "1e30", "10Ei"])
+@pytest.mark.parametrize(
+    "storage", ["1e19", "10E", "1e30", "10Ei", "1234567890123456789012345678901234567890123456789012345678901234567"]
+)
 def test_a_pod_asking_past_what_a_quantity_holds_is_counted(storage: str) -> None:
-    """The API server keeps a decimal quantity of any size (and caps a binary one): a tenant's pod asking for
-    ``1e19`` of ephemeral storage, which no budget names, exists and is charged its memory. Its snapshot could not
-    be made, the watcher dead-lettered it, and vmquota's usage and reports left it out; now the amount is cut to
-    what a quantity holds and the pod is counted."""
+    """The API server keeps a decimal quantity of any size, written in any number of digits (and caps a binary one):
+    a tenant's pod asking for ``1e19`` of ephemeral storage, which no budget names, exists and is charged its
+    memory. Its snapshot could not be made, the watcher dead-lettered it, and vmquota's usage and reports left it
+    out; now the amount is cut to what a quantity holds and the pod is counted."""
     p = copy.deepcopy(POD)
     p["spec"]["containers"][0]["resources"]["requests"]["ephemeral-storage"] = storage
     s = normalize(p)

@@ -35,9 +35,9 @@ def parse_ref(ref: str) -> tuple[str, str]:
 M = TypeVar("M", contract.Decision, contract.UsageSnapshot)
 
 
-async def _read(js: Any, stream: str, subject: str, decode: Callable[[bytes], M], cluster: str | None) -> list[M]:
+async def _read(nc: Any, stream: str, subject: str, decode: Callable[[bytes], M], cluster: str | None) -> list[M]:
     """The readable messages of ``stream`` on ``subject`` (of ``cluster``), oldest first."""
-    found, _ = opsbus.readable(await opsbus.read(js, stream, subject), decode)
+    found, _ = opsbus.readable(await opsbus.read(nc, stream, subject), decode)
     return [msg for _, msg in found if cluster is None or msg.cluster == cluster]
 
 
@@ -46,8 +46,7 @@ async def main(args: argparse.Namespace) -> int:
     f = opsbus.Filter.checked(args.cluster, namespace)
     nc = await opsbus.connect(args)
     try:
-        js = nc.jetstream()
-        read, _ = opsbus.readable(await opsbus.read(js, contract.EVENTS_STREAM, f.subject("ev")), contract.decode_event)
+        read, _ = opsbus.readable(await opsbus.read(nc, contract.EVENTS_STREAM, f.subject("ev")), contract.decode_event)
         events = [e for _, e in read]  # (one that does not decode is dead-lettered by the ledger)
         clusters = sorted(
             {
@@ -60,13 +59,13 @@ async def main(args: argparse.Namespace) -> int:
             raise InvalidInput(f"{args.ref} is on the bus of clusters {', '.join(clusters)}: give one", "--cluster")
         cluster = clusters[0] if clusters else args.cluster
         events = [e for e in events if cluster is None or e.cluster == cluster]
-        decisions = await _read(js, contract.DECISIONS_STREAM, f.subject("quota"), contract.decode_decision, cluster)
+        decisions = await _read(nc, contract.DECISIONS_STREAM, f.subject("quota"), contract.decode_decision, cluster)
         try:
-            usages = await _read(js, contract.USAGE_HISTORY_STREAM, f.subject("usage"), contract.decode_usage, cluster)
+            usages = await _read(nc, contract.USAGE_HISTORY_STREAM, f.subject("usage"), contract.decode_usage, cluster)
         except opsbus.BusUnavailable as e:  # (a bus from before the history stream: the latest snapshot only)
             if "does not exist" not in str(e):
                 raise
-            usages = await _read(js, contract.USAGE_STREAM, f.subject("usage"), contract.decode_usage, cluster)
+            usages = await _read(nc, contract.USAGE_STREAM, f.subject("usage"), contract.decode_usage, cluster)
     finally:
         await nc.close()
     if args.what == "migration":

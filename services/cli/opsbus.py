@@ -191,14 +191,25 @@ async def stream_info(js: Any, stream: str) -> Any:
         raise BusUnavailable(f"cannot read the stream {stream}: {e or type(e).__name__}") from None
 
 
-async def read(js: Any, stream: str, subject: str, *, since: datetime | None = None) -> list[Msg]:
+async def read(nc: Any, stream: str, subject: str, *, since: datetime | None = None) -> list[Msg]:
     """Every message of ``stream`` on ``subject`` stored now (from ``since``, when given), in stream order,
-    through an ordered consumer."""
-    return [m async for m in messages(js, stream, subject, since=since, follow=False)]
+    through an ordered consumer of the connection ``nc``."""
+    return [m async for m in messages(nc, stream, subject, since=since, follow=False)]
+
+
+_LOST_CHECK = 1.0
+"""Seconds a reader waits for a message before it looks whether the connection is still there."""
+
+
+def _lost(nc: Any) -> BusUnavailable:
+    why = nc.last_error
+    return BusUnavailable(
+        f"lost the connection to NATS{f' ({why})' if why else ''}: what was shown before this line is all that was read"
+    )
 
 
 async def messages(
-    js: Any,
+    nc: Any,
     stream: str,
     subject: str,
     *,
@@ -207,10 +218,18 @@ async def messages(
     new_only: bool = False,
 ) -> AsyncGenerator[Msg, None]:
     """The messages of ``stream`` on ``subject`` (from ``since``; with ``new_only`` none stored before) in stream
-    order; with ``follow``, then every new one as it is stored, until cancelled."""
+    order, through an ordered consumer of the connection ``nc``; with ``follow``, then every new one as it is
+    stored, until cancelled. A connection lost on the way is :class:`BusUnavailable` (the commands' connections do
+    not reconnect): a stream read only in part, or followed no longer, is never shown as complete or as quiet."""
     from nats.js.api import DeliverPolicy
 
-    info = await stream_info(js, stream)
+    js = nc.jetstream()
+    try:
+        info = await stream_info(js, stream)
+    except BusUnavailable:
+        if nc.is_closed:
+            raise _lost(nc) from None
+        raise
     if not follow and info.state.messages == 0:
         return
     opts: dict[str, Any] = {"deliver_policy": DeliverPolicy.ALL}
@@ -247,6 +266,8 @@ async def messages(
             cb=on_msg,
         )
     except Exception as e:  # a refused consumer create gets no answer: a timeout
+        if nc.is_closed:
+            raise _lost(nc) from None
         raise BusUnavailable(
             f"cannot read the stream {stream} ({e or type(e).__name__}): the commands read with ordered consumers, "
             "which the NATS user must be allowed to create: use the `replay` user (--nats-user replay), not "
@@ -259,9 +280,12 @@ async def messages(
                 came.clear()
                 reader_waits = True
                 try:
-                    await asyncio.wait_for(came.wait(), None if follow else 1.0)
+                    await asyncio.wait_for(came.wait(), _LOST_CHECK)
                 except TimeoutError:
-                    return  # nothing (more) on this subject
+                    if nc.is_closed:
+                        raise _lost(nc) from None
+                    if not follow:
+                        return  # nothing (more) on this subject
                 finally:
                     reader_waits = False
                 continue

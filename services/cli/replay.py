@@ -134,12 +134,12 @@ async def main(args: argparse.Namespace) -> int:
         if args.verify:
             # (a message that does not decode is no decision or usage of the services' to check: skipped)
             decided, _ = opsbus.readable(
-                await opsbus.read(js, contract.DECISIONS_STREAM, f.subject("quota")), contract.decode_decision
+                await opsbus.read(nc, contract.DECISIONS_STREAM, f.subject("quota")), contract.decode_decision
             )
             for m, d in decided:
                 if not d.dry_run and d.usage_seq and (at_ns is None or position(m).time_ns <= at_ns):
                     checks.append((d.usage_seq, 0, d))
-            used, _ = opsbus.readable(await _history(js, f.subject("usage")), contract.decode_usage)
+            used, _ = opsbus.readable(await _history(nc, f.subject("usage")), contract.decode_usage)
             for m, u in used:
                 if u.seq and (at_ns is None or position(m).time_ns <= at_ns):
                     checks.append((u.seq, 1, u))
@@ -152,7 +152,7 @@ async def main(args: argparse.Namespace) -> int:
         pending = (c[2] for c in checks)
         nxt = next(pending, None)
         # (closed as the loop ends, early too: before the connection is)
-        async with contextlib.aclosing(opsbus.messages(js, contract.EVENTS_STREAM, cluster_subject)) as reading:
+        async with contextlib.aclosing(opsbus.messages(nc, contract.EVENTS_STREAM, cluster_subject)) as reading:
             async for m in reading:
                 seq, _, _, stored = position(m)  # (the reply subject's time: nats-py's metadata costs ten times more)
                 if at_ns is not None and r.events == 0 and stored > at_ns:
@@ -198,10 +198,10 @@ async def main(args: argparse.Namespace) -> int:
         await nc.close()
 
 
-async def _history(js: Any, subject: str) -> list[Any]:
+async def _history(nc: Any, subject: str) -> list[Any]:
     """Every usage snapshot the history stream still holds (none from a bus that has no history stream yet)."""
     try:
-        return await opsbus.read(js, contract.USAGE_HISTORY_STREAM, subject)
+        return await opsbus.read(nc, contract.USAGE_HISTORY_STREAM, subject)
     except opsbus.BusUnavailable as e:
         if "does not exist" not in str(e):
             raise

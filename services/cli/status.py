@@ -19,18 +19,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--watch", action="store_true", help="print again whenever usage or a decision changes")
 
 
-async def rows(js: Any, f: opsbus.Filter) -> list[report.QuotaRow]:
-    return (await _read(js, f))[0]
+async def rows(nc: Any, f: opsbus.Filter) -> list[report.QuotaRow]:
+    return (await _read(nc, f))[0]
 
 
-async def _read(js: Any, f: opsbus.Filter) -> tuple[list[report.QuotaRow], list[str]]:
+async def _read(nc: Any, f: opsbus.Filter) -> tuple[list[report.QuotaRow], list[str]]:
     """The rows, and the errors of the usage snapshots read (a namespace whose every quota vmquota refuses has no
     row: its errors say why)."""
     usage, bad = opsbus.readable(
-        await opsbus.read(js, contract.USAGE_STREAM, f.subject("usage")), contract.decode_usage
+        await opsbus.read(nc, contract.USAGE_STREAM, f.subject("usage")), contract.decode_usage
     )
     decided, bad_decisions = opsbus.readable(
-        await opsbus.read(js, contract.DECISIONS_STREAM, f.subject("quota")), contract.decode_decision
+        await opsbus.read(nc, contract.DECISIONS_STREAM, f.subject("quota")), contract.decode_decision
     )
     bad += bad_decisions
     if bad:  # (one such message must not hide every other namespace's)
@@ -49,8 +49,7 @@ async def main(args: argparse.Namespace) -> int:
     f = opsbus.Filter.from_args(args)
     nc = await opsbus.connect(args)
     try:
-        js = nc.jetstream()
-        found, errors = await _read(js, f)
+        found, errors = await _read(nc, f)
         if not found and (f.cluster or f.namespace) and not args.watch:  # (one line, as any bad input)
             where = f"{f.cluster or '*'}/{f.namespace or '*'}"
             refused = report.refused_quota(errors)
@@ -64,11 +63,14 @@ async def main(args: argparse.Namespace) -> int:
             print(f"refused: {line}", file=sys.stderr)
         if not args.watch:
             return 0
-        changes: asyncio.Queue[None] = asyncio.Queue()
+        changes: asyncio.Queue[opsbus.BusUnavailable | None] = asyncio.Queue()
 
         async def follow(stream: str, subject: str) -> None:
-            async for _ in opsbus.messages(js, stream, subject, follow=True, new_only=True):
-                changes.put_nowait(None)
+            try:
+                async for _ in opsbus.messages(nc, stream, subject, follow=True, new_only=True):
+                    changes.put_nowait(None)
+            except opsbus.BusUnavailable as e:  # (the table shown is no longer followed: said, and the end)
+                changes.put_nowait(e)
 
         watchers = [
             asyncio.create_task(follow(contract.USAGE_STREAM, f.subject("usage"))),
@@ -77,8 +79,9 @@ async def main(args: argparse.Namespace) -> int:
         try:
             shown = render(found, args.output)
             while True:
-                await changes.get()
-                now = render(await rows(js, f), args.output)
+                if (lost := await changes.get()) is not None:
+                    raise lost
+                now = render(await rows(nc, f), args.output)
                 if now != shown:
                     print("\033[2J\033[H" + now if sys.stdout.isatty() else "\n" + now, flush=True)
                     shown = now

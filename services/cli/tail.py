@@ -93,10 +93,9 @@ async def main(args: argparse.Namespace) -> int:
     stream, token = STREAMS[what]
     nc = await opsbus.connect(args)
     try:
-        js = nc.jetstream()
         # (a dead letter's subject names only the service: its cluster is in the message)
         subject = f"{contract.PREFIX}.dlq.>" if what == "dead-letters" else f.subject(token)
-        async for m in opsbus.messages(js, stream, subject, since=since, follow=args.follow):
+        async for m in opsbus.messages(nc, stream, subject, since=since, follow=args.follow):
             letter = _letter(m.data) if what == "dead-letters" else None
             if letter is not None and f.cluster is not None and letter.cluster not in (f.cluster, ""):
                 continue

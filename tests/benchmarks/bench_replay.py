@@ -85,7 +85,7 @@ async def command_replay(bus: Bus, want: int) -> float:
     r = Replay()
     at_ns = time.time_ns() + 3600 * 10**9  # (`--at` an hour ahead: every event is before it, and checked)
     t0 = time.perf_counter()
-    async for m in opsbus.messages(bus.js, contract.EVENTS_STREAM, "vmquota.ev.>"):
+    async for m in opsbus.messages(bus.nc, contract.EVENTS_STREAM, "vmquota.ev.>"):
         seq, _, _, stored = position(m)
         if stored > at_ns:
             break

@@ -728,7 +728,7 @@ async def test_the_commands_reader_gives_every_message_once_in_order(
         for i in range(300):
             await b.js.publish(f"vmquota.ev.c1.ns{i % 3}.pod", str(i).encode())
         got: list[tuple[int, bytes]] = []
-        async for m in opsbus.messages(b.js, contract.EVENTS_STREAM, "vmquota.ev.c1.>"):
+        async for m in opsbus.messages(b.nc, contract.EVENTS_STREAM, "vmquota.ev.c1.>"):
             got.append((position(m).stream, m.data))
             if len(got) % 5 == 0:
                 await asyncio.sleep(0.001)  # (a slow reader: the callback fills the buffer meanwhile)

@@ -330,3 +330,41 @@ async def test_one_unreadable_message_takes_no_command_down(nats_url: str, argv:
     assert code == 0, err
     if argv == ["status"]:
         assert err.startswith(f"note: 1 unreadable message(s) skipped, the first {subject}: "), err
+
+
+@pytest.mark.parametrize("argv", [["tail"], ["status", "--watch"]], ids=["tail", "status-watch"])
+async def test_a_command_that_follows_says_so_and_exits_when_the_bus_goes_away(argv: list[str]) -> None:
+    """`vmquota tail` and `status --watch` follow the bus. Its server stopped, they went on, silent, showing the last
+    table as if it were live; `docs/operations.md` promises one line and a non-zero exit for a bus that cannot be
+    used."""
+    with NatsServer() as server:
+        keeper = await Bus.connect(NatsOptions(url=server.url), connect_timeout=5)
+        try:
+            await keeper.ensure_streams(contract.streams_for("ledger", sizes=contract.StreamSizes(*(16 * 2**20,) * 6)))
+        finally:
+            await keeper.close()
+        proc = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "services.cli.main", *argv, "--nats", server.url),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert proc.stdout is not None
+        if argv[0] == "status":  # (following once the table is shown)
+            await asyncio.wait_for(proc.stdout.readline(), 60)
+        else:  # (following once its consumer is on the server)
+            nc = await nats.connect(server.url)
+            try:
+                for _ in range(600):
+                    info = await nc.jetstream().stream_info(contract.DECISIONS_STREAM)
+                    if info.state.consumer_count:
+                        break
+                    await asyncio.sleep(0.1)
+                else:
+                    pytest.fail("tail never made its consumer")
+            finally:
+                await nc.close()
+        following = proc.returncode
+        assert following is None, "following"
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 1 and err.decode().count("\n") == 1, err
+    assert err.decode().startswith(f"vmquota {argv[0]}: lost the connection to NATS"), err

@@ -332,6 +332,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
     guard = (
         args.reservation_guard if args.reservation_guard is not None else _env_bool("VMQUOTA_RESERVATION_GUARD", False)
     )
+    if leader:  # (else unused: a Lease is taken only for leader election)
+        contract.check_namespace(args.lease_namespace, "--lease-namespace (VMQUOTA_LEASE_NAMESPACE)")
     creators = tuple(c.strip() for c in str(args.guard_creators).split(",") if c.strip())
     if guard and not creators:
         raise InvalidInput("--guard-creators (VMQUOTA_GUARD_CREATORS) names nobody", "--guard-creators")

@@ -208,13 +208,20 @@ _UNIT_BYTES: Final = {
 }
 
 
+_SIZE_MAX: Final = 2**63 - 1
+"""The largest ``max_bytes`` JetStream takes (an int64)."""
+
+
 def parse_size(text: str, where: str = "size") -> int:
     """``4Gi``, ``512Mi``, ``10G`` or a plain number of bytes (a Kubernetes quantity without fractions) → bytes,
-    at least 1 MiB."""
+    at least 1 MiB and at most an int64."""
     m = _SIZE.fullmatch(text.strip())
     if m is None:
         raise InvalidInput(f"{text!r} is not a size (e.g. 4Gi, 512Mi, 10G)", where)
-    value = int(m.group(1)) * _UNIT_BYTES.get(m.group(2) or "", 1)
+    digits = m.group(1).lstrip("0") or "0"
+    value = int(digits) * _UNIT_BYTES.get(m.group(2) or "", 1) if len(digits) <= 20 else _SIZE_MAX + 1
     if value < MiB:
         raise InvalidInput(f"{text!r} is less than 1Mi", where)
+    if value > _SIZE_MAX:  # (refused by the server as the ledger made the stream: a stack trace, no flag named)
+        raise InvalidInput(f"{text[:64]!r} is more than a stream's limit holds (8Ei, an int64 of bytes)", where)
     return value

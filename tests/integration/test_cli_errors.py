@@ -23,7 +23,10 @@ def _files(tmp: Path) -> dict[str, str]:
     (tmp / "deep").write_text("[" * 100_000 + "]" * 100_000)  # (past any parser's recursion)
     (tmp / "junk").write_bytes(bytes(range(256)))
     (tmp / "empty").write_text("")
-    names = ("bad_yaml", "not-a-kubeconfig", "no-context", "theirs", "deep", "junk", "empty")
+    (tmp / "listed-metadata").write_text("apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata: [1]\n")
+    (tmp / "odd-names").write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: 5, namespace: [x]}\n")
+    names = ["bad_yaml", "not-a-kubeconfig", "no-context", "theirs", "deep", "junk", "empty", "listed-metadata"]
+    names.append("odd-names")
     return {k: str(tmp / k) for k in names}
 
 
@@ -54,6 +57,11 @@ CASES: list[tuple[list[str], int, str]] = [
     (["demo", "--scenario-file", "{junk}"], 2, "is not UTF-8 text"),
     (["demo", "--scenario-file", "{deep}"], 2, "nested too deeply"),
     (["demo", "--scenario-file", "{empty}"], 2, "the file is empty"),
+    (["demo", "--log-level", "trace"], 2, "vmquota demo: --log-level: 'trace' is not a log level"),
+    (["simulate", "--log-level", "error", "--seed-file", "{listed-metadata}"], 2, "metadata: Invalid value"),
+    (["simulate", "--log-level", "error", "--seed-file", "{odd-names}"], 2, "metadata.name: Invalid"),
+    (["run", "ledger", "--events-max-bytes", "99999999Ti"], 2, "is more than a stream's limit holds"),
+    (["run", "watcher", "--cluster", "c1", "--lease-namespace", "Bad NS"], 2, "namespace 'Bad NS' is not a DNS label"),
     (["render", "-f", "{deep}"], 2, "nested too deeply"),
     (["render", "-f", "{empty}"], 2, "nothing to render"),
     (["usage", "-f", "{deep}"], 2, "nested too deeply"),

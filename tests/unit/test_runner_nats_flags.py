@@ -44,10 +44,16 @@ def test_sizes_from_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> No
     assert c.nats.stream_sizes.dlq == 100 * 10**6
     assert c.nats.stream_sizes.checkpoints == 256 * 2**20
     assert c.nats.stream_sizes.usage == contract.StreamSizes().usage
+    largest = config("--events-max-bytes", str(2**63 - 1)).nats.stream_sizes
+    assert largest is not None and largest.events == 2**63 - 1
 
 
-@pytest.mark.parametrize("bad", ["lots", "1.5Gi", "-1", "100", "4Gb"])
+@pytest.mark.parametrize(
+    "bad", ["lots", "1.5Gi", "-1", "100", "4Gb", "99999999Ti", str(2**63), "9" * 5000, "8388608Ti"]
+)
 def test_bad_sizes_name_the_flag(bad: str) -> None:
+    """Past an int64 of bytes too: JetStream refused the stream as the ledger made it, which exited with a stack
+    trace naming no flag."""
     with pytest.raises(InvalidInput) as e:
         config("--events-max-bytes", bad)
     assert e.value.where == "--events-max-bytes"
@@ -141,3 +147,14 @@ def test_the_bus_options_are_checked_before_anything_connects(tmp_path: Path) ->
     assert good.nats.servers == ["tls://a:4222", "b:4222", "nats://c"]
     for level in ("warn", "WARNING", "critical", "error", "debug"):  # (the names the logging module knows)
         assert config("--log-level", level).log_level == level
+
+
+@pytest.mark.parametrize("bad", ["", "Bad NS", "x-", "a" * 64])
+def test_a_lease_namespace_that_is_no_namespace_name_is_refused_at_start(bad: str) -> None:
+    """Accepted, it had the watcher and the enforcer run unready for ever, their Lease never taken."""
+    args = build_parser().parse_args(["run", "watcher", "--cluster", "c1", "--lease-namespace", bad])
+    with pytest.raises(InvalidInput) as e:
+        config_from_args(args)
+    assert e.value.where == "--lease-namespace (VMQUOTA_LEASE_NAMESPACE)"
+    unused = ["run", "watcher", "--cluster", "c1", "--no-leader-election", "--lease-namespace", bad]
+    assert config_from_args(build_parser().parse_args(unused)).lease_namespace == bad

@@ -134,16 +134,17 @@ async def _play_all(scenarios: list[Scenario], args: argparse.Namespace) -> list
 def run(args: argparse.Namespace) -> int:
     from services.platform import logs
 
-    logs.configure(args.log_level)
-    from services.devtools.simcluster.server import require_tls_support
-
-    require_tls_support()
     try:
+        logs.check_level(args.log_level)
         check_speed(args.speed)
         scenarios = [load_scenario(args.scenario_file)] if args.scenario_file else builtin_scenarios()
     except InvalidInput as e:
         print(f"vmquota demo: {e}", file=sys.stderr)
         return 2
+    logs.configure(args.log_level)
+    from services.devtools.simcluster.server import require_tls_support
+
+    require_tls_support()
     results = runner.run_to_end(_play_all(scenarios, args))  # (Ctrl-C or SIGTERM: KeyboardInterrupt, exit 130)
     judged = [runs[-1] for _, runs in results]
     if args.json:

@@ -319,6 +319,8 @@ class SimCluster:
         """Create, or replace the spec/metadata of an existing object (status is the controllers')."""
         res = self.store.resource(str(obj.get("kind") or ""))
         meta = obj.get("metadata") or {}
+        if not isinstance(meta, dict) or not all(isinstance(meta.get(k, ""), str) for k in ("name", "namespace")):
+            return await self.store.create(res, obj)  # (which refuses it as the API server does, naming the field)
         ns = meta.get("namespace") if res.namespaced else None
         name = str(meta.get("name") or "")
         if name and self.store.peek(res, ns, name) is not None:
@@ -583,10 +585,8 @@ class SimCluster:
                 raise InvalidInput(
                     f"the simulated cluster does not serve kind {obj.get('kind')!r}", f"seed[{i}].kind"
                 ) from None
-            except ApiError as e:
-                raise InvalidInput(
-                    e.message, f"seed[{i}] {obj.get('kind')} {(obj.get('metadata') or {}).get('name')}"
-                ) from None
+            except ApiError as e:  # (its message names the object, as the API server's does)
+                raise InvalidInput(e.message, f"seed[{i}]") from None
         return out
 
 

@@ -29,8 +29,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The suite runs in PYTEST_WORKERS processes (pytest-xdist; 0: in this one). Each integration test starts its own
+# nats-server and simulated cluster, so two workers suit a machine of two cores or more.
+PYTEST_WORKERS ?= 2
 pytest: $(STAMP)
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks

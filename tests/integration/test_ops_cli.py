@@ -368,3 +368,33 @@ async def test_a_command_that_follows_says_so_and_exits_when_the_bus_goes_away(a
     _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 1 and err.decode().count("\n") == 1, err
     assert err.decode().startswith(f"vmquota {argv[0]}: lost the connection to NATS"), err
+
+
+async def test_replay_says_what_it_skipped_and_verifies_past_a_decision_it_cannot_compare(nats_url: str) -> None:
+    """`replay` left out unreadable events without a word (`status` says so); and one decision whose time did not
+    read ended `replay --verify` with a line that named neither it nor its place, nothing else verified."""
+    keeper = await Bus.connect(NatsOptions(url=nats_url), connect_timeout=5)
+    try:
+        await keeper.ensure_streams(contract.streams_for("ledger", sizes=contract.StreamSizes(*(16 * 2**20,) * 6)))
+        await keeper.js.publish(contract.event_subject(CLUSTER, "Namespace", ""), b"not json")
+        odd = contract.Decision(
+            id=f"{CLUSTER}/decision/odd/1",
+            source=contract.source("enforcer", CLUSTER),
+            subject=f"{NS}/compute",
+            time="yesterday",
+            cluster=CLUSTER,
+            namespace=NS,
+            quota="compute",
+            mode="VmiPodUsage",
+            usage_seq=1,
+        )
+        await keeper.js.publish(contract.decision_subject(CLUSTER, NS), contract.encode(odd))
+    finally:
+        await keeper.close()
+    code, out, err = await vmquota("replay", "--nats", nats_url)
+    assert code == 0, err
+    assert err == "note: 1 unreadable event(s) skipped, as the ledger skips them (it dead-letters them)\n", err
+    code, out, err = await vmquota("replay", "--verify", "--nats", nats_url)
+    assert code == 1, err
+    assert "verified 0 decisions and 0 usage snapshots: 1 difference(s)" in out, out
+    assert f"{CLUSTER}/{NS} decision {odd.id}: cannot be compared: time: 'yesterday'" in out, out

@@ -187,8 +187,11 @@ async def stream_info(js: Any, stream: str) -> Any:
         return await js.stream_info(stream)
     except NotFoundError:
         raise BusUnavailable(f"the stream {stream} does not exist on this server: is vmquota running?") from None
-    except Exception as e:  # permissions, timeouts
-        raise BusUnavailable(f"cannot read the stream {stream}: {e or type(e).__name__}") from None
+    except Exception as e:  # permissions (a request refused gets no answer: a timeout), timeouts
+        raise BusUnavailable(
+            f"cannot read the stream {stream} ({e or type(e).__name__}): if the server is up, the NATS user may not "
+            "read it: the commands read as the `replay` user (--nats-user replay)"
+        ) from None
 
 
 async def read(nc: Any, stream: str, subject: str, *, since: datetime | None = None) -> list[Msg]:
@@ -230,8 +233,6 @@ async def messages(
         if nc.is_closed:
             raise _lost(nc) from None
         raise
-    if not follow and info.state.messages == 0:
-        return
     opts: dict[str, Any] = {"deliver_policy": DeliverPolicy.ALL}
     if new_only:
         opts = {"deliver_policy": DeliverPolicy.NEW}
@@ -274,6 +275,8 @@ async def messages(
             "`subscriber`"
         ) from None
     try:
+        if not follow and info.state.messages == 0:  # (its consumer made all the same: a user that may not is told)
+            return
         last = info.state.last_seq
         while True:
             if not arrived:  # (no timer per message while they are there: a replay reads millions)

@@ -971,6 +971,36 @@ async def test_the_operator_commands_read_as_replay_and_say_which_user_as_subscr
     assert "use the `replay` user (--nats-user replay)" in err, err
 
 
+async def test_an_operator_command_as_a_user_that_may_not_read_says_so_on_an_empty_bus_too(
+    connect: Connect, server: SecuredServer
+) -> None:
+    """On streams with nothing in them yet (a bus just set up), `status` and `tail` as `subscriber` (which may not
+    make the commands' consumers) said "no managed quotas found" and exited 0, as if vmquota had nothing to show;
+    as `listener` (which may not read a stream's state) the line gave no hint of the user to use."""
+    import sys
+
+    await kept(connect, contract.USAGE_STREAM, contract.DECISIONS_STREAM)
+
+    async def command(user: str, *argv: str) -> tuple[int, str, str]:
+        proc = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "services.cli.main", *argv),
+            *("--nats", server.url, "--nats-user", user, "--nats-password", server.passwords[user]),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(), err.decode()
+
+    code, out, err = await command("replay", "status")
+    assert code == 0 and "no managed quotas" in out + err, (out, err)
+    for user, argv in (("subscriber", ("status",)), ("subscriber", ("tail", "--no-follow")), ("listener", ("status",))):
+        code, out, err = await command(user, *argv)
+        assert code == 1 and not out, (user, argv, out, err)
+        assert len(err.strip().splitlines()) == 1, err
+        assert "(--nats-user replay)" in err, err
+
+
 async def test_only_the_ledger_asks_a_clusters_watcher_to_relist(connect: Connect, per_cluster: Connect) -> None:
     """``vmquota.relist.<cluster>``: the ledger publishes, the watcher (of that cluster, in the two-cluster layout)
     hears it; nobody else may ask, and a cluster's watcher cannot listen in on another's."""

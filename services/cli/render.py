@@ -21,7 +21,7 @@ from shared.kinds import VM_KIND, VMI_KIND
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, RenderedPod, render_launcher_pod
 from shared.kubevirt.config import positive_ratio
 from shared.quantity import Quantity
-from shared.resources import format_resource_list
+from shared.resources import format_resource_list, is_quota_resource_name
 from shared.vmi import VmiSpec, object_ref, vmi_spec
 
 EXIT_INVALID = 2
@@ -97,6 +97,9 @@ def build_namespace(args: argparse.Namespace) -> NamespaceFacts:
             raise InvalidInput(f"expected KEY=VALUE, got {item!r}", "--namespace-label")
         labels[key] = value
     names = {n.strip() for n in args.quota_has.split(",") if n.strip()}
+    for n in sorted(names):  # (a typo read as "no quota names limits" renders another pod, without a word)
+        if not is_quota_resource_name(n):
+            raise InvalidInput(f"{n!r} is not a resource a ResourceQuota can hold (e.g. limits.memory)", "--quota-has")
     return NamespaceFacts(
         labels=labels,
         quota_has_limits_cpu="limits.cpu" in names,

@@ -64,6 +64,7 @@ CASES: list[tuple[list[str], int, str]] = [
     (["run", "watcher", "--cluster", "c1", "--lease-namespace", "Bad NS"], 2, "namespace 'Bad NS' is not a DNS label"),
     (["render", "-f", "{deep}"], 2, "nested too deeply"),
     (["render", "-f", "{empty}"], 2, "nothing to render"),
+    (["render", "-f", "{empty}", "--quota-has", "limits.memroy"], 2, "--quota-has: 'limits.memroy' is not a resource"),
     (["usage", "-f", "{deep}"], 2, "nested too deeply"),
     (["render", "-f", "-", "--cpu-allocation-ratio", "1e400"], 2, "must be between 0.001 and 1000, got '1e400'"),
     (["render", "-f", "-", "--cpu-allocation-ratio", "1e-400"], 2, "must be between 0.001 and 1000"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -11,11 +12,17 @@ from services.devtools.simcluster.kubeconfig import check_kubeconfig_out, write_
 from shared.errors import InvalidInput
 
 
-@pytest.mark.parametrize("server", ["https://127.0.0.1:6443", "https://[::1]:6443", "https://localhost:6443"])
-def test_a_kubeconfig_vmquota_wrote_may_be_written_again_whatever_its_host(tmp_path: Path, server: str) -> None:
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "[::1]", "localhost"])
+def test_a_kubeconfig_vmquota_wrote_may_be_written_again_whatever_its_host(tmp_path: Path, host: str) -> None:
     """``simulate --host ::1`` (or ``localhost``, or an address) writes its own address: the next run found that
     file "not a kubeconfig vmquota wrote" and refused to start."""
-    out = write_kubeconfig(tmp_path / "kc", server, "token")
+    out = write_kubeconfig(tmp_path / "kc", f"https://{host}:{_closed_port()}", "token")
     check_kubeconfig_out(out)
     check_kubeconfig_out(tmp_path / "new")
 
@@ -41,3 +48,16 @@ def test_a_file_vmquota_did_not_write_is_never_overwritten(tmp_path: Path, doc: 
         check_kubeconfig_out(out)
     with pytest.raises(InvalidInput, match="does not exist"):
         check_kubeconfig_out(tmp_path / "missing" / "kc")
+
+
+def test_the_kubeconfig_of_a_simulated_cluster_still_serving_is_not_written_over(tmp_path: Path) -> None:
+    """A second `vmquota up` with the first's `--kubeconfig-out` wrote its own address over the running one's (its
+    kubectl then reached the second, and nothing once that stopped)."""
+    with socket.socket() as serving:
+        serving.bind(("127.0.0.1", 0))
+        serving.listen()
+        server = f"https://127.0.0.1:{serving.getsockname()[1]}"
+        out = write_kubeconfig(tmp_path / "kc", server, "token")
+        with pytest.raises(InvalidInput, match=f"still serving at {server}"):
+            check_kubeconfig_out(out)
+    check_kubeconfig_out(out)  # (once it is gone, the file is written again)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import base64
 import os
+import socket
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -72,6 +74,13 @@ def check_kubeconfig_out(out: Path, flag: str = "--kubeconfig-out") -> None:
         raise InvalidInput(
             f"{str(out)!r} exists and is not a kubeconfig vmquota wrote: remove it or choose another path", flag
         )
+    server = _server(existing)
+    if server is not None and _answers(server):  # (written over, the running one's kubectl would reach this one)
+        raise InvalidInput(
+            f"{str(out)!r} is the kubeconfig of a simulated cluster still serving at {server} (another vmquota up "
+            "or simulate): stop it or choose another path",
+            flag,
+        )
 
 
 def _ours(doc: object) -> bool:
@@ -88,3 +97,25 @@ def _ours(doc: object) -> bool:
         and isinstance(user.get("user"), dict)
         and set(user["user"]) == {"token"}
     )
+
+
+def _server(doc: Any) -> str | None:
+    """The server address of a kubeconfig :func:`_ours` accepted."""
+    server = (doc["clusters"][0].get("cluster") or {}).get("server")
+    return server if isinstance(server, str) else None
+
+
+def _answers(server: str) -> bool:
+    """Whether something accepts connections at ``server``'s host and port (at once: a local address)."""
+    url = urlsplit(server)
+    try:
+        port = url.port
+    except ValueError:
+        return False
+    if url.hostname is None or port is None:
+        return False
+    try:
+        with socket.create_connection((url.hostname, port), timeout=0.5):
+            return True
+    except OSError:
+        return False

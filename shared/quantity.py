@@ -32,6 +32,8 @@ _EXPONENT_COMPUTED: Final = 100
 """An exponent more than this past the number of characters of a value's digits makes a nonzero value beyond the
 range (or below a nano, which rounds up to one, as the API server rounds it), whatever the digits: it is taken as
 that far out, so that ``1e999999999`` costs no more than ``1e101``."""
+_BASE_DIGITS: Final = len(str(MAX_BASE_UNITS))
+"""A value of at least ``10**_BASE_DIGITS`` base units is past the range (19 digits)."""
 _SHORT: Final = 64
 """The longest quantity text kept in the parse cache. A longer one is parsed all the same (the API server parses any
 length, and keeps a decimal value's digits as written: a pod can carry a 67-digit limit, which quota charges like
@@ -49,8 +51,11 @@ _DECIMAL: Final = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T"
 _DECIMAL_BY_EXP: Final = {v: k for k, v in _DECIMAL.items()}
 _BINARY_BY_EXP: Final = {v: k for k, v in _BINARY.items()}
 
-_RE: Final = re.compile(r"^([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([A-Za-z]*)((?<=[eE])[+-]?[0-9]+)?$")
-_EXP_RE: Final = re.compile(r"^[eE]([+-]?[0-9]+)$")
+_RE: Final = re.compile(r"([+-]?)([0-9]++(?:\.[0-9]*+)?|\.[0-9]++)([A-Za-z]*+)((?<=[eE])[+-]?[0-9]++)?")
+"""Matched whole (``fullmatch``); possessive, so that a long text that is no quantity is refused in one pass, not
+after backtracking over each of its digits (a tenant's 256 KiB annotation: 46 ms, against 1 ms)."""
+_EXP_RE: Final = re.compile(r"[eE]([+-]?[0-9]++)")
+"""Matched whole (``fullmatch``)."""
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -85,12 +90,14 @@ class Quantity:
         if type(text) is str:  # the common case first: one cached lookup
             q = cls._parse_str(text) if len(text) <= _SHORT else _parse(text)
             if q.nanos < 0 and not allow_negative:
-                raise InvalidQuantity(f"quantity {text!r} must not be negative")
+                raise InvalidQuantity(f"quantity {_shown(text)} must not be negative")
             return q
         if isinstance(text, Quantity):
             q = text
         elif isinstance(text, bool) or not isinstance(text, (str, int, float)):
-            raise InvalidQuantity(f"expected a quantity string, got {type(text).__name__} {text!r}")
+            raise InvalidQuantity(f"expected a quantity string, got {type(text).__name__} {_cut(repr(text))}")
+        elif isinstance(text, int) and abs(text) > MAX_BASE_UNITS:  # (a YAML integer of 5,000 digits has no str())
+            q = Quantity(MAX_NANOS if text > 0 else -MAX_NANOS)
         else:
             if isinstance(text, float):
                 if text != text or text in (float("inf"), float("-inf")):
@@ -99,7 +106,9 @@ class Quantity:
             text = str(text)  # (no trimming: the API server refuses " 1Gi" too)
             q = cls._parse_str(text) if len(text) <= _SHORT else _parse(text)
         if q.nanos < 0 and not allow_negative:
-            raise InvalidQuantity(f"quantity {text!r} must not be negative")
+            raise InvalidQuantity(
+                f"quantity {_shown(str(q) if isinstance(text, int) else str(text))} must not be negative"
+            )
         return q
 
     @staticmethod
@@ -195,15 +204,15 @@ def _parse(s: str) -> Quantity:
     one of them (a context as wide as the digits, times ``2**60 * 10**9`` at most), and rounded up to the nano."""
     if not s:
         raise InvalidQuantity("empty quantity")
-    m = _RE.match(s)
+    m = _RE.fullmatch(s)
     if m is None:
         raise InvalidQuantity(f"invalid quantity {_shown(s)}")
     sign, number, suffix, exp_digits = m.groups()
     fmt: Format
     power2 = 0
-    if exp_digits is not None or _EXP_RE.match(suffix or ""):
+    if exp_digits is not None or _EXP_RE.fullmatch(suffix or ""):
         full = (suffix or "") + (exp_digits or "")
-        em = _EXP_RE.match(full)
+        em = _EXP_RE.fullmatch(full)
         if em is None:
             raise InvalidQuantity(f"invalid quantity {_shown(s)}: bad exponent {_shown(full)}")
         scale10 = _exponent(em.group(1), len(number) + _EXPONENT_COMPUTED)
@@ -214,6 +223,9 @@ def _parse(s: str) -> Quantity:
         scale10, fmt = _DECIMAL[suffix], Format.DECIMAL_SI
     else:
         raise InvalidQuantity(f"invalid quantity {_shown(s)}: unknown suffix {_shown(suffix)}")
+    whole = number.partition(".")[0].lstrip("0")
+    if whole and len(whole) - 1 + scale10 >= _BASE_DIGITS:  # (at least 10**19 base units: no arithmetic needed)
+        return Quantity(-MAX_NANOS if sign == "-" else MAX_NANOS, fmt)
     ctx = decimal.Context(prec=len(number) + 40, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN)
     value = ctx.multiply(ctx.scaleb(decimal.Decimal(number), scale10 + 9), 1 << power2)
     # (precision finer than nano rounds up; the API server caps a binary value past int64 and keeps a decimal one
@@ -231,7 +243,11 @@ def _exponent(text: str, bound: int) -> int:
 
 def _shown(text: str) -> str:
     """``text`` quoted for an error message, cut after 64 characters."""
-    return repr(text if len(text) <= _SHORT else text[:_SHORT] + "...")
+    return repr(_cut(text))
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= _SHORT else text[:_SHORT] + "..."
 
 
 def _format(nanos: int, fmt: Format) -> str:

@@ -135,6 +135,9 @@ async def connect(args: argparse.Namespace) -> Any:
     check_nats_options(str(args.nats), args.nats_creds, args.nats_ca)
     servers = NatsOptions(url=str(args.nats)).servers
     kwargs: dict[str, Any] = {"servers": servers, "allow_reconnect": False, "connect_timeout": 3}
+    # (a server that stops answering without closing the connection is lost after two unanswered pings: seconds,
+    # where nats-py's default waits minutes)
+    kwargs |= {"ping_interval": _PING_INTERVAL, "max_outstanding_pings": 2}
     if args.nats_ca:
         kwargs["tls"] = ssl.create_default_context(cafile=args.nats_ca)
     if args.nats_creds:
@@ -160,6 +163,9 @@ async def connect(args: argparse.Namespace) -> Any:
             raise BusUnavailable(f"NATS at {args.nats} refused the credentials ({why.strip()})") from None
         raise BusUnavailable(f"cannot reach NATS at {args.nats} ({why.strip()}): check --nats (VMQUOTA_NATS)") from None
 
+
+_PING_INTERVAL = 3.0
+"""Seconds between the commands' pings of the server."""
 
 _BUFFERED = 10_000
 """Messages :func:`messages` holds that its reader has not taken; then the subscription waits."""
@@ -202,6 +208,29 @@ async def read(nc: Any, stream: str, subject: str, *, since: datetime | None = N
 
 _LOST_CHECK = 1.0
 """Seconds a reader waits for a message before it looks whether the connection is still there."""
+
+
+_STALL_MAX = 30.0
+"""Seconds a read waits for the messages its consumer still has to deliver before it says the bus stopped."""
+
+
+async def _drained(nc: Any, sub: Any, stream: str) -> bool:
+    """Whether the consumer of a read has nothing more to deliver, by the server's word: a quiet second is the end of
+    a read only then (a server that stalls, or a connection that hangs without closing, is not an end)."""
+    from nats.js.errors import NotFoundError
+
+    try:
+        info = await sub.consumer_info()
+    except NotFoundError:  # (the ordered consumer being made again after a gap: not the end)
+        return False
+    except Exception as e:
+        if nc.is_closed:
+            raise _lost(nc) from None
+        raise BusUnavailable(
+            f"NATS does not answer about the stream {stream} ({e or type(e).__name__}): what was shown before this "
+            "line is not all of it"
+        ) from None
+    return bool(info.num_pending == 0)
 
 
 def _lost(nc: Any) -> BusUnavailable:
@@ -278,6 +307,7 @@ async def messages(
         if not follow and info.state.messages == 0:  # (its consumer made all the same: a user that may not is told)
             return
         last = info.state.last_seq
+        quiet = 0.0  # (seconds without a message while the consumer had more to deliver)
         while True:
             if not arrived:  # (no timer per message while they are there: a replay reads millions)
                 came.clear()
@@ -288,10 +318,18 @@ async def messages(
                     if nc.is_closed:
                         raise _lost(nc) from None
                     if not follow:
-                        return  # nothing (more) on this subject
+                        if await _drained(nc, sub, stream):
+                            return  # nothing (more) on this subject
+                        quiet += _LOST_CHECK
+                        if quiet >= _STALL_MAX:
+                            raise BusUnavailable(
+                                f"NATS stopped sending the stream {stream} for {quiet:.0f}s with messages left: what "
+                                "was shown before this line is not all of it"
+                            ) from None
                 finally:
                     reader_waits = False
                 continue
+            quiet = 0.0
             m = arrived.popleft()
             if callback_waits and len(arrived) <= _BUFFERED // 2:
                 callback_waits = False

@@ -4,8 +4,10 @@ against a real nats-server after a real pipeline played seed scenario 1 (a migra
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -337,35 +339,23 @@ async def test_a_command_that_follows_says_so_and_exits_when_the_bus_goes_away(a
     """`vmquota tail` and `status --watch` follow the bus. Its server stopped, they went on, silent, showing the last
     table as if it were live; `docs/operations.md` promises one line and a non-zero exit for a bus that cannot be
     used."""
-    with NatsServer() as server:
-        keeper = await Bus.connect(NatsOptions(url=server.url), connect_timeout=5)
-        try:
-            await keeper.ensure_streams(contract.streams_for("ledger", sizes=contract.StreamSizes(*(16 * 2**20,) * 6)))
-        finally:
-            await keeper.close()
+    with contextlib.ExitStack() as stack, NatsServer() as server:
+        await _streams(server.url)
         proc = await asyncio.create_subprocess_exec(
             *(sys.executable, "-m", "services.cli.main", *argv, "--nats", server.url),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
         assert proc.stdout is not None
+        stack.callback(_kill, proc)
         if argv[0] == "status":  # (following once the table is shown)
             await asyncio.wait_for(proc.stdout.readline(), 60)
         else:  # (following once its consumer is on the server)
-            nc = await nats.connect(server.url)
-            try:
-                for _ in range(600):
-                    info = await nc.jetstream().stream_info(contract.DECISIONS_STREAM)
-                    if info.state.consumer_count:
-                        break
-                    await asyncio.sleep(0.1)
-                else:
-                    pytest.fail("tail never made its consumer")
-            finally:
-                await nc.close()
+            await _consumer_made(server.url, contract.DECISIONS_STREAM)
         following = proc.returncode
         assert following is None, "following"
-    _, err = await asyncio.wait_for(proc.communicate(), 60)
+        server.stop()
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 1 and err.decode().count("\n") == 1, err
     assert err.decode().startswith(f"vmquota {argv[0]}: lost the connection to NATS"), err
 
@@ -398,3 +388,91 @@ async def test_replay_says_what_it_skipped_and_verifies_past_a_decision_it_canno
     assert code == 1, err
     assert "verified 0 decisions and 0 usage snapshots: 1 difference(s)" in out, out
     assert f"{CLUSTER}/{NS} decision {odd.id}: cannot be compared: time: 'yesterday'" in out, out
+
+
+def _kill(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+
+
+async def _streams(url: str) -> None:
+    keeper = await Bus.connect(NatsOptions(url=url), connect_timeout=5)
+    try:
+        await keeper.ensure_streams(contract.streams_for("ledger", sizes=contract.StreamSizes(*(64 * 2**20,) * 6)))
+    finally:
+        await keeper.close()
+
+
+async def _consumer_made(url: str, stream: str) -> None:
+    nc = await nats.connect(url)
+    try:
+        for _ in range(600):  # (60 s)
+            if (await nc.jetstream().stream_info(stream)).state.consumer_count:
+                return
+            await asyncio.sleep(0.1)
+        pytest.fail(f"no consumer on {stream}")
+    finally:
+        await nc.close()
+
+
+def _resume(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)
+
+
+async def test_a_command_that_follows_says_so_when_the_server_stops_answering() -> None:
+    """A server that stops answering without closing the connection (paused, or cut off by the network): `tail`
+    went on, silent, for the minutes nats-py's default pings take. Two unanswered pings end it now."""
+    with contextlib.ExitStack() as stack, NatsServer() as server:
+        await _streams(server.url)
+        proc = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "services.cli.main", "tail", "--nats", server.url),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        stack.callback(_kill, proc)
+        await _consumer_made(server.url, contract.DECISIONS_STREAM)
+        assert server.proc is not None
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        stack.callback(_resume, server.proc.pid)
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 1 and err.decode().count("\n") == 1, err
+    assert err.decode().startswith("vmquota tail: lost the connection to NATS"), err
+
+
+async def test_a_read_the_server_stalls_is_never_shown_as_complete(tmp_path: Path) -> None:
+    """A read that met a second's quiet ended there, as if the stream held no more: a server paused for 3 s after the
+    first message of 20,000 gave a `replay` of 1,599. A quiet second ends a read only once the server says the
+    consumer has nothing more to deliver."""
+    from services.cli import opsbus
+
+    n = 20_000
+    async with contextlib.AsyncExitStack() as stack:
+        server = stack.enter_context(NatsServer())
+        await _streams(server.url)
+        pub = await nats.connect(server.url)
+        try:
+            for i in range(n):
+                await pub.publish("vmquota.ev.c1.ns.t", b"x" * 300)
+                if i % 5000 == 0:
+                    await pub.flush()
+            await pub.flush()
+            for _ in range(600):  # (stored, all of them: a read reads what the stream held when it began)
+                if (await pub.jetstream().stream_info(contract.EVENTS_STREAM)).state.messages == n:
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            await pub.close()
+        nc = await nats.connect(server.url, allow_reconnect=False)
+        stack.push_async_callback(nc.close)
+        assert server.proc is not None
+        pid = server.proc.pid
+        stack.callback(_resume, pid)
+        got = 0
+        async for _ in opsbus.messages(nc, contract.EVENTS_STREAM, "vmquota.ev.c1.>"):
+            got += 1
+            if got == 1:
+                os.kill(pid, signal.SIGSTOP)
+                asyncio.get_running_loop().call_later(3.0, os.kill, pid, signal.SIGCONT)
+    assert got == n

@@ -274,3 +274,14 @@ def test_parse_of_any_length_agrees_with_exact_arithmetic(sign: str, whole: str,
     nanos = min(-((-exact.numerator) // exact.denominator), MAX_BASE_UNITS * NANO)
     q = Quantity.parse(text, allow_negative=True)
     assert q.nanos == (-nanos if sign == "-" else nanos)
+
+
+def test_an_integer_past_what_str_prints_is_cut_and_errors_stay_short() -> None:
+    """A YAML integer of 5,000 digits (PyYAML makes it an int, which Python will not print) was a ValueError; a
+    negative or non-string value of any size was quoted whole in its error."""
+    assert Quantity.parse(10**5000).ceil() == MAX_BASE_UNITS
+    assert Quantity.parse(-(10**5000), allow_negative=True).ceil() == -MAX_BASE_UNITS
+    for bad in (-(10**5000), "-" + "1" * 200_000, [1] * 100_000):
+        with pytest.raises(InvalidQuantity) as e:
+            Quantity.parse(bad)
+        assert len(str(e.value)) < 200, str(e.value)[:300]

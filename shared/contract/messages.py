@@ -408,5 +408,5 @@ class RelistRequest(msgspec.Struct, frozen=True, kw_only=True):
     """Who asks (``vmquota/<service>/<cluster or all>``), for the watcher's log."""
 
 
-RELIST_TOKEN: Final = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+RELIST_TOKEN: Final = re.compile(r"^[A-Za-z0-9._-]{1,64}\Z")
 """What a relist token may be."""

@@ -60,8 +60,8 @@ _SHORT_TYPE: Final = {UPSERTED: "upserted", DELETED: "deleted", SYNC: "sync"}
 
 # ---- names and validation ---------------------------------------------------------------------------------------
 
-_DNS_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_RV: Final = re.compile(r"^[0-9]{1,19}$")
+_DNS_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+_RV: Final = re.compile(r"^[0-9]{1,19}\Z")
 
 
 def check_cluster(cluster: object) -> str:

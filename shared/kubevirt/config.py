@@ -113,7 +113,7 @@ class VersionProfile:
 
 LATEST_MINOR: Final = 9
 """The latest KubeVirt release this build has a profile for: v1.9."""
-_VERSION_RE: Final = re.compile(r"^v?1\.(\d+)(?:\.(\d+)(?:[-+][0-9A-Za-z.+-]*)?)?$")
+_VERSION_RE: Final = re.compile(r"^v?1\.(\d+)(?:\.(\d+)(?:[-+][0-9A-Za-z.+-]*)?)?\Z")
 
 
 def _name(minor: int, patch: int) -> str:
@@ -249,7 +249,7 @@ def selector_matches(sel: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
 
 # ---- numbers as Go parses them ---------------------------------------------------------------------------------
 
-_GO_FLOAT_RE: Final = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$")
+_GO_FLOAT_RE: Final = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\Z")
 
 
 def parse_go_float(text: object) -> float | None:

@@ -114,6 +114,9 @@ def test_unknown_fields_are_allowed() -> None:
         ({"resourceVersion": "abc"}, "resourceVersion"),
         ({"uid": ""}, "empty uid"),
         ({"namespace": "Not A Label"}, "namespace"),
+        ({"namespace": "tenant\n"}, "namespace"),
+        ({"cluster": "c1\n"}, "cluster id"),
+        ({"resourceVersion": "7\n"}, "resourceVersion"),
         ({"type": "io.vmquota.event.renamed"}, "type"),
         ({"snapshot": None}, "snapshot"),
         ({"snapshot": {"kind": "ResourceQuota", "name": "q"}}, "snapshot of kind 'ResourceQuota'"),
@@ -134,7 +137,21 @@ def test_not_json_is_invalid_input() -> None:
         contract.decode_event(b"\x00garbage")
 
 
-@pytest.mark.parametrize("cluster", ["", "A", "-a", "a-", "a.b", "a" * 64, "a_b", 7])
+def test_a_name_with_a_line_break_after_it_is_no_name() -> None:
+    """Every check was a pattern ending in ``$``, which Python lets match before a last newline: ``tenant\\n`` passed
+    for a namespace (then a token of the subjects the services publish to), a relist token or a quota resource
+    name."""
+    from shared.resources import is_qualified_name, is_quota_resource_name
+
+    for check in (contract.check_namespace, contract.check_cluster):
+        with pytest.raises(InvalidInput):
+            check("tenant\n")
+    with pytest.raises(InvalidInput):
+        contract.decode_relist_request(contract.encode(contract.RelistRequest(token="loss-7\n", requester="x")))
+    assert not is_qualified_name("limits.memory\n") and not is_quota_resource_name("limits.memory\n")
+
+
+@pytest.mark.parametrize("cluster", ["", "A", "-a", "a-", "a.b", "a" * 64, "a_b", 7, "c1\n"])
 def test_cluster_ids_must_be_dns_labels(cluster: object) -> None:
     with pytest.raises(InvalidInput) as e:
         contract.check_cluster(cluster)

@@ -64,8 +64,8 @@ _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 _log = get_logger(component="simcluster.store")
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # what the API server uses for generateName suffixes
 
 PatchType = Literal["merge", "json", "strategic"]

@@ -332,7 +332,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     guard = (
         args.reservation_guard if args.reservation_guard is not None else _env_bool("VMQUOTA_RESERVATION_GUARD", False)
     )
-    if leader:  # (else unused: a Lease is taken only for leader election)
+    if leader and {"watcher", "enforcer"} & set(names):  # (the services that take a Lease, for leader election)
         contract.check_namespace(args.lease_namespace, "--lease-namespace (VMQUOTA_LEASE_NAMESPACE)")
     creators = tuple(c.strip() for c in str(args.guard_creators).split(",") if c.strip())
     if guard and not creators:

@@ -106,13 +106,13 @@ def _documents(name: str, text: str) -> Iterator[tuple[int, object]]:
             yield 1, json.loads(text)
             return
         except ValueError as e:
-            json_error = str(e)
+            json_error = _TOO_LONG if "integer string conversion" in str(e) else str(e)
         except RecursionError:
             json_error = "nested too deeply"
         try:  # flow-style YAML also starts with a brace
             docs = list(yaml.load_all(text, Loader=_Loader))
-        except (yaml.YAMLError, RecursionError):
-            raise InvalidInput(f"invalid JSON: {json_error}", f"{name}: document 1") from None
+        except (yaml.YAMLError, RecursionError, ValueError):
+            raise InvalidInput(f"invalid JSON: {_cut(json_error)}", f"{name}: document 1") from None
         yield from enumerate(docs, 1)
         return
     index = 0
@@ -123,6 +123,17 @@ def _documents(name: str, text: str) -> Iterator[tuple[int, object]]:
         raise InvalidInput(yaml_problem(e), f"{name}: document {index + 1}") from None
     except RecursionError:
         raise InvalidInput("invalid YAML: nested too deeply", f"{name}: document {index + 1}") from None
+    except ValueError:  # (an integer Python will not convert)
+        raise InvalidInput(f"invalid YAML: {_TOO_LONG}", f"{name}: document {index + 1}") from None
+
+
+_TOO_LONG: Final = f"a number of more than {sys.get_int_max_str_digits():,} digits (quote it)"
+
+
+def _cut(text: str) -> str:
+    """A parser's message, at most one line of 200 characters."""
+    line = text.splitlines()[0] if text else text
+    return line if len(line) <= 200 else line[:200] + "..."
 
 
 def load_documents(path: str | Path) -> tuple[str, list[object]]:

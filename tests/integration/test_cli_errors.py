@@ -24,9 +24,12 @@ def _files(tmp: Path) -> dict[str, str]:
     (tmp / "junk").write_bytes(bytes(range(256)))
     (tmp / "empty").write_text("")
     (tmp / "listed-metadata").write_text("apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata: [1]\n")
+    (tmp / "long-number").write_text("memory: " + "1" * 5000 + "\n")
+    (tmp / "long-number-json").write_text('{"memory": ' + "1" * 5000 + "}\n")
+    (tmp / "listed-items").write_text("kind: PodList\nitems: [5]\n")
     (tmp / "odd-names").write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: 5, namespace: [x]}\n")
     names = ["bad_yaml", "not-a-kubeconfig", "no-context", "theirs", "deep", "junk", "empty", "listed-metadata"]
-    names.append("odd-names")
+    names += ["odd-names", "listed-items", "long-number", "long-number-json"]
     return {k: str(tmp / k) for k in names}
 
 
@@ -60,10 +63,13 @@ CASES: list[tuple[list[str], int, str]] = [
     (["demo", "--log-level", "trace"], 2, "vmquota demo: --log-level: 'trace' is not a log level"),
     (["simulate", "--log-level", "error", "--seed-file", "{listed-metadata}"], 2, "metadata: Invalid value"),
     (["simulate", "--log-level", "error", "--seed-file", "{odd-names}"], 2, "metadata.name: Invalid"),
+    (["simulate", "--log-level", "error", "--seed-file", "{listed-items}"], 2, "an item of a PodList is not"),
     (["run", "ledger", "--events-max-bytes", "99999999Ti"], 2, "is more than a stream's limit holds"),
     (["run", "watcher", "--cluster", "c1", "--lease-namespace", "Bad NS"], 2, "namespace 'Bad NS' is not a DNS label"),
     (["render", "-f", "{deep}"], 2, "nested too deeply"),
     (["render", "-f", "{empty}"], 2, "nothing to render"),
+    (["render", "-f", "{long-number}"], 2, "invalid YAML: a number of more than 4,300 digits (quote it)"),
+    (["usage", "-f", "{long-number-json}"], 2, "invalid JSON: a number of more than 4,300 digits (quote it)"),
     (["render", "-f", "{empty}", "--quota-has", "limits.memroy"], 2, "--quota-has: 'limits.memroy' is not a resource"),
     (["usage", "-f", "{deep}"], 2, "nested too deeply"),
     (["render", "-f", "-", "--cpu-allocation-ratio", "1e400"], 2, "must be between 0.001 and 1000, got '1e400'"),

@@ -158,3 +158,4 @@ def test_a_lease_namespace_that_is_no_namespace_name_is_refused_at_start(bad: st
     assert e.value.where == "--lease-namespace (VMQUOTA_LEASE_NAMESPACE)"
     unused = ["run", "watcher", "--cluster", "c1", "--no-leader-election", "--lease-namespace", bad]
     assert config_from_args(build_parser().parse_args(unused)).lease_namespace == bad
+    assert config("--lease-namespace", bad).lease_namespace == bad  # (the ledger takes no Lease)

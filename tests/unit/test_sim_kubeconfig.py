@@ -61,3 +61,19 @@ def test_the_kubeconfig_of_a_simulated_cluster_still_serving_is_not_written_over
         with pytest.raises(InvalidInput, match=f"still serving at {server}"):
             check_kubeconfig_out(out)
     check_kubeconfig_out(out)  # (once it is gone, the file is written again)
+
+
+def test_a_kubeconfig_whose_cluster_is_no_object_is_one_line(tmp_path: Path) -> None:
+    """Named as vmquota names it, with its cluster a string: the check for a running simulated cluster raised an
+    AttributeError (a traceback)."""
+    out = tmp_path / "kc"
+    doc = yaml.safe_load(write_kubeconfig(tmp_path / "kc", "https://127.0.0.1:1", "token").read_text())
+    doc["clusters"][0]["cluster"] = "https://127.0.0.1:1"
+    out.write_text(yaml.safe_dump(doc))
+    check_kubeconfig_out(out)  # (no address to try: written over, as a kubeconfig vmquota wrote)
+
+
+def test_only_a_loopback_address_is_tried(tmp_path: Path) -> None:
+    """A kubeconfig vmquota wrote names the loopback address; another (a proxy may answer any) is not tried."""
+    out = write_kubeconfig(tmp_path / "kc", "https://10.255.255.1:6443", "token")
+    check_kubeconfig_out(out)

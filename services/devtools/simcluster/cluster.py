@@ -573,7 +573,10 @@ class SimCluster:
             if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str):
                 raise InvalidInput("expected a Kubernetes object with a kind", "seed")
             if doc["kind"].endswith("List") and isinstance(doc.get("items"), list):
-                flat.extend(doc["items"])
+                for item in doc["items"]:
+                    if not isinstance(item, dict):
+                        raise InvalidInput(f"an item of a {doc['kind']} is not an object", "seed")
+                    flat.append(item)
             else:
                 flat.append(doc)
         flat.sort(key=lambda o: _SEED_ORDER.get(str(o.get("kind")), 10))
@@ -585,9 +588,17 @@ class SimCluster:
                 raise InvalidInput(
                     f"the simulated cluster does not serve kind {obj.get('kind')!r}", f"seed[{i}].kind"
                 ) from None
-            except ApiError as e:  # (its message names the object, as the API server's does)
-                raise InvalidInput(e.message, f"seed[{i}]") from None
+            except ApiError as e:
+                raise InvalidInput(e.message, _seed_where(i, obj)) from None
         return out
+
+
+def _seed_where(i: int, obj: Obj) -> str:
+    """Where in the seed (namespaces first) an object is: ``seed[3] Pod web``, its kind and name where they are
+    text."""
+    meta = obj.get("metadata")
+    named = [obj.get("kind"), meta.get("name") if isinstance(meta, dict) else None]
+    return " ".join([f"seed[{i}]", *(str(n) for n in named if isinstance(n, str) and n)])
 
 
 def load_seed_file(path: str | Path) -> list[Obj]:

@@ -101,18 +101,24 @@ def _ours(doc: object) -> bool:
 
 def _server(doc: Any) -> str | None:
     """The server address of a kubeconfig :func:`_ours` accepted."""
-    server = (doc["clusters"][0].get("cluster") or {}).get("server")
+    cluster = doc["clusters"][0].get("cluster")
+    server = cluster.get("server") if isinstance(cluster, dict) else None
     return server if isinstance(server, str) else None
 
 
+_LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
+"""The addresses a simulated cluster's kubeconfig names (the loopback address, whatever ``--host``)."""
+
+
 def _answers(server: str) -> bool:
-    """Whether something accepts connections at ``server``'s host and port (at once: a local address)."""
+    """Whether something accepts connections at ``server``'s host and port, where that is a loopback address (at
+    once, with no name to look up elsewhere)."""
     url = urlsplit(server)
     try:
         port = url.port
     except ValueError:
         return False
-    if url.hostname is None or port is None:
+    if url.hostname not in _LOOPBACK or port is None:
         return False
     try:
         with socket.create_connection((url.hostname, port), timeout=0.5):

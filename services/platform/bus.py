@@ -550,7 +550,7 @@ class Bus:
             info = await self.js.stream_info(cfg.name)
         except nats.js.errors.NotFoundError:
             try:
-                await self.js.add_stream(cfg)
+                await _refused_as_set(self.js.add_stream(cfg), cfg)
             except nats.js.errors.BadRequestError as e:
                 if e.err_code != STREAM_NAME_IN_USE:
                     raise
@@ -579,7 +579,7 @@ class Bus:
             or (have.discard or DiscardPolicy.OLD) != cfg.discard
             or (bool(have.deny_delete), bool(have.deny_purge), bool(have.allow_rollup_hdrs)) != (True, True, False)
         ):
-            await self.js.update_stream(cfg)
+            await _refused_as_set(self.js.update_stream(cfg), cfg)
             # (a warning: limits someone changed, or ledger instances given different stream flags, which then
             # put their own back in turn every check)
             log.warning("stream limits differed from this ledger's: put back", stream=cfg.name)
@@ -658,6 +658,37 @@ class Bus:
         from_cluster, namespace = contract.subject_scope(original_subject)
         subject = contract.dlq_subject(service, cluster or from_cluster, namespace)
         await self.publish(subject, contract.encode(letter), msg_id=mid, headers=headers)
+
+
+NO_ROOM: Final = frozenset({10023, 10047})
+"""JetStream's answers to a stream larger than the server (or cluster) has room for: insufficient resources, and
+storage resources exceeded."""
+REPLICAS_NOT_SUPPORTED: Final = 10074
+"""JetStream's answer to replicas asked of a server that is not clustered."""
+
+
+async def _refused_as_set(call: Awaitable[T], cfg: StreamConfig) -> T:
+    """``call``, a create or update of the stream ``cfg``; a refusal of its size or replicas, which no retry mends, as
+    :class:`InvalidInput` naming the flag to change (the service then stops, one line, no traceback)."""
+    try:
+        return await call
+    except nats.js.errors.APIError as e:
+        why = e.description or str(e)
+        if e.err_code in NO_ROOM and cfg.name is not None:
+            field = contract.StreamSizes.field(cfg.name).replace("_", "-")
+            flag = f"--{field}-max-bytes (VMQUOTA_{field.replace('-', '_').upper()}_MAX_BYTES)"
+            raise InvalidInput(
+                f"NATS has no room for the stream {cfg.name} of {cfg.max_bytes} bytes ({why}): lower it, or give "
+                "the server more JetStream storage",
+                flag,
+            ) from None
+        if e.err_code == REPLICAS_NOT_SUPPORTED:
+            raise InvalidInput(
+                f"NATS refused {cfg.num_replicas} replicas of the stream {cfg.name} ({why}): a server that is not "
+                "clustered keeps one",
+                "--stream-replicas (VMQUOTA_STREAM_REPLICAS)",
+            ) from None
+        raise
 
 
 async def _retry(fn: Callable[[], Awaitable[T]], *, what: str, deadline: float = 60.0) -> T:

@@ -67,18 +67,23 @@ class StreamSizes:
 
     def of(self, name: str) -> int:
         """The size of the stream (or bucket) ``name``."""
-        sizes = {
-            EVENTS_STREAM: self.events,
-            USAGE_STREAM: self.usage,
-            USAGE_HISTORY_STREAM: self.usage_history,
-            DECISIONS_STREAM: self.decisions,
-            DLQ_STREAM: self.dlq,
-            LEDGER_BUCKET: self.checkpoints,
-            f"KV_{LEDGER_BUCKET}": self.checkpoints,
+        return int(getattr(self, self.field(name)))
+
+    @staticmethod
+    def field(name: str) -> str:
+        """The field that sizes the stream (or bucket) ``name``: its flag is ``--<field>-max-bytes``."""
+        fields = {
+            EVENTS_STREAM: "events",
+            USAGE_STREAM: "usage",
+            USAGE_HISTORY_STREAM: "usage_history",
+            DECISIONS_STREAM: "decisions",
+            DLQ_STREAM: "dlq",
+            LEDGER_BUCKET: "checkpoints",
+            f"KV_{LEDGER_BUCKET}": "checkpoints",
         }
-        if name not in sizes:
+        if name not in fields:
             raise KeyError(f"no size for stream {name!r}")
-        return sizes[name]
+        return fields[name]
 
     def total(self) -> int:
         return self.events + self.usage + self.usage_history + self.decisions + self.dlq + self.checkpoints
@@ -223,5 +228,7 @@ def parse_size(text: str, where: str = "size") -> int:
     if value < MiB:
         raise InvalidInput(f"{text!r} is less than 1Mi", where)
     if value > _SIZE_MAX:  # (refused by the server as the ledger made the stream: a stack trace, no flag named)
-        raise InvalidInput(f"{text[:64]!r} is more than a stream's limit holds (8Ei, an int64 of bytes)", where)
+        raise InvalidInput(
+            f"{text[:64]!r} is more than a stream's limit holds (an int64 of bytes: 8388607Ti and a little)", where
+        )
     return value

@@ -646,6 +646,35 @@ async def test_every_stream_and_the_bucket_have_a_size_limit(nats_url: str) -> N
         await b.close()
 
 
+async def test_a_stream_the_server_has_no_room_or_replicas_for_names_the_flag_at_once(tmp_path: Any) -> None:
+    """A stream larger than the server's JetStream storage, or replicas of a server that is not clustered: the ledger
+    retried the create for 60 s, then stopped with a stack trace that named no flag. No retry mends either: one
+    line, naming the flag to change."""
+    from shared.errors import InvalidInput
+
+    conf = tmp_path / "small.conf"
+    conf.write_text("jetstream { max_file_store: 268435456 }\n")  # (256 MiB)
+    events = [s for s in contract.streams() if s.name == contract.EVENTS_STREAM]
+    with NatsServer(tmp_path / "nats", config_file=conf) as server:
+        big = contract.StreamSizes(events=2**40)
+        b = await Bus.connect(NatsOptions(url=server.url, name="test", stream_sizes=big), connect_timeout=10)
+        try:
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            with pytest.raises(InvalidInput) as e:
+                await b.ensure_streams(events)
+            assert e.value.where == "--events-max-bytes (VMQUOTA_EVENTS_MAX_BYTES)", e.value
+            assert f"NATS has no room for the stream {contract.EVENTS_STREAM} of {2**40} bytes" in e.value.message
+            assert loop.time() - began < 10, "not retried"
+            b.stream_replicas = 3
+            b.stream_sizes = contract.StreamSizes(events=64 * 2**20)
+            with pytest.raises(InvalidInput) as e:
+                await b.ensure_streams(events)
+            assert e.value.where == "--stream-replicas (VMQUOTA_STREAM_REPLICAS)", e.value
+        finally:
+            await b.close()
+
+
 # ---- NATS unreachable ------------------------------------------------------------------------------------------
 
 

@@ -211,26 +211,17 @@ _LOST_CHECK = 1.0
 
 
 _STALL_MAX = 30.0
-"""Seconds a read waits for the messages its consumer still has to deliver before it says the bus stopped."""
+"""Seconds a read waits for the messages the server said it still had to deliver before it says the bus stopped."""
 
 
-async def _drained(nc: Any, sub: Any, stream: str) -> bool:
-    """Whether the consumer of a read has nothing more to deliver, by the server's word: a quiet second is the end of
-    a read only then (a server that stalls, or a connection that hangs without closing, is not an end)."""
-    from nats.js.errors import NotFoundError
-
+async def _answering(nc: Any, js: Any, stream: str) -> None:
+    """The server answers about ``stream`` (a read that got nothing ends only then); else :class:`BusUnavailable`."""
     try:
-        info = await sub.consumer_info()
-    except NotFoundError:  # (the ordered consumer being made again after a gap: not the end)
-        return False
-    except Exception as e:
+        await stream_info(js, stream)
+    except BusUnavailable:
         if nc.is_closed:
             raise _lost(nc) from None
-        raise BusUnavailable(
-            f"NATS does not answer about the stream {stream} ({e or type(e).__name__}): what was shown before this "
-            "line is not all of it"
-        ) from None
-    return bool(info.num_pending == 0)
+        raise
 
 
 def _lost(nc: Any) -> BusUnavailable:
@@ -307,7 +298,8 @@ async def messages(
         if not follow and info.state.messages == 0:  # (its consumer made all the same: a user that may not is told)
             return
         last = info.state.last_seq
-        quiet = 0.0  # (seconds without a message while the consumer had more to deliver)
+        got = False  # (a message came: each says how many the consumer still has to deliver after it)
+        quiet = 0.0  # (seconds without a message since one that said more were to come)
         while True:
             if not arrived:  # (no timer per message while they are there: a replay reads millions)
                 came.clear()
@@ -317,9 +309,12 @@ async def messages(
                 except TimeoutError:
                     if nc.is_closed:
                         raise _lost(nc) from None
-                    if not follow:
-                        if await _drained(nc, sub, stream):
-                            return  # nothing (more) on this subject
+                    if not follow and not got:
+                        # Nothing on this subject, unless the server stopped: it answers, or the read fails.
+                        await _answering(nc, js, stream)
+                        if not arrived:
+                            return
+                    elif not follow:  # (the last message said more were to come: the server stalls)
                         quiet += _LOST_CHECK
                         if quiet >= _STALL_MAX:
                             raise BusUnavailable(
@@ -329,7 +324,7 @@ async def messages(
                 finally:
                     reader_waits = False
                 continue
-            quiet = 0.0
+            got, quiet = True, 0.0
             m = arrived.popleft()
             if callback_waits and len(arrived) <= _BUFFERED // 2:
                 callback_waits = False

@@ -951,9 +951,9 @@ async def test_the_operator_commands_read_as_replay_and_say_which_user_as_subscr
 
     await watcher_publishes(connect)
 
-    async def tail(user: str) -> tuple[int, str, str]:
+    async def tail(user: str, *argv: str) -> tuple[int, str, str]:
         proc = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "services.cli.main", "tail", "--events", "--no-follow", "-o", "json"),
+            *(sys.executable, "-m", "services.cli.main", "tail", "--events", "--no-follow", "-o", "json", *argv),
             *("--nats", server.url, "--nats-user", user, "--nats-password", server.passwords[user]),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -965,6 +965,8 @@ async def test_the_operator_commands_read_as_replay_and_say_which_user_as_subscr
     code, out, err = await tail("replay")
     assert code == 0, err
     assert len(out.splitlines()) == 3, out
+    code, out, err = await tail("replay", "-n", "nothing-here")  # (a read that gets nothing ends, as `replay`)
+    assert (code, out) == (0, ""), err
     code, out, err = await tail("subscriber")
     assert code == 1 and not out
     assert len(err.strip().splitlines()) == 1, err

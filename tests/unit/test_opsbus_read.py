@@ -1,0 +1,80 @@
+"""How a command's read of a stream ends (``services.cli.opsbus.messages``), against a stand-in JetStream whose
+timing the test sets: never at a quiet second while messages are still on their way."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+from nats.aio.msg import Msg
+
+from services.cli import opsbus
+from services.platform.bus import position
+
+
+def _msg(seq: int, pending: int) -> Msg:
+    reply = f"$JS.ACK.S.C.1.{seq}.{seq}.1700000000000000000.{pending}"
+    return Msg(_client=None, subject="vmquota.ev.c1.ns.t", reply=reply, data=b"x")  # type: ignore[arg-type]
+
+
+class _Sub:
+    async def unsubscribe(self) -> None:
+        return None
+
+
+class _JetStream:
+    """A stream of three messages whose consumer delivers ``first`` at once and the rest when the reader asks the
+    stream's state again (a server that stalled, and answers then: its messages before its answer)."""
+
+    def __init__(self, first: list[Msg], rest: list[Msg]) -> None:
+        self.first, self.rest, self.asked = first, rest, 0
+        self.cb: Any = None
+
+    async def stream_info(self, stream: str) -> Any:
+        self.asked += 1
+        if self.asked > 1:
+            for m in self.rest:
+                await self.cb(m)
+        return SimpleNamespace(state=SimpleNamespace(messages=3, last_seq=3))
+
+    async def subscribe(self, subject: str, **kw: Any) -> _Sub:
+        self.cb = kw["cb"]
+        for m in self.first:
+            asyncio.get_running_loop().create_task(self.cb(m))
+        return _Sub()
+
+
+class _Connection:
+    is_closed = False
+    last_error = None
+
+    def __init__(self, js: _JetStream) -> None:
+        self.js = js
+
+    def jetstream(self) -> _JetStream:
+        return self.js
+
+
+async def _read(js: _JetStream) -> list[int]:
+    return [position(m).stream async for m in opsbus.messages(_Connection(js), "S", "vmquota.ev.>")]
+
+
+async def test_messages_that_come_while_the_server_is_asked_are_read() -> None:
+    """Nothing came in the first second; the server was asked whether it still answers, and sent the messages before
+    its answer: they were dropped, and the read ended as if the subject held nothing."""
+    assert await _read(_JetStream([], [_msg(1, 2), _msg(2, 1), _msg(3, 0)])) == [1, 2, 3]
+
+
+async def test_a_read_waits_for_what_the_last_message_said_was_to_come() -> None:
+    """The first message said two more were to come, then a quiet second: the read waits for them (a stall), it does
+    not end there."""
+
+    class Late(_JetStream):
+        async def subscribe(self, subject: str, **kw: Any) -> _Sub:
+            sub = await super().subscribe(subject, **kw)
+            loop = asyncio.get_running_loop()
+            loop.call_later(1.5, lambda: [loop.create_task(self.cb(m)) for m in (_msg(2, 1), _msg(3, 0))])
+            return sub
+
+    assert await _read(Late([_msg(1, 2)], [])) == [1, 2, 3]

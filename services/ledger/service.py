@@ -284,9 +284,12 @@ class LedgerService:
             return
         try:
             await self._ensure_streams(deadline=0.0)
-        except TRANSIENT as e:
+        except (*TRANSIENT, InvalidInput) as e:
+            # (a stream the server has no room for now, made again after an operator deleted it: said, and tried
+            # again, while the ledger goes on folding; at the start the same answer stops the ledger)
             if not self._streams_failing:
-                log.warning("streams not checked yet: NATS does not answer", error=str(e) or type(e).__name__)
+                why = "NATS does not answer" if not isinstance(e, InvalidInput) else "NATS refuses them"
+                log.warning(f"streams not checked yet: {why}", error=str(e) or type(e).__name__)
             self._streams_failing = True
             self._streams_at = (self.bus.epoch, now - self.bus.consumer_check + 1.0)
             return

@@ -594,15 +594,16 @@ class Bus:
             try:
                 kv = await self.js.key_value(bucket)
             except nats.js.errors.BucketNotFoundError:
-                return await self.js.create_key_value(
-                    KeyValueConfig(bucket=bucket, history=history, max_bytes=max_bytes, replicas=self.stream_replicas)
+                config = KeyValueConfig(
+                    bucket=bucket, history=history, max_bytes=max_bytes, replicas=self.stream_replicas
                 )
+                wanted = StreamConfig(name=f"KV_{bucket}", max_bytes=max_bytes, num_replicas=self.stream_replicas)
+                return await _refused_as_set(self.js.create_key_value(config), wanted)
             info = await self.js.stream_info(f"KV_{bucket}")
             have = (info.config.max_bytes or -1, info.config.num_replicas or 1)
             if have != (max_bytes, self.stream_replicas):
-                await self.js.update_stream(
-                    dataclasses.replace(info.config, max_bytes=max_bytes, num_replicas=self.stream_replicas)
-                )
+                wanted = dataclasses.replace(info.config, max_bytes=max_bytes, num_replicas=self.stream_replicas)
+                await _refused_as_set(self.js.update_stream(wanted), wanted)
                 log.info("bucket updated", bucket=bucket, max_bytes=max_bytes, replicas=self.stream_replicas)
             return kv
 
@@ -665,6 +666,9 @@ NO_ROOM: Final = frozenset({10023, 10047})
 storage resources exceeded."""
 REPLICAS_NOT_SUPPORTED: Final = 10074
 """JetStream's answer to replicas asked of a server that is not clustered."""
+NO_PEERS: Final = 10005
+"""A JetStream cluster's answer to a stream no set of its nodes can place: too many replicas, or (its description
+says ``insufficient storage``) too large."""
 
 
 async def _refused_as_set(call: Awaitable[T], cfg: StreamConfig) -> T:
@@ -674,7 +678,8 @@ async def _refused_as_set(call: Awaitable[T], cfg: StreamConfig) -> T:
         return await call
     except nats.js.errors.APIError as e:
         why = e.description or str(e)
-        if e.err_code in NO_ROOM and cfg.name is not None:
+        clustered = e.err_code == NO_PEERS  # (a cluster: no node with the room, or not as many nodes as replicas)
+        if (e.err_code in NO_ROOM or (clustered and "storage" in why)) and cfg.name is not None:
             field = contract.StreamSizes.field(cfg.name).replace("_", "-")
             flag = f"--{field}-max-bytes (VMQUOTA_{field.replace('-', '_').upper()}_MAX_BYTES)"
             raise InvalidInput(
@@ -682,10 +687,10 @@ async def _refused_as_set(call: Awaitable[T], cfg: StreamConfig) -> T:
                 "the server more JetStream storage",
                 flag,
             ) from None
-        if e.err_code == REPLICAS_NOT_SUPPORTED:
+        if e.err_code == REPLICAS_NOT_SUPPORTED or clustered:
             raise InvalidInput(
                 f"NATS refused {cfg.num_replicas} replicas of the stream {cfg.name} ({why}): a server that is not "
-                "clustered keeps one",
+                "clustered keeps one, a cluster at most as many as it has nodes",
                 "--stream-replicas (VMQUOTA_STREAM_REPLICAS)",
             ) from None
         raise

@@ -656,7 +656,7 @@ async def test_a_stream_the_server_has_no_room_or_replicas_for_names_the_flag_at
     conf.write_text("jetstream { max_file_store: 268435456 }\n")  # (256 MiB)
     events = [s for s in contract.streams() if s.name == contract.EVENTS_STREAM]
     with NatsServer(tmp_path / "nats", config_file=conf) as server:
-        big = contract.StreamSizes(events=2**40)
+        big = contract.StreamSizes(events=2**40, checkpoints=2**40)
         b = await Bus.connect(NatsOptions(url=server.url, name="test", stream_sizes=big), connect_timeout=10)
         try:
             loop = asyncio.get_running_loop()
@@ -666,6 +666,9 @@ async def test_a_stream_the_server_has_no_room_or_replicas_for_names_the_flag_at
             assert e.value.where == "--events-max-bytes (VMQUOTA_EVENTS_MAX_BYTES)", e.value
             assert f"NATS has no room for the stream {contract.EVENTS_STREAM} of {2**40} bytes" in e.value.message
             assert loop.time() - began < 10, "not retried"
+            with pytest.raises(InvalidInput) as e:  # (the checkpoint bucket likewise)
+                await b.ensure_kv(contract.LEDGER_BUCKET)
+            assert e.value.where == "--checkpoints-max-bytes (VMQUOTA_CHECKPOINTS_MAX_BYTES)", e.value
             b.stream_replicas = 3
             b.stream_sizes = contract.StreamSizes(events=64 * 2**20)
             with pytest.raises(InvalidInput) as e:

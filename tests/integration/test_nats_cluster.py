@@ -127,3 +127,27 @@ async def test_migrations_go_on_while_nodes_of_a_3_node_cluster_are_killed_one_a
                 await wait_until(checkpoints_read_back, 30, "the ledger's checkpoints to read back", every=0.25)
             finally:
                 await nc.close()
+
+
+async def test_a_cluster_without_the_room_or_the_nodes_a_stream_asks_names_the_flag() -> None:
+    """A JetStream cluster answers a stream it cannot place with one code (no suitable peers), for too many replicas
+    and for too little storage alike: the ledger stopped with a traceback naming no flag."""
+    import pytest
+
+    from services.platform.bus import Bus, NatsOptions
+    from shared.errors import InvalidInput
+
+    events = [s for s in contract.streams() if s.name == contract.EVENTS_STREAM]
+    with NatsCluster(3) as cluster:
+        for sizes, replicas, flag in (
+            (contract.StreamSizes(events=64 * 2**20), 5, "--stream-replicas (VMQUOTA_STREAM_REPLICAS)"),
+            (contract.StreamSizes(events=2**50), 3, "--events-max-bytes (VMQUOTA_EVENTS_MAX_BYTES)"),
+        ):
+            b = await Bus.connect(NatsOptions(url=cluster.url, name="test", stream_sizes=sizes), connect_timeout=20)
+            b.stream_replicas = replicas
+            try:
+                with pytest.raises(InvalidInput) as e:
+                    await b.ensure_streams(events, deadline=20.0)
+                assert e.value.where == flag, e.value
+            finally:
+                await b.close()

@@ -34,6 +34,25 @@ _Loader.yaml_implicit_resolvers = {
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 
+_TOO_LONG: Final = f"a number of more than {sys.get_int_max_str_digits():,} digits (quote it)"
+_INT_BITS: Final = int(sys.get_int_max_str_digits() * 3.33)
+"""About as many bits as a number of that many digits holds: a hexadecimal or binary YAML integer past it loads, but
+nothing can print it (Python converts no more digits)."""
+
+
+def _integer(loader: Any, node: Any) -> int:
+    """A YAML integer, refused (a YAML error, its place named) when Python could not print it in decimal."""
+    try:
+        value: int = yaml.SafeLoader.construct_yaml_int(loader, node)
+    except ValueError:
+        value = 1 << _INT_BITS  # (a decimal one past the limit)
+    if value.bit_length() >= _INT_BITS:
+        raise yaml.constructor.ConstructorError(None, None, _TOO_LONG, node.start_mark)
+    return value
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _integer)
+
 
 MAX_OBJECTS_TEXT: Final = 256 * 2**20
 """Most characters a file of objects (``-f``, a seed or scenario file) may hold: a ``kubectl get -o yaml`` of
@@ -111,7 +130,7 @@ def _documents(name: str, text: str) -> Iterator[tuple[int, object]]:
             json_error = "nested too deeply"
         try:  # flow-style YAML also starts with a brace
             docs = list(yaml.load_all(text, Loader=_Loader))
-        except (yaml.YAMLError, RecursionError, ValueError):
+        except (yaml.YAMLError, RecursionError):
             raise InvalidInput(f"invalid JSON: {_cut(json_error)}", f"{name}: document 1") from None
         yield from enumerate(docs, 1)
         return
@@ -123,11 +142,6 @@ def _documents(name: str, text: str) -> Iterator[tuple[int, object]]:
         raise InvalidInput(yaml_problem(e), f"{name}: document {index + 1}") from None
     except RecursionError:
         raise InvalidInput("invalid YAML: nested too deeply", f"{name}: document {index + 1}") from None
-    except ValueError:  # (an integer Python will not convert)
-        raise InvalidInput(f"invalid YAML: {_TOO_LONG}", f"{name}: document {index + 1}") from None
-
-
-_TOO_LONG: Final = f"a number of more than {sys.get_int_max_str_digits():,} digits (quote it)"
 
 
 def _cut(text: str) -> str:

@@ -26,10 +26,11 @@ def _files(tmp: Path) -> dict[str, str]:
     (tmp / "listed-metadata").write_text("apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata: [1]\n")
     (tmp / "long-number").write_text("memory: " + "1" * 5000 + "\n")
     (tmp / "long-number-json").write_text('{"memory": ' + "1" * 5000 + "}\n")
+    (tmp / "long-hex").write_text("metadata: {name: ns1, labels: {a: 0x" + "f" * 4000 + "}}\nkind: Namespace\n")
     (tmp / "listed-items").write_text("kind: PodList\nitems: [5]\n")
     (tmp / "odd-names").write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: 5, namespace: [x]}\n")
     names = ["bad_yaml", "not-a-kubeconfig", "no-context", "theirs", "deep", "junk", "empty", "listed-metadata"]
-    names += ["odd-names", "listed-items", "long-number", "long-number-json"]
+    names += ["odd-names", "listed-items", "long-number", "long-number-json", "long-hex"]
     return {k: str(tmp / k) for k in names}
 
 
@@ -68,7 +69,8 @@ CASES: list[tuple[list[str], int, str]] = [
     (["run", "watcher", "--cluster", "c1", "--lease-namespace", "Bad NS"], 2, "namespace 'Bad NS' is not a DNS label"),
     (["render", "-f", "{deep}"], 2, "nested too deeply"),
     (["render", "-f", "{empty}"], 2, "nothing to render"),
-    (["render", "-f", "{long-number}"], 2, "invalid YAML: a number of more than 4,300 digits (quote it)"),
+    (["render", "-f", "{long-number}"], 2, "invalid YAML (line 1): a number of more than 4,300 digits (quote it)"),
+    (["simulate", "--log-level", "error", "--seed-file", "{long-hex}"], 2, "(line 1): a number of more than 4,300 dig"),
     (["usage", "-f", "{long-number-json}"], 2, "invalid JSON: a number of more than 4,300 digits (quote it)"),
     (["render", "-f", "{empty}", "--quota-has", "limits.memroy"], 2, "--quota-has: 'limits.memroy' is not a resource"),
     (["usage", "-f", "{deep}"], 2, "nested too deeply"),

@@ -73,7 +73,7 @@ def test_a_kubeconfig_whose_cluster_is_no_object_is_one_line(tmp_path: Path) -> 
     check_kubeconfig_out(out)  # (no address to try: written over, as a kubeconfig vmquota wrote)
 
 
-def test_only_a_loopback_address_is_tried(tmp_path: Path) -> None:
-    """A kubeconfig vmquota wrote names the loopback address; another (a proxy may answer any) is not tried."""
-    out = write_kubeconfig(tmp_path / "kc", "https://10.255.255.1:6443", "token")
+def test_a_name_other_than_localhost_is_not_looked_up(tmp_path: Path) -> None:
+    """A kubeconfig vmquota wrote names an address (or ``localhost``): a name is not looked up, nor tried."""
+    out = write_kubeconfig(tmp_path / "kc", "https://simulated.invalid:6443", "token")
     check_kubeconfig_out(out)

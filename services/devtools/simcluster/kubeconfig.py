@@ -4,6 +4,7 @@ a bearer token, one context."""
 from __future__ import annotations
 
 import base64
+import ipaddress
 import os
 import socket
 from pathlib import Path
@@ -106,19 +107,18 @@ def _server(doc: Any) -> str | None:
     return server if isinstance(server, str) else None
 
 
-_LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
-"""The addresses a simulated cluster's kubeconfig names (the loopback address, whatever ``--host``)."""
-
-
 def _answers(server: str) -> bool:
-    """Whether something accepts connections at ``server``'s host and port, where that is a loopback address (at
-    once, with no name to look up elsewhere)."""
+    """Whether something accepts connections at ``server``'s host and port, where that is an address, or
+    ``localhost`` (a simulated cluster's kubeconfig names the address it serves at, the loopback one for ``0.0.0.0``
+    and ``::``): no other name is looked up."""
     url = urlsplit(server)
     try:
         port = url.port
+        if url.hostname != "localhost":
+            ipaddress.ip_address(url.hostname or "")
     except ValueError:
         return False
-    if url.hostname not in _LOOPBACK or port is None:
+    if port is None:
         return False
     try:
         with socket.create_connection((url.hostname, port), timeout=0.5):

@@ -34,19 +34,19 @@ _Loader.yaml_implicit_resolvers = {
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 
-_TOO_LONG: Final = f"a number of more than {sys.get_int_max_str_digits():,} digits (quote it)"
-_INT_BITS: Final = int(sys.get_int_max_str_digits() * 3.33)
-"""About as many bits as a number of that many digits holds: a hexadecimal or binary YAML integer past it loads, but
-nothing can print it (Python converts no more digits)."""
+_DIGITS: Final = sys.get_int_max_str_digits()
+"""The most decimal digits Python converts an integer to or from (0: no limit)."""
+_TOO_LONG: Final = f"a number of more than {_DIGITS:,} digits (quote it)"
 
 
 def _integer(loader: Any, node: Any) -> int:
-    """A YAML integer, refused (a YAML error, its place named) when Python could not print it in decimal."""
+    """A YAML integer, refused (a YAML error, its place named) when Python could not print it in decimal: a
+    hexadecimal or binary one of that size loads, then fails wherever it is printed."""
     try:
         value: int = yaml.SafeLoader.construct_yaml_int(loader, node)
-    except ValueError:
-        value = 1 << _INT_BITS  # (a decimal one past the limit)
-    if value.bit_length() >= _INT_BITS:
+    except ValueError:  # (a decimal one past the limit)
+        raise yaml.constructor.ConstructorError(None, None, _TOO_LONG, node.start_mark) from None
+    if _DIGITS and abs(value) >= 10**_DIGITS:
         raise yaml.constructor.ConstructorError(None, None, _TOO_LONG, node.start_mark)
     return value
 

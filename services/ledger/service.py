@@ -207,8 +207,8 @@ class LedgerService:
         self._streams_at = (bus.epoch, 0.0)
         """The bus's connection epoch and the time of the last :meth:`_ensure_streams`: the ledger keeps the streams
         (``shared.contract.STREAM_KEEPER``), again after a reconnect and every ``bus.consumer_check`` seconds."""
-        self._streams_failing = False
-        """Whether the last check of the streams found NATS not answering (logged once per outage)."""
+        self._streams_failing = ""
+        """Why the last check of the streams failed ("" once they were checked): said once per kind."""
         self._relist_delay = opts.relist_retry[0]
         self._withheld: set[str] = set()
         """Clusters whose usage was withheld (logged once per cluster until whole again)."""
@@ -287,15 +287,15 @@ class LedgerService:
         except (*TRANSIENT, InvalidInput) as e:
             # (a stream the server has no room for now, made again after an operator deleted it: said, and tried
             # again, while the ledger goes on folding; at the start the same answer stops the ledger)
-            if not self._streams_failing:
-                why = "NATS does not answer" if not isinstance(e, InvalidInput) else "NATS refuses them"
+            why = "NATS refuses them" if isinstance(e, InvalidInput) else "NATS does not answer"
+            if self._streams_failing != why:  # (said once per kind of failure: an outage, then a refusal, each)
                 log.warning(f"streams not checked yet: {why}", error=str(e) or type(e).__name__)
-            self._streams_failing = True
+            self._streams_failing = why
             self._streams_at = (self.bus.epoch, now - self.bus.consumer_check + 1.0)
             return
         if self._streams_failing:
             log.info("streams checked again")
-        self._streams_failing = False
+        self._streams_failing = ""
 
     async def _events_last_seq(self) -> int | None:
         try:

@@ -44,8 +44,9 @@ def _integer(loader: Any, node: Any) -> int:
     hexadecimal or binary one of that size loads, then fails wherever it is printed."""
     try:
         value: int = yaml.SafeLoader.construct_yaml_int(loader, node)
-    except ValueError:  # (a decimal one past the limit)
-        raise yaml.constructor.ConstructorError(None, None, _TOO_LONG, node.start_mark) from None
+    except (ValueError, IndexError) as e:  # (a decimal one past the limit; `!!int abc`, `!!int ''`)
+        why = _TOO_LONG if "integer string conversion" in str(e) else f"not an integer: {node.value[:64]!r}"
+        raise yaml.constructor.ConstructorError(None, None, why, node.start_mark) from None
     if _DIGITS and abs(value) >= 10**_DIGITS:
         raise yaml.constructor.ConstructorError(None, None, _TOO_LONG, node.start_mark)
     return value
@@ -130,7 +131,7 @@ def _documents(name: str, text: str) -> Iterator[tuple[int, object]]:
             json_error = "nested too deeply"
         try:  # flow-style YAML also starts with a brace
             docs = list(yaml.load_all(text, Loader=_Loader))
-        except (yaml.YAMLError, RecursionError):
+        except (yaml.YAMLError, RecursionError, ValueError, TypeError, IndexError):
             raise InvalidInput(f"invalid JSON: {_cut(json_error)}", f"{name}: document 1") from None
         yield from enumerate(docs, 1)
         return
@@ -142,6 +143,8 @@ def _documents(name: str, text: str) -> Iterator[tuple[int, object]]:
         raise InvalidInput(yaml_problem(e), f"{name}: document {index + 1}") from None
     except RecursionError:
         raise InvalidInput("invalid YAML: nested too deeply", f"{name}: document {index + 1}") from None
+    except (ValueError, TypeError, IndexError) as e:  # (an explicit tag on a value it does not fit: !!float abc)
+        raise InvalidInput(f"invalid YAML: {_cut(str(e))}", f"{name}: document {index + 1}") from None
 
 
 def _cut(text: str) -> str:

@@ -27,10 +27,12 @@ def _files(tmp: Path) -> dict[str, str]:
     (tmp / "long-number").write_text("memory: " + "1" * 5000 + "\n")
     (tmp / "long-number-json").write_text('{"memory": ' + "1" * 5000 + "}\n")
     (tmp / "long-hex").write_text("metadata: {name: ns1, labels: {a: 0x" + "f" * 4000 + "}}\nkind: Namespace\n")
+    (tmp / "bad-tag").write_text("kind: Namespace\nmetadata: {name: ns1, annotations: {a: !!timestamp 2024-02-30}}\n")
+    (tmp / "bad-int").write_text("kind: Namespace\nmetadata: {name: ns1, annotations: {a: !!int abc}}\n")
     (tmp / "listed-items").write_text("kind: PodList\nitems: [5]\n")
     (tmp / "odd-names").write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: 5, namespace: [x]}\n")
     names = ["bad_yaml", "not-a-kubeconfig", "no-context", "theirs", "deep", "junk", "empty", "listed-metadata"]
-    names += ["odd-names", "listed-items", "long-number", "long-number-json", "long-hex"]
+    names += ["odd-names", "listed-items", "long-number", "long-number-json", "long-hex", "bad-tag", "bad-int"]
     return {k: str(tmp / k) for k in names}
 
 
@@ -69,6 +71,8 @@ CASES: list[tuple[list[str], int, str]] = [
     (["run", "watcher", "--cluster", "c1", "--lease-namespace", "Bad NS"], 2, "namespace 'Bad NS' is not a DNS label"),
     (["render", "-f", "{deep}"], 2, "nested too deeply"),
     (["render", "-f", "{empty}"], 2, "nothing to render"),
+    (["render", "-f", "{bad-tag}"], 2, "invalid YAML: day is out of range for month"),
+    (["simulate", "--log-level", "error", "--seed-file", "{bad-int}"], 2, "(line 2): not an integer: 'abc'"),
     (["render", "-f", "{long-number}"], 2, "invalid YAML (line 1): a number of more than 4,300 digits (quote it)"),
     (["simulate", "--log-level", "error", "--seed-file", "{long-hex}"], 2, "(line 1): a number of more than 4,300 dig"),
     (["usage", "-f", "{long-number-json}"], 2, "invalid JSON: a number of more than 4,300 digits (quote it)"),

@@ -214,14 +214,19 @@ _STALL_MAX = 30.0
 """Seconds a read waits for the messages the server said it still had to deliver before it says the bus stopped."""
 
 
-async def _answering(nc: Any, js: Any, stream: str) -> None:
-    """The server answers about ``stream`` (a read that got nothing ends only then); else :class:`BusUnavailable`."""
+async def _held(nc: Any, js: Any, stream: str, subject: str) -> int:
+    """How many messages ``stream`` holds on ``subject``, by the server's word (a read that got nothing ends only on
+    it); :class:`BusUnavailable` when it does not answer."""
     try:
-        await stream_info(js, stream)
-    except BusUnavailable:
+        info = await js.stream_info(stream, subjects_filter=subject)
+    except Exception as e:
         if nc.is_closed:
             raise _lost(nc) from None
-        raise
+        raise BusUnavailable(
+            f"NATS does not answer about the stream {stream} ({e or type(e).__name__}): what was shown before this "
+            "line may not be all of it"
+        ) from None
+    return sum((info.state.subjects or {}).values())
 
 
 def _lost(nc: Any) -> BusUnavailable:
@@ -310,11 +315,12 @@ async def messages(
                     if nc.is_closed:
                         raise _lost(nc) from None
                     if not follow and not got:
-                        # Nothing on this subject, unless the server stopped: it answers, or the read fails.
-                        await _answering(nc, js, stream)
-                        if not arrived:
+                        # Nothing on this subject, by the server's count (the server answers, or the read fails);
+                        # from a time, nothing known to come. Else its first message is slow: waited for.
+                        held = await _held(nc, js, stream, subject)
+                        if not arrived and (not held or since is not None):
                             return
-                    elif not follow:  # (the last message said more were to come: the server stalls)
+                    if not follow and not arrived:  # (messages are known to be on their way: the server stalls)
                         quiet += _LOST_CHECK
                         if quiet >= _STALL_MAX:
                             raise BusUnavailable(

@@ -31,12 +31,16 @@ class _JetStream:
         self.first, self.rest, self.asked = first, rest, 0
         self.cb: Any = None
 
-    async def stream_info(self, stream: str) -> Any:
+    held = 3
+    """What the stream holds on the subject read, by its count."""
+
+    async def stream_info(self, stream: str, subjects_filter: str | None = None) -> Any:
         self.asked += 1
         if self.asked > 1:
             for m in self.rest:
                 await self.cb(m)
-        return SimpleNamespace(state=SimpleNamespace(messages=3, last_seq=3))
+        subjects = {"vmquota.ev.c1.ns.t": self.held} if self.held else {}
+        return SimpleNamespace(state=SimpleNamespace(messages=3, last_seq=3, subjects=subjects))
 
     async def subscribe(self, subject: str, **kw: Any) -> _Sub:
         self.cb = kw["cb"]
@@ -78,3 +82,21 @@ async def test_a_read_waits_for_what_the_last_message_said_was_to_come() -> None
             return sub
 
     assert await _read(Late([_msg(1, 2)], [])) == [1, 2, 3]
+
+
+async def test_a_slow_first_message_is_waited_for_and_a_subject_that_holds_none_ends_the_read() -> None:
+    """Nothing came in the first second, and the stream answered at once: the read ended empty, as if complete,
+    where the server was only slow to send (a loaded server, a cold volume). It ends so only where the stream holds
+    nothing on the subject."""
+
+    class SlowFirst(_JetStream):
+        async def subscribe(self, subject: str, **kw: Any) -> _Sub:
+            sub = await super().subscribe(subject, **kw)
+            loop = asyncio.get_running_loop()
+            loop.call_later(1.5, lambda: [loop.create_task(self.cb(m)) for m in (_msg(1, 2), _msg(2, 1), _msg(3, 0))])
+            return sub
+
+    assert await _read(SlowFirst([], [])) == [1, 2, 3]
+    empty = _JetStream([], [])
+    empty.held = 0
+    assert await _read(empty) == []

@@ -54,6 +54,23 @@ def _integer(loader: Any, node: Any) -> int:
 
 _Loader.add_constructor("tag:yaml.org,2002:int", _integer)
 
+CONSTRUCTION_ERRORS: Final = (ValueError, TypeError, LookupError, AttributeError)
+"""What PyYAML's safe constructors raise for a value an explicit tag does not fit (``!!float abc``, ``!!bool x``,
+``!!timestamp abc``), beside its own errors."""
+
+
+def load_yaml(text: str) -> object:
+    """One YAML document, read as the files of objects are (:class:`_Loader`); :class:`InvalidInput` in one line
+    when it is not YAML, or a value does not fit its tag."""
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as e:
+        raise InvalidInput(yaml_problem(e)) from None
+    except RecursionError:
+        raise InvalidInput("invalid YAML: nested too deeply") from None
+    except CONSTRUCTION_ERRORS as e:
+        raise InvalidInput(f"invalid YAML: {_cut(str(e))}") from None
+
 
 MAX_OBJECTS_TEXT: Final = 256 * 2**20
 """Most characters a file of objects (``-f``, a seed or scenario file) may hold: a ``kubectl get -o yaml`` of
@@ -131,7 +148,7 @@ def _documents(name: str, text: str) -> Iterator[tuple[int, object]]:
             json_error = "nested too deeply"
         try:  # flow-style YAML also starts with a brace
             docs = list(yaml.load_all(text, Loader=_Loader))
-        except (yaml.YAMLError, RecursionError, ValueError, TypeError, IndexError):
+        except (yaml.YAMLError, RecursionError, *CONSTRUCTION_ERRORS):
             raise InvalidInput(f"invalid JSON: {_cut(json_error)}", f"{name}: document 1") from None
         yield from enumerate(docs, 1)
         return
@@ -143,7 +160,7 @@ def _documents(name: str, text: str) -> Iterator[tuple[int, object]]:
         raise InvalidInput(yaml_problem(e), f"{name}: document {index + 1}") from None
     except RecursionError:
         raise InvalidInput("invalid YAML: nested too deeply", f"{name}: document {index + 1}") from None
-    except (ValueError, TypeError, IndexError) as e:  # (an explicit tag on a value it does not fit: !!float abc)
+    except CONSTRUCTION_ERRORS as e:  # (an explicit tag on a value it does not fit: !!float abc)
         raise InvalidInput(f"invalid YAML: {_cut(str(e))}", f"{name}: document {index + 1}") from None
 
 

@@ -30,15 +30,13 @@ def check_kube_access(kubeconfig: str | None) -> None:
         if not os.environ.get("KUBERNETES_SERVICE_HOST") or not os.path.exists(SERVICE_ACCOUNT_TOKEN):
             raise InvalidInput("not running in a Kubernetes pod (no service account): give a kubeconfig file", flag)
         return
-    import yaml
-
-    from services.platform.inputs import read_setting_file, yaml_problem
+    from services.platform.inputs import load_yaml, read_setting_file
 
     text = read_setting_file(os.path.expanduser(kubeconfig), flag, shown=kubeconfig, kind="a kubeconfig")
     try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise InvalidInput(f"{kubeconfig}: {yaml_problem(e)}", flag) from None
+        doc = load_yaml(text)
+    except InvalidInput as e:
+        raise InvalidInput(f"{kubeconfig}: {e.message}", flag) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("clusters"), list):
         raise InvalidInput(f"{kubeconfig} is not a kubeconfig (no clusters list)", flag)
     contexts = {c.get("name") for c in doc.get("contexts") or [] if isinstance(c, dict)}

@@ -29,10 +29,25 @@ def _files(tmp: Path) -> dict[str, str]:
     (tmp / "long-hex").write_text("metadata: {name: ns1, labels: {a: 0x" + "f" * 4000 + "}}\nkind: Namespace\n")
     (tmp / "bad-tag").write_text("kind: Namespace\nmetadata: {name: ns1, annotations: {a: !!timestamp 2024-02-30}}\n")
     (tmp / "bad-int").write_text("kind: Namespace\nmetadata: {name: ns1, annotations: {a: !!int abc}}\n")
+    (tmp / "bad-bool").write_text("kind: Namespace\nmetadata: {name: ns1, annotations: {a: !!bool abc}}\n")
+    (tmp / "bad-stamp").write_text('{"kind": "Namespace", a: !!timestamp abc}\n')
+    (tmp / "kc-float").write_text("clusters: !!float abc\n")
+    (tmp / "kc-long").write_text("x: " + "1" * 5000 + "\n")
     (tmp / "listed-items").write_text("kind: PodList\nitems: [5]\n")
     (tmp / "odd-names").write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: 5, namespace: [x]}\n")
     names = ["bad_yaml", "not-a-kubeconfig", "no-context", "theirs", "deep", "junk", "empty", "listed-metadata"]
-    names += ["odd-names", "listed-items", "long-number", "long-number-json", "long-hex", "bad-tag", "bad-int"]
+    names += [
+        "odd-names",
+        "listed-items",
+        "long-number",
+        "long-number-json",
+        "long-hex",
+        "bad-tag",
+        "bad-int",
+        "bad-bool",
+        "bad-stamp",
+    ]
+    names += ["kc-float", "kc-long"]
     return {k: str(tmp / k) for k in names}
 
 
@@ -71,6 +86,10 @@ CASES: list[tuple[list[str], int, str]] = [
     (["run", "watcher", "--cluster", "c1", "--lease-namespace", "Bad NS"], 2, "namespace 'Bad NS' is not a DNS label"),
     (["render", "-f", "{deep}"], 2, "nested too deeply"),
     (["render", "-f", "{empty}"], 2, "nothing to render"),
+    (["render", "-f", "{bad-bool}"], 2, "invalid YAML: 'abc'"),
+    (["render", "-f", "{bad-stamp}"], 2, "document 1: invalid JSON"),
+    (["run", "watcher", "--cluster", "c1", "--kubeconfig", "{kc-float}"], 2, "could not convert string to float"),
+    (["run", "watcher", "--cluster", "c1", "--kubeconfig", "{kc-long}"], 2, "a number of more than 4,300 digits"),
     (["render", "-f", "{bad-tag}"], 2, "invalid YAML: day is out of range for month"),
     (["simulate", "--log-level", "error", "--seed-file", "{bad-int}"], 2, "(line 2): not an integer: 'abc'"),
     (["render", "-f", "{long-number}"], 2, "invalid YAML (line 1): a number of more than 4,300 digits (quote it)"),

@@ -61,15 +61,15 @@ def check_kubeconfig_out(out: Path, flag: str = "--kubeconfig-out") -> None:
     """Refuse to write a kubeconfig where the folder does not exist, or over a file that is not a kubeconfig an
     earlier ``vmquota up`` or ``vmquota simulate`` wrote: ``--kubeconfig-out ~/.kube/config`` must not cost anyone
     their credentials."""
-    from services.platform.inputs import read_setting_file
+    from services.platform.inputs import load_yaml, read_setting_file
 
     if not out.parent.is_dir():
         raise InvalidInput(f"the folder {str(out.parent)!r} does not exist", flag)
     if not out.exists():
         return
     try:
-        existing = yaml.safe_load(read_setting_file(str(out), flag))
-    except (InvalidInput, yaml.YAMLError):
+        existing = load_yaml(read_setting_file(str(out), flag))
+    except InvalidInput:
         existing = None
     if not _ours(existing):
         raise InvalidInput(

@@ -941,26 +941,31 @@ async def test_a_clusters_enforcer_reads_and_decides_only_for_its_cluster(per_cl
 # ---- the operator commands under the shipped users -------------------------------------------------------------
 
 
+async def _command(server: SecuredServer, user: str, *argv: str) -> tuple[int, str, str]:
+    """``vmquota ARGV`` as ``user``, as an operator runs it: exit code, stdout, stderr."""
+    import sys
+
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "services.cli.main", *argv),
+        *("--nats", server.url, "--nats-user", user, "--nats-password", server.passwords[user]),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
 async def test_the_operator_commands_read_as_replay_and_say_which_user_as_subscriber(
     connect: Connect, server: SecuredServer
 ) -> None:
     """``vmquota tail`` (and ``status``/``replay``, the same reader) reads with ordered consumers: it works as
     ``replay``; as ``subscriber``, which may not create them, it exits 1 with one line that names the user to use,
     not a traceback."""
-    import sys
-
     await watcher_publishes(connect)
 
     async def tail(user: str, *argv: str) -> tuple[int, str, str]:
-        proc = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "services.cli.main", "tail", "--events", "--no-follow", "-o", "json", *argv),
-            *("--nats", server.url, "--nats-user", user, "--nats-password", server.passwords[user]),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
-        assert proc.returncode is not None
-        return proc.returncode, out.decode(), err.decode()
+        return await _command(server, user, "tail", "--events", "--no-follow", "-o", "json", *argv)
 
     code, out, err = await tail("replay")
     assert code == 0, err
@@ -979,25 +984,11 @@ async def test_an_operator_command_as_a_user_that_may_not_read_says_so_on_an_emp
     """On streams with nothing in them yet (a bus just set up), `status` and `tail` as `subscriber` (which may not
     make the commands' consumers) said "no managed quotas found" and exited 0, as if vmquota had nothing to show;
     as `listener` (which may not read a stream's state) the line gave no hint of the user to use."""
-    import sys
-
     await kept(connect, contract.USAGE_STREAM, contract.DECISIONS_STREAM)
-
-    async def command(user: str, *argv: str) -> tuple[int, str, str]:
-        proc = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "services.cli.main", *argv),
-            *("--nats", server.url, "--nats-user", user, "--nats-password", server.passwords[user]),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
-        assert proc.returncode is not None
-        return proc.returncode, out.decode(), err.decode()
-
-    code, out, err = await command("replay", "status")
+    code, out, err = await _command(server, "replay", "status")
     assert code == 0 and "no managed quotas" in out + err, (out, err)
     for user, argv in (("subscriber", ("status",)), ("subscriber", ("tail", "--no-follow")), ("listener", ("status",))):
-        code, out, err = await command(user, *argv)
+        code, out, err = await _command(server, user, *argv)
         assert code == 1 and not out, (user, argv, out, err)
         assert len(err.strip().splitlines()) == 1, err
         assert "(--nats-user replay)" in err, err

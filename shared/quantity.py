@@ -24,6 +24,7 @@ from functools import lru_cache, total_ordering
 from typing import Final
 
 from shared.errors import InvalidQuantity
+from shared.text import clipped
 
 NANO: Final = 1_000_000_000
 MAX_BASE_UNITS: Final = 2**63 - 1
@@ -88,14 +89,14 @@ class Quantity:
     def parse(cls, text: object, *, allow_negative: bool = False) -> Quantity:
         """Parse a quantity as Kubernetes does. Integers are accepted as plain numbers (JSON ``"cpu": 2``)."""
         if type(text) is str:  # the common case first: one cached lookup
-            q = cls._parse_str(text) if len(text) <= _SHORT else _parse(text)
+            q = _parse_any(text)
             if q.nanos < 0 and not allow_negative:
                 raise InvalidQuantity(f"quantity {_shown(text)} must not be negative")
             return q
         if isinstance(text, Quantity):
             q = text
         elif isinstance(text, bool) or not isinstance(text, (str, int, float)):
-            raise InvalidQuantity(f"expected a quantity string, got {type(text).__name__} {_cut(repr(text))}")
+            raise InvalidQuantity(f"expected a quantity string, got {type(text).__name__} {clipped(repr(text))}")
         elif isinstance(text, int) and abs(text) > MAX_BASE_UNITS:  # (a YAML integer of 5,000 digits has no str())
             q = Quantity(MAX_NANOS if text > 0 else -MAX_NANOS)
         else:
@@ -104,7 +105,7 @@ class Quantity:
                     raise InvalidQuantity(f"invalid quantity {text!r}")
                 text = repr(text)
             text = str(text)  # (no trimming: the API server refuses " 1Gi" too)
-            q = cls._parse_str(text) if len(text) <= _SHORT else _parse(text)
+            q = _parse_any(text)
         if q.nanos < 0 and not allow_negative:
             raise InvalidQuantity(
                 f"quantity {_shown(str(q) if isinstance(text, int) else str(text))} must not be negative"
@@ -199,6 +200,11 @@ class Quantity:
 ZERO: Final = Quantity(0)
 
 
+def _parse_any(s: str) -> Quantity:
+    """:func:`_parse`, through the cache where ``s`` is short enough to keep (:data:`_SHORT`)."""
+    return Quantity._parse_str(s) if len(s) <= _SHORT else _parse(s)
+
+
 def _parse(s: str) -> Quantity:
     """The quantity ``s`` writes, of any length. Exact: the digits are scaled in decimal arithmetic with room for every
     one of them (a context as wide as the digits, times ``2**60 * 10**9`` at most), and rounded up to the nano."""
@@ -243,11 +249,7 @@ def _exponent(text: str, bound: int) -> int:
 
 def _shown(text: str) -> str:
     """``text`` quoted for an error message, cut after 64 characters."""
-    return repr(_cut(text))
-
-
-def _cut(text: str) -> str:
-    return text if len(text) <= _SHORT else text[:_SHORT] + "..."
+    return repr(clipped(text))
 
 
 def _format(nanos: int, fmt: Format) -> str:

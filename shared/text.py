@@ -16,6 +16,12 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def clipped(text: str, limit: int = 64) -> str:
+    """``text`` cut after ``limit`` characters, ``...`` marking the cut: what an error line quotes of a value that
+    may be as long as an object (a 200 KB quantity, a parser's message quoting its input)."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 _NAME_CHARACTERS: Final = frozenset(string.ascii_letters + string.digits + ".-_:")
 
 

@@ -184,13 +184,14 @@ def readable(msgs: Iterable[Msg], decode: Callable[[bytes], T]) -> tuple[list[tu
     return out, refused
 
 
-async def stream_info(js: Any, stream: str) -> Any:
-    """The state of ``stream``, or :class:`BusUnavailable` saying why not (it does not exist; the credentials may
-    not read it; the server does not answer)."""
+async def stream_info(js: Any, stream: str, subject: str | None = None) -> Any:
+    """The state of ``stream`` (with ``subject``, how many messages it holds on each subject the filter matches), or
+    :class:`BusUnavailable` saying why not (it does not exist; the credentials may not read it; the server does not
+    answer)."""
     from nats.js.errors import NotFoundError
 
     try:
-        return await js.stream_info(stream)
+        return await js.stream_info(stream, subjects_filter=subject)
     except NotFoundError:
         raise BusUnavailable(f"the stream {stream} does not exist on this server: is vmquota running?") from None
     except Exception as e:  # permissions (a request refused gets no answer: a timeout), timeouts
@@ -214,19 +215,14 @@ _STALL_MAX = 30.0
 """Seconds a read waits for the messages the server said it still had to deliver before it says the bus stopped."""
 
 
-async def _held(nc: Any, js: Any, stream: str, subject: str) -> int:
-    """How many messages ``stream`` holds on ``subject``, by the server's word (a read that got nothing ends only on
-    it); :class:`BusUnavailable` when it does not answer."""
+async def _state(nc: Any, js: Any, stream: str, subject: str | None = None) -> Any:
+    """:func:`stream_info` on the connection ``nc``: a connection closed meanwhile is said as lost."""
     try:
-        info = await js.stream_info(stream, subjects_filter=subject)
-    except Exception as e:
+        return await stream_info(js, stream, subject)
+    except BusUnavailable:
         if nc.is_closed:
             raise _lost(nc) from None
-        raise BusUnavailable(
-            f"NATS does not answer about the stream {stream} ({e or type(e).__name__}): what was shown before this "
-            "line may not be all of it"
-        ) from None
-    return sum((info.state.subjects or {}).values())
+        raise
 
 
 def _lost(nc: Any) -> BusUnavailable:
@@ -252,12 +248,7 @@ async def messages(
     from nats.js.api import DeliverPolicy
 
     js = nc.jetstream()
-    try:
-        info = await stream_info(js, stream)
-    except BusUnavailable:
-        if nc.is_closed:
-            raise _lost(nc) from None
-        raise
+    info = await _state(nc, js, stream)
     opts: dict[str, Any] = {"deliver_policy": DeliverPolicy.ALL}
     if new_only:
         opts = {"deliver_policy": DeliverPolicy.NEW}
@@ -317,7 +308,7 @@ async def messages(
                     if not follow and not got:
                         # Nothing on this subject, by the server's count (the server answers, or the read fails);
                         # from a time, nothing known to come. Else its first message is slow: waited for.
-                        held = await _held(nc, js, stream, subject)
+                        held = (await _state(nc, js, stream, subject)).state.subjects  # (None: none)
                         if not arrived and (not held or since is not None):
                             return
                     if not follow and not arrived:  # (messages are known to be on their way: the server stalls)

@@ -680,12 +680,11 @@ async def _refused_as_set(call: Awaitable[T], cfg: StreamConfig) -> T:
         why = e.description or str(e)
         clustered = e.err_code == NO_PEERS  # (a cluster: no node with the room, or not as many nodes as replicas)
         if (e.err_code in NO_ROOM or (clustered and "storage" in why)) and cfg.name is not None:
-            field = contract.StreamSizes.field(cfg.name).replace("_", "-")
-            flag = f"--{field}-max-bytes (VMQUOTA_{field.replace('-', '_').upper()}_MAX_BYTES)"
+            flag, var = contract.StreamSizes.setting(contract.StreamSizes.field(cfg.name))
             raise InvalidInput(
                 f"NATS has no room for the stream {cfg.name} of {cfg.max_bytes} bytes ({why}): lower it, or give "
                 "the server more JetStream storage",
-                flag,
+                f"{flag} ({var})",
             ) from None
         if e.err_code == REPLICAS_NOT_SUPPORTED or clustered:
             raise InvalidInput(

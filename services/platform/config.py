@@ -193,10 +193,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     defaults = contract.StreamSizes()
     for name, what in SIZE_FLAGS.items():
-        var = f"VMQUOTA_{name.upper()}_MAX_BYTES"
+        flag, var = contract.StreamSizes.setting(name)
         default = _size_text(getattr(defaults, name))
         p.add_argument(
-            f"--{name.replace('_', '-')}-max-bytes",
+            flag,
             default=env(var, default),
             help=f"the most {what} keeps, e.g. 4Gi, 512Mi [{var}, {default}]",
         )
@@ -308,7 +308,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     history_age = _stream_age(args.usage_history_max_age, "--usage-history-max-age")
     sizes = contract.StreamSizes(
         **{
-            name: contract.parse_size(getattr(args, f"{name}_max_bytes"), f"--{name.replace('_', '-')}-max-bytes")
+            name: contract.parse_size(getattr(args, f"{name}_max_bytes"), contract.StreamSizes.setting(name)[0])
             for name in SIZE_FLAGS
         }
     )

@@ -20,6 +20,7 @@ from shared.errors import InvalidInput
 from shared.fields import mapping, string
 from shared.kinds import KUBEVIRT_KIND
 from shared.kubevirt.config import config_fields_from_cr, fallback_note
+from shared.text import clipped
 from shared.vmi import object_ref
 
 _Base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -45,7 +46,7 @@ def _integer(loader: Any, node: Any) -> int:
     try:
         value: int = yaml.SafeLoader.construct_yaml_int(loader, node)
     except (ValueError, IndexError) as e:  # (a decimal one past the limit; `!!int abc`, `!!int ''`)
-        why = _TOO_LONG if "integer string conversion" in str(e) else f"not an integer: {node.value[:64]!r}"
+        why = _TOO_LONG if "integer string conversion" in str(e) else f"not an integer: {clipped(node.value)!r}"
         raise yaml.constructor.ConstructorError(None, None, why, node.start_mark) from None
     if _DIGITS and abs(value) >= 10**_DIGITS:
         raise yaml.constructor.ConstructorError(None, None, _TOO_LONG, node.start_mark)
@@ -166,8 +167,7 @@ def _documents(name: str, text: str) -> Iterator[tuple[int, object]]:
 
 def _cut(text: str) -> str:
     """A parser's message, at most one line of 200 characters."""
-    line = text.splitlines()[0] if text else text
-    return line if len(line) <= 200 else line[:200] + "..."
+    return clipped(text.splitlines()[0] if text else text, 200)
 
 
 def load_documents(path: str | Path) -> tuple[str, list[object]]:

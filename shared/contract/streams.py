@@ -9,6 +9,7 @@ from typing import Final
 
 from shared.contract.subjects import PREFIX
 from shared.errors import InvalidInput
+from shared.text import clipped
 
 # ---- streams ----------------------------------------------------------------------------------------------------
 
@@ -68,6 +69,12 @@ class StreamSizes:
     def of(self, name: str) -> int:
         """The size of the stream (or bucket) ``name``."""
         return int(getattr(self, self.field(name)))
+
+    @staticmethod
+    def setting(field: str) -> tuple[str, str]:
+        """The flag and the environment variable that set ``field``: ``--usage-history-max-bytes``,
+        ``VMQUOTA_USAGE_HISTORY_MAX_BYTES``."""
+        return f"--{field.replace('_', '-')}-max-bytes", f"VMQUOTA_{field.upper()}_MAX_BYTES"
 
     @staticmethod
     def field(name: str) -> str:
@@ -229,6 +236,6 @@ def parse_size(text: str, where: str = "size") -> int:
         raise InvalidInput(f"{text!r} is less than 1Mi", where)
     if value > _SIZE_MAX:  # (refused by the server as the ledger made the stream: a stack trace, no flag named)
         raise InvalidInput(
-            f"{text[:64]!r} is more than a stream's limit holds (an int64 of bytes: 8388607Ti and a little)", where
+            f"{clipped(text)!r} is more than a stream's limit holds (an int64 of bytes: 8388607Ti and a little)", where
         )
     return value

@@ -442,3 +442,16 @@ def namespace_setups(
             budget[r] = f"{draw(st.integers(*cores)) * 1000 + draw(st.sampled_from([0, 250, 500]))}m"
     annotation_ratio = str(ratio) if mode is Mode.VIRTUAL_RESOURCES_WITH_CPU_ALLOCATION_RATIO else None
     return Setup(mode, config, ratio, budget, quota_obj("rq", budget, mode, ratio=annotation_ratio))
+
+
+def decision(namespace: str = "tenant", quota: str = "compute", **fields: Any) -> contract.Decision:
+    """An enforcer's decision on ``namespace/quota`` of cluster ``c1``, in mode ``VmiPodUsage``, with ``fields`` set."""
+    base: dict[str, Any] = {
+        "id": f"c1/decision/{quota}/1",
+        "source": "vmquota/enforcer/c1",
+        "subject": f"{namespace}/{quota}",
+        "time": "2026-12-05T12:00:00Z",
+        "cluster": "c1",
+        "mode": "VmiPodUsage",
+    }
+    return contract.Decision(namespace=namespace, quota=quota, **{**base, **fields})

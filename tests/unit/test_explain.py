@@ -10,6 +10,7 @@ import msgspec
 from shared import contract
 from shared.explain import migration_timeline, vm_timeline
 from shared.snapshot import EventSnapshot, PodSnapshot, VmiMigrationState, VmimSnapshot, VmiSnapshot
+from tests import builders
 
 NS = "tenant-a"
 
@@ -65,10 +66,7 @@ def refusal(uid: str, count: int, second: int) -> Any:
 
 
 def decision(reason: str, second: int) -> contract.Decision:
-    return contract.Decision(
-        id=f"d{second}", source="vmquota/enforcer/c1", subject=f"{NS}/compute", time=at(second), cluster="c1",
-        namespace=NS, quota="compute", mode="VmiPodUsage", reason=reason,
-    )  # fmt: skip
+    return builders.decision(NS, id=f"d{second}", time=at(second), reason=reason)
 
 
 def vmi(rv: int, second: int, *, phase: str = "Running", target: str = "") -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from shared import contract, report
 from shared.quantity import Quantity
+from tests.builders import decision
 
 
 def test_one_readable_form_per_resource() -> None:
@@ -47,17 +48,7 @@ def test_rows_take_hard_from_the_last_written_decision_and_name_the_migrations()
         migrations=[contract.MigrationState(name="m1", vmi="vm1", reserved={"requests.cpu": "500m"})],
         vms=[contract.VmState(name="vm1", state="running"), contract.VmState(name="vm2", state="refused")],
     )
-    d = contract.Decision(
-        id="d",
-        source="vmquota/enforcer/c1",
-        subject="ns/compute",
-        time="2026-12-03T10:00:01Z",
-        cluster="c1",
-        namespace="ns",
-        quota="compute",
-        mode="VirtualResources",
-        hard_after={"requests.cpu": "2"},
-    )
+    d = decision("ns", time="2026-12-03T10:00:01Z", mode="VirtualResources", hard_after={"requests.cpu": "2"})
     dry = contract.Decision(**{**{f: getattr(d, f) for f in d.__struct_fields__}, "dry_run": True, "hard_after": {}})
     (row,) = report.quota_rows([u], [d, dry])
     assert row.hard == {"requests.cpu": "2"}, "what the enforcer wrote, dry runs aside"

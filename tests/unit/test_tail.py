@@ -8,6 +8,7 @@ from nats.aio.msg import Msg
 
 from services.cli import tail
 from shared import contract
+from tests.builders import decision
 
 
 def message(subject: str, data: bytes) -> Msg:
@@ -43,17 +44,6 @@ def test_a_dead_letters_reason_cannot_drive_the_operators_terminal() -> None:
 def test_a_decision_in_status_hard_alone_says_so() -> None:
     """Two decisions of one raise, one in ``status.hard`` alone and then one in ``spec.hard``, read the same reason:
     the line tells them apart."""
-    d = contract.Decision(
-        id="c1/decision/q/12",
-        source="vmquota/enforcer/c1",
-        subject="tenant/compute",
-        time="2026-12-05T12:00:00.000Z",
-        cluster="c1",
-        namespace="tenant",
-        quota="compute",
-        mode="VmiPodUsage",
-        reason="raised limits.memory by 16Gi for the migration of vm1",
-        status_only=True,
-    )
+    d = decision(reason="raised limits.memory by 16Gi for the migration of vm1", status_only=True)
     text = tail.show("decisions", message("vmquota.quota.c1.tenant", contract.encode(d)), "text")
     assert "[status.hard only]: raised limits.memory by 16Gi" in text, text

@@ -265,7 +265,10 @@ class LedgerService:
     async def _ensure_streams(self, deadline: float = 60.0) -> None:
         """Create the streams that are missing and put back limits that differ: every stream, as their keeper (the
         one identity the NATS configurations let create or update one; the watchers and enforcers wait for them),
-        and the checkpoint bucket. A transient error is retried for ``deadline`` seconds, then raised."""
+        and the checkpoint bucket. A transient error is retried for ``deadline`` seconds, then raised. The check
+        counts for the connection it began on: a reconnect meanwhile (a server that lost its store after the streams
+        were made, before the bucket was) has the next :meth:`_keep_streams` check them again."""
+        epoch = self.bus.epoch
         await self.bus.ensure_streams(
             contract.streams_for(
                 "ledger", self.opts.events_max_age, usage_history_max_age=self.opts.usage_history_max_age
@@ -273,7 +276,7 @@ class LedgerService:
             deadline=deadline,
         )
         self.kv = await self.bus.ensure_kv(contract.LEDGER_BUCKET, deadline=deadline)
-        self._streams_at = (self.bus.epoch, time.monotonic())
+        self._streams_at = (epoch, time.monotonic())
 
     async def _keep_streams(self, now: float) -> None:
         """:meth:`_ensure_streams` after a reconnect and every ``bus.consumer_check``, without holding the loop: one

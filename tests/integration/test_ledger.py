@@ -673,26 +673,63 @@ async def test_ledger_continues_across_a_nats_server_restart(nats_server: NatsSe
         await b.close()
 
 
+async def every_stream_there(b: Bus) -> bool:
+    """Whether the server holds every stream of the contract (False while it does not answer)."""
+    every = {s.name for s in contract.streams()}
+    try:
+        return every <= {str(i.config.name) for i in await b.js.streams_info()}
+    except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError):
+        return False  # (the server is still coming back)
+
+
+def lose_the_store(nats_server: NatsServer) -> None:
+    """Stop the server and start it again on a new, empty volume."""
+    nats_server.kill()
+    shutil.rmtree(nats_server.store)
+    nats_server.start()
+
+
 async def test_the_ledger_creates_the_streams_again_after_the_server_lost_its_store(nats_server: NatsServer) -> None:
     """The ledger keeps every stream (``shared.contract.STREAM_KEEPER``: the watchers and enforcers may not create
     one, and wait for them): it creates them at its start, and again once a server that lost its store is back (a
     reconnect), so that the watchers publish again."""
     b = await connect_bus(nats_server.url)
-    every = {s.name for s in contract.streams()}
-
-    async def streams_there() -> bool:
-        try:
-            return every <= {str(i.config.name) for i in await b.js.streams_info()}
-        except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError):
-            return False  # (the server is still coming back)
-
     try:
         run = Running(b, options())
-        await wait_until(streams_there, what="the streams, created at the ledger's start")
-        nats_server.kill()
-        shutil.rmtree(nats_server.store)  # a new, empty volume
-        nats_server.start()
-        await wait_until(streams_there, within=30, what="the streams, created again after the reconnect")
+        await wait_until(lambda: every_stream_there(b), what="the streams, created at the ledger's start")
+        lose_the_store(nats_server)
+        await wait_until(
+            lambda: every_stream_there(b), within=30, what="the streams, created again after the reconnect"
+        )
+        await run.stop()
+    finally:
+        await b.close()
+
+
+async def test_streams_lost_while_the_ledger_still_creates_its_bucket_are_created_again(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A check of the streams counts for the connection it began on. The server lost its store after the ledger
+    created the streams and before it created its bucket, at its start: the bucket was made on the server that came
+    back, and the ledger took the whole check for that connection's, so that the streams came back only at the next
+    periodic check (``consumer_check``, 30 s by default), and the watchers waited for them till then."""
+    b = await connect_bus(nats_server.url)
+    b.consumer_check = 3600.0  # (only the reconnect can bring the streams back within the test)
+    create_streams = b.ensure_streams
+    lost: list[int] = []
+
+    async def create_streams_then_lose_them(specs: Any, *, deadline: float = 60.0) -> None:
+        await create_streams(specs, deadline=deadline)
+        if not lost:
+            lost.append(b.epoch)
+            lose_the_store(nats_server)
+            await wait_until(lambda: b.epoch != lost[0], within=30, what="the reconnect")
+
+    monkeypatch.setattr(b, "ensure_streams", create_streams_then_lose_them)
+    try:
+        run = Running(b, options())
+        await wait_until(lambda: bool(lost), what="the streams, created at the ledger's start")
+        await wait_until(lambda: every_stream_there(b), within=30, what="the streams, created again after the loss")
         await run.stop()
     finally:
         await b.close()

@@ -15,8 +15,9 @@ from collections import deque
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
+import msgspec
 from nats.aio.msg import Msg
 
 from services.platform.bus import Client, NatsOptions, check_nats_options, wants_tls
@@ -225,6 +226,63 @@ async def _state(nc: Any, js: Any, stream: str, subject: str | None = None) -> A
         raise
 
 
+_NO_MESSAGE: Final = 10037
+"""JetStream's error code for a message get that found none."""
+
+_GO_NANOS_MAX: Final = 2**63 - 1
+"""The latest time the server's times hold, in nanoseconds since the epoch (Go's ``UnixNano``: an int64)."""
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+async def _first_since(nc: Any, stream: str, subject: str, since: datetime) -> int | None:
+    """The sequence of the first message of ``stream`` on ``subject`` stored at ``since`` or after (None: none), as
+    the server looks it up (a message get by start time, NATS >= 2.11)."""
+    from nats.js.api import DEFAULT_PREFIX
+
+    from services.platform.bus import nanos
+
+    if nanos(since) > _GO_NANOS_MAX:
+        return None  # (nothing is stored after the year 2262; NATS' nanoseconds would wrap and find the first)
+    since = max(since, _EPOCH)  # (the same messages; before 1678 NATS' nanoseconds would wrap the other way)
+    ask = msgspec.json.encode({"start_time": since.isoformat(), "next_by_subj": subject})
+    try:
+        reply = await nc.request(f"{DEFAULT_PREFIX}.STREAM.MSG.GET.{stream}", ask, timeout=5.0)
+        answer = msgspec.json.decode(reply.data, type=_MsgGetAnswer)
+    except Exception as e:  # permissions (a request refused gets no answer: a timeout), timeouts, a server too old
+        if nc.is_closed:
+            raise _lost(nc) from None
+        raise BusUnavailable(
+            f"cannot look up the stream {stream} from {since.isoformat()} ({e or type(e).__name__}): if the server is "
+            "up, the NATS user may not read it: use the `replay` user (--nats-user replay)"
+        ) from None
+    if answer.error is not None:
+        if answer.error.err_code == _NO_MESSAGE:
+            return None
+        raise BusUnavailable(
+            f"cannot look up the stream {stream} from {since.isoformat()}: NATS answered {answer.error.description!r}"
+        )
+    if answer.message is None:
+        raise BusUnavailable(f"cannot look up the stream {stream} from {since.isoformat()}: NATS answered no message")
+    return answer.message.seq
+
+
+class _MsgGetError(msgspec.Struct):
+    err_code: int = 0
+    description: str = ""
+
+
+class _MsgGetMessage(msgspec.Struct):
+    seq: int
+
+
+class _MsgGetAnswer(msgspec.Struct):
+    """The part of JetStream's answer to a message get that is read here."""
+
+    message: _MsgGetMessage | None = None
+    error: _MsgGetError | None = None
+
+
 def _lost(nc: Any) -> BusUnavailable:
     why = nc.last_error
     return BusUnavailable(
@@ -249,11 +307,20 @@ async def messages(
 
     js = nc.jetstream()
     info = await _state(nc, js, stream)
+    nothing = info.state.messages == 0  # (nothing to read: a read that does not follow ends at once)
     opts: dict[str, Any] = {"deliver_policy": DeliverPolicy.ALL}
     if new_only:
         opts = {"deliver_policy": DeliverPolicy.NEW}
     elif since is not None:
-        opts = {"deliver_policy": DeliverPolicy.BY_START_TIME, "opt_start_time": since.isoformat()}
+        # From the sequence of the first message at ``since`` on the subject, not from a time: a read then knows
+        # messages are on their way, and an ordered consumer that resets goes on from a sequence (one reset with a
+        # start time too is refused by the server, and the read lost). None since then: from what comes next.
+        first = await _first_since(nc, stream, subject, since)
+        nothing = first is None
+        opts = {
+            "deliver_policy": DeliverPolicy.BY_START_SEQUENCE,
+            "opt_start_seq": info.state.last_seq + 1 if first is None else first,
+        }
     from nats.js.api import ConsumerConfig
 
     from services.platform.bus import position
@@ -291,7 +358,7 @@ async def messages(
             "`subscriber`"
         ) from None
     try:
-        if not follow and info.state.messages == 0:  # (its consumer made all the same: a user that may not is told)
+        if not follow and nothing:  # (its consumer made all the same: a user that may not is told)
             return
         last = info.state.last_seq
         got = False  # (a message came: each says how many the consumer still has to deliver after it)
@@ -306,10 +373,10 @@ async def messages(
                     if nc.is_closed:
                         raise _lost(nc) from None
                     if not follow and not got:
-                        # Nothing on this subject, by the server's count (the server answers, or the read fails);
-                        # from a time, nothing known to come. Else its first message is slow: waited for.
+                        # Nothing on this subject, by the server's count (the server answers, or the read fails).
+                        # Else its first message is slow: waited for.
                         held = (await _state(nc, js, stream, subject)).state.subjects  # (None: none)
-                        if not arrived and (not held or since is not None):
+                        if not arrived and not held:
                             return
                     if not follow and not arrived:  # (messages are known to be on their way: the server stalls)
                         quiet += _LOST_CHECK

@@ -972,10 +972,16 @@ async def test_the_operator_commands_read_as_replay_and_say_which_user_as_subscr
     assert len(out.splitlines()) == 3, out
     code, out, err = await tail("replay", "-n", "nothing-here")  # (a read that gets nothing ends, as `replay`)
     assert (code, out) == (0, ""), err
-    code, out, err = await tail("subscriber")
-    assert code == 1 and not out
-    assert len(err.strip().splitlines()) == 1, err
-    assert "use the `replay` user (--nats-user replay)" in err, err
+    # (from a time: the first message since then looked up by the server, which `replay` may ask)
+    code, out, err = await tail("replay", "--since", "1h")
+    assert code == 0 and len(out.splitlines()) == 3, (out, err)
+    code, out, err = await tail("replay", "--since", "2999-01-01T00:00:00Z")
+    assert (code, out) == (0, ""), err
+    for argv in ((), ("--since", "1h")):
+        code, out, err = await tail("subscriber", *argv)
+        assert code == 1 and not out
+        assert len(err.strip().splitlines()) == 1, err
+        assert "use the `replay` user (--nats-user replay)" in err, err
 
 
 async def test_an_operator_command_as_a_user_that_may_not_read_says_so_on_an_empty_bus_too(

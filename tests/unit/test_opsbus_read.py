@@ -4,6 +4,8 @@ timing the test sets: never at a quiet second while messages are still on their 
 from __future__ import annotations
 
 import asyncio
+import json
+from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
@@ -59,9 +61,14 @@ class _Connection:
     def jetstream(self) -> _JetStream:
         return self.js
 
+    async def request(self, subject: str, data: bytes, **kw: Any) -> Any:
+        """A message get by start time: the stream's first message is at the time asked."""
+        assert subject == "$JS.API.STREAM.MSG.GET.S" and json.loads(data)["next_by_subj"] == "vmquota.ev.>"
+        return SimpleNamespace(data=b'{"type":"io.nats.jetstream.api.v1.stream_msg_get_response","message":{"seq":1}}')
 
-async def _read(js: _JetStream) -> list[int]:
-    return [position(m).stream async for m in opsbus.messages(_Connection(js), "S", "vmquota.ev.>")]
+
+async def _read(js: _JetStream, since: datetime | None = None) -> list[int]:
+    return [position(m).stream async for m in opsbus.messages(_Connection(js), "S", "vmquota.ev.>", since=since)]
 
 
 async def test_messages_that_come_while_the_server_is_asked_are_read() -> None:
@@ -97,6 +104,7 @@ async def test_a_slow_first_message_is_waited_for_and_a_subject_that_holds_none_
             return sub
 
     assert await _read(SlowFirst([], [])) == [1, 2, 3]
+    assert await _read(SlowFirst([], []), since=datetime(2026, 1, 1, tzinfo=UTC)) == [1, 2, 3]  # (tail --since)
     empty = _JetStream([], [])
     empty.held = 0
     assert await _read(empty) == []

@@ -235,35 +235,38 @@ _GO_NANOS_MAX: Final = 2**63 - 1
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-async def _first_since(nc: Any, stream: str, subject: str, since: datetime) -> int | None:
-    """The sequence of the first message of ``stream`` on ``subject`` stored at ``since`` or after (None: none), as
-    the server looks it up (a message get by start time, NATS >= 2.11)."""
+async def next_stored(nc: Any, stream: str, subject: str, *, since: datetime | None = None, seq: int = 1) -> int | None:
+    """The sequence of the first message of ``stream`` on ``subject`` stored now at ``since`` or after (a message get
+    by start time, NATS >= 2.11), or else at the sequence ``seq`` or after; None: none. :class:`BusUnavailable`
+    when the server does not tell."""
     from nats.js.api import DEFAULT_PREFIX
 
     from services.platform.bus import nanos
 
-    if nanos(since) > _GO_NANOS_MAX:
-        return None  # (nothing is stored after the year 2262; NATS' nanoseconds would wrap and find the first)
-    since = max(since, _EPOCH)  # (the same messages; before 1678 NATS' nanoseconds would wrap the other way)
-    ask = msgspec.json.encode({"start_time": since.isoformat(), "next_by_subj": subject})
+    ask: dict[str, Any] = {"seq": seq, "next_by_subj": subject}
+    where = f"from sequence {seq}"
+    if since is not None:
+        if nanos(since) > _GO_NANOS_MAX:
+            return None  # (nothing is stored after the year 2262; NATS' nanoseconds would wrap and find the first)
+        since = max(since, _EPOCH)  # (the same messages; before 1678 NATS' nanoseconds would wrap the other way)
+        ask = {"start_time": since.isoformat(), "next_by_subj": subject}
+        where = f"from {since.isoformat()}"
     try:
-        reply = await nc.request(f"{DEFAULT_PREFIX}.STREAM.MSG.GET.{stream}", ask, timeout=5.0)
+        reply = await nc.request(f"{DEFAULT_PREFIX}.STREAM.MSG.GET.{stream}", msgspec.json.encode(ask), timeout=5.0)
         answer = msgspec.json.decode(reply.data, type=_MsgGetAnswer)
     except Exception as e:  # permissions (a request refused gets no answer: a timeout), timeouts, a server too old
         if nc.is_closed:
             raise _lost(nc) from None
         raise BusUnavailable(
-            f"cannot look up the stream {stream} from {since.isoformat()} ({e or type(e).__name__}): if the server is "
-            "up, the NATS user may not read it: use the `replay` user (--nats-user replay)"
+            f"cannot look up the stream {stream} {where} ({e or type(e).__name__}): if the server is up, the NATS user "
+            "may not read it: use the `replay` user (--nats-user replay)"
         ) from None
     if answer.error is not None:
         if answer.error.err_code == _NO_MESSAGE:
             return None
-        raise BusUnavailable(
-            f"cannot look up the stream {stream} from {since.isoformat()}: NATS answered {answer.error.description!r}"
-        )
+        raise BusUnavailable(f"cannot look up the stream {stream} {where}: NATS answered {answer.error.description!r}")
     if answer.message is None:
-        raise BusUnavailable(f"cannot look up the stream {stream} from {since.isoformat()}: NATS answered no message")
+        raise BusUnavailable(f"cannot look up the stream {stream} {where}: NATS answered no message")
     return answer.message.seq
 
 
@@ -281,6 +284,19 @@ class _MsgGetAnswer(msgspec.Struct):
 
     message: _MsgGetMessage | None = None
     error: _MsgGetError | None = None
+
+
+async def _rest_gone(nc: Any, stream: str, subject: str, after: int, last: int) -> bool:
+    """Nothing is stored on ``subject`` after the sequence ``after`` up to ``last``, by the server's lookup: a read
+    waiting for the messages its consumer said were to come ends (they expired, or were purged, before they were
+    sent). False where the server does not tell (the read waits on, to its stall bound)."""
+    try:
+        following = await next_stored(nc, stream, subject, seq=after + 1)
+    except BusUnavailable:
+        if nc.is_closed:
+            raise
+        return False
+    return following is None or following > last
 
 
 def _lost(nc: Any) -> BusUnavailable:
@@ -315,7 +331,7 @@ async def messages(
         # From the sequence of the first message at ``since`` on the subject, not from a time: a read then knows
         # messages are on their way, and an ordered consumer that resets goes on from a sequence (one reset with a
         # start time too is refused by the server, and the read lost). None since then: from what comes next.
-        first = await _first_since(nc, stream, subject, since)
+        first = await next_stored(nc, stream, subject, since=since)
         nothing = first is None
         opts = {
             "deliver_policy": DeliverPolicy.BY_START_SEQUENCE,
@@ -362,7 +378,9 @@ async def messages(
             return
         last = info.state.last_seq
         got = False  # (a message came: each says how many the consumer still has to deliver after it)
-        quiet = 0.0  # (seconds without a message since one that said more were to come)
+        loop = asyncio.get_running_loop()
+        heard = loop.time()  # (when the last message came, or the read began)
+        after = 0  # (the stream sequence of the last message read)
         while True:
             if not arrived:  # (no timer per message while they are there: a replay reads millions)
                 came.clear()
@@ -378,8 +396,10 @@ async def messages(
                         held = (await _state(nc, js, stream, subject)).state.subjects  # (None: none)
                         if not arrived and not held:
                             return
+                    elif not follow and not arrived and await _rest_gone(nc, stream, subject, after, last):
+                        return  # (what was to come expired, or was purged, before it was sent)
                     if not follow and not arrived:  # (messages are known to be on their way: the server stalls)
-                        quiet += _LOST_CHECK
+                        quiet = loop.time() - heard
                         if quiet >= _STALL_MAX:
                             raise BusUnavailable(
                                 f"NATS stopped sending the stream {stream} for {quiet:.0f}s with messages left: what "
@@ -388,13 +408,14 @@ async def messages(
                 finally:
                     reader_waits = False
                 continue
-            got, quiet = True, 0.0
+            got, heard = True, loop.time()
             m = arrived.popleft()
             if callback_waits and len(arrived) <= _BUFFERED // 2:
                 callback_waits = False
                 room.set()
             yield m
             at = position(m)
+            after = at.stream
             if not follow and (at.stream >= last or at.pending == 0):
                 return
     finally:  # (a reader that stops early closes this generator: ``contextlib.aclosing``, as ``replay`` does)

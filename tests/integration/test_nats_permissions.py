@@ -23,6 +23,7 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
 from nats.js.client import JetStreamContext
 
+from services.cli import opsbus
 from services.devtools.natsserver import NatsServer
 from services.platform.bus import Bus, NatsOptions
 from services.platform.consumer import PullConsumer
@@ -530,6 +531,19 @@ async def test_replay_reads_streams_with_ordered_consumers_only(connect: Connect
     await refused_request(rep, f"$JS.API.CONSUMER.DURABLE.CREATE.{contract.EVENTS_STREAM}.mine", b"{}")
     await refused_request(rep, f"$JS.API.STREAM.DELETE.{contract.EVENTS_STREAM}")
     await refused_request(rep, f"$JS.API.STREAM.INFO.KV_{contract.LEDGER_BUCKET}")
+
+
+async def test_replay_may_look_a_message_up_on_every_stream_the_commands_read(connect: Connect) -> None:
+    """The commands ask the server where a read from a time starts, and on a quiet second whether what a read waits
+    for is still stored (a message get): on every stream, the usage history included (``explain``, ``replay``),
+    which ``replay`` could not ask."""
+    await kept(connect, *(s.name for s in contract.streams()))
+    await watcher_publishes(connect)
+    rep = await connect("replay")
+    for s in contract.streams():
+        assert await opsbus.next_stored(rep.nc, s.name, ">", seq=1) == (1 if s.name == contract.EVENTS_STREAM else None)
+    assert await opsbus.next_stored(rep.nc, contract.EVENTS_STREAM, contract.events_filter(), seq=2) == 2
+    assert await opsbus.next_stored(rep.nc, contract.EVENTS_STREAM, ">", seq=4) is None
 
 
 async def test_wrong_password_and_unknown_user_are_refused(connect: Connect) -> None:

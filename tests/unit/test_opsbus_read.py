@@ -35,6 +35,8 @@ class _JetStream:
 
     held = 3
     """What the stream holds on the subject read, by its count."""
+    stored: tuple[int, ...] = (1, 2, 3)
+    """The sequences of the messages it holds."""
 
     async def stream_info(self, stream: str, subjects_filter: str | None = None) -> Any:
         self.asked += 1
@@ -62,9 +64,13 @@ class _Connection:
         return self.js
 
     async def request(self, subject: str, data: bytes, **kw: Any) -> Any:
-        """A message get by start time: the stream's first message is at the time asked."""
-        assert subject == "$JS.API.STREAM.MSG.GET.S" and json.loads(data)["next_by_subj"] == "vmquota.ev.>"
-        return SimpleNamespace(data=b'{"type":"io.nats.jetstream.api.v1.stream_msg_get_response","message":{"seq":1}}')
+        """A message get: by start time, the stream's first stored message (all are at the time asked); by sequence,
+        the first stored at it or after."""
+        ask = json.loads(data)
+        assert subject == "$JS.API.STREAM.MSG.GET.S" and ask["next_by_subj"] == "vmquota.ev.>"
+        found = [seq for seq in self.js.stored if "start_time" in ask or seq >= ask["seq"]]
+        answer = {"message": {"seq": found[0]}} if found else {"error": {"code": 404, "err_code": 10037}}
+        return SimpleNamespace(data=json.dumps(answer).encode())
 
 
 async def _read(js: _JetStream, since: datetime | None = None) -> list[int]:
@@ -108,3 +114,11 @@ async def test_a_slow_first_message_is_waited_for_and_a_subject_that_holds_none_
     empty = _JetStream([], [])
     empty.held = 0
     assert await _read(empty) == []
+
+
+async def test_a_read_whose_messages_to_come_expired_before_they_were_sent_ends_with_what_it_read() -> None:
+    """The first message said two more were to come; they expired (the stream's age limit) before the server sent
+    them. The read waited 30 s for them, then said the server had stopped sending, with messages left."""
+    gone = _JetStream([_msg(1, 2)], [])
+    gone.stored = (1,)
+    assert await _read(gone) == [1]

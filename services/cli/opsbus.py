@@ -286,17 +286,16 @@ class _MsgGetAnswer(msgspec.Struct):
     error: _MsgGetError | None = None
 
 
-async def _rest_gone(nc: Any, stream: str, subject: str, after: int, last: int) -> bool:
-    """Nothing is stored on ``subject`` after the sequence ``after`` up to ``last``, by the server's lookup: a read
-    waiting for the messages its consumer said were to come ends (they expired, or were purged, before they were
-    sent). False where the server does not tell (the read waits on, to its stall bound)."""
+async def _rest_gone(nc: Any, stream: str, subject: str, after: int) -> bool:
+    """Nothing is stored on ``subject`` after the sequence ``after``, by the server's lookup: a read waiting for the
+    messages its consumer said were to come ends (they expired, or were purged, before they were sent). False where
+    the server does not tell (the read waits on, to its stall bound)."""
     try:
-        following = await next_stored(nc, stream, subject, seq=after + 1)
+        return await next_stored(nc, stream, subject, seq=after + 1) is None
     except BusUnavailable:
         if nc.is_closed:
             raise
         return False
-    return following is None or following > last
 
 
 def _lost(nc: Any) -> BusUnavailable:
@@ -324,19 +323,22 @@ async def messages(
     js = nc.jetstream()
     info = await _state(nc, js, stream)
     nothing = info.state.messages == 0  # (nothing to read: a read that does not follow ends at once)
-    opts: dict[str, Any] = {"deliver_policy": DeliverPolicy.ALL}
+    start = 1  # (the first sequence the read shows)
     if new_only:
-        opts = {"deliver_policy": DeliverPolicy.NEW}
+        start = info.state.last_seq + 1
     elif since is not None:
         # From the sequence of the first message at ``since`` on the subject, not from a time: a read then knows
         # messages are on their way, and an ordered consumer that resets goes on from a sequence (one reset with a
         # start time too is refused by the server, and the read lost). None since then: from what comes next.
         first = await next_stored(nc, stream, subject, since=since)
         nothing = first is None
-        opts = {
-            "deliver_policy": DeliverPolicy.BY_START_SEQUENCE,
-            "opt_start_seq": info.state.last_seq + 1 if first is None else first,
-        }
+        start = info.state.last_seq + 1 if first is None else first
+    opts: dict[str, Any] = {"deliver_policy": DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": start}
+    if start == 1:
+        opts = {"deliver_policy": DeliverPolicy.ALL}
+    # A stream that keeps a number of messages per subject replaces them: one stored past ``last`` during the read
+    # may be the only one left of its subject, and is read too (the read ends where the consumer has none left).
+    replaces = (info.config.max_msgs_per_subject or -1) > 0
     from nats.js.api import ConsumerConfig
 
     from services.platform.bus import position
@@ -396,8 +398,10 @@ async def messages(
                         held = (await _state(nc, js, stream, subject)).state.subjects  # (None: none)
                         if not arrived and not held:
                             return
-                    elif not follow and not arrived and await _rest_gone(nc, stream, subject, after, last):
-                        return  # (what was to come expired, or was purged, before it was sent)
+                    elif not follow and not arrived and await _rest_gone(nc, stream, subject, after):
+                        if not arrived:  # (what came while the server was asked is read first)
+                            return  # (what was to come expired, or was purged, before it was sent)
+                        continue
                     if not follow and not arrived:  # (messages are known to be on their way: the server stalls)
                         quiet = loop.time() - heard
                         if quiet >= _STALL_MAX:
@@ -413,10 +417,14 @@ async def messages(
             if callback_waits and len(arrived) <= _BUFFERED // 2:
                 callback_waits = False
                 room.set()
-            yield m
             at = position(m)
+            if at.stream < start:
+                # (an ordered consumer reset before its first message starts again from sequence 1: what comes
+                # before the read's start is not shown)
+                continue
+            yield m
             after = at.stream
-            if not follow and (at.stream >= last or at.pending == 0):
+            if not follow and (at.pending == 0 or (at.stream >= last and not replaces)):
                 return
     finally:  # (a reader that stops early closes this generator: ``contextlib.aclosing``, as ``replay`` does)
         with contextlib.suppress(Exception):  # (the connection may be closing: nothing left to tell the server)

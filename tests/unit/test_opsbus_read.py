@@ -37,6 +37,10 @@ class _JetStream:
     """What the stream holds on the subject read, by its count."""
     stored: tuple[int, ...] = (1, 2, 3)
     """The sequences of the messages it holds."""
+    at_the_time = 1
+    """The first sequence stored at the time a read from a time asks for."""
+    per_subject = -1
+    """How many messages it keeps per subject (-1: no limit)."""
 
     async def stream_info(self, stream: str, subjects_filter: str | None = None) -> Any:
         self.asked += 1
@@ -44,7 +48,10 @@ class _JetStream:
             for m in self.rest:
                 await self.cb(m)
         subjects = {"vmquota.ev.c1.ns.t": self.held} if self.held else {}
-        return SimpleNamespace(state=SimpleNamespace(messages=3, last_seq=3, subjects=subjects))
+        return SimpleNamespace(
+            state=SimpleNamespace(messages=3, last_seq=3, subjects=subjects),
+            config=SimpleNamespace(max_msgs_per_subject=self.per_subject),
+        )
 
     async def subscribe(self, subject: str, **kw: Any) -> _Sub:
         self.cb = kw["cb"]
@@ -64,11 +71,12 @@ class _Connection:
         return self.js
 
     async def request(self, subject: str, data: bytes, **kw: Any) -> Any:
-        """A message get: by start time, the stream's first stored message (all are at the time asked); by sequence,
-        the first stored at it or after."""
+        """A message get: the first stored at the sequence asked or after, or by start time at the stream's
+        :attr:`_JetStream.at_the_time` or after."""
         ask = json.loads(data)
         assert subject == "$JS.API.STREAM.MSG.GET.S" and ask["next_by_subj"] == "vmquota.ev.>"
-        found = [seq for seq in self.js.stored if "start_time" in ask or seq >= ask["seq"]]
+        from_seq = self.js.at_the_time if "start_time" in ask else ask["seq"]
+        found = [seq for seq in self.js.stored if seq >= from_seq]
         answer = {"message": {"seq": found[0]}} if found else {"error": {"code": 404, "err_code": 10037}}
         return SimpleNamespace(data=json.dumps(answer).encode())
 
@@ -122,3 +130,48 @@ async def test_a_read_whose_messages_to_come_expired_before_they_were_sent_ends_
     gone = _JetStream([_msg(1, 2)], [])
     gone.stored = (1,)
     assert await _read(gone) == [1]
+
+
+def _later(js: _JetStream, seconds: float, msgs: list[Msg]) -> None:
+    loop = asyncio.get_running_loop()
+    loop.call_later(seconds, lambda: [loop.create_task(js.cb(m)) for m in msgs])
+
+
+async def test_messages_that_replace_others_during_a_read_of_a_per_subject_stream_are_read() -> None:
+    """``VMQUOTA_USAGE`` keeps one message per subject. Of the three a read began with, the second and third were
+    replaced (4 and 5) before they were sent: the read ended at the first replacement, the stream's last sequence
+    when it began, and so showed nothing of the third namespace."""
+
+    class Replaced(_JetStream):
+        async def subscribe(self, subject: str, **kw: Any) -> _Sub:
+            sub = await super().subscribe(subject, **kw)
+            _later(self, 1.5, [_msg(4, 1), _msg(5, 0)])
+            return sub
+
+    js = Replaced([_msg(1, 2)], [])
+    js.stored, js.per_subject = (1, 4, 5), 1
+    assert await _read(js) == [1, 4, 5]
+
+
+async def test_a_message_that_comes_while_the_server_is_asked_for_the_rest_is_read() -> None:
+    """A quiet second's lookup of what is still stored: a message that came while the server was asked, and expired
+    before it answered, was dropped with the read's end."""
+
+    class Asked(_Connection):
+        async def request(self, subject: str, data: bytes, **kw: Any) -> Any:
+            if self.js.stored:
+                await self.js.cb(_msg(2, 1))  # (delivered while the lookup is under way)
+                self.js.stored = ()  # (2 and 3 expired before the server answered)
+            return await super().request(subject, data, **kw)
+
+    js = _JetStream([_msg(1, 2)], [])
+    assert [position(m).stream async for m in opsbus.messages(Asked(js), "S", "vmquota.ev.>")] == [1, 2]
+
+
+async def test_a_read_from_a_time_shows_nothing_before_it_when_its_consumer_starts_again_from_the_first() -> None:
+    """An ordered consumer that resets before it delivered anything (a lost consumer, missed heartbeats) is made again
+    from sequence 1 by the client library: a ``tail --since`` then showed the stream's whole history before the time
+    it was asked from."""
+    js = _JetStream([_msg(1, 2), _msg(2, 1), _msg(3, 0)], [])
+    js.at_the_time = 3
+    assert await _read(js, since=datetime(2026, 1, 1, tzinfo=UTC)) == [3]

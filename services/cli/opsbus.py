@@ -381,7 +381,8 @@ async def messages(
         last = info.state.last_seq
         got = False  # (a message came: each says how many the consumer still has to deliver after it)
         loop = asyncio.get_running_loop()
-        heard = loop.time()  # (when the last message came, or the read began)
+        heard = loop.time()  # (when the quiet began: the last message came, or the read began)
+        fresh = False  # (a message came since ``heard`` was set: no clock read per message, a replay reads millions)
         after = 0  # (the stream sequence of the last message read)
         while True:
             if not arrived:  # (no timer per message while they are there: a replay reads millions)
@@ -403,6 +404,8 @@ async def messages(
                             return  # (what was to come expired, or was purged, before it was sent)
                         continue
                     if not follow and not arrived:  # (messages are known to be on their way: the server stalls)
+                        if fresh:  # (the quiet began within the second waited)
+                            heard, fresh = loop.time() - _LOST_CHECK, False
                         quiet = loop.time() - heard
                         if quiet >= _STALL_MAX:
                             raise BusUnavailable(
@@ -412,7 +415,7 @@ async def messages(
                 finally:
                     reader_waits = False
                 continue
-            got, heard = True, loop.time()
+            got = fresh = True
             m = arrived.popleft()
             if callback_waits and len(arrived) <= _BUFFERED // 2:
                 callback_waits = False

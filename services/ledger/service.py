@@ -38,6 +38,7 @@ and folds only the namespaces of its partitions (cluster-wide objects are folded
 from __future__ import annotations
 
 import asyncio
+import itertools
 import secrets
 import time
 from collections.abc import Callable
@@ -261,6 +262,30 @@ class LedgerService:
             start_seq=self.start_seq,
             replay_to=self.replay_to,
         )
+
+    async def _start(self, deadline: float = 60.0) -> None:
+        """:meth:`start`, from the beginning again while it fails for NATS (for ``deadline`` seconds, as each of its
+        calls): a server that lost its store while the ledger started (the bucket it had just made, or a stream,
+        gone under it) is started on again, as a running ledger goes on, not died of."""
+        end = time.monotonic() + deadline
+        for attempt in itertools.count():
+            try:
+                await self.start()
+                return
+            except (*TRANSIENT, nats.js.errors.NotFoundError) as e:
+                if time.monotonic() >= end:
+                    raise
+                log.warning("ledger start failed; starting again", error=str(e) or type(e).__name__)
+            self._unload()
+            await asyncio.sleep(CALL_BACKOFF.delay(attempt))
+
+    def _unload(self) -> None:
+        """Forget what a start that failed had loaded."""
+        self.ledger = self._fresh_ledger()
+        self._parts.clear()
+        self.lost, self._lost_saved = "", True
+        self._stream_created = self._others_created = None
+        self._relist_at, self._relist_delay = 0.0, self.opts.relist_retry[0]
 
     async def _ensure_streams(self, deadline: float = 60.0) -> None:
         """Create the streams that are missing and put back limits that differ: every stream, as their keeper (the
@@ -493,7 +518,7 @@ class LedgerService:
             self._usage_publisher = None
 
     async def _run(self, stop: asyncio.Event) -> None:
-        await self.start()
+        await self._start()
         self.consumer = PullConsumer(
             self.bus,
             stream=contract.EVENTS_STREAM,

@@ -735,6 +735,54 @@ async def test_streams_lost_while_the_ledger_still_creates_its_bucket_are_create
         await b.close()
 
 
+@pytest.mark.parametrize("where", ["once_its_bucket_is_made", "before_it_loads_its_checkpoints"])
+async def test_a_ledger_whose_server_lost_its_store_while_it_started_starts_on(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """The server lost its store after the ledger made its bucket, before it read it: the bucket was gone under the
+    ledger's start (``stream not found``), which it took as fatal. The ledger task ended, no one made the streams
+    again, and the watchers waited for them."""
+    b = await connect_bus(nats_server.url)
+    b.consumer_check = 3600.0  # (only the start can bring the streams back within the test)
+    lost: list[int] = []
+
+    async def lose() -> None:
+        if not lost:
+            lost.append(b.epoch)
+            lose_the_store(nats_server)
+            await wait_until(lambda: b.epoch != lost[0], within=30, what="the reconnect")
+
+    if where == "once_its_bucket_is_made":
+        make_bucket = b.ensure_kv
+
+        async def make_bucket_then_lose_it(*args: Any, **kwargs: Any) -> Any:
+            bucket = await make_bucket(*args, **kwargs)
+            await lose()
+            return bucket
+
+        monkeypatch.setattr(b, "ensure_kv", make_bucket_then_lose_it)
+    else:
+        load = LedgerService._load
+
+        async def lose_then_load(self: LedgerService) -> int:
+            await lose()
+            return await load(self)
+
+        monkeypatch.setattr(LedgerService, "_load", lose_then_load)
+    try:
+        run = Running(b, options())
+        await wait_until(lambda: bool(lost), what="the store lost while the ledger started")
+        await wait_until(lambda: run.service.consumer is not None, within=30, what="the ledger started")
+        await wait_until(lambda: every_stream_there(b), within=30, what="the streams, made again")
+        assert not run.task.done()
+        world = World(random.Random(3), ["tenant-a"])
+        await publish(b, [world.next() for _ in range(5)])
+        await wait_until(lambda: run.applied_through(5), within=30, what="the events after the loss")
+        await run.stop()
+    finally:
+        await b.close()
+
+
 async def test_the_ledger_checks_the_streams_without_holding_its_loop_through_an_outage(
     nats_server: NatsServer,
 ) -> None:

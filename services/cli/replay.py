@@ -124,6 +124,12 @@ async def main(args: argparse.Namespace) -> int:
             raise InvalidInput(
                 f"sequence {args.until_seq} is before the retained history (from {first})", "--until-seq"
             )
+        if args.until_seq is not None and args.until_seq > info.state.last_seq:
+            raise InvalidInput(
+                f"sequence {args.until_seq} is past the events stream's last ({info.state.last_seq}): a replay shows "
+                "the state as it was",
+                "--until-seq",
+            )
         if first > 1 and not args.quiet:
             print(
                 f"note: the events stream starts at sequence {first} (its retention dropped the older events): an "
@@ -136,12 +142,13 @@ async def main(args: argparse.Namespace) -> int:
             decided, _ = opsbus.readable(
                 await opsbus.read(nc, contract.DECISIONS_STREAM, f.subject("quota")), contract.decode_decision
             )
+            # (up to the end of the replay: published by then, or computed from the events up to its sequence)
             for m, d in decided:
-                if not d.dry_run and d.usage_seq and (at_ns is None or position(m).time_ns <= at_ns):
+                if not d.dry_run and d.usage_seq and _within(position(m).time_ns, d.usage_seq, at_ns, args.until_seq):
                     checks.append((d.usage_seq, 0, d))
             used, _ = opsbus.readable(await _history(nc, f.subject("usage")), contract.decode_usage)
             for m, u in used:
-                if u.seq and (at_ns is None or position(m).time_ns <= at_ns):
+                if u.seq and _within(position(m).time_ns, u.seq, at_ns, args.until_seq):
                     checks.append((u.seq, 1, u))
             checks.sort(key=lambda c: (c[0], c[1]))
         r = Replay()
@@ -168,6 +175,8 @@ async def main(args: argparse.Namespace) -> int:
                     nxt = next(pending, None)
                 r.apply(m.data, seq, m.subject)
                 progress.update(r.events)
+                if args.until_seq is not None:  # (the state at a sequence is the state when its event was stored)
+                    when = datetime.fromtimestamp(stored / 1e9, UTC)
         while nxt is not None:
             _check(r, nxt, differences, checked)
             nxt = next(pending, None)
@@ -211,6 +220,12 @@ async def _history(nc: Any, subject: str) -> list[Any]:
         if "does not exist" not in str(e):
             raise
         return []
+
+
+def _within(published_ns: int, seq: int, at_ns: int | None, until_seq: int | None) -> bool:
+    """A decision or usage snapshot published at ``published_ns``, computed from the events up to ``seq``, is within
+    a replay up to the time ``at_ns`` or the events stream sequence ``until_seq`` (None: to the end)."""
+    return (at_ns is None or published_ns <= at_ns) and (until_seq is None or seq <= until_seq)
 
 
 def _seq_of(c: contract.Decision | contract.UsageSnapshot) -> int:

@@ -142,9 +142,20 @@ async def test_status_tail_and_replay_after_a_migration_at_full_quota() -> None:
         code, out, err = await vmquota("replay", "--nats", url, "--until-seq", str(raised.usage_seq), "-o", "json")
         assert code == 0, err
         assert [q["hard"] for q in json.loads(out)["quotas"]] == [raised.hard_after]
+        at = await stored_time(url, raised.usage_seq)
+        # as of the time that event was stored (it read as now); with --verify, what was computed from the events
+        # up to there (every later decision and snapshot was compared with the state there: differences, exit 1)
+        code, out, err = await vmquota(
+            "replay", "--nats", url, "--until-seq", str(raised.usage_seq), "--verify", "-o", "json", "-q"
+        )
+        assert code == 0, out + err
+        result = json.loads(out)
+        assert result["verify"]["differences"] == [] and result["verify"]["decisions"] >= 1, result["verify"]
+        assert result["at"] == at[:19] + "Z", (result["at"], at)
+        code, out, err = await vmquota("replay", "--nats", url, "--until-seq", "1000000")
+        assert code == 2 and out == "" and "is past the events stream's last" in err, err
         # --at the time the events stream stored that event (to the nanosecond, as `tail --events` shows it): the
         # same; the command stops reading early and says nothing on stderr
-        at = await stored_time(url, raised.usage_seq)
         code, out, err = await vmquota("replay", "--nats", url, "--at", at, "-o", "json", "-q")
         assert code == 0 and err == "", err
         assert [q["hard"] for q in json.loads(out)["quotas"]] == [raised.hard_after], at

@@ -156,9 +156,11 @@ async def test_up_says_which_flag_fixes_a_busy_nats_port(tmp_path: Path) -> None
     assert f"127.0.0.1:{port} is in use" in err and "--nats-port 0" in err, err
 
 
-async def test_a_second_sigterm_while_up_stops_leaves_nothing_behind(tmp_path: Path) -> None:
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+async def test_a_second_signal_while_up_stops_leaves_nothing_behind(tmp_path: Path, second: signal.Signals) -> None:
     """Supervisors and ``timeout`` send SIGTERM twice: the second, while the stack stopped, killed ``vmquota up``
-    (143), left its kubeconfig and its nats-server running, holding its port for the next ``vmquota up``."""
+    (143), left its kubeconfig and its nats-server running, holding its port for the next ``vmquota up``. A second
+    Ctrl-C breaks a stop that hangs (130), and left the nats-server running likewise."""
     kubeconfig = tmp_path / "vmquota.kubeconfig"
     proc = await asyncio.create_subprocess_exec(
         *VMQUOTA,
@@ -179,9 +181,11 @@ async def test_a_second_sigterm_while_up_stops_leaves_nothing_behind(tmp_path: P
     while not said or b"stopped" not in said[-1]:  # (the stack is stopping: its first service said so)
         said.append(await asyncio.wait_for(proc.stderr.readline(), 30))
         assert said[-1], b"".join(said).decode()[-2000:]
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(second)
     code = await asyncio.wait_for(proc.wait(), 30)
-    assert code == 0, (b"".join(said) + await proc.stderr.read()).decode()[-2000:]
+    assert code == (0 if second == signal.SIGTERM else 130), (b"".join(said) + await proc.stderr.read()).decode()[
+        -2000:
+    ]
     assert not kubeconfig.exists()
 
     async def nats_gone() -> bool:

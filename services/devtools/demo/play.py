@@ -444,15 +444,24 @@ class VmquotaStack:
             return await proc.wait()
 
     async def stop(self) -> None:
-        for name in list(self._procs):
-            with contextlib.suppress(Exception):
-                await self.stop_service(name)
-        self._stop.set()
-        if self._task is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._task, timeout=20)
-        if self._nats is not None and self._own_nats:
-            self._nats.close()
+        """Stop the services gracefully, then the nats-server it started. Whatever breaks the stop (a second Ctrl-C,
+        a cancellation), the services not asked to stop yet are killed and the nats-server is stopped: it runs in a
+        session of its own, and would outlive this process."""
+        try:
+            for name in list(self._procs):
+                with contextlib.suppress(Exception):
+                    await self.stop_service(name)
+            self._stop.set()
+            if self._task is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._task, timeout=20)
+        finally:
+            for proc in self._procs.values():
+                if proc.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+            if self._nats is not None and self._own_nats:
+                self._nats.close()
 
 
 async def play(

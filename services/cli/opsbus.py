@@ -337,8 +337,10 @@ async def messages(
     if start == 1:
         opts = {"deliver_policy": DeliverPolicy.ALL}
     # A stream that keeps a number of messages per subject replaces them: one stored past ``last`` during the read
-    # may be the only one left of its subject, and is read too (the read ends where the consumer has none left).
+    # may be the only one left of its subject, and is read too. The read ends where the consumer has none left, or
+    # once it has read as many again as the stream held when it began (a publisher faster than the reader).
     replaces = (info.config.max_msgs_per_subject or -1) > 0
+    beyond = info.state.last_seq + info.state.messages  # (a message past this one ends such a read)
     from nats.js.api import ConsumerConfig
 
     from services.platform.bus import position
@@ -427,7 +429,7 @@ async def messages(
                 continue
             yield m
             after = at.stream
-            if not follow and (at.pending == 0 or (at.stream >= last and not replaces)):
+            if not follow and (at.pending == 0 or (at.stream >= last and not replaces) or at.stream >= beyond):
                 return
     finally:  # (a reader that stops early closes this generator: ``contextlib.aclosing``, as ``replay`` does)
         with contextlib.suppress(Exception):  # (the connection may be closing: nothing left to tell the server)

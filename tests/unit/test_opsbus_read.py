@@ -175,3 +175,19 @@ async def test_a_read_from_a_time_shows_nothing_before_it_when_its_consumer_star
     js = _JetStream([_msg(1, 2), _msg(2, 1), _msg(3, 0)], [])
     js.at_the_time = 3
     assert await _read(js, since=datetime(2026, 1, 1, tzinfo=UTC)) == [3]
+
+
+async def test_a_read_of_a_per_subject_stream_a_faster_publisher_keeps_replacing_ends() -> None:
+    """Each message of a stream that keeps one per subject was replaced before it was sent (a publisher faster than
+    the reader), so every message said one more was to come: the read ended only where the reader caught up. It
+    ends once it has read as many again as the stream held when it began (three: to sequence 6)."""
+
+    class Replacing(_JetStream):
+        async def subscribe(self, subject: str, **kw: Any) -> _Sub:
+            sub = await super().subscribe(subject, **kw)
+            _later(self, 0.0, [_msg(seq, 1) for seq in range(1, 40)])
+            return sub
+
+    js = Replacing([], [])
+    js.stored, js.per_subject = tuple(range(1, 40)), 1
+    assert await _read(js) == [1, 2, 3, 4, 5, 6]

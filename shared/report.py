@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from fractions import Fraction
 from typing import Any, Final
 
@@ -29,6 +30,7 @@ from shared.quantity import NANO, Quantity
 from shared.quota.modes import VM_TERM_MODES
 from shared.resources import is_byte_resource
 from shared.text import printable
+from shared.times import parse_rfc3339
 
 _BINARY_UNITS: Final = (("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10))
 
@@ -140,6 +142,7 @@ class QuotaRow:
             "raisedFor": self.raised_for,
             "vms": self.vms,
             "status": self.status,
+            "time": self.time,
         }
 
 
@@ -231,21 +234,28 @@ def used_of_budget(used: Mapping[str, str], budget: Mapping[str, str]) -> str:
     return ", ".join(f"{r} {u.get(r, '0')}/{b[r]}" for r in b) or "-"
 
 
-def status_table(rows: Sequence[QuotaRow], *, wide: bool = False) -> str:
-    """Aligned columns, one row per quota; ``wide`` adds P, S and ``hard``. A footnote explains the scale factor
-    when a scaled mode is shown. Every cell is :func:`printable`: names and states come from bus messages."""
+def status_table(rows: Sequence[QuotaRow], *, wide: bool = False, now: datetime | None = None) -> str:
+    """Aligned columns, one row per quota; ``wide`` adds P, S and ``hard``; ``now`` adds the AGE of the usage each
+    row shows. A footnote explains the scale factor when a scaled mode is shown. Every cell is :func:`printable`:
+    names and states come from bus messages."""
     if not rows:
         return "no managed quotas found"
     head = ["CLUSTER", "NAMESPACE", "QUOTA", "MODE", "USED/BUDGET"]
     if wide:
         head += ["PODS", "RESERVED", "HARD"]
-    head += ["VMS", "STATUS"]
+    head += ["VMS"]
+    if now is not None:
+        head += ["AGE"]
+    head += ["STATUS"]
     table = [head]
     for r in rows:
         line = [r.cluster, r.namespace, r.name, r.mode, used_of_budget(r.used, r.budget)]
         if wide:
             line += [_items(r.pods), _items(r.reserved), _items(r.hard)]
-        line += [f"{r.vms.get('running', 0)}/{r.vms.get('admitted', 0)}/{r.vms.get('refused', 0)}", r.status]
+        line += [f"{r.vms.get('running', 0)}/{r.vms.get('admitted', 0)}/{r.vms.get('refused', 0)}"]
+        if now is not None:
+            line += [age(r.time, now)]
+        line += [r.status]
         table.append([printable(c) for c in line])
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     text = "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table)
@@ -255,6 +265,19 @@ def status_table(rows: Sequence[QuotaRow], *, wide: bool = False) -> str:
     elif any(r.mode in VM_TERM_MODES for r in rows):  # (hard scaled by k; about the HARD column only beside it)
         text += f"\nNote: {SCALE_NOTE}."
     return text
+
+
+def age(time: str, now: datetime) -> str:
+    """How long before ``now`` the RFC 3339 ``time`` was, as kubectl shows an age (``45s``, ``12m``, ``5h``, ``3d``);
+    ``-`` for a time that does not read (a time ahead of ``now``, from clocks apart, is ``0s``)."""
+    t = parse_rfc3339(time)
+    if t is None:
+        return "-"
+    seconds = max(0, int((now - t).total_seconds()))
+    for unit, size, up_to in (("s", 1, 120), ("m", 60, 120 * 60), ("h", 3600, 48 * 3600)):
+        if seconds < up_to:
+            return f"{seconds // size}{unit}"
+    return f"{seconds // 86400}d"
 
 
 def _items(rl: Mapping[str, str]) -> str:

@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import json
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 from services.cli import opsbus
@@ -39,10 +40,11 @@ async def _read(nc: Any, f: opsbus.Filter) -> tuple[list[report.QuotaRow], list[
     return found, [e for _, u in usage for e in u.errors]
 
 
-def render(found: list[report.QuotaRow], output: str) -> str:
+def render(found: list[report.QuotaRow], output: str, *, aged: bool = True) -> str:
+    """The rows as ``output`` says; a table with the AGE of each row's usage unless not ``aged``."""
     if output == "json":
         return json.dumps(report.status_json(found), indent=2)
-    return report.status_table(found, wide=output == "wide")
+    return report.status_table(found, wide=output == "wide", now=datetime.now(UTC) if aged else None)
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -77,14 +79,15 @@ async def main(args: argparse.Namespace) -> int:
             asyncio.create_task(follow(contract.DECISIONS_STREAM, f.subject("quota"))),
         ]
         try:
-            shown = render(found, args.output)
+            shown = render(found, args.output, aged=False)  # (printed again when what it shows changes, not its age)
             while True:
                 if (lost := await changes.get()) is not None:
                     raise lost
-                now = render(await rows(nc, f), args.output)
-                if now != shown:
-                    print("\033[2J\033[H" + now if sys.stdout.isatty() else "\n" + now, flush=True)
-                    shown = now
+                found = await rows(nc, f)
+                if (content := render(found, args.output, aged=False)) != shown:
+                    table = render(found, args.output)
+                    print("\033[2J\033[H" + table if sys.stdout.isatty() else "\n" + table, flush=True)
+                    shown = content
         finally:
             for t in watchers:
                 t.cancel()

@@ -91,6 +91,7 @@ async def test_status_tail_and_replay_after_a_migration_at_full_quota() -> None:
         code, out, err = await vmquota("status", "--nats", url)
         used = report.readable_list(terms.used)["limits.memory"]
         assert code == 0 and f"limits.memory {used}/64Gi" in out and "tenant-a" in out, out
+        assert out.splitlines()[0].split()[-2:] == ["AGE", "STATUS"], out
         # without a filter, a quota opted in and refused has no row either: it is named on stderr, not left out
         assert err.startswith("refused: ResourceQuota tenant-bogus/vm-budget: not managed: ") and "Bogus" in err, err
 

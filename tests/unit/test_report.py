@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 from shared import contract, report
 from shared.quantity import Quantity
 from tests.builders import decision
@@ -57,8 +59,9 @@ def test_rows_take_hard_from_the_last_written_decision_and_name_the_migrations()
     j = report.status_json([row])["quotas"][0]
     assert list(j) == [
         "cluster", "namespace", "name", "mode", "budget", "used", "pods", "reserved", "hard", "raisedFor", "vms",
-        "status",
+        "status", "time",
     ]  # fmt: skip
+    assert j["time"] == "2026-12-03T10:00:00Z", "when the usage shown was published"
     table = report.status_table([row], wide=True)
     assert "requests.cpu 8/8" in table and "Note: hard = pods + reserved + k * budget - taken - overlap" in table
     assert report.status_table([]) == "no managed quotas found"
@@ -100,3 +103,17 @@ def test_the_reason_a_namespace_has_no_quota_in_force_is_the_ledgers_not_a_tenan
     assert (
         line is not None and line.startswith("ResourceQuota tenant-a/vm-budget: not managed: ") and "\x1b" not in line
     )
+
+
+def test_the_status_table_says_how_old_the_usage_it_shows_is() -> None:
+    """A ledger that stopped left its last snapshots on the bus: `status` showed them as if current, with nothing to
+    tell their age. The table has an AGE column, as kubectl shows one."""
+    t = contract.QuotaTerms(mode="VirtualResources", budget={"requests.cpu": "8"}, used={"requests.cpu": "2"})
+    (row,) = report.quota_rows([usage({"compute": t})])
+    published = datetime(2026, 12, 3, 10, 0, 0, tzinfo=UTC)
+    for later, shown in ((0, "0s"), (45, "45s"), (119, "119s"), (720, "12m"), (5 * 3600, "5h"), (3 * 86400, "3d")):
+        table = report.status_table([row], now=published + timedelta(seconds=later)).splitlines()
+        assert table[0].split()[-2:] == ["AGE", "STATUS"] and shown in table[1].split(), (later, table)
+    assert report.age("2026-12-03T10:00:30Z", published) == "0s", "a clock behind the ledger's: no negative age"
+    assert report.age("not a time", published) == "-"
+    assert "AGE" not in report.status_table([row]), "a replay's table: no age"

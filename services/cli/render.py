@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 from services.platform.inputs import kubevirt_fields, load_objects
 from shared.errors import InvalidInput
-from shared.kinds import VM_KIND, VMI_KIND
+from shared.kinds import QUOTA_KIND, VM_KIND, VMI_KIND
 from shared.kubevirt import KubeVirtConfig, NamespaceFacts, RenderedPod, render_launcher_pod
 from shared.kubevirt.config import positive_ratio
 from shared.quantity import Quantity
@@ -100,11 +100,7 @@ def build_namespace(args: argparse.Namespace) -> NamespaceFacts:
     for n in sorted(names):  # (a typo read as "no quota names limits" renders another pod, without a word)
         if not is_quota_resource_name(n):
             raise InvalidInput(f"{n!r} is not a resource a ResourceQuota can hold (e.g. limits.memory)", "--quota-has")
-    return NamespaceFacts(
-        labels=labels,
-        quota_has_limits_cpu="limits.cpu" in names,
-        quota_has_limits_memory="limits.memory" in names,
-    )
+    return NamespaceFacts(labels=labels).with_quota_resources(names)
 
 
 def item_json(spec: VmiSpec, pod: RenderedPod) -> dict[str, Any]:
@@ -169,7 +165,8 @@ def write_table(rows: Sequence[tuple[VmiSpec, RenderedPod]], out: TextIO) -> Non
     if partial:
         out.write(
             "(*: some container sets no such limit, so the pod has none: the sum over those that set one. A quota "
-            "naming limits.cpu or limits.memory refuses such a pod, and KubeVirt sets the limits: --quota-has)\n"
+            "naming limits.cpu or limits.memory refuses such a pod, and KubeVirt sets the limits: --quota-has, or "
+            "the quota in the input)\n"
         )
 
 
@@ -183,18 +180,45 @@ def _instancetype_hint(obj: Mapping[str, Any]) -> str:
     return ""
 
 
+def _namespace_of(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    ns = meta.get("namespace") if isinstance(meta, Mapping) else None
+    return ns if isinstance(ns, str) else ""
+
+
+def _quota_resources(objects: Sequence[Mapping[str, Any]], notes: TextIO) -> dict[str, set[str]]:
+    """Per namespace, the resources the ResourceQuotas among ``objects`` have in ``spec.hard``: KubeVirt's automatic
+    limits follow them, as ``--quota-has`` says for every namespace."""
+    found: dict[str, set[str]] = {}
+    for obj in objects:
+        if obj.get("kind") != QUOTA_KIND:
+            continue
+        spec = obj.get("spec")
+        hard = spec.get("hard") if isinstance(spec, Mapping) else None
+        names = {r for r in hard if isinstance(r, str)} if isinstance(hard, Mapping) else set()
+        found.setdefault(_namespace_of(obj), set()).update(names)
+        limits = sorted(names & {"limits.cpu", "limits.memory"})
+        said = f"names {' and '.join(limits)}: the launcher pods of its namespace get KubeVirt's automatic limits"
+        print(f"note: {object_ref(obj)} {said if limits else 'names no limits'}", file=notes)
+    return found
+
+
 def render_objects(
     objects: Sequence[Mapping[str, Any]], config: KubeVirtConfig, namespace: NamespaceFacts, notes: TextIO
 ) -> list[tuple[VmiSpec, RenderedPod]]:
     rows: list[tuple[VmiSpec, RenderedPod]] = []
+    quotas = _quota_resources(objects, notes)
     for obj in objects:
         kind = obj.get("kind")
+        if kind == QUOTA_KIND:
+            continue
         if kind not in (VMI_KIND, VM_KIND):
             print(f"note: skipping {object_ref(obj)}: not a VirtualMachine or VirtualMachineInstance", file=notes)
             continue
         hint = _instancetype_hint(obj)
+        facts = namespace.with_quota_resources(quotas.get(_namespace_of(obj), ()))
         try:
-            pod = render_launcher_pod(obj, config, namespace)
+            pod = render_launcher_pod(obj, config, facts)
             spec = vmi_spec(obj)
         except InvalidInput as e:
             if hint:

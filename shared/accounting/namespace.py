@@ -223,11 +223,8 @@ class _Accounting(Admission):
         hard_keys = {r for q in self.quota_objs for r in q.spec_hard} | {
             r for q in self.quotas for r in q.policy.budget
         }
-        facts = NamespaceFacts(
-            labels=dict(self.ns_obj.labels) if self.ns_obj is not None else {},
-            quota_has_limits_cpu="limits.cpu" in hard_keys,
-            quota_has_limits_memory="limits.memory" in hard_keys,
-        )
+        facts = NamespaceFacts(labels=dict(self.ns_obj.labels) if self.ns_obj is not None else {})
+        facts = facts.with_quota_resources(hard_keys)
         self.renderer = Renderer(config, facts, self.memo)
         self.quotas_key = self.memo.token(
             tuple((q.policy.name, q.policy.mode, q.ratio, tuple(q.factors.items())) for q in self.quotas)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shared.podusage import ContainerSpec
@@ -22,6 +22,16 @@ class NamespaceFacts:
     """Some ResourceQuota in the namespace has ``limits.cpu`` in ``spec.hard``."""
     quota_has_limits_memory: bool = False
     """Some ResourceQuota in the namespace has ``limits.memory`` in ``spec.hard``."""
+
+    def with_quota_resources(self, names: Iterable[str]) -> NamespaceFacts:
+        """These facts with the resources some ResourceQuota of the namespace has in ``spec.hard``: KubeVirt sets a
+        launcher pod's automatic limits where one has ``limits.cpu`` or ``limits.memory``."""
+        names = frozenset(names)
+        return replace(
+            self,
+            quota_has_limits_cpu=self.quota_has_limits_cpu or "limits.cpu" in names,
+            quota_has_limits_memory=self.quota_has_limits_memory or "limits.memory" in names,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,6 +109,38 @@ def test_table_output(vmis, capsys):
     assert code == 0 and "*" not in out, out
 
 
+def test_a_resourcequota_in_the_input_sets_its_namespaces_automatic_limits(vmis, tmp_path, capsys):
+    """A namespace dumped with its ResourceQuota (`kubectl get vmis,resourcequota -o yaml`): the quota was skipped,
+    and the launcher pods rendered without the limits KubeVirt sets where a quota names them, as if no quota did.
+    It counts for its own namespace only, as ``--quota-has`` does for every one."""
+    quota = """\
+---
+apiVersion: v1
+kind: ResourceQuota
+metadata: {name: vm-size, namespace: tenant-a}
+spec: {hard: {limits.cpu: "8", limits.memory: 64Gi}}
+---
+apiVersion: v1
+kind: ResourceQuota
+metadata: {name: other, namespace: tenant-b}
+spec: {hard: {limits.memory: 64Gi}}
+"""
+    p = tmp_path / "dump.yaml"
+    p.write_text(VMI_YAML + quota)
+    code, out, err = run(["-f", str(p), "-o", "json"], capsys=capsys)
+    assert code == 0, err
+    with_quota = {i["name"]: i["pod"]["limits"] for i in json.loads(out)["items"]}
+    code, flagged, _ = run(["-f", str(vmis), "-o", "json", "--quota-has", "limits.cpu,limits.memory"], capsys=capsys)
+    assert with_quota == {i["name"]: i["pod"]["limits"] for i in json.loads(flagged)["items"]}
+    assert with_quota["vmi1"]["cpu"] == "2015m", "the compute container's 2 and its sidecar's 15m"
+    assert "note: ResourceQuota tenant-a/vm-size names limits.cpu and limits.memory" in err, err
+    assert "skipping ResourceQuota" not in err
+    other = tmp_path / "other.yaml"
+    other.write_text(VMI_YAML + quota.replace("namespace: tenant-a", "namespace: tenant-c"))
+    code, out, _ = run(["-f", str(other)], capsys=capsys)
+    assert code == 0 and "15m*" in out, "a quota of another namespace sets no limits here"
+
+
 def test_stdin(monkeypatch, capsys):
     code, out, _ = run(["-f", "-", "-o", "json"], stdin=VMI_YAML, monkeypatch=monkeypatch, capsys=capsys)
     assert code == 0

@@ -729,12 +729,10 @@ class KubeVirtSimulator:
     def namespace_facts(self, namespace: str) -> NamespaceFacts:
         ns = self.cache.get("namespaces", "", namespace)
         ns_labels = dict(labels_of(ns)) if ns is not None else {}
-        has_cpu = has_mem = False
-        for q in self.cache.list("resourcequotas", namespace):
-            hard = (q.get("spec") or {}).get("hard") or {}
-            has_cpu = has_cpu or "limits.cpu" in hard
-            has_mem = has_mem or "limits.memory" in hard
-        return NamespaceFacts(labels=ns_labels, quota_has_limits_cpu=has_cpu, quota_has_limits_memory=has_mem)
+        hard = [
+            r for q in self.cache.list("resourcequotas", namespace) for r in (q.get("spec") or {}).get("hard") or {}
+        ]
+        return NamespaceFacts(labels=ns_labels).with_quota_resources(hard)
 
     def image(self, config: KubeVirtConfig) -> str:
         return f"{self.config.launcher_image}:{config.version}"

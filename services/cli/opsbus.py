@@ -338,9 +338,11 @@ async def messages(
         opts = {"deliver_policy": DeliverPolicy.ALL}
     # A stream that keeps a number of messages per subject replaces them: one stored past ``last`` during the read
     # may be the only one left of its subject, and is read too. The read ends where the consumer has none left, or
-    # once it has read as many again as the stream held when it began (a publisher faster than the reader).
+    # once it has read as many again as the stream held when it began (a publisher faster than the reader): there,
+    # every subject the stream holds must have been shown, or the read is said to be incomplete.
     replaces = (info.config.max_msgs_per_subject or -1) > 0
-    beyond = info.state.last_seq + info.state.messages  # (a message past this one ends such a read)
+    beyond = info.state.last_seq + info.state.messages
+    shown: set[str] = set()  # (the subjects shown, on such a stream)
     from nats.js.api import ConsumerConfig
 
     from services.platform.bus import position
@@ -429,8 +431,20 @@ async def messages(
                 continue
             yield m
             after = at.stream
-            if not follow and (at.pending == 0 or (at.stream >= last and not replaces) or at.stream >= beyond):
+            if follow:
+                continue
+            if at.pending == 0 or (at.stream >= last and not replaces):
                 return
+            if replaces:
+                shown.add(m.subject)
+                if at.stream >= beyond:
+                    held = (await _state(nc, js, stream, subject)).state.subjects or {}
+                    if missing := len(set(held) - shown):
+                        raise BusUnavailable(
+                            f"NATS replaced the messages of {stream} faster than they were read: {missing} subject(s) "
+                            "not shown; what was shown before this line is not all of it (read again)"
+                        )
+                    return
     finally:  # (a reader that stops early closes this generator: ``contextlib.aclosing``, as ``replay`` does)
         with contextlib.suppress(Exception):  # (the connection may be closing: nothing left to tell the server)
             await sub.unsubscribe()

@@ -9,15 +9,16 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from nats.aio.msg import Msg
 
 from services.cli import opsbus
 from services.platform.bus import position
 
 
-def _msg(seq: int, pending: int) -> Msg:
+def _msg(seq: int, pending: int, subject: str = "vmquota.ev.c1.ns.t") -> Msg:
     reply = f"$JS.ACK.S.C.1.{seq}.{seq}.1700000000000000000.{pending}"
-    return Msg(_client=None, subject="vmquota.ev.c1.ns.t", reply=reply, data=b"x")  # type: ignore[arg-type]
+    return Msg(_client=None, subject=subject, reply=reply, data=b"x")  # type: ignore[arg-type]
 
 
 class _Sub:
@@ -41,13 +42,15 @@ class _JetStream:
     """The first sequence stored at the time a read from a time asks for."""
     per_subject = -1
     """How many messages it keeps per subject (-1: no limit)."""
+    subjects: dict[str, int] | None = None
+    """What it holds per subject, when not :attr:`held` on one."""
 
     async def stream_info(self, stream: str, subjects_filter: str | None = None) -> Any:
         self.asked += 1
         if self.asked > 1:
             for m in self.rest:
                 await self.cb(m)
-        subjects = {"vmquota.ev.c1.ns.t": self.held} if self.held else {}
+        subjects = self.subjects or ({"vmquota.ev.c1.ns.t": self.held} if self.held else {})
         return SimpleNamespace(
             state=SimpleNamespace(messages=3, last_seq=3, subjects=subjects),
             config=SimpleNamespace(max_msgs_per_subject=self.per_subject),
@@ -191,3 +194,27 @@ async def test_a_read_of_a_per_subject_stream_a_faster_publisher_keeps_replacing
     js = Replacing([], [])
     js.stored, js.per_subject = tuple(range(1, 40)), 1
     assert await _read(js) == [1, 2, 3, 4, 5, 6]
+
+
+async def test_a_read_that_ends_past_a_faster_publisher_says_what_it_could_not_show() -> None:
+    """A, B and C at 1 to 3 of a stream that keeps one per subject; while the reader held 1 and 2, A was published
+    again at 4 to 7 and C at 8, so C's 3 was gone before it was sent. The read ended at 7, as many past the stream's
+    last as it held, without C's only message, and `status` left a namespace out without a word."""
+
+    def at(seq: int, pending: int, ns: str) -> Msg:
+        return _msg(seq, pending, f"vmquota.usage.c1.{ns}")
+
+    class Replacing(_JetStream):
+        async def subscribe(self, subject: str, **kw: Any) -> _Sub:
+            sub = await super().subscribe(subject, **kw)
+            _later(self, 0.0, [at(1, 2, "a"), at(2, 2, "b"), at(7, 1, "a"), at(8, 0, "c")])
+            return sub
+
+    js = Replacing([], [])
+    js.stored, js.per_subject = (2, 7, 8), 1
+    js.subjects = {"vmquota.usage.c1.a": 1, "vmquota.usage.c1.b": 1, "vmquota.usage.c1.c": 1}
+    got: list[int] = []
+    with pytest.raises(opsbus.BusUnavailable, match=r"faster than they were read: 1 subject\(s\) not shown"):
+        async for m in opsbus.messages(_Connection(js), "S", "vmquota.ev.>"):
+            got.append(position(m).stream)
+    assert got == [1, 2, 7]

@@ -28,13 +28,17 @@ def is_byte_resource(name: str) -> bool:
     )
 
 
-_QUALIFIED_NAME_RE: Final = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
-_DNS1123_SUBDOMAIN_RE: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+QUALIFIED_NAME_RE: Final = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
+"""The name part of a qualified name (a label key's, a resource's), without its length bound (63)."""
+DNS1123_SUBDOMAIN_RE: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+"""An RFC 1123 subdomain, without its length bound (253)."""
+DNS1123_LABEL_RE: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+"""An RFC 1123 label, without its length bound (63)."""
 
 
 def is_dns_subdomain(value: str) -> bool:
     """``validation.IsDNS1123Subdomain``: what most kinds' object names must be (a VM's, a quota's)."""
-    return 0 < len(value) <= 253 and _DNS1123_SUBDOMAIN_RE.match(value) is not None
+    return 0 < len(value) <= 253 and DNS1123_SUBDOMAIN_RE.match(value) is not None
 
 
 def is_qualified_name(value: str) -> bool:
@@ -43,13 +47,13 @@ def is_qualified_name(value: str) -> bool:
     parts = value.split("/")
     if len(parts) == 2:
         prefix, name = parts
-        if not prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN_RE.match(prefix):
+        if not prefix or len(prefix) > 253 or not DNS1123_SUBDOMAIN_RE.match(prefix):
             return False
     elif len(parts) == 1:
         name = parts[0]
     else:
         return False
-    return 0 < len(name) <= 63 and _QUALIFIED_NAME_RE.match(name) is not None
+    return 0 < len(name) <= 63 and QUALIFIED_NAME_RE.match(name) is not None
 
 
 STANDARD_QUOTA_RESOURCES: Final = frozenset(

@@ -185,6 +185,11 @@ def readable(msgs: Iterable[Msg], decode: Callable[[bytes], T]) -> tuple[list[tu
     return out, refused
 
 
+_AS_REPLAY: Final = "use the `replay` user (--nats-user replay)"
+"""What the commands read as: the NATS user that may create their ordered consumers and get messages."""
+_MAY_NOT_READ: Final = f"if the server is up, the NATS user may not read it: {_AS_REPLAY}"
+
+
 async def stream_info(js: Any, stream: str, subject: str | None = None) -> Any:
     """The state of ``stream`` (with ``subject``, how many messages it holds on each subject the filter matches), or
     :class:`BusUnavailable` saying why not (it does not exist; the credentials may not read it; the server does not
@@ -196,10 +201,7 @@ async def stream_info(js: Any, stream: str, subject: str | None = None) -> Any:
     except NotFoundError:
         raise BusUnavailable(f"the stream {stream} does not exist on this server: is vmquota running?") from None
     except Exception as e:  # permissions (a request refused gets no answer: a timeout), timeouts
-        raise BusUnavailable(
-            f"cannot read the stream {stream} ({e or type(e).__name__}): if the server is up, the NATS user may not "
-            "read it: the commands read as the `replay` user (--nats-user replay)"
-        ) from None
+        raise BusUnavailable(f"cannot read the stream {stream} ({e or type(e).__name__}): {_MAY_NOT_READ}") from None
 
 
 async def read(nc: Any, stream: str, subject: str, *, since: datetime | None = None) -> list[Msg]:
@@ -258,8 +260,7 @@ async def next_stored(nc: Any, stream: str, subject: str, *, since: datetime | N
         if nc.is_closed:
             raise _lost(nc) from None
         raise BusUnavailable(
-            f"cannot look up the stream {stream} {where} ({e or type(e).__name__}): if the server is up, the NATS user "
-            "may not read it: use the `replay` user (--nats-user replay)"
+            f"cannot look up the stream {stream} {where} ({e or type(e).__name__}): {_MAY_NOT_READ}"
         ) from None
     if answer.error is not None:
         if answer.error.err_code == _NO_MESSAGE:
@@ -376,8 +377,7 @@ async def messages(
             raise _lost(nc) from None
         raise BusUnavailable(
             f"cannot read the stream {stream} ({e or type(e).__name__}): the commands read with ordered consumers, "
-            "which the NATS user must be allowed to create: use the `replay` user (--nats-user replay), not "
-            "`subscriber`"
+            f"which the NATS user must be allowed to create: {_AS_REPLAY}, not `subscriber`"
         ) from None
     try:
         if not follow and nothing:  # (its consumer made all the same: a user that may not is told)

@@ -154,6 +154,7 @@ async def main(args: argparse.Namespace) -> int:
         r = Replay()
         progress = Progress(info.state.messages, args.quiet)
         cluster_subject = f"{contract.PREFIX}.ev.{f.cluster or '*'}.>"
+        last_stored = 0  # (when the last event applied was stored, in nanoseconds)
         differences: list[str] = []
         checked = {"decisions": 0, "usage": 0}
         pending = (c[2] for c in checks)
@@ -175,11 +176,12 @@ async def main(args: argparse.Namespace) -> int:
                     nxt = next(pending, None)
                 r.apply(m.data, seq, m.subject)
                 progress.update(r.events)
-                if args.until_seq is not None:  # (the state at a sequence is the state when its event was stored)
-                    when = datetime.fromtimestamp(stored / 1e9, UTC)
+                last_stored = stored
         while nxt is not None:
             _check(r, nxt, differences, checked)
             nxt = next(pending, None)
+        if args.until_seq is not None and r.events:  # (the state at a sequence is the state when its event was stored)
+            when = datetime.fromtimestamp(last_stored / 1e9, UTC)
         progress.update(r.events, final=True)
         if r.skipped:  # (as `status` says of what it skips; `tail --dead-letters` shows why each was)
             print(

@@ -14,12 +14,11 @@ from functools import lru_cache
 from typing import Any, Literal
 
 from services.devtools.simcluster.store_api import ApiError
+from shared.resources import DNS1123_SUBDOMAIN_RE, QUALIFIED_NAME_RE
 
 LabelOp = Literal["=", "!=", "in", "notin", "exists", "!", "gt", "lt"]
 
 _VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
-_NAME_RE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
-_DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 _TOKEN_RE = re.compile(r"\s*(\(|\)|,|!=|==|=|!|>|<|[^\s(),!=<>]+)")
 
 
@@ -32,8 +31,8 @@ def _check_key(key: str) -> None:
     if (
         not name
         or len(name) > 63
-        or not _NAME_RE.match(name)
-        or (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN_RE.match(prefix)))
+        or not QUALIFIED_NAME_RE.match(name)
+        or (prefix and (len(prefix) > 253 or not DNS1123_SUBDOMAIN_RE.match(prefix)))
     ):
         raise _bad(f'invalid label key "{key}": name part must consist of alphanumeric characters, "-", "_" or "."')
 

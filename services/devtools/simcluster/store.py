@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import copy
 import random
-import re
 import time
 import uuid
 from collections import deque
@@ -58,14 +57,13 @@ from services.devtools.simcluster.store_api import (
     WatchType,
 )
 from services.platform.logs import get_logger
+from shared.resources import DNS1123_LABEL_RE, DNS1123_SUBDOMAIN_RE
 from shared.times import go_seconds
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 _log = get_logger(component="simcluster.store")
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # what the API server uses for generateName suffixes
 
 PatchType = Literal["merge", "json", "strategic"]
@@ -779,7 +777,9 @@ class Store:
 
     def _validate_name(self, res: Resource, name: str) -> None:
         pattern, what = (
-            (_DNS_LABEL, "RFC 1123 label") if res.plural == "namespaces" else (_DNS_SUBDOMAIN, "RFC 1123 subdomain")
+            (DNS1123_LABEL_RE, "RFC 1123 label")
+            if res.plural == "namespaces"
+            else (DNS1123_SUBDOMAIN_RE, "RFC 1123 subdomain")
         )
         limit = 63 if res.plural == "namespaces" else 253
         if len(name) > limit or not pattern.match(name):

@@ -6,6 +6,7 @@ server listens on 127.0.0.1 on a port it picks itself (``-p -1``) and reports th
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -40,6 +41,25 @@ def nats_server_binary() -> str:
     return found
 
 
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _ends_with_this_thread() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the child sent SIGTERM when the thread that starts it ends (Linux's
+    ``PR_SET_PDEATHSIG``; the process's end included, SIGKILL too), or ``None`` where there is no such call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # (looked up here: the child only calls it)
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        if os.getppid() != parent:  # (the parent ended before the call: no signal will come)
+            os._exit(1)
+
+    return preexec
+
+
 class NatsServer:
     """A JetStream-enabled nats-server in a work directory (a temporary one unless given).
 
@@ -53,8 +73,12 @@ class NatsServer:
         config_file: Path | None = None,
         env: Mapping[str, str] | None = None,
         port: int | None = None,
+        ends_with_starter: bool = False,
     ) -> None:
-        """``port``: listen there (default: a port the server picks)."""
+        """``port``: listen there (default: a port the server picks). ``ends_with_starter``: the server gets SIGTERM
+        when the thread that started it ends, however it ends (SIGKILL of the process included; Linux only). For a
+        long-lived process that starts the server from its main thread (``vmquota up``); not for one that may
+        restart it from a worker thread that ends before the server should."""
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if workdir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="vmquota-nats-")
@@ -66,6 +90,7 @@ class NatsServer:
         """Extra environment for the server (a configuration file can read passwords from it)."""
         self.port: int | None = port
         self.proc: subprocess.Popen[bytes] | None = None
+        self.ends_with_starter = ends_with_starter
 
     @property
     def url(self) -> str:
@@ -91,7 +116,14 @@ class NatsServer:
             environ = {**os.environ, **self.env} if self.env else None
             # its own session: a Ctrl-C in the terminal (SIGINT to the foreground process group) reaches only our
             # process, which stops the services before the server they flush to
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=environ, start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=environ,
+                start_new_session=True,
+                preexec_fn=_ends_with_this_thread() if self.ends_with_starter else None,
+            )
         try:
             self._await_port(self.proc, ports_dir / f"nats-server_{self.proc.pid}.ports", timeout)
         except BaseException:  # (a timeout, or Ctrl-C / SIGTERM while it starts: not left running)

@@ -137,7 +137,11 @@ async def _up(args: argparse.Namespace, out: Path) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     sim = SimCluster(speed=args.speed, port=args.api_port, kubeconfig_path=out)
-    stack = VmquotaStack(sim, args.cluster, log_level=args.log_level, nats_port=args.nats_port or None)
+    # (the server runs in a session of its own, so that a Ctrl-C reaches the services first; tied to this thread,
+    # it ends with this process even when that is killed outright)
+    stack = VmquotaStack(
+        sim, args.cluster, log_level=args.log_level, nats_port=args.nats_port or None, nats_ends_with_us=True
+    )
     try:
         try:
             await sim.start()

@@ -197,3 +197,34 @@ async def test_a_second_signal_while_up_stops_leaves_nothing_behind(tmp_path: Pa
         return False
 
     await wait_until(nats_gone, within=10, what="the nats-server stopped")
+
+
+async def test_up_killed_outright_takes_its_nats_server_with_it(tmp_path: Path) -> None:
+    """The nats-server runs in a session of its own (a Ctrl-C must reach the services first). ``vmquota up`` killed
+    with SIGKILL (an OOM kill, ``kill -9``) left it running, holding its port and store, and ``vmquota status``
+    showed the dead stack's usage."""
+    kubeconfig = tmp_path / "vmquota.kubeconfig"
+    proc = await asyncio.create_subprocess_exec(
+        *VMQUOTA,
+        "up",
+        *("--nats-port", "0", "--api-port", "0", "--kubeconfig-out", str(kubeconfig), "-o", "json"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 90)
+    assert line, (await proc.stderr.read()).decode()[-2000:]
+    host, port = json.loads(line)["nats"].removeprefix("nats://").rsplit(":", 1)
+    proc.kill()
+    assert await asyncio.wait_for(proc.wait(), 30) == -signal.SIGKILL
+
+    async def nats_gone() -> bool:
+        try:
+            _, writer = await asyncio.open_connection(host, int(port))
+        except OSError:
+            return True
+        writer.close()
+        return False
+
+    await wait_until(nats_gone, within=15, what="the nats-server stopped")

@@ -316,10 +316,12 @@ class VmquotaStack:
         extra_args: Sequence[str] = (),
         nats_port: int | None = None,
         nats: Any = None,
+        nats_ends_with_us: bool = False,
     ) -> None:
         """``nats_port``: the embedded nats-server's port on 127.0.0.1 (default: a free one). ``nats``: a bus
         started elsewhere (anything with a ``url``, e.g. a cluster's comma-separated URLs) used instead of an
-        embedded server, and left running on stop."""
+        embedded server, and left running on stop. ``nats_ends_with_us``: the embedded server is stopped when
+        this thread ends, even by SIGKILL (see :class:`~services.devtools.natsserver.NatsServer`)."""
         self.sim = sim
         self.nats_port = nats_port
         self.extra_args = tuple(extra_args)
@@ -329,6 +331,7 @@ class VmquotaStack:
         self.log_level = log_level
         self._nats: Any = nats
         self._own_nats = nats is None
+        self._nats_ends_with_us = nats_ends_with_us
         self._task: asyncio.Task[int] | None = None
         self._stop = asyncio.Event()
         self._procs: dict[str, asyncio.subprocess.Process] = {}
@@ -364,7 +367,7 @@ class VmquotaStack:
         from services.devtools.natsserver import NatsServer
 
         if self._own_nats:
-            self._nats = NatsServer(port=self.nats_port).start()
+            self._nats = NatsServer(port=self.nats_port, ends_with_starter=self._nats_ends_with_us).start()
         if self.separate:
             await asyncio.gather(*(self.start_service(name) for name in SERVICE_NAMES))
             return

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+from nats.aio.msg import Msg
 
 from services.cli import opsbus
 from shared import contract, explain, text
@@ -35,9 +38,18 @@ def parse_ref(ref: str) -> tuple[str, str]:
 M = TypeVar("M", contract.Decision, contract.UsageSnapshot)
 
 
-async def _read(nc: Any, stream: str, subject: str, decode: Callable[[bytes], M], cluster: str | None) -> list[M]:
-    """The readable messages of ``stream`` on ``subject`` (of ``cluster``), oldest first."""
-    found, _ = opsbus.readable(await opsbus.read(nc, stream, subject), decode)
+async def _read(
+    nc: Any,
+    stream: str,
+    subject: str,
+    decode: Callable[[str, bytes], M],
+    cluster: str | None,
+    skipped: list[tuple[Msg, str]],
+) -> list[M]:
+    """The readable messages of ``stream`` on ``subject`` (of ``cluster``), oldest first; those refused added to
+    ``skipped``."""
+    found, refused = opsbus.readable(await opsbus.read(nc, stream, subject), decode)
+    skipped += refused
     return [msg for _, msg in found if cluster is None or msg.cluster == cluster]
 
 
@@ -46,8 +58,11 @@ async def main(args: argparse.Namespace) -> int:
     f = opsbus.Filter.checked(args.cluster, namespace)
     nc = await opsbus.connect(args)
     try:
-        read, _ = opsbus.readable(await opsbus.read(nc, contract.EVENTS_STREAM, f.subject("ev")), contract.decode_event)
-        events = [e for _, e in read]  # (one that does not decode is dead-lettered by the ledger)
+        # (one the ledger refuses, it dead-letters: skipped here, and said so)
+        read, skipped = opsbus.readable(
+            await opsbus.read(nc, contract.EVENTS_STREAM, f.subject("ev")), contract.decode_event_on
+        )
+        events = [e for _, e in read]
         clusters = sorted(
             {
                 e.cluster
@@ -59,13 +74,19 @@ async def main(args: argparse.Namespace) -> int:
             raise InvalidInput(f"{args.ref} is on the bus of clusters {', '.join(clusters)}: give one", "--cluster")
         cluster = clusters[0] if clusters else args.cluster
         events = [e for e in events if cluster is None or e.cluster == cluster]
-        decisions = await _read(nc, contract.DECISIONS_STREAM, f.subject("quota"), contract.decode_decision, cluster)
+        decisions = await _read(
+            nc, contract.DECISIONS_STREAM, f.subject("quota"), contract.decode_decision_on, cluster, skipped
+        )
         try:
-            usages = await _read(nc, contract.USAGE_HISTORY_STREAM, f.subject("usage"), contract.decode_usage, cluster)
+            usages = await _read(
+                nc, contract.USAGE_HISTORY_STREAM, f.subject("usage"), contract.decode_usage_on, cluster, skipped
+            )
         except opsbus.BusUnavailable as e:  # (a bus from before the history stream: the latest snapshot only)
             if "does not exist" not in str(e):
                 raise
-            usages = await _read(nc, contract.USAGE_STREAM, f.subject("usage"), contract.decode_usage, cluster)
+            usages = await _read(
+                nc, contract.USAGE_STREAM, f.subject("usage"), contract.decode_usage_on, cluster, skipped
+            )
     finally:
         await nc.close()
     if args.what == "migration":
@@ -79,6 +100,8 @@ async def main(args: argparse.Namespace) -> int:
             + (f" of cluster {args.cluster}" if args.cluster else "")
             + ": check the name, or it is older than the events stream keeps (the ledger's --events-max-age)"
         )
+    if skipped:  # (as `status` says of what it skips; `tail --dead-letters` shows why the services refused each)
+        print(opsbus.skipped_note(skipped), file=sys.stderr)
     if args.output == "json":
         out: dict[str, Any] = {
             "kind": args.what,

@@ -12,7 +12,7 @@ import re
 import ssl
 import sys
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TypeVar
@@ -172,17 +172,26 @@ _BUFFERED = 10_000
 """Messages :func:`messages` holds that its reader has not taken; then the subscription waits."""
 
 
-def readable(msgs: Iterable[Msg], decode: Callable[[bytes], T]) -> tuple[list[tuple[Msg, T]], list[str]]:
-    """Each message with ``decode`` of its data, but those it refuses (the service that reads them dead-letters
-    them: one must not hide the others), and why each of those was refused (``subject: reason``)."""
+def readable(
+    msgs: Iterable[Msg], decode: Callable[[str, bytes], T]
+) -> tuple[list[tuple[Msg, T]], list[tuple[Msg, str]]]:
+    """Each message with ``decode`` of its subject and data (``contract.decode_*_on``: a body that belongs on another
+    subject is refused, as the services refuse it), but those it refuses (the service that reads them dead-letters
+    them: one must not hide the others), each with why it was refused."""
     out: list[tuple[Msg, T]] = []
-    refused: list[str] = []
+    refused: list[tuple[Msg, str]] = []
     for m in msgs:
         try:
-            out.append((m, decode(m.data)))
+            out.append((m, decode(m.subject, m.data)))
         except InvalidInput as e:
-            refused.append(f"{m.subject}: {e}")
+            refused.append((m, str(e)))
     return out, refused
+
+
+def skipped_note(refused: Sequence[tuple[Msg, str]]) -> str:
+    """The note on stderr of messages :func:`readable` refused: how many, and why the first was."""
+    m, why = refused[0]
+    return f"note: {len(refused)} unreadable message(s) skipped, the first {m.subject}: {why}"
 
 
 _AS_REPLAY: Final = "use the `replay` user (--nats-user replay)"

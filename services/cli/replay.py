@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from nats.aio.msg import Msg
+
 from services.cli import opsbus
 from services.platform.bus import position
 from shared import contract, report, text
@@ -137,16 +139,19 @@ async def main(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         checks: list[tuple[int, int, contract.Decision | contract.UsageSnapshot]] = []
+        unreadable: list[tuple[Msg, str]] = []
+        """Decisions and usage snapshots that cannot be read (a newer schema, a body on another's subject): none can
+        be compared, and each is a difference."""
         if args.verify:
-            # (a message that does not decode is no decision or usage of the services' to check: skipped)
-            decided, _ = opsbus.readable(
-                await opsbus.read(nc, contract.DECISIONS_STREAM, f.subject("quota")), contract.decode_decision
+            decided, unreadable = opsbus.readable(
+                await opsbus.read(nc, contract.DECISIONS_STREAM, f.subject("quota")), contract.decode_decision_on
             )
             # (up to the end of the replay: published by then, or computed from the events up to its sequence)
             for m, d in decided:
                 if not d.dry_run and d.usage_seq and _within(position(m).time_ns, d.usage_seq, at_ns, args.until_seq):
                     checks.append((d.usage_seq, 0, d))
-            used, _ = opsbus.readable(await _history(nc, f.subject("usage")), contract.decode_usage)
+            used, unused = opsbus.readable(await _history(nc, f.subject("usage")), contract.decode_usage_on)
+            unreadable += unused
             for m, u in used:
                 if u.seq and _within(position(m).time_ns, u.seq, at_ns, args.until_seq):
                     checks.append((u.seq, 1, u))
@@ -182,6 +187,12 @@ async def main(args: argparse.Namespace) -> int:
             nxt = next(pending, None)
         if args.until_seq is not None and r.events:  # (the state at a sequence is the state when its event was stored)
             when = datetime.fromtimestamp(last_stored / 1e9, UTC)
+        # (those published by the end of the replay: what they were computed from is unknown)
+        end_ns = at_ns if at_ns is not None else last_stored if args.until_seq is not None else None
+        for m, why in unreadable:
+            seq, _, _, stored = position(m)
+            if end_ns is None or stored <= end_ns:
+                differences.append(f"{m.subject} (seq {seq} of {m.metadata.stream}): cannot be compared: {why}")
         progress.update(r.events, final=True)
         if r.skipped:  # (as `status` says of what it skips; `tail --dead-letters` shows why each was)
             print(

@@ -28,14 +28,14 @@ async def _read(nc: Any, f: opsbus.Filter) -> tuple[list[report.QuotaRow], list[
     """The rows, and the errors of the usage snapshots read (a namespace whose every quota vmquota refuses has no
     row: its errors say why)."""
     usage, bad = opsbus.readable(
-        await opsbus.read(nc, contract.USAGE_STREAM, f.subject("usage")), contract.decode_usage
+        await opsbus.read(nc, contract.USAGE_STREAM, f.subject("usage")), contract.decode_usage_on
     )
     decided, bad_decisions = opsbus.readable(
-        await opsbus.read(nc, contract.DECISIONS_STREAM, f.subject("quota")), contract.decode_decision
+        await opsbus.read(nc, contract.DECISIONS_STREAM, f.subject("quota")), contract.decode_decision_on
     )
     bad += bad_decisions
     if bad:  # (one such message must not hide every other namespace's)
-        print(f"note: {len(bad)} unreadable message(s) skipped, the first {bad[0]}", file=sys.stderr)
+        print(opsbus.skipped_note(bad), file=sys.stderr)
     found = report.quota_rows([u for _, u in usage], (d for _, d in decided))
     return found, [e for _, u in usage for e in u.errors]
 

@@ -341,7 +341,7 @@ class Enforcer:
 
     async def _on_quota_message(self, m: Msg) -> None:
         try:
-            ev = contract.decode_event(m.data)
+            ev = contract.decode_event_on(m.subject, m.data)
             if ev.kind != QUOTA_KIND or ev.cluster != self.opts.cluster:
                 raise InvalidInput(f"a {ev.kind} event of cluster {ev.cluster!r} on {m.subject}", "kind")
             self._apply_quota_event(ev)
@@ -410,9 +410,11 @@ class Enforcer:
 
     async def _on_usage_message(self, m: Msg) -> None:
         try:
-            u = contract.decode_usage(m.data)
-            if u.cluster != self.opts.cluster or m.subject != contract.usage_subject(u.cluster, u.namespace):
-                raise InvalidInput(f"usage of {u.cluster}/{u.namespace} published on {m.subject}", "subject")
+            u = contract.decode_usage_on(m.subject, m.data)
+            if u.cluster != self.opts.cluster:
+                raise InvalidInput(
+                    f"usage of cluster {u.cluster!r} read by the enforcer of {self.opts.cluster!r}", "cluster"
+                )
             enforcement.check_usage(u)
         except InvalidInput as e:
             await self._dead_letter(m, contract.USAGE_STREAM, str(e))

@@ -636,13 +636,7 @@ class LedgerService:
         for msg in batch:
             seq = position(msg).stream
             try:
-                ev = contract.decode_event(msg.data)
-                token = (
-                    ev.namespace if isinstance(ev, contract.Sync) else contract.namespace_token(ev.kind, ev.namespace)
-                )
-                expected = f"{contract.PREFIX}.ev.{ev.cluster}.{token}.{contract.KIND_TOKENS[ev.kind]}"
-                if msg.subject != expected:
-                    raise InvalidInput(f"published on {msg.subject}, but the event belongs on {expected}", "subject")
+                ev = contract.decode_event_on(msg.subject, msg.data)
                 outcome = apply(ev, seq)
                 if outcome is Outcome.APPLIED or outcome is Outcome.REFRESHED:
                     self.applied += 1

@@ -20,13 +20,17 @@ Subjects (``docs/events.md`` documents every field with an example):
   lost events of the cluster it had not read; the cluster's watcher answers on the events subjects.
 """
 
+from shared.contract.codec import check_event_subject as check_event_subject
 from shared.contract.codec import decode_dead_letter as decode_dead_letter
 from shared.contract.codec import decode_decision as decode_decision
+from shared.contract.codec import decode_decision_on as decode_decision_on
 from shared.contract.codec import decode_event as decode_event
 from shared.contract.codec import decode_event_fast as decode_event_fast
+from shared.contract.codec import decode_event_on as decode_event_on
 from shared.contract.codec import decode_event_plain as decode_event_plain
 from shared.contract.codec import decode_relist_request as decode_relist_request
 from shared.contract.codec import decode_usage as decode_usage
+from shared.contract.codec import decode_usage_on as decode_usage_on
 from shared.contract.codec import encode as encode
 from shared.contract.messages import MAX_DLQ_PAYLOAD as MAX_DLQ_PAYLOAD
 from shared.contract.messages import MAX_ERROR_CHARS as MAX_ERROR_CHARS

@@ -26,10 +26,14 @@ from shared.contract.subjects import (
     _DNS_LABEL,
     CLUSTER_TOKEN,
     KIND_TOKENS,
+    PREFIX,
     check_cluster,
     check_kind,
     check_namespace,
+    decision_subject,
+    namespace_token,
     resource_version,
+    usage_subject,
 )
 from shared.errors import InvalidInput
 from shared.kinds import (
@@ -182,6 +186,44 @@ def decode_decision(data: bytes) -> Decision:
 
 def decode_dead_letter(data: bytes) -> DeadLetter:
     return _decode_checked(_DLQ_DECODER, data, "dead letter", "deadletter")
+
+
+# ---- read from the bus: the body must belong on the subject ----------------------------------------------------
+# A credential may publish on its own cluster's subjects only (docs/operations.md): a body naming another cluster,
+# namespace or kind than its subject is a forgery (or a bug), and every reader refuses it, the services and the
+# operator's commands alike, so that `vmquota replay` folds what the ledger folds.
+
+
+def check_event_subject(ev: Upserted | Deleted | Sync, subject: str) -> None:
+    """:class:`InvalidInput` unless ``subject`` is the one ``ev`` belongs on."""
+    token = ev.namespace if type(ev) is Sync else namespace_token(ev.kind, ev.namespace)
+    _published_on(subject, f"{PREFIX}.ev.{ev.cluster}.{token}.{KIND_TOKENS[ev.kind]}", "event")
+
+
+def _published_on(subject: str, expected: str, what: str) -> None:
+    if subject != expected:
+        raise InvalidInput(f"published on {subject}, but the {what} belongs on {expected}", "subject")
+
+
+def decode_event_on(subject: str, data: bytes) -> Upserted | Deleted | Sync:
+    """:func:`decode_event` of an event read on ``subject``, refused if it belongs on another."""
+    ev = decode_event(data)
+    check_event_subject(ev, subject)
+    return ev
+
+
+def decode_usage_on(subject: str, data: bytes) -> UsageSnapshot:
+    """:func:`decode_usage` of a snapshot read on ``subject``, refused if it belongs on another."""
+    u = decode_usage(data)
+    _published_on(subject, usage_subject(u.cluster, u.namespace), "usage snapshot")
+    return u
+
+
+def decode_decision_on(subject: str, data: bytes) -> Decision:
+    """:func:`decode_decision` of a decision read on ``subject``, refused if it belongs on another."""
+    d = decode_decision(data)
+    _published_on(subject, decision_subject(d.cluster, d.namespace), "decision")
+    return d
 
 
 def decode_relist_request(data: bytes) -> RelistRequest:

@@ -1406,12 +1406,15 @@ class Ledger:
     def apply_bytes(self, data: bytes, seq: int, subject: str = "") -> Outcome:
         """Decode and fold; :class:`InvalidInput` for a malformed or unknown event. ``subject``: the one it was
         published on; an event of a kind this ledger does not fold is then skipped undecoded
-        (:attr:`Outcome.UNTRACKED`; the ledger service also refuses one published under another kind's subject)."""
-        if subject and self.kinds is not None:
+        (:attr:`Outcome.UNTRACKED`), and one that belongs on another subject is refused, as the ledger service
+        refuses it."""
+        if not subject:
+            return self.apply(contract.decode_event(data), seq)
+        if self.kinds is not None:
             kind = contract.subject_kind(subject)
             if kind is not None and kind not in self.kinds:
                 return Outcome.UNTRACKED
-        return self.apply(contract.decode_event(data), seq)
+        return self.apply(contract.decode_event_on(subject, data), seq)
 
     def load(self, data: bytes) -> NamespaceState:
         """Load a checkpoint (replacing the state it is for); objects of kinds this ledger does not fold (a

@@ -21,6 +21,7 @@ from services.devtools.natsserver import NatsServer
 from services.platform.bus import Bus, NatsOptions, position
 from shared import contract, report
 from shared.snapshot import NamespaceSnapshot
+from tests import builders
 from tests.integration.e2e import CLUSTER, forged_refusal, full_namespace, pipeline, rl
 
 pytestmark = pytest.mark.integration
@@ -333,17 +334,22 @@ async def test_replay_on_a_bus_without_the_events_stream_is_one_line(nats_url: s
 async def test_one_unreadable_message_takes_no_command_down(nats_url: str, argv: list[str], subject: str) -> None:
     """One message on the usage or decisions stream that is not what its subject says (the enforcer dead-letters
     it): `status` and `replay --verify` stopped with it, as if the operator's input were wrong, and showed no
-    namespace; the usage stream keeps it for as long as its subject's last message. Skipped, with a note."""
+    namespace; the usage stream keeps it for as long as its subject's last message. `status` skips it, with a note;
+    `replay --verify` shows the rest and names it as a difference (one it cannot compare: it passed such a message
+    over in silence, and so a decision of a newer schema than it reads)."""
     keeper = await Bus.connect(NatsOptions(url=nats_url), connect_timeout=5)
     try:
         await keeper.ensure_streams(contract.streams_for("ledger", sizes=contract.StreamSizes(*(16 * 2**20,) * 6)))
         await keeper.js.publish(subject, b"not json")
     finally:
         await keeper.close()
-    code, _, err = await vmquota(*argv, "--nats", nats_url)
-    assert code == 0, err
+    code, out, err = await vmquota(*argv, "--nats", nats_url)
     if argv == ["status"]:
+        assert code == 0, err
         assert err.startswith(f"note: 1 unreadable message(s) skipped, the first {subject}: "), err
+    else:
+        assert code == 1 and out.startswith("as of "), out + err
+        assert "1 difference(s)" in out and f"  {subject} (seq 1 of {contract.DECISIONS_STREAM}): cannot be" in out, out
 
 
 @pytest.mark.parametrize("argv", [["tail"], ["status", "--watch"]], ids=["tail", "status-watch"])
@@ -400,6 +406,41 @@ async def test_replay_says_what_it_skipped_and_verifies_past_a_decision_it_canno
     assert code == 1, err
     assert "verified 0 decisions and 0 usage snapshots: 1 difference(s)" in out, out
     assert f"{CLUSTER}/{NS} decision {odd.id}: cannot be compared: time: 'yesterday'" in out, out
+
+
+async def test_replay_refuses_what_the_ledger_refuses_as_published_on_another_subject(
+    nats_url: str,
+) -> None:
+    """A credential publishes on its own cluster's subjects only: a body of another cluster on them is a forgery, and
+    the ledger dead-letters it. `replay` (over every cluster, its default) folded it all the same, so its state and
+    its `--verify` disagreed with the ledger's; and a decision of another cluster on this one's subject was compared
+    as if the enforcer had made it. (`explain` and `status` read through the same check.)"""
+    keeper = await Bus.connect(NatsOptions(url=nats_url), connect_timeout=5)
+    try:
+        await keeper.ensure_streams(contract.streams_for("ledger", sizes=contract.StreamSizes(*(16 * 2**20,) * 6)))
+        for cluster in (CLUSTER, "other"):  # (the second on the first's subject)
+            ev = contract.object_event(
+                "upserted",
+                cluster=cluster,
+                kind="Namespace",
+                namespace="",
+                name=f"ns-{cluster}",
+                uid=f"u-{cluster}",
+                rv="10",
+                snapshot=NamespaceSnapshot(uid=f"u-{cluster}", name=f"ns-{cluster}", resource_version="10"),
+            )
+            await keeper.js.publish(contract.event_subject(CLUSTER, "Namespace", ""), contract.encode(ev))
+        forged = builders.decision(NS, cluster="other", usage_seq=1)
+        await keeper.js.publish(contract.decision_subject(CLUSTER, NS), contract.encode(forged))
+    finally:
+        await keeper.close()
+    code, out, err = await vmquota("replay", "--nats", nats_url, "-o", "json")
+    assert code == 0, err
+    assert err == "note: 1 unreadable event(s) skipped, as the ledger skips them (it dead-letters them)\n", err
+    code, out, err = await vmquota("replay", "--verify", "--nats", nats_url)
+    assert code == 1, err
+    wrong = f"published on {contract.decision_subject(CLUSTER, NS)}, but the decision belongs on "
+    assert "verified 0 decisions and 0 usage snapshots: 1 difference(s)" in out and wrong in out, out
 
 
 def _kill(proc: asyncio.subprocess.Process) -> None:

@@ -305,3 +305,39 @@ def test_every_field_is_read_by_the_fast_path(tp: type[msgspec.Struct], type_: L
     fast, plain = contract.decode_event_fast(data), contract.decode_event_plain(data)
     assert fast == plain and contract.encode(fast) == contract.encode(plain) == data
     assert isinstance(fast, contract.Upserted | contract.Deleted) and fast.snapshot == snap
+
+
+def test_a_body_that_belongs_on_another_subject_is_refused_by_every_reader() -> None:
+    """A credential may publish on its own cluster's subjects only; a body of another cluster, namespace or kind on
+    them is refused by the ledger, and was folded by `vmquota replay` (``Ledger.apply_bytes``) all the same."""
+    from shared.snapshot import NamespaceSnapshot
+    from tests import builders
+
+    ev = contract.object_event(
+        "upserted",
+        cluster="c1",
+        kind="Namespace",
+        namespace="",
+        name="ns1",
+        uid="u1",
+        rv="10",
+        snapshot=NamespaceSnapshot(uid="u1", name="ns1", resource_version="10"),
+    )
+    data = contract.encode(ev)
+    right = contract.event_subject("c1", "Namespace", "")
+    assert contract.decode_event_on(right, data) == ev
+    Ledger().apply_bytes(data, 1, right)
+    for wrong in (contract.event_subject("c2", "Namespace", ""), "vmquota.ev.c1._cluster.kubevirt"):
+        with pytest.raises(InvalidInput, match=f"published on {wrong}, but the event belongs on {right}"):
+            contract.decode_event_on(wrong, data)
+        with pytest.raises(InvalidInput, match="belongs on"):
+            Ledger().apply_bytes(data, 1, wrong)
+    d = builders.decision("tenant-a")
+    assert contract.decode_decision_on("vmquota.quota.c1.tenant-a", contract.encode(d)) == d
+    with pytest.raises(InvalidInput, match="the decision belongs on vmquota.quota.c1.tenant-a"):
+        contract.decode_decision_on("vmquota.quota.c1.tenant-b", contract.encode(d))
+    u = builders.usage_snapshot("tenant-a")
+    on = contract.usage_subject(u.cluster, u.namespace)
+    assert contract.decode_usage_on(on, contract.encode(u)) == u
+    with pytest.raises(InvalidInput, match=f"the usage snapshot belongs on {on}"):
+        contract.decode_usage_on(f"{on}x", contract.encode(u))

@@ -40,6 +40,7 @@ from shared.kinds import (
     CLUSTER_SCOPED_KINDS,
     NAMESPACE_KIND,
 )
+from shared.snapshot import SCHEMA as SNAPSHOT_SCHEMA
 from shared.snapshot import WIRE_SNAPSHOT, dec_hook, enc_hook, from_wire, wire_variant
 
 # ---- encoding ---------------------------------------------------------------------------------------------------
@@ -59,9 +60,9 @@ def encode(msg: msgspec.Struct) -> bytes:
     return _ENCODER.encode(msg)
 
 
-def _check_schema(schema: int) -> None:
-    if schema > SCHEMA or schema < 1:
-        raise InvalidInput(f"schema version {schema} is not supported (this build reads 1..{SCHEMA})", "schema")
+def _check_schema(schema: int, where: str = "schema", supported: int = SCHEMA) -> None:
+    if schema > supported or schema < 1:
+        raise InvalidInput(f"schema version {schema} is not supported (this build reads 1..{supported})", where)
 
 
 _KNOWN_LABELS: Final[Bounded[str, bool]] = Bounded(65536)
@@ -83,7 +84,7 @@ def decode_event(data: bytes) -> Upserted | Deleted | Sync:
     except Exception:  # (malformed: the plain decoder, again, says what is wrong exactly as it always did)
         ev = decode_event_plain(data)
     if ev.schema != SCHEMA:
-        _check_schema(ev.schema)
+        _check_schema(ev.schema, f"{_where(ev)}: schema")
     if ev.cluster not in _KNOWN_LABELS and not _known_label(ev.cluster):  # (the set first: every event)
         check_cluster(ev.cluster)
     kind = ev.kind
@@ -105,6 +106,8 @@ def decode_event(data: bytes) -> Upserted | Deleted | Sync:
         raise InvalidInput("empty uid", f"{_where(ev)}: uid")
     snap = ev.snapshot
     if snap is not None:
+        if snap.schema != SNAPSHOT_SCHEMA:  # (the snapshot's layout has a version of its own)
+            _check_schema(snap.schema, f"{_where(ev)}: snapshot.schema", SNAPSHOT_SCHEMA)
         snap_kind = type(snap).__struct_config__.tag
         if snap_kind != kind:
             raise InvalidInput(
@@ -160,7 +163,11 @@ def decode_event_fast(data: bytes) -> ObjectEvent:
     return cast(Sync, w)
 
 
-def _where(ev: Upserted | Deleted) -> str:
+def _where(ev: ObjectEvent) -> str:
+    """The object an event is about, as a dead letter's reason names it."""
+    if type(ev) is Sync:
+        return f"sync of {ev.kind} {ev.namespace}"
+    assert not isinstance(ev, Sync)
     return f"{ev.kind} {ev.namespace + '/' if ev.namespace else ''}{ev.name or ev.uid}"
 
 

@@ -122,6 +122,8 @@ def test_unknown_fields_are_allowed() -> None:
         ({"snapshot": {"kind": "ResourceQuota", "name": "q"}}, "snapshot of kind 'ResourceQuota'"),
         ({"snapshot": {"kind": "Pod", "name": "p", "uid": "other"}}, "snapshot.uid"),
         ({"snapshot": {"kind": "Pod", "name": "p", "requests": {"cpu": "lots"}}}, "snapshot"),
+        # (the snapshot's layout has its version: a newer one was folded with its fields' defaults)
+        ({"snapshot": {"kind": "Pod", "name": "p", "schema": 2}}, ": snapshot.schema: schema version 2"),
     ],
 )
 def test_invalid_events_name_the_field(change: dict[str, object], needle: str) -> None:
@@ -130,6 +132,16 @@ def test_invalid_events_name_the_field(change: dict[str, object], needle: str) -
     with pytest.raises(InvalidInput) as e:
         contract.decode_event(json.dumps(doc).encode())
     assert needle in str(e.value)
+
+
+def test_a_newer_schema_is_refused_naming_the_object() -> None:
+    """A dead letter's reason says what is wrong and where: a newer schema's named no object."""
+    ev = _pod_event()
+    doc = json.loads(contract.encode(ev))
+    doc["schema"] = contract.SCHEMA + 1
+    with pytest.raises(InvalidInput) as e:
+        contract.decode_event(json.dumps(doc).encode())
+    assert str(e.value).startswith(f"Pod {ev.namespace}/{ev.name}: schema: schema version {contract.SCHEMA + 1} "), e
 
 
 def test_not_json_is_invalid_input() -> None:

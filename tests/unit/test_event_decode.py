@@ -334,7 +334,7 @@ def test_a_body_that_belongs_on_another_subject_is_refused_by_every_reader() -> 
             Ledger().apply_bytes(data, 1, wrong)
     d = builders.decision("tenant-a")
     assert contract.decode_decision_on("vmquota.quota.c1.tenant-a", contract.encode(d)) == d
-    with pytest.raises(InvalidInput, match="the decision belongs on vmquota.quota.c1.tenant-a"):
+    with pytest.raises(InvalidInput, match=r"the decision belongs on vmquota\.quota\.c1\.tenant-a"):
         contract.decode_decision_on("vmquota.quota.c1.tenant-b", contract.encode(d))
     u = builders.usage_snapshot("tenant-a")
     on = contract.usage_subject(u.cluster, u.namespace)

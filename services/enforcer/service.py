@@ -20,8 +20,9 @@ before the second and later reads. 429/5xx/timeouts back off and retry (the queu
 Every write is reported, off the write path, by a Kubernetes Event on the quota and a ``Decision`` on
 ``vmquota.quota.<cluster>.<namespace>`` (but for a write of the usage summary alone, ``Action.REFRESH``). With
 ``dry_run`` nothing is written to the cluster: each new plan is reported as a dry-run decision and logged. A
-malformed quota event or usage snapshot goes to ``vmquota.dlq.enforcer`` with the reason; the enforcer keeps
-running.
+malformed quota event or usage snapshot goes to ``vmquota.dlq.enforcer`` with the reason (a quota event refused
+while the enforcer catches up at its start is only logged: it was lettered when first read, and the ledger letters
+every event); the enforcer keeps running.
 """
 
 from __future__ import annotations
@@ -453,12 +454,18 @@ class Enforcer:
 
     async def _dead_letter(self, m: Msg, stream: str, reason: str) -> None:
         seq = position(m).stream
+        if stream == contract.EVENTS_STREAM and not self._caught_up["quotas"]:
+            # (read again at every start, from the stream's first message: the ledger, which reads every event,
+            # dead-letters each event this refuses, and this enforcer's earlier runs did; a letter again at each
+            # start, past the stream's duplicate window, would be counted again and fire the alert again)
+            with structlog.contextvars.bound_contextvars(subject=m.subject, seq=seq):
+                log.info("quota event refused while catching up (dead-lettered when first read)", reason=reason)
+            return
         with structlog.contextvars.bound_contextvars(subject=m.subject, seq=seq):
             log.warning("message rejected to the dead-letter subject", reason=reason)
         self.dead_letters += 1
-        self.metrics.dlq.labels(service=self.opts.service).inc()
         try:
-            await self.bus.publish_dead_letter(
+            stored = await self.bus.publish_dead_letter(
                 self.opts.service,
                 reason,
                 cluster=self.opts.cluster,
@@ -469,6 +476,9 @@ class Enforcer:
             )
         except Exception as e:  # the reject is logged above; a broken bus must not stop the enforcer
             log.error("dead letter not published", error=str(e) or type(e).__name__)
+            stored = True  # (a reject all the same: counted)
+        if stored:
+            self.metrics.dlq.labels(service=self.opts.service).inc()
 
     # ---- state -------------------------------------------------------------------------------------------------
     def _forget(self, key: Key, rv: int) -> None:

@@ -668,9 +668,8 @@ class LedgerService:
         with structlog.contextvars.bound_contextvars(subject=msg.subject, seq=seq, cluster=cluster):
             log.warning("event rejected to the dead-letter subject", reason=reason)
             self.dead_letters += 1
-            self._m_dlq.inc()
             try:
-                await self.bus.publish_dead_letter(
+                stored = await self.bus.publish_dead_letter(
                     self.opts.service,
                     reason,
                     cluster=cluster,
@@ -681,6 +680,9 @@ class LedgerService:
                 )
             except Exception as e:  # the reject is logged above; a letter the bus refuses must not stop the ledger
                 log.error("dead letter not published", error=str(e) or type(e).__name__)
+                stored = True  # (a reject all the same: counted)
+            if stored:  # (not one the server dropped as a repeat: an event read again after a restart)
+                self._m_dlq.inc()
 
     # ---- lost events -------------------------------------------------------------------------------------------
     async def _lose(self, last: int) -> None:

@@ -640,10 +640,11 @@ class Bus:
         stream: str = "",
         stream_seq: int = 0,
         payload: bytes = b"",
-    ) -> None:
+    ) -> bool:
         """Publish a :class:`shared.contract.DeadLetter` on ``vmquota.dlq.<service>.<cluster>.<namespace>`` (the
-        namespace of ``original_subject``; deduplicated per original stream sequence, so a replay after a restart
-        does not repeat it)."""
+        namespace of ``original_subject``; deduplicated per original stream sequence within the stream's duplicate
+        window, so a replay after a restart does not repeat it). False: the server dropped it as a repeat (count
+        it no more)."""
         mid = f"dlq/{service}/{stream}/{stream_seq}" if stream_seq else None
         letter, headers = contract.dead_letter(
             service,
@@ -658,7 +659,8 @@ class Bus:
         )
         from_cluster, namespace = contract.subject_scope(original_subject)
         subject = contract.dlq_subject(service, cluster or from_cluster, namespace)
-        await self.publish(subject, contract.encode(letter), msg_id=mid, headers=headers)
+        ack = await self.publish(subject, contract.encode(letter), msg_id=mid, headers=headers)
+        return not ack.duplicate
 
 
 NO_ROOM: Final = frozenset({10023, 10047})

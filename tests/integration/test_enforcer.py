@@ -547,6 +547,15 @@ async def test_malformed_input_goes_to_the_dead_letter_subject(
         assert any("invalid usage snapshot" in r for r in reasons)
         assert any("not a JSON event" in r for r in reasons)
         assert {d.stream for d in letters} == {contract.USAGE_STREAM, contract.EVENTS_STREAM}
+    # A restart reads the quota events again from the stream's first: the bad one was lettered again (dropped as a
+    # repeat within the duplicate window, stored again past it) and counted again, each rollout firing the
+    # dead-letter alert anew. The ledger, which reads every event, letters it; this enforcer did when it first read it.
+    async with enforcer(bus, api) as (again, _):
+        await sim.wait_for(lambda: again._warm, within=20, what="the restarted enforcer caught up")
+        await publish_usage(bus, 7, terms("64Gi", "64Gi"))
+        await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "the restarted enforcer at work")
+        counted = again.metrics.registry.get_sample_value("vmquota_dlq_total", {"service": "enforcer"})
+        assert again.dead_letters == 0 and not counted, (again.dead_letters, counted)
 
 
 # ---- end to end: seed scenario 1 through the real watcher, ledger and enforcer -----------------------------------

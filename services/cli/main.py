@@ -43,6 +43,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "the timeline of one migration or VM, from the bus: why it waited or was refused",
     ),
     "replay": ("services.cli.replay", "fold the events stream up to a time and show the quotas as they were"),
+    "schema": ("services.cli.schema", "print the JSON Schema of a message on the bus, for subscribers"),
 }
 
 

@@ -17,7 +17,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Final
 
-import jsonschema  # type: ignore[import-untyped]
+import jsonschema
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml

@@ -212,18 +212,23 @@ async def test_watcher_publishes_events_and_nothing_else(connect: Connect) -> No
 async def test_ledger_folds_events_checkpoints_and_publishes_usage(connect: Connect) -> None:
     await watcher_publishes(connect)
     led = await connect("ledger")
-    sub = await led.js.pull_subscribe(
+    sub = await led.js.pull_subscribe(  # (as the service reads: no acks, its position in its checkpoints)
         contract.events_filter("c1"),
         durable="ledger-p0",
         stream=contract.EVENTS_STREAM,
-        config=ConsumerConfig(ack_wait=30),
+        config=ConsumerConfig(ack_policy=AckPolicy.NONE),
     )
     msgs = await sub.fetch(3, timeout=5)
     assert [uid_of(m.data) for m in msgs] == ["u0", "u1", "u2"]
-    for m in msgs:
-        await m.ack_sync()
-    assert (await led.js.consumer_info(contract.EVENTS_STREAM, "ledger-p0")).num_ack_pending == 0
-    assert (await led.js.get_msg(contract.EVENTS_STREAM, 2)).seq == 2
+    # It acks nothing and gets no message by sequence: allowed either, its credential could ack away the messages
+    # of another consumer of the stream (an integration's explicit-ack durable).
+    assert msgs[0].reply
+    await led.nc.publish(msgs[0].reply, b"+ACK")
+    await led.denied("publish", msgs[0].reply)
+    led.errors.clear()
+    await refused_request(led, f"$JS.API.STREAM.MSG.GET.{contract.EVENTS_STREAM}", b'{"seq": 2}')
+    await refused_request(led, f"$JS.API.DIRECT.GET.{contract.EVENTS_STREAM}", b'{"seq": 2}')
+    led.errors.clear()
 
     kv = await led.js.create_key_value(bucket=contract.LEDGER_BUCKET, history=1)
     rev = await kv.put("p0", b'{"seq": 3}')
@@ -262,11 +267,16 @@ async def test_enforcer_reads_usage_and_quota_events_and_publishes_decisions(con
     usage = await enf.js.pull_subscribe("vmquota.usage.c1.>", durable="enforcer-c1", stream=contract.USAGE_STREAM)
     [u] = await usage.fetch(1, timeout=5)
     assert u.data == b'{"seq": 3}'
-    await u.ack_sync()
     quotas = await enf.js.pull_subscribe("vmquota.ev.c1.*.vmi", durable="enforcer-c1-ev", stream=contract.EVENTS_STREAM)
     assert len(await quotas.fetch(3, timeout=5)) == 3
-    last = await enf.js.get_last_msg(contract.USAGE_STREAM, contract.usage_subject("c1", "tenant-a"))
-    assert last.data == b'{"seq": 3}'
+    # (the service acks nothing and gets no message by sequence: see the ledger's test)
+    assert u.reply
+    await enf.nc.publish(u.reply, b"+ACK")
+    await enf.denied("publish", u.reply)
+    enf.errors.clear()
+    for stream in (contract.USAGE_STREAM, contract.EVENTS_STREAM):
+        await refused_request(enf, f"$JS.API.STREAM.MSG.GET.{stream}", b'{"seq": 1}')
+    enf.errors.clear()
 
     await kept(connect, contract.DECISIONS_STREAM, contract.DLQ_STREAM)
     ack = await enf.js.publish(contract.decision_subject("c1", "tenant-a"), b"{}")

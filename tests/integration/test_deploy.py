@@ -238,9 +238,20 @@ def workloads(objs: tuple[Obj, ...]) -> list[Obj]:
     return [o for o in objs if o["kind"] in ("Deployment", "StatefulSet")]
 
 
+def nats_servers(objs: tuple[Obj, ...]) -> list[Obj]:
+    """The NATS server's StatefulSets (the ledger's are StatefulSets too)."""
+    return [
+        o
+        for o in of_kind(objs, "StatefulSet")
+        if o["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/name") == "nats"
+    ]
+
+
 def vmquota_deployments(objs: tuple[Obj, ...]) -> Iterator[tuple[Obj, str, Obj]]:
-    """(Deployment, service, container) of every vmquota service."""
-    for d in of_kind(objs, "Deployment"):
+    """(Deployment or StatefulSet, service, container) of every vmquota service."""
+    for d in workloads(objs):
+        if d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/name") != "vmquota":
+            continue  # (the NATS server's)
         service = d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
         [container] = d["spec"]["template"]["spec"]["containers"]
         yield d, service, container
@@ -491,7 +502,11 @@ def test_replicas_leader_election_pdbs_and_ledger_partitions(path: Path) -> None
             assert lease_ns["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
         else:
             assert service == "ledger"
-            assert d["spec"]["replicas"] == 1 and d["spec"]["strategy"]["type"] == "Recreate"
+            # (at most one pod of each at a time: a Deployment replaces a pod while it still terminates)
+            assert d["kind"] == "StatefulSet" and d["spec"]["replicas"] == 1, d["metadata"]["name"]
+            assert d["spec"].get("podManagementPolicy", "OrderedReady") == "OrderedReady"
+            [svc] = [o for o in of_kind(objs, "Service") if o["metadata"]["name"] == d["spec"]["serviceName"]]
+            assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["selector"].items() <= labels.items()
             assert not covering, "a single-replica ledger with a PDB would block node drains"
             total = int(env.get("VMQUOTA_PARTITIONS") or 16)
             owned.append(PartitionSet.parse(env.get("VMQUOTA_OWNED_PARTITIONS") or "all", total))
@@ -594,7 +609,7 @@ def test_dockerfile_entrypoint_and_command_are_the_cli() -> None:
     user = next(ln for ln in reversed(final) if ln.upper().startswith("USER "))
     uid = user.split()[1].split(":")[0]
     assert uid.isdigit() and int(uid) != 0, "numeric non-root user, so runAsNonRoot can verify it"
-    for d in of_kind(render(DEPLOY / "base"), "Deployment"):
+    for d in workloads(render(DEPLOY / "base")):
         assert d["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == int(uid)
     body = "\n".join(final)
     for tool in ("gcc", "build-essential", "apt-get install", "pip install"):
@@ -623,7 +638,7 @@ def test_nats_component_serves_the_tested_config_and_matching_credentials() -> N
     users = by_name(objs, "Secret", "vmquota-nats-users")["data"]
     wanted = password_vars(PER_CLUSTER_CONFIG.read_text())
     assert set(users) == wanted, "the server's Secret provides every password its config reads"
-    [sts] = of_kind(objs, "StatefulSet")
+    [sts] = nats_servers(objs)
     [c] = sts["spec"]["template"]["spec"]["containers"]
     assert c["envFrom"] == [{"secretRef": {"name": by_name(objs, "Secret", "vmquota-nats-users")["metadata"]["name"]}}]
     assert "-sd" in c["args"] and sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
@@ -700,7 +715,7 @@ def test_network_policies_admit_only_vmquota_to_nats_and_prometheus_to_metrics(p
         assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
         assert rule["from"] == [{"namespaceSelector": {"matchLabels": dict([SCRAPER_LABEL])}}], "only Prometheus"
         assert "http" in {p["name"] for p in c["ports"]}
-    for sts in of_kind(objs, "StatefulSet"):
+    for sts in nats_servers(objs):
         labels = sts["spec"]["template"]["metadata"]["labels"]
         policies = ingress_policies(objs, labels)
         assert policies
@@ -725,7 +740,7 @@ def test_two_clusters_share_one_ledger_and_one_nats() -> None:
         "cluster-a": ["enforcer", "watcher"],
         "cluster-b": ["enforcer", "watcher"],
     }
-    assert [len(of_kind(objs, "StatefulSet")) for objs in parts.values()] == [1, 0, 0]
+    assert [len(of_kind(objs, "StatefulSet")) for objs in parts.values()] == [3, 0, 0]  # (NATS, two ledgers)
     clusters = {}
     for name in ("cluster-a", "cluster-b"):
         ids = {container_env(parts[name], c)["VMQUOTA_CLUSTER"] for _, _, c in vmquota_deployments(parts[name])}
@@ -785,7 +800,7 @@ def test_single_cluster_with_the_nats_component_uncommented(tmp_path: Path) -> N
     assert switched != text, "the overlay no longer carries the commented component lines"
     overlay.write_text(switched)
     objs = render(copy / "overlays" / "single-cluster")
-    assert len(of_kind(objs, "StatefulSet")) == 1
+    assert len(nats_servers(objs)) == 1
     users = by_name(objs, "Secret", "vmquota-nats-users")["data"]
     assert by_name(objs, "ConfigMap", "vmquota-nats-config")["data"]["nats-server.conf"] == NATS_CONFIG.read_text()
     for d, service, c in vmquota_deployments(objs):
@@ -907,7 +922,7 @@ def test_single_cluster_with_the_monitoring_component(tmp_path: Path) -> None:
         assert labels[monitor["spec"]["jobLabel"]] == "vmquota", 'the alerts read up{job="vmquota"}'
         assert endpoint["port"] in {p["name"] for p in c["ports"]}
         assert monitor["metadata"]["namespace"] == d["metadata"]["namespace"], "no namespaceSelector: its own"
-    for sts in of_kind(objs, "StatefulSet"):  # (NATS has no /metrics of vmquota's)
+    for sts in nats_servers(objs):  # (NATS has no /metrics of vmquota's)
         labels = sts["spec"]["template"]["metadata"]["labels"]
         assert not monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
     [rule] = of_kind(objs, "PrometheusRule")

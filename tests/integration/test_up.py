@@ -156,12 +156,8 @@ async def test_up_says_which_flag_fixes_a_busy_nats_port(tmp_path: Path) -> None
     assert f"127.0.0.1:{port} is in use" in err and "--nats-port 0" in err, err
 
 
-@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
-async def test_a_second_signal_while_up_stops_leaves_nothing_behind(tmp_path: Path, second: signal.Signals) -> None:
-    """Supervisors and ``timeout`` send SIGTERM twice: the second, while the stack stopped, killed ``vmquota up``
-    (143), left its kubeconfig and its nats-server running, holding its port for the next ``vmquota up``. A second
-    Ctrl-C breaks a stop that hangs (130), and left the nats-server running likewise."""
-    kubeconfig = tmp_path / "vmquota.kubeconfig"
+async def _up_json(kubeconfig: Path) -> tuple[asyncio.subprocess.Process, str, int]:
+    """``vmquota up -o json`` started, once it printed its line: the process and its nats-server's host and port."""
     proc = await asyncio.create_subprocess_exec(
         *VMQUOTA,
         "up",
@@ -174,8 +170,30 @@ async def test_a_second_signal_while_up_stops_leaves_nothing_behind(tmp_path: Pa
     assert proc.stdout is not None and proc.stderr is not None
     line = await asyncio.wait_for(proc.stdout.readline(), 90)
     assert line, (await proc.stderr.read()).decode()[-2000:]
-    nats = json.loads(line)["nats"]
-    host, port = nats.removeprefix("nats://").rsplit(":", 1)
+    host, port = json.loads(line)["nats"].removeprefix("nats://").rsplit(":", 1)
+    return proc, host, int(port)
+
+
+async def _nats_stops(host: str, port: int) -> None:
+    async def gone() -> bool:
+        try:
+            _, writer = await asyncio.open_connection(host, port)
+        except OSError:
+            return True
+        writer.close()
+        return False
+
+    await wait_until(gone, within=15, what="the nats-server stopped")
+
+
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+async def test_a_second_signal_while_up_stops_leaves_nothing_behind(tmp_path: Path, second: signal.Signals) -> None:
+    """Supervisors and ``timeout`` send SIGTERM twice: the second, while the stack stopped, killed ``vmquota up``
+    (143), left its kubeconfig and its nats-server running, holding its port for the next ``vmquota up``. A second
+    Ctrl-C breaks a stop that hangs (130), and left the nats-server running likewise."""
+    kubeconfig = tmp_path / "vmquota.kubeconfig"
+    proc, host, port = await _up_json(kubeconfig)
+    assert proc.stderr is not None
     proc.send_signal(signal.SIGTERM)
     said: list[bytes] = []
     while not said or b"stopped" not in said[-1]:  # (the stack is stopping: its first service said so)
@@ -187,44 +205,14 @@ async def test_a_second_signal_while_up_stops_leaves_nothing_behind(tmp_path: Pa
         -2000:
     ]
     assert not kubeconfig.exists()
-
-    async def nats_gone() -> bool:
-        try:
-            _, writer = await asyncio.open_connection(host, int(port))
-        except OSError:
-            return True
-        writer.close()
-        return False
-
-    await wait_until(nats_gone, within=10, what="the nats-server stopped")
+    await _nats_stops(host, port)
 
 
 async def test_up_killed_outright_takes_its_nats_server_with_it(tmp_path: Path) -> None:
     """The nats-server runs in a session of its own (a Ctrl-C must reach the services first). ``vmquota up`` killed
     with SIGKILL (an OOM kill, ``kill -9``) left it running, holding its port and store, and ``vmquota status``
     showed the dead stack's usage."""
-    kubeconfig = tmp_path / "vmquota.kubeconfig"
-    proc = await asyncio.create_subprocess_exec(
-        *VMQUOTA,
-        "up",
-        *("--nats-port", "0", "--api-port", "0", "--kubeconfig-out", str(kubeconfig), "-o", "json"),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        stdin=asyncio.subprocess.DEVNULL,
-    )
-    assert proc.stdout is not None and proc.stderr is not None
-    line = await asyncio.wait_for(proc.stdout.readline(), 90)
-    assert line, (await proc.stderr.read()).decode()[-2000:]
-    host, port = json.loads(line)["nats"].removeprefix("nats://").rsplit(":", 1)
+    proc, host, port = await _up_json(tmp_path / "vmquota.kubeconfig")
     proc.kill()
     assert await asyncio.wait_for(proc.wait(), 30) == -signal.SIGKILL
-
-    async def nats_gone() -> bool:
-        try:
-            _, writer = await asyncio.open_connection(host, int(port))
-        except OSError:
-            return True
-        writer.close()
-        return False
-
-    await wait_until(nats_gone, within=15, what="the nats-server stopped")
+    await _nats_stops(host, port)

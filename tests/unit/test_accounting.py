@@ -3010,3 +3010,51 @@ def test_a_targets_attachment_pod_in_the_room_held_for_it_holds_no_other_migrati
     later = vmim_obj("m2", "vm1", t=201, rejected=True)  # (only the look-alike is created after it)
     u = account([*full, first, later, target, larger])
     assert {m.name: m.state for m in u.migrations} == {"m1": "target-created", "m2": "waiting"}, u.migrations
+
+
+def test_a_target_created_in_its_migrations_second_is_its_target() -> None:
+    """Creation times are to the second and virt-controller creates the target pod within milliseconds of the
+    migration: a target created in the migration's second is KubeVirt's target (only a pod created *before* the
+    migration is none of its targets), counted with its VM; its room is not reserved a second time."""
+    quota, vmis, pods = full_64gi()
+    facts = facts_for(["limits.memory"])
+    migration = vmim_obj("m1", "vm0", t=100, phase="Scheduling", rejected=True)
+    target = launcher_obj(vmis[0], facts=facts, migration_uid="mig-m1", node="n2", t=100)
+    u = account([quota, *vmis, *pods, migration, target])
+    m = mig(u, "m1")
+    assert m.state == TARGET_CREATED and not m.reserved, m
+    assert u.quotas["rq"].reserved == {}
+    assert {e.name: e.role for e in u.pods}[target["metadata"]["name"]] == MIGRATION_TARGET
+    q = u.quotas["rq"]
+    assert fits({"limits.memory": usage_of(pods[0])["limits.memory"]}, q.pods, q.hard) != [], "no room opened twice"
+
+
+def test_the_evidence_bound_is_an_eighth_of_the_estimate_or_its_floor_whichever_is_larger() -> None:
+    """A refusal Event is anyone's to write: its amounts may raise an estimate by the larger of an eighth of it and
+    a floor (256Mi for bytes, 250m for others), never by their sum, and pod counts not at all."""
+    from shared.accounting.estimates import evidence_bound, widened
+    from shared.quantity import Quantity
+
+    Q = Quantity.parse
+    assert evidence_bound("limits.memory", Q("16Gi")) == Q("2Gi")  # (the eighth)
+    assert evidence_bound("limits.memory", Q("1Gi")) == Q("256Mi")  # (the floor)
+    assert evidence_bound("requests.cpu", Q("8")) == Q("1")
+    assert evidence_bound("requests.cpu", Q("1")) == Q("250m")
+    assert evidence_bound("count/pods", Q("1")) == Q("0")
+    assert widened({"limits.memory": Q("16Gi")}) == {"limits.memory": Q("18Gi")}
+
+
+def test_a_pod_created_in_the_migrations_second_that_took_an_attachment_room_is_not_followed_by_another() -> None:
+    """Creation times are to the second: a pod created in the migration's own second came in its refusal as much as
+    one created after it (``Migrations._after``), and once it took the attachment pod's room (the namespace over its
+    budget by it) that room is not held again."""
+    from tests.builders import pod_obj
+    from tests.unit.test_accounting import _full_with_a_hotplugged_volume
+
+    full, vmis, facts = _full_with_a_hotplugged_volume()
+    migration = vmim_obj("m1", "vm0", t=100, rejected=True)
+    target = launcher_obj(vmis[0], facts=facts, migration_uid="mig-m1", node="n2", t=200)
+    assert [m.state for m in account([*full, migration, target]).migrations] == ["attachment-reserved"]
+    taker = pod_obj("taker", {"cpu": "10m", "memory": "2M"}, {"cpu": "100m", "memory": "80M"}, t=100)
+    (entry,) = account([*full, migration, target, taker]).migrations
+    assert entry.state == "waiting" and "no room held for its hotplug attachment pod" in entry.reason, entry

@@ -718,3 +718,24 @@ def test_within_charged_never_leaves_more_room_than_the_api_servers_charge_allow
     else:
         assert out.nanos == 0, "no room at all: floored at zero"
     assert within_charged({r: hard}, {}, {r: charged}) == {r: hard}, "unknown P: nothing to compare"
+
+
+def test_the_unvouched_overlap_leaves_no_room_and_a_pending_target_keeps_its_own() -> None:
+    """Deterministic examples of two terms only the 150-example property test reached: ``X`` comes off ``R``
+    (``hard`` holds no room for it), and while a migration target is reserved the second pods are held back only
+    as far as the room and the *other* reservations cover them (the target's own room stays)."""
+    from shared.quantity import Quantity
+    from shared.quota.equation import desired_hard, held_back
+
+    Q = Quantity.parse
+    hard = desired_hard(
+        {"memory": Q("10Gi")}, {"memory": Q("4Gi")}, {"memory": Q("4Gi")}, {},
+        overlap={"memory": Q("2Gi")}, unvouched={"memory": Q("2Gi")},
+    )  # fmt: skip
+    assert hard == {"memory": Q("8Gi")}  # P 4 + R (10 - 4 - 2)
+    assert held_back("memory", Q("1Gi"), Q("3Gi"), {"memory": Q("2Gi")}, {"memory": Q("2Gi")}) == Q("1Gi")
+    hard = desired_hard(
+        {"memory": Q("10Gi")}, {"memory": Q("9Gi")}, {"memory": Q("9Gi")}, {"memory": Q("2Gi")},
+        overlap={"memory": Q("3Gi")}, targets={"memory": Q("2Gi")},
+    )  # fmt: skip
+    assert hard == {"memory": Q("11Gi")}, "P + the target's S: its room is not taken by the second pods"

@@ -621,14 +621,29 @@ class Bus:
         deadline: float = 60.0,
     ) -> PubAck:
         """Publish to JetStream and wait for the ack, retrying transient failures for up to ``deadline`` s."""
+        return (await self._publish(subject, data, msg_id, headers, ack_timeout, deadline))[0]
+
+    async def _publish(
+        self,
+        subject: str,
+        data: bytes,
+        msg_id: str | None,
+        headers: dict[str, str] | None,
+        ack_timeout: float,
+        deadline: float,
+    ) -> tuple[PubAck, int]:
+        """:meth:`publish`, and how many tries it took (a repeat after a try whose ack was lost was stored by it)."""
         hdrs = dict(headers or {})
         if msg_id is not None:
             hdrs["Nats-Msg-Id"] = self.keyed(msg_id)
-        return await _retry(
-            lambda: self.js.publish(subject, data, timeout=ack_timeout, headers=hdrs or None),
-            what=f"publish {subject}",
-            deadline=deadline,
-        )
+        tries = 0
+
+        async def once() -> PubAck:
+            nonlocal tries
+            tries += 1
+            return await self.js.publish(subject, data, timeout=ack_timeout, headers=hdrs or None)
+
+        return await _retry(once, what=f"publish {subject}", deadline=deadline), tries
 
     async def publish_dead_letter(
         self,
@@ -643,8 +658,9 @@ class Bus:
     ) -> bool:
         """Publish a :class:`shared.contract.DeadLetter` on ``vmquota.dlq.<service>.<cluster>.<namespace>`` (the
         namespace of ``original_subject``; deduplicated per original stream sequence within the stream's duplicate
-        window, so a replay after a restart does not repeat it). False: the server dropped it as a repeat (count
-        it no more)."""
+        window, so a replay after a restart does not repeat it). False: the server dropped it as a repeat of a
+        letter an earlier call stored (count it no more); a repeat of this call's own try whose ack was lost is
+        this call's letter."""
         mid = f"dlq/{service}/{stream}/{stream_seq}" if stream_seq else None
         letter, headers = contract.dead_letter(
             service,
@@ -659,8 +675,8 @@ class Bus:
         )
         from_cluster, namespace = contract.subject_scope(original_subject)
         subject = contract.dlq_subject(service, cluster or from_cluster, namespace)
-        ack = await self.publish(subject, contract.encode(letter), msg_id=mid, headers=headers)
-        return not ack.duplicate
+        ack, tries = await self._publish(subject, contract.encode(letter), mid, headers, 5.0, 60.0)
+        return not ack.duplicate or tries > 1
 
 
 NO_ROOM: Final = frozenset({10023, 10047})

@@ -284,6 +284,37 @@ async def test_dead_letter_carries_the_original(nats_url: str) -> None:
         await b.close()
 
 
+async def test_a_dead_letter_whose_ack_was_lost_is_still_its_callers_to_count(nats_url: str) -> None:
+    """The letter stored, its ack lost: the try again is answered as a repeat, and the letter was counted by no one
+    (`vmquota_dlq_total` and its alert missed it). A repeat of the call's own try is the call's letter."""
+    b = await _connect(nats_url)
+    try:
+        await b.ensure_streams(contract.streams())
+        real = b.js.publish
+        calls = 0
+
+        async def ack_lost_once(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            ack = await real(*args, **kwargs)
+            if calls == 1:
+                raise nats.errors.TimeoutError  # (stored; the answer never came)
+            return ack
+
+        b.js.publish = ack_lost_once  # type: ignore[method-assign]
+
+        async def letter() -> bool:
+            return await b.publish_dead_letter(
+                "ledger", "bad", cluster="c1", original_subject="vmquota.ev.c1.ns.pod", stream="E", stream_seq=9
+            )
+
+        assert await letter()
+        assert calls == 2 and (await b.js.stream_info(contract.DLQ_STREAM)).state.messages == 1
+        assert not await letter(), "a repeat of a letter an earlier call stored"
+    finally:
+        await b.close()
+
+
 async def test_an_ack_that_never_comes_is_published_again_not_awaited_forever(nats_url: str) -> None:
     """A connection lost between a publish and its ack leaves no ack to wait for: the publisher publishes the
     message again on its own after ``ack_timeout`` (the msg-id makes a repeat harmless) instead of hanging."""

@@ -922,12 +922,12 @@ def test_same_content_ignores_only_what_accounting_does_not_read() -> None:
 def test_a_pending_vmi_snapshot_vouches_for_no_pod_whatever_its_active_pods() -> None:
     """The decoder of the bus (``shared.snapshot.fastpath``) keeps ``active_pods`` as published; only
     :attr:`VmiSnapshot.vouched_pods` keeps a pending VMI (its status its creator's words) from vouching."""
-    import msgspec
-
     from shared.normalize import normalize
+    from shared.snapshot import VmiSnapshot
     from tests.builders import vmi_obj
 
     running = normalize(vmi_obj("v"))
+    assert isinstance(running, VmiSnapshot)
     named = msgspec.structs.replace(running, active_pods={"pod-x": "n1"})
     assert named.vouched_pods == {"pod-x": "n1"}
     pending = msgspec.structs.replace(named, phase="Pending")

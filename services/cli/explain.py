@@ -99,6 +99,8 @@ async def main(args: argparse.Namespace) -> int:
             f"no {kind} {args.ref} in the retained history of {contract.EVENTS_STREAM}"
             + (f" of cluster {args.cluster}" if args.cluster else "")
             + ": check the name, or it is older than the events stream keeps (the ledger's --events-max-age)"
+            # (its events may be among those the services refused: one line all the same)
+            + (f"; {len(skipped)} unreadable message(s) skipped (vmquota tail --dead-letters)" if skipped else "")
         )
     if skipped:  # (as `status` says of what it skips; `tail --dead-letters` shows why the services refused each)
         print(opsbus.skipped_note(skipped), file=sys.stderr)

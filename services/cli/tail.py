@@ -40,10 +40,11 @@ STREAMS = {
 }
 
 
-def line(what: str, data: bytes, letter: contract.DeadLetter | None = None) -> str:
-    """One readable line for a message of ``what`` (a dead letter: ``letter``, when it is decoded already)."""
+def line(what: str, subject: str, data: bytes, letter: contract.DeadLetter | None = None) -> str:
+    """One readable line for a message of ``what`` read on ``subject`` (a dead letter: ``letter``, when it is decoded
+    already); :class:`InvalidInput` for one the services refuse, a body on another's subject included."""
     if what == "decisions":
-        d = contract.decode_decision(data)
+        d = contract.decode_decision_on(subject, data)
         dry = " [dry-run]" if d.dry_run else ""
         only = " [status.hard only]" if d.status_only else ""
         return f"{d.time} {d.cluster} {d.namespace}/{d.quota} ({d.mode}){dry}{only}: {d.reason}"
@@ -52,13 +53,13 @@ def line(what: str, data: bytes, letter: contract.DeadLetter | None = None) -> s
         was = f" (was {dl.original_subject}" + (f", {dl.stream} seq {dl.stream_seq})" if dl.stream_seq else ")")
         return f"{dl.time} {dl.cluster or '-'} dead letter from the {dl.service}: {dl.reason}{was}"
     if what == "usage":
-        u = contract.decode_usage(data)
+        u = contract.decode_usage_on(subject, data)
         parts = [
             f"{r.name} {r.mode} used {report.used_of_budget(r.used, r.budget) or '-'}; {r.status}"
             for r in report.quota_rows([u])
         ]
         return f"{u.time} {u.cluster} {u.namespace}: " + (" | ".join(parts) or "no managed quota")
-    ev = contract.decode_event(data)
+    ev = contract.decode_event_on(subject, data)
     if isinstance(ev, contract.Sync):
         present = f"{len(ev.present)} present at rv {ev.resource_version}"
         return f"{ev.time} {ev.cluster} sync {ev.kind} {ev.namespace}: {present}"
@@ -74,7 +75,7 @@ def show(what: str, m: Msg, output: str, letter: contract.DeadLetter | None = No
         except ValueError as e:  # (whoever may publish on the subject may publish anything: one line, and go on)
             return json.dumps({"unreadable": m.subject, "error": f"not JSON: {e}"}, separators=(",", ":"))
     try:
-        return text.printable(line(what, m.data, letter))
+        return text.printable(line(what, m.subject, m.data, letter))
     except InvalidInput as e:
         return text.printable(f"(unreadable message at {m.subject}: {e})")
 

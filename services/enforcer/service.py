@@ -458,8 +458,10 @@ class Enforcer:
             # (read again at every start, from the stream's first message: the ledger, which reads every event,
             # dead-letters each event this refuses, and this enforcer's earlier runs did; a letter again at each
             # start, past the stream's duplicate window, would be counted again and fire the alert again)
+            # (a warning all the same: after a rollback, a ledger that resumed past an event of a newer schema never
+            # read it, and this line is then its one record)
             with structlog.contextvars.bound_contextvars(subject=m.subject, seq=seq):
-                log.info("quota event refused while catching up (dead-lettered when first read)", reason=reason)
+                log.warning("quota event refused while catching up (dead-lettered when first read)", reason=reason)
             return
         with structlog.contextvars.bound_contextvars(subject=m.subject, seq=seq):
             log.warning("message rejected to the dead-letter subject", reason=reason)

@@ -131,8 +131,8 @@ def streams(
             max_age=events_max_age,
             max_bytes=sizes.dlq,
             max_msgs_per_subject=DLQ_PER_SUBJECT,
-            # (the letter of an event has its id; a service that reads the event again, after a restart or a relist,
-            # within the window of the events stream's repeats, does not store it again)
+            # (the letter of an event has its id; a service that reads the event again, after a restart, within the
+            # window of the events stream's repeats, does not store it again)
             duplicate_window=duplicate_window,
         ),
     )

@@ -47,3 +47,12 @@ def test_a_decision_in_status_hard_alone_says_so() -> None:
     d = decision(reason="raised limits.memory by 16Gi for the migration of vm1", status_only=True)
     text = tail.show("decisions", message("vmquota.quota.c1.tenant", contract.encode(d)), "text")
     assert "[status.hard only]: raised limits.memory by 16Gi" in text, text
+
+
+def test_tail_shows_a_body_on_another_clusters_subject_as_unreadable() -> None:
+    """`status`, `explain`, `replay` and the services refuse a body that belongs on another subject (another
+    cluster's credential wrote it); `tail` showed it as that cluster's decision, under `--cluster` too."""
+    forged = decision("victim", cluster="other")
+    subject = contract.decision_subject("c1", "tenant")
+    shown = tail.show("decisions", Msg(_client=None, subject=subject, data=contract.encode(forged)), "text")  # type: ignore[arg-type]
+    assert shown.startswith(f"(unreadable message at {subject}: ") and "belongs on" in shown, shown

@@ -39,6 +39,6 @@ def test_an_events_name_with_spaces_and_lookalikes_cannot_pose_as_a_line_of_tail
     ev = contract.object_event(
         "upserted", cluster="c1", kind="Event", namespace="tenant-a", name=name, uid="u", rv="5", snapshot=snap
     )
-    shown = tail.line("events", contract.encode(ev))
+    shown = tail.line("events", contract.event_subject("c1", "Event", "tenant-a"), contract.encode(ev))
     assert " " not in shown.split("tenant-a/", 1)[1].split(" rv ")[0], shown
     assert "\\x20" in shown and "\\u3164" in shown and "\\u202e" in shown

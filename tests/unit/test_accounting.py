@@ -3048,8 +3048,6 @@ def test_a_pod_created_in_the_migrations_second_that_took_an_attachment_room_is_
     """Creation times are to the second: a pod created in the migration's own second came in its refusal as much as
     one created after it (``Migrations._after``), and once it took the attachment pod's room (the namespace over its
     budget by it) that room is not held again."""
-    from tests.builders import pod_obj
-    from tests.unit.test_accounting import _full_with_a_hotplugged_volume
 
     full, vmis, facts = _full_with_a_hotplugged_volume()
     migration = vmim_obj("m1", "vm0", t=100, rejected=True)

@@ -71,9 +71,14 @@ def line(what: str, subject: str, data: bytes, letter: contract.DeadLetter | Non
 def show(what: str, m: Msg, output: str, letter: contract.DeadLetter | None = None) -> str:
     if output == "json":
         try:
-            return json.dumps(json.loads(m.data), separators=(",", ":"))
+            doc = json.loads(m.data)
         except ValueError as e:  # (whoever may publish on the subject may publish anything: one line, and go on)
             return json.dumps({"unreadable": m.subject, "error": f"not JSON: {e}"}, separators=(",", ":"))
+        try:  # (what the services refuse, a body on another's subject too, is no message of theirs to show as one)
+            line(what, m.subject, m.data, letter)
+        except InvalidInput as e:
+            return json.dumps({"unreadable": m.subject, "error": str(e)}, separators=(",", ":"))
+        return json.dumps(doc, separators=(",", ":"))
     try:
         return text.printable(line(what, m.subject, m.data, letter))
     except InvalidInput as e:

@@ -56,3 +56,5 @@ def test_tail_shows_a_body_on_another_clusters_subject_as_unreadable() -> None:
     subject = contract.decision_subject("c1", "tenant")
     shown = tail.show("decisions", Msg(_client=None, subject=subject, data=contract.encode(forged)), "text")  # type: ignore[arg-type]
     assert shown.startswith(f"(unreadable message at {subject}: ") and "belongs on" in shown, shown
+    shown = json.loads(tail.show("decisions", message(subject, contract.encode(forged)), "json"))
+    assert shown["unreadable"] == subject and "belongs on" in shown["error"], shown

@@ -631,19 +631,23 @@ class Bus:
         headers: dict[str, str] | None,
         ack_timeout: float,
         deadline: float,
-    ) -> tuple[PubAck, int]:
-        """:meth:`publish`, and how many tries it took (a repeat after a try whose ack was lost was stored by it)."""
+    ) -> tuple[PubAck, bool]:
+        """:meth:`publish`, and whether a try before the one answered timed out waiting for its ack (then a repeat
+        may be that try's message, stored; a try refused outright, with no responders say, stored nothing)."""
         hdrs = dict(headers or {})
         if msg_id is not None:
             hdrs["Nats-Msg-Id"] = self.keyed(msg_id)
-        tries = 0
+        unanswered = False
 
         async def once() -> PubAck:
-            nonlocal tries
-            tries += 1
-            return await self.js.publish(subject, data, timeout=ack_timeout, headers=hdrs or None)
+            nonlocal unanswered
+            try:
+                return await self.js.publish(subject, data, timeout=ack_timeout, headers=hdrs or None)
+            except TimeoutError:  # (nats-py's is one too)
+                unanswered = True
+                raise
 
-        return await _retry(once, what=f"publish {subject}", deadline=deadline), tries
+        return await _retry(once, what=f"publish {subject}", deadline=deadline), unanswered
 
     async def publish_dead_letter(
         self,
@@ -659,8 +663,8 @@ class Bus:
         """Publish a :class:`shared.contract.DeadLetter` on ``vmquota.dlq.<service>.<cluster>.<namespace>`` (the
         namespace of ``original_subject``; deduplicated per original stream sequence within the stream's duplicate
         window, so a replay after a restart does not repeat it). False: the server dropped it as a repeat of a
-        letter an earlier call stored (count it no more); a repeat of this call's own try whose ack was lost is
-        this call's letter."""
+        letter an earlier call stored (count it no more); a repeat after one of this call's tries went unanswered
+        is taken for that try's letter (counted: one stored and never counted would go unseen)."""
         mid = f"dlq/{service}/{stream}/{stream_seq}" if stream_seq else None
         letter, headers = contract.dead_letter(
             service,
@@ -675,8 +679,8 @@ class Bus:
         )
         from_cluster, namespace = contract.subject_scope(original_subject)
         subject = contract.dlq_subject(service, cluster or from_cluster, namespace)
-        ack, tries = await self._publish(subject, contract.encode(letter), mid, headers, 5.0, 60.0)
-        return not ack.duplicate or tries > 1
+        ack, unanswered = await self._publish(subject, contract.encode(letter), mid, headers, 5.0, 60.0)
+        return not ack.duplicate or unanswered
 
 
 NO_ROOM: Final = frozenset({10023, 10047})

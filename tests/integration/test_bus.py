@@ -286,22 +286,28 @@ async def test_dead_letter_carries_the_original(nats_url: str) -> None:
 
 async def test_a_dead_letter_whose_ack_was_lost_is_still_its_callers_to_count(nats_url: str) -> None:
     """The letter stored, its ack lost: the try again is answered as a repeat, and the letter was counted by no one
-    (`vmquota_dlq_total` and its alert missed it). A repeat of the call's own try is the call's letter."""
+    (`vmquota_dlq_total` and its alert missed it). A repeat after a try of the call's own went unanswered is the
+    call's letter; after a try refused outright (no responders: nothing stored), an earlier call's."""
     b = await _connect(nats_url)
     try:
         await b.ensure_streams(contract.streams())
         real = b.js.publish
         calls = 0
+        fail: type[Exception] | None = nats.errors.TimeoutError
 
-        async def ack_lost_once(*args: Any, **kwargs: Any) -> Any:
-            nonlocal calls
+        async def first_try_fails(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls, fail
             calls += 1
+            if fail is nats.errors.NoRespondersError:
+                fail = None
+                raise nats.errors.NoRespondersError  # (refused before it was stored)
             ack = await real(*args, **kwargs)
-            if calls == 1:
+            if fail is not None:
+                fail = None
                 raise nats.errors.TimeoutError  # (stored; the answer never came)
             return ack
 
-        b.js.publish = ack_lost_once  # type: ignore[method-assign]
+        b.js.publish = first_try_fails  # type: ignore[method-assign]
 
         async def letter() -> bool:
             return await b.publish_dead_letter(
@@ -311,6 +317,9 @@ async def test_a_dead_letter_whose_ack_was_lost_is_still_its_callers_to_count(na
         assert await letter()
         assert calls == 2 and (await b.js.stream_info(contract.DLQ_STREAM)).state.messages == 1
         assert not await letter(), "a repeat of a letter an earlier call stored"
+        fail = nats.errors.NoRespondersError
+        assert not await letter(), "refused outright, then a repeat: an earlier call's letter"
+        assert fail is None and (await b.js.stream_info(contract.DLQ_STREAM)).state.messages == 1
     finally:
         await b.close()
 

@@ -141,6 +141,8 @@ class Enforcer:
         self._held: set[str] = set()
         """Namespaces touched before both inputs were read to their end (acted on once they are)."""
         self._caught_up = {"quotas": False, "usage": False}
+        self._refused_catching_up = 0
+        self._first_refused = ""
         self._warm = False
         self._stopped = False
         self.reporter = Reporter(bus, kube, opts, self.metrics, self.own, self._now)
@@ -328,6 +330,12 @@ class Enforcer:
         """Act only once both inputs have been read to their end: planning with the quotas but not yet the usage
         (or the other way round) would write a transient state after every restart."""
         self._caught_up[what] = True
+        if what == "quotas" and self._refused_catching_up:
+            log.warning(
+                "quota events refused while catching up (dead-lettered when first read)",
+                count=self._refused_catching_up,
+                first=self._first_refused,
+            )
         if what == "usage":
             # (the cancels the latest usage of each namespace asks: those of the snapshots replayed before it may
             # have been undone since)
@@ -458,10 +466,11 @@ class Enforcer:
             # (read again at every start, from the stream's first message: the ledger, which reads every event,
             # dead-letters each event this refuses, and this enforcer's earlier runs did; a letter again at each
             # start, past the stream's duplicate window, would be counted again and fire the alert again)
-            # (a warning all the same: after a rollback, a ledger that resumed past an event of a newer schema never
-            # read it, and this line is then its one record)
-            with structlog.contextvars.bound_contextvars(subject=m.subject, seq=seq):
-                log.warning("quota event refused while catching up (dead-lettered when first read)", reason=reason)
+            # (said once the catch-up ends, in one warning: after a rollback, a ledger that resumed past an event of a
+            # newer schema never read it, and this is then its one record)
+            if not self._refused_catching_up:
+                self._first_refused = f"seq {seq} on {m.subject}: {reason}"
+            self._refused_catching_up += 1
             return
         with structlog.contextvars.bound_contextvars(subject=m.subject, seq=seq):
             log.warning("message rejected to the dead-letter subject", reason=reason)

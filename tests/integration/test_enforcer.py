@@ -556,6 +556,7 @@ async def test_malformed_input_goes_to_the_dead_letter_subject(
         await wait_quota(sim, lambda o: hard(o) == {"limits.memory": "64Gi"}, "the restarted enforcer at work")
         counted = again.metrics.registry.get_sample_value("vmquota_dlq_total", {"service": "enforcer"})
         assert again.dead_letters == 0 and not counted, (again.dead_letters, counted)
+        assert again._refused_catching_up == 1 and "not a JSON event" in again._first_refused, "said once, in a warning"
 
 
 # ---- end to end: seed scenario 1 through the real watcher, ledger and enforcer -----------------------------------

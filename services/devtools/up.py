@@ -14,16 +14,21 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 import signal
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from services.devtools.simcluster.kubeconfig import check_kubeconfig_out
 from services.devtools.speed import check_speed
 from services.platform.logs import check_level, configure, get_logger
 from shared.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from services.devtools.demo.play import VmquotaStack
 
 DEFAULT_KUBECONFIG = "vmquota.kubeconfig"
 DEFAULT_NATS_PORT = 4222
@@ -158,17 +163,31 @@ async def _up(args: argparse.Namespace, out: Path) -> int:
         log.info("up", api=sim.url, nats=stack.nats.url, cluster=args.cluster)
         await stop.wait()
     finally:
-        # (a second Ctrl-C may break a stop that hangs; a second SIGTERM, which supervisors and `timeout` send, must
+        # (a second Ctrl-C breaks a stop that hangs; a second SIGTERM, which supervisors and `timeout` send, must
         # not: it killed the process mid-stop and left the nats-server running, holding its port)
-        loop.remove_signal_handler(signal.SIGINT)
+        loop.add_signal_handler(signal.SIGINT, _abandon, stack, out)
         try:
             await stack.stop()
             await sim.stop()
         finally:
+            loop.remove_signal_handler(signal.SIGINT)
             loop.remove_signal_handler(signal.SIGTERM)
     if args.output == "text":
         print("vmquota stopped.", flush=True)
     return 0
+
+
+def _abandon(stack: VmquotaStack, out: Path) -> None:
+    """A second Ctrl-C while the stack stops: give the stop up at once, whatever it waits for. (Raised as
+    KeyboardInterrupt, it had asyncio cancel every task and wait for each to end: one that did not kept the process
+    and its nats-server running for good.) The services are killed, the nats-server stopped, the kubeconfig
+    removed; exit 130, as for any Ctrl-C."""
+    stack.abandon()
+    with contextlib.suppress(FileNotFoundError):
+        out.unlink()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -459,12 +459,17 @@ class VmquotaStack:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._task, timeout=20)
         finally:
-            for proc in self._procs.values():
-                if proc.returncode is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.kill()
-            if self._nats is not None and self._own_nats:
-                self._nats.close()
+            self.abandon()
+
+    def abandon(self) -> None:
+        """Kill the services' processes not stopped yet and stop the nats-server it started (synchronous: what a
+        stop that is given up still does)."""
+        for proc in self._procs.values():
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+        if self._nats is not None and self._own_nats:
+            self._nats.close()
 
 
 async def play(

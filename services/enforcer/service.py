@@ -475,21 +475,16 @@ class Enforcer:
         with structlog.contextvars.bound_contextvars(subject=m.subject, seq=seq):
             log.warning("message rejected to the dead-letter subject", reason=reason)
         self.dead_letters += 1
-        try:
-            stored = await self.bus.publish_dead_letter(
-                self.opts.service,
-                reason,
-                cluster=self.opts.cluster,
-                original_subject=m.subject,
-                stream=stream,
-                stream_seq=seq,
-                payload=m.data,
-            )
-        except Exception as e:  # the reject is logged above; a broken bus must not stop the enforcer
-            log.error("dead letter not published", error=str(e) or type(e).__name__)
-            stored = True  # (a reject all the same: counted)
-        if stored:
-            self.metrics.dlq.labels(service=self.opts.service).inc()
+        await self.bus.record_dead_letter(
+            self.metrics.dlq.labels(service=self.opts.service).inc,
+            self.opts.service,
+            reason,
+            cluster=self.opts.cluster,
+            original_subject=m.subject,
+            stream=stream,
+            stream_seq=seq,
+            payload=m.data,
+        )
 
     # ---- state -------------------------------------------------------------------------------------------------
     def _forget(self, key: Key, rv: int) -> None:

@@ -668,21 +668,16 @@ class LedgerService:
         with structlog.contextvars.bound_contextvars(subject=msg.subject, seq=seq, cluster=cluster):
             log.warning("event rejected to the dead-letter subject", reason=reason)
             self.dead_letters += 1
-            try:
-                stored = await self.bus.publish_dead_letter(
-                    self.opts.service,
-                    reason,
-                    cluster=cluster,
-                    original_subject=msg.subject,
-                    stream=contract.EVENTS_STREAM,
-                    stream_seq=seq,
-                    payload=msg.data,
-                )
-            except Exception as e:  # the reject is logged above; a letter the bus refuses must not stop the ledger
-                log.error("dead letter not published", error=str(e) or type(e).__name__)
-                stored = True  # (a reject all the same: counted)
-            if stored:  # (not one the server dropped as a repeat: an event read again after a restart)
-                self._m_dlq.inc()
+            await self.bus.record_dead_letter(
+                self._m_dlq.inc,
+                self.opts.service,
+                reason,
+                cluster=cluster,
+                original_subject=msg.subject,
+                stream=contract.EVENTS_STREAM,
+                stream_seq=seq,
+                payload=msg.data,
+            )
 
     # ---- lost events -------------------------------------------------------------------------------------------
     async def _lose(self, last: int) -> None:

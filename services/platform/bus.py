@@ -682,6 +682,37 @@ class Bus:
         ack, unanswered = await self._publish(subject, contract.encode(letter), mid, headers, 5.0, 60.0)
         return not ack.duplicate or unanswered
 
+    async def record_dead_letter(
+        self,
+        count: Callable[[], None],
+        service: str,
+        reason: str,
+        *,
+        cluster: str,
+        original_subject: str,
+        stream: str,
+        stream_seq: int,
+        payload: bytes,
+    ) -> None:
+        """A service's reject: :meth:`publish_dead_letter`, and ``count()`` for the reject, but for a repeat the
+        server dropped (a message read again after a restart). A letter the bus refuses is logged, not raised: the
+        reject was logged by the service, and a broken bus must not stop it (counted all the same)."""
+        try:
+            stored = await self.publish_dead_letter(
+                service,
+                reason,
+                cluster=cluster,
+                original_subject=original_subject,
+                stream=stream,
+                stream_seq=stream_seq,
+                payload=payload,
+            )
+        except Exception as e:
+            log.error("dead letter not published", error=str(e) or type(e).__name__)
+            stored = True
+        if stored:
+            count()
+
 
 NO_ROOM: Final = frozenset({10023, 10047})
 """JetStream's answers to a stream larger than the server (or cluster) has room for: insufficient resources, and

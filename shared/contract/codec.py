@@ -26,11 +26,11 @@ from shared.contract.subjects import (
     _DNS_LABEL,
     CLUSTER_TOKEN,
     KIND_TOKENS,
-    PREFIX,
     check_cluster,
     check_kind,
     check_namespace,
     decision_subject,
+    event_subject_of,
     namespace_token,
     resource_version,
     usage_subject,
@@ -204,7 +204,7 @@ def decode_dead_letter(data: bytes) -> DeadLetter:
 def check_event_subject(ev: Upserted | Deleted | Sync, subject: str) -> None:
     """:class:`InvalidInput` unless ``subject`` is the one ``ev`` belongs on."""
     token = ev.namespace if type(ev) is Sync else namespace_token(ev.kind, ev.namespace)
-    _published_on(subject, f"{PREFIX}.ev.{ev.cluster}.{token}.{KIND_TOKENS[ev.kind]}", "event")
+    _published_on(subject, event_subject_of(ev.cluster, token, ev.kind), "event")
 
 
 def _published_on(subject: str, expected: str, what: str) -> None:

@@ -107,6 +107,11 @@ def event_subject(cluster: str, kind: str, namespace: str) -> str:
     token = namespace_token(kind, namespace)
     if token != CLUSTER_TOKEN:
         check_namespace(namespace)
+    return event_subject_of(cluster, token, kind)
+
+
+def event_subject_of(cluster: str, token: str, kind: str) -> str:
+    """:func:`event_subject` of names already checked, with the namespace token (a decoded event's, every event)."""
     return f"{PREFIX}.ev.{cluster}.{token}.{KIND_TOKENS[kind]}"
 
 

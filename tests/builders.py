@@ -27,7 +27,7 @@ from shared.quantity import Quantity
 from shared.quota.annotations import BUDGET_ANNOTATION, MANAGED_LABEL, MODE_ANNOTATION, RATIO_ANNOTATION
 from shared.quota.modes import VMI_NAMES, Mode, VmSize
 from shared.resources import ResourceList, format_resource_list, parse_resource_list
-from shared.snapshot import AnySnapshot, PodSnapshot, VmiSnapshot
+from shared.snapshot import AnySnapshot, NamespaceSnapshot, PodSnapshot, VmiSnapshot
 from shared.vmi import GUARD_REFUSERS
 
 NS = "tenant"
@@ -455,3 +455,18 @@ def decision(namespace: str = "tenant", quota: str = "compute", **fields: Any) -
         "mode": "VmiPodUsage",
     }
     return contract.Decision(namespace=namespace, quota=quota, **{**base, **fields})
+
+
+def namespace_event(cluster: str, name: str, uid: str, rv: str) -> contract.Upserted | contract.Deleted:
+    """The watcher's upsert of Namespace ``name`` of ``cluster`` (its subject: ``contract.event_subject(cluster,
+    "Namespace", "")``)."""
+    return contract.object_event(
+        "upserted",
+        cluster=cluster,
+        kind="Namespace",
+        namespace="",
+        name=name,
+        uid=uid,
+        rv=rv,
+        snapshot=NamespaceSnapshot(uid=uid, name=name, resource_version=rv),
+    )

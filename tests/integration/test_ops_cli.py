@@ -20,7 +20,6 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from services.devtools.natsserver import NatsServer
 from services.platform.bus import Bus, NatsOptions, position
 from shared import contract, report
-from shared.snapshot import NamespaceSnapshot
 from tests import builders
 from tests.integration.e2e import CLUSTER, forged_refusal, full_namespace, pipeline, rl
 
@@ -295,16 +294,7 @@ async def test_replay_says_when_the_stream_dropped_its_oldest_events(nats_url: s
         spec = next(s for s in contract.streams() if s.name == contract.EVENTS_STREAM)
         await js.add_stream(name=spec.name, subjects=list(spec.subjects))
         for i in range(3):
-            ev = contract.object_event(
-                "upserted",
-                cluster=CLUSTER,
-                kind="Namespace",
-                namespace="",
-                name=f"ns{i}",
-                uid=f"u{i}",
-                rv=str(10 + i),
-                snapshot=NamespaceSnapshot(uid=f"u{i}", name=f"ns{i}", resource_version=str(10 + i)),
-            )
+            ev = builders.namespace_event(CLUSTER, f"ns{i}", f"u{i}", str(10 + i))
             await js.publish(contract.event_subject(CLUSTER, "Namespace", ""), contract.encode(ev))
         code, _, err = await vmquota("replay", "--nats", nats_url, "--until-seq", "3", "-o", "json")
         assert code == 0 and "note:" not in err, err
@@ -421,16 +411,7 @@ async def test_replay_refuses_what_the_ledger_refuses_as_published_on_another_su
     try:
         await keeper.ensure_streams(contract.streams_for("ledger", sizes=contract.StreamSizes(*(16 * 2**20,) * 6)))
         for cluster in (CLUSTER, "other"):  # (the second on the first's subject)
-            ev = contract.object_event(
-                "upserted",
-                cluster=cluster,
-                kind="Namespace",
-                namespace="",
-                name=f"ns-{cluster}",
-                uid=f"u-{cluster}",
-                rv="10",
-                snapshot=NamespaceSnapshot(uid=f"u-{cluster}", name=f"ns-{cluster}", resource_version="10"),
-            )
+            ev = builders.namespace_event(cluster, f"ns-{cluster}", f"u-{cluster}", "10")
             await keeper.js.publish(contract.event_subject(CLUSTER, "Namespace", ""), contract.encode(ev))
         forged = builders.decision(NS, cluster="other", usage_seq=1)
         await keeper.js.publish(contract.decision_subject(CLUSTER, NS), contract.encode(forged))

@@ -310,19 +310,9 @@ def test_every_field_is_read_by_the_fast_path(tp: type[msgspec.Struct], type_: L
 def test_a_body_that_belongs_on_another_subject_is_refused_by_every_reader() -> None:
     """A credential may publish on its own cluster's subjects only; a body of another cluster, namespace or kind on
     them is refused by the ledger, and was folded by `vmquota replay` (``Ledger.apply_bytes``) all the same."""
-    from shared.snapshot import NamespaceSnapshot
     from tests import builders
 
-    ev = contract.object_event(
-        "upserted",
-        cluster="c1",
-        kind="Namespace",
-        namespace="",
-        name="ns1",
-        uid="u1",
-        rv="10",
-        snapshot=NamespaceSnapshot(uid="u1", name="ns1", resource_version="10"),
-    )
+    ev = builders.namespace_event("c1", "ns1", "u1", "10")
     data = contract.encode(ev)
     right = contract.event_subject("c1", "Namespace", "")
     assert contract.decode_event_on(right, data) == ev

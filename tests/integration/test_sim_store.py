@@ -552,6 +552,9 @@ def test_selector_parsing_details() -> None:
     assert sel.matches({"a.b/c": "x"}) and not sel.matches({"a.b/c": "x", "e": ""})
     assert not sel.matches({"a.b/c": "x", "d": "z"})
     assert parse_label_selector("").matches({"any": "thing"})
+    for key in ("/e", "a/b/c", "Not_A.Domain/x", "x" * 64):  # (a key with an empty prefix was taken)
+        with pytest.raises(ApiError, match="invalid label key"):
+            parse_label_selector(f"{key}=v")
     fs = parse_field_selector(r"metadata.name=a\,b")
     assert fs.terms == (("metadata.name", "=", "a,b"),)
 

@@ -14,7 +14,7 @@ from functools import lru_cache
 from typing import Any, Literal
 
 from services.devtools.simcluster.store_api import ApiError
-from shared.resources import DNS1123_SUBDOMAIN_RE, QUALIFIED_NAME_RE
+from shared.resources import is_qualified_name
 
 LabelOp = Literal["=", "!=", "in", "notin", "exists", "!", "gt", "lt"]
 
@@ -27,13 +27,7 @@ def _bad(detail: str) -> ApiError:
 
 
 def _check_key(key: str) -> None:
-    prefix, _, name = key.rpartition("/")
-    if (
-        not name
-        or len(name) > 63
-        or not QUALIFIED_NAME_RE.match(name)
-        or (prefix and (len(prefix) > 253 or not DNS1123_SUBDOMAIN_RE.match(prefix)))
-    ):
+    if not is_qualified_name(key):  # (as the API server: "/name", an empty prefix, is refused too)
         raise _bad(f'invalid label key "{key}": name part must consist of alphanumeric characters, "-", "_" or "."')
 
 
